@@ -1,0 +1,62 @@
+import type { IdLayout } from '../id/layout.js';
+
+/** One physical PostgreSQL host of the map. */
+export interface HostConfig {
+  /** Unique name, e.g. `pg1`; used in every message about this host. */
+  readonly name: string;
+  /** Connection string after ${VAR} expansion. A secret: print it only through redact(). */
+  readonly url: string;
+  /** The address other hosts use to reach this one (logical replication); defaults to url. */
+  readonly replicationUrl: string;
+  /** The shard list as written in the file, e.g. "0-99,200". */
+  readonly shardsSpec: string;
+  /** The shards mapped to this host, ascending, no duplicates. */
+  readonly shards: readonly number[];
+}
+
+/** A validated config map. Produced only by loadConfig()/parseConfig() in src/config/load.ts. */
+export interface ShardctlConfig {
+  /** Absolute path of the config file ('<inline>' when parsed from a string without a path). */
+  readonly file: string;
+  /** Shard schemas are `${schemaPrefix}${n}`. */
+  readonly schemaPrefix: string;
+  /** Logical shard count: shards are 0 .. shards-1. */
+  readonly shards: number;
+  readonly idLayout: IdLayout;
+  /** The epoch as written (ISO 8601), for messages and for the control schema. */
+  readonly epochIso: string;
+  /** Absolute path of the migrations folder. */
+  readonly migrationsDir: string;
+  readonly hosts: readonly HostConfig[];
+  /** Connections per host used by init/migrate (default 2). */
+  readonly concurrency: number;
+  /** lock_timeout applied to migrations on shard schemas, e.g. '5s' (default '5s'). */
+  readonly lockTimeout: string;
+  /** Non-fatal findings, e.g. the id layout running out within 10 years. */
+  readonly warnings: readonly string[];
+}
+
+/** Index: shard number → host. Built once per config. */
+export function hostForShard(config: ShardctlConfig, shard: number): HostConfig | undefined {
+  for (const host of config.hosts) {
+    if (binarySearch(host.shards, shard)) return host;
+  }
+  return undefined;
+}
+
+export function shardSchemaName(config: Pick<ShardctlConfig, 'schemaPrefix'>, shard: number): string {
+  return `${config.schemaPrefix}${shard}`;
+}
+
+function binarySearch(sorted: readonly number[], value: number): boolean {
+  let lo = 0;
+  let hi = sorted.length - 1;
+  while (lo <= hi) {
+    const mid = (lo + hi) >> 1;
+    const v = sorted[mid]!;
+    if (v === value) return true;
+    if (v < value) lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return false;
+}

@@ -1,0 +1,11 @@
+/** Instagram routing: shard = key mod shards; then host = map[shard]. */
+
+export function shardForKey(key: bigint | number, shards: number): number {
+  const k = typeof key === 'bigint' ? key : BigInt(key);
+  if (typeof key === 'number' && !Number.isSafeInteger(key)) {
+    throw new RangeError(`key ${key} is not a safe integer; pass a bigint`);
+  }
+  if (k < 0n) throw new RangeError(`key ${k} is negative`);
+  if (!Number.isInteger(shards) || shards < 1) throw new RangeError(`shards ${shards} must be a positive integer`);
+  return Number(k % BigInt(shards));
+}
