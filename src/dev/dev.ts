@@ -1,0 +1,313 @@
+/**
+ * `shardctl dev up | down | status`: a few local PostgreSQL hosts for development, and a ready
+ * config (shardctl.dev.yaml) pointing at them.
+ *
+ * State (ports, data directories, passwords) lives in <cwd>/.shardctl/dev/state.json, so `dev up`
+ * is idempotent: it reuses the state and starts whatever is stopped. Data directories live under
+ * the temp directory because the OS user `postgres` (when we run as root) must reach them.
+ */
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { chmod, mkdir, readFile, rename, rm, rmdir, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { stringify } from 'yaml';
+import { RuntimeFailure, UsageError } from '../errors.js';
+import {
+  clusterStatus,
+  findFreePort,
+  initCluster,
+  startCluster,
+  stopCluster,
+  type ClusterStatus,
+  type LocalClusterOptions,
+} from './local-postgres.js';
+
+export const DEV_CONFIG_FILE = 'shardctl.dev.yaml';
+export const DEV_STATE_FILE = path.join('.shardctl', 'dev', 'state.json');
+
+const DEFAULT_HOSTS = 4;
+const DEFAULT_SHARDS = 2048;
+const DEFAULT_SCHEMA_PREFIX = 'insta';
+const SUPERUSER = 'postgres';
+
+export interface DevHost {
+  /** pg1 .. pgN */
+  name: string;
+  port: number;
+  dataDir: string;
+  /** Password of the `postgres` superuser. A secret. */
+  password: string;
+  /** Admin URL of the host's `postgres` database (contains the password). */
+  url: string;
+  /** The host's shard range as written in the config, e.g. "0-511". */
+  shards: string;
+}
+
+export interface DevState {
+  /** Absolute path of the generated config, <cwd>/shardctl.dev.yaml. */
+  configFile: string;
+  /** Absolute path of <cwd>/.shardctl/dev/state.json. */
+  stateFile: string;
+  schemaPrefix: string;
+  shards: number;
+  hosts: DevHost[];
+}
+
+export interface DevHostStatus {
+  name: string;
+  port: number;
+  status: ClusterStatus;
+}
+
+export interface DevUpOptions {
+  cwd: string;
+  /** Number of hosts (default 4). Must match an existing dev setup; `dev down --destroy` to change it. */
+  hosts?: number;
+  /** Logical shard count (default 2048), split into equal contiguous ranges over the hosts. */
+  shards?: number;
+  /** Shard schema prefix (default 'insta'). */
+  schemaPrefix?: string;
+}
+
+/** What state.json holds; everything else is derived from it. */
+interface PersistedState {
+  version: 1;
+  schemaPrefix: string;
+  shards: number;
+  hosts: { name: string; port: number; dataDir: string; password: string }[];
+}
+
+/** Creates (or reuses) the dev hosts, starts them, and writes shardctl.dev.yaml. */
+export async function devUp(options: DevUpOptions): Promise<DevState> {
+  const cwd = path.resolve(options.cwd);
+  let persisted = await readState(cwd);
+  if (persisted) {
+    checkMatches(persisted, options);
+  } else {
+    persisted = await planNewState(cwd, options);
+    // Saved before anything starts, so a failed `up` can still be taken `down`.
+    await writeState(cwd, persisted);
+  }
+
+  const state = describe(cwd, persisted);
+  await Promise.all(
+    state.hosts.map(async (host) => {
+      const cluster = clusterOptions(host);
+      await initCluster(cluster);
+      await startCluster(cluster);
+    }),
+  );
+  await writePrivateFile(state.configFile, renderDevConfig(state));
+  return state;
+}
+
+/** Stops every dev host. With destroy, also removes their data, the state and shardctl.dev.yaml. */
+export async function devDown(options: { cwd: string; destroy?: boolean }): Promise<DevHostStatus[]> {
+  const cwd = path.resolve(options.cwd);
+  const persisted = await readState(cwd);
+  if (!persisted) {
+    if (options.destroy) await rm(path.join(cwd, DEV_CONFIG_FILE), { force: true });
+    return [];
+  }
+  const state = describe(cwd, persisted);
+  await Promise.all(state.hosts.map((host) => stopCluster(clusterOptions(host))));
+
+  if (options.destroy) {
+    for (const host of state.hosts) await rm(host.dataDir, { recursive: true, force: true });
+    // The per-project folder under the temp dir, when it is empty now.
+    const dataParents = new Set(state.hosts.map((host) => path.dirname(host.dataDir)));
+    for (const parent of dataParents) await rmdir(parent).catch(() => undefined);
+    await rm(state.configFile, { force: true });
+    await rm(path.dirname(state.stateFile), { recursive: true, force: true });
+    // .shardctl may hold other things; remove it only when the dev folder was all it had.
+    await rmdir(path.join(cwd, '.shardctl')).catch(() => undefined);
+  }
+  return devHostStatuses(state);
+}
+
+/** Status of each dev host; empty when `dev up` has not run in this folder. */
+export async function devStatus(options: { cwd: string }): Promise<DevHostStatus[]> {
+  const cwd = path.resolve(options.cwd);
+  const persisted = await readState(cwd);
+  if (!persisted) return [];
+  return devHostStatuses(describe(cwd, persisted));
+}
+
+/** The shards 0..shards-1 in `hosts` contiguous ranges whose sizes differ by at most one. */
+export function splitShardRanges(shards: number, hosts: number): string[] {
+  const ranges: string[] = [];
+  const base = Math.floor(shards / hosts);
+  const extra = shards % hosts;
+  let first = 0;
+  for (let i = 0; i < hosts; i++) {
+    const size = base + (i < extra ? 1 : 0);
+    const last = first + size - 1;
+    ranges.push(size === 1 ? String(first) : `${first}-${last}`);
+    first = last + 1;
+  }
+  return ranges;
+}
+
+/** The YAML of shardctl.dev.yaml for a dev setup. */
+export function renderDevConfig(state: Pick<DevState, 'schemaPrefix' | 'shards' | 'hosts'>): string {
+  const header = [
+    '# Generated by `shardctl dev up`: local development hosts. Rewritten by every `dev up`;',
+    '# `shardctl dev down --destroy` removes it. It contains passwords: keep it out of version control.',
+  ].join('\n');
+  const body = stringify({
+    schemaPrefix: state.schemaPrefix,
+    shards: state.shards,
+    migrations: './migrations',
+    hosts: state.hosts.map((host) => ({ name: host.name, url: host.url, shards: host.shards })),
+  });
+  return `${header}\n${body}`;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+async function planNewState(cwd: string, options: DevUpOptions): Promise<PersistedState> {
+  const hosts = options.hosts ?? DEFAULT_HOSTS;
+  const shards = options.shards ?? DEFAULT_SHARDS;
+  const schemaPrefix = options.schemaPrefix ?? DEFAULT_SCHEMA_PREFIX;
+  if (!Number.isInteger(hosts) || hosts < 1 || hosts > 64) {
+    throw new UsageError(`--hosts must be an integer from 1 to 64, got ${hosts}`, { hosts });
+  }
+  if (!Number.isInteger(shards) || shards < hosts) {
+    throw new UsageError(`--shards must be an integer, at least the number of hosts (${hosts}), got ${shards}`, {
+      shards,
+    });
+  }
+  if (!/^[a-z_][a-z0-9_]{0,39}$/.test(schemaPrefix)) {
+    throw new UsageError(
+      `--schema-prefix must be lowercase letters, digits and underscores, not starting with a digit: ${JSON.stringify(schemaPrefix)}`,
+      { schemaPrefix },
+    );
+  }
+
+  const dataRoot = devDataRoot(cwd);
+  const ports = new Set<number>();
+  while (ports.size < hosts) ports.add(await findFreePort());
+  const portList = [...ports];
+  return {
+    version: 1,
+    schemaPrefix,
+    shards,
+    hosts: portList.map((port, i) => ({
+      name: `pg${i + 1}`,
+      port,
+      dataDir: path.join(dataRoot, `pg${i + 1}`),
+      // Hex: safe in a URL without escaping.
+      password: randomBytes(18).toString('hex'),
+    })),
+  };
+}
+
+/** Explicit options that contradict an existing setup are refused rather than silently ignored. */
+function checkMatches(persisted: PersistedState, options: DevUpOptions): void {
+  const conflicts: string[] = [];
+  if (options.hosts !== undefined && options.hosts !== persisted.hosts.length) {
+    conflicts.push(`hosts ${options.hosts} (existing: ${persisted.hosts.length})`);
+  }
+  if (options.shards !== undefined && options.shards !== persisted.shards) {
+    conflicts.push(`shards ${options.shards} (existing: ${persisted.shards})`);
+  }
+  if (options.schemaPrefix !== undefined && options.schemaPrefix !== persisted.schemaPrefix) {
+    conflicts.push(`schemaPrefix ${options.schemaPrefix} (existing: ${persisted.schemaPrefix})`);
+  }
+  if (conflicts.length > 0) {
+    throw new RuntimeFailure(
+      'DEV_SETUP_MISMATCH',
+      `a dev setup with different settings exists here; run \`shardctl dev down --destroy\` first to change ${conflicts.join(', ')}`,
+      { conflicts },
+      conflicts,
+    );
+  }
+}
+
+/** os.tmpdir()/shardctl-dev-<hash of cwd>: one per project folder, reachable by the postgres user. */
+function devDataRoot(cwd: string): string {
+  const hash = createHash('sha256').update(cwd).digest('hex').slice(0, 12);
+  return path.join(os.tmpdir(), `shardctl-dev-${hash}`);
+}
+
+function describe(cwd: string, persisted: PersistedState): DevState {
+  const ranges = splitShardRanges(persisted.shards, persisted.hosts.length);
+  return {
+    configFile: path.join(cwd, DEV_CONFIG_FILE),
+    stateFile: path.join(cwd, DEV_STATE_FILE),
+    schemaPrefix: persisted.schemaPrefix,
+    shards: persisted.shards,
+    hosts: persisted.hosts.map((host, i) => ({
+      ...host,
+      url: `postgres://${SUPERUSER}:${host.password}@127.0.0.1:${host.port}/postgres`,
+      shards: ranges[i]!,
+    })),
+  };
+}
+
+function clusterOptions(host: DevHost): LocalClusterOptions {
+  return { dataDir: host.dataDir, port: host.port, password: host.password, user: SUPERUSER };
+}
+
+async function devHostStatuses(state: DevState): Promise<DevHostStatus[]> {
+  return Promise.all(
+    state.hosts.map(async (host) => ({
+      name: host.name,
+      port: host.port,
+      status: await clusterStatus(clusterOptions(host)),
+    })),
+  );
+}
+
+async function readState(cwd: string): Promise<PersistedState | undefined> {
+  const file = path.join(cwd, DEV_STATE_FILE);
+  if (!existsSync(file)) return undefined;
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(await readFile(file, 'utf8'));
+  } catch (error) {
+    throw new RuntimeFailure('DEV_STATE_INVALID', `${file} is not valid JSON; remove it and the dev hosts' data to start over`, {
+      file,
+      cause: error instanceof Error ? error.message : String(error),
+    });
+  }
+  if (!isPersistedState(parsed)) {
+    throw new RuntimeFailure('DEV_STATE_INVALID', `${file} is not a shardctl dev state (version 1)`, { file });
+  }
+  return parsed;
+}
+
+function isPersistedState(value: unknown): value is PersistedState {
+  if (typeof value !== 'object' || value === null) return false;
+  const state = value as Partial<PersistedState>;
+  return (
+    state.version === 1 &&
+    typeof state.schemaPrefix === 'string' &&
+    typeof state.shards === 'number' &&
+    Array.isArray(state.hosts) &&
+    state.hosts.length > 0 &&
+    state.hosts.every(
+      (host) =>
+        typeof host?.name === 'string' &&
+        typeof host.port === 'number' &&
+        typeof host.dataDir === 'string' &&
+        typeof host.password === 'string',
+    )
+  );
+}
+
+async function writeState(cwd: string, state: PersistedState): Promise<void> {
+  const file = path.join(cwd, DEV_STATE_FILE);
+  await mkdir(path.dirname(file), { recursive: true });
+  await writePrivateFile(file, `${JSON.stringify(state, null, 2)}\n`);
+}
+
+/** Written whole (temp file, then rename) and readable by the owner only: it holds passwords. */
+async function writePrivateFile(file: string, content: string): Promise<void> {
+  const temp = `${file}.${process.pid}.tmp`;
+  await writeFile(temp, content, { mode: 0o600 });
+  // writeFile's mode is masked by the umask; make sure.
+  await chmod(temp, 0o600);
+  await rename(temp, file);
+}

@@ -1,0 +1,46 @@
+import { loadSqlTemplate, renderSql } from '../pg/template.js';
+import { describeLayout, formatUnixMs, layoutEndUnixMs, maxTimeOffsetMs, timeBits, type IdLayout } from './layout.js';
+
+/**
+ * How far behind the clock (ms) the fast path still accepts a sequence position before taking the
+ * lock and moving the sequence forward. Ids are therefore at most this much (plus
+ * max_backends / 2^sequenceBits ms) older than the clock that made them.
+ */
+export const ID_LAG_MS = 1;
+
+/**
+ * Bumped whenever sql/next_id.sql changes, so `init` replaces older functions in place. Kept in the
+ * function's comment as `shardctl next_id vN`.
+ */
+export const ID_FUNCTION_VERSION = 1;
+
+/** classid of the advisory lock next_id_locked takes (objid is the sequence's oid): 'shrd'. */
+export const ID_LOCK_CLASS = 0x73687264;
+
+/** The CREATE FUNCTION statements that install next_id() and next_id_locked() in a shard schema. */
+export function renderNextIdSql(schema: string, shard: number, layout: IdLayout): string {
+  const seqBits = BigInt(layout.sequenceBits);
+  const positionBits = BigInt(timeBits(layout)) + seqBits;
+  return renderSql(loadSqlTemplate('next_id.sql'), {
+    schema: { ident: schema },
+    schemaLiteral: { literal: schema },
+    timeBits: { int: timeBits(layout) },
+    shardBits: { int: layout.shardBits },
+    sequenceBits: { int: layout.sequenceBits },
+    lagMs: { int: ID_LAG_MS },
+    epochMs: { int: layout.epochMs },
+    epochPlusLagMs: { int: layout.epochMs + BigInt(ID_LAG_MS) },
+    minPosition: { int: 1n << seqBits },
+    maxPosition: { int: (1n << positionBits) - 1n },
+    maxTimeMs: { int: maxTimeOffsetMs(layout) },
+    timeShift: { int: layout.sequenceBits + layout.shardBits },
+    shardField: { int: BigInt(shard) << seqBits },
+    sequenceMask: { int: (1n << seqBits) - 1n },
+    lockClass: { int: ID_LOCK_CLASS },
+    layoutLiteral: { literal: describeLayout(layout) },
+    layoutEndLiteral: { literal: formatUnixMs(layoutEndUnixMs(layout)) },
+    commentLiteral: {
+      literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
+    },
+  });
+}

@@ -1,0 +1,64 @@
+import pg from 'pg';
+import type { HostConfig } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { redact, registerUrlSecret } from './redact.js';
+
+/** The schema shardctl keeps its own state in, on every host. Not configurable on purpose. */
+export const CONTROL_SCHEMA = 'shardctl';
+
+export interface ConnectOptions {
+  /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
+  applicationName?: string;
+  connectTimeoutMs?: number;
+}
+
+/**
+ * Connects to a host of the map. PG* environment variables and ~/.pgpass apply through
+ * node-postgres, as with psql. Errors name the host and never contain the password.
+ */
+export async function connectHost(host: HostConfig, options: ConnectOptions = {}): Promise<pg.Client> {
+  registerUrlSecret(host.url);
+  const client = new pg.Client({
+    connectionString: host.url,
+    application_name: options.applicationName ?? 'shardctl',
+    connectionTimeoutMillis: options.connectTimeoutMs ?? 10_000,
+  });
+  // An idle client whose server goes away emits 'error'; without a listener that would crash the
+  // process. The next query on it fails and is reported with the host's name instead.
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+  } catch (error) {
+    await client.end().catch(() => undefined);
+    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
+  }
+  return client;
+}
+
+/** A pg error as one redacted line, with the SQLSTATE when there is one. */
+export function describePgError(error: unknown): string {
+  if (error instanceof Error) {
+    const code = (error as { code?: unknown }).code;
+    const detail = (error as { detail?: unknown }).detail;
+    const text =
+      error.message.length > 0
+        ? error.message
+        : error instanceof AggregateError
+          ? error.errors.map((e) => (e instanceof Error ? e.message : String(e))).join('; ')
+          : String(code ?? error.name);
+    const suffix = typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? ` (SQLSTATE ${code})` : '';
+    const detailText = typeof detail === 'string' && detail.length > 0 ? `; ${detail}` : '';
+    return redact(`${text}${detailText}${suffix}`);
+  }
+  return redact(String(error));
+}
+
+/** Runs fn with a connection to host, closing it afterwards whatever happens. */
+export async function withHost<T>(host: HostConfig, fn: (client: pg.Client) => Promise<T>, options?: ConnectOptions): Promise<T> {
+  const client = await connectHost(host, options);
+  try {
+    return await fn(client);
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}

