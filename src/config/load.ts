@@ -98,26 +98,39 @@ function parseYaml(text: string): Parsed {
     const { line, col } = lineCounter.linePos(first.pos[0]);
     return { error: `not valid YAML at line ${line}, column ${col}: ${first.message}` };
   }
-  return { value: document.toJS() };
+  try {
+    return { value: document.toJS() };
+  } catch (error) {
+    // e.g. an alias bomb: yaml refuses to expand more than 100 aliases
+    return { error: `not valid YAML: ${(error as Error).message}` };
+  }
 }
 
 function parseJson(text: string): Parsed {
   try {
     return { value: JSON.parse(text) };
   } catch (error) {
-    return { error: `not valid JSON${jsonErrorPosition(text, error)}: ${(error as Error).message}` };
+    const message = (error as Error).message;
+    return { error: `not valid JSON${jsonErrorPosition(text, message)}: ${withoutQuotedText(message)}` };
   }
 }
 
 /** JSON.parse reports a character offset (Node 20) or a line and column (Node 22+), or nothing. */
-function jsonErrorPosition(text: string, error: unknown): string {
-  const message = (error as Error).message;
+function jsonErrorPosition(text: string, message: string): string {
   const lineColumn = /\(line (\d+) column (\d+)\)/.exec(message);
   if (lineColumn) return ` at line ${lineColumn[1]}, column ${lineColumn[2]}`;
   const offset = /at position (\d+)/.exec(message);
   if (!offset) return '';
   const before = text.slice(0, Number(offset[1])).split('\n');
   return ` at line ${before.length}, column ${(before.at(-1) ?? '').length + 1}`;
+}
+
+/** V8 quotes the text around the error, which may hold a password; keep only what it found wrong. */
+function withoutQuotedText(message: string): string {
+  return message
+    .replace(/,? *(?:\.\.\.)?"[\s\S]*$/, '')
+    .replace(/ in JSON at position \d+[\s\S]*$/, '')
+    .replace(/ \(line \d+ column \d+\)/, '');
 }
 
 function unreadableFileMessage(configPath: string, error: unknown): string {

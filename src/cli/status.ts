@@ -1,0 +1,43 @@
+import type { Command } from 'commander';
+import { formatShardList } from '../config/ranges.js';
+import { status } from '../provisioning/status.js';
+import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
+import { Output } from './output.js';
+
+export function registerStatus(program: Command, ctx: CliContext, done: (code: number) => void): void {
+  program
+    .command('status')
+    .description('per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off')
+    .option('-c, --config <file>', 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml)')
+    .option('--json', 'print the result as JSON on stdout')
+    .action(async (options: ConfigOption & { json?: boolean }) => {
+      const out = new Output(ctx.streams, options.json ?? false);
+      const config = await loadCliConfig(ctx, options, out);
+      const result = await status(config);
+      if (out.json) {
+        out.data(result);
+      } else {
+        for (const h of result.hosts) {
+          if (!h.reachable) {
+            out.line(`${h.host}: UNREACHABLE: ${h.error}`);
+            continue;
+          }
+          const levels = Object.entries(h.levels)
+            .map(([level, shards]) => `${level} (${shards})`)
+            .join(', ');
+          out.line(
+            `${h.host}: ${h.ok ? 'ok' : 'NOT OK'} — PostgreSQL ${h.serverVersion}; ${h.expected} expected, ${h.present} present, ` +
+              `${h.missing.length} missing, ${h.unexpected.length} not mapped here; migration level ${levels || 'none'} of ${result.latestVersion}`,
+          );
+          if (h.missing.length) out.line(`  missing: ${formatShardList(h.missing)}`);
+          if (h.unexpected.length) out.line(`  present but mapped to another host: ${formatShardList(h.unexpected)}`);
+          if (h.fenced.length) out.line(`  fenced old copies (moved away, waiting for gc): ${formatShardList(h.fenced)}`);
+          if (h.behind.length) out.line(`  behind (pending migrations): ${formatShardList(h.behind)}`);
+          if (h.nextIdOutdated.length) out.line(`  next_id missing or outdated: ${formatShardList(h.nextIdOutdated)} (run init)`);
+          for (const d of h.drift) out.line(`  drift: ${d}`);
+        }
+      }
+      out.info(`status: ${result.ok ? 'all hosts ok' : result.exitCode === 1 ? 'a host could not be read' : 'something is off'}`);
+      done(result.exitCode);
+    });
+}
