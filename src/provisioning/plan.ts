@@ -111,14 +111,15 @@ function planHost(
     const exists = snapshot.schemas.has(shard);
     const recorded = snapshot.recorded.has(shard);
     if (!exists && !create) continue;
-    const applied = snapshot.applied.get(shard);
+    // A recorded shard whose schema is gone was dropped by hand: its records describe nothing.
+    const applied = exists ? snapshot.applied.get(shard) : undefined;
     const pending = target.filter((m) => !applied?.has(m.version));
     const steps: JobStep[] = [];
     let creates = false;
     let reinstalls = false;
     if (!exists) {
       creates = true;
-      steps.push({ label: 'create schema', get sql() { return createShardSql(config, shard); } });
+      steps.push({ label: 'create schema', get sql() { return createShardSql(config, shard, recorded || snapshot.applied.has(shard)); } });
     } else {
       if (!recorded) steps.push({ label: 'record shard', get sql() { return recordShardSql(config, shard); } });
       if (snapshot.schemas.get(shard)!.nextIdVersion !== ID_FUNCTION_VERSION) {

@@ -29,11 +29,20 @@ export function controlSchemaSql(config: ShardctlConfig): string {
   ].join('\n');
 }
 
-/** Creates the shard's schema and its next_id() and records the shard, in one transaction. */
-export function createShardSql(config: ShardctlConfig, shard: number): string {
+/**
+ * Creates the shard's schema and its next_id() and records the shard, in one transaction. When the
+ * control schema still has rows for a schema that was dropped by hand, they are stale: cleared first.
+ */
+export function createShardSql(config: ShardctlConfig, shard: number, staleRecords = false): string {
   const schema = shardSchemaName(config, shard);
   return [
     'BEGIN;',
+    ...(staleRecords
+      ? [
+          `DELETE FROM ${control}.migrations WHERE shard = ${shard};`,
+          `DELETE FROM ${control}.shards WHERE shard = ${shard};`,
+        ]
+      : []),
     `CREATE SCHEMA ${quoteIdent(schema)};`,
     renderNextIdSql(schema, shard, config.idLayout).trim(),
     `INSERT INTO ${control}.shards (shard, schema_name) VALUES (${shard}, ${quoteLiteral(schema)});`,
