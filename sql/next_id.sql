@@ -88,8 +88,8 @@ BEGIN
         {{layoutLiteral}}, {{layoutEndLiteral}}, seq
         USING ERRCODE = 'SC001';
     END IF;
-    RAISE SQLSTATE 'SC000';  -- roll back this block: releases the advisory lock, keeps the sequence
-  EXCEPTION WHEN SQLSTATE 'SC000' THEN
+    RAISE SQLSTATE 'SCR01';  -- roll back this block: releases the advisory lock, keeps the sequence
+  EXCEPTION WHEN SQLSTATE 'SCR01' THEN  -- exactly this code: 'SC000' would be the whole SC class
     NULL;
   END;
   RETURN ((pos >> {{sequenceBits}}) << {{timeShift}}) | {{shardField}} | (pos & {{sequenceMask}});

@@ -1,0 +1,176 @@
+import pg from 'pg';
+import { describe, expect, it } from 'vitest';
+import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.js';
+import { renderNextIdSql } from '../../src/id/sql.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const db = useTestDatabases(1);
+
+async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
+  await client.query(`create schema if not exists "${schema}"`);
+  await client.query(renderNextIdSql(schema, shard, layout));
+  await client.query(`create sequence if not exists "${schema}".photos_id_seq`);
+}
+
+function errorOf(promise: Promise<unknown>): Promise<pg.DatabaseError> {
+  return promise.then(
+    () => {
+      throw new Error('expected the query to fail');
+    },
+    (error: pg.DatabaseError) => error,
+  );
+}
+
+describe('next_id()', () => {
+  it('never repeats an id: 8 sessions inserting 200-row batches concurrently', async () => {
+    const url = db.urls[0]!;
+    await withClient(url, async (client) => {
+      await installShard(client, 'insta5', 5, DEFAULT_ID_LAYOUT);
+      // No primary key on purpose: a duplicate must be counted, not rejected.
+      await client.query(`create table insta5.ids (id bigint not null default insta5.next_id('insta5.photos_id_seq'), x int)`);
+    });
+    const sessions = 8;
+    const deadline = Date.now() + 6000;
+    let batches = 0;
+    await Promise.all(
+      Array.from({ length: sessions }, async () => {
+        const client = new pg.Client({ connectionString: url });
+        await client.connect();
+        try {
+          while (Date.now() < deadline) {
+            await client.query('insert into insta5.ids (x) select g from generate_series(1, 200) g');
+            batches += 1;
+          }
+        } finally {
+          await client.end();
+        }
+      }),
+    );
+    await withClient(url, async (client) => {
+      const r = await client.query<{ total: string; distinct: string; negative: string; wrong_shard: string; max_per_ms: string }>(`
+        select count(*) as total, count(distinct id) as distinct,
+               count(*) filter (where id <= 0) as negative,
+               count(*) filter (where (id >> 10) & 8191 <> 5) as wrong_shard,
+               (select max(c) from (select count(*) c from insta5.ids group by id >> 23) m) as max_per_ms
+          from insta5.ids`);
+      const row = r.rows[0]!;
+      expect(Number(row.total)).toBe(batches * 200);
+      expect(Number(row.total)).toBeGreaterThan(50_000);
+      expect(row.distinct).toBe(row.total);
+      expect(row.negative).toBe('0');
+      expect(row.wrong_shard).toBe('0');
+      // The layout's 10 sequence bits hold at most 1024 ids per millisecond per shard and sequence.
+      expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
+    });
+  });
+
+  it('draws 2,000,000 distinct ids in one statement (more than 1024 per millisecond runs ahead, never wraps)', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta6', 6, DEFAULT_ID_LAYOUT);
+      const r = await client.query<{ total: string; distinct: string; ordered: boolean }>(`
+        select count(*) as total, count(distinct id) as distinct, bool_and(id > prev) as ordered from (
+          select id, lag(id, 1, 0::bigint) over (order by n) as prev
+            from (select n, insta6.next_id('insta6.photos_id_seq') as id from generate_series(1, 2000000) n) s) t`);
+      expect(r.rows[0]!.distinct).toBe('2000000');
+      expect(r.rows[0]!.ordered).toBe(true);
+    });
+  });
+
+  it("encodes the Instagram post's example (1387263000 ms, shard 1341, sequence 905) and TypeScript decodes it", async () => {
+    // An epoch chosen so that 1387263000 ms after it is a minute from now: the sequence position
+    // is set there, slightly ahead of the clock, which next_id must use as is.
+    const epochMs = BigInt(Date.now()) - 1387263000n + 60_000n;
+    const layout: IdLayout = { epochMs, shardBits: 13, sequenceBits: 10 };
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta1341', 1341, layout);
+      // The 5001st row of the table: 5001 % 1024 = 905.
+      await client.query(`select setval('insta1341.photos_id_seq', (1387263000::bigint << 10) | 904)`);
+      const r = await client.query<{ id: string }>(`select insta1341.next_id('insta1341.photos_id_seq') as id`);
+      const id = BigInt(r.rows[0]!.id);
+      expect(id).toBe((1387263000n << 23n) | (1341n << 10n) | 905n);
+      const decoded = decodeId(id, layout);
+      expect(decoded.unixMs - epochMs).toBe(1387263000n);
+      expect(decoded.shard).toBe(1341);
+      expect(decoded.sequence).toBe(905);
+    });
+  });
+
+  it('moves an idle sequence forward to the clock, so ids sort by time', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta7', 7, DEFAULT_ID_LAYOUT);
+      const first = BigInt((await client.query<{ id: string }>(`select insta7.next_id('insta7.photos_id_seq') as id`)).rows[0]!.id);
+      await client.query('select pg_sleep(0.05)');
+      const second = BigInt((await client.query<{ id: string }>(`select insta7.next_id('insta7.photos_id_seq') as id`)).rows[0]!.id);
+      const now = BigInt(Date.now());
+      const a = decodeId(first, DEFAULT_ID_LAYOUT);
+      const b = decodeId(second, DEFAULT_ID_LAYOUT);
+      expect(b.unixMs - a.unixMs).toBeGreaterThanOrEqual(45n);
+      expect(now - b.unixMs).toBeLessThan(2_000n);
+      expect(b.shard).toBe(7);
+    });
+  });
+
+  it('never moves the sequence backwards when it is ahead of the clock (a clock that stepped back)', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta8', 8, DEFAULT_ID_LAYOUT);
+      const ahead = (BigInt(Date.now()) - DEFAULT_ID_LAYOUT.epochMs + 3_600_000n) << 10n;
+      await client.query(`select setval('insta8.photos_id_seq', $1)`, [ahead.toString()]);
+      const r = await client.query<{ id: string }>(
+        `select insta8.next_id('insta8.photos_id_seq') as id from generate_series(1, 3) order by 1`,
+      );
+      const ids = r.rows.map((row) => BigInt(row.id));
+      expect(ids.map((id) => decodeId(id, DEFAULT_ID_LAYOUT).sequence)).toEqual([1, 2, 3]);
+      expect(decodeId(ids[0]!, DEFAULT_ID_LAYOUT).unixMs - DEFAULT_ID_LAYOUT.epochMs).toBe(ahead >> 10n);
+    });
+  });
+
+  it('raises an error naming the layout when the clock is past its range, instead of wrapping', async () => {
+    // 40 time bits from 1980 ran out in 2014.
+    const layout: IdLayout = { epochMs: BigInt(Date.parse('1980-01-01T00:00:00Z')), shardBits: 13, sequenceBits: 10 };
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta9', 9, layout);
+      const error = await errorOf(client.query(`select insta9.next_id('insta9.photos_id_seq')`));
+      expect(error.code).toBe('SC001');
+      expect(error.message).toContain('epoch 1980-01-01T00:00:00.000Z, 40 time bits, 13 shard bits, 10 sequence bits');
+      expect(error.message).toContain('ran out of time bits on 2014-11-03T19:53:47.776Z');
+    });
+  });
+
+  it('raises an error when the clock is before the epoch', async () => {
+    const layout: IdLayout = { epochMs: BigInt(Date.now() + 86_400_000), shardBits: 13, sequenceBits: 10 };
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta10', 10, layout);
+      const error = await errorOf(client.query(`select insta10.next_id('insta10.photos_id_seq')`));
+      expect(error.code).toBe('SC002');
+      expect(error.message).toContain('before the epoch of the id layout');
+    });
+  });
+
+  it('refuses to move a sequence outside its own schema', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta11', 11, DEFAULT_ID_LAYOUT);
+      await client.query('create sequence public.other_seq');
+      const error = await errorOf(client.query(`select insta11.next_id('public.other_seq')`));
+      expect(error.code).toBe('SC003');
+      expect(error.message).toContain('is not in schema insta11');
+    });
+  });
+
+  it('works for a role that has only USAGE on the sequence', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta12', 12, DEFAULT_ID_LAYOUT);
+      await client.query(`create table insta12.photos (id bigint primary key default insta12.next_id('insta12.photos_id_seq'), v int)`);
+      await client.query(`do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_app') then create role shardctl_app; end if; end $$`);
+      await client.query('grant usage on schema insta12 to shardctl_app');
+      await client.query('grant usage on sequence insta12.photos_id_seq to shardctl_app');
+      await client.query('grant insert, select on insta12.photos to shardctl_app');
+      await client.query('begin; set local role shardctl_app');
+      try {
+        const r = await client.query<{ id: string }>('insert into insta12.photos (v) values (1), (2) returning id');
+        expect(r.rows.map((row) => decodeId(BigInt(row.id), DEFAULT_ID_LAYOUT).shard)).toEqual([12, 12]);
+      } finally {
+        await client.query('rollback');
+      }
+    });
+  });
+});
