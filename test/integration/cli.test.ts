@@ -1,0 +1,111 @@
+import { execFile } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { describe, expect, it } from 'vitest';
+import { findFreePort } from '../../src/dev/local-postgres.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const exec = promisify(execFile);
+const db = useTestDatabases(2);
+
+describe('the shardctl command line', () => {
+  it('exits 2 on an unknown command or option, writing nothing', async () => {
+    const unknownCommand = await runCli(['frobnicate']);
+    expect(unknownCommand.code).toBe(2);
+    expect(unknownCommand.stderr).toContain("unknown command 'frobnicate'");
+    const unknownOption = await runCli(['status', '--frobnicate']);
+    expect(unknownOption.code).toBe(2);
+    expect(unknownOption.stderr).toContain("unknown option '--frobnicate'");
+  });
+
+  it('exits 2 on a bad config, listing every problem at once and writing nothing', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8 });
+    writeFileSync(
+      fleet.configFile,
+      [
+        'schemaPrefix: Insta',
+        'shards: 8',
+        'shard: 3',
+        'hosts:',
+        `  - name: pg1`,
+        `    url: ${db.urls[0]}`,
+        `    shards: "0-4"`,
+        `  - name: pg2`,
+        `    url: mysql://x@y/z`,
+        `    shards: "4-6"`,
+      ].join('\n'),
+    );
+    const cli = await runCli(['init', '-c', fleet.configFile]);
+    expect(cli.code).toBe(2);
+    expect(cli.stderr).toContain('schemaPrefix');
+    expect(cli.stderr).toContain('"Insta"');
+    expect(cli.stderr).toMatch(/shard.*did you mean "shards"/);
+    expect(cli.stderr).toContain('hosts[1].url');
+    expect(cli.stderr).toMatch(/overlap|both/i);
+    expect(cli.stderr).toContain('7');
+    await withClient(db.urls[0]!, async (client) => {
+      expect((await client.query(`select 1 from pg_namespace where nspname = 'shardctl'`)).rowCount).toBe(0);
+    });
+  });
+
+  it('exits 2 on a bad <shards> argument, naming it', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8 });
+    const cli = await runCli(['add-schema', '5-3', '-c', fleet.configFile]);
+    expect(cli.code).toBe(2);
+    expect(cli.stderr).toContain('argument <shards> "5-3"');
+    const outOfRange = await runCli(['add-schema', '9', '-c', fleet.configFile]);
+    expect(outOfRange.code).toBe(2);
+    expect(outOfRange.stderr).toContain('out of range 0-7');
+  });
+
+  it('decodes ids to JSON with the id and Unix milliseconds as decimal strings and the host from the map', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2000, split: ['0-999', '1000-1999'] });
+    const id = ((1387263000n << 23n) | (1341n << 10n) | 905n).toString();
+    const cli = await runCli(['decode', id, '--json', '-c', fleet.configFile]);
+    expect(cli.code).toBe(0);
+    expect(JSON.parse(cli.stdout)).toEqual([
+      {
+        id,
+        timestamp: new Date(1314220021721 + 1387263000).toISOString(),
+        unixMs: String(1314220021721 + 1387263000),
+        shard: 1341,
+        sequence: 905,
+        host: 'pg2',
+      },
+    ]);
+    expect(cli.stdout).toContain(`"id": "${id}"`);
+    const bad = await runCli(['decode', '12abc', '--json', '-c', fleet.configFile]);
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain('"12abc"');
+  });
+
+  it('never prints a password, including errors passed up from pg; a failure names the host (exit 1)', async () => {
+    const secret = 'wrong-Pa55word-for-test';
+    const deadPort = await findFreePort();
+    const goodUrl = new URL(db.urls[0]!);
+    goodUrl.password = secret;
+    const fleet = makeFleet({
+      urls: [goodUrl.toString(), `postgres://postgres:${secret}@127.0.0.1:${deadPort}/postgres`],
+      shards: 4,
+    });
+    for (const args of [['init'], ['status'], ['status', '--json'], ['init', '--dry-run', '--json'], ['migrate', '--check', '--json']]) {
+      const cli = await runCli([...args, '-c', fleet.configFile]);
+      expect(cli.code, args.join(' ')).toBe(1);
+      expect(cli.stdout + cli.stderr).not.toContain(secret);
+      expect(cli.stdout + cli.stderr).toMatch(/pg1|pg2/);
+    }
+  });
+
+  it('runs through the installed launcher: bin/shardctl.js', async () => {
+    const bin = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
+    const { stdout } = await exec(process.execPath, [bin, 'decode', String((1000n << 23n) | (7n << 10n) | 3n)], { env: { ...process.env, SHARDCTL_CONFIG: '' } });
+    expect(stdout).toBe(`${(1000n << 23n) | (7n << 10n) | 3n}  2011-08-24T21:07:02.721Z  shard 7  sequence 3  host -\n`);
+    const error = await exec(process.execPath, [bin, 'nope']).then(
+      () => null,
+      (e: { code: number }) => e.code,
+    );
+    expect(error).toBe(2);
+  });
+});

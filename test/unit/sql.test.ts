@@ -1,0 +1,45 @@
+import { describe, expect, it } from 'vitest';
+import { DEFAULT_ID_LAYOUT } from '../../src/id/layout.js';
+import { renderNextIdSql } from '../../src/id/sql.js';
+import { quoteIdent, quoteLiteral } from '../../src/pg/quote.js';
+import { redact, redactUrl, registerSecret } from '../../src/pg/redact.js';
+import { renderSql } from '../../src/pg/template.js';
+
+describe('SQL templates', () => {
+  it('fills next_id with bigint-safe constants: the shard in its own bits, shifts on bigint values', () => {
+    const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
+    expect(sql).toContain('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)');
+    expect(sql).toContain('| 5120 |'); // 5 << 10
+    expect(sql).toContain('(pos >> 10) << 23');
+    expect(sql).toContain('AND pos <= 1125899906842623'); // 2^50 - 1: 40 time bits + 10 sequence bits
+    expect(sql).not.toMatch(/\{\{\w+\}\}/);
+  });
+
+  it('quotes identifiers and literals, so a value cannot end the quoting', () => {
+    expect(quoteIdent('a"b')).toBe('"a""b"');
+    expect(quoteLiteral("it's")).toBe("'it''s'");
+    expect(quoteLiteral('a\\b')).toBe("E'a\\\\b'");
+    expect(renderSql('select {{x}}, {{y}}', { x: { literal: "'; drop table t; --" }, y: { int: 5n } })).toBe(
+      "select '''; drop table t; --', 5",
+    );
+  });
+
+  it('refuses placeholders without values, values without placeholders, and unsafe numbers', () => {
+    expect(() => renderSql('select {{x}}', {})).toThrow(/\{\{x\}\} has no value/);
+    expect(() => renderSql('select 1', { x: { int: 1 } })).toThrow(/no placeholder \{\{x\}\}/);
+    expect(() => renderSql('select {{x}}', { x: { int: 2 ** 60 } })).toThrow(/not a safe integer/);
+  });
+});
+
+describe('redact', () => {
+  it('removes passwords from URLs and keyword connection strings', () => {
+    expect(redact('cannot reach postgres://app:s3cret@db1:5432/app now')).toBe('cannot reach postgres://app:***@db1:5432/app now');
+    expect(redact('host=db1 password=s3cret user=app')).toBe('host=db1 password=*** user=app');
+    expect(redactUrl('postgresql://u:p%40ss@h/db')).toBe('postgresql://u:***@h/db');
+  });
+
+  it('masks a registered password wherever it appears, e.g. inside a server error', () => {
+    registerSecret('hunter2-very-secret');
+    expect(redact('FATAL: role "x" does not exist (tried hunter2-very-secret)')).not.toContain('hunter2-very-secret');
+  });
+});
