@@ -37,3 +37,42 @@ CREATE TABLE IF NOT EXISTS {{control}}.migrations (
   applied_at  timestamptz NOT NULL DEFAULT now(),
   PRIMARY KEY (shard, version)
 );
+
+-- Shard moves (shardctl move-shard). The same row is kept on the source and the target host and
+-- updated after every step, so a move interrupted at any point can be resumed or undone from what
+-- the hosts say, not from memory.
+CREATE TABLE IF NOT EXISTS {{control}}.moves (
+  move_id    text PRIMARY KEY,
+  shard      integer NOT NULL,
+  source     text NOT NULL,
+  target     text NOT NULL,
+  mode       text NOT NULL CHECK (mode IN ('online', 'offline')),
+  step       text NOT NULL,
+  status     text NOT NULL CHECK (status IN ('running', 'done', 'aborted')),
+  started_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now(),
+  detail     jsonb NOT NULL DEFAULT '{}'
+);
+CREATE UNIQUE INDEX IF NOT EXISTS moves_one_running_per_shard ON {{control}}.moves (shard) WHERE status = 'running';
+
+-- Written on the source in the fencing transaction and replicated with the shard's tables: when the
+-- target sees the marker, it has applied every change committed before the fence (logical
+-- replication applies transactions in commit order).
+CREATE TABLE IF NOT EXISTS {{control}}.move_markers (
+  move_id text NOT NULL,
+  kind    text NOT NULL,
+  at      timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (move_id, kind)
+);
+
+-- The fence: a statement trigger on every table of a moved-away shard. Every write fails with
+-- SQLSTATE SC100, naming the shard and its new host, so an application can catch it and reload its map.
+CREATE OR REPLACE FUNCTION {{control}}.shard_fenced() RETURNS trigger
+LANGUAGE plpgsql AS $fence$
+BEGIN
+  RAISE EXCEPTION 'shard % has moved to host %; writes to this copy are refused', TG_ARGV[0], TG_ARGV[1]
+    USING ERRCODE = 'SC100',
+          DETAIL = format('shardctl-moved shard=%s host=%s', TG_ARGV[0], TG_ARGV[1]),
+          HINT = 'Reload the shard map and retry on the new host.';
+END
+$fence$;

@@ -27,6 +27,9 @@ export { migrate, checkMigrations, type MigrationCheck } from './migrations/migr
 export { readMigrations, type MigrationFile } from './migrations/files.js';
 export type { ProvisionResult, ProvisionOptions } from './provisioning/run.js';
 export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
+export { moveShard, type MoveOptions, type MoveResult } from './moves/move.js';
+export { gc, type OldCopy } from './moves/gc.js';
+export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE } from './config/shard-map.js';
 export { devUp, devDown, devStatus } from './dev/dev.js';
 export {
   ShardctlError,

@@ -6,7 +6,9 @@ import type { CliContext } from './context.js';
 import { registerDecode } from './decode.js';
 import { registerDev } from './dev.js';
 import { registerInit } from './init.js';
+import { registerGc } from './gc.js';
 import { registerMigrate } from './migrate.js';
+import { registerMoveShard } from './move-shard.js';
 import { Output, type Streams } from './output.js';
 import { registerStatus } from './status.js';
 
@@ -33,7 +35,7 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
       writeOut: (text) => streams.stdout.write(text),
       writeErr: (text) => streams.stderr.write(text),
     });
-  for (const register of [registerInit, registerAddSchema, registerMigrate, registerStatus, registerDecode, registerDev]) {
+  for (const register of [registerInit, registerAddSchema, registerMigrate, registerStatus, registerMoveShard, registerGc, registerDecode, registerDev]) {
     register(program, ctx, done);
   }
   for (const command of allCommands(program)) command.exitOverride();

@@ -1,9 +1,9 @@
 import type { Command } from 'commander';
 import { UsageError } from '../errors.js';
-import { checkMigrations, migrate } from '../migrations/migrate.js';
+import { checkMigrations, migrate, type MigrationCheck } from '../migrations/migrate.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output, plural } from './output.js';
-import { printProvisionResult } from './provision-report.js';
+import { hostProgress, printProvisionResult } from './provision-report.js';
 
 export function registerMigrate(program: Command, ctx: CliContext, done: (code: number) => void): void {
   program
@@ -20,26 +20,11 @@ export function registerMigrate(program: Command, ctx: CliContext, done: (code: 
       const config = await loadCliConfig(ctx, options, out);
       if (options.check) {
         const check = await checkMigrations(config, toVersion === undefined ? {} : { toVersion });
-        if (out.json) out.data(check);
-        for (const d of check.drift) out.info(`drift: ${d}`);
-        for (const h of check.hosts) {
-          if (h.error) out.info(`${h.host}: ${h.error}`);
-          else if (h.shards > 0) out.info(`${h.host}: ${plural(h.shards, 'shard')} behind (${plural(h.migrations, 'migration')} pending)`);
-        }
-        const pending = check.hosts.reduce((n, h) => n + h.migrations, 0);
-        out.info(
-          check.exitCode === 0
-            ? `migrate --check: current (version ${check.targetVersion} on every shard)`
-            : check.drift.length > 0
-              ? `migrate --check: drift found (${plural(check.drift.length, 'problem')})`
-              : check.exitCode === 1
-                ? 'migrate --check: a host could not be read'
-                : `migrate --check: ${plural(pending, 'migration')} pending`,
-        );
+        printCheck(out, check);
         done(check.exitCode);
         return;
       }
-      const progress = out.progress();
+      const progress = hostProgress(out);
       try {
         const result = await migrate(config, {
           dryRun: options.dryRun ?? false,
@@ -53,6 +38,29 @@ export function registerMigrate(program: Command, ctx: CliContext, done: (code: 
         progress.stop();
       }
     });
+}
+
+function printCheck(out: Output, check: MigrationCheck): void {
+  if (out.json) out.data(check);
+  for (const d of check.drift) out.info(`drift: ${d}`);
+  for (const h of check.hosts) {
+    if (h.error) out.info(`${h.host}: cannot be read: ${h.error}`);
+    else if (h.shards > 0) {
+      const files = h.pending.map((p) => `${p.name} on ${p.shards}`).join('; ');
+      out.info(`${h.host}: ${plural(h.shards, 'shard')} behind (${plural(h.migrations, 'migration')} pending${files ? `: ${files}` : ''})`);
+    }
+  }
+  const unread = check.hosts.filter((h) => h.error !== null).map((h) => h.host);
+  const problems = [
+    ...(check.drift.length > 0 ? [`drift found (${plural(check.drift.length, 'problem')})`] : []),
+    ...(check.pending > 0 ? [`${plural(check.pending, 'migration')} pending`] : []),
+    ...(unread.length > 0 ? [`${unread.join(', ')} could not be read`] : []),
+  ];
+  out.info(
+    check.exitCode === 0
+      ? `migrate --check: current (version ${check.targetVersion} on every shard)`
+      : `migrate --check: ${problems.length > 0 ? problems.join(', ') : 'not current'}`,
+  );
 }
 
 function parseVersion(text: string): number {

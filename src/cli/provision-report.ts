@@ -1,3 +1,4 @@
+import type { ProgressEvent } from '../provisioning/execute.js';
 import type { ProvisionResult } from '../provisioning/run.js';
 import { redactUrl } from '../pg/redact.js';
 import { type Output, plural, seconds } from './output.js';
@@ -5,39 +6,71 @@ import { type Output, plural, seconds } from './output.js';
 /** How init, add-schema and migrate print their result; shared because they share the engine. */
 export function printProvisionResult(out: Output, result: ProvisionResult, verb: string): number {
   if (result.dryRun) return printDryRun(out, result, verb);
+  const created = result.hosts.reduce((n, h) => n + h.shardsCreated, 0);
+  const applied = result.hosts.reduce((n, h) => n + h.migrationsApplied, 0);
+  const upToDate = result.hosts.reduce((n, h) => n + h.upToDate, 0);
+  const failed = result.hosts.reduce((n, h) => n + h.failures.length, 0);
+  const down = result.hosts.filter((h) => h.hostError !== null);
+  const behindOnDown = down.reduce((n, h) => n + h.behind - h.failures.length, 0);
   if (out.json) {
     out.data({
       command: verb,
       ok: result.ok,
       targetVersion: result.targetVersion,
       durationMs: result.durationMs,
+      summary: { shardsCreated: created, migrationsApplied: applied, upToDate, failed, behind: failed + behindOnDown },
       hosts: result.hosts,
     });
   }
   for (const host of result.hosts) {
     if (host.hostError) {
-      out.info(`${host.host}: FAILED: ${host.hostError}; ${plural(host.behind, 'shard')} behind`);
-      continue;
+      const before = host.migrationsApplied > 0 ? ` (${plural(host.migrationsApplied, 'migration')} applied before that)` : '';
+      out.info(`${host.host}: FAILED: ${host.hostError}; ${plural(host.behind, 'shard')} behind${before}`);
+    } else {
+      const parts = [
+        ...(verb === 'migrate' && host.shardsCreated === 0 ? [] : [`${plural(host.shardsCreated, 'shard')} created`]),
+        `${plural(host.migrationsApplied, 'migration')} applied`,
+        `${host.upToDate} already current`,
+      ];
+      if (host.nextIdInstalled > 0) parts.push(`next_id updated on ${plural(host.nextIdInstalled, 'shard')}`);
+      if (host.failures.length > 0) parts.push(`${host.failures.length} failed`);
+      out.info(`${host.host}: ${parts.join(', ')} (${seconds(host.durationMs)})`);
     }
-    const parts = [
-      `${plural(host.shardsCreated, 'shard')} created`,
-      `${plural(host.migrationsApplied, 'migration')} applied`,
-      `${host.upToDate} already current`,
-    ];
-    if (host.nextIdInstalled > 0) parts.push(`next_id updated on ${plural(host.nextIdInstalled, 'shard')}`);
-    if (host.failures.length > 0) parts.push(`${host.failures.length} failed`);
-    out.info(`${host.host}: ${parts.join(', ')} (${seconds(host.durationMs)})`);
     const shown = host.failures.slice(0, 20);
     for (const failure of shown) out.info(`  host ${host.host}, shard ${failure.shard}: ${failure.step}: ${failure.message}`);
     if (host.failures.length > shown.length) out.info(`  … and ${host.failures.length - shown.length} more`);
   }
-  const created = result.hosts.reduce((n, h) => n + h.shardsCreated, 0);
-  const applied = result.hosts.reduce((n, h) => n + h.migrationsApplied, 0);
-  const failed = result.hosts.reduce((n, h) => n + h.behind, 0);
-  const summary = `${verb}: ${plural(created, 'shard')} created, ${plural(applied, 'migration')} applied on ${plural(result.hosts.length, 'host')} in ${seconds(result.durationMs)}`;
+  const parts = [
+    ...(verb === 'migrate' && created === 0 ? [] : [`${plural(created, 'shard')} created`]),
+    `${plural(applied, 'migration')} applied`,
+    `${plural(upToDate, 'shard')} already current`,
+    `${failed} failed`,
+  ];
+  if (down.length > 0) parts.push(`${plural(behindOnDown, 'shard')} behind on ${down.map((h) => h.host).join(', ')}`);
+  const summary = `${verb}: ${parts.join(', ')} on ${plural(result.hosts.length, 'host')} in ${seconds(result.durationMs)}`;
   if (result.ok) out.success(summary);
-  else out.info(`${summary}; ${plural(failed, 'shard')} failed or behind — fix the cause and run it again`);
+  else out.info(`${summary} — fix the cause and run it again; what is done stays done`);
   return result.ok ? 0 : 1;
+}
+
+/**
+ * Progress per host on stderr: bars on a terminal; elsewhere (CI logs, pipes) a line per host at
+ * each quarter and at the end, so a log shows which host is slow or stuck.
+ */
+export function hostProgress(out: Output): { update(event: ProgressEvent): void; stop(): void } {
+  if (out.streams.stderr.isTTY && !out.json) return out.progress();
+  const printed = new Map<string, number>();
+  return {
+    update(event) {
+      if (event.total === 0) return;
+      const quarter = Math.floor((event.done / event.total) * 4);
+      if (printed.get(event.host) === quarter) return;
+      printed.set(event.host, quarter);
+      const failed = event.failed > 0 ? ` (${event.failed} failed)` : '';
+      out.info(`${event.host}: ${event.done}/${event.total} shards${failed}`);
+    },
+    stop() {},
+  };
 }
 
 function printDryRun(out: Output, result: ProvisionResult, verb: string): number {
@@ -58,7 +91,7 @@ function printDryRun(out: Output, result: ProvisionResult, verb: string): number
       out.line(`-- shardctl ${verb} --dry-run: host ${h.host.name} (${redactUrl(h.host.url)})`);
       if (h.controlSql) out.line(h.controlSql);
       for (const job of h.jobs) {
-        out.line(`-- shard ${job.shard}: ${job.steps.map((s) => s.label).join(', ')}`);
+        out.line(`-- shard ${job.shard}: ${[...new Set(job.steps.map((s) => s.label))].join(', ')}`);
         for (const step of job.steps) out.line(step.sql);
       }
     }

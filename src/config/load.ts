@@ -423,7 +423,10 @@ function readHost(raw: unknown, index: number, issues: ConfigIssue[], env: Env):
     fields.replicationUrl === undefined ? undefined : readUrl(fields.replicationUrl, `${at}.replicationUrl`, env, issues);
   const shardsSpec = fields.shards === undefined ? undefined : String(fields.shards);
   let shards: readonly number[] | undefined;
-  if (shardsSpec !== undefined) {
+  if (shardsSpec !== undefined && shardsSpec.trim() === '') {
+    // A host with no shards yet (a new host shards are about to move to) or any more (all moved away).
+    shards = [];
+  } else if (shardsSpec !== undefined) {
     const parsed = parseShardList(shardsSpec);
     if ('error' in parsed) issues.push({ path: `${at}.shards`, message: parsed.error });
     else shards = parsed.shards;

@@ -17,6 +17,11 @@ export interface MigrationFile {
   readonly checksum: string;
   /** Marked `-- shardctl:no-transaction`: run outside a transaction (e.g. CREATE INDEX CONCURRENTLY). */
   readonly noTransaction: boolean;
+  /**
+   * The file's statements, for no-transaction files: PostgreSQL runs several statements sent as one
+   * string in one implicit transaction, where CREATE INDEX CONCURRENTLY refuses to run.
+   */
+  readonly statements: readonly string[];
 }
 
 const FILE_NAME = /^(\d{1,9})_([A-Za-z0-9][A-Za-z0-9_.-]*)\.sql$/;
@@ -53,6 +58,7 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
       sql,
       checksum: createHash('sha256').update(bytes).digest('hex'),
       noTransaction: hasNoTransactionMarker(sql),
+      statements: splitStatements(sql),
     };
     const existing = byVersion.get(version);
     if (existing) {
@@ -75,3 +81,74 @@ export function hasNoTransactionMarker(sql: string): boolean {
   }
   return false;
 }
+
+/**
+ * Splits SQL text at the semicolons that end statements, the way the server's lexer would: not
+ * inside quotes ('', E'', ""), dollar quotes ($$, $tag$) or comments (--, nested /* *\/).
+ * Pieces holding only whitespace and comments are dropped. Not handled: BEGIN ATOMIC bodies.
+ */
+export function splitStatements(sql: string): string[] {
+  const statements: string[] = [];
+  let start = 0;
+  let i = 0;
+  let meaningful = false;
+  const push = (end: number): void => {
+    if (meaningful) statements.push(sql.slice(start, end).trim());
+    start = end + 1;
+    meaningful = false;
+  };
+  while (i < sql.length) {
+    const ch = sql[i]!;
+    const next = sql[i + 1];
+    if (ch === '-' && next === '-') {
+      const end = sql.indexOf('\n', i);
+      i = end === -1 ? sql.length : end + 1;
+    } else if (ch === '/' && next === '*') {
+      let depth = 1;
+      i += 2;
+      while (i < sql.length && depth > 0) {
+        const pair = sql.slice(i, i + 2);
+        if (pair === '/*' || pair === '*/') {
+          depth += pair === '/*' ? 1 : -1;
+          i += 2;
+        } else {
+          i += 1;
+        }
+      }
+    } else if (ch === "'") {
+      meaningful = true;
+      const escapes = /[eE]/.test(sql[i - 1] ?? '') && !IDENTIFIER_CHAR.test(sql[i - 2] ?? '');
+      i += 1;
+      while (i < sql.length) {
+        if (escapes && sql[i] === '\\') i += 2;
+        else if (sql[i] === "'" && sql[i + 1] === "'") i += 2;
+        else if (sql[i] === "'") break;
+        else i += 1;
+      }
+      i += 1;
+    } else if (ch === '"') {
+      meaningful = true;
+      const end = sql.indexOf('"', i + 1);
+      i = end === -1 ? sql.length : end + 1;
+    } else if (ch === '$' && !IDENTIFIER_CHAR.test(sql[i - 1] ?? '')) {
+      const tag = /^\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$/.exec(sql.slice(i, i + 64));
+      if (tag) {
+        meaningful = true;
+        const end = sql.indexOf(tag[0], i + tag[0].length);
+        i = end === -1 ? sql.length : end + tag[0].length;
+      } else {
+        i += 1;
+      }
+    } else if (ch === ';') {
+      push(i);
+      i += 1;
+    } else {
+      if (!/\s/.test(ch)) meaningful = true;
+      i += 1;
+    }
+  }
+  push(sql.length);
+  return statements;
+}
+
+const IDENTIFIER_CHAR = /[A-Za-z0-9_$\u0080-\uffff]/;

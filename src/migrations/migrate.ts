@@ -1,11 +1,13 @@
 import type { ShardctlConfig } from '../config/types.js';
-import { ShardctlError } from '../errors.js';
-import { provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
+import { formatShardList } from '../config/ranges.js';
+import { conflictError } from '../provisioning/plan.js';
+import { inspectFleet, provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
 /**
  * `shardctl migrate`: apply pending migration files, in version order, to every existing shard
  * schema on every host; each migration on each shard in its own transaction with its record.
- * Drift (an applied file changed or deleted) refuses the whole run with exit 3.
+ * Drift (an applied file changed or deleted, or a new file older than applied ones) refuses the
+ * whole run with exit 3 before anything is written.
  */
 export function migrate(
   config: ShardctlConfig,
@@ -14,57 +16,80 @@ export function migrate(
   return provision(config, 'migrate', options);
 }
 
+export interface PendingFile {
+  /** File name without `.sql`, e.g. `0004_views`. */
+  readonly name: string;
+  readonly version: number;
+  /** The shards it is pending on, as a compact list ("0-49,60"). */
+  readonly shards: string;
+  readonly count: number;
+}
+
 export interface HostPending {
   readonly host: string;
-  /** Shards with at least one pending migration. */
+  /** Shards with anything pending (a migration, or an outdated next_id). */
   readonly shards: number;
   /** Migration applications pending (shards × files). */
   readonly migrations: number;
-  /** Mapped shards whose schema does not exist (init creates them). */
+  /** Per pending file, where. */
+  readonly pending: readonly PendingFile[];
+  /** Mapped shards whose schema does not exist (init creates them; migrate does not). */
   readonly missingShards: number;
+  /** The host could not be read; then nothing else about it is known. */
   readonly error: string | null;
 }
 
 export interface MigrationCheck {
   readonly current: boolean;
   readonly targetVersion: number;
+  /** Migration applications pending over the fleet. */
+  readonly pending: number;
   readonly hosts: readonly HostPending[];
+  /** One message per drifted file and host, naming the file and the shards. */
   readonly drift: readonly string[];
   /** 0 current, 3 pending or drift, 1 a host could not be read. */
   readonly exitCode: 0 | 1 | 3;
 }
 
-/** `migrate --check`: writes nothing; tells whether every shard is at the latest version. */
+const DRIFT_KINDS: ReadonlySet<string> = new Set(['drift', 'missing-file', 'out-of-order']);
+
+/** `migrate --check`: writes nothing (no lock either); tells whether every shard is at the target version. */
 export async function checkMigrations(config: ShardctlConfig, options: { toVersion?: number } = {}): Promise<MigrationCheck> {
-  const notices: string[] = [];
-  let result: ProvisionResult;
-  try {
-    result = await provision(config, 'migrate', { ...options, dryRun: true, onNotice: (m) => notices.push(m) });
-  } catch (error) {
-    if (error instanceof ShardctlError && error.code === 'MIGRATION_DRIFT') {
-      return { current: false, targetVersion: options.toVersion ?? 0, hosts: [], drift: [...error.details], exitCode: 3 };
+  const { plan, conflicts, lostHosts } = await inspectFleet(config, options);
+  // A misplaced or foreign schema is not something migrate could ever fix: the same error as a run.
+  if (conflicts.some((c) => !DRIFT_KINDS.has(c.kind))) throw conflictError(conflicts);
+  const hosts: HostPending[] = plan.hosts.map((h) => {
+    const byFile = new Map<number, number[]>();
+    for (const job of h.jobs) {
+      for (const m of job.migrations) {
+        let shards = byFile.get(m.version);
+        if (!shards) byFile.set(m.version, (shards = []));
+        shards.push(job.shard);
+      }
     }
-    throw error;
+    const pending = plan.migrations
+      .filter((m) => byFile.has(m.version))
+      .map((m) => {
+        const shards = byFile.get(m.version)!;
+        return { name: m.name, version: m.version, shards: formatShardList(shards), count: shards.length };
+      });
+    return {
+      host: h.host.name,
+      shards: h.jobs.length,
+      migrations: pending.reduce((n, p) => n + p.count, 0),
+      pending,
+      missingShards: h.host.shards.filter((s) => !h.snapshot.schemas.has(s)).length,
+      error: null,
+    };
+  });
+  for (const lost of lostHosts) {
+    hosts.push({ host: lost.host.name, shards: 0, migrations: 0, pending: [], missingShards: 0, error: lost.message });
   }
-  const hosts: HostPending[] = result.plan.hosts.map((h) => ({
-    host: h.host.name,
-    shards: h.jobs.length,
-    migrations: h.jobs.reduce((n, j) => n + j.migrations.length, 0),
-    missingShards: h.host.shards.filter((s) => !h.snapshot.schemas.has(s)).length,
-    error: null,
-  }));
-  const reached = new Set(hosts.map((h) => h.host));
-  for (const host of config.hosts) {
-    if (reached.has(host.name)) continue;
-    hosts.push({
-      host: host.name,
-      shards: host.shards.length,
-      migrations: 0,
-      missingShards: 0,
-      error: notices.find((n) => n.includes(`host ${host.name}`)) ?? `host ${host.name} could not be reached`,
-    });
-  }
-  const unreachable = hosts.some((h) => h.error !== null);
-  const current = !unreachable && hosts.every((h) => h.shards === 0);
-  return { current, targetVersion: result.targetVersion, hosts, drift: [], exitCode: unreachable ? 1 : current ? 0 : 3 };
+  const order = new Map(config.hosts.map((h, i) => [h.name, i]));
+  hosts.sort((a, b) => order.get(a.host)! - order.get(b.host)!);
+  const drift = conflicts.map((c) => c.message);
+  const pending = hosts.reduce((n, h) => n + h.migrations, 0);
+  const behind = hosts.some((h) => h.shards > 0);
+  const exitCode = lostHosts.length > 0 ? 1 : drift.length > 0 || behind ? 3 : 0;
+  return { current: exitCode === 0, targetVersion: plan.targetVersion, pending, hosts, drift, exitCode };
 }

@@ -16,6 +16,8 @@ export interface HostSnapshot {
   readonly schemas: ReadonlyMap<number, { nextIdVersion: number | null }>;
   /** shard → (version → checksum) of applied migrations. */
   readonly applied: ReadonlyMap<number, ReadonlyMap<number, string>>;
+  /** version → file name (without .sql) as recorded when it was applied; names a deleted file. */
+  readonly appliedNames: ReadonlyMap<number, string>;
 }
 
 export interface RecordedLayout {
@@ -46,12 +48,13 @@ export async function readHostSnapshot(client: pg.Client, host: HostConfig, conf
         recorded: new Map(),
         schemas,
         applied: new Map(),
+        appliedNames: new Map(),
       };
     }
     // One client runs one query at a time: sequential on purpose.
     const layout = await readLayout(client);
     const recorded = await readRecordedShards(client);
-    const applied = await readApplied(client);
+    const { applied, names } = await readApplied(client);
     return {
       host,
       serverVersion: row.server_version,
@@ -60,6 +63,7 @@ export async function readHostSnapshot(client: pg.Client, host: HostConfig, conf
       recorded,
       schemas,
       applied,
+      appliedNames: names,
     };
   } catch (error) {
     if (error instanceof HostError) throw error;
@@ -120,15 +124,17 @@ async function readRecordedShards(client: pg.Client): Promise<Map<number, { sche
   return new Map(result.rows.map((r) => [r.shard, { schema: r.schema_name, state: r.state }]));
 }
 
-async function readApplied(client: pg.Client): Promise<Map<number, Map<number, string>>> {
-  const result = await client.query<{ shard: number; version: number; checksum: string }>(
-    `SELECT shard, version, checksum FROM ${CONTROL_SCHEMA}.migrations`,
+async function readApplied(client: pg.Client): Promise<{ applied: Map<number, Map<number, string>>; names: Map<number, string> }> {
+  const result = await client.query<{ shard: number; version: number; checksum: string; name: string }>(
+    `SELECT shard, version, checksum, name FROM ${CONTROL_SCHEMA}.migrations`,
   );
-  const map = new Map<number, Map<number, string>>();
+  const applied = new Map<number, Map<number, string>>();
+  const names = new Map<number, string>();
   for (const row of result.rows) {
-    let versions = map.get(row.shard);
-    if (!versions) map.set(row.shard, (versions = new Map()));
+    let versions = applied.get(row.shard);
+    if (!versions) applied.set(row.shard, (versions = new Map()));
     versions.set(row.version, row.checksum);
+    names.set(row.version, row.name);
   }
-  return map;
+  return { applied, names };
 }

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { connectHost, CONTROL_SCHEMA, describePgError } from '../pg/connect.js';
+import { acquireWorkerLock } from '../pg/locks.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 
 export interface ProgressEvent {
@@ -13,6 +14,8 @@ export interface ShardFailure {
   readonly shard: number;
   /** The step that failed, e.g. `migration 0002_likes`. */
   readonly step: string;
+  /** The failed migration's version, when the step was a migration. */
+  readonly version?: number;
   readonly message: string;
 }
 
@@ -21,32 +24,38 @@ export interface HostOutcome {
   readonly shardsCreated: number;
   readonly nextIdInstalled: number;
   readonly migrationsApplied: number;
+  /** Shards whose every step succeeded in this run. */
+  readonly shardsChanged: number;
   /** Shards that needed nothing. */
   readonly upToDate: number;
   readonly failures: readonly ShardFailure[];
   /** The host itself failed (unreachable, connection lost); `behind` shards were not done. */
   readonly hostError: string | null;
+  /** Shards left short of the target: the failed ones, plus those not reached after a host error. */
   readonly behind: number;
   readonly durationMs: number;
 }
 
 export interface ExecuteOptions {
   readonly concurrency: number;
+  /** The config's lockTimeout, named in the message of a shard that could not get a lock. */
+  readonly lockTimeout?: string;
   readonly onProgress?: (event: ProgressEvent) => void;
 }
 
 /**
  * Applies one host's plan: the control schema first, then the shard jobs over a small pool of
  * connections. A failing shard is reported and the others go on; a lost connection stops the
- * host and counts what was not done.
+ * host and counts what was not done. No-transaction migrations run one shard at a time per host.
  */
 export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, options: ExecuteOptions): Promise<HostOutcome> {
   const started = performance.now();
   const host = plan.host;
   const failures: ShardFailure[] = [];
-  const counters = { created: 0, nextId: 0, migrations: 0, done: 0 };
+  const counters = { created: 0, nextId: 0, migrations: 0, changed: 0, done: 0 };
   const total = plan.jobs.length;
   const report = (): void => options.onProgress?.({ host: host.name, done: counters.done, total, failed: failures.length });
+  const context: JobContext = { noTransaction: new Mutex(), lockTimeout: options.lockTimeout ?? null };
   let hostError: string | null = null;
 
   if (plan.controlSql) {
@@ -64,30 +73,33 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
     let client: pg.Client | null = null;
     try {
       client = await connectHost(host, { applicationName: 'shardctl worker' });
+      await acquireWorkerLock(client, host.name);
       while (hostError === null && next < plan.jobs.length) {
         const job = plan.jobs[next++]!;
-        const failure = await runJob(client, job);
-        if (failure === null) {
+        const result = await runJob(client, job, context);
+        if (result.failure?.hostLevel) {
+          hostError ??= `connection lost while on shard ${job.shard} (${result.failure.step}): ${result.failure.message}`;
+          break;
+        }
+        counters.migrations += result.migrationsApplied;
+        if (result.failure === null) {
           counters.created += job.creates ? 1 : 0;
           counters.nextId += job.reinstallsNextId ? 1 : 0;
-          counters.migrations += job.migrations.length;
-        } else if (failure.hostLevel) {
-          hostError ??= `connection lost at shard ${job.shard}: ${failure.message}`;
-          break;
+          counters.changed += 1;
         } else {
-          counters.migrations += failure.migrationsApplied;
-          failures.push({ shard: job.shard, step: failure.step, message: failure.message });
+          const { step, version, message } = result.failure;
+          failures.push({ shard: job.shard, step, ...(version === undefined ? {} : { version }), message });
         }
         counters.done += 1;
         report();
       }
     } catch (error) {
-      hostError ??= describePgError(error);
+      hostError ??= describePgError(error).replace(new RegExp(`^host ${escapeRegExp(host.name)}: `), '');
     } finally {
       await client?.end().catch(() => undefined);
     }
   };
-  const poolSize = Math.max(1, Math.min(options.concurrency, plan.jobs.length));
+  const poolSize = Math.min(options.concurrency, plan.jobs.length);
   await Promise.all(Array.from({ length: poolSize }, worker));
   return outcome(hostError);
 
@@ -97,6 +109,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
       shardsCreated: counters.created,
       nextIdInstalled: counters.nextId,
       migrationsApplied: counters.migrations,
+      shardsChanged: counters.changed,
       upToDate: plan.upToDate,
       failures,
       hostError: error,
@@ -106,68 +119,173 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
   }
 }
 
-interface JobFailure {
+interface JobContext {
+  /** Held while a no-transaction migration runs on one of the host's shards. */
+  readonly noTransaction: Mutex;
+  readonly lockTimeout: string | null;
+}
+
+interface StepFailure {
   readonly step: string;
+  readonly version?: number;
   readonly message: string;
+  /** The connection or server is gone: nothing more can be done on this host. */
   readonly hostLevel: boolean;
+}
+
+interface JobResult {
+  /** Migrations whose record committed in this run. */
   readonly migrationsApplied: number;
+  readonly failure: StepFailure | null;
 }
 
 /**
- * Runs a job's steps, batching consecutive transactional steps into one round trip (the
- * per-shard overhead is what shardctl adds on top of the DDL itself). On failure, the control
- * records tell which step of the batch failed: every earlier step committed its record.
+ * Units of a job: consecutive transactional steps are sent as one round trip (the per-shard
+ * overhead is what shardctl adds on top of the DDL itself); a no-transaction migration's
+ * statements go one by one. A step with no record to prove it ran (install next_id) goes alone,
+ * so that after a failure the records tell exactly how far a batch got.
  */
-async function runJob(client: pg.Client, job: ShardJob): Promise<JobFailure | null> {
-  const batches = batchSteps(job.steps);
+interface Unit {
+  readonly kind: 'batch' | 'no-transaction';
+  readonly steps: JobStep[];
+}
+
+function jobUnits(steps: readonly JobStep[]): Unit[] {
+  const units: Unit[] = [];
+  let batch: JobStep[] = [];
+  const flush = (): void => {
+    if (batch.length > 0) units.push({ kind: 'batch', steps: batch });
+    batch = [];
+  };
+  for (const step of steps) {
+    if (step.alone) {
+      flush();
+      const last = units.at(-1);
+      if (last?.kind === 'no-transaction' && last.steps[0]!.version === step.version) last.steps.push(step);
+      else units.push({ kind: 'no-transaction', steps: [step] });
+    } else if (!isProvable(step)) {
+      flush();
+      units.push({ kind: 'batch', steps: [step] });
+    } else {
+      batch.push(step);
+    }
+  }
+  flush();
+  return units;
+}
+
+function isProvable(step: JobStep): boolean {
+  return step.version !== undefined || step.recordsShard === true;
+}
+
+async function runJob(client: pg.Client, job: ShardJob, context: JobContext): Promise<JobResult> {
   let applied = 0;
-  for (const batch of batches) {
+  for (const unit of jobUnits(job.steps)) {
+    if (unit.kind === 'no-transaction') {
+      const failure = await context.noTransaction.run(() => runNoTransaction(client, unit.steps, context));
+      if (failure) return { migrationsApplied: applied, failure };
+      applied += 1;
+      continue;
+    }
+    const result = await runBatch(client, job.shard, unit.steps, context);
+    applied += result.committed.filter((s) => s.version !== undefined).length;
+    if (result.failure) return { migrationsApplied: applied, failure: result.failure };
+  }
+  return { migrationsApplied: applied, failure: null };
+}
+
+async function runNoTransaction(client: pg.Client, steps: readonly JobStep[], context: JobContext): Promise<StepFailure | null> {
+  for (const step of steps) {
     try {
-      await client.query(batch.map((s) => s.sql).join('\n'));
-      applied += new Set(batch.filter((s) => s.version !== undefined).map((s) => s.version)).size;
+      await client.query(step.sql);
     } catch (error) {
-      const message = describePgError(error);
-      if (isConnectionError(error)) return { step: batch[0]!.label, message, hostLevel: true, migrationsApplied: applied };
-      await rollbackQuietly(client);
-      const { step, committed } = await locateFailedStep(client, job.shard, batch).catch(() => ({ step: batch[0]!.label, committed: 0 }));
-      return { step, message, hostLevel: false, migrationsApplied: applied + committed };
+      if (!isConnectionError(error)) await rollbackQuietly(client);
+      return stepFailure(step, error, context);
     }
   }
   return null;
 }
 
-/** Transactional steps are concatenated; a no-transaction migration's statements go alone. */
-function batchSteps(steps: readonly JobStep[]): JobStep[][] {
-  const batches: JobStep[][] = [];
-  let current: JobStep[] = [];
-  for (const step of steps) {
-    if (step.alone) {
-      if (current.length > 0) batches.push(current);
-      batches.push([step]);
-      current = [];
-    } else {
-      current.push(step);
-    }
-  }
-  if (current.length > 0) batches.push(current);
-  return batches;
+interface BatchResult {
+  readonly committed: readonly JobStep[];
+  readonly failure: StepFailure | null;
 }
 
-async function locateFailedStep(client: pg.Client, shard: number, batch: readonly JobStep[]): Promise<{ step: string; committed: number }> {
-  if (batch.length === 1) return { step: batch[0]!.label, committed: 0 };
-  const result = await client.query<{ version: number }>(`SELECT version FROM ${CONTROL_SCHEMA}.migrations WHERE shard = $1`, [shard]);
-  const recorded = new Set(result.rows.map((r) => r.version));
-  const shardRecorded = await client.query(`SELECT 1 FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`, [shard]);
-  let committed = 0;
-  for (const step of batch) {
-    if (step.version === undefined) {
-      if (shardRecorded.rowCount === 0) return { step: step.label, committed };
-      continue;
+/**
+ * Sends transactional steps as one string. Each step is a whole transaction, so after an error
+ * the steps before the failed one have committed (their records say so) and the rest did not run.
+ * One exception: PostgreSQL parses the whole string before running any of it, so a syntax error
+ * stops even the steps before the broken one. The error's position tells which step is broken;
+ * the steps before it are then sent again on their own.
+ */
+async function runBatch(client: pg.Client, shard: number, steps: readonly JobStep[], context: JobContext): Promise<BatchResult> {
+  try {
+    await client.query(steps.map((s) => s.sql).join('\n'));
+    return { committed: steps, failure: null };
+  } catch (error) {
+    if (isConnectionError(error)) return { committed: [], failure: stepFailure(steps[0]!, error, context) };
+    await rollbackQuietly(client);
+    if (steps.length === 1) return { committed: [], failure: stepFailure(steps[0]!, error, context) };
+    let done: number;
+    try {
+      done = await committedPrefix(client, shard, steps);
+    } catch (readError) {
+      return { committed: [], failure: stepFailure(steps[0]!, readError, context) };
     }
-    if (!recorded.has(step.version)) return { step: step.label, committed };
-    committed += 1;
+    const broken = stepAtPosition(steps, error);
+    if (broken !== null && broken > done) {
+      const before = await runBatch(client, shard, steps.slice(done, broken), context);
+      const committed = [...steps.slice(0, done), ...before.committed];
+      return { committed, failure: before.failure ?? stepFailure(steps[broken]!, error, context) };
+    }
+    return { committed: steps.slice(0, done), failure: stepFailure(steps[done] ?? steps.at(-1)!, error, context) };
   }
-  return { step: batch.at(-1)!.label, committed };
+}
+
+/** How many leading steps of a failed batch committed, from the control records they write. */
+async function committedPrefix(client: pg.Client, shard: number, steps: readonly JobStep[]): Promise<number> {
+  const result = await client.query<{ version: number | null }>(
+    `SELECT version FROM ${CONTROL_SCHEMA}.migrations WHERE shard = $1
+     UNION ALL SELECT NULL FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`,
+    [shard],
+  );
+  const recorded = new Set(result.rows.map((r) => r.version));
+  let done = 0;
+  for (const step of steps) {
+    const proven = step.version !== undefined ? recorded.has(step.version) : step.recordsShard === true && recorded.has(null);
+    if (!proven) break;
+    done += 1;
+  }
+  return done;
+}
+
+/** The step whose text holds the error's position (1-based, in characters of the whole string). */
+function stepAtPosition(steps: readonly JobStep[], error: unknown): number | null {
+  const position = Number((error as { position?: unknown }).position);
+  if (!Number.isInteger(position) || position < 1) return null;
+  let end = 0;
+  for (let i = 0; i < steps.length; i++) {
+    end += codePoints(steps[i]!.sql) + 1; // + the newline that joins the steps
+    if (position <= end) return i;
+  }
+  return null;
+}
+
+function codePoints(text: string): number {
+  let n = 0;
+  for (const _ of text) n += 1;
+  return n;
+}
+
+function stepFailure(step: JobStep, error: unknown, context: JobContext): StepFailure {
+  const hostLevel = isConnectionError(error);
+  let message = describePgError(error);
+  if ((error as { code?: unknown }).code === '55P03') {
+    message =
+      `could not lock a table within lockTimeout${context.lockTimeout ? ` ${context.lockTimeout}` : ''}: another session holds a ` +
+      `conflicting lock, so this shard was skipped and the others went on; run migrate again when it is free (${message})`;
+  }
+  return { step: step.label, ...(step.version === undefined ? {} : { version: step.version }), message, hostLevel };
 }
 
 /** Errors that mean the connection or server is gone, as opposed to a statement failing. */
@@ -182,4 +300,25 @@ async function rollbackQuietly(client: pg.Client): Promise<void> {
   await client.query('ROLLBACK').catch(() => undefined);
   // A failed no-transaction migration leaves its session settings behind.
   await client.query('RESET search_path; RESET lock_timeout').catch(() => undefined);
+}
+
+/** One holder at a time, in arrival order. */
+class Mutex {
+  private tail: Promise<void> = Promise.resolve();
+
+  async run<T>(fn: () => Promise<T>): Promise<T> {
+    const previous = this.tail;
+    let release!: () => void;
+    this.tail = new Promise<void>((resolve) => (release = resolve));
+    await previous;
+    try {
+      return await fn();
+    } finally {
+      release();
+    }
+  }
+}
+
+function escapeRegExp(text: string): string {
+  return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }

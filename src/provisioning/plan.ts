@@ -49,6 +49,8 @@ export interface JobStep {
   readonly version?: number;
   /** Must be sent on its own, outside any transaction (no-transaction migrations). */
   readonly alone?: boolean;
+  /** The step writes the shard's row in the control schema (its proof, like a migration's record). */
+  readonly recordsShard?: boolean;
 }
 
 export interface HostPlan {
@@ -119,9 +121,15 @@ function planHost(
     let reinstalls = false;
     if (!exists) {
       creates = true;
-      steps.push({ label: 'create schema', get sql() { return createShardSql(config, shard, recorded || snapshot.applied.has(shard)); } });
+      steps.push({
+        label: 'create schema',
+        recordsShard: true,
+        get sql() {
+          return createShardSql(config, shard, recorded || snapshot.applied.has(shard));
+        },
+      });
     } else {
-      if (!recorded) steps.push({ label: 'record shard', get sql() { return recordShardSql(config, shard); } });
+      if (!recorded) steps.push({ label: 'record shard', recordsShard: true, get sql() { return recordShardSql(config, shard); } });
       if (snapshot.schemas.get(shard)!.nextIdVersion !== ID_FUNCTION_VERSION) {
         reinstalls = true;
         steps.push({ label: 'install next_id', get sql() { return reinstallNextIdSql(config, shard); } });
@@ -270,14 +278,40 @@ function driftConflicts(snapshots: readonly HostSnapshot[], migrations: readonly
     }
     for (const [version, shards] of missing) {
       shards.sort((a, b) => a - b);
+      const name = snapshot.appliedNames.get(version);
       conflicts.push({
         kind: 'missing-file',
         host: snapshot.host.name,
-        message: `host ${snapshot.host.name}: migration version ${version} is applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)} but no file in the migrations folder has that version; restore it`,
+        message: `host ${snapshot.host.name}: ${name ? `${name}.sql (version ${version})` : `migration version ${version}`} is applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)} but no file in the migrations folder has that version; restore it`,
       });
     }
+    conflicts.push(...outOfOrder(snapshot, migrations));
   }
   return conflicts;
+}
+
+/** A file older than versions a shard already has: applying it now would run the files out of order. */
+function outOfOrder(snapshot: HostSnapshot, migrations: readonly MigrationFile[]): Conflict[] {
+  const late = new Map<MigrationFile, { shards: number[]; newest: number }>();
+  for (const [shard, versions] of snapshot.applied) {
+    if (!snapshot.schemas.has(shard)) continue; // records of a dropped schema are cleared when it is re-created
+    const newest = Math.max(...versions.keys());
+    for (const migration of migrations) {
+      if (migration.version >= newest) break;
+      if (versions.has(migration.version)) continue;
+      let entry = late.get(migration);
+      if (!entry) late.set(migration, (entry = { shards: [], newest }));
+      entry.shards.push(shard);
+      entry.newest = Math.max(entry.newest, newest);
+    }
+  }
+  return [...late].map(([migration, { shards, newest }]) => ({
+    kind: 'out-of-order' as const,
+    host: snapshot.host.name,
+    message:
+      `host ${snapshot.host.name}: ${migration.name}.sql is not applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}, ` +
+      `which already ${shards.length === 1 ? 'has' : 'have'} version ${newest}; migrations run in version order, so give it a version above ${newest}`,
+  }));
 }
 
 /** Turns conflicts into the error a command throws: drift is a check failure (3), the rest stop the run (1 or 2). */

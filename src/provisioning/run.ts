@@ -1,16 +1,20 @@
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { HostError, RuntimeFailure } from '../errors.js';
+import { HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { connectHost, describePgError } from '../pg/connect.js';
 import { acquireRunnerLock, releaseRunnerLock } from '../pg/locks.js';
 import { readHostSnapshot, type HostSnapshot } from './catalog.js';
 import { executeHostPlan, type HostOutcome, type ProgressEvent } from './execute.js';
-import { conflictError, findConflicts, planFleet, type Plan, type PlanOptions } from './plan.js';
+import { conflictError, findConflicts, planFleet, type Conflict, type Plan, type PlanOptions } from './plan.js';
 
 /**
  * The one code path behind init, add-schema and migrate: lock every host, read its catalog, plan,
  * refuse on any conflict before writing, then execute all hosts in parallel.
+ *
+ * init and add-schema need every host (a schema may be created only where no host holds a copy);
+ * migrate goes on without a host it cannot reach, or that fails before its work starts, and
+ * reports that host's shards as behind.
  */
 
 export type ProvisionMode = 'init' | 'add-schema' | 'migrate';
@@ -30,12 +34,25 @@ export interface ProvisionResult {
   readonly mode: ProvisionMode;
   readonly dryRun: boolean;
   readonly targetVersion: number;
-  /** The plan that was (or, in a dry run, would be) executed. */
+  /** The plan that was (or, in a dry run, would be) executed; hosts left behind are not in it. */
   readonly plan: Plan;
   /** Empty in a dry run. */
   readonly hosts: readonly HostOutcome[];
   readonly ok: boolean;
   readonly durationMs: number;
+}
+
+/** What a read-only look at the fleet found: the plan, every conflict, and the hosts not read. */
+export interface FleetInspection {
+  readonly plan: Plan;
+  readonly conflicts: readonly Conflict[];
+  readonly lostHosts: readonly LostHost[];
+}
+
+export interface LostHost {
+  readonly host: HostConfig;
+  /** Without the `host <name>: ` prefix. */
+  readonly message: string;
 }
 
 interface HostSession {
@@ -44,56 +61,69 @@ interface HostSession {
   locked: boolean;
 }
 
+interface Fleet {
+  sessions: HostSession[];
+  lost: LostHost[];
+}
+
 export async function provision(config: ShardctlConfig, mode: ProvisionMode, options: ProvisionOptions = {}): Promise<ProvisionResult> {
   const started = performance.now();
   const dryRun = options.dryRun ?? false;
   const migrations = await readMigrations(config.migrationsDir);
-  const { sessions, unreachable } = await connectAll(config.hosts);
+  const fleet = await connectAll(config.hosts);
   try {
-    if (unreachable.length > 0 && mode !== 'migrate') {
-      // Creating a schema is safe only when every host has been checked for another copy of it.
-      throw unreachable.length === 1
-        ? unreachable[0]!.error
-        : new RuntimeFailure(
-            'HOST_UNREACHABLE',
-            `${unreachable.length} hosts cannot be reached; nothing was written:\n${unreachable.map((u) => `  - ${u.error.message}`).join('\n')}`,
-            { hosts: unreachable.map((u) => u.host.name) },
-          );
-    }
-    for (const u of unreachable) options.onNotice?.(`${u.error.message}; its shards are left behind`);
-    if (!dryRun) await lockAll(sessions);
-    const snapshots = await Promise.all(sessions.map((s) => readHostSnapshot(s.client, s.host, config)));
-    const planOptions = planOptionsFor(mode, options, snapshots, migrations);
+    const tolerateLoss = mode === 'migrate';
+    if (!tolerateLoss) requireAll(fleet);
+    if (!dryRun) await lockAll(fleet, config, tolerateLoss);
+    const snapshots = await readSnapshots(fleet, config, tolerateLoss);
+    for (const lost of fleet.lost) options.onNotice?.(`host ${lost.host.name}: ${lost.message}; its shards are left behind`);
     const conflicts = findConflicts(config, snapshots, migrations, {
       ...(options.shards ? { shards: options.shards } : {}),
       checkDrift: true,
     });
     if (conflicts.length > 0) throw conflictError(conflicts);
-    const plan = planFleet(config, snapshots, migrations, planOptions);
+    const plan = planFleet(config, snapshots, migrations, planOptionsFor(mode, options, snapshots, migrations));
     if (dryRun) {
       return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts: [], ok: true, durationMs: elapsed(started) };
     }
     const outcomes = await Promise.all(
       plan.hosts.map((hostPlan) => {
-        const session = sessions.find((s) => s.host.name === hostPlan.host.name)!;
+        const session = fleet.sessions.find((s) => s.host.name === hostPlan.host.name)!;
         return executeHostPlan(session.client, hostPlan, {
           concurrency: config.concurrency,
+          lockTimeout: config.lockTimeout,
           ...(options.onProgress ? { onProgress: options.onProgress } : {}),
         });
       }),
     );
-    const unreachableOutcomes = unreachable.map((u) => unreachableOutcome(u.host, u.error.message));
-    const hosts = [...outcomes, ...unreachableOutcomes];
+    const hosts = [...outcomes, ...fleet.lost.map(lostOutcome)];
     const ok = hosts.every((h) => h.hostError === null && h.failures.length === 0);
     return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts, ok, durationMs: elapsed(started) };
   } finally {
-    await Promise.all(sessions.map((s) => closeSession(s)));
+    await Promise.all(fleet.sessions.map((s) => closeSession(s)));
+  }
+}
+
+/**
+ * The read-only half of a migrate: connect, read every catalog, find conflicts and plan, without
+ * the runner lock and without throwing on drift (`migrate --check` reports it with what is pending).
+ */
+export async function inspectFleet(config: ShardctlConfig, options: { toVersion?: number } = {}): Promise<FleetInspection> {
+  const migrations = await readMigrations(config.migrationsDir);
+  const fleet = await connectAll(config.hosts);
+  try {
+    const snapshots = await readSnapshots(fleet, config, true);
+    const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
+    const plan = planFleet(config, snapshots, migrations, planOptionsFor('migrate', options, snapshots, migrations));
+    return { plan, conflicts, lostHosts: fleet.lost };
+  } finally {
+    await Promise.all(fleet.sessions.map((s) => closeSession(s)));
   }
 }
 
 function planOptionsFor(
   mode: ProvisionMode,
-  options: ProvisionOptions,
+  options: Pick<ProvisionOptions, 'shards' | 'toVersion'>,
   snapshots: readonly HostSnapshot[],
   migrations: readonly MigrationFile[],
 ): PlanOptions {
@@ -122,29 +152,69 @@ export function fleetLevel(snapshots: readonly HostSnapshot[]): number | null {
   return level;
 }
 
-async function connectAll(hosts: readonly HostConfig[]): Promise<{
-  sessions: HostSession[];
-  unreachable: { host: HostConfig; error: HostError }[];
-}> {
+async function connectAll(hosts: readonly HostConfig[]): Promise<Fleet> {
   const results = await Promise.allSettled(hosts.map((host) => connectHost(host, { applicationName: 'shardctl' })));
-  const sessions: HostSession[] = [];
-  const unreachable: { host: HostConfig; error: HostError }[] = [];
+  const fleet: Fleet = { sessions: [], lost: [] };
   results.forEach((result, i) => {
     const host = hosts[i]!;
-    if (result.status === 'fulfilled') sessions.push({ host, client: result.value, locked: false });
-    else {
-      const error = result.reason instanceof HostError ? result.reason : new HostError(host.name, describePgError(result.reason));
-      unreachable.push({ host, error });
-    }
+    if (result.status === 'fulfilled') fleet.sessions.push({ host, client: result.value, locked: false });
+    else fleet.lost.push({ host, message: hostMessage(host, result.reason) });
   });
-  return { sessions, unreachable };
+  return fleet;
 }
 
-async function lockAll(sessions: HostSession[]): Promise<void> {
-  for (const session of sessions) {
-    await acquireRunnerLock(session.client, session.host.name);
-    session.locked = true;
+/** Creating a schema is safe only when every host has been checked for another copy of it. */
+function requireAll(fleet: Fleet): void {
+  if (fleet.lost.length === 0) return;
+  const [first] = fleet.lost;
+  if (fleet.lost.length === 1) throw new HostError(first!.host.name, first!.message, { code: 'HOST_UNREACHABLE' });
+  throw new RuntimeFailure(
+    'HOST_UNREACHABLE',
+    `${fleet.lost.length} hosts cannot be reached; nothing was written:\n${fleet.lost.map((l) => `  - host ${l.host.name}: ${l.message}`).join('\n')}`,
+    { hosts: fleet.lost.map((l) => l.host.name) },
+  );
+}
+
+/**
+ * Takes the runner lock on every host, in config order. Another runner on any host stops the whole
+ * run before anything is written (fail fast, whatever the mode); a host whose connection fails
+ * here is left behind when the mode tolerates it.
+ */
+async function lockAll(fleet: Fleet, config: ShardctlConfig, tolerateLoss: boolean): Promise<void> {
+  for (const session of [...fleet.sessions]) {
+    try {
+      await acquireRunnerLock(session.client, session.host.name, { workerWait: config.lockTimeout });
+      session.locked = true;
+    } catch (error) {
+      if (error instanceof ShardctlError) throw error;
+      loseHost(fleet, session, error, tolerateLoss, 'cannot take the runner lock');
+    }
   }
+}
+
+async function readSnapshots(fleet: Fleet, config: ShardctlConfig, tolerateLoss: boolean): Promise<HostSnapshot[]> {
+  const results = await Promise.allSettled(fleet.sessions.map((s) => readHostSnapshot(s.client, s.host, config)));
+  const snapshots: HostSnapshot[] = [];
+  for (const [i, session] of [...fleet.sessions].entries()) {
+    const result = results[i]!;
+    if (result.status === 'fulfilled') snapshots.push(result.value);
+    else loseHost(fleet, session, result.reason, tolerateLoss);
+  }
+  return snapshots;
+}
+
+function loseHost(fleet: Fleet, session: HostSession, error: unknown, tolerate: boolean, doing?: string): void {
+  if (!tolerate) throw error instanceof HostError ? error : new HostError(session.host.name, `${doing}: ${describePgError(error)}`, { cause: error });
+  fleet.sessions.splice(fleet.sessions.indexOf(session), 1);
+  fleet.lost.push({ host: session.host, message: `${doing ? `${doing}: ` : ''}${hostMessage(session.host, error)}` });
+  void closeSession(session);
+}
+
+/** An error's message without the `host <name>: ` a HostError starts with. */
+function hostMessage(host: HostConfig, error: unknown): string {
+  const message = error instanceof ShardctlError ? error.message : describePgError(error);
+  const prefix = `host ${host.name}: `;
+  return message.startsWith(prefix) ? message.slice(prefix.length) : message;
 }
 
 async function closeSession(session: HostSession): Promise<void> {
@@ -152,16 +222,17 @@ async function closeSession(session: HostSession): Promise<void> {
   await session.client.end().catch(() => undefined);
 }
 
-function unreachableOutcome(host: HostConfig, message: string): HostOutcome {
+function lostOutcome(lost: LostHost): HostOutcome {
   return {
-    host: host.name,
+    host: lost.host.name,
     shardsCreated: 0,
     nextIdInstalled: 0,
     migrationsApplied: 0,
+    shardsChanged: 0,
     upToDate: 0,
     failures: [],
-    hostError: message,
-    behind: host.shards.length,
+    hostError: lost.message,
+    behind: lost.host.shards.length,
     durationMs: 0,
   };
 }

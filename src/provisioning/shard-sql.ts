@@ -33,7 +33,12 @@ export function controlSchemaSql(config: ShardctlConfig): string {
  * Creates the shard's schema and its next_id() and records the shard, in one transaction. When the
  * control schema still has rows for a schema that was dropped by hand, they are stale: cleared first.
  */
-export function createShardSql(config: ShardctlConfig, shard: number, staleRecords = false): string {
+export function createShardSql(
+  config: ShardctlConfig,
+  shard: number,
+  staleRecords = false,
+  state: 'active' | 'incoming' = 'active',
+): string {
   const schema = shardSchemaName(config, shard);
   return [
     'BEGIN;',
@@ -45,7 +50,7 @@ export function createShardSql(config: ShardctlConfig, shard: number, staleRecor
       : []),
     `CREATE SCHEMA ${quoteIdent(schema)};`,
     renderNextIdSql(schema, shard, config.idLayout).trim(),
-    `INSERT INTO ${control}.shards (shard, schema_name) VALUES (${shard}, ${quoteLiteral(schema)});`,
+    `INSERT INTO ${control}.shards (shard, schema_name, state) VALUES (${shard}, ${quoteLiteral(schema)}, ${quoteLiteral(state)});`,
     'COMMIT;',
   ].join('\n');
 }
@@ -56,10 +61,18 @@ export function reinstallNextIdSql(config: ShardctlConfig, shard: number): strin
   return ['BEGIN;', renderNextIdSql(schema, shard, config.idLayout).trim(), 'COMMIT;'].join('\n');
 }
 
-/** Records a shard whose complete schema exists but has no control row (e.g. created by an older run). */
+/**
+ * Records a shard whose complete schema exists but has no control row (e.g. created by an older run).
+ * A whole transaction like every other step: a bare statement batched before a BEGIN would join
+ * that transaction and be rolled back with it.
+ */
 export function recordShardSql(config: ShardctlConfig, shard: number): string {
   const schema = shardSchemaName(config, shard);
-  return `INSERT INTO ${control}.shards (shard, schema_name) VALUES (${shard}, ${quoteLiteral(schema)}) ON CONFLICT (shard) DO NOTHING;`;
+  return [
+    'BEGIN;',
+    `INSERT INTO ${control}.shards (shard, schema_name) VALUES (${shard}, ${quoteLiteral(schema)}) ON CONFLICT (shard) DO NOTHING;`,
+    'COMMIT;',
+  ].join('\n');
 }
 
 /**
@@ -82,16 +95,32 @@ export function migrationSql(config: ShardctlConfig, shard: number, migration: M
 }
 
 /**
- * A migration marked no-transaction (e.g. CREATE INDEX CONCURRENTLY): its statement runs on its
- * own, then the record is written. Three round trips; a crash between the last two leaves the
- * migration applied but unrecorded, so such migrations must be re-runnable (IF NOT EXISTS).
+ * A migration marked no-transaction (e.g. CREATE INDEX CONCURRENTLY): each statement runs on its
+ * own, then the record is written. A crash between the last two leaves the migration applied but
+ * unrecorded, so such migrations must be re-runnable (IF NOT EXISTS). IF NOT EXISTS also skips the
+ * invalid index an interrupted CREATE INDEX CONCURRENTLY leaves behind, so the record is refused
+ * while the shard's schema holds one.
  */
 export function noTransactionMigrationSteps(config: ShardctlConfig, shard: number, migration: MigrationFile): string[] {
   const schema = shardSchemaName(config, shard);
   return [
     `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
-    migration.sql.trimEnd(),
-    `RESET search_path; RESET lock_timeout; ${recordMigrationSql(shard, migration)}`,
+    ...migration.statements.map((statement) => `${statement};`),
+    [
+      'DO $shardctl$',
+      'DECLARE invalid text;',
+      'BEGIN',
+      "  SELECT string_agg(c.relname, ', ' ORDER BY c.relname) INTO invalid",
+      '    FROM pg_catalog.pg_index i',
+      '    JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid',
+      '    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace',
+      `   WHERE n.nspname = ${quoteLiteral(schema)} AND NOT i.indisvalid;`,
+      '  IF invalid IS NOT NULL THEN',
+      `    RAISE EXCEPTION 'invalid index % in schema %: an interrupted CREATE INDEX CONCURRENTLY left it, and IF NOT EXISTS skips it; drop it and run migrate again', invalid, ${quoteLiteral(schema)};`,
+      '  END IF;',
+      'END $shardctl$;',
+      `RESET search_path; RESET lock_timeout; ${recordMigrationSql(shard, migration)}`,
+    ].join('\n'),
   ];
 }
 

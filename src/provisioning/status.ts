@@ -89,8 +89,11 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
   for (const shard of [...snapshot.schemas.keys()].sort((a, b) => a - b)) {
     const mapped = shard < config.shards ? hostForShard(config, shard) : undefined;
     if (mapped?.name === host.name) continue;
-    if (snapshot.recorded.get(shard)?.state === 'fenced') fenced.push(shard);
-    else unexpected.push(shard);
+    if (snapshot.recorded.get(shard)?.state !== 'fenced') unexpected.push(shard);
+  }
+  // Old copies are renamed after a move, so they are found by their control rows, not their names.
+  for (const [shard, row] of [...snapshot.recorded].sort((a, b) => a[0] - b[0])) {
+    if (row.state === 'fenced' && hostForShard(config, shard)?.name !== host.name) fenced.push(shard);
   }
   const levels: Record<string, string> = {};
   for (const [level, shards] of [...byLevel].sort((a, b) => a[0] - b[0])) levels[String(level)] = formatShardList(shards);

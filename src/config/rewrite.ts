@@ -1,0 +1,75 @@
+import { readFile, rename, stat, writeFile } from 'node:fs/promises';
+import { isMap, isScalar, isSeq, parseDocument, Scalar } from 'yaml';
+import { RuntimeFailure } from '../errors.js';
+import { formatShardList, parseShardList } from './ranges.js';
+
+/**
+ * Moves one shard from one host's list to another's in the config file, in place: comments,
+ * order and formatting of everything else are kept (YAML via the yaml Document API; JSON is
+ * re-serialised). The file is replaced atomically (write + rename), keeping its mode.
+ * Idempotent: when the shard already belongs to `to`, nothing is written.
+ */
+export async function rewriteShardOwner(file: string, shard: number, from: string, to: string): Promise<boolean> {
+  const text = await readFile(file, 'utf8');
+  const updated = file.endsWith('.json') ? rewriteJson(text, shard, from, to) : rewriteYaml(text, shard, from, to);
+  if (updated === null) return false;
+  const mode = (await stat(file)).mode & 0o7777;
+  const temp = `${file}.shardctl-${process.pid}.tmp`;
+  await writeFile(temp, updated, { mode });
+  await rename(temp, file);
+  return true;
+}
+
+function moveInList(spec: string, shard: number, add: boolean): string {
+  const current = spec.trim() === '' ? [] : parseOrFail(spec);
+  const next = add ? [...current, shard] : current.filter((s) => s !== shard);
+  return formatShardList(next);
+}
+
+function parseOrFail(spec: string): number[] {
+  const parsed = parseShardList(spec);
+  if ('error' in parsed) throw new RuntimeFailure('CONFIG_REWRITE', `cannot update the map: ${parsed.error}`);
+  return parsed.shards;
+}
+
+export function rewriteYaml(text: string, shard: number, from: string, to: string): string | null {
+  const doc = parseDocument(text);
+  const hosts = doc.get('hosts', true);
+  if (!isSeq(hosts)) throw new RuntimeFailure('CONFIG_REWRITE', 'cannot update the map: no hosts list in the config file');
+  let changed = false;
+  for (const item of hosts.items) {
+    if (!isMap(item)) continue;
+    const name = item.get('name');
+    if (name !== from && name !== to) continue;
+    const node = item.get('shards', true);
+    const spec = isScalar(node) ? String(node.value ?? '') : '';
+    const has = spec.trim() !== '' && parseOrFail(spec).includes(shard);
+    const add = name === to;
+    if (has === add) continue;
+    const value = new Scalar(moveInList(spec, shard, add));
+    // Keep a list that reads like a number ("5") a string, as the file wrote it quoted or not.
+    value.type = isScalar(node) && node.type === 'PLAIN' && /^\d+$/.test(String(value.value)) === false ? 'PLAIN' : 'QUOTE_DOUBLE';
+    if (isScalar(node)) {
+      value.comment = node.comment;
+      value.commentBefore = node.commentBefore;
+    }
+    item.set('shards', value);
+    changed = true;
+  }
+  return changed ? doc.toString() : null;
+}
+
+function rewriteJson(text: string, shard: number, from: string, to: string): string | null {
+  const data = JSON.parse(text) as { hosts?: { name?: string; shards?: string | number }[] };
+  let changed = false;
+  for (const host of data.hosts ?? []) {
+    if (host.name !== from && host.name !== to) continue;
+    const spec = host.shards === undefined ? '' : String(host.shards);
+    const has = spec.trim() !== '' && parseOrFail(spec).includes(shard);
+    const add = host.name === to;
+    if (has === add) continue;
+    host.shards = moveInList(spec, shard, add);
+    changed = true;
+  }
+  return changed ? `${JSON.stringify(data, null, 2)}\n` : null;
+}

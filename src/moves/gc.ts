@@ -1,0 +1,52 @@
+import type { ShardctlConfig } from '../config/types.js';
+import { hostForShard } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { CONTROL_SCHEMA, describePgError, withHost } from '../pg/connect.js';
+import { quoteIdent } from '../pg/quote.js';
+
+export interface OldCopy {
+  readonly host: string;
+  readonly shard: number;
+  readonly schema: string;
+}
+
+/**
+ * `shardctl gc`: the fenced old copies that finished moves left behind (state fenced in the control
+ * schema, shard mapped elsewhere). With dryRun they are only listed; otherwise dropped.
+ */
+export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<OldCopy[]> {
+  const found: OldCopy[] = [];
+  for (const host of config.hosts) {
+    try {
+      await withHost(
+        host,
+        async (client) => {
+          const exists = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.shards`]);
+          if (!exists.rows[0]!.e) return;
+          const rows = await client.query<{ shard: number; schema_name: string }>(
+            `SELECT s.shard, s.schema_name FROM ${CONTROL_SCHEMA}.shards s
+              WHERE s.state = 'fenced'
+                AND NOT EXISTS (SELECT 1 FROM ${CONTROL_SCHEMA}.moves m WHERE m.shard = s.shard AND m.status = 'running')
+              ORDER BY s.shard`,
+          );
+          for (const row of rows.rows) {
+            // Never drop the copy the map points at, whatever the control row says.
+            if (hostForShard(config, row.shard)?.name === host.name) continue;
+            found.push({ host: host.name, shard: row.shard, schema: row.schema_name });
+            if (options.dryRun) continue;
+            await client.query(
+              `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(row.schema_name)} CASCADE;
+               DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${row.shard};
+               DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${row.shard}; COMMIT;`,
+            );
+          }
+        },
+        { applicationName: 'shardctl gc' },
+      );
+    } catch (error) {
+      if (error instanceof HostError) throw error;
+      throw new HostError(host.name, `gc failed: ${describePgError(error)}`, { cause: error });
+    }
+  }
+  return found;
+}

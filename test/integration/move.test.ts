@@ -1,0 +1,127 @@
+import { readFileSync } from 'node:fs';
+import pg from 'pg';
+import { describe, expect, it } from 'vitest';
+import { ShardMap, shardMovedTo } from '../../src/config/shard-map.js';
+import { moveShard } from '../../src/moves/move.js';
+import { init } from '../../src/provisioning/init.js';
+import { status } from '../../src/provisioning/status.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const db = useTestDatabases(2);
+
+/** A client that keeps inserting into one shard's photos, following the map when the fence says so. */
+function startWriter(map: ShardMap, shard: number) {
+  const acknowledged: { id: bigint; host: string }[] = [];
+  const clients = new Map<string, pg.Client>();
+  let fenceErrors = 0;
+  let stop = false;
+  const loop = (async () => {
+    while (!stop) {
+      const host = map.hostForShard(shard);
+      let client = clients.get(host.name);
+      if (!client) {
+        client = new pg.Client({ connectionString: host.url });
+        await client.connect();
+        clients.set(host.name, client);
+      }
+      try {
+        const r = await client.query<{ id: string }>(`insert into insta${shard}.photos (user_id, image_url) values (42, 'x') returning id`);
+        acknowledged.push({ id: BigInt(r.rows[0]!.id), host: host.name });
+      } catch (error) {
+        if (!shardMovedTo(error)) throw error;
+        fenceErrors += 1;
+        await map.reload();
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    }
+  })();
+  return {
+    acknowledged,
+    get fenceErrors() {
+      return fenceErrors;
+    },
+    async stop() {
+      stop = true;
+      await loop;
+      for (const c of clients.values()) await c.end();
+    },
+  };
+}
+
+async function replicationLeftovers(urls: readonly string[]): Promise<number> {
+  let n = 0;
+  for (const url of urls) {
+    await withClient(url, async (client) => {
+      const r = await client.query<{ n: string }>(`select
+        (select count(*) from pg_publication where pubname like 'shardctl_%') +
+        (select count(*) from pg_subscription where subname like 'shardctl_%') +
+        (select count(*) from pg_replication_slots where slot_name like 'shardctl_%') as n`);
+      n += Number(r.rows[0]!.n);
+    });
+  }
+  return n;
+}
+
+describe('shardctl move-shard', () => {
+  it('moves a shard online under a write load: every committed row arrives, the old copy refuses writes, ids keep growing', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'] });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    // Existing rows before the move.
+    await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`));
+
+    const map = await ShardMap.load(fleet.configFile);
+    const writer = startWriter(map, 1);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const result = await moveShard(config, 1, 'pg2', { configFile: fleet.configFile });
+    // Keep writing for a moment on the new host.
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    await writer.stop();
+
+    expect(result.outcome).toBe('moved');
+    expect(result.writeBlockedMs).not.toBeNull();
+    expect(writer.fenceErrors).toBeGreaterThan(0);
+    const onSource = writer.acknowledged.filter((a) => a.host === 'pg1');
+    const onTarget = writer.acknowledged.filter((a) => a.host === 'pg2');
+    expect(onSource.length).toBeGreaterThan(10);
+    expect(onTarget.length).toBeGreaterThan(10);
+
+    await withClient(db.urls[1]!, async (client) => {
+      const ids = (await client.query<{ id: string }>('select id from insta1.photos')).rows.map((r) => BigInt(r.id));
+      const present = new Set(ids);
+      // Every row acknowledged by the source before the fence is on the target.
+      expect(onSource.filter((a) => !present.has(a.id))).toEqual([]);
+      expect(ids.length).toBe(5000 + onSource.length + onTarget.length);
+      // New ids on the target are greater than every moved id.
+      const maxMoved = onSource.reduce((m, a) => (a.id > m ? a.id : m), 0n);
+      expect(onTarget.every((a) => a.id > maxMoved)).toBe(true);
+    });
+    await withClient(db.urls[0]!, async (client) => {
+      // The old copy was renamed; it accepts no write, with SQLSTATE SC100 naming the new host.
+      const renamed = (await client.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta1\\_moved\\_%'`)).rows;
+      expect(renamed).toHaveLength(1);
+      const error = await client.query(`insert into "${renamed[0]!.nspname}".photos (user_id, image_url) values (1, 'late')`).then(
+        () => null,
+        (e: pg.DatabaseError) => e,
+      );
+      expect(error?.code).toBe('SC100');
+      expect(error?.message).toBe('shard 1 has moved to host pg2; writes to this copy are refused');
+      // Nothing the source accepted after the fence: its row count is what the target got from it.
+      const count = await client.query<{ n: string }>(`select count(*) as n from "${renamed[0]!.nspname}".photos`);
+      expect(Number(count.rows[0]!.n)).toBe(5000 + onSource.length);
+    });
+
+    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n.*\n\s+shards: "0,2-3"/);
+    expect(await replicationLeftovers(db.urls)).toBe(0);
+    const report = await status(await fleet.config());
+    expect(report.ok).toBe(true);
+    expect(report.hosts[0]!.fenced).toEqual([1]);
+
+    // gc removes the old copy once the operator says so.
+    const gcRun = await runCli(['gc', '--yes', '-c', fleet.configFile]);
+    expect(gcRun.code).toBe(0);
+    expect(gcRun.stdout).toContain('pg1: shard 1');
+    expect((await status(await fleet.config())).hosts[0]!.fenced).toEqual([]);
+  });
+});
