@@ -69,10 +69,7 @@ export class BenchHosts {
     const more = this.#start(major, known.length, count - known.length);
     const all = more.then((added) => [...known, ...added]);
     // A failed start must not stay cached as a rejected promise.
-    this.#byMajor.set(
-      major,
-      all.catch(() => known),
-    );
+    this.#byMajor.set(major, all.catch(() => known));
     return all;
   }
 

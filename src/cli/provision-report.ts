@@ -47,7 +47,7 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
     `${failed} failed`,
   ];
   if (down.length > 0) parts.push(`${plural(behindOnDown, 'shard')} behind on ${down.map((h) => h.host).join(', ')}`);
-  const summary = `${verb}: ${parts.join(', ')} on ${plural(result.hosts.length, 'host')} in ${seconds(result.durationMs)}`;
+  const summary = `${verb}: ${parts.join(', ')}; ${plural(result.hosts.length, 'host')}, ${seconds(result.durationMs)}`;
   if (result.ok) out.success(summary);
   else out.info(`${summary} — fix the cause and run it again; what is done stays done`);
   return result.ok ? 0 : 1;

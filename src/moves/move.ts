@@ -138,6 +138,7 @@ export async function moveShard(config: ShardctlConfig, shard: number, targetNam
       await insertMove(side.client, { moveId, shard, source: source.name, target: target.name, mode, step: 'prepared' });
     }
     announce(ctx, 'prepared', `move ${moveId}: shard ${shard} from ${source.name} to ${target.name} (${mode})`);
+    faultAfter('prepared');
     await runSteps(ctx, 'prepared');
     return result(ctx, 'moved', checks, started);
   } finally {
@@ -230,7 +231,12 @@ async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['stat
   await recordStep(ctx.source.client, ctx.moveId, step, status, detail);
   await recordStep(ctx.target.client, ctx.moveId, step, status, detail);
   announce(ctx, step, status === 'aborted' ? 'aborted' : `done: ${step}`);
-  // Fault injection for the crash tests: die right after a step is recorded, as SIGKILL would.
+  // An abort re-records the step it undid: that is no step completing.
+  if (status !== 'aborted') faultAfter(step);
+}
+
+/** Fault injection for the crash tests: die right after a step is recorded, as SIGKILL would. */
+function faultAfter(step: MoveStep): void {
   if (process.env['SHARDCTL_FAULT_AFTER_STEP'] === step) process.kill(process.pid, 'SIGKILL');
 }
 
@@ -292,11 +298,13 @@ async function subscribe(ctx: MoveContext): Promise<void> {
   if (exists.rowCount) return;
   // A slot left by a crash between creating it and the subscription is reused, not duplicated.
   const slot = await ctx.source.client.query(`SELECT 1 FROM pg_replication_slots WHERE slot_name = $1`, [ctx.name]);
+  // Binary transfer (and, from PostgreSQL 16, binary initial copy) is safe between equal major versions.
+  const binary = await sameMajorVersion(ctx.source.client, ctx.target.client);
   await onSide(ctx.target, () =>
     ctx.target.client.query(
       `CREATE SUBSCRIPTION ${quoteIdent(ctx.name)} CONNECTION ${quoteLiteral(ctx.source.host.replicationUrl)}
          PUBLICATION ${quoteIdent(ctx.name)}
-         WITH (slot_name = ${quoteLiteral(ctx.name)}, copy_data = true, create_slot = ${slot.rowCount ? 'false' : 'true'})`,
+         WITH (slot_name = ${quoteLiteral(ctx.name)}, copy_data = true, create_slot = ${slot.rowCount ? 'false' : 'true'}, binary = ${binary})`,
     ),
   );
 }
@@ -310,8 +318,12 @@ async function waitForSync(ctx: MoveContext): Promise<void> {
       [ctx.name],
     );
     const { total, pending } = r.rows[0]!;
+    if (process.env['SHARDCTL_DEBUG_SYNC']) {
+      const states = await ctx.target.client.query(`SELECT r.srrelid::regclass::text AS rel, r.srsubstate FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`, [ctx.name]);
+      process.stderr.write(`${new Date().toISOString()} ${JSON.stringify(states.rows)}\n`);
+    }
     if (Number(total) > 0 && Number(pending) === 0) break;
-    await sleep(200);
+    await sleep(50);
   }
   await ctx.source.client.query(
     `INSERT INTO ${CONTROL_SCHEMA}.move_markers (move_id, kind) VALUES ($1, 'synced') ON CONFLICT DO NOTHING`,
@@ -380,7 +392,7 @@ async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number):
     const r = await ctx.target.client.query(`SELECT 1 FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = $1 AND kind = $2`, [ctx.moveId, kind]);
     if (r.rowCount) return;
     if (performance.now() > deadline) throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
-    await sleep(kind === 'fenced' ? 10 : 100);
+    await sleep(10);
   }
 }
 
