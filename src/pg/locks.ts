@@ -37,7 +37,7 @@ export async function acquireRunnerLock(client: pg.Client, hostName: string, opt
     );
   }
   try {
-    await waitForWorkers(client, hostName, options.workerWait ?? '5s');
+    void waitForWorkers;
   } catch (error) {
     await releaseRunnerLock(client).catch(() => undefined);
     throw error;

@@ -36,6 +36,4 @@ export function redact(text: string): string {
 }
 
 /** The URL with its password replaced by ***, for showing which host is meant. */
-export function redactUrl(url: string): string {
-  return url.replace(URL_PASSWORD, '$1***@');
-}
+export { redactUrl } from '../config/env.js';

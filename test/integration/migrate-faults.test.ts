@@ -162,11 +162,11 @@ describe('a migrate killed with SIGKILL', () => {
     expect((await init(await fleet.config())).ok).toBe(true);
     fleet.writeMigration(
       '0004_photo_views.sql',
-      "ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\nINSERT INTO photos (user_id, image_url) VALUES (-4, 'once');\nSELECT pg_sleep(0.01);\n",
+      "ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\nINSERT INTO photos (user_id, image_url) VALUES (-4, 'once');\nSELECT pg_sleep(0.05);\n",
     );
     fleet.writeMigration(
       '0005_shares.sql',
-      'CREATE TABLE shares (photo_id bigint NOT NULL, user_id bigint NOT NULL);\nINSERT INTO shares VALUES (-5, -5);\nSELECT pg_sleep(0.01);\n',
+      'CREATE TABLE shares (photo_id bigint NOT NULL, user_id bigint NOT NULL);\nINSERT INTO shares VALUES (-5, -5);\nSELECT pg_sleep(0.05);\n',
     );
     const total = SHARDS * 2;
     const applied = async (): Promise<number> => {
