@@ -359,6 +359,13 @@ export async function timePsqlScripts(hosts, files, database, psql = 'psql') {
   return { ms };
 }
 
+/** A PostgreSQL client program's version ("15.18"), from `<file> --version`; null when it does not run. */
+export function clientVersion(file) {
+  const result = spawnSync(file, ['--version'], { encoding: 'utf8' });
+  if (result.status !== 0) return null;
+  return /\(PostgreSQL\) (\d+(?:\.\d+)?)/.exec(result.stdout)?.[1] ?? null;
+}
+
 const OUTPUT_LIMIT = 1 << 20;
 
 function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, stdout = 'pipe' } = {}) {

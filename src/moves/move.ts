@@ -457,7 +457,8 @@ async function verify(ctx: MoveContext): Promise<void> {
   throw new RuntimeFailure(
     'VERIFY_FAILED',
     `host ${ctx.target.host.name}, shard ${ctx.shard}: verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${result.mismatches.map((m) => `  - ${m}`).join('\n')}`,
-    { moveId: ctx.moveId, verification: result },
+    // Error data is printed as JSON: the row count (a bigint) as a decimal string, as in MoveResult.
+    { moveId: ctx.moveId, verification: { ...result, rows: result.rows.toString() } },
     result.mismatches,
   );
 }
@@ -538,7 +539,12 @@ async function unfence(ctx: MoveContext): Promise<void> {
  */
 async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
   const steps = stepsFor(ctx.mode);
-  if (steps.indexOf(step) >= steps.indexOf('switched')) {
+  const onTarget = await ctx.target.client.query<{ state: string }>(`SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`, [ctx.shard]);
+  // The switch activates the target's copy before it rewrites the map and records the step: a run
+  // killed in between left an active copy that the map may already name. Undoing the move then
+  // would leave two writable copies.
+  const switching = onTarget.rows[0]?.state === 'active';
+  if (steps.indexOf(step) >= steps.indexOf('switched') || switching) {
     throw new RuntimeFailure(
       'MOVE_SWITCHED',
       `move ${ctx.moveId} already switched shard ${ctx.shard} to ${ctx.target.host.name}; it cannot be aborted. Run --resume to finish it, then move the shard back if needed.`,
@@ -546,14 +552,11 @@ async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
   }
   await dropReplication(ctx);
   await unfence(ctx);
-  const incoming = await ctx.target.client.query<{ state: string }>(`SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`, [ctx.shard]);
-  // Only a copy this move created (incoming) is dropped; an active one is never touched.
-  if (incoming.rows[0]?.state !== 'active') {
-    await ctx.target.client.query(
-      `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(ctx.schema)} CASCADE;
-       DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${ctx.shard}; DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${ctx.shard}; COMMIT;`,
-    );
-  }
+  // Only a copy this move created (incoming, never active: see above) is dropped.
+  await ctx.target.client.query(
+    `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(ctx.schema)} CASCADE;
+     DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${ctx.shard}; DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${ctx.shard}; COMMIT;`,
+  );
   for (const side of [ctx.source, ctx.target]) {
     await side.client.query(`DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = $1`, [ctx.moveId]);
   }

@@ -37,7 +37,7 @@ export async function acquireRunnerLock(client: pg.Client, hostName: string, opt
     );
   }
   try {
-    void waitForWorkers;
+    await waitForWorkers(client, hostName, options.workerWait ?? '5s');
   } catch (error) {
     await releaseRunnerLock(client).catch(() => undefined);
     throw error;

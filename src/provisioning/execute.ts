@@ -142,8 +142,9 @@ interface JobResult {
 /**
  * Units of a job: consecutive transactional steps are sent as one round trip (the per-shard
  * overhead is what shardctl adds on top of the DDL itself); a no-transaction migration's
- * statements go one by one. A step with no record to prove it ran (install next_id) goes alone,
- * so that after a failure the records tell exactly how far a batch got.
+ * statements go one by one. A step with no record to prove it ran (install next_id, re-creating a
+ * hand-dropped shard whose stale rows exist already) goes alone, so that after a failure the
+ * records tell exactly how far a batch got.
  */
 interface Unit {
   readonly kind: 'batch' | 'no-transaction';
@@ -230,7 +231,7 @@ async function runBatch(client: pg.Client, shard: number, steps: readonly JobSte
     try {
       done = await committedPrefix(client, shard, steps);
     } catch (readError) {
-      return { committed: [], failure: stepFailure(steps[0]!, readError, context) };
+      return { committed: [], failure: stepFailure(steps[0]!, isConnectionError(readError) ? readError : error, context) };
     }
     const broken = stepAtPosition(steps, error);
     if (broken !== null && broken > done) {
@@ -282,8 +283,8 @@ function stepFailure(step: JobStep, error: unknown, context: JobContext): StepFa
   let message = describePgError(error);
   if ((error as { code?: unknown }).code === '55P03') {
     message =
-      `could not lock a table within lockTimeout${context.lockTimeout ? ` ${context.lockTimeout}` : ''}: another session holds a ` +
-      `conflicting lock, so this shard was skipped and the others went on; run migrate again when it is free (${message})`;
+      `could not lock a table within lockTimeout${context.lockTimeout ? ` ${context.lockTimeout}` : ''} (another session holds a ` +
+      `conflicting lock): this shard was skipped, the others went on; run migrate again when the lock is released — ${message}`;
   }
   return { step: step.label, ...(step.version === undefined ? {} : { version: step.version }), message, hostLevel };
 }

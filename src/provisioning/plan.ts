@@ -121,11 +121,13 @@ function planHost(
     let reinstalls = false;
     if (!exists) {
       creates = true;
+      const stale = recorded || snapshot.applied.has(shard);
       steps.push({
         label: 'create schema',
-        recordsShard: true,
+        // Stale rows exist before the step runs, so they cannot prove it ran.
+        recordsShard: !stale,
         get sql() {
-          return createShardSql(config, shard, recorded || snapshot.applied.has(shard));
+          return createShardSql(config, shard, stale);
         },
       });
     } else {

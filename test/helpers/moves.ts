@@ -1,11 +1,15 @@
 /**
- * For move tests: the built CLI in its own process (so a fault can SIGKILL it), and what the hosts
- * say about a shard, its move and the replication objects a move may leave behind.
+ * For move tests: the built CLI in its own process (so a fault can SIGKILL it), what the hosts say
+ * about a shard, its move and the replication objects a move may leave behind, and throw-away
+ * clusters for tests that restart a host or need other server settings.
  */
 import { spawn } from 'node:child_process';
-import { existsSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import { chmodSync, cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import type pg from 'pg';
+import { findFreePort, initCluster, startCluster, stopCluster, type LocalClusterOptions } from '../../src/dev/local-postgres.js';
 import type { Fleet } from './fleet.js';
 import { withClient } from './hosts.js';
 
@@ -18,10 +22,47 @@ export interface ProcessRun {
   readonly stderr: string;
 }
 
-/** `node bin/shardctl.js <args>` with its own environment additions; stdin is not a terminal. */
-export function spawnCli(args: readonly string[], env: NodeJS.ProcessEnv = {}): Promise<ProcessRun> {
+/**
+ * `node bin/shardctl.js <args>` with its own environment additions; stdin is not a terminal. It runs
+ * a private copy of the build, taken once per test file, so a concurrent `npm run build` rewriting
+ * dist/ cannot break a child halfway through loading it.
+ */
+export async function spawnCli(args: readonly string[], env: NodeJS.ProcessEnv = {}): Promise<ProcessRun> {
+  const root = await cliSnapshot();
+  return runNode([join(root, 'bin', 'shardctl.js'), ...args], env);
+}
+
+/** Removes the private copy of the build (call from afterAll). */
+export async function removeCliSnapshot(): Promise<void> {
+  const root = await snapshot?.catch(() => undefined);
+  snapshot = undefined;
+  if (root) rmSync(root, { recursive: true, force: true });
+}
+
+let snapshot: Promise<string> | undefined;
+
+function cliSnapshot(): Promise<string> {
+  snapshot ??= takeSnapshot();
+  return snapshot;
+}
+
+async function takeSnapshot(): Promise<string> {
   assertMoveBuildIsFresh();
-  const child = spawn(process.execPath, [join(ROOT, 'bin', 'shardctl.js'), ...args], {
+  for (let attempt = 1; ; attempt++) {
+    const dir = mkdtempSync(join(tmpdir(), 'shardctl-cli-'));
+    for (const entry of ['bin', 'dist', 'sql', 'package.json']) cpSync(join(ROOT, entry), join(dir, entry), { recursive: true });
+    symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'), 'dir');
+    // Loading the CLI loads every module: a copy taken while tsc was writing fails here.
+    const probe = await runNode([join(dir, 'bin', 'shardctl.js'), '--version']);
+    if (probe.code === 0) return dir;
+    rmSync(dir, { recursive: true, force: true });
+    if (attempt === 5) throw new Error(`the built CLI does not load (run npm run build): ${probe.stderr}`);
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
+
+function runNode(args: readonly string[], env: NodeJS.ProcessEnv = {}): Promise<ProcessRun> {
+  const child = spawn(process.execPath, args, {
     cwd: ROOT,
     env: { ...process.env, NO_COLOR: '1', ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
@@ -48,7 +89,7 @@ function assertMoveBuildIsFresh(): void {
     return !existsSync(built) || statSync(built).mtimeMs < statSync(join(ROOT, 'src', file)).mtimeMs;
   });
   if (stale.length > 0) {
-    throw new Error(`dist/ is older than ${stale.map((f) => relative(ROOT, join(ROOT, 'src', f))).join(', ')}: run npm run build before these tests`);
+    throw new Error(`dist/ is older than ${stale.map((f) => join('src', f)).join(', ')}: run npm run build before these tests`);
   }
 }
 
@@ -128,7 +169,7 @@ export async function lastMove(client: pg.Client, shard: number): Promise<{ move
 
 /**
  * Every row of every table of a schema, as one fingerprint per table: count and an md5 over the
- * rows in id order (UTC, so hosts with different time zones print timestamps alike).
+ * rows in order (UTC, so hosts with different time zones print timestamps alike).
  */
 export async function schemaFingerprint(client: pg.Client, schema: string): Promise<Record<string, string>> {
   const tables = await client.query<{ relname: string }>(
@@ -139,9 +180,74 @@ export async function schemaFingerprint(client: pg.Client, schema: string): Prom
   await client.query(`set timezone = 'UTC'`);
   for (const { relname } of tables.rows) {
     const r = await client.query<{ n: string; md5: string | null }>(
-      `select count(*) as n, md5(string_agg(t::text, E'\\n' order by t.id)) as md5 from "${schema}"."${relname}" t`,
+      `select count(*) as n, md5(string_agg(t::text, E'\\n' order by t::text)) as md5 from "${schema}"."${relname}" t`,
     );
     out[relname] = `${r.rows[0]!.n} ${r.rows[0]!.md5 ?? '-'}`;
   }
   return out;
+}
+
+export interface OwnCluster {
+  readonly options: LocalClusterOptions;
+  /** Superuser URL of its postgres database. */
+  readonly url: string;
+}
+
+/**
+ * Throw-away clusters for tests that restart a host or need other server settings (the shared hosts
+ * of the global setup are never stopped). dispose() stops them and removes their data.
+ */
+export async function startOwnClusters(
+  specs: readonly { binDir?: string; settings?: Record<string, string | number> }[],
+): Promise<{ clusters: OwnCluster[]; dispose(): Promise<void> }> {
+  const root = mkdtempSync(join(tmpdir(), 'shardctl-move-test-'));
+  // The server runs as the OS user postgres when we are root: it must reach the data directories.
+  chmodSync(root, 0o755);
+  const password = randomBytes(12).toString('hex');
+  const clusters: OwnCluster[] = [];
+  for (const [i, spec] of specs.entries()) {
+    const options: LocalClusterOptions = {
+      dataDir: join(root, `pg${i + 1}`),
+      port: await findFreePort(),
+      password,
+      ...(spec.binDir ? { binDir: spec.binDir } : {}),
+      ...(spec.settings ? { settings: spec.settings } : {}),
+    };
+    clusters.push({ options, url: `postgres://postgres:${password}@127.0.0.1:${options.port}/postgres` });
+  }
+  const dispose = async (): Promise<void> => {
+    await Promise.allSettled(clusters.map((c) => stopCluster(c.options)));
+    rmSync(root, { recursive: true, force: true });
+  };
+  try {
+    await Promise.all(
+      clusters.map(async (c) => {
+        await initCluster(c.options);
+        await startCluster(c.options);
+      }),
+    );
+  } catch (error) {
+    await dispose();
+    throw error;
+  }
+  return { clusters, dispose };
+}
+
+/**
+ * What a move could change, on every host and in the config file: schemas, shardctl's rows about
+ * shards and moves, replication objects. Equal before and after means nothing was changed.
+ */
+export async function fleetState(urls: readonly string[], configFile: string): Promise<unknown> {
+  const hosts = [];
+  for (const url of urls) {
+    hosts.push(
+      await withClient(url, async (client) => ({
+        schemas: (await client.query(`select nspname from pg_namespace where nspname !~ '^(pg_|information_schema)' order by 1`)).rows,
+        shards: (await client.query(`select shard, schema_name, state from shardctl.shards order by shard`)).rows,
+        moves: (await client.query(`select * from shardctl.moves order by move_id`)).rows,
+        markers: (await client.query(`select * from shardctl.move_markers order by move_id, kind`)).rows,
+      })),
+    );
+  }
+  return { hosts, replication: await replicationObjects(urls), config: readFileSync(configFile, 'utf8') };
 }

@@ -80,9 +80,19 @@ describe('shardctl migrate over two hosts', () => {
     expect(JSON.parse(current.stdout)).toMatchObject({ current: true, targetVersion: 6, pending: 0, drift: [], exitCode: 0 });
     expect(current.stderr.trimEnd().split('\n').at(-1)).toBe('migrate --check: current (version 6 on every shard)');
 
-    const again = await runCli(['migrate', '-c', fleet.configFile]);
+    const again = await runCli(['migrate', '--json', '-c', fleet.configFile]);
     expect(again.stderr).toContain('migrate: 0 migrations applied, 120 shards already current, 0 failed; 2 hosts, ');
     expect(again.code).toBe(0);
+    expect(JSON.parse(again.stdout)).toMatchObject({
+      command: 'migrate',
+      ok: true,
+      targetVersion: 6,
+      summary: { shardsCreated: 0, migrationsApplied: 0, upToDate: 120, failed: 0, behind: 0 },
+      hosts: [
+        { host: 'pg1', migrationsApplied: 0, upToDate: 60, failures: [], hostError: null, behind: 0 },
+        { host: 'pg2', migrationsApplied: 0, upToDate: 60, failures: [], hostError: null, behind: 0 },
+      ],
+    });
   });
 
   it('migrate --dry-run prints the SQL each shard would run, in one transaction with its record, and writes nothing', async () => {

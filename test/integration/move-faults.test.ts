@@ -1,22 +1,37 @@
+/**
+ * move-shard when things go wrong: offline moves, a verification that catches a difference, a run
+ * killed after every step and then resumed or aborted, hosts restarted mid-move, and gc.
+ */
+import { existsSync, readFileSync } from 'node:fs';
 import pg from 'pg';
-import { describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { rewriteShardOwner } from '../../src/config/rewrite.js';
 import { hostForShard } from '../../src/config/types.js';
-import { ONLINE_STEPS, type MoveStep } from '../../src/moves/state.js';
+import { shardMovedTo } from '../../src/config/shard-map.js';
+import { startCluster, stopCluster } from '../../src/dev/local-postgres.js';
+import { ONLINE_STEPS } from '../../src/moves/state.js';
 import { init } from '../../src/provisioning/init.js';
-import { makeFleet, runCli } from '../helpers/fleet.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
+import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import {
   lastMove,
+  type OwnCluster,
+  removeCliSnapshot,
   replicationObjects,
   schemaExists,
   schemaFingerprint,
   shardRow,
   spawnCli,
+  startOwnClusters,
   useReplicationUrls,
   waitForMoveSessionsToEnd,
 } from '../helpers/moves.js';
 
+const DEBIAN_PG15 = '/usr/lib/postgresql/15/bin';
+
+const db = useTestDatabases(2);
 const crashDb = useTestDatabases(2);
+afterAll(removeCliSnapshot);
 
 /** Rows in every table of a shard, so the copy and the streaming both have something to carry. */
 async function seed(client: pg.Client, shard: number, photos: number): Promise<void> {
@@ -25,89 +40,360 @@ async function seed(client: pg.Client, shard: number, photos: number): Promise<v
   await client.query(`insert into insta${shard}.comments (photo_id, user_id, body) select g, g, 'c' || g from generate_series(1, ${photos / 4}) g`);
 }
 
-function writeError(client: pg.Client, sql: string): Promise<pg.DatabaseError | null> {
+/** The error a statement fails with, or null when it succeeds. */
+function failure(client: pg.Client, sql: string): Promise<pg.DatabaseError | null> {
   return client.query(sql).then(
     () => null,
     (error: pg.DatabaseError) => error,
   );
 }
 
-describe('a move killed after each step', () => {
-  it('is finished by --resume or undone by --abort, whichever step it died after; abort after the switch is refused', async () => {
-    const fleet = makeFleet({ urls: crashDb.urls, shards: 24, split: ['0-21', '22-23'] });
+const move = (fleet: Fleet, shard: number, ...flags: string[]) => ['move-shard', String(shard), ...flags, '--yes', '-c', fleet.configFile];
+
+/** Kills `move-shard` right after it recorded `step`, as a crash would, and waits for its sessions to end. */
+async function killedAfter(fleet: Fleet, urls: readonly string[], shard: number, step: string, ...flags: string[]): Promise<void> {
+  const run = await spawnCli(move(fleet, shard, '--to', 'pg2', ...flags), { SHARDCTL_FAULT_AFTER_STEP: step });
+  expect(run.signal, `move of shard ${shard} killed after ${step}: ${run.stderr}`).toBe('SIGKILL');
+  await waitForMoveSessionsToEnd(urls);
+}
+
+describe('moves on a two-host fleet', () => {
+  let fleet: Fleet;
+  let source: pg.Client;
+  let target: pg.Client;
+
+  beforeAll(async () => {
+    fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-5', '6-7'] });
+    useReplicationUrls(fleet, db.urls, db.replicationUrls);
+    expect((await init(await fleet.config())).ok).toBe(true);
+    source = await adminClient(db.urls[0]!);
+    target = await adminClient(db.urls[1]!);
+  });
+
+  afterAll(async () => {
+    await source?.end();
+    await target?.end();
+  });
+
+  it('offline: copies with COPY, verifies, carries the sequences, switches the map, fences and renames the old copy', async () => {
+    await seed(source, 1, 2000);
+    const before = await schemaFingerprint(source, 'insta1');
+    const sequences = `select sequencename, last_value::text from pg_sequences where schemaname = $1 order by 1`;
+    const sourceSequences = (await source.query<{ sequencename: string; last_value: string }>(sequences, ['insta1'])).rows;
+    const maxIds = await source.query<{ photos: string; likes: string; comments: string }>(
+      `select (select max(id) from insta1.photos)::text as photos, (select max(id) from insta1.likes)::text as likes, (select max(id) from insta1.comments)::text as comments`,
+    );
+
+    const run = await runCli(move(fleet, 1, '--to', 'pg2', '--mode', 'offline'));
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stderr).toContain('done: copied');
+    expect(run.stderr).not.toContain('subscribed');
+    expect(run.stdout).toMatch(/^shard 1 moved from pg1 to pg2: 3500 rows verified, writes blocked \d+ ms, total /);
+
+    // Every row, identical, on the target; the map names it.
+    expect(await schemaFingerprint(target, 'insta1')).toEqual(before);
+    expect(hostForShard(await fleet.config(), 1)?.name).toBe('pg2');
+    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n.*\n\s+shards: "0,2-5"/);
+    expect(await shardRow(target, 1)).toEqual({ state: 'active', schema: 'insta1' });
+
+    // The sequences went along: the target's are at least the source's, and new ids are above every moved id.
+    const targetSequences = (await target.query<{ sequencename: string; last_value: string }>(sequences, ['insta1'])).rows;
+    expect(targetSequences.map((s) => s.sequencename)).toEqual(sourceSequences.map((s) => s.sequencename));
+    targetSequences.forEach((s, i) => expect(BigInt(s.last_value)).toBeGreaterThanOrEqual(BigInt(sourceSequences[i]!.last_value)));
+    const newId = async (sql: string) => BigInt((await target.query<{ id: string }>(`${sql} returning id`)).rows[0]!.id);
+    expect(await newId(`insert into insta1.photos (user_id, image_url) values (1, 'new')`)).toBeGreaterThan(BigInt(maxIds.rows[0]!.photos));
+    expect(await newId(`insert into insta1.likes (photo_id, user_id) values (1, 1)`)).toBeGreaterThan(BigInt(maxIds.rows[0]!.likes));
+    expect(await newId(`insert into insta1.comments (photo_id, user_id, body) values (1, 1, 'new')`)).toBeGreaterThan(BigInt(maxIds.rows[0]!.comments));
+
+    // The old copy: renamed, fenced, and every write to it refused with SC100 naming the new host.
+    const moved = await lastMove(source, 1);
+    expect(moved).toMatchObject({ step: 'cleaned', status: 'done' });
+    const old = `insta1_moved_${moved!.moveId}`;
+    expect(await shardRow(source, 1)).toEqual({ state: 'fenced', schema: old });
+    expect(await schemaExists(source, 'insta1')).toBe(false);
+    const refused = await failure(source, `insert into "${old}".photos (user_id, image_url) values (1, 'late')`);
+    expect(refused?.code).toBe('SC100');
+    expect(shardMovedTo(refused)).toEqual({ shard: 1, host: 'pg2' });
+    expect(await failure(source, `delete from "${old}".likes`)).toMatchObject({ code: 'SC100' });
+    expect(await replicationObjects(db.urls)).toEqual([]);
+  });
+
+  it('offline: a row deleted on the target after the copy fails verification: exit 1, move aborted, source writable, nothing left', async () => {
+    await seed(source, 2, 400);
+    const config = readFileSync(fleet.configFile, 'utf8');
+    await killedAfter(fleet, db.urls, 2, 'sequences-carried', '--mode', 'offline');
+    expect(await shardRow(source, 2)).toEqual({ state: 'fenced', schema: 'insta2' });
+    await target.query(`delete from insta2.photos where id = (select max(id) from insta2.photos)`);
+
+    const run = await runCli(move(fleet, 2, '--resume'));
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain('host pg2, shard 2: verification failed, the move was aborted and the source on pg1 is writable again');
+    expect(run.stderr).toContain('table photos: 400 rows on the source, 399 on the target');
+    await expectAborted(2, config);
+  });
+
+  it('online: a row changed on the target after the fence fails verification the same way, and no publication, subscription or slot is left', async () => {
+    await seed(source, 3, 400);
+    const config = readFileSync(fleet.configFile, 'utf8');
+    await killedAfter(fleet, db.urls, 3, 'sequences-carried');
+    // The source is fenced, so replication has nothing left to send that could undo the change.
+    expect((await replicationObjects(db.urls)).length).toBeGreaterThanOrEqual(3);
+    await target.query(`update insta3.photos set caption = 'tampered' where id = (select min(id) from insta3.photos)`);
+
+    const run = await runCli(move(fleet, 3, '--resume', '--json'));
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain('host pg2, shard 3: verification failed, the move was aborted and the source on pg1 is writable again');
+    expect(run.stderr).toContain('table photos: 400 rows on both, but their contents differ (checksum)');
+    const { error } = JSON.parse(run.stdout) as { error: { code: string; details: string[]; data: { verification: { ok: boolean; rows: string } } } };
+    expect(error).toMatchObject({ code: 'VERIFY_FAILED', details: ['table photos: 400 rows on both, but their contents differ (checksum)'] });
+    expect(error.data.verification).toMatchObject({ ok: false, rows: '700' });
+    await expectAborted(3, config);
+  });
+
+  it('gc drops the fenced old copies only with --yes (exit 2 without it and without a terminal), never a copy a running move fenced', async () => {
+    await seed(source, 4, 400);
+    await seed(source, 5, 400);
+    expect((await runCli(move(fleet, 4, '--to', 'pg2', '--mode', 'offline'))).code).toBe(0);
+    const old = (await shardRow(source, 4))!.schema;
+    // Shard 5 is mid-move: fenced on the source, the map still naming it.
+    await killedAfter(fleet, db.urls, 5, 'fenced', '--mode', 'offline');
+    expect(await shardRow(source, 5)).toEqual({ state: 'fenced', schema: 'insta5' });
+    const liveSchemas = async () =>
+      (await source.query<{ nspname: string }>(`select nspname from pg_namespace where nspname ~ '^insta[0-9]+$' order by 1`)).rows.map((r) => r.nspname);
+    const live = await liveSchemas();
+
+    const unconfirmed = await spawnCli(['gc', '-c', fleet.configFile]);
+    expect(unconfirmed.code).toBe(2);
+    expect(unconfirmed.stderr).toContain('gc drops data: pass --yes (or --dry-run to list what it would drop)');
+    expect(await schemaExists(source, old)).toBe(true);
+
+    const listed = await runCli(['gc', '--dry-run', '-c', fleet.configFile]);
+    expect(listed.code).toBe(0);
+    expect(listed.stdout).toContain(`pg1: shard 4 (${old})\n`);
+    expect(listed.stdout).not.toContain('shard 5');
+    expect(await schemaExists(source, old)).toBe(true);
+
+    const dropped = await runCli(['gc', '--yes', '-c', fleet.configFile]);
+    expect(dropped.code, dropped.stderr).toBe(0);
+    expect(dropped.stdout).toContain(`pg1: shard 4 (${old}) dropped`);
+    expect(await schemaExists(source, old)).toBe(false);
+    expect(await shardRow(source, 4)).toBeNull();
+    // The moved shard itself, the fenced shard of the running move and every other shard are untouched.
+    expect(await shardRow(target, 4)).toEqual({ state: 'active', schema: 'insta4' });
+    expect(await liveSchemas()).toEqual(live);
+    expect(await shardRow(source, 5)).toEqual({ state: 'fenced', schema: 'insta5' });
+    expect((await source.query(`select count(*)::int as n from insta5.photos`)).rows[0]).toEqual({ n: 400 });
+
+    expect((await runCli(move(fleet, 5, '--abort'))).code).toBe(0);
+    expect(await shardRow(source, 5)).toEqual({ state: 'active', schema: 'insta5' });
+  });
+
+  /** After an aborted move: the source active and writable, no target copy, no replication objects, the map as it was. */
+  async function expectAborted(shard: number, configBefore: string): Promise<void> {
+    const onSource = await lastMove(source, shard);
+    expect(onSource).toMatchObject({ step: 'sequences-carried', status: 'aborted' });
+    expect(await lastMove(target, shard)).toEqual(onSource);
+    expect(await shardRow(source, shard)).toEqual({ state: 'active', schema: `insta${shard}` });
+    expect(await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (9, 'after the abort')`)).toBeNull();
+    expect(await schemaExists(target, `insta${shard}`)).toBe(false);
+    expect(await shardRow(target, shard)).toBeNull();
+    expect(await replicationObjects(db.urls)).toEqual([]);
+    expect(readFileSync(fleet.configFile, 'utf8')).toBe(configBefore);
+  }
+});
+
+describe('a move killed after a step', () => {
+  let fleet: Fleet;
+  let source: pg.Client;
+  let target: pg.Client;
+
+  beforeAll(async () => {
+    // pg2 starts empty, as a host added to grow the fleet does.
+    fleet = makeFleet({ urls: crashDb.urls, shards: 24, split: ['0-23', ''] });
     useReplicationUrls(fleet, crashDb.urls, crashDb.replicationUrls);
     expect((await init(await fleet.config())).ok).toBe(true);
-    const [pg1, pg2] = crashDb.urls as [string, string];
-    const source = new pg.Client({ connectionString: pg1 });
-    const target = new pg.Client({ connectionString: pg2 });
-    await source.connect();
-    await target.connect();
-    try {
-      // Each step except the last gets two shards: one resumed, one aborted.
-      const steps = ONLINE_STEPS.slice(0, -1);
-      const cases = steps.flatMap((step, i) => [
-        { step, shard: 2 * i, then: 'resume' as const },
-        { step, shard: 2 * i + 1, then: 'abort' as const },
-      ]);
-      for (const { shard } of cases) await seed(source, shard, 400);
+    source = await adminClient(crashDb.urls[0]!);
+    target = await adminClient(crashDb.urls[1]!);
+  });
 
-      for (const { step, shard, then } of cases) {
-        const label = `shard ${shard}, killed after ${step}, then ${then}`;
-        const killed = await spawnCli(['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile], {
-          SHARDCTL_FAULT_AFTER_STEP: step,
-        });
-        expect(killed.signal, `${label}: ${killed.stderr}`).toBe('SIGKILL');
+  afterAll(async () => {
+    await source?.end();
+    await target?.end();
+  });
+
+  it('is finished by --resume or undone by --abort, whichever step it died after; abort after the switch is refused', async () => {
+    // Each step but the last gets two shards: one resumed, one aborted.
+    const cases = ONLINE_STEPS.slice(0, -1).flatMap((step, i) => [
+      { step, shard: 2 * i, then: 'resume' as const },
+      { step, shard: 2 * i + 1, then: 'abort' as const },
+    ]);
+    for (const { shard } of cases) await seed(source, shard, 400);
+
+    for (const { step, shard, then } of cases) {
+      const label = `shard ${shard}, killed after ${step}, then ${then}`;
+      await killedAfter(fleet, crashDb.urls, shard, step);
+      expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
+
+      // Until the fence the source takes writes, and they must arrive; from the fence on it takes none.
+      const fenced = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('fenced');
+      const write = await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (7, 'while interrupted')`);
+      if (fenced) expect(write?.code, label).toBe('SC100');
+      else expect(write, label).toBeNull();
+      const rows = await schemaFingerprint(source, `insta${shard}`);
+
+      if (then === 'abort' && step === 'switched') {
+        const refused = await runCli(move(fleet, shard, '--abort'));
+        expect(refused.code, label).toBe(1);
+        expect(refused.stderr, label).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Run --resume to finish it`);
         expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
-        await waitForMoveSessionsToEnd(crashDb.urls);
-
-        // Before the fence the source takes writes, and they must arrive; from the fence on, none is taken.
-        const fenced = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('fenced');
-        const late = await writeError(source, `insert into insta${shard}.photos (user_id, image_url) values (7, 'while interrupted')`);
-        if (fenced) expect(late?.code, label).toBe('SC100');
-        else expect(late, label).toBeNull();
-        const before = await schemaFingerprint(source, `insta${shard}`);
-
-        if (then === 'abort' && step === 'switched') {
-          const refused = await runCli(['move-shard', String(shard), '--abort', '--yes', '-c', fleet.configFile]);
-          expect(refused.code, label).toBe(1);
-          expect(refused.stderr, label).toMatch(/already switched shard \d+ to pg2; it cannot be aborted\. Run --resume to finish it/);
-          expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
-        }
-        const resumes = then === 'resume' || step === 'switched';
-        const run = await runCli(['move-shard', String(shard), resumes ? '--resume' : '--abort', '--yes', '-c', fleet.configFile]);
-        expect(run.code, `${label}: ${run.stderr}`).toBe(0);
-        const config = await fleet.config();
-        const moved = await lastMove(source, shard);
-        expect(await lastMove(target, shard), label).toEqual(moved);
-
-        if (resumes) {
-          expect(moved?.status, label).toBe('done');
-          expect(hostForShard(config, shard)?.name, label).toBe('pg2');
-          expect(await shardRow(target, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
-          expect(await schemaFingerprint(target, `insta${shard}`), label).toEqual(before);
-          // The old copy: renamed, fenced, refusing writes.
-          const old = await shardRow(source, shard);
-          expect(old, label).toEqual({ state: 'fenced', schema: `insta${shard}_moved_${moved!.moveId}` });
-          expect(await schemaExists(source, `insta${shard}`), label).toBe(false);
-          expect((await writeError(source, `insert into "${old!.schema}".photos (user_id, image_url) values (1, 'x')`))?.code, label).toBe('SC100');
-        } else {
-          expect(moved?.status, label).toBe('aborted');
-          expect(hostForShard(config, shard)?.name, label).toBe('pg1');
-          expect(await shardRow(source, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
-          expect(await writeError(source, `insert into insta${shard}.photos (user_id, image_url) values (8, 'after abort')`), label).toBeNull();
-          expect(await schemaExists(target, `insta${shard}`), label).toBe(false);
-          expect(await shardRow(target, shard), label).toBeNull();
-        }
-        expect(await replicationObjects(crashDb.urls), label).toEqual([]);
       }
+      const resumes = then === 'resume' || step === 'switched';
+      const run = await runCli(move(fleet, shard, resumes ? '--resume' : '--abort'));
+      expect(run.code, `${label}: ${run.stderr}`).toBe(0);
+      const outcome = await lastMove(source, shard);
+      expect(await lastMove(target, shard), label).toEqual(outcome);
 
-      const status = await runCli(['status', '-c', fleet.configFile]);
-      expect(status.code, status.stdout + status.stderr).toBe(0);
-    } finally {
-      await source.end();
-      await target.end();
+      if (resumes) {
+        expect(outcome?.status, label).toBe('done');
+        expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg2');
+        expect(await shardRow(target, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
+        expect(await schemaFingerprint(target, `insta${shard}`), label).toEqual(rows);
+        const old = await shardRow(source, shard);
+        expect(old, label).toEqual({ state: 'fenced', schema: `insta${shard}_moved_${outcome!.moveId}` });
+        expect(await schemaExists(source, `insta${shard}`), label).toBe(false);
+        expect((await failure(source, `insert into "${old!.schema}".photos (user_id, image_url) values (1, 'x')`))?.code, label).toBe('SC100');
+      } else {
+        expect(outcome?.status, label).toBe('aborted');
+        expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg1');
+        expect(await shardRow(source, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
+        expect(await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (8, 'after the abort')`), label).toBeNull();
+        expect(await schemaExists(target, `insta${shard}`), label).toBe(false);
+        expect(await shardRow(target, shard), label).toBeNull();
+      }
+      expect(await replicationObjects(crashDb.urls), label).toEqual([]);
+    }
+
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code, status.stdout + status.stderr).toBe(0);
+  });
+
+  it('refuses --abort once the switch has begun, even before it was recorded, and --resume finishes it', async () => {
+    const shard = 20;
+    await seed(source, shard, 400);
+    const rows = await schemaFingerprint(source, `insta${shard}`);
+    await killedAfter(fleet, crashDb.urls, shard, 'verified');
+    // What a run killed inside the switch leaves: the target's copy active and the map rewritten,
+    // but 'switched' recorded on neither host.
+    await target.query(`update shardctl.shards set state = 'active' where shard = $1`, [shard]);
+    await rewriteShardOwner(fleet.configFile, shard, 'pg1', 'pg2');
+    expect(await lastMove(source, shard)).toMatchObject({ step: 'verified', status: 'running' });
+
+    const refused = await runCli(move(fleet, shard, '--abort'));
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Run --resume to finish it`);
+    // Not undone: the source still fenced, the target's copy still there.
+    expect(await shardRow(source, shard)).toEqual({ state: 'fenced', schema: `insta${shard}` });
+    expect(await shardRow(target, shard)).toEqual({ state: 'active', schema: `insta${shard}` });
+
+    const resumed = await runCli(move(fleet, shard, '--resume'));
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(await lastMove(source, shard)).toMatchObject({ status: 'done' });
+    expect(await schemaFingerprint(target, `insta${shard}`)).toEqual(rows);
+    expect(await replicationObjects(crashDb.urls)).toEqual([]);
+  });
+
+  it('offline: killed after fenced or after copied, --resume finishes it with every row', async () => {
+    for (const [shard, step] of [
+      [21, 'fenced'],
+      [22, 'copied'],
+    ] as const) {
+      await seed(source, shard, 400);
+      const rows = await schemaFingerprint(source, `insta${shard}`);
+      await killedAfter(fleet, crashDb.urls, shard, step, '--mode', 'offline');
+      expect(await lastMove(target, shard)).toMatchObject({ step, status: 'running' });
+      const run = await runCli(move(fleet, shard, '--resume'));
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stdout).toMatch(new RegExp(`^shard ${shard} moved from pg1 to pg2: 700 rows verified`));
+      expect(await schemaFingerprint(target, `insta${shard}`)).toEqual(rows);
+      expect(hostForShard(await fleet.config(), shard)?.name).toBe('pg2');
     }
   });
 });
 
-export type { MoveStep };
+describe('a host restarted mid-move', () => {
+  let clusters: OwnCluster[];
+  let dispose: (() => Promise<void>) | undefined;
+  let fleet: Fleet;
+  let urls: string[];
+
+  beforeAll(async () => {
+    // Different majors when the Debian PostgreSQL 15 is there, and different time zones: verification
+    // must compare the rows, not how each server prints them.
+    const started = await startOwnClusters([
+      // The subscriber retries a lost connection after this long (default 5 s).
+      { settings: { timezone: 'UTC', wal_retrieve_retry_interval: '500ms' } },
+      {
+        ...(existsSync(`${DEBIAN_PG15}/initdb`) ? { binDir: DEBIAN_PG15 } : {}),
+        settings: { timezone: 'America/New_York', wal_retrieve_retry_interval: '500ms' },
+      },
+    ]);
+    clusters = started.clusters;
+    dispose = started.dispose;
+    urls = clusters.map((c) => c.url);
+    if (existsSync(`${DEBIAN_PG15}/initdb`)) {
+      expect(await withClient(urls[1]!, (c) => c.query<{ server_version_num: string }>('show server_version_num').then((r) => r.rows[0]!))).toMatchObject({
+        server_version_num: expect.stringMatching(/^15/),
+      });
+    }
+    fleet = makeFleet({ urls, shards: 4, split: ['0-1', '2-3'] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+  }, 120_000);
+
+  afterAll(async () => {
+    await dispose?.();
+  });
+
+  it('target restarted after subscribed: --resume completes with every row, also those written while it was down', async () => {
+    const [pg1, pg2] = clusters as [OwnCluster, OwnCluster];
+    await withClient(pg1.url, (c) => seed(c, 0, 20_000));
+    await killedAfter(fleet, urls, 0, 'subscribed');
+
+    await stopCluster(pg2.options);
+    await withClient(pg1.url, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g, 'while down' from generate_series(1, 100) g`));
+    await startCluster(pg2.options);
+    await withClient(pg1.url, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g, 'after restart' from generate_series(1, 100) g`));
+
+    const run = await runCli(move(fleet, 0, '--resume'));
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toMatch(/^shard 0 moved from pg1 to pg2: 35200 rows verified/);
+    await expectAllRowsMoved(0, pg1, pg2, 20_200);
+  });
+
+  it('source restarted after synced: the subscription reconnects and --resume completes with every row', async () => {
+    const [pg1, pg2] = clusters as [OwnCluster, OwnCluster];
+    await withClient(pg2.url, (c) => seed(c, 2, 4_000));
+    const run0 = await spawnCli(['move-shard', '2', '--to', 'pg1', '--yes', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'synced' });
+    expect(run0.signal, run0.stderr).toBe('SIGKILL');
+    await waitForMoveSessionsToEnd(urls);
+
+    await stopCluster(pg2.options);
+    await startCluster(pg2.options);
+    await withClient(pg2.url, (c) => c.query(`insert into insta2.photos (user_id, image_url) select g, 'after restart' from generate_series(1, 100) g`));
+
+    const run = await runCli(move(fleet, 2, '--resume'));
+    expect(run.code, run.stderr).toBe(0);
+    await expectAllRowsMoved(2, pg2, pg1, 4_100);
+  });
+
+  async function expectAllRowsMoved(shard: number, from: OwnCluster, to: OwnCluster, photos: number): Promise<void> {
+    const onTarget = await withClient(to.url, (c) => schemaFingerprint(c, `insta${shard}`));
+    const old = await withClient(from.url, async (c) => {
+      const row = await shardRow(c, shard);
+      expect(row?.state).toBe('fenced');
+      return schemaFingerprint(c, row!.schema);
+    });
+    expect(onTarget).toEqual(old);
+    expect(onTarget['photos']).toMatch(new RegExp(`^${photos} `));
+    expect(await replicationObjects(urls)).toEqual([]);
+  }
+});

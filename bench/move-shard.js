@@ -1,0 +1,373 @@
+/**
+ * move-shard: one shard of 1,000,000 photos rows moved online from pg1 to pg2 while a client keeps
+ * inserting into it, against the floor of copying the same schema by hand: `pg_dump -n insta1 |
+ * psql` into an empty database on the target host (issue 4).
+ *
+ * The fleet (8 shards, 0-3 on pg1 and 4-7 on pg2; the rows loaded into shard 1, then VACUUM
+ * ANALYZE) is built once into a template database on both hosts. Every run, the move's or the
+ * floor's, starts from a fresh copy of it on both hosts (CREATE DATABASE … TEMPLATE, then
+ * CHECKPOINT) and from the config file as init left it, so every move is the first move of the
+ * same fleet and nothing (an old copy, gc, rows written by an earlier run) carries over. The floor
+ * restores into a freshly created empty database. The runs alternate which side goes first.
+ *
+ * The move: a writer (the application) inserts into the shard one row per statement, routed by
+ * ShardMap and following the move on SQLSTATE SC100 as docs/moves.md tells applications to, from
+ * before the move starts until after it ends; moveShard() runs in-process and its durationMs and
+ * writeBlockedMs are the figures. After each run every id the writer had acknowledged must be on
+ * the target, the target must hold exactly the loaded rows plus those, and no replication object
+ * may be left behind; otherwise the run fails, so a fast run that lost rows never counts.
+ *
+ * pg_dump refuses servers newer than itself: the floor runs only with a pg_dump at least as new as
+ * the server (Debian's 15 here; the embedded 18 binaries ship none). Elsewhere the move is reported
+ * without a ratio.
+ */
+import { existsSync } from 'node:fs';
+import { readFile, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { hostForShard, init, loadConfig, moveShard, ShardMap, shardMovedTo, shardSchemaName } from '../dist/index.js';
+import {
+  binDirFor,
+  clientVersion,
+  connect,
+  formatCount,
+  formatMs,
+  formatSample,
+  ident,
+  log,
+  markdownTable,
+  ratio,
+  resetDatabases,
+  round,
+  summarize,
+  textTable,
+  timeCommand,
+  verdict,
+} from './lib.js';
+
+export const description = 'online move of one shard (--rows photos) under a writer vs pg_dump -n | psql';
+
+const BASE_DATABASE = 'bench_move_base';
+const DATABASE = 'bench_move';
+const DUMP_DATABASE = 'bench_move_dump';
+/** The issue's fleet: 8 shards over 2 hosts, 0-3 on pg1 and 4-7 on pg2; shard 1 moves to pg2. */
+const SHARDS = 8;
+const HOSTS = 2;
+const SHARD = 1;
+const TARGET_HOST = 'pg2';
+const TARGET_BLOCKED_MS = 1000;
+const TARGET_RATIO = 2;
+/** The writer runs this long before the move starts and after it ends: both hosts take its writes. */
+const WRITER_MARGIN_MS = 500;
+/** The writer's back-off after a fence error before it retries on the reloaded map. */
+const RETRY_MS = 5;
+
+export async function run(ctx, major) {
+  const { options } = ctx;
+  const base = await ctx.fleet('move-shard-base', major, { database: BASE_DATABASE, hostCount: HOSTS, shards: SHARDS });
+  const fleet = await ctx.fleet('move-shard', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
+  const config = await loadConfig(fleet.configFile);
+  const schema = shardSchemaName(config, SHARD);
+  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD).name);
+  const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
+  if (!source || !target || source === target) throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
+  const serverVersion = await source.serverVersion();
+  const floor = floorTools(major, serverVersion, options);
+  if (floor.skipped) log(`move-shard on PostgreSQL ${serverVersion}: no floor, ${floor.skipped}`);
+
+  log(`move-shard on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed)`);
+  await buildBase(base, source, schema, options.rows);
+  // What every run starts from; each move rewrites the file.
+  const initialMap = await readFile(fleet.configFile, 'utf8');
+
+  const moves = [];
+  const dumps = [];
+  for (let turn = 0; turn < options.runs; turn++) {
+    const order = floor.skipped ? ['move'] : turn % 2 === 0 ? ['move', 'pg_dump'] : ['pg_dump', 'move'];
+    for (const who of order) {
+      await resetDatabases(fleet.hosts, DATABASE, { template: BASE_DATABASE });
+      await writeFile(fleet.configFile, initialMap);
+      if (who === 'move') {
+        const moved = await timeMove(fleet, { source, target, schema, rows: options.rows });
+        moves.push(moved);
+        log(
+          `  run ${turn + 1}/${options.runs}: move ${formatMs(moved.durationMs)}, writes blocked ${formatMs(moved.writeBlockedMs)}, ` +
+            `longest gap between acknowledged writes ${formatMs(moved.longestGapMs)}; ${formatCount(moved.acknowledged)} writes acknowledged ` +
+            `(${formatCount(moved.onSource)} on ${source.name}, ${formatCount(moved.onTarget)} on ${target.name}), ${formatCount(moved.fenceErrors)} fence errors`,
+        );
+      } else {
+        dumps.push(await timeDumpRestore({ source, target, schema, rows: options.rows, pgDump: floor.pgDump, psql: options.psql }));
+        log(`  run ${turn + 1}/${options.runs}: pg_dump | psql ${formatMs(dumps.at(-1))}`);
+      }
+    }
+  }
+
+  const moveMs = summarize(moves.map((m) => m.durationMs));
+  const writeBlockedMs = summarize(moves.map((m) => m.writeBlockedMs));
+  const pgDumpMs = floor.skipped ? null : summarize(dumps);
+  const measuredRatio = pgDumpMs ? ratio(moveMs.median, pgDumpMs.median) : null;
+  return {
+    benchmark: 'move-shard',
+    postgres: serverVersion,
+    shards: SHARDS,
+    hosts: HOSTS,
+    shard: SHARD,
+    source: source.name,
+    target: target.name,
+    mode: 'online',
+    rows: options.rows,
+    moveMs,
+    writeBlockedMs,
+    longestGapMs: summarize(moves.map((m) => m.longestGapMs)),
+    pgDumpMs,
+    pgDumpVersion: floor.version,
+    floorSkipped: floor.skipped,
+    ratio: measuredRatio,
+    runs: moves,
+    targets: {
+      // Per cut-over: a single run over the limit is a miss, whatever the median says.
+      writeBlocked: { wanted: `< ${TARGET_BLOCKED_MS} ms in every run`, got: writeBlockedMs.max, met: writeBlockedMs.max < TARGET_BLOCKED_MS },
+      vsPgDump: { wanted: `≤ ${TARGET_RATIO}x`, got: measuredRatio, met: measuredRatio === null ? null : measuredRatio <= TARGET_RATIO },
+    },
+  };
+}
+
+/**
+ * The floor's pg_dump: --pg-dump, else the one of the server's major (Debian's layout), else
+ * pg_dump on PATH. One older than the server refuses to dump it: then there is no floor here.
+ */
+function floorTools(major, serverVersion, options) {
+  const own = binDirFor(major) && path.join(binDirFor(major), 'pg_dump');
+  const pgDump = options.pgDump ?? (own && existsSync(own) ? own : 'pg_dump');
+  const version = clientVersion(pgDump);
+  if (version === null) {
+    if (options.pgDump) throw new Error(`--pg-dump ${options.pgDump}: does not run (or is not PostgreSQL's pg_dump)`);
+    return { pgDump, version, skipped: `${pgDump} does not run` };
+  }
+  const serverMajor = Number(serverVersion.split('.')[0]);
+  if (Number(version.split('.')[0]) < serverMajor) {
+    return { pgDump, version, skipped: `pg_dump ${version} (${pgDump}) refuses a PostgreSQL ${serverMajor} server; pass --pg-dump with a pg_dump ${serverMajor} or later` };
+  }
+  return { pgDump, version, skipped: null };
+}
+
+/** The base fleet, once, untimed: init on both hosts, the rows in the shard's photos, VACUUM ANALYZE. */
+async function buildBase(base, source, schema, rows) {
+  await resetDatabases(base.hosts, BASE_DATABASE);
+  const built = await init(await loadConfig(base.configFile));
+  if (!built.ok) throw new Error('init of the base fleet failed');
+  await source.query(
+    BASE_DATABASE,
+    `insert into ${ident(schema)}.photos (user_id, image_url, caption)
+     select g % 10000, 'https://cdn.example.com/p/' || g || '.jpg', 'caption ' || g from generate_series(1, $1::int) g`,
+    [rows],
+  );
+  await source.query(BASE_DATABASE, `vacuum analyze ${ident(schema)}.photos`);
+  const [row] = await source.query(BASE_DATABASE, `select count(*)::int as n from ${ident(schema)}.photos`);
+  if (row.n !== rows) throw new Error(`${schema}.photos holds ${row.n} rows after the load, expected ${rows}`);
+}
+
+/** One online move under the writer, checked afterwards. */
+async function timeMove(fleet, { source, target, schema, rows }) {
+  const config = await loadConfig(fleet.configFile);
+  const writer = startWriter(await ShardMap.load(fleet.configFile), schema);
+  const steps = [];
+  let result;
+  try {
+    await sleep(WRITER_MARGIN_MS);
+    const started = performance.now();
+    result = await moveShard(config, SHARD, target.name, {
+      configFile: fleet.configFile,
+      onStep: (step) => steps.push({ step, atMs: round(performance.now() - started, 0) }),
+    });
+    await sleep(WRITER_MARGIN_MS);
+  } catch (error) {
+    await writer.stop().catch(() => undefined);
+    throw error;
+  }
+  const written = await writer.stop();
+  const moved = {
+    durationMs: result.durationMs,
+    writeBlockedMs: result.writeBlockedMs,
+    longestGapMs: round(written.longestGapMs),
+    acknowledged: written.ids.length,
+    onSource: written.byHost.get(source.name) ?? 0,
+    onTarget: written.byHost.get(target.name) ?? 0,
+    fenceErrors: written.fenceErrors,
+    rowsMoved: result.rowsMoved,
+    steps,
+  };
+  await checkMove(fleet, { source, target, schema, rows, result, moved, ids: written.ids });
+  return moved;
+}
+
+/**
+ * The application: inserts into the shard's photos one row per statement, on the host the map
+ * names; on the fence's SC100 it reloads the map and retries after a short back-off. Every id it
+ * was acknowledged is kept, so the run can check that each one arrived.
+ */
+function startWriter(map, schema) {
+  const insert = `insert into ${ident(schema)}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`;
+  const ids = [];
+  const byHost = new Map();
+  const clients = new Map();
+  let fenceErrors = 0;
+  let longestGapMs = 0;
+  let lastAck = null;
+  let stopping = false;
+  let failure = null;
+  const loop = (async () => {
+    for (let n = 1; !stopping; n++) {
+      const host = map.hostForShard(SHARD);
+      let client = clients.get(host.name);
+      if (!client) {
+        client = await connect(host.url);
+        clients.set(host.name, client);
+      }
+      try {
+        const r = await client.query(insert, [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`]);
+        const now = performance.now();
+        if (lastAck !== null) longestGapMs = Math.max(longestGapMs, now - lastAck);
+        lastAck = now;
+        ids.push(r.rows[0].id);
+        byHost.set(host.name, (byHost.get(host.name) ?? 0) + 1);
+      } catch (error) {
+        if (!shardMovedTo(error)) throw error;
+        fenceErrors += 1;
+        await map.reload();
+        await sleep(RETRY_MS);
+      }
+    }
+  })().catch((error) => {
+    // Kept for stop(): a rejection here would otherwise go unhandled while the move runs.
+    failure = error;
+  });
+  return {
+    async stop() {
+      stopping = true;
+      await loop;
+      await Promise.all([...clients.values()].map((client) => client.end().catch(() => undefined)));
+      if (failure) throw new Error(`the writer failed after ${ids.length} acknowledged inserts: ${failure.message}`);
+      return { ids, byHost, fenceErrors, longestGapMs };
+    },
+  };
+}
+
+async function checkMove(fleet, { source, target, schema, rows, result, moved, ids }) {
+  const problems = [];
+  if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
+  if (typeof result.writeBlockedMs !== 'number') problems.push('the move reported no write-blocked time');
+  const owner = (await ShardMap.load(fleet.configFile)).hostForShard(SHARD).name;
+  if (owner !== target.name) problems.push(`the map puts shard ${SHARD} on ${owner}, expected ${target.name}`);
+  // A writer that never wrote on one side did not write through the cut-over.
+  if (moved.onSource === 0 || moved.onTarget === 0) {
+    problems.push(`the writer was acknowledged ${moved.onSource} inserts on ${source.name} and ${moved.onTarget} on ${target.name}; it must write on both`);
+  }
+  const photos = `${ident(schema)}.photos`;
+  const [found] = await target.query(DATABASE, `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`, [ids]);
+  if (found.n !== ids.length) problems.push(`${ids.length - found.n} of ${ids.length} acknowledged rows are missing on ${target.name}`);
+  const [total] = await target.query(DATABASE, `select count(*)::int as n from ${photos}`);
+  if (total.n !== rows + ids.length) problems.push(`${target.name} holds ${total.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
+  // Verified after the fence: the loaded rows and exactly the writes the source had acknowledged.
+  if (result.rowsMoved !== String(rows + moved.onSource)) {
+    problems.push(`the move verified ${result.rowsMoved} rows, expected ${rows} loaded + ${moved.onSource} acknowledged by ${source.name}`);
+  }
+  for (const host of [source, target]) {
+    const [left] = await host.query(
+      DATABASE,
+      `select (select count(*) from pg_publication where pubname like 'shardctl\\_%')
+            + (select count(*) from pg_subscription where subname like 'shardctl\\_%')
+            + (select count(*) from pg_replication_slots where slot_name like 'shardctl\\_%') as n`,
+    );
+    if (Number(left.n) !== 0) problems.push(`${host.name}: ${left.n} replication objects (publication, subscription, slot) left behind`);
+  }
+  if (problems.length > 0) throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
+}
+
+/**
+ * The floor as a DBA types it, `pg_dump -n <schema> | psql`, run by bash with pipefail so that
+ * either side failing fails the run. Each side reads its own libpq settings (FROM_PG*, TO_PG*) from
+ * the environment: no password on a command line. ON_ERROR_STOP: a restore that failed half-way
+ * must fail the run, not make it fast.
+ */
+const DUMP_RESTORE_SCRIPT = [
+  'set -o pipefail',
+  'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$0" -n "$1" |' +
+    ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$2" -q -X -v ON_ERROR_STOP=1 >/dev/null',
+].join('\n');
+const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
+
+/** The floor, from the source's fresh copy into a new empty database on the target host. */
+async function timeDumpRestore({ source, target, schema, rows, pgDump, psql }) {
+  await target.resetDatabase(DUMP_DATABASE);
+  const side = (prefix, env) => Object.fromEntries(LIBPQ_SETTINGS.map((name) => [`${prefix}_${name}`, env[name]]));
+  const env = { ...process.env, ...side('FROM', source.psqlEnv(DATABASE)), ...side('TO', target.psqlEnv(DUMP_DATABASE)) };
+  const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, pgDump, schema, psql], { env });
+  if (timed.code !== 0) {
+    throw new Error(`pg_dump -n ${schema} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`);
+  }
+  const [row] = await target.query(DUMP_DATABASE, `select count(*)::int as n from ${ident(schema)}.photos`);
+  if (row.n !== rows) throw new Error(`pg_dump | psql left ${row.n} photos rows on ${target.name}, expected ${rows}`);
+  return timed.ms;
+}
+
+const HEADERS = ['PostgreSQL', 'shard moved', 'move-shard (online)', 'pg_dump -n | psql (floor)', 'ratio', 'target'];
+const CUTOVER_HEADERS = ['PostgreSQL', 'writes blocked', 'target', 'longest gap between acked writes', 'writes acked per run', 'fence errors per run'];
+
+function rows(results) {
+  return results.map((r) => [
+    r.postgres,
+    `shard ${r.shard}, ${formatCount(r.rows)} photos rows, ${r.source} → ${r.target}`,
+    formatSample(r.moveMs),
+    r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
+    r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
+    `≤ ${TARGET_RATIO}x: ${r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met)}`,
+  ]);
+}
+
+function cutoverRows(results) {
+  return results.map((r) => [
+    r.postgres,
+    formatSample(r.writeBlockedMs),
+    `< ${TARGET_BLOCKED_MS / 1000} s every run: ${verdict(r.targets.writeBlocked.met)}`,
+    formatSample(r.longestGapMs),
+    r.runs.map((m) => formatCount(m.acknowledged)).join(' / '),
+    r.runs.map((m) => formatCount(m.fenceErrors)).join(' / '),
+  ]);
+}
+
+function skippedNotes(results) {
+  return results.filter((r) => r.floorSkipped).map((r) => `PostgreSQL ${r.postgres}: no floor, ${r.floorSkipped}.`);
+}
+
+/** "median (range) of 3 runs each, interleaved": what a table's figures are. */
+function sampleNote(results) {
+  const runs = results[0].moveMs.runs.length;
+  const withFloor = results.some((r) => r.pgDumpMs);
+  return `median (range) of ${runs} run${runs === 1 ? '' : 's'}${withFloor ? ' each, interleaved with the floor' : ''}`;
+}
+
+export function table(result) {
+  return [
+    `move-shard: ${sampleNote([result])}; a writer inserts into the shard throughout every move`,
+    textTable(HEADERS, rows([result])),
+    '',
+    'cut-over: writes blocked = from the fence until the map named the target (moveShard); gap = the writer\'s own view',
+    textTable(CUTOVER_HEADERS, cutoverRows([result])),
+    ...skippedNotes([result]).map((note) => `\n${note}`),
+  ].join('\n');
+}
+
+export function markdown(results) {
+  const note = sampleNote(results);
+  return [
+    `${note[0].toUpperCase()}${note.slice(1)}; every run on a fresh copy of the same fleet, a writer inserting into the shard throughout every move.`,
+    '',
+    markdownTable(HEADERS, rows(results)),
+    '',
+    'Cut-over: writes blocked as moveShard reports it (from the fence until the map named the target), the longest wait between two acknowledged inserts as the writer saw it, and the writer\'s acknowledged inserts and fence errors (SQLSTATE SC100) per run:',
+    '',
+    markdownTable(CUTOVER_HEADERS, cutoverRows(results)),
+    ...skippedNotes(results).flatMap((note) => ['', note]),
+  ].join('\n');
+}
