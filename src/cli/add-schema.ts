@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { addSchema, parseShardArgument } from '../provisioning/add-schema.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output } from './output.js';
-import { printProvisionResult } from './provision-report.js';
+import { hostProgress, printProvisionResult } from './provision-report.js';
 
 export function registerAddSchema(program: Command, ctx: CliContext, done: (code: number) => void): void {
   program
@@ -16,7 +16,7 @@ export function registerAddSchema(program: Command, ctx: CliContext, done: (code
       const out = new Output(ctx.streams, options.json ?? false);
       const config = await loadCliConfig(ctx, options, out);
       const shards = parseShardArgument(shardsText, config);
-      const progress = out.progress();
+      const progress = hostProgress(out);
       try {
         const result = await addSchema(config, shards, { dryRun: options.dryRun ?? false, onProgress: (e) => progress.update(e) });
         progress.stop();

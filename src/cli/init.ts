@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import { init } from '../provisioning/init.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output } from './output.js';
-import { printProvisionResult } from './provision-report.js';
+import { hostProgress, printProvisionResult } from './provision-report.js';
 
 export function registerInit(program: Command, ctx: CliContext, done: (code: number) => void): void {
   program
@@ -14,7 +14,7 @@ export function registerInit(program: Command, ctx: CliContext, done: (code: num
     .action(async (options: ConfigOption & { dryRun?: boolean; json?: boolean }) => {
       const out = new Output(ctx.streams, options.json ?? false);
       const config = await loadCliConfig(ctx, options, out);
-      const progress = out.progress();
+      const progress = hostProgress(out);
       try {
         const result = await init(config, { dryRun: options.dryRun ?? false, onProgress: (e) => progress.update(e) });
         progress.stop();

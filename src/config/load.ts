@@ -173,6 +173,8 @@ const topLevelFields = {
   lockTimeout: z
     .string(says('must be a duration such as "500ms", "5s" or "1min"'))
     .regex(LOCK_TIMEOUT, says('must be a duration such as "500ms", "5s" or "1min"'))
+    // 0 means "wait forever" to PostgreSQL: exactly what lockTimeout exists to prevent.
+    .refine((value) => !/^0+(ms|s|min)$/.test(value), says('must be more than 0 (0 would wait forever)'))
     .default('5s'),
   hosts: z.array(z.unknown(), says('must be a list of hosts')).min(1, says('must list at least one host')),
 };

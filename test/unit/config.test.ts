@@ -711,3 +711,15 @@ describe('redactUrl', () => {
     expect(redactUrl('host=db1 password=secret dbname=app')).toBe('host=db1 password=*** dbname=app');
   });
 });
+
+describe('lockTimeout of zero', () => {
+  it('is refused, because PostgreSQL would read it as wait forever', async () => {
+    const { parseConfig } = await import('../../src/config/load.js');
+    expect(() =>
+      parseConfig('shards: 2\nlockTimeout: 0s\nhosts:\n  - name: a\n    url: postgres://x@h/db\n    shards: "0-1"\n', {
+        file: '/tmp/c.yaml',
+        checkMigrationsDir: false,
+      }),
+    ).toThrow(/lockTimeout: must be more than 0 .*"0s"|lockTimeout.*0s.*more than 0|lockTimeout: must be more than 0/);
+  });
+});
