@@ -321,9 +321,11 @@ export function conflictError(conflicts: readonly Conflict[]): ShardctlError {
   const messages = conflicts.map((c) => c.message);
   const data = { conflicts: conflicts.map((c) => ({ ...c })) };
   if (conflicts.every((c) => c.kind === 'layout')) {
+    // The config disagrees with what the hosts were built with: a config error (exit 2), each
+    // message naming the fields and both values.
     return new ConfigError(
-      'config',
-      conflicts.map((c) => ({ path: 'idLayout', message: c.message })),
+      'the config',
+      conflicts.map((c) => ({ path: '', message: c.message })),
     );
   }
   if (conflicts.every((c) => c.kind === 'drift' || c.kind === 'missing-file' || c.kind === 'out-of-order')) {
