@@ -99,7 +99,7 @@ export class Progress {
 export function errorJson(error: unknown): ErrorJson {
   if (isShardctlError(error)) {
     const json = error.toJSON();
-    return JSON.parse(redact(JSON.stringify(json))) as ErrorJson;
+    return JSON.parse(redact(toJson(json))) as ErrorJson;
   }
   const message = error instanceof Error ? error.message : String(error);
   return { code: 'INTERNAL', message: redact(message), exitCode: 1 };

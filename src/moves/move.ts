@@ -318,10 +318,6 @@ async function waitForSync(ctx: MoveContext): Promise<void> {
       [ctx.name],
     );
     const { total, pending } = r.rows[0]!;
-    if (process.env['SHARDCTL_DEBUG_SYNC']) {
-      const states = await ctx.target.client.query(`SELECT r.srrelid::regclass::text AS rel, r.srsubstate FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`, [ctx.name]);
-      process.stderr.write(`${new Date().toISOString()} ${JSON.stringify(states.rows)}\n`);
-    }
     if (Number(total) > 0 && Number(pending) === 0) break;
     await sleep(50);
   }
@@ -342,10 +338,14 @@ async function fence(ctx: MoveContext): Promise<void> {
   const tables = await shardTables(source.client, schema);
   ctx.fenceStartedAt = performance.now();
   const qualified = tables.map((t) => `${quoteIdent(schema)}.${quoteIdent(t)}`);
+  // CREATE OR REPLACE TRIGGER needs PostgreSQL 14; before that, drop and create (a stronger lock,
+  // held for the few milliseconds of this transaction).
+  const version = await source.client.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`);
+  const replace = Number(version.rows[0]!.v) >= 140000;
   const triggers = qualified
     .map(
       (t) =>
-        `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t}
+        `${replace ? 'CREATE OR REPLACE TRIGGER' : `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\nCREATE TRIGGER`} shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t}
            FOR EACH STATEMENT EXECUTE FUNCTION ${quoteIdent(CONTROL_SCHEMA)}.shard_fenced(${quoteLiteral(String(ctx.shard))}, ${quoteLiteral(ctx.target.host.name)});`,
     )
     .join('\n');

@@ -19,25 +19,44 @@ export async function shardTables(client: pg.Client, schema: string): Promise<st
   return result.rows.map((r) => r.relname);
 }
 
+type HashMethod = 'record' | 'text';
+
+const HASH_SQL: Record<HashMethod, string> = {
+  // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
+  // across versions): several times faster than hashing the row's text, and verification runs
+  // while writes are fenced. PostgreSQL 14 and later.
+  record: 'hash_record_extended(t, 0)',
+  text: 'hashtextextended(t::text, 0)',
+};
+
+/** Row count and checksum of one table; both sides of a comparison must use the same method. */
+async function tableChecksum(client: pg.Client, schema: string, table: string, method: HashMethod): Promise<TableChecksum> {
+  const result = await client.query<{ rows: string; checksum: string }>(
+    `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${quoteIdent(schema)}.${quoteIdent(table)} t`,
+  );
+  return { table, rows: BigInt(result.rows[0]!.rows), checksum: result.rows[0]!.checksum };
+}
+
 /**
- * hash_record_extended hashes each column with its type's hash function (the one hash partitioning
- * relies on, stable across versions): several times faster than hashing the row's text, which
- * matters because verification runs while writes are fenced. Tables with a column type that has no
- * hash function (json, point, …) fall back to hashing the text form.
+ * The text form of a row depends on session settings (time zone, date style, float digits): fixed
+ * here on both sessions so that equal rows give equal text on both hosts.
  */
-export async function tableChecksums(client: pg.Client, schema: string, tables: readonly string[]): Promise<TableChecksum[]> {
-  const sums: TableChecksum[] = [];
-  for (const table of tables) {
-    const from = `${quoteIdent(schema)}.${quoteIdent(table)} t`;
-    const query = (hash: string) =>
-      client.query<{ rows: string; checksum: string }>(`SELECT count(*)::text AS rows, coalesce(sum(${hash}), 0)::text AS checksum FROM ${from}`);
-    const result = await query('hash_record_extended(t, 0)').catch(async (error: { code?: string }) => {
-      if (error.code !== '42883') throw error;
-      return query('hashtextextended(t::text, 0)');
-    });
-    sums.push({ table, rows: BigInt(result.rows[0]!.rows), checksum: result.rows[0]!.checksum });
+const STABLE_TEXT_SETTINGS =
+  "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
+
+async function chooseMethod(source: pg.Client, target: pg.Client, schema: string, table: string): Promise<HashMethod> {
+  const versions = await Promise.all(
+    [source, target].map((c) => c.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`)),
+  );
+  if (versions.some((r) => Number(r.rows[0]!.v) < 140000)) return 'text';
+  // A column type without a hash function (json, point, …) makes the record hash fail: use text.
+  try {
+    await source.query(`SELECT ${HASH_SQL.record} FROM ${quoteIdent(schema)}.${quoteIdent(table)} t LIMIT 0`);
+    return 'record';
+  } catch (error) {
+    if ((error as { code?: string }).code === '42883') return 'text';
+    throw error;
   }
-  return sums;
 }
 
 export interface VerifyResult {
@@ -62,7 +81,15 @@ export async function verifyShard(
   for (const t of missing) mismatches.push(`table ${t} is missing on the target`);
   for (const t of extra) mismatches.push(`table ${t} exists only on the target`);
   const common = tables.filter((t) => targetTables.includes(t));
-  const [src, dst] = await Promise.all([tableChecksums(source, sourceSchema, common), tableChecksums(target, targetSchema, common)]);
+  await Promise.all([source.query(STABLE_TEXT_SETTINGS), target.query(STABLE_TEXT_SETTINGS)]);
+  const src: TableChecksum[] = [];
+  const dst: TableChecksum[] = [];
+  for (const table of common) {
+    const method = await chooseMethod(source, target, sourceSchema, table);
+    const [s, d] = await Promise.all([tableChecksum(source, sourceSchema, table, method), tableChecksum(target, targetSchema, table, method)]);
+    src.push(s);
+    dst.push(d);
+  }
   const report = src.map((s, i) => {
     const d = dst[i]!;
     const match = s.rows === d.rows && s.checksum === d.checksum;

@@ -55,8 +55,9 @@ async function replicationLeftovers(urls: readonly string[]): Promise<number> {
     await withClient(url, async (client) => {
       const r = await client.query<{ n: string }>(`select
         (select count(*) from pg_publication where pubname like 'shardctl_%') +
-        (select count(*) from pg_subscription where subname like 'shardctl_%') +
-        (select count(*) from pg_replication_slots where slot_name like 'shardctl_%') as n`);
+        (select count(*) from pg_subscription where subname like 'shardctl_%'
+           and subdbid = (select oid from pg_database where datname = current_database())) +
+        (select count(*) from pg_replication_slots where slot_name like 'shardctl_%' and database = current_database()) as n`);
       n += Number(r.rows[0]!.n);
     });
   }
