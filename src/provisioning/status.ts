@@ -23,6 +23,8 @@ export interface HostStatus {
   readonly unexpected: readonly number[];
   /** Old copies left by a finished move, waiting for gc. */
   readonly fenced: readonly number[];
+  /** Copies a move is bringing here (running, or interrupted: finish with --resume or undo with --abort). */
+  readonly incoming: readonly number[];
   /** Present shards whose next_id() is missing or older than this shardctl's. */
   readonly nextIdOutdated: readonly number[];
   /** Present mapped shards by migration level: level → shards (compact list). */
@@ -86,10 +88,13 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
   }
   const unexpected: number[] = [];
   const fenced: number[] = [];
+  const incoming: number[] = [];
   for (const shard of [...snapshot.schemas.keys()].sort((a, b) => a - b)) {
     const mapped = shard < config.shards ? hostForShard(config, shard) : undefined;
     if (mapped?.name === host.name) continue;
-    if (snapshot.recorded.get(shard)?.state !== 'fenced') unexpected.push(shard);
+    const state = snapshot.recorded.get(shard)?.state;
+    if (state === 'incoming') incoming.push(shard);
+    else if (state !== 'fenced') unexpected.push(shard);
   }
   // Old copies are renamed after a move, so they are found by their control rows, not their names.
   for (const [shard, row] of [...snapshot.recorded].sort((a, b) => a[0] - b[0])) {
@@ -97,7 +102,13 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
   }
   const levels: Record<string, string> = {};
   for (const [level, shards] of [...byLevel].sort((a, b) => a[0] - b[0])) levels[String(level)] = formatShardList(shards);
-  const ok = missing.length === 0 && unexpected.length === 0 && behind.length === 0 && drift.length === 0 && outdated.length === 0;
+  const ok =
+    missing.length === 0 &&
+    unexpected.length === 0 &&
+    incoming.length === 0 &&
+    behind.length === 0 &&
+    drift.length === 0 &&
+    outdated.length === 0;
   return {
     host: host.name,
     reachable: true,
@@ -108,6 +119,7 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
     missing,
     unexpected,
     fenced,
+    incoming,
     nextIdOutdated: outdated,
     levels,
     behind,
@@ -137,6 +149,7 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     missing: [],
     unexpected: [],
     fenced: [],
+    incoming: [],
     nextIdOutdated: [],
     levels: {},
     behind: [],

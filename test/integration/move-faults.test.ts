@@ -240,6 +240,13 @@ describe('a move killed after a step', () => {
       if (fenced) expect(write?.code, label).toBe('SC100');
       else expect(write, label).toBeNull();
       const rows = await schemaFingerprint(source, `insta${shard}`);
+      // status names the interrupted move's copy on the target, and is not ok until it is settled.
+      const arriving = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('target-created') && ONLINE_STEPS.indexOf(step) < ONLINE_STEPS.indexOf('switched');
+      if (arriving) {
+        const report = await runCli(['status', '--json', '-c', fleet.configFile]);
+        expect(report.code, label).toBe(3);
+        expect((JSON.parse(report.stdout) as { hosts: { host: string; incoming: number[] }[] }).hosts.find((h) => h.host === 'pg2')?.incoming, label).toContain(shard);
+      }
 
       if (then === 'abort' && step === 'switched') {
         const refused = await runCli(move(fleet, shard, '--abort'));
