@@ -62,6 +62,12 @@ BEGIN
     RAISE EXCEPTION 'next_id: sequence % is not in schema %', seq, {{schemaLiteral}}
       USING ERRCODE = 'SC003';
   END IF;
+  -- With CACHE > 1 a backend hands out values it reserved earlier without touching the shared
+  -- position, so the position read below could be stale and setval() could move it backwards.
+  IF (SELECT s.seqcache FROM pg_catalog.pg_sequence s WHERE s.seqrelid = seq) <> 1 THEN
+    RAISE EXCEPTION 'next_id: sequence % has CACHE > 1; next_id needs CACHE 1', seq
+      USING ERRCODE = 'SC004', HINT = 'ALTER SEQUENCE ... CACHE 1';
+  END IF;
   BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock({{lockClass}}, seq::oid::integer);
     now_ms := pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint - {{epochMs}};

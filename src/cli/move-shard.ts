@@ -75,7 +75,7 @@ function print(out: Output, result: MoveResult): void {
   }
   out.line(
     `shard ${result.shard} moved from ${result.source} to ${result.target}: ${result.rowsMoved} rows verified, ` +
-      `writes blocked ${result.writeBlockedMs === null ? 'n/a (resumed after the switch)' : `${result.writeBlockedMs} ms`}, total ${seconds(result.durationMs)}`,
+      `writes blocked ${result.writeBlockedMs === null ? 'not measured (resumed move)' : `${result.writeBlockedMs} ms`}, total ${seconds(result.durationMs)}`,
   );
 }
 

@@ -32,6 +32,9 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           if (h.missing.length) out.line(`  missing: ${formatShardList(h.missing)}`);
           if (h.unexpected.length) out.line(`  present but mapped to another host: ${formatShardList(h.unexpected)}`);
           if (h.fenced.length) out.line(`  fenced old copies (moved away, waiting for gc): ${formatShardList(h.fenced)}`);
+          if (h.refusingWrites.length) {
+            out.line(`  REFUSING WRITES (fenced by a move that has not switched; move-shard N --resume or --abort): ${formatShardList(h.refusingWrites)}`);
+          }
           if (h.incoming.length) {
             out.line(`  arriving by a move (running or interrupted; move-shard N --resume or --abort): ${formatShardList(h.incoming)}`);
           }

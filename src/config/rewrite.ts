@@ -1,4 +1,4 @@
-import { readFile, rename, stat, writeFile } from 'node:fs/promises';
+import { open, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import { isMap, isScalar, isSeq, parseDocument, Scalar } from 'yaml';
 import { RuntimeFailure } from '../errors.js';
 import { formatShardList, parseShardList } from './ranges.js';
@@ -10,6 +10,17 @@ import { formatShardList, parseShardList } from './ranges.js';
  * Idempotent: when the shard already belongs to `to`, nothing is written.
  */
 export async function rewriteShardOwner(file: string, shard: number, from: string, to: string): Promise<boolean> {
+  // Moves between different host pairs run at the same time (runner locks are per host) and each
+  // rewrites this one file: the read-modify-write is serialised by a lock file beside it.
+  const release = await lockFile(`${file}.lock`);
+  try {
+    return await rewriteLocked(file, shard, from, to);
+  } finally {
+    await release();
+  }
+}
+
+async function rewriteLocked(file: string, shard: number, from: string, to: string): Promise<boolean> {
   const text = await readFile(file, 'utf8');
   const updated = file.endsWith('.json') ? rewriteJson(text, shard, from, to) : rewriteYaml(text, shard, from, to);
   if (updated === null) return false;
@@ -72,4 +83,24 @@ function rewriteJson(text: string, shard: number, from: string, to: string): str
     changed = true;
   }
   return changed ? `${JSON.stringify(data, null, 2)}\n` : null;
+}
+
+/** An exclusive lock file (O_EXCL); one left by a crashed process is taken over after a minute. */
+async function lockFile(path: string, timeoutMs = 30_000): Promise<() => Promise<void>> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    try {
+      const handle = await open(path, 'wx');
+      await handle.writeFile(`${process.pid}\n`);
+      await handle.close();
+      return () => rm(path, { force: true });
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
+      const age = await stat(path).then((s) => Date.now() - s.mtimeMs, () => 0);
+      if (age > 60_000) await rm(path, { force: true });
+      else if (Date.now() > deadline) {
+        throw new RuntimeFailure('CONFIG_LOCKED', `cannot update the map: ${path} is held by another shardctl process; remove it if none is running`);
+      } else await new Promise((resolve) => setTimeout(resolve, 25));
+    }
+  }
 }

@@ -99,6 +99,8 @@ export async function devUp(options: DevUpOptions): Promise<DevState> {
     }),
   );
   await writePrivateFile(state.configFile, renderDevConfig(state));
+  // The config names ./migrations; in a fresh folder it must exist for init to accept the config.
+  await mkdir(path.join(cwd, 'migrations'), { recursive: true });
   return state;
 }
 

@@ -12,7 +12,7 @@ export const ID_LAG_MS = 1;
  * Bumped whenever sql/next_id.sql changes, so `init` replaces older functions in place. Kept in the
  * function's comment as `shardctl next_id vN`.
  */
-export const ID_FUNCTION_VERSION = 1;
+export const ID_FUNCTION_VERSION = 2;
 
 /** classid of the advisory lock next_id_locked takes (objid is the sequence's oid): 'shrd'. */
 export const ID_LOCK_CLASS = 0x73687264;

@@ -1,5 +1,5 @@
 import type { ShardctlConfig } from '../config/types.js';
-import { hostForShard } from '../config/types.js';
+import { hostForShard, shardSchemaName } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { CONTROL_SCHEMA, describePgError, withHost } from '../pg/connect.js';
 import { quoteIdent } from '../pg/quote.js';
@@ -34,8 +34,11 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
             if (hostForShard(config, row.shard)?.name === host.name) continue;
             found.push({ host: host.name, shard: row.shard, schema: row.schema_name });
             if (options.dryRun) continue;
+            // The old copy, and the views left under the shard's own name (see move-shard cleanup).
+            const stub = shardSchemaName(config, row.shard);
             await client.query(
               `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(row.schema_name)} CASCADE;
+               ${stub === row.schema_name ? '' : `DROP SCHEMA IF EXISTS ${quoteIdent(stub)} CASCADE;`}
                DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${row.shard};
                DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${row.shard}; COMMIT;`,
             );

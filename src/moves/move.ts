@@ -71,6 +71,11 @@ interface MoveContext {
   fenceStartedAt: number | null;
   writeBlockedMs: number | null;
   verification: VerifyResult | null;
+  /**
+   * The marker kind of the current fence attempt. Each attempt has its own: after a catch-up timeout
+   * the source is unfenced, and the old marker may still be on its way to the target.
+   */
+  fenceMarker: string | null;
 }
 
 export async function moveShard(config: ShardctlConfig, shard: number, targetName: string | undefined, options: MoveOptions = {}): Promise<MoveResult> {
@@ -93,7 +98,7 @@ export async function moveShard(config: ShardctlConfig, shard: number, targetNam
   const mode = options.mode ?? 'online';
   const sides = await connectBoth(source, target);
   try {
-    if (!options.dryRun) await lockBoth(sides);
+    if (!options.dryRun) await lockBoth({ ...sides, lockTimeout: config.lockTimeout });
     const checks = await preflight({
       config,
       shard,
@@ -104,6 +109,7 @@ export async function moveShard(config: ShardctlConfig, shard: number, targetNam
       targetClient: sides.target.client,
       migrations,
       probeReachability: !options.dryRun && mode === 'online' && source.name !== target.name,
+      configFile: options.configFile ?? config.file,
     });
     const plan = stepsFor(mode);
     const failed = checks.filter((c) => !c.ok);
@@ -165,14 +171,15 @@ async function continueMove(
   }
   const sides = await connectBoth(source, target);
   try {
-    if (!options.dryRun) await lockBoth(sides);
+    if (!options.dryRun) await lockBoth({ ...sides, lockTimeout: config.lockTimeout });
     // The hosts may disagree by one step (a crash between the two updates): redo from the earlier.
     const onSource = await runningMove(sides.source.client, shard);
     const onTarget = await runningMove(sides.target.client, shard);
     const steps = stepsFor(record.mode);
     const recorded = [onSource, onTarget].filter((r): r is MoveRecord => r !== null && r.moveId === record.moveId);
     const step = recorded.map((r) => r.step).sort((a, b) => steps.indexOf(a) - steps.indexOf(b))[0] ?? record.step;
-    const ctx = context(config, shard, record.moveId, record.mode, sides, migrations, options);
+    const detail = (onSource ?? onTarget ?? record).detail;
+    const ctx = context(config, shard, record.moveId, record.mode, sides, migrations, options, detail);
     if (options.dryRun) {
       return { ...result(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
     }
@@ -297,6 +304,14 @@ async function subscribe(ctx: MoveContext): Promise<void> {
   const exists = await ctx.target.client.query(`SELECT 1 FROM pg_subscription WHERE subname = $1`, [ctx.name]);
   if (exists.rowCount) return;
   // A slot left by a crash between creating it and the subscription is reused, not duplicated.
+  // Migrations that insert rows (seed or reference data) ran on the target too; the copy brings the
+  // source's rows, so the target's tables start empty or the copy would fail on duplicate keys.
+  const tables = await shardTables(ctx.target.client, ctx.schema, 'top');
+  if (tables.length > 0) {
+    await onSide(ctx.target, () =>
+      ctx.target.client.query(`TRUNCATE ${tables.map((t) => `${quoteIdent(ctx.schema)}.${quoteIdent(t)}`).join(', ')}`),
+    );
+  }
   const slot = await ctx.source.client.query(`SELECT 1 FROM pg_replication_slots WHERE slot_name = $1`, [ctx.name]);
   // Binary transfer (and, from PostgreSQL 16, binary initial copy) is safe between equal major versions.
   const binary = await sameMajorVersion(ctx.source.client, ctx.target.client);
@@ -311,7 +326,24 @@ async function subscribe(ctx: MoveContext): Promise<void> {
 
 /** Every table copied and streaming; then one marker round trip, so the cut-over starts nearly caught up. */
 async function waitForSync(ctx: MoveContext): Promise<void> {
+  const errors = async (): Promise<number> => {
+    const r = await ctx.target.client.query<{ n: string }>(
+      `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`,
+      [ctx.name],
+    );
+    return Number(r.rows[0]?.n ?? 0);
+  };
+  const baseline = await errors();
   for (;;) {
+    // The subscription retries a failed copy for ever; three failures in a row stop the move instead.
+    const failures = (await errors()) - baseline;
+    if (failures >= 3) {
+      throw new RuntimeFailure(
+        'SYNC_FAILED',
+        `host ${ctx.target.host.name}, shard ${ctx.shard}: the initial copy failed ${failures} times (the reason is in that host's server log); ` +
+          `fix it and run move-shard ${ctx.shard} --resume, or --abort to undo the move`,
+      );
+    }
     const r = await ctx.target.client.query<{ total: string; pending: string }>(
       `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
          FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`,
@@ -335,7 +367,9 @@ async function waitForSync(ctx: MoveContext): Promise<void> {
  */
 async function fence(ctx: MoveContext): Promise<void> {
   const { source, schema } = ctx;
-  const tables = await shardTables(source.client, schema);
+  const tables = await shardTables(source.client, schema, 'all');
+  const marker = `fenced-${Date.now().toString(36)}`;
+  ctx.fenceMarker = marker;
   ctx.fenceStartedAt = performance.now();
   const qualified = tables.map((t) => `${quoteIdent(schema)}.${quoteIdent(t)}`);
   // CREATE OR REPLACE TRIGGER needs PostgreSQL 14; before that, drop and create (a stronger lock,
@@ -355,7 +389,8 @@ async function fence(ctx: MoveContext): Promise<void> {
     qualified.length > 0 ? `LOCK TABLE ${qualified.join(', ')} IN SHARE ROW EXCLUSIVE MODE;` : '',
     triggers,
     `UPDATE ${CONTROL_SCHEMA}.shards SET state = 'fenced' WHERE shard = ${ctx.shard};`,
-    `INSERT INTO ${CONTROL_SCHEMA}.move_markers (move_id, kind) VALUES (${quoteLiteral(ctx.moveId)}, 'fenced') ON CONFLICT DO NOTHING;`,
+    `INSERT INTO ${CONTROL_SCHEMA}.move_markers (move_id, kind) VALUES (${quoteLiteral(ctx.moveId)}, ${quoteLiteral(marker)}) ON CONFLICT DO NOTHING;`,
+    `UPDATE ${CONTROL_SCHEMA}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceMarker: marker }))}::jsonb WHERE move_id = ${quoteLiteral(ctx.moveId)};`,
     'COMMIT;',
   ].join('\n');
   for (let attempt = 1; ; attempt++) {
@@ -374,7 +409,8 @@ async function fence(ctx: MoveContext): Promise<void> {
 /** Logical replication applies in commit order: once the fence marker is on the target, so is every earlier change. */
 async function waitForCatchUp(ctx: MoveContext): Promise<void> {
   try {
-    await waitForMarker(ctx, 'fenced', ctx.options.catchUpTimeoutMs ?? 30_000);
+    if (!ctx.fenceMarker) throw new Error('no fence marker recorded for this move');
+    await waitForMarker(ctx, ctx.fenceMarker, ctx.options.catchUpTimeoutMs ?? 30_000);
   } catch (error) {
     // Do not keep the shard unwritable while the target is stuck: unfence and let the operator retry.
     await unfence(ctx);
@@ -399,7 +435,7 @@ async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number):
 /** Offline: with the source fenced, stream every table with COPY into the target, in one target transaction. */
 async function copyTables(ctx: MoveContext): Promise<void> {
   const { source, target, schema } = ctx;
-  const tables = await shardTables(source.client, schema);
+  const tables = await shardTables(source.client, schema, 'leaves');
   const sameMajor = await sameMajorVersion(source.client, target.client);
   const format = sameMajor ? '(FORMAT binary)' : '';
   await target.client.query('BEGIN');
@@ -484,8 +520,18 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
       );
     } else {
       const renamed = oldCopyName(schema, ctx.moveId);
+      const tables = await shardTables(source.client, schema, 'top');
+      // Under the old name, a view per table over the renamed copy: a client still on the old map
+      // keeps getting the fence's SC100 (writes through a simple view hit the base table's
+      // statement trigger) instead of "relation does not exist", and reloads its map.
+      const stubs = tables
+        .map((t) => `CREATE VIEW ${quoteIdent(schema)}.${quoteIdent(t)} AS SELECT * FROM ${quoteIdent(renamed)}.${quoteIdent(t)};`)
+        .join('\n');
       await source.client.query(
         `BEGIN; ALTER SCHEMA ${quoteIdent(schema)} RENAME TO ${quoteIdent(renamed)};
+         CREATE SCHEMA ${quoteIdent(schema)};
+         COMMENT ON SCHEMA ${quoteIdent(schema)} IS ${quoteLiteral(`shardctl: shard ${shard} moved to ${ctx.target.host.name}; views over the fenced old copy ${renamed} until shardctl gc`)};
+         ${stubs}
          UPDATE ${CONTROL_SCHEMA}.shards SET schema_name = ${quoteLiteral(renamed)} WHERE shard = ${shard}; COMMIT;`,
       );
     }
@@ -525,11 +571,11 @@ async function dropReplication(ctx: MoveContext): Promise<void> {
 
 async function unfence(ctx: MoveContext): Promise<void> {
   const { source, schema, shard } = ctx;
-  const tables = await shardTables(source.client, schema);
+  const tables = await shardTables(source.client, schema, 'all');
   const drops = tables.map((t) => `DROP TRIGGER IF EXISTS shardctl_fence ON ${quoteIdent(schema)}.${quoteIdent(t)};`).join('\n');
   await source.client.query(
     `BEGIN;\n${drops}\nUPDATE ${CONTROL_SCHEMA}.shards SET state = 'active' WHERE shard = ${shard} AND state = 'fenced';\n` +
-      `DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = ${quoteLiteral(ctx.moveId)} AND kind = 'fenced';\nCOMMIT;`,
+      `DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = ${quoteLiteral(ctx.moveId)} AND kind LIKE 'fenced%';\nCOMMIT;`,
   );
 }
 
@@ -575,6 +621,7 @@ function context(
   sides: { source: Side; target: Side },
   migrations: readonly MigrationFile[],
   options: MoveOptions,
+  detail: Record<string, unknown> = {},
 ): MoveContext {
   return {
     config,
@@ -590,6 +637,7 @@ function context(
     fenceStartedAt: null,
     writeBlockedMs: null,
     verification: null,
+    fenceMarker: typeof detail['fenceMarker'] === 'string' ? detail['fenceMarker'] : null,
   };
 }
 
@@ -627,9 +675,10 @@ async function connectBoth(source: HostConfig, target: HostConfig): Promise<{ so
   return { source: { host: source, client: s.value }, target: { host: target, client: t.value } };
 }
 
-async function lockBoth(sides: { source: Side; target: Side }): Promise<void> {
-  await acquireRunnerLock(sides.source.client, sides.source.host.name);
-  if (sides.target.host.name !== sides.source.host.name) await acquireRunnerLock(sides.target.client, sides.target.host.name);
+async function lockBoth(sides: { source: Side; target: Side; lockTimeout?: string }): Promise<void> {
+  const options = { workerWait: sides.lockTimeout };
+  await acquireRunnerLock(sides.source.client, sides.source.host.name, options);
+  if (sides.target.host.name !== sides.source.host.name) await acquireRunnerLock(sides.target.client, sides.target.host.name, options);
 }
 
 async function closeBoth(sides: { source: Side; target: Side }): Promise<void> {

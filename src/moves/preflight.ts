@@ -1,3 +1,6 @@
+import { constants } from 'node:fs';
+import { access } from 'node:fs/promises';
+import { dirname } from 'node:path';
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
@@ -24,6 +27,8 @@ export interface PreflightInput {
   readonly migrations: readonly MigrationFile[];
   /** Create and drop a disabled subscription on the target to prove it can reach the source. */
   readonly probeReachability: boolean;
+  /** The config file the switch rewrites; it must be writable before anything changes. */
+  readonly configFile: string;
 }
 
 /**
@@ -56,20 +61,27 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       : `schema ${schema} does not exist on ${source.name}; nothing to move`,
   );
 
+  const targetControl = await dst.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.shards`]);
   const onTarget = await dst.query<{ exists: boolean; state: string | null }>(
-    `SELECT to_regnamespace($1) IS NOT NULL AS exists,
-            (SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $2) AS state`,
-    [schema, shard],
+    `SELECT to_regnamespace($1) IS NOT NULL AS exists, ${
+      targetControl.rows[0]!.e ? `(SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $2)` : 'NULL::text'
+    } AS state`,
+    targetControl.rows[0]!.e ? [schema, shard] : [schema],
   );
   const targetRow = onTarget.rows[0]!;
   add(
     'target free',
     !targetRow.exists && targetRow.state === null,
-    targetRow.exists
-      ? `schema ${schema} already exists on ${target.name}; drop it (or shardctl move-shard --abort an earlier move)`
-      : targetRow.state !== null
-        ? `${target.name} still holds an old ${targetRow.state} copy of shard ${shard}; remove it with shardctl gc first`
+    targetRow.state !== null
+      ? `${target.name} still holds an old ${targetRow.state} copy of shard ${shard}; remove it with shardctl gc first`
+      : targetRow.exists
+        ? `schema ${schema} already exists on ${target.name}; drop it (or shardctl move-shard --abort an earlier move)`
         : `no schema ${schema} on ${target.name}`,
+  );
+  add(
+    'target initialised',
+    targetControl.rows[0]!.e,
+    targetControl.rows[0]!.e ? `${target.name} has the shardctl control schema` : `${target.name} has no shardctl control schema; run shardctl init first`,
   );
 
   const versions = await Promise.all([serverVersion(src), serverVersion(dst)]);
@@ -131,6 +143,15 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     add('versions', true, `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}`);
   }
 
+  const writable = await canRewrite(input.configFile);
+  add(
+    'config file',
+    writable === null,
+    writable === null
+      ? `${input.configFile} will be rewritten at the switch`
+      : `the map cannot be rewritten at the switch: ${writable}; the move would be stuck after the target went live`,
+  );
+
   const [srcMove, dstMove] = await Promise.all([runningMoveId(src, shard), runningMoveId(dst, shard)]);
   const running = srcMove ?? dstMove;
   add(
@@ -153,6 +174,18 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       : `migration version${drift.length === 1 ? '' : 's'} ${drift.join(', ')} applied to shard ${shard} ${drift.length === 1 ? 'has' : 'have'} no matching file (changed or deleted); restore them first`,
   );
   return checks;
+}
+
+/** Null when the file and its folder (for the atomic rename) are writable; else why not. */
+async function canRewrite(file: string): Promise<string | null> {
+  if (file === '<inline>') return 'the config was not read from a file (pass configFile)';
+  try {
+    await access(file, constants.R_OK | constants.W_OK);
+    await access(dirname(file), constants.W_OK);
+    return null;
+  } catch (error) {
+    return (error as Error).message;
+  }
 }
 
 async function serverVersion(client: pg.Client): Promise<{ num: number; text: string }> {

@@ -8,12 +8,22 @@ export interface TableChecksum {
   readonly checksum: string;
 }
 
-/** The tables of a shard schema, by name: the unit of copying and of verification. */
-export async function shardTables(client: pg.Client, schema: string): Promise<string[]> {
+/**
+ * The tables of a shard schema, by name.
+ * - 'top': tables and partitioned parents, not partitions: the unit of verification (a parent's
+ *   count includes its partitions).
+ * - 'all': every table including partitions: the fence needs a trigger on each, since a statement
+ *   trigger on a parent does not fire for a write sent to a partition directly.
+ * - 'leaves': tables that hold rows (plain tables and partitions): the unit of COPY.
+ */
+export async function shardTables(client: pg.Client, schema: string, which: 'top' | 'all' | 'leaves' = 'top'): Promise<string[]> {
+  const filter = {
+    top: `c.relkind IN ('r', 'p') AND NOT c.relispartition`,
+    all: `c.relkind IN ('r', 'p')`,
+    leaves: `c.relkind = 'r'`,
+  }[which];
   const result = await client.query<{ relname: string }>(
-    `SELECT c.relname FROM pg_class c
-      WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND NOT c.relispartition
-      ORDER BY c.relname`,
+    `SELECT c.relname FROM pg_class c WHERE c.relnamespace = to_regnamespace($1) AND ${filter} ORDER BY c.relname`,
     [schema],
   );
   return result.rows.map((r) => r.relname);

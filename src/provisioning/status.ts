@@ -25,6 +25,8 @@ export interface HostStatus {
   readonly fenced: readonly number[];
   /** Copies a move is bringing here (running, or interrupted: finish with --resume or undo with --abort). */
   readonly incoming: readonly number[];
+  /** Shards mapped here whose copy is fenced: a move is cutting over, or was interrupted after the fence; they refuse writes. */
+  readonly refusingWrites: readonly number[];
   /** Present shards whose next_id() is missing or older than this shardctl's. */
   readonly nextIdOutdated: readonly number[];
   /** Present mapped shards by migration level: level → shards (compact list). */
@@ -72,7 +74,9 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
   const behind: number[] = [];
   const outdated: number[] = [];
   const byLevel = new Map<number, number[]>();
+  const refusingWrites: number[] = [];
   for (const shard of host.shards) {
+    if (snapshot.recorded.get(shard)?.state === 'fenced') refusingWrites.push(shard);
     const schema = snapshot.schemas.get(shard);
     if (!schema) {
       missing.push(shard);
@@ -106,6 +110,7 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
     missing.length === 0 &&
     unexpected.length === 0 &&
     incoming.length === 0 &&
+    refusingWrites.length === 0 &&
     behind.length === 0 &&
     drift.length === 0 &&
     outdated.length === 0;
@@ -120,6 +125,7 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
     unexpected,
     fenced,
     incoming,
+    refusingWrites,
     nextIdOutdated: outdated,
     levels,
     behind,
@@ -150,6 +156,7 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     unexpected: [],
     fenced: [],
     incoming: [],
+    refusingWrites: [],
     nextIdOutdated: [],
     levels: {},
     behind: [],

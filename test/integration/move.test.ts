@@ -108,6 +108,14 @@ describe('shardctl move-shard', () => {
       );
       expect(error?.code).toBe('SC100');
       expect(error?.message).toBe('shard 1 has moved to host pg2; writes to this copy are refused');
+      // A client still on the old map writes to insta1.photos: the views left under the old name
+      // keep answering with the fence's SC100, so it knows to reload (not 42P01).
+      const stale = await client.query(`insert into insta1.photos (user_id, image_url) values (1, 'stale map')`).then(
+        () => null,
+        (e: pg.DatabaseError) => e,
+      );
+      expect(stale?.code).toBe('SC100');
+      expect(shardMovedTo(stale)).toEqual({ shard: 1, host: 'pg2' });
       // Nothing the source accepted after the fence: its row count is what the target got from it.
       const count = await client.query<{ n: string }>(`select count(*) as n from "${renamed[0]!.nspname}".photos`);
       expect(Number(count.rows[0]!.n)).toBe(5000 + onSource.length);
@@ -124,5 +132,46 @@ describe('shardctl move-shard', () => {
     expect(gcRun.code).toBe(0);
     expect(gcRun.stdout).toContain('pg1: shard 1');
     expect((await status(await fleet.config())).hosts[0]!.fenced).toEqual([]);
+  });
+
+});
+
+describe('shardctl move-shard with partitioned and seeded tables', () => {
+  const db = useTestDatabases(2);
+
+  it('moves partitioned tables and tables seeded by migrations, fencing every partition', async () => {
+    const migrations = {
+      '0001_events.sql': `CREATE SEQUENCE events_id_seq;
+CREATE TABLE events (id bigint NOT NULL DEFAULT next_id('events_id_seq'), kind int NOT NULL, PRIMARY KEY (id, kind)) PARTITION BY LIST (kind);
+CREATE TABLE events_a PARTITION OF events FOR VALUES IN (1);
+CREATE TABLE events_b PARTITION OF events FOR VALUES IN (2);`,
+      '0002_kinds.sql': `CREATE TABLE kinds (id int PRIMARY KEY, name text NOT NULL);
+INSERT INTO kinds VALUES (1, 'a'), (2, 'b');`,
+    };
+    const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'part', migrations });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(`insert into part2.events (kind) select 1 + g % 2 from generate_series(1, 1000) g`));
+
+    for (const mode of ['online', 'offline'] as const) {
+      const shard = mode === 'online' ? 2 : 3;
+      if (mode === 'offline') await withClient(db.urls[0]!, (c) => c.query(`insert into part3.events (kind) select 1 + g % 2 from generate_series(1, 500) g`));
+      const result = await moveShard(await fleet.config(), shard, 'pg2', { mode, configFile: fleet.configFile });
+      expect(result.outcome, mode).toBe('moved');
+      await withClient(db.urls[1]!, async (client) => {
+        const r = await client.query<{ a: string; b: string; kinds: string }>(
+          `select (select count(*) from part${shard}.events_a) as a, (select count(*) from part${shard}.events_b) as b, (select count(*) from part${shard}.kinds) as kinds`,
+        );
+        // The seed rows came once (from the source), not twice (migration on the target + copy).
+        expect(r.rows[0], mode).toEqual(mode === 'online' ? { a: '500', b: '500', kinds: '2' } : { a: '250', b: '250', kinds: '2' });
+      });
+      await withClient(db.urls[0]!, async (client) => {
+        // A write sent straight to a partition of the old copy is refused too.
+        const old = (await client.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'part${shard}\\_moved\\_%'`)).rows[0]!.nspname;
+        const e = await client.query(`insert into "${old}".events_a (id, kind) values (1, 1)`).then(() => null, (x: pg.DatabaseError) => x);
+        expect(e?.code, mode).toBe('SC100');
+      });
+    }
+    expect(await replicationLeftovers(db.urls)).toBe(0);
   });
 });

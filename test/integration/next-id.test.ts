@@ -156,6 +156,16 @@ describe('next_id()', () => {
     });
   });
 
+  it('refuses a sequence with CACHE > 1, whose cached values would bypass the shared position', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta13', 13, DEFAULT_ID_LAYOUT);
+      await client.query('alter sequence insta13.photos_id_seq cache 10');
+      const error = await errorOf(client.query(`select insta13.next_id('insta13.photos_id_seq')`));
+      expect(error.code).toBe('SC004');
+      expect(error.message).toContain('has CACHE > 1');
+    });
+  });
+
   it('works for a role that has only USAGE on the sequence', async () => {
     await withClient(db.urls[0]!, async (client) => {
       await installShard(client, 'insta12', 12, DEFAULT_ID_LAYOUT);

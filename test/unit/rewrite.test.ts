@@ -41,3 +41,17 @@ describe('rewriting the map after a move', () => {
     expect(parseConfig(text, { file: '/tmp/x.yaml', checkMigrationsDir: false }).hosts[1]!.shards).toEqual([]);
   });
 });
+
+describe('rewriting the map file concurrently', () => {
+  it('keeps both of two moves made at the same time (no lost update)', async () => {
+    const { mkdtempSync, readFileSync, writeFileSync } = await import('node:fs');
+    const { tmpdir } = await import('node:os');
+    const { join } = await import('node:path');
+    const { rewriteShardOwner } = await import('../../src/config/rewrite.js');
+    const file = join(mkdtempSync(join(tmpdir(), 'rewrite-')), 'shardctl.yaml');
+    writeFileSync(file, yaml);
+    await Promise.all([rewriteShardOwner(file, 1, 'pg1', 'pg3'), rewriteShardOwner(file, 5, 'pg2', 'pg3'), rewriteShardOwner(file, 2, 'pg1', 'pg3')]);
+    const config = parseConfig(readFileSync(file, 'utf8'), { file, checkMigrationsDir: false });
+    expect(config.hosts.map((h) => h.shards)).toEqual([[0, 3], [4, 6, 7], [1, 2, 5]]);
+  });
+});
