@@ -98,6 +98,19 @@ describe('the shardctl command line', () => {
     }
   });
 
+  it('ends quietly when the reader of its output goes away (shardctl … | head)', async () => {
+    const bin = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
+    const ids = Array.from({ length: 3000 }, (_, i) => String((BigInt(i) << 23n) | 5n));
+    const { spawnSync } = await import('node:child_process');
+    const run = spawnSync('bash', ['-o', 'pipefail', '-c', `"${process.execPath}" "${bin}" decode ${ids.join(' ')} | head -1`], {
+      env: { ...process.env, SHARDCTL_CONFIG: '' },
+      encoding: 'utf8',
+    });
+    expect(run.stdout.split('\n').filter(Boolean)).toHaveLength(1);
+    expect(run.stderr).not.toMatch(/EPIPE|Error/);
+    expect(run.status).toBe(0);
+  });
+
   it('runs through the installed launcher: bin/shardctl.js', async () => {
     const bin = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
     const { stdout } = await exec(process.execPath, [bin, 'decode', String((1000n << 23n) | (7n << 10n) | 3n)], { env: { ...process.env, SHARDCTL_CONFIG: '' } });
