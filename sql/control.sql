@@ -76,3 +76,16 @@ BEGIN
           HINT = 'Reload the shard map and retry on the new host.';
 END
 $fence$;
+
+-- The guard in the views left under a moved shard's old name (move-shard cleanup): a read by a
+-- client on the old map fails with the same SC100 as a write, instead of returning the old copy's
+-- rows. STABLE so the planner evaluates it once, as a one-time filter, even on an empty table.
+CREATE OR REPLACE FUNCTION {{control}}.shard_moved(shard text, host text) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $moved$
+BEGIN
+  RAISE EXCEPTION 'shard % has moved to host %; this is its old copy', shard, host
+    USING ERRCODE = 'SC100',
+          DETAIL = format('shardctl-moved shard=%s host=%s', shard, host),
+          HINT = 'Reload the shard map and retry on the new host.';
+END
+$moved$;

@@ -85,8 +85,12 @@ function rewriteJson(text: string, shard: number, from: string, to: string): str
   return changed ? `${JSON.stringify(data, null, 2)}\n` : null;
 }
 
-/** An exclusive lock file (O_EXCL); one left by a crashed process is taken over after a minute. */
-async function lockFile(path: string, timeoutMs = 30_000): Promise<() => Promise<void>> {
+/**
+ * An exclusive lock file (O_EXCL) holding the owner's pid. A lock whose owner is gone (no such
+ * process on this machine) or older than a minute is taken over by renaming it away first: only one
+ * waiter's rename succeeds, so two waiters cannot both break the same stale lock.
+ */
+async function lockFile(path: string, timeoutMs = 90_000): Promise<() => Promise<void>> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     try {
@@ -96,11 +100,31 @@ async function lockFile(path: string, timeoutMs = 30_000): Promise<() => Promise
       return () => rm(path, { force: true });
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error;
-      const age = await stat(path).then((s) => Date.now() - s.mtimeMs, () => 0);
-      if (age > 60_000) await rm(path, { force: true });
-      else if (Date.now() > deadline) {
-        throw new RuntimeFailure('CONFIG_LOCKED', `cannot update the map: ${path} is held by another shardctl process; remove it if none is running`);
-      } else await new Promise((resolve) => setTimeout(resolve, 25));
     }
+    if (await isStale(path)) {
+      const aside = `${path}.stale-${process.pid}-${Date.now()}`;
+      await rename(path, aside).then(
+        () => rm(aside, { force: true }),
+        () => undefined, // another waiter took it first
+      );
+      continue;
+    }
+    if (Date.now() > deadline) {
+      throw new RuntimeFailure('CONFIG_LOCKED', `cannot update the map: ${path} is held by another shardctl process; remove it if none is running`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 25));
+  }
+}
+
+async function isStale(path: string): Promise<boolean> {
+  try {
+    const [text, info] = await Promise.all([readFile(path, 'utf8'), stat(path)]);
+    if (Date.now() - info.mtimeMs > 60_000) return true;
+    const pid = Number(text.trim());
+    if (!Number.isInteger(pid) || pid <= 0) return false; // being written right now
+    process.kill(pid, 0);
+    return false;
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'ESRCH';
   }
 }

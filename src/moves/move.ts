@@ -409,8 +409,8 @@ async function fence(ctx: MoveContext): Promise<void> {
 /** Logical replication applies in commit order: once the fence marker is on the target, so is every earlier change. */
 async function waitForCatchUp(ctx: MoveContext): Promise<void> {
   try {
-    if (!ctx.fenceMarker) throw new Error('no fence marker recorded for this move');
-    await waitForMarker(ctx, ctx.fenceMarker, ctx.options.catchUpTimeoutMs ?? 30_000);
+    // A move fenced before markers were per attempt used the plain kind 'fenced'.
+    await waitForMarker(ctx, ctx.fenceMarker ?? 'fenced', ctx.options.catchUpTimeoutMs ?? 30_000);
   } catch (error) {
     // Do not keep the shard unwritable while the target is stuck: unfence and let the operator retry.
     await unfence(ctx);
@@ -507,38 +507,72 @@ async function switchMap(ctx: MoveContext): Promise<void> {
   if (ctx.fenceStartedAt !== null) ctx.writeBlockedMs = Math.round(performance.now() - ctx.fenceStartedAt);
 }
 
-/** Replication objects removed; the old copy kept fenced under a new name until gc, or dropped. */
+/**
+ * Replication objects removed; the old copy kept fenced under a new name until gc, or dropped.
+ * Decided by the source's control row, not by what schemas exist: after the rename a schema of
+ * views keeps the old name, so existence cannot tell a finished clean-up from an interrupted one.
+ */
 async function cleanUp(ctx: MoveContext): Promise<void> {
   await dropReplication(ctx);
   const { source, shard, schema } = ctx;
-  const exists = await source.client.query<{ e: boolean }>(`SELECT to_regnamespace($1) IS NOT NULL AS e`, [schema]);
-  if (exists.rows[0]!.e) {
-    if (ctx.options.dropSource) {
+  const renamed = oldCopyName(schema, ctx.moveId);
+  const row = await source.client.query<{ schema_name: string }>(`SELECT schema_name FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`, [shard]);
+  const current = row.rows[0]?.schema_name;
+  if (ctx.options.dropSource) {
+    if (current !== undefined) {
       await source.client.query(
-        `BEGIN; DROP SCHEMA ${quoteIdent(schema)} CASCADE;
+        `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(current)} CASCADE;
+         ${current === schema ? '' : `DROP SCHEMA IF EXISTS ${quoteIdent(schema)} CASCADE;`}
          DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${shard}; DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${shard}; COMMIT;`,
       );
-    } else {
-      const renamed = oldCopyName(schema, ctx.moveId);
-      const tables = await shardTables(source.client, schema, 'top');
-      // Under the old name, a view per table over the renamed copy: a client still on the old map
-      // keeps getting the fence's SC100 (writes through a simple view hit the base table's
-      // statement trigger) instead of "relation does not exist", and reloads its map.
-      const stubs = tables
-        .map((t) => `CREATE VIEW ${quoteIdent(schema)}.${quoteIdent(t)} AS SELECT * FROM ${quoteIdent(renamed)}.${quoteIdent(t)};`)
-        .join('\n');
-      await source.client.query(
-        `BEGIN; ALTER SCHEMA ${quoteIdent(schema)} RENAME TO ${quoteIdent(renamed)};
-         CREATE SCHEMA ${quoteIdent(schema)};
-         COMMENT ON SCHEMA ${quoteIdent(schema)} IS ${quoteLiteral(`shardctl: shard ${shard} moved to ${ctx.target.host.name}; views over the fenced old copy ${renamed} until shardctl gc`)};
-         ${stubs}
-         UPDATE ${CONTROL_SCHEMA}.shards SET schema_name = ${quoteLiteral(renamed)} WHERE shard = ${shard}; COMMIT;`,
-      );
     }
+  } else if (current === schema) {
+    await source.client.query(await renameWithStub(ctx, renamed));
   }
   for (const side of [ctx.source, ctx.target]) {
     await side.client.query(`DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = $1`, [ctx.moveId]);
   }
+}
+
+/**
+ * The rename, and under the old name a view per table over the renamed copy, with the old schema's
+ * and tables' grants: a client still on the old map gets SC100 for reads (the shard_moved guard)
+ * and writes (writes through a simple view hit the base table's fence), not "does not exist" or
+ * "permission denied", and reloads its map.
+ */
+async function renameWithStub(ctx: MoveContext, renamed: string): Promise<string> {
+  const { source, shard, schema } = ctx;
+  const tables = await shardTables(source.client, schema, 'all');
+  const schemaGrants = await source.client.query<{ grantee: string | null; privilege_type: string }>(
+    `SELECT r.rolname AS grantee, a.privilege_type FROM pg_namespace n, aclexplode(n.nspacl) a
+       LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = $1 AND a.grantee <> n.nspowner`,
+    [schema],
+  );
+  const tableGrants = await source.client.query<{ relname: string; grantee: string | null; privilege_type: string }>(
+    `SELECT c.relname, r.rolname AS grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+       LEFT JOIN pg_roles r ON r.oid = a.grantee
+      WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`,
+    [schema],
+  );
+  const to = (grantee: string | null): string => (grantee === null ? 'PUBLIC' : quoteIdent(grantee));
+  const guard = `${quoteIdent(CONTROL_SCHEMA)}.shard_moved(${quoteLiteral(String(shard))}, ${quoteLiteral(ctx.target.host.name)})`;
+  return [
+    'BEGIN;',
+    `ALTER SCHEMA ${quoteIdent(schema)} RENAME TO ${quoteIdent(renamed)};`,
+    `CREATE SCHEMA ${quoteIdent(schema)};`,
+    `COMMENT ON SCHEMA ${quoteIdent(schema)} IS ${quoteLiteral(`shardctl: shard ${shard} moved to ${ctx.target.host.name}; views over the fenced old copy ${renamed} until shardctl gc`)};`,
+    ...tables.map(
+      (t) => `CREATE VIEW ${quoteIdent(schema)}.${quoteIdent(t)} AS SELECT * FROM ${quoteIdent(renamed)}.${quoteIdent(t)} WHERE ${guard};`,
+    ),
+    ...schemaGrants.rows
+      .filter((g) => g.privilege_type === 'USAGE')
+      .map((g) => `GRANT USAGE ON SCHEMA ${quoteIdent(schema)} TO ${to(g.grantee)};`),
+    ...tableGrants.rows
+      .filter((g) => ['SELECT', 'INSERT', 'UPDATE', 'DELETE'].includes(g.privilege_type))
+      .map((g) => `GRANT ${g.privilege_type} ON ${quoteIdent(schema)}.${quoteIdent(g.relname)} TO ${to(g.grantee)};`),
+    `UPDATE ${CONTROL_SCHEMA}.shards SET schema_name = ${quoteLiteral(renamed)} WHERE shard = ${shard};`,
+    'COMMIT;',
+  ].join('\n');
 }
 
 async function dropReplication(ctx: MoveContext): Promise<void> {

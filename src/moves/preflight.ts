@@ -72,11 +72,13 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   add(
     'target free',
     !targetRow.exists && targetRow.state === null,
-    targetRow.state !== null
-      ? `${target.name} still holds an old ${targetRow.state} copy of shard ${shard}; remove it with shardctl gc first`
-      : targetRow.exists
-        ? `schema ${schema} already exists on ${target.name}; drop it (or shardctl move-shard --abort an earlier move)`
-        : `no schema ${schema} on ${target.name}`,
+    targetRow.state === 'fenced'
+      ? `${target.name} still holds an old fenced copy of shard ${shard}; remove it with shardctl gc first`
+      : targetRow.state !== null
+        ? `${target.name} already records shard ${shard} (${targetRow.state}); finish or undo the move that put it there (move-shard --resume / --abort), or drop it`
+        : targetRow.exists
+          ? `schema ${schema} already exists on ${target.name}; drop it (or shardctl move-shard --abort an earlier move)`
+          : `no schema ${schema} on ${target.name}`,
   );
   add(
     'target initialised',

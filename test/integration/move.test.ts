@@ -72,6 +72,11 @@ describe('shardctl move-shard', () => {
     // Existing rows before the move.
     await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`));
 
+    // An application role with its own grants, as production has.
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_move_app') then create role shardctl_move_app; end if; end $$;
+               grant usage on schema insta1 to shardctl_move_app; grant select, insert on insta1.photos to shardctl_move_app`),
+    );
     const map = await ShardMap.load(fleet.configFile);
     const writer = startWriter(map, 1);
     await new Promise((resolve) => setTimeout(resolve, 300));
@@ -116,12 +121,32 @@ describe('shardctl move-shard', () => {
       );
       expect(stale?.code).toBe('SC100');
       expect(shardMovedTo(stale)).toEqual({ shard: 1, host: 'pg2' });
+      // Reads too, even by the application's own role (the grants came along), so no stale rows are served.
+      for (const role of ['postgres', 'shardctl_move_app']) {
+        await client.query(`set role ${role}`);
+        for (const sql of ['select count(*) from insta1.photos', `insert into insta1.photos (user_id, image_url) values (1, 'x')`]) {
+          const e = await client.query(sql).then(() => null, (x: pg.DatabaseError) => x);
+          expect([role, sql, e?.code]).toEqual([role, sql, 'SC100']);
+        }
+        await client.query('reset role');
+      }
       // Nothing the source accepted after the fence: its row count is what the target got from it.
       const count = await client.query<{ n: string }>(`select count(*) as n from "${renamed[0]!.nspname}".photos`);
       expect(Number(count.rows[0]!.n)).toBe(5000 + onSource.length);
     });
 
     expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n.*\n\s+shards: "0,2-3"/);
+
+    // A clean-up interrupted after its rename is finished by --resume, not stuck on the existing names.
+    for (const url of db.urls) {
+      await withClient(url, (c) => c.query(`update shardctl.moves set step = 'switched', status = 'running' where move_id = $1`, [result.moveId]));
+    }
+    const resumed = await moveShard(await fleet.config(), 1, undefined, { resume: true, configFile: fleet.configFile });
+    expect(resumed.outcome).toBe('moved');
+    await withClient(db.urls[0]!, async (client) => {
+      const r = await client.query<{ status: string }>(`select status from shardctl.moves where move_id = $1`, [result.moveId]);
+      expect(r.rows[0]!.status).toBe('done');
+    });
     expect(await replicationLeftovers(db.urls)).toBe(0);
     const report = await status(await fleet.config());
     expect(report.ok).toBe(true);

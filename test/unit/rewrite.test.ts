@@ -55,3 +55,20 @@ describe('rewriting the map file concurrently', () => {
     expect(config.hosts.map((h) => h.shards)).toEqual([[0, 3], [4, 6, 7], [1, 2, 5]]);
   });
 });
+
+describe('the map file lock', () => {
+  it('takes over a lock left by a process that no longer exists', async () => {
+    const { mkdtempSync, readFileSync, writeFileSync, existsSync } = await import('node:fs');
+    const { tmpdir } = await import('node:os');
+    const { join } = await import('node:path');
+    const { rewriteShardOwner } = await import('../../src/config/rewrite.js');
+    const file = join(mkdtempSync(join(tmpdir(), 'rewrite-')), 'shardctl.yaml');
+    writeFileSync(file, yaml);
+    writeFileSync(`${file}.lock`, '2147483646\n'); // no such pid
+    const started = Date.now();
+    expect(await rewriteShardOwner(file, 1, 'pg1', 'pg3')).toBe(true);
+    expect(Date.now() - started).toBeLessThan(5_000);
+    expect(readFileSync(file, 'utf8')).toContain('shards: "0,2-3"');
+    expect(existsSync(`${file}.lock`)).toBe(false);
+  });
+});
