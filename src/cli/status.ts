@@ -35,6 +35,9 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           if (h.refusingWrites.length) {
             out.line(`  REFUSING WRITES (fenced by a move that has not switched; move-shard N --resume or --abort): ${formatShardList(h.refusingWrites)}`);
           }
+          if (h.cachedSequences.length) {
+            out.line(`  sequences with CACHE > 1 (next_id refuses them; ALTER SEQUENCE … CACHE 1): ${h.cachedSequences.join(', ')}`);
+          }
           if (h.incoming.length) {
             out.line(`  arriving by a move (running or interrupted; move-shard N --resume or --abort): ${formatShardList(h.incoming)}`);
           }

@@ -1,3 +1,4 @@
+import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
@@ -27,6 +28,8 @@ export interface HostStatus {
   readonly incoming: readonly number[];
   /** Shards mapped here whose copy is fenced: a move is cutting over, or was interrupted after the fence; they refuse writes. */
   readonly refusingWrites: readonly number[];
+  /** Sequences in shard schemas with CACHE > 1, which next_id() refuses (SQLSTATE SC004): `schema.sequence`. */
+  readonly cachedSequences: readonly string[];
   /** Present shards whose next_id() is missing or older than this shardctl's. */
   readonly nextIdOutdated: readonly number[];
   /** Present mapped shards by migration level: level → shards (compact list). */
@@ -52,11 +55,15 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   const hosts = await Promise.all(
     config.hosts.map(async (host): Promise<HostStatus> => {
       try {
-        const snapshot = await withHost(host, (client) => readHostSnapshot(client, host, config), { applicationName: 'shardctl status' });
+        const { snapshot, cached } = await withHost(
+          host,
+          async (client) => ({ snapshot: await readHostSnapshot(client, host, config), cached: await cachedSequences(client, config.schemaPrefix) }),
+          { applicationName: 'shardctl status' },
+        );
         const drift = findConflicts(config, [snapshot], migrations, { checkDrift: true })
           .filter((c) => c.kind === 'drift' || c.kind === 'missing-file')
           .map((c) => c.message);
-        return hostStatus(config, snapshot, migrations.map((m) => m.version), drift);
+        return { ...hostStatus(config, snapshot, migrations.map((m) => m.version), drift, cached) };
       } catch (error) {
         const message = error instanceof HostError ? error.message : `host ${host.name}: ${describePgError(error)}`;
         return unreachableStatus(host.name, host.shards.length, message);
@@ -68,7 +75,13 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   return { latestVersion, hosts, ok, exitCode: !reachable ? 1 : ok ? 0 : 3 };
 }
 
-function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: readonly number[], drift: readonly string[]): HostStatus {
+function hostStatus(
+  config: ShardctlConfig,
+  snapshot: HostSnapshot,
+  versions: readonly number[],
+  drift: readonly string[],
+  cached: readonly string[],
+): HostStatus {
   const host = snapshot.host;
   const missing: number[] = [];
   const behind: number[] = [];
@@ -111,6 +124,7 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
     unexpected.length === 0 &&
     incoming.length === 0 &&
     refusingWrites.length === 0 &&
+    cached.length === 0 &&
     behind.length === 0 &&
     drift.length === 0 &&
     outdated.length === 0;
@@ -126,6 +140,7 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, versions: re
     fenced,
     incoming,
     refusingWrites,
+    cachedSequences: cached,
     nextIdOutdated: outdated,
     levels,
     behind,
@@ -157,10 +172,24 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     fenced: [],
     incoming: [],
     refusingWrites: [],
+    cachedSequences: [],
     nextIdOutdated: [],
     levels: {},
     behind: [],
     drift: [],
     ok: false,
   };
+}
+
+/** Sequences of shard schemas with CACHE > 1: next_id() refuses them on its slow path (SC004). */
+async function cachedSequences(client: pg.Client, prefix: string): Promise<string[]> {
+  const result = await client.query<{ name: string }>(
+    `SELECT format('%s.%s', n.nspname, c.relname) AS name
+       FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE s.seqcache <> 1 AND left(n.nspname, length($1)) = $1
+        AND substr(n.nspname, length($1) + 1) ~ '^(0|[1-9][0-9]{0,8})$'
+      ORDER BY 1 LIMIT 100`,
+    [prefix],
+  );
+  return result.rows.map((r) => r.name);
 }

@@ -96,6 +96,16 @@ describe('shardctl init over two hosts', () => {
     expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
   });
 
+  it('status reports a sequence with CACHE > 1, which next_id would refuse (exit 3)', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: SHARDS });
+    await withClient(db.urls[0]!, (c) => c.query('alter sequence insta3.likes_id_seq cache 20'));
+    const cli = await runCli(['status', '-c', fleet.configFile]);
+    expect(cli.code).toBe(3);
+    expect(cli.stdout).toContain('sequences with CACHE > 1 (next_id refuses them; ALTER SEQUENCE … CACHE 1): insta3.likes_id_seq');
+    await withClient(db.urls[0]!, (c) => c.query('alter sequence insta3.likes_id_seq cache 1'));
+    expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
+  });
+
   it('add-schema refuses a shard whose schema exists on another host, writing nothing', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: SHARDS });
     await withClient(db.urls[1]!, (c) => c.query('drop schema insta601 cascade'));
