@@ -6,6 +6,7 @@ export const ONLINE_STEPS = [
   'prepared',
   'target-created',
   'published',
+  'copied',
   'subscribed',
   'synced',
   'fenced',

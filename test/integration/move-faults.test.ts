@@ -216,7 +216,8 @@ describe('a move killed after a step', () => {
 
   beforeAll(async () => {
     // pg2 starts empty, as a host added to grow the fleet does.
-    fleet = makeFleet({ urls: crashDb.urls, shards: 24, split: ['0-23', ''] });
+    // Two shards per online step for the kill-at-each-step test, then three more (the last ones).
+    fleet = makeFleet({ urls: crashDb.urls, shards: 28, split: ['0-27', ''] });
     useReplicationUrls(fleet, crashDb.urls, crashDb.replicationUrls);
     expect((await init(await fleet.config())).ok).toBe(true);
     source = await adminClient(crashDb.urls[0]!);
@@ -296,7 +297,7 @@ describe('a move killed after a step', () => {
   });
 
   it('refuses --abort once the switch has begun, even before it was recorded, and --resume finishes it', async () => {
-    const shard = 20;
+    const shard = 25;
     await seed(source, shard, 400);
     const rows = await schemaFingerprint(source, `insta${shard}`);
     await killedAfter(fleet, crashDb.urls, shard, 'verified');
@@ -322,8 +323,8 @@ describe('a move killed after a step', () => {
 
   it('offline: killed after fenced or after copied, --resume finishes it with every row', async () => {
     for (const [shard, step] of [
-      [21, 'fenced'],
-      [22, 'copied'],
+      [26, 'fenced'],
+      [27, 'copied'],
     ] as const) {
       await seed(source, shard, 400);
       const rows = await schemaFingerprint(source, `insta${shard}`);
