@@ -1,6 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
-import { conflictError } from '../provisioning/plan.js';
+import { conflictError, DRIFT_KINDS } from '../provisioning/plan.js';
 import { inspectFleet, provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
 /**
@@ -50,8 +50,6 @@ export interface MigrationCheck {
   /** 0 current, 3 pending or drift, 1 a host could not be read. */
   readonly exitCode: 0 | 1 | 3;
 }
-
-const DRIFT_KINDS: ReadonlySet<string> = new Set(['drift', 'missing-file', 'out-of-order']);
 
 /** `migrate --check`: writes nothing (no lock either); tells whether every shard is at the target version. */
 export async function checkMigrations(config: ShardctlConfig, options: { toVersion?: number } = {}): Promise<MigrationCheck> {

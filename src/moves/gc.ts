@@ -2,7 +2,8 @@ import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { CONTROL_SCHEMA, describePgError, withHost } from '../pg/connect.js';
-import { quoteIdent } from '../pg/quote.js';
+import { dropShardSql } from '../provisioning/shard-sql.js';
+import { controlTableExists } from '../provisioning/catalog.js';
 
 export interface OldCopy {
   readonly host: string;
@@ -21,8 +22,7 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
       await withHost(
         host,
         async (client) => {
-          const exists = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.shards`]);
-          if (!exists.rows[0]!.e) return;
+          if (!(await controlTableExists(client, 'shards'))) return;
           const rows = await client.query<{ shard: number; schema_name: string }>(
             `SELECT s.shard, s.schema_name FROM ${CONTROL_SCHEMA}.shards s
               WHERE s.state = 'fenced'
@@ -36,12 +36,7 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
             if (options.dryRun) continue;
             // The old copy, and the views left under the shard's own name (see move-shard cleanup).
             const stub = shardSchemaName(config, row.shard);
-            await client.query(
-              `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(row.schema_name)} CASCADE;
-               ${stub === row.schema_name ? '' : `DROP SCHEMA IF EXISTS ${quoteIdent(stub)} CASCADE;`}
-               DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${row.shard};
-               DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${row.shard}; COMMIT;`,
-            );
+            await client.query(dropShardSql(row.shard, [row.schema_name, stub]));
           }
         },
         { applicationName: 'shardctl gc' },

@@ -10,7 +10,8 @@ import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { connectHost, CONTROL_SCHEMA, describePgError } from '../pg/connect.js';
 import { acquireRunnerLock, releaseRunnerLock } from '../pg/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { controlSchemaSql, createShardSql, migrationSql, noTransactionMigrationSteps } from '../provisioning/shard-sql.js';
+import { controlTableExists } from '../provisioning/catalog.js';
+import { controlSchemaSql, createShardSql, dropShardSql, migrationSql, noTransactionMigrationSteps } from '../provisioning/shard-sql.js';
 import { preflight, type PreflightCheck } from './preflight.js';
 import { insertMove, recordStep, replicationName, runningMove, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
 import { shardTables, verifyShard, type VerifyResult } from './verify.js';
@@ -55,6 +56,8 @@ export interface MoveResult {
 interface Side {
   readonly host: HostConfig;
   readonly client: pg.Client;
+  /** server_version_num, read once when connecting. */
+  readonly version: number;
 }
 
 interface MoveContext {
@@ -201,8 +204,7 @@ async function findRunningMove(config: ShardctlConfig, shard: number): Promise<M
     let client: pg.Client | null = null;
     try {
       client = await connectHost(host, { applicationName: 'shardctl move' });
-      const exists = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.moves`]);
-      if (!exists.rows[0]!.e) continue;
+      if (!(await controlTableExists(client, 'moves'))) continue;
       const record = await runningMove(client, shard);
       if (record) return record;
     } catch (error) {
@@ -305,7 +307,7 @@ async function subscribe(ctx: MoveContext): Promise<void> {
   if (exists.rowCount) return;
   // The rows are already there (copied from the slot's snapshot): the subscription only streams
   // what changed since, from the slot the copy step created. Binary between equal major versions.
-  const binary = await sameMajorVersion(ctx.source.client, ctx.target.client);
+  const binary = sameMajorVersion(ctx);
   await onSide(ctx.target, () =>
     ctx.target.client.query(
       `CREATE SUBSCRIPTION ${quoteIdent(ctx.name)} CONNECTION ${quoteLiteral(ctx.source.host.replicationUrl)}
@@ -393,8 +395,7 @@ async function fence(ctx: MoveContext): Promise<void> {
   const qualified = tables.map((t) => `${quoteIdent(schema)}.${quoteIdent(t)}`);
   // CREATE OR REPLACE TRIGGER needs PostgreSQL 14; before that, drop and create (a stronger lock,
   // held for the few milliseconds of this transaction).
-  const version = await source.client.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`);
-  const replace = Number(version.rows[0]!.v) >= 140000;
+  const replace = source.version >= 140000;
   const triggers = qualified
     .map(
       (t) =>
@@ -455,7 +456,7 @@ async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number):
 async function copyTables(ctx: MoveContext, snapshot?: string): Promise<void> {
   const { source, target, schema } = ctx;
   const tables = await shardTables(source.client, schema, 'leaves');
-  const sameMajor = await sameMajorVersion(source.client, target.client);
+  const sameMajor = sameMajorVersion(ctx);
   const format = sameMajor ? '(FORMAT binary)' : '';
   await target.client.query('BEGIN');
   try {
@@ -505,7 +506,9 @@ async function carrySequences(ctx: MoveContext): Promise<void> {
 }
 
 async function verify(ctx: MoveContext): Promise<void> {
-  const result = await verifyShard(ctx.source.client, ctx.target.client, ctx.schema, ctx.schema);
+  const result = await verifyShard(ctx.source.client, ctx.target.client, ctx.schema, ctx.schema, {
+    recordHash: Math.min(ctx.source.version, ctx.target.version) >= 140000,
+  });
   ctx.verification = result;
   if (result.ok) return;
   // A mismatch aborts the cut-over: the source is unfenced and the move undone, nothing is lost.
@@ -540,11 +543,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   const current = row.rows[0]?.schema_name;
   if (ctx.options.dropSource) {
     if (current !== undefined) {
-      await source.client.query(
-        `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(current)} CASCADE;
-         ${current === schema ? '' : `DROP SCHEMA IF EXISTS ${quoteIdent(schema)} CASCADE;`}
-         DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${shard}; DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${shard}; COMMIT;`,
-      );
+      await source.client.query(dropShardSql(shard, [current, schema]));
     }
   } else if (current === schema) {
     await source.client.query(await renameWithStub(ctx, renamed));
@@ -658,10 +657,7 @@ async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
   await dropReplication(ctx);
   await unfence(ctx);
   // Only a copy this move created (incoming, never active: see above) is dropped.
-  await ctx.target.client.query(
-    `BEGIN; DROP SCHEMA IF EXISTS ${quoteIdent(ctx.schema)} CASCADE;
-     DELETE FROM ${CONTROL_SCHEMA}.migrations WHERE shard = ${ctx.shard}; DELETE FROM ${CONTROL_SCHEMA}.shards WHERE shard = ${ctx.shard}; COMMIT;`,
-  );
+  await ctx.target.client.query(dropShardSql(ctx.shard, [ctx.schema]));
   for (const side of [ctx.source, ctx.target]) {
     await side.client.query(`DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = $1`, [ctx.moveId]);
   }
@@ -731,7 +727,16 @@ async function connectBoth(source: HostConfig, target: HostConfig): Promise<{ so
     if (t.status === 'fulfilled') await t.value.end().catch(() => undefined);
     throw s.status === 'rejected' ? s.reason : (t as PromiseRejectedResult).reason;
   }
-  return { source: { host: source, client: s.value }, target: { host: target, client: t.value } };
+  const [sourceVersion, targetVersion] = await Promise.all([serverVersionNum(s.value), serverVersionNum(t.value)]);
+  return {
+    source: { host: source, client: s.value, version: sourceVersion },
+    target: { host: target, client: t.value, version: targetVersion },
+  };
+}
+
+async function serverVersionNum(client: pg.Client): Promise<number> {
+  const result = await client.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`);
+  return Number(result.rows[0]!.v);
 }
 
 async function lockBoth(sides: { source: Side; target: Side; lockTimeout?: string }): Promise<void> {
@@ -756,10 +761,9 @@ async function onSide<T>(side: Side, fn: () => Promise<T>): Promise<T> {
   }
 }
 
-async function sameMajorVersion(a: pg.Client, b: pg.Client): Promise<boolean> {
-  const q = `SELECT current_setting('server_version_num')::int / 10000 AS major`;
-  const [x, y] = await Promise.all([a.query<{ major: number }>(q), b.query<{ major: number }>(q)]);
-  return x.rows[0]!.major === y.rows[0]!.major;
+/** Binary COPY and binary replication are safe only between equal major versions. */
+function sameMajorVersion(ctx: MoveContext): boolean {
+  return Math.floor(ctx.source.version / 10000) === Math.floor(ctx.target.version / 10000);
 }
 
 function newMoveId(): string {

@@ -7,6 +7,7 @@ import { hostForShard, shardSchemaName } from '../config/types.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { CONTROL_SCHEMA } from '../pg/connect.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { controlTableExists } from '../provisioning/catalog.js';
 import type { MoveMode } from './state.js';
 
 export interface PreflightCheck {
@@ -61,12 +62,12 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       : `schema ${schema} does not exist on ${source.name}; nothing to move`,
   );
 
-  const targetControl = await dst.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.shards`]);
+  const targetInitialised = await controlTableExists(dst, 'shards');
   const onTarget = await dst.query<{ exists: boolean; state: string | null }>(
     `SELECT to_regnamespace($1) IS NOT NULL AS exists, ${
-      targetControl.rows[0]!.e ? `(SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $2)` : 'NULL::text'
+      targetInitialised ? `(SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $2)` : 'NULL::text'
     } AS state`,
-    targetControl.rows[0]!.e ? [schema, shard] : [schema],
+    targetInitialised ? [schema, shard] : [schema],
   );
   const targetRow = onTarget.rows[0]!;
   add(
@@ -82,8 +83,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   );
   add(
     'target initialised',
-    targetControl.rows[0]!.e,
-    targetControl.rows[0]!.e ? `${target.name} has the shardctl control schema` : `${target.name} has no shardctl control schema; run shardctl init first`,
+    targetInitialised,
+    targetInitialised ? `${target.name} has the shardctl control schema` : `${target.name} has no shardctl control schema; run shardctl init first`,
   );
 
   const versions = await Promise.all([serverVersion(src), serverVersion(dst)]);
@@ -198,8 +199,7 @@ async function serverVersion(client: pg.Client): Promise<{ num: number; text: st
 }
 
 async function runningMoveId(client: pg.Client, shard: number): Promise<string | null> {
-  const exists = await client.query(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.moves`]);
-  if (!(exists.rows[0] as { e: boolean }).e) return null;
+  if (!(await controlTableExists(client, 'moves'))) return null;
   const r = await client.query<{ move_id: string }>(`SELECT move_id FROM ${CONTROL_SCHEMA}.moves WHERE shard = $1 AND status = 'running'`, [shard]);
   return r.rows[0]?.move_id ?? null;
 }

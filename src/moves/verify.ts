@@ -54,11 +54,8 @@ async function tableChecksum(client: pg.Client, schema: string, table: string, m
 const STABLE_TEXT_SETTINGS =
   "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
 
-async function chooseMethod(source: pg.Client, target: pg.Client, schema: string, table: string): Promise<HashMethod> {
-  const versions = await Promise.all(
-    [source, target].map((c) => c.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`)),
-  );
-  if (versions.some((r) => Number(r.rows[0]!.v) < 140000)) return 'text';
+async function chooseMethod(source: pg.Client, schema: string, table: string, recordHash: boolean): Promise<HashMethod> {
+  if (!recordHash) return 'text';
   // A column type without a hash function (json, point, …) makes the record hash fail: use text.
   try {
     await source.query(`SELECT ${HASH_SQL.record} FROM ${quoteIdent(schema)}.${quoteIdent(table)} t LIMIT 0`);
@@ -76,12 +73,16 @@ export interface VerifyResult {
   readonly mismatches: readonly string[];
 }
 
-/** Row counts and content checksums of every table, computed on both hosts at once. */
+/**
+ * Row counts and content checksums of every table, computed on both hosts at once. `recordHash`:
+ * both servers have hash_record_extended (PostgreSQL 14 and later).
+ */
 export async function verifyShard(
   source: pg.Client,
   target: pg.Client,
   sourceSchema: string,
   targetSchema: string,
+  options: { recordHash: boolean },
 ): Promise<VerifyResult> {
   const tables = await shardTables(source, sourceSchema);
   const targetTables = await shardTables(target, targetSchema);
@@ -95,7 +96,7 @@ export async function verifyShard(
   const src: TableChecksum[] = [];
   const dst: TableChecksum[] = [];
   for (const table of common) {
-    const method = await chooseMethod(source, target, sourceSchema, table);
+    const method = await chooseMethod(source, sourceSchema, table, options.recordHash);
     const [s, d] = await Promise.all([tableChecksum(source, sourceSchema, table, method), tableChecksum(target, targetSchema, table, method)]);
     src.push(s);
     dst.push(d);

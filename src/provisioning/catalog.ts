@@ -71,14 +71,26 @@ export async function readHostSnapshot(client: pg.Client, host: HostConfig, conf
   }
 }
 
+/**
+ * SQL condition: `column` names a shard schema of the prefix passed as $1 (prefix + a shard number).
+ * Matched with left()/substr(), not LIKE: '_' is a LIKE wildcard and a valid prefix character.
+ */
+export function shardSchemaCondition(column: string): string {
+  return `left(${column}, length($1)) = $1 AND substr(${column}, length($1) + 1) ~ '^(0|[1-9][0-9]{0,8})$'`;
+}
+
+/** Whether the control schema has `table` (hosts never initialised, or older control schemas, lack it). */
+export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves'): Promise<boolean> {
+  const result = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.${table}`]);
+  return result.rows[0]!.e;
+}
+
 async function readShardSchemas(client: pg.Client, prefix: string): Promise<Map<number, { nextIdVersion: number | null }>> {
-  // The prefix is matched with left()/substr(), not LIKE: '_' is a LIKE wildcard and a valid prefix character.
   const result = await client.query<{ nspname: string; comment: string | null }>(
     `SELECT n.nspname, obj_description(p.oid, 'pg_proc') AS comment
        FROM pg_namespace n
        LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = 'next_id'
-      WHERE left(n.nspname, length($1)) = $1
-        AND substr(n.nspname, length($1) + 1) ~ '^(0|[1-9][0-9]{0,8})$'`,
+      WHERE ${shardSchemaCondition('n.nspname')}`,
     [prefix],
   );
   const map = new Map<number, { nextIdVersion: number | null }>();

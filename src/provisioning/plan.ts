@@ -316,6 +316,9 @@ function outOfOrder(snapshot: HostSnapshot, migrations: readonly MigrationFile[]
   }));
 }
 
+/** Conflicts about the migration files themselves: a check failure (exit 3), not a refusal to run. */
+export const DRIFT_KINDS: ReadonlySet<Conflict['kind']> = new Set(['drift', 'missing-file', 'out-of-order']);
+
 /** Turns conflicts into the error a command throws: drift is a check failure (3), the rest stop the run (1 or 2). */
 export function conflictError(conflicts: readonly Conflict[]): ShardctlError {
   const messages = conflicts.map((c) => c.message);
@@ -328,7 +331,7 @@ export function conflictError(conflicts: readonly Conflict[]): ShardctlError {
       conflicts.map((c) => ({ path: '', message: c.message })),
     );
   }
-  if (conflicts.every((c) => c.kind === 'drift' || c.kind === 'missing-file' || c.kind === 'out-of-order')) {
+  if (conflicts.every((c) => DRIFT_KINDS.has(c.kind))) {
     return new ShardctlError('MIGRATION_DRIFT', `migration drift: nothing was applied\n${messages.map((m) => `  - ${m}`).join('\n')}`, {
       exitCode: 3,
       details: messages,

@@ -55,6 +55,21 @@ export function createShardSql(
   ].join('\n');
 }
 
+/**
+ * Drops a shard's copy from a host: its schema(s) and its control rows, in one transaction. Used for
+ * an old copy after a move (gc, --drop-source: the renamed copy and the views under the old name)
+ * and for the incoming copy of an aborted move.
+ */
+export function dropShardSql(shard: number, schemas: readonly string[]): string {
+  return [
+    'BEGIN;',
+    ...[...new Set(schemas)].map((schema) => `DROP SCHEMA IF EXISTS ${quoteIdent(schema)} CASCADE;`),
+    `DELETE FROM ${control}.migrations WHERE shard = ${shard};`,
+    `DELETE FROM ${control}.shards WHERE shard = ${shard};`,
+    'COMMIT;',
+  ].join('\n');
+}
+
 /** Replaces next_id() of an existing shard with the current version (CREATE OR REPLACE). */
 export function reinstallNextIdSql(config: ShardctlConfig, shard: number): string {
   const schema = shardSchemaName(config, shard);

@@ -6,7 +6,7 @@ import { HostError } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { readMigrations } from '../migrations/files.js';
 import { describePgError, withHost } from '../pg/connect.js';
-import { readHostSnapshot, type HostSnapshot } from './catalog.js';
+import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from './catalog.js';
 import { findConflicts } from './plan.js';
 
 export interface HostStatus {
@@ -186,8 +186,7 @@ async function cachedSequences(client: pg.Client, prefix: string): Promise<strin
   const result = await client.query<{ name: string }>(
     `SELECT format('%s.%s', n.nspname, c.relname) AS name
        FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE s.seqcache <> 1 AND left(n.nspname, length($1)) = $1
-        AND substr(n.nspname, length($1) + 1) ~ '^(0|[1-9][0-9]{0,8})$'
+      WHERE s.seqcache <> 1 AND ${shardSchemaCondition('n.nspname')}
       ORDER BY 1 LIMIT 100`,
     [prefix],
   );
