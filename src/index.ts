@@ -18,17 +18,17 @@ export {
   type IdParts,
 } from './id/layout.js';
 export { shardForKey } from './id/routing.js';
-export { decodeIds, type DecodedIdInfo } from './id/decode.js';
+export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
 export { renderNextIdSql, ID_FUNCTION_VERSION } from './id/sql.js';
-export { init } from './provisioning/init.js';
-export { addSchema } from './provisioning/add-schema.js';
-export { status, type HostStatus, type StatusResult } from './provisioning/status.js';
-export { migrate, checkMigrations, type MigrationCheck } from './migrations/migrate.js';
+export { init } from './commands/init.js';
+export { addSchema } from './commands/add-schema.js';
+export { status, type HostStatus, type StatusResult } from './commands/status.js';
+export { migrate, checkMigrations, type MigrationCheck } from './commands/migrate.js';
 export { readMigrations, type MigrationFile } from './migrations/files.js';
 export type { ProvisionResult, ProvisionOptions } from './provisioning/run.js';
 export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
 export { moveShard, type MoveOptions, type MoveResult } from './moves/move.js';
-export { gc, type OldCopy } from './moves/gc.js';
+export { gc, type OldCopy } from './commands/gc.js';
 export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE } from './config/shard-map.js';
 export { devUp, devDown, devStatus } from './dev/dev.js';
 export {

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { addSchema, parseShardArgument } from '../provisioning/add-schema.js';
+import { addSchema, parseShardArgument } from '../commands/add-schema.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output } from './output.js';
 import { hostProgress, printProvisionResult } from './provision-report.js';

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { decodeIds } from '../id/decode.js';
+import { decodeIds } from '../commands/decode.js';
 import { type CliContext, type ConfigOption, loadOptionalConfig } from './context.js';
 import { Output } from './output.js';
 

@@ -1,7 +1,7 @@
 import type { Command } from 'commander';
 import { createInterface } from 'node:readline/promises';
 import { UsageError } from '../errors.js';
-import { gc } from '../moves/gc.js';
+import { gc } from '../commands/gc.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output, plural } from './output.js';
 

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { init } from '../provisioning/init.js';
+import { init } from '../commands/init.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output } from './output.js';
 import { hostProgress, printProvisionResult } from './provision-report.js';

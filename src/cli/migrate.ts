@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { UsageError } from '../errors.js';
-import { checkMigrations, migrate, type MigrationCheck } from '../migrations/migrate.js';
+import { checkMigrations, migrate, type MigrationCheck } from '../commands/migrate.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output, plural } from './output.js';
 import { hostProgress, printProvisionResult } from './provision-report.js';

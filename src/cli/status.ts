@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { formatShardList } from '../config/ranges.js';
-import { status } from '../provisioning/status.js';
+import { status } from '../commands/status.js';
 import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
 import { Output } from './output.js';
 

@@ -5,9 +5,9 @@ import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import type { MigrationFile } from '../migrations/files.js';
-import { CONTROL_SCHEMA } from '../pg/connect.js';
+import { CONTROL_SCHEMA } from '../fleet/connect.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { controlTableExists } from '../provisioning/catalog.js';
+import { controlTableExists } from '../fleet/catalog.js';
 import type { MoveMode } from './state.js';
 
 export interface PreflightCheck {

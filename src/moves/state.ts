@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { CONTROL_SCHEMA } from '../pg/connect.js';
+import { CONTROL_SCHEMA } from '../fleet/connect.js';
 
 /** The steps of a move, in order. A step is recorded on both hosts once it has completed. */
 export const ONLINE_STEPS = [

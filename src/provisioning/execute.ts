@@ -1,6 +1,6 @@
 import type pg from 'pg';
-import { connectHost, CONTROL_SCHEMA, describePgError } from '../pg/connect.js';
-import { acquireWorkerLock } from '../pg/locks.js';
+import { connectHost, CONTROL_SCHEMA, describePgError } from '../fleet/connect.js';
+import { acquireWorkerLock } from '../fleet/locks.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 
 export interface ProgressEvent {

@@ -4,7 +4,7 @@ import { ConfigError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { formatShardList } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
-import type { HostSnapshot } from './catalog.js';
+import type { HostSnapshot } from '../fleet/catalog.js';
 import {
   controlSchemaSql,
   createShardSql,
@@ -12,7 +12,7 @@ import {
   noTransactionMigrationSteps,
   recordShardSql,
   reinstallNextIdSql,
-} from './shard-sql.js';
+} from '../fleet/sql.js';
 
 /**
  * Plan, then execute: from the config, the live catalogs and the migration files, compute what

@@ -2,9 +2,9 @@ import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { connectHost, describePgError } from '../pg/connect.js';
-import { acquireRunnerLock, releaseRunnerLock } from '../pg/locks.js';
-import { readHostSnapshot, type HostSnapshot } from './catalog.js';
+import { connectHost, describePgError } from '../fleet/connect.js';
+import { acquireRunnerLock, releaseRunnerLock } from '../fleet/locks.js';
+import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { executeHostPlan, type HostOutcome, type ProgressEvent } from './execute.js';
 import { conflictError, findConflicts, planFleet, type Conflict, type Plan, type PlanOptions } from './plan.js';
 

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { init } from '../../src/provisioning/init.js';
-import { addSchema } from '../../src/provisioning/add-schema.js';
-import { status } from '../../src/provisioning/status.js';
+import { init } from '../../src/commands/init.js';
+import { addSchema } from '../../src/commands/add-schema.js';
+import { status } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 

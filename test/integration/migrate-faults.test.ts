@@ -1,7 +1,7 @@
 import pg from 'pg';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { RUNNER_LOCK_CLASS, RUNNER_LOCK_OBJID, WORKER_LOCK_OBJID } from '../../src/pg/locks.js';
-import { init } from '../../src/provisioning/init.js';
+import { RUNNER_LOCK_CLASS, RUNNER_LOCK_OBJID, WORKER_LOCK_OBJID } from '../../src/fleet/locks.js';
+import { init } from '../../src/commands/init.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { range, shardsAt, shardsNotAt, spawnCli, waitFor } from '../helpers/migrations.js';

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { findFreePort, initCluster, type LocalClusterOptions, startCluster, stopCluster } from '../../src/dev/local-postgres.js';
-import { init } from '../../src/provisioning/init.js';
+import { init } from '../../src/commands/init.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases } from '../helpers/hosts.js';
 import { range, shardsAt, shardsNotAt, waitFor } from '../helpers/migrations.js';

@@ -10,7 +10,7 @@ import { hostForShard } from '../../src/config/types.js';
 import { shardMovedTo } from '../../src/config/shard-map.js';
 import { startCluster, stopCluster } from '../../src/dev/local-postgres.js';
 import { ONLINE_STEPS } from '../../src/moves/state.js';
-import { init } from '../../src/provisioning/init.js';
+import { init } from '../../src/commands/init.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import {

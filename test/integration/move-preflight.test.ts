@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { hostForShard } from '../../src/config/types.js';
 import { ONLINE_STEPS, OFFLINE_STEPS } from '../../src/moves/state.js';
-import { init } from '../../src/provisioning/init.js';
+import { init } from '../../src/commands/init.js';
 import { EXAMPLE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { fleetState, type OwnCluster, replicationObjects, schemaFingerprint, shardRow, startOwnClusters, useReplicationUrls } from '../helpers/moves.js';

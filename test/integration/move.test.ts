@@ -3,8 +3,8 @@ import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { ShardMap, shardMovedTo } from '../../src/config/shard-map.js';
 import { moveShard } from '../../src/moves/move.js';
-import { init } from '../../src/provisioning/init.js';
-import { status } from '../../src/provisioning/status.js';
+import { init } from '../../src/commands/init.js';
+import { status } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 

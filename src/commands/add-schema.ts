@@ -1,7 +1,7 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { parseShardList } from '../config/ranges.js';
 import { UsageError } from '../errors.js';
-import { provision, type ProvisionOptions, type ProvisionResult } from './run.js';
+import { provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
 /**
  * `shardctl add-schema <shards>`: provision those shards on their mapped hosts at the fleet's

@@ -1,5 +1,5 @@
 import type { ShardctlConfig } from '../config/types.js';
-import { provision, type ProvisionOptions, type ProvisionResult } from './run.js';
+import { provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
 /**
  * `shardctl init`: on every host, the control schema and every shard the map gives it (schema,

@@ -1,9 +1,9 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { HostError } from '../errors.js';
-import { CONTROL_SCHEMA, describePgError, withHost } from '../pg/connect.js';
-import { dropShardSql } from '../provisioning/shard-sql.js';
-import { controlTableExists } from '../provisioning/catalog.js';
+import { CONTROL_SCHEMA, describePgError, withHost } from '../fleet/connect.js';
+import { dropShardSql } from '../fleet/sql.js';
+import { controlTableExists } from '../fleet/catalog.js';
 
 export interface OldCopy {
   readonly host: string;

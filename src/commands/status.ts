@@ -5,9 +5,9 @@ import { formatShardList } from '../config/ranges.js';
 import { HostError } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { readMigrations } from '../migrations/files.js';
-import { describePgError, withHost } from '../pg/connect.js';
-import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from './catalog.js';
-import { findConflicts } from './plan.js';
+import { describePgError, withHost } from '../fleet/connect.js';
+import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
+import { findConflicts } from '../provisioning/plan.js';
 
 export interface HostStatus {
   readonly host: string;

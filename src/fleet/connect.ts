@@ -1,7 +1,7 @@
 import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
-import { redact, registerUrlSecret } from './redact.js';
+import { redact, registerUrlSecret } from '../pg/redact.js';
 
 /** The schema shardctl keeps its own state in, on every host. Not configurable on purpose. */
 export const CONTROL_SCHEMA = 'shardctl';

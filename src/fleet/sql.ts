@@ -2,7 +2,7 @@ import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { renderNextIdSql } from '../id/sql.js';
 import type { MigrationFile } from '../migrations/files.js';
-import { CONTROL_SCHEMA } from '../pg/connect.js';
+import { CONTROL_SCHEMA } from './connect.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 

@@ -1,7 +1,7 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { UsageError } from '../errors.js';
-import { decodeId, DEFAULT_ID_LAYOUT, parseIdString, type IdLayout } from './layout.js';
+import { decodeId, DEFAULT_ID_LAYOUT, parseIdString, type IdLayout } from '../id/layout.js';
 
 export interface DecodedIdInfo {
   /** Decimal string: ids do not fit a JavaScript number. */

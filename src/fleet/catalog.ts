@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
-import { CONTROL_SCHEMA, describePgError } from '../pg/connect.js';
+import { CONTROL_SCHEMA, describePgError } from './connect.js';
 
 /** What a host holds, read from its catalog and control schema in a handful of queries. */
 export interface HostSnapshot {
