@@ -1,5 +1,5 @@
 -- next_id(seq) for one shard schema. Installed by shardctl into every shard schema; the
--- placeholders {{...}} are filled by src/sql/templates.ts with validated numbers and quoted
+-- placeholders {{...}} are filled by src/pg/template.ts (from src/id/sql.ts) with validated numbers and quoted
 -- identifiers only.
 --
 -- Id layout: [0][time: {{timeBits}} bits][shard: {{shardBits}} bits][sequence: {{sequenceBits}} bits]

@@ -50,10 +50,26 @@ export class ShardctlError extends Error {
   }
 }
 
-/** Bad command-line usage: unknown command or option, malformed argument. Exit 2, nothing written. */
+/**
+ * Bad input: a malformed or out-of-range argument. Exit 2, nothing written. When the library knows
+ * which of its parameters was wrong it says so (`input`: 'shards', 'target', 'toVersion', ...,
+ * with the `value` it got and the `reason`), and the CLI names the flag a person typed instead
+ * (`argument <shards> "9-x": ...`, `option --to "pg9": ...`) when it prints the error.
+ */
 export class UsageError extends ShardctlError {
-  constructor(message: string, data?: Record<string, unknown>) {
-    super('USAGE', message, { exitCode: 2, ...(data ? { data } : {}) });
+  readonly input: string | undefined;
+  readonly value: unknown;
+  readonly reason: string;
+
+  constructor(reason: string, options: { input?: string; value?: unknown; data?: Record<string, unknown> } = {}) {
+    const where = options.input === undefined ? '' : `${options.input}${options.value === undefined ? '' : ` ${JSON.stringify(options.value)}`}: `;
+    super('USAGE', `${where}${reason}`, {
+      exitCode: 2,
+      ...(options.data || options.input ? { data: { ...(options.input ? { input: options.input, value: options.value } : {}), ...options.data } } : {}),
+    });
+    this.input = options.input;
+    this.value = options.value;
+    this.reason = reason;
   }
 }
 
@@ -79,25 +95,55 @@ export class ConfigError extends ShardctlError {
   }
 }
 
-/** A failure while talking to a host. Names the host and, where one is involved, the shard. */
+/**
+ * A failure tied to a host: the host, and where one is involved the shard and the migration, are
+ * fields; `reason` is the failure alone. `message` (host and shard first) is composed from them
+ * here, once, so no caller writes `host X:` into a text or strips it off again.
+ */
 export class HostError extends ShardctlError {
   readonly host: string;
   readonly shard: number | undefined;
+  readonly migration: string | undefined;
+  readonly reason: string;
 
   constructor(
     host: string,
-    message: string,
-    options: { shard?: number; code?: string; cause?: unknown; data?: Record<string, unknown> } = {},
+    reason: string,
+    options: {
+      shard?: number;
+      migration?: string;
+      code?: string;
+      cause?: unknown;
+      data?: Record<string, unknown>;
+      details?: readonly string[];
+    } = {},
   ) {
-    const where = options.shard === undefined ? `host ${host}` : `host ${host}, shard ${options.shard}`;
-    super(options.code ?? 'HOST_FAILED', `${where}: ${message}`, {
+    super(options.code ?? 'HOST_FAILED', `${hostLocation(host, options.shard, options.migration)}: ${reason}`, {
       exitCode: 1,
       cause: options.cause,
-      data: { host, ...(options.shard === undefined ? {} : { shard: options.shard }), ...options.data },
+      ...(options.details ? { details: options.details } : {}),
+      data: {
+        host,
+        ...(options.shard === undefined ? {} : { shard: options.shard }),
+        ...(options.migration === undefined ? {} : { migration: options.migration }),
+        ...options.data,
+      },
     });
     this.host = host;
     this.shard = options.shard;
+    this.migration = options.migration;
+    this.reason = reason;
   }
+}
+
+/** `host pg1`, `host pg1, shard 17`, `host pg1, shard 17, migration 0002_likes`. */
+export function hostLocation(host: string, shard?: number, migration?: string): string {
+  return `host ${host}${shard === undefined ? '' : `, shard ${shard}`}${migration === undefined ? '' : `, migration ${migration}`}`;
+}
+
+/** The failure without its location, for a report that already names the host. */
+export function failureReason(error: unknown, describe: (error: unknown) => string): string {
+  return error instanceof HostError ? error.reason : error instanceof ShardctlError ? error.message : describe(error);
 }
 
 /** Something that must be fixed by the operator before the command can run; exit 1. */

@@ -1,11 +1,17 @@
 /**
- * shardctl's public API. The CLI (src/cli/) is built only on what is exported here.
+ * shardctl's public API. The CLI (src/cli/) imports only from this file, so everything a command
+ * can do, a program can do too; every type that appears in a result is exported here.
  */
+
+// ids and config (the bottom layer)
 export { loadConfig, parseConfig, resolveConfigPath } from './config/load.js';
-export { parseShardList, formatShardList } from './config/ranges.js';
+export { parseShardList, parseShards, formatShardList } from './config/ranges.js';
 export { hostForShard, shardSchemaName, type HostConfig, type ShardctlConfig } from './config/types.js';
+export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE } from './config/shard-map.js';
 export {
   DEFAULT_ID_LAYOUT,
+  DEFAULT_EPOCH_ISO,
+  IdRangeError,
   decodeId,
   describeLayout,
   encodeId,
@@ -18,26 +24,44 @@ export {
   type IdParts,
 } from './id/layout.js';
 export { shardForKey } from './id/routing.js';
-export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
 export { renderNextIdSql, ID_FUNCTION_VERSION } from './id/sql.js';
+export { readMigrations, type MigrationFile } from './migrations/files.js';
+
+// commands
 export { init } from './commands/init.js';
 export { addSchema } from './commands/add-schema.js';
+export {
+  migrate,
+  checkMigrations,
+  type MigrationCheck,
+  type HostPending,
+  type PendingFile,
+} from './commands/migrate.js';
 export { status, type HostStatus, type StatusResult } from './commands/status.js';
-export { migrate, checkMigrations, type MigrationCheck } from './commands/migrate.js';
-export { readMigrations, type MigrationFile } from './migrations/files.js';
-export type { ProvisionResult, ProvisionOptions } from './provisioning/run.js';
-export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
-export { moveShard, type MoveOptions, type MoveResult } from './moves/move.js';
+export { moveShard } from './commands/move-shard.js';
 export { gc, type OldCopy } from './commands/gc.js';
-export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE } from './config/shard-map.js';
-export { devUp, devDown, devStatus } from './dev/dev.js';
+export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
+export { devUp, devDown, devStatus, type DevHost, type DevState, type DevHostStatus, type DevUpOptions } from './dev/dev.js';
+
+// the types of command results
+export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisioning/run.js';
+export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
+export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
+export type { MoveOptions, MoveResult } from './moves/move.js';
+export type { PreflightCheck } from './moves/preflight.js';
+export type { MoveMode, MoveStep } from './moves/state.js';
+export type { VerifyResult } from './moves/verify.js';
+
+// errors and redaction
 export {
   ShardctlError,
   ConfigError,
   UsageError,
   HostError,
   RuntimeFailure,
+  isShardctlError,
   type ConfigIssue,
   type ErrorJson,
+  type FailureExitCode,
 } from './errors.js';
-export { redact } from './pg/redact.js';
+export { redact, redactUrl, registerSecret } from './pg/redact.js';

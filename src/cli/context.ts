@@ -1,6 +1,6 @@
 import { existsSync } from 'node:fs';
-import { loadConfig, resolveConfigPath } from '../config/load.js';
-import type { ShardctlConfig } from '../config/types.js';
+import { loadConfig, resolveConfigPath, type ShardctlConfig } from '../index.js';
+import type { CommonFlags } from './options.js';
 import type { Output, Streams } from './output.js';
 
 /** What every command's action receives: the streams, and a way to load the config. */
@@ -11,14 +11,10 @@ export interface CliContext {
   globalConfig(): string | undefined;
 }
 
-export interface ConfigOption {
-  config?: string;
-}
-
 /** Loads the config named by -c, $SHARDCTL_CONFIG or ./shardctl.yaml, printing its warnings. */
 export async function loadCliConfig(
   ctx: CliContext,
-  options: ConfigOption,
+  options: CommonFlags,
   out: Output,
   settings: { checkMigrationsDir?: boolean } = {},
 ): Promise<ShardctlConfig> {
@@ -32,7 +28,7 @@ export async function loadCliConfig(
 }
 
 /** For commands that work without a config (decode): load one only if it was named or exists. */
-export async function loadOptionalConfig(ctx: CliContext, options: ConfigOption, out: Output): Promise<ShardctlConfig | null> {
+export async function loadOptionalConfig(ctx: CliContext, options: CommonFlags, out: Output): Promise<ShardctlConfig | null> {
   const named = options.config ?? ctx.globalConfig() ?? ctx.streams.env['SHARDCTL_CONFIG'];
   if (!named && !existsSync(resolveConfigPath(undefined, ctx.streams.env, ctx.cwd))) return null;
   return loadCliConfig(ctx, options, out, { checkMigrationsDir: false });

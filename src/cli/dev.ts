@@ -1,6 +1,5 @@
 import type { Command } from 'commander';
-import { devDown, devStatus, devUp } from '../dev/dev.js';
-import { UsageError } from '../errors.js';
+import { devDown, devStatus, devUp, UsageError } from '../index.js';
 import type { CliContext } from './context.js';
 import { Output } from './output.js';
 

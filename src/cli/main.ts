@@ -1,6 +1,6 @@
 import { Command, CommanderError } from 'commander';
 import { readFileSync } from 'node:fs';
-import { UsageError } from '../errors.js';
+import { registerSecret, UsageError } from '../index.js';
 import { registerAddSchema } from './add-schema.js';
 import type { CliContext } from './context.js';
 import { registerDecode } from './decode.js';
@@ -20,6 +20,7 @@ const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.me
  */
 export async function main(argv: readonly string[], streams: Streams = defaultStreams(), cwd = process.cwd()): Promise<number> {
   let exitCode = 0;
+  registerSecret(streams.env['PGPASSWORD']);
   const program = new Command('shardctl');
   const ctx: CliContext = { streams, cwd, globalConfig: () => program.opts<{ config?: string }>().config };
   const done = (code: number): void => {

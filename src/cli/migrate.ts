@@ -1,47 +1,45 @@
 import type { Command } from 'commander';
-import { UsageError } from '../errors.js';
-import { checkMigrations, migrate, type MigrationCheck } from '../commands/migrate.js';
-import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
+import { checkMigrations, migrate, UsageError, type MigrationCheck } from '../index.js';
+import { type CliContext, loadCliConfig } from './context.js';
+import { type CommonFlags, configOption, dryRunOption, jsonOption, withFlagNames } from './options.js';
 import { Output, plural } from './output.js';
-import { hostProgress, printProvisionResult } from './provision-report.js';
+import { runProvision } from './provision-report.js';
 
 export function registerMigrate(program: Command, ctx: CliContext, done: (code: number) => void): void {
-  program
+  const command = program
     .command('migrate')
     .description('apply pending migrations to every shard schema on every host; resumable, refuses on drift')
-    .option('-c, --config <file>', 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml)')
-    .option('--dry-run', 'print the SQL plan and write nothing')
     .option('--check', 'write nothing; exit 3 when anything is pending or drifted, 0 when current')
-    .option('--to <version>', 'apply migrations up to and including this version')
-    .option('--json', 'print the result as JSON on stdout')
-    .action(async (options: ConfigOption & { dryRun?: boolean; check?: boolean; to?: string; json?: boolean }) => {
-      const out = new Output(ctx.streams, options.json ?? false);
-      const toVersion = options.to === undefined ? undefined : parseVersion(options.to);
-      const config = await loadCliConfig(ctx, options, out);
-      if (options.check) {
+    .option('--to <version>', 'apply migrations up to and including this version');
+  [configOption, dryRunOption, jsonOption].forEach((add) => add(command));
+  command.action(async (flags: CommonFlags & { check?: boolean; to?: string }) => {
+    const out = new Output(ctx.streams, flags.json ?? false);
+    const toVersion = flags.to === undefined ? undefined : parseVersion(flags.to);
+    const config = await loadCliConfig(ctx, flags, out);
+    await withFlagNames({ toVersion: 'option --to' }, async () => {
+      if (flags.check) {
         const check = await checkMigrations(config, toVersion === undefined ? {} : { toVersion });
-        printCheck(out, check);
-        done(check.exitCode);
+        done(printCheck(out, check));
         return;
       }
-      const progress = hostProgress(out);
-      try {
-        const result = await migrate(config, {
-          dryRun: options.dryRun ?? false,
-          ...(toVersion === undefined ? {} : { toVersion }),
-          onProgress: (e) => progress.update(e),
-          onNotice: (m) => out.warn(m),
-        });
-        progress.stop();
-        done(printProvisionResult(out, result, 'migrate'));
-      } finally {
-        progress.stop();
-      }
+      done(
+        await runProvision(out, 'migrate', (onProgress) =>
+          migrate(config, {
+            dryRun: flags.dryRun ?? false,
+            ...(toVersion === undefined ? {} : { toVersion }),
+            onProgress,
+            onNotice: (m) => out.warn(m),
+          }),
+        ),
+      );
     });
+  });
 }
 
-function printCheck(out: Output, check: MigrationCheck): void {
-  if (out.json) out.data(check);
+/** Prints the check; exit code 0 current, 3 pending or drift, 1 a host could not be read. */
+function printCheck(out: Output, check: MigrationCheck): number {
+  const exitCode = check.unreadHosts.length > 0 ? 1 : check.current ? 0 : 3;
+  if (out.json) out.data({ ...check, exitCode });
   for (const d of check.drift) out.info(`drift: ${d}`);
   for (const h of check.hosts) {
     if (h.error) out.info(`${h.host}: cannot be read: ${h.error}`);
@@ -50,17 +48,18 @@ function printCheck(out: Output, check: MigrationCheck): void {
       out.info(`${h.host}: ${plural(h.shards, 'shard')} behind (${plural(h.migrations, 'migration')} pending${files ? `: ${files}` : ''})`);
     }
   }
-  const unread = check.hosts.filter((h) => h.error !== null).map((h) => h.host);
+  const unread = check.unreadHosts;
   const problems = [
     ...(check.drift.length > 0 ? [`drift found (${plural(check.drift.length, 'problem')})`] : []),
     ...(check.pending > 0 ? [`${plural(check.pending, 'migration')} pending`] : []),
     ...(unread.length > 0 ? [`${unread.join(', ')} could not be read`] : []),
   ];
   out.info(
-    check.exitCode === 0
+    exitCode === 0
       ? `migrate --check: current (version ${check.targetVersion} on every shard)`
       : `migrate --check: ${problems.length > 0 ? problems.join(', ') : 'not current'}`,
   );
+  return exitCode;
 }
 
 function parseVersion(text: string): number {

@@ -1,6 +1,5 @@
 import cliProgress from 'cli-progress';
-import { isShardctlError, type ErrorJson } from '../errors.js';
-import { redact } from '../pg/redact.js';
+import { isShardctlError, redact, type ErrorJson } from '../index.js';
 
 /**
  * Where every byte the CLI prints goes: data on stdout (JSON under --json), messages on stderr,

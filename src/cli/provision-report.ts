@@ -1,7 +1,21 @@
-import type { ProgressEvent } from '../provisioning/execute.js';
-import type { ProvisionResult } from '../provisioning/run.js';
-import { redactUrl } from '../pg/redact.js';
+import { redactUrl, type ProgressEvent, type ProvisionResult } from '../index.js';
 import { type Output, plural, seconds } from './output.js';
+
+/** Runs init, add-schema or migrate with progress on stderr, prints the result, returns the exit code. */
+export async function runProvision(
+  out: Output,
+  verb: string,
+  run: (onProgress: (event: ProgressEvent) => void) => Promise<ProvisionResult>,
+): Promise<number> {
+  const progress = hostProgress(out);
+  try {
+    const result = await run((event) => progress.update(event));
+    progress.stop();
+    return printProvisionResult(out, result, verb);
+  } finally {
+    progress.stop();
+  }
+}
 
 /** How init, add-schema and migrate print their result; shared because they share the engine. */
 export function printProvisionResult(out: Output, result: ProvisionResult, verb: string): number {

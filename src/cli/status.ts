@@ -1,21 +1,22 @@
 import type { Command } from 'commander';
-import { formatShardList } from '../config/ranges.js';
-import { status } from '../commands/status.js';
-import { type CliContext, type ConfigOption, loadCliConfig } from './context.js';
+import { formatShardList, status } from '../index.js';
+import { type CliContext, loadCliConfig } from './context.js';
+import { type CommonFlags, configOption, jsonOption } from './options.js';
 import { Output } from './output.js';
 
 export function registerStatus(program: Command, ctx: CliContext, done: (code: number) => void): void {
-  program
+  const command = program
     .command('status')
-    .description('per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off')
-    .option('-c, --config <file>', 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml)')
-    .option('--json', 'print the result as JSON on stdout')
-    .action(async (options: ConfigOption & { json?: boolean }) => {
+    .description('per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off');
+  [configOption, jsonOption].forEach((add) => add(command));
+  command.action(async (options: CommonFlags) => {
       const out = new Output(ctx.streams, options.json ?? false);
       const config = await loadCliConfig(ctx, options, out);
       const result = await status(config);
+      // 0 all good, 1 a host could not be read, 3 something is off.
+      const exitCode = result.hosts.some((h) => !h.reachable) ? 1 : result.ok ? 0 : 3;
       if (out.json) {
-        out.data(result);
+        out.data({ ...result, exitCode });
       } else {
         for (const h of result.hosts) {
           if (!h.reachable) {
@@ -46,7 +47,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           for (const d of h.drift) out.line(`  drift: ${d}`);
         }
       }
-      out.info(`status: ${result.ok ? 'all hosts ok' : result.exitCode === 1 ? 'a host could not be read' : 'something is off'}`);
-      done(result.exitCode);
+      out.info(`status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`);
+      done(exitCode);
     });
 }

@@ -22,8 +22,8 @@ export function decodeIds(ids: readonly string[], config: ShardctlConfig | null)
   const bad = parsed.filter((p) => p.id === undefined);
   if (bad.length > 0) {
     throw new UsageError(
-      `id ${bad.map((b) => JSON.stringify(b.text)).join(', ')}: not a positive decimal 64-bit integer`,
-      { ids: bad.map((b) => b.text) },
+      `${bad.map((b) => JSON.stringify(b.text)).join(', ')}: not a positive decimal 64-bit integer`,
+      { input: 'ids', data: { ids: bad.map((b) => b.text) } },
     );
   }
   return parsed.map(({ id }) => {

@@ -1,9 +1,10 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { HostError } from '../errors.js';
-import { CONTROL_SCHEMA, describePgError, withHost } from '../fleet/connect.js';
+import { describePgError } from '../fleet/connect.js';
+import { CONTROL, controlTableExists } from '../fleet/control.js';
+import { withSession } from '../fleet/session.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { controlTableExists } from '../fleet/catalog.js';
 
 export interface OldCopy {
   readonly host: string;
@@ -19,14 +20,14 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
   const found: OldCopy[] = [];
   for (const host of config.hosts) {
     try {
-      await withHost(
+      await withSession(
         host,
-        async (client) => {
+        async ({ client }) => {
           if (!(await controlTableExists(client, 'shards'))) return;
           const rows = await client.query<{ shard: number; schema_name: string }>(
-            `SELECT s.shard, s.schema_name FROM ${CONTROL_SCHEMA}.shards s
+            `SELECT s.shard, s.schema_name FROM ${CONTROL}.shards s
               WHERE s.state = 'fenced'
-                AND NOT EXISTS (SELECT 1 FROM ${CONTROL_SCHEMA}.moves m WHERE m.shard = s.shard AND m.status = 'running')
+                AND NOT EXISTS (SELECT 1 FROM ${CONTROL}.moves m WHERE m.shard = s.shard AND m.status = 'running')
               ORDER BY s.shard`,
           );
           for (const row of rows.rows) {

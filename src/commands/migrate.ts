@@ -1,6 +1,7 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
-import { conflictError, DRIFT_KINDS } from '../provisioning/plan.js';
+import { DRIFT_KINDS } from '../migrations/rules.js';
+import { conflictError } from '../provisioning/plan.js';
 import { inspectFleet, provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
 /**
@@ -47,8 +48,8 @@ export interface MigrationCheck {
   readonly hosts: readonly HostPending[];
   /** One message per drifted file and host, naming the file and the shards. */
   readonly drift: readonly string[];
-  /** 0 current, 3 pending or drift, 1 a host could not be read. */
-  readonly exitCode: 0 | 1 | 3;
+  /** Hosts that could not be read; nothing about their shards is known. */
+  readonly unreadHosts: readonly string[];
 }
 
 /** `migrate --check`: writes nothing (no lock either); tells whether every shard is at the target version. */
@@ -76,18 +77,19 @@ export async function checkMigrations(config: ShardctlConfig, options: { toVersi
       shards: h.jobs.length,
       migrations: pending.reduce((n, p) => n + p.count, 0),
       pending,
-      missingShards: h.host.shards.filter((s) => !h.snapshot.schemas.has(s)).length,
+      missingShards: h.missingShards.length,
       error: null,
     };
   });
   for (const lost of lostHosts) {
-    hosts.push({ host: lost.host.name, shards: 0, migrations: 0, pending: [], missingShards: 0, error: lost.message });
+    hosts.push({ host: lost.host.name, shards: 0, migrations: 0, pending: [], missingShards: 0, error: lost.reason });
   }
   const order = new Map(config.hosts.map((h, i) => [h.name, i]));
   hosts.sort((a, b) => order.get(a.host)! - order.get(b.host)!);
   const drift = conflicts.map((c) => c.message);
   const pending = hosts.reduce((n, h) => n + h.migrations, 0);
   const behind = hosts.some((h) => h.shards > 0);
-  const exitCode = lostHosts.length > 0 ? 1 : drift.length > 0 || behind ? 3 : 0;
-  return { current: exitCode === 0, targetVersion: plan.targetVersion, pending, hosts, drift, exitCode };
+  const unreadHosts = lostHosts.map((l) => l.host.name);
+  const current = unreadHosts.length === 0 && drift.length === 0 && !behind;
+  return { current, targetVersion: plan.targetVersion, pending, hosts, drift, unreadHosts };
 }

@@ -2,12 +2,14 @@ import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
-import { HostError } from '../errors.js';
+import { failureReason } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
-import { readMigrations } from '../migrations/files.js';
-import { describePgError, withHost } from '../fleet/connect.js';
+import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
-import { findConflicts } from '../provisioning/plan.js';
+import { withSession } from '../fleet/session.js';
+import { readMigrations, type MigrationFile } from '../migrations/files.js';
+import { driftProblems, pendingMigrations, shardLevel } from '../migrations/rules.js';
+import { existingApplied } from '../provisioning/plan.js';
 
 export interface HostStatus {
   readonly host: string;
@@ -32,10 +34,11 @@ export interface HostStatus {
   readonly cachedSequences: readonly string[];
   /** Present shards whose next_id() is missing or older than this shardctl's. */
   readonly nextIdOutdated: readonly number[];
-  /** Present mapped shards by migration level: level → shards (compact list). */
+  /** Present mapped shards by migration level (the highest version applied): level → shards (compact list). */
   readonly levels: Readonly<Record<string, string>>;
-  /** Present mapped shards with pending migrations. */
+  /** Present mapped shards with pending migrations (what migrate would apply). */
   readonly behind: readonly number[];
+  /** Drift, as migrate reports it: changed or deleted applied files, files out of order. */
   readonly drift: readonly string[];
   readonly ok: boolean;
 }
@@ -43,9 +46,8 @@ export interface HostStatus {
 export interface StatusResult {
   readonly latestVersion: number;
   readonly hosts: readonly HostStatus[];
+  /** Every host was read and nothing is off. */
   readonly ok: boolean;
-  /** 0 all good, 3 something is off, 1 a host could not be read. */
-  readonly exitCode: 0 | 1 | 3;
 }
 
 /** Per host: expected, present, missing, misplaced shards, migration levels and drift. A few queries per host. */
@@ -55,34 +57,25 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   const hosts = await Promise.all(
     config.hosts.map(async (host): Promise<HostStatus> => {
       try {
-        const { snapshot, cached } = await withHost(
+        return await withSession(
           host,
-          async (client) => ({ snapshot: await readHostSnapshot(client, host, config), cached: await cachedSequences(client, config.schemaPrefix) }),
+          async (session) => {
+            const snapshot = await readHostSnapshot(session, config);
+            return hostStatus(config, snapshot, migrations, await cachedSequences(session.client, config.schemaPrefix));
+          },
           { applicationName: 'shardctl status' },
         );
-        const drift = findConflicts(config, [snapshot], migrations, { checkDrift: true })
-          .filter((c) => c.kind === 'drift' || c.kind === 'missing-file')
-          .map((c) => c.message);
-        return { ...hostStatus(config, snapshot, migrations.map((m) => m.version), drift, cached) };
       } catch (error) {
-        const message = error instanceof HostError ? error.message : `host ${host.name}: ${describePgError(error)}`;
-        return unreachableStatus(host.name, host.shards.length, message);
+        return unreachableStatus(host.name, host.shards.length, failureReason(error, describePgError));
       }
     }),
   );
-  const reachable = hosts.every((h) => h.reachable);
-  const ok = hosts.every((h) => h.ok);
-  return { latestVersion, hosts, ok, exitCode: !reachable ? 1 : ok ? 0 : 3 };
+  return { latestVersion, hosts, ok: hosts.every((h) => h.ok) };
 }
 
-function hostStatus(
-  config: ShardctlConfig,
-  snapshot: HostSnapshot,
-  versions: readonly number[],
-  drift: readonly string[],
-  cached: readonly string[],
-): HostStatus {
+function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, migrations: readonly MigrationFile[], cached: readonly string[]): HostStatus {
   const host = snapshot.host;
+  const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map((p) => p.message);
   const missing: number[] = [];
   const behind: number[] = [];
   const outdated: number[] = [];
@@ -97,11 +90,11 @@ function hostStatus(
     }
     if (schema.nextIdVersion !== ID_FUNCTION_VERSION) outdated.push(shard);
     const applied = snapshot.applied.get(shard);
-    const level = highestContiguous(versions, applied);
+    const level = shardLevel(applied);
     let bucket = byLevel.get(level);
     if (!bucket) byLevel.set(level, (bucket = []));
     bucket.push(shard);
-    if (versions.some((v) => !applied?.has(v))) behind.push(shard);
+    if (pendingMigrations(applied, migrations).length > 0) behind.push(shard);
   }
   const unexpected: number[] = [];
   const fenced: number[] = [];
@@ -147,16 +140,6 @@ function hostStatus(
     drift,
     ok,
   };
-}
-
-/** The migration level of a shard: the highest file version such that it and all before it are applied. */
-function highestContiguous(versions: readonly number[], applied: ReadonlyMap<number, string> | undefined): number {
-  let level = 0;
-  for (const version of versions) {
-    if (!applied?.has(version)) break;
-    level = version;
-  }
-  return level;
 }
 
 function unreachableStatus(host: string, expected: number, error: string): HostStatus {

@@ -1,6 +1,5 @@
 /**
- * `${NAME}` expansion for connection strings, so passwords can stay out of the config file, and
- * the redaction used whenever a connection string is quoted back to a person.
+ * `${NAME}` expansion for connection strings, so passwords can stay out of the config file.
  */
 
 export type Env = Readonly<Record<string, string | undefined>>;
@@ -37,15 +36,4 @@ export function expandEnv(text: string, env: Env): ExpandResult {
       : { error: `environment variables ${names.join(', ')} are not set` };
   }
   return { value: value + rest };
-}
-
-/**
- * Hides the password of a connection string: `postgres://user:***@host/db`, and `password=***` in
- * a query or a key=value string. Works on malformed URLs too, since those are the ones that end up
- * quoted in error messages; it would rather hide too much than too little.
- */
-export function redactUrl(url: string): string {
-  return url
-    .replace(/^([A-Za-z][A-Za-z0-9+.-]*:\/\/[^:@/?#]*:)[\s\S]*@/, '$1***@')
-    .replace(/((?:^|[?&\s])(?:ssl)?password=)[^&\s]*/gi, '$1***');
 }

@@ -19,7 +19,9 @@ import {
   timeBits,
   type IdLayout,
 } from '../id/layout.js';
-import { expandEnv, redactUrl, type Env } from './env.js';
+import { redactUrl } from '../pg/redact.js';
+import { DURATION } from './duration.js';
+import { expandEnv, type Env } from './env.js';
 import { formatShardList, MAX_SHARD_NUMBER, parseShardList } from './ranges.js';
 import type { HostConfig, ShardctlConfig } from './types.js';
 
@@ -147,7 +149,6 @@ function unreadableFileMessage(configPath: string, error: unknown): string {
 
 const LOWER_IDENTIFIER = /^[a-z_][a-z0-9_]*$/;
 const HOST_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
-const LOCK_TIMEOUT = /^\d+(ms|s|min)$/;
 const ISO_TIMESTAMP = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})$/;
 /** PostgreSQL silently truncates longer identifiers, so two shard schemas could collide. */
 const MAX_IDENTIFIER_BYTES = 63;
@@ -172,7 +173,7 @@ const topLevelFields = {
   concurrency: integerField('an integer from 1 to 64', 1, 64).default(2),
   lockTimeout: z
     .string(says('must be a duration such as "500ms", "5s" or "1min"'))
-    .regex(LOCK_TIMEOUT, says('must be a duration such as "500ms", "5s" or "1min"'))
+    .regex(DURATION, says('must be a duration such as "500ms", "5s" or "1min"'))
     // 0 means "wait forever" to PostgreSQL: exactly what lockTimeout exists to prevent.
     .refine((value) => !/^0+(ms|s|min)$/.test(value), says('must be more than 0 (0 would wait forever)'))
     .default('5s'),

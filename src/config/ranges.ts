@@ -4,6 +4,7 @@
  * Used for the config's `hosts[].shards` and for command-line arguments, so every error names the
  * text it was given.
  */
+import { UsageError } from '../errors.js';
 
 /**
  * The largest shard number a list may name. Far above any useful shard count (each shard is a
@@ -118,4 +119,16 @@ function expandRange(range: ShardRange): number[] {
 
 function formatRanges(ranges: readonly ShardRange[]): string {
   return ranges.map((r) => (r.first === r.last ? `${r.first}` : `${r.first}-${r.last}`)).join(',');
+}
+
+/**
+ * A shard list given to a command ("17", "100-199", "1,5-9"), checked against the shard count.
+ * Throws a UsageError naming the input `shards` and the text.
+ */
+export function parseShards(text: string, shardCount: number): number[] {
+  const parsed = parseShardList(text);
+  if ('error' in parsed) throw new UsageError(parsed.error.replace(`invalid shard list ${JSON.stringify(text)}: `, ''), { input: 'shards', value: text });
+  const outside = parsed.shards.filter((s) => s >= shardCount);
+  if (outside.length > 0) throw new UsageError(`shard ${outside[0]} is out of range 0-${shardCount - 1}`, { input: 'shards', value: text });
+  return parsed.shards;
 }

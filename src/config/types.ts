@@ -36,7 +36,7 @@ export interface ShardctlConfig {
   readonly warnings: readonly string[];
 }
 
-/** Index: shard number → host. Built once per config. */
+/** The host a shard is mapped to: a binary search in each host's sorted shard list. */
 export function hostForShard(config: ShardctlConfig, shard: number): HostConfig | undefined {
   for (const host of config.hosts) {
     if (binarySearch(host.shards, shard)) return host;

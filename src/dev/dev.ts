@@ -173,18 +173,16 @@ async function planNewState(cwd: string, options: DevUpOptions): Promise<Persist
   const shards = options.shards ?? DEFAULT_SHARDS;
   const schemaPrefix = options.schemaPrefix ?? DEFAULT_SCHEMA_PREFIX;
   if (!Number.isInteger(hosts) || hosts < 1 || hosts > 64) {
-    throw new UsageError(`--hosts must be an integer from 1 to 64, got ${hosts}`, { hosts });
+    throw new UsageError('must be an integer from 1 to 64', { input: 'hosts', value: hosts });
   }
   if (!Number.isInteger(shards) || shards < hosts) {
-    throw new UsageError(`--shards must be an integer, at least the number of hosts (${hosts}), got ${shards}`, {
-      shards,
-    });
+    throw new UsageError(`must be an integer, at least the number of hosts (${hosts})`, { input: 'shards', value: shards });
   }
   if (!/^[a-z_][a-z0-9_]{0,39}$/.test(schemaPrefix)) {
-    throw new UsageError(
-      `--schema-prefix must be lowercase letters, digits and underscores, not starting with a digit: ${JSON.stringify(schemaPrefix)}`,
-      { schemaPrefix },
-    );
+    throw new UsageError('must be lowercase letters, digits and underscores, not starting with a digit', {
+      input: 'schemaPrefix',
+      value: schemaPrefix,
+    });
   }
 
   const dataRoot = devDataRoot(cwd);

@@ -1,7 +1,9 @@
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
-import { CONTROL_SCHEMA, describePgError } from './connect.js';
+import { describePgError } from './connect.js';
+import { CONTROL, controlTableExists } from './control.js';
+import type { HostSession } from './session.js';
 
 /** What a host holds, read from its catalog and control schema in a handful of queries. */
 export interface HostSnapshot {
@@ -29,21 +31,16 @@ export interface RecordedLayout {
   readonly sequenceBits: number;
 }
 
-export async function readHostSnapshot(client: pg.Client, host: HostConfig, config: ShardctlConfig): Promise<HostSnapshot> {
+export async function readHostSnapshot(session: HostSession, config: ShardctlConfig): Promise<HostSnapshot> {
+  const { client, host } = session;
   try {
-    const version = await client.query<{ server_version: string; server_version_num: string; control: boolean }>(
-      `SELECT current_setting('server_version') AS server_version,
-              current_setting('server_version_num') AS server_version_num,
-              to_regclass($1) IS NOT NULL AS control`,
-      [`${CONTROL_SCHEMA}.shards`],
-    );
-    const row = version.rows[0]!;
+    const control = await controlTableExists(client, 'shards');
     const schemas = await readShardSchemas(client, config.schemaPrefix);
-    if (!row.control) {
+    if (!control) {
       return {
         host,
-        serverVersion: row.server_version,
-        serverVersionNum: Number(row.server_version_num),
+        serverVersion: session.serverVersion,
+        serverVersionNum: session.serverVersionNum,
         layout: null,
         recorded: new Map(),
         schemas,
@@ -57,8 +54,8 @@ export async function readHostSnapshot(client: pg.Client, host: HostConfig, conf
     const { applied, names } = await readApplied(client);
     return {
       host,
-      serverVersion: row.server_version,
-      serverVersionNum: Number(row.server_version_num),
+      serverVersion: session.serverVersion,
+      serverVersionNum: session.serverVersionNum,
       layout,
       recorded,
       schemas,
@@ -77,12 +74,6 @@ export async function readHostSnapshot(client: pg.Client, host: HostConfig, conf
  */
 export function shardSchemaCondition(column: string): string {
   return `left(${column}, length($1)) = $1 AND substr(${column}, length($1) + 1) ~ '^(0|[1-9][0-9]{0,8})$'`;
-}
-
-/** Whether the control schema has `table` (hosts never initialised, or older control schemas, lack it). */
-export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves'): Promise<boolean> {
-  const result = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL_SCHEMA}.${table}`]);
-  return result.rows[0]!.e;
 }
 
 async function readShardSchemas(client: pg.Client, prefix: string): Promise<Map<number, { nextIdVersion: number | null }>> {
@@ -116,7 +107,7 @@ async function readLayout(client: pg.Client): Promise<RecordedLayout | null> {
     epoch_ms: string;
     shard_bits: number;
     sequence_bits: number;
-  }>(`SELECT control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits FROM ${CONTROL_SCHEMA}.layout`);
+  }>(`SELECT control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits FROM ${CONTROL}.layout`);
   const row = result.rows[0];
   if (!row) return null;
   return {
@@ -131,14 +122,14 @@ async function readLayout(client: pg.Client): Promise<RecordedLayout | null> {
 
 async function readRecordedShards(client: pg.Client): Promise<Map<number, { schema: string; state: string }>> {
   const result = await client.query<{ shard: number; schema_name: string; state: string }>(
-    `SELECT shard, schema_name, state FROM ${CONTROL_SCHEMA}.shards`,
+    `SELECT shard, schema_name, state FROM ${CONTROL}.shards`,
   );
   return new Map(result.rows.map((r) => [r.shard, { schema: r.schema_name, state: r.state }]));
 }
 
 async function readApplied(client: pg.Client): Promise<{ applied: Map<number, Map<number, string>>; names: Map<number, string> }> {
   const result = await client.query<{ shard: number; version: number; checksum: string; name: string }>(
-    `SELECT shard, version, checksum, name FROM ${CONTROL_SCHEMA}.migrations`,
+    `SELECT shard, version, checksum, name FROM ${CONTROL}.migrations`,
   );
   const applied = new Map<number, Map<number, string>>();
   const names = new Map<number, string>();

@@ -1,10 +1,7 @@
 import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
-import { redact, registerUrlSecret } from '../pg/redact.js';
-
-/** The schema shardctl keeps its own state in, on every host. Not configurable on purpose. */
-export const CONTROL_SCHEMA = 'shardctl';
+import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
@@ -18,6 +15,7 @@ export interface ConnectOptions {
  */
 export async function connectHost(host: HostConfig, options: ConnectOptions = {}): Promise<pg.Client> {
   registerUrlSecret(host.url);
+  registerSecret(process.env['PGPASSWORD']);
   const client = new pg.Client({
     connectionString: host.url,
     application_name: options.applicationName ?? 'shardctl',

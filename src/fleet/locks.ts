@@ -1,5 +1,7 @@
 import type pg from 'pg';
 import { RuntimeFailure } from '../errors.js';
+import { durationMs } from '../config/duration.js';
+import { ID_LOCK_CLASS } from '../id/sql.js';
 import { describePgError } from './connect.js';
 
 /**
@@ -14,7 +16,8 @@ import { describePgError } from './connect.js';
  * lockTimeout) until it can take the worker lock exclusively: only then has every worker of an
  * earlier run finished, and the catalog it reads next is the one it will change.
  */
-export const RUNNER_LOCK_CLASS = 0x73687264; // 'shrd', shared with next_id_locked (objid = sequence oid, never 0 or 1)
+/** One advisory-lock class for everything shardctl locks: next_id_locked uses sequence oids as objid, never 0 or 1. */
+export const RUNNER_LOCK_CLASS = ID_LOCK_CLASS;
 export const RUNNER_LOCK_OBJID = 0;
 export const WORKER_LOCK_OBJID = 1;
 
@@ -106,11 +109,4 @@ async function describeHolders(client: pg.Client, objid: number): Promise<string
         `connected since ${row.backend_start.toISOString()}`,
     )
     .join('; ');
-}
-
-/** '500ms', '5s', '1min' (the config's lockTimeout format) in milliseconds. */
-export function durationMs(text: string): number {
-  const match = /^(\d+)(ms|s|min)$/.exec(text);
-  if (!match) throw new Error(`not a duration: ${JSON.stringify(text)}`);
-  return Number(match[1]) * (match[2] === 'ms' ? 1 : match[2] === 's' ? 1000 : 60_000);
 }

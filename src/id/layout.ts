@@ -15,14 +15,15 @@ export interface IdLayout {
   readonly sequenceBits: number;
 }
 
-/** Instagram's published epoch (2011-08-24T21:07:01.721Z) and bit split. */
+/** Instagram's published epoch (1314220021721 ms after the Unix epoch). */
+export const DEFAULT_EPOCH_ISO = '2011-08-24T21:07:01.721Z';
+
+/** Instagram's epoch and bit split: the default layout. */
 export const DEFAULT_ID_LAYOUT: IdLayout = Object.freeze({
-  epochMs: 1314220021721n,
+  epochMs: BigInt(Date.parse(DEFAULT_EPOCH_ISO)),
   shardBits: 13,
   sequenceBits: 10,
 });
-
-export const DEFAULT_EPOCH_ISO = '2011-08-24T21:07:01.721Z';
 
 export function timeBits(layout: IdLayout): number {
   return 63 - layout.shardBits - layout.sequenceBits;

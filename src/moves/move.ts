@@ -2,24 +2,42 @@ import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import copyStreams from 'pg-copy-streams';
 import { pipeline } from 'node:stream/promises';
-import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { hostForShard, shardSchemaName } from '../config/types.js';
+import type { ShardctlConfig } from '../config/types.js';
+import { shardSchemaName } from '../config/types.js';
 import { rewriteShardOwner } from '../config/rewrite.js';
-import { HostError, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
-import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { connectHost, CONTROL_SCHEMA, describePgError } from '../fleet/connect.js';
-import { acquireRunnerLock, releaseRunnerLock } from '../fleet/locks.js';
-import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { controlTableExists } from '../fleet/catalog.js';
-import { controlSchemaSql, createShardSql, dropShardSql, migrationSql, noTransactionMigrationSteps } from '../fleet/sql.js';
-import { preflight, type PreflightCheck } from './preflight.js';
-import { insertMove, recordStep, replicationName, runningMove, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
+import { HostError, RuntimeFailure, ShardctlError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
+import type { HostSession } from '../fleet/session.js';
+import { createShardSql, dropShardSql } from '../fleet/sql.js';
+import type { MigrationFile } from '../migrations/files.js';
+import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
+import { quoteLiteral } from '../pg/quote.js';
+import type { PreflightCheck } from './preflight.js';
+import {
+  createPublicationSql,
+  createSlotCommand,
+  createSubscriptionSql,
+  detachSubscriptionSql,
+  dropPublicationSql,
+  dropSubscriptionSql,
+  fenceSql,
+  insertMarkerSql,
+  oldCopyName,
+  qualified,
+  renameWithStubSql,
+  replicationName,
+  unfenceSql,
+} from './sql.js';
+import { recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
 import { shardTables, verifyShard, type VerifyResult } from './verify.js';
 
 /**
- * `shardctl move-shard`: move one logical shard to another host, online (logical replication) or
- * offline (COPY with writes fenced), with every step recorded on both hosts so that a move cut
- * off at any point is finished by --resume or undone by --abort.
+ * The move engine: the steps of moving one logical shard to another host, online (logical
+ * replication) or offline (COPY with writes fenced), each recorded on both hosts once done, so a
+ * move cut off at any point is finished (runSteps from the last recorded step) or undone
+ * (abortMove). The command (src/commands/move-shard.ts) validates, connects, runs the preflight
+ * and decides which of these to call.
  */
 
 export interface MoveOptions {
@@ -53,14 +71,10 @@ export interface MoveResult {
   readonly verification: VerifyResult | null;
 }
 
-interface Side {
-  readonly host: HostConfig;
-  readonly client: pg.Client;
-  /** server_version_num, read once when connecting. */
-  readonly version: number;
-}
+/** A host session on one side of the move; failures on it are reported against its host. */
+export type Side = HostSession;
 
-interface MoveContext {
+export interface MoveContext {
   readonly config: ShardctlConfig;
   readonly shard: number;
   readonly schema: string;
@@ -81,143 +95,7 @@ interface MoveContext {
   fenceMarker: string | null;
 }
 
-export async function moveShard(config: ShardctlConfig, shard: number, targetName: string | undefined, options: MoveOptions = {}): Promise<MoveResult> {
-  const started = performance.now();
-  if (!Number.isInteger(shard) || shard < 0 || shard >= config.shards) {
-    throw new UsageError(`argument <shard> ${shard}: out of range 0-${config.shards - 1}`);
-  }
-  if (options.resume && options.abort) throw new UsageError('options --resume and --abort exclude each other');
-  const migrations = await readMigrations(config.migrationsDir);
-
-  if (options.resume || options.abort) {
-    return continueMove(config, shard, migrations, options, started);
-  }
-  if (!targetName) throw new UsageError('option --to <host> is required to start a move');
-  const target = config.hosts.find((h) => h.name === targetName);
-  if (!target) {
-    throw new UsageError(`option --to ${JSON.stringify(targetName)}: no such host in the map (hosts: ${config.hosts.map((h) => h.name).join(', ')})`);
-  }
-  const source = hostForShard(config, shard)!;
-  const mode = options.mode ?? 'online';
-  const sides = await connectBoth(source, target);
-  try {
-    if (!options.dryRun) await lockBoth({ ...sides, lockTimeout: config.lockTimeout });
-    const checks = await preflight({
-      config,
-      shard,
-      mode,
-      source,
-      target,
-      sourceClient: sides.source.client,
-      targetClient: sides.target.client,
-      migrations,
-      probeReachability: !options.dryRun && mode === 'online' && source.name !== target.name,
-      configFile: options.configFile ?? config.file,
-    });
-    const plan = stepsFor(mode);
-    const failed = checks.filter((c) => !c.ok);
-    if (options.dryRun) {
-      return {
-        moveId: '(dry run)',
-        shard,
-        source: source.name,
-        target: target.name,
-        mode,
-        outcome: 'dry-run',
-        preflight: checks,
-        plan,
-        rowsMoved: '0',
-        writeBlockedMs: null,
-        durationMs: elapsed(started),
-        verification: null,
-      };
-    }
-    if (failed.length > 0) {
-      throw new RuntimeFailure(
-        'PREFLIGHT_FAILED',
-        `move of shard ${shard} from ${source.name} to ${target.name} not started; nothing was changed:\n${failed.map((c) => `  - ${c.name}: ${c.message}`).join('\n')}`,
-        { checks },
-        failed.map((c) => `${c.name}: ${c.message}`),
-      );
-    }
-    const moveId = newMoveId();
-    const ctx = context(config, shard, moveId, mode, sides, migrations, options);
-    for (const side of [ctx.source, ctx.target]) await side.client.query(controlSchemaSql(config));
-    for (const side of [ctx.source, ctx.target]) {
-      await insertMove(side.client, { moveId, shard, source: source.name, target: target.name, mode, step: 'prepared' });
-    }
-    announce(ctx, 'prepared', `move ${moveId}: shard ${shard} from ${source.name} to ${target.name} (${mode})`);
-    faultAfter('prepared');
-    await runSteps(ctx, 'prepared');
-    return result(ctx, 'moved', checks, started);
-  } finally {
-    await closeBoth(sides);
-  }
-}
-
-/** --resume and --abort: find the unfinished move on the hosts and carry it on or undo it. */
-async function continueMove(
-  config: ShardctlConfig,
-  shard: number,
-  migrations: readonly MigrationFile[],
-  options: MoveOptions,
-  started: number,
-): Promise<MoveResult> {
-  const record = await findRunningMove(config, shard);
-  if (!record) {
-    throw new RuntimeFailure('NO_MOVE', `no unfinished move of shard ${shard} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
-  }
-  const source = config.hosts.find((h) => h.name === record.source);
-  const target = config.hosts.find((h) => h.name === record.target);
-  if (!source || !target) {
-    throw new RuntimeFailure('MOVE_HOSTS', `move ${record.moveId} is between ${record.source} and ${record.target}, but the map lacks one of them`);
-  }
-  const sides = await connectBoth(source, target);
-  try {
-    if (!options.dryRun) await lockBoth({ ...sides, lockTimeout: config.lockTimeout });
-    // The hosts may disagree by one step (a crash between the two updates): redo from the earlier.
-    const onSource = await runningMove(sides.source.client, shard);
-    const onTarget = await runningMove(sides.target.client, shard);
-    const steps = stepsFor(record.mode);
-    const recorded = [onSource, onTarget].filter((r): r is MoveRecord => r !== null && r.moveId === record.moveId);
-    const step = recorded.map((r) => r.step).sort((a, b) => steps.indexOf(a) - steps.indexOf(b))[0] ?? record.step;
-    const detail = (onSource ?? onTarget ?? record).detail;
-    const ctx = context(config, shard, record.moveId, record.mode, sides, migrations, options, detail);
-    if (options.dryRun) {
-      return { ...result(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
-    }
-    if (options.abort) {
-      await abortMove(ctx, step);
-      return result(ctx, 'aborted', [], started);
-    }
-    announce(ctx, step, `resuming move ${record.moveId} after step ${step}`);
-    await runSteps(ctx, step);
-    return result(ctx, 'moved', [], started);
-  } finally {
-    await closeBoth(sides);
-  }
-}
-
-async function findRunningMove(config: ShardctlConfig, shard: number): Promise<MoveRecord | null> {
-  const errors: string[] = [];
-  for (const host of config.hosts) {
-    let client: pg.Client | null = null;
-    try {
-      client = await connectHost(host, { applicationName: 'shardctl move' });
-      if (!(await controlTableExists(client, 'moves'))) continue;
-      const record = await runningMove(client, shard);
-      if (record) return record;
-    } catch (error) {
-      errors.push(error instanceof Error ? error.message : String(error));
-    } finally {
-      await client?.end().catch(() => undefined);
-    }
-  }
-  if (errors.length > 0) throw new RuntimeFailure('HOST_UNREACHABLE', `cannot look for the move of shard ${shard}: ${errors.join('; ')}`);
-  return null;
-}
-
-async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void> {
+export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void> {
   const steps = stepsFor(ctx.mode);
   for (const step of steps.slice(steps.indexOf(after) + 1)) {
     try {
@@ -236,7 +114,7 @@ async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void> {
   }
 }
 
-async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['status'], detail: Record<string, unknown> = {}): Promise<void> {
+export async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['status'], detail: Record<string, unknown> = {}): Promise<void> {
   await recordStep(ctx.source.client, ctx.moveId, step, status, detail);
   await recordStep(ctx.target.client, ctx.moveId, step, status, detail);
   announce(ctx, step, status === 'aborted' ? 'aborted' : `done: ${step}`);
@@ -245,7 +123,7 @@ async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['stat
 }
 
 /** Fault injection for the crash tests: die right after a step is recorded, as SIGKILL would. */
-function faultAfter(step: MoveStep): void {
+export function faultAfter(step: MoveStep): void {
   if (process.env['SHARDCTL_FAULT_AFTER_STEP'] === step) process.kill(process.pid, 'SIGKILL');
 }
 
@@ -270,18 +148,18 @@ const STEP_ACTIONS: Record<MoveStep, StepAction> = {
 async function createTarget(ctx: MoveContext): Promise<void> {
   const { source, target, shard, config } = ctx;
   const applied = await source.client.query<{ version: number }>(
-    `SELECT version FROM ${CONTROL_SCHEMA}.migrations WHERE shard = $1 ORDER BY version`,
+    `SELECT version FROM ${CONTROL}.migrations WHERE shard = $1 ORDER BY version`,
     [shard],
   );
   const files = new Map(ctx.migrations.map((m) => [m.version, m]));
   const exists = await target.client.query<{ e: boolean }>(`SELECT to_regnamespace($1) IS NOT NULL AS e`, [ctx.schema]);
   if (!exists.rows[0]!.e) await onSide(target, () => target.client.query(createShardSql(config, shard, true, 'incoming')));
-  const done = await target.client.query<{ version: number }>(`SELECT version FROM ${CONTROL_SCHEMA}.migrations WHERE shard = $1`, [shard]);
+  const done = await target.client.query<{ version: number }>(`SELECT version FROM ${CONTROL}.migrations WHERE shard = $1`, [shard]);
   const have = new Set(done.rows.map((r) => r.version));
   for (const { version } of applied.rows) {
     if (have.has(version)) continue;
     const file = files.get(version);
-    if (!file) throw new RuntimeFailure('MIGRATION_DRIFT', `migration version ${version} of shard ${shard} has no file; restore it and --resume`);
+    if (!file) throw new HostError(source.host.name, `migration version ${version} is applied but has no file; restore it and --resume`, { shard, code: 'MIGRATION_DRIFT' });
     if (file.noTransaction) {
       for (const sql of noTransactionMigrationSteps(config, shard, file)) await onSide(target, () => target.client.query(sql));
     } else {
@@ -294,27 +172,14 @@ async function publish(ctx: MoveContext): Promise<void> {
   const exists = await ctx.source.client.query(`SELECT 1 FROM pg_publication WHERE pubname = $1`, [ctx.name]);
   if (exists.rowCount) return;
   // The marker table rides along (only this move's rows): see waitForCatchUp.
-  await onSide(ctx.source, () =>
-    ctx.source.client.query(
-      `CREATE PUBLICATION ${quoteIdent(ctx.name)} FOR TABLES IN SCHEMA ${quoteIdent(ctx.schema)},
-         TABLE ${quoteIdent(CONTROL_SCHEMA)}.move_markers WHERE (move_id = ${quoteLiteral(ctx.moveId)})`,
-    ),
-  );
+  await onSide(ctx.source, () => ctx.source.client.query(createPublicationSql(ctx.name, [ctx.schema], ctx.moveId)));
 }
 
 async function subscribe(ctx: MoveContext): Promise<void> {
   const exists = await ctx.target.client.query(`SELECT 1 FROM pg_subscription WHERE subname = $1`, [ctx.name]);
   if (exists.rowCount) return;
-  // The rows are already there (copied from the slot's snapshot): the subscription only streams
-  // what changed since, from the slot the copy step created. Binary between equal major versions.
-  const binary = sameMajorVersion(ctx);
-  await onSide(ctx.target, () =>
-    ctx.target.client.query(
-      `CREATE SUBSCRIPTION ${quoteIdent(ctx.name)} CONNECTION ${quoteLiteral(ctx.source.host.replicationUrl)}
-         PUBLICATION ${quoteIdent(ctx.name)}
-         WITH (slot_name = ${quoteLiteral(ctx.name)}, create_slot = false, copy_data = false, binary = ${binary})`,
-    ),
-  );
+  const sql = createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, sameMajorVersion(ctx));
+  await onSide(ctx.target, () => ctx.target.client.query(sql));
 }
 
 /**
@@ -337,7 +202,7 @@ async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
   await onSide(ctx.source, () => replication.connect());
   try {
     const slot = await onSide(ctx.source, () =>
-      replication.query<{ snapshot_name: string }>(`CREATE_REPLICATION_SLOT ${quoteIdent(ctx.name)} LOGICAL pgoutput EXPORT_SNAPSHOT`),
+      replication.query<{ snapshot_name: string }>(createSlotCommand(ctx.name)),
     );
     await copyTables(ctx, slot.rows[0]!.snapshot_name);
   } finally {
@@ -374,45 +239,25 @@ async function waitForSync(ctx: MoveContext): Promise<void> {
     if (Number(total) > 0 && Number(pending) === 0) break;
     await sleep(50);
   }
-  await ctx.source.client.query(
-    `INSERT INTO ${CONTROL_SCHEMA}.move_markers (move_id, kind) VALUES ($1, 'synced') ON CONFLICT DO NOTHING`,
-    [ctx.moveId],
-  );
+  await ctx.source.client.query(insertMarkerSql(ctx.moveId, 'synced'));
   await waitForMarker(ctx, 'synced', 600_000);
 }
 
-/**
- * The fence, in one transaction on the source: wait for in-flight writers (SHARE ROW EXCLUSIVE
- * conflicts with their locks), then a statement trigger on every table that refuses every write with
- * SQLSTATE SC100, the shard marked fenced, and the fence marker the target waits for.
- */
+/** The fence (see fenceSql), retried while the shard's tables are busy. */
 async function fence(ctx: MoveContext): Promise<void> {
   const { source, schema } = ctx;
   const tables = await shardTables(source.client, schema, 'all');
   const marker = `fenced-${Date.now().toString(36)}`;
   ctx.fenceMarker = marker;
   ctx.fenceStartedAt = performance.now();
-  const qualified = tables.map((t) => `${quoteIdent(schema)}.${quoteIdent(t)}`);
-  // CREATE OR REPLACE TRIGGER needs PostgreSQL 14; before that, drop and create (a stronger lock,
-  // held for the few milliseconds of this transaction).
-  const replace = source.version >= 140000;
-  const triggers = qualified
-    .map(
-      (t) =>
-        `${replace ? 'CREATE OR REPLACE TRIGGER' : `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\nCREATE TRIGGER`} shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t}
-           FOR EACH STATEMENT EXECUTE FUNCTION ${quoteIdent(CONTROL_SCHEMA)}.shard_fenced(${quoteLiteral(String(ctx.shard))}, ${quoteLiteral(ctx.target.host.name)});`,
-    )
-    .join('\n');
-  const sql = [
-    'BEGIN;',
-    `SET LOCAL lock_timeout = '2s';`,
-    qualified.length > 0 ? `LOCK TABLE ${qualified.join(', ')} IN SHARE ROW EXCLUSIVE MODE;` : '',
-    triggers,
-    `UPDATE ${CONTROL_SCHEMA}.shards SET state = 'fenced' WHERE shard = ${ctx.shard};`,
-    `INSERT INTO ${CONTROL_SCHEMA}.move_markers (move_id, kind) VALUES (${quoteLiteral(ctx.moveId)}, ${quoteLiteral(marker)}) ON CONFLICT DO NOTHING;`,
-    `UPDATE ${CONTROL_SCHEMA}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceMarker: marker }))}::jsonb WHERE move_id = ${quoteLiteral(ctx.moveId)};`,
-    'COMMIT;',
-  ].join('\n');
+  const sql = fenceSql({
+    shard: ctx.shard,
+    tables: tables.map((t) => [schema, t] as const),
+    moveId: ctx.moveId,
+    marker,
+    targetHost: ctx.target.host.name,
+    createOrReplaceTrigger: source.serverVersionNum >= 140000,
+  });
   for (let attempt = 1; ; attempt++) {
     try {
       await source.client.query(sql);
@@ -445,7 +290,7 @@ async function waitForCatchUp(ctx: MoveContext): Promise<void> {
 async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number): Promise<void> {
   const deadline = performance.now() + timeoutMs;
   for (;;) {
-    const r = await ctx.target.client.query(`SELECT 1 FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = $1 AND kind = $2`, [ctx.moveId, kind]);
+    const r = await ctx.target.client.query(`SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`, [ctx.moveId, kind]);
     if (r.rowCount) return;
     if (performance.now() > deadline) throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
     await sleep(10);
@@ -465,11 +310,11 @@ async function copyTables(ctx: MoveContext, snapshot?: string): Promise<void> {
       await target.client.query('ROLLBACK');
       await target.client.query('BEGIN');
     });
-    if (tables.length > 0) await target.client.query(`TRUNCATE ${tables.map((t) => `${quoteIdent(schema)}.${quoteIdent(t)}`).join(', ')}`);
+    if (tables.length > 0) await target.client.query(`TRUNCATE ${tables.map((t) => qualified(schema, t)).join(', ')}`);
     await source.client.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
     if (snapshot) await source.client.query(`SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`);
     for (const table of tables) {
-      const name = `${quoteIdent(schema)}.${quoteIdent(table)}`;
+      const name = qualified(schema, table);
       const out = source.client.query(copyStreams.to(`COPY ${name} TO STDOUT ${format}`));
       const into = target.client.query(copyStreams.from(`COPY ${name} FROM STDIN ${format}`));
       await pipeline(out, into);
@@ -495,7 +340,7 @@ async function carrySequences(ctx: MoveContext): Promise<void> {
   );
   for (const row of r.rows) {
     if (row.last_value === null) continue;
-    const seq = `${quoteIdent(ctx.schema)}.${quoteIdent(row.sequencename)}`;
+    const seq = qualified(ctx.schema, row.sequencename);
     await onSide(ctx.target, () =>
       ctx.target.client.query(
         `SELECT setval($1::regclass, greatest($2::bigint, coalesce((SELECT last_value FROM pg_sequences WHERE schemaname = $3 AND sequencename = $4), 0)), true)`,
@@ -507,7 +352,7 @@ async function carrySequences(ctx: MoveContext): Promise<void> {
 
 async function verify(ctx: MoveContext): Promise<void> {
   const result = await verifyShard(ctx.source.client, ctx.target.client, ctx.schema, ctx.schema, {
-    recordHash: Math.min(ctx.source.version, ctx.target.version) >= 140000,
+    recordHash: Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000,
   });
   ctx.verification = result;
   if (result.ok) return;
@@ -524,7 +369,7 @@ async function verify(ctx: MoveContext): Promise<void> {
 
 /** The map now says target: its copy becomes active, and the config file is rewritten in place. */
 async function switchMap(ctx: MoveContext): Promise<void> {
-  await ctx.target.client.query(`UPDATE ${CONTROL_SCHEMA}.shards SET state = 'active' WHERE shard = $1`, [ctx.shard]);
+  await ctx.target.client.query(`UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = $1`, [ctx.shard]);
   const file = ctx.options.configFile ?? ctx.config.file;
   await rewriteShardOwner(file, ctx.shard, ctx.source.host.name, ctx.target.host.name);
   if (ctx.fenceStartedAt !== null) ctx.writeBlockedMs = Math.round(performance.now() - ctx.fenceStartedAt);
@@ -539,7 +384,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   await dropReplication(ctx);
   const { source, shard, schema } = ctx;
   const renamed = oldCopyName(schema, ctx.moveId);
-  const row = await source.client.query<{ schema_name: string }>(`SELECT schema_name FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`, [shard]);
+  const row = await source.client.query<{ schema_name: string }>(`SELECT schema_name FROM ${CONTROL}.shards WHERE shard = $1`, [shard]);
   const current = row.rows[0]?.schema_name;
   if (ctx.options.dropSource) {
     if (current !== undefined) {
@@ -549,49 +394,34 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     await source.client.query(await renameWithStub(ctx, renamed));
   }
   for (const side of [ctx.source, ctx.target]) {
-    await side.client.query(`DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = $1`, [ctx.moveId]);
+    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
   }
 }
 
-/**
- * The rename, and under the old name a view per table over the renamed copy, with the old schema's
- * and tables' grants: a client still on the old map gets SC100 for reads (the shard_moved guard)
- * and writes (writes through a simple view hit the base table's fence), not "does not exist" or
- * "permission denied", and reloads its map.
- */
+/** The SQL of the rename (see renameWithStubSql), with the grants read from the source's catalog. */
 async function renameWithStub(ctx: MoveContext, renamed: string): Promise<string> {
   const { source, shard, schema } = ctx;
   const tables = await shardTables(source.client, schema, 'all');
-  const schemaGrants = await source.client.query<{ grantee: string | null; privilege_type: string }>(
-    `SELECT r.rolname AS grantee, a.privilege_type FROM pg_namespace n, aclexplode(n.nspacl) a
+  const schemaGrants = await source.client.query<{ grantee: string | null; privilege: string }>(
+    `SELECT r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
        LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = $1 AND a.grantee <> n.nspowner`,
     [schema],
   );
-  const tableGrants = await source.client.query<{ relname: string; grantee: string | null; privilege_type: string }>(
-    `SELECT c.relname, r.rolname AS grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+  const tableGrants = await source.client.query<{ relname: string; grantee: string | null; privilege: string }>(
+    `SELECT c.relname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_class c, aclexplode(c.relacl) a
        LEFT JOIN pg_roles r ON r.oid = a.grantee
       WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`,
     [schema],
   );
-  const to = (grantee: string | null): string => (grantee === null ? 'PUBLIC' : quoteIdent(grantee));
-  const guard = `${quoteIdent(CONTROL_SCHEMA)}.shard_moved(${quoteLiteral(String(shard))}, ${quoteLiteral(ctx.target.host.name)})`;
-  return [
-    'BEGIN;',
-    `ALTER SCHEMA ${quoteIdent(schema)} RENAME TO ${quoteIdent(renamed)};`,
-    `CREATE SCHEMA ${quoteIdent(schema)};`,
-    `COMMENT ON SCHEMA ${quoteIdent(schema)} IS ${quoteLiteral(`shardctl: shard ${shard} moved to ${ctx.target.host.name}; views over the fenced old copy ${renamed} until shardctl gc`)};`,
-    ...tables.map(
-      (t) => `CREATE VIEW ${quoteIdent(schema)}.${quoteIdent(t)} AS SELECT * FROM ${quoteIdent(renamed)}.${quoteIdent(t)} WHERE ${guard};`,
-    ),
-    ...schemaGrants.rows
-      .filter((g) => g.privilege_type === 'USAGE')
-      .map((g) => `GRANT USAGE ON SCHEMA ${quoteIdent(schema)} TO ${to(g.grantee)};`),
-    ...tableGrants.rows
-      .filter((g) => ['SELECT', 'INSERT', 'UPDATE', 'DELETE'].includes(g.privilege_type))
-      .map((g) => `GRANT ${g.privilege_type} ON ${quoteIdent(schema)}.${quoteIdent(g.relname)} TO ${to(g.grantee)};`),
-    `UPDATE ${CONTROL_SCHEMA}.shards SET schema_name = ${quoteLiteral(renamed)} WHERE shard = ${shard};`,
-    'COMMIT;',
-  ].join('\n');
+  return renameWithStubSql({
+    shard,
+    schema,
+    renamed,
+    targetHost: ctx.target.host.name,
+    tables,
+    schemaGrants: schemaGrants.rows,
+    tableGrants: tableGrants.rows,
+  });
 }
 
 async function dropReplication(ctx: MoveContext): Promise<void> {
@@ -599,15 +429,14 @@ async function dropReplication(ctx: MoveContext): Promise<void> {
   const sub = await target.client.query(`SELECT 1 FROM pg_subscription WHERE subname = $1`, [name]);
   if (sub.rowCount) {
     try {
-      await target.client.query(`DROP SUBSCRIPTION ${quoteIdent(name)}`);
+      await target.client.query(dropSubscriptionSql(name));
     } catch {
       // The source is unreachable: detach the subscription from its slot, which is dropped below.
-      await target.client.query(`ALTER SUBSCRIPTION ${quoteIdent(name)} DISABLE`);
-      await target.client.query(`ALTER SUBSCRIPTION ${quoteIdent(name)} SET (slot_name = NONE)`);
-      await target.client.query(`DROP SUBSCRIPTION ${quoteIdent(name)}`);
+      await target.client.query(detachSubscriptionSql(name));
+      await target.client.query(dropSubscriptionSql(name));
     }
   }
-  await source.client.query(`DROP PUBLICATION IF EXISTS ${quoteIdent(name)}`);
+  await source.client.query(dropPublicationSql(name));
   await dropSlot(ctx);
 }
 
@@ -624,26 +453,21 @@ async function dropSlot(ctx: MoveContext): Promise<void> {
     }
     await sleep(100);
   }
-  throw new RuntimeFailure('SLOT_LEFT', `host ${source.host.name}: replication slot ${name} could not be dropped; drop it with pg_drop_replication_slot`);
+  throw new HostError(source.host.name, `replication slot ${name} could not be dropped; drop it with pg_drop_replication_slot`, { shard: ctx.shard, code: 'SLOT_LEFT' });
 }
 
 async function unfence(ctx: MoveContext): Promise<void> {
-  const { source, schema, shard } = ctx;
-  const tables = await shardTables(source.client, schema, 'all');
-  const drops = tables.map((t) => `DROP TRIGGER IF EXISTS shardctl_fence ON ${quoteIdent(schema)}.${quoteIdent(t)};`).join('\n');
-  await source.client.query(
-    `BEGIN;\n${drops}\nUPDATE ${CONTROL_SCHEMA}.shards SET state = 'active' WHERE shard = ${shard} AND state = 'fenced';\n` +
-      `DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = ${quoteLiteral(ctx.moveId)} AND kind LIKE 'fenced%';\nCOMMIT;`,
-  );
+  const tables = await shardTables(ctx.source.client, ctx.schema, 'all');
+  await ctx.source.client.query(unfenceSql(ctx.shard, tables.map((t) => [ctx.schema, t] as const), ctx.moveId));
 }
 
 /**
  * Undoes a move that has not switched the map: no subscription, publication or slot left behind,
  * the source writable again, the target's copy dropped.
  */
-async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
+export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
   const steps = stepsFor(ctx.mode);
-  const onTarget = await ctx.target.client.query<{ state: string }>(`SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`, [ctx.shard]);
+  const onTarget = await ctx.target.client.query<{ state: string }>(`SELECT state FROM ${CONTROL}.shards WHERE shard = $1`, [ctx.shard]);
   // The switch activates the target's copy before it rewrites the map and records the step: a run
   // killed in between left an active copy that the map may already name. Undoing the move then
   // would leave two writable copies.
@@ -659,16 +483,12 @@ async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
   // Only a copy this move created (incoming, never active: see above) is dropped.
   await ctx.target.client.query(dropShardSql(ctx.shard, [ctx.schema]));
   for (const side of [ctx.source, ctx.target]) {
-    await side.client.query(`DELETE FROM ${CONTROL_SCHEMA}.move_markers WHERE move_id = $1`, [ctx.moveId]);
+    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
   }
   await record(ctx, step, 'aborted');
 }
 
-export function oldCopyName(schema: string, moveId: string): string {
-  return `${schema}_moved_${moveId}`.slice(0, 63);
-}
-
-function context(
+export function moveContext(
   config: ShardctlConfig,
   shard: number,
   moveId: string,
@@ -696,7 +516,7 @@ function context(
   };
 }
 
-function result(ctx: MoveContext, outcome: MoveResult['outcome'], checks: readonly PreflightCheck[], started: number): MoveResult {
+export function moveResult(ctx: MoveContext, outcome: MoveResult['outcome'], checks: readonly PreflightCheck[], started: number): MoveResult {
   return {
     moveId: ctx.moveId,
     shard: ctx.shard,
@@ -713,43 +533,8 @@ function result(ctx: MoveContext, outcome: MoveResult['outcome'], checks: readon
   };
 }
 
-function announce(ctx: MoveContext, step: MoveStep, detail: string): void {
+export function announce(ctx: MoveContext, step: MoveStep, detail: string): void {
   ctx.options.onStep?.(step, detail);
-}
-
-async function connectBoth(source: HostConfig, target: HostConfig): Promise<{ source: Side; target: Side }> {
-  const [s, t] = await Promise.allSettled([
-    connectHost(source, { applicationName: 'shardctl move' }),
-    connectHost(target, { applicationName: 'shardctl move' }),
-  ]);
-  if (s.status === 'rejected' || t.status === 'rejected') {
-    if (s.status === 'fulfilled') await s.value.end().catch(() => undefined);
-    if (t.status === 'fulfilled') await t.value.end().catch(() => undefined);
-    throw s.status === 'rejected' ? s.reason : (t as PromiseRejectedResult).reason;
-  }
-  const [sourceVersion, targetVersion] = await Promise.all([serverVersionNum(s.value), serverVersionNum(t.value)]);
-  return {
-    source: { host: source, client: s.value, version: sourceVersion },
-    target: { host: target, client: t.value, version: targetVersion },
-  };
-}
-
-async function serverVersionNum(client: pg.Client): Promise<number> {
-  const result = await client.query<{ v: string }>(`SELECT current_setting('server_version_num') AS v`);
-  return Number(result.rows[0]!.v);
-}
-
-async function lockBoth(sides: { source: Side; target: Side; lockTimeout?: string }): Promise<void> {
-  const options = { workerWait: sides.lockTimeout };
-  await acquireRunnerLock(sides.source.client, sides.source.host.name, options);
-  if (sides.target.host.name !== sides.source.host.name) await acquireRunnerLock(sides.target.client, sides.target.host.name, options);
-}
-
-async function closeBoth(sides: { source: Side; target: Side }): Promise<void> {
-  for (const side of [sides.source, sides.target]) {
-    await releaseRunnerLock(side.client).catch(() => undefined);
-    await side.client.end().catch(() => undefined);
-  }
 }
 
 /** Runs a query and tags a failure with the side it happened on, for the message. */
@@ -763,17 +548,17 @@ async function onSide<T>(side: Side, fn: () => Promise<T>): Promise<T> {
 
 /** Binary COPY and binary replication are safe only between equal major versions. */
 function sameMajorVersion(ctx: MoveContext): boolean {
-  return Math.floor(ctx.source.version / 10000) === Math.floor(ctx.target.version / 10000);
+  return Math.floor(ctx.source.serverVersionNum / 10000) === Math.floor(ctx.target.serverVersionNum / 10000);
 }
 
-function newMoveId(): string {
-  return `${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
-}
-
-function sleep(ms: number): Promise<void> {
+export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-function elapsed(started: number): number {
+export function elapsed(started: number): number {
   return Math.round(performance.now() - started);
+}
+
+export function newMoveId(): string {
+  return `${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
 }

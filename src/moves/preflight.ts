@@ -2,12 +2,14 @@ import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import type pg from 'pg';
-import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import type { MigrationFile } from '../migrations/files.js';
-import { CONTROL_SCHEMA } from '../fleet/connect.js';
-import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { controlTableExists } from '../fleet/catalog.js';
+import { CONTROL } from '../fleet/control.js';
+import { dropSubscriptionSql, probeSubscriptionSql } from './sql.js';
+import { controlTableExists } from '../fleet/control.js';
+import type { HostSession } from '../fleet/session.js';
+import { shardDrift } from '../migrations/rules.js';
 import type { MoveMode } from './state.js';
 
 export interface PreflightCheck {
@@ -21,10 +23,8 @@ export interface PreflightInput {
   readonly config: ShardctlConfig;
   readonly shard: number;
   readonly mode: MoveMode;
-  readonly source: HostConfig;
-  readonly target: HostConfig;
-  readonly sourceClient: pg.Client;
-  readonly targetClient: pg.Client;
+  readonly source: HostSession;
+  readonly target: HostSession;
   readonly migrations: readonly MigrationFile[];
   /** Create and drop a disabled subscription on the target to prove it can reach the source. */
   readonly probeReachability: boolean;
@@ -36,7 +36,9 @@ export interface PreflightInput {
  * Everything checked before a move changes anything. Each failed check says what to change.
  */
 export async function preflight(input: PreflightInput): Promise<PreflightCheck[]> {
-  const { config, shard, mode, source, target, sourceClient: src, targetClient: dst } = input;
+  const { config, shard, mode } = input;
+  const [source, target] = [input.source.host, input.target.host];
+  const [src, dst] = [input.source.client, input.target.client];
   const schema = shardSchemaName(config, shard);
   const checks: PreflightCheck[] = [];
   const add = (name: string, ok: boolean, message: string): void => {
@@ -48,7 +50,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
 
   const onSource = await src.query<{ exists: boolean; state: string | null }>(
     `SELECT to_regnamespace($1) IS NOT NULL AS exists,
-            (SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $2) AS state`,
+            (SELECT state FROM ${CONTROL}.shards WHERE shard = $2) AS state`,
     [schema, shard],
   );
   const sourceRow = onSource.rows[0]!;
@@ -65,7 +67,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   const targetInitialised = await controlTableExists(dst, 'shards');
   const onTarget = await dst.query<{ exists: boolean; state: string | null }>(
     `SELECT to_regnamespace($1) IS NOT NULL AS exists, ${
-      targetInitialised ? `(SELECT state FROM ${CONTROL_SCHEMA}.shards WHERE shard = $2)` : 'NULL::text'
+      targetInitialised ? `(SELECT state FROM ${CONTROL}.shards WHERE shard = $2)` : 'NULL::text'
     } AS state`,
     targetInitialised ? [schema, shard] : [schema],
   );
@@ -87,7 +89,10 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     targetInitialised ? `${target.name} has the shardctl control schema` : `${target.name} has no shardctl control schema; run shardctl init first`,
   );
 
-  const versions = await Promise.all([serverVersion(src), serverVersion(dst)]);
+  const versions = [
+    { num: input.source.serverVersionNum, text: input.source.serverVersion },
+    { num: input.target.serverVersionNum, text: input.target.serverVersion },
+  ] as const;
   if (mode === 'online') {
     add(
       'versions',
@@ -164,11 +169,10 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   );
 
   const applied = await src.query<{ version: number; checksum: string }>(
-    `SELECT version, checksum FROM ${CONTROL_SCHEMA}.migrations WHERE shard = $1 ORDER BY version`,
+    `SELECT version, checksum FROM ${CONTROL}.migrations WHERE shard = $1 ORDER BY version`,
     [shard],
   );
-  const files = new Map(input.migrations.map((m) => [m.version, m]));
-  const drift = applied.rows.filter((r) => files.get(r.version)?.checksum !== r.checksum).map((r) => r.version);
+  const drift = shardDrift(new Map(applied.rows.map((r) => [r.version, r.checksum])), input.migrations);
   add(
     'migrations',
     drift.length === 0,
@@ -191,16 +195,9 @@ async function canRewrite(file: string): Promise<string | null> {
   }
 }
 
-async function serverVersion(client: pg.Client): Promise<{ num: number; text: string }> {
-  const r = await client.query<{ num: string; text: string }>(
-    `SELECT current_setting('server_version_num') AS num, current_setting('server_version') AS text`,
-  );
-  return { num: Number(r.rows[0]!.num), text: r.rows[0]!.text };
-}
-
 async function runningMoveId(client: pg.Client, shard: number): Promise<string | null> {
   if (!(await controlTableExists(client, 'moves'))) return null;
-  const r = await client.query<{ move_id: string }>(`SELECT move_id FROM ${CONTROL_SCHEMA}.moves WHERE shard = $1 AND status = 'running'`, [shard]);
+  const r = await client.query<{ move_id: string }>(`SELECT move_id FROM ${CONTROL}.moves WHERE shard = $1 AND status = 'running'`, [shard]);
   return r.rows[0]?.move_id ?? null;
 }
 
@@ -208,14 +205,11 @@ async function runningMoveId(client: pg.Client, shard: number): Promise<string |
 async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<string | null> {
   const name = `shardctl_probe_${process.pid}`;
   try {
-    await target.query(
-      `CREATE SUBSCRIPTION ${quoteIdent(name)} CONNECTION ${quoteLiteral(sourceUrl)} PUBLICATION shardctl_probe
-         WITH (connect = true, enabled = false, create_slot = false, slot_name = NONE)`,
-    );
-    await target.query(`DROP SUBSCRIPTION ${quoteIdent(name)}`);
+    await target.query(probeSubscriptionSql(name, sourceUrl));
+    await target.query(dropSubscriptionSql(name));
     return null;
   } catch (error) {
-    await target.query(`DROP SUBSCRIPTION IF EXISTS ${quoteIdent(name)}`).catch(() => undefined);
+    await target.query(dropSubscriptionSql(name, { ifExists: true })).catch(() => undefined);
     return (error as Error).message;
   }
 }

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { CONTROL_SCHEMA } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
 
 /** The steps of a move, in order. A step is recorded on both hosts once it has completed. */
 export const ONLINE_STEPS = [
@@ -46,11 +46,10 @@ export interface MoveRecord {
   readonly detail: Record<string, unknown>;
 }
 
-const control = `"${CONTROL_SCHEMA}"`;
 
 export async function insertMove(client: pg.Client, move: Omit<MoveRecord, 'status' | 'detail'>): Promise<void> {
   await client.query(
-    `INSERT INTO ${control}.moves (move_id, shard, source, target, mode, step, status) VALUES ($1, $2, $3, $4, $5, $6, 'running')
+    `INSERT INTO ${CONTROL}.moves (move_id, shard, source, target, mode, step, status) VALUES ($1, $2, $3, $4, $5, $6, 'running')
      ON CONFLICT (move_id) DO NOTHING`,
     [move.moveId, move.shard, move.source, move.target, move.mode, move.step],
   );
@@ -64,7 +63,7 @@ export async function recordStep(
   detail: Record<string, unknown> = {},
 ): Promise<void> {
   await client.query(
-    `UPDATE ${control}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1`,
+    `UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1`,
     [moveId, step, status, JSON.stringify(detail)],
   );
 }
@@ -81,16 +80,11 @@ export async function runningMove(client: pg.Client, shard: number): Promise<Mov
     status: MoveRecord['status'];
     detail: Record<string, unknown>;
   }>(
-    `SELECT move_id, shard, source, target, mode, step, status, detail FROM ${control}.moves WHERE shard = $1 AND status = 'running'`,
+    `SELECT move_id, shard, source, target, mode, step, status, detail FROM ${CONTROL}.moves WHERE shard = $1 AND status = 'running'`,
     [shard],
   );
   const row = result.rows[0];
   return row
     ? { moveId: row.move_id, shard: row.shard, source: row.source, target: row.target, mode: row.mode, step: row.step, status: row.status, detail: row.detail }
     : null;
-}
-
-/** Names of the replication objects of a move: publication, subscription and slot share it. */
-export function replicationName(moveId: string): string {
-  return `shardctl_move_${moveId}`;
 }

@@ -3,12 +3,6 @@
  * validated before they get here (config and argument validation), and are still always quoted.
  */
 
-const PLAIN_IDENTIFIER = /^[a-z_][a-z0-9_]*$/;
-
-export function isPlainIdentifier(name: string): boolean {
-  return PLAIN_IDENTIFIER.test(name) && Buffer.byteLength(name) <= 63;
-}
-
 export function quoteIdent(name: string): string {
   if (name.length === 0 || name.includes('\0')) throw new Error(`invalid identifier ${JSON.stringify(name)}`);
   return `"${name.replaceAll('"', '""')}"`;

@@ -1,7 +1,8 @@
 /**
  * Every message that leaves shardctl passes through redact(): connection strings lose their
- * password, and any password we know of (from the config's URLs or PGPASSWORD) is masked even
- * when it appears on its own, e.g. inside an error passed up from pg.
+ * password, and any password we know of is masked even when it appears on its own, e.g. inside an
+ * error passed up from pg. Known passwords are those of the config's URLs (registered by
+ * connectHost) and PGPASSWORD (registered by the CLI's main() and by connectHost).
  */
 
 const knownSecrets = new Set<string>();
@@ -35,5 +36,13 @@ export function redact(text: string): string {
   return out;
 }
 
-/** The URL with its password replaced by ***, for showing which host is meant. */
-export { redactUrl } from '../config/env.js';
+/**
+ * Hides the password of a connection string: `postgres://user:***@host/db`, and `password=***` in
+ * a query or a key=value string. Works on malformed URLs too, since those are the ones that end up
+ * quoted in error messages; it would rather hide too much than too little.
+ */
+export function redactUrl(url: string): string {
+  return url
+    .replace(/^([A-Za-z][A-Za-z0-9+.-]*:\/\/[^:@/?#]*:)[\s\S]*@/, '$1***@')
+    .replace(/((?:^|[?&\s])(?:ssl)?password=)[^&\s]*/gi, '$1***');
+}

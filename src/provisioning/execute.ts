@@ -1,6 +1,8 @@
 import type pg from 'pg';
-import { connectHost, CONTROL_SCHEMA, describePgError } from '../fleet/connect.js';
+import { connectHost, describePgError } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
 import { acquireWorkerLock } from '../fleet/locks.js';
+import { failureReason } from '../errors.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 
 export interface ProgressEvent {
@@ -94,7 +96,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
         report();
       }
     } catch (error) {
-      hostError ??= describePgError(error).replace(new RegExp(`^host ${escapeRegExp(host.name)}: `), '');
+      hostError ??= failureReason(error, describePgError);
     } finally {
       await client?.end().catch(() => undefined);
     }
@@ -246,8 +248,8 @@ async function runBatch(client: pg.Client, shard: number, steps: readonly JobSte
 /** How many leading steps of a failed batch committed, from the control records they write. */
 async function committedPrefix(client: pg.Client, shard: number, steps: readonly JobStep[]): Promise<number> {
   const result = await client.query<{ version: number | null }>(
-    `SELECT version FROM ${CONTROL_SCHEMA}.migrations WHERE shard = $1
-     UNION ALL SELECT NULL FROM ${CONTROL_SCHEMA}.shards WHERE shard = $1`,
+    `SELECT version FROM ${CONTROL}.migrations WHERE shard = $1
+     UNION ALL SELECT NULL FROM ${CONTROL}.shards WHERE shard = $1`,
     [shard],
   );
   const recorded = new Set(result.rows.map((r) => r.version));
@@ -318,8 +320,4 @@ class Mutex {
       release();
     }
   }
-}
-
-function escapeRegExp(text: string): string {
-  return text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 }

@@ -1,18 +1,14 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { ConfigError, RuntimeFailure, ShardctlError } from '../errors.js';
+import { ConfigError, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { formatShardList } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { HostSnapshot } from '../fleet/catalog.js';
-import {
-  controlSchemaSql,
-  createShardSql,
-  migrationSql,
-  noTransactionMigrationSteps,
-  recordShardSql,
-  reinstallNextIdSql,
-} from '../fleet/sql.js';
+import { controlSchemaSql } from '../fleet/control.js';
+import { createShardSql, recordShardSql, reinstallNextIdSql } from '../fleet/sql.js';
+import { DRIFT_KINDS, driftProblems, pendingMigrations, type DriftKind } from '../migrations/rules.js';
+import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 
 /**
  * Plan, then execute: from the config, the live catalogs and the migration files, compute what
@@ -55,7 +51,8 @@ export interface JobStep {
 
 export interface HostPlan {
   readonly host: HostConfig;
-  readonly snapshot: HostSnapshot;
+  /** Mapped shards whose schema does not exist on the host. */
+  readonly missingShards: readonly number[];
   /** SQL creating the control schema, when it is missing or incomplete. */
   readonly controlSql: string | null;
   readonly jobs: readonly ShardJob[];
@@ -71,7 +68,7 @@ export interface Plan {
 
 /** A problem that stops a run before anything is written, with the exit code it deserves. */
 export interface Conflict {
-  readonly kind: 'layout' | 'misplaced' | 'foreign-schema' | 'drift' | 'missing-file' | 'out-of-order';
+  readonly kind: 'layout' | 'misplaced' | 'foreign-schema' | DriftKind;
   readonly host: string;
   readonly message: string;
 }
@@ -93,7 +90,7 @@ function resolveTarget(migrations: readonly MigrationFile[], toVersion: number |
   const latest = migrations.at(-1)?.version ?? 0;
   if (toVersion === undefined) return latest;
   if (!migrations.some((m) => m.version === toVersion)) {
-    throw new ShardctlError('USAGE', `--to ${toVersion}: no migration file has version ${toVersion}`, { exitCode: 2 });
+    throw new UsageError(`no migration file has version ${toVersion}`, { input: 'toVersion', value: toVersion });
   }
   return toVersion;
 }
@@ -115,7 +112,7 @@ function planHost(
     if (!exists && !create) continue;
     // A recorded shard whose schema is gone was dropped by hand: its records describe nothing.
     const applied = exists ? snapshot.applied.get(shard) : undefined;
-    const pending = target.filter((m) => !applied?.has(m.version));
+    const pending = pendingMigrations(applied, target);
     const steps: JobStep[] = [];
     let creates = false;
     let reinstalls = false;
@@ -160,7 +157,8 @@ function planHost(
   }
   const needsControl = fresh || snapshot.recorded.size === 0;
   const controlSql = fresh || (needsControl && jobs.length > 0) ? controlSchemaSql(config) : null;
-  return { host: snapshot.host, snapshot, controlSql, jobs, upToDate };
+  const missingShards = snapshot.host.shards.filter((s) => !snapshot.schemas.has(s));
+  return { host: snapshot.host, missingShards, controlSql, jobs, upToDate };
 }
 
 /**
@@ -195,8 +193,15 @@ export function findConflicts(
       });
     }
   }
-  if (options.checkDrift) conflicts.push(...driftConflicts(snapshots, migrations));
+  if (options.checkDrift) {
+    for (const snapshot of snapshots) conflicts.push(...driftProblems(snapshot.host.name, existingApplied(snapshot), snapshot.appliedNames, migrations));
+  }
   return conflicts;
+}
+
+/** The applied migrations of the shards whose schema exists (records of a dropped schema are stale). */
+export function existingApplied(snapshot: HostSnapshot): Map<number, ReadonlyMap<number, string>> {
+  return new Map([...snapshot.applied].filter(([shard]) => snapshot.schemas.has(shard)));
 }
 
 function layoutConflicts(config: ShardctlConfig, snapshot: HostSnapshot): Conflict[] {
@@ -253,71 +258,6 @@ function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapsho
   }
   return conflicts;
 }
-
-function driftConflicts(snapshots: readonly HostSnapshot[], migrations: readonly MigrationFile[]): Conflict[] {
-  const conflicts: Conflict[] = [];
-  const files = new Map(migrations.map((m) => [m.version, m]));
-  for (const snapshot of snapshots) {
-    const changed = new Map<number, number[]>();
-    const missing = new Map<number, number[]>();
-    for (const [shard, versions] of snapshot.applied) {
-      for (const [version, checksum] of versions) {
-        const file = files.get(version);
-        const bucket = !file ? missing : file.checksum !== checksum ? changed : null;
-        if (!bucket) continue;
-        let shards = bucket.get(version);
-        if (!shards) bucket.set(version, (shards = []));
-        shards.push(shard);
-      }
-    }
-    for (const [version, shards] of changed) {
-      shards.sort((a, b) => a - b);
-      conflicts.push({
-        kind: 'drift',
-        host: snapshot.host.name,
-        message: `host ${snapshot.host.name}: ${files.get(version)!.name}.sql changed after it was applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)} (checksum differs); restore the file and put the change in a new migration`,
-      });
-    }
-    for (const [version, shards] of missing) {
-      shards.sort((a, b) => a - b);
-      const name = snapshot.appliedNames.get(version);
-      conflicts.push({
-        kind: 'missing-file',
-        host: snapshot.host.name,
-        message: `host ${snapshot.host.name}: ${name ? `${name}.sql (version ${version})` : `migration version ${version}`} is applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)} but no file in the migrations folder has that version; restore it`,
-      });
-    }
-    conflicts.push(...outOfOrder(snapshot, migrations));
-  }
-  return conflicts;
-}
-
-/** A file older than versions a shard already has: applying it now would run the files out of order. */
-function outOfOrder(snapshot: HostSnapshot, migrations: readonly MigrationFile[]): Conflict[] {
-  const late = new Map<MigrationFile, { shards: number[]; newest: number }>();
-  for (const [shard, versions] of snapshot.applied) {
-    if (!snapshot.schemas.has(shard)) continue; // records of a dropped schema are cleared when it is re-created
-    const newest = Math.max(...versions.keys());
-    for (const migration of migrations) {
-      if (migration.version >= newest) break;
-      if (versions.has(migration.version)) continue;
-      let entry = late.get(migration);
-      if (!entry) late.set(migration, (entry = { shards: [], newest }));
-      entry.shards.push(shard);
-      entry.newest = Math.max(entry.newest, newest);
-    }
-  }
-  return [...late].map(([migration, { shards, newest }]) => ({
-    kind: 'out-of-order' as const,
-    host: snapshot.host.name,
-    message:
-      `host ${snapshot.host.name}: ${migration.name}.sql is not applied to shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}, ` +
-      `which already ${shards.length === 1 ? 'has' : 'have'} version ${newest}; migrations run in version order, so give it a version above ${newest}`,
-  }));
-}
-
-/** Conflicts about the migration files themselves: a check failure (exit 3), not a refusal to run. */
-export const DRIFT_KINDS: ReadonlySet<Conflict['kind']> = new Set(['drift', 'missing-file', 'out-of-order']);
 
 /** Turns conflicts into the error a command throws: drift is a check failure (3), the rest stop the run (1 or 2). */
 export function conflictError(conflicts: readonly Conflict[]): ShardctlError {

@@ -1,10 +1,8 @@
-import type pg from 'pg';
-import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { HostError, RuntimeFailure, ShardctlError } from '../errors.js';
-import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { connectHost, describePgError } from '../fleet/connect.js';
-import { acquireRunnerLock, releaseRunnerLock } from '../fleet/locks.js';
+import type { ShardctlConfig } from '../config/types.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
+import { Fleet, type LostHost } from '../fleet/session.js';
+import { readMigrations, type MigrationFile } from '../migrations/files.js';
+import { fleetLevel } from '../migrations/rules.js';
 import { executeHostPlan, type HostOutcome, type ProgressEvent } from './execute.js';
 import { conflictError, findConflicts, planFleet, type Conflict, type Plan, type PlanOptions } from './plan.js';
 
@@ -49,34 +47,17 @@ export interface FleetInspection {
   readonly lostHosts: readonly LostHost[];
 }
 
-export interface LostHost {
-  readonly host: HostConfig;
-  /** Without the `host <name>: ` prefix. */
-  readonly message: string;
-}
-
-interface HostSession {
-  readonly host: HostConfig;
-  readonly client: pg.Client;
-  locked: boolean;
-}
-
-interface Fleet {
-  sessions: HostSession[];
-  lost: LostHost[];
-}
-
 export async function provision(config: ShardctlConfig, mode: ProvisionMode, options: ProvisionOptions = {}): Promise<ProvisionResult> {
   const started = performance.now();
   const dryRun = options.dryRun ?? false;
   const migrations = await readMigrations(config.migrationsDir);
-  const fleet = await connectAll(config.hosts);
+  const fleet = await Fleet.open(config.hosts);
   try {
     const tolerateLoss = mode === 'migrate';
-    if (!tolerateLoss) requireAll(fleet);
-    if (!dryRun) await lockAll(fleet, config, tolerateLoss);
-    const snapshots = await readSnapshots(fleet, config, tolerateLoss);
-    for (const lost of fleet.lost) options.onNotice?.(`host ${lost.host.name}: ${lost.message}; its shards are left behind`);
+    if (!tolerateLoss) fleet.requireAll();
+    if (!dryRun) await fleet.lock({ lockTimeout: config.lockTimeout, tolerateLoss });
+    const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss });
+    for (const lost of fleet.lost) options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
     const conflicts = findConflicts(config, snapshots, migrations, {
       ...(options.shards ? { shards: options.shards } : {}),
       checkDrift: true,
@@ -88,8 +69,7 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
     }
     const outcomes = await Promise.all(
       plan.hosts.map((hostPlan) => {
-        const session = fleet.sessions.find((s) => s.host.name === hostPlan.host.name)!;
-        return executeHostPlan(session.client, hostPlan, {
+        return executeHostPlan(fleet.session(hostPlan.host.name).client, hostPlan, {
           concurrency: config.concurrency,
           lockTimeout: config.lockTimeout,
           ...(options.onProgress ? { onProgress: options.onProgress } : {}),
@@ -100,7 +80,7 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
     const ok = hosts.every((h) => h.hostError === null && h.failures.length === 0);
     return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts, ok, durationMs: elapsed(started) };
   } finally {
-    await Promise.all(fleet.sessions.map((s) => closeSession(s)));
+    await fleet.close();
   }
 }
 
@@ -110,14 +90,14 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
  */
 export async function inspectFleet(config: ShardctlConfig, options: { toVersion?: number } = {}): Promise<FleetInspection> {
   const migrations = await readMigrations(config.migrationsDir);
-  const fleet = await connectAll(config.hosts);
+  const fleet = await Fleet.open(config.hosts);
   try {
-    const snapshots = await readSnapshots(fleet, config, true);
+    const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss: true });
     const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
     const plan = planFleet(config, snapshots, migrations, planOptionsFor('migrate', options, snapshots, migrations));
     return { plan, conflicts, lostHosts: fleet.lost };
   } finally {
-    await Promise.all(fleet.sessions.map((s) => closeSession(s)));
+    await fleet.close();
   }
 }
 
@@ -134,92 +114,11 @@ function planOptionsFor(
       return { create: false, ...(options.toVersion === undefined ? {} : { toVersion: options.toVersion }) };
     case 'add-schema': {
       // "At the current migration level": the level the fleet's shards are at, not pending files.
-      const level = fleetLevel(snapshots);
+      const level = fleetLevel(snapshots.map((s) => s.applied));
       const toVersion = level ?? migrations.at(-1)?.version;
       return { create: true, ...(options.shards ? { shards: options.shards } : {}), ...(toVersion ? { toVersion } : {}) };
     }
   }
-}
-
-/** The highest migration version applied to any shard on any host; null when no shard has any. */
-export function fleetLevel(snapshots: readonly HostSnapshot[]): number | null {
-  let level: number | null = null;
-  for (const snapshot of snapshots) {
-    for (const versions of snapshot.applied.values()) {
-      for (const version of versions.keys()) if (level === null || version > level) level = version;
-    }
-  }
-  return level;
-}
-
-async function connectAll(hosts: readonly HostConfig[]): Promise<Fleet> {
-  const results = await Promise.allSettled(hosts.map((host) => connectHost(host, { applicationName: 'shardctl' })));
-  const fleet: Fleet = { sessions: [], lost: [] };
-  results.forEach((result, i) => {
-    const host = hosts[i]!;
-    if (result.status === 'fulfilled') fleet.sessions.push({ host, client: result.value, locked: false });
-    else fleet.lost.push({ host, message: hostMessage(host, result.reason) });
-  });
-  return fleet;
-}
-
-/** Creating a schema is safe only when every host has been checked for another copy of it. */
-function requireAll(fleet: Fleet): void {
-  if (fleet.lost.length === 0) return;
-  const [first] = fleet.lost;
-  if (fleet.lost.length === 1) throw new HostError(first!.host.name, first!.message, { code: 'HOST_UNREACHABLE' });
-  throw new RuntimeFailure(
-    'HOST_UNREACHABLE',
-    `${fleet.lost.length} hosts cannot be reached; nothing was written:\n${fleet.lost.map((l) => `  - host ${l.host.name}: ${l.message}`).join('\n')}`,
-    { hosts: fleet.lost.map((l) => l.host.name) },
-  );
-}
-
-/**
- * Takes the runner lock on every host, in config order. Another runner on any host stops the whole
- * run before anything is written (fail fast, whatever the mode); a host whose connection fails
- * here is left behind when the mode tolerates it.
- */
-async function lockAll(fleet: Fleet, config: ShardctlConfig, tolerateLoss: boolean): Promise<void> {
-  for (const session of [...fleet.sessions]) {
-    try {
-      await acquireRunnerLock(session.client, session.host.name, { workerWait: config.lockTimeout });
-      session.locked = true;
-    } catch (error) {
-      if (error instanceof ShardctlError) throw error;
-      loseHost(fleet, session, error, tolerateLoss, 'cannot take the runner lock');
-    }
-  }
-}
-
-async function readSnapshots(fleet: Fleet, config: ShardctlConfig, tolerateLoss: boolean): Promise<HostSnapshot[]> {
-  const results = await Promise.allSettled(fleet.sessions.map((s) => readHostSnapshot(s.client, s.host, config)));
-  const snapshots: HostSnapshot[] = [];
-  for (const [i, session] of [...fleet.sessions].entries()) {
-    const result = results[i]!;
-    if (result.status === 'fulfilled') snapshots.push(result.value);
-    else loseHost(fleet, session, result.reason, tolerateLoss);
-  }
-  return snapshots;
-}
-
-function loseHost(fleet: Fleet, session: HostSession, error: unknown, tolerate: boolean, doing?: string): void {
-  if (!tolerate) throw error instanceof HostError ? error : new HostError(session.host.name, `${doing}: ${describePgError(error)}`, { cause: error });
-  fleet.sessions.splice(fleet.sessions.indexOf(session), 1);
-  fleet.lost.push({ host: session.host, message: `${doing ? `${doing}: ` : ''}${hostMessage(session.host, error)}` });
-  void closeSession(session);
-}
-
-/** An error's message without the `host <name>: ` a HostError starts with. */
-function hostMessage(host: HostConfig, error: unknown): string {
-  const message = error instanceof ShardctlError ? error.message : describePgError(error);
-  const prefix = `host ${host.name}: `;
-  return message.startsWith(prefix) ? message.slice(prefix.length) : message;
-}
-
-async function closeSession(session: HostSession): Promise<void> {
-  if (session.locked) await releaseRunnerLock(session.client).catch(() => undefined);
-  await session.client.end().catch(() => undefined);
 }
 
 function lostOutcome(lost: LostHost): HostOutcome {
@@ -231,7 +130,7 @@ function lostOutcome(lost: LostHost): HostOutcome {
     shardsChanged: 0,
     upToDate: 0,
     failures: [],
-    hostError: lost.message,
+    hostError: lost.reason,
     behind: lost.host.shards.length,
     durationMs: 0,
   };

@@ -92,7 +92,7 @@ describe('shardctl init over two hosts', () => {
     const added = await addSchema(config, [600]);
     expect(added.ok).toBe(true);
     expect(added.hosts.find((h) => h.host === 'pg2')!.shardsCreated).toBe(1);
-    expect((await status(config)).exitCode).toBe(0);
+    expect((await status(config)).ok).toBe(true);
     expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
   });
 

@@ -45,6 +45,7 @@ describe('shardctl migrate over two hosts', () => {
         { host: 'pg2', shards: 60, migrations: 180, pending: pendingOn('60-119'), missingShards: 0, error: null },
       ],
       drift: [],
+      unreadHosts: [],
       exitCode: 3,
     });
     expect(check.stderr).toContain(

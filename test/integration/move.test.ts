@@ -2,7 +2,7 @@ import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { ShardMap, shardMovedTo } from '../../src/config/shard-map.js';
-import { moveShard } from '../../src/moves/move.js';
+import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';

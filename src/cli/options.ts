@@ -1,0 +1,65 @@
+import type { Command } from 'commander';
+import { createInterface } from 'node:readline/promises';
+import { UsageError } from '../index.js';
+import type { Streams } from './output.js';
+
+/**
+ * What several commands share, declared once: the common options, the confirmation prompt, and
+ * how a library error about an input becomes one about the flag a person typed.
+ */
+
+export interface CommonFlags {
+  config?: string;
+  json?: boolean;
+  dryRun?: boolean;
+  yes?: boolean;
+}
+
+const CONFIG_HELP = 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml)';
+
+export function configOption(command: Command, help = CONFIG_HELP): Command {
+  return command.option('-c, --config <file>', help);
+}
+
+export function jsonOption(command: Command, help = 'print the result as JSON on stdout'): Command {
+  return command.option('--json', help);
+}
+
+export function dryRunOption(command: Command, help = 'print the SQL plan and write nothing'): Command {
+  return command.option('--dry-run', help);
+}
+
+export function yesOption(command: Command, help = 'do not ask for confirmation (required when not on a terminal)'): Command {
+  return command.option('--yes', help);
+}
+
+/**
+ * Asks on the terminal before a command changes data; without a terminal, or when the answer is not
+ * yes, refuses (exit 2, nothing done) and says to pass --yes.
+ */
+export async function confirmOrRefuse(streams: Streams, what: string, stdin: NodeJS.ReadStream = process.stdin): Promise<void> {
+  if (!stdin.isTTY) throw new UsageError(`${what} needs confirmation: pass --yes (no terminal to ask on)`);
+  const rl = createInterface({ input: stdin, output: streams.stderr });
+  try {
+    const answer = await rl.question(`${what}? [y/N] `);
+    if (!/^y(es)?$/i.test(answer.trim())) throw new UsageError(`not confirmed: pass --yes to ${what} without a prompt`);
+  } finally {
+    rl.close();
+  }
+}
+
+/**
+ * Runs a command's work, turning a UsageError about a library input ('shards', 'target', ...) into
+ * one about the flag that carried it (`argument <shards> "9-x": ...`).
+ */
+export async function withFlagNames<T>(flags: Readonly<Record<string, string>>, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (error) {
+    if (error instanceof UsageError && error.input !== undefined && flags[error.input] !== undefined) {
+      const value = error.value === undefined ? '' : ` ${JSON.stringify(error.value)}`;
+      throw new UsageError(`${flags[error.input]}${value}: ${error.reason}`);
+    }
+    throw error;
+  }
+}

@@ -1,0 +1,36 @@
+import type pg from 'pg';
+import type { ShardctlConfig } from '../config/types.js';
+import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { loadSqlTemplate, renderSql } from '../pg/template.js';
+
+/**
+ * The control schema shardctl keeps on every host (sql/control.sql): the id layout the host was
+ * built with, its shards and their state, the migrations applied to each, and the moves. Its name
+ * is fixed on purpose, and every piece of SQL names it through CONTROL.
+ */
+export const CONTROL_SCHEMA = 'shardctl';
+
+/** The control schema's name as SQL text, quoted: `"shardctl"`. */
+export const CONTROL = quoteIdent(CONTROL_SCHEMA);
+
+/** Version of the control schema's own layout (sql/control.sql). */
+export const CONTROL_VERSION = 1;
+
+/** Creates (or completes) the control schema and records the layout, in one transaction. */
+export function controlSchemaSql(config: ShardctlConfig): string {
+  const layout = config.idLayout;
+  return [
+    'BEGIN;',
+    renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    `INSERT INTO ${CONTROL}.layout (control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits)`,
+    `VALUES (${CONTROL_VERSION}, ${quoteLiteral(config.schemaPrefix)}, ${config.shards}, ${layout.epochMs}, ${layout.shardBits}, ${layout.sequenceBits})`,
+    'ON CONFLICT (singleton) DO NOTHING;',
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** Whether the control schema has `table` (hosts never initialised, or older control schemas, lack it). */
+export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves'): Promise<boolean> {
+  const result = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.${table}`]);
+  return result.rows[0]!.e;
+}

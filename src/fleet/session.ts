@@ -1,0 +1,147 @@
+import type pg from 'pg';
+import type { HostConfig } from '../config/types.js';
+import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
+import { connectHost, describePgError } from './connect.js';
+import { acquireRunnerLock, releaseRunnerLock } from './locks.js';
+
+/**
+ * Host sessions: one coordinator connection per host, with the server's version read once when it
+ * opens. Every command that talks to the fleet opens, locks, loses and closes hosts through here,
+ * so "a host went away" means the same thing to init, migrate, status, gc and a move.
+ */
+export interface HostSession {
+  readonly host: HostConfig;
+  readonly client: pg.Client;
+  /** server_version, e.g. "18.4". */
+  readonly serverVersion: string;
+  /** server_version_num, e.g. 180004. */
+  readonly serverVersionNum: number;
+  locked: boolean;
+}
+
+/** A host that could not be reached or read; `reason` does not repeat the host's name. */
+export interface LostHost {
+  readonly host: HostConfig;
+  readonly reason: string;
+}
+
+export interface OpenOptions {
+  /** Shown in pg_stat_activity, e.g. 'shardctl move'. */
+  readonly applicationName?: string;
+}
+
+export async function openSession(host: HostConfig, options: OpenOptions = {}): Promise<HostSession> {
+  const client = await connectHost(host, { applicationName: options.applicationName ?? 'shardctl' });
+  try {
+    const result = await client.query<{ version: string; num: string }>(
+      `SELECT current_setting('server_version') AS version, current_setting('server_version_num') AS num`,
+    );
+    const row = result.rows[0]!;
+    return { host, client, serverVersion: row.version, serverVersionNum: Number(row.num), locked: false };
+  } catch (error) {
+    await client.end().catch(() => undefined);
+    throw new HostError(host.name, `cannot read the server version: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
+  }
+}
+
+export async function closeSession(session: HostSession): Promise<void> {
+  if (session.locked) await releaseRunnerLock(session.client).catch(() => undefined);
+  await session.client.end().catch(() => undefined);
+}
+
+/** Runs fn with a session on host, closing it afterwards whatever happens. */
+export async function withSession<T>(host: HostConfig, fn: (session: HostSession) => Promise<T>, options: OpenOptions = {}): Promise<T> {
+  const session = await openSession(host, options);
+  try {
+    return await fn(session);
+  } finally {
+    await closeSession(session);
+  }
+}
+
+/**
+ * Sessions on several hosts. A host that cannot be reached is "lost": commands that can go on
+ * without it (migrate, status) report it; the others call requireAll() before writing anything.
+ */
+export class Fleet {
+  private constructor(
+    readonly sessions: HostSession[],
+    readonly lost: LostHost[],
+  ) {}
+
+  /** Connects to every host in parallel; one session per host name. */
+  static async open(hosts: readonly HostConfig[], options: OpenOptions = {}): Promise<Fleet> {
+    const unique = hosts.filter((h, i) => hosts.findIndex((o) => o.name === h.name) === i);
+    const results = await Promise.allSettled(unique.map((host) => openSession(host, options)));
+    const fleet = new Fleet([], []);
+    results.forEach((result, i) => {
+      const host = unique[i]!;
+      if (result.status === 'fulfilled') fleet.sessions.push(result.value);
+      else fleet.lost.push({ host, reason: failureReason(result.reason, describePgError) });
+    });
+    return fleet;
+  }
+
+  session(hostName: string): HostSession {
+    const session = this.sessions.find((s) => s.host.name === hostName);
+    if (!session) throw new Error(`no session on host ${hostName}`);
+    return session;
+  }
+
+  /** Writing is safe only when every host has been reached (e.g. checked for another copy of a schema). */
+  requireAll(): void {
+    if (this.lost.length === 0) return;
+    const [first] = this.lost;
+    if (this.lost.length === 1) throw new HostError(first!.host.name, first!.reason, { code: 'HOST_UNREACHABLE' });
+    throw new RuntimeFailure(
+      'HOST_UNREACHABLE',
+      `${this.lost.length} hosts cannot be reached; nothing was written:\n${this.lost.map((l) => `  - host ${l.host.name}: ${l.reason}`).join('\n')}`,
+      { hosts: this.lost.map((l) => l.host.name) },
+    );
+  }
+
+  /**
+   * Takes the runner lock on every host, in order. Another runner on any host stops the whole run
+   * before anything is written (fail fast, whatever the command); a host whose connection fails
+   * here is lost when `tolerateLoss`, else the run stops.
+   */
+  async lock(options: { lockTimeout?: string; tolerateLoss?: boolean } = {}): Promise<void> {
+    for (const session of [...this.sessions]) {
+      try {
+        await acquireRunnerLock(session.client, session.host.name, options.lockTimeout ? { workerWait: options.lockTimeout } : {});
+        session.locked = true;
+      } catch (error) {
+        if (error instanceof ShardctlError) throw error;
+        this.lose(session, error, options.tolerateLoss ?? false, 'cannot take the runner lock');
+      }
+    }
+  }
+
+  /**
+   * Runs fn on every session in parallel and returns the results in session order. A session whose
+   * fn fails is lost when `tolerateLoss`; otherwise the first failure is thrown, naming its host.
+   */
+  async each<T>(fn: (session: HostSession) => Promise<T>, options: { tolerateLoss?: boolean; doing?: string } = {}): Promise<T[]> {
+    const sessions = [...this.sessions];
+    const results = await Promise.allSettled(sessions.map((s) => fn(s)));
+    const values: T[] = [];
+    results.forEach((result, i) => {
+      if (result.status === 'fulfilled') values.push(result.value);
+      else this.lose(sessions[i]!, result.reason, options.tolerateLoss ?? false, options.doing);
+    });
+    return values;
+  }
+
+  /** Drops a failed host from the fleet (tolerate) or turns its failure into a HostError. */
+  lose(session: HostSession, error: unknown, tolerate: boolean, doing?: string): void {
+    const reason = `${doing ? `${doing}: ` : ''}${failureReason(error, describePgError)}`;
+    if (!tolerate) throw error instanceof HostError ? error : new HostError(session.host.name, reason, { cause: error });
+    this.sessions.splice(this.sessions.indexOf(session), 1);
+    this.lost.push({ host: session.host, reason });
+    void closeSession(session);
+  }
+
+  async close(): Promise<void> {
+    await Promise.all(this.sessions.map((s) => closeSession(s)));
+  }
+}

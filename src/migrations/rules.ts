@@ -1,0 +1,135 @@
+import { formatShardList } from '../config/ranges.js';
+import type { MigrationFile } from './files.js';
+
+/**
+ * The one home of the migration rules: a shard's level, what is pending on it, and what is drift.
+ * migrate, migrate --check, init, add-schema, status and move preflight all ask these functions,
+ * so they cannot disagree about a shard.
+ *
+ * - A shard's level is the highest version applied to it.
+ * - Pending: files above that level, not yet applied. They run in version order.
+ * - Drift: an applied file that changed (checksum) or is gone, and a file below the level that was
+ *   never applied (out of order: applying it now would run the files out of order). Drift is never
+ *   pending; migrate refuses it (exit 3) and status reports it.
+ */
+
+/** version → checksum of the migrations applied to one shard. */
+export type AppliedMigrations = ReadonlyMap<number, string>;
+
+export type DriftKind = 'drift' | 'missing-file' | 'out-of-order';
+
+export const DRIFT_KINDS: ReadonlySet<string> = new Set<DriftKind>(['drift', 'missing-file', 'out-of-order']);
+
+/** A drift problem on one host, for one file, naming the shards it concerns. */
+export interface DriftProblem {
+  readonly kind: DriftKind;
+  readonly host: string;
+  readonly version: number;
+  readonly shards: readonly number[];
+  readonly message: string;
+}
+
+/** The highest version applied to a shard; 0 when none is. */
+export function shardLevel(applied: AppliedMigrations | undefined): number {
+  let level = 0;
+  if (applied) for (const version of applied.keys()) if (version > level) level = version;
+  return level;
+}
+
+/** Files that migrate would apply to a shard, in version order (out-of-order files are drift, not pending). */
+export function pendingMigrations(applied: AppliedMigrations | undefined, files: readonly MigrationFile[]): MigrationFile[] {
+  const level = shardLevel(applied);
+  return files.filter((m) => m.version > level && !applied?.has(m.version));
+}
+
+/** The highest level of any shard of any host; null when no shard has a migration. */
+export function fleetLevel(appliedByHost: Iterable<ReadonlyMap<number, AppliedMigrations>>): number | null {
+  let level: number | null = null;
+  for (const applied of appliedByHost) {
+    for (const versions of applied.values()) {
+      const shard = shardLevel(versions);
+      if (versions.size > 0 && (level === null || shard > level)) level = shard;
+    }
+  }
+  return level;
+}
+
+/** Applied versions of one shard whose file changed or is gone (a move builds its target from the files). */
+export function shardDrift(applied: AppliedMigrations, files: readonly MigrationFile[]): number[] {
+  const byVersion = new Map(files.map((m) => [m.version, m]));
+  return [...applied].filter(([version, checksum]) => byVersion.get(version)?.checksum !== checksum).map(([version]) => version);
+}
+
+/**
+ * Every drift problem on one host. `applied`: shard → its applied migrations, for the shards whose
+ * schema exists (records of a dropped schema are cleared when it is re-created); `names`: version →
+ * file name as recorded, to name a deleted file.
+ */
+export function driftProblems(
+  host: string,
+  applied: ReadonlyMap<number, AppliedMigrations>,
+  names: ReadonlyMap<number, string>,
+  files: readonly MigrationFile[],
+): DriftProblem[] {
+  const byVersion = new Map(files.map((m) => [m.version, m]));
+  const changed = new Map<number, number[]>();
+  const missing = new Map<number, number[]>();
+  const late = new Map<number, { shards: number[]; newest: number }>();
+  const add = (bucket: Map<number, number[]>, version: number, shard: number): void => {
+    let shards = bucket.get(version);
+    if (!shards) bucket.set(version, (shards = []));
+    shards.push(shard);
+  };
+  for (const [shard, versions] of applied) {
+    for (const [version, checksum] of versions) {
+      const file = byVersion.get(version);
+      if (!file) add(missing, version, shard);
+      else if (file.checksum !== checksum) add(changed, version, shard);
+    }
+    const level = shardLevel(versions);
+    for (const file of files) {
+      if (file.version >= level) break;
+      if (versions.has(file.version)) continue;
+      let entry = late.get(file.version);
+      if (!entry) late.set(file.version, (entry = { shards: [], newest: level }));
+      entry.shards.push(shard);
+      entry.newest = Math.max(entry.newest, level);
+    }
+  }
+  const problems: DriftProblem[] = [];
+  const on = (shards: number[]): string => {
+    shards.sort((a, b) => a - b);
+    return `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
+  };
+  for (const [version, shards] of changed) {
+    problems.push({
+      kind: 'drift',
+      host,
+      version,
+      shards,
+      message: `host ${host}: ${byVersion.get(version)!.name}.sql changed after it was applied to ${on(shards)} (checksum differs); restore the file and put the change in a new migration`,
+    });
+  }
+  for (const [version, shards] of missing) {
+    const name = names.get(version);
+    problems.push({
+      kind: 'missing-file',
+      host,
+      version,
+      shards,
+      message: `host ${host}: ${name ? `${name}.sql (version ${version})` : `migration version ${version}`} is applied to ${on(shards)} but no file in the migrations folder has that version; restore it`,
+    });
+  }
+  for (const [version, { shards, newest }] of late) {
+    problems.push({
+      kind: 'out-of-order',
+      host,
+      version,
+      shards,
+      message:
+        `host ${host}: ${byVersion.get(version)!.name}.sql is not applied to ${on(shards)}, which already ` +
+        `${shards.length === 1 ? 'has' : 'have'} version ${newest}; migrations run in version order, so give it a version above ${newest}`,
+    });
+  }
+  return problems;
+}

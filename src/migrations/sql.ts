@@ -1,0 +1,65 @@
+import type { ShardctlConfig } from '../config/types.js';
+import { shardSchemaName } from '../config/types.js';
+import { CONTROL } from '../fleet/control.js';
+import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import type { MigrationFile } from './files.js';
+
+/**
+ * The SQL of applying one migration file to one shard. `--dry-run` prints exactly these strings.
+ */
+
+/**
+ * One migration on one shard: the file's SQL and its record in the same transaction, so a shard is
+ * never half-migrated and a migration is never recorded without having run (or run twice: the
+ * record's primary key makes a concurrent second attempt fail and roll back).
+ */
+export function migrationSql(config: ShardctlConfig, shard: number, migration: MigrationFile): string {
+  const schema = shardSchemaName(config, shard);
+  return [
+    'BEGIN;',
+    `SET LOCAL search_path TO ${quoteIdent(schema)};`,
+    `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
+    `-- ${migration.name}.sql`,
+    migration.sql.trimEnd(),
+    ';',
+    recordMigrationSql(shard, migration),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/**
+ * A migration marked no-transaction (e.g. CREATE INDEX CONCURRENTLY): each statement runs on its
+ * own, then the record is written. A crash between the last two leaves the migration applied but
+ * unrecorded, so such migrations must be re-runnable (IF NOT EXISTS). IF NOT EXISTS also skips the
+ * invalid index an interrupted CREATE INDEX CONCURRENTLY leaves behind, so the record is refused
+ * while the shard's schema holds one.
+ */
+export function noTransactionMigrationSteps(config: ShardctlConfig, shard: number, migration: MigrationFile): string[] {
+  const schema = shardSchemaName(config, shard);
+  return [
+    `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
+    ...migration.statements.map((statement) => `${statement};`),
+    [
+      'DO $shardctl$',
+      'DECLARE invalid text;',
+      'BEGIN',
+      "  SELECT string_agg(c.relname, ', ' ORDER BY c.relname) INTO invalid",
+      '    FROM pg_catalog.pg_index i',
+      '    JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid',
+      '    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace',
+      `   WHERE n.nspname = ${quoteLiteral(schema)} AND NOT i.indisvalid;`,
+      '  IF invalid IS NOT NULL THEN',
+      `    RAISE EXCEPTION 'invalid index % in schema %: an interrupted CREATE INDEX CONCURRENTLY left it, and IF NOT EXISTS skips it; drop it and run migrate again', invalid, ${quoteLiteral(schema)};`,
+      '  END IF;',
+      'END $shardctl$;',
+      `RESET search_path; RESET lock_timeout; ${recordMigrationSql(shard, migration)}`,
+    ].join('\n'),
+  ];
+}
+
+function recordMigrationSql(shard: number, migration: MigrationFile): string {
+  return (
+    `INSERT INTO ${CONTROL}.migrations (shard, version, name, checksum) ` +
+    `VALUES (${shard}, ${migration.version}, ${quoteLiteral(migration.name)}, ${quoteLiteral(migration.checksum)});`
+  );
+}
