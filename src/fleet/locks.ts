@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { RuntimeFailure } from '../errors.js';
+import { HostError } from '../errors.js';
 import { durationMs } from '../config/duration.js';
 import { ID_LOCK_CLASS } from '../id/sql.js';
 import { describePgError } from './connect.js';
@@ -33,11 +33,9 @@ export async function acquireRunnerLock(client: pg.Client, hostName: string, opt
   ]);
   if (!result.rows[0]?.locked) {
     const holder = await describeHolders(client, RUNNER_LOCK_OBJID).catch((error: unknown) => `unknown (${describePgError(error)})`);
-    throw new RuntimeFailure(
-      'RUNNER_BUSY',
-      `host ${hostName}: another shardctl run holds the runner lock (${holder}); nothing was written. Run again when it has finished.`,
-      { host: hostName },
-    );
+    throw new HostError(hostName, `another shardctl run holds the runner lock (${holder}); nothing was written. Run again when it has finished.`, {
+      code: 'RUNNER_BUSY',
+    });
   }
   try {
     await waitForWorkers(client, hostName, options.workerWait ?? '5s');
@@ -59,9 +57,7 @@ export async function acquireWorkerLock(client: pg.Client, hostName: string): Pr
   ]);
   if (result.rows[0]?.locked) return;
   // Only a runner holding the runner lock takes the worker lock exclusively, and this run holds it.
-  throw new RuntimeFailure('RUNNER_BUSY', `host ${hostName}: another shardctl run is checking for workers; nothing more was written`, {
-    host: hostName,
-  });
+  throw new HostError(hostName, 'another shardctl run is checking for workers; nothing more was written', { code: 'RUNNER_BUSY' });
 }
 
 async function waitForWorkers(client: pg.Client, hostName: string, wait: string): Promise<void> {
@@ -83,11 +79,11 @@ async function waitForWorkers(client: pg.Client, hostName: string, wait: string)
     await client.query('ROLLBACK').catch(() => undefined);
     if ((error as { code?: unknown }).code !== '55P03') throw error;
     const holders = await describeHolders(client, WORKER_LOCK_OBJID).catch((e: unknown) => `unknown (${describePgError(e)})`);
-    throw new RuntimeFailure(
-      'RUNNER_BUSY',
-      `host ${hostName}: workers of another shardctl run are still running after ${wait} (${holders}); nothing was written. ` +
+    throw new HostError(
+      hostName,
+      `workers of another shardctl run are still running after ${wait} (${holders}); nothing was written. ` +
         'Their run was killed or lost its coordinator connection; run again when they have finished, or end them with pg_terminate_backend(pid).',
-      { host: hostName },
+      { code: 'RUNNER_BUSY' },
     );
   }
 }

@@ -224,10 +224,11 @@ async function waitForSync(ctx: MoveContext): Promise<void> {
     // The subscription retries a failed copy for ever; three failures in a row stop the move instead.
     const failures = (await errors()) - baseline;
     if (failures >= 3) {
-      throw new RuntimeFailure(
-        'SYNC_FAILED',
-        `host ${ctx.target.host.name}, shard ${ctx.shard}: the initial copy failed ${failures} times (the reason is in that host's server log); ` +
+      throw new HostError(
+        ctx.target.host.name,
+        `the initial copy failed ${failures} times (the reason is in that host's server log); ` +
           `fix it and run move-shard ${ctx.shard} --resume, or --abort to undo the move`,
+        { shard: ctx.shard, code: 'SYNC_FAILED' },
       );
     }
     const r = await ctx.target.client.query<{ total: string; pending: string }>(
@@ -280,9 +281,10 @@ async function waitForCatchUp(ctx: MoveContext): Promise<void> {
     // Do not keep the shard unwritable while the target is stuck: unfence and let the operator retry.
     await unfence(ctx);
     await record(ctx, 'synced', 'running');
-    throw new RuntimeFailure(
-      'CATCH_UP_TIMEOUT',
-      `host ${ctx.target.host.name}, shard ${ctx.shard}: the target did not apply the last changes within ${(ctx.options.catchUpTimeoutMs ?? 30_000) / 1000} s; the source was unfenced and is writable again. Run move-shard ${ctx.shard} --resume to retry the cut-over, or --abort. (${(error as Error).message})`,
+    throw new HostError(
+      ctx.target.host.name,
+      `the target did not apply the last changes within ${(ctx.options.catchUpTimeoutMs ?? 30_000) / 1000} s; the source was unfenced and is writable again. Run move-shard ${ctx.shard} --resume to retry the cut-over, or --abort. (${(error as Error).message})`,
+      { shard: ctx.shard, code: 'CATCH_UP_TIMEOUT' },
     );
   }
 }
@@ -358,12 +360,16 @@ async function verify(ctx: MoveContext): Promise<void> {
   if (result.ok) return;
   // A mismatch aborts the cut-over: the source is unfenced and the move undone, nothing is lost.
   await abortMove(ctx, 'sequences-carried');
-  throw new RuntimeFailure(
-    'VERIFY_FAILED',
-    `host ${ctx.target.host.name}, shard ${ctx.shard}: verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${result.mismatches.map((m) => `  - ${m}`).join('\n')}`,
-    // Error data is printed as JSON: the row count (a bigint) as a decimal string, as in MoveResult.
-    { moveId: ctx.moveId, verification: { ...result, rows: result.rows.toString() } },
-    result.mismatches,
+  throw new HostError(
+    ctx.target.host.name,
+    `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${result.mismatches.map((m) => `  - ${m}`).join('\n')}`,
+    {
+      shard: ctx.shard,
+      code: 'VERIFY_FAILED',
+      // Error data is printed as JSON: the row count (a bigint) as a decimal string, as in MoveResult.
+      data: { moveId: ctx.moveId, verification: { ...result, rows: result.rows.toString() } },
+      details: result.mismatches,
+    },
   );
 }
 

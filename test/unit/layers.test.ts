@@ -1,0 +1,68 @@
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { dirname, join, relative, resolve } from 'node:path';
+import { describe, expect, it } from 'vitest';
+
+/**
+ * The tree reads bottom-up (docs/architecture.md): a module imports only from its own layer or the
+ * layers below it, and the CLI only from the package root.
+ */
+const LAYERS: readonly (readonly string[])[] = [
+  ['errors.ts', 'pg'],
+  ['id'],
+  ['config'],
+  ['fleet'],
+  ['migrations'],
+  ['provisioning', 'moves'],
+  ['commands', 'dev'],
+  ['index.ts'],
+  ['cli'],
+];
+
+const SRC = join(import.meta.dirname, '..', '..', 'src');
+
+function layerOf(file: string): number {
+  const top = relative(SRC, file).split('/')[0]!;
+  const layer = LAYERS.findIndex((names) => names.includes(top));
+  if (layer === -1) throw new Error(`${relative(SRC, file)} is in no layer: add its folder to LAYERS and docs/architecture.md`);
+  return layer;
+}
+
+function sourceFiles(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name);
+    return statSync(path).isDirectory() ? sourceFiles(path) : path.endsWith('.ts') ? [path] : [];
+  });
+}
+
+function relativeImports(file: string): string[] {
+  const text = readFileSync(file, 'utf8');
+  return [...text.matchAll(/(?:from|import\(?)\s*'(\.{1,2}\/[^']+)'/g)].map((m) => resolve(dirname(file), m[1]!.replace(/\.js$/, '.ts')));
+}
+
+describe('source layers', () => {
+  const files = sourceFiles(SRC);
+
+  it('every source file belongs to a layer', () => {
+    for (const file of files) expect(() => layerOf(file)).not.toThrow();
+  });
+
+  it('no module imports from a layer above its own', () => {
+    const upward = files.flatMap((file) =>
+      relativeImports(file)
+        .filter((target) => layerOf(target) > layerOf(file))
+        .map((target) => `${relative(SRC, file)} imports ${relative(SRC, target)}`),
+    );
+    expect(upward).toEqual([]);
+  });
+
+  it('the CLI imports only the package root (and its own modules)', () => {
+    const inside = files
+      .filter((file) => relative(SRC, file).startsWith('cli/'))
+      .flatMap((file) =>
+        relativeImports(file)
+          .filter((target) => !relative(SRC, target).startsWith('cli/') && relative(SRC, target) !== 'index.ts')
+          .map((target) => `${relative(SRC, file)} imports ${relative(SRC, target)}`),
+      );
+    expect(inside).toEqual([]);
+  });
+});

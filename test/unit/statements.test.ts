@@ -1,0 +1,150 @@
+import { describe, expect, it } from 'vitest';
+import { parseConfig } from '../../src/config/load.js';
+import { controlSchemaSql } from '../../src/fleet/control.js';
+import { createShardSql, dropShardSql, recordShardSql } from '../../src/fleet/sql.js';
+import type { MigrationFile } from '../../src/migrations/files.js';
+import { migrationSql, noTransactionMigrationSteps } from '../../src/migrations/sql.js';
+import {
+  createPublicationSql,
+  createSubscriptionSql,
+  fenceSql,
+  oldCopyName,
+  probeSubscriptionSql,
+  renameWithStubSql,
+  unfenceSql,
+} from '../../src/moves/sql.js';
+
+const config = parseConfig(
+  'shards: 8\nhosts:\n  - { name: pg1, url: "postgres://a@h1/db", shards: "0-3" }\n  - { name: pg2, url: "postgres://a@h2/db", shards: "4-7" }\n',
+  { file: '/tmp/shardctl.yaml', checkMigrationsDir: false },
+);
+
+const migration = (over: Partial<MigrationFile> = {}): MigrationFile => ({
+  version: 2,
+  name: '0002_likes',
+  path: '/m/0002_likes.sql',
+  sql: 'CREATE TABLE likes (id bigint);',
+  checksum: 'abc',
+  noTransaction: false,
+  statements: ['CREATE TABLE likes (id bigint)'],
+  ...over,
+});
+
+describe('fleet SQL', () => {
+  it('creates a shard as one transaction: schema, next_id, control row; clearing stale rows first when asked', () => {
+    const sql = createShardSql(config, 5, true, 'incoming');
+    expect(sql.startsWith('BEGIN;\nDELETE FROM "shardctl".migrations WHERE shard = 5;\nDELETE FROM "shardctl".shards WHERE shard = 5;\nCREATE SCHEMA "insta5";')).toBe(true);
+    expect(sql).toContain(`INSERT INTO "shardctl".shards (shard, schema_name, state) VALUES (5, 'insta5', 'incoming');\nCOMMIT;`);
+    expect(createShardSql(config, 5)).not.toContain('DELETE');
+  });
+
+  it('drops every named schema of a shard once, with its control rows, in one transaction', () => {
+    expect(dropShardSql(3, ['insta3_moved_x', 'insta3', 'insta3'])).toBe(
+      'BEGIN;\nDROP SCHEMA IF EXISTS "insta3_moved_x" CASCADE;\nDROP SCHEMA IF EXISTS "insta3" CASCADE;\n' +
+        'DELETE FROM "shardctl".migrations WHERE shard = 3;\nDELETE FROM "shardctl".shards WHERE shard = 3;\nCOMMIT;',
+    );
+  });
+
+  it('records a shard idempotently, and the control schema with the layout it was built with', () => {
+    expect(recordShardSql(config, 1)).toContain(`VALUES (1, 'insta1') ON CONFLICT (shard) DO NOTHING;`);
+    expect(controlSchemaSql(config)).toContain(`VALUES (1, 'insta', 8, 1314220021721, 13, 10)\nON CONFLICT (singleton) DO NOTHING;`);
+  });
+});
+
+describe('migration SQL', () => {
+  it('runs a file on a shard in one transaction with its record, in the shard schema, under lockTimeout', () => {
+    expect(migrationSql(config, 6, migration())).toBe(
+      [
+        'BEGIN;',
+        'SET LOCAL search_path TO "insta6";',
+        "SET LOCAL lock_timeout = '5s';",
+        '-- 0002_likes.sql',
+        'CREATE TABLE likes (id bigint);',
+        ';',
+        `INSERT INTO "shardctl".migrations (shard, version, name, checksum) VALUES (6, 2, '0002_likes', 'abc');`,
+        'COMMIT;',
+      ].join('\n'),
+    );
+  });
+
+  it('runs a no-transaction file statement by statement, then refuses invalid indexes before recording it', () => {
+    const steps = noTransactionMigrationSteps(config, 0, migration({ noTransaction: true, statements: ['CREATE INDEX CONCURRENTLY a ON t (x)', 'SELECT 1'] }));
+    expect(steps).toHaveLength(4);
+    expect(steps[0]).toBe(`SET search_path TO "insta0"; SET lock_timeout = '5s';`);
+    expect(steps[1]).toBe('CREATE INDEX CONCURRENTLY a ON t (x);');
+    expect(steps[3]).toContain('NOT i.indisvalid');
+    expect(steps[3]).toMatch(/RESET search_path; RESET lock_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/);
+  });
+});
+
+describe('move SQL', () => {
+  it('publishes the shard schemas and only this move’s marker rows', () => {
+    expect(createPublicationSql('shardctl_move_m1', ['insta1', 'insta2'], 'm1')).toBe(
+      `CREATE PUBLICATION "shardctl_move_m1" FOR TABLES IN SCHEMA "insta1", "insta2",\n  TABLE "shardctl".move_markers WHERE (move_id = 'm1')`,
+    );
+  });
+
+  it('subscribes from the existing slot without copying, binary only when asked, quoting the URL as a literal', () => {
+    const sql = createSubscriptionSql('shardctl_move_m1', "postgres://r@h1/db?application_name=it's", false);
+    expect(sql).toContain(`CONNECTION 'postgres://r@h1/db?application_name=it''s'`);
+    expect(sql).toContain(`WITH (slot_name = 'shardctl_move_m1', create_slot = false, copy_data = false, binary = false)`);
+    expect(probeSubscriptionSql('p', 'postgres://h')).toContain('enabled = false, create_slot = false, slot_name = NONE');
+  });
+
+  it('fences every table in one transaction: lock, refusing triggers, state, marker', () => {
+    const sql = fenceSql({
+      shard: 4,
+      tables: [
+        ['insta4', 'likes'],
+        ['insta4', 'photos'],
+      ],
+      moveId: 'm1',
+      marker: 'fenced-x',
+      targetHost: 'pg2',
+      createOrReplaceTrigger: true,
+    });
+    const lines = sql.split('\n');
+    expect(lines[0]).toBe('BEGIN;');
+    expect(lines[2]).toBe('LOCK TABLE "insta4"."likes", "insta4"."photos" IN SHARE ROW EXCLUSIVE MODE;');
+    expect(sql.match(/CREATE OR REPLACE TRIGGER shardctl_fence/g)).toHaveLength(2);
+    expect(sql).toContain(`EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
+    expect(sql).toContain(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard = 4;`);
+    expect(sql).toContain(`INSERT INTO "shardctl".move_markers (move_id, kind) VALUES ('m1', 'fenced-x') ON CONFLICT DO NOTHING;`);
+    expect(lines.at(-1)).toBe('COMMIT;');
+    const old = fenceSql({ shard: 4, tables: [['insta4', 'likes']], moveId: 'm1', marker: 'f', targetHost: 'pg2', createOrReplaceTrigger: false });
+    expect(old).toContain('DROP TRIGGER IF EXISTS shardctl_fence ON "insta4"."likes";\nCREATE TRIGGER shardctl_fence');
+  });
+
+  it('unfences: triggers dropped, the shard active again, the fence markers of this move gone', () => {
+    expect(unfenceSql(4, [['insta4', 'likes']], 'm1')).toBe(
+      [
+        'BEGIN;',
+        'DROP TRIGGER IF EXISTS shardctl_fence ON "insta4"."likes";',
+        `UPDATE "shardctl".shards SET state = 'active' WHERE shard = 4 AND state = 'fenced';`,
+        `DELETE FROM "shardctl".move_markers WHERE move_id = 'm1' AND kind LIKE 'fenced%';`,
+        'COMMIT;',
+      ].join('\n'),
+    );
+  });
+
+  it('renames the old copy and leaves guarded views with the old grants under the old name', () => {
+    const sql = renameWithStubSql({
+      shard: 4,
+      schema: 'insta4',
+      renamed: oldCopyName('insta4', 'm1'),
+      targetHost: 'pg2',
+      tables: ['photos'],
+      schemaGrants: [{ grantee: 'app', privilege: 'USAGE' }],
+      tableGrants: [
+        { relname: 'photos', grantee: null, privilege: 'SELECT' },
+        { relname: 'photos', grantee: 'app', privilege: 'TRUNCATE' },
+      ],
+    });
+    expect(sql).toContain('ALTER SCHEMA "insta4" RENAME TO "insta4_moved_m1";');
+    expect(sql).toContain(`CREATE VIEW "insta4"."photos" AS SELECT * FROM "insta4_moved_m1"."photos" WHERE "shardctl".shard_moved('4', 'pg2');`);
+    expect(sql).toContain('GRANT USAGE ON SCHEMA "insta4" TO "app";');
+    expect(sql).toContain('GRANT SELECT ON "insta4"."photos" TO PUBLIC;');
+    expect(sql).not.toContain('TRUNCATE');
+    expect(oldCopyName('x'.repeat(60), 'm1')).toHaveLength(63);
+  });
+});
