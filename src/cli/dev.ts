@@ -1,6 +1,7 @@
 import type { Command } from 'commander';
 import { devDown, devStatus, devUp, UsageError } from '../index.js';
 import type { CliContext } from './context.js';
+import { withFlagNames } from './options.js';
 import { Output } from './output.js';
 
 export function registerDev(program: Command, ctx: CliContext, done: (code: number) => void): void {
@@ -14,11 +15,13 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
     .option('--json', 'print the hosts as JSON')
     .action(async (options: { hosts?: string; shards?: string; json?: boolean }) => {
       const out = new Output(ctx.streams, options.json ?? false);
-      const state = await devUp({
-        cwd: ctx.cwd,
-        ...(options.hosts === undefined ? {} : { hosts: positiveInt('--hosts', options.hosts) }),
-        ...(options.shards === undefined ? {} : { shards: positiveInt('--shards', options.shards) }),
-      });
+      const state = await withFlagNames({ hosts: 'option --hosts', shards: 'option --shards' }, () =>
+        devUp({
+          cwd: ctx.cwd,
+          ...(options.hosts === undefined ? {} : { hosts: positiveInt('--hosts', options.hosts) }),
+          ...(options.shards === undefined ? {} : { shards: positiveInt('--shards', options.shards) }),
+        }),
+      );
       if (out.json) out.data(state.hosts.map((h) => ({ name: h.name, port: h.port, shards: h.shards })));
       else for (const h of state.hosts) out.line(`${h.name}: 127.0.0.1:${h.port} shards ${h.shards}`);
       out.success(`dev up: ${state.hosts.length} hosts running; config written to ${state.configFile}`);
