@@ -54,6 +54,24 @@ CREATE TABLE IF NOT EXISTS {{control}}.moves (
   detail     jsonb NOT NULL DEFAULT '{}'
 );
 CREATE UNIQUE INDEX IF NOT EXISTS moves_one_running_per_shard ON {{control}}.moves (shard) WHERE status = 'running';
+-- A move carries a batch of shards from one source to one target; `shard` is the first of them.
+ALTER TABLE {{control}}.moves ADD COLUMN IF NOT EXISTS shards integer[];
+
+-- The shards of the running moves, one row each: a shard is in at most one running move. Written
+-- with the move's row, removed when the move is done or aborted.
+CREATE TABLE IF NOT EXISTS {{control}}.move_shards (
+  shard   integer PRIMARY KEY,
+  move_id text NOT NULL
+);
+
+-- Objects shardctl creates outside its own schemas and must remove again (the reachability probe's
+-- subscription), recorded before they are created: status lists what is left, gc and
+-- move-shard --abort drop it.
+CREATE TABLE IF NOT EXISTS {{control}}.objects (
+  name       text PRIMARY KEY,
+  kind       text NOT NULL CHECK (kind IN ('probe-subscription')),
+  created_at timestamptz NOT NULL DEFAULT now()
+);
 
 -- Written on the source in the fencing transaction and replicated with the shard's tables: when the
 -- target sees the marker, it has applied every change committed before the fence (logical

@@ -38,7 +38,7 @@ export {
   type PendingFile,
 } from './commands/migrate.js';
 export { status, type HostStatus, type StatusResult } from './commands/status.js';
-export { moveShard } from './commands/move-shard.js';
+export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
 export { gc, type OldCopy } from './commands/gc.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
 export { devUp, devDown, devStatus, type DevHost, type DevState, type DevHostStatus, type DevUpOptions } from './dev/dev.js';
@@ -47,10 +47,10 @@ export { devUp, devDown, devStatus, type DevHost, type DevState, type DevHostSta
 export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisioning/run.js';
 export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
-export type { MoveOptions, MoveResult } from './moves/move.js';
+export type { MoveOptions, MoveResult, WaveLimits } from './moves/move.js';
 export type { PreflightCheck } from './moves/preflight.js';
-export type { MoveMode, MoveStep } from './moves/state.js';
-export type { VerifyResult } from './moves/verify.js';
+export type { MoveMode, MoveStep, MoveRecord } from './moves/state.js';
+export type { VerifyResult, TableVerification } from './moves/verify.js';
 
 // errors and redaction
 export {

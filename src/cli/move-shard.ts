@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { moveShard, UsageError, type MoveMode, type MoveResult } from '../index.js';
+import { formatShardList, moveShards, parseShards, UsageError, type BatchMoveResult, type MoveMode, type MoveResult } from '../index.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, withFlagNames, yesOption } from './options.js';
 import { Output, seconds } from './output.js';
@@ -13,66 +13,83 @@ interface MoveFlags extends CommonFlags {
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
-const FLAGS = { shard: 'argument <shard>', target: 'option --to', 'resume+abort': 'options --resume and --abort' };
+const FLAGS = { shards: 'argument <shards>', shard: 'argument <shards>', target: 'option --to', 'resume+abort': 'options --resume and --abort' };
 
 export function registerMoveShard(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
     .command('move-shard')
-    .description('move a logical shard to another host (online with logical replication, or offline), resumable')
-    .argument('<shard>', 'the shard number')
-    .option('--to <host>', 'the host to move it to (a name from the map)')
+    .description('move logical shards to another host (online with logical replication, or offline), one batch per source host, resumable')
+    .argument('<shards>', 'shard numbers: 17, 0-511, 1,5-9')
+    .option('--to <host>', 'the host to move them to (a name from the map)')
     .option('--mode <mode>', 'online (logical replication, PostgreSQL 15+) or offline (writes fenced during the copy)', 'online')
-    .option('--resume', 'finish the unfinished move of this shard')
-    .option('--abort', 'undo the unfinished move of this shard')
+    .option('--resume', 'finish the unfinished moves of these shards')
+    .option('--abort', 'undo the unfinished moves of these shards')
     .option('--drop-source', 'drop the old copy right after the switch instead of keeping it until gc');
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');
   jsonOption(command);
-  command.action(async (shardText: string, flags: MoveFlags) => {
+  command.action(async (shardsText: string, flags: MoveFlags) => {
     const out = new Output(ctx.streams, flags.json ?? false);
-    if (!/^\d{1,7}$/.test(shardText)) throw new UsageError(`argument <shard> ${JSON.stringify(shardText)}: expected a shard number`);
     if (flags.mode !== 'online' && flags.mode !== 'offline') {
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
     }
     const config = await loadCliConfig(ctx, flags, out);
-    const shard = Number(shardText);
+    const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
+    const which = `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
     if (!flags.dryRun && !flags.yes) {
-      const what = flags.abort ? `undo the unfinished move of shard ${shard}` : flags.resume ? `finish the move of shard ${shard}` : `move shard ${shard} to ${flags.to}`;
+      const what = flags.abort ? `undo the unfinished moves of ${which}` : flags.resume ? `finish the moves of ${which}` : `move ${which} to ${flags.to}`;
       await confirmOrRefuse(ctx.streams, what);
     }
     const result = await withFlagNames(FLAGS, () =>
-      moveShard(config, shard, flags.to, {
+      moveShards(config, shards, flags.to, {
         mode: flags.mode as MoveMode,
         dryRun: flags.dryRun ?? false,
         resume: flags.resume ?? false,
         abort: flags.abort ?? false,
         dropSource: flags.dropSource ?? false,
         onStep: (_step, detail) => out.info(detail),
+        onNotice: (message) => out.warn(message),
       }),
     );
     print(out, result);
-    done(result.outcome === 'dry-run' && result.preflight.some((c) => !c.ok) ? 1 : 0);
+    done(result.outcome === 'dry-run' && result.moves.some((m) => m.preflight.some((c) => !c.ok)) ? 1 : 0);
   });
 }
 
-function print(out: Output, result: MoveResult): void {
+function print(out: Output, result: BatchMoveResult): void {
   if (out.json) {
-    out.data(result);
+    // A move of one source host prints that move (the shape of a single-shard move); a batch over
+    // several source hosts prints the batch with its moves.
+    out.data(result.moves.length === 1 ? result.moves[0] : result);
     return;
   }
-  if (result.outcome === 'dry-run') {
-    out.line(`move of shard ${result.shard} from ${result.source} to ${result.target} (${result.mode}) — dry run, nothing changed`);
-    for (const check of result.preflight) out.line(`  ${check.ok ? 'ok  ' : 'FAIL'} ${check.name}: ${check.message}`);
-    out.line(`  steps: ${result.plan.join(' → ')}`);
+  for (const move of result.moves) printMove(out, move);
+  if (result.moves.length > 1 && result.outcome === 'moved') {
+    out.line(
+      `${result.moves.length} moves to ${result.target}: ${result.rowsMoved} rows verified, longest write block ` +
+        `${result.writeBlockedMs === null ? 'none' : `${result.writeBlockedMs} ms`}, total ${seconds(result.durationMs)}`,
+    );
+  }
+}
+
+function printMove(out: Output, move: MoveResult): void {
+  const which = `shard${move.shards.length === 1 ? '' : 's'} ${formatShardList([...move.shards])}`;
+  if (move.outcome === 'dry-run') {
+    out.line(`move of ${which} from ${move.source} to ${move.target} (${move.mode}) — dry run, nothing changed`);
+    for (const check of move.preflight) out.line(`  ${check.ok ? 'ok  ' : 'FAIL'} ${check.name}: ${check.message}`);
+    if (move.waves.length > 1) out.line(`  cut-over in ${move.waves.length} waves: ${move.waves.map((w) => formatShardList([...w])).join(' | ')}`);
+    out.line(`  steps: ${move.plan.join(' → ')}`);
     return;
   }
-  if (result.outcome === 'aborted') {
-    out.success(`move ${result.moveId} of shard ${result.shard} aborted: ${result.source} is writable again, nothing left on ${result.target}`);
+  if (move.outcome === 'aborted') {
+    out.success(`move ${move.moveId} of ${which} aborted: ${move.source} is writable again, nothing left on ${move.target}`);
     return;
   }
+  const views = move.materializedViews.length > 0 ? `; materialized views refreshed on ${move.target}: ${move.materializedViews.join(', ')}` : '';
   out.line(
-    `shard ${result.shard} moved from ${result.source} to ${result.target}: ${result.rowsMoved} rows verified, ` +
-      `writes blocked ${result.writeBlockedMs === null ? 'not measured (resumed move)' : `${result.writeBlockedMs} ms`}, total ${seconds(result.durationMs)}`,
+    `${which} moved from ${move.source} to ${move.target}: ${move.rowsMoved} rows verified, ` +
+      `writes blocked ${move.writeBlockedMs === null ? 'not at all' : `${move.writeBlockedMs} ms`}` +
+      `${move.waves.length > 1 ? ` (longest of ${move.waves.length} waves)` : ''}, total ${seconds(move.durationMs)}${views}`,
   );
 }

@@ -1,8 +1,12 @@
-import type { ShardctlConfig } from '../config/types.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
-import { RuntimeFailure, UsageError } from '../errors.js';
+import { formatShardList } from '../config/ranges.js';
+import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
+import { readShardSizes } from '../fleet/catalog.js';
+import { describePgError } from '../fleet/connect.js';
 import { controlSchemaSql, controlTableExists } from '../fleet/control.js';
-import { Fleet, withSession } from '../fleet/session.js';
+import { acquireWorkerLock } from '../fleet/locks.js';
+import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import {
   abortMove,
@@ -12,150 +16,315 @@ import {
   moveContext,
   moveResult,
   newMoveId,
+  planWaves,
   runSteps,
   type MoveOptions,
   type MoveResult,
 } from '../moves/move.js';
-import { preflight } from '../moves/preflight.js';
-import { insertMove, runningMove, stepsFor, type MoveRecord } from '../moves/state.js';
+import { dropLeftoverProbes, preflight } from '../moves/preflight.js';
+import { insertMove, runningMoves, stepsFor, type MoveRecord } from '../moves/state.js';
 
 /**
- * `shardctl move-shard`: checks the request, connects to both hosts and takes their runner locks,
- * runs the preflight, then starts the move (src/moves/move.ts), or finds an unfinished one and
- * carries it on (--resume) or undoes it (--abort).
+ * `shardctl move-shard <shards> --to <host>`: checks the request, groups the shards by the host
+ * they are on, takes the runner lock on every host involved, runs the preflight of every group,
+ * and only when all pass starts one move per source host (src/moves/move.ts), the groups in
+ * parallel. --resume and --abort find the unfinished moves of the listed shards and carry them on
+ * or undo them. A single shard is a batch of one.
  */
+
+/** The result of a batch: one move per source host. */
+export interface BatchMoveResult {
+  readonly outcome: 'moved' | 'aborted' | 'dry-run';
+  readonly target: string;
+  readonly shards: readonly number[];
+  readonly moves: readonly MoveResult[];
+  /** Rows verified over every move. Decimal string. */
+  readonly rowsMoved: string;
+  /** The longest any shard refused writes, over every move; null when nothing was fenced. */
+  readonly writeBlockedMs: number | null;
+  readonly durationMs: number;
+}
+
+/** Moves one shard: a batch of one. */
 export async function moveShard(config: ShardctlConfig, shard: number, targetName: string | undefined, options: MoveOptions = {}): Promise<MoveResult> {
-  const started = performance.now();
   if (!Number.isInteger(shard) || shard < 0 || shard >= config.shards) {
     throw new UsageError(`out of range 0-${config.shards - 1}`, { input: 'shard', value: shard });
   }
+  const result = await moveShards(config, [shard], targetName, options);
+  return result.moves[0]!;
+}
+
+export async function moveShards(
+  config: ShardctlConfig,
+  shards: readonly number[],
+  targetName: string | undefined,
+  options: MoveOptions = {},
+): Promise<BatchMoveResult> {
+  const started = performance.now();
+  const list = [...new Set(shards)].sort((a, b) => a - b);
+  const outside = list.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
+  if (list.length === 0 || outside.length > 0) {
+    throw new UsageError(list.length === 0 ? 'no shards given' : `out of range 0-${config.shards - 1}`, { input: 'shards', value: formatShardList(outside) });
+  }
   if (options.resume && options.abort) throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
   const migrations = await readMigrations(config.migrationsDir);
+  if (options.resume || options.abort) return continueMoves(config, list, migrations, options, started);
 
-  if (options.resume || options.abort) {
-    return continueMove(config, shard, migrations, options, started);
-  }
   if (!targetName) throw new UsageError('a target host is required to start a move', { input: 'target' });
   const target = config.hosts.find((h) => h.name === targetName);
   if (!target) {
     throw new UsageError(`no such host in the map (hosts: ${config.hosts.map((h) => h.name).join(', ')})`, { input: 'target', value: targetName });
   }
-  const source = hostForShard(config, shard)!;
+  const there = list.filter((s) => hostForShard(config, s)?.name === target.name);
+  if (there.length > 0) {
+    throw new UsageError(`shard${there.length === 1 ? '' : 's'} ${formatShardList(there)} ${there.length === 1 ? 'is' : 'are'} already on ${target.name}; nothing to move`, {
+      input: 'shards',
+      value: formatShardList(list),
+    });
+  }
   const mode = options.mode ?? 'online';
-  const fleet = await Fleet.open([source, target], { applicationName: 'shardctl move' });
+  const groups = groupBySource(config, list);
+  const fleet = await Fleet.open([...groups.map((g) => g.source), target], { applicationName: 'shardctl move' });
   try {
     fleet.requireAll();
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const sides = { source: fleet.session(source.name), target: fleet.session(target.name) };
-    const checks = await preflight({
-      config,
-      shard,
-      mode,
-      source: sides.source,
-      target: sides.target,
-      migrations,
-      probeReachability: !options.dryRun && mode === 'online' && source.name !== target.name,
-      configFile: options.configFile ?? config.file,
-    });
-    const failed = checks.filter((c) => !c.ok);
-    if (options.dryRun) {
-      return {
-        moveId: '(dry run)',
-        shard,
-        source: source.name,
-        target: target.name,
-        mode,
-        outcome: 'dry-run',
-        preflight: checks,
-        plan: stepsFor(mode),
-        rowsMoved: '0',
-        writeBlockedMs: null,
-        durationMs: elapsed(started),
-        verification: null,
-      };
-    }
-    if (failed.length > 0) {
-      throw new RuntimeFailure(
-        'PREFLIGHT_FAILED',
-        `move of shard ${shard} from ${source.name} to ${target.name} not started; nothing was changed:\n${failed.map((c) => `  - ${c.name}: ${c.message}`).join('\n')}`,
-        { checks },
-        failed.map((c) => `${c.name}: ${c.message}`),
+    const parts = await Promise.all(groups.map((g) => openPart(g.source, target, options.dryRun ?? false)));
+    try {
+      const planned = await Promise.all(
+        parts.map(async (part, i) => {
+          const group = groups[i]!;
+          const checks = await preflight({
+            config,
+            shards: group.shards,
+            mode,
+            source: part.source,
+            target: part.target,
+            migrations,
+            probeReachability: !options.dryRun && mode === 'online',
+            configFile: options.configFile ?? config.file,
+          });
+          const sizes = await readShardSizes(part.source.client, config.schemaPrefix, group.shards);
+          const rows = new Map(sizes.map((s) => [s.shard, Number(s.rows)]));
+          const waves = mode === 'online' ? planWaves(group.shards, rows, options.wave) : [[...group.shards]];
+          return { part, group, checks, waves };
+        }),
       );
+      if (options.dryRun) {
+        const moves = planned.map(({ part, group, checks, waves }) =>
+          moveResult(
+            moveContext(config, { moveId: '(dry run)', mode, shards: group.shards, detail: { waves } }, part, migrations, options),
+            'dry-run',
+            checks,
+            started,
+          ),
+        );
+        return batchResult('dry-run', target.name, list, moves, started);
+      }
+      const one = planned.length === 1;
+      const failed = planned.flatMap(({ group, checks }) =>
+        checks.filter((c) => !c.ok).map((c) => `${one ? '' : `${group.source.name} → ${target.name}: `}${c.name}: ${c.message}`),
+      );
+      if (failed.length > 0) {
+        const from = one ? ` from ${groups[0]!.source.name}` : '';
+        throw new RuntimeFailure(
+          'PREFLIGHT_FAILED',
+          `move of ${shardWord(list)}${from} to ${target.name} not started; nothing was changed:\n${failed.map((f) => `  - ${f}`).join('\n')}`,
+          { checks: planned.map(({ group, checks }) => ({ source: group.source.name, checks })) },
+          failed,
+        );
+      }
+      const moves = await runParts(
+        planned.map(({ part, group, checks, waves }) => async () => {
+          const moveId = newMoveId();
+          const ctx = moveContext(config, { moveId, mode, shards: group.shards, detail: { waves } }, part, migrations, options);
+          for (const side of [part.source, part.target]) await side.client.query(controlSchemaSql(config));
+          for (const side of [part.source, part.target]) {
+            await insertMove(side.client, { moveId, shards: group.shards, source: group.source.name, target: target.name, mode, step: 'prepared', detail: { waves, wave: 0 } });
+          }
+          announce(
+            ctx,
+            'prepared',
+            `move ${moveId}: ${shardWord(group.shards)} from ${group.source.name} to ${target.name} (${mode}` +
+              `${waves.length > 1 ? `, cut over in ${waves.length} waves` : ''})`,
+          );
+          faultAfter('prepared');
+          await runSteps(ctx, 'prepared');
+          return moveResult(ctx, 'moved', checks, started);
+        }),
+      );
+      return batchResult('moved', target.name, list, moves, started);
+    } finally {
+      await Promise.all(parts.map(closePart));
     }
-    const moveId = newMoveId();
-    const ctx = moveContext(config, shard, moveId, mode, sides, migrations, options);
-    for (const side of [ctx.source, ctx.target]) await side.client.query(controlSchemaSql(config));
-    for (const side of [ctx.source, ctx.target]) {
-      await insertMove(side.client, { moveId, shard, source: source.name, target: target.name, mode, step: 'prepared' });
-    }
-    announce(ctx, 'prepared', `move ${moveId}: shard ${shard} from ${source.name} to ${target.name} (${mode})`);
-    faultAfter('prepared');
-    await runSteps(ctx, 'prepared');
-    return moveResult(ctx, 'moved', checks, started);
   } finally {
     await fleet.close();
   }
 }
 
-/** --resume and --abort: find the unfinished move on the hosts and carry it on or undo it. */
-async function continueMove(
+/** --resume and --abort: the unfinished moves that carry any of the shards, carried on or undone. */
+async function continueMoves(
   config: ShardctlConfig,
-  shard: number,
+  shards: readonly number[],
   migrations: readonly MigrationFile[],
   options: MoveOptions,
   started: number,
-): Promise<MoveResult> {
-  const record = await findRunningMove(config, shard);
-  if (!record) {
-    throw new RuntimeFailure('NO_MOVE', `no unfinished move of shard ${shard} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
+): Promise<BatchMoveResult> {
+  const records = await findRunningMoves(config, shards);
+  if (records.length === 0) {
+    throw new RuntimeFailure('NO_MOVE', `no unfinished move of ${shardWord(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
   }
-  const source = config.hosts.find((h) => h.name === record.source);
-  const target = config.hosts.find((h) => h.name === record.target);
-  if (!source || !target) {
-    throw new RuntimeFailure('MOVE_HOSTS', `move ${record.moveId} is between ${record.source} and ${record.target}, but the map lacks one of them`);
-  }
-  const fleet = await Fleet.open([source, target], { applicationName: 'shardctl move' });
+  const hostOf = (name: string): HostConfig => {
+    const host = config.hosts.find((h) => h.name === name);
+    if (!host) throw new RuntimeFailure('MOVE_HOSTS', `a move of ${shardWord(shards)} involves host ${name}, which the map lacks; restore it in the config`);
+    return host;
+  };
+  const hosts = records.flatMap((r) => [hostOf(r.source), hostOf(r.target)]);
+  const fleet = await Fleet.open(hosts, { applicationName: 'shardctl move' });
   try {
     fleet.requireAll();
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const sides = { source: fleet.session(source.name), target: fleet.session(target.name) };
-    // The hosts may disagree by one step (a crash between the two updates): redo from the earlier.
-    const onSource = await runningMove(sides.source.client, shard);
-    const onTarget = await runningMove(sides.target.client, shard);
-    const steps = stepsFor(record.mode);
-    const recorded = [onSource, onTarget].filter((r): r is MoveRecord => r !== null && r.moveId === record.moveId);
-    const step = recorded.map((r) => r.step).sort((a, b) => steps.indexOf(a) - steps.indexOf(b))[0] ?? record.step;
-    const detail = (onSource ?? onTarget ?? record).detail;
-    const ctx = moveContext(config, shard, record.moveId, record.mode, sides, migrations, options, detail);
-    if (options.dryRun) {
-      return { ...moveResult(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
-    }
-    if (options.abort) {
-      await abortMove(ctx, step);
-      return moveResult(ctx, 'aborted', [], started);
-    }
-    announce(ctx, step, `resuming move ${record.moveId} after step ${step}`);
-    await runSteps(ctx, step);
-    return moveResult(ctx, 'moved', [], started);
+    const moves = await runParts(
+      records.map((record) => async () => {
+        const part = await openPart(hostOf(record.source), hostOf(record.target), options.dryRun ?? false);
+        try {
+          // The hosts may disagree by one step (a crash between the two updates): redo from the earlier.
+          const [onSource] = await runningMoves(part.source.client, record.shards).then((r) => r.filter((m) => m.moveId === record.moveId));
+          const [onTarget] = await runningMoves(part.target.client, record.shards).then((r) => r.filter((m) => m.moveId === record.moveId));
+          const steps = stepsFor(record.mode);
+          const both = [onSource, onTarget].filter((r): r is MoveRecord => r !== undefined);
+          const earliest = both.sort((a, b) => steps.indexOf(a.step) - steps.indexOf(b.step) || waveOf(a) - waveOf(b))[0] ?? record;
+          const ctx = moveContext(config, { ...record, detail: { ...(onTarget ?? record).detail, ...(onSource ?? {}).detail, wave: waveOf(earliest) } }, part, migrations, options);
+          const step = earliest.step;
+          if (options.dryRun) return { ...moveResult(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
+          if (options.abort) {
+            await abortMove(ctx, step);
+            await dropLeftoverProbes(part.target.client);
+            return moveResult(ctx, 'aborted', [], started);
+          }
+          announce(ctx, step, `resuming move ${record.moveId} (${shardWord(record.shards)}) after step ${step}`);
+          await runSteps(ctx, step);
+          return moveResult(ctx, 'moved', [], started);
+        } finally {
+          await closePart(part);
+        }
+      }),
+    );
+    const target = [...new Set(records.map((r) => r.target))].join(', ');
+    return batchResult(options.abort ? 'aborted' : options.dryRun ? 'dry-run' : 'moved', target, [...new Set(records.flatMap((r) => r.shards))].sort((a, b) => a - b), moves, started);
   } finally {
     await fleet.close();
   }
 }
 
-async function findRunningMove(config: ShardctlConfig, shard: number): Promise<MoveRecord | null> {
+function waveOf(record: MoveRecord): number {
+  return typeof record.detail['wave'] === 'number' ? record.detail['wave'] : 0;
+}
+
+/** The unfinished moves, on any host, that carry any of `shards`; the map's hosts are all asked. */
+export async function findRunningMoves(config: ShardctlConfig, shards?: readonly number[]): Promise<MoveRecord[]> {
   const errors: string[] = [];
-  for (const host of config.hosts) {
+  const found = new Map<string, MoveRecord>();
+  await Promise.all(
+    config.hosts.map(async (host) => {
+      try {
+        const records = await withSession(
+          host,
+          async ({ client }) => ((await controlTableExists(client, 'moves')) ? runningMoves(client, shards) : []),
+          { applicationName: 'shardctl move' },
+        );
+        for (const r of records) if (!found.has(r.moveId)) found.set(r.moveId, r);
+      } catch (error) {
+        errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
+      }
+    }),
+  );
+  if (errors.length > 0 && found.size === 0) {
+    throw new RuntimeFailure('HOST_UNREACHABLE', `cannot look for unfinished moves: ${errors.join('; ')}`);
+  }
+  return [...found.values()].sort((a, b) => a.shards[0]! - b.shards[0]!);
+}
+
+interface Part {
+  readonly source: HostSession;
+  readonly target: HostSession;
+}
+
+/**
+ * The connections one move works on. The command's own sessions hold the runner locks; a move's
+ * sessions hold the worker lock (like any worker), so several moves of one batch can share a host.
+ */
+async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean): Promise<Part> {
+  const [s, t] = await Promise.allSettled([openSession(source, { applicationName: 'shardctl move' }), openSession(target, { applicationName: 'shardctl move' })]);
+  if (s.status === 'rejected' || t.status === 'rejected') {
+    if (s.status === 'fulfilled') await closeSession(s.value);
+    if (t.status === 'fulfilled') await closeSession(t.value);
+    throw s.status === 'rejected' ? s.reason : (t as PromiseRejectedResult).reason;
+  }
+  if (!dryRun) {
     try {
-      const record = await withSession(
-        host,
-        async ({ client }) => ((await controlTableExists(client, 'moves')) ? runningMove(client, shard) : null),
-        { applicationName: 'shardctl move' },
-      );
-      if (record) return record;
+      await acquireWorkerLock(s.value.client, source.name);
+      await acquireWorkerLock(t.value.client, target.name);
     } catch (error) {
-      errors.push(error instanceof Error ? error.message : String(error));
+      await closeSession(s.value);
+      await closeSession(t.value);
+      throw error;
     }
   }
-  if (errors.length > 0) throw new RuntimeFailure('HOST_UNREACHABLE', `cannot look for the move of shard ${shard}: ${errors.join('; ')}`);
-  return null;
+  return { source: s.value, target: t.value };
+}
+
+async function closePart(part: Part): Promise<void> {
+  await closeSession(part.source);
+  await closeSession(part.target);
+}
+
+/**
+ * Runs the moves of a batch in parallel. One failing does not stop the others; when any failed, the
+ * error names each failure (and what the others did), after all have finished.
+ */
+async function runParts(parts: readonly (() => Promise<MoveResult>)[]): Promise<MoveResult[]> {
+  const settled = await Promise.allSettled(parts.map((run) => run()));
+  const failures = settled.filter((s): s is PromiseRejectedResult => s.status === 'rejected').map((s) => s.reason as unknown);
+  if (failures.length === 0) return settled.map((s) => (s as PromiseFulfilledResult<MoveResult>).value);
+  if (settled.length === 1) throw failures[0];
+  const done = settled.filter((s): s is PromiseFulfilledResult<MoveResult> => s.status === 'fulfilled').map((s) => s.value);
+  const lines = [
+    ...failures.map((f) => (f instanceof ShardctlError ? f.message : describePgError(f))),
+    ...done.map((m) => `${shardWord(m.shards)} ${m.outcome} from ${m.source} to ${m.target}`),
+  ];
+  throw new RuntimeFailure(
+    'MOVE_FAILED',
+    `${failures.length} of ${settled.length} moves failed:\n${lines.map((l) => `  - ${l}`).join('\n')}`,
+    { done: done.map((m) => ({ moveId: m.moveId, shards: m.shards, outcome: m.outcome })) },
+    lines,
+  );
+}
+
+function groupBySource(config: ShardctlConfig, shards: readonly number[]): { source: HostConfig; shards: number[] }[] {
+  const groups = new Map<string, { source: HostConfig; shards: number[] }>();
+  for (const shard of shards) {
+    const source = hostForShard(config, shard);
+    if (!source) throw new UsageError(`shard ${shard} is not in the map`, { input: 'shards', value: formatShardList(shards) });
+    let group = groups.get(source.name);
+    if (!group) groups.set(source.name, (group = { source, shards: [] }));
+    group.shards.push(shard);
+  }
+  return [...groups.values()];
+}
+
+function batchResult(outcome: BatchMoveResult['outcome'], target: string, shards: readonly number[], moves: readonly MoveResult[], started: number): BatchMoveResult {
+  const blocked = moves.map((m) => m.writeBlockedMs).filter((ms): ms is number => ms !== null);
+  return {
+    outcome,
+    target,
+    shards,
+    moves,
+    rowsMoved: moves.reduce((n, m) => n + BigInt(m.rowsMoved), 0n).toString(),
+    writeBlockedMs: blocked.length > 0 ? Math.max(...blocked) : null,
+    durationMs: elapsed(started),
+  };
+}
+
+function shardWord(shards: readonly number[]): string {
+  return `shard${shards.length === 1 ? '' : 's'} ${formatShardList([...shards])}`;
 }

@@ -4,12 +4,12 @@ import { RuntimeFailure } from '../errors.js';
 import { formatShardList, parseShardList } from './ranges.js';
 
 /**
- * Moves one shard from one host's list to another's in the config file, in place: comments,
- * order and formatting of everything else are kept (YAML via the yaml Document API; JSON is
- * re-serialised). The file is replaced atomically (write + rename), keeping its mode.
- * Idempotent: when the shard already belongs to `to`, nothing is written.
+ * Moves shards from one host's list to another's in the config file, in place: comments, order and
+ * formatting of everything else are kept (YAML via the yaml Document API; JSON is re-serialised).
+ * The file is replaced atomically (write + rename), keeping its mode; a failed write leaves no
+ * temporary file behind. Idempotent: shards that already belong to `to` change nothing.
  */
-export async function rewriteShardOwner(file: string, shard: number, from: string, to: string): Promise<boolean> {
+export async function rewriteShardOwner(file: string, shard: number | readonly number[], from: string, to: string): Promise<boolean> {
   // Moves between different host pairs run at the same time (runner locks are per host) and each
   // rewrites this one file: the read-modify-write is serialised by a lock file beside it.
   const release = await lockFile(`${file}.lock`);
@@ -20,21 +20,37 @@ export async function rewriteShardOwner(file: string, shard: number, from: strin
   }
 }
 
-async function rewriteLocked(file: string, shard: number, from: string, to: string): Promise<boolean> {
+async function rewriteLocked(file: string, shard: number | readonly number[], from: string, to: string): Promise<boolean> {
   const text = await readFile(file, 'utf8');
   const updated = file.endsWith('.json') ? rewriteJson(text, shard, from, to) : rewriteYaml(text, shard, from, to);
   if (updated === null) return false;
   const mode = (await stat(file)).mode & 0o7777;
   const temp = `${file}.shardctl-${process.pid}.tmp`;
-  await writeFile(temp, updated, { mode });
-  await rename(temp, file);
+  try {
+    await writeFile(temp, updated, { mode });
+    await rename(temp, file);
+  } catch (error) {
+    await rm(temp, { force: true });
+    throw error;
+  }
   return true;
 }
 
-function moveInList(spec: string, shard: number, add: boolean): string {
+function asList(shard: number | readonly number[]): readonly number[] {
+  return typeof shard === 'number' ? [shard] : shard;
+}
+
+function moveInList(spec: string, shards: readonly number[], add: boolean): string {
   const current = spec.trim() === '' ? [] : parseOrFail(spec);
-  const next = add ? [...current, shard] : current.filter((s) => s !== shard);
+  const moving = new Set(shards);
+  const next = add ? [...new Set([...current, ...shards])] : current.filter((s) => !moving.has(s));
   return formatShardList(next);
+}
+
+/** Whether the list must change: `to` lacks one of the shards, or `from` still has one. */
+function needsChange(spec: string, shards: readonly number[], add: boolean): boolean {
+  const current = new Set(spec.trim() === '' ? [] : parseOrFail(spec));
+  return add ? shards.some((s) => !current.has(s)) : shards.some((s) => current.has(s));
 }
 
 function parseOrFail(spec: string): number[] {
@@ -43,7 +59,8 @@ function parseOrFail(spec: string): number[] {
   return parsed.shards;
 }
 
-export function rewriteYaml(text: string, shard: number, from: string, to: string): string | null {
+export function rewriteYaml(text: string, shard: number | readonly number[], from: string, to: string): string | null {
+  const shards = asList(shard);
   const doc = parseDocument(text);
   const hosts = doc.get('hosts', true);
   if (!isSeq(hosts)) throw new RuntimeFailure('CONFIG_REWRITE', 'cannot update the map: no hosts list in the config file');
@@ -54,10 +71,9 @@ export function rewriteYaml(text: string, shard: number, from: string, to: strin
     if (name !== from && name !== to) continue;
     const node = item.get('shards', true);
     const spec = isScalar(node) ? String(node.value ?? '') : '';
-    const has = spec.trim() !== '' && parseOrFail(spec).includes(shard);
     const add = name === to;
-    if (has === add) continue;
-    const value = new Scalar(moveInList(spec, shard, add));
+    if (!needsChange(spec, shards, add)) continue;
+    const value = new Scalar(moveInList(spec, shards, add));
     // Keep a list that reads like a number ("5") a string, as the file wrote it quoted or not.
     value.type = isScalar(node) && node.type === 'PLAIN' && /^\d+$/.test(String(value.value)) === false ? 'PLAIN' : 'QUOTE_DOUBLE';
     if (isScalar(node)) {
@@ -70,16 +86,16 @@ export function rewriteYaml(text: string, shard: number, from: string, to: strin
   return changed ? doc.toString() : null;
 }
 
-function rewriteJson(text: string, shard: number, from: string, to: string): string | null {
+function rewriteJson(text: string, shard: number | readonly number[], from: string, to: string): string | null {
+  const shards = asList(shard);
   const data = JSON.parse(text) as { hosts?: { name?: string; shards?: string | number }[] };
   let changed = false;
   for (const host of data.hosts ?? []) {
     if (host.name !== from && host.name !== to) continue;
     const spec = host.shards === undefined ? '' : String(host.shards);
-    const has = spec.trim() !== '' && parseOrFail(spec).includes(shard);
     const add = host.name === to;
-    if (has === add) continue;
-    host.shards = moveInList(spec, shard, add);
+    if (!needsChange(spec, shards, add)) continue;
+    host.shards = moveInList(spec, shards, add);
     changed = true;
   }
   return changed ? `${JSON.stringify(data, null, 2)}\n` : null;

@@ -141,3 +141,30 @@ async function readApplied(client: pg.Client): Promise<{ applied: Map<number, Ma
   }
   return { applied, names };
 }
+
+/** Size of a shard on its host: bytes on disk (tables, indexes, TOAST) and estimated rows. */
+export interface ShardSize {
+  readonly shard: number;
+  readonly bytes: bigint;
+  /** From the planner's statistics (reltuples, or the live-tuple count where a table was never analysed). */
+  readonly rows: bigint;
+}
+
+/** Sizes of the shard schemas of a prefix on one host (all of them, or the listed shards). */
+export async function readShardSizes(client: pg.Client, prefix: string, shards?: readonly number[]): Promise<ShardSize[]> {
+  const result = await client.query<{ nspname: string; bytes: string; rows: string }>(
+    `SELECT n.nspname,
+            coalesce(sum(pg_total_relation_size(c.oid)) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::text AS bytes,
+            coalesce(sum(greatest(c.reltuples, coalesce(s.n_live_tup, 0), 0)) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::bigint::text AS rows
+       FROM pg_namespace n
+       LEFT JOIN pg_class c ON c.relnamespace = n.oid
+       LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
+      WHERE ${shardSchemaCondition('n.nspname')}
+        AND ($2::text[] IS NULL OR n.nspname = ANY($2::text[]))
+      GROUP BY n.nspname`,
+    [prefix, shards ? shards.map((s) => `${prefix}${s}`) : null],
+  );
+  return result.rows
+    .map((r) => ({ shard: Number(r.nspname.slice(prefix.length)), bytes: BigInt(r.bytes), rows: BigInt(r.rows) }))
+    .sort((a, b) => a.shard - b.shard);
+}

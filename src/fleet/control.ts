@@ -30,7 +30,7 @@ export function controlSchemaSql(config: ShardctlConfig): string {
 }
 
 /** Whether the control schema has `table` (hosts never initialised, or older control schemas, lack it). */
-export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves'): Promise<boolean> {
+export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves' | 'objects'): Promise<boolean> {
   const result = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.${table}`]);
   return result.rows[0]!.e;
 }

@@ -2,7 +2,7 @@ import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { connectHost, describePgError } from './connect.js';
-import { acquireRunnerLock, releaseRunnerLock } from './locks.js';
+import { acquireRunnerLock, acquireWorkerLock, releaseRunnerLock } from './locks.js';
 
 /**
  * Host sessions: one coordinator connection per host, with the server's version read once when it
@@ -32,6 +32,7 @@ export interface OpenOptions {
 
 export async function openSession(host: HostConfig, options: OpenOptions = {}): Promise<HostSession> {
   const client = await connectHost(host, { applicationName: options.applicationName ?? 'shardctl' });
+  tagErrors(client, host.name);
   try {
     const result = await client.query<{ version: string; num: string }>(
       `SELECT current_setting('server_version') AS version, current_setting('server_version_num') AS num`,
@@ -42,6 +43,46 @@ export async function openSession(host: HostConfig, options: OpenOptions = {}): 
     await client.end().catch(() => undefined);
     throw new HostError(host.name, `cannot read the server version: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
   }
+}
+
+/**
+ * A connection that does the work of a run on a host (copying, creating shards) while the run's
+ * session holds the runner lock: it holds the worker lock in shared mode, so a later run waits for
+ * it to finish even if this process dies (see locks.ts).
+ */
+export async function openWorker(host: HostConfig, applicationName = 'shardctl worker'): Promise<pg.Client> {
+  const client = await connectHost(host, { applicationName });
+  tagErrors(client, host.name);
+  try {
+    await acquireWorkerLock(client, host.name);
+  } catch (error) {
+    await client.end().catch(() => undefined);
+    throw error;
+  }
+  return client;
+}
+
+/** The host whose connection raised `error` (a query on a session or worker), if known. */
+export function errorHost(error: unknown): string | undefined {
+  return (error as { shardctlHost?: string } | null)?.shardctlHost;
+}
+
+/**
+ * Every failed query on this client carries the host's name, so an engine that talks to two hosts
+ * reports a failure against the host where it happened.
+ */
+function tagErrors(client: pg.Client, host: string): void {
+  const query = client.query.bind(client) as (...args: unknown[]) => unknown;
+  (client as unknown as { query: (...args: unknown[]) => unknown }).query = (...args: unknown[]) => {
+    const result = query(...args);
+    if (result && typeof (result as Promise<unknown>).then === 'function') {
+      return (result as Promise<unknown>).catch((error: unknown) => {
+        if (error && typeof error === 'object' && !('shardctlHost' in error)) Object.defineProperty(error, 'shardctlHost', { value: host });
+        throw error;
+      });
+    }
+    return result;
+  };
 }
 
 export async function closeSession(session: HostSession): Promise<void> {

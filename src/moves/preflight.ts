@@ -2,14 +2,14 @@ import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import type pg from 'pg';
+import { formatShardList } from '../config/ranges.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import type { MigrationFile } from '../migrations/files.js';
-import { CONTROL } from '../fleet/control.js';
-import { dropSubscriptionSql, probeSubscriptionSql } from './sql.js';
-import { controlTableExists } from '../fleet/control.js';
+import { CONTROL, controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
+import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
+import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql.js';
 import type { MoveMode } from './state.js';
 
 export interface PreflightCheck {
@@ -21,7 +21,8 @@ export interface PreflightCheck {
 
 export interface PreflightInput {
   readonly config: ShardctlConfig;
-  readonly shard: number;
+  /** The batch: shards mapped to the source, ascending. */
+  readonly shards: readonly number[];
   readonly mode: MoveMode;
   readonly source: HostSession;
   readonly target: HostSession;
@@ -33,55 +34,62 @@ export interface PreflightInput {
 }
 
 /**
- * Everything checked before a move changes anything. Each failed check says what to change.
+ * Everything checked before a move changes anything, for the whole batch. Each failed check names
+ * the shards or tables concerned and says what to change.
  */
 export async function preflight(input: PreflightInput): Promise<PreflightCheck[]> {
-  const { config, shard, mode } = input;
+  const { config, shards, mode } = input;
   const [source, target] = [input.source.host, input.target.host];
   const [src, dst] = [input.source.client, input.target.client];
-  const schema = shardSchemaName(config, shard);
+  const schemas = shards.map((s) => shardSchemaName(config, s));
   const checks: PreflightCheck[] = [];
   const add = (name: string, ok: boolean, message: string): void => {
     checks.push({ name, ok, message });
   };
+  const list = (items: readonly number[]): string => `shard${items.length === 1 ? '' : 's'} ${formatShardList([...items])}`;
 
-  add('map', hostForShard(config, shard)?.name === source.name, `the map puts shard ${shard} on ${source.name}`);
-  add('target', target.name !== source.name, target.name === source.name ? `shard ${shard} is already on ${target.name}` : `target ${target.name} is in the map`);
+  const unmapped = shards.filter((s) => hostForShard(config, s)?.name !== source.name);
+  add('map', unmapped.length === 0, unmapped.length === 0 ? `the map puts ${list(shards)} on ${source.name}` : `the map does not put ${list(unmapped)} on ${source.name}`);
 
-  const onSource = await src.query<{ exists: boolean; state: string | null }>(
-    `SELECT to_regnamespace($1) IS NOT NULL AS exists,
-            (SELECT state FROM ${CONTROL}.shards WHERE shard = $2) AS state`,
-    [schema, shard],
+  const onSource = await src.query<{ shard: number; exists: boolean; state: string | null }>(
+    `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists, (SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard) AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`,
+    [shards, schemas],
   );
-  const sourceRow = onSource.rows[0]!;
+  const missing = onSource.rows.filter((r) => !r.exists).map((r) => r.shard);
+  const inactive = onSource.rows.filter((r) => r.exists && r.state !== 'active');
   add(
-    'shard on source',
-    sourceRow.exists && sourceRow.state === 'active',
-    sourceRow.exists
-      ? sourceRow.state === 'active'
-        ? `schema ${schema} exists on ${source.name} and is active`
-        : `schema ${schema} on ${source.name} is ${sourceRow.state ?? 'not recorded by shardctl'}; run shardctl init first`
-      : `schema ${schema} does not exist on ${source.name}; nothing to move`,
+    'shards on source',
+    missing.length === 0 && inactive.length === 0,
+    missing.length > 0
+      ? `no schema for ${list(missing)} on ${source.name}; nothing to move`
+      : inactive.length > 0
+        ? `${list(inactive.map((r) => r.shard))} on ${source.name} ${inactive.length === 1 ? 'is' : 'are'} ${inactive[0]!.state ?? 'not recorded by shardctl'}; run shardctl init first, or finish the move that fenced ${inactive.length === 1 ? 'it' : 'them'}`
+        : `the schemas of ${list(shards)} exist on ${source.name} and are active`,
   );
 
   const targetInitialised = await controlTableExists(dst, 'shards');
-  const onTarget = await dst.query<{ exists: boolean; state: string | null }>(
-    `SELECT to_regnamespace($1) IS NOT NULL AS exists, ${
-      targetInitialised ? `(SELECT state FROM ${CONTROL}.shards WHERE shard = $2)` : 'NULL::text'
-    } AS state`,
-    targetInitialised ? [schema, shard] : [schema],
+  const onTarget = await dst.query<{ shard: number; exists: boolean; state: string | null }>(
+    `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists,
+            ${targetInitialised ? `(SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard)` : 'NULL::text'} AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`,
+    [shards, schemas],
   );
-  const targetRow = onTarget.rows[0]!;
+  const oldCopies = onTarget.rows.filter((r) => r.state === 'fenced').map((r) => r.shard);
+  const recorded = onTarget.rows.filter((r) => r.state !== null && r.state !== 'fenced').map((r) => r.shard);
+  const present = onTarget.rows.filter((r) => r.exists && r.state === null).map((r) => r.shard);
   add(
     'target free',
-    !targetRow.exists && targetRow.state === null,
-    targetRow.state === 'fenced'
-      ? `${target.name} still holds an old fenced copy of shard ${shard}; remove it with shardctl gc first`
-      : targetRow.state !== null
-        ? `${target.name} already records shard ${shard} (${targetRow.state}); finish or undo the move that put it there (move-shard --resume / --abort), or drop it`
-        : targetRow.exists
-          ? `schema ${schema} already exists on ${target.name}; drop it (or shardctl move-shard --abort an earlier move)`
-          : `no schema ${schema} on ${target.name}`,
+    oldCopies.length + recorded.length + present.length === 0,
+    oldCopies.length > 0
+      ? `${target.name} still holds old fenced copies of ${list(oldCopies)}; remove them with shardctl gc first`
+      : recorded.length > 0
+        ? `${target.name} already records ${list(recorded)}; finish or undo the move that put them there (move-shard --resume / --abort)`
+        : present.length > 0
+          ? present.length === 1
+            ? `the schema of ${list(present)} already exists on ${target.name} but shardctl did not create it there; drop it first`
+            : `the schemas of ${list(present)} already exist on ${target.name} but shardctl did not create them there; drop them first`
+          : `no schema of the batch on ${target.name}`,
   );
   add(
     'target initialised',
@@ -94,11 +102,11 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     { num: input.target.serverVersionNum, text: input.target.serverVersion },
   ] as const;
   if (mode === 'online') {
+    const ok = versions.every((v) => v.num >= 150000);
     add(
       'versions',
-      versions.every((v) => v.num >= 150000),
-      `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}` +
-        (versions.every((v) => v.num >= 150000) ? '' : '; online mode needs 15 or later on both (use --mode offline)'),
+      ok,
+      `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}` + (ok ? '' : '; online mode needs 15 or later on both (use --mode offline)'),
     );
     const settings = await src.query<{ wal_level: string; free_slots: number; free_senders: number }>(
       `SELECT current_setting('wal_level') AS wal_level,
@@ -109,9 +117,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     add(
       'wal_level',
       s.wal_level === 'logical',
-      s.wal_level === 'logical'
-        ? `wal_level=logical on ${source.name}`
-        : `wal_level=${s.wal_level} on ${source.name}; set wal_level=logical and restart it, or use --mode offline`,
+      s.wal_level === 'logical' ? `wal_level=logical on ${source.name}` : `wal_level=${s.wal_level} on ${source.name}; set wal_level=logical and restart it, or use --mode offline`,
     );
     add(
       'replication slots',
@@ -119,21 +125,31 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       `${s.free_slots} free replication slots and ${s.free_senders} free WAL senders on ${source.name}` +
         (s.free_slots > 0 && s.free_senders > 0 ? '' : '; raise max_replication_slots / max_wal_senders'),
     );
-    const noIdentity = await src.query<{ relname: string }>(
-      `SELECT c.relname FROM pg_class c
-        WHERE c.relnamespace = to_regnamespace($1) AND c.relkind = 'r'
-          AND (c.relreplident = 'n'
-               OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)))
+    const tables = await src.query<{ name: string; identity: boolean; logged: boolean }>(
+      `SELECT format('%s.%s', n.nspname, c.relname) AS name,
+              NOT (c.relreplident = 'n' OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) AS identity,
+              c.relpersistence <> 'u' AS logged
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = ANY($1) AND c.relkind = 'r'
         ORDER BY 1`,
-      [schema],
+      [schemas],
     );
-    const tables = noIdentity.rows.map((r) => r.relname);
+    const noIdentity = tables.rows.filter((t) => !t.identity).map((t) => t.name);
     add(
       'replica identity',
-      tables.length === 0,
-      tables.length === 0
-        ? `every table of ${schema} has a replica identity`
-        : `table${tables.length === 1 ? '' : 's'} ${tables.join(', ')} in ${schema} ha${tables.length === 1 ? 's' : 've'} no replica identity; add a primary key or ALTER TABLE … REPLICA IDENTITY FULL, or use --mode offline`,
+      noIdentity.length === 0,
+      noIdentity.length === 0
+        ? 'every table of the batch has a replica identity'
+        : `${tableList(noIdentity)} ha${noIdentity.length === 1 ? 's' : 've'} no replica identity; add a primary key or ALTER TABLE … REPLICA IDENTITY FULL, or use --mode offline`,
+    );
+    // Logical replication does not carry unlogged tables: their writes after the copy would be lost.
+    const unlogged = tables.rows.filter((t) => !t.logged).map((t) => t.name);
+    add(
+      'logged tables',
+      unlogged.length === 0,
+      unlogged.length === 0
+        ? 'every table of the batch is logged (replicated)'
+        : `${tableList(unlogged)} ${unlogged.length === 1 ? 'is' : 'are'} UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline (which copies them with writes fenced)`,
     );
     if (input.probeReachability) {
       const reach = await probeSubscription(dst, source.replicationUrl);
@@ -155,32 +171,42 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   add(
     'config file',
     writable === null,
-    writable === null
-      ? `${input.configFile} will be rewritten at the switch`
-      : `the map cannot be rewritten at the switch: ${writable}; the move would be stuck after the target went live`,
+    writable === null ? `${input.configFile} will be rewritten at the switch` : `the map cannot be rewritten at the switch: ${writable}; the move would be stuck after the target went live`,
   );
 
-  const [srcMove, dstMove] = await Promise.all([runningMoveId(src, shard), runningMoveId(dst, shard)]);
-  const running = srcMove ?? dstMove;
+  const running = [...(await runningMoveIds(src, shards)), ...(await runningMoveIds(dst, shards))];
   add(
     'no other move',
-    running === null,
-    running === null ? `no move of shard ${shard} is running` : `move ${running} of shard ${shard} is unfinished; finish it with --resume or undo it with --abort`,
+    running.length === 0,
+    running.length === 0
+      ? `no move of these shards is running`
+      : `${[...new Set(running.map((r) => `move ${r.moveId} (${list(r.shards)})`))].join(', ')} is unfinished; finish it with --resume or undo it with --abort`,
   );
 
-  const applied = await src.query<{ version: number; checksum: string }>(
-    `SELECT version, checksum FROM ${CONTROL}.migrations WHERE shard = $1 ORDER BY version`,
-    [shard],
+  const applied = await src.query<{ shard: number; version: number; checksum: string }>(
+    `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`,
+    [shards],
   );
-  const drift = shardDrift(new Map(applied.rows.map((r) => [r.version, r.checksum])), input.migrations);
+  const byShard = new Map<number, Map<number, string>>();
+  for (const r of applied.rows) {
+    let m = byShard.get(r.shard);
+    if (!m) byShard.set(r.shard, (m = new Map()));
+    m.set(r.version, r.checksum);
+  }
+  const drifted = [...byShard].flatMap(([shard, versions]) => shardDrift(versions, input.migrations).map((v) => ({ shard, v })));
   add(
     'migrations',
-    drift.length === 0,
-    drift.length === 0
-      ? `shard ${shard} is at migration level ${applied.rows.at(-1)?.version ?? 0}; the same files will build the target`
-      : `migration version${drift.length === 1 ? '' : 's'} ${drift.join(', ')} applied to shard ${shard} ${drift.length === 1 ? 'has' : 'have'} no matching file (changed or deleted); restore them first`,
+    drifted.length === 0,
+    drifted.length === 0
+      ? `the same migration files will build the target copies`
+      : `migration version${new Set(drifted.map((d) => d.v)).size === 1 ? '' : 's'} ${[...new Set(drifted.map((d) => d.v))].join(', ')} applied to ${list([...new Set(drifted.map((d) => d.shard))])} ha${drifted.length === 1 ? 's' : 've'} no matching file (changed or deleted); restore them first`,
   );
   return checks;
+}
+
+function tableList(names: readonly string[]): string {
+  const shown = names.slice(0, 5).join(', ');
+  return `table${names.length === 1 ? '' : 's'} ${shown}${names.length > 5 ? ` and ${names.length - 5} more` : ''}`;
 }
 
 /** Null when the file and its folder (for the atomic rename) are writable; else why not. */
@@ -195,15 +221,23 @@ async function canRewrite(file: string): Promise<string | null> {
   }
 }
 
-async function runningMoveId(client: pg.Client, shard: number): Promise<string | null> {
-  if (!(await controlTableExists(client, 'moves'))) return null;
-  const r = await client.query<{ move_id: string }>(`SELECT move_id FROM ${CONTROL}.moves WHERE shard = $1 AND status = 'running'`, [shard]);
-  return r.rows[0]?.move_id ?? null;
+async function runningMoveIds(client: pg.Client, shards: readonly number[]): Promise<{ moveId: string; shards: number[] }[]> {
+  if (!(await controlTableExists(client, 'moves'))) return [];
+  const r = await client.query<{ move_id: string; shards: number[] }>(
+    `SELECT move_id, coalesce(shards, ARRAY[shard]) AS shards FROM ${CONTROL}.moves WHERE status = 'running' AND coalesce(shards, ARRAY[shard]) && $1::int[]`,
+    [shards],
+  );
+  return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards }));
 }
 
-/** Null when the target could open a replication connection to the source; else the error. */
+/**
+ * Null when the target could open a replication connection to the source; else the error. The probe
+ * subscription is recorded in the control schema before it is created, so a run killed in between
+ * leaves a leftover that status lists and gc or --abort removes (dropLeftoverProbes).
+ */
 async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<string | null> {
-  const name = `shardctl_probe_${process.pid}`;
+  const name = `shardctl_probe_${process.pid}_${Date.now().toString(36)}`;
+  await target.query(recordObjectSql(name, 'probe-subscription'));
   try {
     await target.query(probeSubscriptionSql(name, sourceUrl));
     await target.query(dropSubscriptionSql(name));
@@ -211,5 +245,18 @@ async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<
   } catch (error) {
     await target.query(dropSubscriptionSql(name, { ifExists: true })).catch(() => undefined);
     return (error as Error).message;
+  } finally {
+    await target.query(forgetObjectSql(name)).catch(() => undefined);
   }
+}
+
+/** Drops the probe subscriptions recorded on a host (left by killed runs); returns their names. */
+export async function dropLeftoverProbes(client: pg.Client): Promise<string[]> {
+  if (!(await controlTableExists(client, 'objects'))) return [];
+  const rows = await client.query<{ name: string }>(`SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`);
+  for (const { name } of rows.rows) {
+    await client.query(dropSubscriptionSql(name, { ifExists: true }));
+    await client.query(forgetObjectSql(name));
+  }
+  return rows.rows.map((r) => r.name);
 }

@@ -68,19 +68,24 @@ export interface FenceInput {
   readonly shard: number;
   /** Every table of the shard including partitions, as [schema, table]. */
   readonly tables: readonly (readonly [string, string])[];
-  readonly moveId: string;
-  /** The marker kind of this fence attempt. */
-  readonly marker: string;
   /** Where the shard is going, named in the SC100 error. */
   readonly targetHost: string;
+  /** How long the LOCK may wait in all, in ms: below deadlock_timeout, so it cannot lose to application lock order. */
+  readonly lockWaitMs: number;
   /** CREATE OR REPLACE TRIGGER exists from PostgreSQL 14. */
   readonly createOrReplaceTrigger: boolean;
 }
 
 /**
- * The fence, in one transaction: wait for in-flight writers (SHARE ROW EXCLUSIVE conflicts with
- * their locks), then a statement trigger on every table that refuses every write with SQLSTATE
- * SC100, the shard marked fenced, and the fence marker the target waits for.
+ * One shard's fence, in one transaction: its tables locked in SHARE ROW EXCLUSIVE mode (waits for
+ * in-flight writers), a statement trigger on every table that refuses every write with SQLSTATE
+ * SC100, and the shard marked fenced.
+ *
+ * Why it cannot deadlock an application: the LOCK statement may wait only `lockWaitMs` in all
+ * (lock_timeout and statement_timeout), which is below the server's deadlock_timeout. An
+ * application transaction waiting for a table the fence already holds started waiting after the
+ * fence took it, so it has waited less than lockWaitMs when the fence gives up and rolls back:
+ * neither side reaches the deadlock check, nobody is aborted, and the move retries the fence.
  */
 export function fenceSql(input: FenceInput): string {
   const tables = input.tables.map(([schema, table]) => qualified(schema, table));
@@ -91,14 +96,32 @@ export function fenceSql(input: FenceInput): string {
       : // Before PostgreSQL 14: drop and create (a stronger lock, held for the few ms of this transaction).
         `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\nCREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`,
   );
+  const wait = `'${Math.max(1, Math.round(input.lockWaitMs))}ms'`;
   return [
     'BEGIN;',
-    `SET LOCAL lock_timeout = '2s';`,
-    ...(tables.length > 0 ? [`LOCK TABLE ${tables.join(', ')} IN SHARE ROW EXCLUSIVE MODE;`] : []),
+    ...(tables.length > 0
+      ? [
+          `SET LOCAL lock_timeout = ${wait};`,
+          `SET LOCAL statement_timeout = ${wait};`,
+          `LOCK TABLE ${tables.join(', ')} IN SHARE ROW EXCLUSIVE MODE;`,
+          'SET LOCAL statement_timeout TO DEFAULT;',
+        ]
+      : []),
     ...triggers,
     `UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard = ${input.shard};`,
-    insertMarkerSql(input.moveId, input.marker),
-    `UPDATE ${CONTROL}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceMarker: input.marker }))}::jsonb WHERE move_id = ${quoteLiteral(input.moveId)};`,
+    'COMMIT;',
+  ].join('\n');
+}
+
+/**
+ * After every shard of a wave is fenced: the marker the target waits for (replicated after every
+ * change committed before it), and the wave's fence recorded in the move's detail.
+ */
+export function fenceMarkerSql(moveId: string, marker: string, fenceStartedAtMs: number): string {
+  return [
+    'BEGIN;',
+    insertMarkerSql(moveId, marker),
+    `UPDATE ${CONTROL}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceMarker: marker, fenceStartedAtMs }))}::jsonb WHERE move_id = ${quoteLiteral(moveId)};`,
     'COMMIT;',
   ].join('\n');
 }
@@ -112,6 +135,41 @@ export function unfenceSql(shard: number, tables: readonly (readonly [string, st
     `DELETE FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(moveId)} AND kind LIKE 'fenced%';`,
     'COMMIT;',
   ].join('\n');
+}
+
+/** A sequence's state, as read from the sequence itself (pg_sequences hides a setval(..., false)). */
+export function readSequencesSql(sequences: readonly (readonly [string, string])[]): string {
+  return sequences
+    .map(([schema, name], i) => `SELECT ${i} AS i, last_value::text AS last_value, is_called FROM ${qualified(schema, name)}`)
+    .join('\nUNION ALL ')
+    .concat('\nORDER BY 1');
+}
+
+export interface SequenceValue {
+  readonly schema: string;
+  readonly name: string;
+  readonly lastValue: bigint;
+  readonly isCalled: boolean;
+}
+
+/** setval() for each sequence, in one statement. */
+export function setSequencesSql(values: readonly SequenceValue[]): string {
+  return `SELECT ${values
+    .map((v) => `setval(${quoteLiteral(`${quoteIdent(v.schema)}.${quoteIdent(v.name)}`)}::regclass, ${v.lastValue}, ${v.isCalled})`)
+    .join(',\n       ')}`;
+}
+
+export function refreshMaterializedViewSql(schema: string, view: string): string {
+  return `REFRESH MATERIALIZED VIEW ${qualified(schema, view)}`;
+}
+
+/** Recorded before the probe subscription is created, so a kill in between leaves a recorded leftover. */
+export function recordObjectSql(name: string, kind: 'probe-subscription'): string {
+  return `INSERT INTO ${CONTROL}.objects (name, kind) VALUES (${quoteLiteral(name)}, ${quoteLiteral(kind)}) ON CONFLICT DO NOTHING`;
+}
+
+export function forgetObjectSql(name: string): string {
+  return `DELETE FROM ${CONTROL}.objects WHERE name = ${quoteLiteral(name)}`;
 }
 
 export interface Grant {

@@ -1,7 +1,12 @@
 import type pg from 'pg';
 import { CONTROL } from '../fleet/control.js';
 
-/** The steps of a move, in order. A step is recorded on both hosts once it has completed. */
+/**
+ * The steps of a move, in order. A step is recorded on both hosts once it has completed. Online,
+ * the cut-over (fenced … switched) runs once per wave of shards: after a wave is switched and more
+ * remain, the move is recorded back at `synced` with the next wave's number, so a resumed move
+ * starts that wave's fence.
+ */
 export const ONLINE_STEPS = [
   'prepared',
   'target-created',
@@ -37,7 +42,8 @@ export function stepsFor(mode: MoveMode): readonly MoveStep[] {
 
 export interface MoveRecord {
   readonly moveId: string;
-  readonly shard: number;
+  /** The shards of the move, ascending. */
+  readonly shards: readonly number[];
   readonly source: string;
   readonly target: string;
   readonly mode: MoveMode;
@@ -46,15 +52,22 @@ export interface MoveRecord {
   readonly detail: Record<string, unknown>;
 }
 
-
-export async function insertMove(client: pg.Client, move: Omit<MoveRecord, 'status' | 'detail'>): Promise<void> {
+/**
+ * Records a new move and claims its shards (one running move per shard: the claim's primary key
+ * refuses a second), in one transaction. Idempotent for the same move id.
+ */
+export async function insertMove(client: pg.Client, move: Omit<MoveRecord, 'status'>): Promise<void> {
   await client.query(
-    `INSERT INTO ${CONTROL}.moves (move_id, shard, source, target, mode, step, status) VALUES ($1, $2, $3, $4, $5, $6, 'running')
-     ON CONFLICT (move_id) DO NOTHING`,
-    [move.moveId, move.shard, move.source, move.target, move.mode, move.step],
+    `WITH m AS (
+       INSERT INTO ${CONTROL}.moves (move_id, shard, shards, source, target, mode, step, status, detail)
+       VALUES ($1, ($2::int[])[1], $2::int[], $3, $4, $5, $6, 'running', $7::jsonb)
+       ON CONFLICT (move_id) DO NOTHING RETURNING move_id)
+     INSERT INTO ${CONTROL}.move_shards (shard, move_id) SELECT unnest($2::int[]), move_id FROM m`,
+    [move.moveId, move.shards, move.source, move.target, move.mode, move.step, JSON.stringify(move.detail)],
   );
 }
 
+/** Records a completed step (and merges `detail`); a finished or aborted move releases its shards. */
 export async function recordStep(
   client: pg.Client,
   moveId: string,
@@ -63,15 +76,17 @@ export async function recordStep(
   detail: Record<string, unknown> = {},
 ): Promise<void> {
   await client.query(
-    `UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1`,
+    `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
+     DELETE FROM ${CONTROL}.move_shards s USING m WHERE s.move_id = m.move_id AND $3 <> 'running'`,
     [moveId, step, status, JSON.stringify(detail)],
   );
 }
 
-/** The unfinished move of a shard on this host, if any. */
-export async function runningMove(client: pg.Client, shard: number): Promise<MoveRecord | null> {
+/** The unfinished moves on this host that carry any of `shards` (all unfinished moves without it). */
+export async function runningMoves(client: pg.Client, shards?: readonly number[]): Promise<MoveRecord[]> {
   const result = await client.query<{
     move_id: string;
+    shards: number[] | null;
     shard: number;
     source: string;
     target: string;
@@ -80,11 +95,20 @@ export async function runningMove(client: pg.Client, shard: number): Promise<Mov
     status: MoveRecord['status'];
     detail: Record<string, unknown>;
   }>(
-    `SELECT move_id, shard, source, target, mode, step, status, detail FROM ${CONTROL}.moves WHERE shard = $1 AND status = 'running'`,
-    [shard],
+    `SELECT move_id, shards, shard, source, target, mode, step, status, detail FROM ${CONTROL}.moves
+      WHERE status = 'running' AND ($1::int[] IS NULL OR coalesce(shards, ARRAY[shard]) && $1::int[])
+      ORDER BY started_at, move_id`,
+    [shards ?? null],
   );
-  const row = result.rows[0];
-  return row
-    ? { moveId: row.move_id, shard: row.shard, source: row.source, target: row.target, mode: row.mode, step: row.step, status: row.status, detail: row.detail }
-    : null;
+  return result.rows.map((row) => ({
+    moveId: row.move_id,
+    // Moves recorded before batches had one shard and no list.
+    shards: row.shards ?? [row.shard],
+    source: row.source,
+    target: row.target,
+    mode: row.mode,
+    step: row.step,
+    status: row.status,
+    detail: row.detail,
+  }));
 }

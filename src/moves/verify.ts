@@ -1,32 +1,56 @@
 import type pg from 'pg';
-import { quoteIdent } from '../pg/quote.js';
-
-export interface TableChecksum {
-  readonly table: string;
-  readonly rows: bigint;
-  /** Sum of a 64-bit hash of every row's text form: order-independent, compared exactly. */
-  readonly checksum: string;
-}
+import { qualified } from './sql.js';
 
 /**
- * The tables of a shard schema, by name.
+ * The tables of shard schemas, and the comparison of both copies of a shard: row counts and content
+ * checksums of every table, computed on both hosts at once.
+ */
+
+/** A table of a shard schema. */
+export interface ShardTable {
+  readonly schema: string;
+  readonly table: string;
+  /**
+   * Every column's type is built in (not user-defined, not a domain, array or composite of one) and
+   * not an OID alias (regclass, regtype, ...). Only such tables travel in binary COPY and binary
+   * replication (whose array and record formats carry type OIDs that differ between hosts, and whose
+   * reg* values are raw OIDs), and only they are checksummed with hash_record_extended (which hashes
+   * an enum by its OID).
+   */
+  readonly portable: boolean;
+}
+
+const REG_TYPES = `'regclass', 'regtype', 'regproc', 'regprocedure', 'regoper', 'regoperator', 'regconfig', 'regdictionary', 'regnamespace', 'regrole', 'regcollation'`;
+
+/**
+ * The tables of these schemas, by schema and name.
  * - 'top': tables and partitioned parents, not partitions: the unit of verification (a parent's
  *   count includes its partitions).
  * - 'all': every table including partitions: the fence needs a trigger on each, since a statement
  *   trigger on a parent does not fire for a write sent to a partition directly.
  * - 'leaves': tables that hold rows (plain tables and partitions): the unit of COPY.
  */
-export async function shardTables(client: pg.Client, schema: string, which: 'top' | 'all' | 'leaves' = 'top'): Promise<string[]> {
+export async function shardTables(client: pg.Client, schemas: string | readonly string[], which: 'top' | 'all' | 'leaves' = 'top'): Promise<ShardTable[]> {
   const filter = {
     top: `c.relkind IN ('r', 'p') AND NOT c.relispartition`,
     all: `c.relkind IN ('r', 'p')`,
     leaves: `c.relkind = 'r'`,
   }[which];
-  const result = await client.query<{ relname: string }>(
-    `SELECT c.relname FROM pg_class c WHERE c.relnamespace = to_regnamespace($1) AND ${filter} ORDER BY c.relname`,
-    [schema],
+  const result = await client.query<{ nspname: string; relname: string; portable: boolean }>(
+    `SELECT n.nspname, c.relname,
+            coalesce(bool_and(t.oid < 16384 AND (e.oid IS NULL OR e.oid < 16384)
+                              AND NOT t.typname IN (${REG_TYPES}) AND NOT coalesce(e.typname IN (${REG_TYPES}), false)), true) AS portable
+       FROM pg_class c
+       JOIN pg_namespace n ON n.oid = c.relnamespace
+       LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+       LEFT JOIN pg_type t ON t.oid = a.atttypid
+       LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+      WHERE n.nspname = ANY($1::text[]) AND ${filter}
+      GROUP BY n.nspname, c.relname
+      ORDER BY n.nspname, c.relname`,
+    [typeof schemas === 'string' ? [schemas] : schemas],
   );
-  return result.rows.map((r) => r.relname);
+  return result.rows.map((r) => ({ schema: r.nspname, table: r.relname, portable: r.portable }));
 }
 
 type HashMethod = 'record' | 'text';
@@ -34,18 +58,11 @@ type HashMethod = 'record' | 'text';
 const HASH_SQL: Record<HashMethod, string> = {
   // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
   // across versions): several times faster than hashing the row's text, and verification runs
-  // while writes are fenced. PostgreSQL 14 and later.
+  // while writes are fenced. PostgreSQL 14 and later; built-in types only (see ShardTable.portable).
   record: 'hash_record_extended(t, 0)',
+  // The row's text: enums by label, reg* by name, whatever their OIDs on each host.
   text: 'hashtextextended(t::text, 0)',
 };
-
-/** Row count and checksum of one table; both sides of a comparison must use the same method. */
-async function tableChecksum(client: pg.Client, schema: string, table: string, method: HashMethod): Promise<TableChecksum> {
-  const result = await client.query<{ rows: string; checksum: string }>(
-    `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${quoteIdent(schema)}.${quoteIdent(table)} t`,
-  );
-  return { table, rows: BigInt(result.rows[0]!.rows), checksum: result.rows[0]!.checksum };
-}
 
 /**
  * The text form of a row depends on session settings (time zone, date style, float digits): fixed
@@ -54,64 +71,92 @@ async function tableChecksum(client: pg.Client, schema: string, table: string, m
 const STABLE_TEXT_SETTINGS =
   "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
 
-async function chooseMethod(source: pg.Client, schema: string, table: string, recordHash: boolean): Promise<HashMethod> {
-  if (!recordHash) return 'text';
-  // A column type without a hash function (json, point, …) makes the record hash fail: use text.
-  try {
-    await source.query(`SELECT ${HASH_SQL.record} FROM ${quoteIdent(schema)}.${quoteIdent(table)} t LIMIT 0`);
-    return 'record';
-  } catch (error) {
-    if ((error as { code?: string }).code === '42883') return 'text';
-    throw error;
+/** The checksum method of each table: the record hash where it is OID-free and available, else text. */
+export async function hashMethods(source: pg.Client, tables: readonly ShardTable[], recordHash: boolean): Promise<Map<string, HashMethod>> {
+  const methods = new Map<string, HashMethod>();
+  for (const t of tables) {
+    let method: HashMethod = recordHash && t.portable ? 'record' : 'text';
+    if (method === 'record') {
+      // A column type without an extended hash function (json, point, ...) makes the record hash fail.
+      try {
+        await source.query(`SELECT ${HASH_SQL.record} FROM ${qualified(t.schema, t.table)} t LIMIT 0`);
+      } catch (error) {
+        if ((error as { code?: string }).code !== '42883') throw error;
+        method = 'text';
+      }
+    }
+    methods.set(`${t.schema}.${t.table}`, method);
   }
+  return methods;
+}
+
+interface TableChecksum {
+  readonly rows: bigint;
+  /** Sum of a 64-bit hash of every row: order-independent, compared exactly. */
+  readonly checksum: string;
+}
+
+/** Counts and checksums of many tables in one round trip. */
+async function checksums(client: pg.Client, tables: readonly ShardTable[], methods: ReadonlyMap<string, HashMethod>): Promise<TableChecksum[]> {
+  if (tables.length === 0) return [];
+  const sql = tables
+    .map(
+      (t, i) =>
+        `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[methods.get(`${t.schema}.${t.table}`) ?? 'text']}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t`,
+    )
+    .join('\nUNION ALL ');
+  const result = await client.query<{ i: number; rows: string; checksum: string }>(`${sql}\nORDER BY 1`);
+  return result.rows.map((r) => ({ rows: BigInt(r.rows), checksum: r.checksum }));
+}
+
+export interface TableVerification {
+  readonly schema: string;
+  readonly table: string;
+  readonly sourceRows: string;
+  readonly targetRows: string;
+  readonly match: boolean;
 }
 
 export interface VerifyResult {
   readonly ok: boolean;
+  /** Rows verified (on the source), over every table compared. */
   readonly rows: bigint;
-  readonly tables: readonly { table: string; sourceRows: string; targetRows: string; match: boolean }[];
+  readonly tables: readonly TableVerification[];
   readonly mismatches: readonly string[];
 }
 
 /**
- * Row counts and content checksums of every table, computed on both hosts at once. `recordHash`:
- * both servers have hash_record_extended (PostgreSQL 14 and later).
+ * Row counts and content checksums of every table of `schemas`, on both hosts at once (the same
+ * schema names on both). `methods` comes from hashMethods(), computed before the fence.
  */
-export async function verifyShard(
+export async function verifyShards(
   source: pg.Client,
   target: pg.Client,
-  sourceSchema: string,
-  targetSchema: string,
-  options: { recordHash: boolean },
+  schemas: readonly string[],
+  methods: ReadonlyMap<string, HashMethod>,
 ): Promise<VerifyResult> {
-  const tables = await shardTables(source, sourceSchema);
-  const targetTables = await shardTables(target, targetSchema);
+  const [tables, targetTables] = await Promise.all([shardTables(source, schemas), shardTables(target, schemas)]);
+  const key = (t: ShardTable): string => `${t.schema}.${t.table}`;
+  const onTarget = new Set(targetTables.map(key));
+  const onSource = new Set(tables.map(key));
   const mismatches: string[] = [];
-  const missing = tables.filter((t) => !targetTables.includes(t));
-  const extra = targetTables.filter((t) => !tables.includes(t));
-  for (const t of missing) mismatches.push(`table ${t} is missing on the target`);
-  for (const t of extra) mismatches.push(`table ${t} exists only on the target`);
-  const common = tables.filter((t) => targetTables.includes(t));
+  for (const t of tables) if (!onTarget.has(key(t))) mismatches.push(`table ${key(t)} is missing on the target`);
+  for (const t of targetTables) if (!onSource.has(key(t))) mismatches.push(`table ${key(t)} exists only on the target`);
+  const common = tables.filter((t) => onTarget.has(key(t)));
   await Promise.all([source.query(STABLE_TEXT_SETTINGS), target.query(STABLE_TEXT_SETTINGS)]);
-  const src: TableChecksum[] = [];
-  const dst: TableChecksum[] = [];
-  for (const table of common) {
-    const method = await chooseMethod(source, sourceSchema, table, options.recordHash);
-    const [s, d] = await Promise.all([tableChecksum(source, sourceSchema, table, method), tableChecksum(target, targetSchema, table, method)]);
-    src.push(s);
-    dst.push(d);
-  }
-  const report = src.map((s, i) => {
+  const [src, dst] = await Promise.all([checksums(source, common, methods), checksums(target, common, methods)]);
+  const report = common.map((t, i) => {
+    const s = src[i]!;
     const d = dst[i]!;
     const match = s.rows === d.rows && s.checksum === d.checksum;
     if (!match) {
       mismatches.push(
         s.rows === d.rows
-          ? `table ${s.table}: ${s.rows} rows on both, but their contents differ (checksum)`
-          : `table ${s.table}: ${s.rows} rows on the source, ${d.rows} on the target`,
+          ? `table ${key(t)}: ${s.rows} rows on both, but their contents differ (checksum)`
+          : `table ${key(t)}: ${s.rows} rows on the source, ${d.rows} on the target`,
       );
     }
-    return { table: s.table, sourceRows: s.rows.toString(), targetRows: d.rows.toString(), match };
+    return { schema: t.schema, table: t.table, sourceRows: s.rows.toString(), targetRows: d.rows.toString(), match };
   });
   return { ok: mismatches.length === 0, rows: src.reduce((n, s) => n + s.rows, 0n), tables: report, mismatches };
 }

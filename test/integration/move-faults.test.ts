@@ -132,7 +132,7 @@ describe('moves on a two-host fleet', () => {
     const run = await runCli(move(fleet, 2, '--resume'));
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('host pg2, shard 2: verification failed, the move was aborted and the source on pg1 is writable again');
-    expect(run.stderr).toContain('table photos: 400 rows on the source, 399 on the target');
+    expect(run.stderr).toContain('table insta2.photos: 400 rows on the source, 399 on the target');
     await expectAborted(2, config);
   });
 
@@ -147,9 +147,9 @@ describe('moves on a two-host fleet', () => {
     const run = await runCli(move(fleet, 3, '--resume', '--json'));
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('host pg2, shard 3: verification failed, the move was aborted and the source on pg1 is writable again');
-    expect(run.stderr).toContain('table photos: 400 rows on both, but their contents differ (checksum)');
+    expect(run.stderr).toContain('table insta3.photos: 400 rows on both, but their contents differ (checksum)');
     const { error } = JSON.parse(run.stdout) as { error: { code: string; details: string[]; data: { verification: { ok: boolean; rows: string } } } };
-    expect(error).toMatchObject({ code: 'VERIFY_FAILED', details: ['table photos: 400 rows on both, but their contents differ (checksum)'] });
+    expect(error).toMatchObject({ code: 'VERIFY_FAILED', details: ['table insta3.photos: 400 rows on both, but their contents differ (checksum)'] });
     expect(error.data.verification).toMatchObject({ ok: false, rows: '700' });
     await expectAborted(3, config);
   });

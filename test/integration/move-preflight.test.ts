@@ -47,14 +47,14 @@ describe('move-shard preflight on a two-host fleet', () => {
     expect(checks.map((l) => /^ {2}(ok {2}|FAIL) ([^:]+):/.exec(l)?.slice(1))).toEqual(
       [
         'map',
-        'target',
-        'shard on source',
+        'shards on source',
         'target free',
         'target initialised',
         'versions',
         'wal_level',
         'replication slots',
         'replica identity',
+        'logged tables',
         'target reaches source',
         'config file',
         'no other move',
@@ -82,11 +82,11 @@ describe('move-shard preflight on a two-host fleet', () => {
     expect(await fleetState(urls, fleet.configFile)).toEqual(before);
   });
 
-  it('refuses to move a shard to the host it is on: exit 1, nothing changed', async () => {
+  it('refuses to move a shard to the host it is on: exit 2 (nothing to move), nothing changed', async () => {
     const before = await fleetState(urls, fleet.configFile);
     const run = await runCli(move(fleet, 1, '--to', 'pg1', '--yes'));
-    expect(run.code).toBe(1);
-    expect(run.stderr).toContain('move of shard 1 from pg1 to pg1 not started; nothing was changed:\n  - target: shard 1 is already on pg1');
+    expect(run.code).toBe(2);
+    expect(run.stderr).toBe('error: argument <shards> "1": shard 1 is already on pg1; nothing to move\n');
     expect(await fleetState(urls, fleet.configFile)).toEqual(before);
   });
 
@@ -98,11 +98,11 @@ describe('move-shard preflight on a two-host fleet', () => {
       expect(run.code).toBe(1);
       expect(run.stderr).toContain(
         'move of shard 1 from pg1 to pg2 not started; nothing was changed:\n' +
-          '  - target free: schema insta1 already exists on pg2; drop it (or shardctl move-shard --abort an earlier move)\n',
+          '  - target free: the schema of shard 1 already exists on pg2 but shardctl did not create it there; drop it first\n',
       );
       const dry = await runCli(move(fleet, 1, '--to', 'pg2', '--dry-run'));
       expect(dry.code).toBe(1);
-      expect(dry.stdout).toContain('  FAIL target free: schema insta1 already exists on pg2');
+      expect(dry.stdout).toContain('  FAIL target free: the schema of shard 1 already exists on pg2');
       expect(await fleetState(urls, fleet.configFile)).toEqual(before);
       // The schema that was there is untouched.
       expect(await withClient(urls[1]!, (c) => c.query('select * from insta1.mine').then((r) => r.rowCount))).toBe(0);
@@ -133,7 +133,7 @@ describe('a table without replica identity', () => {
     expect(run.code).toBe(1);
     expect(run.stderr).toBe(
       'error: move of shard 1 from pg1 to pg2 not started; nothing was changed:\n' +
-        '  - replica identity: table photo_events in insta1 has no replica identity; add a primary key or ALTER TABLE … REPLICA IDENTITY FULL, or use --mode offline\n',
+        '  - replica identity: table insta1.photo_events has no replica identity; add a primary key or ALTER TABLE … REPLICA IDENTITY FULL, or use --mode offline\n',
     );
     expect(await fleetState(urls, fleet.configFile)).toEqual(before);
 

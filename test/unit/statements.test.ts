@@ -5,6 +5,9 @@ import { createShardSql, dropShardSql, recordShardSql } from '../../src/fleet/sq
 import type { MigrationFile } from '../../src/migrations/files.js';
 import { migrationSql, noTransactionMigrationSteps } from '../../src/migrations/sql.js';
 import {
+  fenceMarkerSql,
+  readSequencesSql,
+  setSequencesSql,
   createPublicationSql,
   createSubscriptionSql,
   fenceSql,
@@ -13,6 +16,7 @@ import {
   renameWithStubSql,
   unfenceSql,
 } from '../../src/moves/sql.js';
+import { planWaves } from '../../src/moves/move.js';
 
 const config = parseConfig(
   'shards: 8\nhosts:\n  - { name: pg1, url: "postgres://a@h1/db", shards: "0-3" }\n  - { name: pg2, url: "postgres://a@h2/db", shards: "4-7" }\n',
@@ -91,28 +95,50 @@ describe('move SQL', () => {
     expect(probeSubscriptionSql('p', 'postgres://h')).toContain('enabled = false, create_slot = false, slot_name = NONE');
   });
 
-  it('fences every table in one transaction: lock, refusing triggers, state, marker', () => {
+  it('fences a shard in one transaction whose lock wait is bounded below the deadlock timeout', () => {
     const sql = fenceSql({
       shard: 4,
       tables: [
         ['insta4', 'likes'],
         ['insta4', 'photos'],
       ],
-      moveId: 'm1',
-      marker: 'fenced-x',
       targetHost: 'pg2',
+      lockWaitMs: 250,
       createOrReplaceTrigger: true,
     });
-    const lines = sql.split('\n');
-    expect(lines[0]).toBe('BEGIN;');
-    expect(lines[2]).toBe('LOCK TABLE "insta4"."likes", "insta4"."photos" IN SHARE ROW EXCLUSIVE MODE;');
+    expect(sql.split('\n').slice(0, 5)).toEqual([
+      'BEGIN;',
+      "SET LOCAL lock_timeout = '250ms';",
+      "SET LOCAL statement_timeout = '250ms';",
+      'LOCK TABLE "insta4"."likes", "insta4"."photos" IN SHARE ROW EXCLUSIVE MODE;',
+      'SET LOCAL statement_timeout TO DEFAULT;',
+    ]);
     expect(sql.match(/CREATE OR REPLACE TRIGGER shardctl_fence/g)).toHaveLength(2);
     expect(sql).toContain(`EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
-    expect(sql).toContain(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard = 4;`);
-    expect(sql).toContain(`INSERT INTO "shardctl".move_markers (move_id, kind) VALUES ('m1', 'fenced-x') ON CONFLICT DO NOTHING;`);
-    expect(lines.at(-1)).toBe('COMMIT;');
-    const old = fenceSql({ shard: 4, tables: [['insta4', 'likes']], moveId: 'm1', marker: 'f', targetHost: 'pg2', createOrReplaceTrigger: false });
+    expect(sql.endsWith(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard = 4;\nCOMMIT;`)).toBe(true);
+    const old = fenceSql({ shard: 4, tables: [['insta4', 'likes']], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: false });
     expect(old).toContain('DROP TRIGGER IF EXISTS shardctl_fence ON "insta4"."likes";\nCREATE TRIGGER shardctl_fence');
+  });
+
+  it('writes the wave marker and the fence start in one transaction', () => {
+    expect(fenceMarkerSql('m1', 'fenced-x', 1700000000000)).toBe(
+      [
+        'BEGIN;',
+        `INSERT INTO "shardctl".move_markers (move_id, kind) VALUES ('m1', 'fenced-x') ON CONFLICT DO NOTHING;`,
+        `UPDATE "shardctl".moves SET detail = detail || '{"fenceMarker":"fenced-x","fenceStartedAtMs":1700000000000}'::jsonb WHERE move_id = 'm1';`,
+        'COMMIT;',
+      ].join('\n'),
+    );
+  });
+
+  it('reads sequences from the sequences themselves and sets them with their is_called flag', () => {
+    expect(readSequencesSql([['insta4', 'photos_id_seq'], ['insta4', 'likes_id_seq']])).toBe(
+      'SELECT 0 AS i, last_value::text AS last_value, is_called FROM "insta4"."photos_id_seq"\nUNION ALL ' +
+        'SELECT 1 AS i, last_value::text AS last_value, is_called FROM "insta4"."likes_id_seq"\nORDER BY 1',
+    );
+    expect(setSequencesSql([{ schema: 'insta4', name: 'a"b', lastValue: 101n, isCalled: false }])).toBe(
+      `SELECT setval('"insta4"."a""b"'::regclass, 101, false)`,
+    );
   });
 
   it('unfences: triggers dropped, the shard active again, the fence markers of this move gone', () => {
@@ -146,5 +172,18 @@ describe('move SQL', () => {
     expect(sql).toContain('GRANT SELECT ON "insta4"."photos" TO PUBLIC;');
     expect(sql).not.toContain('TRUNCATE');
     expect(oldCopyName('x'.repeat(60), 'm1')).toHaveLength(63);
+  });
+});
+
+describe('cut-over waves', () => {
+  const rows = (entries: [number, number][]) => new Map(entries);
+
+  it.each([
+    { name: 'one wave when the batch is small', shards: [1, 2, 3], rows: [], limits: {}, waves: [[1, 2, 3]] },
+    { name: 'at most maxShards a wave', shards: [1, 2, 3, 4, 5], rows: [], limits: { maxShards: 2 }, waves: [[1, 2], [3, 4], [5]] },
+    { name: 'a new wave before maxRows is passed', shards: [1, 2, 3], rows: [[1, 600], [2, 600], [3, 100]], limits: { maxRows: 1000 }, waves: [[1], [2, 3]] },
+    { name: 'a shard over maxRows alone', shards: [1, 2], rows: [[1, 5000]], limits: { maxRows: 1000 }, waves: [[1], [2]] },
+  ] as const)('$name', ({ shards, rows: r, limits, waves }) => {
+    expect(planWaves(shards, rows(r as unknown as [number, number][]), limits)).toEqual(waves);
   });
 });
