@@ -39,7 +39,8 @@ export {
 } from './commands/migrate.js';
 export { status, type HostStatus, type StatusResult } from './commands/status.js';
 export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
-export { gc, type OldCopy } from './commands/gc.js';
+export { gc, type GcResult, type HostLeftover, type OldCopy } from './commands/gc.js';
+export type { Leftover } from './moves/leftovers.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
 export { devUp, devDown, devStatus, type DevHost, type DevState, type DevHostStatus, type DevUpOptions } from './dev/dev.js';
 

@@ -17,13 +17,25 @@ export function registerGc(program: Command, ctx: CliContext, done: (code: numbe
     const config = await loadCliConfig(ctx, flags, out);
     if (!flags.dryRun && !flags.yes) {
       const found = await gc(config, { dryRun: true });
-      for (const c of found) out.info(`${c.host}: shard ${c.shard} (${c.schema})`);
-      if (found.length > 0) await confirmOrRefuse(ctx.streams, `drop ${plural(found.length, 'old copy', 'old copies')}`);
+      for (const c of found.oldCopies) out.info(`${c.host}: shard ${c.shard} (${c.schema})`);
+      for (const l of found.leftovers) out.info(`${l.host}: ${l.kind} ${l.name} left by a killed run`);
+      const count = found.oldCopies.length + found.leftovers.length;
+      if (count > 0) {
+        const what = [
+          ...(found.oldCopies.length > 0 ? [plural(found.oldCopies.length, 'old copy', 'old copies')] : []),
+          ...(found.leftovers.length > 0 ? [plural(found.leftovers.length, 'leftover')] : []),
+        ].join(' and ');
+        await confirmOrRefuse(ctx.streams, `drop ${what}`);
+      }
     }
-    const copies = await gc(config, { dryRun: flags.dryRun ?? false });
-    if (out.json) out.data(copies);
-    else for (const c of copies) out.line(`${c.host}: shard ${c.shard} (${c.schema})${flags.dryRun ? '' : ' dropped'}`);
-    out.info(`gc: ${plural(copies.length, 'old copy', 'old copies')} ${flags.dryRun ? 'found' : 'dropped'}`);
+    const result = await gc(config, { dryRun: flags.dryRun ?? false });
+    if (out.json) out.data(result);
+    else {
+      for (const c of result.oldCopies) out.line(`${c.host}: shard ${c.shard} (${c.schema})${flags.dryRun ? '' : ' dropped'}`);
+      for (const l of result.leftovers) out.line(`${l.host}: ${l.kind} ${l.name}${flags.dryRun ? '' : ' dropped'}`);
+    }
+    const leftovers = result.leftovers.length > 0 ? ` and ${plural(result.leftovers.length, 'leftover')}` : '';
+    out.info(`gc: ${plural(result.oldCopies.length, 'old copy', 'old copies')}${leftovers} ${flags.dryRun ? 'found' : 'dropped'}`);
     done(0);
   });
 }

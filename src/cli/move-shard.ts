@@ -10,6 +10,7 @@ interface MoveFlags extends CommonFlags {
   resume?: boolean;
   abort?: boolean;
   dropSource?: boolean;
+  waveSize?: string;
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
@@ -24,7 +25,8 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     .option('--mode <mode>', 'online (logical replication, PostgreSQL 15+) or offline (writes fenced during the copy)', 'online')
     .option('--resume', 'finish the unfinished moves of these shards')
     .option('--abort', 'undo the unfinished moves of these shards')
-    .option('--drop-source', 'drop the old copy right after the switch instead of keeping it until gc');
+    .option('--drop-source', 'drop the old copy right after the switch instead of keeping it until gc')
+    .option('--wave-size <n>', 'online: at most this many shards fenced and switched together (default 64; waves are also kept under ~1M rows)');
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');
@@ -33,6 +35,9 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     const out = new Output(ctx.streams, flags.json ?? false);
     if (flags.mode !== 'online' && flags.mode !== 'offline') {
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
+    }
+    if (flags.waveSize !== undefined && !/^[1-9]\d{0,5}$/.test(flags.waveSize)) {
+      throw new UsageError(`option --wave-size ${JSON.stringify(flags.waveSize)}: expected a positive integer`);
     }
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
@@ -48,6 +53,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
         resume: flags.resume ?? false,
         abort: flags.abort ?? false,
         dropSource: flags.dropSource ?? false,
+        ...(flags.waveSize === undefined ? {} : { wave: { maxShards: Number(flags.waveSize) } }),
         onStep: (_step, detail) => out.info(detail),
         onNotice: (message) => out.warn(message),
       }),
@@ -65,6 +71,7 @@ function print(out: Output, result: BatchMoveResult): void {
     return;
   }
   for (const move of result.moves) printMove(out, move);
+  for (const l of result.leftoversDropped) out.info(`${l.host}: dropped ${l.kind} ${l.name}, left by a killed run`);
   if (result.moves.length > 1 && result.outcome === 'moved') {
     out.line(
       `${result.moves.length} moves to ${result.target}: ${result.rowsMoved} rows verified, longest write block ` +

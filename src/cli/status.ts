@@ -45,6 +45,10 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           if (h.behind.length) out.line(`  behind (pending migrations): ${formatShardList(h.behind)}`);
           if (h.nextIdOutdated.length) out.line(`  next_id missing or outdated: ${formatShardList(h.nextIdOutdated)} (run init)`);
           for (const d of h.drift) out.line(`  drift: ${d}`);
+          for (const m of h.moves) {
+            out.line(`  unfinished move ${m.moveId}: shards ${m.shards} from ${m.source} to ${m.target} (move-shard ${m.shards} --resume, or --abort)`);
+          }
+          if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);
         }
       }
       out.info(`status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`);

@@ -3,7 +3,8 @@ import { hostForShard, shardSchemaName } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
-import { withSession } from '../fleet/session.js';
+import { Fleet } from '../fleet/session.js';
+import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
 
 export interface OldCopy {
@@ -12,40 +13,57 @@ export interface OldCopy {
   readonly schema: string;
 }
 
+/** A leftover of a killed move on a host (see src/moves/leftovers.ts). */
+export type HostLeftover = Leftover & { readonly host: string };
+
+export interface GcResult {
+  /** Fenced old copies that finished moves left behind. */
+  readonly oldCopies: readonly OldCopy[];
+  /** Probe subscriptions and replication objects of killed runs that no running move accounts for. */
+  readonly leftovers: readonly HostLeftover[];
+}
+
 /**
  * `shardctl gc`: the fenced old copies that finished moves left behind (state fenced in the control
- * schema, shard mapped elsewhere). With dryRun they are only listed; otherwise dropped.
+ * schema, shard mapped elsewhere, in no running move), and the leftovers of killed runs. With dryRun
+ * they are only listed; otherwise dropped, under the runner lock of each host (so nothing a running
+ * shardctl is using).
  */
-export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<OldCopy[]> {
-  const found: OldCopy[] = [];
-  for (const host of config.hosts) {
-    try {
-      await withSession(
-        host,
-        async ({ client }) => {
-          if (!(await controlTableExists(client, 'shards'))) return;
-          const rows = await client.query<{ shard: number; schema_name: string }>(
-            `SELECT s.shard, s.schema_name FROM ${CONTROL}.shards s
-              WHERE s.state = 'fenced'
-                AND NOT EXISTS (SELECT 1 FROM ${CONTROL}.moves m WHERE m.shard = s.shard AND m.status = 'running')
-              ORDER BY s.shard`,
-          );
-          for (const row of rows.rows) {
-            // Never drop the copy the map points at, whatever the control row says.
-            if (hostForShard(config, row.shard)?.name === host.name) continue;
-            found.push({ host: host.name, shard: row.shard, schema: row.schema_name });
-            if (options.dryRun) continue;
-            // The old copy, and the views left under the shard's own name (see move-shard cleanup).
-            const stub = shardSchemaName(config, row.shard);
-            await client.query(dropShardSql(row.shard, [row.schema_name, stub]));
-          }
-        },
-        { applicationName: 'shardctl gc' },
-      );
-    } catch (error) {
-      if (error instanceof HostError) throw error;
-      throw new HostError(host.name, `gc failed: ${describePgError(error)}`, { cause: error });
+export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<GcResult> {
+  const oldCopies: OldCopy[] = [];
+  const leftovers: HostLeftover[] = [];
+  const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl gc' });
+  try {
+    fleet.requireAll();
+    if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    for (const { host, client } of fleet.sessions) {
+      try {
+        if (!(await controlTableExists(client, 'shards'))) continue;
+        const rows = await client.query<{ shard: number; schema_name: string }>(
+          `SELECT s.shard, s.schema_name FROM ${CONTROL}.shards s
+            WHERE s.state = 'fenced'
+              AND NOT EXISTS (SELECT 1 FROM ${CONTROL}.moves m WHERE m.status = 'running' AND s.shard = ANY(coalesce(m.shards, ARRAY[m.shard])))
+            ORDER BY s.shard`,
+        );
+        for (const row of rows.rows) {
+          // Never drop the copy the map points at, whatever the control row says.
+          if (hostForShard(config, row.shard)?.name === host.name) continue;
+          oldCopies.push({ host: host.name, shard: row.shard, schema: row.schema_name });
+          if (options.dryRun) continue;
+          // The old copy, and the views left under the shard's own name (see move-shard cleanup).
+          const stub = shardSchemaName(config, row.shard);
+          await client.query(dropShardSql(row.shard, [row.schema_name, stub]));
+        }
+        const found = await findLeftovers(client);
+        if (!options.dryRun) await dropLeftovers(client, found);
+        leftovers.push(...found.map((l) => ({ ...l, host: host.name })));
+      } catch (error) {
+        if (error instanceof HostError) throw error;
+        throw new HostError(host.name, `gc failed: ${describePgError(error)}`, { cause: error });
+      }
     }
+    return { oldCopies, leftovers };
+  } finally {
+    await fleet.close();
   }
-  return found;
 }

@@ -12,7 +12,6 @@ import {
   abortMove,
   announce,
   elapsed,
-  faultAfter,
   moveContext,
   moveResult,
   newMoveId,
@@ -21,8 +20,9 @@ import {
   type MoveOptions,
   type MoveResult,
 } from '../moves/move.js';
-import { dropLeftoverProbes, preflight } from '../moves/preflight.js';
-import { insertMove, runningMoves, stepsFor, type MoveRecord } from '../moves/state.js';
+import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
+import { preflight } from '../moves/preflight.js';
+import { faultAfter, insertMove, runningMoves, stepsFor, type MoveRecord } from '../moves/state.js';
 
 /**
  * `shardctl move-shard <shards> --to <host>`: checks the request, groups the shards by the host
@@ -43,6 +43,8 @@ export interface BatchMoveResult {
   /** The longest any shard refused writes, over every move; null when nothing was fenced. */
   readonly writeBlockedMs: number | null;
   readonly durationMs: number;
+  /** --abort: what killed runs had left (probe subscriptions, replication objects), dropped. */
+  readonly leftoversDropped: readonly (Leftover & { host: string })[];
 }
 
 /** Moves one shard: a batch of one. */
@@ -171,6 +173,10 @@ async function continueMoves(
 ): Promise<BatchMoveResult> {
   const records = await findRunningMoves(config, shards);
   if (records.length === 0) {
+    // A run killed before it recorded a move (during the preflight's probe) leaves no move, only
+    // leftovers: --abort removes those.
+    const dropped = options.abort && !options.dryRun ? await dropAllLeftovers(config) : [];
+    if (dropped.length > 0) return { ...batchResult('aborted', '', shards, [], started), leftoversDropped: dropped };
     throw new RuntimeFailure('NO_MOVE', `no unfinished move of ${shardWord(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
   }
   const hostOf = (name: string): HostConfig => {
@@ -198,7 +204,6 @@ async function continueMoves(
           if (options.dryRun) return { ...moveResult(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
           if (options.abort) {
             await abortMove(ctx, step);
-            await dropLeftoverProbes(part.target.client);
             return moveResult(ctx, 'aborted', [], started);
           }
           announce(ctx, step, `resuming move ${record.moveId} (${shardWord(record.shards)}) after step ${step}`);
@@ -210,10 +215,25 @@ async function continueMoves(
       }),
     );
     const target = [...new Set(records.map((r) => r.target))].join(', ');
-    return batchResult(options.abort ? 'aborted' : options.dryRun ? 'dry-run' : 'moved', target, [...new Set(records.flatMap((r) => r.shards))].sort((a, b) => a - b), moves, started);
+    const result = batchResult(options.abort ? 'aborted' : options.dryRun ? 'dry-run' : 'moved', target, [...new Set(records.flatMap((r) => r.shards))].sort((a, b) => a - b), moves, started);
+    if (!options.abort || options.dryRun) return result;
+    return { ...result, leftoversDropped: await dropAllLeftovers(config, hosts) };
   } finally {
     await fleet.close();
   }
+}
+
+/** Drops the leftovers of killed runs on these hosts (all of the map's by default). */
+async function dropAllLeftovers(config: ShardctlConfig, hosts: readonly HostConfig[] = config.hosts): Promise<(Leftover & { host: string })[]> {
+  const unique = hosts.filter((h, i) => hosts.findIndex((o) => o.name === h.name) === i);
+  const dropped = await Promise.all(
+    unique.map((host) =>
+      withSession(host, async ({ client }) => (await dropLeftovers(client, await findLeftovers(client))).map((l) => ({ ...l, host: host.name })), {
+        applicationName: 'shardctl move',
+      }),
+    ),
+  );
+  return dropped.flat();
 }
 
 function waveOf(record: MoveRecord): number {
@@ -322,6 +342,7 @@ function batchResult(outcome: BatchMoveResult['outcome'], target: string, shards
     rowsMoved: moves.reduce((n, m) => n + BigInt(m.rowsMoved), 0n).toString(),
     writeBlockedMs: blocked.length > 0 ? Math.max(...blocked) : null,
     durationMs: elapsed(started),
+    leftoversDropped: [],
   };
 }
 

@@ -9,6 +9,7 @@ import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from '../fl
 import { withSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { driftProblems, pendingMigrations, shardLevel } from '../migrations/rules.js';
+import { findLeftovers } from '../moves/leftovers.js';
 import { existingApplied } from '../provisioning/plan.js';
 
 export interface HostStatus {
@@ -40,6 +41,10 @@ export interface HostStatus {
   readonly behind: readonly number[];
   /** Drift, as migrate reports it: changed or deleted applied files, files out of order. */
   readonly drift: readonly string[];
+  /** Unfinished moves recorded on this host (finish with move-shard --resume, undo with --abort). */
+  readonly moves: readonly { moveId: string; shards: string; source: string; target: string }[];
+  /** What killed runs left on this host: probe subscriptions, replication objects of no running move (gc drops them). */
+  readonly leftovers: readonly string[];
   readonly ok: boolean;
 }
 
@@ -61,7 +66,8 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
           host,
           async (session) => {
             const snapshot = await readHostSnapshot(session, config);
-            return hostStatus(config, snapshot, migrations, await cachedSequences(session.client, config.schemaPrefix));
+            const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
+            return hostStatus(config, snapshot, migrations, await cachedSequences(session.client, config.schemaPrefix), leftovers);
           },
           { applicationName: 'shardctl status' },
         );
@@ -73,7 +79,13 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   return { latestVersion, hosts, ok: hosts.every((h) => h.ok) };
 }
 
-function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, migrations: readonly MigrationFile[], cached: readonly string[]): HostStatus {
+function hostStatus(
+  config: ShardctlConfig,
+  snapshot: HostSnapshot,
+  migrations: readonly MigrationFile[],
+  cached: readonly string[],
+  leftovers: readonly string[],
+): HostStatus {
   const host = snapshot.host;
   const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map((p) => p.message);
   const missing: number[] = [];
@@ -112,7 +124,16 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, migrations: 
   }
   const levels: Record<string, string> = {};
   for (const [level, shards] of [...byLevel].sort((a, b) => a[0] - b[0])) levels[String(level)] = formatShardList(shards);
+  const byMove = new Map<string, { source: string; target: string; shards: number[] }>();
+  for (const [shard, move] of snapshot.moving) {
+    let entry = byMove.get(move.moveId);
+    if (!entry) byMove.set(move.moveId, (entry = { source: move.source, target: move.target, shards: [] }));
+    entry.shards.push(shard);
+  }
+  const moves = [...byMove].map(([moveId, m]) => ({ moveId, shards: formatShardList(m.shards), source: m.source, target: m.target }));
   const ok =
+    moves.length === 0 &&
+    leftovers.length === 0 &&
     missing.length === 0 &&
     unexpected.length === 0 &&
     incoming.length === 0 &&
@@ -138,6 +159,8 @@ function hostStatus(config: ShardctlConfig, snapshot: HostSnapshot, migrations: 
     levels,
     behind,
     drift,
+    moves,
+    leftovers,
     ok,
   };
 }
@@ -160,6 +183,8 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     levels: {},
     behind: [],
     drift: [],
+    moves: [],
+    leftovers: [],
     ok: false,
   };
 }

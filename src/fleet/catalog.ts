@@ -20,6 +20,14 @@ export interface HostSnapshot {
   readonly applied: ReadonlyMap<number, ReadonlyMap<number, string>>;
   /** version → file name (without .sql) as recorded when it was applied; names a deleted file. */
   readonly appliedNames: ReadonlyMap<number, string>;
+  /** Shards in an unfinished move recorded on this host: shard → the move. */
+  readonly moving: ReadonlyMap<number, MovingShard>;
+}
+
+export interface MovingShard {
+  readonly moveId: string;
+  readonly source: string;
+  readonly target: string;
 }
 
 export interface RecordedLayout {
@@ -46,11 +54,13 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
         schemas,
         applied: new Map(),
         appliedNames: new Map(),
+        moving: new Map(),
       };
     }
     // One client runs one query at a time: sequential on purpose.
     const layout = await readLayout(client);
     const recorded = await readRecordedShards(client);
+    const moving = await readMovingShards(client);
     const { applied, names } = await readApplied(client);
     return {
       host,
@@ -61,6 +71,7 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
       schemas,
       applied,
       appliedNames: names,
+      moving,
     };
   } catch (error) {
     if (error instanceof HostError) throw error;
@@ -118,6 +129,14 @@ async function readLayout(client: pg.Client): Promise<RecordedLayout | null> {
     shardBits: row.shard_bits,
     sequenceBits: row.sequence_bits,
   };
+}
+
+async function readMovingShards(client: pg.Client): Promise<Map<number, MovingShard>> {
+  if (!(await controlTableExists(client, 'moves'))) return new Map();
+  const result = await client.query<{ shard: number; move_id: string; source: string; target: string }>(
+    `SELECT unnest(coalesce(shards, ARRAY[shard])) AS shard, move_id, source, target FROM ${CONTROL}.moves WHERE status = 'running'`,
+  );
+  return new Map(result.rows.map((r) => [r.shard, { moveId: r.move_id, source: r.source, target: r.target }]));
 }
 
 async function readRecordedShards(client: pg.Client): Promise<Map<number, { schema: string; state: string }>> {

@@ -34,7 +34,7 @@ import {
   unfenceSql,
   type SequenceValue,
 } from './sql.js';
-import { recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
+import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
 import { hashMethods, shardTables, verifyShards, type ShardTable, type VerifyResult } from './verify.js';
 
 /**
@@ -227,6 +227,11 @@ function progress(ctx: MoveContext): Record<string, unknown> {
 /** Runs the steps after `after`; online, the cut-over steps once per wave. */
 export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void> {
   const steps = stepsFor(ctx.mode);
+  if (after === 'switched' && ctx.wave < ctx.waves.length - 1) {
+    // Killed between a wave's switch and the next wave's start.
+    await nextWave(ctx);
+    after = 'synced';
+  }
   let next = steps.indexOf(after) + 1;
   while (next < steps.length) {
     const step = steps[next]!;
@@ -241,11 +246,8 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
       );
     }
     if (step === 'switched' && ctx.wave < ctx.waves.length - 1) {
-      // The next wave starts from the fence: recorded back at `synced`, with its number.
-      ctx.wave += 1;
-      ctx.fenceMarker = null;
-      ctx.fenceStartedAtMs = null;
-      await record(ctx, 'synced', 'running');
+      await record(ctx, step, 'running');
+      await nextWave(ctx);
       next = steps.indexOf('synced') + 1;
       continue;
     }
@@ -254,19 +256,24 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
   }
 }
 
-export async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['status']): Promise<void> {
+/** The next wave starts from the fence: recorded back at `synced`, with its number. */
+async function nextWave(ctx: MoveContext): Promise<void> {
+  ctx.wave += 1;
+  ctx.fenceMarker = null;
+  ctx.fenceStartedAtMs = null;
+  await record(ctx, 'synced', 'running', { quiet: true });
+}
+
+export async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['status'], options: { quiet?: boolean } = {}): Promise<void> {
   const detail = progress(ctx);
   await recordStep(ctx.source.client, ctx.moveId, step, status, detail);
   await recordStep(ctx.target.client, ctx.moveId, step, status, detail);
+  // Going back to `synced` for the next wave is no step completing: no announcement, no fault point.
+  if (options.quiet) return;
   const wave = ctx.waves.length > 1 && ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'].includes(step) ? ` (wave ${ctx.wave + 1} of ${ctx.waves.length})` : '';
   announce(ctx, step, status === 'aborted' ? 'aborted' : `done: ${step}${wave}`);
   // An abort re-records the step it undid: that is no step completing.
   if (status !== 'aborted') faultAfter(step);
-}
-
-/** Fault injection for the crash tests: die right after a step is recorded, as SIGKILL would. */
-export function faultAfter(step: MoveStep): void {
-  if (process.env['SHARDCTL_FAULT_AFTER_STEP'] === step) process.kill(process.pid, 'SIGKILL');
 }
 
 type StepAction = (ctx: MoveContext) => Promise<void>;

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
 import { dirname } from 'node:path';
@@ -10,7 +11,7 @@ import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql.js';
-import type { MoveMode } from './state.js';
+import { faultAfter, type MoveMode } from './state.js';
 
 export interface PreflightCheck {
   readonly name: string;
@@ -233,13 +234,15 @@ async function runningMoveIds(client: pg.Client, shards: readonly number[]): Pro
 /**
  * Null when the target could open a replication connection to the source; else the error. The probe
  * subscription is recorded in the control schema before it is created, so a run killed in between
- * leaves a leftover that status lists and gc or --abort removes (dropLeftoverProbes).
+ * leaves a leftover that status lists and gc or --abort removes (src/moves/leftovers.ts).
  */
 async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<string | null> {
-  const name = `shardctl_probe_${process.pid}_${Date.now().toString(36)}`;
+  // Unique per call: the moves of a batch probe the same target at the same moment.
+  const name = `shardctl_probe_${process.pid}_${randomBytes(4).toString('hex')}`;
   await target.query(recordObjectSql(name, 'probe-subscription'));
   try {
     await target.query(probeSubscriptionSql(name, sourceUrl));
+    faultAfter('probe');
     await target.query(dropSubscriptionSql(name));
     return null;
   } catch (error) {
@@ -248,15 +251,4 @@ async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<
   } finally {
     await target.query(forgetObjectSql(name)).catch(() => undefined);
   }
-}
-
-/** Drops the probe subscriptions recorded on a host (left by killed runs); returns their names. */
-export async function dropLeftoverProbes(client: pg.Client): Promise<string[]> {
-  if (!(await controlTableExists(client, 'objects'))) return [];
-  const rows = await client.query<{ name: string }>(`SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`);
-  for (const { name } of rows.rows) {
-    await client.query(dropSubscriptionSql(name, { ifExists: true }));
-    await client.query(forgetObjectSql(name));
-  }
-  return rows.rows.map((r) => r.name);
 }

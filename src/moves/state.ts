@@ -112,3 +112,11 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
     detail: row.detail,
   }));
 }
+
+/**
+ * Fault injection for the crash tests: die right after `point` (a step once it is recorded, or
+ * 'probe' once the reachability probe exists), as SIGKILL would.
+ */
+export function faultAfter(point: MoveStep | 'probe'): void {
+  if (process.env['SHARDCTL_FAULT_AFTER_STEP'] === point) process.kill(process.pid, 'SIGKILL');
+}

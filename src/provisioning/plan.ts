@@ -68,7 +68,7 @@ export interface Plan {
 
 /** A problem that stops a run before anything is written, with the exit code it deserves. */
 export interface Conflict {
-  readonly kind: 'layout' | 'misplaced' | 'foreign-schema' | DriftKind;
+  readonly kind: 'layout' | 'misplaced' | 'foreign-schema' | 'moving' | DriftKind;
   readonly host: string;
   readonly message: string;
 }
@@ -177,6 +177,7 @@ export function findConflicts(
   for (const snapshot of snapshots) {
     conflicts.push(...layoutConflicts(config, snapshot));
   }
+  conflicts.push(...movingShards(snapshots, wanted));
   conflicts.push(...misplacedShards(config, snapshots, wanted));
   for (const snapshot of snapshots) {
     const foreign = snapshot.host.shards.filter(
@@ -230,6 +231,32 @@ function layoutConflicts(config: ShardctlConfig, snapshot: HostSnapshot): Confli
   ];
 }
 
+/**
+ * Shards in an unfinished move: changing them now (a migration on one copy only, a re-created
+ * schema) would make the two copies differ. Named with the move, and how to finish or undo it.
+ */
+function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
+  const moves = new Map<string, { source: string; target: string; shards: Set<number> }>();
+  for (const snapshot of snapshots) {
+    for (const [shard, move] of snapshot.moving) {
+      if (wanted && !wanted.has(shard)) continue;
+      let entry = moves.get(move.moveId);
+      if (!entry) moves.set(move.moveId, (entry = { source: move.source, target: move.target, shards: new Set() }));
+      entry.shards.add(shard);
+    }
+  }
+  return [...moves].map(([moveId, m]) => {
+    const shards = formatShardList([...m.shards]);
+    return {
+      kind: 'moving' as const,
+      host: m.source,
+      message:
+        `shard${m.shards.size === 1 ? '' : 's'} ${shards} ${m.shards.size === 1 ? 'is' : 'are'} in the unfinished move ${moveId} from ${m.source} to ${m.target}; ` +
+        `finish it with shardctl move-shard ${shards} --resume, or undo it with --abort, then run this again`,
+    };
+  });
+}
+
 function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
   const conflicts: Conflict[] = [];
   for (const snapshot of snapshots) {
@@ -239,8 +266,9 @@ function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapsho
       if (shard >= config.shards) continue;
       const mapped = hostForShard(config, shard);
       if (!mapped || mapped.name === snapshot.host.name) continue;
-      // A fenced copy is the old side of a finished move: it stays until gc and is not live.
-      if (snapshot.recorded.get(shard)?.state === 'fenced') continue;
+      // A fenced copy is the old side of a finished move: it stays until gc and is not live. A copy in
+      // an unfinished move is reported as such (movingShards).
+      if (snapshot.recorded.get(shard)?.state === 'fenced' || snapshot.moving.has(shard)) continue;
       misplaced.push(shard);
     }
     if (misplaced.length === 0) continue;

@@ -1,0 +1,70 @@
+import type pg from 'pg';
+import { CONTROL, controlTableExists } from '../fleet/control.js';
+import { detachSubscriptionSql, dropPublicationSql, dropSubscriptionSql, forgetObjectSql } from './sql.js';
+
+/**
+ * What moves create outside the shard schemas and must remove again: the reachability probe's
+ * subscription (recorded before it is created), and each move's publication, subscription and
+ * slot (named after the move). Any of these that no running move on the host accounts for is a
+ * leftover of a killed run: status lists them, gc and move-shard --abort drop them.
+ */
+export interface Leftover {
+  readonly kind: 'probe-subscription' | 'publication' | 'subscription' | 'slot';
+  readonly name: string;
+}
+
+export async function findLeftovers(client: pg.Client): Promise<Leftover[]> {
+  const probes = (await controlTableExists(client, 'objects'))
+    ? (await client.query<{ name: string }>(`SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`)).rows
+    : [];
+  const running = (await controlTableExists(client, 'moves'))
+    ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`
+    : `SELECT NULL::text WHERE false`;
+  const replication = await client.query<{ kind: Leftover['kind']; name: string }>(
+    `SELECT kind, name FROM (
+        SELECT 'publication' AS kind, pubname::text AS name FROM pg_publication
+        UNION ALL SELECT 'subscription', subname::text FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+        UNION ALL SELECT 'slot', slot_name::text FROM pg_replication_slots WHERE database = current_database()
+      ) o
+      WHERE name LIKE 'shardctl\\_move\\_%' AND name NOT IN (${running})
+      ORDER BY kind, name`,
+  );
+  return [...probes.map((p) => ({ kind: 'probe-subscription' as const, name: p.name })), ...replication.rows];
+}
+
+/** Drops leftovers found by findLeftovers; returns what was dropped. */
+export async function dropLeftovers(client: pg.Client, leftovers: readonly Leftover[]): Promise<Leftover[]> {
+  for (const leftover of leftovers) {
+    switch (leftover.kind) {
+      case 'probe-subscription':
+        // Created disabled and without a slot: dropping it needs no connection to the source.
+        await client.query(dropSubscriptionSql(leftover.name, { ifExists: true }));
+        await client.query(forgetObjectSql(leftover.name));
+        break;
+      case 'subscription':
+        try {
+          await client.query(dropSubscriptionSql(leftover.name, { ifExists: true }));
+        } catch {
+          // Its source is unreachable: detach it from the slot (the slot is a leftover there).
+          await client.query(detachSubscriptionSql(leftover.name));
+          await client.query(dropSubscriptionSql(leftover.name, { ifExists: true }));
+        }
+        break;
+      case 'publication':
+        await client.query(dropPublicationSql(leftover.name));
+        break;
+      case 'slot':
+        // A walsender may still hold it for a moment after being terminated.
+        for (let attempt = 0; attempt < 50; attempt++) {
+          const slot = await client.query<{ active_pid: number | null }>(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, [leftover.name]);
+          if (!slot.rowCount) break;
+          const pid = slot.rows[0]!.active_pid;
+          if (pid !== null) await client.query('SELECT pg_terminate_backend($1)', [pid]);
+          else await client.query('SELECT pg_drop_replication_slot($1)', [leftover.name]).catch(() => undefined);
+          await new Promise((resolve) => setTimeout(resolve, 100));
+        }
+        break;
+    }
+  }
+  return [...leftovers];
+}
