@@ -1,0 +1,320 @@
+/**
+ * Moves against real schemas and real application load (issue 11): transactions that write several
+ * tables in any order, enum/domain/composite/reg* columns, sequences in every state, unlogged
+ * tables, materialized views, a transaction that holds back slot creation, a run killed during the
+ * preflight's probe, and messages that name where things happened.
+ */
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { init, moveShard, shardMovedTo, status, type HostError } from '../../src/index.js';
+import { type Fleet, makeFleet, runCli, EXAMPLE_MIGRATIONS } from '../helpers/fleet.js';
+import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
+import { fleetState, removeCliSnapshot, spawnCli, useReplicationUrls, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+
+afterAll(async () => {
+  await removeCliSnapshot();
+});
+
+const examples = Object.fromEntries(readdirSync(EXAMPLE_MIGRATIONS).map((f) => [f, readFileSync(join(EXAMPLE_MIGRATIONS, f), 'utf8')]));
+
+/** A two-host fleet (pg1 holds every shard, pg2 none) on the databases of the calling describe. */
+function twoHosts(extraMigrations: Record<string, string> = {}) {
+  const db = useTestDatabases(2);
+  let fleet: Fleet;
+  beforeAll(async () => {
+    fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-7', ''], migrations: { ...examples, ...extraMigrations } });
+    useReplicationUrls(fleet, db.urls, db.replicationUrls);
+    expect((await init(await fleet.config())).ok).toBe(true);
+  });
+  return {
+    db,
+    get fleet() {
+      return fleet;
+    },
+  };
+}
+
+function failure(promise: Promise<unknown>): Promise<(Error & { code?: string }) | null> {
+  return promise.then(
+    () => null,
+    (error: Error & { code?: string }) => error,
+  );
+}
+
+describe('the fence and application transactions that write several tables', () => {
+  const env = twoHosts();
+
+  it.each([
+    ['online', 1],
+    ['offline', 3],
+  ] as const)('%s: never deadlocks with a transaction holding one table and then writing another; the application commits, the fence retries and the move finishes', async (mode, shard) => {
+    const config = await env.fleet.config();
+    const app = await adminClient(env.db.urls[0]!);
+    const watcher = await adminClient(env.db.urls[0]!);
+    app.on('error', () => undefined);
+    try {
+      // The lock an INSERT takes, without a transaction id yet (so slot creation does not wait for it).
+      await app.query('BEGIN');
+      await app.query(`LOCK TABLE insta${shard}.photos IN ROW EXCLUSIVE MODE`);
+      const notices: string[] = [];
+      const moving = moveShard(config, shard, 'pg2', { mode, configFile: env.fleet.configFile, onNotice: (m) => notices.push(m) });
+      // Wait until the fence holds or waits for a lock on the shard's tables.
+      let fencing = false;
+      for (let i = 0; i < 600 && !fencing; i++) {
+        const r = await watcher.query(
+          `select 1 from pg_locks l join pg_stat_activity a on a.pid = l.pid
+            where a.application_name = 'shardctl move' and l.mode = 'ShareRowExclusiveLock' and l.relation::regclass::text like $1`,
+          [`insta${shard}.%`],
+        );
+        fencing = (r.rowCount ?? 0) > 0;
+        if (!fencing) await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+      expect(fencing).toBe(true);
+      // The application's next table is one the fence locks before photos (name order): likes.
+      const second = await failure(app.query(`insert into insta${shard}.likes (photo_id, user_id) values (1, 2)`));
+      const commit = await failure(app.query('COMMIT'));
+      expect([second?.code ?? null, commit?.code ?? null]).toEqual([null, null]);
+      const result = await moving;
+      expect(result.outcome).toBe('moved');
+      expect(notices.some((n) => /fence attempt \d+ waits for|fenced 1 shard in \d+ attempts/.test(n))).toBe(true);
+      await withClient(env.db.urls[1]!, async (c) => {
+        expect((await c.query(`select 1 from insta${shard}.likes where photo_id = 1 and user_id = 2`)).rowCount).toBe(1);
+      });
+    } finally {
+      await app.end();
+      await watcher.end();
+    }
+  });
+
+  it('under writers whose transactions touch two tables in random order, no application transaction fails but with the fence’s SC100, and every commit arrives', async () => {
+    const config = await env.fleet.config();
+    let stop = false;
+    const committed: string[] = [];
+    const unexpected: string[] = [];
+    const writers = Array.from({ length: 4 }, async (_, w) => {
+      const client = await adminClient(env.db.urls[0]!);
+      client.on('error', () => undefined);
+      let n = 0;
+      while (!stop) {
+        const tag = `w${w}-${n++}`;
+        const statements = [
+          `insert into insta2.photos (user_id, image_url) values (${w}, '${tag}')`,
+          `insert into insta2.comments (photo_id, user_id, body) values (${w}, ${w}, '${tag}')`,
+        ];
+        if (Math.random() < 0.5) statements.reverse();
+        try {
+          await client.query('BEGIN');
+          for (const sql of statements) await client.query(sql);
+          await new Promise((resolve) => setTimeout(resolve, Math.random() * 20));
+          await client.query('COMMIT');
+          committed.push(tag);
+        } catch (error) {
+          await client.query('ROLLBACK').catch(() => undefined);
+          if (shardMovedTo(error)) break; // the fence: this writer would now reload its map
+          unexpected.push(`${(error as { code?: string }).code}: ${(error as Error).message}`);
+        }
+      }
+      await client.end();
+    });
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const result = await moveShard(config, 2, 'pg2', { configFile: env.fleet.configFile });
+    stop = true;
+    await Promise.all(writers);
+    expect(result.outcome).toBe('moved');
+    expect(unexpected).toEqual([]);
+    expect(committed.length).toBeGreaterThan(0);
+    await withClient(env.db.urls[1]!, async (c) => {
+      const photos = new Set((await c.query<{ t: string }>(`select image_url as t from insta2.photos`)).rows.map((r) => r.t));
+      const comments = new Set((await c.query<{ t: string }>(`select body as t from insta2.comments`)).rows.map((r) => r.t));
+      expect(committed.filter((t) => !photos.has(t) || !comments.has(t))).toEqual([]);
+    });
+  });
+});
+
+const TYPES = `CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy');
+CREATE DOMAIN mood_d AS mood;
+CREATE TYPE pair AS (m mood, n int);
+CREATE TABLE feelings (id bigint PRIMARY KEY, m mood, ms mood[], d mood_d, p pair, ps pair[], r regclass, t regtype, rs regclass[]);
+`;
+
+describe('columns whose values depend on OIDs: enums (in arrays, domains and composites) and reg* types', () => {
+  const env = twoHosts({ '0004_feelings.sql': TYPES });
+
+  it.each(['online', 'offline'] as const)('%s: carries every value by name and verifies by value', async (mode) => {
+    const shard = mode === 'online' ? 3 : 4;
+    // Types created on the target first, so the same types get other OIDs there.
+    await withClient(env.db.urls[1]!, (c) => c.query(`create type shift_${mode}_1 as enum ('a'); create type shift_${mode}_2 as enum ('b'); create table shift_${mode} (x int)`));
+    await withClient(env.db.urls[0]!, (c) =>
+      c.query(`insert into insta${shard}.feelings values
+        (1, 'happy', '{sad,ok}', 'ok', row('sad', 1), array[row('happy', 2)::insta${shard}.pair], 'insta${shard}.photos', 'insta${shard}.mood', array['insta${shard}.likes'::regclass]),
+        (2, 'sad', '{}', null, null, null, 'insta${shard}.feelings', 'insta${shard}.pair', null)`),
+    );
+    const text = `select row(f.*)::text as t from insta${shard}.feelings f order by id`;
+    const before = await withClient(env.db.urls[0]!, (c) => c.query<{ t: string }>(text));
+    const result = await moveShard(await env.fleet.config(), shard, 'pg2', { mode, configFile: env.fleet.configFile });
+    expect(result.outcome).toBe('moved');
+    await withClient(env.db.urls[1]!, async (c) => {
+      expect((await c.query<{ t: string }>(text)).rows).toEqual(before.rows);
+      // The reg* values name the target's objects (not the source's OIDs).
+      const r = await c.query<{ ok: boolean }>(`select r::oid = 'insta${shard}.photos'::regclass::oid and t::oid = 'insta${shard}.mood'::regtype::oid as ok from insta${shard}.feelings where id = 1`);
+      expect(r.rows[0]!.ok).toBe(true);
+    });
+  });
+});
+
+describe('sequences in every state', () => {
+  const env = twoHosts({
+    '0004_sequences.sql': `CREATE SEQUENCE s_fresh;
+CREATE SEQUENCE s_called;
+CREATE SEQUENCE s_uncalled;
+CREATE SEQUENCE s_desc INCREMENT -1 START -1 MAXVALUE -1;
+CREATE TABLE counters (id serial PRIMARY KEY, v int);
+`,
+  });
+  const next = new Map<string, string>();
+
+  beforeAll(async () => {
+    await withClient(env.db.urls[0]!, (c) =>
+      c.query(`select nextval('insta5.s_called') from generate_series(1, 5);
+               select setval('insta5.s_uncalled', 101, false);
+               select nextval('insta5.s_desc') from generate_series(1, 3);
+               insert into insta5.counters (id, v) select g, g from generate_series(1, 100) g;
+               select setval('insta5.counters_id_seq', 101, false);`),
+    );
+    expect((await moveShard(await env.fleet.config(), 5, 'pg2', { configFile: env.fleet.configFile })).outcome).toBe('moved');
+    await withClient(env.db.urls[1]!, async (c) => {
+      for (const seq of ['s_fresh', 's_called', 's_uncalled', 's_desc']) next.set(seq, (await c.query<{ v: string }>(`select nextval('insta5.${seq}')::text as v`)).rows[0]!.v);
+      // The issue's recipe: the first insert after setval(..., 101, false) takes 101, no duplicate key.
+      next.set('counters', (await c.query<{ id: number }>(`insert into insta5.counters (v) values (0) returning id`)).rows[0]!.id.toString());
+    });
+  });
+
+  it.each([
+    ['s_fresh', '1'],
+    ['s_called', '6'],
+    ['s_uncalled', '101'],
+    ['s_desc', '-4'],
+    ['counters', '101'],
+  ])('%s hands out %s next on the target', (seq, value) => {
+    expect(next.get(seq)).toBe(value);
+  });
+});
+
+describe('unlogged tables and materialized views', () => {
+  const env = twoHosts({
+    '0004_cache.sql': 'CREATE UNLOGGED TABLE cache (k int PRIMARY KEY, v text);\n',
+    '0005_counts.sql': 'CREATE MATERIALIZED VIEW photo_counts AS SELECT user_id, count(*) AS n FROM photos GROUP BY user_id;\n',
+  });
+
+  it('an online move refuses UNLOGGED tables before changing anything, naming them; offline carries them', async () => {
+    await withClient(env.db.urls[0]!, (c) => c.query(`insert into insta6.cache values (1, 'a'), (2, 'b')`));
+    const before = await fleetState(env.db.urls, env.fleet.configFile);
+    const run = await runCli(['move-shard', '6', '--to', 'pg2', '--yes', '-c', env.fleet.configFile]);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain(
+      '  - logged tables: table insta6.cache is UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline',
+    );
+    expect(await fleetState(env.db.urls, env.fleet.configFile)).toEqual(before);
+    const offline = await runCli(['move-shard', '6', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile]);
+    expect(offline.code, offline.stderr).toBe(0);
+    expect(await withClient(env.db.urls[1]!, (c) => c.query(`select k from insta6.cache order by k`).then((r) => r.rows))).toEqual([{ k: 1 }, { k: 2 }]);
+  });
+
+  it('refreshes materialized views on the target after the switch and says so', async () => {
+    await withClient(env.db.urls[0]!, (c) => c.query(`insert into insta7.photos (user_id, image_url) select g % 3, 'x' from generate_series(1, 30) g; refresh materialized view insta7.photo_counts`));
+    const run = await runCli(['move-shard', '7', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile]);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toContain('materialized views refreshed on pg2: insta7.photo_counts');
+    const counts = await withClient(env.db.urls[1]!, (c) => c.query<{ n: string }>(`select sum(n)::text as n from insta7.photo_counts`));
+    expect(counts.rows[0]!.n).toBe('30');
+  });
+});
+
+describe('waits that say what they wait for', () => {
+  const env = twoHosts();
+
+  it('a transaction holding an xid on the source server holds back the slot: named within seconds, the move stops at the limit, resumable', async () => {
+    const holder = await adminClient(env.db.hosts[0]!.url); // another database on the same server
+    holder.on('error', () => undefined);
+    try {
+      await holder.query('BEGIN');
+      const pid = (await holder.query<{ pid: number }>('select pg_backend_pid() as pid, pg_current_xact_id()')).rows[0]!.pid;
+      const notices: string[] = [];
+      const error = (await failure(
+        moveShard(await env.fleet.config(), 1, 'pg2', { configFile: env.fleet.configFile, waitTimeoutMs: 5000, onNotice: (m) => notices.push(m) }),
+      )) as HostError | null;
+      expect(error?.code).toBe('SLOT_WAIT_TIMEOUT');
+      expect(error?.message).toContain(`host pg1, shard 1: creating the replication slot waited`);
+      expect(error?.message).toContain(`pid ${pid}`);
+      expect(notices.some((n) => n.includes('creating the replication slot waits for open transactions') && n.includes(`pid ${pid}`))).toBe(true);
+    } finally {
+      await holder.query('COMMIT').catch(() => undefined);
+      await holder.end();
+    }
+    const resumed = await runCli(['move-shard', '1', '--resume', '--yes', '-c', env.fleet.configFile]);
+    expect(resumed.code, resumed.stderr).toBe(0);
+  });
+});
+
+describe('leftovers and messages after a kill', () => {
+  const env = twoHosts();
+
+  it('a run killed during the reachability probe leaves a recorded probe: status lists it, --abort and gc drop it', async () => {
+    for (const clear of [['move-shard', '2', '--abort', '--yes'], ['gc', '--yes']]) {
+      const run = await spawnCli(['move-shard', '2', '--to', 'pg2', '--yes', '-c', env.fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'probe' });
+      expect(run.signal).toBe('SIGKILL');
+      await waitForMoveSessionsToEnd(env.db.urls);
+      const report = await runCli(['status', '-c', env.fleet.configFile]);
+      expect(report.code).toBe(3);
+      expect(report.stdout).toMatch(/left by killed runs \(shardctl gc drops them\): probe-subscription shardctl_probe_\d+_[0-9a-f]+/);
+      const cleared = await runCli([...clear, '-c', env.fleet.configFile]);
+      expect(cleared.code, cleared.stderr).toBe(0);
+      expect(`${cleared.stdout}${cleared.stderr}`).toMatch(/probe-subscription shardctl_probe_/);
+      const subs = await withClient(env.db.urls[1]!, (c) => c.query(`select 1 from pg_subscription where subname like 'shardctl_probe%'`));
+      expect(subs.rowCount).toBe(0);
+      expect((await status(await env.fleet.config())).hosts.flatMap((h) => h.leftovers)).toEqual([]);
+    }
+  });
+
+  it('a resumed move reports every row and the write block of the killed run too; migrate and init name the unfinished move meanwhile', async () => {
+    await withClient(env.db.urls[0]!, (c) => c.query(`insert into insta4.photos (user_id, image_url) select g, 's' from generate_series(1, 120) g`));
+    const killed = await spawnCli(['move-shard', '4', '--to', 'pg2', '--yes', '-c', env.fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    expect(killed.signal).toBe('SIGKILL');
+    await waitForMoveSessionsToEnd(env.db.urls);
+    const moveId = /move (\w+): shard 4 from pg1 to pg2/.exec(killed.stderr)?.[1];
+    expect(moveId).toBeDefined();
+    for (const command of ['migrate', 'init']) {
+      const run = await runCli([command, '-c', env.fleet.configFile]);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain(`shard 4 is in the unfinished move ${moveId} from pg1 to pg2; finish it with shardctl move-shard 4 --resume, or undo it with --abort`);
+    }
+    await new Promise((resolve) => setTimeout(resolve, 1500));
+    const resumed = await runCli(['move-shard', '4', '--resume', '--json', '--yes', '-c', env.fleet.configFile]);
+    expect(resumed.code, resumed.stderr).toBe(0);
+    const result = JSON.parse(resumed.stdout) as { rowsMoved: string; writeBlockedMs: number };
+    expect(result.rowsMoved).toBe('120');
+    expect(result.writeBlockedMs).toBeGreaterThanOrEqual(1500);
+  });
+});
+
+describe('a failure on the target', () => {
+  const env = twoHosts();
+
+  it('a failure on the target names the target, not the source', async () => {
+    const role = `absent_${randomBytes(3).toString('hex')}`;
+    await withClient(env.db.urls[0]!, (c) => c.query(`create role ${role}`));
+    env.fleet.writeMigration('0004_grant.sql', `GRANT SELECT ON photos TO ${role};\n`);
+    try {
+      expect((await runCli(['migrate', '-c', env.fleet.configFile])).code).toBe(0);
+      const run = await runCli(['move-shard', '3', '--to', 'pg2', '--yes', '-c', env.fleet.configFile]);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain(`host pg2, shard 3: cannot create the target copy: role "${role}" does not exist`);
+      expect((await runCli(['move-shard', '3', '--abort', '--yes', '-c', env.fleet.configFile])).code).toBe(0);
+    } finally {
+      await withClient(env.db.urls[0]!, (c) => c.query(`drop owned by ${role}; drop role ${role}`));
+    }
+  });
+});
