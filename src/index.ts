@@ -41,3 +41,11 @@ export {
   type ErrorJson,
 } from './errors.js';
 export { redact } from './pg/redact.js';
+export {
+  ShardRouter,
+  type ShardRouterOptions,
+  type ShardFn,
+  type TransactionOptions,
+  type ForEachShardOptions,
+} from './router/router.js';
+export { ShardFanOutError, type ShardResult, type FanOutFailure } from './router/errors.js';

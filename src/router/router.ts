@@ -1,0 +1,364 @@
+import pg from 'pg';
+import { loadConfig } from '../config/load.js';
+import { shardMovedTo } from '../config/shard-map.js';
+import type { Env } from '../config/env.js';
+import { hostForShard, shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { decodeId, parseIdString } from '../id/layout.js';
+import { shardForKey } from '../id/routing.js';
+import { describePgError } from '../pg/connect.js';
+import { quoteIdent } from '../pg/quote.js';
+import { registerUrlSecret } from '../pg/redact.js';
+import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
+import { Limit } from './limit.js';
+
+export interface ShardRouterOptions {
+  /** Connections per host (the pg.Pool's max). Default 10. */
+  poolSize?: number;
+  /** statement_timeout of every connection, in ms; 0 or unset: the server's setting. */
+  statementTimeoutMs?: number;
+  /** idle_in_transaction_session_timeout of every connection, in ms; unset: the server's setting. */
+  idleInTransactionTimeoutMs?: number;
+  /** Shown in pg_stat_activity. Default 'shardctl-router'. */
+  applicationName?: string;
+  /** How long to wait for a connection (connecting, or a free one in the pool). Default 10 s. */
+  connectTimeoutMs?: number;
+  /** How long an idle pooled connection is kept. Default 30 s. */
+  idleTimeoutMs?: number;
+  /**
+   * How long a call keeps retrying a shard that answers SQLSTATE SC100 (a move between its fence and
+   * its switch) before that error reaches the caller. Default 10 s.
+   */
+  fencedTimeoutMs?: number;
+  /** For ${VAR} in host URLs; default process.env. */
+  env?: Env;
+  /** Resolves a relative config path; default process.cwd(). */
+  cwd?: string;
+}
+
+export interface TransactionOptions {
+  /** BEGIN READ ONLY: any write in fn fails (SQLSTATE 25006). */
+  readOnly?: boolean;
+}
+
+export interface ForEachShardOptions extends TransactionOptions {
+  /** The shards to run on, default every shard of the map; run and returned in ascending order. */
+  shards?: readonly number[];
+  /** Shards running at once over all hosts. Default: poolSize × hosts. */
+  concurrency?: number;
+  /** Shards running at once on one host. Default (and at most): poolSize. */
+  perHost?: number;
+  /** Called after each shard, for progress. */
+  onShardDone?: (event: { shard: number; host: string; ok: boolean; done: number; total: number }) => void;
+}
+
+/** What fn receives: a client inside the shard's transaction, and the shard number. */
+export type ShardFn<T> = (client: pg.PoolClient, shard: number) => Promise<T>;
+
+const FIRST_BACKOFF_MS = 5;
+const MAX_BACKOFF_MS = 100;
+/** Stale-map symptoms other than SC100: the old copy dropped (--drop-source, gc). */
+const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000']);
+
+/**
+ * The application side of the map: one pg.Pool per host (created on first use), every call run in
+ * a transaction on the shard's host with `search_path` set to the shard's schema, and moves
+ * followed without the caller noticing.
+ *
+ * Following a move: when fn fails with SQLSTATE SC100 (the fence of a moved shard, or the view left
+ * under the old name), the transaction is rolled back, the map file re-read, and fn run again on
+ * the host the map names now — after a short backoff (5 ms doubling to 100 ms) while the map still
+ * names the old host (the move is between its fence and its switch). The SC100 error reaches the
+ * caller only when the shard is still fenced `fencedTimeoutMs` (default 10 s) after the first one.
+ * So **fn may run more than once**; it commits at most once, because only a failed (rolled back)
+ * attempt is retried. Keep side effects outside the database (emails, queues) out of fn.
+ */
+export class ShardRouter {
+  private config: ShardctlConfig;
+  private readonly pools = new Map<string, { url: string; pool: pg.Pool }>();
+  private readonly ending = new Set<Promise<void>>();
+  private reloading: Promise<void> | undefined;
+  private closed = false;
+  private readonly options: Required<Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>> &
+    Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>;
+
+  private constructor(config: ShardctlConfig, options: ShardRouterOptions) {
+    this.config = config;
+    const poolSize = options.poolSize ?? 10;
+    if (!Number.isSafeInteger(poolSize) || poolSize < 1) throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
+    this.options = {
+      ...options,
+      poolSize,
+      applicationName: options.applicationName ?? 'shardctl-router',
+      connectTimeoutMs: options.connectTimeoutMs ?? 10_000,
+      idleTimeoutMs: options.idleTimeoutMs ?? 30_000,
+      fencedTimeoutMs: options.fencedTimeoutMs ?? 10_000,
+    };
+  }
+
+  /** Reads the map (the argument, else $SHARDCTL_CONFIG, else ./shardctl.yaml). Connects lazily. */
+  static async open(configFile?: string, options: ShardRouterOptions = {}): Promise<ShardRouter> {
+    const config = await loadConfig(configFile, {
+      checkMigrationsDir: false,
+      ...(options.env ? { env: options.env } : {}),
+      ...(options.cwd ? { cwd: options.cwd } : {}),
+    });
+    return new ShardRouter(config, options);
+  }
+
+  /** A router over an already loaded map; reload() re-reads `config.file`. */
+  static fromConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): ShardRouter {
+    return new ShardRouter(config, options);
+  }
+
+  /** The map in use now (replaced by each reload). */
+  get map(): ShardctlConfig {
+    return this.config;
+  }
+
+  hostForShard(shard: number): HostConfig {
+    this.checkShard(shard);
+    const host = hostForShard(this.config, shard);
+    if (!host) throw new RangeError(`shard ${shard} is not mapped to any host`);
+    return host;
+  }
+
+  shardForKey(key: bigint): number {
+    if (typeof key !== 'bigint') throw new TypeError(`key ${String(key)} must be a bigint`);
+    return shardForKey(key, this.config.shards);
+  }
+
+  /** The shard an id was made in, decoded with the map's id layout. Accepts a decimal string. */
+  shardForId(id: bigint | string): number {
+    const value = typeof id === 'string' ? parseIdString(id) : id;
+    if (typeof value !== 'bigint') throw new TypeError(`id ${JSON.stringify(id)} is not a decimal 64-bit id`);
+    const { shard } = decodeId(value, this.config.idLayout);
+    if (shard >= this.config.shards) {
+      throw new RangeError(`id ${value} carries shard ${shard}, but the map has shards 0-${this.config.shards - 1}`);
+    }
+    return shard;
+  }
+
+  async withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return (await this.run(shard, fn, options)).value;
+  }
+
+  /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
+  async withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return this.withShard(this.shardForKey(key), fn, options);
+  }
+
+  /** The shard an id carries (e.g. a photo id made by that shard's next_id()). */
+  async withId<T>(id: bigint | string, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return this.withShard(this.shardForId(id), fn, options);
+  }
+
+  /**
+   * Runs fn on every shard (or `options.shards`), each in its own transaction as withShard does,
+   * at most `perHost` at once on a host and `concurrency` at once overall. Resolves with the
+   * results in shard order; when any shard failed, every other shard still ran and the call
+   * rejects with a ShardFanOutError holding both the results and the failures.
+   */
+  async forEachShard<T>(fn: ShardFn<T>, options: ForEachShardOptions = {}): Promise<ShardResult<T>[]> {
+    const shards = [...new Set(options.shards ?? Array.from({ length: this.config.shards }, (_, i) => i))].sort((a, b) => a - b);
+    for (const shard of shards) this.checkShard(shard);
+    const perHost = Math.min(options.perHost ?? this.options.poolSize, this.options.poolSize);
+    const overall = new Limit(options.concurrency ?? this.options.poolSize * this.config.hosts.length);
+    if (!Number.isSafeInteger(perHost) || perHost < 1) throw new RangeError(`perHost ${perHost} must be a positive integer`);
+
+    const byHost = new Map<string, number[]>();
+    for (const shard of shards) {
+      const host = this.hostForShard(shard).name;
+      byHost.set(host, [...(byHost.get(host) ?? []), shard]);
+    }
+    const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
+    let done = 0;
+    const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
+    // Per host, `perHost` workers take that host's shards in order; each shard also holds a slot
+    // of the overall limit while it runs.
+    await Promise.all(
+      [...byHost.entries()].flatMap(([hostName, queue]) => {
+        let next = 0;
+        const worker = async (): Promise<void> => {
+          while (next < queue.length) {
+            const shard = queue[next++]!;
+            await overall.run(async () => {
+              let outcome;
+              try {
+                const r = await this.run(shard, fn, txOptions);
+                outcome = { ok: true as const, result: { shard, host: r.host, value: r.value } };
+              } catch (error) {
+                outcome = { ok: false as const, failure: { shard, host: hostForShard(this.config, shard)?.name ?? hostName, error } };
+              }
+              outcomes.set(shard, outcome);
+              done += 1;
+              options.onShardDone?.({ shard, host: outcome.ok ? outcome.result.host : outcome.failure.host, ok: outcome.ok, done, total: shards.length });
+            });
+          }
+        };
+        return Array.from({ length: Math.min(perHost, queue.length) }, worker);
+      }),
+    );
+    const results: ShardResult<T>[] = [];
+    const failures: FanOutFailure[] = [];
+    for (const shard of shards) {
+      const outcome = outcomes.get(shard)!;
+      if (outcome.ok) results.push(outcome.result);
+      else failures.push(outcome.failure);
+    }
+    if (failures.length > 0) throw new ShardFanOutError(results, failures, shards.length);
+    return results;
+  }
+
+  /**
+   * Re-reads the map file. Concurrent callers share one read. A host that left the map, or whose
+   * URL changed, has its pool ended (after its checked-out connections come back).
+   */
+  reload(): Promise<void> {
+    this.reloading ??= (async () => {
+      try {
+        const next = await loadConfig(this.config.file, {
+          checkMigrationsDir: false,
+          ...(this.options.env ? { env: this.options.env } : {}),
+          ...(this.options.cwd ? { cwd: this.options.cwd } : {}),
+        });
+        this.config = next;
+        for (const [name, entry] of this.pools) {
+          const host = next.hosts.find((h) => h.name === name);
+          if (!host || host.url !== entry.url) this.endPool(name);
+        }
+      } finally {
+        this.reloading = undefined;
+      }
+    })();
+    return this.reloading;
+  }
+
+  /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const name of [...this.pools.keys()]) this.endPool(name);
+    await Promise.all([...this.ending]);
+  }
+
+  /** Names of the hosts with an open pool (for tests and health checks). */
+  openPools(): string[] {
+    return [...this.pools.keys()];
+  }
+
+  private checkShard(shard: number): void {
+    if (!Number.isSafeInteger(shard) || shard < 0 || shard >= this.config.shards) {
+      throw new RangeError(`shard ${shard} is not in the map (0-${this.config.shards - 1})`);
+    }
+  }
+
+  private pool(host: HostConfig): pg.Pool {
+    if (this.closed) throw new Error('the ShardRouter is closed');
+    const existing = this.pools.get(host.name);
+    if (existing && existing.url === host.url) return existing.pool;
+    if (existing) this.endPool(host.name);
+    registerUrlSecret(host.url);
+    const pool = new pg.Pool({
+      connectionString: host.url,
+      max: this.options.poolSize,
+      application_name: this.options.applicationName,
+      connectionTimeoutMillis: this.options.connectTimeoutMs,
+      idleTimeoutMillis: this.options.idleTimeoutMs,
+      ...(this.options.statementTimeoutMs ? { statement_timeout: this.options.statementTimeoutMs } : {}),
+      ...(this.options.idleInTransactionTimeoutMs
+        ? { idle_in_transaction_session_timeout: this.options.idleInTransactionTimeoutMs }
+        : {}),
+    });
+    // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
+    // application. The pool drops that connection and the next checkout opens a new one.
+    pool.on('error', () => undefined);
+    this.pools.set(host.name, { url: host.url, pool });
+    return pool;
+  }
+
+  private endPool(name: string): void {
+    const entry = this.pools.get(name);
+    if (!entry) return;
+    this.pools.delete(name);
+    const ending = entry.pool.end().catch(() => undefined);
+    this.ending.add(ending);
+    void ending.finally(() => this.ending.delete(ending));
+  }
+
+  /** One call, following moves: returns fn's value and the host it committed on. */
+  private async run<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions): Promise<{ value: T; host: string }> {
+    this.checkShard(shard);
+    let fencedSince: number | undefined;
+    let backoffMs = FIRST_BACKOFF_MS;
+    for (;;) {
+      const host = this.hostForShard(shard);
+      const attempt = await this.attempt(host, shard, fn, options);
+      if (attempt.ok) return { value: attempt.value, host: host.name };
+      const error = attempt.error;
+      const moved = shardMovedTo(error);
+      if (!moved && !MISSING_OBJECT_SQLSTATES.has((error as { code?: string }).code ?? '')) throw error;
+
+      const now = Date.now();
+      fencedSince ??= now;
+      const waited = now - fencedSince;
+      if (waited >= this.options.fencedTimeoutMs) throw error;
+      try {
+        await this.reload();
+      } catch {
+        // The file is being replaced or is invalid for a moment: keep the map in use and retry.
+      }
+      const hostNow = this.hostForShard(shard);
+      if (!moved && hostNow.name === host.name && hostNow.url === host.url) {
+        // A missing table on a host the map still names is the application's error, not a move.
+        throw error;
+      }
+      if (hostNow.name === host.name && hostNow.url === host.url) {
+        // Fenced, not switched yet: wait a little, then try again (the map may name the target by then).
+        const jitter = Math.random() * backoffMs * 0.5;
+        await new Promise((resolve) => setTimeout(resolve, Math.min(backoffMs + jitter, this.options.fencedTimeoutMs - waited)));
+        backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
+      }
+    }
+  }
+
+  private async attempt<T>(
+    host: HostConfig,
+    shard: number,
+    fn: ShardFn<T>,
+    options: TransactionOptions,
+  ): Promise<{ ok: true; value: T } | { ok: false; error: unknown }> {
+    let client: pg.PoolClient;
+    try {
+      client = await this.pool(host).connect();
+    } catch (error) {
+      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { shard, code: 'HOST_UNREACHABLE', cause: error });
+    }
+    let broken: Error | undefined;
+    try {
+      // One round trip for both: the search_path lives and dies with the transaction.
+      await client.query(`BEGIN${options.readOnly ? ' READ ONLY' : ''}; SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`);
+      let value: T;
+      try {
+        value = await fn(client, shard);
+      } catch (error) {
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return { ok: false, error };
+      }
+      const commit = await client.query('COMMIT');
+      // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
+      if (commit.command === 'ROLLBACK') {
+        throw new HostError(host.name, 'the transaction was rolled back: a statement in it failed and fn caught the error', {
+          shard,
+          code: 'TRANSACTION_ABORTED',
+        });
+      }
+      return { ok: true, value };
+    } catch (error) {
+      broken = error as Error;
+      throw error;
+    } finally {
+      // A connection whose state is unknown (failed BEGIN/COMMIT/ROLLBACK) is destroyed, not reused.
+      client.release(broken);
+    }
+  }
+}
