@@ -5,10 +5,12 @@ import { registerAddSchema } from './add-schema.js';
 import type { CliContext } from './context.js';
 import { registerDecode } from './decode.js';
 import { registerDev } from './dev.js';
+import { registerExec } from './exec.js';
 import { registerInit } from './init.js';
 import { registerGc } from './gc.js';
 import { registerMigrate } from './migrate.js';
 import { registerMoveShard } from './move-shard.js';
+import { registerPsql } from './psql.js';
 import { Output, type Streams } from './output.js';
 import { registerStatus } from './status.js';
 
@@ -38,6 +40,8 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
   for (const register of [registerInit, registerAddSchema, registerMigrate, registerStatus, registerMoveShard, registerGc, registerDecode, registerDev]) {
     register(program, ctx, done);
   }
+  registerExec(program, ctx, done);
+  registerPsql(program, ctx, done);
   for (const command of allCommands(program)) command.exitOverride();
 
   try {
