@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { ShardFanOutError, type FanOutFailure } from './errors.js';
+import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
 import type { ShardRouter } from './router.js';
 
 export interface ExecOptions {
@@ -31,30 +31,26 @@ export interface ExecResult {
  * bigint and numeric included — as the text PostgreSQL prints, never a lossy JavaScript number.
  */
 export async function execSql(router: ShardRouter, sql: string, options: ExecOptions = {}): Promise<ExecResult> {
-  const run = async (client: pg.PoolClient) => {
-    const result = (await client.query({ text: sql, rowMode: 'array', types: EXEC_TYPES })) as pg.QueryResult<ExecValue[]> | pg.QueryResult<ExecValue[]>[];
-    const last = Array.isArray(result) ? result.at(-1)! : result;
-    return { columns: (last.fields ?? []).map((f) => f.name), rows: last.rows ?? [] };
-  };
   const fanOut = {
     ...(options.shards ? { shards: options.shards } : {}),
     ...(options.concurrency ? { concurrency: options.concurrency } : {}),
     ...(options.onShardDone ? { onShardDone: options.onShardDone } : {}),
     readOnly: !options.write,
+    query: { rowMode: 'array', types: EXEC_TYPES },
   };
-  let results;
+  let results: readonly ShardResult<pg.QueryResult>[];
   let failures: readonly FanOutFailure[] = [];
   try {
-    results = await router.forEachShard(run, fanOut);
+    results = await router.queryEachShard(sql, fanOut);
   } catch (error) {
     if (!(error instanceof ShardFanOutError)) throw error;
-    results = error.results as Awaited<ReturnType<typeof router.forEachShard<Awaited<ReturnType<typeof run>>>>>;
+    results = error.results as ShardResult<pg.QueryResult>[];
     failures = error.failures;
   }
-  const columns = results.find((r) => r.value.columns.length > 0)?.value.columns ?? [];
+  const columns = results.find((r) => (r.value.fields ?? []).length > 0)?.value.fields.map((f) => f.name) ?? [];
   return {
     columns,
-    rows: results.flatMap((r) => r.value.rows.map((values) => ({ shard: r.shard, host: r.host, values }))),
+    rows: results.flatMap((r) => (r.value.rows as unknown as ExecValue[][]).map((values) => ({ shard: r.shard, host: r.host, values }))),
     failures,
     shards: results.length + failures.length,
   };

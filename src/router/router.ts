@@ -140,7 +140,7 @@ export class ShardRouter {
   }
 
   async withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return (await this.run(shard, fn, options)).value;
+    return (await this.run(shard, (host) => this.attempt(host, shard, fn, options))).value;
   }
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
@@ -159,7 +159,29 @@ export class ShardRouter {
    * results in shard order; when any shard failed, every other shard still ran and the call
    * rejects with a ShardFanOutError holding both the results and the failures.
    */
-  async forEachShard<T>(fn: ShardFn<T>, options: ForEachShardOptions = {}): Promise<ShardResult<T>[]> {
+  forEachShard<T>(fn: ShardFn<T>, options: ForEachShardOptions = {}): Promise<ShardResult<T>[]> {
+    const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
+    return this.fanOut((shard) => this.run(shard, (host) => this.attempt(host, shard, fn, txOptions)), options);
+  }
+
+  /**
+   * forEachShard for one SQL text without parameters (one or more statements): each shard's
+   * BEGIN, search_path, the text and COMMIT go in a single round trip. Each result is the last
+   * statement's. The text must not end the transaction itself (COMMIT/ROLLBACK): READ ONLY
+   * guards against accidents, it is not a permission (use a read-only role for that).
+   */
+  queryEachShard<R extends pg.QueryResultRow = pg.QueryResultRow>(
+    sql: string,
+    options: ForEachShardOptions & { query?: Omit<pg.QueryConfig, 'text' | 'values'> } = {},
+  ): Promise<ShardResult<pg.QueryResult<R>>[]> {
+    const body = sql.replace(/[\s;]+$/, '');
+    return this.fanOut(
+      (shard) => this.run(shard, (host) => this.attemptScript<R>(host, shard, body, options.readOnly ?? false, options.query ?? {})),
+      options,
+    );
+  }
+
+  private async fanOut<T>(runShard: (shard: number) => Promise<{ value: T; host: string }>, options: ForEachShardOptions): Promise<ShardResult<T>[]> {
     const shards = [...new Set(options.shards ?? Array.from({ length: this.config.shards }, (_, i) => i))].sort((a, b) => a - b);
     for (const shard of shards) this.checkShard(shard);
     const perHost = Math.min(options.perHost ?? this.options.poolSize, this.options.poolSize);
@@ -173,7 +195,6 @@ export class ShardRouter {
     }
     const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
     let done = 0;
-    const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
     // Per host, `perHost` workers take that host's shards in order; each shard also holds a slot
     // of the overall limit while it runs.
     await Promise.all(
@@ -185,7 +206,7 @@ export class ShardRouter {
             await overall.run(async () => {
               let outcome;
               try {
-                const r = await this.run(shard, fn, txOptions);
+                const r = await runShard(shard);
                 outcome = { ok: true as const, result: { shard, host: r.host, value: r.value } };
               } catch (error) {
                 outcome = { ok: false as const, failure: { shard, host: hostForShard(this.config, shard)?.name ?? hostName, error } };
@@ -286,13 +307,13 @@ export class ShardRouter {
   }
 
   /** One call, following moves: returns fn's value and the host it committed on. */
-  private async run<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions): Promise<{ value: T; host: string }> {
+  private async run<T>(shard: number, attemptOn: (host: HostConfig) => Promise<Attempt<T>>): Promise<{ value: T; host: string }> {
     this.checkShard(shard);
     let fencedSince: number | undefined;
     let backoffMs = FIRST_BACKOFF_MS;
     for (;;) {
       const host = this.hostForShard(shard);
-      const attempt = await this.attempt(host, shard, fn, options);
+      const attempt = await attemptOn(host);
       if (attempt.ok) return { value: attempt.value, host: host.name };
       const error = attempt.error;
       const moved = shardMovedTo(error);
@@ -326,17 +347,12 @@ export class ShardRouter {
     shard: number,
     fn: ShardFn<T>,
     options: TransactionOptions,
-  ): Promise<{ ok: true; value: T } | { ok: false; error: unknown }> {
-    let client: pg.PoolClient;
-    try {
-      client = await this.pool(host).connect();
-    } catch (error) {
-      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { shard, code: 'HOST_UNREACHABLE', cause: error });
-    }
+  ): Promise<Attempt<T>> {
+    const client = await this.connect(host, shard);
     let broken: Error | undefined;
     try {
       // One round trip for both: the search_path lives and dies with the transaction.
-      await client.query(`BEGIN${options.readOnly ? ' READ ONLY' : ''}; SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`);
+      await client.query(this.beginSql(shard, options.readOnly ?? false));
       let value: T;
       try {
         value = await fn(client, shard);
@@ -361,4 +377,56 @@ export class ShardRouter {
       client.release(broken);
     }
   }
+
+  private async attemptScript<R extends pg.QueryResultRow>(
+    host: HostConfig,
+    shard: number,
+    sql: string,
+    readOnly: boolean,
+    query: Omit<pg.QueryConfig, 'text' | 'values'>,
+  ): Promise<Attempt<pg.QueryResult<R>>> {
+    const client = await this.connect(host, shard);
+    let broken: Error | undefined;
+    try {
+      // The newline ends a trailing `--` comment in sql before COMMIT.
+      const text = `${this.beginSql(shard, readOnly)};\n${sql}\n;COMMIT`;
+      let results: pg.QueryResult<R>[];
+      try {
+        results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
+      } catch (error) {
+        // The statements after the failing one (COMMIT too) were skipped: end the transaction.
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return { ok: false, error };
+      }
+      const commit = results.at(-1);
+      if (commit?.command !== 'COMMIT') {
+        throw new HostError(host.name, `the transaction did not commit (${commit?.command ?? 'no result'}): the SQL must not end it itself`, {
+          shard,
+          code: 'TRANSACTION_ABORTED',
+        });
+      }
+      // BEGIN and SET come first; empty statements give no result.
+      const last = results.slice(2, -1).at(-1);
+      return { ok: true, value: last ?? ({ command: '', rowCount: 0, rows: [], fields: [], oid: 0 } as unknown as pg.QueryResult<R>) };
+    } catch (error) {
+      broken = error as Error;
+      throw error;
+    } finally {
+      client.release(broken);
+    }
+  }
+
+  private beginSql(shard: number, readOnly: boolean): string {
+    return `BEGIN${readOnly ? ' READ ONLY' : ''}; SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`;
+  }
+
+  private async connect(host: HostConfig, shard: number): Promise<pg.PoolClient> {
+    try {
+      return await this.pool(host).connect();
+    } catch (error) {
+      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { shard, code: 'HOST_UNREACHABLE', cause: error });
+    }
+  }
 }
+
+type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };

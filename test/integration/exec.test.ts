@@ -80,6 +80,12 @@ describe('shardctl exec', () => {
     expect(run.stderr).toContain('shards 0-3 on pg1: relation "only_here" does not exist');
   });
 
+  it('prints the last statement of a multi-statement text, a trailing comment and semicolons included', async () => {
+    const run = await runCli(['exec', '-c', fleet.configFile, '--shards', '2-3', '--csv', 'select 1 as a; select current_schema() as s, 2::bigint as b; -- done;']);
+    expect(run.code).toBe(0);
+    expect(run.stdout).toBe('shard,s,b\n2,ex2,2\n3,ex3,2\n');
+  });
+
   it.each([
     [['--concurrency', '0'], 'option --concurrency "0"'],
     [['--shards', '7-9'], 'option --shards "7-9": shard 8 is not in the map (0-7)'],
