@@ -93,6 +93,8 @@ export async function run(ctx, major) {
   }
   const exec = [];
   const floor = [];
+  // The fixed part of exec's time: start-up, config, connecting, one shard.
+  const oneShard = [];
   const execArgs = ['exec', '-c', fleet.configFile, '--json', 'select count(*) from photos'];
   // Warm-up, untimed, and the check: every shard answers and the counts add up to what was inserted.
   const check = await timeCli(execArgs, { cwd: fleet.dir });
@@ -106,6 +108,7 @@ export async function run(ctx, major) {
     const sides = [
       ['exec', async () => (await timeCli(execArgs, { cwd: fleet.dir })).ms, exec],
       ['psql', async () => (await timePsqlScripts(fleet.hosts, scripts, DATABASE, options.psql)).ms, floor],
+      ['exec --shards 0', async () => (await timeCli(['exec', '-c', fleet.configFile, '--shards', '0', '--json', 'select count(*) from photos'], { cwd: fleet.dir })).ms, oneShard],
     ];
     if (i % 2 === 1) sides.reverse();
     for (const [name, fn, sink] of sides) {
@@ -135,6 +138,7 @@ export async function run(ctx, major) {
     execMs: execSample,
     psqlMs: floorSample,
     execRatio,
+    execOneShardMs: summarize(oneShard),
     totalRows: total,
     targets: {
       inserts: { wanted: `≥ ${INSERT_TARGET}x`, got: insertRatio, met: insertRatio >= INSERT_TARGET },
@@ -192,7 +196,7 @@ function rows(results) {
     [
       r.postgres,
       `count(*) over ${r.shards} shards, ${r.hosts} hosts`,
-      `exec: ${formatSample(r.execMs)}`,
+      `exec: ${formatSample(r.execMs)}; of which start-up, config, connect and 1 shard (exec --shards 0): ${formatSample(r.execOneShardMs)}`,
       `psql UNION ALL/host: ${formatSample(r.psqlMs)}`,
       `${round(r.execRatio, 2)}x`,
       `${r.targets.exec.wanted}: ${verdict(r.targets.exec.met)}`,
