@@ -2,7 +2,9 @@ import { chmodSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
+import { parseConfig } from '../../src/config/load.js';
 import { init } from '../../src/provisioning/init.js';
+import { psqlInvocation } from '../../src/router/psql.js';
 import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
@@ -136,6 +138,18 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     expect(env).toContain(`PGOPTIONS=-c search_path="${schema}"\n`);
     // The real psql, started with exactly that, lands in the shard's schema.
     expect(readFileSync(join(fake.dir, 'schema'), 'utf8').trim()).toBe(schema);
+  });
+
+  it('moves a password given as ?password= into PGPASSWORD as well', () => {
+    const config = parseConfig(
+      'shards: 2\nhosts:\n  - name: a\n    url: postgres://app@db1:5433/app?password=s3cr3t-pw&sslmode=require\n    shards: "0-1"\n',
+      { file: 'inline.yaml', checkMigrationsDir: false },
+    );
+    const call = psqlInvocation(config, 1, { PGOPTIONS: '-c work_mem=64MB' });
+    expect(call.args).toEqual(['postgres://app@db1:5433/app?sslmode=require']);
+    expect(call.env['PGPASSWORD']).toBe('s3cr3t-pw');
+    expect(call.env['PGOPTIONS']).toBe('-c work_mem=64MB -c search_path="insta1"');
+    expect(call.display.url).not.toContain('s3cr3t-pw');
   });
 
   it('finds the shard of an id', async () => {
