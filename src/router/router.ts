@@ -191,7 +191,9 @@ export class ShardRouter {
     const byHost = new Map<string, number[]>();
     for (const shard of shards) {
       const host = this.hostForShard(shard).name;
-      byHost.set(host, [...(byHost.get(host) ?? []), shard]);
+      const queue = byHost.get(host);
+      if (queue) queue.push(shard);
+      else byHost.set(host, [shard]);
     }
     const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
     let done = 0;
