@@ -9,6 +9,12 @@ export interface ExecOptions {
   concurrency?: number;
   /** Allow writes; without it each shard's transaction is READ ONLY. */
   write?: boolean;
+  /**
+   * Read-only runs: up to this many shards of a host per round trip and READ ONLY transaction
+   * (see ShardRouter.queryEachShard; a failing chunk runs again shard by shard). Default 256;
+   * 1 runs every shard in its own transaction. Writes always run one shard per transaction.
+   */
+  shardsPerQuery?: number;
   onShardDone?: (event: { shard: number; host: string; ok: boolean; done: number; total: number }) => void;
 }
 
@@ -24,6 +30,8 @@ export interface ExecResult {
   readonly shards: number;
 }
 
+const DEFAULT_SHARDS_PER_QUERY = 256;
+
 /**
  * Runs one SQL text in every listed shard's schema through the router's fan-out (read-only unless
  * `write`), and collects the last statement's rows. Values keep the type a script can rely on:
@@ -36,6 +44,7 @@ export async function execSql(router: ShardRouter, sql: string, options: ExecOpt
     ...(options.concurrency ? { concurrency: options.concurrency } : {}),
     ...(options.onShardDone ? { onShardDone: options.onShardDone } : {}),
     readOnly: !options.write,
+    shardsPerQuery: options.write ? 1 : (options.shardsPerQuery ?? DEFAULT_SHARDS_PER_QUERY),
     query: { rowMode: 'array', types: EXEC_TYPES },
   };
   let results: readonly ShardResult<pg.QueryResult>[];

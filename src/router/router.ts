@@ -169,57 +169,121 @@ export class ShardRouter {
    * BEGIN, search_path, the text and COMMIT go in a single round trip. Each result is the last
    * statement's. The text must not end the transaction itself (COMMIT/ROLLBACK): READ ONLY
    * guards against accidents, it is not a permission (use a read-only role for that).
+   *
+   * `shardsPerQuery` (read-only runs only; default 1): up to that many shards of a host in one
+   * round trip and one READ ONLY transaction (`BEGIN READ ONLY; SET LOCAL search_path TO a; sql;
+   * SET LOCAL search_path TO b; sql; …; COMMIT`), the host's shards split evenly over its
+   * connections. The shards of such a chunk share one snapshot, and a `SET LOCAL` in the text
+   * carries over to the chunk's next shards. The first shard runs alone first: when it succeeds,
+   * the number of results the text gives per shard is known, and every chunk's results must match
+   * it shard by shard (otherwise, e.g. a text that leaves a quote open, the chunk is not trusted).
+   * A chunk that fails (one shard's error aborts the whole transaction) runs again one shard per
+   * transaction, so the failing shard is named and the others' results kept.
    */
   queryEachShard<R extends pg.QueryResultRow = pg.QueryResultRow>(
     sql: string,
-    options: ForEachShardOptions & { query?: Omit<pg.QueryConfig, 'text' | 'values'> } = {},
+    options: ForEachShardOptions & { query?: Omit<pg.QueryConfig, 'text' | 'values'>; shardsPerQuery?: number } = {},
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
     const body = sql.replace(/[\s;]+$/, '');
-    return this.fanOut(
-      (shard) => this.run(shard, (host) => this.attemptScript<R>(host, shard, body, options.readOnly ?? false, options.query ?? {})),
-      options,
-    );
+    const readOnly = options.readOnly ?? false;
+    const query = options.query ?? {};
+    const shardsPerQuery = options.shardsPerQuery ?? 1;
+    if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1) throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
+    const single = (shard: number) => this.run(shard, (host) => this.attemptScript<R>(host, shard, body, readOnly, query));
+    if (!readOnly || shardsPerQuery === 1) return this.fanOut(async (shard) => unwrapScript(await single(shard)), options);
+    return this.fanOut(async (shard) => unwrapScript(await single(shard)), options, {
+      maxShards: shardsPerQuery,
+      probe: async (shard) => {
+        const r = await single(shard);
+        return { value: r.value.last, host: r.host, statements: r.value.statements };
+      },
+      runChunk: (host, shards, statements) => this.attemptChunk<R>(host, shards, body, statements, query),
+    });
   }
 
-  private async fanOut<T>(runShard: (shard: number) => Promise<{ value: T; host: string }>, options: ForEachShardOptions): Promise<ShardResult<T>[]> {
+  private async fanOut<T>(
+    runShard: (shard: number) => Promise<{ value: T; host: string }>,
+    options: ForEachShardOptions,
+    chunks?: Chunking<T>,
+  ): Promise<ShardResult<T>[]> {
     const shards = [...new Set(options.shards ?? Array.from({ length: this.config.shards }, (_, i) => i))].sort((a, b) => a - b);
     for (const shard of shards) this.checkShard(shard);
     const perHost = Math.min(options.perHost ?? this.options.poolSize, this.options.poolSize);
     const overall = new Limit(options.concurrency ?? this.options.poolSize * this.config.hosts.length);
     if (!Number.isSafeInteger(perHost) || perHost < 1) throw new RangeError(`perHost ${perHost} must be a positive integer`);
 
+    const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
+    let done = 0;
+    const record = (shard: number, outcome: { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }): void => {
+      outcomes.set(shard, outcome);
+      done += 1;
+      options.onShardDone?.({ shard, host: outcome.ok ? outcome.result.host : outcome.failure.host, ok: outcome.ok, done, total: shards.length });
+    };
+    const runOne = async (shard: number, hostName: string): Promise<void> => {
+      try {
+        const r = await runShard(shard);
+        record(shard, { ok: true, result: { shard, host: r.host, value: r.value } });
+      } catch (error) {
+        record(shard, { ok: false, failure: { shard, host: hostForShard(this.config, shard)?.name ?? hostName, error } });
+      }
+    };
+
+    // Chunked runs: the first shard alone tells how many results the text gives per shard.
+    let statements: number | undefined;
+    let rest = shards;
+    if (chunks && shards.length > 1) {
+      const first = shards[0]!;
+      rest = shards.slice(1);
+      await overall.run(async () => {
+        try {
+          const r = await chunks.probe(first);
+          statements = r.statements;
+          record(first, { ok: true, result: { shard: first, host: r.host, value: r.value } });
+        } catch (error) {
+          record(first, { ok: false, failure: { shard: first, host: hostForShard(this.config, first)?.name ?? '', error } });
+        }
+      });
+    }
+
     const byHost = new Map<string, number[]>();
-    for (const shard of shards) {
+    for (const shard of rest) {
       const host = this.hostForShard(shard).name;
       const queue = byHost.get(host);
       if (queue) queue.push(shard);
       else byHost.set(host, [shard]);
     }
-    const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
-    let done = 0;
-    // Per host, `perHost` workers take that host's shards in order; each shard also holds a slot
-    // of the overall limit while it runs.
+    // Per host, `perHost` workers take that host's shards in order (a chunk at a time when
+    // chunking, the host's shards split evenly over its workers); each also holds a slot of the
+    // overall limit while it runs.
     await Promise.all(
       [...byHost.entries()].flatMap(([hostName, queue]) => {
+        const workers = Math.min(perHost, queue.length);
+        const size = chunks && statements !== undefined ? Math.max(1, Math.min(chunks.maxShards, Math.ceil(queue.length / workers))) : 1;
         let next = 0;
         const worker = async (): Promise<void> => {
           while (next < queue.length) {
-            const shard = queue[next++]!;
+            const chunk = queue.slice(next, next + size);
+            next += chunk.length;
             await overall.run(async () => {
-              let outcome;
-              try {
-                const r = await runShard(shard);
-                outcome = { ok: true as const, result: { shard, host: r.host, value: r.value } };
-              } catch (error) {
-                outcome = { ok: false as const, failure: { shard, host: hostForShard(this.config, shard)?.name ?? hostName, error } };
+              if (chunk.length === 1 || !chunks || statements === undefined) {
+                for (const shard of chunk) await runOne(shard, hostName);
+                return;
               }
-              outcomes.set(shard, outcome);
-              done += 1;
-              options.onShardDone?.({ shard, host: outcome.ok ? outcome.result.host : outcome.failure.host, ok: outcome.ok, done, total: shards.length });
+              const host = this.hostForShard(chunk[0]!);
+              // A reload (a move) may have sent some of them elsewhere: only a chunk on one host runs whole.
+              const values = chunk.every((s) => this.hostForShard(s) === host)
+                ? await chunks.runChunk(host, chunk, statements).catch(() => undefined)
+                : undefined;
+              if (values) {
+                chunk.forEach((shard, i) => record(shard, { ok: true, result: { shard, host: host.name, value: values[i]! } }));
+                return;
+              }
+              // The chunk failed (or its results were not what one shard gives): shard by shard.
+              for (const shard of chunk) await runOne(shard, hostName);
             });
           }
         };
-        return Array.from({ length: Math.min(perHost, queue.length) }, worker);
+        return Array.from({ length: workers }, worker);
       }),
     );
     const results: ShardResult<T>[] = [];
@@ -386,7 +450,7 @@ export class ShardRouter {
     sql: string,
     readOnly: boolean,
     query: Omit<pg.QueryConfig, 'text' | 'values'>,
-  ): Promise<Attempt<pg.QueryResult<R>>> {
+  ): Promise<Attempt<ScriptValue<R>>> {
     const client = await this.connect(host, shard);
     let broken: Error | undefined;
     try {
@@ -408,8 +472,53 @@ export class ShardRouter {
         });
       }
       // BEGIN and SET come first; empty statements give no result.
-      const last = results.slice(2, -1).at(-1);
-      return { ok: true, value: last ?? ({ command: '', rowCount: 0, rows: [], fields: [], oid: 0 } as unknown as pg.QueryResult<R>) };
+      return { ok: true, value: { last: results.slice(2, -1).at(-1) ?? emptyResult<R>(), statements: results.length - 3 } };
+    } catch (error) {
+      broken = error as Error;
+      throw error;
+    } finally {
+      client.release(broken);
+    }
+  }
+
+  /**
+   * Several shards of one host in one READ ONLY transaction and one round trip. Resolves with each
+   * shard's last result, or undefined when the chunk failed or its results do not have the shape
+   * of `statements` results per shard (the caller then runs the shards one by one).
+   */
+  private async attemptChunk<R extends pg.QueryResultRow>(
+    host: HostConfig,
+    shards: readonly number[],
+    sql: string,
+    statements: number,
+    query: Omit<pg.QueryConfig, 'text' | 'values'>,
+  ): Promise<pg.QueryResult<R>[] | undefined> {
+    const client = await this.connect(host, shards[0]!);
+    let broken: Error | undefined;
+    try {
+      // Each shard's text sits between `;\n` and `\n;`, exactly as in attemptScript.
+      const parts = ['BEGIN READ ONLY'];
+      for (const shard of shards) parts.push(`SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))};\n${sql}\n`);
+      parts.push('COMMIT');
+      let results: pg.QueryResult<R>[];
+      try {
+        results = (await client.query<R>({ ...query, text: parts.join(';') })) as unknown as pg.QueryResult<R>[];
+      } catch {
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return undefined;
+      }
+      const group = statements + 1;
+      const shaped =
+        results.length === 2 + shards.length * group &&
+        results[0]?.command === 'BEGIN' &&
+        results.at(-1)?.command === 'COMMIT' &&
+        shards.every((_, i) => results[1 + i * group]?.command === 'SET');
+      if (!shaped) {
+        // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return undefined;
+      }
+      return shards.map((_, i) => (statements === 0 ? emptyResult<R>() : results[1 + i * group + statements]!));
     } catch (error) {
       broken = error as Error;
       throw error;
@@ -432,3 +541,26 @@ export class ShardRouter {
 }
 
 type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
+
+/** One shard's script: its last result, and how many results the text gave. */
+interface ScriptValue<R extends pg.QueryResultRow> {
+  last: pg.QueryResult<R>;
+  statements: number;
+}
+
+interface Chunking<T> {
+  /** At most this many shards per chunk. */
+  maxShards: number;
+  /** The first shard, alone: its value and how many results the text gives per shard. */
+  probe: (shard: number) => Promise<{ value: T; host: string; statements: number }>;
+  /** A chunk of one host's shards; undefined (or a rejection) sends them one by one. */
+  runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
+}
+
+function unwrapScript<R extends pg.QueryResultRow>(r: { value: ScriptValue<R>; host: string }): { value: pg.QueryResult<R>; host: string } {
+  return { value: r.value.last, host: r.host };
+}
+
+function emptyResult<R extends pg.QueryResultRow>(): pg.QueryResult<R> {
+  return { command: '', rowCount: 0, rows: [], fields: [], oid: 0 } as unknown as pg.QueryResult<R>;
+}

@@ -82,10 +82,20 @@ describe('shardctl exec', () => {
     expect(run.stderr).toContain('shards 0-3 on pg1: relation "only_here" does not exist');
   });
 
+  it('names the one shard a read-only statement fails on when the shards around it ran in the same round trip', async () => {
+    // Only shard 5 holds a 'five' photo: 1 / 0 there, 1 everywhere else.
+    const sql = `select current_schema() as s, 1 / (1 - count(*) filter (where caption = 'five'))::int as x from photos`;
+    const run = await runCli(['exec', '-c', fleet.configFile, '--json', '--concurrency', '1', sql]);
+    expect(run.code).toBe(1);
+    expect(JSON.parse(run.stdout)).toEqual([0, 1, 2, 3, 4, 6, 7].map((shard) => ({ shard, s: `ex${shard}`, x: 1 })));
+    expect(run.stderr).toContain('1 of 8 shards failed: shard 5');
+    expect(run.stderr).toContain('shard 5 on pg2: division by zero (SQLSTATE 22012)');
+  });
+
   it('prints the last statement of a multi-statement text, a trailing comment and semicolons included', async () => {
-    const run = await runCli(['exec', '-c', fleet.configFile, '--shards', '2-3', '--csv', 'select 1 as a; select current_schema() as s, 2::bigint as b; -- done;']);
+    const run = await runCli(['exec', '-c', fleet.configFile, '--csv', 'select 1 as a; select current_schema() as s, 2::bigint as b; -- done;']);
     expect(run.code).toBe(0);
-    expect(run.stdout).toBe('shard,s,b\n2,ex2,2\n3,ex3,2\n');
+    expect(run.stdout).toBe(`shard,s,b\n${Array.from({ length: 8 }, (_, i) => `${i},ex${i},2\n`).join('')}`);
   });
 
   it.each([

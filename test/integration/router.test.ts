@@ -247,3 +247,53 @@ describe('ShardRouter', () => {
     expect(router.openPools()).toEqual([]);
   });
 });
+
+describe('ShardRouter', () => {
+  const db = useTestDatabases(2);
+
+  it('queryEachShard read-only with shardsPerQuery: chunks share a transaction, each shard its schema; a failing chunk runs shard by shard', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 16, split: ['0-7', '8-15'], schemaPrefix: 'ch', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 2 });
+    const sql = `select 1 as a; select current_schema() as s, count(*)::int as n, now()::text as t, pg_backend_pid() as pid from photos -- last\n;`;
+    type Row = { s: string; n: number; t: string; pid: number };
+    try {
+      await withClient(db.urls[1]!, (c) => c.query(`insert into ch9.photos (user_id, image_url) values (9, 'x'), (9, 'y')`));
+      const results = await router.queryEachShard<Row>(sql, { readOnly: true, shardsPerQuery: 4, perHost: 1 });
+      expect(results.map((r) => [r.shard, r.host, r.value.rows[0]!.s, r.value.rows[0]!.n])).toEqual(
+        Array.from({ length: 16 }, (_, i) => [i, i < 8 ? 'pg1' : 'pg2', `ch${i}`, i === 9 ? 2 : 0]),
+      );
+      // Shard 0 runs alone first; then, one connection per host, chunks of 4: 1-4, 5-7, 8-11, 12-15.
+      const tx = (shard: number) => results[shard]!.value.rows[0]!.t;
+      for (const chunk of [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]) {
+        expect(new Set(chunk.map(tx)).size).toBe(1);
+      }
+      expect(tx(4)).not.toBe(tx(5));
+
+      // Shard 10 fails (division by zero there only): its chunk runs again shard by shard.
+      await withClient(db.urls[1]!, (c) => c.query(`insert into ch10.photos (id, user_id, image_url) values (0, 0, 'zero')`));
+      const failed = await router
+        .queryEachShard<Row>(`select current_schema() as s, count(*) filter (where 1 / id > 0) as n from photos`, { readOnly: true, shardsPerQuery: 4 })
+        .then(
+          () => null,
+          (e: unknown) => e,
+        );
+      expect(failed).toBeInstanceOf(ShardFanOutError);
+      const error = failed as ShardFanOutError<import('pg').QueryResult<Row>>;
+      expect(error.failures.map((f) => [f.shard, f.host, (f.error as { code?: string }).code])).toEqual([[10, 'pg2', '22012']]);
+      expect(error.results.map((r) => [r.shard, r.value.rows[0]!.s])).toEqual(
+        Array.from({ length: 16 }, (_, i) => i)
+          .filter((i) => i !== 10)
+          .map((i) => [i, `ch${i}`]),
+      );
+      // The connections are still usable, outside any transaction.
+      const after = await router.queryEachShard<Row>('select current_schema() as s', { readOnly: true, shardsPerQuery: 8 });
+      expect(after.map((r) => r.value.rows[0]!.s)).toEqual(Array.from({ length: 16 }, (_, i) => `ch${i}`));
+      // A text that leaves a quote open fails alone, and so everywhere: never swallowed into one chunk.
+      const open = await router.queryEachShard(`select 'open`, { readOnly: true, shardsPerQuery: 8 }).catch((e: unknown) => e);
+      expect((open as ShardFanOutError).failures).toHaveLength(16);
+    } finally {
+      await router.close();
+    }
+  });
+});
