@@ -25,7 +25,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     .option('--shards <list>', 'only these shards, e.g. 17 or 0-99,200')
     .option('--json', 'print a JSON array of rows (bigints and numerics as decimal strings)')
     .option('--csv', 'print CSV with a header line')
-    .option('--concurrency <n>', 'shards running at once over all hosts (default: 10 per host)')
+    .option('--concurrency <n>', 'connections running at once over all hosts (default: 10 per host); read-only runs split a host\'s shards over its connections, up to 256 per round trip')
     .option('--write', 'allow writes (default: each shard runs in a READ ONLY transaction)')
     .option('-c, --config <file>', 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml)')
     .action(async (sql: string, flags: ExecFlags) => {
