@@ -29,9 +29,10 @@ import {
 import * as migrate from './migrate.js';
 import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
+import * as router from './router.js';
 
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
-const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard };
+const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard, router };
 
 /**
  * next-id runs on 15 too because the issue's reference figures were measured there. move-shard's
@@ -44,6 +45,7 @@ const DEFAULT_MAJORS = {
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],
   'move-shard': ['15', EMBEDDED_MAJOR],
+  router: [EMBEDDED_MAJOR],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -60,6 +62,8 @@ const REFERENCE_SCALE = {
   'rerun-runs': 5,
   'check-runs': 5,
   rows: 1_000_000,
+  inserts: 5_000,
+  'router-rounds': 5,
 };
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
@@ -85,6 +89,8 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --batch N         rows per insert in the concurrency run    (${REFERENCE_SCALE.batch})
   --seconds N       length of the concurrency run             (${REFERENCE_SCALE.seconds})
   --rows N          rows in the moved shard's photos          (${formatCount(REFERENCE_SCALE.rows)})
+  --inserts N       router: single-row inserts per round/side (${formatCount(REFERENCE_SCALE.inserts)})
+  --router-rounds N router: interleaved rounds of each side   (${REFERENCE_SCALE['router-rounds']})
 
 other options:
   --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id 18 and 15, move-shard

@@ -66,3 +66,15 @@ export {
   type FailureExitCode,
 } from './errors.js';
 export { redact, redactUrl, registerSecret } from './pg/redact.js';
+
+// the application side
+export {
+  ShardRouter,
+  type ShardRouterOptions,
+  type ShardFn,
+  type TransactionOptions,
+  type ForEachShardOptions,
+} from './router/router.js';
+export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
+export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './router/exec.js';
+export { psqlInvocation, findPsql, type PsqlInvocation } from './router/psql.js';

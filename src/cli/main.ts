@@ -5,10 +5,12 @@ import { registerAddSchema } from './add-schema.js';
 import type { CliContext } from './context.js';
 import { registerDecode } from './decode.js';
 import { registerDev } from './dev.js';
+import { registerExec } from './exec.js';
 import { registerInit } from './init.js';
 import { registerGc } from './gc.js';
 import { registerMigrate } from './migrate.js';
 import { registerMoveShard } from './move-shard.js';
+import { registerPsql } from './psql.js';
 import { Output, type Streams } from './output.js';
 import { registerStatus } from './status.js';
 
@@ -36,7 +38,18 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
       writeOut: (text) => streams.stdout.write(text),
       writeErr: (text) => streams.stderr.write(text),
     });
-  for (const register of [registerInit, registerAddSchema, registerMigrate, registerStatus, registerMoveShard, registerGc, registerDecode, registerDev]) {
+  for (const register of [
+    registerInit,
+    registerAddSchema,
+    registerMigrate,
+    registerStatus,
+    registerMoveShard,
+    registerGc,
+    registerExec,
+    registerPsql,
+    registerDecode,
+    registerDev,
+  ]) {
     register(program, ctx, done);
   }
   for (const command of allCommands(program)) command.exitOverride();

@@ -1,4 +1,5 @@
-import cliProgress from 'cli-progress';
+import type cliProgress from 'cli-progress';
+import { createRequire } from 'node:module';
 import { isShardctlError, redact, type ErrorJson } from '../index.js';
 
 /**
@@ -59,13 +60,17 @@ export class Output {
   }
 }
 
+/** cli-progress is loaded only when bars are drawn (a terminal): most runs never need it. */
+const requireCjs = createRequire(import.meta.url);
+
 export class Progress {
   private readonly bars = new Map<string, cliProgress.SingleBar>();
   private readonly multi: cliProgress.MultiBar | null;
 
   constructor(stream: NodeJS.WritableStream, enabled: boolean) {
-    this.multi = enabled
-      ? new cliProgress.MultiBar(
+    const bars = enabled ? (requireCjs('cli-progress') as typeof cliProgress) : null;
+    this.multi = bars
+      ? new bars.MultiBar(
           {
             stream: stream as NodeJS.WriteStream,
             format: ' {host} [{bar}] {value}/{total} shards {failed}',
@@ -73,7 +78,7 @@ export class Progress {
             clearOnComplete: false,
             etaBuffer: 50,
           },
-          cliProgress.Presets.shades_classic,
+          bars.Presets.shades_classic,
         )
       : null;
   }

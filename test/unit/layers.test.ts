@@ -12,7 +12,7 @@ const LAYERS: readonly (readonly string[])[] = [
   ['config'],
   ['fleet'],
   ['migrations'],
-  ['provisioning', 'moves'],
+  ['provisioning', 'moves', 'router'],
   ['commands', 'dev'],
   ['index.ts'],
   ['cli'],

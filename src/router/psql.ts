@@ -1,0 +1,66 @@
+import { existsSync, statSync } from 'node:fs';
+import path from 'node:path';
+import type { Env } from '../config/env.js';
+import { hostForShard, shardSchemaName, type ShardctlConfig } from '../config/types.js';
+import { quoteIdent } from '../pg/quote.js';
+import { redact, registerUrlSecret } from '../pg/redact.js';
+
+/** What `shardctl psql` runs: the program, its arguments and its environment. */
+export interface PsqlInvocation {
+  readonly shard: number;
+  readonly host: string;
+  readonly schema: string;
+  /** The host's connection string without its password: the only connection argument psql gets. */
+  readonly args: readonly string[];
+  /** The caller's environment plus PGOPTIONS (search_path) and, when the URL has one, PGPASSWORD. */
+  readonly env: Record<string, string>;
+  /** For people: the connection string with the password shown as ***, and the search_path option. */
+  readonly display: { url: string; pgOptions: string };
+}
+
+/**
+ * The psql command for a shard. The password leaves the URL and goes into PGPASSWORD, so it is on
+ * no command line (`ps` shows arguments to every user of the machine); search_path reaches the
+ * server as a startup option through PGOPTIONS, so it holds before the first prompt.
+ */
+export function psqlInvocation(config: ShardctlConfig, shard: number, env: Env = process.env): PsqlInvocation {
+  const host = hostForShard(config, shard);
+  if (!host) throw new RangeError(`shard ${shard} is not in the map (0-${config.shards - 1})`);
+  registerUrlSecret(host.url);
+  const schema = shardSchemaName(config, shard);
+  const url = new URL(host.url);
+  let password = url.password ? decodeURIComponent(url.password) : undefined;
+  url.password = '';
+  // libpq also reads a password from the query string (?password=…): move it too.
+  const queryPassword = url.searchParams.get('password');
+  if (queryPassword !== null) {
+    password ??= queryPassword;
+    url.searchParams.delete('password');
+  }
+  const schemaOption = `-c search_path=${quoteIdent(schema)}`;
+  const pgOptions = env['PGOPTIONS'] ? `${env['PGOPTIONS']} ${schemaOption}` : schemaOption;
+  const childEnv: Record<string, string> = {};
+  for (const [k, v] of Object.entries(env)) if (v !== undefined) childEnv[k] = v;
+  childEnv['PGOPTIONS'] = pgOptions;
+  if (password !== undefined) childEnv['PGPASSWORD'] = password;
+  return {
+    shard,
+    host: host.name,
+    schema,
+    args: [url.toString()],
+    env: childEnv,
+    display: { url: redact(host.url), pgOptions },
+  };
+}
+
+/** The psql to run: $SHARDCTL_PSQL if set, else the first `psql` on PATH; null when there is none. */
+export function findPsql(env: Env = process.env): string | null {
+  const chosen = env['SHARDCTL_PSQL'];
+  if (chosen) return chosen;
+  for (const dir of (env['PATH'] ?? '').split(path.delimiter)) {
+    if (!dir) continue;
+    const candidate = path.join(dir, 'psql');
+    if (existsSync(candidate) && statSync(candidate).isFile()) return candidate;
+  }
+  return null;
+}

@@ -1,0 +1,566 @@
+import pg from 'pg';
+import { loadConfig } from '../config/load.js';
+import { shardMovedTo } from '../config/shard-map.js';
+import type { Env } from '../config/env.js';
+import { hostForShard, shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { decodeId, parseIdString } from '../id/layout.js';
+import { shardForKey } from '../id/routing.js';
+import { describePgError } from '../fleet/connect.js';
+import { quoteIdent } from '../pg/quote.js';
+import { registerUrlSecret } from '../pg/redact.js';
+import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
+import { Limit } from './limit.js';
+
+export interface ShardRouterOptions {
+  /** Connections per host (the pg.Pool's max). Default 10. */
+  poolSize?: number;
+  /** statement_timeout of every connection, in ms; 0 or unset: the server's setting. */
+  statementTimeoutMs?: number;
+  /** idle_in_transaction_session_timeout of every connection, in ms; unset: the server's setting. */
+  idleInTransactionTimeoutMs?: number;
+  /** Shown in pg_stat_activity. Default 'shardctl-router'. */
+  applicationName?: string;
+  /** How long to wait for a connection (connecting, or a free one in the pool). Default 10 s. */
+  connectTimeoutMs?: number;
+  /** How long an idle pooled connection is kept. Default 30 s. */
+  idleTimeoutMs?: number;
+  /**
+   * How long a call keeps retrying a shard that answers SQLSTATE SC100 (a move between its fence and
+   * its switch) before that error reaches the caller. Default 10 s.
+   */
+  fencedTimeoutMs?: number;
+  /** For ${VAR} in host URLs; default process.env. */
+  env?: Env;
+  /** Resolves a relative config path; default process.cwd(). */
+  cwd?: string;
+}
+
+export interface TransactionOptions {
+  /** BEGIN READ ONLY: any write in fn fails (SQLSTATE 25006). */
+  readOnly?: boolean;
+}
+
+export interface ForEachShardOptions extends TransactionOptions {
+  /** The shards to run on, default every shard of the map; run and returned in ascending order. */
+  shards?: readonly number[];
+  /** Shards running at once over all hosts. Default: poolSize × hosts. */
+  concurrency?: number;
+  /** Shards running at once on one host. Default (and at most): poolSize. */
+  perHost?: number;
+  /** Called after each shard, for progress. */
+  onShardDone?: (event: { shard: number; host: string; ok: boolean; done: number; total: number }) => void;
+}
+
+/** What fn receives: a client inside the shard's transaction, and the shard number. */
+export type ShardFn<T> = (client: pg.PoolClient, shard: number) => Promise<T>;
+
+const FIRST_BACKOFF_MS = 5;
+const MAX_BACKOFF_MS = 100;
+/** Stale-map symptoms other than SC100: the old copy dropped (--drop-source, gc). */
+const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000']);
+
+/**
+ * The application side of the map: one pg.Pool per host (created on first use), every call run in
+ * a transaction on the shard's host with `search_path` set to the shard's schema, and moves
+ * followed without the caller noticing.
+ *
+ * Following a move: when fn fails with SQLSTATE SC100 (the fence of a moved shard, or the view left
+ * under the old name), the transaction is rolled back, the map file re-read, and fn run again on
+ * the host the map names now — after a short backoff (5 ms doubling to 100 ms) while the map still
+ * names the old host (the move is between its fence and its switch). The SC100 error reaches the
+ * caller only when the shard is still fenced `fencedTimeoutMs` (default 10 s) after the first one.
+ * So **fn may run more than once**; it commits at most once, because only a failed (rolled back)
+ * attempt is retried. Keep side effects outside the database (emails, queues) out of fn.
+ */
+export class ShardRouter {
+  private config: ShardctlConfig;
+  private readonly pools = new Map<string, { url: string; pool: pg.Pool }>();
+  private readonly ending = new Set<Promise<void>>();
+  private reloading: Promise<void> | undefined;
+  private closed = false;
+  private readonly options: Required<Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>> &
+    Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>;
+
+  private constructor(config: ShardctlConfig, options: ShardRouterOptions) {
+    this.config = config;
+    const poolSize = options.poolSize ?? 10;
+    if (!Number.isSafeInteger(poolSize) || poolSize < 1) throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
+    this.options = {
+      ...options,
+      poolSize,
+      applicationName: options.applicationName ?? 'shardctl-router',
+      connectTimeoutMs: options.connectTimeoutMs ?? 10_000,
+      idleTimeoutMs: options.idleTimeoutMs ?? 30_000,
+      fencedTimeoutMs: options.fencedTimeoutMs ?? 10_000,
+    };
+  }
+
+  /** Reads the map (the argument, else $SHARDCTL_CONFIG, else ./shardctl.yaml). Connects lazily. */
+  static async open(configFile?: string, options: ShardRouterOptions = {}): Promise<ShardRouter> {
+    const config = await loadConfig(configFile, {
+      checkMigrationsDir: false,
+      ...(options.env ? { env: options.env } : {}),
+      ...(options.cwd ? { cwd: options.cwd } : {}),
+    });
+    return new ShardRouter(config, options);
+  }
+
+  /** A router over an already loaded map; reload() re-reads `config.file`. */
+  static fromConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): ShardRouter {
+    return new ShardRouter(config, options);
+  }
+
+  /** The map in use now (replaced by each reload). */
+  get map(): ShardctlConfig {
+    return this.config;
+  }
+
+  hostForShard(shard: number): HostConfig {
+    this.checkShard(shard);
+    const host = hostForShard(this.config, shard);
+    if (!host) throw new RangeError(`shard ${shard} is not mapped to any host`);
+    return host;
+  }
+
+  shardForKey(key: bigint): number {
+    if (typeof key !== 'bigint') throw new TypeError(`key ${String(key)} must be a bigint`);
+    return shardForKey(key, this.config.shards);
+  }
+
+  /** The shard an id was made in, decoded with the map's id layout. Accepts a decimal string. */
+  shardForId(id: bigint | string): number {
+    const value = typeof id === 'string' ? parseIdString(id) : id;
+    if (typeof value !== 'bigint') throw new TypeError(`id ${JSON.stringify(id)} is not a decimal 64-bit id`);
+    const { shard } = decodeId(value, this.config.idLayout);
+    if (shard >= this.config.shards) {
+      throw new RangeError(`id ${value} carries shard ${shard}, but the map has shards 0-${this.config.shards - 1}`);
+    }
+    return shard;
+  }
+
+  async withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return (await this.run(shard, (host) => this.attempt(host, shard, fn, options))).value;
+  }
+
+  /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
+  async withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return this.withShard(this.shardForKey(key), fn, options);
+  }
+
+  /** The shard an id carries (e.g. a photo id made by that shard's next_id()). */
+  async withId<T>(id: bigint | string, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return this.withShard(this.shardForId(id), fn, options);
+  }
+
+  /**
+   * Runs fn on every shard (or `options.shards`), each in its own transaction as withShard does,
+   * at most `perHost` at once on a host and `concurrency` at once overall. Resolves with the
+   * results in shard order; when any shard failed, every other shard still ran and the call
+   * rejects with a ShardFanOutError holding both the results and the failures.
+   */
+  forEachShard<T>(fn: ShardFn<T>, options: ForEachShardOptions = {}): Promise<ShardResult<T>[]> {
+    const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
+    return this.fanOut((shard) => this.run(shard, (host) => this.attempt(host, shard, fn, txOptions)), options);
+  }
+
+  /**
+   * forEachShard for one SQL text without parameters (one or more statements): each shard's
+   * BEGIN, search_path, the text and COMMIT go in a single round trip. Each result is the last
+   * statement's. The text must not end the transaction itself (COMMIT/ROLLBACK): READ ONLY
+   * guards against accidents, it is not a permission (use a read-only role for that).
+   *
+   * `shardsPerQuery` (read-only runs only; default 1): up to that many shards of a host in one
+   * round trip and one READ ONLY transaction (`BEGIN READ ONLY; SET LOCAL search_path TO a; sql;
+   * SET LOCAL search_path TO b; sql; …; COMMIT`), the host's shards split evenly over its
+   * connections. The shards of such a chunk share one snapshot, and a `SET LOCAL` in the text
+   * carries over to the chunk's next shards. The first shard runs alone first: when it succeeds,
+   * the number of results the text gives per shard is known, and every chunk's results must match
+   * it shard by shard (otherwise, e.g. a text that leaves a quote open, the chunk is not trusted).
+   * A chunk that fails (one shard's error aborts the whole transaction) runs again one shard per
+   * transaction, so the failing shard is named and the others' results kept.
+   */
+  queryEachShard<R extends pg.QueryResultRow = pg.QueryResultRow>(
+    sql: string,
+    options: ForEachShardOptions & { query?: Omit<pg.QueryConfig, 'text' | 'values'>; shardsPerQuery?: number } = {},
+  ): Promise<ShardResult<pg.QueryResult<R>>[]> {
+    const body = sql.replace(/[\s;]+$/, '');
+    const readOnly = options.readOnly ?? false;
+    const query = options.query ?? {};
+    const shardsPerQuery = options.shardsPerQuery ?? 1;
+    if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1) throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
+    const single = (shard: number) => this.run(shard, (host) => this.attemptScript<R>(host, shard, body, readOnly, query));
+    if (!readOnly || shardsPerQuery === 1) return this.fanOut(async (shard) => unwrapScript(await single(shard)), options);
+    return this.fanOut(async (shard) => unwrapScript(await single(shard)), options, {
+      maxShards: shardsPerQuery,
+      probe: async (shard) => {
+        const r = await single(shard);
+        return { value: r.value.last, host: r.host, statements: r.value.statements };
+      },
+      runChunk: (host, shards, statements) => this.attemptChunk<R>(host, shards, body, statements, query),
+    });
+  }
+
+  private async fanOut<T>(
+    runShard: (shard: number) => Promise<{ value: T; host: string }>,
+    options: ForEachShardOptions,
+    chunks?: Chunking<T>,
+  ): Promise<ShardResult<T>[]> {
+    const shards = [...new Set(options.shards ?? Array.from({ length: this.config.shards }, (_, i) => i))].sort((a, b) => a - b);
+    for (const shard of shards) this.checkShard(shard);
+    const perHost = Math.min(options.perHost ?? this.options.poolSize, this.options.poolSize);
+    const overall = new Limit(options.concurrency ?? this.options.poolSize * this.config.hosts.length);
+    if (!Number.isSafeInteger(perHost) || perHost < 1) throw new RangeError(`perHost ${perHost} must be a positive integer`);
+
+    const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
+    let done = 0;
+    const record = (shard: number, outcome: { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }): void => {
+      outcomes.set(shard, outcome);
+      done += 1;
+      options.onShardDone?.({ shard, host: outcome.ok ? outcome.result.host : outcome.failure.host, ok: outcome.ok, done, total: shards.length });
+    };
+    const runOne = async (shard: number, hostName: string): Promise<void> => {
+      try {
+        const r = await runShard(shard);
+        record(shard, { ok: true, result: { shard, host: r.host, value: r.value } });
+      } catch (error) {
+        record(shard, { ok: false, failure: { shard, host: hostForShard(this.config, shard)?.name ?? hostName, error } });
+      }
+    };
+
+    // Chunked runs: the first shard alone tells how many results the text gives per shard.
+    let statements: number | undefined;
+    let rest = shards;
+    if (chunks && shards.length > 1) {
+      const first = shards[0]!;
+      rest = shards.slice(1);
+      await overall.run(async () => {
+        try {
+          const r = await chunks.probe(first);
+          statements = r.statements;
+          record(first, { ok: true, result: { shard: first, host: r.host, value: r.value } });
+        } catch (error) {
+          record(first, { ok: false, failure: { shard: first, host: hostForShard(this.config, first)?.name ?? '', error } });
+        }
+      });
+    }
+
+    const byHost = new Map<string, number[]>();
+    for (const shard of rest) {
+      const host = this.hostForShard(shard).name;
+      const queue = byHost.get(host);
+      if (queue) queue.push(shard);
+      else byHost.set(host, [shard]);
+    }
+    // Per host, `perHost` workers take that host's shards in order (a chunk at a time when
+    // chunking, the host's shards split evenly over its workers); each also holds a slot of the
+    // overall limit while it runs.
+    await Promise.all(
+      [...byHost.entries()].flatMap(([hostName, queue]) => {
+        const workers = Math.min(perHost, queue.length);
+        const size = chunks && statements !== undefined ? Math.max(1, Math.min(chunks.maxShards, Math.ceil(queue.length / workers))) : 1;
+        let next = 0;
+        const worker = async (): Promise<void> => {
+          while (next < queue.length) {
+            const chunk = queue.slice(next, next + size);
+            next += chunk.length;
+            await overall.run(async () => {
+              if (chunk.length === 1 || !chunks || statements === undefined) {
+                for (const shard of chunk) await runOne(shard, hostName);
+                return;
+              }
+              const host = this.hostForShard(chunk[0]!);
+              // A reload (a move) may have sent some of them elsewhere: only a chunk on one host runs whole.
+              const values = chunk.every((s) => this.hostForShard(s) === host)
+                ? await chunks.runChunk(host, chunk, statements).catch(() => undefined)
+                : undefined;
+              if (values) {
+                chunk.forEach((shard, i) => record(shard, { ok: true, result: { shard, host: host.name, value: values[i]! } }));
+                return;
+              }
+              // The chunk failed (or its results were not what one shard gives): shard by shard.
+              for (const shard of chunk) await runOne(shard, hostName);
+            });
+          }
+        };
+        return Array.from({ length: workers }, worker);
+      }),
+    );
+    const results: ShardResult<T>[] = [];
+    const failures: FanOutFailure[] = [];
+    for (const shard of shards) {
+      const outcome = outcomes.get(shard)!;
+      if (outcome.ok) results.push(outcome.result);
+      else failures.push(outcome.failure);
+    }
+    if (failures.length > 0) throw new ShardFanOutError(results, failures, shards.length);
+    return results;
+  }
+
+  /**
+   * Re-reads the map file. Concurrent callers share one read. A host that left the map, or whose
+   * URL changed, has its pool ended (after its checked-out connections come back).
+   */
+  reload(): Promise<void> {
+    this.reloading ??= (async () => {
+      try {
+        const next = await loadConfig(this.config.file, {
+          checkMigrationsDir: false,
+          ...(this.options.env ? { env: this.options.env } : {}),
+          ...(this.options.cwd ? { cwd: this.options.cwd } : {}),
+        });
+        this.config = next;
+        for (const [name, entry] of this.pools) {
+          const host = next.hosts.find((h) => h.name === name);
+          if (!host || host.url !== entry.url) this.endPool(name);
+        }
+      } finally {
+        this.reloading = undefined;
+      }
+    })();
+    return this.reloading;
+  }
+
+  /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const name of [...this.pools.keys()]) this.endPool(name);
+    await Promise.all([...this.ending]);
+  }
+
+  /** Names of the hosts with an open pool (for tests and health checks). */
+  openPools(): string[] {
+    return [...this.pools.keys()];
+  }
+
+  private checkShard(shard: number): void {
+    if (!Number.isSafeInteger(shard) || shard < 0 || shard >= this.config.shards) {
+      throw new RangeError(`shard ${shard} is not in the map (0-${this.config.shards - 1})`);
+    }
+  }
+
+  private pool(host: HostConfig): pg.Pool {
+    if (this.closed) throw new Error('the ShardRouter is closed');
+    const existing = this.pools.get(host.name);
+    if (existing && existing.url === host.url) return existing.pool;
+    if (existing) this.endPool(host.name);
+    registerUrlSecret(host.url);
+    const pool = new pg.Pool({
+      connectionString: host.url,
+      max: this.options.poolSize,
+      application_name: this.options.applicationName,
+      connectionTimeoutMillis: this.options.connectTimeoutMs,
+      idleTimeoutMillis: this.options.idleTimeoutMs,
+      ...(this.options.statementTimeoutMs ? { statement_timeout: this.options.statementTimeoutMs } : {}),
+      ...(this.options.idleInTransactionTimeoutMs
+        ? { idle_in_transaction_session_timeout: this.options.idleInTransactionTimeoutMs }
+        : {}),
+    });
+    // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
+    // application. The pool drops that connection and the next checkout opens a new one.
+    pool.on('error', () => undefined);
+    this.pools.set(host.name, { url: host.url, pool });
+    return pool;
+  }
+
+  private endPool(name: string): void {
+    const entry = this.pools.get(name);
+    if (!entry) return;
+    this.pools.delete(name);
+    const ending = entry.pool.end().catch(() => undefined);
+    this.ending.add(ending);
+    void ending.finally(() => this.ending.delete(ending));
+  }
+
+  /** One call, following moves: returns fn's value and the host it committed on. */
+  private async run<T>(shard: number, attemptOn: (host: HostConfig) => Promise<Attempt<T>>): Promise<{ value: T; host: string }> {
+    this.checkShard(shard);
+    let fencedSince: number | undefined;
+    let backoffMs = FIRST_BACKOFF_MS;
+    for (;;) {
+      const host = this.hostForShard(shard);
+      const attempt = await attemptOn(host);
+      if (attempt.ok) return { value: attempt.value, host: host.name };
+      const error = attempt.error;
+      const moved = shardMovedTo(error);
+      if (!moved && !MISSING_OBJECT_SQLSTATES.has((error as { code?: string }).code ?? '')) throw error;
+
+      const now = Date.now();
+      fencedSince ??= now;
+      const waited = now - fencedSince;
+      if (waited >= this.options.fencedTimeoutMs) throw error;
+      try {
+        await this.reload();
+      } catch {
+        // The file is being replaced or is invalid for a moment: keep the map in use and retry.
+      }
+      const hostNow = this.hostForShard(shard);
+      if (!moved && hostNow.name === host.name && hostNow.url === host.url) {
+        // A missing table on a host the map still names is the application's error, not a move.
+        throw error;
+      }
+      if (hostNow.name === host.name && hostNow.url === host.url) {
+        // Fenced, not switched yet: wait a little, then try again (the map may name the target by then).
+        const jitter = Math.random() * backoffMs * 0.5;
+        await new Promise((resolve) => setTimeout(resolve, Math.min(backoffMs + jitter, this.options.fencedTimeoutMs - waited)));
+        backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
+      }
+    }
+  }
+
+  private async attempt<T>(
+    host: HostConfig,
+    shard: number,
+    fn: ShardFn<T>,
+    options: TransactionOptions,
+  ): Promise<Attempt<T>> {
+    const client = await this.connect(host, shard);
+    let broken: Error | undefined;
+    try {
+      // One round trip for both: the search_path lives and dies with the transaction.
+      await client.query(this.beginSql(shard, options.readOnly ?? false));
+      let value: T;
+      try {
+        value = await fn(client, shard);
+      } catch (error) {
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return { ok: false, error };
+      }
+      const commit = await client.query('COMMIT');
+      // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
+      if (commit.command === 'ROLLBACK') {
+        throw new HostError(host.name, 'the transaction was rolled back: a statement in it failed and fn caught the error', {
+          shard,
+          code: 'TRANSACTION_ABORTED',
+        });
+      }
+      return { ok: true, value };
+    } catch (error) {
+      broken = error as Error;
+      throw error;
+    } finally {
+      // A connection whose state is unknown (failed BEGIN/COMMIT/ROLLBACK) is destroyed, not reused.
+      client.release(broken);
+    }
+  }
+
+  private async attemptScript<R extends pg.QueryResultRow>(
+    host: HostConfig,
+    shard: number,
+    sql: string,
+    readOnly: boolean,
+    query: Omit<pg.QueryConfig, 'text' | 'values'>,
+  ): Promise<Attempt<ScriptValue<R>>> {
+    const client = await this.connect(host, shard);
+    let broken: Error | undefined;
+    try {
+      // The newline ends a trailing `--` comment in sql before COMMIT.
+      const text = `${this.beginSql(shard, readOnly)};\n${sql}\n;COMMIT`;
+      let results: pg.QueryResult<R>[];
+      try {
+        results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
+      } catch (error) {
+        // The statements after the failing one (COMMIT too) were skipped: end the transaction.
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return { ok: false, error };
+      }
+      const commit = results.at(-1);
+      if (commit?.command !== 'COMMIT') {
+        throw new HostError(host.name, `the transaction did not commit (${commit?.command ?? 'no result'}): the SQL must not end it itself`, {
+          shard,
+          code: 'TRANSACTION_ABORTED',
+        });
+      }
+      // BEGIN and SET come first; empty statements give no result.
+      return { ok: true, value: { last: results.slice(2, -1).at(-1) ?? emptyResult<R>(), statements: results.length - 3 } };
+    } catch (error) {
+      broken = error as Error;
+      throw error;
+    } finally {
+      client.release(broken);
+    }
+  }
+
+  /**
+   * Several shards of one host in one READ ONLY transaction and one round trip. Resolves with each
+   * shard's last result, or undefined when the chunk failed or its results do not have the shape
+   * of `statements` results per shard (the caller then runs the shards one by one).
+   */
+  private async attemptChunk<R extends pg.QueryResultRow>(
+    host: HostConfig,
+    shards: readonly number[],
+    sql: string,
+    statements: number,
+    query: Omit<pg.QueryConfig, 'text' | 'values'>,
+  ): Promise<pg.QueryResult<R>[] | undefined> {
+    const client = await this.connect(host, shards[0]!);
+    let broken: Error | undefined;
+    try {
+      // Each shard's text sits between `;\n` and `\n;`, exactly as in attemptScript.
+      const parts = ['BEGIN READ ONLY'];
+      for (const shard of shards) parts.push(`SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))};\n${sql}\n`);
+      parts.push('COMMIT');
+      let results: pg.QueryResult<R>[];
+      try {
+        results = (await client.query<R>({ ...query, text: parts.join(';') })) as unknown as pg.QueryResult<R>[];
+      } catch {
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return undefined;
+      }
+      const group = statements + 1;
+      const shaped =
+        results.length === 2 + shards.length * group &&
+        results[0]?.command === 'BEGIN' &&
+        results.at(-1)?.command === 'COMMIT' &&
+        shards.every((_, i) => results[1 + i * group]?.command === 'SET');
+      if (!shaped) {
+        // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
+        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        return undefined;
+      }
+      return shards.map((_, i) => (statements === 0 ? emptyResult<R>() : results[1 + i * group + statements]!));
+    } catch (error) {
+      broken = error as Error;
+      throw error;
+    } finally {
+      client.release(broken);
+    }
+  }
+
+  private beginSql(shard: number, readOnly: boolean): string {
+    return `BEGIN${readOnly ? ' READ ONLY' : ''}; SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`;
+  }
+
+  private async connect(host: HostConfig, shard: number): Promise<pg.PoolClient> {
+    try {
+      return await this.pool(host).connect();
+    } catch (error) {
+      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { shard, code: 'HOST_UNREACHABLE', cause: error });
+    }
+  }
+}
+
+type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
+
+/** One shard's script: its last result, and how many results the text gave. */
+interface ScriptValue<R extends pg.QueryResultRow> {
+  last: pg.QueryResult<R>;
+  statements: number;
+}
+
+interface Chunking<T> {
+  /** At most this many shards per chunk. */
+  maxShards: number;
+  /** The first shard, alone: its value and how many results the text gives per shard. */
+  probe: (shard: number) => Promise<{ value: T; host: string; statements: number }>;
+  /** A chunk of one host's shards; undefined (or a rejection) sends them one by one. */
+  runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
+}
+
+function unwrapScript<R extends pg.QueryResultRow>(r: { value: ScriptValue<R>; host: string }): { value: pg.QueryResult<R>; host: string } {
+  return { value: r.value.last, host: r.host };
+}
+
+function emptyResult<R extends pg.QueryResultRow>(): pg.QueryResult<R> {
+  return { command: '', rowCount: 0, rows: [], fields: [], oid: 0 } as unknown as pg.QueryResult<R>;
+}

@@ -1,0 +1,190 @@
+import { chmodSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { beforeAll, describe, expect, it } from 'vitest';
+import { parseConfig } from '../../src/config/load.js';
+import { init } from '../../src/commands/init.js';
+import { psqlInvocation } from '../../src/router/psql.js';
+import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const db = useTestDatabases(2);
+
+const MIGRATIONS = {
+  '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
+CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), user_id bigint NOT NULL, caption text, likes int, public boolean);
+ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
+};
+
+let fleet: Fleet;
+/** A photo in shard 5 (on pg2), for --id. */
+let photoId: string;
+
+beforeAll(async () => {
+  fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'ex', migrations: MIGRATIONS });
+  expect((await init(await fleet.config())).ok).toBe(true);
+  await withClient(db.urls[0]!, (c) => c.query(`insert into ex1.photos (user_id, caption, likes, public) values (9, 'comma, "quoted"', 3, true), (17, null, 0, false)`));
+  await withClient(db.urls[1]!, async (c) => {
+    const r = await c.query<{ id: string }>(`insert into ex5.photos (user_id, caption, likes, public) values (13, 'five', 1, true) returning id`);
+    photoId = r.rows[0]!.id;
+  });
+});
+
+describe('shardctl exec', () => {
+  it('prints a table with a leading shard column on every shard', async () => {
+    const run = await runCli(['exec', '-c', fleet.configFile, 'select count(*) as n from photos']);
+    expect(run.code).toBe(0);
+    expect(run.stdout).toBe(
+      ['shard | n', '------+--', '    0 | 0', '    1 | 2', '    2 | 0', '    3 | 0', '    4 | 0', '    5 | 1', '    6 | 0', '    7 | 0', '(8 rows)', ''].join('\n'),
+    );
+    expect(run.stderr).toMatch(/exec: 8 shards, 8 rows, 0 failed/);
+  });
+
+  it('prints JSON with bigints as decimal strings, and only the listed shards', async () => {
+    const run = await runCli(['exec', '-c', fleet.configFile, '--shards', '5,1', '--json', 'select id, user_id, caption, likes, public from photos order by id']);
+    expect(run.code).toBe(0);
+    const rows = JSON.parse(run.stdout) as Record<string, unknown>[];
+    expect(rows.map((r) => [r['shard'], r['user_id'], r['caption'], r['likes'], r['public']])).toEqual([
+      [1, '9', 'comma, "quoted"', 3, true],
+      [1, '17', null, 0, false],
+      [5, '13', 'five', 1, true],
+    ]);
+    expect(rows[2]!['id']).toBe(photoId);
+  });
+
+  it('prints CSV with a header and quoting', async () => {
+    const run = await runCli(['exec', '-c', fleet.configFile, '--shards', '1', '--csv', 'select user_id, caption, public from photos order by user_id']);
+    expect(run.code).toBe(0);
+    expect(run.stdout).toBe('shard,user_id,caption,public\n1,9,"comma, ""quoted""",t\n1,17,,f\n');
+  });
+
+  it('refuses a write without --write in every shard, naming them, and writes with --write', async () => {
+    const sql = `insert into photos (user_id, caption) values (1, 'from exec')`;
+    const refused = await runCli(['exec', '-c', fleet.configFile, '--shards', '0-3', sql]);
+    expect(refused.code).toBe(1);
+    expect(refused.stderr).toContain('error: 4 of 4 shards failed: shards 0-3');
+    expect(refused.stderr).toContain('shards 0-3 on pg1: cannot execute INSERT in a read-only transaction (SQLSTATE 25006)');
+    expect(refused.stderr).toContain('unless --write is given');
+    const count = () => withClient(db.urls[0]!, async (c) => (await c.query(`select count(*)::int as n from ex0.photos where caption = 'from exec'`)).rows[0]!.n as number);
+    expect(await count()).toBe(0);
+    const written = await runCli(['exec', '-c', fleet.configFile, '--shards', '0', '--write', `${sql} returning user_id`]);
+    expect(written.code).toBe(0);
+    expect(written.stdout).toContain('    0 |       1');
+    expect(await count()).toBe(1);
+  });
+
+  it('reports a failing shard by number, prints the rows of the others and exits 1', async () => {
+    await withClient(db.urls[1]!, (c) => c.query('create table ex6.only_here (x int); insert into ex6.only_here values (42)'));
+    const run = await runCli(['exec', '-c', fleet.configFile, '--json', '--concurrency', '3', 'select x from only_here']);
+    expect(run.code).toBe(1);
+    expect(JSON.parse(run.stdout)).toEqual([{ shard: 6, x: 42 }]);
+    expect(run.stderr).toContain('7 of 8 shards failed: shards 0-5,7');
+    expect(run.stderr).toContain('shards 0-3 on pg1: relation "only_here" does not exist');
+  });
+
+  it('names the one shard a read-only statement fails on when the shards around it ran in the same round trip', async () => {
+    // Only shard 5 holds a 'five' photo: 1 / 0 there, 1 everywhere else.
+    const sql = `select current_schema() as s, 1 / (1 - count(*) filter (where caption = 'five'))::int as x from photos`;
+    const run = await runCli(['exec', '-c', fleet.configFile, '--json', '--concurrency', '1', sql]);
+    expect(run.code).toBe(1);
+    expect(JSON.parse(run.stdout)).toEqual([0, 1, 2, 3, 4, 6, 7].map((shard) => ({ shard, s: `ex${shard}`, x: 1 })));
+    expect(run.stderr).toContain('1 of 8 shards failed: shard 5');
+    expect(run.stderr).toContain('shard 5 on pg2: division by zero (SQLSTATE 22012)');
+  });
+
+  it('prints the last statement of a multi-statement text, a trailing comment and semicolons included', async () => {
+    const run = await runCli(['exec', '-c', fleet.configFile, '--csv', 'select 1 as a; select current_schema() as s, 2::bigint as b; -- done;']);
+    expect(run.code).toBe(0);
+    expect(run.stdout).toBe(`shard,s,b\n${Array.from({ length: 8 }, (_, i) => `${i},ex${i},2\n`).join('')}`);
+  });
+
+  it.each([
+    [['--concurrency', '0'], 'option --concurrency "0"'],
+    [['--shards', '7-9'], 'option --shards "7-9": shard 8 is not in the map (0-7)'],
+    [['--shards', 'x'], 'option --shards: invalid shard list "x"'],
+    [['--json', '--csv'], 'options --json and --csv: choose one'],
+  ])('refuses bad input %j with exit 2 naming the argument', async (args, message) => {
+    const run = await runCli(['exec', '-c', fleet.configFile, ...args, 'select 1']);
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain(message);
+  });
+});
+
+describe('shardctl psql', () => {
+  /** A stand-in for psql that records its arguments and environment, then runs the real psql with them. */
+  function fakePsql(): { script: string; dir: string } {
+    const dir = mkdtempSync(join(tmpdir(), 'shardctl-psql-'));
+    const script = join(dir, 'psql');
+    writeFileSync(
+      script,
+      `#!/bin/sh
+printf '%s\\n' "$0" "$@" > "${dir}/argv"
+env > "${dir}/env"
+exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
+`,
+    );
+    chmodSync(script, 0o755);
+    return { script, dir };
+  }
+
+  const password = () => new URL(db.urls[0]!).password;
+
+  it.each([
+    [['5'], 'ex5'],
+    [['--key', '13'], 'ex5'],
+    [['--key', '8'], 'ex0'],
+  ])('runs psql %j on the shard host with search_path set and no password on the command line', async (args, schema) => {
+    const fake = fakePsql();
+    const run = await runCli(['psql', '-c', fleet.configFile, ...args], { env: { SHARDCTL_PSQL: fake.script } });
+    expect(run.code).toBe(0);
+    const argv = readFileSync(join(fake.dir, 'argv'), 'utf8');
+    const env = readFileSync(join(fake.dir, 'env'), 'utf8');
+    expect(password().length).toBeGreaterThan(4);
+    expect(argv).not.toContain(password());
+    expect(run.stdout + run.stderr).not.toContain(password());
+    const port = new URL(schema === 'ex5' ? db.urls[1]! : db.urls[0]!).port;
+    expect(argv.split('\n')[1]).toBe(`postgres://postgres@127.0.0.1:${port}/${db.name}`);
+    expect(env).toContain(`PGPASSWORD=${password()}\n`);
+    expect(env).toContain(`PGOPTIONS=-c search_path="${schema}"\n`);
+    // The real psql, started with exactly that, lands in the shard's schema.
+    expect(readFileSync(join(fake.dir, 'schema'), 'utf8').trim()).toBe(schema);
+  });
+
+  it('moves a password given as ?password= into PGPASSWORD as well', () => {
+    const config = parseConfig(
+      'shards: 2\nhosts:\n  - name: a\n    url: postgres://app@db1:5433/app?password=s3cr3t-pw&sslmode=require\n    shards: "0-1"\n',
+      { file: 'inline.yaml', checkMigrationsDir: false },
+    );
+    const call = psqlInvocation(config, 1, { PGOPTIONS: '-c work_mem=64MB' });
+    expect(call.args).toEqual(['postgres://app@db1:5433/app?sslmode=require']);
+    expect(call.env['PGPASSWORD']).toBe('s3cr3t-pw');
+    expect(call.env['PGOPTIONS']).toBe('-c work_mem=64MB -c search_path="insta1"');
+    expect(call.display.url).not.toContain('s3cr3t-pw');
+  });
+
+  it('finds the shard of an id', async () => {
+    const fake = fakePsql();
+    const run = await runCli(['psql', '-c', fleet.configFile, '--id', photoId], { env: { SHARDCTL_PSQL: fake.script } });
+    expect(run.code).toBe(0);
+    expect(readFileSync(join(fake.dir, 'schema'), 'utf8').trim()).toBe('ex5');
+  });
+
+  it('without psql on PATH says so and prints the connection string with the password redacted', async () => {
+    const run = await runCli(['psql', '-c', fleet.configFile, '2'], { env: { PATH: '/nonexistent', SHARDCTL_PSQL: '' } });
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain('psql is not on PATH');
+    expect(run.stdout.trim()).toBe(`postgres://postgres:***@127.0.0.1:${new URL(db.urls[0]!).port}/${db.name}`);
+    expect(run.stdout + run.stderr).not.toContain(password());
+  });
+
+  it.each([
+    [[], 'give exactly one of <shard>, --key K or --id ID'],
+    [['1', '--key', '2'], 'give exactly one of'],
+    [['--id', '12x'], 'option --id "12x"'],
+    [['99'], 'argument <shard> 99: not in the map (0-7)'],
+  ])('refuses %j with exit 2', async (args, message) => {
+    const run = await runCli(['psql', '-c', fleet.configFile, ...args], { env: { SHARDCTL_PSQL: '/bin/false' } });
+    expect(run.code).toBe(2);
+    expect(run.stderr).toContain(message);
+  });
+});

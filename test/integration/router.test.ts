@@ -1,0 +1,297 @@
+import { readFileSync, writeFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { decodeId } from '../../src/id/layout.js';
+import { moveShard } from '../../src/commands/move-shard.js';
+import { init } from '../../src/commands/init.js';
+import { ShardFanOutError } from '../../src/router/errors.js';
+import { ShardRouter } from '../../src/router/router.js';
+import { makeFleet } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const PHOTOS_ONLY = {
+  '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
+CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), user_id bigint NOT NULL, image_url text NOT NULL);
+ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
+};
+
+/** Connections to this database with this application name, on one host. */
+async function connectionsOf(url: string, applicationName: string): Promise<number> {
+  return withClient(url, async (c) => {
+    const r = await c.query<{ n: string }>(
+      `select count(*) as n from pg_stat_activity where datname = current_database() and application_name = $1`,
+      [applicationName],
+    );
+    return Number(r.rows[0]!.n);
+  });
+}
+
+describe('ShardRouter', () => {
+  const db = useTestDatabases(2);
+
+  it('writes by key into the shard of key mod shards, with ids carrying it, and reads them back by id', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'rk', migrations: PHOTOS_ONLY });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      const keys = [0n, 1n, 5n, 12n, 31341n, 2n ** 62n + 3n];
+      const written: { key: bigint; shard: number; id: bigint }[] = [];
+      for (const key of keys) {
+        const { shard, id } = await router.withKey(key, async (client, shard) => {
+          const r = await client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'x') returning id`, [key.toString()]);
+          return { shard, id: BigInt(r.rows[0]!.id) };
+        });
+        expect(shard).toBe(Number(key % 8n));
+        expect(decodeId(id, config.idLayout).shard).toBe(shard);
+        written.push({ key, shard, id });
+      }
+      // Independently: each row is in that shard's schema, on the host the map gives it.
+      for (const { key, shard, id } of written) {
+        const url = shard < 4 ? db.urls[0]! : db.urls[1]!;
+        const r = await withClient(url, (c) => c.query<{ user_id: string }>(`select user_id from rk${shard}.photos where id = $1`, [id.toString()]));
+        expect(r.rows).toEqual([{ user_id: key.toString() }]);
+      }
+      // Reads by id (bigint or decimal string) find the row without being told the shard.
+      for (const { key, id } of written) {
+        for (const form of [id, id.toString()]) {
+          const userId = await router.withId(form, async (client) => {
+            const r = await client.query<{ user_id: string }>('select user_id from photos where id = $1', [id.toString()]);
+            return r.rows[0]?.user_id;
+          });
+          expect(userId).toBe(key.toString());
+        }
+      }
+      await expect(router.withId('12abc', async () => 1)).rejects.toThrow(/not a decimal 64-bit id/);
+      await expect(router.withShard(8, async () => 1)).rejects.toThrow(/shard 8 is not in the map \(0-7\)/);
+    } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter', () => {
+  const db = useTestDatabases(2);
+
+  it('rolls back when fn throws, and the search_path does not outlive the transaction', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3', ''], schemaPrefix: 'rb', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // One connection: every call below reuses it.
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1, statementTimeoutMs: 1234, applicationName: 'router-rb-test' });
+    try {
+      await expect(
+        router.withShard(2, async (client) => {
+          await client.query(`insert into photos (user_id, image_url) values (7, 'rolled back')`);
+          throw new Error('changed my mind');
+        }),
+      ).rejects.toThrow('changed my mind');
+      const seen = await router.withShard(3, async (client) => {
+        const r = await client.query<{ path: string; app: string; timeout: string }>(
+          `select current_setting('search_path') as path, current_setting('application_name') as app, current_setting('statement_timeout') as timeout`,
+        );
+        return r.rows[0];
+      });
+      expect(seen).toEqual({ path: 'rb3', app: 'router-rb-test', timeout: '1234ms' });
+      // The same connection, next call, another shard: its own schema, not the previous one's.
+      await router.withShard(0, (client) => client.query(`insert into photos (user_id, image_url) values (0, 'zero')`));
+      await withClient(db.urls[0]!, async (c) => {
+        const r = await c.query(`select (select count(*) from rb0.photos) as rb0, (select count(*) from rb2.photos) as rb2, (select count(*) from rb3.photos) as rb3`);
+        expect(r.rows).toEqual([{ rb0: '1', rb2: '0', rb3: '0' }]);
+      });
+      const readOnly = await router
+        .withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values (1, 'x')`), { readOnly: true })
+        .then(() => null, (e: { code?: string }) => e.code);
+      expect(readOnly).toBe('25006');
+    } finally {
+      await router.close();
+    }
+    expect(await connectionsOf(db.urls[0]!, 'router-rb-test')).toBe(0);
+  });
+});
+
+describe('ShardRouter', () => {
+  const db = useTestDatabases(2);
+
+  it('follows an online move: a writer looping through withKey sees no error and every committed row is on the target', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'mv', migrations: PHOTOS_ONLY });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(`insert into mv1.photos (user_id, image_url) select 1, 'seed' from generate_series(1, 2000)`));
+    const router = await ShardRouter.open(fleet.configFile);
+    const committed: bigint[] = [];
+    const errors: unknown[] = [];
+    let calls = 0;
+    let stop = false;
+    // Keys 1, 9, 17, ... all route to shard 1, the one that moves.
+    const writer = (async () => {
+      for (let i = 0n; !stop; i += 1n) {
+        try {
+          const id = await router.withKey(1n + 8n * i, async (client) => {
+            calls += 1;
+            const r = await client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'w') returning id`, [(1n + 8n * i).toString()]);
+            return BigInt(r.rows[0]!.id);
+          });
+          committed.push(id);
+        } catch (error) {
+          errors.push(error);
+        }
+      }
+    })();
+    try {
+      // Counts of commits, not fixed sleeps: on a loaded machine 300 ms may hold only a few commits.
+      await expect.poll(() => committed.length, { timeout: 15_000, interval: 20 }).toBeGreaterThan(10);
+      const result = await moveShard(config, 1, 'pg2', { configFile: fleet.configFile });
+      expect(result.outcome).toBe('moved');
+      const afterMove = committed.length;
+      await expect.poll(() => committed.length - afterMove, { timeout: 15_000, interval: 20 }).toBeGreaterThan(10);
+      stop = true;
+      await writer;
+      expect(errors).toEqual([]);
+      // The fence made some attempts fail and run again: fn ran more often than it committed.
+      expect(calls).toBeGreaterThan(committed.length);
+      expect(router.hostForShard(1).name).toBe('pg2');
+      await withClient(db.urls[1]!, async (c) => {
+        const ids = new Set((await c.query<{ id: string }>('select id from mv1.photos')).rows.map((r) => BigInt(r.id)));
+        expect(committed.filter((id) => !ids.has(id))).toEqual([]);
+        expect(ids.size).toBe(2000 + committed.length);
+      });
+    } finally {
+      stop = true;
+      await writer;
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter', () => {
+  const db = useTestDatabases(2);
+
+  it('fans out over 1024 shards on 2 hosts in shard order, bounded per host and overall, and names a failing shard', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 1024, split: ['0-511', '512-1023'], schemaPrefix: 'fo', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 4 });
+    try {
+      const running = new Map<string, number>();
+      let overall = 0;
+      let maxOverall = 0;
+      const maxPerHost = new Map<string, number>();
+      const count = async (client: import('pg').PoolClient, shard: number) => {
+        const host = shard < 512 ? 'pg1' : 'pg2';
+        running.set(host, (running.get(host) ?? 0) + 1);
+        overall += 1;
+        maxOverall = Math.max(maxOverall, overall);
+        maxPerHost.set(host, Math.max(maxPerHost.get(host) ?? 0, running.get(host)!));
+        try {
+          const r = await client.query<{ n: string; schema: string }>('select count(*) as n, current_schema() as schema from photos');
+          return r.rows[0]!;
+        } finally {
+          running.set(host, running.get(host)! - 1);
+          overall -= 1;
+        }
+      };
+      const results = await router.forEachShard(count, { concurrency: 6 });
+      expect(results).toHaveLength(1024);
+      expect(results.map((r) => r.shard)).toEqual(Array.from({ length: 1024 }, (_, i) => i));
+      expect(results.every((r) => r.value.schema === `fo${r.shard}` && r.value.n === '0')).toBe(true);
+      expect(results[0]!.host).toBe('pg1');
+      expect(results[1023]!.host).toBe('pg2');
+      expect(maxOverall).toBeLessThanOrEqual(6);
+      expect(maxPerHost.get('pg1')).toBeLessThanOrEqual(4);
+      expect(maxPerHost.get('pg2')).toBeLessThanOrEqual(4);
+      // Both hosts were busy at once: the fan-out is parallel, not host after host.
+      expect(maxOverall).toBeGreaterThan(4);
+
+      await withClient(db.urls[1]!, (c) => c.query('drop table fo700.photos'));
+      const failed = await router.forEachShard(count).then(
+        () => null,
+        (e: unknown) => e,
+      );
+      expect(failed).toBeInstanceOf(ShardFanOutError);
+      const error = failed as ShardFanOutError<{ n: string }>;
+      expect(error.failures.map((f) => [f.shard, f.host])).toEqual([[700, 'pg2']]);
+      expect(error.results).toHaveLength(1023);
+      expect(error.message).toContain('1 of 1024 shards failed: shard 700 on pg2: relation "photos" does not exist');
+      expect(error.exitCode).toBe(1);
+      // A subset, in shard order whatever order it was asked in.
+      const some = await router.forEachShard(count, { shards: [900, 3, 511, 512] });
+      expect(some.map((r) => [r.shard, r.host])).toEqual([[3, 'pg1'], [511, 'pg1'], [512, 'pg2'], [900, 'pg2']]);
+    } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter', () => {
+  const db = useTestDatabases(2);
+
+  it('ends the pool of a host that a reload drops, and close() ends the rest', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'rl', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { applicationName: 'router-reload-test' });
+    try {
+      await router.forEachShard(async (client) => (await client.query('select 1')).rowCount);
+      expect(router.openPools().sort()).toEqual(['pg1', 'pg2']);
+      expect(await connectionsOf(db.urls[1]!, 'router-reload-test')).toBeGreaterThan(0);
+      // pg2 leaves the map (its shards handed to pg1, as after moving them all away).
+      const yaml = readFileSync(fleet.configFile, 'utf8');
+      writeFileSync(fleet.configFile, yaml.replace('shards: "0-1"', 'shards: "0-3"').replace(/  - name: pg2\n.*\n.*\n/, ''));
+      await router.reload();
+      expect(router.openPools()).toEqual(['pg1']);
+      await expect.poll(() => connectionsOf(db.urls[1]!, 'router-reload-test')).toBe(0);
+      expect(router.hostForShard(3).name).toBe('pg1');
+    } finally {
+      await router.close();
+    }
+    expect(await connectionsOf(db.urls[0]!, 'router-reload-test')).toBe(0);
+    expect(router.openPools()).toEqual([]);
+  });
+});
+
+describe('ShardRouter', () => {
+  const db = useTestDatabases(2);
+
+  it('queryEachShard read-only with shardsPerQuery: chunks share a transaction, each shard its schema; a failing chunk runs shard by shard', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 16, split: ['0-7', '8-15'], schemaPrefix: 'ch', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 2 });
+    const sql = `select 1 as a; select current_schema() as s, count(*)::int as n, now()::text as t, pg_backend_pid() as pid from photos -- last\n;`;
+    type Row = { s: string; n: number; t: string; pid: number };
+    try {
+      await withClient(db.urls[1]!, (c) => c.query(`insert into ch9.photos (user_id, image_url) values (9, 'x'), (9, 'y')`));
+      const results = await router.queryEachShard<Row>(sql, { readOnly: true, shardsPerQuery: 4, perHost: 1 });
+      expect(results.map((r) => [r.shard, r.host, r.value.rows[0]!.s, r.value.rows[0]!.n])).toEqual(
+        Array.from({ length: 16 }, (_, i) => [i, i < 8 ? 'pg1' : 'pg2', `ch${i}`, i === 9 ? 2 : 0]),
+      );
+      // Shard 0 runs alone first; then, one connection per host, chunks of 4: 1-4, 5-7, 8-11, 12-15.
+      const tx = (shard: number) => results[shard]!.value.rows[0]!.t;
+      for (const chunk of [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]) {
+        expect(new Set(chunk.map(tx)).size).toBe(1);
+      }
+      expect(tx(4)).not.toBe(tx(5));
+
+      // Shard 10 fails (division by zero there only): its chunk runs again shard by shard.
+      await withClient(db.urls[1]!, (c) => c.query(`insert into ch10.photos (id, user_id, image_url) values (0, 0, 'zero')`));
+      const failed = await router
+        .queryEachShard<Row>(`select current_schema() as s, count(*) filter (where 1 / id > 0) as n from photos`, { readOnly: true, shardsPerQuery: 4 })
+        .then(
+          () => null,
+          (e: unknown) => e,
+        );
+      expect(failed).toBeInstanceOf(ShardFanOutError);
+      const error = failed as ShardFanOutError<import('pg').QueryResult<Row>>;
+      expect(error.failures.map((f) => [f.shard, f.host, (f.error as { code?: string }).code])).toEqual([[10, 'pg2', '22012']]);
+      expect(error.results.map((r) => [r.shard, r.value.rows[0]!.s])).toEqual(
+        Array.from({ length: 16 }, (_, i) => i)
+          .filter((i) => i !== 10)
+          .map((i) => [i, `ch${i}`]),
+      );
+      // The connections are still usable, outside any transaction.
+      const after = await router.queryEachShard<Row>('select current_schema() as s', { readOnly: true, shardsPerQuery: 8 });
+      expect(after.map((r) => r.value.rows[0]!.s)).toEqual(Array.from({ length: 16 }, (_, i) => `ch${i}`));
+      // A text that leaves a quote open fails alone, and so everywhere: never swallowed into one chunk.
+      const open = await router.queryEachShard(`select 'open`, { readOnly: true, shardsPerQuery: 8 }).catch((e: unknown) => e);
+      expect((open as ShardFanOutError).failures).toHaveLength(16);
+    } finally {
+      await router.close();
+    }
+  });
+});
