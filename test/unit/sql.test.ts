@@ -20,7 +20,7 @@ describe('SQL templates', () => {
     const nextId = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
     expect(nextId).toContain('LANGUAGE sql VOLATILE');
     expect(nextId.match(/nextval\(/g)).toHaveLength(1);
-    expect(nextId).toContain('SELECT "insta5".next_id_fast(seq, pg_catalog.nextval(seq))');
+    expect(nextId).toContain('RETURN "insta5".next_id_fast(seq, pg_catalog.nextval(seq));');
     // Accept while clock < epoch + ((pos >> 10) + 2) ms, i.e. pos >= (now_ms - 1) << 10.
     expect(sql).toContain("clock_timestamp() < '2011-08-24T21:07:01.723Z'::timestamptz + (pos >> 10) * interval '1 millisecond'");
     expect(sql).toContain('shardctl next_id v3:');
