@@ -161,7 +161,9 @@ export async function run(ctx, major) {
       wanted: '≤ 1.2x the PL/pgSQL floor',
       got: ratio(oursCost, floor),
       cpu: cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) : null,
-      met: ratio(oursCost, floor) <= 1.2,
+      // On a shared machine a statement's wall time includes waiting for a core, which can flatter
+      // either side; the target counts as met only when the backend's CPU time agrees.
+      met: ratio(oursCost, floor) <= 1.2 && (cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) <= 1.2 : true),
     };
     targets.slowPath = { wanted: '≤ 0.5% of calls (full speed, and steady rates ≥ 200 ids/ms)', got: worstShare, met: worstShare <= 0.5 };
     return { benchmark: 'next-id', postgres: serverVersion, settings: settings[0], cost, slowPath, uniqueness, concurrency, targets };
