@@ -195,6 +195,20 @@ function endedBackendsCpuMs(host) {
   }
 }
 
+/**
+ * A backend's CPU reaches the postmaster's counters only once the backend has exited and been
+ * reaped, which can be after pgbench has returned: wait for pgbench's backends to be gone.
+ */
+async function pgbenchBackendsGone(host) {
+  for (let attempt = 0; attempt < 100; attempt++) {
+    const [row] = await host.query(DATABASE, `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgbench'`);
+    if (row.n === 0) break;
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+  // pg_stat_activity forgets a backend as it exits; the postmaster reaps it just after.
+  await new Promise((resolve) => setTimeout(resolve, 300));
+}
+
 async function timedRun(host, pgbench, file, variant, seconds) {
   await emptyTables(host);
   const [before] = await host.query(DATABASE, 'SELECT pg_current_wal_lsn() AS lsn');
@@ -202,6 +216,7 @@ async function timedRun(host, pgbench, file, variant, seconds) {
   const started = performance.now();
   await pgbenchRun(host, pgbench, file, seconds);
   const elapsed = (performance.now() - started) / 1000;
+  await pgbenchBackendsGone(host);
   const cpuAfter = endedBackendsCpuMs(host);
   const [after] = await host.query(DATABASE, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '${before.lsn}')::bigint AS wal, (SELECT count(*) FROM ${variant.table}) AS n`);
   const rows = Number(after.n);
