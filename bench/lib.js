@@ -368,7 +368,7 @@ export function clientVersion(file) {
 
 const OUTPUT_LIMIT = 1 << 20;
 
-function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, stdout = 'pipe' } = {}) {
+export function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, stdout = 'pipe' } = {}) {
   return new Promise((resolve, reject) => {
     const child = spawn(command, args, { cwd, env, stdio: ['ignore', stdout, 'pipe'] });
     let out = '';

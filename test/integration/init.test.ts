@@ -54,7 +54,7 @@ describe('shardctl init over two hosts', () => {
       expect(Number(tables.rows[0]!.count)).toBe(550 * 3);
       const functions = await client.query<{ count: string }>(
         `select count(*) from pg_proc p join pg_namespace n on n.oid = p.pronamespace
-          where n.nspname ~ '^insta[0-9]+$' and p.proname = 'next_id' and p.prolang = (select oid from pg_language where lanname = 'plpgsql')`,
+          where n.nspname ~ '^insta[0-9]+$' and p.proname = 'next_id' and p.prolang = (select oid from pg_language where lanname = 'sql')`,
       );
       expect(Number(functions.rows[0]!.count)).toBe(550);
       // The id default works and carries the shard number.

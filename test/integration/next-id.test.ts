@@ -1,7 +1,11 @@
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.js';
-import { renderNextIdSql } from '../../src/id/sql.js';
+import { ID_FUNCTION_VERSION, renderNextIdSql } from '../../src/id/sql.js';
+import { init } from '../../src/commands/init.js';
+import { status } from '../../src/commands/status.js';
+import { renderNextIdV2Sql } from '../fixtures/next-id-v2.js';
+import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
@@ -182,5 +186,81 @@ describe('next_id()', () => {
         await client.query('rollback');
       }
     });
+  });
+
+  it('moves a sequence that is just behind the clock (fewer than max_backends positions) up to the clock in one locked call', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta14', 14, DEFAULT_ID_LAYOUT);
+      // The fast path's threshold now, minus 50 positions: too close for setval() (the proof needs
+      // max_backends of room), so v2 took the lock on every call until the clock moved on.
+      const threshold = `((floor(extract(epoch from clock_timestamp()) * 1000)::bigint - ${DEFAULT_ID_LAYOUT.epochMs} - 1) << 10)`;
+      const before = await client.query<{ threshold: string }>(
+        `select ${threshold} as threshold, setval('insta14.photos_id_seq', ${threshold} - 50)`,
+      );
+      await client.query(`select insta14.next_id('insta14.photos_id_seq')`);
+      const after = await client.query<{ last_value: string }>('select last_value from insta14.photos_id_seq');
+      expect(BigInt(after.rows[0]!.last_value)).toBeGreaterThanOrEqual(BigInt(before.rows[0]!.threshold));
+    });
+  });
+
+  it('init detects a v2 next_id() and replaces it in place; ids drawn before, during and after the upgrade never repeat', async () => {
+    const url = db.urls[0]!;
+    const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(url, async (client) => {
+      // What a fleet initialised by the previous release has: v2 in place, no next_id_fast().
+      await client.query(renderNextIdV2Sql('upg0', 0, config.idLayout));
+      await client.query('drop function upg0.next_id_fast(regclass, bigint)');
+      // No primary key: a repeated id must be stored and counted, not refused.
+      await client.query(`create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`);
+      // A burst first, so that the position is ahead of the clock when v3 takes over.
+      await client.query(`insert into upg0.ids (phase) select 'v2' from generate_series(1, 100000)`);
+    });
+    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([0]);
+
+    // One session keeps inserting while init replaces the function.
+    let upgrading = true;
+    const writer = (async () => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      try {
+        let batches = 0;
+        while (upgrading || batches < 5) {
+          await client.query(`insert into upg0.ids (phase) select 'during' from generate_series(1, 200)`);
+          batches += 1;
+        }
+      } finally {
+        await client.end();
+      }
+    })();
+    try {
+      const result = await init(config);
+      expect(result.ok).toBe(true);
+    } finally {
+      upgrading = false;
+      await writer;
+    }
+
+    await withClient(url, async (client) => {
+      await client.query(`insert into upg0.ids (phase) select 'v3' from generate_series(1, 100000)`);
+      const r = await client.query<{ total: string; distinct: string; v2_max: string; v3_min: string; max_per_ms: string }>(`
+        select count(*) as total, count(distinct id) as distinct,
+               max(id) filter (where phase = 'v2') as v2_max, min(id) filter (where phase = 'v3') as v3_min,
+               (select max(c) from (select count(*) c from upg0.ids group by id >> 23) m) as max_per_ms
+          from upg0.ids`);
+      const row = r.rows[0]!;
+      expect(Number(row.total)).toBeGreaterThanOrEqual(201_000);
+      expect(row.distinct).toBe(row.total);
+      // The new function continues from the old position: later ids are larger.
+      expect(BigInt(row.v3_min)).toBeGreaterThan(BigInt(row.v2_max));
+      expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
+      const fn = await client.query<{ lang: string; comment: string }>(`
+        select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment
+          from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg0.next_id(regclass)'::regprocedure`);
+      expect(fn.rows[0]!.lang).toBe('sql');
+      expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
+    });
+    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([]);
   });
 });

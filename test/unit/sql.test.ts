@@ -15,6 +15,17 @@ describe('SQL templates', () => {
     expect(sql).not.toMatch(/\{\{\w+\}\}/);
   });
 
+  it('makes next_id() one inlinable SQL expression that draws exactly one position, checked against the epoch + 2 ms', () => {
+    const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
+    const nextId = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
+    expect(nextId).toContain('LANGUAGE sql VOLATILE');
+    expect(nextId.match(/nextval\(/g)).toHaveLength(1);
+    expect(nextId).toContain('RETURN "insta5".next_id_fast(seq, pg_catalog.nextval(seq));');
+    // Accept while clock < epoch + ((pos >> 10) + 2) ms, i.e. pos >= (now_ms - 1) << 10.
+    expect(sql).toContain("clock_timestamp() < '2011-08-24T21:07:01.723Z'::timestamptz + (pos >> 10) * interval '1 millisecond'");
+    expect(sql).toContain('shardctl next_id v3:');
+  });
+
   it('quotes identifiers and literals, so a value cannot end the quoting', () => {
     expect(quoteIdent('a"b')).toBe('"a""b"');
     expect(quoteLiteral("it's")).toBe("'it''s'");
