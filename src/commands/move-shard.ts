@@ -75,6 +75,9 @@ export async function moveShards(
   if (!target) {
     throw new UsageError(`no such host in the map (hosts: ${config.hosts.map((h) => h.name).join(', ')})`, { input: 'target', value: targetName });
   }
+  if (target.drain) {
+    throw new UsageError(`${target.name} is draining (drain: true in the map); move shards to a host that is not`, { input: 'target', value: targetName });
+  }
   const there = list.filter((s) => hostForShard(config, s)?.name === target.name);
   if (there.length > 0) {
     throw new UsageError(`shard${there.length === 1 ? '' : 's'} ${formatShardList(there)} ${there.length === 1 ? 'is' : 'are'} already on ${target.name}; nothing to move`, {
