@@ -40,6 +40,8 @@ export {
 export { status, type HostStatus, type StatusResult } from './commands/status.js';
 export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
 export { gc, type OldCopy } from './commands/gc.js';
+export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
+export { rebalance, type RebalanceOptions, type RebalanceResult, type RebalanceMoveResult, type UnfinishedMove } from './commands/rebalance.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
 export { devUp, devDown, devStatus, type DevHost, type DevState, type DevHostStatus, type DevUpOptions } from './dev/dev.js';
 
@@ -48,6 +50,7 @@ export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisi
 export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
 export type { MoveOptions, MoveResult, WaveLimits } from './moves/move.js';
+export { planRebalance, type RebalanceBy, type RebalanceHost, type PlannedMove, type RebalancePlan, type RebalanceHostPlan } from './moves/rebalance.js';
 export type { PreflightCheck } from './moves/preflight.js';
 export type { MoveMode, MoveStep, MoveRecord } from './moves/state.js';
 export type { VerifyResult, TableVerification } from './moves/verify.js';

@@ -10,6 +10,7 @@ import { registerGc } from './gc.js';
 import { registerMigrate } from './migrate.js';
 import { registerMoveShard } from './move-shard.js';
 import { Output, type Streams } from './output.js';
+import { registerRebalance } from './rebalance.js';
 import { registerStatus } from './status.js';
 
 const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
@@ -36,7 +37,7 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
       writeOut: (text) => streams.stdout.write(text),
       writeErr: (text) => streams.stderr.write(text),
     });
-  for (const register of [registerInit, registerAddSchema, registerMigrate, registerStatus, registerMoveShard, registerGc, registerDecode, registerDev]) {
+  for (const register of [registerInit, registerAddSchema, registerMigrate, registerStatus, registerMoveShard, registerRebalance, registerGc, registerDecode, registerDev]) {
     register(program, ctx, done);
   }
   for (const command of allCommands(program)) command.exitOverride();
