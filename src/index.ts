@@ -43,7 +43,7 @@ export { gc, type OldCopy } from './commands/gc.js';
 export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
 export { rebalance, type RebalanceOptions, type RebalanceResult, type RebalanceMoveResult, type UnfinishedMove } from './commands/rebalance.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
-export { devUp, devDown, devStatus, type DevHost, type DevState, type DevHostStatus, type DevUpOptions } from './dev/dev.js';
+export { devUp, devDown, devStatus, devAddHost, type DevHost, type DevState, type DevHostStatus, type DevUpOptions, type DevAddHostOptions } from './dev/dev.js';
 
 // the types of command results
 export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisioning/run.js';
