@@ -41,14 +41,17 @@ export { status, type HostStatus, type StatusResult } from './commands/status.js
 export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
 export { gc, type GcResult, type HostLeftover, type OldCopy } from './commands/gc.js';
 export type { Leftover } from './moves/leftovers.js';
+export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
+export { rebalance, type RebalanceOptions, type RebalanceResult, type RebalanceMoveResult, type UnfinishedMove } from './commands/rebalance.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
-export { devUp, devDown, devStatus, type DevHost, type DevState, type DevHostStatus, type DevUpOptions } from './dev/dev.js';
+export { devUp, devDown, devStatus, devAddHost, type DevHost, type DevState, type DevHostStatus, type DevUpOptions, type DevAddHostOptions } from './dev/dev.js';
 
 // the types of command results
 export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisioning/run.js';
 export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
 export type { MoveOptions, MoveResult, WaveLimits } from './moves/move.js';
+export { planRebalance, type RebalanceBy, type RebalanceHost, type PlannedMove, type RebalancePlan, type RebalanceHostPlan } from './moves/rebalance.js';
 export type { PreflightCheck } from './moves/preflight.js';
 export type { MoveMode, MoveStep, MoveRecord } from './moves/state.js';
 export type { VerifyResult, TableVerification } from './moves/verify.js';

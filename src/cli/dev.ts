@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { devDown, devStatus, devUp, UsageError } from '../index.js';
+import { devAddHost, devDown, devStatus, devUp, UsageError } from '../index.js';
 import type { CliContext } from './context.js';
 import { withFlagNames } from './options.js';
 import { Output } from './output.js';
@@ -26,6 +26,21 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
       else for (const h of state.hosts) out.line(`${h.name}: 127.0.0.1:${h.port} shards ${h.shards}`);
       out.success(`dev up: ${state.hosts.length} hosts running; config written to ${state.configFile}`);
       out.info(`next: npx shardctl init -c ${state.configFile}`);
+      done(0);
+    });
+
+  dev
+    .command('add-host')
+    .description('start one more local host and add it to ./shardctl.dev.yaml with shards: "" (then init, and rebalance to fill it)')
+    .option('--name <name>', 'its name in the map (default: the next free pgN)')
+    .option('--json', 'print the host as JSON')
+    .action(async (options: { name?: string; json?: boolean }) => {
+      const out = new Output(ctx.streams, options.json ?? false);
+      const host = await withFlagNames({ name: 'option --name' }, () => devAddHost({ cwd: ctx.cwd, ...(options.name === undefined ? {} : { name: options.name }) }));
+      if (out.json) out.data({ name: host.name, port: host.port, shards: host.shards });
+      else out.line(`${host.name}: 127.0.0.1:${host.port} shards ""`);
+      out.success(`dev add-host: ${host.name} running; added to shardctl.dev.yaml with no shards`);
+      out.info('next: npx shardctl init -c shardctl.dev.yaml, then npx shardctl rebalance --dry-run -c shardctl.dev.yaml');
       done(0);
     });
 

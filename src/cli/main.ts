@@ -12,6 +12,7 @@ import { registerMigrate } from './migrate.js';
 import { registerMoveShard } from './move-shard.js';
 import { registerPsql } from './psql.js';
 import { Output, type Streams } from './output.js';
+import { registerRebalance } from './rebalance.js';
 import { registerStatus } from './status.js';
 
 const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
@@ -44,6 +45,7 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
     registerMigrate,
     registerStatus,
     registerMoveShard,
+    registerRebalance,
     registerGc,
     registerExec,
     registerPsql,

@@ -120,3 +120,21 @@ export function plural(n: number, word: string, pluralWord = `${word}s`): string
 export function seconds(ms: number): string {
   return `${(ms / 1000).toFixed(1)} s`;
 }
+
+/** Bytes for a person: 1024-based units with one decimal (B, kB, MB, GB, TB), from a bigint. */
+export function formatBytes(bytes: bigint): string {
+  const units = ['B', 'kB', 'MB', 'GB', 'TB', 'PB'];
+  let unit = 0;
+  while (unit < units.length - 1 && bytes >= 1024n ** BigInt(unit + 1)) unit += 1;
+  if (unit === 0) return `${bytes} B`;
+  // One decimal from the exact value, without converting the whole count to a float.
+  const divisor = 1024n ** BigInt(unit);
+  const tenths = (bytes * 10n) / divisor;
+  return `${tenths / 10n}.${tenths % 10n} ${units[unit]}`;
+}
+
+/** Rows of cells as left-aligned columns two spaces apart. */
+export function columns(rows: readonly (readonly string[])[], indent = ''): string[] {
+  const widths = rows.reduce<number[]>((w, row) => row.map((cell, i) => Math.max(w[i] ?? 0, cell.length)), []);
+  return rows.map((row) => `${indent}${row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')}`);
+}

@@ -1,17 +1,23 @@
 import type { Command } from 'commander';
-import { formatShardList, status } from '../index.js';
+import { formatShardList, shardSizes, status, type SizesResult } from '../index.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, jsonOption } from './options.js';
-import { Output } from './output.js';
+import { columns, formatBytes, Output } from './output.js';
 
 export function registerStatus(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
     .command('status')
-    .description('per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off');
+    .description('per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off')
+    .option('--sizes', 'instead: bytes on disk and estimated rows per host and per shard, the largest shards first');
   [configOption, jsonOption].forEach((add) => add(command));
-  command.action(async (options: CommonFlags) => {
+  command.action(async (options: CommonFlags & { sizes?: boolean }) => {
       const out = new Output(ctx.streams, options.json ?? false);
       const config = await loadCliConfig(ctx, options, out);
+      if (options.sizes) {
+        printSizes(out, await shardSizes(config));
+        done(0);
+        return;
+      }
       const result = await status(config);
       // 0 all good, 1 a host could not be read, 3 something is off.
       const exitCode = result.hosts.some((h) => !h.reachable) ? 1 : result.ok ? 0 : 3;
@@ -54,4 +60,29 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
       out.info(`status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`);
       done(exitCode);
     });
+}
+
+/** How many of the largest shards the human output lists (--json has them all). */
+const LARGEST_SHOWN = 10;
+
+function printSizes(out: Output, sizes: SizesResult): void {
+  if (out.json) {
+    out.data(sizes);
+    return;
+  }
+  const hostRows = sizes.hosts.map((h) => [
+    h.host,
+    String(h.shards),
+    formatBytes(h.bytes),
+    `${h.bytes}`,
+    `~${h.rows}`,
+    `${h.drain ? 'draining' : `weight ${h.weight}`}${h.missing.length > 0 ? `; missing: ${formatShardList(h.missing)}` : ''}`,
+  ]);
+  const total = ['total', String(sizes.shards.length), formatBytes(sizes.bytes), `${sizes.bytes}`, `~${sizes.rows}`, ''];
+  for (const line of columns([['host', 'shards', 'size', 'bytes', 'rows', ''], ...hostRows, total])) out.line(line.trimEnd());
+  const largest = sizes.shards.slice(0, LARGEST_SHOWN);
+  if (largest.length === 0) return;
+  out.line(`largest shards${sizes.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${sizes.shards.length}; --json lists all)` : ''}:`);
+  const shardRows = largest.map((s) => [String(s.shard), s.host, formatBytes(s.bytes), `${s.bytes}`, `~${s.rows}`]);
+  for (const line of columns([['shard', 'host', 'size', 'bytes', 'rows'], ...shardRows], '  ')) out.line(line);
 }

@@ -77,6 +77,9 @@ export async function moveShards(
   if (!target) {
     throw new UsageError(`no such host in the map (hosts: ${config.hosts.map((h) => h.name).join(', ')})`, { input: 'target', value: targetName });
   }
+  if (target.drain) {
+    throw new UsageError(`${target.name} is draining (drain: true in the map); move shards to a host that is not`, { input: 'target', value: targetName });
+  }
   const there = list.filter((s) => hostForShard(config, s)?.name === target.name);
   if (there.length > 0) {
     throw new UsageError(`shard${there.length === 1 ? '' : 's'} ${formatShardList(there)} ${there.length === 1 ? 'is' : 'are'} already on ${target.name}; nothing to move`, {
@@ -89,7 +92,7 @@ export async function moveShards(
   const fleet = await Fleet.open([...groups.map((g) => g.source), target], { applicationName: 'shardctl move' });
   try {
     fleet.requireAll();
-    if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
     const parts = await Promise.all(groups.map((g) => openPart(g.source, target, options.dryRun ?? false)));
     try {
       const planned = await Promise.all(
@@ -188,7 +191,7 @@ async function continueMoves(
   const fleet = await Fleet.open(hosts, { applicationName: 'shardctl move' });
   try {
     fleet.requireAll();
-    if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
     const moves = await runParts(
       records.map((record) => async () => {
         const part = await openPart(hostOf(record.source), hostOf(record.target), options.dryRun ?? false);

@@ -197,6 +197,14 @@ const hostFields = {
   url: z.string(says('must be a postgres:// connection URL')),
   replicationUrl: z.string(says('must be a postgres:// connection URL')).optional(),
   shards: z.union([z.string(), z.number()], says('must be a shard list such as "0-1023" or a shard number')),
+  // Relative: a host of weight 2 gets twice the share of a host of weight 1 when rebalancing.
+  weight: z
+    .number(says('must be a positive number such as 1 or 2.5'))
+    .positive(says('must be a positive number such as 1 or 2.5'))
+    .refine(Number.isFinite, says('must be a positive number such as 1 or 2.5'))
+    .default(1),
+  // Decommissioning: rebalance moves every shard off, and nothing moves onto it.
+  drain: z.boolean(says('must be true or false')).default(false),
 };
 
 type Fields = Record<string, z.ZodType>;
@@ -391,6 +399,8 @@ interface HostDraft {
   readonly replicationUrl?: string;
   readonly shardsSpec?: string;
   readonly shards?: readonly number[];
+  readonly weight?: number;
+  readonly drain?: boolean;
 }
 
 function readHosts(
@@ -403,6 +413,7 @@ function readHosts(
   const drafts = rawHosts.map((raw, index) => readHost(raw, index, issues, env));
   checkUniqueNames(drafts, issues);
   checkOverlaps(drafts, issues);
+  checkSomeHostTakesShards(drafts, issues);
   if (shardCount !== undefined) {
     for (const host of drafts) checkInRange(host, shardCount, issues);
     if (drafts.every((host) => host.shards !== undefined)) checkEveryShardMapped(drafts, shardCount, issues);
@@ -414,6 +425,8 @@ function readHosts(
     replicationUrl: host.replicationUrl ?? host.url!,
     shardsSpec: host.shardsSpec!,
     shards: host.shards!,
+    weight: host.weight!,
+    drain: host.drain!,
   }));
 }
 
@@ -434,7 +447,7 @@ function readHost(raw: unknown, index: number, issues: ConfigIssue[], env: Env):
     if ('error' in parsed) issues.push({ path: `${at}.shards`, message: parsed.error });
     else shards = parsed.shards;
   }
-  return { index, name: fields.name, url, replicationUrl, shardsSpec, shards };
+  return { index, name: fields.name, url, replicationUrl, shardsSpec, shards, weight: fields.weight, drain: fields.drain };
 }
 
 /** Expands ${VAR} and checks the result is a postgres URL; every quoted URL is redacted. */
@@ -508,6 +521,12 @@ function checkOverlaps(hosts: readonly HostDraft[], issues: ConfigIssue[]): void
   }
 }
 
+/** Every host draining leaves nowhere for the shards to go: a map no rebalance can satisfy. */
+function checkSomeHostTakesShards(hosts: readonly HostDraft[], issues: ConfigIssue[]): void {
+  if (hosts.length === 0 || !hosts.every((host) => host.drain === true)) return;
+  issues.push({ path: 'hosts', message: `every host has drain: true; at least one must keep taking shards` });
+}
+
 function checkInRange(host: HostDraft, shardCount: number, issues: ConfigIssue[]): void {
   const outside = (host.shards ?? []).filter((shard) => shard >= shardCount);
   if (outside.length === 0) return;
@@ -560,6 +579,8 @@ function describeValue(value: unknown): string {
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'a list';
   if (typeof value === 'object') return 'a mapping';
+  // JSON.stringify would print Infinity and NaN (.inf, .nan in YAML) as null.
+  if (typeof value === 'number' && !Number.isFinite(value)) return String(value);
   return JSON.stringify(value) ?? String(value);
 }
 

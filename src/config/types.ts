@@ -12,6 +12,10 @@ export interface HostConfig {
   readonly shardsSpec: string;
   /** The shards mapped to this host, ascending, no duplicates. */
   readonly shards: readonly number[];
+  /** The host's relative share of the shards when rebalancing (default 1). */
+  readonly weight: number;
+  /** Being decommissioned: rebalance empties it and moves nothing onto it (default false). */
+  readonly drain: boolean;
 }
 
 /** A validated config map. Produced only by loadConfig()/parseConfig() in src/config/load.ts. */

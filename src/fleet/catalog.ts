@@ -165,7 +165,11 @@ async function readApplied(client: pg.Client): Promise<{ applied: Map<number, Ma
 export interface ShardSize {
   readonly shard: number;
   readonly bytes: bigint;
-  /** From the planner's statistics (reltuples, or the live-tuple count where a table was never analysed). */
+  /**
+   * From the planner's statistics: reltuples, or the live-tuple count where a table was never
+   * analysed (-1). Not the larger of the two: n_live_tup can count a batch twice when an ANALYZE
+   * lands before the inserting session reports its counts.
+   */
   readonly rows: bigint;
 }
 
@@ -174,7 +178,7 @@ export async function readShardSizes(client: pg.Client, prefix: string, shards?:
   const result = await client.query<{ nspname: string; bytes: string; rows: string }>(
     `SELECT n.nspname,
             coalesce(sum(pg_total_relation_size(c.oid)) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::text AS bytes,
-            coalesce(sum(greatest(c.reltuples, coalesce(s.n_live_tup, 0), 0)) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::bigint::text AS rows
+            coalesce(sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE coalesce(s.n_live_tup, 0) END) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::bigint::text AS rows
        FROM pg_namespace n
        LEFT JOIN pg_class c ON c.relnamespace = n.oid
        LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid

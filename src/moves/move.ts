@@ -63,6 +63,11 @@ export interface MoveOptions {
   readonly waitTimeoutMs?: number;
   /** Connections per host for creating the target shards and copying (default: the config's concurrency). */
   readonly concurrency?: number;
+  /**
+   * The caller already holds the runner lock on every host involved (rebalance holds them for its
+   * whole run, so that its moves can share hosts); the command then takes none of its own.
+   */
+  readonly runnerLocksHeld?: boolean;
   /** Wave limits for the online cut-over (default 64 shards, 1,000,000 estimated rows). */
   readonly wave?: WaveLimits;
   readonly onStep?: (step: MoveStep, detail: string) => void;

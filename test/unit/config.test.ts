@@ -205,6 +205,74 @@ hosts:
   });
 });
 
+describe('parseConfig: weight and drain', () => {
+  it('defaults every host to weight 1 and drain false', () => {
+    const config = parseRaw(validConfig());
+    expect(config.hosts.map((h) => [h.name, h.weight, h.drain])).toEqual([
+      ['pg1', 1, false],
+      ['pg2', 1, false],
+    ]);
+  });
+
+  it('reads a weight (whole or fractional) and drain: true, and a draining host may still hold shards', () => {
+    const raw = validConfig();
+    host(raw, 0)['weight'] = 2.5;
+    host(raw, 0)['drain'] = false;
+    host(raw, 1)['drain'] = true;
+    const config = parseRaw(raw);
+    expect(config.hosts.map((h) => [h.name, h.weight, h.drain, h.shards.length])).toEqual([
+      ['pg1', 2.5, false, 1024],
+      ['pg2', 1, true, 1024],
+    ]);
+  });
+
+  it.each([
+    [0, '0'],
+    [-1, '-1'],
+    ['2', '"2"'],
+    [null, 'null'],
+    [[1], 'a list'],
+  ])('refuses weight %j, naming the field and the value', (weight, shown) => {
+    const raw = validConfig();
+    host(raw, 1)['weight'] = weight;
+    expect(issueAt(issuesOfRaw(raw), 'hosts[1].weight')).toBe(`must be a positive number such as 1 or 2.5, got ${shown}`);
+  });
+
+  it('refuses an infinite weight (.inf in YAML), printing it as Infinity', () => {
+    const text = stringify(validConfig()).replace('shards: 1024-2047', 'shards: 1024-2047\n    weight: .inf');
+    expect(text).toContain('weight: .inf');
+    expect(issueAt(issuesOf(() => parse(text)), 'hosts[1].weight')).toBe('must be a positive number such as 1 or 2.5, got Infinity');
+  });
+
+  it.each([
+    ['yes', '"yes"'],
+    [1, '1'],
+    ['true', '"true"'],
+  ])('refuses drain %j: it must be a boolean', (drain, shown) => {
+    const raw = validConfig();
+    host(raw, 0)['drain'] = drain;
+    expect(issueAt(issuesOfRaw(raw), 'hosts[0].drain')).toBe(`must be true or false, got ${shown}`);
+  });
+
+  it('refuses a map where every host drains: the shards would have nowhere to go', () => {
+    const raw = validConfig();
+    host(raw, 0)['drain'] = true;
+    host(raw, 1)['drain'] = true;
+    expect(issueAt(issuesOfRaw(raw), 'hosts')).toBe('every host has drain: true; at least one must keep taking shards');
+  });
+
+  it('reports bad weights and drains together with every other problem', () => {
+    const raw = { ...validConfig(), concurrency: 0 };
+    host(raw, 0)['weight'] = 0;
+    host(raw, 1)['drain'] = 'no';
+    host(raw, 1)['wieght'] = 2;
+    expect(issuesOfRaw(raw).map((issue) => issue.path).sort()).toEqual(
+      ['concurrency', 'hosts[0].weight', 'hosts[1].drain', 'hosts[1].wieght'].sort(),
+    );
+    expect(issueAt(issuesOfRaw(raw), 'hosts[1].wieght')).toContain('did you mean "weight"?');
+  });
+});
+
 describe('parseConfig: problems in the file', () => {
   it('reports every problem at once', () => {
     const raw = { ...validConfig(), shard: 1, concurrency: 0, lockTimeout: '5 s' };

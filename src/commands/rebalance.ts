@@ -1,0 +1,218 @@
+import { loadConfig } from '../config/load.js';
+import { formatShardList } from '../config/ranges.js';
+import type { ShardctlConfig } from '../config/types.js';
+import { RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
+import { Fleet } from '../fleet/session.js';
+import type { MoveOptions } from '../moves/move.js';
+import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
+import type { MoveStep } from '../moves/state.js';
+import { findRunningMoves, moveShards, type BatchMoveResult } from './move-shard.js';
+import { shardSizes } from './sizes.js';
+
+/**
+ * `shardctl rebalance`: finishes the moves an earlier run left unfinished, plans from the map as it
+ * is now (src/moves/rebalance.ts) and runs the plan as batched moves, one per (source, target) pair.
+ * The rebalance holds the runner lock of every host for its whole run; up to maxParallel moves run at
+ * once, a source giving to one target at a time while a target may take from several sources (a new
+ * host fills from every old one at once); a host is never source and target at once. Each move starts from the config file
+ * as the moves before it rewrote it. Interrupted, a rerun resumes the unfinished moves and plans the
+ * rest from the map they left: the planner is deterministic and never moves a shard back.
+ */
+
+export interface RebalanceOptions extends Omit<MoveOptions, 'dryRun' | 'resume' | 'abort' | 'configFile' | 'onStep'> {
+  /** Balance the number of shards (default) or their bytes on disk, by each host's weight. */
+  readonly by?: RebalanceBy;
+  /** How many moves (pairs of hosts sharing no host) run at once (default 2, at most 64). */
+  readonly maxParallel?: number;
+  /** Plan and print, change nothing (unfinished moves are counted as finished in the plan). */
+  readonly dryRun?: boolean;
+  /** Reads the map again before each move (the moves rewrite it); default: loadConfig(config.file). */
+  readonly reload?: () => Promise<ShardctlConfig>;
+  /** Called with the plan before any move of it starts. */
+  readonly onPlan?: (plan: RebalancePlan) => void | Promise<void>;
+  /** What is starting or finished: an unfinished move resumed, a move of the plan started or done. */
+  readonly onEvent?: (message: string) => void;
+  /** A step of one of the moves, with the pair it belongs to. */
+  readonly onStep?: (move: Pick<PlannedMove, 'source' | 'target'>, step: MoveStep, detail: string) => void;
+}
+
+/** A move recorded on the hosts but not finished: rebalance resumes it before planning. */
+export interface UnfinishedMove {
+  readonly moveId: string;
+  readonly source: string;
+  readonly target: string;
+  readonly shards: readonly number[];
+  readonly step: string;
+}
+
+export interface RebalanceMoveResult extends PlannedMove {
+  readonly result: BatchMoveResult;
+}
+
+export interface RebalanceResult {
+  /** rebalanced: moves ran; balanced: nothing to move; dry-run: planned only. */
+  readonly outcome: 'rebalanced' | 'balanced' | 'dry-run';
+  readonly by: RebalanceBy;
+  /** Unfinished moves found first (resumed, or in a dry run, to be resumed). */
+  readonly unfinished: readonly UnfinishedMove[];
+  readonly plan: RebalancePlan;
+  /** The moves run, in the order they finished. */
+  readonly moves: readonly RebalanceMoveResult[];
+  /** Rows verified over every move, the resumed ones included. Decimal string. */
+  readonly rowsMoved: string;
+  readonly durationMs: number;
+}
+
+const DEFAULT_PARALLEL = 2;
+
+export async function rebalance(config: ShardctlConfig, options: RebalanceOptions = {}): Promise<RebalanceResult> {
+  const started = performance.now();
+  const by = options.by ?? 'count';
+  if (by !== 'count' && by !== 'size') throw new UsageError('expected count or size', { input: 'by', value: by });
+  const maxParallel = options.maxParallel ?? DEFAULT_PARALLEL;
+  if (!Number.isInteger(maxParallel) || maxParallel < 1 || maxParallel > 64) {
+    throw new UsageError('must be an integer from 1 to 64', { input: 'maxParallel', value: maxParallel });
+  }
+  if (!options.dryRun && config.file === '<inline>') {
+    throw new UsageError('rebalance rewrites the map as shards move: load the config from a file', { input: 'config' });
+  }
+  // The runner lock on every host for the whole rebalance: no migrate or other move can change the
+  // fleet between the plan and its moves, and the moves of the plan can share hosts (several sources
+  // into one new host copy at the same time).
+  const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl rebalance' });
+  try {
+    fleet.requireAll();
+    if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    return await rebalanceLocked(config, options, by, maxParallel, started);
+  } finally {
+    await fleet.close();
+  }
+}
+
+async function rebalanceLocked(
+  config: ShardctlConfig,
+  options: RebalanceOptions,
+  by: RebalanceBy,
+  maxParallel: number,
+  started: number,
+): Promise<RebalanceResult> {
+  const reload = options.reload ?? (() => loadConfig(config.file));
+  const event = options.onEvent ?? (() => undefined);
+  const moveOptions = (pair: Pick<PlannedMove, 'source' | 'target'>): MoveOptions => {
+    const { by: _by, maxParallel: _parallel, dryRun: _dry, reload: _reload, onPlan: _plan, onEvent: _event, onStep, ...rest } = options;
+    return { ...rest, runnerLocksHeld: true, ...(onStep ? { onStep: (step: MoveStep, detail: string) => onStep(pair, step, detail) } : {}) };
+  };
+
+  const records = await findRunningMoves(config);
+  const unfinished = records.map((r) => ({ moveId: r.moveId, source: r.source, target: r.target, shards: r.shards, step: r.step }));
+  let current = config;
+  let rows = 0n;
+  if (unfinished.length > 0 && !options.dryRun) {
+    event(`finishing ${unfinished.length} unfinished move${unfinished.length === 1 ? '' : 's'} first: ${unfinished.map(describeUnfinished).join('; ')}`);
+    const shards = [...new Set(unfinished.flatMap((u) => u.shards))].sort((a, b) => a - b);
+    const resumed = await moveShards(config, shards, undefined, { ...moveOptions({ source: '(resumed)', target: unfinished.map((u) => u.target).join(', ') }), resume: true });
+    rows += BigInt(resumed.rowsMoved);
+    current = await reload();
+  }
+
+  const sizes = await shardSizes(current);
+  const hosts = current.hosts.map((h) => ({ name: h.name, weight: h.weight, drain: h.drain, shards: h.shards }));
+  if (options.dryRun) {
+    // The unfinished moves will end on their targets: plan from the map as they will leave it.
+    for (const u of unfinished) {
+      const moving = new Set(u.shards);
+      for (const [i, h] of hosts.entries()) {
+        if (h.name === u.source) hosts[i] = { ...h, shards: h.shards.filter((s) => !moving.has(s)) };
+        if (h.name === u.target) hosts[i] = { ...h, shards: [...new Set([...h.shards, ...u.shards])].sort((a, b) => a - b) };
+      }
+    }
+  }
+  const plan = planRebalance(hosts, new Map(sizes.shards.map((s) => [s.shard, s.bytes])), by);
+  await options.onPlan?.(plan);
+  if (options.dryRun || plan.moves.length === 0) {
+    return { outcome: options.dryRun ? 'dry-run' : 'balanced', by, unfinished, plan, moves: [], rowsMoved: rows.toString(), durationMs: elapsed(started) };
+  }
+
+  const done = await runPlan(plan.moves, maxParallel, async (move) => {
+    event(`starting ${describeMove(move)}`);
+    const result = await moveShards(await reload(), move.shards, move.target, moveOptions(move));
+    event(`done ${describeMove(move)}: ${result.rowsMoved} rows verified`);
+    return result;
+  });
+  rows += done.reduce((n, m) => n + BigInt(m.result.rowsMoved), 0n);
+  return { outcome: 'rebalanced', by, unfinished, plan, moves: done, rowsMoved: rows.toString(), durationMs: elapsed(started) };
+}
+
+/**
+ * Runs the moves, each as soon as neither of its hosts is busy and fewer than maxParallel run, in
+ * plan order. After a failure no further move starts; the ones running finish, then the error names
+ * what failed and what was done.
+ */
+async function runPlan(
+  moves: readonly PlannedMove[],
+  maxParallel: number,
+  run: (move: PlannedMove) => Promise<BatchMoveResult>,
+): Promise<RebalanceMoveResult[]> {
+  const pending = [...moves];
+  const busy = new Set<string>();
+  // Moves running into each target host.
+  const targets = new Map<string, number>();
+  const running = new Set<Promise<void>>();
+  const done: RebalanceMoveResult[] = [];
+  const failed: { move: PlannedMove; error: unknown }[] = [];
+  for (;;) {
+    if (failed.length === 0) {
+      for (let i = 0; i < pending.length && running.size < maxParallel; ) {
+        const move = pending[i]!;
+        // A source gives to one target at a time; a target may take from several sources at once.
+        const sourceFree = !busy.has(move.source) && (targets.get(move.source) ?? 0) === 0;
+        if (!sourceFree || busy.has(move.target)) {
+          i += 1;
+          continue;
+        }
+        pending.splice(i, 1);
+        busy.add(move.source);
+        targets.set(move.target, (targets.get(move.target) ?? 0) + 1);
+        const task: Promise<void> = run(move)
+          .then(
+            (result) => void done.push({ ...move, result }),
+            (error: unknown) => void failed.push({ move, error }),
+          )
+          .finally(() => {
+            busy.delete(move.source);
+            targets.set(move.target, targets.get(move.target)! - 1);
+            running.delete(task);
+          });
+        running.add(task);
+      }
+    }
+    if (running.size === 0) break;
+    await Promise.race(running);
+  }
+  if (failed.length === 0) return done;
+  const lines = [
+    ...failed.map(({ move, error }) => `${describeMove(move)} failed: ${error instanceof ShardctlError ? error.message : describePgError(error)}`),
+    ...done.map((m) => `${describeMove(m)} done`),
+    ...pending.map((m) => `${describeMove(m)} not started`),
+  ];
+  throw new RuntimeFailure(
+    'REBALANCE_FAILED',
+    `rebalance stopped: ${failed.length} of ${moves.length} moves failed; run rebalance again to finish the interrupted moves and plan the rest:\n` +
+      lines.map((l) => `  - ${l}`).join('\n'),
+    { done: done.map(({ source, target, shards }) => ({ source, target, shards })), failed: failed.map(({ move: { source, target, shards } }) => ({ source, target, shards })) },
+    lines,
+  );
+}
+
+function describeMove(move: Pick<PlannedMove, 'source' | 'target' | 'shards'>): string {
+  return `${move.source} → ${move.target} (shard${move.shards.length === 1 ? '' : 's'} ${formatShardList([...move.shards])})`;
+}
+
+function describeUnfinished(move: UnfinishedMove): string {
+  return `${describeMove(move)} after step ${move.step}`;
+}
+
+function elapsed(started: number): number {
+  return Math.round(performance.now() - started);
+}

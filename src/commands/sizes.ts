@@ -1,0 +1,83 @@
+import type { ShardctlConfig } from '../config/types.js';
+import { failureReason, RuntimeFailure } from '../errors.js';
+import { readShardSizes } from '../fleet/catalog.js';
+import { describePgError } from '../fleet/connect.js';
+import { withSession } from '../fleet/session.js';
+
+/**
+ * `shardctl status --sizes`: what each shard weighs on the host the map puts it on, bytes on disk
+ * (tables, indexes, TOAST) and estimated rows, per shard and per host. The rebalance planner uses
+ * the same numbers. Old copies left by moves are not counted: only the shards the map gives a host.
+ */
+
+export interface ShardSizeInfo {
+  readonly shard: number;
+  readonly host: string;
+  readonly bytes: bigint;
+  /** From the planner's statistics; an estimate. */
+  readonly rows: bigint;
+}
+
+export interface HostSizes {
+  readonly host: string;
+  readonly weight: number;
+  readonly drain: boolean;
+  /** Shards the map gives this host. */
+  readonly shards: number;
+  readonly bytes: bigint;
+  readonly rows: bigint;
+  /** Mapped here but without a schema (counted as 0 bytes). */
+  readonly missing: readonly number[];
+}
+
+export interface SizesResult {
+  readonly hosts: readonly HostSizes[];
+  /** Every mapped shard, the largest first (then by shard number). */
+  readonly shards: readonly ShardSizeInfo[];
+  readonly bytes: bigint;
+  readonly rows: bigint;
+}
+
+/** Reads every host (in parallel); a host that cannot be read fails the whole call, naming it. */
+export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
+  const errors: string[] = [];
+  const perHost = await Promise.all(
+    config.hosts.map(async (host) => {
+      try {
+        const found = host.shards.length === 0
+          ? []
+          : await withSession(host, ({ client }) => readShardSizes(client, config.schemaPrefix, host.shards), { applicationName: 'shardctl sizes' });
+        return { host, found };
+      } catch (error) {
+        errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
+        return { host, found: [] };
+      }
+    }),
+  );
+  if (errors.length > 0) {
+    throw new RuntimeFailure('HOST_UNREACHABLE', `cannot read shard sizes: ${errors.sort().join('; ')}`, { hosts: errors }, errors);
+  }
+  const hosts: HostSizes[] = [];
+  const shards: ShardSizeInfo[] = [];
+  for (const { host, found } of perHost) {
+    const bySchema = new Map(found.map((s) => [s.shard, s]));
+    const missing: number[] = [];
+    let bytes = 0n;
+    let rows = 0n;
+    for (const shard of host.shards) {
+      const size = bySchema.get(shard);
+      if (!size) missing.push(shard);
+      const info = { shard, host: host.name, bytes: size?.bytes ?? 0n, rows: size?.rows ?? 0n };
+      bytes += info.bytes;
+      rows += info.rows;
+      shards.push(info);
+    }
+    hosts.push({ host: host.name, weight: host.weight, drain: host.drain, shards: host.shards.length, bytes, rows, missing });
+  }
+  shards.sort(largestFirst);
+  return { hosts, shards, bytes: hosts.reduce((n, h) => n + h.bytes, 0n), rows: hosts.reduce((n, h) => n + h.rows, 0n) };
+}
+
+function largestFirst(a: ShardSizeInfo, b: ShardSizeInfo): number {
+  return a.bytes === b.bytes ? a.shard - b.shard : a.bytes > b.bytes ? -1 : 1;
+}
