@@ -30,7 +30,7 @@ async function rewriteLocked(file: string, shard: number | readonly number[], fr
     await writeFile(temp, updated, { mode });
     await rename(temp, file);
   } catch (error) {
-    await rm(temp, { force: true });
+    await rm(temp, { force: true }).catch(() => undefined);
     throw error;
   }
   return true;

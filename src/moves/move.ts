@@ -799,7 +799,7 @@ async function switchMap(ctx: MoveContext): Promise<void> {
   } catch (error) {
     throw new HostError(
       ctx.target.host.name,
-      `the target copies of shards ${formatShardList(shards)} are active, but the map ${file} could not be rewritten: ${(error as Error).message}. ` +
+      `the target ${shards.length === 1 ? 'copy of shard' : 'copies of shards'} ${formatShardList(shards)} ${shards.length === 1 ? 'is' : 'are'} active, but the map ${file} could not be rewritten: ${(error as Error).message}. ` +
         `Fix that and run move-shard ${formatShardList(ctx.shards)} --resume (the move can no longer be aborted)`,
       { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error },
     );

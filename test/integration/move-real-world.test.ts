@@ -11,8 +11,8 @@ import { init, moveShard, shardMovedTo, status, type HostError } from '../../src
 import { type Fleet, makeFleet, runCli, EXAMPLE_MIGRATIONS } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { fleetState, removeCliSnapshot, spawnCli, useReplicationUrls, waitForMoveSessionsToEnd } from '../helpers/moves.js';
-import { readdirSync, readFileSync } from 'node:fs';
-import { join } from 'node:path';
+import { mkdirSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 
 afterAll(async () => {
   await removeCliSnapshot();
@@ -316,5 +316,31 @@ describe('a failure on the target', () => {
     } finally {
       await withClient(env.db.urls[0]!, (c) => c.query(`drop owned by ${role}; drop role ${role}`));
     }
+  });
+});
+
+describe('a map that cannot be rewritten at the switch', () => {
+  const env = twoHosts();
+
+  it('says the target is live and to fix it and --resume (not --abort), leaves no temporary file, and --resume finishes', async () => {
+    // The rewrite writes <config>.shardctl-<pid>.tmp first: a directory in its way makes it fail.
+    const blocker = `${env.fleet.configFile}.shardctl-${process.pid}.tmp`;
+    mkdirSync(blocker);
+    try {
+      const run = await runCli(['move-shard', '5', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile]);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain('host pg2, shard 5: the target copy of shard 5 is active, but the map');
+      expect(run.stderr).toContain(`run move-shard 5 --resume (the move can no longer be aborted)`);
+      expect(run.stderr).not.toMatch(/or --abort/);
+      const refused = await runCli(['move-shard', '5', '--abort', '--yes', '-c', env.fleet.configFile]);
+      expect(refused.code).toBe(1);
+      expect(refused.stderr).toContain('it cannot be aborted');
+    } finally {
+      rmdirSync(blocker);
+    }
+    expect(readdirSync(dirname(env.fleet.configFile)).filter((f) => f.includes('.tmp'))).toEqual([]);
+    const resumed = await runCli(['move-shard', '5', '--resume', '--yes', '-c', env.fleet.configFile]);
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(readFileSync(env.fleet.configFile, 'utf8')).toMatch(/name: pg2\n.*\n\s+shards: "5"/);
   });
 });
