@@ -7,7 +7,7 @@ import { hostForShard, shardSchemaName } from '../config/types.js';
 import { rewriteShardOwner } from '../config/rewrite.js';
 import { HostError, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { connectHost, CONTROL_SCHEMA, describePgError } from '../pg/connect.js';
+import { checkClientConnection, connectHost, CONTROL_SCHEMA, describePgError } from '../pg/connect.js';
 import { acquireRunnerLock, releaseRunnerLock } from '../pg/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { controlTableExists } from '../provisioning/catalog.js';
@@ -334,7 +334,10 @@ async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
   };
   const replication = new pg.Client(config);
   replication.on('error', () => undefined);
-  await onSide(ctx.source, () => replication.connect());
+  await onSide(ctx.source, async () => {
+    await replication.connect();
+    await checkClientConnection(replication);
+  });
   try {
     const slot = await onSide(ctx.source, () =>
       replication.query<{ snapshot_name: string }>(`CREATE_REPLICATION_SLOT ${quoteIdent(ctx.name)} LOGICAL pgoutput EXPORT_SNAPSHOT`),
