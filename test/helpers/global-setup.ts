@@ -175,6 +175,8 @@ async function startContainers(): Promise<StartedHosts> {
         .withPassword(password)
         .withDatabase('postgres')
         .withLabels({ 'org.shardctl.test': 'true' })
+        // Throw-away data: on tmpfs, not the storage driver's layers (init.test.ts 2x faster).
+        .withTmpFs({ '/var/lib/postgresql/data': 'rw' })
         .withCommand(['postgres', ...Object.entries(SERVER_SETTINGS).flatMap(([k, v]) => ['-c', `${k}=${v}`])])
         .start(),
     ),
