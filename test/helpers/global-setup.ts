@@ -77,6 +77,13 @@ const SERVER_SETTINGS: Record<string, string> = {
   max_locks_per_transaction: '256',
 };
 
+/**
+ * Test hosts hold throw-away data and are never crashed (a test that restarts a host stops it
+ * cleanly): no fsync. On PostgreSQL 15 this makes init/migrate, which create hundreds of schemas,
+ * several times faster.
+ */
+const TEST_HOST_SETTINGS: Record<string, string> = { fsync: 'off', synchronous_commit: 'off', full_page_writes: 'off' };
+
 interface StartedHosts {
   hosts: Omit<TestHostInfo, 'serverVersion'>[];
   source: string;
@@ -261,6 +268,7 @@ async function startEmbedded(): Promise<StartedHosts> {
     port,
     password,
     ...(binaries ? { binDir: binaries.binDir } : {}),
+    settings: TEST_HOST_SETTINGS,
   }));
   const teardown = async () => {
     await Promise.allSettled(clusters.map((cluster) => stopCluster(cluster)));
