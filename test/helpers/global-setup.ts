@@ -75,6 +75,8 @@ const SERVER_SETTINGS: Record<string, string> = {
   max_replication_slots: '20',
   max_connections: '200',
   max_locks_per_transaction: '256',
+  // See TEST_HOST_SETTINGS.
+  wal_retrieve_retry_interval: '500ms',
 };
 
 /**
@@ -82,7 +84,14 @@ const SERVER_SETTINGS: Record<string, string> = {
  * cleanly): no fsync. On PostgreSQL 15 this makes init/migrate, which create hundreds of schemas,
  * several times faster.
  */
-const TEST_HOST_SETTINGS: Record<string, string> = { fsync: 'off', synchronous_commit: 'off', full_page_writes: 'off' };
+const TEST_HOST_SETTINGS: Record<string, string> = {
+  fsync: 'off',
+  synchronous_commit: 'off',
+  full_page_writes: 'off',
+  // PostgreSQL 15 starts a subscription's apply worker at most once per this interval (default 5 s):
+  // every move would wait for it (docs/moves.md).
+  wal_retrieve_retry_interval: '500ms',
+};
 
 interface StartedHosts {
   hosts: Omit<TestHostInfo, 'serverVersion'>[];
