@@ -234,7 +234,9 @@ describe('a move killed after a step', () => {
     { step, shard: 2 * i + 1, then: 'abort' as const },
   ]);
 
-  it.each(crashCases)('killed after $step, then --$then (shard $shard): finished or undone; abort after the switch is refused', async ({ step, shard, then }) => {
+  it.each(crashCases.map((c) => [c.step, c.then, c.shard, c] as const))(
+    'killed after %s, then --%s (shard %i): finished or undone; abort after the switch is refused',
+    async (_step, _then, _shard, { step, shard, then }) => {
     await seed(source, shard, 400);
     const label = `shard ${shard}, killed after ${step}, then ${then}`;
     // The rerun follows the kill at once: the runner lock waits for the killed run's sessions.
@@ -290,7 +292,8 @@ describe('a move killed after a step', () => {
     expect(await replicationObjects(crashDb.urls), label).toEqual([]);
     const status = await runCli(['status', '-c', fleet.configFile]);
     expect(status.code, status.stdout + status.stderr).toBe(0);
-  });
+    },
+  );
 
   it('refuses --abort once the switch has begun, even before it was recorded, and --resume finishes it', async () => {
     const shard = 25;

@@ -40,9 +40,9 @@ describe('a rerun right after a killed run', () => {
   });
 
   it.each([
-    { path: 'directly', linger: undefined },
-    { path: 'through a TCP proxy', linger: PROXY_LINGER_MS },
-  ])('migrate killed with SIGKILL mid-statement, rerun at once $path: it waits for the dead run, then applies each migration once', async ({ linger }) => {
+    ['directly', undefined],
+    ['through a TCP proxy', PROXY_LINGER_MS],
+  ] as const)('migrate killed with SIGKILL mid-statement, rerun at once %s: it waits for the dead run, then applies each migration once', async (_path, linger) => {
     const db = linger === undefined ? migrateDirect : migrateProxied;
     const urls = linger === undefined ? db.urls : await Promise.all(db.urls.map(async (url) => {
       const proxy = await startTcpProxy(url, { lingerMs: linger });
