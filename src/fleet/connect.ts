@@ -26,11 +26,33 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   client.on('error', () => undefined);
   try {
     await client.connect();
+    await checkClientConnection(client);
   } catch (error) {
     await client.end().catch(() => undefined);
     throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
   }
   return client;
+}
+
+/** How often the server checks, during a statement, that a shardctl client is still there. */
+export const CLIENT_CONNECTION_CHECK_INTERVAL = '1s';
+
+/**
+ * A server otherwise notices a killed client only when it next writes to it: a killed run's
+ * statement (and the locks it holds, the runner lock among them) would run on to its end. PostgreSQL
+ * 14+ has client_connection_check_interval; older servers, and platforms where the setting must stay
+ * 0, go without (the runner lock's wait covers the rest).
+ */
+export async function checkClientConnection(client: pg.Client): Promise<void> {
+  await client
+    .query(
+      `SELECT set_config('client_connection_check_interval', '${CLIENT_CONNECTION_CHECK_INTERVAL}', false)
+        WHERE current_setting('server_version_num')::int >= 140000`,
+    )
+    .catch((error: unknown) => {
+      // 22023: "must be set to 0 on this platform"; anything else is a real failure.
+      if ((error as { code?: unknown }).code !== '22023') throw error;
+    });
 }
 
 /** A pg error as one redacted line, with the SQLSTATE when there is one. */

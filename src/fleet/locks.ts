@@ -7,7 +7,12 @@ import { describePgError } from './connect.js';
 /**
  * One shardctl runner per host at a time (init, add-schema, migrate, move-shard). A session-level
  * advisory lock held by the run's coordinator connection: it disappears with the connection, so a
- * killed run never leaves a stale lock behind. A second runner fails fast, naming the holder.
+ * killed run never leaves a stale lock behind. But not at the same instant: behind a TCP proxy
+ * (PgBouncer, HAProxy, a cloud load balancer, docker-proxy) or in the middle of a statement, the
+ * server ends a killed run's session a moment later (connect.ts sets client_connection_check_interval
+ * to bound that moment). So a busy lock is waited for, up to the config's lockTimeout, before a
+ * second runner fails, naming the holder: an immediate rerun after a kill works, and a live
+ * runner still stops the second one within lockTimeout.
  *
  * The coordinator's lock alone is not enough: when a runner dies (SIGKILL, Ctrl-C, a lost
  * coordinator connection), its worker backends go on with the statement they were sent, commits
@@ -22,18 +27,18 @@ export const RUNNER_LOCK_OBJID = 0;
 export const WORKER_LOCK_OBJID = 1;
 
 export interface RunnerLockOptions {
-  /** How long to wait for the workers of an earlier run to finish, e.g. '5s' (the config's lockTimeout). */
+  /**
+   * How long to wait for the runner lock held by another session, and then for the workers of an
+   * earlier run to finish, e.g. '5s' (the config's lockTimeout).
+   */
   readonly workerWait?: string;
 }
 
 export async function acquireRunnerLock(client: pg.Client, hostName: string, options: RunnerLockOptions = {}): Promise<void> {
-  const result = await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS locked', [
-    RUNNER_LOCK_CLASS,
-    RUNNER_LOCK_OBJID,
-  ]);
-  if (!result.rows[0]?.locked) {
+  const wait = options.workerWait ?? '5s';
+  if (!(await lockRunner(client, durationMs(wait)))) {
     const holder = await describeHolders(client, RUNNER_LOCK_OBJID).catch((error: unknown) => `unknown (${describePgError(error)})`);
-    throw new HostError(hostName, `another shardctl run holds the runner lock (${holder}); nothing was written. Run again when it has finished.`, {
+    throw new HostError(hostName, `another shardctl run holds the runner lock (${holder}); waited ${wait}, nothing was written. Run again when it has finished.`, {
       code: 'RUNNER_BUSY',
     });
   }
@@ -41,6 +46,26 @@ export async function acquireRunnerLock(client: pg.Client, hostName: string, opt
     await waitForWorkers(client, hostName, options.workerWait ?? '5s');
   } catch (error) {
     await releaseRunnerLock(client).catch(() => undefined);
+    throw error;
+  }
+}
+
+/**
+ * Takes the runner lock, waiting up to waitMs for its holder to go. The wait runs in a transaction
+ * only for SET LOCAL lock_timeout; the session-level lock outlives it.
+ */
+async function lockRunner(client: pg.Client, waitMs: number): Promise<boolean> {
+  const tried = await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS locked', [RUNNER_LOCK_CLASS, RUNNER_LOCK_OBJID]);
+  if (tried.rows[0]?.locked) return true;
+  if (waitMs === 0) return false;
+  try {
+    await client.query(
+      `BEGIN; SET LOCAL lock_timeout = '${waitMs}ms'; SELECT pg_advisory_lock(${RUNNER_LOCK_CLASS}, ${RUNNER_LOCK_OBJID}); COMMIT;`,
+    );
+    return true;
+  } catch (error) {
+    await client.query('ROLLBACK').catch(() => undefined);
+    if ((error as { code?: unknown }).code === '55P03') return false;
     throw error;
   }
 }

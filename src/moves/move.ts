@@ -7,7 +7,7 @@ import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError, ShardctlError } from '../errors.js';
-import { describePgError } from '../fleet/connect.js';
+import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { errorHost, openWorker, type HostSession } from '../fleet/session.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
@@ -417,6 +417,7 @@ async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
   replication.on('error', () => undefined);
   try {
     await replication.connect();
+    await checkClientConnection(replication);
   } catch (error) {
     throw new HostError(ctx.source.host.name, `cannot open a replication connection: ${describePgError(error)}`, { shard: ctx.shards[0]!, code: 'MOVE_FAILED' });
   }

@@ -6,15 +6,23 @@ import { cpSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
+import { inject } from 'vitest';
 import { main } from '../../src/cli/main.js';
 import { loadConfig } from '../../src/config/load.js';
 import type { ShardctlConfig } from '../../src/config/types.js';
+import { urlWithDatabase } from './hosts.js';
 
 export const EXAMPLE_MIGRATIONS = join(import.meta.dirname, '..', '..', 'migrations');
 
 export interface FleetOptions {
   /** Admin URLs of the test databases, one per host. */
   urls: readonly string[];
+  /**
+   * How the other hosts reach each one (a host's `replicationUrl:` line, written when it differs from
+   * its url). Default: for a database on a host of the global setup, that host's replicationUrl
+   * (under Docker, its network alias); otherwise the url itself.
+   */
+  replicationUrls?: readonly (string | undefined)[];
   shards: number;
   /** Shard list per host; default: equal contiguous ranges. */
   split?: readonly string[];
@@ -59,7 +67,15 @@ export function makeFleet(options: FleetOptions): Fleet {
     'migrations: ./migrations',
     ...(options.extra ? [options.extra] : []),
     'hosts:',
-    ...options.urls.flatMap((url, i) => [`  - name: pg${i + 1}`, `    url: ${url}`, `    shards: "${split[i]}"`]),
+    ...options.urls.flatMap((url, i) => {
+      const replicationUrl = options.replicationUrls?.[i] ?? sharedHostReplicationUrl(url);
+      return [
+        `  - name: pg${i + 1}`,
+        `    url: ${url}`,
+        ...(replicationUrl && replicationUrl !== url ? [`    replicationUrl: ${replicationUrl}`] : []),
+        `    shards: "${split[i]}"`,
+      ];
+    }),
     '',
   ].join('\n');
   const configFile = join(dir, 'shardctl.yaml');
@@ -71,6 +87,13 @@ export function makeFleet(options: FleetOptions): Fleet {
     config: () => loadConfig(configFile),
     writeMigration: (name, sql) => writeFileSync(join(migrationsDir, name), sql),
   };
+}
+
+/** The replicationUrl of a database on one of the global setup's hosts, or undefined for any other server. */
+export function sharedHostReplicationUrl(url: string): string | undefined {
+  const target = new URL(url);
+  const host = inject('pgHosts').find((candidate) => new URL(candidate.url).host === target.host);
+  return host ? urlWithDatabase(host.replicationUrl, decodeURIComponent(target.pathname.slice(1))) : undefined;
 }
 
 export function equalSplit(shards: number, hosts: number): string[] {

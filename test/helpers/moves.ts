@@ -9,6 +9,7 @@ import { chmodSync, cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
+import { inject } from 'vitest';
 import { findFreePort, initCluster, startCluster, stopCluster, type LocalClusterOptions } from '../../src/dev/local-postgres.js';
 import type { Fleet } from './fleet.js';
 import { withClient } from './hosts.js';
@@ -91,19 +92,6 @@ function assertMoveBuildIsFresh(): void {
   if (stale.length > 0) {
     throw new Error(`dist/ is older than ${stale.map((f) => join('src', f)).join(', ')}: run npm run build before these tests`);
   }
-}
-
-/**
- * Adds each host's replicationUrl to a fleet's config when it differs from its url (under Docker,
- * hosts reach each other by network alias, not by the address the tests use).
- */
-export function useReplicationUrls(fleet: Fleet, urls: readonly string[], replicationUrls: readonly string[]): void {
-  let text = readFileSync(fleet.configFile, 'utf8');
-  urls.forEach((url, i) => {
-    const replicationUrl = replicationUrls[i];
-    if (replicationUrl && replicationUrl !== url) text = text.replace(`    url: ${url}\n`, `    url: ${url}\n    replicationUrl: ${replicationUrl}\n`);
-  });
-  writeFileSync(fleet.configFile, text);
 }
 
 /**
@@ -210,7 +198,8 @@ export async function startOwnClusters(
       dataDir: join(root, `pg${i + 1}`),
       port: await findFreePort(),
       password,
-      ...(spec.binDir ? { binDir: spec.binDir } : {}),
+      // Default: the binaries of the run (under the matrix, its major).
+      binDir: spec.binDir ?? inject('pgBinDir'),
       ...(spec.settings ? { settings: spec.settings } : {}),
     };
     clusters.push({ options, url: `postgres://postgres:${password}@127.0.0.1:${options.port}/postgres` });
@@ -231,6 +220,46 @@ export async function startOwnClusters(
     throw error;
   }
   return { clusters, dispose };
+}
+
+export interface OwnHost {
+  /** Superuser URL of its postgres database, from the tests. */
+  readonly url: string;
+  /** How the shared hosts of the global setup reach it. */
+  readonly replicationUrl: string;
+}
+
+/**
+ * One more host with other server settings, reachable by the shared hosts: under testcontainers a
+ * container of the same image on their Docker network (a local cluster could not be reached from
+ * inside a container), otherwise a throw-away local cluster.
+ */
+export async function startOwnHost(settings: Record<string, string>): Promise<{ host: OwnHost; dispose(): Promise<void> }> {
+  const docker = inject('pgDocker');
+  if (!docker) {
+    const { clusters, dispose } = await startOwnClusters([{ settings }]);
+    return { host: { url: clusters[0]!.url, replicationUrl: clusters[0]!.url }, dispose };
+  }
+  // Test workers may have started before the global setup chose it.
+  if (docker.hostOverride !== null) process.env.TESTCONTAINERS_HOST_OVERRIDE ??= docker.hostOverride;
+  const { PostgreSqlContainer } = await import('@testcontainers/postgresql');
+  const alias = `own-${randomBytes(4).toString('hex')}`;
+  const password = randomBytes(12).toString('hex');
+  const container = await new PostgreSqlContainer(docker.image)
+    .withNetworkMode(docker.network)
+    .withNetworkAliases(alias)
+    .withUsername('postgres')
+    .withPassword(password)
+    .withDatabase('postgres')
+    .withLabels({ 'org.shardctl.test': 'true' })
+    .withCommand(['postgres', ...Object.entries(settings).flatMap(([name, value]) => ['-c', `${name}=${value}`])])
+    .start();
+  return {
+    host: { url: container.getConnectionUri(), replicationUrl: `postgres://postgres:${password}@${alias}:5432/postgres` },
+    dispose: async () => {
+      await container.stop();
+    },
+  };
 }
 
 /**

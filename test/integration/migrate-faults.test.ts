@@ -81,7 +81,7 @@ describe('one shardctl runner per host', () => {
         const started = Date.now();
         const run = await runCli([...command, '-c', fleet.configFile]);
         expect(run.stderr).toMatch(
-          /host pg2: another shardctl run holds the runner lock \(backend pid \d+, application held-by-test, from [^)]+\); nothing was written/,
+          /host pg2: another shardctl run holds the runner lock \(backend pid \d+, application held-by-test, from [^)]+\); waited 300ms, nothing was written/,
         );
         expect(run.code).toBe(1);
         expect(Date.now() - started).toBeLessThan(2_000);

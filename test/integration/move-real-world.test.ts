@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init, moveShard, shardMovedTo, status, type HostError } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli, EXAMPLE_MIGRATIONS } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, removeCliSnapshot, spawnCli, useReplicationUrls, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import { fleetState, removeCliSnapshot, spawnCli, waitForMoveSessionsToEnd } from '../helpers/moves.js';
 import { mkdirSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 
@@ -26,7 +26,6 @@ function twoHosts(extraMigrations: Record<string, string> = {}) {
   let fleet: Fleet;
   beforeAll(async () => {
     fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-7', ''], migrations: { ...examples, ...extraMigrations } });
-    useReplicationUrls(fleet, db.urls, db.replicationUrls);
     expect((await init(await fleet.config())).ok).toBe(true);
   });
   return {

@@ -135,7 +135,7 @@ describe('shardctl move-shard', () => {
       expect(Number(count.rows[0]!.n)).toBe(5000 + onSource.length);
     });
 
-    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n.*\n\s+shards: "0,2-3"/);
+    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n\s+url: .*\n(?:\s+replicationUrl: .*\n)?\s+shards: "0,2-3"/);
 
     // A clean-up interrupted after its rename is finished by --resume, not stuck on the existing names.
     for (const url of db.urls) {

