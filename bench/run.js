@@ -27,11 +27,12 @@ import {
   writeFleet,
 } from './lib.js';
 import * as migrate from './migrate.js';
+import * as moveBatch from './move-batch.js';
 import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
 
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
-const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard };
+const BENCHMARKS = { 'next-id': nextId, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard, 'move-batch': moveBatch };
 
 /**
  * next-id runs on 15 too because the issue's reference figures were measured there. move-shard's
@@ -44,6 +45,7 @@ const DEFAULT_MAJORS = {
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],
   'move-shard': ['15', EMBEDDED_MAJOR],
+  'move-batch': ['15', EMBEDDED_MAJOR],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -60,6 +62,10 @@ const REFERENCE_SCALE = {
   'rerun-runs': 5,
   'check-runs': 5,
   rows: 1_000_000,
+  'split-shards': 64,
+  'split-rows': 2000,
+  'loop-shards': 4,
+  'fleet-shards': 8192,
 };
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
@@ -85,6 +91,10 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --batch N         rows per insert in the concurrency run    (${REFERENCE_SCALE.batch})
   --seconds N       length of the concurrency run             (${REFERENCE_SCALE.seconds})
   --rows N          rows in the moved shard's photos          (${formatCount(REFERENCE_SCALE.rows)})
+  --split-shards N  move-batch: shards moved in the host split (${REFERENCE_SCALE['split-shards']})
+  --split-rows N    move-batch: photos rows per split shard     (${formatCount(REFERENCE_SCALE['split-rows'])})
+  --loop-shards N   move-batch: shards moved one by one         (${REFERENCE_SCALE['loop-shards']})
+  --fleet-shards N  move-batch: empty shards of the fleet-scale move, 4 → 8 hosts (${REFERENCE_SCALE['fleet-shards']})
 
 other options:
   --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id 18 and 15, move-shard
@@ -124,13 +134,13 @@ async function main() {
      * A fleet (config + migrations), one per name: over this major's first --hosts hosts with
      * --shards shards, unless the benchmark fixes its own `hostCount` and `shards`.
      */
-    fleet(name, major, { database, extraMigrations, hostCount = options.hosts, shards = options.shards } = {}) {
+    fleet(name, major, { database, extraMigrations, hostCount = options.hosts, shards = options.shards, ranges } = {}) {
       const key = `${name}@${major}`;
       if (!fleets.has(key)) {
         fleets.set(
           key,
           hosts.hosts(major, hostCount).then((fleetHosts) =>
-            writeFleet({ name, hosts: fleetHosts, shards, database, concurrency: options.concurrency, extraMigrations }),
+            writeFleet({ name, hosts: fleetHosts, shards, database, concurrency: options.concurrency, extraMigrations, ranges }),
           ),
         );
       }
