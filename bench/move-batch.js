@@ -70,16 +70,18 @@ const TARGET_FLEET_RSS_MIB = 300;
 const WRITER_MARGIN_MS = 500;
 const RETRY_MS = 5;
 
+/** MOVE_BATCH_PARTS=split,big,copy,fleet (default all) runs some of the parts; copy needs split. */
+const PARTS = new Set((process.env['MOVE_BATCH_PARTS'] ?? 'split,big,copy,fleet').split(','));
+
 export async function run(ctx, major) {
-  const { options } = ctx;
-  const split = await runSplit(ctx, major);
-  const big = await runBig(ctx, major);
-  const copy = await runCopyOptions(ctx, major, split);
-  const fleet = options.fleetShards > 0 ? await runFleet(ctx, major) : null;
+  const split = PARTS.has('split') || PARTS.has('copy') ? await runSplit(ctx, major) : null;
+  const big = PARTS.has('big') ? await runBig(ctx, major) : null;
+  const copy = PARTS.has('copy') ? await runCopyOptions(ctx, major, split, big !== null) : [];
+  const fleet = PARTS.has('fleet') ? await runFleet(ctx, major) : null;
   return {
     benchmark: 'move-batch',
-    postgres: split.postgres,
-    split: split.result,
+    postgres: split?.postgres ?? big?.postgres ?? fleet?.postgres,
+    split: split?.result ?? null,
     big,
     copy,
     fleet,
@@ -377,7 +379,7 @@ function variantName(v) {
   return `${v.indexes === 'kept' ? 'indexes kept' : 'indexes after'}, ${v.format}, concurrency ${v.concurrency}`;
 }
 
-async function runCopyOptions(ctx, major, split) {
+async function runCopyOptions(ctx, major, split, bigBuilt) {
   const { options } = ctx;
   const out = [];
   // The split's shards: pg1's SPLIT_BASE (read directly; nothing writes it) into empty schemas on pg2.
@@ -390,8 +392,8 @@ async function runCopyOptions(ctx, major, split) {
       ...(await measureCopy({ source: split.source, sourceDb: SPLIT_BASE, target: split.target, schemas, variants: copyVariants('split'), runs: options.runs })),
     });
   }
-  // The big shard: move-shard's template on its source host.
-  {
+  // The big shard: move-shard's template on its source host (built by part big).
+  if (bigBuilt) {
     const base = await ctx.fleet('move-shard-base', major, { database: single.BASE_DATABASE, hostCount: single.HOSTS, shards: single.SHARDS });
     const config = await loadConfig(base.configFile);
     const [source, target] = base.hosts;
@@ -571,7 +573,7 @@ async function runFleet(ctx, major) {
 const SPLIT_HEADERS = ['PostgreSQL', 'moved', 'moveShards (online, 1 call)', 'writes blocked', 'pg_dump -n … | psql', 'ratio', 'target', 'one-by-one (per shard → all)'];
 
 function splitRows(results) {
-  return results.map(({ split: r }) => [
+  return results.filter((x) => x.split).map(({ split: r }) => [
     r.postgres,
     `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length}`,
     formatSample(r.moveMs),
@@ -586,7 +588,7 @@ function splitRows(results) {
 const BIG_HEADERS = ['PostgreSQL', 'moved', 'move (online)', 'pg_dump -n | psql', 'ratio', 'target ≤ 1.3x', 'writes blocked', 'target < 500 ms'];
 
 function bigRows(results) {
-  return results.map(({ big: r }) => [
+  return results.filter((x) => x.big).map(({ big: r }) => [
     r.postgres,
     `1 shard × ${formatCount(r.rows)} rows, writer throughout`,
     formatSample(r.moveMs),
@@ -624,7 +626,7 @@ function fleetRows(results) {
 
 export function table(result) {
   return [
-    `move-batch (a) split a host: median (range) of ${result.split.moveMs.runs.length} runs, interleaved with the floor`,
+    `move-batch (a) split a host: median (range) of ${result.split?.moveMs.runs.length ?? 0} runs, interleaved with the floor`,
     textTable(SPLIT_HEADERS, splitRows([result])),
     '',
     '(b) one big shard (move-shard\'s runs)',
