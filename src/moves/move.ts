@@ -554,7 +554,8 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
  * definition, in the copy's transaction, and returns the statements that build them again: a crash
  * or an error before COMMIT leaves every table as it was. Plain indexes and the indexes of primary
  * key, unique and exclusion constraints (pg_get_indexdef / pg_get_constraintdef), in their order of
- * creation. Left in place, because recreating them would lose something or is not allowed: indexes
+ * creation. Only on tables the mover may alter (it owns them, as it created them). Left in place,
+ * because recreating them would lose something or is not allowed: indexes
  * and constraints anything depends on (a foreign key referencing the key), inherited from a
  * partitioned parent, invalid, the replica identity or clustering index, outside the default
  * tablespace, with a comment, security label or column statistics target.
@@ -570,6 +571,7 @@ async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]):
        JOIN pg_namespace n ON n.oid = t.relnamespace
        LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
       WHERE t.oid = ANY($1::text[]::regclass[])
+        AND pg_has_role(t.relowner, 'USAGE')
         AND i.indisvalid AND i.indisready AND i.indislive AND NOT i.indisreplident AND NOT i.indisclustered
         AND ic.reltablespace = 0
         AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
