@@ -223,13 +223,14 @@ export function ident(name) {
  * equal contiguous ranges) and a migrations folder with the example migrations plus `extra`
  * files. The config holds the hosts' passwords, hence the private folder.
  */
-export async function writeFleet({ name, hosts, shards, database, concurrency, extraMigrations = {} }) {
+export async function writeFleet({ name, hosts, shards, database, concurrency, extraMigrations = {}, ranges: givenRanges }) {
   const dir = await mkdtemp(path.join(os.tmpdir(), `shardctl-bench-${name}-`));
   const migrationsDir = path.join(dir, 'migrations');
   await cp(EXAMPLE_MIGRATIONS, migrationsDir, { recursive: true });
   for (const [file, sql] of Object.entries(extraMigrations)) await writeFile(path.join(migrationsDir, file), sql);
   const configFile = path.join(dir, 'shardctl.yaml');
-  const ranges = equalRanges(shards, hosts.length);
+  // `ranges`: each host's shard list ("" for a host with none yet); default equal contiguous ranges.
+  const ranges = givenRanges ?? equalRanges(shards, hosts.length);
   const yaml = [
     'schemaPrefix: insta',
     `shards: ${shards}`,

@@ -47,13 +47,13 @@ import {
 
 export const description = 'online move of one shard (--rows photos) under a writer vs pg_dump -n | psql';
 
-const BASE_DATABASE = 'bench_move_base';
+export const BASE_DATABASE = 'bench_move_base';
 const DATABASE = 'bench_move';
 const DUMP_DATABASE = 'bench_move_dump';
 /** The fleet: 8 shards over 2 hosts, 0-3 on pg1 and 4-7 on pg2; shard 1 moves to pg2. */
-const SHARDS = 8;
-const HOSTS = 2;
-const SHARD = 1;
+export const SHARDS = 8;
+export const HOSTS = 2;
+export const SHARD = 1;
 const TARGET_HOST = 'pg2';
 const TARGET_BLOCKED_MS = 1000;
 const TARGET_RATIO = 2;
@@ -136,7 +136,7 @@ export async function run(ctx, major) {
  * The floor's pg_dump: --pg-dump, else the one of the server's major (Debian's layout), else
  * pg_dump on PATH. One older than the server refuses to dump it: then there is no floor here.
  */
-function floorTools(major, serverVersion, options) {
+export function floorTools(major, serverVersion, options) {
   const own = binDirFor(major) && path.join(binDirFor(major), 'pg_dump');
   const pgDump = options.pgDump ?? (own && existsSync(own) ? own : 'pg_dump');
   const version = clientVersion(pgDump);

@@ -28,12 +28,22 @@ import {
   writeFleet,
 } from './lib.js';
 import * as migrate from './migrate.js';
+import * as moveBatch from './move-batch.js';
 import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
 import * as router from './router.js';
 
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
-const BENCHMARKS = { 'next-id': nextId, 'bulk-insert': bulkInsert, init, 'init-rerun': initRerun, migrate, 'move-shard': moveShard, router };
+const BENCHMARKS = {
+  'next-id': nextId,
+  'bulk-insert': bulkInsert,
+  init,
+  'init-rerun': initRerun,
+  migrate,
+  'move-shard': moveShard,
+  'move-batch': moveBatch,
+  router,
+};
 
 /**
  * next-id runs on 15 too because the issue's reference figures were measured there. move-shard's
@@ -48,6 +58,7 @@ const DEFAULT_MAJORS = {
   migrate: [EMBEDDED_MAJOR],
   'move-shard': ['15', EMBEDDED_MAJOR],
   router: [EMBEDDED_MAJOR],
+  'move-batch': ['15', EMBEDDED_MAJOR],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -68,6 +79,10 @@ const REFERENCE_SCALE = {
   'router-rounds': 5,
   'bulk-seconds': 10,
   'bulk-rounds': 3,
+  'split-shards': 64,
+  'split-rows': 2000,
+  'loop-shards': 4,
+  'fleet-shards': 8192,
 };
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
@@ -97,6 +112,10 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --router-rounds N router: interleaved rounds of each side   (${REFERENCE_SCALE['router-rounds']})
   --bulk-seconds N  length of one bulk-insert pgbench run      (${REFERENCE_SCALE['bulk-seconds']})
   --bulk-rounds N   bulk-insert rounds per table              (${REFERENCE_SCALE['bulk-rounds']})
+  --split-shards N  move-batch: shards moved in the host split (${REFERENCE_SCALE['split-shards']})
+  --split-rows N    move-batch: photos rows per split shard     (${formatCount(REFERENCE_SCALE['split-rows'])})
+  --loop-shards N   move-batch: shards moved one by one         (${REFERENCE_SCALE['loop-shards']})
+  --fleet-shards N  move-batch: empty shards of the fleet-scale move, 4 → 8 hosts (${REFERENCE_SCALE['fleet-shards']})
 
 other options:
   --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id and bulk-insert 18 and 15, move-shard
@@ -138,13 +157,13 @@ async function main() {
      * A fleet (config + migrations), one per name: over this major's first --hosts hosts with
      * --shards shards, unless the benchmark fixes its own `hostCount` and `shards`.
      */
-    fleet(name, major, { database, extraMigrations, hostCount = options.hosts, shards = options.shards } = {}) {
+    fleet(name, major, { database, extraMigrations, hostCount = options.hosts, shards = options.shards, ranges } = {}) {
       const key = `${name}@${major}`;
       if (!fleets.has(key)) {
         fleets.set(
           key,
           hosts.hosts(major, hostCount).then((fleetHosts) =>
-            writeFleet({ name, hosts: fleetHosts, shards, database, concurrency: options.concurrency, extraMigrations }),
+            writeFleet({ name, hosts: fleetHosts, shards, database, concurrency: options.concurrency, extraMigrations, ranges }),
           ),
         );
       }

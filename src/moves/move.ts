@@ -11,6 +11,7 @@ import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { errorHost, openWorker, type HostSession } from '../fleet/session.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
+import { quoteIdent } from '../pg/quote.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 import type { PreflightCheck } from './preflight.js';
@@ -485,12 +486,15 @@ async function xidHolders(client: pg.Client, except: number): Promise<string> {
  * copy starts clean, and a migration's seed rows give way to the source's), shards spread over
  * `concurrency` pairs of connections. Online the source side reads the slot's snapshot; offline the
  * source is fenced. Binary COPY only for tables whose types travel in binary (ShardTable.portable)
- * between equal majors.
+ * between equal majors. Tables of at least INDEXES_AFTER_BYTES on the source are loaded without
+ * their indexes, which are built again after the COPY in the same transaction (see copyShard).
  */
 async function copyShards(ctx: MoveContext, shards: readonly number[], snapshot?: string): Promise<void> {
   const { source, target } = ctx;
-  const tables = await shardTables(source.client, schemasOf(ctx, shards), 'leaves');
+  const schemas = schemasOf(ctx, shards);
+  const tables = await shardTables(source.client, schemas, 'leaves');
   const sameMajor = sameMajorVersion(ctx);
+  const large = await largeTables(source.client, schemas);
   const byShard = shards.map((shard) => ({ shard, tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)) }));
   let next = 0;
   let failed: unknown = null;
@@ -505,7 +509,7 @@ async function copyShards(ctx: MoveContext, shards: readonly number[], snapshot?
       while (failed === null && next < byShard.length) {
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
         try {
-          await copyShard(writer, reader, shardTablesToCopy, sameMajor);
+          await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
         } catch (error) {
           await writer.query('ROLLBACK').catch(() => undefined);
           throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
@@ -523,12 +527,30 @@ async function copyShards(ctx: MoveContext, shards: readonly number[], snapshot?
   if (failed !== null) throw failed;
 }
 
-async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly ShardTable[], sameMajor: boolean): Promise<void> {
+/**
+ * From this size on the source, a table is loaded without its indexes and they are built after the
+ * COPY (one sort per index instead of one insertion per row and index). Below it, dropping and
+ * creating them costs more than it saves (bench/move-batch.js, docs/benchmarks.md).
+ */
+export const INDEXES_AFTER_BYTES = 4 * 1024 * 1024;
+
+/** The tables of these schemas (schema.table, quoted) of at least INDEXES_AFTER_BYTES on the source. */
+async function largeTables(source: pg.Client, schemas: readonly string[]): Promise<Set<string>> {
+  const result = await source.query<{ schema: string; table: string }>(
+    `SELECT n.nspname AS schema, c.relname AS table FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r' AND pg_relation_size(c.oid) >= $2`,
+    [schemas, INDEXES_AFTER_BYTES],
+  );
+  return new Set(result.rows.map((r) => qualified(r.schema, r.table)));
+}
+
+async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly ShardTable[], sameMajor: boolean, large: ReadonlySet<string>): Promise<void> {
   await writer.query('BEGIN');
   // Foreign keys between the shard's tables must not depend on the copy order (superusers only).
   await writer.query('SAVEPOINT replica_role');
   await writer.query('SET LOCAL session_replication_role = replica').catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
   if (tables.length > 0) await writer.query(`TRUNCATE ${tables.map((t) => qualified(t.schema, t.table)).join(', ')}`);
+  const rebuild = await dropIndexesForCopy(writer, tables.map((t) => qualified(t.schema, t.table)).filter((name) => large.has(name)));
   for (const t of tables) {
     const name = qualified(t.schema, t.table);
     const format = sameMajor && t.portable ? ' (FORMAT binary)' : '';
@@ -536,7 +558,53 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
     const into = writer.query(copyStreams.from(`COPY ${name} FROM STDIN${format}`));
     await pipeline(out, into);
   }
+  for (const sql of rebuild) await writer.query(sql);
   await writer.query('COMMIT');
+}
+
+/**
+ * Drops the indexes of the (just truncated) tables that can be built again exactly from their
+ * definition, in the copy's transaction, and returns the statements that build them again: a crash
+ * or an error before COMMIT leaves every table as it was. Plain indexes and the indexes of primary
+ * key, unique and exclusion constraints (pg_get_indexdef / pg_get_constraintdef), in their order of
+ * creation. Only on tables the mover may alter (it owns them, as it created them). Left in place,
+ * because recreating them would lose something or is not allowed: indexes
+ * and constraints anything depends on (a foreign key referencing the key), inherited from a
+ * partitioned parent, invalid, the replica identity or clustering index, outside the default
+ * tablespace, with a comment, security label or column statistics target.
+ */
+async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]): Promise<string[]> {
+  if (tables.length === 0) return [];
+  const result = await writer.query<{ index_name: string; table_name: string; conname: string | null; indexdef: string; condef: string | null }>(
+    `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
+            c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
+       FROM pg_index i
+       JOIN pg_class ic ON ic.oid = i.indexrelid
+       JOIN pg_class t ON t.oid = i.indrelid
+       JOIN pg_namespace n ON n.oid = t.relnamespace
+       LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
+      WHERE t.oid = ANY($1::text[]::regclass[])
+        AND pg_has_role(t.relowner, 'USAGE')
+        AND i.indisvalid AND i.indisready AND i.indislive AND NOT i.indisreplident AND NOT i.indisclustered
+        AND ic.reltablespace = 0
+        AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
+        AND (c.oid IS NULL OR c.conparentid = 0)
+        AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = i.indexrelid)
+        AND (c.oid IS NULL OR NOT EXISTS (
+              SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_constraint'::regclass AND d.refobjid = c.oid
+                 AND NOT (d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid)))
+        AND NOT EXISTS (SELECT 1 FROM pg_description x
+                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
+        AND NOT EXISTS (SELECT 1 FROM pg_seclabel x
+                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
+        AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)
+      ORDER BY i.indexrelid`,
+    [tables],
+  );
+  if (result.rows.length === 0) return [];
+  const drop = result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ${r.table_name} DROP CONSTRAINT ${quoteIdent(r.conname)};` : `DROP INDEX ${r.index_name};`));
+  await writer.query(drop.join('\n'));
+  return result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ONLY ${r.table_name} ADD CONSTRAINT ${quoteIdent(r.conname)} ${r.condef}` : r.indexdef));
 }
 
 /** Every table streaming; then one marker round trip, so the cut-over starts nearly caught up. */
