@@ -69,7 +69,7 @@ export interface MoveOptions {
    * whole run, so that its moves can share hosts); the command then takes none of its own.
    */
   readonly runnerLocksHeld?: boolean;
-  /** Wave limits for the online cut-over (default 64 shards, 1,000,000 estimated rows). */
+  /** Wave limits for the online cut-over (default 16 shards, 500,000 estimated rows). */
   readonly wave?: WaveLimits;
   readonly onStep?: (step: MoveStep, detail: string) => void;
   /** What a wait is waiting for, every few seconds; retries; anything a person should know. */
@@ -141,7 +141,10 @@ export interface MoveContext {
   refreshed: string[];
 }
 
-const DEFAULT_WAVE = { maxShards: 64, maxRows: 1_000_000 };
+// A wave's pause grows with the shards fenced and verified together: measured (docs/benchmarks.md,
+// move-batch) 1.6-2.2 s for a 64-shard wave on a loaded machine. 16 trades a few more catch-up round
+// trips for a quarter of that.
+const DEFAULT_WAVE = { maxShards: 16, maxRows: 500_000 };
 
 /**
  * Splits a batch into cut-over waves: consecutive shards while a wave has at most maxShards shards
