@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import type { NextIdLanguage } from '../id/sql.js';
 import { HostError } from '../errors.js';
 import { describePgError } from './connect.js';
 import { CONTROL, controlTableExists } from './control.js';
@@ -15,7 +16,7 @@ export interface HostSnapshot {
   /** Shards recorded in the control schema, with their state. */
   readonly recorded: ReadonlyMap<number, { schema: string; state: string }>;
   /** Shard schemas (by the config's prefix) that exist in the catalog, and their next_id(). */
-  readonly schemas: ReadonlyMap<number, { nextIdVersion: number | null }>;
+  readonly schemas: ReadonlyMap<number, ShardSchema>;
   /** shard → (version → checksum) of applied migrations. */
   readonly applied: ReadonlyMap<number, ReadonlyMap<number, string>>;
   /** version → file name (without .sql) as recorded when it was applied; names a deleted file. */
@@ -28,6 +29,13 @@ export interface MovingShard {
   readonly moveId: string;
   readonly source: string;
   readonly target: string;
+}
+
+export interface ShardSchema {
+  /** From the function's comment; null without a next_id(), 0 for one shardctl did not write. */
+  readonly nextIdVersion: number | null;
+  /** The language next_id() is written in (an upgrade keeps it; see sql/next_id_wrapper_plpgsql.sql). */
+  readonly nextIdLanguage: NextIdLanguage | null;
 }
 
 export interface RecordedLayout {
@@ -87,18 +95,19 @@ export function shardSchemaCondition(column: string): string {
   return `left(${column}, length($1)) = $1 AND substr(${column}, length($1) + 1) ~ '^(0|[1-9][0-9]{0,8})$'`;
 }
 
-async function readShardSchemas(client: pg.Client, prefix: string): Promise<Map<number, { nextIdVersion: number | null }>> {
-  const result = await client.query<{ nspname: string; comment: string | null }>(
-    `SELECT n.nspname, obj_description(p.oid, 'pg_proc') AS comment
+async function readShardSchemas(client: pg.Client, prefix: string): Promise<Map<number, ShardSchema>> {
+  const result = await client.query<{ nspname: string; comment: string | null; lanname: string | null }>(
+    `SELECT n.nspname, obj_description(p.oid, 'pg_proc') AS comment, l.lanname
        FROM pg_namespace n
        LEFT JOIN pg_proc p ON p.pronamespace = n.oid AND p.proname = 'next_id'
+       LEFT JOIN pg_language l ON l.oid = p.prolang
       WHERE ${shardSchemaCondition('n.nspname')}`,
     [prefix],
   );
-  const map = new Map<number, { nextIdVersion: number | null }>();
+  const map = new Map<number, ShardSchema>();
   for (const row of result.rows) {
     const shard = Number(row.nspname.slice(prefix.length));
-    map.set(shard, { nextIdVersion: parseFunctionVersion(row.comment) });
+    map.set(shard, { nextIdVersion: parseFunctionVersion(row.comment), nextIdLanguage: row.lanname === 'plpgsql' ? 'plpgsql' : row.lanname === null ? null : 'sql' });
   }
   return map;
 }

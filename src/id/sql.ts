@@ -31,11 +31,24 @@ function formatTimestamp(unixMs: bigint): string {
   return date.toISOString();
 }
 
+/**
+ * The language of next_id() itself: 'sql' (inlined into each INSERT) for new shards; 'plpgsql' for a
+ * shard whose next_id() already is PL/pgSQL, since changing a function's language under live
+ * traffic fails the statements in flight (sql/next_id_wrapper_plpgsql.sql).
+ */
+export type NextIdLanguage = 'sql' | 'plpgsql';
+
 /** The CREATE FUNCTION statements that install next_id(), next_id_fast() and next_id_locked() in a shard schema. */
-export function renderNextIdSql(schema: string, shard: number, layout: IdLayout): string {
+export function renderNextIdSql(schema: string, shard: number, layout: IdLayout, language: NextIdLanguage = 'sql'): string {
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
-  return renderSql(loadSqlTemplate('next_id.sql'), {
+  const wrapper = renderSql(loadSqlTemplate(language === 'sql' ? 'next_id_wrapper.sql' : 'next_id_wrapper_plpgsql.sql'), {
+    schema: { ident: schema },
+    commentLiteral: {
+      literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
+    },
+  });
+  return `${renderSql(loadSqlTemplate('next_id.sql'), {
     schema: { ident: schema },
     schemaLiteral: { literal: schema },
     timeBits: { int: timeBits(layout) },
@@ -54,8 +67,5 @@ export function renderNextIdSql(schema: string, shard: number, layout: IdLayout)
     lockClass: { int: ID_LOCK_CLASS },
     layoutLiteral: { literal: describeLayout(layout) },
     layoutEndLiteral: { literal: formatUnixMs(layoutEndUnixMs(layout)) },
-    commentLiteral: {
-      literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
-    },
-  });
+  })}\n${wrapper}`;
 }

@@ -203,7 +203,7 @@ describe('next_id()', () => {
     });
   });
 
-  it('init detects a v2 next_id() and replaces it in place; ids drawn before, during and after the upgrade never repeat', async () => {
+  it('init detects a v2 next_id() and replaces it in place, keeping its language, while a writer inserts: no insert fails, ids never repeat', async () => {
     const url = db.urls[0]!;
     const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
     const config = await fleet.config();
@@ -258,8 +258,13 @@ describe('next_id()', () => {
       const fn = await client.query<{ lang: string; comment: string }>(`
         select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment
           from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg0.next_id(regclass)'::regprocedure`);
-      expect(fn.rows[0]!.lang).toBe('sql');
+      // Upgraded in its own language: changing it under the writer would have failed its inserts.
+      expect(fn.rows[0]!.lang).toBe('plpgsql');
       expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
+      const fresh = await client.query<{ lang: string }>(
+        `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
+      );
+      expect(fresh.rows[0]!.lang).toBe('sql');
     });
     expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([]);
   });
