@@ -142,8 +142,8 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     expect(password().length).toBeGreaterThan(4);
     expect(argv).not.toContain(password());
     expect(run.stdout + run.stderr).not.toContain(password());
-    const port = new URL(schema === 'ex5' ? db.urls[1]! : db.urls[0]!).port;
-    expect(argv.split('\n')[1]).toBe(`postgres://postgres@127.0.0.1:${port}/${db.name}`);
+    const { hostname, port } = new URL(schema === 'ex5' ? db.urls[1]! : db.urls[0]!);
+    expect(argv.split('\n')[1]).toBe(`postgres://postgres@${hostname}:${port}/${db.name}`);
     expect(env).toContain(`PGPASSWORD=${password()}\n`);
     expect(env).toContain(`PGOPTIONS=-c search_path="${schema}"\n`);
     // The real psql, started with exactly that, lands in the shard's schema.
@@ -173,7 +173,8 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     const run = await runCli(['psql', '-c', fleet.configFile, '2'], { env: { PATH: '/nonexistent', SHARDCTL_PSQL: '' } });
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('psql is not on PATH');
-    expect(run.stdout.trim()).toBe(`postgres://postgres:***@127.0.0.1:${new URL(db.urls[0]!).port}/${db.name}`);
+    const { hostname, port } = new URL(db.urls[0]!);
+    expect(run.stdout.trim()).toBe(`postgres://postgres:***@${hostname}:${port}/${db.name}`);
     expect(run.stdout + run.stderr).not.toContain(password());
   });
 

@@ -115,9 +115,9 @@ describe('a batch of shards from two source hosts', () => {
     }
     expect(BigInt(result.rowsMoved)).toBeGreaterThanOrEqual(6n * 300n);
     const text = readFileSync(fleet.configFile, 'utf8');
-    expect(text).toMatch(/name: pg1\n.*\n\s+shards: "3"/);
-    expect(text).toMatch(/name: pg3\n.*\n\s+shards: "7"/);
-    expect(text).toMatch(/name: pg2\n.*\n\s+shards: "0-2,4-6,8-11"/);
+    expect(text).toMatch(/name: pg1\n(?: {4}(?!shards:).*\n)*\s+shards: "3"/);
+    expect(text).toMatch(/name: pg3\n(?: {4}(?!shards:).*\n)*\s+shards: "7"/);
+    expect(text).toMatch(/name: pg2\n(?: {4}(?!shards:).*\n)*\s+shards: "0-2,4-6,8-11"/);
     const report = await status(await fleet.config());
     expect(report.hosts.map((h) => [h.host, h.moves, h.leftovers, h.missing])).toEqual([
       ['pg1', [], [], []],

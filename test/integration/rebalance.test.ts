@@ -27,7 +27,8 @@ function fleetOf(urls: readonly string[], replicationUrls: readonly string[], sh
   let text = readFileSync(fleet.configFile, 'utf8');
   urls.forEach((url, i) => {
     const lines = [`    url: ${url}`];
-    if (replicationUrls[i] !== url) lines.push(`    replicationUrl: ${replicationUrls[i]}`);
+    // makeFleet writes the replicationUrl itself for the test hosts (under Docker they differ).
+    if (replicationUrls[i] !== url && !text.includes(`replicationUrl: ${replicationUrls[i]}`)) lines.push(`    replicationUrl: ${replicationUrls[i]}`);
     const more = extra[`pg${i + 1}`];
     if (more) lines.push(...more.split('\n').map((l) => `    ${l}`));
     text = text.replace(`    url: ${url}\n`, `${lines.join('\n')}\n`);
