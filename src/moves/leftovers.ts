@@ -42,29 +42,44 @@ export async function dropLeftovers(client: pg.Client, leftovers: readonly Lefto
         await client.query(forgetObjectSql(leftover.name));
         break;
       case 'subscription':
-        try {
-          await client.query(dropSubscriptionSql(leftover.name, { ifExists: true }));
-        } catch {
-          // Its source is unreachable: detach it from the slot (the slot is a leftover there).
-          await client.query(detachSubscriptionSql(leftover.name));
-          await client.query(dropSubscriptionSql(leftover.name, { ifExists: true }));
-        }
+        await dropSubscription(client, leftover.name);
         break;
       case 'publication':
         await client.query(dropPublicationSql(leftover.name));
         break;
       case 'slot':
-        // A walsender may still hold it for a moment after being terminated.
-        for (let attempt = 0; attempt < 50; attempt++) {
-          const slot = await client.query<{ active_pid: number | null }>(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, [leftover.name]);
-          if (!slot.rowCount) break;
-          const pid = slot.rows[0]!.active_pid;
-          if (pid !== null) await client.query('SELECT pg_terminate_backend($1)', [pid]);
-          else await client.query('SELECT pg_drop_replication_slot($1)', [leftover.name]).catch(() => undefined);
-          await new Promise((resolve) => setTimeout(resolve, 100));
-        }
+        await dropSlot(client, leftover.name);
         break;
     }
   }
   return [...leftovers];
+}
+
+/**
+ * Drops a subscription if it exists. When its source cannot be reached (DROP SUBSCRIPTION connects
+ * to drop the slot), it is detached from its slot first; the slot is then a leftover on the source.
+ */
+export async function dropSubscription(client: pg.Client, name: string): Promise<void> {
+  try {
+    await client.query(dropSubscriptionSql(name, { ifExists: true }));
+  } catch {
+    await client.query(detachSubscriptionSql(name));
+    await client.query(dropSubscriptionSql(name, { ifExists: true }));
+  }
+}
+
+/**
+ * Drops a replication slot if it exists; a slot still held by a walsender is freed by ending it,
+ * which takes a moment. False when the slot is still there after 5 s.
+ */
+export async function dropSlot(client: pg.Client, name: string): Promise<boolean> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const slot = await client.query<{ active_pid: number | null }>(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, [name]);
+    if (!slot.rowCount) return true;
+    const pid = slot.rows[0]!.active_pid;
+    if (pid !== null) await client.query('SELECT pg_terminate_backend($1)', [pid]);
+    else await client.query('SELECT pg_drop_replication_slot($1)', [name]).catch(() => undefined);
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  return false;
 }

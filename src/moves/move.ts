@@ -19,9 +19,7 @@ import {
   createPublicationSql,
   createSlotCommand,
   createSubscriptionSql,
-  detachSubscriptionSql,
   dropPublicationSql,
-  dropSubscriptionSql,
   fenceMarkerSql,
   fenceSql,
   insertMarkerSql,
@@ -35,6 +33,7 @@ import {
   unfenceSql,
   type SequenceValue,
 } from './sql.js';
+import { dropSlot, dropSubscription } from './leftovers.js';
 import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
 import { hashMethods, shardTables, verifyShards, type ShardTable, type VerifyResult } from './verify.js';
 
@@ -410,7 +409,7 @@ async function subscribe(ctx: MoveContext): Promise<void> {
  * connection: dropped, copied again.
  */
 async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
-  await dropSlot(ctx);
+  await dropMoveSlot(ctx);
   // node-postgres supports replication connections; its type definitions do not list the option.
   const config: pg.ClientConfig & { replication: string } = {
     connectionString: ctx.source.host.url,
@@ -941,33 +940,15 @@ async function renameWithStub(ctx: MoveContext, shard: number, renamed: string):
 
 async function dropReplication(ctx: MoveContext): Promise<void> {
   const { source, target, name } = ctx;
-  const sub = await target.client.query(`SELECT 1 FROM pg_subscription WHERE subname = $1`, [name]);
-  if (sub.rowCount) {
-    try {
-      await target.client.query(dropSubscriptionSql(name));
-    } catch {
-      // The source is unreachable: detach the subscription from its slot, which is dropped below.
-      await target.client.query(detachSubscriptionSql(name));
-      await target.client.query(dropSubscriptionSql(name));
-    }
-  }
+  await dropSubscription(target.client, name);
   await source.client.query(dropPublicationSql(name));
-  await dropSlot(ctx);
+  await dropMoveSlot(ctx);
 }
 
 /** Drops the move's slot on the source if it exists; a slot still held by a dying walsender is waited for. */
-async function dropSlot(ctx: MoveContext): Promise<void> {
+async function dropMoveSlot(ctx: MoveContext): Promise<void> {
   const { source, name } = ctx;
-  for (let attempt = 0; attempt < 50; attempt++) {
-    const slot = await source.client.query<{ active_pid: number | null }>(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, [name]);
-    if (!slot.rowCount) return;
-    const pid = slot.rows[0]!.active_pid;
-    if (pid !== null) await source.client.query('SELECT pg_terminate_backend($1)', [pid]);
-    else {
-      await source.client.query('SELECT pg_drop_replication_slot($1)', [name]).catch(() => undefined);
-    }
-    await sleep(100);
-  }
+  if (await dropSlot(source.client, name)) return;
   throw new HostError(source.host.name, `replication slot ${name} could not be dropped; drop it with pg_drop_replication_slot`, {
     shard: ctx.shards[0]!,
     code: 'SLOT_LEFT',
