@@ -13,13 +13,13 @@
  * records rows/s and the WAL written per row. Then, untimed and with track_functions = 'pl', one
  * more run of the next_id table counts how many calls took the locked slow path.
  */
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { writeFile, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { renderNextIdSql } from '../dist/id/sql.js';
-import { binDirFor, clientVersion, formatCount, log, markdownTable, ratio, round, runProcess, summarize, textTable, verdict, withClient } from './lib.js';
+import { binDirFor, clientVersion, endedBackendsCpuMs, formatCount, log, markdownTable, ratio, round, runProcess, summarize, textTable, verdict, withClient } from './lib.js';
 import { renderNextIdV2Sql } from './next-id-v2.js';
 
 export const description = 'pgbench INSERT…SELECT 1000 rows, 2 clients: next_id() table vs bigserial table';
@@ -177,22 +177,6 @@ async function pgbenchRun(host, pgbench, file, seconds) {
   if (run.code !== 0) throw new Error(`pgbench -f ${path.basename(file)} exited ${run.code}:\n${run.stderr.slice(-2000)}`);
   const failed = /number of failed transactions: (\d+)/.exec(run.stdout);
   if (failed && Number(failed[1]) > 0) throw new Error(`pgbench -f ${path.basename(file)}: ${failed[1]} failed statements`);
-}
-
-/**
- * CPU time (ms) of the server's backends that have ended: the postmaster's cutime + cstime in
- * /proc (a backend's CPU is added when it exits, and pgbench's connections end with the run).
- * On a shared machine rows/s also measures waiting for a core; this does not. null without /proc.
- */
-function endedBackendsCpuMs(host) {
-  try {
-    const pid = readFileSync(path.join(host.dataDir, 'postmaster.pid'), 'utf8').split('\n')[0].trim();
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-    // cutime and cstime, fields 16 and 17 of the file, in clock ticks (100 per second on Linux).
-    return ((Number(fields[13]) + Number(fields[14])) * 1000) / 100;
-  } catch {
-    return null;
-  }
 }
 
 /**

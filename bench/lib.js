@@ -7,7 +7,7 @@
  */
 import { spawn, spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { chmod, cp, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
@@ -16,7 +16,8 @@ import { findFreePort, initCluster, startCluster, stopCluster } from '../dist/de
 import { status } from '../dist/index.js';
 
 export const REPO_ROOT = path.resolve(import.meta.dirname, '..');
-export const CLI = path.join(REPO_ROOT, 'bin', 'shardctl.js');
+/** The launcher timed; SHARDCTL_BENCH_CLI names another (e.g. an older build's bin/shardctl.js) to compare. */
+export const CLI = process.env.SHARDCTL_BENCH_CLI ? path.resolve(process.env.SHARDCTL_BENCH_CLI) : path.join(REPO_ROOT, 'bin', 'shardctl.js');
 export const EXAMPLE_MIGRATIONS = path.join(REPO_ROOT, 'migrations');
 /** The example migrations create one table each: photos, likes, comments. */
 export const EXAMPLE_TABLES = 3;
@@ -254,20 +255,73 @@ export function equalRanges(shards, hostCount) {
 /**
  * The floor a tool is compared with: per host, the exact SQL of the plan (what `--dry-run`
  * prints) as one psql script. Returns the script paths in host order.
+ *
+ * With `schemasPerTransaction`, the floor a DBA would write by hand instead: the same statements,
+ * but the transactions of that many shards merged into one (every step must be one transaction,
+ * `BEGIN; … COMMIT;`, as a migration's is).
  */
-export async function writePlanScripts(plan, hosts, dir, prefix) {
+export async function writePlanScripts(plan, hosts, dir, prefix, { schemasPerTransaction } = {}) {
   const files = [];
   for (const host of hosts) {
     const hostPlan = plan.hosts.find((h) => h.host.name === host.name);
     if (!hostPlan) throw new Error(`the plan has no entry for host ${host.name}`);
     const parts = hostPlan.controlSql ? [hostPlan.controlSql] : [];
     // Step SQL is rendered on access (getters), one shard at a time.
-    for (const job of hostPlan.jobs) for (const step of job.steps) parts.push(step.sql);
+    if (schemasPerTransaction) {
+      for (let i = 0; i < hostPlan.jobs.length; i += schemasPerTransaction) {
+        const bodies = hostPlan.jobs.slice(i, i + schemasPerTransaction).flatMap((job) => job.steps.map((step) => transactionBody(step.sql)));
+        parts.push(['BEGIN;', ...bodies, 'COMMIT;'].join('\n'));
+      }
+    } else {
+      for (const job of hostPlan.jobs) for (const step of job.steps) parts.push(step.sql);
+    }
     const file = path.join(dir, `${prefix}-${host.name}.sql`);
     await writeFile(file, `${parts.join('\n')}\n`);
     files.push(file);
   }
   return files;
+}
+
+/** The statements of one `BEGIN; … COMMIT;` step, without its BEGIN and COMMIT. */
+function transactionBody(sql) {
+  const lines = sql.trimEnd().split('\n');
+  if (lines[0] !== 'BEGIN;' || lines.at(-1) !== 'COMMIT;') throw new Error(`not one transaction: ${sql.slice(0, 80)}`);
+  return lines.slice(1, -1).join('\n');
+}
+
+/**
+ * CPU time (ms) of a server's backends that have ended: the postmaster's cutime + cstime in /proc
+ * (a backend's CPU is added when it exits and is reaped). On a shared machine wall time also
+ * measures waiting for a core; this does not. null without /proc.
+ */
+export function endedBackendsCpuMs(host) {
+  try {
+    const pid = readFileSync(path.join(host.dataDir, 'postmaster.pid'), 'utf8').split('\n')[0].trim();
+    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+    // cutime and cstime, fields 16 and 17 of the file, in clock ticks (100 per second on Linux).
+    return ((Number(fields[13]) + Number(fields[14])) * 1000) / 100;
+  } catch {
+    return null;
+  }
+}
+
+/** The ended backends' CPU (ms) summed over hosts; null when a host cannot tell. */
+export function serverCpuMs(hosts) {
+  const values = hosts.map((host) => endedBackendsCpuMs(host));
+  return values.every((v) => v !== null) ? values.reduce((a, b) => a + b, 0) : null;
+}
+
+/** Waits until the hosts have no client backend of `database` left (so their CPU has been counted). */
+export async function backendsGone(hosts, database) {
+  for (const host of hosts) {
+    for (let attempt = 0; attempt < 100; attempt++) {
+      const [row] = await host.query('postgres', `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, [database]);
+      if (row.n === 0) break;
+      await new Promise((resolve) => setTimeout(resolve, 20));
+    }
+  }
+  // pg_stat_activity forgets a backend as it exits; the postmaster reaps it just after.
+  await new Promise((resolve) => setTimeout(resolve, 200));
 }
 
 /**
@@ -306,7 +360,7 @@ export async function verifyFleet(config, fleet, { version, tablesPerShard = EXA
 
 let gnuTime;
 
-/** GNU time reports a child's peak RSS (-f %M); without it peak RSS is 'n/a'. */
+/** GNU time reports a child's peak RSS and CPU time (-f '%M %U %S'); without it both are 'n/a'. */
 export function hasGnuTime() {
   gnuTime ??= existsSync('/usr/bin/time') && spawnSync('/usr/bin/time', ['-f', '%M', '-o', '/dev/null', 'true']).status === 0;
   return gnuTime;
@@ -314,23 +368,26 @@ export function hasGnuTime() {
 
 /**
  * Runs a command to completion: wall time from spawn to exit (so a CLI's start-up counts, as it
- * does for a person), its peak RSS in KiB (null without GNU time), exit code and output.
+ * does for a person), its peak RSS in KiB and its CPU time (user + system, ms; both null without
+ * GNU time), exit code and output.
  */
 export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.env } = {}) {
   const rssFile = hasGnuTime() ? path.join(os.tmpdir(), `shardctl-bench-rss-${randomBytes(6).toString('hex')}`) : null;
-  const [command, commandArgs] = rssFile ? ['/usr/bin/time', ['-f', '%M', '-o', rssFile, file, ...args]] : [file, args];
+  const [command, commandArgs] = rssFile ? ['/usr/bin/time', ['-f', '%M %U %S', '-o', rssFile, file, ...args]] : [file, args];
   const started = performance.now();
   const result = await runProcess(command, commandArgs, { cwd, env });
   const ms = performance.now() - started;
   let peakRssKiB = null;
+  let cpuMs = null;
   if (rssFile) {
-    // On a failure GNU time writes "Command exited with non-zero status N" first; %M is last.
+    // On a failure GNU time writes "Command exited with non-zero status N" first; ours is last.
     const text = await readFile(rssFile, 'utf8').catch(() => '');
     await rm(rssFile, { force: true });
-    const last = Number(text.trim().split('\n').at(-1));
-    peakRssKiB = Number.isFinite(last) && last > 0 ? last : null;
+    const [rss, user, system] = text.trim().split('\n').at(-1).split(' ').map(Number);
+    peakRssKiB = Number.isFinite(rss) && rss > 0 ? rss : null;
+    cpuMs = Number.isFinite(user) && Number.isFinite(system) ? round((user + system) * 1000, 0) : null;
   }
-  return { ms, peakRssKiB, ...result };
+  return { ms, peakRssKiB, cpuMs, ...result };
 }
 
 /** Runs the shardctl CLI (bin/shardctl.js) as a child process, as a user would. Throws unless it exits `expectCode`. */

@@ -1,32 +1,44 @@
 /**
  * migrate: `shardctl migrate` of one migration (a column and an index on photos) over the whole
- * fleet against the floor: the same SQL as plain psql scripts per host in parallel; then
- * `shardctl migrate --check` on the current fleet.
+ * fleet against two floors, the same SQL as plain psql scripts per host, hosts in parallel: one
+ * transaction per shard (exactly what shardctl sends: the library's plan, `migrate(config,
+ * { dryRun: true })`), and 64 shards per transaction (issue #9's floor: what a DBA would script by
+ * hand). Two fleet shapes: a quarter of --shards on half of --hosts (2048 on 2 at the reference
+ * scale), and the whole (8192 on 4). Then, on the current fleet, the fixed cost every run pays:
+ * `shardctl migrate --check`, its parts (bench/check-parts.js), and `shardctl --help` against
+ * `node -e 0`.
  *
  * The fleet before the migration is built once by init into a template database; every run starts
- * from a copy of it (CREATE DATABASE … TEMPLATE, then CHECKPOINT), so shardctl and psql migrate
- * identical fleets. The floor's SQL is the library's plan (`migrate(config, { dryRun: true })`):
- * the migration and its record in one transaction per shard, exactly what shardctl sends.
+ * from a copy of it (CREATE DATABASE … TEMPLATE, then CHECKPOINT), so every side migrates identical
+ * fleets. Each run records its wall time, the client's CPU time (GNU time: user + system) and the
+ * servers' CPU time (the backends' CPU as the postmasters count it when they end): on a shared
+ * machine wall time also measures waiting for a core, CPU time does not.
  */
+import path from 'node:path';
 import { init, loadConfig, migrate } from '../dist/index.js';
 import {
+  backendsGone,
   formatMs,
   formatRss,
   formatSample,
   log,
   markdownTable,
   ratio,
+  REPO_ROOT,
   resetDatabases,
+  runProcess,
+  serverCpuMs,
   summarize,
   textTable,
   timeCli,
+  timeCommand,
   timePsqlScripts,
   verdict,
   verifyFleet,
   writePlanScripts,
 } from './lib.js';
 
-export const description = 'shardctl migrate (column + index) vs the same SQL as parallel psql scripts; migrate --check';
+export const description = 'shardctl migrate (column + index) vs the same SQL as parallel psql scripts; migrate --check and --help';
 
 const BASE_DATABASE = 'bench_migrate_base';
 const DATABASE = 'bench_migrate';
@@ -35,8 +47,11 @@ const MIGRATION_SQL = `-- bench/migrate.js: one column and one index on one tabl
 ALTER TABLE photos ADD COLUMN filter text;
 CREATE INDEX photos_filter_idx ON photos (filter);
 `;
+const SCHEMAS_PER_TRANSACTION = 64;
 const TARGET_RATIO = 1.15;
-const TARGET_CHECK_MS = 2000;
+const TARGET_CHECK_MS = 500;
+const TARGET_HELP_MS = 150;
+const SIDES = ['shardctl', 'psql', 'psql64'];
 
 /** Per host: every shard's photos has the column and the index, or the run did not do its work. */
 const MIGRATED_CHECK = `
@@ -52,11 +67,44 @@ const MIGRATED_CHECK = `
 
 export async function run(ctx, major) {
   const { options } = ctx;
-  const base = await ctx.fleet('migrate-base', major, { database: BASE_DATABASE });
-  const fleet = await ctx.fleet('migrate', major, { database: DATABASE, extraMigrations: { [MIGRATION_FILE]: MIGRATION_SQL } });
+  const shapes = [
+    { shards: Math.max(1, Math.floor(options.shards / 4)), hosts: Math.max(1, Math.floor(options.hosts / 2)) },
+    { shards: options.shards, hosts: options.hosts },
+  ];
+  const migrations = [];
+  for (const shape of shapes) migrations.push(await runShape(ctx, major, shape));
+  const last = migrations.at(-1);
+  const fixed = await fixedCost(ctx, last.fleet);
+  return {
+    benchmark: 'migrate',
+    postgres: last.postgres,
+    migration: MIGRATION_SQL.split('\n').filter((line) => line && !line.startsWith('--')).join(' '),
+    schemasPerTransaction: SCHEMAS_PER_TRANSACTION,
+    ...(process.env.SHARDCTL_BENCH_CLI ? { cli: process.env.SHARDCTL_BENCH_CLI } : {}),
+    shapes: migrations.map(({ fleet, ...result }) => result),
+    ...fixed,
+    targets: {
+      vsPsql64: migrations.map((m) => ({ fleet: `${m.shards}/${m.hosts}`, wanted: `≤ ${TARGET_RATIO}x`, got: m.ratio64, met: m.ratio64 <= TARGET_RATIO })),
+      check: { wanted: `< ${TARGET_CHECK_MS} ms`, got: fixed.check.wallMs.median, met: fixed.check.wallMs.median < TARGET_CHECK_MS },
+      help: { wanted: `< ${TARGET_HELP_MS} ms`, got: fixed.help.wallMs.median, met: fixed.help.wallMs.median < TARGET_HELP_MS },
+    },
+  };
+}
+
+/** One fleet shape: build it once, then rounds of shardctl and both floors, the order rotating. */
+async function runShape(ctx, major, shape) {
+  const { options } = ctx;
+  const name = `${shape.shards}x${shape.hosts}`;
+  const base = await ctx.fleet(`migrate-base-${name}`, major, { database: BASE_DATABASE, shards: shape.shards, hostCount: shape.hosts });
+  const fleet = await ctx.fleet(`migrate-${name}`, major, {
+    database: DATABASE,
+    shards: shape.shards,
+    hostCount: shape.hosts,
+    extraMigrations: { [MIGRATION_FILE]: MIGRATION_SQL },
+  });
   const hosts = fleet.hosts;
   const serverVersion = await hosts[0].serverVersion();
-  log(`migrate on PostgreSQL ${serverVersion}: building the base fleet (${options.shards} shards, untimed)`);
+  log(`migrate on PostgreSQL ${serverVersion}: building the base fleet (${shape.shards} shards on ${shape.hosts} hosts, untimed)`);
 
   const baseConfig = await loadConfig(base.configFile);
   await resetDatabases(hosts, BASE_DATABASE);
@@ -68,108 +116,177 @@ export async function run(ctx, major) {
   await resetDatabases(hosts, DATABASE, { template: BASE_DATABASE });
   const dryRun = await migrate(config, { dryRun: true });
   const pending = dryRun.plan.hosts.reduce((n, h) => n + h.jobs.length, 0);
-  if (pending !== options.shards) throw new Error(`the migrate plan covers ${pending} shards, expected ${options.shards}`);
-  const scripts = await writePlanScripts(dryRun.plan, hosts, fleet.dir, 'migrate');
+  if (pending !== shape.shards) throw new Error(`the migrate plan covers ${pending} shards, expected ${shape.shards}`);
+  const scripts = {
+    psql: await writePlanScripts(dryRun.plan, hosts, fleet.dir, 'migrate'),
+    psql64: await writePlanScripts(dryRun.plan, hosts, fleet.dir, 'migrate64', { schemasPerTransaction: SCHEMAS_PER_TRANSACTION }),
+  };
 
-  const ours = [];
-  const psql = [];
-  const rss = [];
+  const runs = Object.fromEntries(SIDES.map((side) => [side, { wallMs: [], cpuMs: [], serverCpuMs: [], rss: [] }]));
   for (let round = 0; round < options.runs; round++) {
-    const order = round % 2 === 0 ? ['shardctl', 'psql'] : ['psql', 'shardctl'];
-    for (const who of order) {
+    const order = SIDES.map((_, i) => SIDES[(i + round) % SIDES.length]);
+    for (const side of order) {
       await resetDatabases(hosts, DATABASE, { template: BASE_DATABASE });
-      if (who === 'shardctl') {
-        const timed = await timeCli(['migrate', '-c', fleet.configFile], { cwd: fleet.dir });
-        ours.push(timed.ms);
-        rss.push(timed.peakRssKiB);
-      } else {
-        psql.push((await timePsqlScripts(hosts, scripts, DATABASE, options.psql)).ms);
-      }
+      await backendsGone(hosts, DATABASE);
+      const serverBefore = serverCpuMs(hosts);
+      const timed =
+        side === 'shardctl'
+          ? await timeCli(['migrate', '-c', fleet.configFile], { cwd: fleet.dir })
+          : await timePsqlScripts(hosts, scripts[side], DATABASE, options.psql);
+      await backendsGone(hosts, DATABASE);
+      const serverAfter = serverCpuMs(hosts);
+      const r = runs[side];
+      r.wallMs.push(timed.ms);
+      r.cpuMs.push(timed.cpuMs ?? null);
+      r.rss.push(timed.peakRssKiB ?? null);
+      r.serverCpuMs.push(serverBefore === null || serverAfter === null ? null : serverAfter - serverBefore);
       await verifyFleet(config, fleet, { version: dryRun.targetVersion, extraCheck: MIGRATED_CHECK });
-      log(`  run ${round + 1}/${options.runs}: ${who} ${formatMs((who === 'shardctl' ? ours : psql).at(-1))}`);
+      log(`  ${name} round ${round + 1}/${options.runs}: ${side} ${formatMs(timed.ms)}`);
     }
   }
-
-  // The fleet is current now (the last run, whichever it was, applied and recorded the migration).
-  await Promise.all(hosts.map((host) => host.query('postgres', 'checkpoint')));
-  const checks = [];
-  const checkRss = [];
-  for (let i = 0; i < options.checkRuns; i++) {
-    const timed = await timeCli(['migrate', '--check', '-c', fleet.configFile], { cwd: fleet.dir, expectCode: 0 });
-    checks.push(timed.ms);
-    checkRss.push(timed.peakRssKiB);
-    log(`  migrate --check ${i + 1}/${options.checkRuns}: ${formatMs(timed.ms)}`);
-  }
-
-  const oursSample = summarize(ours);
-  const psqlSample = summarize(psql);
-  const checkSample = summarize(checks);
-  const measuredRatio = ratio(oursSample.median, psqlSample.median);
+  const sample = (values) => (values.every((v) => v !== null) ? summarize(values) : null);
+  const sides = Object.fromEntries(
+    SIDES.map((side) => [side, { wallMs: summarize(runs[side].wallMs), cpuMs: sample(runs[side].cpuMs), serverCpuMs: sample(runs[side].serverCpuMs) }]),
+  );
   const peak = (values) => (values.every((r) => r !== null) ? Math.max(...values) : null);
   return {
-    benchmark: 'migrate',
+    fleet,
     postgres: serverVersion,
-    shards: options.shards,
-    hosts: hosts.length,
+    shards: shape.shards,
+    hosts: shape.hosts,
     concurrency: config.concurrency,
-    migration: MIGRATION_SQL.split('\n').filter((line) => line && !line.startsWith('--')).join(' '),
-    shardctlMs: oursSample,
-    psqlMs: psqlSample,
-    ratio: measuredRatio,
-    peakRssKiB: peak(rss),
-    checkMs: checkSample,
-    checkPeakRssKiB: peak(checkRss),
-    targets: {
-      vsPsql: { wanted: `≤ ${TARGET_RATIO}x`, got: measuredRatio, met: measuredRatio <= TARGET_RATIO },
-      check: { wanted: `< ${TARGET_CHECK_MS} ms`, got: checkSample.median, met: checkSample.median < TARGET_CHECK_MS },
-    },
+    sides,
+    ratio: ratio(sides.shardctl.wallMs.median, sides.psql.wallMs.median),
+    ratio64: ratio(sides.shardctl.wallMs.median, sides.psql64.wallMs.median),
+    peakRssKiB: peak(runs.shardctl.rss),
   };
 }
 
-const HEADERS = ['PostgreSQL', 'fleet', 'shardctl migrate', 'psql scripts (floor)', 'ratio', 'target', 'peak RSS'];
-const CHECK_HEADERS = ['PostgreSQL', 'fleet', 'migrate --check', 'target', 'peak RSS'];
-
-function rows(results) {
-  return results.map((r) => [
-    r.postgres,
-    `${r.shards} shards, ${r.hosts} hosts, concurrency ${r.concurrency}`,
-    formatSample(r.shardctlMs),
-    formatSample(r.psqlMs),
-    `${r.ratio.toFixed(2)}x`,
-    `≤ ${TARGET_RATIO}x: ${verdict(r.targets.vsPsql.met)}`,
-    formatRss(r.peakRssKiB),
-  ]);
+/**
+ * What every run pays, on the current fleet (the last run of each side applied the migration):
+ * `migrate --check` and `--help` (each interleaved with `node -e 0`, the floor of any Node CLI),
+ * and the parts of `migrate --check`, each measured in its own fresh process.
+ */
+async function fixedCost(ctx, fleet) {
+  const { options } = ctx;
+  await Promise.all(fleet.hosts.map((host) => host.query('postgres', 'checkpoint')));
+  const samples = { check: { wallMs: [], cpuMs: [] }, help: { wallMs: [], cpuMs: [] }, node: { wallMs: [], cpuMs: [] } };
+  const parts = [];
+  for (let i = 0; i < options.checkRuns; i++) {
+    const timed = {
+      check: await timeCli(['migrate', '--check', '-c', fleet.configFile], { cwd: fleet.dir, expectCode: 0 }),
+      help: await timeCli(['--help'], { cwd: fleet.dir }),
+      node: await timeCommand(process.execPath, ['-e', '0']),
+    };
+    for (const [what, t] of Object.entries(timed)) {
+      samples[what].wallMs.push(t.ms);
+      samples[what].cpuMs.push(t.cpuMs ?? null);
+    }
+    const run = await runProcess(process.execPath, [path.join(REPO_ROOT, 'bench', 'check-parts.js'), fleet.configFile], { cwd: fleet.dir });
+    if (run.code !== 0) throw new Error(`bench/check-parts.js exited ${run.code}: ${run.stderr}`);
+    parts.push(JSON.parse(run.stdout).parts);
+    log(`  fixed cost ${i + 1}/${options.checkRuns}: migrate --check ${formatMs(timed.check.ms)}, --help ${formatMs(timed.help.ms)}, node -e 0 ${formatMs(timed.node.ms)}`);
+  }
+  const sample = (values) => (values.every((v) => v !== null) ? summarize(values) : null);
+  const summary = Object.fromEntries(Object.entries(samples).map(([what, s]) => [what, { wallMs: summarize(s.wallMs), cpuMs: sample(s.cpuMs) }]));
+  const partNames = Object.keys(parts[0]);
+  return {
+    checkFleet: { shards: fleet.shards, hosts: fleet.hosts.length },
+    ...summary,
+    checkParts: partNames.map((part) => ({
+      part,
+      wallMs: summarize(parts.map((p) => p[part].wallMs)),
+      cpuMs: summarize(parts.map((p) => p[part].cpuMs)),
+    })),
+  };
 }
 
-function checkRows(results) {
-  return results.map((r) => [
-    r.postgres,
-    `${r.shards} shards, ${r.hosts} hosts`,
-    formatSample(r.checkMs),
-    `< ${formatMs(TARGET_CHECK_MS)}: ${verdict(r.targets.check.met)}`,
-    formatRss(r.checkPeakRssKiB),
-  ]);
+const HEADERS = ['PostgreSQL', 'fleet', 'side', 'wall', 'client CPU', 'server CPU', 'wall vs psql64', 'peak RSS'];
+const SIDE_NAMES = {
+  shardctl: 'shardctl migrate',
+  psql: 'psql, one transaction per shard (floor, as shardctl sends it)',
+  psql64: `psql, ${SCHEMAS_PER_TRANSACTION} shards per transaction (floor, issue #9)`,
+};
+
+const cpu = (sample) => (sample ? formatSample(sample) : 'n/a');
+
+function rows(result) {
+  return result.shapes.flatMap((shape) =>
+    SIDES.map((side) => {
+      const s = shape.sides[side];
+      return [
+        result.postgres,
+        `${shape.shards} shards, ${shape.hosts} hosts, concurrency ${shape.concurrency}`,
+        SIDE_NAMES[side],
+        formatSample(s.wallMs),
+        side === 'shardctl' ? cpu(s.cpuMs) : '',
+        cpu(s.serverCpuMs),
+        `${ratio(s.wallMs.median, shape.sides.psql64.wallMs.median).toFixed(2)}x`,
+        side === 'shardctl' ? formatRss(shape.peakRssKiB) : '',
+      ];
+    }),
+  );
+}
+
+const FIXED_HEADERS = ['what', 'wall', 'CPU (user + system)', 'target'];
+
+function fixedRows(result) {
+  const { check, help, node, checkFleet } = result;
+  return [
+    [`shardctl migrate --check (current fleet, ${checkFleet.shards} shards, ${checkFleet.hosts} hosts)`, formatSample(check.wallMs), cpu(check.cpuMs), `< ${formatMs(TARGET_CHECK_MS)}: ${verdict(result.targets.check.met)}`],
+    ['shardctl --help', formatSample(help.wallMs), cpu(help.cpuMs), `< ${formatMs(TARGET_HELP_MS)}: ${verdict(result.targets.help.met)}`],
+    ['node -e 0 (the floor of any Node CLI)', formatSample(node.wallMs), cpu(node.cpuMs), ''],
+  ];
+}
+
+const PART_HEADERS = ['part of migrate --check', 'wall', 'CPU (user + system)'];
+
+function partRows(result) {
+  return result.checkParts.map((p) => [p.part, formatSample(p.wallMs), formatSample(p.cpuMs)]);
+}
+
+function targetLine(result) {
+  const shapes = result.targets.vsPsql64.map((t) => `${t.fleet}: ${t.got}x ${verdict(t.met)}`).join(', ');
+  return (
+    `Targets: migrate ≤ ${TARGET_RATIO}x the ${SCHEMAS_PER_TRANSACTION}-per-transaction psql floor (wall, median): ${shapes}; ` +
+    `migrate --check < ${formatMs(TARGET_CHECK_MS)}: ${verdict(result.targets.check.met)}; --help < ${formatMs(TARGET_HELP_MS)}: ${verdict(result.targets.help.met)}.`
+  );
 }
 
 export function table(result) {
+  const runs = result.shapes[0].sides.shardctl.wallMs.runs.length;
   return [
-    `migrate (${result.migration}): median (range) of ${result.shardctlMs.runs.length} runs each, interleaved`,
-    textTable(HEADERS, rows([result])),
+    `migrate (${result.migration}): median (range) of ${runs} interleaved rounds`,
+    textTable(HEADERS, rows(result)),
     '',
-    `migrate --check on the current fleet: median (range) of ${result.checkMs.runs.length} runs`,
-    textTable(CHECK_HEADERS, checkRows([result])),
+    `fixed cost: median (range) of ${result.check.wallMs.runs.length} runs`,
+    textTable(FIXED_HEADERS, fixedRows(result)),
+    '',
+    textTable(PART_HEADERS, partRows(result)),
+    '',
+    targetLine(result),
   ].join('\n');
 }
 
 export function markdown(results) {
-  const r = results[0];
-  return [
-    `Migration: \`${r.migration}\`. Median (range) of ${r.shardctlMs.runs.length} runs each, interleaved; every run on a fresh copy of the same fleet.`,
-    '',
-    markdownTable(HEADERS, rows(results)),
-    '',
-    `\`migrate --check\` on the current fleet (CLI wall time), median (range) of ${r.checkMs.runs.length} runs:`,
-    '',
-    markdownTable(CHECK_HEADERS, checkRows(results)),
-  ].join('\n');
+  return results
+    .map((r) => {
+      const runs = r.shapes[0].sides.shardctl.wallMs.runs.length;
+      return [
+        `Migration: \`${r.migration}\`. Median (range) of ${runs} interleaved rounds (the order of the three sides rotates); every run on a fresh copy of the same fleet. Client CPU: the shardctl process (user + system, GNU time); server CPU: every backend of the run, all hosts.`,
+        '',
+        markdownTable(HEADERS, rows(r)),
+        '',
+        `Fixed cost on the current fleet, median (range) of ${r.check.wallMs.runs.length} runs, each interleaved with the others:`,
+        '',
+        markdownTable(FIXED_HEADERS, fixedRows(r)),
+        '',
+        `The parts of \`migrate --check\` (bench/check-parts.js: the library's steps one by one in a fresh process), median (range) of ${r.checkParts[0].wallMs.runs.length} runs:`,
+        '',
+        markdownTable(PART_HEADERS, partRows(r)),
+        '',
+        targetLine(r),
+      ].join('\n');
+    })
+    .join('\n\n');
 }

@@ -100,7 +100,7 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --hosts N         local PostgreSQL hosts                    (${REFERENCE_SCALE.hosts})
   --runs N          init/migrate/move-shard runs, each side   (${REFERENCE_SCALE.runs})
   --rerun-runs N    init reruns on the complete fleet         (${REFERENCE_SCALE['rerun-runs']})
-  --check-runs N    migrate --check runs                      (${REFERENCE_SCALE['check-runs']})
+  --check-runs N    migrate --check, --help runs              (${REFERENCE_SCALE['check-runs']})
   --id-runs N       next-id cost runs per function            (${REFERENCE_SCALE['id-runs']})
   --ids N           ids per next-id cost statement            (${REFERENCE_SCALE.ids})
   --unique-ids N    ids in the next-id uniqueness statement   (${REFERENCE_SCALE['unique-ids']})

@@ -1,13 +1,14 @@
 #!/usr/bin/env node
-// Thin launcher: the CLI is compiled to dist/ by `npm install` (the prepare script).
+// Thin launcher: the CLI is compiled to dist/ by `npm install` (the prepare script). It loads
+// commander and the command definitions; the library loads only when a command runs
+// (src/cli/library.ts).
+import module from 'node:module';
 
-// pg 8 tells a Cloudflare Worker from Node by `navigator.userAgent`, and where there is no
-// navigator (Node 20) by building a fetch Response, which loads undici: a cost on every start-up
-// for nothing. Node >= 21 has a navigator; on 20 one stands in while pg is loaded, then goes.
-const stand = globalThis.navigator === undefined;
-if (stand) Object.defineProperty(globalThis, 'navigator', { value: { userAgent: `Node.js/${process.versions.node.split(".")[0]}` }, configurable: true });
+// Node >= 22.1 can keep the compiled code of the modules between runs (in the temp directory):
+// start-up then skips most of the parsing. Node 20 has no such cache; there this does nothing.
+module.enableCompileCache?.();
+
 const { main } = await import('../dist/cli/main.js');
-if (stand) delete globalThis.navigator;
 
 // `shardctl init --dry-run | head`: a closed pipe ends the output quietly, not with a stack trace.
 process.stdout.on('error', (error) => {

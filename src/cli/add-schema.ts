@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { addSchema, parseShards } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, dryRunOption, jsonOption, withFlagNames } from './options.js';
 import { Output } from './output.js';
@@ -12,6 +12,7 @@ export function registerAddSchema(program: Command, ctx: CliContext, done: (code
     .argument('<shards>', 'shard numbers: 17, 100-199, 1,5-9');
   [configOption, dryRunOption, jsonOption].forEach((add) => add(command));
   command.action(async (shardsText: string, flags: CommonFlags) => {
+    const { addSchema, parseShards } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames({ shards: 'argument <shards>' }, async () => parseShards(shardsText, config.shards));

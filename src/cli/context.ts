@@ -1,5 +1,6 @@
 import { existsSync } from 'node:fs';
-import { loadConfig, resolveConfigPath, type ShardctlConfig } from '../index.js';
+import type { ShardctlConfig } from '../index.js';
+import { lib } from './library.js';
 import type { CommonFlags } from './options.js';
 import type { Output, Streams } from './output.js';
 
@@ -18,6 +19,7 @@ export async function loadCliConfig(
   out: Output,
   settings: { checkMigrationsDir?: boolean } = {},
 ): Promise<ShardctlConfig> {
+  const { loadConfig } = lib();
   const config = await loadConfig(options.config ?? ctx.globalConfig(), {
     env: ctx.streams.env,
     cwd: ctx.cwd,
@@ -29,6 +31,7 @@ export async function loadCliConfig(
 
 /** For commands that work without a config (decode): load one only if it was named or exists. */
 export async function loadOptionalConfig(ctx: CliContext, options: CommonFlags, out: Output): Promise<ShardctlConfig | null> {
+  const { resolveConfigPath } = lib();
   const named = options.config ?? ctx.globalConfig() ?? ctx.streams.env['SHARDCTL_CONFIG'];
   if (!named && !existsSync(resolveConfigPath(undefined, ctx.streams.env, ctx.cwd))) return null;
   return loadCliConfig(ctx, options, out, { checkMigrationsDir: false });

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { decodeIds } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadOptionalConfig } from './context.js';
 import { type CommonFlags, configOption, jsonOption, withFlagNames } from './options.js';
 import { Output } from './output.js';
@@ -12,6 +12,7 @@ export function registerDecode(program: Command, ctx: CliContext, done: (code: n
   configOption(command, 'config file for the id layout and the map (default: $SHARDCTL_CONFIG or ./shardctl.yaml if present)');
   jsonOption(command, 'print JSON on stdout (ids as decimal strings)');
   command.action(async (ids: string[], options: CommonFlags) => {
+      const { decodeIds } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
       const config = await loadOptionalConfig(ctx, options, out);
       const decoded = await withFlagNames({ ids: 'argument <id...>' }, async () => decodeIds(ids, config));

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { devAddHost, devDown, devStatus, devUp, UsageError } from '../index.js';
+import { lib } from './library.js';
 import type { CliContext } from './context.js';
 import { withFlagNames } from './options.js';
 import { Output } from './output.js';
@@ -14,6 +14,7 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
     .option('--shards <n>', 'logical shard count (default 2048)')
     .option('--json', 'print the hosts as JSON')
     .action(async (options: { hosts?: string; shards?: string; json?: boolean }) => {
+      const { devUp } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
       const state = await withFlagNames({ hosts: 'option --hosts', shards: 'option --shards' }, () =>
         devUp({
@@ -35,6 +36,7 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
     .option('--name <name>', 'its name in the map (default: the next free pgN)')
     .option('--json', 'print the host as JSON')
     .action(async (options: { name?: string; json?: boolean }) => {
+      const { devAddHost } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
       const host = await withFlagNames({ name: 'option --name' }, () => devAddHost({ cwd: ctx.cwd, ...(options.name === undefined ? {} : { name: options.name }) }));
       if (out.json) out.data({ name: host.name, port: host.port, shards: host.shards });
@@ -49,6 +51,7 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
     .description('stop the local hosts')
     .option('--destroy', 'also delete their data and shardctl.dev.yaml')
     .action(async (options: { destroy?: boolean }) => {
+      const { devDown } = lib();
       const out = new Output(ctx.streams, false);
       const hosts = await devDown({ cwd: ctx.cwd, destroy: options.destroy ?? false });
       out.success(`dev down: ${hosts.length} hosts stopped${options.destroy ? ' and deleted' : ''}`);
@@ -60,6 +63,7 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
     .description('show the local hosts; exit 3 when one is not running')
     .option('--json', 'print JSON')
     .action(async (options: { json?: boolean }) => {
+      const { devStatus } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
       const hosts = await devStatus({ cwd: ctx.cwd });
       if (out.json) out.data(hosts);
@@ -70,6 +74,7 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
 }
 
 function positiveInt(flag: string, text: string): number {
+  const { UsageError } = lib();
   if (!/^[1-9]\d{0,6}$/.test(text)) throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected a positive integer`);
   return Number(text);
 }

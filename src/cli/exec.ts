@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import { execSql, formatShardList, groupFailures, parseShardList, ShardRouter, UsageError, type ExecResult, type ExecValue } from '../index.js';
+import type { ExecResult, ExecValue } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { configOption, type CommonFlags as ConfigOption } from './options.js';
 import { Output, plural, seconds, toJson } from './output.js';
@@ -26,6 +27,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     .option('--write', 'allow writes (default: each shard runs in a READ ONLY transaction)');
   configOption(command);
   command.action(async (sql: string, flags: ExecFlags) => {
+      const { execSql, formatShardList, groupFailures, parseShardList, ShardRouter, UsageError } = lib();
       if (flags.json && flags.csv) throw new UsageError('options --json and --csv: choose one');
       if (sql.trim().length === 0) throw new UsageError('argument <sql>: empty');
       let concurrency: number | undefined;

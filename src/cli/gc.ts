@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { gc } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, yesOption } from './options.js';
 import { Output, plural } from './output.js';
@@ -13,6 +13,7 @@ export function registerGc(program: Command, ctx: CliContext, done: (code: numbe
   yesOption(command, 'drop without asking (required when not on a terminal)');
   jsonOption(command, 'print JSON');
   command.action(async (flags: CommonFlags) => {
+    const { gc } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     const config = await loadCliConfig(ctx, flags, out);
     if (!flags.dryRun && !flags.yes) {

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import { init } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, dryRunOption, jsonOption } from './options.js';
 import { Output } from './output.js';
@@ -11,6 +11,7 @@ export function registerInit(program: Command, ctx: CliContext, done: (code: num
     .description('create the control schema and every mapped shard (schema, next_id, migrations) on every host; idempotent');
   [configOption, dryRunOption, jsonOption].forEach((add) => add(command));
   command.action(async (flags: CommonFlags) => {
+    const { init } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     const config = await loadCliConfig(ctx, flags, out);
     done(await runProvision(out, 'init', (onProgress) => init(config, { dryRun: flags.dryRun ?? false, onProgress })));

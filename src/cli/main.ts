@@ -1,12 +1,12 @@
 import { Command, CommanderError } from 'commander';
 import { readFileSync } from 'node:fs';
-import { registerSecret, UsageError } from '../index.js';
 import { registerAddSchema } from './add-schema.js';
 import type { CliContext } from './context.js';
 import { registerDecode } from './decode.js';
 import { registerDev } from './dev.js';
 import { registerExec } from './exec.js';
 import { registerInit } from './init.js';
+import { loadLibrary } from './library.js';
 import { registerGc } from './gc.js';
 import { registerMigrate } from './migrate.js';
 import { registerMoveShard } from './move-shard.js';
@@ -23,7 +23,6 @@ const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.me
  */
 export async function main(argv: readonly string[], streams: Streams = defaultStreams(), cwd = process.cwd()): Promise<number> {
   let exitCode = 0;
-  registerSecret(streams.env['PGPASSWORD']);
   const program = new Command('shardctl');
   const ctx: CliContext = { streams, cwd, globalConfig: () => program.opts<{ config?: string }>().config };
   const done = (code: number): void => {
@@ -55,6 +54,11 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
     register(program, ctx, done);
   }
   for (const command of allCommands(program)) command.exitOverride();
+  // The library loads when a command runs: parsing argv, --help and usage errors need none of it.
+  program.hook('preAction', async () => {
+    const { registerSecret } = await loadLibrary();
+    registerSecret(streams.env['PGPASSWORD']);
+  });
 
   try {
     await program.parseAsync(argv as string[]);
@@ -64,6 +68,8 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
       // --help and --version exit 0; every parse error (unknown command or option) is usage: 2.
       return error.exitCode === 0 ? 0 : 2;
     }
+    const { registerSecret, UsageError } = await loadLibrary();
+    registerSecret(streams.env['PGPASSWORD']);
     const json = argv.includes('--json');
     const out = new Output(streams, json);
     out.error(error);

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import { checkMigrations, migrate, UsageError, type MigrationCheck } from '../index.js';
+import type { MigrationCheck } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, dryRunOption, jsonOption, withFlagNames } from './options.js';
 import { Output, plural } from './output.js';
@@ -13,6 +14,7 @@ export function registerMigrate(program: Command, ctx: CliContext, done: (code: 
     .option('--to <version>', 'apply migrations up to and including this version');
   [configOption, dryRunOption, jsonOption].forEach((add) => add(command));
   command.action(async (flags: CommonFlags & { check?: boolean; to?: string }) => {
+    const { checkMigrations, migrate } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     const toVersion = flags.to === undefined ? undefined : parseVersion(flags.to);
     const config = await loadCliConfig(ctx, flags, out);
@@ -63,6 +65,7 @@ function printCheck(out: Output, check: MigrationCheck): number {
 }
 
 function parseVersion(text: string): number {
+  const { UsageError } = lib();
   if (!/^\d{1,9}$/.test(text) || Number(text) === 0) throw new UsageError(`option --to ${JSON.stringify(text)}: expected a migration version (a positive integer)`);
   return Number(text);
 }

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import { formatShardList, moveShards, parseShards, UsageError, type BatchMoveResult, type MoveMode, type MoveResult } from '../index.js';
+import type { BatchMoveResult, MoveMode, MoveResult } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, withFlagNames, yesOption } from './options.js';
 import { Output, seconds } from './output.js';
@@ -32,6 +33,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');
   jsonOption(command);
   command.action(async (shardsText: string, flags: MoveFlags) => {
+    const { formatShardList, moveShards, parseShards, UsageError } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     if (flags.mode !== 'online' && flags.mode !== 'offline') {
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
@@ -81,6 +83,7 @@ function print(out: Output, result: BatchMoveResult): void {
 }
 
 function printMove(out: Output, move: MoveResult): void {
+  const { formatShardList } = lib();
   const which = `shard${move.shards.length === 1 ? '' : 's'} ${formatShardList([...move.shards])}`;
   if (move.outcome === 'dry-run') {
     out.line(`move of ${which} from ${move.source} to ${move.target} (${move.mode}) — dry run, nothing changed`);

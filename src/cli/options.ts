@@ -1,6 +1,6 @@
 import type { Command } from 'commander';
 import { createInterface } from 'node:readline/promises';
-import { UsageError } from '../index.js';
+import { lib } from './library.js';
 import type { Streams } from './output.js';
 
 /**
@@ -38,6 +38,7 @@ export function yesOption(command: Command, help = 'do not ask for confirmation 
  * yes, refuses (exit 2, nothing done) and says to pass --yes.
  */
 export async function confirmOrRefuse(streams: Streams, what: string, stdin: NodeJS.ReadStream = process.stdin): Promise<void> {
+  const { UsageError } = lib();
   if (!stdin.isTTY) throw new UsageError(`${what} needs confirmation: pass --yes (no terminal to ask on)`);
   const rl = createInterface({ input: stdin, output: streams.stderr });
   try {
@@ -53,6 +54,7 @@ export async function confirmOrRefuse(streams: Streams, what: string, stdin: Nod
  * one about the flag that carried it (`argument <shards> "9-x": ...`).
  */
 export async function withFlagNames<T>(flags: Readonly<Record<string, string>>, fn: () => Promise<T>): Promise<T> {
+  const { UsageError } = lib();
   try {
     return await fn();
   } catch (error) {

@@ -1,6 +1,7 @@
 import type cliProgress from 'cli-progress';
 import { createRequire } from 'node:module';
-import { isShardctlError, redact, type ErrorJson } from '../index.js';
+import type { ErrorJson } from '../index.js';
+import { lib } from './library.js';
 
 /**
  * Where every byte the CLI prints goes: data on stdout (JSON under --json), messages on stderr,
@@ -24,24 +25,24 @@ export class Output {
 
   /** A data line on stdout (human mode). */
   line(text: string): void {
-    this.streams.stdout.write(`${redact(text)}\n`);
+    this.streams.stdout.write(`${lib().redact(text)}\n`);
   }
 
   /** A data document on stdout: JSON with bigints as decimal strings. */
   data(value: unknown): void {
-    this.streams.stdout.write(`${redact(toJson(value))}\n`);
+    this.streams.stdout.write(`${lib().redact(toJson(value))}\n`);
   }
 
   info(text: string): void {
-    this.streams.stderr.write(`${redact(text)}\n`);
+    this.streams.stderr.write(`${lib().redact(text)}\n`);
   }
 
   warn(text: string): void {
-    this.streams.stderr.write(`${this.paint('33', 'warning:')} ${redact(text)}\n`);
+    this.streams.stderr.write(`${this.paint('33', 'warning:')} ${lib().redact(text)}\n`);
   }
 
   success(text: string): void {
-    this.streams.stderr.write(`${this.paint('32', redact(text))}\n`);
+    this.streams.stderr.write(`${this.paint('32', lib().redact(text))}\n`);
   }
 
   error(error: unknown): void {
@@ -101,6 +102,7 @@ export class Progress {
 }
 
 export function errorJson(error: unknown): ErrorJson {
+  const { isShardctlError, redact } = lib();
   if (isShardctlError(error)) {
     const json = error.toJSON();
     return JSON.parse(redact(toJson(json))) as ErrorJson;

@@ -1,4 +1,5 @@
-import { redactUrl, type ProgressEvent, type ProvisionResult } from '../index.js';
+import type { ProgressEvent, ProvisionResult } from '../index.js';
+import { lib } from './library.js';
 import { type Output, plural, seconds } from './output.js';
 
 /** Runs init, add-schema or migrate with progress on stderr, prints the result, returns the exit code. */
@@ -88,6 +89,7 @@ export function hostProgress(out: Output): { update(event: ProgressEvent): void;
 }
 
 function printDryRun(out: Output, result: ProvisionResult, verb: string): number {
+  const { redactUrl } = lib();
   if (out.json) {
     out.data({
       command: verb,

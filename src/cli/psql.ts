@@ -1,6 +1,6 @@
 import { spawn } from 'node:child_process';
 import type { Command } from 'commander';
-import { decodeId, findPsql, parseIdString, psqlInvocation, shardForKey, UsageError } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { configOption, type CommonFlags as ConfigOption } from './options.js';
 import { Output } from './output.js';
@@ -19,6 +19,7 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
     .option('--id <id>', 'the shard this id carries');
   configOption(command);
   command.action(async (shardText: string | undefined, flags: PsqlFlags) => {
+      const { decodeId, findPsql, parseIdString, psqlInvocation, shardForKey, UsageError } = lib();
       const given = [shardText !== undefined, flags.key !== undefined, flags.id !== undefined].filter(Boolean).length;
       if (given !== 1) throw new UsageError('give exactly one of <shard>, --key K or --id ID');
       if (shardText !== undefined && !/^\d{1,7}$/.test(shardText)) {
@@ -59,6 +60,7 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
 
 /** Runs psql on the terminal; resolves with its exit code. */
 function runPsql(file: string, args: readonly string[], env: Record<string, string>): Promise<number> {
+  const { UsageError } = lib();
   return new Promise((resolve, reject) => {
     const child = spawn(file, args, { stdio: 'inherit', env });
     // psql handles Ctrl-C itself (it cancels the query); shardctl must not die of it meanwhile.

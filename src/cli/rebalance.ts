@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import { formatShardList, rebalance, UsageError, type MoveMode, type RebalanceBy, type RebalancePlan, type RebalanceResult, type UnfinishedMove } from '../index.js';
+import type { MoveMode, RebalanceBy, RebalancePlan, RebalanceResult, UnfinishedMove } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, withFlagNames, yesOption } from './options.js';
 import { columns, formatBytes, Output, seconds } from './output.js';
@@ -25,6 +26,7 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place as shards move');
   jsonOption(command);
   command.action(async (flags: RebalanceFlags) => {
+    const { rebalance, UsageError } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     if (flags.mode !== 'online' && flags.mode !== 'offline') {
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
@@ -71,6 +73,7 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
 }
 
 function finish(out: Output, result: RebalanceResult): void {
+  const { formatShardList } = lib();
   if (out.json) {
     out.data(result);
     return;
@@ -94,6 +97,7 @@ function finish(out: Output, result: RebalanceResult): void {
 }
 
 function printPlan(out: Output, plan: RebalancePlan, unfinished: readonly UnfinishedMove[]): void {
+  const { formatShardList } = lib();
   if (unfinished.length > 0) printUnfinished(out, unfinished);
   if (plan.moves.length === 0) {
     out.line(`rebalance by ${plan.by}: nothing to move`);
@@ -116,6 +120,7 @@ function printHosts(out: Output, plan: RebalancePlan): void {
 }
 
 function printUnfinished(out: Output, unfinished: readonly UnfinishedMove[]): void {
+  const { formatShardList } = lib();
   out.line('unfinished moves, finished first:');
   for (const u of unfinished) out.line(`  ${u.source} → ${u.target}: shard${u.shards.length === 1 ? '' : 's'} ${formatShardList([...u.shards])} (move ${u.moveId}, after step ${u.step})`);
 }

@@ -1,5 +1,6 @@
 import type { Command } from 'commander';
-import { formatShardList, shardSizes, status, type SizesResult } from '../index.js';
+import type { SizesResult } from '../index.js';
+import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, jsonOption } from './options.js';
 import { columns, formatBytes, Output } from './output.js';
@@ -11,6 +12,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
     .option('--sizes', 'instead: bytes on disk and estimated rows per host and per shard, the largest shards first');
   [configOption, jsonOption].forEach((add) => add(command));
   command.action(async (options: CommonFlags & { sizes?: boolean }) => {
+      const { formatShardList, shardSizes, status } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
       const config = await loadCliConfig(ctx, options, out);
       if (options.sizes) {
@@ -66,6 +68,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
 const LARGEST_SHOWN = 10;
 
 function printSizes(out: Output, sizes: SizesResult): void {
+  const { formatShardList } = lib();
   if (out.json) {
     out.data(sizes);
     return;

@@ -7,7 +7,6 @@ import { statSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import path from 'node:path';
 import { LineCounter, parseDocument } from 'yaml';
-import { z } from 'zod';
 import { ConfigError, type ConfigIssue } from '../errors.js';
 import {
   DEFAULT_EPOCH_ISO,
@@ -22,6 +21,7 @@ import {
 import { redactUrl } from '../pg/redact.js';
 import { DURATION } from './duration.js';
 import { expandEnv, type Env } from './env.js';
+import { Field, type Fields, type FieldValues, isAnything, isBoolean, isInteger, isList, isNumber, isString } from './fields.js';
 import { formatShardList, MAX_SHARD_NUMBER, parseShardList } from './ranges.js';
 import type { HostConfig, ShardctlConfig } from './types.js';
 
@@ -145,7 +145,7 @@ function unreadableFileMessage(configPath: string, error: unknown): string {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The fields, one zod schema each, so one bad field never hides the problems in another
+// The fields, each with its own checks, so one bad field never hides the problems in another
 
 const LOWER_IDENTIFIER = /^[a-z_][a-z0-9_]*$/;
 const HOST_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
@@ -154,61 +154,52 @@ const ISO_TIMESTAMP = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.\
 const MAX_IDENTIFIER_BYTES = 63;
 const RUNWAY_WARNING_YEARS = 10;
 
-const says = (message: string) => ({ error: message });
-
-function integerField(range: string, min: number, max = Number.MAX_SAFE_INTEGER) {
-  const expected = says(`must be ${range}`);
-  return z.number(expected).int(expected).min(min, expected).max(max, expected);
+function integerField(range: string, min: number, max = Number.MAX_SAFE_INTEGER): Field<number> {
+  const expected = `must be ${range}`;
+  return Field.of(isInteger, expected).min(min, expected).max(max, expected);
 }
 
+const DURATION_EXPECTED = 'must be a duration such as "500ms", "5s" or "1min"';
+const URL_EXPECTED = 'must be a postgres:// connection URL';
+const WEIGHT_EXPECTED = 'must be a positive number such as 1 or 2.5';
+
 const topLevelFields = {
-  schemaPrefix: z
-    .string(says('must be a string'))
-    .regex(LOWER_IDENTIFIER, says('must be a lower-case identifier: a-z, 0-9 and _, not starting with a digit'))
-    .refine((prefix) => !prefix.startsWith('pg_'), says('must not start with "pg_" (reserved by PostgreSQL)'))
+  schemaPrefix: Field.of(isString, 'must be a string')
+    .regex(LOWER_IDENTIFIER, 'must be a lower-case identifier: a-z, 0-9 and _, not starting with a digit')
+    .refine((prefix) => !prefix.startsWith('pg_'), 'must not start with "pg_" (reserved by PostgreSQL)')
     .default('insta'),
   shards: integerField(`a whole number of shards from 1 to ${MAX_SHARD_NUMBER + 1}`, 1, MAX_SHARD_NUMBER + 1),
-  idLayout: z.unknown(),
-  migrations: z.string(says('must be a folder path')).min(1, says('must not be empty')).default('./migrations'),
+  idLayout: Field.of(isAnything, ''),
+  migrations: Field.of(isString, 'must be a folder path').min(1, 'must not be empty').default('./migrations'),
   concurrency: integerField('an integer from 1 to 64', 1, 64).default(2),
-  lockTimeout: z
-    .string(says('must be a duration such as "500ms", "5s" or "1min"'))
-    .regex(DURATION, says('must be a duration such as "500ms", "5s" or "1min"'))
+  lockTimeout: Field.of(isString, DURATION_EXPECTED)
+    .regex(DURATION, DURATION_EXPECTED)
     // 0 means "wait forever" to PostgreSQL: exactly what lockTimeout exists to prevent.
-    .refine((value) => !/^0+(ms|s|min)$/.test(value), says('must be more than 0 (0 would wait forever)'))
+    .refine((value) => !/^0+(ms|s|min)$/.test(value), 'must be more than 0 (0 would wait forever)')
     .default('5s'),
-  hosts: z.array(z.unknown(), says('must be a list of hosts')).min(1, says('must list at least one host')),
+  hosts: Field.of(isList, 'must be a list of hosts').min(1, 'must list at least one host'),
 };
 
 const idLayoutFields = {
-  epoch: z
-    .string(says('must be an ISO 8601 timestamp string'))
-    .refine(isIsoTimestamp, says('must be an ISO 8601 timestamp with Z or an offset, e.g. "2011-08-24T21:07:01.721Z"'))
+  epoch: Field.of(isString, 'must be an ISO 8601 timestamp string')
+    .refine(isIsoTimestamp, 'must be an ISO 8601 timestamp with Z or an offset, e.g. "2011-08-24T21:07:01.721Z"')
     .default(DEFAULT_EPOCH_ISO),
   shardBits: integerField('an integer of at least 1', 1).default(13),
   sequenceBits: integerField('an integer of at least 1', 1).default(10),
 };
 
 const hostFields = {
-  name: z
-    .string(says('must be a string'))
-    .min(1, says('must not be empty'))
-    .regex(HOST_NAME, says('must start with a letter or digit and contain only letters, digits, "_", "." and "-"')),
-  url: z.string(says('must be a postgres:// connection URL')),
-  replicationUrl: z.string(says('must be a postgres:// connection URL')).optional(),
-  shards: z.union([z.string(), z.number()], says('must be a shard list such as "0-1023" or a shard number')),
+  name: Field.of(isString, 'must be a string')
+    .min(1, 'must not be empty')
+    .regex(HOST_NAME, 'must start with a letter or digit and contain only letters, digits, "_", "." and "-"'),
+  url: Field.of(isString, URL_EXPECTED),
+  replicationUrl: Field.of(isString, URL_EXPECTED).optional(),
+  shards: Field.of((value): value is string | number => isString(value) || isNumber(value), 'must be a shard list such as "0-1023" or a shard number'),
   // Relative: a host of weight 2 gets twice the share of a host of weight 1 when rebalancing.
-  weight: z
-    .number(says('must be a positive number such as 1 or 2.5'))
-    .positive(says('must be a positive number such as 1 or 2.5'))
-    .refine(Number.isFinite, says('must be a positive number such as 1 or 2.5'))
-    .default(1),
+  weight: Field.of(isNumber, WEIGHT_EXPECTED).refine((weight) => weight > 0, WEIGHT_EXPECTED).default(1),
   // Decommissioning: rebalance moves every shard off, and nothing moves onto it.
-  drain: z.boolean(says('must be true or false')).default(false),
+  drain: Field.of(isBoolean, 'must be true or false').default(false),
 };
-
-type Fields = Record<string, z.ZodType>;
-type FieldValues<F extends Fields> = { [K in keyof F]?: z.output<F[K]> };
 
 /**
  * Checks one mapping: unknown keys (with a suggestion for typos) and each field on its own. Fields
@@ -232,9 +223,9 @@ function readMapping<F extends Fields>(
   }
   const values: Record<string, unknown> = {};
   for (const key of known) {
-    const result = fields[key]!.safeParse(raw[key]);
-    if (result.success) values[key] = result.data;
-    else issues.push({ path: fieldPath(at, key), message: fieldMessage(result.error.issues[0]?.message, raw[key]) });
+    const result = fields[key]!.parse(raw[key]);
+    if (result.ok) values[key] = result.value;
+    else issues.push({ path: fieldPath(at, key), message: fieldMessage(result.message, raw[key]) });
   }
   return values as FieldValues<F>;
 }

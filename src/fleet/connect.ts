@@ -24,6 +24,13 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   // An idle client whose server goes away emits 'error'; without a listener that would crash the
   // process. The next query on it fails and is reported with the host's name instead.
   client.on('error', () => undefined);
+  // The server reports some settings (server_version among them) while the connection starts; kept
+  // so that nobody spends a round trip asking again.
+  const reported = new Map<string, string>();
+  startupSettings.set(client, reported);
+  client.connection.on('parameterStatus', (message: { parameterName: string; parameterValue: string }) => {
+    reported.set(message.parameterName, message.parameterValue);
+  });
   try {
     await client.connect();
     await checkClientConnection(client);
@@ -53,6 +60,13 @@ export async function checkClientConnection(client: pg.Client): Promise<void> {
       // 22023: "must be set to 0 on this platform"; anything else is a real failure.
       if ((error as { code?: unknown }).code !== '22023') throw error;
     });
+}
+
+const startupSettings = new WeakMap<pg.Client, ReadonlyMap<string, string>>();
+
+/** A setting the server reported when this client connected (ParameterStatus), e.g. server_version. */
+export function reportedSetting(client: pg.Client, name: string): string | undefined {
+  return startupSettings.get(client)?.get(name);
 }
 
 /** A pg error as one redacted line, with the SQLSTATE when there is one. */

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
-import { connectHost, describePgError } from './connect.js';
+import { connectHost, describePgError, reportedSetting } from './connect.js';
 import { acquireRunnerLock, acquireWorkerLock, releaseRunnerLock } from './locks.js';
 
 /**
@@ -33,6 +33,11 @@ export interface OpenOptions {
 export async function openSession(host: HostConfig, options: OpenOptions = {}): Promise<HostSession> {
   const client = await connectHost(host, { applicationName: options.applicationName ?? 'shardctl' });
   tagErrors(client, host.name);
+  const reported = reportedSetting(client, 'server_version');
+  const reportedNum = reported === undefined ? null : versionNum(reported);
+  if (reported !== undefined && reportedNum !== null) {
+    return { host, client, serverVersion: reported, serverVersionNum: reportedNum, locked: false };
+  }
   try {
     const result = await client.query<{ version: string; num: string }>(
       `SELECT current_setting('server_version') AS version, current_setting('server_version_num') AS num`,
@@ -43,6 +48,18 @@ export async function openSession(host: HostConfig, options: OpenOptions = {}): 
     await client.end().catch(() => undefined);
     throw new HostError(host.name, `cannot read the server version: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
   }
+}
+
+/**
+ * server_version_num from server_version as the server reports it at start-up ("18.4" → 180004,
+ * "18beta1" → 180000, "9.6.24" → 90624, "15.18 (Debian 15.18-0+deb12u1)" → 150018); null for a
+ * form it does not know, and the caller asks the server instead.
+ */
+export function versionNum(version: string): number | null {
+  const match = /^(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:(?:devel|alpha\d*|beta\d*|rc\d*)|\s|$)/.exec(version);
+  if (!match) return null;
+  const [major, minor, patch] = [Number(match[1]), Number(match[2] ?? 0), Number(match[3] ?? 0)];
+  return major >= 10 ? major * 10000 + minor : major * 10000 + minor * 100 + patch;
 }
 
 /**

@@ -80,20 +80,32 @@ export function driftProblems(
     if (!shards) bucket.set(version, (shards = []));
     shards.push(shard);
   };
-  for (const [shard, versions] of applied) {
+  // Shards with the same applied migrations often share one map (see readHostSnapshot): each map
+  // is judged once.
+  const verdicts = new Map<AppliedMigrations, { missing: number[]; changed: number[]; late: number[]; level: number }>();
+  const judge = (versions: AppliedMigrations) => {
+    const verdict = { missing: [] as number[], changed: [] as number[], late: [] as number[], level: shardLevel(versions) };
     for (const [version, checksum] of versions) {
       const file = byVersion.get(version);
-      if (!file) add(missing, version, shard);
-      else if (file.checksum !== checksum) add(changed, version, shard);
+      if (!file) verdict.missing.push(version);
+      else if (file.checksum !== checksum) verdict.changed.push(version);
     }
-    const level = shardLevel(versions);
     for (const file of files) {
-      if (file.version >= level) break;
-      if (versions.has(file.version)) continue;
-      let entry = late.get(file.version);
-      if (!entry) late.set(file.version, (entry = { shards: [], newest: level }));
+      if (file.version >= verdict.level) break;
+      if (!versions.has(file.version)) verdict.late.push(file.version);
+    }
+    return verdict;
+  };
+  for (const [shard, versions] of applied) {
+    let verdict = verdicts.get(versions);
+    if (!verdict) verdicts.set(versions, (verdict = judge(versions)));
+    for (const version of verdict.missing) add(missing, version, shard);
+    for (const version of verdict.changed) add(changed, version, shard);
+    for (const version of verdict.late) {
+      let entry = late.get(version);
+      if (!entry) late.set(version, (entry = { shards: [], newest: verdict.level }));
       entry.shards.push(shard);
-      entry.newest = Math.max(entry.newest, level);
+      entry.newest = Math.max(entry.newest, verdict.level);
     }
   }
   const problems: DriftProblem[] = [];

@@ -1,7 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import { pipeline } from 'node:stream/promises';
 import pg from 'pg';
-import copyStreams from 'pg-copy-streams';
+import type copyStreamsModule from 'pg-copy-streams';
 import { rewriteShardOwner } from '../config/rewrite.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
@@ -546,7 +546,13 @@ async function largeTables(source: pg.Client, schemas: readonly string[]): Promi
   return new Set(result.rows.map((r) => qualified(r.schema, r.table)));
 }
 
+/** pg-copy-streams is loaded by the first copy, not by every command that loads the library. */
+async function copyStreams(): Promise<typeof copyStreamsModule> {
+  return (await import('pg-copy-streams')).default;
+}
+
 async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly ShardTable[], sameMajor: boolean, large: ReadonlySet<string>): Promise<void> {
+  const { to, from } = await copyStreams();
   await writer.query('BEGIN');
   // Foreign keys between the shard's tables must not depend on the copy order (superusers only).
   await writer.query('SAVEPOINT replica_role');
@@ -556,8 +562,8 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
   for (const t of tables) {
     const name = qualified(t.schema, t.table);
     const format = sameMajor && t.portable ? ' (FORMAT binary)' : '';
-    const out = reader.query(copyStreams.to(`COPY ${name} TO STDOUT${format}`));
-    const into = writer.query(copyStreams.from(`COPY ${name} FROM STDIN${format}`));
+    const out = reader.query(to(`COPY ${name} TO STDOUT${format}`));
+    const into = writer.query(from(`COPY ${name} FROM STDIN${format}`));
     await pipeline(out, into);
   }
   for (const sql of rebuild) await writer.query(sql);

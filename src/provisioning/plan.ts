@@ -203,7 +203,9 @@ export function findConflicts(
 
 /** The applied migrations of the shards whose schema exists (records of a dropped schema are stale). */
 export function existingApplied(snapshot: HostSnapshot): Map<number, ReadonlyMap<number, string>> {
-  return new Map([...snapshot.applied].filter(([shard]) => snapshot.schemas.has(shard)));
+  const existing = new Map<number, ReadonlyMap<number, string>>();
+  for (const [shard, versions] of snapshot.applied) if (snapshot.schemas.has(shard)) existing.set(shard, versions);
+  return existing;
 }
 
 function layoutConflicts(config: ShardctlConfig, snapshot: HostSnapshot): Conflict[] {

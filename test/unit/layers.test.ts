@@ -65,4 +65,13 @@ describe('source layers', () => {
       );
     expect(inside).toEqual([]);
   });
+
+  it('the CLI loads the package root only when a command runs (src/cli/library.ts), never by a static import', () => {
+    const eager = files
+      .filter((file) => relative(SRC, file).startsWith('cli/'))
+      .flatMap((file) =>
+        [...readFileSync(file, 'utf8').matchAll(/^import (?!type )[^;]*from '\.\.\/index\.js';/gm)].map((m) => `${relative(SRC, file)}: ${m[0]}`),
+      );
+    expect(eager).toEqual([]);
+  });
 });

@@ -1,0 +1,52 @@
+/**
+ * Where the time of `migrate --check` goes: its parts, one after the other in one fresh process,
+ * each with its wall and CPU time (process.cpuUsage: user + system of the whole process).
+ * `node bench/check-parts.js <config>` prints one JSON object; bench/migrate.js runs it.
+ *
+ * The parts are the library's own steps (the ones checkMigrations takes), called one by one:
+ * loading the library, the config, the migration files, connecting (and the server version),
+ * reading every host's catalog, finding conflicts and planning, closing the connections. Node's own
+ * start-up is the time from the process's start to this script's first line.
+ */
+const startedAt = performance.timeOrigin;
+const parts = {};
+let cpu = process.cpuUsage();
+let wall = performance.now();
+parts['node start-up'] = { wallMs: wall, cpuMs: (cpu.user + cpu.system) / 1000 };
+const mark = (name) => {
+  const used = process.cpuUsage(cpu);
+  const now = performance.now();
+  parts[name] = { wallMs: now - wall, cpuMs: (used.user + used.system) / 1000 };
+  cpu = process.cpuUsage();
+  wall = performance.now();
+};
+
+// As the CLI loads it (src/cli/library.ts): with a navigator, so pg does not load undici on Node 20.
+const stand = globalThis.navigator === undefined;
+if (stand) Object.defineProperty(globalThis, 'navigator', { value: { userAgent: 'Node.js' }, configurable: true });
+const lib = await import('../dist/index.js');
+if (stand) delete globalThis.navigator;
+const { Fleet } = await import('../dist/fleet/session.js');
+const { readHostSnapshot } = await import('../dist/fleet/catalog.js');
+const { findConflicts, planFleet } = await import('../dist/provisioning/plan.js');
+mark('load the library');
+
+const config = await lib.loadConfig(process.argv[2]);
+mark('load the config');
+const migrations = await lib.readMigrations(config.migrationsDir);
+mark('read the migration files');
+const fleet = await Fleet.open(config.hosts);
+mark('connect to every host');
+const snapshots = await fleet.each((session) => readHostSnapshot(session, config), { tolerateLoss: true });
+mark('read every catalog');
+const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
+const plan = planFleet(config, snapshots, migrations, { create: false });
+mark('conflicts and plan');
+await fleet.close();
+mark('close the connections');
+
+const pending = plan.hosts.reduce((n, h) => n + h.jobs.length, 0);
+if (conflicts.length > 0 || pending > 0 || fleet.lost.length > 0) {
+  throw new Error(`the fleet is not current: ${conflicts.length} conflicts, ${pending} shards pending, ${fleet.lost.length} hosts lost`);
+}
+process.stdout.write(`${JSON.stringify({ startedAt, parts })}\n`);
