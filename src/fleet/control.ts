@@ -29,6 +29,17 @@ export function controlSchemaSql(config: ShardctlConfig): string {
   ].join('\n');
 }
 
+/**
+ * Provisioning commits each shard's transaction with synchronous_commit off (no WAL flush, and no
+ * wait for a synchronous standby, per shard: the bulk of migrate's time otherwise). This transaction
+ * ends such a run: it writes (the layout row, unchanged) and commits with synchronous_commit on, so
+ * its commit waits until the WAL is flushed, and confirmed by synchronous standbys, up to its own
+ * commit record, which comes after every commit the run made on the host. Until it returns, a crash
+ * can lose the run's last commits, each shard's change together with its record (one transaction),
+ * so a rerun applies them again; once it returns, they are as durable as any commit.
+ */
+export const DURABLE_FLUSH_SQL = `BEGIN; SET LOCAL synchronous_commit = on; UPDATE ${CONTROL}.layout SET control_version = control_version; COMMIT;`;
+
 /** Whether the control schema has `table` (hosts never initialised, or older control schemas, lack it). */
 export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves' | 'objects'): Promise<boolean> {
   const result = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.${table}`]);

@@ -35,7 +35,8 @@ import {
 } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
-import { hashMethods, shardTables, verifyShards, type ShardTable, type VerifyResult } from './verify.js';
+import { endPreVerification, hashMethods, preVerify, shardTables, verifyShards, type PreVerification, type ShardTable, type VerifyResult } from './verify.js';
+import { keyedTables, readChanges, startTrackingSql, stopTracking } from './tail.js';
 
 /**
  * The move engine: the steps of moving a batch of logical shards from one host to another, online
@@ -138,6 +139,8 @@ export interface MoveContext {
   verification: VerifyResult | null;
   methods: Map<string, 'record' | 'text'> | null;
   refreshed: string[];
+  /** The current wave's verification begun before its fence (this process only; see tail.ts). */
+  pre: { readonly wave: number; readonly verification: PreVerification } | null;
 }
 
 // A wave's pause grows with the shards fenced and verified together: measured (docs/benchmarks.md,
@@ -198,6 +201,7 @@ export function moveContext(
     verification: null,
     methods: null,
     refreshed: [],
+    pre: null,
   };
 }
 
@@ -246,6 +250,7 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     try {
       await STEP_ACTIONS[step](ctx);
     } catch (error) {
+      await dropPreVerification(ctx);
       if (error instanceof ShardctlError) throw error;
       throw new HostError(
         errorHost(error) ?? ctx.source.host.name,
@@ -686,6 +691,10 @@ async function fence(ctx: MoveContext): Promise<void> {
   // Below half the deadlock timeout, so the fence always gives up first (see fenceSql).
   const lockWaitMs = Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
   const limit = ctx.options.fenceTimeoutMs ?? 30_000;
+  const fenced = new Set(
+    (await source.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`, [shards])).rows.map((r) => r.shard),
+  );
+  if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
   const started = performance.now();
   if (ctx.fenceStartedAtMs === null) {
     // Kept in the record before the first shard is fenced: a resumed run counts this run's fence too.
@@ -695,9 +704,6 @@ async function fence(ctx: MoveContext): Promise<void> {
       ctx.fenceStartedAtMs,
     ]);
   }
-  const fenced = new Set(
-    (await source.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`, [shards])).rows.map((r) => r.shard),
-  );
   let attempts = 0;
   let told = started;
   for (const shard of shards) {
@@ -745,6 +751,38 @@ async function fence(ctx: MoveContext): Promise<void> {
   const marker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
   await source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs));
   ctx.fenceMarker = marker;
+}
+
+/**
+ * The first part of the wave's verification, while the source is still writable (see tail.ts):
+ * tracking on the target, then a snapshot of every keyed table on both hosts, kept open until the
+ * wave is verified. Best effort: if it cannot be had, the wave is verified whole while fenced.
+ */
+async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
+  await dropPreVerification(ctx);
+  if (ctx.mode !== 'online') return;
+  let held: pg.Client[] = [];
+  try {
+    const keyed = await keyedTables(ctx.source.client, schemas);
+    if (keyed.length === 0) return;
+    const methods = await ensureMethods(ctx);
+    await ctx.target.client.query(startTrackingSql(ctx.moveId, keyed));
+    held = await Promise.all([openWorker(ctx.source.host, 'shardctl move verify'), openWorker(ctx.target.host, 'shardctl move verify')]);
+    const started = performance.now();
+    const verification = await preVerify(held[0]!, held[1]!, keyed, methods);
+    ctx.pre = { wave: ctx.wave, verification };
+    notice(ctx, `host ${ctx.target.host.name}: ${keyed.length} table${keyed.length === 1 ? '' : 's'} of wave ${ctx.wave + 1} checksummed before the fence in ${Math.round(performance.now() - started)} ms; while fenced only their changed rows are compared`);
+  } catch (error) {
+    await Promise.all(held.map((c) => c.end().catch(() => undefined)));
+    await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
+    notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
+  }
+}
+
+async function dropPreVerification(ctx: MoveContext): Promise<void> {
+  const pre = ctx.pre;
+  ctx.pre = null;
+  if (pre) await endPreVerification(pre.verification);
 }
 
 /** Who holds locks on a schema's tables: pid, application, transaction age and query. */
@@ -833,10 +871,27 @@ async function carrySequences(ctx: MoveContext): Promise<void> {
 
 async function verify(ctx: MoveContext): Promise<void> {
   const shards = waveShards(ctx);
-  const result = await verifyShards(ctx.source.client, ctx.target.client, schemasOf(ctx, shards), await ensureMethods(ctx));
+  const schemas = schemasOf(ctx, shards);
+  const methods = await ensureMethods(ctx);
+  const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification : null;
+  let result: VerifyResult;
+  try {
+    const tail = pre ? { pre, changes: await readChanges(ctx.target.client, ctx.moveId) } : undefined;
+    result = await verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail);
+  } finally {
+    await dropPreVerification(ctx);
+  }
+  // Still fenced: the tracking triggers go before the wave's copies take application writes.
+  await stopTracking(ctx.target.client, ctx.moveId, schemas);
   const before = ctx.verification;
   ctx.verification = before
-    ? { ok: before.ok && result.ok, rows: before.rows + result.rows, tables: [...before.tables, ...result.tables], mismatches: [...before.mismatches, ...result.mismatches] }
+    ? {
+        ok: before.ok && result.ok,
+        rows: before.rows + result.rows,
+        tables: [...before.tables, ...result.tables],
+        mismatches: [...before.mismatches, ...result.mismatches],
+        byKey: { tables: before.byKey.tables + result.byKey.tables, keys: before.byKey.keys + result.byKey.keys },
+      }
     : result;
   if (result.ok) {
     ctx.rowsVerified += result.rows;
@@ -989,10 +1044,12 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
       { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED' },
     );
   }
+  await dropPreVerification(ctx);
   await dropReplication(ctx);
   await unfence(ctx, ctx.shards);
   // Only copies this move created (incoming, never active: see above) are dropped.
   for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
   for (const side of [ctx.source, ctx.target]) {
     await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
   }

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { qualified } from './sql.js';
+import { keyFilterSql, TAIL_MAX_KEYS, type KeyedTable, type TableChanges } from './tail.js';
 
 /**
  * The tables of shard schemas, and the comparison of both copies of a shard: row counts and content
@@ -96,17 +97,67 @@ interface TableChecksum {
   readonly checksum: string;
 }
 
-/** Counts and checksums of many tables in one round trip. */
-async function checksums(client: pg.Client, tables: readonly ShardTable[], methods: ReadonlyMap<string, HashMethod>): Promise<TableChecksum[]> {
-  if (tables.length === 0) return [];
-  const sql = tables
-    .map(
-      (t, i) =>
-        `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[methods.get(`${t.schema}.${t.table}`) ?? 'text']}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t`,
-    )
+/** One table's count and checksum: every row, or only the rows whose key is in a JSON array of keys. */
+interface ChecksumQuery {
+  readonly table: ShardTable;
+  readonly keys?: { readonly keyed: KeyedTable; readonly json: string };
+}
+
+/** Counts and checksums of many tables (or key subsets of them) in one round trip. */
+async function checksums(client: pg.Client, queries: readonly ChecksumQuery[], methods: ReadonlyMap<string, HashMethod>): Promise<TableChecksum[]> {
+  if (queries.length === 0) return [];
+  const params: string[] = [];
+  const sql = queries
+    .map(({ table: t, keys }, i) => {
+      const where = keys ? ` WHERE ${keyFilterSql(keys.keyed, `$${params.push(keys.json)}`)}` : '';
+      return `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[methods.get(`${t.schema}.${t.table}`) ?? 'text']}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
+    })
     .join('\nUNION ALL ');
-  const result = await client.query<{ i: number; rows: string; checksum: string }>(`${sql}\nORDER BY 1`);
+  const result = await client.query<{ i: number; rows: string; checksum: string }>(`${sql}\nORDER BY 1`, params);
   return result.rows.map((r) => ({ rows: BigInt(r.rows), checksum: r.checksum }));
+}
+
+/**
+ * The first part of a wave's verification, before its fence (see src/moves/tail.ts): on one fresh
+ * connection per host, a REPEATABLE READ transaction that is left open, and in it the count and
+ * checksum of every keyed table. Tracking must already run on the target.
+ */
+export interface PreVerification {
+  readonly source: pg.Client;
+  readonly target: pg.Client;
+  readonly keyed: ReadonlyMap<string, KeyedTable>;
+  readonly at: ReadonlyMap<string, { readonly source: TableChecksum; readonly target: TableChecksum }>;
+}
+
+export async function preVerify(
+  source: pg.Client,
+  target: pg.Client,
+  keyed: readonly KeyedTable[],
+  methods: ReadonlyMap<string, HashMethod>,
+): Promise<PreVerification> {
+  const open = (client: pg.Client): Promise<unknown> => client.query(`${STABLE_TEXT_SETTINGS}; BEGIN ISOLATION LEVEL REPEATABLE READ`);
+  await Promise.all([open(source), open(target)]);
+  const queries = keyed.map((k) => ({ table: k.table }));
+  const [src, dst] = await Promise.all([checksums(source, queries, methods), checksums(target, queries, methods)]);
+  return {
+    source,
+    target,
+    keyed: new Map(keyed.map((k) => [tableKey(k.table), k])),
+    at: new Map(keyed.map((k, i) => [tableKey(k.table), { source: src[i]!, target: dst[i]! }])),
+  };
+}
+
+/** Ends a pre-verification's transactions and connections. */
+export async function endPreVerification(pre: PreVerification): Promise<void> {
+  await Promise.all([pre.source, pre.target].map((c) => c.query('COMMIT').catch(() => undefined).then(() => c.end().catch(() => undefined))));
+}
+
+function tableKey(t: ShardTable): string {
+  return `${t.schema}.${t.table}`;
+}
+
+function plus(a: TableChecksum, minus: TableChecksum, add: TableChecksum): TableChecksum {
+  return { rows: a.rows - minus.rows + add.rows, checksum: (BigInt(a.checksum) - BigInt(minus.checksum) + BigInt(add.checksum)).toString() };
 }
 
 export interface TableVerification {
@@ -123,6 +174,11 @@ export interface VerifyResult {
   readonly rows: bigint;
   readonly tables: readonly TableVerification[];
   readonly mismatches: readonly string[];
+  /**
+   * Tables verified while fenced by their changed rows only (pre-verified before the fence), and the
+   * keys looked up for them; the other tables were checksummed whole while fenced.
+   */
+  readonly byKey: { readonly tables: number; readonly keys: number };
 }
 
 /**
@@ -134,20 +190,55 @@ export async function verifyShards(
   target: pg.Client,
   schemas: readonly string[],
   methods: ReadonlyMap<string, HashMethod>,
+  tail?: { readonly pre: PreVerification; readonly changes: ReadonlyMap<string, TableChanges> },
 ): Promise<VerifyResult> {
   const [tables, targetTables] = await Promise.all([shardTables(source, schemas), shardTables(target, schemas)]);
-  const key = (t: ShardTable): string => `${t.schema}.${t.table}`;
+  const key = tableKey;
   const onTarget = new Set(targetTables.map(key));
   const onSource = new Set(tables.map(key));
   const mismatches: string[] = [];
   for (const t of tables) if (!onTarget.has(key(t))) mismatches.push(`table ${key(t)} is missing on the target`);
   for (const t of targetTables) if (!onSource.has(key(t))) mismatches.push(`table ${key(t)} exists only on the target`);
   const common = tables.filter((t) => onTarget.has(key(t)));
+
+  // Per table: checksummed whole now, or (pre-verified) from P, minus and plus its changed keys.
+  const whole: ChecksumQuery[] = [];
+  const lookups: ChecksumQuery[] = [];
+  let byKeyTables = 0;
+  let byKeyKeys = 0;
+  const plan = common.map((t) => {
+    const keyed = tail?.pre.keyed.get(key(t));
+    const at = tail?.pre.at.get(key(t));
+    const changes = tail?.changes.get(key(t));
+    if (!keyed || !at || changes?.truncated || (changes && changes.keys > TAIL_MAX_KEYS)) return { whole: whole.push({ table: t }) - 1 };
+    byKeyTables += 1;
+    if (!changes || changes.keys === 0) return { at };
+    byKeyKeys += changes.keys;
+    return { at, lookup: lookups.push({ table: t, keys: { keyed, json: changes.keysJson } }) - 1 };
+  });
   await Promise.all([source.query(STABLE_TEXT_SETTINGS), target.query(STABLE_TEXT_SETTINGS)]);
-  const [src, dst] = await Promise.all([checksums(source, common, methods), checksums(target, common, methods)]);
+  const now = [...whole, ...lookups];
+  const [src, dst, srcAtP, dstAtP] = await Promise.all([
+    checksums(source, now, methods),
+    checksums(target, now, methods),
+    checksums(tail?.pre.source ?? source, lookups, methods),
+    checksums(tail?.pre.target ?? target, lookups, methods),
+  ]);
   const report = common.map((t, i) => {
-    const s = src[i]!;
-    const d = dst[i]!;
+    const p = plan[i]!;
+    let s: TableChecksum;
+    let d: TableChecksum;
+    if ('whole' in p && p.whole !== undefined) {
+      s = src[p.whole]!;
+      d = dst[p.whole]!;
+    } else if (p.lookup === undefined) {
+      s = p.at!.source;
+      d = p.at!.target;
+    } else {
+      const n = whole.length + p.lookup;
+      s = plus(p.at!.source, srcAtP[p.lookup]!, src[n]!);
+      d = plus(p.at!.target, dstAtP[p.lookup]!, dst[n]!);
+    }
     const match = s.rows === d.rows && s.checksum === d.checksum;
     if (!match) {
       mismatches.push(
@@ -156,7 +247,13 @@ export async function verifyShards(
           : `table ${key(t)}: ${s.rows} rows on the source, ${d.rows} on the target`,
       );
     }
-    return { schema: t.schema, table: t.table, sourceRows: s.rows.toString(), targetRows: d.rows.toString(), match };
+    return { row: { schema: t.schema, table: t.table, sourceRows: s.rows.toString(), targetRows: d.rows.toString(), match }, rows: s.rows };
   });
-  return { ok: mismatches.length === 0, rows: src.reduce((n, s) => n + s.rows, 0n), tables: report, mismatches };
+  return {
+    ok: mismatches.length === 0,
+    rows: report.reduce((n, r) => n + r.rows, 0n),
+    tables: report.map((r) => r.row),
+    mismatches,
+    byKey: { tables: byKeyTables, keys: byKeyKeys },
+  };
 }

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { connectHost, describePgError } from '../fleet/connect.js';
-import { CONTROL } from '../fleet/control.js';
+import { CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { acquireWorkerLock } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
@@ -76,6 +76,8 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
     try {
       client = await connectHost(host, { applicationName: 'shardctl worker' });
       await acquireWorkerLock(client, host.name);
+      // Each shard's commit without a WAL flush; the run's last step makes them all durable at once.
+      await client.query('SET synchronous_commit = off');
       while (hostError === null && next < plan.jobs.length) {
         const job = plan.jobs[next++]!;
         const result = await runJob(client, job, context);
@@ -103,6 +105,14 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
   };
   const poolSize = Math.min(options.concurrency, plan.jobs.length);
   await Promise.all(Array.from({ length: poolSize }, worker));
+  if (counters.done > 0) {
+    try {
+      await coordinator.query(DURABLE_FLUSH_SQL);
+    } catch (error) {
+      await rollbackQuietly(coordinator);
+      hostError ??= `the changes of this run could not be made durable (${describePgError(error)}); a crash of the server could undo some of them: run the command again`;
+    }
+  }
   return outcome(hostError);
 
   function outcome(error: string | null): HostOutcome {

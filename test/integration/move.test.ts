@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
@@ -64,6 +65,23 @@ async function replicationLeftovers(urls: readonly string[]): Promise<number> {
   return n;
 }
 
+/** Tracking triggers on any table, and recorded changes of any move, left on a host. */
+async function trackingLeftovers(url: string): Promise<{ triggers: number; changes: number }> {
+  return withClient(url, async (c) => {
+    const r = await c.query<{ triggers: number; changes: number }>(`select
+      (select count(*)::int from pg_trigger where tgname like 'shardctl_track%') as triggers,
+      (select case when to_regclass('shardctl.move_changes') is null then 0 else (select count(*)::int from shardctl.move_changes) end) as changes`);
+    return r.rows[0]!;
+  });
+}
+
+/** Runs SQL on a host and waits for it: for hooks that are called synchronously (onNotice). */
+function runSqlNow(url: string, sql: string): void {
+  const script = `const pg = require('pg'); const c = new pg.Client({ connectionString: process.argv[1] });
+    c.connect().then(() => c.query(process.argv[2])).then(() => c.end(), (e) => { console.error(e.message); process.exit(1); });`;
+  execFileSync(process.execPath, ['-e', script, url, sql], { stdio: ['ignore', 'ignore', 'inherit'] });
+}
+
 describe('shardctl move-shard', () => {
   it('moves a shard online under a write load: every committed row arrives, the old copy refuses writes, ids keep growing', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'] });
@@ -88,6 +106,9 @@ describe('shardctl move-shard', () => {
     expect(result.outcome).toBe('moved');
     expect(result.writeBlockedMs).not.toBeNull();
     expect(writer.fenceErrors).toBeGreaterThan(0);
+    // photos was checksummed before the fence; while fenced only the rows written since were compared.
+    expect(result.verification?.byKey.tables).toBeGreaterThanOrEqual(1);
+    expect(await trackingLeftovers(db.urls[1]!)).toEqual({ triggers: 0, changes: 0 });
     const onSource = writer.acknowledged.filter((a) => a.host === 'pg1');
     const onTarget = writer.acknowledged.filter((a) => a.host === 'pg2');
     expect(onSource.length).toBeGreaterThan(10);
@@ -159,6 +180,103 @@ describe('shardctl move-shard', () => {
     expect((await status(await fleet.config())).hosts[0]!.fenced).toEqual([]);
   });
 
+});
+
+/** Keeps updating and deleting seeded rows and inserting new ones in one shard, following the map. */
+function startChurn(map: ShardMap, shard: number) {
+  let stop = false;
+  let writes = 0;
+  const clients = new Map<string, pg.Client>();
+  const loop = (async () => {
+    for (let i = 1; !stop; i++) {
+      const host = map.hostForShard(shard);
+      let client = clients.get(host.name);
+      if (!client) {
+        client = new pg.Client({ connectionString: host.url });
+        await client.connect();
+        clients.set(host.name, client);
+      }
+      try {
+        await client.query(
+          `begin; update insta${shard}.photos set caption = 'edit ${i}' where user_id = ${i % 2000};
+           delete from insta${shard}.photos where user_id = ${(i * 7) % 2000} and caption is null;
+           insert into insta${shard}.photos (user_id, image_url) values (${i}, 'churn'); commit`,
+        );
+        writes += 1;
+      } catch (error) {
+        await client.query('rollback').catch(() => undefined);
+        if (!shardMovedTo(error)) throw error;
+        await map.reload();
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    }
+  })();
+  return {
+    get writes() {
+      return writes;
+    },
+    async stop() {
+      stop = true;
+      await loop;
+      for (const c of clients.values()) await c.end();
+    },
+  };
+}
+
+describe('shardctl move-shard verifying before the fence, under updates and deletes', () => {
+  const db = useTestDatabases(2);
+
+  it('updates, deletes and inserts during the move: only the changed rows are compared while fenced, and both copies match', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g % 2000, 'seed' from generate_series(1, 20000) g`));
+    const map = await ShardMap.load(fleet.configFile);
+    const churn = startChurn(map, 0);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const notices: string[] = [];
+    const result = await moveShard(config, 0, 'pg2', { configFile: fleet.configFile, onNotice: (m) => notices.push(m) });
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    await churn.stop();
+
+    expect(result.outcome).toBe('moved');
+    expect(churn.writes).toBeGreaterThan(10);
+    expect(notices.some((m) => m.includes('checksummed before the fence'))).toBe(true);
+    expect(result.verification).toMatchObject({ ok: true, byKey: { tables: expect.any(Number) as number } });
+    expect(result.verification!.byKey.tables).toBeGreaterThanOrEqual(1);
+    expect(result.verification!.byKey.keys).toBeGreaterThan(0);
+    expect(await trackingLeftovers(db.urls[1]!)).toEqual({ triggers: 0, changes: 0 });
+  });
+});
+
+describe('shardctl move-shard verifying before the fence, with a row changed on the target', () => {
+  const db = useTestDatabases(2);
+
+  it('a row changed on the target after the pre-verification, while the source was still writable, fails verification: aborted, source writable', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 3000) g`));
+    const before = readFileSync(fleet.configFile, 'utf8');
+    const error = await moveShard(config, 1, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (m) => {
+        // The pre-verification's snapshots are taken; the fence has not begun.
+        if (m.includes('checksummed before the fence')) runSqlNow(db.urls[1]!, `update insta1.photos set caption = 'tampered' where id = (select min(id) from insta1.photos)`);
+      },
+    }).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    expect(error).toMatchObject({ code: 'VERIFY_FAILED', details: ['table insta1.photos: 3000 rows on both, but their contents differ (checksum)'] });
+    expect(readFileSync(fleet.configFile, 'utf8')).toBe(before);
+    await withClient(db.urls[0]!, async (c) => {
+      expect((await c.query(`select state from shardctl.shards where shard = 1`)).rows).toEqual([{ state: 'active' }]);
+      await c.query(`insert into insta1.photos (user_id, image_url) values (1, 'writable again')`);
+    });
+    expect(await trackingLeftovers(db.urls[1]!)).toEqual({ triggers: 0, changes: 0 });
+    expect(await replicationLeftovers(db.urls)).toBe(0);
+  });
 });
 
 describe('shardctl move-shard with partitioned and seeded tables', () => {

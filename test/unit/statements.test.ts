@@ -17,6 +17,7 @@ import {
   unfenceSql,
 } from '../../src/moves/sql.js';
 import { planWaves } from '../../src/moves/move.js';
+import { keyFilterSql, startTrackingSql } from '../../src/moves/tail.js';
 
 const config = parseConfig(
   'shards: 8\nhosts:\n  - { name: pg1, url: "postgres://a@h1/db", shards: "0-3" }\n  - { name: pg2, url: "postgres://a@h2/db", shards: "4-7" }\n',
@@ -185,5 +186,27 @@ describe('cut-over waves', () => {
     { name: 'a shard over maxRows alone', shards: [1, 2], rows: [[1, 5000]], limits: { maxRows: 1000 }, waves: [[1], [2]] },
   ] as const)('$name', ({ shards, rows: r, limits, waves }) => {
     expect(planWaves(shards, rows(r as unknown as [number, number][]), limits)).toEqual(waves);
+  });
+});
+
+describe('pre-fence verification SQL (moves/tail.ts)', () => {
+  const keyed = { table: { schema: 'insta"1', table: 'photo likes', portable: true }, columns: ['photo_id', 'user "id"'] };
+
+  it('looks rows up by their key columns, read back through the table row type, identifiers quoted', () => {
+    expect(keyFilterSql(keyed, '$3')).toBe(
+      '(t."photo_id", t."user ""id""") IN (SELECT k."photo_id", k."user ""id""" FROM jsonb_populate_recordset(NULL::"insta""1"."photo likes", $3::jsonb) k)',
+    );
+  });
+
+  it('tracks every write with ALWAYS triggers (the apply worker runs as replica), the move id and key columns as literals', () => {
+    const sql = startTrackingSql("m'1", [keyed]);
+    expect(sql.startsWith('BEGIN;')).toBe(true);
+    expect(sql.endsWith('COMMIT;')).toBe(true);
+    expect(sql).toContain(`DELETE FROM "shardctl".move_changes WHERE move_id = 'm''1';`);
+    expect(sql).toContain(
+      `CREATE OR REPLACE TRIGGER shardctl_track AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."photo likes" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_track('m''1', 'photo_id', 'user "id"');`,
+    );
+    expect(sql).toContain(`ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER shardctl_track, ENABLE ALWAYS TRIGGER shardctl_track_truncate;`);
+    expect(sql).not.toContain('{{');
   });
 });
