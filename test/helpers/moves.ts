@@ -5,13 +5,12 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
 import { inject } from 'vitest';
 import { findFreePort, initCluster, startCluster, stopCluster, type LocalClusterOptions } from '../../src/dev/local-postgres.js';
-import type { Fleet } from './fleet.js';
 import { withClient } from './hosts.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');

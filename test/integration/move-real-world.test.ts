@@ -5,7 +5,6 @@
  * preflight's probe, and messages that name where things happened.
  */
 import { randomBytes } from 'node:crypto';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init, moveShard, shardMovedTo, status, type HostError } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli, EXAMPLE_MIGRATIONS } from '../helpers/fleet.js';

@@ -384,7 +384,7 @@ CREATE UNIQUE INDEX ident_v ON ident (v) NULLS NOT DISTINCT;`,
     const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'big', migrations });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
-    const { INDEXES_AFTER_BYTES } = await import('../../src/moves/move.js');
+    const { INDEXES_AFTER_BYTES } = await import('../../src/moves/copy.js');
 
     for (const mode of ['online', 'offline'] as const) {
       const shard = mode === 'online' ? 1 : 2;

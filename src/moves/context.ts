@@ -1,0 +1,284 @@
+import { randomBytes } from 'node:crypto';
+import pg from 'pg';
+import type { ShardctlConfig } from '../config/types.js';
+import { shardSchemaName } from '../config/types.js';
+import { openWorker, type HostSession } from '../fleet/session.js';
+import type { MigrationFile } from '../migrations/files.js';
+import type { PreflightCheck } from './preflight.js';
+import { replicationName } from './sql.js';
+import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
+import { hashMethods, shardTables, type PreVerification, type VerifyResult } from './verify.js';
+
+/**
+ * A move's state while it runs (MoveContext), its options and result, the cut-over waves, the step
+ * record, and the small helpers every part of the engine shares.
+ */
+
+export interface MoveOptions {
+  readonly mode?: MoveMode;
+  readonly dryRun?: boolean;
+  readonly resume?: boolean;
+  readonly abort?: boolean;
+  /** Drop the old copy right after the switch instead of keeping it (fenced, renamed) until gc. */
+  readonly dropSource?: boolean;
+  /** The config file to rewrite at the switch (default: config.file). */
+  readonly configFile?: string;
+  /** How long the target may take to apply the last changes after the fence (default 30 s). */
+  readonly catchUpTimeoutMs?: number;
+  /** How long the fence keeps retrying while application transactions hold the tables (default 30 s). */
+  readonly fenceTimeoutMs?: number;
+  /** How long to wait for the source (slot creation, replication catching up) before stopping (default 5 min). */
+  readonly waitTimeoutMs?: number;
+  /** Connections per host for creating the target shards and copying (default: the config's concurrency). */
+  readonly concurrency?: number;
+  /**
+   * The caller already holds the runner lock on every host involved (rebalance holds them for its
+   * whole run, so that its moves can share hosts); the command then takes none of its own.
+   */
+  readonly runnerLocksHeld?: boolean;
+  /** Wave limits for the online cut-over (default 16 shards, 500,000 estimated rows). */
+  readonly wave?: WaveLimits;
+  readonly onStep?: (step: MoveStep, detail: string) => void;
+  /** What a wait is waiting for, every few seconds; retries; anything a person should know. */
+  readonly onNotice?: (message: string) => void;
+}
+
+export interface WaveLimits {
+  readonly maxShards?: number;
+  readonly maxRows?: number;
+}
+
+/** The result of one move: a batch of shards from one source host to the target. */
+export interface MoveResult {
+  readonly moveId: string;
+  /** The shards of the batch, ascending. */
+  readonly shards: readonly number[];
+  /** The first shard of the batch (the shard, for a move of one). */
+  readonly shard: number;
+  readonly source: string;
+  readonly target: string;
+  readonly mode: MoveMode;
+  readonly outcome: 'moved' | 'aborted' | 'dry-run';
+  readonly preflight: readonly PreflightCheck[];
+  readonly plan: readonly MoveStep[];
+  /** The cut-over waves (online): shards fenced and switched together. */
+  readonly waves: readonly (readonly number[])[];
+  /** Rows verified on the target, over every wave, across resumes. Decimal string. */
+  readonly rowsMoved: string;
+  /**
+   * The longest any shard of the batch refused writes: from its wave's fence until the map named the
+   * target. Includes a fence left by an interrupted run. Null when nothing was fenced.
+   */
+  readonly writeBlockedMs: number | null;
+  readonly durationMs: number;
+  /** The tables verified by this run (every wave it cut over). */
+  readonly verification: VerifyResult | null;
+  /** Materialized views refreshed on the target after the switch (`schema.view`). */
+  readonly materializedViews: readonly string[];
+}
+
+/** A host session on one side of the move. */
+export type Side = HostSession;
+
+export interface MoveContext {
+  readonly config: ShardctlConfig;
+  readonly moveId: string;
+  readonly mode: MoveMode;
+  readonly source: Side;
+  readonly target: Side;
+  readonly shards: readonly number[];
+  readonly migrations: readonly MigrationFile[];
+  readonly options: MoveOptions;
+  /** Publication, subscription and slot share this name. */
+  readonly name: string;
+  readonly waves: readonly (readonly number[])[];
+  /** The wave being cut over (online); 0 offline. */
+  wave: number;
+  /**
+   * The marker kind of the current fence attempt. Each attempt has its own: after a catch-up timeout
+   * the source is unfenced, and the old marker may still be on its way to the target.
+   */
+  fenceMarker: string | null;
+  /** Wall-clock ms when the current wave's fence began (kept in the record: survives a kill). */
+  fenceStartedAtMs: number | null;
+  writeBlockedMs: number | null;
+  rowsVerified: bigint;
+  verification: VerifyResult | null;
+  methods: Map<string, 'record' | 'text'> | null;
+  refreshed: string[];
+  /** The current wave's verification begun before its fence (this process only; see tail.ts). */
+  pre: { readonly wave: number; readonly verification: PreVerification } | null;
+}
+
+// A wave's pause grows with the shards fenced and verified together: measured (docs/benchmarks.md,
+// move-batch) 1.6-2.2 s for a 64-shard wave on a loaded machine. 16 trades a few more catch-up round
+// trips for a quarter of that.
+const DEFAULT_WAVE = { maxShards: 16, maxRows: 500_000 };
+
+/**
+ * Splits a batch into cut-over waves: consecutive shards while a wave has at most maxShards shards
+ * and maxRows estimated rows (a shard over the limit goes alone). Verification runs while a wave is
+ * fenced, so rows are what makes a wave's pause long.
+ */
+export function planWaves(shards: readonly number[], rows: ReadonlyMap<number, number>, limits: WaveLimits = {}): number[][] {
+  const maxShards = limits.maxShards ?? DEFAULT_WAVE.maxShards;
+  const maxRows = limits.maxRows ?? DEFAULT_WAVE.maxRows;
+  const waves: number[][] = [];
+  let current: number[] = [];
+  let currentRows = 0;
+  for (const shard of shards) {
+    const r = rows.get(shard) ?? 0;
+    if (current.length > 0 && (current.length >= maxShards || currentRows + r > maxRows)) {
+      waves.push(current);
+      current = [];
+      currentRows = 0;
+    }
+    current.push(shard);
+    currentRows += r;
+  }
+  if (current.length > 0) waves.push(current);
+  return waves;
+}
+
+export function moveContext(
+  config: ShardctlConfig,
+  record: Pick<MoveRecord, 'moveId' | 'mode' | 'shards' | 'detail'>,
+  sides: { source: Side; target: Side },
+  migrations: readonly MigrationFile[],
+  options: MoveOptions,
+): MoveContext {
+  const detail = record.detail;
+  const waves = Array.isArray(detail['waves']) ? (detail['waves'] as number[][]) : [[...record.shards]];
+  return {
+    config,
+    moveId: record.moveId,
+    mode: record.mode,
+    source: sides.source,
+    target: sides.target,
+    shards: record.shards,
+    migrations,
+    options,
+    name: replicationName(record.moveId),
+    waves: record.mode === 'online' ? waves : [[...record.shards]],
+    wave: record.mode === 'online' && typeof detail['wave'] === 'number' ? detail['wave'] : 0,
+    fenceMarker: typeof detail['fenceMarker'] === 'string' ? detail['fenceMarker'] : null,
+    fenceStartedAtMs: typeof detail['fenceStartedAtMs'] === 'number' ? detail['fenceStartedAtMs'] : null,
+    writeBlockedMs: typeof detail['writeBlockedMs'] === 'number' ? detail['writeBlockedMs'] : null,
+    rowsVerified: typeof detail['rowsVerified'] === 'string' ? BigInt(detail['rowsVerified']) : 0n,
+    verification: null,
+    methods: null,
+    refreshed: [],
+    pre: null,
+  };
+}
+
+export function moveResult(ctx: MoveContext, outcome: MoveResult['outcome'], checks: readonly PreflightCheck[], started: number): MoveResult {
+  return {
+    moveId: ctx.moveId,
+    shards: ctx.shards,
+    shard: ctx.shards[0]!,
+    source: ctx.source.host.name,
+    target: ctx.target.host.name,
+    mode: ctx.mode,
+    outcome,
+    preflight: checks,
+    plan: stepsFor(ctx.mode),
+    waves: ctx.waves,
+    rowsMoved: ctx.rowsVerified.toString(),
+    writeBlockedMs: ctx.writeBlockedMs,
+    durationMs: elapsed(started),
+    verification: ctx.verification,
+    materializedViews: ctx.refreshed,
+  };
+}
+
+/** What the record keeps of the context, so a resumed run goes on where this one stopped. */
+function progress(ctx: MoveContext): Record<string, unknown> {
+  return {
+    wave: ctx.wave,
+    rowsVerified: ctx.rowsVerified.toString(),
+    writeBlockedMs: ctx.writeBlockedMs,
+    fenceMarker: ctx.fenceMarker,
+    fenceStartedAtMs: ctx.fenceStartedAtMs,
+  };
+}
+
+export async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['status'], options: { quiet?: boolean } = {}): Promise<void> {
+  const detail = progress(ctx);
+  await recordStep(ctx.source.client, ctx.moveId, step, status, detail);
+  await recordStep(ctx.target.client, ctx.moveId, step, status, detail);
+  // Going back to `synced` for the next wave is no step completing: no announcement, no fault point.
+  if (options.quiet) return;
+  const wave = ctx.waves.length > 1 && ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'].includes(step) ? ` (wave ${ctx.wave + 1} of ${ctx.waves.length})` : '';
+  announce(ctx, step, status === 'aborted' ? 'aborted' : `done: ${step}${wave}`);
+  // An abort re-records the step it undid: that is no step completing.
+  if (status !== 'aborted') faultAfter(step);
+}
+
+export function schemasOf(ctx: MoveContext, shards: readonly number[]): string[] {
+  return shards.map((s) => shardSchemaName(ctx.config, s));
+}
+
+export function waveShards(ctx: MoveContext): readonly number[] {
+  return ctx.waves[ctx.wave] ?? ctx.shards;
+}
+
+export function concurrency(ctx: MoveContext, items: number): number {
+  return Math.max(1, Math.min(ctx.options.concurrency ?? ctx.config.concurrency, items));
+}
+
+/** Runs fn over items with `workers` worker connections to `host`, each item on one of them. */
+export async function withWorkers<T>(
+  ctx: MoveContext,
+  side: Side,
+  items: readonly T[],
+  fn: (client: pg.Client, item: T) => Promise<void>,
+): Promise<void> {
+  let next = 0;
+  let failed: unknown = null;
+  const worker = async (): Promise<void> => {
+    const client = await openWorker(side.host, 'shardctl move worker');
+    try {
+      while (failed === null && next < items.length) await fn(client, items[next++]!);
+    } catch (error) {
+      failed ??= error;
+    } finally {
+      await client.end().catch(() => undefined);
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency(ctx, items.length) }, worker));
+  if (failed !== null) throw failed;
+}
+
+export async function ensureMethods(ctx: MoveContext): Promise<Map<string, 'record' | 'text'>> {
+  if (!ctx.methods) {
+    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards));
+    ctx.methods = await hashMethods(ctx.source.client, tables, Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000);
+  }
+  return ctx.methods;
+}
+
+export function announce(ctx: MoveContext, step: MoveStep, detail: string): void {
+  ctx.options.onStep?.(step, detail);
+}
+
+export function notice(ctx: MoveContext, message: string): void {
+  ctx.options.onNotice?.(message);
+}
+
+/** Binary COPY and binary replication are safe only between equal major versions. */
+export function sameMajorVersion(ctx: MoveContext): boolean {
+  return Math.floor(ctx.source.serverVersionNum / 10000) === Math.floor(ctx.target.serverVersionNum / 10000);
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+export function elapsed(started: number): number {
+  return Math.round(performance.now() - started);
+}
+
+export function newMoveId(): string {
+  return `${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
+}

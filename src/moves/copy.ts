@@ -1,0 +1,284 @@
+import { pipeline } from 'node:stream/promises';
+import pg from 'pg';
+import type copyStreamsModule from 'pg-copy-streams';
+import { shardSchemaName } from '../config/types.js';
+import { formatShardList } from '../config/ranges.js';
+import { HostError } from '../errors.js';
+import { checkClientConnection, describePgError } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
+import { errorHost, openWorker } from '../fleet/session.js';
+import { createShardSql } from '../fleet/sql.js';
+import { quoteIdent } from '../pg/quote.js';
+import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
+import { createSlotCommand, qualified } from './sql.js';
+import { shardTables, type ShardTable } from './verify.js';
+import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion, sleep } from './context.js';
+import { dropMoveSlot } from './replication.js';
+
+/**
+ * The copy of a move: the target's schemas at the source's migration level, then every table of
+ * every shard copied, online from the slot's exported snapshot, offline with writes fenced.
+ */
+
+/** Every shard's schema on the target, at the source's migration level for that shard, marked incoming. */
+export async function createTargets(ctx: MoveContext): Promise<void> {
+  const { source, target, config } = ctx;
+  const schemas = schemasOf(ctx, ctx.shards);
+  const [applied, existing, done] = await Promise.all([
+    source.client.query<{ shard: number; version: number }>(`SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY version`, [ctx.shards]),
+    target.client.query<{ nspname: string }>(`SELECT nspname FROM pg_namespace WHERE nspname = ANY($1)`, [schemas]),
+    target.client.query<{ shard: number; version: number }>(`SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1)`, [ctx.shards]),
+  ]);
+  const files = new Map(ctx.migrations.map((m) => [m.version, m]));
+  const exists = new Set(existing.rows.map((r) => r.nspname));
+  const have = new Set(done.rows.map((r) => `${r.shard}:${r.version}`));
+  const work = ctx.shards.map((shard) => {
+    const statements: string[] = [];
+    if (!exists.has(shardSchemaName(config, shard))) statements.push(createShardSql(config, shard, true, 'incoming'));
+    for (const { version } of applied.rows.filter((r) => r.shard === shard)) {
+      if (have.has(`${shard}:${version}`)) continue;
+      const file = files.get(version);
+      if (!file) {
+        throw new HostError(source.host.name, `migration version ${version} is applied but has no file; restore it and --resume`, { shard, code: 'MIGRATION_DRIFT' });
+      }
+      if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
+      else statements.push(migrationSql(config, shard, file));
+    }
+    return { shard, statements };
+  });
+  const pending = work.filter((w) => w.statements.length > 0);
+  await withWorkers(ctx, target, pending, async (client, { shard, statements }) => {
+    // Whole transactions, one round trip when they can share one; no-transaction steps alone.
+    const batch: string[] = [];
+    const flush = async (): Promise<void> => {
+      if (batch.length > 0) await client.query(batch.splice(0).join('\n'));
+    };
+    try {
+      for (const sql of statements) {
+        if (sql.startsWith('BEGIN;')) batch.push(sql);
+        else {
+          await flush();
+          await client.query(sql);
+        }
+      }
+      await flush();
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
+    }
+  });
+}
+
+/**
+ * Online copy: a logical slot created with an exported snapshot, and every table of every shard
+ * copied as of that snapshot, so the subscription created next streams exactly the changes after
+ * the copy. Measured faster than the subscription's own initial copy (PostgreSQL 15: 1.2-1.4 s vs
+ * 1.8 s for a million rows). A slot left by an interrupted copy lost its snapshot with its
+ * connection: dropped, copied again.
+ */
+export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
+  await dropMoveSlot(ctx);
+  // node-postgres supports replication connections; its type definitions do not list the option.
+  const config: pg.ClientConfig & { replication: string } = {
+    connectionString: ctx.source.host.url,
+    replication: 'database',
+    application_name: 'shardctl move',
+  };
+  const replication = new pg.Client(config);
+  replication.on('error', () => undefined);
+  try {
+    await replication.connect();
+    await checkClientConnection(replication);
+  } catch (error) {
+    throw new HostError(ctx.source.host.name, `cannot open a replication connection: ${describePgError(error)}`, { shard: ctx.shards[0]!, code: 'MOVE_FAILED' });
+  }
+  try {
+    const snapshot = await createSlotWatched(ctx, replication);
+    await copyShards(ctx, ctx.shards, snapshot);
+  } finally {
+    await replication.end().catch(() => undefined);
+  }
+}
+
+/**
+ * Creating a logical slot waits for every transaction that holds a transaction id on the source
+ * server, in any database. Says which ones every few seconds, and gives up after waitTimeoutMs
+ * (the step is not recorded: --resume tries again).
+ */
+async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Promise<string> {
+  const pid = Number((await replication.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid);
+  const limit = ctx.options.waitTimeoutMs ?? 300_000;
+  const started = performance.now();
+  let done = false;
+  const creating = replication.query<{ snapshot_name: string }>(createSlotCommand(ctx.name)).finally(() => (done = true));
+  creating.catch(() => undefined);
+  let blockers = '';
+  while (!done) {
+    await Promise.race([creating.then(() => undefined, () => undefined), sleep(2000)]);
+    if (done) break;
+    blockers = await xidHolders(ctx.source.client, pid);
+    const waited = Math.round((performance.now() - started) / 1000);
+    if (performance.now() - started > limit) {
+      await ctx.source.client.query('SELECT pg_terminate_backend($1)', [pid]).catch(() => undefined);
+      await creating.catch(() => undefined);
+      throw new HostError(
+        ctx.source.host.name,
+        `creating the replication slot waited ${waited} s for transactions to finish (${blockers || 'none visible any more'}); ` +
+          `nothing is fenced. End or commit them and run move-shard ${formatShardList(ctx.shards)} --resume, or --abort`,
+        { shard: ctx.shards[0]!, code: 'SLOT_WAIT_TIMEOUT' },
+      );
+    }
+    notice(ctx, `host ${ctx.source.host.name}: creating the replication slot waits for open transactions to finish (${waited} s): ${blockers || 'none visible'}`);
+  }
+  try {
+    return (await creating).rows[0]!.snapshot_name;
+  } catch (error) {
+    throw new HostError(ctx.source.host.name, `cannot create the replication slot: ${describePgError(error)}`, { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error });
+  }
+}
+
+/** The transactions holding a transaction id on the server (any database), oldest first. */
+async function xidHolders(client: pg.Client, except: number): Promise<string> {
+  const result = await client.query<{ pid: number; datname: string | null; application_name: string; age: number; query: string }>(
+    `SELECT pid, datname, application_name, extract(epoch FROM now() - xact_start)::int AS age, left(query, 80) AS query
+       FROM pg_stat_activity
+      WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() AND pid <> $1 AND backend_type = 'client backend'
+      ORDER BY xact_start LIMIT 3`,
+    [except],
+  );
+  return result.rows
+    .map((r) => `pid ${r.pid} (database ${r.datname ?? '?'}, ${r.application_name || 'no application name'}, open ${r.age} s: ${JSON.stringify(r.query)})`)
+    .join('; ');
+}
+
+/**
+ * Copies every table of the shards, each shard in one target transaction after a TRUNCATE (a retried
+ * copy starts clean, and a migration's seed rows give way to the source's), shards spread over
+ * `concurrency` pairs of connections. Online the source side reads the slot's snapshot; offline the
+ * source is fenced. Binary COPY only for tables whose types travel in binary (ShardTable.portable)
+ * between equal majors. Tables of at least INDEXES_AFTER_BYTES on the source are loaded without
+ * their indexes, which are built again after the COPY in the same transaction (see copyShard).
+ */
+export async function copyShards(ctx: MoveContext, shards: readonly number[], snapshot?: string): Promise<void> {
+  const { source, target } = ctx;
+  const schemas = schemasOf(ctx, shards);
+  const tables = await shardTables(source.client, schemas, 'leaves');
+  const sameMajor = sameMajorVersion(ctx);
+  const large = await largeTables(source.client, schemas);
+  const byShard = shards.map((shard) => ({ shard, tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)) }));
+  let next = 0;
+  let failed: unknown = null;
+  const worker = async (): Promise<void> => {
+    let reader: pg.Client | null = null;
+    let writer: pg.Client | null = null;
+    try {
+      reader = await openWorker(source.host, 'shardctl move copy');
+      writer = await openWorker(target.host, 'shardctl move copy');
+      await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
+      if (snapshot) await reader.query(`SET TRANSACTION SNAPSHOT '${snapshot.replaceAll("'", "''")}'`);
+      while (failed === null && next < byShard.length) {
+        const { shard, tables: shardTablesToCopy } = byShard[next++]!;
+        try {
+          await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
+        } catch (error) {
+          await writer.query('ROLLBACK').catch(() => undefined);
+          throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
+        }
+      }
+      await reader.query('COMMIT');
+    } catch (error) {
+      failed ??= error;
+    } finally {
+      await reader?.end().catch(() => undefined);
+      await writer?.end().catch(() => undefined);
+    }
+  };
+  await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));
+  if (failed !== null) throw failed;
+}
+
+/**
+ * From this size on the source, a table is loaded without its indexes and they are built after the
+ * COPY (one sort per index instead of one insertion per row and index). Below it, dropping and
+ * creating them costs more than it saves (bench/move-batch.js, docs/benchmarks.md).
+ */
+export const INDEXES_AFTER_BYTES = 4 * 1024 * 1024;
+
+/** The tables of these schemas (schema.table, quoted) of at least INDEXES_AFTER_BYTES on the source. */
+async function largeTables(source: pg.Client, schemas: readonly string[]): Promise<Set<string>> {
+  const result = await source.query<{ schema: string; table: string }>(
+    `SELECT n.nspname AS schema, c.relname AS table FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r' AND pg_relation_size(c.oid) >= $2`,
+    [schemas, INDEXES_AFTER_BYTES],
+  );
+  return new Set(result.rows.map((r) => qualified(r.schema, r.table)));
+}
+
+/** pg-copy-streams is loaded by the first copy, not by every command that loads the library. */
+async function copyStreams(): Promise<typeof copyStreamsModule> {
+  return (await import('pg-copy-streams')).default;
+}
+
+async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly ShardTable[], sameMajor: boolean, large: ReadonlySet<string>): Promise<void> {
+  const { to, from } = await copyStreams();
+  await writer.query('BEGIN');
+  // Foreign keys between the shard's tables must not depend on the copy order (superusers only).
+  await writer.query('SAVEPOINT replica_role');
+  await writer.query('SET LOCAL session_replication_role = replica').catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
+  if (tables.length > 0) await writer.query(`TRUNCATE ${tables.map((t) => qualified(t.schema, t.table)).join(', ')}`);
+  const rebuild = await dropIndexesForCopy(writer, tables.map((t) => qualified(t.schema, t.table)).filter((name) => large.has(name)));
+  for (const t of tables) {
+    const name = qualified(t.schema, t.table);
+    const format = sameMajor && t.portable ? ' (FORMAT binary)' : '';
+    const out = reader.query(to(`COPY ${name} TO STDOUT${format}`));
+    const into = writer.query(from(`COPY ${name} FROM STDIN${format}`));
+    await pipeline(out, into);
+  }
+  for (const sql of rebuild) await writer.query(sql);
+  await writer.query('COMMIT');
+}
+
+/**
+ * Drops the indexes of the (just truncated) tables that can be built again exactly from their
+ * definition, in the copy's transaction, and returns the statements that build them again: a crash
+ * or an error before COMMIT leaves every table as it was. Plain indexes and the indexes of primary
+ * key, unique and exclusion constraints (pg_get_indexdef / pg_get_constraintdef), in their order of
+ * creation. Only on tables the mover may alter (it owns them, as it created them). Left in place,
+ * because recreating them would lose something or is not allowed: indexes
+ * and constraints anything depends on (a foreign key referencing the key), inherited from a
+ * partitioned parent, invalid, the replica identity or clustering index, outside the default
+ * tablespace, with a comment, security label or column statistics target.
+ */
+async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]): Promise<string[]> {
+  if (tables.length === 0) return [];
+  const result = await writer.query<{ index_name: string; table_name: string; conname: string | null; indexdef: string; condef: string | null }>(
+    `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
+            c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
+       FROM pg_index i
+       JOIN pg_class ic ON ic.oid = i.indexrelid
+       JOIN pg_class t ON t.oid = i.indrelid
+       JOIN pg_namespace n ON n.oid = t.relnamespace
+       LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
+      WHERE t.oid = ANY($1::text[]::regclass[])
+        AND pg_has_role(t.relowner, 'USAGE')
+        AND i.indisvalid AND i.indisready AND i.indislive AND NOT i.indisreplident AND NOT i.indisclustered
+        AND ic.reltablespace = 0
+        AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
+        AND (c.oid IS NULL OR c.conparentid = 0)
+        AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = i.indexrelid)
+        AND (c.oid IS NULL OR NOT EXISTS (
+              SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_constraint'::regclass AND d.refobjid = c.oid
+                 AND NOT (d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid)))
+        AND NOT EXISTS (SELECT 1 FROM pg_description x
+                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
+        AND NOT EXISTS (SELECT 1 FROM pg_seclabel x
+                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
+        AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)
+      ORDER BY i.indexrelid`,
+    [tables],
+  );
+  if (result.rows.length === 0) return [];
+  const drop = result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ${r.table_name} DROP CONSTRAINT ${quoteIdent(r.conname)};` : `DROP INDEX ${r.index_name};`));
+  await writer.query(drop.join('\n'));
+  return result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ONLY ${r.table_name} ADD CONSTRAINT ${quoteIdent(r.conname)} ${r.condef}` : r.indexdef));
+}

@@ -1,0 +1,304 @@
+import pg from 'pg';
+import { rewriteShardOwner } from '../config/rewrite.js';
+import { shardSchemaName } from '../config/types.js';
+import { formatShardList } from '../config/ranges.js';
+import { HostError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
+import { openWorker } from '../fleet/session.js';
+import { dropShardSql } from '../fleet/sql.js';
+import { fenceMarkerSql, fenceSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
+import { stepsFor, type MoveStep } from './state.js';
+import { endPreVerification, preVerify, shardTables, verifyShards, type VerifyResult } from './verify.js';
+import { keyedTables, readChanges, startTrackingSql, stopTracking } from './tail.js';
+import { type MoveContext, record, schemasOf, waveShards, ensureMethods, notice, sleep } from './context.js';
+import { waitForMarker, dropReplication } from './replication.js';
+
+/**
+ * The cut-over of a wave: verification begun before the fence (tail.ts), the fence, catch-up,
+ * sequences, verification, the switch of the map; and undoing a move that has not switched.
+ */
+
+/**
+ * The fence of the current wave: each shard fenced in its own short transaction (fenceSql), retried
+ * while application transactions hold its tables, and reported; then the wave's marker. If the
+ * fence cannot be had within fenceTimeoutMs, the wave is unfenced again and the move stops, resumable.
+ */
+export async function fence(ctx: MoveContext): Promise<void> {
+  const { source } = ctx;
+  const shards = waveShards(ctx);
+  const schemas = schemasOf(ctx, shards);
+  const tables = await shardTables(source.client, schemas, 'all');
+  const deadlock = await source.client.query<{ ms: string }>(`SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`);
+  // Below half the deadlock timeout, so the fence always gives up first (see fenceSql).
+  const lockWaitMs = Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
+  const limit = ctx.options.fenceTimeoutMs ?? 30_000;
+  const fenced = new Set(
+    (await source.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`, [shards])).rows.map((r) => r.shard),
+  );
+  if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
+  const started = performance.now();
+  if (ctx.fenceStartedAtMs === null) {
+    // Kept in the record before the first shard is fenced: a resumed run counts this run's fence too.
+    ctx.fenceStartedAtMs = Date.now();
+    await source.client.query(`UPDATE ${CONTROL}.moves SET detail = detail || jsonb_build_object('fenceStartedAtMs', $2::bigint) WHERE move_id = $1`, [
+      ctx.moveId,
+      ctx.fenceStartedAtMs,
+    ]);
+  }
+  let attempts = 0;
+  let told = started;
+  for (const shard of shards) {
+    if (fenced.has(shard)) continue;
+    const schema = shardSchemaName(ctx.config, shard);
+    const sql = fenceSql({
+      shard,
+      tables: tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const),
+      targetHost: ctx.target.host.name,
+      lockWaitMs,
+      createOrReplaceTrigger: source.serverVersionNum >= 140000,
+    });
+    for (;;) {
+      attempts += 1;
+      try {
+        await source.client.query(sql);
+        break;
+      } catch (error) {
+        await source.client.query('ROLLBACK').catch(() => undefined);
+        const code = (error as { code?: string }).code;
+        // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
+        // transaction lost: the application went on; try again.
+        if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
+      }
+      const waited = performance.now() - started;
+      if (waited > limit) {
+        const holders = await lockHolders(source.client, schema).catch(() => '');
+        await unfence(ctx, shards);
+        ctx.fenceStartedAtMs = null;
+        throw new HostError(
+          source.host.name,
+          `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
+            `${holders ? ` (${holders})` : ''}. The source is writable again; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort`,
+          { shard, code: 'FENCE_TIMEOUT' },
+        );
+      }
+      if (performance.now() - told > 2000) {
+        told = performance.now();
+        notice(ctx, `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`);
+      }
+      await sleep(10 + Math.random() * 40);
+    }
+  }
+  if (attempts > shards.length) notice(ctx, `host ${source.host.name}: fenced ${shards.length} shard${shards.length === 1 ? '' : 's'} in ${attempts} attempts (tables were busy)`);
+  const marker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
+  await source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs));
+  ctx.fenceMarker = marker;
+}
+
+/**
+ * The first part of the wave's verification, while the source is still writable (see tail.ts):
+ * tracking on the target, then a snapshot of every keyed table on both hosts, kept open until the
+ * wave is verified. Best effort: if it cannot be had, the wave is verified whole while fenced.
+ */
+async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
+  await dropPreVerification(ctx);
+  if (ctx.mode !== 'online') return;
+  let held: pg.Client[] = [];
+  try {
+    const keyed = await keyedTables(ctx.source.client, schemas);
+    if (keyed.length === 0) return;
+    const methods = await ensureMethods(ctx);
+    await ctx.target.client.query(startTrackingSql(ctx.moveId, keyed));
+    held = await Promise.all([openWorker(ctx.source.host, 'shardctl move verify'), openWorker(ctx.target.host, 'shardctl move verify')]);
+    const started = performance.now();
+    const verification = await preVerify(held[0]!, held[1]!, keyed, methods);
+    ctx.pre = { wave: ctx.wave, verification };
+    notice(ctx, `host ${ctx.target.host.name}: ${keyed.length} table${keyed.length === 1 ? '' : 's'} of wave ${ctx.wave + 1} checksummed before the fence in ${Math.round(performance.now() - started)} ms; while fenced only their changed rows are compared`);
+  } catch (error) {
+    await Promise.all(held.map((c) => c.end().catch(() => undefined)));
+    await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
+    notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
+  }
+}
+
+export async function dropPreVerification(ctx: MoveContext): Promise<void> {
+  const pre = ctx.pre;
+  ctx.pre = null;
+  if (pre) await endPreVerification(pre.verification);
+}
+
+/** Who holds locks on a schema's tables: pid, application, transaction age and query. */
+async function lockHolders(client: pg.Client, schema: string): Promise<string> {
+  const result = await client.query<{ pid: number; application_name: string; age: number | null; relname: string; query: string }>(
+    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
+       FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE c.relnamespace = to_regnamespace($1) AND l.granted AND l.pid <> pg_backend_pid()
+      ORDER BY a.pid LIMIT 3`,
+    [schema],
+  );
+  return result.rows
+    .map((r) => `${r.relname} held by pid ${r.pid} (${r.application_name || 'no application name'}, transaction open ${r.age ?? 0} s: ${JSON.stringify(r.query)})`)
+    .join('; ');
+}
+
+/** Logical replication applies in commit order: once the fence marker is on the target, so is every earlier change. */
+export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
+  const limit = ctx.options.catchUpTimeoutMs ?? 30_000;
+  try {
+    // A move fenced before markers were per attempt used the plain kind 'fenced'.
+    await waitForMarker(ctx, ctx.fenceMarker ?? 'fenced', limit);
+  } catch (error) {
+    // Do not keep the shards unwritable while the target is stuck: unfence and let the operator retry.
+    await unfence(ctx, waveShards(ctx));
+    ctx.fenceMarker = null;
+    ctx.fenceStartedAtMs = null;
+    await record(ctx, 'synced', 'running');
+    throw new HostError(
+      ctx.target.host.name,
+      `the target did not apply the last changes within ${limit / 1000} s; the source was unfenced and is writable again. Run move-shard ${formatShardList(ctx.shards)} --resume to retry the cut-over, or --abort. (${(error as Error).message})`,
+      { shard: waveShards(ctx)[0]!, code: 'CATCH_UP_TIMEOUT' },
+    );
+  }
+}
+
+/**
+ * Logical replication does not carry sequences. Each target sequence is set to at least the
+ * source's state (read from the sequence itself, so a setval(..., false) is carried as such): every
+ * new id on the target is then greater than every id of the shard (the sequence holds next_id's
+ * position, and ids grow with it).
+ */
+export async function carrySequences(ctx: MoveContext): Promise<void> {
+  const schemas = schemasOf(ctx, waveShards(ctx));
+  const list = await ctx.source.client.query<{ schemaname: string; sequencename: string; increment_by: string }>(
+    `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`,
+    [schemas],
+  );
+  if (list.rows.length === 0) return;
+  const sequences = list.rows.map((r) => [r.schemaname, r.sequencename] as const);
+  const sql = readSequencesSql(sequences);
+  const [src, dst] = await Promise.all([
+    ctx.source.client.query<{ last_value: string; is_called: boolean }>(sql),
+    ctx.target.client.query<{ last_value: string; is_called: boolean }>(sql),
+  ]);
+  const behind: SequenceValue[] = [];
+  list.rows.forEach((row, i) => {
+    const increment = BigInt(row.increment_by);
+    const next = (r: { last_value: string; is_called: boolean }): bigint => BigInt(r.last_value) + (r.is_called ? increment : 0n);
+    const s = src.rows[i]!;
+    const d = dst.rows[i]!;
+    // The value the target would hand out next must not come before the source's.
+    const targetBehind = increment > 0n ? next(d) < next(s) : next(d) > next(s);
+    if (targetBehind) behind.push({ schema: row.schemaname, name: row.sequencename, lastValue: BigInt(s.last_value), isCalled: s.is_called });
+  });
+  if (behind.length > 0) await ctx.target.client.query(setSequencesSql(behind));
+}
+
+export async function verify(ctx: MoveContext): Promise<void> {
+  const shards = waveShards(ctx);
+  const schemas = schemasOf(ctx, shards);
+  const methods = await ensureMethods(ctx);
+  const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification : null;
+  let result: VerifyResult;
+  try {
+    const tail = pre ? { pre, changes: await readChanges(ctx.target.client, ctx.moveId) } : undefined;
+    result = await verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail);
+  } finally {
+    await dropPreVerification(ctx);
+  }
+  // Still fenced: the tracking triggers go before the wave's copies take application writes.
+  await stopTracking(ctx.target.client, ctx.moveId, schemas);
+  const before = ctx.verification;
+  ctx.verification = before
+    ? {
+        ok: before.ok && result.ok,
+        rows: before.rows + result.rows,
+        tables: [...before.tables, ...result.tables],
+        mismatches: [...before.mismatches, ...result.mismatches],
+        byKey: { tables: before.byKey.tables + result.byKey.tables, keys: before.byKey.keys + result.byKey.keys },
+      }
+    : result;
+  if (result.ok) {
+    ctx.rowsVerified += result.rows;
+    return;
+  }
+  const mismatches = result.mismatches.map((m) => `  - ${m}`).join('\n');
+  const data = { moveId: ctx.moveId, verification: { ...result, rows: result.rows.toString() } };
+  if (ctx.wave === 0) {
+    // Nothing switched yet: the move is undone, the sources writable again, nothing is lost.
+    await abortMove(ctx, 'sequences-carried');
+    throw new HostError(ctx.target.host.name, `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`, {
+      shard: shards[0]!,
+      code: 'VERIFY_FAILED',
+      data,
+      details: result.mismatches,
+    });
+  }
+  // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
+  await unfence(ctx, shards);
+  ctx.fenceMarker = null;
+  ctx.fenceStartedAtMs = null;
+  await record(ctx, 'synced', 'running');
+  throw new HostError(
+    ctx.target.host.name,
+    `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); run --resume to retry this wave:\n${mismatches}`,
+    { shard: shards[0]!, code: 'VERIFY_FAILED', data, details: result.mismatches },
+  );
+}
+
+/** The map now says target for the wave: its copies become active, and the config file is rewritten in place. */
+export async function switchMap(ctx: MoveContext): Promise<void> {
+  const shards = waveShards(ctx);
+  await ctx.target.client.query(`UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ANY($1)`, [shards]);
+  const file = ctx.options.configFile ?? ctx.config.file;
+  try {
+    await rewriteShardOwner(file, shards, ctx.source.host.name, ctx.target.host.name);
+  } catch (error) {
+    throw new HostError(
+      ctx.target.host.name,
+      `the target ${shards.length === 1 ? 'copy of shard' : 'copies of shards'} ${formatShardList(shards)} ${shards.length === 1 ? 'is' : 'are'} active, but the map ${file} could not be rewritten: ${(error as Error).message}. ` +
+        `Fix that and run move-shard ${formatShardList(ctx.shards)} --resume (the move can no longer be aborted)`,
+      { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error },
+    );
+  }
+  if (ctx.fenceStartedAtMs !== null) ctx.writeBlockedMs = Math.max(ctx.writeBlockedMs ?? 0, Date.now() - ctx.fenceStartedAtMs);
+}
+
+async function unfence(ctx: MoveContext, shards: readonly number[]): Promise<void> {
+  const tables = await shardTables(ctx.source.client, schemasOf(ctx, shards), 'all');
+  for (const shard of shards) {
+    const schema = shardSchemaName(ctx.config, shard);
+    const own = tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
+    await ctx.source.client.query(unfenceSql(shard, own, ctx.moveId));
+  }
+}
+
+/**
+ * Undoes a move that has not switched any shard: no subscription, publication or slot left behind,
+ * the sources writable again, the target's copies dropped.
+ */
+export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
+  const steps = stepsFor(ctx.mode);
+  const active = await ctx.target.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`, [ctx.shards]);
+  // The switch activates the target's copies before it rewrites the map and records the step: a
+  // run killed in between left active copies that the map may already name. Undoing the move then
+  // would leave two writable copies.
+  if (steps.indexOf(step) >= steps.indexOf('switched') || ctx.wave > 0 || (active.rowCount ?? 0) > 0) {
+    const switched = active.rows.map((r) => r.shard);
+    throw new HostError(
+      ctx.target.host.name,
+      `move ${ctx.moveId} already switched shard${switched.length === 1 ? '' : 's'} ${formatShardList(switched.length > 0 ? switched : ctx.shards)} to ${ctx.target.host.name}; it cannot be aborted. ` +
+        `Run --resume to finish it, then move the shards back if needed.`,
+      { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED' },
+    );
+  }
+  await dropPreVerification(ctx);
+  await dropReplication(ctx);
+  await unfence(ctx, ctx.shards);
+  // Only copies this move created (incoming, never active: see above) are dropped.
+  for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
+  for (const side of [ctx.source, ctx.target]) {
+    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
+  }
+  await record(ctx, step, 'aborted');
+}

@@ -1,0 +1,112 @@
+import { formatShardList } from '../config/ranges.js';
+import { HostError } from '../errors.js';
+import { CONTROL } from '../fleet/control.js';
+import { createPublicationSql, createSubscriptionSql, dropPublicationSql, insertMarkerSql } from './sql.js';
+import { dropSlot, dropSubscription } from './leftovers.js';
+import { shardTables } from './verify.js';
+import { type MoveContext, schemasOf, ensureMethods, notice, sameMajorVersion, sleep } from './context.js';
+
+/**
+ * The logical replication of a move: publication, subscription, waiting until every table streams,
+ * markers, and removing it all again.
+ */
+
+export async function publish(ctx: MoveContext): Promise<void> {
+  const exists = await ctx.source.client.query(`SELECT 1 FROM pg_publication WHERE pubname = $1`, [ctx.name]);
+  if (exists.rowCount) return;
+  // The marker table rides along (only this move's rows): see waitForCatchUp.
+  await ctx.source.client.query(createPublicationSql(ctx.name, schemasOf(ctx, ctx.shards), ctx.moveId));
+}
+
+export async function subscribe(ctx: MoveContext): Promise<void> {
+  const exists = await ctx.target.client.query(`SELECT 1 FROM pg_subscription WHERE subname = $1`, [ctx.name]);
+  if (exists.rowCount) return;
+  const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
+  // Binary replication carries type OIDs in arrays and records, and reg* values as raw OIDs.
+  const binary = sameMajorVersion(ctx) && tables.every((t) => t.portable);
+  await ctx.target.client.query(createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, binary));
+}
+
+/** Every table streaming; then one marker round trip, so the cut-over starts nearly caught up. */
+export async function waitForSync(ctx: MoveContext): Promise<void> {
+  const errors = async (): Promise<number> => {
+    const r = await ctx.target.client.query<{ n: string }>(
+      `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`,
+      [ctx.name],
+    );
+    return Number(r.rows[0]?.n ?? 0);
+  };
+  const baseline = await errors();
+  const limit = ctx.options.waitTimeoutMs ?? 300_000;
+  const started = performance.now();
+  let told = started;
+  for (;;) {
+    // The subscription retries a failed apply for ever; three failures in a row stop the move instead.
+    const failures = (await errors()) - baseline;
+    if (failures >= 3) {
+      throw new HostError(
+        ctx.target.host.name,
+        `applying the replicated changes failed ${failures} times (the reason is in that host's server log); ` +
+          `fix it and run move-shard ${formatShardList(ctx.shards)} --resume, or --abort to undo the move`,
+        { shard: ctx.shards[0]!, code: 'SYNC_FAILED' },
+      );
+    }
+    const r = await ctx.target.client.query<{ total: string; pending: string }>(
+      `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
+         FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`,
+      [ctx.name],
+    );
+    const { total, pending } = r.rows[0]!;
+    if (Number(total) > 0 && Number(pending) === 0) break;
+    if (performance.now() - started > limit) {
+      throw new HostError(ctx.target.host.name, `${pending} of ${total} tables are still not streaming after ${Math.round(limit / 1000)} s; nothing is fenced. Run --resume to wait again, or --abort`, {
+        shard: ctx.shards[0]!,
+        code: 'SYNC_TIMEOUT',
+      });
+    }
+    if (performance.now() - told > 5000) {
+      told = performance.now();
+      notice(ctx, `host ${ctx.target.host.name}: waiting for the subscription: ${pending} of ${total} tables not streaming yet`);
+    }
+    await sleep(50);
+  }
+  await ctx.source.client.query(insertMarkerSql(ctx.moveId, 'synced'));
+  await waitForMarker(ctx, 'synced', limit, true);
+  // Checksum methods are chosen now, while nothing is fenced.
+  await ensureMethods(ctx);
+}
+
+export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number, tell = false): Promise<void> {
+  const started = performance.now();
+  let told = started;
+  for (;;) {
+    const r = await ctx.target.client.query(`SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`, [ctx.moveId, kind]);
+    if (r.rowCount) return;
+    if (performance.now() - started > timeoutMs) throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
+    if (tell && performance.now() - told > 5000) {
+      told = performance.now();
+      const lag = await ctx.source.client
+        .query<{ lag: string | null }>(`SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`, [ctx.name])
+        .then((q) => q.rows[0]?.lag ?? 'unknown', () => 'unknown');
+      notice(ctx, `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s)`);
+    }
+    await sleep(10);
+  }
+}
+
+export async function dropReplication(ctx: MoveContext): Promise<void> {
+  const { source, target, name } = ctx;
+  await dropSubscription(target.client, name);
+  await source.client.query(dropPublicationSql(name));
+  await dropMoveSlot(ctx);
+}
+
+/** Drops the move's slot on the source if it exists; a slot still held by a dying walsender is waited for. */
+export async function dropMoveSlot(ctx: MoveContext): Promise<void> {
+  const { source, name } = ctx;
+  if (await dropSlot(source.client, name)) return;
+  throw new HostError(source.host.name, `replication slot ${name} could not be dropped; drop it with pg_drop_replication_slot`, {
+    shard: ctx.shards[0]!,
+    code: 'SLOT_LEFT',
+  });
+}
