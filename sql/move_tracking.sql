@@ -14,10 +14,13 @@ CREATE TABLE IF NOT EXISTS {{control}}.move_changes (
 
 -- The trigger function: TG_ARGV[0] is the move id, the rest the key columns. Installed as ALWAYS
 -- triggers, so it records the logical replication apply worker's writes (which run as 'replica')
--- and any other session's alike: a write by hand on the target is caught as well.
+-- and any other session's alike: a write by hand on the target is caught as well. SECURITY DEFINER:
+-- a trigger runs as the role that writes, and from PostgreSQL 16 the apply worker writes as each
+-- table's owner, who need not have any right on the control schema.
 CREATE OR REPLACE FUNCTION {{control}}.move_track()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $move_track$
 DECLARE

@@ -27,7 +27,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     .option('--resume', 'finish the unfinished moves of these shards')
     .option('--abort', 'undo the unfinished moves of these shards')
     .option('--drop-source', 'drop the old copy right after the switch instead of keeping it until gc')
-    .option('--wave-size <n>', 'online: at most this many shards fenced and switched together (default 16; waves are also kept under ~500,000 rows)');
+    .option('--wave-size <n>', 'online: at most this many shards fenced and switched together (default 64; waves are also kept under ~2,000,000 rows)');
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');

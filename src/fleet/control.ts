@@ -29,14 +29,18 @@ export function controlSchemaSql(config: ShardctlConfig): string {
   ].join('\n');
 }
 
+/** Sets a worker session to commit without waiting for the WAL flush (see DURABLE_FLUSH_SQL). */
+export const ASYNC_COMMIT_SQL = 'SET synchronous_commit = off';
+
 /**
- * Provisioning commits each shard's transaction with synchronous_commit off (no WAL flush, and no
- * wait for a synchronous standby, per shard: the bulk of migrate's time otherwise). This transaction
- * ends such a run: it writes (the layout row, unchanged) and commits with synchronous_commit on, so
- * its commit waits until the WAL is flushed, and confirmed by synchronous standbys, up to its own
- * commit record, which comes after every commit the run made on the host. Until it returns, a crash
- * can lose the run's last commits, each shard's change together with its record (one transaction),
- * so a rerun applies them again; once it returns, they are as durable as any commit.
+ * Provisioning, and a move's target creation and copy, commit each shard's transaction with
+ * synchronous_commit off (no WAL flush, and no wait for a synchronous standby, per shard: the bulk
+ * of migrate's time otherwise). This transaction ends such a run: it writes (the layout row,
+ * unchanged) and commits with synchronous_commit on, so its commit waits until the WAL is flushed,
+ * and confirmed by synchronous standbys, up to its own commit record, which comes after every
+ * commit the run made on the host. Until it returns, a crash can lose the run's last commits, each
+ * shard's change together with its record (one transaction), so a rerun applies them again; once it
+ * returns, they are as durable as any commit.
  */
 export const DURABLE_FLUSH_SQL = `BEGIN; SET LOCAL synchronous_commit = on; UPDATE ${CONTROL}.layout SET control_version = control_version; COMMIT;`;
 

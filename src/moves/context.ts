@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
+import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { openWorker, type HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { PreflightCheck } from './preflight.js';
@@ -36,7 +37,7 @@ export interface MoveOptions {
    * whole run, so that its moves can share hosts); the command then takes none of its own.
    */
   readonly runnerLocksHeld?: boolean;
-  /** Wave limits for the online cut-over (default 16 shards, 500,000 estimated rows). */
+  /** Wave limits for the online cut-over (default 64 shards, 2,000,000 estimated rows). */
   readonly wave?: WaveLimits;
   readonly onStep?: (step: MoveStep, detail: string) => void;
   /** What a wait is waiting for, every few seconds; retries; anything a person should know. */
@@ -110,15 +111,17 @@ export interface MoveContext {
   pre: { readonly wave: number; readonly verification: PreVerification } | null;
 }
 
-// A wave's pause grows with the shards fenced and verified together: measured (docs/benchmarks.md,
-// move-batch) 1.6-2.2 s for a 64-shard wave on a loaded machine. 16 trades a few more catch-up round
-// trips for a quarter of that.
-const DEFAULT_WAVE = { maxShards: 16, maxRows: 500_000 };
+// A wave's pause grows with its shards (one fence transaction each) and with the rows verified while
+// fenced: since the checksums are taken before the fence (tail.ts), only tables without a usable key
+// are checksummed whole then. A 64-shard wave with verification under the fence blocked writes
+// 1.6-2.2 s on a loaded machine; verified before the fence, a 16-shard wave blocked 85-131 ms and a
+// 1,000,000-row shard 53-174 ms (docs/benchmarks.md).
+const DEFAULT_WAVE = { maxShards: 64, maxRows: 2_000_000 };
 
 /**
  * Splits a batch into cut-over waves: consecutive shards while a wave has at most maxShards shards
- * and maxRows estimated rows (a shard over the limit goes alone). Verification runs while a wave is
- * fenced, so rows are what makes a wave's pause long.
+ * and maxRows estimated rows (a shard over the limit goes alone). Rows count because a table without
+ * a usable key is verified whole while its wave is fenced.
  */
 export function planWaves(shards: readonly number[], rows: ReadonlyMap<number, number>, limits: WaveLimits = {}): number[][] {
   const maxShards = limits.maxShards ?? DEFAULT_WAVE.maxShards;
@@ -227,7 +230,11 @@ export function concurrency(ctx: MoveContext, items: number): number {
   return Math.max(1, Math.min(ctx.options.concurrency ?? ctx.config.concurrency, items));
 }
 
-/** Runs fn over items with `workers` worker connections to `host`, each item on one of them. */
+/**
+ * Runs fn over items with `workers` worker connections to `host`, each item on one of them. The
+ * workers commit without waiting for the WAL flush; one durable commit at the end covers them all
+ * (DURABLE_FLUSH_SQL), before the caller records its step.
+ */
 export async function withWorkers<T>(
   ctx: MoveContext,
   side: Side,
@@ -239,6 +246,7 @@ export async function withWorkers<T>(
   const worker = async (): Promise<void> => {
     const client = await openWorker(side.host, 'shardctl move worker');
     try {
+      await client.query(ASYNC_COMMIT_SQL);
       while (failed === null && next < items.length) await fn(client, items[next++]!);
     } catch (error) {
       failed ??= error;
@@ -248,6 +256,7 @@ export async function withWorkers<T>(
   };
   await Promise.all(Array.from({ length: concurrency(ctx, items.length) }, worker));
   if (failed !== null) throw failed;
+  if (items.length > 0) await side.client.query(DURABLE_FLUSH_SQL);
 }
 
 export async function ensureMethods(ctx: MoveContext): Promise<Map<string, 'record' | 'text'>> {

@@ -5,7 +5,7 @@ import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
-import { CONTROL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
 import { createShardSql } from '../fleet/sql.js';
 import { quoteIdent } from '../pg/quote.js';
@@ -174,6 +174,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
     try {
       reader = await openWorker(source.host, 'shardctl move copy');
       writer = await openWorker(target.host, 'shardctl move copy');
+      await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
       if (snapshot) await reader.query(`SET TRANSACTION SNAPSHOT '${snapshot.replaceAll("'", "''")}'`);
       while (failed === null && next < byShard.length) {
@@ -195,6 +196,8 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
   };
   await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));
   if (failed !== null) throw failed;
+  // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
+  await target.client.query(DURABLE_FLUSH_SQL);
 }
 
 /**
