@@ -25,6 +25,8 @@ import { describePgError } from './connect.js';
 export const RUNNER_LOCK_CLASS = ID_LOCK_CLASS;
 export const RUNNER_LOCK_OBJID = 0;
 export const WORKER_LOCK_OBJID = 1;
+/** Serialises moves that set up change tracking on the same target at once (src/moves/tail.ts). */
+export const TRACKING_LOCK_OBJID = 2;
 
 export interface RunnerLockOptions {
   /**

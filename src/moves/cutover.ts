@@ -10,7 +10,7 @@ import { dropShardSql } from '../fleet/sql.js';
 import { fenceMarkerSql, fenceSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endPreVerification, preVerify, shardTables, verifyShards, type VerifyResult } from './verify.js';
-import { keyedTables, readChanges, startTrackingSql, stopTracking } from './tail.js';
+import { keyedTables, readChanges, runTransaction, startTrackingSql, stopTracking } from './tail.js';
 import { type MoveContext, record, schemasOf, waveShards, ensureMethods, notice, sleep } from './context.js';
 import { waitForMarker, dropReplication } from './replication.js';
 
@@ -108,7 +108,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     const keyed = await keyedTables(ctx.source.client, schemas);
     if (keyed.length === 0) return;
     const methods = await ensureMethods(ctx);
-    await ctx.target.client.query(startTrackingSql(ctx.moveId, keyed));
+    await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
     held = await Promise.all([openWorker(ctx.source.host, 'shardctl move verify'), openWorker(ctx.target.host, 'shardctl move verify')]);
     const started = performance.now();
     const verification = await preVerify(held[0]!, held[1]!, keyed, methods);

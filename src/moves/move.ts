@@ -2,7 +2,7 @@ import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { CONTROL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql } from './sql.js';
@@ -95,15 +95,24 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
   const rows = await source.client.query<{ shard: number; schema_name: string }>(`SELECT shard, schema_name FROM ${CONTROL}.shards WHERE shard = ANY($1)`, [ctx.shards]);
   const current = new Map(rows.rows.map((r) => [r.shard, r.schema_name]));
-  for (const shard of ctx.shards) {
-    const schema = shardSchemaName(ctx.config, shard);
-    const now = current.get(shard);
-    if (ctx.options.dropSource) {
-      if (now !== undefined) await source.client.query(dropShardSql(shard, [now, schema]));
-    } else if (now === schema) {
-      await source.client.query(await renameWithStub(ctx, shard, oldCopyName(schema, ctx.moveId)));
+  // One transaction per shard (its rename or drop with its control row), none waiting for the WAL
+  // flush; the last commit waits for all of them. A crash before it can undo some, which the control
+  // rows show and a resumed clean-up redoes.
+  await source.client.query(ASYNC_COMMIT_SQL);
+  try {
+    for (const shard of ctx.shards) {
+      const schema = shardSchemaName(ctx.config, shard);
+      const now = current.get(shard);
+      if (ctx.options.dropSource) {
+        if (now !== undefined) await source.client.query(dropShardSql(shard, [now, schema]));
+      } else if (now === schema) {
+        await source.client.query(await renameWithStub(ctx, shard, oldCopyName(schema, ctx.moveId)));
+      }
     }
+  } finally {
+    await source.client.query('RESET synchronous_commit').catch(() => undefined);
   }
+  await source.client.query(DURABLE_FLUSH_SQL);
   const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(
     `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`,
     [schemasOf(ctx, ctx.shards)],

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
+import { RUNNER_LOCK_CLASS, TRACKING_LOCK_OBJID } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 import { qualified } from './sql.js';
@@ -72,6 +73,8 @@ export function startTrackingSql(moveId: string, tables: readonly KeyedTable[]):
   return [
     'BEGIN;',
     "SET LOCAL lock_timeout = '5s';",
+    // Moves into the same target (from several sources at once) would race on CREATE OR REPLACE.
+    `SELECT pg_advisory_xact_lock(${RUNNER_LOCK_CLASS}, ${TRACKING_LOCK_OBJID});`,
     renderSql(loadSqlTemplate('move_tracking.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
     `DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`,
     ...tables.flatMap(({ table, columns }) => {
@@ -101,7 +104,8 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
   );
   const exists = (await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.move_changes`])).rows[0]!.e;
   if (triggers.rows.length === 0 && !exists) return;
-  await client.query(
+  await runTransaction(
+    client,
     [
       'BEGIN;',
       "SET LOCAL lock_timeout = '5s';",
@@ -110,6 +114,16 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
       'COMMIT;',
     ].join('\n'),
   );
+}
+
+/** Runs a BEGIN … COMMIT string; on failure rolls back, so the session stays usable, and rethrows. */
+export async function runTransaction(client: pg.Client, sql: string): Promise<void> {
+  try {
+    await client.query(sql);
+  } catch (error) {
+    await client.query('ROLLBACK').catch(() => undefined);
+    throw error;
+  }
 }
 
 /** What was recorded for one table. */
