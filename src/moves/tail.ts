@@ -30,25 +30,28 @@ import type { ShardTable } from './verify.js';
  * TAIL_MAX_KEYS recorded keys.
  */
 
-/** A table whose tail can be verified by key: its replica-identity key columns. */
+/** A table whose tail can be verified by key: its replica-identity key columns and their types. */
 export interface KeyedTable {
   readonly table: ShardTable;
   readonly columns: readonly string[];
+  /** format_type() of each key column (built-in types only, see EXACT_KEY_TYPES). */
+  readonly types: readonly string[];
 }
 
 /** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
 export const TAIL_MAX_KEYS = 100_000;
 
 /**
- * Key types whose JSON form (to_jsonb) reads back to the same value (jsonb_populate_recordset): the
+ * Key types whose JSON form (to_jsonb) reads back to the same value (jsonb_to_recordset): the
  * lookup must find exactly the row that was recorded.
  */
 const EXACT_KEY_TYPES = ['int2', 'int4', 'int8', 'numeric', 'text', 'varchar', 'uuid', 'bool', 'date', 'timestamp', 'timestamptz', 'bytea'];
 
 /** Plain tables (not partitioned, not partitions) of `schemas` with an exact-typed replica-identity key. */
 export async function keyedTables(client: pg.Client, schemas: readonly string[]): Promise<KeyedTable[]> {
-  const result = await client.query<{ nspname: string; relname: string; columns: string[]; exact: boolean }>(
+  const result = await client.query<{ nspname: string; relname: string; columns: string[]; types: string[]; exact: boolean }>(
     `SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY k.ord) AS columns,
+            array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.ord) AS types,
             bool_and(t.oid < 16384 AND t.typname = ANY($2::text[])) AS exact
        FROM pg_class c
        JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -61,7 +64,9 @@ export async function keyedTables(client: pg.Client, schemas: readonly string[])
       ORDER BY n.nspname, c.relname`,
     [schemas, EXACT_KEY_TYPES],
   );
-  return result.rows.filter((r) => r.exact).map((r) => ({ table: { schema: r.nspname, table: r.relname, portable: true }, columns: r.columns }));
+  return result.rows
+    .filter((r) => r.exact)
+    .map((r) => ({ table: { schema: r.nspname, table: r.relname, portable: true }, columns: r.columns, types: r.types }));
 }
 
 const TRACK_TRIGGER = 'shardctl_track';
@@ -152,11 +157,12 @@ export async function readChanges(client: pg.Client, moveId: string): Promise<Ma
 
 /**
  * SQL condition: the row `t` of `table` has one of the keys in the JSON array `param` (a
- * placeholder like $1). The keys read back through the table's own row type, so each column has
- * its type and the lookup can use the key's index.
+ * placeholder like $1). The keys are read back with their columns' types (built-in types, from the
+ * catalog), so the lookup can use the key's index; not through the table's row type, whose other
+ * columns would be NULL (a domain NOT NULL refuses that).
  */
 export function keyFilterSql(keyed: KeyedTable, param: string): string {
   const columns = keyed.columns.map(quoteIdent);
-  const row = (alias: string): string => `(${columns.map((c) => `${alias}.${c}`).join(', ')})`;
-  return `${row('t')} IN (SELECT ${columns.map((c) => `k.${c}`).join(', ')} FROM jsonb_populate_recordset(NULL::${qualified(keyed.table.schema, keyed.table.table)}, ${param}::jsonb) k)`;
+  const definitions = columns.map((c, i) => `${c} ${keyed.types[i]!}`).join(', ');
+  return `(${columns.map((c) => `t.${c}`).join(', ')}) IN (SELECT ${columns.map((c) => `k.${c}`).join(', ')} FROM jsonb_to_recordset(${param}::jsonb) AS k(${definitions}))`;
 }

@@ -190,11 +190,11 @@ describe('cut-over waves', () => {
 });
 
 describe('pre-fence verification SQL (moves/tail.ts)', () => {
-  const keyed = { table: { schema: 'insta"1', table: 'photo likes', portable: true }, columns: ['photo_id', 'user "id"'] };
+  const keyed = { table: { schema: 'insta"1', table: 'photo likes', portable: true }, columns: ['photo_id', 'user "id"'], types: ['bigint', 'character varying(20)'] };
 
-  it('looks rows up by their key columns, read back through the table row type, identifiers quoted', () => {
+  it('looks rows up by their key columns, read back with their types, identifiers quoted', () => {
     expect(keyFilterSql(keyed, '$3')).toBe(
-      '(t."photo_id", t."user ""id""") IN (SELECT k."photo_id", k."user ""id""" FROM jsonb_populate_recordset(NULL::"insta""1"."photo likes", $3::jsonb) k)',
+      '(t."photo_id", t."user ""id""") IN (SELECT k."photo_id", k."user ""id""" FROM jsonb_to_recordset($3::jsonb) AS k("photo_id" bigint, "user ""id""" character varying(20)))',
     );
   });
 
