@@ -37,7 +37,8 @@
 --
 -- Written for a cold call: at drawing rates below ~2^sequenceBits per millisecond this runs every
 -- millisecond or two, between long stretches of the fast path, so what it costs is mostly how
--- much code it touches (v4 measured 2-3x cheaper than v3 per call that way). Hence: no catalog
+-- much code it touches (measured that way, a v4 call costs 48 µs where v3 took 116 µs when it calls
+-- setval(), 83 µs against 127 µs when it draws). Hence: no catalog
 -- query (built-in functions check the schema and the cache), the lock and the clock in one
 -- expression, the settings and the range checks only where the sequence is about to move, and
 -- as few statements as the argument allows.
