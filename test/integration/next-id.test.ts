@@ -5,10 +5,13 @@ import { ID_FUNCTION_VERSION, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
 import { renderNextIdV2Sql } from '../fixtures/next-id-v2.js';
+import { renderNextIdV3Sql } from '../fixtures/next-id-v3.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
+/** A database of its own for the v3 upgrade test: both upgrade tests initialise a fleet. */
+const dbV3 = useTestDatabases(1);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
   await client.query(`create schema if not exists "${schema}"`);
@@ -203,69 +206,99 @@ describe('next_id()', () => {
     });
   });
 
-  it('init detects a v2 next_id() and replaces it in place, keeping its language, while a writer inserts: no insert fails, ids never repeat', async () => {
-    const url = db.urls[0]!;
-    const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
-    const config = await fleet.config();
-    expect((await init(config)).ok).toBe(true);
-    await withClient(url, async (client) => {
-      // What a fleet initialised by the previous release has: v2 in place, no next_id_fast().
-      await client.query(renderNextIdV2Sql('upg0', 0, config.idLayout));
-      await client.query('drop function upg0.next_id_fast(regclass, bigint)');
-      // No primary key: a repeated id must be stored and counted, not refused.
-      await client.query(`create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`);
-      // A burst first, so that the position is ahead of the clock when v3 takes over.
-      await client.query(`insert into upg0.ids (phase) select 'v2' from generate_series(1, 100000)`);
-    });
-    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([0]);
+  // What a fleet initialised by each earlier release has, and the language init must keep.
+  const previousReleases = [
+    {
+      version: 2,
+      // PL/pgSQL next_id() and next_id_locked(), no next_id_fast().
+      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
+        await client.query(renderNextIdV2Sql(schema, shard, layout));
+        await client.query(`drop function "${schema}".next_id_fast(regclass, bigint)`);
+      },
+      language: 'plpgsql',
+      database: () => db.urls[0]!,
+    },
+    {
+      // The inlined SQL next_id() calling next_id_fast(), and v3's slow path.
+      version: 3,
+      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
+        await client.query(renderNextIdV3Sql(schema, shard, layout));
+      },
+      language: 'sql',
+      database: () => dbV3.urls[0]!,
+    },
+  ];
 
-    // One session keeps inserting while init replaces the function.
-    let upgrading = true;
-    const writer = (async () => {
-      const client = new pg.Client({ connectionString: url });
-      await client.connect();
-      try {
-        let batches = 0;
-        while (upgrading || batches < 5) {
-          await client.query(`insert into upg0.ids (phase) select 'during' from generate_series(1, 200)`);
-          batches += 1;
+  it.each(previousReleases)(
+    'init detects a v$version next_id() and replaces it in place, keeping its language ($language), while a writer inserts: no insert fails, ids never repeat',
+    async ({ version, install, language, database }) => {
+      const url = database();
+      const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
+      const config = await fleet.config();
+      expect((await init(config)).ok).toBe(true);
+      await withClient(url, async (client) => {
+        await install(client, 'upg0', 0, config.idLayout);
+        // No primary key: a repeated id must be stored and counted, not refused.
+        await client.query(`create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`);
+        // A burst first, so that the position is ahead of the clock when the new version takes over.
+        await client.query(`insert into upg0.ids (phase) select 'old' from generate_series(1, 100000)`);
+      });
+      expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([0]);
+
+      // One session keeps inserting (small batches, at a rate that also takes the slow path) while
+      // init replaces the functions.
+      let upgrading = true;
+      const writer = (async () => {
+        const client = new pg.Client({ connectionString: url });
+        await client.connect();
+        try {
+          let batches = 0;
+          while (upgrading || batches < 5) {
+            await client.query(`insert into upg0.ids (phase) select 'during' from generate_series(1, 200)`);
+            batches += 1;
+          }
+        } finally {
+          await client.end();
         }
+      })();
+      try {
+        const result = await init(config);
+        expect(result.ok).toBe(true);
       } finally {
-        await client.end();
+        upgrading = false;
+        await writer;
       }
-    })();
-    try {
-      const result = await init(config);
-      expect(result.ok).toBe(true);
-    } finally {
-      upgrading = false;
-      await writer;
-    }
 
-    await withClient(url, async (client) => {
-      await client.query(`insert into upg0.ids (phase) select 'v3' from generate_series(1, 100000)`);
-      const r = await client.query<{ total: string; distinct: string; v2_max: string; v3_min: string; max_per_ms: string }>(`
-        select count(*) as total, count(distinct id) as distinct,
-               max(id) filter (where phase = 'v2') as v2_max, min(id) filter (where phase = 'v3') as v3_min,
-               (select max(c) from (select count(*) c from upg0.ids group by id >> 23) m) as max_per_ms
-          from upg0.ids`);
-      const row = r.rows[0]!;
-      expect(Number(row.total)).toBeGreaterThanOrEqual(201_000);
-      expect(row.distinct).toBe(row.total);
-      // The new function continues from the old position: later ids are larger.
-      expect(BigInt(row.v3_min)).toBeGreaterThan(BigInt(row.v2_max));
-      expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
-      const fn = await client.query<{ lang: string; comment: string }>(`
-        select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment
-          from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg0.next_id(regclass)'::regprocedure`);
-      // Upgraded in its own language: changing it under the writer would have failed its inserts.
-      expect(fn.rows[0]!.lang).toBe('plpgsql');
-      expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
-      const fresh = await client.query<{ lang: string }>(
-        `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
-      );
-      expect(fresh.rows[0]!.lang).toBe('sql');
-    });
-    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([]);
-  });
+      await withClient(url, async (client) => {
+        await client.query(`insert into upg0.ids (phase) select 'new' from generate_series(1, 100000)`);
+        const r = await client.query<{ total: string; distinct: string; old_max: string; new_min: string; max_per_ms: string }>(`
+          select count(*) as total, count(distinct id) as distinct,
+                 max(id) filter (where phase = 'old') as old_max, min(id) filter (where phase = 'new') as new_min,
+                 (select max(c) from (select count(*) c from upg0.ids group by id >> 23) m) as max_per_ms
+            from upg0.ids`);
+        const row = r.rows[0]!;
+        expect(Number(row.total)).toBeGreaterThanOrEqual(201_000);
+        expect(row.distinct).toBe(row.total);
+        // The new function continues from the old position: later ids are larger.
+        expect(BigInt(row.new_min)).toBeGreaterThan(BigInt(row.old_max));
+        expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
+        const fn = await client.query<{ lang: string; comment: string }>(`
+          select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment
+            from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg0.next_id(regclass)'::regprocedure`);
+        // Upgraded in its own language: changing it under the writer would have failed its inserts.
+        expect(fn.rows[0]!.lang).toBe(language);
+        expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
+        expect(fn.rows[0]!.comment).not.toContain(`shardctl next_id v${version}:`);
+        // The slow path was replaced too (one statement replaces all three functions): no catalog query.
+        const locked = await client.query<{ body: string }>(`select prosrc as body from pg_proc where oid = 'upg0.next_id_locked(regclass)'::regprocedure`);
+        expect(locked.rows[0]!.body).toContain('pg_sequence_parameters');
+        expect(locked.rows[0]!.body).not.toContain('pg_catalog.pg_class');
+        const fresh = await client.query<{ lang: string }>(
+          `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
+        );
+        expect(fresh.rows[0]!.lang).toBe('sql');
+      });
+      expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([]);
+    },
+  );
 });

@@ -9,8 +9,9 @@ describe('SQL templates', () => {
   it('fills next_id with bigint-safe constants: the shard in its own bits, shifts on bigint values', () => {
     const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
     expect(sql).toContain('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)');
-    expect(sql).toContain('| 5120 |'); // 5 << 10
-    expect(sql).toContain('(pos >> 10) << 23');
+    // ((pos >> 10) << 23) | (5 << 10) | (pos & 1023), written as pos + (pos >> 10) * (2^23 - 2^10) + (5 << 10).
+    expect(sql).toContain('THEN pos + (pos >> 10) * 8387584 + 5120');
+    expect(sql).toContain('RETURN pos + (pos >> 10) * 8387584 + 5120;');
     expect(sql).toContain('AND pos <= 1125899906842623'); // 2^50 - 1: 40 time bits + 10 sequence bits
     expect(sql).not.toMatch(/\{\{\w+\}\}/);
   });
@@ -23,7 +24,7 @@ describe('SQL templates', () => {
     expect(nextId).toContain('RETURN "insta5".next_id_fast(seq, pg_catalog.nextval(seq));');
     // Accept while clock < epoch + ((pos >> 10) + 2) ms, i.e. pos >= (now_ms - 1) << 10.
     expect(sql).toContain("clock_timestamp() < '2011-08-24T21:07:01.723Z'::timestamptz + (pos >> 10) * interval '1 millisecond'");
-    expect(sql).toContain('shardctl next_id v3:');
+    expect(sql).toContain('shardctl next_id v4:');
   });
 
   it('quotes identifiers and literals, so a value cannot end the quoting', () => {

@@ -1,7 +1,7 @@
 /**
- * next_id v2, the previous release's function, for before/after rows in the benchmarks: the
- * template kept as a test fixture (test/fixtures/next_id.v2.sql), rendered with that release's
- * parameters. test/fixtures/next-id-v2.ts does the same for the tests.
+ * next_id v3, the previous release's function, for before/after rows in the benchmarks: the
+ * template kept as a test fixture (test/fixtures/next_id.v3.sql), rendered with that release's
+ * parameters. test/fixtures/next-id-v3.ts does the same for the tests.
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
@@ -10,8 +10,8 @@ import { ID_LOCK_CLASS } from '../dist/id/sql.js';
 import { renderSql } from '../dist/pg/template.js';
 import { REPO_ROOT } from './lib.js';
 
-export function renderNextIdV2Sql(schema, shard, layout) {
-  const template = readFileSync(path.join(REPO_ROOT, 'test', 'fixtures', 'next_id.v2.sql'), 'utf8');
+export function renderNextIdV3Sql(schema, shard, layout) {
+  const template = readFileSync(path.join(REPO_ROOT, 'test', 'fixtures', 'next_id.v3.sql'), 'utf8');
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
   return renderSql(template, {
@@ -22,7 +22,7 @@ export function renderNextIdV2Sql(schema, shard, layout) {
     sequenceBits: { int: layout.sequenceBits },
     lagMs: { int: 1 },
     epochMs: { int: layout.epochMs },
-    epochPlusLagMs: { int: layout.epochMs + 1n },
+    acceptBeforeLiteral: { literal: new Date(Number(layout.epochMs + 2n)).toISOString() },
     minPosition: { int: 1n << seqBits },
     maxPosition: { int: (1n << positionBits) - 1n },
     maxTimeMs: { int: maxTimeOffsetMs(layout) },
@@ -32,6 +32,6 @@ export function renderNextIdV2Sql(schema, shard, layout) {
     lockClass: { int: ID_LOCK_CLASS },
     layoutLiteral: { literal: describeLayout(layout) },
     layoutEndLiteral: { literal: formatUnixMs(layoutEndUnixMs(layout)) },
-    commentLiteral: { literal: `shardctl next_id v2: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.` },
+    commentLiteral: { literal: `shardctl next_id v3: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.` },
   });
 }
