@@ -1,7 +1,8 @@
 /**
  * next_id v3, the previous release's function, for before/after rows in the benchmarks: the
  * template kept as a test fixture (test/fixtures/next_id.v3.sql), rendered with that release's
- * parameters. test/fixtures/next-id-v3.ts does the same for the tests.
+ * parameters. test/fixtures/previous-next-id.ts does the same for the tests (TypeScript over src/,
+ * which the benchmarks, plain JavaScript over dist/, cannot import).
  */
 import { readFileSync } from 'node:fs';
 import path from 'node:path';

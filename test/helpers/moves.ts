@@ -9,9 +9,10 @@ import { chmodSync, cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, 
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
+import { shardMovedTo, type ShardMap } from '../../src/config/shard-map.js';
 import { inject } from 'vitest';
 import { findFreePort, initCluster, startCluster, stopCluster, type LocalClusterOptions } from '../../src/dev/local-postgres.js';
-import { withClient } from './hosts.js';
+import { adminClient, withClient } from './hosts.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
 
@@ -278,4 +279,61 @@ export async function fleetState(urls: readonly string[], configFile: string): P
     );
   }
   return { hosts, replication: await replicationObjects(urls), config: readFileSync(configFile, 'utf8') };
+}
+
+/**
+ * An application writing to one shard while it moves: one statement string after another (by
+ * default a photos insert returning its id), on a connection per host, routed by `map` and following
+ * the move on SQLSTATE SC100 (reload the map, retry after 5 ms). A statement string may be a whole
+ * transaction (`begin; …; commit`); a failed one is rolled back before the next.
+ */
+export function startShardWriter(
+  map: ShardMap,
+  shard: number,
+  statement: (i: number) => string = () => `insert into insta${shard}.photos (user_id, image_url) values (${shard}, 'w') returning id`,
+) {
+  /** Ids returned by single statements, with the host that acknowledged them. */
+  const acknowledged: { id: bigint; host: string }[] = [];
+  const clients = new Map<string, pg.Client>();
+  let writes = 0;
+  let fenceErrors = 0;
+  let stop = false;
+  const loop = (async () => {
+    for (let i = 1; !stop; i++) {
+      const host = map.hostForShard(shard);
+      let client = clients.get(host.name);
+      if (!client) {
+        client = await adminClient(host.url);
+        // A failed test drops its databases WITH (FORCE): the writer's connection must not crash the run.
+        client.on('error', () => undefined);
+        clients.set(host.name, client);
+      }
+      try {
+        const result = (await client.query<{ id?: string }>(statement(i))) as pg.QueryResult<{ id?: string }> | pg.QueryResult<{ id?: string }>[];
+        writes += 1;
+        const id = Array.isArray(result) ? undefined : result.rows[0]?.id;
+        if (id !== undefined) acknowledged.push({ id: BigInt(id), host: host.name });
+      } catch (error) {
+        await client.query('rollback').catch(() => undefined);
+        if (!shardMovedTo(error)) throw error;
+        fenceErrors += 1;
+        await map.reload();
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+    }
+  })();
+  return {
+    acknowledged,
+    get writes() {
+      return writes;
+    },
+    get fenceErrors() {
+      return fenceErrors;
+    },
+    async stop() {
+      stop = true;
+      await loop;
+      for (const c of clients.values()) await c.end();
+    },
+  };
 }

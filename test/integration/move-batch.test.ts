@@ -4,13 +4,12 @@
  * Three hosts: pg1 and pg3 are two databases on the first server, pg2 is on the second.
  */
 import { readFileSync } from 'node:fs';
-import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { init, moveShards, ShardMap, shardMovedTo, status } from '../../src/index.js';
+import { init, moveShards, ShardMap, status } from '../../src/index.js';
 import { ONLINE_STEPS } from '../../src/moves/state.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
-import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, removeCliSnapshot, replicationObjects, spawnCli, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { fleetState, removeCliSnapshot, replicationObjects, spawnCli, startShardWriter, waitForMoveSessionsToEnd } from '../helpers/moves.js';
 
 /** Databases for three hosts (registered in the calling describe): pg1, pg2, pg3. */
 function threeHosts() {
@@ -20,41 +19,6 @@ function threeHosts() {
   return {
     urls,
     fleet: (shards: number, split: [string, string, string]): Fleet => makeFleet({ urls: urls(), shards, split }),
-  };
-}
-
-/** Keeps inserting into one shard's photos, following the map when the fence says so. */
-function startWriter(map: ShardMap, shard: number) {
-  const acknowledged: { id: bigint; host: string }[] = [];
-  const clients = new Map<string, pg.Client>();
-  let stop = false;
-  const loop = (async () => {
-    while (!stop) {
-      const host = map.hostForShard(shard);
-      let client = clients.get(host.name);
-      if (!client) {
-        client = await adminClient(host.url);
-        // A failed test drops its databases WITH (FORCE): the writer's connection must not crash the run.
-        client.on('error', () => undefined);
-        clients.set(host.name, client);
-      }
-      try {
-        const r = await client.query<{ id: string }>(`insert into insta${shard}.photos (user_id, image_url) values (${shard}, 'w') returning id`);
-        acknowledged.push({ id: BigInt(r.rows[0]!.id), host: host.name });
-      } catch (error) {
-        if (!shardMovedTo(error)) throw error;
-        await map.reload();
-        await new Promise((resolve) => setTimeout(resolve, 5));
-      }
-    }
-  })();
-  return {
-    acknowledged,
-    async stop() {
-      stop = true;
-      await loop;
-      for (const c of clients.values()) await c.end();
-    },
   };
 }
 
@@ -78,7 +42,7 @@ describe('a batch of shards from two source hosts', () => {
       });
     }
     const map = await ShardMap.load(fleet.configFile);
-    const writers = [startWriter(map, 1), startWriter(map, 5)];
+    const writers = [startShardWriter(map, 1), startShardWriter(map, 5)];
     await new Promise((resolve) => setTimeout(resolve, 200));
     const notices: string[] = [];
     const result = await moveShards(config, [0, 1, 2, 4, 5, 6], 'pg2', { configFile: fleet.configFile, wave: { maxShards: 2 }, onNotice: (m) => notices.push(m) });

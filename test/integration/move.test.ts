@@ -7,63 +7,10 @@ import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
+import { replicationObjects, startShardWriter } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(2);
-
-/** A client that keeps inserting into one shard's photos, following the map when the fence says so. */
-function startWriter(map: ShardMap, shard: number) {
-  const acknowledged: { id: bigint; host: string }[] = [];
-  const clients = new Map<string, pg.Client>();
-  let fenceErrors = 0;
-  let stop = false;
-  const loop = (async () => {
-    while (!stop) {
-      const host = map.hostForShard(shard);
-      let client = clients.get(host.name);
-      if (!client) {
-        client = new pg.Client({ connectionString: host.url });
-        await client.connect();
-        clients.set(host.name, client);
-      }
-      try {
-        const r = await client.query<{ id: string }>(`insert into insta${shard}.photos (user_id, image_url) values (42, 'x') returning id`);
-        acknowledged.push({ id: BigInt(r.rows[0]!.id), host: host.name });
-      } catch (error) {
-        if (!shardMovedTo(error)) throw error;
-        fenceErrors += 1;
-        await map.reload();
-        await new Promise((resolve) => setTimeout(resolve, 5));
-      }
-    }
-  })();
-  return {
-    acknowledged,
-    get fenceErrors() {
-      return fenceErrors;
-    },
-    async stop() {
-      stop = true;
-      await loop;
-      for (const c of clients.values()) await c.end();
-    },
-  };
-}
-
-async function replicationLeftovers(urls: readonly string[]): Promise<number> {
-  let n = 0;
-  for (const url of urls) {
-    await withClient(url, async (client) => {
-      const r = await client.query<{ n: string }>(`select
-        (select count(*) from pg_publication where pubname like 'shardctl_%') +
-        (select count(*) from pg_subscription where subname like 'shardctl_%'
-           and subdbid = (select oid from pg_database where datname = current_database())) +
-        (select count(*) from pg_replication_slots where slot_name like 'shardctl_%' and database = current_database()) as n`);
-      n += Number(r.rows[0]!.n);
-    });
-  }
-  return n;
-}
 
 /** Tracking triggers on any table, and recorded changes of any move, left on a host. */
 async function trackingLeftovers(url: string): Promise<{ triggers: number; changes: number }> {
@@ -96,7 +43,7 @@ describe('shardctl move-shard', () => {
                grant usage on schema insta1 to shardctl_move_app; grant select, insert on insta1.photos to shardctl_move_app`),
     );
     const map = await ShardMap.load(fleet.configFile);
-    const writer = startWriter(map, 1);
+    const writer = startShardWriter(map, 1);
     await new Promise((resolve) => setTimeout(resolve, 300));
     const result = await moveShard(config, 1, 'pg2', { configFile: fleet.configFile });
     // Keep writing for a moment on the new host.
@@ -168,7 +115,7 @@ describe('shardctl move-shard', () => {
       const r = await client.query<{ status: string }>(`select status from shardctl.moves where move_id = $1`, [result.moveId]);
       expect(r.rows[0]!.status).toBe('done');
     });
-    expect(await replicationLeftovers(db.urls)).toBe(0);
+    expect(await replicationObjects(db.urls)).toEqual([]);
     const report = await status(await fleet.config());
     expect(report.ok).toBe(true);
     expect(report.hosts[0]!.fenced).toEqual([1]);
@@ -182,46 +129,6 @@ describe('shardctl move-shard', () => {
 
 });
 
-/** Keeps updating and deleting seeded rows and inserting new ones in one shard, following the map. */
-function startChurn(map: ShardMap, shard: number, statement = (i: number) =>
-  `begin; update insta${shard}.photos set caption = 'edit ${i}' where user_id = ${i % 2000};
-   delete from insta${shard}.photos where user_id = ${(i * 7) % 2000} and caption is null;
-   insert into insta${shard}.photos (user_id, image_url) values (${i}, 'churn'); commit`) {
-  let stop = false;
-  let writes = 0;
-  const clients = new Map<string, pg.Client>();
-  const loop = (async () => {
-    for (let i = 1; !stop; i++) {
-      const host = map.hostForShard(shard);
-      let client = clients.get(host.name);
-      if (!client) {
-        client = new pg.Client({ connectionString: host.url });
-        await client.connect();
-        clients.set(host.name, client);
-      }
-      try {
-        await client.query(statement(i));
-        writes += 1;
-      } catch (error) {
-        await client.query('rollback').catch(() => undefined);
-        if (!shardMovedTo(error)) throw error;
-        await map.reload();
-        await new Promise((resolve) => setTimeout(resolve, 5));
-      }
-    }
-  })();
-  return {
-    get writes() {
-      return writes;
-    },
-    async stop() {
-      stop = true;
-      await loop;
-      for (const c of clients.values()) await c.end();
-    },
-  };
-}
-
 describe('shardctl move-shard verifying before the fence, under updates and deletes', () => {
   const db = useTestDatabases(2);
 
@@ -231,7 +138,10 @@ describe('shardctl move-shard verifying before the fence, under updates and dele
     expect((await init(config)).ok).toBe(true);
     await withClient(db.urls[0]!, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g % 2000, 'seed' from generate_series(1, 20000) g`));
     const map = await ShardMap.load(fleet.configFile);
-    const churn = startChurn(map, 0);
+    const churn = startShardWriter(map, 0, (i) =>
+      `begin; update insta0.photos set caption = 'edit ${i}' where user_id = ${i % 2000};
+       delete from insta0.photos where user_id = ${(i * 7) % 2000} and caption is null;
+       insert into insta0.photos (user_id, image_url) values (${i}, 'churn'); commit`);
     await new Promise((resolve) => setTimeout(resolve, 300));
     const notices: string[] = [];
     const result = await moveShard(config, 0, 'pg2', { configFile: fleet.configFile, onNotice: (m) => notices.push(m) });
@@ -261,7 +171,7 @@ describe('shardctl move-shard verifying before the fence, a composite text key a
     expect((await init(config)).ok).toBe(true);
     await withClient(db.urls[0]!, (c) => c.query(`insert into insta0.items (owner, name) select g % 50, 'item ' || g from generate_series(1, 5000) g`));
     const map = await ShardMap.load(fleet.configFile);
-    const churn = startChurn(map, 0, (i) =>
+    const churn = startShardWriter(map, 0, (i) =>
       `begin; update insta0.items set n = n + 1, tag = 't${i}' where owner = ${i % 50} and name like 'item 1%';
        delete from insta0.items where owner = ${(i * 7) % 50} and name = 'item ${i}';
        insert into insta0.items (owner, name) values (${i % 50}, 'new ${i}'); commit`);
@@ -302,7 +212,7 @@ describe('shardctl move-shard verifying before the fence, with a row changed on 
       await c.query(`insert into insta1.photos (user_id, image_url) values (1, 'writable again')`);
     });
     expect(await trackingLeftovers(db.urls[1]!)).toEqual({ triggers: 0, changes: 0 });
-    expect(await replicationLeftovers(db.urls)).toBe(0);
+    expect(await replicationObjects(db.urls)).toEqual([]);
   });
 });
 
@@ -342,7 +252,7 @@ INSERT INTO kinds VALUES (1, 'a'), (2, 'b');`,
         expect(e?.code, mode).toBe('SC100');
       });
     }
-    expect(await replicationLeftovers(db.urls)).toBe(0);
+    expect(await replicationObjects(db.urls)).toEqual([]);
   });
 });
 
@@ -451,6 +361,6 @@ CREATE UNIQUE INDEX ident_v ON ident (v) NULLS NOT DISTINCT;`,
         expect(dup, mode).toBe('23505');
       });
     }
-    expect(await replicationLeftovers(db.urls)).toBe(0);
+    expect(await replicationObjects(db.urls)).toEqual([]);
   });
 });

@@ -4,8 +4,7 @@ import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.
 import { ID_FUNCTION_VERSION, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
-import { renderNextIdV2Sql } from '../fixtures/next-id-v2.js';
-import { renderNextIdV3Sql } from '../fixtures/next-id-v3.js';
+import { renderNextIdV2Sql, renderNextIdV3Sql } from '../fixtures/previous-next-id.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
