@@ -12,6 +12,7 @@
  *    `SELECT … UNION ALL …` over that host's shards, both hosts in parallel. Target ≤ 1.5x.
  *    Both must report the same total.
  */
+import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import pg from 'pg';
@@ -39,6 +40,10 @@ const HOSTS = 2;
 const POOL_SIZE = 10;
 const INSERT_TARGET = 0.9;
 const EXEC_TARGET = 1.5;
+/** synchronous_commit for the insert comparison: durable first, then without the flush wait. */
+const COMMIT_MODES = ['on', 'off'];
+const ROUTER_APP = 'bench-router-withkey';
+const PLAIN_APP = 'bench-router-plain';
 
 export async function run(ctx, major) {
   const { options } = ctx;
@@ -51,36 +56,22 @@ export async function run(ctx, major) {
   if (!built.ok) throw new Error('init of the router fleet failed');
 
   // --- 1. inserts ----------------------------------------------------------------------------
+  // Twice: with durable commits (the server's default: every commit waits for its WAL flush, which
+  // on this machine's disk dominates and varies), then with synchronous_commit = off for the
+  // database (set before the pools connect), where what is left is what each side itself costs:
+  // round trips, statements, Node.
   const callers = POOL_SIZE * HOSTS;
   const userIds = Array.from({ length: options.inserts }, (_, i) => BigInt((i * 2654435761) % 1_000_000_007));
-  const router = await ShardRouter.open(fleet.configFile, { poolSize: POOL_SIZE });
-  const pools = new Map(config.hosts.map((h) => [h.name, new pg.Pool({ connectionString: h.url, max: POOL_SIZE })]));
-  const routed = [];
-  const plain = [];
-  try {
-    // Warm-up, untimed: both sides open their connections and the plans are cached.
-    await insertRouted(router, userIds.slice(0, 2000), callers);
-    await insertPlain(config, pools, userIds.slice(0, 2000), callers);
-    for (let i = 0; i < options.routerRounds; i++) {
-      const sides = [
-        ['routed', () => insertRouted(router, userIds, callers), routed],
-        ['plain', () => insertPlain(config, pools, userIds, callers), plain],
-      ];
-      if (i % 2 === 1) sides.reverse();
-      for (const [name, fn, sink] of sides) {
-        const started = performance.now();
-        await fn();
-        const ms = performance.now() - started;
-        sink.push((options.inserts / ms) * 1000);
-        log(`  inserts round ${i + 1}/${options.routerRounds} ${name}: ${formatCount(Math.round(sink.at(-1)))}/s`);
-      }
-    }
-  } finally {
-    await router.close();
-    await Promise.all([...pools.values()].map((p) => p.end()));
+  const inserts = {};
+  for (const commit of COMMIT_MODES) {
+    await Promise.all(fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} set synchronous_commit = ${commit}`)));
+    log(`  inserts with synchronous_commit = ${commit}`);
+    inserts[commit] = await compareInserts(config, fleet.hosts, fleet.configFile, userIds, callers, options.routerRounds);
   }
-  // The warm-ups inserted 2000 rows on each side; every round `inserts` on each side.
-  const expectedRows = 2 * 2000 + 2 * options.inserts * options.routerRounds;
+  await Promise.all(fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} reset synchronous_commit`)));
+  // Each mode's warm-up inserted a row per shard for each connection of either side and 2000 rows
+  // on each side; every round `inserts` on each side.
+  const expectedRows = COMMIT_MODES.length * (2 * POOL_SIZE * SHARDS + 2 * 2000 + 2 * options.inserts * options.routerRounds);
 
   // --- 2. exec count(*) -----------------------------------------------------------------------
   const scripts = [];
@@ -117,11 +108,17 @@ export async function run(ctx, major) {
     }
   }
 
-  const routedSample = summarize(routed);
-  const plainSample = summarize(plain);
   const execSample = summarize(exec);
   const floorSample = summarize(floor);
-  const insertRatio = ratio(routedSample.median, plainSample.median);
+  const insertRuns = Object.fromEntries(
+    COMMIT_MODES.map((commit) => {
+      const routed = summarize(inserts[commit].routed);
+      const plain = summarize(inserts[commit].plain);
+      const r = ratio(routed.median, plain.median);
+      const perInsert = (side) => ({ serverCpuUs: summarize(inserts[commit].cpu[side].server), nodeCpuUs: summarize(inserts[commit].cpu[side].node) });
+      return [commit, { routedPerSecond: routed, plainPerSecond: plain, routedCpu: perInsert('routed'), plainCpu: perInsert('plain'), ratio: r, target: { wanted: `≥ ${INSERT_TARGET}x`, got: r, met: r >= INSERT_TARGET } }];
+    }),
+  );
   const execRatio = ratio(execSample.median, floorSample.median);
   return {
     benchmark: 'router',
@@ -130,21 +127,130 @@ export async function run(ctx, major) {
     hosts: HOSTS,
     poolSize: POOL_SIZE,
     callers,
-    inserts: options.inserts,
+    insertsPerRound: options.inserts,
     rounds: options.routerRounds,
-    routedPerSecond: routedSample,
-    plainPerSecond: plainSample,
-    insertRatio,
+    inserts: insertRuns,
     execMs: execSample,
     psqlMs: floorSample,
     execRatio,
     execOneShardMs: summarize(oneShard),
     totalRows: total,
     targets: {
-      inserts: { wanted: `≥ ${INSERT_TARGET}x`, got: insertRatio, met: insertRatio >= INSERT_TARGET },
       exec: { wanted: `≤ ${EXEC_TARGET}x`, got: execRatio, met: execRatio <= EXEC_TARGET },
     },
   };
+}
+
+/** withKey against the plain pools, interleaved rounds, on fresh pools (so they see the database's settings). */
+async function compareInserts(config, hosts, configFile, userIds, callers, rounds) {
+  // No idle timeout on either side: a pool left idle while the other side runs (or warms up) must
+  // not close its warmed connections (pg.Pool's default closes them after 10 s, the router's 30 s).
+  const router = await ShardRouter.open(configFile, { poolSize: POOL_SIZE, applicationName: ROUTER_APP, idleTimeoutMs: 0 });
+  const pools = new Map(config.hosts.map((h) => [h.name, new pg.Pool({ connectionString: h.url, max: POOL_SIZE, application_name: PLAIN_APP, idleTimeoutMillis: 0 })]));
+  const routed = [];
+  const plain = [];
+  // CPU per insert (µs): the side's server processes (from /proc), and this Node process.
+  const cpu = { routed: { server: [], node: [] }, plain: { server: [], node: [] } };
+  try {
+    // Warm-up, untimed: every connection of both sides inserts one row into every shard of its
+    // host, so each server process has built its caches for every shard's table and compiled every
+    // shard's next_id() (otherwise the first rounds measure that, a cost both sides share, and the
+    // rounds get faster one after the other), as in an application that has been running a while.
+    await warmUp(config, router, pools);
+    // And the code paths of both sides in Node (the JIT), as in the rounds.
+    await insertRouted(router, userIds.slice(0, 2000), callers);
+    await insertPlain(config, pools, userIds.slice(0, 2000), callers);
+    for (let i = 0; i < rounds; i++) {
+      const sides = [
+        ['routed', () => insertRouted(router, userIds, callers), routed],
+        ['plain', () => insertPlain(config, pools, userIds, callers), plain],
+      ];
+      if (i % 2 === 1) sides.reverse();
+      for (const [name, fn, sink] of sides) {
+        const app = name === 'routed' ? ROUTER_APP : PLAIN_APP;
+        const serverBefore = await backendsCpuMs(hosts, app);
+        const nodeBefore = process.cpuUsage();
+        const started = performance.now();
+        await fn();
+        const ms = performance.now() - started;
+        const node = process.cpuUsage(nodeBefore);
+        const server = (await backendsCpuMs(hosts, app)) - serverBefore;
+        sink.push((userIds.length / ms) * 1000);
+        cpu[name].server.push((server * 1000) / userIds.length);
+        cpu[name].node.push((node.user + node.system) / userIds.length);
+        log(
+          `  inserts round ${i + 1}/${rounds} ${name}: ${formatCount(Math.round(sink.at(-1)))}/s, ` +
+            `server CPU ${Math.round(cpu[name].server.at(-1))} µs and Node CPU ${Math.round(cpu[name].node.at(-1))} µs per insert`,
+        );
+      }
+    }
+  } finally {
+    await router.close();
+    await Promise.all([...pools.values()].map((p) => p.end()));
+  }
+  return { routed, plain, cpu };
+}
+
+/** CPU time (ms) used so far by the server processes of `applicationName`, summed over hosts. */
+async function backendsCpuMs(hosts, applicationName) {
+  let total = 0;
+  for (const host of hosts) {
+    const pids = await host.query(DATABASE, `select pid from pg_stat_activity where datname = $1 and application_name = $2`, [DATABASE, applicationName]);
+    for (const { pid } of pids) {
+      try {
+        const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+        // utime and stime, fields 14 and 15 of the file, in clock ticks (100 per second on Linux).
+        total += ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+      } catch {
+        // The process ended in between: its time is lost to both readings alike.
+      }
+    }
+  }
+  return total;
+}
+
+/**
+ * Each of a host's POOL_SIZE connections, on both sides, inserts a row into each of the host's
+ * shards (one multi-statement round trip). All connections of a pool are held at once, so each is
+ * a different one.
+ */
+async function warmUp(config, router, pools) {
+  const script = (host) =>
+    host.shards
+      .map((s) => `insert into "${shardSchemaName(config, s)}".photos (user_id, image_url) values (${s}, 'warm-up')`)
+      .join(';\n');
+  await Promise.all(
+    config.hosts.map(async (host) => {
+      const text = script(host);
+
+      // Plain pool: check out every connection, then run the script on each.
+      const clients = await Promise.all(Array.from({ length: POOL_SIZE }, () => pools.get(host.name).connect()));
+      try {
+        await Promise.all(clients.map((c) => c.query(text)));
+      } finally {
+        clients.forEach((c) => c.release());
+      }
+      // Router: POOL_SIZE calls at once on the host, each holding its connection until all have one.
+      let arrived = 0;
+      let allIn;
+      const barrier = new Promise((resolve) => (allIn = resolve));
+      await Promise.all(
+        Array.from({ length: POOL_SIZE }, () =>
+          router.withShard(host.shards[0], async (client) => {
+            if (++arrived === POOL_SIZE) allIn();
+            await barrier;
+            // As the rounds will: each shard's insert under that shard's search_path (the cached
+            // plan of a shard's next_id() depends on it).
+            await client.query(
+              host.shards
+                .map((s) => `set local search_path to "${shardSchemaName(config, s)}"; insert into photos (user_id, image_url) values (${s}, 'warm-up')`)
+                .join(';\n'),
+            );
+          }),
+        ),
+      );
+    }),
+  );
 }
 
 /** `callers` concurrent loops taking the next user id until none is left. */
@@ -185,14 +291,14 @@ const HEADERS = ['PostgreSQL', 'what', 'shardctl', 'floor', 'ratio', 'target'];
 
 function rows(results) {
   return results.flatMap((r) => [
-    [
+    ...Object.entries(r.inserts).map(([commit, m]) => [
       r.postgres,
-      `${formatCount(r.inserts)} single-row inserts, ${r.callers} callers, pool ${r.poolSize}/host`,
-      `withKey: ${formatCount(Math.round(r.routedPerSecond.median))}/s (${formatCount(Math.round(r.routedPerSecond.min))}–${formatCount(Math.round(r.routedPerSecond.max))})`,
-      `pg.Pool: ${formatCount(Math.round(r.plainPerSecond.median))}/s (${formatCount(Math.round(r.plainPerSecond.min))}–${formatCount(Math.round(r.plainPerSecond.max))})`,
-      `${round(r.insertRatio, 2)}x`,
-      `${r.targets.inserts.wanted}: ${verdict(r.targets.inserts.met)}`,
-    ],
+      `${formatCount(r.insertsPerRound)} single-row inserts, ${r.callers} callers, pool ${r.poolSize}/host, synchronous_commit = ${commit}`,
+      `withKey: ${formatCount(Math.round(m.routedPerSecond.median))}/s (${formatCount(Math.round(m.routedPerSecond.min))}–${formatCount(Math.round(m.routedPerSecond.max))}); CPU per insert: server ${Math.round(m.routedCpu.serverCpuUs.median)} µs, Node ${Math.round(m.routedCpu.nodeCpuUs.median)} µs`,
+      `pg.Pool: ${formatCount(Math.round(m.plainPerSecond.median))}/s (${formatCount(Math.round(m.plainPerSecond.min))}–${formatCount(Math.round(m.plainPerSecond.max))}); CPU per insert: server ${Math.round(m.plainCpu.serverCpuUs.median)} µs, Node ${Math.round(m.plainCpu.nodeCpuUs.median)} µs`,
+      `${round(m.ratio, 2)}x`,
+      `${m.target.wanted}: ${verdict(m.target.met)}`,
+    ]),
     [
       r.postgres,
       `count(*) over ${r.shards} shards, ${r.hosts} hosts`,

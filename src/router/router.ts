@@ -10,6 +10,7 @@ import { describePgError } from '../fleet/connect.js';
 import { quoteIdent } from '../pg/quote.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
+import { DeferredBegin, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
 
 export interface ShardRouterOptions {
@@ -23,7 +24,7 @@ export interface ShardRouterOptions {
   applicationName?: string;
   /** How long to wait for a connection (connecting, or a free one in the pool). Default 10 s. */
   connectTimeoutMs?: number;
-  /** How long an idle pooled connection is kept. Default 30 s. */
+  /** How long an idle pooled connection is kept. Default 30 s; 0 keeps them until close(). */
   idleTimeoutMs?: number;
   /**
    * How long a call keeps retrying a shard that answers SQLSTATE SC100 (a move between its fence and
@@ -78,6 +79,8 @@ export class ShardRouter {
   private readonly pools = new Map<string, { url: string; pool: pg.Pool }>();
   private readonly ending = new Set<Promise<void>>();
   private reloading: Promise<void> | undefined;
+  /** Per shard, the statements that start its transaction (read-write, read-only); reset by reload(). */
+  private starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [new Map(), new Map()];
   private closed = false;
   private readonly options: Required<Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>> &
     Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>;
@@ -310,6 +313,7 @@ export class ShardRouter {
           ...(this.options.cwd ? { cwd: this.options.cwd } : {}),
         });
         this.config = next;
+        this.starts = [new Map(), new Map()];
         for (const [name, entry] of this.pools) {
           const host = next.hosts.find((h) => h.name === name);
           if (!host || host.url !== entry.url) this.endPool(name);
@@ -417,16 +421,27 @@ export class ShardRouter {
     const client = await this.connect(host, shard);
     let broken: Error | undefined;
     try {
-      // One round trip for both: the search_path lives and dies with the transaction.
-      await client.query(this.beginSql(shard, options.readOnly ?? false));
+      // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
+      // fn returns that query's promise (DeferredBegin).
+      const begin = new DeferredBegin(client, this.transactionStart(shard, options.readOnly ?? false));
       let value: T;
       try {
-        value = await fn(client, shard);
+        const returned = fn(client, shard);
+        begin.returned(returned);
+        value = await returned;
       } catch (error) {
-        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        begin.restore();
+        if (begin.started) await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return { ok: false, error };
+      } finally {
+        begin.restore();
       }
-      const commit = await client.query('COMMIT');
+      // fn ran no statement: no transaction was started, nothing to commit.
+      if (!begin.started) return { ok: true, value };
+      if (begin.error) throw begin.error;
+      // Committed with fn's only query.
+      if (begin.committed === 'COMMIT') return { ok: true, value };
+      const commit = begin.committed !== undefined ? { command: begin.committed } : await client.query('COMMIT');
       // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
       if (commit.command === 'ROLLBACK') {
         throw new HostError(host.name, 'the transaction was rolled back: a statement in it failed and fn caught the error', {
@@ -527,8 +542,19 @@ export class ShardRouter {
     }
   }
 
+  /** BEGIN [READ ONLY] and the shard's search_path, built once per shard and map. */
+  private transactionStart(shard: number, readOnly: boolean): TransactionStart {
+    const cache = this.starts[readOnly ? 1 : 0];
+    let start = cache.get(shard);
+    if (!start) {
+      start = new TransactionStart([`BEGIN${readOnly ? ' READ ONLY' : ''}`, `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`]);
+      cache.set(shard, start);
+    }
+    return start;
+  }
+
   private beginSql(shard: number, readOnly: boolean): string {
-    return `BEGIN${readOnly ? ' READ ONLY' : ''}; SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`;
+    return this.transactionStart(shard, readOnly).text;
   }
 
   private async connect(host: HostConfig, shard: number): Promise<pg.PoolClient> {

@@ -119,23 +119,36 @@ describe('ShardRouter', () => {
     const router = await ShardRouter.open(fleet.configFile);
     const committed: bigint[] = [];
     const errors: unknown[] = [];
-    let calls = 0;
+    const calls = { awaited: 0, returned: 0 };
+    const commits = { awaited: 0, returned: 0 };
     let stop = false;
-    // Keys 1, 9, 17, ... all route to shard 1, the one that moves.
-    const writer = (async () => {
-      for (let i = 0n; !stop; i += 1n) {
+    // Keys 1, 9, 17, ... all route to shard 1, the one that moves. Two writers: one awaits its
+    // insert inside fn (BEGIN goes with the insert, COMMIT after fn), the other returns the
+    // insert's promise (BEGIN, insert and COMMIT in one round trip).
+    const write = async (form: 'awaited' | 'returned', first: bigint): Promise<void> => {
+      for (let i = first; !stop; i += 2n) {
+        const key = 1n + 8n * i;
+        const insert = (client: import('pg').PoolClient) =>
+          client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'w') returning id`, [key.toString()]);
         try {
-          const id = await router.withKey(1n + 8n * i, async (client) => {
-            calls += 1;
-            const r = await client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'w') returning id`, [(1n + 8n * i).toString()]);
-            return BigInt(r.rows[0]!.id);
-          });
-          committed.push(id);
+          const r =
+            form === 'awaited'
+              ? await router.withKey(key, async (client) => {
+                  calls.awaited += 1;
+                  return await insert(client);
+                })
+              : await router.withKey(key, (client) => {
+                  calls.returned += 1;
+                  return insert(client);
+                });
+          committed.push(BigInt(r.rows[0]!.id));
+          commits[form] += 1;
         } catch (error) {
           errors.push(error);
         }
       }
-    })();
+    };
+    const writer = Promise.all([write('awaited', 0n), write('returned', 1n)]);
     try {
       // Counts of commits, not fixed sleeps: on a loaded machine 300 ms may hold only a few commits.
       await expect.poll(() => committed.length, { timeout: 15_000, interval: 20 }).toBeGreaterThan(10);
@@ -146,8 +159,9 @@ describe('ShardRouter', () => {
       stop = true;
       await writer;
       expect(errors).toEqual([]);
-      // The fence made some attempts fail and run again: fn ran more often than it committed.
-      expect(calls).toBeGreaterThan(committed.length);
+      // The fence made some attempts of each writer fail and run again: fn ran more often than it committed.
+      expect(calls.awaited).toBeGreaterThan(commits.awaited);
+      expect(calls.returned).toBeGreaterThan(commits.returned);
       expect(router.hostForShard(1).name).toBe('pg2');
       await withClient(db.urls[1]!, async (c) => {
         const ids = new Set((await c.query<{ id: string }>('select id from mv1.photos')).rows.map((r) => BigInt(r.id)));
@@ -290,6 +304,174 @@ describe('ShardRouter', () => {
       // A text that leaves a quote open fails alone, and so everywhere: never swallowed into one chunk.
       const open = await router.queryEachShard(`select 'open`, { readOnly: true, shardsPerQuery: 8 }).catch((e: unknown) => e);
       expect((open as ShardFanOutError).failures).toHaveLength(16);
+    } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter: BEGIN sent with fn’s first query', () => {
+  const db = useTestDatabases(1);
+
+  /**
+   * What the connection receives while `run` runs: ReadyForQuery messages (one per round trip) and
+   * CommandComplete messages (one per statement run; BEGIN and SET LOCAL included when they are
+   * sent with the query, none of them when the transaction had started before).
+   */
+  async function roundTrips<T>(client: unknown, run: () => Promise<T>): Promise<{ value: T; trips: number; statements: number }> {
+    const connection = (client as { connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } }).connection;
+    let trips = 0;
+    let statements = 0;
+    const trip = (): void => void (trips += 1);
+    const statement = (): void => void (statements += 1);
+    connection.on('readyForQuery', trip);
+    connection.on('commandComplete', statement);
+    try {
+      return { value: await run(), trips, statements };
+    } finally {
+      connection.off('readyForQuery', trip);
+      connection.off('commandComplete', statement);
+    }
+  }
+
+  it('one round trip for BEGIN, search_path and a first query with parameters; any other first query still runs inside the transaction', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3'], schemaPrefix: 'pb', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // One connection: every call reuses it, so a transaction left open would show in the next one.
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    const txid = `select pg_catalog.txid_current()::text as tx, current_setting('search_path') as path`;
+    try {
+      // With parameters: BEGIN and SET LOCAL travel with it; fn sees only its own result.
+      const first = await router.withShard(1, async (client) => {
+        const insert = await roundTrips(client, () =>
+          client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, $2) returning id`, ['11', 'a']),
+        );
+        const same = await client.query<{ tx: string; path: string }>(txid);
+        const again = await client.query<{ tx: string; path: string }>(`${txid} where $1::int = 1`, [1]);
+        return { insert, same: same.rows[0]!, again: again.rows[0]! };
+      });
+      // BEGIN, SET and the insert ran in that one round trip.
+      expect(first.insert.trips).toBe(1);
+      expect(first.insert.statements).toBe(3);
+      expect(first.insert.value.command).toBe('INSERT');
+      expect(first.insert.value.rows).toHaveLength(1);
+      expect(first.insert.value.fields.map((f) => f.name)).toEqual(['id']);
+      expect(first.same.path).toBe('pb1');
+      expect(first.again).toEqual(first.same);
+
+      // Without parameters (a simple query, possibly several statements): BEGIN goes first on its own.
+      const simple = await router.withShard(2, async (client) => {
+        const both = await roundTrips(client, () => client.query(`select 1 as a; select 2 as b`));
+        const tx = await client.query<{ tx: string; path: string }>(txid);
+        const tx2 = await client.query<{ tx: string; path: string }>(txid);
+        return { both, tx: tx.rows[0]!, tx2: tx2.rows[0]! };
+      });
+      expect(simple.both.trips).toBe(2);
+      expect(simple.both.statements).toBe(4);
+      expect((simple.both.value as unknown as unknown[]).length).toBe(2);
+      expect(simple.tx).toEqual(simple.tx2);
+      expect(simple.tx.path).toBe('pb2');
+
+      // A config object with rowMode and parameters is carried too, and keeps its options.
+      const arrays = await router.withShard(3, async (client) =>
+        roundTrips(client, () => client.query({ text: `select $1::int as n, current_setting('search_path') as p`, values: [7], rowMode: 'array' })),
+      );
+      expect([arrays.trips, arrays.statements]).toEqual([1, 3]);
+      expect(arrays.value.rows).toEqual([[7, 'pb3']]);
+
+      // A named (prepared) statement is not carried: BEGIN first, then it, in the transaction.
+      const named = await router.withShard(0, async (client) => {
+        const r = await roundTrips(client, () => client.query({ name: 'pb-named', text: `select current_setting('search_path') as p, $1::int as n`, values: [1] }));
+        const tx = await client.query<{ tx: string }>(txid);
+        const tx2 = await client.query<{ tx: string }>(txid);
+        return { trips: r.trips, statements: r.statements, p: r.value.rows[0].p as string, same: tx.rows[0]!.tx === tx2.rows[0]!.tx };
+      });
+      expect(named).toEqual({ trips: 2, statements: 3, p: 'pb0', same: true });
+
+      // fn that runs no statement: nothing is sent, and the value comes back.
+      expect(await router.withShard(1, async () => 'nothing')).toBe('nothing');
+
+      // The carried first query fails: the transaction existed (BEGIN ran), so it is rolled back
+      // and the insert before the failure in the same statement list is gone.
+      await expect(
+        router.withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['12', 0])),
+      ).rejects.toMatchObject({ code: '22012' });
+      // fn catches the failure of its carried first query and goes on: the commit is refused.
+      await expect(
+        router.withShard(1, async (client) => {
+          await client.query(`select 1/$1::int`, [0]).catch(() => undefined);
+          return 'caught';
+        }),
+      ).rejects.toMatchObject({ code: 'TRANSACTION_ABORTED' });
+      // Read-only, carried: the write is refused inside the transaction.
+      await expect(
+        router.withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values ($1, 'ro')`, ['13']), { readOnly: true }),
+      ).rejects.toMatchObject({ code: '25006' });
+
+      // fn returns the promise of its only query: COMMIT goes in the same write, one round trip
+      // for the whole call (BEGIN, SET, the insert, COMMIT), and the row is committed.
+      let whole = { trips: 0, statements: 0 };
+      const sole = await router.withShard(1, (client) => {
+        const counting = roundTrips(client, () => client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'sole') returning id`, ['14']));
+        void counting.then((r) => (whole = { trips: r.trips, statements: r.statements }));
+        return counting.then((r) => r.value);
+      });
+      // (roundTrips wraps the promise, so that call was not the sole form: BEGIN+SET+insert, then COMMIT.)
+      expect(sole.rows).toHaveLength(1);
+      expect(whole).toEqual({ trips: 1, statements: 3 });
+      const soleTrips = await (async () => {
+        let trips = 0;
+        let statements = 0;
+        let connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } | undefined;
+        const trip = (): void => void (trips += 1);
+        const statement = (): void => void (statements += 1);
+        const r = await router.withShard(1, (client) => {
+          connection = (client as unknown as { connection: typeof connection }).connection!;
+          connection.on('readyForQuery', trip);
+          connection.on('commandComplete', statement);
+          return client.query<{ user_id: string }>(`insert into photos (user_id, image_url) values ($1, 'sole') returning user_id`, ['15']);
+        });
+        connection!.off('readyForQuery', trip);
+        connection!.off('commandComplete', statement);
+        return { trips, statements, rows: r.rows };
+      })();
+      expect(soleTrips).toEqual({ trips: 1, statements: 4, rows: [{ user_id: '15' }] });
+      await withClient(db.urls[0]!, async (c) => {
+        const r = await c.query(`select user_id from pb1.photos where user_id in (14, 15) order by user_id`);
+        expect(r.rows).toEqual([{ user_id: '14' }, { user_id: '15' }]);
+      });
+      // The sole query fails: nothing committed, the transaction rolled back.
+      await expect(
+        router.withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['16', 0])),
+      ).rejects.toMatchObject({ code: '22012' });
+      // The COMMIT sent with it fails (a deferred foreign key): the caller gets that error, nothing is committed.
+      await withClient(db.urls[0]!, (c) =>
+        c.query(`create table pb1.parent (id int primary key); create table pb1.child (id int primary key, parent int references pb1.parent deferrable initially deferred)`),
+      );
+      await expect(router.withShard(1, (client) => client.query(`insert into child values ($1, 999)`, [1]))).rejects.toMatchObject({ code: '23503' });
+      // A query started after fn returned its only query's promise would run after that COMMIT: refused.
+      let late: unknown;
+      await router.withShard(1, (client) => {
+        const p = client.query(`insert into photos (user_id, image_url) values ($1, 'first')`, ['17']);
+        void p.then(() => client.query(`insert into photos (user_id, image_url) values ($1, 'late')`, ['18']).catch((e: Error) => (late = e)));
+        return p;
+      });
+      expect(String(late)).toMatch(/started after the transaction committed/);
+      await withClient(db.urls[0]!, async (c) => {
+        const r = await c.query(`select user_id from pb1.photos where user_id in (16, 17, 18) union all select id::bigint from pb1.child order by 1`);
+        expect(r.rows).toEqual([{ user_id: '17' }]);
+      });
+
+      // The connection is clean after all of that: not in a transaction, default search_path,
+      // and pb1 holds the rows of the calls that committed (the first, 14, 15, 17).
+      await router.withShard(1, async (client) => {
+        const r = await client.query<{ n: string }>(`select count(*) as n from photos where $1::bool`, [true]);
+        expect(r.rows[0]!.n).toBe('4');
+      });
+      const pool = await withClient(db.urls[0]!, (c) =>
+        c.query<{ state: string }>(`select state from pg_stat_activity where datname = current_database() and application_name = 'shardctl-router'`),
+      );
+      expect(pool.rows.map((r) => r.state)).toEqual(['idle']);
     } finally {
       await router.close();
     }

@@ -1,0 +1,285 @@
+import pg from 'pg';
+
+/**
+ * A transaction whose BEGIN travels with fn's first statement, and whose COMMIT does too when that
+ * statement is all fn does.
+ *
+ * withShard's transaction starts with `BEGIN` and `SET LOCAL search_path`. Sent on their own they
+ * cost a round trip before fn's first statement can leave, and the COMMIT after it another: three
+ * for a one-row insert, where a plain pool needs one. Here nothing is sent until fn's first query,
+ * and that query goes out in the same write as the two statements before it:
+ *
+ *   Parse/Bind/Execute `BEGIN`, Parse/Bind/Execute `SET LOCAL search_path TO …`, then the query's
+ *   own Parse/Bind/Describe/Execute, [Parse/Bind/Execute `COMMIT`], and one Sync
+ *
+ * The server runs them in order as one pipeline. The extra CommandComplete messages are dropped, so
+ * fn sees its query's result alone.
+ *
+ * The COMMIT is added when fn returned, synchronously, the very promise of that first query (as
+ * `(client) => client.query(…)` does): then that query is all of fn's work, and fn's value is its
+ * result. The write is held back to the end of the current tick (a microtask) to see what fn
+ * returned; nothing else can be sent on the connection meanwhile, because the query is the
+ * connection's active one. The whole call is then one round trip, like a plain pool's autocommit
+ * statement, and still one transaction with the shard's search_path. A query fn starts after that
+ * (say, from a `.then` it did not return) would run after the commit, so it is refused.
+ *
+ * If the query fails, BEGIN has already run, so the transaction exists, is marked failed, the
+ * COMMIT after it is skipped by the server (everything up to Sync is), and the router's ROLLBACK
+ * ends it exactly as before. If the COMMIT itself fails (a deferred constraint), the query's
+ * promise rejects with that error, and nothing was committed.
+ *
+ * This works only for a query that uses the extended protocol anyway (one with parameters), and
+ * for pg's own Query objects. Any other first query (text without parameters, which pg sends as a
+ * simple Query and which may hold several statements; a named or row-limited query; a callback;
+ * a cursor or stream) is preceded by `BEGIN; SET LOCAL …` sent the usual way, queued ahead of it,
+ * and the COMMIT is a round trip of its own after fn. When fn never queries, nothing is sent, and
+ * there is nothing to commit.
+ */
+export class DeferredBegin {
+  private sent = false;
+  private failure: Error | undefined;
+  private first: FirstQuery | undefined;
+  private firstPromise: Promise<unknown> | undefined;
+  private returnedValue: unknown = NOT_RETURNED;
+
+  constructor(
+    private readonly client: pg.PoolClient,
+    /** The statements that start the transaction. */
+    private readonly start: TransactionStart,
+  ) {
+    // fn sees a normal client: its query method (installed by hookClient) hands calls to this
+    // object until restore().
+    const hooked = client as unknown as Hooked;
+    if (!(HOOK in hooked)) hookClient(client);
+    hooked[HOOK] = this;
+  }
+
+  /** Whether BEGIN was sent (fn made a query): only then is there a transaction to end. */
+  get started(): boolean {
+    return this.sent;
+  }
+
+  /** The error of a BEGIN sent on its own, if it failed (fn's next query fails with it too). */
+  get error(): Error | undefined {
+    return this.failure;
+  }
+
+  /**
+   * The tag of the COMMIT sent with fn's query ('COMMIT'), once its result arrived; undefined when
+   * none was sent or it did not run. When set, the transaction is over.
+   */
+  get committed(): string | undefined {
+    return this.first?.commitTag;
+  }
+
+  /** What fn returned, recorded synchronously after calling it (decides the early COMMIT). */
+  returned(value: unknown): void {
+    this.returnedValue = value;
+  }
+
+  /** Gives the client its own query method back; call before releasing it. */
+  restore(): void {
+    const hooked = this.client as unknown as Hooked;
+    if (hooked[HOOK] === this) hooked[HOOK] = undefined;
+  }
+
+  /** The client's query while this transaction is fn's (through hookClient). */
+  query(config: unknown, values?: unknown, callback?: unknown): unknown {
+    if (this.first?.commitSent) {
+      const error = new Error('this query was started after the transaction committed: fn returned the promise of its only query, so the COMMIT went with it; return (or await) every query fn runs');
+      if (typeof values === 'function') return void (values as (e: Error) => void)(error);
+      if (typeof callback === 'function') return void (callback as (e: Error) => void)(error);
+      return Promise.reject(error);
+    }
+    if (this.sent) return clientQuery.call(this.client, config, values, callback);
+    this.sent = true;
+    const query = pipelinable(config, values, callback);
+    if (query) {
+      this.firstPromise = new Promise((resolve, reject) => {
+        const first = new FirstQuery(query.config, query.values, this.start, () => this.returnedValue === this.firstPromise);
+        first.callback = (error: Error | null, result: unknown) => (error ? reject(error) : resolve(result));
+        this.first = first;
+        clientQuery.call(this.client, first);
+      });
+      return this.firstPromise;
+    }
+    // The usual way: the statements as one simple query, queued ahead of fn's.
+    (clientQuery.call(this.client, this.start.text) as Promise<unknown>).catch((error: Error) => {
+      this.failure = error;
+    });
+    return clientQuery.call(this.client, config, values, callback);
+  }
+}
+
+const NOT_RETURNED = Symbol('not returned');
+const HOOK = Symbol('shardctl.deferredBegin');
+type Hooked = { [HOOK]?: DeferredBegin | undefined; query: (...args: unknown[]) => unknown };
+const clientQuery = pg.Client.prototype.query as unknown as (this: unknown, ...args: unknown[]) => unknown;
+
+/**
+ * Gives a pooled client a query method of its own that passes each call to the DeferredBegin
+ * holding it, if any, else to pg's. Installed once per connection (the router calls it when its
+ * pool connects one), so a call does not change the client's shape.
+ */
+export function hookClient(client: pg.ClientBase): void {
+  const hooked = client as unknown as Hooked;
+  hooked[HOOK] = undefined;
+  hooked.query = function (this: Hooked, config: unknown, values?: unknown, callback?: unknown): unknown {
+    const hook = this[HOOK];
+    return hook ? hook.query(config, values, callback) : clientQuery.call(this, config, values, callback);
+  };
+}
+
+/** Config and values of a first query that can carry the BEGIN, else undefined. */
+function pipelinable(config: unknown, values: unknown, callback: unknown): { config: string | pg.QueryConfig; values?: unknown[] } | undefined {
+  if (typeof values === 'function' || callback !== undefined) return undefined;
+  if (typeof config === 'string') return Array.isArray(values) && values.length > 0 ? { config, values } : undefined;
+  if (typeof config !== 'object' || config === null) return undefined;
+  const c = config as pg.QueryConfig & { submit?: unknown; callback?: unknown; rows?: unknown; queryMode?: string };
+  if (typeof c.submit === 'function' || c.callback !== undefined || c.name || c.rows || typeof c.text !== 'string') return undefined;
+  if (values !== undefined && !Array.isArray(values)) return undefined;
+  if (c.values !== undefined && !Array.isArray(c.values)) return undefined;
+  const own = values ?? c.values;
+  const extended = c.queryMode === 'extended' || (Array.isArray(own) && own.length > 0);
+  return extended ? { config: c, ...(values !== undefined ? { values: values as unknown[] } : {}) } : undefined;
+}
+
+/** The parts of pg's Connection used here (the same calls pg's Query and pg-cursor make). */
+interface WireConnection {
+  stream: { cork?: () => void; uncork?: () => void; writable: boolean; write(data: Buffer): boolean };
+  execute(config: { portal?: string; rows?: number }): void;
+}
+
+/** As pg's Connection sends a message. */
+function send(connection: WireConnection, bytes: Buffer): void {
+  if (connection.stream.writable) connection.stream.write(bytes);
+}
+
+/**
+ * The statements that start a shard's transaction (e.g. `BEGIN` and `SET LOCAL search_path TO
+ * "insta5"`), as one simple-query text and as the Parse/Bind/Execute messages of each. Built once
+ * per shard by the router, not on every call.
+ */
+export class TransactionStart {
+  readonly text: string;
+  readonly messages: Buffer;
+  readonly statements: number;
+
+  constructor(statements: readonly string[]) {
+    this.text = statements.join('; ');
+    this.messages = Buffer.concat(statements.map(statementMessages));
+    this.statements = statements.length;
+  }
+}
+
+/** Sync, and COMMIT followed by Sync: the end of the first query's messages. */
+const SYNC = Buffer.from([0x53, 0, 0, 0, 4]);
+const COMMIT_SYNC = Buffer.concat([statementMessages('COMMIT'), SYNC]);
+
+/**
+ * Parse, Bind and Execute of one statement without parameters or results to describe, on the
+ * unnamed statement and portal (protocol 3.0, byte for byte as pg writes them).
+ */
+export function statementMessages(text: string): Buffer {
+  const query = Buffer.from(`${text}\0`, 'utf8');
+  const bytes = Buffer.alloc(1 + 4 + 1 + query.length + 2 + (1 + 4 + 1 + 1 + 2 + 2 + 2 + 2) + (1 + 4 + 1 + 4));
+  let at = 0;
+  // Parse: name "", the text, no parameter types.
+  at = bytes.writeUInt8(0x50, at);
+  at = bytes.writeInt32BE(4 + 1 + query.length + 2, at);
+  at += 1;
+  at += query.copy(bytes, at);
+  at = bytes.writeInt16BE(0, at);
+  // Bind: portal "", statement "", no parameter formats, no parameters, one result format: text.
+  at = bytes.writeUInt8(0x42, at);
+  at = bytes.writeInt32BE(4 + 1 + 1 + 2 + 2 + 2 + 2, at);
+  at += 2 + 4;
+  at = bytes.writeInt16BE(1, at);
+  at += 2;
+  // Execute: portal "", no row limit.
+  at = bytes.writeUInt8(0x45, at);
+  at = bytes.writeInt32BE(4 + 1 + 4, at);
+  return bytes;
+}
+
+interface QueryInternals {
+  portal: string;
+  submit(connection: WireConnection): Error | null | void;
+  handleCommandComplete(message: { text: string }, connection: WireConnection): void;
+  handleEmptyQuery(connection: WireConnection): void;
+  callback?: (error: Error | null, result: unknown) => void;
+}
+
+const BaseQuery = pg.Query as unknown as new (config: string | pg.QueryConfig, values?: unknown[]) => QueryInternals;
+
+/** fn's first query: the statements that start the transaction ahead of it, maybe COMMIT after it. */
+class FirstQuery extends BaseQuery {
+  private skip: number;
+  private mainDone = false;
+  private executed = false;
+  /** A COMMIT was written after the query. */
+  commitSent = false;
+  /** Its tag, once it ran. */
+  commitTag: string | undefined;
+
+  constructor(
+    config: string | pg.QueryConfig,
+    values: unknown[] | undefined,
+    private readonly start: TransactionStart,
+    /** At the end of the tick: is this query all of fn's work? */
+    private readonly alone: () => boolean,
+  ) {
+    super(config, values);
+    this.skip = start.statements;
+  }
+
+  override submit(connection: WireConnection): Error | null | void {
+    // Held (corked) until the end of the tick, when fn has returned: then COMMIT or not, and Sync.
+    connection.stream.cork?.();
+    send(connection, this.start.messages);
+    // pg's own Query writes Parse/Bind/Describe/Execute (and, through _getRows below, not Sync). It
+    // could refuse its config before writing (no text, values not an array, a name reused):
+    // pipelinable() lets none of those here. If binding a value throws, it writes Close and Sync
+    // itself and fails the query; then nothing is added below.
+    const error = super.submit(connection);
+    queueMicrotask(() => {
+      try {
+        if (this.executed) {
+          if (this.alone()) {
+            send(connection, COMMIT_SYNC);
+            this.commitSent = true;
+          } else {
+            send(connection, SYNC);
+          }
+        }
+      } finally {
+        connection.stream.uncork?.();
+      }
+    });
+    return error;
+  }
+
+  /** pg's Query ends its messages here with Sync; the Sync is written at the end of the tick instead. */
+  _getRows(connection: WireConnection, rows?: number): void {
+    connection.execute({ portal: this.portal, ...(rows ? { rows } : {}) });
+    this.executed = true;
+  }
+
+  override handleCommandComplete(message: { text: string }, connection: WireConnection): void {
+    if (this.skip > 0) {
+      // BEGIN's and SET's: not fn's result.
+      this.skip -= 1;
+    } else if (!this.mainDone) {
+      this.mainDone = true;
+      super.handleCommandComplete(message, connection);
+    } else {
+      // The COMMIT written after it.
+      this.commitTag = message.text;
+    }
+  }
+
+  override handleEmptyQuery(connection: WireConnection): void {
+    this.mainDone = true;
+    super.handleEmptyQuery(connection);
+  }
+}

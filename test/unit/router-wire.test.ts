@@ -1,0 +1,30 @@
+import { createRequire } from 'node:module';
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { statementMessages, TransactionStart } from '../../src/router/begin.js';
+
+// pg's own serializer (pg-protocol, pg's dependency): the bytes pg would write for the same messages.
+const { serialize } = createRequire(import.meta.url)('pg-protocol') as {
+  serialize: { parse(q: { text: string }): Buffer; bind(c: object): Buffer; execute(c: object): Buffer };
+};
+const pgWrites = (text: string): Buffer => Buffer.concat([serialize.parse({ text }), serialize.bind({}), serialize.execute({})]);
+
+describe('statementMessages (BEGIN, SET LOCAL and COMMIT sent with fn’s query)', () => {
+  it('is byte for byte what pg writes for Parse/Bind/Execute of the same text', () => {
+    for (const text of ['BEGIN', 'BEGIN READ ONLY', 'COMMIT', 'SET LOCAL search_path TO "insta5"', 'SET LOCAL search_path TO "ünï ""q"""']) {
+      expect(statementMessages(text).equals(pgWrites(text))).toBe(true);
+    }
+    fc.assert(
+      fc.property(fc.string({ unit: 'grapheme', minLength: 1 }).filter((t) => !t.includes('\0')), (text) => {
+        expect(statementMessages(text).toString('hex')).toBe(pgWrites(text).toString('hex'));
+      }),
+    );
+  });
+
+  it('TransactionStart: the statements as one text, and their messages in order', () => {
+    const start = new TransactionStart(['BEGIN READ ONLY', 'SET LOCAL search_path TO "insta7"']);
+    expect(start.text).toBe('BEGIN READ ONLY; SET LOCAL search_path TO "insta7"');
+    expect(start.statements).toBe(2);
+    expect(start.messages.equals(Buffer.concat([pgWrites('BEGIN READ ONLY'), pgWrites('SET LOCAL search_path TO "insta7"')]))).toBe(true);
+  });
+});
