@@ -2,11 +2,15 @@
  * router: what the application side costs (issue 8), on its own fleet of 2048 shards over 2 hosts
  * (init once, untimed), in interleaved rounds (the order of the two sides alternates each round).
  *
- * 1. Routed single-row inserts: `router.withKey(userId, insert)` — a transaction on the shard's
- *    host with `SET LOCAL search_path` — against the same inserts sent by hand through a plain
- *    pg.Pool of the same size per host: the shard and host computed with shardForKey/hostForShard,
- *    the table schema-qualified, one autocommit statement. Same user ids, same number of callers
- *    (the pools' total size), same rows. Throughput in inserts per second; target ≥ 0.9x.
+ * 1. Routed single-row inserts: `router.withKey(userId, (client) => client.query(insert))` — a
+ *    transaction on the shard's host with `SET LOCAL search_path`, in one round trip because fn
+ *    returns the insert's promise — against the same inserts sent by hand through a plain pg.Pool
+ *    of the same size per host: the shard and host computed with shardForKey/hostForShard, the
+ *    table schema-qualified, one autocommit statement. Same user ids, same number of callers (the
+ *    pools' total size), same rows. Throughput in inserts per second; target ≥ 0.9x. Twice: with
+ *    durable commits, then with synchronous_commit = off for the database (commits that do not
+ *    wait for the disk: what is left is each side's own cost). Both sides' connections are warmed
+ *    on every shard first, and their CPU per insert (server processes, Node) is recorded.
  * 2. `shardctl exec "select count(*) from photos"` over all 2048 shards (the CLI as a child
  *    process, start-up included, --json to a pipe) against one psql script per host, one
  *    `SELECT … UNION ALL …` over that host's shards, both hosts in parallel. Target ≤ 1.5x.
