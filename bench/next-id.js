@@ -17,7 +17,7 @@
 import { readFileSync } from 'node:fs';
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { ID_FUNCTION_VERSION, renderNextIdSql } from '../dist/id/sql.js';
-import { renderNextIdV3Sql } from './next-id-v3.js';
+import { PREVIOUS_VERSION, renderPreviousNextIdSql } from './previous-next-id.js';
 import {
   connect,
   formatCount,
@@ -38,7 +38,7 @@ const DATABASE = 'bench_nextid';
 const SHARD = 5;
 const SCHEMA = `insta${SHARD}`;
 const REFERENCE_SCHEMA = `instagram${SHARD}`;
-/** next_id v3, the previous release, for before/after rows. */
+/** next_id of the previous release, for before/after rows. */
 const OLD_SCHEMA = `old${SHARD}`;
 /** Steady drawing rates (ids per millisecond) at which the slow path's share is measured. */
 const PACED_RATES = [1000, 500, 200, 100, 20];
@@ -100,7 +100,7 @@ const COST_VARIANTS = [
   { key: 'nextval', label: 'bare nextval()', call: `nextval('${SCHEMA}.plain_seq')` },
   { key: 'plpgsql', label: 'PL/pgSQL floor: RETURN nextval(seq)', call: `${SCHEMA}.plpgsql_nextval('${SCHEMA}.floor_seq')` },
   { key: 'shardctl', label: `shardctl ${SCHEMA}.next_id(seq)`, call: `${SCHEMA}.next_id('${SCHEMA}.cost_seq')` },
-  { key: 'shardctl_v3', label: `shardctl next_id v3 (previous release)`, call: `${OLD_SCHEMA}.next_id('${OLD_SCHEMA}.cost_seq')` },
+  { key: 'shardctl_previous', label: `shardctl next_id v${PREVIOUS_VERSION} (previous release)`, call: `${OLD_SCHEMA}.next_id('${OLD_SCHEMA}.cost_seq')` },
   { key: 'instagram', label: "Instagram's published next_id()", call: `${REFERENCE_SCHEMA}.next_id()` },
 ];
 
@@ -127,7 +127,7 @@ export async function run(ctx, major) {
       );
       await client.query(photosCopySql(SCHEMA, `${SCHEMA}.next_id('${SCHEMA}.photos_id_seq')`));
       await client.query(`CREATE SCHEMA ${OLD_SCHEMA}`);
-      await client.query(renderNextIdV3Sql(OLD_SCHEMA, SHARD, LAYOUT));
+      await client.query(renderPreviousNextIdSql(OLD_SCHEMA, SHARD, LAYOUT));
       for (const seq of ['cost_seq', 'slow_seq']) await client.query(`CREATE SEQUENCE ${OLD_SCHEMA}.${seq}`);
       await client.query(`CREATE SEQUENCE ${SCHEMA}.slow_seq`);
       await client.query(PACED_FUNCTION);
@@ -252,29 +252,30 @@ END $$`;
 
 /**
  * How often the locked slow path runs, from the function statistics of one transaction
- * (track_functions = 'pl' counts PL/pgSQL calls: next_id_fast once per id (v3 and v4),
- * per id; next_id_locked once per slow call). At full speed (--ids × 4 ids in one statement, as
+ * (track_functions = 'pl' counts PL/pgSQL calls: next_id_locked once per slow call), against the
+ * ids drawn (v5 calls no PL/pgSQL function for an id on the fast path, so there is no per-id call
+ * to count; the statements below draw a known number). At full speed (--ids × 4 ids in one statement, as
  * in the issue) and at steady rates from 1000 down to 20 ids per millisecond.
  */
 async function measureSlowPath(host, { ids }) {
   const variants = [
-    { function: 'shardctl', schema: SCHEMA, perId: 'next_id_fast' },
-    { function: 'shardctl_v3', schema: OLD_SCHEMA, perId: 'next_id_fast' },
+    { function: 'shardctl', schema: SCHEMA },
+    { function: 'shardctl_previous', schema: OLD_SCHEMA },
   ];
   const results = [];
   await withClient(host.url(DATABASE), async (client) => {
-    const measure = async (variant, idsPerMs, sql) => {
+    const measure = async (variant, idsPerMs, sql, ids) => {
       await client.query(`BEGIN; SET LOCAL track_functions = 'pl'`);
       try {
         const started = performance.now();
         await client.query(sql);
         const ms = performance.now() - started;
         const stats = await client.query(
-          `SELECT funcname, calls, total_time FROM pg_stat_xact_user_functions WHERE schemaname = $1 AND funcname IN ($2, 'next_id_locked')`,
-          [variant.schema, variant.perId],
+          `SELECT funcname, calls, total_time FROM pg_stat_xact_user_functions WHERE schemaname = $1 AND funcname = 'next_id_locked'`,
+          [variant.schema],
         );
         const stat = (name) => stats.rows.find((r) => r.funcname === name) ?? { calls: 0, total_time: 0 };
-        const calls = Number(stat(variant.perId).calls);
+        const calls = ids;
         const locked = Number(stat('next_id_locked').calls);
         results.push({
           function: variant.function,
@@ -292,9 +293,9 @@ async function measureSlowPath(host, { ids }) {
     for (const variant of variants) {
       const full = ids * 4;
       log(`  slow path: ${formatCount(full)} ids at full speed, then steady rates, ${variant.function}`);
-      await measure(variant, null, `select count(${variant.schema}.next_id('${variant.schema}.slow_seq')) from generate_series(1, ${full})`);
+      await measure(variant, null, `select count(${variant.schema}.next_id('${variant.schema}.slow_seq')) from generate_series(1, ${full})`, full);
       for (const rate of PACED_RATES) {
-        await measure(variant, rate, `select public.draw_paced('${variant.schema}', '${variant.schema}.slow_seq', ${rate}, ${PACED_MS})`);
+        await measure(variant, rate, `select public.draw_paced('${variant.schema}', '${variant.schema}.slow_seq', ${rate}, ${PACED_MS})`, rate * PACED_MS);
       }
     }
   });
@@ -430,7 +431,7 @@ function uniquenessRows(result) {
 }
 function slowPathRows(result) {
   return result.slowPath.map((s) => [
-    s.function === 'shardctl' ? `shardctl next_id (v${ID_FUNCTION_VERSION})` : 'next_id v3 (previous release)',
+    s.function === 'shardctl' ? `shardctl next_id (v${ID_FUNCTION_VERSION})` : `next_id v${PREVIOUS_VERSION} (previous release)`,
     s.idsPerMs === null ? 'full speed, one statement' : `${s.idsPerMs} ids/ms`,
     formatCount(s.calls),
     formatCount(s.lockedCalls),

@@ -123,7 +123,11 @@ BEGIN
 END
 $next_id_locked$;
 
--- Fast path (no lock): turns a position drawn by next_id() into an id when it is not more than
+-- Fast path (no lock) as a PL/pgSQL function. Since v5, next_id() (sql/next_id_wrapper.sql) is this
+-- same condition and id as one SQL expression inlined into the calling statement, and calls no
+-- PL/pgSQL on the fast path; this function stays for the PL/pgSQL next_id() of shards made before
+-- v3 (sql/next_id_wrapper_plpgsql.sql) and for statements planned before an upgrade from v3/v4.
+-- It turns a position drawn by next_id() into an id when it is not more than
 -- {{lagMs}} ms behind the clock, that is when pos >= (now_ms - {{lagMs}}) << {{sequenceBits}}.
 -- Written as a timestamp comparison because that is the cheapest exact form of it:
 --   clock_timestamp() < epoch + ((pos >> {{sequenceBits}}) + {{lagMs}} + 1) ms

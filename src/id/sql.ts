@@ -14,9 +14,13 @@ export const ID_LAG_MS = 1;
  * path always moves the sequence, and the fast path is one PL/pgSQL statement behind an inlined
  * SQL function (positions are unchanged, so v2 is replaced in place without a repeated id). v4: a
  * slow path that touches less code per call (no catalog query, one statement for the lock and the
- * clock, checks only where the sequence moves) and one operator fewer per id; same positions.
+ * clock, checks only where the sequence moves) and one operator fewer per id; same positions. v5:
+ * the fast path is the SQL next_id() itself, inlined into the calling statement (the position read
+ * back with currval()), so an id costs no PL/pgSQL call unless the slow path runs; same positions,
+ * same ids, and next_id_fast() stays for statements planned before the upgrade and for PL/pgSQL
+ * next_id() (pre-v3 shards).
  */
-export const ID_FUNCTION_VERSION = 4;
+export const ID_FUNCTION_VERSION = 5;
 
 /** classid of the advisory lock next_id_locked takes (objid is the sequence's oid): 'shrd'. */
 export const ID_LOCK_CLASS = 0x73687264;
@@ -44,30 +48,35 @@ export type NextIdLanguage = 'sql' | 'plpgsql';
 export function renderNextIdSql(schema: string, shard: number, layout: IdLayout, language: NextIdLanguage = 'sql'): string {
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
-  const wrapper = renderSql(loadSqlTemplate(language === 'sql' ? 'next_id_wrapper.sql' : 'next_id_wrapper_plpgsql.sql'), {
+  // Shared by the slow path, next_id_fast() and the inlined fast path of next_id().
+  const fastPath = {
     schema: { ident: schema },
-    commentLiteral: {
-      literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
-    },
-  });
-  return `${renderSql(loadSqlTemplate('next_id.sql'), {
-    schema: { ident: schema },
-    schemaLiteral: { literal: schema },
-    timeBits: { int: timeBits(layout) },
-    shardBits: { int: layout.shardBits },
     sequenceBits: { int: layout.sequenceBits },
-    lagMs: { int: ID_LAG_MS },
-    epochMs: { int: layout.epochMs },
     // The fast path accepts a position p while clock < this + (p >> sequenceBits) ms; see next_id.sql.
     acceptBeforeLiteral: { literal: formatTimestamp(layout.epochMs + BigInt(ID_LAG_MS) + 1n) },
     minPosition: { int: 1n << seqBits },
     maxPosition: { int: (1n << positionBits) - 1n },
-    maxTimeMs: { int: maxTimeOffsetMs(layout) },
-    timeShift: { int: layout.sequenceBits + layout.shardBits },
     shardField: { int: BigInt(shard) << seqBits },
-    sequenceMask: { int: (1n << seqBits) - 1n },
     // id = pos + (pos >> sequenceBits) * this + shard field: the same as the shifts and masks, one operator fewer.
     idMinusPositionPerMs: { int: (1n << BigInt(layout.sequenceBits + layout.shardBits)) - (1n << seqBits) },
+  } as const;
+  const commentLiteral = {
+    literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
+  };
+  const wrapper =
+    language === 'sql'
+      ? renderSql(loadSqlTemplate('next_id_wrapper.sql'), { ...fastPath, commentLiteral })
+      : renderSql(loadSqlTemplate('next_id_wrapper_plpgsql.sql'), { schema: fastPath.schema, commentLiteral });
+  return `${renderSql(loadSqlTemplate('next_id.sql'), {
+    ...fastPath,
+    schemaLiteral: { literal: schema },
+    timeBits: { int: timeBits(layout) },
+    shardBits: { int: layout.shardBits },
+    lagMs: { int: ID_LAG_MS },
+    epochMs: { int: layout.epochMs },
+    maxTimeMs: { int: maxTimeOffsetMs(layout) },
+    timeShift: { int: layout.sequenceBits + layout.shardBits },
+    sequenceMask: { int: (1n << seqBits) - 1n },
     lockClass: { int: ID_LOCK_CLASS },
     layoutLiteral: { literal: describeLayout(layout) },
     layoutEndLiteral: { literal: formatUnixMs(layoutEndUnixMs(layout)) },

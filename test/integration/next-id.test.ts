@@ -4,13 +4,14 @@ import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.
 import { ID_FUNCTION_VERSION, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
-import { renderNextIdV2Sql, renderNextIdV3Sql } from '../fixtures/previous-next-id.js';
+import { renderNextIdV2Sql, renderNextIdV3Sql, renderNextIdV4Sql } from '../fixtures/previous-next-id.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
-/** A database of its own for the v3 upgrade test: both upgrade tests initialise a fleet. */
+/** Databases of their own for the v3 and v4 upgrade tests: each upgrade test initialises a fleet. */
 const dbV3 = useTestDatabases(1);
+const dbV4 = useTestDatabases(1);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
   await client.query(`create schema if not exists "${schema}"`);
@@ -226,6 +227,15 @@ describe('next_id()', () => {
       language: 'sql',
       database: () => dbV3.urls[0]!,
     },
+    {
+      // The inlined SQL next_id() calling the PL/pgSQL next_id_fast() on every id.
+      version: 4,
+      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
+        await client.query(renderNextIdV4Sql(schema, shard, layout));
+      },
+      language: 'sql',
+      database: () => dbV4.urls[0]!,
+    },
   ];
 
   it.each(previousReleases)(
@@ -292,6 +302,13 @@ describe('next_id()', () => {
         const locked = await client.query<{ body: string }>(`select prosrc as body from pg_proc where oid = 'upg0.next_id_locked(regclass)'::regprocedure`);
         expect(locked.rows[0]!.body).toContain('pg_sequence_parameters');
         expect(locked.rows[0]!.body).not.toContain('pg_catalog.pg_class');
+        if (language === 'sql') {
+          // v5: the fast path is inlined into the INSERT itself, no PL/pgSQL call per id.
+          const plan = await client.query<{ 'QUERY PLAN': string }>(`explain verbose insert into upg0.ids (phase) values ('x')`);
+          const text = plan.rows.map((r) => r['QUERY PLAN']).join('\n');
+          expect(text).toContain('currval(');
+          expect(text).not.toContain('next_id_fast');
+        }
         const fresh = await client.query<{ lang: string }>(
           `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
         );

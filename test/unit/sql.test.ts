@@ -16,15 +16,23 @@ describe('SQL templates', () => {
     expect(sql).not.toMatch(/\{\{\w+\}\}/);
   });
 
-  it('makes next_id() one inlinable SQL expression that draws exactly one position, checked against the epoch + 2 ms', () => {
+  it('makes next_id() one inlinable SQL expression that draws exactly one position and accepts exactly what next_id_fast() accepts', () => {
     const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
     const nextId = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
     expect(nextId).toContain('LANGUAGE sql VOLATILE');
     expect(nextId.match(/nextval\(/g)).toHaveLength(1);
-    expect(nextId).toContain('RETURN "insta5".next_id_fast(seq, pg_catalog.nextval(seq));');
+    // The position drawn first, then read back: nextval() is the first operand of the first condition.
+    expect(nextId).toMatch(/RETURN CASE\s+WHEN pg_catalog\.nextval\(seq\) >= 1024 AND/);
     // Accept while clock < epoch + ((pos >> 10) + 2) ms, i.e. pos >= (now_ms - 1) << 10.
     expect(sql).toContain("clock_timestamp() < '2011-08-24T21:07:01.723Z'::timestamptz + (pos >> 10) * interval '1 millisecond'");
-    expect(sql).toContain('shardctl next_id v4:');
+    // next_id_fast()'s condition and id, with pos read back by currval(): the same positions, the same ids.
+    const fast = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id_fast'), sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
+    const [, condition, id] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)/s.exec(fast)!;
+    const inline = (expr: string) => expr.replaceAll(/\bpos\b/g, 'pg_catalog.currval(seq)').replaceAll(/\s+/g, ' ');
+    const body = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
+    expect(inline(condition!).replace('pg_catalog.currval(seq) >= 1024', 'pg_catalog.nextval(seq) >= 1024')).toBe(body[1]!.replaceAll(/\s+/g, ' '));
+    expect(inline(id!)).toBe(body[2]!.replaceAll(/\s+/g, ' '));
+    expect(sql).toContain('shardctl next_id v5:');
   });
 
   it('quotes identifiers and literals, so a value cannot end the quoting', () => {

@@ -1,6 +1,6 @@
 /**
- * next_id v3, the previous release's function, for before/after rows in the benchmarks: the
- * template kept as a test fixture (test/fixtures/next_id.v3.sql), rendered with that release's
+ * next_id v4, the previous release's function, for before/after rows in the benchmarks: the
+ * template kept as a test fixture (test/fixtures/next_id.v4.sql), rendered with that release's
  * parameters. test/fixtures/previous-next-id.ts does the same for the tests (TypeScript over src/,
  * which the benchmarks, plain JavaScript over dist/, cannot import).
  */
@@ -11,8 +11,10 @@ import { ID_LOCK_CLASS } from '../dist/id/sql.js';
 import { renderSql } from '../dist/pg/template.js';
 import { REPO_ROOT } from './lib.js';
 
-export function renderNextIdV3Sql(schema, shard, layout) {
-  const template = readFileSync(path.join(REPO_ROOT, 'test', 'fixtures', 'next_id.v3.sql'), 'utf8');
+export const PREVIOUS_VERSION = 4;
+
+export function renderPreviousNextIdSql(schema, shard, layout) {
+  const template = readFileSync(path.join(REPO_ROOT, 'test', 'fixtures', `next_id.v${PREVIOUS_VERSION}.sql`), 'utf8');
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
   return renderSql(template, {
@@ -30,9 +32,10 @@ export function renderNextIdV3Sql(schema, shard, layout) {
     timeShift: { int: layout.sequenceBits + layout.shardBits },
     shardField: { int: BigInt(shard) << seqBits },
     sequenceMask: { int: (1n << seqBits) - 1n },
+    idMinusPositionPerMs: { int: (1n << BigInt(layout.sequenceBits + layout.shardBits)) - (1n << seqBits) },
     lockClass: { int: ID_LOCK_CLASS },
     layoutLiteral: { literal: describeLayout(layout) },
     layoutEndLiteral: { literal: formatUnixMs(layoutEndUnixMs(layout)) },
-    commentLiteral: { literal: `shardctl next_id v3: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.` },
+    commentLiteral: { literal: `shardctl next_id v${PREVIOUS_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.` },
   });
 }
