@@ -7,10 +7,11 @@
 -- accepts, and makes the same id from them (see next_id_fast in sql/next_id.sql for the condition):
 --   pos inside the layout, and clock_timestamp() < {{acceptBeforeLiteral}} + (pos >> {{sequenceBits}}) ms
 --   id = pos + (pos >> {{sequenceBits}}) * {{idMinusPositionPerMs}} + {{shardField}}
--- An expression has no variables, so the position drawn by nextval() is read again with currval():
--- currval() returns the value this session's last nextval() of that sequence returned, and between
--- the two nothing else runs in this session (CASE evaluates its first condition first, AND
--- evaluates left to right, and nothing in the expression draws from a sequence before the ELSE).
+-- An expression has no variables, so the position drawn by nextval() in the first WHEN is read
+-- again with currval(): currval() returns the value this session's last nextval() of that sequence
+-- returned. CASE evaluates its conditions in order and a result only after its condition (the
+-- order of operands inside one condition is not relied on), so every currval() comes after the
+-- nextval(); the only other function here that draws, next_id_locked(), runs only as a result.
 -- So every currval() below is the position this call drew (docs/ids.md). Inlining allows seq to
 -- appear several times because it is a constant in a default; nextval() appears once.
 -- currval() needs USAGE (or SELECT) on the sequence, as nextval() needs USAGE (or UPDATE).
@@ -21,7 +22,8 @@ CREATE OR REPLACE FUNCTION {{schema}}.next_id(seq regclass)
 RETURNS bigint
 LANGUAGE sql VOLATILE PARALLEL UNSAFE
 RETURN CASE
-  WHEN pg_catalog.nextval(seq) >= {{minPosition}} AND pg_catalog.currval(seq) <= {{maxPosition}}
+  WHEN pg_catalog.nextval(seq) < {{minPosition}} THEN {{schema}}.next_id_locked(seq)
+  WHEN pg_catalog.currval(seq) <= {{maxPosition}}
    AND pg_catalog.clock_timestamp() < {{acceptBeforeLiteral}}::timestamptz + (pg_catalog.currval(seq) >> {{sequenceBits}}) * interval '1 millisecond'
   THEN pg_catalog.currval(seq) + (pg_catalog.currval(seq) >> {{sequenceBits}}) * {{idMinusPositionPerMs}} + {{shardField}}
   ELSE {{schema}}.next_id_locked(seq)

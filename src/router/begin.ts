@@ -16,8 +16,8 @@ import pg from 'pg';
  * fn sees its query's result alone.
  *
  * The COMMIT is added when fn returned, synchronously, the very promise of that first query (as
- * `(client) => client.query(…)` does): then that query is all of fn's work, and fn's value is its
- * result. The write is held back to the end of the current tick (a microtask) to see what fn
+ * `(client) => client.query(…)` does) and started no other query: then that query is all of fn's
+ * work, and fn's value is its result. The write is held back to the end of the current tick (a microtask) to see what fn
  * returned; nothing else can be sent on the connection meanwhile, because the query is the
  * connection's active one. The whole call is then one round trip, like a plain pool's autocommit
  * statement, and still one transaction with the shard's search_path. A query fn starts after that
@@ -37,6 +37,8 @@ import pg from 'pg';
  */
 export class DeferredBegin {
   private sent = false;
+  /** Queries fn started (through this client) so far. */
+  private calls = 0;
   private failure: Error | undefined;
   private first: FirstQuery | undefined;
   private firstPromise: Promise<unknown> | undefined;
@@ -91,12 +93,14 @@ export class DeferredBegin {
       if (typeof callback === 'function') return void (callback as (e: Error) => void)(error);
       return Promise.reject(error);
     }
+    this.calls += 1;
     if (this.sent) return clientQuery.call(this.client, config, values, callback);
     this.sent = true;
     const query = pipelinable(config, values, callback);
     if (query) {
       this.firstPromise = new Promise((resolve, reject) => {
-        const first = new FirstQuery(query.config, query.values, this.start, () => this.returnedValue === this.firstPromise);
+        // Alone: fn returned this query's promise and started no other query.
+        const first = new FirstQuery(query.config, query.values, this.start, () => this.returnedValue === this.firstPromise && this.calls === 1);
         first.callback = (error: Error | null, result: unknown) => (error ? reject(error) : resolve(result));
         this.first = first;
         clientQuery.call(this.client, first);

@@ -457,8 +457,29 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
         return p;
       });
       expect(String(late)).toMatch(/started after the transaction committed/);
+      // fn starts a second query before returning the first one's promise: both run inside the
+      // transaction, committed after fn (not with the first query).
+      let second: Promise<unknown> | undefined;
+      const both = await (async () => {
+        let trips = 0;
+        let connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } | undefined;
+        const trip = (): void => void (trips += 1);
+        await router.withShard(1, (client) => {
+          connection = (client as unknown as { connection: typeof connection }).connection!;
+          connection.on('readyForQuery', trip);
+          const p = client.query(`insert into photos (user_id, image_url) values ($1, 'a')`, ['19']);
+          second = client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['20', 0]).catch((e: { code?: string }) => e.code);
+          return p;
+        }).catch((e: { code?: string }) => e.code);
+        connection!.off('readyForQuery', trip);
+        return trips;
+      })();
+      // The second insert failed, so the transaction was rolled back (the first insert too): had
+      // the COMMIT gone with the first, 19 would be committed.
+      expect(await second).toBe('22012');
+      expect(both).toBeGreaterThanOrEqual(2);
       await withClient(db.urls[0]!, async (c) => {
-        const r = await c.query(`select user_id from pb1.photos where user_id in (16, 17, 18) union all select id::bigint from pb1.child order by 1`);
+        const r = await c.query(`select user_id from pb1.photos where user_id in (16, 17, 18, 19, 20) union all select id::bigint from pb1.child order by 1`);
         expect(r.rows).toEqual([{ user_id: '17' }]);
       });
 

@@ -21,17 +21,22 @@ describe('SQL templates', () => {
     const nextId = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
     expect(nextId).toContain('LANGUAGE sql VOLATILE');
     expect(nextId.match(/nextval\(/g)).toHaveLength(1);
-    // The position drawn first, then read back: nextval() is the first operand of the first condition.
-    expect(nextId).toMatch(/RETURN CASE\s+WHEN pg_catalog\.nextval\(seq\) >= 1024 AND/);
+    // The position is drawn by the first WHEN (CASE evaluates its conditions in order), and only
+    // read back with currval() after it.
+    expect(nextId).toMatch(/RETURN CASE\s+WHEN pg_catalog\.nextval\(seq\) < 1024 THEN "insta5"\.next_id_locked\(seq\)\s+WHEN pg_catalog\.currval/);
     // Accept while clock < epoch + ((pos >> 10) + 2) ms, i.e. pos >= (now_ms - 1) << 10.
     expect(sql).toContain("clock_timestamp() < '2011-08-24T21:07:01.723Z'::timestamptz + (pos >> 10) * interval '1 millisecond'");
-    // next_id_fast()'s condition and id, with pos read back by currval(): the same positions, the same ids.
+    // next_id_fast()'s condition and id, with pos read back by currval(): the same positions, the
+    // same ids. Its first conjunct (pos >= 1024) is the first WHEN, negated, in next_id().
     const fast = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id_fast'), sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
     const [, condition, id] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)/s.exec(fast)!;
-    const inline = (expr: string) => expr.replaceAll(/\bpos\b/g, 'pg_catalog.currval(seq)').replaceAll(/\s+/g, ' ');
-    const body = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
-    expect(inline(condition!).replace('pg_catalog.currval(seq) >= 1024', 'pg_catalog.nextval(seq) >= 1024')).toBe(body[1]!.replaceAll(/\s+/g, ' '));
-    expect(inline(id!)).toBe(body[2]!.replaceAll(/\s+/g, ' '));
+    const flat = (expr: string) => expr.replaceAll(/\s+/g, ' ');
+    const inline = (expr: string) => flat(expr.replaceAll(/\bpos\b/g, 'pg_catalog.currval(seq)'));
+    expect(flat(condition!).startsWith('pos >= 1024 AND ')).toBe(true);
+    const rest = flat(condition!).slice('pos >= 1024 AND '.length);
+    const body = /RETURN CASE\s+WHEN pg_catalog\.nextval\(seq\) < 1024 THEN "insta5"\.next_id_locked\(seq\)\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
+    expect(flat(body[1]!)).toBe(inline(rest));
+    expect(flat(body[2]!)).toBe(inline(id!));
     expect(sql).toContain('shardctl next_id v5:');
   });
 
