@@ -297,12 +297,21 @@ function transactionBody(sql) {
 export function endedBackendsCpuMs(host) {
   try {
     const pid = readFileSync(path.join(host.dataDir, 'postmaster.pid'), 'utf8').split('\n')[0].trim();
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-    // cutime and cstime, fields 16 and 17 of the file, in clock ticks (100 per second on Linux).
-    return ((Number(fields[13]) + Number(fields[14])) * 1000) / 100;
+    return processCpuMs(pid, { children: true });
   } catch {
     return null;
   }
+}
+
+/**
+ * CPU time (ms) of a process from /proc/<pid>/stat: its own (utime + stime, fields 14 and 15), or
+ * with `children` that of its ended and reaped children (cutime + cstime, fields 16 and 17); clock
+ * ticks, 100 per second on Linux. Throws when the process is gone.
+ */
+export function processCpuMs(pid, { children = false } = {}) {
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  const at = children ? 13 : 11;
+  return ((Number(fields[at]) + Number(fields[at + 1])) * 1000) / 100;
 }
 
 /** The ended backends' CPU (ms) summed over hosts; null when a host cannot tell. */

@@ -14,7 +14,6 @@
  *     table without a primary key (so a repeated id is stored, not refused), then the duplicates
  *     are counted. It must be 0.
  */
-import { readFileSync } from 'node:fs';
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { ID_FUNCTION_VERSION, renderNextIdSql } from '../dist/id/sql.js';
 import { PREVIOUS_VERSION, renderPreviousNextIdSql } from './previous-next-id.js';
@@ -24,6 +23,7 @@ import {
   formatMs,
   log,
   markdownTable,
+  processCpuMs,
   ratio,
   round,
   summarize,
@@ -180,9 +180,7 @@ export async function run(ctx, major) {
  */
 function backendCpuMs(pid) {
   try {
-    const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-    // utime and stime, fields 14 and 15 of the file, in clock ticks (100 per second on Linux).
-    return ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+    return processCpuMs(pid);
   } catch {
     return null;
   }

@@ -16,7 +16,6 @@
  *    `SELECT … UNION ALL …` over that host's shards, both hosts in parallel. Target ≤ 1.5x.
  *    Both must report the same total.
  */
-import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import pg from 'pg';
@@ -27,6 +26,7 @@ import {
   formatSample,
   log,
   markdownTable,
+  processCpuMs,
   ratio,
   round,
   summarize,
@@ -73,9 +73,7 @@ export async function run(ctx, major) {
     inserts[commit] = await compareInserts(config, fleet.hosts, fleet.configFile, userIds, callers, options.routerRounds);
   }
   await Promise.all(fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} reset synchronous_commit`)));
-  // Each mode's warm-up inserted a row per shard for each connection of either side and 2000 rows
-  // on each side; every round `inserts` on each side.
-  const expectedRows = COMMIT_MODES.length * (2 * POOL_SIZE * SHARDS + 2 * 2000 + 2 * options.inserts * options.routerRounds);
+  const expectedRows = COMMIT_MODES.reduce((sum, commit) => sum + inserts[commit].rows, 0);
 
   // --- 2. exec count(*) -----------------------------------------------------------------------
   const scripts = [];
@@ -155,6 +153,7 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
   const plain = [];
   // CPU per insert (µs): the side's server processes (from /proc), and this Node process.
   const cpu = { routed: { server: [], node: [] }, plain: { server: [], node: [] } };
+  let rows = 0;
   try {
     // Warm-up, untimed: every connection of both sides inserts one row into every shard of its
     // host, so each server process has built its caches for every shard's table and compiled every
@@ -162,8 +161,12 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
     // rounds get faster one after the other), as in an application that has been running a while.
     await warmUp(config, router, pools);
     // And the code paths of both sides in Node (the JIT), as in the rounds.
-    await insertRouted(router, userIds.slice(0, 2000), callers);
-    await insertPlain(config, pools, userIds.slice(0, 2000), callers);
+    const jitWarmUp = userIds.slice(0, 2000);
+    await insertRouted(router, jitWarmUp, callers);
+    await insertPlain(config, pools, jitWarmUp, callers);
+    // Rows inserted, for the check after exec: a row per shard for each connection of either side,
+    // the JIT warm-up on each side, then every round's on each side.
+    rows = 2 * POOL_SIZE * config.shards + 2 * jitWarmUp.length + 2 * userIds.length * rounds;
     for (let i = 0; i < rounds; i++) {
       const sides = [
         ['routed', () => insertRouted(router, userIds, callers), routed],
@@ -192,7 +195,7 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
     await router.close();
     await Promise.all([...pools.values()].map((p) => p.end()));
   }
-  return { routed, plain, cpu };
+  return { routed, plain, cpu, rows };
 }
 
 /** CPU time (ms) used so far by the server processes of `applicationName`, summed over hosts. */
@@ -202,9 +205,7 @@ async function backendsCpuMs(hosts, applicationName) {
     const pids = await host.query(DATABASE, `select pid from pg_stat_activity where datname = $1 and application_name = $2`, [DATABASE, applicationName]);
     for (const { pid } of pids) {
       try {
-        const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
-        // utime and stime, fields 14 and 15 of the file, in clock ticks (100 per second on Linux).
-        total += ((Number(fields[11]) + Number(fields[12])) * 1000) / 100;
+        total += processCpuMs(pid);
       } catch {
         // The process ended in between: its time is lost to both readings alike.
       }
@@ -219,14 +220,11 @@ async function backendsCpuMs(hosts, applicationName) {
  * a different one.
  */
 async function warmUp(config, router, pools) {
-  const script = (host) =>
-    host.shards
-      .map((s) => `insert into "${shardSchemaName(config, s)}".photos (user_id, image_url) values (${s}, 'warm-up')`)
-      .join(';\n');
   await Promise.all(
     config.hosts.map(async (host) => {
-      const text = script(host);
-
+      const text = host.shards
+        .map((s) => `insert into "${shardSchemaName(config, s)}".photos (user_id, image_url) values (${s}, 'warm-up')`)
+        .join(';\n');
       // Plain pool: check out every connection, then run the script on each.
       const clients = await Promise.all(Array.from({ length: POOL_SIZE }, () => pools.get(host.name).connect()));
       try {
@@ -243,8 +241,7 @@ async function warmUp(config, router, pools) {
           router.withShard(host.shards[0], async (client) => {
             if (++arrived === POOL_SIZE) allIn();
             await barrier;
-            // As the rounds will: each shard's insert under that shard's search_path (the cached
-            // plan of a shard's next_id() depends on it).
+            // As the rounds will: each shard's insert under that shard's search_path.
             await client.query(
               host.shards
                 .map((s) => `set local search_path to "${shardSchemaName(config, s)}"; insert into photos (user_id, image_url) values (${s}, 'warm-up')`)

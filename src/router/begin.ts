@@ -122,10 +122,10 @@ const clientQuery = pg.Client.prototype.query as unknown as (this: unknown, ...a
 
 /**
  * Gives a pooled client a query method of its own that passes each call to the DeferredBegin
- * holding it, if any, else to pg's. Installed once per connection (the router calls it when its
- * pool connects one), so a call does not change the client's shape.
+ * holding it, if any, else to pg's. Installed once per connection (by its first DeferredBegin), so
+ * later calls do not change the client's shape.
  */
-export function hookClient(client: pg.ClientBase): void {
+function hookClient(client: pg.ClientBase): void {
   const hooked = client as unknown as Hooked;
   hooked[HOOK] = undefined;
   hooked.query = function (this: Hooked, config: unknown, values?: unknown, callback?: unknown): unknown {

@@ -430,12 +430,12 @@ export class ShardRouter {
         begin.returned(returned);
         value = await returned;
       } catch (error) {
+        // Restored first: the ROLLBACK must reach the server even after a COMMIT went with fn's query.
         begin.restore();
         if (begin.started) await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return { ok: false, error };
-      } finally {
-        begin.restore();
       }
+      begin.restore();
       // fn ran no statement: no transaction was started, nothing to commit.
       if (!begin.started) return { ok: true, value };
       if (begin.error) throw begin.error;
