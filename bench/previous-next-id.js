@@ -1,6 +1,6 @@
 /**
- * next_id v4, the previous release's function, for before/after rows in the benchmarks: the
- * template kept as a test fixture (test/fixtures/next_id.v4.sql), rendered with that release's
+ * next_id v5, the previous release's function, for before/after rows in the benchmarks: the
+ * template kept as a test fixture (test/fixtures/next_id.v5.sql), rendered with that release's
  * parameters. test/fixtures/previous-next-id.ts does the same for the tests (TypeScript over src/,
  * which the benchmarks, plain JavaScript over dist/, cannot import).
  */
@@ -11,7 +11,7 @@ import { ID_LOCK_CLASS } from '../dist/id/sql.js';
 import { renderSql } from '../dist/pg/template.js';
 import { REPO_ROOT } from './lib.js';
 
-export const PREVIOUS_VERSION = 4;
+export const PREVIOUS_VERSION = 5;
 
 export function renderPreviousNextIdSql(schema, shard, layout) {
   const template = readFileSync(path.join(REPO_ROOT, 'test', 'fixtures', `next_id.v${PREVIOUS_VERSION}.sql`), 'utf8');

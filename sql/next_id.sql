@@ -25,15 +25,22 @@
 --      taken inside a sub-transaction that is always rolled back, so the lock is held for
 --      microseconds and is released even when the statement is cancelled. Sequence changes are
 --      not transactional, so the rollback keeps them.
---   2. It calls setval() only when the position is more than max_backends positions behind the
---      fast path's acceptance threshold. Any other session that draws while we hold the lock gets
---      a position below that threshold, so it rejects it and queues on this lock before drawing
---      again: at most one draw per other backend, too few to reach the target, so setval() can
---      only move the sequence forwards (proof in docs/ids.md).
+--   2. It calls setval() only when the position is more than 2 * max_backends positions behind
+--      the fast path's acceptance threshold. Any other session that draws while we hold the lock
+--      gets a position below that threshold; a session whose clock was read after ours rejects it
+--      and queues on this lock before drawing again, and the one call per session that may have
+--      read the clock before ours (the fast path does not order its clock read and its draw) adds
+--      one more: at most two draws per other backend, too few to reach the target, so setval()
+--      can only move the sequence forwards (proof in docs/ids.md).
 -- A position behind the threshold by less than that (it just crossed it) cannot be moved with
 -- setval(); it is moved with nextval() instead, drawing the few positions up to the threshold in
 -- one statement. Either way the call that takes the lock moves the sequence to where the fast path
 -- accepts it again, so the next calls do not queue here one after another.
+-- When the position is less than {{busyPositions}} positions behind, the sequence is being drawn
+-- continuously, and setval() moves it {{leadMs}} ms ahead of the clock instead of to the clock: the
+-- fast path then accepts it for {{leadMs}} ms longer, so a busy sequence takes this path several
+-- times less often, and its ids carry a time at most {{leadMs}} ms ahead of the clock. A sequence
+-- left idle for longer is moved to the clock itself.
 --
 -- Written for a cold call: at drawing rates below ~2^sequenceBits per millisecond this runs every
 -- millisecond or two, between long stretches of the fast path, so what it costs is mostly how
@@ -90,18 +97,19 @@ BEGIN
         RAISE EXCEPTION 'next_id: sequence % has CACHE > 1; next_id needs CACHE 1', seq
           USING ERRCODE = 'SC004', HINT = 'ALTER SEQUENCE ... CACHE 1';
       END IF;
-      -- max_backends bounds the draws other sessions can make while we hold the lock. Read only
-      -- here, where a move is decided: the settings are fixed while the server runs, and reading
-      -- them (not baking them in) means changing max_connections needs no reinstall.
-      IF behind > pg_catalog.current_setting('max_connections')::bigint
-                  + pg_catalog.current_setting('autovacuum_max_workers')::bigint
-                  + pg_catalog.current_setting('max_worker_processes')::bigint
-                  + pg_catalog.current_setting('max_wal_senders')::bigint + 1 THEN
-        -- At most ({{maxTimeMs}} << {{sequenceBits}}), inside the layout: now_ms was checked above.
-        pos := pg_catalog.setval(seq, GREATEST(now_ms << {{sequenceBits}}, {{minPosition}}));
+      -- Twice max_backends bounds the draws other sessions can make while we hold the lock. Read
+      -- only here, where a move is decided: the settings are fixed while the server runs, and
+      -- reading them (not baking them in) means changing max_connections needs no reinstall.
+      IF behind > 2 * (pg_catalog.current_setting('max_connections')::bigint
+                       + pg_catalog.current_setting('autovacuum_max_workers')::bigint
+                       + pg_catalog.current_setting('max_worker_processes')::bigint
+                       + pg_catalog.current_setting('max_wal_senders')::bigint + 1) THEN
+        -- To the clock, or {{leadMs}} ms ahead of it when the sequence is busy; at most
+        -- ({{maxTimeMs}} << {{sequenceBits}}), inside the layout: now_ms was checked above.
+        pos := pg_catalog.setval(seq, GREATEST(LEAST(now_ms + CASE WHEN behind < {{busyPositions}} THEN {{leadMs}} ELSE 0 END, {{maxTimeMs}}) << {{sequenceBits}}, {{minPosition}}));
       ELSE
         -- Just behind: setval() is not safe this close, so draw up to the threshold instead
-        -- (fewer than max_backends positions, in one statement). Draws by others in between only
+        -- (at most 2 * max_backends positions, in one statement). Draws by others in between only
         -- make this end higher.
         SELECT pg_catalog.max(pg_catalog.nextval(seq)) INTO pos FROM pg_catalog.generate_series(1, behind);
       END IF;
@@ -124,9 +132,10 @@ END
 $next_id_locked$;
 
 -- Fast path (no lock) as a PL/pgSQL function. Since v5, next_id() (sql/next_id_wrapper.sql) is this
--- same condition and id as one SQL expression inlined into the calling statement, and calls no
--- PL/pgSQL on the fast path; this function stays for the PL/pgSQL next_id() of shards made before
--- v3 (sql/next_id_wrapper_plpgsql.sql) and for statements planned before an upgrade from v3/v4.
+-- same condition and id as one SQL expression inlined into the calling statement (since v6 the
+-- condition is one comparison there, accepting the same positions), and calls no PL/pgSQL on the
+-- fast path; this function stays for the PL/pgSQL next_id() of shards made before v3
+-- (sql/next_id_wrapper_plpgsql.sql) and for statements planned before an upgrade from v3/v4.
 -- It turns a position drawn by next_id() into an id when it is not more than
 -- {{lagMs}} ms behind the clock, that is when pos >= (now_ms - {{lagMs}}) << {{sequenceBits}}.
 -- Written as a timestamp comparison because that is the cheapest exact form of it:

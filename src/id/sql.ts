@@ -9,6 +9,17 @@ import { describeLayout, formatUnixMs, layoutEndUnixMs, maxTimeOffsetMs, timeBit
 export const ID_LAG_MS = 1;
 
 /**
+ * How far ahead of the clock (ms) the slow path moves a busy sequence (one that fell less than
+ * ID_BUSY_MS behind): ids are then at most this much younger than the clock that made them (more
+ * only in a burst above 2^sequenceBits ids per ms), and a busy sequence takes the lock several
+ * times less often. An idle sequence is moved to the clock itself.
+ */
+export const ID_LEAD_MS = 3;
+
+/** A sequence that fell less than this many ms (of positions) behind the fast path's threshold is busy. */
+export const ID_BUSY_MS = 4;
+
+/**
  * Bumped whenever sql/next_id.sql changes, so `init` replaces older functions in place. Kept in the
  * function's comment as `shardctl next_id vN`. v3: one clock conversion for both paths, the slow
  * path always moves the sequence, and the fast path is one PL/pgSQL statement behind an inlined
@@ -18,9 +29,12 @@ export const ID_LAG_MS = 1;
  * the fast path is the SQL next_id() itself, inlined into the calling statement (the position read
  * back with currval()), so an id costs no PL/pgSQL call unless the slow path runs; same positions,
  * same ids, and next_id_fast() stays for statements planned before the upgrade and for PL/pgSQL
- * next_id() (pre-v3 shards).
+ * next_id() (pre-v3 shards). v6: the fast path decides with one comparison on the drawn position
+ * (the range folded into it with two shifts) and reads the position back twice instead of four
+ * times; the slow path allows for a clock read before the draw (twice max_backends of room) and
+ * moves a busy sequence ID_LEAD_MS ahead of the clock; same positions, same ids.
  */
-export const ID_FUNCTION_VERSION = 5;
+export const ID_FUNCTION_VERSION = 6;
 
 /** classid of the advisory lock next_id_locked takes (objid is the sequence's oid): 'shrd'. */
 export const ID_LOCK_CLASS = 0x73687264;
@@ -59,6 +73,9 @@ export function renderNextIdSql(schema: string, shard: number, layout: IdLayout,
     shardField: { int: BigInt(shard) << seqBits },
     // id = pos + (pos >> sequenceBits) * this + shard field: the same as the shifts and masks, one operator fewer.
     idMinusPositionPerMs: { int: (1n << BigInt(layout.sequenceBits + layout.shardBits)) - (1n << seqBits) },
+    // (p << shardBits) >> timeShift is p's millisecond inside the layout, negative just outside it.
+    shardBits: { int: layout.shardBits },
+    timeShift: { int: layout.sequenceBits + layout.shardBits },
   } as const;
   const commentLiteral = {
     literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
@@ -71,11 +88,11 @@ export function renderNextIdSql(schema: string, shard: number, layout: IdLayout,
     ...fastPath,
     schemaLiteral: { literal: schema },
     timeBits: { int: timeBits(layout) },
-    shardBits: { int: layout.shardBits },
     lagMs: { int: ID_LAG_MS },
+    leadMs: { int: ID_LEAD_MS },
+    busyPositions: { int: BigInt(ID_BUSY_MS) << seqBits },
     epochMs: { int: layout.epochMs },
     maxTimeMs: { int: maxTimeOffsetMs(layout) },
-    timeShift: { int: layout.sequenceBits + layout.shardBits },
     sequenceMask: { int: (1n << seqBits) - 1n },
     lockClass: { int: ID_LOCK_CLASS },
     layoutLiteral: { literal: describeLayout(layout) },

@@ -1,17 +1,18 @@
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.js';
-import { ID_FUNCTION_VERSION, renderNextIdSql } from '../../src/id/sql.js';
+import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
-import { renderNextIdV2Sql, renderNextIdV3Sql, renderNextIdV4Sql } from '../fixtures/previous-next-id.js';
+import { renderNextIdV2Sql, renderNextIdV3Sql, renderNextIdV4Sql, renderNextIdV5Sql } from '../fixtures/previous-next-id.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
-/** Databases of their own for the v3 and v4 upgrade tests: each upgrade test initialises a fleet. */
+/** Databases of their own for the v3, v4 and v5 upgrade tests: each upgrade test initialises a fleet. */
 const dbV3 = useTestDatabases(1);
 const dbV4 = useTestDatabases(1);
+const dbV5 = useTestDatabases(1);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
   await client.query(`create schema if not exists "${schema}"`);
@@ -206,6 +207,65 @@ describe('next_id()', () => {
     });
   });
 
+  it('moves a busy sequence (less than 4 ms behind) ID_LEAD_MS ahead of the clock, and an idle one to the clock itself', async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta15', 15, DEFAULT_ID_LAYOUT);
+      const nowMs = `(floor(extract(epoch from clock_timestamp()) * 1000)::bigint - ${DEFAULT_ID_LAYOUT.epochMs})`;
+      const move = async (behind: number) => {
+        // `behind` positions behind the fast path's threshold, (now_ms - 1) << 10.
+        // In one statement (a target list is evaluated in order), so that the clock does not move
+        // on between the setval() and the call.
+        const r = await client.query<{ from_ms: string; id: string; to_ms: string }>(
+          `select ${nowMs} as from_ms, setval('insta15.photos_id_seq', ((${nowMs} - 1) << 10) - ${behind}),
+                  insta15.next_id('insta15.photos_id_seq') as id, ${nowMs} as to_ms`,
+        );
+        const ms = decodeId(BigInt(r.rows[0]!.id), DEFAULT_ID_LAYOUT).unixMs - DEFAULT_ID_LAYOUT.epochMs;
+        return { ms, from: BigInt(r.rows[0]!.from_ms), to: BigInt(r.rows[0]!.to_ms) };
+      };
+      // Busy: more than 2 * max_backends (setval is safe) and less than 4096 positions behind.
+      const busy = await move(1000);
+      expect(busy.ms).toBeGreaterThanOrEqual(busy.from + BigInt(ID_LEAD_MS));
+      expect(busy.ms).toBeLessThanOrEqual(busy.to + BigInt(ID_LEAD_MS));
+      // Idle: far behind; moved to the clock, not ahead of it.
+      const idle = await move(1_000_000);
+      expect(idle.ms).toBeGreaterThanOrEqual(idle.from);
+      expect(idle.ms).toBeLessThanOrEqual(idle.to);
+    });
+  });
+
+  it("evaluates next_id()'s one condition on PostgreSQL exactly as next_id_fast()'s, at every edge of the range and the clock", async () => {
+    // The two conditions from the installed text, with the draw and the clock as parameters.
+    const sql = renderNextIdSql('insta16', 16, DEFAULT_ID_LAYOUT);
+    const inline = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(sql.slice(sql.indexOf('"insta16".next_id(seq regclass)')))![1]!;
+    const fast = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(sql.slice(sql.indexOf('"insta16".next_id_fast(')))![1]!;
+    const asQuery = (condition: string, position: string) =>
+      condition.replaceAll(position, '$1::bigint').replaceAll('pg_catalog.clock_timestamp()', '$2::timestamptz');
+    const nowPos = ((BigInt(Date.now()) - DEFAULT_ID_LAYOUT.epochMs) << 10n);
+    const max = (1n << 50n) - 1n;
+    const positions = [0n, 1n, 1023n, 1024n, 1025n, 2047n, 2048n, nowPos - 2049n, nowPos - 2048n, nowPos - 1025n, nowPos - 1024n, nowPos - 1n, nowPos, nowPos + 1023n, nowPos + 1024n, max - 1n, max];
+    await withClient(db.urls[0]!, async (client) => {
+      for (const p of positions) {
+        const ms = p >> 10n;
+        const acceptBefore = DEFAULT_ID_LAYOUT.epochMs + ms + 2n;
+        // The clock at the edges of p's acceptance (1 µs either side) and before the epoch.
+        const clocks = [acceptBefore * 1000n - 1n, acceptBefore * 1000n, acceptBefore * 1000n + 1n, DEFAULT_ID_LAYOUT.epochMs * 1000n - 5000n, BigInt(Date.now()) * 1000n];
+        for (const us of clocks) {
+          const clock = `${new Date(Number(us / 1000n)).toISOString().slice(0, 23)}${String(us % 1000n).padStart(3, '0')}Z`;
+          const r = await client.query<{ inline: boolean; fast: boolean }>(
+            `select (${asQuery(inline, 'pg_catalog.nextval(seq)')}) as inline, (${asQuery(fast, 'pos')}) as fast`,
+            [p.toString(), clock],
+          );
+          expect({ p, clock, accepted: r.rows[0]!.inline }).toEqual({ p, clock, accepted: r.rows[0]!.fast });
+        }
+      }
+      // Just past the layout's end, and below zero: refused (the slow path then raises SC001 or moves it).
+      for (const p of [max + 1n, max + 2n, 2n * max, -1n, -(1n << 40n)]) {
+        const r = await client.query<{ inline: boolean }>(`select (${asQuery(inline, 'pg_catalog.nextval(seq)')}) as inline`, [p.toString(), new Date().toISOString()]);
+        expect({ p, accepted: r.rows[0]!.inline }).toEqual({ p, accepted: false });
+      }
+    });
+  });
+
   // What a fleet initialised by each earlier release has, and the language init must keep.
   const previousReleases = [
     {
@@ -235,6 +295,15 @@ describe('next_id()', () => {
       },
       language: 'sql',
       database: () => dbV4.urls[0]!,
+    },
+    {
+      // The inlined SQL next_id() with the position read back four times, no PL/pgSQL per id.
+      version: 5,
+      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
+        await client.query(renderNextIdV5Sql(schema, shard, layout));
+      },
+      language: 'sql',
+      database: () => dbV5.urls[0]!,
     },
   ];
 

@@ -1,3 +1,4 @@
+import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_ID_LAYOUT } from '../../src/id/layout.js';
 import { renderNextIdSql } from '../../src/id/sql.js';
@@ -16,28 +17,65 @@ describe('SQL templates', () => {
     expect(sql).not.toMatch(/\{\{\w+\}\}/);
   });
 
-  it('makes next_id() one inlinable SQL expression that draws exactly one position and accepts exactly what next_id_fast() accepts', () => {
+  it('makes next_id() one inlinable SQL expression: one draw, decided by one condition, the position read back twice for the id', () => {
     const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
     const nextId = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
     expect(nextId).toContain('LANGUAGE sql VOLATILE');
     expect(nextId.match(/nextval\(/g)).toHaveLength(1);
-    // The position is drawn by the first WHEN (CASE evaluates its conditions in order), and only
-    // read back with currval() after it.
-    expect(nextId).toMatch(/RETURN CASE\s+WHEN pg_catalog\.nextval\(seq\) < 1024 THEN "insta5"\.next_id_locked\(seq\)\s+WHEN pg_catalog\.currval/);
-    // Accept while clock < epoch + ((pos >> 10) + 2) ms, i.e. pos >= (now_ms - 1) << 10.
-    expect(sql).toContain("clock_timestamp() < '2011-08-24T21:07:01.723Z'::timestamptz + (pos >> 10) * interval '1 millisecond'");
-    // next_id_fast()'s condition and id, with pos read back by currval(): the same positions, the
-    // same ids. Its first conjunct (pos >= 1024) is the first WHEN, negated, in next_id().
+    const [, condition, id] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
+    // The draw and the clock are in the condition; currval() only in the result, which CASE
+    // evaluates after its condition.
+    expect(condition).toContain('pg_catalog.nextval(seq)');
+    expect(condition).not.toContain('currval');
+    expect(id!.match(/pg_catalog\.currval\(seq\)/g)).toHaveLength(2);
+    // next_id_fast()'s id, with pos read back by currval(): the same ids.
     const fast = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id_fast'), sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
-    const [, condition, id] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)/s.exec(fast)!;
-    const flat = (expr: string) => expr.replaceAll(/\s+/g, ' ');
-    const inline = (expr: string) => flat(expr.replaceAll(/\bpos\b/g, 'pg_catalog.currval(seq)'));
-    expect(flat(condition!).startsWith('pos >= 1024 AND ')).toBe(true);
-    const rest = flat(condition!).slice('pos >= 1024 AND '.length);
-    const body = /RETURN CASE\s+WHEN pg_catalog\.nextval\(seq\) < 1024 THEN "insta5"\.next_id_locked\(seq\)\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
-    expect(flat(body[1]!)).toBe(inline(rest));
-    expect(flat(body[2]!)).toBe(inline(id!));
-    expect(sql).toContain('shardctl next_id v5:');
+    const [, , fastId] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)/s.exec(fast)!;
+    expect(id!.replaceAll(/\s+/g, ' ')).toBe(fastId!.replaceAll('pos', 'pg_catalog.currval(seq)').replaceAll(/\s+/g, ' '));
+    expect(condition!.replaceAll(/\s+/g, ' ')).toBe(
+      "'2011-08-24T21:07:01.723Z'::timestamptz + ((pg_catalog.nextval(seq) << 13) >> 23) * interval '1 millisecond' > GREATEST(pg_catalog.clock_timestamp(), '2011-08-24T21:07:01.723Z'::timestamptz)",
+    );
+    expect(sql).toContain('shardctl next_id v6:');
+  });
+
+  it("next_id()'s one condition accepts exactly the positions next_id_fast() accepts, and any other position it lets through overflows bigint", () => {
+    // Both conditions as PostgreSQL evaluates them (int8 shifts wrap, timestamps in whole µs),
+    // with the constants of the default layout; A is the fast path's accept-before instant.
+    const layout = DEFAULT_ID_LAYOUT;
+    const A = (layout.epochMs + 2n) * 1000n; // µs since the Unix epoch: epoch + lag (1 ms) + 1 ms
+    const max = (1n << 50n) - 1n;
+    const k = (1n << 23n) - (1n << 10n);
+    const inline = (p: bigint, clockUs: bigint) => {
+      const m = BigInt.asIntN(64, p << 13n) >> 23n;
+      return A + m * 1000n > (clockUs > A ? clockUs : A);
+    };
+    const fast = (p: bigint, clockUs: bigint) => p >= 1024n && p <= max && clockUs < A + (p >> 10n) * 1000n;
+    const idOverflows = (p: bigint) => {
+      const product = (p >> 10n) * k;
+      const inRange = (x: bigint) => x >= -(1n << 63n) && x < 1n << 63n;
+      return !inRange(product) || !inRange(p + product) || !inRange(p + product + 5120n);
+    };
+    const nowUs = BigInt(Date.UTC(2026, 10, 22)) * 1000n;
+    const position = fc.oneof(
+      fc.bigInt({ min: 0n, max }),
+      // Around the clock: the positions that matter, at every offset within a few ms.
+      fc.bigInt({ min: -5000n, max: 5000n }).map((d) => (((nowUs / 1000n - layout.epochMs) << 10n) + d)),
+      fc.bigInt({ min: 0n, max: 2048n }),
+      fc.bigInt({ min: max - 2048n, max: max + 2048n }),
+      fc.bigInt({ min: -(1n << 63n), max: (1n << 63n) - 1n }),
+    );
+    const clock = fc.oneof(
+      fc.bigInt({ min: nowUs - 10_000n, max: nowUs + 10_000n }),
+      fc.bigInt({ min: A - 5000n, max: A + 5000n }),
+      fc.bigInt({ min: 0n, max: A }),
+    );
+    fc.assert(
+      fc.property(position, clock, (p, clockUs) => {
+        if (p >= 0n && p <= max) expect(inline(p, clockUs)).toBe(fast(p, clockUs));
+        else if (inline(p, clockUs)) expect(idOverflows(p)).toBe(true);
+      }),
+      { numRuns: 20_000 },
+    );
   });
 
   it('quotes identifiers and literals, so a value cannot end the quoting', () => {
