@@ -32,7 +32,8 @@ export const ID_BUSY_MS = 4;
  * next_id() (pre-v3 shards). v6: the fast path decides with one comparison on the drawn position
  * (the range folded into it with two shifts) and reads the position back twice instead of four
  * times; the slow path allows for a clock read before the draw (twice max_backends of room) and
- * moves a busy sequence ID_LEAD_MS ahead of the clock; same positions, same ids.
+ * moves a busy sequence ID_LEAD_MS ahead of the clock; a position means the same, so ids continue
+ * from v5's position.
  */
 export const ID_FUNCTION_VERSION = 6;
 
