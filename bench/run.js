@@ -78,8 +78,8 @@ const REFERENCE_SCALE = {
   inserts: 5_000,
   'router-rounds': 5,
   'bulk-seconds': 10,
-  // 7, not the 3: with 3 rounds of 10 s the median moved by ±5% between runs on this
-  // shared machine (docs/benchmarks.md, bulk-insert), too much to tell a 0.9x target.
+  // 7, not the 3: single rounds of 10 s swing by 20–30% on this shared machine; more rounds
+  // narrow the median, though runs an hour apart still differ (docs/benchmarks.md, bulk-insert).
   'bulk-rounds': 7,
   'split-shards': 64,
   'split-rows': 2000,

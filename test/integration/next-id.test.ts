@@ -4,7 +4,7 @@ import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.
 import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
-import { renderNextIdV2Sql, renderNextIdV3Sql, renderNextIdV4Sql, renderNextIdV5Sql } from '../fixtures/previous-next-id.js';
+import { renderNextIdReleaseSql, type NextIdRelease } from '../fixtures/previous-next-id.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
@@ -267,55 +267,32 @@ describe('next_id()', () => {
   });
 
   // What a fleet initialised by each earlier release has, and the language init must keep.
-  const previousReleases = [
-    {
-      version: 2,
-      // PL/pgSQL next_id() and next_id_locked(), no next_id_fast().
-      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
-        await client.query(renderNextIdV2Sql(schema, shard, layout));
-        await client.query(`drop function "${schema}".next_id_fast(regclass, bigint)`);
-      },
-      language: 'plpgsql',
-      database: () => db.urls[0]!,
-    },
-    {
-      // The inlined SQL next_id() calling next_id_fast(), and v3's slow path.
-      version: 3,
-      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
-        await client.query(renderNextIdV3Sql(schema, shard, layout));
-      },
-      language: 'sql',
-      database: () => dbV3.urls[0]!,
-    },
-    {
-      // The inlined SQL next_id() calling the PL/pgSQL next_id_fast() on every id.
-      version: 4,
-      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
-        await client.query(renderNextIdV4Sql(schema, shard, layout));
-      },
-      language: 'sql',
-      database: () => dbV4.urls[0]!,
-    },
-    {
-      // The inlined SQL next_id() with the position read back four times, no PL/pgSQL per id.
-      version: 5,
-      install: async (client: pg.Client, schema: string, shard: number, layout: IdLayout) => {
-        await client.query(renderNextIdV5Sql(schema, shard, layout));
-      },
-      language: 'sql',
-      database: () => dbV5.urls[0]!,
-    },
+  const previousReleases: { version: NextIdRelease; language: 'sql' | 'plpgsql'; database: () => string }[] = [
+    // PL/pgSQL next_id() and next_id_locked(), no next_id_fast().
+    { version: 2, language: 'plpgsql', database: () => db.urls[0]! },
+    // The inlined SQL next_id() calling next_id_fast(), and v3's slow path.
+    { version: 3, language: 'sql', database: () => dbV3.urls[0]! },
+    // The inlined SQL next_id() calling the PL/pgSQL next_id_fast() on every id.
+    { version: 4, language: 'sql', database: () => dbV4.urls[0]! },
+    // The inlined SQL next_id() with the position read back four times, no PL/pgSQL per id.
+    { version: 5, language: 'sql', database: () => dbV5.urls[0]! },
   ];
+
+  async function installRelease(client: pg.Client, version: NextIdRelease, schema: string, shard: number, layout: IdLayout): Promise<void> {
+    await client.query(renderNextIdReleaseSql(version, schema, shard, layout));
+    // init made the schema with the current functions; v2 had no next_id_fast(), so drop the one init left.
+    if (version === 2) await client.query(`drop function "${schema}".next_id_fast(regclass, bigint)`);
+  }
 
   it.each(previousReleases)(
     'init detects a v$version next_id() and replaces it in place, keeping its language ($language), while a writer inserts: no insert fails, ids never repeat',
-    async ({ version, install, language, database }) => {
+    async ({ version, language, database }) => {
       const url = database();
       const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
       const config = await fleet.config();
       expect((await init(config)).ok).toBe(true);
       await withClient(url, async (client) => {
-        await install(client, 'upg0', 0, config.idLayout);
+        await installRelease(client, version, 'upg0', 0, config.idLayout);
         // No primary key: a repeated id must be stored and counted, not refused.
         await client.query(`create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`);
         // A burst first, so that the position is ahead of the clock when the new version takes over.
