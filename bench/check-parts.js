@@ -1,7 +1,9 @@
 /**
  * Where the time of `migrate --check` goes: its parts, one after the other in one fresh process,
  * each with its wall and CPU time (process.cpuUsage: user + system of the whole process).
- * `node bench/check-parts.js <config>` prints one JSON object; bench/migrate.js runs it.
+ * `node bench/check-parts.js <config>` prints one JSON object; bench/migrate.js bundles it as the
+ * CLI is bundled (scripts/bundle-cli.js: its imports become chunks loaded in 'load the library')
+ * and runs the bundle.
  *
  * The parts are the library's own steps (the ones checkMigrations takes), called one by one:
  * loading the library, the config, the migration files, connecting (and the server version),
@@ -24,11 +26,9 @@ const mark = (name) => {
 // As the CLI loads it (src/cli/library.ts): with a navigator, so pg does not load undici on Node 20.
 const stand = globalThis.navigator === undefined;
 if (stand) Object.defineProperty(globalThis, 'navigator', { value: { userAgent: 'Node.js' }, configurable: true });
-const lib = await import('../dist/index.js');
+const lib = await import('./check-parts-library.js');
 if (stand) delete globalThis.navigator;
-const { Fleet } = await import('../dist/fleet/session.js');
-const { readHostSnapshot } = await import('../dist/fleet/catalog.js');
-const { findConflicts, planFleet } = await import('../dist/provisioning/plan.js');
+const { Fleet, readHostSnapshot, findConflicts, planFleet } = lib;
 mark('load the library');
 
 const config = await lib.loadConfig(process.argv[2]);

@@ -5,8 +5,8 @@
  * { dryRun: true })`), and 64 shards per transaction (issue #9's floor: what a DBA would script by
  * hand). Two fleet shapes: a quarter of --shards on half of --hosts (2048 on 2 at the reference
  * scale), and the whole (8192 on 4). Then, on the current fleet, the fixed cost every run pays:
- * `shardctl migrate --check`, its parts (bench/check-parts.js), and `shardctl --help` against
- * `node -e 0`.
+ * `shardctl migrate --check`, its parts (bench/check-parts.js, bundled as the CLI is), and
+ * `shardctl --help` against `node -e 0`.
  *
  * The fleet before the migration is built once by init into a template database; every run starts
  * from a copy of it (CREATE DATABASE … TEMPLATE, then CHECKPOINT), so every side migrates identical
@@ -16,6 +16,7 @@
  */
 import path from 'node:path';
 import { init, loadConfig, migrate } from '../dist/index.js';
+import { bundle } from '../scripts/bundle-cli.js';
 import {
   backendsGone,
   formatMs,
@@ -172,6 +173,9 @@ async function fixedCost(ctx, fleet) {
   await Promise.all(fleet.hosts.map((host) => host.query('postgres', 'checkpoint')));
   const samples = { check: { wallMs: [], cpuMs: [] }, help: { wallMs: [], cpuMs: [] }, node: { wallMs: [], cpuMs: [] } };
   const parts = [];
+  // The parts load the library as the CLI does: from one bundle (scripts/bundle-cli.js).
+  const checkParts = path.join(REPO_ROOT, 'dist', 'bench', 'check-parts.js');
+  await bundle({ 'check-parts': path.join(REPO_ROOT, 'bench', 'check-parts.js') }, path.dirname(checkParts));
   for (let i = 0; i < options.checkRuns; i++) {
     const timed = {
       check: await timeCli(['migrate', '--check', '-c', fleet.configFile], { cwd: fleet.dir, expectCode: 0 }),
@@ -182,7 +186,7 @@ async function fixedCost(ctx, fleet) {
       samples[what].wallMs.push(t.ms);
       samples[what].cpuMs.push(t.cpuMs ?? null);
     }
-    const run = await runProcess(process.execPath, [path.join(REPO_ROOT, 'bench', 'check-parts.js'), fleet.configFile], { cwd: fleet.dir });
+    const run = await runProcess(process.execPath, [checkParts, fleet.configFile], { cwd: fleet.dir });
     if (run.code !== 0) throw new Error(`bench/check-parts.js exited ${run.code}: ${run.stderr}`);
     parts.push(JSON.parse(run.stdout).parts);
     log(`  fixed cost ${i + 1}/${options.checkRuns}: migrate --check ${formatMs(timed.check.ms)}, --help ${formatMs(timed.help.ms)}, node -e 0 ${formatMs(timed.node.ms)}`);

@@ -8,7 +8,7 @@ import module from 'node:module';
 // start-up then skips most of the parsing. Node 20 has no such cache; there this does nothing.
 module.enableCompileCache?.();
 
-const { main } = await import('../dist/cli/main.js');
+const { main } = await import('../dist/bundle/main.js');
 
 // `shardctl init --dry-run | head`: a closed pipe ends the output quietly, not with a stack trace.
 process.stdout.on('error', (error) => {
