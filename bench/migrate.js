@@ -174,7 +174,8 @@ async function fixedCost(ctx, fleet) {
   const samples = { check: { wallMs: [], cpuMs: [] }, help: { wallMs: [], cpuMs: [] }, node: { wallMs: [], cpuMs: [] } };
   const parts = [];
   // The parts load the library as the CLI does: from one bundle (scripts/bundle-cli.js).
-  const checkParts = path.join(REPO_ROOT, 'dist', 'bench', 'check-parts.js');
+  // bench/.bundle/ is two levels below the root, as dist/bundle/ is (scripts/bundle-cli.js).
+  const checkParts = path.join(REPO_ROOT, 'bench', '.bundle', 'check-parts.js');
   await bundle({ 'check-parts': path.join(REPO_ROOT, 'bench', 'check-parts.js') }, path.dirname(checkParts));
   for (let i = 0; i < options.checkRuns; i++) {
     const timed = {
