@@ -41,7 +41,14 @@ const REFERENCE_SCHEMA = `instagram${SHARD}`;
 /** next_id of the previous release, for before/after rows. */
 const OLD_SCHEMA = `old${SHARD}`;
 /** Steady drawing rates (ids per millisecond) at which the slow path's share is measured. */
-const PACED_RATES = [1000, 500, 200, 100, 20];
+const PACED_RATES = [1000, 500, 200, 100, 50, 20];
+/**
+ * The slowest steady rate the ≤ 0.5% target covers. A busy sequence falls behind every 4 ms of
+ * drawing, a share of about (1024 - r) / (4096 r) at r ids/ms (docs/ids.md): 0.23% at 100, 0.48%
+ * at 50, 1.2% at 20. Slower rates are reported, not targeted: no bound on the ids' time allows a
+ * small share at every rate.
+ */
+const TARGET_MIN_RATE = 100;
 /** Milliseconds drawn at each paced rate. */
 const PACED_MS = 1000;
 const LAYOUT = DEFAULT_ID_LAYOUT;
@@ -155,7 +162,8 @@ export async function run(ctx, major) {
     };
     const floor = cost.functions.find((f) => f.function === 'plpgsql').ms.median;
     const oursCost = cost.functions.find((f) => f.function === 'shardctl').ms.median;
-    const worstShare = Math.max(...slowPath.map((s) => (s.function === 'shardctl' && s.idsPerMs >= 200) || (s.function === 'shardctl' && s.idsPerMs === null) ? s.sharePercent : 0));
+    const targeted = (s) => s.function === 'shardctl' && (s.idsPerMs === null || s.idsPerMs >= TARGET_MIN_RATE);
+    const worstShare = Math.max(...slowPath.map((s) => (targeted(s) ? s.sharePercent : 0)));
     const cpuOf = (key) => cost.functions.find((f) => f.function === key).cpuNsPerId;
     targets.vsFloor = {
       wanted: '≤ 1.2x the PL/pgSQL floor',
@@ -165,7 +173,7 @@ export async function run(ctx, major) {
       // either side; the target counts as met only when the backend's CPU time agrees.
       met: ratio(oursCost, floor) <= 1.2 && (cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) <= 1.2 : true),
     };
-    targets.slowPath = { wanted: '≤ 0.5% of calls (full speed, and steady rates ≥ 200 ids/ms)', got: worstShare, met: worstShare <= 0.5 };
+    targets.slowPath = { wanted: `≤ 0.5% of calls (full speed, and steady rates ≥ ${TARGET_MIN_RATE} ids/ms)`, got: worstShare, met: worstShare <= 0.5 };
     return { benchmark: 'next-id', postgres: serverVersion, settings: settings[0], cost, slowPath, uniqueness, concurrency, targets };
   } finally {
     // The concurrency tables hold millions of rows; later benchmarks share this host.
@@ -499,7 +507,7 @@ export function markdown(results) {
         '',
         markdownTable(CONCURRENCY_HEADERS, concurrencyRows(result)),
         '',
-        `Targets: 0 duplicates at speed: ${verdict(result.targets.uniqueAtSpeed.met)}; 0 duplicates and 0 errors under concurrency: ${verdict(result.targets.uniqueConcurrent.met)}; next_id ≤ 1.2x the PL/pgSQL floor: ${verdict(result.targets.vsFloor.met)} (${result.targets.vsFloor.got}x wall, ${result.targets.vsFloor.cpu}x backend CPU); locked slow path ≤ 0.5% of calls at full speed and at steady rates of 200 ids/ms and more: ${verdict(result.targets.slowPath.met)} (worst ${result.targets.slowPath.got}%).`,
+        `Targets: 0 duplicates at speed: ${verdict(result.targets.uniqueAtSpeed.met)}; 0 duplicates and 0 errors under concurrency: ${verdict(result.targets.uniqueConcurrent.met)}; next_id ≤ 1.2x the PL/pgSQL floor: ${verdict(result.targets.vsFloor.met)} (${result.targets.vsFloor.got}x wall, ${result.targets.vsFloor.cpu}x backend CPU); locked slow path ≤ 0.5% of calls at full speed and at steady rates of ${TARGET_MIN_RATE} ids/ms and more: ${verdict(result.targets.slowPath.met)} (worst ${result.targets.slowPath.got}%).`,
       ].join('\n');
     })
     .join('\n\n');
