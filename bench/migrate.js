@@ -173,8 +173,8 @@ async function fixedCost(ctx, fleet) {
   await Promise.all(fleet.hosts.map((host) => host.query('postgres', 'checkpoint')));
   const samples = { check: { wallMs: [], cpuMs: [] }, help: { wallMs: [], cpuMs: [] }, node: { wallMs: [], cpuMs: [] } };
   const parts = [];
-  // The parts load the library as the CLI does: from one bundle (scripts/bundle-cli.js).
-  // bench/.bundle/ is two levels below the root, as dist/bundle/ is (scripts/bundle-cli.js).
+  // The parts load the library as the CLI does, from a bundle (scripts/bundle-cli.js); bench/.bundle/
+  // is two levels below the root, as dist/bundle/ is.
   const checkParts = path.join(REPO_ROOT, 'bench', '.bundle', 'check-parts.js');
   await bundle({ 'check-parts': path.join(REPO_ROOT, 'bench', 'check-parts.js') }, path.dirname(checkParts));
   for (let i = 0; i < options.checkRuns; i++) {

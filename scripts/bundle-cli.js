@@ -5,7 +5,8 @@
  * needs, stays a third). Node 20 resolves and compiles each of the ~100 files of dist/ and
  * node_modules separately; bundled, the library loads in about a fifth of the time
  * (docs/benchmarks.md, migrate). No source maps: Node ignores them unless run with
- * --enable-source-maps, and the bundle is not minified. The package's export (dist/index.js) stays as tsc writes it.
+ * --enable-source-maps, and the bundle is not minified. The package's export (dist/index.js) stays
+ * as tsc writes it.
  *
  * `node scripts/bundle-cli.js` (part of `npm run build`) writes dist/bundle/; bench/migrate.js
  * uses bundle() for bench/check-parts.js, so its parts load as the CLI's do.
