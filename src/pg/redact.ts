@@ -14,7 +14,9 @@ export function registerSecret(secret: string | undefined | null): void {
 
 /** Registers the password of a connection string, if it has one. */
 export function registerUrlSecret(url: string): void {
-  const match = /^[a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:([^@\s]*)@/i.exec(url);
+  // Up to the last '@': a password may hold an unencoded '@' (pg and WHATWG URL parsing take the
+  // last one as the end of the user info).
+  const match = /^[a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:(\S*)@/i.exec(url);
   if (match?.[1]) {
     registerSecret(match[1]);
     try {
@@ -25,7 +27,9 @@ export function registerUrlSecret(url: string): void {
   }
 }
 
-const URL_PASSWORD = /([a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:)([^@\s]*)@/gi;
+// Greedy to the last '@' before a space, for the same reason: hiding part of a host is better than
+// showing part of a password.
+const URL_PASSWORD = /([a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:)(\S*)@/gi;
 const KEYWORD_PASSWORD = /(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s]+)/gi;
 
 export function redact(text: string): string {

@@ -101,6 +101,21 @@ describe('redact', () => {
     expect(redactUrl('postgresql://u:p%40ss@h/db')).toBe('postgresql://u:***@h/db');
   });
 
+  it('hides the whole password when it holds an unencoded @', () => {
+    expect(redact('psql postgres://u:TopSecret@TopSecretTail99@127.0.0.1:5902/app')).toBe('psql postgres://u:***@127.0.0.1:5902/app');
+    expect(redactUrl('postgres://u:TopSecret@TopSecretTail99@127.0.0.1:5902/app')).toBe('postgres://u:***@127.0.0.1:5902/app');
+  });
+
+  it('never shows any part of a URL password, whatever characters it holds', () => {
+    const password = fc.string({ unit: fc.constantFrom(...'aZ9@:/?#%&=+!$*()[]{}\'~^|<>,.;-_'), minLength: 4, maxLength: 24 });
+    fc.assert(
+      fc.property(password, (pw) => {
+        expect(redact(`error at postgres://app:${pw}@db1:5432/app: timeout`)).toBe('error at postgres://app:***@db1:5432/app: timeout');
+        expect(redactUrl(`postgres://app:${pw}@db1:5432/app`)).toBe('postgres://app:***@db1:5432/app');
+      }),
+    );
+  });
+
   it('masks a registered password wherever it appears, e.g. inside a server error', () => {
     registerSecret('hunter2-very-secret');
     expect(redact('FATAL: role "x" does not exist (tried hunter2-very-secret)')).not.toContain('hunter2-very-secret');
