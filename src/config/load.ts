@@ -4,7 +4,7 @@
  * fixed in one pass instead of one error per run.
  */
 import { statSync } from 'node:fs';
-import { readFile } from 'node:fs/promises';
+import { readFile, stat } from 'node:fs/promises';
 import path from 'node:path';
 import { LineCounter, parseDocument } from 'yaml';
 import { ConfigError, type ConfigIssue } from '../errors.js';
@@ -60,16 +60,39 @@ export async function loadConfig(file?: string, options: LoadConfigOptions = {})
   const configPath = resolveConfigPath(file, env, options.cwd);
   let text: string;
   try {
+    // stat first: opening a FIFO for reading would wait for a writer forever.
+    const info = await stat(configPath);
+    const refusal = info.isDirectory() ? undefined : notAConfigFile(configPath, info);
+    if (refusal) throw new ConfigError(configPath, [{ path: '', message: refusal }]);
     text = await readFile(configPath, 'utf8');
   } catch (error) {
+    if (error instanceof ConfigError) throw error;
     throw new ConfigError(configPath, [{ path: '', message: unreadableFileMessage(configPath, error) }]);
   }
   return parseConfig(text, { ...options, env, file: configPath });
 }
 
+/**
+ * A map of thousands of shards is a few kilobytes; a config larger than this is a mistake, and
+ * parsing it (YAML keeps every node) would take many times its size in memory.
+ */
+export const MAX_CONFIG_BYTES = 1024 * 1024;
+
+function notAConfigFile(configPath: string, info: { isFile(): boolean; size: number }): string | undefined {
+  if (!info.isFile()) return `config file ${configPath} is not a regular file (a FIFO, socket or device); pass the path of a file`;
+  if (info.size > MAX_CONFIG_BYTES) return tooLarge(configPath, info.size);
+  return undefined;
+}
+
+function tooLarge(file: string, bytes: number): string {
+  return `config file ${file} is ${(bytes / 1024 / 1024).toFixed(1)} MiB; a config is at most ${MAX_CONFIG_BYTES / 1024 / 1024} MiB`;
+}
+
 export function parseConfig(text: string, options: ParseConfigOptions): ShardctlConfig {
   const file = options.file === INLINE ? INLINE : path.resolve(options.cwd ?? process.cwd(), options.file);
   const format = options.format ?? (file.toLowerCase().endsWith('.json') ? 'json' : 'yaml');
+  const bytes = Buffer.byteLength(text);
+  if (bytes > MAX_CONFIG_BYTES) throw new ConfigError(file, [{ path: '', message: tooLarge(file, bytes) }]);
   const parsed = format === 'json' ? parseJson(text) : parseYaml(text);
   if ('error' in parsed) throw new ConfigError(file, [{ path: '', message: parsed.error }]);
   const issues: ConfigIssue[] = [];

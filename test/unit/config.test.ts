@@ -1,3 +1,4 @@
+import { execFileSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
@@ -6,7 +7,7 @@ import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expandEnv } from '../../src/config/env.js';
 import { redactUrl } from '../../src/pg/redact.js';
-import { loadConfig, parseConfig, resolveConfigPath, type ParseConfigOptions } from '../../src/config/load.js';
+import { loadConfig, MAX_CONFIG_BYTES, parseConfig, resolveConfigPath, type ParseConfigOptions } from '../../src/config/load.js';
 import { formatShardList } from '../../src/config/ranges.js';
 import { hostForShard } from '../../src/config/types.js';
 import { ConfigError, type ConfigIssue } from '../../src/errors.js';
@@ -713,6 +714,26 @@ describe('loadConfig', () => {
     const error = await loadConfig(dir, { env: {} }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(ConfigError);
     expect((error as ConfigError).message).toContain(`config file ${dir} is a folder`);
+  });
+
+  it('refuses a FIFO at once instead of waiting for a writer', async () => {
+    const fifo = path.join(dir, 'config.fifo');
+    execFileSync('mkfifo', [fifo]);
+    const error = await loadConfig(fifo, { env: {} }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as ConfigError).message).toContain(`config file ${fifo} is not a regular file`);
+    expect((error as ConfigError).exitCode).toBe(2);
+  });
+
+  it('refuses a config over 1 MiB before parsing it, from a file or from text', async () => {
+    const raw = validConfig();
+    raw['comment'] = 'x'.repeat(MAX_CONFIG_BYTES);
+    const file = path.join(dir, 'huge.yaml');
+    writeFileSync(file, stringify(raw));
+    const error = await loadConfig(file, { env: {} }).catch((e: unknown) => e);
+    expect(error).toBeInstanceOf(ConfigError);
+    expect((error as ConfigError).message).toMatch(/huge\.yaml is 1\.0 MiB; a config is at most 1 MiB/);
+    expect(issueAt(issuesOf(() => parse(stringify(raw))), '')).toMatch(/is 1\.0 MiB; a config is at most 1 MiB/);
   });
 });
 
