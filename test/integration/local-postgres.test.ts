@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { chmod, mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { chmod, cp, mkdtemp, readFile, rm, stat } from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -104,6 +104,29 @@ describe(`a local cluster from the ${binaries} binaries`, () => {
       occupier.close();
     }
     expect(await clusterStatus(cluster)).toBe('stopped');
+  });
+});
+
+describe('binaries in a checkout under a 0700 folder (root\'s home)', () => {
+  it('runs them although the server\'s OS user cannot reach them where they are', async () => {
+    const home = await mkdtemp(path.join(os.tmpdir(), 'shardctl-0700-'));
+    const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-0700-data-'));
+    await chmod(root, 0o755);
+    const binDir = path.join(home, 'node_modules', 'pkg', 'native', 'bin');
+    await cp(path.dirname(await postgresBinDir()), path.dirname(binDir), { recursive: true, verbatimSymlinks: true });
+    await chmod(home, 0o700);
+    const cluster: LocalClusterOptions = { dataDir: path.join(root, 'data'), port: await findFreePort(), password: 'pw-0700-Cluster', binDir };
+    try {
+      await initCluster(cluster);
+      await startCluster(cluster);
+      await withClient(urlOf(cluster), async (client) => {
+        expect((await client.query<{ one: number }>('select 1 as one')).rows[0]!.one).toBe(1);
+      });
+    } finally {
+      await stopCluster(cluster);
+      await rm(home, { recursive: true, force: true });
+      await rm(root, { recursive: true, force: true });
+    }
   });
 });
 
