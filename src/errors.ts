@@ -156,3 +156,19 @@ export class RuntimeFailure extends ShardctlError {
 export function isShardctlError(error: unknown): error is ShardctlError {
   return error instanceof ShardctlError;
 }
+
+/**
+ * The config file's map disagrees with where the fleet's hosts say the shards are (another
+ * operator moved shards, or this copy of the file is old). Exit 2, nothing written: acting on a
+ * stale map would create, migrate or move the wrong copies. `data.fix` says what repairs it.
+ */
+export class StaleMapError extends ShardctlError {
+  constructor(file: string, lines: readonly string[], data: Record<string, unknown>) {
+    super(
+      'MAP_STALE',
+      `the map in ${file} disagrees with the fleet; nothing was written:\n${lines.map((l) => `  - ${l}`).join('\n')}\n` +
+        'Update the file from the fleet (shardctl map pull), then run the command again.',
+      { exitCode: 2, details: lines, data: { file, fix: 'map-pull', ...data } },
+    );
+  }
+}

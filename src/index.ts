@@ -37,13 +37,21 @@ export {
   type HostPending,
   type PendingFile,
 } from './commands/migrate.js';
-export { status, type HostStatus, type StatusResult } from './commands/status.js';
+export { status, type HostStatus, type MapStatus, type StatusResult } from './commands/status.js';
 export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
 export { gc, type GcResult, type HostLeftover, type OldCopy } from './commands/gc.js';
 export type { Leftover } from './moves/leftovers.js';
 export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
 export { rebalance, type RebalanceOptions, type RebalanceResult, type RebalanceMoveResult, type UnfinishedMove } from './commands/rebalance.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
+export { mapPull, mapShow, type MapPullResult, type MapShowResult } from './commands/map.js';
+export {
+  currentMap,
+  discoverFleet,
+  type FleetDiscovery,
+  type FleetPlacement,
+  type MapDisagreement,
+} from './fleet/placement.js';
 export { devUp, devDown, devStatus, devAddHost, type DevHost, type DevState, type DevHostStatus, type DevUpOptions, type DevAddHostOptions } from './dev/dev.js';
 
 // the types of command results
@@ -63,6 +71,7 @@ export {
   UsageError,
   HostError,
   RuntimeFailure,
+  StaleMapError,
   isShardctlError,
   type ConfigIssue,
   type ErrorJson,
@@ -77,6 +86,7 @@ export {
   type ShardFn,
   type TransactionOptions,
   type ForEachShardOptions,
+  type RouterSource,
 } from './router/router.js';
 export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
 export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './router/exec.js';

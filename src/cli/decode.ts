@@ -12,10 +12,13 @@ export function registerDecode(program: Command, ctx: CliContext, done: (code: n
   configOption(command, 'config file for the id layout and the map (default: $SHARDCTL_CONFIG or ./shardctl.yaml if present)');
   jsonOption(command, 'print JSON on stdout (ids as decimal strings)');
   command.action(async (ids: string[], options: CommonFlags) => {
-      const { decodeIds } = lib();
+      const { currentMap, decodeIds } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
       const config = await loadOptionalConfig(ctx, options, out);
-      const decoded = await withFlagNames({ ids: 'argument <id...>' }, async () => decodeIds(ids, config));
+      await withFlagNames({ ids: 'argument <id...>' }, async () => decodeIds(ids, config));
+      // Hosts as the fleet places the shards; the file's where no host could be read.
+      const routed = config ? await currentMap(config, 'shardctl decode').then((m) => m.config, () => config) : null;
+      const decoded = decodeIds(ids, routed);
       if (out.json) out.data(decoded);
       else {
         for (const d of decoded) {

@@ -50,7 +50,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
         throw new UsageError(`option --shards ${JSON.stringify(flags.shards)}: shard ${outside[0]} is not in the map (0-${config.shards - 1})`);
       }
 
-      const router = ShardRouter.fromConfig(config, {
+      const router = await ShardRouter.openConfig(config, {
         env: ctx.streams.env,
         cwd: ctx.cwd,
         applicationName: 'shardctl exec',

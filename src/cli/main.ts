@@ -8,6 +8,7 @@ import { registerExec } from './exec.js';
 import { registerInit } from './init.js';
 import { loadLibrary } from './library.js';
 import { registerGc } from './gc.js';
+import { registerMap } from './map.js';
 import { registerMigrate } from './migrate.js';
 import { registerMoveShard } from './move-shard.js';
 import { registerPsql } from './psql.js';
@@ -49,6 +50,7 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
     registerExec,
     registerPsql,
     registerDecode,
+    registerMap,
     registerDev,
   ]) {
     register(program, ctx, done);

@@ -19,7 +19,7 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
     .option('--id <id>', 'the shard this id carries');
   configOption(command);
   command.action(async (shardText: string | undefined, flags: PsqlFlags) => {
-      const { decodeId, findPsql, parseIdString, psqlInvocation, shardForKey, UsageError } = lib();
+      const { currentMap, decodeId, findPsql, parseIdString, psqlInvocation, shardForKey, UsageError } = lib();
       const given = [shardText !== undefined, flags.key !== undefined, flags.id !== undefined].filter(Boolean).length;
       if (given !== 1) throw new UsageError('give exactly one of <shard>, --key K or --id ID');
       if (shardText !== undefined && !/^\d{1,7}$/.test(shardText)) {
@@ -44,7 +44,8 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
         const what = shardText !== undefined ? `argument <shard> ${shardText}` : `option --id ${flags.id} (carries shard ${shard})`;
         throw new UsageError(`${what}: not in the map (0-${config.shards - 1})`);
       }
-      const invocation = psqlInvocation(config, shard, ctx.streams.env);
+      // The fleet's placement, not the file's: a shard another operator moved is found where it is.
+      const invocation = psqlInvocation((await currentMap(config, 'shardctl psql')).config, shard, ctx.streams.env);
       const psql = findPsql(ctx.streams.env);
       if (!psql) {
         out.info(`psql is not on PATH (install the PostgreSQL client, or set SHARDCTL_PSQL). Shard ${shard} is ${invocation.schema} on ${invocation.host}:`);

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import type { SizesResult } from '../index.js';
+import type { SizesResult, StatusResult } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, jsonOption } from './options.js';
@@ -59,9 +59,24 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);
         }
       }
+      if (!out.json) printMap(out, result.map);
       out.info(`status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`);
       done(exitCode);
     });
+}
+
+function printMap(out: Output, map: StatusResult['map']): void {
+  const stale = map.disagreements.length > 0;
+  out.line(
+    `map: ${stale ? 'the file DISAGREES with the fleet' : 'the file agrees with the fleet'} (placement version ${map.placementVersion}` +
+      `${map.fleetId ? `, fleet ${map.fleetId}` : ', no fleet recorded yet: run init'})`,
+  );
+  for (const d of map.disagreements) {
+    out.line(`  shards ${d.shards}: the file says ${d.file ?? 'nothing'}, the fleet says ${d.fleet}${d.unknownHost ? ' (not in the file)' : ''}`);
+  }
+  if (stale) out.line('  update the file from the fleet: shardctl map pull');
+  if (map.unlistedHosts.length > 0) out.line(`  hosts of the fleet not in the file: ${map.unlistedHosts.join(', ')}`);
+  for (const p of map.problems) out.line(`  PROBLEM: ${p}`);
 }
 
 /** How many of the largest shards the human output lists (--json has them all). */

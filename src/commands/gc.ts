@@ -4,6 +4,7 @@ import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
+import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
 
@@ -36,6 +37,7 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
   try {
     fleet.requireAll();
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
     for (const { host, client } of fleet.sessions) {
       try {
         if (!(await controlTableExists(client, 'shards'))) continue;

@@ -6,6 +6,7 @@ import { readShardSizes } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
 import { controlSchemaSql, controlTableExists } from '../fleet/control.js';
 import { acquireWorkerLock } from '../fleet/locks.js';
+import { requireFleetAgrees } from '../fleet/placement.js';
 import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import {
@@ -70,6 +71,7 @@ export async function moveShards(
   }
   if (options.resume && options.abort) throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
   const migrations = await readMigrations(config.migrationsDir);
+  if (!options.runnerLocksHeld) await requireFleetAgrees(config, 'shardctl move');
   if (options.resume || options.abort) return continueMoves(config, list, migrations, options, started);
 
   if (!targetName) throw new UsageError('a target host is required to start a move', { input: 'target' });

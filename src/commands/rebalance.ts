@@ -4,6 +4,7 @@ import type { ShardctlConfig } from '../config/types.js';
 import { RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { Fleet } from '../fleet/session.js';
+import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import type { MoveOptions } from '../moves/move.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import type { MoveStep } from '../moves/state.js';
@@ -84,6 +85,7 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
   try {
     fleet.requireAll();
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
     return await rebalanceLocked(config, options, by, maxParallel, started);
   } finally {
     await fleet.close();

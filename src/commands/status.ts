@@ -7,6 +7,7 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
+import { mapDisagreements, mergePlacement, readPlacementView, type FleetPlacement, type HostPlacementView } from '../fleet/placement.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { driftProblems, pendingMigrations, shardLevel } from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
@@ -48,9 +49,24 @@ export interface HostStatus {
   readonly ok: boolean;
 }
 
+/** The file's map against the fleet's placement (what the hosts say; see src/fleet/placement.ts). */
+export interface MapStatus {
+  /** Null: no host has recorded a fleet yet (run init). */
+  readonly fleetId: string | null;
+  /** Decimal string. */
+  readonly placementVersion: string;
+  /** Shards the file places elsewhere than the fleet: compact lists. */
+  readonly disagreements: readonly { shards: string; file: string | null; fleet: string; unknownHost: boolean }[];
+  /** Hosts of the fleet's registry that the file does not list. */
+  readonly unlistedHosts: readonly string[];
+  /** Contradictions between hosts (two fleet ids, a shard active on two hosts). */
+  readonly problems: readonly string[];
+}
+
 export interface StatusResult {
   readonly latestVersion: number;
   readonly hosts: readonly HostStatus[];
+  readonly map: MapStatus;
   /** Every host was read and nothing is off. */
   readonly ok: boolean;
 }
@@ -59,12 +75,14 @@ export interface StatusResult {
 export async function status(config: ShardctlConfig): Promise<StatusResult> {
   const migrations = await readMigrations(config.migrationsDir);
   const latestVersion = migrations.at(-1)?.version ?? 0;
+  const views: HostPlacementView[] = [];
   const hosts = await Promise.all(
     config.hosts.map(async (host): Promise<HostStatus> => {
       try {
         return await withSession(
           host,
           async (session) => {
+            views.push(await readPlacementView(session.client, host.name));
             const snapshot = await readHostSnapshot(session, config);
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
             return hostStatus(config, snapshot, migrations, await cachedSequences(session.client, config.schemaPrefix), leftovers);
@@ -76,7 +94,24 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
       }
     }),
   );
-  return { latestVersion, hosts, ok: hosts.every((h) => h.ok) };
+  const map = mapStatus(config, mergePlacement(views));
+  const mapOk = map.disagreements.length === 0 && map.problems.length === 0;
+  return { latestVersion, hosts, map, ok: hosts.every((h) => h.ok) && mapOk };
+}
+
+function mapStatus(config: ShardctlConfig, placement: FleetPlacement): MapStatus {
+  return {
+    fleetId: placement.fleetId,
+    placementVersion: placement.version.toString(),
+    disagreements: mapDisagreements(config, placement, placement.moving).map((d) => ({
+      shards: formatShardList(d.shards),
+      file: d.fileHost,
+      fleet: d.fleetHost,
+      unknownHost: d.unknownHost,
+    })),
+    unlistedHosts: [...placement.hosts.keys()].filter((name) => !config.hosts.some((h) => h.name === name)).sort(),
+    problems: placement.problems,
+  };
 }
 
 function hostStatus(

@@ -24,6 +24,86 @@ async function rewriteLocked(file: string, shard: number | readonly number[], fr
   const text = await readFile(file, 'utf8');
   const updated = file.endsWith('.json') ? rewriteJson(text, shard, from, to) : rewriteYaml(text, shard, from, to);
   if (updated === null) return false;
+  await replaceFile(file, updated);
+  return true;
+}
+
+/**
+ * Gives each listed shard to the host `owners` names (as `map pull` does from the fleet), adding a
+ * host entry `{ name, url, shards }` for owners the file does not list. Same in-place rewrite, lock
+ * and atomic replace as rewriteShardOwner. Returns whether the file changed.
+ */
+export async function rewriteOwners(file: string, owners: ReadonlyMap<number, string>, newHosts: readonly { name: string; url: string }[]): Promise<boolean> {
+  const release = await lockFile(`${file}.lock`);
+  try {
+    const text = await readFile(file, 'utf8');
+    const updated = file.endsWith('.json') ? rewriteOwnersJson(text, owners, newHosts) : rewriteOwnersYaml(text, owners, newHosts);
+    if (updated === null) return false;
+    await replaceFile(file, updated);
+    return true;
+  } finally {
+    await release();
+  }
+}
+
+/** A host's new list: its shards the owners leave alone, plus those they give it. */
+function ownedList(name: string, spec: string, owners: ReadonlyMap<number, string>): string {
+  const current = spec.trim() === '' ? [] : parseOrFail(spec);
+  const kept = current.filter((s) => (owners.get(s) ?? name) === name);
+  const given = [...owners].filter(([, host]) => host === name).map(([s]) => s);
+  return formatShardList([...new Set([...kept, ...given])].sort((a, b) => a - b));
+}
+
+export function rewriteOwnersYaml(text: string, owners: ReadonlyMap<number, string>, newHosts: readonly { name: string; url: string }[]): string | null {
+  const doc = parseDocument(text);
+  const hosts = doc.get('hosts', true);
+  if (!isSeq(hosts)) throw new RuntimeFailure('CONFIG_REWRITE', 'cannot update the map: no hosts list in the config file');
+  let changed = false;
+  for (const item of hosts.items) {
+    if (!isMap(item)) continue;
+    const name = String(item.get('name'));
+    const node = item.get('shards', true);
+    const spec = isScalar(node) ? String(node.value ?? '') : '';
+    const next = ownedList(name, spec, owners);
+    if (formatShardList(spec.trim() === '' ? [] : parseOrFail(spec)) === next) continue;
+    const value = new Scalar(next);
+    value.type = 'QUOTE_DOUBLE';
+    if (isScalar(node)) {
+      value.comment = node.comment;
+      value.commentBefore = node.commentBefore;
+    }
+    item.set('shards', value);
+    changed = true;
+  }
+  for (const host of newHosts) {
+    const shards = new Scalar(ownedList(host.name, '', owners));
+    shards.type = 'QUOTE_DOUBLE';
+    const entry = doc.createNode({ name: host.name, url: host.url, shards });
+    entry.commentBefore = ' added by shardctl map pull: the fleet lists this host; add credentials to the url, or use PGUSER/PGPASSWORD/~/.pgpass';
+    hosts.add(entry);
+    changed = true;
+  }
+  return changed ? doc.toString() : null;
+}
+
+function rewriteOwnersJson(text: string, owners: ReadonlyMap<number, string>, newHosts: readonly { name: string; url: string }[]): string | null {
+  const data = JSON.parse(text) as { hosts?: { name?: string; url?: string; shards?: string | number }[] };
+  let changed = false;
+  for (const host of data.hosts ?? []) {
+    const spec = host.shards === undefined ? '' : String(host.shards);
+    const next = ownedList(String(host.name), spec, owners);
+    if (formatShardList(spec.trim() === '' ? [] : parseOrFail(spec)) === next) continue;
+    host.shards = next;
+    changed = true;
+  }
+  for (const host of newHosts) {
+    (data.hosts ??= []).push({ name: host.name, url: host.url, shards: ownedList(host.name, '', owners) });
+    changed = true;
+  }
+  return changed ? `${JSON.stringify(data, null, 2)}\n` : null;
+}
+
+async function replaceFile(file: string, updated: string): Promise<void> {
   const mode = (await stat(file)).mode & 0o7777;
   const temp = `${file}.shardctl-${process.pid}.tmp`;
   try {
@@ -33,7 +113,6 @@ async function rewriteLocked(file: string, shard: number | readonly number[], fr
     await rm(temp, { force: true }).catch(() => undefined);
     throw error;
   }
-  return true;
 }
 
 function asList(shard: number | readonly number[]): readonly number[] {

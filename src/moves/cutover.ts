@@ -1,5 +1,6 @@
 import pg from 'pg';
 import { rewriteShardOwner } from '../config/rewrite.js';
+import { switchPlacementSql } from '../fleet/placement.js';
 import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError } from '../errors.js';
@@ -248,7 +249,13 @@ export async function verify(ctx: MoveContext): Promise<void> {
 /** The map now says target for the wave: its copies become active, and the config file is rewritten in place. */
 export async function switchMap(ctx: MoveContext): Promise<void> {
   const shards = waveShards(ctx);
-  await ctx.target.client.query(`UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ANY($1)`, [shards]);
+  // The source's placement copy first (it activates nothing): the target's version is then above
+  // it, and a reader that finds the source fenced and the target not yet active still routes to
+  // the source. The target's statement is the switch itself: its copies active, its placement copy
+  // and version, one transaction.
+  const target = ctx.target.host.name;
+  const onSource = await ctx.source.client.query<{ version: string }>(switchPlacementSql(false), [shards, target, '0']);
+  await ctx.target.client.query(switchPlacementSql(true), [shards, target, onSource.rows[0]!.version]);
   const file = ctx.options.configFile ?? ctx.config.file;
   try {
     await rewriteShardOwner(file, shards, ctx.source.host.name, ctx.target.host.name);

@@ -1,5 +1,8 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
+import { randomUUID } from 'node:crypto';
+import { controlSchemaSql } from '../fleet/control.js';
+import { fleetRecord, readFleetPlacement, registerFleetSql, requireCurrentMap, type FleetPlacement } from '../fleet/placement.js';
 import { Fleet, type LostHost } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { fleetLevel } from '../migrations/rules.js';
@@ -58,6 +61,8 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
     if (!dryRun) await fleet.lock({ lockTimeout: config.lockTimeout, tolerateLoss });
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss });
     for (const lost of fleet.lost) options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
+    const placement = await readFleetPlacement(fleet.sessions);
+    requireCurrentMap(config, placement);
     const conflicts = findConflicts(config, snapshots, migrations, {
       ...(options.shards ? { shards: options.shards } : {}),
       checkDrift: true,
@@ -76,6 +81,7 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
         });
       }),
     );
+    if (mode !== 'migrate') await recordFleet(config, fleet, placement, outcomes);
     const hosts = [...outcomes, ...fleet.lost.map(lostOutcome)];
     const ok = hosts.every((h) => h.hostError === null && h.failures.length === 0);
     return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts, ok, durationMs: elapsed(started) };
@@ -99,6 +105,24 @@ export async function inspectFleet(config: ShardctlConfig, options: { toVersion?
   } finally {
     await fleet.close();
   }
+}
+
+/**
+ * After init or add-schema: every host that finished records the fleet (id, registry, placement
+ * copy). A host whose control schema predates the fleet tables gets them first (control.sql is
+ * idempotent).
+ */
+async function recordFleet(config: ShardctlConfig, fleet: Fleet, placement: FleetPlacement, outcomes: readonly HostOutcome[]): Promise<void> {
+  const record = fleetRecord(config, placement, randomUUID);
+  await Promise.all(
+    fleet.sessions
+      .filter((session) => outcomes.find((o) => o.host === session.host.name)?.hostError === null)
+      .map(async (session) => {
+        const view = placement.views.find((v) => v.reachedAs === session.host.name);
+        if (!view?.fleet) await session.client.query(controlSchemaSql(config));
+        await session.client.query(registerFleetSql({ ...record, hostName: session.host.name }));
+      }),
+  );
 }
 
 function planOptionsFor(

@@ -7,6 +7,8 @@ import { HostError } from '../errors.js';
 import { decodeId, parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { describePgError } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
+import { discoverFleet, emptyFleetConfig, fleetConfig } from '../fleet/placement.js';
 import { quoteIdent } from '../pg/quote.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
@@ -58,8 +60,20 @@ export type ShardFn<T> = (client: pg.PoolClient, shard: number) => Promise<T>;
 
 const FIRST_BACKOFF_MS = 5;
 const MAX_BACKOFF_MS = 100;
-/** Stale-map symptoms other than SC100: the old copy dropped (--drop-source, gc). */
-const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000']);
+/**
+ * Stale-map symptoms other than SC100: the old copy dropped (--drop-source, gc), or the old name
+ * now views (no functions there): a missing relation, schema or function. Taken as a move only when
+ * the host says it no longer holds the shard.
+ */
+const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000', '42883']);
+
+/** Where a router takes its map from. */
+export type RouterSource =
+  /** A config file (path; default $SHARDCTL_CONFIG, else ./shardctl.yaml), corrected by the fleet. */
+  | string
+  | undefined
+  /** Seed URLs only: the layout, hosts and placement come from the fleet. */
+  | { readonly seeds: readonly string[] };
 
 /**
  * The application side of the map: one pg.Pool per host (created on first use), every call run in
@@ -76,6 +90,13 @@ const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000']);
  */
 export class ShardRouter {
   private config: ShardctlConfig;
+  /** The file's map (file and config routers): the fallback for shards no reachable host places. */
+  private readonly fileConfig: ShardctlConfig | null;
+  private readonly seeds: readonly string[];
+  /** Hosts that could not be read at the last discovery: name → why. */
+  private unreachable = new Map<string, string>();
+  /** Shards whose new host answered that it holds them, ahead of the next discovery. */
+  private readonly followed = new Map<number, string>();
   private readonly pools = new Map<string, { url: string; pool: pg.Pool }>();
   private readonly ending = new Set<Promise<void>>();
   private reloading: Promise<void> | undefined;
@@ -85,8 +106,10 @@ export class ShardRouter {
   private readonly options: Required<Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>> &
     Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>;
 
-  private constructor(config: ShardctlConfig, options: ShardRouterOptions) {
+  private constructor(config: ShardctlConfig, options: ShardRouterOptions, source: { file: boolean; seeds?: readonly string[] }) {
     this.config = config;
+    this.fileConfig = source.file ? config : null;
+    this.seeds = source.seeds ?? [];
     const poolSize = options.poolSize ?? 10;
     if (!Number.isSafeInteger(poolSize) || poolSize < 1) throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
     this.options = {
@@ -99,19 +122,45 @@ export class ShardRouter {
     };
   }
 
-  /** Reads the map (the argument, else $SHARDCTL_CONFIG, else ./shardctl.yaml). Connects lazily. */
-  static async open(configFile?: string, options: ShardRouterOptions = {}): Promise<ShardRouter> {
-    const config = await loadConfig(configFile, {
+  /**
+   * Opens a router on the fleet. From a config file (the argument, else $SHARDCTL_CONFIG, else
+   * ./shardctl.yaml), or from seed URLs alone (`{ seeds: ['postgres://app@db1/app'] }`): either way
+   * the hosts are read once (their placement and registry) and the fleet's placement is used;
+   * where the file disagrees, the fleet wins. Hosts the file does not list are reached at their
+   * registry address with the credentials of the file's first host (or of the first seed), else
+   * PGUSER/PGPASSWORD/~/.pgpass. A host that cannot be read is left out; calls for its shards fail
+   * naming it. Pools connect lazily.
+   */
+  static async open(source?: RouterSource, options: ShardRouterOptions = {}): Promise<ShardRouter> {
+    if (typeof source === 'object' && source !== null) {
+      const seeds = [...source.seeds];
+      if (seeds.length === 0) throw new RangeError('seeds: give at least one URL');
+      seeds.forEach(registerUrlSecret);
+      const router = new ShardRouter(emptyFleetConfig(), options, { file: false, seeds });
+      await router.discover();
+      return router;
+    }
+    const config = await loadConfig(source, {
       checkMigrationsDir: false,
       ...(options.env ? { env: options.env } : {}),
       ...(options.cwd ? { cwd: options.cwd } : {}),
     });
-    return new ShardRouter(config, options);
+    return ShardRouter.openConfig(config, options);
   }
 
-  /** A router over an already loaded map; reload() re-reads `config.file`. */
+  /** A router over an already loaded config, corrected by the fleet's placement (read now). */
+  static async openConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): Promise<ShardRouter> {
+    const router = new ShardRouter(config, options, { file: true });
+    await router.discover();
+    return router;
+  }
+
+  /**
+   * A router over an already loaded map, without reading the fleet first: the file is trusted until
+   * a call meets a moved shard, which makes the router read the fleet. Prefer open()/openConfig().
+   */
   static fromConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): ShardRouter {
-    return new ShardRouter(config, options);
+    return new ShardRouter(config, options, { file: true });
   }
 
   /** The map in use now (replaced by each reload). */
@@ -121,9 +170,21 @@ export class ShardRouter {
 
   hostForShard(shard: number): HostConfig {
     this.checkShard(shard);
-    const host = hostForShard(this.config, shard);
-    if (!host) throw new RangeError(`shard ${shard} is not mapped to any host`);
+    const followed = this.followed.get(shard);
+    const host = (followed !== undefined ? this.config.hosts.find((h) => h.name === followed) : undefined) ?? hostForShard(this.config, shard);
+    if (!host) {
+      const down = [...this.unreachable.keys()];
+      throw new HostError(down.join(', ') || '?', `no reachable host holds shard ${shard}${down.length > 0 ? `; not answering: ${down.join(', ')}` : ''}`, {
+        shard,
+        code: 'HOST_UNREACHABLE',
+      });
+    }
     return host;
+  }
+
+  /** Hosts that could not be read at the last discovery, with the reason. */
+  unreachableHosts(): { name: string; reason: string }[] {
+    return [...this.unreachable].map(([name, reason]) => ({ name, reason }));
   }
 
   shardForKey(key: bigint): number {
@@ -301,28 +362,57 @@ export class ShardRouter {
   }
 
   /**
-   * Re-reads the map file. Concurrent callers share one read. A host that left the map, or whose
-   * URL changed, has its pool ended (after its checked-out connections come back).
+   * Reads the placement from the fleet again (and the file first, for a router opened from one).
+   * Concurrent callers share one read. A host that left the map, or whose URL changed, has its pool
+   * ended (after its checked-out connections come back).
    */
   reload(): Promise<void> {
     this.reloading ??= (async () => {
       try {
-        const next = await loadConfig(this.config.file, {
-          checkMigrationsDir: false,
-          ...(this.options.env ? { env: this.options.env } : {}),
-          ...(this.options.cwd ? { cwd: this.options.cwd } : {}),
-        });
-        this.config = next;
-        this.starts = [new Map(), new Map()];
-        for (const [name, entry] of this.pools) {
-          const host = next.hosts.find((h) => h.name === name);
-          if (!host || host.url !== entry.url) this.endPool(name);
-        }
+        await this.discover();
       } finally {
         this.reloading = undefined;
       }
     })();
     return this.reloading;
+  }
+
+  private async discover(): Promise<void> {
+    let file = this.fileConfig;
+    if (file && file.file !== '<inline>') {
+      try {
+        file = await loadConfig(file.file, {
+          checkMigrationsDir: false,
+          ...(this.options.env ? { env: this.options.env } : {}),
+          ...(this.options.cwd ? { cwd: this.options.cwd } : {}),
+        });
+      } catch {
+        // The file is being replaced or is invalid for a moment: the fleet decides anyway.
+      }
+    }
+    const seeds = file
+      ? file.hosts.map((h) => ({ name: h.name, url: h.url }))
+      : [...this.config.hosts.map((h) => ({ name: h.name, url: h.url })), ...this.seeds.map((url, i) => ({ name: `seed ${i + 1}`, url }))];
+    const credentials = file ? file.hosts[0]?.url : this.seeds[0];
+    const found = await discoverFleet(seeds, {
+      applicationName: this.options.applicationName,
+      connectTimeoutMs: this.options.connectTimeoutMs,
+      ...(credentials ? { credentials } : {}),
+    });
+    if (!file && found.placement.answered.length === 0) {
+      throw new HostError(found.unreachable.map((u) => u.name).join(', ') || 'seeds', `no seed could be read: ${found.unreachable.map((u) => `${u.name}: ${u.reason}`).join('; ')}`, {
+        code: 'HOST_UNREACHABLE',
+      });
+    }
+    const next = fleetConfig(file, found);
+    this.config = next;
+    this.unreachable = new Map(found.unreachable.map((u) => [u.name, u.reason]));
+    this.followed.clear();
+    this.starts = [new Map(), new Map()];
+    for (const [name, entry] of this.pools) {
+      const host = next.hosts.find((h) => h.name === name);
+      if (!host || host.url !== entry.url) this.endPool(name);
+    }
   }
 
   /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */
@@ -388,27 +478,44 @@ export class ShardRouter {
       const error = attempt.error;
       const moved = shardMovedTo(error);
       if (!moved && !MISSING_OBJECT_SQLSTATES.has((error as { code?: string }).code ?? '')) throw error;
+      // A missing object on a host that still holds the shard is the application's error.
+      if (!moved && (await this.holds(host.name, shard)) !== false) throw error;
 
       const now = Date.now();
       fencedSince ??= now;
       const waited = now - fencedSince;
       if (waited >= this.options.fencedTimeoutMs) throw error;
-      try {
-        await this.reload();
-      } catch {
-        // The file is being replaced or is invalid for a moment: keep the map in use and retry.
+      // The fence names the new host: straight there once it holds the shard (the switch is done).
+      if (moved && moved.host !== host.name) {
+        if (!this.config.hosts.some((h) => h.name === moved.host)) await this.reload().catch(() => undefined);
+        if ((await this.holds(moved.host, shard)) === true) {
+          this.followed.set(shard, moved.host);
+          continue;
+        }
+      } else {
+        try {
+          await this.reload();
+        } catch {
+          // No host answered just now: retry with the map in use.
+        }
+        if (this.hostForShard(shard).name !== host.name) continue;
       }
-      const hostNow = this.hostForShard(shard);
-      if (!moved && hostNow.name === host.name && hostNow.url === host.url) {
-        // A missing table on a host the map still names is the application's error, not a move.
-        throw error;
-      }
-      if (hostNow.name === host.name && hostNow.url === host.url) {
-        // Fenced, not switched yet: wait a little, then try again (the map may name the target by then).
-        const jitter = Math.random() * backoffMs * 0.5;
-        await new Promise((resolve) => setTimeout(resolve, Math.min(backoffMs + jitter, this.options.fencedTimeoutMs - waited)));
-        backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
-      }
+      // Fenced, not switched yet: wait a little, then try again.
+      const jitter = Math.random() * backoffMs * 0.5;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(backoffMs + jitter, this.options.fencedTimeoutMs - waited)));
+      backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
+    }
+  }
+
+  /** Whether `hostName` holds `shard` active (its control schema says so); undefined when it cannot tell. */
+  private async holds(hostName: string, shard: number): Promise<boolean | undefined> {
+    const host = this.config.hosts.find((h) => h.name === hostName);
+    if (!host) return undefined;
+    try {
+      const result = await this.pool(host).query<{ active: boolean }>(`SELECT state = 'active' AS active FROM ${CONTROL}.shards WHERE shard = $1`, [shard]);
+      return result.rows[0]?.active ?? false;
+    } catch {
+      return undefined;
     }
   }
 
@@ -590,3 +697,4 @@ function unwrapScript<R extends pg.QueryResultRow>(r: { value: ScriptValue<R>; h
 function emptyResult<R extends pg.QueryResultRow>(): pg.QueryResult<R> {
   return { command: '', rowCount: 0, rows: [], fields: [], oid: 0 } as unknown as pg.QueryResult<R>;
 }
+

@@ -237,7 +237,7 @@ describe('ShardRouter', () => {
 describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
-  it('ends the pool of a host that a reload drops, and close() ends the rest', async () => {
+  it('ends the pool of a host whose URL a reload changes, keeps the fleet\'s placement over the file\'s, and close() ends the rest', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'rl', migrations: PHOTOS_ONLY });
     expect((await init(await fleet.config())).ok).toBe(true);
     const router = await ShardRouter.open(fleet.configFile, { applicationName: 'router-reload-test' });
@@ -245,13 +245,18 @@ describe('ShardRouter', () => {
       await router.forEachShard(async (client) => (await client.query('select 1')).rowCount);
       expect(router.openPools().sort()).toEqual(['pg1', 'pg2']);
       expect(await connectionsOf(db.urls[1]!, 'router-reload-test')).toBeGreaterThan(0);
-      // pg2 leaves the map (its shards handed to pg1, as after moving them all away).
+      // The file now gives pg1 every shard and reaches pg2 by another name: the fleet still says
+      // pg2 holds 2-3, so the router keeps routing there, through a new pool for the new URL.
       const yaml = readFileSync(fleet.configFile, 'utf8');
-      writeFileSync(fleet.configFile, yaml.replace('shards: "0-1"', 'shards: "0-3"').replace(/  - name: pg2\n(?: {4}.*\n)*/, ''));
+      const pg2Url = db.urls[1]!;
+      const otherUrl = `${pg2Url}${pg2Url.includes('?') ? '&' : '?'}connect_timeout=9`;
+      writeFileSync(fleet.configFile, yaml.replace('shards: "0-1"', 'shards: "0-3"').replace('shards: "2-3"', 'shards: ""').replace(`url: ${pg2Url}\n`, `url: ${otherUrl}\n`));
+      expect(readFileSync(fleet.configFile, 'utf8')).toContain('connect_timeout=9');
       await router.reload();
       expect(router.openPools()).toEqual(['pg1']);
       await expect.poll(() => connectionsOf(db.urls[1]!, 'router-reload-test')).toBe(0);
-      expect(router.hostForShard(3).name).toBe('pg1');
+      expect(router.hostForShard(3).name).toBe('pg2');
+      expect(router.hostForShard(3).url).toBe(otherUrl);
     } finally {
       await router.close();
     }

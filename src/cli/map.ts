@@ -1,0 +1,58 @@
+import type { Command } from 'commander';
+import { lib } from './library.js';
+import { type CliContext, loadCliConfig } from './context.js';
+import { type CommonFlags, configOption, dryRunOption, jsonOption } from './options.js';
+import { Output } from './output.js';
+
+export function registerMap(program: Command, ctx: CliContext, done: (code: number) => void): void {
+  const map = program.command('map').description("the shard map as the fleet's hosts hold it: show it, or pull it into the config file");
+
+  const show = map
+    .command('show')
+    .description("print where each shard is, as the hosts say (the file's hosts and every host their registry names); exit 3 when the file disagrees");
+  configOption(show);
+  jsonOption(show, 'print JSON');
+  show.action(async (flags: CommonFlags) => {
+    const { mapShow } = lib();
+    const out = new Output(ctx.streams, flags.json ?? false);
+    const config = await loadCliConfig(ctx, flags, out, { checkMigrationsDir: false });
+    const result = await mapShow(config);
+    const code = result.unreachable.length > 0 ? 1 : result.disagreements.length > 0 || result.problems.length > 0 ? 3 : 0;
+    if (out.json) out.data({ ...result, exitCode: code });
+    else {
+      out.line(`fleet ${result.fleetId ?? '(none recorded: run init)'}, placement version ${result.placementVersion}`);
+      for (const h of result.hosts) {
+        out.line(`${h.name}: ${h.count === 0 ? 'no shards' : `${h.count} shards: ${h.shards}`}${h.address ? ` — ${h.address}` : ''}${h.answered ? '' : ' (not read)'}`);
+      }
+      for (const u of result.unreachable) out.line(`${u.name}: UNREACHABLE: ${u.reason}`);
+      for (const d of result.disagreements) out.line(`the file disagrees: ${d}`);
+      if (result.disagreements.length > 0) out.line('update the file: shardctl map pull');
+      for (const p of result.problems) out.line(`PROBLEM: ${p}`);
+    }
+    done(code);
+  });
+
+  const pull = map
+    .command('pull')
+    .description("rewrite the config file's shard lists from the fleet, keeping comments, ${VAR} and layout; adds hosts the file lacks");
+  configOption(pull);
+  dryRunOption(pull, 'print what would change, change nothing');
+  jsonOption(pull, 'print JSON');
+  pull.action(async (flags: CommonFlags) => {
+    const { mapPull } = lib();
+    const out = new Output(ctx.streams, flags.json ?? false);
+    const config = await loadCliConfig(ctx, flags, out, { checkMigrationsDir: false });
+    const result = await mapPull(config, { dryRun: flags.dryRun ?? false });
+    if (out.json) out.data(result);
+    else {
+      for (const c of result.changes) out.line(`${result.dryRun ? 'would change' : 'changed'}: ${c}`);
+      for (const h of result.addedHosts) out.line(`${result.dryRun ? 'would add' : 'added'} host ${h} (its url has no credentials: add them, or use PGUSER/PGPASSWORD/~/.pgpass)`);
+    }
+    out.info(
+      result.changes.length === 0
+        ? `map pull: ${result.file} already agrees with the fleet (placement version ${result.placementVersion})`
+        : `map pull: ${result.file} ${result.dryRun ? 'would be' : 'was'} updated to placement version ${result.placementVersion}`,
+    );
+    done(0);
+  });
+}

@@ -1,0 +1,546 @@
+import type pg from 'pg';
+import { formatShardList } from '../config/ranges.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { hostForShard } from '../config/types.js';
+import { failureReason, HostError, StaleMapError } from '../errors.js';
+import { registerUrlSecret } from '../pg/redact.js';
+import { describePgError, withHost } from './connect.js';
+import { quoteLiteral } from '../pg/quote.js';
+import { CONTROL } from './control.js';
+
+/**
+ * Where the shards are, as the fleet says: no file at run time.
+ *
+ * Each host knows for sure which shards it holds: its `shards` rows, written in the same transaction
+ * as the schema (init, add-schema) or the switch of a move (state 'active'). Those claims decide.
+ * Each host also keeps a copy of the whole placement (`placement`, one row per shard with the
+ * placement version of the switch that put it there) and the fleet's host registry (`hosts`): they
+ * tell a reader where the shards of a host it cannot reach are, and where a shard that left a
+ * reachable host went. Every switch gives its shards a version above any either host has seen, so
+ * for one shard the newest copy wins; the fleet's version is the largest any host has recorded.
+ */
+
+export type ShardState = 'active' | 'fenced' | 'incoming';
+
+/** What one host says about the fleet. */
+export interface HostPlacementView {
+  /** The name this host was reached under (the file's, a registry's, or a seed's label). */
+  readonly reachedAs: string;
+  /** Null on a host whose control schema has no fleet row yet (never initialised by this version). */
+  readonly fleet: { readonly fleetId: string; readonly hostName: string; readonly version: bigint } | null;
+  readonly layout: PlacementLayout | null;
+  readonly registry: ReadonlyMap<string, string>;
+  /** The host's copy of the placement: shard → holder and version. */
+  readonly copy: ReadonlyMap<number, { readonly host: string; readonly version: bigint }>;
+  /** The shards this host holds a copy of, by state. */
+  readonly claims: ReadonlyMap<number, ShardState>;
+  /** Shards of the unfinished moves this host records. */
+  readonly moving: ReadonlySet<number>;
+}
+
+export interface PlacementLayout {
+  readonly schemaPrefix: string;
+  readonly shardCount: number;
+  readonly epochMs: bigint;
+  readonly shardBits: number;
+  readonly sequenceBits: number;
+}
+
+/** The fleet's placement, merged from every host that answered. */
+export interface FleetPlacement {
+  readonly fleetId: string | null;
+  /** The newest placement version any host answered with. */
+  readonly version: bigint;
+  readonly layout: PlacementLayout | null;
+  /** Host name → address (no credentials), from the registries. */
+  readonly hosts: ReadonlyMap<string, string>;
+  /** Shard → the host that holds it now (mid-cut-over: the fenced source, until the switch). */
+  readonly owners: ReadonlyMap<number, string>;
+  /** The hosts that answered, by the name the fleet knows them. */
+  readonly answered: readonly string[];
+  /** Contradictions between hosts (two claim the same shard, two fleet ids); empty normally. */
+  readonly problems: readonly string[];
+  /** What each host said. */
+  readonly views: readonly HostPlacementView[];
+  /** Shards in unfinished moves: their switch rewrites the operator's file wave by wave. */
+  readonly moving: ReadonlySet<number>;
+}
+
+/**
+ * One round trip: the fleet row, the layout, the registry, the placement copy (grouped by holder
+ * and version) and this host's own shards (grouped by state). A host whose control schema predates
+ * the fleet tables, or has none, answers with what it has.
+ */
+export async function readPlacementView(client: pg.Client | pg.PoolClient, reachedAs: string): Promise<HostPlacementView> {
+  const [tables] = await simpleQuery(client, [
+    `SELECT to_regclass(${quoteLiteral(`${CONTROL}.shards`)}) IS NOT NULL AS shards, to_regclass(${quoteLiteral(`${CONTROL}.fleet`)}) IS NOT NULL AS fleet`,
+  ]);
+  const { shards, fleet } = tables![0] as { shards: boolean; fleet: boolean };
+  if (!shards) return { reachedAs, fleet: null, layout: null, registry: new Map(), copy: new Map(), claims: new Map(), moving: new Set() };
+  const [layoutRows, claimRows, movingRows, fleetRows, hostRows, copyRows] = await simpleQuery(client, [
+    `SELECT schema_prefix, shard_count, epoch_ms::text AS epoch_ms, shard_bits, sequence_bits FROM ${CONTROL}.layout`,
+    `SELECT state, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.shards GROUP BY state`,
+    `SELECT string_agg(s::text, ',') AS shards FROM ${CONTROL}.moves, unnest(coalesce(shards, ARRAY[shard])) AS s WHERE status = 'running'`,
+    ...(fleet
+      ? [
+          `SELECT fleet_id::text AS fleet_id, host_name, placement_version::text AS version FROM ${CONTROL}.fleet`,
+          `SELECT name, address FROM ${CONTROL}.hosts ORDER BY name`,
+          `SELECT host, version::text AS version, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.placement GROUP BY host, version`,
+        ]
+      : []),
+  ]);
+  const layoutRow = layoutRows![0] as { schema_prefix: string; shard_count: number; epoch_ms: string; shard_bits: number; sequence_bits: number } | undefined;
+  const fleetRow = (fleetRows ?? [])[0] as { fleet_id: string; host_name: string; version: string } | undefined;
+  const claims = new Map<number, ShardState>();
+  for (const row of claimRows as { state: ShardState; shards: string }[]) for (const shard of numbers(row.shards)) claims.set(shard, row.state);
+  const copy = new Map<number, { host: string; version: bigint }>();
+  for (const row of (copyRows ?? []) as { host: string; version: string; shards: string }[]) {
+    const entry = { host: row.host, version: BigInt(row.version) };
+    for (const shard of numbers(row.shards)) copy.set(shard, entry);
+  }
+  return {
+    reachedAs,
+    fleet: fleetRow ? { fleetId: fleetRow.fleet_id, hostName: fleetRow.host_name, version: BigInt(fleetRow.version) } : null,
+    layout: layoutRow
+      ? {
+          schemaPrefix: layoutRow.schema_prefix,
+          shardCount: layoutRow.shard_count,
+          epochMs: BigInt(layoutRow.epoch_ms),
+          shardBits: layoutRow.shard_bits,
+          sequenceBits: layoutRow.sequence_bits,
+        }
+      : null,
+    registry: new Map(((hostRows ?? []) as { name: string; address: string }[]).map((r) => [r.name, r.address])),
+    copy,
+    claims,
+    moving: new Set(numbers((movingRows![0] as { shards: string | null } | undefined)?.shards ?? null)),
+  };
+}
+
+/**
+ * Merges what the hosts said. Per shard: the one host that holds it active; else, when a host holds
+ * it fenced, the newer holder its placement copies name (the switch happened on a host not read),
+ * or that host itself (a move between fence and switch); else the newest copy's holder.
+ */
+export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacement {
+  const problems: string[] = [];
+  const nameOf = (view: HostPlacementView): string => view.fleet?.hostName ?? view.reachedAs;
+  const fleetIds = [...new Set(views.flatMap((v) => (v.fleet ? [v.fleet.fleetId] : [])))];
+  if (fleetIds.length > 1) {
+    problems.push(
+      `hosts of different fleets: ${fleetIds.map((id) => `${id} (${views.filter((v) => v.fleet?.fleetId === id).map(nameOf).join(', ')})`).join(' and ')}`,
+    );
+  }
+  let version = 0n;
+  for (const view of views) if (view.fleet && view.fleet.version > version) version = view.fleet.version;
+
+  // Registries: the one of the host with the newest placement wins a name's address.
+  const hosts = new Map<string, string>();
+  for (const view of [...views].sort((a, b) => (a.fleet?.version ?? -1n) < (b.fleet?.version ?? -1n) ? -1 : 1)) {
+    for (const [name, address] of view.registry) hosts.set(name, address);
+  }
+
+  const newest = new Map<number, { host: string; version: bigint }>();
+  for (const view of views) {
+    for (const [shard, entry] of view.copy) {
+      const known = newest.get(shard);
+      if (!known || entry.version > known.version) newest.set(shard, entry);
+    }
+  }
+  const active = new Map<number, string[]>();
+  const fenced = new Map<number, string>();
+  for (const view of views) {
+    for (const [shard, state] of view.claims) {
+      if (state === 'active') {
+        const list = active.get(shard);
+        if (list) list.push(nameOf(view));
+        else active.set(shard, [nameOf(view)]);
+      } else if (state === 'fenced') fenced.set(shard, nameOf(view));
+    }
+  }
+  const owners = new Map<number, string>();
+  const doubled: number[] = [];
+  for (const [shard, holders] of active) {
+    if (holders.length > 1) doubled.push(shard);
+    const copy = newest.get(shard);
+    owners.set(shard, holders.length > 1 && copy && holders.includes(copy.host) ? copy.host : holders[0]!);
+  }
+  if (doubled.length > 0) problems.push(`shards ${formatShardList(doubled.sort((a, b) => a - b))} are active on more than one host`);
+  for (const [shard, host] of fenced) {
+    if (owners.has(shard)) continue;
+    const copy = newest.get(shard);
+    owners.set(shard, copy && copy.host !== host && answeredNot(views, copy.host, nameOf) ? copy.host : host);
+  }
+  for (const [shard, copy] of newest) {
+    if (owners.has(shard)) continue;
+    // A reachable host that the copy names but that does not hold the shard: nobody has it (dropped).
+    if (answeredNot(views, copy.host, nameOf)) owners.set(shard, copy.host);
+  }
+  const layout = views.find((v) => v.layout)?.layout ?? null;
+  return { fleetId: fleetIds[0] ?? null, version, layout, hosts, owners, answered: views.map(nameOf), problems, views, moving: new Set(views.flatMap((v) => [...v.moving])) };
+}
+
+function answeredNot(views: readonly HostPlacementView[], host: string, nameOf: (view: HostPlacementView) => string): boolean {
+  return !views.some((v) => nameOf(v) === host);
+}
+
+/** A place where the file and the fleet disagree: these shards are on `fleetHost`, the file says `fileHost`. */
+export interface MapDisagreement {
+  readonly shards: readonly number[];
+  /** Null: the file does not map them (shards beyond its count). */
+  readonly fileHost: string | null;
+  /** The host holding them now, as the fleet says. */
+  readonly fleetHost: string;
+  /** The fleet host is not in the file at all. */
+  readonly unknownHost: boolean;
+}
+
+/**
+ * Shards the fleet places somewhere else than the file, grouped by (file host, fleet host). Shards
+ * the fleet knows nothing about (no host answered for them) are not disagreements.
+ */
+export function mapDisagreements(config: Pick<ShardctlConfig, 'hosts' | 'shards' | 'schemaPrefix'>, placement: FleetPlacement, ignore: ReadonlySet<number> = new Set()): MapDisagreement[] {
+  // A file of another layout is refused for that (layout checks name it); shard by shard it means nothing.
+  const layout = placement.layout;
+  if (layout && (layout.schemaPrefix !== config.schemaPrefix || layout.shardCount !== config.shards)) return [];
+  const groups = new Map<string, { fileHost: string | null; fleetHost: string; shards: number[] }>();
+  for (const [shard, fleetHost] of [...placement.owners].sort((a, b) => a[0] - b[0])) {
+    if (ignore.has(shard)) continue;
+    const fileHost = shard < config.shards ? (hostForShard(config as ShardctlConfig, shard)?.name ?? null) : null;
+    if (fileHost === fleetHost) continue;
+    const key = `${fileHost ?? ''}\u0000${fleetHost}`;
+    let group = groups.get(key);
+    if (!group) groups.set(key, (group = { fileHost, fleetHost, shards: [] }));
+    group.shards.push(shard);
+  }
+  return [...groups.values()].map((g) => ({ ...g, unknownHost: !config.hosts.some((h) => h.name === g.fleetHost) }));
+}
+
+/** One line per disagreement: "shards 3-5: the file says pg1, the fleet says pg2 (placement version 7)". */
+export function describeDisagreements(disagreements: readonly MapDisagreement[]): string[] {
+  return disagreements.map(
+    (d) =>
+      `${d.shards.length === 1 ? 'shard' : 'shards'} ${formatShardList(d.shards)}: the file says ${d.fileHost ?? 'nothing'}, ` +
+      `the fleet says ${d.fleetHost}${d.unknownHost ? ' (a host the file does not list)' : ''}`,
+  );
+}
+
+/**
+ * A connection URL without user and password (and without a password parameter): what the
+ * registry stores, so that every reader connects with its own credentials. Null for a string that
+ * is not a URL.
+ */
+export function hostAddress(url: string): string | null {
+  let parsed: URL;
+  try {
+    parsed = new URL(url);
+  } catch {
+    return null;
+  }
+  parsed.username = '';
+  parsed.password = '';
+  for (const key of [...parsed.searchParams.keys()]) {
+    if (/^(ssl)?password$|^user$/i.test(key)) parsed.searchParams.delete(key);
+  }
+  return parsed.toString();
+}
+
+/**
+ * A URL to reach `address` with the user and password of `credentials` (a seed URL); without them
+ * pg falls back to PGUSER, PGPASSWORD and ~/.pgpass, as psql does.
+ */
+export function withCredentials(address: string, credentials: string | undefined): string {
+  if (!credentials) return address;
+  let from: URL;
+  let to: URL;
+  try {
+    from = new URL(credentials);
+    to = new URL(address);
+  } catch {
+    return address;
+  }
+  to.username = from.username;
+  to.password = from.password;
+  return to.toString();
+}
+
+/**
+ * Records, in one transaction, the fleet id and this host's name, the registry, and the placement
+ * copy for `owners` at `version` (rows with a newer version are kept).
+ */
+export function registerFleetSql(input: {
+  fleetId: string;
+  hostName: string;
+  registry: readonly { name: string; address: string }[];
+  owners: ReadonlyMap<number, string>;
+  version: bigint;
+}): string {
+  const byHost = new Map<string, number[]>();
+  for (const [shard, host] of input.owners) {
+    const list = byHost.get(host);
+    if (list) list.push(shard);
+    else byHost.set(host, [shard]);
+  }
+  const version = input.version.toString();
+  return [
+    'BEGIN;',
+    `INSERT INTO ${CONTROL}.fleet (fleet_id, host_name, placement_version) VALUES (${quoteLiteral(input.fleetId)}, ${quoteLiteral(input.hostName)}, ${version})`,
+    `  ON CONFLICT (singleton) DO UPDATE SET host_name = EXCLUDED.host_name, placement_version = greatest(${CONTROL}.fleet.placement_version, EXCLUDED.placement_version);`,
+    ...input.registry.map(
+      (h) => `INSERT INTO ${CONTROL}.hosts (name, address) VALUES (${quoteLiteral(h.name)}, ${quoteLiteral(h.address)}) ON CONFLICT (name) DO UPDATE SET address = EXCLUDED.address;`,
+    ),
+    ...[...byHost].map(
+      ([host, shards]) =>
+        `INSERT INTO ${CONTROL}.placement (shard, host, version) SELECT s, ${quoteLiteral(host)}, ${version} FROM unnest(${intArray(shards)}) AS s\n` +
+        `  ON CONFLICT (shard) DO UPDATE SET host = EXCLUDED.host, version = EXCLUDED.version WHERE ${CONTROL}.placement.version < EXCLUDED.version;`,
+    ),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/**
+ * The switch of a move on one host, one statement (one round trip, inside the window where writes
+ * are blocked): on the target, `activate` makes its copies active; on both, the placement copy says
+ * `target` at a version above any this host has seen and at least `atLeast`. Returns the version.
+ */
+export function switchPlacementSql(activate: boolean): string {
+  return `WITH activated AS (
+    ${activate ? `UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ANY($1::int[]) RETURNING shard` : 'SELECT NULL::int AS shard WHERE false'}
+  ), next AS (
+    SELECT greatest(coalesce((SELECT placement_version FROM ${CONTROL}.fleet), 0), coalesce((SELECT max(version) FROM ${CONTROL}.placement WHERE shard = ANY($1::int[])), 0), $3::bigint - 1) + 1 AS version
+  ), placed AS (
+    INSERT INTO ${CONTROL}.placement (shard, host, version) SELECT s, $2, next.version FROM unnest($1::int[]) AS s, next
+    ON CONFLICT (shard) DO UPDATE SET host = EXCLUDED.host, version = EXCLUDED.version
+    RETURNING version
+  ), bumped AS (
+    UPDATE ${CONTROL}.fleet SET placement_version = greatest(placement_version, (SELECT version FROM next)) RETURNING placement_version
+  )
+  SELECT (SELECT version FROM next)::text AS version, (SELECT count(*) FROM activated) AS activated, (SELECT count(*) FROM placed) AS placed, (SELECT count(*) FROM bumped) AS bumped`;
+}
+
+/** The hosts of a config as registry entries (hosts whose URL is not a URL are left out). */
+export function registryOf(hosts: readonly HostConfig[]): { name: string; address: string }[] {
+  return hosts.flatMap((h) => {
+    const address = hostAddress(h.url);
+    return address ? [{ name: h.name, address }] : [];
+  });
+}
+
+function intArray(values: readonly number[]): string {
+  return `'{${values.join(',')}}'::int[]`;
+}
+
+function numbers(text: string | null): number[] {
+  return !text ? [] : text.split(',').map(Number);
+}
+
+async function simpleQuery(client: pg.Client | pg.PoolClient, statements: readonly string[]): Promise<unknown[][]> {
+  const result = (await client.query(statements.join(';\n'))) as unknown as pg.QueryResult | pg.QueryResult[];
+  return (Array.isArray(result) ? result : [result]).map((r) => r.rows as unknown[]);
+}
+
+/** The placement as the reachable hosts of a run say it (one round trip per host, in parallel). */
+export async function readFleetPlacement(sessions: readonly { host: { name: string }; client: pg.Client }[]): Promise<FleetPlacement> {
+  return mergePlacement(await Promise.all(sessions.map((s) => readPlacementView(s.client, s.host.name))));
+}
+
+/**
+ * Refuses (StaleMapError, exit 2) when the file places any shard elsewhere than the fleet, except
+ * the shards of unfinished moves (their switch rewrites the file wave by wave), or when the hosts
+ * belong to different fleets.
+ */
+export function requireCurrentMap(config: ShardctlConfig, placement: FleetPlacement): void {
+  const disagreements = mapDisagreements(config, placement, placement.moving);
+  const mixed = placement.problems.filter((p) => p.startsWith('hosts of different fleets'));
+  if (disagreements.length === 0 && mixed.length === 0) return;
+  throw new StaleMapError(config.file, [...mixed, ...describeDisagreements(disagreements)], {
+    placementVersion: placement.version.toString(),
+    disagreements: disagreements.map((d) => ({ shards: formatShardList(d.shards), file: d.fileHost, fleet: d.fleetHost })),
+  });
+}
+
+/**
+ * What init and add-schema record on every host they ran on: the fleet id (the fleet's, or a new
+ * one on a fleet that has none), the registry (the file's hosts), and the placement copy of the
+ * file's map, which the run has just made true. The version moves on only when some host's record
+ * differs from that.
+ */
+export function fleetRecord(
+  config: ShardctlConfig,
+  placement: FleetPlacement,
+  newFleetId: () => string,
+): { fleetId: string; registry: { name: string; address: string }[]; owners: Map<number, string>; version: bigint } {
+  const owners = new Map<number, string>();
+  for (const host of config.hosts) for (const shard of host.shards) owners.set(shard, host.name);
+  const registry = registryOf(config.hosts);
+  const current = placement.views.length > 0 && placement.views.every((view) =>
+    view.fleet !== null &&
+    registry.every((h) => view.registry.get(h.name) === h.address) &&
+    [...owners].every(([shard, host]) => view.copy.get(shard)?.host === host),
+  );
+  return { fleetId: placement.fleetId ?? newFleetId(), registry, owners, version: current ? placement.version : placement.version + 1n };
+}
+
+/** The hosts read, and those that could not be. */
+export interface Discovery {
+  readonly placement: FleetPlacement;
+  readonly unreachable: readonly { readonly name: string; readonly reason: string }[];
+}
+
+/**
+ * Reads the placement from every host of `hosts` at once, each on a connection of its own that is
+ * closed afterwards; a host that cannot be reached is listed, not fatal.
+ */
+export async function discoverPlacement(hosts: readonly HostConfig[], options: { applicationName?: string } = {}): Promise<Discovery> {
+  const results = await Promise.allSettled(
+    hosts.map((host) =>
+      withHost(host, (client) => readPlacementView(client, host.name), { applicationName: options.applicationName ?? 'shardctl' }),
+    ),
+  );
+  const views: HostPlacementView[] = [];
+  const unreachable: { name: string; reason: string }[] = [];
+  results.forEach((result, i) => {
+    if (result.status === 'fulfilled') views.push(result.value);
+    else unreachable.push({ name: hosts[i]!.name, reason: failureReason(result.reason, describePgError) });
+  });
+  return { placement: mergePlacement(views), unreachable };
+}
+
+/** For commands that change the fleet: refuses a file that disagrees with the hosts that answer. */
+export async function requireFleetAgrees(config: ShardctlConfig, applicationName?: string): Promise<FleetPlacement> {
+  const { placement } = await discoverPlacement(config.hosts, applicationName ? { applicationName } : {});
+  requireCurrentMap(config, placement);
+  return placement;
+}
+
+/** A discovery that also knows how to reach each host (URLs with credentials: secrets). */
+export interface FleetDiscovery extends Discovery {
+  readonly urls: ReadonlyMap<string, string>;
+}
+
+/**
+ * Discovery from seeds: reads the seeds, then every host their registries name (reached at its
+ * address with `credentials`' user and password, else the PG* environment and ~/.pgpass), in two
+ * rounds of parallel reads. The fleet is the first answering seed's: a host of another fleet is
+ * reported, never read into the placement.
+ */
+export async function discoverFleet(
+  seeds: readonly { name: string; url: string }[],
+  options: { applicationName?: string; credentials?: string; connectTimeoutMs?: number } = {},
+): Promise<FleetDiscovery> {
+  const urls = new Map<string, string>();
+  const accepted: HostPlacementView[] = [];
+  const unreachable: { name: string; reason: string }[] = [];
+  let fleetId: string | null = null;
+  const read = async (targets: readonly { name: string; url: string }[]): Promise<void> => {
+    const results = await Promise.allSettled(
+      targets.map((t) =>
+        withHost({ name: t.name, url: t.url } as HostConfig, (client) => readPlacementView(client, t.name), {
+          applicationName: options.applicationName ?? 'shardctl',
+          ...(options.connectTimeoutMs ? { connectTimeoutMs: options.connectTimeoutMs } : {}),
+        }),
+      ),
+    );
+    results.forEach((result, i) => {
+      const target = targets[i]!;
+      if (result.status === 'rejected') {
+        unreachable.push({ name: target.name, reason: failureReason(result.reason, describePgError) });
+        return;
+      }
+      const view = result.value;
+      const name = view.fleet?.hostName ?? target.name;
+      if (view.fleet) {
+        fleetId ??= view.fleet.fleetId;
+        if (view.fleet.fleetId !== fleetId) {
+          unreachable.push({ name, reason: `belongs to fleet ${view.fleet.fleetId}, not ${fleetId}; left out` });
+          return;
+        }
+      }
+      if (accepted.some((v) => (v.fleet?.hostName ?? v.reachedAs) === name)) return;
+      urls.set(name, target.url);
+      accepted.push(view);
+    });
+  };
+  await read(seeds);
+  const credentials = options.credentials ?? seeds[0]?.url;
+  const registry = mergePlacement(accepted).hosts;
+  const next = [...registry]
+    .filter(([name]) => !urls.has(name) && !unreachable.some((u) => u.name === name))
+    .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }));
+  if (next.length > 0) await read(next);
+  for (const [name, address] of mergePlacement(accepted).hosts) if (!urls.has(name)) urls.set(name, withCredentials(address, credentials));
+  // A seed that answered under its registry name is not also unreachable under its label.
+  const placement = mergePlacement(accepted);
+  return { placement, unreachable: unreachable.filter((u) => !placement.answered.includes(u.name)), urls };
+}
+
+/** A config with no hosts: a seed router's, until its first discovery fills it in. */
+export function emptyFleetConfig(): ShardctlConfig {
+  return {
+    file: '<fleet>',
+    schemaPrefix: 'insta',
+    shards: 0,
+    idLayout: { epochMs: 0n, shardBits: 13, sequenceBits: 10 },
+    epochIso: new Date(0).toISOString(),
+    migrationsDir: '',
+    hosts: [],
+    concurrency: 1,
+    lockTimeout: '5s',
+    warnings: [],
+  };
+}
+
+/**
+ * The map a router uses: the fleet's placement, with the file's layout and URLs where there is a
+ * file; shards no reachable host places keep the file's host. Every host of the registry is in it.
+ */
+export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery): ShardctlConfig {
+  const { placement, urls } = found;
+  const layout = placement.layout;
+  if (!file && !layout) {
+    throw new HostError(placement.answered.join(', '), 'no shardctl control schema on the seeds (run shardctl init on the fleet first)', { code: 'NOT_A_FLEET' });
+  }
+  const base: ShardctlConfig = file ?? {
+    ...emptyFleetConfig(),
+    file: '<fleet>',
+    schemaPrefix: layout!.schemaPrefix,
+    shards: layout!.shardCount,
+    idLayout: { epochMs: layout!.epochMs, shardBits: layout!.shardBits, sequenceBits: layout!.sequenceBits },
+    epochIso: new Date(Number(layout!.epochMs)).toISOString(),
+  };
+  const owner = new Map<number, string>();
+  if (file) for (const host of file.hosts) for (const shard of host.shards) owner.set(shard, host.name);
+  for (const [shard, host] of placement.owners) if (shard < base.shards) owner.set(shard, host);
+  const names = [...new Set([...(file?.hosts.map((h) => h.name) ?? []), ...placement.hosts.keys(), ...urls.keys(), ...owner.values()])];
+  const byHost = new Map<string, number[]>(names.map((n) => [n, []]));
+  for (const [shard, host] of [...owner].sort((a, b) => a[0] - b[0])) byHost.get(host)!.push(shard);
+  const hosts: HostConfig[] = names.flatMap((name) => {
+    const fromFile = file?.hosts.find((h) => h.name === name);
+    const url = fromFile?.url ?? urls.get(name);
+    if (url === undefined && byHost.get(name)!.length === 0) return [];
+    registerUrlSecret(url ?? '');
+    return [{
+      name,
+      // A host of the placement that no registry reached: its calls fail naming it.
+      url: url ?? `postgres://unknown-address-of-${name}/`,
+      replicationUrl: fromFile?.replicationUrl ?? url ?? '',
+      shardsSpec: '',
+      shards: byHost.get(name)!,
+      weight: fromFile?.weight ?? 1,
+      drain: fromFile?.drain ?? false,
+    }];
+  });
+  return { ...base, hosts };
+}
+
+/**
+ * The config's map corrected by the fleet: what exec, psql and decode route by. Reads every host
+ * of the file (and of the registries); the hosts that could not be read are listed.
+ */
+export async function currentMap(config: ShardctlConfig, applicationName = 'shardctl'): Promise<{ config: ShardctlConfig; discovery: FleetDiscovery }> {
+  const discovery = await discoverFleet(
+    config.hosts.map((h) => ({ name: h.name, url: h.url })),
+    { applicationName, ...(config.hosts[0] ? { credentials: config.hosts[0].url } : {}) },
+  );
+  return { config: fleetConfig(config, discovery), discovery };
+}
