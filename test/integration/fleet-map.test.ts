@@ -1,0 +1,204 @@
+/**
+ * The map lives in the fleet: application processes holding an old copy of the file (or only a
+ * seed URL) follow every move, operators holding an old copy are refused, and `map pull` repairs
+ * the file. Three hosts: pg1 and pg3 are two databases on the first server, pg2 on the second.
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { copyFileSync, readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { init, loadConfig, ShardRouter } from '../../src/index.js';
+import { HostError } from '../../src/errors.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js';
+
+const ROOT = path.join(import.meta.dirname, '..', '..');
+const WRITER = path.join(ROOT, 'test', 'fixtures', 'app-writer.ts');
+
+interface Call {
+  ok: boolean;
+  id?: string;
+  host?: string;
+  error?: string;
+}
+
+/** An application process writing by `key` through a router opened from `source`. */
+function startApp(source: string, key: number, count?: number): { child: ChildProcess; calls: Call[]; stop(): Promise<Call[]>; stderr: () => string } {
+  const child = spawn(process.execPath, ['--import', 'tsx', WRITER, source, String(key), ...(count === undefined ? [] : [String(count)])], {
+    cwd: ROOT,
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+  const calls: Call[] = [];
+  let buffered = '';
+  let errors = '';
+  child.stdout!.on('data', (chunk: Buffer) => {
+    buffered += chunk.toString();
+    const lines = buffered.split('\n');
+    buffered = lines.pop()!;
+    for (const line of lines) if (line.trim()) calls.push(JSON.parse(line) as Call);
+  });
+  child.stderr!.on('data', (chunk: Buffer) => (errors += chunk.toString()));
+  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
+  return {
+    child,
+    calls,
+    stderr: () => errors,
+    async stop() {
+      child.stdin!.end();
+      await exited;
+      return calls;
+    },
+  };
+}
+
+async function waitForCalls(app: { calls: Call[]; stderr: () => string }, atLeast: number): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  while (app.calls.filter((c) => c.ok).length < atLeast) {
+    if (Date.now() > deadline) throw new Error(`the application made ${app.calls.length} calls: ${app.stderr()}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
+
+function threeHosts() {
+  const pair = useTestDatabases(2);
+  const third = useTestDatabases(1);
+  return (): string[] => [pair.urls[0]!, pair.urls[1]!, third.urls[0]!];
+}
+
+const proxies: TcpProxy[] = [];
+afterAll(async () => {
+  for (const p of proxies) await p.close();
+});
+
+describe('applications with an old copy of the map, or only a seed URL', () => {
+  const urls = threeHosts();
+
+  it('follow a shard to a second host and to a third the copy does not list, through gc: no call fails, every row arrives once', async () => {
+    // The operator's file starts with pg1 and pg2; the application's copy is taken now.
+    const fleet = makeFleet({ urls: urls().slice(0, 2), shards: 8, split: ['0-3', '4-7'] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const stale = path.join(fleet.dir, 'app-copy.yaml');
+    copyFileSync(fleet.configFile, stale);
+
+    const fromFile = startApp(stale, 3);
+    const fromSeed = startApp(urls()[1]!, 11); // 11 mod 8 = 3, through pg2 only
+    await waitForCalls(fromFile, 20);
+    await waitForCalls(fromSeed, 20);
+
+    const operator = async (...args: string[]) => {
+      const run = await runCli([...args, '-c', fleet.configFile]);
+      expect(run.code, `${args.join(' ')}: ${run.stderr}`).toBe(0);
+    };
+    await operator('move-shard', '3', '--to', 'pg2', '--yes');
+    await waitForCalls(fromFile, fromFile.calls.length + 20);
+    await operator('gc', '--yes');
+    await waitForCalls(fromFile, fromFile.calls.length + 20);
+    await waitForCalls(fromSeed, fromSeed.calls.length + 20);
+    // pg3 joins the operator's map (not the application's copy) and takes shard 3.
+    writeFileSync(fleet.configFile, `${readFileSync(fleet.configFile, 'utf8')}  - name: pg3\n    url: ${urls()[2]}\n    shards: ""\n`);
+    await operator('init');
+    await operator('move-shard', '3', '--to', 'pg3', '--yes');
+    await waitForCalls(fromFile, fromFile.calls.length + 20);
+    await operator('gc', '--yes');
+    await waitForCalls(fromFile, fromFile.calls.length + 20);
+    await waitForCalls(fromSeed, fromSeed.calls.length + 20);
+
+    const calls = [...(await fromFile.stop()), ...(await fromSeed.stop())];
+    expect(calls.filter((c) => !c.ok)).toEqual([]);
+    expect(calls.at(-1)!.host).toBe('pg3');
+    const acknowledged = calls.map((c) => c.id!);
+    await withClient(urls()[2]!, async (client) => {
+      const ids = (await client.query<{ id: string }>('select id::text from insta3.photos')).rows.map((r) => r.id);
+      expect(new Set(ids).size).toBe(ids.length);
+      expect(acknowledged.filter((id) => !ids.includes(id))).toEqual([]);
+      expect(ids.length).toBe(acknowledged.length);
+    });
+    for (const url of urls().slice(0, 2)) {
+      await withClient(url, async (client) => {
+        expect((await client.query(`select 1 from pg_namespace where nspname like 'insta3%'`)).rowCount).toBe(0);
+      });
+    }
+
+    // A process started now from the same old copy writes to pg3 from its first call.
+    const late = startApp(stale, 3, 10);
+    await new Promise<void>((resolve) => late.child.once('exit', () => resolve()));
+    expect(late.calls).toHaveLength(10);
+    expect(late.calls.filter((c) => !c.ok || c.host !== 'pg3')).toEqual([]);
+  }, 180_000);
+});
+
+describe('two operators, one with an old copy of the file', () => {
+  const db = useTestDatabases(2);
+
+  it('the old copy is refused by every command that writes, status names the difference, map pull repairs it', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'op' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const other = path.join(fleet.dir, 'other-operator.yaml');
+    copyFileSync(fleet.configFile, other);
+    const moved = await runCli(['move-shard', '2-3', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
+    expect(moved.code, moved.stderr).toBe(0);
+
+    for (const args of [
+      ['move-shard', '1', '--to', 'pg2', '--yes'],
+      ['rebalance', '--yes'],
+      ['gc', '--yes'],
+      ['migrate'],
+      ['add-schema', '0'],
+      ['init'],
+    ]) {
+      const run = await runCli([...args, '-c', other]);
+      expect(run.code, `${args.join(' ')}: ${run.stdout}${run.stderr}`).toBe(2);
+      expect(run.stderr).toContain('disagrees with the fleet; nothing was written');
+      expect(run.stderr).toContain('shards 2-3: the file says pg1, the fleet says pg2');
+      expect(run.stderr).toContain('shardctl map pull');
+    }
+    const status = await runCli(['status', '-c', other]);
+    expect(status.code).toBe(3);
+    expect(status.stdout).toContain('map: the file DISAGREES with the fleet');
+    expect(status.stdout).toContain('shards 2-3: the file says pg1, the fleet says pg2');
+    const show = await runCli(['map', 'show', '--json', '-c', other]);
+    expect(show.code).toBe(3);
+    expect(JSON.parse(show.stdout).hosts.map((h: { name: string; shards: string }) => [h.name, h.shards])).toEqual([
+      ['pg1', '0-1'],
+      ['pg2', '2-7'],
+    ]);
+
+    const before = readFileSync(other, 'utf8');
+    const pulled = await runCli(['map', 'pull', '-c', other]);
+    expect(pulled.code, pulled.stderr).toBe(0);
+    const after = readFileSync(other, 'utf8');
+    expect(after).not.toBe(before);
+    expect((await loadConfig(other)).hosts.map((h) => [h.name, h.shardsSpec])).toEqual([
+      ['pg1', '0-1'],
+      ['pg2', '2-7'],
+    ]);
+    expect((await runCli(['status', '-c', other])).code).toBe(0);
+    const gc = await runCli(['gc', '--yes', '-c', other]);
+    expect(gc.code, gc.stderr).toBe(0);
+  }, 120_000);
+});
+
+describe('discovery with a host down', () => {
+  const db = useTestDatabases(2);
+
+  it('opens from the hosts that answer; calls for the down host\'s shards fail naming it, the others work', async () => {
+    const proxy = await startTcpProxy(db.urls[1]!);
+    proxies.push(proxy);
+    const fleet = makeFleet({ urls: [db.urls[0]!, proxy.url], replicationUrls: [undefined, db.replicationUrls[1]], shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'dn' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await proxy.close();
+
+    const router = await ShardRouter.open({ seeds: [db.urls[0]!] }, { connectTimeoutMs: 2_000 });
+    try {
+      expect(router.unreachableHosts().map((h) => h.name)).toEqual(['pg2']);
+      expect(router.hostForShard(3).name).toBe('pg2');
+      expect(await router.withShard(1, async (c) => (await c.query('select current_schema() as s')).rows[0].s)).toBe('dn1');
+      const failed = await router.withShard(3, async (c) => c.query('select 1')).catch((e: unknown) => e);
+      expect(failed).toBeInstanceOf(HostError);
+      expect((failed as HostError).message).toMatch(/^host pg2\b.*cannot connect/);
+    } finally {
+      await router.close();
+    }
+  }, 60_000);
+});
