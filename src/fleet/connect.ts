@@ -2,16 +2,17 @@ import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
+import { hostClientSettings, watchSilence } from './silence.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
   applicationName?: string;
-  connectTimeoutMs?: number;
 }
 
 /**
  * Connects to a host of the map. PG* environment variables and ~/.pgpass apply through
- * node-postgres, as with psql. Errors name the host and never contain the password.
+ * node-postgres, as with psql. Errors name the host and never contain the password. Connecting,
+ * and any later wait on the host, are bounded by the host's timeout (see silence.ts).
  */
 export async function connectHost(host: HostConfig, options: ConnectOptions = {}): Promise<pg.Client> {
   registerUrlSecret(host.url);
@@ -19,7 +20,7 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   const client = new pg.Client({
     connectionString: host.url,
     application_name: options.applicationName ?? 'shardctl',
-    connectionTimeoutMillis: options.connectTimeoutMs ?? 10_000,
+    ...hostClientSettings(host),
   });
   // An idle client whose server goes away emits 'error'; without a listener that would crash the
   // process. The next query on it fails and is reported with the host's name instead.
@@ -33,6 +34,7 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   });
   try {
     await client.connect();
+    watchSilence(client, host);
     await checkClientConnection(client);
   } catch (error) {
     await client.end().catch(() => undefined);

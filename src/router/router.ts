@@ -7,6 +7,7 @@ import { HostError } from '../errors.js';
 import { decodeId, parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { describePgError } from '../fleet/connect.js';
+import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { quoteIdent } from '../pg/quote.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
@@ -353,6 +354,7 @@ export class ShardRouter {
       connectionString: host.url,
       max: this.options.poolSize,
       application_name: this.options.applicationName,
+      ...hostClientSettings(host),
       connectionTimeoutMillis: this.options.connectTimeoutMs,
       idleTimeoutMillis: this.options.idleTimeoutMs,
       ...(this.options.statementTimeoutMs ? { statement_timeout: this.options.statementTimeoutMs } : {}),
@@ -363,6 +365,8 @@ export class ShardRouter {
     // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
     // application. The pool drops that connection and the next checkout opens a new one.
     pool.on('error', () => undefined);
+    // A host that stops answering fails the call waiting on it, naming the host, within its timeout.
+    pool.on('connect', (client) => watchSilence(client, host));
     this.pools.set(host.name, { url: host.url, pool });
     return pool;
   }
