@@ -60,9 +60,11 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
   let endingSince: number | undefined;
   let checking = false;
 
-  stream.on('data', () => {
-    heardAt = Date.now();
-  });
+  // Polled, not a 'data' listener: pg-copy-streams insists on being the socket's only reader.
+  let bytesRead = stream.bytesRead;
+  // The failure reaches the pending query; a checked-out pool client has no other listener, and
+  // node-postgres would throw its 'error' event at the process.
+  client.on('error', () => undefined);
 
   const tick = (): void => {
     if (internals._ended || stream.destroyed) {
@@ -70,6 +72,10 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
       return;
     }
     const now = Date.now();
+    if (stream.bytesRead !== bytesRead) {
+      bytesRead = stream.bytesRead;
+      heardAt = now;
+    }
     if (internals._ending) {
       // end() waits for the server to close the socket; a silent one never does.
       endingSince ??= now;
@@ -92,7 +98,7 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
         waitingSince = Date.now();
         return;
       }
-      if (heardAt > silentSince || stream.destroyed) return;
+      if (stream.bytesRead !== bytesRead || stream.destroyed) return;
       const reason = `stopped answering: no reply for ${formatMs(bound)} and a new connection could not run SELECT 1 within ${formatMs(bound)} (${failure})`;
       stream.destroy(new HostError(host.name, reason, { code: HOST_SILENT }));
     });
