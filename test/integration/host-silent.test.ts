@@ -4,12 +4,15 @@
  * every command ends within a few seconds naming pg2, and pg1's work is done. Each test has a
  * timeout of its own, so a hang fails the test instead of stalling the suite.
  */
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { ShardRouter } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { withClient, useTestDatabases } from '../helpers/hosts.js';
 import { shardsAt, waitFor } from '../helpers/migrations.js';
+import { removeCliSnapshot, spawnCli } from '../helpers/moves.js';
 import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js';
 
 const BOUND_MS = 2000;
@@ -130,5 +133,35 @@ describe('a host that stops answering', () => {
     expect(abort.code, abort.stderr).toBe(0);
     const status = await runCli(['status', '-c', fleet.configFile]);
     expect(status.code, status.stdout + status.stderr).toBe(0);
+  });
+});
+
+describe("a move's process", () => {
+  const db = useTestDatabases(2);
+  afterAll(() => removeCliSnapshot());
+
+  it('exits as soon as it has printed its result (no timer left behind)', { timeout: 60_000 }, async () => {
+    const fleet = makeFleet({ urls: db.urls, replicationUrls: db.replicationUrls, shards: 2 });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // Refuses a build older than the sources, so the child below runs this code.
+    expect((await spawnCli(['--version'])).code).toBe(0);
+    const child = spawn(process.execPath, [join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js'), 'move-shard', '0', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, NO_COLOR: '1' },
+    });
+    let output = '';
+    let resultAt: number | undefined;
+    for (const stream of [child.stdout, child.stderr]) {
+      stream.setEncoding('utf8').on('data', (chunk: string) => {
+        output += chunk;
+        if (resultAt === undefined && /shard 0 moved from pg1 to pg2/.test(output)) resultAt = performance.now();
+      });
+    }
+    const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
+    const exitedAt = performance.now();
+    expect(code, output).toBe(0);
+    expect(resultAt, output).toBeDefined();
+    // The slot watcher's 2 s look-round used to keep the process alive for up to 2 s after this.
+    expect(exitedAt - resultAt!).toBeLessThan(700);
   });
 });
