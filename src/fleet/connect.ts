@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
-import { hostClientSettings, watchSilence } from './silence.js';
+import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
@@ -38,6 +38,7 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
     await checkClientConnection(client);
   } catch (error) {
     await client.end().catch(() => undefined);
+    if (error instanceof HostError && error.code === HOST_SILENT) throw error;
     throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
   }
   return client;
@@ -71,8 +72,12 @@ export function reportedSetting(client: pg.Client, name: string): string | undef
   return startupSettings.get(client)?.get(name);
 }
 
-/** A pg error as one redacted line, with the SQLSTATE when there is one. */
+/**
+ * A pg error as one redacted line, with the SQLSTATE when there is one. A host that stopped
+ * answering is described without its name: whoever reports a query's failure names its host.
+ */
 export function describePgError(error: unknown): string {
+  if (error instanceof HostError && error.code === HOST_SILENT) return redact(error.reason);
   if (error instanceof Error) {
     const code = (error as { code?: unknown }).code;
     const detail = (error as { detail?: unknown }).detail;

@@ -82,6 +82,8 @@ export async function openWorker(host: HostConfig, applicationName = 'shardctl w
 
 /** The host whose connection raised `error` (a query on a session or worker), if known. */
 export function errorHost(error: unknown): string | undefined {
+  // A COPY stream's failure is not tagged by tagErrors; a silent host's HostError names it anyway.
+  if (error instanceof HostError) return error.host;
   return (error as { shardctlHost?: string } | null)?.shardctlHost;
 }
 
