@@ -102,8 +102,8 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
 
 async function readFleet(config: ShardctlConfig): Promise<{ placement: FleetPlacement; unreachable: readonly { name: string; reason: string }[] }> {
   const found = await discoverFleet(
-    config.hosts.map((h) => ({ name: h.name, url: h.url })),
-    { applicationName: 'shardctl map', ...(config.hosts[0] ? { credentials: config.hosts[0].url } : {}) },
+    config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs })),
+    { applicationName: 'shardctl map', ...(config.hosts[0] ? { credentials: config.hosts[0].url, connectTimeoutMs: config.hosts[0].timeoutMs } : {}) },
   );
   return { placement: found.placement, unreachable: found.unreachable };
 }

@@ -1,4 +1,4 @@
-/** The config's duration format (lockTimeout): '500ms', '5s', '1min'. PostgreSQL accepts the same text. */
+/** The config's duration format (lockTimeout, hostTimeout): '500ms', '5s', '1min'. PostgreSQL accepts the same text. */
 export const DURATION = /^(\d+)(ms|s|min)$/;
 
 /** A duration in that format, in milliseconds. */

@@ -19,7 +19,7 @@ import {
   type IdLayout,
 } from '../id/layout.js';
 import { redactUrl } from '../pg/redact.js';
-import { DURATION } from './duration.js';
+import { DURATION, durationMs } from './duration.js';
 import { expandEnv, type Env } from './env.js';
 import { Field, type Fields, type FieldValues, isAnything, isBoolean, isInteger, isList, isNumber, isString } from './fields.js';
 import { formatShardList, MAX_SHARD_NUMBER, parseShardList } from './ranges.js';
@@ -182,6 +182,8 @@ function integerField(range: string, min: number, max = Number.MAX_SAFE_INTEGER)
   return Field.of(isInteger, expected).min(min, expected).max(max, expected);
 }
 
+/** Below this, connecting alone would time out on a healthy host. */
+const MIN_HOST_TIMEOUT_MS = 100;
 const DURATION_EXPECTED = 'must be a duration such as "500ms", "5s" or "1min"';
 const URL_EXPECTED = 'must be a postgres:// connection URL';
 const WEIGHT_EXPECTED = 'must be a positive number such as 1 or 2.5';
@@ -200,6 +202,11 @@ const topLevelFields = {
     // 0 means "wait forever" to PostgreSQL: exactly what lockTimeout exists to prevent.
     .refine((value) => !/^0+(ms|s|min)$/.test(value), 'must be more than 0 (0 would wait forever)')
     .default('5s'),
+  // How long a host may leave a statement unanswered before a fresh connection checks it is alive.
+  hostTimeout: Field.of(isString, DURATION_EXPECTED)
+    .regex(DURATION, DURATION_EXPECTED)
+    .refine((value) => durationMs(value) >= MIN_HOST_TIMEOUT_MS, 'must be at least 100ms')
+    .default('10s'),
   hosts: Field.of(isList, 'must be a list of hosts').min(1, 'must list at least one host'),
 };
 
@@ -318,7 +325,8 @@ function validateConfig(raw: unknown, issues: ConfigIssue[], context: Validation
   if (schemaPrefix !== undefined && shards !== undefined) checkSchemaNameLength(schemaPrefix, shards, issues);
   const migrationsDir = top.migrations === undefined ? undefined : path.resolve(context.baseDir, top.migrations);
   if (migrationsDir !== undefined && context.checkMigrationsDir) checkMigrationsDir(migrationsDir, issues);
-  const hosts = top.hosts === undefined ? undefined : readHosts(top.hosts, shards, issues, context.env);
+  const hostTimeoutMs = top.hostTimeout === undefined ? undefined : durationMs(top.hostTimeout);
+  const hosts = top.hosts === undefined ? undefined : readHosts(top.hosts, shards, issues, context.env, hostTimeoutMs ?? 0);
 
   if (issues.length > 0) return undefined;
   return {
@@ -331,6 +339,7 @@ function validateConfig(raw: unknown, issues: ConfigIssue[], context: Validation
     hosts: hosts!,
     concurrency: top.concurrency!,
     lockTimeout: top.lockTimeout!,
+    hostTimeout: top.hostTimeout!,
     warnings,
   };
 }
@@ -422,6 +431,7 @@ function readHosts(
   shardCount: number | undefined,
   issues: ConfigIssue[],
   env: Env,
+  timeoutMs: number,
 ): HostConfig[] | undefined {
   const issuesBefore = issues.length;
   const drafts = rawHosts.map((raw, index) => readHost(raw, index, issues, env));
@@ -441,6 +451,7 @@ function readHosts(
     shards: host.shards!,
     weight: host.weight!,
     drain: host.drain!,
+    timeoutMs,
   }));
 }
 

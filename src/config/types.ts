@@ -16,6 +16,11 @@ export interface HostConfig {
   readonly weight: number;
   /** Being decommissioned: rebalance empties it and moves nothing onto it (default false). */
   readonly drain: boolean;
+  /**
+   * The config's hostTimeout in ms: the bound on connecting, and on a statement left unanswered
+   * before a fresh connection checks the host is alive (src/fleet/silence.ts).
+   */
+  readonly timeoutMs: number;
 }
 
 /** A validated config map. Produced only by loadConfig()/parseConfig() in src/config/load.ts. */
@@ -36,6 +41,8 @@ export interface ShardctlConfig {
   readonly concurrency: number;
   /** lock_timeout applied to migrations on shard schemas, e.g. '5s' (default '5s'). */
   readonly lockTimeout: string;
+  /** How long a host may stay silent before it is checked and, if dead, reported, e.g. '10s' (default '10s'). */
+  readonly hostTimeout: string;
   /** Non-fatal findings, e.g. the id layout running out within 10 years. */
   readonly warnings: readonly string[];
 }

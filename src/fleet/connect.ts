@@ -2,16 +2,17 @@ import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
+import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
   applicationName?: string;
-  connectTimeoutMs?: number;
 }
 
 /**
  * Connects to a host of the map. PG* environment variables and ~/.pgpass apply through
- * node-postgres, as with psql. Errors name the host and never contain the password.
+ * node-postgres, as with psql. Errors name the host and never contain the password. Connecting,
+ * and any later wait on the host, are bounded by the host's timeout (see silence.ts).
  */
 export async function connectHost(host: HostConfig, options: ConnectOptions = {}): Promise<pg.Client> {
   registerUrlSecret(host.url);
@@ -19,7 +20,7 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   const client = new pg.Client({
     connectionString: host.url,
     application_name: options.applicationName ?? 'shardctl',
-    connectionTimeoutMillis: options.connectTimeoutMs ?? 10_000,
+    ...hostClientSettings(host),
   });
   // An idle client whose server goes away emits 'error'; without a listener that would crash the
   // process. The next query on it fails and is reported with the host's name instead.
@@ -33,9 +34,11 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   });
   try {
     await client.connect();
+    watchSilence(client, host);
     await checkClientConnection(client);
   } catch (error) {
     await client.end().catch(() => undefined);
+    if (error instanceof HostError && error.code === HOST_SILENT) throw error;
     throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
   }
   return client;
@@ -69,8 +72,12 @@ export function reportedSetting(client: pg.Client, name: string): string | undef
   return startupSettings.get(client)?.get(name);
 }
 
-/** A pg error as one redacted line, with the SQLSTATE when there is one. */
+/**
+ * A pg error as one redacted line, with the SQLSTATE when there is one. A host that stopped
+ * answering is described without its name: whoever reports a query's failure names its host.
+ */
 export function describePgError(error: unknown): string {
+  if (error instanceof HostError && error.code === HOST_SILENT) return redact(error.reason);
   if (error instanceof Error) {
     const code = (error as { code?: unknown }).code;
     const detail = (error as { detail?: unknown }).detail;

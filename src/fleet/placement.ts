@@ -418,6 +418,22 @@ export interface FleetDiscovery extends Discovery {
   readonly urls: ReadonlyMap<string, string>;
 }
 
+/** How long discovery waits for a host that does not answer, unless the config says (hostTimeout). */
+export const DISCOVERY_TIMEOUT_MS = 10_000;
+
+function discoveryHost(target: { name: string; url: string; timeoutMs?: number }, timeoutMs: number | undefined): HostConfig {
+  return {
+    name: target.name,
+    url: target.url,
+    replicationUrl: target.url,
+    shardsSpec: '',
+    shards: [],
+    weight: 1,
+    drain: false,
+    timeoutMs: target.timeoutMs ?? timeoutMs ?? DISCOVERY_TIMEOUT_MS,
+  };
+}
+
 /**
  * Discovery from seeds: reads the seeds, then every host their registries name (reached at its
  * address with `credentials`' user and password, else the PG* environment and ~/.pgpass), in two
@@ -425,7 +441,7 @@ export interface FleetDiscovery extends Discovery {
  * reported, never read into the placement.
  */
 export async function discoverFleet(
-  seeds: readonly { name: string; url: string }[],
+  seeds: readonly { name: string; url: string; timeoutMs?: number }[],
   options: { applicationName?: string; credentials?: string; connectTimeoutMs?: number } = {},
 ): Promise<FleetDiscovery> {
   const urls = new Map<string, string>();
@@ -435,9 +451,8 @@ export async function discoverFleet(
   const read = async (targets: readonly { name: string; url: string }[]): Promise<void> => {
     const results = await Promise.allSettled(
       targets.map((t) =>
-        withHost({ name: t.name, url: t.url } as HostConfig, (client) => readPlacementView(client, t.name), {
+        withHost(discoveryHost(t, options.connectTimeoutMs), (client) => readPlacementView(client, t.name), {
           applicationName: options.applicationName ?? 'shardctl',
-          ...(options.connectTimeoutMs ? { connectTimeoutMs: options.connectTimeoutMs } : {}),
         }),
       ),
     );
@@ -486,6 +501,7 @@ export function emptyFleetConfig(): ShardctlConfig {
     hosts: [],
     concurrency: 1,
     lockTimeout: '5s',
+    hostTimeout: `${DISCOVERY_TIMEOUT_MS}ms`,
     warnings: [],
   };
 }
@@ -528,6 +544,7 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
       shards: byHost.get(name)!,
       weight: fromFile?.weight ?? 1,
       drain: fromFile?.drain ?? false,
+      timeoutMs: fromFile?.timeoutMs ?? file?.hosts[0]?.timeoutMs ?? DISCOVERY_TIMEOUT_MS,
     }];
   });
   return { ...base, hosts };
@@ -539,8 +556,8 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
  */
 export async function currentMap(config: ShardctlConfig, applicationName = 'shardctl'): Promise<{ config: ShardctlConfig; discovery: FleetDiscovery }> {
   const discovery = await discoverFleet(
-    config.hosts.map((h) => ({ name: h.name, url: h.url })),
-    { applicationName, ...(config.hosts[0] ? { credentials: config.hosts[0].url } : {}) },
+    config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs })),
+    { applicationName, ...(config.hosts[0] ? { credentials: config.hosts[0].url, connectTimeoutMs: config.hosts[0].timeoutMs } : {}) },
   );
   return { config: fleetConfig(config, discovery), discovery };
 }

@@ -2,6 +2,7 @@ import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { connectHost, describePgError, reportedSetting } from './connect.js';
+import { HOST_SILENT } from './silence.js';
 import { acquireRunnerLock, acquireWorkerLock, releaseRunnerLock } from './locks.js';
 
 /**
@@ -81,6 +82,8 @@ export async function openWorker(host: HostConfig, applicationName = 'shardctl w
 
 /** The host whose connection raised `error` (a query on a session or worker), if known. */
 export function errorHost(error: unknown): string | undefined {
+  // A COPY stream's failure is not tagged by tagErrors; a silent host's HostError names it anyway.
+  if (error instanceof HostError) return error.host;
   return (error as { shardctlHost?: string } | null)?.shardctlHost;
 }
 
@@ -169,7 +172,8 @@ export class Fleet {
         await acquireRunnerLock(session.client, session.host.name, options.lockTimeout ? { workerWait: options.lockTimeout } : {});
         session.locked = true;
       } catch (error) {
-        if (error instanceof ShardctlError) throw error;
+        // Another runner stops everything; a host that stopped answering is lost like an unreachable one.
+        if (error instanceof ShardctlError && error.code !== HOST_SILENT) throw error;
         this.lose(session, error, options.tolerateLoss ?? false, 'cannot take the runner lock');
       }
     }

@@ -1,4 +1,5 @@
 import { pipeline } from 'node:stream/promises';
+import { setTimeout as delay } from 'node:timers/promises';
 import pg from 'pg';
 import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
@@ -7,12 +8,13 @@ import { HostError } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
+import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql } from '../fleet/sql.js';
 import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 import { createSlotCommand, qualified } from './sql.js';
 import { shardTables, type ShardTable } from './verify.js';
-import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion, sleep } from './context.js';
+import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion } from './context.js';
 import { dropMoveSlot } from './replication.js';
 
 /**
@@ -83,11 +85,13 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
     connectionString: ctx.source.host.url,
     replication: 'database',
     application_name: 'shardctl move',
+    ...hostClientSettings(ctx.source.host),
   };
   const replication = new pg.Client(config);
   replication.on('error', () => undefined);
   try {
     await replication.connect();
+    watchSilence(replication, ctx.source.host);
     await checkClientConnection(replication);
   } catch (error) {
     throw new HostError(ctx.source.host.name, `cannot open a replication connection: ${describePgError(error)}`, { shard: ctx.shards[0]!, code: 'MOVE_FAILED' });
@@ -114,7 +118,11 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
   creating.catch(() => undefined);
   let blockers = '';
   while (!done) {
-    await Promise.race([creating.then(() => undefined, () => undefined), sleep(2000)]);
+    // The 2 s look-round is cancelled as soon as the slot exists: a pending timer would keep the
+    // process alive after the move has finished.
+    const pause = new AbortController();
+    await Promise.race([creating.then(() => undefined, () => undefined), delay(2000, undefined, { signal: pause.signal }).catch(() => undefined)]);
+    pause.abort();
     if (done) break;
     blockers = await xidHolders(ctx.source.client, pid);
     const waited = Math.round((performance.now() - started) / 1000);

@@ -4,6 +4,7 @@ import { HostError, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
+import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
@@ -41,7 +42,8 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
       await STEP_ACTIONS[step](ctx);
     } catch (error) {
       await dropPreVerification(ctx);
-      if (error instanceof ShardctlError) throw error;
+      // A host that stopped answering is a failure of the step like any lost connection: say how to go on.
+      if (error instanceof ShardctlError && error.code !== HOST_SILENT) throw error;
       throw new HostError(
         errorHost(error) ?? ctx.source.host.name,
         `move ${ctx.moveId} failed at step ${step}: ${describePgError(error)}; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort to undo`,

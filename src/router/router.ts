@@ -9,6 +9,7 @@ import { shardForKey } from '../id/routing.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { discoverFleet, emptyFleetConfig, fleetConfig } from '../fleet/placement.js';
+import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { quoteIdent } from '../pg/quote.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
@@ -391,7 +392,7 @@ export class ShardRouter {
       }
     }
     const seeds = file
-      ? file.hosts.map((h) => ({ name: h.name, url: h.url }))
+      ? file.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs }))
       : [...this.config.hosts.map((h) => ({ name: h.name, url: h.url })), ...this.seeds.map((url, i) => ({ name: `seed ${i + 1}`, url }))];
     const credentials = file ? file.hosts[0]?.url : this.seeds[0];
     const found = await discoverFleet(seeds, {
@@ -443,6 +444,7 @@ export class ShardRouter {
       connectionString: host.url,
       max: this.options.poolSize,
       application_name: this.options.applicationName,
+      ...hostClientSettings(host),
       connectionTimeoutMillis: this.options.connectTimeoutMs,
       idleTimeoutMillis: this.options.idleTimeoutMs,
       ...(this.options.statementTimeoutMs ? { statement_timeout: this.options.statementTimeoutMs } : {}),
@@ -453,6 +455,8 @@ export class ShardRouter {
     // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
     // application. The pool drops that connection and the next checkout opens a new one.
     pool.on('error', () => undefined);
+    // A host that stops answering fails the call waiting on it, naming the host, within its timeout.
+    pool.on('connect', (client) => watchSilence(client, host));
     this.pools.set(host.name, { url: host.url, pool });
     return pool;
   }

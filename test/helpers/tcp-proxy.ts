@@ -3,26 +3,92 @@
  * docker-proxy put in production: when a client goes away, the proxy closes its side to the server
  * only `lingerMs` later, so the server session (and any advisory lock it holds) outlives the client
  * for that long.
+ *
+ * It can also play a host that stops answering without closing anything (a hung server, a
+ * black-holed route): `silence()` swallows every byte from then on, both ways, on open connections
+ * and new ones; `silence('after-handshake')` lets each new connection finish its start-up (up to the
+ * server's first ReadyForQuery) and then swallows; `silenceAfter(n)` does the latter by itself once
+ * n more bytes have gone from clients to the server (mid-COPY, say).
  */
 import net from 'node:net';
+
+export type Silence = 'forward' | 'all' | 'after-handshake';
 
 export interface TcpProxy {
   /** The URL with host and port replaced by the proxy's. */
   readonly url: string;
   readonly port: number;
+  /** Stop answering: swallow everything ('all'), or everything after each connection's start-up. */
+  silence(mode?: Exclude<Silence, 'forward'>): void;
+  /** silence('after-handshake') once `bytes` more bytes have gone from clients to the server. */
+  silenceAfter(bytes: number): void;
+  /** Forward again (bytes swallowed meanwhile are lost). */
+  resume(): void;
+  /** Bytes forwarded from clients to the server so far. */
+  readonly bytesUp: number;
   close(): Promise<void>;
 }
 
-export async function startTcpProxy(targetUrl: string, options: { lingerMs?: number } = {}): Promise<TcpProxy> {
+export interface TcpProxyOptions {
+  lingerMs?: number;
+}
+
+const READY_FOR_QUERY = 0x5a; // 'Z'
+
+export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions = {}): Promise<TcpProxy> {
   const target = new URL(targetUrl);
   const lingerMs = options.lingerMs ?? 0;
   const sockets = new Set<net.Socket>();
   const timers = new Set<NodeJS.Timeout>();
+  let mode: Silence = 'forward';
+  let bytesUp = 0;
+  let silenceAt: number | undefined;
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: target.hostname, port: Number(target.port || 5432) });
     sockets.add(client).add(upstream);
-    client.pipe(upstream, { end: false });
-    upstream.pipe(client);
+    // Until the server's first ReadyForQuery, the connection is starting up.
+    let started = false;
+    let pending = Buffer.alloc(0);
+    const swallowing = (): boolean => mode === 'all' || (mode === 'after-handshake' && started);
+
+    client.on('data', (chunk: Buffer) => {
+      if (swallowing()) return;
+      upstream.write(chunk);
+      bytesUp += chunk.length;
+      if (silenceAt !== undefined && bytesUp >= silenceAt) {
+        silenceAt = undefined;
+        mode = 'after-handshake';
+      }
+    });
+    upstream.on('data', (chunk: Buffer) => {
+      if (swallowing()) return;
+      if (started) {
+        client.write(chunk);
+        return;
+      }
+      // Finds the end of the first ReadyForQuery, so that exactly the start-up is let through.
+      pending = Buffer.concat([pending, chunk]);
+      let offset = 0;
+      let end = -1;
+      while (pending.length - offset >= 5) {
+        const length = pending.readInt32BE(offset + 1);
+        if (pending.length - offset < 1 + length) break;
+        if (pending[offset] === READY_FOR_QUERY) {
+          end = offset + 1 + length;
+          break;
+        }
+        offset += 1 + length;
+      }
+      if (end === -1) {
+        client.write(chunk);
+        return;
+      }
+      const already = pending.length - chunk.length;
+      client.write(chunk.subarray(0, end - already));
+      started = true;
+      pending = Buffer.alloc(0);
+      if (!swallowing()) client.write(chunk.subarray(end - already));
+    });
     const closeUpstream = (): void => {
       const timer = setTimeout(() => {
         timers.delete(timer);
@@ -48,6 +114,19 @@ export async function startTcpProxy(targetUrl: string, options: { lingerMs?: num
   return {
     url: url.toString(),
     port,
+    silence: (next = 'all') => {
+      mode = next;
+    },
+    silenceAfter: (bytes) => {
+      silenceAt = bytesUp + bytes;
+    },
+    resume: () => {
+      mode = 'forward';
+      silenceAt = undefined;
+    },
+    get bytesUp() {
+      return bytesUp;
+    },
     close: async () => {
       for (const timer of timers) clearTimeout(timer);
       for (const socket of sockets) socket.destroy();

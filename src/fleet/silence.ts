@@ -1,0 +1,179 @@
+/**
+ * Bounds how long a host may leave shardctl waiting. Connecting has a timeout of its own; after
+ * that, a statement may legitimately run for hours (an index build, a COPY, a move's catch-up wait)
+ * with nothing coming back, so silence alone proves nothing. When a connection has been waiting
+ * `bound` ms with no byte from the server, a fresh connection must connect and answer SELECT 1
+ * within `bound`: if it does, the host is alive and busy and the wait goes on (statement_timeout and
+ * lock_timeout still apply); if not, the silent connection's socket is destroyed with a HostError
+ * naming the host, so its pending query fails and the command reports the host instead of hanging.
+ *
+ * Reads node-postgres internals (tested with pg 8.x): the active query, the pipelined queue, the
+ * ending flags and the socket. They are checked when a client is watched; without them the client
+ * goes unwatched (TCP keepalive and the connect timeout still apply).
+ */
+import type { Socket } from 'node:net';
+import pg from 'pg';
+import type { HostConfig } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { redact } from '../pg/redact.js';
+
+/** The code of the HostError a silent host's pending queries fail with. */
+export const HOST_SILENT = 'HOST_SILENT';
+
+/** The client settings every shardctl connection to a host uses. */
+export function hostClientSettings(host: HostConfig): Pick<pg.ClientConfig, 'connectionTimeoutMillis' | 'keepAlive' | 'keepAliveInitialDelayMillis'> {
+  return {
+    connectionTimeoutMillis: host.timeoutMs,
+    // Lets the kernel notice a peer that vanished (rebooted, unplugged) while a connection is idle.
+    keepAlive: true,
+    keepAliveInitialDelayMillis: host.timeoutMs,
+  };
+}
+
+interface PgClientInternals {
+  _activeQuery: unknown;
+  _sentQueryQueue?: unknown[];
+  _ending: boolean;
+  _ended: boolean;
+  connection: { stream: Socket };
+}
+
+function internalsOf(client: pg.Client): PgClientInternals | undefined {
+  const candidate = client as unknown as Partial<PgClientInternals>;
+  const stream = candidate.connection?.stream;
+  if (!('_activeQuery' in candidate) || typeof candidate._ending !== 'boolean' || typeof candidate._ended !== 'boolean') return undefined;
+  if (!stream || typeof stream.destroy !== 'function' || typeof stream.on !== 'function') return undefined;
+  return candidate as PgClientInternals;
+}
+
+/**
+ * Watches a connected client until it ends. Its timer is unref'd: it never keeps the process alive,
+ * and it stops when the client ends.
+ */
+export function watchSilence(client: pg.Client, host: HostConfig): void {
+  const internals = internalsOf(client);
+  if (!internals) return;
+  const bound = host.timeoutMs;
+  const stream = internals.connection.stream;
+  let heardAt = Date.now();
+  let waitingSince: number | undefined;
+  let endingSince: number | undefined;
+  let checking = false;
+
+  // Polled, not a 'data' listener: pg-copy-streams insists on being the socket's only reader.
+  let bytesRead = stream.bytesRead;
+  // The failure reaches the pending query; a checked-out pool client has no other listener, and
+  // node-postgres would throw its 'error' event at the process.
+  client.on('error', () => undefined);
+
+  const tick = (): void => {
+    if (internals._ended || stream.destroyed) {
+      clearInterval(timer);
+      return;
+    }
+    const now = Date.now();
+    if (stream.bytesRead !== bytesRead) {
+      bytesRead = stream.bytesRead;
+      heardAt = now;
+    }
+    if (internals._ending) {
+      // end() waits for the server to close the socket; a silent one never does.
+      endingSince ??= now;
+      if (now - endingSince >= bound) stream.destroy();
+      return;
+    }
+    const waiting = internals._activeQuery != null || (internals._sentQueryQueue?.length ?? 0) > 0;
+    if (!waiting) {
+      waitingSince = undefined;
+      return;
+    }
+    waitingSince ??= now;
+    const silentSince = Math.max(heardAt, waitingSince);
+    if (checking || now - silentSince < bound) return;
+    checking = true;
+    void probeHost(host, silentSince).then((failure) => {
+      checking = false;
+      if (failure === null) {
+        // Alive and busy: wait on, and look again after another bound of silence.
+        waitingSince = Date.now();
+        return;
+      }
+      if (stream.bytesRead !== bytesRead || stream.destroyed) return;
+      const reason = `stopped answering: no reply for ${formatMs(bound)} and a new connection could not run SELECT 1 within ${formatMs(bound)} (${failure})`;
+      stream.destroy(new HostError(host.name, reason, { code: HOST_SILENT }));
+    });
+  };
+  const timer = setInterval(tick, Math.min(1000, Math.max(20, Math.floor(bound / 5))));
+  timer.unref();
+  client.once('end', () => clearInterval(timer));
+}
+
+interface Probe {
+  readonly startedAt: number;
+  /** null: the host answered; else why not. */
+  readonly failure: Promise<string | null>;
+  failed: boolean;
+}
+
+/**
+ * One probe per host at a time, shared: every connection that fell silent before a probe started
+ * takes its verdict, so a dead host with many connections is probed once. A failed verdict also
+ * stands for `bound` after it came, so a run's last statements on a dead host (releasing its locks)
+ * fail after one bound of silence rather than two.
+ */
+const probes = new Map<string, Probe>();
+
+function probeHost(host: HostConfig, silentSince: number): Promise<string | null> {
+  const key = `${host.name}\u0000${host.url}`;
+  const existing = probes.get(key);
+  if (existing && (existing.startedAt >= silentSince || existing.failed)) return existing.failure;
+  const probe: Probe = { startedAt: Date.now(), failure: runProbe(host), failed: false };
+  probes.set(key, probe);
+  void probe.failure.then((failure) => {
+    probe.failed = failure !== null;
+    const forget = setTimeout(() => {
+      if (probes.get(key) === probe) probes.delete(key);
+    }, host.timeoutMs);
+    forget.unref();
+  });
+  return probe.failure;
+}
+
+async function runProbe(host: HostConfig): Promise<string | null> {
+  const bound = host.timeoutMs;
+  // The deadline below bounds connecting and the query together.
+  const probe = new pg.Client({ connectionString: host.url, application_name: 'shardctl probe', ...hostClientSettings(host), connectionTimeoutMillis: 0 });
+  probe.on('error', () => undefined);
+  const stream = (probe as unknown as Partial<PgClientInternals>).connection?.stream;
+  let phase = 'connecting';
+  let timedOut = false;
+  const deadline = setTimeout(() => {
+    timedOut = true;
+    stream?.destroy();
+  }, bound);
+  deadline.unref();
+  try {
+    await probe.connect();
+    phase = 'SELECT 1';
+    await probe.query('SELECT 1');
+    return null;
+  } catch (error) {
+    // The server answered, if only with an error (too many connections, authentication): it is there.
+    if (error instanceof pg.DatabaseError) return null;
+    const message = error instanceof Error ? error.message || String((error as { code?: unknown }).code) : String(error);
+    return timedOut ? `${phase} got no answer` : `${phase} failed: ${redact(message)}`;
+  } finally {
+    clearTimeout(deadline);
+    const closing = setTimeout(() => stream?.destroy(), bound);
+    closing.unref();
+    void probe
+      .end()
+      .catch(() => undefined)
+      .finally(() => clearTimeout(closing));
+  }
+}
+
+/** 2000 → "2 s", 1500 → "1.5 s", 500 → "500 ms". */
+export function formatMs(ms: number): string {
+  return ms < 1000 ? `${ms} ms` : `${Number((ms / 1000).toFixed(1))} s`;
+}

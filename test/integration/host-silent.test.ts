@@ -1,0 +1,168 @@
+/**
+ * A host that stops answering without closing anything (a hung server, a black-holed route), played
+ * by a TCP proxy in front of pg2 that swallows every byte from a chosen moment. With hostTimeout 2s
+ * every command ends within a few seconds naming pg2, and pg1's work is done. Each test has a
+ * timeout of its own, so a hang fails the test instead of stalling the suite.
+ */
+import { spawn } from 'node:child_process';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { ShardRouter } from '../../src/index.js';
+import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
+import { withClient, useTestDatabases } from '../helpers/hosts.js';
+import { shardsAt, waitFor } from '../helpers/migrations.js';
+import { removeCliSnapshot, spawnCli } from '../helpers/moves.js';
+import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js';
+
+const BOUND_MS = 2000;
+/** Silence noticed after one bound, the probe gives up after another, plus slack for a loaded machine. */
+const WITHIN_MS = 3 * BOUND_MS + 4000;
+
+describe('a host that stops answering', () => {
+  const db = useTestDatabases(2);
+  let proxy: TcpProxy;
+  let fleet: Fleet;
+
+  beforeAll(async () => {
+    proxy = await startTcpProxy(db.urls[1]!);
+    // pg1: shards 0-3, direct; pg2: shards 4-7, through the proxy (replication reaches it directly).
+    fleet = makeFleet({ urls: [db.urls[0]!, proxy.url], replicationUrls: [undefined, db.replicationUrls[1]], shards: 8, extra: 'hostTimeout: 2s' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+  });
+
+  afterEach(() => proxy.resume());
+  afterAll(async () => {
+    await proxy?.close();
+  });
+
+  async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }> {
+    const started = performance.now();
+    const value = await run();
+    return { value, ms: performance.now() - started };
+  }
+
+  it('status: a host silent after the handshake is reported by name within the bound, the other host is read', { timeout: 30_000 }, async () => {
+    proxy.silence('after-handshake');
+    const { value: run, ms } = await timed(() => runCli(['status', '--json', '-c', fleet.configFile]));
+    expect(ms).toBeLessThan(WITHIN_MS);
+    expect(run.code).not.toBe(0);
+    const result = JSON.parse(run.stdout) as { hosts: { host: string; ok: boolean; error?: string }[] };
+    expect(result.hosts.find((h) => h.host === 'pg1')).toMatchObject({ ok: true });
+    const pg2 = result.hosts.find((h) => h.host === 'pg2');
+    expect(pg2?.ok).toBe(false);
+    expect(JSON.stringify(pg2)).toMatch(/stopped answering: no reply for 2 s and a new connection could not run SELECT 1 within 2 s \(SELECT 1 got no answer\)/);
+  });
+
+  it('status: a host silent from the first byte (no handshake) fails to connect within the bound', { timeout: 30_000 }, async () => {
+    proxy.silence('all');
+    const { value: run, ms } = await timed(() => runCli(['status', '-c', fleet.configFile]));
+    expect(ms).toBeLessThan(BOUND_MS + 3000);
+    expect(run.code).not.toBe(0);
+    expect(run.stdout + run.stderr).toMatch(/pg2.*cannot connect: .*timeout/);
+  });
+
+  it('migrate: a host that goes silent mid-run is reported by name; the other host is migrated; a rerun finishes', { timeout: 60_000 }, async () => {
+    fleet.writeMigration('0004_views.sql', 'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\nSELECT pg_sleep(0.3);\n');
+    const started = performance.now();
+    const running = runCli(['migrate', '-c', fleet.configFile]);
+    await waitFor('pg2 to be part-way', async () => (await shardsAt(db.urls[1]!, 4)) >= 1, 20_000);
+    proxy.silence('after-handshake');
+    const silencedAt = performance.now();
+    const run = await running;
+    expect(performance.now() - silencedAt).toBeLessThan(WITHIN_MS + 1000);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toMatch(/^pg1: 4 migrations applied/m);
+    expect(run.stderr).toMatch(/^pg2: FAILED: (.* )?stopped answering: no reply for 2 s/m);
+    expect(run.stderr).not.toMatch(/host pg2: stopped/);
+    expect(await shardsAt(db.urls[0]!, 4)).toBe(4);
+    expect(performance.now() - started).toBeLessThan(30_000);
+
+    proxy.resume();
+    const rerun = await runCli(['migrate', '-c', fleet.configFile]);
+    expect(rerun.code, rerun.stderr).toBe(0);
+    expect(await shardsAt(db.urls[1]!, 4)).toBe(4);
+  });
+
+  it('move-shard --dry-run from a silent host fails within the bound naming it', { timeout: 30_000 }, async () => {
+    proxy.silence('after-handshake');
+    const { value: run, ms } = await timed(() => runCli(['move-shard', '5', '--to', 'pg1', '--dry-run', '-c', fleet.configFile]));
+    expect(ms).toBeLessThan(WITHIN_MS);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toMatch(/host pg2.*stopped answering/);
+  });
+
+  it('router: a call on a silent host fails naming it; calls on the other host go on', { timeout: 30_000 }, async () => {
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      expect((await router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
+      proxy.silence('after-handshake');
+      const started = performance.now();
+      await expect(router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rejects.toThrow(/^host pg2: stopped answering: no reply for 2 s/);
+      expect(performance.now() - started).toBeLessThan(WITHIN_MS);
+      expect((await router.withShard(1, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
+    } finally {
+      await router.close();
+    }
+  });
+
+  it('router: a statement that runs longer than the bound on a live host is waited for', { timeout: 30_000 }, async () => {
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      const { value, ms } = await timed(() => router.withShard(5, (c) => c.query('SELECT pg_sleep(5), 1 AS one')));
+      expect(value.rows[0]).toMatchObject({ one: 1 });
+      expect(ms).toBeGreaterThanOrEqual(5000);
+    } finally {
+      await router.close();
+    }
+  });
+
+  it('move-shard: a target that goes silent mid-copy fails the move within the bound naming it; --abort then cleans up', { timeout: 90_000 }, async () => {
+    await withClient(db.urls[0]!, (client) =>
+      client.query(`INSERT INTO insta0.photos (user_id, image_url) SELECT g, repeat('x', 200) || g FROM generate_series(1, 30000) g`),
+    );
+    // The copy sends some 6 MB to the target; the schema statements before it a few kB.
+    proxy.silenceAfter(1_000_000);
+    const { value: run, ms } = await timed(() => runCli(['move-shard', '0', '--to', 'pg2', '--yes', '-c', fleet.configFile]));
+    expect(proxy.bytesUp, run.stderr).toBeGreaterThan(1_000_000);
+    expect(ms).toBeLessThan(30_000);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toMatch(/host pg2.*stopped answering: no reply for 2 s/);
+
+    proxy.resume();
+    const abort = await runCli(['move-shard', '0', '--abort', '--yes', '-c', fleet.configFile]);
+    expect(abort.code, abort.stderr).toBe(0);
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code, status.stdout + status.stderr).toBe(0);
+  });
+});
+
+describe("a move's process", () => {
+  const db = useTestDatabases(2);
+  afterAll(() => removeCliSnapshot());
+
+  it('exits as soon as it has printed its result (no timer left behind)', { timeout: 60_000 }, async () => {
+    const fleet = makeFleet({ urls: db.urls, replicationUrls: db.replicationUrls, shards: 2 });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // Refuses a build older than the sources, so the child below runs this code.
+    expect((await spawnCli(['--version'])).code).toBe(0);
+    const child = spawn(process.execPath, [join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js'), 'move-shard', '0', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
+      stdio: ['ignore', 'pipe', 'pipe'],
+      env: { ...process.env, NO_COLOR: '1' },
+    });
+    let output = '';
+    let resultAt: number | undefined;
+    for (const stream of [child.stdout, child.stderr]) {
+      stream.setEncoding('utf8').on('data', (chunk: string) => {
+        output += chunk;
+        if (resultAt === undefined && /shard 0 moved from pg1 to pg2/.test(output)) resultAt = performance.now();
+      });
+    }
+    const code = await new Promise<number | null>((resolve) => child.once('close', resolve));
+    const exitedAt = performance.now();
+    expect(code, output).toBe(0);
+    expect(resultAt, output).toBeDefined();
+    // The slot watcher's 2 s look-round used to keep the process alive for up to 2 s after this.
+    expect(exitedAt - resultAt!).toBeLessThan(700);
+  });
+});
