@@ -237,7 +237,9 @@ function leadingWords(tokens: readonly SqlToken[]): string[] {
 export function splitSqlBothWays(sql: string): SqlStatement[] {
   const standard = splitSql(sql).statements;
   const legacy = splitSql(sql, { backslashQuotes: true });
-  // An unterminated legacy reading is a syntax error on a server that reads it that way: nothing runs.
+  // The server parses a whole text before running any of it: where the legacy reading leaves a
+  // quote open, a server that reads it that way runs nothing.
+  if (legacy.unterminated) return standard;
   return [...standard, ...legacy.statements.filter((s) => !standard.some((t) => t.text === s.text && t.line === s.line))];
 }
 
@@ -286,10 +288,14 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
 /** Settings that decide which schema unqualified names resolve to, and as whom statements run. */
 const SESSION_IDENTITY = new Set(['search_path', 'schema', 'role', 'session', 'session_authorization']);
 
-/** The statement names (unquoted or quoted) something that matches. */
+/** The statement calls a function (by an unquoted or quoted name, schema-qualified or not) whose name matches. */
 export function callsAny(statement: SqlStatement, match: (name: string) => boolean): string | undefined {
-  for (const token of statement.tokens) {
-    if ((token.kind === 'word' || token.kind === 'identifier') && match(token.value)) return token.value;
+  const tokens = statement.tokens;
+  for (const [i, token] of tokens.entries()) {
+    if ((token.kind !== 'word' && token.kind !== 'identifier') || !match(token.value)) continue;
+    let next = i + 1;
+    if (tokens[next]?.kind === 'word' && tokens[next]!.value === 'uescape') next += 2;
+    if (tokens[next]?.kind === 'symbol' && tokens[next]!.value === '(') return token.value;
   }
   return undefined;
 }
