@@ -120,7 +120,7 @@ export function migrationFileProblems(sql: string, noTransaction: boolean): { li
       if (first === 'savepoint' || first === 'release' || first === 'rollback') reason = `${first.toUpperCase()} needs a transaction, and a no-transaction file has none`;
       else if (first === 'set' && second === 'local') reason = 'SET LOCAL does nothing outside a transaction, and a no-transaction file has none';
     }
-    if (reason && !problems.some((p) => p.line === statement.line && p.statement === statement.text)) problems.push({ line: statement.line, statement: statement.text, reason });
+    if (reason && !problems.some((p) => p.line === statement.line && p.statement === statement.code)) problems.push({ line: statement.line, statement: statement.code, reason });
   }
   return problems.sort((a, b) => a.line - b.line);
 }

@@ -29,6 +29,8 @@ export interface SqlToken {
 export interface SqlStatement {
   /** The statement's text without its semicolon, trimmed (leading comments kept). */
   readonly text: string;
+  /** The text from its first token on: what a message quotes. */
+  readonly code: string;
   /** 1-based line of its first token. */
   readonly line: number;
   /** Its tokens, comments and whitespace left out. */
@@ -60,6 +62,8 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
   let i = 0;
   let start = 0;
   let tokens: SqlToken[] = [];
+  /** Where the statement's first token starts. */
+  let codeStart = 0;
   /** Open BEGIN/CASE of a CREATE FUNCTION/PROCEDURE's BEGIN ATOMIC body. */
   let depth = 0;
 
@@ -68,6 +72,7 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
     i = Math.min(to, sql.length);
   };
   const push = (kind: SqlTokenKind, value: string, tokenLine: number): void => {
+    if (tokens.length === 0) codeStart = i;
     tokens.push({ kind, value, line: tokenLine });
     if (kind === 'word' && isRoutineDefinition(tokens)) {
       if (value === 'begin' || value === 'case') depth += 1;
@@ -76,7 +81,7 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
   };
   const end = (at: number): void => {
     if (tokens.length > 0) {
-      statements.push({ text: sql.slice(start, at).trim(), line: tokens[0]!.line, tokens, keywords: leadingWords(tokens) });
+      statements.push({ text: sql.slice(start, at).trim(), code: sql.slice(codeStart, at).trim(), line: tokens[0]!.line, tokens, keywords: leadingWords(tokens) });
     }
     tokens = [];
     depth = 0;

@@ -133,7 +133,7 @@ export function execRefusal(sql: string, write: boolean): string | undefined {
   const standard = splitSql(sql).statements.length;
   const where = (statement: SqlStatement, index: number): string => {
     const which = index >= standard ? 'a statement (as read with standard_conforming_strings off)' : standard === 1 ? 'the statement' : `statement ${index + 1}`;
-    return `${which}${statement.line > 1 ? ` (line ${statement.line})` : ''} ${JSON.stringify(abbreviate(statement.text))}`;
+    return `${which}${statement.line > 1 ? ` (line ${statement.line})` : ''} ${JSON.stringify(abbreviate(statement.code))}`;
   };
   const statements = splitSqlBothWays(sql);
   for (const [index, statement] of statements.entries()) {

@@ -193,7 +193,7 @@ export class ShardRouter {
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
     for (const statement of splitSqlBothWays(sql)) {
       const escape = transactionEscape(statement);
-      if (escape) return Promise.reject(new UsageError(`line ${statement.line} ${JSON.stringify(statement.text.slice(0, 60))}: ${escape}`, { input: 'sql' }));
+      if (escape) return Promise.reject(new UsageError(`line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`, { input: 'sql' }));
     }
     const body = sql.replace(/[\s;]+$/, '');
     const readOnly = options.readOnly ?? false;

@@ -10,7 +10,9 @@ const keywords = (sql: string) => splitSql(sql).statements.map((s) => s.keywords
 /** Text that the server reads as one opaque token (or nothing), whatever the random content holds. */
 const hostile = fc.string({ unit: fc.constantFrom('a', ';', "'", '"', '$', '-', '/', '*', '\\', '\n', ' ', 'commit', 'E', 'x') });
 const opaque = fc.oneof(
-  hostile.map((s) => `'${s.replaceAll("'", "''")}'`),
+  // A backslash before a quote in '…' reads differently with standard_conforming_strings off, and
+  // checks run over both readings: tested apart.
+  hostile.map((s) => `'${s.replaceAll('\\', '').replaceAll("'", "''")}'`),
   hostile.map((s) => `E'${s.replaceAll('\\', '\\\\').replaceAll("'", "\\'")}'`),
   hostile.map((s) => `"${s.replaceAll('"', '""')}"`),
   hostile.filter((s) => !s.includes('$q$')).map((s) => `$q$${s}$q$`),
