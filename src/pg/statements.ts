@@ -95,8 +95,9 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
     if (/\s/.test(ch)) {
       advance(i + 1);
     } else if (ch === '-' && next === '-') {
-      const eol = sql.slice(i).search(/[\r\n]/);
-      advance(eol === -1 ? sql.length : i + eol);
+      let eol = i + 2;
+      while (eol < sql.length && sql[eol] !== '\n' && sql[eol] !== '\r') eol += 1;
+      advance(eol);
     } else if (ch === '/' && next === '*') {
       let nesting = 1;
       let k = i + 2;
