@@ -39,7 +39,9 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
   const schema = shardSchemaName(config, shard);
   return [
     `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
-    ...migration.statements.map((statement) => `${statement};`),
+    // search_path again before each later statement: a function or DO body in the file may have
+    // moved it, and what ran outside a transaction cannot be undone by the check before the record.
+    ...migration.statements.flatMap((statement, i) => (i === 0 ? [`${statement};`] : [`SET search_path TO ${quoteIdent(schema)};`, `${statement};`])),
     [
       'DO $shardctl$',
       'DECLARE invalid text;',

@@ -85,6 +85,19 @@ describe('shardctl exec without --write', () => {
     expect(existsSync(marker)).toBe(false);
   });
 
+  it('with --write still refuses what ends the shard transaction or changes the session', async () => {
+    for (const [sql, refused] of [
+      [`insert into photos (user_id) values (1); commit; delete from photos`, 'statement 2 "commit": COMMIT ends'],
+      ['set search_path to public; create table t(x int)', 'statement 1 "set search_path to public": SET outlives'],
+      ['delete from photos; reset all', 'statement 2 "reset all": RESET changes'],
+    ]) {
+      const run = await runCli(['exec', '-c', fleet.configFile, '--write', sql!]);
+      expect(run.code, sql).toBe(2);
+      expect(run.stderr).toContain(`error: argument <sql>: ${refused}`);
+    }
+    expect(await state()).toEqual({ photos: [2, 2, 2, 2, 2, 2, 2, 2], strayTables: [] });
+  });
+
   it('the library refuses the same texts (execSql and queryEachShard), before connecting', async () => {
     const router = ShardRouter.fromConfig(await fleet.config());
     try {

@@ -116,6 +116,24 @@ describe('migration files that end their transaction or change the session', () 
     expect(await leftovers()).toEqual({ tables: [], records: 0 });
   });
 
+  it('keeps a no-transaction file in its schema when a body moves search_path, and does not record it', async () => {
+    fleet.writeMigration(
+      '0002_bad.sql',
+      "-- shardctl:no-transaction\nDO $$ BEGIN PERFORM set_config('search_path', 'public', false); END $$;\nCREATE TABLE IF NOT EXISTS a2(x int);\nDO $$ BEGIN PERFORM set_config('search_path', 'public', false); END $$;",
+    );
+    const run = await runCli(['migrate', '-c', fleet.configFile]);
+    expect(run.code).toBe(1);
+    expect(run.stderr).toContain('left search_path at public, not schema ms');
+    // Each statement ran in the shard's schema; the last one moved search_path, so nothing is recorded.
+    const found = await leftovers();
+    expect(found).toEqual({ tables: ['ms0.a2', 'ms1.a2', 'ms2.a2', 'ms3.a2'], records: 0 });
+    for (const [i, url] of db.urls.entries()) {
+      await withClient(url, async (c) => {
+        for (const shard of [i * 2, i * 2 + 1]) await c.query(`drop table ms${shard}.a2`);
+      });
+    }
+  });
+
   it('rolls back a migration that calls a procedure which commits (PostgreSQL refuses it inside the transaction)', async () => {
     fleet.writeMigration('0002_bad.sql', 'CREATE TABLE a2(x int);\nCREATE PROCEDURE p2() LANGUAGE plpgsql AS $$ BEGIN COMMIT; END $$;\nCALL p2();');
     const run = await runCli(['migrate', '-c', fleet.configFile]);
