@@ -16,11 +16,14 @@ if [ "${SHARDCTL_MATRIX_FILES:-}" = all ]; then
   files=(test/integration)
 else
   files=(
+    test/integration/exec-read-only.test.ts
+    test/integration/fleet-map.test.ts
     test/integration/host-silent.test.ts
     test/integration/init.test.ts
     test/integration/migrate.test.ts
     test/integration/migrate-faults.test.ts
     test/integration/migrate-host-down.test.ts
+    test/integration/migrate-statements.test.ts
     test/integration/move.test.ts
     test/integration/move-faults.test.ts
     test/integration/move-preflight.test.ts

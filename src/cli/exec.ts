@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import type { ExecResult, ExecValue } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
-import { configOption, type CommonFlags as ConfigOption } from './options.js';
+import { configOption, withFlagNames, type CommonFlags as ConfigOption } from './options.js';
 import { Output, plural, seconds, toJson } from './output.js';
 
 interface ExecFlags extends ConfigOption {
@@ -24,7 +24,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     .option('--json', 'print a JSON array of rows (bigints and numerics as decimal strings)')
     .option('--csv', 'print CSV with a header line')
     .option('--concurrency <n>', 'connections running at once over all hosts (default: 10 per host); read-only runs split a host\'s shards over its connections, up to 256 per round trip')
-    .option('--write', 'allow writes (default: each shard runs in a READ ONLY transaction)');
+    .option('--write', 'allow writes (default: read-only: only SELECT, WITH, VALUES, TABLE, SHOW and EXPLAIN, each shard in a READ ONLY transaction; see the README)');
   configOption(command);
   command.action(async (sql: string, flags: ExecFlags) => {
       const { execSql, formatShardList, groupFailures, parseShardList, ShardRouter, UsageError } = lib();
@@ -60,12 +60,14 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
       const started = performance.now();
       let result: ExecResult;
       try {
-        result = await execSql(router, sql, {
-          write: flags.write ?? false,
-          ...(shards ? { shards } : {}),
-          ...(concurrency ? { concurrency } : {}),
-          onShardDone: (event) => progress.update(event),
-        });
+        result = await withFlagNames({ sql: 'argument <sql>' }, () =>
+          execSql(router, sql, {
+            write: flags.write ?? false,
+            ...(shards ? { shards } : {}),
+            ...(concurrency ? { concurrency } : {}),
+            onShardDone: (event) => progress.update(event),
+          }),
+        );
       } finally {
         progress.stop();
         await router.close();

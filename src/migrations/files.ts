@@ -2,6 +2,7 @@ import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ConfigError, type ConfigIssue } from '../errors.js';
+import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 
 /**
  * A migration file: `NNNN_name.sql` in the migrations folder, applied once to every shard schema
@@ -60,6 +61,13 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
       noTransaction: hasNoTransactionMarker(sql),
       statements: splitStatements(sql),
     };
+    for (const problem of migrationFileProblems(sql, migration.noTransaction)) {
+      const statement = problem.statement.replace(/\s+/g, ' ');
+      issues.push({
+        path: 'migrations',
+        message: `${path}:${problem.line}: ${JSON.stringify(statement.length > 60 ? `${statement.slice(0, 57)}...` : statement)}: ${problem.reason}; a migration runs on each shard in one transaction with its record, in the shard's schema`,
+      });
+    }
     const existing = byVersion.get(version);
     if (existing) {
       issues.push({ path: 'migrations', message: `files ${existing.name}.sql and ${entry} have the same version ${version}` });
@@ -83,72 +91,36 @@ export function hasNoTransactionMarker(sql: string): boolean {
 }
 
 /**
- * Splits SQL text at the semicolons that end statements, the way the server's lexer would: not
- * inside quotes ('', E'', ""), dollar quotes ($$, $tag$) or comments (--, nested /* *\/).
- * Pieces holding only whitespace and comments are dropped. Not handled: BEGIN ATOMIC bodies.
+ * Splits SQL text at the semicolons that end statements, the way the server's lexer would (see
+ * splitSql). Pieces holding only whitespace and comments are dropped.
  */
 export function splitStatements(sql: string): string[] {
-  const statements: string[] = [];
-  let start = 0;
-  let i = 0;
-  let meaningful = false;
-  const push = (end: number): void => {
-    if (meaningful) statements.push(sql.slice(start, end).trim());
-    start = end + 1;
-    meaningful = false;
-  };
-  while (i < sql.length) {
-    const ch = sql[i]!;
-    const next = sql[i + 1];
-    if (ch === '-' && next === '-') {
-      const end = sql.indexOf('\n', i);
-      i = end === -1 ? sql.length : end + 1;
-    } else if (ch === '/' && next === '*') {
-      let depth = 1;
-      i += 2;
-      while (i < sql.length && depth > 0) {
-        const pair = sql.slice(i, i + 2);
-        if (pair === '/*' || pair === '*/') {
-          depth += pair === '/*' ? 1 : -1;
-          i += 2;
-        } else {
-          i += 1;
-        }
-      }
-    } else if (ch === "'") {
-      meaningful = true;
-      const escapes = /[eE]/.test(sql[i - 1] ?? '') && !IDENTIFIER_CHAR.test(sql[i - 2] ?? '');
-      i += 1;
-      while (i < sql.length) {
-        if (escapes && sql[i] === '\\') i += 2;
-        else if (sql[i] === "'" && sql[i + 1] === "'") i += 2;
-        else if (sql[i] === "'") break;
-        else i += 1;
-      }
-      i += 1;
-    } else if (ch === '"') {
-      meaningful = true;
-      const end = sql.indexOf('"', i + 1);
-      i = end === -1 ? sql.length : end + 1;
-    } else if (ch === '$' && !IDENTIFIER_CHAR.test(sql[i - 1] ?? '')) {
-      const tag = /^\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$/.exec(sql.slice(i, i + 64));
-      if (tag) {
-        meaningful = true;
-        const end = sql.indexOf(tag[0], i + tag[0].length);
-        i = end === -1 ? sql.length : end + tag[0].length;
-      } else {
-        i += 1;
-      }
-    } else if (ch === ';') {
-      push(i);
-      i += 1;
-    } else {
-      if (!/\s/.test(ch)) meaningful = true;
-      i += 1;
-    }
-  }
-  push(sql.length);
-  return statements;
+  return splitSql(sql).statements.map((s) => s.text);
 }
 
-const IDENTIFIER_CHAR = /[A-Za-z0-9_$\u0080-\uffff]/;
+/**
+ * What a migration file may not hold, with the line of each offending statement. A file runs on
+ * each shard inside one transaction with its record and search_path set to the shard's schema, so
+ * a statement that ends that transaction (COMMIT, ROLLBACK, BEGIN, END, ABORT, PREPARE
+ * TRANSACTION) would commit part of the file or record it without its effects, and one that
+ * changes the session (SET without LOCAL, SET LOCAL search_path/role, RESET, DISCARD,
+ * set_config) would send what follows outside the schema. SAVEPOINT, RELEASE, ROLLBACK TO and
+ * SET LOCAL of other settings stay inside the transaction and are allowed. A no-transaction file
+ * runs statement by statement outside any transaction: there SAVEPOINT, RELEASE and ROLLBACK TO
+ * fail, and SET LOCAL does nothing, so they are refused as well. Bodies in quotes or dollar quotes
+ * (functions, procedures, DO) are not read: what they do runs inside the transaction, and the
+ * search_path is checked again before the record is written (migrationSql).
+ */
+export function migrationFileProblems(sql: string, noTransaction: boolean): { line: number; statement: string; reason: string }[] {
+  const problems: { line: number; statement: string; reason: string }[] = [];
+  for (const statement of splitSqlBothWays(sql)) {
+    let reason = transactionEscape(statement);
+    const [first, second] = statement.keywords;
+    if (!reason && noTransaction) {
+      if (first === 'savepoint' || first === 'release' || first === 'rollback') reason = `${first.toUpperCase()} needs a transaction, and a no-transaction file has none`;
+      else if (first === 'set' && second === 'local') reason = 'SET LOCAL does nothing outside a transaction, and a no-transaction file has none';
+    }
+    if (reason && !problems.some((p) => p.line === statement.line && p.statement === statement.code)) problems.push({ line: statement.line, statement: statement.code, reason });
+  }
+  return problems.sort((a, b) => a.line - b.line);
+}

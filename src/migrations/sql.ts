@@ -22,6 +22,7 @@ export function migrationSql(config: ShardctlConfig, shard: number, migration: M
     `-- ${migration.name}.sql`,
     migration.sql.trimEnd(),
     ';',
+    searchPathCheckSql(schema, migration),
     recordMigrationSql(shard, migration),
     'COMMIT;',
   ].join('\n');
@@ -38,7 +39,9 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
   const schema = shardSchemaName(config, shard);
   return [
     `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
-    ...migration.statements.map((statement) => `${statement};`),
+    // search_path again before each later statement: a function or DO body in the file may have
+    // moved it, and what ran outside a transaction cannot be undone by the check before the record.
+    ...migration.statements.flatMap((statement, i) => (i === 0 ? [`${statement};`] : [`SET search_path TO ${quoteIdent(schema)};`, `${statement};`])),
     [
       'DO $shardctl$',
       'DECLARE invalid text;',
@@ -48,6 +51,9 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
       '    JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid',
       '    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace',
       `   WHERE n.nspname = ${quoteLiteral(schema)} AND NOT i.indisvalid;`,
+      `  IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY[${quoteLiteral(schema)}]::pg_catalog.name[] THEN`,
+      `    RAISE EXCEPTION 'migration ${migration.name.replaceAll("'", "''")} left search_path at %, not schema %: not recorded', pg_catalog.current_setting('search_path'), ${quoteLiteral(schema)};`,
+      '  END IF;',
       '  IF invalid IS NOT NULL THEN',
       `    RAISE EXCEPTION 'invalid index % in schema %: an interrupted CREATE INDEX CONCURRENTLY left it, and IF NOT EXISTS skips it; drop it and run migrate again', invalid, ${quoteLiteral(schema)};`,
       '  END IF;',
@@ -55,6 +61,21 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
       `RESET search_path; RESET lock_timeout; ${recordMigrationSql(shard, migration)}`,
     ].join('\n'),
   ];
+}
+
+/**
+ * Fails the transaction when the file's statements left search_path anywhere but the shard's schema
+ * (a SET or set_config inside a function or DO body, which the file check cannot read): the
+ * file's effects are rolled back and nothing is recorded.
+ */
+function searchPathCheckSql(schema: string, migration: MigrationFile): string {
+  return [
+    'DO $shardctl$ BEGIN',
+    `  IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY[${quoteLiteral(schema)}]::pg_catalog.name[] THEN`,
+    `    RAISE EXCEPTION 'migration ${migration.name.replaceAll("'", "''")} left search_path at %, not schema %: rolled back', pg_catalog.current_setting('search_path'), ${quoteLiteral(schema)};`,
+    '  END IF;',
+    'END $shardctl$;',
+  ].join('\n');
 }
 
 function recordMigrationSql(shard: number, migration: MigrationFile): string {

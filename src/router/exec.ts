@@ -1,4 +1,6 @@
 import type pg from 'pg';
+import { UsageError } from '../errors.js';
+import { callsAny, splitSql, splitSqlBothWays, transactionEscape, type SqlStatement } from '../pg/statements.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
 import type { ShardRouter } from './router.js';
 
@@ -39,6 +41,8 @@ const DEFAULT_SHARDS_PER_QUERY = 256;
  * bigint and numeric included — as the text PostgreSQL prints, never a lossy JavaScript number.
  */
 export async function execSql(router: ShardRouter, sql: string, options: ExecOptions = {}): Promise<ExecResult> {
+  const refusal = execRefusal(sql, options.write ?? false);
+  if (refusal) throw new UsageError(refusal, { input: 'sql' });
   const fanOut = {
     ...(options.shards ? { shards: options.shards } : {}),
     ...(options.concurrency ? { concurrency: options.concurrency } : {}),
@@ -78,3 +82,76 @@ const EXEC_TYPES = {
     return (text: string) => text;
   },
 } as unknown as pg.CustomTypesConfig;
+
+/** What a read-only exec text may start with: statements that only read (PostgreSQL's READ ONLY refuses the rest of their writes). */
+const READING_STATEMENTS = new Set(['select', 'with', 'values', 'table', 'show', 'explain']);
+
+/**
+ * Functions a read-only exec refuses by name, because READ ONLY does not stop them: they act
+ * outside the transaction (locks other sessions wait for, other connections, files on the
+ * server, notifications, other backends, replication, server state) or change a setting beyond
+ * the shard. A function of the database that calls one of them is not seen: a read-only role is
+ * the guard for that (README, "exec").
+ */
+const REFUSED_FUNCTIONS: readonly (string | RegExp)[] = [
+  'set_config',
+  /^pg_(try_)?advisory_/,
+  /^dblink/,
+  /^lo_/,
+  'lowrite',
+  'loread',
+  'pg_notify',
+  /^pg_file_/,
+  'pg_terminate_backend',
+  'pg_cancel_backend',
+  'pg_reload_conf',
+  'pg_rotate_logfile',
+  'pg_switch_wal',
+  'pg_promote',
+  /^pg_wal_replay_/,
+  'pg_create_restore_point',
+  /^pg_(start|stop)_backup$/,
+  /^pg_backup_(start|stop)$/,
+  /^pg_(create|drop|copy)_\w*replication_slot$/,
+  /^pg_logical_slot_(get|peek)/,
+  'pg_replication_slot_advance',
+  /^pg_replication_origin_/,
+  'pg_logical_emit_message',
+  /^pg_stat_reset/,
+  /^pg_background/,
+];
+
+/**
+ * Why exec cannot run a text safely, or undefined. Read-only (the default): every statement must
+ * start with SELECT, WITH, VALUES, TABLE, SHOW or EXPLAIN (run inside BEGIN READ ONLY, PostgreSQL
+ * itself refuses their writes, data-modifying CTEs, SELECT INTO, FOR UPDATE and nextval), and
+ * call none of REFUSED_FUNCTIONS. Either way no statement may end the shard's transaction or
+ * change the session beyond it (search_path, role, settings), since that would let a shard's SQL
+ * run outside its schema or reach the shards that follow on the same connection.
+ */
+export function execRefusal(sql: string, write: boolean): string | undefined {
+  const standard = splitSql(sql).statements.length;
+  const where = (statement: SqlStatement, index: number): string => {
+    const which = index >= standard ? 'a statement (as read with standard_conforming_strings off)' : standard === 1 ? 'the statement' : `statement ${index + 1}`;
+    return `${which}${statement.line > 1 ? ` (line ${statement.line})` : ''} ${JSON.stringify(abbreviate(statement.code))}`;
+  };
+  const statements = splitSqlBothWays(sql);
+  for (const [index, statement] of statements.entries()) {
+    const escape = transactionEscape(statement);
+    if (escape) return `${where(statement, index)}: ${escape}; exec runs each shard's SQL in a transaction of its own with search_path set to that shard's schema`;
+    if (write) continue;
+    const first = statement.tokens.find((t) => !(t.kind === 'symbol' && t.value === '('));
+    const keyword = first?.kind === 'word' ? first.value : undefined;
+    if (keyword === undefined || !READING_STATEMENTS.has(keyword)) {
+      return `${where(statement, index)}: ${keyword ? keyword.toUpperCase() : 'this statement'} is not a read; read-only exec runs only SELECT, WITH, VALUES, TABLE, SHOW and EXPLAIN (writes need --write)`;
+    }
+    const refused = callsAny(statement, (name) => REFUSED_FUNCTIONS.some((f) => (typeof f === 'string' ? f === name : f.test(name))));
+    if (refused) return `${where(statement, index)}: ${refused} acts outside the transaction, which read-only exec does not allow`;
+  }
+  return undefined;
+}
+
+function abbreviate(text: string): string {
+  const flat = text.replace(/\s+/g, ' ');
+  return flat.length > 60 ? `${flat.slice(0, 57)}...` : flat;
+}

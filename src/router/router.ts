@@ -3,7 +3,7 @@ import { loadConfig } from '../config/load.js';
 import { shardMovedTo } from '../config/shard-map.js';
 import type { Env } from '../config/env.js';
 import { hostForShard, shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
-import { HostError } from '../errors.js';
+import { HostError, UsageError } from '../errors.js';
 import { decodeId, parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { describePgError } from '../fleet/connect.js';
@@ -11,6 +11,7 @@ import { CONTROL } from '../fleet/control.js';
 import { discoverFleet, emptyFleetConfig, fleetConfig } from '../fleet/placement.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { quoteIdent } from '../pg/quote.js';
+import { splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
 import { DeferredBegin, TransactionStart } from './begin.js';
@@ -232,23 +233,30 @@ export class ShardRouter {
   /**
    * forEachShard for one SQL text without parameters (one or more statements): each shard's
    * BEGIN, search_path, the text and COMMIT go in a single round trip. Each result is the last
-   * statement's. The text must not end the transaction itself (COMMIT/ROLLBACK): READ ONLY
-   * guards against accidents, it is not a permission (use a read-only role for that).
+   * statement's. A text that would end the transaction itself or change the session beyond it
+   * (COMMIT, ROLLBACK, BEGIN, SET without LOCAL, SET LOCAL search_path/role, RESET, DISCARD,
+   * set_config: see transactionEscape in src/pg/statements.ts) is refused with a UsageError before
+   * anything is sent, since the shards after it would run outside their schema. READ ONLY guards
+   * against accidents, it is not a permission (use a read-only role for that).
    *
    * `shardsPerQuery` (read-only runs only; default 1): up to that many shards of a host in one
-   * round trip and one READ ONLY transaction (`BEGIN READ ONLY; SET LOCAL search_path TO a; sql;
-   * SET LOCAL search_path TO b; sql; …; COMMIT`), the host's shards split evenly over its
-   * connections. The shards of such a chunk share one snapshot, and a `SET LOCAL` in the text
-   * carries over to the chunk's next shards. The first shard runs alone first: when it succeeds,
-   * the number of results the text gives per shard is known, and every chunk's results must match
-   * it shard by shard (otherwise, e.g. a text that leaves a quote open, the chunk is not trusted).
-   * A chunk that fails (one shard's error aborts the whole transaction) runs again one shard per
-   * transaction, so the failing shard is named and the others' results kept.
+   * round trip (`BEGIN READ ONLY; SET LOCAL search_path TO a; sql; COMMIT; BEGIN READ ONLY; SET
+   * LOCAL search_path TO b; sql; COMMIT; …`), each shard in a READ ONLY transaction of its own, so
+   * nothing one shard's text sets is seen by the next; the host's shards split evenly over its
+   * connections. The first shard runs alone first: when it succeeds, the number of results the
+   * text gives per shard is known, and every chunk's results must match it shard by shard
+   * (otherwise, e.g. a text that leaves a quote open, the chunk is not trusted). A chunk that
+   * fails (an error skips the rest of the round trip) runs again one shard per round trip, so the
+   * failing shard is named and the others' results kept.
    */
   queryEachShard<R extends pg.QueryResultRow = pg.QueryResultRow>(
     sql: string,
     options: ForEachShardOptions & { query?: Omit<pg.QueryConfig, 'text' | 'values'>; shardsPerQuery?: number } = {},
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
+    for (const statement of splitSqlBothWays(sql)) {
+      const escape = transactionEscape(statement);
+      if (escape) return Promise.reject(new UsageError(`line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`, { input: 'sql' }));
+    }
     const body = sql.replace(/[\s;]+$/, '');
     const readOnly = options.readOnly ?? false;
     const query = options.query ?? {};
@@ -622,29 +630,29 @@ export class ShardRouter {
     const client = await this.connect(host, shards[0]!);
     let broken: Error | undefined;
     try {
-      // Each shard's text sits between `;\n` and `\n;`, exactly as in attemptScript.
-      const parts = ['BEGIN READ ONLY'];
-      for (const shard of shards) parts.push(`SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))};\n${sql}\n`);
-      parts.push('COMMIT');
+      // Each shard in a transaction of its own, framed exactly as in attemptScript: nothing one
+      // shard's text sets (SET LOCAL, set_config(…, true)) reaches the next shard's.
+      const text = shards.map((shard) => `${this.beginSql(shard, true)};\n${sql}\n;COMMIT`).join(';');
       let results: pg.QueryResult<R>[];
       try {
-        results = (await client.query<R>({ ...query, text: parts.join(';') })) as unknown as pg.QueryResult<R>[];
+        results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
       } catch {
         await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return undefined;
       }
-      const group = statements + 1;
+      const group = statements + 3;
       const shaped =
-        results.length === 2 + shards.length * group &&
-        results[0]?.command === 'BEGIN' &&
-        results.at(-1)?.command === 'COMMIT' &&
-        shards.every((_, i) => results[1 + i * group]?.command === 'SET');
+        results.length === shards.length * group &&
+        shards.every(
+          (_, i) =>
+            results[i * group]?.command === 'BEGIN' && results[i * group + 1]?.command === 'SET' && results[i * group + group - 1]?.command === 'COMMIT',
+        );
       if (!shaped) {
         // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
         await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return undefined;
       }
-      return shards.map((_, i) => (statements === 0 ? emptyResult<R>() : results[1 + i * group + statements]!));
+      return shards.map((_, i) => (statements === 0 ? emptyResult<R>() : results[i * group + 1 + statements]!));
     } catch (error) {
       broken = error as Error;
       throw error;

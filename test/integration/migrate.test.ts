@@ -121,7 +121,7 @@ describe('shardctl migrate over two hosts', () => {
       const dry = await runCli(['migrate', '--dry-run', '-c', fleet().configFile]);
       expect(dry.code).toBe(0);
       expect(dry.stdout).toContain('-- shard 0: migration 0004_photo_tags\nBEGIN;\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = \'5s\';');
-      expect(dry.stdout).toMatch(/CREATE TABLE photo_tags[^\n]*\n;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;/);
+      expect(dry.stdout).toMatch(/CREATE TABLE photo_tags[^\n]*\n;\nDO \$shardctl\$ BEGIN\n[^$]*\nEND \$shardctl\$;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;/);
       expect(dry.stderr).toContain('migrate --dry-run: 120 shards would change on 2 hosts; nothing was written');
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(0);

@@ -66,6 +66,11 @@ describe('migration SQL', () => {
         '-- 0002_likes.sql',
         'CREATE TABLE likes (id bigint);',
         ';',
+        'DO $shardctl$ BEGIN',
+        `  IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta6']::pg_catalog.name[] THEN`,
+        `    RAISE EXCEPTION 'migration 0002_likes left search_path at %, not schema %: rolled back', pg_catalog.current_setting('search_path'), 'insta6';`,
+        '  END IF;',
+        'END $shardctl$;',
         `INSERT INTO "shardctl".migrations (shard, version, name, checksum) VALUES (6, 2, '0002_likes', 'abc');`,
         'COMMIT;',
       ].join('\n'),
@@ -74,11 +79,14 @@ describe('migration SQL', () => {
 
   it('runs a no-transaction file statement by statement, then refuses invalid indexes before recording it', () => {
     const steps = noTransactionMigrationSteps(config, 0, migration({ noTransaction: true, statements: ['CREATE INDEX CONCURRENTLY a ON t (x)', 'SELECT 1'] }));
-    expect(steps).toHaveLength(4);
+    expect(steps).toHaveLength(5);
     expect(steps[0]).toBe(`SET search_path TO "insta0"; SET lock_timeout = '5s';`);
     expect(steps[1]).toBe('CREATE INDEX CONCURRENTLY a ON t (x);');
-    expect(steps[3]).toContain('NOT i.indisvalid');
-    expect(steps[3]).toMatch(/RESET search_path; RESET lock_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/);
+    expect(steps[2]).toBe('SET search_path TO "insta0";');
+    expect(steps[3]).toBe('SELECT 1;');
+    expect(steps[4]).toContain('NOT i.indisvalid');
+    expect(steps[4]).toContain(`IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta0']::pg_catalog.name[] THEN`);
+    expect(steps[4]).toMatch(/RESET search_path; RESET lock_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/);
   });
 });
 

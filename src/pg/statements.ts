@@ -1,0 +1,311 @@
+/**
+ * The top-level statements of a PostgreSQL text, found the way the server's lexer finds them, so
+ * that a check reads the statements the server will run and not a semicolon or a keyword inside a
+ * string, a comment, a dollar-quoted body or a quoted identifier. Only lexing: no grammar.
+ *
+ * Handled: `--` and nested `/* *\/` comments; '…' strings with '' (and, with `backslashQuotes`,
+ * \' — the server's reading when standard_conforming_strings is off); E'…' strings with backslash
+ * escapes; "…" identifiers with ""; $tag$…$tag$ dollar quotes ($1 is a parameter, a$b$ an
+ * identifier); the BEGIN ATOMIC … END body of CREATE FUNCTION/PROCEDURE, whose semicolons do not
+ * end the statement (psql counts BEGIN/CASE … END the same way).
+ *
+ * A text whose last string, identifier, dollar quote or comment is left open has `unterminated`
+ * set: the server refuses such a text as a whole, before running any of it.
+ */
+
+export type SqlTokenKind = 'word' | 'identifier' | 'string' | 'number' | 'parameter' | 'symbol';
+
+export interface SqlToken {
+  readonly kind: SqlTokenKind;
+  /**
+   * word: lower-cased (unquoted names fold to lower case); identifier: the name inside the double
+   * quotes, "" undone; string: the raw text with its quotes; others: the text.
+   */
+  readonly value: string;
+  /** 1-based line of the token's first character. */
+  readonly line: number;
+}
+
+export interface SqlStatement {
+  /** The statement's text without its semicolon, trimmed (leading comments kept). */
+  readonly text: string;
+  /** The text from its first token on: what a message quotes. */
+  readonly code: string;
+  /** 1-based line of its first token. */
+  readonly line: number;
+  /** Its tokens, comments and whitespace left out. */
+  readonly tokens: readonly SqlToken[];
+  /** The leading bare words, lower-cased, up to the first token that is not one (e.g. ['set', 'local', 'search_path']). */
+  readonly keywords: readonly string[];
+}
+
+export interface SplitSqlResult {
+  readonly statements: SqlStatement[];
+  /** A string, identifier, dollar quote or comment is still open at the end of the text. */
+  readonly unterminated: boolean;
+}
+
+export interface SplitSqlOptions {
+  /** Read \' inside '…' as an escaped quote (standard_conforming_strings = off). */
+  readonly backslashQuotes?: boolean;
+}
+
+const IDENT_START = /[A-Za-z_\u0080-\uffff]/;
+const IDENT_CHAR = /[A-Za-z0-9_$\u0080-\uffff]/;
+const DOLLAR_TAG = /^\$(?:[A-Za-z_\u0080-\uffff][A-Za-z0-9_\u0080-\uffff]*)?\$/;
+
+/** Splits a text into its top-level statements; empty statements (only comments, whitespace) are dropped. */
+export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlResult {
+  const statements: SqlStatement[] = [];
+  let unterminated = false;
+  let line = 1;
+  let i = 0;
+  let start = 0;
+  let tokens: SqlToken[] = [];
+  /** Where the statement's first token starts. */
+  let codeStart = 0;
+  /** Open BEGIN/CASE of a CREATE FUNCTION/PROCEDURE's BEGIN ATOMIC body. */
+  let depth = 0;
+
+  const advance = (to: number): void => {
+    for (let k = i; k < to && k < sql.length; k++) if (sql.charCodeAt(k) === 10) line += 1;
+    i = Math.min(to, sql.length);
+  };
+  const push = (kind: SqlTokenKind, value: string, tokenLine: number): void => {
+    if (tokens.length === 0) codeStart = i;
+    tokens.push({ kind, value, line: tokenLine });
+    if (kind === 'word' && isRoutineDefinition(tokens)) {
+      if (value === 'begin' || value === 'case') depth += 1;
+      else if (value === 'end' && depth > 0) depth -= 1;
+    }
+  };
+  const end = (at: number): void => {
+    if (tokens.length > 0) {
+      statements.push({ text: sql.slice(start, at).trim(), code: sql.slice(codeStart, at).trim(), line: tokens[0]!.line, tokens, keywords: leadingWords(tokens) });
+    }
+    tokens = [];
+    depth = 0;
+    start = at + 1;
+  };
+
+  while (i < sql.length) {
+    const ch = sql[i]!;
+    const next = sql[i + 1];
+    const tokenLine = line;
+    if (/\s/.test(ch)) {
+      advance(i + 1);
+    } else if (ch === '-' && next === '-') {
+      let eol = i + 2;
+      while (eol < sql.length && sql[eol] !== '\n' && sql[eol] !== '\r') eol += 1;
+      advance(eol);
+    } else if (ch === '/' && next === '*') {
+      let nesting = 1;
+      let k = i + 2;
+      while (k < sql.length && nesting > 0) {
+        if (sql[k] === '/' && sql[k + 1] === '*') (nesting += 1), (k += 2);
+        else if (sql[k] === '*' && sql[k + 1] === '/') (nesting -= 1), (k += 2);
+        else k += 1;
+      }
+      if (nesting > 0) unterminated = true;
+      advance(k);
+    } else if (ch === "'") {
+      const escapes = options.backslashQuotes === true || isEscapeStringPrefix(sql, i);
+      let k = i + 1;
+      let closed = false;
+      while (k < sql.length) {
+        if (escapes && sql[k] === '\\') k += 2;
+        else if (sql[k] === "'" && sql[k + 1] === "'") k += 2;
+        else if (sql[k] === "'") {
+          closed = true;
+          k += 1;
+          break;
+        } else k += 1;
+      }
+      if (!closed) unterminated = true;
+      push('string', sql.slice(i, Math.min(k, sql.length)), tokenLine);
+      advance(k);
+    } else if (ch === '"') {
+      let k = i + 1;
+      let name = '';
+      let closed = false;
+      while (k < sql.length) {
+        if (sql[k] === '"' && sql[k + 1] === '"') (name += '"'), (k += 2);
+        else if (sql[k] === '"') {
+          closed = true;
+          k += 1;
+          break;
+        } else (name += sql[k]), (k += 1);
+      }
+      if (!closed) unterminated = true;
+      push('identifier', sql[i - 1] === '&' ? decodeUnicodeEscapes(name, sql.slice(k, k + 64)) : name, tokenLine);
+      advance(k);
+    } else if (ch === '$' && /[0-9]/.test(next ?? '')) {
+      const m = /^\$[0-9]+/.exec(sql.slice(i, i + 12))!;
+      push('parameter', m[0], tokenLine);
+      advance(i + m[0].length);
+    } else if (ch === '$') {
+      const tag = DOLLAR_TAG.exec(sql.slice(i, i + 128));
+      if (tag) {
+        const close = sql.indexOf(tag[0], i + tag[0].length);
+        if (close === -1) unterminated = true;
+        const k = close === -1 ? sql.length : close + tag[0].length;
+        push('string', sql.slice(i, k), tokenLine);
+        advance(k);
+      } else {
+        push('symbol', ch, tokenLine);
+        advance(i + 1);
+      }
+    } else if (IDENT_START.test(ch)) {
+      let k = i + 1;
+      while (k < sql.length && IDENT_CHAR.test(sql[k]!)) k += 1;
+      // E'…', U&'…', B'…', X'…', N'…': the prefix belongs to the string that follows.
+      if (sql[k] === "'" || (sql[k] === '&' && /^[uU]$/.test(sql.slice(i, k)) && (sql[k + 1] === "'" || sql[k + 1] === '"'))) {
+        if (/^[eEbBxXnN]$/.test(sql.slice(i, k)) || sql[k] === '&') {
+          advance(sql[k] === '&' ? k + 1 : k);
+          continue;
+        }
+      }
+      push('word', sql.slice(i, k).toLowerCase(), tokenLine);
+      advance(k);
+    } else if (/[0-9]/.test(ch) || (ch === '.' && /[0-9]/.test(next ?? ''))) {
+      let k = i + 1;
+      while (k < sql.length && /[0-9A-Za-z_.]/.test(sql[k]!)) {
+        if (sql[k] === '.' && sql[k + 1] === '.') break;
+        k += 1;
+      }
+      push('number', sql.slice(i, k), tokenLine);
+      advance(k);
+    } else if (ch === ';' && depth === 0) {
+      end(i);
+      advance(i + 1);
+    } else {
+      push('symbol', ch, tokenLine);
+      advance(i + 1);
+    }
+  }
+  end(sql.length);
+  return { statements, unterminated };
+}
+
+/**
+ * The name a U&"…" identifier stands for: \XXXX and \+XXXXXX (or the UESCAPE character given after
+ * it), so that U&"set\005fconfig" is seen as set_config.
+ */
+function decodeUnicodeEscapes(name: string, after: string): string {
+  const escape = /^\s*uescape\s*'([^'])'/i.exec(after)?.[1] ?? '\\';
+  let out = '';
+  for (let k = 0; k < name.length; k++) {
+    if (name[k] !== escape) {
+      out += name[k];
+      continue;
+    }
+    if (name[k + 1] === escape) {
+      out += escape;
+      k += 1;
+      continue;
+    }
+    const long = name[k + 1] === '+';
+    const hex = name.slice(k + (long ? 2 : 1), k + (long ? 8 : 5));
+    if (!/^[0-9A-Fa-f]+$/.test(hex) || hex.length !== (long ? 6 : 4)) return `\u0000${name}`;
+    out += String.fromCodePoint(parseInt(hex, 16));
+    k += long ? 7 : 4;
+  }
+  return out;
+}
+
+/** An E'…' string: the E stands alone (not the end of a longer name such as `name'…'`). */
+function isEscapeStringPrefix(sql: string, quote: number): boolean {
+  return /[eE]/.test(sql[quote - 1] ?? '') && !IDENT_CHAR.test(sql[quote - 2] ?? '');
+}
+
+/** CREATE [OR REPLACE] FUNCTION|PROCEDURE: the statements whose BEGIN ATOMIC body holds semicolons. */
+function isRoutineDefinition(tokens: readonly SqlToken[]): boolean {
+  const words = leadingWords(tokens.slice(0, 4));
+  if (words[0] !== 'create') return false;
+  const kind = words[1] === 'or' && words[2] === 'replace' ? words[3] : words[1];
+  return kind === 'function' || kind === 'procedure';
+}
+
+function leadingWords(tokens: readonly SqlToken[]): string[] {
+  const words: string[] = [];
+  for (const token of tokens) {
+    if (token.kind !== 'word') break;
+    words.push(token.value);
+  }
+  return words;
+}
+
+/**
+ * The statements of both readings of a text: standard_conforming_strings on (the default since
+ * PostgreSQL 9.1) and off (\' escapes a quote). A check that must hold whatever the server's
+ * setting runs over both; they differ only where a backslash stands before a quote.
+ */
+export function splitSqlBothWays(sql: string): SqlStatement[] {
+  const standard = splitSql(sql).statements;
+  const legacy = splitSql(sql, { backslashQuotes: true });
+  // The server parses a whole text before running any of it: where the legacy reading leaves a
+  // quote open, a server that reads it that way runs nothing.
+  if (legacy.unterminated) return standard;
+  return [...standard, ...legacy.statements.filter((s) => !standard.some((t) => t.text === s.text && t.line === s.line))];
+}
+
+/**
+ * Why a statement would end the transaction it runs in, or change the session beyond it (so that
+ * what follows it, or the next user of the connection, runs elsewhere or as someone else);
+ * undefined when it does neither. `SET LOCAL` of other settings stays inside the transaction and
+ * is allowed; SAVEPOINT, RELEASE and ROLLBACK TO stay inside it too.
+ */
+export function transactionEscape(statement: SqlStatement): string | undefined {
+  const [first, second, third] = statement.keywords;
+  switch (first) {
+    case 'begin':
+    case 'start':
+    case 'commit':
+    case 'end':
+    case 'abort':
+      return `${first.toUpperCase()} ends or starts a transaction`;
+    case 'rollback':
+      if (second === 'to') return undefined;
+      return 'ROLLBACK ends the transaction';
+    case 'prepare':
+      if (second === 'transaction') return 'PREPARE TRANSACTION ends the transaction';
+      return undefined;
+    case 'reset':
+      return 'RESET changes settings for the rest of the session (search_path, role, …)';
+    case 'discard':
+      return 'DISCARD changes the session';
+    case 'set':
+      if (second === 'local') {
+        const name = statement.tokens[2]?.value.toLowerCase();
+        if (name !== undefined && SESSION_IDENTITY.has(name)) {
+          return `SET LOCAL ${name} changes where or as whom the rest of the transaction runs`;
+        }
+        return undefined;
+      }
+      if (second === 'transaction' || (second === 'constraints' && third !== undefined)) return undefined;
+      return 'SET outlives the transaction (use SET LOCAL; search_path and role cannot be changed)';
+    default:
+  }
+  if (callsAny(statement, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
+  if (mentions(statement, 'update') && mentions(statement, 'pg_settings')) return 'UPDATE pg_settings changes a setting for the session';
+  return undefined;
+}
+
+/** Settings that decide which schema unqualified names resolve to, and as whom statements run. */
+const SESSION_IDENTITY = new Set(['search_path', 'schema', 'role', 'session', 'session_authorization']);
+
+/** The statement calls a function (by an unquoted or quoted name, schema-qualified or not) whose name matches. */
+export function callsAny(statement: SqlStatement, match: (name: string) => boolean): string | undefined {
+  const tokens = statement.tokens;
+  for (const [i, token] of tokens.entries()) {
+    if ((token.kind !== 'word' && token.kind !== 'identifier') || !match(token.value)) continue;
+    let next = i + 1;
+    if (tokens[next]?.kind === 'word' && tokens[next]!.value === 'uescape') next += 2;
+    if (tokens[next]?.kind === 'symbol' && tokens[next]!.value === '(') return token.value;
+  }
+  return undefined;
+}
+
+function mentions(statement: SqlStatement, word: string): boolean {
+  return statement.tokens.some((t) => (t.kind === 'word' || t.kind === 'identifier') && t.value === word);
+}
