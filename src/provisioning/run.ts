@@ -99,6 +99,7 @@ export async function inspectFleet(config: ShardctlConfig, options: { toVersion?
   const fleet = await Fleet.open(config.hosts);
   try {
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss: true });
+    requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
     const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
     const plan = planFleet(config, snapshots, migrations, planOptionsFor('migrate', options, snapshots, migrations));
     return { plan, conflicts, lostHosts: fleet.lost };
