@@ -12,6 +12,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import * as bulkInsert from './bulk-insert.js';
+import * as discovery from './discovery.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
 import {
@@ -43,6 +44,7 @@ const BENCHMARKS = {
   'move-shard': moveShard,
   'move-batch': moveBatch,
   router,
+  discovery,
 };
 
 /**
@@ -59,6 +61,7 @@ const DEFAULT_MAJORS = {
   'move-shard': ['15', EMBEDDED_MAJOR],
   router: [EMBEDDED_MAJOR],
   'move-batch': ['15', EMBEDDED_MAJOR],
+  discovery: [EMBEDDED_MAJOR],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -85,6 +88,10 @@ const REFERENCE_SCALE = {
   'split-rows': 2000,
   'loop-shards': 4,
   'fleet-shards': 8192,
+  'discovery-shards': 8192,
+  'discovery-hosts': 8,
+  'discovery-runs': 7,
+  'stale-moves': 5,
 };
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
@@ -118,6 +125,10 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --split-rows N    move-batch: photos rows per split shard     (${formatCount(REFERENCE_SCALE['split-rows'])})
   --loop-shards N   move-batch: shards moved one by one         (${REFERENCE_SCALE['loop-shards']})
   --fleet-shards N  move-batch: empty shards of the fleet-scale move, 4 → 8 hosts (${REFERENCE_SCALE['fleet-shards']})
+  --discovery-shards N  discovery: shards of its fleet           (${REFERENCE_SCALE['discovery-shards']})
+  --discovery-hosts N   discovery: hosts of its fleet            (${REFERENCE_SCALE['discovery-hosts']})
+  --discovery-runs N    discovery: router opens of each kind     (${REFERENCE_SCALE['discovery-runs']})
+  --stale-moves N       discovery: moves a stale router follows  (${REFERENCE_SCALE['stale-moves']})
 
 other options:
   --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id and bulk-insert 18 and 15, move-shard

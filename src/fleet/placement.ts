@@ -72,23 +72,32 @@ export interface FleetPlacement {
  * the fleet tables, or has none, answers with what it has.
  */
 export async function readPlacementView(client: pg.Client | pg.PoolClient, reachedAs: string): Promise<HostPlacementView> {
-  const [tables] = await simpleQuery(client, [
-    `SELECT to_regclass(${quoteLiteral(`${CONTROL}.shards`)}) IS NOT NULL AS shards, to_regclass(${quoteLiteral(`${CONTROL}.fleet`)}) IS NOT NULL AS fleet`,
-  ]);
-  const { shards, fleet } = tables![0] as { shards: boolean; fleet: boolean };
-  if (!shards) return { reachedAs, fleet: null, layout: null, registry: new Map(), copy: new Map(), claims: new Map(), moving: new Set() };
-  const [layoutRows, claimRows, movingRows, fleetRows, hostRows, copyRows] = await simpleQuery(client, [
+  const core = [
     `SELECT schema_prefix, shard_count, epoch_ms::text AS epoch_ms, shard_bits, sequence_bits FROM ${CONTROL}.layout`,
     `SELECT state, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.shards GROUP BY state`,
     `SELECT string_agg(s::text, ',') AS shards FROM ${CONTROL}.moves, unnest(coalesce(shards, ARRAY[shard])) AS s WHERE status = 'running'`,
-    ...(fleet
-      ? [
-          `SELECT fleet_id::text AS fleet_id, host_name, placement_version::text AS version FROM ${CONTROL}.fleet`,
-          `SELECT name, address FROM ${CONTROL}.hosts ORDER BY name`,
-          `SELECT host, version::text AS version, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.placement GROUP BY host, version`,
-        ]
-      : []),
-  ]);
+  ];
+  const fleetQueries = [
+    `SELECT fleet_id::text AS fleet_id, host_name, placement_version::text AS version FROM ${CONTROL}.fleet`,
+    `SELECT name, address FROM ${CONTROL}.hosts ORDER BY name`,
+    `SELECT host, version::text AS version, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.placement GROUP BY host, version`,
+  ];
+  let rows: unknown[][];
+  try {
+    // One round trip on a host of this version (the common case). The statements only read: a
+    // failing one aborts the implicit transaction of the batch and leaves nothing open.
+    rows = await simpleQuery(client, [...core, ...fleetQueries]);
+  } catch (error) {
+    if ((error as { code?: string }).code !== '42P01') throw error;
+    // A fresh host (no control schema) or one whose control schema predates the fleet tables.
+    const [tables] = await simpleQuery(client, [
+      `SELECT to_regclass(${quoteLiteral(`${CONTROL}.shards`)}) IS NOT NULL AS shards, to_regclass(${quoteLiteral(`${CONTROL}.fleet`)}) IS NOT NULL AS fleet`,
+    ]);
+    const { shards, fleet } = tables![0] as { shards: boolean; fleet: boolean };
+    if (!shards) return { reachedAs, fleet: null, layout: null, registry: new Map(), copy: new Map(), claims: new Map(), moving: new Set() };
+    rows = await simpleQuery(client, [...core, ...(fleet ? fleetQueries : [])]);
+  }
+  const [layoutRows, claimRows, movingRows, fleetRows, hostRows, copyRows] = rows;
   const layoutRow = layoutRows![0] as { schema_prefix: string; shard_count: number; epoch_ms: string; shard_bits: number; sequence_bits: number } | undefined;
   const fleetRow = (fleetRows ?? [])[0] as { fleet_id: string; host_name: string; version: string } | undefined;
   const claims = new Map<number, ShardState>();
@@ -165,7 +174,10 @@ export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacem
     const copy = newest.get(shard);
     owners.set(shard, holders.length > 1 && copy && holders.includes(copy.host) ? copy.host : holders[0]!);
   }
-  if (doubled.length > 0) problems.push(`shards ${formatShardList(doubled.sort((a, b) => a - b))} are active on more than one host`);
+  if (doubled.length > 0) {
+    const one = doubled.length === 1;
+    problems.push(`${one ? 'shard' : 'shards'} ${formatShardList(doubled.sort((a, b) => a - b))} ${one ? 'is' : 'are'} active on more than one host`);
+  }
   for (const [shard, host] of fenced) {
     if (owners.has(shard)) continue;
     const copy = newest.get(shard);

@@ -144,6 +144,7 @@ describe('two operators, one with an old copy of the file', () => {
       ['rebalance', '--yes'],
       ['gc', '--yes'],
       ['migrate'],
+      ['migrate', '--check'],
       ['add-schema', '0'],
       ['init'],
     ]) {

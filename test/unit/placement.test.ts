@@ -1,0 +1,131 @@
+import { describe, expect, it } from 'vitest';
+import { parseConfig } from '../../src/config/load.js';
+import { rewriteOwnersYaml } from '../../src/config/rewrite.js';
+import {
+  describeDisagreements,
+  hostAddress,
+  mapDisagreements,
+  mergePlacement,
+  withCredentials,
+  type HostPlacementView,
+  type ShardState,
+} from '../../src/fleet/placement.js';
+
+const FLEET = '6f1c1f0e-1111-4222-8333-944455556666';
+
+function view(name: string, options: { claims?: Record<number, ShardState>; copy?: Record<number, [string, bigint]>; version?: bigint; fleetId?: string | null; registry?: Record<string, string> } = {}): HostPlacementView {
+  return {
+    reachedAs: name,
+    fleet: options.fleetId === null ? null : { fleetId: options.fleetId ?? FLEET, hostName: name, version: options.version ?? 1n },
+    layout: { schemaPrefix: 'insta', shardCount: 8, epochMs: 0n, shardBits: 13, sequenceBits: 10 },
+    registry: new Map(Object.entries(options.registry ?? {})),
+    copy: new Map(Object.entries(options.copy ?? {}).map(([shard, [host, version]]) => [Number(shard), { host, version }])),
+    claims: new Map(Object.entries(options.claims ?? {}).map(([shard, state]) => [Number(shard), state])),
+    moving: new Set(),
+  };
+}
+
+describe('mergePlacement', () => {
+  it('places a shard where a host holds it active, whatever the copies say', () => {
+    const merged = mergePlacement([view('pg1', { claims: { 3: 'fenced' }, copy: { 3: ['pg1', 1n] } }), view('pg2', { claims: { 3: 'active' }, copy: { 3: ['pg2', 2n] } })]);
+    expect(merged.owners.get(3)).toBe('pg2');
+    expect(merged.problems).toEqual([]);
+  });
+
+  it('keeps a fenced shard on its host until the switch, while the target answers without holding it', () => {
+    // The source's copy already names the target (written first at the switch); the target has not activated.
+    const merged = mergePlacement([view('pg1', { claims: { 3: 'fenced' }, copy: { 3: ['pg2', 5n] } }), view('pg2', { claims: { 3: 'incoming' } })]);
+    expect(merged.owners.get(3)).toBe('pg1');
+  });
+
+  it('follows a fenced shard to the host a newer copy names when that host did not answer', () => {
+    const merged = mergePlacement([view('pg1', { claims: { 3: 'fenced' }, copy: { 3: ['pg3', 5n] } })]);
+    expect(merged.owners.get(3)).toBe('pg3');
+  });
+
+  it('places the shards of a host that did not answer by the newest copy', () => {
+    const merged = mergePlacement([
+      view('pg1', { claims: { 0: 'active' }, copy: { 0: ['pg1', 1n], 5: ['pg2', 1n] }, version: 1n }),
+      view('pg3', { copy: { 5: ['pg4', 7n] }, version: 7n }),
+    ]);
+    expect(merged.owners.get(5)).toBe('pg4');
+    expect(merged.version).toBe(7n);
+  });
+
+  it('does not place a shard on a host that answered without holding it (dropped)', () => {
+    const merged = mergePlacement([view('pg1', { copy: { 6: ['pg1', 1n] } })]);
+    expect(merged.owners.has(6)).toBe(false);
+  });
+
+  it('reports a shard active on two hosts, and hosts of two fleets', () => {
+    const merged = mergePlacement([
+      view('pg1', { claims: { 1: 'active' }, copy: { 1: ['pg2', 3n] } }),
+      view('pg2', { claims: { 1: 'active' }, fleetId: '00000000-0000-4000-8000-000000000000' }),
+    ]);
+    expect(merged.owners.get(1)).toBe('pg2');
+    expect(merged.problems).toEqual([
+      `hosts of different fleets: ${FLEET} (pg1) and 00000000-0000-4000-8000-000000000000 (pg2)`,
+      'shard 1 is active on more than one host',
+    ]);
+  });
+
+  it('takes each host\'s address from the registry of the newest host', () => {
+    const merged = mergePlacement([
+      view('pg1', { version: 2n, registry: { pg1: 'postgres://a/app', pg2: 'postgres://b2/app' } }),
+      view('pg2', { version: 1n, registry: { pg2: 'postgres://b1/app', pg3: 'postgres://c/app' } }),
+    ]);
+    expect(Object.fromEntries(merged.hosts)).toEqual({ pg1: 'postgres://a/app', pg2: 'postgres://b2/app', pg3: 'postgres://c/app' });
+  });
+});
+
+describe('the file against the fleet', () => {
+  const config = parseConfig(
+    ['shards: 8', 'hosts:', '  - name: pg1', '    url: postgres://db1/app', '    shards: "0-3"', '  - name: pg2', '    url: postgres://db2/app', '    shards: "4-7"', ''].join('\n'),
+    { file: '<inline>', env: {}, checkMigrationsDir: false },
+  );
+
+  it('names the ranges that moved, by file host and fleet host, and hosts the file lacks', () => {
+    const placement = mergePlacement([
+      view('pg1', { claims: { 0: 'active', 1: 'active' } }),
+      view('pg2', { claims: { 2: 'active', 3: 'active', 4: 'active', 5: 'active', 6: 'active' } }),
+      view('pg3', { claims: { 7: 'active' } }),
+    ]);
+    expect(describeDisagreements(mapDisagreements(config, placement))).toEqual([
+      'shards 2-3: the file says pg1, the fleet says pg2',
+      'shard 7: the file says pg2, the fleet says pg3 (a host the file does not list)',
+    ]);
+    expect(mapDisagreements(config, placement, new Set([2, 3, 7]))).toEqual([]);
+  });
+
+  it('compares nothing shard by shard when the fleet has another layout', () => {
+    const other = { ...view('pg1', { claims: { 5: 'active' } }), layout: { schemaPrefix: 'other', shardCount: 4, epochMs: 0n, shardBits: 13, sequenceBits: 10 } };
+    expect(mapDisagreements(config, mergePlacement([other]))).toEqual([]);
+  });
+});
+
+describe('addresses and credentials', () => {
+  it('keeps no user or password in a registry address', () => {
+    expect(hostAddress('postgres://app:s3cret@db1:5432/app?sslmode=require&password=x')).toBe('postgres://db1:5432/app?sslmode=require');
+    expect(hostAddress('not a url')).toBeNull();
+  });
+
+  it('reaches an address with the seed\'s user and password', () => {
+    expect(withCredentials('postgres://db3:5433/app', 'postgres://app:p%40ss@db1/app')).toBe('postgres://app:p%40ss@db3:5433/app');
+    expect(withCredentials('postgres://db3:5433/app', undefined)).toBe('postgres://db3:5433/app');
+  });
+});
+
+describe('map pull rewrite', () => {
+  it('moves the shards between lists, keeps comments, and adds a host the file lacks', () => {
+    const text = ['# the map', 'shards: 8', 'hosts:', '  - name: pg1 # first', '    url: ${PG1}', '    shards: "0-3"', '  - name: pg2', '    url: postgres://db2/app', '    shards: "4-7"', ''].join('\n');
+    const owners = new Map([[2, 'pg2'], [3, 'pg2'], [7, 'pg3']]);
+    const out = rewriteOwnersYaml(text, owners, [{ name: 'pg3', url: 'postgres://db3/app' }])!;
+    expect(out).toContain('# the map');
+    expect(out).toContain('- name: pg1 # first');
+    expect(out).toContain('url: ${PG1}');
+    expect(out).toContain('shards: "0-1"');
+    expect(out).toContain('shards: "2-6"');
+    expect(out).toMatch(/- name: pg3\n\s+url: postgres:\/\/db3\/app\n\s+shards: "7"/);
+    expect(rewriteOwnersYaml(out, owners, [])).toBeNull();
+  });
+});
