@@ -1,3 +1,4 @@
+import { createRequire } from 'node:module';
 import pg from 'pg';
 
 /**
@@ -35,6 +36,53 @@ import pg from 'pg';
  * and the COMMIT is a round trip of its own after fn. When fn never queries, nothing is sent, and
  * there is nothing to commit.
  */
+/**
+ * The node-postgres releases this file is tested with. FirstQuery below extends pg's Query and
+ * uses members that are not pg's public API (`submit`, `_getRows`, `handleCommandComplete`,
+ * `handleEmptyQuery`, the connection's `execute` and stream); a release that changes them must not
+ * break routed calls. So at load they are checked: when one is missing, or pg's major is not the
+ * tested one, every transaction starts the plain way (`BEGIN; SET LOCAL …` as a query of its own:
+ * one more round trip per call, nothing else changes) and a warning says so, once.
+ */
+export const PG_TESTED_RANGE = '8.x (tested with 8.23)';
+
+export type PipelineSupport = { readonly ok: true } | { readonly ok: false; readonly reason: string };
+
+/** Whether pg's Query still has what FirstQuery relies on (and pg's major is the tested one). */
+export function checkPgInternals(query: unknown = pg.Query, version: string | undefined = pgVersion()): PipelineSupport {
+  if (version !== undefined && !/^8\./.test(version)) return { ok: false, reason: `pg ${version} is outside the tested range ${PG_TESTED_RANGE}` };
+  const proto = (query as { prototype?: Record<string, unknown> } | undefined)?.prototype;
+  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery'].filter((name) => typeof proto?.[name] !== 'function');
+  if (missing.length > 0) return { ok: false, reason: `pg's Query has no ${missing.join(', ')}` };
+  return { ok: true };
+}
+
+function pgVersion(): string | undefined {
+  try {
+    return (createRequire(import.meta.url)('pg/package.json') as { version?: string }).version;
+  } catch {
+    // Bundled without its package.json: the members are checked all the same.
+    return undefined;
+  }
+}
+
+let pipeline: PipelineSupport = checkPgInternals();
+let warned = false;
+
+/** For tests: force the plain path (false) or go back to what the check at load found (true). */
+export function setBeginPipelining(enabled: boolean): void {
+  pipeline = enabled ? checkPgInternals() : { ok: false, reason: 'disabled' };
+}
+
+function pipelining(): boolean {
+  if (pipeline.ok) return true;
+  if (!warned && pipeline.reason !== 'disabled') {
+    warned = true;
+    process.emitWarning(`shardctl: ${pipeline.reason}; routed transactions send BEGIN as a query of its own (one more round trip each)`, { code: 'SHARDCTL_PG_INTERNALS' });
+  }
+  return false;
+}
+
 export class DeferredBegin {
   private sent = false;
   /** Queries fn started (through this client) so far. */
@@ -96,7 +144,7 @@ export class DeferredBegin {
     this.calls += 1;
     if (this.sent) return clientQuery.call(this.client, config, values, callback);
     this.sent = true;
-    const query = pipelinable(config, values, callback);
+    const query = pipelining() ? pipelinable(config, values, callback) : undefined;
     if (query) {
       this.firstPromise = new Promise((resolve, reject) => {
         // Alone: fn returned this query's promise and started no other query.

@@ -165,6 +165,16 @@ describe('two operators, one with an old copy of the file', () => {
       ['pg2', '2-7'],
     ]);
 
+    // exec and decode route by the fleet, whatever the file says.
+    const wrote = await runCli(['exec', '--write', '--json', '--shards', '2', "insert into photos (user_id, image_url) values (2, 'x') returning id", '-c', other]);
+    expect(wrote.code, wrote.stderr).toBe(0);
+    const [row] = JSON.parse(wrote.stdout) as { shard: number; id: string }[];
+    await withClient(db.urls[1]!, async (client) => {
+      expect((await client.query(`select 1 from op2.photos where id = $1`, [row!.id])).rowCount).toBe(1);
+    });
+    const decoded = await runCli(['decode', '--json', row!.id, '-c', other]);
+    expect(JSON.parse(decoded.stdout)[0]).toMatchObject({ shard: 2, host: 'pg2' });
+
     const before = readFileSync(other, 'utf8');
     const pulled = await runCli(['map', 'pull', '-c', other]);
     expect(pulled.code, pulled.stderr).toBe(0);

@@ -1,7 +1,8 @@
 import { createRequire } from 'node:module';
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { statementMessages, TransactionStart } from '../../src/router/begin.js';
+import pg from 'pg';
+import { checkPgInternals, statementMessages, TransactionStart } from '../../src/router/begin.js';
 
 // pg's own serializer (pg-protocol, pg's dependency): the bytes pg would write for the same messages.
 const { serialize } = createRequire(import.meta.url)('pg-protocol') as {
@@ -26,5 +27,20 @@ describe('statementMessages (BEGIN, SET LOCAL and COMMIT sent with fn’s query)
     expect(start.text).toBe('BEGIN READ ONLY; SET LOCAL search_path TO "insta7"');
     expect(start.statements).toBe(2);
     expect(start.messages.equals(Buffer.concat([pgWrites('BEGIN READ ONLY'), pgWrites('SET LOCAL search_path TO "insta7"')]))).toBe(true);
+  });
+});
+
+describe('the pg internals FirstQuery relies on', () => {
+  it('are present in the installed pg', () => {
+    expect(checkPgInternals()).toEqual({ ok: true });
+  });
+
+  it('are refused, naming what is missing, when a release drops one or its major is not the tested one', () => {
+    class Partial {
+      submit(): void {}
+      handleCommandComplete(): void {}
+    }
+    expect(checkPgInternals(Partial, '8.23.1')).toEqual({ ok: false, reason: "pg's Query has no _getRows, handleEmptyQuery" });
+    expect(checkPgInternals(pg.Query, '9.0.0')).toEqual({ ok: false, reason: 'pg 9.0.0 is outside the tested range 8.x (tested with 8.23)' });
   });
 });
