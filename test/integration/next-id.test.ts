@@ -9,10 +9,11 @@ import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
-/** Databases of their own for the v3, v4 and v5 upgrade tests: each upgrade test initialises a fleet. */
+/** Databases of their own for the v3 to v6 upgrade tests: each upgrade test initialises a fleet. */
 const dbV3 = useTestDatabases(1);
 const dbV4 = useTestDatabases(1);
 const dbV5 = useTestDatabases(1);
+const dbV6 = useTestDatabases(1);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
   await client.query(`create schema if not exists "${schema}"`);
@@ -276,6 +277,8 @@ describe('next_id()', () => {
     { version: 4, language: 'sql', database: () => dbV4.urls[0]! },
     // The inlined SQL next_id() with the position read back four times, no PL/pgSQL per id.
     { version: 5, language: 'sql', database: () => dbV5.urls[0]! },
+    // The previous release: v7's fast path, the slow path under an advisory lock.
+    { version: 6, language: 'sql', database: () => dbV6.urls[0]! },
   ];
 
   async function installRelease(client: pg.Client, version: NextIdRelease, schema: string, shard: number, layout: IdLayout): Promise<void> {
