@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.js';
 import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
+import { controlLocksSql } from '../../src/fleet/control.js';
 import { status } from '../../src/commands/status.js';
 import { renderNextIdReleaseSql, type NextIdRelease } from '../fixtures/previous-next-id.js';
 import { makeFleet } from '../helpers/fleet.js';
@@ -16,6 +17,8 @@ const dbV5 = useTestDatabases(1);
 const dbV6 = useTestDatabases(1);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
+  // The slow path's lock rows live in the control schema.
+  await client.query(controlLocksSql());
   await client.query(`create schema if not exists "${schema}"`);
   await client.query(renderNextIdSql(schema, shard, layout));
   await client.query(`create sequence if not exists "${schema}".photos_id_seq`);
