@@ -16,6 +16,7 @@ if [ "${SHARDCTL_MATRIX_FILES:-}" = all ]; then
   files=(test/integration)
 else
   files=(
+    test/integration/hostile-roles.test.ts
     test/integration/init.test.ts
     test/integration/migrate.test.ts
     test/integration/migrate-faults.test.ts
