@@ -62,7 +62,10 @@ export async function acquireRunnerLock(host: HostConfig, client: pg.Client, opt
   await ensureControlLocks(client);
   // Named as the coordinator is, so that a second run's message names what this run is.
   const application = (await client.query<{ name: string }>(`SELECT current_setting('application_name') AS name`)).rows[0]!.name;
-  const lock = await connectHost(host, { applicationName: application });
+  // A failure to connect is the host's, like a failed query (Fleet.lock may lose the host), not a refusal.
+  const lock = await connectHost(host, { applicationName: application }).catch((error: unknown) => {
+    throw new Error(`cannot open the runner lock's connection: ${describePgError((error as { cause?: unknown }).cause ?? error)}`);
+  });
   try {
     if (!(await lockRunner(lock, durationMs(wait)))) {
       const holder = await describeRunnerHolders(lock).catch((error: unknown) => `unknown (${describePgError(error)})`);
@@ -122,7 +125,6 @@ export async function registerWorker(client: pg.Client, hostName: string): Promi
     );
   } catch (error) {
     throw new HostError(hostName, `cannot record a worker connection in ${WORKERS_TABLE}: ${describePgError(error)}; nothing more was written`, {
-      code: 'RUNNER_BUSY',
       cause: error,
     });
   }
