@@ -63,7 +63,7 @@ export function controlLocksSql(): string {
 
 /**
  * Installs the lock tables when one is missing (a host never initialised, or by an older shardctl),
- * in a transaction of its own. Two runs doing this at once on a fresh host can collide on the
+ * or next_id's lock rows are not all there, in a transaction of its own. Two runs doing this at once on a fresh host can collide on the
  * catalog's unique indexes; the loser tries again, and then finds them.
  */
 export async function ensureControlLocks(client: pg.Client): Promise<void> {
@@ -72,7 +72,10 @@ export async function ensureControlLocks(client: pg.Client): Promise<void> {
       `SELECT bool_or(to_regclass(t) IS NULL) AS missing FROM unnest($1::text[]) t`,
       [['runner_lock', 'tracking_lock', 'workers', 'id_locks'].map((t) => `${CONTROL}.${t}`)],
     );
-    if (!missing.rows[0]!.missing) return;
+    if (!missing.rows[0]!.missing) {
+      const rows = await client.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${CONTROL}.id_locks`);
+      if (rows.rows[0]!.n === ID_LOCK_SLOTS) return;
+    }
     try {
       await client.query(`BEGIN;\n${controlLocksSql()}\nCOMMIT;`);
       return;

@@ -144,6 +144,27 @@ describe('roles without rights on what shardctl protects', () => {
   });
 });
 
+describe("next_id's lock rows", () => {
+  const rowsDb = useTestDatabases(1);
+
+  it('a missing lock row makes the slow path refuse (SC005) instead of running unlocked, and init restores the rows', async () => {
+    const fleet = makeFleet({ urls: rowsDb.urls, shards: 2 });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(rowsDb.urls[0]!, async (client) => {
+      await client.query(`delete from shardctl.id_locks where slot = 'insta0.photos_id_seq'::regclass::oid::bigint % 8192`);
+      await client.query(`select setval('insta0.photos_id_seq', 1024)`);
+      const error = await errorOf(client.query(`insert into insta0.photos (user_id, image_url) values (1, 'x')`));
+      expect(error.code).toBe('SC005');
+      expect(error.message).toBe('next_id: the lock row of sequence insta0.photos_id_seq is missing from shardctl.id_locks');
+    });
+    expect((await runCli(['init', '-c', fleet.configFile])).code).toBe(0);
+    await withClient(rowsDb.urls[0]!, async (client) => {
+      expect((await client.query(`select count(*)::int as n from shardctl.id_locks`)).rows[0]!.n).toBe(8192);
+      await client.query(`insert into insta0.photos (user_id, image_url) values (1, 'x')`);
+    });
+  });
+});
+
 describe('status and sequences next_id would repeat ids from', () => {
   // A host's layout is fixed once built: a database per test.
   const [backDb, oneDb, borrowedDb] = [useTestDatabases(1), useTestDatabases(1), useTestDatabases(1)];
