@@ -207,4 +207,3 @@ async function cachedSequences(client: pg.Client, prefix: string): Promise<strin
   );
   return result.rows.map((r) => r.name);
 }
-

@@ -62,9 +62,10 @@ export function controlLocksSql(): string {
 }
 
 /**
- * Installs the lock tables when one is missing (a host never initialised, or by an older shardctl),
- * or next_id's lock rows are not all there, in a transaction of its own. Two runs doing this at once on a fresh host can collide on the
- * catalog's unique indexes; the loser tries again, and then finds them.
+ * Installs the lock tables when one is missing (a host never initialised, or by an older shardctl)
+ * or next_id's lock rows are not all there, in a transaction of its own. Two runs doing this at once
+ * on a fresh host can collide on the catalog's unique indexes; the loser tries again, and then finds
+ * them.
  */
 export async function ensureControlLocks(client: pg.Client): Promise<void> {
   for (let attempt = 1; ; attempt += 1) {
