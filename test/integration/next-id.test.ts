@@ -196,6 +196,20 @@ describe('next_id()', () => {
     });
   });
 
+  it("installing next_id waits for the transactions that drew from the schema's sequences, so no older slow path runs beside the new one", async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta17', 17, DEFAULT_ID_LAYOUT);
+      await withClient(db.urls[0]!, async (drawing) => {
+        await drawing.query(`begin; select nextval('insta17.photos_id_seq')`);
+        const error = await errorOf(client.query(`begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}`));
+        await client.query('rollback');
+        expect(error.code).toBe('55P03');
+        await drawing.query('commit');
+      });
+      await client.query(`begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}; commit`);
+    });
+  });
+
   it('moves a sequence that is just behind the clock (fewer than max_backends positions) up to the clock in one locked call', async () => {
     await withClient(db.urls[0]!, async (client) => {
       await installShard(client, 'insta14', 14, DEFAULT_ID_LAYOUT);
