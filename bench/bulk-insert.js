@@ -18,6 +18,7 @@ import { writeFile, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
+import { controlLocksSql } from '../dist/fleet/control.js';
 import { renderNextIdSql } from '../dist/id/sql.js';
 import { binDirFor, clientVersion, endedBackendsCpuMs, formatCount, log, markdownTable, ratio, round, runProcess, summarize, textTable, verdict, withClient } from './lib.js';
 import { PREVIOUS_VERSION, renderPreviousNextIdSql } from './previous-next-id.js';
@@ -99,6 +100,7 @@ export async function run(ctx, major) {
   try {
     await withClient(host.url(DATABASE), async (client) => {
       await client.query(`CREATE SCHEMA ${SCHEMA}; CREATE SCHEMA ${OLD_SCHEMA}`);
+      await client.query(controlLocksSql());
       await client.query(renderNextIdSql(SCHEMA, SHARD, DEFAULT_ID_LAYOUT));
       await client.query(renderPreviousNextIdSql(OLD_SCHEMA, SHARD, DEFAULT_ID_LAYOUT));
       for (const variant of VARIANTS) await client.query(variant.ddl);

@@ -15,6 +15,7 @@
  *     are counted. It must be 0.
  */
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
+import { controlLocksSql } from '../dist/fleet/control.js';
 import { ID_FUNCTION_VERSION, renderNextIdSql } from '../dist/id/sql.js';
 import { PREVIOUS_VERSION, renderPreviousNextIdSql } from './previous-next-id.js';
 import {
@@ -125,6 +126,8 @@ export async function run(ctx, major) {
   try {
     await withClient(host.url(DATABASE), async (client) => {
       await client.query(`CREATE SCHEMA ${SCHEMA}`);
+      // The slow path's lock rows live in the control schema.
+      await client.query(controlLocksSql());
       await client.query(renderNextIdSql(SCHEMA, SHARD, LAYOUT));
       for (const seq of ['plain_seq', 'floor_seq', 'cost_seq', 'unique_seq', 'photos_id_seq']) {
         await client.query(`CREATE SEQUENCE ${SCHEMA}.${seq}`);

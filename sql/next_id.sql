@@ -16,15 +16,35 @@
 -- the layout's epoch, rounded down. Both paths use exactly this conversion (the fast path in an
 -- equivalent form that compares timestamps), so they never disagree on what "now" is.
 
+-- The barrier of a reinstall (init upgrading an older release in place): ALTER SEQUENCE (a no-op
+-- here: the cache it already has) locks each sequence of the schema in SHARE ROW EXCLUSIVE mode
+-- until this transaction commits, which waits for every transaction that has drawn from it
+-- (nextval() holds ROW EXCLUSIVE on the sequence to the transaction's end) and holds new draws until
+-- the new functions are visible. Without it, a statement that began under the old release could
+-- still run the old slow path, with another lock (v6 and earlier: an advisory lock), beside the new
+-- one, and two sessions could move one sequence at once. In a new schema there is no sequence yet.
+DO $barrier$
+DECLARE
+  seq regclass;
+BEGIN
+  FOR seq IN SELECT c.oid FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = {{schemaLiteral}} AND c.relkind = 'S' ORDER BY c.oid LOOP
+    EXECUTE pg_catalog.format('ALTER SEQUENCE %s CACHE %s', seq, (pg_catalog.pg_sequence_parameters(seq)).cache_size);
+  END LOOP;
+END
+$barrier$;
+
 -- Slow path: taken when the position has fallen behind the clock (the table was idle, or ids are
 -- drawn more slowly than 2^sequenceBits per millisecond), or when the layout's range is exhausted.
 --
 -- It moves the sequence forward to the clock. setval() is not a compare-and-set, so two rules
 -- make that move safe:
---   1. Only one session per sequence is in here at a time: a transaction-level advisory lock
---      taken inside a sub-transaction that is always rolled back, so the lock is held for
---      microseconds and is released even when the statement is cancelled. Sequence changes are
---      not transactional, so the rollback keeps them.
+--   1. Only one session per sequence is in here at a time: a row lock (FOR NO KEY UPDATE) on the
+--      sequence's slot in {{idLocksSchema}}.id_locks, taken inside a sub-transaction that is always rolled
+--      back, so the lock is held for microseconds and is released even when the statement is
+--      cancelled. Sequence changes are not transactional, so the rollback keeps them. A row lock,
+--      not an advisory lock: it needs UPDATE on that table, which only its owner has, so no other
+--      role can hold it and stall the inserts that take this path.
 --   2. It calls setval() only when the position is more than 2 * max_backends positions behind
 --      the fast path's acceptance threshold. Any other session that draws while we hold the lock
 --      gets a position below that threshold; a session whose clock was read after ours rejects it
@@ -46,11 +66,17 @@
 -- millisecond or two, between long stretches of the fast path, so what it costs is mostly how
 -- much code it touches (measured that way, a v4 call costs 48 µs where v3 took 116 µs when it calls
 -- setval(), 83 µs against 127 µs when it draws). Hence: no catalog
--- query (built-in functions check the schema and the cache), the lock and the clock in one
--- expression, the settings and the range checks only where the sequence is about to move, and
--- as few statements as the argument allows.
+-- query (built-in functions check the schema and the cache), the settings and the range checks
+-- only where the sequence is about to move, and as few statements as the argument allows.
 -- SECURITY DEFINER so that roles with only USAGE on the sequence (enough for nextval) can still
--- move it; it refuses sequences outside its own schema before touching them.
+-- move it and take the lock; it refuses sequences outside its own schema before touching them. Its
+-- EXECUTE stays granted to PUBLIC (next_id(), inlined into the caller's statement, calls it with the
+-- caller's rights), so it refuses a session that has not drawn from the sequence itself: currval()
+-- is defined only after this session's nextval(), which needs USAGE or UPDATE on the sequence of the
+-- role that was current then. next_id() always draws first, with the caller's rights, so a role
+-- that may insert is never refused; a role without a right on the sequence cannot move it.
+-- (current_user here is the owner, and session_user ignores SET ROLE and the caller's own
+-- SECURITY DEFINER functions, so neither names the role whose rights matter.)
 CREATE OR REPLACE FUNCTION {{schema}}.next_id_locked(seq regclass)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE PARALLEL UNSAFE SECURITY DEFINER
@@ -69,10 +95,16 @@ BEGIN
       USING ERRCODE = 'SC003';
   END IF;
   BEGIN
-    -- The lock first, then the clock: CASE evaluates in order. now_ms exactly: extract(epoch ...)
-    -- is numeric (PostgreSQL 14 and later), so no rounding.
-    now_ms := CASE WHEN pg_catalog.pg_advisory_xact_lock({{lockClass}}, seq::oid::integer) IS NOT NULL
-                   THEN pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint - {{epochMs}} END;
+    -- Before the lock, so that a session without a right on the sequence never queues for it.
+    PERFORM pg_catalog.currval(seq);
+    -- The lock first, then the clock (two statements: a FOR UPDATE query may compute its output
+    -- before it locks the row). now_ms exactly: extract(epoch ...) is numeric, so no rounding.
+    PERFORM FROM {{idLocksSchema}}.id_locks WHERE slot = (seq::oid::bigint % {{idLockSlots}})::integer FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'next_id: the lock row of sequence % is missing from %', seq, {{idLocksLiteral}}
+        USING ERRCODE = 'SC005', HINT = 'Run shardctl init, which restores the control schema''s lock rows.';
+    END IF;
+    now_ms := pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint - {{epochMs}};
     -- How far the position is behind the fast path's acceptance threshold at now_ms (drawn after
     -- the clock was read: the proof needs that order).
     behind := GREATEST((now_ms - {{lagMs}}) << {{sequenceBits}}, {{minPosition}}) - pg_catalog.nextval(seq);
@@ -122,9 +154,14 @@ BEGIN
         {{layoutLiteral}}, {{layoutEndLiteral}}, seq
         USING ERRCODE = 'SC001';
     END IF;
-    RAISE SQLSTATE 'SCR01';  -- roll back this block: releases the advisory lock, keeps the sequence
-  EXCEPTION WHEN SQLSTATE 'SCR01' THEN  -- exactly this code: 'SC000' would be the whole SC class
-    NULL;
+    RAISE SQLSTATE 'SCR01';  -- roll back this block: releases the row lock, keeps the sequence
+  EXCEPTION
+    WHEN SQLSTATE 'SCR01' THEN  -- exactly this code: 'SC000' would be the whole SC class
+      NULL;
+    WHEN object_not_in_prerequisite_state THEN  -- only currval() raises it in this block
+      RAISE EXCEPTION 'next_id: this session has not drawn from sequence %, so it may not move it', seq
+        USING ERRCODE = 'SC006',
+              HINT = 'Call next_id(), which draws with your own rights (USAGE or UPDATE on the sequence).';
   END;
   -- The id, as in next_id_fast below.
   RETURN pos + (pos >> {{sequenceBits}}) * {{idMinusPositionPerMs}} + {{shardField}};

@@ -19,6 +19,7 @@ else
     test/integration/exec-read-only.test.ts
     test/integration/fleet-map.test.ts
     test/integration/host-silent.test.ts
+    test/integration/hostile-roles.test.ts
     test/integration/init.test.ts
     test/integration/migrate.test.ts
     test/integration/migrate-faults.test.ts

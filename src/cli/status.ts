@@ -47,6 +47,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           if (h.cachedSequences.length) {
             out.line(`  sequences with CACHE > 1 (next_id refuses them; ALTER SEQUENCE … CACHE 1): ${h.cachedSequences.join(', ')}`);
           }
+          for (const problem of h.sequenceProblems) out.line(`  id sequence: ${problem}`);
           if (h.incoming.length) {
             out.line(`  arriving by a move (running or interrupted; move-shard N --resume or --abort): ${formatShardList(h.incoming)}`);
           }

@@ -5,7 +5,7 @@ import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../err
 import { readShardSizes } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
 import { controlSchemaSql, controlTableExists } from '../fleet/control.js';
-import { acquireWorkerLock } from '../fleet/locks.js';
+import { registerWorker } from '../fleet/locks.js';
 import { requireFleetAgrees } from '../fleet/placement.js';
 import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
@@ -276,7 +276,7 @@ interface Part {
 
 /**
  * The connections one move works on. The command's own sessions hold the runner locks; a move's
- * sessions hold the worker lock (like any worker), so several moves of one batch can share a host.
+ * sessions are recorded as workers (like any worker), so several moves of one batch can share a host.
  */
 async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean): Promise<Part> {
   const [s, t] = await Promise.allSettled([openSession(source, { applicationName: 'shardctl move' }), openSession(target, { applicationName: 'shardctl move' })]);
@@ -287,8 +287,8 @@ async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean)
   }
   if (!dryRun) {
     try {
-      await acquireWorkerLock(s.value.client, source.name);
-      await acquireWorkerLock(t.value.client, target.name);
+      await registerWorker(s.value.client, source.name);
+      await registerWorker(t.value.client, target.name);
     } catch (error) {
       await closeSession(s.value);
       await closeSession(t.value);

@@ -5,7 +5,7 @@ import { formatShardList } from '../config/ranges.js';
 import { failureReason } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
-import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
+import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
 import { mapDisagreements, mergePlacement, readPlacementView, type FleetPlacement, type HostPlacementView } from '../fleet/placement.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
@@ -34,6 +34,8 @@ export interface HostStatus {
   readonly refusingWrites: readonly number[];
   /** Sequences in shard schemas with CACHE > 1, which next_id() refuses (SQLSTATE SC004): `schema.sequence`. */
   readonly cachedSequences: readonly string[];
+  /** Id sequences next_id() would repeat ids from (behind their table's ids, or another shard's), naming shard and table. */
+  readonly sequenceProblems: readonly string[];
   /** Present shards whose next_id() is missing or older than this shardctl's. */
   readonly nextIdOutdated: readonly number[];
   /** Present mapped shards by migration level (the highest version applied): level → shards (compact list). */
@@ -85,7 +87,10 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             views.push(await readPlacementView(session.client, host.name));
             const snapshot = await readHostSnapshot(session, config);
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
-            return hostStatus(config, snapshot, migrations, await cachedSequences(session.client, config.schemaPrefix), leftovers);
+            const cached = await cachedSequences(session.client, config.schemaPrefix);
+            const sequences = await sequenceProblems(session.client, config).catch((e: unknown) => [`cannot check the id sequences: ${describePgError(e)}`]);
+            const result = hostStatus(config, snapshot, migrations, cached, leftovers);
+            return sequences.length === 0 ? result : { ...result, sequenceProblems: sequences, ok: false };
           },
           { applicationName: 'shardctl status' },
         );
@@ -190,6 +195,7 @@ function hostStatus(
     incoming,
     refusingWrites,
     cachedSequences: cached,
+    sequenceProblems: [],
     nextIdOutdated: outdated,
     levels,
     behind,
@@ -214,6 +220,7 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     incoming: [],
     refusingWrites: [],
     cachedSequences: [],
+    sequenceProblems: [],
     nextIdOutdated: [],
     levels: {},
     behind: [],

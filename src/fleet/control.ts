@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
+import { ID_LOCK_SLOTS } from '../id/sql.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 
@@ -22,6 +23,7 @@ export function controlSchemaSql(config: ShardctlConfig): string {
   return [
     'BEGIN;',
     renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    controlLocksSql(),
     `INSERT INTO ${CONTROL}.layout (control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits)`,
     `VALUES (${CONTROL_VERSION}, ${quoteLiteral(config.schemaPrefix)}, ${config.shards}, ${layout.epochMs}, ${layout.shardBits}, ${layout.sequenceBits})`,
     'ON CONFLICT (singleton) DO NOTHING;',
@@ -48,4 +50,40 @@ export const DURABLE_FLUSH_SQL = `BEGIN; SET LOCAL synchronous_commit = on; UPDA
 export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves' | 'objects'): Promise<boolean> {
   const result = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.${table}`]);
   return result.rows[0]!.e;
+}
+
+/**
+ * The lock tables of the control schema (sql/control_locks.sql): the runner lock, the tracking lock,
+ * the workers' records and next_id's slow-path lock rows. A file of its own because the runner lock
+ * needs them before a run has read anything, on a host that has no control schema yet, or an older one.
+ */
+export function controlLocksSql(): string {
+  return renderSql(loadSqlTemplate('control_locks.sql'), { control: { ident: CONTROL_SCHEMA }, idLockSlots: { int: ID_LOCK_SLOTS } }).trim();
+}
+
+/**
+ * Installs the lock tables when one is missing (a host never initialised, or by an older shardctl)
+ * or next_id's lock rows are not all there, in a transaction of its own. Two runs doing this at once
+ * on a fresh host can collide on the catalog's unique indexes; the loser tries again, and then finds
+ * them.
+ */
+export async function ensureControlLocks(client: pg.Client): Promise<void> {
+  for (let attempt = 1; ; attempt += 1) {
+    const missing = await client.query<{ missing: boolean }>(
+      `SELECT bool_or(to_regclass(t) IS NULL) AS missing FROM unnest($1::text[]) t`,
+      [['runner_lock', 'tracking_lock', 'workers', 'id_locks'].map((t) => `${CONTROL}.${t}`)],
+    );
+    if (!missing.rows[0]!.missing) {
+      const rows = await client.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${CONTROL}.id_locks`);
+      if (rows.rows[0]!.n === ID_LOCK_SLOTS) return;
+    }
+    try {
+      await client.query(`BEGIN;\n${controlLocksSql()}\nCOMMIT;`);
+      return;
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      const code = (error as { code?: unknown }).code;
+      if (attempt >= 3 || (code !== '23505' && code !== '42P06' && code !== '42P07')) throw error;
+    }
+  }
 }

@@ -1,32 +1,43 @@
 import type pg from 'pg';
+import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { durationMs } from '../config/duration.js';
-import { ID_LOCK_CLASS } from '../id/sql.js';
-import { describePgError } from './connect.js';
+import { connectHost, describePgError } from './connect.js';
+import { CONTROL, ensureControlLocks } from './control.js';
 
 /**
- * One shardctl runner per host at a time (init, add-schema, migrate, move-shard). A session-level
- * advisory lock held by the run's coordinator connection: it disappears with the connection, so a
- * killed run never leaves a stale lock behind. But not at the same instant: behind a TCP proxy
- * (PgBouncer, HAProxy, a cloud load balancer, docker-proxy) or in the middle of a statement, the
- * server ends a killed run's session a moment later (connect.ts sets client_connection_check_interval
- * to bound that moment). So a busy lock is waited for, up to the config's lockTimeout, before a
- * second runner fails, naming the holder: an immediate rerun after a kill works, and a live
- * runner still stops the second one within lockTimeout.
+ * One shardctl runner per host at a time (init, add-schema, migrate, move-shard, rebalance, gc).
  *
- * The coordinator's lock alone is not enough: when a runner dies (SIGKILL, Ctrl-C, a lost
- * coordinator connection), its worker backends go on with the statement they were sent, commits
- * included, until they next talk to the client. So every worker connection holds the worker lock
- * in shared mode, and a new runner, once it holds the runner lock, waits (up to the config's
- * lockTimeout) until it can take the worker lock exclusively: only then has every worker of an
- * earlier run finished, and the catalog it reads next is the one it will change.
+ * The runner lock is a table lock on the control schema's runner_lock (sql/control_locks.sql), not an
+ * advisory lock: any role that can connect can take any advisory key, so a stranger could block
+ * every run; locking a table in SHARE UPDATE EXCLUSIVE mode needs UPDATE, DELETE or TRUNCATE on it,
+ * which only its owner has. A table lock lasts until its transaction ends, so it is held by a
+ * connection of its own with a transaction open for the run's life (idle_in_transaction_session_timeout
+ * off for that session); the coordinator connection goes on committing its own transactions. The lock
+ * disappears with that connection, so a killed run never leaves a stale lock behind. But not at the
+ * same instant: behind a TCP proxy (PgBouncer, HAProxy, a cloud load balancer, docker-proxy) the
+ * server ends a killed run's session a moment later. So a busy lock is waited for, up to the
+ * config's lockTimeout, before a second runner fails, naming the holder: an immediate rerun after a
+ * kill works, and a live runner still stops the second one within lockTimeout.
+ *
+ * The runner lock alone is not enough: when a runner dies (SIGKILL, Ctrl-C, a lost coordinator
+ * connection), its worker backends go on with the statement they were sent, commits included, until
+ * they next talk to the client (connect.ts sets client_connection_check_interval to bound that). So
+ * every worker connection records its backend (pid and start time) in the control schema's workers
+ * table before it does anything, and a new runner, once it holds the runner lock, waits (up to the
+ * config's lockTimeout) until none of the recorded backends is alive: only then has every worker of
+ * an earlier run finished, and the catalog it reads next is the one it will change. Only the
+ * table's owner can write it, so no stranger can pose as a worker.
  */
-/** One advisory-lock class for everything shardctl locks: next_id_locked uses sequence oids as objid, never 0 or 1. */
-export const RUNNER_LOCK_CLASS = ID_LOCK_CLASS;
-export const RUNNER_LOCK_OBJID = 0;
-export const WORKER_LOCK_OBJID = 1;
-/** Serialises moves that set up change tracking on the same target at once (src/moves/tail.ts). */
-export const TRACKING_LOCK_OBJID = 2;
+export const RUNNER_LOCK_TABLE = `${CONTROL}.runner_lock`;
+export const TRACKING_LOCK_TABLE = `${CONTROL}.tracking_lock`;
+export const WORKERS_TABLE = `${CONTROL}.workers`;
+
+/**
+ * Serialises moves that set up change tracking on the same target at once (src/moves/tail.ts): a
+ * statement of the tracking transaction, held to its end.
+ */
+export const TRACKING_LOCK_SQL = `LOCK TABLE ${TRACKING_LOCK_TABLE} IN EXCLUSIVE MODE;`;
 
 export interface RunnerLockOptions {
   /**
@@ -36,96 +47,137 @@ export interface RunnerLockOptions {
   readonly workerWait?: string;
 }
 
-export async function acquireRunnerLock(client: pg.Client, hostName: string, options: RunnerLockOptions = {}): Promise<void> {
+/** The connection holding each coordinator's runner lock. */
+const lockConnections = new WeakMap<pg.Client, pg.Client>();
+
+/** How often a runner looks again for the workers of an earlier run. */
+const WORKER_POLL_MS = 50;
+
+/**
+ * Takes the runner lock on `host` for the run whose coordinator connection is `client`, then waits
+ * for the workers of an earlier run. releaseRunnerLock(client) lets it go.
+ */
+export async function acquireRunnerLock(host: HostConfig, client: pg.Client, options: RunnerLockOptions = {}): Promise<void> {
   const wait = options.workerWait ?? '5s';
-  if (!(await lockRunner(client, durationMs(wait)))) {
-    const holder = await describeHolders(client, RUNNER_LOCK_OBJID).catch((error: unknown) => `unknown (${describePgError(error)})`);
-    throw new HostError(hostName, `another shardctl run holds the runner lock (${holder}); waited ${wait}, nothing was written. Run again when it has finished.`, {
-      code: 'RUNNER_BUSY',
-    });
-  }
+  await ensureControlLocks(client);
+  // Named as the coordinator is, so that a second run's message names what this run is.
+  const application = (await client.query<{ name: string }>(`SELECT current_setting('application_name') AS name`)).rows[0]!.name;
+  // A failure to connect is the host's, like a failed query (Fleet.lock may lose the host), not a refusal.
+  const lock = await connectHost(host, { applicationName: application }).catch((error: unknown) => {
+    throw new Error(`cannot open the runner lock's connection: ${describePgError((error as { cause?: unknown }).cause ?? error)}`);
+  });
   try {
-    await waitForWorkers(client, hostName, options.workerWait ?? '5s');
+    if (!(await lockRunner(lock, durationMs(wait)))) {
+      const holder = await describeRunnerHolders(lock).catch((error: unknown) => `unknown (${describePgError(error)})`);
+      throw new HostError(host.name, `another shardctl run holds the runner lock (${holder}); waited ${wait}, nothing was written. Run again when it has finished.`, {
+        code: 'RUNNER_BUSY',
+      });
+    }
+    await waitForWorkers(client, host.name, wait);
   } catch (error) {
-    await releaseRunnerLock(client).catch(() => undefined);
+    await lock.end().catch(() => undefined);
     throw error;
   }
+  lockConnections.set(client, lock);
 }
 
 /**
- * Takes the runner lock, waiting up to waitMs for its holder to go. The wait runs in a transaction
- * only for SET LOCAL lock_timeout; the session-level lock outlives it.
+ * Takes the runner lock on `lock`, waiting up to waitMs for its holder to go; the transaction stays
+ * open. The session's timeouts are lifted first: the transaction is idle, on purpose, until the run ends.
  */
-async function lockRunner(client: pg.Client, waitMs: number): Promise<boolean> {
-  const tried = await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock($1, $2) AS locked', [RUNNER_LOCK_CLASS, RUNNER_LOCK_OBJID]);
-  if (tried.rows[0]?.locked) return true;
-  if (waitMs === 0) return false;
+async function lockRunner(lock: pg.Client, waitMs: number): Promise<boolean> {
+  await lock.query(
+    `SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0;
+     SELECT set_config('transaction_timeout', '0', false) WHERE current_setting('server_version_num')::int >= 170000;`,
+  );
   try {
-    await client.query(
-      `BEGIN; SET LOCAL lock_timeout = '${waitMs}ms'; SELECT pg_advisory_lock(${RUNNER_LOCK_CLASS}, ${RUNNER_LOCK_OBJID}); COMMIT;`,
+    // lock_timeout 0 would wait for ever: no wait is NOWAIT.
+    await lock.query(
+      waitMs === 0
+        ? `BEGIN; LOCK TABLE ${RUNNER_LOCK_TABLE} IN SHARE UPDATE EXCLUSIVE MODE NOWAIT;`
+        : `BEGIN; SET LOCAL lock_timeout = '${waitMs}ms'; LOCK TABLE ${RUNNER_LOCK_TABLE} IN SHARE UPDATE EXCLUSIVE MODE;`,
     );
     return true;
   } catch (error) {
-    await client.query('ROLLBACK').catch(() => undefined);
+    await lock.query('ROLLBACK').catch(() => undefined);
     if ((error as { code?: unknown }).code === '55P03') return false;
     throw error;
   }
 }
 
 export async function releaseRunnerLock(client: pg.Client): Promise<void> {
-  await client.query('SELECT pg_advisory_unlock($1, $2)', [RUNNER_LOCK_CLASS, RUNNER_LOCK_OBJID]);
+  const lock = lockConnections.get(client);
+  if (!lock) return;
+  lockConnections.delete(client);
+  await lock.query('ROLLBACK').catch(() => undefined);
+  await lock.end().catch(() => undefined);
 }
 
-/** Taken by every worker connection of a run, for the connection's life. */
-export async function acquireWorkerLock(client: pg.Client, hostName: string): Promise<void> {
-  const result = await client.query<{ locked: boolean }>('SELECT pg_try_advisory_lock_shared($1, $2) AS locked', [
-    RUNNER_LOCK_CLASS,
-    WORKER_LOCK_OBJID,
-  ]);
-  if (result.rows[0]?.locked) return;
-  // Only a runner holding the runner lock takes the worker lock exclusively, and this run holds it.
-  throw new HostError(hostName, 'another shardctl run is checking for workers; nothing more was written', { code: 'RUNNER_BUSY' });
-}
-
-async function waitForWorkers(client: pg.Client, hostName: string, wait: string): Promise<void> {
-  const waitMs = durationMs(wait);
+/**
+ * Records a worker connection of a run (committed at once), before it does any work, so that a later
+ * run waits for it to finish even if this process dies.
+ */
+export async function registerWorker(client: pg.Client, hostName: string): Promise<void> {
   try {
-    if (waitMs === 0) {
-      const result = await client.query<{ locked: boolean }>('SELECT pg_try_advisory_xact_lock($1, $2) AS locked', [
-        RUNNER_LOCK_CLASS,
-        WORKER_LOCK_OBJID,
-      ]);
-      if (!result.rows[0]?.locked) throw Object.assign(new Error('worker lock busy'), { code: '55P03' });
-    } else {
-      // A transaction-level lock: released by the COMMIT as soon as it is granted.
-      await client.query(
-        `BEGIN; SET LOCAL lock_timeout = '${waitMs}ms'; SELECT pg_advisory_xact_lock(${RUNNER_LOCK_CLASS}, ${WORKER_LOCK_OBJID}); COMMIT;`,
-      );
-    }
-  } catch (error) {
-    await client.query('ROLLBACK').catch(() => undefined);
-    if ((error as { code?: unknown }).code !== '55P03') throw error;
-    const holders = await describeHolders(client, WORKER_LOCK_OBJID).catch((e: unknown) => `unknown (${describePgError(e)})`);
-    throw new HostError(
-      hostName,
-      `workers of another shardctl run are still running after ${wait} (${holders}); nothing was written. ` +
-        'Their run was killed or lost its coordinator connection; run again when they have finished, or end them with pg_terminate_backend(pid).',
-      { code: 'RUNNER_BUSY' },
+    await client.query(
+      `INSERT INTO ${WORKERS_TABLE} (pid, backend_start)
+       SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() ON CONFLICT DO NOTHING`,
     );
+  } catch (error) {
+    throw new HostError(hostName, `cannot record a worker connection in ${WORKERS_TABLE}: ${describePgError(error)}; nothing more was written`, {
+      cause: error,
+    });
   }
 }
 
-async function describeHolders(client: pg.Client, objid: number): Promise<string> {
-  const result = await client.query<{ pid: number; application_name: string; backend_start: Date; client_addr: string | null }>(
+/** Backends recorded as workers that are still alive (the same pid and start time). */
+const LIVE_WORKERS_SQL = `SELECT a.pid, a.application_name, a.backend_start, host(a.client_addr) AS client_addr
+   FROM ${WORKERS_TABLE} w JOIN pg_stat_activity a ON a.pid = w.pid AND a.backend_start = w.backend_start
+  WHERE a.pid <> pg_backend_pid()
+  ORDER BY a.pid`;
+
+async function waitForWorkers(client: pg.Client, hostName: string, wait: string): Promise<void> {
+  const deadline = Date.now() + durationMs(wait);
+  for (;;) {
+    const live = await client.query<Holder>(LIVE_WORKERS_SQL);
+    if (live.rows.length === 0) break;
+    if (Date.now() >= deadline) {
+      throw new HostError(
+        hostName,
+        `workers of another shardctl run are still running after ${wait} (${describeHolders(live.rows)}); nothing was written. ` +
+          'Their run was killed or lost its coordinator connection; run again when they have finished, or end them with pg_terminate_backend(pid).',
+        { code: 'RUNNER_BUSY' },
+      );
+    }
+    await new Promise((resolve) => setTimeout(resolve, Math.min(WORKER_POLL_MS, Math.max(1, deadline - Date.now()))));
+  }
+  await client.query(
+    `DELETE FROM ${WORKERS_TABLE} w WHERE NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = w.pid AND a.backend_start = w.backend_start)`,
+  );
+}
+
+interface Holder {
+  pid: number;
+  application_name: string;
+  backend_start: Date;
+  client_addr: string | null;
+}
+
+async function describeRunnerHolders(client: pg.Client): Promise<string> {
+  const result = await client.query<Holder>(
     `SELECT a.pid, a.application_name, a.backend_start, host(a.client_addr) AS client_addr
        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-        AND l.classid = $1 AND l.objid = $2 AND l.objsubid = 2 AND l.granted AND l.pid <> pg_backend_pid()
+      WHERE l.locktype = 'relation' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND l.relation = $1::regclass AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted AND l.pid <> pg_backend_pid()
       ORDER BY a.pid`,
-    [RUNNER_LOCK_CLASS, objid],
+    [RUNNER_LOCK_TABLE],
   );
-  if (result.rows.length === 0) return 'holder not visible';
-  return result.rows
+  return describeHolders(result.rows);
+}
+
+function describeHolders(rows: readonly Holder[]): string {
+  if (rows.length === 0) return 'holder not visible';
+  return rows
     .map(
       (row) =>
         `backend pid ${row.pid}, application ${row.application_name || '?'}, from ${row.client_addr ?? 'local socket'}, ` +

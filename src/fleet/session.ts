@@ -3,7 +3,7 @@ import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { connectHost, describePgError, reportedSetting } from './connect.js';
 import { HOST_SILENT } from './silence.js';
-import { acquireRunnerLock, acquireWorkerLock, releaseRunnerLock } from './locks.js';
+import { acquireRunnerLock, registerWorker, releaseRunnerLock } from './locks.js';
 
 /**
  * Host sessions: one coordinator connection per host, with the server's version read once when it
@@ -65,14 +65,14 @@ export function versionNum(version: string): number | null {
 
 /**
  * A connection that does the work of a run on a host (copying, creating shards) while the run's
- * session holds the runner lock: it holds the worker lock in shared mode, so a later run waits for
- * it to finish even if this process dies (see locks.ts).
+ * session holds the runner lock: it is recorded as a worker, so a later run waits for it to finish
+ * even if this process dies (see locks.ts).
  */
 export async function openWorker(host: HostConfig, applicationName = 'shardctl worker'): Promise<pg.Client> {
   const client = await connectHost(host, { applicationName });
   tagErrors(client, host.name);
   try {
-    await acquireWorkerLock(client, host.name);
+    await registerWorker(client, host.name);
   } catch (error) {
     await client.end().catch(() => undefined);
     throw error;
@@ -169,11 +169,12 @@ export class Fleet {
   async lock(options: { lockTimeout?: string; tolerateLoss?: boolean } = {}): Promise<void> {
     for (const session of [...this.sessions]) {
       try {
-        await acquireRunnerLock(session.client, session.host.name, options.lockTimeout ? { workerWait: options.lockTimeout } : {});
+        await acquireRunnerLock(session.host, session.client, options.lockTimeout ? { workerWait: options.lockTimeout } : {});
         session.locked = true;
       } catch (error) {
-        // Another runner stops everything; a host that stopped answering is lost like an unreachable one.
-        if (error instanceof ShardctlError && error.code !== HOST_SILENT) throw error;
+        // Another runner stops everything; a host that cannot be reached (the lock's own connection
+        // included) or stopped answering is lost.
+        if (error instanceof ShardctlError && error.code !== HOST_SILENT && error.code !== 'HOST_UNREACHABLE') throw error;
         this.lose(session, error, options.tolerateLoss ?? false, 'cannot take the runner lock');
       }
     }

@@ -57,7 +57,8 @@ export function dropShardSql(shard: number, schemas: readonly string[]): string 
  */
 export function reinstallNextIdSql(config: ShardctlConfig, shard: number, language: NextIdLanguage = 'sql'): string {
   const schema = shardSchemaName(config, shard);
-  return ['BEGIN;', renderNextIdSql(schema, shard, config.idLayout, language).trim(), 'COMMIT;'].join('\n');
+  // next_id.sql waits for the transactions drawing from the schema's sequences (its barrier): as long as a migration's locks may.
+  return ['BEGIN;', `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`, renderNextIdSql(schema, shard, config.idLayout, language).trim(), 'COMMIT;'].join('\n');
 }
 
 /**

@@ -33,12 +33,21 @@ export const ID_BUSY_MS = 4;
  * (the range folded into it with two shifts) and reads the position back twice instead of four
  * times; the slow path allows for a clock read before the draw (twice max_backends of room) and
  * moves a busy sequence ID_LEAD_MS ahead of the clock; a position means the same, so ids continue
- * from v5's position.
+ * from v5's position. v7: the slow path's lock is a row of the control schema's id_locks (an
+ * advisory lock could be held by any role), it refuses a session that has not drawn from the
+ * sequence (EXECUTE is PUBLIC's, and it is SECURITY DEFINER), and installing it waits for the
+ * transactions drawing from the schema's sequences, so no slow path of v6 runs beside one of v7;
+ * the fast path and the positions are v6's.
  */
-export const ID_FUNCTION_VERSION = 6;
+export const ID_FUNCTION_VERSION = 7;
 
-/** classid of the advisory lock next_id_locked takes (objid is the sequence's oid): 'shrd'. */
-export const ID_LOCK_CLASS = 0x73687264;
+/**
+ * The table whose rows next_id's slow path locks (one per slot, the sequence's oid modulo
+ * ID_LOCK_SLOTS): in the control schema, created by sql/control_locks.sql, writable by its owner
+ * only. The schema is CONTROL_SCHEMA of src/fleet/control.ts (a layer above; a unit test checks).
+ */
+export const ID_LOCKS_SCHEMA = 'shardctl';
+export const ID_LOCK_SLOTS = 8192;
 
 /**
  * A timestamptz literal for PostgreSQL, exact to the millisecond. Not formatUnixMs(): that one
@@ -95,7 +104,9 @@ export function renderNextIdSql(schema: string, shard: number, layout: IdLayout,
     epochMs: { int: layout.epochMs },
     maxTimeMs: { int: maxTimeOffsetMs(layout) },
     sequenceMask: { int: (1n << seqBits) - 1n },
-    lockClass: { int: ID_LOCK_CLASS },
+    idLocksSchema: { ident: ID_LOCKS_SCHEMA },
+    idLocksLiteral: { literal: `${ID_LOCKS_SCHEMA}.id_locks` },
+    idLockSlots: { int: ID_LOCK_SLOTS },
     layoutLiteral: { literal: describeLayout(layout) },
     layoutEndLiteral: { literal: formatUnixMs(layoutEndUnixMs(layout)) },
   })}\n${wrapper}`;

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
-import { RUNNER_LOCK_CLASS, TRACKING_LOCK_OBJID } from '../fleet/locks.js';
+import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 import { qualified } from './sql.js';
@@ -79,7 +79,7 @@ export function startTrackingSql(moveId: string, tables: readonly KeyedTable[]):
     'BEGIN;',
     "SET LOCAL lock_timeout = '5s';",
     // Moves into the same target (from several sources at once) would race on CREATE OR REPLACE.
-    `SELECT pg_advisory_xact_lock(${RUNNER_LOCK_CLASS}, ${TRACKING_LOCK_OBJID});`,
+    TRACKING_LOCK_SQL,
     renderSql(loadSqlTemplate('move_tracking.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
     `DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`,
     ...tables.flatMap(({ table, columns }) => {

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import { connectHost, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
-import { acquireWorkerLock } from '../fleet/locks.js';
+import { registerWorker } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 
@@ -75,7 +75,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
     let client: pg.Client | null = null;
     try {
       client = await connectHost(host, { applicationName: 'shardctl worker' });
-      await acquireWorkerLock(client, host.name);
+      await registerWorker(client, host.name);
       // Each shard's commit without a WAL flush; the run's last step makes them all durable at once.
       await client.query(ASYNC_COMMIT_SQL);
       while (hostError === null && next < plan.jobs.length) {

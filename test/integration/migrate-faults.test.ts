@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { beforeAll, describe, expect, it } from 'vitest';
-import { RUNNER_LOCK_CLASS, RUNNER_LOCK_OBJID, WORKER_LOCK_OBJID } from '../../src/fleet/locks.js';
+import { RUNNER_LOCK_TABLE, WORKERS_TABLE } from '../../src/fleet/locks.js';
 import { init } from '../../src/commands/init.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
@@ -76,7 +76,7 @@ describe('one shardctl runner per host', () => {
     const holder = new pg.Client({ connectionString: db.urls[1]!, application_name: 'held-by-test' });
     await holder.connect();
     try {
-      await holder.query('select pg_advisory_lock($1, $2)', [RUNNER_LOCK_CLASS, RUNNER_LOCK_OBJID]);
+      await holder.query(`begin; lock table ${RUNNER_LOCK_TABLE} in share update exclusive mode`);
       for (const command of [['migrate'], ['init'], ['add-schema', '5']]) {
         const started = Date.now();
         const run = await runCli([...command, '-c', fleet.configFile]);
@@ -89,7 +89,7 @@ describe('one shardctl runner per host', () => {
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(0);
       // pg1 was locked first; giving up released it.
-      expect(await count(db.urls[0]!, `select count(*) as n from pg_locks where locktype = 'advisory' and database = (select oid from pg_database where datname = current_database())`)).toBe(0);
+      expect(await count(db.urls[0]!, `select count(*) as n from pg_locks where locktype = 'relation' and relation = to_regclass($1)`, [RUNNER_LOCK_TABLE])).toBe(0);
     } finally {
       await holder.end();
     }
@@ -100,11 +100,12 @@ describe('one shardctl runner per host', () => {
 
   it('waits for workers a killed run left running before it reads the catalog, and names them when they outlast lockTimeout', async () => {
     fleet.writeMigration('0005_photo_flags.sql', 'ALTER TABLE photos ADD COLUMN flagged boolean NOT NULL DEFAULT false;\n');
-    // A worker of a dead run: its backend still holds the worker lock while it finishes a statement.
+    // A worker of a dead run: its backend is still recorded, and alive, while it finishes a statement.
     const orphan = new pg.Client({ connectionString: db.urls[0]!, application_name: 'shardctl worker' });
+    let ended = false;
     await orphan.connect();
     try {
-      await orphan.query('select pg_advisory_lock_shared($1, $2)', [RUNNER_LOCK_CLASS, WORKER_LOCK_OBJID]);
+      await orphan.query(`insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid()`);
       const run = await runCli(['migrate', '-c', fleet.configFile]);
       expect(run.stderr).toMatch(
         /host pg1: workers of another shardctl run are still running after 300ms \(backend pid \d+, application shardctl worker, [^)]+\); nothing was written/,
@@ -115,19 +116,18 @@ describe('one shardctl runner per host', () => {
 
       // The orphan finishes while the next run waits: that run goes on.
       const waiting = runCli(['migrate', '-c', fleet.configFile]);
-      await waitFor('the run to wait for the worker lock', async () =>
-        (await count(
-          db.urls[0]!,
-          `select count(*) as n from pg_locks where locktype = 'advisory' and classid = $1 and objid = $2 and not granted`,
-          [RUNNER_LOCK_CLASS, WORKER_LOCK_OBJID],
-        )) === 1,
+      await waitFor('the run to hold the runner lock and wait for the worker', async () =>
+        (await count(db.urls[0]!, `select count(*) as n from pg_locks where locktype = 'relation' and relation = to_regclass($1) and granted`, [
+          RUNNER_LOCK_TABLE,
+        ])) === 1,
       );
-      await orphan.query('select pg_advisory_unlock_shared($1, $2)', [RUNNER_LOCK_CLASS, WORKER_LOCK_OBJID]);
+      await orphan.end();
+      ended = true;
       const done = await waiting;
       expect(done.stderr).toContain('migrate: 80 migrations applied');
       expect(done.code).toBe(0);
     } finally {
-      await orphan.end();
+      if (!ended) await orphan.end();
     }
   });
 

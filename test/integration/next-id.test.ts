@@ -3,18 +3,22 @@ import { describe, expect, it } from 'vitest';
 import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.js';
 import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
+import { controlLocksSql } from '../../src/fleet/control.js';
 import { status } from '../../src/commands/status.js';
 import { renderNextIdReleaseSql, type NextIdRelease } from '../fixtures/previous-next-id.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
-/** Databases of their own for the v3, v4 and v5 upgrade tests: each upgrade test initialises a fleet. */
+/** Databases of their own for the v3 to v6 upgrade tests: each upgrade test initialises a fleet. */
 const dbV3 = useTestDatabases(1);
 const dbV4 = useTestDatabases(1);
 const dbV5 = useTestDatabases(1);
+const dbV6 = useTestDatabases(1);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
+  // The slow path's lock rows live in the control schema.
+  await client.query(controlLocksSql());
   await client.query(`create schema if not exists "${schema}"`);
   await client.query(renderNextIdSql(schema, shard, layout));
   await client.query(`create sequence if not exists "${schema}".photos_id_seq`);
@@ -192,6 +196,20 @@ describe('next_id()', () => {
     });
   });
 
+  it("installing next_id waits for the transactions that drew from the schema's sequences, so no older slow path runs beside the new one", async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta17', 17, DEFAULT_ID_LAYOUT);
+      await withClient(db.urls[0]!, async (drawing) => {
+        await drawing.query(`begin; select nextval('insta17.photos_id_seq')`);
+        const error = await errorOf(client.query(`begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}`));
+        await client.query('rollback');
+        expect(error.code).toBe('55P03');
+        await drawing.query('commit');
+      });
+      await client.query(`begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}; commit`);
+    });
+  });
+
   it('moves a sequence that is just behind the clock (fewer than max_backends positions) up to the clock in one locked call', async () => {
     await withClient(db.urls[0]!, async (client) => {
       await installShard(client, 'insta14', 14, DEFAULT_ID_LAYOUT);
@@ -276,6 +294,8 @@ describe('next_id()', () => {
     { version: 4, language: 'sql', database: () => dbV4.urls[0]! },
     // The inlined SQL next_id() with the position read back four times, no PL/pgSQL per id.
     { version: 5, language: 'sql', database: () => dbV5.urls[0]! },
+    // The previous release: v7's fast path, the slow path under an advisory lock.
+    { version: 6, language: 'sql', database: () => dbV6.urls[0]! },
   ];
 
   async function installRelease(client: pg.Client, version: NextIdRelease, schema: string, shard: number, layout: IdLayout): Promise<void> {

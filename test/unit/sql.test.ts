@@ -1,7 +1,8 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_ID_LAYOUT } from '../../src/id/layout.js';
-import { renderNextIdSql } from '../../src/id/sql.js';
+import { ID_LOCKS_SCHEMA, renderNextIdSql } from '../../src/id/sql.js';
+import { CONTROL_SCHEMA } from '../../src/fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../../src/pg/quote.js';
 import { redact, redactUrl, registerSecret } from '../../src/pg/redact.js';
 import { renderSql } from '../../src/pg/template.js';
@@ -35,7 +36,14 @@ describe('SQL templates', () => {
     expect(condition!.replaceAll(/\s+/g, ' ')).toBe(
       "'2011-08-24T21:07:01.723Z'::timestamptz + ((pg_catalog.nextval(seq) << 13) >> 23) * interval '1 millisecond' > GREATEST(pg_catalog.clock_timestamp(), '2011-08-24T21:07:01.723Z'::timestamptz)",
     );
-    expect(sql).toContain('shardctl next_id v6:');
+    expect(sql).toContain('shardctl next_id v7:');
+  });
+
+  it("locks next_id's slow path with a row of the control schema's id_locks, never an advisory lock", () => {
+    const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
+    expect(sql).not.toMatch(/pg_advisory/);
+    expect(sql).toContain('PERFORM FROM "shardctl".id_locks WHERE slot = (seq::oid::bigint % 8192)::integer FOR NO KEY UPDATE;');
+    expect(CONTROL_SCHEMA).toBe(ID_LOCKS_SCHEMA);
   });
 
   it("next_id()'s one condition accepts exactly the positions next_id_fast() accepts, and any other position it lets through overflows bigint", () => {

@@ -1,0 +1,43 @@
+-- The locks shardctl relies on, in the control schema: installed with it (sql/control.sql, through
+-- src/fleet/control.ts) and, on a host whose control schema predates them or does not exist yet,
+-- by the first run that takes the runner lock, before it takes it. Idempotent.
+-- {{control}} is the control schema name (always "shardctl"), filled in by src/pg/template.ts.
+--
+-- Why tables and not advisory locks: any role that can connect can take any advisory key, and
+-- shardctl's keys are predictable, so a stranger could stall writes and block every run. Locking a
+-- table in a mode above ROW EXCLUSIVE, or a row FOR UPDATE, needs UPDATE (or DELETE, TRUNCATE) on it,
+-- and the control schema grants nothing to PUBLIC (not even USAGE, which name lookup needs). A
+-- stranger can still take ACCESS SHARE on these tables by oid (pg_relation_size() does), which
+-- conflicts with none of the modes below.
+CREATE SCHEMA IF NOT EXISTS {{control}};
+
+-- The runner lock: one shardctl run per host. Held in SHARE UPDATE EXCLUSIVE mode (conflicts with
+-- itself, not with ACCESS SHARE or the row locks of tracking_lock below) by a connection of its own
+-- with a transaction open for the run's life (src/fleet/locks.ts). No rows.
+CREATE TABLE IF NOT EXISTS {{control}}.runner_lock ();
+
+-- Serialises moves that set up change tracking on the same target at once (src/moves/tail.ts):
+-- locked in EXCLUSIVE mode inside the tracking transaction. No rows.
+CREATE TABLE IF NOT EXISTS {{control}}.tracking_lock ();
+
+-- The worker backends of runs: each worker connection records itself here (committed at once)
+-- before it does any work. A new runner, once it holds the runner lock, waits until no recorded
+-- backend is still alive (pg_stat_activity, same pid and start time), so the workers of a killed run
+-- have finished their statement before it reads the catalog; it then deletes the dead rows.
+CREATE TABLE IF NOT EXISTS {{control}}.workers (
+  pid           integer NOT NULL,
+  backend_start timestamptz NOT NULL,
+  PRIMARY KEY (pid, backend_start)
+);
+
+-- next_id's slow path (sql/next_id.sql) serialises the sessions moving one sequence with a row lock
+-- (FOR NO KEY UPDATE) on the slot of the sequence's oid. Sequences share a slot when their oids are
+-- equal modulo the slot count: their slow paths then wait for each other (microseconds), which the
+-- proof allows (it needs at most one session per sequence, not per slot). The rows must all exist:
+-- next_id_locked refuses to go on without its row (SC005).
+CREATE TABLE IF NOT EXISTS {{control}}.id_locks (
+  slot integer PRIMARY KEY CHECK (slot >= 0 AND slot < {{idLockSlots}})
+);
+INSERT INTO {{control}}.id_locks (slot) SELECT s FROM pg_catalog.generate_series(0, {{idLockSlots}} - 1) s ON CONFLICT DO NOTHING;
+
+REVOKE ALL ON {{control}}.runner_lock, {{control}}.tracking_lock, {{control}}.workers, {{control}}.id_locks FROM PUBLIC;
