@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { ID_LOCK_SLOTS } from '../id/sql.js';
+import { HostError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 
@@ -14,21 +15,65 @@ export const CONTROL_SCHEMA = 'shardctl';
 /** The control schema's name as SQL text, quoted: `"shardctl"`. */
 export const CONTROL = quoteIdent(CONTROL_SCHEMA);
 
-/** Version of the control schema's own layout (sql/control.sql). */
-export const CONTROL_VERSION = 1;
+/**
+ * The control schema's own versions, in order: each step's SQL is idempotent and brings a control
+ * schema of any earlier version (or none) up to it. controlSchemaSql runs them all in one
+ * transaction and records the last version in `layout.control_version` (never lowering it). A host
+ * whose recorded version is above CONTROL_VERSION was written by a newer shardctl: this one refuses
+ * to write to it (requireKnownControlVersion), since it cannot know what the newer tables mean.
+ */
+const CONTROL_STEPS: readonly { version: number; sql: () => string }[] = [
+  // The layout, the shards, migration records, moves and their markers, the fence functions.
+  { version: 1, sql: () => renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim() },
+  // The fleet: its id, the host registry and the placement copy (src/fleet/placement.ts); the lock
+  // tables (sql/control_locks.sql) that replaced advisory locks.
+  {
+    version: 2,
+    sql: () => [renderSql(loadSqlTemplate('control_fleet.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(), controlLocksSql()].join('\n'),
+  },
+];
+
+/** The control schema version this shardctl writes (the last of CONTROL_STEPS). */
+export const CONTROL_VERSION = CONTROL_STEPS.at(-1)!.version;
 
 /** Creates (or completes) the control schema and records the layout, in one transaction. */
 export function controlSchemaSql(config: ShardctlConfig): string {
   const layout = config.idLayout;
   return [
     'BEGIN;',
-    renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
-    controlLocksSql(),
+    ...CONTROL_STEPS.map((step) => step.sql()),
     `INSERT INTO ${CONTROL}.layout (control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits)`,
     `VALUES (${CONTROL_VERSION}, ${quoteLiteral(config.schemaPrefix)}, ${config.shards}, ${layout.epochMs}, ${layout.shardBits}, ${layout.sequenceBits})`,
-    'ON CONFLICT (singleton) DO NOTHING;',
+    `ON CONFLICT (singleton) DO UPDATE SET control_version = greatest(${CONTROL}.layout.control_version, EXCLUDED.control_version);`,
     'COMMIT;',
   ].join('\n');
+}
+
+/** The control schema version a host records, or null when it has none (a fresh host). */
+export async function recordedControlVersion(client: pg.Client): Promise<number | null> {
+  const exists = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.layout`]);
+  if (!exists.rows[0]!.e) return null;
+  const result = await client.query<{ v: number | null }>(`SELECT max(control_version) AS v FROM ${CONTROL}.layout`);
+  return result.rows[0]?.v ?? null;
+}
+
+/**
+ * Refuses to write to a host whose control schema a newer shardctl made (ControlVersionError,
+ * naming both versions).
+ */
+export async function requireKnownControlVersion(client: pg.Client, hostName: string): Promise<void> {
+  const recorded = await recordedControlVersion(client);
+  if (recorded !== null && recorded > CONTROL_VERSION) throw new ControlVersionError(hostName, recorded);
+}
+
+export class ControlVersionError extends HostError {
+  constructor(hostName: string, recorded: number) {
+    super(
+      hostName,
+      `its control schema is version ${recorded}, written by a newer shardctl; this one knows versions up to ${CONTROL_VERSION} and writes nothing there. Upgrade shardctl.`,
+      { code: 'CONTROL_TOO_NEW', data: { recorded, supported: CONTROL_VERSION } },
+    );
+  }
 }
 
 /** Sets a worker session to commit without waiting for the WAL flush (see DURABLE_FLUSH_SQL). */

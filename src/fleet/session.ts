@@ -3,6 +3,7 @@ import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { connectHost, describePgError, reportedSetting } from './connect.js';
 import { HOST_SILENT } from './silence.js';
+import { requireKnownControlVersion } from './control.js';
 import { acquireRunnerLock, registerWorker, releaseRunnerLock } from './locks.js';
 
 /**
@@ -171,6 +172,7 @@ export class Fleet {
       try {
         await acquireRunnerLock(session.host, session.client, options.lockTimeout ? { workerWait: options.lockTimeout } : {});
         session.locked = true;
+        await requireKnownControlVersion(session.client, session.host.name);
       } catch (error) {
         // Another runner stops everything; a host that cannot be reached (the lock's own connection
         // included) or stopped answering is lost.

@@ -5,7 +5,7 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { formatShardList } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { HostSnapshot } from '../fleet/catalog.js';
-import { controlSchemaSql } from '../fleet/control.js';
+import { CONTROL_VERSION, controlSchemaSql } from '../fleet/control.js';
 import { createShardSql, recordShardSql, reinstallNextIdSql } from '../fleet/sql.js';
 import { DRIFT_KINDS, driftProblems, pendingMigrations, type DriftKind } from '../migrations/rules.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
@@ -157,7 +157,9 @@ function planHost(
     jobs.push({ shard, creates, reinstallsNextId: reinstalls, migrations: pending, steps });
   }
   const needsControl = fresh || snapshot.recorded.size === 0;
-  const controlSql = fresh || (needsControl && jobs.length > 0) ? controlSchemaSql(config) : null;
+  // A control schema of an earlier version is brought up to this one's (its steps are idempotent).
+  const outdated = (snapshot.layout?.controlVersion ?? 0) < CONTROL_VERSION;
+  const controlSql = fresh || outdated || (needsControl && jobs.length > 0) ? controlSchemaSql(config) : null;
   const missingShards = snapshot.host.shards.filter((s) => !snapshot.schemas.has(s));
   return { host: snapshot.host, missingShards, controlSql, jobs, upToDate };
 }
