@@ -339,33 +339,6 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
     }
   }
 
-  it('without pg\'s internals (the fallback): BEGIN and search_path go as a query of their own, one more round trip, same transaction and results', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'pf', migrations: PHOTOS_ONLY });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
-    setBeginPipelining(false);
-    try {
-      const done = await router.withShard(1, async (client) => {
-        const insert = await roundTrips(client, () => client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, $2) returning id`, ['1', 'f']));
-        const where = await client.query<{ path: string; tx: string }>(`select current_setting('search_path') as path, pg_catalog.txid_current()::text as tx`);
-        return { insert, where: where.rows[0]! };
-      });
-      expect(done.insert.trips).toBe(2);
-      expect(done.insert.value.rows).toHaveLength(1);
-      expect(done.where.path).toBe('pf1');
-      // A failing fn rolls back as on the usual path.
-      await expect(router.withShard(1, async (client) => {
-        await client.query(`insert into photos (user_id, image_url) values ($1, $2)`, ['2', 'rolled back']);
-        throw new Error('fn failed');
-      })).rejects.toThrow('fn failed');
-      const rows = await router.withShard(1, (client) => client.query<{ n: string }>(`select count(*)::text as n from photos where image_url = $1`, ['rolled back']));
-      expect(rows.rows[0]!.n).toBe('0');
-    } finally {
-      setBeginPipelining(true);
-      await router.close();
-    }
-  });
-
   it('one round trip for BEGIN, search_path and a first query with parameters; any other first query still runs inside the transaction', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3'], schemaPrefix: 'pb', migrations: PHOTOS_ONLY });
     expect((await init(await fleet.config())).ok).toBe(true);
@@ -526,6 +499,43 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       );
       expect(pool.rows.map((r) => r.state)).toEqual(['idle']);
     } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter: BEGIN without pg\'s internals', () => {
+  const db = useTestDatabases(1);
+
+  it('without pg\'s internals (the fallback): BEGIN and search_path go as a query of their own, one more round trip, same transaction and results', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'pf', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    setBeginPipelining(false);
+    try {
+      const done = await router.withShard(1, async (client) => {
+        const connection = (client as unknown as { connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } }).connection;
+        let trips = 0;
+        const trip = (): void => void (trips += 1);
+        connection.on('readyForQuery', trip);
+        const value = await client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, $2) returning id`, ['1', 'f']);
+        connection.off('readyForQuery', trip);
+        const insert = { trips, value };
+        const where = await client.query<{ path: string; tx: string }>(`select current_setting('search_path') as path, pg_catalog.txid_current()::text as tx`);
+        return { insert, where: where.rows[0]! };
+      });
+      expect(done.insert.trips).toBe(2);
+      expect(done.insert.value.rows).toHaveLength(1);
+      expect(done.where.path).toBe('pf1');
+      // A failing fn rolls back as on the usual path.
+      await expect(router.withShard(1, async (client) => {
+        await client.query(`insert into photos (user_id, image_url) values ($1, $2)`, ['2', 'rolled back']);
+        throw new Error('fn failed');
+      })).rejects.toThrow('fn failed');
+      const rows = await router.withShard(1, (client) => client.query<{ n: string }>(`select count(*)::text as n from photos where image_url = $1`, ['rolled back']));
+      expect(rows.rows[0]!.n).toBe('0');
+    } finally {
+      setBeginPipelining(true);
       await router.close();
     }
   });

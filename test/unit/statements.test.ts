@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
-import { controlSchemaSql } from '../../src/fleet/control.js';
+import { CONTROL_VERSION, controlSchemaSql } from '../../src/fleet/control.js';
 import { createShardSql, dropShardSql, recordShardSql } from '../../src/fleet/sql.js';
 import type { MigrationFile } from '../../src/migrations/files.js';
 import { migrationSql, noTransactionMigrationSteps } from '../../src/migrations/sql.js';
@@ -52,7 +52,13 @@ describe('fleet SQL', () => {
 
   it('records a shard idempotently, and the control schema with the layout it was built with', () => {
     expect(recordShardSql(config, 1)).toContain(`VALUES (1, 'insta1') ON CONFLICT (shard) DO NOTHING;`);
-    expect(controlSchemaSql(config)).toContain(`VALUES (1, 'insta', 8, 1314220021721, 13, 10)\nON CONFLICT (singleton) DO NOTHING;`);
+    expect(controlSchemaSql(config)).toContain(
+      `VALUES (${CONTROL_VERSION}, 'insta', 8, 1314220021721, 13, 10)\nON CONFLICT (singleton) DO UPDATE SET control_version = greatest("shardctl".layout.control_version, EXCLUDED.control_version);`,
+    );
+    // Every version step, in order, in the one transaction.
+    const sql = controlSchemaSql(config);
+    expect(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".layout')).toBeLessThan(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".placement'));
+    expect(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".placement')).toBeLessThan(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".runner_lock'));
   });
 });
 
