@@ -9,6 +9,8 @@ const file = (version: number, checksum = `c${version}`): MigrationFile => ({
   sql: '',
   checksum,
   noTransaction: false,
+  lockTimeout: null,
+  statementTimeout: null,
   statements: [],
 });
 const applied = (...versions: number[]): Map<number, string> => new Map(versions.map((v) => [v, `c${v}`]));
