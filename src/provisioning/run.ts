@@ -63,6 +63,8 @@ export interface FleetInspection {
   readonly plan: Plan;
   readonly conflicts: readonly Conflict[];
   readonly lostHosts: readonly LostHost[];
+  /** What each host that was read holds. */
+  readonly snapshots: readonly HostSnapshot[];
 }
 
 export async function provision(config: ShardctlConfig, mode: ProvisionMode, options: ProvisionOptions = {}): Promise<ProvisionResult> {
@@ -122,7 +124,7 @@ export async function inspectFleet(config: ShardctlConfig, options: { toVersion?
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss: true });
     const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
     const plan = planFleet(config, snapshots, migrations, planOptionsFor('migrate', options, snapshots, migrations));
-    return { plan, conflicts, lostHosts: fleet.lost };
+    return { plan, conflicts, lostHosts: fleet.lost, snapshots };
   } finally {
     await fleet.close();
   }
