@@ -39,6 +39,7 @@ export {
   type HostPending,
   type PendingFile,
 } from './commands/migrate.js';
+export { newMigration, migrationHeader, type NewMigrationResult } from './commands/migration-new.js';
 export { status, type HostStatus, type MapStatus, type StatusResult } from './commands/status.js';
 export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
 export { gc, type GcResult, type HostLeftover, type OldCopy } from './commands/gc.js';
