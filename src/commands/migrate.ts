@@ -60,7 +60,10 @@ function selectShards(config: ShardctlConfig, shards: readonly number[] | undefi
     }
     const onHosts = new Set(config.hosts.filter((h) => hosts.includes(h.name)).flatMap((h) => h.shards));
     selection = selection === null ? [...onHosts] : selection.filter((s) => onHosts.has(s));
-    if (selection.length === 0) throw new UsageError(`none of the selected shards is on ${hosts.join(', ')}`, { input: 'hosts', value: hosts.join(', ') });
+    if (selection.length === 0) {
+      const reason = shards === undefined ? 'the map gives these hosts no shards' : 'none of the given shards is on these hosts';
+      throw new UsageError(reason, { input: 'hosts', value: hosts.join(', ') });
+    }
   }
   return selection!.sort((a, b) => a - b);
 }
