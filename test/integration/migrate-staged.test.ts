@@ -176,3 +176,25 @@ describe('migrate --lock-retries 0 against a table another session holds locked'
     }
   });
 });
+
+describe('a file with its own statement_timeout', () => {
+  const db = useTestDatabases(2);
+
+  it('bounds its own statements only: a no-transaction file leaves the session without it, a slow transactional file fails on it', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4 });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    fleet.writeMigration('0004_quick.sql', '-- shardctl:no-transaction\n-- shardctl:statement-timeout 300ms\nSELECT pg_sleep(0.01);\n');
+    // Without the marker: would fail if the previous file's statement_timeout had stayed on the connection.
+    fleet.writeMigration('0005_slow.sql', 'SELECT pg_sleep(0.5);\n');
+    const first = await runCli(['migrate', '-c', fleet.configFile]);
+    expect(first.stderr).toContain('migrate: 8 migrations applied, 0 shards already current, 0 failed; 2 hosts');
+    expect(first.code).toBe(0);
+
+    fleet.writeMigration('0006_too_slow.sql', '-- shardctl:statement-timeout 200ms\nSELECT pg_sleep(0.5);\n');
+    const second = await runCli(['migrate', '-c', fleet.configFile]);
+    expect(second.code).toBe(1);
+    expect(second.stderr).toContain('host pg1, shard 0: migration 0006_too_slow: canceling statement due to statement timeout (SQLSTATE 57014)');
+    expect(second.stderr).toContain('migrate: 0 migrations applied, 0 shards already current, 4 failed; 2 hosts');
+    expect(await shardsAt(db.urls[0]!, 6)).toBe(0);
+  });
+});
