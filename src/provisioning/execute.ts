@@ -104,6 +104,8 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
     onLockWait: (wait) => lockWaits.push(wait),
   };
   let hostError: string | null = null;
+  /** The next job to start; the jobs from here on were not started. */
+  let next = 0;
 
   if (plan.controlSql) {
     try {
@@ -115,7 +117,6 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
   }
   report();
 
-  let next = 0;
   const worker = async (): Promise<void> => {
     let client: pg.Client | null = null;
     try {
