@@ -25,7 +25,8 @@ export {
 } from './id/layout.js';
 export { shardForKey } from './id/routing.js';
 export { renderNextIdSql, ID_FUNCTION_VERSION } from './id/sql.js';
-export { readMigrations, type MigrationFile } from './migrations/files.js';
+export { readMigrations, migrationNameProblem, type MigrationFile } from './migrations/files.js';
+export { describeRollout, type FileRollout } from './migrations/rules.js';
 
 // commands
 export { init } from './commands/init.js';
@@ -33,10 +34,12 @@ export { addSchema } from './commands/add-schema.js';
 export {
   migrate,
   checkMigrations,
+  type MigrateOptions,
   type MigrationCheck,
   type HostPending,
   type PendingFile,
 } from './commands/migrate.js';
+export { newMigration, migrationHeader, type NewMigrationResult } from './commands/migration-new.js';
 export { status, type HostStatus, type MapStatus, type StatusResult } from './commands/status.js';
 export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
 export { gc, type GcResult, type HostLeftover, type OldCopy } from './commands/gc.js';
@@ -56,7 +59,8 @@ export { devUp, devDown, devStatus, devAddHost, type DevHost, type DevState, typ
 
 // the types of command results
 export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisioning/run.js';
-export type { HostOutcome, ProgressEvent, ShardFailure } from './provisioning/execute.js';
+export type { HostOutcome, LockWait, ProgressEvent, ShardFailure } from './provisioning/execute.js';
+export { DEFAULT_LOCK_RETRIES, describeLockHolder, type LockHolder } from './provisioning/lock-wait.js';
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
 export type { MoveOptions, MoveResult, WaveLimits } from './moves/move.js';
 export { planRebalance, type RebalanceBy, type RebalanceHost, type PlannedMove, type RebalancePlan, type RebalanceHostPlan } from './moves/rebalance.js';

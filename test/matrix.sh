@@ -25,6 +25,7 @@ else
     test/integration/migrate.test.ts
     test/integration/migrate-faults.test.ts
     test/integration/migrate-host-down.test.ts
+    test/integration/migrate-staged.test.ts
     test/integration/migrate-statements.test.ts
     test/integration/move.test.ts
     test/integration/move-faults.test.ts

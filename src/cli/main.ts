@@ -10,6 +10,7 @@ import { loadLibrary } from './library.js';
 import { registerGc } from './gc.js';
 import { registerMap } from './map.js';
 import { registerMigrate } from './migrate.js';
+import { registerMigration } from './migration.js';
 import { registerMoveShard } from './move-shard.js';
 import { registerPsql } from './psql.js';
 import { Output, type Streams } from './output.js';
@@ -43,6 +44,7 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
     registerInit,
     registerAddSchema,
     registerMigrate,
+    registerMigration,
     registerStatus,
     registerMoveShard,
     registerRebalance,

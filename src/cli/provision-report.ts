@@ -25,6 +25,8 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
   const applied = result.hosts.reduce((n, h) => n + h.migrationsApplied, 0);
   const upToDate = result.hosts.reduce((n, h) => n + h.upToDate, 0);
   const failed = result.hosts.reduce((n, h) => n + h.failures.length, 0);
+  const notStarted = result.hosts.reduce((n, h) => n + h.notStarted, 0);
+  const lockWaits = result.hosts.reduce((n, h) => n + h.lockWaits.length, 0);
   const down = result.hosts.filter((h) => h.hostError !== null);
   const behindOnDown = down.reduce((n, h) => n + h.behind - h.failures.length, 0);
   if (out.json) {
@@ -33,7 +35,9 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
       ok: result.ok,
       targetVersion: result.targetVersion,
       durationMs: result.durationMs,
-      summary: { shardsCreated: created, migrationsApplied: applied, upToDate, failed, behind: failed + behindOnDown },
+      summary: { shardsCreated: created, migrationsApplied: applied, upToDate, failed, notStarted, lockWaits, behind: failed + notStarted + behindOnDown },
+      stage: result.stage,
+      stoppedEarly: result.stoppedEarly,
       hosts: result.hosts,
     });
   }
@@ -49,8 +53,17 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
       ];
       if (host.nextIdInstalled > 0) parts.push(`next_id updated on ${plural(host.nextIdInstalled, 'shard')}`);
       if (host.failures.length > 0) parts.push(`${host.failures.length} failed`);
+      if (host.notStarted > 0) parts.push(`${host.notStarted} not started`);
       out.info(`${host.host}: ${parts.join(', ')} (${seconds(host.durationMs)})`);
     }
+    for (const wait of host.lockWaits.slice(0, 20)) {
+      const holders = wait.holders.length > 0 ? `; held by ${wait.holders.map(lib().describeLockHolder).join('; ')}` : '';
+      out.info(
+        `  host ${host.host}, shard ${wait.shard}: ${wait.step} met a busy table, tried again ${plural(wait.retries, 'time')}: ` +
+          `${wait.applied ? 'applied' : 'gave up'}${holders}`,
+      );
+    }
+    if (host.lockWaits.length > 20) out.info(`  … and ${host.lockWaits.length - 20} more shards that waited for a lock (--json lists all)`);
     const shown = host.failures.slice(0, 20);
     for (const failure of shown) out.info(`  host ${host.host}, shard ${failure.shard}: ${failure.step}: ${failure.message}`);
     if (host.failures.length > shown.length) out.info(`  … and ${host.failures.length - shown.length} more`);
@@ -60,12 +73,28 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
     `${plural(applied, 'migration')} applied`,
     `${plural(upToDate, 'shard')} already current`,
     `${failed} failed`,
+    ...(notStarted > 0 ? [`${plural(notStarted, 'shard')} not started (stopped after ${plural(failed, 'failure')}, --max-failures)`] : []),
+    ...(lockWaits > 0 ? [`${plural(lockWaits, 'shard')} waited for a lock`] : []),
   ];
   if (down.length > 0) parts.push(`${plural(behindOnDown, 'shard')} behind on ${down.map((h) => h.host).join(', ')}`);
   const summary = `${verb}: ${parts.join(', ')}; ${plural(result.hosts.length, 'host')}, ${seconds(result.durationMs)}`;
   if (result.ok) out.success(summary);
   else out.info(`${summary} — fix the cause and run it again; what is done stays done`);
+  if (result.stage) printNextStage(out, result, result.stage);
   return result.ok ? 0 : 1;
+}
+
+/** After a canary or another stage: what was covered and how to go on (only the CLI names flags). */
+function printNextStage(out: Output, result: ProvisionResult, stage: NonNullable<ProvisionResult['stage']>): void {
+  const { formatShardList } = lib();
+  const hosts = result.plan.hosts.filter((h) => h.jobs.length > 0).map((h) => h.host.name);
+  const covered = `${stage.canary ? 'canary' : 'stage'}: ${plural(stage.shards.length, 'shard')}${stage.shards.length > 0 ? ` (${formatShardList(stage.shards)}` + `${hosts.length > 0 ? ` on ${hosts.join(', ')}` : ''})` : ''}`;
+  if (stage.pendingElsewhere === 0) {
+    out.info(`${covered}; no other shard has anything pending`);
+    return;
+  }
+  out.info(`${covered}; ${plural(stage.pendingElsewhere, 'other shard')} still ${stage.pendingElsewhere === 1 ? 'has' : 'have'} work pending`);
+  if (result.ok) out.info('  check the stage (shardctl status), then go on with one host (shardctl migrate --hosts NAME) or every shard (shardctl migrate)');
 }
 
 /**

@@ -61,6 +61,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
         }
       }
       if (!out.json) printMap(out, result.map);
+      if (!out.json) for (const line of lib().describeRollout(result.rollout)) out.line(`rollout: ${line}`);
       out.info(`status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`);
       done(exitCode);
     });

@@ -1,20 +1,71 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
-import { DRIFT_KINDS } from '../migrations/rules.js';
+import { UsageError } from '../errors.js';
+import { DRIFT_KINDS, fileRollout, type FileRollout } from '../migrations/rules.js';
 import { conflictError } from '../provisioning/plan.js';
 import { inspectFleet, provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
+
+export interface MigrateOptions
+  extends Pick<ProvisionOptions, 'dryRun' | 'toVersion' | 'onProgress' | 'onNotice' | 'canary' | 'maxFailures' | 'lockRetries' | 'lockRetryPauseMs'> {
+  /** Only these shards (a stage). With `hosts`, the shards in both. */
+  readonly shards?: readonly number[];
+  /** Only the shards the map gives these hosts. */
+  readonly hosts?: readonly string[];
+}
 
 /**
  * `shardctl migrate`: apply pending migration files, in version order, to every existing shard
  * schema on every host; each migration on each shard in its own transaction with its record.
  * Drift (an applied file changed or deleted, or a new file older than applied ones) refuses the
- * whole run with exit 3 before anything is written.
+ * whole run with exit 3 before anything is written, whatever the stage.
+ *
+ * A staged rollout takes part of the fleet at a time: `canary` shards spread over the hosts, then
+ * some `hosts` or `shards`, then the rest; a later run simply finds less pending. A lock timeout
+ * is retried `lockRetries` times before the shard counts as failed; `maxFailures` stops starting
+ * shards once that many have failed.
  */
-export function migrate(
-  config: ShardctlConfig,
-  options: Pick<ProvisionOptions, 'dryRun' | 'toVersion' | 'onProgress' | 'onNotice'> = {},
-): Promise<ProvisionResult> {
-  return provision(config, 'migrate', options);
+export function migrate(config: ShardctlConfig, options: MigrateOptions = {}): Promise<ProvisionResult> {
+  const { shards, hosts, ...rest } = options;
+  validateCounts(options);
+  const selection = selectShards(config, shards, hosts);
+  return provision(config, 'migrate', { ...rest, ...(selection ? { shards: selection } : {}) });
+}
+
+function validateCounts(options: MigrateOptions): void {
+  const counts: [keyof MigrateOptions, number | undefined, number][] = [
+    ['canary', options.canary, 1],
+    ['maxFailures', options.maxFailures, 1],
+    ['lockRetries', options.lockRetries, 0],
+  ];
+  for (const [input, value, least] of counts) {
+    if (value !== undefined && (!Number.isSafeInteger(value) || value < least)) {
+      throw new UsageError(`expected an integer of at least ${least}`, { input, value });
+    }
+  }
+}
+
+/** The shards of a stage, or null for every shard. */
+function selectShards(config: ShardctlConfig, shards: readonly number[] | undefined, hosts: readonly string[] | undefined): number[] | null {
+  if (shards === undefined && hosts === undefined) return null;
+  let selection: number[] | null = null;
+  if (shards !== undefined) {
+    const outside = shards.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
+    if (outside.length > 0) throw new UsageError(`out of range; the config has shards 0-${config.shards - 1}`, { input: 'shards', value: outside.join(', ') });
+    selection = [...new Set(shards)];
+  }
+  if (hosts !== undefined) {
+    const unknown = hosts.filter((name) => !config.hosts.some((h) => h.name === name));
+    if (unknown.length > 0 || hosts.length === 0) {
+      throw new UsageError(`no such host in the config (its hosts: ${config.hosts.map((h) => h.name).join(', ')})`, { input: 'hosts', value: unknown.join(', ') });
+    }
+    const onHosts = new Set(config.hosts.filter((h) => hosts.includes(h.name)).flatMap((h) => h.shards));
+    selection = selection === null ? [...onHosts] : selection.filter((s) => onHosts.has(s));
+    if (selection.length === 0) {
+      const reason = shards === undefined ? 'the map gives these hosts no shards' : 'none of the given shards is on these hosts';
+      throw new UsageError(reason, { input: 'hosts', value: hosts.join(', ') });
+    }
+  }
+  return selection!.sort((a, b) => a - b);
 }
 
 export interface PendingFile {
@@ -50,11 +101,13 @@ export interface MigrationCheck {
   readonly drift: readonly string[];
   /** Hosts that could not be read; nothing about their shards is known. */
   readonly unreadHosts: readonly string[];
+  /** The files not yet on every shard of the hosts read, with on how many they are (a rollout's progress). */
+  readonly rollout: readonly FileRollout[];
 }
 
 /** `migrate --check`: writes nothing (no lock either); tells whether every shard is at the target version. */
 export async function checkMigrations(config: ShardctlConfig, options: { toVersion?: number } = {}): Promise<MigrationCheck> {
-  const { plan, conflicts, lostHosts } = await inspectFleet(config, options);
+  const { plan, conflicts, lostHosts, snapshots } = await inspectFleet(config, options);
   // A misplaced or foreign schema is not something migrate could ever fix: the same error as a run.
   if (conflicts.some((c) => !DRIFT_KINDS.has(c.kind))) throw conflictError(conflicts);
   const hosts: HostPending[] = plan.hosts.map((h) => {
@@ -91,5 +144,10 @@ export async function checkMigrations(config: ShardctlConfig, options: { toVersi
   const behind = hosts.some((h) => h.shards > 0);
   const unreadHosts = lostHosts.map((l) => l.host.name);
   const current = unreadHosts.length === 0 && drift.length === 0 && !behind;
-  return { current, targetVersion: plan.targetVersion, pending, hosts, drift, unreadHosts };
+  const present = snapshots.flatMap((s) => s.host.shards.filter((shard) => s.schemas.has(shard)).map((shard) => s.applied.get(shard)));
+  const rollout = fileRollout(
+    plan.migrations.filter((m) => m.version <= plan.targetVersion),
+    present,
+  );
+  return { current, targetVersion: plan.targetVersion, pending, hosts, drift, unreadHosts, rollout };
 }

@@ -9,7 +9,7 @@ import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnap
 import { withSession } from '../fleet/session.js';
 import { mapDisagreements, mergePlacement, readPlacementView, type FleetPlacement, type HostPlacementView } from '../fleet/placement.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { driftProblems, pendingMigrations, shardLevel } from '../migrations/rules.js';
+import { driftProblems, fileRollout, pendingMigrations, shardLevel, type AppliedMigrations, type FileRollout } from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
 import { existingApplied } from '../provisioning/plan.js';
 
@@ -69,6 +69,8 @@ export interface StatusResult {
   readonly latestVersion: number;
   readonly hosts: readonly HostStatus[];
   readonly map: MapStatus;
+  /** The files not yet on every present mapped shard of the hosts read: `0004_views: 12 of 2048 shards`. */
+  readonly rollout: readonly FileRollout[];
   /** Every host was read and nothing is off. */
   readonly ok: boolean;
 }
@@ -78,6 +80,7 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   const migrations = await readMigrations(config.migrationsDir);
   const latestVersion = migrations.at(-1)?.version ?? 0;
   const views: HostPlacementView[] = [];
+  const present: (AppliedMigrations | undefined)[] = [];
   const hosts = await Promise.all(
     config.hosts.map(async (host): Promise<HostStatus> => {
       try {
@@ -86,6 +89,7 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
           async (session) => {
             views.push(await readPlacementView(session.client, host.name));
             const snapshot = await readHostSnapshot(session, config);
+            for (const shard of host.shards) if (snapshot.schemas.has(shard)) present.push(snapshot.applied.get(shard));
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
             const cached = await cachedSequences(session.client, config.schemaPrefix);
             const sequences = await sequenceProblems(session.client, config).catch((e: unknown) => [`cannot check the id sequences: ${describePgError(e)}`]);
@@ -101,7 +105,7 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   );
   const map = mapStatus(config, mergePlacement(views));
   const mapOk = map.disagreements.length === 0 && map.problems.length === 0;
-  return { latestVersion, hosts, map, ok: hosts.every((h) => h.ok) && mapOk };
+  return { latestVersion, hosts, map, rollout: fileRollout(migrations, present), ok: hosts.every((h) => h.ok) && mapOk };
 }
 
 function mapStatus(config: ShardctlConfig, placement: FleetPlacement): MapStatus {

@@ -1,6 +1,7 @@
 import { createHash } from 'node:crypto';
 import { readdir, readFile } from 'node:fs/promises';
 import { join } from 'node:path';
+import { DURATION, durationMs } from '../config/duration.js';
 import { ConfigError, type ConfigIssue } from '../errors.js';
 import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 
@@ -18,6 +19,10 @@ export interface MigrationFile {
   readonly checksum: string;
   /** Marked `-- shardctl:no-transaction`: run outside a transaction (e.g. CREATE INDEX CONCURRENTLY). */
   readonly noTransaction: boolean;
+  /** `-- shardctl:lock-timeout 2s`: this file's lock_timeout instead of the config's lockTimeout. */
+  readonly lockTimeout: string | null;
+  /** `-- shardctl:statement-timeout 10min`: this file's statement_timeout (default: the server's). */
+  readonly statementTimeout: string | null;
   /**
    * The file's statements, for no-transaction files: PostgreSQL runs several statements sent as one
    * string in one implicit transaction, where CREATE INDEX CONCURRENTLY refuses to run.
@@ -26,7 +31,14 @@ export interface MigrationFile {
 }
 
 const FILE_NAME = /^(\d{1,9})_([A-Za-z0-9][A-Za-z0-9_.-]*)\.sql$/;
+/** The part of a file name after `NNNN_`: what `migration new` accepts too. */
+export const MIGRATION_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
 export const NO_TRANSACTION_MARKER = '-- shardctl:no-transaction';
+export const LOCK_TIMEOUT_MARKER = '-- shardctl:lock-timeout';
+export const STATEMENT_TIMEOUT_MARKER = '-- shardctl:statement-timeout';
+
+/** The highest version a file name may carry (nine digits). */
+export const MAX_MIGRATION_VERSION = 999_999_999;
 
 export async function readMigrations(dir: string): Promise<MigrationFile[]> {
   let entries: string[];
@@ -52,13 +64,17 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
     const path = join(dir, entry);
     const bytes = await readFile(path);
     const sql = bytes.toString('utf8');
+    const markers = readMarkers(sql);
+    for (const problem of markers.problems) issues.push({ path: 'migrations', message: `${path}:${problem.line}: ${problem.message}` });
     const migration: MigrationFile = {
       version,
       name: entry.slice(0, -'.sql'.length),
       path,
       sql,
       checksum: createHash('sha256').update(bytes).digest('hex'),
-      noTransaction: hasNoTransactionMarker(sql),
+      noTransaction: markers.noTransaction,
+      lockTimeout: markers.lockTimeout,
+      statementTimeout: markers.statementTimeout,
       statements: splitStatements(sql),
     };
     for (const problem of migrationFileProblems(sql, migration.noTransaction)) {
@@ -81,13 +97,65 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
 
 /** The marker counts only among the comment lines at the top of the file. */
 export function hasNoTransactionMarker(sql: string): boolean {
-  for (const raw of sql.split('\n')) {
-    const line = raw.trim();
+  return readMarkers(sql).noTransaction;
+}
+
+export interface MigrationMarkers {
+  readonly noTransaction: boolean;
+  readonly lockTimeout: string | null;
+  readonly statementTimeout: string | null;
+  /** A `-- shardctl:` line that is not a known marker, or a marker with a bad value. */
+  readonly problems: readonly { line: number; message: string }[];
+}
+
+/**
+ * The `-- shardctl:` markers among the comment lines at the top of a file. They are comments, so a
+ * linter and psql read the file as it is; the runner turns the timeouts into SET LOCAL (SET, reset
+ * afterwards, in a no-transaction file) before the file's first statement, and knows the values
+ * when it reports a lock timeout. A misspelt marker would silently do nothing, so an unknown one
+ * is refused.
+ */
+export function readMarkers(sql: string): MigrationMarkers {
+  let noTransaction = false;
+  let lockTimeout: string | null = null;
+  let statementTimeout: string | null = null;
+  const problems: { line: number; message: string }[] = [];
+  const lines = sql.split('\n');
+  for (let i = 0; i < lines.length; i++) {
+    const line = lines[i]!.trim();
     if (line === '') continue;
-    if (!line.startsWith('--')) return false;
-    if (line.toLowerCase() === NO_TRANSACTION_MARKER) return true;
+    if (!line.startsWith('--')) break;
+    const marker = /^--\s*shardctl:(\S*)\s*(.*)$/i.exec(line);
+    if (!marker) continue;
+    const [, key = '', value = ''] = marker;
+    const known = `known markers: ${NO_TRANSACTION_MARKER}, ${LOCK_TIMEOUT_MARKER} DURATION, ${STATEMENT_TIMEOUT_MARKER} DURATION`;
+    switch (key.toLowerCase()) {
+      case 'no-transaction':
+        if (value.trim() !== '') problems.push({ line: i + 1, message: `${NO_TRANSACTION_MARKER} takes no value, got ${JSON.stringify(value.trim())}` });
+        noTransaction = true;
+        break;
+      case 'lock-timeout':
+      case 'statement-timeout': {
+        const text = value.trim();
+        const name = key.toLowerCase() === 'lock-timeout' ? LOCK_TIMEOUT_MARKER : STATEMENT_TIMEOUT_MARKER;
+        if (!DURATION.test(text) || durationMs(text) === 0) {
+          // 0 means "wait forever" to PostgreSQL: what a timeout exists to prevent.
+          problems.push({ line: i + 1, message: `${name} ${JSON.stringify(text)}: expected a duration above 0 such as 500ms, 5s or 2min` });
+        } else if (name === LOCK_TIMEOUT_MARKER) lockTimeout = text;
+        else statementTimeout = text;
+        break;
+      }
+      default:
+        problems.push({ line: i + 1, message: `unknown marker ${JSON.stringify(line)} (${known})` });
+    }
   }
-  return false;
+  return { noTransaction, lockTimeout, statementTimeout, problems };
+}
+
+/** Why `name` cannot be the name part of a migration file (`NNNN_<name>.sql`), or null when it can. */
+export function migrationNameProblem(name: string): string | null {
+  if (MIGRATION_NAME.test(name)) return null;
+  return 'expected letters, digits, _ . or -, starting with a letter or digit (the file is named NNNN_<name>.sql)';
 }
 
 /**

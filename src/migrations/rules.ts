@@ -145,3 +145,37 @@ export function driftProblems(
   }
   return problems;
 }
+
+/** How far one file has got over a set of shards: `0004_views: 12 of 2048 shards`. */
+export interface FileRollout {
+  /** File name without `.sql`. */
+  readonly name: string;
+  readonly version: number;
+  /** Shards with this file applied. */
+  readonly applied: number;
+  /** Shards looked at (those whose schema exists on the hosts that were read). */
+  readonly shards: number;
+}
+
+/**
+ * Per file, on how many of the given shards it is applied; only the files not yet on every one of
+ * them (a fleet in the middle of a rollout, or with a file not started). `applied`: one entry per
+ * shard whose schema exists.
+ */
+export function fileRollout(files: readonly MigrationFile[], applied: readonly (AppliedMigrations | undefined)[]): FileRollout[] {
+  const counts = new Map<number, number>();
+  // Shards at the same level often share one map (see readHostSnapshot): count each map once.
+  const byMap = new Map<AppliedMigrations | undefined, number>();
+  for (const versions of applied) byMap.set(versions, (byMap.get(versions) ?? 0) + 1);
+  for (const [versions, shards] of byMap) {
+    if (versions) for (const version of versions.keys()) counts.set(version, (counts.get(version) ?? 0) + shards);
+  }
+  return files
+    .map((file) => ({ name: file.name, version: file.version, applied: counts.get(file.version) ?? 0, shards: applied.length }))
+    .filter((r) => r.applied < r.shards);
+}
+
+/** `0004_views: 12 of 2048 shards` per file, as status and migrate --check print a rollout. */
+export function describeRollout(rollout: readonly FileRollout[]): string[] {
+  return rollout.map((r) => `${r.name}: ${r.applied} of ${r.shards} shard${r.shards === 1 ? '' : 's'}`);
+}

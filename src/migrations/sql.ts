@@ -18,7 +18,8 @@ export function migrationSql(config: ShardctlConfig, shard: number, migration: M
   return [
     'BEGIN;',
     `SET LOCAL search_path TO ${quoteIdent(schema)};`,
-    `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
+    `SET LOCAL lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};`,
+    ...(migration.statementTimeout ? [`SET LOCAL statement_timeout = ${quoteLiteral(migration.statementTimeout)};`] : []),
     `-- ${migration.name}.sql`,
     migration.sql.trimEnd(),
     ';',
@@ -38,7 +39,8 @@ export function migrationSql(config: ShardctlConfig, shard: number, migration: M
 export function noTransactionMigrationSteps(config: ShardctlConfig, shard: number, migration: MigrationFile): string[] {
   const schema = shardSchemaName(config, shard);
   return [
-    `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
+    `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};` +
+      (migration.statementTimeout ? ` SET statement_timeout = ${quoteLiteral(migration.statementTimeout)};` : ''),
     // search_path again before each later statement: a function or DO body in the file may have
     // moved it, and what ran outside a transaction cannot be undone by the check before the record.
     ...migration.statements.flatMap((statement, i) => (i === 0 ? [`${statement};`] : [`SET search_path TO ${quoteIdent(schema)};`, `${statement};`])),
@@ -58,9 +60,14 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
       `    RAISE EXCEPTION 'invalid index % in schema %: an interrupted CREATE INDEX CONCURRENTLY left it, and IF NOT EXISTS skips it; drop it and run migrate again', invalid, ${quoteLiteral(schema)};`,
       '  END IF;',
       'END $shardctl$;',
-      `RESET search_path; RESET lock_timeout; ${recordMigrationSql(shard, migration)}`,
+      `RESET search_path; RESET lock_timeout; RESET statement_timeout; ${recordMigrationSql(shard, migration)}`,
     ].join('\n'),
   ];
+}
+
+/** The lock_timeout a migration runs with: its `-- shardctl:lock-timeout` marker, else the config's lockTimeout. */
+export function effectiveLockTimeout(config: Pick<ShardctlConfig, 'lockTimeout'>, migration: Pick<MigrationFile, 'lockTimeout'>): string {
+  return migration.lockTimeout ?? config.lockTimeout;
 }
 
 /**

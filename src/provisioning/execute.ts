@@ -3,6 +3,7 @@ import { connectHost, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
+import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 
 export interface ProgressEvent {
@@ -21,6 +22,32 @@ export interface ShardFailure {
   readonly message: string;
 }
 
+/** A shard whose step met a busy table (lock_timeout) and was tried again. */
+export interface LockWait {
+  readonly shard: number;
+  /** The step that waited, e.g. `migration 0004_views`. */
+  readonly step: string;
+  /** How many times it was tried again. */
+  readonly retries: number;
+  /** Whether it went through in the end (if not, the shard is among the failures). */
+  readonly applied: boolean;
+  /** The sessions holding locks in the shard's schema after each timeout (distinct, by pid). */
+  readonly holders: readonly LockHolder[];
+}
+
+/**
+ * Shared by every host of a run: once `max` shards have failed, no host starts another shard
+ * (those already running finish). Null: no limit, every host finishes its list.
+ */
+export class FailureBudget {
+  failed = 0;
+  constructor(readonly max: number | null) {}
+
+  get exhausted(): boolean {
+    return this.max !== null && this.failed >= this.max;
+  }
+}
+
 export interface HostOutcome {
   readonly host: string;
   readonly shardsCreated: number;
@@ -31,9 +58,13 @@ export interface HostOutcome {
   /** Shards that needed nothing. */
   readonly upToDate: number;
   readonly failures: readonly ShardFailure[];
+  /** Shards that met a busy table and were tried again (applied in the end, or among the failures). */
+  readonly lockWaits: readonly LockWait[];
+  /** Shards not started because the run's failure limit (--max-failures) was reached. */
+  readonly notStarted: number;
   /** The host itself failed (unreachable, connection lost); `behind` shards were not done. */
   readonly hostError: string | null;
-  /** Shards left short of the target: the failed ones, plus those not reached after a host error. */
+  /** Shards left short of the target: the failed and the not started ones, plus those not reached after a host error. */
   readonly behind: number;
   readonly durationMs: number;
 }
@@ -42,6 +73,12 @@ export interface ExecuteOptions {
   readonly concurrency: number;
   /** The config's lockTimeout, named in the message of a shard that could not get a lock. */
   readonly lockTimeout?: string;
+  /** How many times a step that met lock_timeout is tried again (default DEFAULT_LOCK_RETRIES). */
+  readonly lockRetries?: number;
+  /** The pause before a retry; tests shorten it. */
+  readonly lockRetryPauseMs?: (retry: number) => number;
+  /** Shared between the hosts of a run (--max-failures). */
+  readonly failureBudget?: FailureBudget;
   readonly onProgress?: (event: ProgressEvent) => void;
 }
 
@@ -57,8 +94,18 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
   const counters = { created: 0, nextId: 0, migrations: 0, changed: 0, done: 0 };
   const total = plan.jobs.length;
   const report = (): void => options.onProgress?.({ host: host.name, done: counters.done, total, failed: failures.length });
-  const context: JobContext = { noTransaction: new Mutex(), lockTimeout: options.lockTimeout ?? null };
+  const lockWaits: LockWait[] = [];
+  const budget = options.failureBudget ?? new FailureBudget(null);
+  const context: JobContext = {
+    noTransaction: new Mutex(),
+    lockTimeout: options.lockTimeout ?? null,
+    lockRetries: options.lockRetries ?? DEFAULT_LOCK_RETRIES,
+    pauseMs: options.lockRetryPauseMs ?? lockRetryPauseMs,
+    onLockWait: (wait) => lockWaits.push(wait),
+  };
   let hostError: string | null = null;
+  /** The next job to start; the jobs from here on were not started. */
+  let next = 0;
 
   if (plan.controlSql) {
     try {
@@ -70,7 +117,6 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
   }
   report();
 
-  let next = 0;
   const worker = async (): Promise<void> => {
     let client: pg.Client | null = null;
     try {
@@ -78,7 +124,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
       await registerWorker(client, host.name);
       // Each shard's commit without a WAL flush; the run's last step makes them all durable at once.
       await client.query(ASYNC_COMMIT_SQL);
-      while (hostError === null && next < plan.jobs.length) {
+      while (hostError === null && next < plan.jobs.length && !budget.exhausted) {
         const job = plan.jobs[next++]!;
         const result = await runJob(client, job, context);
         if (result.failure?.hostLevel) {
@@ -93,6 +139,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
         } else {
           const { step, version, message } = result.failure;
           failures.push({ shard: job.shard, step, ...(version === undefined ? {} : { version }), message });
+          budget.failed += 1;
         }
         counters.done += 1;
         report();
@@ -116,6 +163,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
   return outcome(hostError);
 
   function outcome(error: string | null): HostOutcome {
+    const notStarted = error === null ? total - next : 0;
     return {
       host: host.name,
       shardsCreated: counters.created,
@@ -124,8 +172,10 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
       shardsChanged: counters.changed,
       upToDate: plan.upToDate,
       failures,
+      lockWaits: lockWaits.sort((a, b) => a.shard - b.shard),
+      notStarted,
       hostError: error,
-      behind: error === null ? failures.length : total - counters.done + failures.length,
+      behind: error === null ? failures.length + notStarted : total - counters.done + failures.length,
       durationMs: Math.round(performance.now() - started),
     };
   }
@@ -135,6 +185,9 @@ interface JobContext {
   /** Held while a no-transaction migration runs on one of the host's shards. */
   readonly noTransaction: Mutex;
   readonly lockTimeout: string | null;
+  readonly lockRetries: number;
+  readonly pauseMs: (retry: number) => number;
+  readonly onLockWait: (wait: LockWait) => void;
 }
 
 interface StepFailure {
@@ -143,6 +196,8 @@ interface StepFailure {
   readonly message: string;
   /** The connection or server is gone: nothing more can be done on this host. */
   readonly hostLevel: boolean;
+  /** The step gave up waiting for a lock (SQLSTATE 55P03): it may be tried again. */
+  readonly lockTimeout: boolean;
 }
 
 interface JobResult {
@@ -191,18 +246,48 @@ function isProvable(step: JobStep): boolean {
   return step.version !== undefined || step.recordsShard === true;
 }
 
+/**
+ * A job's units in order. A unit that meets lock_timeout is tried again, after a pause, up to
+ * lockRetries times: a batch from its first step that did not commit, a no-transaction
+ * migration from its first statement (such files are re-runnable by contract). Every wait is
+ * reported with who held the lock, whether it went through in the end or not.
+ */
 async function runJob(client: pg.Client, job: ShardJob, context: JobContext): Promise<JobResult> {
   let applied = 0;
   for (const unit of jobUnits(job.steps)) {
-    if (unit.kind === 'no-transaction') {
-      const failure = await context.noTransaction.run(() => runNoTransaction(client, unit.steps, context));
-      if (failure) return { migrationsApplied: applied, failure };
-      applied += 1;
-      continue;
+    let steps = unit.steps;
+    let retries = 0;
+    let waited = '';
+    const holders = new Map<number, LockHolder>();
+    for (;;) {
+      let failure: StepFailure | null;
+      if (unit.kind === 'no-transaction') {
+        failure = await context.noTransaction.run(() => runNoTransaction(client, steps, context));
+        if (!failure) applied += 1;
+      } else {
+        const result = await runBatch(client, job.shard, steps, context);
+        applied += result.committed.filter((s) => s.version !== undefined).length;
+        steps = steps.slice(result.committed.length);
+        failure = result.failure;
+      }
+      if (failure === null || !failure.lockTimeout) {
+        if (retries > 0) {
+          context.onLockWait({ shard: job.shard, step: waited, retries, applied: failure === null, holders: [...holders.values()] });
+        }
+        if (failure) return { migrationsApplied: applied, failure };
+        break;
+      }
+      waited = failure.step;
+      const found = await lockHoldersPhrase(client, job.schema);
+      for (const holder of found.holders) holders.set(holder.pid, holder);
+      if (retries >= context.lockRetries) {
+        if (retries > 0) context.onLockWait({ shard: job.shard, step: failure.step, retries, applied: false, holders: [...holders.values()] });
+        const tried = retries === 0 ? 'not tried again (lock retries 0)' : `tried ${retries + 1} times`;
+        return { migrationsApplied: applied, failure: { ...failure, message: `${failure.message.replace('{holders}', found.phrase)}; ${tried}` } };
+      }
+      await new Promise((resolve) => setTimeout(resolve, context.pauseMs(retries)));
+      retries += 1;
     }
-    const result = await runBatch(client, job.shard, unit.steps, context);
-    applied += result.committed.filter((s) => s.version !== undefined).length;
-    if (result.failure) return { migrationsApplied: applied, failure: result.failure };
   }
   return { migrationsApplied: applied, failure: null };
 }
@@ -292,13 +377,16 @@ function codePoints(text: string): number {
 
 function stepFailure(step: JobStep, error: unknown, context: JobContext): StepFailure {
   const hostLevel = isConnectionError(error);
+  const lockTimeout = !hostLevel && (error as { code?: unknown }).code === '55P03';
   let message = describePgError(error);
-  if ((error as { code?: unknown }).code === '55P03') {
+  if (lockTimeout) {
+    // {holders} is filled in by runJob, which looks them up once the transaction is rolled back.
+    const timeout = step.lockTimeout ? `lock_timeout ${step.lockTimeout} (the file's marker)` : `lockTimeout${context.lockTimeout ? ` ${context.lockTimeout}` : ''}`;
     message =
-      `could not lock a table within lockTimeout${context.lockTimeout ? ` ${context.lockTimeout}` : ''} (another session holds a ` +
-      `conflicting lock): this shard was skipped, the others went on; run migrate again when the lock is released — ${message}`;
+      `could not lock a table within ${timeout} ({holders}): this shard was skipped, the others went on; ` +
+      `run migrate again when the lock is released — ${message}`;
   }
-  return { step: step.label, ...(step.version === undefined ? {} : { version: step.version }), message, hostLevel };
+  return { step: step.label, ...(step.version === undefined ? {} : { version: step.version }), message, hostLevel, lockTimeout };
 }
 
 /** Errors that mean the connection or server is gone, as opposed to a statement failing. */
@@ -312,7 +400,7 @@ export function isConnectionError(error: unknown): boolean {
 async function rollbackQuietly(client: pg.Client): Promise<void> {
   await client.query('ROLLBACK').catch(() => undefined);
   // A failed no-transaction migration leaves its session settings behind.
-  await client.query('RESET search_path; RESET lock_timeout').catch(() => undefined);
+  await client.query('RESET search_path; RESET lock_timeout; RESET statement_timeout').catch(() => undefined);
 }
 
 /** One holder at a time, in arrival order. */

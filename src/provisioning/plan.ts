@@ -31,6 +31,8 @@ export interface PlanOptions {
  */
 export interface ShardJob {
   readonly shard: number;
+  /** The shard's schema name (unquoted), e.g. to find who holds a lock in it. */
+  readonly schema: string;
   readonly creates: boolean;
   readonly reinstallsNextId: boolean;
   readonly migrations: readonly MigrationFile[];
@@ -43,6 +45,8 @@ export interface JobStep {
   readonly sql: string;
   /** A migration whose record proves the step ran (used to find the failed step of a batch). */
   readonly version?: number;
+  /** The lock_timeout the step runs with, when it is not the config's (a migration's marker). */
+  readonly lockTimeout?: string;
   /** Must be sent on its own, outside any transaction (no-transaction migrations). */
   readonly alone?: boolean;
   /** The step writes the shard's row in the control schema (its proof, like a migration's record). */
@@ -84,6 +88,24 @@ export function planFleet(
   const target = migrations.filter((m) => m.version <= targetVersion);
   const hosts = snapshots.map((snapshot) => planHost(config, snapshot, target, options.create, wanted));
   return { hosts, migrations, targetVersion };
+}
+
+/**
+ * A canary: `count` shards with work to do, spread over the hosts (each host's first shard, then
+ * each host's second, ...), so that a migration meets every host's server before it meets all shards.
+ */
+export function canaryShards(plan: Plan, count: number): number[] {
+  const chosen: number[] = [];
+  for (let i = 0; chosen.length < count; i++) {
+    const round = plan.hosts.filter((h) => i < h.jobs.length).map((h) => h.jobs[i]!.shard);
+    if (round.length === 0) break;
+    chosen.push(...round.slice(0, count - chosen.length));
+  }
+  return chosen.sort((a, b) => a - b);
+}
+
+function lockTimeoutOf(migration: MigrationFile): { lockTimeout?: string } {
+  return migration.lockTimeout ? { lockTimeout: migration.lockTimeout } : {};
 }
 
 function resolveTarget(migrations: readonly MigrationFile[], toVersion: number | undefined): number {
@@ -138,12 +160,13 @@ function planHost(
     for (const migration of pending) {
       if (migration.noTransaction) {
         for (const sql of noTransactionMigrationSteps(config, shard, migration)) {
-          steps.push({ label: `migration ${migration.name}`, sql, version: migration.version, alone: true });
+          steps.push({ label: `migration ${migration.name}`, sql, version: migration.version, alone: true, ...lockTimeoutOf(migration) });
         }
       } else {
         steps.push({
           label: `migration ${migration.name}`,
           version: migration.version,
+          ...lockTimeoutOf(migration),
           get sql() {
             return migrationSql(config, shard, migration);
           },
@@ -154,7 +177,7 @@ function planHost(
       upToDate += 1;
       continue;
     }
-    jobs.push({ shard, creates, reinstallsNextId: reinstalls, migrations: pending, steps });
+    jobs.push({ shard, schema: shardSchemaName(config, shard), creates, reinstallsNextId: reinstalls, migrations: pending, steps });
   }
   const needsControl = fresh || snapshot.recorded.size === 0;
   // A control schema of an earlier version is brought up to this one's (its steps are idempotent).

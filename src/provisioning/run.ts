@@ -6,8 +6,8 @@ import { fleetRecord, readFleetPlacement, registerFleetSql, requireCurrentMap, t
 import { Fleet, type LostHost } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { fleetLevel } from '../migrations/rules.js';
-import { executeHostPlan, type HostOutcome, type ProgressEvent } from './execute.js';
-import { conflictError, findConflicts, planFleet, type Conflict, type Plan, type PlanOptions } from './plan.js';
+import { executeHostPlan, FailureBudget, type HostOutcome, type ProgressEvent } from './execute.js';
+import { canaryShards, conflictError, findConflicts, planFleet, type Conflict, type Plan, type PlanOptions } from './plan.js';
 
 /**
  * The one code path behind init, add-schema and migrate: lock every host, read its catalog, plan,
@@ -22,8 +22,16 @@ export type ProvisionMode = 'init' | 'add-schema' | 'migrate';
 
 export interface ProvisionOptions {
   readonly dryRun?: boolean;
-  /** add-schema: the shards to provision. */
+  /** add-schema: the shards to provision; migrate: the shards of this stage (default: every shard). */
   readonly shards?: readonly number[];
+  /** migrate: only this many shards with work to do, spread over the hosts (within `shards`). */
+  readonly canary?: number;
+  /** Stop starting shards once this many have failed, over all hosts (default: no limit). */
+  readonly maxFailures?: number;
+  /** How many times a step that met lock_timeout is tried again (default DEFAULT_LOCK_RETRIES). */
+  readonly lockRetries?: number;
+  /** The pause before each lock retry (default lockRetryPauseMs); tests shorten it. */
+  readonly lockRetryPauseMs?: (retry: number) => number;
   /** migrate --to. */
   readonly toVersion?: number;
   readonly onProgress?: (event: ProgressEvent) => void;
@@ -39,6 +47,13 @@ export interface ProvisionResult {
   readonly plan: Plan;
   /** Empty in a dry run. */
   readonly hosts: readonly HostOutcome[];
+  /**
+   * A staged migrate (shards, canary): the shards this run took on, and how many shards with work to
+   * do it left to later stages. Null when the run covered every shard.
+   */
+  readonly stage: { readonly shards: readonly number[]; readonly canary: boolean; readonly pendingElsewhere: number } | null;
+  /** The failure limit stopped the run: shards were left without being started. */
+  readonly stoppedEarly: boolean;
   readonly ok: boolean;
   readonly durationMs: number;
 }
@@ -48,6 +63,8 @@ export interface FleetInspection {
   readonly plan: Plan;
   readonly conflicts: readonly Conflict[];
   readonly lostHosts: readonly LostHost[];
+  /** What each host that was read holds. */
+  readonly snapshots: readonly HostSnapshot[];
 }
 
 export async function provision(config: ShardctlConfig, mode: ProvisionMode, options: ProvisionOptions = {}): Promise<ProvisionResult> {
@@ -63,28 +80,34 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
     for (const lost of fleet.lost) options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
     const placement = await readFleetPlacement(fleet.sessions);
     requireCurrentMap(config, placement);
+    // Drift is looked for on every shard whatever the stage; the rest only where this run writes.
     const conflicts = findConflicts(config, snapshots, migrations, {
       ...(options.shards ? { shards: options.shards } : {}),
       checkDrift: true,
     });
     if (conflicts.length > 0) throw conflictError(conflicts);
-    const plan = planFleet(config, snapshots, migrations, planOptionsFor(mode, options, snapshots, migrations));
+    const { plan, stage } = stagedPlan(config, snapshots, migrations, mode, options);
     if (dryRun) {
-      return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts: [], ok: true, durationMs: elapsed(started) };
+      return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts: [], stage, stoppedEarly: false, ok: true, durationMs: elapsed(started) };
     }
+    const failureBudget = new FailureBudget(options.maxFailures ?? null);
     const outcomes = await Promise.all(
       plan.hosts.map((hostPlan) => {
         return executeHostPlan(fleet.session(hostPlan.host.name).client, hostPlan, {
           concurrency: config.concurrency,
           lockTimeout: config.lockTimeout,
+          failureBudget,
+          ...(options.lockRetries === undefined ? {} : { lockRetries: options.lockRetries }),
+          ...(options.lockRetryPauseMs ? { lockRetryPauseMs: options.lockRetryPauseMs } : {}),
           ...(options.onProgress ? { onProgress: options.onProgress } : {}),
         });
       }),
     );
     if (mode !== 'migrate') await recordFleet(config, fleet, placement, outcomes);
     const hosts = [...outcomes, ...fleet.lost.map(lostOutcome)];
-    const ok = hosts.every((h) => h.hostError === null && h.failures.length === 0);
-    return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts, ok, durationMs: elapsed(started) };
+    const stoppedEarly = hosts.some((h) => h.notStarted > 0);
+    const ok = hosts.every((h) => h.hostError === null && h.failures.length === 0 && h.notStarted === 0);
+    return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts, stage, stoppedEarly, ok, durationMs: elapsed(started) };
   } finally {
     await fleet.close();
   }
@@ -102,10 +125,34 @@ export async function inspectFleet(config: ShardctlConfig, options: { toVersion?
     requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
     const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
     const plan = planFleet(config, snapshots, migrations, planOptionsFor('migrate', options, snapshots, migrations));
-    return { plan, conflicts, lostHosts: fleet.lost };
+    return { plan, conflicts, lostHosts: fleet.lost, snapshots };
   } finally {
     await fleet.close();
   }
+}
+
+/**
+ * The plan of this run, and for a staged migrate what it leaves to later stages. A canary is
+ * chosen from the plan of the whole selection, so it takes shards that still have work to do.
+ */
+function stagedPlan(
+  config: ShardctlConfig,
+  snapshots: readonly HostSnapshot[],
+  migrations: readonly MigrationFile[],
+  mode: ProvisionMode,
+  options: ProvisionOptions,
+): { plan: Plan; stage: ProvisionResult['stage'] } {
+  const planOptions = planOptionsFor(mode, options, snapshots, migrations);
+  if (mode !== 'migrate' || (options.shards === undefined && options.canary === undefined)) {
+    return { plan: planFleet(config, snapshots, migrations, planOptions), stage: null };
+  }
+  const { shards: _selection, ...everyShard } = planOptions;
+  const whole = planFleet(config, snapshots, migrations, everyShard);
+  let plan = options.shards ? planFleet(config, snapshots, migrations, planOptions) : whole;
+  if (options.canary !== undefined) plan = planFleet(config, snapshots, migrations, { ...everyShard, shards: canaryShards(plan, options.canary) });
+  const chosen = plan.hosts.flatMap((h) => h.jobs.map((j) => j.shard)).sort((a, b) => a - b);
+  const pendingElsewhere = whole.hosts.reduce((n, h) => n + h.jobs.length, 0) - chosen.length;
+  return { plan, stage: { shards: chosen, canary: options.canary !== undefined, pendingElsewhere } };
 }
 
 /**
@@ -136,7 +183,11 @@ function planOptionsFor(
     case 'init':
       return { create: true };
     case 'migrate':
-      return { create: false, ...(options.toVersion === undefined ? {} : { toVersion: options.toVersion }) };
+      return {
+        create: false,
+        ...(options.shards ? { shards: options.shards } : {}),
+        ...(options.toVersion === undefined ? {} : { toVersion: options.toVersion }),
+      };
     case 'add-schema': {
       // "At the current migration level": the level the fleet's shards are at, not pending files.
       const level = fleetLevel(snapshots.map((s) => s.applied));
@@ -155,6 +206,8 @@ function lostOutcome(lost: LostHost): HostOutcome {
     shardsChanged: 0,
     upToDate: 0,
     failures: [],
+    lockWaits: [],
+    notStarted: 0,
     hostError: lost.reason,
     behind: lost.host.shards.length,
     durationMs: 0,

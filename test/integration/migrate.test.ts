@@ -62,6 +62,11 @@ describe('shardctl migrate over two hosts', () => {
         ],
         drift: [],
         unreadHosts: [],
+        rollout: [
+          { name: '0004_photo_views', version: 4, applied: 0, shards: 120 },
+          { name: '0005_photo_views_index', version: 5, applied: 0, shards: 120 },
+          { name: '0006_comment_edits', version: 6, applied: 0, shards: 120 },
+        ],
         exitCode: 3,
       });
       expect(check.stderr).toContain(

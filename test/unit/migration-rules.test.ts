@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { MigrationFile } from '../../src/migrations/files.js';
-import { driftProblems, fleetLevel, pendingMigrations, shardDrift, shardLevel } from '../../src/migrations/rules.js';
+import { describeRollout, driftProblems, fileRollout, fleetLevel, pendingMigrations, shardDrift, shardLevel } from '../../src/migrations/rules.js';
 
 const file = (version: number, checksum = `c${version}`): MigrationFile => ({
   version,
@@ -9,6 +9,8 @@ const file = (version: number, checksum = `c${version}`): MigrationFile => ({
   sql: '',
   checksum,
   noTransaction: false,
+  lockTimeout: null,
+  statementTimeout: null,
   statements: [],
 });
 const applied = (...versions: number[]): Map<number, string> => new Map(versions.map((v) => [v, `c${v}`]));
@@ -53,5 +55,20 @@ describe('migration rules', () => {
     expect(shardDrift(new Map([[1, 'edited'], [2, 'c2'], [9, 'c9']]), FILES)).toEqual([1, 9]);
     expect(fleetLevel([new Map([[0, applied(1)]]), new Map([[5, applied(1, 2)]])])).toBe(2);
     expect(fleetLevel([new Map([[0, applied()]])])).toBeNull();
+  });
+});
+
+describe('a rollout in progress', () => {
+  it('counts per file the shards it is applied to, listing only the files not yet on every shard', () => {
+    const atTwo = applied(1, 2);
+    const shards = [atTwo, atTwo, applied(1, 2, 3), applied(1), undefined];
+    const rollout = fileRollout(FILES, shards);
+    expect(rollout).toEqual([
+      { name: '0001_m1', version: 1, applied: 4, shards: 5 },
+      { name: '0002_m2', version: 2, applied: 3, shards: 5 },
+      { name: '0003_m3', version: 3, applied: 1, shards: 5 },
+    ]);
+    expect(describeRollout(rollout)).toEqual(['0001_m1: 4 of 5 shards', '0002_m2: 3 of 5 shards', '0003_m3: 1 of 5 shards']);
+    expect(fileRollout(FILES, [applied(1, 2, 3), applied(1, 2, 3)])).toEqual([]);
   });
 });

@@ -31,6 +31,8 @@ const migration = (over: Partial<MigrationFile> = {}): MigrationFile => ({
   sql: 'CREATE TABLE likes (id bigint);',
   checksum: 'abc',
   noTransaction: false,
+  lockTimeout: null,
+  statementTimeout: null,
   statements: ['CREATE TABLE likes (id bigint)'],
   ...over,
 });
@@ -92,7 +94,14 @@ describe('migration SQL', () => {
     expect(steps[3]).toBe('SELECT 1;');
     expect(steps[4]).toContain('NOT i.indisvalid');
     expect(steps[4]).toContain(`IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta0']::pg_catalog.name[] THEN`);
-    expect(steps[4]).toMatch(/RESET search_path; RESET lock_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/);
+    expect(steps[4]).toMatch(/RESET search_path; RESET lock_timeout; RESET statement_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/);
+  });
+
+  it("runs a file with its markers' lock_timeout and statement_timeout instead of the config's", () => {
+    const sql = migrationSql(config, 6, migration({ lockTimeout: '2s', statementTimeout: '10min' }));
+    expect(sql).toContain(`SET LOCAL search_path TO "insta6";\nSET LOCAL lock_timeout = '2s';\nSET LOCAL statement_timeout = '10min';\n-- 0002_likes.sql`);
+    const steps = noTransactionMigrationSteps(config, 0, migration({ noTransaction: true, lockTimeout: '2s', statementTimeout: '10min', statements: ['SELECT 1'] }));
+    expect(steps[0]).toBe(`SET search_path TO "insta0"; SET lock_timeout = '2s'; SET statement_timeout = '10min';`);
   });
 });
 
