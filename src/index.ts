@@ -30,6 +30,8 @@ export { readMigrations, type MigrationFile } from './migrations/files.js';
 // commands
 export { init } from './commands/init.js';
 export { addSchema } from './commands/add-schema.js';
+export { adopt } from './commands/adopt.js';
+export { AdoptRefusedError, type AdoptOptions, type AdoptResult, type AdoptHostResult, type AdoptedShard, type AdoptRefusal } from './adopt/adopt.js';
 export {
   migrate,
   checkMigrations,
