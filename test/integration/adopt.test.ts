@@ -1,13 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { moveShard } from '../../src/commands/move-shard.js';
-import { decodeId } from '../../src/id/layout.js';
+import { decodeId, encodeId } from '../../src/id/layout.js';
 import { equalSplit, makeFleet, runCli } from '../helpers/fleet.js';
 import { startShardWriter } from '../helpers/moves.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const main = useTestDatabases(2);
 const refusals = useTestDatabases(2);
+const switching = useTestDatabases(2);
 
 const INSTAGRAM_EPOCH = 1314220021721n;
 
@@ -262,6 +263,41 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
   });
 
   const split4 = ['0-1', '2-3'];
+
+  it('switches a shard only once the transactions that drew with the published function have ended, and above every stored id, even one ahead of the clock', async () => {
+    await buildArticleFleet(switching.urls, 'sw', split4);
+    const fleet = makeFleet({ urls: switching.urls, shards: 4, split: split4, schemaPrefix: 'sw', migrations: {} });
+    const config = await fleet.config();
+    // A stored id 5 s ahead of the clock (made on a host whose clock ran ahead): new ids must be above it.
+    const ahead = encodeId({ unixMs: BigInt(Date.now() + 5000), shard: 1, sequence: 7 }, config.idLayout);
+    await withClient(switching.urls[0]!, (c) => c.query(`insert into sw1.photos (id, user_id, image_url) values ($1, 1, 'ahead')`, [ahead.toString()]));
+    // An application transaction that drew an id with the published function and has not committed.
+    const open = await adminClient(switching.urls[0]!);
+    await open.query('begin');
+    const pending = BigInt((await open.query<{ id: string }>(`insert into sw0.photos (user_id, image_url) values (1, 'open') returning id`)).rows[0]!.id);
+    let finished = 0;
+    const adopting = runCli(['adopt', '--yes', '-c', fleet.configFile]).then((run) => ((finished = performance.now()), run));
+    await sleep(1000);
+    const committed = performance.now();
+    await open.query('commit');
+    await open.end();
+    const run = await adopting;
+    expect(run.stderr).toContain('pg1: 2 shards switched');
+    expect(run.code).toBe(0);
+    // The switch waited for that transaction (it holds the sequence), and its id is below every new one.
+    expect(finished).toBeGreaterThan(committed);
+    await withClient(switching.urls[0]!, async (c) => {
+      const next = async (table: string): Promise<bigint> => BigInt((await c.query<{ id: string }>(`insert into ${table} (user_id, image_url) values (1, 'new') returning id`)).rows[0]!.id);
+      expect(await next('sw0.photos')).toBeGreaterThan(pending);
+      const after = await next('sw1.photos');
+      expect(after).toBeGreaterThan(ahead);
+      expect(decodeId(after, config.idLayout).shard).toBe(1);
+      // A second run finds nothing to do.
+      const again = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
+      expect(again.code).toBe(0);
+      expect(again.stderr).toContain("pg1: 0 shards switched, 2 already shardctl's");
+    });
+  });
 
   it.each([
     {
