@@ -1,5 +1,4 @@
 import { randomUUID } from 'node:crypto';
-import { formatShardList } from '../config/ranges.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { ShardctlError, UsageError } from '../errors.js';
@@ -266,9 +265,4 @@ function hostResult(host: string, shards: readonly AdoptedShard[], missing: read
 
 function elapsed(started: number): number {
   return Math.round(performance.now() - started);
-}
-
-/** `shards 3-5` for a report. */
-export function describeShards(shards: readonly number[]): string {
-  return `${shards.length === 1 ? 'shard' : 'shards'} ${formatShardList(shards)}`;
 }

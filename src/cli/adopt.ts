@@ -39,7 +39,10 @@ export function registerAdopt(program: Command, ctx: CliContext, done: (code: nu
       if (count > 0) await confirmOrRefuse(ctx.streams, `adopt ${plural(count, 'shard')} (next_id() replaced under live traffic)`);
     }
     const result = await withFlagNames(names, () => adopt(config, { ...options, dryRun: flags.dryRun ?? false }));
-    if (out.json) out.data(result);
+    // The SQL is data only in a dry run: a real run's JSON stays small on thousands of shards.
+    if (out.json) {
+      out.data(result.dryRun ? result : { ...result, hosts: result.hosts.map(({ controlSql: _, ...h }) => ({ ...h, shards: h.shards.map(({ sql: __, ...s }) => s) })) });
+    }
     else if (flags.dryRun) {
       for (const host of result.hosts) {
         out.line(`-- host ${host.host}`);
