@@ -1,7 +1,7 @@
 import { randomUUID } from 'node:crypto';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
-import { ShardctlError, UsageError } from '../errors.js';
+import { HostError, ShardctlError, UsageError } from '../errors.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
 import { controlSchemaSql } from '../fleet/control.js';
@@ -9,7 +9,7 @@ import { fleetRecord, readFleetPlacement, registerFleetSql, requireCurrentMap } 
 import { Fleet, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { conflictError, findConflicts } from '../provisioning/plan.js';
-import { checkBaseline, inspectShards, type ShardAction } from './inspect.js';
+import { checkBaseline, inspectShards, type ShardAction, type ShardInspection } from './inspect.js';
 import { recordAdoptedSql, switchShardSql } from './sql.js';
 
 /**
@@ -116,10 +116,17 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
         const session = fleet.session(snapshot.host.name);
         const mapped = snapshot.host.shards.filter((s) => !wanted || wanted.has(s));
         const present = mapped.filter((s) => snapshot.schemas.has(s));
-        const inspected = await inspectShards(session.client, config, snapshot, present);
-        const checked = baseline
-          ? await checkBaseline(session.client, config, baseline.files, inspected.filter((s) => s.action !== 'none').map((s) => ({ shard: s.shard, schema: s.schema })))
-          : { host: null, shards: new Map<number, string[]>() };
+        let inspected: ShardInspection[];
+        let checked: { host: string | null; shards: Map<number, string[]> } = { host: null, shards: new Map() };
+        try {
+          inspected = await inspectShards(session.client, config, snapshot, present);
+          if (baseline) {
+            const schemas = inspected.filter((s) => s.action !== 'none').map((s) => ({ shard: s.shard, schema: s.schema }));
+            checked = await checkBaseline(session.client, config, baseline.files, schemas);
+          }
+        } catch (error) {
+          throw new HostError(snapshot.host.name, `cannot read the shard schemas: ${describePgError(error)}`, { cause: error });
+        }
         for (const s of inspected) {
           const reasons = [...s.refusals, ...(checked.host ? [checked.host] : []), ...(checked.shards.get(s.shard) ?? [])];
           for (const reason of reasons) refusals.push({ host: snapshot.host.name, shard: s.shard, schema: s.schema, reason });

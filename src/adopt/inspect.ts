@@ -44,6 +44,7 @@ interface FunctionRow {
 
 interface DefaultRow {
   function: string;
+  schema: string;
   table: string;
   column: string;
   type: string;
@@ -79,10 +80,11 @@ export async function inspectShards(
   ).rows;
   const defaults = (
     await client.query<DefaultRow>(
-      `SELECT d.refobjid::text AS function, c.relname AS table, a.attname AS column, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type
+      `SELECT d.refobjid::text AS function, n.nspname AS schema, c.relname AS table, a.attname AS column, pg_catalog.format_type(a.atttypid, a.atttypmod) AS type
          FROM pg_catalog.pg_depend d
          JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
          JOIN pg_catalog.pg_class c ON c.oid = ad.adrelid
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
          JOIN pg_catalog.pg_attribute a ON a.attrelid = ad.adrelid AND a.attnum = ad.adnum
         WHERE d.classid = 'pg_catalog.pg_attrdef'::regclass AND d.refclassid = 'pg_catalog.pg_proc'::regclass
           AND d.refobjid = ANY($1::oid[])
@@ -147,7 +149,11 @@ export async function inspectShards(
     }
     const problems = publishedLayoutProblems(parsed, config.idLayout, shard, schema);
     for (const problem of problems) refusals.push(`layout: next_id() disagrees with the config: ${problem}`);
-    const tables = allDefaults.filter((d) => d.function === published.oid);
+    const users = allDefaults.filter((d) => d.function === published.oid);
+    for (const t of users.filter((u) => u.schema !== schema)) {
+      refusals.push(`table ${t.schema}.${t.table}, outside the schema, takes its ${t.column} from ${schema}.next_id(); its ids would not be checked`);
+    }
+    const tables = users.filter((u) => u.schema === schema);
     for (const t of tables) {
       if (t.type !== 'bigint') refusals.push(`table ${schema}.${t.table}: column ${t.column} is ${t.type}; ids need bigint`);
     }

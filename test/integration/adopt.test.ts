@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { moveShard } from '../../src/commands/move-shard.js';
+import { ShardRouter } from '../../src/router/router.js';
 import { decodeId, encodeId } from '../../src/id/layout.js';
 import { equalSplit, makeFleet, runCli } from '../helpers/fleet.js';
 import { startShardWriter } from '../helpers/moves.js';
@@ -252,6 +253,20 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       expect(n.n).toBe(20 + onSource.length + onTarget.length + sessions.made.filter((m) => m.shard === 5 && m.table === 'photos').length);
     });
 
+    // The router writes by key into an adopted shard (through the published default) and finds the row by its id.
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      const id = await router.withKey(31341n, async (client, shard) => {
+        expect(shard).toBe(31341 % 64);
+        return BigInt((await client.query<{ id: string }>(`insert into photos (user_id, image_url) values (31341, 'router') returning id`)).rows[0]!.id);
+      });
+      expect(decodeId(id, config.idLayout).shard).toBe(31341 % 64);
+      const found = await router.withId(id, async (client) => (await client.query(`select user_id from photos where id = $1`, [id.toString()])).rows);
+      expect(found).toEqual([{ user_id: '31341' }]);
+    } finally {
+      await router.close();
+    }
+
     const decoded = await runCli(['decode', onTarget.at(-1)!.id.toString(), '-c', fleet.configFile]);
     expect(decoded.code).toBe(0);
     expect(decoded.stdout).toMatch(/shard\D+5\b/);
@@ -359,6 +374,24 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     expect(run.stdout).toContain('CREATE OR REPLACE FUNCTION "dry3".next_id(OUT result bigint)');
     expect(run.stdout).toMatch(/INSERT INTO "shardctl"\.migrations .* VALUES \(2, 1, '0001_article'/);
     expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'dry')))).toEqual(before);
+  });
+
+  it('names a bad --baseline or --shards (exit 2), and asks for --yes without a terminal, changing nothing', async () => {
+    await buildArticleFleet(refusals.urls, 'uf', split4);
+    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: 'uf', migrations: { '0001_article.sql': BASELINE } });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'uf')));
+    const cases: [string[], RegExp][] = [
+      [['--baseline', 'one'], /option --baseline "one": not a migration version/],
+      [['--baseline', '9', '--yes'], /option --baseline 9: no migration file has version 9/],
+      [['--shards', '2-9', '--yes'], /option --shards/],
+      [[], /needs confirmation: pass --yes/],
+    ];
+    for (const [args, message] of cases) {
+      const run = await runCli(['adopt', ...args, '-c', fleet.configFile]);
+      expect(run.stderr).toMatch(message);
+      expect(run.code).toBe(2);
+    }
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'uf')))).toEqual(before);
   });
 
   it('--baseline refuses when a file creates a table a shard does not have', async () => {
