@@ -10,6 +10,7 @@ import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 const main = useTestDatabases(2);
 const refusals = useTestDatabases(2);
 const switching = useTestDatabases(2);
+const partial = useTestDatabases(2);
 
 const INSTAGRAM_EPOCH = 1314220021721n;
 
@@ -323,6 +324,23 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       expect(again.code).toBe(0);
       expect(again.stderr).toContain("pg1: 0 shards switched, 2 already shardctl's");
     });
+  });
+
+  it('--shards adopts only the listed shards; init refuses the others until they are adopted too', async () => {
+    await buildArticleFleet(partial.urls, 'pa', split4);
+    const fleet = makeFleet({ urls: partial.urls, shards: 4, split: split4, schemaPrefix: 'pa', migrations: {} });
+    const untouched = await withClient(partial.urls[1]!, (c) => c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`));
+    const first = await runCli(['adopt', '--shards', '0,2', '--yes', '-c', fleet.configFile]);
+    expect(first.code).toBe(0);
+    expect(first.stderr).toContain('pg1: 1 shard switched');
+    expect(first.stderr).toContain('pg2: 1 shard switched');
+    expect(await withClient(partial.urls[1]!, (c) => c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`))).toMatchObject({ rows: untouched.rows });
+    const init = await runCli(['init', '-c', fleet.configFile]);
+    expect(init.code).toBe(1);
+    expect(init.stderr).toMatch(/host pg1: schema for shard 1 exists but shardctl did not create it/);
+    expect((await runCli(['adopt', '--yes', '-c', fleet.configFile])).code).toBe(0);
+    expect((await runCli(['init', '-c', fleet.configFile])).code).toBe(0);
+    expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
   });
 
   it.each([
