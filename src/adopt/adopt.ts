@@ -121,7 +121,8 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
         try {
           inspected = await inspectShards(session.client, config, snapshot, present);
           if (baseline) {
-            const schemas = inspected.filter((s) => s.action !== 'none').map((s) => ({ shard: s.shard, schema: s.schema }));
+            // Every shard that gets baseline records is checked: also one adopted earlier without --baseline.
+            const schemas = inspected.filter((s) => s.action !== 'none' || !hasBaseline(snapshot, s.shard, baseline.files)).map((s) => ({ shard: s.shard, schema: s.schema }));
             checked = await checkBaseline(session.client, config, baseline.files, schemas);
           }
         } catch (error) {

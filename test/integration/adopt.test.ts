@@ -324,6 +324,20 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       expect(again.code).toBe(0);
       expect(again.stderr).toContain("pg1: 0 shards switched, 2 already shardctl's");
     });
+    // A baseline given later is checked against the adopted shards before it is recorded.
+    fleet.writeMigration('0001_article.sql', BASELINE.replace('user_id  bigint NOT NULL', 'user_id  integer NOT NULL'));
+    const wrong = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
+    expect(wrong.stderr).toMatch(/host pg1, shard 0 \(sw0\): baseline: table sw0\.likes has columns \(id bigint, photo_id bigint, user_id bigint\), the files create \(id bigint, photo_id bigint, user_id integer\)/);
+    expect(wrong.code).toBe(3);
+    fleet.writeMigration('0001_article.sql', BASELINE);
+    const right = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
+    expect(right.stderr).toContain('pg1: 0 shards switched, 2 recorded');
+    expect(right.code).toBe(0);
+    const recorded = await withClient(switching.urls[0]!, (c) => c.query(`select shard, version, name from shardctl.migrations order by shard`));
+    expect(recorded.rows).toEqual([
+      { shard: 0, version: 1, name: '0001_article' },
+      { shard: 1, version: 1, name: '0001_article' },
+    ]);
   });
 
   it('--shards adopts only the listed shards; init refuses the others until they are adopted too', async () => {
