@@ -31,6 +31,8 @@ export { describeRollout, type FileRollout } from './migrations/rules.js';
 // commands
 export { init } from './commands/init.js';
 export { addSchema } from './commands/add-schema.js';
+export { adopt } from './commands/adopt.js';
+export { AdoptRefusedError, type AdoptOptions, type AdoptResult, type AdoptHostResult, type AdoptedShard, type AdoptRefusal } from './adopt/adopt.js';
 export {
   migrate,
   checkMigrations,

@@ -16,6 +16,7 @@ if [ "${SHARDCTL_MATRIX_FILES:-}" = all ]; then
   files=(test/integration)
 else
   files=(
+    test/integration/adopt.test.ts
     test/integration/control-version.test.ts
     test/integration/exec-read-only.test.ts
     test/integration/fleet-map.test.ts

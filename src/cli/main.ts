@@ -1,6 +1,7 @@
 import { Command, CommanderError } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerAddSchema } from './add-schema.js';
+import { registerAdopt } from './adopt.js';
 import type { CliContext } from './context.js';
 import { registerDecode } from './decode.js';
 import { registerDev } from './dev.js';
@@ -43,6 +44,7 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
   for (const register of [
     registerInit,
     registerAddSchema,
+    registerAdopt,
     registerMigrate,
     registerMigration,
     registerStatus,

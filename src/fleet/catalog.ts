@@ -64,14 +64,15 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
       `SELECT ${numberList('n.oid', 'n.oid')} AS oids, ${numberList(`substr(n.nspname, length(${quoteLiteral(prefix)}) + 1)`, 'n.oid')} AS shards
          FROM pg_namespace n
         WHERE ${shardSchemaCondition('n.nspname', quoteLiteral(prefix))}`,
-      // Every next_id in the database, grouped by the version in its comment (which also names the
+      // Every next_id(seq) in the database, grouped by the version in its comment (which also names the
       // shard), by schema oid: no join with pg_namespace, so the cost grows linearly with the shards.
+      // An adopted shard's zero-argument next_id() (the published name, a wrapper) is not it.
       `SELECT d.description IS NOT NULL AS commented, substring(d.description FROM 'shardctl next_id v([0-9]+)') AS version,
               l.lanname AS language, ${numberList('p.pronamespace')} AS schemas
          FROM pg_proc p
          JOIN pg_language l ON l.oid = p.prolang
          LEFT JOIN pg_description d ON d.objoid = p.oid AND d.classoid = 'pg_proc'::regclass AND d.objsubid = 0
-        WHERE p.proname = 'next_id'
+        WHERE p.proname = 'next_id' AND p.pronargs = 1
         GROUP BY 1, 2, 3`,
     ]);
     const schemas = toSchemas(schemaRows![0] as { oids: string; shards: string }, functionRows as FunctionRow[]);

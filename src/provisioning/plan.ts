@@ -216,7 +216,8 @@ export function findConflicts(
         message:
           `host ${snapshot.host.name}: schema${foreign.length === 1 ? '' : 's'} for shard${foreign.length === 1 ? '' : 's'} ` +
           `${formatShardList(foreign)} exist${foreign.length === 1 ? 's' : ''} but shardctl did not create ${foreign.length === 1 ? 'it' : 'them'} ` +
-          `(no next_id, no record in shardctl.shards); drop ${foreign.length === 1 ? 'it' : 'them'} or choose another schemaPrefix`,
+          `(no next_id, no record in shardctl.shards); adopt ${foreign.length === 1 ? 'it' : 'them'} with shardctl adopt (a fleet built from the Instagram article), ` +
+          `drop ${foreign.length === 1 ? 'it' : 'them'}, or choose another schemaPrefix`,
       });
     }
   }

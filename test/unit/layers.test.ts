@@ -12,7 +12,7 @@ const LAYERS: readonly (readonly string[])[] = [
   ['config'],
   ['fleet'],
   ['migrations'],
-  ['provisioning', 'moves', 'router'],
+  ['provisioning', 'moves', 'router', 'adopt'],
   ['commands', 'dev'],
   ['index.ts'],
   ['cli'],

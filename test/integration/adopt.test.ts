@@ -1,0 +1,455 @@
+import { describe, expect, it } from 'vitest';
+import { ShardMap } from '../../src/config/shard-map.js';
+import { moveShard } from '../../src/commands/move-shard.js';
+import { ShardRouter } from '../../src/router/router.js';
+import { decodeId, encodeId } from '../../src/id/layout.js';
+import { equalSplit, makeFleet, runCli } from '../helpers/fleet.js';
+import { startShardWriter } from '../helpers/moves.js';
+import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const main = useTestDatabases(2);
+const refusals = useTestDatabases(2);
+const switching = useTestDatabases(2);
+const partial = useTestDatabases(2);
+
+const INSTAGRAM_EPOCH = 1314220021721n;
+
+/**
+ * One shard as the article publishes it (with % for its %% misprint): the schema, the sequence, the
+ * function, and two tables whose id defaults call it.
+ */
+function articleShardSql(prefix: string, shard: number, options: { epoch?: bigint; body?: string } = {}): string {
+  const s = `${prefix}${shard}`;
+  const body =
+    options.body ??
+    `DECLARE
+    our_epoch bigint := ${options.epoch ?? INSTAGRAM_EPOCH};
+    seq_id bigint;
+    now_millis bigint;
+    shard_id int := ${shard};
+BEGIN
+    SELECT nextval('${s}.table_id_seq') % 1024 INTO seq_id;
+
+    SELECT FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) INTO now_millis;
+    result := (now_millis - our_epoch) << 23;
+    result := result | (shard_id << 10);
+    result := result | (seq_id);
+END;`;
+  return `
+CREATE SCHEMA ${s};
+CREATE SEQUENCE ${s}.table_id_seq;
+CREATE OR REPLACE FUNCTION ${s}.next_id(OUT result bigint) AS $$
+${body}
+    $$ LANGUAGE PLPGSQL;
+CREATE TABLE ${s}.photos (
+    "id" bigint NOT NULL DEFAULT ${s}.next_id(),
+    user_id bigint NOT NULL,
+    image_url text NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (id)
+);
+CREATE TABLE ${s}.likes (
+    "id" bigint NOT NULL DEFAULT ${s}.next_id(),
+    photo_id bigint NOT NULL,
+    user_id bigint NOT NULL,
+    PRIMARY KEY (id)
+);
+INSERT INTO ${s}.photos (user_id, image_url) SELECT g, 'seed' FROM generate_series(1, 20) g;
+INSERT INTO ${s}.likes (photo_id, user_id) SELECT g, g FROM generate_series(1, 20) g;`;
+}
+
+/** The baseline file a team writes for that schema: what a move builds the target from. */
+const BASELINE = `CREATE SEQUENCE table_id_seq;
+CREATE TABLE photos (
+  id         bigint PRIMARY KEY DEFAULT next_id('table_id_seq'),
+  user_id    bigint NOT NULL,
+  image_url  text NOT NULL,
+  created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE likes (
+  id       bigint PRIMARY KEY DEFAULT next_id('table_id_seq'),
+  photo_id bigint NOT NULL,
+  user_id  bigint NOT NULL
+);
+-- The application also calls next_id() by itself: a shard a move builds from these files needs it too.
+CREATE FUNCTION next_id(OUT result bigint) LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+BEGIN
+  result := next_id('table_id_seq'::regclass);
+END
+$$;
+`;
+
+async function buildArticleFleet(urls: readonly string[], prefix: string, split: readonly string[], options: { epoch?: bigint } = {}): Promise<void> {
+  for (const [i, url] of urls.entries()) {
+    const [from, to] = split[i]!.split('-').map(Number) as [number, number];
+    const sql: string[] = [];
+    for (let shard = from; shard <= to; shard++) sql.push(articleShardSql(prefix, shard, options));
+    await withClient(url, (c) => c.query(sql.join('\n')));
+  }
+}
+
+/** Everything adopt could change: schemas, functions (body and comment), relations, sequence values, the control schema. */
+async function catalog(url: string, prefix: string): Promise<unknown> {
+  return withClient(url, async (c) => ({
+    schemas: (await c.query(`select nspname from pg_namespace where nspname like $1 || '%' or nspname = 'shardctl' order by 1`, [prefix])).rows,
+    functions: (
+      await c.query(
+        `select n.nspname, p.proname, pg_get_function_arguments(p.oid) as args, md5(p.prosrc) as body, obj_description(p.oid, 'pg_proc') as comment
+           from pg_proc p join pg_namespace n on n.oid = p.pronamespace where n.nspname like $1 || '%' order by 1, 2, 3`,
+        [prefix],
+      )
+    ).rows,
+    relations: (await c.query(`select n.nspname, c.relname, c.relkind from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname like $1 || '%' order by 1, 2`, [prefix])).rows,
+    sequences: (await c.query(`select schemaname, sequencename, last_value::text from pg_sequences where schemaname like $1 || '%' order by 1, 2`, [prefix])).rows,
+    control: (await c.query(`select to_regclass('shardctl.shards') is not null as control`)).rows,
+  }));
+}
+
+interface Made {
+  shard: number;
+  table: 'photos' | 'likes';
+  id: bigint;
+  started: number;
+  ended: number;
+  session: number;
+}
+
+/**
+ * Application sessions inserting single rows into several shards on both hosts, through the table
+ * default (photos) and through an explicit call of the published next_id() (likes), until stopped.
+ */
+function startSessions(urls: readonly string[], prefix: string, shards: readonly number[], hostOf: (shard: number) => number, count: number) {
+  const made: Made[] = [];
+  const failures: string[] = [];
+  let stop = false;
+  const loops = Array.from({ length: count }, async (_, session) => {
+    const clients = await Promise.all(urls.map((url) => adminClient(url)));
+    for (const c of clients) c.on('error', () => undefined);
+    try {
+      for (let i = 0; !stop; i++) {
+        const shard = shards[(session + i) % shards.length]!;
+        const table = i % 2 === 0 ? 'photos' : 'likes';
+        const s = `${prefix}${shard}`;
+        const sql =
+          table === 'photos'
+            ? `insert into ${s}.photos (user_id, image_url) values (${session}, 'live') returning id`
+            : `insert into ${s}.likes (id, photo_id, user_id) values (${s}.next_id(), ${i}, ${session}) returning id`;
+        const started = performance.now();
+        try {
+          const result = await clients[hostOf(shard)]!.query<{ id: string }>(sql);
+          made.push({ shard, table, id: BigInt(result.rows[0]!.id), started, ended: performance.now(), session });
+        } catch (error) {
+          failures.push(`${s}.${table}: ${(error as Error).message}`);
+        }
+      }
+    } finally {
+      for (const c of clients) await c.end().catch(() => undefined);
+    }
+  });
+  return {
+    made,
+    failures,
+    async stop() {
+      stop = true;
+      await Promise.all(loops);
+    },
+  };
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+describe('shardctl adopt', () => {
+  it('adopts 64 article-built shards on 2 hosts under 8 inserting sessions: no failed insert, no repeated id, ids grow across the switch; then migrate, a move and status work', async () => {
+    const split = equalSplit(64, 2);
+    await buildArticleFleet(main.urls, 'insta', split);
+    const fleet = makeFleet({ urls: main.urls, shards: 64, split, migrations: { '0001_article.sql': BASELINE } });
+    const config = await fleet.config();
+
+    // init refuses the hand-built schemas, and says what to do.
+    const refusedInit = await runCli(['init', '-c', fleet.configFile]);
+    expect(refusedInit.code).toBe(1);
+    expect(refusedInit.stderr).toContain('shardctl adopt');
+
+    const live = [0, 1, 2, 17, 31, 32, 33, 50, 63];
+    const hostOf = (shard: number): number => (shard < 32 ? 0 : 1);
+    const sessions = startSessions(main.urls, 'insta', live, hostOf, 8);
+    await sleep(600);
+    const adoptStarted = performance.now();
+    const adopted = await runCli(['adopt', '--baseline', '1', '--yes', '--json', '-c', fleet.configFile]);
+    const adoptEnded = performance.now();
+    await sleep(600);
+    await sessions.stop();
+
+    expect(adopted.stderr).not.toContain('error');
+    expect(adopted.code).toBe(0);
+    const result = JSON.parse(adopted.stdout) as { hosts: { host: string; switched: number; failures: unknown[] }[] };
+    expect(result.hosts.map((h) => [h.host, h.switched, h.failures.length])).toEqual([
+      ['pg1', 32, 0],
+      ['pg2', 32, 0],
+    ]);
+
+    expect(sessions.failures).toEqual([]);
+    const before = sessions.made.filter((m) => m.ended < adoptStarted);
+    const after = sessions.made.filter((m) => m.started > adoptEnded);
+    expect(before.length).toBeGreaterThan(50);
+    expect(after.length).toBeGreaterThan(50);
+    // 0 repeated ids; every id decodes to the shard it was made in.
+    const keys = sessions.made.map((m) => `${m.shard}:${m.table}:${m.id}`);
+    expect(new Set(keys).size).toBe(keys.length);
+    expect(sessions.made.filter((m) => decodeId(m.id, config.idLayout).shard !== m.shard)).toEqual([]);
+    for (const shard of live) {
+      for (const table of ['photos', 'likes'] as const) {
+        const maxBefore = before.filter((m) => m.shard === shard && m.table === table).reduce((x, m) => (m.id > x ? m.id : x), 0n);
+        const early = after.filter((m) => m.shard === shard && m.table === table && m.id <= maxBefore);
+        expect(early, `${shard}.${table}`).toEqual([]);
+      }
+    }
+    // After the switch each session's ids grow per table (shardctl's function never goes back).
+    for (let session = 0; session < 8; session++) {
+      for (const shard of live) {
+        const ids = after.filter((m) => m.session === session && m.shard === shard && m.table === 'photos').map((m) => m.id);
+        expect(ids.every((id, i) => i === 0 || id > ids[i - 1]!)).toBe(true);
+      }
+    }
+    // The published name and shardctl's next_id(seq) both answer, and every row in the tables is unique.
+    await withClient(main.urls[1]!, async (c) => {
+      const comment = (await c.query<{ c: string }>(`select obj_description('insta40.next_id()'::regprocedure, 'pg_proc') as c`)).rows[0]!.c;
+      expect(comment).toMatch(/^shardctl adopted next_id\(\)/);
+      const ids = (await c.query<{ a: string; b: string }>(`select insta40.next_id()::text as a, insta40.next_id('insta40.table_id_seq')::text as b`)).rows[0]!;
+      expect(BigInt(ids.b)).toBeGreaterThan(BigInt(ids.a));
+      expect(decodeId(BigInt(ids.a), config.idLayout).shard).toBe(40);
+      const recorded = (await c.query(`select count(*)::int as n from shardctl.shards`)).rows[0];
+      expect(recorded).toEqual({ n: 32 });
+      const baseline = (await c.query(`select count(*)::int as n from shardctl.migrations where version = 1`)).rows[0];
+      expect(baseline).toEqual({ n: 32 });
+    });
+
+    // init no longer refuses; a new migration file is applied to every adopted shard.
+    expect((await runCli(['init', '-c', fleet.configFile])).code).toBe(0);
+    fleet.writeMigration(
+      '0002_comments.sql',
+      `CREATE SEQUENCE comments_id_seq;
+CREATE TABLE comments (id bigint PRIMARY KEY DEFAULT next_id('comments_id_seq'), photo_id bigint NOT NULL, body text NOT NULL);
+ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
+`,
+    );
+    const migrated = await runCli(['migrate', '-c', fleet.configFile]);
+    expect(migrated.stderr).toContain('64 migrations applied, 0 shards already current, 0 failed');
+    expect(migrated.code).toBe(0);
+    await withClient(main.urls[0]!, async (c) => {
+      const id = (await c.query<{ id: string }>(`insert into insta3.comments (photo_id, body) values (1, 'x') returning id`)).rows[0]!.id;
+      expect(decodeId(BigInt(id), config.idLayout).shard).toBe(3);
+    });
+
+    // A move of an adopted shard under a writer: every new id on the target is above every moved id.
+    const map = await ShardMap.load(fleet.configFile);
+    const writer = startShardWriter(map, 5);
+    await sleep(300);
+    const moved = await moveShard(await fleet.config(), 5, 'pg2', { configFile: fleet.configFile });
+    await sleep(300);
+    await writer.stop();
+    expect(moved.outcome).toBe('moved');
+    const onSource = writer.acknowledged.filter((a) => a.host === 'pg1');
+    const onTarget = writer.acknowledged.filter((a) => a.host === 'pg2');
+    expect(onTarget.length).toBeGreaterThan(0);
+    const maxMoved = onSource.reduce((m, a) => (a.id > m ? a.id : m), 0n);
+    expect(onTarget.filter((a) => a.id <= maxMoved)).toEqual([]);
+    await withClient(main.urls[1]!, async (c) => {
+      // The published name answers on the target too (the baseline file made it), above every moved id.
+      await c.query('set search_path to public');
+      const called = BigInt((await c.query<{ id: string }>(`select insta5.next_id()::text as id`)).rows[0]!.id);
+      expect(called).toBeGreaterThan(maxMoved);
+      expect(decodeId(called, config.idLayout).shard).toBe(5);
+      const n = (await c.query<{ n: number; d: number }>(`select count(*)::int as n, count(distinct id)::int as d from insta5.photos`)).rows[0]!;
+      expect(n.n).toBe(n.d);
+      expect(n.n).toBe(20 + onSource.length + onTarget.length + sessions.made.filter((m) => m.shard === 5 && m.table === 'photos').length);
+    });
+
+    // The router writes by key into an adopted shard (through the published default) and finds the row by its id.
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      const id = await router.withKey(31341n, async (client, shard) => {
+        expect(shard).toBe(31341 % 64);
+        return BigInt((await client.query<{ id: string }>(`insert into photos (user_id, image_url) values (31341, 'router') returning id`)).rows[0]!.id);
+      });
+      expect(decodeId(id, config.idLayout).shard).toBe(31341 % 64);
+      const found = await router.withId(id, async (client) => (await client.query(`select user_id from photos where id = $1`, [id.toString()])).rows);
+      expect(found).toEqual([{ user_id: '31341' }]);
+    } finally {
+      await router.close();
+    }
+
+    const decoded = await runCli(['decode', onTarget.at(-1)!.id.toString(), '-c', fleet.configFile]);
+    expect(decoded.code).toBe(0);
+    expect(decoded.stdout).toMatch(/shard\D+5\b/);
+    const gc = await runCli(['gc', '--yes', '-c', fleet.configFile]);
+    expect(gc.code).toBe(0);
+    const state = await runCli(['status', '-c', fleet.configFile]);
+    expect(state.stdout + state.stderr).not.toMatch(/behind|drift|older/i);
+    expect(state.code).toBe(0);
+  });
+
+  const split4 = ['0-1', '2-3'];
+
+  it('switches a shard only once the transactions that drew with the published function have ended, and above every stored id, even one ahead of the clock', async () => {
+    await buildArticleFleet(switching.urls, 'sw', split4);
+    const fleet = makeFleet({ urls: switching.urls, shards: 4, split: split4, schemaPrefix: 'sw', migrations: {} });
+    const config = await fleet.config();
+    // A stored id 5 s ahead of the clock (made on a host whose clock ran ahead): new ids must be above it.
+    const ahead = encodeId({ unixMs: BigInt(Date.now() + 5000), shard: 1, sequence: 7 }, config.idLayout);
+    await withClient(switching.urls[0]!, (c) => c.query(`insert into sw1.photos (id, user_id, image_url) values ($1, 1, 'ahead')`, [ahead.toString()]));
+    // An application transaction that drew an id with the published function and has not committed.
+    const open = await adminClient(switching.urls[0]!);
+    await open.query('begin');
+    const pending = BigInt((await open.query<{ id: string }>(`insert into sw0.photos (user_id, image_url) values (1, 'open') returning id`)).rows[0]!.id);
+    let finished = 0;
+    const adopting = runCli(['adopt', '--yes', '-c', fleet.configFile]).then((run) => ((finished = performance.now()), run));
+    await sleep(1000);
+    const committed = performance.now();
+    await open.query('commit');
+    await open.end();
+    const run = await adopting;
+    expect(run.stderr).toContain('pg1: 2 shards switched');
+    expect(run.code).toBe(0);
+    // The switch waited for that transaction (it holds the sequence), and its id is below every new one.
+    expect(finished).toBeGreaterThan(committed);
+    await withClient(switching.urls[0]!, async (c) => {
+      const next = async (table: string): Promise<bigint> => BigInt((await c.query<{ id: string }>(`insert into ${table} (user_id, image_url) values (1, 'new') returning id`)).rows[0]!.id);
+      expect(await next('sw0.photos')).toBeGreaterThan(pending);
+      const after = await next('sw1.photos');
+      expect(after).toBeGreaterThan(ahead);
+      expect(decodeId(after, config.idLayout).shard).toBe(1);
+      // A second run finds nothing to do.
+      const again = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
+      expect(again.code).toBe(0);
+      expect(again.stderr).toContain("pg1: 0 shards switched, 2 already shardctl's");
+    });
+    // A baseline given later is checked against the adopted shards before it is recorded.
+    fleet.writeMigration('0001_article.sql', BASELINE.replace('user_id  bigint NOT NULL', 'user_id  integer NOT NULL'));
+    const wrong = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
+    expect(wrong.stderr).toMatch(/host pg1, shard 0 \(sw0\): baseline: table sw0\.likes has columns \(id bigint, photo_id bigint, user_id bigint\), the files create \(id bigint, photo_id bigint, user_id integer\)/);
+    expect(wrong.code).toBe(3);
+    fleet.writeMigration('0001_article.sql', BASELINE);
+    const right = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
+    expect(right.stderr).toContain('pg1: 0 shards switched, 2 recorded');
+    expect(right.code).toBe(0);
+    const recorded = await withClient(switching.urls[0]!, (c) => c.query(`select shard, version, name from shardctl.migrations order by shard`));
+    expect(recorded.rows).toEqual([
+      { shard: 0, version: 1, name: '0001_article' },
+      { shard: 1, version: 1, name: '0001_article' },
+    ]);
+  });
+
+  it('--shards adopts only the listed shards; init refuses the others until they are adopted too', async () => {
+    await buildArticleFleet(partial.urls, 'pa', split4);
+    const fleet = makeFleet({ urls: partial.urls, shards: 4, split: split4, schemaPrefix: 'pa', migrations: {} });
+    const untouched = await withClient(partial.urls[1]!, (c) => c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`));
+    const first = await runCli(['adopt', '--shards', '0,2', '--yes', '-c', fleet.configFile]);
+    expect(first.code).toBe(0);
+    expect(first.stderr).toContain('pg1: 1 shard switched');
+    expect(first.stderr).toContain('pg2: 1 shard switched');
+    expect(await withClient(partial.urls[1]!, (c) => c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`))).toMatchObject({ rows: untouched.rows });
+    const init = await runCli(['init', '-c', fleet.configFile]);
+    expect(init.code).toBe(1);
+    expect(init.stderr).toMatch(/host pg1: schema for shard 1 exists but shardctl did not create it/);
+    expect((await runCli(['adopt', '--yes', '-c', fleet.configFile])).code).toBe(0);
+    expect((await runCli(['init', '-c', fleet.configFile])).code).toBe(0);
+    expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
+  });
+
+  it.each([
+    {
+      name: 'a schema whose id function is unknown',
+      prefix: 'ua',
+      prepare: async (urls: readonly string[]) => {
+        await buildArticleFleet(urls, 'ua', split4);
+        await withClient(urls[0]!, (c) =>
+          c.query(`CREATE OR REPLACE FUNCTION ua1.next_id(OUT result bigint) AS $$ BEGIN result := nextval('ua1.table_id_seq'); END; $$ LANGUAGE plpgsql`),
+        );
+      },
+      reason: /host pg1, shard 1 \(ua1\): next_id\(\) is not the published function/,
+    },
+    {
+      name: 'stored ids of another shard',
+      prefix: 'ub',
+      prepare: async (urls: readonly string[]) => {
+        await buildArticleFleet(urls, 'ub', split4);
+        await withClient(urls[0]!, (c) => c.query(`insert into ub0.photos (id, user_id, image_url) values (ub1.next_id(), 1, 'x')`));
+      },
+      reason: /host pg1, shard 0 \(ub0\): table ub0\.photos: its largest id \d+ decodes to shard 1, not 0/,
+    },
+    {
+      name: 'the same schema on two hosts',
+      prefix: 'uc',
+      prepare: async (urls: readonly string[]) => {
+        await buildArticleFleet(urls, 'uc', split4);
+        await withClient(urls[1]!, (c) => c.query(articleShardSql('uc', 1)));
+      },
+      reason: /host pg2, shard 1 \(uc1\): the same schema exists on hosts pg1 and pg2/,
+    },
+    {
+      name: 'a config whose epoch disagrees with the stored ids',
+      prefix: 'ud',
+      prepare: async (urls: readonly string[]) => buildArticleFleet(urls, 'ud', split4),
+      epoch: '2015-01-01T00:00:00.000Z',
+      reason: /host pg1, shard 0 \(ud0\): layout: next_id\(\) disagrees with the config: its epoch is 1314220021721 ms/,
+    },
+  ])('refuses $name with exit 3, naming host and shard, and changes nothing', async ({ prefix, prepare, reason, epoch }) => {
+    await prepare(refusals.urls);
+    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: prefix, migrations: {}, ...(epoch ? { idLayout: { epoch } } : {}) });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, prefix)));
+    const run = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
+    expect(run.stderr).toMatch(reason);
+    expect(run.stderr).toContain('nothing was changed');
+    expect(run.code).toBe(3);
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, prefix)))).toEqual(before);
+  });
+
+  it('--dry-run prints the SQL per host and changes nothing', async () => {
+    await buildArticleFleet(refusals.urls, 'dry', split4);
+    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: 'dry', migrations: { '0001_article.sql': BASELINE } });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'dry')));
+    const run = await runCli(['adopt', '--dry-run', '--baseline', '1', '-c', fleet.configFile]);
+    expect(run.code).toBe(0);
+    expect(run.stdout).toContain('-- host pg1');
+    expect(run.stdout).toContain('-- host pg2');
+    expect(run.stdout).toContain('ALTER SEQUENCE "dry3"."table_id_seq" CACHE 1;');
+    expect(run.stdout).toContain('CREATE OR REPLACE FUNCTION "dry3".next_id(OUT result bigint)');
+    expect(run.stdout).toMatch(/INSERT INTO "shardctl"\.migrations .* VALUES \(2, 1, '0001_article'/);
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'dry')))).toEqual(before);
+  });
+
+  it('names a bad --baseline or --shards (exit 2), and asks for --yes without a terminal, changing nothing', async () => {
+    await buildArticleFleet(refusals.urls, 'uf', split4);
+    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: 'uf', migrations: { '0001_article.sql': BASELINE } });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'uf')));
+    const cases: [string[], RegExp][] = [
+      [['--baseline', 'one'], /option --baseline "one": not a migration version/],
+      [['--baseline', '9', '--yes'], /option --baseline 9: no migration file has version 9/],
+      [['--shards', '2-9', '--yes'], /option --shards/],
+      [[], /needs confirmation: pass --yes/],
+    ];
+    for (const [args, message] of cases) {
+      const run = await runCli(['adopt', ...args, '-c', fleet.configFile]);
+      expect(run.stderr).toMatch(message);
+      expect(run.code).toBe(2);
+    }
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'uf')))).toEqual(before);
+  });
+
+  it('--baseline refuses when a file creates a table a shard does not have', async () => {
+    await buildArticleFleet(refusals.urls, 'ue', split4);
+    const fleet = makeFleet({
+      urls: refusals.urls,
+      shards: 4,
+      split: split4,
+      schemaPrefix: 'ue',
+      migrations: { '0001_article.sql': BASELINE, '0002_tags.sql': 'CREATE TABLE tags (id bigint PRIMARY KEY, name text);\n' },
+    });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'ue')));
+    const run = await runCli(['adopt', '--yes', '--baseline', '2', '-c', fleet.configFile]);
+    expect(run.stderr).toMatch(/host pg2, shard 3 \(ue3\): baseline: table ue3\.tags does not exist/);
+    expect(run.code).toBe(3);
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'ue')))).toEqual(before);
+  });
+});
