@@ -91,7 +91,15 @@ async function buildArticleFleet(urls: readonly string[], prefix: string, split:
 /** Everything adopt could change: schemas, functions (body and comment), relations, sequence values, the control schema. */
 async function catalog(url: string, prefix: string): Promise<unknown> {
   return withClient(url, async (c) => ({
-    schemas: (await c.query(`select nspname from pg_namespace where nspname like $1 || '%' or nspname = 'shardctl' order by 1`, [prefix])).rows,
+    schemas: (await c.query(`select nspname from pg_namespace where nspname like $1 || '%' order by 1`, [prefix])).rows,
+    // The runner lock's tables (sql/control_locks.sql) may appear on a host that never had shardctl:
+    // taking the lock needs them. Anything else in the control schema would be a change.
+    controlObjects: (
+      await c.query(
+        `select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
+          where n.nspname = 'shardctl' and c.relname not in ('runner_lock', 'tracking_lock', 'workers', 'workers_pkey', 'id_locks', 'id_locks_pkey') order by 1`,
+      )
+    ).rows,
     functions: (
       await c.query(
         `select n.nspname, p.proname, pg_get_function_arguments(p.oid) as args, md5(p.prosrc) as body, obj_description(p.oid, 'pg_proc') as comment
