@@ -67,7 +67,8 @@ export function rewriteOwnersYaml(text: string, owners: ReadonlyMap<number, stri
     const next = ownedList(name, spec, owners);
     if (formatShardList(spec.trim() === '' ? [] : parseOrFail(spec)) === next) continue;
     const value = new Scalar(next);
-    value.type = 'QUOTE_DOUBLE';
+    // Keep a list that reads like a number ("5") a string, as the file wrote it quoted or not.
+    value.type = isScalar(node) && node.type === 'PLAIN' && !/^\d+$/.test(next) ? 'PLAIN' : 'QUOTE_DOUBLE';
     if (isScalar(node)) {
       value.comment = node.comment;
       value.commentBefore = node.commentBefore;
@@ -115,69 +116,23 @@ async function replaceFile(file: string, updated: string): Promise<void> {
   }
 }
 
-function asList(shard: number | readonly number[]): readonly number[] {
-  return typeof shard === 'number' ? [shard] : shard;
-}
-
-function moveInList(spec: string, shards: readonly number[], add: boolean): string {
-  const current = spec.trim() === '' ? [] : parseOrFail(spec);
-  const moving = new Set(shards);
-  const next = add ? [...new Set([...current, ...shards])] : current.filter((s) => !moving.has(s));
-  return formatShardList(next);
-}
-
-/** Whether the list must change: `to` lacks one of the shards, or `from` still has one. */
-function needsChange(spec: string, shards: readonly number[], add: boolean): boolean {
-  const current = new Set(spec.trim() === '' ? [] : parseOrFail(spec));
-  return add ? shards.some((s) => !current.has(s)) : shards.some((s) => current.has(s));
-}
-
 function parseOrFail(spec: string): number[] {
   const parsed = parseShardList(spec);
   if ('error' in parsed) throw new RuntimeFailure('CONFIG_REWRITE', `cannot update the map: ${parsed.error}`);
   return parsed.shards;
 }
 
-export function rewriteYaml(text: string, shard: number | readonly number[], from: string, to: string): string | null {
-  const shards = asList(shard);
-  const doc = parseDocument(text);
-  const hosts = doc.get('hosts', true);
-  if (!isSeq(hosts)) throw new RuntimeFailure('CONFIG_REWRITE', 'cannot update the map: no hosts list in the config file');
-  let changed = false;
-  for (const item of hosts.items) {
-    if (!isMap(item)) continue;
-    const name = item.get('name');
-    if (name !== from && name !== to) continue;
-    const node = item.get('shards', true);
-    const spec = isScalar(node) ? String(node.value ?? '') : '';
-    const add = name === to;
-    if (!needsChange(spec, shards, add)) continue;
-    const value = new Scalar(moveInList(spec, shards, add));
-    // Keep a list that reads like a number ("5") a string, as the file wrote it quoted or not.
-    value.type = isScalar(node) && node.type === 'PLAIN' && /^\d+$/.test(String(value.value)) === false ? 'PLAIN' : 'QUOTE_DOUBLE';
-    if (isScalar(node)) {
-      value.comment = node.comment;
-      value.commentBefore = node.commentBefore;
-    }
-    item.set('shards', value);
-    changed = true;
-  }
-  return changed ? doc.toString() : null;
+/** Moves `shard` to `to` in a YAML map (from whichever host lists it, normally `from`). */
+export function rewriteYaml(text: string, shard: number | readonly number[], _from: string, to: string): string | null {
+  return rewriteOwnersYaml(text, ownersOf(shard, to), []);
 }
 
-function rewriteJson(text: string, shard: number | readonly number[], from: string, to: string): string | null {
-  const shards = asList(shard);
-  const data = JSON.parse(text) as { hosts?: { name?: string; shards?: string | number }[] };
-  let changed = false;
-  for (const host of data.hosts ?? []) {
-    if (host.name !== from && host.name !== to) continue;
-    const spec = host.shards === undefined ? '' : String(host.shards);
-    const add = host.name === to;
-    if (!needsChange(spec, shards, add)) continue;
-    host.shards = moveInList(spec, shards, add);
-    changed = true;
-  }
-  return changed ? `${JSON.stringify(data, null, 2)}\n` : null;
+function rewriteJson(text: string, shard: number | readonly number[], _from: string, to: string): string | null {
+  return rewriteOwnersJson(text, ownersOf(shard, to), []);
+}
+
+function ownersOf(shard: number | readonly number[], to: string): Map<number, string> {
+  return new Map((typeof shard === 'number' ? [shard] : shard).map((s) => [s, to]));
 }
 
 /**
