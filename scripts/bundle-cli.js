@@ -10,8 +10,8 @@
  * The package's export for applications is bundled the same way into dist/lib/index.js (the
  * types stay tsc's dist/index.d.ts), with yaml and zod inside but pg and pg-copy-streams left
  * to the application: pg is a peer dependency, so the router must use the application's copy
- * (its type parsers and defaults). Measured on Node 20, importing it costs about 75 ms of CPU
- * against about 180 ms for tsc's dist/index.js, most of the difference being zod's ~70 files.
+ * (its type parsers and defaults). Importing it costs about a third of what tsc's dist/index.js
+ * and its ~100 files (zod's among them) cost (docs: README, "Using shardctl from an application").
  *
  * `node scripts/bundle-cli.js` (part of `npm run build`) writes dist/bundle/ and dist/lib/;
  * bench/migrate.js uses bundle() for bench/check-parts.js, so its parts load as the CLI's do.

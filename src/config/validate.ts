@@ -6,7 +6,7 @@
  */
 import { statSync } from 'node:fs';
 import path from 'node:path';
-import type * as z from 'zod';
+import type * as z from 'zod/mini';
 import type { ConfigIssue } from '../errors.js';
 import { DEFAULT_ID_LAYOUT, describeLayout, formatUnixMs, layoutEndUnixMs, maxShards, timeBits, type IdLayout } from '../id/layout.js';
 import { redactUrl } from '../pg/redact.js';
@@ -23,7 +23,7 @@ const RUNWAY_WARNING_YEARS = 10;
 // ---------------------------------------------------------------------------------------------
 // One mapping against its schema
 
-type AnyObject = z.ZodObject<z.ZodRawShape>;
+type AnyObject = z.ZodMiniObject;
 type Values<S extends AnyObject> = { [K in keyof z.output<S>]?: z.output<S>[K] };
 
 /**
@@ -45,7 +45,7 @@ function readMapping<S extends AnyObject>(raw: unknown, at: string, schema: S, i
   }
   const values: Record<string, unknown> = {};
   for (const key of known) {
-    const field = schema.shape[key] as z.ZodType;
+    const field = schema.shape[key] as z.ZodMiniType;
     const value = raw[key];
     const kind = containerKind(field);
     if (kind === 'mapping' && (value === undefined || value === null)) {
@@ -71,8 +71,8 @@ function readMapping<S extends AnyObject>(raw: unknown, at: string, schema: S, i
 }
 
 /** 'mapping' for an object field, 'list' for a list of them, looking through optional and default. */
-function containerKind(field: z.ZodType): 'mapping' | 'list' | 'value' {
-  let def = field._zod.def as { type: string; innerType?: z.ZodType; element?: z.ZodType };
+function containerKind(field: z.ZodMiniType): 'mapping' | 'list' | 'value' {
+  let def = field._zod.def as { type: string; innerType?: z.ZodMiniType; element?: z.ZodMiniType };
   while (def.innerType && (def.type === 'optional' || def.type === 'nullable' || def.type === 'default')) {
     def = def.innerType._zod.def as typeof def;
   }
