@@ -243,7 +243,7 @@ async function writeDevConfig(state: DevState): Promise<DevState> {
   return { ...state, hosts };
 }
 
-/** The JSON Schema of a config, shipped at the package's root (two levels up from dist/dev/ and dist/bundle/). */
+/** The JSON Schema of a config, shipped at the package's root (two levels up from dist/dev/, dist/lib/ and dist/bundle/). */
 export const CONFIG_SCHEMA_FILE = fileURLToPath(new URL('../../shardctl.schema.json', import.meta.url));
 
 /**

