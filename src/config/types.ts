@@ -1,9 +1,10 @@
 import type { IdLayout } from '../id/layout.js';
+import type { ConfigFields, HostFields } from './schema.js';
 
-/** One physical PostgreSQL host of the map. */
+/** One physical PostgreSQL host of the map. The fields read from the file take their types from schema.ts. */
 export interface HostConfig {
   /** Unique name, e.g. `pg1`; used in every message about this host. */
-  readonly name: string;
+  readonly name: HostFields['name'];
   /** Connection string after ${VAR} expansion. A secret: print it only through redact(). */
   readonly url: string;
   /** The address other hosts use to reach this one (logical replication); defaults to url. */
@@ -13,9 +14,9 @@ export interface HostConfig {
   /** The shards mapped to this host, ascending, no duplicates. */
   readonly shards: readonly number[];
   /** The host's relative share of the shards when rebalancing (default 1). */
-  readonly weight: number;
+  readonly weight: HostFields['weight'];
   /** Being decommissioned: rebalance empties it and moves nothing onto it (default false). */
-  readonly drain: boolean;
+  readonly drain: HostFields['drain'];
   /**
    * The config's hostTimeout in ms: the bound on connecting, and on a statement left unanswered
    * before a fresh connection checks the host is alive (src/fleet/silence.ts).
@@ -23,14 +24,17 @@ export interface HostConfig {
   readonly timeoutMs: number;
 }
 
-/** A validated config map. Produced only by loadConfig()/parseConfig() in src/config/load.ts. */
+/**
+ * A validated config map. Produced only by loadConfig()/parseConfig() in src/config/load.ts. The
+ * fields read from the file as they are take their types from schema.ts.
+ */
 export interface ShardctlConfig {
   /** Absolute path of the config file ('<inline>' when parsed from a string without a path). */
   readonly file: string;
   /** Shard schemas are `${schemaPrefix}${n}`. */
-  readonly schemaPrefix: string;
+  readonly schemaPrefix: ConfigFields['schemaPrefix'];
   /** Logical shard count: shards are 0 .. shards-1. */
-  readonly shards: number;
+  readonly shards: ConfigFields['shards'];
   readonly idLayout: IdLayout;
   /** The epoch as written (ISO 8601), for messages and for the control schema. */
   readonly epochIso: string;
@@ -38,11 +42,11 @@ export interface ShardctlConfig {
   readonly migrationsDir: string;
   readonly hosts: readonly HostConfig[];
   /** Connections per host used by init/migrate (default 2). */
-  readonly concurrency: number;
+  readonly concurrency: ConfigFields['concurrency'];
   /** lock_timeout applied to migrations on shard schemas, e.g. '5s' (default '5s'). */
-  readonly lockTimeout: string;
+  readonly lockTimeout: ConfigFields['lockTimeout'];
   /** How long a host may stay silent before it is checked and, if dead, reported, e.g. '10s' (default '10s'). */
-  readonly hostTimeout: string;
+  readonly hostTimeout: ConfigFields['hostTimeout'];
   /** Non-fatal findings, e.g. the id layout running out within 10 years. */
   readonly warnings: readonly string[];
 }

