@@ -153,7 +153,8 @@ export class ShardRouter {
   /** A router over an already loaded config, corrected by the fleet's placement (read now). */
   static async openConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): Promise<ShardRouter> {
     const router = new ShardRouter(config, options, { file: true });
-    await router.discover();
+    // Just loaded: the file is read again only by later discoveries.
+    await router.discover({ rereadFile: false });
     return router;
   }
 
@@ -386,9 +387,9 @@ export class ShardRouter {
     return this.reloading;
   }
 
-  private async discover(): Promise<void> {
+  private async discover(options: { rereadFile?: boolean } = {}): Promise<void> {
     let file = this.fileConfig;
-    if (file && file.file !== '<inline>') {
+    if (file && file.file !== '<inline>' && options.rereadFile !== false) {
       try {
         file = await loadConfig(file.file, {
           checkMigrationsDir: false,
