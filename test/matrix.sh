@@ -28,6 +28,7 @@ else
     test/integration/move-faults.test.ts
     test/integration/move-preflight.test.ts
     test/integration/move-real-world.test.ts
+    test/integration/move-truncate.test.ts
     test/integration/next-id.test.ts
     test/integration/rerun-after-kill.test.ts
   )
