@@ -57,6 +57,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
        FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`,
     [shards, schemas],
   );
+  const running = [...(await runningMovesOf(src, shards)), ...(await runningMovesOf(dst, shards))].filter(
+    (m, i, all) => all.findIndex((o) => o.moveId === m.moveId) === i,
+  );
   const missing = onSource.rows.filter((r) => !r.exists).map((r) => r.shard);
   const inactive = onSource.rows.filter((r) => r.exists && r.state !== 'active');
   add(
@@ -65,7 +68,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     missing.length > 0
       ? `no schema for ${list(missing)} on ${source.name}; nothing to move`
       : inactive.length > 0
-        ? `${list(inactive.map((r) => r.shard))} on ${source.name} ${inactive.length === 1 ? 'is' : 'are'} ${inactive[0]!.state ?? 'not recorded by shardctl'}; run shardctl init first, or finish the move that fenced ${inactive.length === 1 ? 'it' : 'them'}`
+        ? inactiveMessage(list(inactive.map((r) => r.shard)), source.name, inactive, running)
         : `the schemas of ${list(shards)} exist on ${source.name} and are active`,
   );
 
@@ -175,13 +178,10 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     writable === null ? `${input.configFile} will be rewritten at the switch` : `the map cannot be rewritten at the switch: ${writable}; the move would be stuck after the target went live`,
   );
 
-  const running = [...(await runningMoveIds(src, shards)), ...(await runningMoveIds(dst, shards))];
   add(
     'no other move',
     running.length === 0,
-    running.length === 0
-      ? `no move of these shards is running`
-      : `${[...new Set(running.map((r) => `move ${r.moveId} (${list(r.shards)})`))].join(', ')} is unfinished; finish it with --resume or undo it with --abort`,
+    running.length === 0 ? `no move of these shards is running` : running.map(describeRunningMove).join('; '),
   );
 
   const applied = await src.query<{ shard: number; version: number; checksum: string }>(
@@ -222,13 +222,43 @@ async function canRewrite(file: string): Promise<string | null> {
   }
 }
 
-async function runningMoveIds(client: pg.Client, shards: readonly number[]): Promise<{ moveId: string; shards: number[] }[]> {
+/** Shards on the source that are not active: in a running move (named), or not recorded (init). */
+function inactiveMessage(which: string, host: string, inactive: readonly { shard: number; state: string | null }[], running: readonly RunningMove[]): string {
+  const moves = running.filter((m) => inactive.some((r) => m.shards.includes(r.shard)));
+  const be = inactive.length === 1 ? 'is' : 'are';
+  if (moves.length > 0) return `${which} on ${host} ${be} ${inactive[0]!.state ?? 'not active'}: ${moves.map(describeRunningMove).join('; ')}`;
+  if (inactive.every((r) => r.state === null)) return `${which} on ${host} ${be} not recorded by shardctl; run shardctl init first`;
+  return `${which} on ${host} ${be} ${inactive[0]!.state} and no unfinished move of ${inactive.length === 1 ? 'it' : 'them'} is recorded; run shardctl status to see why`;
+}
+
+interface RunningMove {
+  readonly moveId: string;
+  readonly shards: readonly number[];
+  readonly source: string;
+  readonly target: string;
+  readonly step: string;
+}
+
+async function runningMovesOf(client: pg.Client, shards: readonly number[]): Promise<RunningMove[]> {
   if (!(await controlTableExists(client, 'moves'))) return [];
-  const r = await client.query<{ move_id: string; shards: number[] }>(
-    `SELECT move_id, coalesce(shards, ARRAY[shard]) AS shards FROM ${CONTROL}.moves WHERE status = 'running' AND coalesce(shards, ARRAY[shard]) && $1::int[]`,
+  const r = await client.query<{ move_id: string; shards: number[]; source: string; target: string; step: string }>(
+    `SELECT move_id, coalesce(shards, ARRAY[shard]) AS shards, source, target, step FROM ${CONTROL}.moves
+      WHERE status = 'running' AND coalesce(shards, ARRAY[shard]) && $1::int[] ORDER BY started_at, move_id`,
     [shards],
   );
-  return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards }));
+  return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards, source: row.source, target: row.target, step: row.step }));
+}
+
+/**
+ * The unfinished move, named so that a second operator can tell it from theirs, and the commands
+ * that finish or undo it.
+ */
+export function describeRunningMove(move: RunningMove): string {
+  const shards = formatShardList([...move.shards]);
+  return (
+    `move ${move.moveId} (shard${move.shards.length === 1 ? '' : 's'} ${shards}, ${move.source} → ${move.target}, last step done: ${move.step}) is unfinished; ` +
+    `finish it with shardctl move-shard ${shards} --resume, or undo it with shardctl move-shard ${shards} --abort`
+  );
 }
 
 /**

@@ -204,3 +204,34 @@ describe('move-shard and rebalance --max-fenced', () => {
     expect(standard.stdout).toContain('fence limit: 20.0 s per wave');
   });
 });
+
+describe('two operators: a second command meets an unfinished move', () => {
+  const db = useTestDatabases(2);
+
+  it('an overlapping move-shard and a migrate name the running move (id, shards, hosts, step) and the commands that finish or undo it', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-2', '3'] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const killed = await spawnCli(['move-shard', '1-2', '--to', 'pg2', '--yes', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await waitForMoveSessionsToEnd(db.urls);
+    const moveId = await withClient(db.urls[0]!, async (c) => (await c.query<{ move_id: string }>(`select move_id from shardctl.moves where status = 'running'`)).rows[0]!.move_id);
+
+    const second = await runCli(['move-shard', '0-1', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
+    expect(second.code, second.stderr).toBe(1);
+    expect(second.stderr).not.toContain('init first');
+    expect(second.stderr).toContain(
+      `shard 1 on pg1 is fenced: move ${moveId} (shards 1-2, pg1 → pg2, last step done: fenced) is unfinished; ` +
+        'finish it with shardctl move-shard 1-2 --resume, or undo it with shardctl move-shard 1-2 --abort',
+    );
+
+    const migrate = await runCli(['migrate', '-c', fleet.configFile]);
+    expect(migrate.code, migrate.stderr).not.toBe(0);
+    expect(migrate.stderr).not.toContain('or fix the map');
+    expect(migrate.stderr).toContain(`move ${moveId}`);
+    expect(migrate.stderr).toContain('last step done: fenced');
+    expect(migrate.stderr).toContain('shardctl move-shard 1-2 --resume');
+
+    const resumed = await runCli(['move-shard', '1-2', '--resume', '--yes', '-c', fleet.configFile]);
+    expect(resumed.code, resumed.stderr).toBe(0);
+  });
+});
