@@ -25,6 +25,7 @@ else
     test/integration/migrate-host-down.test.ts
     test/integration/migrate-statements.test.ts
     test/integration/move.test.ts
+    test/integration/move-drift.test.ts
     test/integration/move-faults.test.ts
     test/integration/move-preflight.test.ts
     test/integration/move-real-world.test.ts

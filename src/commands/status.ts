@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
-import { hostForShard } from '../config/types.js';
+import { hostForShard, shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { failureReason } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
@@ -9,6 +9,7 @@ import { readHostSnapshot, shardSchemaCondition, type HostSnapshot } from '../fl
 import { withSession } from '../fleet/session.js';
 import { mapDisagreements, mergePlacement, readPlacementView, type FleetPlacement, type HostPlacementView } from '../fleet/placement.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
+import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
 import { driftProblems, pendingMigrations, shardLevel } from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
 import { existingApplied } from '../provisioning/plan.js';
@@ -85,7 +86,9 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             views.push(await readPlacementView(session.client, host.name));
             const snapshot = await readHostSnapshot(session, config);
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
-            return hostStatus(config, snapshot, migrations, await cachedSequences(session.client, config.schemaPrefix), leftovers);
+            const found = hostStatus(config, snapshot, migrations, await cachedSequences(session.client, config.schemaPrefix), leftovers);
+            const byHand = snapshot.layout === null ? [] : await handMadeDrift(session.client, host.name, config);
+            return byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
           },
           { applicationName: 'shardctl status' },
         );
@@ -222,6 +225,16 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     leftovers: [],
     ok: false,
   };
+}
+
+/**
+ * Shards whose tables differ from those of the other shards with the same migrations on this host
+ * (a column added or dropped by hand): one query, more only for a shard that differs.
+ */
+async function handMadeDrift(client: pg.Client, host: string, config: ShardctlConfig): Promise<string[]> {
+  const schemaOf = (shard: number): string => shardSchemaName(config, shard);
+  const drifts = await shapeDrift(new Map([[host, client]]), await readShardShapes(client, host), schemaOf);
+  return drifts.map((d) => shapeDriftMessage(d, schemaOf));
 }
 
 /** Sequences of shard schemas with CACHE > 1: next_id() refuses them on its slow path (SC004). */

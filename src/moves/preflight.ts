@@ -10,6 +10,7 @@ import { CONTROL, controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
+import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
 import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql.js';
 import { faultAfter, type MoveMode } from './state.js';
 
@@ -101,6 +102,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     targetInitialised ? `${target.name} has the shardctl control schema` : `${target.name} has no shardctl control schema; run shardctl init first`,
   );
 
+  let probe = false;
   const versions = [
     { num: input.source.serverVersionNum, text: input.source.serverVersion },
     { num: input.target.serverVersionNum, text: input.target.serverVersion },
@@ -155,18 +157,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
         ? 'every table of the batch is logged (replicated)'
         : `${tableList(unlogged)} ${unlogged.length === 1 ? 'is' : 'are'} UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline (which copies them with writes fenced)`,
     );
-    if (input.probeReachability) {
-      const reach = await probeSubscription(dst, source.replicationUrl);
-      add(
-        'target reaches source',
-        reach === null,
-        reach === null
-          ? `${target.name} can connect to ${source.name} for replication`
-          : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
-      );
-    } else {
-      add('target reaches source', true, 'not probed in --dry-run (it would create and drop a subscription)');
-    }
+    probe = input.probeReachability;
+    if (!probe) add('target reaches source', true, 'not probed in --dry-run (it would create and drop a subscription)');
   } else {
     add('versions', true, `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}`);
   }
@@ -182,6 +174,22 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     'no other move',
     running.length === 0,
     running.length === 0 ? `no move of these shards is running` : running.map(describeRunningMove).join('; '),
+  );
+
+  // Shapes are compared across hosts only between equal majors (definition texts may differ between them).
+  const sameMajor = Math.floor(input.source.serverVersionNum / 10000) === Math.floor(input.target.serverVersionNum / 10000);
+  const schemaOf = (shard: number): string => shardSchemaName(config, shard);
+  const shapes = [
+    ...(await readShardShapes(src, source.name)),
+    ...(sameMajor && targetInitialised ? await readShardShapes(dst, target.name) : []),
+  ];
+  const handMade = await shapeDrift(new Map([[source.name, src], [target.name, dst]]), shapes, schemaOf, new Set(shards));
+  add(
+    'same tables as the migrations build',
+    handMade.length === 0,
+    handMade.length === 0
+      ? `the tables of the batch match the other shards with the same migrations`
+      : `${handMade.map((d) => shapeDriftMessage(d, schemaOf)).join('; ')}. The target copy is built by the migrations and could not take these rows: make the shard match its migrations, or change every shard with a migration`,
   );
 
   const applied = await src.query<{ shard: number; version: number; checksum: string }>(
@@ -202,6 +210,19 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       ? `the same migration files will build the target copies`
       : `migration version${new Set(drifted.map((d) => d.v)).size === 1 ? '' : 's'} ${[...new Set(drifted.map((d) => d.v))].join(', ')} applied to ${list([...new Set(drifted.map((d) => d.shard))])} ha${drifted.length === 1 ? 's' : 've'} no matching file (changed or deleted); restore them first`,
   );
+  // Last, and only when everything else passed: the probe creates (and drops) a subscription.
+  if (probe && checks.every((c) => c.ok)) {
+    const reach = await probeSubscription(dst, source.replicationUrl);
+    add(
+      'target reaches source',
+      reach === null,
+      reach === null
+        ? `${target.name} can connect to ${source.name} for replication`
+        : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
+    );
+  } else if (probe) {
+    add('target reaches source', true, 'not probed: other checks failed');
+  }
   return checks;
 }
 
