@@ -30,9 +30,11 @@ else
     test/integration/migrate-staged.test.ts
     test/integration/migrate-statements.test.ts
     test/integration/move.test.ts
+    test/integration/move-drift.test.ts
     test/integration/move-faults.test.ts
     test/integration/move-preflight.test.ts
     test/integration/move-real-world.test.ts
+    test/integration/move-truncate.test.ts
     test/integration/next-id.test.ts
     test/integration/rerun-after-kill.test.ts
   )

@@ -12,6 +12,7 @@ interface MoveFlags extends CommonFlags {
   abort?: boolean;
   dropSource?: boolean;
   waveSize?: string;
+  maxFenced?: string;
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
@@ -28,6 +29,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     .option('--abort', 'undo the unfinished moves of these shards')
     .option('--drop-source', 'drop the old copy right after the switch instead of keeping it until gc')
     .option('--wave-size <n>', 'online: at most this many shards fenced and switched together (default 64; waves are also kept under ~2,000,000 rows)');
+  maxFencedOption(command);
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');
@@ -41,6 +43,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     if (flags.waveSize !== undefined && !/^[1-9]\d{0,5}$/.test(flags.waveSize)) {
       throw new UsageError(`option --wave-size ${JSON.stringify(flags.waveSize)}: expected a positive integer`);
     }
+    const maxFencedMs = parseMaxFenced(flags.maxFenced);
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
     const which = `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
@@ -56,6 +59,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
         abort: flags.abort ?? false,
         dropSource: flags.dropSource ?? false,
         ...(flags.waveSize === undefined ? {} : { wave: { maxShards: Number(flags.waveSize) } }),
+        ...(maxFencedMs === undefined ? {} : { maxFencedMs }),
         onStep: (_step, detail) => out.info(detail),
         onNotice: (message) => out.warn(message),
       }),
@@ -63,6 +67,25 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     print(out, result);
     done(result.outcome === 'dry-run' && result.moves.some((m) => m.preflight.some((c) => !c.ok)) ? 1 : 0);
   });
+}
+
+/** --max-fenced, shared with rebalance: the longest a shard may refuse writes in one run. */
+export function maxFencedOption(command: Command): Command {
+  return command.option(
+    '--max-fenced <duration>',
+    'online: the longest a shard may refuse writes (500ms, 20s, 1min; default 20s); past it the wave is unfenced and the move stops, resumable',
+  );
+}
+
+export function parseMaxFenced(text: string | undefined): number | undefined {
+  if (text === undefined) return undefined;
+  const match = /^(\d{1,7})(ms|s|min)$/.exec(text);
+  const ms = match ? Number(match[1]) * (match[2] === 'ms' ? 1 : match[2] === 's' ? 1000 : 60_000) : 0;
+  if (ms < 100 || ms > 3_600_000) {
+    const { UsageError } = lib();
+    throw new UsageError(`option --max-fenced ${JSON.stringify(text)}: expected a duration from 100ms to 60min, like 500ms, 20s or 1min`);
+  }
+  return ms;
 }
 
 function print(out: Output, result: BatchMoveResult): void {
@@ -88,6 +111,7 @@ function printMove(out: Output, move: MoveResult): void {
   if (move.outcome === 'dry-run') {
     out.line(`move of ${which} from ${move.source} to ${move.target} (${move.mode}) — dry run, nothing changed`);
     for (const check of move.preflight) out.line(`  ${check.ok ? 'ok  ' : 'FAIL'} ${check.name}: ${check.message}`);
+    if (move.maxFencedMs !== null) out.line(`  fence limit: ${seconds(move.maxFencedMs)} per wave (then unfenced, the move stops, resumable)`);
     if (move.waves.length > 1) out.line(`  cut-over in ${move.waves.length} waves: ${move.waves.map((w) => formatShardList([...w])).join(' | ')}`);
     out.line(`  steps: ${move.plan.join(' → ')}`);
     return;

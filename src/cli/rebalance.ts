@@ -4,11 +4,13 @@ import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, withFlagNames, yesOption } from './options.js';
 import { columns, formatBytes, Output, seconds } from './output.js';
+import { maxFencedOption, parseMaxFenced } from './move-shard.js';
 
 interface RebalanceFlags extends CommonFlags {
   by?: string;
   maxParallel?: string;
   mode?: string;
+  maxFenced?: string;
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
@@ -21,6 +23,7 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
     .option('--by <what>', 'balance the shard count or the bytes on disk: count or size', 'count')
     .option('--max-parallel <n>', 'moves running at once, each between two hosts no other running move uses', '2')
     .option('--mode <mode>', 'how each move runs: online (logical replication) or offline (writes fenced during the copy)', 'online');
+  maxFencedOption(command);
   dryRunOption(command, 'print the plan and change nothing');
   yesOption(command);
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place as shards move');
@@ -33,8 +36,9 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
     }
     const maxParallel = /^\d{1,6}$/.test(flags.maxParallel ?? '') ? Number(flags.maxParallel) : Number.NaN;
     if (Number.isNaN(maxParallel)) throw new UsageError(`option --max-parallel ${JSON.stringify(flags.maxParallel)}: expected a whole number from 1 to 64`);
+    const maxFencedMs = parseMaxFenced(flags.maxFenced);
     const config = await loadCliConfig(ctx, flags, out);
-    const base = { by: flags.by as RebalanceBy, maxParallel, mode: flags.mode as MoveMode };
+    const base = { by: flags.by as RebalanceBy, maxParallel, mode: flags.mode as MoveMode, ...(maxFencedMs === undefined ? {} : { maxFencedMs }) };
 
     let shown: string | null = null;
     if (!flags.dryRun && !flags.yes) {

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
-import { hostForShard } from '../config/types.js';
+import { hostForShard, shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { failureReason } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
@@ -9,6 +9,7 @@ import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnap
 import { withSession } from '../fleet/session.js';
 import { mapDisagreements, mergePlacement, readPlacementView, type FleetPlacement, type HostPlacementView } from '../fleet/placement.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
+import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
 import { driftProblems, fileRollout, pendingMigrations, shardLevel, type AppliedMigrations, type FileRollout } from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
 import { existingApplied } from '../provisioning/plan.js';
@@ -93,7 +94,9 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
             const cached = await cachedSequences(session.client, config.schemaPrefix);
             const sequences = await sequenceProblems(session.client, config).catch((e: unknown) => [`cannot check the id sequences: ${describePgError(e)}`]);
-            const result = hostStatus(config, snapshot, migrations, cached, leftovers);
+            const found = hostStatus(config, snapshot, migrations, cached, leftovers);
+            const byHand = snapshot.layout === null ? [] : await handMadeDrift(session.client, host.name, config);
+            const result = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
             return sequences.length === 0 ? result : { ...result, sequenceProblems: sequences, ok: false };
           },
           { applicationName: 'shardctl status' },
@@ -233,6 +236,16 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     leftovers: [],
     ok: false,
   };
+}
+
+/**
+ * Shards whose tables differ from those of the other shards with the same migrations on this host
+ * (a column added or dropped by hand): one query, more only for a shard that differs.
+ */
+async function handMadeDrift(client: pg.Client, host: string, config: ShardctlConfig): Promise<string[]> {
+  const schemaOf = (shard: number): string => shardSchemaName(config, shard);
+  const drifts = await shapeDrift(new Map([[host, client]]), await readShardShapes(client, host), schemaOf);
+  return drifts.map((d) => shapeDriftMessage(d, schemaOf));
 }
 
 /** Sequences of shard schemas with CACHE > 1: next_id() refuses them on its slow path (SC004). */

@@ -30,6 +30,8 @@ export interface MovingShard {
   readonly moveId: string;
   readonly source: string;
   readonly target: string;
+  /** The last step the move recorded on this host. */
+  readonly step: string;
 }
 
 export interface ShardSchema {
@@ -104,7 +106,7 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
         GROUP BY versions, checksums`,
       `SELECT version, max(name) AS name FROM ${CONTROL}.migrations GROUP BY version`,
       ...(moves
-        ? [`SELECT unnest(coalesce(shards, ARRAY[shard])) AS shard, move_id, source, target FROM ${CONTROL}.moves WHERE status = 'running'`]
+        ? [`SELECT unnest(coalesce(shards, ARRAY[shard])) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`]
         : []),
     ]);
     return {
@@ -117,9 +119,9 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
       applied: toApplied(appliedRows as AppliedRow[]),
       appliedNames: new Map((nameRows as { version: number; name: string }[]).map((r) => [r.version, r.name])),
       moving: new Map(
-        ((movingRows ?? []) as { shard: number; move_id: string; source: string; target: string }[]).map((r) => [
+        ((movingRows ?? []) as { shard: number; move_id: string; source: string; target: string; step: string }[]).map((r) => [
           r.shard,
-          { moveId: r.move_id, source: r.source, target: r.target },
+          { moveId: r.move_id, source: r.source, target: r.target, step: r.step },
         ]),
       ),
     };

@@ -179,3 +179,77 @@ export function fileRollout(files: readonly MigrationFile[], applied: readonly (
 export function describeRollout(rollout: readonly FileRollout[]): string[] {
   return rollout.map((r) => `${r.name}: ${r.applied} of ${r.shards} shard${r.shards === 1 ? '' : 's'}`);
 }
+
+/** A shard's shape as one fingerprint, with the migrations applied to it (see src/migrations/shape.ts). */
+export interface ShardShape {
+  readonly shard: number;
+  readonly host: string;
+  /** The versions applied, as a key: shards with the same migrations must have the same shape. */
+  readonly level: string;
+  readonly fingerprint: string;
+}
+
+export interface ShapeOutlier {
+  readonly shard: number;
+  /** A shard of the same migrations with the shape most of them have. */
+  readonly reference: number;
+}
+
+/**
+ * Hand-made drift: among shards with the same migrations applied, the shape most of them share is
+ * what the migrations produce, and a shard with another shape was changed by hand. A group without
+ * a strict majority (two shards that differ, or a tie) names nobody: there is no telling which is
+ * right.
+ */
+export function shapeOutliers(shapes: readonly ShardShape[]): ShapeOutlier[] {
+  const byLevel = new Map<string, Map<string, number[]>>();
+  for (const s of shapes) {
+    let level = byLevel.get(s.level);
+    if (!level) byLevel.set(s.level, (level = new Map()));
+    let group = level.get(s.fingerprint);
+    if (!group) level.set(s.fingerprint, (group = []));
+    group.push(s.shard);
+  }
+  const outliers: ShapeOutlier[] = [];
+  for (const groups of byLevel.values()) {
+    if (groups.size < 2) continue;
+    const sorted = [...groups.values()].sort((a, b) => b.length - a.length);
+    if (sorted[0]!.length === sorted[1]!.length) continue;
+    const reference = Math.min(...sorted[0]!);
+    for (const group of sorted.slice(1)) for (const shard of group) outliers.push({ shard, reference });
+  }
+  return outliers.sort((a, b) => a.shard - b.shard);
+}
+
+/** A column of a shard table, its type without the shard's schema name. */
+export interface ShapeColumn {
+  readonly table: string;
+  readonly column: string;
+  readonly type: string;
+}
+
+/** What differs between a shard's columns and its reference's, naming the table and the column. */
+export function describeShapeDifference(schema: string, mine: readonly ShapeColumn[], referenceSchema: string, reference: readonly ShapeColumn[]): string[] {
+  const key = (c: ShapeColumn): string => `${c.table}.${c.column}`;
+  const theirs = new Map(reference.map((c) => [key(c), c]));
+  const ours = new Map(mine.map((c) => [key(c), c]));
+  const tables = new Set(reference.map((c) => c.table));
+  const ourTables = new Set(mine.map((c) => c.table));
+  const out: string[] = [];
+  for (const t of ourTables) if (!tables.has(t)) out.push(`table ${schema}.${t} is not in ${referenceSchema}`);
+  for (const t of tables) if (!ourTables.has(t)) out.push(`table ${t} of ${referenceSchema} is missing in ${schema}`);
+  for (const c of mine) {
+    if (!tables.has(c.table)) continue;
+    const other = theirs.get(key(c));
+    if (!other) out.push(`table ${schema}.${c.table} has a column ${c.column} (${c.type}) that ${referenceSchema} lacks`);
+    else if (other.type !== c.type) out.push(`column ${schema}.${c.table}.${c.column} is ${c.type}, ${other.type} in ${referenceSchema}`);
+  }
+  for (const c of reference) {
+    if (ourTables.has(c.table) && !ours.has(key(c))) out.push(`table ${schema}.${c.table} lacks the column ${c.column} (${c.type}) of ${referenceSchema}`);
+  }
+  if (out.length === 0) {
+    const order = (cols: readonly ShapeColumn[]): string => cols.map(key).join(',');
+    if (order(mine) !== order(reference)) out.push(`the columns of ${schema} are in another order than in ${referenceSchema}`);
+  }
+  return out;
+}

@@ -24,10 +24,16 @@ export interface MoveOptions {
   readonly dropSource?: boolean;
   /** The config file to rewrite at the switch (default: config.file). */
   readonly configFile?: string;
-  /** How long the target may take to apply the last changes after the fence (default 30 s). */
+  /** How long the target may take to apply the last changes after the fence (default 30 s; maxFencedMs bounds it too). */
   readonly catchUpTimeoutMs?: number;
   /** How long the fence keeps retrying while application transactions hold the tables (default 30 s). */
   readonly fenceTimeoutMs?: number;
+  /**
+   * The longest a shard may refuse writes in one run (default 20 s): from its wave's fence, every wait
+   * of the cut-over (the other shards' fences, the catch-up, sequences, verification) must end
+   * within it, or the wave is unfenced and the move stops, resumable, naming what it waited for.
+   */
+  readonly maxFencedMs?: number;
   /** How long to wait for the source (slot creation, replication catching up) before stopping (default 5 min). */
   readonly waitTimeoutMs?: number;
   /** Connections per host for creating the target shards and copying (default: the config's concurrency). */
@@ -64,6 +70,8 @@ export interface MoveResult {
   readonly plan: readonly MoveStep[];
   /** The cut-over waves (online): shards fenced and switched together. */
   readonly waves: readonly (readonly number[])[];
+  /** Online: the longest a wave may refuse writes in one run before it is unfenced and the move stops (maxFencedMs). */
+  readonly maxFencedMs: number | null;
   /** Rows verified on the target, over every wave, across resumes. Decimal string. */
   readonly rowsMoved: string;
   /**
@@ -102,6 +110,8 @@ export interface MoveContext {
   fenceMarker: string | null;
   /** Wall-clock ms when the current wave's fence began (kept in the record: survives a kill). */
   fenceStartedAtMs: number | null;
+  /** performance.now() by which this run must have switched the fenced wave, or unfence it (see maxFencedMs). */
+  fenceDeadline: number | null;
   writeBlockedMs: number | null;
   rowsVerified: bigint;
   verification: VerifyResult | null;
@@ -110,6 +120,9 @@ export interface MoveContext {
   /** The current wave's verification begun before its fence (this process only; see tail.ts). */
   pre: { readonly wave: number; readonly verification: PreVerification } | null;
 }
+
+/** The default of MoveOptions.maxFencedMs. */
+export const DEFAULT_MAX_FENCED_MS = 20_000;
 
 // A wave's pause grows with its shards (one fence transaction each) and with the rows verified while
 // fenced: since the checksums are taken before the fence (tail.ts), only tables without a usable key
@@ -166,6 +179,7 @@ export function moveContext(
     wave: record.mode === 'online' && typeof detail['wave'] === 'number' ? detail['wave'] : 0,
     fenceMarker: typeof detail['fenceMarker'] === 'string' ? detail['fenceMarker'] : null,
     fenceStartedAtMs: typeof detail['fenceStartedAtMs'] === 'number' ? detail['fenceStartedAtMs'] : null,
+    fenceDeadline: null,
     writeBlockedMs: typeof detail['writeBlockedMs'] === 'number' ? detail['writeBlockedMs'] : null,
     rowsVerified: typeof detail['rowsVerified'] === 'string' ? BigInt(detail['rowsVerified']) : 0n,
     verification: null,
@@ -187,6 +201,7 @@ export function moveResult(ctx: MoveContext, outcome: MoveResult['outcome'], che
     preflight: checks,
     plan: stepsFor(ctx.mode),
     waves: ctx.waves,
+    maxFencedMs: ctx.mode === 'online' ? (ctx.options.maxFencedMs ?? DEFAULT_MAX_FENCED_MS) : null,
     rowsMoved: ctx.rowsVerified.toString(),
     writeBlockedMs: ctx.writeBlockedMs,
     durationMs: elapsed(started),

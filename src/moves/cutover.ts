@@ -8,12 +8,12 @@ import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { fenceMarkerSql, fenceSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
+import { dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endPreVerification, preVerify, shardTables, verifyShards, type VerifyResult } from './verify.js';
 import { keyedTables, readChanges, runTransaction, startTrackingSql, stopTracking } from './tail.js';
-import { type MoveContext, record, schemasOf, waveShards, ensureMethods, notice, sleep } from './context.js';
-import { waitForMarker, dropReplication } from './replication.js';
+import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, notice, sleep } from './context.js';
+import { applyWorkerWaits, waitForMarker, dropReplication } from './replication.js';
 
 /**
  * The cut-over of a wave: verification begun before the fence (tail.ts), the fence, catch-up,
@@ -22,47 +22,51 @@ import { waitForMarker, dropReplication } from './replication.js';
 
 /**
  * The fence of the current wave: each shard fenced in its own short transaction (fenceSql), retried
- * while application transactions hold its tables, and reported; then the wave's marker. If the
- * fence cannot be had within fenceTimeoutMs, the wave is unfenced again and the move stops, resumable.
+ * while application transactions hold its tables, and reported; then the wave's marker. Until the
+ * first shard is fenced nothing refuses writes, and the fence retries for fenceTimeoutMs; from then
+ * on the wave's fence limit (maxFencedMs) runs, and past it the wave is unfenced and the move
+ * stops, resumable (stopCutOver).
  */
 export async function fence(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
   const shards = waveShards(ctx);
   const schemas = schemasOf(ctx, shards);
   const tables = await shardTables(source.client, schemas, 'all');
-  const deadlock = await source.client.query<{ ms: string }>(`SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`);
-  // Below half the deadlock timeout, so the fence always gives up first (see fenceSql).
-  const lockWaitMs = Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
+  const lockWaitMs = await lockWaitFor(ctx);
   const limit = ctx.options.fenceTimeoutMs ?? 30_000;
   const fenced = new Set(
     (await source.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`, [shards])).rows.map((r) => r.shard),
   );
+  if (fenced.size === 0) await catchUpBeforeFence(ctx);
   if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
+  if (fenced.size === 0) ctx.fenceStartedAtMs = null;
+  // A killed run's fence: its start is in the record; this run gets a limit of its own from now.
+  else fenceRemainingMs(ctx);
   const started = performance.now();
-  if (ctx.fenceStartedAtMs === null) {
-    // Kept in the record before the first shard is fenced: a resumed run counts this run's fence too.
-    ctx.fenceStartedAtMs = Date.now();
-    await source.client.query(`UPDATE ${CONTROL}.moves SET detail = detail || jsonb_build_object('fenceStartedAtMs', $2::bigint) WHERE move_id = $1`, [
-      ctx.moveId,
-      ctx.fenceStartedAtMs,
-    ]);
-  }
   let attempts = 0;
   let told = started;
   for (const shard of shards) {
     if (fenced.has(shard)) continue;
     const schema = shardSchemaName(ctx.config, shard);
-    const sql = fenceSql({
-      shard,
-      tables: tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const),
-      targetHost: ctx.target.host.name,
-      lockWaitMs,
-      createOrReplaceTrigger: source.serverVersionNum >= 140000,
-    });
+    const own = tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
     for (;;) {
       attempts += 1;
+      const first = ctx.fenceStartedAtMs === null;
+      const atMs = Date.now();
+      const sql = fenceSql({
+        shard,
+        tables: own,
+        targetHost: ctx.target.host.name,
+        lockWaitMs,
+        createOrReplaceTrigger: source.serverVersionNum >= 140000,
+        ...(first ? { fenceStart: { moveId: ctx.moveId, atMs } } : {}),
+      });
       try {
         await source.client.query(sql);
+        if (first) {
+          ctx.fenceStartedAtMs = atMs;
+          ctx.fenceDeadline = performance.now() + maxFencedMs(ctx);
+        }
         break;
       } catch (error) {
         await source.client.query('ROLLBACK').catch(() => undefined);
@@ -71,15 +75,17 @@ export async function fence(ctx: MoveContext): Promise<void> {
         // transaction lost: the application went on; try again.
         if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
       }
-      const waited = performance.now() - started;
-      if (waited > limit) {
+      if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
         const holders = await lockHolders(source.client, schema).catch(() => '');
-        await unfence(ctx, shards);
-        ctx.fenceStartedAtMs = null;
+        await stopCutOver(ctx, `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`);
+      }
+      const waited = performance.now() - started;
+      if (ctx.fenceStartedAtMs === null && waited > limit) {
+        const holders = await lockHolders(source.client, schema).catch(() => '');
         throw new HostError(
           source.host.name,
           `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
-            `${holders ? ` (${holders})` : ''}. The source is writable again; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort`,
+            `${holders ? ` (${holders})` : ''}. Nothing was fenced; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort`,
           { shard, code: 'FENCE_TIMEOUT' },
         );
       }
@@ -91,9 +97,106 @@ export async function fence(ctx: MoveContext): Promise<void> {
     }
   }
   if (attempts > shards.length) notice(ctx, `host ${source.host.name}: fenced ${shards.length} shard${shards.length === 1 ? '' : 's'} in ${attempts} attempts (tables were busy)`);
+  if (ctx.fenceStartedAtMs === null) ctx.fenceStartedAtMs = Date.now();
   const marker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
-  await source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs));
+  await underFence(ctx, 'the fence marker on the source', () => source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs!)));
   ctx.fenceMarker = marker;
+}
+
+/**
+ * A marker round trip while the source is still writable, so that the catch-up after the fence has
+ * only the last moment's changes to apply: a resumed run, a later wave, or a target that fell behind
+ * (an apply worker that waited for a lock) may be far behind, and that wait belongs before the fence.
+ */
+async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
+  if (ctx.mode !== 'online') return;
+  const kind = `before-fence-${Date.now().toString(36)}-${ctx.wave}`;
+  await ctx.source.client.query(insertMarkerSql(ctx.moveId, kind));
+  await waitForMarker(ctx, kind, ctx.options.waitTimeoutMs ?? 300_000, true);
+}
+
+/** How long a lock of the fence or the unfence may wait: below half the deadlock timeout (see fenceSql). */
+async function lockWaitFor(ctx: MoveContext): Promise<number> {
+  const deadlock = await ctx.source.client.query<{ ms: string }>(`SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`);
+  return Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
+}
+
+export function maxFencedMs(ctx: MoveContext): number {
+  return ctx.options.maxFencedMs ?? DEFAULT_MAX_FENCED_MS;
+}
+
+/**
+ * What is left of this run's fence limit. A run that finds its wave already fenced (resumed after
+ * a kill) starts its own limit when it first asks.
+ */
+export function fenceRemainingMs(ctx: MoveContext): number {
+  ctx.fenceDeadline ??= performance.now() + maxFencedMs(ctx);
+  return ctx.fenceDeadline - performance.now();
+}
+
+/**
+ * Runs one wait of the cut-over within what is left of the fence limit: every statement the move's
+ * sessions (and `also`) run meanwhile has that as its statement timeout, so no lock queue on either
+ * host can hold the wave fenced past the limit. Past it, the wave is unfenced and the move stops,
+ * naming `what` it waited for.
+ */
+export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Promise<T>, also: readonly pg.Client[] = []): Promise<T> {
+  const remaining = fenceRemainingMs(ctx);
+  if (remaining <= 0) return stopCutOver(ctx, what);
+  const clients = [ctx.source.client, ctx.target.client, ...also];
+  await Promise.all(clients.map((c) => c.query(`SET statement_timeout = ${Math.max(1, Math.ceil(remaining))}`)));
+  try {
+    return await fn();
+  } catch (error) {
+    if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) throw error;
+    // A statement of a BEGIN … COMMIT string left its transaction aborted.
+    await Promise.all([ctx.source.client, ctx.target.client].map((c) => c.query('ROLLBACK').catch(() => undefined)));
+    return stopCutOver(ctx, what, error);
+  } finally {
+    // Back to the server's default for the session (the move sets no other).
+    await Promise.all(clients.map((c) => c.query('RESET statement_timeout').catch(() => undefined)));
+  }
+}
+
+/** Keeps the longest time the shards of this move refused writes, across waves and runs. */
+function noteBlocked(ctx: MoveContext): void {
+  if (ctx.fenceStartedAtMs !== null) ctx.writeBlockedMs = Math.max(ctx.writeBlockedMs ?? 0, Date.now() - ctx.fenceStartedAtMs);
+}
+
+/**
+ * The fence limit is reached: the wave is unfenced (the move's own sessions first let go of
+ * everything they hold), recorded back at `synced`, and the move stops, resumable, naming what it
+ * waited for and how long the shards refused writes.
+ */
+export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknown): Promise<never> {
+  const shards = waveShards(ctx);
+  await dropPreVerification(ctx);
+  noteBlocked(ctx);
+  const blocked = ctx.writeBlockedMs ?? 0;
+  const which = `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
+  const limit = `${(maxFencedMs(ctx) / 1000).toFixed(1)} s`;
+  const data = { moveId: ctx.moveId, shards: ctx.shards, waitedFor: what, writeBlockedMs: blocked };
+  try {
+    await unfence(ctx, shards);
+  } catch (error) {
+    throw new HostError(
+      ctx.source.host.name,
+      `move ${ctx.moveId}: the fence limit (${limit}) was reached while waiting for ${what}, and ${which} could not be unfenced: ${describePgError(error)}. ` +
+        `Run move-shard ${formatShardList(ctx.shards)} --resume or --abort`,
+      { shard: shards[0]!, code: 'FENCE_LIMIT', cause: cause ?? error, data },
+    );
+  }
+  ctx.fenceMarker = null;
+  ctx.fenceStartedAtMs = null;
+  ctx.fenceDeadline = null;
+  await record(ctx, 'synced', 'running', { quiet: true });
+  throw new HostError(
+    ctx.source.host.name,
+    `move ${ctx.moveId}: ${which} refused writes for ${(blocked / 1000).toFixed(1)} s, the fence limit is ${limit}; the move waited for ${what}. ` +
+      `${shards.length === 1 ? 'It was' : 'They were'} unfenced and ${shards.length === 1 ? 'is' : 'are'} writable again on ${ctx.source.host.name}. ` +
+      `Run move-shard ${formatShardList(ctx.shards)} --resume to retry the cut-over, or --abort`,
+    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data },
+  );
 }
 
 /**
@@ -112,7 +215,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
     held = await Promise.all([openWorker(ctx.source.host, 'shardctl move verify'), openWorker(ctx.target.host, 'shardctl move verify')]);
     const started = performance.now();
-    const verification = await preVerify(held[0]!, held[1]!, keyed, methods);
+    const verification = await preVerify({ source: held[0]!, target: held[1]! }, { source: ctx.source.client, target: ctx.target.client }, keyed, methods);
     ctx.pre = { wave: ctx.wave, verification };
     notice(ctx, `host ${ctx.target.host.name}: ${keyed.length} table${keyed.length === 1 ? '' : 's'} of wave ${ctx.wave + 1} checksummed before the fence in ${Math.round(performance.now() - started)} ms; while fenced only their changed rows are compared`);
   } catch (error) {
@@ -144,21 +247,14 @@ async function lockHolders(client: pg.Client, schema: string): Promise<string> {
 
 /** Logical replication applies in commit order: once the fence marker is on the target, so is every earlier change. */
 export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
-  const limit = ctx.options.catchUpTimeoutMs ?? 30_000;
+  const catchUp = ctx.options.catchUpTimeoutMs ?? 30_000;
+  const limit = Math.min(catchUp, Math.max(0, fenceRemainingMs(ctx)));
   try {
     // A move fenced before markers were per attempt used the plain kind 'fenced'.
     await waitForMarker(ctx, ctx.fenceMarker ?? 'fenced', limit);
   } catch (error) {
-    // Do not keep the shards unwritable while the target is stuck: unfence and let the operator retry.
-    await unfence(ctx, waveShards(ctx));
-    ctx.fenceMarker = null;
-    ctx.fenceStartedAtMs = null;
-    await record(ctx, 'synced', 'running');
-    throw new HostError(
-      ctx.target.host.name,
-      `the target did not apply the last changes within ${limit / 1000} s; the source was unfenced and is writable again. Run move-shard ${formatShardList(ctx.shards)} --resume to retry the cut-over, or --abort. (${(error as Error).message})`,
-      { shard: waveShards(ctx)[0]!, code: 'CATCH_UP_TIMEOUT' },
-    );
+    const apply = await applyWorkerWaits(ctx).catch(() => '');
+    await stopCutOver(ctx, `the target ${ctx.target.host.name} to apply the changes committed before the fence${apply ? ` (${apply})` : ''}`, error);
   }
 }
 
@@ -169,6 +265,11 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
  * position, and ids grow with it).
  */
 export async function carrySequences(ctx: MoveContext): Promise<void> {
+  if (ctx.mode === 'online') return underFence(ctx, 'the sequences of the wave on both hosts', () => carrySequencesNow(ctx));
+  return carrySequencesNow(ctx);
+}
+
+async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   const schemas = schemasOf(ctx, waveShards(ctx));
   const list = await ctx.source.client.query<{ schemaname: string; sequencename: string; increment_by: string }>(
     `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`,
@@ -199,15 +300,23 @@ export async function verify(ctx: MoveContext): Promise<void> {
   const schemas = schemasOf(ctx, shards);
   const methods = await ensureMethods(ctx);
   const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification : null;
+  const online = ctx.mode === 'online';
+  const within = <T>(what: string, fn: () => Promise<T>, also: readonly pg.Client[] = []): Promise<T> => (online ? underFence(ctx, what, fn, also) : fn());
   let result: VerifyResult;
   try {
-    const tail = pre ? { pre, changes: await readChanges(ctx.target.client, ctx.moveId) } : undefined;
-    result = await verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail);
+    result = await within(
+      `the verification of ${formatShardList(shards)} (row counts and checksums on both hosts)`,
+      async () => {
+        const tail = pre ? { pre, changes: await readChanges(ctx.target.client, ctx.moveId) } : undefined;
+        return verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail);
+      },
+      pre ? [pre.source, pre.target] : [],
+    );
   } finally {
     await dropPreVerification(ctx);
   }
   // Still fenced: the tracking triggers go before the wave's copies take application writes.
-  await stopTracking(ctx.target.client, ctx.moveId, schemas);
+  await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () => stopTracking(ctx.target.client, ctx.moveId, schemas));
   const before = ctx.verification;
   ctx.verification = before
     ? {
@@ -235,9 +344,11 @@ export async function verify(ctx: MoveContext): Promise<void> {
     });
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
+  noteBlocked(ctx);
   await unfence(ctx, shards);
   ctx.fenceMarker = null;
   ctx.fenceStartedAtMs = null;
+  ctx.fenceDeadline = null;
   await record(ctx, 'synced', 'running');
   throw new HostError(
     ctx.target.host.name,
@@ -249,6 +360,9 @@ export async function verify(ctx: MoveContext): Promise<void> {
 /** The map now says target for the wave: its copies become active, and the config file is rewritten in place. */
 export async function switchMap(ctx: MoveContext): Promise<void> {
   const shards = waveShards(ctx);
+  // The last point at which the wave can still go back: once the target's copies are active, the
+  // switch is finished whatever it takes.
+  if (ctx.mode === 'online' && fenceRemainingMs(ctx) <= 0) await stopCutOver(ctx, 'the steps before the switch');
   // The source's placement copy first (it activates nothing): the target's version is then above
   // it, and a reader that finds the source fenced and the target not yet active still routes to
   // the source. The target's statement is the switch itself: its copies active, its placement copy
@@ -267,16 +381,50 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
       { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error },
     );
   }
-  if (ctx.fenceStartedAtMs !== null) ctx.writeBlockedMs = Math.max(ctx.writeBlockedMs ?? 0, Date.now() - ctx.fenceStartedAtMs);
+  noteBlocked(ctx);
 }
 
-async function unfence(ctx: MoveContext, shards: readonly number[]): Promise<void> {
-  const tables = await shardTables(ctx.source.client, schemasOf(ctx, shards), 'all');
+/** How long the unfence keeps retrying while application transactions hold the fenced tables. */
+const UNFENCE_LIMIT_MS = 5_000;
+
+/**
+ * The wave's shards writable again, each in its own short transaction whose lock waits are
+ * bounded (unfenceSql) and retried: a TRUNCATE queued on a fenced table behind a long application
+ * transaction must not hold the unfence without limit. Past `limitMs` it gives up, naming the holders.
+ */
+async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UNFENCE_LIMIT_MS): Promise<void> {
+  const triggers = await ctx.source.client.query<{ nspname: string; relname: string; enabled: boolean }>(
+    `SELECT n.nspname, c.relname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE t.tgname = 'shardctl_fence' AND n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')`,
+    [schemasOf(ctx, shards)],
+  );
+  const lockWaitMs = await lockWaitFor(ctx);
+  const started = performance.now();
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
-    const own = tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
-    await ctx.source.client.query(unfenceSql(shard, own, ctx.moveId));
+    const own = triggers.rows.filter((t) => t.nspname === schema && t.enabled).map((t) => [t.nspname, t.relname] as const);
+    for (;;) {
+      try {
+        await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs));
+        break;
+      } catch (error) {
+        const code = (error as { code?: string }).code;
+        if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
+        if (performance.now() - started > limitMs) {
+          const holders = await lockHolders(ctx.source.client, schema).catch(() => '');
+          throw new HostError(ctx.source.host.name, `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`, {
+            shard,
+            code: 'UNFENCE_TIMEOUT',
+            cause: error,
+          });
+        }
+        await sleep(10 + Math.random() * 40);
+      }
+    }
   }
+  // Writable already; the disabled triggers go where no application statement has to wait for it.
+  for (const t of triggers.rows) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.nspname, t.relname)).catch(() => undefined);
 }
 
 /**
@@ -300,7 +448,7 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
   }
   await dropPreVerification(ctx);
   await dropReplication(ctx);
-  await unfence(ctx, ctx.shards);
+  await unfence(ctx, ctx.shards, 30_000);
   // Only copies this move created (incoming, never active: see above) are dropped.
   for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
   await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));

@@ -66,6 +66,7 @@ async function nextWave(ctx: MoveContext): Promise<void> {
   ctx.wave += 1;
   ctx.fenceMarker = null;
   ctx.fenceStartedAtMs = null;
+  ctx.fenceDeadline = null;
   await record(ctx, 'synced', 'running', { quiet: true });
 }
 

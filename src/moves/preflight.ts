@@ -10,6 +10,7 @@ import { CONTROL, controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
+import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
 import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql.js';
 import { faultAfter, type MoveMode } from './state.js';
 
@@ -57,6 +58,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
        FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`,
     [shards, schemas],
   );
+  const running = [...(await runningMovesOf(src, shards)), ...(await runningMovesOf(dst, shards))].filter(
+    (m, i, all) => all.findIndex((o) => o.moveId === m.moveId) === i,
+  );
   const missing = onSource.rows.filter((r) => !r.exists).map((r) => r.shard);
   const inactive = onSource.rows.filter((r) => r.exists && r.state !== 'active');
   add(
@@ -65,7 +69,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     missing.length > 0
       ? `no schema for ${list(missing)} on ${source.name}; nothing to move`
       : inactive.length > 0
-        ? `${list(inactive.map((r) => r.shard))} on ${source.name} ${inactive.length === 1 ? 'is' : 'are'} ${inactive[0]!.state ?? 'not recorded by shardctl'}; run shardctl init first, or finish the move that fenced ${inactive.length === 1 ? 'it' : 'them'}`
+        ? inactiveMessage(list(inactive.map((r) => r.shard)), source.name, inactive, running)
         : `the schemas of ${list(shards)} exist on ${source.name} and are active`,
   );
 
@@ -98,6 +102,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     targetInitialised ? `${target.name} has the shardctl control schema` : `${target.name} has no shardctl control schema; run shardctl init first`,
   );
 
+  let probe = false;
   const versions = [
     { num: input.source.serverVersionNum, text: input.source.serverVersion },
     { num: input.target.serverVersionNum, text: input.target.serverVersion },
@@ -152,18 +157,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
         ? 'every table of the batch is logged (replicated)'
         : `${tableList(unlogged)} ${unlogged.length === 1 ? 'is' : 'are'} UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline (which copies them with writes fenced)`,
     );
-    if (input.probeReachability) {
-      const reach = await probeSubscription(dst, source.replicationUrl);
-      add(
-        'target reaches source',
-        reach === null,
-        reach === null
-          ? `${target.name} can connect to ${source.name} for replication`
-          : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
-      );
-    } else {
-      add('target reaches source', true, 'not probed in --dry-run (it would create and drop a subscription)');
-    }
+    probe = input.probeReachability;
+    if (!probe) add('target reaches source', true, 'not probed in --dry-run (it would create and drop a subscription)');
   } else {
     add('versions', true, `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}`);
   }
@@ -175,13 +170,26 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     writable === null ? `${input.configFile} will be rewritten at the switch` : `the map cannot be rewritten at the switch: ${writable}; the move would be stuck after the target went live`,
   );
 
-  const running = [...(await runningMoveIds(src, shards)), ...(await runningMoveIds(dst, shards))];
   add(
     'no other move',
     running.length === 0,
-    running.length === 0
-      ? `no move of these shards is running`
-      : `${[...new Set(running.map((r) => `move ${r.moveId} (${list(r.shards)})`))].join(', ')} is unfinished; finish it with --resume or undo it with --abort`,
+    running.length === 0 ? `no move of these shards is running` : running.map(describeRunningMove).join('; '),
+  );
+
+  // Shapes are compared across hosts only between equal majors (definition texts may differ between them).
+  const sameMajor = Math.floor(input.source.serverVersionNum / 10000) === Math.floor(input.target.serverVersionNum / 10000);
+  const schemaOf = (shard: number): string => shardSchemaName(config, shard);
+  const shapes = [
+    ...(await readShardShapes(src, source.name)),
+    ...(sameMajor && targetInitialised ? await readShardShapes(dst, target.name) : []),
+  ];
+  const handMade = await shapeDrift(new Map([[source.name, src], [target.name, dst]]), shapes, schemaOf, new Set(shards));
+  add(
+    'same tables as the migrations build',
+    handMade.length === 0,
+    handMade.length === 0
+      ? `the tables of the batch match the other shards with the same migrations`
+      : `${handMade.map((d) => shapeDriftMessage(d, schemaOf)).join('; ')}. The target copy is built by the migrations and could not take these rows: make the shard match its migrations, or change every shard with a migration`,
   );
 
   const applied = await src.query<{ shard: number; version: number; checksum: string }>(
@@ -202,6 +210,19 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       ? `the same migration files will build the target copies`
       : `migration version${new Set(drifted.map((d) => d.v)).size === 1 ? '' : 's'} ${[...new Set(drifted.map((d) => d.v))].join(', ')} applied to ${list([...new Set(drifted.map((d) => d.shard))])} ha${drifted.length === 1 ? 's' : 've'} no matching file (changed or deleted); restore them first`,
   );
+  // Last, and only when everything else passed: the probe creates (and drops) a subscription.
+  if (probe && checks.every((c) => c.ok)) {
+    const reach = await probeSubscription(dst, source.replicationUrl);
+    add(
+      'target reaches source',
+      reach === null,
+      reach === null
+        ? `${target.name} can connect to ${source.name} for replication`
+        : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
+    );
+  } else if (probe) {
+    add('target reaches source', true, 'not probed: other checks failed');
+  }
   return checks;
 }
 
@@ -222,13 +243,43 @@ async function canRewrite(file: string): Promise<string | null> {
   }
 }
 
-async function runningMoveIds(client: pg.Client, shards: readonly number[]): Promise<{ moveId: string; shards: number[] }[]> {
+/** Shards on the source that are not active: in a running move (named), or not recorded (init). */
+function inactiveMessage(which: string, host: string, inactive: readonly { shard: number; state: string | null }[], running: readonly RunningMove[]): string {
+  const moves = running.filter((m) => inactive.some((r) => m.shards.includes(r.shard)));
+  const be = inactive.length === 1 ? 'is' : 'are';
+  if (moves.length > 0) return `${which} on ${host} ${be} ${inactive[0]!.state ?? 'not active'}: ${moves.map(describeRunningMove).join('; ')}`;
+  if (inactive.every((r) => r.state === null)) return `${which} on ${host} ${be} not recorded by shardctl; run shardctl init first`;
+  return `${which} on ${host} ${be} ${inactive[0]!.state} and no unfinished move of ${inactive.length === 1 ? 'it' : 'them'} is recorded; run shardctl status to see why`;
+}
+
+interface RunningMove {
+  readonly moveId: string;
+  readonly shards: readonly number[];
+  readonly source: string;
+  readonly target: string;
+  readonly step: string;
+}
+
+async function runningMovesOf(client: pg.Client, shards: readonly number[]): Promise<RunningMove[]> {
   if (!(await controlTableExists(client, 'moves'))) return [];
-  const r = await client.query<{ move_id: string; shards: number[] }>(
-    `SELECT move_id, coalesce(shards, ARRAY[shard]) AS shards FROM ${CONTROL}.moves WHERE status = 'running' AND coalesce(shards, ARRAY[shard]) && $1::int[]`,
+  const r = await client.query<{ move_id: string; shards: number[]; source: string; target: string; step: string }>(
+    `SELECT move_id, coalesce(shards, ARRAY[shard]) AS shards, source, target, step FROM ${CONTROL}.moves
+      WHERE status = 'running' AND coalesce(shards, ARRAY[shard]) && $1::int[] ORDER BY started_at, move_id`,
     [shards],
   );
-  return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards }));
+  return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards, source: row.source, target: row.target, step: row.step }));
+}
+
+/**
+ * The unfinished move, named so that a second operator can tell it from theirs, and the commands
+ * that finish or undo it.
+ */
+export function describeRunningMove(move: RunningMove): string {
+  const shards = formatShardList([...move.shards]);
+  return (
+    `move ${move.moveId} (shard${move.shards.length === 1 ? '' : 's'} ${shards}, ${move.source} → ${move.target}, last step done: ${move.step}) is unfinished; ` +
+    `finish it with shardctl move-shard ${shards} --resume, or undo it with shardctl move-shard ${shards} --abort`
+  );
 }
 
 /**

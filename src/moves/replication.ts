@@ -88,10 +88,27 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
       const lag = await ctx.source.client
         .query<{ lag: string | null }>(`SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`, [ctx.name])
         .then((q) => q.rows[0]?.lag ?? 'unknown', () => 'unknown');
-      notice(ctx, `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s)`);
+      const apply = await applyWorkerWaits(ctx).catch(() => '');
+      notice(ctx, `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s${apply ? `; ${apply}` : ''})`);
     }
     await sleep(10);
   }
+}
+
+/** What the move's apply worker on the target waits for: the lock and who holds it, if any. */
+export async function applyWorkerWaits(ctx: MoveContext): Promise<string> {
+  const r = await ctx.target.client.query<{ wait: string | null; blockers: string | null }>(
+    `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
+            (SELECT string_agg(format('pid %s (%s, %s: %s)', b.pid, coalesce(nullif(b.application_name, ''), 'no application name'), b.state, left(b.query, 80)), '; ')
+               FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(w.pid))) AS blockers
+       FROM pg_stat_subscription s JOIN pg_stat_activity w ON w.pid = s.pid
+      WHERE s.subname = $1 AND s.relid IS NULL`,
+    [ctx.name],
+  );
+  const row = r.rows[0];
+  if (!row) return 'its apply worker is not running';
+  if (!row.wait) return 'its apply worker is busy';
+  return `its apply worker waits for ${row.wait}${row.blockers ? `, held by ${row.blockers}` : ''}`;
 }
 
 export async function dropReplication(ctx: MoveContext): Promise<void> {

@@ -74,6 +74,11 @@ export interface FenceInput {
   readonly lockWaitMs: number;
   /** CREATE OR REPLACE TRIGGER exists from PostgreSQL 14. */
   readonly createOrReplaceTrigger: boolean;
+  /**
+   * The wave's first fence: when it began (wall-clock ms), recorded in the move's detail by the same
+   * transaction, so a run killed at any point after it leaves the time its shards began refusing writes.
+   */
+  readonly fenceStart?: { readonly moveId: string; readonly atMs: number };
 }
 
 /**
@@ -92,7 +97,9 @@ export function fenceSql(input: FenceInput): string {
   const fn = `${CONTROL}.shard_fenced(${quoteLiteral(String(input.shard))}, ${quoteLiteral(input.targetHost)})`;
   const triggers = tables.map((t) =>
     input.createOrReplaceTrigger
-      ? `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`
+      ? // ENABLE: an unfence leaves the trigger disabled when it cannot drop it (see unfenceSql).
+        `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};\n` +
+        `ALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
       : // Before PostgreSQL 14: drop and create (a stronger lock, held for the few ms of this transaction).
         `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\nCREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`,
   );
@@ -109,6 +116,12 @@ export function fenceSql(input: FenceInput): string {
       : []),
     ...triggers,
     `UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard = ${input.shard};`,
+    ...(input.fenceStart
+      ? [
+          `UPDATE ${CONTROL}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceStartedAtMs: Math.round(input.fenceStart.atMs) }))}::jsonb ` +
+            `WHERE move_id = ${quoteLiteral(input.fenceStart.moveId)};`,
+        ]
+      : []),
     'COMMIT;',
   ].join('\n');
 }
@@ -126,15 +139,32 @@ export function fenceMarkerSql(moveId: string, marker: string, fenceStartedAtMs:
   ].join('\n');
 }
 
-/** Undoes the fence: triggers dropped, the shard active again, this move's fence markers gone. */
-export function unfenceSql(shard: number, tables: readonly (readonly [string, string])[], moveId: string): string {
+/**
+ * Undoes the fence: the fence triggers of `tables` (those that have one) disabled, the shard active
+ * again, this move's fence markers gone. Disabling takes the lock CREATE TRIGGER takes (SHARE ROW
+ * EXCLUSIVE), which readers do not block; dropping would take ACCESS EXCLUSIVE and wait for every
+ * reader of the table (dropFenceTriggersSql does that afterwards, without waiting). Its lock waits
+ * are bounded like the fence's (see fenceSql); the caller retries.
+ */
+export function unfenceSql(shard: number, tables: readonly (readonly [string, string])[], moveId: string, lockWaitMs = 500): string {
+  const wait = `'${Math.max(1, Math.round(lockWaitMs))}ms'`;
   return [
     'BEGIN;',
-    ...tables.map(([schema, table]) => `DROP TRIGGER IF EXISTS shardctl_fence ON ${qualified(schema, table)};`),
+    `SET LOCAL lock_timeout = ${wait};`,
+    ...tables.map(([schema, table]) => `ALTER TABLE ${qualified(schema, table)} DISABLE TRIGGER shardctl_fence;`),
     `UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ${shard} AND state = 'fenced';`,
     `DELETE FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(moveId)} AND kind LIKE 'fenced%';`,
     'COMMIT;',
   ].join('\n');
+}
+
+/**
+ * The disabled fence triggers of an unfenced shard dropped, each only if its table is free now
+ * (lock_timeout 1 ms), so that no application statement queues behind the drop; one left behind is
+ * disabled, and the next fence replaces it.
+ */
+export function dropFenceTriggerSql(schema: string, table: string): string {
+  return `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS shardctl_fence ON ${qualified(schema, table)};\nCOMMIT;`;
 }
 
 /** A sequence's state, as read from the sequence itself (pg_sequences hides a setval(..., false)). */

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { quoteLiteral } from '../pg/quote.js';
 import { qualified } from './sql.js';
 import { keyFilterSql, TAIL_MAX_KEYS, type KeyedTable, type TableChanges } from './tail.js';
 
@@ -119,10 +120,19 @@ async function checksums(client: pg.Client, queries: readonly ChecksumQuery[], m
 
 /**
  * The first part of a wave's verification, before its fence (see src/moves/tail.ts): on one fresh
- * connection per host, a REPEATABLE READ transaction that is left open, and in it the count and
- * checksum of every keyed table. Tracking must already run on the target.
+ * connection per host (the holder), a REPEATABLE READ transaction that exports its snapshot P and
+ * is left open, touching no table; the count and checksum of every keyed table as of P, computed
+ * on the `work` sessions in transactions that import P and commit. Tracking must already run on
+ * the target.
+ *
+ * The holders take no lock on any table until the wave's verification looks up its changed keys
+ * (after the catch-up, within the fence limit): a session of the move that held a table lock while
+ * the move waits for the catch-up would block the apply worker's replicated TRUNCATE on the
+ * target, or an application's TRUNCATE queued on the source and the unfence behind it, and the
+ * move would wait for itself.
  */
 export interface PreVerification {
+  /** The holders: each in its transaction with snapshot P. */
   readonly source: pg.Client;
   readonly target: pg.Client;
   readonly keyed: ReadonlyMap<string, KeyedTable>;
@@ -130,18 +140,34 @@ export interface PreVerification {
 }
 
 export async function preVerify(
-  source: pg.Client,
-  target: pg.Client,
+  holders: { readonly source: pg.Client; readonly target: pg.Client },
+  work: { readonly source: pg.Client; readonly target: pg.Client },
   keyed: readonly KeyedTable[],
   methods: ReadonlyMap<string, HashMethod>,
 ): Promise<PreVerification> {
-  const open = (client: pg.Client): Promise<unknown> => client.query(`${STABLE_TEXT_SETTINGS}; BEGIN ISOLATION LEVEL REPEATABLE READ`);
-  await Promise.all([open(source), open(target)]);
+  const exportSnapshot = async (holder: pg.Client): Promise<string> => {
+    await holder.query(STABLE_TEXT_SETTINGS);
+    await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
+    return (await holder.query<{ snapshot: string }>('SELECT pg_export_snapshot() AS snapshot')).rows[0]!.snapshot;
+  };
+  const [sourceSnapshot, targetSnapshot] = await Promise.all([exportSnapshot(holders.source), exportSnapshot(holders.target)]);
   const queries = keyed.map((k) => ({ table: k.table }));
-  const [src, dst] = await Promise.all([checksums(source, queries, methods), checksums(target, queries, methods)]);
+  const atSnapshot = async (client: pg.Client, snapshot: string): Promise<TableChecksum[]> => {
+    await client.query(STABLE_TEXT_SETTINGS);
+    await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`);
+    try {
+      const result = await checksums(client, queries, methods);
+      await client.query('COMMIT');
+      return result;
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      throw error;
+    }
+  };
+  const [src, dst] = await Promise.all([atSnapshot(work.source, sourceSnapshot), atSnapshot(work.target, targetSnapshot)]);
   return {
-    source,
-    target,
+    source: holders.source,
+    target: holders.target,
     keyed: new Map(keyed.map((k) => [tableKey(k.table), k])),
     at: new Map(keyed.map((k, i) => [tableKey(k.table), { source: src[i]!, target: dst[i]! }])),
   };

@@ -265,12 +265,12 @@ function layoutConflicts(config: ShardctlConfig, snapshot: HostSnapshot): Confli
  * schema) would make the two copies differ. Named with the move, and how to finish or undo it.
  */
 function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
-  const moves = new Map<string, { source: string; target: string; shards: Set<number> }>();
+  const moves = new Map<string, { source: string; target: string; step: string; shards: Set<number> }>();
   for (const snapshot of snapshots) {
     for (const [shard, move] of snapshot.moving) {
       if (wanted && !wanted.has(shard)) continue;
       let entry = moves.get(move.moveId);
-      if (!entry) moves.set(move.moveId, (entry = { source: move.source, target: move.target, shards: new Set() }));
+      if (!entry) moves.set(move.moveId, (entry = { source: move.source, target: move.target, step: move.step, shards: new Set() }));
       entry.shards.add(shard);
     }
   }
@@ -280,10 +280,32 @@ function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<nu
       kind: 'moving' as const,
       host: m.source,
       message:
-        `shard${m.shards.size === 1 ? '' : 's'} ${shards} ${m.shards.size === 1 ? 'is' : 'are'} in the unfinished move ${moveId} from ${m.source} to ${m.target}; ` +
+        `shard${m.shards.size === 1 ? '' : 's'} ${shards} ${m.shards.size === 1 ? 'is' : 'are'} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
         `finish it with shardctl move-shard ${shards} --resume, or undo it with --abort, then run this again`,
     };
   });
+}
+
+/**
+ * What to do about misplaced shards. While a move runs, "move them" is the wrong advice: the
+ * running move is named with the commands that finish or undo it.
+ */
+function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: readonly HostSnapshot[]): string {
+  const running = new Map<string, { source: string; target: string; step: string; shards: Set<number> }>();
+  for (const snapshot of snapshots) {
+    for (const [shard, move] of snapshot.moving) {
+      if (move.source !== host && move.target !== host) continue;
+      let entry = running.get(move.moveId);
+      if (!entry) running.set(move.moveId, (entry = { ...move, shards: new Set() }));
+      entry.shards.add(shard);
+    }
+  }
+  if (running.size === 0) return `Move ${misplaced.length === 1 ? 'it' : 'them'} with shardctl move-shard, or fix the map`;
+  const moves = [...running].map(([moveId, m]) => {
+    const shards = formatShardList([...m.shards].sort((a, b) => a - b));
+    return `move ${moveId} (shard${m.shards.size === 1 ? '' : 's'} ${shards}, ${m.source} → ${m.target}, last step done: ${m.step}): shardctl move-shard ${shards} --resume, or --abort`;
+  });
+  return `A move on ${host} is unfinished; finish or undo it first, then run this again: ${moves.join('; ')}`;
 }
 
 function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
@@ -310,7 +332,7 @@ function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapsho
         `shard${misplaced.length === 1 ? '' : 's'} ${formatShardList(misplaced)} ${misplaced.length === 1 ? 'is' : 'are'} mapped to ${owners} ` +
         `but ${misplaced.length === 1 ? 'its schema exists' : 'their schemas exist'} on host ${snapshot.host.name} ` +
         `(e.g. ${shardSchemaName(config, misplaced[0]!)}); creating ${misplaced.length === 1 ? 'it' : 'them'} again would split the data. ` +
-        `Move ${misplaced.length === 1 ? 'it' : 'them'} with shardctl move-shard, or fix the map`,
+        misplacedAdvice(misplaced, snapshot.host.name, snapshots),
     });
   }
   return conflicts;

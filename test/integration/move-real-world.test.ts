@@ -287,7 +287,7 @@ describe('leftovers and messages after a kill', () => {
     for (const command of ['migrate', 'init']) {
       const run = await runCli([command, '-c', env.fleet.configFile]);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain(`shard 4 is in the unfinished move ${moveId} from pg1 to pg2; finish it with shardctl move-shard 4 --resume, or undo it with --abort`);
+      expect(run.stderr).toContain(`shard 4 is in the unfinished move ${moveId} from pg1 to pg2 (last step done: fenced); finish it with shardctl move-shard 4 --resume, or undo it with --abort`);
     }
     await new Promise((resolve) => setTimeout(resolve, 1500));
     const resumed = await runCli(['move-shard', '4', '--resume', '--json', '--yes', '-c', env.fleet.configFile]);

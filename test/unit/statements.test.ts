@@ -138,10 +138,20 @@ describe('move SQL', () => {
       'SET LOCAL statement_timeout TO DEFAULT;',
     ]);
     expect(sql.match(/CREATE OR REPLACE TRIGGER shardctl_fence/g)).toHaveLength(2);
+    expect(sql).toContain('ALTER TABLE "insta4"."photos" ENABLE TRIGGER shardctl_fence;');
     expect(sql).toContain(`EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
     expect(sql.endsWith(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard = 4;\nCOMMIT;`)).toBe(true);
     const old = fenceSql({ shard: 4, tables: [['insta4', 'likes']], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: false });
     expect(old).toContain('DROP TRIGGER IF EXISTS shardctl_fence ON "insta4"."likes";\nCREATE TRIGGER shardctl_fence');
+  });
+
+  it("records the wave's fence start in the first shard's fence transaction", () => {
+    const sql = fenceSql({ shard: 4, tables: [], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: true, fenceStart: { moveId: "m'1", atMs: 1700000000000 } });
+    expect(sql.split('\n').slice(-3)).toEqual([
+      `UPDATE "shardctl".shards SET state = 'fenced' WHERE shard = 4;`,
+      `UPDATE "shardctl".moves SET detail = detail || '{"fenceStartedAtMs":1700000000000}'::jsonb WHERE move_id = 'm''1';`,
+      'COMMIT;',
+    ]);
   });
 
   it('writes the wave marker and the fence start in one transaction', () => {
@@ -165,11 +175,12 @@ describe('move SQL', () => {
     );
   });
 
-  it('unfences: triggers dropped, the shard active again, the fence markers of this move gone', () => {
-    expect(unfenceSql(4, [['insta4', 'likes']], 'm1')).toBe(
+  it('unfences with its lock waits bounded: triggers disabled (no wait for readers), the shard active again, the fence markers of this move gone', () => {
+    expect(unfenceSql(4, [['insta4', 'likes']], 'm1', 250)).toBe(
       [
         'BEGIN;',
-        'DROP TRIGGER IF EXISTS shardctl_fence ON "insta4"."likes";',
+        "SET LOCAL lock_timeout = '250ms';",
+        'ALTER TABLE "insta4"."likes" DISABLE TRIGGER shardctl_fence;',
         `UPDATE "shardctl".shards SET state = 'active' WHERE shard = 4 AND state = 'fenced';`,
         `DELETE FROM "shardctl".move_markers WHERE move_id = 'm1' AND kind LIKE 'fenced%';`,
         'COMMIT;',
