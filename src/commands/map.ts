@@ -2,7 +2,7 @@ import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
-import { describeDisagreements, discoverFleet, mapDisagreements, type FleetPlacement } from '../fleet/placement.js';
+import { describeDisagreements, discoverFromConfig, mapDisagreements, type FleetPlacement } from '../fleet/placement.js';
 
 /**
  * `shardctl map show` and `map pull`: the placement as the fleet's hosts say it (src/fleet/placement.ts),
@@ -101,9 +101,5 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
 }
 
 async function readFleet(config: ShardctlConfig): Promise<{ placement: FleetPlacement; unreachable: readonly { name: string; reason: string }[] }> {
-  const found = await discoverFleet(
-    config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs })),
-    { applicationName: 'shardctl map', ...(config.hosts[0] ? { credentials: config.hosts[0].url, connectTimeoutMs: config.hosts[0].timeoutMs } : {}) },
-  );
-  return { placement: found.placement, unreachable: found.unreachable };
+  return discoverFromConfig(config, { applicationName: 'shardctl map' });
 }

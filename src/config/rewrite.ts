@@ -48,7 +48,7 @@ export async function rewriteOwners(file: string, owners: ReadonlyMap<number, st
 
 /** A host's new list: its shards the owners leave alone, plus those they give it. */
 function ownedList(name: string, spec: string, owners: ReadonlyMap<number, string>): string {
-  const current = spec.trim() === '' ? [] : parseOrFail(spec);
+  const current = listed(spec);
   const kept = current.filter((s) => (owners.get(s) ?? name) === name);
   const given = [...owners].filter(([, host]) => host === name).map(([s]) => s);
   return formatShardList([...new Set([...kept, ...given])].sort((a, b) => a - b));
@@ -65,7 +65,7 @@ export function rewriteOwnersYaml(text: string, owners: ReadonlyMap<number, stri
     const node = item.get('shards', true);
     const spec = isScalar(node) ? String(node.value ?? '') : '';
     const next = ownedList(name, spec, owners);
-    if (formatShardList(spec.trim() === '' ? [] : parseOrFail(spec)) === next) continue;
+    if (formatShardList(listed(spec)) === next) continue;
     const value = new Scalar(next);
     // Keep a list that reads like a number ("5") a string, as the file wrote it quoted or not.
     value.type = isScalar(node) && node.type === 'PLAIN' && !/^\d+$/.test(next) ? 'PLAIN' : 'QUOTE_DOUBLE';
@@ -93,7 +93,7 @@ function rewriteOwnersJson(text: string, owners: ReadonlyMap<number, string>, ne
   for (const host of data.hosts ?? []) {
     const spec = host.shards === undefined ? '' : String(host.shards);
     const next = ownedList(String(host.name), spec, owners);
-    if (formatShardList(spec.trim() === '' ? [] : parseOrFail(spec)) === next) continue;
+    if (formatShardList(listed(spec)) === next) continue;
     host.shards = next;
     changed = true;
   }
@@ -114,6 +114,11 @@ async function replaceFile(file: string, updated: string): Promise<void> {
     await rm(temp, { force: true }).catch(() => undefined);
     throw error;
   }
+}
+
+/** The shards a host's list names ('' for none). */
+function listed(spec: string): number[] {
+  return spec.trim() === '' ? [] : parseOrFail(spec);
 }
 
 function parseOrFail(spec: string): number[] {

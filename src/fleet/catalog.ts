@@ -139,12 +139,12 @@ function numberList(expression: string, orderBy = expression): string {
   return `coalesce(string_agg((${expression})::text, ',' ORDER BY ${orderBy}), '')`;
 }
 
-function parseNumberList(text: string): number[] {
+export function parseNumberList(text: string): number[] {
   return text === '' ? [] : text.split(',').map(Number);
 }
 
 /** Several statements in one round trip (the simple protocol: no parameters); the rows of each. */
-async function simpleQuery(client: pg.Client, statements: readonly string[]): Promise<unknown[][]> {
+export async function simpleQuery(client: pg.Client | pg.PoolClient, statements: readonly string[]): Promise<unknown[][]> {
   const result = (await client.query(statements.join(';\n'))) as unknown as pg.QueryResult | pg.QueryResult[];
   return (Array.isArray(result) ? result : [result]).map((r) => r.rows as unknown[]);
 }

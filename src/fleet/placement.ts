@@ -4,6 +4,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { failureReason, HostError, StaleMapError } from '../errors.js';
 import { registerUrlSecret } from '../pg/redact.js';
+import { parseNumberList, simpleQuery } from './catalog.js';
 import { describePgError, withHost } from './connect.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { CONTROL } from './control.js';
@@ -101,11 +102,11 @@ export async function readPlacementView(client: pg.Client | pg.PoolClient, reach
   const layoutRow = layoutRows![0] as { schema_prefix: string; shard_count: number; epoch_ms: string; shard_bits: number; sequence_bits: number } | undefined;
   const fleetRow = (fleetRows ?? [])[0] as { fleet_id: string; host_name: string; version: string } | undefined;
   const claims = new Map<number, ShardState>();
-  for (const row of claimRows as { state: ShardState; shards: string }[]) for (const shard of numbers(row.shards)) claims.set(shard, row.state);
+  for (const row of claimRows as { state: ShardState; shards: string }[]) for (const shard of parseNumberList(row.shards)) claims.set(shard, row.state);
   const copy = new Map<number, { host: string; version: bigint }>();
   for (const row of (copyRows ?? []) as { host: string; version: string; shards: string }[]) {
     const entry = { host: row.host, version: BigInt(row.version) };
-    for (const shard of numbers(row.shards)) copy.set(shard, entry);
+    for (const shard of parseNumberList(row.shards)) copy.set(shard, entry);
   }
   return {
     reachedAs,
@@ -122,7 +123,7 @@ export async function readPlacementView(client: pg.Client | pg.PoolClient, reach
     registry: new Map(((hostRows ?? []) as { name: string; address: string }[]).map((r) => [r.name, r.address])),
     copy,
     claims,
-    moving: new Set(numbers((movingRows![0] as { shards: string | null } | undefined)?.shards ?? null)),
+    moving: new Set(parseNumberList((movingRows![0] as { shards: string | null } | undefined)?.shards ?? '')),
   };
 }
 
@@ -342,14 +343,7 @@ function intArray(values: readonly number[]): string {
   return `'{${values.join(',')}}'::int[]`;
 }
 
-function numbers(text: string | null): number[] {
-  return !text ? [] : text.split(',').map(Number);
-}
 
-async function simpleQuery(client: pg.Client | pg.PoolClient, statements: readonly string[]): Promise<unknown[][]> {
-  const result = (await client.query(statements.join(';\n'))) as unknown as pg.QueryResult | pg.QueryResult[];
-  return (Array.isArray(result) ? result : [result]).map((r) => r.rows as unknown[]);
-}
 
 /** The placement as the reachable hosts of a run say it (one round trip per host, in parallel). */
 export async function readFleetPlacement(sessions: readonly { host: { name: string }; client: pg.Client }[]): Promise<FleetPlacement> {
@@ -399,28 +393,9 @@ export interface Discovery {
   readonly unreachable: readonly { readonly name: string; readonly reason: string }[];
 }
 
-/**
- * Reads the placement from every host of `hosts` at once, each on a connection of its own that is
- * closed afterwards; a host that cannot be reached is listed, not fatal.
- */
-export async function discoverPlacement(hosts: readonly HostConfig[], options: { applicationName?: string } = {}): Promise<Discovery> {
-  const results = await Promise.allSettled(
-    hosts.map((host) =>
-      withHost(host, (client) => readPlacementView(client, host.name), { applicationName: options.applicationName ?? 'shardctl' }),
-    ),
-  );
-  const views: HostPlacementView[] = [];
-  const unreachable: { name: string; reason: string }[] = [];
-  results.forEach((result, i) => {
-    if (result.status === 'fulfilled') views.push(result.value);
-    else unreachable.push({ name: hosts[i]!.name, reason: failureReason(result.reason, describePgError) });
-  });
-  return { placement: mergePlacement(views), unreachable };
-}
-
 /** For commands that change the fleet: refuses a file that disagrees with the hosts that answer. */
 export async function requireFleetAgrees(config: ShardctlConfig, applicationName?: string): Promise<FleetPlacement> {
-  const { placement } = await discoverPlacement(config.hosts, applicationName ? { applicationName } : {});
+  const { placement } = await discoverFromConfig(config, applicationName ? { applicationName } : {});
   requireCurrentMap(config, placement);
   return placement;
 }
@@ -567,9 +542,22 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
  * of the file (and of the registries); the hosts that could not be read are listed.
  */
 export async function currentMap(config: ShardctlConfig, applicationName = 'shardctl'): Promise<{ config: ShardctlConfig; discovery: FleetDiscovery }> {
-  const discovery = await discoverFleet(
-    config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs })),
-    { applicationName, ...(config.hosts[0] ? { credentials: config.hosts[0].url, connectTimeoutMs: config.hosts[0].timeoutMs } : {}) },
-  );
+  const discovery = await discoverFromConfig(config, { applicationName });
   return { config: fleetConfig(config, discovery), discovery };
+}
+
+/**
+ * Discovery from a config: its hosts are the seeds, each with its own URL and hostTimeout; a host
+ * the registries name and the file lacks is reached with the credentials of the file's first host.
+ */
+export function discoverFromConfig(config: ShardctlConfig, options: { applicationName?: string; connectTimeoutMs?: number } = {}): Promise<FleetDiscovery> {
+  const first = config.hosts[0];
+  return discoverFleet(
+    config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs })),
+    {
+      ...(options.applicationName ? { applicationName: options.applicationName } : {}),
+      ...(first ? { credentials: first.url } : {}),
+      ...(options.connectTimeoutMs ?? first?.timeoutMs ? { connectTimeoutMs: options.connectTimeoutMs ?? first!.timeoutMs } : {}),
+    },
+  );
 }

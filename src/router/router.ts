@@ -8,7 +8,7 @@ import { decodeId, parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
-import { discoverFleet, emptyFleetConfig, fleetConfig } from '../fleet/placement.js';
+import { discoverFleet, discoverFromConfig, emptyFleetConfig, fleetConfig } from '../fleet/placement.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { quoteIdent } from '../pg/quote.js';
 import { splitSqlBothWays, transactionEscape } from '../pg/statements.js';
@@ -400,15 +400,13 @@ export class ShardRouter {
         // The file is being replaced or is invalid for a moment: the fleet decides anyway.
       }
     }
-    const seeds = file
-      ? file.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs }))
-      : [...this.config.hosts.map((h) => ({ name: h.name, url: h.url })), ...this.seeds.map((url, i) => ({ name: `seed ${i + 1}`, url }))];
-    const credentials = file ? file.hosts[0]?.url : this.seeds[0];
-    const found = await discoverFleet(seeds, {
-      applicationName: this.options.applicationName,
-      connectTimeoutMs: this.options.connectTimeoutMs,
-      ...(credentials ? { credentials } : {}),
-    });
+    const reading = { applicationName: this.options.applicationName, connectTimeoutMs: this.options.connectTimeoutMs };
+    const found = file
+      ? await discoverFromConfig(file, reading)
+      : await discoverFleet(
+          [...this.config.hosts.map((h) => ({ name: h.name, url: h.url })), ...this.seeds.map((url, i) => ({ name: `seed ${i + 1}`, url }))],
+          { ...reading, ...(this.seeds[0] ? { credentials: this.seeds[0] } : {}) },
+        );
     if (!file && found.placement.answered.length === 0) {
       throw new HostError(found.unreachable.map((u) => u.name).join(', ') || 'seeds', `no seed could be read: ${found.unreachable.map((u) => `${u.name}: ${u.reason}`).join('; ')}`, {
         code: 'HOST_UNREACHABLE',
