@@ -17,6 +17,7 @@
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { controlLocksSql } from '../dist/fleet/control.js';
 import { ID_FUNCTION_VERSION, renderNextIdSql } from '../dist/id/sql.js';
+import { tsImport } from 'tsx/esm/api';
 import { PREVIOUS_VERSION, renderPreviousNextIdSql } from './previous-next-id.js';
 import {
   connect,
@@ -32,6 +33,9 @@ import {
   verdict,
   withClient,
 } from './lib.js';
+
+// The article's text, shared with the adopt tests (TypeScript, loaded through tsx).
+const { articleNextIdBody } = await tsImport('../test/fixtures/article-next-id.ts', import.meta.url);
 
 export const description = 'per-id cost of next_id() vs nextval(), uniqueness at speed and under concurrency';
 
@@ -67,19 +71,7 @@ const INSTAGRAM_FUNCTION = `
 CREATE SCHEMA ${REFERENCE_SCHEMA};
 CREATE SEQUENCE ${REFERENCE_SCHEMA}.table_id_seq;
 CREATE OR REPLACE FUNCTION ${REFERENCE_SCHEMA}.next_id(OUT result bigint) AS $$
-DECLARE
-    our_epoch bigint := 1314220021721;
-    seq_id bigint;
-    now_millis bigint;
-    shard_id int := ${SHARD};
-BEGIN
-    SELECT nextval('${REFERENCE_SCHEMA}.table_id_seq') % 1024 INTO seq_id;
-
-    SELECT FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) INTO now_millis;
-    result := (now_millis - our_epoch) << 23;
-    result := result | (shard_id << 10);
-    result := result | (seq_id);
-END;
+${articleNextIdBody(REFERENCE_SCHEMA, SHARD)}
 $$ LANGUAGE PLPGSQL;`;
 
 /**

@@ -6,13 +6,12 @@ import { decodeId, encodeId } from '../../src/id/layout.js';
 import { equalSplit, makeFleet, runCli } from '../helpers/fleet.js';
 import { startShardWriter } from '../helpers/moves.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
+import { articleNextIdBody } from '../fixtures/article-next-id.js';
 
 const main = useTestDatabases(2);
 const refusals = useTestDatabases(2);
 const switching = useTestDatabases(2);
 const partial = useTestDatabases(2);
-
-const INSTAGRAM_EPOCH = 1314220021721n;
 
 /**
  * One shard as the article publishes it (with % for its %% misprint): the schema, the sequence, the
@@ -20,21 +19,7 @@ const INSTAGRAM_EPOCH = 1314220021721n;
  */
 function articleShardSql(prefix: string, shard: number, options: { epoch?: bigint; body?: string } = {}): string {
   const s = `${prefix}${shard}`;
-  const body =
-    options.body ??
-    `DECLARE
-    our_epoch bigint := ${options.epoch ?? INSTAGRAM_EPOCH};
-    seq_id bigint;
-    now_millis bigint;
-    shard_id int := ${shard};
-BEGIN
-    SELECT nextval('${s}.table_id_seq') % 1024 INTO seq_id;
-
-    SELECT FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) INTO now_millis;
-    result := (now_millis - our_epoch) << 23;
-    result := result | (shard_id << 10);
-    result := result | (seq_id);
-END;`;
+  const body = options.body ?? articleNextIdBody(s, shard, options.epoch);
   return `
 CREATE SCHEMA ${s};
 CREATE SEQUENCE ${s}.table_id_seq;

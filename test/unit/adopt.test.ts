@@ -5,23 +5,10 @@ import type { ShardctlConfig } from '../../src/config/types.js';
 import { DEFAULT_ID_LAYOUT } from '../../src/id/layout.js';
 import { renderNextIdSql } from '../../src/id/sql.js';
 import type { MigrationFile } from '../../src/migrations/files.js';
+import { articleNextIdBody } from '../fixtures/article-next-id.js';
 
 /** The article's function as published, with % for its %% misprint. */
-const ARTICLE = `
-DECLARE
-    our_epoch bigint := 1314220021721;
-    seq_id bigint;
-    now_millis bigint;
-    shard_id int := 5;
-BEGIN
-    SELECT nextval('insta5.table_id_seq') % 1024 INTO seq_id;
-
-    SELECT FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) INTO now_millis;
-    result := (now_millis - our_epoch) << 23;
-    result := result | (shard_id << 10);
-    result := result | (seq_id);
-END;
-    `;
+const ARTICLE = `\n${articleNextIdBody('insta5', 5)}\n    `;
 
 const config = { idLayout: DEFAULT_ID_LAYOUT, schemaPrefix: 'insta' } as unknown as ShardctlConfig;
 
