@@ -32,6 +32,7 @@ else
     test/integration/move.test.ts
     test/integration/move-drift.test.ts
     test/integration/move-faults.test.ts
+    test/integration/move-grants.test.ts
     test/integration/move-preflight.test.ts
     test/integration/move-real-world.test.ts
     test/integration/move-truncate.test.ts

@@ -12,8 +12,8 @@ import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql } from '../fleet/sql.js';
 import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
-import { createSlotCommand, qualified } from './sql.js';
-import { shardTables, type ShardTable } from './verify.js';
+import { createSlotCommand, qualified, syncPrivilegesSql } from './sql.js';
+import { shardPrivileges, shardTables, type ShardTable } from './verify.js';
 import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion } from './context.js';
 import { dropMoveSlot } from './replication.js';
 
@@ -67,6 +67,38 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
     } catch (error) {
       await client.query('ROLLBACK').catch(() => undefined);
       throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
+    }
+  });
+  await carryPrivileges(ctx);
+}
+
+/**
+ * The source's owners, ACLs and default privileges given to the target's copies, one transaction per
+ * shard whose copy differs (none when the same role built both and nothing was granted by hand).
+ * Its own transaction after the migrations: what to change depends on what the migrations built,
+ * read from the target's catalog. Run on every attempt, so a run killed between the migrations and
+ * this still carries them on --resume; the copies are incoming, so no client sees them before.
+ */
+async function carryPrivileges(ctx: MoveContext): Promise<void> {
+  const { source, target } = ctx;
+  const schemas = schemasOf(ctx, ctx.shards);
+  const [wanted, current] = await Promise.all([shardPrivileges(source.client, schemas), shardPrivileges(target.client, schemas)]);
+  const work = ctx.shards
+    .map((shard) => {
+      const schema = shardSchemaName(ctx.config, shard);
+      return { shard, statements: syncPrivilegesSql(wanted.filter((o) => o.schema === schema), current.filter((o) => o.schema === schema)) };
+    })
+    .filter((w) => w.statements.length > 0);
+  await withWorkers(ctx, target, work, async (client, { shard, statements }) => {
+    try {
+      await client.query(['BEGIN;', ...statements, 'COMMIT;'].join('\n'));
+    } catch (error) {
+      await client.query('ROLLBACK').catch(() => undefined);
+      throw new HostError(target.host.name, `cannot give the target copy the source's owners and grants: ${describePgError(error)}`, {
+        shard,
+        code: 'MOVE_FAILED',
+        cause: error,
+      });
     }
   });
 }

@@ -11,7 +11,8 @@ import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
-import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql.js';
+import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed } from './sql.js';
+import { shardPrivileges } from './verify.js';
 import { faultAfter, type MoveMode } from './state.js';
 
 export interface PreflightCheck {
@@ -192,6 +193,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       : `${handMade.map((d) => shapeDriftMessage(d, schemaOf)).join('; ')}. The target copy is built by the migrations and could not take these rows: make the shard match its migrations, or change every shard with a migration`,
   );
 
+  for (const check of await roleChecks(src, dst, schemas, source.name, target.name, (schema) => shards[schemas.indexOf(schema)]!)) checks.push(check);
+
   const applied = await src.query<{ shard: number; version: number; checksum: string }>(
     `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`,
     [shards],
@@ -224,6 +227,62 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     add('target reaches source', true, 'not probed: other checks failed');
   }
   return checks;
+}
+
+/**
+ * Roles are per cluster: every role the source's owners, ACLs and default privileges name must exist
+ * on the target, and the connecting role there must be able to give objects to the owners (and set
+ * default privileges for their roles): a superuser, or a member of each.
+ */
+async function roleChecks(
+  src: pg.Client,
+  dst: pg.Client,
+  schemas: readonly string[],
+  sourceName: string,
+  targetName: string,
+  shardOf: (schema: string) => number,
+): Promise<PreflightCheck[]> {
+  const objects = await shardPrivileges(src, schemas);
+  const { all, owners } = rolesNamed(objects);
+  const found = await dst.query<{ rolname: string; member: boolean }>(
+    `SELECT r.rolname, pg_has_role(r.oid, 'MEMBER') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`,
+    [all],
+  );
+  const present = new Map(found.rows.map((r) => [r.rolname, r.member]));
+  const shardsNaming = (role: string, asOwner: boolean): string => {
+    const shards = [
+      ...new Set(
+        objects
+          .filter((o) => o.owner === role || (!asOwner && o.acl.some((a) => a.grantee === role || a.grantor === role)))
+          .map((o) => shardOf(o.schema)),
+      ),
+    ].sort((a, b) => a - b);
+    return `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
+  };
+  const missing = all.filter((role) => !present.has(role));
+  const cannotGive = owners.filter((role) => present.get(role) === false);
+  const current = (await dst.query<{ current: string }>('SELECT current_user AS current')).rows[0]!.current;
+  return [
+    {
+      name: 'roles on target',
+      ok: missing.length === 0,
+      message:
+        missing.length === 0
+          ? `every role the owners, grants and default privileges of the batch name exists on ${targetName}`
+          : `${missing.map((role) => `role ${role} (named by ${shardsNaming(role, false)} on ${sourceName})`).join(', ')} ` +
+            `${missing.length === 1 ? 'does' : 'do'} not exist on ${targetName}: roles are per cluster; create the role${missing.length === 1 ? '' : 's'} on ${targetName} first`,
+    },
+    {
+      name: 'owners on target',
+      ok: cannotGive.length === 0,
+      message:
+        cannotGive.length === 0
+          ? `${current} on ${targetName} can give the copies to their owners (${owners.join(', ') || 'none'})`
+          : `${current} on ${targetName} is neither superuser nor a member of ${cannotGive.map((role) => `${role} (owner in ${shardsNaming(role, true)})`).join(', ')}, ` +
+            `so it cannot give the copies to ${cannotGive.length === 1 ? 'that owner' : 'those owners'}; ` +
+            `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}), or connect as a superuser`,
+    },
+  ];
 }
 
 function tableList(names: readonly string[]): string {
