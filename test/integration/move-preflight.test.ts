@@ -58,6 +58,8 @@ describe('move-shard preflight on a two-host fleet', () => {
         'config file',
         'no other move',
         'same tables as the migrations build',
+        'roles on target',
+        'owners on target',
         'migrations',
       ].map((name) => ['ok  ', name]),
     );

@@ -14,7 +14,11 @@ import {
   oldCopyName,
   probeSubscriptionSql,
   renameWithStubSql,
+  rolesNamed,
+  syncPrivilegesSql,
   unfenceSql,
+  type AclEntry,
+  type PrivilegeObject,
 } from '../../src/moves/sql.js';
 import { planWaves } from '../../src/moves/move.js';
 import { keyFilterSql, startTrackingSql } from '../../src/moves/tail.js';
@@ -242,5 +246,98 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     );
     expect(sql).toContain(`ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER shardctl_track, ENABLE ALWAYS TRIGGER shardctl_track_truncate;`);
     expect(sql).not.toContain('{{');
+  });
+});
+
+describe('owners, grants and default privileges carried by a move', () => {
+  const entry = (grantee: string | null, grantor: string, privilege: string, grantable = false): AclEntry => ({ grantee, grantor, privilege, grantable });
+  const object = (over: Partial<PrivilegeObject> & Pick<PrivilegeObject, 'kind'>): PrivilegeObject => ({
+    schema: 'insta3',
+    name: null,
+    args: null,
+    column: null,
+    owner: 'mover',
+    linked: false,
+    acl: [],
+    ...over,
+  });
+  const table = (owner: string, acl: AclEntry[], name = 'photos') => object({ kind: 'table', name, owner, acl });
+
+  it('changes nothing when both copies have the same owners and ACLs (entry order aside)', () => {
+    const acl = [entry('mover', 'mover', 'SELECT'), entry('reader', 'mover', 'SELECT')];
+    expect(syncPrivilegesSql([table('mover', acl)], [table('mover', [...acl].reverse())])).toEqual([]);
+  });
+
+  it('gives an object to its owner, and nothing more when the ACL follows the owner as the server moves it', () => {
+    expect(
+      syncPrivilegesSql(
+        [table('app', [entry('app', 'app', 'SELECT'), entry('reader', 'app', 'SELECT')])],
+        [table('mover', [entry('mover', 'mover', 'SELECT'), entry('reader', 'mover', 'SELECT')])],
+      ),
+    ).toEqual(['ALTER TABLE "insta3"."photos" OWNER TO "app";']);
+  });
+
+  it('revokes everything from every role the target names and PUBLIC, then grants the source ACL, grouped by grantee and grant option', () => {
+    const sql = syncPrivilegesSql(
+      [table('app', [entry('app', 'app', 'SELECT'), entry('app', 'app', 'INSERT'), entry('reader', 'app', 'SELECT', true)])],
+      [table('app', [entry('app', 'app', 'SELECT'), entry('app', 'app', 'INSERT'), entry(null, 'app', 'SELECT'), entry('old"role', 'app', 'UPDATE')])],
+    );
+    expect(sql).toEqual([
+      'REVOKE ALL ON TABLE "insta3"."photos" FROM PUBLIC, "app", "old""role" CASCADE;',
+      'GRANT INSERT, SELECT ON TABLE "insta3"."photos" TO "app";',
+      'GRANT SELECT ON TABLE "insta3"."photos" TO "reader" WITH GRANT OPTION;',
+    ]);
+  });
+
+  it('orders the schema first and default privileges last, uses each kind\'s own statements, and leaves a linked sequence to its table', () => {
+    const source = [
+      object({ kind: 'default', name: 'r', owner: 'app', acl: [entry('reader', 'app', 'SELECT')] }),
+      object({ kind: 'routine', name: 'count', args: 'min_user bigint', owner: 'app', acl: [entry('app', 'app', 'EXECUTE')] }),
+      object({ kind: 'sequence', name: 'photos_id_seq', owner: 'app', linked: true, acl: [entry('app', 'app', 'USAGE')] }),
+      object({ kind: 'sequence', name: 'free_seq', owner: 'app', acl: [entry('app', 'app', 'USAGE')] }),
+      object({ kind: 'materialized view', name: 'stats', owner: 'app', acl: [] }),
+      object({ kind: 'schema', owner: 'app', acl: [entry('app', 'app', 'USAGE'), entry('app', 'app', 'CREATE')] }),
+    ];
+    const target = source.filter((o) => o.kind !== 'default').map((o) => ({ ...o, owner: 'mover', acl: o.acl.map((a) => ({ ...a, grantee: 'mover', grantor: 'mover' })) }));
+    expect(syncPrivilegesSql(source, target)).toEqual([
+      'ALTER SCHEMA "insta3" OWNER TO "app";',
+      'ALTER SEQUENCE "insta3"."free_seq" OWNER TO "app";',
+      'ALTER MATERIALIZED VIEW "insta3"."stats" OWNER TO "app";',
+      'ALTER ROUTINE "insta3"."count"(min_user bigint) OWNER TO "app";',
+      'ALTER DEFAULT PRIVILEGES FOR ROLE "app" IN SCHEMA "insta3" REVOKE ALL ON TABLES FROM PUBLIC CASCADE;',
+      'ALTER DEFAULT PRIVILEGES FOR ROLE "app" IN SCHEMA "insta3" GRANT SELECT ON TABLES TO "reader";',
+    ]);
+  });
+
+  it('grants column privileges again after their table\'s REVOKE, and revokes those the source does not have', () => {
+    const column = (name: string, acl: AclEntry[]) => object({ kind: 'column', name: 'comments', column: name, owner: null, acl });
+    const sql = syncPrivilegesSql(
+      [table('app', [entry('app', 'app', 'SELECT')], 'comments'), column('body', [entry('reader', 'app', 'SELECT')])],
+      [table('app', [entry('app', 'app', 'SELECT'), entry(null, 'app', 'SELECT')], 'comments'), column('body', [entry('reader', 'app', 'SELECT')]), column('secret', [entry(null, 'app', 'SELECT')])],
+    );
+    expect(sql).toEqual([
+      'REVOKE ALL ON TABLE "insta3"."comments" FROM PUBLIC, "app" CASCADE;',
+      'GRANT SELECT ON TABLE "insta3"."comments" TO "app";',
+      'REVOKE ALL ("body") ON TABLE "insta3"."comments" FROM PUBLIC, "reader" CASCADE;',
+      'GRANT SELECT ("body") ON TABLE "insta3"."comments" TO "reader";',
+      'REVOKE ALL ("secret") ON TABLE "insta3"."comments" FROM PUBLIC CASCADE;',
+    ]);
+  });
+
+  it('removes default privileges the target has and the source does not', () => {
+    const defaults = object({ kind: 'default', name: 'S', owner: 'mover', acl: [entry('reader', 'mover', 'USAGE')] });
+    expect(syncPrivilegesSql([], [defaults])).toEqual(['ALTER DEFAULT PRIVILEGES FOR ROLE "mover" IN SCHEMA "insta3" REVOKE ALL ON SEQUENCES FROM PUBLIC, "reader" CASCADE;']);
+  });
+
+  it('refuses a privilege or default object type it does not know instead of writing it into SQL', () => {
+    expect(() => syncPrivilegesSql([table('app', [entry('app', 'app', 'SELECT; DROP')])], [table('app', [])])).toThrow(/unknown privilege/);
+    expect(() => syncPrivilegesSql([object({ kind: 'default', name: 'x', owner: 'app', acl: [entry('r', 'app', 'SELECT')] })], [])).toThrow(/unknown default privilege object type/);
+  });
+
+  it('names every role the objects name, and which of them own something', () => {
+    expect(rolesNamed([table('app', [entry('reader', 'app', 'SELECT'), entry(null, 'app', 'SELECT')]), object({ kind: 'default', name: 'r', owner: 'mover', acl: [entry('r2', 'mover', 'SELECT')] })])).toEqual({
+      all: ['app', 'mover', 'r2', 'reader'],
+      owners: ['app', 'mover'],
+    });
   });
 });
