@@ -304,17 +304,18 @@ describe('a failure on the target', () => {
   const env = twoHosts();
 
   it('a failure on the target names the target, not the source', async () => {
-    const role = `absent_${randomBytes(3).toString('hex')}`;
-    await withClient(env.db.urls[0]!, (c) => c.query(`create role ${role}`));
-    env.fleet.writeMigration('0004_grant.sql', `GRANT SELECT ON photos TO ${role};\n`);
+    // Something outside the shard schema that only the source has (a role missing there is refused by the preflight).
+    const fn = `source_only_${randomBytes(3).toString('hex')}`;
+    await withClient(env.db.urls[0]!, (c) => c.query(`create function public.${fn}() returns int language sql as 'select 1'`));
+    env.fleet.writeMigration('0004_uses_public.sql', `CREATE VIEW uses_public AS SELECT public.${fn}() AS x;\n`);
     try {
       expect((await runCli(['migrate', '-c', env.fleet.configFile])).code).toBe(0);
       const run = await runCli(['move-shard', '3', '--to', 'pg2', '--yes', '-c', env.fleet.configFile]);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain(`host pg2, shard 3: cannot create the target copy: role "${role}" does not exist`);
+      expect(run.stderr).toContain(`host pg2, shard 3: cannot create the target copy: function public.${fn}() does not exist`);
       expect((await runCli(['move-shard', '3', '--abort', '--yes', '-c', env.fleet.configFile])).code).toBe(0);
     } finally {
-      await withClient(env.db.urls[0]!, (c) => c.query(`drop owned by ${role}; drop role ${role}`));
+      await withClient(env.db.urls[0]!, (c) => c.query(`drop function public.${fn}() cascade`));
     }
   });
 });

@@ -37,11 +37,11 @@ describe('shardctl move-shard', () => {
     // Existing rows before the move.
     await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`));
 
-    // An application role with its own grants, as production has.
-    await withClient(db.urls[0]!, (c) =>
-      c.query(`do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_move_app') then create role shardctl_move_app; end if; end $$;
-               grant usage on schema insta1 to shardctl_move_app; grant select, insert on insta1.photos to shardctl_move_app`),
-    );
+    // An application role with its own grants, as production has; roles are per cluster, so on both hosts.
+    for (const url of db.urls) {
+      await withClient(url, (c) => c.query(`do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_move_app') then create role shardctl_move_app; end if; end $$`));
+    }
+    await withClient(db.urls[0]!, (c) => c.query(`grant usage on schema insta1 to shardctl_move_app; grant select, insert on insta1.photos to shardctl_move_app`));
     const map = await ShardMap.load(fleet.configFile);
     const writer = startShardWriter(map, 1);
     await new Promise((resolve) => setTimeout(resolve, 300));
