@@ -12,7 +12,7 @@ import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql } from '../fleet/sql.js';
 import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
-import { createSlotCommand, qualified, syncPrivilegesSql } from './sql.js';
+import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject } from './sql.js';
 import { shardPrivileges, shardTables, type ShardTable } from './verify.js';
 import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion } from './context.js';
 import { dropMoveSlot } from './replication.js';
@@ -83,10 +83,20 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
   const { source, target } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
   const [wanted, current] = await Promise.all([shardPrivileges(source.client, schemas), shardPrivileges(target.client, schemas)]);
+  const bySchema = (objects: readonly PrivilegeObject[]): Map<string, PrivilegeObject[]> => {
+    const map = new Map<string, PrivilegeObject[]>();
+    for (const o of objects) {
+      if (!map.has(o.schema)) map.set(o.schema, []);
+      map.get(o.schema)!.push(o);
+    }
+    return map;
+  };
+  const [wantedBySchema, currentBySchema] = [bySchema(wanted), bySchema(current)];
+  const versions = privilegeVersions(source.serverVersionNum, target.serverVersionNum);
   const work = ctx.shards
     .map((shard) => {
       const schema = shardSchemaName(ctx.config, shard);
-      return { shard, statements: syncPrivilegesSql(wanted.filter((o) => o.schema === schema), current.filter((o) => o.schema === schema)) };
+      return { shard, statements: syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions) };
     })
     .filter((w) => w.statements.length > 0);
   await withWorkers(ctx, target, work, async (client, { shard, statements }) => {

@@ -292,6 +292,21 @@ const PRIVILEGES = new Set(['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 
 const DEFAULT_OBJECT_TYPES: Record<string, string> = { r: 'TABLES', S: 'SEQUENCES', f: 'FUNCTIONS', T: 'TYPES' };
 const KIND_ORDER: readonly PrivilegeKind[] = ['schema', 'table', 'sequence', 'view', 'materialized view', 'routine', 'column', 'default'];
 
+/** Privileges that exist on only one side of a move (by server version), which syncPrivilegesSql leaves alone. */
+export interface PrivilegeVersions {
+  readonly sourceOnly: ReadonlySet<string>;
+  readonly targetOnly: ReadonlySet<string>;
+}
+
+/** MAINTAIN exists from PostgreSQL 17 (and is in the owner's default ACL there). */
+export function privilegeVersions(sourceVersionNum: number, targetVersionNum: number): PrivilegeVersions {
+  const maintain = (v: number): boolean => v >= 170000;
+  return {
+    sourceOnly: new Set(maintain(sourceVersionNum) && !maintain(targetVersionNum) ? ['MAINTAIN'] : []),
+    targetOnly: new Set(maintain(targetVersionNum) && !maintain(sourceVersionNum) ? ['MAINTAIN'] : []),
+  };
+}
+
 /** The roles a shard's objects name: owners, grantees, grantors, roles with default privileges. */
 export function rolesNamed(objects: readonly PrivilegeObject[]): { all: string[]; owners: string[] } {
   const all = new Set<string>();
@@ -318,7 +333,17 @@ export function rolesNamed(objects: readonly PrivilegeObject[]): { all: string[]
  * member's grant), so an entry the source got from another grantor comes back granted by the owner.
  * Objects the source has and the target lacks are not the migrations' and are left alone.
  */
-export function syncPrivilegesSql(source: readonly PrivilegeObject[], target: readonly PrivilegeObject[]): string[] {
+export function syncPrivilegesSql(
+  source: readonly PrivilegeObject[],
+  target: readonly PrivilegeObject[],
+  versions: PrivilegeVersions = { sourceOnly: new Set(), targetOnly: new Set() },
+): string[] {
+  // A privilege only one side's server has: the target keeps its own entries of one only it has
+  // (MAINTAIN moving from 16 to 17: the owner keeps it), and is not given one it lacks.
+  const wantedFrom = (s: readonly AclEntry[], current: readonly AclEntry[]): AclEntry[] => [
+    ...s.filter((e) => !versions.sourceOnly.has(e.privilege)),
+    ...current.filter((e) => versions.targetOnly.has(e.privilege)),
+  ];
   const onTarget = new Map(target.map((o) => [privilegeKey(o), o]));
   const ordered = [...source].sort((a, b) => KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind));
   const statements: string[] = [];
@@ -337,8 +362,9 @@ export function syncPrivilegesSql(source: readonly PrivilegeObject[], target: re
       current = current.map((a) => ({ ...a, grantee: a.grantee === from ? to : a.grantee, grantor: a.grantor === from ? to : a.grantor }));
     }
     const tableRevoked = s.kind === 'column' && revokedTables.has(qualified(s.schema, s.name!));
-    if (!sameAcl(s.acl, current) || (tableRevoked && s.acl.length > 0)) {
-      statements.push(...replaceAclSql(GRANT_TARGET[s.kind](s), current, s.acl, s.kind === 'column' ? s.column : null));
+    const wanted = wantedFrom(s.acl, current);
+    if (!sameAcl(wanted, current) || (tableRevoked && wanted.length > 0)) {
+      statements.push(...replaceAclSql(GRANT_TARGET[s.kind](s), current, wanted, s.kind === 'column' ? s.column : null));
       if (s.kind === 'table' || s.kind === 'view' || s.kind === 'materialized view') revokedTables.add(qualified(s.schema, s.name!));
     }
   }
@@ -358,8 +384,9 @@ export function syncPrivilegesSql(source: readonly PrivilegeObject[], target: re
   }
   for (const { s, t } of [...defaults.values()].sort((a, b) => privilegeKey((a.s ?? a.t)!).localeCompare(privilegeKey((b.s ?? b.t)!)))) {
     const o = (s ?? t)!;
-    if (sameAcl(s?.acl ?? [], t?.acl ?? [])) continue;
-    statements.push(...alterDefaultPrivilegesSql(o.schema, o.owner!, o.name!, t?.acl ?? [], s?.acl ?? []));
+    const wanted = wantedFrom(s?.acl ?? [], t?.acl ?? []);
+    if (sameAcl(wanted, t?.acl ?? [])) continue;
+    statements.push(...alterDefaultPrivilegesSql(o.schema, o.owner!, o.name!, t?.acl ?? [], wanted));
   }
   return statements;
 }

@@ -14,6 +14,7 @@ import {
   oldCopyName,
   probeSubscriptionSql,
   renameWithStubSql,
+  privilegeVersions,
   rolesNamed,
   syncPrivilegesSql,
   unfenceSql,
@@ -327,6 +328,15 @@ describe('owners, grants and default privileges carried by a move', () => {
   it('removes default privileges the target has and the source does not', () => {
     const defaults = object({ kind: 'default', name: 'S', owner: 'mover', acl: [entry('reader', 'mover', 'USAGE')] });
     expect(syncPrivilegesSql([], [defaults])).toEqual(['ALTER DEFAULT PRIVILEGES FOR ROLE "mover" IN SCHEMA "insta3" REVOKE ALL ON SEQUENCES FROM PUBLIC, "reader" CASCADE;']);
+  });
+
+  it('between majors, keeps the privileges only the target has and gives none only the source has (MAINTAIN from 17)', () => {
+    const upgraded = [entry('app', 'app', 'SELECT'), entry('app', 'app', 'MAINTAIN'), entry('reader', 'app', 'SELECT')];
+    expect(syncPrivilegesSql([table('app', [entry('app', 'app', 'SELECT'), entry('reader', 'app', 'SELECT')])], [table('app', upgraded)], privilegeVersions(160004, 170000))).toEqual([]);
+    expect(
+      syncPrivilegesSql([table('app', upgraded)], [table('app', [entry('app', 'app', 'SELECT')])], privilegeVersions(170000, 160004)),
+    ).toEqual(['REVOKE ALL ON TABLE "insta3"."photos" FROM PUBLIC, "app" CASCADE;', 'GRANT SELECT ON TABLE "insta3"."photos" TO "app";', 'GRANT SELECT ON TABLE "insta3"."photos" TO "reader";']);
+    expect(privilegeVersions(180000, 170000)).toEqual({ sourceOnly: new Set(), targetOnly: new Set() });
   });
 
   it('refuses a privilege or default object type it does not know instead of writing it into SQL', () => {
