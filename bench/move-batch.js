@@ -29,7 +29,6 @@
  */
 import { readFile, writeFile } from 'node:fs/promises';
 import { setTimeout as sleep } from 'node:timers/promises';
-import pg from 'pg';
 import copyStreams from 'pg-copy-streams';
 import { pipeline } from 'node:stream/promises';
 import { formatShardList, init, loadConfig, moveShard, moveShards, ShardMap, shardMovedTo, shardSchemaName } from '../dist/index.js';

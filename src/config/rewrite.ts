@@ -63,6 +63,7 @@ export function rewriteOwnersYaml(text: string, owners: ReadonlyMap<number, stri
     if (!isMap(item)) continue;
     const name = String(item.get('name'));
     const node = item.get('shards', true);
+    // eslint-disable-next-line @typescript-eslint/no-base-to-string -- a YAML scalar's value is a string, number or boolean
     const spec = isScalar(node) ? String(node.value ?? '') : '';
     const next = ownedList(name, spec, owners);
     if (formatShardList(listed(spec)) === next) continue;

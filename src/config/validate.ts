@@ -427,6 +427,7 @@ function describeValue(value: unknown): string {
   if (typeof value === 'object') return 'a mapping';
   // JSON.stringify would print Infinity and NaN (.inf, .nan in YAML) as null.
   if (typeof value === 'number' && !Number.isFinite(value)) return String(value);
+  // eslint-disable-next-line @typescript-eslint/no-base-to-string -- objects returned above; what is left is a primitive
   return JSON.stringify(value) ?? String(value);
 }
 

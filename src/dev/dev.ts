@@ -234,6 +234,7 @@ async function writeDevConfig(state: DevState): Promise<DevState> {
     if (isMap(item)) {
       item.set('url', host.url);
       const shards = item.get('shards');
+      // eslint-disable-next-line @typescript-eslint/no-base-to-string -- shards is a scalar (a list as text, or one number)
       return { ...host, shards: shards === undefined || shards === null ? '' : String(shards) };
     }
     hostsNode.add(doc.createNode({ name: host.name, url: host.url, shards: host.shards }));

@@ -79,7 +79,7 @@ export function reportedSetting(client: pg.Client, name: string): string | undef
 export function describePgError(error: unknown): string {
   if (error instanceof HostError && error.code === HOST_SILENT) return redact(error.reason);
   if (error instanceof Error) {
-    const code = (error as { code?: unknown }).code;
+    const code = (error as { code?: string | number }).code;
     const detail = (error as { detail?: unknown }).detail;
     const text =
       error.message.length > 0

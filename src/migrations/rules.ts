@@ -205,7 +205,7 @@ export function shapeOutliers(shapes: readonly ShardShape[]): ShapeOutlier[] {
   const byLevel = new Map<string, Map<string, number[]>>();
   for (const s of shapes) {
     let level = byLevel.get(s.level);
-    if (!level) byLevel.set(s.level, (level = new Map()));
+    if (!level) byLevel.set(s.level, (level = new Map<string, number[]>()));
     let group = level.get(s.fingerprint);
     if (!group) level.set(s.fingerprint, (group = []));
     group.push(s.shard);

@@ -270,6 +270,7 @@ export async function withWorkers<T>(
     }
   };
   await Promise.all(Array.from({ length: concurrency(ctx, items.length) }, worker));
+  // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
   if (failed !== null) throw failed;
   if (items.length > 0) await side.client.query(DURABLE_FLUSH_SQL);
 }

@@ -245,6 +245,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
     }
   };
   await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));
+  // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
   if (failed !== null) throw failed;
   // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
   await target.client.query(DURABLE_FLUSH_SQL);

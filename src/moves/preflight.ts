@@ -202,7 +202,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   const byShard = new Map<number, Map<number, string>>();
   for (const r of applied.rows) {
     let m = byShard.get(r.shard);
-    if (!m) byShard.set(r.shard, (m = new Map()));
+    if (!m) byShard.set(r.shard, (m = new Map<number, string>()));
     m.set(r.version, r.checksum);
   }
   const drifted = [...byShard].flatMap(([shard, versions]) => shardDrift(versions, input.migrations).map((v) => ({ shard, v })));

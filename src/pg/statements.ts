@@ -102,8 +102,8 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
       let nesting = 1;
       let k = i + 2;
       while (k < sql.length && nesting > 0) {
-        if (sql[k] === '/' && sql[k + 1] === '*') (nesting += 1), (k += 2);
-        else if (sql[k] === '*' && sql[k + 1] === '/') (nesting -= 1), (k += 2);
+        if (sql[k] === '/' && sql[k + 1] === '*') { nesting += 1; k += 2; }
+        else if (sql[k] === '*' && sql[k + 1] === '/') { nesting -= 1; k += 2; }
         else k += 1;
       }
       if (nesting > 0) unterminated = true;
@@ -129,12 +129,12 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
       let name = '';
       let closed = false;
       while (k < sql.length) {
-        if (sql[k] === '"' && sql[k + 1] === '"') (name += '"'), (k += 2);
+        if (sql[k] === '"' && sql[k + 1] === '"') { name += '"'; k += 2; }
         else if (sql[k] === '"') {
           closed = true;
           k += 1;
           break;
-        } else (name += sql[k]), (k += 1);
+        } else { name += sql[k]; k += 1; }
       }
       if (!closed) unterminated = true;
       push('identifier', sql[i - 1] === '&' ? decodeUnicodeEscapes(name, sql.slice(k, k + 64)) : name, tokenLine);

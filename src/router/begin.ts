@@ -166,6 +166,7 @@ export class DeferredBegin {
 const NOT_RETURNED = Symbol('not returned');
 const HOOK = Symbol('shardctl.deferredBegin');
 type Hooked = { [HOOK]?: DeferredBegin | undefined; query: (...args: unknown[]) => unknown };
+// eslint-disable-next-line @typescript-eslint/unbound-method -- always called as clientQuery.call(client, ...)
 const clientQuery = pg.Client.prototype.query as unknown as (this: unknown, ...args: unknown[]) => unknown;
 
 /**
@@ -250,7 +251,7 @@ export function statementMessages(text: string): Buffer {
   at += 2;
   // Execute: portal "", no row limit.
   at = bytes.writeUInt8(0x45, at);
-  at = bytes.writeInt32BE(4 + 1 + 4, at);
+  bytes.writeInt32BE(4 + 1 + 4, at);
   return bytes;
 }
 

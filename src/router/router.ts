@@ -103,7 +103,7 @@ export class ShardRouter {
   private readonly ending = new Set<Promise<void>>();
   private reloading: Promise<void> | undefined;
   /** Per shard, the statements that start its transaction (read-write, read-only); reset by reload(). */
-  private starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [new Map(), new Map()];
+  private starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [new Map<number, TransactionStart>(), new Map<number, TransactionStart>()];
   private closed = false;
   private readonly options: Required<Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>> &
     Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>;
@@ -416,7 +416,7 @@ export class ShardRouter {
     this.config = next;
     this.unreachable = new Map(found.unreachable.map((u) => [u.name, u.reason]));
     this.followed.clear();
-    this.starts = [new Map(), new Map()];
+    this.starts = [new Map<number, TransactionStart>(), new Map<number, TransactionStart>()];
     for (const [name, entry] of this.pools) {
       const host = next.hosts.find((h) => h.name === name);
       if (!host || host.url !== entry.url) this.endPool(name);

@@ -187,7 +187,7 @@ export interface OwnCluster {
  */
 export async function startOwnClusters(
   specs: readonly { binDir?: string; settings?: Record<string, string | number> }[],
-): Promise<{ clusters: OwnCluster[]; dispose(): Promise<void> }> {
+): Promise<{ clusters: OwnCluster[]; dispose: () => Promise<void> }> {
   const root = mkdtempSync(join(tmpdir(), 'shardctl-move-test-'));
   // The server runs as the OS user postgres when we are root: it must reach the data directories.
   chmodSync(root, 0o755);
@@ -234,7 +234,7 @@ export interface OwnHost {
  * container of the same image on their Docker network (a local cluster could not be reached from
  * inside a container), otherwise a throw-away local cluster.
  */
-export async function startOwnHost(settings: Record<string, string>): Promise<{ host: OwnHost; dispose(): Promise<void> }> {
+export async function startOwnHost(settings: Record<string, string>): Promise<{ host: OwnHost; dispose: () => Promise<void> }> {
   const docker = inject('pgDocker');
   if (!docker) {
     const { clusters, dispose } = await startOwnClusters([{ settings }]);

@@ -364,7 +364,7 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
 
     // The writer stops while the shard is fenced (it is refused then anyway), so that nothing changes
     // after the switch and both copies can be compared whole.
-    let stopping: Promise<void> | null = null;
+    let stopping = null as Promise<void> | null;
     const result = await moveShard(await fleet.config(), 1, 'pg2', {
       configFile: fleet.configFile,
       onStep: (step) => {

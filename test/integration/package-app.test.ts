@@ -77,7 +77,7 @@ describe('the packed package in an application without optional dependencies', (
     // Type-checked and compiled in one run (Node 20 cannot strip types itself).
     typeErrors = await run(process.execPath, [TSC, '-p', 'tsconfig.json', '--noEmit', 'false', '--outDir', 'out'], { cwd: app }).then(
       (r) => r.stdout,
-      (error: { stdout: string }) => error.stdout || String(error),
+      (error: Error & { stdout: string }) => error.stdout || String(error),
     );
     fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], migrations: PHOTOS_ONLY });
     expect((await init(await fleet.config())).ok).toBe(true);
