@@ -19,8 +19,8 @@ import { fence, dropPreVerification, waitForCatchUp, carrySequences, verify, swi
  * (logical replication) or offline (COPY with writes fenced), each recorded on both hosts once
  * done, so a move cut off at any point is finished (runSteps from the last recorded step) or undone
  * (abortMove). A single shard is a batch of one. Online, the cut-over runs in waves (see planWaves)
- * so that no shard refuses writes for long. The command (src/commands/move-shard.ts) validates,
- * connects, runs the preflight and decides which of these to call.
+ * so that no shard refuses writes for long. The entry (run.ts) connects, runs the preflight and
+ * decides which of these to call.
  */
 
 export { abortMove } from './cutover.js';
