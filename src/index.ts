@@ -83,6 +83,8 @@ export {
   type ConfigIssue,
   type ErrorJson,
   type FailureExitCode,
+  type NextAction,
+  type NextStep,
 } from './errors.js';
 export { redact, redactUrl, registerSecret } from './pg/redact.js';
 

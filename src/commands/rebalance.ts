@@ -201,10 +201,12 @@ async function runPlan(
   ];
   throw new RuntimeFailure(
     'REBALANCE_FAILED',
-    `rebalance stopped: ${failed.length} of ${moves.length} moves failed; run rebalance again to finish the interrupted moves and plan the rest:\n` +
+    `rebalance stopped: ${failed.length} of ${moves.length} moves failed; rebalancing again finishes the interrupted moves and plans the rest:\n` +
       lines.map((l) => `  - ${l}`).join('\n'),
     { done: done.map(({ source, target, shards }) => ({ source, target, shards })), failed: failed.map(({ move: { source, target, shards } }) => ({ source, target, shards })) },
     lines,
+    // Rebalancing again resumes the failed moves itself: their own resume or abort advice is not the next step.
+    [{ action: 'rebalance' }],
   );
 }
 

@@ -3,8 +3,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import pg from 'pg';
 import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
-import { HostError } from '../errors.js';
+import { HostError, resumeOrAbort } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
@@ -41,7 +40,7 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       if (have.has(`${shard}:${version}`)) continue;
       const file = files.get(version);
       if (!file) {
-        throw new HostError(source.host.name, `migration version ${version} is applied but has no file; restore it and --resume`, { shard, code: 'MIGRATION_DRIFT' });
+        throw new HostError(source.host.name, `migration version ${version} is applied but has no file; restore it and resume the move`, { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] });
       }
       if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
       else statements.push(migrationSql(config, shard, file));
@@ -132,8 +131,8 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
       throw new HostError(
         ctx.source.host.name,
         `creating the replication slot waited ${waited} s for transactions to finish (${blockers || 'none visible any more'}); ` +
-          `nothing is fenced. End or commit them and run move-shard ${formatShardList(ctx.shards)} --resume, or --abort`,
-        { shard: ctx.shards[0]!, code: 'SLOT_WAIT_TIMEOUT' },
+          `nothing is fenced. End or commit them and resume the move, or abort it`,
+        { shard: ctx.shards[0]!, code: 'SLOT_WAIT_TIMEOUT', next: resumeOrAbort(ctx.shards) },
       );
     }
     notice(ctx, `host ${ctx.source.host.name}: creating the replication slot waits for open transactions to finish (${waited} s): ${blockers || 'none visible'}`);

@@ -3,7 +3,7 @@ import { rewriteShardOwner } from '../config/rewrite.js';
 import { switchPlacementSql } from '../fleet/placement.js';
 import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
-import { HostError } from '../errors.js';
+import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
@@ -85,8 +85,8 @@ export async function fence(ctx: MoveContext): Promise<void> {
         throw new HostError(
           source.host.name,
           `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
-            `${holders ? ` (${holders})` : ''}. Nothing was fenced; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort`,
-          { shard, code: 'FENCE_TIMEOUT' },
+            `${holders ? ` (${holders})` : ''}. Nothing was fenced; resume the move to retry, or abort it`,
+          { shard, code: 'FENCE_TIMEOUT', next: resumeOrAbort(ctx.shards) },
         );
       }
       if (performance.now() - told > 2000) {
@@ -182,8 +182,8 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
     throw new HostError(
       ctx.source.host.name,
       `move ${ctx.moveId}: the fence limit (${limit}) was reached while waiting for ${what}, and ${which} could not be unfenced: ${describePgError(error)}. ` +
-        `Run move-shard ${formatShardList(ctx.shards)} --resume or --abort`,
-      { shard: shards[0]!, code: 'FENCE_LIMIT', cause: cause ?? error, data },
+        `Resume the move, or abort it`,
+      { shard: shards[0]!, code: 'FENCE_LIMIT', cause: cause ?? error, data, next: resumeOrAbort(ctx.shards) },
     );
   }
   ctx.fenceMarker = null;
@@ -194,8 +194,8 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
     ctx.source.host.name,
     `move ${ctx.moveId}: ${which} refused writes for ${(blocked / 1000).toFixed(1)} s, the fence limit is ${limit}; the move waited for ${what}. ` +
       `${shards.length === 1 ? 'It was' : 'They were'} unfenced and ${shards.length === 1 ? 'is' : 'are'} writable again on ${ctx.source.host.name}. ` +
-      `Run move-shard ${formatShardList(ctx.shards)} --resume to retry the cut-over, or --abort`,
-    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data },
+      `Resume the move to retry the cut-over, or abort it`,
+    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data, next: resumeOrAbort(ctx.shards) },
   );
 }
 
@@ -352,8 +352,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
   await record(ctx, 'synced', 'running');
   throw new HostError(
     ctx.target.host.name,
-    `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); run --resume to retry this wave:\n${mismatches}`,
-    { shard: shards[0]!, code: 'VERIFY_FAILED', data, details: result.mismatches },
+    `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); resume the move to retry this wave:\n${mismatches}`,
+    { shard: shards[0]!, code: 'VERIFY_FAILED', data, details: result.mismatches, next: [{ action: 'resume', shards: ctx.shards }] },
   );
 }
 
@@ -377,8 +377,8 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
     throw new HostError(
       ctx.target.host.name,
       `the target ${shards.length === 1 ? 'copy of shard' : 'copies of shards'} ${formatShardList(shards)} ${shards.length === 1 ? 'is' : 'are'} active, but the map ${file} could not be rewritten: ${(error as Error).message}. ` +
-        `Fix that and run move-shard ${formatShardList(ctx.shards)} --resume (the move can no longer be aborted)`,
-      { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error },
+        `Fix that and resume the move (it can no longer be aborted)`,
+      { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error, next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
   noteBlocked(ctx);
@@ -442,8 +442,8 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
     throw new HostError(
       ctx.target.host.name,
       `move ${ctx.moveId} already switched shard${switched.length === 1 ? '' : 's'} ${formatShardList(switched.length > 0 ? switched : ctx.shards)} to ${ctx.target.host.name}; it cannot be aborted. ` +
-        `Run --resume to finish it, then move the shards back if needed.`,
-      { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED' },
+        `Resume it to finish it, then move the shards back if needed.`,
+      { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED', next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
   await dropPreVerification(ctx);

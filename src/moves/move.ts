@@ -1,6 +1,5 @@
 import { shardSchemaName } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
-import { HostError, ShardctlError } from '../errors.js';
+import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
@@ -46,8 +45,8 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
       if (error instanceof ShardctlError && error.code !== HOST_SILENT) throw error;
       throw new HostError(
         errorHost(error) ?? ctx.source.host.name,
-        `move ${ctx.moveId} failed at step ${step}: ${describePgError(error)}; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort to undo`,
-        { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error, data: { moveId: ctx.moveId, step, shards: ctx.shards } },
+        `move ${ctx.moveId} failed at step ${step}: ${describePgError(error)}; resume the move to retry, or abort it to undo`,
+        { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error, data: { moveId: ctx.moveId, step, shards: ctx.shards }, next: resumeOrAbort(ctx.shards) },
       );
     }
     if (step === 'switched' && ctx.wave < ctx.waves.length - 1) {

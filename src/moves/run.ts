@@ -313,6 +313,7 @@ async function runParts(parts: readonly (() => Promise<MoveResult>)[]): Promise<
     `${failures.length} of ${settled.length} moves failed:\n${lines.map((l) => `  - ${l}`).join('\n')}`,
     { done: done.map((m) => ({ moveId: m.moveId, shards: m.shards, outcome: m.outcome })) },
     lines,
+    failures.flatMap((f) => (f instanceof ShardctlError ? f.next : [])),
   );
 }
 
