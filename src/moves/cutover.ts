@@ -69,6 +69,8 @@ export async function fence(ctx: MoveContext): Promise<void> {
         }
         break;
       } catch (error) {
+        // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
+        // which ends the transaction too.
         await source.client.query('ROLLBACK').catch(() => undefined);
         const code = (error as { code?: string }).code;
         // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
@@ -76,11 +78,13 @@ export async function fence(ctx: MoveContext): Promise<void> {
         if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
       }
       if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
+        // Who holds the locks only adds to the message, which stands without it.
         const holders = await lockHolders(source.client, schema).catch(() => '');
         await stopCutOver(ctx, `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`);
       }
       const waited = performance.now() - started;
       if (ctx.fenceStartedAtMs === null && waited > limit) {
+        // Who holds the locks only adds to the message, which stands without it.
         const holders = await lockHolders(source.client, schema).catch(() => '');
         throw new HostError(
           source.host.name,
@@ -91,6 +95,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
       }
       if (performance.now() - told > 2000) {
         told = performance.now();
+        // Who holds the locks only adds to the message, which stands without it.
         notice(ctx, `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`);
       }
       await sleep(10 + Math.random() * 40);
@@ -150,10 +155,12 @@ export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Pr
   } catch (error) {
     if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) throw error;
     // A statement of a BEGIN … COMMIT string left its transaction aborted.
+    // Only leaves the transaction the timeout aborted; stopCutOver reports the stop whatever this does.
     await Promise.all([ctx.source.client, ctx.target.client].map((c) => c.query('ROLLBACK').catch(() => undefined)));
     return stopCutOver(ctx, what, error);
   } finally {
     // Back to the server's default for the session (the move sets no other).
+    // A connection that cannot reset is broken: the move's next statement on it fails and says so.
     await Promise.all(clients.map((c) => c.query('RESET statement_timeout').catch(() => undefined)));
   }
 }
@@ -219,6 +226,8 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     ctx.pre = { wave: ctx.wave, verification };
     notice(ctx, `host ${ctx.target.host.name}: ${keyed.length} table${keyed.length === 1 ? '' : 's'} of wave ${ctx.wave + 1} checksummed before the fence in ${Math.round(performance.now() - started)} ms; while fenced only their changed rows are compared`);
   } catch (error) {
+    // Verification before the fence is only a head start: on any failure the wave is checksummed while
+    // fenced, and tracking left here is removed again before the switch (stopTracking).
     await Promise.all(held.map((c) => c.end().catch(() => undefined)));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
@@ -253,6 +262,7 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
     // A move fenced before markers were per attempt used the plain kind 'fenced'.
     await waitForMarker(ctx, ctx.fenceMarker ?? 'fenced', limit);
   } catch (error) {
+    // What the apply worker waits for only adds to the message.
     const apply = await applyWorkerWaits(ctx).catch(() => '');
     await stopCutOver(ctx, `the target ${ctx.target.host.name} to apply the changes committed before the fence${apply ? ` (${apply})` : ''}`, error);
   }
@@ -412,6 +422,7 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
         const code = (error as { code?: string }).code;
         if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
         if (performance.now() - started > limitMs) {
+          // Who holds the locks only adds to the message, which stands without it.
           const holders = await lockHolders(ctx.source.client, schema).catch(() => '');
           throw new HostError(ctx.source.host.name, `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`, {
             shard,
@@ -424,6 +435,8 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
     }
   }
   // Writable already; the disabled triggers go where no application statement has to wait for it.
+  // A disabled trigger refuses nothing: one a busy table keeps is harmless, and the shard's next fence takes
+  // it over (fenceSql).
   for (const t of triggers.rows) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.nspname, t.relname)).catch(() => undefined);
 }
 

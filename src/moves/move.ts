@@ -112,6 +112,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
       }
     }
   } finally {
+    // Only the session's commit mode: on a broken connection the flush below fails and says so.
     await source.client.query('RESET synchronous_commit').catch(() => undefined);
   }
   await source.client.query(DURABLE_FLUSH_SQL);

@@ -302,9 +302,12 @@ async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<
     await target.query(dropSubscriptionSql(name));
     return null;
   } catch (error) {
+    // A failed CREATE SUBSCRIPTION leaves nothing to drop; on a broken connection the record below stays, a
+    // leftover that gc and an abort remove.
     await target.query(dropSubscriptionSql(name, { ifExists: true })).catch(() => undefined);
     return (error as Error).message;
   } finally {
+    // Fails only on a broken connection: the record then stays, a leftover that gc and an abort remove.
     await target.query(forgetObjectSql(name)).catch(() => undefined);
   }
 }

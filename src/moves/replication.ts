@@ -88,6 +88,7 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
       const lag = await ctx.source.client
         .query<{ lag: string | null }>(`SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`, [ctx.name])
         .then((q) => q.rows[0]?.lag ?? 'unknown', () => 'unknown');
+      // The lag and what the apply worker waits for only add to a progress notice.
       const apply = await applyWorkerWaits(ctx).catch(() => '');
       notice(ctx, `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s${apply ? `; ${apply}` : ''})`);
     }
