@@ -22,10 +22,10 @@ export interface ErrorJson {
  * program can act on it without reading the message.
  *
  * resume, abort: carry on or undo the unfinished moves of `shards`. move: move `shards` to another
- * host. init: initialise the hosts first. gc: remove old fenced copies. adopt: adopt hand-built
- * schemas. rebalance: run the rebalance again.
+ * host. init: initialise the hosts first. adopt: adopt hand-built schemas. rebalance: run the
+ * rebalance again.
  */
-export type NextAction = 'resume' | 'abort' | 'move' | 'init' | 'gc' | 'adopt' | 'rebalance';
+export type NextAction = 'resume' | 'abort' | 'move' | 'init' | 'adopt' | 'rebalance';
 
 export interface NextStep {
   readonly action: NextAction;

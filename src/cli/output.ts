@@ -118,7 +118,6 @@ const NEXT_COMMANDS: Record<NextAction, (shards: string) => string> = {
   abort: (shards) => `shardctl move-shard ${shards} --abort`,
   move: (shards) => `shardctl move-shard ${shards} --to <host>`,
   init: () => 'shardctl init',
-  gc: () => 'shardctl gc',
   adopt: () => 'shardctl adopt',
   rebalance: () => 'shardctl rebalance',
 };
