@@ -13,6 +13,31 @@ export interface ErrorJson {
   exitCode: FailureExitCode;
   details?: string[];
   data?: Record<string, unknown>;
+  next?: NextStep[];
+}
+
+/**
+ * What the operator can do next, as data. The library's message says it in words ("resume the
+ * move to retry, or abort it"); the CLI names the command and its flags (src/cli/output.ts), and a
+ * program can act on it without reading the message.
+ *
+ * resume, abort: carry on or undo the unfinished moves of `shards`. move: move `shards` to another
+ * host. init: initialise the hosts first. adopt: adopt hand-built schemas. rebalance: run the
+ * rebalance again.
+ */
+export type NextAction = 'resume' | 'abort' | 'move' | 'init' | 'adopt' | 'rebalance';
+
+export interface NextStep {
+  readonly action: NextAction;
+  readonly shards?: readonly number[];
+}
+
+/** Resume or abort the unfinished moves of these shards: the advice of most failed moves. */
+export function resumeOrAbort(shards: readonly number[]): NextStep[] {
+  return [
+    { action: 'resume', shards },
+    { action: 'abort', shards },
+  ];
 }
 
 export class ShardctlError extends Error {
@@ -20,6 +45,8 @@ export class ShardctlError extends Error {
   readonly exitCode: FailureExitCode;
   readonly details: readonly string[];
   readonly data: Record<string, unknown> | undefined;
+  /** What to do next, in the order the message says it; empty when the message has no advice. */
+  readonly next: readonly NextStep[];
 
   constructor(
     code: string,
@@ -29,6 +56,7 @@ export class ShardctlError extends Error {
       details?: readonly string[];
       data?: Record<string, unknown>;
       cause?: unknown;
+      next?: readonly NextStep[];
     },
   ) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
@@ -37,6 +65,7 @@ export class ShardctlError extends Error {
     this.exitCode = options.exitCode;
     this.details = options.details ?? [];
     this.data = options.data;
+    this.next = options.next ?? [];
   }
 
   toJSON(): ErrorJson {
@@ -46,6 +75,7 @@ export class ShardctlError extends Error {
       exitCode: this.exitCode,
       ...(this.details.length > 0 ? { details: [...this.details] } : {}),
       ...(this.data ? { data: this.data } : {}),
+      ...(this.next.length > 0 ? { next: this.next.map((n) => ({ ...n, ...(n.shards ? { shards: [...n.shards] } : {}) })) } : {}),
     };
   }
 }
@@ -116,12 +146,14 @@ export class HostError extends ShardctlError {
       cause?: unknown;
       data?: Record<string, unknown>;
       details?: readonly string[];
+      next?: readonly NextStep[];
     } = {},
   ) {
     super(options.code ?? 'HOST_FAILED', `${hostLocation(host, options.shard, options.migration)}: ${reason}`, {
       exitCode: 1,
       cause: options.cause,
       ...(options.details ? { details: options.details } : {}),
+      ...(options.next ? { next: options.next } : {}),
       data: {
         host,
         ...(options.shard === undefined ? {} : { shard: options.shard }),
@@ -148,8 +180,8 @@ export function failureReason(error: unknown, describe: (error: unknown) => stri
 
 /** Something that must be fixed by the operator before the command can run; exit 1. */
 export class RuntimeFailure extends ShardctlError {
-  constructor(code: string, message: string, data?: Record<string, unknown>, details?: readonly string[]) {
-    super(code, message, { exitCode: 1, ...(data ? { data } : {}), ...(details ? { details } : {}) });
+  constructor(code: string, message: string, data?: Record<string, unknown>, details?: readonly string[], next?: readonly NextStep[]) {
+    super(code, message, { exitCode: 1, ...(data ? { data } : {}), ...(details ? { details } : {}), ...(next ? { next } : {}) });
   }
 }
 

@@ -83,6 +83,8 @@ export {
   type ConfigIssue,
   type ErrorJson,
   type FailureExitCode,
+  type NextAction,
+  type NextStep,
 } from './errors.js';
 export { redact, redactUrl, registerSecret } from './pg/redact.js';
 
@@ -96,5 +98,5 @@ export {
   type RouterSource,
 } from './router/router.js';
 export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
-export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './router/exec.js';
-export { psqlInvocation, findPsql, type PsqlInvocation } from './router/psql.js';
+export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './commands/exec.js';
+export { psqlInvocation, findPsql, type PsqlInvocation } from './commands/psql.js';

@@ -1,6 +1,6 @@
 import type cliProgress from 'cli-progress';
 import { createRequire } from 'node:module';
-import type { ErrorJson } from '../index.js';
+import type { ErrorJson, NextAction, NextStep } from '../index.js';
 import { lib } from './library.js';
 
 /**
@@ -48,6 +48,8 @@ export class Output {
   error(error: unknown): void {
     const json = errorJson(error);
     this.streams.stderr.write(`${this.paint('31', 'error:')} ${json.message}\n`);
+    // The library says what to do next in words; here it becomes the commands a person types.
+    if (json.next && json.next.length > 0) this.streams.stderr.write(`${nextLine(json.next, lib().formatShardList)}\n`);
     if (this.json) this.streams.stdout.write(`${toJson({ error: json })}\n`);
   }
 
@@ -109,6 +111,31 @@ export function errorJson(error: unknown): ErrorJson {
   }
   const message = error instanceof Error ? error.message : String(error);
   return { code: 'INTERNAL', message: redact(message), exitCode: 1 };
+}
+
+const NEXT_COMMANDS: Record<NextAction, (shards: string) => string> = {
+  resume: (shards) => `shardctl move-shard ${shards} --resume`,
+  abort: (shards) => `shardctl move-shard ${shards} --abort`,
+  move: (shards) => `shardctl move-shard ${shards} --to <host>`,
+  init: () => 'shardctl init',
+  adopt: () => 'shardctl adopt',
+  rebalance: () => 'shardctl rebalance',
+};
+
+/**
+ * An error's next steps as the commands that take them: `next: shardctl move-shard 0-3 --resume,
+ * or shardctl move-shard 0-3 --abort`. Steps of one action are merged (a resume of several shard
+ * lists is one resume of them all: it finds every unfinished move of the shards listed).
+ */
+export function nextLine(next: readonly NextStep[], formatShards: (shards: number[]) => string): string {
+  const merged = new Map<NextAction, Set<number>>();
+  for (const step of next) {
+    const shards = merged.get(step.action) ?? new Set<number>();
+    for (const shard of step.shards ?? []) shards.add(shard);
+    merged.set(step.action, shards);
+  }
+  const commands = [...merged].map(([action, shards]) => NEXT_COMMANDS[action](formatShards([...shards].sort((a, b) => a - b))));
+  return `next: ${commands.join(', or ')}`;
 }
 
 export function toJson(value: unknown): string {

@@ -1,52 +1,17 @@
-import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
-import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
-import { readShardSizes } from '../fleet/catalog.js';
-import { describePgError } from '../fleet/connect.js';
-import { controlSchemaSql, controlTableExists } from '../fleet/control.js';
-import { registerWorker } from '../fleet/locks.js';
-import { requireFleetAgrees } from '../fleet/placement.js';
-import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
-import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import {
-  abortMove,
-  announce,
-  elapsed,
-  moveContext,
-  moveResult,
-  newMoveId,
-  planWaves,
-  runSteps,
-  type MoveOptions,
-  type MoveResult,
-} from '../moves/move.js';
-import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
-import { preflight } from '../moves/preflight.js';
-import { faultAfter, insertMove, runningMoves, stepsFor, type MoveRecord } from '../moves/state.js';
+import { UsageError } from '../errors.js';
+import type { MoveOptions, MoveResult } from '../moves/move.js';
+import { runMoves, type BatchMoveResult } from '../moves/run.js';
 
 /**
- * `shardctl move-shard <shards> --to <host>`: checks the request, groups the shards by the host
- * they are on, takes the runner lock on every host involved, runs the preflight of every group,
- * and only when all pass starts one move per source host (src/moves/move.ts), the groups in
- * parallel. --resume and --abort find the unfinished moves of the listed shards and carry them on
- * or undo them. A single shard is a batch of one.
+ * `shardctl move-shard <shards> --to <host>`: checks the request and calls the move engine
+ * (src/moves/run.ts), which does the rest: the runner locks, the preflight, one move per source
+ * host, resume and abort.
  */
 
-/** The result of a batch: one move per source host. */
-export interface BatchMoveResult {
-  readonly outcome: 'moved' | 'aborted' | 'dry-run';
-  readonly target: string;
-  readonly shards: readonly number[];
-  readonly moves: readonly MoveResult[];
-  /** Rows verified over every move. Decimal string. */
-  readonly rowsMoved: string;
-  /** The longest any shard refused writes, over every move; null when nothing was fenced. */
-  readonly writeBlockedMs: number | null;
-  readonly durationMs: number;
-  /** --abort: what killed runs had left (probe subscriptions, replication objects), dropped. */
-  readonly leftoversDropped: readonly (Leftover & { host: string })[];
-}
+export { findRunningMoves, type BatchMoveResult } from '../moves/run.js';
 
 /** Moves one shard: a batch of one. */
 export async function moveShard(config: ShardctlConfig, shard: number, targetName: string | undefined, options: MoveOptions = {}): Promise<MoveResult> {
@@ -63,16 +28,13 @@ export async function moveShards(
   targetName: string | undefined,
   options: MoveOptions = {},
 ): Promise<BatchMoveResult> {
-  const started = performance.now();
   const list = [...new Set(shards)].sort((a, b) => a - b);
   const outside = list.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
   if (list.length === 0 || outside.length > 0) {
     throw new UsageError(list.length === 0 ? 'no shards given' : `out of range 0-${config.shards - 1}`, { input: 'shards', value: formatShardList(outside) });
   }
   if (options.resume && options.abort) throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
-  const migrations = await readMigrations(config.migrationsDir);
-  if (!options.runnerLocksHeld) await requireFleetAgrees(config, 'shardctl move');
-  if (options.resume || options.abort) return continueMoves(config, list, migrations, options, started);
+  if (options.resume || options.abort) return runMoves(config, list, undefined, options);
 
   if (!targetName) throw new UsageError('a target host is required to start a move', { input: 'target' });
   const target = config.hosts.find((h) => h.name === targetName);
@@ -89,268 +51,5 @@ export async function moveShards(
       value: formatShardList(list),
     });
   }
-  const mode = options.mode ?? 'online';
-  const groups = groupBySource(config, list);
-  const fleet = await Fleet.open([...groups.map((g) => g.source), target], { applicationName: 'shardctl move' });
-  try {
-    fleet.requireAll();
-    if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const parts = await Promise.all(groups.map((g) => openPart(g.source, target, options.dryRun ?? false)));
-    try {
-      const planned = await Promise.all(
-        parts.map(async (part, i) => {
-          const group = groups[i]!;
-          const checks = await preflight({
-            config,
-            shards: group.shards,
-            mode,
-            source: part.source,
-            target: part.target,
-            migrations,
-            probeReachability: !options.dryRun && mode === 'online',
-            configFile: options.configFile ?? config.file,
-          });
-          const sizes = await readShardSizes(part.source.client, config.schemaPrefix, group.shards);
-          const rows = new Map(sizes.map((s) => [s.shard, Number(s.rows)]));
-          const waves = mode === 'online' ? planWaves(group.shards, rows, options.wave) : [[...group.shards]];
-          return { part, group, checks, waves };
-        }),
-      );
-      if (options.dryRun) {
-        const moves = planned.map(({ part, group, checks, waves }) =>
-          moveResult(
-            moveContext(config, { moveId: '(dry run)', mode, shards: group.shards, detail: { waves } }, part, migrations, options),
-            'dry-run',
-            checks,
-            started,
-          ),
-        );
-        return batchResult('dry-run', target.name, list, moves, started);
-      }
-      const one = planned.length === 1;
-      const failed = planned.flatMap(({ group, checks }) =>
-        checks.filter((c) => !c.ok).map((c) => `${one ? '' : `${group.source.name} → ${target.name}: `}${c.name}: ${c.message}`),
-      );
-      if (failed.length > 0) {
-        const from = one ? ` from ${groups[0]!.source.name}` : '';
-        throw new RuntimeFailure(
-          'PREFLIGHT_FAILED',
-          `move of ${shardWord(list)}${from} to ${target.name} not started; nothing was changed:\n${failed.map((f) => `  - ${f}`).join('\n')}`,
-          { checks: planned.map(({ group, checks }) => ({ source: group.source.name, checks })) },
-          failed,
-        );
-      }
-      const moves = await runParts(
-        planned.map(({ part, group, checks, waves }) => async () => {
-          const moveId = newMoveId();
-          const ctx = moveContext(config, { moveId, mode, shards: group.shards, detail: { waves } }, part, migrations, options);
-          for (const side of [part.source, part.target]) await side.client.query(controlSchemaSql(config));
-          for (const side of [part.source, part.target]) {
-            await insertMove(side.client, { moveId, shards: group.shards, source: group.source.name, target: target.name, mode, step: 'prepared', detail: { waves, wave: 0 } });
-          }
-          announce(
-            ctx,
-            'prepared',
-            `move ${moveId}: ${shardWord(group.shards)} from ${group.source.name} to ${target.name} (${mode}` +
-              `${waves.length > 1 ? `, cut over in ${waves.length} waves` : ''})`,
-          );
-          faultAfter('prepared');
-          await runSteps(ctx, 'prepared');
-          return moveResult(ctx, 'moved', checks, started);
-        }),
-      );
-      return batchResult('moved', target.name, list, moves, started);
-    } finally {
-      await Promise.all(parts.map(closePart));
-    }
-  } finally {
-    await fleet.close();
-  }
-}
-
-/** --resume and --abort: the unfinished moves that carry any of the shards, carried on or undone. */
-async function continueMoves(
-  config: ShardctlConfig,
-  shards: readonly number[],
-  migrations: readonly MigrationFile[],
-  options: MoveOptions,
-  started: number,
-): Promise<BatchMoveResult> {
-  const records = await findRunningMoves(config, shards);
-  if (records.length === 0) {
-    // A run killed before it recorded a move (during the preflight's probe) leaves no move, only
-    // leftovers: --abort removes those.
-    const dropped = options.abort && !options.dryRun ? await dropAllLeftovers(config) : [];
-    if (dropped.length > 0) return { ...batchResult('aborted', '', shards, [], started), leftoversDropped: dropped };
-    throw new RuntimeFailure('NO_MOVE', `no unfinished move of ${shardWord(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
-  }
-  const hostOf = (name: string): HostConfig => {
-    const host = config.hosts.find((h) => h.name === name);
-    if (!host) throw new RuntimeFailure('MOVE_HOSTS', `a move of ${shardWord(shards)} involves host ${name}, which the map lacks; restore it in the config`);
-    return host;
-  };
-  const hosts = records.flatMap((r) => [hostOf(r.source), hostOf(r.target)]);
-  const fleet = await Fleet.open(hosts, { applicationName: 'shardctl move' });
-  try {
-    fleet.requireAll();
-    if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const moves = await runParts(
-      records.map((record) => async () => {
-        const part = await openPart(hostOf(record.source), hostOf(record.target), options.dryRun ?? false);
-        try {
-          // The hosts may disagree by one step (a crash between the two updates): redo from the earlier.
-          const [onSource] = await runningMoves(part.source.client, record.shards).then((r) => r.filter((m) => m.moveId === record.moveId));
-          const [onTarget] = await runningMoves(part.target.client, record.shards).then((r) => r.filter((m) => m.moveId === record.moveId));
-          const steps = stepsFor(record.mode);
-          const both = [onSource, onTarget].filter((r): r is MoveRecord => r !== undefined);
-          const earliest = both.sort((a, b) => steps.indexOf(a.step) - steps.indexOf(b.step) || waveOf(a) - waveOf(b))[0] ?? record;
-          const ctx = moveContext(config, { ...record, detail: { ...(onTarget ?? record).detail, ...(onSource ?? {}).detail, wave: waveOf(earliest) } }, part, migrations, options);
-          const step = earliest.step;
-          if (options.dryRun) return { ...moveResult(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
-          if (options.abort) {
-            await abortMove(ctx, step);
-            return moveResult(ctx, 'aborted', [], started);
-          }
-          announce(ctx, step, `resuming move ${record.moveId} (${shardWord(record.shards)}) after step ${step}`);
-          await runSteps(ctx, step);
-          return moveResult(ctx, 'moved', [], started);
-        } finally {
-          await closePart(part);
-        }
-      }),
-    );
-    const target = [...new Set(records.map((r) => r.target))].join(', ');
-    const result = batchResult(options.abort ? 'aborted' : options.dryRun ? 'dry-run' : 'moved', target, [...new Set(records.flatMap((r) => r.shards))].sort((a, b) => a - b), moves, started);
-    if (!options.abort || options.dryRun) return result;
-    return { ...result, leftoversDropped: await dropAllLeftovers(config, hosts) };
-  } finally {
-    await fleet.close();
-  }
-}
-
-/** Drops the leftovers of killed runs on these hosts (all of the map's by default). */
-async function dropAllLeftovers(config: ShardctlConfig, hosts: readonly HostConfig[] = config.hosts): Promise<(Leftover & { host: string })[]> {
-  const unique = hosts.filter((h, i) => hosts.findIndex((o) => o.name === h.name) === i);
-  const dropped = await Promise.all(
-    unique.map((host) =>
-      withSession(host, async ({ client }) => (await dropLeftovers(client, await findLeftovers(client))).map((l) => ({ ...l, host: host.name })), {
-        applicationName: 'shardctl move',
-      }),
-    ),
-  );
-  return dropped.flat();
-}
-
-function waveOf(record: MoveRecord): number {
-  return typeof record.detail['wave'] === 'number' ? record.detail['wave'] : 0;
-}
-
-/** The unfinished moves, on any host, that carry any of `shards`; the map's hosts are all asked. */
-export async function findRunningMoves(config: ShardctlConfig, shards?: readonly number[]): Promise<MoveRecord[]> {
-  const errors: string[] = [];
-  const found = new Map<string, MoveRecord>();
-  await Promise.all(
-    config.hosts.map(async (host) => {
-      try {
-        const records = await withSession(
-          host,
-          async ({ client }) => ((await controlTableExists(client, 'moves')) ? runningMoves(client, shards) : []),
-          { applicationName: 'shardctl move' },
-        );
-        for (const r of records) if (!found.has(r.moveId)) found.set(r.moveId, r);
-      } catch (error) {
-        errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
-      }
-    }),
-  );
-  if (errors.length > 0 && found.size === 0) {
-    throw new RuntimeFailure('HOST_UNREACHABLE', `cannot look for unfinished moves: ${errors.join('; ')}`);
-  }
-  return [...found.values()].sort((a, b) => a.shards[0]! - b.shards[0]!);
-}
-
-interface Part {
-  readonly source: HostSession;
-  readonly target: HostSession;
-}
-
-/**
- * The connections one move works on. The command's own sessions hold the runner locks; a move's
- * sessions are recorded as workers (like any worker), so several moves of one batch can share a host.
- */
-async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean): Promise<Part> {
-  const [s, t] = await Promise.allSettled([openSession(source, { applicationName: 'shardctl move' }), openSession(target, { applicationName: 'shardctl move' })]);
-  if (s.status === 'rejected' || t.status === 'rejected') {
-    if (s.status === 'fulfilled') await closeSession(s.value);
-    if (t.status === 'fulfilled') await closeSession(t.value);
-    throw s.status === 'rejected' ? s.reason : (t as PromiseRejectedResult).reason;
-  }
-  if (!dryRun) {
-    try {
-      await registerWorker(s.value.client, source.name);
-      await registerWorker(t.value.client, target.name);
-    } catch (error) {
-      await closeSession(s.value);
-      await closeSession(t.value);
-      throw error;
-    }
-  }
-  return { source: s.value, target: t.value };
-}
-
-async function closePart(part: Part): Promise<void> {
-  await closeSession(part.source);
-  await closeSession(part.target);
-}
-
-/**
- * Runs the moves of a batch in parallel. One failing does not stop the others; when any failed, the
- * error names each failure (and what the others did), after all have finished.
- */
-async function runParts(parts: readonly (() => Promise<MoveResult>)[]): Promise<MoveResult[]> {
-  const settled = await Promise.allSettled(parts.map((run) => run()));
-  const failures = settled.filter((s): s is PromiseRejectedResult => s.status === 'rejected').map((s) => s.reason as unknown);
-  if (failures.length === 0) return settled.map((s) => (s as PromiseFulfilledResult<MoveResult>).value);
-  if (settled.length === 1) throw failures[0];
-  const done = settled.filter((s): s is PromiseFulfilledResult<MoveResult> => s.status === 'fulfilled').map((s) => s.value);
-  const lines = [
-    ...failures.map((f) => (f instanceof ShardctlError ? f.message : describePgError(f))),
-    ...done.map((m) => `${shardWord(m.shards)} ${m.outcome} from ${m.source} to ${m.target}`),
-  ];
-  throw new RuntimeFailure(
-    'MOVE_FAILED',
-    `${failures.length} of ${settled.length} moves failed:\n${lines.map((l) => `  - ${l}`).join('\n')}`,
-    { done: done.map((m) => ({ moveId: m.moveId, shards: m.shards, outcome: m.outcome })) },
-    lines,
-  );
-}
-
-function groupBySource(config: ShardctlConfig, shards: readonly number[]): { source: HostConfig; shards: number[] }[] {
-  const groups = new Map<string, { source: HostConfig; shards: number[] }>();
-  for (const shard of shards) {
-    const source = hostForShard(config, shard);
-    if (!source) throw new UsageError(`shard ${shard} is not in the map`, { input: 'shards', value: formatShardList(shards) });
-    let group = groups.get(source.name);
-    if (!group) groups.set(source.name, (group = { source, shards: [] }));
-    group.shards.push(shard);
-  }
-  return [...groups.values()];
-}
-
-function batchResult(outcome: BatchMoveResult['outcome'], target: string, shards: readonly number[], moves: readonly MoveResult[], started: number): BatchMoveResult {
-  const blocked = moves.map((m) => m.writeBlockedMs).filter((ms): ms is number => ms !== null);
-  return {
-    outcome,
-    target,
-    shards,
-    moves,
-    rowsMoved: moves.reduce((n, m) => n + BigInt(m.rowsMoved), 0n).toString(),
-    writeBlockedMs: blocked.length > 0 ? Math.max(...blocked) : null,
-    durationMs: elapsed(started),
-    leftoversDropped: [],
-  };
-}
-
-function shardWord(shards: readonly number[]): string {
-  return `shard${shards.length === 1 ? '' : 's'} ${formatShardList([...shards])}`;
+  return runMoves(config, list, target, options);
 }

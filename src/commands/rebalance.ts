@@ -1,6 +1,6 @@
 import { loadConfig } from '../config/load.js';
 import { formatShardList } from '../config/ranges.js';
-import type { ShardctlConfig } from '../config/types.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { Fleet } from '../fleet/session.js';
@@ -8,7 +8,7 @@ import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import type { MoveOptions } from '../moves/move.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import type { MoveStep } from '../moves/state.js';
-import { findRunningMoves, moveShards, type BatchMoveResult } from './move-shard.js';
+import { findRunningMoves, runMoves, type BatchMoveResult } from '../moves/run.js';
 import { shardSizes } from './sizes.js';
 
 /**
@@ -113,7 +113,7 @@ async function rebalanceLocked(
   if (unfinished.length > 0 && !options.dryRun) {
     event(`finishing ${unfinished.length} unfinished move${unfinished.length === 1 ? '' : 's'} first: ${unfinished.map(describeUnfinished).join('; ')}`);
     const shards = [...new Set(unfinished.flatMap((u) => u.shards))].sort((a, b) => a - b);
-    const resumed = await moveShards(config, shards, undefined, { ...moveOptions({ source: '(resumed)', target: unfinished.map((u) => u.target).join(', ') }), resume: true });
+    const resumed = await runMoves(config, shards, undefined, { ...moveOptions({ source: '(resumed)', target: unfinished.map((u) => u.target).join(', ') }), resume: true });
     rows += BigInt(resumed.rowsMoved);
     current = await reload();
   }
@@ -138,7 +138,8 @@ async function rebalanceLocked(
 
   const done = await runPlan(plan.moves, maxParallel, async (move) => {
     event(`starting ${describeMove(move)}`);
-    const result = await moveShards(await reload(), move.shards, move.target, moveOptions(move));
+    const map = await reload();
+    const result = await runMoves(map, [...move.shards].sort((a, b) => a - b), hostNamed(map, move.target), moveOptions(move));
     event(`done ${describeMove(move)}: ${result.rowsMoved} rows verified`);
     return result;
   });
@@ -200,11 +201,20 @@ async function runPlan(
   ];
   throw new RuntimeFailure(
     'REBALANCE_FAILED',
-    `rebalance stopped: ${failed.length} of ${moves.length} moves failed; run rebalance again to finish the interrupted moves and plan the rest:\n` +
+    `rebalance stopped: ${failed.length} of ${moves.length} moves failed; rebalancing again finishes the interrupted moves and plans the rest:\n` +
       lines.map((l) => `  - ${l}`).join('\n'),
     { done: done.map(({ source, target, shards }) => ({ source, target, shards })), failed: failed.map(({ move: { source, target, shards } }) => ({ source, target, shards })) },
     lines,
+    // Rebalancing again resumes the failed moves itself: their own resume or abort advice is not the next step.
+    [{ action: 'rebalance' }],
   );
+}
+
+/** The plan names hosts of the map it was made from; the map reloaded before a move still has them unless edited meanwhile. */
+function hostNamed(config: ShardctlConfig, name: string): HostConfig {
+  const host = config.hosts.find((h) => h.name === name);
+  if (!host) throw new RuntimeFailure('MOVE_HOSTS', `the plan moves shards to host ${name}, which ${config.file} no longer has`);
+  return host;
 }
 
 function describeMove(move: Pick<PlannedMove, 'source' | 'target' | 'shards'>): string {

@@ -501,7 +501,7 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
   const { placement, urls } = found;
   const layout = placement.layout;
   if (!file && !layout) {
-    throw new HostError(placement.answered.join(', '), 'no shardctl control schema on the seeds (run shardctl init on the fleet first)', { code: 'NOT_A_FLEET' });
+    throw new HostError(placement.answered.join(', '), 'no shardctl control schema on the seeds (initialise the fleet first)', { code: 'NOT_A_FLEET', next: [{ action: 'init' }] });
   }
   const base: ShardctlConfig = file ?? {
     ...emptyFleetConfig(),

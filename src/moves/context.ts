@@ -266,6 +266,7 @@ export async function withWorkers<T>(
     } catch (error) {
       failed ??= error;
     } finally {
+      // A worker whose connection broke is closed already; `failed` keeps the error that matters.
       await client.end().catch(() => undefined);
     }
   };

@@ -3,8 +3,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import pg from 'pg';
 import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
-import { HostError } from '../errors.js';
+import { HostError, resumeOrAbort } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
@@ -41,7 +40,7 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       if (have.has(`${shard}:${version}`)) continue;
       const file = files.get(version);
       if (!file) {
-        throw new HostError(source.host.name, `migration version ${version} is applied but has no file; restore it and --resume`, { shard, code: 'MIGRATION_DRIFT' });
+        throw new HostError(source.host.name, `migration version ${version} is applied but has no file; restore it and resume the move`, { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] });
       }
       if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
       else statements.push(migrationSql(config, shard, file));
@@ -65,6 +64,8 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       }
       await flush();
     } catch (error) {
+      // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
+      // which ends the transaction too.
       await client.query('ROLLBACK').catch(() => undefined);
       throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
     }
@@ -142,6 +143,7 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
     const snapshot = await createSlotWatched(ctx, replication);
     await copyShards(ctx, ctx.shards, snapshot);
   } finally {
+    // The replication connection is needed only until the copy ends; one that broke is closed already.
     await replication.end().catch(() => undefined);
   }
 }
@@ -157,25 +159,30 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
   const started = performance.now();
   let done = false;
   const creating = replication.query<{ snapshot_name: string }>(createSlotCommand(ctx.name)).finally(() => (done = true));
+  // Marks the rejection handled while the loop waits; it is seen where `creating` is awaited.
   creating.catch(() => undefined);
   let blockers = '';
   while (!done) {
     // The 2 s look-round is cancelled as soon as the slot exists: a pending timer would keep the
     // process alive after the move has finished.
     const pause = new AbortController();
+    // Only waits: the creation's outcome is read where it is awaited, and the pause's abort rejects delay()
+    // on purpose.
     await Promise.race([creating.then(() => undefined, () => undefined), delay(2000, undefined, { signal: pause.signal }).catch(() => undefined)]);
     pause.abort();
     if (done) break;
     blockers = await xidHolders(ctx.source.client, pid);
     const waited = Math.round((performance.now() - started) / 1000);
     if (performance.now() - started > limit) {
+      // Cancels the slot's creation; a backend that has ended already needs no cancelling.
       await ctx.source.client.query('SELECT pg_terminate_backend($1)', [pid]).catch(() => undefined);
+      // It fails with the termination just sent: the timeout below is what is reported.
       await creating.catch(() => undefined);
       throw new HostError(
         ctx.source.host.name,
         `creating the replication slot waited ${waited} s for transactions to finish (${blockers || 'none visible any more'}); ` +
-          `nothing is fenced. End or commit them and run move-shard ${formatShardList(ctx.shards)} --resume, or --abort`,
-        { shard: ctx.shards[0]!, code: 'SLOT_WAIT_TIMEOUT' },
+          `nothing is fenced. End or commit them and resume the move, or abort it`,
+        { shard: ctx.shards[0]!, code: 'SLOT_WAIT_TIMEOUT', next: resumeOrAbort(ctx.shards) },
       );
     }
     notice(ctx, `host ${ctx.source.host.name}: creating the replication slot waits for open transactions to finish (${waited} s): ${blockers || 'none visible'}`);
@@ -232,6 +239,8 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
         try {
           await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
         } catch (error) {
+          // The failure being handled is what is reported; a ROLLBACK that fails means the connection is
+          // gone, which ends the transaction too.
           await writer.query('ROLLBACK').catch(() => undefined);
           throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
         }
@@ -240,6 +249,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
     } catch (error) {
       failed ??= error;
     } finally {
+      // Connections that broke are closed already; `failed` keeps the error that matters.
       await reader?.end().catch(() => undefined);
       await writer?.end().catch(() => undefined);
     }
@@ -278,6 +288,7 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
   await writer.query('BEGIN');
   // Foreign keys between the shard's tables must not depend on the copy order (superusers only).
   await writer.query('SAVEPOINT replica_role');
+  // Refused without superuser: the savepoint undoes the failed SET and the copy goes on without it.
   await writer.query('SET LOCAL session_replication_role = replica').catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
   // Only tables holding rows (seeded by a migration, or a copy redone) are truncated: a TRUNCATE
   // creates and later unlinks new files for the table and each index, ~3 ms a table.

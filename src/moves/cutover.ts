@@ -3,7 +3,7 @@ import { rewriteShardOwner } from '../config/rewrite.js';
 import { switchPlacementSql } from '../fleet/placement.js';
 import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
-import { HostError } from '../errors.js';
+import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
@@ -69,6 +69,8 @@ export async function fence(ctx: MoveContext): Promise<void> {
         }
         break;
       } catch (error) {
+        // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
+        // which ends the transaction too.
         await source.client.query('ROLLBACK').catch(() => undefined);
         const code = (error as { code?: string }).code;
         // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
@@ -76,21 +78,24 @@ export async function fence(ctx: MoveContext): Promise<void> {
         if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
       }
       if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
+        // Who holds the locks only adds to the message, which stands without it.
         const holders = await lockHolders(source.client, schema).catch(() => '');
         await stopCutOver(ctx, `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`);
       }
       const waited = performance.now() - started;
       if (ctx.fenceStartedAtMs === null && waited > limit) {
+        // Who holds the locks only adds to the message, which stands without it.
         const holders = await lockHolders(source.client, schema).catch(() => '');
         throw new HostError(
           source.host.name,
           `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
-            `${holders ? ` (${holders})` : ''}. Nothing was fenced; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort`,
-          { shard, code: 'FENCE_TIMEOUT' },
+            `${holders ? ` (${holders})` : ''}. Nothing was fenced; resume the move to retry, or abort it`,
+          { shard, code: 'FENCE_TIMEOUT', next: resumeOrAbort(ctx.shards) },
         );
       }
       if (performance.now() - told > 2000) {
         told = performance.now();
+        // Who holds the locks only adds to the message, which stands without it.
         notice(ctx, `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`);
       }
       await sleep(10 + Math.random() * 40);
@@ -150,10 +155,12 @@ export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Pr
   } catch (error) {
     if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) throw error;
     // A statement of a BEGIN … COMMIT string left its transaction aborted.
+    // Only leaves the transaction the timeout aborted; stopCutOver reports the stop whatever this does.
     await Promise.all([ctx.source.client, ctx.target.client].map((c) => c.query('ROLLBACK').catch(() => undefined)));
     return stopCutOver(ctx, what, error);
   } finally {
     // Back to the server's default for the session (the move sets no other).
+    // A connection that cannot reset is broken: the move's next statement on it fails and says so.
     await Promise.all(clients.map((c) => c.query('RESET statement_timeout').catch(() => undefined)));
   }
 }
@@ -182,8 +189,8 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
     throw new HostError(
       ctx.source.host.name,
       `move ${ctx.moveId}: the fence limit (${limit}) was reached while waiting for ${what}, and ${which} could not be unfenced: ${describePgError(error)}. ` +
-        `Run move-shard ${formatShardList(ctx.shards)} --resume or --abort`,
-      { shard: shards[0]!, code: 'FENCE_LIMIT', cause: cause ?? error, data },
+        `Resume the move, or abort it`,
+      { shard: shards[0]!, code: 'FENCE_LIMIT', cause: cause ?? error, data, next: resumeOrAbort(ctx.shards) },
     );
   }
   ctx.fenceMarker = null;
@@ -194,8 +201,8 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
     ctx.source.host.name,
     `move ${ctx.moveId}: ${which} refused writes for ${(blocked / 1000).toFixed(1)} s, the fence limit is ${limit}; the move waited for ${what}. ` +
       `${shards.length === 1 ? 'It was' : 'They were'} unfenced and ${shards.length === 1 ? 'is' : 'are'} writable again on ${ctx.source.host.name}. ` +
-      `Run move-shard ${formatShardList(ctx.shards)} --resume to retry the cut-over, or --abort`,
-    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data },
+      `Resume the move to retry the cut-over, or abort it`,
+    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data, next: resumeOrAbort(ctx.shards) },
   );
 }
 
@@ -219,6 +226,8 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     ctx.pre = { wave: ctx.wave, verification };
     notice(ctx, `host ${ctx.target.host.name}: ${keyed.length} table${keyed.length === 1 ? '' : 's'} of wave ${ctx.wave + 1} checksummed before the fence in ${Math.round(performance.now() - started)} ms; while fenced only their changed rows are compared`);
   } catch (error) {
+    // Verification before the fence is only a head start: on any failure the wave is checksummed while
+    // fenced, and tracking left here is removed again before the switch (stopTracking).
     await Promise.all(held.map((c) => c.end().catch(() => undefined)));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
@@ -253,6 +262,7 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
     // A move fenced before markers were per attempt used the plain kind 'fenced'.
     await waitForMarker(ctx, ctx.fenceMarker ?? 'fenced', limit);
   } catch (error) {
+    // What the apply worker waits for only adds to the message.
     const apply = await applyWorkerWaits(ctx).catch(() => '');
     await stopCutOver(ctx, `the target ${ctx.target.host.name} to apply the changes committed before the fence${apply ? ` (${apply})` : ''}`, error);
   }
@@ -352,8 +362,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
   await record(ctx, 'synced', 'running');
   throw new HostError(
     ctx.target.host.name,
-    `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); run --resume to retry this wave:\n${mismatches}`,
-    { shard: shards[0]!, code: 'VERIFY_FAILED', data, details: result.mismatches },
+    `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); resume the move to retry this wave:\n${mismatches}`,
+    { shard: shards[0]!, code: 'VERIFY_FAILED', data, details: result.mismatches, next: [{ action: 'resume', shards: ctx.shards }] },
   );
 }
 
@@ -377,8 +387,8 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
     throw new HostError(
       ctx.target.host.name,
       `the target ${shards.length === 1 ? 'copy of shard' : 'copies of shards'} ${formatShardList(shards)} ${shards.length === 1 ? 'is' : 'are'} active, but the map ${file} could not be rewritten: ${(error as Error).message}. ` +
-        `Fix that and run move-shard ${formatShardList(ctx.shards)} --resume (the move can no longer be aborted)`,
-      { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error },
+        `Fix that and resume the move (it can no longer be aborted)`,
+      { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error, next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
   noteBlocked(ctx);
@@ -412,6 +422,7 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
         const code = (error as { code?: string }).code;
         if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
         if (performance.now() - started > limitMs) {
+          // Who holds the locks only adds to the message, which stands without it.
           const holders = await lockHolders(ctx.source.client, schema).catch(() => '');
           throw new HostError(ctx.source.host.name, `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`, {
             shard,
@@ -424,6 +435,8 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
     }
   }
   // Writable already; the disabled triggers go where no application statement has to wait for it.
+  // A disabled trigger refuses nothing: one a busy table keeps is harmless, and the shard's next fence takes
+  // it over (fenceSql).
   for (const t of triggers.rows) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.nspname, t.relname)).catch(() => undefined);
 }
 
@@ -442,8 +455,8 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
     throw new HostError(
       ctx.target.host.name,
       `move ${ctx.moveId} already switched shard${switched.length === 1 ? '' : 's'} ${formatShardList(switched.length > 0 ? switched : ctx.shards)} to ${ctx.target.host.name}; it cannot be aborted. ` +
-        `Run --resume to finish it, then move the shards back if needed.`,
-      { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED' },
+        `Resume it to finish it, then move the shards back if needed.`,
+      { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED', next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
   await dropPreVerification(ctx);

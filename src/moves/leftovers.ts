@@ -63,6 +63,7 @@ export async function dropSubscription(client: pg.Client, name: string): Promise
   try {
     await client.query(dropSubscriptionSql(name, { ifExists: true }));
   } catch {
+    // Handled: DROP SUBSCRIPTION could not reach the source to drop its slot.
     await client.query(detachSubscriptionSql(name));
     await client.query(dropSubscriptionSql(name, { ifExists: true }));
   }
@@ -78,6 +79,8 @@ export async function dropSlot(client: pg.Client, name: string): Promise<boolean
     if (!slot.rowCount) return true;
     const pid = slot.rows[0]!.active_pid;
     if (pid !== null) await client.query('SELECT pg_terminate_backend($1)', [pid]);
+    // A walsender may take the slot again or it may be gone already: the loop looks again, and says false
+    // after 5 s.
     else await client.query('SELECT pg_drop_replication_slot($1)', [name]).catch(() => undefined);
     await new Promise((resolve) => setTimeout(resolve, 100));
   }

@@ -1,6 +1,5 @@
 import { shardSchemaName } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
-import { HostError, ShardctlError } from '../errors.js';
+import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
@@ -19,8 +18,8 @@ import { fence, dropPreVerification, waitForCatchUp, carrySequences, verify, swi
  * (logical replication) or offline (COPY with writes fenced), each recorded on both hosts once
  * done, so a move cut off at any point is finished (runSteps from the last recorded step) or undone
  * (abortMove). A single shard is a batch of one. Online, the cut-over runs in waves (see planWaves)
- * so that no shard refuses writes for long. The command (src/commands/move-shard.ts) validates,
- * connects, runs the preflight and decides which of these to call.
+ * so that no shard refuses writes for long. The entry (run.ts) connects, runs the preflight and
+ * decides which of these to call.
  */
 
 export { abortMove } from './cutover.js';
@@ -46,8 +45,8 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
       if (error instanceof ShardctlError && error.code !== HOST_SILENT) throw error;
       throw new HostError(
         errorHost(error) ?? ctx.source.host.name,
-        `move ${ctx.moveId} failed at step ${step}: ${describePgError(error)}; run move-shard ${formatShardList(ctx.shards)} --resume to retry, or --abort to undo`,
-        { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error, data: { moveId: ctx.moveId, step, shards: ctx.shards } },
+        `move ${ctx.moveId} failed at step ${step}: ${describePgError(error)}; resume the move to retry, or abort it to undo`,
+        { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error, data: { moveId: ctx.moveId, step, shards: ctx.shards }, next: resumeOrAbort(ctx.shards) },
       );
     }
     if (step === 'switched' && ctx.wave < ctx.waves.length - 1) {
@@ -113,6 +112,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
       }
     }
   } finally {
+    // Only the session's commit mode: on a broken connection the flush below fails and says so.
     await source.client.query('RESET synchronous_commit').catch(() => undefined);
   }
   await source.client.query(DURABLE_FLUSH_SQL);

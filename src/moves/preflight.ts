@@ -18,7 +18,12 @@ import { faultAfter, type MoveMode } from './state.js';
 export interface PreflightCheck {
   readonly name: string;
   readonly ok: boolean;
-  /** What was found, and when not ok, what to change. */
+  /**
+   * What was found, and when not ok, what to change. This stays words for a person, command names
+   * included, rather than a `next` list (errors.ts): most advice here is no shardctl command at all
+   * (ALTER TABLE … SET LOGGED, wal_level, dropping a schema), the dry run prints these lines as a
+   * report, and a program acts on `name` and `ok`.
+   */
   readonly message: string;
 }
 
@@ -356,9 +361,12 @@ async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<
     await target.query(dropSubscriptionSql(name));
     return null;
   } catch (error) {
+    // A failed CREATE SUBSCRIPTION leaves nothing to drop; on a broken connection the record below stays, a
+    // leftover that gc and an abort remove.
     await target.query(dropSubscriptionSql(name, { ifExists: true })).catch(() => undefined);
     return (error as Error).message;
   } finally {
+    // Fails only on a broken connection: the record then stays, a leftover that gc and an abort remove.
     await target.query(forgetObjectSql(name)).catch(() => undefined);
   }
 }

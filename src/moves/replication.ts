@@ -1,5 +1,4 @@
-import { formatShardList } from '../config/ranges.js';
-import { HostError } from '../errors.js';
+import { HostError, resumeOrAbort } from '../errors.js';
 import { CONTROL } from '../fleet/control.js';
 import { createPublicationSql, createSubscriptionSql, dropPublicationSql, insertMarkerSql } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
@@ -47,8 +46,8 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
       throw new HostError(
         ctx.target.host.name,
         `applying the replicated changes failed ${failures} times (the reason is in that host's server log); ` +
-          `fix it and run move-shard ${formatShardList(ctx.shards)} --resume, or --abort to undo the move`,
-        { shard: ctx.shards[0]!, code: 'SYNC_FAILED' },
+          `fix it and resume the move, or abort it to undo the move`,
+        { shard: ctx.shards[0]!, code: 'SYNC_FAILED', next: resumeOrAbort(ctx.shards) },
       );
     }
     const r = await ctx.target.client.query<{ total: string; pending: string }>(
@@ -59,9 +58,10 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
     const { total, pending } = r.rows[0]!;
     if (Number(total) > 0 && Number(pending) === 0) break;
     if (performance.now() - started > limit) {
-      throw new HostError(ctx.target.host.name, `${pending} of ${total} tables are still not streaming after ${Math.round(limit / 1000)} s; nothing is fenced. Run --resume to wait again, or --abort`, {
+      throw new HostError(ctx.target.host.name, `${pending} of ${total} tables are still not streaming after ${Math.round(limit / 1000)} s; nothing is fenced. Resume the move to wait again, or abort it`, {
         shard: ctx.shards[0]!,
         code: 'SYNC_TIMEOUT',
+        next: resumeOrAbort(ctx.shards),
       });
     }
     if (performance.now() - told > 5000) {
@@ -88,6 +88,7 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
       const lag = await ctx.source.client
         .query<{ lag: string | null }>(`SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`, [ctx.name])
         .then((q) => q.rows[0]?.lag ?? 'unknown', () => 'unknown');
+      // The lag and what the apply worker waits for only add to a progress notice.
       const apply = await applyWorkerWaits(ctx).catch(() => '');
       notice(ctx, `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s${apply ? `; ${apply}` : ''})`);
     }

@@ -126,6 +126,8 @@ export async function runTransaction(client: pg.Client, sql: string): Promise<vo
   try {
     await client.query(sql);
   } catch (error) {
+    // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
+    // which ends the transaction too.
     await client.query('ROLLBACK').catch(() => undefined);
     throw error;
   }

@@ -230,6 +230,8 @@ export async function preVerify(
       await client.query('COMMIT');
       return result;
     } catch (error) {
+      // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
+      // which ends the transaction too.
       await client.query('ROLLBACK').catch(() => undefined);
       throw error;
     }
@@ -245,6 +247,7 @@ export async function preVerify(
 
 /** Ends a pre-verification's transactions and connections. */
 export async function endPreVerification(pre: PreVerification): Promise<void> {
+  // The pre-verification only read: ending it loses nothing, and a connection that broke is closed already.
   await Promise.all([pre.source, pre.target].map((c) => c.query('COMMIT').catch(() => undefined).then(() => c.end().catch(() => undefined))));
 }
 

@@ -1,6 +1,6 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { ConfigError, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
+import { ConfigError, resumeOrAbort, RuntimeFailure, ShardctlError, UsageError, type NextStep } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { formatShardList } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
@@ -75,6 +75,8 @@ export interface Conflict {
   readonly kind: 'layout' | 'misplaced' | 'foreign-schema' | 'moving' | DriftKind;
   readonly host: string;
   readonly message: string;
+  /** What resolves it, when a command of shardctl does (the message says it in words). */
+  readonly next?: readonly NextStep[];
 }
 
 export function planFleet(
@@ -216,8 +218,9 @@ export function findConflicts(
         message:
           `host ${snapshot.host.name}: schema${foreign.length === 1 ? '' : 's'} for shard${foreign.length === 1 ? '' : 's'} ` +
           `${formatShardList(foreign)} exist${foreign.length === 1 ? 's' : ''} but shardctl did not create ${foreign.length === 1 ? 'it' : 'them'} ` +
-          `(no next_id, no record in shardctl.shards); adopt ${foreign.length === 1 ? 'it' : 'them'} with shardctl adopt (a fleet built from the Instagram article), ` +
+          `(no next_id, no record in shardctl.shards); adopt ${foreign.length === 1 ? 'it' : 'them'} (a fleet built from the Instagram article), ` +
           `drop ${foreign.length === 1 ? 'it' : 'them'}, or choose another schemaPrefix`,
+        next: [{ action: 'adopt', shards: foreign }],
       });
     }
   }
@@ -275,13 +278,15 @@ function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<nu
     }
   }
   return [...moves].map(([moveId, m]) => {
-    const shards = formatShardList([...m.shards]);
+    const list = [...m.shards].sort((a, b) => a - b);
+    const shards = formatShardList(list);
     return {
       kind: 'moving' as const,
       host: m.source,
       message:
         `shard${m.shards.size === 1 ? '' : 's'} ${shards} ${m.shards.size === 1 ? 'is' : 'are'} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
-        `finish it with shardctl move-shard ${shards} --resume, or undo it with --abort, then run this again`,
+        `finish it (resume) or undo it (abort), then run this again`,
+      next: resumeOrAbort(list),
     };
   });
 }
@@ -290,7 +295,7 @@ function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<nu
  * What to do about misplaced shards. While a move runs, "move them" is the wrong advice: the
  * running move is named with the commands that finish or undo it.
  */
-function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: readonly HostSnapshot[]): string {
+function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: readonly HostSnapshot[]): { text: string; next: NextStep[] } {
   const running = new Map<string, { source: string; target: string; step: string; shards: Set<number> }>();
   for (const snapshot of snapshots) {
     for (const [shard, move] of snapshot.moving) {
@@ -300,12 +305,18 @@ function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: 
       entry.shards.add(shard);
     }
   }
-  if (running.size === 0) return `Move ${misplaced.length === 1 ? 'it' : 'them'} with shardctl move-shard, or fix the map`;
+  if (running.size === 0) return { text: `Move ${misplaced.length === 1 ? 'it' : 'them'} to the host the map names, or fix the map`, next: [{ action: 'move', shards: misplaced }] };
   const moves = [...running].map(([moveId, m]) => {
-    const shards = formatShardList([...m.shards].sort((a, b) => a - b));
-    return `move ${moveId} (shard${m.shards.size === 1 ? '' : 's'} ${shards}, ${m.source} → ${m.target}, last step done: ${m.step}): shardctl move-shard ${shards} --resume, or --abort`;
+    const list = [...m.shards].sort((a, b) => a - b);
+    return {
+      text: `move ${moveId} (shard${m.shards.size === 1 ? '' : 's'} ${formatShardList(list)}, ${m.source} → ${m.target}, last step done: ${m.step})`,
+      next: resumeOrAbort(list),
+    };
   });
-  return `A move on ${host} is unfinished; finish or undo it first, then run this again: ${moves.join('; ')}`;
+  return {
+    text: `A move on ${host} is unfinished; finish it (resume) or undo it (abort) first, then run this again: ${moves.map((m) => m.text).join('; ')}`,
+    next: moves.flatMap((m) => m.next),
+  };
 }
 
 function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
@@ -325,6 +336,7 @@ function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapsho
     if (misplaced.length === 0) continue;
     misplaced.sort((a, b) => a - b);
     const owners = [...new Set(misplaced.map((s) => hostForShard(config, s)!.name))].join(', ');
+    const advice = misplacedAdvice(misplaced, snapshot.host.name, snapshots);
     conflicts.push({
       kind: 'misplaced',
       host: snapshot.host.name,
@@ -332,7 +344,8 @@ function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapsho
         `shard${misplaced.length === 1 ? '' : 's'} ${formatShardList(misplaced)} ${misplaced.length === 1 ? 'is' : 'are'} mapped to ${owners} ` +
         `but ${misplaced.length === 1 ? 'its schema exists' : 'their schemas exist'} on host ${snapshot.host.name} ` +
         `(e.g. ${shardSchemaName(config, misplaced[0]!)}); creating ${misplaced.length === 1 ? 'it' : 'them'} again would split the data. ` +
-        misplacedAdvice(misplaced, snapshot.host.name, snapshots),
+        advice.text,
+      next: advice.next,
     });
   }
   return conflicts;
@@ -357,5 +370,6 @@ export function conflictError(conflicts: readonly Conflict[]): ShardctlError {
       data,
     });
   }
-  return new RuntimeFailure('CONFLICT', `refusing to run, nothing was written:\n${messages.map((m) => `  - ${m}`).join('\n')}`, data, messages);
+  const next = conflicts.flatMap((c) => c.next ?? []);
+  return new RuntimeFailure('CONFLICT', `refusing to run, nothing was written:\n${messages.map((m) => `  - ${m}`).join('\n')}`, data, messages, next);
 }

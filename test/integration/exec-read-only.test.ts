@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { ShardRouter } from '../../src/router/router.js';
-import { execSql } from '../../src/router/exec.js';
+import { execSql } from '../../src/commands/exec.js';
 import { UsageError } from '../../src/errors.js';
 import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';

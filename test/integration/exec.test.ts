@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
 import { init } from '../../src/commands/init.js';
-import { psqlInvocation } from '../../src/router/psql.js';
+import { psqlInvocation } from '../../src/commands/psql.js';
 import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 

@@ -165,7 +165,8 @@ describe('a batch killed after a step', () => {
     } else if (step === 'switched') {
       // The first wave is live on the target: undoing would leave two writable copies.
       expect(next.code).toBe(1);
-      expect(next.stderr).toContain(`already switched shard ${a} to pg2; it cannot be aborted. Run --resume to finish it`);
+      expect(next.stderr).toContain(`already switched shard ${a} to pg2; it cannot be aborted. Resume it to finish it`);
+      expect(next.stderr).toContain(`\nnext: shardctl move-shard ${a}-${b} --resume\n`);
       const resumed = await runCli(['move-shard', shards, '--resume', '--yes', '-c', fleet.configFile]);
       expect(resumed.code, resumed.stderr).toBe(0);
       expect([await onTarget(a), await onTarget(b)]).toEqual([50, 50]);

@@ -263,7 +263,8 @@ describe('a move killed after a step', () => {
     if (then === 'abort' && step === 'switched') {
       const refused = await runCli(move(fleet, shard, '--abort'));
       expect(refused.code, label).toBe(1);
-      expect(refused.stderr, label).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Run --resume to finish it`);
+      expect(refused.stderr, label).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Resume it to finish it`);
+      expect(refused.stderr, label).toContain(`\nnext: shardctl move-shard ${shard} --resume\n`);
       expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
     }
     const resumes = then === 'resume' || step === 'switched';
@@ -308,7 +309,11 @@ describe('a move killed after a step', () => {
 
     const refused = await runCli(move(fleet, shard, '--abort'));
     expect(refused.code).toBe(1);
-    expect(refused.stderr).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Run --resume to finish it`);
+    expect(refused.stderr).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Resume it to finish it`);
+    expect(refused.stderr).toContain(`\nnext: shardctl move-shard ${shard} --resume\n`);
+    const asJson = await runCli(move(fleet, shard, '--abort', '--json'));
+    expect(asJson.code).toBe(1);
+    expect((JSON.parse(asJson.stdout) as { error: { code: string; next: unknown } }).error).toMatchObject({ code: 'MOVE_SWITCHED', next: [{ action: 'resume', shards: [shard] }] });
     // Not undone: the source still fenced, the target's copy still there.
     expect(await shardRow(source, shard)).toEqual({ state: 'fenced', schema: `insta${shard}` });
     expect(await shardRow(target, shard)).toEqual({ state: 'active', schema: `insta${shard}` });

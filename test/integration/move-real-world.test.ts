@@ -289,7 +289,8 @@ describe('leftovers and messages after a kill', () => {
     for (const command of ['migrate', 'init']) {
       const run = await runCli([command, '-c', env.fleet.configFile]);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain(`shard 4 is in the unfinished move ${moveId} from pg1 to pg2 (last step done: fenced); finish it with shardctl move-shard 4 --resume, or undo it with --abort`);
+      expect(run.stderr).toContain(`shard 4 is in the unfinished move ${moveId} from pg1 to pg2 (last step done: fenced); finish it (resume) or undo it (abort), then run this again`);
+      expect(run.stderr).toContain('\nnext: shardctl move-shard 4 --resume, or shardctl move-shard 4 --abort\n');
     }
     await new Promise((resolve) => setTimeout(resolve, 1500));
     const resumed = await runCli(['move-shard', '4', '--resume', '--json', '--yes', '-c', env.fleet.configFile]);
@@ -331,8 +332,9 @@ describe('a map that cannot be rewritten at the switch', () => {
       const run = await runCli(['move-shard', '5', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile]);
       expect(run.code).toBe(1);
       expect(run.stderr).toContain('host pg2, shard 5: the target copy of shard 5 is active, but the map');
-      expect(run.stderr).toContain(`run move-shard 5 --resume (the move can no longer be aborted)`);
-      expect(run.stderr).not.toMatch(/or --abort/);
+      expect(run.stderr).toContain(`Fix that and resume the move (it can no longer be aborted)`);
+      expect(run.stderr).toContain('\nnext: shardctl move-shard 5 --resume\n');
+      expect(run.stderr).not.toContain('--abort');
       const refused = await runCli(['move-shard', '5', '--abort', '--yes', '-c', env.fleet.configFile]);
       expect(refused.code).toBe(1);
       expect(refused.stderr).toContain('it cannot be aborted');

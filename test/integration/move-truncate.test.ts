@@ -118,13 +118,17 @@ describe('shardctl move-shard when the target cannot apply a replicated TRUNCATE
       },
     }).then(
       () => null,
-      (e: unknown) => e as Error & { code?: string; data?: Record<string, unknown> },
+      (e: unknown) => e as Error & { code?: string; data?: Record<string, unknown>; next?: unknown },
     );
     const took = performance.now() - started;
     expect(holding).not.toBeNull();
     expect(error?.code, error?.message).toBe('FENCE_LIMIT');
     expect(error!.message).toMatch(/refused writes for \d+\.\d s, the fence limit is 3\.0 s; the move waited for the target pg2 to apply the changes committed before the fence \(its apply worker waits for Lock\/relation, held by pid \d+/);
-    expect(error!.message).toMatch(/unfenced and is writable again on pg1\. Run move-shard 0 --resume to retry the cut-over, or --abort/);
+    expect(error!.message).toMatch(/unfenced and is writable again on pg1\. Resume the move to retry the cut-over, or abort it$/);
+    expect(error!.next).toEqual([
+      { action: 'resume', shards: [0] },
+      { action: 'abort', shards: [0] },
+    ]);
     expect(error!.data?.['writeBlockedMs']).toBeLessThan(limitMs + 2000);
     expect(took).toBeLessThan(60_000);
     await withClient(db.urls[0]!, async (c) => {

@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { columns, formatBytes } from '../../src/cli/output.js';
+import { columns, formatBytes, nextLine } from '../../src/cli/output.js';
+import { formatShardList } from '../../src/config/ranges.js';
+import { HostError, resumeOrAbort, RuntimeFailure } from '../../src/errors.js';
 
 describe('formatBytes', () => {
   it.each([
@@ -19,5 +21,30 @@ describe('formatBytes', () => {
 describe('columns', () => {
   it('pads every column but the last to its widest cell', () => {
     expect(columns([['move', 'shards'], ['pg1 → pg3', '0-2']], '  ')).toEqual(['  move       shards', '  pg1 → pg3  0-2']);
+  });
+});
+
+describe("an error's next steps", () => {
+  it('the CLI words them as the commands a person types', () => {
+    expect(nextLine(resumeOrAbort([0, 1, 2, 3]), formatShardList)).toBe('next: shardctl move-shard 0-3 --resume, or shardctl move-shard 0-3 --abort');
+    expect(nextLine([{ action: 'resume', shards: [5] }], formatShardList)).toBe('next: shardctl move-shard 5 --resume');
+    expect(nextLine([{ action: 'rebalance' }], formatShardList)).toBe('next: shardctl rebalance');
+  });
+
+  it('merges the steps of one action over several moves into one command', () => {
+    expect(nextLine([...resumeOrAbort([4, 5]), ...resumeOrAbort([0, 1])], formatShardList)).toBe(
+      'next: shardctl move-shard 0-1,4-5 --resume, or shardctl move-shard 0-1,4-5 --abort',
+    );
+  });
+
+  it('are data in the error and its JSON, and absent from the JSON when there are none', () => {
+    const error = new HostError('pg1', 'the fence timed out; resume the move to retry, or abort it', { shard: 3, next: resumeOrAbort([3]) });
+    expect(error.next).toEqual([
+      { action: 'resume', shards: [3] },
+      { action: 'abort', shards: [3] },
+    ]);
+    expect(error.toJSON().next).toEqual(error.next);
+    expect(error.message).not.toMatch(/--/);
+    expect(new RuntimeFailure('NO_MOVE', 'nothing to resume').toJSON()).not.toHaveProperty('next');
   });
 });

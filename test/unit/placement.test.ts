@@ -1,8 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
 import { rewriteOwnersYaml } from '../../src/config/rewrite.js';
+import { HostError } from '../../src/errors.js';
 import {
   describeDisagreements,
+  fleetConfig,
   hostAddress,
   mapDisagreements,
   mergePlacement,
@@ -127,5 +129,20 @@ describe('map pull rewrite', () => {
     expect(out).toContain('shards: "2-6"');
     expect(out).toMatch(/- name: pg3\n\s+url: postgres:\/\/db3\/app\n\s+shards: "7"/);
     expect(rewriteOwnersYaml(out, owners, [])).toBeNull();
+  });
+});
+
+describe('fleetConfig', () => {
+  it('refuses seeds without a control schema, saying in words to initialise the fleet, with init as the next step', () => {
+    const placement = mergePlacement([{ ...view('pg1', { fleetId: null }), layout: null }]);
+    let error: unknown;
+    try {
+      fleetConfig(null, { placement, unreachable: [], urls: new Map() });
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(HostError);
+    expect((error as HostError).message).toBe('host pg1: no shardctl control schema on the seeds (initialise the fleet first)');
+    expect((error as HostError).next).toEqual([{ action: 'init' }]);
   });
 });

@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { splitSql, splitSqlBothWays, transactionEscape } from '../../src/pg/statements.js';
-import { execRefusal } from '../../src/router/exec.js';
+import { execRefusal } from '../../src/commands/exec.js';
 import { migrationFileProblems } from '../../src/migrations/files.js';
 
 const texts = (sql: string) => splitSql(sql).statements.map((s) => s.text);

@@ -1,8 +1,8 @@
 import type pg from 'pg';
 import { UsageError } from '../errors.js';
 import { callsAny, splitSql, splitSqlBothWays, transactionEscape, type SqlStatement } from '../pg/statements.js';
-import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
-import type { ShardRouter } from './router.js';
+import { ShardFanOutError, type FanOutFailure, type ShardResult } from '../router/errors.js';
+import type { ShardRouter } from '../router/router.js';
 
 export interface ExecOptions {
   /** Default: every shard of the map. */
