@@ -153,8 +153,7 @@ function planHost(
       if (!recorded) steps.push({ label: 'record shard', recordsShard: true, get sql() { return recordShardSql(config, shard); } });
       if (snapshot.schemas.get(shard)!.nextIdVersion !== ID_FUNCTION_VERSION) {
         reinstalls = true;
-        const language = snapshot.schemas.get(shard)!.nextIdLanguage ?? 'sql';
-        steps.push({ label: 'install next_id', get sql() { return reinstallNextIdSql(config, shard, language); } });
+        steps.push({ label: 'install next_id', get sql() { return reinstallNextIdSql(config, shard); } });
       }
     }
     for (const migration of pending) {
