@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { elapsed } from '../clock.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, ShardctlError, UsageError } from '../errors.js';
@@ -269,8 +270,4 @@ async function runSwitch(session: HostSession, sql: string): Promise<void> {
 
 function hostResult(host: string, shards: readonly AdoptedShard[], missing: readonly number[], controlSql: string, outcome: HostOutcome): AdoptHostResult {
   return { host, shards, missing, controlSql, ...outcome };
-}
-
-function elapsed(started: number): number {
-  return Math.round(performance.now() - started);
 }

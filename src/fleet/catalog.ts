@@ -52,7 +52,7 @@ export interface RecordedLayout {
  * next_id), then the control schema. Rows come grouped (one per next_id version, per shard state,
  * per distinct set of applied migrations) and shards with the same applied set share one map: on
  * a current fleet of 8192 shards a host sends a handful of rows instead of tens of thousands, and
- * reading them no longer dominates `migrate --check`.
+ * reading them does not dominate `migrate --check`.
  */
 export async function readHostSnapshot(session: HostSession, config: ShardctlConfig): Promise<HostSnapshot> {
   const { client, host } = session;

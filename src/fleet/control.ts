@@ -26,7 +26,7 @@ const CONTROL_STEPS: readonly { version: number; sql: () => string }[] = [
   // The layout, the shards, migration records, moves and their markers, the fence functions.
   { version: 1, sql: () => renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim() },
   // The fleet: its id, the host registry and the placement copy (src/fleet/placement.ts); the lock
-  // tables (sql/control_locks.sql) that replaced advisory locks.
+  // tables (sql/control_locks.sql).
   {
     version: 2,
     sql: () => [renderSql(loadSqlTemplate('control_fleet.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(), controlLocksSql()].join('\n'),

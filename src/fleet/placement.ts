@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { failureReason, HostError, StaleMapError } from '../errors.js';
@@ -233,7 +233,7 @@ export function mapDisagreements(config: Pick<ShardctlConfig, 'hosts' | 'shards'
 export function describeDisagreements(disagreements: readonly MapDisagreement[]): string[] {
   return disagreements.map(
     (d) =>
-      `${d.shards.length === 1 ? 'shard' : 'shards'} ${formatShardList(d.shards)}: the file says ${d.fileHost ?? 'nothing'}, ` +
+      `${shardsPhrase(d.shards)}: the file says ${d.fileHost ?? 'nothing'}, ` +
       `the fleet says ${d.fleetHost}${d.unknownHost ? ' (a host the file does not list)' : ''}`,
   );
 }

@@ -2,13 +2,14 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { ConfigError, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { HostSnapshot } from '../fleet/catalog.js';
 import { CONTROL_VERSION, controlSchemaSql } from '../fleet/control.js';
 import { createShardSql, recordShardSql, reinstallNextIdSql } from '../fleet/sql.js';
 import { DRIFT_KINDS, driftProblems, pendingMigrations, type DriftKind } from '../migrations/rules.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
+import { inflect } from '../text.js';
 
 /**
  * Plan, then execute: from the config, the live catalogs and the migration files, compute what
@@ -213,10 +214,10 @@ export function findConflicts(
         kind: 'foreign-schema',
         host: snapshot.host.name,
         message:
-          `host ${snapshot.host.name}: schema${foreign.length === 1 ? '' : 's'} for shard${foreign.length === 1 ? '' : 's'} ` +
-          `${formatShardList(foreign)} exist${foreign.length === 1 ? 's' : ''} but shardctl did not create ${foreign.length === 1 ? 'it' : 'them'} ` +
-          `(no next_id, no record in shardctl.shards); adopt ${foreign.length === 1 ? 'it' : 'them'} with shardctl adopt (a fleet built from the Instagram article), ` +
-          `drop ${foreign.length === 1 ? 'it' : 'them'}, or choose another schemaPrefix`,
+          `host ${snapshot.host.name}: ${inflect(foreign.length, 'schema')} for ${inflect(foreign.length, 'shard')} ` +
+          `${formatShardList(foreign)} ${inflect(foreign.length, 'exists', 'exist')} but shardctl did not create ${inflect(foreign.length, 'it', 'them')} ` +
+          `(no next_id, no record in shardctl.shards); adopt ${inflect(foreign.length, 'it', 'them')} with shardctl adopt (a fleet built from the Instagram article), ` +
+          `drop ${inflect(foreign.length, 'it', 'them')}, or choose another schemaPrefix`,
       });
     }
   }
@@ -279,7 +280,7 @@ function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<nu
       kind: 'moving' as const,
       host: m.source,
       message:
-        `shard${m.shards.size === 1 ? '' : 's'} ${shards} ${m.shards.size === 1 ? 'is' : 'are'} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
+        `${inflect(m.shards.size, 'shard')} ${shards} ${inflect(m.shards.size, 'is', 'are')} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
         `finish it with shardctl move-shard ${shards} --resume, or undo it with --abort, then run this again`,
     };
   });
@@ -299,10 +300,10 @@ function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: 
       entry.shards.add(shard);
     }
   }
-  if (running.size === 0) return `Move ${misplaced.length === 1 ? 'it' : 'them'} with shardctl move-shard, or fix the map`;
+  if (running.size === 0) return `Move ${inflect(misplaced.length, 'it', 'them')} with shardctl move-shard, or fix the map`;
   const moves = [...running].map(([moveId, m]) => {
     const shards = formatShardList([...m.shards].sort((a, b) => a - b));
-    return `move ${moveId} (shard${m.shards.size === 1 ? '' : 's'} ${shards}, ${m.source} → ${m.target}, last step done: ${m.step}): shardctl move-shard ${shards} --resume, or --abort`;
+    return `move ${moveId} (${inflect(m.shards.size, 'shard')} ${shards}, ${m.source} → ${m.target}, last step done: ${m.step}): shardctl move-shard ${shards} --resume, or --abort`;
   });
   return `A move on ${host} is unfinished; finish or undo it first, then run this again: ${moves.join('; ')}`;
 }
@@ -328,9 +329,9 @@ function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapsho
       kind: 'misplaced',
       host: snapshot.host.name,
       message:
-        `shard${misplaced.length === 1 ? '' : 's'} ${formatShardList(misplaced)} ${misplaced.length === 1 ? 'is' : 'are'} mapped to ${owners} ` +
-        `but ${misplaced.length === 1 ? 'its schema exists' : 'their schemas exist'} on host ${snapshot.host.name} ` +
-        `(e.g. ${shardSchemaName(config, misplaced[0]!)}); creating ${misplaced.length === 1 ? 'it' : 'them'} again would split the data. ` +
+        `${shardsPhrase(misplaced)} ${inflect(misplaced.length, 'is', 'are')} mapped to ${owners} ` +
+        `but ${inflect(misplaced.length, 'its schema exists', 'their schemas exist')} on host ${snapshot.host.name} ` +
+        `(e.g. ${shardSchemaName(config, misplaced[0]!)}); creating ${inflect(misplaced.length, 'it', 'them')} again would split the data. ` +
         misplacedAdvice(misplaced, snapshot.host.name, snapshots),
     });
   }
