@@ -12,6 +12,7 @@ import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { conflictError, findConflicts } from '../provisioning/plan.js';
 import { checkBaseline, inspectShards, type ShardAction, type ShardInspection } from './inspect.js';
 import { recordAdoptedSql, switchShardSql } from './sql.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * `shardctl adopt`, top to bottom: lock every host, read what each mapped schema holds, refuse
@@ -235,7 +236,7 @@ async function executeHost(session: HostSession, shards: readonly AdoptedShard[]
   try {
     await session.client.query(controlSql);
   } catch (error) {
-    await session.client.query('ROLLBACK').catch(() => undefined);
+    await rollbackQuietly(session.client);
     return { ...outcome, hostError: `cannot create the control schema: ${describePgError(error)}` };
   }
   for (const shard of shards) {
@@ -260,7 +261,7 @@ async function runSwitch(session: HostSession, sql: string): Promise<void> {
       await session.client.query(sql);
       return;
     } catch (error) {
-      await session.client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(session.client);
       const lockTimeout = (error as { code?: string }).code === '55P03';
       if (!lockTimeout || attempt >= SWITCH_ATTEMPTS) throw error;
       await new Promise((resolve) => setTimeout(resolve, 50 * attempt));

@@ -165,12 +165,13 @@ export async function devDown(options: { cwd: string; destroy?: boolean }): Prom
 
   if (options.destroy) {
     for (const host of state.hosts) await rm(host.dataDir, { recursive: true, force: true });
-    // The per-project folder under the temp dir, when it is empty now.
+    // The per-project folder under the temp dir, when it is empty now (rmdir refuses one that is not).
     const dataParents = new Set(state.hosts.map((host) => path.dirname(host.dataDir)));
     for (const parent of dataParents) await rmdir(parent).catch(() => undefined);
     await rm(state.configFile, { force: true });
     await rm(path.dirname(state.stateFile), { recursive: true, force: true });
-    // .shardctl may hold other things; remove it only when the dev folder was all it had.
+    // .shardctl may hold other things; remove it only when the dev folder was all it had (rmdir
+    // refuses it otherwise, and that refusal is the answer).
     await rmdir(path.join(cwd, '.shardctl')).catch(() => undefined);
   }
   return devHostStatuses(state);

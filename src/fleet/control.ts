@@ -4,6 +4,7 @@ import { ID_LOCK_SLOTS } from '../id/sql.js';
 import { HostError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * The control schema shardctl keeps on every host (sql/control.sql): the id layout the host was
@@ -126,7 +127,7 @@ export async function ensureControlLocks(client: pg.Client): Promise<void> {
       await client.query(`BEGIN;\n${controlLocksSql()}\nCOMMIT;`);
       return;
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       const code = (error as { code?: unknown }).code;
       if (attempt >= 3 || (code !== '23505' && code !== '42P06' && code !== '42P07')) throw error;
     }
