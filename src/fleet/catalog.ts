@@ -102,7 +102,7 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
         GROUP BY versions, checksums`,
       `SELECT version, max(name) AS name FROM ${CONTROL}.migrations GROUP BY version`,
       ...(moves
-        ? [`SELECT unnest(coalesce(shards, ARRAY[shard])) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`]
+        ? [`SELECT unnest(shards) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`]
         : []),
     ]);
     return {

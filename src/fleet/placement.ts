@@ -76,7 +76,7 @@ export async function readPlacementView(client: pg.Client | pg.PoolClient, reach
   const core = [
     `SELECT schema_prefix, shard_count, epoch_ms::text AS epoch_ms, shard_bits, sequence_bits FROM ${CONTROL}.layout`,
     `SELECT state, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.shards GROUP BY state`,
-    `SELECT string_agg(s::text, ',') AS shards FROM ${CONTROL}.moves, unnest(coalesce(shards, ARRAY[shard])) AS s WHERE status = 'running'`,
+    `SELECT string_agg(s::text, ',') AS shards FROM ${CONTROL}.moves, unnest(shards) AS s WHERE status = 'running'`,
   ];
   const fleetQueries = [
     `SELECT fleet_id::text AS fleet_id, host_name, placement_version::text AS version FROM ${CONTROL}.fleet`,
