@@ -12,7 +12,7 @@ import { dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSeq
 import { stepsFor, type MoveStep } from './state.js';
 import { endPreVerification, preVerify, shardTables, verifyShards, type VerifyResult } from './verify.js';
 import { keyedTables, readChanges, runTransaction, startTrackingSql, stopTracking } from './tail.js';
-import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, notice, sleep } from './context.js';
+import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, elapsed, notice, sleep } from './context.js';
 import { applyWorkerWaits, waitForMarker, dropReplication } from './replication.js';
 import { inflect, plural } from '../text.js';
 
@@ -218,7 +218,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     const started = performance.now();
     const verification = await preVerify({ source: held[0]!, target: held[1]! }, { source: ctx.source.client, target: ctx.target.client }, keyed, methods);
     ctx.pre = { wave: ctx.wave, verification };
-    notice(ctx, `host ${ctx.target.host.name}: ${plural(keyed.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${Math.round(performance.now() - started)} ms; while fenced only their changed rows are compared`);
+    notice(ctx, `host ${ctx.target.host.name}: ${plural(keyed.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`);
   } catch (error) {
     await Promise.all(held.map((c) => c.end().catch(() => undefined)));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);

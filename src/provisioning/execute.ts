@@ -6,6 +6,7 @@ import { failureReason } from '../errors.js';
 import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { elapsed } from '../clock.js';
 
 export interface ProgressEvent {
   readonly host: string;
@@ -177,7 +178,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
       notStarted,
       hostError: error,
       behind: error === null ? failures.length + notStarted : total - counters.done + failures.length,
-      durationMs: Math.round(performance.now() - started),
+      durationMs: elapsed(started),
     };
   }
 }
