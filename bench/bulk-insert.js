@@ -4,7 +4,6 @@
  * with different id columns:
  *
  *  - bigserial (the floor), and next_id() as installed now, both with the primary key;
- *  - next_id of the previous release (test/fixtures/next_id.v4.sql) with the primary key;
  *  - a PL/pgSQL function that only returns nextval(seq): what any PL/pgSQL call per row costs;
  *  - bigserial and next_id() without a primary key: how much of a statement is the index.
  *
@@ -21,14 +20,12 @@ import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { controlLocksSql } from '../dist/fleet/control.js';
 import { renderNextIdSql } from '../dist/id/sql.js';
 import { binDirFor, clientVersion, endedBackendsCpuMs, formatCount, log, markdownTable, ratio, round, runProcess, summarize, textTable, verdict, withClient } from './lib.js';
-import { PREVIOUS_VERSION, renderPreviousNextIdSql } from './previous-next-id.js';
 
 export const description = 'pgbench INSERT…SELECT 1000 rows, 2 clients: next_id() table vs bigserial table';
 
 const DATABASE = 'bench_bulk';
 const SHARD = 5;
 const SCHEMA = `insta${SHARD}`;
-const OLD_SCHEMA = `old${SHARD}`;
 const ROWS_PER_STATEMENT = 1000;
 const CLIENTS = 2;
 /** The issue's target: next_id's table at least this share of bigserial's throughput. */
@@ -43,12 +40,6 @@ const VARIANTS = [
     label: 'next_id(), primary key',
     table: `${SCHEMA}.photos`,
     ddl: `CREATE SEQUENCE ${SCHEMA}.photos_id_seq; CREATE TABLE ${SCHEMA}.photos (id bigint PRIMARY KEY DEFAULT ${SCHEMA}.next_id('${SCHEMA}.photos_id_seq'), ${COLUMNS})`,
-  },
-  {
-    key: 'next_id_previous',
-    label: `next_id() v${PREVIOUS_VERSION} (previous release), primary key`,
-    table: `${OLD_SCHEMA}.photos`,
-    ddl: `CREATE SEQUENCE ${OLD_SCHEMA}.photos_id_seq; CREATE TABLE ${OLD_SCHEMA}.photos (id bigint PRIMARY KEY DEFAULT ${OLD_SCHEMA}.next_id('${OLD_SCHEMA}.photos_id_seq'), ${COLUMNS})`,
   },
   {
     key: 'plpgsql_floor',
@@ -99,10 +90,9 @@ export async function run(ctx, major) {
   const dir = await mkdtemp(path.join(os.tmpdir(), 'shardctl-bench-bulk-'));
   try {
     await withClient(host.url(DATABASE), async (client) => {
-      await client.query(`CREATE SCHEMA ${SCHEMA}; CREATE SCHEMA ${OLD_SCHEMA}`);
+      await client.query(`CREATE SCHEMA ${SCHEMA}`);
       await client.query(controlLocksSql());
       await client.query(renderNextIdSql(SCHEMA, SHARD, DEFAULT_ID_LAYOUT));
-      await client.query(renderPreviousNextIdSql(OLD_SCHEMA, SHARD, DEFAULT_ID_LAYOUT));
       for (const variant of VARIANTS) await client.query(variant.ddl);
     });
     for (const variant of VARIANTS) await writeFile(path.join(dir, `${variant.key}.sql`), insertSql(variant.table));
@@ -132,14 +122,12 @@ export async function run(ctx, major) {
     const vsBigserial = (key) => ratio(of(key).rowsPerSecond.median, of('bigserial').rowsPerSecond.median);
     const ratios = {
       nextIdVsBigserial: vsBigserial('next_id'),
-      nextIdPreviousVsBigserial: vsBigserial('next_id_previous'),
       plpgsqlFloorVsBigserial: vsBigserial('plpgsql_floor'),
       nextIdVsPlpgsqlFloor: ratio(of('next_id').rowsPerSecond.median, of('plpgsql_floor').rowsPerSecond.median),
       nextIdNoIndexVsBigserialNoIndex: ratio(of('next_id_nopk').rowsPerSecond.median, of('bigserial_nopk').rowsPerSecond.median),
       // Throughput as the server's CPU would allow it: bigserial's CPU per row over next_id's.
       nextIdVsBigserialByCpu: of('bigserial').cpuNsPerRow ? ratio(of('bigserial').cpuNsPerRow.median, of('next_id').cpuNsPerRow.median) : null,
       plpgsqlFloorVsBigserialByCpu: of('bigserial').cpuNsPerRow ? ratio(of('bigserial').cpuNsPerRow.median, of('plpgsql_floor').cpuNsPerRow.median) : null,
-      nextIdPreviousVsBigserialByCpu: of('bigserial').cpuNsPerRow ? ratio(of('bigserial').cpuNsPerRow.median, of('next_id_previous').cpuNsPerRow.median) : null,
     };
     return {
       benchmark: 'bulk-insert',
@@ -220,7 +208,7 @@ async function timedRun(host, pgbench, file, variant, seconds) {
 
 /**
  * The locked slow path's share of calls: next_id_locked's calls (track_functions = 'pl' counts
- * PL/pgSQL functions) per id, that is per row the run inserted (since v5 an id that takes the fast
+ * PL/pgSQL functions) per id, that is per row the run inserted (an id that takes the fast
  * path calls no PL/pgSQL function, so there is no per-id call to count).
  */
 async function countSlowPath(host, pgbench, file, variant, seconds) {
@@ -296,7 +284,7 @@ export function markdown(results) {
         '',
         `${slowPathLine(result)}.`,
         '',
-        `Targets: next_id ≥ ${TARGET_RATIO}x bigserial: ${verdict(result.targets.throughput.met)} (${result.ratios.nextIdVsBigserial}x by rows/s, ${result.ratios.nextIdVsBigserialByCpu}x by server CPU per row; v${PREVIOUS_VERSION} ${result.ratios.nextIdPreviousVsBigserial}x / ${result.ratios.nextIdPreviousVsBigserialByCpu}x; the PL/pgSQL floor ${result.ratios.plpgsqlFloorVsBigserial}x / ${result.ratios.plpgsqlFloorVsBigserialByCpu}x). Locked slow path ≤ 0.5% of calls: ${verdict(result.targets.slowPath.met)}.`,
+        `Targets: next_id ≥ ${TARGET_RATIO}x bigserial: ${verdict(result.targets.throughput.met)} (${result.ratios.nextIdVsBigserial}x by rows/s, ${result.ratios.nextIdVsBigserialByCpu}x by server CPU per row; the PL/pgSQL floor ${result.ratios.plpgsqlFloorVsBigserial}x / ${result.ratios.plpgsqlFloorVsBigserialByCpu}x). Locked slow path ≤ 0.5% of calls: ${verdict(result.targets.slowPath.met)}.`,
       ].join('\n'),
     )
     .join('\n\n');

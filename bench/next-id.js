@@ -18,7 +18,6 @@ import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { controlLocksSql } from '../dist/fleet/control.js';
 import { ID_FUNCTION_VERSION, renderNextIdSql } from '../dist/id/sql.js';
 import { tsImport } from 'tsx/esm/api';
-import { PREVIOUS_VERSION, renderPreviousNextIdSql } from './previous-next-id.js';
 import {
   connect,
   formatCount,
@@ -43,8 +42,6 @@ const DATABASE = 'bench_nextid';
 const SHARD = 5;
 const SCHEMA = `insta${SHARD}`;
 const REFERENCE_SCHEMA = `instagram${SHARD}`;
-/** next_id of the previous release, for before/after rows. */
-const OLD_SCHEMA = `old${SHARD}`;
 /** Steady drawing rates (ids per millisecond) at which the slow path's share is measured. */
 const PACED_RATES = [1000, 500, 200, 100, 50, 20];
 /**
@@ -100,7 +97,6 @@ const COST_VARIANTS = [
   { key: 'nextval', label: 'bare nextval()', call: `nextval('${SCHEMA}.plain_seq')` },
   { key: 'plpgsql', label: 'PL/pgSQL floor: RETURN nextval(seq)', call: `${SCHEMA}.plpgsql_nextval('${SCHEMA}.floor_seq')` },
   { key: 'shardctl', label: `shardctl ${SCHEMA}.next_id(seq)`, call: `${SCHEMA}.next_id('${SCHEMA}.cost_seq')` },
-  { key: 'shardctl_previous', label: `shardctl next_id v${PREVIOUS_VERSION} (previous release)`, call: `${OLD_SCHEMA}.next_id('${OLD_SCHEMA}.cost_seq')` },
   { key: 'instagram', label: "Instagram's published next_id()", call: `${REFERENCE_SCHEMA}.next_id()` },
 ];
 
@@ -128,9 +124,6 @@ export async function run(ctx, major) {
         `CREATE FUNCTION ${SCHEMA}.plpgsql_nextval(seq regclass) RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RETURN nextval(seq); END $$`,
       );
       await client.query(photosCopySql(SCHEMA, `${SCHEMA}.next_id('${SCHEMA}.photos_id_seq')`));
-      await client.query(`CREATE SCHEMA ${OLD_SCHEMA}`);
-      await client.query(renderPreviousNextIdSql(OLD_SCHEMA, SHARD, LAYOUT));
-      for (const seq of ['cost_seq', 'slow_seq']) await client.query(`CREATE SEQUENCE ${OLD_SCHEMA}.${seq}`);
       await client.query(`CREATE SEQUENCE ${SCHEMA}.slow_seq`);
       await client.query(PACED_FUNCTION);
       await client.query(INSTAGRAM_FUNCTION);
@@ -254,16 +247,13 @@ END $$`;
 /**
  * How often the locked slow path runs, from the function statistics of one transaction
  * (track_functions = 'pl' counts PL/pgSQL calls: next_id_locked once per slow call), against the
- * ids drawn (v5 calls no PL/pgSQL function for an id on the fast path, so there is no per-id call
+ * ids drawn (next_id() calls no PL/pgSQL function for an id on the fast path, so there is no per-id call
  * to count; the statements below draw a known number). At full speed (--ids × 4 ids in one statement, as
  * in the issue) and at steady rates from 1000 down to 20 ids per millisecond, each on a new sequence
  * that starts at the clock.
  */
 async function measureSlowPath(host, { ids }) {
-  const variants = [
-    { function: 'shardctl', schema: SCHEMA },
-    { function: 'shardctl_previous', schema: OLD_SCHEMA },
-  ];
+  const variants = [{ function: 'shardctl', schema: SCHEMA }];
   const results = [];
   await withClient(host.url(DATABASE), async (client) => {
     const measure = async (variant, idsPerMs, sql, ids) => {
@@ -437,7 +427,7 @@ function uniquenessRows(result) {
 }
 function slowPathRows(result) {
   return result.slowPath.map((s) => [
-    s.function === 'shardctl' ? `shardctl next_id (v${ID_FUNCTION_VERSION})` : `next_id v${PREVIOUS_VERSION} (previous release)`,
+    `shardctl next_id (v${ID_FUNCTION_VERSION})`,
     s.idsPerMs === null ? 'full speed, one statement' : `${s.idsPerMs} ids/ms`,
     formatCount(s.calls),
     formatCount(s.lockedCalls),

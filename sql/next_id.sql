@@ -16,12 +16,12 @@
 -- the layout's epoch, rounded down. Both paths use exactly this conversion (the fast path in an
 -- equivalent form that compares timestamps), so they never disagree on what "now" is.
 
--- The barrier of a reinstall (init upgrading an older release in place): ALTER SEQUENCE (a no-op
+-- The barrier of a reinstall (init upgrading an older version in place): ALTER SEQUENCE (a no-op
 -- here: the cache it already has) locks each sequence of the schema in SHARE ROW EXCLUSIVE mode
 -- until this transaction commits, which waits for every transaction that has drawn from it
 -- (nextval() holds ROW EXCLUSIVE on the sequence to the transaction's end) and holds new draws until
 -- the new functions are visible. Without it, a statement that began under the old release could
--- still run the old slow path, with another lock (v6 and earlier: an advisory lock), beside the new
+-- still run the old slow path, which may take another lock, beside the new
 -- one, and two sessions could move one sequence at once. In a new schema there is no sequence yet.
 DO $barrier$
 DECLARE
@@ -64,8 +64,7 @@ $barrier$;
 --
 -- Written for a cold call: at drawing rates below ~2^sequenceBits per millisecond this runs every
 -- millisecond or two, between long stretches of the fast path, so what it costs is mostly how
--- much code it touches (measured that way, a v4 call costs 48 µs where v3 took 116 µs when it calls
--- setval(), 83 µs against 127 µs when it draws). Hence: no catalog
+-- much code it touches. Hence: no catalog
 -- query (built-in functions check the schema and the cache), the settings and the range checks
 -- only where the sequence is about to move, and as few statements as the argument allows.
 -- SECURITY DEFINER so that roles with only USAGE on the sequence (enough for nextval) can still
@@ -168,11 +167,10 @@ BEGIN
 END
 $next_id_locked$;
 
--- Fast path (no lock) as a PL/pgSQL function. Since v5, next_id() (sql/next_id_wrapper.sql) is this
--- same condition and id as one SQL expression inlined into the calling statement (since v6 the
--- condition is one comparison there, accepting the same positions), and calls no PL/pgSQL on the
--- fast path; this function stays for the PL/pgSQL next_id() of shards made before v3
--- (sql/next_id_wrapper_plpgsql.sql) and for statements planned before an upgrade from v3/v4.
+-- Fast path (no lock) as a PL/pgSQL function: the readable form of the condition and the id that
+-- next_id() (sql/next_id_wrapper.sql) computes as one SQL expression inlined into the calling
+-- statement (one comparison there, accepting the same positions; a test holds the two equal), so
+-- next_id() itself calls no PL/pgSQL on the fast path.
 -- It turns a position drawn by next_id() into an id when it is not more than
 -- {{lagMs}} ms behind the clock, that is when pos >= (now_ms - {{lagMs}}) << {{sequenceBits}}.
 -- Written as a timestamp comparison because that is the cheapest exact form of it:

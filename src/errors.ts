@@ -3,6 +3,7 @@
  * structured data, so the same failure prints well for a person and serialises under --json.
  * Every message passes through redact() before it leaves the process (see src/pg/redact.ts).
  */
+import { plural } from './text.js';
 
 /** 1: failed at run time; 2: bad usage or config, nothing written; 3: a check found a problem. */
 export type FailureExitCode = 1 | 2 | 3;
@@ -118,7 +119,7 @@ export class ConfigError extends ShardctlError {
     const lines = issues.map((issue) => (issue.path ? `${issue.path}: ${issue.message}` : issue.message));
     super(
       'CONFIG_INVALID',
-      `${file}: ${issues.length} problem${issues.length === 1 ? '' : 's'} in the config\n${lines.map((l) => `  - ${l}`).join('\n')}`,
+      `${file}: ${plural(issues.length, 'problem')} in the config\n${lines.map((l) => `  - ${l}`).join('\n')}`,
       { exitCode: 2, details: lines, data: { file, issues: issues.map((i) => ({ ...i })) } },
     );
     this.issues = issues;

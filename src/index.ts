@@ -5,7 +5,8 @@
 
 // ids and config (the bottom layer)
 export { loadConfig, parseConfig, resolveConfigPath } from './config/load.js';
-export { parseShardList, parseShards, formatShardList } from './config/ranges.js';
+export { parseShardList, parseShards, formatShardList, shardsPhrase } from './config/ranges.js';
+export { inflect, plural } from './text.js';
 export { hostForShard, shardSchemaName, type HostConfig, type ShardctlConfig } from './config/types.js';
 export { configJsonSchema, type ConfigFile } from './config/schema.js';
 export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE } from './config/shard-map.js';

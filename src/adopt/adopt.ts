@@ -1,4 +1,5 @@
 import { randomUUID } from 'node:crypto';
+import { elapsed } from '../clock.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, ShardctlError, UsageError } from '../errors.js';
@@ -11,6 +12,7 @@ import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { conflictError, findConflicts } from '../provisioning/plan.js';
 import { checkBaseline, inspectShards, type ShardAction, type ShardInspection } from './inspect.js';
 import { recordAdoptedSql, switchShardSql } from './sql.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * `shardctl adopt`, top to bottom: lock every host, read what each mapped schema holds, refuse
@@ -234,7 +236,7 @@ async function executeHost(session: HostSession, shards: readonly AdoptedShard[]
   try {
     await session.client.query(controlSql);
   } catch (error) {
-    await session.client.query('ROLLBACK').catch(() => undefined);
+    await rollbackQuietly(session.client);
     return { ...outcome, hostError: `cannot create the control schema: ${describePgError(error)}` };
   }
   for (const shard of shards) {
@@ -259,7 +261,7 @@ async function runSwitch(session: HostSession, sql: string): Promise<void> {
       await session.client.query(sql);
       return;
     } catch (error) {
-      await session.client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(session.client);
       const lockTimeout = (error as { code?: string }).code === '55P03';
       if (!lockTimeout || attempt >= SWITCH_ATTEMPTS) throw error;
       await new Promise((resolve) => setTimeout(resolve, 50 * attempt));
@@ -269,8 +271,4 @@ async function runSwitch(session: HostSession, sql: string): Promise<void> {
 
 function hostResult(host: string, shards: readonly AdoptedShard[], missing: readonly number[], controlSql: string, outcome: HostOutcome): AdoptHostResult {
   return { host, shards, missing, controlSql, ...outcome };
-}
-
-function elapsed(started: number): number {
-  return Math.round(performance.now() - started);
 }

@@ -9,6 +9,7 @@ import type { MigrationFile } from '../migrations/files.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { parsePublishedFunction, publishedLayoutProblems } from './published.js';
 import { ADOPTED_WRAPPER_COMMENT } from './sql.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * The planner's eyes: what each mapped schema on a host holds (its next_id functions, the sequence
@@ -258,7 +259,7 @@ export async function checkBaseline(
       ].join('\n'),
     );
   } catch (error) {
-    await client.query('ROLLBACK').catch(() => undefined);
+    await rollbackQuietly(client);
     return { host: `the baseline files do not run in a scratch schema: ${describePgError(error)}`, shards: shardsProblems };
   }
   try {

@@ -27,7 +27,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     .option('--write', 'allow writes (default: read-only: only SELECT, WITH, VALUES, TABLE, SHOW and EXPLAIN, each shard in a READ ONLY transaction; see the README)');
   configOption(command);
   command.action(async (sql: string, flags: ExecFlags) => {
-      const { execSql, formatShardList, groupFailures, parseShardList, ShardRouter, UsageError } = lib();
+      const { execSql, groupFailures, parseShardList, shardsPhrase, ShardRouter, UsageError } = lib();
       if (flags.json && flags.csv) throw new UsageError('options --json and --csv: choose one');
       if (sql.trim().length === 0) throw new UsageError('argument <sql>: empty');
       let concurrency: number | undefined;
@@ -83,7 +83,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
         return;
       }
       const failed = result.failures.map((f) => f.shard);
-      out.info(`${out.paint('31', 'error:')} ${result.failures.length} of ${result.shards} shards failed: ${failed.length === 1 ? 'shard' : 'shards'} ${formatShardList(failed)}`);
+      out.info(`${out.paint('31', 'error:')} ${result.failures.length} of ${result.shards} shards failed: ${shardsPhrase(failed)}`);
       for (const group of groupFailures(result.failures)) out.info(`  ${group.line}`);
       if (!flags.write && result.failures.some((f) => (f.error as { code?: string }).code === '25006')) {
         out.info('  the statement writes: exec runs read-only transactions unless --write is given');

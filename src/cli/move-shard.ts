@@ -35,7 +35,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');
   jsonOption(command);
   command.action(async (shardsText: string, flags: MoveFlags) => {
-    const { formatShardList, moveShards, parseShards, UsageError } = lib();
+    const { moveShards, parseShards, shardsPhrase, UsageError } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     if (flags.mode !== 'online' && flags.mode !== 'offline') {
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
@@ -46,7 +46,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     const maxFencedMs = parseMaxFenced(flags.maxFenced);
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
-    const which = `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
+    const which = shardsPhrase(shards);
     if (!flags.dryRun && !flags.yes) {
       const what = flags.abort ? `undo the unfinished moves of ${which}` : flags.resume ? `finish the moves of ${which}` : `move ${which} to ${flags.to}`;
       await confirmOrRefuse(ctx.streams, what);
@@ -106,8 +106,8 @@ function print(out: Output, result: BatchMoveResult): void {
 }
 
 function printMove(out: Output, move: MoveResult): void {
-  const { formatShardList } = lib();
-  const which = `shard${move.shards.length === 1 ? '' : 's'} ${formatShardList([...move.shards])}`;
+  const { formatShardList, shardsPhrase } = lib();
+  const which = shardsPhrase(move.shards);
   if (move.outcome === 'dry-run') {
     out.line(`move of ${which} from ${move.source} to ${move.target} (${move.mode}) — dry run, nothing changed`);
     for (const check of move.preflight) out.line(`  ${check.ok ? 'ok  ' : 'FAIL'} ${check.name}: ${check.message}`);

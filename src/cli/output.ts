@@ -142,8 +142,9 @@ export function toJson(value: unknown): string {
   return JSON.stringify(value, (_, v: unknown) => (typeof v === 'bigint' ? v.toString() : v), 2);
 }
 
-export function plural(n: number, word: string, pluralWord = `${word}s`): string {
-  return `${n} ${n === 1 ? word : pluralWord}`;
+/** The library's plural(), under the name the CLI's modules import (they reach the library only through lib()). */
+export function plural(n: number, word: string, pluralWord?: string): string {
+  return lib().plural(n, word, pluralWord);
 }
 
 export function seconds(ms: number): string {

@@ -93,7 +93,7 @@ function printNextStage(out: Output, result: ProvisionResult, stage: NonNullable
     out.info(`${covered}; no other shard has anything pending`);
     return;
   }
-  out.info(`${covered}; ${plural(stage.pendingElsewhere, 'other shard')} still ${stage.pendingElsewhere === 1 ? 'has' : 'have'} work pending`);
+  out.info(`${covered}; ${plural(stage.pendingElsewhere, 'other shard')} still ${lib().inflect(stage.pendingElsewhere, 'has', 'have')} work pending`);
   if (result.ok) out.info('  check the stage (shardctl status), then go on with one host (shardctl migrate --hosts NAME) or every shard (shardctl migrate)');
 }
 

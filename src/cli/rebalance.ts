@@ -3,7 +3,7 @@ import type { MoveMode, RebalanceBy, RebalancePlan, RebalanceResult, UnfinishedM
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, withFlagNames, yesOption } from './options.js';
-import { columns, formatBytes, Output, seconds } from './output.js';
+import { columns, formatBytes, Output, plural, seconds } from './output.js';
 import { maxFencedOption, parseMaxFenced } from './move-shard.js';
 
 interface RebalanceFlags extends CommonFlags {
@@ -77,7 +77,7 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
 }
 
 function finish(out: Output, result: RebalanceResult): void {
-  const { formatShardList } = lib();
+  const { shardsPhrase } = lib();
   if (out.json) {
     out.data(result);
     return;
@@ -93,7 +93,7 @@ function finish(out: Output, result: RebalanceResult): void {
   }
   for (const move of result.moves) {
     out.line(
-      `${move.source} → ${move.target}: shard${move.shards.length === 1 ? '' : 's'} ${formatShardList([...move.shards])} moved, ` +
+      `${move.source} → ${move.target}: ${shardsPhrase(move.shards)} moved, ` +
         `${move.result.rowsMoved} rows verified, longest write block ${move.result.writeBlockedMs === null ? 'none' : `${move.result.writeBlockedMs} ms`}, ${seconds(move.result.durationMs)}`,
     );
   }
@@ -124,13 +124,13 @@ function printHosts(out: Output, plan: RebalancePlan): void {
 }
 
 function printUnfinished(out: Output, unfinished: readonly UnfinishedMove[]): void {
-  const { formatShardList } = lib();
+  const { shardsPhrase } = lib();
   out.line('unfinished moves, finished first:');
-  for (const u of unfinished) out.line(`  ${u.source} → ${u.target}: shard${u.shards.length === 1 ? '' : 's'} ${formatShardList([...u.shards])} (move ${u.moveId}, after step ${u.step})`);
+  for (const u of unfinished) out.line(`  ${u.source} → ${u.target}: ${shardsPhrase(u.shards)} (move ${u.moveId}, after step ${u.step})`);
 }
 
 function planSummary(plan: RebalancePlan): string {
-  return `${plan.moves.length} move${plan.moves.length === 1 ? '' : 's'}, ${plan.shardsMoved} shard${plan.shardsMoved === 1 ? '' : 's'}, ${formatBytes(plan.bytesMoved)}`;
+  return `${plural(plan.moves.length, 'move')}, ${plural(plan.shardsMoved, 'shard')}, ${formatBytes(plan.bytesMoved)}`;
 }
 
 function planKey(plan: RebalancePlan): string {

@@ -3,6 +3,7 @@ import { rewriteOwners } from '../config/rewrite.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
 import { describeDisagreements, discoverFromConfig, mapDisagreements, type FleetPlacement } from '../fleet/placement.js';
+import { inflect } from '../text.js';
 
 /**
  * `shardctl map show` and `map pull`: the placement as the fleet's hosts say it (src/fleet/placement.ts),
@@ -69,7 +70,7 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
   const fileHostsDown = unreachable.filter((u) => config.hosts.some((h) => h.name === u.name));
   if (fileHostsDown.length > 0) {
     throw new UsageError(
-      `cannot read ${fileHostsDown.map((u) => `${u.name} (${u.reason})`).join(', ')}: the placement of ${fileHostsDown.length === 1 ? 'its' : 'their'} shards is not certain; nothing was changed`,
+      `cannot read ${fileHostsDown.map((u) => `${u.name} (${u.reason})`).join(', ')}: the placement of ${inflect(fileHostsDown.length, 'its', 'their')} shards is not certain; nothing was changed`,
       { input: 'config', data: { unreachable: fileHostsDown } },
     );
   }

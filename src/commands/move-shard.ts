@@ -1,7 +1,8 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { UsageError } from '../errors.js';
+import { inflect } from '../text.js';
 import type { MoveOptions, MoveResult } from '../moves/move.js';
 import { runMoves, type BatchMoveResult } from '../moves/run.js';
 
@@ -46,7 +47,7 @@ export async function moveShards(
   }
   const there = list.filter((s) => hostForShard(config, s)?.name === target.name);
   if (there.length > 0) {
-    throw new UsageError(`shard${there.length === 1 ? '' : 's'} ${formatShardList(there)} ${there.length === 1 ? 'is' : 'are'} already on ${target.name}; nothing to move`, {
+    throw new UsageError(`${shardsPhrase(there)} ${inflect(there.length, 'is', 'are')} already on ${target.name}; nothing to move`, {
       input: 'shards',
       value: formatShardList(list),
     });

@@ -1,5 +1,6 @@
+import { elapsed } from '../clock.js';
 import { loadConfig } from '../config/load.js';
-import { formatShardList } from '../config/ranges.js';
+import { shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
@@ -10,6 +11,7 @@ import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan }
 import type { MoveStep } from '../moves/state.js';
 import { findRunningMoves, runMoves, type BatchMoveResult } from '../moves/run.js';
 import { shardSizes } from './sizes.js';
+import { inflect } from '../text.js';
 
 /**
  * `shardctl rebalance`: finishes the moves an earlier run left unfinished, plans from the map as it
@@ -111,7 +113,7 @@ async function rebalanceLocked(
   let current = config;
   let rows = 0n;
   if (unfinished.length > 0 && !options.dryRun) {
-    event(`finishing ${unfinished.length} unfinished move${unfinished.length === 1 ? '' : 's'} first: ${unfinished.map(describeUnfinished).join('; ')}`);
+    event(`finishing ${unfinished.length} unfinished ${inflect(unfinished.length, 'move')} first: ${unfinished.map(describeUnfinished).join('; ')}`);
     const shards = [...new Set(unfinished.flatMap((u) => u.shards))].sort((a, b) => a - b);
     const resumed = await runMoves(config, shards, undefined, { ...moveOptions({ source: '(resumed)', target: unfinished.map((u) => u.target).join(', ') }), resume: true });
     rows += BigInt(resumed.rowsMoved);
@@ -218,13 +220,9 @@ function hostNamed(config: ShardctlConfig, name: string): HostConfig {
 }
 
 function describeMove(move: Pick<PlannedMove, 'source' | 'target' | 'shards'>): string {
-  return `${move.source} → ${move.target} (shard${move.shards.length === 1 ? '' : 's'} ${formatShardList([...move.shards])})`;
+  return `${move.source} → ${move.target} (${shardsPhrase([...move.shards])})`;
 }
 
 function describeUnfinished(move: UnfinishedMove): string {
   return `${describeMove(move)} after step ${move.step}`;
-}
-
-function elapsed(started: number): number {
-  return Math.round(performance.now() - started);
 }

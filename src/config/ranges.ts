@@ -5,6 +5,7 @@
  * text it was given.
  */
 import { UsageError } from '../errors.js';
+import { inflect } from '../text.js';
 
 /**
  * The largest shard number a list may name. Far above any useful shard count (each shard is a
@@ -31,6 +32,11 @@ export function parseShardList(text: string): ShardListResult {
     return { error: `invalid shard list ${JSON.stringify(text)}: ${listed} listed more than once` };
   }
   return { shards: sorted.flatMap(expandRange) };
+}
+
+/** "shard 5" or "shards 0-2,5": the word agrees with the number of entries, the list is formatShardList's. */
+export function shardsPhrase(shards: readonly number[]): string {
+  return `${inflect(shards.length, 'shard')} ${formatShardList(shards)}`;
 }
 
 /** The shortest list naming exactly these shards, e.g. [0,1,2,5] → "0-2,5". Order and repeats are ignored. */

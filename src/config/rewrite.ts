@@ -112,6 +112,7 @@ async function replaceFile(file: string, updated: string): Promise<void> {
     await writeFile(temp, updated, { mode });
     await rename(temp, file);
   } catch (error) {
+    // The write's error is the one to report; a temp file that cannot be removed either is only litter.
     await rm(temp, { force: true }).catch(() => undefined);
     throw error;
   }

@@ -16,6 +16,8 @@ import { MAX_SHARD_NUMBER } from './ranges.js';
 
 const LOWER_IDENTIFIER = /^[a-z_][a-z0-9_]*$/;
 export const HOST_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
+/** What HOST_NAME asks for, in the words of every message that refuses a host name. */
+export const HOST_NAME_EXPECTED = 'must start with a letter or digit and contain only letters, digits, "_", "." and "-"';
 const ISO_TIMESTAMP = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})$/;
 /** Below this, connecting alone would time out on a healthy host. */
 const MIN_HOST_TIMEOUT_MS = 100;
@@ -42,7 +44,7 @@ export const hostSchema = z.strictObject({
     .string({ error: 'must be a string' })
     .check(
       z.minLength(1, 'must not be empty'),
-      z.regex(HOST_NAME, 'must start with a letter or digit and contain only letters, digits, "_", "." and "-"'),
+      z.regex(HOST_NAME, HOST_NAME_EXPECTED),
       z.describe('Unique name of the host, e.g. pg1; used in every message about it.'),
     ),
   url: z

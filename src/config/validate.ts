@@ -12,9 +12,10 @@ import { DEFAULT_ID_LAYOUT, describeLayout, formatUnixMs, layoutEndUnixMs, maxSh
 import { redactUrl } from '../pg/redact.js';
 import { durationMs } from './duration.js';
 import { expandEnv, type Env } from './env.js';
-import { formatShardList, parseShardList } from './ranges.js';
+import { parseShardList, shardsPhrase } from './ranges.js';
 import { configSchema, hostSchema, idLayoutSchema } from './schema.js';
 import type { HostConfig, ShardctlConfig } from './types.js';
+import { inflect } from '../text.js';
 
 /** PostgreSQL silently truncates longer identifiers, so two shard schemas could collide. */
 const MAX_IDENTIFIER_BYTES = 63;
@@ -361,7 +362,7 @@ function checkOverlaps(hosts: readonly HostDraft[], issues: ConfigIssue[]): void
     issues.push({
       path: `hosts[${later.index}].shards`,
       message:
-        `${shardsPhrase(shards)} ${shards.length === 1 ? 'is' : 'are'} on both ${hostLabel(earlier)} and ` +
+        `${shardsPhrase(shards)} ${inflect(shards.length, 'is', 'are')} on both ${hostLabel(earlier)} and ` +
         `${hostLabel(later)}; every shard must be on exactly one host`,
     });
   }
@@ -379,7 +380,7 @@ function checkInRange(host: HostDraft, shardCount: number, issues: ConfigIssue[]
   issues.push({
     path: `hosts[${host.index}].shards`,
     message:
-      `${shardsPhrase(outside)} of ${hostLabel(host)} ${outside.length === 1 ? 'is' : 'are'} out of range: ` +
+      `${shardsPhrase(outside)} of ${hostLabel(host)} ${inflect(outside.length, 'is', 'are')} out of range: ` +
       `shards is ${shardCount}, so shards are numbered ${allShards(shardCount)}`,
   });
 }
@@ -393,7 +394,7 @@ function checkEveryShardMapped(hosts: readonly HostDraft[], shardCount: number, 
   issues.push({
     path: 'hosts',
     message:
-      `${shardsPhrase(unmapped)} ${unmapped.length === 1 ? 'is' : 'are'} on no host; ` +
+      `${shardsPhrase(unmapped)} ${inflect(unmapped.length, 'is', 'are')} on no host; ` +
       `every shard ${allShards(shardCount)} must be on exactly one host`,
   });
 }
@@ -404,10 +405,6 @@ function hostLabel(host: HostDraft): string {
 
 function allShards(shardCount: number): string {
   return shardCount === 1 ? '0' : `0-${shardCount - 1}`;
-}
-
-function shardsPhrase(shards: readonly number[]): string {
-  return shards.length === 1 ? `shard ${shards[0]}` : `shards ${formatShardList(shards)}`;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { isMap, isSeq, parseDocument, stringify } from 'yaml';
-import { HOST_NAME } from '../config/schema.js';
+import { HOST_NAME, HOST_NAME_EXPECTED } from '../config/schema.js';
 import { RuntimeFailure, UsageError } from '../errors.js';
 import {
   clusterStatus,
@@ -133,7 +133,7 @@ export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
   if (name === undefined) {
     for (let i = persisted.hosts.length + 1; name === undefined; i++) if (!taken.has(`pg${i}`)) name = `pg${i}`;
   } else if (!HOST_NAME.test(name)) {
-    throw new UsageError('must start with a letter or digit and contain only letters, digits, "_", "." and "-"', { input: 'name', value: name });
+    throw new UsageError(HOST_NAME_EXPECTED, { input: 'name', value: name });
   } else if (taken.has(name.toLowerCase())) {
     throw new UsageError('a dev host of that name exists already', { input: 'name', value: name });
   }
@@ -165,12 +165,13 @@ export async function devDown(options: { cwd: string; destroy?: boolean }): Prom
 
   if (options.destroy) {
     for (const host of state.hosts) await rm(host.dataDir, { recursive: true, force: true });
-    // The per-project folder under the temp dir, when it is empty now.
+    // The per-project folder under the temp dir, when it is empty now (rmdir refuses one that is not).
     const dataParents = new Set(state.hosts.map((host) => path.dirname(host.dataDir)));
     for (const parent of dataParents) await rmdir(parent).catch(() => undefined);
     await rm(state.configFile, { force: true });
     await rm(path.dirname(state.stateFile), { recursive: true, force: true });
-    // .shardctl may hold other things; remove it only when the dev folder was all it had.
+    // .shardctl may hold other things; remove it only when the dev folder was all it had (rmdir
+    // refuses it otherwise, and that refusal is the answer).
     await rmdir(path.join(cwd, '.shardctl')).catch(() => undefined);
   }
   return devHostStatuses(state);

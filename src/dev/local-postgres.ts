@@ -141,6 +141,7 @@ export async function initCluster(opts: LocalClusterOptions): Promise<void> {
       throw clusterFailure(opts, `initdb failed (exit ${result.code})`, lastLines(result.output));
     }
   } finally {
+    // Fails only if the file is gone already; its error must not hide initdb's.
     await unlink(pwFile).catch(() => undefined);
   }
 
@@ -230,7 +231,7 @@ export interface OsAccount {
 export async function ensurePostgresOsUser(): Promise<OsAccount> {
   const existing = await lookupOsUser('postgres');
   if (existing) return existing;
-  // groupadd exits 9 when the group exists already; useradd is what decides.
+  // groupadd exits 9 when the group exists already (or is not installed); useradd is what decides.
   await run('groupadd', ['postgres'], undefined).catch(() => undefined);
   let created = await run('useradd', ['-g', 'postgres', 'postgres'], undefined).catch((error: unknown) => ({
     code: -1,
@@ -264,6 +265,7 @@ async function serverAccount(): Promise<OsAccount | undefined> {
 }
 
 async function lookupOsUser(name: string): Promise<OsAccount | undefined> {
+  // No /etc/passwd to read: no such user, as far as shardctl can tell.
   const passwd = await readFile('/etc/passwd', 'utf8').catch(() => '');
   for (const line of passwd.split('\n')) {
     const [user, , uid, gid] = line.split(':');
@@ -286,6 +288,7 @@ function usableBinDir(binDir: string | undefined, account: OsAccount | undefined
   let found = usableBinDirs.get(key);
   if (!found) {
     found = resolveUsableBinDir(binDir, account);
+    // A failure is not cached: the caller gets it from `found`, and the next call tries again.
     found.catch(() => usableBinDirs.delete(key));
     usableBinDirs.set(key, found);
   }
@@ -305,7 +308,8 @@ async function resolveUsableBinDir(binDir: string | undefined, account: OsAccoun
       { binDir: dir },
     );
   }
-  // Keyed by the package's version too, so an upgrade gets a fresh copy.
+  // Keyed by the package's version too, so an upgrade gets a fresh copy (without a package.json, by
+  // the tree alone).
   const packageJson = await readFile(path.join(tree, '..', 'package.json'), 'utf8').catch(() => '');
   const copy = path.join(os.tmpdir(), `shardctl-postgres-${hashOf(`${tree}\n${packageJson}`)}`);
   if (!existsSync(path.join(copy, 'bin', 'postgres'))) {
@@ -390,6 +394,7 @@ function run(
 }
 
 async function logTail(dataDir: string): Promise<string[]> {
+  // No log yet (the server never started): the failure is reported without its last lines.
   const text = await readFile(path.join(dataDir, SERVER_LOG_FILE), 'utf8').catch(() => '');
   return lastLines(text);
 }

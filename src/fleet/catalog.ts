@@ -1,6 +1,5 @@
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import type { NextIdLanguage } from '../id/sql.js';
 import { HostError } from '../errors.js';
 import { describePgError } from './connect.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
@@ -37,8 +36,6 @@ export interface MovingShard {
 export interface ShardSchema {
   /** From the function's comment; null without a next_id(), 0 for one shardctl did not write. */
   readonly nextIdVersion: number | null;
-  /** The language next_id() is written in (an upgrade keeps it; see sql/next_id_wrapper_plpgsql.sql). */
-  readonly nextIdLanguage: NextIdLanguage | null;
 }
 
 export interface RecordedLayout {
@@ -55,7 +52,7 @@ export interface RecordedLayout {
  * next_id), then the control schema. Rows come grouped (one per next_id version, per shard state,
  * per distinct set of applied migrations) and shards with the same applied set share one map: on
  * a current fleet of 8192 shards a host sends a handful of rows instead of tens of thousands, and
- * reading them no longer dominates `migrate --check`.
+ * reading them does not dominate `migrate --check`.
  */
 export async function readHostSnapshot(session: HostSession, config: ShardctlConfig): Promise<HostSnapshot> {
   const { client, host } = session;
@@ -70,12 +67,11 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
       // shard), by schema oid: no join with pg_namespace, so the cost grows linearly with the shards.
       // An adopted shard's zero-argument next_id() (the published name, a wrapper) is not it.
       `SELECT d.description IS NOT NULL AS commented, substring(d.description FROM 'shardctl next_id v([0-9]+)') AS version,
-              l.lanname AS language, ${numberList('p.pronamespace')} AS schemas
+              ${numberList('p.pronamespace')} AS schemas
          FROM pg_proc p
-         JOIN pg_language l ON l.oid = p.prolang
          LEFT JOIN pg_description d ON d.objoid = p.oid AND d.classoid = 'pg_proc'::regclass AND d.objsubid = 0
         WHERE p.proname = 'next_id' AND p.pronargs = 1
-        GROUP BY 1, 2, 3`,
+        GROUP BY 1, 2`,
     ]);
     const schemas = toSchemas(schemaRows![0] as { oids: string; shards: string }, functionRows as FunctionRow[]);
     const { control, moves } = tables![0] as { control: boolean; moves: boolean };
@@ -106,7 +102,7 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
         GROUP BY versions, checksums`,
       `SELECT version, max(name) AS name FROM ${CONTROL}.migrations GROUP BY version`,
       ...(moves
-        ? [`SELECT unnest(coalesce(shards, ARRAY[shard])) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`]
+        ? [`SELECT unnest(shards) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`]
         : []),
     ]);
     return {
@@ -161,7 +157,6 @@ export function shardSchemaCondition(column: string, prefix = '$1'): string {
 interface FunctionRow {
   commented: boolean;
   version: string | null;
-  language: string;
   schemas: string;
 }
 
@@ -170,13 +165,10 @@ function toSchemas(namespaces: { oids: string; shards: string }, functions: read
   const shards = parseNumberList(namespaces.shards);
   const oids = parseNumberList(namespaces.oids);
   const shardOf = new Map(oids.map((oid, i) => [oid, shards[i]!]));
-  const noFunction: ShardSchema = { nextIdVersion: null, nextIdLanguage: null };
+  const noFunction: ShardSchema = { nextIdVersion: null };
   const schemas = new Map<number, ShardSchema>(shards.map((shard) => [shard, noFunction]));
   for (const row of functions) {
-    const value: ShardSchema = {
-      nextIdVersion: functionVersion(row.commented, row.version),
-      nextIdLanguage: row.language === 'plpgsql' ? 'plpgsql' : 'sql',
-    };
+    const value: ShardSchema = { nextIdVersion: functionVersion(row.commented, row.version) };
     for (const oid of parseNumberList(row.schemas)) {
       const shard = shardOf.get(oid);
       if (shard !== undefined) schemas.set(shard, value);

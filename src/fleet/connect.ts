@@ -3,6 +3,7 @@ import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
 import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
+import { endQuietly } from '../pg/quiet.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
@@ -37,7 +38,7 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
     watchSilence(client, host);
     await checkClientConnection(client);
   } catch (error) {
-    await client.end().catch(() => undefined);
+    await endQuietly(client);
     if (error instanceof HostError && error.code === HOST_SILENT) throw error;
     throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
   }
@@ -100,6 +101,6 @@ export async function withHost<T>(host: HostConfig, fn: (client: pg.Client) => P
   try {
     return await fn(client);
   } finally {
-    await client.end().catch(() => undefined);
+    await endQuietly(client);
   }
 }

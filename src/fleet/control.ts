@@ -4,6 +4,7 @@ import { ID_LOCK_SLOTS } from '../id/sql.js';
 import { HostError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * The control schema shardctl keeps on every host (sql/control.sql): the id layout the host was
@@ -26,7 +27,7 @@ const CONTROL_STEPS: readonly { version: number; sql: () => string }[] = [
   // The layout, the shards, migration records, moves and their markers, the fence functions.
   { version: 1, sql: () => renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim() },
   // The fleet: its id, the host registry and the placement copy (src/fleet/placement.ts); the lock
-  // tables (sql/control_locks.sql) that replaced advisory locks.
+  // tables (sql/control_locks.sql).
   {
     version: 2,
     sql: () => [renderSql(loadSqlTemplate('control_fleet.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(), controlLocksSql()].join('\n'),
@@ -126,7 +127,7 @@ export async function ensureControlLocks(client: pg.Client): Promise<void> {
       await client.query(`BEGIN;\n${controlLocksSql()}\nCOMMIT;`);
       return;
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       const code = (error as { code?: unknown }).code;
       if (attempt >= 3 || (code !== '23505' && code !== '42P06' && code !== '42P07')) throw error;
     }

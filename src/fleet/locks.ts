@@ -4,6 +4,7 @@ import { HostError } from '../errors.js';
 import { durationMs } from '../config/duration.js';
 import { connectHost, describePgError } from './connect.js';
 import { CONTROL, ensureControlLocks } from './control.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * One shardctl runner per host at a time (init, add-schema, migrate, move-shard, rebalance, gc).
@@ -75,7 +76,7 @@ export async function acquireRunnerLock(host: HostConfig, client: pg.Client, opt
     }
     await waitForWorkers(client, host.name, wait);
   } catch (error) {
-    await lock.end().catch(() => undefined);
+    await endQuietly(lock);
     throw error;
   }
   lockConnections.set(client, lock);
@@ -99,7 +100,7 @@ async function lockRunner(lock: pg.Client, waitMs: number): Promise<boolean> {
     );
     return true;
   } catch (error) {
-    await lock.query('ROLLBACK').catch(() => undefined);
+    await rollbackQuietly(lock);
     if ((error as { code?: unknown }).code === '55P03') return false;
     throw error;
   }
@@ -109,8 +110,8 @@ export async function releaseRunnerLock(client: pg.Client): Promise<void> {
   const lock = lockConnections.get(client);
   if (!lock) return;
   lockConnections.delete(client);
-  await lock.query('ROLLBACK').catch(() => undefined);
-  await lock.end().catch(() => undefined);
+  await rollbackQuietly(lock);
+  await endQuietly(lock);
 }
 
 /**

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { failureReason, HostError, StaleMapError } from '../errors.js';
@@ -76,7 +76,7 @@ export async function readPlacementView(client: pg.Client | pg.PoolClient, reach
   const core = [
     `SELECT schema_prefix, shard_count, epoch_ms::text AS epoch_ms, shard_bits, sequence_bits FROM ${CONTROL}.layout`,
     `SELECT state, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.shards GROUP BY state`,
-    `SELECT string_agg(s::text, ',') AS shards FROM ${CONTROL}.moves, unnest(coalesce(shards, ARRAY[shard])) AS s WHERE status = 'running'`,
+    `SELECT string_agg(s::text, ',') AS shards FROM ${CONTROL}.moves, unnest(shards) AS s WHERE status = 'running'`,
   ];
   const fleetQueries = [
     `SELECT fleet_id::text AS fleet_id, host_name, placement_version::text AS version FROM ${CONTROL}.fleet`,
@@ -233,7 +233,7 @@ export function mapDisagreements(config: Pick<ShardctlConfig, 'hosts' | 'shards'
 export function describeDisagreements(disagreements: readonly MapDisagreement[]): string[] {
   return disagreements.map(
     (d) =>
-      `${d.shards.length === 1 ? 'shard' : 'shards'} ${formatShardList(d.shards)}: the file says ${d.fileHost ?? 'nothing'}, ` +
+      `${shardsPhrase(d.shards)}: the file says ${d.fileHost ?? 'nothing'}, ` +
       `the fleet says ${d.fleetHost}${d.unknownHost ? ' (a host the file does not list)' : ''}`,
   );
 }

@@ -5,6 +5,7 @@ import { connectHost, describePgError, reportedSetting } from './connect.js';
 import { HOST_SILENT } from './silence.js';
 import { requireKnownControlVersion } from './control.js';
 import { acquireRunnerLock, registerWorker, releaseRunnerLock } from './locks.js';
+import { endQuietly } from '../pg/quiet.js';
 
 /**
  * Host sessions: one coordinator connection per host, with the server's version read once when it
@@ -47,7 +48,7 @@ export async function openSession(host: HostConfig, options: OpenOptions = {}): 
     const row = result.rows[0]!;
     return { host, client, serverVersion: row.version, serverVersionNum: Number(row.num), locked: false };
   } catch (error) {
-    await client.end().catch(() => undefined);
+    await endQuietly(client);
     throw new HostError(host.name, `cannot read the server version: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
   }
 }
@@ -75,7 +76,7 @@ export async function openWorker(host: HostConfig, applicationName = 'shardctl w
   try {
     await registerWorker(client, host.name);
   } catch (error) {
-    await client.end().catch(() => undefined);
+    await endQuietly(client);
     throw error;
   }
   return client;
@@ -107,8 +108,8 @@ function tagErrors(client: pg.Client, host: string): void {
 }
 
 export async function closeSession(session: HostSession): Promise<void> {
-  if (session.locked) await releaseRunnerLock(session.client).catch(() => undefined);
-  await session.client.end().catch(() => undefined);
+  if (session.locked) await releaseRunnerLock(session.client);
+  await endQuietly(session.client);
 }
 
 /** Runs fn with a session on host, closing it afterwards whatever happens. */

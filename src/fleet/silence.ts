@@ -16,6 +16,7 @@ import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact } from '../pg/redact.js';
+import { endQuietly } from '../pg/quiet.js';
 
 /** The code of the HostError a silent host's pending queries fail with. */
 export const HOST_SILENT = 'HOST_SILENT';
@@ -195,10 +196,7 @@ async function runProbe(host: HostConfig): Promise<string | null> {
     clearTimeout(deadline);
     const closing = setTimeout(() => stream?.destroy(), bound);
     closing.unref();
-    void probe
-      .end()
-      .catch(() => undefined)
-      .finally(() => clearTimeout(closing));
+    void endQuietly(probe).finally(() => clearTimeout(closing));
   }
 }
 

@@ -1,6 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
-import { renderNextIdSql, type NextIdLanguage } from '../id/sql.js';
+import { renderNextIdSql } from '../id/sql.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { CONTROL } from './control.js';
 
@@ -51,14 +51,11 @@ export function dropShardSql(shard: number, schemas: readonly string[]): string 
   ].join('\n');
 }
 
-/**
- * Replaces next_id() of an existing shard with the current version (CREATE OR REPLACE), in the
- * language it is written in now (see sql/next_id_wrapper_plpgsql.sql).
- */
-export function reinstallNextIdSql(config: ShardctlConfig, shard: number, language: NextIdLanguage = 'sql'): string {
+/** Replaces next_id() of an existing shard with the current version (CREATE OR REPLACE). */
+export function reinstallNextIdSql(config: ShardctlConfig, shard: number): string {
   const schema = shardSchemaName(config, shard);
   // next_id.sql waits for the transactions drawing from the schema's sequences (its barrier): as long as a migration's locks may.
-  return ['BEGIN;', `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`, renderNextIdSql(schema, shard, config.idLayout, language).trim(), 'COMMIT;'].join('\n');
+  return ['BEGIN;', `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`, renderNextIdSql(schema, shard, config.idLayout).trim(), 'COMMIT;'].join('\n');
 }
 
 /**

@@ -20,26 +20,11 @@ export const ID_LEAD_MS = 3;
 export const ID_BUSY_MS = 4;
 
 /**
- * Bumped whenever sql/next_id.sql changes, so `init` replaces older functions in place. Kept in the
- * function's comment as `shardctl next_id vN`. v3: one clock conversion for both paths, the slow
- * path always moves the sequence, and the fast path is one PL/pgSQL statement behind an inlined
- * SQL function (positions are unchanged, so v2 is replaced in place without a repeated id). v4: a
- * slow path that touches less code per call (no catalog query, one statement for the lock and the
- * clock, checks only where the sequence moves) and one operator fewer per id; same positions. v5:
- * the fast path is the SQL next_id() itself, inlined into the calling statement (the position read
- * back with currval()), so an id costs no PL/pgSQL call unless the slow path runs; same positions,
- * same ids, and next_id_fast() stays for statements planned before the upgrade and for PL/pgSQL
- * next_id() (pre-v3 shards). v6: the fast path decides with one comparison on the drawn position
- * (the range folded into it with two shifts) and reads the position back twice instead of four
- * times; the slow path allows for a clock read before the draw (twice max_backends of room) and
- * moves a busy sequence ID_LEAD_MS ahead of the clock; a position means the same, so ids continue
- * from v5's position. v7: the slow path's lock is a row of the control schema's id_locks (an
- * advisory lock could be held by any role), it refuses a session that has not drawn from the
- * sequence (EXECUTE is PUBLIC's, and it is SECURITY DEFINER), and installing it waits for the
- * transactions drawing from the schema's sequences, so no slow path of v6 runs beside one of v7;
- * the fast path and the positions are v6's.
+ * Bumped whenever sql/next_id.sql or sql/next_id_wrapper.sql changes, so `init` replaces older
+ * functions in place (what each version changed: CHANGELOG.md). Kept in the function's comment as
+ * `shardctl next_id vN`.
  */
-export const ID_FUNCTION_VERSION = 7;
+export const ID_FUNCTION_VERSION = 1;
 
 /**
  * The table whose rows next_id's slow path locks (one per slot, the sequence's oid modulo
@@ -61,15 +46,8 @@ function formatTimestamp(unixMs: bigint): string {
   return date.toISOString();
 }
 
-/**
- * The language of next_id() itself: 'sql' (inlined into each INSERT) for new shards; 'plpgsql' for a
- * shard whose next_id() already is PL/pgSQL, since changing a function's language under live
- * traffic fails the statements in flight (sql/next_id_wrapper_plpgsql.sql).
- */
-export type NextIdLanguage = 'sql' | 'plpgsql';
-
 /** The CREATE FUNCTION statements that install next_id(), next_id_fast() and next_id_locked() in a shard schema. */
-export function renderNextIdSql(schema: string, shard: number, layout: IdLayout, language: NextIdLanguage = 'sql'): string {
+export function renderNextIdSql(schema: string, shard: number, layout: IdLayout): string {
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
   // Shared by the slow path, next_id_fast() and the inlined fast path of next_id().
@@ -90,10 +68,7 @@ export function renderNextIdSql(schema: string, shard: number, layout: IdLayout,
   const commentLiteral = {
     literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
   };
-  const wrapper =
-    language === 'sql'
-      ? renderSql(loadSqlTemplate('next_id_wrapper.sql'), { ...fastPath, commentLiteral })
-      : renderSql(loadSqlTemplate('next_id_wrapper_plpgsql.sql'), { schema: fastPath.schema, commentLiteral });
+  const wrapper = renderSql(loadSqlTemplate('next_id_wrapper.sql'), { ...fastPath, commentLiteral });
   return `${renderSql(loadSqlTemplate('next_id.sql'), {
     ...fastPath,
     schemaLiteral: { literal: schema },

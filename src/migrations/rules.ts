@@ -1,5 +1,6 @@
-import { formatShardList } from '../config/ranges.js';
+import { shardsPhrase } from '../config/ranges.js';
 import type { MigrationFile } from './files.js';
+import { inflect, plural } from '../text.js';
 
 /**
  * The one home of the migration rules: a shard's level, what is pending on it, and what is drift.
@@ -111,7 +112,7 @@ export function driftProblems(
   const problems: DriftProblem[] = [];
   const on = (shards: number[]): string => {
     shards.sort((a, b) => a - b);
-    return `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
+    return shardsPhrase(shards);
   };
   for (const [version, shards] of changed) {
     problems.push({
@@ -140,7 +141,7 @@ export function driftProblems(
       shards,
       message:
         `host ${host}: ${byVersion.get(version)!.name}.sql is not applied to ${on(shards)}, which already ` +
-        `${shards.length === 1 ? 'has' : 'have'} version ${newest}; migrations run in version order, so give it a version above ${newest}`,
+        `${inflect(shards.length, 'has', 'have')} version ${newest}; migrations run in version order, so give it a version above ${newest}`,
     });
   }
   return problems;
@@ -177,7 +178,7 @@ export function fileRollout(files: readonly MigrationFile[], applied: readonly (
 
 /** `0004_views: 12 of 2048 shards` per file, as status and migrate --check print a rollout. */
 export function describeRollout(rollout: readonly FileRollout[]): string[] {
-  return rollout.map((r) => `${r.name}: ${r.applied} of ${r.shards} shard${r.shards === 1 ? '' : 's'}`);
+  return rollout.map((r) => `${r.name}: ${r.applied} of ${plural(r.shards, 'shard')}`);
 }
 
 /** A shard's shape as one fingerprint, with the migrations applied to it (see src/migrations/shape.ts). */

@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import { CONTROL } from '../fleet/control.js';
 import { describeShapeDifference, shapeOutliers, type ShapeColumn, type ShapeOutlier, type ShardShape } from './rules.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * Hand-made drift of a shard's tables (an ADD or DROP COLUMN outside the migrations): each shard's
@@ -70,7 +71,7 @@ export async function readShardShapes(client: pg.Client, host: string, shards?: 
   try {
     results = (await client.query(sql)) as unknown as pg.QueryResult<{ level: string; fingerprint: string; shards: string }>[];
   } catch (error) {
-    await client.query('ROLLBACK').catch(() => undefined);
+    await rollbackQuietly(client);
     throw error;
   }
   const rows = results.find((r) => r.command === 'SELECT')?.rows ?? [];

@@ -1,3 +1,4 @@
+import { elapsed } from '../clock.js';
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
@@ -301,9 +302,7 @@ export function sleep(ms: number): Promise<void> {
   return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
-export function elapsed(started: number): number {
-  return Math.round(performance.now() - started);
-}
+export { elapsed };
 
 export function newMoveId(): string {
   return `${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;

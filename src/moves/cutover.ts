@@ -2,7 +2,7 @@ import pg from 'pg';
 import { rewriteShardOwner } from '../config/rewrite.js';
 import { switchPlacementSql } from '../fleet/placement.js';
 import { shardSchemaName } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
@@ -12,8 +12,9 @@ import { dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSeq
 import { stepsFor, type MoveStep } from './state.js';
 import { endPreVerification, preVerify, shardTables, verifyShards, type VerifyResult } from './verify.js';
 import { keyedTables, readChanges, runTransaction, startTrackingSql, stopTracking } from './tail.js';
-import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, notice, sleep } from './context.js';
+import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, elapsed, notice, sleep } from './context.js';
 import { applyWorkerWaits, waitForMarker, dropReplication } from './replication.js';
+import { inflect, plural } from '../text.js';
 
 /**
  * The cut-over of a wave: verification begun before the fence (tail.ts), the fence, catch-up,
@@ -101,7 +102,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
       await sleep(10 + Math.random() * 40);
     }
   }
-  if (attempts > shards.length) notice(ctx, `host ${source.host.name}: fenced ${shards.length} shard${shards.length === 1 ? '' : 's'} in ${attempts} attempts (tables were busy)`);
+  if (attempts > shards.length) notice(ctx, `host ${source.host.name}: fenced ${plural(shards.length, 'shard')} in ${attempts} attempts (tables were busy)`);
   if (ctx.fenceStartedAtMs === null) ctx.fenceStartedAtMs = Date.now();
   const marker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
   await underFence(ctx, 'the fence marker on the source', () => source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs!)));
@@ -180,7 +181,7 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
   await dropPreVerification(ctx);
   noteBlocked(ctx);
   const blocked = ctx.writeBlockedMs ?? 0;
-  const which = `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
+  const which = shardsPhrase(shards);
   const limit = `${(maxFencedMs(ctx) / 1000).toFixed(1)} s`;
   const data = { moveId: ctx.moveId, shards: ctx.shards, waitedFor: what, writeBlockedMs: blocked };
   try {
@@ -200,7 +201,7 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
   throw new HostError(
     ctx.source.host.name,
     `move ${ctx.moveId}: ${which} refused writes for ${(blocked / 1000).toFixed(1)} s, the fence limit is ${limit}; the move waited for ${what}. ` +
-      `${shards.length === 1 ? 'It was' : 'They were'} unfenced and ${shards.length === 1 ? 'is' : 'are'} writable again on ${ctx.source.host.name}. ` +
+      `${inflect(shards.length, 'It was', 'They were')} unfenced and ${inflect(shards.length, 'is', 'are')} writable again on ${ctx.source.host.name}. ` +
       `Resume the move to retry the cut-over, or abort it`,
     { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data, next: resumeOrAbort(ctx.shards) },
   );
@@ -224,7 +225,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     const started = performance.now();
     const verification = await preVerify({ source: held[0]!, target: held[1]! }, { source: ctx.source.client, target: ctx.target.client }, keyed, methods);
     ctx.pre = { wave: ctx.wave, verification };
-    notice(ctx, `host ${ctx.target.host.name}: ${keyed.length} table${keyed.length === 1 ? '' : 's'} of wave ${ctx.wave + 1} checksummed before the fence in ${Math.round(performance.now() - started)} ms; while fenced only their changed rows are compared`);
+    notice(ctx, `host ${ctx.target.host.name}: ${plural(keyed.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`);
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
@@ -386,7 +387,7 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   } catch (error) {
     throw new HostError(
       ctx.target.host.name,
-      `the target ${shards.length === 1 ? 'copy of shard' : 'copies of shards'} ${formatShardList(shards)} ${shards.length === 1 ? 'is' : 'are'} active, but the map ${file} could not be rewritten: ${(error as Error).message}. ` +
+      `the target ${inflect(shards.length, 'copy of shard', 'copies of shards')} ${formatShardList(shards)} ${inflect(shards.length, 'is', 'are')} active, but the map ${file} could not be rewritten: ${(error as Error).message}. ` +
         `Fix that and resume the move (it can no longer be aborted)`,
       { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error, next: [{ action: 'resume', shards: ctx.shards }] },
     );
@@ -454,7 +455,7 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
     const switched = active.rows.map((r) => r.shard);
     throw new HostError(
       ctx.target.host.name,
-      `move ${ctx.moveId} already switched shard${switched.length === 1 ? '' : 's'} ${formatShardList(switched.length > 0 ? switched : ctx.shards)} to ${ctx.target.host.name}; it cannot be aborted. ` +
+      `move ${ctx.moveId} already switched ${shardsPhrase(switched.length > 0 ? switched : ctx.shards)} to ${ctx.target.host.name}; it cannot be aborted. ` +
         `Resume it to finish it, then move the shards back if needed.`,
       { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED', next: [{ action: 'resume', shards: ctx.shards }] },
     );

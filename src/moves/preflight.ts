@@ -3,7 +3,7 @@ import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
 import { dirname } from 'node:path';
 import type pg from 'pg';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
@@ -14,6 +14,7 @@ import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/sh
 import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed } from './sql.js';
 import { shardPrivileges } from './verify.js';
 import { faultAfter, type MoveMode } from './state.js';
+import { inflect } from '../text.js';
 
 export interface PreflightCheck {
   readonly name: string;
@@ -54,7 +55,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   const add = (name: string, ok: boolean, message: string): void => {
     checks.push({ name, ok, message });
   };
-  const list = (items: readonly number[]): string => `shard${items.length === 1 ? '' : 's'} ${formatShardList([...items])}`;
+  const list = (items: readonly number[]): string => shardsPhrase([...items]);
 
   const unmapped = shards.filter((s) => hostForShard(config, s)?.name !== source.name);
   add('map', unmapped.length === 0, unmapped.length === 0 ? `the map puts ${list(shards)} on ${source.name}` : `the map does not put ${list(unmapped)} on ${source.name}`);
@@ -152,7 +153,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       noIdentity.length === 0,
       noIdentity.length === 0
         ? 'every table of the batch has a replica identity'
-        : `${tableList(noIdentity)} ha${noIdentity.length === 1 ? 's' : 've'} no replica identity; add a primary key or ALTER TABLE … REPLICA IDENTITY FULL, or use --mode offline`,
+        : `${tableList(noIdentity)} ${inflect(noIdentity.length, 'has', 'have')} no replica identity; add a primary key or ALTER TABLE … REPLICA IDENTITY FULL, or use --mode offline`,
     );
     // Logical replication does not carry unlogged tables: their writes after the copy would be lost.
     const unlogged = tables.rows.filter((t) => !t.logged).map((t) => t.name);
@@ -161,7 +162,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       unlogged.length === 0,
       unlogged.length === 0
         ? 'every table of the batch is logged (replicated)'
-        : `${tableList(unlogged)} ${unlogged.length === 1 ? 'is' : 'are'} UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline (which copies them with writes fenced)`,
+        : `${tableList(unlogged)} ${inflect(unlogged.length, 'is', 'are')} UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline (which copies them with writes fenced)`,
     );
     probe = input.probeReachability;
     if (!probe) add('target reaches source', true, 'not probed in --dry-run (it would create and drop a subscription)');
@@ -216,7 +217,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     drifted.length === 0,
     drifted.length === 0
       ? `the same migration files will build the target copies`
-      : `migration version${new Set(drifted.map((d) => d.v)).size === 1 ? '' : 's'} ${[...new Set(drifted.map((d) => d.v))].join(', ')} applied to ${list([...new Set(drifted.map((d) => d.shard))])} ha${drifted.length === 1 ? 's' : 've'} no matching file (changed or deleted); restore them first`,
+      : `migration ${inflect(new Set(drifted.map((d) => d.v)).size, 'version')} ${[...new Set(drifted.map((d) => d.v))].join(', ')} applied to ${list([...new Set(drifted.map((d) => d.shard))])} ${inflect(drifted.length, 'has', 'have')} no matching file (changed or deleted); restore them first`,
   );
   // Last, and only when everything else passed: the probe creates (and drops) a subscription.
   if (probe && checks.every((c) => c.ok)) {
@@ -262,7 +263,7 @@ async function roleChecks(
           .map((o) => shardOf(o.schema)),
       ),
     ].sort((a, b) => a - b);
-    return `shard${shards.length === 1 ? '' : 's'} ${formatShardList(shards)}`;
+    return shardsPhrase(shards);
   };
   const missing = all.filter((role) => !present.has(role));
   const cannotGive = owners.filter((role) => present.get(role) === false);
@@ -275,7 +276,7 @@ async function roleChecks(
         missing.length === 0
           ? `every role the owners, grants and default privileges of the batch name exists on ${targetName}`
           : `${missing.map((role) => `role ${role} (named by ${shardsNaming(role, false)} on ${sourceName})`).join(', ')} ` +
-            `${missing.length === 1 ? 'does' : 'do'} not exist on ${targetName}: roles are per cluster; create the role${missing.length === 1 ? '' : 's'} on ${targetName} first`,
+            `${inflect(missing.length, 'does', 'do')} not exist on ${targetName}: roles are per cluster; create the ${inflect(missing.length, 'role')} on ${targetName} first`,
     },
     {
       name: 'owners on target',
@@ -292,7 +293,7 @@ async function roleChecks(
 
 function tableList(names: readonly string[]): string {
   const shown = names.slice(0, 5).join(', ');
-  return `table${names.length === 1 ? '' : 's'} ${shown}${names.length > 5 ? ` and ${names.length - 5} more` : ''}`;
+  return `${inflect(names.length, 'table')} ${shown}${names.length > 5 ? ` and ${names.length - 5} more` : ''}`;
 }
 
 /** Null when the file and its folder (for the atomic rename) are writable; else why not. */
@@ -310,10 +311,10 @@ async function canRewrite(file: string): Promise<string | null> {
 /** Shards on the source that are not active: in a running move (named), or not recorded (init). */
 function inactiveMessage(which: string, host: string, inactive: readonly { shard: number; state: string | null }[], running: readonly RunningMove[]): string {
   const moves = running.filter((m) => inactive.some((r) => m.shards.includes(r.shard)));
-  const be = inactive.length === 1 ? 'is' : 'are';
+  const be = inflect(inactive.length, 'is', 'are');
   if (moves.length > 0) return `${which} on ${host} ${be} ${inactive[0]!.state ?? 'not active'}: ${moves.map(describeRunningMove).join('; ')}`;
   if (inactive.every((r) => r.state === null)) return `${which} on ${host} ${be} not recorded by shardctl; run shardctl init first`;
-  return `${which} on ${host} ${be} ${inactive[0]!.state} and no unfinished move of ${inactive.length === 1 ? 'it' : 'them'} is recorded; run shardctl status to see why`;
+  return `${which} on ${host} ${be} ${inactive[0]!.state} and no unfinished move of ${inflect(inactive.length, 'it', 'them')} is recorded; run shardctl status to see why`;
 }
 
 interface RunningMove {
@@ -341,7 +342,7 @@ async function runningMovesOf(client: pg.Client, shards: readonly number[]): Pro
 export function describeRunningMove(move: RunningMove): string {
   const shards = formatShardList([...move.shards]);
   return (
-    `move ${move.moveId} (shard${move.shards.length === 1 ? '' : 's'} ${shards}, ${move.source} → ${move.target}, last step done: ${move.step}) is unfinished; ` +
+    `move ${move.moveId} (${inflect(move.shards.length, 'shard')} ${shards}, ${move.source} → ${move.target}, last step done: ${move.step}) is unfinished; ` +
     `finish it with shardctl move-shard ${shards} --resume, or undo it with shardctl move-shard ${shards} --abort`
   );
 }

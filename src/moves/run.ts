@@ -1,6 +1,6 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { readShardSizes } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
@@ -105,7 +105,7 @@ async function startMoves(
         const from = one ? ` from ${groups[0]!.source.name}` : '';
         throw new RuntimeFailure(
           'PREFLIGHT_FAILED',
-          `move of ${shardWord(list)}${from} to ${target.name} not started; nothing was changed:\n${failed.map((f) => `  - ${f}`).join('\n')}`,
+          `move of ${shardsPhrase(list)}${from} to ${target.name} not started; nothing was changed:\n${failed.map((f) => `  - ${f}`).join('\n')}`,
           { checks: planned.map(({ group, checks }) => ({ source: group.source.name, checks })) },
           failed,
         );
@@ -121,7 +121,7 @@ async function startMoves(
           announce(
             ctx,
             'prepared',
-            `move ${moveId}: ${shardWord(group.shards)} from ${group.source.name} to ${target.name} (${mode}` +
+            `move ${moveId}: ${shardsPhrase(group.shards)} from ${group.source.name} to ${target.name} (${mode}` +
               `${waves.length > 1 ? `, cut over in ${waves.length} waves` : ''})`,
           );
           faultAfter('prepared');
@@ -153,11 +153,11 @@ async function continueMoves(
     // leftovers: an abort removes those.
     const dropped = options.abort && !options.dryRun ? await dropAllLeftovers(config) : [];
     if (dropped.length > 0) return { ...batchResult('aborted', '', shards, [], started), leftoversDropped: dropped };
-    throw new RuntimeFailure('NO_MOVE', `no unfinished move of ${shardWord(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
+    throw new RuntimeFailure('NO_MOVE', `no unfinished move of ${shardsPhrase(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
   }
   const hostOf = (name: string): HostConfig => {
     const host = config.hosts.find((h) => h.name === name);
-    if (!host) throw new RuntimeFailure('MOVE_HOSTS', `a move of ${shardWord(shards)} involves host ${name}, which the map lacks; restore it in the config`);
+    if (!host) throw new RuntimeFailure('MOVE_HOSTS', `a move of ${shardsPhrase(shards)} involves host ${name}, which the map lacks; restore it in the config`);
     return host;
   };
   const hosts = records.flatMap((r) => [hostOf(r.source), hostOf(r.target)]);
@@ -177,7 +177,7 @@ async function continueMoves(
             await abortMove(ctx, step);
             return moveResult(ctx, 'aborted', [], started);
           }
-          announce(ctx, step, `resuming move ${record.moveId} (${shardWord(record.shards)}) after step ${step}`);
+          announce(ctx, step, `resuming move ${record.moveId} (${shardsPhrase(record.shards)}) after step ${step}`);
           await runSteps(ctx, step);
           return moveResult(ctx, 'moved', [], started);
         } finally {
@@ -306,7 +306,7 @@ async function runParts(parts: readonly (() => Promise<MoveResult>)[]): Promise<
   const done = settled.filter((s): s is PromiseFulfilledResult<MoveResult> => s.status === 'fulfilled').map((s) => s.value);
   const lines = [
     ...failures.map((f) => (f instanceof ShardctlError ? f.message : describePgError(f))),
-    ...done.map((m) => `${shardWord(m.shards)} ${m.outcome} from ${m.source} to ${m.target}`),
+    ...done.map((m) => `${shardsPhrase(m.shards)} ${m.outcome} from ${m.source} to ${m.target}`),
   ];
   throw new RuntimeFailure(
     'MOVE_FAILED',
@@ -343,6 +343,3 @@ function batchResult(outcome: BatchMoveResult['outcome'], target: string, shards
   };
 }
 
-function shardWord(shards: readonly number[]): string {
-  return `shard${shards.length === 1 ? '' : 's'} ${formatShardList([...shards])}`;
-}

@@ -5,6 +5,8 @@ import { registerWorker } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
 import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { elapsed } from '../clock.js';
 
 export interface ProgressEvent {
   readonly host: string;
@@ -111,7 +113,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
     try {
       await coordinator.query(plan.controlSql);
     } catch (error) {
-      await rollbackQuietly(coordinator);
+      await rollbackAndReset(coordinator);
       return outcome(`cannot create the control schema: ${describePgError(error)}`);
     }
   }
@@ -147,7 +149,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
     } catch (error) {
       hostError ??= failureReason(error, describePgError);
     } finally {
-      await client?.end().catch(() => undefined);
+      if (client) await endQuietly(client);
     }
   };
   const poolSize = Math.min(options.concurrency, plan.jobs.length);
@@ -156,7 +158,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
     try {
       await coordinator.query(DURABLE_FLUSH_SQL);
     } catch (error) {
-      await rollbackQuietly(coordinator);
+      await rollbackAndReset(coordinator);
       hostError ??= `the changes of this run could not be made durable (${describePgError(error)}); a crash of the server could undo some of them: run the command again`;
     }
   }
@@ -176,7 +178,7 @@ export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, op
       notStarted,
       hostError: error,
       behind: error === null ? failures.length + notStarted : total - counters.done + failures.length,
-      durationMs: Math.round(performance.now() - started),
+      durationMs: elapsed(started),
     };
   }
 }
@@ -297,7 +299,7 @@ async function runNoTransaction(client: pg.Client, steps: readonly JobStep[], co
     try {
       await client.query(step.sql);
     } catch (error) {
-      if (!isConnectionError(error)) await rollbackQuietly(client);
+      if (!isConnectionError(error)) await rollbackAndReset(client);
       return stepFailure(step, error, context);
     }
   }
@@ -322,7 +324,7 @@ async function runBatch(client: pg.Client, shard: number, steps: readonly JobSte
     return { committed: steps, failure: null };
   } catch (error) {
     if (isConnectionError(error)) return { committed: [], failure: stepFailure(steps[0]!, error, context) };
-    await rollbackQuietly(client);
+    await rollbackAndReset(client);
     if (steps.length === 1) return { committed: [], failure: stepFailure(steps[0]!, error, context) };
     let done: number;
     try {
@@ -397,9 +399,10 @@ export function isConnectionError(error: unknown): boolean {
   return true; // ECONNRESET, ECONNREFUSED, EPIPE, ...
 }
 
-async function rollbackQuietly(client: pg.Client): Promise<void> {
-  await client.query('ROLLBACK').catch(() => undefined);
-  // A failed no-transaction migration leaves its session settings behind.
+async function rollbackAndReset(client: pg.Client): Promise<void> {
+  await rollbackQuietly(client);
+  // A failed no-transaction migration leaves its session settings behind. Ignored like the
+  // ROLLBACK: failing, it means a broken connection, which the next statement on it reports.
   await client.query('RESET search_path; RESET lock_timeout; RESET statement_timeout').catch(() => undefined);
 }
 

@@ -2,13 +2,14 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { ConfigError, resumeOrAbort, RuntimeFailure, ShardctlError, UsageError, type NextStep } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
-import { formatShardList } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { HostSnapshot } from '../fleet/catalog.js';
 import { CONTROL_VERSION, controlSchemaSql } from '../fleet/control.js';
 import { createShardSql, recordShardSql, reinstallNextIdSql } from '../fleet/sql.js';
 import { DRIFT_KINDS, driftProblems, pendingMigrations, type DriftKind } from '../migrations/rules.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
+import { inflect } from '../text.js';
 
 /**
  * Plan, then execute: from the config, the live catalogs and the migration files, compute what
@@ -155,8 +156,7 @@ function planHost(
       if (!recorded) steps.push({ label: 'record shard', recordsShard: true, get sql() { return recordShardSql(config, shard); } });
       if (snapshot.schemas.get(shard)!.nextIdVersion !== ID_FUNCTION_VERSION) {
         reinstalls = true;
-        const language = snapshot.schemas.get(shard)!.nextIdLanguage ?? 'sql';
-        steps.push({ label: 'install next_id', get sql() { return reinstallNextIdSql(config, shard, language); } });
+        steps.push({ label: 'install next_id', get sql() { return reinstallNextIdSql(config, shard); } });
       }
     }
     for (const migration of pending) {
@@ -216,10 +216,10 @@ export function findConflicts(
         kind: 'foreign-schema',
         host: snapshot.host.name,
         message:
-          `host ${snapshot.host.name}: schema${foreign.length === 1 ? '' : 's'} for shard${foreign.length === 1 ? '' : 's'} ` +
-          `${formatShardList(foreign)} exist${foreign.length === 1 ? 's' : ''} but shardctl did not create ${foreign.length === 1 ? 'it' : 'them'} ` +
-          `(no next_id, no record in shardctl.shards); adopt ${foreign.length === 1 ? 'it' : 'them'} (a fleet built from the Instagram article), ` +
-          `drop ${foreign.length === 1 ? 'it' : 'them'}, or choose another schemaPrefix`,
+          `host ${snapshot.host.name}: ${inflect(foreign.length, 'schema')} for ${inflect(foreign.length, 'shard')} ` +
+          `${formatShardList(foreign)} ${inflect(foreign.length, 'exists', 'exist')} but shardctl did not create ${inflect(foreign.length, 'it', 'them')} ` +
+          `(no next_id, no record in shardctl.shards); adopt ${inflect(foreign.length, 'it', 'them')} (a fleet built from the Instagram article), ` +
+          `drop ${inflect(foreign.length, 'it', 'them')}, or choose another schemaPrefix`,
         next: [{ action: 'adopt', shards: foreign }],
       });
     }
@@ -284,7 +284,7 @@ function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<nu
       kind: 'moving' as const,
       host: m.source,
       message:
-        `shard${m.shards.size === 1 ? '' : 's'} ${shards} ${m.shards.size === 1 ? 'is' : 'are'} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
+        `${inflect(m.shards.size, 'shard')} ${shards} ${inflect(m.shards.size, 'is', 'are')} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
         `finish it (resume) or undo it (abort), then run this again`,
       next: resumeOrAbort(list),
     };
@@ -305,11 +305,11 @@ function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: 
       entry.shards.add(shard);
     }
   }
-  if (running.size === 0) return { text: `Move ${misplaced.length === 1 ? 'it' : 'them'} to the host the map names, or fix the map`, next: [{ action: 'move', shards: misplaced }] };
+  if (running.size === 0) return { text: `Move ${inflect(misplaced.length, 'it', 'them')} to the host the map names, or fix the map`, next: [{ action: 'move', shards: misplaced }] };
   const moves = [...running].map(([moveId, m]) => {
     const list = [...m.shards].sort((a, b) => a - b);
     return {
-      text: `move ${moveId} (shard${m.shards.size === 1 ? '' : 's'} ${formatShardList(list)}, ${m.source} → ${m.target}, last step done: ${m.step})`,
+      text: `move ${moveId} (${shardsPhrase(list)}, ${m.source} → ${m.target}, last step done: ${m.step})`,
       next: resumeOrAbort(list),
     };
   });
@@ -341,9 +341,9 @@ function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapsho
       kind: 'misplaced',
       host: snapshot.host.name,
       message:
-        `shard${misplaced.length === 1 ? '' : 's'} ${formatShardList(misplaced)} ${misplaced.length === 1 ? 'is' : 'are'} mapped to ${owners} ` +
-        `but ${misplaced.length === 1 ? 'its schema exists' : 'their schemas exist'} on host ${snapshot.host.name} ` +
-        `(e.g. ${shardSchemaName(config, misplaced[0]!)}); creating ${misplaced.length === 1 ? 'it' : 'them'} again would split the data. ` +
+        `${shardsPhrase(misplaced)} ${inflect(misplaced.length, 'is', 'are')} mapped to ${owners} ` +
+        `but ${inflect(misplaced.length, 'its schema exists', 'their schemas exist')} on host ${snapshot.host.name} ` +
+        `(e.g. ${shardSchemaName(config, misplaced[0]!)}); creating ${inflect(misplaced.length, 'it', 'them')} again would split the data. ` +
         advice.text,
       next: advice.next,
     });

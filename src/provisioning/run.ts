@@ -1,3 +1,4 @@
+import { elapsed } from '../clock.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { randomUUID } from 'node:crypto';
@@ -212,8 +213,4 @@ function lostOutcome(lost: LostHost): HostOutcome {
     behind: lost.host.shards.length,
     durationMs: 0,
   };
-}
-
-function elapsed(started: number): number {
-  return Math.round(performance.now() - started);
 }

@@ -1,6 +1,7 @@
 import { ShardctlError } from '../errors.js';
-import { formatShardList } from '../config/ranges.js';
+import { shardsPhrase } from '../config/ranges.js';
 import { describePgError } from '../fleet/connect.js';
+import { plural } from '../text.js';
 
 /** One shard of a fan-out that failed: where, and the error as thrown (pg errors keep their code). */
 export interface FanOutFailure {
@@ -29,7 +30,7 @@ export class ShardFanOutError<T = unknown> extends ShardctlError {
     total: number,
   ) {
     const groups = groupFailures(failures);
-    super('SHARDS_FAILED', `${failures.length} of ${total} shard${total === 1 ? '' : 's'} failed: ${groups.map((g) => g.line).join('; ')}`, {
+    super('SHARDS_FAILED', `${failures.length} of ${plural(total, 'shard')} failed: ${groups.map((g) => g.line).join('; ')}`, {
       exitCode: 1,
       details: groups.map((g) => g.line),
       data: {
@@ -52,7 +53,7 @@ export function groupFailures(failures: readonly FanOutFailure[]): { shards: num
   }
   return [...groups.values()].map((g) => ({
     ...g,
-    line: `${g.shards.length === 1 ? 'shard' : 'shards'} ${formatShardList(g.shards)} on ${g.host}: ${g.message}`,
+    line: `${shardsPhrase(g.shards)} on ${g.host}: ${g.message}`,
   }));
 }
 

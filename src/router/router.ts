@@ -16,6 +16,7 @@ import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
 import { DeferredBegin, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
+import { endQuietly } from '../pg/quiet.js';
 
 export interface ShardRouterOptions {
   /** Connections per host (the pg.Pool's max). Default 10. */
@@ -345,6 +346,7 @@ export class ShardRouter {
               }
               const host = this.hostForShard(chunk[0]!);
               // A reload (a move) may have sent some of them elsewhere: only a chunk on one host runs whole.
+              // A failed chunk is not lost: its shards run one by one below, each reporting its own error.
               const values = chunk.every((s) => this.hostForShard(s) === host)
                 ? await chunks.runChunk(host, chunk, statements).catch(() => undefined)
                 : undefined;
@@ -472,7 +474,7 @@ export class ShardRouter {
     const entry = this.pools.get(name);
     if (!entry) return;
     this.pools.delete(name);
-    const ending = entry.pool.end().catch(() => undefined);
+    const ending = endQuietly(entry.pool);
     this.ending.add(ending);
     void ending.finally(() => this.ending.delete(ending));
   }
@@ -498,6 +500,7 @@ export class ShardRouter {
       if (waited >= this.options.fencedTimeoutMs) throw error;
       // The fence names the new host: straight there once it holds the shard (the switch is done).
       if (moved && moved.host !== host.name) {
+        // No host answering the reload just now leaves the map in use: holds() below decides all the same.
         if (!this.config.hosts.some((h) => h.name === moved.host)) await this.reload().catch(() => undefined);
         if ((await this.holds(moved.host, shard)) === true) {
           this.followed.set(shard, moved.host);

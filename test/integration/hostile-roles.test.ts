@@ -9,7 +9,6 @@ import pg from 'pg';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { RUNNER_LOCK_TABLE, TRACKING_LOCK_TABLE, WORKERS_TABLE } from '../../src/fleet/locks.js';
-import { RELEASE_LOCK_CLASS } from '../fixtures/previous-next-id.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
@@ -18,6 +17,8 @@ const suffix = randomBytes(4).toString('hex');
 const STRANGER = `stranger_${suffix}`;
 const SCHEMA_USER = `schema_user_${suffix}`;
 const PASSWORD = `pw_${suffix}`;
+/** An advisory-lock class named for shardctl ('shrd'): shardctl locks rows, never advisory keys, so a stranger holding these must stall nothing. */
+const ADVISORY_CLASS = 0x73687264;
 
 function urlAs(url: string, role: string): string {
   const u = new URL(url);
@@ -73,12 +74,12 @@ describe('roles without rights on what shardctl protects', () => {
     }
   });
 
-  it('what a role with only CONNECT can hold (every advisory key shardctl once used, ACCESS SHARE on the lock tables) stalls neither next_id nor init and migrate', async () => {
+  it('what a role with only CONNECT can hold (advisory keys of a shardctl-named class, ACCESS SHARE on the lock tables) stalls neither next_id nor init and migrate', async () => {
     const stranger = await connectAs(db.urls[0]!, STRANGER);
     try {
       const seq = (await withClient(db.urls[0]!, (c) => c.query<{ oid: number }>(`select 'insta0.photos_id_seq'::regclass::oid::int as oid`))).rows[0]!.oid;
       await stranger.query('begin');
-      for (const objid of [0, 1, 2, seq]) await stranger.query('select pg_advisory_lock($1, $2)', [RELEASE_LOCK_CLASS, objid]);
+      for (const objid of [0, 1, 2, seq]) await stranger.query('select pg_advisory_lock($1, $2)', [ADVISORY_CLASS, objid]);
       const tables = await stranger.query<{ oid: number }>(
         `select oid::int from pg_class where relnamespace = 'shardctl'::regnamespace and relname in ('runner_lock', 'tracking_lock', 'workers', 'id_locks')`,
       );

@@ -5,16 +5,12 @@ import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdSql } from '../../src/id/s
 import { init } from '../../src/commands/init.js';
 import { controlLocksSql } from '../../src/fleet/control.js';
 import { status } from '../../src/commands/status.js';
-import { renderNextIdReleaseSql, type NextIdRelease } from '../fixtures/previous-next-id.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
-/** Databases of their own for the v3 to v6 upgrade tests: each upgrade test initialises a fleet. */
-const dbV3 = useTestDatabases(1);
-const dbV4 = useTestDatabases(1);
-const dbV5 = useTestDatabases(1);
-const dbV6 = useTestDatabases(1);
+/** A database of its own for the upgrade test, which initialises a fleet. */
+const dbUpgrade = useTestDatabases(1);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
   // The slow path's lock rows live in the control schema.
@@ -214,7 +210,8 @@ describe('next_id()', () => {
     await withClient(db.urls[0]!, async (client) => {
       await installShard(client, 'insta14', 14, DEFAULT_ID_LAYOUT);
       // The fast path's threshold now, minus 50 positions: too close for setval() (the proof needs
-      // max_backends of room), so v2 took the lock on every call until the clock moved on.
+      // max_backends of room), so a slow path that only used setval() would take the lock on every
+      // call until the clock moved on.
       const threshold = `((floor(extract(epoch from clock_timestamp()) * 1000)::bigint - ${DEFAULT_ID_LAYOUT.epochMs} - 1) << 10)`;
       const before = await client.query<{ threshold: string }>(
         `select ${threshold} as threshold, setval('insta14.photos_id_seq', ${threshold} - 50)`,
@@ -284,35 +281,31 @@ describe('next_id()', () => {
     });
   });
 
-  // What a fleet initialised by each earlier release has, and the language init must keep.
-  const previousReleases: { version: NextIdRelease; language: 'sql' | 'plpgsql'; database: () => string }[] = [
-    // PL/pgSQL next_id() and next_id_locked(), no next_id_fast().
-    { version: 2, language: 'plpgsql', database: () => db.urls[0]! },
-    // The inlined SQL next_id() calling next_id_fast(), and v3's slow path.
-    { version: 3, language: 'sql', database: () => dbV3.urls[0]! },
-    // The inlined SQL next_id() calling the PL/pgSQL next_id_fast() on every id.
-    { version: 4, language: 'sql', database: () => dbV4.urls[0]! },
-    // The inlined SQL next_id() with the position read back four times, no PL/pgSQL per id.
-    { version: 5, language: 'sql', database: () => dbV5.urls[0]! },
-    // The previous release: v7's fast path, the slow path under an advisory lock.
-    { version: 6, language: 'sql', database: () => dbV6.urls[0]! },
-  ];
-
-  async function installRelease(client: pg.Client, version: NextIdRelease, schema: string, shard: number, layout: IdLayout): Promise<void> {
-    await client.query(renderNextIdReleaseSql(version, schema, shard, layout));
-    // init made the schema with the current functions; v2 had no next_id_fast(), so drop the one init left.
-    if (version === 2) await client.query(`drop function "${schema}".next_id_fast(regclass, bigint)`);
+  /**
+   * A synthetic older version for the upgrade mechanism (no released version precedes the current
+   * one): today's functions under version 0, with a marker in the slow path's body so that the test
+   * sees init replace all three functions, not only the comment.
+   */
+  const OLDER_MARKER = '-- synthetic older next_id';
+  function olderNextIdSql(schema: string, shard: number, layout: IdLayout): string {
+    const current = renderNextIdSql(schema, shard, layout);
+    const older = current
+      .replaceAll(`shardctl next_id v${ID_FUNCTION_VERSION}:`, 'shardctl next_id v0:')
+      .replace('AS $next_id_locked$\n', `AS $next_id_locked$\n${OLDER_MARKER}\n`);
+    expect(older).toContain('shardctl next_id v0:');
+    expect(older).toContain(OLDER_MARKER);
+    return older;
   }
 
-  it.each(previousReleases)(
-    'init detects a v$version next_id() and replaces it in place, keeping its language ($language), while a writer inserts: no insert fails, ids never repeat',
-    async ({ version, language, database }) => {
-      const url = database();
+  it(
+    'init detects an older next_id() and replaces it in place while a writer inserts: no insert fails, ids never repeat',
+    async () => {
+      const url = dbUpgrade.urls[0]!;
       const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
       const config = await fleet.config();
       expect((await init(config)).ok).toBe(true);
       await withClient(url, async (client) => {
-        await installRelease(client, version, 'upg0', 0, config.idLayout);
+        await client.query(olderNextIdSql('upg0', 0, config.idLayout));
         // No primary key: a repeated id must be stored and counted, not refused.
         await client.query(`create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`);
         // A burst first, so that the position is ahead of the clock when the new version takes over.
@@ -360,21 +353,17 @@ describe('next_id()', () => {
         const fn = await client.query<{ lang: string; comment: string }>(`
           select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment
             from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg0.next_id(regclass)'::regprocedure`);
-        // Upgraded in its own language: changing it under the writer would have failed its inserts.
-        expect(fn.rows[0]!.lang).toBe(language);
+        expect(fn.rows[0]!.lang).toBe('sql');
         expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
-        expect(fn.rows[0]!.comment).not.toContain(`shardctl next_id v${version}:`);
-        // The slow path was replaced too (one statement replaces all three functions): no catalog query.
+        expect(fn.rows[0]!.comment).not.toContain('shardctl next_id v0:');
+        // The slow path was replaced too (one statement replaces all three functions).
         const locked = await client.query<{ body: string }>(`select prosrc as body from pg_proc where oid = 'upg0.next_id_locked(regclass)'::regprocedure`);
-        expect(locked.rows[0]!.body).toContain('pg_sequence_parameters');
-        expect(locked.rows[0]!.body).not.toContain('pg_catalog.pg_class');
-        if (language === 'sql') {
-          // v5: the fast path is inlined into the INSERT itself, no PL/pgSQL call per id.
-          const plan = await client.query<{ 'QUERY PLAN': string }>(`explain verbose insert into upg0.ids (phase) values ('x')`);
-          const text = plan.rows.map((r) => r['QUERY PLAN']).join('\n');
-          expect(text).toContain('currval(');
-          expect(text).not.toContain('next_id_fast');
-        }
+        expect(locked.rows[0]!.body).not.toContain(OLDER_MARKER);
+        // The fast path is inlined into the INSERT itself, no PL/pgSQL call per id.
+        const plan = await client.query<{ 'QUERY PLAN': string }>(`explain verbose insert into upg0.ids (phase) values ('x')`);
+        const text = plan.rows.map((r) => r['QUERY PLAN']).join('\n');
+        expect(text).toContain('currval(');
+        expect(text).not.toContain('next_id_fast');
         const fresh = await client.query<{ lang: string }>(
           `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
         );

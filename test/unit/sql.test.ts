@@ -36,7 +36,7 @@ describe('SQL templates', () => {
     expect(condition!.replaceAll(/\s+/g, ' ')).toBe(
       "'2011-08-24T21:07:01.723Z'::timestamptz + ((pg_catalog.nextval(seq) << 13) >> 23) * interval '1 millisecond' > GREATEST(pg_catalog.clock_timestamp(), '2011-08-24T21:07:01.723Z'::timestamptz)",
     );
-    expect(sql).toContain('shardctl next_id v7:');
+    expect(sql).toContain('shardctl next_id v1:');
   });
 
   it("locks next_id's slow path with a row of the control schema's id_locks, never an advisory lock", () => {

@@ -1,0 +1,17 @@
+/**
+ * The last word on a connection whose outcome is already decided: after a failure the caller
+ * reports, or once its work is done. A ROLLBACK or a close that fails as well says only that the
+ * connection is broken or gone (and a transaction or lock with it), which nobody could act on; its
+ * error must not replace the failure or the result the caller goes on with. So it is dropped here,
+ * in one place.
+ */
+
+/** ROLLBACK, ignoring its own failure (see above). */
+export async function rollbackQuietly(client: { query(text: string): Promise<unknown> }): Promise<void> {
+  await client.query('ROLLBACK').catch(() => undefined);
+}
+
+/** Closes a client or pool, ignoring its own failure (see above). */
+export async function endQuietly(closable: { end(): Promise<void> }): Promise<void> {
+  await closable.end().catch(() => undefined);
+}
