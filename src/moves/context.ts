@@ -276,7 +276,7 @@ export async function withWorkers<T>(
 
 export async function ensureMethods(ctx: MoveContext): Promise<Map<string, 'record' | 'text'>> {
   if (!ctx.methods) {
-    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards));
+    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
     ctx.methods = await hashMethods(ctx.source.client, tables, Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000);
   }
   return ctx.methods;
