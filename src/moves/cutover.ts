@@ -286,12 +286,12 @@ async function stopLogs(ctx: MoveContext, schemas: readonly string[]): Promise<v
  * (on the source they run in application transactions; best effort here, an error path: the
  * verification, the unfence and --abort remove them too).
  */
-export async function dropPreVerification(ctx: MoveContext): Promise<void> {
+export async function dropPreVerification(ctx: MoveContext, { logs = true }: { readonly logs?: boolean } = {}): Promise<void> {
   const pre = ctx.pre;
   ctx.pre = null;
   if (!pre) return;
   await endPreVerification(pre.verification);
-  if (pre.verification.logged.size > 0) await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!)).catch(() => undefined);
+  if (logs && pre.verification.logged.size > 0) await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!)).catch(() => undefined);
 }
 
 /** Who holds locks on a schema's tables: pid, application, transaction age and query. */
@@ -376,7 +376,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
       pre ? [pre.source, pre.target] : [],
     );
   } finally {
-    await dropPreVerification(ctx);
+    // The logs go below, within the fence limit; the wave is fenced, so nothing writes to them meanwhile.
+    await dropPreVerification(ctx, { logs: false });
   }
   // Still fenced: the tracking triggers and change logs go before the wave's copies take
   // application writes (whatever run created them: a killed run's too).
