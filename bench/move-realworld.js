@@ -87,7 +87,8 @@ export async function run(ctx, major) {
         moves.push(moved);
         log(
           `  run ${turn + 1}/${options.realworldRuns}: move ${formatMs(moved.durationMs)}, writes blocked ${formatMs(moved.writeBlockedMs)}; ` +
-            `${formatCount(moved.transactions)} writer transactions, ${moved.whole ?? 'n/a'} tables checksummed whole while fenced`,
+            `${formatCount(moved.transactions)} writer transactions, ${moved.whole ?? 'n/a'} tables checksummed whole while fenced; ` +
+            `after the fence: ${Object.entries(moved.fencedSteps).map(([step, ms]) => `${step} +${ms} ms`).join(', ')}`,
         );
       } else {
         dumps.push(await timeDumpRestore({ source, target, schema, pgDump: floor.pgDump, psql: options.psql }));
@@ -123,10 +124,11 @@ export async function run(ctx, major) {
 async function timeMove(fleet, { source, target, schema }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startWriter(await ShardMap.load(fleet.configFile), schema);
+  const steps = [];
   let result;
   try {
     await sleep(WRITER_MARGIN_MS);
-    result = await moveShard(config, SHARD, target.name, { configFile: fleet.configFile });
+    result = await moveShard(config, SHARD, target.name, { configFile: fleet.configFile, onStep: (step) => steps.push({ step, atMs: performance.now() }) });
     await sleep(WRITER_MARGIN_MS);
   } catch (error) {
     await writer.stop().catch(() => undefined);
@@ -156,7 +158,16 @@ async function timeMove(fleet, { source, target, schema }) {
     whole: result.verification.whole?.length ?? null,
     byKey: result.verification.byKey,
     byLog: result.verification.byLog ?? null,
+    fencedSteps: fencedSteps(steps),
   };
+}
+
+/** How long each step from the fence to the switch took, in ms: where the pause went. */
+function fencedSteps(steps) {
+  const at = Object.fromEntries(steps.map((s) => [s.step, s.atMs]));
+  const order = ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'];
+  const pairs = order.slice(1).map((step, i) => [step, order[i]]);
+  return Object.fromEntries(pairs.filter(([step, before]) => at[step] !== undefined && at[before] !== undefined).map(([step, before]) => [step, Math.round(at[step] - at[before])]));
 }
 
 /** The application: one writer.sql transaction every PACE_MS on the host the map names; on SC100 it reloads the map and retries. */
