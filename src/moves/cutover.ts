@@ -8,7 +8,7 @@ import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
+import { DELTA_TRIGGERS, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endPreVerification, preVerify, shardTables, verifyShards, type HashMethod, type ShardTable, type VerifyResult } from './verify.js';
 import { keyedTables, readChanges, runTransaction, startDeltasSql, startTrackingSql, stopDeltas, stopTracking } from './tail.js';
@@ -276,9 +276,11 @@ async function startDeltas(
 }
 
 /** The change-log triggers of `schemas` off on both hosts, and this move's entries gone (tail.ts stopDeltas). */
-async function stopLogs(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
+async function stopLogs(ctx: MoveContext, schemas: readonly string[], { sourceBestEffort = false } = {}): Promise<void> {
   const lockWaitMs = await lockWaitFor(ctx);
-  await Promise.all([stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs), stopDeltas(ctx.target.client, ctx.moveId, schemas, lockWaitMs)]);
+  // Best effort: one attempt (the unfence disables what is left).
+  const onSource = sourceBestEffort ? stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs, 0) : stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs);
+  await Promise.all([sourceBestEffort ? onSource.catch(() => undefined) : onSource, stopDeltas(ctx.target.client, ctx.moveId, schemas, lockWaitMs)]);
 }
 
 /**
@@ -382,7 +384,9 @@ export async function verify(ctx: MoveContext): Promise<void> {
   // Still fenced: the tracking triggers and change logs go before the wave's copies take
   // application writes (whatever run created them: a killed run's too).
   await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () => stopTracking(ctx.target.client, ctx.moveId, schemas));
-  await within(`the removal of the change logs on ${ctx.source.host.name} and ${ctx.target.host.name}`, () => stopLogs(ctx, schemas));
+  // On the source only as far as its tables let it: the wave's old copy stays fenced, and an
+  // unfence disables what is left there.
+  await within(`the removal of the change logs on ${ctx.target.host.name}`, () => stopLogs(ctx, schemas, { sourceBestEffort: true }));
   const before = ctx.verification;
   ctx.verification = before
     ? {
@@ -468,14 +472,22 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
       WHERE t.tgname = 'shardctl_fence' AND n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')`,
     [schemasOf(ctx, shards)],
   );
+  // A change log still on (a killed run's, or one whose removal could not wait): off with the fence.
+  const logged = await ctx.source.client.query<{ nspname: string; relname: string }>(
+    `SELECT DISTINCT n.nspname, c.relname FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE t.tgname = ANY($2::text[]) AND t.tgenabled <> 'D' AND n.nspname = ANY($1::text[])`,
+    [schemasOf(ctx, shards), DELTA_TRIGGERS],
+  );
   const lockWaitMs = await lockWaitFor(ctx);
   const started = performance.now();
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
     const own = triggers.rows.filter((t) => t.nspname === schema && t.enabled).map((t) => [t.nspname, t.relname] as const);
+    const ownLogged = logged.rows.filter((t) => t.nspname === schema).map((t) => [t.nspname, t.relname] as const);
     for (;;) {
       try {
-        await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs));
+        await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs, ownLogged));
         break;
       } catch (error) {
         const code = (error as { code?: string }).code;
@@ -517,8 +529,9 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
   }
   await dropPreVerification(ctx);
   await dropReplication(ctx);
-  // While the sources are still fenced, if they are: no writer to wait for.
-  await stopLogs(ctx, schemasOf(ctx, ctx.shards));
+  // While the sources are still fenced, if they are: no writer to wait for (and the unfence
+  // disables what is left on the source).
+  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true });
   await unfence(ctx, ctx.shards, 30_000);
   // Only copies this move created (incoming, never active: see above) are dropped.
   for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));

@@ -3,7 +3,7 @@ import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
 import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
-import { qualified } from './sql.js';
+import { DELTA_TRIGGERS, qualified } from './sql.js';
 import type { ShardTable } from './verify.js';
 
 /**
@@ -135,10 +135,7 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
   );
 }
 
-const DELTA_TRIGGER = 'shardctl_delta';
-const DELTA_TRUNCATE_TRIGGER = 'shardctl_delta_truncate';
-/** Every trigger a move puts on a shard table for its verification, by name. */
-export const DELTA_TRIGGERS = [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] as const;
+const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
 
 /**
  * The change log and its triggers on `tables`, with each table's checksum method (one

@@ -488,3 +488,35 @@ describe('a real-world schema: a change lost on the way to the target during the
     await withClient(db.urls[0]!, (c) => c.query(realworldWriterSql(schema, 100_000)));
   });
 });
+
+describe('a real-world schema: a run killed during the cut-over', () => {
+  const db = useTestDatabases(2);
+
+  const deltaTriggers = (url: string) =>
+    withClient(url, async (c) => (await c.query<{ n: number }>(`select count(*)::int as n from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D'`)).rows[0]!.n);
+
+  it.each([
+    { then: '--abort', shard: 0 },
+    { then: '--resume', shard: 1 },
+  ])('leaves change logs on the fenced source; $then removes them from both hosts and the source takes writes unlogged', async ({ then, shard }) => {
+    const schema = `insta${shard}`;
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(realworldSeedSql(schema, 100)));
+    const args = ['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile];
+    const killed = await spawnCli(args, { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await waitForMoveSessionsToEnd(db.urls);
+    expect(await deltaTriggers(db.urls[0]!)).toBe(2);
+
+    const run = await runCli([...args, then]);
+    expect(run.code, run.stderr).toBe(0);
+    for (const url of db.urls) expect(await deltaTriggers(url), url).toBe(0);
+    const owner = then === '--abort' ? 0 : 1;
+    await withClient(db.urls[owner]!, (c) => c.query(realworldWriterSql(schema, 1)));
+    const entries = await withClient(db.urls[owner]!, async (c) =>
+      (await c.query<{ n: number }>(`select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end as n`)).rows[0]!.n,
+    );
+    expect(entries).toBe(0);
+  });
+});

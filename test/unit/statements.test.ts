@@ -188,6 +188,12 @@ describe('move SQL', () => {
     );
   });
 
+  it('unfences a table with a change log: its log triggers disabled in the same transaction', () => {
+    expect(unfenceSql(4, [['insta4', 'audit log']], 'm1', 250, [['insta4', 'audit log']])).toContain(
+      `ALTER TABLE "insta4"."audit log" DISABLE TRIGGER shardctl_fence;\nALTER TABLE "insta4"."audit log" DISABLE TRIGGER shardctl_delta, DISABLE TRIGGER shardctl_delta_truncate;\nUPDATE`,
+    );
+  });
+
   it('renames the old copy and leaves guarded views with the old grants under the old name', () => {
     const sql = renameWithStubSql({
       shard: 4,
