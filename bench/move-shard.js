@@ -290,12 +290,12 @@ async function checkMove(fleet, { source, target, schema, rows, result, moved, i
  * the environment: no password on a command line. ON_ERROR_STOP: a restore that failed half-way
  * must fail the run, not make it fast.
  */
-const DUMP_RESTORE_SCRIPT = [
+export const DUMP_RESTORE_SCRIPT = [
   'set -o pipefail',
   'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$0" -n "$1" |' +
     ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$2" -q -X -v ON_ERROR_STOP=1 >/dev/null',
 ].join('\n');
-const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
+export const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
 
 /** The floor, from the source's fresh copy into a new empty database on the target host. */
 async function timeDumpRestore({ source, target, schema, rows, pgDump, psql }) {

@@ -30,6 +30,7 @@ import {
 } from './lib.js';
 import * as migrate from './migrate.js';
 import * as moveBatch from './move-batch.js';
+import * as moveRealworld from './move-realworld.js';
 import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
 import * as router from './router.js';
@@ -42,6 +43,7 @@ const BENCHMARKS = {
   'init-rerun': initRerun,
   migrate,
   'move-shard': moveShard,
+  'move-realworld': moveRealworld,
   'move-batch': moveBatch,
   router,
   discovery,
@@ -59,6 +61,7 @@ const DEFAULT_MAJORS = {
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],
   'move-shard': ['15', EMBEDDED_MAJOR],
+  'move-realworld': ['15', EMBEDDED_MAJOR],
   router: [EMBEDDED_MAJOR],
   'move-batch': ['15', EMBEDDED_MAJOR],
   discovery: [EMBEDDED_MAJOR],
@@ -86,6 +89,8 @@ const REFERENCE_SCALE = {
   'bulk-rounds': 7,
   'split-shards': 64,
   'split-rows': 2000,
+  'realworld-rows': 50_000,
+  'realworld-runs': 5,
   'loop-shards': 4,
   'fleet-shards': 8192,
   'discovery-shards': 8192,
@@ -121,6 +126,8 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --router-rounds N router: interleaved rounds of each side   (${REFERENCE_SCALE['router-rounds']})
   --bulk-seconds N  length of one bulk-insert pgbench run      (${REFERENCE_SCALE['bulk-seconds']})
   --bulk-rounds N   bulk-insert rounds per table              (${REFERENCE_SCALE['bulk-rounds']})
+  --realworld-rows N move-realworld: accounts in the moved shard (${formatCount(REFERENCE_SCALE['realworld-rows'])})
+  --realworld-runs N move-realworld: runs each side          (${REFERENCE_SCALE['realworld-runs']})
   --split-shards N  move-batch: shards moved in the host split (${REFERENCE_SCALE['split-shards']})
   --split-rows N    move-batch: photos rows per split shard     (${formatCount(REFERENCE_SCALE['split-rows'])})
   --loop-shards N   move-batch: shards moved one by one         (${REFERENCE_SCALE['loop-shards']})

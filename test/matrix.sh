@@ -38,6 +38,7 @@ else
     test/integration/move-truncate.test.ts
     test/integration/next-id.test.ts
     test/integration/rerun-after-kill.test.ts
+    test/integration/verify-logs.test.ts
   )
 fi
 failed=()

@@ -126,16 +126,16 @@ export interface MoveContext {
 export const DEFAULT_MAX_FENCED_MS = 20_000;
 
 // A wave's pause grows with its shards (one fence transaction each) and with the rows verified while
-// fenced: since the checksums are taken before the fence (tail.ts), only tables without a usable key
-// are checksummed whole then. A 64-shard wave with verification under the fence blocked writes
+// fenced: since the checksums are taken before the fence (tail.ts), a table is checksummed whole then
+// only when its changes cannot be counted (over 100,000 changed keys, no change logs). A 64-shard wave with verification under the fence blocked writes
 // 1.6-2.2 s on a loaded machine; verified before the fence, a 16-shard wave blocked 85-131 ms and a
 // 1,000,000-row shard 53-174 ms (docs/benchmarks.md).
 const DEFAULT_WAVE = { maxShards: 64, maxRows: 2_000_000 };
 
 /**
  * Splits a batch into cut-over waves: consecutive shards while a wave has at most maxShards shards
- * and maxRows estimated rows (a shard over the limit goes alone). Rows count because a table without
- * a usable key is verified whole while its wave is fenced.
+ * and maxRows estimated rows (a shard over the limit goes alone). Rows count because a table whose
+ * changes cannot be counted (tail.ts) is checksummed whole while its wave is fenced.
  */
 export function planWaves(shards: readonly number[], rows: ReadonlyMap<number, number>, limits: WaveLimits = {}): number[][] {
   const maxShards = limits.maxShards ?? DEFAULT_WAVE.maxShards;
@@ -279,7 +279,7 @@ export async function withWorkers<T>(
 
 export async function ensureMethods(ctx: MoveContext): Promise<Map<string, 'record' | 'text'>> {
   if (!ctx.methods) {
-    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards));
+    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
     ctx.methods = await hashMethods(ctx.source.client, tables, Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000);
   }
   return ctx.methods;

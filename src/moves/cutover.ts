@@ -8,10 +8,10 @@ import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
+import { DELTA_TRIGGERS, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
-import { endPreVerification, preVerify, shardTables, verifyShards, type VerifyResult } from './verify.js';
-import { keyedTables, readChanges, runTransaction, startTrackingSql, stopTracking } from './tail.js';
+import { endPreVerification, preVerify, shardTables, verifyShards, type HashMethod, type ShardTable, type VerifyResult } from './verify.js';
+import { keyedTables, readChanges, runTransaction, startDeltasSql, startTrackingSql, stopDeltas, stopTracking } from './tail.js';
 import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, elapsed, notice, sleep } from './context.js';
 import { applyWorkerWaits, waitForMarker, dropReplication } from './replication.js';
 import { inflect, plural } from '../text.js';
@@ -209,8 +209,9 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
 
 /**
  * The first part of the wave's verification, while the source is still writable (see tail.ts):
- * tracking on the target, then a snapshot of every keyed table on both hosts, kept open until the
- * wave is verified. Best effort: if it cannot be had, the wave is verified whole while fenced.
+ * tracking of the keyed tables on the target and change logs of the others on both hosts, then a
+ * snapshot of all of them on both hosts, kept open until the wave is verified. Best effort: if the
+ * logs cannot be had, their tables are checksummed whole while fenced; if nothing can, every table.
  */
 async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
   await dropPreVerification(ctx);
@@ -218,27 +219,90 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   let held: pg.Client[] = [];
   try {
     const keyed = await keyedTables(ctx.source.client, schemas);
-    if (keyed.length === 0) return;
     const methods = await ensureMethods(ctx);
-    await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
+    const isKeyed = new Set(keyed.map((k) => `${k.table.schema}.${k.table.table}`));
+    const unkeyed = (await shardTables(ctx.source.client, schemas, 'leaves')).filter((t) => !isKeyed.has(`${t.schema}.${t.table}`));
+    if (keyed.length === 0 && unkeyed.length === 0) return;
+    if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
+    const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
+    if (keyed.length === 0 && logged.length === 0) return;
     held = await Promise.all([openWorker(ctx.source.host, 'shardctl move verify'), openWorker(ctx.target.host, 'shardctl move verify')]);
     const started = performance.now();
-    const verification = await preVerify({ source: held[0]!, target: held[1]! }, { source: ctx.source.client, target: ctx.target.client }, keyed, methods);
+    const verification = await preVerify({ source: held[0]!, target: held[1]! }, { source: ctx.source.client, target: ctx.target.client }, keyed, methods, {
+      moveId: ctx.moveId,
+      tables: logged,
+    });
     ctx.pre = { wave: ctx.wave, verification };
-    notice(ctx, `host ${ctx.target.host.name}: ${plural(keyed.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`);
+    notice(ctx, `host ${ctx.target.host.name}: ${plural(keyed.length + logged.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`);
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
     await Promise.all(held.map((c) => c.end().catch(() => undefined)));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
+    await stopLogs(ctx, schemas).catch(() => undefined);
     notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
   }
 }
 
-export async function dropPreVerification(ctx: MoveContext): Promise<void> {
+/** How long the change-log triggers may take to be created on the source's busy tables, in all. */
+const DELTAS_SETUP_LIMIT_MS = 5_000;
+
+/**
+ * The change logs of `tables` on both hosts (tail.ts), the target's first. The source's CREATE
+ * TRIGGERs wait for its writers, each attempt no longer than the fence's lock wait, retried up to
+ * DELTAS_SETUP_LIMIT_MS; false (and nothing left behind) when that is not enough or either host
+ * is older than PostgreSQL 14: then these tables are checksummed whole while fenced.
+ */
+async function startDeltas(
+  ctx: MoveContext,
+  schemas: readonly string[],
+  tables: readonly ShardTable[],
+  methods: ReadonlyMap<string, HashMethod>,
+): Promise<boolean> {
+  if (Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) < 140000) return false;
+  const lockWaitMs = await lockWaitFor(ctx);
+  const sql = startDeltasSql(
+    ctx.moveId,
+    tables.map((table) => ({ table, method: methods.get(`${table.schema}.${table.table}`) ?? 'text' })),
+    lockWaitMs,
+  );
+  await runTransaction(ctx.target.client, sql);
+  const started = performance.now();
+  for (;;) {
+    try {
+      await runTransaction(ctx.source.client, sql);
+      return true;
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if ((code !== '55P03' && code !== '40P01') || performance.now() - started > DELTAS_SETUP_LIMIT_MS) {
+        await stopLogs(ctx, schemas).catch(() => undefined);
+        notice(ctx, `host ${ctx.source.host.name}: no change logs for ${tables.length} table${tables.length === 1 ? '' : 's'} without a usable key (${describePgError(error)}); they are checksummed whole while fenced`);
+        return false;
+      }
+      await sleep(10 + Math.random() * 40);
+    }
+  }
+}
+
+/** The change-log triggers of `schemas` off on both hosts, and this move's entries gone (tail.ts stopDeltas). */
+async function stopLogs(ctx: MoveContext, schemas: readonly string[], { sourceBestEffort = false } = {}): Promise<void> {
+  const lockWaitMs = await lockWaitFor(ctx);
+  // Best effort: one attempt (the unfence disables what is left).
+  const onSource = sourceBestEffort ? stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs, 0) : stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs);
+  await Promise.all([sourceBestEffort ? onSource.catch(() => undefined) : onSource, stopDeltas(ctx.target.client, ctx.moveId, schemas, lockWaitMs)]);
+}
+
+/**
+ * Ends the wave's pre-verification, if any: its snapshots, and the change-log triggers it set up
+ * (on the source they run in application transactions; best effort here, an error path: the
+ * verification, the unfence and --abort remove them too).
+ */
+export async function dropPreVerification(ctx: MoveContext, { logs = true }: { readonly logs?: boolean } = {}): Promise<void> {
   const pre = ctx.pre;
   ctx.pre = null;
-  if (pre) await endPreVerification(pre.verification);
+  if (!pre) return;
+  await endPreVerification(pre.verification);
+  if (logs && pre.verification.logged.size > 0) await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!)).catch(() => undefined);
 }
 
 /** Who holds locks on a schema's tables: pid, application, transaction age and query. */
@@ -324,10 +388,15 @@ export async function verify(ctx: MoveContext): Promise<void> {
       pre ? [pre.source, pre.target] : [],
     );
   } finally {
-    await dropPreVerification(ctx);
+    // The logs go below, within the fence limit; the wave is fenced, so nothing writes to them meanwhile.
+    await dropPreVerification(ctx, { logs: false });
   }
-  // Still fenced: the tracking triggers go before the wave's copies take application writes.
+  // Still fenced: the tracking triggers and change logs go before the wave's copies take
+  // application writes (whatever run created them: a killed run's too).
   await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () => stopTracking(ctx.target.client, ctx.moveId, schemas));
+  // On the source only as far as its tables let it: the wave's old copy stays fenced, and an
+  // unfence disables what is left there.
+  await within(`the removal of the change logs on ${ctx.target.host.name}`, () => stopLogs(ctx, schemas, { sourceBestEffort: true }));
   const before = ctx.verification;
   ctx.verification = before
     ? {
@@ -336,6 +405,9 @@ export async function verify(ctx: MoveContext): Promise<void> {
         tables: [...before.tables, ...result.tables],
         mismatches: [...before.mismatches, ...result.mismatches],
         byKey: { tables: before.byKey.tables + result.byKey.tables, keys: before.byKey.keys + result.byKey.keys },
+        byLog: { tables: before.byLog.tables + result.byLog.tables, changes: before.byLog.changes + result.byLog.changes },
+        whole: [...before.whole, ...result.whole],
+        truncated: [...before.truncated, ...result.truncated],
       }
     : result;
   if (result.ok) {
@@ -410,14 +482,22 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
       WHERE t.tgname = 'shardctl_fence' AND n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')`,
     [schemasOf(ctx, shards)],
   );
+  // A change log still on (a killed run's, or one whose removal could not wait): off with the fence.
+  const logged = await ctx.source.client.query<{ nspname: string; relname: string }>(
+    `SELECT DISTINCT n.nspname, c.relname FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE t.tgname = ANY($2::text[]) AND t.tgenabled <> 'D' AND n.nspname = ANY($1::text[])`,
+    [schemasOf(ctx, shards), DELTA_TRIGGERS],
+  );
   const lockWaitMs = await lockWaitFor(ctx);
   const started = performance.now();
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
     const own = triggers.rows.filter((t) => t.nspname === schema && t.enabled).map((t) => [t.nspname, t.relname] as const);
+    const ownLogged = logged.rows.filter((t) => t.nspname === schema).map((t) => [t.nspname, t.relname] as const);
     for (;;) {
       try {
-        await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs));
+        await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs, ownLogged));
         break;
       } catch (error) {
         const code = (error as { code?: string }).code;
@@ -462,6 +542,9 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
   }
   await dropPreVerification(ctx);
   await dropReplication(ctx);
+  // While the sources are still fenced, if they are: no writer to wait for (and the unfence
+  // disables what is left on the source).
+  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true });
   await unfence(ctx, ctx.shards, 30_000);
   // Only copies this move created (incoming, never active: see above) are dropped.
   for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));

@@ -139,19 +139,30 @@ export function fenceMarkerSql(moveId: string, marker: string, fenceStartedAtMs:
   ].join('\n');
 }
 
+/** The triggers of a move's change logs (src/moves/tail.ts), on a table without a usable key. */
+export const DELTA_TRIGGERS = ['shardctl_delta', 'shardctl_delta_truncate'] as const;
+
 /**
- * Undoes the fence: the fence triggers of `tables` (those that have one) disabled, the shard active
+ * Undoes the fence: the fence triggers of `tables` (those that have one) disabled, and the change-log
+ * triggers of `logged` (they must not outlive the cut-over in application transactions), the shard active
  * again, this move's fence markers gone. Disabling takes the lock CREATE TRIGGER takes (SHARE ROW
  * EXCLUSIVE), which readers do not block; dropping would take ACCESS EXCLUSIVE and wait for every
  * reader of the table (dropFenceTriggersSql does that afterwards, without waiting). Its lock waits
  * are bounded like the fence's (see fenceSql); the caller retries.
  */
-export function unfenceSql(shard: number, tables: readonly (readonly [string, string])[], moveId: string, lockWaitMs = 500): string {
+export function unfenceSql(
+  shard: number,
+  tables: readonly (readonly [string, string])[],
+  moveId: string,
+  lockWaitMs = 500,
+  logged: readonly (readonly [string, string])[] = [],
+): string {
   const wait = `'${Math.max(1, Math.round(lockWaitMs))}ms'`;
   return [
     'BEGIN;',
     `SET LOCAL lock_timeout = ${wait};`,
     ...tables.map(([schema, table]) => `ALTER TABLE ${qualified(schema, table)} DISABLE TRIGGER shardctl_fence;`),
+    ...logged.map(([schema, table]) => `ALTER TABLE ${qualified(schema, table)} ${DELTA_TRIGGERS.map((t) => `DISABLE TRIGGER ${t}`).join(', ')};`),
     `UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ${shard} AND state = 'fenced';`,
     `DELETE FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(moveId)} AND kind LIKE 'fenced%';`,
     'COMMIT;',

@@ -3,7 +3,7 @@ import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
 import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
-import { qualified } from './sql.js';
+import { DELTA_TRIGGERS, qualified } from './sql.js';
 import type { ShardTable } from './verify.js';
 
 /**
@@ -24,10 +24,24 @@ import type { ShardTable } from './verify.js';
  * The identity holds for any K that contains every changed key, so a recorded key too many (a write
  * before P, a rolled-back one) costs a lookup and nothing else.
  *
- * Tables it does not cover are checksummed whole while fenced, as before: those without a primary
- * key or replica-identity index, keys of a type whose JSON form might not read back exactly,
- * partitioned tables, a table truncated during the cut-over, or one with more than
- * TAIL_MAX_KEYS recorded keys.
+ * Tables without such a key (no primary key or replica-identity index, or a key of a type whose
+ * JSON form might not read back exactly) are verified from change logs instead
+ * (sql/move_deltas.sql): triggers on both hosts, created before P, log for every row a write touches
+ * the checksum's hash of the row as it was (-1) and as it is (+1), and a TRUNCATE. A log entry
+ * commits with its change, so the entries visible now and not in P are exactly the changes
+ * committed after P, and per host
+ *   count and checksum now = at P + (sums of the log now - sums of the log at P)
+ * or, when a TRUNCATE was logged after P, the sums of the entries after the last TRUNCATE in seq
+ * order (a TRUNCATE holds ACCESS EXCLUSIVE until it commits, so its table's entries after it in seq
+ * order were written after it). Each host is read on its own: a change lost or altered on the way
+ * leaves the two sums apart. On the source the triggers run in application transactions, during
+ * the cut-over only: the unfence and the end of the wave's verification disable them.
+ *
+ * Partitions are verified one by one (each is an ordinary table, by key or from its log); a
+ * partitioned parent holds no rows of its own. Checksummed whole while fenced: a keyed table
+ * truncated during the cut-over (it holds only rows written since the truncate, which followed the
+ * catch-up before the fence), one with more than TAIL_MAX_KEYS recorded keys, and every table when
+ * the logs could not be set up (the source older than PostgreSQL 14, or its tables kept busy).
  */
 
 /** A table whose tail can be verified by key: its replica-identity key columns and their types. */
@@ -47,7 +61,7 @@ export const TAIL_MAX_KEYS = 100_000;
  */
 const EXACT_KEY_TYPES = ['int2', 'int4', 'int8', 'numeric', 'text', 'varchar', 'uuid', 'bool', 'date', 'timestamp', 'timestamptz', 'bytea'];
 
-/** Plain tables (not partitioned, not partitions) of `schemas` with an exact-typed replica-identity key. */
+/** Tables holding rows (plain tables and partitions) of `schemas` with an exact-typed replica-identity key. */
 export async function keyedTables(client: pg.Client, schemas: readonly string[]): Promise<KeyedTable[]> {
   const result = await client.query<{ nspname: string; relname: string; columns: string[]; types: string[]; exact: boolean }>(
     `SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY k.ord) AS columns,
@@ -59,7 +73,7 @@ export async function keyedTables(client: pg.Client, schemas: readonly string[])
        CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
        JOIN pg_type t ON t.oid = a.atttypid
-      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r' AND NOT c.relispartition
+      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r'
       GROUP BY n.nspname, c.relname
       ORDER BY n.nspname, c.relname`,
     [schemas, EXACT_KEY_TYPES],
@@ -119,6 +133,141 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
       'COMMIT;',
     ].join('\n'),
   );
+}
+
+const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
+
+/**
+ * The change log and its triggers on `tables`, with each table's checksum method (one
+ * transaction). On the source the CREATE TRIGGERs wait for the tables' writers: `lockWaitMs`
+ * bounds that wait like the fence's (see fenceSql), and the caller retries.
+ */
+export function startDeltasSql(moveId: string, tables: readonly { readonly table: ShardTable; readonly method: 'record' | 'text' }[], lockWaitMs: number): string {
+  const fn = `${CONTROL}.move_delta`;
+  return [
+    'BEGIN;',
+    `SET LOCAL lock_timeout = '${Math.max(1, Math.round(lockWaitMs))}ms';`,
+    TRACKING_LOCK_SQL,
+    renderSql(loadSqlTemplate('move_deltas.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    `DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`,
+    ...tables.flatMap(({ table, method }) => {
+      const name = qualified(table.schema, table.table);
+      const args = [moveId, method].map(quoteLiteral).join(', ');
+      return [
+        `CREATE OR REPLACE TRIGGER ${DELTA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
+        `CREATE OR REPLACE TRIGGER ${DELTA_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${args});`,
+        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${DELTA_TRIGGER}, ENABLE ALWAYS TRIGGER ${DELTA_TRUNCATE_TRIGGER};`,
+      ];
+    }),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/**
+ * The change-log triggers of `schemas` disabled (whatever run created them) and this move's log
+ * entries gone; then each dropped if its table is free at once. Disabling takes the lock CREATE
+ * TRIGGER takes, which readers do not block, and is retried for up to `limitMs` with bounded
+ * waits; dropping takes ACCESS EXCLUSIVE, so a table a reader holds keeps a disabled trigger, which
+ * costs nothing and the next setup replaces.
+ */
+export async function stopDeltas(client: pg.Client, moveId: string, schemas: readonly string[], lockWaitMs = 200, limitMs = 5_000): Promise<void> {
+  const triggers = await client.query<{ nspname: string; relname: string; tgname: string; enabled: boolean }>(
+    `SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE t.tgname = ANY($2::text[]) AND n.nspname = ANY($1::text[])`,
+    [schemas, DELTA_TRIGGERS],
+  );
+  const exists = (await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.move_deltas`])).rows[0]!.e;
+  if (triggers.rows.length === 0 && !exists) return;
+  const sql = [
+    'BEGIN;',
+    `SET LOCAL lock_timeout = '${Math.max(1, Math.round(lockWaitMs))}ms';`,
+    ...triggers.rows.filter((r) => r.enabled).map((r) => `ALTER TABLE ${qualified(r.nspname, r.relname)} DISABLE TRIGGER ${quoteIdent(r.tgname)};`),
+    ...(exists ? [`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`] : []),
+    'COMMIT;',
+  ].join('\n');
+  const started = performance.now();
+  for (;;) {
+    try {
+      await runTransaction(client, sql);
+      break;
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if ((code !== '55P03' && code !== '40P01') || performance.now() - started > limitMs) throw error;
+      await new Promise((resolve) => setTimeout(resolve, 10 + Math.random() * 40));
+    }
+  }
+  for (const r of triggers.rows) {
+    await runTransaction(client, `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS ${quoteIdent(r.tgname)} ON ${qualified(r.nspname, r.relname)};\nCOMMIT;`).catch(() => undefined);
+  }
+}
+
+/** One table's log sums on one host: every entry, and the entries after its last TRUNCATE. */
+export interface LogSums {
+  /** seq of the last TRUNCATE logged, if any. */
+  readonly truncatedAt: bigint | null;
+  readonly entries: bigint;
+  readonly rows: bigint;
+  readonly checksum: string;
+  readonly rowsAfterTruncate: bigint;
+  readonly checksumAfterTruncate: string;
+}
+
+/** The sums of this move's log on one host (in the client's snapshot), by `schema.table`. */
+export async function readLogSums(client: pg.Client, moveId: string): Promise<Map<string, LogSums>> {
+  const result = await client.query<{
+    schema_name: string;
+    table_name: string;
+    truncated_at: string | null;
+    entries: string;
+    rows: string;
+    checksum: string;
+    rows_after: string;
+    checksum_after: string;
+  }>(
+    `SELECT schema_name, table_name, max(truncated_at)::text AS truncated_at, count(*)::text AS entries,
+            coalesce(sum(sign), 0)::text AS rows, coalesce(sum(sign * hash::numeric), 0)::text AS checksum,
+            coalesce(sum(sign) FILTER (WHERE seq > truncated_at), 0)::text AS rows_after,
+            coalesce(sum(sign * hash::numeric) FILTER (WHERE seq > truncated_at), 0)::text AS checksum_after
+       FROM (SELECT *, max(seq) FILTER (WHERE sign = 0) OVER (PARTITION BY schema_name, table_name) AS truncated_at
+               FROM ${CONTROL}.move_deltas WHERE move_id = $1) d
+      GROUP BY 1, 2`,
+    [moveId],
+  );
+  return new Map(
+    result.rows.map((r) => [
+      `${r.schema_name}.${r.table_name}`,
+      {
+        truncatedAt: r.truncated_at === null ? null : BigInt(r.truncated_at),
+        entries: BigInt(r.entries),
+        rows: BigInt(r.rows),
+        checksum: r.checksum,
+        rowsAfterTruncate: BigInt(r.rows_after),
+        checksumAfterTruncate: r.checksum_after,
+      },
+    ]),
+  );
+}
+
+/**
+ * A logged table's count and checksum now on one host, from its value at P and its log sums at P
+ * and now (see the header). Pure.
+ */
+export function fromLog(
+  atP: { readonly rows: bigint; readonly checksum: string },
+  logAtP: LogSums | undefined,
+  logNow: LogSums | undefined,
+): { rows: bigint; checksum: string; changes: bigint } {
+  if (!logNow) return { rows: atP.rows, checksum: atP.checksum, changes: 0n };
+  const changes = logNow.entries - (logAtP?.entries ?? 0n);
+  if (logNow.truncatedAt !== null && (logAtP?.truncatedAt ?? null) !== logNow.truncatedAt) {
+    return { rows: logNow.rowsAfterTruncate, checksum: logNow.checksumAfterTruncate, changes };
+  }
+  return {
+    rows: atP.rows + logNow.rows - (logAtP?.rows ?? 0n),
+    checksum: (BigInt(atP.checksum) + BigInt(logNow.checksum) - BigInt(logAtP?.checksum ?? '0')).toString(),
+    changes,
+  };
 }
 
 /** Runs a BEGIN … COMMIT string; on failure rolls back, so the session stays usable, and rethrows. */

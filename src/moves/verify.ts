@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import { quoteLiteral } from '../pg/quote.js';
 import { qualified, type AclEntry, type PrivilegeKind, type PrivilegeObject } from './sql.js';
-import { keyFilterSql, TAIL_MAX_KEYS, type KeyedTable, type TableChanges } from './tail.js';
+import { fromLog, keyFilterSql, readLogSums, TAIL_MAX_KEYS, type KeyedTable, type LogSums, type TableChanges } from './tail.js';
 
 /**
  * The tables of shard schemas, and the comparison of both copies of a shard: row counts and content
@@ -20,17 +20,19 @@ export interface ShardTable {
    * an enum by its OID).
    */
   readonly portable: boolean;
+  /** A partition's partitioned parent (its name in the same schema). */
+  readonly parent?: string;
 }
 
 const REG_TYPES = `'regclass', 'regtype', 'regproc', 'regprocedure', 'regoper', 'regoperator', 'regconfig', 'regdictionary', 'regnamespace', 'regrole', 'regcollation'`;
 
 /**
  * The tables of these schemas, by schema and name.
- * - 'top': tables and partitioned parents, not partitions: the unit of verification (a parent's
- *   count includes its partitions).
+ * - 'top': tables and partitioned parents, not partitions.
  * - 'all': every table including partitions: the fence needs a trigger on each, since a statement
  *   trigger on a parent does not fire for a write sent to a partition directly.
- * - 'leaves': tables that hold rows (plain tables and partitions): the unit of COPY.
+ * - 'leaves': tables that hold rows (plain tables and partitions): the unit of COPY and of
+ *   verification (a partition is verified like a table, by its own key or log).
  */
 export async function shardTables(client: pg.Client, schemas: string | readonly string[], which: 'top' | 'all' | 'leaves' = 'top'): Promise<ShardTable[]> {
   const filter = {
@@ -38,8 +40,8 @@ export async function shardTables(client: pg.Client, schemas: string | readonly 
     all: `c.relkind IN ('r', 'p')`,
     leaves: `c.relkind = 'r'`,
   }[which];
-  const result = await client.query<{ nspname: string; relname: string; portable: boolean }>(
-    `SELECT n.nspname, c.relname,
+  const result = await client.query<{ nspname: string; relname: string; parent: string | null; portable: boolean }>(
+    `SELECT n.nspname, c.relname, p.relname AS parent,
             coalesce(bool_and(t.oid < 16384 AND (e.oid IS NULL OR e.oid < 16384)
                               AND NOT t.typname IN (${REG_TYPES}) AND NOT coalesce(e.typname IN (${REG_TYPES}), false)), true) AS portable
        FROM pg_class c
@@ -47,12 +49,14 @@ export async function shardTables(client: pg.Client, schemas: string | readonly 
        LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
        LEFT JOIN pg_type t ON t.oid = a.atttypid
        LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+       LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND c.relispartition
+       LEFT JOIN pg_class p ON p.oid = i.inhparent
       WHERE n.nspname = ANY($1::text[]) AND ${filter}
-      GROUP BY n.nspname, c.relname
+      GROUP BY n.nspname, c.relname, p.relname
       ORDER BY n.nspname, c.relname`,
     [typeof schemas === 'string' ? [schemas] : schemas],
   );
-  return result.rows.map((r) => ({ schema: r.nspname, table: r.relname, portable: r.portable }));
+  return result.rows.map((r) => ({ schema: r.nspname, table: r.relname, portable: r.portable, ...(r.parent === null ? {} : { parent: r.parent }) }));
 }
 
 /**
@@ -125,7 +129,7 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
   return [...objects.values()];
 }
 
-type HashMethod = 'record' | 'text';
+export type HashMethod = 'record' | 'text';
 
 const HASH_SQL: Record<HashMethod, string> = {
   // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
@@ -191,9 +195,9 @@ async function checksums(client: pg.Client, queries: readonly ChecksumQuery[], m
 /**
  * The first part of a wave's verification, before its fence (see src/moves/tail.ts): on one fresh
  * connection per host (the holder), a REPEATABLE READ transaction that exports its snapshot P and
- * is left open, touching no table; the count and checksum of every keyed table as of P, computed
- * on the `work` sessions in transactions that import P and commit. Tracking must already run on
- * the target.
+ * is left open, touching no table; the count and checksum of every keyed and every logged table as
+ * of P, and the logs' sums as of P, computed on the `work` sessions in transactions that import P
+ * and commit. Tracking (on the target) and the logs (on both hosts) must already run.
  *
  * The holders take no lock on any table until the wave's verification looks up its changed keys
  * (after the catch-up, within the fence limit): a session of the move that held a table lock while
@@ -205,8 +209,13 @@ export interface PreVerification {
   /** The holders: each in its transaction with snapshot P. */
   readonly source: pg.Client;
   readonly target: pg.Client;
+  readonly moveId: string;
   readonly keyed: ReadonlyMap<string, KeyedTable>;
+  /** The tables verified from their change logs (tail.ts), by `schema.table`. */
+  readonly logged: ReadonlySet<string>;
   readonly at: ReadonlyMap<string, { readonly source: TableChecksum; readonly target: TableChecksum }>;
+  /** The logs' sums as of P on each host. */
+  readonly logAt: { readonly source: ReadonlyMap<string, LogSums>; readonly target: ReadonlyMap<string, LogSums> };
 }
 
 export async function preVerify(
@@ -214,6 +223,7 @@ export async function preVerify(
   work: { readonly source: pg.Client; readonly target: pg.Client },
   keyed: readonly KeyedTable[],
   methods: ReadonlyMap<string, HashMethod>,
+  logged: { readonly moveId: string; readonly tables: readonly ShardTable[] },
 ): Promise<PreVerification> {
   const exportSnapshot = async (holder: pg.Client): Promise<string> => {
     await holder.query(STABLE_TEXT_SETTINGS);
@@ -221,14 +231,16 @@ export async function preVerify(
     return (await holder.query<{ snapshot: string }>('SELECT pg_export_snapshot() AS snapshot')).rows[0]!.snapshot;
   };
   const [sourceSnapshot, targetSnapshot] = await Promise.all([exportSnapshot(holders.source), exportSnapshot(holders.target)]);
-  const queries = keyed.map((k) => ({ table: k.table }));
-  const atSnapshot = async (client: pg.Client, snapshot: string): Promise<TableChecksum[]> => {
+  const tables = [...keyed.map((k) => k.table), ...logged.tables];
+  const queries = tables.map((table) => ({ table }));
+  const atSnapshot = async (client: pg.Client, snapshot: string): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
     await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`);
     try {
-      const result = await checksums(client, queries, methods);
+      const sums = await checksums(client, queries, methods);
+      const logs = logged.tables.length > 0 ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
       await client.query('COMMIT');
-      return result;
+      return { sums, logs };
     } catch (error) {
       // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
       // which ends the transaction too.
@@ -240,8 +252,11 @@ export async function preVerify(
   return {
     source: holders.source,
     target: holders.target,
+    moveId: logged.moveId,
     keyed: new Map(keyed.map((k) => [tableKey(k.table), k])),
-    at: new Map(keyed.map((k, i) => [tableKey(k.table), { source: src[i]!, target: dst[i]! }])),
+    logged: new Set(logged.tables.map(tableKey)),
+    at: new Map(tables.map((t, i) => [tableKey(t), { source: src.sums[i]!, target: dst.sums[i]! }])),
+    logAt: { source: src.logs, target: dst.logs },
   };
 }
 
@@ -275,9 +290,18 @@ export interface VerifyResult {
   readonly mismatches: readonly string[];
   /**
    * Tables verified while fenced by their changed rows only (pre-verified before the fence), and the
-   * keys looked up for them; the other tables were checksummed whole while fenced.
+   * keys looked up for them.
    */
   readonly byKey: { readonly tables: number; readonly keys: number };
+  /** Tables verified while fenced from their change logs (pre-verified before the fence), and the log entries written since P on both hosts. */
+  readonly byLog: { readonly tables: number; readonly changes: number };
+  /**
+   * Tables (`schema.table`) checksummed over all their rows while fenced: the cost that grows with
+   * the data. `truncated` are keyed tables truncated during the cut-over, also checksummed whole,
+   * but they hold only the rows written since.
+   */
+  readonly whole: readonly string[];
+  readonly truncated: readonly string[];
 }
 
 /**
@@ -291,7 +315,7 @@ export async function verifyShards(
   methods: ReadonlyMap<string, HashMethod>,
   tail?: { readonly pre: PreVerification; readonly changes: ReadonlyMap<string, TableChanges> },
 ): Promise<VerifyResult> {
-  const [tables, targetTables] = await Promise.all([shardTables(source, schemas), shardTables(target, schemas)]);
+  const [tables, targetTables] = await Promise.all([shardTables(source, schemas, 'leaves'), shardTables(target, schemas, 'leaves')]);
   const key = tableKey;
   const onTarget = new Set(targetTables.map(key));
   const onSource = new Set(tables.map(key));
@@ -300,16 +324,28 @@ export async function verifyShards(
   for (const t of targetTables) if (!onSource.has(key(t))) mismatches.push(`table ${key(t)} exists only on the target`);
   const common = tables.filter((t) => onTarget.has(key(t)));
 
-  // Per table: checksummed whole now, or (pre-verified) from P, minus and plus its changed keys.
+  // Per table: checksummed whole now, or (pre-verified) from P and its log, or from P minus and plus
+  // its changed keys.
   const whole: ChecksumQuery[] = [];
   const lookups: ChecksumQuery[] = [];
+  const wholeNames: string[] = [];
+  const truncatedNames: string[] = [];
   let byKeyTables = 0;
   let byKeyKeys = 0;
+  let byLogTables = 0;
+  let byLogChanges = 0n;
   const plan = common.map((t) => {
     const keyed = tail?.pre.keyed.get(key(t));
     const at = tail?.pre.at.get(key(t));
     const changes = tail?.changes.get(key(t));
-    if (!keyed || !at || changes?.truncated || (changes && changes.keys > TAIL_MAX_KEYS)) return { whole: whole.push({ table: t }) - 1 };
+    if (at && tail?.pre.logged.has(key(t))) {
+      byLogTables += 1;
+      return { at, logged: true };
+    }
+    if (!keyed || !at || changes?.truncated || (changes && changes.keys > TAIL_MAX_KEYS)) {
+      (changes?.truncated && keyed && at ? truncatedNames : wholeNames).push(key(t));
+      return { whole: whole.push({ table: t }) - 1 };
+    }
     byKeyTables += 1;
     if (!changes || changes.keys === 0) return { at };
     byKeyKeys += changes.keys;
@@ -317,11 +353,15 @@ export async function verifyShards(
   });
   await Promise.all([source.query(STABLE_TEXT_SETTINGS), target.query(STABLE_TEXT_SETTINGS)]);
   const now = [...whole, ...lookups];
-  const [src, dst, srcAtP, dstAtP] = await Promise.all([
+  const readLogs = (client: pg.Client): Promise<Map<string, LogSums>> =>
+    byLogTables > 0 && tail ? readLogSums(client, tail.pre.moveId) : Promise.resolve(new Map<string, LogSums>());
+  const [src, dst, srcAtP, dstAtP, srcLog, dstLog] = await Promise.all([
     checksums(source, now, methods),
     checksums(target, now, methods),
     checksums(tail?.pre.source ?? source, lookups, methods),
     checksums(tail?.pre.target ?? target, lookups, methods),
+    readLogs(source),
+    readLogs(target),
   ]);
   const report = common.map((t, i) => {
     const p = plan[i]!;
@@ -330,6 +370,13 @@ export async function verifyShards(
     if ('whole' in p && p.whole !== undefined) {
       s = src[p.whole]!;
       d = dst[p.whole]!;
+    } else if ('logged' in p) {
+      const k = key(t);
+      const fromSource = fromLog(p.at.source, tail!.pre.logAt.source.get(k), srcLog.get(k));
+      const fromTarget = fromLog(p.at.target, tail!.pre.logAt.target.get(k), dstLog.get(k));
+      byLogChanges += fromSource.changes + fromTarget.changes;
+      s = fromSource;
+      d = fromTarget;
     } else if (p.lookup === undefined) {
       s = p.at!.source;
       d = p.at!.target;
@@ -340,10 +387,11 @@ export async function verifyShards(
     }
     const match = s.rows === d.rows && s.checksum === d.checksum;
     if (!match) {
+      const name = t.parent === undefined ? `table ${key(t)}` : `table ${key(t)} (a partition of ${t.schema}.${t.parent})`;
       mismatches.push(
         s.rows === d.rows
-          ? `table ${key(t)}: ${s.rows} rows on both, but their contents differ (checksum)`
-          : `table ${key(t)}: ${s.rows} rows on the source, ${d.rows} on the target`,
+          ? `${name}: ${s.rows} rows on both, but their contents differ (checksum)`
+          : `${name}: ${s.rows} rows on the source, ${d.rows} on the target`,
       );
     }
     return { row: { schema: t.schema, table: t.table, sourceRows: s.rows.toString(), targetRows: d.rows.toString(), match }, rows: s.rows };
@@ -354,5 +402,8 @@ export async function verifyShards(
     tables: report.map((r) => r.row),
     mismatches,
     byKey: { tables: byKeyTables, keys: byKeyKeys },
+    byLog: { tables: byLogTables, changes: Number(byLogChanges) },
+    whole: wholeNames,
+    truncated: truncatedNames,
   };
 }

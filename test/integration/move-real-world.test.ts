@@ -361,7 +361,18 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
     expect((await init(await fleet.config())).ok).toBe(true);
     await withClient(db.urls[0]!, (c) => c.query(realworldSeedSql('insta1', 500)));
     const map = await ShardMap.load(fleet.configFile);
-    const writer = startShardWriter(map, 1, (i) => realworldWriterSql('insta1', i));
+    // Once during the cut-over (once the move's change logs exist on the source, before the fence),
+    // the writer's transaction also empties the keyless table; the table `truncate_once` on the
+    // source is the flag, dropped by that transaction.
+    await withClient(db.urls[0]!, (c) => c.query('create table public.truncate_once ()'));
+    const truncateOnce = `DO $$ BEGIN
+      IF to_regclass('public.truncate_once') IS NOT NULL AND EXISTS (
+           SELECT FROM pg_trigger WHERE tgname = 'shardctl_delta' AND tgrelid = 'insta1.audit_log'::regclass AND tgenabled <> 'D') THEN
+        DROP TABLE public.truncate_once;
+        TRUNCATE insta1.audit_log;
+      END IF;
+    END $$;`;
+    const writer = startShardWriter(map, 1, (i) => realworldWriterSql('insta1', i).replace('BEGIN;', () => `BEGIN;\n${truncateOnce}`));
     await new Promise((resolve) => setTimeout(resolve, 300));
 
     // The writer stops while the shard is fenced (it is refused then anyway), so that nothing changes
@@ -378,6 +389,15 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
 
     expect(result.outcome).toBe('moved');
     expect(writer.writes).toBeGreaterThan(10);
+    const truncated = await withClient(db.urls[0]!, async (c) => (await c.query<{ done: boolean }>(`select to_regclass('public.truncate_once') is null as done`)).rows[0]!.done);
+    expect(truncated).toBe(true);
+    // Nothing was checksummed over all its rows while fenced: the keyed tables and partitions by
+    // their changed keys, the keyless table from its change logs.
+    expect(result.verification).toMatchObject({ ok: true, whole: [], truncated: [], byLog: { tables: 1 } });
+    // Verified one by one: the tables that hold rows (the partitions, not their parent).
+    const leaves = REALWORLD_TABLES.filter((t) => t !== 'events');
+    expect(result.verification!.tables.map((t) => t.table).sort()).toEqual([...leaves].sort());
+    expect(result.verification!.byKey.tables).toBe(leaves.length - 1);
     expect(await replicationObjects(db.urls)).toEqual([]);
     const renamed = await withClient(db.urls[0]!, async (c) =>
       (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta1\\_moved\\_%'`)).rows[0]!.nspname,
@@ -393,5 +413,113 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
       );
       expect(BigInt(next.rows[0]!.n)).toBeGreaterThan(BigInt(next.rows[0]!.max));
     });
+  });
+});
+
+describe('a real-world schema: a change lost on the way to the target during the cut-over', () => {
+  const db = useTestDatabases(2);
+
+  // A row the source commits during the cut-over (the change logs exist, here on the keyless
+  // table, and the shard is not fenced yet) that the target silently drops: a BEFORE INSERT trigger there, ALWAYS, so it fires for the
+  // apply worker. The source's log has the row, the target's does not.
+  it.each([
+    { table: 'audit_log', shard: 0, insert: `INSERT INTO {s}.audit_log (actor, action) VALUES (-1, 'lost')`, leaves: ['audit_log'], named: /table insta0\.audit_log: \d+ rows on the source, \d+ on the target/ },
+    {
+      table: 'events',
+      shard: 1,
+      insert: `INSERT INTO {s}.events (account_id, kind) VALUES (-1, 'lost')`,
+      leaves: ['events_2026', 'events_2027', 'events_other'],
+      named: /table insta1\.events_\w+ \(a partition of insta1\.events\): \d+ rows on the source, \d+ on the target/,
+    },
+  ])('is found in the $table table, the move undone and its change logs removed from both hosts', async ({ table, shard, insert, leaves, named }) => {
+    const schema = `insta${shard}`;
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(`${realworldSeedSql(schema, 200)}; create table public.lose_once_${shard} ()`));
+    const once = `DO $$ BEGIN
+      IF to_regclass('public.lose_once_${shard}') IS NOT NULL AND EXISTS (
+           SELECT FROM pg_trigger WHERE tgname = 'shardctl_delta' AND tgrelid = '${schema}.audit_log'::regclass AND tgenabled <> 'D') THEN
+        DROP TABLE public.lose_once_${shard};
+        ${insert.replace('{s}', schema)};
+      END IF;
+    END $$;`;
+    const writer = startShardWriter(await ShardMap.load(fleet.configFile), shard, (i) => realworldWriterSql(schema, i).replace('BEGIN;', () => `BEGIN;\n${once}`));
+    const dropLost = leaves
+      .map(
+        (leaf) => `CREATE TRIGGER lose BEFORE INSERT ON ${schema}.${leaf} FOR EACH ROW WHEN (NEW.account_id = -1 OR NEW.actor = -1) EXECUTE FUNCTION public.lose();
+                   ALTER TABLE ${schema}.${leaf} ENABLE ALWAYS TRIGGER lose;`,
+      )
+      .join('\n')
+      .replace(/NEW\.account_id = -1 OR NEW\.actor = -1/g, table === 'events' ? 'NEW.account_id = -1' : 'NEW.actor = -1');
+    let losing: Promise<unknown> | null = null;
+    const error = await failure(
+      moveShard(await fleet.config(), shard, 'pg2', {
+        configFile: fleet.configFile,
+        onStep: (step) => {
+          // The target's copy exists and streams; the cut-over has not begun.
+          if (step === 'synced') {
+            losing = withClient(db.urls[1]!, (c) =>
+              c.query(`CREATE OR REPLACE FUNCTION public.lose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; ${dropLost}`),
+            );
+          }
+        },
+      }),
+    );
+    await writer.stop();
+    expect(losing).not.toBeNull();
+    await (losing as Promise<unknown> | null);
+    const lost = await withClient(db.urls[0]!, async (c) => (await c.query<{ done: boolean }>(`select to_regclass('public.lose_once_${shard}') is null as done`)).rows[0]!.done);
+    expect(lost).toBe(true);
+
+    expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
+    const details = (error as HostError & { details: string[] }).details;
+    expect(details).toHaveLength(1);
+    expect(details[0]).toMatch(named);
+    // Aborted: the source is writable and carries no trigger of the move; no log entry is left.
+    for (const url of db.urls) {
+      const left = await withClient(url, async (c) =>
+        (
+          await c.query<{ triggers: number; entries: number }>(
+            `select (select count(*)::int from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D') as triggers,
+                    (select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end) as entries`,
+          )
+        ).rows[0]!,
+      );
+      expect(left, url).toEqual({ triggers: 0, entries: 0 });
+    }
+    expect((await ShardMap.load(fleet.configFile)).hostForShard(shard).name).toBe('pg1');
+    await withClient(db.urls[0]!, (c) => c.query(realworldWriterSql(schema, 100_000)));
+  });
+});
+
+describe('a real-world schema: a run killed during the cut-over', () => {
+  const db = useTestDatabases(2);
+
+  const deltaTriggers = (url: string) =>
+    withClient(url, async (c) => (await c.query<{ n: number }>(`select count(*)::int as n from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D'`)).rows[0]!.n);
+
+  it.each([
+    { then: '--abort', shard: 0 },
+    { then: '--resume', shard: 1 },
+  ])('leaves change logs on the fenced source; $then removes them from both hosts and the source takes writes unlogged', async ({ then, shard }) => {
+    const schema = `insta${shard}`;
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(realworldSeedSql(schema, 100)));
+    const args = ['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile];
+    const killed = await spawnCli(args, { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await waitForMoveSessionsToEnd(db.urls);
+    expect(await deltaTriggers(db.urls[0]!)).toBe(2);
+
+    const run = await runCli([...args, then]);
+    expect(run.code, run.stderr).toBe(0);
+    for (const url of db.urls) expect(await deltaTriggers(url), url).toBe(0);
+    const owner = then === '--abort' ? 0 : 1;
+    await withClient(db.urls[owner]!, (c) => c.query(realworldWriterSql(schema, 1)));
+    const entries = await withClient(db.urls[owner]!, async (c) =>
+      (await c.query<{ n: number }>(`select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end as n`)).rows[0]!.n,
+    );
+    expect(entries).toBe(0);
   });
 });

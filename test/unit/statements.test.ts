@@ -22,7 +22,7 @@ import {
   type PrivilegeObject,
 } from '../../src/moves/sql.js';
 import { planWaves } from '../../src/moves/move.js';
-import { keyFilterSql, startTrackingSql } from '../../src/moves/tail.js';
+import { fromLog, keyFilterSql, startDeltasSql, startTrackingSql, type LogSums } from '../../src/moves/tail.js';
 
 const config = parseConfig(
   'shards: 8\nhosts:\n  - { name: pg1, url: "postgres://a@h1/db", shards: "0-3" }\n  - { name: pg2, url: "postgres://a@h2/db", shards: "4-7" }\n',
@@ -193,6 +193,12 @@ describe('move SQL', () => {
     );
   });
 
+  it('unfences a table with a change log: its log triggers disabled in the same transaction', () => {
+    expect(unfenceSql(4, [['insta4', 'audit log']], 'm1', 250, [['insta4', 'audit log']])).toContain(
+      `ALTER TABLE "insta4"."audit log" DISABLE TRIGGER shardctl_fence;\nALTER TABLE "insta4"."audit log" DISABLE TRIGGER shardctl_delta, DISABLE TRIGGER shardctl_delta_truncate;\nUPDATE`,
+    );
+  });
+
   it('renames the old copy and leaves guarded views with the old grants under the old name', () => {
     const sql = renameWithStubSql({
       shard: 4,
@@ -247,6 +253,42 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     );
     expect(sql).toContain(`ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER shardctl_track, ENABLE ALWAYS TRIGGER shardctl_track_truncate;`);
     expect(sql).not.toContain('{{');
+  });
+  it('logs the rows of keyless tables with ALWAYS triggers, the move id and checksum method as literals, its lock waits bounded', () => {
+    const sql = startDeltasSql("m'1", [{ table: { schema: 'insta"1', table: 'audit log', portable: true }, method: 'text' }], 250);
+    expect(sql.startsWith('BEGIN;')).toBe(true);
+    expect(sql.endsWith('COMMIT;')).toBe(true);
+    expect(sql).toContain(`SET LOCAL lock_timeout = '250ms';`);
+    expect(sql).toContain(`DELETE FROM "shardctl".move_deltas WHERE move_id = 'm''1';`);
+    expect(sql).toContain(
+      `CREATE OR REPLACE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_delta('m''1', 'text');`,
+    );
+    expect(sql).toContain(`CREATE OR REPLACE TRIGGER shardctl_delta_truncate AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`);
+    expect(sql).toContain(`ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER shardctl_delta, ENABLE ALWAYS TRIGGER shardctl_delta_truncate;`);
+    expect(sql).not.toContain('{{');
+  });
+});
+
+describe('a logged table counted from its value at P and its log (moves/tail.ts fromLog)', () => {
+  const atP = { rows: 100n, checksum: '5000' };
+  const log = (entries: number, rows: number, checksum: number, truncatedAt: bigint | null = null, after: [number, number] = [0, 0]): LogSums => ({
+    truncatedAt,
+    entries: BigInt(entries),
+    rows: BigInt(rows),
+    checksum: String(checksum),
+    rowsAfterTruncate: BigInt(after[0]),
+    checksumAfterTruncate: String(after[1]),
+  });
+
+  it.each([
+    { case: 'no log entry at all', logAtP: undefined, logNow: undefined, want: { rows: 100n, checksum: '5000', changes: 0n } },
+    { case: 'entries before P only (they cancel out)', logAtP: log(3, 1, 70), logNow: log(3, 1, 70), want: { rows: 100n, checksum: '5000', changes: 0n } },
+    { case: 'entries after P', logAtP: log(3, 1, 70), logNow: log(6, 2, -30), want: { rows: 101n, checksum: '4900', changes: 3n } },
+    { case: 'a truncate before P (already in the value at P)', logAtP: log(2, 0, 0, 7n), logNow: log(4, 2, 90, 7n, [2, 90]), want: { rows: 102n, checksum: '5090', changes: 2n } },
+    { case: 'a truncate after P: only the entries after it count', logAtP: log(2, 2, 40), logNow: log(6, 3, 70, 9n, [1, 30]), want: { rows: 1n, checksum: '30', changes: 4n } },
+    { case: 'a second truncate after P', logAtP: log(2, 0, 0, 3n), logNow: log(5, 0, 0, 11n, [0, 0]), want: { rows: 0n, checksum: '0', changes: 3n } },
+  ])('$case', ({ logAtP, logNow, want }) => {
+    expect(fromLog(atP, logAtP, logNow)).toEqual(want);
   });
 });
 

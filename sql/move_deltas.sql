@@ -1,0 +1,54 @@
+-- Change logs on both hosts of a move, for the tables whose changes cannot be looked up by key
+-- (no replica-identity key, or a key whose JSON form might not read back exactly): src/moves/tail.ts,
+-- docs/moves.md "Verification". Filled by src/moves/tail.ts with the control schema's name; its
+-- triggers are created just before a wave's snapshot P, disabled by the unfence or after the
+-- wave's verification, and dropped when their table is free.
+--
+-- move_deltas: per row a write touched, the checksum's hash of the row as it was (sign -1) and as
+-- it is (sign +1); a TRUNCATE is a row with sign 0. seq orders a table's entries: a TRUNCATE holds
+-- ACCESS EXCLUSIVE until it commits, so every entry of its table after it in seq order was written
+-- after it, and every entry before it was written before.
+CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
+  seq bigserial,
+  move_id text NOT NULL,
+  schema_name text NOT NULL,
+  table_name text NOT NULL,
+  sign smallint NOT NULL,
+  hash bigint
+);
+
+-- The trigger function: TG_ARGV[0] is the move id, TG_ARGV[1] the checksum's method ('record' or
+-- 'text', see src/moves/verify.ts HASH_SQL), so a row's hash here is the one the checksum gives it.
+-- The text form of a row depends on session settings, fixed here as the checksum fixes them (an
+-- application's session may have others). ALWAYS triggers: on the target they fire for the apply
+-- worker. SECURITY DEFINER: the application's roles, and the apply worker writing as a table's
+-- owner, need no right on the control schema.
+CREATE OR REPLACE FUNCTION {{control}}.move_delta()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET timezone = 'UTC'
+SET datestyle = 'ISO, YMD'
+SET intervalstyle = 'postgres'
+SET extra_float_digits = 1
+SET bytea_output = 'hex'
+AS $move_delta$
+BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    INSERT INTO {{control}}.move_deltas (move_id, schema_name, table_name, sign) VALUES (TG_ARGV[0], TG_TABLE_SCHEMA, TG_TABLE_NAME, 0);
+    RETURN NULL;
+  END IF;
+  IF TG_OP IN ('UPDATE', 'DELETE') THEN
+    INSERT INTO {{control}}.move_deltas (move_id, schema_name, table_name, sign, hash)
+      VALUES (TG_ARGV[0], TG_TABLE_SCHEMA, TG_TABLE_NAME, -1,
+              CASE TG_ARGV[1] WHEN 'record' THEN hash_record_extended(OLD, 0) ELSE hashtextextended(OLD::text, 0) END);
+  END IF;
+  IF TG_OP IN ('INSERT', 'UPDATE') THEN
+    INSERT INTO {{control}}.move_deltas (move_id, schema_name, table_name, sign, hash)
+      VALUES (TG_ARGV[0], TG_TABLE_SCHEMA, TG_TABLE_NAME, 1,
+              CASE TG_ARGV[1] WHEN 'record' THEN hash_record_extended(NEW, 0) ELSE hashtextextended(NEW::text, 0) END);
+  END IF;
+  RETURN NULL;
+END
+$move_delta$;
