@@ -255,6 +255,7 @@ export async function initFleet(fleet, database = fleet.database) {
   await resetDatabases(fleet.hosts, database);
   const built = await init(await loadConfig(fleet.configFile));
   if (!built.ok) throw new Error(`init of the fleet in ${fleet.configFile} failed`);
+  return built;
 }
 
 /** "0-2047", "2048-4095", ... : shards split into equal contiguous ranges. */
@@ -488,6 +489,11 @@ function tail(text, lines = 20) {
 
 // ---------------------------------------------------------------------------------------------
 // Statistics and formatting
+
+/** The order of the sides in round `turn`: rotated each round, so no side always goes first. */
+export function roundOrder(sides, turn) {
+  return sides.map((_, i) => sides[(i + turn) % sides.length]);
+}
 
 export function median(values) {
   if (values.length === 0) return NaN;

@@ -46,13 +46,14 @@ import {
   ratio,
   resetDatabases,
   round,
+  roundOrder,
   summarize,
   textTable,
   timeCli,
   verdict,
   writeFleet,
 } from './lib.js';
-import { countRows, fencedStepsByWave, floorTools, FENCED_STEPS, replicationObjectsLeft, roundOrder, startWriter, timeDumpRestore, underWriter } from './moving.js';
+import { countRows, fencedStepsByWave, floorTools, FENCED_STEPS, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
 
 export const description = 'batched moves: a host split (64 shards) under a writer vs pg_dump | psql, a 1M-row shard, copy-step options, fleet scale';
 
@@ -289,6 +290,8 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
     cpuMs: run.cpuMs,
     waves: waves.length,
     fencedSteps: waves,
+    // Every step's completion, ms after the spawn: where the rest of the wall time goes.
+    progress: run.lines.filter((l) => l.text.startsWith('done:')).map((l) => ({ step: l.text.slice(6), atMs: round(l.atMs, 0) })),
     acknowledged: w.total,
     onSource: w.byHost.get(source.name) ?? 0,
     onTarget: w.byHost.get(target.name) ?? 0,
@@ -460,7 +463,7 @@ async function prepareCopyTarget(host, shards, name) {
 async function measureCopy({ source, sourceDb, target, schemas, variants, runs }) {
   const times = new Map(variants.map((v) => [variantName(v), []]));
   for (let turn = 0; turn < runs; turn++) {
-    const order = variants.map((_, i) => variants[(i + turn) % variants.length]);
+    const order = roundOrder(variants, turn);
     for (const v of order) {
       await target.query(COPY_DB, 'checkpoint');
       const ms = await copySchemas({ source, sourceDb, target, schemas, ...v });

@@ -18,8 +18,8 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { hostForShard, loadConfig, moveShard, ShardMap, shardSchemaName } from '../dist/index.js';
-import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, REPO_ROOT, resetDatabases, summarize, textTable, verdict } from './lib.js';
-import { fencedStepsByWave, floorTools, replicationObjectsLeft, roundOrder, startWriter, timeDumpRestore, underWriter } from './moving.js';
+import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, REPO_ROOT, resetDatabases, roundOrder, summarize, textTable, verdict } from './lib.js';
+import { fencedStepsByWave, floorTools, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
 
 export const description = 'online move of one real-world shard (--realworld-rows accounts) under a paced writer vs pg_dump -n | psql';
 

@@ -23,8 +23,8 @@
  */
 import { readFile, writeFile } from 'node:fs/promises';
 import { hostForShard, loadConfig, moveShard, ShardMap, shardSchemaName } from '../dist/index.js';
-import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, resetDatabases, round, summarize, textTable, verdict } from './lib.js';
-import { floorTools, replicationObjectsLeft, roundOrder, startWriter, timeDumpRestore, underWriter } from './moving.js';
+import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, resetDatabases, round, roundOrder, summarize, textTable, verdict } from './lib.js';
+import { floorTools, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
 
 export const description = 'online move of one shard (--rows photos) under a writer vs pg_dump -n | psql';
 

@@ -95,11 +95,6 @@ export async function underWriter(writer, timed) {
   return { result, written: await writer.stop() };
 }
 
-/** The order of the sides in round `turn`: rotated each round, so no side always goes first. */
-export function roundOrder(sides, turn) {
-  return sides.map((_, i) => sides[(i + turn) % sides.length]);
-}
-
 /**
  * The floor's pg_dump: --pg-dump, else the one of the server's major (Debian's layout), else
  * pg_dump on PATH. One older than the server refuses to dump it: then there is no floor here.
