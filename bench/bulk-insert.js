@@ -19,7 +19,7 @@ import path from 'node:path';
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { controlLocksSql } from '../dist/fleet/control.js';
 import { renderNextIdSql } from '../dist/id/sql.js';
-import { binDirFor, clientVersion, endedBackendsCpuMs, formatCount, log, markdownTable, ratio, round, runProcess, summarize, textTable, verdict, withClient } from './lib.js';
+import { binDirFor, clientVersion, endedBackendsCpuMs, formatCount, log, markdownTable, ratio, round, roundOrder, runProcess, summarize, textTable, verdict, withClient } from './lib.js';
 
 export const description = 'pgbench INSERT…SELECT 1000 rows, 2 clients: next_id() table vs bigserial table';
 
@@ -99,7 +99,7 @@ export async function run(ctx, major) {
 
     const runs = new Map(VARIANTS.map((v) => [v.key, []]));
     for (let round = 0; round < options.bulkRounds; round++) {
-      const order = VARIANTS.map((_, i) => VARIANTS[(i + round) % VARIANTS.length]);
+      const order = roundOrder(VARIANTS, round);
       for (const variant of order) {
         const result = await timedRun(host, pgbench, path.join(dir, `${variant.key}.sql`), variant, options.bulkSeconds);
         runs.get(variant.key).push(result);

@@ -14,8 +14,8 @@
  */
 import { copyFile } from 'node:fs/promises';
 import path from 'node:path';
-import { init, loadConfig, moveShards, ShardRouter } from '../dist/index.js';
-import { formatMs, formatSample, log, markdownTable, round, summarize, textTable, verdict } from './lib.js';
+import { loadConfig, moveShards, ShardRouter } from '../dist/index.js';
+import { formatMs, formatSample, initFleet, log, markdownTable, round, summarize, textTable, verdict } from './lib.js';
 
 export const description = 'router open by discovery (seed URL, file) at 8192 shards / 8 hosts; a stale router\'s first call after a switch';
 
@@ -30,9 +30,8 @@ export async function run(ctx, major) {
   const fleet = await ctx.fleet('discovery', major, { database: DATABASE, hostCount, shards });
   const serverVersion = await fleet.hosts[0].serverVersion();
   log(`discovery on PostgreSQL ${serverVersion}: init of ${shards} shards over ${hostCount} hosts (untimed)`);
-  await Promise.all(fleet.hosts.map((host) => host.resetDatabase(DATABASE)));
+  await initFleet(fleet);
   const config = await loadConfig(fleet.configFile);
-  if (!(await init(config)).ok) throw new Error('init of the discovery fleet failed');
 
   // --- 1. open ---------------------------------------------------------------------------------
   const seed = fleet.hosts[0].url(DATABASE);

@@ -18,6 +18,7 @@ import {
   markdownTable,
   ratio,
   resetDatabases,
+  roundOrder,
   summarize,
   textTable,
   timeCli,
@@ -50,7 +51,7 @@ export async function run(ctx, major) {
   const psql = [];
   const rss = [];
   for (let round = 0; round < options.runs; round++) {
-    const order = round % 2 === 0 ? ['shardctl', 'psql'] : ['psql', 'shardctl'];
+    const order = roundOrder(['shardctl', 'psql'], round);
     for (const who of order) {
       await resetDatabases(fleet.hosts, INIT_DATABASE);
       if (who === 'shardctl') {

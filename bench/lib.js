@@ -13,7 +13,7 @@ import os from 'node:os';
 import path from 'node:path';
 import pg from 'pg';
 import { findFreePort, initCluster, startCluster, stopCluster } from '../dist/dev/local-postgres.js';
-import { status } from '../dist/index.js';
+import { init, loadConfig, status } from '../dist/index.js';
 
 export const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 /** The launcher timed; SHARDCTL_BENCH_CLI names another (e.g. an older build's bin/shardctl.js) to compare. */
@@ -246,6 +246,18 @@ export async function writeFleet({ name, hosts, shards, database, concurrency, e
   return { dir, configFile, migrationsDir, database, hosts, shards, remove: () => rm(dir, { recursive: true, force: true }) };
 }
 
+/**
+ * The fleet's shards created from scratch in `database` (dropped and created empty on every host
+ * first) by the library's init, as a benchmark's untimed set-up; usually into a template database
+ * that the timed runs copy.
+ */
+export async function initFleet(fleet, database = fleet.database) {
+  await resetDatabases(fleet.hosts, database);
+  const built = await init(await loadConfig(fleet.configFile));
+  if (!built.ok) throw new Error(`init of the fleet in ${fleet.configFile} failed`);
+  return built;
+}
+
 /** "0-2047", "2048-4095", ... : shards split into equal contiguous ranges. */
 export function equalRanges(shards, hostCount) {
   const per = Math.ceil(shards / hostCount);
@@ -380,11 +392,11 @@ export function hasGnuTime() {
  * does for a person), its peak RSS in KiB and its CPU time (user + system, ms; both null without
  * GNU time), exit code and output.
  */
-export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.env } = {}) {
+export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.env, onStderrLine } = {}) {
   const rssFile = hasGnuTime() ? path.join(os.tmpdir(), `shardctl-bench-rss-${randomBytes(6).toString('hex')}`) : null;
   const [command, commandArgs] = rssFile ? ['/usr/bin/time', ['-f', '%M %U %S', '-o', rssFile, file, ...args]] : [file, args];
   const started = performance.now();
-  const result = await runProcess(command, commandArgs, { cwd, env });
+  const result = await runProcess(command, commandArgs, { cwd, env, onStderrLine });
   const ms = performance.now() - started;
   let peakRssKiB = null;
   let cpuMs = null;
@@ -399,13 +411,20 @@ export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.e
   return { ms, peakRssKiB, cpuMs, ...result };
 }
 
-/** Runs the shardctl CLI (bin/shardctl.js) as a child process, as a user would. Throws unless it exits `expectCode`. */
-export async function timeCli(args, { cwd, expectCode = 0 } = {}) {
-  const run = await timeCommand(process.execPath, [CLI, ...args], { cwd, env: { ...process.env, NO_COLOR: '1' } });
+/**
+ * Runs the shardctl CLI (bin/shardctl.js) as a child process, as a user would. Throws unless it
+ * exits `expectCode`. With `progress`, also returns its stderr lines, each with the ms since the
+ * spawn at which it arrived.
+ */
+export async function timeCli(args, { cwd, expectCode = 0, progress = false } = {}) {
+  const lines = [];
+  const started = performance.now();
+  const onStderrLine = progress ? (text) => lines.push({ text, atMs: performance.now() - started }) : undefined;
+  const run = await timeCommand(process.execPath, [CLI, ...args], { cwd, env: { ...process.env, NO_COLOR: '1' }, onStderrLine });
   if (run.code !== expectCode) {
     throw new Error(`shardctl ${args.join(' ')} exited ${run.code} (expected ${expectCode}):\n${tail(run.stdout + run.stderr)}`);
   }
-  return run;
+  return progress ? { ...run, lines } : run;
 }
 
 /**
@@ -435,7 +454,8 @@ export function clientVersion(file) {
 
 const OUTPUT_LIMIT = 1 << 20;
 
-export function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, stdout = 'pipe' } = {}) {
+/** With `onStderrLine`, each complete line of stderr is passed to it as it arrives. */
+export function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, stdout = 'pipe', onStderrLine } = {}) {
   return new Promise((resolve, reject) => {
     const child = spawn(command, args, { cwd, env, stdio: ['ignore', stdout, 'pipe'] });
     let out = '';
@@ -444,8 +464,14 @@ export function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, 
     child.stdout?.setEncoding('utf8').on('data', (chunk) => {
       if (out.length < OUTPUT_LIMIT) out += chunk;
     });
+    let partial = '';
     child.stderr.setEncoding('utf8').on('data', (chunk) => {
       if (err.length < OUTPUT_LIMIT) err += chunk;
+      if (onStderrLine) {
+        const lines = (partial + chunk).split('\n');
+        partial = lines.pop();
+        for (const line of lines) onStderrLine(line);
+      }
     });
     child.once('error', (error) => reject(new Error(`cannot run ${command}: ${error.message}`)));
     child.once('close', (code, signal) => resolve({ code: code ?? (signal ? 128 : -1), stdout: out, stderr: err }));
@@ -463,6 +489,11 @@ function tail(text, lines = 20) {
 
 // ---------------------------------------------------------------------------------------------
 // Statistics and formatting
+
+/** The order of the sides in round `turn`: rotated each round, so no side always goes first. */
+export function roundOrder(sides, turn) {
+  return sides.map((_, i) => sides[(i + turn) % sides.length]);
+}
 
 export function median(values) {
   if (values.length === 0) return NaN;

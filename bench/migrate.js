@@ -15,18 +15,20 @@
  * machine wall time also measures waiting for a core, CPU time does not.
  */
 import path from 'node:path';
-import { init, loadConfig, migrate } from '../dist/index.js';
+import { loadConfig, migrate } from '../dist/index.js';
 import { bundle } from '../scripts/bundle-cli.js';
 import {
   backendsGone,
   formatMs,
   formatRss,
   formatSample,
+  initFleet,
   log,
   markdownTable,
   ratio,
   REPO_ROOT,
   resetDatabases,
+  roundOrder,
   runProcess,
   serverCpuMs,
   summarize,
@@ -108,9 +110,7 @@ async function runShape(ctx, major, shape) {
   log(`migrate on PostgreSQL ${serverVersion}: building the base fleet (${shape.shards} shards on ${shape.hosts} hosts, untimed)`);
 
   const baseConfig = await loadConfig(base.configFile);
-  await resetDatabases(hosts, BASE_DATABASE);
-  const built = await init(baseConfig);
-  if (!built.ok) throw new Error('init of the base fleet failed');
+  const built = await initFleet(base);
   await verifyFleet(baseConfig, base, { version: built.targetVersion });
 
   const config = await loadConfig(fleet.configFile);
@@ -125,7 +125,7 @@ async function runShape(ctx, major, shape) {
 
   const runs = Object.fromEntries(SIDES.map((side) => [side, { wallMs: [], cpuMs: [], serverCpuMs: [], rss: [] }]));
   for (let round = 0; round < options.runs; round++) {
-    const order = SIDES.map((_, i) => SIDES[(i + round) % SIDES.length]);
+    const order = roundOrder(SIDES, round);
     for (const side of order) {
       await resetDatabases(hosts, DATABASE, { template: BASE_DATABASE });
       await backendsGone(hosts, DATABASE);

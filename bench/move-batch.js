@@ -28,10 +28,9 @@
  * figures of (c) are there on both).
  */
 import { readFile, writeFile } from 'node:fs/promises';
-import { setTimeout as sleep } from 'node:timers/promises';
 import copyStreams from 'pg-copy-streams';
 import { pipeline } from 'node:stream/promises';
-import { formatShardList, init, loadConfig, moveShard, moveShards, ShardMap, shardMovedTo, shardSchemaName } from '../dist/index.js';
+import { formatShardList, loadConfig, moveShard, moveShards, ShardMap, shardSchemaName } from '../dist/index.js';
 import * as single from './move-shard.js';
 import {
   connect,
@@ -40,18 +39,21 @@ import {
   formatRss,
   formatSample,
   ident,
+  initFleet,
   log,
   markdownTable,
+  median,
   ratio,
   resetDatabases,
   round,
+  roundOrder,
   summarize,
   textTable,
   timeCli,
-  timeCommand,
   verdict,
   writeFleet,
 } from './lib.js';
+import { countRows, fencedStepsByWave, floorTools, FENCED_STEPS, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
 
 export const description = 'batched moves: a host split (64 shards) under a writer vs pg_dump | psql, a 1M-row shard, copy-step options, fleet scale';
 
@@ -66,14 +68,21 @@ const TARGET_SPLIT_RATIO = 1.5;
 const TARGET_BIG_RATIO = 1.3;
 const TARGET_BIG_BLOCKED_MS = 500;
 const TARGET_FLEET_RSS_MIB = 300;
-const WRITER_MARGIN_MS = 500;
-const RETRY_MS = 5;
+/** Issue 21's raised targets: the split as a whole CLI process vs the floor under the same writer; the fleet's longest write block. */
+const TARGET_SPLIT_CLI_RATIO = 1.0;
+const TARGET_FLEET_BLOCKED_MS = 250;
+/** The paced writer of split-cli: one insert per this many ms at most, on both sides. */
+const PACE_MS = 10;
 
-/** MOVE_BATCH_PARTS=split,big,copy,fleet (default all) runs some of the parts; copy needs split. */
-const PARTS = new Set((process.env['MOVE_BATCH_PARTS'] ?? 'split,big,copy,fleet').split(','));
+/**
+ * MOVE_BATCH_PARTS=split,split-cli,big,copy,fleet (default all) runs some of the parts; copy needs
+ * the split's fleet. split-cli adds two sides to the split's rounds: the move as a CLI process and
+ * the floor, both under a paced writer.
+ */
+const PARTS = new Set((process.env['MOVE_BATCH_PARTS'] ?? 'split,split-cli,big,copy,fleet').split(','));
 
 export async function run(ctx, major) {
-  const split = PARTS.has('split') || PARTS.has('copy') ? await runSplit(ctx, major) : null;
+  const split = PARTS.has('split') || PARTS.has('split-cli') || PARTS.has('copy') ? await runSplit(ctx, major) : null;
   const big = PARTS.has('big') ? await runBig(ctx, major) : null;
   const copy = PARTS.has('copy') ? await runCopyOptions(ctx, major, split, big !== null) : [];
   const fleet = PARTS.has('fleet') ? await runFleet(ctx, major) : null;
@@ -81,6 +90,7 @@ export async function run(ctx, major) {
     benchmark: 'move-batch',
     postgres: split?.postgres ?? big?.postgres ?? fleet?.postgres,
     split: split?.result ?? null,
+    splitCli: split?.cli ?? null,
     big,
     copy,
     fleet,
@@ -99,7 +109,7 @@ async function runSplit(ctx, major) {
   const fleet = await ctx.fleet('move-batch-split', major, { database: SPLIT_DB, hostCount: 2, shards: total, ranges });
   const [source, target] = fleet.hosts;
   const postgres = await source.serverVersion();
-  const floor = single.floorTools(major, postgres, options);
+  const floor = floorTools(major, postgres, options);
   if (floor.skipped) log(`move-batch on PostgreSQL ${postgres}: no pg_dump floor, ${floor.skipped}`);
   const config = await loadConfig(base.configFile);
   const moved = Array.from({ length: n }, (_, i) => i);
@@ -107,9 +117,7 @@ async function runSplit(ctx, major) {
   const written = [moved[0], moved.at(-1)];
 
   log(`move-batch split on PostgreSQL ${postgres}: ${total} shards on ${source.name}, ${formatCount(options.splitRows)} photos rows in each of ${n} (untimed)`);
-  await resetDatabases(base.hosts, SPLIT_BASE);
-  const built = await init(config);
-  if (!built.ok) throw new Error('init of the split fleet failed');
+  await initFleet(base);
   await source.query(
     SPLIT_BASE,
     `do $$ declare s text; begin
@@ -120,14 +128,32 @@ async function runSplit(ctx, major) {
   await source.query(SPLIT_BASE, 'vacuum analyze');
   const initialMap = await readFile(fleet.configFile, 'utf8');
 
+  const sides = [
+    ...(PARTS.has('split') || PARTS.has('copy') ? ['move', ...(floor.skipped ? [] : ['pg_dump'])] : []),
+    ...(PARTS.has('split-cli') ? ['cli', ...(floor.skipped ? [] : ['pg_dump+writer'])] : []),
+  ];
   const moves = [];
   const dumps = [];
+  const clis = [];
+  const writerDumps = [];
+  const dumpArgs = { source, target, schemas, expectRows: n * options.splitRows, pgDump: floor.pgDump, psql: options.psql };
   for (let turn = 0; turn < options.runs; turn++) {
-    const order = floor.skipped ? ['move'] : turn % 2 === 0 ? ['move', 'pg_dump'] : ['pg_dump', 'move'];
-    for (const who of order) {
+    for (const who of roundOrder(sides, turn)) {
       await resetDatabases(fleet.hosts, SPLIT_DB, { template: SPLIT_BASE });
       await writeFile(fleet.configFile, initialMap);
-      if (who === 'move') {
+      if (who === 'cli') {
+        const m = await timeSplitCli(fleet, { source, target, moved, written, rows: options.splitRows });
+        clis.push(m);
+        log(
+          `  split run ${turn + 1}/${options.runs}: shardctl move-shard (${n} shards) as a process ${formatMs(m.wallMs)} (the move reports ${formatMs(m.durationMs)}, ` +
+            `first output at ${formatMs(m.firstOutputMs)}, exit ${formatMs(m.exitAfterLastOutputMs)} after the last), writes blocked ${formatMs(m.writeBlockedMs)}, ` +
+            `${formatCount(m.acknowledged)} paced writes acked (${formatCount(m.onSource)} on ${source.name}, ${formatCount(m.onTarget)} on ${target.name})`,
+        );
+      } else if (who === 'pg_dump+writer') {
+        const d = await timeDumpUnderWriter(fleet, { ...dumpArgs, written });
+        writerDumps.push(d.ms);
+        log(`  split run ${turn + 1}/${options.runs}: pg_dump ${n} schemas | psql under the paced writer ${formatMs(d.ms)} (${formatCount(d.acknowledged)} writes acked)`);
+      } else if (who === 'move') {
         const m = await timeSplitMove(fleet, { source, target, moved, written, rows: options.splitRows });
         moves.push(m);
         log(
@@ -135,12 +161,15 @@ async function runSplit(ctx, major) {
             `${formatCount(m.acknowledged)} writes acked (${formatCount(m.onSource)} on ${source.name}, ${formatCount(m.onTarget)} on ${target.name}), waves ${m.waves}`,
         );
       } else {
-        const ms = await timeDumpSchemas({ source, target, schemas, expectRows: n * options.splitRows, pgDump: floor.pgDump, psql: options.psql });
+        const ms = await timeDumpSchemas(dumpArgs);
         dumps.push(ms);
         log(`  split run ${turn + 1}/${options.runs}: pg_dump ${n} schemas | psql ${formatMs(ms)}`);
       }
     }
   }
+
+  const cli = PARTS.has('split-cli') ? splitCliResult({ postgres, n, rows: options.splitRows, written, clis, writerDumps, floor }) : null;
+  if (!PARTS.has('split') && !PARTS.has('copy')) return { postgres, source, target, config, moved, result: null, cli };
 
   // The one-by-one loop, once: moveShard per shard, no writer.
   const loopShards = moved.slice(0, Math.min(options.loopShards, n));
@@ -166,6 +195,7 @@ async function runSplit(ctx, major) {
     target,
     config,
     moved,
+    cli,
     result: {
       postgres,
       shards: n,
@@ -184,24 +214,41 @@ async function runSplit(ctx, major) {
   };
 }
 
+function splitCliResult({ postgres, n, rows, written, clis, writerDumps, floor }) {
+  const wallMs = summarize(clis.map((m) => m.wallMs));
+  const pgDumpMs = floor.skipped ? null : summarize(writerDumps);
+  const measured = pgDumpMs ? ratio(wallMs.median, pgDumpMs.median) : null;
+  return {
+    postgres,
+    shards: n,
+    rowsPerShard: rows,
+    writtenShards: written,
+    paceMs: PACE_MS,
+    wallMs,
+    moveMs: summarize(clis.map((m) => m.durationMs)),
+    firstOutputMs: summarize(clis.map((m) => m.firstOutputMs)),
+    exitAfterLastOutputMs: summarize(clis.map((m) => m.exitAfterLastOutputMs)),
+    writeBlockedMs: summarize(clis.map((m) => m.writeBlockedMs)),
+    pgDumpMs,
+    pgDumpVersion: floor.version,
+    floorSkipped: floor.skipped,
+    ratio: measured,
+    runs: clis,
+    targets: { vsPgDump: { wanted: `≤ ${TARGET_SPLIT_CLI_RATIO}x`, got: measured, met: measured === null ? null : measured <= TARGET_SPLIT_CLI_RATIO } },
+  };
+}
+
 async function timeSplitMove(fleet, { source, target, moved, written, rows }) {
   const config = await loadConfig(fleet.configFile);
-  const writer = startWriter(await ShardMap.load(fleet.configFile), config, written);
+  const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written);
   const steps = [];
-  let result;
-  try {
-    await sleep(WRITER_MARGIN_MS);
+  const { result, written: w } = await underWriter(writer, () => {
     const started = performance.now();
-    result = await moveShards(config, moved, target.name, {
+    return moveShards(config, moved, target.name, {
       configFile: fleet.configFile,
       onStep: (step, detail) => steps.push({ step, detail, atMs: round(performance.now() - started, 0) }),
     });
-    await sleep(WRITER_MARGIN_MS);
-  } catch (error) {
-    await writer.stop().catch(() => undefined);
-    throw error;
-  }
-  const w = await writer.stop();
+  });
   const m = {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
@@ -213,59 +260,81 @@ async function timeSplitMove(fleet, { source, target, moved, written, rows }) {
     rowsMoved: result.rowsMoved,
     steps: steps.filter((s) => s.detail.startsWith('done:')).map((s) => ({ step: s.step, atMs: s.atMs })),
   };
-  await checkSplit(fleet, { source, target, moved, rows, result, m, ids: w.ids, config });
+  await checkSplit(fleet, { source, target, moved, rows, result, m, ids: w.acks, config });
   return m;
 }
 
 /**
- * The application: inserts into each of `shards` in turn, one row per statement, on the host the map
- * names; on SC100 reloads the map and retries. Acknowledged ids are kept per shard.
+ * split-cli's move: `shardctl move-shard <shards> --to <target>` as a child process, timed from
+ * spawn to exit, while the paced writer runs in this process; checked as the in-process move is.
+ * Its progress lines, timed as they arrive, show where the wall time goes: start-up until the
+ * first line, the fenced steps, and the exit after the last line.
  */
-function startWriter(map, config, shards) {
-  const ids = new Map(shards.map((s) => [s, []]));
-  const byHost = new Map();
-  const clients = new Map();
-  let fenceErrors = 0;
-  let total = 0;
-  let stopping = false;
-  let failure = null;
-  const loop = (async () => {
-    for (let n = 1; !stopping; n++) {
-      const shard = shards[n % shards.length];
-      const host = map.hostForShard(shard);
-      let client = clients.get(host.name);
-      if (!client) {
-        client = await connect(host.url);
-        clients.set(host.name, client);
-      }
-      try {
-        const r = await client.query(`insert into ${ident(shardSchemaName(config, shard))}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`, [
+async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
+  const config = await loadConfig(fleet.configFile);
+  const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written, PACE_MS);
+  const { result: run, written: w } = await underWriter(writer, () =>
+    timeCli(['move-shard', formatShardList(moved), '--to', target.name, '--yes', '--json', '--config', fleet.configFile], { cwd: fleet.dir, progress: true }),
+  );
+  const json = JSON.parse(run.stdout);
+  // --json prints the one move of a single source host, or the batch with its moves.
+  const result = json.moves ? json : { ...json, moves: [json] };
+  const waves = fencedStepsByWave(run.lines);
+  const m = {
+    wallMs: round(run.ms, 0),
+    durationMs: result.durationMs ?? Math.max(...result.moves.map((x) => x.durationMs)),
+    writeBlockedMs: result.writeBlockedMs,
+    firstOutputMs: round(run.lines[0]?.atMs ?? NaN, 0),
+    exitAfterLastOutputMs: round(run.ms - (run.lines.at(-1)?.atMs ?? NaN), 0),
+    peakRssKiB: run.peakRssKiB,
+    cpuMs: run.cpuMs,
+    waves: waves.length,
+    fencedSteps: waves,
+    // Every step's completion, ms after the spawn: where the rest of the wall time goes.
+    progress: run.lines.filter((l) => l.text.startsWith('done:')).map((l) => ({ step: l.text.slice(6), atMs: round(l.atMs, 0) })),
+    acknowledged: w.total,
+    onSource: w.byHost.get(source.name) ?? 0,
+    onTarget: w.byHost.get(target.name) ?? 0,
+    fenceErrors: w.fenceErrors,
+    rowsMoved: result.rowsMoved,
+  };
+  await checkSplit(fleet, { source, target, moved, rows, result, m, ids: w.acks, config });
+  return m;
+}
+
+/** split-cli's floor: `pg_dump | psql` of the same schemas while the same paced writer inserts into two of them on the source. */
+async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows, pgDump, psql, written }) {
+  const config = await loadConfig(fleet.configFile);
+  const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written, PACE_MS);
+  const { result: ms, written: w } = await underWriter(writer, () =>
+    timeDumpRestore({ source, sourceDb: SPLIT_DB, target, targetDb: SPLIT_DUMP_DB, schemas, pgDump, psql }),
+  );
+  if (w.byHost.size !== 1 || w.fenceErrors !== 0 || w.total === 0) throw new Error(`the writer of the floor must write on ${source.name} alone, unfenced; it wrote ${w.total} rows`);
+  // The dump's snapshot holds the loaded rows and some of the writes acknowledged meanwhile.
+  const restored = await countRows(target, SPLIT_DUMP_DB, schemas);
+  if (restored < expectRows || restored > expectRows + w.total) {
+    throw new Error(`pg_dump | psql under the writer left ${restored} photos rows, expected ${expectRows} loaded + at most ${w.total} written`);
+  }
+  return { ms, acknowledged: w.total };
+}
+
+/**
+ * The application: inserts into each of `shards` in turn, one row per statement, on the host the
+ * map names (as fast as acknowledged, or paced); the ids are kept per shard.
+ */
+function startSplitWriter(map, config, shards, paceMs = 0) {
+  return startWriter(map, {
+    shards,
+    paceMs,
+    write: async (client, shard, n) =>
+      (
+        await client.query(`insert into ${ident(shardSchemaName(config, shard))}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`, [
           n % 10000,
           `https://cdn.example.com/p/w${n}.jpg`,
           `written during the move ${n}`,
-        ]);
-        ids.get(shard).push(r.rows[0].id);
-        byHost.set(host.name, (byHost.get(host.name) ?? 0) + 1);
-        total += 1;
-      } catch (error) {
-        if (!shardMovedTo(error)) throw error;
-        fenceErrors += 1;
-        await map.reload();
-        await sleep(RETRY_MS);
-      }
-    }
-  })().catch((error) => {
-    failure = error;
+        ])
+      ).rows[0].id,
   });
-  return {
-    async stop() {
-      stopping = true;
-      await loop;
-      await Promise.all([...clients.values()].map((c) => c.end().catch(() => undefined)));
-      if (failure) throw new Error(`the writer failed after ${total} acknowledged inserts: ${failure.message}`);
-      return { ids, byHost, fenceErrors, total };
-    },
-  };
 }
 
 async function checkSplit(fleet, { source, target, moved, rows, result, m, ids, config }) {
@@ -284,51 +353,25 @@ async function checkSplit(fleet, { source, target, moved, rows, result, m, ids, 
     if (found.n !== list.length) problems.push(`shard ${shard}: ${list.length - found.n} of ${list.length} acknowledged rows are missing on ${target.name}`);
   }
   const schemas = moved.map((s) => shardSchemaName(config, s));
-  const [counted] = await target.query(
-    SPLIT_DB,
-    `select coalesce(sum((xpath('/row/n/text()', query_to_xml(format('select count(*) as n from %I.photos', s), false, true, '')))[1]::text::bigint), 0)::bigint as n
-       from unnest($1::text[]) s`,
-    [schemas],
-  );
+  const counted = await countRows(target, SPLIT_DB, schemas);
   const expected = moved.length * rows + acked;
-  if (Number(counted.n) !== expected) problems.push(`${target.name} holds ${counted.n} photos rows in the moved shards, expected ${expected}`);
+  if (counted !== expected) problems.push(`${target.name} holds ${counted} photos rows in the moved shards, expected ${expected}`);
   if (result.rowsMoved !== String(moved.length * rows + m.onSource)) {
     problems.push(`the move verified ${result.rowsMoved} rows, expected ${moved.length * rows} loaded + ${m.onSource} acknowledged by ${source.name}`);
   }
   for (const host of [source, target]) {
-    const [left] = await host.query(
-      SPLIT_DB,
-      `select (select count(*) from pg_publication where pubname like 'shardctl\\_%')
-            + (select count(*) from pg_subscription where subname like 'shardctl\\_%')
-            + (select count(*) from pg_replication_slots where slot_name like 'shardctl\\_%') as n`,
-    );
-    if (Number(left.n) !== 0) problems.push(`${host.name}: ${left.n} replication objects left behind`);
+    const left = await replicationObjectsLeft(host, SPLIT_DB);
+    if (left !== 0) problems.push(`${host.name}: ${left} replication objects left behind`);
   }
   if (problems.length > 0) throw new Error(`the batch move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
 }
 
 /** `pg_dump -n s1 -n s2 … | psql` into a fresh empty database on the target; wall time. */
 async function timeDumpSchemas({ source, target, schemas, expectRows, pgDump, psql }) {
-  await target.resetDatabase(SPLIT_DUMP_DB);
-  const side = (prefix, env) => Object.fromEntries(['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'].map((name) => [`${prefix}_${name}`, env[name]]));
-  const env = { ...process.env, ...side('FROM', source.psqlEnv(SPLIT_DB)), ...side('TO', target.psqlEnv(SPLIT_DUMP_DB)) };
-  const script = [
-    'set -o pipefail',
-    'dump=$1; restore=$2; shift 2',
-    'args=(); for s in "$@"; do args+=(-n "$s"); done',
-    'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$dump" "${args[@]}" |' +
-      ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$restore" -q -X -v ON_ERROR_STOP=1 >/dev/null',
-  ].join('\n');
-  const timed = await timeCommand('bash', ['-c', script, 'bash', pgDump, psql, ...schemas], { env });
-  if (timed.code !== 0) throw new Error(`pg_dump | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`);
-  const [row] = await target.query(
-    SPLIT_DUMP_DB,
-    `select coalesce(sum((xpath('/row/n/text()', query_to_xml(format('select count(*) as n from %I.photos', s), false, true, '')))[1]::text::bigint), 0)::bigint as n
-       from unnest($1::text[]) s`,
-    [schemas],
-  );
-  if (Number(row.n) !== expectRows) throw new Error(`pg_dump | psql left ${row.n} photos rows, expected ${expectRows}`);
-  return timed.ms;
+  const ms = await timeDumpRestore({ source, sourceDb: SPLIT_DB, target, targetDb: SPLIT_DUMP_DB, schemas, pgDump, psql });
+  const restored = await countRows(target, SPLIT_DUMP_DB, schemas);
+  if (restored !== expectRows) throw new Error(`pg_dump | psql left ${restored} photos rows, expected ${expectRows}`);
+  return ms;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -411,9 +454,7 @@ async function runCopyOptions(ctx, major, split, bigBuilt) {
 async function prepareCopyTarget(host, shards, name) {
   const f = await writeFleet({ name, hosts: [host], shards, database: COPY_DB });
   try {
-    await host.resetDatabase(COPY_DB);
-    const built = await init(await loadConfig(f.configFile));
-    if (!built.ok) throw new Error(`init of ${COPY_DB} on ${host.name} failed`);
+    await initFleet(f);
   } finally {
     await f.remove();
   }
@@ -422,7 +463,7 @@ async function prepareCopyTarget(host, shards, name) {
 async function measureCopy({ source, sourceDb, target, schemas, variants, runs }) {
   const times = new Map(variants.map((v) => [variantName(v), []]));
   for (let turn = 0; turn < runs; turn++) {
-    const order = variants.map((_, i) => variants[(i + turn) % variants.length]);
+    const order = roundOrder(variants, turn);
     for (const v of order) {
       await target.query(COPY_DB, 'checkpoint');
       const ms = await copySchemas({ source, sourceDb, target, schemas, ...v });
@@ -509,9 +550,7 @@ async function runFleet(ctx, major) {
   const fleet = await ctx.fleet('move-batch-fleet', major, { database: FLEET_DB, hostCount: 8, shards, ranges });
   const postgres = await fleet.hosts[0].serverVersion();
   log(`move-batch fleet on PostgreSQL ${postgres}: init of ${formatCount(shards)} empty shards over 4 of 8 hosts (untimed)`);
-  await resetDatabases(base.hosts, FLEET_BASE);
-  const built = await init(await loadConfig(base.configFile));
-  if (!built.ok) throw new Error('init of the fleet-scale base failed');
+  await initFleet(base);
   await resetDatabases(fleet.hosts, FLEET_DB, { template: FLEET_BASE });
   const initialMap = await readFile(fleet.configFile, 'utf8');
   const pairs = [0, 1, 2, 3].map((i) => ({
@@ -522,12 +561,15 @@ async function runFleet(ctx, major) {
   log(`  moving ${pairs.map((p) => `${p.shards} ${p.source} → ${p.target}`).join(', ')}: 4 CLIs at once`);
   const started = performance.now();
   const runs = await Promise.all(
-    pairs.map((p) => timeCli(['move-shard', p.shards, '--to', p.target, '--yes', '--json', '--config', fleet.configFile], { cwd: fleet.dir })),
+    pairs.map((p) => timeCli(['move-shard', p.shards, '--to', p.target, '--yes', '--json', '--config', fleet.configFile], { cwd: fleet.dir, progress: true })),
   );
   const totalMs = performance.now() - started;
   const moves = runs.map((r, i) => {
     const json = JSON.parse(r.stdout);
     const list = json.moves ?? [json];
+    // Where the longest write block went: the steps of each CLI's longest fenced wave, as its progress lines arrived.
+    const waves = fencedStepsByWave(r.lines);
+    const longest = waves.reduce((a, b) => ((b.fencedMs ?? 0) > (a?.fencedMs ?? 0) ? b : a), null);
     return {
       ...pairs[i],
       durationMs: Math.max(...list.map((m) => m.durationMs)),
@@ -536,6 +578,10 @@ async function runFleet(ctx, major) {
       outcome: list.map((m) => m.outcome).join(','),
       wallMs: round(r.ms, 0),
       peakRssKiB: r.peakRssKiB,
+      longestWave: longest,
+      stepMedians: Object.fromEntries(
+        FENCED_STEPS.slice(1).map((step) => [step, round(median(waves.map((w) => w.steps[step]).filter((ms) => ms !== undefined)), 0)]),
+      ),
     };
   });
   // Checked: the map puts every moved shard on its target, and each target holds their schemas.
@@ -554,6 +600,7 @@ async function runFleet(ctx, major) {
   const rss = Math.max(...moves.map((m) => m.peakRssKiB ?? 0)) || null;
   const blocked = Math.max(...moves.map((m) => m.writeBlockedMs));
   log(`  fleet: ${formatMs(totalMs)} total, writes blocked at most ${formatMs(blocked)}, peak RSS ${formatRss(rss)}`);
+  for (const m of moves) log(`  ${m.source} → ${m.target}: writes blocked ${formatMs(m.writeBlockedMs)}, ${describeWave(m)}`);
   return {
     postgres,
     shards,
@@ -562,7 +609,10 @@ async function runFleet(ctx, major) {
     writeBlockedMs: blocked,
     peakRssKiB: rss,
     moves,
-    targets: { peakRss: { wanted: `< ${TARGET_FLEET_RSS_MIB} MiB`, got: rss, met: rss === null ? null : rss / 1024 < TARGET_FLEET_RSS_MIB } },
+    targets: {
+      peakRss: { wanted: `< ${TARGET_FLEET_RSS_MIB} MiB`, got: rss, met: rss === null ? null : rss / 1024 < TARGET_FLEET_RSS_MIB },
+      writeBlocked: { wanted: `≤ ${TARGET_FLEET_BLOCKED_MS} ms`, got: blocked, met: blocked <= TARGET_FLEET_BLOCKED_MS },
+    },
   };
 }
 
@@ -581,6 +631,29 @@ function splitRows(results) {
     r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
     `≤ ${TARGET_SPLIT_RATIO}x: ${r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met)}`,
     `${formatMs(r.loop.ms.median)} (${r.loop.shards.length} shards) → ${formatMs(r.loop.extrapolatedMs)}`,
+  ]);
+}
+
+/** "longest wave 3 of 17: 212 ms (caught-up +40, sequences-carried +12, …); median per wave …". */
+function describeWave(m) {
+  const steps = (o) => Object.entries(o).map(([step, ms]) => `${step} +${ms}`).join(', ');
+  if (!m.longestWave) return 'no fenced steps in its output';
+  return `longest wave ${m.longestWave.wave} of ${m.waves}: ${m.longestWave.fencedMs} ms fenced → switched (${steps(m.longestWave.steps)}); median per wave: ${steps(m.stepMedians)}`;
+}
+
+const SPLIT_CLI_HEADERS = ['PostgreSQL', 'moved', 'shardctl move-shard (process, spawn → exit)', 'as the move reports it', 'start-up / exit after last line', 'writes blocked', 'pg_dump -n … | psql, same writer', 'ratio', 'target'];
+
+function splitCliRows(results) {
+  return results.filter((x) => x.splitCli).map(({ splitCli: r }) => [
+    r.postgres,
+    `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length} every ${r.paceMs} ms, both sides`,
+    formatSample(r.wallMs),
+    formatSample(r.moveMs),
+    `${formatSample(r.firstOutputMs)} / ${formatSample(r.exitAfterLastOutputMs)}`,
+    formatSample(r.writeBlockedMs),
+    r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
+    r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
+    `≤ ${TARGET_SPLIT_CLI_RATIO}x: ${r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met)}`,
   ]);
 }
 
@@ -607,7 +680,7 @@ function copyRows(results) {
   );
 }
 
-const FLEET_HEADERS = ['PostgreSQL', 'fleet', 'total', 'longest write block', 'peak RSS (largest CLI)', 'target < 300 MiB', 'per CLI'];
+const FLEET_HEADERS = ['PostgreSQL', 'fleet', 'total', 'longest write block', 'target ≤ 250 ms', 'peak RSS (largest CLI)', 'target < 300 MiB', 'per CLI'];
 
 function fleetRows(results) {
   return results
@@ -617,6 +690,7 @@ function fleetRows(results) {
       `${formatCount(f.shards)} empty shards, 4 → 8 hosts (${formatCount(f.movedShards)} moved by 4 CLIs at once)`,
       formatMs(f.totalMs),
       formatMs(f.writeBlockedMs),
+      verdict(f.targets.writeBlocked.met),
       formatRss(f.peakRssKiB),
       f.targets.peakRss.met === null ? 'not measured' : verdict(f.targets.peakRss.met),
       f.moves.map((m) => `${m.source}→${m.target} ${formatMs(m.wallMs)}, ${m.waves} waves`).join('; '),
@@ -627,13 +701,16 @@ export function table(result) {
   return [
     `move-batch (a) split a host: median (range) of ${result.split?.moveMs.runs.length ?? 0} runs, interleaved with the floor`,
     textTable(SPLIT_HEADERS, splitRows([result])),
+    ...(result.splitCli ? ['', '(a) split a host as a CLI process, a paced writer during both sides', textTable(SPLIT_CLI_HEADERS, splitCliRows([result]))] : []),
     '',
     '(b) one big shard (move-shard\'s runs)',
     textTable(BIG_HEADERS, bigRows([result])),
     '',
     '(c) copy step alone',
     textTable(COPY_HEADERS, copyRows([result])),
-    ...(result.fleet ? ['', '(d) fleet scale, one run', textTable(FLEET_HEADERS, fleetRows([result]))] : []),
+    ...(result.fleet
+      ? ['', '(d) fleet scale, one run', textTable(FLEET_HEADERS, fleetRows([result])), ...result.fleet.moves.map((m) => `${m.source} → ${m.target}: ${describeWave(m)}`)]
+      : []),
   ].join('\n');
 }
 
@@ -642,6 +719,9 @@ export function markdown(results) {
     '**Split a host** (median and range; moves interleaved with the floor):',
     '',
     markdownTable(SPLIT_HEADERS, splitRows(results)),
+    ...(results.some((r) => r.splitCli)
+      ? ['', '**Split a host as a CLI process** (spawn to exit; a paced writer during the move and during the floor; interleaved):', '', markdownTable(SPLIT_CLI_HEADERS, splitCliRows(results))]
+      : []),
     '',
     '**One shard of 1,000,000 rows** (move-shard\'s runs, judged against issue 7\'s targets):',
     '',

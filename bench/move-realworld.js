@@ -17,10 +17,9 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
-import { hostForShard, init, loadConfig, moveShard, ShardMap, shardMovedTo, shardSchemaName } from '../dist/index.js';
-import { connect, formatCount, formatMs, formatSample, ident, log, markdownTable, ratio, REPO_ROOT, resetDatabases, summarize, textTable, timeCommand, verdict } from './lib.js';
-import { DUMP_RESTORE_SCRIPT, floorTools, LIBPQ_SETTINGS } from './move-shard.js';
+import { hostForShard, loadConfig, moveShard, ShardMap, shardSchemaName } from '../dist/index.js';
+import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, REPO_ROOT, resetDatabases, roundOrder, summarize, textTable, verdict } from './lib.js';
+import { fencedStepsByWave, floorTools, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
 
 export const description = 'online move of one real-world shard (--realworld-rows accounts) under a paced writer vs pg_dump -n | psql';
 
@@ -34,7 +33,6 @@ const SHARD = 1;
 const TARGET_HOST = 'pg2';
 /** Issue 21: the pause on any schema the move carries. */
 const TARGET_BLOCKED_MS = 500;
-const WRITER_MARGIN_MS = 500;
 /** One writer transaction per this many ms (about 100 per second when the host keeps up). */
 const PACE_MS = 10;
 
@@ -67,8 +65,7 @@ export async function run(ctx, major) {
 
   const rows = options.realworldRows;
   log(`move-realworld on PostgreSQL ${serverVersion}: loading ${formatCount(rows)} accounts (and their rows) into ${schema} on ${source.name} (untimed)`);
-  await resetDatabases(base.hosts, BASE_DATABASE);
-  if (!(await init(await loadConfig(base.configFile))).ok) throw new Error('init of the base fleet failed');
+  await initFleet(base);
   await source.query(BASE_DATABASE, fixture('seed.sql', { schema, rows: String(rows) }));
   await source.query(BASE_DATABASE, 'vacuum analyze');
   const [size] = await source.query(BASE_DATABASE, `select pg_size_pretty(sum(pg_total_relation_size(c.oid))) as s from pg_class c where c.relnamespace = to_regnamespace($1)`, [schema]);
@@ -78,8 +75,7 @@ export async function run(ctx, major) {
   const moves = [];
   const dumps = [];
   for (let turn = 0; turn < options.realworldRuns; turn++) {
-    const order = floor.skipped ? ['move'] : turn % 2 === 0 ? ['move', 'pg_dump'] : ['pg_dump', 'move'];
-    for (const who of order) {
+    for (const who of roundOrder(floor.skipped ? ['move'] : ['move', 'pg_dump'], turn)) {
       await resetDatabases(fleet.hosts, DATABASE, { template: BASE_DATABASE });
       await writeFile(fleet.configFile, initialMap);
       if (who === 'move') {
@@ -91,7 +87,7 @@ export async function run(ctx, major) {
             `after the fence: ${Object.entries(moved.fencedSteps).map(([step, ms]) => `${step} +${ms} ms`).join(', ')}`,
         );
       } else {
-        dumps.push(await timeDumpRestore({ source, target, schema, pgDump: floor.pgDump, psql: options.psql }));
+        dumps.push(await timeDumpRestore({ source, sourceDb: DATABASE, target, targetDb: DUMP_DATABASE, schemas: [schema], pgDump: floor.pgDump, psql: options.psql }));
         log(`  run ${turn + 1}/${options.realworldRuns}: pg_dump | psql ${formatMs(dumps.at(-1))}`);
       }
     }
@@ -123,101 +119,47 @@ export async function run(ctx, major) {
 
 async function timeMove(fleet, { source, target, schema }) {
   const config = await loadConfig(fleet.configFile);
-  const writer = startWriter(await ShardMap.load(fleet.configFile), schema);
-  const steps = [];
-  let result;
-  try {
-    await sleep(WRITER_MARGIN_MS);
-    result = await moveShard(config, SHARD, target.name, { configFile: fleet.configFile, onStep: (step) => steps.push({ step, atMs: performance.now() }) });
-    await sleep(WRITER_MARGIN_MS);
-  } catch (error) {
-    await writer.stop().catch(() => undefined);
-    throw error;
-  }
-  const written = await writer.stop();
+  const writer = startFixtureWriter(await ShardMap.load(fleet.configFile), schema);
+  const lines = [];
+  const { result, written } = await underWriter(writer, () =>
+    moveShard(config, SHARD, target.name, { configFile: fleet.configFile, onStep: (_step, detail) => lines.push({ text: detail, atMs: performance.now() }) }),
+  );
+  const handles = written.acks.get(SHARD);
   const problems = [];
   if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
   if (!result.verification?.ok) problems.push('the verification did not pass');
   if (written.byHost.get(source.name) === undefined || written.byHost.get(target.name) === undefined) problems.push('the writer did not write on both hosts');
-  const [found] = await target.query(DATABASE, `select count(*)::int as n from ${ident(schema)}.accounts where handle = any($1::text[])`, [written.handles]);
-  if (found.n !== written.handles.length) problems.push(`${written.handles.length - found.n} of ${written.handles.length} acknowledged accounts are missing on ${target.name}`);
+  const [found] = await target.query(DATABASE, `select count(*)::int as n from ${ident(schema)}.accounts where handle = any($1::text[])`, [handles]);
+  if (found.n !== handles.length) problems.push(`${handles.length - found.n} of ${handles.length} acknowledged accounts are missing on ${target.name}`);
   for (const host of [source, target]) {
-    const [left] = await host.query(
-      DATABASE,
-      `select (select count(*) from pg_publication where pubname like 'shardctl\\_%') + (select count(*) from pg_subscription where subname like 'shardctl\\_%')
-            + (select count(*) from pg_replication_slots where slot_name like 'shardctl\\_%') as n`,
-    );
-    if (Number(left.n) !== 0) problems.push(`${host.name}: replication objects left behind`);
+    if ((await replicationObjectsLeft(host, DATABASE)) !== 0) problems.push(`${host.name}: replication objects left behind`);
   }
   if (problems.length > 0) throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
   return {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
-    transactions: written.handles.length,
+    transactions: handles.length,
     // Not reported by builds before the change logs (then n/a).
     whole: result.verification.whole?.length ?? null,
     byKey: result.verification.byKey,
     byLog: result.verification.byLog ?? null,
-    fencedSteps: fencedSteps(steps),
+    // How long each step from the fence to the switch took, in ms: where the pause went.
+    fencedSteps: fencedStepsByWave(lines)[0]?.steps ?? {},
   };
 }
 
-/** How long each step from the fence to the switch took, in ms: where the pause went. */
-function fencedSteps(steps) {
-  const at = Object.fromEntries(steps.map((s) => [s.step, s.atMs]));
-  const order = ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'];
-  const pairs = order.slice(1).map((step, i) => [step, order[i]]);
-  return Object.fromEntries(pairs.filter(([step, before]) => at[step] !== undefined && at[before] !== undefined).map(([step, before]) => [step, Math.round(at[step] - at[before])]));
-}
-
-/** The application: one writer.sql transaction every PACE_MS on the host the map names; on SC100 it reloads the map and retries. */
-function startWriter(map, schema) {
-  const handles = [];
-  const byHost = new Map();
-  const clients = new Map();
-  let stopping = false;
-  let failure = null;
-  const loop = (async () => {
-    for (let i = 1; !stopping; i++) {
-      const started = performance.now();
-      const host = map.hostForShard(SHARD);
-      let client = clients.get(host.name);
-      if (!client) {
-        client = await connect(host.url);
-        clients.set(host.name, client);
-      }
-      try {
-        await client.query(fixture('writer.sql', { schema, i: String(i) }));
-        handles.push(`writer-${i}`);
-        byHost.set(host.name, (byHost.get(host.name) ?? 0) + 1);
-      } catch (error) {
-        await client.query('ROLLBACK').catch(() => undefined);
-        if (!shardMovedTo(error)) throw error;
-        await map.reload();
-      }
-      await sleep(Math.max(0, PACE_MS - (performance.now() - started)));
-    }
-  })().catch((error) => {
-    failure = error;
-  });
-  return {
-    async stop() {
-      stopping = true;
-      await loop;
-      await Promise.all([...clients.values()].map((c) => c.end().catch(() => undefined)));
-      if (failure) throw new Error(`the writer failed after ${handles.length} transactions: ${failure.message}`);
-      return { handles, byHost };
+/** The application: one writer.sql transaction every PACE_MS on the host the map names. */
+function startFixtureWriter(map, schema) {
+  return startWriter(map, {
+    shards: [SHARD],
+    paceMs: PACE_MS,
+    retryMs: 0,
+    transaction: true,
+    write: async (client, _shard, i) => {
+      await client.query(fixture('writer.sql', { schema, i: String(i) }));
+      return `writer-${i}`;
     },
-  };
-}
-
-async function timeDumpRestore({ source, target, schema, pgDump, psql }) {
-  await target.resetDatabase(DUMP_DATABASE);
-  const side = (prefix, env) => Object.fromEntries(LIBPQ_SETTINGS.map((name) => [`${prefix}_${name}`, env[name]]));
-  const env = { ...process.env, ...side('FROM', source.psqlEnv(DATABASE)), ...side('TO', target.psqlEnv(DUMP_DATABASE)) };
-  const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, pgDump, schema, psql], { env });
-  if (timed.code !== 0) throw new Error(`pg_dump -n ${schema} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`);
-  return timed.ms;
+  });
 }
 
 const HEADERS = ['PostgreSQL', 'shard moved', 'writes blocked', 'target', 'move-shard (online)', 'pg_dump -n \\| psql', 'ratio', 'tables whole while fenced'];

@@ -21,29 +21,10 @@
  * the server (Debian's 15 here; the embedded 18 binaries ship none). Elsewhere the move is reported
  * without a ratio.
  */
-import { existsSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
-import path from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
-import { hostForShard, init, loadConfig, moveShard, ShardMap, shardMovedTo, shardSchemaName } from '../dist/index.js';
-import {
-  binDirFor,
-  clientVersion,
-  connect,
-  formatCount,
-  formatMs,
-  formatSample,
-  ident,
-  log,
-  markdownTable,
-  ratio,
-  resetDatabases,
-  round,
-  summarize,
-  textTable,
-  timeCommand,
-  verdict,
-} from './lib.js';
+import { hostForShard, loadConfig, moveShard, ShardMap, shardSchemaName } from '../dist/index.js';
+import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, resetDatabases, round, roundOrder, summarize, textTable, verdict } from './lib.js';
+import { floorTools, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
 
 export const description = 'online move of one shard (--rows photos) under a writer vs pg_dump -n | psql';
 
@@ -57,10 +38,6 @@ export const SHARD = 1;
 const TARGET_HOST = 'pg2';
 const TARGET_BLOCKED_MS = 1000;
 const TARGET_RATIO = 2;
-/** The writer runs this long before the move starts and after it ends: both hosts take its writes. */
-const WRITER_MARGIN_MS = 500;
-/** The writer's back-off after a fence error before it retries on the reloaded map. */
-const RETRY_MS = 5;
 
 export async function run(ctx, major) {
   const { options } = ctx;
@@ -83,8 +60,7 @@ export async function run(ctx, major) {
   const moves = [];
   const dumps = [];
   for (let turn = 0; turn < options.runs; turn++) {
-    const order = floor.skipped ? ['move'] : turn % 2 === 0 ? ['move', 'pg_dump'] : ['pg_dump', 'move'];
-    for (const who of order) {
+    for (const who of roundOrder(floor.skipped ? ['move'] : ['move', 'pg_dump'], turn)) {
       await resetDatabases(fleet.hosts, DATABASE, { template: BASE_DATABASE });
       await writeFile(fleet.configFile, initialMap);
       if (who === 'move') {
@@ -96,7 +72,7 @@ export async function run(ctx, major) {
             `(${formatCount(moved.onSource)} on ${source.name}, ${formatCount(moved.onTarget)} on ${target.name}), ${formatCount(moved.fenceErrors)} fence errors`,
         );
       } else {
-        dumps.push(await timeDumpRestore({ source, target, schema, rows: options.rows, pgDump: floor.pgDump, psql: options.psql }));
+        dumps.push(await timeDump({ source, target, schema, rows: options.rows, pgDump: floor.pgDump, psql: options.psql }));
         log(`  run ${turn + 1}/${options.runs}: pg_dump | psql ${formatMs(dumps.at(-1))}`);
       }
     }
@@ -132,30 +108,9 @@ export async function run(ctx, major) {
   };
 }
 
-/**
- * The floor's pg_dump: --pg-dump, else the one of the server's major (Debian's layout), else
- * pg_dump on PATH. One older than the server refuses to dump it: then there is no floor here.
- */
-export function floorTools(major, serverVersion, options) {
-  const own = binDirFor(major) && path.join(binDirFor(major), 'pg_dump');
-  const pgDump = options.pgDump ?? (own && existsSync(own) ? own : 'pg_dump');
-  const version = clientVersion(pgDump);
-  if (version === null) {
-    if (options.pgDump) throw new Error(`--pg-dump ${options.pgDump}: does not run (or is not PostgreSQL's pg_dump)`);
-    return { pgDump, version, skipped: `${pgDump} does not run` };
-  }
-  const serverMajor = Number(serverVersion.split('.')[0]);
-  if (Number(version.split('.')[0]) < serverMajor) {
-    return { pgDump, version, skipped: `pg_dump ${version} (${pgDump}) refuses a PostgreSQL ${serverMajor} server; pass --pg-dump with a pg_dump ${serverMajor} or later` };
-  }
-  return { pgDump, version, skipped: null };
-}
-
 /** The base fleet, once, untimed: init on both hosts, the rows in the shard's photos, VACUUM ANALYZE. */
 async function buildBase(base, source, schema, rows) {
-  await resetDatabases(base.hosts, BASE_DATABASE);
-  const built = await init(await loadConfig(base.configFile));
-  if (!built.ok) throw new Error('init of the base fleet failed');
+  await initFleet(base);
   await source.query(
     BASE_DATABASE,
     `insert into ${ident(schema)}.photos (user_id, image_url, caption)
@@ -170,87 +125,38 @@ async function buildBase(base, source, schema, rows) {
 /** One online move under the writer, checked afterwards. */
 async function timeMove(fleet, { source, target, schema, rows }) {
   const config = await loadConfig(fleet.configFile);
-  const writer = startWriter(await ShardMap.load(fleet.configFile), schema);
+  const writer = startShardWriter(await ShardMap.load(fleet.configFile), schema);
   const steps = [];
-  let result;
-  try {
-    await sleep(WRITER_MARGIN_MS);
+  const { result, written } = await underWriter(writer, () => {
     const started = performance.now();
-    result = await moveShard(config, SHARD, target.name, {
+    return moveShard(config, SHARD, target.name, {
       configFile: fleet.configFile,
       onStep: (step) => steps.push({ step, atMs: round(performance.now() - started, 0) }),
     });
-    await sleep(WRITER_MARGIN_MS);
-  } catch (error) {
-    await writer.stop().catch(() => undefined);
-    throw error;
-  }
-  const written = await writer.stop();
+  });
+  const ids = written.acks.get(SHARD);
   const moved = {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
     longestGapMs: round(written.longestGapMs),
-    acknowledged: written.ids.length,
+    acknowledged: ids.length,
     onSource: written.byHost.get(source.name) ?? 0,
     onTarget: written.byHost.get(target.name) ?? 0,
     fenceErrors: written.fenceErrors,
     rowsMoved: result.rowsMoved,
     steps,
   };
-  await checkMove(fleet, { source, target, schema, rows, result, moved, ids: written.ids });
+  await checkMove(fleet, { source, target, schema, rows, result, moved, ids });
   return moved;
 }
 
-/**
- * The application: inserts into the shard's photos one row per statement, on the host the map
- * names; on the fence's SC100 it reloads the map and retries after a short back-off. Every id it
- * was acknowledged is kept, so the run can check that each one arrived.
- */
-function startWriter(map, schema) {
+/** The application: inserts into the shard's photos one row per statement, as fast as acknowledged; the ids are kept. */
+function startShardWriter(map, schema) {
   const insert = `insert into ${ident(schema)}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`;
-  const ids = [];
-  const byHost = new Map();
-  const clients = new Map();
-  let fenceErrors = 0;
-  let longestGapMs = 0;
-  let lastAck = null;
-  let stopping = false;
-  let failure = null;
-  const loop = (async () => {
-    for (let n = 1; !stopping; n++) {
-      const host = map.hostForShard(SHARD);
-      let client = clients.get(host.name);
-      if (!client) {
-        client = await connect(host.url);
-        clients.set(host.name, client);
-      }
-      try {
-        const r = await client.query(insert, [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`]);
-        const now = performance.now();
-        if (lastAck !== null) longestGapMs = Math.max(longestGapMs, now - lastAck);
-        lastAck = now;
-        ids.push(r.rows[0].id);
-        byHost.set(host.name, (byHost.get(host.name) ?? 0) + 1);
-      } catch (error) {
-        if (!shardMovedTo(error)) throw error;
-        fenceErrors += 1;
-        await map.reload();
-        await sleep(RETRY_MS);
-      }
-    }
-  })().catch((error) => {
-    // Kept for stop(): a rejection here would otherwise go unhandled while the move runs.
-    failure = error;
+  return startWriter(map, {
+    shards: [SHARD],
+    write: async (client, _shard, n) => (await client.query(insert, [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`])).rows[0].id,
   });
-  return {
-    async stop() {
-      stopping = true;
-      await loop;
-      await Promise.all([...clients.values()].map((client) => client.end().catch(() => undefined)));
-      if (failure) throw new Error(`the writer failed after ${ids.length} acknowledged inserts: ${failure.message}`);
-      return { ids, byHost, fenceErrors, longestGapMs };
-    },
-  };
 }
 
 async function checkMove(fleet, { source, target, schema, rows, result, moved, ids }) {
@@ -273,42 +179,18 @@ async function checkMove(fleet, { source, target, schema, rows, result, moved, i
     problems.push(`the move verified ${result.rowsMoved} rows, expected ${rows} loaded + ${moved.onSource} acknowledged by ${source.name}`);
   }
   for (const host of [source, target]) {
-    const [left] = await host.query(
-      DATABASE,
-      `select (select count(*) from pg_publication where pubname like 'shardctl\\_%')
-            + (select count(*) from pg_subscription where subname like 'shardctl\\_%')
-            + (select count(*) from pg_replication_slots where slot_name like 'shardctl\\_%') as n`,
-    );
-    if (Number(left.n) !== 0) problems.push(`${host.name}: ${left.n} replication objects (publication, subscription, slot) left behind`);
+    const left = await replicationObjectsLeft(host, DATABASE);
+    if (left !== 0) problems.push(`${host.name}: ${left} replication objects (publication, subscription, slot) left behind`);
   }
   if (problems.length > 0) throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
 }
 
-/**
- * The floor as a DBA types it, `pg_dump -n <schema> | psql`, run by bash with pipefail so that
- * either side failing fails the run. Each side reads its own libpq settings (FROM_PG*, TO_PG*) from
- * the environment: no password on a command line. ON_ERROR_STOP: a restore that failed half-way
- * must fail the run, not make it fast.
- */
-export const DUMP_RESTORE_SCRIPT = [
-  'set -o pipefail',
-  'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$0" -n "$1" |' +
-    ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$2" -q -X -v ON_ERROR_STOP=1 >/dev/null',
-].join('\n');
-export const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
-
-/** The floor, from the source's fresh copy into a new empty database on the target host. */
-async function timeDumpRestore({ source, target, schema, rows, pgDump, psql }) {
-  await target.resetDatabase(DUMP_DATABASE);
-  const side = (prefix, env) => Object.fromEntries(LIBPQ_SETTINGS.map((name) => [`${prefix}_${name}`, env[name]]));
-  const env = { ...process.env, ...side('FROM', source.psqlEnv(DATABASE)), ...side('TO', target.psqlEnv(DUMP_DATABASE)) };
-  const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, pgDump, schema, psql], { env });
-  if (timed.code !== 0) {
-    throw new Error(`pg_dump -n ${schema} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`);
-  }
+/** The floor, from the source's fresh copy into a new empty database on the target host; checked. */
+async function timeDump({ source, target, schema, rows, pgDump, psql }) {
+  const ms = await timeDumpRestore({ source, sourceDb: DATABASE, target, targetDb: DUMP_DATABASE, schemas: [schema], pgDump, psql });
   const [row] = await target.query(DUMP_DATABASE, `select count(*)::int as n from ${ident(schema)}.photos`);
   if (row.n !== rows) throw new Error(`pg_dump | psql left ${row.n} photos rows on ${target.name}, expected ${rows}`);
-  return timed.ms;
+  return ms;
 }
 
 const HEADERS = ['PostgreSQL', 'shard moved', 'move-shard (online)', 'pg_dump -n | psql (floor)', 'ratio', 'target'];

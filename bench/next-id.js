@@ -27,6 +27,7 @@ import {
   processCpuMs,
   ratio,
   round,
+  roundOrder,
   summarize,
   textTable,
   verdict,
@@ -191,7 +192,7 @@ async function measureCost(host, { ids, idRuns }) {
     // Untimed warm-up: plans, function caches, sequence pages.
     for (const variant of COST_VARIANTS) await client.query(sqlOf(variant, Math.max(1, Math.floor(ids / 10))));
     for (let round = 0; round < idRuns; round++) {
-      const order = COST_VARIANTS.map((_, i) => COST_VARIANTS[(i + round) % COST_VARIANTS.length]);
+      const order = roundOrder(COST_VARIANTS, round);
       for (const variant of order) {
         const started = performance.now();
         const cpuBefore = backendCpuMs(pid);

@@ -19,11 +19,12 @@
 import { writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import pg from 'pg';
-import { hostForShard, init, loadConfig, shardForKey, ShardRouter, shardSchemaName } from '../dist/index.js';
+import { hostForShard, loadConfig, shardForKey, ShardRouter, shardSchemaName } from '../dist/index.js';
 import {
   formatCount,
   formatMs,
   formatSample,
+  initFleet,
   log,
   markdownTable,
   processCpuMs,
@@ -55,9 +56,7 @@ export async function run(ctx, major) {
   const config = await loadConfig(fleet.configFile);
   const serverVersion = await fleet.hosts[0].serverVersion();
   log(`router on PostgreSQL ${serverVersion}: init of ${SHARDS} shards over ${HOSTS} hosts (untimed)`);
-  await Promise.all(fleet.hosts.map((host) => host.resetDatabase(DATABASE)));
-  const built = await init(config);
-  if (!built.ok) throw new Error('init of the router fleet failed');
+  await initFleet(fleet);
 
   // --- 1. inserts ----------------------------------------------------------------------------
   // Twice: with durable commits (the server's default: every commit waits for its WAL flush, which

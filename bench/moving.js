@@ -1,0 +1,192 @@
+/**
+ * What the move benchmarks (move-shard, move-realworld, move-batch) share: the application that
+ * writes through a move, the `pg_dump -n … | psql` floor, and the checks that a move left nothing
+ * of its replication behind. Each benchmark keeps only its scenario.
+ */
+import { existsSync } from 'node:fs';
+import path from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { shardMovedTo } from '../dist/index.js';
+import { binDirFor, clientVersion, connect, timeCommand } from './lib.js';
+
+/** The writer runs this long before a timed side starts and after it ends: both hosts take its writes. */
+export const WRITER_MARGIN_MS = 500;
+/** The writer's back-off after a fence error before it retries on the reloaded map. */
+const RETRY_MS = 5;
+
+/**
+ * The application: writes to `shards` in turn (shard = shards[n % shards.length], n = 1, 2, …),
+ * each time on the host the map names, with `write(client, shard, n)`, whose result is what was
+ * acknowledged. On the fence's SC100 it reloads the map and retries, as docs/moves.md tells
+ * applications to. With `paceMs`, one write per that many ms at most; with `transaction`, a failed
+ * write is rolled back first (write sends a whole transaction). Any other error stops it; stop()
+ * rethrows it.
+ */
+export function startWriter(map, { shards, write, paceMs = 0, retryMs = RETRY_MS, transaction = false }) {
+  /** shard → acknowledged results, in order */
+  const acks = new Map(shards.map((s) => [s, []]));
+  const byHost = new Map();
+  const clients = new Map();
+  let fenceErrors = 0;
+  let total = 0;
+  let longestGapMs = 0;
+  let lastAck = null;
+  let stopping = false;
+  let failure = null;
+  const loop = (async () => {
+    for (let n = 1; !stopping; n++) {
+      const started = performance.now();
+      const shard = shards[n % shards.length];
+      const host = map.hostForShard(shard);
+      let client = clients.get(host.name);
+      if (!client) {
+        client = await connect(host.url);
+        clients.set(host.name, client);
+      }
+      try {
+        const ack = await write(client, shard, n);
+        const now = performance.now();
+        if (lastAck !== null) longestGapMs = Math.max(longestGapMs, now - lastAck);
+        lastAck = now;
+        acks.get(shard).push(ack);
+        byHost.set(host.name, (byHost.get(host.name) ?? 0) + 1);
+        total += 1;
+      } catch (error) {
+        // Best effort: the session may be gone, and then there is nothing to roll back.
+        if (transaction) await client.query('ROLLBACK').catch(() => undefined);
+        if (!shardMovedTo(error)) throw error;
+        fenceErrors += 1;
+        await map.reload();
+        if (retryMs > 0) await sleep(retryMs);
+      }
+      if (paceMs > 0) await sleep(Math.max(0, paceMs - (performance.now() - started)));
+    }
+  })().catch((error) => {
+    // Kept for stop(): a rejection here would otherwise go unhandled while the move runs.
+    failure = error;
+  });
+  return {
+    async stop() {
+      stopping = true;
+      await loop;
+      // Closing: an error here cannot change what was acknowledged.
+      await Promise.all([...clients.values()].map((client) => client.end().catch(() => undefined)));
+      if (failure) throw new Error(`the writer failed after ${total} acknowledged writes: ${failure.message}`);
+      return { acks, byHost, fenceErrors, total, longestGapMs };
+    },
+  };
+}
+
+/**
+ * Runs `timed` with the writer running WRITER_MARGIN_MS before and after it; stops the writer
+ * either way. Returns the timed side's result and what the writer was acknowledged.
+ */
+export async function underWriter(writer, timed) {
+  let result;
+  try {
+    await sleep(WRITER_MARGIN_MS);
+    result = await timed();
+    await sleep(WRITER_MARGIN_MS);
+  } catch (error) {
+    // The side's failure is the one to report; the writer's, if any, came from it.
+    await writer.stop().catch(() => undefined);
+    throw error;
+  }
+  return { result, written: await writer.stop() };
+}
+
+/**
+ * The floor's pg_dump: --pg-dump, else the one of the server's major (Debian's layout), else
+ * pg_dump on PATH. One older than the server refuses to dump it: then there is no floor here.
+ */
+export function floorTools(major, serverVersion, options) {
+  const own = binDirFor(major) && path.join(binDirFor(major), 'pg_dump');
+  const pgDump = options.pgDump ?? (own && existsSync(own) ? own : 'pg_dump');
+  const version = clientVersion(pgDump);
+  if (version === null) {
+    if (options.pgDump) throw new Error(`--pg-dump ${options.pgDump}: does not run (or is not PostgreSQL's pg_dump)`);
+    return { pgDump, version, skipped: `${pgDump} does not run` };
+  }
+  const serverMajor = Number(serverVersion.split('.')[0]);
+  if (Number(version.split('.')[0]) < serverMajor) {
+    return { pgDump, version, skipped: `pg_dump ${version} (${pgDump}) refuses a PostgreSQL ${serverMajor} server; pass --pg-dump with a pg_dump ${serverMajor} or later` };
+  }
+  return { pgDump, version, skipped: null };
+}
+
+/**
+ * The floor as a DBA types it, `pg_dump -n s1 -n s2 … | psql`, run by bash with pipefail so that
+ * either side failing fails the run. Each side reads its own libpq settings (FROM_PG*, TO_PG*)
+ * from the environment: no password on a command line. ON_ERROR_STOP: a restore that failed
+ * half-way must fail the run, not make it fast.
+ */
+const DUMP_RESTORE_SCRIPT = [
+  'set -o pipefail',
+  'dump=$1; restore=$2; shift 2',
+  'args=(); for s in "$@"; do args+=(-n "$s"); done',
+  'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$dump" "${args[@]}" |' +
+    ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$restore" -q -X -v ON_ERROR_STOP=1 >/dev/null',
+].join('\n');
+const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
+
+/** The floor, from `sourceDb` on the source into `targetDb` on the target, created empty first; wall time in ms. */
+export async function timeDumpRestore({ source, sourceDb, target, targetDb, schemas, pgDump, psql }) {
+  await target.resetDatabase(targetDb);
+  const side = (prefix, env) => Object.fromEntries(LIBPQ_SETTINGS.map((name) => [`${prefix}_${name}`, env[name]]));
+  const env = { ...process.env, ...side('FROM', source.psqlEnv(sourceDb)), ...side('TO', target.psqlEnv(targetDb)) };
+  const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, 'bash', pgDump, psql, ...schemas], { env });
+  if (timed.code !== 0) {
+    const what = schemas.length === 1 ? `-n ${schemas[0]}` : `of ${schemas.length} schemas`;
+    throw new Error(`pg_dump ${what} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`);
+  }
+  return timed.ms;
+}
+
+/** Rows of `table` summed over `schemas` on one host, in one statement. */
+export async function countRows(host, database, schemas, table = 'photos') {
+  const [row] = await host.query(
+    database,
+    `select coalesce(sum((xpath('/row/n/text()', query_to_xml(format('select count(*) as n from %I.%I', s, $2::text), false, true, '')))[1]::text::bigint), 0)::bigint as n
+       from unnest($1::text[]) s`,
+    [schemas, table],
+  );
+  return Number(row.n);
+}
+
+/** Publications, subscriptions and slots of shardctl on the host; a finished move leaves none. */
+export async function replicationObjectsLeft(host, database) {
+  const [left] = await host.query(
+    database,
+    `select (select count(*) from pg_publication where pubname like 'shardctl\\_%')
+          + (select count(*) from pg_subscription where subname like 'shardctl\\_%')
+          + (select count(*) from pg_replication_slots where slot_name like 'shardctl\\_%') as n`,
+  );
+  return Number(left.n);
+}
+
+/**
+ * The steps of a move from the fence to the switch, as `done: <step>[ (wave k of n)]` lines
+ * (the CLI's progress on stderr, or onStep's detail) with the time each arrived, per wave: the
+ * ms each step took after the previous one, and the whole fenced → switched.
+ */
+export const FENCED_STEPS = ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'];
+
+export function fencedStepsByWave(lines) {
+  const waves = new Map();
+  for (const { text, atMs } of lines) {
+    const match = /done: ([a-z-]+)(?: \(wave (\d+) of \d+\))?/.exec(text);
+    if (!match || !FENCED_STEPS.includes(match[1])) continue;
+    const wave = Number(match[2] ?? 1);
+    if (!waves.has(wave)) waves.set(wave, {});
+    waves.get(wave)[match[1]] = atMs;
+  }
+  return [...waves.entries()].map(([wave, at]) => {
+    const steps = {};
+    for (let i = 1; i < FENCED_STEPS.length; i++) {
+      const [before, step] = [FENCED_STEPS[i - 1], FENCED_STEPS[i]];
+      if (at[step] !== undefined && at[before] !== undefined) steps[step] = Math.round(at[step] - at[before]);
+    }
+    const fencedMs = at.fenced !== undefined && at.switched !== undefined ? Math.round(at.switched - at.fenced) : null;
+    return { wave, fencedMs, steps };
+  });
+}
