@@ -9,7 +9,8 @@ import type { MigrationFile } from '../migrations/files.js';
 import type { PreflightCheck } from './preflight.js';
 import { replicationName } from './sql.js';
 import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
-import { hashMethods, shardTables, type PreVerification, type VerifyResult } from './verify.js';
+import { shardTables } from './catalog.js';
+import { hashMethods, type PreVerification, type VerifyResult } from './verify.js';
 
 /**
  * A move's state while it runs (MoveContext), its options and result, the cut-over waves, the step

@@ -12,7 +12,7 @@ import { createShardSql } from '../fleet/sql.js';
 import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject } from './sql.js';
-import { shardPrivileges, shardTables, type ShardTable } from './verify.js';
+import { shardPrivileges, shardTables, type ShardTable } from './catalog.js';
 import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion } from './context.js';
 import { dropMoveSlot } from './replication.js';
 

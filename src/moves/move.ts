@@ -7,7 +7,7 @@ import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
-import { shardTables } from './verify.js';
+import { shardTables } from './catalog.js';
 import { type MoveContext, record, schemasOf } from './context.js';
 import { createTargets, copyFromSnapshot, copyShards } from './copy.js';
 import { publish, subscribe, waitForSync, dropReplication } from './replication.js';

@@ -12,7 +12,7 @@ import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
 import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed } from './sql.js';
-import { shardPrivileges } from './verify.js';
+import { shardPrivileges } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
 import { inflect } from '../text.js';
 

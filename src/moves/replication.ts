@@ -2,7 +2,7 @@ import { HostError, resumeOrAbort } from '../errors.js';
 import { CONTROL } from '../fleet/control.js';
 import { createPublicationSql, createSubscriptionSql, dropPublicationSql, insertMarkerSql } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
-import { shardTables } from './verify.js';
+import { shardTables } from './catalog.js';
 import { type MoveContext, schemasOf, ensureMethods, notice, sameMajorVersion, sleep } from './context.js';
 
 /**

@@ -2,9 +2,10 @@ import type pg from 'pg';
 import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
 import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { runTransaction } from '../pg/quiet.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 import { DELTA_TRIGGERS, qualified } from './sql.js';
-import type { ShardTable } from './verify.js';
+import type { KeyedTable, ShardTable } from './catalog.js';
 
 /**
  * Verification of a wave in two parts, so that what runs while writes are blocked grows with the
@@ -44,44 +45,8 @@ import type { ShardTable } from './verify.js';
  * the logs could not be set up (the source older than PostgreSQL 14, or its tables kept busy).
  */
 
-/** A table whose tail can be verified by key: its replica-identity key columns and their types. */
-export interface KeyedTable {
-  readonly table: ShardTable;
-  readonly columns: readonly string[];
-  /** format_type() of each key column (built-in types only, see EXACT_KEY_TYPES). */
-  readonly types: readonly string[];
-}
-
 /** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
 export const TAIL_MAX_KEYS = 100_000;
-
-/**
- * Key types whose JSON form (to_jsonb) reads back to the same value (jsonb_to_recordset): the
- * lookup must find exactly the row that was recorded.
- */
-const EXACT_KEY_TYPES = ['int2', 'int4', 'int8', 'numeric', 'text', 'varchar', 'uuid', 'bool', 'date', 'timestamp', 'timestamptz', 'bytea'];
-
-/** Tables holding rows (plain tables and partitions) of `schemas` with an exact-typed replica-identity key. */
-export async function keyedTables(client: pg.Client, schemas: readonly string[]): Promise<KeyedTable[]> {
-  const result = await client.query<{ nspname: string; relname: string; columns: string[]; types: string[]; exact: boolean }>(
-    `SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY k.ord) AS columns,
-            array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.ord) AS types,
-            bool_and(t.oid < 16384 AND t.typname = ANY($2::text[])) AS exact
-       FROM pg_class c
-       JOIN pg_namespace n ON n.oid = c.relnamespace
-       JOIN pg_index i ON i.indrelid = c.oid AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
-       CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-       JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-       JOIN pg_type t ON t.oid = a.atttypid
-      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r'
-      GROUP BY n.nspname, c.relname
-      ORDER BY n.nspname, c.relname`,
-    [schemas, EXACT_KEY_TYPES],
-  );
-  return result.rows
-    .filter((r) => r.exact)
-    .map((r) => ({ table: { schema: r.nspname, table: r.relname, portable: true }, columns: r.columns, types: r.types }));
-}
 
 const TRACK_TRIGGER = 'shardctl_track';
 const TRACK_TRUNCATE_TRIGGER = 'shardctl_track_truncate';
@@ -268,18 +233,6 @@ export function fromLog(
     checksum: (BigInt(atP.checksum) + BigInt(logNow.checksum) - BigInt(logAtP?.checksum ?? '0')).toString(),
     changes,
   };
-}
-
-/** Runs a BEGIN … COMMIT string; on failure rolls back, so the session stays usable, and rethrows. */
-export async function runTransaction(client: pg.Client, sql: string): Promise<void> {
-  try {
-    await client.query(sql);
-  } catch (error) {
-    // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-    // which ends the transaction too.
-    await client.query('ROLLBACK').catch(() => undefined);
-    throw error;
-  }
 }
 
 /** What was recorded for one table. */
