@@ -13,7 +13,8 @@ import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject } from './sql.js';
 import { shardPrivileges, shardTables, type ShardTable } from './catalog.js';
-import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion } from './context.js';
+import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
+import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
 
 /**

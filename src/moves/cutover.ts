@@ -14,7 +14,10 @@ import { runTransaction } from '../pg/quiet.js';
 import { keyedTables, shardTables, type ShardTable } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
 import { readChanges, startDeltasSql, startTrackingSql, stopDeltas, stopTracking } from './tail.js';
-import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, elapsed, notice, sleep } from './context.js';
+import { elapsed, sleep } from '../clock.js';
+import { ensureMethods } from './checksum-methods.js';
+import { DEFAULT_MAX_FENCED_MS, type MoveContext, schemasOf, waveShards, notice } from './context.js';
+import { record } from './progress.js';
 import { applyWorkerWaits, waitForMarker, dropReplication } from './replication.js';
 import { inflect, plural } from '../text.js';
 

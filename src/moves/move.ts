@@ -8,7 +8,8 @@ import { dropShardSql } from '../fleet/sql.js';
 import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { shardTables } from './catalog.js';
-import { type MoveContext, record, schemasOf } from './context.js';
+import { type MoveContext, schemasOf } from './context.js';
+import { record } from './progress.js';
 import { createTargets, copyFromSnapshot, copyShards } from './copy.js';
 import { publish, subscribe, waitForSync, dropReplication } from './replication.js';
 import { fence, dropPreVerification, waitForCatchUp, carrySequences, verify, switchMap } from './cutover.js';
@@ -23,8 +24,6 @@ import { fence, dropPreVerification, waitForCatchUp, carrySequences, verify, swi
  */
 
 export { abortMove } from './cutover.js';
-export { announce, elapsed, moveContext, moveResult, newMoveId, planWaves } from './context.js';
-export type { MoveContext, MoveOptions, MoveResult, Side, WaveLimits } from './context.js';
 
 /** Runs the steps after `after`; online, the cut-over steps once per wave. */
 export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void> {

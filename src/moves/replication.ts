@@ -3,7 +3,9 @@ import { CONTROL } from '../fleet/control.js';
 import { createPublicationSql, createSubscriptionSql, dropPublicationSql, insertMarkerSql } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { shardTables } from './catalog.js';
-import { type MoveContext, schemasOf, ensureMethods, notice, sameMajorVersion, sleep } from './context.js';
+import { sleep } from '../clock.js';
+import { ensureMethods } from './checksum-methods.js';
+import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 
 /**
  * The logical replication of a move: publication, subscription, waiting until every table streams,

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
 import { CONTROL } from '../fleet/control.js';
 
@@ -50,6 +51,11 @@ export interface MoveRecord {
   readonly step: MoveStep;
   readonly status: 'running' | 'done' | 'aborted';
   readonly detail: Record<string, unknown>;
+}
+
+/** A new move's id: sortable by start time, unique across hosts and processes. */
+export function newMoveId(): string {
+  return `${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
 }
 
 /**

@@ -21,7 +21,7 @@ import {
   type AclEntry,
   type PrivilegeObject,
 } from '../../src/moves/sql.js';
-import { planWaves } from '../../src/moves/move.js';
+import { planWaves } from '../../src/moves/waves.js';
 import { fromLog, keyFilterSql, startDeltasSql, startTrackingSql, type LogSums } from '../../src/moves/tail.js';
 
 const config = parseConfig(
