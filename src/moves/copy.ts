@@ -16,6 +16,7 @@ import { shardPrivileges, shardTables, type ShardTable } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -65,9 +66,7 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       }
       await flush();
     } catch (error) {
-      // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-      // which ends the transaction too.
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
     }
   });
@@ -105,7 +104,7 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
     try {
       await client.query(['BEGIN;', ...statements, 'COMMIT;'].join('\n'));
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       throw new HostError(target.host.name, `cannot give the target copy the source's owners and grants: ${describePgError(error)}`, {
         shard,
         code: 'MOVE_FAILED',
@@ -144,8 +143,7 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
     const snapshot = await createSlotWatched(ctx, replication);
     await copyShards(ctx, ctx.shards, snapshot);
   } finally {
-    // The replication connection is needed only until the copy ends; one that broke is closed already.
-    await replication.end().catch(() => undefined);
+    await endQuietly(replication);
   }
 }
 
@@ -240,9 +238,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
         try {
           await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
         } catch (error) {
-          // The failure being handled is what is reported; a ROLLBACK that fails means the connection is
-          // gone, which ends the transaction too.
-          await writer.query('ROLLBACK').catch(() => undefined);
+          await rollbackQuietly(writer);
           throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
         }
       }
@@ -250,9 +246,9 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
     } catch (error) {
       failed ??= error;
     } finally {
-      // Connections that broke are closed already; `failed` keeps the error that matters.
-      await reader?.end().catch(() => undefined);
-      await writer?.end().catch(() => undefined);
+      // `failed` keeps the error that matters.
+      if (reader) await endQuietly(reader);
+      if (writer) await endQuietly(writer);
     }
   };
   await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));

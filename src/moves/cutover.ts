@@ -10,7 +10,7 @@ import { openWorker } from '../fleet/session.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { DELTA_TRIGGERS, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
-import { runTransaction } from '../pg/quiet.js';
+import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { keyedTables, shardTables, type ShardTable } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
 import { readChanges, startDeltasSql, startTrackingSql, stopDeltas, stopTracking } from './tail.js';
@@ -75,9 +75,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
         }
         break;
       } catch (error) {
-        // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-        // which ends the transaction too.
-        await source.client.query('ROLLBACK').catch(() => undefined);
+        await rollbackQuietly(source.client);
         const code = (error as { code?: string }).code;
         // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
         // transaction lost: the application went on; try again.
@@ -162,7 +160,7 @@ export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Pr
     if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) throw error;
     // A statement of a BEGIN … COMMIT string left its transaction aborted.
     // Only leaves the transaction the timeout aborted; stopCutOver reports the stop whatever this does.
-    await Promise.all([ctx.source.client, ctx.target.client].map((c) => c.query('ROLLBACK').catch(() => undefined)));
+    await Promise.all([ctx.source.client, ctx.target.client].map(rollbackQuietly));
     return stopCutOver(ctx, what, error);
   } finally {
     // Back to the server's default for the session (the move sets no other).
@@ -242,7 +240,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
-    await Promise.all(held.map((c) => c.end().catch(() => undefined)));
+    await Promise.all(held.map(endQuietly));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     await stopLogs(ctx, schemas).catch(() => undefined);
     notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
@@ -329,8 +327,10 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
   const catchUp = ctx.options.catchUpTimeoutMs ?? 30_000;
   const limit = Math.min(catchUp, Math.max(0, fenceRemainingMs(ctx)));
   try {
-    // A move fenced before markers were per attempt used the plain kind 'fenced'.
-    await waitForMarker(ctx, ctx.fenceMarker ?? 'fenced', limit);
+    // The fence records its marker with its step: a wave fenced without one cannot be caught up,
+    // and stopping here unfences it, so that a resumed run fences again with a marker.
+    if (ctx.fenceMarker === null) throw new Error(`no fence marker is recorded for wave ${ctx.wave + 1}`);
+    await waitForMarker(ctx, ctx.fenceMarker, limit);
   } catch (error) {
     // What the apply worker waits for only adds to the message.
     const apply = await applyWorkerWaits(ctx).catch(() => '');

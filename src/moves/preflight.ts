@@ -328,8 +328,8 @@ interface RunningMove {
 async function runningMovesOf(client: pg.Client, shards: readonly number[]): Promise<RunningMove[]> {
   if (!(await controlTableExists(client, 'moves'))) return [];
   const r = await client.query<{ move_id: string; shards: number[]; source: string; target: string; step: string }>(
-    `SELECT move_id, coalesce(shards, ARRAY[shard]) AS shards, source, target, step FROM ${CONTROL}.moves
-      WHERE status = 'running' AND coalesce(shards, ARRAY[shard]) && $1::int[] ORDER BY started_at, move_id`,
+    `SELECT move_id, shards, source, target, step FROM ${CONTROL}.moves
+      WHERE status = 'running' AND shards && $1::int[] ORDER BY started_at, move_id`,
     [shards],
   );
   return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards, source: row.source, target: row.target, step: row.step }));

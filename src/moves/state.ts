@@ -60,7 +60,8 @@ export function newMoveId(): string {
 
 /**
  * Records a new move and claims its shards (one running move per shard: the claim's primary key
- * refuses a second), in one transaction. Idempotent for the same move id.
+ * refuses a second), in one transaction. Idempotent for the same move id. The row's `shard` is the
+ * batch's first: the control schema's column is NOT NULL (sql/control.sql).
  */
 export async function insertMove(client: pg.Client, move: Omit<MoveRecord, 'status'>): Promise<void> {
   await client.query(
@@ -92,8 +93,7 @@ export async function recordStep(
 export async function runningMoves(client: pg.Client, shards?: readonly number[]): Promise<MoveRecord[]> {
   const result = await client.query<{
     move_id: string;
-    shards: number[] | null;
-    shard: number;
+    shards: number[];
     source: string;
     target: string;
     mode: MoveMode;
@@ -101,15 +101,14 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
     status: MoveRecord['status'];
     detail: Record<string, unknown>;
   }>(
-    `SELECT move_id, shards, shard, source, target, mode, step, status, detail FROM ${CONTROL}.moves
-      WHERE status = 'running' AND ($1::int[] IS NULL OR coalesce(shards, ARRAY[shard]) && $1::int[])
+    `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
+      WHERE status = 'running' AND ($1::int[] IS NULL OR shards && $1::int[])
       ORDER BY started_at, move_id`,
     [shards ?? null],
   );
   return result.rows.map((row) => ({
     moveId: row.move_id,
-    // Moves recorded before batches had one shard and no list.
-    shards: row.shards ?? [row.shard],
+    shards: row.shards,
     source: row.source,
     target: row.target,
     mode: row.mode,

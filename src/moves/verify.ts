@@ -3,6 +3,7 @@ import { quoteLiteral } from '../pg/quote.js';
 import { shardTables, type KeyedTable, type ShardTable } from './catalog.js';
 import { qualified } from './sql.js';
 import { fromLog, keyFilterSql, readLogSums, TAIL_MAX_KEYS, type LogSums, type TableChanges } from './tail.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * The comparison of both copies of a shard: row counts and content checksums of every table,
@@ -122,9 +123,7 @@ export async function preVerify(
       await client.query('COMMIT');
       return { sums, logs };
     } catch (error) {
-      // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-      // which ends the transaction too.
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       throw error;
     }
   };
@@ -143,7 +142,7 @@ export async function preVerify(
 /** Ends a pre-verification's transactions and connections. */
 export async function endPreVerification(pre: PreVerification): Promise<void> {
   // The pre-verification only read: ending it loses nothing, and a connection that broke is closed already.
-  await Promise.all([pre.source, pre.target].map((c) => c.query('COMMIT').catch(() => undefined).then(() => c.end().catch(() => undefined))));
+  await Promise.all([pre.source, pre.target].map((c) => c.query('COMMIT').catch(() => undefined).then(() => endQuietly(c))));
 }
 
 function tableKey(t: ShardTable): string {
