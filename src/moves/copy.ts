@@ -8,7 +8,7 @@ import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
-import { createShardSql } from '../fleet/sql.js';
+import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject } from './sql.js';
@@ -16,6 +16,7 @@ import { shardPrivileges, shardTables, type ShardTable } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
+import { stopTracking } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**
@@ -112,6 +113,17 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
       });
     }
   });
+}
+
+/**
+ * createTargets' undo (abortMove): the target's copies dropped, only those this move created
+ * (incoming, never active: abortMove refuses a move that activated any). The tracking of the
+ * fence's verification sits on these copies, so it goes with them; its rows are removed after them,
+ * where no trigger is left to drop.
+ */
+export async function dropTargets(ctx: MoveContext): Promise<void> {
+  for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
 }
 
 /**

@@ -7,7 +7,6 @@ import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
-import { dropShardSql } from '../fleet/sql.js';
 import { DELTA_TRIGGERS, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
@@ -18,12 +17,12 @@ import { elapsed, sleep } from '../clock.js';
 import { ensureMethods } from './checksum-methods.js';
 import { DEFAULT_MAX_FENCED_MS, type MoveContext, schemasOf, waveShards, notice } from './context.js';
 import { record } from './progress.js';
-import { applyWorkerWaits, waitForMarker, dropReplication } from './replication.js';
+import { applyWorkerWaits, waitForMarker } from './replication.js';
 import { inflect, plural } from '../text.js';
 
 /**
  * The cut-over of a wave: verification begun before the fence (tail.ts), the fence, catch-up,
- * sequences, verification, the switch of the map; and undoing a move that has not switched.
+ * sequences, verification, the switch of the map; and the fence's undo.
  */
 
 /**
@@ -423,13 +422,15 @@ export async function verify(ctx: MoveContext): Promise<void> {
   const data = { moveId: ctx.moveId, verification: { ...result, rows: result.rows.toString() } };
   if (ctx.wave === 0) {
     // Nothing switched yet: the move is undone, the sources writable again, nothing is lost.
-    await abortMove(ctx, 'sequences-carried');
-    throw new HostError(ctx.target.host.name, `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`, {
-      shard: shards[0]!,
-      code: 'VERIFY_FAILED',
-      data,
-      details: result.mismatches,
-    });
+    throw new UndoThenReport(
+      'sequences-carried',
+      new HostError(ctx.target.host.name, `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`, {
+        shard: shards[0]!,
+        code: 'VERIFY_FAILED',
+        data,
+        details: result.mismatches,
+      }),
+    );
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
   noteBlocked(ctx);
@@ -527,15 +528,23 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
 }
 
 /**
- * Undoes a move that has not switched any shard: no subscription, publication or slot left behind,
- * the sources writable again, the target's copies dropped.
+ * The fence's undo (abortMove): the change logs off, then every shard of the batch writable again.
+ * The logs go while the sources are still fenced, if they are: no writer to wait for (and the
+ * unfence disables what is left on the source).
  */
-export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
+export async function undoFence(ctx: MoveContext): Promise<void> {
+  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true });
+  await unfence(ctx, ctx.shards, 30_000);
+}
+
+/**
+ * Whether the move may still be undone: the switch activates the target's copies before it
+ * rewrites the map and records the step, so a run killed in between left active copies that the
+ * map may already name, and undoing the move then would leave two writable copies. Throws if not.
+ */
+export async function requireNotSwitched(ctx: MoveContext, step: MoveStep): Promise<void> {
   const steps = stepsFor(ctx.mode);
   const active = await ctx.target.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`, [ctx.shards]);
-  // The switch activates the target's copies before it rewrites the map and records the step: a
-  // run killed in between left active copies that the map may already name. Undoing the move then
-  // would leave two writable copies.
   if (steps.indexOf(step) >= steps.indexOf('switched') || ctx.wave > 0 || (active.rowCount ?? 0) > 0) {
     const switched = active.rows.map((r) => r.shard);
     throw new HostError(
@@ -545,17 +554,18 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
       { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED', next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
-  await dropPreVerification(ctx);
-  await dropReplication(ctx);
-  // While the sources are still fenced, if they are: no writer to wait for (and the unfence
-  // disables what is left on the source).
-  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true });
-  await unfence(ctx, ctx.shards, 30_000);
-  // Only copies this move created (incoming, never active: see above) are dropped.
-  for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
-  await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
-  for (const side of [ctx.source, ctx.target]) {
-    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
+}
+
+/**
+ * A failure after which the move is undone before it is reported (the verification of the first
+ * wave: nothing switched yet). The step cannot undo the move itself: the undo of every step is
+ * move.ts's, which runs the steps.
+ */
+export class UndoThenReport extends Error {
+  constructor(
+    readonly after: MoveStep,
+    readonly failure: HostError,
+  ) {
+    super(failure.message);
   }
-  await record(ctx, step, 'aborted');
 }

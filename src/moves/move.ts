@@ -10,20 +10,28 @@ import { stepsFor, type MoveStep } from './state.js';
 import { shardTables } from './catalog.js';
 import { type MoveContext, schemasOf } from './context.js';
 import { record } from './progress.js';
-import { createTargets, copyFromSnapshot, copyShards } from './copy.js';
-import { publish, subscribe, waitForSync, dropReplication } from './replication.js';
-import { fence, dropPreVerification, waitForCatchUp, carrySequences, verify, switchMap } from './cutover.js';
+import { createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
+import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
+import {
+  fence,
+  dropPreVerification,
+  waitForCatchUp,
+  carrySequences,
+  verify,
+  switchMap,
+  undoFence,
+  requireNotSwitched,
+  UndoThenReport,
+} from './cutover.js';
 
 /**
  * The move engine: the steps of moving a batch of logical shards from one host to another, online
  * (logical replication) or offline (COPY with writes fenced), each recorded on both hosts once
  * done, so a move cut off at any point is finished (runSteps from the last recorded step) or undone
- * (abortMove). A single shard is a batch of one. Online, the cut-over runs in waves (see planWaves)
+ * (abortMove: each step's undo beside its action in STEPS). A single shard is a batch of one. Online, the cut-over runs in waves (see planWaves)
  * so that no shard refuses writes for long. The entry (run.ts) connects, runs the preflight and
  * decides which of these to call.
  */
-
-export { abortMove } from './cutover.js';
 
 /** Runs the steps after `after`; online, the cut-over steps once per wave. */
 export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void> {
@@ -37,7 +45,13 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
   while (next < steps.length) {
     const step = steps[next]!;
     try {
-      await STEP_ACTIONS[step](ctx);
+      try {
+        await STEPS[step].action(ctx);
+      } catch (error) {
+        if (!(error instanceof UndoThenReport)) throw error;
+        await abortMove(ctx, error.after);
+        throw error.failure;
+      }
     } catch (error) {
       await dropPreVerification(ctx);
       // A host that stopped answering is a failure of the step like any lost connection: say how to go on.
@@ -70,20 +84,63 @@ async function nextWave(ctx: MoveContext): Promise<void> {
 
 type StepAction = (ctx: MoveContext) => Promise<void>;
 
-const STEP_ACTIONS: Record<MoveStep, StepAction> = {
-  prepared: async () => undefined,
-  'target-created': createTargets,
-  published: publish,
-  subscribed: subscribe,
-  synced: waitForSync,
-  fenced: fence,
-  'caught-up': waitForCatchUp,
-  copied: (ctx) => (ctx.mode === 'online' ? copyFromSnapshot(ctx) : copyShards(ctx, ctx.shards)),
-  'sequences-carried': carrySequences,
-  verified: verify,
-  switched: switchMap,
-  cleaned: cleanUp,
+interface Step {
+  readonly action: StepAction;
+  /**
+   * What undoes the step (abortMove, walking the steps backwards); [] where there is nothing to
+   * undo. Each undo is idempotent, and one shared by several steps runs once, at the latest of them.
+   */
+  readonly undo: readonly StepAction[];
+}
+
+const STEPS: Record<MoveStep, Step> = {
+  // The move's markers are written from `synced` on, keyed by the move: they go last, with the move.
+  prepared: { action: async () => undefined, undo: [deleteMarkers] },
+  'target-created': { action: createTargets, undo: [dropTargets] },
+  // The publication, slot and subscription are named after the move and removed together.
+  published: { action: publish, undo: [dropReplication] },
+  copied: {
+    action: (ctx) => (ctx.mode === 'online' ? copyFromSnapshot(ctx) : copyShards(ctx, ctx.shards)),
+    // Online, the slot (created by the copy); the rows go with the target's copies.
+    undo: [dropReplication],
+  },
+  subscribed: { action: subscribe, undo: [dropReplication] },
+  synced: { action: waitForSync, undo: [] },
+  // The replication goes before the unfence, although earlier steps created it: once the source is
+  // writable again its writes would stream to copies about to be dropped, whose drop would then
+  // wait for the apply worker's locks.
+  fenced: { action: fence, undo: [dropReplication, undoFence] },
+  'caught-up': { action: waitForCatchUp, undo: [] },
+  // The target's sequences go with its copies.
+  'sequences-carried': { action: carrySequences, undo: [] },
+  // Its tracking and change logs are removed by the verification itself, or with the fence's undo.
+  verified: { action: verify, undo: [] },
+  // Never undone: abortMove refuses a move that switched any shard.
+  switched: { action: switchMap, undo: [] },
+  cleaned: { action: cleanUp, undo: [] },
 };
+
+/**
+ * Undoes a move that has not switched any shard: the recorded steps, and the one that may have
+ * been cut off after `step` (half done, so undone too), walked backwards, each undone by its own
+ * undo (STEPS); then the move recorded as aborted. Nothing is left behind: no subscription,
+ * publication or slot, the sources writable again, the target's copies dropped.
+ */
+export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
+  await requireNotSwitched(ctx, step);
+  // This process's snapshots of a verification begun before the fence (the logs go with the fence's undo).
+  await dropPreVerification(ctx);
+  const steps = stepsFor(ctx.mode);
+  const done = new Set<StepAction>();
+  for (const s of steps.slice(0, steps.indexOf(step) + 2).reverse()) {
+    for (const undo of STEPS[s].undo) {
+      if (done.has(undo)) continue;
+      done.add(undo);
+      await undo(ctx);
+    }
+  }
+  await record(ctx, step, 'aborted');
+}
 
 /**
  * Replication objects removed; each old copy kept fenced under a new name until gc, or dropped;
@@ -123,9 +180,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     await ctx.target.client.query(refreshMaterializedViewSql(v.schemaname, v.matviewname));
     ctx.refreshed.push(`${v.schemaname}.${v.matviewname}`);
   }
-  for (const side of [ctx.source, ctx.target]) {
-    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
-  }
+  await deleteMarkers(ctx);
 }
 
 /** The SQL of the rename (see renameWithStubSql), with the grants read from the source's catalog. */

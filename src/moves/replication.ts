@@ -114,6 +114,14 @@ export async function applyWorkerWaits(ctx: MoveContext): Promise<string> {
   return `its apply worker waits for ${row.wait}${row.blockers ? `, held by ${row.blockers}` : ''}`;
 }
 
+/** The move's markers on both hosts: at clean-up, and last when a move is undone. */
+export async function deleteMarkers(ctx: MoveContext): Promise<void> {
+  for (const side of [ctx.source, ctx.target]) {
+    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
+  }
+}
+
+/** The publication, subscription and slot: at clean-up, and first when a move is undone (see move.ts). */
 export async function dropReplication(ctx: MoveContext): Promise<void> {
   const { source, target, name } = ctx;
   await dropSubscription(target.client, name);
