@@ -166,3 +166,73 @@ export async function keyedTables(client: pg.Client, schemas: readonly string[])
     .map((r) => ({ table: { schema: r.nspname, table: r.relname, portable: true }, columns: r.columns, types: r.types }));
 }
 
+
+/** Which of the schemas $1 exist. */
+export const EXISTING_SCHEMAS_SQL =
+  `SELECT nspname FROM pg_namespace WHERE nspname = ANY($1)`;
+
+/** The indexes of tables $1 that can be dropped and built again exactly from their definition (see dropIndexesForCopy in copy.ts). */
+export const REBUILDABLE_INDEXES_SQL =
+  `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
+            c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
+       FROM pg_index i
+       JOIN pg_class ic ON ic.oid = i.indexrelid
+       JOIN pg_class t ON t.oid = i.indrelid
+       JOIN pg_namespace n ON n.oid = t.relnamespace
+       LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
+      WHERE t.oid = ANY($1::text[]::regclass[])
+        AND pg_has_role(t.relowner, 'USAGE')
+        AND i.indisvalid AND i.indisready AND i.indislive AND NOT i.indisreplident AND NOT i.indisclustered
+        AND ic.reltablespace = 0
+        AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
+        AND (c.oid IS NULL OR c.conparentid = 0)
+        AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = i.indexrelid)
+        AND (c.oid IS NULL OR NOT EXISTS (
+              SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_constraint'::regclass AND d.refobjid = c.oid
+                 AND NOT (d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid)))
+        AND NOT EXISTS (SELECT 1 FROM pg_description x
+                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
+        AND NOT EXISTS (SELECT 1 FROM pg_seclabel x
+                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
+        AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)
+      ORDER BY i.indexrelid`;
+
+/** The sequences of schemas $1 and their increments. */
+export const SHARD_SEQUENCES_SQL =
+  `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`;
+
+/** The fence triggers on the tables of schemas $1, enabled or not. */
+export const FENCE_TRIGGERS_SQL =
+  `SELECT n.nspname, c.relname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE t.tgname = 'shardctl_fence' AND n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')`;
+
+/** The tables of schemas $1 with an enabled trigger named in $2. */
+export const ENABLED_TRIGGERS_SQL =
+  `SELECT DISTINCT n.nspname, c.relname FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE t.tgname = ANY($2::text[]) AND t.tgenabled <> 'D' AND n.nspname = ANY($1::text[])`;
+
+/** The materialized views of schemas $1. */
+export const MATERIALIZED_VIEWS_SQL =
+  `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`;
+
+/** Schema $1's grants to others than its owner. */
+export const SCHEMA_GRANTS_SQL =
+  `SELECT r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
+       LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = $1 AND a.grantee <> n.nspowner`;
+
+/** The grants on schema $1's tables to others than their owners. */
+export const TABLE_GRANTS_SQL =
+  `SELECT c.relname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_class c, aclexplode(c.relacl) a
+       LEFT JOIN pg_roles r ON r.oid = a.grantee
+      WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`;
+
+/** The tables of schemas $1: whether each has a replica identity and is logged. */
+export const REPLICA_IDENTITIES_SQL =
+  `SELECT format('%s.%s', n.nspname, c.relname) AS name,
+              NOT (c.relreplident = 'n' OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) AS identity,
+              c.relpersistence <> 'u' AS logged
+         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = ANY($1) AND c.relkind = 'r'
+        ORDER BY 1`;

@@ -5,14 +5,14 @@ import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
-import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject } from './sql.js';
-import { shardPrivileges, shardTables, type ShardTable } from './catalog.js';
+import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject, APPLIED_VERSIONS_SQL, XID_HOLDERS_SQL } from './sql.js';
+import { shardPrivileges, shardTables, type ShardTable, EXISTING_SCHEMAS_SQL, REBUILDABLE_INDEXES_SQL } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
@@ -29,9 +29,9 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
   const { source, target, config } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
   const [applied, existing, done] = await Promise.all([
-    source.client.query<{ shard: number; version: number }>(`SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY version`, [ctx.shards]),
-    target.client.query<{ nspname: string }>(`SELECT nspname FROM pg_namespace WHERE nspname = ANY($1)`, [schemas]),
-    target.client.query<{ shard: number; version: number }>(`SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1)`, [ctx.shards]),
+    source.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
+    target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemas]),
+    target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
   ]);
   const files = new Map(ctx.migrations.map((m) => [m.version, m]));
   const exists = new Set(existing.rows.map((r) => r.nspname));
@@ -208,10 +208,7 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
 /** The transactions holding a transaction id on the server (any database), oldest first. */
 async function xidHolders(client: pg.Client, except: number): Promise<string> {
   const result = await client.query<{ pid: number; datname: string | null; application_name: string; age: number; query: string }>(
-    `SELECT pid, datname, application_name, extract(epoch FROM now() - xact_start)::int AS age, left(query, 80) AS query
-       FROM pg_stat_activity
-      WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() AND pid <> $1 AND backend_type = 'client backend'
-      ORDER BY xact_start LIMIT 3`,
+    XID_HOLDERS_SQL,
     [except],
   );
   return result.rows
@@ -333,29 +330,7 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
 async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]): Promise<string[]> {
   if (tables.length === 0) return [];
   const result = await writer.query<{ index_name: string; table_name: string; conname: string | null; indexdef: string; condef: string | null }>(
-    `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
-            c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
-       FROM pg_index i
-       JOIN pg_class ic ON ic.oid = i.indexrelid
-       JOIN pg_class t ON t.oid = i.indrelid
-       JOIN pg_namespace n ON n.oid = t.relnamespace
-       LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
-      WHERE t.oid = ANY($1::text[]::regclass[])
-        AND pg_has_role(t.relowner, 'USAGE')
-        AND i.indisvalid AND i.indisready AND i.indislive AND NOT i.indisreplident AND NOT i.indisclustered
-        AND ic.reltablespace = 0
-        AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
-        AND (c.oid IS NULL OR c.conparentid = 0)
-        AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = i.indexrelid)
-        AND (c.oid IS NULL OR NOT EXISTS (
-              SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_constraint'::regclass AND d.refobjid = c.oid
-                 AND NOT (d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid)))
-        AND NOT EXISTS (SELECT 1 FROM pg_description x
-                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
-        AND NOT EXISTS (SELECT 1 FROM pg_seclabel x
-                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
-        AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)
-      ORDER BY i.indexrelid`,
+    REBUILDABLE_INDEXES_SQL,
     [tables],
   );
   if (result.rows.length === 0) return [];

@@ -5,12 +5,11 @@ import { shardSchemaName } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
-import { DELTA_TRIGGERS, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
+import { DELTA_TRIGGERS, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue, ACTIVE_SHARDS_SQL, DEADLOCK_TIMEOUT_SQL, FENCED_SHARDS_SQL, LOCK_HOLDERS_SQL } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
-import { keyedTables, shardTables, type ShardTable } from './catalog.js';
+import { keyedTables, shardTables, type ShardTable, ENABLED_TRIGGERS_SQL, FENCE_TRIGGERS_SQL, SHARD_SEQUENCES_SQL } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
 import { readChanges, startDeltasSql, startTrackingSql, stopDeltas, stopTracking } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
@@ -40,7 +39,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const lockWaitMs = await lockWaitFor(ctx);
   const limit = ctx.options.fenceTimeoutMs ?? 30_000;
   const fenced = new Set(
-    (await source.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`, [shards])).rows.map((r) => r.shard),
+    (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows.map((r) => r.shard),
   );
   if (fenced.size === 0) await catchUpBeforeFence(ctx);
   if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
@@ -125,7 +124,7 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
 
 /** How long a lock of the fence or the unfence may wait: below half the deadlock timeout (see fenceSql). */
 async function lockWaitFor(ctx: MoveContext): Promise<number> {
-  const deadlock = await ctx.source.client.query<{ ms: string }>(`SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`);
+  const deadlock = await ctx.source.client.query<{ ms: string }>(DEADLOCK_TIMEOUT_SQL);
   return Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
 }
 
@@ -310,10 +309,7 @@ export async function dropPreVerification(ctx: MoveContext, { logs = true }: { r
 /** Who holds locks on a schema's tables: pid, application, transaction age and query. */
 async function lockHolders(client: pg.Client, schema: string): Promise<string> {
   const result = await client.query<{ pid: number; application_name: string; age: number | null; relname: string; query: string }>(
-    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
-       FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE c.relnamespace = to_regnamespace($1) AND l.granted AND l.pid <> pg_backend_pid()
-      ORDER BY a.pid LIMIT 3`,
+    LOCK_HOLDERS_SQL,
     [schema],
   );
   return result.rows
@@ -351,7 +347,7 @@ export async function carrySequences(ctx: MoveContext): Promise<void> {
 async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   const schemas = schemasOf(ctx, waveShards(ctx));
   const list = await ctx.source.client.query<{ schemaname: string; sequencename: string; increment_by: string }>(
-    `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`,
+    SHARD_SEQUENCES_SQL,
     [schemas],
   );
   if (list.rows.length === 0) return;
@@ -483,16 +479,12 @@ const UNFENCE_LIMIT_MS = 5_000;
  */
 async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UNFENCE_LIMIT_MS): Promise<void> {
   const triggers = await ctx.source.client.query<{ nspname: string; relname: string; enabled: boolean }>(
-    `SELECT n.nspname, c.relname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname = 'shardctl_fence' AND n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')`,
+    FENCE_TRIGGERS_SQL,
     [schemasOf(ctx, shards)],
   );
   // A change log still on (a killed run's, or one whose removal could not wait): off with the fence.
   const logged = await ctx.source.client.query<{ nspname: string; relname: string }>(
-    `SELECT DISTINCT n.nspname, c.relname FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname = ANY($2::text[]) AND t.tgenabled <> 'D' AND n.nspname = ANY($1::text[])`,
+    ENABLED_TRIGGERS_SQL,
     [schemasOf(ctx, shards), DELTA_TRIGGERS],
   );
   const lockWaitMs = await lockWaitFor(ctx);
@@ -544,7 +536,7 @@ export async function undoFence(ctx: MoveContext): Promise<void> {
  */
 export async function requireNotSwitched(ctx: MoveContext, step: MoveStep): Promise<void> {
   const steps = stepsFor(ctx.mode);
-  const active = await ctx.target.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`, [ctx.shards]);
+  const active = await ctx.target.client.query<{ shard: number }>(ACTIVE_SHARDS_SQL, [ctx.shards]);
   if (steps.indexOf(step) >= steps.indexOf('switched') || ctx.wave > 0 || (active.rowCount ?? 0) > 0) {
     const switched = active.rows.map((r) => r.shard);
     throw new HostError(

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
-import { detachSubscriptionSql, dropPublicationSql, dropSubscriptionSql, forgetObjectSql } from './sql.js';
+import { detachSubscriptionSql, dropPublicationSql, dropSubscriptionSql, forgetObjectSql, PROBE_SUBSCRIPTIONS_SQL, SLOT_ACTIVE_PID_SQL } from './sql.js';
 
 /**
  * What moves create outside the shard schemas and must remove again: the reachability probe's
@@ -15,7 +15,7 @@ export interface Leftover {
 
 export async function findLeftovers(client: pg.Client): Promise<Leftover[]> {
   const probes = (await controlTableExists(client, 'objects'))
-    ? (await client.query<{ name: string }>(`SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`)).rows
+    ? (await client.query<{ name: string }>(PROBE_SUBSCRIPTIONS_SQL)).rows
     : [];
   const running = (await controlTableExists(client, 'moves'))
     ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`
@@ -75,7 +75,7 @@ export async function dropSubscription(client: pg.Client, name: string): Promise
  */
 export async function dropSlot(client: pg.Client, name: string): Promise<boolean> {
   for (let attempt = 0; attempt < 50; attempt++) {
-    const slot = await client.query<{ active_pid: number | null }>(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, [name]);
+    const slot = await client.query<{ active_pid: number | null }>(SLOT_ACTIVE_PID_SQL, [name]);
     if (!slot.rowCount) return true;
     const pid = slot.rows[0]!.active_pid;
     if (pid !== null) await client.query('SELECT pg_terminate_backend($1)', [pid]);

@@ -1,13 +1,13 @@
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql } from './sql.js';
+import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql, SHARD_SCHEMA_NAMES_SQL } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
-import { shardTables } from './catalog.js';
+import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, schemasOf } from './context.js';
 import { record } from './progress.js';
 import { createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
@@ -151,7 +151,7 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
 async function cleanUp(ctx: MoveContext): Promise<void> {
   await dropReplication(ctx);
   const { source } = ctx;
-  const rows = await source.client.query<{ shard: number; schema_name: string }>(`SELECT shard, schema_name FROM ${CONTROL}.shards WHERE shard = ANY($1)`, [ctx.shards]);
+  const rows = await source.client.query<{ shard: number; schema_name: string }>(SHARD_SCHEMA_NAMES_SQL, [ctx.shards]);
   const current = new Map(rows.rows.map((r) => [r.shard, r.schema_name]));
   // One transaction per shard (its rename or drop with its control row), none waiting for the WAL
   // flush; the last commit waits for all of them. A crash before it can undo some, which the control
@@ -173,7 +173,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   }
   await source.client.query(DURABLE_FLUSH_SQL);
   const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(
-    `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`,
+    MATERIALIZED_VIEWS_SQL,
     [schemasOf(ctx, ctx.shards)],
   );
   for (const v of views.rows) {
@@ -189,14 +189,11 @@ async function renameWithStub(ctx: MoveContext, shard: number, renamed: string):
   const schema = shardSchemaName(ctx.config, shard);
   const tables = (await shardTables(source.client, schema, 'all')).map((t) => t.table);
   const schemaGrants = await source.client.query<{ grantee: string | null; privilege: string }>(
-    `SELECT r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
-       LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = $1 AND a.grantee <> n.nspowner`,
+    SCHEMA_GRANTS_SQL,
     [schema],
   );
   const tableGrants = await source.client.query<{ relname: string; grantee: string | null; privilege: string }>(
-    `SELECT c.relname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_class c, aclexplode(c.relacl) a
-       LEFT JOIN pg_roles r ON r.oid = a.grantee
-      WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`,
+    TABLE_GRANTS_SQL,
     [schema],
   );
   return renameWithStubSql({

@@ -488,3 +488,125 @@ export function alterDefaultPrivilegesSql(schema: string, role: string, objectTy
     ...grantGroups(wanted).map((g) => `${prefix} GRANT ${privilegeList(g.entries, null)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`),
   ];
 }
+
+// The statements of the steps that read and record, each named for what it asks.
+
+/** The migration versions applied to shards $1, in order. */
+export const APPLIED_VERSIONS_SQL =
+  `SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY version`;
+
+/** The transactions holding a transaction id on the server (any database) but backend $1, oldest first. */
+export const XID_HOLDERS_SQL =
+  `SELECT pid, datname, application_name, extract(epoch FROM now() - xact_start)::int AS age, left(query, 80) AS query
+       FROM pg_stat_activity
+      WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() AND pid <> $1 AND backend_type = 'client backend'
+      ORDER BY xact_start LIMIT 3`;
+
+/** Which of shards $1 are fenced on this host. */
+export const FENCED_SHARDS_SQL =
+  `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`;
+
+/** The server's deadlock_timeout, in ms. */
+export const DEADLOCK_TIMEOUT_SQL =
+  `SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`;
+
+/** Who holds locks on the tables of schema $1: the first three sessions. */
+export const LOCK_HOLDERS_SQL =
+  `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
+       FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE c.relnamespace = to_regnamespace($1) AND l.granted AND l.pid <> pg_backend_pid()
+      ORDER BY a.pid LIMIT 3`;
+
+/** Which of shards $1 are active on this host. */
+export const ACTIVE_SHARDS_SQL =
+  `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`;
+
+/** The probe subscriptions recorded on this host. */
+export const PROBE_SUBSCRIPTIONS_SQL =
+  `SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`;
+
+/** The walsender holding slot $1 (a row only while the slot exists). */
+export const SLOT_ACTIVE_PID_SQL =
+  `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`;
+
+/** The current schema name of shards $1 on this host. */
+export const SHARD_SCHEMA_NAMES_SQL =
+  `SELECT shard, schema_name FROM ${CONTROL}.shards WHERE shard = ANY($1)`;
+
+/** Shards $1 with schemas $2: whether each schema exists, and its control state. */
+export const SOURCE_SHARD_STATES_SQL =
+  `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists, (SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard) AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
+
+/** wal_level, and the free replication slots and WAL senders. */
+export const REPLICATION_SETTINGS_SQL =
+  `SELECT current_setting('wal_level') AS wal_level,
+              current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,
+              current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication)::int AS free_senders`;
+
+/** The migrations applied to shards $1, with their checksums. */
+export const APPLIED_CHECKSUMS_SQL =
+  `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
+
+/** Which of roles $1 exist, and whether the current role is a member of each. */
+export const ROLES_SQL =
+  `SELECT r.rolname, pg_has_role(r.oid, 'MEMBER') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
+
+/** The running moves carrying any of shards $1. */
+export const RUNNING_MOVES_OF_SQL =
+  `SELECT move_id, shards, source, target, step FROM ${CONTROL}.moves
+      WHERE status = 'running' AND shards && $1::int[] ORDER BY started_at, move_id`;
+
+export const PUBLICATION_EXISTS_SQL =
+  `SELECT 1 FROM pg_publication WHERE pubname = $1`;
+
+export const SUBSCRIPTION_EXISTS_SQL =
+  `SELECT 1 FROM pg_subscription WHERE subname = $1`;
+
+/** How often subscription $1 failed to sync or apply. */
+export const SUBSCRIPTION_ERRORS_SQL =
+  `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;
+
+/** Subscription $1's tables, and how many of them are not streaming yet. */
+export const SUBSCRIPTION_TABLES_SQL =
+  `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
+         FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`;
+
+/** A row once marker $2 of move $1 is here. */
+export const MARKER_ARRIVED_SQL =
+  `SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`;
+
+/** How far slot $1 is behind the WAL. */
+export const SLOT_LAG_SQL =
+  `SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`;
+
+/** What subscription $1's apply worker waits for, and who holds it. */
+export const APPLY_WORKER_WAITS_SQL =
+  `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
+            (SELECT string_agg(format('pid %s (%s, %s: %s)', b.pid, coalesce(nullif(b.application_name, ''), 'no application name'), b.state, left(b.query, 80)), '; ')
+               FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(w.pid))) AS blockers
+       FROM pg_stat_subscription s JOIN pg_stat_activity w ON w.pid = s.pid
+      WHERE s.subname = $1 AND s.relid IS NULL`;
+
+/** Move $1's markers. */
+export const DELETE_MARKERS_SQL =
+  `DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
+
+/** A new move's record, and the claim of its shards (one running move per shard). `shard` is the batch's first: the control schema's column is NOT NULL. */
+export const INSERT_MOVE_SQL =
+  `WITH m AS (
+       INSERT INTO ${CONTROL}.moves (move_id, shard, shards, source, target, mode, step, status, detail)
+       VALUES ($1, ($2::int[])[1], $2::int[], $3, $4, $5, $6, 'running', $7::jsonb)
+       ON CONFLICT (move_id) DO NOTHING RETURNING move_id)
+     INSERT INTO ${CONTROL}.move_shards (shard, move_id) SELECT unnest($2::int[]), move_id FROM m`;
+
+/** A move's step, status and detail; a finished or aborted move releases its shards. */
+export const RECORD_STEP_SQL =
+  `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
+     DELETE FROM ${CONTROL}.move_shards s USING m WHERE s.move_id = m.move_id AND $3 <> 'running'`;
+
+/** The running moves on this host carrying any of shards $1 (all of them when $1 is NULL). */
+export const RUNNING_MOVES_SQL =
+  `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
+      WHERE status = 'running' AND ($1::int[] IS NULL OR shards && $1::int[])
+      ORDER BY started_at, move_id`;

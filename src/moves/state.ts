@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
-import { CONTROL } from '../fleet/control.js';
+import { INSERT_MOVE_SQL, RECORD_STEP_SQL, RUNNING_MOVES_SQL } from './sql.js';
 
 /**
  * The steps of a move, in order. A step is recorded on both hosts once it has completed. Online,
@@ -65,11 +65,7 @@ export function newMoveId(): string {
  */
 export async function insertMove(client: pg.Client, move: Omit<MoveRecord, 'status'>): Promise<void> {
   await client.query(
-    `WITH m AS (
-       INSERT INTO ${CONTROL}.moves (move_id, shard, shards, source, target, mode, step, status, detail)
-       VALUES ($1, ($2::int[])[1], $2::int[], $3, $4, $5, $6, 'running', $7::jsonb)
-       ON CONFLICT (move_id) DO NOTHING RETURNING move_id)
-     INSERT INTO ${CONTROL}.move_shards (shard, move_id) SELECT unnest($2::int[]), move_id FROM m`,
+    INSERT_MOVE_SQL,
     [move.moveId, move.shards, move.source, move.target, move.mode, move.step, JSON.stringify(move.detail)],
   );
 }
@@ -83,8 +79,7 @@ export async function recordStep(
   detail: Record<string, unknown> = {},
 ): Promise<void> {
   await client.query(
-    `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
-     DELETE FROM ${CONTROL}.move_shards s USING m WHERE s.move_id = m.move_id AND $3 <> 'running'`,
+    RECORD_STEP_SQL,
     [moveId, step, status, JSON.stringify(detail)],
   );
 }
@@ -101,9 +96,7 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
     status: MoveRecord['status'];
     detail: Record<string, unknown>;
   }>(
-    `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
-      WHERE status = 'running' AND ($1::int[] IS NULL OR shards && $1::int[])
-      ORDER BY started_at, move_id`,
+    RUNNING_MOVES_SQL,
     [shards ?? null],
   );
   return result.rows.map((row) => ({
