@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import type { AclEntry, PrivilegeKind, PrivilegeObject } from './sql.js';
+import type { AclEntry, PrivilegeKind, PrivilegeObject, TriggerName } from './sql.js';
 
 /**
  * The catalog reads of a move: what a shard schema holds (its tables, keys, grants, sequences,
@@ -236,3 +236,23 @@ export const REPLICA_IDENTITIES_SQL =
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = ANY($1) AND c.relkind = 'r'
         ORDER BY 1`;
+
+/** The triggers named `names` on the tables of `schemas`, enabled or not. */
+export async function shardTriggers(
+  client: pg.Client,
+  schemas: readonly string[],
+  names: readonly string[],
+): Promise<(TriggerName & { readonly enabled: boolean })[]> {
+  const result = await client.query<{ nspname: string; relname: string; tgname: string; enabled: boolean }>(
+    `SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE t.tgname = ANY($2::text[]) AND n.nspname = ANY($1::text[])`,
+    [schemas, names],
+  );
+  return result.rows.map((r) => ({ schema: r.nspname, table: r.relname, trigger: r.tgname, enabled: r.enabled }));
+}
+
+/** Whether the relation `name` (qualified) exists. */
+export async function relationExists(client: pg.Client, name: string): Promise<boolean> {
+  return (await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [name])).rows[0]!.e;
+}

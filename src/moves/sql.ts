@@ -1,5 +1,7 @@
-import { CONTROL } from '../fleet/control.js';
+import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
+import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { loadSqlTemplate, renderSql } from '../pg/template.js';
 
 /**
  * The SQL a move sends, one pure function per statement or transaction, so each can be read and
@@ -8,6 +10,31 @@ import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 
 export function qualified(schema: string, table: string): string {
   return `${quoteIdent(schema)}.${quoteIdent(table)}`;
+}
+
+/** A table by schema and name (a ShardTable of catalog.ts, or anything with these two). */
+export interface TableName {
+  readonly schema: string;
+  readonly table: string;
+}
+
+/** A table with its replica-identity key columns and their types (catalog.ts, KeyedTable). */
+export interface KeyedTableName {
+  readonly table: TableName;
+  readonly columns: readonly string[];
+  readonly types: readonly string[];
+}
+
+/** A trigger on a table, as catalog.ts reads it. */
+export interface TriggerName {
+  readonly schema: string;
+  readonly table: string;
+  readonly trigger: string;
+}
+
+/** SET LOCAL lock_timeout, in whole ms (at least 1: 0 would mean no limit). */
+export function lockTimeoutSql(ms: number): string {
+  return `SET LOCAL lock_timeout = '${Math.max(1, Math.round(ms))}ms';`;
 }
 
 /** The shard's tables (every schema of the shard) and this move's marker rows, replicated to the target. */
@@ -175,7 +202,12 @@ export function unfenceSql(
  * disabled, and the next fence replaces it.
  */
 export function dropFenceTriggerSql(schema: string, table: string): string {
-  return `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS shardctl_fence ON ${qualified(schema, table)};\nCOMMIT;`;
+  return dropTriggerIfFreeSql(schema, table, 'shardctl_fence');
+}
+
+/** A trigger dropped only if its table is free now (lock_timeout 1 ms): no statement queues behind the drop. */
+export function dropTriggerIfFreeSql(schema: string, table: string, trigger: string): string {
+  return `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS ${quoteIdent(trigger)} ON ${qualified(schema, table)};\nCOMMIT;`;
 }
 
 /** A sequence's state, as read from the sequence itself (pg_sequences hides a setval(..., false)). */
@@ -610,3 +642,111 @@ export const RUNNING_MOVES_SQL =
   `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
       WHERE status = 'running' AND ($1::int[] IS NULL OR shards && $1::int[])
       ORDER BY started_at, move_id`;
+
+// The verification's tail (tail.ts): tracking on the target, change logs on both hosts.
+
+/** The triggers recording the keys a write touches on the target during a cut-over (tail.ts). */
+export const TRACK_TRIGGERS = ['shardctl_track', 'shardctl_track_truncate'] as const;
+const [TRACK_TRIGGER, TRACK_TRUNCATE_TRIGGER] = TRACK_TRIGGERS;
+
+/** The tracking table and function, and triggers on `tables` recording this move's changes (one transaction). */
+export function startTrackingSql(moveId: string, tables: readonly KeyedTableName[]): string {
+  const fn = `${CONTROL}.move_track`;
+  return [
+    'BEGIN;',
+    "SET LOCAL lock_timeout = '5s';",
+    // Moves into the same target (from several sources at once) would race on CREATE OR REPLACE.
+    TRACKING_LOCK_SQL,
+    renderSql(loadSqlTemplate('move_tracking.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    `DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`,
+    ...tables.flatMap(({ table, columns }) => {
+      const name = qualified(table.schema, table.table);
+      const args = [moveId, ...columns].map(quoteLiteral).join(', ');
+      return [
+        `CREATE OR REPLACE TRIGGER ${TRACK_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
+        `CREATE OR REPLACE TRIGGER ${TRACK_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${quoteLiteral(moveId)});`,
+        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${TRACK_TRIGGER}, ENABLE ALWAYS TRIGGER ${TRACK_TRUNCATE_TRIGGER};`,
+      ];
+    }),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** The tracking triggers `triggers` dropped and this move's recorded keys gone (when their table exists), in one transaction. */
+export function stopTrackingSql(moveId: string, triggers: readonly TriggerName[], changesExist: boolean): string {
+  return [
+    'BEGIN;',
+    "SET LOCAL lock_timeout = '5s';",
+    ...triggers.map((r) => `DROP TRIGGER IF EXISTS ${quoteIdent(r.trigger)} ON ${qualified(r.schema, r.table)};`),
+    ...(changesExist ? [`DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`] : []),
+    'COMMIT;',
+  ].join('\n');
+}
+
+const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
+
+/**
+ * The change log and its triggers on `tables`, with each table's checksum method (one
+ * transaction). On the source the CREATE TRIGGERs wait for the tables' writers: `lockWaitMs`
+ * bounds that wait like the fence's (see fenceSql), and the caller retries.
+ */
+export function startDeltasSql(moveId: string, tables: readonly { readonly table: TableName; readonly method: 'record' | 'text' }[], lockWaitMs: number): string {
+  const fn = `${CONTROL}.move_delta`;
+  return [
+    'BEGIN;',
+    lockTimeoutSql(lockWaitMs),
+    TRACKING_LOCK_SQL,
+    renderSql(loadSqlTemplate('move_deltas.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    `DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`,
+    ...tables.flatMap(({ table, method }) => {
+      const name = qualified(table.schema, table.table);
+      const args = [moveId, method].map(quoteLiteral).join(', ');
+      return [
+        `CREATE OR REPLACE TRIGGER ${DELTA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
+        `CREATE OR REPLACE TRIGGER ${DELTA_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${args});`,
+        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${DELTA_TRIGGER}, ENABLE ALWAYS TRIGGER ${DELTA_TRUNCATE_TRIGGER};`,
+      ];
+    }),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** The change-log triggers `enabled` disabled and this move's log entries gone (when the log exists), in one transaction. */
+export function disableDeltasSql(moveId: string, enabled: readonly TriggerName[], logExists: boolean, lockWaitMs: number): string {
+  return [
+    'BEGIN;',
+    lockTimeoutSql(lockWaitMs),
+    ...enabled.map((r) => `ALTER TABLE ${qualified(r.schema, r.table)} DISABLE TRIGGER ${quoteIdent(r.trigger)};`),
+    ...(logExists ? [`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`] : []),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
+export const TAIL_MAX_KEYS = 100_000;
+
+/** The sums of move $1's change log on one host, by table: every entry, and those after its last TRUNCATE. */
+export const READ_LOG_SUMS_SQL = `SELECT schema_name, table_name, max(truncated_at)::text AS truncated_at, count(*)::text AS entries,
+            coalesce(sum(sign), 0)::text AS rows, coalesce(sum(sign * hash::numeric), 0)::text AS checksum,
+            coalesce(sum(sign) FILTER (WHERE seq > truncated_at), 0)::text AS rows_after,
+            coalesce(sum(sign * hash::numeric) FILTER (WHERE seq > truncated_at), 0)::text AS checksum_after
+       FROM (SELECT *, max(seq) FILTER (WHERE sign = 0) OVER (PARTITION BY schema_name, table_name) AS truncated_at
+               FROM ${CONTROL}.move_deltas WHERE move_id = $1) d
+      GROUP BY 1, 2`;
+
+/** The keys recorded for move $1 by table (as JSON while at most $2 of them), and whether it was truncated. */
+export const READ_CHANGES_SQL = `SELECT schema_name, table_name, bool_or(key IS NULL) AS truncated, count(DISTINCT key)::text AS keys,
+            CASE WHEN count(DISTINCT key) <= $2 THEN jsonb_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL)::text END AS keys_json
+       FROM ${CONTROL}.move_changes WHERE move_id = $1 GROUP BY 1, 2`;
+
+/**
+ * SQL condition: the row `t` of `table` has one of the keys in the JSON array `param` (a
+ * placeholder like $1). The keys are read back with their columns' types (built-in types, from the
+ * catalog), so the lookup can use the key's index; not through the table's row type, whose other
+ * columns would be NULL (a domain NOT NULL refuses that).
+ */
+export function keyFilterSql(keyed: KeyedTableName, param: string): string {
+  const columns = keyed.columns.map(quoteIdent);
+  const definitions = columns.map((c, i) => `${c} ${keyed.types[i]!}`).join(', ');
+  return `(${columns.map((c) => `t.${c}`).join(', ')}) IN (SELECT ${columns.map((c) => `k.${c}`).join(', ')} FROM jsonb_to_recordset(${param}::jsonb) AS k(${definitions}))`;
+}

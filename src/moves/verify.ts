@@ -1,8 +1,8 @@
 import type pg from 'pg';
 import { quoteLiteral } from '../pg/quote.js';
 import { shardTables, type KeyedTable, type ShardTable } from './catalog.js';
-import { qualified } from './sql.js';
-import { fromLog, keyFilterSql, readLogSums, TAIL_MAX_KEYS, type LogSums, type TableChanges } from './tail.js';
+import { keyFilterSql, qualified, TAIL_MAX_KEYS } from './sql.js';
+import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**

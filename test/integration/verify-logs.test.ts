@@ -10,7 +10,8 @@ import { init } from '../../src/index.js';
 import { runTransaction } from '../../src/pg/quiet.js';
 import { shardTables } from '../../src/moves/catalog.js';
 import { endPreVerification, hashMethods, preVerify, verifyShards } from '../../src/moves/verify.js';
-import { startDeltasSql, stopDeltas } from '../../src/moves/tail.js';
+import { startDeltasSql } from '../../src/moves/sql.js';
+import { stopDeltas } from '../../src/moves/tail.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases } from '../helpers/hosts.js';
 
