@@ -201,18 +201,6 @@ export const REBUILDABLE_INDEXES_SQL =
 export const SHARD_SEQUENCES_SQL =
   `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`;
 
-/** The fence triggers on the tables of schemas $1, enabled or not. */
-export const FENCE_TRIGGERS_SQL =
-  `SELECT n.nspname, c.relname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname = 'shardctl_fence' AND n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')`;
-
-/** The tables of schemas $1 with an enabled trigger named in $2. */
-export const ENABLED_TRIGGERS_SQL =
-  `SELECT DISTINCT n.nspname, c.relname FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname = ANY($2::text[]) AND t.tgenabled <> 'D' AND n.nspname = ANY($1::text[])`;
-
 /** The materialized views of schemas $1. */
 export const MATERIALIZED_VIEWS_SQL =
   `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`;

@@ -9,9 +9,8 @@ import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
-import { quoteIdent } from '../pg/quote.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
-import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject, APPLIED_VERSIONS_SQL, XID_HOLDERS_SQL } from './sql.js';
+import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject, APPLIED_VERSIONS_SQL, XID_HOLDERS_SQL, BACKEND_PID_SQL, TERMINATE_BACKEND_SQL, setTransactionSnapshotSql, REPLICA_ROLE_SQL, nonEmptyTablesSql, truncateSql, copyOutSql, copyInSql, dropIndexForCopySql, rebuildIndexSql, type RebuildableIndex } from './sql.js';
 import { shardPrivileges, shardTables, type ShardTable, EXISTING_SCHEMAS_SQL, REBUILDABLE_INDEXES_SQL } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { concurrency, withWorkers } from './workers.js';
@@ -165,7 +164,7 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
  * (the step is not recorded: --resume tries again).
  */
 async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Promise<string> {
-  const pid = Number((await replication.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid);
+  const pid = Number((await replication.query<{ pid: number }>(BACKEND_PID_SQL)).rows[0]!.pid);
   const limit = ctx.options.waitTimeoutMs ?? 300_000;
   const started = performance.now();
   let done = false;
@@ -186,7 +185,7 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
     const waited = Math.round((performance.now() - started) / 1000);
     if (performance.now() - started > limit) {
       // Cancels the slot's creation; a backend that has ended already needs no cancelling.
-      await ctx.source.client.query('SELECT pg_terminate_backend($1)', [pid]).catch(() => undefined);
+      await ctx.source.client.query(TERMINATE_BACKEND_SQL, [pid]).catch(() => undefined);
       // It fails with the termination just sent: the timeout below is what is reported.
       await creating.catch(() => undefined);
       throw new HostError(
@@ -241,7 +240,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
       writer = await openWorker(target.host, 'shardctl move copy');
       await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
-      if (snapshot) await reader.query(`SET TRANSACTION SNAPSHOT '${snapshot.replaceAll("'", "''")}'`);
+      if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
       while (failed === null && next < byShard.length) {
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
         try {
@@ -292,24 +291,23 @@ async function copyStreams(): Promise<typeof copyStreamsModule> {
 async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly ShardTable[], sameMajor: boolean, large: ReadonlySet<string>): Promise<void> {
   const { to, from } = await copyStreams();
   await writer.query('BEGIN');
-  // Foreign keys between the shard's tables must not depend on the copy order (superusers only).
   await writer.query('SAVEPOINT replica_role');
   // Refused without superuser: the savepoint undoes the failed SET and the copy goes on without it.
-  await writer.query('SET LOCAL session_replication_role = replica').catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
+  await writer.query(REPLICA_ROLE_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
   // Only tables holding rows (seeded by a migration, or a copy redone) are truncated: a TRUNCATE
   // creates and later unlinks new files for the table and each index, ~3 ms a table.
   if (tables.length > 0) {
     const names = tables.map((t) => qualified(t.schema, t.table));
-    const filled = await writer.query<Record<string, boolean>>(`SELECT ${names.map((name, i) => `EXISTS (SELECT FROM ${name}) AS "${i}"`).join(', ')}`);
+    const filled = await writer.query<Record<string, boolean>>(nonEmptyTablesSql(names));
     const truncate = names.filter((_, i) => filled.rows[0]![String(i)]);
-    if (truncate.length > 0) await writer.query(`TRUNCATE ${truncate.join(', ')}`);
+    if (truncate.length > 0) await writer.query(truncateSql(truncate));
   }
   const rebuild = await dropIndexesForCopy(writer, tables.map((t) => qualified(t.schema, t.table)).filter((name) => large.has(name)));
   for (const t of tables) {
     const name = qualified(t.schema, t.table);
-    const format = sameMajor && t.portable ? ' (FORMAT binary)' : '';
-    const out = reader.query(to(`COPY ${name} TO STDOUT${format}`));
-    const into = writer.query(from(`COPY ${name} FROM STDIN${format}`));
+    const binary = sameMajor && t.portable;
+    const out = reader.query(to(copyOutSql(name, binary)));
+    const into = writer.query(from(copyInSql(name, binary)));
     await pipeline(out, into);
   }
   for (const sql of rebuild) await writer.query(sql);
@@ -329,12 +327,11 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
  */
 async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]): Promise<string[]> {
   if (tables.length === 0) return [];
-  const result = await writer.query<{ index_name: string; table_name: string; conname: string | null; indexdef: string; condef: string | null }>(
+  const result = await writer.query<RebuildableIndex>(
     REBUILDABLE_INDEXES_SQL,
     [tables],
   );
   if (result.rows.length === 0) return [];
-  const drop = result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ${r.table_name} DROP CONSTRAINT ${quoteIdent(r.conname)};` : `DROP INDEX ${r.index_name};`));
-  await writer.query(drop.join('\n'));
-  return result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ONLY ${r.table_name} ADD CONSTRAINT ${quoteIdent(r.conname)} ${r.condef}` : r.indexdef));
+  await writer.query(result.rows.map(dropIndexForCopySql).join('\n'));
+  return result.rows.map(rebuildIndexSql);
 }

@@ -6,10 +6,10 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
-import { DELTA_TRIGGERS, startDeltasSql, startTrackingSql, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue, ACTIVE_SHARDS_SQL, DEADLOCK_TIMEOUT_SQL, FENCED_SHARDS_SQL, LOCK_HOLDERS_SQL } from './sql.js';
+import { DELTA_TRIGGERS, FENCE_TRIGGER, startDeltasSql, startTrackingSql, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue, ACTIVE_SHARDS_SQL, DEADLOCK_TIMEOUT_SQL, FENCED_SHARDS_SQL, LOCK_HOLDERS_SQL, statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
-import { keyedTables, shardTables, type ShardTable, ENABLED_TRIGGERS_SQL, FENCE_TRIGGERS_SQL, SHARD_SEQUENCES_SQL } from './catalog.js';
+import { keyedTables, shardTables, shardTriggers, type ShardTable, SHARD_SEQUENCES_SQL } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
 import { readChanges, stopDeltas, stopTracking } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
@@ -151,7 +151,7 @@ export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Pr
   const remaining = fenceRemainingMs(ctx);
   if (remaining <= 0) return stopCutOver(ctx, what);
   const clients = [ctx.source.client, ctx.target.client, ...also];
-  await Promise.all(clients.map((c) => c.query(`SET statement_timeout = ${Math.max(1, Math.ceil(remaining))}`)));
+  await Promise.all(clients.map((c) => c.query(statementTimeoutSql(remaining))));
   try {
     return await fn();
   } catch (error) {
@@ -163,7 +163,7 @@ export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Pr
   } finally {
     // Back to the server's default for the session (the move sets no other).
     // A connection that cannot reset is broken: the move's next statement on it fails and says so.
-    await Promise.all(clients.map((c) => c.query('RESET statement_timeout').catch(() => undefined)));
+    await Promise.all(clients.map((c) => c.query(RESET_STATEMENT_TIMEOUT_SQL).catch(() => undefined)));
   }
 }
 
@@ -478,21 +478,18 @@ const UNFENCE_LIMIT_MS = 5_000;
  * transaction must not hold the unfence without limit. Past `limitMs` it gives up, naming the holders.
  */
 async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UNFENCE_LIMIT_MS): Promise<void> {
-  const triggers = await ctx.source.client.query<{ nspname: string; relname: string; enabled: boolean }>(
-    FENCE_TRIGGERS_SQL,
-    [schemasOf(ctx, shards)],
-  );
+  const schemas = schemasOf(ctx, shards);
+  const triggers = await shardTriggers(ctx.source.client, schemas, [FENCE_TRIGGER]);
   // A change log still on (a killed run's, or one whose removal could not wait): off with the fence.
-  const logged = await ctx.source.client.query<{ nspname: string; relname: string }>(
-    ENABLED_TRIGGERS_SQL,
-    [schemasOf(ctx, shards), DELTA_TRIGGERS],
+  const logged = (await shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS)).filter(
+    (t, i, all) => t.enabled && all.findIndex((o) => o.enabled && o.schema === t.schema && o.table === t.table) === i,
   );
   const lockWaitMs = await lockWaitFor(ctx);
   const started = performance.now();
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
-    const own = triggers.rows.filter((t) => t.nspname === schema && t.enabled).map((t) => [t.nspname, t.relname] as const);
-    const ownLogged = logged.rows.filter((t) => t.nspname === schema).map((t) => [t.nspname, t.relname] as const);
+    const own = triggers.filter((t) => t.schema === schema && t.enabled).map((t) => [t.schema, t.table] as const);
+    const ownLogged = logged.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
     for (;;) {
       try {
         await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs, ownLogged));
@@ -516,7 +513,7 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
   // Writable already; the disabled triggers go where no application statement has to wait for it.
   // A disabled trigger refuses nothing: one a busy table keeps is harmless, and the shard's next fence takes
   // it over (fenceSql).
-  for (const t of triggers.rows) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.nspname, t.relname)).catch(() => undefined);
+  for (const t of triggers) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.schema, t.table)).catch(() => undefined);
 }
 
 /**

@@ -5,7 +5,7 @@ import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql, SHARD_SCHEMA_NAMES_SQL } from './sql.js';
+import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql, SHARD_SCHEMA_NAMES_SQL, RESET_SYNCHRONOUS_COMMIT_SQL } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, schemasOf } from './context.js';
@@ -169,7 +169,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     }
   } finally {
     // Only the session's commit mode: on a broken connection the flush below fails and says so.
-    await source.client.query('RESET synchronous_commit').catch(() => undefined);
+    await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
   }
   await source.client.query(DURABLE_FLUSH_SQL);
   const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(

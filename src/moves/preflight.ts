@@ -6,12 +6,12 @@ import type pg from 'pg';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { CONTROL, controlTableExists } from '../fleet/control.js';
+import { controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
-import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed, APPLIED_CHECKSUMS_SQL, REPLICATION_SETTINGS_SQL, ROLES_SQL, RUNNING_MOVES_OF_SQL, SOURCE_SHARD_STATES_SQL } from './sql.js';
+import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed, APPLIED_CHECKSUMS_SQL, REPLICATION_SETTINGS_SQL, ROLES_SQL, RUNNING_MOVES_OF_SQL, SOURCE_SHARD_STATES_SQL, targetShardStatesSql, CURRENT_USER_SQL } from './sql.js';
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
 import { inflect } from '../text.js';
@@ -81,9 +81,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
 
   const targetInitialised = await controlTableExists(dst, 'shards');
   const onTarget = await dst.query<{ shard: number; exists: boolean; state: string | null }>(
-    `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists,
-            ${targetInitialised ? `(SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard)` : 'NULL::text'} AS state
-       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`,
+    targetShardStatesSql(targetInitialised),
     [shards, schemas],
   );
   const oldCopies = onTarget.rows.filter((r) => r.state === 'fenced').map((r) => r.shard);
@@ -259,7 +257,7 @@ async function roleChecks(
   };
   const missing = all.filter((role) => !present.has(role));
   const cannotGive = owners.filter((role) => present.get(role) === false);
-  const current = (await dst.query<{ current: string }>('SELECT current_user AS current')).rows[0]!.current;
+  const current = (await dst.query<{ current: string }>(CURRENT_USER_SQL)).rows[0]!.current;
   return [
     {
       name: 'roles on target',

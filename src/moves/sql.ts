@@ -166,6 +166,9 @@ export function fenceMarkerSql(moveId: string, marker: string, fenceStartedAtMs:
   ].join('\n');
 }
 
+/** The trigger of the fence (fenceSql) on every table of a fenced shard. */
+export const FENCE_TRIGGER = 'shardctl_fence';
+
 /** The triggers of a move's change logs (src/moves/tail.ts), on a table without a usable key. */
 export const DELTA_TRIGGERS = ['shardctl_delta', 'shardctl_delta_truncate'] as const;
 
@@ -202,7 +205,7 @@ export function unfenceSql(
  * disabled, and the next fence replaces it.
  */
 export function dropFenceTriggerSql(schema: string, table: string): string {
-  return dropTriggerIfFreeSql(schema, table, 'shardctl_fence');
+  return dropTriggerIfFreeSql(schema, table, FENCE_TRIGGER);
 }
 
 /** A trigger dropped only if its table is free now (lock_timeout 1 ms): no statement queues behind the drop. */
@@ -749,4 +752,147 @@ export function keyFilterSql(keyed: KeyedTableName, param: string): string {
   const columns = keyed.columns.map(quoteIdent);
   const definitions = columns.map((c, i) => `${c} ${keyed.types[i]!}`).join(', ');
   return `(${columns.map((c) => `t.${c}`).join(', ')}) IN (SELECT ${columns.map((c) => `k.${c}`).join(', ')} FROM jsonb_to_recordset(${param}::jsonb) AS k(${definitions}))`;
+}
+
+// The verification (verify.ts): checksums of both copies.
+
+/** How a table's rows are hashed for its checksum (verify.ts, hashMethods). */
+export type HashMethod = 'record' | 'text';
+
+export const HASH_SQL: Record<HashMethod, string> = {
+  // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
+  // across versions): several times faster than hashing the row's text, and verification runs
+  // while writes are fenced. PostgreSQL 14 and later; built-in types only (see ShardTable.portable).
+  record: 'hash_record_extended(t, 0)',
+  // The row's text: enums by label, reg* by name, whatever their OIDs on each host.
+  text: 'hashtextextended(t::text, 0)',
+};
+
+/**
+ * The text form of a row depends on session settings (time zone, date style, float digits): fixed
+ * here on both sessions so that equal rows give equal text on both hosts.
+ */
+export const STABLE_TEXT_SETTINGS =
+  "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
+
+/** Fails (42883) when a column type of `table` has no extended hash function: then its rows are hashed as text. */
+export function hashProbeSql(table: TableName): string {
+  return `SELECT ${HASH_SQL.record} FROM ${qualified(table.schema, table.table)} t LIMIT 0`;
+}
+
+/** One table's count and checksum: every row, or only the rows whose key is in a JSON array of keys. */
+export interface ChecksumSql {
+  readonly table: TableName;
+  readonly method: HashMethod;
+  readonly keys?: { readonly keyed: KeyedTableName; readonly json: string };
+}
+
+/** Counts and checksums of many tables (or key subsets of them) in one statement, row i for query i; the key arrays are its parameters. */
+export function checksumsSql(queries: readonly ChecksumSql[]): { sql: string; params: string[] } {
+  const params: string[] = [];
+  const sql = queries
+    .map(({ table: t, method, keys }, i) => {
+      const where = keys ? ` WHERE ${keyFilterSql(keys.keyed, `$${params.push(keys.json)}`)}` : '';
+      return `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
+    })
+    .join('\nUNION ALL ');
+  return { sql: `${sql}\nORDER BY 1`, params };
+}
+
+/** The snapshot of this transaction, for others to import. */
+export const EXPORT_SNAPSHOT_SQL = 'SELECT pg_export_snapshot() AS snapshot';
+
+/** The first statement of a REPEATABLE READ transaction that reads as of an exported snapshot. */
+export function setTransactionSnapshotSql(snapshot: string): string {
+  return `SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`;
+}
+
+// Sessions and connections of a move.
+
+/** This session's backend pid. */
+export const BACKEND_PID_SQL = 'SELECT pg_backend_pid() AS pid';
+
+/** Ends backend $1 (the slot's creation cancelled; a walsender that holds a slot). */
+export const TERMINATE_BACKEND_SQL = 'SELECT pg_terminate_backend($1)';
+
+/** Slot $1 dropped (fails while a walsender holds it). */
+export const DROP_SLOT_SQL = 'SELECT pg_drop_replication_slot($1)';
+
+/** A statement timeout for the session, in ms (see underFence). */
+export function statementTimeoutSql(ms: number): string {
+  return `SET statement_timeout = ${Math.max(1, Math.ceil(ms))}`;
+}
+
+export const RESET_STATEMENT_TIMEOUT_SQL = 'RESET statement_timeout';
+
+export const RESET_SYNCHRONOUS_COMMIT_SQL = 'RESET synchronous_commit';
+
+export const CURRENT_USER_SQL = 'SELECT current_user AS current';
+
+/**
+ * The publications, subscriptions and slots named like a move's (shardctl_move_<id>) that no
+ * running move accounts for; `movesRecorded`: the host has the control schema's moves table.
+ */
+export function leftoverReplicationSql(movesRecorded: boolean): string {
+  const running = movesRecorded ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'` : `SELECT NULL::text WHERE false`;
+  return `SELECT kind, name FROM (
+        SELECT 'publication' AS kind, pubname::text AS name FROM pg_publication
+        UNION ALL SELECT 'subscription', subname::text FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+        UNION ALL SELECT 'slot', slot_name::text FROM pg_replication_slots WHERE database = current_database()
+      ) o
+      WHERE name LIKE 'shardctl\\_move\\_%' AND name NOT IN (${running})
+      ORDER BY kind, name`;
+}
+
+/**
+ * Shards $1 with schemas $2 on the target: whether each schema exists, and its control state
+ * (none where the target has no control schema yet: `initialised` false).
+ */
+export function targetShardStatesSql(initialised: boolean): string {
+  return `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists,
+            ${initialised ? `(SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard)` : 'NULL::text'} AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
+}
+
+// The copy (copy.ts).
+
+/** Foreign keys between a shard's tables must not depend on the copy order (superusers only). */
+export const REPLICA_ROLE_SQL = 'SET LOCAL session_replication_role = replica';
+
+/** One row: column i tells whether table i (quoted) holds any row. */
+export function nonEmptyTablesSql(tables: readonly string[]): string {
+  return `SELECT ${tables.map((name, i) => `EXISTS (SELECT FROM ${name}) AS "${i}"`).join(', ')}`;
+}
+
+export function truncateSql(tables: readonly string[]): string {
+  return `TRUNCATE ${tables.join(', ')}`;
+}
+
+/** The COPY out of the source (`table` quoted); binary only where both ends read it alike. */
+export function copyOutSql(table: string, binary: boolean): string {
+  return `COPY ${table} TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+export function copyInSql(table: string, binary: boolean): string {
+  return `COPY ${table} FROM STDIN${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+/** An index that can be built again exactly (catalog.ts, REBUILDABLE_INDEXES_SQL). */
+export interface RebuildableIndex {
+  /** Quoted and qualified. */
+  readonly index_name: string;
+  readonly table_name: string;
+  readonly conname: string | null;
+  readonly indexdef: string;
+  readonly condef: string | null;
+}
+
+/** The drop of an index, or of the constraint that owns it. */
+export function dropIndexForCopySql(index: RebuildableIndex): string {
+  return index.conname !== null ? `ALTER TABLE ${index.table_name} DROP CONSTRAINT ${quoteIdent(index.conname)};` : `DROP INDEX ${index.index_name};`;
+}
+
+/** The index (or its constraint) built again, as it was. */
+export function rebuildIndexSql(index: RebuildableIndex): string {
+  return index.conname !== null ? `ALTER TABLE ONLY ${index.table_name} ADD CONSTRAINT ${quoteIdent(index.conname)} ${index.condef}` : index.indexdef;
 }

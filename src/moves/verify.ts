@@ -1,7 +1,6 @@
 import type pg from 'pg';
-import { quoteLiteral } from '../pg/quote.js';
 import { shardTables, type KeyedTable, type ShardTable } from './catalog.js';
-import { keyFilterSql, qualified, TAIL_MAX_KEYS } from './sql.js';
+import { TAIL_MAX_KEYS, checksumsSql, EXPORT_SNAPSHOT_SQL, hashProbeSql, setTransactionSnapshotSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
@@ -10,23 +9,7 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
  * computed on both hosts at once (the tables themselves are read in catalog.ts).
  */
 
-export type HashMethod = 'record' | 'text';
-
-const HASH_SQL: Record<HashMethod, string> = {
-  // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
-  // across versions): several times faster than hashing the row's text, and verification runs
-  // while writes are fenced. PostgreSQL 14 and later; built-in types only (see ShardTable.portable).
-  record: 'hash_record_extended(t, 0)',
-  // The row's text: enums by label, reg* by name, whatever their OIDs on each host.
-  text: 'hashtextextended(t::text, 0)',
-};
-
-/**
- * The text form of a row depends on session settings (time zone, date style, float digits): fixed
- * here on both sessions so that equal rows give equal text on both hosts.
- */
-const STABLE_TEXT_SETTINGS =
-  "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
+export type { HashMethod };
 
 /** The checksum method of each table: the record hash where it is OID-free and available, else text. */
 export async function hashMethods(source: pg.Client, tables: readonly ShardTable[], recordHash: boolean): Promise<Map<string, HashMethod>> {
@@ -36,7 +19,7 @@ export async function hashMethods(source: pg.Client, tables: readonly ShardTable
     if (method === 'record') {
       // A column type without an extended hash function (json, point, ...) makes the record hash fail.
       try {
-        await source.query(`SELECT ${HASH_SQL.record} FROM ${qualified(t.schema, t.table)} t LIMIT 0`);
+        await source.query(hashProbeSql(t));
       } catch (error) {
         if ((error as { code?: string }).code !== '42883') throw error;
         method = 'text';
@@ -62,14 +45,8 @@ interface ChecksumQuery {
 /** Counts and checksums of many tables (or key subsets of them) in one round trip. */
 async function checksums(client: pg.Client, queries: readonly ChecksumQuery[], methods: ReadonlyMap<string, HashMethod>): Promise<TableChecksum[]> {
   if (queries.length === 0) return [];
-  const params: string[] = [];
-  const sql = queries
-    .map(({ table: t, keys }, i) => {
-      const where = keys ? ` WHERE ${keyFilterSql(keys.keyed, `$${params.push(keys.json)}`)}` : '';
-      return `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[methods.get(`${t.schema}.${t.table}`) ?? 'text']}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
-    })
-    .join('\nUNION ALL ');
-  const result = await client.query<{ i: number; rows: string; checksum: string }>(`${sql}\nORDER BY 1`, params);
+  const { sql, params } = checksumsSql(queries.map(({ table, keys }) => ({ table, method: methods.get(`${table.schema}.${table.table}`) ?? 'text', ...(keys ? { keys } : {}) })));
+  const result = await client.query<{ i: number; rows: string; checksum: string }>(sql, params);
   return result.rows.map((r) => ({ rows: BigInt(r.rows), checksum: r.checksum }));
 }
 
@@ -109,14 +86,14 @@ export async function preVerify(
   const exportSnapshot = async (holder: pg.Client): Promise<string> => {
     await holder.query(STABLE_TEXT_SETTINGS);
     await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
-    return (await holder.query<{ snapshot: string }>('SELECT pg_export_snapshot() AS snapshot')).rows[0]!.snapshot;
+    return (await holder.query<{ snapshot: string }>(EXPORT_SNAPSHOT_SQL)).rows[0]!.snapshot;
   };
   const [sourceSnapshot, targetSnapshot] = await Promise.all([exportSnapshot(holders.source), exportSnapshot(holders.target)]);
   const tables = [...keyed.map((k) => k.table), ...logged.tables];
   const queries = tables.map((table) => ({ table }));
   const atSnapshot = async (client: pg.Client, snapshot: string): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
-    await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`);
+    await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
     try {
       const sums = await checksums(client, queries, methods);
       const logs = logged.tables.length > 0 ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
