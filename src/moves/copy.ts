@@ -11,7 +11,7 @@ import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject, APPLIED_VERSIONS_SQL, XID_HOLDERS_SQL, BACKEND_PID_SQL, TERMINATE_BACKEND_SQL, setTransactionSnapshotSql, REPLICA_ROLE_SQL, nonEmptyTablesSql, truncateSql, copyOutSql, copyInSql, dropIndexForCopySql, rebuildIndexSql, type RebuildableIndex } from './sql.js';
-import { shardPrivileges, shardTables, type ShardTable, EXISTING_SCHEMAS_SQL, REBUILDABLE_INDEXES_SQL } from './catalog.js';
+import { largeTables, shardPrivileges, shardTables, type ShardTable, EXISTING_SCHEMAS_SQL, REBUILDABLE_INDEXES_SQL } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
@@ -228,7 +228,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
   const schemas = schemasOf(ctx, shards);
   const tables = await shardTables(source.client, schemas, 'leaves');
   const sameMajor = sameMajorVersion(ctx);
-  const large = await largeTables(source.client, schemas);
+  const large = await largeTables(source.client, schemas, INDEXES_AFTER_BYTES);
   const byShard = shards.map((shard) => ({ shard, tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)) }));
   let next = 0;
   let failed: unknown = null;
@@ -272,16 +272,6 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
  * creating them costs more than it saves (bench/move-batch.js, docs/benchmarks.md).
  */
 export const INDEXES_AFTER_BYTES = 4 * 1024 * 1024;
-
-/** The tables of these schemas (schema.table, quoted) of at least INDEXES_AFTER_BYTES on the source. */
-async function largeTables(source: pg.Client, schemas: readonly string[]): Promise<Set<string>> {
-  const result = await source.query<{ schema: string; table: string }>(
-    `SELECT n.nspname AS schema, c.relname AS table FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r' AND pg_relation_size(c.oid) >= $2`,
-    [schemas, INDEXES_AFTER_BYTES],
-  );
-  return new Set(result.rows.map((r) => qualified(r.schema, r.table)));
-}
 
 /** pg-copy-streams is loaded by the first copy, not by every command that loads the library. */
 async function copyStreams(): Promise<typeof copyStreamsModule> {
