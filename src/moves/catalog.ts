@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { qualified, type AclEntry, type PrivilegeKind, type PrivilegeObject, type TriggerName } from './sql.js';
+import { qualified, type AclEntry, type KeyedTableName, type PrivilegeKind, type PrivilegeObject, type TableName, type TriggerName } from './sql.js';
 
 /**
  * The catalog reads of a move: what a shard schema holds (its tables, keys, grants, sequences,
@@ -8,9 +8,7 @@ import { qualified, type AclEntry, type PrivilegeKind, type PrivilegeObject, typ
  */
 
 /** A table of a shard schema. */
-export interface ShardTable {
-  readonly schema: string;
-  readonly table: string;
+export interface ShardTable extends TableName {
   /**
    * Every column's type is built in (not user-defined, not a domain, array or composite of one) and
    * not an OID alias (regclass, regtype, ...). Only such tables travel in binary COPY and binary
@@ -130,13 +128,9 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
 
 
 /** A table whose tail can be verified by key: its replica-identity key columns and their types. */
-export interface KeyedTable {
+export interface KeyedTable extends KeyedTableName {
   readonly table: ShardTable;
-  readonly columns: readonly string[];
-  /** format_type() of each key column (built-in types only, see EXACT_KEY_TYPES). */
-  readonly types: readonly string[];
 }
-
 
 /**
  * Key types whose JSON form (to_jsonb) reads back to the same value (jsonb_to_recordset): the

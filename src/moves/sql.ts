@@ -4,8 +4,10 @@ import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 
 /**
- * The SQL a move sends, one pure function per statement or transaction, so each can be read and
- * unit-tested as text. The step logic in move.ts decides when; these decide what.
+ * The SQL a move sends, one pure function or named constant per statement or transaction, so each
+ * can be read and unit-tested as text. The steps decide when; these decide what. Elsewhere in
+ * moves/ are only the catalog reads (catalog.ts) and transaction control (BEGIN, COMMIT, ROLLBACK,
+ * SAVEPOINT) written where the transaction is.
  */
 
 export function qualified(schema: string, table: string): string {
@@ -22,6 +24,7 @@ export interface TableName {
 export interface KeyedTableName {
   readonly table: TableName;
   readonly columns: readonly string[];
+  /** format_type() of each key column (built-in types only, see EXACT_KEY_TYPES in catalog.ts). */
   readonly types: readonly string[];
 }
 
