@@ -6,7 +6,7 @@ import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql, SHARD_SCHEMA_NAMES_SQL, RESET_SYNCHRONOUS_COMMIT_SQL } from './sql.js';
-import { stepsFor, type MoveStep } from './state.js';
+import { stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, schemasOf } from './context.js';
 import { record } from './progress.js';
@@ -130,16 +130,21 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
   await requireNotSwitched(ctx, step);
   // This process's snapshots of a verification begun before the fence (the logs go with the fence's undo).
   await dropPreVerification(ctx);
-  const steps = stepsFor(ctx.mode);
-  const done = new Set<StepAction>();
-  for (const s of steps.slice(0, steps.indexOf(step) + 2).reverse()) {
-    for (const undo of STEPS[s].undo) {
-      if (done.has(undo)) continue;
-      done.add(undo);
-      await undo(ctx);
-    }
-  }
+  for (const undo of undosAfter(ctx.mode, step)) await undo(ctx);
   await record(ctx, step, 'aborted');
+}
+
+/**
+ * The undos abortMove runs for a move recorded at `step`, in order: those of the steps up to it and
+ * of the next (which a crash may have cut off half done), the latest step first, each undo once.
+ */
+export function undosAfter(mode: MoveMode, step: MoveStep): StepAction[] {
+  const steps = stepsFor(mode);
+  const undos = steps
+    .slice(0, steps.indexOf(step) + 2)
+    .reverse()
+    .flatMap((s) => STEPS[s].undo);
+  return undos.filter((undo, i) => undos.indexOf(undo) === i);
 }
 
 /**
