@@ -28,9 +28,9 @@ import {
  * The move engine: the steps of moving a batch of logical shards from one host to another, online
  * (logical replication) or offline (COPY with writes fenced), each recorded on both hosts once
  * done, so a move cut off at any point is finished (runSteps from the last recorded step) or undone
- * (abortMove: each step's undo beside its action in STEPS). A single shard is a batch of one. Online, the cut-over runs in waves (see planWaves)
- * so that no shard refuses writes for long. The entry (run.ts) connects, runs the preflight and
- * decides which of these to call.
+ * (abortMove: each step's undo beside its action in STEPS). A single shard is a batch of one.
+ * Online, the cut-over runs in waves (waves.ts) so that no shard refuses writes for long. The entry
+ * (run.ts) connects, runs the preflight and decides which of these to call.
  */
 
 /** Runs the steps after `after`; online, the cut-over steps once per wave. */
