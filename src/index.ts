@@ -66,7 +66,8 @@ export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisi
 export type { HostOutcome, LockWait, ProgressEvent, ShardFailure } from './provisioning/execute.js';
 export { DEFAULT_LOCK_RETRIES, describeLockHolder, type LockHolder } from './provisioning/lock-wait.js';
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
-export type { MoveOptions, MoveResult, WaveLimits } from './moves/move.js';
+export type { MoveOptions, MoveResult } from './moves/context.js';
+export type { WaveLimits } from './moves/waves.js';
 export { planRebalance, type RebalanceBy, type RebalanceHost, type PlannedMove, type RebalancePlan, type RebalanceHostPlan } from './moves/rebalance.js';
 export type { PreflightCheck } from './moves/preflight.js';
 export type { MoveMode, MoveStep, MoveRecord } from './moves/state.js';

@@ -3,7 +3,7 @@ import { hostForShard } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { UsageError } from '../errors.js';
 import { inflect } from '../text.js';
-import type { MoveOptions, MoveResult } from '../moves/move.js';
+import type { MoveOptions, MoveResult } from '../moves/context.js';
 import { runMoves, type BatchMoveResult } from '../moves/run.js';
 
 /**

@@ -6,7 +6,7 @@ import { RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
-import type { MoveOptions } from '../moves/move.js';
+import type { MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import type { MoveStep } from '../moves/state.js';
 import { findRunningMoves, runMoves, type BatchMoveResult } from '../moves/run.js';

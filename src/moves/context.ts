@@ -1,19 +1,18 @@
 import { elapsed } from '../clock.js';
-import { randomBytes } from 'node:crypto';
-import pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
-import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
-import { openWorker, type HostSession } from '../fleet/session.js';
+import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { PreflightCheck } from './preflight.js';
 import { replicationName } from './sql.js';
-import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
-import { hashMethods, shardTables, type PreVerification, type VerifyResult } from './verify.js';
+import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
+import type { PreVerification, VerifyResult } from './verify.js';
+import type { WaveLimits } from './waves.js';
 
 /**
- * A move's state while it runs (MoveContext), its options and result, the cut-over waves, the step
- * record, and the small helpers every part of the engine shares.
+ * A move's state while it runs (MoveContext), its options and result, and what every step asks of
+ * the context (its schemas, its wave, its reporting). The waves are planned in waves.ts, the
+ * progress recorded in progress.ts, the worker connections in workers.ts.
  */
 
 export interface MoveOptions {
@@ -49,11 +48,6 @@ export interface MoveOptions {
   readonly onStep?: (step: MoveStep, detail: string) => void;
   /** What a wait is waiting for, every few seconds; retries; anything a person should know. */
   readonly onNotice?: (message: string) => void;
-}
-
-export interface WaveLimits {
-  readonly maxShards?: number;
-  readonly maxRows?: number;
 }
 
 /** The result of one move: a batch of shards from one source host to the target. */
@@ -116,6 +110,7 @@ export interface MoveContext {
   writeBlockedMs: number | null;
   rowsVerified: bigint;
   verification: VerifyResult | null;
+  /** The checksum method of each table, chosen once (checksum-methods.ts). */
   methods: Map<string, 'record' | 'text'> | null;
   refreshed: string[];
   /** The current wave's verification begun before its fence (this process only; see tail.ts). */
@@ -124,38 +119,6 @@ export interface MoveContext {
 
 /** The default of MoveOptions.maxFencedMs. */
 export const DEFAULT_MAX_FENCED_MS = 20_000;
-
-// A wave's pause grows with its shards (one fence transaction each) and with the rows verified while
-// fenced: since the checksums are taken before the fence (tail.ts), a table is checksummed whole then
-// only when its changes cannot be counted (over 100,000 changed keys, no change logs). A 64-shard wave with verification under the fence blocked writes
-// 1.6-2.2 s on a loaded machine; verified before the fence, a 16-shard wave blocked 85-131 ms and a
-// 1,000,000-row shard 53-174 ms (docs/benchmarks.md).
-const DEFAULT_WAVE = { maxShards: 64, maxRows: 2_000_000 };
-
-/**
- * Splits a batch into cut-over waves: consecutive shards while a wave has at most maxShards shards
- * and maxRows estimated rows (a shard over the limit goes alone). Rows count because a table whose
- * changes cannot be counted (tail.ts) is checksummed whole while its wave is fenced.
- */
-export function planWaves(shards: readonly number[], rows: ReadonlyMap<number, number>, limits: WaveLimits = {}): number[][] {
-  const maxShards = limits.maxShards ?? DEFAULT_WAVE.maxShards;
-  const maxRows = limits.maxRows ?? DEFAULT_WAVE.maxRows;
-  const waves: number[][] = [];
-  let current: number[] = [];
-  let currentRows = 0;
-  for (const shard of shards) {
-    const r = rows.get(shard) ?? 0;
-    if (current.length > 0 && (current.length >= maxShards || currentRows + r > maxRows)) {
-      waves.push(current);
-      current = [];
-      currentRows = 0;
-    }
-    current.push(shard);
-    currentRows += r;
-  }
-  if (current.length > 0) waves.push(current);
-  return waves;
-}
 
 export function moveContext(
   config: ShardctlConfig,
@@ -211,78 +174,12 @@ export function moveResult(ctx: MoveContext, outcome: MoveResult['outcome'], che
   };
 }
 
-/** What the record keeps of the context, so a resumed run goes on where this one stopped. */
-function progress(ctx: MoveContext): Record<string, unknown> {
-  return {
-    wave: ctx.wave,
-    rowsVerified: ctx.rowsVerified.toString(),
-    writeBlockedMs: ctx.writeBlockedMs,
-    fenceMarker: ctx.fenceMarker,
-    fenceStartedAtMs: ctx.fenceStartedAtMs,
-  };
-}
-
-export async function record(ctx: MoveContext, step: MoveStep, status: MoveRecord['status'], options: { quiet?: boolean } = {}): Promise<void> {
-  const detail = progress(ctx);
-  await recordStep(ctx.source.client, ctx.moveId, step, status, detail);
-  await recordStep(ctx.target.client, ctx.moveId, step, status, detail);
-  // Going back to `synced` for the next wave is no step completing: no announcement, no fault point.
-  if (options.quiet) return;
-  const wave = ctx.waves.length > 1 && ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'].includes(step) ? ` (wave ${ctx.wave + 1} of ${ctx.waves.length})` : '';
-  announce(ctx, step, status === 'aborted' ? 'aborted' : `done: ${step}${wave}`);
-  // An abort re-records the step it undid: that is no step completing.
-  if (status !== 'aborted') faultAfter(step);
-}
-
 export function schemasOf(ctx: MoveContext, shards: readonly number[]): string[] {
   return shards.map((s) => shardSchemaName(ctx.config, s));
 }
 
 export function waveShards(ctx: MoveContext): readonly number[] {
   return ctx.waves[ctx.wave] ?? ctx.shards;
-}
-
-export function concurrency(ctx: MoveContext, items: number): number {
-  return Math.max(1, Math.min(ctx.options.concurrency ?? ctx.config.concurrency, items));
-}
-
-/**
- * Runs fn over items with `workers` worker connections to `host`, each item on one of them. The
- * workers commit without waiting for the WAL flush; one durable commit at the end covers them all
- * (DURABLE_FLUSH_SQL), before the caller records its step.
- */
-export async function withWorkers<T>(
-  ctx: MoveContext,
-  side: Side,
-  items: readonly T[],
-  fn: (client: pg.Client, item: T) => Promise<void>,
-): Promise<void> {
-  let next = 0;
-  let failed: unknown = null;
-  const worker = async (): Promise<void> => {
-    const client = await openWorker(side.host, 'shardctl move worker');
-    try {
-      await client.query(ASYNC_COMMIT_SQL);
-      while (failed === null && next < items.length) await fn(client, items[next++]!);
-    } catch (error) {
-      failed ??= error;
-    } finally {
-      // A worker whose connection broke is closed already; `failed` keeps the error that matters.
-      await client.end().catch(() => undefined);
-    }
-  };
-  await Promise.all(Array.from({ length: concurrency(ctx, items.length) }, worker));
-  // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
-  if (failed !== null) throw failed;
-  if (items.length > 0) await side.client.query(DURABLE_FLUSH_SQL);
-}
-
-export async function ensureMethods(ctx: MoveContext): Promise<Map<string, 'record' | 'text'>> {
-  if (!ctx.methods) {
-    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
-    ctx.methods = await hashMethods(ctx.source.client, tables, Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000);
-  }
-  return ctx.methods;
 }
 
 export function announce(ctx: MoveContext, step: MoveStep, detail: string): void {
@@ -298,12 +195,3 @@ export function sameMajorVersion(ctx: MoveContext): boolean {
   return Math.floor(ctx.source.serverVersionNum / 10000) === Math.floor(ctx.target.serverVersionNum / 10000);
 }
 
-export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-export { elapsed };
-
-export function newMoveId(): string {
-  return `${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
-}

@@ -5,16 +5,18 @@ import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
-import { createShardSql } from '../fleet/sql.js';
-import { quoteIdent } from '../pg/quote.js';
+import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
-import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject } from './sql.js';
-import { shardPrivileges, shardTables, type ShardTable } from './verify.js';
-import { type MoveContext, schemasOf, concurrency, withWorkers, notice, sameMajorVersion } from './context.js';
+import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject, APPLIED_VERSIONS_SQL, XID_HOLDERS_SQL, BACKEND_PID_SQL, TERMINATE_BACKEND_SQL, setTransactionSnapshotSql, REPLICA_ROLE_SQL, nonEmptyTablesSql, truncateSql, copyOutSql, copyInSql, dropIndexForCopySql, rebuildIndexSql, type RebuildableIndex } from './sql.js';
+import { largeTables, shardPrivileges, shardTables, type ShardTable, EXISTING_SCHEMAS_SQL, REBUILDABLE_INDEXES_SQL } from './catalog.js';
+import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
+import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
+import { stopTracking } from './tail.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -26,9 +28,9 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
   const { source, target, config } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
   const [applied, existing, done] = await Promise.all([
-    source.client.query<{ shard: number; version: number }>(`SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY version`, [ctx.shards]),
-    target.client.query<{ nspname: string }>(`SELECT nspname FROM pg_namespace WHERE nspname = ANY($1)`, [schemas]),
-    target.client.query<{ shard: number; version: number }>(`SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1)`, [ctx.shards]),
+    source.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
+    target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemas]),
+    target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
   ]);
   const files = new Map(ctx.migrations.map((m) => [m.version, m]));
   const exists = new Set(existing.rows.map((r) => r.nspname));
@@ -64,9 +66,7 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       }
       await flush();
     } catch (error) {
-      // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-      // which ends the transaction too.
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
     }
   });
@@ -104,7 +104,7 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
     try {
       await client.query(['BEGIN;', ...statements, 'COMMIT;'].join('\n'));
     } catch (error) {
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       throw new HostError(target.host.name, `cannot give the target copy the source's owners and grants: ${describePgError(error)}`, {
         shard,
         code: 'MOVE_FAILED',
@@ -112,6 +112,17 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
       });
     }
   });
+}
+
+/**
+ * createTargets' undo (abortMove): the target's copies dropped, only those this move created
+ * (incoming, never active: abortMove refuses a move that activated any). The tracking of the
+ * fence's verification sits on these copies, so it goes with them; its rows are removed after them,
+ * where no trigger is left to drop.
+ */
+export async function dropTargets(ctx: MoveContext): Promise<void> {
+  for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
 }
 
 /**
@@ -143,8 +154,7 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
     const snapshot = await createSlotWatched(ctx, replication);
     await copyShards(ctx, ctx.shards, snapshot);
   } finally {
-    // The replication connection is needed only until the copy ends; one that broke is closed already.
-    await replication.end().catch(() => undefined);
+    await endQuietly(replication);
   }
 }
 
@@ -154,7 +164,7 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
  * (the step is not recorded: --resume tries again).
  */
 async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Promise<string> {
-  const pid = Number((await replication.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid);
+  const pid = Number((await replication.query<{ pid: number }>(BACKEND_PID_SQL)).rows[0]!.pid);
   const limit = ctx.options.waitTimeoutMs ?? 300_000;
   const started = performance.now();
   let done = false;
@@ -175,7 +185,7 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
     const waited = Math.round((performance.now() - started) / 1000);
     if (performance.now() - started > limit) {
       // Cancels the slot's creation; a backend that has ended already needs no cancelling.
-      await ctx.source.client.query('SELECT pg_terminate_backend($1)', [pid]).catch(() => undefined);
+      await ctx.source.client.query(TERMINATE_BACKEND_SQL, [pid]).catch(() => undefined);
       // It fails with the termination just sent: the timeout below is what is reported.
       await creating.catch(() => undefined);
       throw new HostError(
@@ -197,10 +207,7 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
 /** The transactions holding a transaction id on the server (any database), oldest first. */
 async function xidHolders(client: pg.Client, except: number): Promise<string> {
   const result = await client.query<{ pid: number; datname: string | null; application_name: string; age: number; query: string }>(
-    `SELECT pid, datname, application_name, extract(epoch FROM now() - xact_start)::int AS age, left(query, 80) AS query
-       FROM pg_stat_activity
-      WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() AND pid <> $1 AND backend_type = 'client backend'
-      ORDER BY xact_start LIMIT 3`,
+    XID_HOLDERS_SQL,
     [except],
   );
   return result.rows
@@ -221,7 +228,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
   const schemas = schemasOf(ctx, shards);
   const tables = await shardTables(source.client, schemas, 'leaves');
   const sameMajor = sameMajorVersion(ctx);
-  const large = await largeTables(source.client, schemas);
+  const large = await largeTables(source.client, schemas, INDEXES_AFTER_BYTES);
   const byShard = shards.map((shard) => ({ shard, tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)) }));
   let next = 0;
   let failed: unknown = null;
@@ -233,15 +240,13 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
       writer = await openWorker(target.host, 'shardctl move copy');
       await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
-      if (snapshot) await reader.query(`SET TRANSACTION SNAPSHOT '${snapshot.replaceAll("'", "''")}'`);
+      if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
       while (failed === null && next < byShard.length) {
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
         try {
           await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
         } catch (error) {
-          // The failure being handled is what is reported; a ROLLBACK that fails means the connection is
-          // gone, which ends the transaction too.
-          await writer.query('ROLLBACK').catch(() => undefined);
+          await rollbackQuietly(writer);
           throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
         }
       }
@@ -249,9 +254,9 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
     } catch (error) {
       failed ??= error;
     } finally {
-      // Connections that broke are closed already; `failed` keeps the error that matters.
-      await reader?.end().catch(() => undefined);
-      await writer?.end().catch(() => undefined);
+      // `failed` keeps the error that matters.
+      if (reader) await endQuietly(reader);
+      if (writer) await endQuietly(writer);
     }
   };
   await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));
@@ -268,16 +273,6 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
  */
 export const INDEXES_AFTER_BYTES = 4 * 1024 * 1024;
 
-/** The tables of these schemas (schema.table, quoted) of at least INDEXES_AFTER_BYTES on the source. */
-async function largeTables(source: pg.Client, schemas: readonly string[]): Promise<Set<string>> {
-  const result = await source.query<{ schema: string; table: string }>(
-    `SELECT n.nspname AS schema, c.relname AS table FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r' AND pg_relation_size(c.oid) >= $2`,
-    [schemas, INDEXES_AFTER_BYTES],
-  );
-  return new Set(result.rows.map((r) => qualified(r.schema, r.table)));
-}
-
 /** pg-copy-streams is loaded by the first copy, not by every command that loads the library. */
 async function copyStreams(): Promise<typeof copyStreamsModule> {
   return (await import('pg-copy-streams')).default;
@@ -286,24 +281,23 @@ async function copyStreams(): Promise<typeof copyStreamsModule> {
 async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly ShardTable[], sameMajor: boolean, large: ReadonlySet<string>): Promise<void> {
   const { to, from } = await copyStreams();
   await writer.query('BEGIN');
-  // Foreign keys between the shard's tables must not depend on the copy order (superusers only).
   await writer.query('SAVEPOINT replica_role');
   // Refused without superuser: the savepoint undoes the failed SET and the copy goes on without it.
-  await writer.query('SET LOCAL session_replication_role = replica').catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
+  await writer.query(REPLICA_ROLE_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
   // Only tables holding rows (seeded by a migration, or a copy redone) are truncated: a TRUNCATE
   // creates and later unlinks new files for the table and each index, ~3 ms a table.
   if (tables.length > 0) {
     const names = tables.map((t) => qualified(t.schema, t.table));
-    const filled = await writer.query<Record<string, boolean>>(`SELECT ${names.map((name, i) => `EXISTS (SELECT FROM ${name}) AS "${i}"`).join(', ')}`);
+    const filled = await writer.query<Record<string, boolean>>(nonEmptyTablesSql(names));
     const truncate = names.filter((_, i) => filled.rows[0]![String(i)]);
-    if (truncate.length > 0) await writer.query(`TRUNCATE ${truncate.join(', ')}`);
+    if (truncate.length > 0) await writer.query(truncateSql(truncate));
   }
   const rebuild = await dropIndexesForCopy(writer, tables.map((t) => qualified(t.schema, t.table)).filter((name) => large.has(name)));
   for (const t of tables) {
     const name = qualified(t.schema, t.table);
-    const format = sameMajor && t.portable ? ' (FORMAT binary)' : '';
-    const out = reader.query(to(`COPY ${name} TO STDOUT${format}`));
-    const into = writer.query(from(`COPY ${name} FROM STDIN${format}`));
+    const binary = sameMajor && t.portable;
+    const out = reader.query(to(copyOutSql(name, binary)));
+    const into = writer.query(from(copyInSql(name, binary)));
     await pipeline(out, into);
   }
   for (const sql of rebuild) await writer.query(sql);
@@ -323,34 +317,11 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
  */
 async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]): Promise<string[]> {
   if (tables.length === 0) return [];
-  const result = await writer.query<{ index_name: string; table_name: string; conname: string | null; indexdef: string; condef: string | null }>(
-    `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
-            c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
-       FROM pg_index i
-       JOIN pg_class ic ON ic.oid = i.indexrelid
-       JOIN pg_class t ON t.oid = i.indrelid
-       JOIN pg_namespace n ON n.oid = t.relnamespace
-       LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
-      WHERE t.oid = ANY($1::text[]::regclass[])
-        AND pg_has_role(t.relowner, 'USAGE')
-        AND i.indisvalid AND i.indisready AND i.indislive AND NOT i.indisreplident AND NOT i.indisclustered
-        AND ic.reltablespace = 0
-        AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
-        AND (c.oid IS NULL OR c.conparentid = 0)
-        AND NOT EXISTS (SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_class'::regclass AND d.refobjid = i.indexrelid)
-        AND (c.oid IS NULL OR NOT EXISTS (
-              SELECT 1 FROM pg_depend d WHERE d.refclassid = 'pg_constraint'::regclass AND d.refobjid = c.oid
-                 AND NOT (d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid)))
-        AND NOT EXISTS (SELECT 1 FROM pg_description x
-                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
-        AND NOT EXISTS (SELECT 1 FROM pg_seclabel x
-                         WHERE (x.classoid = 'pg_class'::regclass AND x.objoid = i.indexrelid) OR (x.classoid = 'pg_constraint'::regclass AND x.objoid = c.oid))
-        AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)
-      ORDER BY i.indexrelid`,
+  const result = await writer.query<RebuildableIndex>(
+    REBUILDABLE_INDEXES_SQL,
     [tables],
   );
   if (result.rows.length === 0) return [];
-  const drop = result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ${r.table_name} DROP CONSTRAINT ${quoteIdent(r.conname)};` : `DROP INDEX ${r.index_name};`));
-  await writer.query(drop.join('\n'));
-  return result.rows.map((r) => (r.conname !== null ? `ALTER TABLE ONLY ${r.table_name} ADD CONSTRAINT ${quoteIdent(r.conname)} ${r.condef}` : r.indexdef));
+  await writer.query(result.rows.map(dropIndexForCopySql).join('\n'));
+  return result.rows.map(rebuildIndexSql);
 }

@@ -5,20 +5,23 @@ import { shardSchemaName } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { CONTROL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
-import { dropShardSql } from '../fleet/sql.js';
-import { DELTA_TRIGGERS, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue } from './sql.js';
+import { DELTA_TRIGGERS, FENCE_TRIGGER, startDeltasSql, startTrackingSql, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue, ACTIVE_SHARDS_SQL, DEADLOCK_TIMEOUT_SQL, FENCED_SHARDS_SQL, LOCK_HOLDERS_SQL, statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
-import { endPreVerification, preVerify, shardTables, verifyShards, type HashMethod, type ShardTable, type VerifyResult } from './verify.js';
-import { keyedTables, readChanges, runTransaction, startDeltasSql, startTrackingSql, stopDeltas, stopTracking } from './tail.js';
-import { DEFAULT_MAX_FENCED_MS, type MoveContext, record, schemasOf, waveShards, ensureMethods, elapsed, notice, sleep } from './context.js';
-import { applyWorkerWaits, waitForMarker, dropReplication } from './replication.js';
+import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
+import { keyedTables, shardTables, shardTriggers, type ShardTable, SHARD_SEQUENCES_SQL } from './catalog.js';
+import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
+import { readChanges, stopDeltas, stopTracking } from './tail.js';
+import { elapsed, sleep } from '../clock.js';
+import { ensureMethods } from './checksum-methods.js';
+import { DEFAULT_MAX_FENCED_MS, type MoveContext, schemasOf, waveShards, notice } from './context.js';
+import { record } from './progress.js';
+import { applyWorkerWaits, waitForMarker } from './replication.js';
 import { inflect, plural } from '../text.js';
 
 /**
  * The cut-over of a wave: verification begun before the fence (tail.ts), the fence, catch-up,
- * sequences, verification, the switch of the map; and undoing a move that has not switched.
+ * sequences, verification, the switch of the map; and the fence's undo.
  */
 
 /**
@@ -36,7 +39,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const lockWaitMs = await lockWaitFor(ctx);
   const limit = ctx.options.fenceTimeoutMs ?? 30_000;
   const fenced = new Set(
-    (await source.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`, [shards])).rows.map((r) => r.shard),
+    (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows.map((r) => r.shard),
   );
   if (fenced.size === 0) await catchUpBeforeFence(ctx);
   if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
@@ -70,9 +73,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
         }
         break;
       } catch (error) {
-        // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-        // which ends the transaction too.
-        await source.client.query('ROLLBACK').catch(() => undefined);
+        await rollbackQuietly(source.client);
         const code = (error as { code?: string }).code;
         // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
         // transaction lost: the application went on; try again.
@@ -123,7 +124,7 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
 
 /** How long a lock of the fence or the unfence may wait: below half the deadlock timeout (see fenceSql). */
 async function lockWaitFor(ctx: MoveContext): Promise<number> {
-  const deadlock = await ctx.source.client.query<{ ms: string }>(`SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`);
+  const deadlock = await ctx.source.client.query<{ ms: string }>(DEADLOCK_TIMEOUT_SQL);
   return Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
 }
 
@@ -150,19 +151,19 @@ export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Pr
   const remaining = fenceRemainingMs(ctx);
   if (remaining <= 0) return stopCutOver(ctx, what);
   const clients = [ctx.source.client, ctx.target.client, ...also];
-  await Promise.all(clients.map((c) => c.query(`SET statement_timeout = ${Math.max(1, Math.ceil(remaining))}`)));
+  await Promise.all(clients.map((c) => c.query(statementTimeoutSql(remaining))));
   try {
     return await fn();
   } catch (error) {
     if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) throw error;
     // A statement of a BEGIN … COMMIT string left its transaction aborted.
     // Only leaves the transaction the timeout aborted; stopCutOver reports the stop whatever this does.
-    await Promise.all([ctx.source.client, ctx.target.client].map((c) => c.query('ROLLBACK').catch(() => undefined)));
+    await Promise.all([ctx.source.client, ctx.target.client].map(rollbackQuietly));
     return stopCutOver(ctx, what, error);
   } finally {
     // Back to the server's default for the session (the move sets no other).
     // A connection that cannot reset is broken: the move's next statement on it fails and says so.
-    await Promise.all(clients.map((c) => c.query('RESET statement_timeout').catch(() => undefined)));
+    await Promise.all(clients.map((c) => c.query(RESET_STATEMENT_TIMEOUT_SQL).catch(() => undefined)));
   }
 }
 
@@ -237,7 +238,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
-    await Promise.all(held.map((c) => c.end().catch(() => undefined)));
+    await Promise.all(held.map(endQuietly));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     await stopLogs(ctx, schemas).catch(() => undefined);
     notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
@@ -308,10 +309,7 @@ export async function dropPreVerification(ctx: MoveContext, { logs = true }: { r
 /** Who holds locks on a schema's tables: pid, application, transaction age and query. */
 async function lockHolders(client: pg.Client, schema: string): Promise<string> {
   const result = await client.query<{ pid: number; application_name: string; age: number | null; relname: string; query: string }>(
-    `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
-       FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE c.relnamespace = to_regnamespace($1) AND l.granted AND l.pid <> pg_backend_pid()
-      ORDER BY a.pid LIMIT 3`,
+    LOCK_HOLDERS_SQL,
     [schema],
   );
   return result.rows
@@ -324,8 +322,10 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
   const catchUp = ctx.options.catchUpTimeoutMs ?? 30_000;
   const limit = Math.min(catchUp, Math.max(0, fenceRemainingMs(ctx)));
   try {
-    // A move fenced before markers were per attempt used the plain kind 'fenced'.
-    await waitForMarker(ctx, ctx.fenceMarker ?? 'fenced', limit);
+    // The fence records its marker with its step: a wave fenced without one cannot be caught up,
+    // and stopping here unfences it, so that a resumed run fences again with a marker.
+    if (ctx.fenceMarker === null) throw new Error(`no fence marker is recorded for wave ${ctx.wave + 1}`);
+    await waitForMarker(ctx, ctx.fenceMarker, limit);
   } catch (error) {
     // What the apply worker waits for only adds to the message.
     const apply = await applyWorkerWaits(ctx).catch(() => '');
@@ -347,7 +347,7 @@ export async function carrySequences(ctx: MoveContext): Promise<void> {
 async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   const schemas = schemasOf(ctx, waveShards(ctx));
   const list = await ctx.source.client.query<{ schemaname: string; sequencename: string; increment_by: string }>(
-    `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`,
+    SHARD_SEQUENCES_SQL,
     [schemas],
   );
   if (list.rows.length === 0) return;
@@ -418,13 +418,15 @@ export async function verify(ctx: MoveContext): Promise<void> {
   const data = { moveId: ctx.moveId, verification: { ...result, rows: result.rows.toString() } };
   if (ctx.wave === 0) {
     // Nothing switched yet: the move is undone, the sources writable again, nothing is lost.
-    await abortMove(ctx, 'sequences-carried');
-    throw new HostError(ctx.target.host.name, `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`, {
-      shard: shards[0]!,
-      code: 'VERIFY_FAILED',
-      data,
-      details: result.mismatches,
-    });
+    throw new UndoThenReport(
+      'sequences-carried',
+      new HostError(ctx.target.host.name, `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`, {
+        shard: shards[0]!,
+        code: 'VERIFY_FAILED',
+        data,
+        details: result.mismatches,
+      }),
+    );
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
   noteBlocked(ctx);
@@ -476,25 +478,18 @@ const UNFENCE_LIMIT_MS = 5_000;
  * transaction must not hold the unfence without limit. Past `limitMs` it gives up, naming the holders.
  */
 async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UNFENCE_LIMIT_MS): Promise<void> {
-  const triggers = await ctx.source.client.query<{ nspname: string; relname: string; enabled: boolean }>(
-    `SELECT n.nspname, c.relname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname = 'shardctl_fence' AND n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')`,
-    [schemasOf(ctx, shards)],
-  );
+  const schemas = schemasOf(ctx, shards);
+  const triggers = await shardTriggers(ctx.source.client, schemas, [FENCE_TRIGGER]);
   // A change log still on (a killed run's, or one whose removal could not wait): off with the fence.
-  const logged = await ctx.source.client.query<{ nspname: string; relname: string }>(
-    `SELECT DISTINCT n.nspname, c.relname FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname = ANY($2::text[]) AND t.tgenabled <> 'D' AND n.nspname = ANY($1::text[])`,
-    [schemasOf(ctx, shards), DELTA_TRIGGERS],
+  const logged = (await shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS)).filter(
+    (t, i, all) => t.enabled && all.findIndex((o) => o.enabled && o.schema === t.schema && o.table === t.table) === i,
   );
   const lockWaitMs = await lockWaitFor(ctx);
   const started = performance.now();
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
-    const own = triggers.rows.filter((t) => t.nspname === schema && t.enabled).map((t) => [t.nspname, t.relname] as const);
-    const ownLogged = logged.rows.filter((t) => t.nspname === schema).map((t) => [t.nspname, t.relname] as const);
+    const own = triggers.filter((t) => t.schema === schema && t.enabled).map((t) => [t.schema, t.table] as const);
+    const ownLogged = logged.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
     for (;;) {
       try {
         await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs, ownLogged));
@@ -518,19 +513,27 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
   // Writable already; the disabled triggers go where no application statement has to wait for it.
   // A disabled trigger refuses nothing: one a busy table keeps is harmless, and the shard's next fence takes
   // it over (fenceSql).
-  for (const t of triggers.rows) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.nspname, t.relname)).catch(() => undefined);
+  for (const t of triggers) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.schema, t.table)).catch(() => undefined);
 }
 
 /**
- * Undoes a move that has not switched any shard: no subscription, publication or slot left behind,
- * the sources writable again, the target's copies dropped.
+ * The fence's undo (abortMove): the change logs off, then every shard of the batch writable again.
+ * The logs go while the sources are still fenced, if they are: no writer to wait for (and the
+ * unfence disables what is left on the source).
  */
-export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
+export async function undoFence(ctx: MoveContext): Promise<void> {
+  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true });
+  await unfence(ctx, ctx.shards, 30_000);
+}
+
+/**
+ * Whether the move may still be undone: the switch activates the target's copies before it
+ * rewrites the map and records the step, so a run killed in between left active copies that the
+ * map may already name, and undoing the move then would leave two writable copies. Throws if not.
+ */
+export async function requireNotSwitched(ctx: MoveContext, step: MoveStep): Promise<void> {
   const steps = stepsFor(ctx.mode);
-  const active = await ctx.target.client.query<{ shard: number }>(`SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`, [ctx.shards]);
-  // The switch activates the target's copies before it rewrites the map and records the step: a
-  // run killed in between left active copies that the map may already name. Undoing the move then
-  // would leave two writable copies.
+  const active = await ctx.target.client.query<{ shard: number }>(ACTIVE_SHARDS_SQL, [ctx.shards]);
   if (steps.indexOf(step) >= steps.indexOf('switched') || ctx.wave > 0 || (active.rowCount ?? 0) > 0) {
     const switched = active.rows.map((r) => r.shard);
     throw new HostError(
@@ -540,17 +543,18 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
       { shard: ctx.shards[0]!, code: 'MOVE_SWITCHED', next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
-  await dropPreVerification(ctx);
-  await dropReplication(ctx);
-  // While the sources are still fenced, if they are: no writer to wait for (and the unfence
-  // disables what is left on the source).
-  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true });
-  await unfence(ctx, ctx.shards, 30_000);
-  // Only copies this move created (incoming, never active: see above) are dropped.
-  for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
-  await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
-  for (const side of [ctx.source, ctx.target]) {
-    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
+}
+
+/**
+ * A failure after which the move is undone before it is reported (the verification of the first
+ * wave: nothing switched yet). The step cannot undo the move itself: the undo of every step is
+ * move.ts's, which runs the steps.
+ */
+export class UndoThenReport extends Error {
+  constructor(
+    readonly after: MoveStep,
+    readonly failure: HostError,
+  ) {
+    super(failure.message);
   }
-  await record(ctx, step, 'aborted');
 }

@@ -1,6 +1,7 @@
 import type pg from 'pg';
-import { CONTROL, controlTableExists } from '../fleet/control.js';
-import { detachSubscriptionSql, dropPublicationSql, dropSubscriptionSql, forgetObjectSql } from './sql.js';
+import { sleep } from '../clock.js';
+import { controlTableExists } from '../fleet/control.js';
+import { detachSubscriptionSql, dropPublicationSql, dropSubscriptionSql, forgetObjectSql, PROBE_SUBSCRIPTIONS_SQL, SLOT_ACTIVE_PID_SQL, leftoverReplicationSql, TERMINATE_BACKEND_SQL, DROP_SLOT_SQL } from './sql.js';
 
 /**
  * What moves create outside the shard schemas and must remove again: the reachability probe's
@@ -15,20 +16,9 @@ export interface Leftover {
 
 export async function findLeftovers(client: pg.Client): Promise<Leftover[]> {
   const probes = (await controlTableExists(client, 'objects'))
-    ? (await client.query<{ name: string }>(`SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`)).rows
+    ? (await client.query<{ name: string }>(PROBE_SUBSCRIPTIONS_SQL)).rows
     : [];
-  const running = (await controlTableExists(client, 'moves'))
-    ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`
-    : `SELECT NULL::text WHERE false`;
-  const replication = await client.query<{ kind: Leftover['kind']; name: string }>(
-    `SELECT kind, name FROM (
-        SELECT 'publication' AS kind, pubname::text AS name FROM pg_publication
-        UNION ALL SELECT 'subscription', subname::text FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-        UNION ALL SELECT 'slot', slot_name::text FROM pg_replication_slots WHERE database = current_database()
-      ) o
-      WHERE name LIKE 'shardctl\\_move\\_%' AND name NOT IN (${running})
-      ORDER BY kind, name`,
-  );
+  const replication = await client.query<{ kind: Leftover['kind']; name: string }>(leftoverReplicationSql(await controlTableExists(client, 'moves')));
   return [...probes.map((p) => ({ kind: 'probe-subscription' as const, name: p.name })), ...replication.rows];
 }
 
@@ -75,14 +65,14 @@ export async function dropSubscription(client: pg.Client, name: string): Promise
  */
 export async function dropSlot(client: pg.Client, name: string): Promise<boolean> {
   for (let attempt = 0; attempt < 50; attempt++) {
-    const slot = await client.query<{ active_pid: number | null }>(`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`, [name]);
+    const slot = await client.query<{ active_pid: number | null }>(SLOT_ACTIVE_PID_SQL, [name]);
     if (!slot.rowCount) return true;
     const pid = slot.rows[0]!.active_pid;
-    if (pid !== null) await client.query('SELECT pg_terminate_backend($1)', [pid]);
+    if (pid !== null) await client.query(TERMINATE_BACKEND_SQL, [pid]);
     // A walsender may take the slot again or it may be gone already: the loop looks again, and says false
     // after 5 s.
-    else await client.query('SELECT pg_drop_replication_slot($1)', [name]).catch(() => undefined);
-    await new Promise((resolve) => setTimeout(resolve, 100));
+    else await client.query(DROP_SLOT_SQL, [name]).catch(() => undefined);
+    await sleep(100);
   }
   return false;
 }

@@ -1,30 +1,37 @@
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql } from './sql.js';
-import { stepsFor, type MoveStep } from './state.js';
-import { shardTables } from './verify.js';
-import { type MoveContext, record, schemasOf } from './context.js';
-import { createTargets, copyFromSnapshot, copyShards } from './copy.js';
-import { publish, subscribe, waitForSync, dropReplication } from './replication.js';
-import { fence, dropPreVerification, waitForCatchUp, carrySequences, verify, switchMap } from './cutover.js';
+import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql, SHARD_SCHEMA_NAMES_SQL, RESET_SYNCHRONOUS_COMMIT_SQL } from './sql.js';
+import { stepsFor, type MoveMode, type MoveStep } from './state.js';
+import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
+import { type MoveContext, schemasOf } from './context.js';
+import { record } from './progress.js';
+import { createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
+import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
+import {
+  fence,
+  dropPreVerification,
+  waitForCatchUp,
+  carrySequences,
+  verify,
+  switchMap,
+  undoFence,
+  requireNotSwitched,
+  UndoThenReport,
+} from './cutover.js';
 
 /**
  * The move engine: the steps of moving a batch of logical shards from one host to another, online
  * (logical replication) or offline (COPY with writes fenced), each recorded on both hosts once
  * done, so a move cut off at any point is finished (runSteps from the last recorded step) or undone
- * (abortMove). A single shard is a batch of one. Online, the cut-over runs in waves (see planWaves)
- * so that no shard refuses writes for long. The entry (run.ts) connects, runs the preflight and
- * decides which of these to call.
+ * (abortMove: each step's undo beside its action in STEPS). A single shard is a batch of one.
+ * Online, the cut-over runs in waves (waves.ts) so that no shard refuses writes for long. The entry
+ * (run.ts) connects, runs the preflight and decides which of these to call.
  */
-
-export { abortMove } from './cutover.js';
-export { announce, elapsed, moveContext, moveResult, newMoveId, planWaves } from './context.js';
-export type { MoveContext, MoveOptions, MoveResult, Side, WaveLimits } from './context.js';
 
 /** Runs the steps after `after`; online, the cut-over steps once per wave. */
 export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void> {
@@ -38,7 +45,13 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
   while (next < steps.length) {
     const step = steps[next]!;
     try {
-      await STEP_ACTIONS[step](ctx);
+      try {
+        await STEPS[step].action(ctx);
+      } catch (error) {
+        if (!(error instanceof UndoThenReport)) throw error;
+        await abortMove(ctx, error.after);
+        throw error.failure;
+      }
     } catch (error) {
       await dropPreVerification(ctx);
       // A host that stopped answering is a failure of the step like any lost connection: say how to go on.
@@ -71,20 +84,68 @@ async function nextWave(ctx: MoveContext): Promise<void> {
 
 type StepAction = (ctx: MoveContext) => Promise<void>;
 
-const STEP_ACTIONS: Record<MoveStep, StepAction> = {
-  prepared: async () => undefined,
-  'target-created': createTargets,
-  published: publish,
-  subscribed: subscribe,
-  synced: waitForSync,
-  fenced: fence,
-  'caught-up': waitForCatchUp,
-  copied: (ctx) => (ctx.mode === 'online' ? copyFromSnapshot(ctx) : copyShards(ctx, ctx.shards)),
-  'sequences-carried': carrySequences,
-  verified: verify,
-  switched: switchMap,
-  cleaned: cleanUp,
+interface Step {
+  readonly action: StepAction;
+  /**
+   * What undoes the step (abortMove, walking the steps backwards); [] where there is nothing to
+   * undo. Each undo is idempotent, and one shared by several steps runs once, at the latest of them.
+   */
+  readonly undo: readonly StepAction[];
+}
+
+const STEPS: Record<MoveStep, Step> = {
+  // The move's markers are written from `synced` on, keyed by the move: they go last, with the move.
+  prepared: { action: async () => undefined, undo: [deleteMarkers] },
+  'target-created': { action: createTargets, undo: [dropTargets] },
+  // The publication, slot and subscription are named after the move and removed together.
+  published: { action: publish, undo: [dropReplication] },
+  copied: {
+    action: (ctx) => (ctx.mode === 'online' ? copyFromSnapshot(ctx) : copyShards(ctx, ctx.shards)),
+    // Online, the slot (created by the copy); the rows go with the target's copies.
+    undo: [dropReplication],
+  },
+  subscribed: { action: subscribe, undo: [dropReplication] },
+  synced: { action: waitForSync, undo: [] },
+  // The replication goes before the unfence, although earlier steps created it: once the source is
+  // writable again its writes would stream to copies about to be dropped, whose drop would then
+  // wait for the apply worker's locks.
+  fenced: { action: fence, undo: [dropReplication, undoFence] },
+  'caught-up': { action: waitForCatchUp, undo: [] },
+  // The target's sequences go with its copies.
+  'sequences-carried': { action: carrySequences, undo: [] },
+  // Its tracking and change logs are removed by the verification itself, or with the fence's undo.
+  verified: { action: verify, undo: [] },
+  // Never undone: abortMove refuses a move that switched any shard.
+  switched: { action: switchMap, undo: [] },
+  cleaned: { action: cleanUp, undo: [] },
 };
+
+/**
+ * Undoes a move that has not switched any shard: the recorded steps, and the one that may have
+ * been cut off after `step` (half done, so undone too), walked backwards, each undone by its own
+ * undo (STEPS); then the move recorded as aborted. Nothing is left behind: no subscription,
+ * publication or slot, the sources writable again, the target's copies dropped.
+ */
+export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
+  await requireNotSwitched(ctx, step);
+  // This process's snapshots of a verification begun before the fence (the logs go with the fence's undo).
+  await dropPreVerification(ctx);
+  for (const undo of undosAfter(ctx.mode, step)) await undo(ctx);
+  await record(ctx, step, 'aborted');
+}
+
+/**
+ * The undos abortMove runs for a move recorded at `step`, in order: those of the steps up to it and
+ * of the next (which a crash may have cut off half done), the latest step first, each undo once.
+ */
+export function undosAfter(mode: MoveMode, step: MoveStep): StepAction[] {
+  const steps = stepsFor(mode);
+  const undos = steps
+    .slice(0, steps.indexOf(step) + 2)
+    .reverse()
+    .flatMap((s) => STEPS[s].undo);
+  return undos.filter((undo, i) => undos.indexOf(undo) === i);
+}
 
 /**
  * Replication objects removed; each old copy kept fenced under a new name until gc, or dropped;
@@ -95,7 +156,7 @@ const STEP_ACTIONS: Record<MoveStep, StepAction> = {
 async function cleanUp(ctx: MoveContext): Promise<void> {
   await dropReplication(ctx);
   const { source } = ctx;
-  const rows = await source.client.query<{ shard: number; schema_name: string }>(`SELECT shard, schema_name FROM ${CONTROL}.shards WHERE shard = ANY($1)`, [ctx.shards]);
+  const rows = await source.client.query<{ shard: number; schema_name: string }>(SHARD_SCHEMA_NAMES_SQL, [ctx.shards]);
   const current = new Map(rows.rows.map((r) => [r.shard, r.schema_name]));
   // One transaction per shard (its rename or drop with its control row), none waiting for the WAL
   // flush; the last commit waits for all of them. A crash before it can undo some, which the control
@@ -113,20 +174,18 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     }
   } finally {
     // Only the session's commit mode: on a broken connection the flush below fails and says so.
-    await source.client.query('RESET synchronous_commit').catch(() => undefined);
+    await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
   }
   await source.client.query(DURABLE_FLUSH_SQL);
   const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(
-    `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`,
+    MATERIALIZED_VIEWS_SQL,
     [schemasOf(ctx, ctx.shards)],
   );
   for (const v of views.rows) {
     await ctx.target.client.query(refreshMaterializedViewSql(v.schemaname, v.matviewname));
     ctx.refreshed.push(`${v.schemaname}.${v.matviewname}`);
   }
-  for (const side of [ctx.source, ctx.target]) {
-    await side.client.query(`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`, [ctx.moveId]);
-  }
+  await deleteMarkers(ctx);
 }
 
 /** The SQL of the rename (see renameWithStubSql), with the grants read from the source's catalog. */
@@ -135,14 +194,11 @@ async function renameWithStub(ctx: MoveContext, shard: number, renamed: string):
   const schema = shardSchemaName(ctx.config, shard);
   const tables = (await shardTables(source.client, schema, 'all')).map((t) => t.table);
   const schemaGrants = await source.client.query<{ grantee: string | null; privilege: string }>(
-    `SELECT r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
-       LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = $1 AND a.grantee <> n.nspowner`,
+    SCHEMA_GRANTS_SQL,
     [schema],
   );
   const tableGrants = await source.client.query<{ relname: string; grantee: string | null; privilege: string }>(
-    `SELECT c.relname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_class c, aclexplode(c.relacl) a
-       LEFT JOIN pg_roles r ON r.oid = a.grantee
-      WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`,
+    TABLE_GRANTS_SQL,
     [schema],
   );
   return renameWithStubSql({

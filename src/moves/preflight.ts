@@ -6,13 +6,13 @@ import type pg from 'pg';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { CONTROL, controlTableExists } from '../fleet/control.js';
+import { controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
-import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed } from './sql.js';
-import { shardPrivileges } from './verify.js';
+import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed, APPLIED_CHECKSUMS_SQL, REPLICATION_SETTINGS_SQL, ROLES_SQL, RUNNING_MOVES_OF_SQL, SOURCE_SHARD_STATES_SQL, targetShardStatesSql, CURRENT_USER_SQL } from './sql.js';
+import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
 import { inflect } from '../text.js';
 
@@ -61,8 +61,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   add('map', unmapped.length === 0, unmapped.length === 0 ? `the map puts ${list(shards)} on ${source.name}` : `the map does not put ${list(unmapped)} on ${source.name}`);
 
   const onSource = await src.query<{ shard: number; exists: boolean; state: string | null }>(
-    `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists, (SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard) AS state
-       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`,
+    SOURCE_SHARD_STATES_SQL,
     [shards, schemas],
   );
   const running = [...(await runningMovesOf(src, shards)), ...(await runningMovesOf(dst, shards))].filter(
@@ -82,9 +81,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
 
   const targetInitialised = await controlTableExists(dst, 'shards');
   const onTarget = await dst.query<{ shard: number; exists: boolean; state: string | null }>(
-    `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists,
-            ${targetInitialised ? `(SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard)` : 'NULL::text'} AS state
-       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`,
+    targetShardStatesSql(targetInitialised),
     [shards, schemas],
   );
   const oldCopies = onTarget.rows.filter((r) => r.state === 'fenced').map((r) => r.shard);
@@ -122,9 +119,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}` + (ok ? '' : '; online mode needs 15 or later on both (use --mode offline)'),
     );
     const settings = await src.query<{ wal_level: string; free_slots: number; free_senders: number }>(
-      `SELECT current_setting('wal_level') AS wal_level,
-              current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,
-              current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication)::int AS free_senders`,
+      REPLICATION_SETTINGS_SQL,
     );
     const s = settings.rows[0]!;
     add(
@@ -139,12 +134,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
         (s.free_slots > 0 && s.free_senders > 0 ? '' : '; raise max_replication_slots / max_wal_senders'),
     );
     const tables = await src.query<{ name: string; identity: boolean; logged: boolean }>(
-      `SELECT format('%s.%s', n.nspname, c.relname) AS name,
-              NOT (c.relreplident = 'n' OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) AS identity,
-              c.relpersistence <> 'u' AS logged
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = ANY($1) AND c.relkind = 'r'
-        ORDER BY 1`,
+      REPLICA_IDENTITIES_SQL,
       [schemas],
     );
     const noIdentity = tables.rows.filter((t) => !t.identity).map((t) => t.name);
@@ -202,7 +192,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   for (const check of await roleChecks(src, dst, schemas, source.name, target.name, (schema) => shards[schemas.indexOf(schema)]!)) checks.push(check);
 
   const applied = await src.query<{ shard: number; version: number; checksum: string }>(
-    `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`,
+    APPLIED_CHECKSUMS_SQL,
     [shards],
   );
   const byShard = new Map<number, Map<number, string>>();
@@ -251,7 +241,7 @@ async function roleChecks(
   const objects = await shardPrivileges(src, schemas);
   const { all, owners } = rolesNamed(objects);
   const found = await dst.query<{ rolname: string; member: boolean }>(
-    `SELECT r.rolname, pg_has_role(r.oid, 'MEMBER') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`,
+    ROLES_SQL,
     [all],
   );
   const present = new Map(found.rows.map((r) => [r.rolname, r.member]));
@@ -267,7 +257,7 @@ async function roleChecks(
   };
   const missing = all.filter((role) => !present.has(role));
   const cannotGive = owners.filter((role) => present.get(role) === false);
-  const current = (await dst.query<{ current: string }>('SELECT current_user AS current')).rows[0]!.current;
+  const current = (await dst.query<{ current: string }>(CURRENT_USER_SQL)).rows[0]!.current;
   return [
     {
       name: 'roles on target',
@@ -328,8 +318,7 @@ interface RunningMove {
 async function runningMovesOf(client: pg.Client, shards: readonly number[]): Promise<RunningMove[]> {
   if (!(await controlTableExists(client, 'moves'))) return [];
   const r = await client.query<{ move_id: string; shards: number[]; source: string; target: string; step: string }>(
-    `SELECT move_id, coalesce(shards, ARRAY[shard]) AS shards, source, target, step FROM ${CONTROL}.moves
-      WHERE status = 'running' AND coalesce(shards, ARRAY[shard]) && $1::int[] ORDER BY started_at, move_id`,
+    RUNNING_MOVES_OF_SQL,
     [shards],
   );
   return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards, source: row.source, target: row.target, step: row.step }));

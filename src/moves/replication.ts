@@ -1,9 +1,10 @@
 import { HostError, resumeOrAbort } from '../errors.js';
-import { CONTROL } from '../fleet/control.js';
-import { createPublicationSql, createSubscriptionSql, dropPublicationSql, insertMarkerSql } from './sql.js';
+import { createPublicationSql, createSubscriptionSql, dropPublicationSql, insertMarkerSql, APPLY_WORKER_WAITS_SQL, DELETE_MARKERS_SQL, MARKER_ARRIVED_SQL, PUBLICATION_EXISTS_SQL, SLOT_LAG_SQL, SUBSCRIPTION_ERRORS_SQL, SUBSCRIPTION_EXISTS_SQL, SUBSCRIPTION_TABLES_SQL } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
-import { shardTables } from './verify.js';
-import { type MoveContext, schemasOf, ensureMethods, notice, sameMajorVersion, sleep } from './context.js';
+import { shardTables } from './catalog.js';
+import { sleep } from '../clock.js';
+import { ensureMethods } from './checksum-methods.js';
+import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 
 /**
  * The logical replication of a move: publication, subscription, waiting until every table streams,
@@ -11,14 +12,14 @@ import { type MoveContext, schemasOf, ensureMethods, notice, sameMajorVersion, s
  */
 
 export async function publish(ctx: MoveContext): Promise<void> {
-  const exists = await ctx.source.client.query(`SELECT 1 FROM pg_publication WHERE pubname = $1`, [ctx.name]);
+  const exists = await ctx.source.client.query(PUBLICATION_EXISTS_SQL, [ctx.name]);
   if (exists.rowCount) return;
   // The marker table rides along (only this move's rows): see waitForCatchUp.
   await ctx.source.client.query(createPublicationSql(ctx.name, schemasOf(ctx, ctx.shards), ctx.moveId));
 }
 
 export async function subscribe(ctx: MoveContext): Promise<void> {
-  const exists = await ctx.target.client.query(`SELECT 1 FROM pg_subscription WHERE subname = $1`, [ctx.name]);
+  const exists = await ctx.target.client.query(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
   if (exists.rowCount) return;
   const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
   // Binary replication carries type OIDs in arrays and records, and reg* values as raw OIDs.
@@ -30,7 +31,7 @@ export async function subscribe(ctx: MoveContext): Promise<void> {
 export async function waitForSync(ctx: MoveContext): Promise<void> {
   const errors = async (): Promise<number> => {
     const r = await ctx.target.client.query<{ n: string }>(
-      `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`,
+      SUBSCRIPTION_ERRORS_SQL,
       [ctx.name],
     );
     return Number(r.rows[0]?.n ?? 0);
@@ -51,8 +52,7 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
       );
     }
     const r = await ctx.target.client.query<{ total: string; pending: string }>(
-      `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
-         FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`,
+      SUBSCRIPTION_TABLES_SQL,
       [ctx.name],
     );
     const { total, pending } = r.rows[0]!;
@@ -80,13 +80,13 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
   const started = performance.now();
   let told = started;
   for (;;) {
-    const r = await ctx.target.client.query(`SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`, [ctx.moveId, kind]);
+    const r = await ctx.target.client.query(MARKER_ARRIVED_SQL, [ctx.moveId, kind]);
     if (r.rowCount) return;
     if (performance.now() - started > timeoutMs) throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
     if (tell && performance.now() - told > 5000) {
       told = performance.now();
       const lag = await ctx.source.client
-        .query<{ lag: string | null }>(`SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`, [ctx.name])
+        .query<{ lag: string | null }>(SLOT_LAG_SQL, [ctx.name])
         .then((q) => q.rows[0]?.lag ?? 'unknown', () => 'unknown');
       // The lag and what the apply worker waits for only add to a progress notice.
       const apply = await applyWorkerWaits(ctx).catch(() => '');
@@ -99,11 +99,7 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
 /** What the move's apply worker on the target waits for: the lock and who holds it, if any. */
 export async function applyWorkerWaits(ctx: MoveContext): Promise<string> {
   const r = await ctx.target.client.query<{ wait: string | null; blockers: string | null }>(
-    `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
-            (SELECT string_agg(format('pid %s (%s, %s: %s)', b.pid, coalesce(nullif(b.application_name, ''), 'no application name'), b.state, left(b.query, 80)), '; ')
-               FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(w.pid))) AS blockers
-       FROM pg_stat_subscription s JOIN pg_stat_activity w ON w.pid = s.pid
-      WHERE s.subname = $1 AND s.relid IS NULL`,
+    APPLY_WORKER_WAITS_SQL,
     [ctx.name],
   );
   const row = r.rows[0];
@@ -112,6 +108,14 @@ export async function applyWorkerWaits(ctx: MoveContext): Promise<string> {
   return `its apply worker waits for ${row.wait}${row.blockers ? `, held by ${row.blockers}` : ''}`;
 }
 
+/** The move's markers on both hosts: at clean-up, and last when a move is undone. */
+export async function deleteMarkers(ctx: MoveContext): Promise<void> {
+  for (const side of [ctx.source, ctx.target]) {
+    await side.client.query(DELETE_MARKERS_SQL, [ctx.moveId]);
+  }
+}
+
+/** The publication, subscription and slot: at clean-up, and first when a move is undone (see move.ts). */
 export async function dropReplication(ctx: MoveContext): Promise<void> {
   const { source, target, name } = ctx;
   await dropSubscription(target.client, name);

@@ -9,10 +9,13 @@ import { registerWorker } from '../fleet/locks.js';
 import { requireFleetAgrees } from '../fleet/placement.js';
 import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { abortMove, announce, elapsed, moveContext, moveResult, newMoveId, planWaves, runSteps, type MoveOptions, type MoveResult } from './move.js';
+import { elapsed } from '../clock.js';
+import { announce, moveContext, moveResult, type MoveOptions, type MoveResult } from './context.js';
+import { abortMove, runSteps } from './move.js';
+import { planWaves } from './waves.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { preflight } from './preflight.js';
-import { faultAfter, insertMove, runningMoves, stepsFor, type MoveRecord, type MoveStep } from './state.js';
+import { faultAfter, insertMove, newMoveId, runningMoves, stepsFor, type MoveRecord, type MoveStep } from './state.js';
 
 /**
  * The one entry of the move engine (runMoves), as provisioning/run.ts is for provisioning: groups

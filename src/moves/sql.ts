@@ -1,13 +1,43 @@
-import { CONTROL } from '../fleet/control.js';
+import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
+import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { loadSqlTemplate, renderSql } from '../pg/template.js';
 
 /**
- * The SQL a move sends, one pure function per statement or transaction, so each can be read and
- * unit-tested as text. The step logic in move.ts decides when; these decide what.
+ * The SQL a move sends, one pure function or named constant per statement or transaction, so each
+ * can be read and unit-tested as text. The steps decide when; these decide what. Elsewhere in
+ * moves/ are only the catalog reads (catalog.ts) and transaction control (BEGIN, COMMIT, ROLLBACK,
+ * SAVEPOINT) written where the transaction is.
  */
 
 export function qualified(schema: string, table: string): string {
   return `${quoteIdent(schema)}.${quoteIdent(table)}`;
+}
+
+/** A table by schema and name (a ShardTable of catalog.ts, or anything with these two). */
+export interface TableName {
+  readonly schema: string;
+  readonly table: string;
+}
+
+/** A table with its replica-identity key columns and their types (catalog.ts, KeyedTable). */
+export interface KeyedTableName {
+  readonly table: TableName;
+  readonly columns: readonly string[];
+  /** format_type() of each key column (built-in types only, see EXACT_KEY_TYPES in catalog.ts). */
+  readonly types: readonly string[];
+}
+
+/** A trigger on a table, as catalog.ts reads it. */
+export interface TriggerName {
+  readonly schema: string;
+  readonly table: string;
+  readonly trigger: string;
+}
+
+/** SET LOCAL lock_timeout, in whole ms (at least 1: 0 would mean no limit). */
+export function lockTimeoutSql(ms: number): string {
+  return `SET LOCAL lock_timeout = '${Math.max(1, Math.round(ms))}ms';`;
 }
 
 /** The shard's tables (every schema of the shard) and this move's marker rows, replicated to the target. */
@@ -139,6 +169,9 @@ export function fenceMarkerSql(moveId: string, marker: string, fenceStartedAtMs:
   ].join('\n');
 }
 
+/** The trigger of the fence (fenceSql) on every table of a fenced shard. */
+export const FENCE_TRIGGER = 'shardctl_fence';
+
 /** The triggers of a move's change logs (src/moves/tail.ts), on a table without a usable key. */
 export const DELTA_TRIGGERS = ['shardctl_delta', 'shardctl_delta_truncate'] as const;
 
@@ -175,7 +208,12 @@ export function unfenceSql(
  * disabled, and the next fence replaces it.
  */
 export function dropFenceTriggerSql(schema: string, table: string): string {
-  return `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS shardctl_fence ON ${qualified(schema, table)};\nCOMMIT;`;
+  return dropTriggerIfFreeSql(schema, table, FENCE_TRIGGER);
+}
+
+/** A trigger dropped only if its table is free now (lock_timeout 1 ms): no statement queues behind the drop. */
+export function dropTriggerIfFreeSql(schema: string, table: string, trigger: string): string {
+  return `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS ${quoteIdent(trigger)} ON ${qualified(schema, table)};\nCOMMIT;`;
 }
 
 /** A sequence's state, as read from the sequence itself (pg_sequences hides a setval(..., false)). */
@@ -487,4 +525,377 @@ export function alterDefaultPrivilegesSql(schema: string, role: string, objectTy
     `${prefix} REVOKE ALL ON ${on} FROM ${revokedFrom(current)} CASCADE;`,
     ...grantGroups(wanted).map((g) => `${prefix} GRANT ${privilegeList(g.entries, null)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`),
   ];
+}
+
+// The statements of the steps that read and record, each named for what it asks.
+
+/** The migration versions applied to shards $1, in order. */
+export const APPLIED_VERSIONS_SQL =
+  `SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY version`;
+
+/** The transactions holding a transaction id on the server (any database) but backend $1, oldest first. */
+export const XID_HOLDERS_SQL =
+  `SELECT pid, datname, application_name, extract(epoch FROM now() - xact_start)::int AS age, left(query, 80) AS query
+       FROM pg_stat_activity
+      WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() AND pid <> $1 AND backend_type = 'client backend'
+      ORDER BY xact_start LIMIT 3`;
+
+/** Which of shards $1 are fenced on this host. */
+export const FENCED_SHARDS_SQL =
+  `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`;
+
+/** The server's deadlock_timeout, in ms. */
+export const DEADLOCK_TIMEOUT_SQL =
+  `SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`;
+
+/** Who holds locks on the tables of schema $1: the first three sessions. */
+export const LOCK_HOLDERS_SQL =
+  `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
+       FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
+      WHERE c.relnamespace = to_regnamespace($1) AND l.granted AND l.pid <> pg_backend_pid()
+      ORDER BY a.pid LIMIT 3`;
+
+/** Which of shards $1 are active on this host. */
+export const ACTIVE_SHARDS_SQL =
+  `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`;
+
+/** The probe subscriptions recorded on this host. */
+export const PROBE_SUBSCRIPTIONS_SQL =
+  `SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`;
+
+/** The walsender holding slot $1 (a row only while the slot exists). */
+export const SLOT_ACTIVE_PID_SQL =
+  `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`;
+
+/** The current schema name of shards $1 on this host. */
+export const SHARD_SCHEMA_NAMES_SQL =
+  `SELECT shard, schema_name FROM ${CONTROL}.shards WHERE shard = ANY($1)`;
+
+/** Shards $1 with schemas $2: whether each schema exists, and its control state. */
+export const SOURCE_SHARD_STATES_SQL =
+  `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists, (SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard) AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
+
+/** wal_level, and the free replication slots and WAL senders. */
+export const REPLICATION_SETTINGS_SQL =
+  `SELECT current_setting('wal_level') AS wal_level,
+              current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,
+              current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication)::int AS free_senders`;
+
+/** The migrations applied to shards $1, with their checksums. */
+export const APPLIED_CHECKSUMS_SQL =
+  `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
+
+/** Which of roles $1 exist, and whether the current role is a member of each. */
+export const ROLES_SQL =
+  `SELECT r.rolname, pg_has_role(r.oid, 'MEMBER') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
+
+/** The running moves carrying any of shards $1. */
+export const RUNNING_MOVES_OF_SQL =
+  `SELECT move_id, shards, source, target, step FROM ${CONTROL}.moves
+      WHERE status = 'running' AND shards && $1::int[] ORDER BY started_at, move_id`;
+
+export const PUBLICATION_EXISTS_SQL =
+  `SELECT 1 FROM pg_publication WHERE pubname = $1`;
+
+export const SUBSCRIPTION_EXISTS_SQL =
+  `SELECT 1 FROM pg_subscription WHERE subname = $1`;
+
+/** How often subscription $1 failed to sync or apply. */
+export const SUBSCRIPTION_ERRORS_SQL =
+  `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;
+
+/** Subscription $1's tables, and how many of them are not streaming yet. */
+export const SUBSCRIPTION_TABLES_SQL =
+  `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
+         FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`;
+
+/** A row once marker $2 of move $1 is here. */
+export const MARKER_ARRIVED_SQL =
+  `SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`;
+
+/** How far slot $1 is behind the WAL. */
+export const SLOT_LAG_SQL =
+  `SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`;
+
+/** What subscription $1's apply worker waits for, and who holds it. */
+export const APPLY_WORKER_WAITS_SQL =
+  `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
+            (SELECT string_agg(format('pid %s (%s, %s: %s)', b.pid, coalesce(nullif(b.application_name, ''), 'no application name'), b.state, left(b.query, 80)), '; ')
+               FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(w.pid))) AS blockers
+       FROM pg_stat_subscription s JOIN pg_stat_activity w ON w.pid = s.pid
+      WHERE s.subname = $1 AND s.relid IS NULL`;
+
+/** Move $1's markers. */
+export const DELETE_MARKERS_SQL =
+  `DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
+
+/** A new move's record, and the claim of its shards (one running move per shard). `shard` is the batch's first: the control schema's column is NOT NULL. */
+export const INSERT_MOVE_SQL =
+  `WITH m AS (
+       INSERT INTO ${CONTROL}.moves (move_id, shard, shards, source, target, mode, step, status, detail)
+       VALUES ($1, ($2::int[])[1], $2::int[], $3, $4, $5, $6, 'running', $7::jsonb)
+       ON CONFLICT (move_id) DO NOTHING RETURNING move_id)
+     INSERT INTO ${CONTROL}.move_shards (shard, move_id) SELECT unnest($2::int[]), move_id FROM m`;
+
+/** A move's step, status and detail; a finished or aborted move releases its shards. */
+export const RECORD_STEP_SQL =
+  `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
+     DELETE FROM ${CONTROL}.move_shards s USING m WHERE s.move_id = m.move_id AND $3 <> 'running'`;
+
+/** The running moves on this host carrying any of shards $1 (all of them when $1 is NULL). */
+export const RUNNING_MOVES_SQL =
+  `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
+      WHERE status = 'running' AND ($1::int[] IS NULL OR shards && $1::int[])
+      ORDER BY started_at, move_id`;
+
+// The verification's tail (tail.ts): tracking on the target, change logs on both hosts.
+
+/** The triggers recording the keys a write touches on the target during a cut-over (tail.ts). */
+export const TRACK_TRIGGERS = ['shardctl_track', 'shardctl_track_truncate'] as const;
+const [TRACK_TRIGGER, TRACK_TRUNCATE_TRIGGER] = TRACK_TRIGGERS;
+
+/** The tracking table and function, and triggers on `tables` recording this move's changes (one transaction). */
+export function startTrackingSql(moveId: string, tables: readonly KeyedTableName[]): string {
+  const fn = `${CONTROL}.move_track`;
+  return [
+    'BEGIN;',
+    "SET LOCAL lock_timeout = '5s';",
+    // Moves into the same target (from several sources at once) would race on CREATE OR REPLACE.
+    TRACKING_LOCK_SQL,
+    renderSql(loadSqlTemplate('move_tracking.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    `DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`,
+    ...tables.flatMap(({ table, columns }) => {
+      const name = qualified(table.schema, table.table);
+      const args = [moveId, ...columns].map(quoteLiteral).join(', ');
+      return [
+        `CREATE OR REPLACE TRIGGER ${TRACK_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
+        `CREATE OR REPLACE TRIGGER ${TRACK_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${quoteLiteral(moveId)});`,
+        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${TRACK_TRIGGER}, ENABLE ALWAYS TRIGGER ${TRACK_TRUNCATE_TRIGGER};`,
+      ];
+    }),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** The tracking triggers `triggers` dropped and this move's recorded keys gone (when their table exists), in one transaction. */
+export function stopTrackingSql(moveId: string, triggers: readonly TriggerName[], changesExist: boolean): string {
+  return [
+    'BEGIN;',
+    "SET LOCAL lock_timeout = '5s';",
+    ...triggers.map((r) => `DROP TRIGGER IF EXISTS ${quoteIdent(r.trigger)} ON ${qualified(r.schema, r.table)};`),
+    ...(changesExist ? [`DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`] : []),
+    'COMMIT;',
+  ].join('\n');
+}
+
+const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
+
+/**
+ * The change log and its triggers on `tables`, with each table's checksum method (one
+ * transaction). On the source the CREATE TRIGGERs wait for the tables' writers: `lockWaitMs`
+ * bounds that wait like the fence's (see fenceSql), and the caller retries.
+ */
+export function startDeltasSql(moveId: string, tables: readonly { readonly table: TableName; readonly method: 'record' | 'text' }[], lockWaitMs: number): string {
+  const fn = `${CONTROL}.move_delta`;
+  return [
+    'BEGIN;',
+    lockTimeoutSql(lockWaitMs),
+    TRACKING_LOCK_SQL,
+    renderSql(loadSqlTemplate('move_deltas.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    `DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`,
+    ...tables.flatMap(({ table, method }) => {
+      const name = qualified(table.schema, table.table);
+      const args = [moveId, method].map(quoteLiteral).join(', ');
+      return [
+        `CREATE OR REPLACE TRIGGER ${DELTA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
+        `CREATE OR REPLACE TRIGGER ${DELTA_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${args});`,
+        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${DELTA_TRIGGER}, ENABLE ALWAYS TRIGGER ${DELTA_TRUNCATE_TRIGGER};`,
+      ];
+    }),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** The change-log triggers `enabled` disabled and this move's log entries gone (when the log exists), in one transaction. */
+export function disableDeltasSql(moveId: string, enabled: readonly TriggerName[], logExists: boolean, lockWaitMs: number): string {
+  return [
+    'BEGIN;',
+    lockTimeoutSql(lockWaitMs),
+    ...enabled.map((r) => `ALTER TABLE ${qualified(r.schema, r.table)} DISABLE TRIGGER ${quoteIdent(r.trigger)};`),
+    ...(logExists ? [`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`] : []),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
+export const TAIL_MAX_KEYS = 100_000;
+
+/** The sums of move $1's change log on one host, by table: every entry, and those after its last TRUNCATE. */
+export const READ_LOG_SUMS_SQL = `SELECT schema_name, table_name, max(truncated_at)::text AS truncated_at, count(*)::text AS entries,
+            coalesce(sum(sign), 0)::text AS rows, coalesce(sum(sign * hash::numeric), 0)::text AS checksum,
+            coalesce(sum(sign) FILTER (WHERE seq > truncated_at), 0)::text AS rows_after,
+            coalesce(sum(sign * hash::numeric) FILTER (WHERE seq > truncated_at), 0)::text AS checksum_after
+       FROM (SELECT *, max(seq) FILTER (WHERE sign = 0) OVER (PARTITION BY schema_name, table_name) AS truncated_at
+               FROM ${CONTROL}.move_deltas WHERE move_id = $1) d
+      GROUP BY 1, 2`;
+
+/** The keys recorded for move $1 by table (as JSON while at most $2 of them), and whether it was truncated. */
+export const READ_CHANGES_SQL = `SELECT schema_name, table_name, bool_or(key IS NULL) AS truncated, count(DISTINCT key)::text AS keys,
+            CASE WHEN count(DISTINCT key) <= $2 THEN jsonb_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL)::text END AS keys_json
+       FROM ${CONTROL}.move_changes WHERE move_id = $1 GROUP BY 1, 2`;
+
+/**
+ * SQL condition: the row `t` of `table` has one of the keys in the JSON array `param` (a
+ * placeholder like $1). The keys are read back with their columns' types (built-in types, from the
+ * catalog), so the lookup can use the key's index; not through the table's row type, whose other
+ * columns would be NULL (a domain NOT NULL refuses that).
+ */
+export function keyFilterSql(keyed: KeyedTableName, param: string): string {
+  const columns = keyed.columns.map(quoteIdent);
+  const definitions = columns.map((c, i) => `${c} ${keyed.types[i]!}`).join(', ');
+  return `(${columns.map((c) => `t.${c}`).join(', ')}) IN (SELECT ${columns.map((c) => `k.${c}`).join(', ')} FROM jsonb_to_recordset(${param}::jsonb) AS k(${definitions}))`;
+}
+
+// The verification (verify.ts): checksums of both copies.
+
+/** How a table's rows are hashed for its checksum (verify.ts, hashMethods). */
+export type HashMethod = 'record' | 'text';
+
+export const HASH_SQL: Record<HashMethod, string> = {
+  // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
+  // across versions): several times faster than hashing the row's text, and verification runs
+  // while writes are fenced. PostgreSQL 14 and later; built-in types only (see ShardTable.portable).
+  record: 'hash_record_extended(t, 0)',
+  // The row's text: enums by label, reg* by name, whatever their OIDs on each host.
+  text: 'hashtextextended(t::text, 0)',
+};
+
+/**
+ * The text form of a row depends on session settings (time zone, date style, float digits): fixed
+ * here on both sessions so that equal rows give equal text on both hosts.
+ */
+export const STABLE_TEXT_SETTINGS =
+  "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
+
+/** Fails (42883) when a column type of `table` has no extended hash function: then its rows are hashed as text. */
+export function hashProbeSql(table: TableName): string {
+  return `SELECT ${HASH_SQL.record} FROM ${qualified(table.schema, table.table)} t LIMIT 0`;
+}
+
+/** One table's count and checksum: every row, or only the rows whose key is in a JSON array of keys. */
+export interface ChecksumSql {
+  readonly table: TableName;
+  readonly method: HashMethod;
+  readonly keys?: { readonly keyed: KeyedTableName; readonly json: string };
+}
+
+/** Counts and checksums of many tables (or key subsets of them) in one statement, row i for query i; the key arrays are its parameters. */
+export function checksumsSql(queries: readonly ChecksumSql[]): { sql: string; params: string[] } {
+  const params: string[] = [];
+  const sql = queries
+    .map(({ table: t, method, keys }, i) => {
+      const where = keys ? ` WHERE ${keyFilterSql(keys.keyed, `$${params.push(keys.json)}`)}` : '';
+      return `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
+    })
+    .join('\nUNION ALL ');
+  return { sql: `${sql}\nORDER BY 1`, params };
+}
+
+/** The snapshot of this transaction, for others to import. */
+export const EXPORT_SNAPSHOT_SQL = 'SELECT pg_export_snapshot() AS snapshot';
+
+/** The first statement of a REPEATABLE READ transaction that reads as of an exported snapshot. */
+export function setTransactionSnapshotSql(snapshot: string): string {
+  return `SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`;
+}
+
+// Sessions and connections of a move.
+
+/** This session's backend pid. */
+export const BACKEND_PID_SQL = 'SELECT pg_backend_pid() AS pid';
+
+/** Ends backend $1 (the slot's creation cancelled; a walsender that holds a slot). */
+export const TERMINATE_BACKEND_SQL = 'SELECT pg_terminate_backend($1)';
+
+/** Slot $1 dropped (fails while a walsender holds it). */
+export const DROP_SLOT_SQL = 'SELECT pg_drop_replication_slot($1)';
+
+/** A statement timeout for the session, in ms (see underFence). */
+export function statementTimeoutSql(ms: number): string {
+  return `SET statement_timeout = ${Math.max(1, Math.ceil(ms))}`;
+}
+
+export const RESET_STATEMENT_TIMEOUT_SQL = 'RESET statement_timeout';
+
+export const RESET_SYNCHRONOUS_COMMIT_SQL = 'RESET synchronous_commit';
+
+export const CURRENT_USER_SQL = 'SELECT current_user AS current';
+
+/**
+ * The publications, subscriptions and slots named like a move's (shardctl_move_<id>) that no
+ * running move accounts for; `movesRecorded`: the host has the control schema's moves table.
+ */
+export function leftoverReplicationSql(movesRecorded: boolean): string {
+  const running = movesRecorded ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'` : `SELECT NULL::text WHERE false`;
+  return `SELECT kind, name FROM (
+        SELECT 'publication' AS kind, pubname::text AS name FROM pg_publication
+        UNION ALL SELECT 'subscription', subname::text FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+        UNION ALL SELECT 'slot', slot_name::text FROM pg_replication_slots WHERE database = current_database()
+      ) o
+      WHERE name LIKE 'shardctl\\_move\\_%' AND name NOT IN (${running})
+      ORDER BY kind, name`;
+}
+
+/**
+ * Shards $1 with schemas $2 on the target: whether each schema exists, and its control state
+ * (none where the target has no control schema yet: `initialised` false).
+ */
+export function targetShardStatesSql(initialised: boolean): string {
+  return `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists,
+            ${initialised ? `(SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard)` : 'NULL::text'} AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
+}
+
+// The copy (copy.ts).
+
+/** Foreign keys between a shard's tables must not depend on the copy order (superusers only). */
+export const REPLICA_ROLE_SQL = 'SET LOCAL session_replication_role = replica';
+
+/** One row: column i tells whether table i (quoted) holds any row. */
+export function nonEmptyTablesSql(tables: readonly string[]): string {
+  return `SELECT ${tables.map((name, i) => `EXISTS (SELECT FROM ${name}) AS "${i}"`).join(', ')}`;
+}
+
+export function truncateSql(tables: readonly string[]): string {
+  return `TRUNCATE ${tables.join(', ')}`;
+}
+
+/** The COPY out of the source (`table` quoted); binary only where both ends read it alike. */
+export function copyOutSql(table: string, binary: boolean): string {
+  return `COPY ${table} TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+export function copyInSql(table: string, binary: boolean): string {
+  return `COPY ${table} FROM STDIN${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+/** An index that can be built again exactly (catalog.ts, REBUILDABLE_INDEXES_SQL). */
+export interface RebuildableIndex {
+  /** Quoted and qualified. */
+  readonly index_name: string;
+  readonly table_name: string;
+  readonly conname: string | null;
+  readonly indexdef: string;
+  readonly condef: string | null;
+}
+
+/** The drop of an index, or of the constraint that owns it. */
+export function dropIndexForCopySql(index: RebuildableIndex): string {
+  return index.conname !== null ? `ALTER TABLE ${index.table_name} DROP CONSTRAINT ${quoteIdent(index.conname)};` : `DROP INDEX ${index.index_name};`;
+}
+
+/** The index (or its constraint) built again, as it was. */
+export function rebuildIndexSql(index: RebuildableIndex): string {
+  return index.conname !== null ? `ALTER TABLE ONLY ${index.table_name} ADD CONSTRAINT ${quoteIdent(index.conname)} ${index.condef}` : index.indexdef;
 }

@@ -1,5 +1,6 @@
+import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
-import { CONTROL } from '../fleet/control.js';
+import { INSERT_MOVE_SQL, RECORD_STEP_SQL, RUNNING_MOVES_SQL } from './sql.js';
 
 /**
  * The steps of a move, in order. A step is recorded on both hosts once it has completed. Online,
@@ -52,17 +53,19 @@ export interface MoveRecord {
   readonly detail: Record<string, unknown>;
 }
 
+/** A new move's id: sortable by start time, unique across hosts and processes. */
+export function newMoveId(): string {
+  return `${Date.now().toString(36)}${randomBytes(3).toString('hex')}`;
+}
+
 /**
  * Records a new move and claims its shards (one running move per shard: the claim's primary key
- * refuses a second), in one transaction. Idempotent for the same move id.
+ * refuses a second), in one transaction. Idempotent for the same move id. The row's `shard` is the
+ * batch's first: the control schema's column is NOT NULL (sql/control.sql).
  */
 export async function insertMove(client: pg.Client, move: Omit<MoveRecord, 'status'>): Promise<void> {
   await client.query(
-    `WITH m AS (
-       INSERT INTO ${CONTROL}.moves (move_id, shard, shards, source, target, mode, step, status, detail)
-       VALUES ($1, ($2::int[])[1], $2::int[], $3, $4, $5, $6, 'running', $7::jsonb)
-       ON CONFLICT (move_id) DO NOTHING RETURNING move_id)
-     INSERT INTO ${CONTROL}.move_shards (shard, move_id) SELECT unnest($2::int[]), move_id FROM m`,
+    INSERT_MOVE_SQL,
     [move.moveId, move.shards, move.source, move.target, move.mode, move.step, JSON.stringify(move.detail)],
   );
 }
@@ -76,8 +79,7 @@ export async function recordStep(
   detail: Record<string, unknown> = {},
 ): Promise<void> {
   await client.query(
-    `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
-     DELETE FROM ${CONTROL}.move_shards s USING m WHERE s.move_id = m.move_id AND $3 <> 'running'`,
+    RECORD_STEP_SQL,
     [moveId, step, status, JSON.stringify(detail)],
   );
 }
@@ -86,8 +88,7 @@ export async function recordStep(
 export async function runningMoves(client: pg.Client, shards?: readonly number[]): Promise<MoveRecord[]> {
   const result = await client.query<{
     move_id: string;
-    shards: number[] | null;
-    shard: number;
+    shards: number[];
     source: string;
     target: string;
     mode: MoveMode;
@@ -95,15 +96,12 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
     status: MoveRecord['status'];
     detail: Record<string, unknown>;
   }>(
-    `SELECT move_id, shards, shard, source, target, mode, step, status, detail FROM ${CONTROL}.moves
-      WHERE status = 'running' AND ($1::int[] IS NULL OR coalesce(shards, ARRAY[shard]) && $1::int[])
-      ORDER BY started_at, move_id`,
+    RUNNING_MOVES_SQL,
     [shards ?? null],
   );
   return result.rows.map((row) => ({
     moveId: row.move_id,
-    // Moves recorded before batches had one shard and no list.
-    shards: row.shards ?? [row.shard],
+    shards: row.shards,
     source: row.source,
     target: row.target,
     mode: row.mode,

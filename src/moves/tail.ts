@@ -1,10 +1,18 @@
 import type pg from 'pg';
-import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
-import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
-import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { loadSqlTemplate, renderSql } from '../pg/template.js';
-import { DELTA_TRIGGERS, qualified } from './sql.js';
-import type { ShardTable } from './verify.js';
+import { sleep } from '../clock.js';
+import { CONTROL } from '../fleet/control.js';
+import { runTransaction } from '../pg/quiet.js';
+import {
+  DELTA_TRIGGERS,
+  disableDeltasSql,
+  dropTriggerIfFreeSql,
+  READ_CHANGES_SQL,
+  READ_LOG_SUMS_SQL,
+  stopTrackingSql,
+  TAIL_MAX_KEYS,
+  TRACK_TRIGGERS,
+} from './sql.js';
+import { relationExists, shardTriggers } from './catalog.js';
 
 /**
  * Verification of a wave in two parts, so that what runs while writes are blocked grows with the
@@ -44,123 +52,16 @@ import type { ShardTable } from './verify.js';
  * the logs could not be set up (the source older than PostgreSQL 14, or its tables kept busy).
  */
 
-/** A table whose tail can be verified by key: its replica-identity key columns and their types. */
-export interface KeyedTable {
-  readonly table: ShardTable;
-  readonly columns: readonly string[];
-  /** format_type() of each key column (built-in types only, see EXACT_KEY_TYPES). */
-  readonly types: readonly string[];
-}
-
-/** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
-export const TAIL_MAX_KEYS = 100_000;
-
-/**
- * Key types whose JSON form (to_jsonb) reads back to the same value (jsonb_to_recordset): the
- * lookup must find exactly the row that was recorded.
- */
-const EXACT_KEY_TYPES = ['int2', 'int4', 'int8', 'numeric', 'text', 'varchar', 'uuid', 'bool', 'date', 'timestamp', 'timestamptz', 'bytea'];
-
-/** Tables holding rows (plain tables and partitions) of `schemas` with an exact-typed replica-identity key. */
-export async function keyedTables(client: pg.Client, schemas: readonly string[]): Promise<KeyedTable[]> {
-  const result = await client.query<{ nspname: string; relname: string; columns: string[]; types: string[]; exact: boolean }>(
-    `SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY k.ord) AS columns,
-            array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.ord) AS types,
-            bool_and(t.oid < 16384 AND t.typname = ANY($2::text[])) AS exact
-       FROM pg_class c
-       JOIN pg_namespace n ON n.oid = c.relnamespace
-       JOIN pg_index i ON i.indrelid = c.oid AND ((c.relreplident = 'd' AND i.indisprimary) OR (c.relreplident = 'i' AND i.indisreplident))
-       CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord)
-       JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum
-       JOIN pg_type t ON t.oid = a.atttypid
-      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r'
-      GROUP BY n.nspname, c.relname
-      ORDER BY n.nspname, c.relname`,
-    [schemas, EXACT_KEY_TYPES],
-  );
-  return result.rows
-    .filter((r) => r.exact)
-    .map((r) => ({ table: { schema: r.nspname, table: r.relname, portable: true }, columns: r.columns, types: r.types }));
-}
-
-const TRACK_TRIGGER = 'shardctl_track';
-const TRACK_TRUNCATE_TRIGGER = 'shardctl_track_truncate';
-
-/** The tracking table and function, and triggers on `tables` recording this move's changes (one transaction). */
-export function startTrackingSql(moveId: string, tables: readonly KeyedTable[]): string {
-  const fn = `${CONTROL}.move_track`;
-  return [
-    'BEGIN;',
-    "SET LOCAL lock_timeout = '5s';",
-    // Moves into the same target (from several sources at once) would race on CREATE OR REPLACE.
-    TRACKING_LOCK_SQL,
-    renderSql(loadSqlTemplate('move_tracking.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
-    `DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`,
-    ...tables.flatMap(({ table, columns }) => {
-      const name = qualified(table.schema, table.table);
-      const args = [moveId, ...columns].map(quoteLiteral).join(', ');
-      return [
-        `CREATE OR REPLACE TRIGGER ${TRACK_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
-        `CREATE OR REPLACE TRIGGER ${TRACK_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${quoteLiteral(moveId)});`,
-        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${TRACK_TRIGGER}, ENABLE ALWAYS TRIGGER ${TRACK_TRUNCATE_TRIGGER};`,
-      ];
-    }),
-    'COMMIT;',
-  ].join('\n');
-}
-
 /**
  * Removes the tracking of `schemas` on the target: its triggers (whatever run created them) and this
  * move's recorded keys. Runs before a wave switches, and again at clean-up: a trigger left on a
  * live table would record every application write.
  */
 export async function stopTracking(client: pg.Client, moveId: string, schemas: readonly string[]): Promise<void> {
-  const triggers = await client.query<{ nspname: string; relname: string; tgname: string }>(
-    `SELECT n.nspname, c.relname, t.tgname FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname IN ($2, $3) AND n.nspname = ANY($1::text[])`,
-    [schemas, TRACK_TRIGGER, TRACK_TRUNCATE_TRIGGER],
-  );
-  const exists = (await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.move_changes`])).rows[0]!.e;
-  if (triggers.rows.length === 0 && !exists) return;
-  await runTransaction(
-    client,
-    [
-      'BEGIN;',
-      "SET LOCAL lock_timeout = '5s';",
-      ...triggers.rows.map((r) => `DROP TRIGGER IF EXISTS ${quoteIdent(r.tgname)} ON ${qualified(r.nspname, r.relname)};`),
-      ...(exists ? [`DELETE FROM ${CONTROL}.move_changes WHERE move_id = ${quoteLiteral(moveId)};`] : []),
-      'COMMIT;',
-    ].join('\n'),
-  );
-}
-
-const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
-
-/**
- * The change log and its triggers on `tables`, with each table's checksum method (one
- * transaction). On the source the CREATE TRIGGERs wait for the tables' writers: `lockWaitMs`
- * bounds that wait like the fence's (see fenceSql), and the caller retries.
- */
-export function startDeltasSql(moveId: string, tables: readonly { readonly table: ShardTable; readonly method: 'record' | 'text' }[], lockWaitMs: number): string {
-  const fn = `${CONTROL}.move_delta`;
-  return [
-    'BEGIN;',
-    `SET LOCAL lock_timeout = '${Math.max(1, Math.round(lockWaitMs))}ms';`,
-    TRACKING_LOCK_SQL,
-    renderSql(loadSqlTemplate('move_deltas.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
-    `DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`,
-    ...tables.flatMap(({ table, method }) => {
-      const name = qualified(table.schema, table.table);
-      const args = [moveId, method].map(quoteLiteral).join(', ');
-      return [
-        `CREATE OR REPLACE TRIGGER ${DELTA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
-        `CREATE OR REPLACE TRIGGER ${DELTA_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${args});`,
-        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${DELTA_TRIGGER}, ENABLE ALWAYS TRIGGER ${DELTA_TRUNCATE_TRIGGER};`,
-      ];
-    }),
-    'COMMIT;',
-  ].join('\n');
+  const triggers = await shardTriggers(client, schemas, TRACK_TRIGGERS);
+  const exists = await relationExists(client, `${CONTROL}.move_changes`);
+  if (triggers.length === 0 && !exists) return;
+  await runTransaction(client, stopTrackingSql(moveId, triggers, exists));
 }
 
 /**
@@ -171,21 +72,15 @@ export function startDeltasSql(moveId: string, tables: readonly { readonly table
  * costs nothing and the next setup replaces.
  */
 export async function stopDeltas(client: pg.Client, moveId: string, schemas: readonly string[], lockWaitMs = 200, limitMs = 5_000): Promise<void> {
-  const triggers = await client.query<{ nspname: string; relname: string; tgname: string; enabled: boolean }>(
-    `SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
-       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE t.tgname = ANY($2::text[]) AND n.nspname = ANY($1::text[])`,
-    [schemas, DELTA_TRIGGERS],
+  const triggers = await shardTriggers(client, schemas, DELTA_TRIGGERS);
+  const exists = await relationExists(client, `${CONTROL}.move_deltas`);
+  if (triggers.length === 0 && !exists) return;
+  const sql = disableDeltasSql(
+    moveId,
+    triggers.filter((r) => r.enabled),
+    exists,
+    lockWaitMs,
   );
-  const exists = (await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.move_deltas`])).rows[0]!.e;
-  if (triggers.rows.length === 0 && !exists) return;
-  const sql = [
-    'BEGIN;',
-    `SET LOCAL lock_timeout = '${Math.max(1, Math.round(lockWaitMs))}ms';`,
-    ...triggers.rows.filter((r) => r.enabled).map((r) => `ALTER TABLE ${qualified(r.nspname, r.relname)} DISABLE TRIGGER ${quoteIdent(r.tgname)};`),
-    ...(exists ? [`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`] : []),
-    'COMMIT;',
-  ].join('\n');
   const started = performance.now();
   for (;;) {
     try {
@@ -194,12 +89,11 @@ export async function stopDeltas(client: pg.Client, moveId: string, schemas: rea
     } catch (error) {
       const code = (error as { code?: string }).code;
       if ((code !== '55P03' && code !== '40P01') || performance.now() - started > limitMs) throw error;
-      await new Promise((resolve) => setTimeout(resolve, 10 + Math.random() * 40));
+      await sleep(10 + Math.random() * 40);
     }
   }
-  for (const r of triggers.rows) {
-    await runTransaction(client, `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS ${quoteIdent(r.tgname)} ON ${qualified(r.nspname, r.relname)};\nCOMMIT;`).catch(() => undefined);
-  }
+  // A table in use keeps its disabled trigger, which costs nothing (see above).
+  for (const r of triggers) await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).catch(() => undefined);
 }
 
 /** One table's log sums on one host: every entry, and the entries after its last TRUNCATE. */
@@ -225,13 +119,7 @@ export async function readLogSums(client: pg.Client, moveId: string): Promise<Ma
     rows_after: string;
     checksum_after: string;
   }>(
-    `SELECT schema_name, table_name, max(truncated_at)::text AS truncated_at, count(*)::text AS entries,
-            coalesce(sum(sign), 0)::text AS rows, coalesce(sum(sign * hash::numeric), 0)::text AS checksum,
-            coalesce(sum(sign) FILTER (WHERE seq > truncated_at), 0)::text AS rows_after,
-            coalesce(sum(sign * hash::numeric) FILTER (WHERE seq > truncated_at), 0)::text AS checksum_after
-       FROM (SELECT *, max(seq) FILTER (WHERE sign = 0) OVER (PARTITION BY schema_name, table_name) AS truncated_at
-               FROM ${CONTROL}.move_deltas WHERE move_id = $1) d
-      GROUP BY 1, 2`,
+    READ_LOG_SUMS_SQL,
     [moveId],
   );
   return new Map(
@@ -270,18 +158,6 @@ export function fromLog(
   };
 }
 
-/** Runs a BEGIN … COMMIT string; on failure rolls back, so the session stays usable, and rethrows. */
-export async function runTransaction(client: pg.Client, sql: string): Promise<void> {
-  try {
-    await client.query(sql);
-  } catch (error) {
-    // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-    // which ends the transaction too.
-    await client.query('ROLLBACK').catch(() => undefined);
-    throw error;
-  }
-}
-
 /** What was recorded for one table. */
 export interface TableChanges {
   readonly truncated: boolean;
@@ -293,9 +169,7 @@ export interface TableChanges {
 /** The changes recorded for this move, by `schema.table`. */
 export async function readChanges(client: pg.Client, moveId: string): Promise<Map<string, TableChanges>> {
   const result = await client.query<{ schema_name: string; table_name: string; truncated: boolean; keys: string; keys_json: string | null }>(
-    `SELECT schema_name, table_name, bool_or(key IS NULL) AS truncated, count(DISTINCT key)::text AS keys,
-            CASE WHEN count(DISTINCT key) <= $2 THEN jsonb_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL)::text END AS keys_json
-       FROM ${CONTROL}.move_changes WHERE move_id = $1 GROUP BY 1, 2`,
+    READ_CHANGES_SQL,
     [moveId, TAIL_MAX_KEYS],
   );
   return new Map(
@@ -304,16 +178,4 @@ export async function readChanges(client: pg.Client, moveId: string): Promise<Ma
       { truncated: r.truncated, keys: Number(r.keys), keysJson: r.keys_json ?? '[]' },
     ]),
   );
-}
-
-/**
- * SQL condition: the row `t` of `table` has one of the keys in the JSON array `param` (a
- * placeholder like $1). The keys are read back with their columns' types (built-in types, from the
- * catalog), so the lookup can use the key's index; not through the table's row type, whose other
- * columns would be NULL (a domain NOT NULL refuses that).
- */
-export function keyFilterSql(keyed: KeyedTable, param: string): string {
-  const columns = keyed.columns.map(quoteIdent);
-  const definitions = columns.map((c, i) => `${c} ${keyed.types[i]!}`).join(', ');
-  return `(${columns.map((c) => `t.${c}`).join(', ')}) IN (SELECT ${columns.map((c) => `k.${c}`).join(', ')} FROM jsonb_to_recordset(${param}::jsonb) AS k(${definitions}))`;
 }

@@ -1,151 +1,15 @@
 import type pg from 'pg';
-import { quoteLiteral } from '../pg/quote.js';
-import { qualified, type AclEntry, type PrivilegeKind, type PrivilegeObject } from './sql.js';
-import { fromLog, keyFilterSql, readLogSums, TAIL_MAX_KEYS, type KeyedTable, type LogSums, type TableChanges } from './tail.js';
+import { shardTables, type KeyedTable, type ShardTable } from './catalog.js';
+import { TAIL_MAX_KEYS, checksumsSql, EXPORT_SNAPSHOT_SQL, hashProbeSql, setTransactionSnapshotSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql.js';
+import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**
- * The tables of shard schemas, and the comparison of both copies of a shard: row counts and content
- * checksums of every table, computed on both hosts at once.
+ * The comparison of both copies of a shard: row counts and content checksums of every table,
+ * computed on both hosts at once (the tables themselves are read in catalog.ts).
  */
 
-/** A table of a shard schema. */
-export interface ShardTable {
-  readonly schema: string;
-  readonly table: string;
-  /**
-   * Every column's type is built in (not user-defined, not a domain, array or composite of one) and
-   * not an OID alias (regclass, regtype, ...). Only such tables travel in binary COPY and binary
-   * replication (whose array and record formats carry type OIDs that differ between hosts, and whose
-   * reg* values are raw OIDs), and only they are checksummed with hash_record_extended (which hashes
-   * an enum by its OID).
-   */
-  readonly portable: boolean;
-  /** A partition's partitioned parent (its name in the same schema). */
-  readonly parent?: string;
-}
-
-const REG_TYPES = `'regclass', 'regtype', 'regproc', 'regprocedure', 'regoper', 'regoperator', 'regconfig', 'regdictionary', 'regnamespace', 'regrole', 'regcollation'`;
-
-/**
- * The tables of these schemas, by schema and name.
- * - 'top': tables and partitioned parents, not partitions.
- * - 'all': every table including partitions: the fence needs a trigger on each, since a statement
- *   trigger on a parent does not fire for a write sent to a partition directly.
- * - 'leaves': tables that hold rows (plain tables and partitions): the unit of COPY and of
- *   verification (a partition is verified like a table, by its own key or log).
- */
-export async function shardTables(client: pg.Client, schemas: string | readonly string[], which: 'top' | 'all' | 'leaves' = 'top'): Promise<ShardTable[]> {
-  const filter = {
-    top: `c.relkind IN ('r', 'p') AND NOT c.relispartition`,
-    all: `c.relkind IN ('r', 'p')`,
-    leaves: `c.relkind = 'r'`,
-  }[which];
-  const result = await client.query<{ nspname: string; relname: string; parent: string | null; portable: boolean }>(
-    `SELECT n.nspname, c.relname, p.relname AS parent,
-            coalesce(bool_and(t.oid < 16384 AND (e.oid IS NULL OR e.oid < 16384)
-                              AND NOT t.typname IN (${REG_TYPES}) AND NOT coalesce(e.typname IN (${REG_TYPES}), false)), true) AS portable
-       FROM pg_class c
-       JOIN pg_namespace n ON n.oid = c.relnamespace
-       LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
-       LEFT JOIN pg_type t ON t.oid = a.atttypid
-       LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
-       LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND c.relispartition
-       LEFT JOIN pg_class p ON p.oid = i.inhparent
-      WHERE n.nspname = ANY($1::text[]) AND ${filter}
-      GROUP BY n.nspname, c.relname, p.relname
-      ORDER BY n.nspname, c.relname`,
-    [typeof schemas === 'string' ? [schemas] : schemas],
-  );
-  return result.rows.map((r) => ({ schema: r.nspname, table: r.relname, portable: r.portable, ...(r.parent === null ? {} : { parent: r.parent }) }));
-}
-
-/**
- * Owners and ACLs of these schemas and of everything a move carries in them (tables and partitions,
- * sequences, views, materialized views, functions and procedures, columns with an ACL of their own),
- * and the schemas' default privileges (pg_default_acl, every role), by name, in one query. An ACL the
- * catalog leaves NULL is read as the default it stands for (acldefault), so equal rights compare
- * equal however they were reached.
- */
-export async function shardPrivileges(client: pg.Client, schemas: readonly string[]): Promise<PrivilegeObject[]> {
-  const result = await client.query<{
-    kind: PrivilegeKind;
-    schema: string;
-    name: string | null;
-    args: string | null;
-    col: string | null;
-    owner: string | null;
-    linked: boolean;
-    grantee: string | null;
-    grantor: string | null;
-    privilege: string | null;
-    grantable: boolean | null;
-  }>(
-    `WITH objects AS (
-       SELECT 'schema' AS kind, n.nspname AS schema, NULL::name AS name, NULL::text AS args, NULL::name AS col,
-              n.nspowner AS owner, false AS linked, coalesce(n.nspacl, acldefault('n', n.nspowner)) AS acl
-         FROM pg_namespace n WHERE n.nspname = ANY($1::text[])
-       UNION ALL
-       SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' ELSE 'table' END,
-              n.nspname, c.relname, NULL, NULL, c.relowner,
-              c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
-                                            AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')),
-              coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner))
-         FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'S', 'v', 'm')
-       UNION ALL
-       SELECT 'column', n.nspname, c.relname, NULL, a.attname, NULL, false, a.attacl
-         FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'v', 'm') AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL
-       UNION ALL
-       SELECT 'routine', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid), NULL, p.proowner, false,
-              coalesce(p.proacl, acldefault('f', p.proowner))
-         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname = ANY($1::text[]) AND p.prokind IN ('f', 'p')
-       UNION ALL
-       SELECT 'default', n.nspname, d.defaclobjtype::text, NULL, NULL, d.defaclrole, false, d.defaclacl
-         FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace
-        WHERE n.nspname = ANY($1::text[])
-     )
-     SELECT o.kind, o.schema, o.name, o.args, o.col, ow.rolname AS owner, o.linked,
-            ge.rolname AS grantee, gr.rolname AS grantor, a.privilege_type AS privilege, a.is_grantable AS grantable
-       FROM objects o
-       LEFT JOIN pg_roles ow ON ow.oid = o.owner
-       LEFT JOIN LATERAL aclexplode(o.acl) a ON true
-       LEFT JOIN pg_roles ge ON ge.oid = a.grantee
-       LEFT JOIN pg_roles gr ON gr.oid = a.grantor
-      ORDER BY o.schema, o.kind, o.name, o.args, o.col, ge.rolname NULLS FIRST, a.privilege_type`,
-    [schemas],
-  );
-  const objects = new Map<string, PrivilegeObject & { acl: AclEntry[] }>();
-  for (const r of result.rows) {
-    const key = JSON.stringify([r.kind, r.schema, r.name, r.args, r.col, r.kind === 'default' ? r.owner : null]);
-    let o = objects.get(key);
-    if (!o) {
-      o = { kind: r.kind, schema: r.schema, name: r.name, args: r.args, column: r.col, owner: r.owner, linked: r.linked, acl: [] };
-      objects.set(key, o);
-    }
-    if (r.privilege !== null) o.acl.push({ grantee: r.grantee, grantor: r.grantor!, privilege: r.privilege, grantable: r.grantable === true });
-  }
-  return [...objects.values()];
-}
-
-export type HashMethod = 'record' | 'text';
-
-const HASH_SQL: Record<HashMethod, string> = {
-  // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
-  // across versions): several times faster than hashing the row's text, and verification runs
-  // while writes are fenced. PostgreSQL 14 and later; built-in types only (see ShardTable.portable).
-  record: 'hash_record_extended(t, 0)',
-  // The row's text: enums by label, reg* by name, whatever their OIDs on each host.
-  text: 'hashtextextended(t::text, 0)',
-};
-
-/**
- * The text form of a row depends on session settings (time zone, date style, float digits): fixed
- * here on both sessions so that equal rows give equal text on both hosts.
- */
-const STABLE_TEXT_SETTINGS =
-  "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
+export type { HashMethod };
 
 /** The checksum method of each table: the record hash where it is OID-free and available, else text. */
 export async function hashMethods(source: pg.Client, tables: readonly ShardTable[], recordHash: boolean): Promise<Map<string, HashMethod>> {
@@ -155,7 +19,7 @@ export async function hashMethods(source: pg.Client, tables: readonly ShardTable
     if (method === 'record') {
       // A column type without an extended hash function (json, point, ...) makes the record hash fail.
       try {
-        await source.query(`SELECT ${HASH_SQL.record} FROM ${qualified(t.schema, t.table)} t LIMIT 0`);
+        await source.query(hashProbeSql(t));
       } catch (error) {
         if ((error as { code?: string }).code !== '42883') throw error;
         method = 'text';
@@ -181,14 +45,8 @@ interface ChecksumQuery {
 /** Counts and checksums of many tables (or key subsets of them) in one round trip. */
 async function checksums(client: pg.Client, queries: readonly ChecksumQuery[], methods: ReadonlyMap<string, HashMethod>): Promise<TableChecksum[]> {
   if (queries.length === 0) return [];
-  const params: string[] = [];
-  const sql = queries
-    .map(({ table: t, keys }, i) => {
-      const where = keys ? ` WHERE ${keyFilterSql(keys.keyed, `$${params.push(keys.json)}`)}` : '';
-      return `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[methods.get(`${t.schema}.${t.table}`) ?? 'text']}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
-    })
-    .join('\nUNION ALL ');
-  const result = await client.query<{ i: number; rows: string; checksum: string }>(`${sql}\nORDER BY 1`, params);
+  const { sql, params } = checksumsSql(queries.map(({ table, keys }) => ({ table, method: methods.get(`${table.schema}.${table.table}`) ?? 'text', ...(keys ? { keys } : {}) })));
+  const result = await client.query<{ i: number; rows: string; checksum: string }>(sql, params);
   return result.rows.map((r) => ({ rows: BigInt(r.rows), checksum: r.checksum }));
 }
 
@@ -228,23 +86,21 @@ export async function preVerify(
   const exportSnapshot = async (holder: pg.Client): Promise<string> => {
     await holder.query(STABLE_TEXT_SETTINGS);
     await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
-    return (await holder.query<{ snapshot: string }>('SELECT pg_export_snapshot() AS snapshot')).rows[0]!.snapshot;
+    return (await holder.query<{ snapshot: string }>(EXPORT_SNAPSHOT_SQL)).rows[0]!.snapshot;
   };
   const [sourceSnapshot, targetSnapshot] = await Promise.all([exportSnapshot(holders.source), exportSnapshot(holders.target)]);
   const tables = [...keyed.map((k) => k.table), ...logged.tables];
   const queries = tables.map((table) => ({ table }));
   const atSnapshot = async (client: pg.Client, snapshot: string): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
-    await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`);
+    await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
     try {
       const sums = await checksums(client, queries, methods);
       const logs = logged.tables.length > 0 ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
       await client.query('COMMIT');
       return { sums, logs };
     } catch (error) {
-      // The failure being handled is what is reported; a ROLLBACK that fails means the connection is gone,
-      // which ends the transaction too.
-      await client.query('ROLLBACK').catch(() => undefined);
+      await rollbackQuietly(client);
       throw error;
     }
   };
@@ -263,7 +119,7 @@ export async function preVerify(
 /** Ends a pre-verification's transactions and connections. */
 export async function endPreVerification(pre: PreVerification): Promise<void> {
   // The pre-verification only read: ending it loses nothing, and a connection that broke is closed already.
-  await Promise.all([pre.source, pre.target].map((c) => c.query('COMMIT').catch(() => undefined).then(() => c.end().catch(() => undefined))));
+  await Promise.all([pre.source, pre.target].map((c) => c.query('COMMIT').catch(() => undefined).then(() => endQuietly(c))));
 }
 
 function tableKey(t: ShardTable): string {

@@ -15,3 +15,13 @@ export async function rollbackQuietly(client: { query(text: string): Promise<unk
 export async function endQuietly(closable: { end(): Promise<void> }): Promise<void> {
   await closable.end().catch(() => undefined);
 }
+
+/** Runs a BEGIN … COMMIT string; on failure rolls back (quietly), so the session stays usable, and rethrows. */
+export async function runTransaction(client: { query(text: string): Promise<unknown> }, sql: string): Promise<void> {
+  try {
+    await client.query(sql);
+  } catch (error) {
+    await rollbackQuietly(client);
+    throw error;
+  }
+}

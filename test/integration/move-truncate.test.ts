@@ -3,7 +3,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
-import type { MoveResult } from '../../src/moves/move.js';
+import type { MoveResult } from '../../src/moves/context.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { removeCliSnapshot, replicationObjects, spawnCli, startShardWriter, waitForMoveSessionsToEnd } from '../helpers/moves.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';

@@ -7,8 +7,11 @@
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/index.js';
-import { endPreVerification, hashMethods, preVerify, shardTables, verifyShards } from '../../src/moves/verify.js';
-import { runTransaction, startDeltasSql, stopDeltas } from '../../src/moves/tail.js';
+import { runTransaction } from '../../src/pg/quiet.js';
+import { shardTables } from '../../src/moves/catalog.js';
+import { endPreVerification, hashMethods, preVerify, verifyShards } from '../../src/moves/verify.js';
+import { startDeltasSql } from '../../src/moves/sql.js';
+import { stopDeltas } from '../../src/moves/tail.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases } from '../helpers/hosts.js';
 

@@ -74,4 +74,22 @@ describe('source layers', () => {
       );
     expect(eager).toEqual([]);
   });
+
+  it.each(['moves', 'provisioning', 'fleet'])('no import cycle inside %s/ (a file never reaches itself through its imports)', (folder) => {
+    const inFolder = files.filter((file) => relative(SRC, file).startsWith(`${folder}/`));
+    const edges = new Map(inFolder.map((file) => [file, relativeImports(file).filter((target) => inFolder.includes(target))]));
+    const cycles: string[] = [];
+    const done = new Set<string>();
+    const visit = (file: string, path: readonly string[]): void => {
+      if (path.includes(file)) {
+        cycles.push([...path.slice(path.indexOf(file)), file].map((f) => relative(SRC, f)).join(' -> '));
+        return;
+      }
+      if (done.has(file)) return;
+      for (const target of edges.get(file) ?? []) visit(target, [...path, file]);
+      done.add(file);
+    };
+    for (const file of inFolder) visit(file, []);
+    expect(cycles).toEqual([]);
+  });
 });

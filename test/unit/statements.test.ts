@@ -19,10 +19,9 @@ import {
   syncPrivilegesSql,
   unfenceSql,
   type AclEntry,
-  type PrivilegeObject,
-} from '../../src/moves/sql.js';
-import { planWaves } from '../../src/moves/move.js';
-import { fromLog, keyFilterSql, startDeltasSql, startTrackingSql, type LogSums } from '../../src/moves/tail.js';
+  type PrivilegeObject, keyFilterSql, startDeltasSql, startTrackingSql } from '../../src/moves/sql.js';
+import { planWaves } from '../../src/moves/waves.js';
+import { fromLog, type LogSums } from '../../src/moves/tail.js';
 
 const config = parseConfig(
   'shards: 8\nhosts:\n  - { name: pg1, url: "postgres://a@h1/db", shards: "0-3" }\n  - { name: pg2, url: "postgres://a@h2/db", shards: "4-7" }\n',
@@ -255,7 +254,7 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).not.toContain('{{');
   });
   it('logs the rows of keyless tables with ALWAYS triggers, the move id and checksum method as literals, its lock waits bounded', () => {
-    const sql = startDeltasSql("m'1", [{ table: { schema: 'insta"1', table: 'audit log', portable: true }, method: 'text' }], 250);
+    const sql = startDeltasSql("m'1", [{ table: { schema: 'insta"1', table: 'audit log' }, method: 'text' }], 250);
     expect(sql.startsWith('BEGIN;')).toBe(true);
     expect(sql.endsWith('COMMIT;')).toBe(true);
     expect(sql).toContain(`SET LOCAL lock_timeout = '250ms';`);

@@ -1,0 +1,79 @@
+import { describe, expect, it } from 'vitest';
+import { undosAfter } from '../../src/moves/move.js';
+import type { MoveMode, MoveStep } from '../../src/moves/state.js';
+import {
+  checksumsSql,
+  disableDeltasSql,
+  dropFenceTriggerSql,
+  dropTriggerIfFreeSql,
+  leftoverReplicationSql,
+  stopTrackingSql,
+  targetShardStatesSql,
+} from '../../src/moves/sql.js';
+
+const names = (mode: MoveMode, step: MoveStep): string[] => undosAfter(mode, step).map((undo) => undo.name);
+
+describe('abortMove undoes the recorded steps backwards, each undo beside its step (moves/move.ts STEPS)', () => {
+  it.each<[MoveMode, MoveStep, string[]]>([
+    // The replication goes before the unfence, the copies before their tracking's rows, the markers last.
+    ['online', 'synced', ['dropReplication', 'undoFence', 'dropTargets', 'deleteMarkers']],
+    ['online', 'sequences-carried', ['dropReplication', 'undoFence', 'dropTargets', 'deleteMarkers']],
+    ['online', 'fenced', ['dropReplication', 'undoFence', 'dropTargets', 'deleteMarkers']],
+    // Nothing was fenced yet: a subscription cut off half made is dropped with the rest of the replication.
+    ['online', 'copied', ['dropReplication', 'dropTargets', 'deleteMarkers']],
+    ['online', 'prepared', ['dropTargets', 'deleteMarkers']],
+    ['offline', 'prepared', ['dropTargets', 'deleteMarkers']],
+    ['offline', 'target-created', ['dropReplication', 'undoFence', 'dropTargets', 'deleteMarkers']],
+    ['offline', 'copied', ['dropReplication', 'undoFence', 'dropTargets', 'deleteMarkers']],
+  ])('%s, recorded at %s: %j', (mode, step, expected) => {
+    expect(names(mode, step)).toEqual(expected);
+  });
+});
+
+describe('move SQL of the cut-over and the leftovers (moves/sql.ts)', () => {
+  it('drops a trigger only if its table is free now, the name quoted', () => {
+    expect(dropTriggerIfFreeSql('insta"1', 'photo likes', 'shardctl_delta')).toBe(
+      `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS "shardctl_delta" ON "insta""1"."photo likes";\nCOMMIT;`,
+    );
+    expect(dropFenceTriggerSql('insta1', 'photos')).toBe(`BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS "shardctl_fence" ON "insta1"."photos";\nCOMMIT;`);
+  });
+
+  it("stops the tracking: its triggers dropped, the move's keys deleted only when their table exists", () => {
+    const triggers = [{ schema: 'insta1', table: 'photos', trigger: 'shardctl_track' }];
+    expect(stopTrackingSql("m'1", triggers, true)).toBe(
+      `BEGIN;\nSET LOCAL lock_timeout = '5s';\nDROP TRIGGER IF EXISTS "shardctl_track" ON "insta1"."photos";\nDELETE FROM "shardctl".move_changes WHERE move_id = 'm''1';\nCOMMIT;`,
+    );
+    expect(stopTrackingSql('m1', triggers, false)).not.toContain('DELETE');
+  });
+
+  it("disables the change logs with bounded lock waits and deletes the move's entries", () => {
+    const sql = disableDeltasSql('m1', [{ schema: 'insta1', table: 'audit', trigger: 'shardctl_delta' }], true, 250.4);
+    expect(sql).toBe(
+      `BEGIN;\nSET LOCAL lock_timeout = '250ms';\nALTER TABLE "insta1"."audit" DISABLE TRIGGER "shardctl_delta";\nDELETE FROM "shardctl".move_deltas WHERE move_id = 'm1';\nCOMMIT;`,
+    );
+  });
+
+  it('checksums several tables in one statement, key subsets as parameters', () => {
+    const { sql, params } = checksumsSql([
+      { table: { schema: 'insta1', table: 'photos' }, method: 'record' },
+      { table: { schema: 'insta1', table: 'likes' }, method: 'text', keys: { keyed: { table: { schema: 'insta1', table: 'likes' }, columns: ['id'], types: ['bigint'] }, json: '[{"id":1}]' } },
+    ]);
+    expect(sql).toBe(
+      `SELECT 0 AS i, count(*)::text AS rows, coalesce(sum(hash_record_extended(t, 0)), 0)::text AS checksum FROM "insta1"."photos" t\n` +
+        `UNION ALL SELECT 1 AS i, count(*)::text AS rows, coalesce(sum(hashtextextended(t::text, 0)), 0)::text AS checksum FROM "insta1"."likes" t` +
+        ` WHERE (t."id") IN (SELECT k."id" FROM jsonb_to_recordset($1::jsonb) AS k("id" bigint))\nORDER BY 1`,
+    );
+    expect(params).toEqual(['[{"id":1}]']);
+  });
+
+  it('lists as leftovers the replication objects no running move accounts for, or all of them on a host without moves', () => {
+    expect(leftoverReplicationSql(true)).toContain(`NOT IN (SELECT 'shardctl_move_' || move_id FROM "shardctl".moves WHERE status = 'running')`);
+    expect(leftoverReplicationSql(false)).toContain('NOT IN (SELECT NULL::text WHERE false)');
+    expect(leftoverReplicationSql(false)).toContain(`LIKE 'shardctl\\_move\\_%'`);
+  });
+
+  it("reads the target's shard states only where it has a control schema", () => {
+    expect(targetShardStatesSql(true)).toContain('(SELECT state FROM "shardctl".shards c WHERE c.shard = s.shard) AS state');
+    expect(targetShardStatesSql(false)).toContain('NULL::text AS state');
+  });
+});
