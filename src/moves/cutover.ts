@@ -6,7 +6,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
-import { DELTA_TRIGGERS, FENCE_TRIGGER, startDeltasSql, startTrackingSql, dropFenceTriggerSql, fenceMarkerSql, fenceSql, insertMarkerSql, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue, ACTIVE_SHARDS_SQL, DEADLOCK_TIMEOUT_SQL, FENCED_SHARDS_SQL, LOCK_HOLDERS_SQL, statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
+import { DELTA_TRIGGERS, FENCE_TRIGGER, startDeltasSql, startTrackingSql, dropFenceTriggerSql, fenceGroups, fenceMarkerSql, fenceSql, insertMarkerSql, MAX_LOCKS_SQL, type FenceInput, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue, ACTIVE_SHARDS_SQL, DEADLOCK_TIMEOUT_SQL, FENCED_SHARDS_SQL, LOCK_HOLDERS_SQL, statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { keyedTables, shardTables, shardTriggers, type ShardTable, SHARD_SEQUENCES_SQL } from './catalog.js';
@@ -25,8 +25,10 @@ import { inflect, plural } from '../text.js';
  */
 
 /**
- * The fence of the current wave: each shard fenced in its own short transaction (fenceSql), retried
- * while application transactions hold its tables, and reported; then the wave's marker. Until the
+ * The fence of the current wave: its shards fenced in a few short transactions of a bounded number
+ * of tables each (fenceGroups, fenceSql); a group that meets a busy table is fenced again shard by
+ * shard, each retried while application transactions hold its tables, and reported; then the
+ * wave's marker. Until the
  * first shard is fenced nothing refuses writes, and the fence retries for fenceTimeoutMs; from then
  * on the wave's fence limit (maxFencedMs) runs, and past it the wave is unfenced and the move
  * stops, resumable (stopCutOver).
@@ -49,61 +51,53 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const started = performance.now();
   let attempts = 0;
   let told = started;
-  for (const shard of shards) {
-    if (fenced.has(shard)) continue;
+  const tablesOf = (shard: number) => {
     const schema = shardSchemaName(ctx.config, shard);
-    const own = tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
-    for (;;) {
-      attempts += 1;
-      const first = ctx.fenceStartedAtMs === null;
-      const atMs = Date.now();
-      const sql = fenceSql({
-        shard,
-        tables: own,
-        targetHost: ctx.target.host.name,
-        lockWaitMs,
-        createOrReplaceTrigger: source.serverVersionNum >= 140000,
-        ...(first ? { fenceStart: { moveId: ctx.moveId, atMs } } : {}),
-      });
-      try {
-        await source.client.query(sql);
-        if (first) {
-          ctx.fenceStartedAtMs = atMs;
-          ctx.fenceDeadline = performance.now() + maxFencedMs(ctx);
-        }
-        break;
-      } catch (error) {
-        await rollbackQuietly(source.client);
-        const code = (error as { code?: string }).code;
-        // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
-        // transaction lost: the application went on; try again.
-        if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
-      }
-      if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
-        // Who holds the locks only adds to the message, which stands without it.
-        const holders = await lockHolders(source.client, schema).catch(() => '');
-        await stopCutOver(ctx, `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`);
-      }
-      const waited = performance.now() - started;
-      if (ctx.fenceStartedAtMs === null && waited > limit) {
-        // Who holds the locks only adds to the message, which stands without it.
-        const holders = await lockHolders(source.client, schema).catch(() => '');
-        throw new HostError(
-          source.host.name,
-          `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
-            `${holders ? ` (${holders})` : ''}. Nothing was fenced; resume the move to retry, or abort it`,
-          { shard, code: 'FENCE_TIMEOUT', next: resumeOrAbort(ctx.shards) },
-        );
-      }
-      if (performance.now() - told > 2000) {
-        told = performance.now();
-        // Who holds the locks only adds to the message, which stands without it.
-        notice(ctx, `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`);
-      }
-      await sleep(10 + Math.random() * 40);
+    return tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
+  };
+  const maxTables = await fenceGroupTables(ctx);
+  // A group that meets a busy table is fenced again one shard at a time, so that one busy shard
+  // costs one lock wait more, not one per shard of its group.
+  const alone = new Set<number>();
+  const pending = shards.filter((s) => !fenced.has(s));
+  for (let i = 0; i < pending.length; ) {
+    const group = fenceGroups(pending.slice(i), (s) => tablesOf(s).length, maxTables, alone)[0]!;
+    attempts += 1;
+    if (await fenceOnce(ctx, group.map((shard) => ({ shard, tables: tablesOf(shard) })), lockWaitMs)) {
+      i += group.length;
+      continue;
     }
+    if (group.length > 1) {
+      for (const shard of group) alone.add(shard);
+      continue;
+    }
+    const shard = group[0]!;
+    const schema = shardSchemaName(ctx.config, shard);
+    if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
+      // Who holds the locks only adds to the message, which stands without it.
+      const holders = await lockHolders(source.client, schema).catch(() => '');
+      await stopCutOver(ctx, `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`);
+    }
+    const waited = performance.now() - started;
+    if (ctx.fenceStartedAtMs === null && waited > limit) {
+      // Who holds the locks only adds to the message, which stands without it.
+      const holders = await lockHolders(source.client, schema).catch(() => '');
+      throw new HostError(
+        source.host.name,
+        `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
+          `${holders ? ` (${holders})` : ''}. Nothing was fenced; resume the move to retry, or abort it`,
+        { shard, code: 'FENCE_TIMEOUT', next: resumeOrAbort(ctx.shards) },
+      );
+    }
+    if (performance.now() - told > 2000) {
+      told = performance.now();
+      // Who holds the locks only adds to the message, which stands without it.
+      notice(ctx, `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`);
+    }
+    await sleep(10 + Math.random() * 40);
   }
-  if (attempts > shards.length) notice(ctx, `host ${source.host.name}: fenced ${plural(shards.length, 'shard')} in ${attempts} attempts (tables were busy)`);
+  const transactions = fenceGroups(pending, (s) => tablesOf(s).length, maxTables).length;
+  if (attempts > transactions) notice(ctx, `host ${source.host.name}: fenced ${plural(pending.length, 'shard')} in ${attempts} attempts (tables were busy)`);
   if (ctx.fenceStartedAtMs === null) ctx.fenceStartedAtMs = Date.now();
   const marker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
   await underFence(ctx, 'the fence marker on the source', () => source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs!)));
@@ -126,6 +120,49 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
 async function lockWaitFor(ctx: MoveContext): Promise<number> {
   const deadlock = await ctx.source.client.query<{ ms: string }>(DEADLOCK_TIMEOUT_SQL);
   return Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
+}
+
+/**
+ * One fence transaction for these shards (fenceSql). False when a lock wait ran out (the
+ * application went on; the caller tries again); the wave's fence limit starts with the first that
+ * commits.
+ */
+async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWaitMs: number): Promise<boolean> {
+  const first = ctx.fenceStartedAtMs === null;
+  const atMs = Date.now();
+  const sql = fenceSql({
+    shards,
+    targetHost: ctx.target.host.name,
+    lockWaitMs,
+    createOrReplaceTrigger: ctx.source.serverVersionNum >= 140000,
+    ...(first ? { fenceStart: { moveId: ctx.moveId, atMs } } : {}),
+  });
+  try {
+    await ctx.source.client.query(sql);
+  } catch (error) {
+    await rollbackQuietly(ctx.source.client);
+    const code = (error as { code?: string }).code;
+    // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
+    // transaction lost: the application went on; try again.
+    if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
+    return false;
+  }
+  if (first) {
+    ctx.fenceStartedAtMs = atMs;
+    ctx.fenceDeadline = performance.now() + maxFencedMs(ctx);
+  }
+  return true;
+}
+
+/**
+ * How many tables one fence transaction may lock: half of max_locks_per_transaction, the lock slots
+ * the server reserves per connection, so a fence never runs the shared lock table short. One
+ * round trip and one commit per group instead of per shard is what keeps a 64-shard wave's fence
+ * short.
+ */
+async function fenceGroupTables(ctx: MoveContext): Promise<number> {
+  const result = await ctx.source.client.query<{ n: number }>(MAX_LOCKS_SQL);
+  return Math.max(1, Math.floor((result.rows[0]?.n ?? 64) / 2));
 }
 
 export function maxFencedMs(ctx: MoveContext): number {

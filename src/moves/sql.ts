@@ -95,10 +95,9 @@ export function insertMarkerSql(moveId: string, kind: string): string {
 }
 
 export interface FenceInput {
-  readonly shard: number;
-  /** Every table of the shard including partitions, as [schema, table]. */
-  readonly tables: readonly (readonly [string, string])[];
-  /** Where the shard is going, named in the SC100 error. */
+  /** The shards fenced together, each with every one of its tables including partitions, as [schema, table]. */
+  readonly shards: readonly { readonly shard: number; readonly tables: readonly (readonly [string, string])[] }[];
+  /** Where the shards are going, named in the SC100 error. */
   readonly targetHost: string;
   /** How long the LOCK may wait in all, in ms: below deadlock_timeout, so it cannot lose to application lock order. */
   readonly lockWaitMs: number;
@@ -112,9 +111,11 @@ export interface FenceInput {
 }
 
 /**
- * One shard's fence, in one transaction: its tables locked in SHARE ROW EXCLUSIVE mode (waits for
- * in-flight writers), a statement trigger on every table that refuses every write with SQLSTATE
- * SC100, and the shard marked fenced.
+ * The fence of a few shards, in one transaction: their tables locked in SHARE ROW EXCLUSIVE mode
+ * (waits for in-flight writers), a statement trigger on every table that refuses every write with
+ * SQLSTATE SC100 naming the table's shard, and the shards marked fenced. The caller keeps the
+ * number of tables of one transaction bounded (fenceGroups), so a wave of any size needs no more
+ * lock slots than a few shards.
  *
  * Why it cannot deadlock an application: the LOCK statement may wait only `lockWaitMs` in all
  * (lock_timeout and statement_timeout), which is below the server's deadlock_timeout. An
@@ -123,16 +124,23 @@ export interface FenceInput {
  * neither side reaches the deadlock check, nobody is aborted, and the move retries the fence.
  */
 export function fenceSql(input: FenceInput): string {
-  const tables = input.tables.map(([schema, table]) => qualified(schema, table));
-  const fn = `${CONTROL}.shard_fenced(${quoteLiteral(String(input.shard))}, ${quoteLiteral(input.targetHost)})`;
-  const triggers = tables.map((t) =>
-    input.createOrReplaceTrigger
-      ? // ENABLE: an unfence leaves the trigger disabled when it cannot drop it (see unfenceSql).
-        `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};\n` +
-        `ALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
-      : // Before PostgreSQL 14: drop and create (a stronger lock, held for the few ms of this transaction).
-        `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\nCREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`,
-  );
+  const tables = input.shards.flatMap(({ tables }) => tables.map(([schema, table]) => qualified(schema, table)));
+  const triggers = input.shards.flatMap(({ shard, tables: own }) => {
+    const fn = `${CONTROL}.shard_fenced(${quoteLiteral(String(shard))}, ${quoteLiteral(input.targetHost)})`;
+    return own.map(([schema, table]) => {
+      const t = qualified(schema, table);
+      return input.createOrReplaceTrigger
+        ? // ENABLE: an unfence leaves the trigger disabled when it cannot drop it (see unfenceSql).
+          `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};\n` +
+            `ALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
+        : // Before PostgreSQL 14: drop and create (a stronger lock, held for the few ms of this transaction).
+          `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\nCREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`;
+    });
+  });
+  const shards = input.shards.map(({ shard }) => {
+    if (!Number.isInteger(shard) || shard < 0) throw new Error(`fenceSql: not a shard number: ${shard}`);
+    return String(shard);
+  });
   const wait = `'${Math.max(1, Math.round(input.lockWaitMs))}ms'`;
   return [
     'BEGIN;',
@@ -145,7 +153,7 @@ export function fenceSql(input: FenceInput): string {
         ]
       : []),
     ...triggers,
-    `UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard = ${input.shard};`,
+    `UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard IN (${shards.join(', ')});`,
     ...(input.fenceStart
       ? [
           `UPDATE ${CONTROL}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceStartedAtMs: Math.round(input.fenceStart.atMs) }))}::jsonb ` +
@@ -154,6 +162,33 @@ export function fenceSql(input: FenceInput): string {
       : []),
     'COMMIT;',
   ].join('\n');
+}
+
+/**
+ * The wave's shards in fence transactions of at most `maxTables` tables each (at least one shard
+ * each), in wave order; a shard in `alone` gets a transaction of its own.
+ */
+export function fenceGroups(
+  shards: readonly number[],
+  tableCount: (shard: number) => number,
+  maxTables: number,
+  alone: ReadonlySet<number> = new Set(),
+): number[][] {
+  const groups: number[][] = [];
+  let group: number[] = [];
+  let count = 0;
+  for (const shard of shards) {
+    const n = tableCount(shard);
+    if (group.length > 0 && (alone.has(shard) || alone.has(group[0]!) || count + n > maxTables)) {
+      groups.push(group);
+      group = [];
+      count = 0;
+    }
+    group.push(shard);
+    count += n;
+  }
+  if (group.length > 0) groups.push(group);
+  return groups;
 }
 
 /**
@@ -547,6 +582,9 @@ export const FENCED_SHARDS_SQL =
 /** The server's deadlock_timeout, in ms. */
 export const DEADLOCK_TIMEOUT_SQL =
   `SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`;
+
+/** The lock slots one transaction can count on (the shared lock table holds this many per connection). */
+export const MAX_LOCKS_SQL = `SELECT current_setting('max_locks_per_transaction')::int AS n`;
 
 /** Who holds locks on the tables of schema $1: the first three sessions. */
 export const LOCK_HOLDERS_SQL =

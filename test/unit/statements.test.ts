@@ -11,6 +11,7 @@ import {
   createPublicationSql,
   createSubscriptionSql,
   fenceSql,
+  fenceGroups,
   oldCopyName,
   probeSubscriptionSql,
   renameWithStubSql,
@@ -125,10 +126,14 @@ describe('move SQL', () => {
 
   it('fences a shard in one transaction whose lock wait is bounded below the deadlock timeout', () => {
     const sql = fenceSql({
-      shard: 4,
-      tables: [
-        ['insta4', 'likes'],
-        ['insta4', 'photos'],
+      shards: [
+        {
+          shard: 4,
+          tables: [
+            ['insta4', 'likes'],
+            ['insta4', 'photos'],
+          ],
+        },
       ],
       targetHost: 'pg2',
       lockWaitMs: 250,
@@ -144,18 +149,52 @@ describe('move SQL', () => {
     expect(sql.match(/CREATE OR REPLACE TRIGGER shardctl_fence/g)).toHaveLength(2);
     expect(sql).toContain('ALTER TABLE "insta4"."photos" ENABLE TRIGGER shardctl_fence;');
     expect(sql).toContain(`EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
-    expect(sql.endsWith(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard = 4;\nCOMMIT;`)).toBe(true);
-    const old = fenceSql({ shard: 4, tables: [['insta4', 'likes']], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: false });
+    expect(sql.endsWith(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4);\nCOMMIT;`)).toBe(true);
+    const old = fenceSql({ shards: [{ shard: 4, tables: [['insta4', 'likes']] }], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: false });
     expect(old).toContain('DROP TRIGGER IF EXISTS shardctl_fence ON "insta4"."likes";\nCREATE TRIGGER shardctl_fence');
   });
 
   it("records the wave's fence start in the first shard's fence transaction", () => {
-    const sql = fenceSql({ shard: 4, tables: [], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: true, fenceStart: { moveId: "m'1", atMs: 1700000000000 } });
+    const sql = fenceSql({ shards: [{ shard: 4, tables: [] }], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: true, fenceStart: { moveId: "m'1", atMs: 1700000000000 } });
     expect(sql.split('\n').slice(-3)).toEqual([
-      `UPDATE "shardctl".shards SET state = 'fenced' WHERE shard = 4;`,
+      `UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4);`,
       `UPDATE "shardctl".moves SET detail = detail || '{"fenceStartedAtMs":1700000000000}'::jsonb WHERE move_id = 'm''1';`,
       'COMMIT;',
     ]);
+  });
+
+  it('fences several shards in one transaction, each trigger naming its own shard', () => {
+    const sql = fenceSql({
+      shards: [
+        { shard: 4, tables: [['insta4', 'likes']] },
+        { shard: 7, tables: [['insta7', 'likes'], ['insta7', 'photos']] },
+      ],
+      targetHost: 'pg2',
+      lockWaitMs: 250,
+      createOrReplaceTrigger: true,
+    });
+    expect(sql).toContain('LOCK TABLE "insta4"."likes", "insta7"."likes", "insta7"."photos" IN SHARE ROW EXCLUSIVE MODE;');
+    expect(sql).toContain(`ON "insta4"."likes" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
+    expect(sql).toContain(`ON "insta7"."photos" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('7', 'pg2');`);
+    expect(sql).toContain(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4, 7);`);
+    expect(sql.match(/^BEGIN;$/gm)).toHaveLength(1);
+  });
+
+  it('groups a wave into fence transactions of bounded table count, in order, a shard that met a busy table alone', () => {
+    const three = () => 3;
+    expect(fenceGroups([0, 1, 2, 3, 4, 5, 6], three, 9)).toEqual([[0, 1, 2], [3, 4, 5], [6]]);
+    // A shard with more tables than the bound still gets a transaction (of its own).
+    expect(fenceGroups([0, 1, 2], (s) => (s === 1 ? 20 : 3), 9)).toEqual([[0], [1], [2]]);
+    expect(fenceGroups([0, 1, 2, 3, 4, 5], three, 9, new Set([1, 2]))).toEqual([[0], [1], [2], [3, 4, 5]]);
+    expect(fenceGroups([], three, 9)).toEqual([]);
+    // Every shard exactly once, in order, and no group over the bound unless it is one shard.
+    for (let n = 0; n < 40; n++) {
+      const shards = Array.from({ length: n }, (_, i) => i * 2);
+      const count = (s: number) => 1 + (s % 7);
+      const groups = fenceGroups(shards, count, 10, new Set(shards.filter((s) => s % 5 === 0)));
+      expect(groups.flat()).toEqual(shards);
+      for (const g of groups) expect(g.length === 1 || g.reduce((t, s) => t + count(s), 0) <= 10).toBe(true);
+    }
   });
 
   it('writes the wave marker and the fence start in one transaction', () => {
