@@ -6,7 +6,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { init, moveShard, shardMovedTo, status, type HostError } from '../../src/index.js';
+import { init, moveShard, moveShards, shardMovedTo, status, type HostError } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli, EXAMPLE_MIGRATIONS } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { fleetState, removeCliSnapshot, replicationObjects, spawnCli, startShardWriter, waitForMoveSessionsToEnd } from '../helpers/moves.js';
@@ -86,6 +86,42 @@ describe('the fence and application transactions that write several tables', () 
     } finally {
       await app.end();
       await watcher.end();
+    }
+  });
+
+  it('a batch whose fence group meets a busy table: that group is fenced again shard by shard, the move finishes, the application commits', async () => {
+    const config = await env.fleet.config();
+    const app = await adminClient(env.db.urls[0]!);
+    app.on('error', () => undefined);
+    try {
+      // The lock an INSERT takes, without a transaction id yet (so slot creation does not wait for it).
+      await app.query('BEGIN');
+      await app.query(`LOCK TABLE insta5.photos IN ROW EXCLUSIVE MODE`);
+      const notices: string[] = [];
+      // The application writes and commits a while after the copy is streaming: the fence meets its lock.
+      let release: NodeJS.Timeout | undefined;
+      let committed: Promise<unknown> | undefined;
+      const result = await moveShards(config, [4, 5, 6], 'pg2', {
+        configFile: env.fleet.configFile,
+        onNotice: (m) => notices.push(m),
+        onStep: (step) => {
+          if (step === 'synced') {
+            release = setTimeout(() => {
+              committed = app.query(`insert into insta5.photos (user_id, image_url) values (5, 'held'); commit`);
+            }, 1500);
+          }
+        },
+      }).finally(() => clearTimeout(release));
+      expect(result.outcome).toBe('moved');
+      expect(committed).toBeDefined();
+      await committed;
+      // One group of three that failed, then one transaction per shard.
+      expect(notices.find((n) => /fenced 3 shards in \d+ attempts/.test(n)), notices.join('\n')).toBeDefined();
+      await withClient(env.db.urls[1]!, async (c) => {
+        expect((await c.query(`select 1 from insta5.photos where image_url = 'held'`)).rowCount).toBe(1);
+      });
+    } finally {
+      await app.end();
     }
   });
 
