@@ -19,7 +19,22 @@ import path from 'node:path';
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
 import { controlLocksSql } from '../dist/fleet/control.js';
 import { renderNextIdSql } from '../dist/id/sql.js';
-import { binDirFor, clientVersion, endedBackendsCpuMs, formatCount, log, markdownTable, ratio, round, roundOrder, runProcess, summarize, textTable, verdict, withClient } from './lib.js';
+import {
+  binDirFor,
+  clientVersion,
+  endedBackendsCpuMs,
+  formatCount,
+  log,
+  markdownTable,
+  ratio,
+  round,
+  roundOrder,
+  runProcess,
+  summarize,
+  textTable,
+  verdict,
+  withClient,
+} from './lib.js';
 
 export const description = 'pgbench INSERT…SELECT 1000 rows, 2 clients: next_id() table vs bigserial table';
 
@@ -34,7 +49,12 @@ const TARGET_RATIO = 0.9;
 const COLUMNS = `user_id bigint NOT NULL, image_url text NOT NULL, caption text, created_at timestamptz NOT NULL DEFAULT now()`;
 
 const VARIANTS = [
-  { key: 'bigserial', label: 'bigserial, primary key', table: 'public.serial_photos', ddl: `CREATE TABLE public.serial_photos (id bigserial PRIMARY KEY, ${COLUMNS})` },
+  {
+    key: 'bigserial',
+    label: 'bigserial, primary key',
+    table: 'public.serial_photos',
+    ddl: `CREATE TABLE public.serial_photos (id bigserial PRIMARY KEY, ${COLUMNS})`,
+  },
   {
     key: 'next_id',
     label: 'next_id(), primary key',
@@ -48,7 +68,12 @@ const VARIANTS = [
     ddl: `CREATE FUNCTION public.plpgsql_nextval(seq regclass) RETURNS bigint LANGUAGE plpgsql AS $$ BEGIN RETURN nextval(seq); END $$;
           CREATE SEQUENCE public.floor_id_seq; CREATE TABLE public.floor_photos (id bigint PRIMARY KEY DEFAULT public.plpgsql_nextval('public.floor_id_seq'), ${COLUMNS})`,
   },
-  { key: 'bigserial_nopk', label: 'bigserial, no index', table: 'public.serial_nopk', ddl: `CREATE TABLE public.serial_nopk (id bigserial NOT NULL, ${COLUMNS})` },
+  {
+    key: 'bigserial_nopk',
+    label: 'bigserial, no index',
+    table: 'public.serial_nopk',
+    ddl: `CREATE TABLE public.serial_nopk (id bigserial NOT NULL, ${COLUMNS})`,
+  },
   {
     key: 'next_id_nopk',
     label: 'next_id(), no index',
@@ -85,7 +110,9 @@ export async function run(ctx, major) {
   const pgbench = findPgbench(major, options.pgbench);
   const pgbenchVersion = clientVersion(pgbench);
   if (!pgbenchVersion) throw new Error(`bulk-insert needs pgbench (tried ${pgbench}; --pgbench PATH)`);
-  log(`bulk-insert on PostgreSQL ${serverVersion} with pgbench ${pgbenchVersion}: ${options.bulkRounds} rounds × ${options.bulkSeconds} s per table`);
+  log(
+    `bulk-insert on PostgreSQL ${serverVersion} with pgbench ${pgbenchVersion}: ${options.bulkRounds} rounds × ${options.bulkSeconds} s per table`,
+  );
   await host.resetDatabase(DATABASE);
   const dir = await mkdtemp(path.join(os.tmpdir(), 'shardctl-bench-bulk-'));
   try {
@@ -101,12 +128,26 @@ export async function run(ctx, major) {
     for (let round = 0; round < options.bulkRounds; round++) {
       const order = roundOrder(VARIANTS, round);
       for (const variant of order) {
-        const result = await timedRun(host, pgbench, path.join(dir, `${variant.key}.sql`), variant, options.bulkSeconds);
+        const result = await timedRun(
+          host,
+          pgbench,
+          path.join(dir, `${variant.key}.sql`),
+          variant,
+          options.bulkSeconds,
+        );
         runs.get(variant.key).push(result);
       }
-      log(`  round ${round + 1}/${options.bulkRounds}: ${order.map((v) => `${v.key} ${formatCount(Math.round(runs.get(v.key).at(-1).rowsPerSecond))} rows/s`).join(', ')}`);
+      log(
+        `  round ${round + 1}/${options.bulkRounds}: ${order.map((v) => `${v.key} ${formatCount(Math.round(runs.get(v.key).at(-1).rowsPerSecond))} rows/s`).join(', ')}`,
+      );
     }
-    const slowPath = await countSlowPath(host, pgbench, path.join(dir, 'next_id.sql'), VARIANTS[1], options.bulkSeconds);
+    const slowPath = await countSlowPath(
+      host,
+      pgbench,
+      path.join(dir, 'next_id.sql'),
+      VARIANTS[1],
+      options.bulkSeconds,
+    );
 
     const results = VARIANTS.map((variant) => {
       const samples = runs.get(variant.key);
@@ -124,10 +165,17 @@ export async function run(ctx, major) {
       nextIdVsBigserial: vsBigserial('next_id'),
       plpgsqlFloorVsBigserial: vsBigserial('plpgsql_floor'),
       nextIdVsPlpgsqlFloor: ratio(of('next_id').rowsPerSecond.median, of('plpgsql_floor').rowsPerSecond.median),
-      nextIdNoIndexVsBigserialNoIndex: ratio(of('next_id_nopk').rowsPerSecond.median, of('bigserial_nopk').rowsPerSecond.median),
+      nextIdNoIndexVsBigserialNoIndex: ratio(
+        of('next_id_nopk').rowsPerSecond.median,
+        of('bigserial_nopk').rowsPerSecond.median,
+      ),
       // Throughput as the server's CPU would allow it: bigserial's CPU per row over next_id's.
-      nextIdVsBigserialByCpu: of('bigserial').cpuNsPerRow ? ratio(of('bigserial').cpuNsPerRow.median, of('next_id').cpuNsPerRow.median) : null,
-      plpgsqlFloorVsBigserialByCpu: of('bigserial').cpuNsPerRow ? ratio(of('bigserial').cpuNsPerRow.median, of('plpgsql_floor').cpuNsPerRow.median) : null,
+      nextIdVsBigserialByCpu: of('bigserial').cpuNsPerRow
+        ? ratio(of('bigserial').cpuNsPerRow.median, of('next_id').cpuNsPerRow.median)
+        : null,
+      plpgsqlFloorVsBigserialByCpu: of('bigserial').cpuNsPerRow
+        ? ratio(of('bigserial').cpuNsPerRow.median, of('plpgsql_floor').cpuNsPerRow.median)
+        : null,
     };
     return {
       benchmark: 'bulk-insert',
@@ -145,7 +193,9 @@ export async function run(ctx, major) {
           wanted: `next_id ≥ ${TARGET_RATIO}x bigserial`,
           got: ratios.nextIdVsBigserial,
           // As for next-id: rows/s on a shared machine can flatter either side; CPU per row must agree.
-          met: ratios.nextIdVsBigserial >= TARGET_RATIO && (ratios.nextIdVsBigserialByCpu === null || ratios.nextIdVsBigserialByCpu >= TARGET_RATIO),
+          met:
+            ratios.nextIdVsBigserial >= TARGET_RATIO &&
+            (ratios.nextIdVsBigserialByCpu === null || ratios.nextIdVsBigserialByCpu >= TARGET_RATIO),
         },
         slowPath: { wanted: '≤ 0.5% of calls', got: slowPath.sharePercent, met: slowPath.sharePercent <= 0.5 },
       },
@@ -161,12 +211,18 @@ async function emptyTables(host) {
 }
 
 async function pgbenchRun(host, pgbench, file, seconds) {
-  const run = await runProcess(pgbench, ['-n', '-c', String(CLIENTS), '-j', String(CLIENTS), '-T', String(seconds), '-f', file], {
-    env: host.psqlEnv(DATABASE),
-  });
-  if (run.code !== 0) throw new Error(`pgbench -f ${path.basename(file)} exited ${run.code}:\n${run.stderr.slice(-2000)}`);
+  const run = await runProcess(
+    pgbench,
+    ['-n', '-c', String(CLIENTS), '-j', String(CLIENTS), '-T', String(seconds), '-f', file],
+    {
+      env: host.psqlEnv(DATABASE),
+    },
+  );
+  if (run.code !== 0)
+    throw new Error(`pgbench -f ${path.basename(file)} exited ${run.code}:\n${run.stderr.slice(-2000)}`);
   const failed = /number of failed transactions: (\d+)/.exec(run.stdout);
-  if (failed && Number(failed[1]) > 0) throw new Error(`pgbench -f ${path.basename(file)}: ${failed[1]} failed statements`);
+  if (failed && Number(failed[1]) > 0)
+    throw new Error(`pgbench -f ${path.basename(file)}: ${failed[1]} failed statements`);
 }
 
 /**
@@ -175,7 +231,10 @@ async function pgbenchRun(host, pgbench, file, seconds) {
  */
 async function pgbenchBackendsGone(host) {
   for (let attempt = 0; attempt < 100; attempt++) {
-    const [row] = await host.query(DATABASE, `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgbench'`);
+    const [row] = await host.query(
+      DATABASE,
+      `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgbench'`,
+    );
     if (row.n === 0) break;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
@@ -192,7 +251,10 @@ async function timedRun(host, pgbench, file, variant, seconds) {
   const elapsed = (performance.now() - started) / 1000;
   await pgbenchBackendsGone(host);
   const cpuAfter = endedBackendsCpuMs(host);
-  const [after] = await host.query(DATABASE, `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '${before.lsn}')::bigint AS wal, (SELECT count(*) FROM ${variant.table}) AS n`);
+  const [after] = await host.query(
+    DATABASE,
+    `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '${before.lsn}')::bigint AS wal, (SELECT count(*) FROM ${variant.table}) AS n`,
+  );
   const rows = Number(after.n);
   // Rows counted in the table over pgbench's wall time (connection set-up included, the same for all).
   return {
@@ -242,7 +304,15 @@ async function countSlowPath(host, pgbench, file, variant, seconds) {
 // ---------------------------------------------------------------------------------------------
 // Output
 
-const HEADERS = ['table', 'rows/s (median)', 'range', 'vs bigserial', 'server CPU per row', 'CPU: bigserial / this', 'WAL per row'];
+const HEADERS = [
+  'table',
+  'rows/s (median)',
+  'range',
+  'vs bigserial',
+  'server CPU per row',
+  'CPU: bigserial / this',
+  'WAL per row',
+];
 
 function rows(result) {
   const base = result.results.find((r) => r.variant === 'bigserial').rowsPerSecond.median;
@@ -253,7 +323,9 @@ function rows(result) {
     `${formatCount(Math.round(r.rowsPerSecond.min))}–${formatCount(Math.round(r.rowsPerSecond.max))}`,
     `${(r.rowsPerSecond.median / (r.variant.endsWith('_nopk') ? noIndexBase : base)).toFixed(2)}x${r.variant.endsWith('_nopk') ? ' (of no-index bigserial)' : ''}`,
     r.cpuNsPerRow ? `${formatCount(r.cpuNsPerRow.median)} ns` : 'n/a',
-    r.cpuNsPerRow ? `${(result.results.find((b) => b.variant === (r.variant.endsWith('_nopk') ? 'bigserial_nopk' : 'bigserial')).cpuNsPerRow.median / r.cpuNsPerRow.median).toFixed(2)}x` : 'n/a',
+    r.cpuNsPerRow
+      ? `${(result.results.find((b) => b.variant === (r.variant.endsWith('_nopk') ? 'bigserial_nopk' : 'bigserial')).cpuNsPerRow.median / r.cpuNsPerRow.median).toFixed(2)}x`
+      : 'n/a',
     `${r.walBytesPerRow.median} B`,
   ]);
 }

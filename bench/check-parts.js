@@ -47,6 +47,8 @@ mark('close the connections');
 
 const pending = plan.hosts.reduce((n, h) => n + h.jobs.length, 0);
 if (conflicts.length > 0 || pending > 0 || fleet.lost.length > 0) {
-  throw new Error(`the fleet is not current: ${conflicts.length} conflicts, ${pending} shards pending, ${fleet.lost.length} hosts lost`);
+  throw new Error(
+    `the fleet is not current: ${conflicts.length} conflicts, ${pending} shards pending, ${fleet.lost.length} hosts lost`,
+  );
 }
 process.stdout.write(`${JSON.stringify({ startedAt, parts })}\n`);

@@ -17,7 +17,8 @@ import path from 'node:path';
 import { loadConfig, moveShards, ShardRouter } from '../dist/index.js';
 import { formatMs, formatSample, initFleet, log, markdownTable, round, summarize, textTable, verdict } from './lib.js';
 
-export const description = 'router open by discovery (seed URL, file) at 8192 shards / 8 hosts; a stale router\'s first call after a switch';
+export const description =
+  "router open by discovery (seed URL, file) at 8192 shards / 8 hosts; a stale router's first call after a switch";
 
 const DATABASE = 'bench_discovery';
 const OPEN_TARGET_MS = 200;
@@ -38,13 +39,22 @@ export async function run(ctx, major) {
   const seedMs = [];
   const fileMs = [];
   for (let i = 0; i < options.discoveryRuns; i++) {
-    for (const [source, sample] of i % 2 === 0 ? [['seed', seedMs], ['file', fileMs]] : [['file', fileMs], ['seed', seedMs]]) {
+    for (const [source, sample] of i % 2 === 0
+      ? [
+          ['seed', seedMs],
+          ['file', fileMs],
+        ]
+      : [
+          ['file', fileMs],
+          ['seed', seedMs],
+        ]) {
       const started = performance.now();
       const router = await ShardRouter.open(source === 'seed' ? { seeds: [seed] } : fleet.configFile);
       sample.push(performance.now() - started);
       const placed = router.map.hosts.reduce((n, h) => n + h.shards.length, 0);
       await router.close();
-      if (placed !== shards) throw new Error(`the router opened from the ${source} placed ${placed} of ${shards} shards`);
+      if (placed !== shards)
+        throw new Error(`the router opened from the ${source} placed ${placed} of ${shards} shards`);
     }
   }
   log(`  open from one seed: ${formatSample(summarize(seedMs))}; from the file: ${formatSample(summarize(fileMs))}`);
@@ -65,7 +75,9 @@ export async function run(ctx, major) {
     for (let i = 0; i < options.staleMoves; i++) {
       const shard = from.shards[i];
       await router.withShard(shard, insert);
-      const moved = await moveShards(await loadConfig(fleet.configFile), [shard], to.name, { configFile: fleet.configFile });
+      const moved = await moveShards(await loadConfig(fleet.configFile), [shard], to.name, {
+        configFile: fleet.configFile,
+      });
       const started = performance.now();
       const result = await router.withShard(shard, async (client) => {
         await insert(client);
@@ -73,11 +85,14 @@ export async function run(ctx, major) {
       });
       const ms = performance.now() - started;
       if (!result) throw new Error('the stale router returned nothing');
-      if (router.hostForShard(shard).name !== to.name) throw new Error(`the stale router still routes shard ${shard} to ${router.hostForShard(shard).name}`);
+      if (router.hostForShard(shard).name !== to.name)
+        throw new Error(`the stale router still routes shard ${shard} to ${router.hostForShard(shard).name}`);
       firstCallMs.push(ms);
       blockedMs.push(moved.writeBlockedMs ?? 0);
       ratios.push(ms / Math.max(1, moved.writeBlockedMs ?? 1));
-      log(`  shard ${shard}: write-blocked ${formatMs(moved.writeBlockedMs ?? 0)}, the stale router's first call ${formatMs(ms)}`);
+      log(
+        `  shard ${shard}: write-blocked ${formatMs(moved.writeBlockedMs ?? 0)}, the stale router's first call ${formatMs(ms)}`,
+      );
     }
   } finally {
     await router.close();
@@ -95,7 +110,10 @@ export async function run(ctx, major) {
     writeBlockedMs: summarize(blockedMs),
     staleRatio,
     targets: {
-      open: { wanted: `< ${OPEN_TARGET_MS} ms`, met: open.seed.median < OPEN_TARGET_MS && open.file.median < OPEN_TARGET_MS },
+      open: {
+        wanted: `< ${OPEN_TARGET_MS} ms`,
+        met: open.seed.median < OPEN_TARGET_MS && open.file.median < OPEN_TARGET_MS,
+      },
       stale: { wanted: `≤ ${STALE_TARGET}x the write-blocked time`, met: staleRatio.median <= STALE_TARGET },
     },
   };
@@ -105,8 +123,18 @@ const HEADERS = ['PostgreSQL', 'what', 'measured', 'target'];
 
 function rows(results) {
   return results.flatMap((r) => [
-    [r.postgres, `ShardRouter.open({ seeds: [one host] }), ${r.shards} shards over ${r.hosts} hosts`, formatSample(r.openMs.seed), `${r.targets.open.wanted}: ${verdict(r.openMs.seed.median < OPEN_TARGET_MS)}`],
-    [r.postgres, `ShardRouter.open(file), same fleet`, formatSample(r.openMs.file), `${r.targets.open.wanted}: ${verdict(r.openMs.file.median < OPEN_TARGET_MS)}`],
+    [
+      r.postgres,
+      `ShardRouter.open({ seeds: [one host] }), ${r.shards} shards over ${r.hosts} hosts`,
+      formatSample(r.openMs.seed),
+      `${r.targets.open.wanted}: ${verdict(r.openMs.seed.median < OPEN_TARGET_MS)}`,
+    ],
+    [
+      r.postgres,
+      `ShardRouter.open(file), same fleet`,
+      formatSample(r.openMs.file),
+      `${r.targets.open.wanted}: ${verdict(r.openMs.file.median < OPEN_TARGET_MS)}`,
+    ],
     [
       r.postgres,
       `a stale router's first call after a switch (${r.staleFirstCallMs.runs.length} moves of one shard)`,
@@ -121,5 +149,9 @@ export function table(result) {
 }
 
 export function markdown(results) {
-  return [`Median (range) of ${results[0].runs} alternating runs each; stale calls: one per move.`, '', markdownTable(HEADERS, rows(results))].join('\n');
+  return [
+    `Median (range) of ${results[0].runs} alternating runs each; stale calls: one per move.`,
+    '',
+    markdownTable(HEADERS, rows(results)),
+  ].join('\n');
 }

@@ -80,7 +80,9 @@ export async function run(ctx, major) {
     rerunMs: rerunSample,
     ratio: measuredRatio,
     peakRssKiB: rss.every((r) => r !== null) ? Math.max(...rss) : null,
-    targets: { vsFirstRun: { wanted: `≤ ${TARGET_RATIO * 100}%`, got: measuredRatio, met: measuredRatio <= TARGET_RATIO } },
+    targets: {
+      vsFirstRun: { wanted: `≤ ${TARGET_RATIO * 100}%`, got: measuredRatio, met: measuredRatio <= TARGET_RATIO },
+    },
   };
 }
 

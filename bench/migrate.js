@@ -41,7 +41,8 @@ import {
   writePlanScripts,
 } from './lib.js';
 
-export const description = 'shardctl migrate (column + index) vs the same SQL as parallel psql scripts; migrate --check and --help';
+export const description =
+  'shardctl migrate (column + index) vs the same SQL as parallel psql scripts; migrate --check and --help';
 
 const BASE_DATABASE = 'bench_migrate_base';
 const DATABASE = 'bench_migrate';
@@ -81,15 +82,30 @@ export async function run(ctx, major) {
   return {
     benchmark: 'migrate',
     postgres: last.postgres,
-    migration: MIGRATION_SQL.split('\n').filter((line) => line && !line.startsWith('--')).join(' '),
+    migration: MIGRATION_SQL.split('\n')
+      .filter((line) => line && !line.startsWith('--'))
+      .join(' '),
     schemasPerTransaction: SCHEMAS_PER_TRANSACTION,
     ...(process.env.SHARDCTL_BENCH_CLI ? { cli: process.env.SHARDCTL_BENCH_CLI } : {}),
     shapes: migrations.map(({ fleet, ...result }) => result),
     ...fixed,
     targets: {
-      vsPsql64: migrations.map((m) => ({ fleet: `${m.shards}/${m.hosts}`, wanted: `≤ ${TARGET_RATIO}x`, got: m.ratio64, met: m.ratio64 <= TARGET_RATIO })),
-      check: { wanted: `< ${TARGET_CHECK_MS} ms`, got: fixed.check.wallMs.median, met: fixed.check.wallMs.median < TARGET_CHECK_MS },
-      help: { wanted: `< ${TARGET_HELP_MS} ms`, got: fixed.help.wallMs.median, met: fixed.help.wallMs.median < TARGET_HELP_MS },
+      vsPsql64: migrations.map((m) => ({
+        fleet: `${m.shards}/${m.hosts}`,
+        wanted: `≤ ${TARGET_RATIO}x`,
+        got: m.ratio64,
+        met: m.ratio64 <= TARGET_RATIO,
+      })),
+      check: {
+        wanted: `< ${TARGET_CHECK_MS} ms`,
+        got: fixed.check.wallMs.median,
+        met: fixed.check.wallMs.median < TARGET_CHECK_MS,
+      },
+      help: {
+        wanted: `< ${TARGET_HELP_MS} ms`,
+        got: fixed.help.wallMs.median,
+        met: fixed.help.wallMs.median < TARGET_HELP_MS,
+      },
     },
   };
 }
@@ -98,7 +114,11 @@ export async function run(ctx, major) {
 async function runShape(ctx, major, shape) {
   const { options } = ctx;
   const name = `${shape.shards}x${shape.hosts}`;
-  const base = await ctx.fleet(`migrate-base-${name}`, major, { database: BASE_DATABASE, shards: shape.shards, hostCount: shape.hosts });
+  const base = await ctx.fleet(`migrate-base-${name}`, major, {
+    database: BASE_DATABASE,
+    shards: shape.shards,
+    hostCount: shape.hosts,
+  });
   const fleet = await ctx.fleet(`migrate-${name}`, major, {
     database: DATABASE,
     shards: shape.shards,
@@ -107,7 +127,9 @@ async function runShape(ctx, major, shape) {
   });
   const hosts = fleet.hosts;
   const serverVersion = await hosts[0].serverVersion();
-  log(`migrate on PostgreSQL ${serverVersion}: building the base fleet (${shape.shards} shards on ${shape.hosts} hosts, untimed)`);
+  log(
+    `migrate on PostgreSQL ${serverVersion}: building the base fleet (${shape.shards} shards on ${shape.hosts} hosts, untimed)`,
+  );
 
   const baseConfig = await loadConfig(base.configFile);
   const built = await initFleet(base);
@@ -120,7 +142,9 @@ async function runShape(ctx, major, shape) {
   if (pending !== shape.shards) throw new Error(`the migrate plan covers ${pending} shards, expected ${shape.shards}`);
   const scripts = {
     psql: await writePlanScripts(dryRun.plan, hosts, fleet.dir, 'migrate'),
-    psql64: await writePlanScripts(dryRun.plan, hosts, fleet.dir, 'migrate64', { schemasPerTransaction: SCHEMAS_PER_TRANSACTION }),
+    psql64: await writePlanScripts(dryRun.plan, hosts, fleet.dir, 'migrate64', {
+      schemasPerTransaction: SCHEMAS_PER_TRANSACTION,
+    }),
   };
 
   const runs = Object.fromEntries(SIDES.map((side) => [side, { wallMs: [], cpuMs: [], serverCpuMs: [], rss: [] }]));
@@ -147,7 +171,14 @@ async function runShape(ctx, major, shape) {
   }
   const sample = (values) => (values.every((v) => v !== null) ? summarize(values) : null);
   const sides = Object.fromEntries(
-    SIDES.map((side) => [side, { wallMs: summarize(runs[side].wallMs), cpuMs: sample(runs[side].cpuMs), serverCpuMs: sample(runs[side].serverCpuMs) }]),
+    SIDES.map((side) => [
+      side,
+      {
+        wallMs: summarize(runs[side].wallMs),
+        cpuMs: sample(runs[side].cpuMs),
+        serverCpuMs: sample(runs[side].serverCpuMs),
+      },
+    ]),
   );
   const peak = (values) => (values.every((r) => r !== null) ? Math.max(...values) : null);
   return {
@@ -171,7 +202,11 @@ async function runShape(ctx, major, shape) {
 async function fixedCost(ctx, fleet) {
   const { options } = ctx;
   await Promise.all(fleet.hosts.map((host) => host.query('postgres', 'checkpoint')));
-  const samples = { check: { wallMs: [], cpuMs: [] }, help: { wallMs: [], cpuMs: [] }, node: { wallMs: [], cpuMs: [] } };
+  const samples = {
+    check: { wallMs: [], cpuMs: [] },
+    help: { wallMs: [], cpuMs: [] },
+    node: { wallMs: [], cpuMs: [] },
+  };
   const parts = [];
   // The parts load the library as the CLI does, from a bundle (scripts/bundle-cli.js); bench/.bundle/
   // is two levels below the root, as dist/bundle/ is.
@@ -190,10 +225,14 @@ async function fixedCost(ctx, fleet) {
     const run = await runProcess(process.execPath, [checkParts, fleet.configFile], { cwd: fleet.dir });
     if (run.code !== 0) throw new Error(`bench/check-parts.js exited ${run.code}: ${run.stderr}`);
     parts.push(JSON.parse(run.stdout).parts);
-    log(`  fixed cost ${i + 1}/${options.checkRuns}: migrate --check ${formatMs(timed.check.ms)}, --help ${formatMs(timed.help.ms)}, node -e 0 ${formatMs(timed.node.ms)}`);
+    log(
+      `  fixed cost ${i + 1}/${options.checkRuns}: migrate --check ${formatMs(timed.check.ms)}, --help ${formatMs(timed.help.ms)}, node -e 0 ${formatMs(timed.node.ms)}`,
+    );
   }
   const sample = (values) => (values.every((v) => v !== null) ? summarize(values) : null);
-  const summary = Object.fromEntries(Object.entries(samples).map(([what, s]) => [what, { wallMs: summarize(s.wallMs), cpuMs: sample(s.cpuMs) }]));
+  const summary = Object.fromEntries(
+    Object.entries(samples).map(([what, s]) => [what, { wallMs: summarize(s.wallMs), cpuMs: sample(s.cpuMs) }]),
+  );
   const partNames = Object.keys(parts[0]);
   return {
     checkFleet: { shards: fleet.shards, hosts: fleet.hosts.length },
@@ -238,8 +277,18 @@ const FIXED_HEADERS = ['what', 'wall', 'CPU (user + system)', 'target'];
 function fixedRows(result) {
   const { check, help, node, checkFleet } = result;
   return [
-    [`shardctl migrate --check (current fleet, ${checkFleet.shards} shards, ${checkFleet.hosts} hosts)`, formatSample(check.wallMs), cpu(check.cpuMs), `< ${formatMs(TARGET_CHECK_MS)}: ${verdict(result.targets.check.met)}`],
-    ['shardctl --help', formatSample(help.wallMs), cpu(help.cpuMs), `< ${formatMs(TARGET_HELP_MS)}: ${verdict(result.targets.help.met)}`],
+    [
+      `shardctl migrate --check (current fleet, ${checkFleet.shards} shards, ${checkFleet.hosts} hosts)`,
+      formatSample(check.wallMs),
+      cpu(check.cpuMs),
+      `< ${formatMs(TARGET_CHECK_MS)}: ${verdict(result.targets.check.met)}`,
+    ],
+    [
+      'shardctl --help',
+      formatSample(help.wallMs),
+      cpu(help.cpuMs),
+      `< ${formatMs(TARGET_HELP_MS)}: ${verdict(result.targets.help.met)}`,
+    ],
     ['node -e 0 (the floor of any Node CLI)', formatSample(node.wallMs), cpu(node.cpuMs), ''],
   ];
 }

@@ -53,9 +53,19 @@ import {
   verdict,
   writeFleet,
 } from './lib.js';
-import { countRows, fencedStepsByWave, floorTools, FENCED_STEPS, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
+import {
+  countRows,
+  fencedStepsByWave,
+  floorTools,
+  FENCED_STEPS,
+  replicationObjectsLeft,
+  startWriter,
+  timeDumpRestore,
+  underWriter,
+} from './moving.js';
 
-export const description = 'batched moves: a host split (64 shards) under a writer vs pg_dump | psql, a 1M-row shard, copy-step options, fleet scale';
+export const description =
+  'batched moves: a host split (64 shards) under a writer vs pg_dump | psql, a 1M-row shard, copy-step options, fleet scale';
 
 const SPLIT_BASE = 'bench_split_base';
 const SPLIT_DB = 'bench_split';
@@ -105,7 +115,12 @@ async function runSplit(ctx, major) {
   const n = options.splitShards;
   const total = 2 * n;
   const ranges = [`0-${total - 1}`, ''];
-  const base = await ctx.fleet('move-batch-split-base', major, { database: SPLIT_BASE, hostCount: 2, shards: total, ranges });
+  const base = await ctx.fleet('move-batch-split-base', major, {
+    database: SPLIT_BASE,
+    hostCount: 2,
+    shards: total,
+    ranges,
+  });
   const fleet = await ctx.fleet('move-batch-split', major, { database: SPLIT_DB, hostCount: 2, shards: total, ranges });
   const [source, target] = fleet.hosts;
   const postgres = await source.serverVersion();
@@ -116,7 +131,9 @@ async function runSplit(ctx, major) {
   const schemas = moved.map((s) => shardSchemaName(config, s));
   const written = [moved[0], moved.at(-1)];
 
-  log(`move-batch split on PostgreSQL ${postgres}: ${total} shards on ${source.name}, ${formatCount(options.splitRows)} photos rows in each of ${n} (untimed)`);
+  log(
+    `move-batch split on PostgreSQL ${postgres}: ${total} shards on ${source.name}, ${formatCount(options.splitRows)} photos rows in each of ${n} (untimed)`,
+  );
   await initFleet(base);
   await source.query(
     SPLIT_BASE,
@@ -136,7 +153,14 @@ async function runSplit(ctx, major) {
   const dumps = [];
   const clis = [];
   const writerDumps = [];
-  const dumpArgs = { source, target, schemas, expectRows: n * options.splitRows, pgDump: floor.pgDump, psql: options.psql };
+  const dumpArgs = {
+    source,
+    target,
+    schemas,
+    expectRows: n * options.splitRows,
+    pgDump: floor.pgDump,
+    psql: options.psql,
+  };
   for (let turn = 0; turn < options.runs; turn++) {
     for (const who of roundOrder(sides, turn)) {
       await resetDatabases(fleet.hosts, SPLIT_DB, { template: SPLIT_BASE });
@@ -152,7 +176,9 @@ async function runSplit(ctx, major) {
       } else if (who === 'pg_dump+writer') {
         const d = await timeDumpUnderWriter(fleet, { ...dumpArgs, written });
         writerDumps.push(d.ms);
-        log(`  split run ${turn + 1}/${options.runs}: pg_dump ${n} schemas | psql under the paced writer ${formatMs(d.ms)} (${formatCount(d.acknowledged)} writes acked)`);
+        log(
+          `  split run ${turn + 1}/${options.runs}: pg_dump ${n} schemas | psql under the paced writer ${formatMs(d.ms)} (${formatCount(d.acknowledged)} writes acked)`,
+        );
       } else if (who === 'move') {
         const m = await timeSplitMove(fleet, { source, target, moved, written, rows: options.splitRows });
         moves.push(m);
@@ -168,7 +194,9 @@ async function runSplit(ctx, major) {
     }
   }
 
-  const cli = PARTS.has('split-cli') ? splitCliResult({ postgres, n, rows: options.splitRows, written, clis, writerDumps, floor }) : null;
+  const cli = PARTS.has('split-cli')
+    ? splitCliResult({ postgres, n, rows: options.splitRows, written, clis, writerDumps, floor })
+    : null;
   if (!PARTS.has('split') && !PARTS.has('copy')) return { postgres, source, target, config, moved, result: null, cli };
 
   // The one-by-one loop, once: moveShard per shard, no writer.
@@ -177,7 +205,9 @@ async function runSplit(ctx, major) {
   await writeFile(fleet.configFile, initialMap);
   const loop = [];
   for (const shard of loopShards) {
-    const result = await moveShard(await loadConfig(fleet.configFile), shard, target.name, { configFile: fleet.configFile });
+    const result = await moveShard(await loadConfig(fleet.configFile), shard, target.name, {
+      configFile: fleet.configFile,
+    });
     if (result.outcome !== 'moved') throw new Error(`moveShard(${shard}) ended ${result.outcome}`);
     loop.push(result.durationMs);
     log(`  one-by-one: shard ${shard} ${formatMs(result.durationMs)}`);
@@ -209,7 +239,13 @@ async function runSplit(ctx, major) {
       ratio: measured,
       runs: moves,
       loop: { shards: loopShards, ms: loopSample, extrapolatedMs: round(loopSample.median * n, 0) },
-      targets: { vsPgDump: { wanted: `≤ ${TARGET_SPLIT_RATIO}x`, got: measured, met: measured === null ? null : measured <= TARGET_SPLIT_RATIO } },
+      targets: {
+        vsPgDump: {
+          wanted: `≤ ${TARGET_SPLIT_RATIO}x`,
+          got: measured,
+          met: measured === null ? null : measured <= TARGET_SPLIT_RATIO,
+        },
+      },
     },
   };
 }
@@ -234,7 +270,13 @@ function splitCliResult({ postgres, n, rows, written, clis, writerDumps, floor }
     floorSkipped: floor.skipped,
     ratio: measured,
     runs: clis,
-    targets: { vsPgDump: { wanted: `≤ ${TARGET_SPLIT_CLI_RATIO}x`, got: measured, met: measured === null ? null : measured <= TARGET_SPLIT_CLI_RATIO } },
+    targets: {
+      vsPgDump: {
+        wanted: `≤ ${TARGET_SPLIT_CLI_RATIO}x`,
+        got: measured,
+        met: measured === null ? null : measured <= TARGET_SPLIT_CLI_RATIO,
+      },
+    },
   };
 }
 
@@ -274,7 +316,10 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written, PACE_MS);
   const { result: run, written: w } = await underWriter(writer, () =>
-    timeCli(['move-shard', formatShardList(moved), '--to', target.name, '--yes', '--json', '--config', fleet.configFile], { cwd: fleet.dir, progress: true }),
+    timeCli(
+      ['move-shard', formatShardList(moved), '--to', target.name, '--yes', '--json', '--config', fleet.configFile],
+      { cwd: fleet.dir, progress: true },
+    ),
   );
   const json = JSON.parse(run.stdout);
   // --json prints the one move of a single source host, or the batch with its moves.
@@ -291,7 +336,9 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
     waves: waves.length,
     fencedSteps: waves,
     // Every step's completion, ms after the spawn: where the rest of the wall time goes.
-    progress: run.lines.filter((l) => l.text.startsWith('done:')).map((l) => ({ step: l.text.slice(6), atMs: round(l.atMs, 0) })),
+    progress: run.lines
+      .filter((l) => l.text.startsWith('done:'))
+      .map((l) => ({ step: l.text.slice(6), atMs: round(l.atMs, 0) })),
     acknowledged: w.total,
     onSource: w.byHost.get(source.name) ?? 0,
     onTarget: w.byHost.get(target.name) ?? 0,
@@ -309,11 +356,14 @@ async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows,
   const { result: ms, written: w } = await underWriter(writer, () =>
     timeDumpRestore({ source, sourceDb: SPLIT_DB, target, targetDb: SPLIT_DUMP_DB, schemas, pgDump, psql }),
   );
-  if (w.byHost.size !== 1 || w.fenceErrors !== 0 || w.total === 0) throw new Error(`the writer of the floor must write on ${source.name} alone, unfenced; it wrote ${w.total} rows`);
+  if (w.byHost.size !== 1 || w.fenceErrors !== 0 || w.total === 0)
+    throw new Error(`the writer of the floor must write on ${source.name} alone, unfenced; it wrote ${w.total} rows`);
   // The dump's snapshot holds the loaded rows and some of the writes acknowledged meanwhile.
   const restored = await countRows(target, SPLIT_DUMP_DB, schemas);
   if (restored < expectRows || restored > expectRows + w.total) {
-    throw new Error(`pg_dump | psql under the writer left ${restored} photos rows, expected ${expectRows} loaded + at most ${w.total} written`);
+    throw new Error(
+      `pg_dump | psql under the writer left ${restored} photos rows, expected ${expectRows} loaded + at most ${w.total} written`,
+    );
   }
   return { ms, acknowledged: w.total };
 }
@@ -328,11 +378,10 @@ function startSplitWriter(map, config, shards, paceMs = 0) {
     paceMs,
     write: async (client, shard, n) =>
       (
-        await client.query(`insert into ${ident(shardSchemaName(config, shard))}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`, [
-          n % 10000,
-          `https://cdn.example.com/p/w${n}.jpg`,
-          `written during the move ${n}`,
-        ])
+        await client.query(
+          `insert into ${ident(shardSchemaName(config, shard))}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`,
+          [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`],
+        )
       ).rows[0].id,
   });
 }
@@ -343,32 +392,55 @@ async function checkSplit(fleet, { source, target, moved, rows, result, m, ids, 
   if (result.moves.length !== 1) problems.push(`${result.moves.length} moves, expected one (one source host)`);
   const map = await ShardMap.load(fleet.configFile);
   const elsewhere = moved.filter((s) => map.hostForShard(s).name !== target.name);
-  if (elsewhere.length > 0) problems.push(`the map does not put shards ${formatShardList(elsewhere)} on ${target.name}`);
-  if (m.onSource === 0 || m.onTarget === 0) problems.push(`the writer was acknowledged ${m.onSource} inserts on ${source.name} and ${m.onTarget} on ${target.name}; it must write on both`);
+  if (elsewhere.length > 0)
+    problems.push(`the map does not put shards ${formatShardList(elsewhere)} on ${target.name}`);
+  if (m.onSource === 0 || m.onTarget === 0)
+    problems.push(
+      `the writer was acknowledged ${m.onSource} inserts on ${source.name} and ${m.onTarget} on ${target.name}; it must write on both`,
+    );
   let acked = 0;
   for (const [shard, list] of ids) {
     acked += list.length;
     const photos = `${ident(shardSchemaName(config, shard))}.photos`;
-    const [found] = await target.query(SPLIT_DB, `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`, [list]);
-    if (found.n !== list.length) problems.push(`shard ${shard}: ${list.length - found.n} of ${list.length} acknowledged rows are missing on ${target.name}`);
+    const [found] = await target.query(
+      SPLIT_DB,
+      `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`,
+      [list],
+    );
+    if (found.n !== list.length)
+      problems.push(
+        `shard ${shard}: ${list.length - found.n} of ${list.length} acknowledged rows are missing on ${target.name}`,
+      );
   }
   const schemas = moved.map((s) => shardSchemaName(config, s));
   const counted = await countRows(target, SPLIT_DB, schemas);
   const expected = moved.length * rows + acked;
-  if (counted !== expected) problems.push(`${target.name} holds ${counted} photos rows in the moved shards, expected ${expected}`);
+  if (counted !== expected)
+    problems.push(`${target.name} holds ${counted} photos rows in the moved shards, expected ${expected}`);
   if (result.rowsMoved !== String(moved.length * rows + m.onSource)) {
-    problems.push(`the move verified ${result.rowsMoved} rows, expected ${moved.length * rows} loaded + ${m.onSource} acknowledged by ${source.name}`);
+    problems.push(
+      `the move verified ${result.rowsMoved} rows, expected ${moved.length * rows} loaded + ${m.onSource} acknowledged by ${source.name}`,
+    );
   }
   for (const host of [source, target]) {
     const left = await replicationObjectsLeft(host, SPLIT_DB);
     if (left !== 0) problems.push(`${host.name}: ${left} replication objects left behind`);
   }
-  if (problems.length > 0) throw new Error(`the batch move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
+  if (problems.length > 0)
+    throw new Error(`the batch move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
 }
 
 /** `pg_dump -n s1 -n s2 … | psql` into a fresh empty database on the target; wall time. */
 async function timeDumpSchemas({ source, target, schemas, expectRows, pgDump, psql }) {
-  const ms = await timeDumpRestore({ source, sourceDb: SPLIT_DB, target, targetDb: SPLIT_DUMP_DB, schemas, pgDump, psql });
+  const ms = await timeDumpRestore({
+    source,
+    sourceDb: SPLIT_DB,
+    target,
+    targetDb: SPLIT_DUMP_DB,
+    schemas,
+    pgDump,
+    psql,
+  });
   const restored = await countRows(target, SPLIT_DUMP_DB, schemas);
   if (restored !== expectRows) throw new Error(`pg_dump | psql left ${restored} photos rows, expected ${expectRows}`);
   return ms;
@@ -391,8 +463,16 @@ async function runBig(ctx, major) {
     ratio: result.ratio,
     runs: result.runs,
     targets: {
-      vsPgDump: { wanted: `≤ ${TARGET_BIG_RATIO}x`, got: result.ratio, met: result.ratio === null ? null : result.ratio <= TARGET_BIG_RATIO },
-      writeBlocked: { wanted: `< ${TARGET_BIG_BLOCKED_MS} ms in every run`, got: blockedMax, met: blockedMax < TARGET_BIG_BLOCKED_MS },
+      vsPgDump: {
+        wanted: `≤ ${TARGET_BIG_RATIO}x`,
+        got: result.ratio,
+        met: result.ratio === null ? null : result.ratio <= TARGET_BIG_RATIO,
+      },
+      writeBlocked: {
+        wanted: `< ${TARGET_BIG_BLOCKED_MS} ms in every run`,
+        got: blockedMax,
+        met: blockedMax < TARGET_BIG_BLOCKED_MS,
+      },
     },
   };
 }
@@ -431,12 +511,23 @@ async function runCopyOptions(ctx, major, split, bigBuilt) {
     out.push({
       set: 'split',
       what: `${schemas.length} shards × ${formatCount(options.splitRows)} photos rows`,
-      ...(await measureCopy({ source: split.source, sourceDb: SPLIT_BASE, target: split.target, schemas, variants: copyVariants('split'), runs: options.runs })),
+      ...(await measureCopy({
+        source: split.source,
+        sourceDb: SPLIT_BASE,
+        target: split.target,
+        schemas,
+        variants: copyVariants('split'),
+        runs: options.runs,
+      })),
     });
   }
   // The big shard: move-shard's template on its source host (built by part big).
   if (bigBuilt) {
-    const base = await ctx.fleet('move-shard-base', major, { database: single.BASE_DATABASE, hostCount: single.HOSTS, shards: single.SHARDS });
+    const base = await ctx.fleet('move-shard-base', major, {
+      database: single.BASE_DATABASE,
+      hostCount: single.HOSTS,
+      shards: single.SHARDS,
+    });
     const config = await loadConfig(base.configFile);
     const [source, target] = base.hosts;
     const schema = shardSchemaName(config, single.SHARD);
@@ -444,7 +535,14 @@ async function runCopyOptions(ctx, major, split, bigBuilt) {
     out.push({
       set: 'big',
       what: `1 shard × ${formatCount(options.rows)} photos rows`,
-      ...(await measureCopy({ source, sourceDb: single.BASE_DATABASE, target, schemas: [schema], variants: copyVariants('big'), runs: options.runs })),
+      ...(await measureCopy({
+        source,
+        sourceDb: single.BASE_DATABASE,
+        target,
+        schemas: [schema],
+        variants: copyVariants('big'),
+        runs: options.runs,
+      })),
     });
   }
   return out;
@@ -468,7 +566,9 @@ async function measureCopy({ source, sourceDb, target, schemas, variants, runs }
       await target.query(COPY_DB, 'checkpoint');
       const ms = await copySchemas({ source, sourceDb, target, schemas, ...v });
       times.get(variantName(v)).push(ms);
-      log(`  copy ${schemas.length === 1 ? schemas[0] : `${schemas.length} shards`}: ${variantName(v)} ${formatMs(ms)}`);
+      log(
+        `  copy ${schemas.length === 1 ? schemas[0] : `${schemas.length} shards`}: ${variantName(v)} ${formatMs(ms)}`,
+      );
     }
   }
   const rows = variants.map((v) => ({ ...v, name: variantName(v), ms: summarize(times.get(variantName(v))) }));
@@ -515,14 +615,21 @@ async function copySchemas({ source, sourceDb, target, schemas, indexes, format,
             [schema],
           );
           for (const d of defs.rows) {
-            await writer.query(d.conname ? `ALTER TABLE ${d.tbl} DROP CONSTRAINT ${ident(d.conname)}` : `DROP INDEX ${d.index}`);
+            await writer.query(
+              d.conname ? `ALTER TABLE ${d.tbl} DROP CONSTRAINT ${ident(d.conname)}` : `DROP INDEX ${d.index}`,
+            );
           }
-          rebuild = defs.rows.map((d) => (d.conname ? `ALTER TABLE ${d.tbl} ADD CONSTRAINT ${ident(d.conname)} ${d.condef}` : d.indexdef));
+          rebuild = defs.rows.map((d) =>
+            d.conname ? `ALTER TABLE ${d.tbl} ADD CONSTRAINT ${ident(d.conname)} ${d.condef}` : d.indexdef,
+          );
         }
         const suffix = format === 'binary' ? ' (FORMAT binary)' : '';
         for (const t of own) {
           const name = `${ident(t.schema)}.${ident(t.table)}`;
-          await pipeline(reader.query(copyStreams.to(`COPY ${name} TO STDOUT${suffix}`)), writer.query(copyStreams.from(`COPY ${name} FROM STDIN${suffix}`)));
+          await pipeline(
+            reader.query(copyStreams.to(`COPY ${name} TO STDOUT${suffix}`)),
+            writer.query(copyStreams.from(`COPY ${name} FROM STDIN${suffix}`)),
+          );
         }
         for (const sql of rebuild) await writer.query(sql);
         await writer.query('COMMIT');
@@ -549,7 +656,9 @@ async function runFleet(ctx, major) {
   const base = await ctx.fleet('move-batch-fleet-base', major, { database: FLEET_BASE, hostCount: 8, shards, ranges });
   const fleet = await ctx.fleet('move-batch-fleet', major, { database: FLEET_DB, hostCount: 8, shards, ranges });
   const postgres = await fleet.hosts[0].serverVersion();
-  log(`move-batch fleet on PostgreSQL ${postgres}: init of ${formatCount(shards)} empty shards over 4 of 8 hosts (untimed)`);
+  log(
+    `move-batch fleet on PostgreSQL ${postgres}: init of ${formatCount(shards)} empty shards over 4 of 8 hosts (untimed)`,
+  );
   await initFleet(base);
   await resetDatabases(fleet.hosts, FLEET_DB, { template: FLEET_BASE });
   const initialMap = await readFile(fleet.configFile, 'utf8');
@@ -561,7 +670,12 @@ async function runFleet(ctx, major) {
   log(`  moving ${pairs.map((p) => `${p.shards} ${p.source} → ${p.target}`).join(', ')}: 4 CLIs at once`);
   const started = performance.now();
   const runs = await Promise.all(
-    pairs.map((p) => timeCli(['move-shard', p.shards, '--to', p.target, '--yes', '--json', '--config', fleet.configFile], { cwd: fleet.dir, progress: true })),
+    pairs.map((p) =>
+      timeCli(['move-shard', p.shards, '--to', p.target, '--yes', '--json', '--config', fleet.configFile], {
+        cwd: fleet.dir,
+        progress: true,
+      }),
+    ),
   );
   const totalMs = performance.now() - started;
   const moves = runs.map((r, i) => {
@@ -580,7 +694,10 @@ async function runFleet(ctx, major) {
       peakRssKiB: r.peakRssKiB,
       longestWave: longest,
       stepMedians: Object.fromEntries(
-        FENCED_STEPS.slice(1).map((step) => [step, round(median(waves.map((w) => w.steps[step]).filter((ms) => ms !== undefined)), 0)]),
+        FENCED_STEPS.slice(1).map((step) => [
+          step,
+          round(median(waves.map((w) => w.steps[step]).filter((ms) => ms !== undefined)), 0),
+        ]),
       ),
     };
   });
@@ -592,15 +709,20 @@ async function runFleet(ctx, major) {
     const wrong = [];
     for (let s = lo; s < (i + 1) * per; s++) if (map.hostForShard(s).name !== p.target) wrong.push(s);
     if (wrong.length) problems.push(`the map does not put ${formatShardList(wrong)} on ${p.target}`);
-    const [row] = await fleet.hosts[i + 4].query(FLEET_DB, `select count(*)::int as n from shardctl.shards where state = 'active'`);
+    const [row] = await fleet.hosts[i + 4].query(
+      FLEET_DB,
+      `select count(*)::int as n from shardctl.shards where state = 'active'`,
+    );
     if (row.n !== per / 2) problems.push(`${p.target} holds ${row.n} active shards, expected ${per / 2}`);
   }
-  if (problems.length) throw new Error(`the fleet-scale moves did not leave what they should have:\n  - ${problems.join('\n  - ')}`);
+  if (problems.length)
+    throw new Error(`the fleet-scale moves did not leave what they should have:\n  - ${problems.join('\n  - ')}`);
   await writeFile(fleet.configFile, initialMap);
   const rss = Math.max(...moves.map((m) => m.peakRssKiB ?? 0)) || null;
   const blocked = Math.max(...moves.map((m) => m.writeBlockedMs));
   log(`  fleet: ${formatMs(totalMs)} total, writes blocked at most ${formatMs(blocked)}, peak RSS ${formatRss(rss)}`);
-  for (const m of moves) log(`  ${m.source} → ${m.target}: writes blocked ${formatMs(m.writeBlockedMs)}, ${describeWave(m)}`);
+  for (const m of moves)
+    log(`  ${m.source} → ${m.target}: writes blocked ${formatMs(m.writeBlockedMs)}, ${describeWave(m)}`);
   return {
     postgres,
     shards,
@@ -610,8 +732,16 @@ async function runFleet(ctx, major) {
     peakRssKiB: rss,
     moves,
     targets: {
-      peakRss: { wanted: `< ${TARGET_FLEET_RSS_MIB} MiB`, got: rss, met: rss === null ? null : rss / 1024 < TARGET_FLEET_RSS_MIB },
-      writeBlocked: { wanted: `≤ ${TARGET_FLEET_BLOCKED_MS} ms`, got: blocked, met: blocked <= TARGET_FLEET_BLOCKED_MS },
+      peakRss: {
+        wanted: `< ${TARGET_FLEET_RSS_MIB} MiB`,
+        got: rss,
+        met: rss === null ? null : rss / 1024 < TARGET_FLEET_RSS_MIB,
+      },
+      writeBlocked: {
+        wanted: `≤ ${TARGET_FLEET_BLOCKED_MS} ms`,
+        got: blocked,
+        met: blocked <= TARGET_FLEET_BLOCKED_MS,
+      },
     },
   };
 }
@@ -619,68 +749,116 @@ async function runFleet(ctx, major) {
 // ---------------------------------------------------------------------------------------------
 // Output
 
-const SPLIT_HEADERS = ['PostgreSQL', 'moved', 'moveShards (online, 1 call)', 'writes blocked', 'pg_dump -n … | psql', 'ratio', 'target', 'one-by-one (per shard → all)'];
+const SPLIT_HEADERS = [
+  'PostgreSQL',
+  'moved',
+  'moveShards (online, 1 call)',
+  'writes blocked',
+  'pg_dump -n … | psql',
+  'ratio',
+  'target',
+  'one-by-one (per shard → all)',
+];
 
 function splitRows(results) {
-  return results.filter((x) => x.split).map(({ split: r }) => [
-    r.postgres,
-    `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length}`,
-    formatSample(r.moveMs),
-    formatSample(r.writeBlockedMs),
-    r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
-    r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
-    `≤ ${TARGET_SPLIT_RATIO}x: ${r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met)}`,
-    `${formatMs(r.loop.ms.median)} (${r.loop.shards.length} shards) → ${formatMs(r.loop.extrapolatedMs)}`,
-  ]);
+  return results
+    .filter((x) => x.split)
+    .map(({ split: r }) => [
+      r.postgres,
+      `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length}`,
+      formatSample(r.moveMs),
+      formatSample(r.writeBlockedMs),
+      r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
+      r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
+      `≤ ${TARGET_SPLIT_RATIO}x: ${r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met)}`,
+      `${formatMs(r.loop.ms.median)} (${r.loop.shards.length} shards) → ${formatMs(r.loop.extrapolatedMs)}`,
+    ]);
 }
 
 /** "longest wave 3 of 17: 212 ms (caught-up +40, sequences-carried +12, …); median per wave …". */
 function describeWave(m) {
-  const steps = (o) => Object.entries(o).map(([step, ms]) => `${step} +${ms}`).join(', ');
+  const steps = (o) =>
+    Object.entries(o)
+      .map(([step, ms]) => `${step} +${ms}`)
+      .join(', ');
   if (!m.longestWave) return 'no fenced steps in its output';
   return `longest wave ${m.longestWave.wave} of ${m.waves}: ${m.longestWave.fencedMs} ms fenced → switched (${steps(m.longestWave.steps)}); median per wave: ${steps(m.stepMedians)}`;
 }
 
-const SPLIT_CLI_HEADERS = ['PostgreSQL', 'moved', 'shardctl move-shard (process, spawn → exit)', 'as the move reports it', 'start-up / exit after last line', 'writes blocked', 'pg_dump -n … | psql, same writer', 'ratio', 'target'];
+const SPLIT_CLI_HEADERS = [
+  'PostgreSQL',
+  'moved',
+  'shardctl move-shard (process, spawn → exit)',
+  'as the move reports it',
+  'start-up / exit after last line',
+  'writes blocked',
+  'pg_dump -n … | psql, same writer',
+  'ratio',
+  'target',
+];
 
 function splitCliRows(results) {
-  return results.filter((x) => x.splitCli).map(({ splitCli: r }) => [
-    r.postgres,
-    `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length} every ${r.paceMs} ms, both sides`,
-    formatSample(r.wallMs),
-    formatSample(r.moveMs),
-    `${formatSample(r.firstOutputMs)} / ${formatSample(r.exitAfterLastOutputMs)}`,
-    formatSample(r.writeBlockedMs),
-    r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
-    r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
-    `≤ ${TARGET_SPLIT_CLI_RATIO}x: ${r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met)}`,
-  ]);
+  return results
+    .filter((x) => x.splitCli)
+    .map(({ splitCli: r }) => [
+      r.postgres,
+      `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length} every ${r.paceMs} ms, both sides`,
+      formatSample(r.wallMs),
+      formatSample(r.moveMs),
+      `${formatSample(r.firstOutputMs)} / ${formatSample(r.exitAfterLastOutputMs)}`,
+      formatSample(r.writeBlockedMs),
+      r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
+      r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
+      `≤ ${TARGET_SPLIT_CLI_RATIO}x: ${r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met)}`,
+    ]);
 }
 
-const BIG_HEADERS = ['PostgreSQL', 'moved', 'move (online)', 'pg_dump -n | psql', 'ratio', 'target ≤ 1.3x', 'writes blocked', 'target < 500 ms'];
+const BIG_HEADERS = [
+  'PostgreSQL',
+  'moved',
+  'move (online)',
+  'pg_dump -n | psql',
+  'ratio',
+  'target ≤ 1.3x',
+  'writes blocked',
+  'target < 500 ms',
+];
 
 function bigRows(results) {
-  return results.filter((x) => x.big).map(({ big: r }) => [
-    r.postgres,
-    `1 shard × ${formatCount(r.rows)} rows, writer throughout`,
-    formatSample(r.moveMs),
-    r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
-    r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
-    r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met),
-    formatSample(r.writeBlockedMs),
-    verdict(r.targets.writeBlocked.met),
-  ]);
+  return results
+    .filter((x) => x.big)
+    .map(({ big: r }) => [
+      r.postgres,
+      `1 shard × ${formatCount(r.rows)} rows, writer throughout`,
+      formatSample(r.moveMs),
+      r.pgDumpMs ? formatSample(r.pgDumpMs) : `n/a (pg_dump ${r.pgDumpVersion ?? 'missing'})`,
+      r.ratio === null ? 'n/a' : `${r.ratio.toFixed(2)}x`,
+      r.targets.vsPgDump.met === null ? 'not measured' : verdict(r.targets.vsPgDump.met),
+      formatSample(r.writeBlockedMs),
+      verdict(r.targets.writeBlocked.met),
+    ]);
 }
 
 const COPY_HEADERS = ['PostgreSQL', 'copied', 'variant', 'copy step', 'vs first row'];
 
 function copyRows(results) {
   return results.flatMap((r) =>
-    r.copy.flatMap((set) => set.variants.map((v) => [r.postgres, set.what, v.name, formatSample(v.ms), `${v.vsFirst.toFixed(2)}x`])),
+    r.copy.flatMap((set) =>
+      set.variants.map((v) => [r.postgres, set.what, v.name, formatSample(v.ms), `${v.vsFirst.toFixed(2)}x`]),
+    ),
   );
 }
 
-const FLEET_HEADERS = ['PostgreSQL', 'fleet', 'total', 'longest write block', 'target ≤ 250 ms', 'peak RSS (largest CLI)', 'target < 300 MiB', 'per CLI'];
+const FLEET_HEADERS = [
+  'PostgreSQL',
+  'fleet',
+  'total',
+  'longest write block',
+  'target ≤ 250 ms',
+  'peak RSS (largest CLI)',
+  'target < 300 MiB',
+  'per CLI',
+];
 
 function fleetRows(results) {
   return results
@@ -701,15 +879,26 @@ export function table(result) {
   return [
     `move-batch (a) split a host: median (range) of ${result.split?.moveMs.runs.length ?? 0} runs, interleaved with the floor`,
     textTable(SPLIT_HEADERS, splitRows([result])),
-    ...(result.splitCli ? ['', '(a) split a host as a CLI process, a paced writer during both sides', textTable(SPLIT_CLI_HEADERS, splitCliRows([result]))] : []),
+    ...(result.splitCli
+      ? [
+          '',
+          '(a) split a host as a CLI process, a paced writer during both sides',
+          textTable(SPLIT_CLI_HEADERS, splitCliRows([result])),
+        ]
+      : []),
     '',
-    '(b) one big shard (move-shard\'s runs)',
+    "(b) one big shard (move-shard's runs)",
     textTable(BIG_HEADERS, bigRows([result])),
     '',
     '(c) copy step alone',
     textTable(COPY_HEADERS, copyRows([result])),
     ...(result.fleet
-      ? ['', '(d) fleet scale, one run', textTable(FLEET_HEADERS, fleetRows([result])), ...result.fleet.moves.map((m) => `${m.source} → ${m.target}: ${describeWave(m)}`)]
+      ? [
+          '',
+          '(d) fleet scale, one run',
+          textTable(FLEET_HEADERS, fleetRows([result])),
+          ...result.fleet.moves.map((m) => `${m.source} → ${m.target}: ${describeWave(m)}`),
+        ]
       : []),
   ].join('\n');
 }
@@ -720,16 +909,23 @@ export function markdown(results) {
     '',
     markdownTable(SPLIT_HEADERS, splitRows(results)),
     ...(results.some((r) => r.splitCli)
-      ? ['', '**Split a host as a CLI process** (spawn to exit; a paced writer during the move and during the floor; interleaved):', '', markdownTable(SPLIT_CLI_HEADERS, splitCliRows(results))]
+      ? [
+          '',
+          '**Split a host as a CLI process** (spawn to exit; a paced writer during the move and during the floor; interleaved):',
+          '',
+          markdownTable(SPLIT_CLI_HEADERS, splitCliRows(results)),
+        ]
       : []),
     '',
-    '**One shard of 1,000,000 rows** (move-shard\'s runs, judged against issue 7\'s targets):',
+    "**One shard of 1,000,000 rows** (move-shard's runs, judged against issue 7's targets):",
     '',
     markdownTable(BIG_HEADERS, bigRows(results)),
     '',
     '**The copy step alone** (variants interleaved, rotated each round):',
     '',
     markdownTable(COPY_HEADERS, copyRows(results)),
-    ...(results.some((r) => r.fleet) ? ['', '**Fleet scale** (one run):', '', markdownTable(FLEET_HEADERS, fleetRows(results))] : []),
+    ...(results.some((r) => r.fleet)
+      ? ['', '**Fleet scale** (one run):', '', markdownTable(FLEET_HEADERS, fleetRows(results))]
+      : []),
   ].join('\n');
 }

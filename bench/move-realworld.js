@@ -18,10 +18,33 @@ import { readdirSync, readFileSync } from 'node:fs';
 import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { hostForShard, loadConfig, moveShard, ShardMap, shardSchemaName } from '../dist/index.js';
-import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, REPO_ROOT, resetDatabases, roundOrder, summarize, textTable, verdict } from './lib.js';
-import { fencedStepsByWave, floorTools, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
+import {
+  formatCount,
+  formatMs,
+  formatSample,
+  ident,
+  initFleet,
+  log,
+  markdownTable,
+  ratio,
+  REPO_ROOT,
+  resetDatabases,
+  roundOrder,
+  summarize,
+  textTable,
+  verdict,
+} from './lib.js';
+import {
+  fencedStepsByWave,
+  floorTools,
+  replicationObjectsLeft,
+  startWriter,
+  timeDumpRestore,
+  underWriter,
+} from './moving.js';
 
-export const description = 'online move of one real-world shard (--realworld-rows accounts) under a paced writer vs pg_dump -n | psql';
+export const description =
+  'online move of one real-world shard (--realworld-rows accounts) under a paced writer vs pg_dump -n | psql';
 
 const FIXTURE = path.join(REPO_ROOT, 'test', 'fixtures', 'realworld');
 const BASE_DATABASE = 'bench_realworld_base';
@@ -52,23 +75,40 @@ function migrations() {
 export async function run(ctx, major) {
   const { options } = ctx;
   const extraMigrations = migrations();
-  const base = await ctx.fleet('move-realworld-base', major, { database: BASE_DATABASE, hostCount: HOSTS, shards: SHARDS, extraMigrations });
-  const fleet = await ctx.fleet('move-realworld', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS, extraMigrations });
+  const base = await ctx.fleet('move-realworld-base', major, {
+    database: BASE_DATABASE,
+    hostCount: HOSTS,
+    shards: SHARDS,
+    extraMigrations,
+  });
+  const fleet = await ctx.fleet('move-realworld', major, {
+    database: DATABASE,
+    hostCount: HOSTS,
+    shards: SHARDS,
+    extraMigrations,
+  });
   const config = await loadConfig(fleet.configFile);
   const schema = shardSchemaName(config, SHARD);
   const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD).name);
   const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
-  if (!source || !target || source === target) throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
+  if (!source || !target || source === target)
+    throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
   const serverVersion = await source.serverVersion();
   const floor = floorTools(major, serverVersion, options);
   if (floor.skipped) log(`move-realworld on PostgreSQL ${serverVersion}: no floor, ${floor.skipped}`);
 
   const rows = options.realworldRows;
-  log(`move-realworld on PostgreSQL ${serverVersion}: loading ${formatCount(rows)} accounts (and their rows) into ${schema} on ${source.name} (untimed)`);
+  log(
+    `move-realworld on PostgreSQL ${serverVersion}: loading ${formatCount(rows)} accounts (and their rows) into ${schema} on ${source.name} (untimed)`,
+  );
   await initFleet(base);
   await source.query(BASE_DATABASE, fixture('seed.sql', { schema, rows: String(rows) }));
   await source.query(BASE_DATABASE, 'vacuum analyze');
-  const [size] = await source.query(BASE_DATABASE, `select pg_size_pretty(sum(pg_total_relation_size(c.oid))) as s from pg_class c where c.relnamespace = to_regnamespace($1)`, [schema]);
+  const [size] = await source.query(
+    BASE_DATABASE,
+    `select pg_size_pretty(sum(pg_total_relation_size(c.oid))) as s from pg_class c where c.relnamespace = to_regnamespace($1)`,
+    [schema],
+  );
   log(`  ${schema}: ${size.s}`);
   const initialMap = await readFile(fleet.configFile, 'utf8');
 
@@ -84,10 +124,22 @@ export async function run(ctx, major) {
         log(
           `  run ${turn + 1}/${options.realworldRuns}: move ${formatMs(moved.durationMs)}, writes blocked ${formatMs(moved.writeBlockedMs)}; ` +
             `${formatCount(moved.transactions)} writer transactions, ${moved.whole ?? 'n/a'} tables checksummed whole while fenced; ` +
-            `after the fence: ${Object.entries(moved.fencedSteps).map(([step, ms]) => `${step} +${ms} ms`).join(', ')}`,
+            `after the fence: ${Object.entries(moved.fencedSteps)
+              .map(([step, ms]) => `${step} +${ms} ms`)
+              .join(', ')}`,
         );
       } else {
-        dumps.push(await timeDumpRestore({ source, sourceDb: DATABASE, target, targetDb: DUMP_DATABASE, schemas: [schema], pgDump: floor.pgDump, psql: options.psql }));
+        dumps.push(
+          await timeDumpRestore({
+            source,
+            sourceDb: DATABASE,
+            target,
+            targetDb: DUMP_DATABASE,
+            schemas: [schema],
+            pgDump: floor.pgDump,
+            psql: options.psql,
+          }),
+        );
         log(`  run ${turn + 1}/${options.realworldRuns}: pg_dump | psql ${formatMs(dumps.at(-1))}`);
       }
     }
@@ -112,7 +164,11 @@ export async function run(ctx, major) {
     ratio: measuredRatio,
     runs: moves,
     targets: {
-      writeBlocked: { wanted: `< ${TARGET_BLOCKED_MS} ms (median)`, got: writeBlockedMs.median, met: writeBlockedMs.median < TARGET_BLOCKED_MS },
+      writeBlocked: {
+        wanted: `< ${TARGET_BLOCKED_MS} ms (median)`,
+        got: writeBlockedMs.median,
+        met: writeBlockedMs.median < TARGET_BLOCKED_MS,
+      },
     },
   };
 }
@@ -122,19 +178,32 @@ async function timeMove(fleet, { source, target, schema }) {
   const writer = startFixtureWriter(await ShardMap.load(fleet.configFile), schema);
   const lines = [];
   const { result, written } = await underWriter(writer, () =>
-    moveShard(config, SHARD, target.name, { configFile: fleet.configFile, onStep: (_step, detail) => lines.push({ text: detail, atMs: performance.now() }) }),
+    moveShard(config, SHARD, target.name, {
+      configFile: fleet.configFile,
+      onStep: (_step, detail) => lines.push({ text: detail, atMs: performance.now() }),
+    }),
   );
   const handles = written.acks.get(SHARD);
   const problems = [];
   if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
   if (!result.verification?.ok) problems.push('the verification did not pass');
-  if (written.byHost.get(source.name) === undefined || written.byHost.get(target.name) === undefined) problems.push('the writer did not write on both hosts');
-  const [found] = await target.query(DATABASE, `select count(*)::int as n from ${ident(schema)}.accounts where handle = any($1::text[])`, [handles]);
-  if (found.n !== handles.length) problems.push(`${handles.length - found.n} of ${handles.length} acknowledged accounts are missing on ${target.name}`);
+  if (written.byHost.get(source.name) === undefined || written.byHost.get(target.name) === undefined)
+    problems.push('the writer did not write on both hosts');
+  const [found] = await target.query(
+    DATABASE,
+    `select count(*)::int as n from ${ident(schema)}.accounts where handle = any($1::text[])`,
+    [handles],
+  );
+  if (found.n !== handles.length)
+    problems.push(
+      `${handles.length - found.n} of ${handles.length} acknowledged accounts are missing on ${target.name}`,
+    );
   for (const host of [source, target]) {
-    if ((await replicationObjectsLeft(host, DATABASE)) !== 0) problems.push(`${host.name}: replication objects left behind`);
+    if ((await replicationObjectsLeft(host, DATABASE)) !== 0)
+      problems.push(`${host.name}: replication objects left behind`);
   }
-  if (problems.length > 0) throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
+  if (problems.length > 0)
+    throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
   return {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
@@ -162,7 +231,16 @@ function startFixtureWriter(map, schema) {
   });
 }
 
-const HEADERS = ['PostgreSQL', 'shard moved', 'writes blocked', 'target', 'move-shard (online)', 'pg_dump -n \\| psql', 'ratio', 'tables whole while fenced'];
+const HEADERS = [
+  'PostgreSQL',
+  'shard moved',
+  'writes blocked',
+  'target',
+  'move-shard (online)',
+  'pg_dump -n \\| psql',
+  'ratio',
+  'tables whole while fenced',
+];
 
 function rows(results) {
   return results.map((r) => [
@@ -178,7 +256,13 @@ function rows(results) {
 }
 
 export function table(result) {
-  return [`move-realworld: median (range) of ${result.moveMs.runs.length} runs; a paced writer throughout every move`, textTable(HEADERS.map((h) => h.replace('\\|', '|')), rows([result]))].join('\n');
+  return [
+    `move-realworld: median (range) of ${result.moveMs.runs.length} runs; a paced writer throughout every move`,
+    textTable(
+      HEADERS.map((h) => h.replace('\\|', '|')),
+      rows([result]),
+    ),
+  ].join('\n');
 }
 
 export function markdown(results) {

@@ -23,7 +23,22 @@
  */
 import { readFile, writeFile } from 'node:fs/promises';
 import { hostForShard, loadConfig, moveShard, ShardMap, shardSchemaName } from '../dist/index.js';
-import { formatCount, formatMs, formatSample, ident, initFleet, log, markdownTable, ratio, resetDatabases, round, roundOrder, summarize, textTable, verdict } from './lib.js';
+import {
+  formatCount,
+  formatMs,
+  formatSample,
+  ident,
+  initFleet,
+  log,
+  markdownTable,
+  ratio,
+  resetDatabases,
+  round,
+  roundOrder,
+  summarize,
+  textTable,
+  verdict,
+} from './lib.js';
 import { floorTools, replicationObjectsLeft, startWriter, timeDumpRestore, underWriter } from './moving.js';
 
 export const description = 'online move of one shard (--rows photos) under a writer vs pg_dump -n | psql';
@@ -47,12 +62,15 @@ export async function run(ctx, major) {
   const schema = shardSchemaName(config, SHARD);
   const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD).name);
   const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
-  if (!source || !target || source === target) throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
+  if (!source || !target || source === target)
+    throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
   const serverVersion = await source.serverVersion();
   const floor = floorTools(major, serverVersion, options);
   if (floor.skipped) log(`move-shard on PostgreSQL ${serverVersion}: no floor, ${floor.skipped}`);
 
-  log(`move-shard on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed)`);
+  log(
+    `move-shard on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed)`,
+  );
   await buildBase(base, source, schema, options.rows);
   // What every run starts from; each move rewrites the file.
   const initialMap = await readFile(fleet.configFile, 'utf8');
@@ -72,7 +90,9 @@ export async function run(ctx, major) {
             `(${formatCount(moved.onSource)} on ${source.name}, ${formatCount(moved.onTarget)} on ${target.name}), ${formatCount(moved.fenceErrors)} fence errors`,
         );
       } else {
-        dumps.push(await timeDump({ source, target, schema, rows: options.rows, pgDump: floor.pgDump, psql: options.psql }));
+        dumps.push(
+          await timeDump({ source, target, schema, rows: options.rows, pgDump: floor.pgDump, psql: options.psql }),
+        );
         log(`  run ${turn + 1}/${options.runs}: pg_dump | psql ${formatMs(dumps.at(-1))}`);
       }
     }
@@ -102,8 +122,16 @@ export async function run(ctx, major) {
     runs: moves,
     targets: {
       // Per cut-over: a single run over the limit is a miss, whatever the median says.
-      writeBlocked: { wanted: `< ${TARGET_BLOCKED_MS} ms in every run`, got: writeBlockedMs.max, met: writeBlockedMs.max < TARGET_BLOCKED_MS },
-      vsPgDump: { wanted: `≤ ${TARGET_RATIO}x`, got: measuredRatio, met: measuredRatio === null ? null : measuredRatio <= TARGET_RATIO },
+      writeBlocked: {
+        wanted: `< ${TARGET_BLOCKED_MS} ms in every run`,
+        got: writeBlockedMs.max,
+        met: writeBlockedMs.max < TARGET_BLOCKED_MS,
+      },
+      vsPgDump: {
+        wanted: `≤ ${TARGET_RATIO}x`,
+        got: measuredRatio,
+        met: measuredRatio === null ? null : measuredRatio <= TARGET_RATIO,
+      },
     },
   };
 }
@@ -155,7 +183,9 @@ function startShardWriter(map, schema) {
   const insert = `insert into ${ident(schema)}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`;
   return startWriter(map, {
     shards: [SHARD],
-    write: async (client, _shard, n) => (await client.query(insert, [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`])).rows[0].id,
+    write: async (client, _shard, n) =>
+      (await client.query(insert, [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`]))
+        .rows[0].id,
   });
 }
 
@@ -167,34 +197,61 @@ async function checkMove(fleet, { source, target, schema, rows, result, moved, i
   if (owner !== target.name) problems.push(`the map puts shard ${SHARD} on ${owner}, expected ${target.name}`);
   // A writer that never wrote on one side did not write through the cut-over.
   if (moved.onSource === 0 || moved.onTarget === 0) {
-    problems.push(`the writer was acknowledged ${moved.onSource} inserts on ${source.name} and ${moved.onTarget} on ${target.name}; it must write on both`);
+    problems.push(
+      `the writer was acknowledged ${moved.onSource} inserts on ${source.name} and ${moved.onTarget} on ${target.name}; it must write on both`,
+    );
   }
   const photos = `${ident(schema)}.photos`;
-  const [found] = await target.query(DATABASE, `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`, [ids]);
-  if (found.n !== ids.length) problems.push(`${ids.length - found.n} of ${ids.length} acknowledged rows are missing on ${target.name}`);
+  const [found] = await target.query(
+    DATABASE,
+    `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`,
+    [ids],
+  );
+  if (found.n !== ids.length)
+    problems.push(`${ids.length - found.n} of ${ids.length} acknowledged rows are missing on ${target.name}`);
   const [total] = await target.query(DATABASE, `select count(*)::int as n from ${photos}`);
-  if (total.n !== rows + ids.length) problems.push(`${target.name} holds ${total.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
+  if (total.n !== rows + ids.length)
+    problems.push(`${target.name} holds ${total.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
   // Verified after the fence: the loaded rows and exactly the writes the source had acknowledged.
   if (result.rowsMoved !== String(rows + moved.onSource)) {
-    problems.push(`the move verified ${result.rowsMoved} rows, expected ${rows} loaded + ${moved.onSource} acknowledged by ${source.name}`);
+    problems.push(
+      `the move verified ${result.rowsMoved} rows, expected ${rows} loaded + ${moved.onSource} acknowledged by ${source.name}`,
+    );
   }
   for (const host of [source, target]) {
     const left = await replicationObjectsLeft(host, DATABASE);
-    if (left !== 0) problems.push(`${host.name}: ${left} replication objects (publication, subscription, slot) left behind`);
+    if (left !== 0)
+      problems.push(`${host.name}: ${left} replication objects (publication, subscription, slot) left behind`);
   }
-  if (problems.length > 0) throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
+  if (problems.length > 0)
+    throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
 }
 
 /** The floor, from the source's fresh copy into a new empty database on the target host; checked. */
 async function timeDump({ source, target, schema, rows, pgDump, psql }) {
-  const ms = await timeDumpRestore({ source, sourceDb: DATABASE, target, targetDb: DUMP_DATABASE, schemas: [schema], pgDump, psql });
+  const ms = await timeDumpRestore({
+    source,
+    sourceDb: DATABASE,
+    target,
+    targetDb: DUMP_DATABASE,
+    schemas: [schema],
+    pgDump,
+    psql,
+  });
   const [row] = await target.query(DUMP_DATABASE, `select count(*)::int as n from ${ident(schema)}.photos`);
   if (row.n !== rows) throw new Error(`pg_dump | psql left ${row.n} photos rows on ${target.name}, expected ${rows}`);
   return ms;
 }
 
 const HEADERS = ['PostgreSQL', 'shard moved', 'move-shard (online)', 'pg_dump -n | psql (floor)', 'ratio', 'target'];
-const CUTOVER_HEADERS = ['PostgreSQL', 'writes blocked', 'target', 'longest gap between acked writes', 'writes acked per run', 'fence errors per run'];
+const CUTOVER_HEADERS = [
+  'PostgreSQL',
+  'writes blocked',
+  'target',
+  'longest gap between acked writes',
+  'writes acked per run',
+  'fence errors per run',
+];
 
 function rows(results) {
   return results.map((r) => [
@@ -234,7 +291,7 @@ export function table(result) {
     `move-shard: ${sampleNote([result])}; a writer inserts into the shard throughout every move`,
     textTable(HEADERS, rows([result])),
     '',
-    'cut-over: writes blocked = from the fence until the map named the target (moveShard); gap = the writer\'s own view',
+    "cut-over: writes blocked = from the fence until the map named the target (moveShard); gap = the writer's own view",
     textTable(CUTOVER_HEADERS, cutoverRows([result])),
     ...skippedNotes([result]).map((note) => `\n${note}`),
   ].join('\n');
@@ -247,7 +304,7 @@ export function markdown(results) {
     '',
     markdownTable(HEADERS, rows(results)),
     '',
-    'Cut-over: writes blocked as moveShard reports it (from the fence until the map named the target), the longest wait between two acknowledged inserts as the writer saw it, and the writer\'s acknowledged inserts and fence errors (SQLSTATE SC100) per run:',
+    "Cut-over: writes blocked as moveShard reports it (from the fence until the map named the target), the longest wait between two acknowledged inserts as the writer saw it, and the writer's acknowledged inserts and fence errors (SQLSTATE SC100) per run:",
     '',
     markdownTable(CUTOVER_HEADERS, cutoverRows(results)),
     ...skippedNotes(results).flatMap((note) => ['', note]),

@@ -109,7 +109,11 @@ export function floorTools(major, serverVersion, options) {
   }
   const serverMajor = Number(serverVersion.split('.')[0]);
   if (Number(version.split('.')[0]) < serverMajor) {
-    return { pgDump, version, skipped: `pg_dump ${version} (${pgDump}) refuses a PostgreSQL ${serverMajor} server; pass --pg-dump with a pg_dump ${serverMajor} or later` };
+    return {
+      pgDump,
+      version,
+      skipped: `pg_dump ${version} (${pgDump}) refuses a PostgreSQL ${serverMajor} server; pass --pg-dump with a pg_dump ${serverMajor} or later`,
+    };
   }
   return { pgDump, version, skipped: null };
 }
@@ -137,7 +141,9 @@ export async function timeDumpRestore({ source, sourceDb, target, targetDb, sche
   const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, 'bash', pgDump, psql, ...schemas], { env });
   if (timed.code !== 0) {
     const what = schemas.length === 1 ? `-n ${schemas[0]}` : `of ${schemas.length} schemas`;
-    throw new Error(`pg_dump ${what} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`);
+    throw new Error(
+      `pg_dump ${what} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`,
+    );
   }
   return timed.ms;
 }

@@ -96,14 +96,28 @@ CREATE TABLE ${schema}.photos_copy (
 const COST_VARIANTS = [
   { key: 'none', label: 'no call (generate_series alone)', call: 'g' },
   { key: 'nextval', label: 'bare nextval()', call: `nextval('${SCHEMA}.plain_seq')` },
-  { key: 'plpgsql', label: 'PL/pgSQL floor: RETURN nextval(seq)', call: `${SCHEMA}.plpgsql_nextval('${SCHEMA}.floor_seq')` },
+  {
+    key: 'plpgsql',
+    label: 'PL/pgSQL floor: RETURN nextval(seq)',
+    call: `${SCHEMA}.plpgsql_nextval('${SCHEMA}.floor_seq')`,
+  },
   { key: 'shardctl', label: `shardctl ${SCHEMA}.next_id(seq)`, call: `${SCHEMA}.next_id('${SCHEMA}.cost_seq')` },
   { key: 'instagram', label: "Instagram's published next_id()", call: `${REFERENCE_SCHEMA}.next_id()` },
 ];
 
 const ID_FUNCTIONS = [
-  { key: 'shardctl', label: `shardctl ${SCHEMA}.next_id(seq)`, schema: SCHEMA, call: (seq) => `${SCHEMA}.next_id('${SCHEMA}.${seq}')` },
-  { key: 'instagram', label: "Instagram's published next_id()", schema: REFERENCE_SCHEMA, call: () => `${REFERENCE_SCHEMA}.next_id()` },
+  {
+    key: 'shardctl',
+    label: `shardctl ${SCHEMA}.next_id(seq)`,
+    schema: SCHEMA,
+    call: (seq) => `${SCHEMA}.next_id('${SCHEMA}.${seq}')`,
+  },
+  {
+    key: 'instagram',
+    label: "Instagram's published next_id()",
+    schema: REFERENCE_SCHEMA,
+    call: () => `${REFERENCE_SCHEMA}.next_id()`,
+  },
 ];
 
 export async function run(ctx, major) {
@@ -130,7 +144,10 @@ export async function run(ctx, major) {
       await client.query(INSTAGRAM_FUNCTION);
       await client.query(photosCopySql(REFERENCE_SCHEMA, `${REFERENCE_SCHEMA}.next_id()`));
     });
-    const settings = await host.query(DATABASE, `select current_setting('fsync') as fsync, current_setting('synchronous_commit') as synchronous_commit, current_setting('shared_buffers') as shared_buffers`);
+    const settings = await host.query(
+      DATABASE,
+      `select current_setting('fsync') as fsync, current_setting('synchronous_commit') as synchronous_commit, current_setting('shared_buffers') as shared_buffers`,
+    );
 
     const cost = await measureCost(host, options);
     const slowPath = await measureSlowPath(host, options);
@@ -142,7 +159,11 @@ export async function run(ctx, major) {
     const ours = uniqueness.find((u) => u.function === 'shardctl');
     const oursConcurrent = concurrency.find((c) => c.function === 'shardctl');
     const targets = {
-      uniqueAtSpeed: { wanted: '0 duplicates', got: ours.duplicates, met: ours.duplicates === 0 && ours.wrongShard === 0 && ours.nonPositive === 0 },
+      uniqueAtSpeed: {
+        wanted: '0 duplicates',
+        got: ours.duplicates,
+        met: ours.duplicates === 0 && ours.wrongShard === 0 && ours.nonPositive === 0,
+      },
       uniqueConcurrent: {
         wanted: '0 duplicates, 0 errors',
         got: oursConcurrent.duplicates,
@@ -160,10 +181,24 @@ export async function run(ctx, major) {
       cpu: cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) : null,
       // On a shared machine a statement's wall time includes waiting for a core, which can flatter
       // either side; the target counts as met only when the backend's CPU time agrees.
-      met: ratio(oursCost, floor) <= 1.2 && (cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) <= 1.2 : true),
+      met:
+        ratio(oursCost, floor) <= 1.2 && (cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) <= 1.2 : true),
     };
-    targets.slowPath = { wanted: `≤ 0.5% of calls (full speed, and steady rates ≥ ${TARGET_MIN_RATE} ids/ms)`, got: worstShare, met: worstShare <= 0.5 };
-    return { benchmark: 'next-id', postgres: serverVersion, settings: settings[0], cost, slowPath, uniqueness, concurrency, targets };
+    targets.slowPath = {
+      wanted: `≤ 0.5% of calls (full speed, and steady rates ≥ ${TARGET_MIN_RATE} ids/ms)`,
+      got: worstShare,
+      met: worstShare <= 0.5,
+    };
+    return {
+      benchmark: 'next-id',
+      postgres: serverVersion,
+      settings: settings[0],
+      cost,
+      slowPath,
+      uniqueness,
+      concurrency,
+      targets,
+    };
   } finally {
     // The concurrency tables hold millions of rows; later benchmarks share this host.
     await host.dropDatabase(DATABASE).catch(() => undefined);
@@ -200,13 +235,18 @@ async function measureCost(host, { ids, idRuns }) {
         times.get(variant.key).push(performance.now() - started);
         const cpuAfter = backendCpuMs(pid);
         if (cpuBefore !== null && cpuAfter !== null) cpu.get(variant.key).push(cpuAfter - cpuBefore);
-        if (Number(result.rows[0].count) !== ids) throw new Error(`${variant.label}: counted ${result.rows[0].count} ids, drew ${ids}`);
+        if (Number(result.rows[0].count) !== ids)
+          throw new Error(`${variant.label}: counted ${result.rows[0].count} ids, drew ${ids}`);
       }
-      log(`  cost round ${round + 1}/${idRuns}: ${order.map((v) => `${v.key} ${formatMs(times.get(v.key).at(-1))}`).join(', ')}`);
+      log(
+        `  cost round ${round + 1}/${idRuns}: ${order.map((v) => `${v.key} ${formatMs(times.get(v.key).at(-1))}`).join(', ')}`,
+      );
     }
   });
   const medians = Object.fromEntries([...times].map(([key, values]) => [key, summarize(values)]));
-  const cpuMedians = Object.fromEntries([...cpu].map(([key, values]) => [key, values.length > 0 ? summarize(values) : null]));
+  const cpuMedians = Object.fromEntries(
+    [...cpu].map(([key, values]) => [key, values.length > 0 ? summarize(values) : null]),
+  );
   const none = medians.none.median;
   const nextval = medians.nextval.median;
   return {
@@ -286,13 +326,25 @@ async function measureSlowPath(host, { ids }) {
     for (const variant of variants) {
       const full = ids * 4;
       log(`  slow path: ${formatCount(full)} ids at full speed, then steady rates, ${variant.function}`);
-      await measure(variant, null, `select count(${variant.schema}.next_id('${variant.schema}.slow_seq')) from generate_series(1, ${full})`, full);
+      await measure(
+        variant,
+        null,
+        `select count(${variant.schema}.next_id('${variant.schema}.slow_seq')) from generate_series(1, ${full})`,
+        full,
+      );
       for (const rate of PACED_RATES) {
         // A new sequence for each rate, moved to the clock by one untimed id: the statement at full
         // speed leaves slow_seq seconds ahead of the clock, which the faster rates would only use up.
         const seq = `${variant.schema}.paced_seq`;
-        await client.query(`DROP SEQUENCE IF EXISTS ${seq}; CREATE SEQUENCE ${seq}; SELECT ${variant.schema}.next_id('${seq}')`);
-        await measure(variant, rate, `select public.draw_paced('${variant.schema}', '${seq}', ${rate}, ${PACED_MS})`, rate * PACED_MS);
+        await client.query(
+          `DROP SEQUENCE IF EXISTS ${seq}; CREATE SEQUENCE ${seq}; SELECT ${variant.schema}.next_id('${seq}')`,
+        );
+        await measure(
+          variant,
+          rate,
+          `select public.draw_paced('${variant.schema}', '${seq}', ${rate}, ${PACED_MS})`,
+          rate * PACED_MS,
+        );
       }
     }
   });
@@ -452,7 +504,16 @@ function concurrencyRows(result) {
     `${c.maxIdAheadOfClockMs} ms`,
   ]);
 }
-const CONCURRENCY_HEADERS = ['function', 'ids', 'duplicates', 'errors', 'ids/s', 'max ids per clock ms', 'max ids per id ms', 'max id ahead of clock'];
+const CONCURRENCY_HEADERS = [
+  'function',
+  'ids',
+  'duplicates',
+  'errors',
+  'ids/s',
+  'max ids per clock ms',
+  'max ids per id ms',
+  'max id ahead of clock',
+];
 
 export function table(result) {
   const c = result.concurrency[0];

@@ -37,7 +37,8 @@ import {
   verdict,
 } from './lib.js';
 
-export const description = 'withKey inserts vs a plain pg.Pool; exec count(*) over 2048 shards vs psql UNION ALL per host';
+export const description =
+  'withKey inserts vs a plain pg.Pool; exec count(*) over 2048 shards vs psql UNION ALL per host';
 
 const DATABASE = 'bench_router';
 const SHARDS = 2048;
@@ -67,11 +68,22 @@ export async function run(ctx, major) {
   const userIds = Array.from({ length: options.inserts }, (_, i) => BigInt((i * 2654435761) % 1_000_000_007));
   const inserts = {};
   for (const commit of COMMIT_MODES) {
-    await Promise.all(fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} set synchronous_commit = ${commit}`)));
+    await Promise.all(
+      fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} set synchronous_commit = ${commit}`)),
+    );
     log(`  inserts with synchronous_commit = ${commit}`);
-    inserts[commit] = await compareInserts(config, fleet.hosts, fleet.configFile, userIds, callers, options.routerRounds);
+    inserts[commit] = await compareInserts(
+      config,
+      fleet.hosts,
+      fleet.configFile,
+      userIds,
+      callers,
+      options.routerRounds,
+    );
   }
-  await Promise.all(fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} reset synchronous_commit`)));
+  await Promise.all(
+    fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} reset synchronous_commit`)),
+  );
   const expectedRows = COMMIT_MODES.reduce((sum, commit) => sum + inserts[commit].rows, 0);
 
   // --- 2. exec count(*) -----------------------------------------------------------------------
@@ -100,7 +112,16 @@ export async function run(ctx, major) {
     const sides = [
       ['exec', async () => (await timeCli(execArgs, { cwd: fleet.dir })).ms, exec],
       ['psql', async () => (await timePsqlScripts(fleet.hosts, scripts, DATABASE, options.psql)).ms, floor],
-      ['exec --shards 0', async () => (await timeCli(['exec', '-c', fleet.configFile, '--shards', '0', '--json', 'select count(*) from photos'], { cwd: fleet.dir })).ms, oneShard],
+      [
+        'exec --shards 0',
+        async () =>
+          (
+            await timeCli(['exec', '-c', fleet.configFile, '--shards', '0', '--json', 'select count(*) from photos'], {
+              cwd: fleet.dir,
+            })
+          ).ms,
+        oneShard,
+      ],
     ];
     if (i % 2 === 1) sides.reverse();
     for (const [name, fn, sink] of sides) {
@@ -116,8 +137,21 @@ export async function run(ctx, major) {
       const routed = summarize(inserts[commit].routed);
       const plain = summarize(inserts[commit].plain);
       const r = ratio(routed.median, plain.median);
-      const perInsert = (side) => ({ serverCpuUs: summarize(inserts[commit].cpu[side].server), nodeCpuUs: summarize(inserts[commit].cpu[side].node) });
-      return [commit, { routedPerSecond: routed, plainPerSecond: plain, routedCpu: perInsert('routed'), plainCpu: perInsert('plain'), ratio: r, target: { wanted: `≥ ${INSERT_TARGET}x`, got: r, met: r >= INSERT_TARGET } }];
+      const perInsert = (side) => ({
+        serverCpuUs: summarize(inserts[commit].cpu[side].server),
+        nodeCpuUs: summarize(inserts[commit].cpu[side].node),
+      });
+      return [
+        commit,
+        {
+          routedPerSecond: routed,
+          plainPerSecond: plain,
+          routedCpu: perInsert('routed'),
+          plainCpu: perInsert('plain'),
+          ratio: r,
+          target: { wanted: `≥ ${INSERT_TARGET}x`, got: r, met: r >= INSERT_TARGET },
+        },
+      ];
     }),
   );
   const execRatio = ratio(execSample.median, floorSample.median);
@@ -146,8 +180,17 @@ export async function run(ctx, major) {
 async function compareInserts(config, hosts, configFile, userIds, callers, rounds) {
   // No idle timeout on either side: a pool left idle while the other side runs (or warms up) must
   // not close its warmed connections (pg.Pool's default closes them after 10 s, the router's 30 s).
-  const router = await ShardRouter.open(configFile, { poolSize: POOL_SIZE, applicationName: ROUTER_APP, idleTimeoutMs: 0 });
-  const pools = new Map(config.hosts.map((h) => [h.name, new pg.Pool({ connectionString: h.url, max: POOL_SIZE, application_name: PLAIN_APP, idleTimeoutMillis: 0 })]));
+  const router = await ShardRouter.open(configFile, {
+    poolSize: POOL_SIZE,
+    applicationName: ROUTER_APP,
+    idleTimeoutMs: 0,
+  });
+  const pools = new Map(
+    config.hosts.map((h) => [
+      h.name,
+      new pg.Pool({ connectionString: h.url, max: POOL_SIZE, application_name: PLAIN_APP, idleTimeoutMillis: 0 }),
+    ]),
+  );
   const routed = [];
   const plain = [];
   // CPU per insert (µs): the side's server processes (from /proc), and this Node process.
@@ -201,7 +244,11 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
 async function backendsCpuMs(hosts, applicationName) {
   let total = 0;
   for (const host of hosts) {
-    const pids = await host.query(DATABASE, `select pid from pg_stat_activity where datname = $1 and application_name = $2`, [DATABASE, applicationName]);
+    const pids = await host.query(
+      DATABASE,
+      `select pid from pg_stat_activity where datname = $1 and application_name = $2`,
+      [DATABASE, applicationName],
+    );
     for (const { pid } of pids) {
       try {
         total += processCpuMs(pid);
@@ -243,7 +290,10 @@ async function warmUp(config, router, pools) {
             // As the rounds will: each shard's insert under that shard's search_path.
             await client.query(
               host.shards
-                .map((s) => `set local search_path to "${shardSchemaName(config, s)}"; insert into photos (user_id, image_url) values (${s}, 'warm-up')`)
+                .map(
+                  (s) =>
+                    `set local search_path to "${shardSchemaName(config, s)}"; insert into photos (user_id, image_url) values (${s}, 'warm-up')`,
+                )
                 .join(';\n'),
             );
           }),
@@ -269,7 +319,10 @@ async function drain(userIds, callers, insert) {
 function insertRouted(router, userIds, callers) {
   return drain(userIds, callers, (userId) =>
     router.withKey(userId, (client) =>
-      client.query('insert into photos (user_id, image_url) values ($1, $2)', [userId.toString(), 'https://cdn.example.com/p.jpg']),
+      client.query('insert into photos (user_id, image_url) values ($1, $2)', [
+        userId.toString(),
+        'https://cdn.example.com/p.jpg',
+      ]),
     ),
   );
 }
@@ -311,9 +364,16 @@ function rows(results) {
 }
 
 export function table(result) {
-  return [`router: median (range) of ${result.rounds} interleaved rounds each`, textTable(HEADERS, rows([result]))].join('\n');
+  return [
+    `router: median (range) of ${result.rounds} interleaved rounds each`,
+    textTable(HEADERS, rows([result])),
+  ].join('\n');
 }
 
 export function markdown(results) {
-  return [`Median (range) of ${results[0].rounds} interleaved rounds each.`, '', markdownTable(HEADERS, rows(results))].join('\n');
+  return [
+    `Median (range) of ${results[0].rounds} interleaved rounds each.`,
+    '',
+    markdownTable(HEADERS, rows(results)),
+  ].join('\n');
 }

@@ -183,7 +183,15 @@ async function main() {
         fleets.set(
           key,
           hosts.hosts(major, hostCount).then((fleetHosts) =>
-            writeFleet({ name, hosts: fleetHosts, shards, database, concurrency: options.concurrency, extraMigrations, ranges }),
+            writeFleet({
+              name,
+              hosts: fleetHosts,
+              shards,
+              database,
+              concurrency: options.concurrency,
+              extraMigrations,
+              ranges,
+            }),
           ),
         );
       }
@@ -233,7 +241,10 @@ async function main() {
   const json = JSON.stringify(summary, null, 2);
   process.stdout.write(`${json}\n`);
   await mkdir(RESULTS_DIR, { recursive: true });
-  const resultsFile = path.join(RESULTS_DIR, `${summary.date.replaceAll(':', '-').replace(/\.\d+Z$/, 'Z')}-${selected.join('+')}.json`);
+  const resultsFile = path.join(
+    RESULTS_DIR,
+    `${summary.date.replaceAll(':', '-').replace(/\.\d+Z$/, 'Z')}-${selected.join('+')}.json`,
+  );
   await writeFile(resultsFile, `${json}\n`);
   log(`results saved in ${path.relative(REPO_ROOT, resultsFile)}`);
 
@@ -282,8 +293,11 @@ function parseOptions(argv) {
   }
 
   const unknown = positionals.filter((name) => name !== 'all' && !(name in BENCHMARKS));
-  if (unknown.length > 0) usageError(`unknown benchmark ${unknown.join(', ')} (choose from ${Object.keys(BENCHMARKS).join(', ')})`);
-  const wanted = new Set(positionals.length === 0 || positionals.includes('all') ? Object.keys(BENCHMARKS) : positionals);
+  if (unknown.length > 0)
+    usageError(`unknown benchmark ${unknown.join(', ')} (choose from ${Object.keys(BENCHMARKS).join(', ')})`);
+  const wanted = new Set(
+    positionals.length === 0 || positionals.includes('all') ? Object.keys(BENCHMARKS) : positionals,
+  );
   const selected = Object.keys(BENCHMARKS).filter((name) => wanted.has(name));
 
   const options = { psql: values.psql, pgDump: values['pg-dump'], pgbench: values.pgbench };
@@ -293,7 +307,8 @@ function parseOptions(argv) {
       if (name in REFERENCE_SCALE) options[camel(name)] = REFERENCE_SCALE[name];
       continue;
     }
-    if (!/^\d+$/.test(text) || Number(text) < 1) usageError(`--${name} ${JSON.stringify(text)}: expected a positive integer`);
+    if (!/^\d+$/.test(text) || Number(text) < 1)
+      usageError(`--${name} ${JSON.stringify(text)}: expected a positive integer`);
     options[camel(name)] = Number(text);
   }
   // The default id layout has 13 shard bits; the config loader would refuse more anyway.
@@ -304,7 +319,8 @@ function parseOptions(argv) {
   if (values.pg !== undefined) {
     pgList = values.pg.split(',').map((v) => v.trim());
     const bad = pgList.filter((v) => !/^\d+$/.test(v));
-    if (bad.length > 0 || pgList.length === 0) usageError(`--pg ${JSON.stringify(values.pg)}: expected major versions such as 18,15`);
+    if (bad.length > 0 || pgList.length === 0)
+      usageError(`--pg ${JSON.stringify(values.pg)}: expected major versions such as 18,15`);
     for (const major of pgList) {
       const dir = binDirFor(major);
       if (dir) log(`PostgreSQL ${major} from ${dir}`);

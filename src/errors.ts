@@ -76,7 +76,9 @@ export class ShardctlError extends Error {
       exitCode: this.exitCode,
       ...(this.details.length > 0 ? { details: [...this.details] } : {}),
       ...(this.data ? { data: this.data } : {}),
-      ...(this.next.length > 0 ? { next: this.next.map((n) => ({ ...n, ...(n.shards ? { shards: [...n.shards] } : {}) })) } : {}),
+      ...(this.next.length > 0
+        ? { next: this.next.map((n) => ({ ...n, ...(n.shards ? { shards: [...n.shards] } : {}) })) }
+        : {}),
     };
   }
 }
@@ -93,10 +95,15 @@ export class UsageError extends ShardctlError {
   readonly reason: string;
 
   constructor(reason: string, options: { input?: string; value?: unknown; data?: Record<string, unknown> } = {}) {
-    const where = options.input === undefined ? '' : `${options.input}${options.value === undefined ? '' : ` ${JSON.stringify(options.value)}`}: `;
+    const where =
+      options.input === undefined
+        ? ''
+        : `${options.input}${options.value === undefined ? '' : ` ${JSON.stringify(options.value)}`}: `;
     super('USAGE', `${where}${reason}`, {
       exitCode: 2,
-      ...(options.data || options.input ? { data: { ...(options.input ? { input: options.input, value: options.value } : {}), ...options.data } } : {}),
+      ...(options.data || options.input
+        ? { data: { ...(options.input ? { input: options.input, value: options.value } : {}), ...options.data } }
+        : {}),
     });
     this.input = options.input;
     this.value = options.value;
@@ -181,8 +188,19 @@ export function failureReason(error: unknown, describe: (error: unknown) => stri
 
 /** Something that must be fixed by the operator before the command can run; exit 1. */
 export class RuntimeFailure extends ShardctlError {
-  constructor(code: string, message: string, data?: Record<string, unknown>, details?: readonly string[], next?: readonly NextStep[]) {
-    super(code, message, { exitCode: 1, ...(data ? { data } : {}), ...(details ? { details } : {}), ...(next ? { next } : {}) });
+  constructor(
+    code: string,
+    message: string,
+    data?: Record<string, unknown>,
+    details?: readonly string[],
+    next?: readonly NextStep[],
+  ) {
+    super(code, message, {
+      exitCode: 1,
+      ...(data ? { data } : {}),
+      ...(details ? { details } : {}),
+      ...(next ? { next } : {}),
+    });
   }
 }
 

@@ -34,7 +34,14 @@ export { describeRollout, type FileRollout } from './migrations/rules.js';
 export { init } from './commands/init.js';
 export { addSchema } from './commands/add-schema.js';
 export { adopt } from './commands/adopt.js';
-export { AdoptRefusedError, type AdoptOptions, type AdoptResult, type AdoptHostResult, type AdoptedShard, type AdoptRefusal } from './adopt/adopt.js';
+export {
+  AdoptRefusedError,
+  type AdoptOptions,
+  type AdoptResult,
+  type AdoptHostResult,
+  type AdoptedShard,
+  type AdoptRefusal,
+} from './adopt/adopt.js';
 export {
   migrate,
   checkMigrations,
@@ -49,7 +56,13 @@ export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from '.
 export { gc, type GcResult, type HostLeftover, type OldCopy } from './commands/gc.js';
 export type { Leftover } from './moves/leftovers.js';
 export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
-export { rebalance, type RebalanceOptions, type RebalanceResult, type RebalanceMoveResult, type UnfinishedMove } from './commands/rebalance.js';
+export {
+  rebalance,
+  type RebalanceOptions,
+  type RebalanceResult,
+  type RebalanceMoveResult,
+  type UnfinishedMove,
+} from './commands/rebalance.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
 export { mapPull, mapShow, type MapPullResult, type MapShowResult } from './commands/map.js';
 export {
@@ -59,7 +72,17 @@ export {
   type FleetPlacement,
   type MapDisagreement,
 } from './fleet/placement.js';
-export { devUp, devDown, devStatus, devAddHost, type DevHost, type DevState, type DevHostStatus, type DevUpOptions, type DevAddHostOptions } from './dev/dev.js';
+export {
+  devUp,
+  devDown,
+  devStatus,
+  devAddHost,
+  type DevHost,
+  type DevState,
+  type DevHostStatus,
+  type DevUpOptions,
+  type DevAddHostOptions,
+} from './dev/dev.js';
 
 // the types of command results
 export type { ProvisionMode, ProvisionResult, ProvisionOptions } from './provisioning/run.js';
@@ -68,7 +91,14 @@ export { DEFAULT_LOCK_RETRIES, describeLockHolder, type LockHolder } from './pro
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
 export type { MoveOptions, MoveResult } from './moves/context.js';
 export type { WaveLimits } from './moves/waves.js';
-export { planRebalance, type RebalanceBy, type RebalanceHost, type PlannedMove, type RebalancePlan, type RebalanceHostPlan } from './moves/rebalance.js';
+export {
+  planRebalance,
+  type RebalanceBy,
+  type RebalanceHost,
+  type PlannedMove,
+  type RebalancePlan,
+  type RebalanceHostPlan,
+} from './moves/rebalance.js';
 export type { PreflightCheck } from './moves/preflight.js';
 export type { MoveMode, MoveStep, MoveRecord } from './moves/state.js';
 export type { VerifyResult, TableVerification } from './moves/verify.js';

@@ -77,11 +77,15 @@ export class AdoptRefusedError extends ShardctlError {
 
   constructor(refusals: readonly AdoptRefusal[]) {
     const lines = refusals.map((r) => `host ${r.host}, shard ${r.shard} (${r.schema}): ${r.reason}`);
-    super('ADOPT_REFUSED', `cannot adopt ${refusals.length === 1 ? 'a shard' : `${new Set(refusals.map((r) => `${r.host}/${r.shard}`)).size} shards`}; nothing was changed on any host:\n${lines.map((l) => `  - ${l}`).join('\n')}`, {
-      exitCode: 3,
-      details: lines,
-      data: { refusals: refusals.map((r) => ({ ...r })) },
-    });
+    super(
+      'ADOPT_REFUSED',
+      `cannot adopt ${refusals.length === 1 ? 'a shard' : `${new Set(refusals.map((r) => `${r.host}/${r.shard}`)).size} shards`}; nothing was changed on any host:\n${lines.map((l) => `  - ${l}`).join('\n')}`,
+      {
+        exitCode: 3,
+        details: lines,
+        data: { refusals: refusals.map((r) => ({ ...r })) },
+      },
+    );
     this.refusals = refusals;
   }
 }
@@ -96,7 +100,11 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
   const baseline = baselineFiles(migrations, options.baseline);
   if (options.shards) {
     const outside = options.shards.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
-    if (outside.length > 0) throw new UsageError(`shards ${outside.join(', ')} are not shards of the config (0-${config.shards - 1})`, { input: 'shards', value: outside.join(',') });
+    if (outside.length > 0)
+      throw new UsageError(`shards ${outside.join(', ')} are not shards of the config (0-${config.shards - 1})`, {
+        input: 'shards',
+        value: outside.join(','),
+      });
   }
   const wanted = options.shards ? new Set(options.shards) : null;
   const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl adopt' });
@@ -107,9 +115,10 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
     const placement = await readFleetPlacement(fleet.sessions);
     requireCurrentMap(config, placement);
     // Schemas shardctl did not create are what adopt is for; a schema on the wrong host is a refusal of its own below.
-    const conflicts = findConflicts(config, snapshots, migrations, { ...(options.shards ? { shards: options.shards } : {}), checkDrift: false }).filter(
-      (c) => c.kind === 'layout' || c.kind === 'moving',
-    );
+    const conflicts = findConflicts(config, snapshots, migrations, {
+      ...(options.shards ? { shards: options.shards } : {}),
+      checkDrift: false,
+    }).filter((c) => c.kind === 'layout' || c.kind === 'moving');
     if (conflicts.length > 0) throw conflictError(conflicts);
 
     const refusals: AdoptRefusal[] = [...doubledSchemas(config, snapshots, wanted)];
@@ -124,15 +133,24 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
           inspected = await inspectShards(session.client, config, snapshot, present);
           if (baseline) {
             // Every shard that gets baseline records is checked: also one adopted earlier without --baseline.
-            const schemas = inspected.filter((s) => s.action !== 'none' || !hasBaseline(snapshot, s.shard, baseline.files)).map((s) => ({ shard: s.shard, schema: s.schema }));
+            const schemas = inspected
+              .filter((s) => s.action !== 'none' || !hasBaseline(snapshot, s.shard, baseline.files))
+              .map((s) => ({ shard: s.shard, schema: s.schema }));
             checked = await checkBaseline(session.client, config, baseline.files, schemas);
           }
         } catch (error) {
-          throw new HostError(snapshot.host.name, `cannot read the shard schemas: ${describePgError(error)}`, { cause: error });
+          throw new HostError(snapshot.host.name, `cannot read the shard schemas: ${describePgError(error)}`, {
+            cause: error,
+          });
         }
         for (const s of inspected) {
-          const reasons = [...s.refusals, ...(checked.host ? [checked.host] : []), ...(checked.shards.get(s.shard) ?? [])];
-          for (const reason of reasons) refusals.push({ host: snapshot.host.name, shard: s.shard, schema: s.schema, reason });
+          const reasons = [
+            ...s.refusals,
+            ...(checked.host ? [checked.host] : []),
+            ...(checked.shards.get(s.shard) ?? []),
+          ];
+          for (const reason of reasons)
+            refusals.push({ host: snapshot.host.name, shard: s.shard, schema: s.schema, reason });
         }
         const shards: AdoptedShard[] = inspected.map((s) => ({
           shard: s.shard,
@@ -142,20 +160,36 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
           tables: s.tables.map((t) => t.table),
           sql:
             s.action === 'switch' && s.sequence !== null
-              ? switchShardSql(config, { shard: s.shard, schema: s.schema, sequence: s.sequence, tables: s.tables, baseline: baseline?.files ?? [], lockTimeout: config.lockTimeout })
-              : s.action === 'record' || (s.action === 'none' && baseline && !hasBaseline(snapshot, s.shard, baseline.files))
+              ? switchShardSql(config, {
+                  shard: s.shard,
+                  schema: s.schema,
+                  sequence: s.sequence,
+                  tables: s.tables,
+                  baseline: baseline?.files ?? [],
+                  lockTimeout: config.lockTimeout,
+                })
+              : s.action === 'record' ||
+                  (s.action === 'none' && baseline && !hasBaseline(snapshot, s.shard, baseline.files))
                 ? recordAdoptedSql(s.shard, s.schema, baseline?.files ?? [])
                 : null,
         }));
         return { snapshot, session, shards, missing: mapped.filter((s) => !snapshot.schemas.has(s)) };
       }),
     );
-    if (refusals.length > 0) throw new AdoptRefusedError(refusals.sort((a, b) => a.host.localeCompare(b.host) || a.shard - b.shard));
+    if (refusals.length > 0)
+      throw new AdoptRefusedError(refusals.sort((a, b) => a.host.localeCompare(b.host) || a.shard - b.shard));
 
     const controlSql = controlSchemaSql(config);
     const baselineOut = baseline ? { version: baseline.version, files: baseline.files.map((f) => f.name) } : null;
     if (dryRun) {
-      const hosts = plans.map((p) => hostResult(p.snapshot.host.name, p.shards, p.missing, controlSql, { switched: 0, recorded: 0, failures: [], hostError: null }));
+      const hosts = plans.map((p) =>
+        hostResult(p.snapshot.host.name, p.shards, p.missing, controlSql, {
+          switched: 0,
+          recorded: 0,
+          failures: [],
+          hostError: null,
+        }),
+      );
       return { dryRun, baseline: baselineOut, hosts, ok: true, durationMs: elapsed(started) };
     }
 
@@ -180,7 +214,10 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
   }
 }
 
-function baselineFiles(migrations: readonly MigrationFile[], version: number | undefined): { version: number; files: MigrationFile[] } | null {
+function baselineFiles(
+  migrations: readonly MigrationFile[],
+  version: number | undefined,
+): { version: number; files: MigrationFile[] } | null {
   if (version === undefined) return null;
   if (!migrations.some((m) => m.version === version)) {
     throw new UsageError(`no migration file has version ${version}`, { input: 'baseline', value: version });
@@ -194,9 +231,14 @@ function hasBaseline(snapshot: HostSnapshot, shard: number, files: readonly Migr
 }
 
 /** A mapped schema that also exists on another host (not a fenced old copy): which copy is the shard is not for adopt to guess. */
-function doubledSchemas(config: ShardctlConfig, snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): AdoptRefusal[] {
+function doubledSchemas(
+  config: ShardctlConfig,
+  snapshots: readonly HostSnapshot[],
+  wanted: ReadonlySet<number> | null,
+): AdoptRefusal[] {
   const refusals: AdoptRefusal[] = [];
-  const live = (snapshot: HostSnapshot, shard: number): boolean => snapshot.schemas.has(shard) && snapshot.recorded.get(shard)?.state !== 'fenced';
+  const live = (snapshot: HostSnapshot, shard: number): boolean =>
+    snapshot.schemas.has(shard) && snapshot.recorded.get(shard)?.state !== 'fenced';
   for (let shard = 0; shard < config.shards; shard++) {
     if (wanted && !wanted.has(shard)) continue;
     const holders = snapshots.filter((s) => live(s, shard));
@@ -230,7 +272,12 @@ interface HostOutcome {
   hostError: string | null;
 }
 
-async function executeHost(session: HostSession, shards: readonly AdoptedShard[], controlSql: string, onShard: AdoptOptions['onShard']): Promise<HostOutcome> {
+async function executeHost(
+  session: HostSession,
+  shards: readonly AdoptedShard[],
+  controlSql: string,
+  onShard: AdoptOptions['onShard'],
+): Promise<HostOutcome> {
   const outcome: HostOutcome = { switched: 0, recorded: 0, failures: [], hostError: null };
   const host = session.host.name;
   try {
@@ -269,6 +316,12 @@ async function runSwitch(session: HostSession, sql: string): Promise<void> {
   }
 }
 
-function hostResult(host: string, shards: readonly AdoptedShard[], missing: readonly number[], controlSql: string, outcome: HostOutcome): AdoptHostResult {
+function hostResult(
+  host: string,
+  shards: readonly AdoptedShard[],
+  missing: readonly number[],
+  controlSql: string,
+  outcome: HostOutcome,
+): AdoptHostResult {
   return { host, shards, missing, controlSql, ...outcome };
 }

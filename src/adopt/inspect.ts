@@ -94,9 +94,23 @@ export async function inspectShards(
     )
   ).rows;
 
-  const drafts = shards.map((shard, i) => draftShard(config, shard, schemas[i]!, functions.filter((f) => f.schema === schemas[i]), defaults));
-  const sequences = await readSequences(client, drafts.filter((d) => d.sequence !== null).map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`));
-  const ids = await readIdRanges(client, drafts.filter((d) => d.action === 'switch' && d.refusals.length === 0));
+  const drafts = shards.map((shard, i) =>
+    draftShard(
+      config,
+      shard,
+      schemas[i]!,
+      functions.filter((f) => f.schema === schemas[i]),
+      defaults,
+    ),
+  );
+  const sequences = await readSequences(
+    client,
+    drafts.filter((d) => d.sequence !== null).map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`),
+  );
+  const ids = await readIdRanges(
+    client,
+    drafts.filter((d) => d.action === 'switch' && d.refusals.length === 0),
+  );
   const maxPosition = (1n << BigInt(timeBits(config.idLayout) + config.idLayout.sequenceBits)) - 1n;
 
   return drafts.map((draft) => {
@@ -104,28 +118,46 @@ export async function inspectShards(
     if (draft.action === 'switch' && draft.sequence !== null) {
       const name = `${quoteIdent(draft.schema)}.${quoteIdent(draft.sequence)}`;
       const seq = sequences.get(name);
-      if (!seq || seq.kind === null) refusals.push(`next_id() draws from ${draft.schema}.${draft.sequence}, which does not exist`);
-      else if (seq.kind !== 'S') refusals.push(`next_id() draws from ${draft.schema}.${draft.sequence}, which is not a sequence`);
+      if (!seq || seq.kind === null)
+        refusals.push(`next_id() draws from ${draft.schema}.${draft.sequence}, which does not exist`);
+      else if (seq.kind !== 'S')
+        refusals.push(`next_id() draws from ${draft.schema}.${draft.sequence}, which is not a sequence`);
       else {
-        if (seq.increment !== '1') refusals.push(`sequence ${draft.schema}.${draft.sequence} has INCREMENT ${seq.increment}; shardctl's next_id needs 1 (ALTER SEQUENCE ... INCREMENT 1)`);
+        if (seq.increment !== '1')
+          refusals.push(
+            `sequence ${draft.schema}.${draft.sequence} has INCREMENT ${seq.increment}; shardctl's next_id needs 1 (ALTER SEQUENCE ... INCREMENT 1)`,
+          );
         if (seq.cache !== '1') {
           refusals.push(
             `sequence ${draft.schema}.${draft.sequence} has CACHE ${seq.cache}; shardctl's next_id needs CACHE 1 (ALTER SEQUENCE ... CACHE 1, and restart the sessions that hold cached values)`,
           );
         }
         if (BigInt(seq.max!) < maxPosition) {
-          refusals.push(`sequence ${draft.schema}.${draft.sequence} stops at ${seq.max}, below the layout's last position ${maxPosition} (ALTER SEQUENCE ... AS bigint NO MAXVALUE)`);
+          refusals.push(
+            `sequence ${draft.schema}.${draft.sequence} stops at ${seq.max}, below the layout's last position ${maxPosition} (ALTER SEQUENCE ... AS bigint NO MAXVALUE)`,
+          );
         }
-        if (seq.others) refusals.push(`sequence ${draft.schema}.${draft.sequence} is also the default of ${seq.others}: moving it would change those ids`);
+        if (seq.others)
+          refusals.push(
+            `sequence ${draft.schema}.${draft.sequence} is also the default of ${seq.others}: moving it would change those ids`,
+          );
       }
     }
     if (draft.action === 'switch') refusals.push(...idProblems(config, draft, ids));
     return { ...draft, refusals };
   });
 
-  function draftShard(config: ShardctlConfig, shard: number, schema: string, fns: readonly FunctionRow[], allDefaults: readonly DefaultRow[]): ShardInspection {
+  function draftShard(
+    config: ShardctlConfig,
+    shard: number,
+    schema: string,
+    fns: readonly FunctionRow[],
+    allDefaults: readonly DefaultRow[],
+  ): ShardInspection {
     const refusals: string[] = [];
-    const published = fns.find((f) => f.args === 'OUT result bigint' && f.language === 'plpgsql' && !isAdoptedWrapper(f));
+    const published = fns.find(
+      (f) => f.args === 'OUT result bigint' && f.language === 'plpgsql' && !isAdoptedWrapper(f),
+    );
     const wrapper = fns.find((f) => f.args === 'OUT result bigint' && isAdoptedWrapper(f));
     const own = fns.find((f) => f.args === 'seq regclass' && /shardctl next_id v\d+/.test(f.comment ?? ''));
     for (const f of fns) {
@@ -145,21 +177,33 @@ export async function inspectShards(
     }
     const parsed = parsePublishedFunction(published.source);
     if (!parsed) {
-      refusals.push(`next_id() is not the published function (its body differs from the article's); shardctl replaces only that one`);
+      refusals.push(
+        `next_id() is not the published function (its body differs from the article's); shardctl replaces only that one`,
+      );
       return { shard, schema, action: 'switch', sequence: null, tables: [], refusals };
     }
     const problems = publishedLayoutProblems(parsed, config.idLayout, shard, schema);
     for (const problem of problems) refusals.push(`layout: next_id() disagrees with the config: ${problem}`);
     const users = allDefaults.filter((d) => d.function === published.oid);
     for (const t of users.filter((u) => u.schema !== schema)) {
-      refusals.push(`table ${t.schema}.${t.table}, outside the schema, takes its ${t.column} from ${schema}.next_id(); its ids would not be checked`);
+      refusals.push(
+        `table ${t.schema}.${t.table}, outside the schema, takes its ${t.column} from ${schema}.next_id(); its ids would not be checked`,
+      );
     }
     const tables = users.filter((u) => u.schema === schema);
     for (const t of tables) {
-      if (t.type !== 'bigint') refusals.push(`table ${schema}.${t.table}: column ${t.column} is ${t.type}; ids need bigint`);
+      if (t.type !== 'bigint')
+        refusals.push(`table ${schema}.${t.table}: column ${t.column} is ${t.type}; ids need bigint`);
     }
     const sequence = parsed.sequence && parsed.sequence.schema === schema ? parsed.sequence.name : null;
-    return { shard, schema, action: 'switch', sequence, tables: tables.map((t) => ({ table: t.table, column: t.column })), refusals };
+    return {
+      shard,
+      schema,
+      action: 'switch',
+      sequence,
+      tables: tables.map((t) => ({ table: t.table, column: t.column })),
+      refusals,
+    };
   }
 }
 
@@ -188,7 +232,10 @@ interface IdRange {
 }
 
 /** The smallest and largest id of every table, and the server's clock (Unix ms), in one statement. */
-async function readIdRanges(client: pg.Client, shards: readonly ShardInspection[]): Promise<{ now: bigint; ranges: Map<string, IdRange> }> {
+async function readIdRanges(
+  client: pg.Client,
+  shards: readonly ShardInspection[],
+): Promise<{ now: bigint; ranges: Map<string, IdRange> }> {
   const parts = shards.flatMap((s) =>
     s.tables.map(
       (t) =>
@@ -196,18 +243,28 @@ async function readIdRanges(client: pg.Client, shards: readonly ShardInspection[
     ),
   );
   const nowSql = `SELECT NULL AS name, pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint::text AS min, NULL AS max`;
-  const result = await client.query<{ name: string | null; min: string | null; max: string | null }>([nowSql, ...parts].join('\nUNION ALL\n'));
+  const result = await client.query<{ name: string | null; min: string | null; max: string | null }>(
+    [nowSql, ...parts].join('\nUNION ALL\n'),
+  );
   const ranges = new Map<string, IdRange>();
   let now = 0n;
   for (const row of result.rows) {
     if (row.name === null) now = BigInt(row.min!);
-    else ranges.set(row.name, { min: row.min === null ? null : BigInt(row.min), max: row.max === null ? null : BigInt(row.max) });
+    else
+      ranges.set(row.name, {
+        min: row.min === null ? null : BigInt(row.min),
+        max: row.max === null ? null : BigInt(row.max),
+      });
   }
   return { now, ranges };
 }
 
 /** Stored ids that the config's layout cannot have made for this shard. */
-function idProblems(config: ShardctlConfig, shard: ShardInspection, ids: { now: bigint; ranges: Map<string, IdRange> }): string[] {
+function idProblems(
+  config: ShardctlConfig,
+  shard: ShardInspection,
+  ids: { now: bigint; ranges: Map<string, IdRange> },
+): string[] {
   const problems: string[] = [];
   const layout = config.idLayout;
   for (const t of shard.tables) {
@@ -215,16 +272,27 @@ function idProblems(config: ShardctlConfig, shard: ShardInspection, ids: { now: 
     if (!range || range.min === null || range.max === null) continue;
     const where = `table ${shard.schema}.${t.table}`;
     if (range.min < 0n) {
-      problems.push(`${where}: id ${range.min} is negative; it does not fit the layout (the published function overflowed into the sign bit)`);
+      problems.push(
+        `${where}: id ${range.min} is negative; it does not fit the layout (the published function overflowed into the sign bit)`,
+      );
       continue;
     }
-    for (const [which, id] of [['smallest', range.min], ['largest', range.max]] as const) {
+    for (const [which, id] of [
+      ['smallest', range.min],
+      ['largest', range.max],
+    ] as const) {
       const decoded = decodeId(id, layout);
-      if (decoded.shard !== shard.shard) problems.push(`${where}: its ${which} id ${id} decodes to shard ${decoded.shard}, not ${shard.shard} (ids of another shard, or another bit split)`);
+      if (decoded.shard !== shard.shard)
+        problems.push(
+          `${where}: its ${which} id ${id} decodes to shard ${decoded.shard}, not ${shard.shard} (ids of another shard, or another bit split)`,
+        );
       if (decoded.unixMs > ids.now + BigInt(ADOPT_CLOCK_SKEW_MS)) {
-        problems.push(`${where}: its ${which} id ${id} decodes to ${decoded.timestamp}, in the future (the config's idLayout.epoch or bits disagree with the stored ids)`);
+        problems.push(
+          `${where}: its ${which} id ${id} decodes to ${decoded.timestamp}, in the future (the config's idLayout.epoch or bits disagree with the stored ids)`,
+        );
       }
-      if (decoded.unixMs - layout.epochMs > maxTimeOffsetMs(layout)) problems.push(`${where}: its ${which} id ${id} does not fit the layout's time bits`);
+      if (decoded.unixMs - layout.epochMs > maxTimeOffsetMs(layout))
+        problems.push(`${where}: its ${which} id ${id} does not fit the layout's time bits`);
     }
   }
   return problems;
@@ -260,7 +328,10 @@ export async function checkBaseline(
     );
   } catch (error) {
     await rollbackQuietly(client);
-    return { host: `the baseline files do not run in a scratch schema: ${describePgError(error)}`, shards: shardsProblems };
+    return {
+      host: `the baseline files do not run in a scratch schema: ${describePgError(error)}`,
+      shards: shardsProblems,
+    };
   }
   try {
     const rows = (
@@ -280,9 +351,14 @@ export async function checkBaseline(
         const have = rows.find((r) => r.schema === schema && r.relation === want.relation);
         const what = `${kindName(want.kind)} ${schema}.${want.relation}`;
         if (!have) problems.push(`baseline: ${what} does not exist`);
-        else if (have.kind !== want.kind) problems.push(`baseline: ${schema}.${want.relation} is a ${kindName(have.kind)}, the files create a ${kindName(want.kind)}`);
+        else if (have.kind !== want.kind)
+          problems.push(
+            `baseline: ${schema}.${want.relation} is a ${kindName(have.kind)}, the files create a ${kindName(want.kind)}`,
+          );
         else if ((want.kind === 'r' || want.kind === 'p') && have.columns !== want.columns) {
-          problems.push(`baseline: ${what} has columns (${have.columns ?? ''}), the files create (${want.columns ?? ''})`);
+          problems.push(
+            `baseline: ${what} has columns (${have.columns ?? ''}), the files create (${want.columns ?? ''})`,
+          );
         }
       }
       if (problems.length > 0) shardsProblems.set(shard, problems);

@@ -39,7 +39,7 @@ export interface PublishedFunction {
 const PUBLISHED_BODY = new RegExp(
   [
     '^declareour_epochbigint:=(\\d+);seq_idbigint;now_millisbigint;shard_id(?:int|integer|bigint):=(\\d+);',
-    'beginselectnextval\\(\'([^\']+)\'(?:::regclass)?\\)%(\\d+)intoseq_id;',
+    "beginselectnextval\\('([^']+)'(?:::regclass)?\\)%(\\d+)intoseq_id;",
     'selectfloor\\(extract\\(epochfrom(?:clock_timestamp\\(\\)|now\\(\\))\\)\\*1000\\)intonow_millis;',
     'result:=\\(now_millis-our_epoch\\)<<(\\d+);',
     'result:=result\\|\\(shard_id<<(\\d+)\\);',
@@ -61,7 +61,15 @@ function normalise(source: string): string {
 export function parsePublishedFunction(source: string): PublishedFunction | null {
   const match = PUBLISHED_BODY.exec(normalise(source));
   if (!match) return null;
-  const [, epoch, shard, sequenceText, modulus, timeShift, shardShift] = match as unknown as [string, string, string, string, string, string, string];
+  const [, epoch, shard, sequenceText, modulus, timeShift, shardShift] = match as unknown as [
+    string,
+    string,
+    string,
+    string,
+    string,
+    string,
+    string,
+  ];
   return {
     epochMs: BigInt(epoch),
     shard: Number(shard),
@@ -84,10 +92,17 @@ function parseSequenceName(text: string): { schema: string | null; name: string 
  * Where the function's constants disagree with the config's layout and the schema's shard number;
  * empty when they agree. Each entry names the constant, its value and the config's.
  */
-export function publishedLayoutProblems(fn: PublishedFunction, layout: IdLayout, shard: number, schema: string): string[] {
+export function publishedLayoutProblems(
+  fn: PublishedFunction,
+  layout: IdLayout,
+  shard: number,
+  schema: string,
+): string[] {
   const problems: string[] = [];
   if (fn.epochMs !== layout.epochMs) {
-    problems.push(`its epoch is ${fn.epochMs} ms (${isoOf(fn.epochMs)}), the config's idLayout.epoch is ${layout.epochMs} ms (${isoOf(layout.epochMs)})`);
+    problems.push(
+      `its epoch is ${fn.epochMs} ms (${isoOf(fn.epochMs)}), the config's idLayout.epoch is ${layout.epochMs} ms (${isoOf(layout.epochMs)})`,
+    );
   }
   if (fn.modulus !== 1n << BigInt(layout.sequenceBits) || fn.shardShift !== layout.sequenceBits) {
     problems.push(

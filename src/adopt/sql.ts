@@ -63,7 +63,10 @@ export function switchShardSql(config: ShardctlConfig, input: SwitchInput): stri
     const max = `max(${quoteIdent(column)})`;
     return `SELECT ${positionOfSql(max, config)} AS pos FROM ${quoteIdent(schema)}.${quoteIdent(table)}`;
   });
-  const storedSql = stored.length === 0 ? '0' : `(SELECT coalesce(max(pos), 0) + 1 FROM (\n    ${stored.join('\n    UNION ALL ')}\n  ) AS stored)`;
+  const storedSql =
+    stored.length === 0
+      ? '0'
+      : `(SELECT coalesce(max(pos), 0) + 1 FROM (\n    ${stored.join('\n    UNION ALL ')}\n  ) AS stored)`;
   return [
     'BEGIN;',
     `SET LOCAL lock_timeout = ${quoteLiteral(input.lockTimeout)};`,
@@ -86,7 +89,9 @@ export function adoptedWrapperSql(schema: string, sequence: string): string {
   return renderSql(loadSqlTemplate('next_id_adopted.sql'), {
     schema: { ident: schema },
     sequenceLiteral: { literal: `${quoteIdent(schema)}.${quoteIdent(sequence)}` },
-    commentLiteral: { literal: `${ADOPTED_WRAPPER_COMMENT}: shardctl's next_id(${sequence}) under the published name. See README, "Adopting an existing fleet".` },
+    commentLiteral: {
+      literal: `${ADOPTED_WRAPPER_COMMENT}: shardctl's next_id(${sequence}) under the published name. See README, "Adopting an existing fleet".`,
+    },
   });
 }
 

@@ -15,7 +15,13 @@ export function registerAddSchema(program: Command, ctx: CliContext, done: (code
     const { addSchema, parseShards } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     const config = await loadCliConfig(ctx, flags, out);
-    const shards = await withFlagNames({ shards: 'argument <shards>' }, async () => parseShards(shardsText, config.shards));
-    done(await runProvision(out, 'add-schema', (onProgress) => addSchema(config, shards, { dryRun: flags.dryRun ?? false, onProgress })));
+    const shards = await withFlagNames({ shards: 'argument <shards>' }, async () =>
+      parseShards(shardsText, config.shards),
+    );
+    done(
+      await runProvision(out, 'add-schema', (onProgress) =>
+        addSchema(config, shards, { dryRun: flags.dryRun ?? false, onProgress }),
+      ),
+    );
   });
 }

@@ -7,7 +7,9 @@ export function registerConfig(program: Command, ctx: CliContext, done: (code: n
 
   config
     .command('schema')
-    .description('print the JSON Schema of shardctl.yaml (for editors and CI validators; also shipped as shardctl.schema.json)')
+    .description(
+      'print the JSON Schema of shardctl.yaml (for editors and CI validators; also shipped as shardctl.schema.json)',
+    )
     .action(() => {
       const { configJsonSchema } = lib();
       ctx.streams.stdout.write(`${JSON.stringify(configJsonSchema(), null, 2)}\n`);

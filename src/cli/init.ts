@@ -8,7 +8,9 @@ import { runProvision } from './provision-report.js';
 export function registerInit(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
     .command('init')
-    .description('create the control schema and every mapped shard (schema, next_id, migrations) on every host; idempotent');
+    .description(
+      'create the control schema and every mapped shard (schema, next_id, migrations) on every host; idempotent',
+    );
   [configOption, dryRunOption, jsonOption].forEach((add) => add(command));
   command.action(async (flags: CommonFlags) => {
     const { init } = lib();

@@ -19,13 +19,19 @@ import { Output, type Streams } from './output.js';
 import { registerRebalance } from './rebalance.js';
 import { registerStatus } from './status.js';
 
-const VERSION = (JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }).version;
+const VERSION = (
+  JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
+).version;
 
 /**
  * Entry point: parses argv, runs one command, returns the exit code (0 ok, 1 failed at run time,
  * 2 bad usage or config, 3 a check found a problem). Never calls process.exit, so tests can run it.
  */
-export async function main(argv: readonly string[], streams: Streams = defaultStreams(), cwd = process.cwd()): Promise<number> {
+export async function main(
+  argv: readonly string[],
+  streams: Streams = defaultStreams(),
+  cwd = process.cwd(),
+): Promise<number> {
   let exitCode = 0;
   const program = new Command('shardctl');
   const ctx: CliContext = { streams, cwd, globalConfig: () => program.opts<{ config?: string }>().config };

@@ -5,11 +5,15 @@ import { type CommonFlags, configOption, dryRunOption, jsonOption } from './opti
 import { Output } from './output.js';
 
 export function registerMap(program: Command, ctx: CliContext, done: (code: number) => void): void {
-  const map = program.command('map').description("the shard map as the fleet's hosts hold it: show it, or pull it into the config file");
+  const map = program
+    .command('map')
+    .description("the shard map as the fleet's hosts hold it: show it, or pull it into the config file");
 
   const show = map
     .command('show')
-    .description("print where each shard is, as the hosts say (the file's hosts and every host their registry names); exit 3 when the file disagrees");
+    .description(
+      "print where each shard is, as the hosts say (the file's hosts and every host their registry names); exit 3 when the file disagrees",
+    );
   configOption(show);
   jsonOption(show, 'print JSON');
   show.action(async (flags: CommonFlags) => {
@@ -17,12 +21,15 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
     const out = new Output(ctx.streams, flags.json ?? false);
     const config = await loadCliConfig(ctx, flags, out, { checkMigrationsDir: false });
     const result = await mapShow(config);
-    const code = result.unreachable.length > 0 ? 1 : result.disagreements.length > 0 || result.problems.length > 0 ? 3 : 0;
+    const code =
+      result.unreachable.length > 0 ? 1 : result.disagreements.length > 0 || result.problems.length > 0 ? 3 : 0;
     if (out.json) out.data({ ...result, exitCode: code });
     else {
       out.line(`fleet ${result.fleetId ?? '(none recorded: run init)'}, placement version ${result.placementVersion}`);
       for (const h of result.hosts) {
-        out.line(`${h.name}: ${h.count === 0 ? 'no shards' : `${h.count} shards: ${h.shards}`}${h.address ? ` — ${h.address}` : ''}${h.answered ? '' : ' (not read)'}`);
+        out.line(
+          `${h.name}: ${h.count === 0 ? 'no shards' : `${h.count} shards: ${h.shards}`}${h.address ? ` — ${h.address}` : ''}${h.answered ? '' : ' (not read)'}`,
+        );
       }
       for (const u of result.unreachable) out.line(`${u.name}: UNREACHABLE: ${u.reason}`);
       for (const d of result.disagreements) out.line(`the file disagrees: ${d}`);
@@ -34,7 +41,9 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
 
   const pull = map
     .command('pull')
-    .description("rewrite the config file's shard lists from the fleet, keeping comments, ${VAR} and layout; adds hosts the file lacks");
+    .description(
+      "rewrite the config file's shard lists from the fleet, keeping comments, ${VAR} and layout; adds hosts the file lacks",
+    );
   configOption(pull);
   dryRunOption(pull, 'print what would change, change nothing');
   jsonOption(pull, 'print JSON');
@@ -46,7 +55,10 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
     if (out.json) out.data(result);
     else {
       for (const c of result.changes) out.line(`${result.dryRun ? 'would change' : 'changed'}: ${c}`);
-      for (const h of result.addedHosts) out.line(`${result.dryRun ? 'would add' : 'added'} host ${h} (its url has no credentials: add them, or use PGUSER/PGPASSWORD/~/.pgpass)`);
+      for (const h of result.addedHosts)
+        out.line(
+          `${result.dryRun ? 'would add' : 'added'} host ${h} (its url has no credentials: add them, or use PGUSER/PGPASSWORD/~/.pgpass)`,
+        );
     }
     out.info(
       result.changes.length === 0

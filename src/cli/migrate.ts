@@ -14,9 +14,15 @@ export function registerMigrate(program: Command, ctx: CliContext, done: (code: 
     .option('--to <version>', 'apply migrations up to and including this version')
     .option('--shards <list>', 'a stage: only these shards (17, 100-199, 1,5-9)')
     .option('--hosts <names>', 'a stage: only the shards of these hosts (pg1,pg2)')
-    .option('--canary <n>', 'a stage: n shards with pending work, spread over the hosts; then stop and say how to go on')
+    .option(
+      '--canary <n>',
+      'a stage: n shards with pending work, spread over the hosts; then stop and say how to go on',
+    )
     .option('--max-failures <n>', 'stop starting shards once n have failed (default: every host finishes its list)')
-    .option('--lock-retries <n>', 'times a shard that meets lock_timeout is tried again, with growing pauses (default 3)');
+    .option(
+      '--lock-retries <n>',
+      'times a shard that meets lock_timeout is tried again, with growing pauses (default 3)',
+    );
   [configOption, dryRunOption, jsonOption].forEach((add) => add(command));
   command.action(async (flags: MigrateFlags) => {
     const { checkMigrations, migrate, parseShards, UsageError } = lib();
@@ -25,15 +31,33 @@ export function registerMigrate(program: Command, ctx: CliContext, done: (code: 
     const canary = count(flags.canary, '--canary', 1);
     const maxFailures = count(flags.maxFailures, '--max-failures', 1);
     const lockRetries = count(flags.lockRetries, '--lock-retries', 0);
-    const hosts = flags.hosts === undefined ? undefined : flags.hosts.split(',').map((h) => h.trim()).filter((h) => h !== '');
+    const hosts =
+      flags.hosts === undefined
+        ? undefined
+        : flags.hosts
+            .split(',')
+            .map((h) => h.trim())
+            .filter((h) => h !== '');
     const config = await loadCliConfig(ctx, flags, out);
     await withFlagNames(
-      { toVersion: 'option --to', shards: 'option --shards', hosts: 'option --hosts', canary: 'option --canary', maxFailures: 'option --max-failures', lockRetries: 'option --lock-retries' },
+      {
+        toVersion: 'option --to',
+        shards: 'option --shards',
+        hosts: 'option --hosts',
+        canary: 'option --canary',
+        maxFailures: 'option --max-failures',
+        lockRetries: 'option --lock-retries',
+      },
       async () => {
         const shards = flags.shards === undefined ? undefined : parseShards(flags.shards, config.shards);
         if (flags.check) {
-          const staged = (['shards', 'hosts', 'canary', 'maxFailures', 'lockRetries'] as const).filter((k) => flags[k] !== undefined);
-          if (staged.length > 0) throw new UsageError(`option --check looks at every shard and writes nothing; it takes no ${staged.map(flagName).join(', ')}`);
+          const staged = (['shards', 'hosts', 'canary', 'maxFailures', 'lockRetries'] as const).filter(
+            (k) => flags[k] !== undefined,
+          );
+          if (staged.length > 0)
+            throw new UsageError(
+              `option --check looks at every shard and writes nothing; it takes no ${staged.map(flagName).join(', ')}`,
+            );
           const check = await checkMigrations(config, toVersion === undefined ? {} : { toVersion });
           done(printCheck(out, check));
           return;
@@ -76,7 +100,8 @@ function flagName(key: string): string {
 function count(text: string | undefined, flag: string, least: number): number | undefined {
   if (text === undefined) return undefined;
   const { UsageError } = lib();
-  if (!/^\d{1,6}$/.test(text) || Number(text) < least) throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected an integer of at least ${least}`);
+  if (!/^\d{1,6}$/.test(text) || Number(text) < least)
+    throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected an integer of at least ${least}`);
   return Number(text);
 }
 
@@ -90,7 +115,9 @@ function printCheck(out: Output, check: MigrationCheck): number {
     if (h.error) out.info(`${h.host}: cannot be read: ${h.error}`);
     else if (h.shards > 0) {
       const files = h.pending.map((p) => `${p.name} on ${p.shards}`).join('; ');
-      out.info(`${h.host}: ${plural(h.shards, 'shard')} behind (${plural(h.migrations, 'migration')} pending${files ? `: ${files}` : ''})`);
+      out.info(
+        `${h.host}: ${plural(h.shards, 'shard')} behind (${plural(h.migrations, 'migration')} pending${files ? `: ${files}` : ''})`,
+      );
     }
   }
   const unread = check.unreadHosts;
@@ -109,6 +136,7 @@ function printCheck(out: Output, check: MigrationCheck): number {
 
 function parseVersion(text: string): number {
   const { UsageError } = lib();
-  if (!/^\d{1,9}$/.test(text) || Number(text) === 0) throw new UsageError(`option --to ${JSON.stringify(text)}: expected a migration version (a positive integer)`);
+  if (!/^\d{1,9}$/.test(text) || Number(text) === 0)
+    throw new UsageError(`option --to ${JSON.stringify(text)}: expected a migration version (a positive integer)`);
   return Number(text);
 }

@@ -16,10 +16,14 @@ export function registerMigration(program: Command, ctx: CliContext, done: (code
     const { newMigration } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     const config = await loadCliConfig(ctx, flags, out);
-    const result = await withFlagNames({ name: 'argument <name>' }, () => newMigration(config, name, { noTransaction: !flags.transaction }));
+    const result = await withFlagNames({ name: 'argument <name>' }, () =>
+      newMigration(config, name, { noTransaction: !flags.transaction }),
+    );
     if (out.json) out.data(result);
     else out.line(result.path);
-    out.success(`migration new: wrote ${result.name}.sql (version ${result.version}${result.noTransaction ? ', no transaction' : ''})`);
+    out.success(
+      `migration new: wrote ${result.name}.sql (version ${result.version}${result.noTransaction ? ', no transaction' : ''})`,
+    );
     done(0);
   });
 }

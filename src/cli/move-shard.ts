@@ -2,7 +2,15 @@ import type { Command } from 'commander';
 import type { BatchMoveResult, MoveMode, MoveResult } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
-import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, withFlagNames, yesOption } from './options.js';
+import {
+  type CommonFlags,
+  configOption,
+  confirmOrRefuse,
+  dryRunOption,
+  jsonOption,
+  withFlagNames,
+  yesOption,
+} from './options.js';
 import { Output, seconds } from './output.js';
 
 interface MoveFlags extends CommonFlags {
@@ -16,19 +24,33 @@ interface MoveFlags extends CommonFlags {
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
-const FLAGS = { shards: 'argument <shards>', shard: 'argument <shards>', target: 'option --to', 'resume+abort': 'options --resume and --abort' };
+const FLAGS = {
+  shards: 'argument <shards>',
+  shard: 'argument <shards>',
+  target: 'option --to',
+  'resume+abort': 'options --resume and --abort',
+};
 
 export function registerMoveShard(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
     .command('move-shard')
-    .description('move logical shards to another host (online with logical replication, or offline), one batch per source host, resumable')
+    .description(
+      'move logical shards to another host (online with logical replication, or offline), one batch per source host, resumable',
+    )
     .argument('<shards>', 'shard numbers: 17, 0-511, 1,5-9')
     .option('--to <host>', 'the host to move them to (a name from the map)')
-    .option('--mode <mode>', 'online (logical replication, PostgreSQL 15+) or offline (writes fenced during the copy)', 'online')
+    .option(
+      '--mode <mode>',
+      'online (logical replication, PostgreSQL 15+) or offline (writes fenced during the copy)',
+      'online',
+    )
     .option('--resume', 'finish the unfinished moves of these shards')
     .option('--abort', 'undo the unfinished moves of these shards')
     .option('--drop-source', 'drop the old copy right after the switch instead of keeping it until gc')
-    .option('--wave-size <n>', 'online: at most this many shards fenced and switched together (default 64; waves are also kept under ~2,000,000 rows)');
+    .option(
+      '--wave-size <n>',
+      'online: at most this many shards fenced and switched together (default 64; waves are also kept under ~2,000,000 rows)',
+    );
   maxFencedOption(command);
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
@@ -48,7 +70,11 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
     const which = shardsPhrase(shards);
     if (!flags.dryRun && !flags.yes) {
-      const what = flags.abort ? `undo the unfinished moves of ${which}` : flags.resume ? `finish the moves of ${which}` : `move ${which} to ${flags.to}`;
+      const what = flags.abort
+        ? `undo the unfinished moves of ${which}`
+        : flags.resume
+          ? `finish the moves of ${which}`
+          : `move ${which} to ${flags.to}`;
       await confirmOrRefuse(ctx.streams, what);
     }
     const result = await withFlagNames(FLAGS, () =>
@@ -83,7 +109,9 @@ export function parseMaxFenced(text: string | undefined): number | undefined {
   const ms = match ? Number(match[1]) * (match[2] === 'ms' ? 1 : match[2] === 's' ? 1000 : 60_000) : 0;
   if (ms < 100 || ms > 3_600_000) {
     const { UsageError } = lib();
-    throw new UsageError(`option --max-fenced ${JSON.stringify(text)}: expected a duration from 100ms to 60min, like 500ms, 20s or 1min`);
+    throw new UsageError(
+      `option --max-fenced ${JSON.stringify(text)}: expected a duration from 100ms to 60min, like 500ms, 20s or 1min`,
+    );
   }
   return ms;
 }
@@ -111,16 +139,25 @@ function printMove(out: Output, move: MoveResult): void {
   if (move.outcome === 'dry-run') {
     out.line(`move of ${which} from ${move.source} to ${move.target} (${move.mode}) — dry run, nothing changed`);
     for (const check of move.preflight) out.line(`  ${check.ok ? 'ok  ' : 'FAIL'} ${check.name}: ${check.message}`);
-    if (move.maxFencedMs !== null) out.line(`  fence limit: ${seconds(move.maxFencedMs)} per wave (then unfenced, the move stops, resumable)`);
-    if (move.waves.length > 1) out.line(`  cut-over in ${move.waves.length} waves: ${move.waves.map((w) => formatShardList([...w])).join(' | ')}`);
+    if (move.maxFencedMs !== null)
+      out.line(`  fence limit: ${seconds(move.maxFencedMs)} per wave (then unfenced, the move stops, resumable)`);
+    if (move.waves.length > 1)
+      out.line(
+        `  cut-over in ${move.waves.length} waves: ${move.waves.map((w) => formatShardList([...w])).join(' | ')}`,
+      );
     out.line(`  steps: ${move.plan.join(' → ')}`);
     return;
   }
   if (move.outcome === 'aborted') {
-    out.success(`move ${move.moveId} of ${which} aborted: ${move.source} is writable again, nothing left on ${move.target}`);
+    out.success(
+      `move ${move.moveId} of ${which} aborted: ${move.source} is writable again, nothing left on ${move.target}`,
+    );
     return;
   }
-  const views = move.materializedViews.length > 0 ? `; materialized views refreshed on ${move.target}: ${move.materializedViews.join(', ')}` : '';
+  const views =
+    move.materializedViews.length > 0
+      ? `; materialized views refreshed on ${move.target}: ${move.materializedViews.join(', ')}`
+      : '';
   out.line(
     `${which} moved from ${move.source} to ${move.target}: ${move.rowsMoved} rows verified, ` +
       `writes blocked ${move.writeBlockedMs === null ? 'not at all' : `${move.writeBlockedMs} ms`}` +

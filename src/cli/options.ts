@@ -29,7 +29,10 @@ export function dryRunOption(command: Command, help = 'print the SQL plan and wr
   return command.option('--dry-run', help);
 }
 
-export function yesOption(command: Command, help = 'do not ask for confirmation (required when not on a terminal)'): Command {
+export function yesOption(
+  command: Command,
+  help = 'do not ask for confirmation (required when not on a terminal)',
+): Command {
   return command.option('--yes', help);
 }
 
@@ -37,7 +40,11 @@ export function yesOption(command: Command, help = 'do not ask for confirmation 
  * Asks on the terminal before a command changes data; without a terminal, or when the answer is not
  * yes, refuses (exit 2, nothing done) and says to pass --yes.
  */
-export async function confirmOrRefuse(streams: Streams, what: string, stdin: NodeJS.ReadStream = process.stdin): Promise<void> {
+export async function confirmOrRefuse(
+  streams: Streams,
+  what: string,
+  stdin: NodeJS.ReadStream = process.stdin,
+): Promise<void> {
   const { UsageError } = lib();
   if (!stdin.isTTY) throw new UsageError(`${what} needs confirmation: pass --yes (no terminal to ask on)`);
   const rl = createInterface({ input: stdin, output: streams.stderr });

@@ -134,7 +134,9 @@ export function nextLine(next: readonly NextStep[], formatShards: (shards: numbe
     for (const shard of step.shards ?? []) shards.add(shard);
     merged.set(step.action, shards);
   }
-  const commands = [...merged].map(([action, shards]) => NEXT_COMMANDS[action](formatShards([...shards].sort((a, b) => a - b))));
+  const commands = [...merged].map(([action, shards]) =>
+    NEXT_COMMANDS[action](formatShards([...shards].sort((a, b) => a - b))),
+  );
   return `next: ${commands.join(', or ')}`;
 }
 
@@ -166,5 +168,7 @@ export function formatBytes(bytes: bigint): string {
 /** Rows of cells as left-aligned columns two spaces apart. */
 export function columns(rows: readonly (readonly string[])[], indent = ''): string[] {
   const widths = rows.reduce<number[]>((w, row) => row.map((cell, i) => Math.max(w[i] ?? 0, cell.length)), []);
-  return rows.map((row) => `${indent}${row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')}`);
+  return rows.map(
+    (row) => `${indent}${row.map((cell, i) => (i === row.length - 1 ? cell : cell.padEnd(widths[i]!))).join('  ')}`,
+  );
 }

@@ -35,7 +35,15 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
       ok: result.ok,
       targetVersion: result.targetVersion,
       durationMs: result.durationMs,
-      summary: { shardsCreated: created, migrationsApplied: applied, upToDate, failed, notStarted, lockWaits, behind: failed + notStarted + behindOnDown },
+      summary: {
+        shardsCreated: created,
+        migrationsApplied: applied,
+        upToDate,
+        failed,
+        notStarted,
+        lockWaits,
+        behind: failed + notStarted + behindOnDown,
+      },
       stage: result.stage,
       stoppedEarly: result.stoppedEarly,
       hosts: result.hosts,
@@ -43,7 +51,8 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
   }
   for (const host of result.hosts) {
     if (host.hostError) {
-      const before = host.migrationsApplied > 0 ? ` (${plural(host.migrationsApplied, 'migration')} applied before that)` : '';
+      const before =
+        host.migrationsApplied > 0 ? ` (${plural(host.migrationsApplied, 'migration')} applied before that)` : '';
       out.info(`${host.host}: FAILED: ${host.hostError}; ${plural(host.behind, 'shard')} behind${before}`);
     } else {
       const parts = [
@@ -57,15 +66,18 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
       out.info(`${host.host}: ${parts.join(', ')} (${seconds(host.durationMs)})`);
     }
     for (const wait of host.lockWaits.slice(0, 20)) {
-      const holders = wait.holders.length > 0 ? `; held by ${wait.holders.map(lib().describeLockHolder).join('; ')}` : '';
+      const holders =
+        wait.holders.length > 0 ? `; held by ${wait.holders.map(lib().describeLockHolder).join('; ')}` : '';
       out.info(
         `  host ${host.host}, shard ${wait.shard}: ${wait.step} met a busy table, tried again ${plural(wait.retries, 'time')}: ` +
           `${wait.applied ? 'applied' : 'gave up'}${holders}`,
       );
     }
-    if (host.lockWaits.length > 20) out.info(`  … and ${host.lockWaits.length - 20} more shards that waited for a lock (--json lists all)`);
+    if (host.lockWaits.length > 20)
+      out.info(`  … and ${host.lockWaits.length - 20} more shards that waited for a lock (--json lists all)`);
     const shown = host.failures.slice(0, 20);
-    for (const failure of shown) out.info(`  host ${host.host}, shard ${failure.shard}: ${failure.step}: ${failure.message}`);
+    for (const failure of shown)
+      out.info(`  host ${host.host}, shard ${failure.shard}: ${failure.step}: ${failure.message}`);
     if (host.failures.length > shown.length) out.info(`  … and ${host.failures.length - shown.length} more`);
   }
   const parts = [
@@ -73,7 +85,9 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
     `${plural(applied, 'migration')} applied`,
     `${plural(upToDate, 'shard')} already current`,
     `${failed} failed`,
-    ...(notStarted > 0 ? [`${plural(notStarted, 'shard')} not started (stopped after ${plural(failed, 'failure')}, --max-failures)`] : []),
+    ...(notStarted > 0
+      ? [`${plural(notStarted, 'shard')} not started (stopped after ${plural(failed, 'failure')}, --max-failures)`]
+      : []),
     ...(lockWaits > 0 ? [`${plural(lockWaits, 'shard')} waited for a lock`] : []),
   ];
   if (down.length > 0) parts.push(`${plural(behindOnDown, 'shard')} behind on ${down.map((h) => h.host).join(', ')}`);
@@ -93,8 +107,13 @@ function printNextStage(out: Output, result: ProvisionResult, stage: NonNullable
     out.info(`${covered}; no other shard has anything pending`);
     return;
   }
-  out.info(`${covered}; ${plural(stage.pendingElsewhere, 'other shard')} still ${lib().inflect(stage.pendingElsewhere, 'has', 'have')} work pending`);
-  if (result.ok) out.info('  check the stage (shardctl status), then go on with one host (shardctl migrate --hosts NAME) or every shard (shardctl migrate)');
+  out.info(
+    `${covered}; ${plural(stage.pendingElsewhere, 'other shard')} still ${lib().inflect(stage.pendingElsewhere, 'has', 'have')} work pending`,
+  );
+  if (result.ok)
+    out.info(
+      '  check the stage (shardctl status), then go on with one host (shardctl migrate --hosts NAME) or every shard (shardctl migrate)',
+    );
 }
 
 /**
@@ -142,6 +161,8 @@ function printDryRun(out: Output, result: ProvisionResult, verb: string): number
     }
   }
   const jobs = result.plan.hosts.reduce((n, h) => n + h.jobs.length, 0);
-  out.info(`${verb} --dry-run: ${plural(jobs, 'shard')} would change on ${plural(result.plan.hosts.length, 'host')}; nothing was written`);
+  out.info(
+    `${verb} --dry-run: ${plural(jobs, 'shard')} would change on ${plural(result.plan.hosts.length, 'host')}; nothing was written`,
+  );
   return 0;
 }

@@ -13,50 +13,55 @@ interface PsqlFlags extends ConfigOption {
 export function registerPsql(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
     .command('psql')
-    .description("open psql on a shard's host with search_path set to its schema (the password goes through PGPASSWORD, never the command line)")
+    .description(
+      "open psql on a shard's host with search_path set to its schema (the password goes through PGPASSWORD, never the command line)",
+    )
     .argument('[shard]', 'the shard number')
     .option('--key <key>', 'the shard of this key (key mod shards), e.g. a user id')
     .option('--id <id>', 'the shard this id carries');
   configOption(command);
   command.action(async (shardText: string | undefined, flags: PsqlFlags) => {
-      const { currentMap, decodeId, findPsql, parseIdString, psqlInvocation, shardForKey, UsageError } = lib();
-      const given = [shardText !== undefined, flags.key !== undefined, flags.id !== undefined].filter(Boolean).length;
-      if (given !== 1) throw new UsageError('give exactly one of <shard>, --key K or --id ID');
-      if (shardText !== undefined && !/^\d{1,7}$/.test(shardText)) {
-        throw new UsageError(`argument <shard> ${JSON.stringify(shardText)}: expected a shard number`);
-      }
-      if (flags.key !== undefined && !/^\d{1,20}$/.test(flags.key)) {
-        throw new UsageError(`option --key ${JSON.stringify(flags.key)}: expected a non-negative whole number`);
-      }
-      const id = flags.id === undefined ? undefined : parseIdString(flags.id);
-      if (flags.id !== undefined && id === undefined) {
-        throw new UsageError(`option --id ${JSON.stringify(flags.id)}: expected a decimal 64-bit id`);
-      }
-      const out = new Output(ctx.streams, false);
-      const config = await loadCliConfig(ctx, flags, out, { checkMigrationsDir: false });
-      const shard =
-        shardText !== undefined
-          ? Number(shardText)
-          : flags.key !== undefined
-            ? shardForKey(BigInt(flags.key), config.shards)
-            : decodeId(id!, config.idLayout).shard;
-      if (shard >= config.shards) {
-        const what = shardText !== undefined ? `argument <shard> ${shardText}` : `option --id ${flags.id} (carries shard ${shard})`;
-        throw new UsageError(`${what}: not in the map (0-${config.shards - 1})`);
-      }
-      // The fleet's placement, not the file's: a shard another operator moved is found where it is.
-      const invocation = psqlInvocation((await currentMap(config, 'shardctl psql')).config, shard, ctx.streams.env);
-      const psql = findPsql(ctx.streams.env);
-      if (!psql) {
-        out.info(`psql is not on PATH (install the PostgreSQL client, or set SHARDCTL_PSQL). Shard ${shard} is ${invocation.schema} on ${invocation.host}:`);
-        out.line(invocation.display.url);
-        out.info(`connect with PGOPTIONS='${invocation.display.pgOptions}' so that search_path is ${invocation.schema}`);
-        done(1);
-        return;
-      }
-      out.info(`shard ${shard}: ${invocation.schema} on ${invocation.host} (${invocation.display.url})`);
-      done(await runPsql(psql, invocation.args, invocation.env));
-    });
+    const { currentMap, decodeId, findPsql, parseIdString, psqlInvocation, shardForKey, UsageError } = lib();
+    const given = [shardText !== undefined, flags.key !== undefined, flags.id !== undefined].filter(Boolean).length;
+    if (given !== 1) throw new UsageError('give exactly one of <shard>, --key K or --id ID');
+    if (shardText !== undefined && !/^\d{1,7}$/.test(shardText)) {
+      throw new UsageError(`argument <shard> ${JSON.stringify(shardText)}: expected a shard number`);
+    }
+    if (flags.key !== undefined && !/^\d{1,20}$/.test(flags.key)) {
+      throw new UsageError(`option --key ${JSON.stringify(flags.key)}: expected a non-negative whole number`);
+    }
+    const id = flags.id === undefined ? undefined : parseIdString(flags.id);
+    if (flags.id !== undefined && id === undefined) {
+      throw new UsageError(`option --id ${JSON.stringify(flags.id)}: expected a decimal 64-bit id`);
+    }
+    const out = new Output(ctx.streams, false);
+    const config = await loadCliConfig(ctx, flags, out, { checkMigrationsDir: false });
+    const shard =
+      shardText !== undefined
+        ? Number(shardText)
+        : flags.key !== undefined
+          ? shardForKey(BigInt(flags.key), config.shards)
+          : decodeId(id!, config.idLayout).shard;
+    if (shard >= config.shards) {
+      const what =
+        shardText !== undefined ? `argument <shard> ${shardText}` : `option --id ${flags.id} (carries shard ${shard})`;
+      throw new UsageError(`${what}: not in the map (0-${config.shards - 1})`);
+    }
+    // The fleet's placement, not the file's: a shard another operator moved is found where it is.
+    const invocation = psqlInvocation((await currentMap(config, 'shardctl psql')).config, shard, ctx.streams.env);
+    const psql = findPsql(ctx.streams.env);
+    if (!psql) {
+      out.info(
+        `psql is not on PATH (install the PostgreSQL client, or set SHARDCTL_PSQL). Shard ${shard} is ${invocation.schema} on ${invocation.host}:`,
+      );
+      out.line(invocation.display.url);
+      out.info(`connect with PGOPTIONS='${invocation.display.pgOptions}' so that search_path is ${invocation.schema}`);
+      done(1);
+      return;
+    }
+    out.info(`shard ${shard}: ${invocation.schema} on ${invocation.host} (${invocation.display.url})`);
+    done(await runPsql(psql, invocation.args, invocation.env));
+  });
 }
 
 /** Runs psql on the terminal; resolves with its exit code. */

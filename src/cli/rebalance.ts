@@ -2,7 +2,15 @@ import type { Command } from 'commander';
 import type { MoveMode, RebalanceBy, RebalancePlan, RebalanceResult, UnfinishedMove } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
-import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, withFlagNames, yesOption } from './options.js';
+import {
+  type CommonFlags,
+  configOption,
+  confirmOrRefuse,
+  dryRunOption,
+  jsonOption,
+  withFlagNames,
+  yesOption,
+} from './options.js';
 import { columns, formatBytes, Output, plural, seconds } from './output.js';
 import { maxFencedOption, parseMaxFenced } from './move-shard.js';
 
@@ -19,14 +27,23 @@ const FLAGS = { by: 'option --by', maxParallel: 'option --max-parallel', config:
 export function registerRebalance(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
     .command('rebalance')
-    .description('move shards so every host has its weighted share (by count or size), empty draining hosts, fill new ones; batched moves, disjoint host pairs in parallel; a rerun finishes an interrupted rebalance')
+    .description(
+      'move shards so every host has its weighted share (by count or size), empty draining hosts, fill new ones; batched moves, disjoint host pairs in parallel; a rerun finishes an interrupted rebalance',
+    )
     .option('--by <what>', 'balance the shard count or the bytes on disk: count or size', 'count')
     .option('--max-parallel <n>', 'moves running at once, each between two hosts no other running move uses', '2')
-    .option('--mode <mode>', 'how each move runs: online (logical replication) or offline (writes fenced during the copy)', 'online');
+    .option(
+      '--mode <mode>',
+      'how each move runs: online (logical replication) or offline (writes fenced during the copy)',
+      'online',
+    );
   maxFencedOption(command);
   dryRunOption(command, 'print the plan and change nothing');
   yesOption(command);
-  configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place as shards move');
+  configOption(
+    command,
+    'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place as shards move',
+  );
   jsonOption(command);
   command.action(async (flags: RebalanceFlags) => {
     const { rebalance, UsageError } = lib();
@@ -35,10 +52,18 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
     }
     const maxParallel = /^\d{1,6}$/.test(flags.maxParallel ?? '') ? Number(flags.maxParallel) : Number.NaN;
-    if (Number.isNaN(maxParallel)) throw new UsageError(`option --max-parallel ${JSON.stringify(flags.maxParallel)}: expected a whole number from 1 to 64`);
+    if (Number.isNaN(maxParallel))
+      throw new UsageError(
+        `option --max-parallel ${JSON.stringify(flags.maxParallel)}: expected a whole number from 1 to 64`,
+      );
     const maxFencedMs = parseMaxFenced(flags.maxFenced);
     const config = await loadCliConfig(ctx, flags, out);
-    const base = { by: flags.by as RebalanceBy, maxParallel, mode: flags.mode as MoveMode, ...(maxFencedMs === undefined ? {} : { maxFencedMs }) };
+    const base = {
+      by: flags.by as RebalanceBy,
+      maxParallel,
+      mode: flags.mode as MoveMode,
+      ...(maxFencedMs === undefined ? {} : { maxFencedMs }),
+    };
 
     let shown: string | null = null;
     if (!flags.dryRun && !flags.yes) {
@@ -88,7 +113,9 @@ function finish(out: Output, result: RebalanceResult): void {
     return;
   }
   if (result.outcome === 'balanced') {
-    out.success(`rebalance by ${result.by}: every host has its share${result.unfinished.length > 0 ? ` (after finishing ${result.unfinished.length} unfinished move(s))` : ''}; nothing to move`);
+    out.success(
+      `rebalance by ${result.by}: every host has its share${result.unfinished.length > 0 ? ` (after finishing ${result.unfinished.length} unfinished move(s))` : ''}; nothing to move`,
+    );
     return;
   }
   for (const move of result.moves) {
@@ -97,7 +124,9 @@ function finish(out: Output, result: RebalanceResult): void {
         `${move.result.rowsMoved} rows verified, longest write block ${move.result.writeBlockedMs === null ? 'none' : `${move.result.writeBlockedMs} ms`}, ${seconds(move.result.durationMs)}`,
     );
   }
-  out.success(`rebalance by ${result.by}: ${planSummary(result.plan)} moved, ${result.rowsMoved} rows verified, total ${seconds(result.durationMs)}`);
+  out.success(
+    `rebalance by ${result.by}: ${planSummary(result.plan)} moved, ${result.rowsMoved} rows verified, total ${seconds(result.durationMs)}`,
+  );
 }
 
 function printPlan(out: Output, plan: RebalancePlan, unfinished: readonly UnfinishedMove[]): void {
@@ -107,7 +136,12 @@ function printPlan(out: Output, plan: RebalancePlan, unfinished: readonly Unfini
     out.line(`rebalance by ${plan.by}: nothing to move`);
   } else {
     out.line(`rebalance by ${plan.by}: ${planSummary(plan)}`);
-    const rows = plan.moves.map((m) => [`${m.source} → ${m.target}`, formatShardList([...m.shards]), String(m.shards.length), formatBytes(m.bytes)]);
+    const rows = plan.moves.map((m) => [
+      `${m.source} → ${m.target}`,
+      formatShardList([...m.shards]),
+      String(m.shards.length),
+      formatBytes(m.bytes),
+    ]);
     for (const line of columns([['move', 'shards', 'count', 'bytes'], ...rows], '  ')) out.line(line);
   }
   printHosts(out, plan);
@@ -118,7 +152,9 @@ function printHosts(out: Output, plan: RebalancePlan): void {
     h.host,
     `${h.shardsBefore} → ${h.shardsAfter}`,
     `${formatBytes(h.bytesBefore)} → ${formatBytes(h.bytesAfter)}`,
-    h.drain ? 'draining' : `weight ${h.weight}, share ${plan.by === 'count' ? `${h.idealShards} shards` : formatBytes(h.idealBytes)}`,
+    h.drain
+      ? 'draining'
+      : `weight ${h.weight}, share ${plan.by === 'count' ? `${h.idealShards} shards` : formatBytes(h.idealBytes)}`,
   ]);
   for (const line of columns([['host', 'shards', 'bytes', ''], ...rows], '  ')) out.line(line);
 }
@@ -126,7 +162,8 @@ function printHosts(out: Output, plan: RebalancePlan): void {
 function printUnfinished(out: Output, unfinished: readonly UnfinishedMove[]): void {
   const { shardsPhrase } = lib();
   out.line('unfinished moves, finished first:');
-  for (const u of unfinished) out.line(`  ${u.source} → ${u.target}: ${shardsPhrase(u.shards)} (move ${u.moveId}, after step ${u.step})`);
+  for (const u of unfinished)
+    out.line(`  ${u.source} → ${u.target}: ${shardsPhrase(u.shards)} (move ${u.moveId}, after step ${u.step})`);
 }
 
 function planSummary(plan: RebalancePlan): string {

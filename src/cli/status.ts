@@ -8,63 +8,76 @@ import { columns, formatBytes, Output } from './output.js';
 export function registerStatus(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
     .command('status')
-    .description('per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off')
+    .description(
+      'per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off',
+    )
     .option('--sizes', 'instead: bytes on disk and estimated rows per host and per shard, the largest shards first');
   [configOption, jsonOption].forEach((add) => add(command));
   command.action(async (options: CommonFlags & { sizes?: boolean }) => {
-      const { formatShardList, shardSizes, status } = lib();
-      const out = new Output(ctx.streams, options.json ?? false);
-      const config = await loadCliConfig(ctx, options, out);
-      if (options.sizes) {
-        printSizes(out, await shardSizes(config));
-        done(0);
-        return;
-      }
-      const result = await status(config);
-      // 0 all good, 1 a host could not be read, 3 something is off.
-      const exitCode = result.hosts.some((h) => !h.reachable) ? 1 : result.ok ? 0 : 3;
-      if (out.json) {
-        out.data({ ...result, exitCode });
-      } else {
-        for (const h of result.hosts) {
-          if (!h.reachable) {
-            out.line(`${h.host}: UNREACHABLE: ${h.error}`);
-            continue;
-          }
-          const levels = Object.entries(h.levels)
-            .map(([level, shards]) => `${level} (${shards})`)
-            .join(', ');
-          out.line(
-            `${h.host}: ${h.ok ? 'ok' : 'NOT OK'} — PostgreSQL ${h.serverVersion}; ${h.expected} expected, ${h.present} present, ` +
-              `${h.missing.length} missing, ${h.unexpected.length} not mapped here; migration level ${levels || 'none'} of ${result.latestVersion}`,
-          );
-          if (h.missing.length) out.line(`  missing: ${formatShardList(h.missing)}`);
-          if (h.unexpected.length) out.line(`  present but mapped to another host: ${formatShardList(h.unexpected)}`);
-          if (h.fenced.length) out.line(`  fenced old copies (moved away, waiting for gc): ${formatShardList(h.fenced)}`);
-          if (h.refusingWrites.length) {
-            out.line(`  REFUSING WRITES (fenced by a move that has not switched; move-shard N --resume or --abort): ${formatShardList(h.refusingWrites)}`);
-          }
-          if (h.cachedSequences.length) {
-            out.line(`  sequences with CACHE > 1 (next_id refuses them; ALTER SEQUENCE … CACHE 1): ${h.cachedSequences.join(', ')}`);
-          }
-          for (const problem of h.sequenceProblems) out.line(`  id sequence: ${problem}`);
-          if (h.incoming.length) {
-            out.line(`  arriving by a move (running or interrupted; move-shard N --resume or --abort): ${formatShardList(h.incoming)}`);
-          }
-          if (h.behind.length) out.line(`  behind (pending migrations): ${formatShardList(h.behind)}`);
-          if (h.nextIdOutdated.length) out.line(`  next_id missing or outdated: ${formatShardList(h.nextIdOutdated)} (run init)`);
-          for (const d of h.drift) out.line(`  drift: ${d}`);
-          for (const m of h.moves) {
-            out.line(`  unfinished move ${m.moveId}: shards ${m.shards} from ${m.source} to ${m.target} (move-shard ${m.shards} --resume, or --abort)`);
-          }
-          if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);
+    const { formatShardList, shardSizes, status } = lib();
+    const out = new Output(ctx.streams, options.json ?? false);
+    const config = await loadCliConfig(ctx, options, out);
+    if (options.sizes) {
+      printSizes(out, await shardSizes(config));
+      done(0);
+      return;
+    }
+    const result = await status(config);
+    // 0 all good, 1 a host could not be read, 3 something is off.
+    const exitCode = result.hosts.some((h) => !h.reachable) ? 1 : result.ok ? 0 : 3;
+    if (out.json) {
+      out.data({ ...result, exitCode });
+    } else {
+      for (const h of result.hosts) {
+        if (!h.reachable) {
+          out.line(`${h.host}: UNREACHABLE: ${h.error}`);
+          continue;
         }
+        const levels = Object.entries(h.levels)
+          .map(([level, shards]) => `${level} (${shards})`)
+          .join(', ');
+        out.line(
+          `${h.host}: ${h.ok ? 'ok' : 'NOT OK'} — PostgreSQL ${h.serverVersion}; ${h.expected} expected, ${h.present} present, ` +
+            `${h.missing.length} missing, ${h.unexpected.length} not mapped here; migration level ${levels || 'none'} of ${result.latestVersion}`,
+        );
+        if (h.missing.length) out.line(`  missing: ${formatShardList(h.missing)}`);
+        if (h.unexpected.length) out.line(`  present but mapped to another host: ${formatShardList(h.unexpected)}`);
+        if (h.fenced.length) out.line(`  fenced old copies (moved away, waiting for gc): ${formatShardList(h.fenced)}`);
+        if (h.refusingWrites.length) {
+          out.line(
+            `  REFUSING WRITES (fenced by a move that has not switched; move-shard N --resume or --abort): ${formatShardList(h.refusingWrites)}`,
+          );
+        }
+        if (h.cachedSequences.length) {
+          out.line(
+            `  sequences with CACHE > 1 (next_id refuses them; ALTER SEQUENCE … CACHE 1): ${h.cachedSequences.join(', ')}`,
+          );
+        }
+        for (const problem of h.sequenceProblems) out.line(`  id sequence: ${problem}`);
+        if (h.incoming.length) {
+          out.line(
+            `  arriving by a move (running or interrupted; move-shard N --resume or --abort): ${formatShardList(h.incoming)}`,
+          );
+        }
+        if (h.behind.length) out.line(`  behind (pending migrations): ${formatShardList(h.behind)}`);
+        if (h.nextIdOutdated.length)
+          out.line(`  next_id missing or outdated: ${formatShardList(h.nextIdOutdated)} (run init)`);
+        for (const d of h.drift) out.line(`  drift: ${d}`);
+        for (const m of h.moves) {
+          out.line(
+            `  unfinished move ${m.moveId}: shards ${m.shards} from ${m.source} to ${m.target} (move-shard ${m.shards} --resume, or --abort)`,
+          );
+        }
+        if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);
       }
-      if (!out.json) printMap(out, result.map);
-      if (!out.json) for (const line of lib().describeRollout(result.rollout)) out.line(`rollout: ${line}`);
-      out.info(`status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`);
-      done(exitCode);
-    });
+    }
+    if (!out.json) printMap(out, result.map);
+    if (!out.json) for (const line of lib().describeRollout(result.rollout)) out.line(`rollout: ${line}`);
+    out.info(
+      `status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`,
+    );
+    done(exitCode);
+  });
 }
 
 function printMap(out: Output, map: StatusResult['map']): void {
@@ -74,7 +87,9 @@ function printMap(out: Output, map: StatusResult['map']): void {
       `${map.fleetId ? `, fleet ${map.fleetId}` : ', no fleet recorded yet: run init'})`,
   );
   for (const d of map.disagreements) {
-    out.line(`  shards ${d.shards}: the file says ${d.file ?? 'nothing'}, the fleet says ${d.fleet}${d.unknownHost ? ' (not in the file)' : ''}`);
+    out.line(
+      `  shards ${d.shards}: the file says ${d.file ?? 'nothing'}, the fleet says ${d.fleet}${d.unknownHost ? ' (not in the file)' : ''}`,
+    );
   }
   if (stale) out.line('  update the file from the fleet: shardctl map pull');
   if (map.unlistedHosts.length > 0) out.line(`  hosts of the fleet not in the file: ${map.unlistedHosts.join(', ')}`);
@@ -98,11 +113,21 @@ function printSizes(out: Output, sizes: SizesResult): void {
     `~${h.rows}`,
     `${h.drain ? 'draining' : `weight ${h.weight}`}${h.missing.length > 0 ? `; missing: ${formatShardList(h.missing)}` : ''}`,
   ]);
-  const total = ['total', String(sizes.shards.length), formatBytes(sizes.bytes), `${sizes.bytes}`, `~${sizes.rows}`, ''];
-  for (const line of columns([['host', 'shards', 'size', 'bytes', 'rows', ''], ...hostRows, total])) out.line(line.trimEnd());
+  const total = [
+    'total',
+    String(sizes.shards.length),
+    formatBytes(sizes.bytes),
+    `${sizes.bytes}`,
+    `~${sizes.rows}`,
+    '',
+  ];
+  for (const line of columns([['host', 'shards', 'size', 'bytes', 'rows', ''], ...hostRows, total]))
+    out.line(line.trimEnd());
   const largest = sizes.shards.slice(0, LARGEST_SHOWN);
   if (largest.length === 0) return;
-  out.line(`largest shards${sizes.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${sizes.shards.length}; --json lists all)` : ''}:`);
+  out.line(
+    `largest shards${sizes.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${sizes.shards.length}; --json lists all)` : ''}:`,
+  );
   const shardRows = largest.map((s) => [String(s.shard), s.host, formatBytes(s.bytes), `${s.bytes}`, `~${s.rows}`]);
   for (const line of columns([['shard', 'host', 'size', 'bytes', 'rows'], ...shardRows], '  ')) out.line(line);
 }

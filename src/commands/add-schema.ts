@@ -13,7 +13,10 @@ export function addSchema(
 ): Promise<ProvisionResult> {
   const outside = shards.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
   if (outside.length > 0) {
-    throw new UsageError(`out of range; the config has shards 0-${config.shards - 1}`, { input: 'shards', value: outside.join(', ') });
+    throw new UsageError(`out of range; the config has shards 0-${config.shards - 1}`, {
+      input: 'shards',
+      value: outside.join(', '),
+    });
   }
   return provision(config, 'add-schema', { ...options, shards });
 }

@@ -63,7 +63,9 @@ export async function execSql(router: ShardRouter, sql: string, options: ExecOpt
   const columns = results.find((r) => (r.value.fields ?? []).length > 0)?.value.fields.map((f) => f.name) ?? [];
   return {
     columns,
-    rows: results.flatMap((r) => (r.value.rows as unknown as ExecValue[][]).map((values) => ({ shard: r.shard, host: r.host, values }))),
+    rows: results.flatMap((r) =>
+      (r.value.rows as unknown as ExecValue[][]).map((values) => ({ shard: r.shard, host: r.host, values })),
+    ),
     failures,
     shards: results.length + failures.length,
   };
@@ -132,21 +134,30 @@ const REFUSED_FUNCTIONS: readonly (string | RegExp)[] = [
 export function execRefusal(sql: string, write: boolean): string | undefined {
   const standard = splitSql(sql).statements.length;
   const where = (statement: SqlStatement, index: number): string => {
-    const which = index >= standard ? 'a statement (as read with standard_conforming_strings off)' : standard === 1 ? 'the statement' : `statement ${index + 1}`;
+    const which =
+      index >= standard
+        ? 'a statement (as read with standard_conforming_strings off)'
+        : standard === 1
+          ? 'the statement'
+          : `statement ${index + 1}`;
     return `${which}${statement.line > 1 ? ` (line ${statement.line})` : ''} ${JSON.stringify(abbreviate(statement.code))}`;
   };
   const statements = splitSqlBothWays(sql);
   for (const [index, statement] of statements.entries()) {
     const escape = transactionEscape(statement);
-    if (escape) return `${where(statement, index)}: ${escape}; exec runs each shard's SQL in a transaction of its own with search_path set to that shard's schema`;
+    if (escape)
+      return `${where(statement, index)}: ${escape}; exec runs each shard's SQL in a transaction of its own with search_path set to that shard's schema`;
     if (write) continue;
     const first = statement.tokens.find((t) => !(t.kind === 'symbol' && t.value === '('));
     const keyword = first?.kind === 'word' ? first.value : undefined;
     if (keyword === undefined || !READING_STATEMENTS.has(keyword)) {
       return `${where(statement, index)}: ${keyword ? keyword.toUpperCase() : 'this statement'} is not a read; read-only exec runs only SELECT, WITH, VALUES, TABLE, SHOW and EXPLAIN (writes need --write)`;
     }
-    const refused = callsAny(statement, (name) => REFUSED_FUNCTIONS.some((f) => (typeof f === 'string' ? f === name : f.test(name))));
-    if (refused) return `${where(statement, index)}: ${refused} acts outside the transaction, which read-only exec does not allow`;
+    const refused = callsAny(statement, (name) =>
+      REFUSED_FUNCTIONS.some((f) => (typeof f === 'string' ? f === name : f.test(name))),
+    );
+    if (refused)
+      return `${where(statement, index)}: ${refused} acts outside the transaction, which read-only exec does not allow`;
   }
   return undefined;
 }

@@ -6,6 +6,9 @@ import { provision, type ProvisionOptions, type ProvisionResult } from '../provi
  * next_id, then the migrations). Idempotent: on a complete cluster it reads a few catalog rows
  * per host and changes nothing.
  */
-export function init(config: ShardctlConfig, options: Pick<ProvisionOptions, 'dryRun' | 'onProgress' | 'onNotice'> = {}): Promise<ProvisionResult> {
+export function init(
+  config: ShardctlConfig,
+  options: Pick<ProvisionOptions, 'dryRun' | 'onProgress' | 'onNotice'> = {},
+): Promise<ProvisionResult> {
   return provision(config, 'init', options);
 }

@@ -2,7 +2,12 @@ import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
-import { describeDisagreements, discoverFromConfig, mapDisagreements, type FleetPlacement } from '../fleet/placement.js';
+import {
+  describeDisagreements,
+  discoverFromConfig,
+  mapDisagreements,
+  type FleetPlacement,
+} from '../fleet/placement.js';
 import { inflect } from '../text.js';
 
 /**
@@ -65,7 +70,8 @@ export interface MapPullResult {
  * among themselves.
  */
 export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<MapPullResult> {
-  if (config.file === '<inline>') throw new UsageError('map pull rewrites the config file: load the config from a file', { input: 'config' });
+  if (config.file === '<inline>')
+    throw new UsageError('map pull rewrites the config file: load the config from a file', { input: 'config' });
   const { placement, unreachable } = await readFleet(config);
   const fileHostsDown = unreachable.filter((u) => config.hosts.some((h) => h.name === u.name));
   if (fileHostsDown.length > 0) {
@@ -75,9 +81,14 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
     );
   }
   if (placement.problems.length > 0) {
-    throw new UsageError(`the hosts disagree among themselves: ${placement.problems.join('; ')}; nothing was changed`, { input: 'config' });
+    throw new UsageError(`the hosts disagree among themselves: ${placement.problems.join('; ')}; nothing was changed`, {
+      input: 'config',
+    });
   }
-  if (placement.layout && (placement.layout.schemaPrefix !== config.schemaPrefix || placement.layout.shardCount !== config.shards)) {
+  if (
+    placement.layout &&
+    (placement.layout.schemaPrefix !== config.schemaPrefix || placement.layout.shardCount !== config.shards)
+  ) {
     throw new UsageError(
       `the fleet was built with schemaPrefix ${placement.layout.schemaPrefix} and ${placement.layout.shardCount} shards (file: ${config.schemaPrefix}, ${config.shards}); map pull moves shard lists only`,
       { input: 'config' },
@@ -90,7 +101,8 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
   }));
   const owners = new Map<number, string>();
   for (const d of disagreements) for (const shard of d.shards) owners.set(shard, d.fleetHost);
-  const changed = disagreements.length > 0 && !options.dryRun ? await rewriteOwners(config.file, owners, newHosts) : false;
+  const changed =
+    disagreements.length > 0 && !options.dryRun ? await rewriteOwners(config.file, owners, newHosts) : false;
   return {
     file: config.file,
     changed,
@@ -101,6 +113,8 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
   };
 }
 
-async function readFleet(config: ShardctlConfig): Promise<{ placement: FleetPlacement; unreachable: readonly { name: string; reason: string }[] }> {
+async function readFleet(
+  config: ShardctlConfig,
+): Promise<{ placement: FleetPlacement; unreachable: readonly { name: string; reason: string }[] }> {
   return discoverFromConfig(config, { applicationName: 'shardctl map' });
 }

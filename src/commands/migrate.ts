@@ -5,8 +5,10 @@ import { DRIFT_KINDS, fileRollout, type FileRollout } from '../migrations/rules.
 import { conflictError } from '../provisioning/plan.js';
 import { inspectFleet, provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
-export interface MigrateOptions
-  extends Pick<ProvisionOptions, 'dryRun' | 'toVersion' | 'onProgress' | 'onNotice' | 'canary' | 'maxFailures' | 'lockRetries' | 'lockRetryPauseMs'> {
+export interface MigrateOptions extends Pick<
+  ProvisionOptions,
+  'dryRun' | 'toVersion' | 'onProgress' | 'onNotice' | 'canary' | 'maxFailures' | 'lockRetries' | 'lockRetryPauseMs'
+> {
   /** Only these shards (a stage). With `hosts`, the shards in both. */
   readonly shards?: readonly number[];
   /** Only the shards the map gives these hosts. */
@@ -45,23 +47,35 @@ function validateCounts(options: MigrateOptions): void {
 }
 
 /** The shards of a stage, or null for every shard. */
-function selectShards(config: ShardctlConfig, shards: readonly number[] | undefined, hosts: readonly string[] | undefined): number[] | null {
+function selectShards(
+  config: ShardctlConfig,
+  shards: readonly number[] | undefined,
+  hosts: readonly string[] | undefined,
+): number[] | null {
   if (shards === undefined && hosts === undefined) return null;
   let selection: number[] | null = null;
   if (shards !== undefined) {
     const outside = shards.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
-    if (outside.length > 0) throw new UsageError(`out of range; the config has shards 0-${config.shards - 1}`, { input: 'shards', value: outside.join(', ') });
+    if (outside.length > 0)
+      throw new UsageError(`out of range; the config has shards 0-${config.shards - 1}`, {
+        input: 'shards',
+        value: outside.join(', '),
+      });
     selection = [...new Set(shards)];
   }
   if (hosts !== undefined) {
     const unknown = hosts.filter((name) => !config.hosts.some((h) => h.name === name));
     if (unknown.length > 0 || hosts.length === 0) {
-      throw new UsageError(`no such host in the config (its hosts: ${config.hosts.map((h) => h.name).join(', ')})`, { input: 'hosts', value: unknown.join(', ') });
+      throw new UsageError(`no such host in the config (its hosts: ${config.hosts.map((h) => h.name).join(', ')})`, {
+        input: 'hosts',
+        value: unknown.join(', '),
+      });
     }
     const onHosts = new Set(config.hosts.filter((h) => hosts.includes(h.name)).flatMap((h) => h.shards));
     selection = selection === null ? [...onHosts] : selection.filter((s) => onHosts.has(s));
     if (selection.length === 0) {
-      const reason = shards === undefined ? 'the map gives these hosts no shards' : 'none of the given shards is on these hosts';
+      const reason =
+        shards === undefined ? 'the map gives these hosts no shards' : 'none of the given shards is on these hosts';
       throw new UsageError(reason, { input: 'hosts', value: hosts.join(', ') });
     }
   }
@@ -106,7 +120,10 @@ export interface MigrationCheck {
 }
 
 /** `migrate --check`: writes nothing (no lock either); tells whether every shard is at the target version. */
-export async function checkMigrations(config: ShardctlConfig, options: { toVersion?: number } = {}): Promise<MigrationCheck> {
+export async function checkMigrations(
+  config: ShardctlConfig,
+  options: { toVersion?: number } = {},
+): Promise<MigrationCheck> {
   const { plan, conflicts, lostHosts, snapshots } = await inspectFleet(config, options);
   // A misplaced or foreign schema is not something migrate could ever fix: the same error as a run.
   if (conflicts.some((c) => !DRIFT_KINDS.has(c.kind))) throw conflictError(conflicts);
@@ -144,7 +161,9 @@ export async function checkMigrations(config: ShardctlConfig, options: { toVersi
   const behind = hosts.some((h) => h.shards > 0);
   const unreadHosts = lostHosts.map((l) => l.host.name);
   const current = unreadHosts.length === 0 && drift.length === 0 && !behind;
-  const present = snapshots.flatMap((s) => s.host.shards.filter((shard) => s.schemas.has(shard)).map((shard) => s.applied.get(shard)));
+  const present = snapshots.flatMap((s) =>
+    s.host.shards.filter((shard) => s.schemas.has(shard)).map((shard) => s.applied.get(shard)),
+  );
   const rollout = fileRollout(
     plan.migrations.filter((m) => m.version <= plan.targetVersion),
     present,

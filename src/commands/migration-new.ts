@@ -2,7 +2,12 @@ import { writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import type { ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
-import { MAX_MIGRATION_VERSION, migrationNameProblem, NO_TRANSACTION_MARKER, readMigrations } from '../migrations/files.js';
+import {
+  MAX_MIGRATION_VERSION,
+  migrationNameProblem,
+  NO_TRANSACTION_MARKER,
+  readMigrations,
+} from '../migrations/files.js';
 
 export interface NewMigrationResult {
   /** The file written. */
@@ -29,7 +34,11 @@ export async function newMigration(
   const existing = await readMigrations(config.migrationsDir);
   const last = existing.at(-1);
   const version = (last?.version ?? 0) + 1;
-  if (version > MAX_MIGRATION_VERSION) throw new UsageError(`the folder's last version ${last!.version} leaves no version for a new file`, { input: 'name', value: name });
+  if (version > MAX_MIGRATION_VERSION)
+    throw new UsageError(`the folder's last version ${last!.version} leaves no version for a new file`, {
+      input: 'name',
+      value: name,
+    });
   const width = Math.max(4, last ? last.name.indexOf('_') : 0);
   const fileName = `${String(version).padStart(width, '0')}_${name}`;
   const path = join(config.migrationsDir, `${fileName}.sql`);
@@ -37,7 +46,8 @@ export async function newMigration(
   try {
     await writeFile(path, migrationHeader(fileName, noTransaction), { flag: 'wx' });
   } catch (error) {
-    if ((error as { code?: unknown }).code === 'EEXIST') throw new UsageError(`${basename(path)} exists already`, { input: 'name', value: name });
+    if ((error as { code?: unknown }).code === 'EEXIST')
+      throw new UsageError(`${basename(path)} exists already`, { input: 'name', value: name });
     throw error;
   }
   return { path, name: fileName, version, noTransaction };
@@ -49,7 +59,7 @@ export function migrationHeader(fileName: string, noTransaction: boolean): strin
     ? [
         NO_TRANSACTION_MARKER,
         `-- ${fileName}: applied once to every shard schema, in version order, with search_path set to`,
-        '-- the shard\'s schema (qualify anything outside it). Runs OUTSIDE a transaction, statement by',
+        "-- the shard's schema (qualify anything outside it). Runs OUTSIDE a transaction, statement by",
         '-- statement (e.g. CREATE INDEX CONCURRENTLY), one shard at a time per host, and is recorded after',
         '-- its last statement: write it re-runnable (IF NOT EXISTS), a crash before the record runs it again.',
       ]
@@ -60,7 +70,7 @@ export function migrationHeader(fileName: string, noTransaction: boolean): strin
       ];
   return [
     ...lines,
-    '-- Own timeouts (default: the config\'s lockTimeout; a lock timeout is retried): a comment line',
+    "-- Own timeouts (default: the config's lockTimeout; a lock timeout is retried): a comment line",
     '-- "-- shardctl:lock-timeout 2s" or "-- shardctl:statement-timeout 10min" up here.',
     '',
     '',

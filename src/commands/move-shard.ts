@@ -15,7 +15,12 @@ import { runMoves, type BatchMoveResult } from '../moves/run.js';
 export { findRunningMoves, type BatchMoveResult } from '../moves/run.js';
 
 /** Moves one shard: a batch of one. */
-export async function moveShard(config: ShardctlConfig, shard: number, targetName: string | undefined, options: MoveOptions = {}): Promise<MoveResult> {
+export async function moveShard(
+  config: ShardctlConfig,
+  shard: number,
+  targetName: string | undefined,
+  options: MoveOptions = {},
+): Promise<MoveResult> {
   if (!Number.isInteger(shard) || shard < 0 || shard >= config.shards) {
     throw new UsageError(`out of range 0-${config.shards - 1}`, { input: 'shard', value: shard });
   }
@@ -32,25 +37,38 @@ export async function moveShards(
   const list = [...new Set(shards)].sort((a, b) => a - b);
   const outside = list.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
   if (list.length === 0 || outside.length > 0) {
-    throw new UsageError(list.length === 0 ? 'no shards given' : `out of range 0-${config.shards - 1}`, { input: 'shards', value: formatShardList(outside) });
+    throw new UsageError(list.length === 0 ? 'no shards given' : `out of range 0-${config.shards - 1}`, {
+      input: 'shards',
+      value: formatShardList(outside),
+    });
   }
-  if (options.resume && options.abort) throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
+  if (options.resume && options.abort)
+    throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
   if (options.resume || options.abort) return runMoves(config, list, undefined, options);
 
   if (!targetName) throw new UsageError('a target host is required to start a move', { input: 'target' });
   const target = config.hosts.find((h) => h.name === targetName);
   if (!target) {
-    throw new UsageError(`no such host in the map (hosts: ${config.hosts.map((h) => h.name).join(', ')})`, { input: 'target', value: targetName });
+    throw new UsageError(`no such host in the map (hosts: ${config.hosts.map((h) => h.name).join(', ')})`, {
+      input: 'target',
+      value: targetName,
+    });
   }
   if (target.drain) {
-    throw new UsageError(`${target.name} is draining (drain: true in the map); move shards to a host that is not`, { input: 'target', value: targetName });
+    throw new UsageError(`${target.name} is draining (drain: true in the map); move shards to a host that is not`, {
+      input: 'target',
+      value: targetName,
+    });
   }
   const there = list.filter((s) => hostForShard(config, s)?.name === target.name);
   if (there.length > 0) {
-    throw new UsageError(`${shardsPhrase(there)} ${inflect(there.length, 'is', 'are')} already on ${target.name}; nothing to move`, {
-      input: 'shards',
-      value: formatShardList(list),
-    });
+    throw new UsageError(
+      `${shardsPhrase(there)} ${inflect(there.length, 'is', 'are')} already on ${target.name}; nothing to move`,
+      {
+        input: 'shards',
+        value: formatShardList(list),
+      },
+    );
   }
   return runMoves(config, list, target, options);
 }

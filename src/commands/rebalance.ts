@@ -104,18 +104,42 @@ async function rebalanceLocked(
   const reload = options.reload ?? (() => loadConfig(config.file));
   const event = options.onEvent ?? (() => undefined);
   const moveOptions = (pair: Pick<PlannedMove, 'source' | 'target'>): MoveOptions => {
-    const { by: _by, maxParallel: _parallel, dryRun: _dry, reload: _reload, onPlan: _plan, onEvent: _event, onStep, ...rest } = options;
-    return { ...rest, runnerLocksHeld: true, ...(onStep ? { onStep: (step: MoveStep, detail: string) => onStep(pair, step, detail) } : {}) };
+    const {
+      by: _by,
+      maxParallel: _parallel,
+      dryRun: _dry,
+      reload: _reload,
+      onPlan: _plan,
+      onEvent: _event,
+      onStep,
+      ...rest
+    } = options;
+    return {
+      ...rest,
+      runnerLocksHeld: true,
+      ...(onStep ? { onStep: (step: MoveStep, detail: string) => onStep(pair, step, detail) } : {}),
+    };
   };
 
   const records = await findRunningMoves(config);
-  const unfinished = records.map((r) => ({ moveId: r.moveId, source: r.source, target: r.target, shards: r.shards, step: r.step }));
+  const unfinished = records.map((r) => ({
+    moveId: r.moveId,
+    source: r.source,
+    target: r.target,
+    shards: r.shards,
+    step: r.step,
+  }));
   let current = config;
   let rows = 0n;
   if (unfinished.length > 0 && !options.dryRun) {
-    event(`finishing ${unfinished.length} unfinished ${inflect(unfinished.length, 'move')} first: ${unfinished.map(describeUnfinished).join('; ')}`);
+    event(
+      `finishing ${unfinished.length} unfinished ${inflect(unfinished.length, 'move')} first: ${unfinished.map(describeUnfinished).join('; ')}`,
+    );
     const shards = [...new Set(unfinished.flatMap((u) => u.shards))].sort((a, b) => a - b);
-    const resumed = await runMoves(config, shards, undefined, { ...moveOptions({ source: '(resumed)', target: unfinished.map((u) => u.target).join(', ') }), resume: true });
+    const resumed = await runMoves(config, shards, undefined, {
+      ...moveOptions({ source: '(resumed)', target: unfinished.map((u) => u.target).join(', ') }),
+      resume: true,
+    });
     rows += BigInt(resumed.rowsMoved);
     current = await reload();
   }
@@ -128,25 +152,47 @@ async function rebalanceLocked(
       const moving = new Set(u.shards);
       for (const [i, h] of hosts.entries()) {
         if (h.name === u.source) hosts[i] = { ...h, shards: h.shards.filter((s) => !moving.has(s)) };
-        if (h.name === u.target) hosts[i] = { ...h, shards: [...new Set([...h.shards, ...u.shards])].sort((a, b) => a - b) };
+        if (h.name === u.target)
+          hosts[i] = { ...h, shards: [...new Set([...h.shards, ...u.shards])].sort((a, b) => a - b) };
       }
     }
   }
   const plan = planRebalance(hosts, new Map(sizes.shards.map((s) => [s.shard, s.bytes])), by);
   await options.onPlan?.(plan);
   if (options.dryRun || plan.moves.length === 0) {
-    return { outcome: options.dryRun ? 'dry-run' : 'balanced', by, unfinished, plan, moves: [], rowsMoved: rows.toString(), durationMs: elapsed(started) };
+    return {
+      outcome: options.dryRun ? 'dry-run' : 'balanced',
+      by,
+      unfinished,
+      plan,
+      moves: [],
+      rowsMoved: rows.toString(),
+      durationMs: elapsed(started),
+    };
   }
 
   const done = await runPlan(plan.moves, maxParallel, async (move) => {
     event(`starting ${describeMove(move)}`);
     const map = await reload();
-    const result = await runMoves(map, [...move.shards].sort((a, b) => a - b), hostNamed(map, move.target), moveOptions(move));
+    const result = await runMoves(
+      map,
+      [...move.shards].sort((a, b) => a - b),
+      hostNamed(map, move.target),
+      moveOptions(move),
+    );
     event(`done ${describeMove(move)}: ${result.rowsMoved} rows verified`);
     return result;
   });
   rows += done.reduce((n, m) => n + BigInt(m.result.rowsMoved), 0n);
-  return { outcome: 'rebalanced', by, unfinished, plan, moves: done, rowsMoved: rows.toString(), durationMs: elapsed(started) };
+  return {
+    outcome: 'rebalanced',
+    by,
+    unfinished,
+    plan,
+    moves: done,
+    rowsMoved: rows.toString(),
+    durationMs: elapsed(started),
+  };
 }
 
 /**
@@ -168,7 +214,7 @@ async function runPlan(
   const failed: { move: PlannedMove; error: unknown }[] = [];
   for (;;) {
     if (failed.length === 0) {
-      for (let i = 0; i < pending.length && running.size < maxParallel; ) {
+      for (let i = 0; i < pending.length && running.size < maxParallel;) {
         const move = pending[i]!;
         // A source gives to one target at a time; a target may take from several sources at once.
         const sourceFree = !busy.has(move.source) && (targets.get(move.source) ?? 0) === 0;
@@ -197,7 +243,10 @@ async function runPlan(
   }
   if (failed.length === 0) return done;
   const lines = [
-    ...failed.map(({ move, error }) => `${describeMove(move)} failed: ${error instanceof ShardctlError ? error.message : describePgError(error)}`),
+    ...failed.map(
+      ({ move, error }) =>
+        `${describeMove(move)} failed: ${error instanceof ShardctlError ? error.message : describePgError(error)}`,
+    ),
     ...done.map((m) => `${describeMove(m)} done`),
     ...pending.map((m) => `${describeMove(m)} not started`),
   ];
@@ -205,7 +254,10 @@ async function runPlan(
     'REBALANCE_FAILED',
     `rebalance stopped: ${failed.length} of ${moves.length} moves failed; rebalancing again finishes the interrupted moves and plans the rest:\n` +
       lines.map((l) => `  - ${l}`).join('\n'),
-    { done: done.map(({ source, target, shards }) => ({ source, target, shards })), failed: failed.map(({ move: { source, target, shards } }) => ({ source, target, shards })) },
+    {
+      done: done.map(({ source, target, shards }) => ({ source, target, shards })),
+      failed: failed.map(({ move: { source, target, shards } }) => ({ source, target, shards })),
+    },
     lines,
     // Rebalancing again resumes the failed moves itself: their own resume or abort advice is not the next step.
     [{ action: 'rebalance' }],
@@ -215,7 +267,8 @@ async function runPlan(
 /** The plan names hosts of the map it was made from; the map reloaded before a move still has them unless edited meanwhile. */
 function hostNamed(config: ShardctlConfig, name: string): HostConfig {
   const host = config.hosts.find((h) => h.name === name);
-  if (!host) throw new RuntimeFailure('MOVE_HOSTS', `the plan moves shards to host ${name}, which ${config.file} no longer has`);
+  if (!host)
+    throw new RuntimeFailure('MOVE_HOSTS', `the plan moves shards to host ${name}, which ${config.file} no longer has`);
   return host;
 }
 

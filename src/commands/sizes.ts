@@ -44,9 +44,12 @@ export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
   const perHost = await Promise.all(
     config.hosts.map(async (host) => {
       try {
-        const found = host.shards.length === 0
-          ? []
-          : await withSession(host, ({ client }) => readShardSizes(client, config.schemaPrefix, host.shards), { applicationName: 'shardctl sizes' });
+        const found =
+          host.shards.length === 0
+            ? []
+            : await withSession(host, ({ client }) => readShardSizes(client, config.schemaPrefix, host.shards), {
+                applicationName: 'shardctl sizes',
+              });
         return { host, found };
       } catch (error) {
         errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
@@ -55,7 +58,12 @@ export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
     }),
   );
   if (errors.length > 0) {
-    throw new RuntimeFailure('HOST_UNREACHABLE', `cannot read shard sizes: ${errors.sort().join('; ')}`, { hosts: errors }, errors);
+    throw new RuntimeFailure(
+      'HOST_UNREACHABLE',
+      `cannot read shard sizes: ${errors.sort().join('; ')}`,
+      { hosts: errors },
+      errors,
+    );
   }
   const hosts: HostSizes[] = [];
   const shards: ShardSizeInfo[] = [];
@@ -72,10 +80,23 @@ export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
       rows += info.rows;
       shards.push(info);
     }
-    hosts.push({ host: host.name, weight: host.weight, drain: host.drain, shards: host.shards.length, bytes, rows, missing });
+    hosts.push({
+      host: host.name,
+      weight: host.weight,
+      drain: host.drain,
+      shards: host.shards.length,
+      bytes,
+      rows,
+      missing,
+    });
   }
   shards.sort(largestFirst);
-  return { hosts, shards, bytes: hosts.reduce((n, h) => n + h.bytes, 0n), rows: hosts.reduce((n, h) => n + h.rows, 0n) };
+  return {
+    hosts,
+    shards,
+    bytes: hosts.reduce((n, h) => n + h.bytes, 0n),
+    rows: hosts.reduce((n, h) => n + h.rows, 0n),
+  };
 }
 
 function largestFirst(a: ShardSizeInfo, b: ShardSizeInfo): number {

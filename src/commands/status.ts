@@ -7,10 +7,23 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
-import { mapDisagreements, mergePlacement, readPlacementView, type FleetPlacement, type HostPlacementView } from '../fleet/placement.js';
+import {
+  mapDisagreements,
+  mergePlacement,
+  readPlacementView,
+  type FleetPlacement,
+  type HostPlacementView,
+} from '../fleet/placement.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
-import { driftProblems, fileRollout, pendingMigrations, shardLevel, type AppliedMigrations, type FileRollout } from '../migrations/rules.js';
+import {
+  driftProblems,
+  fileRollout,
+  pendingMigrations,
+  shardLevel,
+  type AppliedMigrations,
+  type FileRollout,
+} from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
 import { existingApplied } from '../provisioning/plan.js';
 
@@ -93,7 +106,9 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             for (const shard of host.shards) if (snapshot.schemas.has(shard)) present.push(snapshot.applied.get(shard));
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
             const cached = await cachedSequences(session.client, config.schemaPrefix);
-            const sequences = await sequenceProblems(session.client, config).catch((e: unknown) => [`cannot check the id sequences: ${describePgError(e)}`]);
+            const sequences = await sequenceProblems(session.client, config).catch((e: unknown) => [
+              `cannot check the id sequences: ${describePgError(e)}`,
+            ]);
             const found = hostStatus(config, snapshot, migrations, cached, leftovers);
             const byHand = snapshot.layout === null ? [] : await handMadeDrift(session.client, host.name, config);
             const result = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
@@ -108,7 +123,13 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   );
   const map = mapStatus(config, mergePlacement(views));
   const mapOk = map.disagreements.length === 0 && map.problems.length === 0;
-  return { latestVersion, hosts, map, rollout: fileRollout(migrations, present), ok: hosts.every((h) => h.ok) && mapOk };
+  return {
+    latestVersion,
+    hosts,
+    map,
+    rollout: fileRollout(migrations, present),
+    ok: hosts.every((h) => h.ok) && mapOk,
+  };
 }
 
 function mapStatus(config: ShardctlConfig, placement: FleetPlacement): MapStatus {
@@ -134,7 +155,9 @@ function hostStatus(
   leftovers: readonly string[],
 ): HostStatus {
   const host = snapshot.host;
-  const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map((p) => p.message);
+  const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map(
+    (p) => p.message,
+  );
   const missing: number[] = [];
   const behind: number[] = [];
   const outdated: number[] = [];
@@ -170,14 +193,20 @@ function hostStatus(
     if (row.state === 'fenced' && hostForShard(config, shard)?.name !== host.name) fenced.push(shard);
   }
   const levels: Record<string, string> = {};
-  for (const [level, shards] of [...byLevel].sort((a, b) => a[0] - b[0])) levels[String(level)] = formatShardList(shards);
+  for (const [level, shards] of [...byLevel].sort((a, b) => a[0] - b[0]))
+    levels[String(level)] = formatShardList(shards);
   const byMove = new Map<string, { source: string; target: string; shards: number[] }>();
   for (const [shard, move] of snapshot.moving) {
     let entry = byMove.get(move.moveId);
     if (!entry) byMove.set(move.moveId, (entry = { source: move.source, target: move.target, shards: [] }));
     entry.shards.push(shard);
   }
-  const moves = [...byMove].map(([moveId, m]) => ({ moveId, shards: formatShardList(m.shards), source: m.source, target: m.target }));
+  const moves = [...byMove].map(([moveId, m]) => ({
+    moveId,
+    shards: formatShardList(m.shards),
+    source: m.source,
+    target: m.target,
+  }));
   const ok =
     moves.length === 0 &&
     leftovers.length === 0 &&

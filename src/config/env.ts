@@ -31,7 +31,8 @@ export function expandEnv(text: string, env: Env): ExpandResult {
       return { error: `"\${${reference}}" is not a valid variable reference (names are letters, digits and _)` };
     }
     const set = env[name];
-    const replacement = withDefault === -1 ? set : set === undefined || set === '' ? reference.slice(withDefault + 2) : set;
+    const replacement =
+      withDefault === -1 ? set : set === undefined || set === '' ? reference.slice(withDefault + 2) : set;
     if (replacement === undefined) missing.push(name);
     value += rest.slice(0, start) + (replacement ?? '');
     rest = rest.slice(end + 1);

@@ -66,7 +66,8 @@ export async function loadConfig(file?: string, options: LoadConfigOptions = {})
 export const MAX_CONFIG_BYTES = 1024 * 1024;
 
 function notAConfigFile(configPath: string, info: { isFile(): boolean; size: number }): string | undefined {
-  if (!info.isFile()) return `config file ${configPath} is not a regular file (a FIFO, socket or device); pass the path of a file`;
+  if (!info.isFile())
+    return `config file ${configPath} is not a regular file (a FIFO, socket or device); pass the path of a file`;
   if (info.size > MAX_CONFIG_BYTES) return tooLarge(configPath, info.size);
   return undefined;
 }

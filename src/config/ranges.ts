@@ -133,8 +133,13 @@ function formatRanges(ranges: readonly ShardRange[]): string {
  */
 export function parseShards(text: string, shardCount: number): number[] {
   const parsed = parseShardList(text);
-  if ('error' in parsed) throw new UsageError(parsed.error.replace(`invalid shard list ${JSON.stringify(text)}: `, ''), { input: 'shards', value: text });
+  if ('error' in parsed)
+    throw new UsageError(parsed.error.replace(`invalid shard list ${JSON.stringify(text)}: `, ''), {
+      input: 'shards',
+      value: text,
+    });
   const outside = parsed.shards.filter((s) => s >= shardCount);
-  if (outside.length > 0) throw new UsageError(`shard ${outside[0]} is out of range 0-${shardCount - 1}`, { input: 'shards', value: text });
+  if (outside.length > 0)
+    throw new UsageError(`shard ${outside[0]} is out of range 0-${shardCount - 1}`, { input: 'shards', value: text });
   return parsed.shards;
 }

@@ -9,7 +9,12 @@ import { formatShardList, parseShardList } from './ranges.js';
  * The file is replaced atomically (write + rename), keeping its mode; a failed write leaves no
  * temporary file behind. Idempotent: shards that already belong to `to` change nothing.
  */
-export async function rewriteShardOwner(file: string, shard: number | readonly number[], from: string, to: string): Promise<boolean> {
+export async function rewriteShardOwner(
+  file: string,
+  shard: number | readonly number[],
+  from: string,
+  to: string,
+): Promise<boolean> {
   // Moves between different host pairs run at the same time (runner locks are per host) and each
   // rewrites this one file: the read-modify-write is serialised by a lock file beside it.
   const release = await lockFile(`${file}.lock`);
@@ -20,7 +25,12 @@ export async function rewriteShardOwner(file: string, shard: number | readonly n
   }
 }
 
-async function rewriteLocked(file: string, shard: number | readonly number[], from: string, to: string): Promise<boolean> {
+async function rewriteLocked(
+  file: string,
+  shard: number | readonly number[],
+  from: string,
+  to: string,
+): Promise<boolean> {
   const text = await readFile(file, 'utf8');
   const updated = file.endsWith('.json') ? rewriteJson(text, shard, from, to) : rewriteYaml(text, shard, from, to);
   if (updated === null) return false;
@@ -33,11 +43,17 @@ async function rewriteLocked(file: string, shard: number | readonly number[], fr
  * host entry `{ name, url, shards }` for owners the file does not list. Same in-place rewrite, lock
  * and atomic replace as rewriteShardOwner. Returns whether the file changed.
  */
-export async function rewriteOwners(file: string, owners: ReadonlyMap<number, string>, newHosts: readonly { name: string; url: string }[]): Promise<boolean> {
+export async function rewriteOwners(
+  file: string,
+  owners: ReadonlyMap<number, string>,
+  newHosts: readonly { name: string; url: string }[],
+): Promise<boolean> {
   const release = await lockFile(`${file}.lock`);
   try {
     const text = await readFile(file, 'utf8');
-    const updated = file.endsWith('.json') ? rewriteOwnersJson(text, owners, newHosts) : rewriteOwnersYaml(text, owners, newHosts);
+    const updated = file.endsWith('.json')
+      ? rewriteOwnersJson(text, owners, newHosts)
+      : rewriteOwnersYaml(text, owners, newHosts);
     if (updated === null) return false;
     await replaceFile(file, updated);
     return true;
@@ -54,10 +70,15 @@ function ownedList(name: string, spec: string, owners: ReadonlyMap<number, strin
   return formatShardList([...new Set([...kept, ...given])].sort((a, b) => a - b));
 }
 
-export function rewriteOwnersYaml(text: string, owners: ReadonlyMap<number, string>, newHosts: readonly { name: string; url: string }[]): string | null {
+export function rewriteOwnersYaml(
+  text: string,
+  owners: ReadonlyMap<number, string>,
+  newHosts: readonly { name: string; url: string }[],
+): string | null {
   const doc = parseDocument(text);
   const hosts = doc.get('hosts', true);
-  if (!isSeq(hosts)) throw new RuntimeFailure('CONFIG_REWRITE', 'cannot update the map: no hosts list in the config file');
+  if (!isSeq(hosts))
+    throw new RuntimeFailure('CONFIG_REWRITE', 'cannot update the map: no hosts list in the config file');
   let changed = false;
   for (const item of hosts.items) {
     if (!isMap(item)) continue;
@@ -81,14 +102,19 @@ export function rewriteOwnersYaml(text: string, owners: ReadonlyMap<number, stri
     const shards = new Scalar(ownedList(host.name, '', owners));
     shards.type = 'QUOTE_DOUBLE';
     const entry = doc.createNode({ name: host.name, url: host.url, shards });
-    entry.commentBefore = ' added by shardctl map pull: the fleet lists this host; add credentials to the url, or use PGUSER/PGPASSWORD/~/.pgpass';
+    entry.commentBefore =
+      ' added by shardctl map pull: the fleet lists this host; add credentials to the url, or use PGUSER/PGPASSWORD/~/.pgpass';
     hosts.add(entry);
     changed = true;
   }
   return changed ? doc.toString() : null;
 }
 
-function rewriteOwnersJson(text: string, owners: ReadonlyMap<number, string>, newHosts: readonly { name: string; url: string }[]): string | null {
+function rewriteOwnersJson(
+  text: string,
+  owners: ReadonlyMap<number, string>,
+  newHosts: readonly { name: string; url: string }[],
+): string | null {
   const data = JSON.parse(text) as { hosts?: { name?: string; url?: string; shards?: string | number }[] };
   let changed = false;
   for (const host of data.hosts ?? []) {
@@ -167,7 +193,10 @@ async function lockFile(path: string, timeoutMs = 90_000): Promise<() => Promise
       continue;
     }
     if (Date.now() > deadline) {
-      throw new RuntimeFailure('CONFIG_LOCKED', `cannot update the map: ${path} is held by another shardctl process; remove it if none is running`);
+      throw new RuntimeFailure(
+        'CONFIG_LOCKED',
+        `cannot update the map: ${path} is held by another shardctl process; remove it if none is running`,
+      );
     }
     await new Promise((resolve) => setTimeout(resolve, 25));
   }

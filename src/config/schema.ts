@@ -17,7 +17,8 @@ import { MAX_SHARD_NUMBER } from './ranges.js';
 const LOWER_IDENTIFIER = /^[a-z_][a-z0-9_]*$/;
 export const HOST_NAME = /^[A-Za-z0-9][A-Za-z0-9_.-]*$/;
 /** What HOST_NAME asks for, in the words of every message that refuses a host name. */
-export const HOST_NAME_EXPECTED = 'must start with a letter or digit and contain only letters, digits, "_", "." and "-"';
+export const HOST_NAME_EXPECTED =
+  'must start with a letter or digit and contain only letters, digits, "_", "." and "-"';
 const ISO_TIMESTAMP = /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::(\d{2})(?:\.\d+)?)?(?:Z|[+-]\d{2}:?\d{2})$/;
 /** Below this, connecting alone would time out on a healthy host. */
 const MIN_HOST_TIMEOUT_MS = 100;
@@ -60,12 +61,16 @@ export const hostSchema = z.strictObject({
     .check(z.describe('The shards on this host: ranges and lists such as "0-99,200,300-399", or "" for none.')),
   // Relative: a host of weight 2 gets twice the share of a host of weight 1 when rebalancing.
   weight: z._default(
-    z.number({ error: WEIGHT_EXPECTED }).check(z.gt(0, WEIGHT_EXPECTED), z.describe('Relative share of the shards when rebalancing.')),
+    z
+      .number({ error: WEIGHT_EXPECTED })
+      .check(z.gt(0, WEIGHT_EXPECTED), z.describe('Relative share of the shards when rebalancing.')),
     1,
   ),
   // Decommissioning: rebalance moves every shard off, and nothing moves onto it.
   drain: z._default(
-    z.boolean({ error: 'must be true or false' }).check(z.describe('Being decommissioned: rebalance empties it and moves nothing onto it.')),
+    z
+      .boolean({ error: 'must be true or false' })
+      .check(z.describe('Being decommissioned: rebalance empties it and moves nothing onto it.')),
     false,
   ),
 });
@@ -82,11 +87,15 @@ export const idLayoutSchema = z.strictObject({
     DEFAULT_EPOCH_ISO,
   ),
   shardBits: z._default(
-    integer('an integer of at least 1', 1).check(z.describe('Bits of the shard number in an id. Never change it after init.')),
+    integer('an integer of at least 1', 1).check(
+      z.describe('Bits of the shard number in an id. Never change it after init.'),
+    ),
     13,
   ),
   sequenceBits: z._default(
-    integer('an integer of at least 1', 1).check(z.describe('Bits of the per-millisecond sequence. Never change it after init.')),
+    integer('an integer of at least 1', 1).check(
+      z.describe('Bits of the per-millisecond sequence. Never change it after init.'),
+    ),
     10,
   ),
 });
@@ -94,29 +103,34 @@ export const idLayoutSchema = z.strictObject({
 export const configSchema = z
   .strictObject({
     schemaPrefix: z._default(
-      z
-        .string({ error: 'must be a string' })
-        .check(
-          z.regex(LOWER_IDENTIFIER, 'must be a lower-case identifier: a-z, 0-9 and _, not starting with a digit'),
-          z.refine((prefix) => !prefix.startsWith('pg_'), 'must not start with "pg_" (reserved by PostgreSQL)'),
-          z.describe('Shard schemas are <schemaPrefix>0 .. <schemaPrefix><shards-1>.'),
-        ),
+      z.string({ error: 'must be a string' }).check(
+        z.regex(LOWER_IDENTIFIER, 'must be a lower-case identifier: a-z, 0-9 and _, not starting with a digit'),
+        z.refine((prefix) => !prefix.startsWith('pg_'), 'must not start with "pg_" (reserved by PostgreSQL)'),
+        z.describe('Shard schemas are <schemaPrefix>0 .. <schemaPrefix><shards-1>.'),
+      ),
       'insta',
     ),
     shards: integer(`a whole number of shards from 1 to ${MAX_SHARD_NUMBER + 1}`, 1, MAX_SHARD_NUMBER + 1).check(
       z.describe('Logical shard count. Never change it after init.'),
     ),
     idLayout: z.nullish(
-      idLayoutSchema.check(z.describe("The 64-bit id layout; the defaults are Instagram's. Never change it after init.")),
+      idLayoutSchema.check(
+        z.describe("The 64-bit id layout; the defaults are Instagram's. Never change it after init."),
+      ),
     ),
     migrations: z._default(
       z
         .string({ error: 'must be a folder path' })
-        .check(z.minLength(1, 'must not be empty'), z.describe('Folder of NNNN_name.sql migration files, relative to this file.')),
+        .check(
+          z.minLength(1, 'must not be empty'),
+          z.describe('Folder of NNNN_name.sql migration files, relative to this file.'),
+        ),
       './migrations',
     ),
     concurrency: z._default(
-      integer('an integer from 1 to 64', 1, 64).check(z.describe('Connections per host for init, add-schema and migrate.')),
+      integer('an integer from 1 to 64', 1, 64).check(
+        z.describe('Connections per host for init, add-schema and migrate.'),
+      ),
       2,
     ),
     lockTimeout: z._default(
@@ -130,18 +144,31 @@ export const configSchema = z
     // How long a host may leave a statement unanswered before a fresh connection checks it is alive.
     hostTimeout: z._default(
       duration(
-        z.refine((value) => !DURATION.test(value) || durationMs(value) >= MIN_HOST_TIMEOUT_MS, 'must be at least 100ms'),
+        z.refine(
+          (value) => !DURATION.test(value) || durationMs(value) >= MIN_HOST_TIMEOUT_MS,
+          'must be at least 100ms',
+        ),
         z.describe('A host silent this long while a statement waits is checked over a new connection; at least 100ms.'),
       ),
       '10s',
     ),
     hosts: z
       .array(hostSchema, { error: 'must be a list of hosts' })
-      .check(z.minLength(1, 'must list at least one host'), z.describe('The physical hosts; every shard is on exactly one of them.')),
+      .check(
+        z.minLength(1, 'must list at least one host'),
+        z.describe('The physical hosts; every shard is on exactly one of them.'),
+      ),
     // Editors read it from JSON configs; shardctl ignores it.
-    $schema: z.optional(z.string({ error: 'must be a string' }).check(z.describe('The JSON Schema of this file, for editors.'))),
+    $schema: z.optional(
+      z.string({ error: 'must be a string' }).check(z.describe('The JSON Schema of this file, for editors.')),
+    ),
   })
-  .check(z.meta({ title: 'shardctl config', description: 'The shard map and settings of a shardctl fleet (shardctl.yaml).' }));
+  .check(
+    z.meta({
+      title: 'shardctl config',
+      description: 'The shard map and settings of a shardctl fleet (shardctl.yaml).',
+    }),
+  );
 
 /** A config file as written: every field with a default may be left out. */
 export type ConfigFile = z.input<typeof configSchema>;

@@ -57,4 +57,3 @@ export function unreadableFileMessage(configPath: string, error: unknown): strin
   if (code === 'EISDIR') return `config file ${configPath} is a folder, not a file`;
   return `cannot read config file ${configPath}: ${(error as Error).message}`;
 }
-

@@ -8,7 +8,15 @@ import { statSync } from 'node:fs';
 import path from 'node:path';
 import type * as z from 'zod/mini';
 import type { ConfigIssue } from '../errors.js';
-import { DEFAULT_ID_LAYOUT, describeLayout, formatUnixMs, layoutEndUnixMs, maxShards, timeBits, type IdLayout } from '../id/layout.js';
+import {
+  DEFAULT_ID_LAYOUT,
+  describeLayout,
+  formatUnixMs,
+  layoutEndUnixMs,
+  maxShards,
+  timeBits,
+  type IdLayout,
+} from '../id/layout.js';
 import { redactUrl } from '../pg/redact.js';
 import { durationMs } from './duration.js';
 import { expandEnv, type Env } from './env.js';
@@ -33,12 +41,20 @@ type Values<S extends AnyObject> = { [K in keyof z.output<S>]?: z.output<S>[K] }
  * is checked here only as a whole (its type, the list's length); its value is returned as written
  * for the caller to read with readMapping in turn, so every problem inside it has its own path.
  */
-function readMapping<S extends AnyObject>(raw: unknown, at: string, schema: S, issues: ConfigIssue[]): Values<S> | undefined {
+function readMapping<S extends AnyObject>(
+  raw: unknown,
+  at: string,
+  schema: S,
+  issues: ConfigIssue[],
+): Values<S> | undefined {
   const known = Object.keys(schema.shape);
   if (!isMapping(raw)) {
     const subject = at === '' ? 'the config ' : '';
     const wanted = known.map((key) => JSON.stringify(key)).join(', ');
-    issues.push({ path: at, message: `${subject}must be a mapping with the keys ${wanted}, got ${describeValue(raw)}` });
+    issues.push({
+      path: at,
+      message: `${subject}must be a mapping with the keys ${wanted}, got ${describeValue(raw)}`,
+    });
     return undefined;
   }
   for (const key of Object.keys(raw)) {
@@ -130,7 +146,11 @@ export interface ValidationContext {
 }
 
 /** Pushes every problem into `issues`; returns the config only when there are none. */
-export function validateConfig(raw: unknown, issues: ConfigIssue[], context: ValidationContext): ShardctlConfig | undefined {
+export function validateConfig(
+  raw: unknown,
+  issues: ConfigIssue[],
+  context: ValidationContext,
+): ShardctlConfig | undefined {
   const top = readMapping(raw, '', configSchema, issues);
   if (!top) return undefined;
   const warnings: string[] = [];
@@ -148,7 +168,10 @@ export function validateConfig(raw: unknown, issues: ConfigIssue[], context: Val
   const migrationsDir = top.migrations === undefined ? undefined : path.resolve(context.baseDir, top.migrations);
   if (migrationsDir !== undefined && context.checkMigrationsDir) checkMigrationsDir(migrationsDir, issues);
   const hostTimeoutMs = top.hostTimeout === undefined ? undefined : durationMs(top.hostTimeout);
-  const hosts = top.hosts === undefined ? undefined : readHosts(top.hosts as unknown[], shards, issues, context.env, hostTimeoutMs ?? 0);
+  const hosts =
+    top.hosts === undefined
+      ? undefined
+      : readHosts(top.hosts as unknown[], shards, issues, context.env, hostTimeoutMs ?? 0);
 
   if (issues.length > 0) return undefined;
   return {
@@ -283,7 +306,9 @@ function readHost(raw: unknown, index: number, issues: ConfigIssue[], env: Env):
   if (!fields) return { index };
   const url = fields.url === undefined ? undefined : readUrl(fields.url, `${at}.url`, env, issues);
   const replicationUrl =
-    fields.replicationUrl === undefined ? undefined : readUrl(fields.replicationUrl, `${at}.replicationUrl`, env, issues);
+    fields.replicationUrl === undefined
+      ? undefined
+      : readUrl(fields.replicationUrl, `${at}.replicationUrl`, env, issues);
   const shardsSpec = fields.shards === undefined ? undefined : String(fields.shards);
   let shards: readonly number[] | undefined;
   if (shardsSpec !== undefined && shardsSpec.trim() === '') {
@@ -294,7 +319,16 @@ function readHost(raw: unknown, index: number, issues: ConfigIssue[], env: Env):
     if ('error' in parsed) issues.push({ path: `${at}.shards`, message: parsed.error });
     else shards = parsed.shards;
   }
-  return { index, name: fields.name, url, replicationUrl, shardsSpec, shards, weight: fields.weight, drain: fields.drain };
+  return {
+    index,
+    name: fields.name,
+    url,
+    replicationUrl,
+    shardsSpec,
+    shards,
+    weight: fields.weight,
+    drain: fields.drain,
+  };
 }
 
 /** Expands ${VAR} and checks the result is a postgres URL; every quoted URL is redacted. */

@@ -128,7 +128,9 @@ export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
   if (!persisted) throw new RuntimeFailure('DEV_NOT_UP', `no dev setup in ${cwd}; run \`shardctl dev up\` first`);
   await postgresBinDir();
   const configFile = path.join(cwd, DEV_CONFIG_FILE);
-  const taken = new Set([...persisted.hosts.map((h) => h.name), ...(await configHostNames(configFile))].map((n) => n.toLowerCase()));
+  const taken = new Set(
+    [...persisted.hosts.map((h) => h.name), ...(await configHostNames(configFile))].map((n) => n.toLowerCase()),
+  );
   let name = options.name;
   if (name === undefined) {
     for (let i = persisted.hosts.length + 1; name === undefined; i++) if (!taken.has(`pg${i}`)) name = `pg${i}`;
@@ -141,7 +143,13 @@ export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
   let port = await findFreePort();
   while (ports.has(port)) port = await findFreePort();
   const dataRoot = persisted.hosts[0] ? path.dirname(persisted.hosts[0].dataDir) : devDataRoot(cwd);
-  persisted.hosts.push({ name, port, dataDir: path.join(dataRoot, name), password: randomBytes(18).toString('hex'), added: true });
+  persisted.hosts.push({
+    name,
+    port,
+    dataDir: path.join(dataRoot, name),
+    password: randomBytes(18).toString('hex'),
+    added: true,
+  });
   // Saved before the host starts, so a failed start can still be taken `down`.
   await writeState(cwd, persisted);
   const state = describe(cwd, persisted);
@@ -273,7 +281,6 @@ async function configHostNames(configFile: string): Promise<string[]> {
   return hosts.items.flatMap((i) => (isMap(i) && typeof i.get('name') === 'string' ? [i.get('name') as string] : []));
 }
 
-
 // ---------------------------------------------------------------------------------------------
 
 async function planNewState(cwd: string, options: DevUpOptions): Promise<PersistedState> {
@@ -284,7 +291,10 @@ async function planNewState(cwd: string, options: DevUpOptions): Promise<Persist
     throw new UsageError('must be an integer from 1 to 64', { input: 'hosts', value: hosts });
   }
   if (!Number.isInteger(shards) || shards < hosts) {
-    throw new UsageError(`must be an integer, at least the number of hosts (${hosts})`, { input: 'shards', value: shards });
+    throw new UsageError(`must be an integer, at least the number of hosts (${hosts})`, {
+      input: 'shards',
+      value: shards,
+    });
   }
   if (!/^[a-z_][a-z0-9_]{0,39}$/.test(schemaPrefix)) {
     throw new UsageError('must be lowercase letters, digits and underscores, not starting with a digit', {
@@ -377,10 +387,14 @@ async function readState(cwd: string): Promise<PersistedState | undefined> {
   try {
     parsed = JSON.parse(await readFile(file, 'utf8'));
   } catch (error) {
-    throw new RuntimeFailure('DEV_STATE_INVALID', `${file} is not valid JSON; remove it and the dev hosts' data to start over`, {
-      file,
-      cause: error instanceof Error ? error.message : String(error),
-    });
+    throw new RuntimeFailure(
+      'DEV_STATE_INVALID',
+      `${file} is not valid JSON; remove it and the dev hosts' data to start over`,
+      {
+        file,
+        cause: error instanceof Error ? error.message : String(error),
+      },
+    );
   }
   if (!isPersistedState(parsed)) {
     throw new RuntimeFailure('DEV_STATE_INVALID', `${file} is not a shardctl dev state (version 1)`, { file });

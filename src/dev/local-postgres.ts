@@ -90,7 +90,9 @@ async function embeddedPostgresRange(): Promise<string> {
 }
 
 /** The defaults every local cluster runs with; `settings` in the options override them. */
-export function defaultClusterSettings(opts: Pick<LocalClusterOptions, 'dataDir' | 'port'>): Record<string, string | number> {
+export function defaultClusterSettings(
+  opts: Pick<LocalClusterOptions, 'dataDir' | 'port'>,
+): Record<string, string | number> {
   return {
     port: opts.port,
     listen_addresses: '127.0.0.1',
@@ -126,11 +128,15 @@ export async function initCluster(opts: LocalClusterOptions): Promise<void> {
     const result = await run(
       path.join(binDir, 'initdb'),
       [
-        '-D', opts.dataDir,
-        '-U', opts.user ?? 'postgres',
-        '--pwfile', pwFile,
+        '-D',
+        opts.dataDir,
+        '-U',
+        opts.user ?? 'postgres',
+        '--pwfile',
+        pwFile,
         '--auth=scram-sha-256',
-        '-E', 'UTF8',
+        '-E',
+        'UTF8',
         '--locale=C',
         // Skips only initdb's final flush to disk; the running server keeps fsync on.
         '--no-sync',

@@ -102,7 +102,9 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
         GROUP BY versions, checksums`,
       `SELECT version, max(name) AS name FROM ${CONTROL}.migrations GROUP BY version`,
       ...(moves
-        ? [`SELECT unnest(shards) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`]
+        ? [
+            `SELECT unnest(shards) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`,
+          ]
         : []),
     ]);
     return {
@@ -115,10 +117,9 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
       applied: toApplied(appliedRows as AppliedRow[]),
       appliedNames: new Map((nameRows as { version: number; name: string }[]).map((r) => [r.version, r.name])),
       moving: new Map(
-        ((movingRows ?? []) as { shard: number; move_id: string; source: string; target: string; step: string }[]).map((r) => [
-          r.shard,
-          { moveId: r.move_id, source: r.source, target: r.target, step: r.step },
-        ]),
+        ((movingRows ?? []) as { shard: number; move_id: string; source: string; target: string; step: string }[]).map(
+          (r) => [r.shard, { moveId: r.move_id, source: r.source, target: r.target, step: r.step }],
+        ),
       ),
     };
   } catch (error) {
@@ -140,7 +141,10 @@ export function parseNumberList(text: string): number[] {
 }
 
 /** Several statements in one round trip (the simple protocol: no parameters); the rows of each. */
-export async function simpleQuery(client: pg.Client | pg.PoolClient, statements: readonly string[]): Promise<unknown[][]> {
+export async function simpleQuery(
+  client: pg.Client | pg.PoolClient,
+  statements: readonly string[],
+): Promise<unknown[][]> {
   const result = (await client.query(statements.join(';\n'))) as unknown as pg.QueryResult | pg.QueryResult[];
   return (Array.isArray(result) ? result : [result]).map((r) => r.rows as unknown[]);
 }
@@ -161,7 +165,10 @@ interface FunctionRow {
 }
 
 /** shard → its next_id version, for every shard schema; a schema holding several next_id takes the last row's. */
-function toSchemas(namespaces: { oids: string; shards: string }, functions: readonly FunctionRow[]): Map<number, ShardSchema> {
+function toSchemas(
+  namespaces: { oids: string; shards: string },
+  functions: readonly FunctionRow[],
+): Map<number, ShardSchema> {
   const shards = parseNumberList(namespaces.shards);
   const oids = parseNumberList(namespaces.oids);
   const shardOf = new Map(oids.map((oid, i) => [oid, shards[i]!]));
@@ -214,7 +221,8 @@ interface RecordedRow {
 function toRecorded(rows: readonly RecordedRow[], prefix: string): Map<number, { schema: string; state: string }> {
   const recorded = new Map<number, { schema: string; state: string }>();
   for (const row of rows) {
-    for (const shard of parseNumberList(row.shards)) recorded.set(shard, { schema: row.schema_name ?? `${prefix}${shard}`, state: row.state });
+    for (const shard of parseNumberList(row.shards))
+      recorded.set(shard, { schema: row.schema_name ?? `${prefix}${shard}`, state: row.state });
   }
   return recorded;
 }
@@ -229,7 +237,9 @@ interface AppliedRow {
 function toApplied(rows: readonly AppliedRow[]): Map<number, ReadonlyMap<number, string>> {
   const applied = new Map<number, ReadonlyMap<number, string>>();
   for (const row of rows) {
-    const versions: ReadonlyMap<number, string> = new Map(row.versions.map((version, i) => [version, row.checksums[i]!]));
+    const versions: ReadonlyMap<number, string> = new Map(
+      row.versions.map((version, i) => [version, row.checksums[i]!]),
+    );
     for (const shard of parseNumberList(row.shards)) applied.set(shard, versions);
   }
   return applied;
@@ -248,7 +258,11 @@ export interface ShardSize {
 }
 
 /** Sizes of the shard schemas of a prefix on one host (all of them, or the listed shards). */
-export async function readShardSizes(client: pg.Client, prefix: string, shards?: readonly number[]): Promise<ShardSize[]> {
+export async function readShardSizes(
+  client: pg.Client,
+  prefix: string,
+  shards?: readonly number[],
+): Promise<ShardSize[]> {
   const result = await client.query<{ nspname: string; bytes: string; rows: string }>(
     `SELECT n.nspname,
             coalesce(sum(pg_total_relation_size(c.oid)) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::text AS bytes,
@@ -319,9 +333,13 @@ export async function sequenceProblems(client: pg.Client, config: ShardctlConfig
   for (const row of rows) {
     const where = `shard ${row.schema.slice(prefix.length)}, table ${row.schema}.${row.table}`;
     if (row.seq_schema !== row.schema) {
-      problems.push(`${where}: ${row.column} draws from sequence ${row.seq_schema}.${row.seq} of another schema; its ids can repeat that shard's`);
+      problems.push(
+        `${where}: ${row.column} draws from sequence ${row.seq_schema}.${row.seq} of another schema; its ids can repeat that shard's`,
+      );
     } else if (row.fn_schema !== row.schema) {
-      problems.push(`${where}: ${row.column} calls ${row.fn_schema}.next_id(), another shard's; its ids carry that shard's number`);
+      problems.push(
+        `${where}: ${row.column} calls ${row.fn_schema}.next_id(), another shard's; its ids carry that shard's number`,
+      );
     }
   }
   const statements: string[] = [];

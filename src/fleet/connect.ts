@@ -40,7 +40,10 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   } catch (error) {
     await endQuietly(client);
     if (error instanceof HostError && error.code === HOST_SILENT) throw error;
-    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
+    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
+      code: 'HOST_UNREACHABLE',
+      cause: error,
+    });
   }
   return client;
 }
@@ -96,7 +99,11 @@ export function describePgError(error: unknown): string {
 }
 
 /** Runs fn with a connection to host, closing it afterwards whatever happens. */
-export async function withHost<T>(host: HostConfig, fn: (client: pg.Client) => Promise<T>, options?: ConnectOptions): Promise<T> {
+export async function withHost<T>(
+  host: HostConfig,
+  fn: (client: pg.Client) => Promise<T>,
+  options?: ConnectOptions,
+): Promise<T> {
   const client = await connectHost(host, options);
   try {
     return await fn(client);

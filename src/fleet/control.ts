@@ -30,7 +30,11 @@ const CONTROL_STEPS: readonly { version: number; sql: () => string }[] = [
   // tables (sql/control_locks.sql).
   {
     version: 2,
-    sql: () => [renderSql(loadSqlTemplate('control_fleet.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(), controlLocksSql()].join('\n'),
+    sql: () =>
+      [
+        renderSql(loadSqlTemplate('control_fleet.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+        controlLocksSql(),
+      ].join('\n'),
   },
 ];
 
@@ -104,7 +108,10 @@ export async function controlTableExists(client: pg.Client, table: 'shards' | 'm
  * needs them before a run has read anything, on a host that has no control schema yet, or an older one.
  */
 export function controlLocksSql(): string {
-  return renderSql(loadSqlTemplate('control_locks.sql'), { control: { ident: CONTROL_SCHEMA }, idLockSlots: { int: ID_LOCK_SLOTS } }).trim();
+  return renderSql(loadSqlTemplate('control_locks.sql'), {
+    control: { ident: CONTROL_SCHEMA },
+    idLockSlots: { int: ID_LOCK_SLOTS },
+  }).trim();
 }
 
 /**

@@ -58,21 +58,32 @@ const WORKER_POLL_MS = 50;
  * Takes the runner lock on `host` for the run whose coordinator connection is `client`, then waits
  * for the workers of an earlier run. releaseRunnerLock(client) lets it go.
  */
-export async function acquireRunnerLock(host: HostConfig, client: pg.Client, options: RunnerLockOptions = {}): Promise<void> {
+export async function acquireRunnerLock(
+  host: HostConfig,
+  client: pg.Client,
+  options: RunnerLockOptions = {},
+): Promise<void> {
   const wait = options.workerWait ?? '5s';
   await ensureControlLocks(client);
   // Named as the coordinator is, so that a second run's message names what this run is.
-  const application = (await client.query<{ name: string }>(`SELECT current_setting('application_name') AS name`)).rows[0]!.name;
+  const application = (await client.query<{ name: string }>(`SELECT current_setting('application_name') AS name`))
+    .rows[0]!.name;
   // A failure to connect is the host's, like a failed query (Fleet.lock may lose the host), not a refusal.
   const lock = await connectHost(host, { applicationName: application }).catch((error: unknown) => {
-    throw new Error(`cannot open the runner lock's connection: ${describePgError((error as { cause?: unknown }).cause ?? error)}`);
+    throw new Error(
+      `cannot open the runner lock's connection: ${describePgError((error as { cause?: unknown }).cause ?? error)}`,
+    );
   });
   try {
     if (!(await lockRunner(lock, durationMs(wait)))) {
       const holder = await describeRunnerHolders(lock).catch((error: unknown) => `unknown (${describePgError(error)})`);
-      throw new HostError(host.name, `another shardctl run holds the runner lock (${holder}); waited ${wait}, nothing was written. Run again when it has finished.`, {
-        code: 'RUNNER_BUSY',
-      });
+      throw new HostError(
+        host.name,
+        `another shardctl run holds the runner lock (${holder}); waited ${wait}, nothing was written. Run again when it has finished.`,
+        {
+          code: 'RUNNER_BUSY',
+        },
+      );
     }
     await waitForWorkers(client, host.name, wait);
   } catch (error) {
@@ -125,9 +136,13 @@ export async function registerWorker(client: pg.Client, hostName: string): Promi
        SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() ON CONFLICT DO NOTHING`,
     );
   } catch (error) {
-    throw new HostError(hostName, `cannot record a worker connection in ${WORKERS_TABLE}: ${describePgError(error)}; nothing more was written`, {
-      cause: error,
-    });
+    throw new HostError(
+      hostName,
+      `cannot record a worker connection in ${WORKERS_TABLE}: ${describePgError(error)}; nothing more was written`,
+      {
+        cause: error,
+      },
+    );
   }
 }
 

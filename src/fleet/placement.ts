@@ -72,7 +72,10 @@ export interface FleetPlacement {
  * and version) and this host's own shards (grouped by state). A host whose control schema predates
  * the fleet tables, or has none, answers with what it has.
  */
-export async function readPlacementView(client: pg.Client | pg.PoolClient, reachedAs: string): Promise<HostPlacementView> {
+export async function readPlacementView(
+  client: pg.Client | pg.PoolClient,
+  reachedAs: string,
+): Promise<HostPlacementView> {
   const core = [
     `SELECT schema_prefix, shard_count, epoch_ms::text AS epoch_ms, shard_bits, sequence_bits FROM ${CONTROL}.layout`,
     `SELECT state, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.shards GROUP BY state`,
@@ -95,14 +98,26 @@ export async function readPlacementView(client: pg.Client | pg.PoolClient, reach
       `SELECT to_regclass(${quoteLiteral(`${CONTROL}.shards`)}) IS NOT NULL AS shards, to_regclass(${quoteLiteral(`${CONTROL}.fleet`)}) IS NOT NULL AS fleet`,
     ]);
     const { shards, fleet } = tables![0] as { shards: boolean; fleet: boolean };
-    if (!shards) return { reachedAs, fleet: null, layout: null, registry: new Map(), copy: new Map(), claims: new Map(), moving: new Set() };
+    if (!shards)
+      return {
+        reachedAs,
+        fleet: null,
+        layout: null,
+        registry: new Map(),
+        copy: new Map(),
+        claims: new Map(),
+        moving: new Set(),
+      };
     rows = await simpleQuery(client, [...core, ...(fleet ? fleetQueries : [])]);
   }
   const [layoutRows, claimRows, movingRows, fleetRows, hostRows, copyRows] = rows;
-  const layoutRow = layoutRows![0] as { schema_prefix: string; shard_count: number; epoch_ms: string; shard_bits: number; sequence_bits: number } | undefined;
+  const layoutRow = layoutRows![0] as
+    | { schema_prefix: string; shard_count: number; epoch_ms: string; shard_bits: number; sequence_bits: number }
+    | undefined;
   const fleetRow = (fleetRows ?? [])[0] as { fleet_id: string; host_name: string; version: string } | undefined;
   const claims = new Map<number, ShardState>();
-  for (const row of claimRows as { state: ShardState; shards: string }[]) for (const shard of parseNumberList(row.shards)) claims.set(shard, row.state);
+  for (const row of claimRows as { state: ShardState; shards: string }[])
+    for (const shard of parseNumberList(row.shards)) claims.set(shard, row.state);
   const copy = new Map<number, { host: string; version: bigint }>();
   for (const row of (copyRows ?? []) as { host: string; version: string; shards: string }[]) {
     const entry = { host: row.host, version: BigInt(row.version) };
@@ -110,7 +125,9 @@ export async function readPlacementView(client: pg.Client | pg.PoolClient, reach
   }
   return {
     reachedAs,
-    fleet: fleetRow ? { fleetId: fleetRow.fleet_id, hostName: fleetRow.host_name, version: BigInt(fleetRow.version) } : null,
+    fleet: fleetRow
+      ? { fleetId: fleetRow.fleet_id, hostName: fleetRow.host_name, version: BigInt(fleetRow.version) }
+      : null,
     layout: layoutRow
       ? {
           schemaPrefix: layoutRow.schema_prefix,
@@ -138,7 +155,15 @@ export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacem
   const fleetIds = [...new Set(views.flatMap((v) => (v.fleet ? [v.fleet.fleetId] : [])))];
   if (fleetIds.length > 1) {
     problems.push(
-      `hosts of different fleets: ${fleetIds.map((id) => `${id} (${views.filter((v) => v.fleet?.fleetId === id).map(nameOf).join(', ')})`).join(' and ')}`,
+      `hosts of different fleets: ${fleetIds
+        .map(
+          (id) =>
+            `${id} (${views
+              .filter((v) => v.fleet?.fleetId === id)
+              .map(nameOf)
+              .join(', ')})`,
+        )
+        .join(' and ')}`,
     );
   }
   let version = 0n;
@@ -146,7 +171,7 @@ export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacem
 
   // Registries: the one of the host with the newest placement wins a name's address.
   const hosts = new Map<string, string>();
-  for (const view of [...views].sort((a, b) => (a.fleet?.version ?? -1n) < (b.fleet?.version ?? -1n) ? -1 : 1)) {
+  for (const view of [...views].sort((a, b) => ((a.fleet?.version ?? -1n) < (b.fleet?.version ?? -1n) ? -1 : 1))) {
     for (const [name, address] of view.registry) hosts.set(name, address);
   }
 
@@ -177,7 +202,9 @@ export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacem
   }
   if (doubled.length > 0) {
     const one = doubled.length === 1;
-    problems.push(`${one ? 'shard' : 'shards'} ${formatShardList(doubled.sort((a, b) => a - b))} ${one ? 'is' : 'are'} active on more than one host`);
+    problems.push(
+      `${one ? 'shard' : 'shards'} ${formatShardList(doubled.sort((a, b) => a - b))} ${one ? 'is' : 'are'} active on more than one host`,
+    );
   }
   for (const [shard, host] of fenced) {
     if (owners.has(shard)) continue;
@@ -190,10 +217,24 @@ export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacem
     if (answeredNot(views, copy.host, nameOf)) owners.set(shard, copy.host);
   }
   const layout = views.find((v) => v.layout)?.layout ?? null;
-  return { fleetId: fleetIds[0] ?? null, version, layout, hosts, owners, answered: views.map(nameOf), problems, views, moving: new Set(views.flatMap((v) => [...v.moving])) };
+  return {
+    fleetId: fleetIds[0] ?? null,
+    version,
+    layout,
+    hosts,
+    owners,
+    answered: views.map(nameOf),
+    problems,
+    views,
+    moving: new Set(views.flatMap((v) => [...v.moving])),
+  };
 }
 
-function answeredNot(views: readonly HostPlacementView[], host: string, nameOf: (view: HostPlacementView) => string): boolean {
+function answeredNot(
+  views: readonly HostPlacementView[],
+  host: string,
+  nameOf: (view: HostPlacementView) => string,
+): boolean {
   return !views.some((v) => nameOf(v) === host);
 }
 
@@ -212,7 +253,11 @@ export interface MapDisagreement {
  * Shards the fleet places somewhere else than the file, grouped by (file host, fleet host). Shards
  * the fleet knows nothing about (no host answered for them) are not disagreements.
  */
-export function mapDisagreements(config: Pick<ShardctlConfig, 'hosts' | 'shards' | 'schemaPrefix'>, placement: FleetPlacement, ignore: ReadonlySet<number> = new Set()): MapDisagreement[] {
+export function mapDisagreements(
+  config: Pick<ShardctlConfig, 'hosts' | 'shards' | 'schemaPrefix'>,
+  placement: FleetPlacement,
+  ignore: ReadonlySet<number> = new Set(),
+): MapDisagreement[] {
   // A file of another layout is refused for that (layout checks name it); shard by shard it means nothing.
   const layout = placement.layout;
   if (layout && (layout.schemaPrefix !== config.schemaPrefix || layout.shardCount !== config.shards)) return [];
@@ -300,7 +345,8 @@ export function registerFleetSql(input: {
     `INSERT INTO ${CONTROL}.fleet (fleet_id, host_name, placement_version) VALUES (${quoteLiteral(input.fleetId)}, ${quoteLiteral(input.hostName)}, ${version})`,
     `  ON CONFLICT (singleton) DO UPDATE SET host_name = EXCLUDED.host_name, placement_version = greatest(${CONTROL}.fleet.placement_version, EXCLUDED.placement_version);`,
     ...input.registry.map(
-      (h) => `INSERT INTO ${CONTROL}.hosts (name, address) VALUES (${quoteLiteral(h.name)}, ${quoteLiteral(h.address)}) ON CONFLICT (name) DO UPDATE SET address = EXCLUDED.address;`,
+      (h) =>
+        `INSERT INTO ${CONTROL}.hosts (name, address) VALUES (${quoteLiteral(h.name)}, ${quoteLiteral(h.address)}) ON CONFLICT (name) DO UPDATE SET address = EXCLUDED.address;`,
     ),
     ...[...byHost].map(
       ([host, shards]) =>
@@ -343,10 +389,10 @@ function intArray(values: readonly number[]): string {
   return `'{${values.join(',')}}'::int[]`;
 }
 
-
-
 /** The placement as the reachable hosts of a run say it (one round trip per host, in parallel). */
-export async function readFleetPlacement(sessions: readonly { host: { name: string }; client: pg.Client }[]): Promise<FleetPlacement> {
+export async function readFleetPlacement(
+  sessions: readonly { host: { name: string }; client: pg.Client }[],
+): Promise<FleetPlacement> {
   return mergePlacement(await Promise.all(sessions.map((s) => readPlacementView(s.client, s.host.name))));
 }
 
@@ -361,7 +407,11 @@ export function requireCurrentMap(config: ShardctlConfig, placement: FleetPlacem
   if (disagreements.length === 0 && mixed.length === 0) return;
   throw new StaleMapError(config.file, [...mixed, ...describeDisagreements(disagreements)], {
     placementVersion: placement.version.toString(),
-    disagreements: disagreements.map((d) => ({ shards: formatShardList(d.shards), file: d.fileHost, fleet: d.fleetHost })),
+    disagreements: disagreements.map((d) => ({
+      shards: formatShardList(d.shards),
+      file: d.fileHost,
+      fleet: d.fleetHost,
+    })),
   });
 }
 
@@ -379,12 +429,20 @@ export function fleetRecord(
   const owners = new Map<number, string>();
   for (const host of config.hosts) for (const shard of host.shards) owners.set(shard, host.name);
   const registry = registryOf(config.hosts);
-  const current = placement.views.length > 0 && placement.views.every((view) =>
-    view.fleet !== null &&
-    registry.every((h) => view.registry.get(h.name) === h.address) &&
-    [...owners].every(([shard, host]) => view.copy.get(shard)?.host === host),
-  );
-  return { fleetId: placement.fleetId ?? newFleetId(), registry, owners, version: current ? placement.version : placement.version + 1n };
+  const current =
+    placement.views.length > 0 &&
+    placement.views.every(
+      (view) =>
+        view.fleet !== null &&
+        registry.every((h) => view.registry.get(h.name) === h.address) &&
+        [...owners].every(([shard, host]) => view.copy.get(shard)?.host === host),
+    );
+  return {
+    fleetId: placement.fleetId ?? newFleetId(),
+    registry,
+    owners,
+    version: current ? placement.version : placement.version + 1n,
+  };
 }
 
 /** The hosts read, and those that could not be. */
@@ -408,7 +466,10 @@ export interface FleetDiscovery extends Discovery {
 /** How long discovery waits for a host that does not answer, unless the config says (hostTimeout). */
 export const DISCOVERY_TIMEOUT_MS = 10_000;
 
-function discoveryHost(target: { name: string; url: string; timeoutMs?: number }, timeoutMs: number | undefined): HostConfig {
+function discoveryHost(
+  target: { name: string; url: string; timeoutMs?: number },
+  timeoutMs: number | undefined,
+): HostConfig {
   return {
     name: target.name,
     url: target.url,
@@ -470,7 +531,8 @@ export async function discoverFleet(
     .filter(([name]) => !urls.has(name) && !unreachable.some((u) => u.name === name))
     .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }));
   if (next.length > 0) await read(next);
-  for (const [name, address] of mergePlacement(accepted).hosts) if (!urls.has(name)) urls.set(name, withCredentials(address, credentials));
+  for (const [name, address] of mergePlacement(accepted).hosts)
+    if (!urls.has(name)) urls.set(name, withCredentials(address, credentials));
   // A seed that answered under its registry name is not also unreachable under its label.
   const placement = mergePlacement(accepted);
   return { placement, unreachable: unreachable.filter((u) => !placement.answered.includes(u.name)), urls };
@@ -501,7 +563,11 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
   const { placement, urls } = found;
   const layout = placement.layout;
   if (!file && !layout) {
-    throw new HostError(placement.answered.join(', '), 'no shardctl control schema on the seeds (initialise the fleet first)', { code: 'NOT_A_FLEET', next: [{ action: 'init' }] });
+    throw new HostError(
+      placement.answered.join(', '),
+      'no shardctl control schema on the seeds (initialise the fleet first)',
+      { code: 'NOT_A_FLEET', next: [{ action: 'init' }] },
+    );
   }
   const base: ShardctlConfig = file ?? {
     ...emptyFleetConfig(),
@@ -514,7 +580,14 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
   const owner = new Map<number, string>();
   if (file) for (const host of file.hosts) for (const shard of host.shards) owner.set(shard, host.name);
   for (const [shard, host] of placement.owners) if (shard < base.shards) owner.set(shard, host);
-  const names = [...new Set([...(file?.hosts.map((h) => h.name) ?? []), ...placement.hosts.keys(), ...urls.keys(), ...owner.values()])];
+  const names = [
+    ...new Set([
+      ...(file?.hosts.map((h) => h.name) ?? []),
+      ...placement.hosts.keys(),
+      ...urls.keys(),
+      ...owner.values(),
+    ]),
+  ];
   const byHost = new Map<string, number[]>(names.map((n) => [n, []]));
   for (const [shard, host] of [...owner].sort((a, b) => a[0] - b[0])) byHost.get(host)!.push(shard);
   const hosts: HostConfig[] = names.flatMap((name) => {
@@ -522,17 +595,19 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
     const url = fromFile?.url ?? urls.get(name);
     if (url === undefined && byHost.get(name)!.length === 0) return [];
     registerUrlSecret(url ?? '');
-    return [{
-      name,
-      // A host of the placement that no registry reached: its calls fail naming it.
-      url: url ?? `postgres://unknown-address-of-${name}/`,
-      replicationUrl: fromFile?.replicationUrl ?? url ?? '',
-      shardsSpec: '',
-      shards: byHost.get(name)!,
-      weight: fromFile?.weight ?? 1,
-      drain: fromFile?.drain ?? false,
-      timeoutMs: fromFile?.timeoutMs ?? file?.hosts[0]?.timeoutMs ?? DISCOVERY_TIMEOUT_MS,
-    }];
+    return [
+      {
+        name,
+        // A host of the placement that no registry reached: its calls fail naming it.
+        url: url ?? `postgres://unknown-address-of-${name}/`,
+        replicationUrl: fromFile?.replicationUrl ?? url ?? '',
+        shardsSpec: '',
+        shards: byHost.get(name)!,
+        weight: fromFile?.weight ?? 1,
+        drain: fromFile?.drain ?? false,
+        timeoutMs: fromFile?.timeoutMs ?? file?.hosts[0]?.timeoutMs ?? DISCOVERY_TIMEOUT_MS,
+      },
+    ];
   });
   return { ...base, hosts };
 }
@@ -541,7 +616,10 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
  * The config's map corrected by the fleet: what exec, psql and decode route by. Reads every host
  * of the file (and of the registries); the hosts that could not be read are listed.
  */
-export async function currentMap(config: ShardctlConfig, applicationName = 'shardctl'): Promise<{ config: ShardctlConfig; discovery: FleetDiscovery }> {
+export async function currentMap(
+  config: ShardctlConfig,
+  applicationName = 'shardctl',
+): Promise<{ config: ShardctlConfig; discovery: FleetDiscovery }> {
   const discovery = await discoverFromConfig(config, { applicationName });
   return { config: fleetConfig(config, discovery), discovery };
 }
@@ -550,14 +628,19 @@ export async function currentMap(config: ShardctlConfig, applicationName = 'shar
  * Discovery from a config: its hosts are the seeds, each with its own URL and hostTimeout; a host
  * the registries name and the file lacks is reached with the credentials of the file's first host.
  */
-export function discoverFromConfig(config: ShardctlConfig, options: { applicationName?: string; connectTimeoutMs?: number } = {}): Promise<FleetDiscovery> {
+export function discoverFromConfig(
+  config: ShardctlConfig,
+  options: { applicationName?: string; connectTimeoutMs?: number } = {},
+): Promise<FleetDiscovery> {
   const first = config.hosts[0];
   return discoverFleet(
     config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs })),
     {
       ...(options.applicationName ? { applicationName: options.applicationName } : {}),
       ...(first ? { credentials: first.url } : {}),
-      ...(options.connectTimeoutMs ?? first?.timeoutMs ? { connectTimeoutMs: options.connectTimeoutMs ?? first!.timeoutMs } : {}),
+      ...((options.connectTimeoutMs ?? first?.timeoutMs)
+        ? { connectTimeoutMs: options.connectTimeoutMs ?? first!.timeoutMs }
+        : {}),
     },
   );
 }

@@ -49,7 +49,10 @@ export async function openSession(host: HostConfig, options: OpenOptions = {}): 
     return { host, client, serverVersion: row.version, serverVersionNum: Number(row.num), locked: false };
   } catch (error) {
     await endQuietly(client);
-    throw new HostError(host.name, `cannot read the server version: ${describePgError(error)}`, { code: 'HOST_UNREACHABLE', cause: error });
+    throw new HostError(host.name, `cannot read the server version: ${describePgError(error)}`, {
+      code: 'HOST_UNREACHABLE',
+      cause: error,
+    });
   }
 }
 
@@ -99,7 +102,8 @@ function tagErrors(client: pg.Client, host: string): void {
     const result = query(...args);
     if (result && typeof (result as Promise<unknown>).then === 'function') {
       return (result as Promise<unknown>).catch((error: unknown) => {
-        if (error && typeof error === 'object' && !('shardctlHost' in error)) Object.defineProperty(error, 'shardctlHost', { value: host });
+        if (error && typeof error === 'object' && !('shardctlHost' in error))
+          Object.defineProperty(error, 'shardctlHost', { value: host });
         throw error;
       });
     }
@@ -113,7 +117,11 @@ export async function closeSession(session: HostSession): Promise<void> {
 }
 
 /** Runs fn with a session on host, closing it afterwards whatever happens. */
-export async function withSession<T>(host: HostConfig, fn: (session: HostSession) => Promise<T>, options: OpenOptions = {}): Promise<T> {
+export async function withSession<T>(
+  host: HostConfig,
+  fn: (session: HostSession) => Promise<T>,
+  options: OpenOptions = {},
+): Promise<T> {
   const session = await openSession(host, options);
   try {
     return await fn(session);
@@ -171,13 +179,18 @@ export class Fleet {
   async lock(options: { lockTimeout?: string; tolerateLoss?: boolean } = {}): Promise<void> {
     for (const session of [...this.sessions]) {
       try {
-        await acquireRunnerLock(session.host, session.client, options.lockTimeout ? { workerWait: options.lockTimeout } : {});
+        await acquireRunnerLock(
+          session.host,
+          session.client,
+          options.lockTimeout ? { workerWait: options.lockTimeout } : {},
+        );
         session.locked = true;
         await requireKnownControlVersion(session.client, session.host.name);
       } catch (error) {
         // Another runner stops everything; a host that cannot be reached (the lock's own connection
         // included) or stopped answering is lost.
-        if (error instanceof ShardctlError && error.code !== HOST_SILENT && error.code !== 'HOST_UNREACHABLE') throw error;
+        if (error instanceof ShardctlError && error.code !== HOST_SILENT && error.code !== 'HOST_UNREACHABLE')
+          throw error;
         this.lose(session, error, options.tolerateLoss ?? false, 'cannot take the runner lock');
       }
     }
@@ -187,7 +200,10 @@ export class Fleet {
    * Runs fn on every session in parallel and returns the results in session order. A session whose
    * fn fails is lost when `tolerateLoss`; otherwise the first failure is thrown, naming its host.
    */
-  async each<T>(fn: (session: HostSession) => Promise<T>, options: { tolerateLoss?: boolean; doing?: string } = {}): Promise<T[]> {
+  async each<T>(
+    fn: (session: HostSession) => Promise<T>,
+    options: { tolerateLoss?: boolean; doing?: string } = {},
+  ): Promise<T[]> {
     const sessions = [...this.sessions];
     const results = await Promise.allSettled(sessions.map((s) => fn(s)));
     const values: T[] = [];
@@ -201,7 +217,8 @@ export class Fleet {
   /** Drops a failed host from the fleet (tolerate) or turns its failure into a HostError. */
   lose(session: HostSession, error: unknown, tolerate: boolean, doing?: string): void {
     const reason = `${doing ? `${doing}: ` : ''}${failureReason(error, describePgError)}`;
-    if (!tolerate) throw error instanceof HostError ? error : new HostError(session.host.name, reason, { cause: error });
+    if (!tolerate)
+      throw error instanceof HostError ? error : new HostError(session.host.name, reason, { cause: error });
     this.sessions.splice(this.sessions.indexOf(session), 1);
     this.lost.push({ host: session.host, reason });
     void closeSession(session);

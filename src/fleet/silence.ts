@@ -22,7 +22,9 @@ import { endQuietly } from '../pg/quiet.js';
 export const HOST_SILENT = 'HOST_SILENT';
 
 /** The client settings every shardctl connection to a host uses. */
-export function hostClientSettings(host: HostConfig): Pick<pg.ClientConfig, 'connectionTimeoutMillis' | 'keepAlive' | 'keepAliveInitialDelayMillis'> {
+export function hostClientSettings(
+  host: HostConfig,
+): Pick<pg.ClientConfig, 'connectionTimeoutMillis' | 'keepAlive' | 'keepAliveInitialDelayMillis'> {
   return {
     connectionTimeoutMillis: host.timeoutMs,
     // Lets the kernel notice a peer that vanished (rebooted, unplugged) while a connection is idle.
@@ -42,7 +44,8 @@ interface PgClientInternals {
 function internalsOf(client: pg.Client): PgClientInternals | undefined {
   const candidate = client as unknown as Partial<PgClientInternals>;
   const stream = candidate.connection?.stream;
-  if (!('_activeQuery' in candidate) || typeof candidate._ending !== 'boolean' || typeof candidate._ended !== 'boolean') return undefined;
+  if (!('_activeQuery' in candidate) || typeof candidate._ending !== 'boolean' || typeof candidate._ended !== 'boolean')
+    return undefined;
   if (!stream || typeof stream.destroy !== 'function' || typeof stream.on !== 'function') return undefined;
   return candidate as PgClientInternals;
 }
@@ -172,7 +175,12 @@ function probeHost(host: HostConfig, silentSince: number): Promise<string | null
 async function runProbe(host: HostConfig): Promise<string | null> {
   const bound = host.timeoutMs;
   // The deadline below bounds connecting and the query together.
-  const probe = new pg.Client({ connectionString: host.url, application_name: 'shardctl probe', ...hostClientSettings(host), connectionTimeoutMillis: 0 });
+  const probe = new pg.Client({
+    connectionString: host.url,
+    application_name: 'shardctl probe',
+    ...hostClientSettings(host),
+    connectionTimeoutMillis: 0,
+  });
   probe.on('error', () => undefined);
   const stream = (probe as unknown as Partial<PgClientInternals>).connection?.stream;
   let phase = 'connecting';
@@ -190,7 +198,8 @@ async function runProbe(host: HostConfig): Promise<string | null> {
   } catch (error) {
     // The server answered, if only with an error (too many connections, authentication): it is there.
     if (error instanceof pg.DatabaseError) return null;
-    const message = error instanceof Error ? error.message || String((error as { code?: unknown }).code) : String(error);
+    const message =
+      error instanceof Error ? error.message || String((error as { code?: unknown }).code) : String(error);
     return timedOut ? `${phase} got no answer` : `${phase} failed: ${redact(message)}`;
   } finally {
     clearTimeout(deadline);

@@ -55,7 +55,12 @@ export function dropShardSql(shard: number, schemas: readonly string[]): string 
 export function reinstallNextIdSql(config: ShardctlConfig, shard: number): string {
   const schema = shardSchemaName(config, shard);
   // next_id.sql waits for the transactions drawing from the schema's sequences (its barrier): as long as a migration's locks may.
-  return ['BEGIN;', `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`, renderNextIdSql(schema, shard, config.idLayout).trim(), 'COMMIT;'].join('\n');
+  return [
+    'BEGIN;',
+    `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
+    renderNextIdSql(schema, shard, config.idLayout).trim(),
+    'COMMIT;',
+  ].join('\n');
 }
 
 /**

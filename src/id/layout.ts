@@ -69,7 +69,9 @@ export class IdRangeError extends RangeError {}
 export function encodeId(parts: IdParts, layout: IdLayout): bigint {
   const offset = parts.unixMs - layout.epochMs;
   if (offset < 0n) {
-    throw new IdRangeError(`time ${formatUnixMs(parts.unixMs)} is before the layout's epoch (${describeLayout(layout)})`);
+    throw new IdRangeError(
+      `time ${formatUnixMs(parts.unixMs)} is before the layout's epoch (${describeLayout(layout)})`,
+    );
   }
   if (offset > maxTimeOffsetMs(layout)) {
     throw new IdRangeError(
@@ -80,9 +82,7 @@ export function encodeId(parts: IdParts, layout: IdLayout): bigint {
   checkField('shard', parts.shard, layout.shardBits);
   checkField('sequence', parts.sequence, layout.sequenceBits);
   const seqBits = BigInt(layout.sequenceBits);
-  return (
-    (offset << (BigInt(layout.shardBits) + seqBits)) | (BigInt(parts.shard) << seqBits) | BigInt(parts.sequence)
-  );
+  return (offset << (BigInt(layout.shardBits) + seqBits)) | (BigInt(parts.shard) << seqBits) | BigInt(parts.sequence);
 }
 
 export function decodeId(id: bigint, layout: IdLayout): DecodedId {

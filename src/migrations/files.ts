@@ -45,7 +45,9 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
   try {
     entries = await readdir(dir);
   } catch (error) {
-    throw new ConfigError(dir, [{ path: 'migrations', message: `cannot read the migrations folder ${dir}: ${(error as Error).message}` }]);
+    throw new ConfigError(dir, [
+      { path: 'migrations', message: `cannot read the migrations folder ${dir}: ${(error as Error).message}` },
+    ]);
   }
   const issues: ConfigIssue[] = [];
   const byVersion = new Map<number, MigrationFile>();
@@ -65,7 +67,8 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
     const bytes = await readFile(path);
     const sql = bytes.toString('utf8');
     const markers = readMarkers(sql);
-    for (const problem of markers.problems) issues.push({ path: 'migrations', message: `${path}:${problem.line}: ${problem.message}` });
+    for (const problem of markers.problems)
+      issues.push({ path: 'migrations', message: `${path}:${problem.line}: ${problem.message}` });
     const migration: MigrationFile = {
       version,
       name: entry.slice(0, -'.sql'.length),
@@ -86,7 +89,10 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
     }
     const existing = byVersion.get(version);
     if (existing) {
-      issues.push({ path: 'migrations', message: `files ${existing.name}.sql and ${entry} have the same version ${version}` });
+      issues.push({
+        path: 'migrations',
+        message: `files ${existing.name}.sql and ${entry} have the same version ${version}`,
+      });
       continue;
     }
     byVersion.set(version, migration);
@@ -131,7 +137,11 @@ export function readMarkers(sql: string): MigrationMarkers {
     const known = `known markers: ${NO_TRANSACTION_MARKER}, ${LOCK_TIMEOUT_MARKER} DURATION, ${STATEMENT_TIMEOUT_MARKER} DURATION`;
     switch (key.toLowerCase()) {
       case 'no-transaction':
-        if (value.trim() !== '') problems.push({ line: i + 1, message: `${NO_TRANSACTION_MARKER} takes no value, got ${JSON.stringify(value.trim())}` });
+        if (value.trim() !== '')
+          problems.push({
+            line: i + 1,
+            message: `${NO_TRANSACTION_MARKER} takes no value, got ${JSON.stringify(value.trim())}`,
+          });
         noTransaction = true;
         break;
       case 'lock-timeout':
@@ -140,7 +150,10 @@ export function readMarkers(sql: string): MigrationMarkers {
         const name = key.toLowerCase() === 'lock-timeout' ? LOCK_TIMEOUT_MARKER : STATEMENT_TIMEOUT_MARKER;
         if (!DURATION.test(text) || durationMs(text) === 0) {
           // 0 means "wait forever" to PostgreSQL: what a timeout exists to prevent.
-          problems.push({ line: i + 1, message: `${name} ${JSON.stringify(text)}: expected a duration above 0 such as 500ms, 5s or 2min` });
+          problems.push({
+            line: i + 1,
+            message: `${name} ${JSON.stringify(text)}: expected a duration above 0 such as 500ms, 5s or 2min`,
+          });
         } else if (name === LOCK_TIMEOUT_MARKER) lockTimeout = text;
         else statementTimeout = text;
         break;
@@ -179,16 +192,22 @@ export function splitStatements(sql: string): string[] {
  * (functions, procedures, DO) are not read: what they do runs inside the transaction, and the
  * search_path is checked again before the record is written (migrationSql).
  */
-export function migrationFileProblems(sql: string, noTransaction: boolean): { line: number; statement: string; reason: string }[] {
+export function migrationFileProblems(
+  sql: string,
+  noTransaction: boolean,
+): { line: number; statement: string; reason: string }[] {
   const problems: { line: number; statement: string; reason: string }[] = [];
   for (const statement of splitSqlBothWays(sql)) {
     let reason = transactionEscape(statement);
     const [first, second] = statement.keywords;
     if (!reason && noTransaction) {
-      if (first === 'savepoint' || first === 'release' || first === 'rollback') reason = `${first.toUpperCase()} needs a transaction, and a no-transaction file has none`;
-      else if (first === 'set' && second === 'local') reason = 'SET LOCAL does nothing outside a transaction, and a no-transaction file has none';
+      if (first === 'savepoint' || first === 'release' || first === 'rollback')
+        reason = `${first.toUpperCase()} needs a transaction, and a no-transaction file has none`;
+      else if (first === 'set' && second === 'local')
+        reason = 'SET LOCAL does nothing outside a transaction, and a no-transaction file has none';
     }
-    if (reason && !problems.some((p) => p.line === statement.line && p.statement === statement.code)) problems.push({ line: statement.line, statement: statement.code, reason });
+    if (reason && !problems.some((p) => p.line === statement.line && p.statement === statement.code))
+      problems.push({ line: statement.line, statement: statement.code, reason });
   }
   return problems.sort((a, b) => a.line - b.line);
 }

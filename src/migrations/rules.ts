@@ -38,7 +38,10 @@ export function shardLevel(applied: AppliedMigrations | undefined): number {
 }
 
 /** Files that migrate would apply to a shard, in version order (out-of-order files are drift, not pending). */
-export function pendingMigrations(applied: AppliedMigrations | undefined, files: readonly MigrationFile[]): MigrationFile[] {
+export function pendingMigrations(
+  applied: AppliedMigrations | undefined,
+  files: readonly MigrationFile[],
+): MigrationFile[] {
   const level = shardLevel(applied);
   return files.filter((m) => m.version > level && !applied?.has(m.version));
 }
@@ -58,7 +61,9 @@ export function fleetLevel(appliedByHost: Iterable<ReadonlyMap<number, AppliedMi
 /** Applied versions of one shard whose file changed or is gone (a move builds its target from the files). */
 export function shardDrift(applied: AppliedMigrations, files: readonly MigrationFile[]): number[] {
   const byVersion = new Map(files.map((m) => [m.version, m]));
-  return [...applied].filter(([version, checksum]) => byVersion.get(version)?.checksum !== checksum).map(([version]) => version);
+  return [...applied]
+    .filter(([version, checksum]) => byVersion.get(version)?.checksum !== checksum)
+    .map(([version]) => version);
 }
 
 /**
@@ -83,9 +88,17 @@ export function driftProblems(
   };
   // Shards with the same applied migrations often share one map (see readHostSnapshot): each map
   // is judged once.
-  const verdicts = new Map<AppliedMigrations, { missing: number[]; changed: number[]; late: number[]; level: number }>();
+  const verdicts = new Map<
+    AppliedMigrations,
+    { missing: number[]; changed: number[]; late: number[]; level: number }
+  >();
   const judge = (versions: AppliedMigrations) => {
-    const verdict = { missing: [] as number[], changed: [] as number[], late: [] as number[], level: shardLevel(versions) };
+    const verdict = {
+      missing: [] as number[],
+      changed: [] as number[],
+      late: [] as number[],
+      level: shardLevel(versions),
+    };
     for (const [version, checksum] of versions) {
       const file = byVersion.get(version);
       if (!file) verdict.missing.push(version);
@@ -163,7 +176,10 @@ export interface FileRollout {
  * them (a fleet in the middle of a rollout, or with a file not started). `applied`: one entry per
  * shard whose schema exists.
  */
-export function fileRollout(files: readonly MigrationFile[], applied: readonly (AppliedMigrations | undefined)[]): FileRollout[] {
+export function fileRollout(
+  files: readonly MigrationFile[],
+  applied: readonly (AppliedMigrations | undefined)[],
+): FileRollout[] {
   const counts = new Map<number, number>();
   // Shards at the same level often share one map (see readHostSnapshot): count each map once.
   const byMap = new Map<AppliedMigrations | undefined, number>();
@@ -172,7 +188,12 @@ export function fileRollout(files: readonly MigrationFile[], applied: readonly (
     if (versions) for (const version of versions.keys()) counts.set(version, (counts.get(version) ?? 0) + shards);
   }
   return files
-    .map((file) => ({ name: file.name, version: file.version, applied: counts.get(file.version) ?? 0, shards: applied.length }))
+    .map((file) => ({
+      name: file.name,
+      version: file.version,
+      applied: counts.get(file.version) ?? 0,
+      shards: applied.length,
+    }))
     .filter((r) => r.applied < r.shards);
 }
 
@@ -230,7 +251,12 @@ export interface ShapeColumn {
 }
 
 /** What differs between a shard's columns and its reference's, naming the table and the column. */
-export function describeShapeDifference(schema: string, mine: readonly ShapeColumn[], referenceSchema: string, reference: readonly ShapeColumn[]): string[] {
+export function describeShapeDifference(
+  schema: string,
+  mine: readonly ShapeColumn[],
+  referenceSchema: string,
+  reference: readonly ShapeColumn[],
+): string[] {
   const key = (c: ShapeColumn): string => `${c.table}.${c.column}`;
   const theirs = new Map(reference.map((c) => [key(c), c]));
   const ours = new Map(mine.map((c) => [key(c), c]));
@@ -242,15 +268,19 @@ export function describeShapeDifference(schema: string, mine: readonly ShapeColu
   for (const c of mine) {
     if (!tables.has(c.table)) continue;
     const other = theirs.get(key(c));
-    if (!other) out.push(`table ${schema}.${c.table} has a column ${c.column} (${c.type}) that ${referenceSchema} lacks`);
-    else if (other.type !== c.type) out.push(`column ${schema}.${c.table}.${c.column} is ${c.type}, ${other.type} in ${referenceSchema}`);
+    if (!other)
+      out.push(`table ${schema}.${c.table} has a column ${c.column} (${c.type}) that ${referenceSchema} lacks`);
+    else if (other.type !== c.type)
+      out.push(`column ${schema}.${c.table}.${c.column} is ${c.type}, ${other.type} in ${referenceSchema}`);
   }
   for (const c of reference) {
-    if (ourTables.has(c.table) && !ours.has(key(c))) out.push(`table ${schema}.${c.table} lacks the column ${c.column} (${c.type}) of ${referenceSchema}`);
+    if (ourTables.has(c.table) && !ours.has(key(c)))
+      out.push(`table ${schema}.${c.table} lacks the column ${c.column} (${c.type}) of ${referenceSchema}`);
   }
   if (out.length === 0) {
     const order = (cols: readonly ShapeColumn[]): string => cols.map(key).join(',');
-    if (order(mine) !== order(reference)) out.push(`the columns of ${schema} are in another order than in ${referenceSchema}`);
+    if (order(mine) !== order(reference))
+      out.push(`the columns of ${schema} are in another order than in ${referenceSchema}`);
   }
   return out;
 }

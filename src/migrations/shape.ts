@@ -1,6 +1,12 @@
 import type pg from 'pg';
 import { CONTROL } from '../fleet/control.js';
-import { describeShapeDifference, shapeOutliers, type ShapeColumn, type ShapeOutlier, type ShardShape } from './rules.js';
+import {
+  describeShapeDifference,
+  shapeOutliers,
+  type ShapeColumn,
+  type ShapeOutlier,
+  type ShardShape,
+} from './rules.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 
 /**
@@ -62,20 +68,32 @@ SELECT level, fingerprint, string_agg(shard::text, ',' ORDER BY shard) AS shards
  * joins are forced: right after thousands of shards were created the catalogs' statistics are
  * stale, and the planner's nested loops over them took 30 s at 8,192 shards instead of 1.
  */
-export async function readShardShapes(client: pg.Client, host: string, shards?: readonly number[]): Promise<ShardShape[]> {
+export async function readShardShapes(
+  client: pg.Client,
+  host: string,
+  shards?: readonly number[],
+): Promise<ShardShape[]> {
   // Shard numbers are integers (validated by the caller's config), written as literals: a simple
   // query carries the SET LOCAL in the same round trip.
-  const filter = shards ? `c.shard = ANY(ARRAY[${shards.map((s) => String(Math.trunc(Number(s)))).join(',')}]::int[])` : 'true';
+  const filter = shards
+    ? `c.shard = ANY(ARRAY[${shards.map((s) => String(Math.trunc(Number(s)))).join(',')}]::int[])`
+    : 'true';
   const sql = `BEGIN;\nSET LOCAL enable_nestloop = off;\n${SHAPE_FINGERPRINTS_SQL.replace('%SHARD_FILTER%', filter)};\nCOMMIT;`;
   let results: pg.QueryResult<{ level: string; fingerprint: string; shards: string }>[];
   try {
-    results = (await client.query(sql)) as unknown as pg.QueryResult<{ level: string; fingerprint: string; shards: string }>[];
+    results = (await client.query(sql)) as unknown as pg.QueryResult<{
+      level: string;
+      fingerprint: string;
+      shards: string;
+    }>[];
   } catch (error) {
     await rollbackQuietly(client);
     throw error;
   }
   const rows = results.find((r) => r.command === 'SELECT')?.rows ?? [];
-  return rows.flatMap((r) => r.shards.split(',').map((s) => ({ shard: Number(s), host, level: r.level, fingerprint: r.fingerprint })));
+  return rows.flatMap((r) =>
+    r.shards.split(',').map((s) => ({ shard: Number(s), host, level: r.level, fingerprint: r.fingerprint })),
+  );
 }
 
 /** The columns of the tables of two schemas, to name what differs between a shard and its reference. */
@@ -125,6 +143,7 @@ export async function shapeDrift(
 
 /** One line per drifted shard: what differs from the reference shard of the same migrations. */
 export function shapeDriftMessage(drift: ShapeDrift, schemaOf: (shard: number) => string): string {
-  const what = drift.differences.length > 0 ? drift.differences.join('; ') : 'its tables, constraints or indexes differ';
+  const what =
+    drift.differences.length > 0 ? drift.differences.join('; ') : 'its tables, constraints or indexes differ';
   return `shard ${drift.shard} (${schemaOf(drift.shard)}) differs from shard ${drift.reference} (${schemaOf(drift.reference)}), which has the same migrations: ${what} (changed by hand, outside the migrations)`;
 }

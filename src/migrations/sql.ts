@@ -19,7 +19,9 @@ export function migrationSql(config: ShardctlConfig, shard: number, migration: M
     'BEGIN;',
     `SET LOCAL search_path TO ${quoteIdent(schema)};`,
     `SET LOCAL lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};`,
-    ...(migration.statementTimeout ? [`SET LOCAL statement_timeout = ${quoteLiteral(migration.statementTimeout)};`] : []),
+    ...(migration.statementTimeout
+      ? [`SET LOCAL statement_timeout = ${quoteLiteral(migration.statementTimeout)};`]
+      : []),
     `-- ${migration.name}.sql`,
     migration.sql.trimEnd(),
     ';',
@@ -43,7 +45,9 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
       (migration.statementTimeout ? ` SET statement_timeout = ${quoteLiteral(migration.statementTimeout)};` : ''),
     // search_path again before each later statement: a function or DO body in the file may have
     // moved it, and what ran outside a transaction cannot be undone by the check before the record.
-    ...migration.statements.flatMap((statement, i) => (i === 0 ? [`${statement};`] : [`SET search_path TO ${quoteIdent(schema)};`, `${statement};`])),
+    ...migration.statements.flatMap((statement, i) =>
+      i === 0 ? [`${statement};`] : [`SET search_path TO ${quoteIdent(schema)};`, `${statement};`],
+    ),
     [
       'DO $shardctl$',
       'DECLARE invalid text;',
@@ -66,7 +70,10 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
 }
 
 /** The lock_timeout a migration runs with: its `-- shardctl:lock-timeout` marker, else the config's lockTimeout. */
-export function effectiveLockTimeout(config: Pick<ShardctlConfig, 'lockTimeout'>, migration: Pick<MigrationFile, 'lockTimeout'>): string {
+export function effectiveLockTimeout(
+  config: Pick<ShardctlConfig, 'lockTimeout'>,
+  migration: Pick<MigrationFile, 'lockTimeout'>,
+): string {
   return migration.lockTimeout ?? config.lockTimeout;
 }
 

@@ -1,5 +1,13 @@
 import type pg from 'pg';
-import { qualified, type AclEntry, type KeyedTableName, type PrivilegeKind, type PrivilegeObject, type TableName, type TriggerName } from './sql.js';
+import {
+  qualified,
+  type AclEntry,
+  type KeyedTableName,
+  type PrivilegeKind,
+  type PrivilegeObject,
+  type TableName,
+  type TriggerName,
+} from './sql.js';
 
 /**
  * The catalog reads of a move: what a shard schema holds (its tables, keys, grants, sequences,
@@ -31,7 +39,11 @@ const REG_TYPES = `'regclass', 'regtype', 'regproc', 'regprocedure', 'regoper', 
  * - 'leaves': tables that hold rows (plain tables and partitions): the unit of COPY and of
  *   verification (a partition is verified like a table, by its own key or log).
  */
-export async function shardTables(client: pg.Client, schemas: string | readonly string[], which: 'top' | 'all' | 'leaves' = 'top'): Promise<ShardTable[]> {
+export async function shardTables(
+  client: pg.Client,
+  schemas: string | readonly string[],
+  which: 'top' | 'all' | 'leaves' = 'top',
+): Promise<ShardTable[]> {
   const filter = {
     top: `c.relkind IN ('r', 'p') AND NOT c.relispartition`,
     all: `c.relkind IN ('r', 'p')`,
@@ -53,7 +65,12 @@ export async function shardTables(client: pg.Client, schemas: string | readonly 
       ORDER BY n.nspname, c.relname`,
     [typeof schemas === 'string' ? [schemas] : schemas],
   );
-  return result.rows.map((r) => ({ schema: r.nspname, table: r.relname, portable: r.portable, ...(r.parent === null ? {} : { parent: r.parent }) }));
+  return result.rows.map((r) => ({
+    schema: r.nspname,
+    table: r.relname,
+    portable: r.portable,
+    ...(r.parent === null ? {} : { parent: r.parent }),
+  }));
 }
 
 /**
@@ -118,14 +135,23 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
     const key = JSON.stringify([r.kind, r.schema, r.name, r.args, r.col, r.kind === 'default' ? r.owner : null]);
     let o = objects.get(key);
     if (!o) {
-      o = { kind: r.kind, schema: r.schema, name: r.name, args: r.args, column: r.col, owner: r.owner, linked: r.linked, acl: [] };
+      o = {
+        kind: r.kind,
+        schema: r.schema,
+        name: r.name,
+        args: r.args,
+        column: r.col,
+        owner: r.owner,
+        linked: r.linked,
+        acl: [],
+      };
       objects.set(key, o);
     }
-    if (r.privilege !== null) o.acl.push({ grantee: r.grantee, grantor: r.grantor!, privilege: r.privilege, grantable: r.grantable === true });
+    if (r.privilege !== null)
+      o.acl.push({ grantee: r.grantee, grantor: r.grantor!, privilege: r.privilege, grantable: r.grantable === true });
   }
   return [...objects.values()];
 }
-
 
 /** A table whose tail can be verified by key: its replica-identity key columns and their types. */
 export interface KeyedTable extends KeyedTableName {
@@ -136,11 +162,30 @@ export interface KeyedTable extends KeyedTableName {
  * Key types whose JSON form (to_jsonb) reads back to the same value (jsonb_to_recordset): the
  * lookup must find exactly the row that was recorded.
  */
-const EXACT_KEY_TYPES = ['int2', 'int4', 'int8', 'numeric', 'text', 'varchar', 'uuid', 'bool', 'date', 'timestamp', 'timestamptz', 'bytea'];
+const EXACT_KEY_TYPES = [
+  'int2',
+  'int4',
+  'int8',
+  'numeric',
+  'text',
+  'varchar',
+  'uuid',
+  'bool',
+  'date',
+  'timestamp',
+  'timestamptz',
+  'bytea',
+];
 
 /** Tables holding rows (plain tables and partitions) of `schemas` with an exact-typed replica-identity key. */
 export async function keyedTables(client: pg.Client, schemas: readonly string[]): Promise<KeyedTable[]> {
-  const result = await client.query<{ nspname: string; relname: string; columns: string[]; types: string[]; exact: boolean }>(
+  const result = await client.query<{
+    nspname: string;
+    relname: string;
+    columns: string[];
+    types: string[];
+    exact: boolean;
+  }>(
     `SELECT n.nspname, c.relname, array_agg(a.attname::text ORDER BY k.ord) AS columns,
             array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY k.ord) AS types,
             bool_and(t.oid < 16384 AND t.typname = ANY($2::text[])) AS exact
@@ -157,17 +202,18 @@ export async function keyedTables(client: pg.Client, schemas: readonly string[])
   );
   return result.rows
     .filter((r) => r.exact)
-    .map((r) => ({ table: { schema: r.nspname, table: r.relname, portable: true }, columns: r.columns, types: r.types }));
+    .map((r) => ({
+      table: { schema: r.nspname, table: r.relname, portable: true },
+      columns: r.columns,
+      types: r.types,
+    }));
 }
 
-
 /** Which of the schemas $1 exist. */
-export const EXISTING_SCHEMAS_SQL =
-  `SELECT nspname FROM pg_namespace WHERE nspname = ANY($1)`;
+export const EXISTING_SCHEMAS_SQL = `SELECT nspname FROM pg_namespace WHERE nspname = ANY($1)`;
 
 /** The indexes of tables $1 that can be dropped and built again exactly from their definition (see dropIndexesForCopy in copy.ts). */
-export const REBUILDABLE_INDEXES_SQL =
-  `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
+export const REBUILDABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
             c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
        FROM pg_index i
        JOIN pg_class ic ON ic.oid = i.indexrelid
@@ -192,27 +238,22 @@ export const REBUILDABLE_INDEXES_SQL =
       ORDER BY i.indexrelid`;
 
 /** The sequences of schemas $1 and their increments. */
-export const SHARD_SEQUENCES_SQL =
-  `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`;
+export const SHARD_SEQUENCES_SQL = `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`;
 
 /** The materialized views of schemas $1. */
-export const MATERIALIZED_VIEWS_SQL =
-  `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`;
+export const MATERIALIZED_VIEWS_SQL = `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`;
 
 /** Schema $1's grants to others than its owner. */
-export const SCHEMA_GRANTS_SQL =
-  `SELECT r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
+export const SCHEMA_GRANTS_SQL = `SELECT r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
        LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = $1 AND a.grantee <> n.nspowner`;
 
 /** The grants on schema $1's tables to others than their owners. */
-export const TABLE_GRANTS_SQL =
-  `SELECT c.relname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_class c, aclexplode(c.relacl) a
+export const TABLE_GRANTS_SQL = `SELECT c.relname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_class c, aclexplode(c.relacl) a
        LEFT JOIN pg_roles r ON r.oid = a.grantee
       WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`;
 
 /** The tables of schemas $1: whether each has a replica identity and is logged. */
-export const REPLICA_IDENTITIES_SQL =
-  `SELECT format('%s.%s', n.nspname, c.relname) AS name,
+export const REPLICA_IDENTITIES_SQL = `SELECT format('%s.%s', n.nspname, c.relname) AS name,
               NOT (c.relreplident = 'n' OR (c.relreplident = 'd' AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary))) AS identity,
               c.relpersistence <> 'u' AS logged
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

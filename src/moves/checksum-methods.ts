@@ -9,7 +9,11 @@ import { hashMethods, type HashMethod } from './verify.js';
 export async function ensureMethods(ctx: MoveContext): Promise<Map<string, HashMethod>> {
   if (!ctx.methods) {
     const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
-    ctx.methods = await hashMethods(ctx.source.client, tables, Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000);
+    ctx.methods = await hashMethods(
+      ctx.source.client,
+      tables,
+      Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000,
+    );
   }
   return ctx.methods;
 }

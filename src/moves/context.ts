@@ -153,7 +153,12 @@ export function moveContext(
   };
 }
 
-export function moveResult(ctx: MoveContext, outcome: MoveResult['outcome'], checks: readonly PreflightCheck[], started: number): MoveResult {
+export function moveResult(
+  ctx: MoveContext,
+  outcome: MoveResult['outcome'],
+  checks: readonly PreflightCheck[],
+  started: number,
+): MoveResult {
   return {
     moveId: ctx.moveId,
     shards: ctx.shards,
@@ -194,4 +199,3 @@ export function notice(ctx: MoveContext, message: string): void {
 export function sameMajorVersion(ctx: MoveContext): boolean {
   return Math.floor(ctx.source.serverVersionNum / 10000) === Math.floor(ctx.target.serverVersionNum / 10000);
 }
-

@@ -10,8 +10,34 @@ import { errorHost, openWorker } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
-import { createSlotCommand, privilegeVersions, qualified, syncPrivilegesSql, type PrivilegeObject, APPLIED_VERSIONS_SQL, XID_HOLDERS_SQL, BACKEND_PID_SQL, TERMINATE_BACKEND_SQL, setTransactionSnapshotSql, REPLICA_ROLE_SQL, nonEmptyTablesSql, truncateSql, copyOutSql, copyInSql, dropIndexForCopySql, rebuildIndexSql, type RebuildableIndex } from './sql.js';
-import { largeTables, shardPrivileges, shardTables, type ShardTable, EXISTING_SCHEMAS_SQL, REBUILDABLE_INDEXES_SQL } from './catalog.js';
+import {
+  createSlotCommand,
+  privilegeVersions,
+  qualified,
+  syncPrivilegesSql,
+  type PrivilegeObject,
+  APPLIED_VERSIONS_SQL,
+  XID_HOLDERS_SQL,
+  BACKEND_PID_SQL,
+  TERMINATE_BACKEND_SQL,
+  setTransactionSnapshotSql,
+  REPLICA_ROLE_SQL,
+  nonEmptyTablesSql,
+  truncateSql,
+  copyOutSql,
+  copyInSql,
+  dropIndexForCopySql,
+  rebuildIndexSql,
+  type RebuildableIndex,
+} from './sql.js';
+import {
+  largeTables,
+  shardPrivileges,
+  shardTables,
+  type ShardTable,
+  EXISTING_SCHEMAS_SQL,
+  REBUILDABLE_INDEXES_SQL,
+} from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
@@ -42,7 +68,11 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       if (have.has(`${shard}:${version}`)) continue;
       const file = files.get(version);
       if (!file) {
-        throw new HostError(source.host.name, `migration version ${version} is applied but has no file; restore it and resume the move`, { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] });
+        throw new HostError(
+          source.host.name,
+          `migration version ${version} is applied but has no file; restore it and resume the move`,
+          { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] },
+        );
       }
       if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
       else statements.push(migrationSql(config, shard, file));
@@ -67,7 +97,11 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       await flush();
     } catch (error) {
       await rollbackQuietly(client);
-      throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
+      throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, {
+        shard,
+        code: 'MOVE_FAILED',
+        cause: error,
+      });
     }
   });
   await carryPrivileges(ctx);
@@ -83,7 +117,10 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
 async function carryPrivileges(ctx: MoveContext): Promise<void> {
   const { source, target } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
-  const [wanted, current] = await Promise.all([shardPrivileges(source.client, schemas), shardPrivileges(target.client, schemas)]);
+  const [wanted, current] = await Promise.all([
+    shardPrivileges(source.client, schemas),
+    shardPrivileges(target.client, schemas),
+  ]);
   const bySchema = (objects: readonly PrivilegeObject[]): Map<string, PrivilegeObject[]> => {
     const map = new Map<string, PrivilegeObject[]>();
     for (const o of objects) {
@@ -97,7 +134,10 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
   const work = ctx.shards
     .map((shard) => {
       const schema = shardSchemaName(ctx.config, shard);
-      return { shard, statements: syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions) };
+      return {
+        shard,
+        statements: syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions),
+      };
     })
     .filter((w) => w.statements.length > 0);
   await withWorkers(ctx, target, work, async (client, { shard, statements }) => {
@@ -105,11 +145,15 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
       await client.query(['BEGIN;', ...statements, 'COMMIT;'].join('\n'));
     } catch (error) {
       await rollbackQuietly(client);
-      throw new HostError(target.host.name, `cannot give the target copy the source's owners and grants: ${describePgError(error)}`, {
-        shard,
-        code: 'MOVE_FAILED',
-        cause: error,
-      });
+      throw new HostError(
+        target.host.name,
+        `cannot give the target copy the source's owners and grants: ${describePgError(error)}`,
+        {
+          shard,
+          code: 'MOVE_FAILED',
+          cause: error,
+        },
+      );
     }
   });
 }
@@ -121,7 +165,8 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
  * where no trigger is left to drop.
  */
 export async function dropTargets(ctx: MoveContext): Promise<void> {
-  for (const shard of ctx.shards) await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  for (const shard of ctx.shards)
+    await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
   await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
 }
 
@@ -148,7 +193,10 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
     watchSilence(replication, ctx.source.host);
     await checkClientConnection(replication);
   } catch (error) {
-    throw new HostError(ctx.source.host.name, `cannot open a replication connection: ${describePgError(error)}`, { shard: ctx.shards[0]!, code: 'MOVE_FAILED' });
+    throw new HostError(ctx.source.host.name, `cannot open a replication connection: ${describePgError(error)}`, {
+      shard: ctx.shards[0]!,
+      code: 'MOVE_FAILED',
+    });
   }
   try {
     const snapshot = await createSlotWatched(ctx, replication);
@@ -168,7 +216,9 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
   const limit = ctx.options.waitTimeoutMs ?? 300_000;
   const started = performance.now();
   let done = false;
-  const creating = replication.query<{ snapshot_name: string }>(createSlotCommand(ctx.name)).finally(() => (done = true));
+  const creating = replication
+    .query<{ snapshot_name: string }>(createSlotCommand(ctx.name))
+    .finally(() => (done = true));
   // Marks the rejection handled while the loop waits; it is seen where `creating` is awaited.
   creating.catch(() => undefined);
   let blockers = '';
@@ -178,7 +228,13 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
     const pause = new AbortController();
     // Only waits: the creation's outcome is read where it is awaited, and the pause's abort rejects delay()
     // on purpose.
-    await Promise.race([creating.then(() => undefined, () => undefined), delay(2000, undefined, { signal: pause.signal }).catch(() => undefined)]);
+    await Promise.race([
+      creating.then(
+        () => undefined,
+        () => undefined,
+      ),
+      delay(2000, undefined, { signal: pause.signal }).catch(() => undefined),
+    ]);
     pause.abort();
     if (done) break;
     blockers = await xidHolders(ctx.source.client, pid);
@@ -195,23 +251,36 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
         { shard: ctx.shards[0]!, code: 'SLOT_WAIT_TIMEOUT', next: resumeOrAbort(ctx.shards) },
       );
     }
-    notice(ctx, `host ${ctx.source.host.name}: creating the replication slot waits for open transactions to finish (${waited} s): ${blockers || 'none visible'}`);
+    notice(
+      ctx,
+      `host ${ctx.source.host.name}: creating the replication slot waits for open transactions to finish (${waited} s): ${blockers || 'none visible'}`,
+    );
   }
   try {
     return (await creating).rows[0]!.snapshot_name;
   } catch (error) {
-    throw new HostError(ctx.source.host.name, `cannot create the replication slot: ${describePgError(error)}`, { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error });
+    throw new HostError(ctx.source.host.name, `cannot create the replication slot: ${describePgError(error)}`, {
+      shard: ctx.shards[0]!,
+      code: 'MOVE_FAILED',
+      cause: error,
+    });
   }
 }
 
 /** The transactions holding a transaction id on the server (any database), oldest first. */
 async function xidHolders(client: pg.Client, except: number): Promise<string> {
-  const result = await client.query<{ pid: number; datname: string | null; application_name: string; age: number; query: string }>(
-    XID_HOLDERS_SQL,
-    [except],
-  );
+  const result = await client.query<{
+    pid: number;
+    datname: string | null;
+    application_name: string;
+    age: number;
+    query: string;
+  }>(XID_HOLDERS_SQL, [except]);
   return result.rows
-    .map((r) => `pid ${r.pid} (database ${r.datname ?? '?'}, ${r.application_name || 'no application name'}, open ${r.age} s: ${JSON.stringify(r.query)})`)
+    .map(
+      (r) =>
+        `pid ${r.pid} (database ${r.datname ?? '?'}, ${r.application_name || 'no application name'}, open ${r.age} s: ${JSON.stringify(r.query)})`,
+    )
     .join('; ');
 }
 
@@ -229,7 +298,10 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
   const tables = await shardTables(source.client, schemas, 'leaves');
   const sameMajor = sameMajorVersion(ctx);
   const large = await largeTables(source.client, schemas, INDEXES_AFTER_BYTES);
-  const byShard = shards.map((shard) => ({ shard, tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)) }));
+  const byShard = shards.map((shard) => ({
+    shard,
+    tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)),
+  }));
   let next = 0;
   let failed: unknown = null;
   const worker = async (): Promise<void> => {
@@ -247,7 +319,11 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
           await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
         } catch (error) {
           await rollbackQuietly(writer);
-          throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, { shard, code: 'MOVE_FAILED', cause: error });
+          throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, {
+            shard,
+            code: 'MOVE_FAILED',
+            cause: error,
+          });
         }
       }
       await reader.query('COMMIT');
@@ -278,7 +354,13 @@ async function copyStreams(): Promise<typeof copyStreamsModule> {
   return (await import('pg-copy-streams')).default;
 }
 
-async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly ShardTable[], sameMajor: boolean, large: ReadonlySet<string>): Promise<void> {
+async function copyShard(
+  writer: pg.Client,
+  reader: pg.Client,
+  tables: readonly ShardTable[],
+  sameMajor: boolean,
+  large: ReadonlySet<string>,
+): Promise<void> {
   const { to, from } = await copyStreams();
   await writer.query('BEGIN');
   await writer.query('SAVEPOINT replica_role');
@@ -292,7 +374,10 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
     const truncate = names.filter((_, i) => filled.rows[0]![String(i)]);
     if (truncate.length > 0) await writer.query(truncateSql(truncate));
   }
-  const rebuild = await dropIndexesForCopy(writer, tables.map((t) => qualified(t.schema, t.table)).filter((name) => large.has(name)));
+  const rebuild = await dropIndexesForCopy(
+    writer,
+    tables.map((t) => qualified(t.schema, t.table)).filter((name) => large.has(name)),
+  );
   for (const t of tables) {
     const name = qualified(t.schema, t.table);
     const binary = sameMajor && t.portable;
@@ -317,10 +402,7 @@ async function copyShard(writer: pg.Client, reader: pg.Client, tables: readonly 
  */
 async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]): Promise<string[]> {
   if (tables.length === 0) return [];
-  const result = await writer.query<RebuildableIndex>(
-    REBUILDABLE_INDEXES_SQL,
-    [tables],
-  );
+  const result = await writer.query<RebuildableIndex>(REBUILDABLE_INDEXES_SQL, [tables]);
   if (result.rows.length === 0) return [];
   await writer.query(result.rows.map(dropIndexForCopySql).join('\n'));
   return result.rows.map(rebuildIndexSql);

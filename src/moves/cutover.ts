@@ -6,7 +6,29 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
-import { DELTA_TRIGGERS, FENCE_TRIGGER, startDeltasSql, startTrackingSql, dropFenceTriggerSql, fenceGroups, fenceMarkerSql, fenceSql, insertMarkerSql, MAX_LOCKS_SQL, type FenceInput, readSequencesSql, setSequencesSql, unfenceSql, type SequenceValue, ACTIVE_SHARDS_SQL, DEADLOCK_TIMEOUT_SQL, FENCED_SHARDS_SQL, LOCK_HOLDERS_SQL, statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
+import {
+  DELTA_TRIGGERS,
+  FENCE_TRIGGER,
+  startDeltasSql,
+  startTrackingSql,
+  dropFenceTriggerSql,
+  fenceGroups,
+  fenceMarkerSql,
+  fenceSql,
+  insertMarkerSql,
+  MAX_LOCKS_SQL,
+  type FenceInput,
+  readSequencesSql,
+  setSequencesSql,
+  unfenceSql,
+  type SequenceValue,
+  ACTIVE_SHARDS_SQL,
+  DEADLOCK_TIMEOUT_SQL,
+  FENCED_SHARDS_SQL,
+  LOCK_HOLDERS_SQL,
+  statementTimeoutSql,
+  RESET_STATEMENT_TIMEOUT_SQL,
+} from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { keyedTables, shardTables, shardTriggers, type ShardTable, SHARD_SEQUENCES_SQL } from './catalog.js';
@@ -60,10 +82,16 @@ export async function fence(ctx: MoveContext): Promise<void> {
   // costs one lock wait more, not one per shard of its group.
   const alone = new Set<number>();
   const pending = shards.filter((s) => !fenced.has(s));
-  for (let i = 0; i < pending.length; ) {
+  for (let i = 0; i < pending.length;) {
     const group = fenceGroups(pending.slice(i), (s) => tablesOf(s).length, maxTables, alone)[0]!;
     attempts += 1;
-    if (await fenceOnce(ctx, group.map((shard) => ({ shard, tables: tablesOf(shard) })), lockWaitMs)) {
+    if (
+      await fenceOnce(
+        ctx,
+        group.map((shard) => ({ shard, tables: tablesOf(shard) })),
+        lockWaitMs,
+      )
+    ) {
       i += group.length;
       continue;
     }
@@ -76,7 +104,10 @@ export async function fence(ctx: MoveContext): Promise<void> {
     if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
       // Who holds the locks only adds to the message, which stands without it.
       const holders = await lockHolders(source.client, schema).catch(() => '');
-      await stopCutOver(ctx, `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`);
+      await stopCutOver(
+        ctx,
+        `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`,
+      );
     }
     const waited = performance.now() - started;
     if (ctx.fenceStartedAtMs === null && waited > limit) {
@@ -92,15 +123,24 @@ export async function fence(ctx: MoveContext): Promise<void> {
     if (performance.now() - told > 2000) {
       told = performance.now();
       // Who holds the locks only adds to the message, which stands without it.
-      notice(ctx, `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`);
+      notice(
+        ctx,
+        `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`,
+      );
     }
     await sleep(10 + Math.random() * 40);
   }
   const transactions = fenceGroups(pending, (s) => tablesOf(s).length, maxTables).length;
-  if (attempts > transactions) notice(ctx, `host ${source.host.name}: fenced ${plural(pending.length, 'shard')} in ${attempts} attempts (tables were busy)`);
+  if (attempts > transactions)
+    notice(
+      ctx,
+      `host ${source.host.name}: fenced ${plural(pending.length, 'shard')} in ${attempts} attempts (tables were busy)`,
+    );
   if (ctx.fenceStartedAtMs === null) ctx.fenceStartedAtMs = Date.now();
   const marker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
-  await underFence(ctx, 'the fence marker on the source', () => source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs!)));
+  await underFence(ctx, 'the fence marker on the source', () =>
+    source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs!)),
+  );
   ctx.fenceMarker = marker;
 }
 
@@ -184,7 +224,12 @@ export function fenceRemainingMs(ctx: MoveContext): number {
  * host can hold the wave fenced past the limit. Past it, the wave is unfenced and the move stops,
  * naming `what` it waited for.
  */
-export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Promise<T>, also: readonly pg.Client[] = []): Promise<T> {
+export async function underFence<T>(
+  ctx: MoveContext,
+  what: string,
+  fn: () => Promise<T>,
+  also: readonly pg.Client[] = [],
+): Promise<T> {
   const remaining = fenceRemainingMs(ctx);
   if (remaining <= 0) return stopCutOver(ctx, what);
   const clients = [ctx.source.client, ctx.target.client, ...also];
@@ -206,7 +251,8 @@ export async function underFence<T>(ctx: MoveContext, what: string, fn: () => Pr
 
 /** Keeps the longest time the shards of this move refused writes, across waves and runs. */
 function noteBlocked(ctx: MoveContext): void {
-  if (ctx.fenceStartedAtMs !== null) ctx.writeBlockedMs = Math.max(ctx.writeBlockedMs ?? 0, Date.now() - ctx.fenceStartedAtMs);
+  if (ctx.fenceStartedAtMs !== null)
+    ctx.writeBlockedMs = Math.max(ctx.writeBlockedMs ?? 0, Date.now() - ctx.fenceStartedAtMs);
 }
 
 /**
@@ -259,26 +305,43 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     const keyed = await keyedTables(ctx.source.client, schemas);
     const methods = await ensureMethods(ctx);
     const isKeyed = new Set(keyed.map((k) => `${k.table.schema}.${k.table.table}`));
-    const unkeyed = (await shardTables(ctx.source.client, schemas, 'leaves')).filter((t) => !isKeyed.has(`${t.schema}.${t.table}`));
+    const unkeyed = (await shardTables(ctx.source.client, schemas, 'leaves')).filter(
+      (t) => !isKeyed.has(`${t.schema}.${t.table}`),
+    );
     if (keyed.length === 0 && unkeyed.length === 0) return;
     if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
     const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
     if (keyed.length === 0 && logged.length === 0) return;
-    held = await Promise.all([openWorker(ctx.source.host, 'shardctl move verify'), openWorker(ctx.target.host, 'shardctl move verify')]);
+    held = await Promise.all([
+      openWorker(ctx.source.host, 'shardctl move verify'),
+      openWorker(ctx.target.host, 'shardctl move verify'),
+    ]);
     const started = performance.now();
-    const verification = await preVerify({ source: held[0]!, target: held[1]! }, { source: ctx.source.client, target: ctx.target.client }, keyed, methods, {
-      moveId: ctx.moveId,
-      tables: logged,
-    });
+    const verification = await preVerify(
+      { source: held[0]!, target: held[1]! },
+      { source: ctx.source.client, target: ctx.target.client },
+      keyed,
+      methods,
+      {
+        moveId: ctx.moveId,
+        tables: logged,
+      },
+    );
     ctx.pre = { wave: ctx.wave, verification };
-    notice(ctx, `host ${ctx.target.host.name}: ${plural(keyed.length + logged.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`);
+    notice(
+      ctx,
+      `host ${ctx.target.host.name}: ${plural(keyed.length + logged.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`,
+    );
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
     await Promise.all(held.map(endQuietly));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     await stopLogs(ctx, schemas).catch(() => undefined);
-    notice(ctx, `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`);
+    notice(
+      ctx,
+      `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`,
+    );
   }
 }
 
@@ -314,7 +377,10 @@ async function startDeltas(
       const code = (error as { code?: string }).code;
       if ((code !== '55P03' && code !== '40P01') || performance.now() - started > DELTAS_SETUP_LIMIT_MS) {
         await stopLogs(ctx, schemas).catch(() => undefined);
-        notice(ctx, `host ${ctx.source.host.name}: no change logs for ${tables.length} table${tables.length === 1 ? '' : 's'} without a usable key (${describePgError(error)}); they are checksummed whole while fenced`);
+        notice(
+          ctx,
+          `host ${ctx.source.host.name}: no change logs for ${tables.length} table${tables.length === 1 ? '' : 's'} without a usable key (${describePgError(error)}); they are checksummed whole while fenced`,
+        );
         return false;
       }
       await sleep(10 + Math.random() * 40);
@@ -323,11 +389,20 @@ async function startDeltas(
 }
 
 /** The change-log triggers of `schemas` off on both hosts, and this move's entries gone (tail.ts stopDeltas). */
-async function stopLogs(ctx: MoveContext, schemas: readonly string[], { sourceBestEffort = false } = {}): Promise<void> {
+async function stopLogs(
+  ctx: MoveContext,
+  schemas: readonly string[],
+  { sourceBestEffort = false } = {},
+): Promise<void> {
   const lockWaitMs = await lockWaitFor(ctx);
   // Best effort: one attempt (the unfence disables what is left).
-  const onSource = sourceBestEffort ? stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs, 0) : stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs);
-  await Promise.all([sourceBestEffort ? onSource.catch(() => undefined) : onSource, stopDeltas(ctx.target.client, ctx.moveId, schemas, lockWaitMs)]);
+  const onSource = sourceBestEffort
+    ? stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs, 0)
+    : stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs);
+  await Promise.all([
+    sourceBestEffort ? onSource.catch(() => undefined) : onSource,
+    stopDeltas(ctx.target.client, ctx.moveId, schemas, lockWaitMs),
+  ]);
 }
 
 /**
@@ -335,22 +410,32 @@ async function stopLogs(ctx: MoveContext, schemas: readonly string[], { sourceBe
  * (on the source they run in application transactions; best effort here, an error path: the
  * verification, the unfence and --abort remove them too).
  */
-export async function dropPreVerification(ctx: MoveContext, { logs = true }: { readonly logs?: boolean } = {}): Promise<void> {
+export async function dropPreVerification(
+  ctx: MoveContext,
+  { logs = true }: { readonly logs?: boolean } = {},
+): Promise<void> {
   const pre = ctx.pre;
   ctx.pre = null;
   if (!pre) return;
   await endPreVerification(pre.verification);
-  if (logs && pre.verification.logged.size > 0) await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!)).catch(() => undefined);
+  if (logs && pre.verification.logged.size > 0)
+    await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!)).catch(() => undefined);
 }
 
 /** Who holds locks on a schema's tables: pid, application, transaction age and query. */
 async function lockHolders(client: pg.Client, schema: string): Promise<string> {
-  const result = await client.query<{ pid: number; application_name: string; age: number | null; relname: string; query: string }>(
-    LOCK_HOLDERS_SQL,
-    [schema],
-  );
+  const result = await client.query<{
+    pid: number;
+    application_name: string;
+    age: number | null;
+    relname: string;
+    query: string;
+  }>(LOCK_HOLDERS_SQL, [schema]);
   return result.rows
-    .map((r) => `${r.relname} held by pid ${r.pid} (${r.application_name || 'no application name'}, transaction open ${r.age ?? 0} s: ${JSON.stringify(r.query)})`)
+    .map(
+      (r) =>
+        `${r.relname} held by pid ${r.pid} (${r.application_name || 'no application name'}, transaction open ${r.age ?? 0} s: ${JSON.stringify(r.query)})`,
+    )
     .join('; ');
 }
 
@@ -366,7 +451,11 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
   } catch (error) {
     // What the apply worker waits for only adds to the message.
     const apply = await applyWorkerWaits(ctx).catch(() => '');
-    await stopCutOver(ctx, `the target ${ctx.target.host.name} to apply the changes committed before the fence${apply ? ` (${apply})` : ''}`, error);
+    await stopCutOver(
+      ctx,
+      `the target ${ctx.target.host.name} to apply the changes committed before the fence${apply ? ` (${apply})` : ''}`,
+      error,
+    );
   }
 }
 
@@ -377,7 +466,8 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
  * position, and ids grow with it).
  */
 export async function carrySequences(ctx: MoveContext): Promise<void> {
-  if (ctx.mode === 'online') return underFence(ctx, 'the sequences of the wave on both hosts', () => carrySequencesNow(ctx));
+  if (ctx.mode === 'online')
+    return underFence(ctx, 'the sequences of the wave on both hosts', () => carrySequencesNow(ctx));
   return carrySequencesNow(ctx);
 }
 
@@ -397,12 +487,19 @@ async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   const behind: SequenceValue[] = [];
   list.rows.forEach((row, i) => {
     const increment = BigInt(row.increment_by);
-    const next = (r: { last_value: string; is_called: boolean }): bigint => BigInt(r.last_value) + (r.is_called ? increment : 0n);
+    const next = (r: { last_value: string; is_called: boolean }): bigint =>
+      BigInt(r.last_value) + (r.is_called ? increment : 0n);
     const s = src.rows[i]!;
     const d = dst.rows[i]!;
     // The value the target would hand out next must not come before the source's.
     const targetBehind = increment > 0n ? next(d) < next(s) : next(d) > next(s);
-    if (targetBehind) behind.push({ schema: row.schemaname, name: row.sequencename, lastValue: BigInt(s.last_value), isCalled: s.is_called });
+    if (targetBehind)
+      behind.push({
+        schema: row.schemaname,
+        name: row.sequencename,
+        lastValue: BigInt(s.last_value),
+        isCalled: s.is_called,
+      });
   });
   if (behind.length > 0) await ctx.target.client.query(setSequencesSql(behind));
 }
@@ -413,7 +510,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
   const methods = await ensureMethods(ctx);
   const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification : null;
   const online = ctx.mode === 'online';
-  const within = <T>(what: string, fn: () => Promise<T>, also: readonly pg.Client[] = []): Promise<T> => (online ? underFence(ctx, what, fn, also) : fn());
+  const within = <T>(what: string, fn: () => Promise<T>, also: readonly pg.Client[] = []): Promise<T> =>
+    online ? underFence(ctx, what, fn, also) : fn();
   let result: VerifyResult;
   try {
     result = await within(
@@ -430,10 +528,14 @@ export async function verify(ctx: MoveContext): Promise<void> {
   }
   // Still fenced: the tracking triggers and change logs go before the wave's copies take
   // application writes (whatever run created them: a killed run's too).
-  await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () => stopTracking(ctx.target.client, ctx.moveId, schemas));
+  await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () =>
+    stopTracking(ctx.target.client, ctx.moveId, schemas),
+  );
   // On the source only as far as its tables let it: the wave's old copy stays fenced, and an
   // unfence disables what is left there.
-  await within(`the removal of the change logs on ${ctx.target.host.name}`, () => stopLogs(ctx, schemas, { sourceBestEffort: true }));
+  await within(`the removal of the change logs on ${ctx.target.host.name}`, () =>
+    stopLogs(ctx, schemas, { sourceBestEffort: true }),
+  );
   const before = ctx.verification;
   ctx.verification = before
     ? {
@@ -442,7 +544,10 @@ export async function verify(ctx: MoveContext): Promise<void> {
         tables: [...before.tables, ...result.tables],
         mismatches: [...before.mismatches, ...result.mismatches],
         byKey: { tables: before.byKey.tables + result.byKey.tables, keys: before.byKey.keys + result.byKey.keys },
-        byLog: { tables: before.byLog.tables + result.byLog.tables, changes: before.byLog.changes + result.byLog.changes },
+        byLog: {
+          tables: before.byLog.tables + result.byLog.tables,
+          changes: before.byLog.changes + result.byLog.changes,
+        },
         whole: [...before.whole, ...result.whole],
         truncated: [...before.truncated, ...result.truncated],
       }
@@ -457,12 +562,16 @@ export async function verify(ctx: MoveContext): Promise<void> {
     // Nothing switched yet: the move is undone, the sources writable again, nothing is lost.
     throw new UndoThenReport(
       'sequences-carried',
-      new HostError(ctx.target.host.name, `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`, {
-        shard: shards[0]!,
-        code: 'VERIFY_FAILED',
-        data,
-        details: result.mismatches,
-      }),
+      new HostError(
+        ctx.target.host.name,
+        `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`,
+        {
+          shard: shards[0]!,
+          code: 'VERIFY_FAILED',
+          data,
+          details: result.mismatches,
+        },
+      ),
     );
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
@@ -475,7 +584,13 @@ export async function verify(ctx: MoveContext): Promise<void> {
   throw new HostError(
     ctx.target.host.name,
     `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); resume the move to retry this wave:\n${mismatches}`,
-    { shard: shards[0]!, code: 'VERIFY_FAILED', data, details: result.mismatches, next: [{ action: 'resume', shards: ctx.shards }] },
+    {
+      shard: shards[0]!,
+      code: 'VERIFY_FAILED',
+      data,
+      details: result.mismatches,
+      next: [{ action: 'resume', shards: ctx.shards }],
+    },
   );
 }
 
@@ -537,11 +652,15 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
         if (performance.now() - started > limitMs) {
           // Who holds the locks only adds to the message, which stands without it.
           const holders = await lockHolders(ctx.source.client, schema).catch(() => '');
-          throw new HostError(ctx.source.host.name, `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`, {
-            shard,
-            code: 'UNFENCE_TIMEOUT',
-            cause: error,
-          });
+          throw new HostError(
+            ctx.source.host.name,
+            `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`,
+            {
+              shard,
+              code: 'UNFENCE_TIMEOUT',
+              cause: error,
+            },
+          );
         }
         await sleep(10 + Math.random() * 40);
       }
@@ -550,7 +669,8 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
   // Writable already; the disabled triggers go where no application statement has to wait for it.
   // A disabled trigger refuses nothing: one a busy table keeps is harmless, and the shard's next fence takes
   // it over (fenceSql).
-  for (const t of triggers) await runTransaction(ctx.source.client, dropFenceTriggerSql(t.schema, t.table)).catch(() => undefined);
+  for (const t of triggers)
+    await runTransaction(ctx.source.client, dropFenceTriggerSql(t.schema, t.table)).catch(() => undefined);
 }
 
 /**

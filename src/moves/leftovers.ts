@@ -1,7 +1,17 @@
 import type pg from 'pg';
 import { sleep } from '../clock.js';
 import { controlTableExists } from '../fleet/control.js';
-import { detachSubscriptionSql, dropPublicationSql, dropSubscriptionSql, forgetObjectSql, PROBE_SUBSCRIPTIONS_SQL, SLOT_ACTIVE_PID_SQL, leftoverReplicationSql, TERMINATE_BACKEND_SQL, DROP_SLOT_SQL } from './sql.js';
+import {
+  detachSubscriptionSql,
+  dropPublicationSql,
+  dropSubscriptionSql,
+  forgetObjectSql,
+  PROBE_SUBSCRIPTIONS_SQL,
+  SLOT_ACTIVE_PID_SQL,
+  leftoverReplicationSql,
+  TERMINATE_BACKEND_SQL,
+  DROP_SLOT_SQL,
+} from './sql.js';
 
 /**
  * What moves create outside the shard schemas and must remove again: the reachability probe's
@@ -18,7 +28,9 @@ export async function findLeftovers(client: pg.Client): Promise<Leftover[]> {
   const probes = (await controlTableExists(client, 'objects'))
     ? (await client.query<{ name: string }>(PROBE_SUBSCRIPTIONS_SQL)).rows
     : [];
-  const replication = await client.query<{ kind: Leftover['kind']; name: string }>(leftoverReplicationSql(await controlTableExists(client, 'moves')));
+  const replication = await client.query<{ kind: Leftover['kind']; name: string }>(
+    leftoverReplicationSql(await controlTableExists(client, 'moves')),
+  );
   return [...probes.map((p) => ({ kind: 'probe-subscription' as const, name: p.name })), ...replication.rows];
 }
 

@@ -5,7 +5,13 @@ import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { oldCopyName, refreshMaterializedViewSql, renameWithStubSql, SHARD_SCHEMA_NAMES_SQL, RESET_SYNCHRONOUS_COMMIT_SQL } from './sql.js';
+import {
+  oldCopyName,
+  refreshMaterializedViewSql,
+  renameWithStubSql,
+  SHARD_SCHEMA_NAMES_SQL,
+  RESET_SYNCHRONOUS_COMMIT_SQL,
+} from './sql.js';
 import { stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, schemasOf } from './context.js';
@@ -59,7 +65,13 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
       throw new HostError(
         errorHost(error) ?? ctx.source.host.name,
         `move ${ctx.moveId} failed at step ${step}: ${describePgError(error)}; resume the move to retry, or abort it to undo`,
-        { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error, data: { moveId: ctx.moveId, step, shards: ctx.shards }, next: resumeOrAbort(ctx.shards) },
+        {
+          shard: ctx.shards[0]!,
+          code: 'MOVE_FAILED',
+          cause: error,
+          data: { moveId: ctx.moveId, step, shards: ctx.shards },
+          next: resumeOrAbort(ctx.shards),
+        },
       );
     }
     if (step === 'switched' && ctx.wave < ctx.waves.length - 1) {
@@ -177,10 +189,9 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
   }
   await source.client.query(DURABLE_FLUSH_SQL);
-  const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(
-    MATERIALIZED_VIEWS_SQL,
-    [schemasOf(ctx, ctx.shards)],
-  );
+  const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(MATERIALIZED_VIEWS_SQL, [
+    schemasOf(ctx, ctx.shards),
+  ]);
   for (const v of views.rows) {
     await ctx.target.client.query(refreshMaterializedViewSql(v.schemaname, v.matviewname));
     ctx.refreshed.push(`${v.schemaname}.${v.matviewname}`);
@@ -193,10 +204,9 @@ async function renameWithStub(ctx: MoveContext, shard: number, renamed: string):
   const { source } = ctx;
   const schema = shardSchemaName(ctx.config, shard);
   const tables = (await shardTables(source.client, schema, 'all')).map((t) => t.table);
-  const schemaGrants = await source.client.query<{ grantee: string | null; privilege: string }>(
-    SCHEMA_GRANTS_SQL,
-    [schema],
-  );
+  const schemaGrants = await source.client.query<{ grantee: string | null; privilege: string }>(SCHEMA_GRANTS_SQL, [
+    schema,
+  ]);
   const tableGrants = await source.client.query<{ relname: string; grantee: string | null; privilege: string }>(
     TABLE_GRANTS_SQL,
     [schema],

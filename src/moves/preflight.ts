@@ -11,7 +11,20 @@ import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
-import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql, rolesNamed, APPLIED_CHECKSUMS_SQL, REPLICATION_SETTINGS_SQL, ROLES_SQL, RUNNING_MOVES_OF_SQL, SOURCE_SHARD_STATES_SQL, targetShardStatesSql, CURRENT_USER_SQL } from './sql.js';
+import {
+  dropSubscriptionSql,
+  forgetObjectSql,
+  probeSubscriptionSql,
+  recordObjectSql,
+  rolesNamed,
+  APPLIED_CHECKSUMS_SQL,
+  REPLICATION_SETTINGS_SQL,
+  ROLES_SQL,
+  RUNNING_MOVES_OF_SQL,
+  SOURCE_SHARD_STATES_SQL,
+  targetShardStatesSql,
+  CURRENT_USER_SQL,
+} from './sql.js';
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
 import { inflect } from '../text.js';
@@ -58,12 +71,18 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   const list = (items: readonly number[]): string => shardsPhrase([...items]);
 
   const unmapped = shards.filter((s) => hostForShard(config, s)?.name !== source.name);
-  add('map', unmapped.length === 0, unmapped.length === 0 ? `the map puts ${list(shards)} on ${source.name}` : `the map does not put ${list(unmapped)} on ${source.name}`);
-
-  const onSource = await src.query<{ shard: number; exists: boolean; state: string | null }>(
-    SOURCE_SHARD_STATES_SQL,
-    [shards, schemas],
+  add(
+    'map',
+    unmapped.length === 0,
+    unmapped.length === 0
+      ? `the map puts ${list(shards)} on ${source.name}`
+      : `the map does not put ${list(unmapped)} on ${source.name}`,
   );
+
+  const onSource = await src.query<{ shard: number; exists: boolean; state: string | null }>(SOURCE_SHARD_STATES_SQL, [
+    shards,
+    schemas,
+  ]);
   const running = [...(await runningMovesOf(src, shards)), ...(await runningMovesOf(dst, shards))].filter(
     (m, i, all) => all.findIndex((o) => o.moveId === m.moveId) === i,
   );
@@ -103,7 +122,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   add(
     'target initialised',
     targetInitialised,
-    targetInitialised ? `${target.name} has the shardctl control schema` : `${target.name} has no shardctl control schema; run shardctl init first`,
+    targetInitialised
+      ? `${target.name} has the shardctl control schema`
+      : `${target.name} has no shardctl control schema; run shardctl init first`,
   );
 
   let probe = false;
@@ -116,7 +137,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     add(
       'versions',
       ok,
-      `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}` + (ok ? '' : '; online mode needs 15 or later on both (use --mode offline)'),
+      `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}` +
+        (ok ? '' : '; online mode needs 15 or later on both (use --mode offline)'),
     );
     const settings = await src.query<{ wal_level: string; free_slots: number; free_senders: number }>(
       REPLICATION_SETTINGS_SQL,
@@ -125,7 +147,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     add(
       'wal_level',
       s.wal_level === 'logical',
-      s.wal_level === 'logical' ? `wal_level=logical on ${source.name}` : `wal_level=${s.wal_level} on ${source.name}; set wal_level=logical and restart it, or use --mode offline`,
+      s.wal_level === 'logical'
+        ? `wal_level=logical on ${source.name}`
+        : `wal_level=${s.wal_level} on ${source.name}; set wal_level=logical and restart it, or use --mode offline`,
     );
     add(
       'replication slots',
@@ -133,10 +157,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       `${s.free_slots} free replication slots and ${s.free_senders} free WAL senders on ${source.name}` +
         (s.free_slots > 0 && s.free_senders > 0 ? '' : '; raise max_replication_slots / max_wal_senders'),
     );
-    const tables = await src.query<{ name: string; identity: boolean; logged: boolean }>(
-      REPLICA_IDENTITIES_SQL,
-      [schemas],
-    );
+    const tables = await src.query<{ name: string; identity: boolean; logged: boolean }>(REPLICA_IDENTITIES_SQL, [
+      schemas,
+    ]);
     const noIdentity = tables.rows.filter((t) => !t.identity).map((t) => t.name);
     add(
       'replica identity',
@@ -164,7 +187,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   add(
     'config file',
     writable === null,
-    writable === null ? `${input.configFile} will be rewritten at the switch` : `the map cannot be rewritten at the switch: ${writable}; the move would be stuck after the target went live`,
+    writable === null
+      ? `${input.configFile} will be rewritten at the switch`
+      : `the map cannot be rewritten at the switch: ${writable}; the move would be stuck after the target went live`,
   );
 
   add(
@@ -174,13 +199,22 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   );
 
   // Shapes are compared across hosts only between equal majors (definition texts may differ between them).
-  const sameMajor = Math.floor(input.source.serverVersionNum / 10000) === Math.floor(input.target.serverVersionNum / 10000);
+  const sameMajor =
+    Math.floor(input.source.serverVersionNum / 10000) === Math.floor(input.target.serverVersionNum / 10000);
   const schemaOf = (shard: number): string => shardSchemaName(config, shard);
   const shapes = [
     ...(await readShardShapes(src, source.name)),
     ...(sameMajor && targetInitialised ? await readShardShapes(dst, target.name) : []),
   ];
-  const handMade = await shapeDrift(new Map([[source.name, src], [target.name, dst]]), shapes, schemaOf, new Set(shards));
+  const handMade = await shapeDrift(
+    new Map([
+      [source.name, src],
+      [target.name, dst],
+    ]),
+    shapes,
+    schemaOf,
+    new Set(shards),
+  );
   add(
     'same tables as the migrations build',
     handMade.length === 0,
@@ -189,19 +223,28 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       : `${handMade.map((d) => shapeDriftMessage(d, schemaOf)).join('; ')}. The target copy is built by the migrations and could not take these rows: make the shard match its migrations, or change every shard with a migration`,
   );
 
-  for (const check of await roleChecks(src, dst, schemas, source.name, target.name, (schema) => shards[schemas.indexOf(schema)]!)) checks.push(check);
+  for (const check of await roleChecks(
+    src,
+    dst,
+    schemas,
+    source.name,
+    target.name,
+    (schema) => shards[schemas.indexOf(schema)]!,
+  ))
+    checks.push(check);
 
-  const applied = await src.query<{ shard: number; version: number; checksum: string }>(
-    APPLIED_CHECKSUMS_SQL,
-    [shards],
-  );
+  const applied = await src.query<{ shard: number; version: number; checksum: string }>(APPLIED_CHECKSUMS_SQL, [
+    shards,
+  ]);
   const byShard = new Map<number, Map<number, string>>();
   for (const r of applied.rows) {
     let m = byShard.get(r.shard);
     if (!m) byShard.set(r.shard, (m = new Map<number, string>()));
     m.set(r.version, r.checksum);
   }
-  const drifted = [...byShard].flatMap(([shard, versions]) => shardDrift(versions, input.migrations).map((v) => ({ shard, v })));
+  const drifted = [...byShard].flatMap(([shard, versions]) =>
+    shardDrift(versions, input.migrations).map((v) => ({ shard, v })),
+  );
   add(
     'migrations',
     drifted.length === 0,
@@ -240,10 +283,7 @@ async function roleChecks(
 ): Promise<PreflightCheck[]> {
   const objects = await shardPrivileges(src, schemas);
   const { all, owners } = rolesNamed(objects);
-  const found = await dst.query<{ rolname: string; member: boolean }>(
-    ROLES_SQL,
-    [all],
-  );
+  const found = await dst.query<{ rolname: string; member: boolean }>(ROLES_SQL, [all]);
   const present = new Map(found.rows.map((r) => [r.rolname, r.member]));
   const shardsNaming = (role: string, asOwner: boolean): string => {
     const shards = [
@@ -299,11 +339,18 @@ async function canRewrite(file: string): Promise<string | null> {
 }
 
 /** Shards on the source that are not active: in a running move (named), or not recorded (init). */
-function inactiveMessage(which: string, host: string, inactive: readonly { shard: number; state: string | null }[], running: readonly RunningMove[]): string {
+function inactiveMessage(
+  which: string,
+  host: string,
+  inactive: readonly { shard: number; state: string | null }[],
+  running: readonly RunningMove[],
+): string {
   const moves = running.filter((m) => inactive.some((r) => m.shards.includes(r.shard)));
   const be = inflect(inactive.length, 'is', 'are');
-  if (moves.length > 0) return `${which} on ${host} ${be} ${inactive[0]!.state ?? 'not active'}: ${moves.map(describeRunningMove).join('; ')}`;
-  if (inactive.every((r) => r.state === null)) return `${which} on ${host} ${be} not recorded by shardctl; run shardctl init first`;
+  if (moves.length > 0)
+    return `${which} on ${host} ${be} ${inactive[0]!.state ?? 'not active'}: ${moves.map(describeRunningMove).join('; ')}`;
+  if (inactive.every((r) => r.state === null))
+    return `${which} on ${host} ${be} not recorded by shardctl; run shardctl init first`;
   return `${which} on ${host} ${be} ${inactive[0]!.state} and no unfinished move of ${inflect(inactive.length, 'it', 'them')} is recorded; run shardctl status to see why`;
 }
 
@@ -321,7 +368,13 @@ async function runningMovesOf(client: pg.Client, shards: readonly number[]): Pro
     RUNNING_MOVES_OF_SQL,
     [shards],
   );
-  return r.rows.map((row) => ({ moveId: row.move_id, shards: row.shards, source: row.source, target: row.target, step: row.step }));
+  return r.rows.map((row) => ({
+    moveId: row.move_id,
+    shards: row.shards,
+    source: row.source,
+    target: row.target,
+    step: row.step,
+  }));
 }
 
 /**

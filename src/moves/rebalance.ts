@@ -61,7 +61,11 @@ interface Working {
   count: number;
 }
 
-export function planRebalance(hosts: readonly RebalanceHost[], sizes: ReadonlyMap<number, bigint>, by: RebalanceBy): RebalancePlan {
+export function planRebalance(
+  hosts: readonly RebalanceHost[],
+  sizes: ReadonlyMap<number, bigint>,
+  by: RebalanceBy,
+): RebalancePlan {
   const bytesOf = (shard: number): bigint => sizes.get(shard) ?? 0n;
   const work: Working[] = hosts.map((host, index) => ({
     index,
@@ -86,7 +90,12 @@ export function planRebalance(hosts: readonly RebalanceHost[], sizes: ReadonlyMa
     .sort((a, b) => a.source.index - b.source.index || a.target.index - b.target.index)
     .map(({ source, target, shards }) => {
       const sorted = shards.sort((a, b) => a - b);
-      return { source: source.host.name, target: target.host.name, shards: sorted, bytes: sorted.reduce((n, s) => n + bytesOf(s), 0n) };
+      return {
+        source: source.host.name,
+        target: target.host.name,
+        shards: sorted,
+        bytes: sorted.reduce((n, s) => n + bytesOf(s), 0n),
+      };
     });
 
   const totalShards = hosts.reduce((n, h) => n + h.shards.length, 0);
@@ -154,7 +163,12 @@ function planByCount(work: Working[], totalWeight: bigint, bytesOf: (shard: numb
     if (remainder > 0n) candidates.push({ w, floor, remainder });
   }
   const closeness = (c: { w: Working; floor: number }): number => Math.min(c.w.count - c.floor, 1);
-  candidates.sort((a, b) => closeness(b) - closeness(a) || (b.remainder > a.remainder ? 1 : b.remainder < a.remainder ? -1 : 0) || a.w.index - b.w.index);
+  candidates.sort(
+    (a, b) =>
+      closeness(b) - closeness(a) ||
+      (b.remainder > a.remainder ? 1 : b.remainder < a.remainder ? -1 : 0) ||
+      a.w.index - b.w.index,
+  );
   for (const c of candidates.slice(0, Number(total) - given)) quota.set(c.w, c.floor + 1);
 
   const leaving: { shard: number; source: Working }[] = [];
@@ -221,8 +235,12 @@ function planBySize(work: Working[], totalWeight: bigint, bytesOf: (shard: numbe
 
   for (const w of takers) remaining.set(w, [...w.host.shards].sort(byCostThenNumber));
   for (;;) {
-    const over = takers.filter((w) => !received.has(w) && deviation(w) > 0n).sort((a, b) => compareBigint(deviation(b), deviation(a)) || a.index - b.index);
-    const under = takers.filter((w) => !gave.has(w) && deviation(w) < 0n).sort((a, b) => compareBigint(deviation(a), deviation(b)) || a.index - b.index);
+    const over = takers
+      .filter((w) => !received.has(w) && deviation(w) > 0n)
+      .sort((a, b) => compareBigint(deviation(b), deviation(a)) || a.index - b.index);
+    const under = takers
+      .filter((w) => !gave.has(w) && deviation(w) < 0n)
+      .sort((a, b) => compareBigint(deviation(a), deviation(b)) || a.index - b.index);
     const pick = choose(over, under, (w) => remaining.get(w)!, cost, totalWeight, deviation);
     if (!pick) break;
     transfer(pick.shard, pick.source, pick.target);

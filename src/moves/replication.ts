@@ -1,5 +1,18 @@
 import { HostError, resumeOrAbort } from '../errors.js';
-import { createPublicationSql, createSubscriptionSql, dropPublicationSql, insertMarkerSql, APPLY_WORKER_WAITS_SQL, DELETE_MARKERS_SQL, MARKER_ARRIVED_SQL, PUBLICATION_EXISTS_SQL, SLOT_LAG_SQL, SUBSCRIPTION_ERRORS_SQL, SUBSCRIPTION_EXISTS_SQL, SUBSCRIPTION_TABLES_SQL } from './sql.js';
+import {
+  createPublicationSql,
+  createSubscriptionSql,
+  dropPublicationSql,
+  insertMarkerSql,
+  APPLY_WORKER_WAITS_SQL,
+  DELETE_MARKERS_SQL,
+  MARKER_ARRIVED_SQL,
+  PUBLICATION_EXISTS_SQL,
+  SLOT_LAG_SQL,
+  SUBSCRIPTION_ERRORS_SQL,
+  SUBSCRIPTION_EXISTS_SQL,
+  SUBSCRIPTION_TABLES_SQL,
+} from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { shardTables } from './catalog.js';
 import { sleep } from '../clock.js';
@@ -30,10 +43,7 @@ export async function subscribe(ctx: MoveContext): Promise<void> {
 /** Every table streaming; then one marker round trip, so the cut-over starts nearly caught up. */
 export async function waitForSync(ctx: MoveContext): Promise<void> {
   const errors = async (): Promise<number> => {
-    const r = await ctx.target.client.query<{ n: string }>(
-      SUBSCRIPTION_ERRORS_SQL,
-      [ctx.name],
-    );
+    const r = await ctx.target.client.query<{ n: string }>(SUBSCRIPTION_ERRORS_SQL, [ctx.name]);
     return Number(r.rows[0]?.n ?? 0);
   };
   const baseline = await errors();
@@ -51,22 +61,26 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
         { shard: ctx.shards[0]!, code: 'SYNC_FAILED', next: resumeOrAbort(ctx.shards) },
       );
     }
-    const r = await ctx.target.client.query<{ total: string; pending: string }>(
-      SUBSCRIPTION_TABLES_SQL,
-      [ctx.name],
-    );
+    const r = await ctx.target.client.query<{ total: string; pending: string }>(SUBSCRIPTION_TABLES_SQL, [ctx.name]);
     const { total, pending } = r.rows[0]!;
     if (Number(total) > 0 && Number(pending) === 0) break;
     if (performance.now() - started > limit) {
-      throw new HostError(ctx.target.host.name, `${pending} of ${total} tables are still not streaming after ${Math.round(limit / 1000)} s; nothing is fenced. Resume the move to wait again, or abort it`, {
-        shard: ctx.shards[0]!,
-        code: 'SYNC_TIMEOUT',
-        next: resumeOrAbort(ctx.shards),
-      });
+      throw new HostError(
+        ctx.target.host.name,
+        `${pending} of ${total} tables are still not streaming after ${Math.round(limit / 1000)} s; nothing is fenced. Resume the move to wait again, or abort it`,
+        {
+          shard: ctx.shards[0]!,
+          code: 'SYNC_TIMEOUT',
+          next: resumeOrAbort(ctx.shards),
+        },
+      );
     }
     if (performance.now() - told > 5000) {
       told = performance.now();
-      notice(ctx, `host ${ctx.target.host.name}: waiting for the subscription: ${pending} of ${total} tables not streaming yet`);
+      notice(
+        ctx,
+        `host ${ctx.target.host.name}: waiting for the subscription: ${pending} of ${total} tables not streaming yet`,
+      );
     }
     await sleep(50);
   }
@@ -82,15 +96,20 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
   for (;;) {
     const r = await ctx.target.client.query(MARKER_ARRIVED_SQL, [ctx.moveId, kind]);
     if (r.rowCount) return;
-    if (performance.now() - started > timeoutMs) throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
+    if (performance.now() - started > timeoutMs)
+      throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
     if (tell && performance.now() - told > 5000) {
       told = performance.now();
-      const lag = await ctx.source.client
-        .query<{ lag: string | null }>(SLOT_LAG_SQL, [ctx.name])
-        .then((q) => q.rows[0]?.lag ?? 'unknown', () => 'unknown');
+      const lag = await ctx.source.client.query<{ lag: string | null }>(SLOT_LAG_SQL, [ctx.name]).then(
+        (q) => q.rows[0]?.lag ?? 'unknown',
+        () => 'unknown',
+      );
       // The lag and what the apply worker waits for only add to a progress notice.
       const apply = await applyWorkerWaits(ctx).catch(() => '');
-      notice(ctx, `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s${apply ? `; ${apply}` : ''})`);
+      notice(
+        ctx,
+        `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s${apply ? `; ${apply}` : ''})`,
+      );
     }
     await sleep(10);
   }
@@ -98,10 +117,9 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
 
 /** What the move's apply worker on the target waits for: the lock and who holds it, if any. */
 export async function applyWorkerWaits(ctx: MoveContext): Promise<string> {
-  const r = await ctx.target.client.query<{ wait: string | null; blockers: string | null }>(
-    APPLY_WORKER_WAITS_SQL,
-    [ctx.name],
-  );
+  const r = await ctx.target.client.query<{ wait: string | null; blockers: string | null }>(APPLY_WORKER_WAITS_SQL, [
+    ctx.name,
+  ]);
   const row = r.rows[0];
   if (!row) return 'its apply worker is not running';
   if (!row.wait) return 'its apply worker is busy';
@@ -127,8 +145,12 @@ export async function dropReplication(ctx: MoveContext): Promise<void> {
 export async function dropMoveSlot(ctx: MoveContext): Promise<void> {
   const { source, name } = ctx;
   if (await dropSlot(source.client, name)) return;
-  throw new HostError(source.host.name, `replication slot ${name} could not be dropped; drop it with pg_drop_replication_slot`, {
-    shard: ctx.shards[0]!,
-    code: 'SLOT_LEFT',
-  });
+  throw new HostError(
+    source.host.name,
+    `replication slot ${name} could not be dropped; drop it with pg_drop_replication_slot`,
+    {
+      shard: ctx.shards[0]!,
+      code: 'SLOT_LEFT',
+    },
+  );
 }

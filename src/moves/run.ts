@@ -45,7 +45,12 @@ export interface BatchMoveResult {
  * Moves `shards` (distinct, ascending, in the map) to `target`, or with options.resume/abort
  * carries on or undoes their unfinished moves (no target then).
  */
-export async function runMoves(config: ShardctlConfig, shards: readonly number[], target: HostConfig | undefined, options: MoveOptions = {}): Promise<BatchMoveResult> {
+export async function runMoves(
+  config: ShardctlConfig,
+  shards: readonly number[],
+  target: HostConfig | undefined,
+  options: MoveOptions = {},
+): Promise<BatchMoveResult> {
   const started = performance.now();
   const migrations = await readMigrations(config.migrationsDir);
   if (!options.runnerLocksHeld) await requireFleetAgrees(config, 'shardctl move');
@@ -92,7 +97,13 @@ async function startMoves(
       if (options.dryRun) {
         const moves = planned.map(({ part, group, checks, waves }) =>
           moveResult(
-            moveContext(config, { moveId: '(dry run)', mode, shards: group.shards, detail: { waves } }, part, migrations, options),
+            moveContext(
+              config,
+              { moveId: '(dry run)', mode, shards: group.shards, detail: { waves } },
+              part,
+              migrations,
+              options,
+            ),
             'dry-run',
             checks,
             started,
@@ -102,7 +113,9 @@ async function startMoves(
       }
       const one = planned.length === 1;
       const failed = planned.flatMap(({ group, checks }) =>
-        checks.filter((c) => !c.ok).map((c) => `${one ? '' : `${group.source.name} → ${target.name}: `}${c.name}: ${c.message}`),
+        checks
+          .filter((c) => !c.ok)
+          .map((c) => `${one ? '' : `${group.source.name} → ${target.name}: `}${c.name}: ${c.message}`),
       );
       if (failed.length > 0) {
         const from = one ? ` from ${groups[0]!.source.name}` : '';
@@ -116,10 +129,24 @@ async function startMoves(
       const moves = await runParts(
         planned.map(({ part, group, checks, waves }) => async () => {
           const moveId = newMoveId();
-          const ctx = moveContext(config, { moveId, mode, shards: group.shards, detail: { waves } }, part, migrations, options);
+          const ctx = moveContext(
+            config,
+            { moveId, mode, shards: group.shards, detail: { waves } },
+            part,
+            migrations,
+            options,
+          );
           for (const side of [part.source, part.target]) await side.client.query(controlSchemaSql(config));
           for (const side of [part.source, part.target]) {
-            await insertMove(side.client, { moveId, shards: group.shards, source: group.source.name, target: target.name, mode, step: 'prepared', detail: { waves, wave: 0 } });
+            await insertMove(side.client, {
+              moveId,
+              shards: group.shards,
+              source: group.source.name,
+              target: target.name,
+              mode,
+              step: 'prepared',
+              detail: { waves, wave: 0 },
+            });
           }
           announce(
             ctx,
@@ -141,7 +168,6 @@ async function startMoves(
   }
 }
 
-
 /** Resume and abort: the unfinished moves that carry any of the shards, carried on or undone. */
 async function continueMoves(
   config: ShardctlConfig,
@@ -156,11 +182,18 @@ async function continueMoves(
     // leftovers: an abort removes those.
     const dropped = options.abort && !options.dryRun ? await dropAllLeftovers(config) : [];
     if (dropped.length > 0) return { ...batchResult('aborted', '', shards, [], started), leftoversDropped: dropped };
-    throw new RuntimeFailure('NO_MOVE', `no unfinished move of ${shardsPhrase(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`);
+    throw new RuntimeFailure(
+      'NO_MOVE',
+      `no unfinished move of ${shardsPhrase(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`,
+    );
   }
   const hostOf = (name: string): HostConfig => {
     const host = config.hosts.find((h) => h.name === name);
-    if (!host) throw new RuntimeFailure('MOVE_HOSTS', `a move of ${shardsPhrase(shards)} involves host ${name}, which the map lacks; restore it in the config`);
+    if (!host)
+      throw new RuntimeFailure(
+        'MOVE_HOSTS',
+        `a move of ${shardsPhrase(shards)} involves host ${name}, which the map lacks; restore it in the config`,
+      );
     return host;
   };
   const hosts = records.flatMap((r) => [hostOf(r.source), hostOf(r.target)]);
@@ -172,10 +205,15 @@ async function continueMoves(
       records.map((record) => async () => {
         const part = await openPart(hostOf(record.source), hostOf(record.target), options.dryRun ?? false);
         try {
-          const { step, detail } = reconcileRecords(record, await recordOf(part.source, record), await recordOf(part.target, record));
+          const { step, detail } = reconcileRecords(
+            record,
+            await recordOf(part.source, record),
+            await recordOf(part.target, record),
+          );
           const ctx = moveContext(config, { ...record, detail }, part, migrations, options);
           const steps = stepsFor(record.mode);
-          if (options.dryRun) return { ...moveResult(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
+          if (options.dryRun)
+            return { ...moveResult(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };
           if (options.abort) {
             await abortMove(ctx, step);
             return moveResult(ctx, 'aborted', [], started);
@@ -189,7 +227,13 @@ async function continueMoves(
       }),
     );
     const target = [...new Set(records.map((r) => r.target))].join(', ');
-    const result = batchResult(options.abort ? 'aborted' : options.dryRun ? 'dry-run' : 'moved', target, [...new Set(records.flatMap((r) => r.shards))].sort((a, b) => a - b), moves, started);
+    const result = batchResult(
+      options.abort ? 'aborted' : options.dryRun ? 'dry-run' : 'moved',
+      target,
+      [...new Set(records.flatMap((r) => r.shards))].sort((a, b) => a - b),
+      moves,
+      started,
+    );
     if (!options.abort || options.dryRun) return result;
     return { ...result, leftoversDropped: await dropAllLeftovers(config, hosts) };
   } finally {
@@ -198,13 +242,21 @@ async function continueMoves(
 }
 
 /** Drops the leftovers of killed runs on these hosts (all of the map's by default). */
-async function dropAllLeftovers(config: ShardctlConfig, hosts: readonly HostConfig[] = config.hosts): Promise<(Leftover & { host: string })[]> {
+async function dropAllLeftovers(
+  config: ShardctlConfig,
+  hosts: readonly HostConfig[] = config.hosts,
+): Promise<(Leftover & { host: string })[]> {
   const unique = hosts.filter((h, i) => hosts.findIndex((o) => o.name === h.name) === i);
   const dropped = await Promise.all(
     unique.map((host) =>
-      withSession(host, async ({ client }) => (await dropLeftovers(client, await findLeftovers(client))).map((l) => ({ ...l, host: host.name })), {
-        applicationName: 'shardctl move',
-      }),
+      withSession(
+        host,
+        async ({ client }) =>
+          (await dropLeftovers(client, await findLeftovers(client))).map((l) => ({ ...l, host: host.name })),
+        {
+          applicationName: 'shardctl move',
+        },
+      ),
     ),
   );
   return dropped.flat();
@@ -231,8 +283,12 @@ export function reconcileRecords(
 ): { step: MoveStep; detail: Record<string, unknown> } {
   const steps = stepsFor(found.mode);
   const both = [onSource, onTarget].filter((r): r is MoveRecord => r !== undefined);
-  const earliest = both.sort((a, b) => steps.indexOf(a.step) - steps.indexOf(b.step) || waveOf(a) - waveOf(b))[0] ?? found;
-  return { step: earliest.step, detail: { ...(onTarget ?? found).detail, ...(onSource ?? {}).detail, wave: waveOf(earliest) } };
+  const earliest =
+    both.sort((a, b) => steps.indexOf(a.step) - steps.indexOf(b.step) || waveOf(a) - waveOf(b))[0] ?? found;
+  return {
+    step: earliest.step,
+    detail: { ...(onTarget ?? found).detail, ...(onSource ?? {}).detail, wave: waveOf(earliest) },
+  };
 }
 
 function waveOf(record: MoveRecord): number {
@@ -273,7 +329,10 @@ interface Part {
  * sessions are recorded as workers (like any worker), so several moves of one batch can share a host.
  */
 async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean): Promise<Part> {
-  const [s, t] = await Promise.allSettled([openSession(source, { applicationName: 'shardctl move' }), openSession(target, { applicationName: 'shardctl move' })]);
+  const [s, t] = await Promise.allSettled([
+    openSession(source, { applicationName: 'shardctl move' }),
+    openSession(target, { applicationName: 'shardctl move' }),
+  ]);
   if (s.status === 'rejected' || t.status === 'rejected') {
     if (s.status === 'fulfilled') await closeSession(s.value);
     if (t.status === 'fulfilled') await closeSession(t.value);
@@ -303,10 +362,14 @@ async function closePart(part: Part): Promise<void> {
  */
 async function runParts(parts: readonly (() => Promise<MoveResult>)[]): Promise<MoveResult[]> {
   const settled = await Promise.allSettled(parts.map((run) => run()));
-  const failures = settled.filter((s): s is PromiseRejectedResult => s.status === 'rejected').map((s) => s.reason as unknown);
+  const failures = settled
+    .filter((s): s is PromiseRejectedResult => s.status === 'rejected')
+    .map((s) => s.reason as unknown);
   if (failures.length === 0) return settled.map((s) => (s as PromiseFulfilledResult<MoveResult>).value);
   if (settled.length === 1) throw failures[0];
-  const done = settled.filter((s): s is PromiseFulfilledResult<MoveResult> => s.status === 'fulfilled').map((s) => s.value);
+  const done = settled
+    .filter((s): s is PromiseFulfilledResult<MoveResult> => s.status === 'fulfilled')
+    .map((s) => s.value);
   const lines = [
     ...failures.map((f) => (f instanceof ShardctlError ? f.message : describePgError(f))),
     ...done.map((m) => `${shardsPhrase(m.shards)} ${m.outcome} from ${m.source} to ${m.target}`),
@@ -324,7 +387,8 @@ function groupBySource(config: ShardctlConfig, shards: readonly number[]): { sou
   const groups = new Map<string, { source: HostConfig; shards: number[] }>();
   for (const shard of shards) {
     const source = hostForShard(config, shard);
-    if (!source) throw new UsageError(`shard ${shard} is not in the map`, { input: 'shards', value: formatShardList(shards) });
+    if (!source)
+      throw new UsageError(`shard ${shard} is not in the map`, { input: 'shards', value: formatShardList(shards) });
     let group = groups.get(source.name);
     if (!group) groups.set(source.name, (group = { source, shards: [] }));
     group.shards.push(shard);
@@ -332,7 +396,13 @@ function groupBySource(config: ShardctlConfig, shards: readonly number[]): { sou
   return [...groups.values()];
 }
 
-function batchResult(outcome: BatchMoveResult['outcome'], target: string, shards: readonly number[], moves: readonly MoveResult[], started: number): BatchMoveResult {
+function batchResult(
+  outcome: BatchMoveResult['outcome'],
+  target: string,
+  shards: readonly number[],
+  moves: readonly MoveResult[],
+  started: number,
+): BatchMoveResult {
   const blocked = moves.map((m) => m.writeBlockedMs).filter((ms): ms is number => ms !== null);
   return {
     outcome,
@@ -345,4 +415,3 @@ function batchResult(outcome: BatchMoveResult['outcome'], target: string, shards
     leftoversDropped: [],
   };
 }
-

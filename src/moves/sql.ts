@@ -76,8 +76,7 @@ export function dropSubscriptionSql(name: string, options: { ifExists?: boolean 
 export function probeSubscriptionSql(name: string, sourceReplicationUrl: string): string {
   return (
     `CREATE SUBSCRIPTION ${quoteIdent(name)} CONNECTION ${quoteLiteral(sourceReplicationUrl)} PUBLICATION shardctl_probe
-` +
-    `  WITH (connect = true, enabled = false, create_slot = false, slot_name = NONE)`
+` + `  WITH (connect = true, enabled = false, create_slot = false, slot_name = NONE)`
   );
 }
 
@@ -230,7 +229,10 @@ export function unfenceSql(
     'BEGIN;',
     `SET LOCAL lock_timeout = ${wait};`,
     ...tables.map(([schema, table]) => `ALTER TABLE ${qualified(schema, table)} DISABLE TRIGGER shardctl_fence;`),
-    ...logged.map(([schema, table]) => `ALTER TABLE ${qualified(schema, table)} ${DELTA_TRIGGERS.map((t) => `DISABLE TRIGGER ${t}`).join(', ')};`),
+    ...logged.map(
+      ([schema, table]) =>
+        `ALTER TABLE ${qualified(schema, table)} ${DELTA_TRIGGERS.map((t) => `DISABLE TRIGGER ${t}`).join(', ')};`,
+    ),
     `UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ${shard} AND state = 'fenced';`,
     `DELETE FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(moveId)} AND kind LIKE 'fenced%';`,
     'COMMIT;',
@@ -254,7 +256,10 @@ export function dropTriggerIfFreeSql(schema: string, table: string, trigger: str
 /** A sequence's state, as read from the sequence itself (pg_sequences hides a setval(..., false)). */
 export function readSequencesSql(sequences: readonly (readonly [string, string])[]): string {
   return sequences
-    .map(([schema, name], i) => `SELECT ${i} AS i, last_value::text AS last_value, is_called FROM ${qualified(schema, name)}`)
+    .map(
+      ([schema, name], i) =>
+        `SELECT ${i} AS i, last_value::text AS last_value, is_called FROM ${qualified(schema, name)}`,
+    )
     .join('\nUNION ALL ')
     .concat('\nORDER BY 1');
 }
@@ -269,7 +274,10 @@ export interface SequenceValue {
 /** setval() for each sequence, in one statement. */
 export function setSequencesSql(values: readonly SequenceValue[]): string {
   return `SELECT ${values
-    .map((v) => `setval(${quoteLiteral(`${quoteIdent(v.schema)}.${quoteIdent(v.name)}`)}::regclass, ${v.lastValue}, ${v.isCalled})`)
+    .map(
+      (v) =>
+        `setval(${quoteLiteral(`${quoteIdent(v.schema)}.${quoteIdent(v.name)}`)}::regclass, ${v.lastValue}, ${v.isCalled})`,
+    )
     .join(',\n       ')}`;
 }
 
@@ -320,8 +328,12 @@ export function renameWithStubSql(input: RenameWithStubInput): string {
     `ALTER SCHEMA ${quoteIdent(schema)} RENAME TO ${quoteIdent(renamed)};`,
     `CREATE SCHEMA ${quoteIdent(schema)};`,
     `COMMENT ON SCHEMA ${quoteIdent(schema)} IS ${quoteLiteral(`shardctl: shard ${shard} moved to ${targetHost}; views over the fenced old copy ${renamed} until shardctl gc`)};`,
-    ...input.tables.map((t) => `CREATE VIEW ${qualified(schema, t)} AS SELECT * FROM ${qualified(renamed, t)} WHERE ${guard};`),
-    ...input.schemaGrants.filter((g) => g.privilege === 'USAGE').map((g) => `GRANT USAGE ON SCHEMA ${quoteIdent(schema)} TO ${to(g.grantee)};`),
+    ...input.tables.map(
+      (t) => `CREATE VIEW ${qualified(schema, t)} AS SELECT * FROM ${qualified(renamed, t)} WHERE ${guard};`,
+    ),
+    ...input.schemaGrants
+      .filter((g) => g.privilege === 'USAGE')
+      .map((g) => `GRANT USAGE ON SCHEMA ${quoteIdent(schema)} TO ${to(g.grantee)};`),
     ...input.tableGrants
       .filter((g) => g.relname !== undefined && ['SELECT', 'INSERT', 'UPDATE', 'DELETE'].includes(g.privilege))
       .map((g) => `GRANT ${g.privilege} ON ${qualified(schema, g.relname!)} TO ${to(g.grantee)};`),
@@ -349,7 +361,8 @@ export interface AclEntry {
   readonly grantable: boolean;
 }
 
-export type PrivilegeKind = 'schema' | 'table' | 'sequence' | 'view' | 'materialized view' | 'routine' | 'column' | 'default';
+export type PrivilegeKind =
+  'schema' | 'table' | 'sequence' | 'view' | 'materialized view' | 'routine' | 'column' | 'default';
 
 /**
  * An object of a shard schema with its owner and ACL, as read by shardPrivileges (verify.ts), or a
@@ -372,9 +385,30 @@ export interface PrivilegeObject {
   readonly acl: readonly AclEntry[];
 }
 
-const PRIVILEGES = new Set(['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES', 'TRIGGER', 'EXECUTE', 'USAGE', 'CREATE', 'MAINTAIN']);
+const PRIVILEGES = new Set([
+  'SELECT',
+  'INSERT',
+  'UPDATE',
+  'DELETE',
+  'TRUNCATE',
+  'REFERENCES',
+  'TRIGGER',
+  'EXECUTE',
+  'USAGE',
+  'CREATE',
+  'MAINTAIN',
+]);
 const DEFAULT_OBJECT_TYPES: Record<string, string> = { r: 'TABLES', S: 'SEQUENCES', f: 'FUNCTIONS', T: 'TYPES' };
-const KIND_ORDER: readonly PrivilegeKind[] = ['schema', 'table', 'sequence', 'view', 'materialized view', 'routine', 'column', 'default'];
+const KIND_ORDER: readonly PrivilegeKind[] = [
+  'schema',
+  'table',
+  'sequence',
+  'view',
+  'materialized view',
+  'routine',
+  'column',
+  'default',
+];
 
 /** Privileges that exist on only one side of a move (by server version), which syncPrivilegesSql leaves alone. */
 export interface PrivilegeVersions {
@@ -439,34 +473,48 @@ export function syncPrivilegesSql(
     if (!t) continue;
     let current = t.acl;
     if (s.owner !== null && t.owner !== null && s.owner !== t.owner) {
-      if (!s.linked) statements.push(`ALTER ${ALTER_KEYWORD[s.kind]} ${objectName(s)} OWNER TO ${quoteIdent(s.owner)};`);
+      if (!s.linked)
+        statements.push(`ALTER ${ALTER_KEYWORD[s.kind]} ${objectName(s)} OWNER TO ${quoteIdent(s.owner)};`);
       // ALTER … OWNER TO moves the old owner's entries to the new owner, as grantee and as grantor.
       const from = t.owner;
       const to = s.owner;
-      current = current.map((a) => ({ ...a, grantee: a.grantee === from ? to : a.grantee, grantor: a.grantor === from ? to : a.grantor }));
+      current = current.map((a) => ({
+        ...a,
+        grantee: a.grantee === from ? to : a.grantee,
+        grantor: a.grantor === from ? to : a.grantor,
+      }));
     }
     const tableRevoked = s.kind === 'column' && revokedTables.has(qualified(s.schema, s.name!));
     const wanted = wantedFrom(s.acl, current);
     if (!sameAcl(wanted, current) || (tableRevoked && wanted.length > 0)) {
-      statements.push(...replaceAclSql(GRANT_TARGET[s.kind](s), current, wanted, s.kind === 'column' ? s.column : null));
-      if (s.kind === 'table' || s.kind === 'view' || s.kind === 'materialized view') revokedTables.add(qualified(s.schema, s.name!));
+      statements.push(
+        ...replaceAclSql(GRANT_TARGET[s.kind](s), current, wanted, s.kind === 'column' ? s.column : null),
+      );
+      if (s.kind === 'table' || s.kind === 'view' || s.kind === 'materialized view')
+        revokedTables.add(qualified(s.schema, s.name!));
     }
   }
   // Column privileges the target has and the source does not (a migration's, revoked by hand).
   const onSource = new Set(source.map(privilegeKey));
   for (const t of target) {
-    if (t.kind === 'column' && t.acl.length > 0 && !onSource.has(privilegeKey(t))) statements.push(...replaceAclSql(GRANT_TARGET.column(t), t.acl, [], t.column));
+    if (t.kind === 'column' && t.acl.length > 0 && !onSource.has(privilegeKey(t)))
+      statements.push(...replaceAclSql(GRANT_TARGET.column(t), t.acl, [], t.column));
   }
   // Default privileges: every (role, object type) either side has.
   const defaults = new Map<string, { s?: PrivilegeObject; t?: PrivilegeObject }>();
-  for (const [side, list] of [['s', source], ['t', target]] as const) {
+  for (const [side, list] of [
+    ['s', source],
+    ['t', target],
+  ] as const) {
     for (const o of list) {
       if (o.kind !== 'default') continue;
       const key = privilegeKey(o);
       defaults.set(key, { ...defaults.get(key), [side]: o });
     }
   }
-  for (const { s, t } of [...defaults.values()].sort((a, b) => privilegeKey((a.s ?? a.t)!).localeCompare(privilegeKey((b.s ?? b.t)!)))) {
+  for (const { s, t } of [...defaults.values()].sort((a, b) =>
+    privilegeKey((a.s ?? a.t)!).localeCompare(privilegeKey((b.s ?? b.t)!)),
+  )) {
     const o = (s ?? t)!;
     const wanted = wantedFrom(s?.acl ?? [], t?.acl ?? []);
     if (sameAcl(wanted, t?.acl ?? [])) continue;
@@ -481,7 +529,9 @@ function privilegeKey(o: PrivilegeObject): string {
 
 function sameAcl(a: readonly AclEntry[], b: readonly AclEntry[]): boolean {
   const text = (acl: readonly AclEntry[]): string =>
-    JSON.stringify([...new Set(acl.map((e) => JSON.stringify([e.grantee, e.grantor, e.privilege, e.grantable])))].sort());
+    JSON.stringify(
+      [...new Set(acl.map((e) => JSON.stringify([e.grantee, e.grantor, e.privilege, e.grantable])))].sort(),
+    );
   return text(a) === text(b);
 }
 
@@ -532,7 +582,9 @@ function grantGroups(acl: readonly AclEntry[]): { grantee: string | null; granta
     if (!groups.has(key)) groups.set(key, { grantee: e.grantee, grantable: e.grantable, entries: [] });
     groups.get(key)!.entries.push(e);
   }
-  return [...groups.values()].sort((a, b) => JSON.stringify([a.grantee, a.grantable]).localeCompare(JSON.stringify([b.grantee, b.grantable])));
+  return [...groups.values()].sort((a, b) =>
+    JSON.stringify([a.grantee, a.grantable]).localeCompare(JSON.stringify([b.grantee, b.grantable])),
+  );
 }
 
 function revokedFrom(current: readonly AclEntry[]): string {
@@ -541,149 +593,139 @@ function revokedFrom(current: readonly AclEntry[]): string {
 }
 
 /** REVOKE ALL from every role the target's ACL names and PUBLIC, then the source's grants (column ones when `column`). */
-export function replaceAclSql(on: string, current: readonly AclEntry[], wanted: readonly AclEntry[], column: string | null = null): string[] {
+export function replaceAclSql(
+  on: string,
+  current: readonly AclEntry[],
+  wanted: readonly AclEntry[],
+  column: string | null = null,
+): string[] {
   const all = column === null ? 'ALL' : `ALL (${quoteIdent(column)})`;
   return [
     `REVOKE ${all} ON ${on} FROM ${revokedFrom(current)} CASCADE;`,
     ...grantGroups(wanted).map(
-      (g) => `GRANT ${privilegeList(g.entries, column)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`,
+      (g) =>
+        `GRANT ${privilegeList(g.entries, column)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`,
     ),
   ];
 }
 
 /** One pg_default_acl row of a schema made equal to the source's: everything revoked, then granted again. */
-export function alterDefaultPrivilegesSql(schema: string, role: string, objectType: string, current: readonly AclEntry[], wanted: readonly AclEntry[]): string[] {
+export function alterDefaultPrivilegesSql(
+  schema: string,
+  role: string,
+  objectType: string,
+  current: readonly AclEntry[],
+  wanted: readonly AclEntry[],
+): string[] {
   const on = DEFAULT_OBJECT_TYPES[objectType];
   if (on === undefined) throw new Error(`unknown default privilege object type ${JSON.stringify(objectType)}`);
   const prefix = `ALTER DEFAULT PRIVILEGES FOR ROLE ${quoteIdent(role)} IN SCHEMA ${quoteIdent(schema)}`;
   return [
     `${prefix} REVOKE ALL ON ${on} FROM ${revokedFrom(current)} CASCADE;`,
-    ...grantGroups(wanted).map((g) => `${prefix} GRANT ${privilegeList(g.entries, null)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`),
+    ...grantGroups(wanted).map(
+      (g) =>
+        `${prefix} GRANT ${privilegeList(g.entries, null)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`,
+    ),
   ];
 }
 
 // The statements of the steps that read and record, each named for what it asks.
 
 /** The migration versions applied to shards $1, in order. */
-export const APPLIED_VERSIONS_SQL =
-  `SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY version`;
+export const APPLIED_VERSIONS_SQL = `SELECT shard, version FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY version`;
 
 /** The transactions holding a transaction id on the server (any database) but backend $1, oldest first. */
-export const XID_HOLDERS_SQL =
-  `SELECT pid, datname, application_name, extract(epoch FROM now() - xact_start)::int AS age, left(query, 80) AS query
+export const XID_HOLDERS_SQL = `SELECT pid, datname, application_name, extract(epoch FROM now() - xact_start)::int AS age, left(query, 80) AS query
        FROM pg_stat_activity
       WHERE (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL) AND pid <> pg_backend_pid() AND pid <> $1 AND backend_type = 'client backend'
       ORDER BY xact_start LIMIT 3`;
 
 /** Which of shards $1 are fenced on this host. */
-export const FENCED_SHARDS_SQL =
-  `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`;
+export const FENCED_SHARDS_SQL = `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`;
 
 /** The server's deadlock_timeout, in ms. */
-export const DEADLOCK_TIMEOUT_SQL =
-  `SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`;
+export const DEADLOCK_TIMEOUT_SQL = `SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`;
 
 /** The lock slots one transaction can count on (the shared lock table holds this many per connection). */
 export const MAX_LOCKS_SQL = `SELECT current_setting('max_locks_per_transaction')::int AS n`;
 
 /** Who holds locks on the tables of schema $1: the first three sessions. */
-export const LOCK_HOLDERS_SQL =
-  `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
+export const LOCK_HOLDERS_SQL = `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
        FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
       WHERE c.relnamespace = to_regnamespace($1) AND l.granted AND l.pid <> pg_backend_pid()
       ORDER BY a.pid LIMIT 3`;
 
 /** Which of shards $1 are active on this host. */
-export const ACTIVE_SHARDS_SQL =
-  `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`;
+export const ACTIVE_SHARDS_SQL = `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`;
 
 /** The probe subscriptions recorded on this host. */
-export const PROBE_SUBSCRIPTIONS_SQL =
-  `SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`;
+export const PROBE_SUBSCRIPTIONS_SQL = `SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`;
 
 /** The walsender holding slot $1 (a row only while the slot exists). */
-export const SLOT_ACTIVE_PID_SQL =
-  `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`;
+export const SLOT_ACTIVE_PID_SQL = `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`;
 
 /** The current schema name of shards $1 on this host. */
-export const SHARD_SCHEMA_NAMES_SQL =
-  `SELECT shard, schema_name FROM ${CONTROL}.shards WHERE shard = ANY($1)`;
+export const SHARD_SCHEMA_NAMES_SQL = `SELECT shard, schema_name FROM ${CONTROL}.shards WHERE shard = ANY($1)`;
 
 /** Shards $1 with schemas $2: whether each schema exists, and its control state. */
-export const SOURCE_SHARD_STATES_SQL =
-  `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists, (SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard) AS state
+export const SOURCE_SHARD_STATES_SQL = `SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists, (SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard) AS state
        FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
 
 /** wal_level, and the free replication slots and WAL senders. */
-export const REPLICATION_SETTINGS_SQL =
-  `SELECT current_setting('wal_level') AS wal_level,
+export const REPLICATION_SETTINGS_SQL = `SELECT current_setting('wal_level') AS wal_level,
               current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,
               current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication)::int AS free_senders`;
 
 /** The migrations applied to shards $1, with their checksums. */
-export const APPLIED_CHECKSUMS_SQL =
-  `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
+export const APPLIED_CHECKSUMS_SQL = `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
 
 /** Which of roles $1 exist, and whether the current role is a member of each. */
-export const ROLES_SQL =
-  `SELECT r.rolname, pg_has_role(r.oid, 'MEMBER') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
+export const ROLES_SQL = `SELECT r.rolname, pg_has_role(r.oid, 'MEMBER') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
 
 /** The running moves carrying any of shards $1. */
-export const RUNNING_MOVES_OF_SQL =
-  `SELECT move_id, shards, source, target, step FROM ${CONTROL}.moves
+export const RUNNING_MOVES_OF_SQL = `SELECT move_id, shards, source, target, step FROM ${CONTROL}.moves
       WHERE status = 'running' AND shards && $1::int[] ORDER BY started_at, move_id`;
 
-export const PUBLICATION_EXISTS_SQL =
-  `SELECT 1 FROM pg_publication WHERE pubname = $1`;
+export const PUBLICATION_EXISTS_SQL = `SELECT 1 FROM pg_publication WHERE pubname = $1`;
 
-export const SUBSCRIPTION_EXISTS_SQL =
-  `SELECT 1 FROM pg_subscription WHERE subname = $1`;
+export const SUBSCRIPTION_EXISTS_SQL = `SELECT 1 FROM pg_subscription WHERE subname = $1`;
 
 /** How often subscription $1 failed to sync or apply. */
-export const SUBSCRIPTION_ERRORS_SQL =
-  `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;
+export const SUBSCRIPTION_ERRORS_SQL = `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;
 
 /** Subscription $1's tables, and how many of them are not streaming yet. */
-export const SUBSCRIPTION_TABLES_SQL =
-  `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
+export const SUBSCRIPTION_TABLES_SQL = `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
          FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`;
 
 /** A row once marker $2 of move $1 is here. */
-export const MARKER_ARRIVED_SQL =
-  `SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`;
+export const MARKER_ARRIVED_SQL = `SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`;
 
 /** How far slot $1 is behind the WAL. */
-export const SLOT_LAG_SQL =
-  `SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`;
+export const SLOT_LAG_SQL = `SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`;
 
 /** What subscription $1's apply worker waits for, and who holds it. */
-export const APPLY_WORKER_WAITS_SQL =
-  `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
+export const APPLY_WORKER_WAITS_SQL = `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
             (SELECT string_agg(format('pid %s (%s, %s: %s)', b.pid, coalesce(nullif(b.application_name, ''), 'no application name'), b.state, left(b.query, 80)), '; ')
                FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(w.pid))) AS blockers
        FROM pg_stat_subscription s JOIN pg_stat_activity w ON w.pid = s.pid
       WHERE s.subname = $1 AND s.relid IS NULL`;
 
 /** Move $1's markers. */
-export const DELETE_MARKERS_SQL =
-  `DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
+export const DELETE_MARKERS_SQL = `DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
 
 /** A new move's record, and the claim of its shards (one running move per shard). `shard` is the batch's first: the control schema's column is NOT NULL. */
-export const INSERT_MOVE_SQL =
-  `WITH m AS (
+export const INSERT_MOVE_SQL = `WITH m AS (
        INSERT INTO ${CONTROL}.moves (move_id, shard, shards, source, target, mode, step, status, detail)
        VALUES ($1, ($2::int[])[1], $2::int[], $3, $4, $5, $6, 'running', $7::jsonb)
        ON CONFLICT (move_id) DO NOTHING RETURNING move_id)
      INSERT INTO ${CONTROL}.move_shards (shard, move_id) SELECT unnest($2::int[]), move_id FROM m`;
 
 /** A move's step, status and detail; a finished or aborted move releases its shards. */
-export const RECORD_STEP_SQL =
-  `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
+export const RECORD_STEP_SQL = `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
      DELETE FROM ${CONTROL}.move_shards s USING m WHERE s.move_id = m.move_id AND $3 <> 'running'`;
 
 /** The running moves on this host carrying any of shards $1 (all of them when $1 is NULL). */
-export const RUNNING_MOVES_SQL =
-  `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
+export const RUNNING_MOVES_SQL = `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
       WHERE status = 'running' AND ($1::int[] IS NULL OR shards && $1::int[])
       ORDER BY started_at, move_id`;
 
@@ -734,7 +776,11 @@ const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
  * transaction). On the source the CREATE TRIGGERs wait for the tables' writers: `lockWaitMs`
  * bounds that wait like the fence's (see fenceSql), and the caller retries.
  */
-export function startDeltasSql(moveId: string, tables: readonly { readonly table: TableName; readonly method: 'record' | 'text' }[], lockWaitMs: number): string {
+export function startDeltasSql(
+  moveId: string,
+  tables: readonly { readonly table: TableName; readonly method: 'record' | 'text' }[],
+  lockWaitMs: number,
+): string {
   const fn = `${CONTROL}.move_delta`;
   return [
     'BEGIN;',
@@ -756,7 +802,12 @@ export function startDeltasSql(moveId: string, tables: readonly { readonly table
 }
 
 /** The change-log triggers `enabled` disabled and this move's log entries gone (when the log exists), in one transaction. */
-export function disableDeltasSql(moveId: string, enabled: readonly TriggerName[], logExists: boolean, lockWaitMs: number): string {
+export function disableDeltasSql(
+  moveId: string,
+  enabled: readonly TriggerName[],
+  logExists: boolean,
+  lockWaitMs: number,
+): string {
   return [
     'BEGIN;',
     lockTimeoutSql(lockWaitMs),
@@ -875,7 +926,9 @@ export const CURRENT_USER_SQL = 'SELECT current_user AS current';
  * running move accounts for; `movesRecorded`: the host has the control schema's moves table.
  */
 export function leftoverReplicationSql(movesRecorded: boolean): string {
-  const running = movesRecorded ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'` : `SELECT NULL::text WHERE false`;
+  const running = movesRecorded
+    ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`
+    : `SELECT NULL::text WHERE false`;
   return `SELECT kind, name FROM (
         SELECT 'publication' AS kind, pubname::text AS name FROM pg_publication
         UNION ALL SELECT 'subscription', subname::text FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
@@ -930,10 +983,14 @@ export interface RebuildableIndex {
 
 /** The drop of an index, or of the constraint that owns it. */
 export function dropIndexForCopySql(index: RebuildableIndex): string {
-  return index.conname !== null ? `ALTER TABLE ${index.table_name} DROP CONSTRAINT ${quoteIdent(index.conname)};` : `DROP INDEX ${index.index_name};`;
+  return index.conname !== null
+    ? `ALTER TABLE ${index.table_name} DROP CONSTRAINT ${quoteIdent(index.conname)};`
+    : `DROP INDEX ${index.index_name};`;
 }
 
 /** The index (or its constraint) built again, as it was. */
 export function rebuildIndexSql(index: RebuildableIndex): string {
-  return index.conname !== null ? `ALTER TABLE ONLY ${index.table_name} ADD CONSTRAINT ${quoteIdent(index.conname)} ${index.condef}` : index.indexdef;
+  return index.conname !== null
+    ? `ALTER TABLE ONLY ${index.table_name} ADD CONSTRAINT ${quoteIdent(index.conname)} ${index.condef}`
+    : index.indexdef;
 }

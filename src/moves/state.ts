@@ -64,10 +64,15 @@ export function newMoveId(): string {
  * batch's first: the control schema's column is NOT NULL (sql/control.sql).
  */
 export async function insertMove(client: pg.Client, move: Omit<MoveRecord, 'status'>): Promise<void> {
-  await client.query(
-    INSERT_MOVE_SQL,
-    [move.moveId, move.shards, move.source, move.target, move.mode, move.step, JSON.stringify(move.detail)],
-  );
+  await client.query(INSERT_MOVE_SQL, [
+    move.moveId,
+    move.shards,
+    move.source,
+    move.target,
+    move.mode,
+    move.step,
+    JSON.stringify(move.detail),
+  ]);
 }
 
 /** Records a completed step (and merges `detail`); a finished or aborted move releases its shards. */
@@ -78,10 +83,7 @@ export async function recordStep(
   status: MoveRecord['status'] = 'running',
   detail: Record<string, unknown> = {},
 ): Promise<void> {
-  await client.query(
-    RECORD_STEP_SQL,
-    [moveId, step, status, JSON.stringify(detail)],
-  );
+  await client.query(RECORD_STEP_SQL, [moveId, step, status, JSON.stringify(detail)]);
 }
 
 /** The unfinished moves on this host that carry any of `shards` (all unfinished moves without it). */
@@ -95,10 +97,7 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
     step: MoveStep;
     status: MoveRecord['status'];
     detail: Record<string, unknown>;
-  }>(
-    RUNNING_MOVES_SQL,
-    [shards ?? null],
-  );
+  }>(RUNNING_MOVES_SQL, [shards ?? null]);
   return result.rows.map((row) => ({
     moveId: row.move_id,
     shards: row.shards,

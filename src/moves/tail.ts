@@ -71,7 +71,13 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
  * waits; dropping takes ACCESS EXCLUSIVE, so a table a reader holds keeps a disabled trigger, which
  * costs nothing and the next setup replaces.
  */
-export async function stopDeltas(client: pg.Client, moveId: string, schemas: readonly string[], lockWaitMs = 200, limitMs = 5_000): Promise<void> {
+export async function stopDeltas(
+  client: pg.Client,
+  moveId: string,
+  schemas: readonly string[],
+  lockWaitMs = 200,
+  limitMs = 5_000,
+): Promise<void> {
   const triggers = await shardTriggers(client, schemas, DELTA_TRIGGERS);
   const exists = await relationExists(client, `${CONTROL}.move_deltas`);
   if (triggers.length === 0 && !exists) return;
@@ -93,7 +99,8 @@ export async function stopDeltas(client: pg.Client, moveId: string, schemas: rea
     }
   }
   // A table in use keeps its disabled trigger, which costs nothing (see above).
-  for (const r of triggers) await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).catch(() => undefined);
+  for (const r of triggers)
+    await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).catch(() => undefined);
 }
 
 /** One table's log sums on one host: every entry, and the entries after its last TRUNCATE. */
@@ -118,10 +125,7 @@ export async function readLogSums(client: pg.Client, moveId: string): Promise<Ma
     checksum: string;
     rows_after: string;
     checksum_after: string;
-  }>(
-    READ_LOG_SUMS_SQL,
-    [moveId],
-  );
+  }>(READ_LOG_SUMS_SQL, [moveId]);
   return new Map(
     result.rows.map((r) => [
       `${r.schema_name}.${r.table_name}`,
@@ -168,10 +172,13 @@ export interface TableChanges {
 
 /** The changes recorded for this move, by `schema.table`. */
 export async function readChanges(client: pg.Client, moveId: string): Promise<Map<string, TableChanges>> {
-  const result = await client.query<{ schema_name: string; table_name: string; truncated: boolean; keys: string; keys_json: string | null }>(
-    READ_CHANGES_SQL,
-    [moveId, TAIL_MAX_KEYS],
-  );
+  const result = await client.query<{
+    schema_name: string;
+    table_name: string;
+    truncated: boolean;
+    keys: string;
+    keys_json: string | null;
+  }>(READ_CHANGES_SQL, [moveId, TAIL_MAX_KEYS]);
   return new Map(
     result.rows.map((r) => [
       `${r.schema_name}.${r.table_name}`,

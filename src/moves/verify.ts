@@ -1,6 +1,14 @@
 import type pg from 'pg';
 import { shardTables, type KeyedTable, type ShardTable } from './catalog.js';
-import { TAIL_MAX_KEYS, checksumsSql, EXPORT_SNAPSHOT_SQL, hashProbeSql, setTransactionSnapshotSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql.js';
+import {
+  TAIL_MAX_KEYS,
+  checksumsSql,
+  EXPORT_SNAPSHOT_SQL,
+  hashProbeSql,
+  setTransactionSnapshotSql,
+  STABLE_TEXT_SETTINGS,
+  type HashMethod,
+} from './sql.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
@@ -12,7 +20,11 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 export type { HashMethod };
 
 /** The checksum method of each table: the record hash where it is OID-free and available, else text. */
-export async function hashMethods(source: pg.Client, tables: readonly ShardTable[], recordHash: boolean): Promise<Map<string, HashMethod>> {
+export async function hashMethods(
+  source: pg.Client,
+  tables: readonly ShardTable[],
+  recordHash: boolean,
+): Promise<Map<string, HashMethod>> {
   const methods = new Map<string, HashMethod>();
   for (const t of tables) {
     let method: HashMethod = recordHash && t.portable ? 'record' : 'text';
@@ -43,9 +55,19 @@ interface ChecksumQuery {
 }
 
 /** Counts and checksums of many tables (or key subsets of them) in one round trip. */
-async function checksums(client: pg.Client, queries: readonly ChecksumQuery[], methods: ReadonlyMap<string, HashMethod>): Promise<TableChecksum[]> {
+async function checksums(
+  client: pg.Client,
+  queries: readonly ChecksumQuery[],
+  methods: ReadonlyMap<string, HashMethod>,
+): Promise<TableChecksum[]> {
   if (queries.length === 0) return [];
-  const { sql, params } = checksumsSql(queries.map(({ table, keys }) => ({ table, method: methods.get(`${table.schema}.${table.table}`) ?? 'text', ...(keys ? { keys } : {}) })));
+  const { sql, params } = checksumsSql(
+    queries.map(({ table, keys }) => ({
+      table,
+      method: methods.get(`${table.schema}.${table.table}`) ?? 'text',
+      ...(keys ? { keys } : {}),
+    })),
+  );
   const result = await client.query<{ i: number; rows: string; checksum: string }>(sql, params);
   return result.rows.map((r) => ({ rows: BigInt(r.rows), checksum: r.checksum }));
 }
@@ -88,10 +110,16 @@ export async function preVerify(
     await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
     return (await holder.query<{ snapshot: string }>(EXPORT_SNAPSHOT_SQL)).rows[0]!.snapshot;
   };
-  const [sourceSnapshot, targetSnapshot] = await Promise.all([exportSnapshot(holders.source), exportSnapshot(holders.target)]);
+  const [sourceSnapshot, targetSnapshot] = await Promise.all([
+    exportSnapshot(holders.source),
+    exportSnapshot(holders.target),
+  ]);
   const tables = [...keyed.map((k) => k.table), ...logged.tables];
   const queries = tables.map((table) => ({ table }));
-  const atSnapshot = async (client: pg.Client, snapshot: string): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
+  const atSnapshot = async (
+    client: pg.Client,
+    snapshot: string,
+  ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
     await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
     try {
@@ -104,7 +132,10 @@ export async function preVerify(
       throw error;
     }
   };
-  const [src, dst] = await Promise.all([atSnapshot(work.source, sourceSnapshot), atSnapshot(work.target, targetSnapshot)]);
+  const [src, dst] = await Promise.all([
+    atSnapshot(work.source, sourceSnapshot),
+    atSnapshot(work.target, targetSnapshot),
+  ]);
   return {
     source: holders.source,
     target: holders.target,
@@ -119,7 +150,14 @@ export async function preVerify(
 /** Ends a pre-verification's transactions and connections. */
 export async function endPreVerification(pre: PreVerification): Promise<void> {
   // The pre-verification only read: ending it loses nothing, and a connection that broke is closed already.
-  await Promise.all([pre.source, pre.target].map((c) => c.query('COMMIT').catch(() => undefined).then(() => endQuietly(c))));
+  await Promise.all(
+    [pre.source, pre.target].map((c) =>
+      c
+        .query('COMMIT')
+        .catch(() => undefined)
+        .then(() => endQuietly(c)),
+    ),
+  );
 }
 
 function tableKey(t: ShardTable): string {
@@ -127,7 +165,10 @@ function tableKey(t: ShardTable): string {
 }
 
 function plus(a: TableChecksum, minus: TableChecksum, add: TableChecksum): TableChecksum {
-  return { rows: a.rows - minus.rows + add.rows, checksum: (BigInt(a.checksum) - BigInt(minus.checksum) + BigInt(add.checksum)).toString() };
+  return {
+    rows: a.rows - minus.rows + add.rows,
+    checksum: (BigInt(a.checksum) - BigInt(minus.checksum) + BigInt(add.checksum)).toString(),
+  };
 }
 
 export interface TableVerification {
@@ -171,7 +212,10 @@ export async function verifyShards(
   methods: ReadonlyMap<string, HashMethod>,
   tail?: { readonly pre: PreVerification; readonly changes: ReadonlyMap<string, TableChanges> },
 ): Promise<VerifyResult> {
-  const [tables, targetTables] = await Promise.all([shardTables(source, schemas, 'leaves'), shardTables(target, schemas, 'leaves')]);
+  const [tables, targetTables] = await Promise.all([
+    shardTables(source, schemas, 'leaves'),
+    shardTables(target, schemas, 'leaves'),
+  ]);
   const key = tableKey;
   const onTarget = new Set(targetTables.map(key));
   const onSource = new Set(tables.map(key));
@@ -243,14 +287,18 @@ export async function verifyShards(
     }
     const match = s.rows === d.rows && s.checksum === d.checksum;
     if (!match) {
-      const name = t.parent === undefined ? `table ${key(t)}` : `table ${key(t)} (a partition of ${t.schema}.${t.parent})`;
+      const name =
+        t.parent === undefined ? `table ${key(t)}` : `table ${key(t)} (a partition of ${t.schema}.${t.parent})`;
       mismatches.push(
         s.rows === d.rows
           ? `${name}: ${s.rows} rows on both, but their contents differ (checksum)`
           : `${name}: ${s.rows} rows on the source, ${d.rows} on the target`,
       );
     }
-    return { row: { schema: t.schema, table: t.table, sourceRows: s.rows.toString(), targetRows: d.rows.toString(), match }, rows: s.rows };
+    return {
+      row: { schema: t.schema, table: t.table, sourceRows: s.rows.toString(), targetRows: d.rows.toString(), match },
+      rows: s.rows,
+    };
   });
   return {
     ok: mismatches.length === 0,

@@ -19,7 +19,11 @@ const DEFAULT_WAVE = { maxShards: 64, maxRows: 2_000_000 };
  * and maxRows estimated rows (a shard over the limit goes alone). Rows count because a table whose
  * changes cannot be counted (tail.ts) is checksummed whole while its wave is fenced.
  */
-export function planWaves(shards: readonly number[], rows: ReadonlyMap<number, number>, limits: WaveLimits = {}): number[][] {
+export function planWaves(
+  shards: readonly number[],
+  rows: ReadonlyMap<number, number>,
+  limits: WaveLimits = {},
+): number[][] {
   const maxShards = limits.maxShards ?? DEFAULT_WAVE.maxShards;
   const maxRows = limits.maxRows ?? DEFAULT_WAVE.maxRows;
   const waves: number[][] = [];

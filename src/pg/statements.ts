@@ -81,7 +81,13 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
   };
   const end = (at: number): void => {
     if (tokens.length > 0) {
-      statements.push({ text: sql.slice(start, at).trim(), code: sql.slice(codeStart, at).trim(), line: tokens[0]!.line, tokens, keywords: leadingWords(tokens) });
+      statements.push({
+        text: sql.slice(start, at).trim(),
+        code: sql.slice(codeStart, at).trim(),
+        line: tokens[0]!.line,
+        tokens,
+        keywords: leadingWords(tokens),
+      });
     }
     tokens = [];
     depth = 0;
@@ -102,9 +108,13 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
       let nesting = 1;
       let k = i + 2;
       while (k < sql.length && nesting > 0) {
-        if (sql[k] === '/' && sql[k + 1] === '*') { nesting += 1; k += 2; }
-        else if (sql[k] === '*' && sql[k + 1] === '/') { nesting -= 1; k += 2; }
-        else k += 1;
+        if (sql[k] === '/' && sql[k + 1] === '*') {
+          nesting += 1;
+          k += 2;
+        } else if (sql[k] === '*' && sql[k + 1] === '/') {
+          nesting -= 1;
+          k += 2;
+        } else k += 1;
       }
       if (nesting > 0) unterminated = true;
       advance(k);
@@ -129,12 +139,17 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
       let name = '';
       let closed = false;
       while (k < sql.length) {
-        if (sql[k] === '"' && sql[k + 1] === '"') { name += '"'; k += 2; }
-        else if (sql[k] === '"') {
+        if (sql[k] === '"' && sql[k + 1] === '"') {
+          name += '"';
+          k += 2;
+        } else if (sql[k] === '"') {
           closed = true;
           k += 1;
           break;
-        } else { name += sql[k]; k += 1; }
+        } else {
+          name += sql[k];
+          k += 1;
+        }
       }
       if (!closed) unterminated = true;
       push('identifier', sql[i - 1] === '&' ? decodeUnicodeEscapes(name, sql.slice(k, k + 64)) : name, tokenLine);
@@ -159,7 +174,10 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
       let k = i + 1;
       while (k < sql.length && IDENT_CHAR.test(sql[k]!)) k += 1;
       // E'…', U&'…', B'…', X'…', N'…': the prefix belongs to the string that follows.
-      if (sql[k] === "'" || (sql[k] === '&' && /^[uU]$/.test(sql.slice(i, k)) && (sql[k + 1] === "'" || sql[k + 1] === '"'))) {
+      if (
+        sql[k] === "'" ||
+        (sql[k] === '&' && /^[uU]$/.test(sql.slice(i, k)) && (sql[k + 1] === "'" || sql[k + 1] === '"'))
+      ) {
         if (/^[eEbBxXnN]$/.test(sql.slice(i, k)) || sql[k] === '&') {
           advance(sql[k] === '&' ? k + 1 : k);
           continue;
@@ -246,7 +264,10 @@ export function splitSqlBothWays(sql: string): SqlStatement[] {
   // The server parses a whole text before running any of it: where the legacy reading leaves a
   // quote open, a server that reads it that way runs nothing.
   if (legacy.unterminated) return standard;
-  return [...standard, ...legacy.statements.filter((s) => !standard.some((t) => t.text === s.text && t.line === s.line))];
+  return [
+    ...standard,
+    ...legacy.statements.filter((s) => !standard.some((t) => t.text === s.text && t.line === s.line)),
+  ];
 }
 
 /**
@@ -287,7 +308,8 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
     default:
   }
   if (callsAny(statement, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
-  if (mentions(statement, 'update') && mentions(statement, 'pg_settings')) return 'UPDATE pg_settings changes a setting for the session';
+  if (mentions(statement, 'update') && mentions(statement, 'pg_settings'))
+    return 'UPDATE pg_settings changes a setting for the session';
   return undefined;
 }
 

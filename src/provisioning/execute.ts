@@ -89,13 +89,18 @@ export interface ExecuteOptions {
  * connections. A failing shard is reported and the others go on; a lost connection stops the
  * host and counts what was not done. No-transaction migrations run one shard at a time per host.
  */
-export async function executeHostPlan(coordinator: pg.Client, plan: HostPlan, options: ExecuteOptions): Promise<HostOutcome> {
+export async function executeHostPlan(
+  coordinator: pg.Client,
+  plan: HostPlan,
+  options: ExecuteOptions,
+): Promise<HostOutcome> {
   const started = performance.now();
   const host = plan.host;
   const failures: ShardFailure[] = [];
   const counters = { created: 0, nextId: 0, migrations: 0, changed: 0, done: 0 };
   const total = plan.jobs.length;
-  const report = (): void => options.onProgress?.({ host: host.name, done: counters.done, total, failed: failures.length });
+  const report = (): void =>
+    options.onProgress?.({ host: host.name, done: counters.done, total, failed: failures.length });
   const lockWaits: LockWait[] = [];
   const budget = options.failureBudget ?? new FailureBudget(null);
   const context: JobContext = {
@@ -274,7 +279,13 @@ async function runJob(client: pg.Client, job: ShardJob, context: JobContext): Pr
       }
       if (failure === null || !failure.lockTimeout) {
         if (retries > 0) {
-          context.onLockWait({ shard: job.shard, step: waited, retries, applied: failure === null, holders: [...holders.values()] });
+          context.onLockWait({
+            shard: job.shard,
+            step: waited,
+            retries,
+            applied: failure === null,
+            holders: [...holders.values()],
+          });
         }
         if (failure) return { migrationsApplied: applied, failure };
         break;
@@ -283,9 +294,19 @@ async function runJob(client: pg.Client, job: ShardJob, context: JobContext): Pr
       const found = await lockHoldersPhrase(client, job.schema);
       for (const holder of found.holders) holders.set(holder.pid, holder);
       if (retries >= context.lockRetries) {
-        if (retries > 0) context.onLockWait({ shard: job.shard, step: failure.step, retries, applied: false, holders: [...holders.values()] });
+        if (retries > 0)
+          context.onLockWait({
+            shard: job.shard,
+            step: failure.step,
+            retries,
+            applied: false,
+            holders: [...holders.values()],
+          });
         const tried = retries === 0 ? 'not tried again (lock retries 0)' : `tried ${retries + 1} times`;
-        return { migrationsApplied: applied, failure: { ...failure, message: `${failure.message.replace('{holders}', found.phrase)}; ${tried}` } };
+        return {
+          migrationsApplied: applied,
+          failure: { ...failure, message: `${failure.message.replace('{holders}', found.phrase)}; ${tried}` },
+        };
       }
       await new Promise((resolve) => setTimeout(resolve, context.pauseMs(retries)));
       retries += 1;
@@ -294,7 +315,11 @@ async function runJob(client: pg.Client, job: ShardJob, context: JobContext): Pr
   return { migrationsApplied: applied, failure: null };
 }
 
-async function runNoTransaction(client: pg.Client, steps: readonly JobStep[], context: JobContext): Promise<StepFailure | null> {
+async function runNoTransaction(
+  client: pg.Client,
+  steps: readonly JobStep[],
+  context: JobContext,
+): Promise<StepFailure | null> {
   for (const step of steps) {
     try {
       await client.query(step.sql);
@@ -318,7 +343,12 @@ interface BatchResult {
  * stops even the steps before the broken one. The error's position tells which step is broken;
  * the steps before it are then sent again on their own.
  */
-async function runBatch(client: pg.Client, shard: number, steps: readonly JobStep[], context: JobContext): Promise<BatchResult> {
+async function runBatch(
+  client: pg.Client,
+  shard: number,
+  steps: readonly JobStep[],
+  context: JobContext,
+): Promise<BatchResult> {
   try {
     await client.query(steps.map((s) => s.sql).join('\n'));
     return { committed: steps, failure: null };
@@ -330,7 +360,10 @@ async function runBatch(client: pg.Client, shard: number, steps: readonly JobSte
     try {
       done = await committedPrefix(client, shard, steps);
     } catch (readError) {
-      return { committed: [], failure: stepFailure(steps[0]!, isConnectionError(readError) ? readError : error, context) };
+      return {
+        committed: [],
+        failure: stepFailure(steps[0]!, isConnectionError(readError) ? readError : error, context),
+      };
     }
     const broken = stepAtPosition(steps, error);
     if (broken !== null && broken > done) {
@@ -352,7 +385,8 @@ async function committedPrefix(client: pg.Client, shard: number, steps: readonly
   const recorded = new Set(result.rows.map((r) => r.version));
   let done = 0;
   for (const step of steps) {
-    const proven = step.version !== undefined ? recorded.has(step.version) : step.recordsShard === true && recorded.has(null);
+    const proven =
+      step.version !== undefined ? recorded.has(step.version) : step.recordsShard === true && recorded.has(null);
     if (!proven) break;
     done += 1;
   }
@@ -383,19 +417,28 @@ function stepFailure(step: JobStep, error: unknown, context: JobContext): StepFa
   let message = describePgError(error);
   if (lockTimeout) {
     // {holders} is filled in by runJob, which looks them up once the transaction is rolled back.
-    const timeout = step.lockTimeout ? `lock_timeout ${step.lockTimeout} (the file's marker)` : `lockTimeout${context.lockTimeout ? ` ${context.lockTimeout}` : ''}`;
+    const timeout = step.lockTimeout
+      ? `lock_timeout ${step.lockTimeout} (the file's marker)`
+      : `lockTimeout${context.lockTimeout ? ` ${context.lockTimeout}` : ''}`;
     message =
       `could not lock a table within ${timeout} ({holders}): this shard was skipped, the others went on; ` +
       `run migrate again when the lock is released — ${message}`;
   }
-  return { step: step.label, ...(step.version === undefined ? {} : { version: step.version }), message, hostLevel, lockTimeout };
+  return {
+    step: step.label,
+    ...(step.version === undefined ? {} : { version: step.version }),
+    message,
+    hostLevel,
+    lockTimeout,
+  };
 }
 
 /** Errors that mean the connection or server is gone, as opposed to a statement failing. */
 export function isConnectionError(error: unknown): boolean {
   const code = (error as { code?: unknown } | null)?.code;
   if (typeof code !== 'string') return true;
-  if (/^[0-9A-Z]{5}$/.test(code)) return code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03';
+  if (/^[0-9A-Z]{5}$/.test(code))
+    return code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03';
   return true; // ECONNRESET, ECONNREFUSED, EPIPE, ...
 }
 

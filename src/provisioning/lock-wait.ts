@@ -84,10 +84,17 @@ export function describeLockHolder(holder: LockHolder): string {
 }
 
 /** The holders as one phrase for a message, never throwing (the lookup is a courtesy). */
-export async function lockHoldersPhrase(client: pg.Client, schema: string): Promise<{ holders: LockHolder[]; phrase: string }> {
+export async function lockHoldersPhrase(
+  client: pg.Client,
+  schema: string,
+): Promise<{ holders: LockHolder[]; phrase: string }> {
   try {
     const holders = await findLockHolders(client, schema);
-    if (holders.length === 0) return { holders, phrase: `no session holds a lock in schema ${schema} any more (released, or the table is outside it)` };
+    if (holders.length === 0)
+      return {
+        holders,
+        phrase: `no session holds a lock in schema ${schema} any more (released, or the table is outside it)`,
+      };
     return { holders, phrase: `held by ${holders.map(describeLockHolder).join('; ')}` };
   } catch (error) {
     return { holders: [], phrase: `the holder could not be read (${describePgError(error)})` };

@@ -153,16 +153,34 @@ function planHost(
         },
       });
     } else {
-      if (!recorded) steps.push({ label: 'record shard', recordsShard: true, get sql() { return recordShardSql(config, shard); } });
+      if (!recorded)
+        steps.push({
+          label: 'record shard',
+          recordsShard: true,
+          get sql() {
+            return recordShardSql(config, shard);
+          },
+        });
       if (snapshot.schemas.get(shard)!.nextIdVersion !== ID_FUNCTION_VERSION) {
         reinstalls = true;
-        steps.push({ label: 'install next_id', get sql() { return reinstallNextIdSql(config, shard); } });
+        steps.push({
+          label: 'install next_id',
+          get sql() {
+            return reinstallNextIdSql(config, shard);
+          },
+        });
       }
     }
     for (const migration of pending) {
       if (migration.noTransaction) {
         for (const sql of noTransactionMigrationSteps(config, shard, migration)) {
-          steps.push({ label: `migration ${migration.name}`, sql, version: migration.version, alone: true, ...lockTimeoutOf(migration) });
+          steps.push({
+            label: `migration ${migration.name}`,
+            sql,
+            version: migration.version,
+            alone: true,
+            ...lockTimeoutOf(migration),
+          });
         }
       } else {
         steps.push({
@@ -179,7 +197,14 @@ function planHost(
       upToDate += 1;
       continue;
     }
-    jobs.push({ shard, schema: shardSchemaName(config, shard), creates, reinstallsNextId: reinstalls, migrations: pending, steps });
+    jobs.push({
+      shard,
+      schema: shardSchemaName(config, shard),
+      creates,
+      reinstallsNextId: reinstalls,
+      migrations: pending,
+      steps,
+    });
   }
   const needsControl = fresh || snapshot.recorded.size === 0;
   // A control schema of an earlier version is brought up to this one's (its steps are idempotent).
@@ -225,7 +250,10 @@ export function findConflicts(
     }
   }
   if (options.checkDrift) {
-    for (const snapshot of snapshots) conflicts.push(...driftProblems(snapshot.host.name, existingApplied(snapshot), snapshot.appliedNames, migrations));
+    for (const snapshot of snapshots)
+      conflicts.push(
+        ...driftProblems(snapshot.host.name, existingApplied(snapshot), snapshot.appliedNames, migrations),
+      );
   }
   return conflicts;
 }
@@ -242,12 +270,15 @@ function layoutConflicts(config: ShardctlConfig, snapshot: HostSnapshot): Confli
   if (!recorded) return [];
   const differences: string[] = [];
   const layout = config.idLayout;
-  if (recorded.schemaPrefix !== config.schemaPrefix) differences.push(`schemaPrefix ${recorded.schemaPrefix} (config: ${config.schemaPrefix})`);
-  if (recorded.shardCount !== config.shards) differences.push(`shards ${recorded.shardCount} (config: ${config.shards})`);
+  if (recorded.schemaPrefix !== config.schemaPrefix)
+    differences.push(`schemaPrefix ${recorded.schemaPrefix} (config: ${config.schemaPrefix})`);
+  if (recorded.shardCount !== config.shards)
+    differences.push(`shards ${recorded.shardCount} (config: ${config.shards})`);
   if (recorded.epochMs !== layout.epochMs) {
     differences.push(`idLayout.epoch ${new Date(Number(recorded.epochMs)).toISOString()} (config: ${config.epochIso})`);
   }
-  if (recorded.shardBits !== layout.shardBits) differences.push(`idLayout.shardBits ${recorded.shardBits} (config: ${layout.shardBits})`);
+  if (recorded.shardBits !== layout.shardBits)
+    differences.push(`idLayout.shardBits ${recorded.shardBits} (config: ${layout.shardBits})`);
   if (recorded.sequenceBits !== layout.sequenceBits) {
     differences.push(`idLayout.sequenceBits ${recorded.sequenceBits} (config: ${layout.sequenceBits})`);
   }
@@ -273,7 +304,11 @@ function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<nu
     for (const [shard, move] of snapshot.moving) {
       if (wanted && !wanted.has(shard)) continue;
       let entry = moves.get(move.moveId);
-      if (!entry) moves.set(move.moveId, (entry = { source: move.source, target: move.target, step: move.step, shards: new Set() }));
+      if (!entry)
+        moves.set(
+          move.moveId,
+          (entry = { source: move.source, target: move.target, step: move.step, shards: new Set() }),
+        );
       entry.shards.add(shard);
     }
   }
@@ -295,7 +330,11 @@ function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<nu
  * What to do about misplaced shards. While a move runs, "move them" is the wrong advice: the
  * running move is named with the commands that finish or undo it.
  */
-function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: readonly HostSnapshot[]): { text: string; next: NextStep[] } {
+function misplacedAdvice(
+  misplaced: readonly number[],
+  host: string,
+  snapshots: readonly HostSnapshot[],
+): { text: string; next: NextStep[] } {
   const running = new Map<string, { source: string; target: string; step: string; shards: Set<number> }>();
   for (const snapshot of snapshots) {
     for (const [shard, move] of snapshot.moving) {
@@ -305,7 +344,11 @@ function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: 
       entry.shards.add(shard);
     }
   }
-  if (running.size === 0) return { text: `Move ${inflect(misplaced.length, 'it', 'them')} to the host the map names, or fix the map`, next: [{ action: 'move', shards: misplaced }] };
+  if (running.size === 0)
+    return {
+      text: `Move ${inflect(misplaced.length, 'it', 'them')} to the host the map names, or fix the map`,
+      next: [{ action: 'move', shards: misplaced }],
+    };
   const moves = [...running].map(([moveId, m]) => {
     const list = [...m.shards].sort((a, b) => a - b);
     return {
@@ -319,7 +362,11 @@ function misplacedAdvice(misplaced: readonly number[], host: string, snapshots: 
   };
 }
 
-function misplacedShards(config: ShardctlConfig, snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
+function misplacedShards(
+  config: ShardctlConfig,
+  snapshots: readonly HostSnapshot[],
+  wanted: ReadonlySet<number> | null,
+): Conflict[] {
   const conflicts: Conflict[] = [];
   for (const snapshot of snapshots) {
     const misplaced: number[] = [];
@@ -364,12 +411,22 @@ export function conflictError(conflicts: readonly Conflict[]): ShardctlError {
     );
   }
   if (conflicts.every((c) => DRIFT_KINDS.has(c.kind))) {
-    return new ShardctlError('MIGRATION_DRIFT', `migration drift: nothing was applied\n${messages.map((m) => `  - ${m}`).join('\n')}`, {
-      exitCode: 3,
-      details: messages,
-      data,
-    });
+    return new ShardctlError(
+      'MIGRATION_DRIFT',
+      `migration drift: nothing was applied\n${messages.map((m) => `  - ${m}`).join('\n')}`,
+      {
+        exitCode: 3,
+        details: messages,
+        data,
+      },
+    );
   }
   const next = conflicts.flatMap((c) => c.next ?? []);
-  return new RuntimeFailure('CONFLICT', `refusing to run, nothing was written:\n${messages.map((m) => `  - ${m}`).join('\n')}`, data, messages, next);
+  return new RuntimeFailure(
+    'CONFLICT',
+    `refusing to run, nothing was written:\n${messages.map((m) => `  - ${m}`).join('\n')}`,
+    data,
+    messages,
+    next,
+  );
 }

@@ -3,12 +3,26 @@ import type { ShardctlConfig } from '../config/types.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { randomUUID } from 'node:crypto';
 import { controlSchemaSql } from '../fleet/control.js';
-import { fleetRecord, readFleetPlacement, registerFleetSql, requireCurrentMap, type FleetPlacement } from '../fleet/placement.js';
+import {
+  fleetRecord,
+  readFleetPlacement,
+  registerFleetSql,
+  requireCurrentMap,
+  type FleetPlacement,
+} from '../fleet/placement.js';
 import { Fleet, type LostHost } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { fleetLevel } from '../migrations/rules.js';
 import { executeHostPlan, FailureBudget, type HostOutcome, type ProgressEvent } from './execute.js';
-import { canaryShards, conflictError, findConflicts, planFleet, type Conflict, type Plan, type PlanOptions } from './plan.js';
+import {
+  canaryShards,
+  conflictError,
+  findConflicts,
+  planFleet,
+  type Conflict,
+  type Plan,
+  type PlanOptions,
+} from './plan.js';
 
 /**
  * The one code path behind init, add-schema and migrate: lock every host, read its catalog, plan,
@@ -52,7 +66,11 @@ export interface ProvisionResult {
    * A staged migrate (shards, canary): the shards this run took on, and how many shards with work to
    * do it left to later stages. Null when the run covered every shard.
    */
-  readonly stage: { readonly shards: readonly number[]; readonly canary: boolean; readonly pendingElsewhere: number } | null;
+  readonly stage: {
+    readonly shards: readonly number[];
+    readonly canary: boolean;
+    readonly pendingElsewhere: number;
+  } | null;
   /** The failure limit stopped the run: shards were left without being started. */
   readonly stoppedEarly: boolean;
   readonly ok: boolean;
@@ -68,7 +86,11 @@ export interface FleetInspection {
   readonly snapshots: readonly HostSnapshot[];
 }
 
-export async function provision(config: ShardctlConfig, mode: ProvisionMode, options: ProvisionOptions = {}): Promise<ProvisionResult> {
+export async function provision(
+  config: ShardctlConfig,
+  mode: ProvisionMode,
+  options: ProvisionOptions = {},
+): Promise<ProvisionResult> {
   const started = performance.now();
   const dryRun = options.dryRun ?? false;
   const migrations = await readMigrations(config.migrationsDir);
@@ -78,7 +100,8 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
     if (!tolerateLoss) fleet.requireAll();
     if (!dryRun) await fleet.lock({ lockTimeout: config.lockTimeout, tolerateLoss });
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss });
-    for (const lost of fleet.lost) options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
+    for (const lost of fleet.lost)
+      options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
     const placement = await readFleetPlacement(fleet.sessions);
     requireCurrentMap(config, placement);
     // Drift is looked for on every shard whatever the stage; the rest only where this run writes.
@@ -89,7 +112,17 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
     if (conflicts.length > 0) throw conflictError(conflicts);
     const { plan, stage } = stagedPlan(config, snapshots, migrations, mode, options);
     if (dryRun) {
-      return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts: [], stage, stoppedEarly: false, ok: true, durationMs: elapsed(started) };
+      return {
+        mode,
+        dryRun,
+        targetVersion: plan.targetVersion,
+        plan,
+        hosts: [],
+        stage,
+        stoppedEarly: false,
+        ok: true,
+        durationMs: elapsed(started),
+      };
     }
     const failureBudget = new FailureBudget(options.maxFailures ?? null);
     const outcomes = await Promise.all(
@@ -108,7 +141,17 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
     const hosts = [...outcomes, ...fleet.lost.map(lostOutcome)];
     const stoppedEarly = hosts.some((h) => h.notStarted > 0);
     const ok = hosts.every((h) => h.hostError === null && h.failures.length === 0 && h.notStarted === 0);
-    return { mode, dryRun, targetVersion: plan.targetVersion, plan, hosts, stage, stoppedEarly, ok, durationMs: elapsed(started) };
+    return {
+      mode,
+      dryRun,
+      targetVersion: plan.targetVersion,
+      plan,
+      hosts,
+      stage,
+      stoppedEarly,
+      ok,
+      durationMs: elapsed(started),
+    };
   } finally {
     await fleet.close();
   }
@@ -118,7 +161,10 @@ export async function provision(config: ShardctlConfig, mode: ProvisionMode, opt
  * The read-only half of a migrate: connect, read every catalog, find conflicts and plan, without
  * the runner lock and without throwing on drift (`migrate --check` reports it with what is pending).
  */
-export async function inspectFleet(config: ShardctlConfig, options: { toVersion?: number } = {}): Promise<FleetInspection> {
+export async function inspectFleet(
+  config: ShardctlConfig,
+  options: { toVersion?: number } = {},
+): Promise<FleetInspection> {
   const migrations = await readMigrations(config.migrationsDir);
   const fleet = await Fleet.open(config.hosts);
   try {
@@ -150,7 +196,8 @@ function stagedPlan(
   const { shards: _selection, ...everyShard } = planOptions;
   const whole = planFleet(config, snapshots, migrations, everyShard);
   let plan = options.shards ? planFleet(config, snapshots, migrations, planOptions) : whole;
-  if (options.canary !== undefined) plan = planFleet(config, snapshots, migrations, { ...everyShard, shards: canaryShards(plan, options.canary) });
+  if (options.canary !== undefined)
+    plan = planFleet(config, snapshots, migrations, { ...everyShard, shards: canaryShards(plan, options.canary) });
   const chosen = plan.hosts.flatMap((h) => h.jobs.map((j) => j.shard)).sort((a, b) => a - b);
   const pendingElsewhere = whole.hosts.reduce((n, h) => n + h.jobs.length, 0) - chosen.length;
   return { plan, stage: { shards: chosen, canary: options.canary !== undefined, pendingElsewhere } };
@@ -161,7 +208,12 @@ function stagedPlan(
  * copy). A host whose control schema predates the fleet tables gets them first (control.sql is
  * idempotent).
  */
-async function recordFleet(config: ShardctlConfig, fleet: Fleet, placement: FleetPlacement, outcomes: readonly HostOutcome[]): Promise<void> {
+async function recordFleet(
+  config: ShardctlConfig,
+  fleet: Fleet,
+  placement: FleetPlacement,
+  outcomes: readonly HostOutcome[],
+): Promise<void> {
   const record = fleetRecord(config, placement, randomUUID);
   await Promise.all(
     fleet.sessions
@@ -193,7 +245,11 @@ function planOptionsFor(
       // "At the current migration level": the level the fleet's shards are at, not pending files.
       const level = fleetLevel(snapshots.map((s) => s.applied));
       const toVersion = level ?? migrations.at(-1)?.version;
-      return { create: true, ...(options.shards ? { shards: options.shards } : {}), ...(toVersion ? { toVersion } : {}) };
+      return {
+        create: true,
+        ...(options.shards ? { shards: options.shards } : {}),
+        ...(toVersion ? { toVersion } : {}),
+      };
     }
   }
 }

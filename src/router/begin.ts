@@ -49,10 +49,16 @@ export const PG_TESTED_RANGE = '8.x (tested with 8.23)';
 export type PipelineSupport = { readonly ok: true } | { readonly ok: false; readonly reason: string };
 
 /** Whether pg's Query still has what FirstQuery relies on (and pg's major is the tested one). */
-export function checkPgInternals(query: unknown = pg.Query, version: string | undefined = pgVersion()): PipelineSupport {
-  if (version !== undefined && !/^8\./.test(version)) return { ok: false, reason: `pg ${version} is outside the tested range ${PG_TESTED_RANGE}` };
+export function checkPgInternals(
+  query: unknown = pg.Query,
+  version: string | undefined = pgVersion(),
+): PipelineSupport {
+  if (version !== undefined && !/^8\./.test(version))
+    return { ok: false, reason: `pg ${version} is outside the tested range ${PG_TESTED_RANGE}` };
   const proto = (query as { prototype?: Record<string, unknown> } | undefined)?.prototype;
-  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery'].filter((name) => typeof proto?.[name] !== 'function');
+  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery'].filter(
+    (name) => typeof proto?.[name] !== 'function',
+  );
   if (missing.length > 0) return { ok: false, reason: `pg's Query has no ${missing.join(', ')}` };
   return { ok: true };
 }
@@ -78,7 +84,10 @@ function pipelining(): boolean {
   if (pipeline.ok) return true;
   if (!warned && pipeline.reason !== 'disabled') {
     warned = true;
-    process.emitWarning(`shardctl: ${pipeline.reason}; routed transactions send BEGIN as a query of its own (one more round trip each)`, { code: 'SHARDCTL_PG_INTERNALS' });
+    process.emitWarning(
+      `shardctl: ${pipeline.reason}; routed transactions send BEGIN as a query of its own (one more round trip each)`,
+      { code: 'SHARDCTL_PG_INTERNALS' },
+    );
   }
   return false;
 }
@@ -136,7 +145,9 @@ export class DeferredBegin {
   /** The client's query while this transaction is fn's (through hookClient). */
   query(config: unknown, values?: unknown, callback?: unknown): unknown {
     if (this.first?.commitSent) {
-      const error = new Error('this query was started after the transaction committed: fn returned the promise of its only query, so the COMMIT went with it; return (or await) every query fn runs');
+      const error = new Error(
+        'this query was started after the transaction committed: fn returned the promise of its only query, so the COMMIT went with it; return (or await) every query fn runs',
+      );
       if (typeof values === 'function') return void (values as (e: Error) => void)(error);
       if (typeof callback === 'function') return void (callback as (e: Error) => void)(error);
       return Promise.reject(error);
@@ -148,7 +159,12 @@ export class DeferredBegin {
     if (query) {
       this.firstPromise = new Promise((resolve, reject) => {
         // Alone: fn returned this query's promise and started no other query.
-        const first = new FirstQuery(query.config, query.values, this.start, () => this.returnedValue === this.firstPromise && this.calls === 1);
+        const first = new FirstQuery(
+          query.config,
+          query.values,
+          this.start,
+          () => this.returnedValue === this.firstPromise && this.calls === 1,
+        );
         first.callback = (error: Error | null, result: unknown) => (error ? reject(error) : resolve(result));
         this.first = first;
         clientQuery.call(this.client, first);
@@ -184,12 +200,17 @@ function hookClient(client: pg.ClientBase): void {
 }
 
 /** Config and values of a first query that can carry the BEGIN, else undefined. */
-function pipelinable(config: unknown, values: unknown, callback: unknown): { config: string | pg.QueryConfig; values?: unknown[] } | undefined {
+function pipelinable(
+  config: unknown,
+  values: unknown,
+  callback: unknown,
+): { config: string | pg.QueryConfig; values?: unknown[] } | undefined {
   if (typeof values === 'function' || callback !== undefined) return undefined;
   if (typeof config === 'string') return Array.isArray(values) && values.length > 0 ? { config, values } : undefined;
   if (typeof config !== 'object' || config === null) return undefined;
   const c = config as pg.QueryConfig & { submit?: unknown; callback?: unknown; rows?: unknown; queryMode?: string };
-  if (typeof c.submit === 'function' || c.callback !== undefined || c.name || c.rows || typeof c.text !== 'string') return undefined;
+  if (typeof c.submit === 'function' || c.callback !== undefined || c.name || c.rows || typeof c.text !== 'string')
+    return undefined;
   if (values !== undefined && !Array.isArray(values)) return undefined;
   if (c.values !== undefined && !Array.isArray(c.values)) return undefined;
   const own = values ?? c.values;

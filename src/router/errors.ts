@@ -30,19 +30,30 @@ export class ShardFanOutError<T = unknown> extends ShardctlError {
     total: number,
   ) {
     const groups = groupFailures(failures);
-    super('SHARDS_FAILED', `${failures.length} of ${plural(total, 'shard')} failed: ${groups.map((g) => g.line).join('; ')}`, {
-      exitCode: 1,
-      details: groups.map((g) => g.line),
-      data: {
-        failed: failures.map((f) => f.shard),
-        failures: failures.map((f) => ({ shard: f.shard, host: f.host, code: sqlState(f.error), message: describeFailure(f.error) })),
+    super(
+      'SHARDS_FAILED',
+      `${failures.length} of ${plural(total, 'shard')} failed: ${groups.map((g) => g.line).join('; ')}`,
+      {
+        exitCode: 1,
+        details: groups.map((g) => g.line),
+        data: {
+          failed: failures.map((f) => f.shard),
+          failures: failures.map((f) => ({
+            shard: f.shard,
+            host: f.host,
+            code: sqlState(f.error),
+            message: describeFailure(f.error),
+          })),
+        },
       },
-    });
+    );
   }
 }
 
 /** Failures with the same host and message, as "shards 3-5,9 on pg1: <message>". */
-export function groupFailures(failures: readonly FanOutFailure[]): { shards: number[]; host: string; message: string; line: string }[] {
+export function groupFailures(
+  failures: readonly FanOutFailure[],
+): { shards: number[]; host: string; message: string; line: string }[] {
   const groups = new Map<string, { shards: number[]; host: string; message: string }>();
   for (const failure of failures) {
     const message = describeFailure(failure.error);

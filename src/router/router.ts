@@ -104,17 +104,27 @@ export class ShardRouter {
   private readonly ending = new Set<Promise<void>>();
   private reloading: Promise<void> | undefined;
   /** Per shard, the statements that start its transaction (read-write, read-only); reset by reload(). */
-  private starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [new Map<number, TransactionStart>(), new Map<number, TransactionStart>()];
+  private starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [
+    new Map<number, TransactionStart>(),
+    new Map<number, TransactionStart>(),
+  ];
   private closed = false;
-  private readonly options: Required<Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>> &
+  private readonly options: Required<
+    Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>
+  > &
     Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>;
 
-  private constructor(config: ShardctlConfig, options: ShardRouterOptions, source: { file: boolean; seeds?: readonly string[] }) {
+  private constructor(
+    config: ShardctlConfig,
+    options: ShardRouterOptions,
+    source: { file: boolean; seeds?: readonly string[] },
+  ) {
     this.config = config;
     this.fileConfig = source.file ? config : null;
     this.seeds = source.seeds ?? [];
     const poolSize = options.poolSize ?? 10;
-    if (!Number.isSafeInteger(poolSize) || poolSize < 1) throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
+    if (!Number.isSafeInteger(poolSize) || poolSize < 1)
+      throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
     this.options = {
       ...options,
       poolSize,
@@ -175,13 +185,19 @@ export class ShardRouter {
   hostForShard(shard: number): HostConfig {
     this.checkShard(shard);
     const followed = this.followed.get(shard);
-    const host = (followed !== undefined ? this.config.hosts.find((h) => h.name === followed) : undefined) ?? hostForShard(this.config, shard);
+    const host =
+      (followed !== undefined ? this.config.hosts.find((h) => h.name === followed) : undefined) ??
+      hostForShard(this.config, shard);
     if (!host) {
       const down = [...this.unreachable.keys()];
-      throw new HostError(down.join(', ') || '?', `no reachable host holds shard ${shard}${down.length > 0 ? `; not answering: ${down.join(', ')}` : ''}`, {
-        shard,
-        code: 'HOST_UNREACHABLE',
-      });
+      throw new HostError(
+        down.join(', ') || '?',
+        `no reachable host holds shard ${shard}${down.length > 0 ? `; not answering: ${down.join(', ')}` : ''}`,
+        {
+          shard,
+          code: 'HOST_UNREACHABLE',
+        },
+      );
     }
     return host;
   }
@@ -257,15 +273,23 @@ export class ShardRouter {
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
     for (const statement of splitSqlBothWays(sql)) {
       const escape = transactionEscape(statement);
-      if (escape) return Promise.reject(new UsageError(`line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`, { input: 'sql' }));
+      if (escape)
+        return Promise.reject(
+          new UsageError(`line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`, {
+            input: 'sql',
+          }),
+        );
     }
     const body = sql.replace(/[\s;]+$/, '');
     const readOnly = options.readOnly ?? false;
     const query = options.query ?? {};
     const shardsPerQuery = options.shardsPerQuery ?? 1;
-    if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1) throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
-    const single = (shard: number) => this.run(shard, (host) => this.attemptScript<R>(host, shard, body, readOnly, query));
-    if (!readOnly || shardsPerQuery === 1) return this.fanOut(async (shard) => unwrapScript(await single(shard)), options);
+    if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
+      throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
+    const single = (shard: number) =>
+      this.run(shard, (host) => this.attemptScript<R>(host, shard, body, readOnly, query));
+    if (!readOnly || shardsPerQuery === 1)
+      return this.fanOut(async (shard) => unwrapScript(await single(shard)), options);
     return this.fanOut(async (shard) => unwrapScript(await single(shard)), options, {
       maxShards: shardsPerQuery,
       probe: async (shard) => {
@@ -281,25 +305,40 @@ export class ShardRouter {
     options: ForEachShardOptions,
     chunks?: Chunking<T>,
   ): Promise<ShardResult<T>[]> {
-    const shards = [...new Set(options.shards ?? Array.from({ length: this.config.shards }, (_, i) => i))].sort((a, b) => a - b);
+    const shards = [...new Set(options.shards ?? Array.from({ length: this.config.shards }, (_, i) => i))].sort(
+      (a, b) => a - b,
+    );
     for (const shard of shards) this.checkShard(shard);
     const perHost = Math.min(options.perHost ?? this.options.poolSize, this.options.poolSize);
     const overall = new Limit(options.concurrency ?? this.options.poolSize * this.config.hosts.length);
-    if (!Number.isSafeInteger(perHost) || perHost < 1) throw new RangeError(`perHost ${perHost} must be a positive integer`);
+    if (!Number.isSafeInteger(perHost) || perHost < 1)
+      throw new RangeError(`perHost ${perHost} must be a positive integer`);
 
     const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
     let done = 0;
-    const record = (shard: number, outcome: { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }): void => {
+    const record = (
+      shard: number,
+      outcome: { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure },
+    ): void => {
       outcomes.set(shard, outcome);
       done += 1;
-      options.onShardDone?.({ shard, host: outcome.ok ? outcome.result.host : outcome.failure.host, ok: outcome.ok, done, total: shards.length });
+      options.onShardDone?.({
+        shard,
+        host: outcome.ok ? outcome.result.host : outcome.failure.host,
+        ok: outcome.ok,
+        done,
+        total: shards.length,
+      });
     };
     const runOne = async (shard: number, hostName: string): Promise<void> => {
       try {
         const r = await runShard(shard);
         record(shard, { ok: true, result: { shard, host: r.host, value: r.value } });
       } catch (error) {
-        record(shard, { ok: false, failure: { shard, host: hostForShard(this.config, shard)?.name ?? hostName, error } });
+        record(shard, {
+          ok: false,
+          failure: { shard, host: hostForShard(this.config, shard)?.name ?? hostName, error },
+        });
       }
     };
 
@@ -315,7 +354,10 @@ export class ShardRouter {
           statements = r.statements;
           record(first, { ok: true, result: { shard: first, host: r.host, value: r.value } });
         } catch (error) {
-          record(first, { ok: false, failure: { shard: first, host: hostForShard(this.config, first)?.name ?? '', error } });
+          record(first, {
+            ok: false,
+            failure: { shard: first, host: hostForShard(this.config, first)?.name ?? '', error },
+          });
         }
       });
     }
@@ -333,7 +375,10 @@ export class ShardRouter {
     await Promise.all(
       [...byHost.entries()].flatMap(([hostName, queue]) => {
         const workers = Math.min(perHost, queue.length);
-        const size = chunks && statements !== undefined ? Math.max(1, Math.min(chunks.maxShards, Math.ceil(queue.length / workers))) : 1;
+        const size =
+          chunks && statements !== undefined
+            ? Math.max(1, Math.min(chunks.maxShards, Math.ceil(queue.length / workers)))
+            : 1;
         let next = 0;
         const worker = async (): Promise<void> => {
           while (next < queue.length) {
@@ -351,7 +396,9 @@ export class ShardRouter {
                 ? await chunks.runChunk(host, chunk, statements).catch(() => undefined)
                 : undefined;
               if (values) {
-                chunk.forEach((shard, i) => record(shard, { ok: true, result: { shard, host: host.name, value: values[i]! } }));
+                chunk.forEach((shard, i) =>
+                  record(shard, { ok: true, result: { shard, host: host.name, value: values[i]! } }),
+                );
                 return;
               }
               // The chunk failed (or its results were not what one shard gives): shard by shard.
@@ -406,13 +453,20 @@ export class ShardRouter {
     const found = file
       ? await discoverFromConfig(file, reading)
       : await discoverFleet(
-          [...this.config.hosts.map((h) => ({ name: h.name, url: h.url })), ...this.seeds.map((url, i) => ({ name: `seed ${i + 1}`, url }))],
+          [
+            ...this.config.hosts.map((h) => ({ name: h.name, url: h.url })),
+            ...this.seeds.map((url, i) => ({ name: `seed ${i + 1}`, url })),
+          ],
           { ...reading, ...(this.seeds[0] ? { credentials: this.seeds[0] } : {}) },
         );
     if (!file && found.placement.answered.length === 0) {
-      throw new HostError(found.unreachable.map((u) => u.name).join(', ') || 'seeds', `no seed could be read: ${found.unreachable.map((u) => `${u.name}: ${u.reason}`).join('; ')}`, {
-        code: 'HOST_UNREACHABLE',
-      });
+      throw new HostError(
+        found.unreachable.map((u) => u.name).join(', ') || 'seeds',
+        `no seed could be read: ${found.unreachable.map((u) => `${u.name}: ${u.reason}`).join('; ')}`,
+        {
+          code: 'HOST_UNREACHABLE',
+        },
+      );
     }
     const next = fleetConfig(file, found);
     this.config = next;
@@ -480,7 +534,10 @@ export class ShardRouter {
   }
 
   /** One call, following moves: returns fn's value and the host it committed on. */
-  private async run<T>(shard: number, attemptOn: (host: HostConfig) => Promise<Attempt<T>>): Promise<{ value: T; host: string }> {
+  private async run<T>(
+    shard: number,
+    attemptOn: (host: HostConfig) => Promise<Attempt<T>>,
+  ): Promise<{ value: T; host: string }> {
     this.checkShard(shard);
     let fencedSince: number | undefined;
     let backoffMs = FIRST_BACKOFF_MS;
@@ -516,7 +573,9 @@ export class ShardRouter {
       }
       // Fenced, not switched yet: wait a little, then try again.
       const jitter = Math.random() * backoffMs * 0.5;
-      await new Promise((resolve) => setTimeout(resolve, Math.min(backoffMs + jitter, this.options.fencedTimeoutMs - waited)));
+      await new Promise((resolve) =>
+        setTimeout(resolve, Math.min(backoffMs + jitter, this.options.fencedTimeoutMs - waited)),
+      );
       backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
     }
   }
@@ -526,7 +585,10 @@ export class ShardRouter {
     const host = this.config.hosts.find((h) => h.name === hostName);
     if (!host) return undefined;
     try {
-      const result = await this.pool(host).query<{ active: boolean }>(`SELECT state = 'active' AS active FROM ${CONTROL}.shards WHERE shard = $1`, [shard]);
+      const result = await this.pool(host).query<{ active: boolean }>(
+        `SELECT state = 'active' AS active FROM ${CONTROL}.shards WHERE shard = $1`,
+        [shard],
+      );
       return result.rows[0]?.active ?? false;
     } catch {
       return undefined;
@@ -565,10 +627,14 @@ export class ShardRouter {
       const commit = begin.committed !== undefined ? { command: begin.committed } : await client.query('COMMIT');
       // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
       if (commit.command === 'ROLLBACK') {
-        throw new HostError(host.name, 'the transaction was rolled back: a statement in it failed and fn caught the error', {
-          shard,
-          code: 'TRANSACTION_ABORTED',
-        });
+        throw new HostError(
+          host.name,
+          'the transaction was rolled back: a statement in it failed and fn caught the error',
+          {
+            shard,
+            code: 'TRANSACTION_ABORTED',
+          },
+        );
       }
       return { ok: true, value };
     } catch (error) {
@@ -602,13 +668,20 @@ export class ShardRouter {
       }
       const commit = results.at(-1);
       if (commit?.command !== 'COMMIT') {
-        throw new HostError(host.name, `the transaction did not commit (${commit?.command ?? 'no result'}): the SQL must not end it itself`, {
-          shard,
-          code: 'TRANSACTION_ABORTED',
-        });
+        throw new HostError(
+          host.name,
+          `the transaction did not commit (${commit?.command ?? 'no result'}): the SQL must not end it itself`,
+          {
+            shard,
+            code: 'TRANSACTION_ABORTED',
+          },
+        );
       }
       // BEGIN and SET come first; empty statements give no result.
-      return { ok: true, value: { last: results.slice(2, -1).at(-1) ?? emptyResult<R>(), statements: results.length - 3 } };
+      return {
+        ok: true,
+        value: { last: results.slice(2, -1).at(-1) ?? emptyResult<R>(), statements: results.length - 3 },
+      };
     } catch (error) {
       broken = error as Error;
       throw error;
@@ -647,7 +720,9 @@ export class ShardRouter {
         results.length === shards.length * group &&
         shards.every(
           (_, i) =>
-            results[i * group]?.command === 'BEGIN' && results[i * group + 1]?.command === 'SET' && results[i * group + group - 1]?.command === 'COMMIT',
+            results[i * group]?.command === 'BEGIN' &&
+            results[i * group + 1]?.command === 'SET' &&
+            results[i * group + group - 1]?.command === 'COMMIT',
         );
       if (!shaped) {
         // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
@@ -668,7 +743,10 @@ export class ShardRouter {
     const cache = this.starts[readOnly ? 1 : 0];
     let start = cache.get(shard);
     if (!start) {
-      start = new TransactionStart([`BEGIN${readOnly ? ' READ ONLY' : ''}`, `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`]);
+      start = new TransactionStart([
+        `BEGIN${readOnly ? ' READ ONLY' : ''}`,
+        `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`,
+      ]);
       cache.set(shard, start);
     }
     return start;
@@ -682,7 +760,11 @@ export class ShardRouter {
     try {
       return await this.pool(host).connect();
     } catch (error) {
-      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, { shard, code: 'HOST_UNREACHABLE', cause: error });
+      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
+        shard,
+        code: 'HOST_UNREACHABLE',
+        cause: error,
+      });
     }
   }
 }
@@ -704,11 +786,13 @@ interface Chunking<T> {
   runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
 }
 
-function unwrapScript<R extends pg.QueryResultRow>(r: { value: ScriptValue<R>; host: string }): { value: pg.QueryResult<R>; host: string } {
+function unwrapScript<R extends pg.QueryResultRow>(r: {
+  value: ScriptValue<R>;
+  host: string;
+}): { value: pg.QueryResult<R>; host: string } {
   return { value: r.value.last, host: r.host };
 }
 
 function emptyResult<R extends pg.QueryResultRow>(): pg.QueryResult<R> {
   return { command: '', rowCount: 0, rows: [], fields: [], oid: 0 } as unknown as pg.QueryResult<R>;
 }
-

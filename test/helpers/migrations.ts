@@ -12,7 +12,9 @@ const ROOT = join(import.meta.dirname, '..', '..');
 /** shard → applied versions (ascending), from shardctl.migrations on one host. */
 export async function recordedVersions(url: string): Promise<Map<number, number[]>> {
   return withClient(url, async (client) => {
-    const result = await client.query<{ shard: number; version: number }>('select shard, version from shardctl.migrations order by shard, version');
+    const result = await client.query<{ shard: number; version: number }>(
+      'select shard, version from shardctl.migrations order by shard, version',
+    );
     const map = new Map<number, number[]>();
     for (const row of result.rows) {
       let versions = map.get(row.shard);
@@ -26,13 +28,20 @@ export async function recordedVersions(url: string): Promise<Map<number, number[
 /** How many shards on a host have this version recorded. */
 export async function shardsAt(url: string, version: number): Promise<number> {
   return withClient(url, async (client) => {
-    const result = await client.query<{ n: string }>('select count(*) as n from shardctl.migrations where version = $1', [version]);
+    const result = await client.query<{ n: string }>(
+      'select count(*) as n from shardctl.migrations where version = $1',
+      [version],
+    );
     return Number(result.rows[0]!.n);
   });
 }
 
 /** The shards of a host with exactly these versions recorded, or a description of those that differ. */
-export async function shardsNotAt(url: string, shards: readonly number[], versions: readonly number[]): Promise<string[]> {
+export async function shardsNotAt(
+  url: string,
+  shards: readonly number[],
+  versions: readonly number[],
+): Promise<string[]> {
   const recorded = await recordedVersions(url);
   const want = versions.join(',');
   return shards.flatMap((shard) => {
@@ -41,7 +50,12 @@ export async function shardsNotAt(url: string, shards: readonly number[], versio
   });
 }
 
-export async function waitFor(what: string, check: () => Promise<boolean>, timeoutMs = 30_000, intervalMs = 10): Promise<void> {
+export async function waitFor(
+  what: string,
+  check: () => Promise<boolean>,
+  timeoutMs = 30_000,
+  intervalMs = 10,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     if (await check().catch(() => false)) return;
@@ -72,10 +86,12 @@ export function spawnCli(args: readonly string[]): ChildRun {
   let stderr = '';
   child.stdout!.setEncoding('utf8').on('data', (chunk: string) => (stdout += chunk));
   child.stderr!.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
-  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }>((resolve, reject) => {
-    child.once('error', reject);
-    child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
-  });
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }>(
+    (resolve, reject) => {
+      child.once('error', reject);
+      child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
+    },
+  );
   return { child, exited };
 }
 
@@ -94,6 +110,8 @@ function assertBuildIsFresh(): void {
   };
   walk(join(ROOT, 'src'));
   if (stale.length > 0) {
-    throw new Error(`dist/ is older than ${stale.slice(0, 3).join(', ')}${stale.length > 3 ? ', …' : ''}: run npm run build before these tests`);
+    throw new Error(
+      `dist/ is older than ${stale.slice(0, 3).join(', ')}${stale.length > 3 ? ', …' : ''}: run npm run build before these tests`,
+    );
   }
 }

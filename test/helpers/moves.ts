@@ -5,13 +5,29 @@
  */
 import { spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync, cpSync, existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, symlinkSync } from 'node:fs';
+import {
+  chmodSync,
+  cpSync,
+  existsSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
 import { shardMovedTo, type ShardMap } from '../../src/config/shard-map.js';
 import { inject } from 'vitest';
-import { findFreePort, initCluster, startCluster, stopCluster, type LocalClusterOptions } from '../../src/dev/local-postgres.js';
+import {
+  findFreePort,
+  initCluster,
+  startCluster,
+  stopCluster,
+  type LocalClusterOptions,
+} from '../../src/dev/local-postgres.js';
 import { adminClient, withClient } from './hosts.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
@@ -51,7 +67,8 @@ async function takeSnapshot(): Promise<string> {
   assertMoveBuildIsFresh();
   for (let attempt = 1; ; attempt++) {
     const dir = mkdtempSync(join(tmpdir(), 'shardctl-cli-'));
-    for (const entry of ['bin', 'dist', 'sql', 'package.json']) cpSync(join(ROOT, entry), join(dir, entry), { recursive: true });
+    for (const entry of ['bin', 'dist', 'sql', 'package.json'])
+      cpSync(join(ROOT, entry), join(dir, entry), { recursive: true });
     symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'), 'dir');
     // Loading the CLI loads every module: a copy taken while tsc was writing fails here.
     const probe = await runNode([join(dir, 'bin', 'shardctl.js'), '--version']);
@@ -90,7 +107,9 @@ function assertMoveBuildIsFresh(): void {
     return !existsSync(built) || statSync(built).mtimeMs < statSync(join(ROOT, 'src', file)).mtimeMs;
   });
   if (stale.length > 0) {
-    throw new Error(`dist/ is older than ${stale.map((f) => join('src', f)).join(', ')}: run npm run build before these tests`);
+    throw new Error(
+      `dist/ is older than ${stale.map((f) => join('src', f)).join(', ')}: run npm run build before these tests`,
+    );
   }
 }
 
@@ -126,7 +145,10 @@ export async function waitForMoveSessionsToEnd(urls: readonly string[], timeoutM
           `select count(*) as n from pg_stat_activity where datname = current_database() and application_name = 'shardctl move' and pid <> pg_backend_pid()`,
         );
         if (r.rows[0]!.n === '0') return;
-        if (Date.now() > deadline) throw new Error(`sessions of a killed shardctl move still open on ${new URL(url).port} after ${timeoutMs} ms`);
+        if (Date.now() > deadline)
+          throw new Error(
+            `sessions of a killed shardctl move still open on ${new URL(url).port} after ${timeoutMs} ms`,
+          );
         await new Promise((resolve) => setTimeout(resolve, 20));
       }
     });
@@ -140,13 +162,19 @@ export async function schemaExists(client: pg.Client, schema: string): Promise<b
 
 /** shardctl.shards on one host: the shard's state and schema, or null. */
 export async function shardRow(client: pg.Client, shard: number): Promise<{ state: string; schema: string } | null> {
-  const r = await client.query<{ state: string; schema_name: string }>('select state, schema_name from shardctl.shards where shard = $1', [shard]);
+  const r = await client.query<{ state: string; schema_name: string }>(
+    'select state, schema_name from shardctl.shards where shard = $1',
+    [shard],
+  );
   const row = r.rows[0];
   return row ? { state: row.state, schema: row.schema_name } : null;
 }
 
 /** The newest move of a shard recorded on one host. */
-export async function lastMove(client: pg.Client, shard: number): Promise<{ moveId: string; step: string; status: string } | null> {
+export async function lastMove(
+  client: pg.Client,
+  shard: number,
+): Promise<{ moveId: string; step: string; status: string } | null> {
   const r = await client.query<{ move_id: string; step: string; status: string }>(
     'select move_id, step, status from shardctl.moves where shard = $1 order by started_at desc, move_id desc limit 1',
     [shard],
@@ -234,7 +262,9 @@ export interface OwnHost {
  * container of the same image on their Docker network (a local cluster could not be reached from
  * inside a container), otherwise a throw-away local cluster.
  */
-export async function startOwnHost(settings: Record<string, string>): Promise<{ host: OwnHost; dispose: () => Promise<void> }> {
+export async function startOwnHost(
+  settings: Record<string, string>,
+): Promise<{ host: OwnHost; dispose: () => Promise<void> }> {
   const docker = inject('pgDocker');
   if (!docker) {
     const { clusters, dispose } = await startOwnClusters([{ settings }]);
@@ -255,7 +285,10 @@ export async function startOwnHost(settings: Record<string, string>): Promise<{ 
     .withCommand(['postgres', ...Object.entries(settings).flatMap(([name, value]) => ['-c', `${name}=${value}`])])
     .start();
   return {
-    host: { url: container.getConnectionUri(), replicationUrl: `postgres://postgres:${password}@${alias}:5432/postgres` },
+    host: {
+      url: container.getConnectionUri(),
+      replicationUrl: `postgres://postgres:${password}@${alias}:5432/postgres`,
+    },
     dispose: async () => {
       await container.stop();
     },
@@ -271,7 +304,9 @@ export async function fleetState(urls: readonly string[], configFile: string): P
   for (const url of urls) {
     hosts.push(
       await withClient(url, async (client) => ({
-        schemas: (await client.query(`select nspname from pg_namespace where nspname !~ '^(pg_|information_schema)' order by 1`)).rows,
+        schemas: (
+          await client.query(`select nspname from pg_namespace where nspname !~ '^(pg_|information_schema)' order by 1`)
+        ).rows,
         shards: (await client.query(`select shard, schema_name, state from shardctl.shards order by shard`)).rows,
         moves: (await client.query(`select * from shardctl.moves order by move_id`)).rows,
         markers: (await client.query(`select * from shardctl.move_markers order by move_id, kind`)).rows,
@@ -290,7 +325,8 @@ export async function fleetState(urls: readonly string[], configFile: string): P
 export function startShardWriter(
   map: ShardMap,
   shard: number,
-  statement: (i: number) => string = () => `insert into insta${shard}.photos (user_id, image_url) values (${shard}, 'w') returning id`,
+  statement: (i: number) => string = () =>
+    `insert into insta${shard}.photos (user_id, image_url) values (${shard}, 'w') returning id`,
 ) {
   /** Ids returned by single statements, with the host that acknowledged them. */
   const acknowledged: { id: bigint; host: string }[] = [];
@@ -309,7 +345,8 @@ export function startShardWriter(
         clients.set(host.name, client);
       }
       try {
-        const result = (await client.query<{ id?: string }>(statement(i))) as pg.QueryResult<{ id?: string }> | pg.QueryResult<{ id?: string }>[];
+        const result = (await client.query<{ id?: string }>(statement(i))) as
+          pg.QueryResult<{ id?: string }> | pg.QueryResult<{ id?: string }>[];
         writes += 1;
         const id = Array.isArray(result) ? undefined : result.rows[0]?.id;
         if (id !== undefined) acknowledged.push({ id: BigInt(id), host: host.name });

@@ -64,7 +64,12 @@ END
 $$;
 `;
 
-async function buildArticleFleet(urls: readonly string[], prefix: string, split: readonly string[], options: { epoch?: bigint } = {}): Promise<void> {
+async function buildArticleFleet(
+  urls: readonly string[],
+  prefix: string,
+  split: readonly string[],
+  options: { epoch?: bigint } = {},
+): Promise<void> {
   for (const [i, url] of urls.entries()) {
     const [from, to] = split[i]!.split('-').map(Number) as [number, number];
     const sql: string[] = [];
@@ -92,8 +97,18 @@ async function catalog(url: string, prefix: string): Promise<unknown> {
         [prefix],
       )
     ).rows,
-    relations: (await c.query(`select n.nspname, c.relname, c.relkind from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname like $1 || '%' order by 1, 2`, [prefix])).rows,
-    sequences: (await c.query(`select schemaname, sequencename, last_value::text from pg_sequences where schemaname like $1 || '%' order by 1, 2`, [prefix])).rows,
+    relations: (
+      await c.query(
+        `select n.nspname, c.relname, c.relkind from pg_class c join pg_namespace n on n.oid = c.relnamespace where n.nspname like $1 || '%' order by 1, 2`,
+        [prefix],
+      )
+    ).rows,
+    sequences: (
+      await c.query(
+        `select schemaname, sequencename, last_value::text from pg_sequences where schemaname like $1 || '%' order by 1, 2`,
+        [prefix],
+      )
+    ).rows,
     control: (await c.query(`select to_regclass('shardctl.shards') is not null as control`)).rows,
   }));
 }
@@ -111,7 +126,13 @@ interface Made {
  * Application sessions inserting single rows into several shards on both hosts, through the table
  * default (photos) and through an explicit call of the published next_id() (likes), until stopped.
  */
-function startSessions(urls: readonly string[], prefix: string, shards: readonly number[], hostOf: (shard: number) => number, count: number) {
+function startSessions(
+  urls: readonly string[],
+  prefix: string,
+  shards: readonly number[],
+  hostOf: (shard: number) => number,
+  count: number,
+) {
   const made: Made[] = [];
   const failures: string[] = [];
   let stop = false;
@@ -192,7 +213,9 @@ describe('shardctl adopt', () => {
     expect(sessions.made.filter((m) => decodeId(m.id, config.idLayout).shard !== m.shard)).toEqual([]);
     for (const shard of live) {
       for (const table of ['photos', 'likes'] as const) {
-        const maxBefore = before.filter((m) => m.shard === shard && m.table === table).reduce((x, m) => (m.id > x ? m.id : x), 0n);
+        const maxBefore = before
+          .filter((m) => m.shard === shard && m.table === table)
+          .reduce((x, m) => (m.id > x ? m.id : x), 0n);
         const early = after.filter((m) => m.shard === shard && m.table === table && m.id <= maxBefore);
         expect(early, `${shard}.${table}`).toEqual([]);
       }
@@ -200,15 +223,23 @@ describe('shardctl adopt', () => {
     // After the switch each session's ids grow per table (shardctl's function never goes back).
     for (let session = 0; session < 8; session++) {
       for (const shard of live) {
-        const ids = after.filter((m) => m.session === session && m.shard === shard && m.table === 'photos').map((m) => m.id);
+        const ids = after
+          .filter((m) => m.session === session && m.shard === shard && m.table === 'photos')
+          .map((m) => m.id);
         expect(ids.every((id, i) => i === 0 || id > ids[i - 1]!)).toBe(true);
       }
     }
     // The published name and shardctl's next_id(seq) both answer, and every row in the tables is unique.
     await withClient(main.urls[1]!, async (c) => {
-      const comment = (await c.query<{ c: string }>(`select obj_description('insta40.next_id()'::regprocedure, 'pg_proc') as c`)).rows[0]!.c;
+      const comment = (
+        await c.query<{ c: string }>(`select obj_description('insta40.next_id()'::regprocedure, 'pg_proc') as c`)
+      ).rows[0]!.c;
       expect(comment).toMatch(/^shardctl adopted next_id\(\)/);
-      const ids = (await c.query<{ a: string; b: string }>(`select insta40.next_id()::text as a, insta40.next_id('insta40.table_id_seq')::text as b`)).rows[0]!;
+      const ids = (
+        await c.query<{ a: string; b: string }>(
+          `select insta40.next_id()::text as a, insta40.next_id('insta40.table_id_seq')::text as b`,
+        )
+      ).rows[0]!;
       expect(BigInt(ids.b)).toBeGreaterThan(BigInt(ids.a));
       expect(decodeId(BigInt(ids.a), config.idLayout).shard).toBe(40);
       const recorded = (await c.query(`select count(*)::int as n from shardctl.shards`)).rows[0];
@@ -230,7 +261,9 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     expect(migrated.stderr).toContain('64 migrations applied, 0 shards already current, 0 failed');
     expect(migrated.code).toBe(0);
     await withClient(main.urls[0]!, async (c) => {
-      const id = (await c.query<{ id: string }>(`insert into insta3.comments (photo_id, body) values (1, 'x') returning id`)).rows[0]!.id;
+      const id = (
+        await c.query<{ id: string }>(`insert into insta3.comments (photo_id, body) values (1, 'x') returning id`)
+      ).rows[0]!.id;
       expect(decodeId(BigInt(id), config.idLayout).shard).toBe(3);
     });
 
@@ -253,9 +286,18 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       const called = BigInt((await c.query<{ id: string }>(`select insta5.next_id()::text as id`)).rows[0]!.id);
       expect(called).toBeGreaterThan(maxMoved);
       expect(decodeId(called, config.idLayout).shard).toBe(5);
-      const n = (await c.query<{ n: number; d: number }>(`select count(*)::int as n, count(distinct id)::int as d from insta5.photos`)).rows[0]!;
+      const n = (
+        await c.query<{ n: number; d: number }>(
+          `select count(*)::int as n, count(distinct id)::int as d from insta5.photos`,
+        )
+      ).rows[0]!;
       expect(n.n).toBe(n.d);
-      expect(n.n).toBe(20 + onSource.length + onTarget.length + sessions.made.filter((m) => m.shard === 5 && m.table === 'photos').length);
+      expect(n.n).toBe(
+        20 +
+          onSource.length +
+          onTarget.length +
+          sessions.made.filter((m) => m.shard === 5 && m.table === 'photos').length,
+      );
     });
 
     // The router writes by key into an adopted shard (through the published default) and finds the row by its id.
@@ -263,10 +305,19 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     try {
       const id = await router.withKey(31341n, async (client, shard) => {
         expect(shard).toBe(31341 % 64);
-        return BigInt((await client.query<{ id: string }>(`insert into photos (user_id, image_url) values (31341, 'router') returning id`)).rows[0]!.id);
+        return BigInt(
+          (
+            await client.query<{ id: string }>(
+              `insert into photos (user_id, image_url) values (31341, 'router') returning id`,
+            )
+          ).rows[0]!.id,
+        );
       });
       expect(decodeId(id, config.idLayout).shard).toBe(31341 % 64);
-      const found = await router.withId(id, async (client) => (await client.query(`select user_id from photos where id = $1`, [id.toString()])).rows);
+      const found = await router.withId(
+        id,
+        async (client) => (await client.query(`select user_id from photos where id = $1`, [id.toString()])).rows,
+      );
       expect(found).toEqual([{ user_id: '31341' }]);
     } finally {
       await router.close();
@@ -290,13 +341,20 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     const config = await fleet.config();
     // A stored id 5 s ahead of the clock (made on a host whose clock ran ahead): new ids must be above it.
     const ahead = encodeId({ unixMs: BigInt(Date.now() + 5000), shard: 1, sequence: 7 }, config.idLayout);
-    await withClient(switching.urls[0]!, (c) => c.query(`insert into sw1.photos (id, user_id, image_url) values ($1, 1, 'ahead')`, [ahead.toString()]));
+    await withClient(switching.urls[0]!, (c) =>
+      c.query(`insert into sw1.photos (id, user_id, image_url) values ($1, 1, 'ahead')`, [ahead.toString()]),
+    );
     // An application transaction that drew an id with the published function and has not committed.
     const open = await adminClient(switching.urls[0]!);
     await open.query('begin');
-    const pending = BigInt((await open.query<{ id: string }>(`insert into sw0.photos (user_id, image_url) values (1, 'open') returning id`)).rows[0]!.id);
+    const pending = BigInt(
+      (await open.query<{ id: string }>(`insert into sw0.photos (user_id, image_url) values (1, 'open') returning id`))
+        .rows[0]!.id,
+    );
     let finished = 0;
-    const adopting = runCli(['adopt', '--yes', '-c', fleet.configFile]).then((run) => ((finished = performance.now()), run));
+    const adopting = runCli(['adopt', '--yes', '-c', fleet.configFile]).then(
+      (run) => ((finished = performance.now()), run),
+    );
     await sleep(1000);
     const committed = performance.now();
     await open.query('commit');
@@ -307,7 +365,11 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     // The switch waited for that transaction (it holds the sequence), and its id is below every new one.
     expect(finished).toBeGreaterThan(committed);
     await withClient(switching.urls[0]!, async (c) => {
-      const next = async (table: string): Promise<bigint> => BigInt((await c.query<{ id: string }>(`insert into ${table} (user_id, image_url) values (1, 'new') returning id`)).rows[0]!.id);
+      const next = async (table: string): Promise<bigint> =>
+        BigInt(
+          (await c.query<{ id: string }>(`insert into ${table} (user_id, image_url) values (1, 'new') returning id`))
+            .rows[0]!.id,
+        );
       expect(await next('sw0.photos')).toBeGreaterThan(pending);
       const after = await next('sw1.photos');
       expect(after).toBeGreaterThan(ahead);
@@ -320,13 +382,17 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     // A baseline given later is checked against the adopted shards before it is recorded.
     fleet.writeMigration('0001_article.sql', BASELINE.replace('user_id  bigint NOT NULL', 'user_id  integer NOT NULL'));
     const wrong = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
-    expect(wrong.stderr).toMatch(/host pg1, shard 0 \(sw0\): baseline: table sw0\.likes has columns \(id bigint, photo_id bigint, user_id bigint\), the files create \(id bigint, photo_id bigint, user_id integer\)/);
+    expect(wrong.stderr).toMatch(
+      /host pg1, shard 0 \(sw0\): baseline: table sw0\.likes has columns \(id bigint, photo_id bigint, user_id bigint\), the files create \(id bigint, photo_id bigint, user_id integer\)/,
+    );
     expect(wrong.code).toBe(3);
     fleet.writeMigration('0001_article.sql', BASELINE);
     const right = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
     expect(right.stderr).toContain('pg1: 0 shards switched, 2 recorded');
     expect(right.code).toBe(0);
-    const recorded = await withClient(switching.urls[0]!, (c) => c.query(`select shard, version, name from shardctl.migrations order by shard`));
+    const recorded = await withClient(switching.urls[0]!, (c) =>
+      c.query(`select shard, version, name from shardctl.migrations order by shard`),
+    );
     expect(recorded.rows).toEqual([
       { shard: 0, version: 1, name: '0001_article' },
       { shard: 1, version: 1, name: '0001_article' },
@@ -336,12 +402,18 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
   it('--shards adopts only the listed shards; init refuses the others until they are adopted too', async () => {
     await buildArticleFleet(partial.urls, 'pa', split4);
     const fleet = makeFleet({ urls: partial.urls, shards: 4, split: split4, schemaPrefix: 'pa', migrations: {} });
-    const untouched = await withClient(partial.urls[1]!, (c) => c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`));
+    const untouched = await withClient(partial.urls[1]!, (c) =>
+      c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`),
+    );
     const first = await runCli(['adopt', '--shards', '0,2', '--yes', '-c', fleet.configFile]);
     expect(first.code).toBe(0);
     expect(first.stderr).toContain('pg1: 1 shard switched');
     expect(first.stderr).toContain('pg2: 1 shard switched');
-    expect(await withClient(partial.urls[1]!, (c) => c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`))).toMatchObject({ rows: untouched.rows });
+    expect(
+      await withClient(partial.urls[1]!, (c) =>
+        c.query(`select md5(prosrc) from pg_proc where oid = 'pa3.next_id()'::regprocedure`),
+      ),
+    ).toMatchObject({ rows: untouched.rows });
     const init = await runCli(['init', '-c', fleet.configFile]);
     expect(init.code).toBe(1);
     expect(init.stderr).toMatch(/host pg1: schema for shard 1 exists but shardctl did not create it/);
@@ -357,7 +429,9 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       prepare: async (urls: readonly string[]) => {
         await buildArticleFleet(urls, 'ua', split4);
         await withClient(urls[0]!, (c) =>
-          c.query(`CREATE OR REPLACE FUNCTION ua1.next_id(OUT result bigint) AS $$ BEGIN result := nextval('ua1.table_id_seq'); END; $$ LANGUAGE plpgsql`),
+          c.query(
+            `CREATE OR REPLACE FUNCTION ua1.next_id(OUT result bigint) AS $$ BEGIN result := nextval('ua1.table_id_seq'); END; $$ LANGUAGE plpgsql`,
+          ),
         );
       },
       reason: /host pg1, shard 1 \(ua1\): next_id\(\) is not the published function/,
@@ -367,7 +441,9 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       prefix: 'ub',
       prepare: async (urls: readonly string[]) => {
         await buildArticleFleet(urls, 'ub', split4);
-        await withClient(urls[0]!, (c) => c.query(`insert into ub0.photos (id, user_id, image_url) values (ub1.next_id(), 1, 'x')`));
+        await withClient(urls[0]!, (c) =>
+          c.query(`insert into ub0.photos (id, user_id, image_url) values (ub1.next_id(), 1, 'x')`),
+        );
       },
       reason: /host pg1, shard 0 \(ub0\): table ub0\.photos: its largest id \d+ decodes to shard 1, not 0/,
     },
@@ -387,20 +463,36 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       epoch: '2015-01-01T00:00:00.000Z',
       reason: /host pg1, shard 0 \(ud0\): layout: next_id\(\) disagrees with the config: its epoch is 1314220021721 ms/,
     },
-  ])('refuses $name with exit 3, naming host and shard, and changes nothing', async ({ prefix, prepare, reason, epoch }) => {
-    await prepare(refusals.urls);
-    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: prefix, migrations: {}, ...(epoch ? { idLayout: { epoch } } : {}) });
-    const before = await Promise.all(refusals.urls.map((url) => catalog(url, prefix)));
-    const run = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
-    expect(run.stderr).toMatch(reason);
-    expect(run.stderr).toContain('nothing was changed');
-    expect(run.code).toBe(3);
-    expect(await Promise.all(refusals.urls.map((url) => catalog(url, prefix)))).toEqual(before);
-  });
+  ])(
+    'refuses $name with exit 3, naming host and shard, and changes nothing',
+    async ({ prefix, prepare, reason, epoch }) => {
+      await prepare(refusals.urls);
+      const fleet = makeFleet({
+        urls: refusals.urls,
+        shards: 4,
+        split: split4,
+        schemaPrefix: prefix,
+        migrations: {},
+        ...(epoch ? { idLayout: { epoch } } : {}),
+      });
+      const before = await Promise.all(refusals.urls.map((url) => catalog(url, prefix)));
+      const run = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
+      expect(run.stderr).toMatch(reason);
+      expect(run.stderr).toContain('nothing was changed');
+      expect(run.code).toBe(3);
+      expect(await Promise.all(refusals.urls.map((url) => catalog(url, prefix)))).toEqual(before);
+    },
+  );
 
   it('--dry-run prints the SQL per host and changes nothing', async () => {
     await buildArticleFleet(refusals.urls, 'dry', split4);
-    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: 'dry', migrations: { '0001_article.sql': BASELINE } });
+    const fleet = makeFleet({
+      urls: refusals.urls,
+      shards: 4,
+      split: split4,
+      schemaPrefix: 'dry',
+      migrations: { '0001_article.sql': BASELINE },
+    });
     const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'dry')));
     const run = await runCli(['adopt', '--dry-run', '--baseline', '1', '-c', fleet.configFile]);
     expect(run.code).toBe(0);
@@ -414,7 +506,13 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
 
   it('names a bad --baseline or --shards (exit 2), and asks for --yes without a terminal, changing nothing', async () => {
     await buildArticleFleet(refusals.urls, 'uf', split4);
-    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: 'uf', migrations: { '0001_article.sql': BASELINE } });
+    const fleet = makeFleet({
+      urls: refusals.urls,
+      shards: 4,
+      split: split4,
+      schemaPrefix: 'uf',
+      migrations: { '0001_article.sql': BASELINE },
+    });
     const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'uf')));
     const cases: [string[], RegExp][] = [
       [['--baseline', 'one'], /option --baseline "one": not a migration version/],
@@ -437,7 +535,10 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       shards: 4,
       split: split4,
       schemaPrefix: 'ue',
-      migrations: { '0001_article.sql': BASELINE, '0002_tags.sql': 'CREATE TABLE tags (id bigint PRIMARY KEY, name text);\n' },
+      migrations: {
+        '0001_article.sql': BASELINE,
+        '0002_tags.sql': 'CREATE TABLE tags (id bigint PRIMARY KEY, name text);\n',
+      },
     });
     const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'ue')));
     const run = await runCli(['adopt', '--yes', '--baseline', '2', '-c', fleet.configFile]);

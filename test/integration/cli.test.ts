@@ -90,7 +90,13 @@ describe('the shardctl command line', () => {
       urls: [goodUrl.toString(), `postgres://postgres:${secret}@127.0.0.1:${deadPort}/postgres`],
       shards: 4,
     });
-    for (const args of [['init'], ['status'], ['status', '--json'], ['init', '--dry-run', '--json'], ['migrate', '--check', '--json']]) {
+    for (const args of [
+      ['init'],
+      ['status'],
+      ['status', '--json'],
+      ['init', '--dry-run', '--json'],
+      ['migrate', '--check', '--json'],
+    ]) {
       const cli = await runCli([...args, '-c', fleet.configFile]);
       expect(cli.code, args.join(' ')).toBe(1);
       expect(cli.stdout + cli.stderr).not.toContain(secret);
@@ -102,10 +108,14 @@ describe('the shardctl command line', () => {
     const bin = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
     const ids = Array.from({ length: 3000 }, (_, i) => String((BigInt(i) << 23n) | 5n));
     const { spawnSync } = await import('node:child_process');
-    const run = spawnSync('bash', ['-o', 'pipefail', '-c', `"${process.execPath}" "${bin}" decode ${ids.join(' ')} | head -1`], {
-      env: { ...process.env, SHARDCTL_CONFIG: '' },
-      encoding: 'utf8',
-    });
+    const run = spawnSync(
+      'bash',
+      ['-o', 'pipefail', '-c', `"${process.execPath}" "${bin}" decode ${ids.join(' ')} | head -1`],
+      {
+        env: { ...process.env, SHARDCTL_CONFIG: '' },
+        encoding: 'utf8',
+      },
+    );
     expect(run.stdout.split('\n').filter(Boolean)).toHaveLength(1);
     expect(run.stderr).not.toMatch(/EPIPE|Error/);
     expect(run.status).toBe(0);
@@ -113,8 +123,12 @@ describe('the shardctl command line', () => {
 
   it('runs through the installed launcher: bin/shardctl.js', async () => {
     const bin = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
-    const { stdout } = await exec(process.execPath, [bin, 'decode', String((1000n << 23n) | (7n << 10n) | 3n)], { env: { ...process.env, SHARDCTL_CONFIG: '' } });
-    expect(stdout).toBe(`${(1000n << 23n) | (7n << 10n) | 3n}  2011-08-24T21:07:02.721Z  shard 7  sequence 3  host -\n`);
+    const { stdout } = await exec(process.execPath, [bin, 'decode', String((1000n << 23n) | (7n << 10n) | 3n)], {
+      env: { ...process.env, SHARDCTL_CONFIG: '' },
+    });
+    expect(stdout).toBe(
+      `${(1000n << 23n) | (7n << 10n) | 3n}  2011-08-24T21:07:02.721Z  shard 7  sequence 3  host -\n`,
+    );
     const error = await exec(process.execPath, [bin, 'nope']).then(
       () => null,
       (e: { code: number }) => e.code,

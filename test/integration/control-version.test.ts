@@ -12,16 +12,26 @@ describe('the control schema version', () => {
     expect((await init(await fleet.config())).ok).toBe(true);
     for (const url of db.urls) {
       await withClient(url, async (client) => {
-        expect((await client.query('select control_version from shardctl.layout')).rows[0].control_version).toBe(CONTROL_VERSION);
+        expect((await client.query('select control_version from shardctl.layout')).rows[0].control_version).toBe(
+          CONTROL_VERSION,
+        );
       });
     }
     const newer = CONTROL_VERSION + 1;
     await withClient(db.urls[1]!, (client) => client.query('update shardctl.layout set control_version = $1', [newer]));
     fleet.writeMigration('0004_more.sql', 'CREATE TABLE more (id bigint PRIMARY KEY);');
-    for (const args of [['migrate'], ['init'], ['add-schema', '3'], ['move-shard', '0', '--to', 'pg2', '--yes'], ['gc', '--yes']]) {
+    for (const args of [
+      ['migrate'],
+      ['init'],
+      ['add-schema', '3'],
+      ['move-shard', '0', '--to', 'pg2', '--yes'],
+      ['gc', '--yes'],
+    ]) {
       const run = await runCli([...args, '-c', fleet.configFile]);
       expect(run.code, `${args.join(' ')}: ${run.stderr}`).toBe(1);
-      expect(run.stderr).toContain(`host pg2: its control schema is version ${newer}, written by a newer shardctl; this one knows versions up to ${CONTROL_VERSION}`);
+      expect(run.stderr).toContain(
+        `host pg2: its control schema is version ${newer}, written by a newer shardctl; this one knows versions up to ${CONTROL_VERSION}`,
+      );
     }
     for (const url of db.urls) {
       await withClient(url, async (client) => {
@@ -34,7 +44,9 @@ describe('the control schema version', () => {
     await withClient(db.urls[1]!, (client) => client.query('update shardctl.layout set control_version = 1'));
     expect((await init(await fleet.config())).ok).toBe(true);
     await withClient(db.urls[1]!, async (client) => {
-      expect((await client.query('select control_version from shardctl.layout')).rows[0].control_version).toBe(CONTROL_VERSION);
+      expect((await client.query('select control_version from shardctl.layout')).rows[0].control_version).toBe(
+        CONTROL_VERSION,
+      );
     });
   });
 });

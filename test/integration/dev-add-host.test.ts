@@ -14,7 +14,8 @@ import { runCli } from '../helpers/fleet.js';
 describe('shardctl dev add-host, then rebalance onto it', () => {
   let cwd: string;
   let configFile: string;
-  const hostsOf = async () => (parse(await readFile(configFile, 'utf8')) as { hosts: { name: string; url: string; shards: string }[] }).hosts;
+  const hostsOf = async () =>
+    (parse(await readFile(configFile, 'utf8')) as { hosts: { name: string; url: string; shards: string }[] }).hosts;
 
   beforeAll(async () => {
     cwd = await mkdtemp(path.join(os.tmpdir(), 'shardctl-dev-grow-'));

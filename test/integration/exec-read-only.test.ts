@@ -29,7 +29,8 @@ beforeAll(async () => {
   expect((await init(await fleet.config())).ok).toBe(true);
   for (const [i, url] of db.urls.entries()) {
     await withClient(url, async (c) => {
-      for (let shard = i * 4; shard < i * 4 + 4; shard++) await c.query(`insert into ro${shard}.photos (user_id, image_url) values (${shard}, 'a'), (${shard}, 'b')`);
+      for (let shard = i * 4; shard < i * 4 + 4; shard++)
+        await c.query(`insert into ro${shard}.photos (user_id, image_url) values (${shard}, 'a'), (${shard}, 'b')`);
       // A function of the database that sets a transaction-local setting behind the text's back.
       await c.query(`create function public.mark() returns text language sql as $$
         select coalesce(current_setting('shardctl_test.mark', true), '') || '>' || set_config('shardctl_test.mark', current_schema(), true) $$`);
@@ -44,10 +45,15 @@ async function state(): Promise<{ photos: number[]; strayTables: string[] }> {
   for (const url of db.urls) {
     await withClient(url, async (c) => {
       for (let s = 0; s < 8; s++) {
-        const n = await c.query<{ n: number }>(`select count(*)::int as n from pg_tables where schemaname = 'ro${s}' and tablename = 'photos'`);
-        if (n.rows[0]!.n === 1) photos.push((await c.query<{ n: number }>(`select count(*)::int as n from ro${s}.photos`)).rows[0]!.n);
+        const n = await c.query<{ n: number }>(
+          `select count(*)::int as n from pg_tables where schemaname = 'ro${s}' and tablename = 'photos'`,
+        );
+        if (n.rows[0]!.n === 1)
+          photos.push((await c.query<{ n: number }>(`select count(*)::int as n from ro${s}.photos`)).rows[0]!.n);
       }
-      const stray = await c.query<{ t: string }>(`select schemaname || '.' || tablename as t from pg_tables where schemaname = 'public' order by 1`);
+      const stray = await c.query<{ t: string }>(
+        `select schemaname || '.' || tablename as t from pg_tables where schemaname = 'public' order by 1`,
+      );
       strayTables.push(...stray.rows.map((row) => row.t));
     });
   }
@@ -62,15 +68,24 @@ describe('shardctl exec without --write', () => {
   })();
 
   it.each([
-    [`set transaction read write; insert into photos(user_id, image_url) values (42, 'x') returning id`, 'statement 1 "set transaction read write": SET is not a read'],
-    [`commit; insert into photos(user_id, image_url) values (42, 'x')`, 'statement 1 "commit": COMMIT ends or starts a transaction'],
+    [
+      `set transaction read write; insert into photos(user_id, image_url) values (42, 'x') returning id`,
+      'statement 1 "set transaction read write": SET is not a read',
+    ],
+    [
+      `commit; insert into photos(user_id, image_url) values (42, 'x')`,
+      'statement 1 "commit": COMMIT ends or starts a transaction',
+    ],
     ['select 1; commit; create table public.t(x int)', 'statement 2 "commit": COMMIT ends or starts a transaction'],
     ['select count(*) from photos; delete from photos', 'statement 2 "delete from photos": DELETE is not a read'],
     [`copy (select 1) to program 'touch ${marker}'`, 'COPY is not a read'],
     [`select set_config('search_path', 'public', false)`, 'set_config() changes a setting'],
     [`select set_config('shardctl_test.x', 'y', true)`, 'set_config() changes a setting'],
     [`select pg_advisory_lock(42)`, 'pg_advisory_lock acts outside the transaction'],
-    [`with x as (select 1) select * from x;\nrollback;\ndelete from photos`, 'statement 2 (line 2) "rollback": ROLLBACK ends the transaction'],
+    [
+      `with x as (select 1) select * from x;\nrollback;\ndelete from photos`,
+      'statement 2 (line 2) "rollback": ROLLBACK ends the transaction',
+    ],
     [`select 'a\\'; commit; delete from photos; select '`, 'statement 2 "commit"'],
   ])('refuses %j with exit 2 and the reason, changing nothing', async (sql, reason) => {
     const before = await state();
@@ -101,10 +116,16 @@ describe('shardctl exec without --write', () => {
   it('the library refuses the same texts (execSql and queryEachShard), before connecting', async () => {
     const router = ShardRouter.fromConfig(await fleet.config());
     try {
-      await expect(execSql(router, 'select 1; commit; create table public.t(x int)')).rejects.toBeInstanceOf(UsageError);
+      await expect(execSql(router, 'select 1; commit; create table public.t(x int)')).rejects.toBeInstanceOf(
+        UsageError,
+      );
       await expect(execSql(router, 'delete from photos')).rejects.toThrow('DELETE is not a read');
-      await expect(router.queryEachShard('select 1; commit', { readOnly: true })).rejects.toThrow('COMMIT ends or starts a transaction');
-      await expect(router.queryEachShard('insert into photos (user_id) values (1); set search_path to public', {})).rejects.toThrow('SET outlives');
+      await expect(router.queryEachShard('select 1; commit', { readOnly: true })).rejects.toThrow(
+        'COMMIT ends or starts a transaction',
+      );
+      await expect(
+        router.queryEachShard('insert into photos (user_id) values (1); set search_path to public', {}),
+      ).rejects.toThrow('SET outlives');
       expect(router.openPools()).toEqual([]);
     } finally {
       await router.close();
@@ -113,7 +134,15 @@ describe('shardctl exec without --write', () => {
 
   it('gives each shard of a round trip its own transaction: a setting one shard makes is not seen by the next', async () => {
     // One connection per host, so each host's shards 1-3 and 5-7 go in one round trip.
-    const run = await runCli(['exec', '-c', fleet.configFile, '--concurrency', '1', '--csv', 'select public.mark() as m, current_schema() as s']);
+    const run = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--concurrency',
+      '1',
+      '--csv',
+      'select public.mark() as m, current_schema() as s',
+    ]);
     expect(run.code).toBe(0);
     expect(run.stdout).toBe(`shard,m,s\n${Array.from({ length: 8 }, (_, i) => `${i},>ro${i},ro${i}\n`).join('')}`);
   });
@@ -122,12 +151,30 @@ describe('shardctl exec without --write', () => {
     const show = await runCli(['exec', '-c', fleet.configFile, '--csv', 'show search_path']);
     expect(show.code).toBe(0);
     expect(show.stdout).toBe(`shard,search_path\n${Array.from({ length: 8 }, (_, i) => `${i},ro${i}\n`).join('')}`);
-    const cte = await runCli(['exec', '-c', fleet.configFile, '--csv', `with c as (select count(*)::int as n from photos where image_url <> 'commit; delete') select n, current_schema() as s from c; -- commit;`]);
+    const cte = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--csv',
+      `with c as (select count(*)::int as n from photos where image_url <> 'commit; delete') select n, current_schema() as s from c; -- commit;`,
+    ]);
     expect(cte.code).toBe(0);
     expect(cte.stdout).toBe(`shard,n,s\n${Array.from({ length: 8 }, (_, i) => `${i},2,ro${i}\n`).join('')}`);
-    const explain = await runCli(['exec', '-c', fleet.configFile, '--json', '--shards', '0,5', 'explain select * from photos']);
+    const explain = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--json',
+      '--shards',
+      '0,5',
+      'explain select * from photos',
+    ]);
     expect(explain.code).toBe(0);
-    expect((JSON.parse(explain.stdout) as { shard: number; 'QUERY PLAN': string }[]).some((r) => r.shard === 5 && r['QUERY PLAN'].includes('photos'))).toBe(true);
+    expect(
+      (JSON.parse(explain.stdout) as { shard: number; 'QUERY PLAN': string }[]).some(
+        (r) => r.shard === 5 && r['QUERY PLAN'].includes('photos'),
+      ),
+    ).toBe(true);
     const table = await runCli(['exec', '-c', fleet.configFile, '--csv', '--shards', '2', 'values (1); table photos']);
     expect(table.code).toBe(0);
     expect(table.stdout.split('\n')).toHaveLength(4);

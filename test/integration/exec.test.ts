@@ -23,9 +23,15 @@ let photoId: string;
 beforeAll(async () => {
   fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'ex', migrations: MIGRATIONS });
   expect((await init(await fleet.config())).ok).toBe(true);
-  await withClient(db.urls[0]!, (c) => c.query(`insert into ex1.photos (user_id, caption, likes, public) values (9, 'comma, "quoted"', 3, true), (17, null, 0, false)`));
+  await withClient(db.urls[0]!, (c) =>
+    c.query(
+      `insert into ex1.photos (user_id, caption, likes, public) values (9, 'comma, "quoted"', 3, true), (17, null, 0, false)`,
+    ),
+  );
   await withClient(db.urls[1]!, async (c) => {
-    const r = await c.query<{ id: string }>(`insert into ex5.photos (user_id, caption, likes, public) values (13, 'five', 1, true) returning id`);
+    const r = await c.query<{ id: string }>(
+      `insert into ex5.photos (user_id, caption, likes, public) values (13, 'five', 1, true) returning id`,
+    );
     photoId = r.rows[0]!.id;
   });
 });
@@ -35,13 +41,34 @@ describe('shardctl exec', () => {
     const run = await runCli(['exec', '-c', fleet.configFile, 'select count(*) as n from photos']);
     expect(run.code).toBe(0);
     expect(run.stdout).toBe(
-      ['shard | n', '------+--', '    0 | 0', '    1 | 2', '    2 | 0', '    3 | 0', '    4 | 0', '    5 | 1', '    6 | 0', '    7 | 0', '(8 rows)', ''].join('\n'),
+      [
+        'shard | n',
+        '------+--',
+        '    0 | 0',
+        '    1 | 2',
+        '    2 | 0',
+        '    3 | 0',
+        '    4 | 0',
+        '    5 | 1',
+        '    6 | 0',
+        '    7 | 0',
+        '(8 rows)',
+        '',
+      ].join('\n'),
     );
     expect(run.stderr).toMatch(/exec: 8 shards, 8 rows, 0 failed/);
   });
 
   it('prints JSON with bigints as decimal strings, and only the listed shards', async () => {
-    const run = await runCli(['exec', '-c', fleet.configFile, '--shards', '5,1', '--json', 'select id, user_id, caption, likes, public from photos order by id']);
+    const run = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--shards',
+      '5,1',
+      '--json',
+      'select id, user_id, caption, likes, public from photos order by id',
+    ]);
     expect(run.code).toBe(0);
     const rows = JSON.parse(run.stdout) as Record<string, unknown>[];
     expect(rows.map((r) => [r['shard'], r['user_id'], r['caption'], r['likes'], r['public']])).toEqual([
@@ -53,7 +80,15 @@ describe('shardctl exec', () => {
   });
 
   it('prints CSV with a header and quoting', async () => {
-    const run = await runCli(['exec', '-c', fleet.configFile, '--shards', '1', '--csv', 'select user_id, caption, public from photos order by user_id']);
+    const run = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--shards',
+      '1',
+      '--csv',
+      'select user_id, caption, public from photos order by user_id',
+    ]);
     expect(run.code).toBe(0);
     expect(run.stdout).toBe('shard,user_id,caption,public\n1,9,"comma, ""quoted""",t\n1,17,,f\n');
   });
@@ -65,17 +100,40 @@ describe('shardctl exec', () => {
     expect(refused.stderr).toContain('argument <sql>: the statement "insert into photos');
     expect(refused.stderr).toContain('INSERT is not a read');
     expect(refused.stderr).toContain('(writes need --write)');
-    const count = () => withClient(db.urls[0]!, async (c) => (await c.query(`select count(*)::int as n from ex0.photos where caption = 'from exec'`)).rows[0]!.n as number);
+    const count = () =>
+      withClient(
+        db.urls[0]!,
+        async (c) =>
+          (await c.query(`select count(*)::int as n from ex0.photos where caption = 'from exec'`)).rows[0]!.n as number,
+      );
     expect(await count()).toBe(0);
-    const written = await runCli(['exec', '-c', fleet.configFile, '--shards', '0', '--write', `${sql} returning user_id`]);
+    const written = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--shards',
+      '0',
+      '--write',
+      `${sql} returning user_id`,
+    ]);
     expect(written.code).toBe(0);
     expect(written.stdout).toContain('    0 |       1');
     expect(await count()).toBe(1);
   });
 
   it('reports a failing shard by number, prints the rows of the others and exits 1', async () => {
-    await withClient(db.urls[1]!, (c) => c.query('create table ex6.only_here (x int); insert into ex6.only_here values (42)'));
-    const run = await runCli(['exec', '-c', fleet.configFile, '--json', '--concurrency', '3', 'select x from only_here']);
+    await withClient(db.urls[1]!, (c) =>
+      c.query('create table ex6.only_here (x int); insert into ex6.only_here values (42)'),
+    );
+    const run = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--json',
+      '--concurrency',
+      '3',
+      'select x from only_here',
+    ]);
     expect(run.code).toBe(1);
     expect(JSON.parse(run.stdout)).toEqual([{ shard: 6, x: 42 }]);
     expect(run.stderr).toContain('7 of 8 shards failed: shards 0-5,7');
@@ -93,7 +151,13 @@ describe('shardctl exec', () => {
   });
 
   it('prints the last statement of a multi-statement text, a trailing comment and semicolons included', async () => {
-    const run = await runCli(['exec', '-c', fleet.configFile, '--csv', 'select 1 as a; select current_schema() as s, 2::bigint as b; -- done;']);
+    const run = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--csv',
+      'select 1 as a; select current_schema() as s, 2::bigint as b; -- done;',
+    ]);
     expect(run.code).toBe(0);
     expect(run.stdout).toBe(`shard,s,b\n${Array.from({ length: 8 }, (_, i) => `${i},ex${i},2\n`).join('')}`);
   });
@@ -133,22 +197,25 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     [['5'], 'ex5'],
     [['--key', '13'], 'ex5'],
     [['--key', '8'], 'ex0'],
-  ])('runs psql %j on the shard host with search_path set and no password on the command line', async (args, schema) => {
-    const fake = fakePsql();
-    const run = await runCli(['psql', '-c', fleet.configFile, ...args], { env: { SHARDCTL_PSQL: fake.script } });
-    expect(run.code).toBe(0);
-    const argv = readFileSync(join(fake.dir, 'argv'), 'utf8');
-    const env = readFileSync(join(fake.dir, 'env'), 'utf8');
-    expect(password().length).toBeGreaterThan(4);
-    expect(argv).not.toContain(password());
-    expect(run.stdout + run.stderr).not.toContain(password());
-    const { hostname, port } = new URL(schema === 'ex5' ? db.urls[1]! : db.urls[0]!);
-    expect(argv.split('\n')[1]).toBe(`postgres://postgres@${hostname}:${port}/${db.name}`);
-    expect(env).toContain(`PGPASSWORD=${password()}\n`);
-    expect(env).toContain(`PGOPTIONS=-c search_path="${schema}"\n`);
-    // The real psql, started with exactly that, lands in the shard's schema.
-    expect(readFileSync(join(fake.dir, 'schema'), 'utf8').trim()).toBe(schema);
-  });
+  ])(
+    'runs psql %j on the shard host with search_path set and no password on the command line',
+    async (args, schema) => {
+      const fake = fakePsql();
+      const run = await runCli(['psql', '-c', fleet.configFile, ...args], { env: { SHARDCTL_PSQL: fake.script } });
+      expect(run.code).toBe(0);
+      const argv = readFileSync(join(fake.dir, 'argv'), 'utf8');
+      const env = readFileSync(join(fake.dir, 'env'), 'utf8');
+      expect(password().length).toBeGreaterThan(4);
+      expect(argv).not.toContain(password());
+      expect(run.stdout + run.stderr).not.toContain(password());
+      const { hostname, port } = new URL(schema === 'ex5' ? db.urls[1]! : db.urls[0]!);
+      expect(argv.split('\n')[1]).toBe(`postgres://postgres@${hostname}:${port}/${db.name}`);
+      expect(env).toContain(`PGPASSWORD=${password()}\n`);
+      expect(env).toContain(`PGOPTIONS=-c search_path="${schema}"\n`);
+      // The real psql, started with exactly that, lands in the shard's schema.
+      expect(readFileSync(join(fake.dir, 'schema'), 'utf8').trim()).toBe(schema);
+    },
+  );
 
   it('moves a password given as ?password= into PGPASSWORD as well', () => {
     const config = parseConfig(
@@ -164,13 +231,17 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
 
   it('finds the shard of an id', async () => {
     const fake = fakePsql();
-    const run = await runCli(['psql', '-c', fleet.configFile, '--id', photoId], { env: { SHARDCTL_PSQL: fake.script } });
+    const run = await runCli(['psql', '-c', fleet.configFile, '--id', photoId], {
+      env: { SHARDCTL_PSQL: fake.script },
+    });
     expect(run.code).toBe(0);
     expect(readFileSync(join(fake.dir, 'schema'), 'utf8').trim()).toBe('ex5');
   });
 
   it('without psql on PATH says so and prints the connection string with the password redacted', async () => {
-    const run = await runCli(['psql', '-c', fleet.configFile, '2'], { env: { PATH: '/nonexistent', SHARDCTL_PSQL: '' } });
+    const run = await runCli(['psql', '-c', fleet.configFile, '2'], {
+      env: { PATH: '/nonexistent', SHARDCTL_PSQL: '' },
+    });
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('psql is not on PATH');
     const { hostname, port } = new URL(db.urls[0]!);

@@ -24,11 +24,19 @@ interface Call {
 }
 
 /** An application process writing by `key` through a router opened from `source`. */
-function startApp(source: string, key: number, count?: number): { child: ChildProcess; calls: Call[]; stop(): Promise<Call[]>; stderr: () => string } {
-  const child = spawn(process.execPath, ['--import', 'tsx', WRITER, source, String(key), ...(count === undefined ? [] : [String(count)])], {
-    cwd: ROOT,
-    stdio: ['pipe', 'pipe', 'pipe'],
-  });
+function startApp(
+  source: string,
+  key: number,
+  count?: number,
+): { child: ChildProcess; calls: Call[]; stop(): Promise<Call[]>; stderr: () => string } {
+  const child = spawn(
+    process.execPath,
+    ['--import', 'tsx', WRITER, source, String(key), ...(count === undefined ? [] : [String(count)])],
+    {
+      cwd: ROOT,
+      stdio: ['pipe', 'pipe', 'pipe'],
+    },
+  );
   const calls: Call[] = [];
   let buffered = '';
   let errors = '';
@@ -96,7 +104,10 @@ describe('applications with an old copy of the map, or only a seed URL', () => {
     await waitForCalls(fromFile, fromFile.calls.length + 20);
     await waitForCalls(fromSeed, fromSeed.calls.length + 20);
     // pg3 joins the operator's map (not the application's copy) and takes shard 3.
-    writeFileSync(fleet.configFile, `${readFileSync(fleet.configFile, 'utf8')}  - name: pg3\n    url: ${urls()[2]}\n    shards: ""\n`);
+    writeFileSync(
+      fleet.configFile,
+      `${readFileSync(fleet.configFile, 'utf8')}  - name: pg3\n    url: ${urls()[2]}\n    shards: ""\n`,
+    );
     await operator('init');
     await operator('move-shard', '3', '--to', 'pg3', '--yes');
     await waitForCalls(fromFile, fromFile.calls.length + 20);
@@ -166,7 +177,16 @@ describe('two operators, one with an old copy of the file', () => {
     ]);
 
     // exec and decode route by the fleet, whatever the file says.
-    const wrote = await runCli(['exec', '--write', '--json', '--shards', '2', "insert into photos (user_id, image_url) values (2, 'x') returning id", '-c', other]);
+    const wrote = await runCli([
+      'exec',
+      '--write',
+      '--json',
+      '--shards',
+      '2',
+      "insert into photos (user_id, image_url) values (2, 'x') returning id",
+      '-c',
+      other,
+    ]);
     expect(wrote.code, wrote.stderr).toBe(0);
     const [row] = JSON.parse(wrote.stdout) as { shard: number; id: string }[];
     await withClient(db.urls[1]!, async (client) => {
@@ -193,10 +213,16 @@ describe('two operators, one with an old copy of the file', () => {
 describe('discovery with a host down', () => {
   const db = useTestDatabases(2);
 
-  it('opens from the hosts that answer; calls for the down host\'s shards fail naming it, the others work', async () => {
+  it("opens from the hosts that answer; calls for the down host's shards fail naming it, the others work", async () => {
     const proxy = await startTcpProxy(db.urls[1]!);
     proxies.push(proxy);
-    const fleet = makeFleet({ urls: [db.urls[0]!, proxy.url], replicationUrls: [undefined, db.replicationUrls[1]], shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'dn' });
+    const fleet = makeFleet({
+      urls: [db.urls[0]!, proxy.url],
+      replicationUrls: [undefined, db.replicationUrls[1]],
+      shards: 4,
+      split: ['0-1', '2-3'],
+      schemaPrefix: 'dn',
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
     await proxy.close();
 
@@ -204,7 +230,9 @@ describe('discovery with a host down', () => {
     try {
       expect(router.unreachableHosts().map((h) => h.name)).toEqual(['pg2']);
       expect(router.hostForShard(3).name).toBe('pg2');
-      expect(await router.withShard(1, async (c) => (await c.query('select current_schema() as s')).rows[0].s)).toBe('dn1');
+      expect(await router.withShard(1, async (c) => (await c.query('select current_schema() as s')).rows[0].s)).toBe(
+        'dn1',
+      );
       const failed = await router.withShard(3, async (c) => c.query('select 1')).catch((e: unknown) => e);
       expect(failed).toBeInstanceOf(HostError);
       expect((failed as HostError).message).toMatch(/^host pg2\b.*cannot connect/);

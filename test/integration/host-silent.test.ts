@@ -27,7 +27,12 @@ describe('a host that stops answering', () => {
   beforeAll(async () => {
     proxy = await startTcpProxy(db.urls[1]!);
     // pg1: shards 0-3, direct; pg2: shards 4-7, through the proxy (replication reaches it directly).
-    fleet = makeFleet({ urls: [db.urls[0]!, proxy.url], replicationUrls: [undefined, db.replicationUrls[1]], shards: 8, extra: 'hostTimeout: 2s' });
+    fleet = makeFleet({
+      urls: [db.urls[0]!, proxy.url],
+      replicationUrls: [undefined, db.replicationUrls[1]],
+      shards: 8,
+      extra: 'hostTimeout: 2s',
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
   });
 
@@ -42,99 +47,136 @@ describe('a host that stops answering', () => {
     return { value, ms: performance.now() - started };
   }
 
-  it('status: a host silent after the handshake is reported by name within the bound, the other host is read', { timeout: 30_000 }, async () => {
-    proxy.silence('after-handshake');
-    const { value: run, ms } = await timed(() => runCli(['status', '--json', '-c', fleet.configFile]));
-    expect(ms).toBeLessThan(WITHIN_MS);
-    expect(run.code).not.toBe(0);
-    const result = JSON.parse(run.stdout) as { hosts: { host: string; ok: boolean; error?: string }[] };
-    expect(result.hosts.find((h) => h.host === 'pg1')).toMatchObject({ ok: true });
-    const pg2 = result.hosts.find((h) => h.host === 'pg2');
-    expect(pg2?.ok).toBe(false);
-    expect(JSON.stringify(pg2)).toMatch(/stopped answering: no reply for 2 s and a new connection could not run SELECT 1 within 2 s \(SELECT 1 got no answer\)/);
-  });
+  it(
+    'status: a host silent after the handshake is reported by name within the bound, the other host is read',
+    { timeout: 30_000 },
+    async () => {
+      proxy.silence('after-handshake');
+      const { value: run, ms } = await timed(() => runCli(['status', '--json', '-c', fleet.configFile]));
+      expect(ms).toBeLessThan(WITHIN_MS);
+      expect(run.code).not.toBe(0);
+      const result = JSON.parse(run.stdout) as { hosts: { host: string; ok: boolean; error?: string }[] };
+      expect(result.hosts.find((h) => h.host === 'pg1')).toMatchObject({ ok: true });
+      const pg2 = result.hosts.find((h) => h.host === 'pg2');
+      expect(pg2?.ok).toBe(false);
+      expect(JSON.stringify(pg2)).toMatch(
+        /stopped answering: no reply for 2 s and a new connection could not run SELECT 1 within 2 s \(SELECT 1 got no answer\)/,
+      );
+    },
+  );
 
-  it('status: a host silent from the first byte (no handshake) fails to connect within the bound', { timeout: 30_000 }, async () => {
-    proxy.silence('all');
-    const { value: run, ms } = await timed(() => runCli(['status', '-c', fleet.configFile]));
-    expect(ms).toBeLessThan(BOUND_MS + 3000);
-    expect(run.code).not.toBe(0);
-    expect(run.stdout + run.stderr).toMatch(/pg2.*cannot connect: .*timeout/);
-  });
+  it(
+    'status: a host silent from the first byte (no handshake) fails to connect within the bound',
+    { timeout: 30_000 },
+    async () => {
+      proxy.silence('all');
+      const { value: run, ms } = await timed(() => runCli(['status', '-c', fleet.configFile]));
+      expect(ms).toBeLessThan(BOUND_MS + 3000);
+      expect(run.code).not.toBe(0);
+      expect(run.stdout + run.stderr).toMatch(/pg2.*cannot connect: .*timeout/);
+    },
+  );
 
-  it('migrate: a host that goes silent mid-run is reported by name; the other host is migrated; a rerun finishes', { timeout: 60_000 }, async () => {
-    fleet.writeMigration('0004_views.sql', 'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\nSELECT pg_sleep(0.3);\n');
-    const started = performance.now();
-    const running = runCli(['migrate', '-c', fleet.configFile]);
-    await waitFor('pg2 to be part-way', async () => (await shardsAt(db.urls[1]!, 4)) >= 1, 20_000);
-    proxy.silence('after-handshake');
-    const silencedAt = performance.now();
-    const run = await running;
-    expect(performance.now() - silencedAt).toBeLessThan(WITHIN_MS + 1000);
-    expect(run.code).toBe(1);
-    expect(run.stderr).toMatch(/^pg1: 4 migrations applied/m);
-    expect(run.stderr).toMatch(/^pg2: FAILED: (.* )?stopped answering: no reply for 2 s/m);
-    expect(run.stderr).not.toMatch(/host pg2: stopped/);
-    expect(await shardsAt(db.urls[0]!, 4)).toBe(4);
-    expect(performance.now() - started).toBeLessThan(30_000);
+  it(
+    'migrate: a host that goes silent mid-run is reported by name; the other host is migrated; a rerun finishes',
+    { timeout: 60_000 },
+    async () => {
+      fleet.writeMigration(
+        '0004_views.sql',
+        'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\nSELECT pg_sleep(0.3);\n',
+      );
+      const started = performance.now();
+      const running = runCli(['migrate', '-c', fleet.configFile]);
+      await waitFor('pg2 to be part-way', async () => (await shardsAt(db.urls[1]!, 4)) >= 1, 20_000);
+      proxy.silence('after-handshake');
+      const silencedAt = performance.now();
+      const run = await running;
+      expect(performance.now() - silencedAt).toBeLessThan(WITHIN_MS + 1000);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toMatch(/^pg1: 4 migrations applied/m);
+      expect(run.stderr).toMatch(/^pg2: FAILED: (.* )?stopped answering: no reply for 2 s/m);
+      expect(run.stderr).not.toMatch(/host pg2: stopped/);
+      expect(await shardsAt(db.urls[0]!, 4)).toBe(4);
+      expect(performance.now() - started).toBeLessThan(30_000);
 
-    proxy.resume();
-    const rerun = await runCli(['migrate', '-c', fleet.configFile]);
-    expect(rerun.code, rerun.stderr).toBe(0);
-    expect(await shardsAt(db.urls[1]!, 4)).toBe(4);
-  });
+      proxy.resume();
+      const rerun = await runCli(['migrate', '-c', fleet.configFile]);
+      expect(rerun.code, rerun.stderr).toBe(0);
+      expect(await shardsAt(db.urls[1]!, 4)).toBe(4);
+    },
+  );
 
   it('move-shard --dry-run from a silent host fails within the bound naming it', { timeout: 30_000 }, async () => {
     proxy.silence('after-handshake');
-    const { value: run, ms } = await timed(() => runCli(['move-shard', '5', '--to', 'pg1', '--dry-run', '-c', fleet.configFile]));
+    const { value: run, ms } = await timed(() =>
+      runCli(['move-shard', '5', '--to', 'pg1', '--dry-run', '-c', fleet.configFile]),
+    );
     expect(ms).toBeLessThan(WITHIN_MS);
     expect(run.code).toBe(1);
     expect(run.stderr).toMatch(/host pg2.*stopped answering/);
   });
 
-  it('router: a call on a silent host fails naming it; calls on the other host go on', { timeout: 30_000 }, async () => {
-    const router = await ShardRouter.open(fleet.configFile);
-    try {
-      expect((await router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
-      proxy.silence('after-handshake');
-      const started = performance.now();
-      await expect(router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rejects.toThrow(/^host pg2: stopped answering: no reply for 2 s/);
-      expect(performance.now() - started).toBeLessThan(WITHIN_MS);
-      expect((await router.withShard(1, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
-    } finally {
-      await router.close();
-    }
-  });
+  it(
+    'router: a call on a silent host fails naming it; calls on the other host go on',
+    { timeout: 30_000 },
+    async () => {
+      const router = await ShardRouter.open(fleet.configFile);
+      try {
+        expect((await router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
+        proxy.silence('after-handshake');
+        const started = performance.now();
+        await expect(router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rejects.toThrow(
+          /^host pg2: stopped answering: no reply for 2 s/,
+        );
+        expect(performance.now() - started).toBeLessThan(WITHIN_MS);
+        expect((await router.withShard(1, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
+      } finally {
+        await router.close();
+      }
+    },
+  );
 
-  it('router: a statement that runs longer than the bound on a live host is waited for', { timeout: 30_000 }, async () => {
-    const router = await ShardRouter.open(fleet.configFile);
-    try {
-      const { value, ms } = await timed(() => router.withShard(5, (c) => c.query('SELECT pg_sleep(5), 1 AS one')));
-      expect(value.rows[0]).toMatchObject({ one: 1 });
-      expect(ms).toBeGreaterThanOrEqual(5000);
-    } finally {
-      await router.close();
-    }
-  });
+  it(
+    'router: a statement that runs longer than the bound on a live host is waited for',
+    { timeout: 30_000 },
+    async () => {
+      const router = await ShardRouter.open(fleet.configFile);
+      try {
+        const { value, ms } = await timed(() => router.withShard(5, (c) => c.query('SELECT pg_sleep(5), 1 AS one')));
+        expect(value.rows[0]).toMatchObject({ one: 1 });
+        expect(ms).toBeGreaterThanOrEqual(5000);
+      } finally {
+        await router.close();
+      }
+    },
+  );
 
-  it('move-shard: a target that goes silent mid-copy fails the move within the bound naming it; --abort then cleans up', { timeout: 90_000 }, async () => {
-    await withClient(db.urls[0]!, (client) =>
-      client.query(`INSERT INTO insta0.photos (user_id, image_url) SELECT g, repeat('x', 200) || g FROM generate_series(1, 30000) g`),
-    );
-    // The copy sends some 6 MB to the target; the schema statements before it a few kB.
-    proxy.silenceAfter(1_000_000);
-    const { value: run, ms } = await timed(() => runCli(['move-shard', '0', '--to', 'pg2', '--yes', '-c', fleet.configFile]));
-    expect(proxy.bytesUp, run.stderr).toBeGreaterThan(1_000_000);
-    expect(ms).toBeLessThan(30_000);
-    expect(run.code).toBe(1);
-    expect(run.stderr).toMatch(/host pg2.*stopped answering: no reply for 2 s/);
+  it(
+    'move-shard: a target that goes silent mid-copy fails the move within the bound naming it; --abort then cleans up',
+    { timeout: 90_000 },
+    async () => {
+      await withClient(db.urls[0]!, (client) =>
+        client.query(
+          `INSERT INTO insta0.photos (user_id, image_url) SELECT g, repeat('x', 200) || g FROM generate_series(1, 30000) g`,
+        ),
+      );
+      // The copy sends some 6 MB to the target; the schema statements before it a few kB.
+      proxy.silenceAfter(1_000_000);
+      const { value: run, ms } = await timed(() =>
+        runCli(['move-shard', '0', '--to', 'pg2', '--yes', '-c', fleet.configFile]),
+      );
+      expect(proxy.bytesUp, run.stderr).toBeGreaterThan(1_000_000);
+      expect(ms).toBeLessThan(30_000);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toMatch(/host pg2.*stopped answering: no reply for 2 s/);
 
-    proxy.resume();
-    const abort = await runCli(['move-shard', '0', '--abort', '--yes', '-c', fleet.configFile]);
-    expect(abort.code, abort.stderr).toBe(0);
-    const status = await runCli(['status', '-c', fleet.configFile]);
-    expect(status.code, status.stdout + status.stderr).toBe(0);
-  });
+      proxy.resume();
+      const abort = await runCli(['move-shard', '0', '--abort', '--yes', '-c', fleet.configFile]);
+      expect(abort.code, abort.stderr).toBe(0);
+      const status = await runCli(['status', '-c', fleet.configFile]);
+      expect(status.code, status.stdout + status.stderr).toBe(0);
+    },
+  );
 });
 
 describe("a move's process", () => {
@@ -146,10 +188,23 @@ describe("a move's process", () => {
     expect((await init(await fleet.config())).ok).toBe(true);
     // Refuses a build older than the sources, so the child below runs this code.
     expect((await spawnCli(['--version'])).code).toBe(0);
-    const child = spawn(process.execPath, [join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js'), 'move-shard', '0', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
-      stdio: ['ignore', 'pipe', 'pipe'],
-      env: { ...process.env, NO_COLOR: '1' },
-    });
+    const child = spawn(
+      process.execPath,
+      [
+        join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js'),
+        'move-shard',
+        '0',
+        '--to',
+        'pg2',
+        '--yes',
+        '-c',
+        fleet.configFile,
+      ],
+      {
+        stdio: ['ignore', 'pipe', 'pipe'],
+        env: { ...process.env, NO_COLOR: '1' },
+      },
+    );
     let output = '';
     let resultAt: number | undefined;
     for (const stream of [child.stdout, child.stderr]) {

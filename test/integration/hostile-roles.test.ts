@@ -50,7 +50,8 @@ describe('roles without rights on what shardctl protects', () => {
     fleet = makeFleet({ urls: db.urls, shards: 4, extra: 'lockTimeout: 1s' });
     expect((await init(await fleet.config())).ok).toBe(true);
     await withClient(db.urls[0]!, async (client) => {
-      for (const role of [STRANGER, SCHEMA_USER]) await client.query(`create role ${role} login password '${PASSWORD}'`);
+      for (const role of [STRANGER, SCHEMA_USER])
+        await client.query(`create role ${role} login password '${PASSWORD}'`);
       // CONNECT is PUBLIC's; the schema user also has USAGE on a shard schema and its tables, not its sequence.
       await client.query(`grant usage on schema insta0 to ${SCHEMA_USER}`);
       await client.query(`grant select on insta0.photos to ${SCHEMA_USER}`);
@@ -61,7 +62,10 @@ describe('roles without rights on what shardctl protects', () => {
     ['lock the runner lock', `begin; lock table ${RUNNER_LOCK_TABLE} in share update exclusive mode`],
     ['lock the runner lock in access exclusive mode', `begin; lock table ${RUNNER_LOCK_TABLE}`],
     ['lock the tracking lock', `begin; lock table ${TRACKING_LOCK_TABLE} in exclusive mode`],
-    ['pose as a worker', `insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid()`],
+    [
+      'pose as a worker',
+      `insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid()`,
+    ],
     ['hold a slow-path lock row', 'begin; select from shardctl.id_locks for no key update'],
     ['empty the slow-path lock rows', 'delete from shardctl.id_locks'],
   ])('a role with only CONNECT cannot %s', async (_what, sql) => {
@@ -77,9 +81,14 @@ describe('roles without rights on what shardctl protects', () => {
   it('what a role with only CONNECT can hold (advisory keys of a shardctl-named class, ACCESS SHARE on the lock tables) stalls neither next_id nor init and migrate', async () => {
     const stranger = await connectAs(db.urls[0]!, STRANGER);
     try {
-      const seq = (await withClient(db.urls[0]!, (c) => c.query<{ oid: number }>(`select 'insta0.photos_id_seq'::regclass::oid::int as oid`))).rows[0]!.oid;
+      const seq = (
+        await withClient(db.urls[0]!, (c) =>
+          c.query<{ oid: number }>(`select 'insta0.photos_id_seq'::regclass::oid::int as oid`),
+        )
+      ).rows[0]!.oid;
       await stranger.query('begin');
-      for (const objid of [0, 1, 2, seq]) await stranger.query('select pg_advisory_lock($1, $2)', [ADVISORY_CLASS, objid]);
+      for (const objid of [0, 1, 2, seq])
+        await stranger.query('select pg_advisory_lock($1, $2)', [ADVISORY_CLASS, objid]);
       const tables = await stranger.query<{ oid: number }>(
         `select oid::int from pg_class where relnamespace = 'shardctl'::regnamespace and relname in ('runner_lock', 'tracking_lock', 'workers', 'id_locks')`,
       );
@@ -90,7 +99,9 @@ describe('roles without rights on what shardctl protects', () => {
         await client.query(`set statement_timeout = '5s'`);
         // Idle, so the insert takes the slow path (as on main, where the stranger's key stalled it).
         await client.query(`select setval('insta0.photos_id_seq', 1024)`);
-        const inserted = await client.query<{ id: string }>(`insert into insta0.photos (user_id, image_url) values (1, 'x') returning id`);
+        const inserted = await client.query<{ id: string }>(
+          `insert into insta0.photos (user_id, image_url) values (1, 'x') returning id`,
+        );
         expect(inserted.rows).toHaveLength(1);
       });
       fleet.writeMigration('0004_stranger.sql', 'ALTER TABLE photos ADD COLUMN stranger_proof boolean;\n');
@@ -109,19 +120,26 @@ describe('roles without rights on what shardctl protects', () => {
   it('a role with USAGE on the shard schema but no right on its sequence cannot move it through next_id_locked, nor draw from it through next_id', async () => {
     const before = await withClient(db.urls[0]!, async (client) => {
       await client.query(`select setval('insta0.photos_id_seq', 2048)`);
-      return (await client.query<{ last_value: string }>('select last_value from insta0.photos_id_seq')).rows[0]!.last_value;
+      return (await client.query<{ last_value: string }>('select last_value from insta0.photos_id_seq')).rows[0]!
+        .last_value;
     });
     const user = await connectAs(db.urls[0]!, SCHEMA_USER);
     try {
       const locked = await errorOf(user.query(`select insta0.next_id_locked('insta0.photos_id_seq')`));
       expect(locked.code).toBe('SC006');
-      expect(locked.message).toBe('next_id: this session has not drawn from sequence insta0.photos_id_seq, so it may not move it');
+      expect(locked.message).toBe(
+        'next_id: this session has not drawn from sequence insta0.photos_id_seq, so it may not move it',
+      );
       const drawn = await errorOf(user.query(`select insta0.next_id('insta0.photos_id_seq')`));
       expect(drawn.code).toBe('42501');
     } finally {
       await user.end();
     }
-    const after = await withClient(db.urls[0]!, async (client) => (await client.query<{ last_value: string }>('select last_value from insta0.photos_id_seq')).rows[0]!.last_value);
+    const after = await withClient(
+      db.urls[0]!,
+      async (client) =>
+        (await client.query<{ last_value: string }>('select last_value from insta0.photos_id_seq')).rows[0]!.last_value,
+    );
     expect(after).toBe(before);
   });
 
@@ -134,9 +152,16 @@ describe('roles without rights on what shardctl protects', () => {
     });
     const app = await connectAs(db.urls[0]!, STRANGER);
     try {
-      const r = await app.query<{ id: string }>(`insert into insta1.photos (user_id, image_url) values (1, 'x'), (2, 'y') returning id`);
+      const r = await app.query<{ id: string }>(
+        `insert into insta1.photos (user_id, image_url) values (1, 'x'), (2, 'y') returning id`,
+      );
       expect(r.rows).toHaveLength(2);
-      const position = await withClient(db.urls[0]!, async (client) => BigInt((await client.query<{ last_value: string }>('select last_value from insta1.photos_id_seq')).rows[0]!.last_value));
+      const position = await withClient(db.urls[0]!, async (client) =>
+        BigInt(
+          (await client.query<{ last_value: string }>('select last_value from insta1.photos_id_seq')).rows[0]!
+            .last_value,
+        ),
+      );
       // Moved to the clock by the slow path, far past where it was set.
       expect(position).toBeGreaterThan(1n << 30n);
     } finally {
@@ -152,11 +177,15 @@ describe("next_id's lock rows", () => {
     const fleet = makeFleet({ urls: rowsDb.urls, shards: 2 });
     expect((await init(await fleet.config())).ok).toBe(true);
     await withClient(rowsDb.urls[0]!, async (client) => {
-      await client.query(`delete from shardctl.id_locks where slot = 'insta0.photos_id_seq'::regclass::oid::bigint % 8192`);
+      await client.query(
+        `delete from shardctl.id_locks where slot = 'insta0.photos_id_seq'::regclass::oid::bigint % 8192`,
+      );
       await client.query(`select setval('insta0.photos_id_seq', 1024)`);
       const error = await errorOf(client.query(`insert into insta0.photos (user_id, image_url) values (1, 'x')`));
       expect(error.code).toBe('SC005');
-      expect(error.message).toBe('next_id: the lock row of sequence insta0.photos_id_seq is missing from shardctl.id_locks');
+      expect(error.message).toBe(
+        'next_id: the lock row of sequence insta0.photos_id_seq is missing from shardctl.id_locks',
+      );
     });
     expect((await runCli(['init', '-c', fleet.configFile])).code).toBe(0);
     await withClient(rowsDb.urls[0]!, async (client) => {
@@ -171,25 +200,40 @@ describe('status and sequences next_id would repeat ids from', () => {
   const [backDb, oneDb, borrowedDb] = [useTestDatabases(1), useTestDatabases(1), useTestDatabases(1)];
 
   it.each([
-    ['moved back 100 positions', `select setval('insta2.photos_id_seq', (select last_value from insta2.photos_id_seq) - 100)`, () => backDb],
+    [
+      'moved back 100 positions',
+      `select setval('insta2.photos_id_seq', (select last_value from insta2.photos_id_seq) - 100)`,
+      () => backDb,
+    ],
     ['set to 1', `select setval('insta2.photos_id_seq', 1)`, () => oneDb],
-  ])('reports a sequence %s behind the ids in its table (exit 3), naming the shard and the table', async (_what, setval, database) => {
-    const statusDb = database();
-    const fleet = makeFleet({ urls: statusDb.urls, shards: 4, schemaPrefix: `s${randomBytes(2).toString('hex')}_` });
-    const config = await fleet.config();
-    expect((await init(config)).ok).toBe(true);
-    const schema = `${config.schemaPrefix}2`;
-    await withClient(statusDb.urls[0]!, async (client) => {
-      await client.query(`insert into "${schema}".photos (user_id, image_url) select g, 'x' from generate_series(1, 5000) g`);
-      expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
-      await client.query(setval.replaceAll('insta2', `"${schema}"`));
-    });
-    const run = await runCli(['status', '-c', fleet.configFile]);
-    expect(run.code).toBe(3);
-    expect(run.stdout).toMatch(new RegExp(`id sequence: shard 2, table ${schema}\\.photos: sequence ${schema}\\.photos_id_seq is behind the ids in id`));
-    const json = JSON.parse((await runCli(['status', '--json', '-c', fleet.configFile])).stdout) as { hosts: { sequenceProblems: string[] }[] };
-    expect(json.hosts[0]!.sequenceProblems).toHaveLength(1);
-  });
+  ])(
+    'reports a sequence %s behind the ids in its table (exit 3), naming the shard and the table',
+    async (_what, setval, database) => {
+      const statusDb = database();
+      const fleet = makeFleet({ urls: statusDb.urls, shards: 4, schemaPrefix: `s${randomBytes(2).toString('hex')}_` });
+      const config = await fleet.config();
+      expect((await init(config)).ok).toBe(true);
+      const schema = `${config.schemaPrefix}2`;
+      await withClient(statusDb.urls[0]!, async (client) => {
+        await client.query(
+          `insert into "${schema}".photos (user_id, image_url) select g, 'x' from generate_series(1, 5000) g`,
+        );
+        expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
+        await client.query(setval.replaceAll('insta2', `"${schema}"`));
+      });
+      const run = await runCli(['status', '-c', fleet.configFile]);
+      expect(run.code).toBe(3);
+      expect(run.stdout).toMatch(
+        new RegExp(
+          `id sequence: shard 2, table ${schema}\\.photos: sequence ${schema}\\.photos_id_seq is behind the ids in id`,
+        ),
+      );
+      const json = JSON.parse((await runCli(['status', '--json', '-c', fleet.configFile])).stdout) as {
+        hosts: { sequenceProblems: string[] }[];
+      };
+      expect(json.hosts[0]!.sequenceProblems).toHaveLength(1);
+    },
+  );
 
   it("reports a default that draws from another shard's sequence (exit 3), naming both", async () => {
     const statusDb = borrowedDb;
@@ -198,10 +242,14 @@ describe('status and sequences next_id would repeat ids from', () => {
     expect((await init(config)).ok).toBe(true);
     const [zero, one] = [`${config.schemaPrefix}0`, `${config.schemaPrefix}1`];
     await withClient(statusDb.urls[0]!, (client) =>
-      client.query(`create table "${zero}".borrowed (id bigint primary key default "${zero}".next_id('"${one}".photos_id_seq'))`),
+      client.query(
+        `create table "${zero}".borrowed (id bigint primary key default "${zero}".next_id('"${one}".photos_id_seq'))`,
+      ),
     );
     const run = await runCli(['status', '-c', fleet.configFile]);
     expect(run.code).toBe(3);
-    expect(run.stdout).toContain(`id sequence: shard 0, table ${zero}.borrowed: id draws from sequence ${one}.photos_id_seq of another schema`);
+    expect(run.stdout).toContain(
+      `id sequence: shard 0, table ${zero}.borrowed: id draws from sequence ${one}.photos_id_seq of another schema`,
+    );
   });
 });

@@ -58,7 +58,9 @@ describe('shardctl init over two hosts', () => {
       );
       expect(Number(functions.rows[0]!.count)).toBe(550);
       // The id default works and carries the shard number.
-      const row = await client.query<{ id: string }>(`insert into insta777.photos (user_id, image_url) values (1, 'x') returning id`);
+      const row = await client.query<{ id: string }>(
+        `insert into insta777.photos (user_id, image_url) values (1, 'x') returning id`,
+      );
       expect((BigInt(row.rows[0]!.id) >> 10n) & 8191n).toBe(777n);
     });
   });
@@ -101,7 +103,9 @@ describe('shardctl init over two hosts', () => {
     await withClient(db.urls[0]!, (c) => c.query('alter sequence insta3.likes_id_seq cache 20'));
     const cli = await runCli(['status', '-c', fleet.configFile]);
     expect(cli.code).toBe(3);
-    expect(cli.stdout).toContain('sequences with CACHE > 1 (next_id refuses them; ALTER SEQUENCE … CACHE 1): insta3.likes_id_seq');
+    expect(cli.stdout).toContain(
+      'sequences with CACHE > 1 (next_id refuses them; ALTER SEQUENCE … CACHE 1): insta3.likes_id_seq',
+    );
     await withClient(db.urls[0]!, (c) => c.query('alter sequence insta3.likes_id_seq cache 1'));
     expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
   });
@@ -147,7 +151,9 @@ describe('shardctl init --dry-run on fresh hosts', () => {
     expect(cli.stdout).toMatch(/host pg1 \(postgres:\/\/postgres:\*\*\*@/);
     for (const url of fresh.urls) {
       await withClient(url, async (client) => {
-        const r = await client.query(`select 1 from pg_namespace where nspname ~ '^dry[0-9]+$' or nspname = 'shardctl'`);
+        const r = await client.query(
+          `select 1 from pg_namespace where nspname ~ '^dry[0-9]+$' or nspname = 'shardctl'`,
+        );
         expect(r.rowCount).toBe(0);
       });
     }

@@ -91,7 +91,13 @@ describe('one shardctl runner per host', () => {
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(0);
       // pg1 was locked first; giving up released it.
-      expect(await count(db.urls[0]!, `select count(*) as n from pg_locks where locktype = 'relation' and relation = to_regclass($1)`, [RUNNER_LOCK_TABLE])).toBe(0);
+      expect(
+        await count(
+          db.urls[0]!,
+          `select count(*) as n from pg_locks where locktype = 'relation' and relation = to_regclass($1)`,
+          [RUNNER_LOCK_TABLE],
+        ),
+      ).toBe(0);
     } finally {
       await holder.end();
     }
@@ -101,13 +107,18 @@ describe('one shardctl runner per host', () => {
   });
 
   it('waits for workers a killed run left running before it reads the catalog, and names them when they outlast lockTimeout', async () => {
-    fleet.writeMigration('0005_photo_flags.sql', 'ALTER TABLE photos ADD COLUMN flagged boolean NOT NULL DEFAULT false;\n');
+    fleet.writeMigration(
+      '0005_photo_flags.sql',
+      'ALTER TABLE photos ADD COLUMN flagged boolean NOT NULL DEFAULT false;\n',
+    );
     // A worker of a dead run: its backend is still recorded, and alive, while it finishes a statement.
     const orphan = new pg.Client({ connectionString: db.urls[0]!, application_name: 'shardctl worker' });
     let ended = false;
     await orphan.connect();
     try {
-      await orphan.query(`insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid()`);
+      await orphan.query(
+        `insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid()`,
+      );
       const run = await runCli(['migrate', '-c', fleet.configFile]);
       expect(run.stderr).toMatch(
         /host pg1: workers of another shardctl run are still running after 300ms \(backend pid \d+, application shardctl worker, [^)]+\); nothing was written/,
@@ -118,10 +129,14 @@ describe('one shardctl runner per host', () => {
 
       // The orphan finishes while the next run waits: that run goes on.
       const waiting = runCli(['migrate', '-c', fleet.configFile]);
-      await waitFor('the run to hold the runner lock and wait for the worker', async () =>
-        (await count(db.urls[0]!, `select count(*) as n from pg_locks where locktype = 'relation' and relation = to_regclass($1) and granted`, [
-          RUNNER_LOCK_TABLE,
-        ])) === 1,
+      await waitFor(
+        'the run to hold the runner lock and wait for the worker',
+        async () =>
+          (await count(
+            db.urls[0]!,
+            `select count(*) as n from pg_locks where locktype = 'relation' and relation = to_regclass($1) and granted`,
+            [RUNNER_LOCK_TABLE],
+          )) === 1,
       );
       await orphan.end();
       ended = true;
@@ -139,17 +154,23 @@ describe('one shardctl runner per host', () => {
       "INSERT INTO photos (user_id, image_url) VALUES (-6, 'runner-test');\nSELECT pg_sleep(0.05);\n",
     );
     const first = spawnCli(['migrate', '-c', fleet.configFile]);
-    await waitFor('the first runner to apply something', async () => (await shardsAt(db.urls[0]!, 6)) > 0 || first.child.exitCode !== null);
+    await waitFor(
+      'the first runner to apply something',
+      async () => (await shardsAt(db.urls[0]!, 6)) > 0 || first.child.exitCode !== null,
+    );
     const started = Date.now();
     const second = await runCli(['migrate', '-c', fleet.configFile]);
     expect(Date.now() - started).toBeLessThan(2_000);
-    expect(second.stderr).toMatch(/host pg1: another shardctl run holds the runner lock \(backend pid \d+, application shardctl, /);
+    expect(second.stderr).toMatch(
+      /host pg1: another shardctl run holds the runner lock \(backend pid \d+, application shardctl, /,
+    );
     expect(second.code).toBe(1);
 
     const end = await first.exited;
     expect(end.stderr).toContain('migrate: 80 migrations applied, 0 shards already current, 0 failed; 2 hosts');
     expect(end.code).toBe(0);
-    for (const url of db.urls) expect(counts(await rowsPerShard(url, 'photos', "image_url = 'runner-test'"))).toEqual([1]);
+    for (const url of db.urls)
+      expect(counts(await rowsPerShard(url, 'photos', "image_url = 'runner-test'"))).toEqual([1]);
     expect(await shardsNotAt(db.urls[0]!, range(0, 39), [1, 2, 3, 4, 5, 6])).toEqual([]);
     expect(await shardsNotAt(db.urls[1]!, range(40, 79), [1, 2, 3, 4, 5, 6])).toEqual([]);
   });
@@ -173,21 +194,30 @@ describe('a migrate killed with SIGKILL', () => {
     const total = SHARDS * 2;
     const applied = async (): Promise<number> => {
       let n = 0;
-      for (const url of db.urls) n += await count(url, 'select count(*) as n from shardctl.migrations where version in (4, 5)');
+      for (const url of db.urls)
+        n += await count(url, 'select count(*) as n from shardctl.migrations where version in (4, 5)');
       return n;
     };
 
     // Killed at three moments, each run resuming what the one before left.
     for (const target of [20, 80, 150]) {
       const run = spawnCli(['migrate', '-c', fleet.configFile]);
-      await waitFor(`${target} migrations applied`, async () => (await applied()) >= target || run.child.exitCode !== null);
+      await waitFor(
+        `${target} migrations applied`,
+        async () => (await applied()) >= target || run.child.exitCode !== null,
+      );
       run.child.kill('SIGKILL');
       const end = await run.exited;
       expect(end.signal, `the run finished before it could be killed:\n${end.stderr}`).toBe('SIGKILL');
       // Its coordinator's backend goes with the connection; its workers may still be finishing a statement.
       for (const url of db.urls) {
-        await waitFor('the killed coordinator to disconnect', async () =>
-          (await count(url, `select count(*) as n from pg_stat_activity where datname = current_database() and application_name = 'shardctl'`)) === 0,
+        await waitFor(
+          'the killed coordinator to disconnect',
+          async () =>
+            (await count(
+              url,
+              `select count(*) as n from pg_stat_activity where datname = current_database() and application_name = 'shardctl'`,
+            )) === 0,
         );
       }
     }
@@ -201,7 +231,12 @@ describe('a migrate killed with SIGKILL', () => {
     for (const url of db.urls) {
       expect(counts(await rowsPerShard(url, 'photos', "image_url = 'once'"))).toEqual([1]);
       expect(counts(await rowsPerShard(url, 'shares', 'true'))).toEqual([1]);
-      expect(await count(url, `select count(*) as n from pg_attribute where attname = 'views' and not attisdropped and attrelid::regclass::text ~ '^insta[0-9]+\\.photos$'`)).toBe(80);
+      expect(
+        await count(
+          url,
+          `select count(*) as n from pg_attribute where attname = 'views' and not attisdropped and attrelid::regclass::text ~ '^insta[0-9]+\\.photos$'`,
+        ),
+      ).toBe(80);
     }
     expect((await runCli(['migrate', '--check', '-c', fleet.configFile])).code).toBe(0);
   });

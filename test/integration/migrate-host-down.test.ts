@@ -7,7 +7,13 @@ import { chmod, mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { findFreePort, initCluster, type LocalClusterOptions, startCluster, stopCluster } from '../../src/dev/local-postgres.js';
+import {
+  findFreePort,
+  initCluster,
+  type LocalClusterOptions,
+  startCluster,
+  stopCluster,
+} from '../../src/dev/local-postgres.js';
 import { init } from '../../src/commands/init.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases } from '../helpers/hosts.js';
@@ -39,7 +45,10 @@ describe('migrate when a host is down or goes down', () => {
   });
 
   it('a host that goes down mid-run: the other host finishes; exit 1 names the host and how many shards are behind; a rerun once it is back completes', async () => {
-    fleet.writeMigration('0004_photo_views.sql', 'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\nSELECT pg_sleep(0.03);\n');
+    fleet.writeMigration(
+      '0004_photo_views.sql',
+      'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\nSELECT pg_sleep(0.03);\n',
+    );
     const running = runCli(['migrate', '-c', fleet.configFile]);
     await waitFor('pg2 to be part-way', async () => (await shardsAt(pg2, 4)) >= 10);
     await stopCluster(cluster);
@@ -47,12 +56,18 @@ describe('migrate when a host is down or goes down', () => {
 
     expect(run.code).toBe(1);
     expect(run.stderr).toMatch(/^pg1: 60 migrations applied, 0 already current \(\d+\.\d s\)$/m);
-    const failed = /^pg2: FAILED: connection lost while on shard (\d+) \(migration 0004_photo_views\): .+; (\d+) shards behind \(\d+ migrations applied before that\)$/m.exec(
-      run.stderr,
-    );
+    const failed =
+      /^pg2: FAILED: connection lost while on shard (\d+) \(migration 0004_photo_views\): .+; (\d+) shards behind \(\d+ migrations applied before that\)$/m.exec(
+        run.stderr,
+      );
     expect(failed, run.stderr).not.toBeNull();
     const behind = Number(failed![2]);
-    expect(run.stderr).toMatch(new RegExp(`^migrate: \\d+ migrations applied, 0 shards already current, 0 failed, ${behind} shards behind on pg2; 2 hosts`, 'm'));
+    expect(run.stderr).toMatch(
+      new RegExp(
+        `^migrate: \\d+ migrations applied, 0 shards already current, 0 failed, ${behind} shards behind on pg2; 2 hosts`,
+        'm',
+      ),
+    );
     expect(await shardsAt(db.urls[0]!, 4)).toBe(60);
 
     await startCluster(cluster);
@@ -63,7 +78,9 @@ describe('migrate when a host is down or goes down', () => {
     expect(behind - missing).toBeLessThanOrEqual(2);
 
     const rerun = await runCli(['migrate', '-c', fleet.configFile]);
-    expect(rerun.stderr).toContain(`migrate: ${missing} migrations applied, ${120 - missing} shards already current, 0 failed; 2 hosts`);
+    expect(rerun.stderr).toContain(
+      `migrate: ${missing} migrations applied, ${120 - missing} shards already current, 0 failed; 2 hosts`,
+    );
     expect(rerun.code).toBe(0);
     expect(await shardsNotAt(pg2, range(60, 119), [1, 2, 3, 4])).toEqual([]);
   });
@@ -76,7 +93,9 @@ describe('migrate when a host is down or goes down', () => {
       expect(run.stderr).toMatch(/^warning: host pg2: cannot connect: .+; its shards are left behind$/m);
       expect(run.stderr).toMatch(/^pg2: FAILED: cannot connect: .+; 60 shards behind$/m);
       expect(run.stderr).toMatch(/^pg1: 60 migrations applied, 0 already current/m);
-      expect(run.stderr).toMatch(/^migrate: 60 migrations applied, 0 shards already current, 0 failed, 60 shards behind on pg2; 2 hosts/m);
+      expect(run.stderr).toMatch(
+        /^migrate: 60 migrations applied, 0 shards already current, 0 failed, 60 shards behind on pg2; 2 hosts/m,
+      );
       expect(run.code).toBe(1);
       expect(await shardsAt(db.urls[0]!, 5)).toBe(60);
 
@@ -84,7 +103,14 @@ describe('migrate when a host is down or goes down', () => {
       expect(check.code).toBe(1);
       expect(check.stderr).toMatch(/^pg2: cannot be read: cannot connect: /m);
       expect(check.stderr).toContain('migrate --check: pg2 could not be read');
-      expect(JSON.parse(check.stdout)).toMatchObject({ current: false, exitCode: 1, hosts: [{ host: 'pg1', shards: 0 }, { host: 'pg2', error: expect.stringContaining('cannot connect') }] });
+      expect(JSON.parse(check.stdout)).toMatchObject({
+        current: false,
+        exitCode: 1,
+        hosts: [
+          { host: 'pg1', shards: 0 },
+          { host: 'pg2', error: expect.stringContaining('cannot connect') },
+        ],
+      });
     } finally {
       await startCluster(cluster);
     }

@@ -10,7 +10,9 @@ const VIEWS = 'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\n'
 /** The shards of a host with version 4 recorded. */
 async function at4(url: string): Promise<number[]> {
   return withClient(url, async (client) =>
-    (await client.query<{ shard: number }>('select shard from shardctl.migrations where version = 4 order by shard')).rows.map((r) => r.shard),
+    (
+      await client.query<{ shard: number }>('select shard from shardctl.migrations where version = 4 order by shard')
+    ).rows.map((r) => r.shard),
   );
 }
 
@@ -94,7 +96,10 @@ describe('migrate --max-failures', () => {
     const run = await runCli(['migrate', '--max-failures', '1', '--json', '-c', fleet.configFile]);
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('host pg1, shard 0: migration 0004_fails_on_0: broken on insta0');
-    const result = JSON.parse(run.stdout) as { stoppedEarly: boolean; summary: { failed: number; notStarted: number; migrationsApplied: number } };
+    const result = JSON.parse(run.stdout) as {
+      stoppedEarly: boolean;
+      summary: { failed: number; notStarted: number; migrationsApplied: number };
+    };
     expect(result.stoppedEarly).toBe(true);
     expect(result.summary.failed).toBe(1);
     expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
@@ -120,7 +125,9 @@ describe('migrate against a table another session holds locked', () => {
       await app.query('begin');
       await app.query('lock table insta50.photos in access exclusive mode');
       const appPid = (await app.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid;
-      const release = new Promise<void>((resolve) => setTimeout(() => void app.query('rollback').then(() => resolve()), 3_000));
+      const release = new Promise<void>((resolve) =>
+        setTimeout(() => void app.query('rollback').then(() => resolve()), 3_000),
+      );
       const run = await runCli(['migrate', '--json', '-c', fleet.configFile]);
       await release;
       expect(run.code).toBe(0);
@@ -130,18 +137,34 @@ describe('migrate against a table another session holds locked', () => {
             `held by pid ${appPid} \\(application lock-holder-test, user \\S+, from [^,]+, transaction open [\\d.]+ s, AccessExclusiveLock on photos\\)`,
         ),
       );
-      expect(run.stderr).toContain('migrate: 80 migrations applied, 0 shards already current, 0 failed, 1 shard waited for a lock; 2 hosts');
-      const result = JSON.parse(run.stdout) as { hosts: { host: string; lockWaits: { shard: number; retries: number; applied: boolean; holders: { pid: number; application: string }[] }[] }[] };
+      expect(run.stderr).toContain(
+        'migrate: 80 migrations applied, 0 shards already current, 0 failed, 1 shard waited for a lock; 2 hosts',
+      );
+      const result = JSON.parse(run.stdout) as {
+        hosts: {
+          host: string;
+          lockWaits: {
+            shard: number;
+            retries: number;
+            applied: boolean;
+            holders: { pid: number; application: string }[];
+          }[];
+        }[];
+      };
       expect(result.hosts[0]!.lockWaits).toEqual([]);
       const [wait] = result.hosts[1]!.lockWaits;
-      expect(wait).toMatchObject({ shard: 50, step: 'migration 0004_photo_views', applied: true, holders: [{ pid: appPid, application: 'lock-holder-test' }] });
+      expect(wait).toMatchObject({
+        shard: 50,
+        step: 'migration 0004_photo_views',
+        applied: true,
+        holders: [{ pid: appPid, application: 'lock-holder-test' }],
+      });
       expect(wait!.retries).toBeGreaterThanOrEqual(1);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(40);
     } finally {
       await app.end();
     }
   });
-
 });
 
 describe('migrate --lock-retries 0 against a table another session holds locked', () => {
@@ -150,7 +173,10 @@ describe('migrate --lock-retries 0 against a table another session holds locked'
   it('with --lock-retries 0 fails the shard at once, naming the host, the shard and the lock holder (exit 1)', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 80, extra: 'lockTimeout: 300ms' });
     expect((await init(await fleet.config())).ok).toBe(true);
-    fleet.writeMigration('0005_photo_flags.sql', '-- shardctl:lock-timeout 200ms\nALTER TABLE photos ADD COLUMN flagged boolean NOT NULL DEFAULT false;\n');
+    fleet.writeMigration(
+      '0005_photo_flags.sql',
+      '-- shardctl:lock-timeout 200ms\nALTER TABLE photos ADD COLUMN flagged boolean NOT NULL DEFAULT false;\n',
+    );
     const app = new pg.Client({ connectionString: db.urls[0]!, application_name: 'lock-holder-test' });
     await app.connect();
     try {
@@ -183,7 +209,10 @@ describe('a file with its own statement_timeout', () => {
   it('bounds its own statements only: a no-transaction file leaves the session without it, a slow transactional file fails on it', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4 });
     expect((await init(await fleet.config())).ok).toBe(true);
-    fleet.writeMigration('0004_quick.sql', '-- shardctl:no-transaction\n-- shardctl:statement-timeout 300ms\nSELECT pg_sleep(0.01);\n');
+    fleet.writeMigration(
+      '0004_quick.sql',
+      '-- shardctl:no-transaction\n-- shardctl:statement-timeout 300ms\nSELECT pg_sleep(0.01);\n',
+    );
     // Without the marker: would fail if the previous file's statement_timeout had stayed on the connection.
     fleet.writeMigration('0005_slow.sql', 'SELECT pg_sleep(0.5);\n');
     const first = await runCli(['migrate', '-c', fleet.configFile]);
@@ -193,7 +222,9 @@ describe('a file with its own statement_timeout', () => {
     fleet.writeMigration('0006_too_slow.sql', '-- shardctl:statement-timeout 200ms\nSELECT pg_sleep(0.5);\n');
     const second = await runCli(['migrate', '-c', fleet.configFile]);
     expect(second.code).toBe(1);
-    expect(second.stderr).toContain('host pg1, shard 0: migration 0006_too_slow: canceling statement due to statement timeout (SQLSTATE 57014)');
+    expect(second.stderr).toContain(
+      'host pg1, shard 0: migration 0006_too_slow: canceling statement due to statement timeout (SQLSTATE 57014)',
+    );
     expect(second.stderr).toContain('migrate: 0 migrations applied, 0 shards already current, 4 failed; 2 hosts');
     expect(await shardsAt(db.urls[0]!, 6)).toBe(0);
   });

@@ -36,9 +36,12 @@ async function leftovers(): Promise<{ tables: string[]; records: number }> {
   let records = 0;
   for (const url of db.urls) {
     await withClient(url, async (c) => {
-      const t = await c.query<{ t: string }>(`select schemaname || '.' || tablename as t from pg_tables where tablename in ('a2', 'b2', 'e2', 'p2', 'f2') order by 1`);
+      const t = await c.query<{ t: string }>(
+        `select schemaname || '.' || tablename as t from pg_tables where tablename in ('a2', 'b2', 'e2', 'p2', 'f2') order by 1`,
+      );
       tables.push(...t.rows.map((r) => r.t));
-      records += (await c.query<{ n: number }>('select count(*)::int as n from shardctl.migrations where version = 2')).rows[0]!.n;
+      records += (await c.query<{ n: number }>('select count(*)::int as n from shardctl.migrations where version = 2'))
+        .rows[0]!.n;
     });
   }
   return { tables, records };
@@ -48,12 +51,24 @@ describe('migration files that end their transaction or change the session', () 
   it.each([
     ['CREATE TABLE a2(x int);\nCOMMIT;\nCREATE TABLE b2(x int);', 2, '"COMMIT": COMMIT ends or starts a transaction'],
     ['CREATE TABLE e2(x int); ROLLBACK; BEGIN;', 1, '"ROLLBACK": ROLLBACK ends the transaction'],
-    ['-- moves the rest\nSET search_path TO public;\nCREATE TABLE a2(x int);', 2, '"SET search_path TO public": SET outlives the transaction'],
+    [
+      '-- moves the rest\nSET search_path TO public;\nCREATE TABLE a2(x int);',
+      2,
+      '"SET search_path TO public": SET outlives the transaction',
+    ],
     ['CREATE TABLE a2(x int);\nRESET ALL;\nCREATE TABLE b2(x int);', 2, '"RESET ALL": RESET changes settings'],
     ['SET ROLE nobody_here;\nCREATE TABLE a2(x int);', 1, '"SET ROLE nobody_here": SET outlives the transaction'],
-    ["SET LOCAL search_path TO public, pg_catalog;\nCREATE TABLE a2(x int);", 1, 'SET LOCAL search_path changes where or as whom'],
+    [
+      'SET LOCAL search_path TO public, pg_catalog;\nCREATE TABLE a2(x int);',
+      1,
+      'SET LOCAL search_path changes where or as whom',
+    ],
     ["SELECT set_config('search_path', 'public', true);\nCREATE TABLE a2(x int);", 1, 'set_config() changes a setting'],
-    ['-- shardctl:no-transaction\nSET search_path TO public;\nCREATE TABLE a2(x int);', 2, 'SET outlives the transaction'],
+    [
+      '-- shardctl:no-transaction\nSET search_path TO public;\nCREATE TABLE a2(x int);',
+      2,
+      'SET outlives the transaction',
+    ],
     ['-- shardctl:no-transaction\nBEGIN;\nCREATE TABLE a2(x int);\nCOMMIT;', 2, 'BEGIN ends or starts a transaction'],
   ])('refuses %j before anything runs, naming the file and line (every command)', async (sql, line, reason) => {
     fleet.writeMigration('0002_bad.sql', sql);
@@ -81,7 +96,7 @@ describe('migration files that end their transaction or change the session', () 
       [
         "SET LOCAL lock_timeout = '2s';",
         '/* COMMIT; SET search_path TO public; */',
-        "CREATE TABLE a2 (\"commit; rollback\" text DEFAULT 'COMMIT; RESET ALL;'); -- ROLLBACK;",
+        'CREATE TABLE a2 ("commit; rollback" text DEFAULT \'COMMIT; RESET ALL;\'); -- ROLLBACK;',
         'CREATE PROCEDURE p2() LANGUAGE plpgsql AS $body$ BEGIN COMMIT; END $body$;',
         'CREATE FUNCTION f2() RETURNS text LANGUAGE sql AS $$ SELECT $q$; COMMIT;$q$ $$;',
         "SAVEPOINT s; INSERT INTO a2 VALUES (E'it\\'s; BEGIN'); RELEASE SAVEPOINT s;",
@@ -93,7 +108,13 @@ describe('migration files that end their transaction or change the session', () 
     const tables: string[] = [];
     for (const url of db.urls) {
       await withClient(url, async (c) => {
-        tables.push(...(await c.query<{ t: string }>(`select schemaname || '.' || tablename as t from pg_tables where tablename = 'a2' order by 1`)).rows.map((r) => r.t));
+        tables.push(
+          ...(
+            await c.query<{ t: string }>(
+              `select schemaname || '.' || tablename as t from pg_tables where tablename = 'a2' order by 1`,
+            )
+          ).rows.map((r) => r.t),
+        );
       });
     }
     expect(tables).toEqual(['ms0.a2', 'ms1.a2', 'ms2.a2', 'ms3.a2']);
@@ -101,14 +122,18 @@ describe('migration files that end their transaction or change the session', () 
     // Undone for the other tests: they expect version 2 unapplied.
     for (const [i, url] of db.urls.entries()) {
       await withClient(url, async (c) => {
-        for (const shard of [i * 2, i * 2 + 1]) await c.query(`drop table ms${shard}.a2; drop procedure ms${shard}.p2; drop function ms${shard}.f2`);
+        for (const shard of [i * 2, i * 2 + 1])
+          await c.query(`drop table ms${shard}.a2; drop procedure ms${shard}.p2; drop function ms${shard}.f2`);
         await c.query('delete from shardctl.migrations where version = 2');
       });
     }
   });
 
   it('rolls back, records nothing and names the file when a body moves search_path (what the file check cannot read)', async () => {
-    fleet.writeMigration('0002_bad.sql', "CREATE TABLE a2(x int);\nDO $$ BEGIN PERFORM set_config('search_path', 'public', true); END $$;\nCREATE TABLE b2(x int);");
+    fleet.writeMigration(
+      '0002_bad.sql',
+      "CREATE TABLE a2(x int);\nDO $$ BEGIN PERFORM set_config('search_path', 'public', true); END $$;\nCREATE TABLE b2(x int);",
+    );
     const run = await runCli(['migrate', '-c', fleet.configFile]);
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('0002_bad');
@@ -135,7 +160,10 @@ describe('migration files that end their transaction or change the session', () 
   });
 
   it('rolls back a migration that calls a procedure which commits (PostgreSQL refuses it inside the transaction)', async () => {
-    fleet.writeMigration('0002_bad.sql', 'CREATE TABLE a2(x int);\nCREATE PROCEDURE p2() LANGUAGE plpgsql AS $$ BEGIN COMMIT; END $$;\nCALL p2();');
+    fleet.writeMigration(
+      '0002_bad.sql',
+      'CREATE TABLE a2(x int);\nCREATE PROCEDURE p2() LANGUAGE plpgsql AS $$ BEGIN COMMIT; END $$;\nCALL p2();',
+    );
     const run = await runCli(['migrate', '-c', fleet.configFile]);
     expect(run.code).toBe(1);
     expect(run.stderr).toContain('invalid transaction termination');

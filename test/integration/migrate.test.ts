@@ -18,7 +18,10 @@ async function count(url: string, sql: string): Promise<number> {
  * For one test: its own databases and a fleet initialised with the example migrations (versions
  * 1-3), so the test reads alone and runs alone (`-t`), whatever ran before it.
  */
-function useFleet(options: { shards: number; extra?: string; setUp?: (db: TestDatabases) => Promise<void> }): { db: TestDatabases; fleet: () => Fleet } {
+function useFleet(options: { shards: number; extra?: string; setUp?: (db: TestDatabases) => Promise<void> }): {
+  db: TestDatabases;
+  fleet: () => Fleet;
+} {
   const db = useTestDatabases(2);
   let fleet: Fleet | undefined;
   beforeAll(async () => {
@@ -40,7 +43,10 @@ describe('shardctl migrate over two hosts', () => {
     const { db, fleet } = useFleet({ shards: SHARDS });
 
     it('reports pending files with --check (exit 3, --json detail), applies them in version order with --to and without, then reports the fleet current (exit 0)', async () => {
-      fleet().writeMigration('0004_photo_views.sql', 'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\n');
+      fleet().writeMigration(
+        '0004_photo_views.sql',
+        'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\n',
+      );
       // Needs 0004's column: fails unless the files run in version order.
       fleet().writeMigration('0005_photo_views_index.sql', 'CREATE INDEX photos_views_idx ON photos (views);\n');
       fleet().writeMigration('0006_comment_edits.sql', 'ALTER TABLE comments ADD COLUMN edited_at timestamptz;\n');
@@ -89,17 +95,30 @@ describe('shardctl migrate over two hosts', () => {
       expect(run.stderr).toContain('pg1: 60/60 shards\n');
       expect(run.stderr).toContain('pg2: 60/60 shards\n');
       expect(run.stderr).toMatch(/^pg1: 60 migrations applied, 0 already current \(\d+\.\d s\)$/m);
-      expect(run.stderr).toMatch(/^migrate: 120 migrations applied, 0 shards already current, 0 failed; 2 hosts, \d+\.\d s$/m);
+      expect(run.stderr).toMatch(
+        /^migrate: 120 migrations applied, 0 shards already current, 0 failed; 2 hosts, \d+\.\d s$/m,
+      );
       expect(run.code).toBe(0);
       expect(await shardsNotAt(db.urls[0]!, PG1, [1, 2, 3, 4, 5, 6])).toEqual([]);
       expect(await shardsNotAt(db.urls[1]!, PG2, [1, 2, 3, 4, 5, 6])).toEqual([]);
       for (const url of db.urls) {
-        expect(await count(url, `select count(*) as n from pg_indexes where schemaname ~ '^insta[0-9]+$' and indexname = 'photos_views_idx'`)).toBe(60);
+        expect(
+          await count(
+            url,
+            `select count(*) as n from pg_indexes where schemaname ~ '^insta[0-9]+$' and indexname = 'photos_views_idx'`,
+          ),
+        ).toBe(60);
       }
 
       const current = await runCli(['migrate', '--check', '--json', '-c', fleet().configFile]);
       expect(current.code).toBe(0);
-      expect(JSON.parse(current.stdout)).toMatchObject({ current: true, targetVersion: 6, pending: 0, drift: [], exitCode: 0 });
+      expect(JSON.parse(current.stdout)).toMatchObject({
+        current: true,
+        targetVersion: 6,
+        pending: 0,
+        drift: [],
+        exitCode: 0,
+      });
       expect(current.stderr.trimEnd().split('\n').at(-1)).toBe('migrate --check: current (version 6 on every shard)');
 
       const again = await runCli(['migrate', '--json', '-c', fleet().configFile]);
@@ -122,11 +141,18 @@ describe('shardctl migrate over two hosts', () => {
     const { db, fleet } = useFleet({ shards: SHARDS });
 
     it('migrate --dry-run prints the SQL each shard would run, in one transaction with its record, and writes nothing', async () => {
-      fleet().writeMigration('0004_photo_tags.sql', 'CREATE TABLE photo_tags (photo_id bigint NOT NULL, tag text NOT NULL);\n');
+      fleet().writeMigration(
+        '0004_photo_tags.sql',
+        'CREATE TABLE photo_tags (photo_id bigint NOT NULL, tag text NOT NULL);\n',
+      );
       const dry = await runCli(['migrate', '--dry-run', '-c', fleet().configFile]);
       expect(dry.code).toBe(0);
-      expect(dry.stdout).toContain('-- shard 0: migration 0004_photo_tags\nBEGIN;\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = \'5s\';');
-      expect(dry.stdout).toMatch(/CREATE TABLE photo_tags[^\n]*\n;\nDO \$shardctl\$ BEGIN\n[^$]*\nEND \$shardctl\$;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;/);
+      expect(dry.stdout).toContain(
+        '-- shard 0: migration 0004_photo_tags\nBEGIN;\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = \'5s\';',
+      );
+      expect(dry.stdout).toMatch(
+        /CREATE TABLE photo_tags[^\n]*\n;\nDO \$shardctl\$ BEGIN\n[^$]*\nEND \$shardctl\$;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;/,
+      );
       expect(dry.stderr).toContain('migrate --dry-run: 120 shards would change on 2 hosts; nothing was written');
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(0);
@@ -137,9 +163,16 @@ describe('shardctl migrate over two hosts', () => {
     const { db, fleet } = useFleet({ shards: SHARDS });
 
     it('a migration that fails on one shard rolls back there alone, naming host, shard and migration; the others go on and a rerun finishes it', async () => {
-      await withClient(db.urls[0]!, (c) => c.query(`insert into insta7.photos (user_id, image_url, caption) values (7, 'x', null)`));
-      await withClient(db.urls[1]!, (c) => c.query(`insert into insta100.photos (user_id, image_url, caption) values (100, 'x', null)`));
-      fleet().writeMigration('0004_photo_tags.sql', 'CREATE TABLE photo_tags (photo_id bigint NOT NULL, tag text NOT NULL);\n');
+      await withClient(db.urls[0]!, (c) =>
+        c.query(`insert into insta7.photos (user_id, image_url, caption) values (7, 'x', null)`),
+      );
+      await withClient(db.urls[1]!, (c) =>
+        c.query(`insert into insta100.photos (user_id, image_url, caption) values (100, 'x', null)`),
+      );
+      fleet().writeMigration(
+        '0004_photo_tags.sql',
+        'CREATE TABLE photo_tags (photo_id bigint NOT NULL, tag text NOT NULL);\n',
+      );
       // Batched after 0004 in one round trip: the failure must be pinned on 0005, not on its batch.
       fleet().writeMigration(
         '0005_caption_required.sql',
@@ -152,7 +185,9 @@ describe('shardctl migrate over two hosts', () => {
         'host pg1, shard 7: migration 0005_caption_required: check constraint "photos_caption_present" of relation "photos" is violated by some row',
       );
       expect(run.stderr).toContain('host pg2, shard 100: migration 0005_caption_required: check constraint');
-      expect(run.stderr).toMatch(/^migrate: 238 migrations applied, 0 shards already current, 2 failed; 2 hosts, \d+\.\d s — fix the cause and run it again/m);
+      expect(run.stderr).toMatch(
+        /^migrate: 238 migrations applied, 0 shards already current, 2 failed; 2 hosts, \d+\.\d s — fix the cause and run it again/m,
+      );
       // Shard 7 has 0004 but nothing of 0005: not its record, not its first statement.
       expect(await shardsNotAt(db.urls[0]!, PG1, [1, 2, 3, 4, 5])).toEqual(['shard 7: [1,2,3,4]']);
       expect(await shardsNotAt(db.urls[1]!, PG2, [1, 2, 3, 4, 5])).toEqual(['shard 100: [1,2,3,4]']);
@@ -206,8 +241,12 @@ describe('shardctl migrate over two hosts', () => {
       const run = await runCli(['migrate', '-c', fleet().configFile]);
       expect(run.code).toBe(3);
       expect(run.stderr).toContain('migration drift: nothing was applied');
-      expect(run.stderr).toContain('host pg1: 0002_likes.sql changed after it was applied to shards 0-59 (checksum differs)');
-      expect(run.stderr).toContain('host pg2: 0002_likes.sql changed after it was applied to shards 60-119 (checksum differs)');
+      expect(run.stderr).toContain(
+        'host pg1: 0002_likes.sql changed after it was applied to shards 0-59 (checksum differs)',
+      );
+      expect(run.stderr).toContain(
+        'host pg2: 0002_likes.sql changed after it was applied to shards 60-119 (checksum differs)',
+      );
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(0);
 
@@ -259,7 +298,9 @@ describe('shardctl migrate over two hosts', () => {
       fleet().writeMigration('0004_late.sql', 'CREATE TABLE late (id bigint);\n');
       const late = await runCli(['migrate', '-c', fleet().configFile]);
       expect(late.code).toBe(3);
-      expect(late.stderr).toContain('host pg1: 0004_late.sql is not applied to shards 0-59, which already have version 5');
+      expect(late.stderr).toContain(
+        'host pg1: 0004_late.sql is not applied to shards 0-59, which already have version 5',
+      );
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
       rmSync(join(fleet().migrationsDir, '0004_late.sql'));
     });
@@ -276,7 +317,9 @@ describe('shardctl migrate with -- shardctl:no-transaction files', () => {
       extra: 'concurrency: 4',
       setUp: async (db) => {
         for (const url of db.urls) {
-          await withClient(url, (c) => c.query('create table public.no_tx_trace (schema_name text, started timestamptz, finished timestamptz)'));
+          await withClient(url, (c) =>
+            c.query('create table public.no_tx_trace (schema_name text, started timestamptz, finished timestamptz)'),
+          );
         }
       },
     });
@@ -311,34 +354,47 @@ describe('shardctl migrate with -- shardctl:no-transaction files', () => {
               where c.relname in ('photos_user_idx', 'likes_photo_idx') and i.indisvalid`,
           ),
         ).toBe(80);
-        const trace = await withClient(url, async (c) => (await c.query<{ schema_name: string; started: Date; finished: Date }>('select * from public.no_tx_trace order by started')).rows);
+        const trace = await withClient(
+          url,
+          async (c) =>
+            (
+              await c.query<{ schema_name: string; started: Date; finished: Date }>(
+                'select * from public.no_tx_trace order by started',
+              )
+            ).rows,
+        );
         expect(trace).toHaveLength(40);
         const overlaps = trace.slice(1).filter((row, i) => row.started < trace[i]!.finished);
         expect(overlaps.map((r) => r.schema_name)).toEqual([]);
       }
     });
-
   });
 
   describe('recorded only on success', () => {
     const { db, fleet } = useFleet({ shards: TOTAL, extra: 'concurrency: 4' });
 
     it('records one only when it succeeded: a failed CREATE UNIQUE INDEX CONCURRENTLY leaves no record, and the invalid index it leaves is refused on rerun', async () => {
-      await withClient(db.urls[0]!, (c) => c.query(`insert into insta3.photos (user_id, image_url) values (42, 'a'), (42, 'b')`));
+      await withClient(db.urls[0]!, (c) =>
+        c.query(`insert into insta3.photos (user_id, image_url) values (42, 'a'), (42, 'b')`),
+      );
       fleet().writeMigration(
         '0004_unique_photo_user.sql',
         '-- shardctl:no-transaction\nCREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS photos_user_unique ON photos (user_id);\n',
       );
       const run = await runCli(['migrate', '-c', fleet().configFile]);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain('host pg1, shard 3: migration 0004_unique_photo_user: could not create unique index "photos_user_unique"');
+      expect(run.stderr).toContain(
+        'host pg1, shard 3: migration 0004_unique_photo_user: could not create unique index "photos_user_unique"',
+      );
       expect(await shardsNotAt(db.urls[0]!, range(0, 39), [1, 2, 3, 4])).toEqual(['shard 3: [1,2,3]']);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(40);
 
       // IF NOT EXISTS now skips the invalid index: the statement succeeds, the record must not be written.
       const rerun = await runCli(['migrate', '-c', fleet().configFile]);
       expect(rerun.code).toBe(1);
-      expect(rerun.stderr).toContain('host pg1, shard 3: migration 0004_unique_photo_user: invalid index photos_user_unique in schema insta3');
+      expect(rerun.stderr).toContain(
+        'host pg1, shard 3: migration 0004_unique_photo_user: invalid index photos_user_unique in schema insta3',
+      );
       expect(await shardsNotAt(db.urls[0]!, [3], [1, 2, 3, 4])).toEqual(['shard 3: [1,2,3]']);
 
       await withClient(db.urls[0]!, async (c) => {

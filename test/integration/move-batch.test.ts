@@ -9,7 +9,14 @@ import { init, moveShards, ShardMap, status } from '../../src/index.js';
 import { ONLINE_STEPS } from '../../src/moves/state.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, removeCliSnapshot, replicationObjects, spawnCli, startShardWriter, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import {
+  fleetState,
+  removeCliSnapshot,
+  replicationObjects,
+  spawnCli,
+  startShardWriter,
+  waitForMoveSessionsToEnd,
+} from '../helpers/moves.js';
 
 /** Databases for three hosts (registered in the calling describe): pg1, pg2, pg3. */
 function threeHosts() {
@@ -38,14 +45,21 @@ describe('a batch of shards from two source hosts', () => {
       [urls()[2]!, [4, 5, 6]],
     ] as const) {
       await withClient(url, async (c) => {
-        for (const s of shards) await c.query(`insert into insta${s}.photos (user_id, image_url) select g, 'seed' from generate_series(1, 300) g`);
+        for (const s of shards)
+          await c.query(
+            `insert into insta${s}.photos (user_id, image_url) select g, 'seed' from generate_series(1, 300) g`,
+          );
       });
     }
     const map = await ShardMap.load(fleet.configFile);
     const writers = [startShardWriter(map, 1), startShardWriter(map, 5)];
     await new Promise((resolve) => setTimeout(resolve, 200));
     const notices: string[] = [];
-    const result = await moveShards(config, [0, 1, 2, 4, 5, 6], 'pg2', { configFile: fleet.configFile, wave: { maxShards: 2 }, onNotice: (m) => notices.push(m) });
+    const result = await moveShards(config, [0, 1, 2, 4, 5, 6], 'pg2', {
+      configFile: fleet.configFile,
+      wave: { maxShards: 2 },
+      onNotice: (m) => notices.push(m),
+    });
     await new Promise((resolve) => setTimeout(resolve, 200));
     for (const w of writers) await w.stop();
 
@@ -64,7 +78,9 @@ describe('a batch of shards from two source hosts', () => {
       const after = writer.acknowledged.filter((a) => a.host === 'pg2');
       expect(before.length).toBeGreaterThan(0);
       await withClient(urls()[1]!, async (c) => {
-        const ids = new Set((await c.query<{ id: string }>(`select id from insta${shard}.photos`)).rows.map((r) => BigInt(r.id)));
+        const ids = new Set(
+          (await c.query<{ id: string }>(`select id from insta${shard}.photos`)).rows.map((r) => BigInt(r.id)),
+        );
         expect(before.filter((a) => !ids.has(a.id))).toEqual([]);
         expect(ids.size).toBe(300 + before.length + after.length);
         const maxMoved = before.reduce((m, a) => (a.id > m ? a.id : m), 0n);
@@ -72,7 +88,11 @@ describe('a batch of shards from two source hosts', () => {
       });
       // The old copy holds exactly what it acknowledged before the fence.
       await withClient(source, async (c) => {
-        const old = (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like $1`, [`insta${shard}\\_moved\\_%`])).rows[0]!.nspname;
+        const old = (
+          await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like $1`, [
+            `insta${shard}\\_moved\\_%`,
+          ])
+        ).rows[0]!.nspname;
         const n = await c.query<{ n: string }>(`select count(*) as n from "${old}".photos`);
         expect(Number(n.rows[0]!.n)).toBe(300 + before.length);
       });
@@ -90,7 +110,6 @@ describe('a batch of shards from two source hosts', () => {
     ]);
     expect(await replicationObjects(urls())).toEqual([]);
   });
-
 });
 
 describe('a batch that is only planned or refused', () => {
@@ -104,7 +123,17 @@ describe('a batch that is only planned or refused', () => {
 
   it('--dry-run prints each source host’s move with its preflight and waves, exit 0, and changes nothing', async () => {
     const before = await fleetState(urls(), fleet.configFile);
-    const run = await runCli(['move-shard', '0-1,4-5', '--to', 'pg2', '--dry-run', '--wave-size', '1', '-c', fleet.configFile]);
+    const run = await runCli([
+      'move-shard',
+      '0-1,4-5',
+      '--to',
+      'pg2',
+      '--dry-run',
+      '--wave-size',
+      '1',
+      '-c',
+      fleet.configFile,
+    ]);
     expect(run.code, run.stderr).toBe(0);
     expect(run.stdout).toContain('move of shards 0-1 from pg1 to pg2 (online) — dry run, nothing changed');
     expect(run.stdout).toContain('move of shards 4-5 from pg3 to pg2 (online) — dry run, nothing changed');
@@ -116,7 +145,10 @@ describe('a batch that is only planned or refused', () => {
   it.each([
     { args: ['0-1', '--to', 'pg9'], message: 'option --to "pg9": no such host in the map (hosts: pg1, pg2, pg3)' },
     { args: ['0-9', '--to', 'pg2'], message: 'argument <shards> "0-9": shard 6 is out of range 0-5' },
-    { args: ['1-3', '--to', 'pg2'], message: 'argument <shards> "1-3": shards 2-3 are already on pg2; nothing to move' },
+    {
+      args: ['1-3', '--to', 'pg2'],
+      message: 'argument <shards> "1-3": shards 2-3 are already on pg2; nothing to move',
+    },
     { args: ['x', '--to', 'pg2'], message: 'argument <shards> "x": ' },
     { args: ['1', '--to', 'pg2', '--wave-size', '0'], message: 'option --wave-size "0": expected a positive integer' },
   ])('refuses $args with exit 2 and changes nothing', async ({ args, message }) => {
@@ -137,7 +169,10 @@ describe('a batch killed after a step', () => {
     fleet = threeHostFleet(48, ['0-43', '44-47', '']);
     expect((await init(await fleet.config())).ok).toBe(true);
     await withClient(urls()[0]!, async (c) => {
-      for (let s = 0; s < 44; s++) await c.query(`insert into insta${s}.photos (user_id, image_url) select g, 'seed' from generate_series(1, 50) g`);
+      for (let s = 0; s < 44; s++)
+        await c.query(
+          `insert into insta${s}.photos (user_id, image_url) select g, 'seed' from generate_series(1, 50) g`,
+        );
     });
   });
 
@@ -149,7 +184,10 @@ describe('a batch killed after a step', () => {
 
   it.each(cases)('after $step, $action finishes or undoes it (shards $shards)', async ({ step, action, shards }) => {
     const [a, b] = shards.split(',').map(Number) as [number, number];
-    const run = await spawnCli(['move-shard', shards, '--to', 'pg2', '--wave-size', '1', '--yes', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: step });
+    const run = await spawnCli(
+      ['move-shard', shards, '--to', 'pg2', '--wave-size', '1', '--yes', '-c', fleet.configFile],
+      { SHARDCTL_FAULT_AFTER_STEP: step },
+    );
     expect(run.signal, run.stderr).toBe('SIGKILL');
     await waitForMoveSessionsToEnd(urls());
     const next = await runCli(['move-shard', shards, action, '--yes', '-c', fleet.configFile]);
@@ -174,7 +212,9 @@ describe('a batch killed after a step', () => {
       expect(next.code, next.stderr).toBe(0);
       expect([await onTarget(a), await onTarget(b)]).toEqual([null, null]);
       // The sources are writable again.
-      await withClient(urls()[0]!, (c) => c.query(`insert into insta${a}.photos (user_id, image_url) values (1, 'after abort')`));
+      await withClient(urls()[0]!, (c) =>
+        c.query(`insert into insta${a}.photos (user_id, image_url) values (1, 'after abort')`),
+      );
     }
     const moves = (await status(await fleet.config())).hosts.flatMap((h) => [...h.moves, ...h.leftovers]);
     expect(moves).toEqual([]);

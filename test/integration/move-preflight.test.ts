@@ -10,18 +10,35 @@ import { ONLINE_STEPS, OFFLINE_STEPS } from '../../src/moves/state.js';
 import { init } from '../../src/commands/init.js';
 import { EXAMPLE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, type OwnHost, replicationObjects, schemaFingerprint, shardRow, startOwnHost } from '../helpers/moves.js';
+import {
+  fleetState,
+  type OwnHost,
+  replicationObjects,
+  schemaFingerprint,
+  shardRow,
+  startOwnHost,
+} from '../helpers/moves.js';
 
 const db = useTestDatabases(2);
 const noKeyDb = useTestDatabases(2);
 const walDb = useTestDatabases(1);
 
-const move = (fleet: Fleet, shard: number, ...flags: string[]) => ['move-shard', String(shard), ...flags, '-c', fleet.configFile];
+const move = (fleet: Fleet, shard: number, ...flags: string[]) => [
+  'move-shard',
+  String(shard),
+  ...flags,
+  '-c',
+  fleet.configFile,
+];
 
 async function seed(url: string, shard: number): Promise<void> {
   await withClient(url, async (client) => {
-    await client.query(`insert into insta${shard}.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, 300) g`);
-    await client.query(`insert into insta${shard}.likes (photo_id, user_id) select g, g from generate_series(1, 100) g`);
+    await client.query(
+      `insert into insta${shard}.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, 300) g`,
+    );
+    await client.query(
+      `insert into insta${shard}.likes (photo_id, user_id) select g, g from generate_series(1, 100) g`,
+    );
   });
 }
 
@@ -119,12 +136,16 @@ describe('a table without replica identity', () => {
 
   beforeAll(async () => {
     const migrations: Record<string, string> = {};
-    for (const file of readdirSync(EXAMPLE_MIGRATIONS)) migrations[file] = readFileSync(join(EXAMPLE_MIGRATIONS, file), 'utf8');
-    migrations['0004_photo_events.sql'] = 'CREATE TABLE photo_events (photo_id bigint NOT NULL, kind text NOT NULL, at timestamptz NOT NULL DEFAULT now());\n';
+    for (const file of readdirSync(EXAMPLE_MIGRATIONS))
+      migrations[file] = readFileSync(join(EXAMPLE_MIGRATIONS, file), 'utf8');
+    migrations['0004_photo_events.sql'] =
+      'CREATE TABLE photo_events (photo_id bigint NOT NULL, kind text NOT NULL, at timestamptz NOT NULL DEFAULT now());\n';
     fleet = makeFleet({ urls: noKeyDb.urls, shards: 4, split: ['0-1', '2-3'], migrations });
     expect((await init(await fleet.config())).ok).toBe(true);
     await seed(noKeyDb.urls[0]!, 1);
-    await withClient(noKeyDb.urls[0]!, (c) => c.query(`insert into insta1.photo_events (photo_id, kind) select g, 'view' from generate_series(1, 50) g`));
+    await withClient(noKeyDb.urls[0]!, (c) =>
+      c.query(`insert into insta1.photo_events (photo_id, kind) select g, 'view' from generate_series(1, 50) g`),
+    );
   });
 
   it('stops an online move, naming the table and what to add (exit 1, nothing changed); with REPLICA IDENTITY FULL it moves', async () => {

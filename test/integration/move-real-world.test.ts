@@ -9,7 +9,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init, moveShard, moveShards, shardMovedTo, status, type HostError } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli, EXAMPLE_MIGRATIONS } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, removeCliSnapshot, replicationObjects, spawnCli, startShardWriter, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import {
+  fleetState,
+  removeCliSnapshot,
+  replicationObjects,
+  spawnCli,
+  startShardWriter,
+  waitForMoveSessionsToEnd,
+} from '../helpers/moves.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { REALWORLD_TABLES, realworldMigrations, realworldSeedSql, realworldWriterSql } from '../fixtures/realworld.js';
 import { mkdirSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
@@ -19,14 +26,21 @@ afterAll(async () => {
   await removeCliSnapshot();
 });
 
-const examples = Object.fromEntries(readdirSync(EXAMPLE_MIGRATIONS).map((f) => [f, readFileSync(join(EXAMPLE_MIGRATIONS, f), 'utf8')]));
+const examples = Object.fromEntries(
+  readdirSync(EXAMPLE_MIGRATIONS).map((f) => [f, readFileSync(join(EXAMPLE_MIGRATIONS, f), 'utf8')]),
+);
 
 /** A two-host fleet (pg1 holds every shard, pg2 none) on the databases of the calling describe. */
 function twoHosts(extraMigrations: Record<string, string> = {}) {
   const db = useTestDatabases(2);
   let fleet: Fleet;
   beforeAll(async () => {
-    fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-7', ''], migrations: { ...examples, ...extraMigrations } });
+    fleet = makeFleet({
+      urls: db.urls,
+      shards: 8,
+      split: ['0-7', ''],
+      migrations: { ...examples, ...extraMigrations },
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
   });
   return {
@@ -50,44 +64,53 @@ describe('the fence and application transactions that write several tables', () 
   it.each([
     ['online', 1],
     ['offline', 3],
-  ] as const)('%s: never deadlocks with a transaction holding one table and then writing another; the application commits, the fence retries and the move finishes', async (mode, shard) => {
-    const config = await env.fleet.config();
-    const app = await adminClient(env.db.urls[0]!);
-    const watcher = await adminClient(env.db.urls[0]!);
-    app.on('error', () => undefined);
-    try {
-      // The lock an INSERT takes, without a transaction id yet (so slot creation does not wait for it).
-      await app.query('BEGIN');
-      await app.query(`LOCK TABLE insta${shard}.photos IN ROW EXCLUSIVE MODE`);
-      const notices: string[] = [];
-      const moving = moveShard(config, shard, 'pg2', { mode, configFile: env.fleet.configFile, onNotice: (m) => notices.push(m) });
-      // Wait until the fence holds or waits for a lock on the shard's tables.
-      let fencing = false;
-      for (let i = 0; i < 600 && !fencing; i++) {
-        const r = await watcher.query(
-          `select 1 from pg_locks l join pg_stat_activity a on a.pid = l.pid
+  ] as const)(
+    '%s: never deadlocks with a transaction holding one table and then writing another; the application commits, the fence retries and the move finishes',
+    async (mode, shard) => {
+      const config = await env.fleet.config();
+      const app = await adminClient(env.db.urls[0]!);
+      const watcher = await adminClient(env.db.urls[0]!);
+      app.on('error', () => undefined);
+      try {
+        // The lock an INSERT takes, without a transaction id yet (so slot creation does not wait for it).
+        await app.query('BEGIN');
+        await app.query(`LOCK TABLE insta${shard}.photos IN ROW EXCLUSIVE MODE`);
+        const notices: string[] = [];
+        const moving = moveShard(config, shard, 'pg2', {
+          mode,
+          configFile: env.fleet.configFile,
+          onNotice: (m) => notices.push(m),
+        });
+        // Wait until the fence holds or waits for a lock on the shard's tables.
+        let fencing = false;
+        for (let i = 0; i < 600 && !fencing; i++) {
+          const r = await watcher.query(
+            `select 1 from pg_locks l join pg_stat_activity a on a.pid = l.pid
             where a.application_name = 'shardctl move' and l.mode = 'ShareRowExclusiveLock' and l.relation::regclass::text like $1`,
-          [`insta${shard}.%`],
-        );
-        fencing = (r.rowCount ?? 0) > 0;
-        if (!fencing) await new Promise((resolve) => setTimeout(resolve, 20));
+            [`insta${shard}.%`],
+          );
+          fencing = (r.rowCount ?? 0) > 0;
+          if (!fencing) await new Promise((resolve) => setTimeout(resolve, 20));
+        }
+        expect(fencing).toBe(true);
+        // The application's next table is one the fence locks before photos (name order): likes.
+        const second = await failure(app.query(`insert into insta${shard}.likes (photo_id, user_id) values (1, 2)`));
+        const commit = await failure(app.query('COMMIT'));
+        expect([second?.code ?? null, commit?.code ?? null]).toEqual([null, null]);
+        const result = await moving;
+        expect(result.outcome).toBe('moved');
+        expect(notices.some((n) => /fence attempt \d+ waits for|fenced 1 shard in \d+ attempts/.test(n))).toBe(true);
+        await withClient(env.db.urls[1]!, async (c) => {
+          expect((await c.query(`select 1 from insta${shard}.likes where photo_id = 1 and user_id = 2`)).rowCount).toBe(
+            1,
+          );
+        });
+      } finally {
+        await app.end();
+        await watcher.end();
       }
-      expect(fencing).toBe(true);
-      // The application's next table is one the fence locks before photos (name order): likes.
-      const second = await failure(app.query(`insert into insta${shard}.likes (photo_id, user_id) values (1, 2)`));
-      const commit = await failure(app.query('COMMIT'));
-      expect([second?.code ?? null, commit?.code ?? null]).toEqual([null, null]);
-      const result = await moving;
-      expect(result.outcome).toBe('moved');
-      expect(notices.some((n) => /fence attempt \d+ waits for|fenced 1 shard in \d+ attempts/.test(n))).toBe(true);
-      await withClient(env.db.urls[1]!, async (c) => {
-        expect((await c.query(`select 1 from insta${shard}.likes where photo_id = 1 and user_id = 2`)).rowCount).toBe(1);
-      });
-    } finally {
-      await app.end();
-      await watcher.end();
-    }
-  });
+    },
+  );
 
   it('a batch whose fence group meets a busy table: that group is fenced again shard by shard, the move finishes, the application commits', async () => {
     const config = await env.fleet.config();
@@ -116,7 +139,10 @@ describe('the fence and application transactions that write several tables', () 
       expect(committed).toBeDefined();
       await committed;
       // One group of three that failed, then one transaction per shard.
-      expect(notices.find((n) => /fenced 3 shards in \d+ attempts/.test(n)), notices.join('\n')).toBeDefined();
+      expect(
+        notices.find((n) => /fenced 3 shards in \d+ attempts/.test(n)),
+        notices.join('\n'),
+      ).toBeDefined();
       await withClient(env.db.urls[1]!, async (c) => {
         expect((await c.query(`select 1 from insta5.photos where image_url = 'held'`)).rowCount).toBe(1);
       });
@@ -163,8 +189,12 @@ describe('the fence and application transactions that write several tables', () 
     expect(unexpected).toEqual([]);
     expect(committed.length).toBeGreaterThan(0);
     await withClient(env.db.urls[1]!, async (c) => {
-      const photos = new Set((await c.query<{ t: string }>(`select image_url as t from insta2.photos`)).rows.map((r) => r.t));
-      const comments = new Set((await c.query<{ t: string }>(`select body as t from insta2.comments`)).rows.map((r) => r.t));
+      const photos = new Set(
+        (await c.query<{ t: string }>(`select image_url as t from insta2.photos`)).rows.map((r) => r.t),
+      );
+      const comments = new Set(
+        (await c.query<{ t: string }>(`select body as t from insta2.comments`)).rows.map((r) => r.t),
+      );
       expect(committed.filter((t) => !photos.has(t) || !comments.has(t))).toEqual([]);
     });
   });
@@ -182,7 +212,11 @@ describe('columns whose values depend on OIDs: enums (in arrays, domains and com
   it.each(['online', 'offline'] as const)('%s: carries every value by name and verifies by value', async (mode) => {
     const shard = mode === 'online' ? 3 : 4;
     // Types created on the target first, so the same types get other OIDs there.
-    await withClient(env.db.urls[1]!, (c) => c.query(`create type shift_${mode}_1 as enum ('a'); create type shift_${mode}_2 as enum ('b'); create table shift_${mode} (x int)`));
+    await withClient(env.db.urls[1]!, (c) =>
+      c.query(
+        `create type shift_${mode}_1 as enum ('a'); create type shift_${mode}_2 as enum ('b'); create table shift_${mode} (x int)`,
+      ),
+    );
     await withClient(env.db.urls[0]!, (c) =>
       c.query(`insert into insta${shard}.feelings values
         (1, 'happy', '{sad,ok}', 'ok', row('sad', 1), array[row('happy', 2)::insta${shard}.pair], 'insta${shard}.photos', 'insta${shard}.mood', array['insta${shard}.likes'::regclass]),
@@ -195,7 +229,9 @@ describe('columns whose values depend on OIDs: enums (in arrays, domains and com
     await withClient(env.db.urls[1]!, async (c) => {
       expect((await c.query<{ t: string }>(text)).rows).toEqual(before.rows);
       // The reg* values name the target's objects (not the source's OIDs).
-      const r = await c.query<{ ok: boolean }>(`select r::oid = 'insta${shard}.photos'::regclass::oid and t::oid = 'insta${shard}.mood'::regtype::oid as ok from insta${shard}.feelings where id = 1`);
+      const r = await c.query<{ ok: boolean }>(
+        `select r::oid = 'insta${shard}.photos'::regclass::oid and t::oid = 'insta${shard}.mood'::regtype::oid as ok from insta${shard}.feelings where id = 1`,
+      );
       expect(r.rows[0]!.ok).toBe(true);
     });
   });
@@ -220,11 +256,19 @@ CREATE TABLE counters (id serial PRIMARY KEY, v int);
                insert into insta5.counters (id, v) select g, g from generate_series(1, 100) g;
                select setval('insta5.counters_id_seq', 101, false);`),
     );
-    expect((await moveShard(await env.fleet.config(), 5, 'pg2', { configFile: env.fleet.configFile })).outcome).toBe('moved');
+    expect((await moveShard(await env.fleet.config(), 5, 'pg2', { configFile: env.fleet.configFile })).outcome).toBe(
+      'moved',
+    );
     await withClient(env.db.urls[1]!, async (c) => {
-      for (const seq of ['s_fresh', 's_called', 's_uncalled', 's_desc']) next.set(seq, (await c.query<{ v: string }>(`select nextval('insta5.${seq}')::text as v`)).rows[0]!.v);
+      for (const seq of ['s_fresh', 's_called', 's_uncalled', 's_desc'])
+        next.set(seq, (await c.query<{ v: string }>(`select nextval('insta5.${seq}')::text as v`)).rows[0]!.v);
       // The issue's recipe: the first insert after setval(..., 101, false) takes 101, no duplicate key.
-      next.set('counters', (await c.query<{ id: number }>(`insert into insta5.counters (v) values (0) returning id`)).rows[0]!.id.toString());
+      next.set(
+        'counters',
+        (
+          await c.query<{ id: number }>(`insert into insta5.counters (v) values (0) returning id`)
+        ).rows[0]!.id.toString(),
+      );
     });
   });
 
@@ -242,7 +286,8 @@ CREATE TABLE counters (id serial PRIMARY KEY, v int);
 describe('unlogged tables and materialized views', () => {
   const env = twoHosts({
     '0004_cache.sql': 'CREATE UNLOGGED TABLE cache (k int PRIMARY KEY, v text);\n',
-    '0005_counts.sql': 'CREATE MATERIALIZED VIEW photo_counts AS SELECT user_id, count(*) AS n FROM photos GROUP BY user_id;\n',
+    '0005_counts.sql':
+      'CREATE MATERIALIZED VIEW photo_counts AS SELECT user_id, count(*) AS n FROM photos GROUP BY user_id;\n',
   });
 
   it('an online move refuses UNLOGGED tables before changing anything, naming them; offline carries them', async () => {
@@ -254,17 +299,45 @@ describe('unlogged tables and materialized views', () => {
       '  - logged tables: table insta6.cache is UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline',
     );
     expect(await fleetState(env.db.urls, env.fleet.configFile)).toEqual(before);
-    const offline = await runCli(['move-shard', '6', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile]);
+    const offline = await runCli([
+      'move-shard',
+      '6',
+      '--to',
+      'pg2',
+      '--mode',
+      'offline',
+      '--yes',
+      '-c',
+      env.fleet.configFile,
+    ]);
     expect(offline.code, offline.stderr).toBe(0);
-    expect(await withClient(env.db.urls[1]!, (c) => c.query(`select k from insta6.cache order by k`).then((r) => r.rows))).toEqual([{ k: 1 }, { k: 2 }]);
+    expect(
+      await withClient(env.db.urls[1]!, (c) => c.query(`select k from insta6.cache order by k`).then((r) => r.rows)),
+    ).toEqual([{ k: 1 }, { k: 2 }]);
   });
 
   it('refreshes materialized views on the target after the switch and says so', async () => {
-    await withClient(env.db.urls[0]!, (c) => c.query(`insert into insta7.photos (user_id, image_url) select g % 3, 'x' from generate_series(1, 30) g; refresh materialized view insta7.photo_counts`));
-    const run = await runCli(['move-shard', '7', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile]);
+    await withClient(env.db.urls[0]!, (c) =>
+      c.query(
+        `insert into insta7.photos (user_id, image_url) select g % 3, 'x' from generate_series(1, 30) g; refresh materialized view insta7.photo_counts`,
+      ),
+    );
+    const run = await runCli([
+      'move-shard',
+      '7',
+      '--to',
+      'pg2',
+      '--mode',
+      'offline',
+      '--yes',
+      '-c',
+      env.fleet.configFile,
+    ]);
     expect(run.code, run.stderr).toBe(0);
     expect(run.stdout).toContain('materialized views refreshed on pg2: insta7.photo_counts');
-    const counts = await withClient(env.db.urls[1]!, (c) => c.query<{ n: string }>(`select sum(n)::text as n from insta7.photo_counts`));
+    const counts = await withClient(env.db.urls[1]!, (c) =>
+      c.query<{ n: string }>(`select sum(n)::text as n from insta7.photo_counts`),
+    );
     expect(counts.rows[0]!.n).toBe('30');
   });
 });
@@ -277,15 +350,24 @@ describe('waits that say what they wait for', () => {
     holder.on('error', () => undefined);
     try {
       await holder.query('BEGIN');
-      const pid = (await holder.query<{ pid: number }>('select pg_backend_pid() as pid, pg_current_xact_id()')).rows[0]!.pid;
+      const pid = (await holder.query<{ pid: number }>('select pg_backend_pid() as pid, pg_current_xact_id()')).rows[0]!
+        .pid;
       const notices: string[] = [];
       const error = (await failure(
-        moveShard(await env.fleet.config(), 1, 'pg2', { configFile: env.fleet.configFile, waitTimeoutMs: 5000, onNotice: (m) => notices.push(m) }),
+        moveShard(await env.fleet.config(), 1, 'pg2', {
+          configFile: env.fleet.configFile,
+          waitTimeoutMs: 5000,
+          onNotice: (m) => notices.push(m),
+        }),
       )) as HostError | null;
       expect(error?.code).toBe('SLOT_WAIT_TIMEOUT');
       expect(error?.message).toContain(`host pg1, shard 1: creating the replication slot waited`);
       expect(error?.message).toContain(`pid ${pid}`);
-      expect(notices.some((n) => n.includes('creating the replication slot waits for open transactions') && n.includes(`pid ${pid}`))).toBe(true);
+      expect(
+        notices.some(
+          (n) => n.includes('creating the replication slot waits for open transactions') && n.includes(`pid ${pid}`),
+        ),
+      ).toBe(true);
     } finally {
       await holder.query('COMMIT').catch(() => undefined);
       await holder.end();
@@ -299,25 +381,38 @@ describe('leftovers and messages after a kill', () => {
   const env = twoHosts();
 
   it('a run killed during the reachability probe leaves a recorded probe: status lists it, --abort and gc drop it', async () => {
-    for (const clear of [['move-shard', '2', '--abort', '--yes'], ['gc', '--yes']]) {
-      const run = await spawnCli(['move-shard', '2', '--to', 'pg2', '--yes', '-c', env.fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'probe' });
+    for (const clear of [
+      ['move-shard', '2', '--abort', '--yes'],
+      ['gc', '--yes'],
+    ]) {
+      const run = await spawnCli(['move-shard', '2', '--to', 'pg2', '--yes', '-c', env.fleet.configFile], {
+        SHARDCTL_FAULT_AFTER_STEP: 'probe',
+      });
       expect(run.signal).toBe('SIGKILL');
       await waitForMoveSessionsToEnd(env.db.urls);
       const report = await runCli(['status', '-c', env.fleet.configFile]);
       expect(report.code).toBe(3);
-      expect(report.stdout).toMatch(/left by killed runs \(shardctl gc drops them\): probe-subscription shardctl_probe_\d+_[0-9a-f]+/);
+      expect(report.stdout).toMatch(
+        /left by killed runs \(shardctl gc drops them\): probe-subscription shardctl_probe_\d+_[0-9a-f]+/,
+      );
       const cleared = await runCli([...clear, '-c', env.fleet.configFile]);
       expect(cleared.code, cleared.stderr).toBe(0);
       expect(`${cleared.stdout}${cleared.stderr}`).toMatch(/probe-subscription shardctl_probe_/);
-      const subs = await withClient(env.db.urls[1]!, (c) => c.query(`select 1 from pg_subscription where subname like 'shardctl_probe%'`));
+      const subs = await withClient(env.db.urls[1]!, (c) =>
+        c.query(`select 1 from pg_subscription where subname like 'shardctl_probe%'`),
+      );
       expect(subs.rowCount).toBe(0);
       expect((await status(await env.fleet.config())).hosts.flatMap((h) => h.leftovers)).toEqual([]);
     }
   });
 
   it('a resumed move reports every row and the write block of the killed run too; migrate and init name the unfinished move meanwhile', async () => {
-    await withClient(env.db.urls[0]!, (c) => c.query(`insert into insta4.photos (user_id, image_url) select g, 's' from generate_series(1, 120) g`));
-    const killed = await spawnCli(['move-shard', '4', '--to', 'pg2', '--yes', '-c', env.fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    await withClient(env.db.urls[0]!, (c) =>
+      c.query(`insert into insta4.photos (user_id, image_url) select g, 's' from generate_series(1, 120) g`),
+    );
+    const killed = await spawnCli(['move-shard', '4', '--to', 'pg2', '--yes', '-c', env.fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'fenced',
+    });
     expect(killed.signal).toBe('SIGKILL');
     await waitForMoveSessionsToEnd(env.db.urls);
     const moveId = /move (\w+): shard 4 from pg1 to pg2/.exec(killed.stderr)?.[1];
@@ -325,7 +420,9 @@ describe('leftovers and messages after a kill', () => {
     for (const command of ['migrate', 'init']) {
       const run = await runCli([command, '-c', env.fleet.configFile]);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain(`shard 4 is in the unfinished move ${moveId} from pg1 to pg2 (last step done: fenced); finish it (resume) or undo it (abort), then run this again`);
+      expect(run.stderr).toContain(
+        `shard 4 is in the unfinished move ${moveId} from pg1 to pg2 (last step done: fenced); finish it (resume) or undo it (abort), then run this again`,
+      );
       expect(run.stderr).toContain('\nnext: shardctl move-shard 4 --resume, or shardctl move-shard 4 --abort\n');
     }
     await new Promise((resolve) => setTimeout(resolve, 1500));
@@ -343,13 +440,17 @@ describe('a failure on the target', () => {
   it('a failure on the target names the target, not the source', async () => {
     // Something outside the shard schema that only the source has (a role missing there is refused by the preflight).
     const fn = `source_only_${randomBytes(3).toString('hex')}`;
-    await withClient(env.db.urls[0]!, (c) => c.query(`create function public.${fn}() returns int language sql as 'select 1'`));
+    await withClient(env.db.urls[0]!, (c) =>
+      c.query(`create function public.${fn}() returns int language sql as 'select 1'`),
+    );
     env.fleet.writeMigration('0004_uses_public.sql', `CREATE VIEW uses_public AS SELECT public.${fn}() AS x;\n`);
     try {
       expect((await runCli(['migrate', '-c', env.fleet.configFile])).code).toBe(0);
       const run = await runCli(['move-shard', '3', '--to', 'pg2', '--yes', '-c', env.fleet.configFile]);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain(`host pg2, shard 3: cannot create the target copy: function public.${fn}() does not exist`);
+      expect(run.stderr).toContain(
+        `host pg2, shard 3: cannot create the target copy: function public.${fn}() does not exist`,
+      );
       expect((await runCli(['move-shard', '3', '--abort', '--yes', '-c', env.fleet.configFile])).code).toBe(0);
     } finally {
       await withClient(env.db.urls[0]!, (c) => c.query(`drop function public.${fn}() cascade`));
@@ -365,7 +466,17 @@ describe('a map that cannot be rewritten at the switch', () => {
     const blocker = `${env.fleet.configFile}.shardctl-${process.pid}.tmp`;
     mkdirSync(blocker);
     try {
-      const run = await runCli(['move-shard', '5', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile]);
+      const run = await runCli([
+        'move-shard',
+        '5',
+        '--to',
+        'pg2',
+        '--mode',
+        'offline',
+        '--yes',
+        '-c',
+        env.fleet.configFile,
+      ]);
       expect(run.code).toBe(1);
       expect(run.stderr).toContain('host pg2, shard 5: the target copy of shard 5 is active, but the map');
       expect(run.stderr).toContain(`Fix that and resume the move (it can no longer be aborted)`);
@@ -386,7 +497,9 @@ describe('a map that cannot be rewritten at the switch', () => {
 
 /** Every row of a table as text, sorted: a full comparison of two copies. */
 async function allRowsOf(url: string, table: string): Promise<string[]> {
-  return withClient(url, async (c) => (await c.query<{ r: string }>(`select t::text as r from ${table} t order by 1`)).rows.map((r) => r.r));
+  return withClient(url, async (c) =>
+    (await c.query<{ r: string }>(`select t::text as r from ${table} t order by 1`)).rows.map((r) => r.r),
+  );
 }
 
 describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
@@ -408,7 +521,9 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
         TRUNCATE insta1.audit_log;
       END IF;
     END $$;`;
-    const writer = startShardWriter(map, 1, (i) => realworldWriterSql('insta1', i).replace('BEGIN;', () => `BEGIN;\n${truncateOnce}`));
+    const writer = startShardWriter(map, 1, (i) =>
+      realworldWriterSql('insta1', i).replace('BEGIN;', () => `BEGIN;\n${truncateOnce}`),
+    );
     await new Promise((resolve) => setTimeout(resolve, 300));
 
     // The writer stops while the shard is fenced (it is refused then anyway), so that nothing changes
@@ -425,7 +540,11 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
 
     expect(result.outcome).toBe('moved');
     expect(writer.writes).toBeGreaterThan(10);
-    const truncated = await withClient(db.urls[0]!, async (c) => (await c.query<{ done: boolean }>(`select to_regclass('public.truncate_once') is null as done`)).rows[0]!.done);
+    const truncated = await withClient(
+      db.urls[0]!,
+      async (c) =>
+        (await c.query<{ done: boolean }>(`select to_regclass('public.truncate_once') is null as done`)).rows[0]!.done,
+    );
     expect(truncated).toBe(true);
     // Nothing was checksummed over all its rows while fenced: the keyed tables and partitions by
     // their changed keys, the keyless table from its change logs.
@@ -435,11 +554,16 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
     expect(result.verification!.tables.map((t) => t.table).sort()).toEqual([...leaves].sort());
     expect(result.verification!.byKey.tables).toBe(leaves.length - 1);
     expect(await replicationObjects(db.urls)).toEqual([]);
-    const renamed = await withClient(db.urls[0]!, async (c) =>
-      (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta1\\_moved\\_%'`)).rows[0]!.nspname,
+    const renamed = await withClient(
+      db.urls[0]!,
+      async (c) =>
+        (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta1\\_moved\\_%'`))
+          .rows[0]!.nspname,
     );
     for (const table of REALWORLD_TABLES) {
-      expect(await allRowsOf(db.urls[1]!, `insta1.${table}`), table).toEqual(await allRowsOf(db.urls[0]!, `"${renamed}".${table}`));
+      expect(await allRowsOf(db.urls[1]!, `insta1.${table}`), table).toEqual(
+        await allRowsOf(db.urls[0]!, `"${renamed}".${table}`),
+      );
     }
     expect((await allRowsOf(db.urls[0]!, `"${renamed}".accounts`)).length).toBeGreaterThan(500);
     // The identity column goes on after the rows it carried.
@@ -459,7 +583,13 @@ describe('a real-world schema: a change lost on the way to the target during the
   // table, and the shard is not fenced yet) that the target silently drops: a BEFORE INSERT trigger there, ALWAYS, so it fires for the
   // apply worker. The source's log has the row, the target's does not.
   it.each([
-    { table: 'audit_log', shard: 0, insert: `INSERT INTO {s}.audit_log (actor, action) VALUES (-1, 'lost')`, leaves: ['audit_log'], named: /table insta0\.audit_log: \d+ rows on the source, \d+ on the target/ },
+    {
+      table: 'audit_log',
+      shard: 0,
+      insert: `INSERT INTO {s}.audit_log (actor, action) VALUES (-1, 'lost')`,
+      leaves: ['audit_log'],
+      named: /table insta0\.audit_log: \d+ rows on the source, \d+ on the target/,
+    },
     {
       table: 'events',
       shard: 1,
@@ -467,95 +597,133 @@ describe('a real-world schema: a change lost on the way to the target during the
       leaves: ['events_2026', 'events_2027', 'events_other'],
       named: /table insta1\.events_\w+ \(a partition of insta1\.events\): \d+ rows on the source, \d+ on the target/,
     },
-  ])('is found in the $table table, the move undone and its change logs removed from both hosts', async ({ table, shard, insert, leaves, named }) => {
-    const schema = `insta${shard}`;
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`${realworldSeedSql(schema, 200)}; create table public.lose_once_${shard} ()`));
-    const once = `DO $$ BEGIN
+  ])(
+    'is found in the $table table, the move undone and its change logs removed from both hosts',
+    async ({ table, shard, insert, leaves, named }) => {
+      const schema = `insta${shard}`;
+      const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
+      expect((await init(await fleet.config())).ok).toBe(true);
+      await withClient(db.urls[0]!, (c) =>
+        c.query(`${realworldSeedSql(schema, 200)}; create table public.lose_once_${shard} ()`),
+      );
+      const once = `DO $$ BEGIN
       IF to_regclass('public.lose_once_${shard}') IS NOT NULL AND EXISTS (
            SELECT FROM pg_trigger WHERE tgname = 'shardctl_delta' AND tgrelid = '${schema}.audit_log'::regclass AND tgenabled <> 'D') THEN
         DROP TABLE public.lose_once_${shard};
         ${insert.replace('{s}', schema)};
       END IF;
     END $$;`;
-    const writer = startShardWriter(await ShardMap.load(fleet.configFile), shard, (i) => realworldWriterSql(schema, i).replace('BEGIN;', () => `BEGIN;\n${once}`));
-    const dropLost = leaves
-      .map(
-        (leaf) => `CREATE TRIGGER lose BEFORE INSERT ON ${schema}.${leaf} FOR EACH ROW WHEN (NEW.account_id = -1 OR NEW.actor = -1) EXECUTE FUNCTION public.lose();
-                   ALTER TABLE ${schema}.${leaf} ENABLE ALWAYS TRIGGER lose;`,
-      )
-      .join('\n')
-      .replace(/NEW\.account_id = -1 OR NEW\.actor = -1/g, table === 'events' ? 'NEW.account_id = -1' : 'NEW.actor = -1');
-    let losing: Promise<unknown> | null = null;
-    const error = await failure(
-      moveShard(await fleet.config(), shard, 'pg2', {
-        configFile: fleet.configFile,
-        onStep: (step) => {
-          // The target's copy exists and streams; the cut-over has not begun.
-          if (step === 'synced') {
-            losing = withClient(db.urls[1]!, (c) =>
-              c.query(`CREATE OR REPLACE FUNCTION public.lose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; ${dropLost}`),
-            );
-          }
-        },
-      }),
-    );
-    await writer.stop();
-    expect(losing).not.toBeNull();
-    await (losing as Promise<unknown> | null);
-    const lost = await withClient(db.urls[0]!, async (c) => (await c.query<{ done: boolean }>(`select to_regclass('public.lose_once_${shard}') is null as done`)).rows[0]!.done);
-    expect(lost).toBe(true);
-
-    expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
-    const details = (error as HostError & { details: string[] }).details;
-    expect(details).toHaveLength(1);
-    expect(details[0]).toMatch(named);
-    // Aborted: the source is writable and carries no trigger of the move; no log entry is left.
-    for (const url of db.urls) {
-      const left = await withClient(url, async (c) =>
-        (
-          await c.query<{ triggers: number; entries: number }>(
-            `select (select count(*)::int from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D') as triggers,
-                    (select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end) as entries`,
-          )
-        ).rows[0]!,
+      const writer = startShardWriter(await ShardMap.load(fleet.configFile), shard, (i) =>
+        realworldWriterSql(schema, i).replace('BEGIN;', () => `BEGIN;\n${once}`),
       );
-      expect(left, url).toEqual({ triggers: 0, entries: 0 });
-    }
-    expect((await ShardMap.load(fleet.configFile)).hostForShard(shard).name).toBe('pg1');
-    await withClient(db.urls[0]!, (c) => c.query(realworldWriterSql(schema, 100_000)));
-  });
+      const dropLost = leaves
+        .map(
+          (
+            leaf,
+          ) => `CREATE TRIGGER lose BEFORE INSERT ON ${schema}.${leaf} FOR EACH ROW WHEN (NEW.account_id = -1 OR NEW.actor = -1) EXECUTE FUNCTION public.lose();
+                   ALTER TABLE ${schema}.${leaf} ENABLE ALWAYS TRIGGER lose;`,
+        )
+        .join('\n')
+        .replace(
+          /NEW\.account_id = -1 OR NEW\.actor = -1/g,
+          table === 'events' ? 'NEW.account_id = -1' : 'NEW.actor = -1',
+        );
+      let losing: Promise<unknown> | null = null;
+      const error = await failure(
+        moveShard(await fleet.config(), shard, 'pg2', {
+          configFile: fleet.configFile,
+          onStep: (step) => {
+            // The target's copy exists and streams; the cut-over has not begun.
+            if (step === 'synced') {
+              losing = withClient(db.urls[1]!, (c) =>
+                c.query(
+                  `CREATE OR REPLACE FUNCTION public.lose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; ${dropLost}`,
+                ),
+              );
+            }
+          },
+        }),
+      );
+      await writer.stop();
+      expect(losing).not.toBeNull();
+      await (losing as Promise<unknown> | null);
+      const lost = await withClient(
+        db.urls[0]!,
+        async (c) =>
+          (await c.query<{ done: boolean }>(`select to_regclass('public.lose_once_${shard}') is null as done`)).rows[0]!
+            .done,
+      );
+      expect(lost).toBe(true);
+
+      expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
+      const details = (error as HostError & { details: string[] }).details;
+      expect(details).toHaveLength(1);
+      expect(details[0]).toMatch(named);
+      // Aborted: the source is writable and carries no trigger of the move; no log entry is left.
+      for (const url of db.urls) {
+        const left = await withClient(
+          url,
+          async (c) =>
+            (
+              await c.query<{ triggers: number; entries: number }>(
+                `select (select count(*)::int from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D') as triggers,
+                    (select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end) as entries`,
+              )
+            ).rows[0]!,
+        );
+        expect(left, url).toEqual({ triggers: 0, entries: 0 });
+      }
+      expect((await ShardMap.load(fleet.configFile)).hostForShard(shard).name).toBe('pg1');
+      await withClient(db.urls[0]!, (c) => c.query(realworldWriterSql(schema, 100_000)));
+    },
+  );
 });
 
 describe('a real-world schema: a run killed during the cut-over', () => {
   const db = useTestDatabases(2);
 
   const deltaTriggers = (url: string) =>
-    withClient(url, async (c) => (await c.query<{ n: number }>(`select count(*)::int as n from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D'`)).rows[0]!.n);
+    withClient(
+      url,
+      async (c) =>
+        (
+          await c.query<{ n: number }>(
+            `select count(*)::int as n from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D'`,
+          )
+        ).rows[0]!.n,
+    );
 
   it.each([
     { then: '--abort', shard: 0 },
     { then: '--resume', shard: 1 },
-  ])('leaves change logs on the fenced source; $then removes them from both hosts and the source takes writes unlogged', async ({ then, shard }) => {
-    const schema = `insta${shard}`;
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(realworldSeedSql(schema, 100)));
-    const args = ['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile];
-    const killed = await spawnCli(args, { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
-    expect(killed.signal, killed.stderr).toBe('SIGKILL');
-    await waitForMoveSessionsToEnd(db.urls);
-    expect(await deltaTriggers(db.urls[0]!)).toBe(2);
+  ])(
+    'leaves change logs on the fenced source; $then removes them from both hosts and the source takes writes unlogged',
+    async ({ then, shard }) => {
+      const schema = `insta${shard}`;
+      const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
+      expect((await init(await fleet.config())).ok).toBe(true);
+      await withClient(db.urls[0]!, (c) => c.query(realworldSeedSql(schema, 100)));
+      const args = ['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile];
+      const killed = await spawnCli(args, { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+      expect(killed.signal, killed.stderr).toBe('SIGKILL');
+      await waitForMoveSessionsToEnd(db.urls);
+      expect(await deltaTriggers(db.urls[0]!)).toBe(2);
 
-    const run = await runCli([...args, then]);
-    expect(run.code, run.stderr).toBe(0);
-    for (const url of db.urls) expect(await deltaTriggers(url), url).toBe(0);
-    const owner = then === '--abort' ? 0 : 1;
-    await withClient(db.urls[owner]!, (c) => c.query(realworldWriterSql(schema, 1)));
-    const entries = await withClient(db.urls[owner]!, async (c) =>
-      (await c.query<{ n: number }>(`select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end as n`)).rows[0]!.n,
-    );
-    expect(entries).toBe(0);
-  });
+      const run = await runCli([...args, then]);
+      expect(run.code, run.stderr).toBe(0);
+      for (const url of db.urls) expect(await deltaTriggers(url), url).toBe(0);
+      const owner = then === '--abort' ? 0 : 1;
+      await withClient(db.urls[owner]!, (c) => c.query(realworldWriterSql(schema, 1)));
+      const entries = await withClient(
+        db.urls[owner]!,
+        async (c) =>
+          (
+            await c.query<{ n: number }>(
+              `select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end as n`,
+            )
+          ).rows[0]!.n,
+      );
+      expect(entries).toBe(0);
+    },
+  );
 });

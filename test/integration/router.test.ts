@@ -30,7 +30,13 @@ describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
   it('writes by key into the shard of key mod shards, with ids carrying it, and reads them back by id', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'rk', migrations: PHOTOS_ONLY });
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 8,
+      split: ['0-3', '4-7'],
+      schemaPrefix: 'rk',
+      migrations: PHOTOS_ONLY,
+    });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
     const router = await ShardRouter.open(fleet.configFile);
@@ -39,7 +45,10 @@ describe('ShardRouter', () => {
       const written: { key: bigint; shard: number; id: bigint }[] = [];
       for (const key of keys) {
         const { shard, id } = await router.withKey(key, async (client, shard) => {
-          const r = await client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'x') returning id`, [key.toString()]);
+          const r = await client.query<{ id: string }>(
+            `insert into photos (user_id, image_url) values ($1, 'x') returning id`,
+            [key.toString()],
+          );
           return { shard, id: BigInt(r.rows[0]!.id) };
         });
         expect(shard).toBe(Number(key % 8n));
@@ -49,14 +58,18 @@ describe('ShardRouter', () => {
       // Independently: each row is in that shard's schema, on the host the map gives it.
       for (const { key, shard, id } of written) {
         const url = shard < 4 ? db.urls[0]! : db.urls[1]!;
-        const r = await withClient(url, (c) => c.query<{ user_id: string }>(`select user_id from rk${shard}.photos where id = $1`, [id.toString()]));
+        const r = await withClient(url, (c) =>
+          c.query<{ user_id: string }>(`select user_id from rk${shard}.photos where id = $1`, [id.toString()]),
+        );
         expect(r.rows).toEqual([{ user_id: key.toString() }]);
       }
       // Reads by id (bigint or decimal string) find the row without being told the shard.
       for (const { key, id } of written) {
         for (const form of [id, id.toString()]) {
           const userId = await router.withId(form, async (client) => {
-            const r = await client.query<{ user_id: string }>('select user_id from photos where id = $1', [id.toString()]);
+            const r = await client.query<{ user_id: string }>('select user_id from photos where id = $1', [
+              id.toString(),
+            ]);
             return r.rows[0]?.user_id;
           });
           expect(userId).toBe(key.toString());
@@ -74,10 +87,20 @@ describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
   it('rolls back when fn throws, and the search_path does not outlive the transaction', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3', ''], schemaPrefix: 'rb', migrations: PHOTOS_ONLY });
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 4,
+      split: ['0-3', ''],
+      schemaPrefix: 'rb',
+      migrations: PHOTOS_ONLY,
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
     // One connection: every call below reuses it.
-    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1, statementTimeoutMs: 1234, applicationName: 'router-rb-test' });
+    const router = await ShardRouter.open(fleet.configFile, {
+      poolSize: 1,
+      statementTimeoutMs: 1234,
+      applicationName: 'router-rb-test',
+    });
     try {
       await expect(
         router.withShard(2, async (client) => {
@@ -95,12 +118,19 @@ describe('ShardRouter', () => {
       // The same connection, next call, another shard: its own schema, not the previous one's.
       await router.withShard(0, (client) => client.query(`insert into photos (user_id, image_url) values (0, 'zero')`));
       await withClient(db.urls[0]!, async (c) => {
-        const r = await c.query(`select (select count(*) from rb0.photos) as rb0, (select count(*) from rb2.photos) as rb2, (select count(*) from rb3.photos) as rb3`);
+        const r = await c.query(
+          `select (select count(*) from rb0.photos) as rb0, (select count(*) from rb2.photos) as rb2, (select count(*) from rb3.photos) as rb3`,
+        );
         expect(r.rows).toEqual([{ rb0: '1', rb2: '0', rb3: '0' }]);
       });
       const readOnly = await router
-        .withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values (1, 'x')`), { readOnly: true })
-        .then(() => null, (e: { code?: string }) => e.code);
+        .withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values (1, 'x')`), {
+          readOnly: true,
+        })
+        .then(
+          () => null,
+          (e: { code?: string }) => e.code,
+        );
       expect(readOnly).toBe('25006');
     } finally {
       await router.close();
@@ -113,10 +143,18 @@ describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
   it('follows an online move: a writer looping through withKey sees no error and every committed row is on the target', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'mv', migrations: PHOTOS_ONLY });
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 8,
+      split: ['0-3', '4-7'],
+      schemaPrefix: 'mv',
+      migrations: PHOTOS_ONLY,
+    });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) => c.query(`insert into mv1.photos (user_id, image_url) select 1, 'seed' from generate_series(1, 2000)`));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into mv1.photos (user_id, image_url) select 1, 'seed' from generate_series(1, 2000)`),
+    );
     const router = await ShardRouter.open(fleet.configFile);
     const committed: bigint[] = [];
     const errors: unknown[] = [];
@@ -130,7 +168,9 @@ describe('ShardRouter', () => {
       for (let i = first; !stop; i += 2n) {
         const key = 1n + 8n * i;
         const insert = (client: import('pg').PoolClient) =>
-          client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'w') returning id`, [key.toString()]);
+          client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'w') returning id`, [
+            key.toString(),
+          ]);
         try {
           const r =
             form === 'awaited'
@@ -181,7 +221,13 @@ describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
   it('fans out over 1024 shards on 2 hosts in shard order, bounded per host and overall, and names a failing shard', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 1024, split: ['0-511', '512-1023'], schemaPrefix: 'fo', migrations: PHOTOS_ONLY });
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 1024,
+      split: ['0-511', '512-1023'],
+      schemaPrefix: 'fo',
+      migrations: PHOTOS_ONLY,
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
     const router = await ShardRouter.open(fleet.configFile, { poolSize: 4 });
     try {
@@ -196,7 +242,9 @@ describe('ShardRouter', () => {
         maxOverall = Math.max(maxOverall, overall);
         maxPerHost.set(host, Math.max(maxPerHost.get(host) ?? 0, running.get(host)!));
         try {
-          const r = await client.query<{ n: string; schema: string }>('select count(*) as n, current_schema() as schema from photos');
+          const r = await client.query<{ n: string; schema: string }>(
+            'select count(*) as n, current_schema() as schema from photos',
+          );
           return r.rows[0]!;
         } finally {
           running.set(host, running.get(host)! - 1);
@@ -228,7 +276,12 @@ describe('ShardRouter', () => {
       expect(error.exitCode).toBe(1);
       // A subset, in shard order whatever order it was asked in.
       const some = await router.forEachShard(count, { shards: [900, 3, 511, 512] });
-      expect(some.map((r) => [r.shard, r.host])).toEqual([[3, 'pg1'], [511, 'pg1'], [512, 'pg2'], [900, 'pg2']]);
+      expect(some.map((r) => [r.shard, r.host])).toEqual([
+        [3, 'pg1'],
+        [511, 'pg1'],
+        [512, 'pg2'],
+        [900, 'pg2'],
+      ]);
     } finally {
       await router.close();
     }
@@ -238,8 +291,14 @@ describe('ShardRouter', () => {
 describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
-  it('ends the pool of a host whose URL a reload changes, keeps the fleet\'s placement over the file\'s, and close() ends the rest', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'rl', migrations: PHOTOS_ONLY });
+  it("ends the pool of a host whose URL a reload changes, keeps the fleet's placement over the file's, and close() ends the rest", async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 4,
+      split: ['0-1', '2-3'],
+      schemaPrefix: 'rl',
+      migrations: PHOTOS_ONLY,
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
     const router = await ShardRouter.open(fleet.configFile, { applicationName: 'router-reload-test' });
     try {
@@ -251,7 +310,13 @@ describe('ShardRouter', () => {
       const yaml = readFileSync(fleet.configFile, 'utf8');
       const pg2Url = db.urls[1]!;
       const otherUrl = `${pg2Url}${pg2Url.includes('?') ? '&' : '?'}connect_timeout=9`;
-      writeFileSync(fleet.configFile, yaml.replace('shards: "0-1"', 'shards: "0-3"').replace('shards: "2-3"', 'shards: ""').replace(`url: ${pg2Url}\n`, `url: ${otherUrl}\n`));
+      writeFileSync(
+        fleet.configFile,
+        yaml
+          .replace('shards: "0-1"', 'shards: "0-3"')
+          .replace('shards: "2-3"', 'shards: ""')
+          .replace(`url: ${pg2Url}\n`, `url: ${otherUrl}\n`),
+      );
       expect(readFileSync(fleet.configFile, 'utf8')).toContain('connect_timeout=9');
       await router.reload();
       expect(router.openPools()).toEqual(['pg1']);
@@ -270,13 +335,21 @@ describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
   it('queryEachShard read-only with shardsPerQuery: chunks share a connection, each shard its own transaction and schema; a failing chunk runs shard by shard', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 16, split: ['0-7', '8-15'], schemaPrefix: 'ch', migrations: PHOTOS_ONLY });
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 16,
+      split: ['0-7', '8-15'],
+      schemaPrefix: 'ch',
+      migrations: PHOTOS_ONLY,
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
     const router = await ShardRouter.open(fleet.configFile, { poolSize: 2 });
     const sql = `select 1 as a; select current_schema() as s, count(*)::int as n, (select virtualxid from pg_locks where pid = pg_backend_pid() and locktype = 'virtualxid') as t, pg_backend_pid() as pid from photos -- last\n;`;
     type Row = { s: string; n: number; t: string; pid: number };
     try {
-      await withClient(db.urls[1]!, (c) => c.query(`insert into ch9.photos (user_id, image_url) values (9, 'x'), (9, 'y')`));
+      await withClient(db.urls[1]!, (c) =>
+        c.query(`insert into ch9.photos (user_id, image_url) values (9, 'x'), (9, 'y')`),
+      );
       const results = await router.queryEachShard<Row>(sql, { readOnly: true, shardsPerQuery: 4, perHost: 1 });
       expect(results.map((r) => [r.shard, r.host, r.value.rows[0]!.s, r.value.rows[0]!.n])).toEqual(
         Array.from({ length: 16 }, (_, i) => [i, i < 8 ? 'pg1' : 'pg2', `ch${i}`, i === 9 ? 2 : 0]),
@@ -289,26 +362,38 @@ describe('ShardRouter', () => {
       expect(new Set([8, 9, 10, 11, 12, 13, 14, 15].map(pid)).size).toBe(1);
 
       // Shard 10 fails (division by zero there only): its chunk runs again shard by shard.
-      await withClient(db.urls[1]!, (c) => c.query(`insert into ch10.photos (id, user_id, image_url) values (0, 0, 'zero')`));
+      await withClient(db.urls[1]!, (c) =>
+        c.query(`insert into ch10.photos (id, user_id, image_url) values (0, 0, 'zero')`),
+      );
       const failed = await router
-        .queryEachShard<Row>(`select current_schema() as s, count(*) filter (where 1 / id > 0) as n from photos`, { readOnly: true, shardsPerQuery: 4 })
+        .queryEachShard<Row>(`select current_schema() as s, count(*) filter (where 1 / id > 0) as n from photos`, {
+          readOnly: true,
+          shardsPerQuery: 4,
+        })
         .then(
           () => null,
           (e: unknown) => e,
         );
       expect(failed).toBeInstanceOf(ShardFanOutError);
       const error = failed as ShardFanOutError<import('pg').QueryResult<Row>>;
-      expect(error.failures.map((f) => [f.shard, f.host, (f.error as { code?: string }).code])).toEqual([[10, 'pg2', '22012']]);
+      expect(error.failures.map((f) => [f.shard, f.host, (f.error as { code?: string }).code])).toEqual([
+        [10, 'pg2', '22012'],
+      ]);
       expect(error.results.map((r) => [r.shard, r.value.rows[0]!.s])).toEqual(
         Array.from({ length: 16 }, (_, i) => i)
           .filter((i) => i !== 10)
           .map((i) => [i, `ch${i}`]),
       );
       // The connections are still usable, outside any transaction.
-      const after = await router.queryEachShard<Row>('select current_schema() as s', { readOnly: true, shardsPerQuery: 8 });
+      const after = await router.queryEachShard<Row>('select current_schema() as s', {
+        readOnly: true,
+        shardsPerQuery: 8,
+      });
       expect(after.map((r) => r.value.rows[0]!.s)).toEqual(Array.from({ length: 16 }, (_, i) => `ch${i}`));
       // A text that leaves a quote open fails alone, and so everywhere: never swallowed into one chunk.
-      const open = await router.queryEachShard(`select 'open`, { readOnly: true, shardsPerQuery: 8 }).catch((e: unknown) => e);
+      const open = await router
+        .queryEachShard(`select 'open`, { readOnly: true, shardsPerQuery: 8 })
+        .catch((e: unknown) => e);
       expect((open as ShardFanOutError).failures).toHaveLength(16);
     } finally {
       await router.close();
@@ -324,8 +409,13 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
    * CommandComplete messages (one per statement run; BEGIN and SET LOCAL included when they are
    * sent with the query, none of them when the transaction had started before).
    */
-  async function roundTrips<T>(client: unknown, run: () => Promise<T>): Promise<{ value: T; trips: number; statements: number }> {
-    const connection = (client as { connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } }).connection;
+  async function roundTrips<T>(
+    client: unknown,
+    run: () => Promise<T>,
+  ): Promise<{ value: T; trips: number; statements: number }> {
+    const connection = (
+      client as { connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } }
+    ).connection;
     let trips = 0;
     let statements = 0;
     const trip = (): void => void (trips += 1);
@@ -350,7 +440,10 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       // With parameters: BEGIN and SET LOCAL travel with it; fn sees only its own result.
       const first = await router.withShard(1, async (client) => {
         const insert = await roundTrips(client, () =>
-          client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, $2) returning id`, ['11', 'a']),
+          client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, $2) returning id`, [
+            '11',
+            'a',
+          ]),
         );
         const same = await client.query<{ tx: string; path: string }>(txid);
         const again = await client.query<{ tx: string; path: string }>(`${txid} where $1::int = 1`, [1]);
@@ -380,17 +473,34 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
 
       // A config object with rowMode and parameters is carried too, and keeps its options.
       const arrays = await router.withShard(3, async (client) =>
-        roundTrips(client, () => client.query({ text: `select $1::int as n, current_setting('search_path') as p`, values: [7], rowMode: 'array' })),
+        roundTrips(client, () =>
+          client.query({
+            text: `select $1::int as n, current_setting('search_path') as p`,
+            values: [7],
+            rowMode: 'array',
+          }),
+        ),
       );
       expect([arrays.trips, arrays.statements]).toEqual([1, 3]);
       expect(arrays.value.rows).toEqual([[7, 'pb3']]);
 
       // A named (prepared) statement is not carried: BEGIN first, then it, in the transaction.
       const named = await router.withShard(0, async (client) => {
-        const r = await roundTrips(client, () => client.query({ name: 'pb-named', text: `select current_setting('search_path') as p, $1::int as n`, values: [1] }));
+        const r = await roundTrips(client, () =>
+          client.query({
+            name: 'pb-named',
+            text: `select current_setting('search_path') as p, $1::int as n`,
+            values: [1],
+          }),
+        );
         const tx = await client.query<{ tx: string }>(txid);
         const tx2 = await client.query<{ tx: string }>(txid);
-        return { trips: r.trips, statements: r.statements, p: r.value.rows[0].p as string, same: tx.rows[0]!.tx === tx2.rows[0]!.tx };
+        return {
+          trips: r.trips,
+          statements: r.statements,
+          p: r.value.rows[0].p as string,
+          same: tx.rows[0]!.tx === tx2.rows[0]!.tx,
+        };
       });
       expect(named).toEqual({ trips: 2, statements: 3, p: 'pb0', same: true });
 
@@ -400,7 +510,9 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       // The carried first query fails: the transaction existed (BEGIN ran), so it is rolled back
       // and the insert before the failure in the same statement list is gone.
       await expect(
-        router.withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['12', 0])),
+        router.withShard(1, (client) =>
+          client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['12', 0]),
+        ),
       ).rejects.toMatchObject({ code: '22012' });
       // fn catches the failure of its carried first query and goes on: the commit is refused.
       await expect(
@@ -411,14 +523,22 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       ).rejects.toMatchObject({ code: 'TRANSACTION_ABORTED' });
       // Read-only, carried: the write is refused inside the transaction.
       await expect(
-        router.withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values ($1, 'ro')`, ['13']), { readOnly: true }),
+        router.withShard(
+          1,
+          (client) => client.query(`insert into photos (user_id, image_url) values ($1, 'ro')`, ['13']),
+          { readOnly: true },
+        ),
       ).rejects.toMatchObject({ code: '25006' });
 
       // fn returns the promise of its only query: COMMIT goes in the same write, one round trip
       // for the whole call (BEGIN, SET, the insert, COMMIT), and the row is committed.
       let whole = { trips: 0, statements: 0 };
       const sole = await router.withShard(1, (client) => {
-        const counting = roundTrips(client, () => client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'sole') returning id`, ['14']));
+        const counting = roundTrips(client, () =>
+          client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, 'sole') returning id`, [
+            '14',
+          ]),
+        );
         void counting.then((r) => (whole = { trips: r.trips, statements: r.statements }));
         return counting.then((r) => r.value);
       });
@@ -435,7 +555,10 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
           connection = (client as unknown as { connection: typeof connection }).connection!;
           connection.on('readyForQuery', trip);
           connection.on('commandComplete', statement);
-          return client.query<{ user_id: string }>(`insert into photos (user_id, image_url) values ($1, 'sole') returning user_id`, ['15']);
+          return client.query<{ user_id: string }>(
+            `insert into photos (user_id, image_url) values ($1, 'sole') returning user_id`,
+            ['15'],
+          );
         });
         connection!.off('readyForQuery', trip);
         connection!.off('commandComplete', statement);
@@ -448,18 +571,28 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       });
       // The sole query fails: nothing committed, the transaction rolled back.
       await expect(
-        router.withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['16', 0])),
+        router.withShard(1, (client) =>
+          client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['16', 0]),
+        ),
       ).rejects.toMatchObject({ code: '22012' });
       // The COMMIT sent with it fails (a deferred foreign key): the caller gets that error, nothing is committed.
       await withClient(db.urls[0]!, (c) =>
-        c.query(`create table pb1.parent (id int primary key); create table pb1.child (id int primary key, parent int references pb1.parent deferrable initially deferred)`),
+        c.query(
+          `create table pb1.parent (id int primary key); create table pb1.child (id int primary key, parent int references pb1.parent deferrable initially deferred)`,
+        ),
       );
-      await expect(router.withShard(1, (client) => client.query(`insert into child values ($1, 999)`, [1]))).rejects.toMatchObject({ code: '23503' });
+      await expect(
+        router.withShard(1, (client) => client.query(`insert into child values ($1, 999)`, [1])),
+      ).rejects.toMatchObject({ code: '23503' });
       // A query started after fn returned its only query's promise would run after that COMMIT: refused.
       let late: unknown;
       await router.withShard(1, (client) => {
         const p = client.query(`insert into photos (user_id, image_url) values ($1, 'first')`, ['17']);
-        void p.then(() => client.query(`insert into photos (user_id, image_url) values ($1, 'late')`, ['18']).catch((e: Error) => (late = e)));
+        void p.then(() =>
+          client
+            .query(`insert into photos (user_id, image_url) values ($1, 'late')`, ['18'])
+            .catch((e: Error) => (late = e)),
+        );
         return p;
       });
       expect(String(late)).toMatch(/started after the transaction committed/);
@@ -470,13 +603,17 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
         let trips = 0;
         let connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } | undefined;
         const trip = (): void => void (trips += 1);
-        await router.withShard(1, (client) => {
-          connection = (client as unknown as { connection: typeof connection }).connection!;
-          connection.on('readyForQuery', trip);
-          const p = client.query(`insert into photos (user_id, image_url) values ($1, 'a')`, ['19']);
-          second = client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['20', 0]).catch((e: { code?: string }) => e.code);
-          return p;
-        }).catch((e: { code?: string }) => e.code);
+        await router
+          .withShard(1, (client) => {
+            connection = (client as unknown as { connection: typeof connection }).connection!;
+            connection.on('readyForQuery', trip);
+            const p = client.query(`insert into photos (user_id, image_url) values ($1, 'a')`, ['19']);
+            second = client
+              .query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['20', 0])
+              .catch((e: { code?: string }) => e.code);
+            return p;
+          })
+          .catch((e: { code?: string }) => e.code);
         connection!.off('readyForQuery', trip);
         return trips;
       })();
@@ -485,7 +622,9 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       expect(await second).toBe('22012');
       expect(both).toBeGreaterThanOrEqual(2);
       await withClient(db.urls[0]!, async (c) => {
-        const r = await c.query(`select user_id from pb1.photos where user_id in (16, 17, 18, 19, 20) union all select id::bigint from pb1.child order by 1`);
+        const r = await c.query(
+          `select user_id from pb1.photos where user_id in (16, 17, 18, 19, 20) union all select id::bigint from pb1.child order by 1`,
+        );
         expect(r.rows).toEqual([{ user_id: '17' }]);
       });
 
@@ -496,7 +635,9 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
         expect(r.rows[0]!.n).toBe('4');
       });
       const pool = await withClient(db.urls[0]!, (c) =>
-        c.query<{ state: string }>(`select state from pg_stat_activity where datname = current_database() and application_name = 'shardctl-router'`),
+        c.query<{ state: string }>(
+          `select state from pg_stat_activity where datname = current_database() and application_name = 'shardctl-router'`,
+        ),
       );
       expect(pool.rows.map((r) => r.state)).toEqual(['idle']);
     } finally {
@@ -505,35 +646,48 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
   });
 });
 
-describe('ShardRouter: BEGIN without pg\'s internals', () => {
+describe("ShardRouter: BEGIN without pg's internals", () => {
   const db = useTestDatabases(1);
 
-  it('without pg\'s internals (the fallback): BEGIN and search_path go as a query of their own, one more round trip, same transaction and results', async () => {
+  it("without pg's internals (the fallback): BEGIN and search_path go as a query of their own, one more round trip, same transaction and results", async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'pf', migrations: PHOTOS_ONLY });
     expect((await init(await fleet.config())).ok).toBe(true);
     const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
     setBeginPipelining(false);
     try {
       const done = await router.withShard(1, async (client) => {
-        const connection = (client as unknown as { connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void } }).connection;
+        const connection = (
+          client as unknown as {
+            connection: { on(e: string, f: () => void): void; off(e: string, f: () => void): void };
+          }
+        ).connection;
         let trips = 0;
         const trip = (): void => void (trips += 1);
         connection.on('readyForQuery', trip);
-        const value = await client.query<{ id: string }>(`insert into photos (user_id, image_url) values ($1, $2) returning id`, ['1', 'f']);
+        const value = await client.query<{ id: string }>(
+          `insert into photos (user_id, image_url) values ($1, $2) returning id`,
+          ['1', 'f'],
+        );
         connection.off('readyForQuery', trip);
         const insert = { trips, value };
-        const where = await client.query<{ path: string; tx: string }>(`select current_setting('search_path') as path, pg_catalog.txid_current()::text as tx`);
+        const where = await client.query<{ path: string; tx: string }>(
+          `select current_setting('search_path') as path, pg_catalog.txid_current()::text as tx`,
+        );
         return { insert, where: where.rows[0]! };
       });
       expect(done.insert.trips).toBe(2);
       expect(done.insert.value.rows).toHaveLength(1);
       expect(done.where.path).toBe('pf1');
       // A failing fn rolls back as on the usual path.
-      await expect(router.withShard(1, async (client) => {
-        await client.query(`insert into photos (user_id, image_url) values ($1, $2)`, ['2', 'rolled back']);
-        throw new Error('fn failed');
-      })).rejects.toThrow('fn failed');
-      const rows = await router.withShard(1, (client) => client.query<{ n: string }>(`select count(*)::text as n from photos where image_url = $1`, ['rolled back']));
+      await expect(
+        router.withShard(1, async (client) => {
+          await client.query(`insert into photos (user_id, image_url) values ($1, $2)`, ['2', 'rolled back']);
+          throw new Error('fn failed');
+        }),
+      ).rejects.toThrow('fn failed');
+      const rows = await router.withShard(1, (client) =>
+        client.query<{ n: string }>(`select count(*)::text as n from photos where image_url = $1`, ['rolled back']),
+      );
       expect(rows.rows[0]!.n).toBe('0');
     } finally {
       setBeginPipelining(true);

@@ -33,7 +33,9 @@ describe('status and migrate ask the same migration rules', () => {
     const host = report.hosts[0]!;
     expect(host.behind).toEqual([]);
     expect(host.levels).toEqual({ '3': '0-3' });
-    expect(host.drift).toEqual([expect.stringContaining('0002_likes.sql is not applied to shards 0-3, which already have version 3')]);
+    expect(host.drift).toEqual([
+      expect.stringContaining('0002_likes.sql is not applied to shards 0-3, which already have version 3'),
+    ]);
     expect(report.ok).toBe(false);
 
     const cli = await runCli(['status', '-c', fleet.configFile]);
@@ -43,7 +45,11 @@ describe('status and migrate ask the same migration rules', () => {
   });
 
   it('a file above every applied one is pending to both: migrate --check lists it and status calls the shards behind', async () => {
-    const fleet = makeFleet({ urls: [db.urls[1]!], shards: 4, migrations: { '0001_photos.sql': 'CREATE TABLE photos (id bigint PRIMARY KEY);\n' } });
+    const fleet = makeFleet({
+      urls: [db.urls[1]!],
+      shards: 4,
+      migrations: { '0001_photos.sql': 'CREATE TABLE photos (id bigint PRIMARY KEY);\n' },
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
     fleet.writeMigration('0002_likes.sql', 'CREATE TABLE likes (id bigint PRIMARY KEY);\n');
 

@@ -60,14 +60,24 @@ describe('verification from change logs (tables without a usable key)', () => {
 
   it.each([
     { case: 'the same inserts, updates and deletes on both hosts', source: SAME, target: SAME, ok: [] },
-    { case: 'a truncate after P on both hosts, with writes before and after it', source: TRUNCATE_THEN_INSERT, target: TRUNCATE_THEN_INSERT, ok: [] },
+    {
+      case: 'a truncate after P on both hosts, with writes before and after it',
+      source: TRUNCATE_THEN_INSERT,
+      target: TRUNCATE_THEN_INSERT,
+      ok: [],
+    },
     {
       case: 'a truncate on the source the target never got',
       source: TRUNCATE_THEN_INSERT,
       target: `INSERT INTO ${SCHEMA}.audit VALUES ('2026-05-01 10:00+02', 0.3, interval '3 minutes', 7, 'after the truncate');`,
       ok: ['vt.audit: 1 rows on the source, 51 on the target'],
     },
-    { case: 'an insert the target lost', source: `${SAME}\nINSERT INTO ${SCHEMA}.plain VALUES (99, 'lost');`, target: SAME, ok: ['vt.plain: 51 rows on the source, 50 on the target'] },
+    {
+      case: 'an insert the target lost',
+      source: `${SAME}\nINSERT INTO ${SCHEMA}.plain VALUES (99, 'lost');`,
+      target: SAME,
+      ok: ['vt.plain: 51 rows on the source, 50 on the target'],
+    },
     {
       case: 'an update applied with another value on the target',
       source: SAME,
@@ -92,12 +102,24 @@ describe('verification from change logs (tables without a usable key)', () => {
     await runTransaction(src, sql);
     await runTransaction(dst, sql);
     const holders = await Promise.all(db.urls.map((url) => adminClient(url)));
-    const pre = await preVerify({ source: holders[0]!, target: holders[1]! }, { source: srcWork, target: dstWork }, [], methods, { moveId, tables });
+    const pre = await preVerify(
+      { source: holders[0]!, target: holders[1]! },
+      { source: srcWork, target: dstWork },
+      [],
+      methods,
+      { moveId, tables },
+    );
     try {
       await Promise.all([src.query(`${APP_SETTINGS}\n${source}`), dst.query(target)]);
       const result = await verifyShards(srcWork, dstWork, [SCHEMA], methods, { pre, changes: new Map() });
       expect(result.mismatches).toEqual(ok.map((m) => `table ${m}`));
-      expect(result).toMatchObject({ ok: ok.length === 0, byLog: { tables: 2 }, byKey: { tables: 0 }, whole: [], truncated: [] });
+      expect(result).toMatchObject({
+        ok: ok.length === 0,
+        byLog: { tables: 2 },
+        byKey: { tables: 0 },
+        whole: [],
+        truncated: [],
+      });
       expect(result.byLog.changes).toBeGreaterThan(0);
     } finally {
       await endPreVerification(pre);

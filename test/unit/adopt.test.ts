@@ -26,7 +26,9 @@ describe('the published next_id()', () => {
   });
 
   it('is recognised whatever its case, spacing and comments', () => {
-    const retyped = ARTICLE.toLowerCase().replace(/\n\s*/g, '\n  ').replace('begin', '-- the ids\nbegin /* as published */');
+    const retyped = ARTICLE.toLowerCase()
+      .replace(/\n\s*/g, '\n  ')
+      .replace('begin', '-- the ids\nbegin /* as published */');
     expect(parsePublishedFunction(retyped)?.shard).toBe(5);
   });
 
@@ -34,7 +36,13 @@ describe('the published next_id()', () => {
     ['the misprint %% (an operator that does not exist: every call fails)', ARTICLE.replace('% 1024', '%% 1024')],
     ['a body that reads the sequence without the clock', "BEGIN result := nextval('insta5.table_id_seq'); END;"],
     ['one more statement', ARTICLE.replace('END;', 'PERFORM pg_sleep(0);\nEND;')],
-    ['the parts in another order', ARTICLE.replace('result := result | (shard_id << 10);\n    result := result | (seq_id);', 'result := result | (seq_id);\n    result := result | (shard_id << 10);')],
+    [
+      'the parts in another order',
+      ARTICLE.replace(
+        'result := result | (shard_id << 10);\n    result := result | (seq_id);',
+        'result := result | (seq_id);\n    result := result | (shard_id << 10);',
+      ),
+    ],
   ])('is not recognised with %s', (_, body) => {
     expect(parsePublishedFunction(body)).toBeNull();
   });
@@ -44,11 +52,13 @@ describe('the published next_id()', () => {
   });
 
   it('names each constant that disagrees with the config, with both values', () => {
-    const fn = parsePublishedFunction(ARTICLE.replace('1314220021721', '1420070400000').replace('% 1024', '% 4096').replace("'insta5.", "'insta6."))!;
+    const fn = parsePublishedFunction(
+      ARTICLE.replace('1314220021721', '1420070400000').replace('% 1024', '% 4096').replace("'insta5.", "'insta6."),
+    )!;
     const problems = publishedLayoutProblems(fn, DEFAULT_ID_LAYOUT, 7, 'insta7');
     expect(problems).toEqual([
-      'its epoch is 1420070400000 ms (2015-01-01T00:00:00.000Z), the config\'s idLayout.epoch is 1314220021721 ms (2011-08-24T21:07:01.721Z)',
-      'it keeps nextval() % 4096 and shifts the shard by 10; the config\'s idLayout.sequenceBits 10 means % 1024 and << 10',
+      "its epoch is 1420070400000 ms (2015-01-01T00:00:00.000Z), the config's idLayout.epoch is 1314220021721 ms (2011-08-24T21:07:01.721Z)",
+      "it keeps nextval() % 4096 and shifts the shard by 10; the config's idLayout.sequenceBits 10 means % 1024 and << 10",
       'its shard_id is 5, but the schema insta7 is shard 7',
       'it draws from insta6.table_id_seq, a sequence outside its schema insta7',
     ]);
@@ -92,7 +102,9 @@ describe('the switch of one shard', () => {
 
   it('moves the sequence above the position of every stored id, above the clock plus the lead, and never back', () => {
     expect(sql).toContain('SELECT ((max("id") >> 23) << 10) | (max("id") & 1023) AS pos FROM "insta5"."photos"');
-    expect(sql).toContain('UNION ALL SELECT ((max("id") >> 23) << 10) | (max("id") & 1023) AS pos FROM "insta5"."likes"');
+    expect(sql).toContain(
+      'UNION ALL SELECT ((max("id") >> 23) << 10) | (max("id") & 1023) AS pos FROM "insta5"."likes"',
+    );
     expect(sql).toContain(`::bigint - 1314220021721 + ${ADOPT_LEAD_MS}) << 10,`);
     expect(sql).toContain('(SELECT last_value + 1 FROM "insta5"."table_id_seq")');
   });

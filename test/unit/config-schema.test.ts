@@ -23,7 +23,12 @@ const ajv = new Ajv2020({ allErrors: true, strict: true, allowUnionTypes: true }
 const validate = ajv.compile(JSON.parse(readFileSync(SHIPPED, 'utf8')) as object);
 
 type Raw = Record<string, unknown>;
-const host = (name: string, shards: unknown, extra: Raw = {}): Raw => ({ name, url: `postgres://app@${name}/app`, shards, ...extra });
+const host = (name: string, shards: unknown, extra: Raw = {}): Raw => ({
+  name,
+  url: `postgres://app@${name}/app`,
+  shards,
+  ...extra,
+});
 const base = (extra: Raw = {}): Raw => ({ shards: 4, hosts: [host('pg1', '0-1'), host('pg2', '2-3')], ...extra });
 const withHost = (index: number, extra: Raw): Raw => {
   const raw = base();
@@ -48,15 +53,29 @@ describe('shardctl.schema.json', () => {
 
   const valid: [string, unknown][] = [
     ['the smallest config', base()],
-    ['every field', {
-      schemaPrefix: 'shard_', shards: 8, idLayout: { epoch: '2020-01-01T00:00:00+02:00', shardBits: 4, sequenceBits: 12 },
-      migrations: './migrations', concurrency: 8, lockTimeout: '1min', hostTimeout: '500ms',
-      hosts: [host('db-1.eu', '0-3', { replicationUrl: 'postgres://app@10.0.0.1/app', weight: 2.5 }), host('db-2.eu', '4-7', { drain: false })],
-    }],
+    [
+      'every field',
+      {
+        schemaPrefix: 'shard_',
+        shards: 8,
+        idLayout: { epoch: '2020-01-01T00:00:00+02:00', shardBits: 4, sequenceBits: 12 },
+        migrations: './migrations',
+        concurrency: 8,
+        lockTimeout: '1min',
+        hostTimeout: '500ms',
+        hosts: [
+          host('db-1.eu', '0-3', { replicationUrl: 'postgres://app@10.0.0.1/app', weight: 2.5 }),
+          host('db-2.eu', '4-7', { drain: false }),
+        ],
+      },
+    ],
     ['an empty idLayout (null in YAML)', base({ idLayout: null })],
     ['shards as a YAML integer', { shards: 2, hosts: [host('a', 0), host('b', 1)] }],
     ['a host with no shards, draining', { shards: 2, hosts: [host('a', '0-1'), host('b', '', { drain: true })] }],
-    ['${VAR} and ${VAR:-default} in a url', withHost(1, { url: '${PG_URL}', replicationUrl: '${REPL_URL:-postgres://r/app}' })],
+    [
+      '${VAR} and ${VAR:-default} in a url',
+      withHost(1, { url: '${PG_URL}', replicationUrl: '${REPL_URL:-postgres://r/app}' }),
+    ],
     ['a $schema line for editors', base({ $schema: './node_modules/shardctl/shardctl.schema.json' })],
   ];
 
@@ -87,7 +106,7 @@ describe('shardctl.schema.json', () => {
     ['a host name with a space', withHost(0, { name: 'pg 1' })],
     ['weight 0', withHost(0, { weight: 0 })],
     ['drain "yes"', withHost(0, { drain: 'yes' })],
-    ['a host\'s shards as a list', withHost(0, { shards: [0, 1] })],
+    ["a host's shards as a list", withHost(0, { shards: [0, 1] })],
     ['a config that is a list', [1, 2]],
   ];
 
@@ -127,7 +146,16 @@ describe('the dev config', () => {
     configFile: path.join(dir ?? tmpdir(), 'shardctl.dev.yaml'),
     schemaPrefix: 'insta',
     shards: 4,
-    hosts: [{ name: 'pg1', port: 5001, dataDir: '/x', password: 'p', url: 'postgres://postgres:p@127.0.0.1:5001/postgres', shards: '0-3' }],
+    hosts: [
+      {
+        name: 'pg1',
+        port: 5001,
+        dataDir: '/x',
+        password: 'p',
+        url: 'postgres://postgres:p@127.0.0.1:5001/postgres',
+        shards: '0-3',
+      },
+    ],
   };
 
   it('starts with a yaml-language-server line naming the shipped schema, relative to the file', () => {
@@ -140,6 +168,9 @@ describe('the dev config', () => {
   });
 
   it('is valid against that schema', () => {
-    expect(validate(parseYaml(renderDevConfig({ ...state, configFile: path.join(dir, 'shardctl.dev.yaml') }))), JSON.stringify(validate.errors)).toBe(true);
+    expect(
+      validate(parseYaml(renderDevConfig({ ...state, configFile: path.join(dir, 'shardctl.dev.yaml') }))),
+      JSON.stringify(validate.errors),
+    ).toBe(true);
   });
 });

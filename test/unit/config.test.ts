@@ -7,7 +7,13 @@ import { stringify } from 'yaml';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { expandEnv } from '../../src/config/env.js';
 import { redactUrl } from '../../src/pg/redact.js';
-import { loadConfig, MAX_CONFIG_BYTES, parseConfig, resolveConfigPath, type ParseConfigOptions } from '../../src/config/load.js';
+import {
+  loadConfig,
+  MAX_CONFIG_BYTES,
+  parseConfig,
+  resolveConfigPath,
+  type ParseConfigOptions,
+} from '../../src/config/load.js';
 import { formatShardList } from '../../src/config/ranges.js';
 import { hostForShard } from '../../src/config/types.js';
 import { ConfigError, type ConfigIssue } from '../../src/errors.js';
@@ -115,7 +121,11 @@ hosts:
     shards: 4-7
 `);
     expect(config.schemaPrefix).toBe('shard_');
-    expect(config.idLayout).toEqual({ epochMs: BigInt(Date.parse('2019-12-31T22:00:00Z')), shardBits: 4, sequenceBits: 12 });
+    expect(config.idLayout).toEqual({
+      epochMs: BigInt(Date.parse('2019-12-31T22:00:00Z')),
+      shardBits: 4,
+      sequenceBits: 12,
+    });
     expect(typeof config.idLayout.epochMs).toBe('bigint');
     expect(config.epochIso).toBe('2020-01-01T00:00:00+02:00');
     expect(config.migrationsDir).toBe(path.join(dir, 'sql', 'changes'));
@@ -139,7 +149,9 @@ hosts:
   });
 
   it('accepts a host’s shards written as a YAML integer', () => {
-    const config = parse('shards: 2\nhosts:\n  - {name: a, url: "postgres://a/db", shards: 0}\n  - {name: b, url: "postgres://b/db", shards: 1}\n');
+    const config = parse(
+      'shards: 2\nhosts:\n  - {name: a, url: "postgres://a/db", shards: 0}\n  - {name: b, url: "postgres://b/db", shards: 1}\n',
+    );
     expect(config.hosts.map((h) => [h.shardsSpec, h.shards])).toEqual([
       ['0', [0]],
       ['1', [1]],
@@ -157,9 +169,7 @@ hosts:
 
   it('does not expand ${VAR} outside the URLs', () => {
     const raw = { ...validConfig(), migrations: '${DIR}' };
-    expect(issueAt(issuesOfRaw(raw, { env: { DIR: 'migrations' } }), 'migrations')).toContain(
-      path.join(dir, '${DIR}'),
-    );
+    expect(issueAt(issuesOfRaw(raw, { env: { DIR: 'migrations' } }), 'migrations')).toContain(path.join(dir, '${DIR}'));
   });
 
   it('reads JSON when the file name ends in .json', () => {
@@ -236,13 +246,20 @@ describe('parseConfig: weight and drain', () => {
   ])('refuses weight %j, naming the field and the value', (weight, shown) => {
     const raw = validConfig();
     host(raw, 1)['weight'] = weight;
-    expect(issueAt(issuesOfRaw(raw), 'hosts[1].weight')).toBe(`must be a positive number such as 1 or 2.5, got ${shown}`);
+    expect(issueAt(issuesOfRaw(raw), 'hosts[1].weight')).toBe(
+      `must be a positive number such as 1 or 2.5, got ${shown}`,
+    );
   });
 
   it('refuses an infinite weight (.inf in YAML), printing it as Infinity', () => {
     const text = stringify(validConfig()).replace('shards: 1024-2047', 'shards: 1024-2047\n    weight: .inf');
     expect(text).toContain('weight: .inf');
-    expect(issueAt(issuesOf(() => parse(text)), 'hosts[1].weight')).toBe('must be a positive number such as 1 or 2.5, got Infinity');
+    expect(
+      issueAt(
+        issuesOf(() => parse(text)),
+        'hosts[1].weight',
+      ),
+    ).toBe('must be a positive number such as 1 or 2.5, got Infinity');
   });
 
   it.each([
@@ -267,9 +284,11 @@ describe('parseConfig: weight and drain', () => {
     host(raw, 0)['weight'] = 0;
     host(raw, 1)['drain'] = 'no';
     host(raw, 1)['wieght'] = 2;
-    expect(issuesOfRaw(raw).map((issue) => issue.path).sort()).toEqual(
-      ['concurrency', 'hosts[0].weight', 'hosts[1].drain', 'hosts[1].wieght'].sort(),
-    );
+    expect(
+      issuesOfRaw(raw)
+        .map((issue) => issue.path)
+        .sort(),
+    ).toEqual(['concurrency', 'hosts[0].weight', 'hosts[1].drain', 'hosts[1].wieght'].sort());
     expect(issueAt(issuesOfRaw(raw), 'hosts[1].wieght')).toContain('did you mean "weight"?');
   });
 });
@@ -346,12 +365,27 @@ describe('parseConfig: problems in the file', () => {
   });
 
   it('refuses a config that is not a mapping', () => {
-    expect(issueAt(issuesOf(() => parse('- 1\n- 2\n')), '')).toContain('the config must be a mapping');
-    expect(issueAt(issuesOf(() => parse('- 1\n- 2\n')), '')).toContain('got a list');
+    expect(
+      issueAt(
+        issuesOf(() => parse('- 1\n- 2\n')),
+        '',
+      ),
+    ).toContain('the config must be a mapping');
+    expect(
+      issueAt(
+        issuesOf(() => parse('- 1\n- 2\n')),
+        '',
+      ),
+    ).toContain('got a list');
   });
 
   it('refuses an empty file', () => {
-    expect(issueAt(issuesOf(() => parse('# nothing yet\n')), '')).toContain('got null');
+    expect(
+      issueAt(
+        issuesOf(() => parse('# nothing yet\n')),
+        '',
+      ),
+    ).toContain('got null');
   });
 
   it('refuses hosts that is not a list', () => {
@@ -360,7 +394,9 @@ describe('parseConfig: problems in the file', () => {
   });
 
   it('refuses an empty host list', () => {
-    expect(issueAt(issuesOfRaw({ ...validConfig(), hosts: [] }), 'hosts')).toBe('must list at least one host, got a list');
+    expect(issueAt(issuesOfRaw({ ...validConfig(), hosts: [] }), 'hosts')).toBe(
+      'must list at least one host, got a list',
+    );
   });
 
   it('refuses a host that is not a mapping', () => {
@@ -655,7 +691,12 @@ describe('parseConfig: problems in the file', () => {
       const [name, previous] = [String.fromCharCode(97 + i), String.fromCharCode(96 + i)];
       lines.push(`${name}: &${name} [${Array(10).fill(`*${previous}`).join(', ')}]`);
     }
-    expect(issueAt(issuesOf(() => parse(lines.join('\n'))), '')).toMatch(/^not valid YAML: Excessive alias count/);
+    expect(
+      issueAt(
+        issuesOf(() => parse(lines.join('\n'))),
+        '',
+      ),
+    ).toMatch(/^not valid YAML: Excessive alias count/);
   });
 
   it('refuses text that is not JSON, giving the line and column', () => {
@@ -666,7 +707,10 @@ describe('parseConfig: problems in the file', () => {
   it('does not echo the text around a JSON error, which may hold a password', () => {
     const text = `{"hosts": [":pw9@",]}`;
     expect(() => JSON.parse(text)).toThrow('pw9'); // V8 quotes it; the config error must not
-    const message = issueAt(issuesOf(() => parse(text, { format: 'json' })), '');
+    const message = issueAt(
+      issuesOf(() => parse(text, { format: 'json' })),
+      '',
+    );
     expect(message).toBe("not valid JSON: Unexpected token ']'");
   });
 });
@@ -733,7 +777,12 @@ describe('loadConfig', () => {
     const error = await loadConfig(file, { env: {} }).catch((e: unknown) => e);
     expect(error).toBeInstanceOf(ConfigError);
     expect((error as ConfigError).message).toMatch(/huge\.yaml is 1\.0 MiB; a config is at most 1 MiB/);
-    expect(issueAt(issuesOf(() => parse(stringify(raw))), '')).toMatch(/is 1\.0 MiB; a config is at most 1 MiB/);
+    expect(
+      issueAt(
+        issuesOf(() => parse(stringify(raw))),
+        '',
+      ),
+    ).toMatch(/is 1\.0 MiB; a config is at most 1 MiB/);
   });
 });
 
@@ -816,7 +865,9 @@ describe('lockTimeout of zero', () => {
 
 describe('${VAR:-default}', () => {
   it('takes the default when the variable is unset or empty, the value otherwise', () => {
-    expect(expandEnv('postgres://${HOST:-localhost}:${PORT:-5432}/app', {})).toEqual({ value: 'postgres://localhost:5432/app' });
+    expect(expandEnv('postgres://${HOST:-localhost}:${PORT:-5432}/app', {})).toEqual({
+      value: 'postgres://localhost:5432/app',
+    });
     expect(expandEnv('postgres://${HOST:-localhost}/app', { HOST: '' })).toEqual({ value: 'postgres://localhost/app' });
     expect(expandEnv('postgres://${HOST:-localhost}/app', { HOST: 'db1' })).toEqual({ value: 'postgres://db1/app' });
   });

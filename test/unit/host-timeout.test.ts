@@ -3,7 +3,11 @@ import { parseConfig } from '../../src/config/load.js';
 import { ConfigError } from '../../src/errors.js';
 import { formatMs } from '../../src/fleet/silence.js';
 
-const HOSTS = ['hosts:', '  - { name: pg1, url: "postgres://app@db1/app", shards: "0-1" }', '  - { name: pg2, url: "postgres://app@db2/app", shards: "2-3" }'];
+const HOSTS = [
+  'hosts:',
+  '  - { name: pg1, url: "postgres://app@db1/app", shards: "0-1" }',
+  '  - { name: pg2, url: "postgres://app@db2/app", shards: "2-3" }',
+];
 
 function parse(extra: string[]): ReturnType<typeof parseConfig> {
   return parseConfig(['shards: 4', ...extra, ...HOSTS].join('\n'), { file: '<inline>', checkMigrationsDir: false });

@@ -23,7 +23,8 @@ const SRC = join(import.meta.dirname, '..', '..', 'src');
 function layerOf(file: string): number {
   const top = relative(SRC, file).split('/')[0]!;
   const layer = LAYERS.findIndex((names) => names.includes(top));
-  if (layer === -1) throw new Error(`${relative(SRC, file)} is in no layer: add its folder to LAYERS and docs/architecture.md`);
+  if (layer === -1)
+    throw new Error(`${relative(SRC, file)} is in no layer: add its folder to LAYERS and docs/architecture.md`);
   return layer;
 }
 
@@ -36,7 +37,9 @@ function sourceFiles(dir: string): string[] {
 
 function relativeImports(file: string): string[] {
   const text = readFileSync(file, 'utf8');
-  return [...text.matchAll(/(?:from|import\(?)\s*'(\.{1,2}\/[^']+)'/g)].map((m) => resolve(dirname(file), m[1]!.replace(/\.js$/, '.ts')));
+  return [...text.matchAll(/(?:from|import\(?)\s*'(\.{1,2}\/[^']+)'/g)].map((m) =>
+    resolve(dirname(file), m[1]!.replace(/\.js$/, '.ts')),
+  );
 }
 
 describe('source layers', () => {
@@ -70,26 +73,33 @@ describe('source layers', () => {
     const eager = files
       .filter((file) => relative(SRC, file).startsWith('cli/'))
       .flatMap((file) =>
-        [...readFileSync(file, 'utf8').matchAll(/^import (?!type )[^;]*from '\.\.\/index\.js';/gm)].map((m) => `${relative(SRC, file)}: ${m[0]}`),
+        [...readFileSync(file, 'utf8').matchAll(/^import (?!type )[^;]*from '\.\.\/index\.js';/gm)].map(
+          (m) => `${relative(SRC, file)}: ${m[0]}`,
+        ),
       );
     expect(eager).toEqual([]);
   });
 
-  it.each(['moves', 'provisioning', 'fleet'])('no import cycle inside %s/ (a file never reaches itself through its imports)', (folder) => {
-    const inFolder = files.filter((file) => relative(SRC, file).startsWith(`${folder}/`));
-    const edges = new Map(inFolder.map((file) => [file, relativeImports(file).filter((target) => inFolder.includes(target))]));
-    const cycles: string[] = [];
-    const done = new Set<string>();
-    const visit = (file: string, path: readonly string[]): void => {
-      if (path.includes(file)) {
-        cycles.push([...path.slice(path.indexOf(file)), file].map((f) => relative(SRC, f)).join(' -> '));
-        return;
-      }
-      if (done.has(file)) return;
-      for (const target of edges.get(file) ?? []) visit(target, [...path, file]);
-      done.add(file);
-    };
-    for (const file of inFolder) visit(file, []);
-    expect(cycles).toEqual([]);
-  });
+  it.each(['moves', 'provisioning', 'fleet'])(
+    'no import cycle inside %s/ (a file never reaches itself through its imports)',
+    (folder) => {
+      const inFolder = files.filter((file) => relative(SRC, file).startsWith(`${folder}/`));
+      const edges = new Map(
+        inFolder.map((file) => [file, relativeImports(file).filter((target) => inFolder.includes(target))]),
+      );
+      const cycles: string[] = [];
+      const done = new Set<string>();
+      const visit = (file: string, path: readonly string[]): void => {
+        if (path.includes(file)) {
+          cycles.push([...path.slice(path.indexOf(file)), file].map((f) => relative(SRC, f)).join(' -> '));
+          return;
+        }
+        if (done.has(file)) return;
+        for (const target of edges.get(file) ?? []) visit(target, [...path, file]);
+        done.add(file);
+      };
+      for (const file of inFolder) visit(file, []);
+      expect(cycles).toEqual([]);
+    },
+  );
 });

@@ -39,11 +39,24 @@ describe('id layout', () => {
 
   it('orders ids by time first, whatever the shard and sequence', () => {
     fc.assert(
-      fc.property(fc.bigInt({ min: 0n, max: maxTimeOffsetMs(DEFAULT_ID_LAYOUT) - 1n }), fc.nat(8191), fc.nat(8191), fc.nat(1023), fc.nat(1023), (t, s1, s2, q1, q2) => {
-        const earlier = encodeId({ unixMs: DEFAULT_ID_LAYOUT.epochMs + t, shard: s1, sequence: q1 }, DEFAULT_ID_LAYOUT);
-        const later = encodeId({ unixMs: DEFAULT_ID_LAYOUT.epochMs + t + 1n, shard: s2, sequence: q2 }, DEFAULT_ID_LAYOUT);
-        expect(later > earlier).toBe(true);
-      }),
+      fc.property(
+        fc.bigInt({ min: 0n, max: maxTimeOffsetMs(DEFAULT_ID_LAYOUT) - 1n }),
+        fc.nat(8191),
+        fc.nat(8191),
+        fc.nat(1023),
+        fc.nat(1023),
+        (t, s1, s2, q1, q2) => {
+          const earlier = encodeId(
+            { unixMs: DEFAULT_ID_LAYOUT.epochMs + t, shard: s1, sequence: q1 },
+            DEFAULT_ID_LAYOUT,
+          );
+          const later = encodeId(
+            { unixMs: DEFAULT_ID_LAYOUT.epochMs + t + 1n, shard: s2, sequence: q2 },
+            DEFAULT_ID_LAYOUT,
+          );
+          expect(later > earlier).toBe(true);
+        },
+      ),
     );
   });
 
@@ -57,15 +70,22 @@ describe('id layout', () => {
   });
 
   it('refuses a time past the layout or before the epoch instead of wrapping', () => {
-    expect(() => encodeId({ unixMs: layoutEndUnixMs(DEFAULT_ID_LAYOUT), shard: 0, sequence: 0 }, DEFAULT_ID_LAYOUT)).toThrow(/past the end of the layout.*40 time bits/);
-    expect(() => encodeId({ unixMs: DEFAULT_ID_LAYOUT.epochMs - 1n, shard: 0, sequence: 0 }, DEFAULT_ID_LAYOUT)).toThrow(/before the layout's epoch/);
-    expect(() => encodeId({ unixMs: DEFAULT_ID_LAYOUT.epochMs, shard: 8192, sequence: 0 }, DEFAULT_ID_LAYOUT)).toThrow(/shard 8192 does not fit in 13 bits/);
+    expect(() =>
+      encodeId({ unixMs: layoutEndUnixMs(DEFAULT_ID_LAYOUT), shard: 0, sequence: 0 }, DEFAULT_ID_LAYOUT),
+    ).toThrow(/past the end of the layout.*40 time bits/);
+    expect(() =>
+      encodeId({ unixMs: DEFAULT_ID_LAYOUT.epochMs - 1n, shard: 0, sequence: 0 }, DEFAULT_ID_LAYOUT),
+    ).toThrow(/before the layout's epoch/);
+    expect(() => encodeId({ unixMs: DEFAULT_ID_LAYOUT.epochMs, shard: 8192, sequence: 0 }, DEFAULT_ID_LAYOUT)).toThrow(
+      /shard 8192 does not fit in 13 bits/,
+    );
   });
 
   it('parses ids strictly as decimal 64-bit integers, keeping digits a JavaScript number would lose', () => {
     expect(parseIdString('9223372036854775807')).toBe(9223372036854775807n);
     expect(parseIdString('4035075668629787649')).toBe(4035075668629787649n);
-    for (const bad of ['9223372036854775808', '-1', '1e5', '0x10', ' 1', '', '12.0']) expect(parseIdString(bad)).toBeUndefined();
+    for (const bad of ['9223372036854775808', '-1', '1e5', '0x10', ' 1', '', '12.0'])
+      expect(parseIdString(bad)).toBeUndefined();
   });
 });
 

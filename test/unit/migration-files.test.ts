@@ -1,15 +1,28 @@
 import { describe, expect, it } from 'vitest';
-import { hasNoTransactionMarker, migrationNameProblem, readMarkers, splitStatements } from '../../src/migrations/files.js';
+import {
+  hasNoTransactionMarker,
+  migrationNameProblem,
+  readMarkers,
+  splitStatements,
+} from '../../src/migrations/files.js';
 
 describe('migration files', () => {
   it('finds the no-transaction marker only among the comment lines at the top', () => {
     expect(hasNoTransactionMarker('-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY i ON t (x);')).toBe(true);
-    expect(hasNoTransactionMarker('\n-- Builds an index.\n-- SHARDCTL:NO-TRANSACTION\nCREATE INDEX CONCURRENTLY i ON t (x);')).toBe(true);
+    expect(
+      hasNoTransactionMarker(
+        '\n-- Builds an index.\n-- SHARDCTL:NO-TRANSACTION\nCREATE INDEX CONCURRENTLY i ON t (x);',
+      ),
+    ).toBe(true);
     expect(hasNoTransactionMarker('CREATE TABLE t (x int);\n-- shardctl:no-transaction\n')).toBe(false);
   });
 
   it('reads the lock-timeout and statement-timeout markers among the comment lines at the top', () => {
-    expect(readMarkers('-- Adds views.\n-- shardctl:lock-timeout 2s\n-- shardctl:statement-timeout 10min\nALTER TABLE photos ADD COLUMN v int;')).toEqual({
+    expect(
+      readMarkers(
+        '-- Adds views.\n-- shardctl:lock-timeout 2s\n-- shardctl:statement-timeout 10min\nALTER TABLE photos ADD COLUMN v int;',
+      ),
+    ).toEqual({
       noTransaction: false,
       lockTimeout: '2s',
       statementTimeout: '10min',
@@ -19,10 +32,16 @@ describe('migration files', () => {
   });
 
   it.each([
-    ['-- shardctl:lock-timeout 2 seconds', '-- shardctl:lock-timeout "2 seconds": expected a duration above 0 such as 500ms, 5s or 2min'],
+    [
+      '-- shardctl:lock-timeout 2 seconds',
+      '-- shardctl:lock-timeout "2 seconds": expected a duration above 0 such as 500ms, 5s or 2min',
+    ],
     ['-- shardctl:lock-timeout 0ms', '-- shardctl:lock-timeout "0ms": expected a duration above 0'],
     ['-- shardctl:statement-timeout', '-- shardctl:statement-timeout "": expected a duration'],
-    ['-- shardctl:lock_timeout 2s', 'unknown marker "-- shardctl:lock_timeout 2s" (known markers: -- shardctl:no-transaction, -- shardctl:lock-timeout DURATION'],
+    [
+      '-- shardctl:lock_timeout 2s',
+      'unknown marker "-- shardctl:lock_timeout 2s" (known markers: -- shardctl:no-transaction, -- shardctl:lock-timeout DURATION',
+    ],
     ['-- shardctl:no-transaction please', '-- shardctl:no-transaction takes no value, got "please"'],
   ])('refuses the marker line %j, saying why', (line, message) => {
     const { problems } = readMarkers(`-- header\n${line}\nSELECT 1;`);
@@ -31,11 +50,19 @@ describe('migration files', () => {
     expect(problems[0]!.message).toContain(message);
   });
 
-  it.each(['add_views', 'AddViews', 'v2.1-fix'])('accepts the migration name %j', (name) => expect(migrationNameProblem(name)).toBeNull());
-  it.each(['', '_x', 'add views', 'a/b', 'views.sql?', 'émoji'])('refuses the migration name %j', (name) => expect(migrationNameProblem(name)).toMatch(/expected letters/));
+  it.each(['add_views', 'AddViews', 'v2.1-fix'])('accepts the migration name %j', (name) =>
+    expect(migrationNameProblem(name)).toBeNull(),
+  );
+  it.each(['', '_x', 'add views', 'a/b', 'views.sql?', 'émoji'])('refuses the migration name %j', (name) =>
+    expect(migrationNameProblem(name)).toMatch(/expected letters/),
+  );
 
   it('splits a file into statements at the semicolons the server would end them at', () => {
-    expect(splitStatements('-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY a ON t (x);\nCREATE INDEX CONCURRENTLY b ON t (y);\n-- done\n')).toEqual([
+    expect(
+      splitStatements(
+        '-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY a ON t (x);\nCREATE INDEX CONCURRENTLY b ON t (y);\n-- done\n',
+      ),
+    ).toEqual([
       '-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY a ON t (x)',
       'CREATE INDEX CONCURRENTLY b ON t (y)',
     ]);

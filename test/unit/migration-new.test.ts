@@ -11,7 +11,10 @@ function project(): { dir: string; configFile: string; migrationsDir: string } {
   const migrationsDir = join(dir, 'migrations');
   cpSync(EXAMPLE_MIGRATIONS, migrationsDir, { recursive: true });
   const configFile = join(dir, 'shardctl.yaml');
-  writeFileSync(configFile, 'shards: 8\nmigrations: ./migrations\nhosts:\n  - { name: pg1, url: "postgres://a@h1/db", shards: "0-7" }\n');
+  writeFileSync(
+    configFile,
+    'shards: 8\nmigrations: ./migrations\nhosts:\n  - { name: pg1, url: "postgres://a@h1/db", shards: "0-7" }\n',
+  );
   return { dir, configFile, migrationsDir };
 }
 
@@ -24,7 +27,12 @@ describe('shardctl migration new', () => {
     expect(first.stderr).toContain('migration new: wrote 0004_add_views.sql (version 4)');
     const second = await runCli(['migration', 'new', 'photo_idx', '--no-transaction', '--json', '-c', configFile]);
     expect(second.code).toBe(0);
-    expect(JSON.parse(second.stdout)).toEqual({ path: join(migrationsDir, '0005_photo_idx.sql'), name: '0005_photo_idx', version: 5, noTransaction: true });
+    expect(JSON.parse(second.stdout)).toEqual({
+      path: join(migrationsDir, '0005_photo_idx.sql'),
+      name: '0005_photo_idx',
+      version: 5,
+      noTransaction: true,
+    });
 
     const loaded = await readMigrations(migrationsDir);
     expect(loaded.map((m) => [m.name, m.noTransaction, m.lockTimeout])).toEqual([
@@ -34,8 +42,12 @@ describe('shardctl migration new', () => {
       ['0004_add_views', false, null],
       ['0005_photo_idx', true, null],
     ]);
-    expect(readFileSync(join(migrationsDir, '0004_add_views.sql'), 'utf8')).toMatch(/^-- 0004_add_views: applied once to every shard schema.*in one transaction with its record/s);
-    expect(readFileSync(join(migrationsDir, '0005_photo_idx.sql'), 'utf8')).toMatch(/^-- shardctl:no-transaction\n-- 0005_photo_idx: .*OUTSIDE a transaction.*IF NOT EXISTS/s);
+    expect(readFileSync(join(migrationsDir, '0004_add_views.sql'), 'utf8')).toMatch(
+      /^-- 0004_add_views: applied once to every shard schema.*in one transaction with its record/s,
+    );
+    expect(readFileSync(join(migrationsDir, '0005_photo_idx.sql'), 'utf8')).toMatch(
+      /^-- shardctl:no-transaction\n-- 0005_photo_idx: .*OUTSIDE a transaction.*IF NOT EXISTS/s,
+    );
   });
 
   it('keeps the width of the numbers already in the folder', async () => {
@@ -46,11 +58,14 @@ describe('shardctl migration new', () => {
     expect(readdirSync(migrationsDir)).toContain('000121_next.sql');
   });
 
-  it.each(['add views', '_views', 'a/b', 'views;drop'])('refuses the name %j (exit 2), writing nothing', async (name) => {
-    const { configFile, migrationsDir } = project();
-    const run = await runCli(['migration', 'new', name, '-c', configFile]);
-    expect(run.code).toBe(2);
-    expect(run.stderr).toContain(`argument <name> ${JSON.stringify(name)}: expected letters, digits, _ . or -`);
-    expect(readdirSync(migrationsDir).sort()).toEqual(['0001_photos.sql', '0002_likes.sql', '0003_comments.sql']);
-  });
+  it.each(['add views', '_views', 'a/b', 'views;drop'])(
+    'refuses the name %j (exit 2), writing nothing',
+    async (name) => {
+      const { configFile, migrationsDir } = project();
+      const run = await runCli(['migration', 'new', name, '-c', configFile]);
+      expect(run.code).toBe(2);
+      expect(run.stderr).toContain(`argument <name> ${JSON.stringify(name)}: expected letters, digits, _ . or -`);
+      expect(readdirSync(migrationsDir).sort()).toEqual(['0001_photos.sql', '0002_likes.sql', '0003_comments.sql']);
+    },
+  );
 });

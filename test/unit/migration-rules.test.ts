@@ -1,6 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import type { MigrationFile } from '../../src/migrations/files.js';
-import { describeRollout, driftProblems, fileRollout, fleetLevel, pendingMigrations, shardDrift, shardLevel } from '../../src/migrations/rules.js';
+import {
+  describeRollout,
+  driftProblems,
+  fileRollout,
+  fleetLevel,
+  pendingMigrations,
+  shardDrift,
+  shardLevel,
+} from '../../src/migrations/rules.js';
 
 const file = (version: number, checksum = `c${version}`): MigrationFile => ({
   version,
@@ -36,7 +44,15 @@ describe('migration rules', () => {
       'pg1',
       new Map([
         [0, applied(1, 3)],
-        [1, new Map([[1, 'edited'], [2, 'c2'], [3, 'c3'], [4, 'c4']])],
+        [
+          1,
+          new Map([
+            [1, 'edited'],
+            [2, 'c2'],
+            [3, 'c3'],
+            [4, 'c4'],
+          ]),
+        ],
       ]),
       new Map([[4, '0004_gone']]),
       FILES,
@@ -52,7 +68,16 @@ describe('migration rules', () => {
   });
 
   it('finds the drift of one shard, and the fleet level over hosts', () => {
-    expect(shardDrift(new Map([[1, 'edited'], [2, 'c2'], [9, 'c9']]), FILES)).toEqual([1, 9]);
+    expect(
+      shardDrift(
+        new Map([
+          [1, 'edited'],
+          [2, 'c2'],
+          [9, 'c9'],
+        ]),
+        FILES,
+      ),
+    ).toEqual([1, 9]);
     expect(fleetLevel([new Map([[0, applied(1)]]), new Map([[5, applied(1, 2)]])])).toBe(2);
     expect(fleetLevel([new Map([[0, applied()]])])).toBeNull();
   });
@@ -68,7 +93,11 @@ describe('a rollout in progress', () => {
       { name: '0002_m2', version: 2, applied: 3, shards: 5 },
       { name: '0003_m3', version: 3, applied: 1, shards: 5 },
     ]);
-    expect(describeRollout(rollout)).toEqual(['0001_m1: 4 of 5 shards', '0002_m2: 3 of 5 shards', '0003_m3: 1 of 5 shards']);
+    expect(describeRollout(rollout)).toEqual([
+      '0001_m1: 4 of 5 shards',
+      '0002_m2: 3 of 5 shards',
+      '0003_m3: 1 of 5 shards',
+    ]);
     expect(fileRollout(FILES, [applied(1, 2, 3), applied(1, 2, 3)])).toEqual([]);
   });
 });

@@ -3,7 +3,16 @@ import type { MoveRecord, MoveStep } from '../../src/moves/state.js';
 import { reconcileRecords } from '../../src/moves/run.js';
 
 function recorded(step: MoveStep, detail: Record<string, unknown> = {}): MoveRecord {
-  return { moveId: 'm1', shards: [0, 1], source: 'pg1', target: 'pg2', mode: 'online', step, status: 'running', detail };
+  return {
+    moveId: 'm1',
+    shards: [0, 1],
+    source: 'pg1',
+    target: 'pg2',
+    mode: 'online',
+    step,
+    status: 'running',
+    detail,
+  };
 }
 
 describe('reconcileRecords: the two hosts disagree after a crash between the two updates', () => {
@@ -13,7 +22,11 @@ describe('reconcileRecords: the two hosts disagree after a crash between the two
   });
 
   it('at the same step, the earlier wave wins, and the wave comes with it', () => {
-    const { step, detail } = reconcileRecords(recorded('synced'), recorded('synced', { wave: 2 }), recorded('synced', { wave: 1 }));
+    const { step, detail } = reconcileRecords(
+      recorded('synced'),
+      recorded('synced', { wave: 2 }),
+      recorded('synced', { wave: 1 }),
+    );
     expect(step).toBe('synced');
     expect(detail['wave']).toBe(1);
   });
@@ -28,6 +41,9 @@ describe('reconcileRecords: the two hosts disagree after a crash between the two
   });
 
   it('uses the record that was found when neither host has it any more', () => {
-    expect(reconcileRecords(recorded('verified', { wave: 3 }), undefined, undefined)).toEqual({ step: 'verified', detail: { wave: 3 } });
+    expect(reconcileRecords(recorded('verified', { wave: 3 }), undefined, undefined)).toEqual({
+      step: 'verified',
+      detail: { wave: 3 },
+    });
   });
 });

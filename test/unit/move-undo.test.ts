@@ -35,7 +35,9 @@ describe('move SQL of the cut-over and the leftovers (moves/sql.ts)', () => {
     expect(dropTriggerIfFreeSql('insta"1', 'photo likes', 'shardctl_delta')).toBe(
       `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS "shardctl_delta" ON "insta""1"."photo likes";\nCOMMIT;`,
     );
-    expect(dropFenceTriggerSql('insta1', 'photos')).toBe(`BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS "shardctl_fence" ON "insta1"."photos";\nCOMMIT;`);
+    expect(dropFenceTriggerSql('insta1', 'photos')).toBe(
+      `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS "shardctl_fence" ON "insta1"."photos";\nCOMMIT;`,
+    );
   });
 
   it("stops the tracking: its triggers dropped, the move's keys deleted only when their table exists", () => {
@@ -56,7 +58,14 @@ describe('move SQL of the cut-over and the leftovers (moves/sql.ts)', () => {
   it('checksums several tables in one statement, key subsets as parameters', () => {
     const { sql, params } = checksumsSql([
       { table: { schema: 'insta1', table: 'photos' }, method: 'record' },
-      { table: { schema: 'insta1', table: 'likes' }, method: 'text', keys: { keyed: { table: { schema: 'insta1', table: 'likes' }, columns: ['id'], types: ['bigint'] }, json: '[{"id":1}]' } },
+      {
+        table: { schema: 'insta1', table: 'likes' },
+        method: 'text',
+        keys: {
+          keyed: { table: { schema: 'insta1', table: 'likes' }, columns: ['id'], types: ['bigint'] },
+          json: '[{"id":1}]',
+        },
+      },
     ]);
     expect(sql).toBe(
       `SELECT 0 AS i, count(*)::text AS rows, coalesce(sum(hash_record_extended(t, 0)), 0)::text AS checksum FROM "insta1"."photos" t\n` +
@@ -67,13 +76,17 @@ describe('move SQL of the cut-over and the leftovers (moves/sql.ts)', () => {
   });
 
   it('lists as leftovers the replication objects no running move accounts for, or all of them on a host without moves', () => {
-    expect(leftoverReplicationSql(true)).toContain(`NOT IN (SELECT 'shardctl_move_' || move_id FROM "shardctl".moves WHERE status = 'running')`);
+    expect(leftoverReplicationSql(true)).toContain(
+      `NOT IN (SELECT 'shardctl_move_' || move_id FROM "shardctl".moves WHERE status = 'running')`,
+    );
     expect(leftoverReplicationSql(false)).toContain('NOT IN (SELECT NULL::text WHERE false)');
     expect(leftoverReplicationSql(false)).toContain(`LIKE 'shardctl\\_move\\_%'`);
   });
 
   it("reads the target's shard states only where it has a control schema", () => {
-    expect(targetShardStatesSql(true)).toContain('(SELECT state FROM "shardctl".shards c WHERE c.shard = s.shard) AS state');
+    expect(targetShardStatesSql(true)).toContain(
+      '(SELECT state FROM "shardctl".shards c WHERE c.shard = s.shard) AS state',
+    );
     expect(targetShardStatesSql(false)).toContain('NULL::text AS state');
   });
 });

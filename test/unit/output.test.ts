@@ -20,13 +20,23 @@ describe('formatBytes', () => {
 
 describe('columns', () => {
   it('pads every column but the last to its widest cell', () => {
-    expect(columns([['move', 'shards'], ['pg1 → pg3', '0-2']], '  ')).toEqual(['  move       shards', '  pg1 → pg3  0-2']);
+    expect(
+      columns(
+        [
+          ['move', 'shards'],
+          ['pg1 → pg3', '0-2'],
+        ],
+        '  ',
+      ),
+    ).toEqual(['  move       shards', '  pg1 → pg3  0-2']);
   });
 });
 
 describe("an error's next steps", () => {
   it('the CLI words them as the commands a person types', () => {
-    expect(nextLine(resumeOrAbort([0, 1, 2, 3]), formatShardList)).toBe('next: shardctl move-shard 0-3 --resume, or shardctl move-shard 0-3 --abort');
+    expect(nextLine(resumeOrAbort([0, 1, 2, 3]), formatShardList)).toBe(
+      'next: shardctl move-shard 0-3 --resume, or shardctl move-shard 0-3 --abort',
+    );
     expect(nextLine([{ action: 'resume', shards: [5] }], formatShardList)).toBe('next: shardctl move-shard 5 --resume');
     expect(nextLine([{ action: 'rebalance' }], formatShardList)).toBe('next: shardctl rebalance');
   });
@@ -38,7 +48,10 @@ describe("an error's next steps", () => {
   });
 
   it('are data in the error and its JSON, and absent from the JSON when there are none', () => {
-    const error = new HostError('pg1', 'the fence timed out; resume the move to retry, or abort it', { shard: 3, next: resumeOrAbort([3]) });
+    const error = new HostError('pg1', 'the fence timed out; resume the move to retry, or abort it', {
+      shard: 3,
+      next: resumeOrAbort([3]),
+    });
     expect(error.next).toEqual([
       { action: 'resume', shards: [3] },
       { action: 'abort', shards: [3] },

@@ -15,13 +15,27 @@ import {
 
 const FLEET = '6f1c1f0e-1111-4222-8333-944455556666';
 
-function view(name: string, options: { claims?: Record<number, ShardState>; copy?: Record<number, [string, bigint]>; version?: bigint; fleetId?: string | null; registry?: Record<string, string> } = {}): HostPlacementView {
+function view(
+  name: string,
+  options: {
+    claims?: Record<number, ShardState>;
+    copy?: Record<number, [string, bigint]>;
+    version?: bigint;
+    fleetId?: string | null;
+    registry?: Record<string, string>;
+  } = {},
+): HostPlacementView {
   return {
     reachedAs: name,
-    fleet: options.fleetId === null ? null : { fleetId: options.fleetId ?? FLEET, hostName: name, version: options.version ?? 1n },
+    fleet:
+      options.fleetId === null
+        ? null
+        : { fleetId: options.fleetId ?? FLEET, hostName: name, version: options.version ?? 1n },
     layout: { schemaPrefix: 'insta', shardCount: 8, epochMs: 0n, shardBits: 13, sequenceBits: 10 },
     registry: new Map(Object.entries(options.registry ?? {})),
-    copy: new Map(Object.entries(options.copy ?? {}).map(([shard, [host, version]]) => [Number(shard), { host, version }])),
+    copy: new Map(
+      Object.entries(options.copy ?? {}).map(([shard, [host, version]]) => [Number(shard), { host, version }]),
+    ),
     claims: new Map(Object.entries(options.claims ?? {}).map(([shard, state]) => [Number(shard), state])),
     moving: new Set(),
   };
@@ -29,14 +43,20 @@ function view(name: string, options: { claims?: Record<number, ShardState>; copy
 
 describe('mergePlacement', () => {
   it('places a shard where a host holds it active, whatever the copies say', () => {
-    const merged = mergePlacement([view('pg1', { claims: { 3: 'fenced' }, copy: { 3: ['pg1', 1n] } }), view('pg2', { claims: { 3: 'active' }, copy: { 3: ['pg2', 2n] } })]);
+    const merged = mergePlacement([
+      view('pg1', { claims: { 3: 'fenced' }, copy: { 3: ['pg1', 1n] } }),
+      view('pg2', { claims: { 3: 'active' }, copy: { 3: ['pg2', 2n] } }),
+    ]);
     expect(merged.owners.get(3)).toBe('pg2');
     expect(merged.problems).toEqual([]);
   });
 
   it('keeps a fenced shard on its host until the switch, while the target answers without holding it', () => {
     // The source's copy already names the target (written first at the switch); the target has not activated.
-    const merged = mergePlacement([view('pg1', { claims: { 3: 'fenced' }, copy: { 3: ['pg2', 5n] } }), view('pg2', { claims: { 3: 'incoming' } })]);
+    const merged = mergePlacement([
+      view('pg1', { claims: { 3: 'fenced' }, copy: { 3: ['pg2', 5n] } }),
+      view('pg2', { claims: { 3: 'incoming' } }),
+    ]);
     expect(merged.owners.get(3)).toBe('pg1');
   });
 
@@ -71,18 +91,32 @@ describe('mergePlacement', () => {
     ]);
   });
 
-  it('takes each host\'s address from the registry of the newest host', () => {
+  it("takes each host's address from the registry of the newest host", () => {
     const merged = mergePlacement([
       view('pg1', { version: 2n, registry: { pg1: 'postgres://a/app', pg2: 'postgres://b2/app' } }),
       view('pg2', { version: 1n, registry: { pg2: 'postgres://b1/app', pg3: 'postgres://c/app' } }),
     ]);
-    expect(Object.fromEntries(merged.hosts)).toEqual({ pg1: 'postgres://a/app', pg2: 'postgres://b2/app', pg3: 'postgres://c/app' });
+    expect(Object.fromEntries(merged.hosts)).toEqual({
+      pg1: 'postgres://a/app',
+      pg2: 'postgres://b2/app',
+      pg3: 'postgres://c/app',
+    });
   });
 });
 
 describe('the file against the fleet', () => {
   const config = parseConfig(
-    ['shards: 8', 'hosts:', '  - name: pg1', '    url: postgres://db1/app', '    shards: "0-3"', '  - name: pg2', '    url: postgres://db2/app', '    shards: "4-7"', ''].join('\n'),
+    [
+      'shards: 8',
+      'hosts:',
+      '  - name: pg1',
+      '    url: postgres://db1/app',
+      '    shards: "0-3"',
+      '  - name: pg2',
+      '    url: postgres://db2/app',
+      '    shards: "4-7"',
+      '',
+    ].join('\n'),
     { file: '<inline>', env: {}, checkMigrationsDir: false },
   );
 
@@ -100,27 +134,49 @@ describe('the file against the fleet', () => {
   });
 
   it('compares nothing shard by shard when the fleet has another layout', () => {
-    const other = { ...view('pg1', { claims: { 5: 'active' } }), layout: { schemaPrefix: 'other', shardCount: 4, epochMs: 0n, shardBits: 13, sequenceBits: 10 } };
+    const other = {
+      ...view('pg1', { claims: { 5: 'active' } }),
+      layout: { schemaPrefix: 'other', shardCount: 4, epochMs: 0n, shardBits: 13, sequenceBits: 10 },
+    };
     expect(mapDisagreements(config, mergePlacement([other]))).toEqual([]);
   });
 });
 
 describe('addresses and credentials', () => {
   it('keeps no user or password in a registry address', () => {
-    expect(hostAddress('postgres://app:s3cret@db1:5432/app?sslmode=require&password=x')).toBe('postgres://db1:5432/app?sslmode=require');
+    expect(hostAddress('postgres://app:s3cret@db1:5432/app?sslmode=require&password=x')).toBe(
+      'postgres://db1:5432/app?sslmode=require',
+    );
     expect(hostAddress('not a url')).toBeNull();
   });
 
-  it('reaches an address with the seed\'s user and password', () => {
-    expect(withCredentials('postgres://db3:5433/app', 'postgres://app:p%40ss@db1/app')).toBe('postgres://app:p%40ss@db3:5433/app');
+  it("reaches an address with the seed's user and password", () => {
+    expect(withCredentials('postgres://db3:5433/app', 'postgres://app:p%40ss@db1/app')).toBe(
+      'postgres://app:p%40ss@db3:5433/app',
+    );
     expect(withCredentials('postgres://db3:5433/app', undefined)).toBe('postgres://db3:5433/app');
   });
 });
 
 describe('map pull rewrite', () => {
   it('moves the shards between lists, keeps comments, and adds a host the file lacks', () => {
-    const text = ['# the map', 'shards: 8', 'hosts:', '  - name: pg1 # first', '    url: ${PG1}', '    shards: "0-3"', '  - name: pg2', '    url: postgres://db2/app', '    shards: "4-7"', ''].join('\n');
-    const owners = new Map([[2, 'pg2'], [3, 'pg2'], [7, 'pg3']]);
+    const text = [
+      '# the map',
+      'shards: 8',
+      'hosts:',
+      '  - name: pg1 # first',
+      '    url: ${PG1}',
+      '    shards: "0-3"',
+      '  - name: pg2',
+      '    url: postgres://db2/app',
+      '    shards: "4-7"',
+      '',
+    ].join('\n');
+    const owners = new Map([
+      [2, 'pg2'],
+      [3, 'pg2'],
+      [7, 'pg3'],
+    ]);
     const out = rewriteOwnersYaml(text, owners, [{ name: 'pg3', url: 'postgres://db3/app' }])!;
     expect(out).toContain('# the map');
     expect(out).toContain('- name: pg1 # first');
@@ -142,7 +198,9 @@ describe('fleetConfig', () => {
       error = e;
     }
     expect(error).toBeInstanceOf(HostError);
-    expect((error as HostError).message).toBe('host pg1: no shardctl control schema on the seeds (initialise the fleet first)');
+    expect((error as HostError).message).toBe(
+      'host pg1: no shardctl control schema on the seeds (initialise the fleet first)',
+    );
     expect((error as HostError).next).toEqual([{ action: 'init' }]);
   });
 });

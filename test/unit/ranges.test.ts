@@ -10,7 +10,8 @@ function shardsOf(text: string): number[] {
 
 function errorOf(text: string): string {
   const result = parseShardList(text);
-  if (!('error' in result)) throw new Error(`expected ${JSON.stringify(text)} to be refused, got ${result.shards.join(',')}`);
+  if (!('error' in result))
+    throw new Error(`expected ${JSON.stringify(text)} to be refused, got ${result.shards.join(',')}`);
   return result.error;
 }
 

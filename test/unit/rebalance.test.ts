@@ -4,9 +4,17 @@ import { formatShardList } from '../../src/config/ranges.js';
 import { planRebalance, type RebalanceBy, type RebalanceHost, type RebalancePlan } from '../../src/moves/rebalance.js';
 
 const range = (first: number, last: number): number[] => Array.from({ length: last - first + 1 }, (_, i) => first + i);
-const host = (name: string, shards: number[], extra: Partial<RebalanceHost> = {}): RebalanceHost => ({ name, weight: 1, drain: false, shards, ...extra });
-const uniform = (shards: number, bytes = 8192n): Map<number, bigint> => new Map(range(0, shards - 1).map((s) => [s, bytes]));
-const table = (plan: RebalancePlan) => plan.moves.map((m) => `${m.source} → ${m.target}: ${formatShardList([...m.shards])} (${m.bytes})`);
+const host = (name: string, shards: number[], extra: Partial<RebalanceHost> = {}): RebalanceHost => ({
+  name,
+  weight: 1,
+  drain: false,
+  shards,
+  ...extra,
+});
+const uniform = (shards: number, bytes = 8192n): Map<number, bigint> =>
+  new Map(range(0, shards - 1).map((s) => [s, bytes]));
+const table = (plan: RebalancePlan) =>
+  plan.moves.map((m) => `${m.source} → ${m.target}: ${formatShardList([...m.shards])} (${m.bytes})`);
 
 /** The map after the plan: host → shards; fails if a move takes a shard its source does not hold. */
 function apply(hosts: readonly RebalanceHost[], plan: RebalancePlan): Map<string, Set<number>> {
@@ -44,7 +52,11 @@ describe('planRebalance by count', () => {
   });
 
   it('empties a draining host onto the others, respecting weights', () => {
-    const hosts = [host('pg1', range(0, 3)), host('pg2', range(4, 7), { weight: 2 }), host('pg3', range(8, 11), { drain: true })];
+    const hosts = [
+      host('pg1', range(0, 3)),
+      host('pg2', range(4, 7), { weight: 2 }),
+      host('pg3', range(8, 11), { drain: true }),
+    ];
     const plan = planRebalance(hosts, uniform(12), 'count');
     const after = apply(hosts, plan);
     expect([...after.get('pg3')!]).toEqual([]);
@@ -67,7 +79,12 @@ describe('planRebalance by count', () => {
   });
 
   it('is deterministic', () => {
-    const hosts = [host('a', range(0, 40)), host('b', range(41, 50), { weight: 1.5 }), host('c', [], { weight: 0.5 }), host('d', range(51, 60), { drain: true })];
+    const hosts = [
+      host('a', range(0, 40)),
+      host('b', range(41, 50), { weight: 1.5 }),
+      host('c', [], { weight: 0.5 }),
+      host('d', range(51, 60), { drain: true }),
+    ];
     const sizes = new Map(range(0, 60).map((s) => [s, BigInt((s * 7919) % 1000)]));
     expect(planRebalance(hosts, sizes, 'count')).toEqual(planRebalance(hosts, sizes, 'count'));
     expect(planRebalance(hosts, sizes, 'size')).toEqual(planRebalance(hosts, sizes, 'size'));
@@ -77,7 +94,14 @@ describe('planRebalance by count', () => {
 describe('planRebalance by size', () => {
   it('moves the largest shard that fits the gap instead of many small ones', () => {
     // pg1 holds 1000 bytes, pg2 none: the share is 500 each; shard 0 (500 bytes) is exactly the gap.
-    const sizes = new Map<number, bigint>([[0, 500n], [1, 100n], [2, 100n], [3, 100n], [4, 100n], [5, 100n]]);
+    const sizes = new Map<number, bigint>([
+      [0, 500n],
+      [1, 100n],
+      [2, 100n],
+      [3, 100n],
+      [4, 100n],
+      [5, 100n],
+    ]);
     const plan = planRebalance([host('pg1', range(0, 5)), host('pg2', [])], sizes, 'size');
     expect(table(plan)).toEqual(['pg1 → pg2: 0 (500)']);
     expect(plan.hosts.map((h) => [h.host, h.bytesAfter, h.idealBytes])).toEqual([
@@ -87,20 +111,33 @@ describe('planRebalance by size', () => {
   });
 
   it('leaves a host above its share when the only shard it could give is bigger than both gaps together', () => {
-    const sizes = new Map<number, bigint>([[0, 900n], [1, 100n]]);
+    const sizes = new Map<number, bigint>([
+      [0, 900n],
+      [1, 100n],
+    ]);
     expect(planRebalance([host('pg1', [0, 1]), host('pg2', [])], sizes, 'size').moves).toEqual([
       { source: 'pg1', target: 'pg2', shards: [1], bytes: 100n },
     ]);
   });
 
   it('balances empty shards by count (an empty shard weighs one byte)', () => {
-    const plan = planRebalance([host('pg1', range(0, 7)), host('pg2', range(8, 15)), host('pg3', []), host('pg4', [])], uniform(16, 0n), 'size');
+    const plan = planRebalance(
+      [host('pg1', range(0, 7)), host('pg2', range(8, 15)), host('pg3', []), host('pg4', [])],
+      uniform(16, 0n),
+      'size',
+    );
     const after = apply([host('pg1', range(0, 7)), host('pg2', range(8, 15)), host('pg3', []), host('pg4', [])], plan);
     expect([...after.values()].map((s) => s.size)).toEqual([4, 4, 4, 4]);
   });
 
   it('sends a draining host’s shards, the largest first, to whoever is furthest below its share', () => {
-    const sizes = new Map<number, bigint>([[0, 100n], [1, 100n], [2, 300n], [3, 50n], [4, 50n]]);
+    const sizes = new Map<number, bigint>([
+      [0, 100n],
+      [1, 100n],
+      [2, 300n],
+      [3, 50n],
+      [4, 50n],
+    ]);
     const hosts = [host('pg1', [0]), host('pg2', [1]), host('pg3', [2, 3, 4], { drain: true })];
     const plan = planRebalance(hosts, sizes, 'size');
     expect(table(plan)).toEqual(['pg3 → pg1: 2 (300)', 'pg3 → pg2: 3-4 (100)']);
@@ -113,7 +150,10 @@ describe('planRebalance by size', () => {
 const fleets = fc
   .record({
     shards: fc.integer({ min: 1, max: 120 }),
-    hosts: fc.array(fc.record({ weight: fc.constantFrom(0.5, 1, 1, 2, 3.25), drain: fc.boolean() }), { minLength: 1, maxLength: 6 }),
+    hosts: fc.array(fc.record({ weight: fc.constantFrom(0.5, 1, 1, 2, 3.25), drain: fc.boolean() }), {
+      minLength: 1,
+      maxLength: 6,
+    }),
     seed: fc.array(fc.nat(), { minLength: 120, maxLength: 120 }),
     sizes: fc.array(fc.bigInt({ min: 0n, max: 10_000_000_000n }), { minLength: 120, maxLength: 120 }),
     by: fc.constantFrom<RebalanceBy>('count', 'size'),
@@ -162,7 +202,10 @@ describe('planRebalance properties', () => {
         const weights = hosts.filter((h) => !h.drain).reduce((n, h) => n + h.weight, 0);
         for (const h of hosts) {
           const ideal = h.drain ? 0 : (total * h.weight) / weights;
-          expect(Math.abs(after.get(h.name)!.size - ideal), `${h.name}: ${after.get(h.name)!.size} vs ${ideal}`).toBeLessThan(1 + 1e-9);
+          expect(
+            Math.abs(after.get(h.name)!.size - ideal),
+            `${h.name}: ${after.get(h.name)!.size} vs ${ideal}`,
+          ).toBeLessThan(1 + 1e-9);
         }
         // The fewest moves: every host gives what it holds above the floor of its share, except that
         // the ceilings left over (one each) go to hosts already holding that many.
@@ -199,7 +242,8 @@ describe('planRebalance properties', () => {
         const next = hosts.map((h) => ({ ...h, shards: [...partial.get(h.name)!].sort((a, b) => a - b) }));
         const rest = planRebalance(next, sizes, 'count');
         const movedBefore = new Set(done.moves.flatMap((m) => m.shards));
-        for (const m of rest.moves) for (const s of m.shards) expect(movedBefore.has(s), `shard ${s} moved again`).toBe(false);
+        for (const m of rest.moves)
+          for (const s of m.shards) expect(movedBefore.has(s), `shard ${s} moved again`).toBe(false);
         expect(done.moves.reduce((n, m) => n + m.shards.length, 0) + rest.shardsMoved).toBe(plan.shardsMoved);
       }),
       { numRuns: 300 },

@@ -50,9 +50,17 @@ describe('rewriting the map file concurrently', () => {
     const { rewriteShardOwner } = await import('../../src/config/rewrite.js');
     const file = join(mkdtempSync(join(tmpdir(), 'rewrite-')), 'shardctl.yaml');
     writeFileSync(file, yaml);
-    await Promise.all([rewriteShardOwner(file, 1, 'pg1', 'pg3'), rewriteShardOwner(file, 5, 'pg2', 'pg3'), rewriteShardOwner(file, 2, 'pg1', 'pg3')]);
+    await Promise.all([
+      rewriteShardOwner(file, 1, 'pg1', 'pg3'),
+      rewriteShardOwner(file, 5, 'pg2', 'pg3'),
+      rewriteShardOwner(file, 2, 'pg1', 'pg3'),
+    ]);
     const config = parseConfig(readFileSync(file, 'utf8'), { file, checkMigrationsDir: false });
-    expect(config.hosts.map((h) => h.shards)).toEqual([[0, 3], [4, 6, 7], [1, 2, 5]]);
+    expect(config.hosts.map((h) => h.shards)).toEqual([
+      [0, 3],
+      [4, 6, 7],
+      [1, 2, 5],
+    ]);
   });
 });
 

@@ -8,17 +8,27 @@ import { checkPgInternals, statementMessages, TransactionStart } from '../../src
 const { serialize } = createRequire(import.meta.url)('pg-protocol') as {
   serialize: { parse(q: { text: string }): Buffer; bind(c: object): Buffer; execute(c: object): Buffer };
 };
-const pgWrites = (text: string): Buffer => Buffer.concat([serialize.parse({ text }), serialize.bind({}), serialize.execute({})]);
+const pgWrites = (text: string): Buffer =>
+  Buffer.concat([serialize.parse({ text }), serialize.bind({}), serialize.execute({})]);
 
 describe('statementMessages (BEGIN, SET LOCAL and COMMIT sent with fn’s query)', () => {
   it('is byte for byte what pg writes for Parse/Bind/Execute of the same text', () => {
-    for (const text of ['BEGIN', 'BEGIN READ ONLY', 'COMMIT', 'SET LOCAL search_path TO "insta5"', 'SET LOCAL search_path TO "ünï ""q"""']) {
+    for (const text of [
+      'BEGIN',
+      'BEGIN READ ONLY',
+      'COMMIT',
+      'SET LOCAL search_path TO "insta5"',
+      'SET LOCAL search_path TO "ünï ""q"""',
+    ]) {
       expect(statementMessages(text).equals(pgWrites(text))).toBe(true);
     }
     fc.assert(
-      fc.property(fc.string({ unit: 'grapheme', minLength: 1 }).filter((t) => !t.includes('\0')), (text) => {
-        expect(statementMessages(text).toString('hex')).toBe(pgWrites(text).toString('hex'));
-      }),
+      fc.property(
+        fc.string({ unit: 'grapheme', minLength: 1 }).filter((t) => !t.includes('\0')),
+        (text) => {
+          expect(statementMessages(text).toString('hex')).toBe(pgWrites(text).toString('hex'));
+        },
+      ),
     );
   });
 
@@ -26,7 +36,11 @@ describe('statementMessages (BEGIN, SET LOCAL and COMMIT sent with fn’s query)
     const start = new TransactionStart(['BEGIN READ ONLY', 'SET LOCAL search_path TO "insta7"']);
     expect(start.text).toBe('BEGIN READ ONLY; SET LOCAL search_path TO "insta7"');
     expect(start.statements).toBe(2);
-    expect(start.messages.equals(Buffer.concat([pgWrites('BEGIN READ ONLY'), pgWrites('SET LOCAL search_path TO "insta7"')]))).toBe(true);
+    expect(
+      start.messages.equals(
+        Buffer.concat([pgWrites('BEGIN READ ONLY'), pgWrites('SET LOCAL search_path TO "insta7"')]),
+      ),
+    ).toBe(true);
   });
 });
 
@@ -40,7 +54,13 @@ describe('the pg internals FirstQuery relies on', () => {
       submit(): void {}
       handleCommandComplete(): void {}
     }
-    expect(checkPgInternals(Partial, '8.23.1')).toEqual({ ok: false, reason: "pg's Query has no _getRows, handleEmptyQuery" });
-    expect(checkPgInternals(pg.Query, '9.0.0')).toEqual({ ok: false, reason: 'pg 9.0.0 is outside the tested range 8.x (tested with 8.23)' });
+    expect(checkPgInternals(Partial, '8.23.1')).toEqual({
+      ok: false,
+      reason: "pg's Query has no _getRows, handleEmptyQuery",
+    });
+    expect(checkPgInternals(pg.Query, '9.0.0')).toEqual({
+      ok: false,
+      reason: 'pg 9.0.0 is outside the tested range 8.x (tested with 8.23)',
+    });
   });
 });

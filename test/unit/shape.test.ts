@@ -1,7 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { describeShapeDifference, shapeOutliers, type ShardShape } from '../../src/migrations/rules.js';
 
-const shape = (shard: number, fingerprint: string, level = '1,2'): ShardShape => ({ shard, host: 'pg1', level, fingerprint });
+const shape = (shard: number, fingerprint: string, level = '1,2'): ShardShape => ({
+  shard,
+  host: 'pg1',
+  level,
+  fingerprint,
+});
 
 describe('shapeOutliers', () => {
   it('names the shards whose shape differs from most shards of the same migrations, with a reference of the majority', () => {
@@ -47,9 +52,9 @@ describe('describeShapeDifference', () => {
   });
 
   it('says when only the column order differs, and nothing when the columns are the same', () => {
-    expect(describeShapeDifference('insta7', [reference[1]!, reference[0]!, reference[2]!], 'insta0', reference)).toEqual([
-      'the columns of insta7 are in another order than in insta0',
-    ]);
+    expect(
+      describeShapeDifference('insta7', [reference[1]!, reference[0]!, reference[2]!], 'insta0', reference),
+    ).toEqual(['the columns of insta7 are in another order than in insta0']);
     expect(describeShapeDifference('insta7', reference, 'insta0', reference)).toEqual([]);
   });
 });

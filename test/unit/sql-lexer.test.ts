@@ -8,7 +8,9 @@ const texts = (sql: string) => splitSql(sql).statements.map((s) => s.text);
 const keywords = (sql: string) => splitSql(sql).statements.map((s) => s.keywords.join(' '));
 
 /** Text that the server reads as one opaque token (or nothing), whatever the random content holds. */
-const hostile = fc.string({ unit: fc.constantFrom('a', ';', "'", '"', '$', '-', '/', '*', '\\', '\n', ' ', 'commit', 'E', 'x') });
+const hostile = fc.string({
+  unit: fc.constantFrom('a', ';', "'", '"', '$', '-', '/', '*', '\\', '\n', ' ', 'commit', 'E', 'x'),
+});
 const opaque = fc.oneof(
   // A backslash before a quote in '…' reads differently with standard_conforming_strings off, and
   // checks run over both readings: tested apart.
@@ -18,7 +20,9 @@ const opaque = fc.oneof(
   hostile.filter((s) => !s.includes('$q$')).map((s) => `$q$${s}$q$`),
   hostile.filter((s) => !s.includes('$$') && !s.endsWith('$')).map((s) => `$$${s}$$`),
   hostile.filter((s) => !/[\r\n]/.test(s)).map((s) => `--${s}\n`),
-  hostile.filter((s) => !s.includes('*/') && !s.includes('/*') && !s.endsWith('/') && !s.startsWith('*')).map((s) => `/*${s}*/`),
+  hostile
+    .filter((s) => !s.includes('*/') && !s.includes('/*') && !s.endsWith('/') && !s.startsWith('*'))
+    .map((s) => `/*${s}*/`),
 );
 
 describe('splitSql', () => {
@@ -42,23 +46,24 @@ describe('splitSql', () => {
     ['/* a /* nested; */ still; commit */ select 1', 1],
     ['select 1 -- ; commit\n', 1],
     ["select U&'d\\0061t;a', B'01', X'ff'; commit", 2],
-    ["create function f() returns int language sql begin atomic select 1; select case when true then 2 end; end; commit", 2],
+    [
+      'create function f() returns int language sql begin atomic select 1; select case when true then 2 end; end; commit',
+      2,
+    ],
     ['create or replace procedure p() language sql begin atomic insert into t values (1); end; select 1', 2],
   ])('%s: %i statements', (sql, count) => {
     expect(texts(sql)).toHaveLength(count);
   });
 
   it('gives each statement its leading keywords, lower-cased', () => {
-    expect(keywords('SET LOCAL lock_timeout = 1; Set Search_Path TO public; (select 1); ROLLBACK TO SAVEPOINT a')).toEqual([
-      'set local lock_timeout',
-      'set search_path to public',
-      '',
-      'rollback to savepoint a',
-    ]);
+    expect(
+      keywords('SET LOCAL lock_timeout = 1; Set Search_Path TO public; (select 1); ROLLBACK TO SAVEPOINT a'),
+    ).toEqual(['set local lock_timeout', 'set search_path to public', '', 'rollback to savepoint a']);
   });
 
   it('says when a string, identifier, dollar quote or comment is left open', () => {
-    for (const sql of ["select 'a", 'select "a', 'select $x$ a', 'select /* a /* b */', "select E'a\\'"]) expect(splitSql(sql).unterminated).toBe(true);
+    for (const sql of ["select 'a", 'select "a', 'select $x$ a', 'select /* a /* b */', "select E'a\\'"])
+      expect(splitSql(sql).unterminated).toBe(true);
     expect(splitSql("select 'a' -- no newline").unterminated).toBe(false);
   });
 
@@ -70,7 +75,10 @@ describe('splitSql', () => {
     // On: 'x\'' runs on to the last quote and hides COMMIT. Off: 'x\'' ends, and COMMIT is code.
     const hidden = "select 'x\\'' ; commit; --'";
     expect(splitSql(hidden).statements.map((s) => s.keywords[0])).toEqual(['select']);
-    expect(splitSql(hidden, { backslashQuotes: true }).statements.map((s) => s.keywords[0])).toEqual(['select', 'commit']);
+    expect(splitSql(hidden, { backslashQuotes: true }).statements.map((s) => s.keywords[0])).toEqual([
+      'select',
+      'commit',
+    ]);
     expect(splitSqlBothWays(hidden).map((s) => s.keywords[0])).toEqual(['select', 'select', 'commit']);
     expect(execRefusal(hidden, false)).toContain('as read with standard_conforming_strings off');
     // A reading that leaves a quote open runs nothing on a server that reads it so: only the other counts.
@@ -93,16 +101,21 @@ describe('splitSql', () => {
 
   it('finds every top-level COMMIT among opaque text, on the right line (property)', () => {
     fc.assert(
-      fc.property(fc.array(fc.tuple(fc.boolean(), fc.array(opaque, { maxLength: 3 })), { minLength: 1, maxLength: 6 }), (parts) => {
-        const sql = parts.map(([commit, opaques]) => (commit ? `commit ${opaques.join(' ')}` : `select ${opaques.join(' ')} 1`)).join(';\n');
-        const statements = splitSql(sql).statements;
-        expect(statements.map((s) => s.keywords[0])).toEqual(parts.map(([commit]) => (commit ? 'commit' : 'select')));
-        let line = 1;
-        parts.forEach(([, opaques], i) => {
-          expect(statements[i]!.line).toBe(line);
-          line += `${opaques.join(' ')}\n`.split('\n').length - 1;
-        });
-      }),
+      fc.property(
+        fc.array(fc.tuple(fc.boolean(), fc.array(opaque, { maxLength: 3 })), { minLength: 1, maxLength: 6 }),
+        (parts) => {
+          const sql = parts
+            .map(([commit, opaques]) => (commit ? `commit ${opaques.join(' ')}` : `select ${opaques.join(' ')} 1`))
+            .join(';\n');
+          const statements = splitSql(sql).statements;
+          expect(statements.map((s) => s.keywords[0])).toEqual(parts.map(([commit]) => (commit ? 'commit' : 'select')));
+          let line = 1;
+          parts.forEach(([, opaques], i) => {
+            expect(statements[i]!.line).toBe(line);
+            line += `${opaques.join(' ')}\n`.split('\n').length - 1;
+          });
+        },
+      ),
       { numRuns: 300 },
     );
   });
@@ -161,13 +174,16 @@ describe('transactionEscape', () => {
 
 describe('execRefusal', () => {
   it.each([
-    ['set transaction read write; insert into photos(user_id) values (42) returning id', 'statement 1 "set transaction read write": SET is not a read'],
+    [
+      'set transaction read write; insert into photos(user_id) values (42) returning id',
+      'statement 1 "set transaction read write": SET is not a read',
+    ],
     ['commit; insert into photos(user_id) values (1)', 'statement 1 "commit": COMMIT ends or starts a transaction'],
     ['select 1; commit; create table public.t(x int)', 'statement 2 "commit": COMMIT'],
     ['select 1;\n delete from photos', 'statement 2 (line 2) "delete from photos": DELETE is not a read'],
     ["copy (select 1) to program 'true'", 'the statement "copy (select 1) to program \'true\'": COPY is not a read'],
     ["select set_config('search_path','public',false)", 'set_config() changes a setting'],
-    ["select pg_advisory_lock(1)", 'pg_advisory_lock acts outside the transaction'],
+    ['select pg_advisory_lock(1)', 'pg_advisory_lock acts outside the transaction'],
     ["select lo_export(1, '/tmp/x')", 'lo_export acts outside the transaction'],
     ["select * from dblink('x', 'delete from t') as t(x int)", 'dblink acts outside'],
     ["select pg_notify('c', 'x')", 'pg_notify acts outside'],
@@ -186,7 +202,7 @@ describe('execRefusal', () => {
     'table photos',
     'show search_path',
     'explain select * from photos',
-    "select 'commit; delete from photos', \"set_config\", set_config from t -- ; drop table t\n",
+    'select \'commit; delete from photos\', "set_config", set_config from t -- ; drop table t\n',
     "select regexp_replace(x, '\\s+', ' ') from t",
     'select 1;;',
   ])('runs %s read-only', (sql) => {
@@ -202,23 +218,35 @@ describe('execRefusal', () => {
 
 describe('migrationFileProblems', () => {
   it('names the line of each statement that ends the transaction or changes the session', () => {
-    expect(migrationFileProblems('CREATE TABLE a2(x int);\nCOMMIT;\nCREATE TABLE b2(x int);', false).map((p) => p.line)).toEqual([2]);
-    expect(migrationFileProblems('CREATE TABLE e2(x int); ROLLBACK; BEGIN;', false).map((p) => p.statement)).toEqual(['ROLLBACK', 'BEGIN']);
-    expect(migrationFileProblems('-- x\n\nSET search_path TO public;\nRESET ALL;\nSET ROLE x;', false).map((p) => p.line)).toEqual([3, 4, 5]);
+    expect(
+      migrationFileProblems('CREATE TABLE a2(x int);\nCOMMIT;\nCREATE TABLE b2(x int);', false).map((p) => p.line),
+    ).toEqual([2]);
+    expect(migrationFileProblems('CREATE TABLE e2(x int); ROLLBACK; BEGIN;', false).map((p) => p.statement)).toEqual([
+      'ROLLBACK',
+      'BEGIN',
+    ]);
+    expect(
+      migrationFileProblems('-- x\n\nSET search_path TO public;\nRESET ALL;\nSET ROLE x;', false).map((p) => p.line),
+    ).toEqual([3, 4, 5]);
   });
 
   it('allows SET LOCAL of other settings, savepoints, and COMMIT inside bodies, strings and identifiers', () => {
     const file = [
       "SET LOCAL lock_timeout = '1s';",
       'SAVEPOINT s; RELEASE SAVEPOINT s;',
-      "CREATE PROCEDURE p() LANGUAGE plpgsql AS $body$ BEGIN COMMIT; END $body$;",
-      "CREATE TABLE \"commit;\" (x text DEFAULT 'rollback; set role x'); -- commit;",
+      'CREATE PROCEDURE p() LANGUAGE plpgsql AS $body$ BEGIN COMMIT; END $body$;',
+      'CREATE TABLE "commit;" (x text DEFAULT \'rollback; set role x\'); -- commit;',
       '/* COMMIT; */ CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END;',
     ].join('\n');
     expect(migrationFileProblems(file, false)).toEqual([]);
   });
 
   it('refuses savepoints and SET LOCAL in a no-transaction file', () => {
-    expect(migrationFileProblems('-- shardctl:no-transaction\nSAVEPOINT a;\nSET LOCAL lock_timeout = 1;\nCREATE INDEX CONCURRENTLY i ON t (x);', true).map((p) => p.line)).toEqual([2, 3]);
+    expect(
+      migrationFileProblems(
+        '-- shardctl:no-transaction\nSAVEPOINT a;\nSET LOCAL lock_timeout = 1;\nCREATE INDEX CONCURRENTLY i ON t (x);',
+        true,
+      ).map((p) => p.line),
+    ).toEqual([2, 3]);
   });
 });

@@ -23,16 +23,22 @@ describe('SQL templates', () => {
     const nextId = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
     expect(nextId).toContain('LANGUAGE sql VOLATILE');
     expect(nextId.match(/nextval\(/g)).toHaveLength(1);
-    const [, condition, id] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
+    const [, condition, id] =
+      /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
     // The draw and the clock are in the condition; currval() only in the result, which CASE
     // evaluates after its condition.
     expect(condition).toContain('pg_catalog.nextval(seq)');
     expect(condition).not.toContain('currval');
     expect(id!.match(/pg_catalog\.currval\(seq\)/g)).toHaveLength(2);
     // next_id_fast()'s id, with pos read back by currval(): the same ids.
-    const fast = sql.slice(sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id_fast'), sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'));
+    const fast = sql.slice(
+      sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id_fast'),
+      sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'),
+    );
     const [, , fastId] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)/s.exec(fast)!;
-    expect(id!.replaceAll(/\s+/g, ' ')).toBe(fastId!.replaceAll('pos', 'pg_catalog.currval(seq)').replaceAll(/\s+/g, ' '));
+    expect(id!.replaceAll(/\s+/g, ' ')).toBe(
+      fastId!.replaceAll('pos', 'pg_catalog.currval(seq)').replaceAll(/\s+/g, ' '),
+    );
     expect(condition!.replaceAll(/\s+/g, ' ')).toBe(
       "'2011-08-24T21:07:01.723Z'::timestamptz + ((pg_catalog.nextval(seq) << 13) >> 23) * interval '1 millisecond' > GREATEST(pg_catalog.clock_timestamp(), '2011-08-24T21:07:01.723Z'::timestamptz)",
     );
@@ -42,7 +48,9 @@ describe('SQL templates', () => {
   it("locks next_id's slow path with a row of the control schema's id_locks, never an advisory lock", () => {
     const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
     expect(sql).not.toMatch(/pg_advisory/);
-    expect(sql).toContain('PERFORM FROM "shardctl".id_locks WHERE slot = (seq::oid::bigint % 8192)::integer FOR NO KEY UPDATE;');
+    expect(sql).toContain(
+      'PERFORM FROM "shardctl".id_locks WHERE slot = (seq::oid::bigint % 8192)::integer FOR NO KEY UPDATE;',
+    );
     expect(CONTROL_SCHEMA).toBe(ID_LOCKS_SCHEMA);
   });
 
@@ -67,7 +75,7 @@ describe('SQL templates', () => {
     const position = fc.oneof(
       fc.bigInt({ min: 0n, max }),
       // Around the clock: the positions that matter, at every offset within a few ms.
-      fc.bigInt({ min: -5000n, max: 5000n }).map((d) => (((nowUs / 1000n - layout.epochMs) << 10n) + d)),
+      fc.bigInt({ min: -5000n, max: 5000n }).map((d) => ((nowUs / 1000n - layout.epochMs) << 10n) + d),
       fc.bigInt({ min: 0n, max: 2048n }),
       fc.bigInt({ min: max - 2048n, max: max + 2048n }),
       fc.bigInt({ min: -(1n << 63n), max: (1n << 63n) - 1n }),
@@ -104,21 +112,33 @@ describe('SQL templates', () => {
 
 describe('redact', () => {
   it('removes passwords from URLs and keyword connection strings', () => {
-    expect(redact('cannot reach postgres://app:s3cret@db1:5432/app now')).toBe('cannot reach postgres://app:***@db1:5432/app now');
+    expect(redact('cannot reach postgres://app:s3cret@db1:5432/app now')).toBe(
+      'cannot reach postgres://app:***@db1:5432/app now',
+    );
     expect(redact('host=db1 password=s3cret user=app')).toBe('host=db1 password=*** user=app');
     expect(redactUrl('postgresql://u:p%40ss@h/db')).toBe('postgresql://u:***@h/db');
   });
 
   it('hides the whole password when it holds an unencoded @', () => {
-    expect(redact('psql postgres://u:TopSecret@TopSecretTail99@127.0.0.1:5902/app')).toBe('psql postgres://u:***@127.0.0.1:5902/app');
-    expect(redactUrl('postgres://u:TopSecret@TopSecretTail99@127.0.0.1:5902/app')).toBe('postgres://u:***@127.0.0.1:5902/app');
+    expect(redact('psql postgres://u:TopSecret@TopSecretTail99@127.0.0.1:5902/app')).toBe(
+      'psql postgres://u:***@127.0.0.1:5902/app',
+    );
+    expect(redactUrl('postgres://u:TopSecret@TopSecretTail99@127.0.0.1:5902/app')).toBe(
+      'postgres://u:***@127.0.0.1:5902/app',
+    );
   });
 
   it('never shows any part of a URL password, whatever characters it holds', () => {
-    const password = fc.string({ unit: fc.constantFrom(...'aZ9@:/?#%&=+!$*()[]{}\'~^|<>,.;-_'), minLength: 4, maxLength: 24 });
+    const password = fc.string({
+      unit: fc.constantFrom(..."aZ9@:/?#%&=+!$*()[]{}'~^|<>,.;-_"),
+      minLength: 4,
+      maxLength: 24,
+    });
     fc.assert(
       fc.property(password, (pw) => {
-        expect(redact(`error at postgres://app:${pw}@db1:5432/app: timeout`)).toBe('error at postgres://app:***@db1:5432/app: timeout');
+        expect(redact(`error at postgres://app:${pw}@db1:5432/app: timeout`)).toBe(
+          'error at postgres://app:***@db1:5432/app: timeout',
+        );
         expect(redactUrl(`postgres://app:${pw}@db1:5432/app`)).toBe('postgres://app:***@db1:5432/app');
       }),
     );

@@ -9,7 +9,14 @@ function plan(jobsPerHost: Record<string, number[]>): Plan {
     missingShards: [],
     controlSql: null,
     upToDate: 0,
-    jobs: shards.map((shard) => ({ shard, schema: `insta${shard}`, creates: false, reinstallsNextId: false, migrations: [], steps: [] })),
+    jobs: shards.map((shard) => ({
+      shard,
+      schema: `insta${shard}`,
+      creates: false,
+      reinstallsNextId: false,
+      migrations: [],
+      steps: [],
+    })),
   }));
   return { hosts, migrations: [], targetVersion: 1 };
 }
@@ -28,7 +35,9 @@ describe('canary shards', () => {
 
 describe('the pause before a lock retry', () => {
   it('doubles from 1 s up to 30 s, varied by a quarter either way', () => {
-    expect([0, 1, 2, 3, 4, 5, 6, 10].map((retry) => lockRetryPauseMs(retry, () => 0.5))).toEqual([1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000]);
+    expect([0, 1, 2, 3, 4, 5, 6, 10].map((retry) => lockRetryPauseMs(retry, () => 0.5))).toEqual([
+      1000, 2000, 4000, 8000, 16000, 30000, 30000, 30000,
+    ]);
     expect(lockRetryPauseMs(0, () => 0)).toBe(750);
     expect(lockRetryPauseMs(2, () => 1)).toBe(5000);
   });

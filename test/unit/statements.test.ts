@@ -20,7 +20,11 @@ import {
   syncPrivilegesSql,
   unfenceSql,
   type AclEntry,
-  type PrivilegeObject, keyFilterSql, startDeltasSql, startTrackingSql } from '../../src/moves/sql.js';
+  type PrivilegeObject,
+  keyFilterSql,
+  startDeltasSql,
+  startTrackingSql,
+} from '../../src/moves/sql.js';
 import { planWaves } from '../../src/moves/waves.js';
 import { fromLog, type LogSums } from '../../src/moves/tail.js';
 
@@ -45,8 +49,14 @@ const migration = (over: Partial<MigrationFile> = {}): MigrationFile => ({
 describe('fleet SQL', () => {
   it('creates a shard as one transaction: schema, next_id, control row; clearing stale rows first when asked', () => {
     const sql = createShardSql(config, 5, true, 'incoming');
-    expect(sql.startsWith('BEGIN;\nDELETE FROM "shardctl".migrations WHERE shard = 5;\nDELETE FROM "shardctl".shards WHERE shard = 5;\nCREATE SCHEMA "insta5";')).toBe(true);
-    expect(sql).toContain(`INSERT INTO "shardctl".shards (shard, schema_name, state) VALUES (5, 'insta5', 'incoming');\nCOMMIT;`);
+    expect(
+      sql.startsWith(
+        'BEGIN;\nDELETE FROM "shardctl".migrations WHERE shard = 5;\nDELETE FROM "shardctl".shards WHERE shard = 5;\nCREATE SCHEMA "insta5";',
+      ),
+    ).toBe(true);
+    expect(sql).toContain(
+      `INSERT INTO "shardctl".shards (shard, schema_name, state) VALUES (5, 'insta5', 'incoming');\nCOMMIT;`,
+    );
     expect(createShardSql(config, 5)).not.toContain('DELETE');
   });
 
@@ -64,8 +74,12 @@ describe('fleet SQL', () => {
     );
     // Every version step, in order, in the one transaction.
     const sql = controlSchemaSql(config);
-    expect(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".layout')).toBeLessThan(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".placement'));
-    expect(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".placement')).toBeLessThan(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".runner_lock'));
+    expect(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".layout')).toBeLessThan(
+      sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".placement'),
+    );
+    expect(sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".placement')).toBeLessThan(
+      sql.indexOf('CREATE TABLE IF NOT EXISTS "shardctl".runner_lock'),
+    );
   });
 });
 
@@ -91,21 +105,35 @@ describe('migration SQL', () => {
   });
 
   it('runs a no-transaction file statement by statement, then refuses invalid indexes before recording it', () => {
-    const steps = noTransactionMigrationSteps(config, 0, migration({ noTransaction: true, statements: ['CREATE INDEX CONCURRENTLY a ON t (x)', 'SELECT 1'] }));
+    const steps = noTransactionMigrationSteps(
+      config,
+      0,
+      migration({ noTransaction: true, statements: ['CREATE INDEX CONCURRENTLY a ON t (x)', 'SELECT 1'] }),
+    );
     expect(steps).toHaveLength(5);
     expect(steps[0]).toBe(`SET search_path TO "insta0"; SET lock_timeout = '5s';`);
     expect(steps[1]).toBe('CREATE INDEX CONCURRENTLY a ON t (x);');
     expect(steps[2]).toBe('SET search_path TO "insta0";');
     expect(steps[3]).toBe('SELECT 1;');
     expect(steps[4]).toContain('NOT i.indisvalid');
-    expect(steps[4]).toContain(`IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta0']::pg_catalog.name[] THEN`);
-    expect(steps[4]).toMatch(/RESET search_path; RESET lock_timeout; RESET statement_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/);
+    expect(steps[4]).toContain(
+      `IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta0']::pg_catalog.name[] THEN`,
+    );
+    expect(steps[4]).toMatch(
+      /RESET search_path; RESET lock_timeout; RESET statement_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/,
+    );
   });
 
   it("runs a file with its markers' lock_timeout and statement_timeout instead of the config's", () => {
     const sql = migrationSql(config, 6, migration({ lockTimeout: '2s', statementTimeout: '10min' }));
-    expect(sql).toContain(`SET LOCAL search_path TO "insta6";\nSET LOCAL lock_timeout = '2s';\nSET LOCAL statement_timeout = '10min';\n-- 0002_likes.sql`);
-    const steps = noTransactionMigrationSteps(config, 0, migration({ noTransaction: true, lockTimeout: '2s', statementTimeout: '10min', statements: ['SELECT 1'] }));
+    expect(sql).toContain(
+      `SET LOCAL search_path TO "insta6";\nSET LOCAL lock_timeout = '2s';\nSET LOCAL statement_timeout = '10min';\n-- 0002_likes.sql`,
+    );
+    const steps = noTransactionMigrationSteps(
+      config,
+      0,
+      migration({ noTransaction: true, lockTimeout: '2s', statementTimeout: '10min', statements: ['SELECT 1'] }),
+    );
     expect(steps[0]).toBe(`SET search_path TO "insta0"; SET lock_timeout = '2s'; SET statement_timeout = '10min';`);
   });
 });
@@ -120,8 +148,12 @@ describe('move SQL', () => {
   it('subscribes from the existing slot without copying, binary only when asked, quoting the URL as a literal', () => {
     const sql = createSubscriptionSql('shardctl_move_m1', "postgres://r@h1/db?application_name=it's", false);
     expect(sql).toContain(`CONNECTION 'postgres://r@h1/db?application_name=it''s'`);
-    expect(sql).toContain(`WITH (slot_name = 'shardctl_move_m1', create_slot = false, copy_data = false, binary = false)`);
-    expect(probeSubscriptionSql('p', 'postgres://h')).toContain('enabled = false, create_slot = false, slot_name = NONE');
+    expect(sql).toContain(
+      `WITH (slot_name = 'shardctl_move_m1', create_slot = false, copy_data = false, binary = false)`,
+    );
+    expect(probeSubscriptionSql('p', 'postgres://h')).toContain(
+      'enabled = false, create_slot = false, slot_name = NONE',
+    );
   });
 
   it('fences a shard in one transaction whose lock wait is bounded below the deadlock timeout', () => {
@@ -150,12 +182,23 @@ describe('move SQL', () => {
     expect(sql).toContain('ALTER TABLE "insta4"."photos" ENABLE TRIGGER shardctl_fence;');
     expect(sql).toContain(`EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
     expect(sql.endsWith(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4);\nCOMMIT;`)).toBe(true);
-    const old = fenceSql({ shards: [{ shard: 4, tables: [['insta4', 'likes']] }], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: false });
+    const old = fenceSql({
+      shards: [{ shard: 4, tables: [['insta4', 'likes']] }],
+      targetHost: 'pg2',
+      lockWaitMs: 250,
+      createOrReplaceTrigger: false,
+    });
     expect(old).toContain('DROP TRIGGER IF EXISTS shardctl_fence ON "insta4"."likes";\nCREATE TRIGGER shardctl_fence');
   });
 
   it("records the wave's fence start in the first shard's fence transaction", () => {
-    const sql = fenceSql({ shards: [{ shard: 4, tables: [] }], targetHost: 'pg2', lockWaitMs: 250, createOrReplaceTrigger: true, fenceStart: { moveId: "m'1", atMs: 1700000000000 } });
+    const sql = fenceSql({
+      shards: [{ shard: 4, tables: [] }],
+      targetHost: 'pg2',
+      lockWaitMs: 250,
+      createOrReplaceTrigger: true,
+      fenceStart: { moveId: "m'1", atMs: 1700000000000 },
+    });
     expect(sql.split('\n').slice(-3)).toEqual([
       `UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4);`,
       `UPDATE "shardctl".moves SET detail = detail || '{"fenceStartedAtMs":1700000000000}'::jsonb WHERE move_id = 'm''1';`,
@@ -167,15 +210,27 @@ describe('move SQL', () => {
     const sql = fenceSql({
       shards: [
         { shard: 4, tables: [['insta4', 'likes']] },
-        { shard: 7, tables: [['insta7', 'likes'], ['insta7', 'photos']] },
+        {
+          shard: 7,
+          tables: [
+            ['insta7', 'likes'],
+            ['insta7', 'photos'],
+          ],
+        },
       ],
       targetHost: 'pg2',
       lockWaitMs: 250,
       createOrReplaceTrigger: true,
     });
-    expect(sql).toContain('LOCK TABLE "insta4"."likes", "insta7"."likes", "insta7"."photos" IN SHARE ROW EXCLUSIVE MODE;');
-    expect(sql).toContain(`ON "insta4"."likes" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
-    expect(sql).toContain(`ON "insta7"."photos" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('7', 'pg2');`);
+    expect(sql).toContain(
+      'LOCK TABLE "insta4"."likes", "insta7"."likes", "insta7"."photos" IN SHARE ROW EXCLUSIVE MODE;',
+    );
+    expect(sql).toContain(
+      `ON "insta4"."likes" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`,
+    );
+    expect(sql).toContain(
+      `ON "insta7"."photos" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('7', 'pg2');`,
+    );
     expect(sql).toContain(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4, 7);`);
     expect(sql.match(/^BEGIN;$/gm)).toHaveLength(1);
   });
@@ -209,7 +264,12 @@ describe('move SQL', () => {
   });
 
   it('reads sequences from the sequences themselves and sets them with their is_called flag', () => {
-    expect(readSequencesSql([['insta4', 'photos_id_seq'], ['insta4', 'likes_id_seq']])).toBe(
+    expect(
+      readSequencesSql([
+        ['insta4', 'photos_id_seq'],
+        ['insta4', 'likes_id_seq'],
+      ]),
+    ).toBe(
       'SELECT 0 AS i, last_value::text AS last_value, is_called FROM "insta4"."photos_id_seq"\nUNION ALL ' +
         'SELECT 1 AS i, last_value::text AS last_value, is_called FROM "insta4"."likes_id_seq"\nORDER BY 1',
     );
@@ -251,7 +311,9 @@ describe('move SQL', () => {
       ],
     });
     expect(sql).toContain('ALTER SCHEMA "insta4" RENAME TO "insta4_moved_m1";');
-    expect(sql).toContain(`CREATE VIEW "insta4"."photos" AS SELECT * FROM "insta4_moved_m1"."photos" WHERE "shardctl".shard_moved('4', 'pg2');`);
+    expect(sql).toContain(
+      `CREATE VIEW "insta4"."photos" AS SELECT * FROM "insta4_moved_m1"."photos" WHERE "shardctl".shard_moved('4', 'pg2');`,
+    );
     expect(sql).toContain('GRANT USAGE ON SCHEMA "insta4" TO "app";');
     expect(sql).toContain('GRANT SELECT ON "insta4"."photos" TO PUBLIC;');
     expect(sql).not.toContain('TRUNCATE');
@@ -264,16 +326,42 @@ describe('cut-over waves', () => {
 
   it.each([
     { name: 'one wave when the batch is small', shards: [1, 2, 3], rows: [], limits: {}, waves: [[1, 2, 3]] },
-    { name: 'at most maxShards a wave', shards: [1, 2, 3, 4, 5], rows: [], limits: { maxShards: 2 }, waves: [[1, 2], [3, 4], [5]] },
-    { name: 'a new wave before maxRows is passed', shards: [1, 2, 3], rows: [[1, 600], [2, 600], [3, 100]], limits: { maxRows: 1000 }, waves: [[1], [2, 3]] },
-    { name: 'a shard over maxRows alone', shards: [1, 2], rows: [[1, 5000]], limits: { maxRows: 1000 }, waves: [[1], [2]] },
+    {
+      name: 'at most maxShards a wave',
+      shards: [1, 2, 3, 4, 5],
+      rows: [],
+      limits: { maxShards: 2 },
+      waves: [[1, 2], [3, 4], [5]],
+    },
+    {
+      name: 'a new wave before maxRows is passed',
+      shards: [1, 2, 3],
+      rows: [
+        [1, 600],
+        [2, 600],
+        [3, 100],
+      ],
+      limits: { maxRows: 1000 },
+      waves: [[1], [2, 3]],
+    },
+    {
+      name: 'a shard over maxRows alone',
+      shards: [1, 2],
+      rows: [[1, 5000]],
+      limits: { maxRows: 1000 },
+      waves: [[1], [2]],
+    },
   ] as const)('$name', ({ shards, rows: r, limits, waves }) => {
     expect(planWaves(shards, rows(r as unknown as [number, number][]), limits)).toEqual(waves);
   });
 });
 
 describe('pre-fence verification SQL (moves/tail.ts)', () => {
-  const keyed = { table: { schema: 'insta"1', table: 'photo likes', portable: true }, columns: ['photo_id', 'user "id"'], types: ['bigint', 'character varying(20)'] };
+  const keyed = {
+    table: { schema: 'insta"1', table: 'photo likes', portable: true },
+    columns: ['photo_id', 'user "id"'],
+    types: ['bigint', 'character varying(20)'],
+  };
 
   it('looks rows up by their key columns, read back with their types, identifiers quoted', () => {
     expect(keyFilterSql(keyed, '$3')).toBe(
@@ -289,7 +377,9 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).toContain(
       `CREATE OR REPLACE TRIGGER shardctl_track AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."photo likes" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_track('m''1', 'photo_id', 'user "id"');`,
     );
-    expect(sql).toContain(`ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER shardctl_track, ENABLE ALWAYS TRIGGER shardctl_track_truncate;`);
+    expect(sql).toContain(
+      `ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER shardctl_track, ENABLE ALWAYS TRIGGER shardctl_track_truncate;`,
+    );
     expect(sql).not.toContain('{{');
   });
   it('logs the rows of keyless tables with ALWAYS triggers, the move id and checksum method as literals, its lock waits bounded', () => {
@@ -301,15 +391,25 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).toContain(
       `CREATE OR REPLACE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_delta('m''1', 'text');`,
     );
-    expect(sql).toContain(`CREATE OR REPLACE TRIGGER shardctl_delta_truncate AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`);
-    expect(sql).toContain(`ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER shardctl_delta, ENABLE ALWAYS TRIGGER shardctl_delta_truncate;`);
+    expect(sql).toContain(
+      `CREATE OR REPLACE TRIGGER shardctl_delta_truncate AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`,
+    );
+    expect(sql).toContain(
+      `ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER shardctl_delta, ENABLE ALWAYS TRIGGER shardctl_delta_truncate;`,
+    );
     expect(sql).not.toContain('{{');
   });
 });
 
 describe('a logged table counted from its value at P and its log (moves/tail.ts fromLog)', () => {
   const atP = { rows: 100n, checksum: '5000' };
-  const log = (entries: number, rows: number, checksum: number, truncatedAt: bigint | null = null, after: [number, number] = [0, 0]): LogSums => ({
+  const log = (
+    entries: number,
+    rows: number,
+    checksum: number,
+    truncatedAt: bigint | null = null,
+    after: [number, number] = [0, 0],
+  ): LogSums => ({
     truncatedAt,
     entries: BigInt(entries),
     rows: BigInt(rows),
@@ -319,19 +419,54 @@ describe('a logged table counted from its value at P and its log (moves/tail.ts 
   });
 
   it.each([
-    { case: 'no log entry at all', logAtP: undefined, logNow: undefined, want: { rows: 100n, checksum: '5000', changes: 0n } },
-    { case: 'entries before P only (they cancel out)', logAtP: log(3, 1, 70), logNow: log(3, 1, 70), want: { rows: 100n, checksum: '5000', changes: 0n } },
-    { case: 'entries after P', logAtP: log(3, 1, 70), logNow: log(6, 2, -30), want: { rows: 101n, checksum: '4900', changes: 3n } },
-    { case: 'a truncate before P (already in the value at P)', logAtP: log(2, 0, 0, 7n), logNow: log(4, 2, 90, 7n, [2, 90]), want: { rows: 102n, checksum: '5090', changes: 2n } },
-    { case: 'a truncate after P: only the entries after it count', logAtP: log(2, 2, 40), logNow: log(6, 3, 70, 9n, [1, 30]), want: { rows: 1n, checksum: '30', changes: 4n } },
-    { case: 'a second truncate after P', logAtP: log(2, 0, 0, 3n), logNow: log(5, 0, 0, 11n, [0, 0]), want: { rows: 0n, checksum: '0', changes: 3n } },
+    {
+      case: 'no log entry at all',
+      logAtP: undefined,
+      logNow: undefined,
+      want: { rows: 100n, checksum: '5000', changes: 0n },
+    },
+    {
+      case: 'entries before P only (they cancel out)',
+      logAtP: log(3, 1, 70),
+      logNow: log(3, 1, 70),
+      want: { rows: 100n, checksum: '5000', changes: 0n },
+    },
+    {
+      case: 'entries after P',
+      logAtP: log(3, 1, 70),
+      logNow: log(6, 2, -30),
+      want: { rows: 101n, checksum: '4900', changes: 3n },
+    },
+    {
+      case: 'a truncate before P (already in the value at P)',
+      logAtP: log(2, 0, 0, 7n),
+      logNow: log(4, 2, 90, 7n, [2, 90]),
+      want: { rows: 102n, checksum: '5090', changes: 2n },
+    },
+    {
+      case: 'a truncate after P: only the entries after it count',
+      logAtP: log(2, 2, 40),
+      logNow: log(6, 3, 70, 9n, [1, 30]),
+      want: { rows: 1n, checksum: '30', changes: 4n },
+    },
+    {
+      case: 'a second truncate after P',
+      logAtP: log(2, 0, 0, 3n),
+      logNow: log(5, 0, 0, 11n, [0, 0]),
+      want: { rows: 0n, checksum: '0', changes: 3n },
+    },
   ])('$case', ({ logAtP, logNow, want }) => {
     expect(fromLog(atP, logAtP, logNow)).toEqual(want);
   });
 });
 
 describe('owners, grants and default privileges carried by a move', () => {
-  const entry = (grantee: string | null, grantor: string, privilege: string, grantable = false): AclEntry => ({ grantee, grantor, privilege, grantable });
+  const entry = (grantee: string | null, grantor: string, privilege: string, grantable = false): AclEntry => ({
+    grantee,
+    grantor,
+    privilege,
+    grantable,
+  });
   const object = (over: Partial<PrivilegeObject> & Pick<PrivilegeObject, 'kind'>): PrivilegeObject => ({
     schema: 'insta3',
     name: null,
@@ -360,8 +495,21 @@ describe('owners, grants and default privileges carried by a move', () => {
 
   it('revokes everything from every role the target names and PUBLIC, then grants the source ACL, grouped by grantee and grant option', () => {
     const sql = syncPrivilegesSql(
-      [table('app', [entry('app', 'app', 'SELECT'), entry('app', 'app', 'INSERT'), entry('reader', 'app', 'SELECT', true)])],
-      [table('app', [entry('app', 'app', 'SELECT'), entry('app', 'app', 'INSERT'), entry(null, 'app', 'SELECT'), entry('old"role', 'app', 'UPDATE')])],
+      [
+        table('app', [
+          entry('app', 'app', 'SELECT'),
+          entry('app', 'app', 'INSERT'),
+          entry('reader', 'app', 'SELECT', true),
+        ]),
+      ],
+      [
+        table('app', [
+          entry('app', 'app', 'SELECT'),
+          entry('app', 'app', 'INSERT'),
+          entry(null, 'app', 'SELECT'),
+          entry('old"role', 'app', 'UPDATE'),
+        ]),
+      ],
     );
     expect(sql).toEqual([
       'REVOKE ALL ON TABLE "insta3"."photos" FROM PUBLIC, "app", "old""role" CASCADE;',
@@ -370,16 +518,30 @@ describe('owners, grants and default privileges carried by a move', () => {
     ]);
   });
 
-  it('orders the schema first and default privileges last, uses each kind\'s own statements, and leaves a linked sequence to its table', () => {
+  it("orders the schema first and default privileges last, uses each kind's own statements, and leaves a linked sequence to its table", () => {
     const source = [
       object({ kind: 'default', name: 'r', owner: 'app', acl: [entry('reader', 'app', 'SELECT')] }),
-      object({ kind: 'routine', name: 'count', args: 'min_user bigint', owner: 'app', acl: [entry('app', 'app', 'EXECUTE')] }),
-      object({ kind: 'sequence', name: 'photos_id_seq', owner: 'app', linked: true, acl: [entry('app', 'app', 'USAGE')] }),
+      object({
+        kind: 'routine',
+        name: 'count',
+        args: 'min_user bigint',
+        owner: 'app',
+        acl: [entry('app', 'app', 'EXECUTE')],
+      }),
+      object({
+        kind: 'sequence',
+        name: 'photos_id_seq',
+        owner: 'app',
+        linked: true,
+        acl: [entry('app', 'app', 'USAGE')],
+      }),
       object({ kind: 'sequence', name: 'free_seq', owner: 'app', acl: [entry('app', 'app', 'USAGE')] }),
       object({ kind: 'materialized view', name: 'stats', owner: 'app', acl: [] }),
       object({ kind: 'schema', owner: 'app', acl: [entry('app', 'app', 'USAGE'), entry('app', 'app', 'CREATE')] }),
     ];
-    const target = source.filter((o) => o.kind !== 'default').map((o) => ({ ...o, owner: 'mover', acl: o.acl.map((a) => ({ ...a, grantee: 'mover', grantor: 'mover' })) }));
+    const target = source
+      .filter((o) => o.kind !== 'default')
+      .map((o) => ({ ...o, owner: 'mover', acl: o.acl.map((a) => ({ ...a, grantee: 'mover', grantor: 'mover' })) }));
     expect(syncPrivilegesSql(source, target)).toEqual([
       'ALTER SCHEMA "insta3" OWNER TO "app";',
       'ALTER SEQUENCE "insta3"."free_seq" OWNER TO "app";',
@@ -390,11 +552,16 @@ describe('owners, grants and default privileges carried by a move', () => {
     ]);
   });
 
-  it('grants column privileges again after their table\'s REVOKE, and revokes those the source does not have', () => {
-    const column = (name: string, acl: AclEntry[]) => object({ kind: 'column', name: 'comments', column: name, owner: null, acl });
+  it("grants column privileges again after their table's REVOKE, and revokes those the source does not have", () => {
+    const column = (name: string, acl: AclEntry[]) =>
+      object({ kind: 'column', name: 'comments', column: name, owner: null, acl });
     const sql = syncPrivilegesSql(
       [table('app', [entry('app', 'app', 'SELECT')], 'comments'), column('body', [entry('reader', 'app', 'SELECT')])],
-      [table('app', [entry('app', 'app', 'SELECT'), entry(null, 'app', 'SELECT')], 'comments'), column('body', [entry('reader', 'app', 'SELECT')]), column('secret', [entry(null, 'app', 'SELECT')])],
+      [
+        table('app', [entry('app', 'app', 'SELECT'), entry(null, 'app', 'SELECT')], 'comments'),
+        column('body', [entry('reader', 'app', 'SELECT')]),
+        column('secret', [entry(null, 'app', 'SELECT')]),
+      ],
     );
     expect(sql).toEqual([
       'REVOKE ALL ON TABLE "insta3"."comments" FROM PUBLIC, "app" CASCADE;',
@@ -407,25 +574,50 @@ describe('owners, grants and default privileges carried by a move', () => {
 
   it('removes default privileges the target has and the source does not', () => {
     const defaults = object({ kind: 'default', name: 'S', owner: 'mover', acl: [entry('reader', 'mover', 'USAGE')] });
-    expect(syncPrivilegesSql([], [defaults])).toEqual(['ALTER DEFAULT PRIVILEGES FOR ROLE "mover" IN SCHEMA "insta3" REVOKE ALL ON SEQUENCES FROM PUBLIC, "reader" CASCADE;']);
+    expect(syncPrivilegesSql([], [defaults])).toEqual([
+      'ALTER DEFAULT PRIVILEGES FOR ROLE "mover" IN SCHEMA "insta3" REVOKE ALL ON SEQUENCES FROM PUBLIC, "reader" CASCADE;',
+    ]);
   });
 
   it('between majors, keeps the privileges only the target has and gives none only the source has (MAINTAIN from 17)', () => {
     const upgraded = [entry('app', 'app', 'SELECT'), entry('app', 'app', 'MAINTAIN'), entry('reader', 'app', 'SELECT')];
-    expect(syncPrivilegesSql([table('app', [entry('app', 'app', 'SELECT'), entry('reader', 'app', 'SELECT')])], [table('app', upgraded)], privilegeVersions(160004, 170000))).toEqual([]);
     expect(
-      syncPrivilegesSql([table('app', upgraded)], [table('app', [entry('app', 'app', 'SELECT')])], privilegeVersions(170000, 160004)),
-    ).toEqual(['REVOKE ALL ON TABLE "insta3"."photos" FROM PUBLIC, "app" CASCADE;', 'GRANT SELECT ON TABLE "insta3"."photos" TO "app";', 'GRANT SELECT ON TABLE "insta3"."photos" TO "reader";']);
+      syncPrivilegesSql(
+        [table('app', [entry('app', 'app', 'SELECT'), entry('reader', 'app', 'SELECT')])],
+        [table('app', upgraded)],
+        privilegeVersions(160004, 170000),
+      ),
+    ).toEqual([]);
+    expect(
+      syncPrivilegesSql(
+        [table('app', upgraded)],
+        [table('app', [entry('app', 'app', 'SELECT')])],
+        privilegeVersions(170000, 160004),
+      ),
+    ).toEqual([
+      'REVOKE ALL ON TABLE "insta3"."photos" FROM PUBLIC, "app" CASCADE;',
+      'GRANT SELECT ON TABLE "insta3"."photos" TO "app";',
+      'GRANT SELECT ON TABLE "insta3"."photos" TO "reader";',
+    ]);
     expect(privilegeVersions(180000, 170000)).toEqual({ sourceOnly: new Set(), targetOnly: new Set() });
   });
 
   it('refuses a privilege or default object type it does not know instead of writing it into SQL', () => {
-    expect(() => syncPrivilegesSql([table('app', [entry('app', 'app', 'SELECT; DROP')])], [table('app', [])])).toThrow(/unknown privilege/);
-    expect(() => syncPrivilegesSql([object({ kind: 'default', name: 'x', owner: 'app', acl: [entry('r', 'app', 'SELECT')] })], [])).toThrow(/unknown default privilege object type/);
+    expect(() => syncPrivilegesSql([table('app', [entry('app', 'app', 'SELECT; DROP')])], [table('app', [])])).toThrow(
+      /unknown privilege/,
+    );
+    expect(() =>
+      syncPrivilegesSql([object({ kind: 'default', name: 'x', owner: 'app', acl: [entry('r', 'app', 'SELECT')] })], []),
+    ).toThrow(/unknown default privilege object type/);
   });
 
   it('names every role the objects name, and which of them own something', () => {
-    expect(rolesNamed([table('app', [entry('reader', 'app', 'SELECT'), entry(null, 'app', 'SELECT')]), object({ kind: 'default', name: 'r', owner: 'mover', acl: [entry('r2', 'mover', 'SELECT')] })])).toEqual({
+    expect(
+      rolesNamed([
+        table('app', [entry('reader', 'app', 'SELECT'), entry(null, 'app', 'SELECT')]),
+        object({ kind: 'default', name: 'r', owner: 'mover', acl: [entry('r2', 'mover', 'SELECT')] }),
+      ]),
+    ).toEqual({
       all: ['app', 'mover', 'r2', 'reader'],
       owners: ['app', 'mover'],
     });
