@@ -24,9 +24,9 @@ export interface ErrorJson {
  *
  * resume, abort: carry on or undo the unfinished moves of `shards`. move: move `shards` to another
  * host. init: initialise the hosts first. adopt: adopt hand-built schemas. rebalance: run the
- * rebalance again.
+ * rebalance again. map-pull: update the config file's map from the fleet.
  */
-export type NextAction = 'resume' | 'abort' | 'move' | 'init' | 'adopt' | 'rebalance';
+export type NextAction = 'resume' | 'abort' | 'move' | 'init' | 'adopt' | 'rebalance' | 'map-pull';
 
 export interface NextStep {
   readonly action: NextAction;
@@ -218,8 +218,8 @@ export class StaleMapError extends ShardctlError {
     super(
       'MAP_STALE',
       `the map in ${file} disagrees with the fleet; nothing was written:\n${lines.map((l) => `  - ${l}`).join('\n')}\n` +
-        'Update the file from the fleet (shardctl map pull), then run the command again.',
-      { exitCode: 2, details: lines, data: { file, fix: 'map-pull', ...data } },
+        'Update the file from the fleet (pull the map), then run the command again.',
+      { exitCode: 2, details: lines, data: { file, fix: 'map-pull', ...data }, next: [{ action: 'map-pull' }] },
     );
   }
 }

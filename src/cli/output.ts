@@ -120,6 +120,7 @@ const NEXT_COMMANDS: Record<NextAction, (shards: string) => string> = {
   init: () => 'shardctl init',
   adopt: () => 'shardctl adopt',
   rebalance: () => 'shardctl rebalance',
+  'map-pull': () => 'shardctl map pull',
 };
 
 /**

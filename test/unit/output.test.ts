@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { columns, formatBytes, nextLine } from '../../src/cli/output.js';
 import { formatShardList } from '../../src/config/ranges.js';
-import { HostError, resumeOrAbort, RuntimeFailure } from '../../src/errors.js';
+import { HostError, resumeOrAbort, RuntimeFailure, StaleMapError } from '../../src/errors.js';
 
 describe('formatBytes', () => {
   it.each([
@@ -39,6 +39,8 @@ describe("an error's next steps", () => {
     );
     expect(nextLine([{ action: 'resume', shards: [5] }], formatShardList)).toBe('next: shardctl move-shard 5 --resume');
     expect(nextLine([{ action: 'rebalance' }], formatShardList)).toBe('next: shardctl rebalance');
+    expect(nextLine([{ action: 'map-pull' }], formatShardList)).toBe('next: shardctl map pull');
+    expect(new StaleMapError('/f.yaml', ['shard 3: file pg1, fleet pg2'], {}).next).toEqual([{ action: 'map-pull' }]);
   });
 
   it('merges the steps of one action over several moves into one command', () => {
