@@ -50,10 +50,9 @@ import { inflect, plural } from '../text.js';
  * The fence of the current wave: its shards fenced in a few short transactions of a bounded number
  * of tables each (fenceGroups, fenceSql); a group that meets a busy table is fenced again shard by
  * shard, each retried while application transactions hold its tables, and reported; then the
- * wave's marker. Until the
- * first shard is fenced nothing refuses writes, and the fence retries for fenceTimeoutMs; from then
- * on the wave's fence limit (maxFencedMs) runs, and past it the wave is unfenced and the move
- * stops, resumable (stopCutOver).
+ * wave's marker. Until the first shard is fenced nothing refuses writes, and the fence retries for
+ * fenceTimeoutMs; from then on the wave's fence limit (maxFencedMs) runs, and past it the wave is
+ * unfenced and the move stops, resumable (stopCutOver).
  */
 export async function fence(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
@@ -73,65 +72,58 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const started = performance.now();
   let attempts = 0;
   let told = started;
-  const tablesOf = (shard: number) => {
+  const shardOf = new Map(shards.map((shard) => [shardSchemaName(ctx.config, shard), shard]));
+  const tablesOf = new Map<number, (readonly [string, string])[]>(shards.map((shard) => [shard, []]));
+  for (const t of tables) tablesOf.get(shardOf.get(t.schema)!)?.push([t.schema, t.table]);
+  const withTables = (group: readonly number[]) => group.map((shard) => ({ shard, tables: tablesOf.get(shard)! }));
+  /** One shard's fence, retried while application transactions hold its tables, within the limits. */
+  const fenceAlone = async (shard: number): Promise<void> => {
     const schema = shardSchemaName(ctx.config, shard);
-    return tables.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
+    for (;;) {
+      attempts += 1;
+      if (await fenceOnce(ctx, withTables([shard]), lockWaitMs)) return;
+      if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
+        // Who holds the locks only adds to the message, which stands without it.
+        const holders = await lockHolders(source.client, schema).catch(() => '');
+        await stopCutOver(
+          ctx,
+          `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`,
+        );
+      }
+      const waited = performance.now() - started;
+      if (ctx.fenceStartedAtMs === null && waited > limit) {
+        // Who holds the locks only adds to the message, which stands without it.
+        const holders = await lockHolders(source.client, schema).catch(() => '');
+        throw new HostError(
+          source.host.name,
+          `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
+            `${holders ? ` (${holders})` : ''}. Nothing was fenced; resume the move to retry, or abort it`,
+          { shard, code: 'FENCE_TIMEOUT', next: resumeOrAbort(ctx.shards) },
+        );
+      }
+      if (performance.now() - told > 2000) {
+        told = performance.now();
+        // Who holds the locks only adds to the message, which stands without it.
+        notice(
+          ctx,
+          `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`,
+        );
+      }
+      await sleep(10 + Math.random() * 40);
+    }
   };
-  const maxTables = await fenceGroupTables(ctx);
-  // A group that meets a busy table is fenced again one shard at a time, so that one busy shard
-  // costs one lock wait more, not one per shard of its group.
-  const alone = new Set<number>();
   const pending = shards.filter((s) => !fenced.has(s));
-  for (let i = 0; i < pending.length;) {
-    const group = fenceGroups(pending.slice(i), (s) => tablesOf(s).length, maxTables, alone)[0]!;
-    attempts += 1;
-    if (
-      await fenceOnce(
-        ctx,
-        group.map((shard) => ({ shard, tables: tablesOf(shard) })),
-        lockWaitMs,
-      )
-    ) {
-      i += group.length;
-      continue;
-    }
+  const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, await fenceGroupTables(ctx));
+  for (const group of groups) {
     if (group.length > 1) {
-      for (const shard of group) alone.add(shard);
-      continue;
+      attempts += 1;
+      if (await fenceOnce(ctx, withTables(group), lockWaitMs)) continue;
     }
-    const shard = group[0]!;
-    const schema = shardSchemaName(ctx.config, shard);
-    if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
-      // Who holds the locks only adds to the message, which stands without it.
-      const holders = await lockHolders(source.client, schema).catch(() => '');
-      await stopCutOver(
-        ctx,
-        `the fence of shard ${shard} (${attempts} attempts): application transactions kept the tables of ${schema} busy${holders ? ` (${holders})` : ''}`,
-      );
-    }
-    const waited = performance.now() - started;
-    if (ctx.fenceStartedAtMs === null && waited > limit) {
-      // Who holds the locks only adds to the message, which stands without it.
-      const holders = await lockHolders(source.client, schema).catch(() => '');
-      throw new HostError(
-        source.host.name,
-        `could not fence within ${Math.round(limit / 1000)} s (${attempts} attempts): application transactions kept the tables of ${schema} busy` +
-          `${holders ? ` (${holders})` : ''}. Nothing was fenced; resume the move to retry, or abort it`,
-        { shard, code: 'FENCE_TIMEOUT', next: resumeOrAbort(ctx.shards) },
-      );
-    }
-    if (performance.now() - told > 2000) {
-      told = performance.now();
-      // Who holds the locks only adds to the message, which stands without it.
-      notice(
-        ctx,
-        `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`,
-      );
-    }
-    await sleep(10 + Math.random() * 40);
+    // A group that met a busy table is fenced again one shard at a time, so that one busy shard
+    // costs one lock wait more, not one per shard of its group.
+    for (const shard of group) await fenceAlone(shard);
   }
-  const transactions = fenceGroups(pending, (s) => tablesOf(s).length, maxTables).length;
-  if (attempts > transactions)
+  if (attempts > groups.length)
     notice(
       ctx,
       `host ${source.host.name}: fenced ${plural(pending.length, 'shard')} in ${attempts} attempts (tables were busy)`,

@@ -165,20 +165,19 @@ export function fenceSql(input: FenceInput): string {
 
 /**
  * The wave's shards in fence transactions of at most `maxTables` tables each (at least one shard
- * each), in wave order; a shard in `alone` gets a transaction of its own.
+ * each), in wave order.
  */
 export function fenceGroups(
   shards: readonly number[],
   tableCount: (shard: number) => number,
   maxTables: number,
-  alone: ReadonlySet<number> = new Set(),
 ): number[][] {
   const groups: number[][] = [];
   let group: number[] = [];
   let count = 0;
   for (const shard of shards) {
     const n = tableCount(shard);
-    if (group.length > 0 && (alone.has(shard) || alone.has(group[0]!) || count + n > maxTables)) {
+    if (group.length > 0 && count + n > maxTables) {
       groups.push(group);
       group = [];
       count = 0;
