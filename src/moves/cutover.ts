@@ -30,7 +30,7 @@ import {
   RESET_STATEMENT_TIMEOUT_SQL,
 } from './sql.js';
 import { stepsFor, type MoveStep } from './state.js';
-import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
+import { endQuietly, LOCK_WAIT_CODES, retryLockWaits, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { keyedTables, shardTables, shardTriggers, type ShardTable, SHARD_SEQUENCES_SQL } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
 import { readChanges, stopDeltas, stopTracking } from './tail.js';
@@ -154,6 +154,9 @@ async function lockWaitFor(ctx: MoveContext): Promise<number> {
   return Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
 }
 
+/** A fence's or unfence's bounded lock wait that ran out: lock_timeout, its statement bound, a deadlock it lost. */
+const FENCE_WAIT_CODES: readonly string[] = [...LOCK_WAIT_CODES, '57014'];
+
 /**
  * One fence transaction for these shards (fenceSql). False when a lock wait ran out (the
  * application went on; the caller tries again); the wave's fence limit starts with the first that
@@ -176,7 +179,7 @@ async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWai
     const code = (error as { code?: string }).code;
     // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
     // transaction lost: the application went on; try again.
-    if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
+    if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
     return false;
   }
   if (first) {
@@ -360,23 +363,16 @@ async function startDeltas(
     lockWaitMs,
   );
   await runTransaction(ctx.target.client, sql);
-  const started = performance.now();
-  for (;;) {
-    try {
-      await runTransaction(ctx.source.client, sql);
-      return true;
-    } catch (error) {
-      const code = (error as { code?: string }).code;
-      if ((code !== '55P03' && code !== '40P01') || performance.now() - started > DELTAS_SETUP_LIMIT_MS) {
-        await stopLogs(ctx, schemas).catch(() => undefined);
-        notice(
-          ctx,
-          `host ${ctx.source.host.name}: no change logs for ${tables.length} table${tables.length === 1 ? '' : 's'} without a usable key (${describePgError(error)}); they are checksummed whole while fenced`,
-        );
-        return false;
-      }
-      await sleep(10 + Math.random() * 40);
-    }
+  try {
+    await retryLockWaits(() => runTransaction(ctx.source.client, sql), performance.now() + DELTAS_SETUP_LIMIT_MS);
+    return true;
+  } catch (error) {
+    await stopLogs(ctx, schemas).catch(() => undefined);
+    notice(
+      ctx,
+      `host ${ctx.source.host.name}: no change logs for ${plural(tables.length, 'table')} without a usable key (${describePgError(error)}); they are checksummed whole while fenced`,
+    );
+    return false;
   }
 }
 
@@ -634,28 +630,26 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
     const schema = shardSchemaName(ctx.config, shard);
     const own = triggers.filter((t) => t.schema === schema && t.enabled).map((t) => [t.schema, t.table] as const);
     const ownLogged = logged.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
-    for (;;) {
-      try {
-        await runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs, ownLogged));
-        break;
-      } catch (error) {
-        const code = (error as { code?: string }).code;
-        if (code !== '55P03' && code !== '57014' && code !== '40P01') throw error;
-        if (performance.now() - started > limitMs) {
-          // Who holds the locks only adds to the message, which stands without it.
-          const holders = await lockHolders(ctx.source.client, schema).catch(() => '');
-          throw new HostError(
-            ctx.source.host.name,
-            `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`,
-            {
-              shard,
-              code: 'UNFENCE_TIMEOUT',
-              cause: error,
-            },
-          );
-        }
-        await sleep(10 + Math.random() * 40);
-      }
+    try {
+      await retryLockWaits(
+        () => runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs, ownLogged)),
+        started + limitMs,
+        FENCE_WAIT_CODES,
+      );
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
+      // Who holds the locks only adds to the message, which stands without it.
+      const holders = await lockHolders(ctx.source.client, schema).catch(() => '');
+      throw new HostError(
+        ctx.source.host.name,
+        `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`,
+        {
+          shard,
+          code: 'UNFENCE_TIMEOUT',
+          cause: error,
+        },
+      );
     }
   }
   // Writable already; the disabled triggers go where no application statement has to wait for it.

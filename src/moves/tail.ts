@@ -1,7 +1,6 @@
 import type pg from 'pg';
-import { sleep } from '../clock.js';
 import { CONTROL } from '../fleet/control.js';
-import { runTransaction } from '../pg/quiet.js';
+import { retryLockWaits, runTransaction } from '../pg/quiet.js';
 import {
   DELTA_TRIGGERS,
   disableDeltasSql,
@@ -87,17 +86,7 @@ export async function stopDeltas(
     exists,
     lockWaitMs,
   );
-  const started = performance.now();
-  for (;;) {
-    try {
-      await runTransaction(client, sql);
-      break;
-    } catch (error) {
-      const code = (error as { code?: string }).code;
-      if ((code !== '55P03' && code !== '40P01') || performance.now() - started > limitMs) throw error;
-      await sleep(10 + Math.random() * 40);
-    }
-  }
+  await retryLockWaits(() => runTransaction(client, sql), performance.now() + limitMs);
   // A table in use keeps its disabled trigger, which costs nothing (see above).
   for (const r of triggers)
     await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).catch(() => undefined);

@@ -1,3 +1,5 @@
+import { sleep } from '../clock.js';
+
 /**
  * The last word on a connection whose outcome is already decided: after a failure the caller
  * reports, or once its work is done. A ROLLBACK or a close that fails as well says only that the
@@ -23,5 +25,30 @@ export async function runTransaction(client: { query(text: string): Promise<unkn
   } catch (error) {
     await rollbackQuietly(client);
     throw error;
+  }
+}
+
+/** SQLSTATEs of a bounded lock wait that ran out: lock_timeout, and a deadlock this transaction lost. */
+export const LOCK_WAIT_CODES: readonly string[] = ['55P03', '40P01'];
+
+/**
+ * Runs `attempt` until it succeeds, again after a short random pause while it fails with one of
+ * `codes` (a bounded lock wait that ran out: the application went on, try again), until `deadline`
+ * (a performance.now() reading); past it, or on any other error, throws that error.
+ */
+export async function retryLockWaits(
+  attempt: () => Promise<void>,
+  deadline: number,
+  codes: readonly string[] = LOCK_WAIT_CODES,
+): Promise<void> {
+  for (;;) {
+    try {
+      await attempt();
+      return;
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if (code === undefined || !codes.includes(code) || performance.now() > deadline) throw error;
+      await sleep(10 + Math.random() * 40);
+    }
   }
 }

@@ -1,0 +1,46 @@
+import { describe, expect, it } from 'vitest';
+import { retryLockWaits } from '../../src/pg/quiet.js';
+
+const failure = (code: string) => Object.assign(new Error(code), { code });
+
+describe('retryLockWaits', () => {
+  it('tries again while a lock wait runs out, until the attempt succeeds', async () => {
+    let calls = 0;
+    await retryLockWaits(async () => {
+      calls += 1;
+      if (calls < 3) throw failure(calls === 1 ? '55P03' : '40P01');
+    }, performance.now() + 10_000);
+    expect(calls).toBe(3);
+  });
+
+  it('throws any other error at once, and a lock wait past the deadline', async () => {
+    let calls = 0;
+    await expect(
+      retryLockWaits(async () => {
+        calls += 1;
+        throw failure('42P01');
+      }, performance.now() + 10_000),
+    ).rejects.toMatchObject({ code: '42P01' });
+    expect(calls).toBe(1);
+    await expect(
+      retryLockWaits(async () => {
+        throw failure('55P03');
+      }, performance.now() - 1),
+    ).rejects.toMatchObject({ code: '55P03' });
+    // Codes beyond the default are retried only when named.
+    await expect(
+      retryLockWaits(async () => {
+        throw failure('57014');
+      }, performance.now() + 10_000),
+    ).rejects.toMatchObject({ code: '57014' });
+    let statementTimeouts = 0;
+    await retryLockWaits(
+      async () => {
+        if (statementTimeouts++ === 0) throw failure('57014');
+      },
+      performance.now() + 10_000,
+      ['57014'],
+    );
+    expect(statementTimeouts).toBe(2);
+  });
+});
