@@ -1,3 +1,4 @@
+import type pg from 'pg';
 import { elapsed } from '../clock.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
@@ -70,7 +71,7 @@ export interface MoveResult {
   /** Rows verified on the target, over every wave, across resumes. Decimal string. */
   readonly rowsMoved: string;
   /**
-   * The longest any shard of the batch refused writes: from its wave's fence until the map named the
+   * The longest any shard of the batch refused writes: from its wave's fence until the fleet's placement named the
    * target. Includes a fence left by an interrupted run. Null when nothing was fenced.
    */
   readonly writeBlockedMs: number | null;
@@ -115,6 +116,23 @@ export interface MoveContext {
   refreshed: string[];
   /** The current wave's verification begun before its fence (this process only; see tail.ts). */
   pre: { readonly wave: number; readonly verification: PreVerification } | null;
+  /**
+   * The tables of a wave left untracked because they were empty when this run began its cut-over
+   * (cutover.ts), and whether the wave may have tracking or change-log triggers (false only when
+   * this run found none before its fence and created none).
+   */
+  untracked: { readonly wave: number; readonly tables: ReadonlySet<string>; readonly triggers: boolean } | null;
+  /** When the cut-over last set the statement timeout of the source's and target's sessions (cutover.ts, underFence). */
+  readonly timeoutsSetAt: Map<pg.Client, number>;
+  /** The sequences of a wave's shards, listed before its fence (cutover.ts, listSequences). */
+  sequences: { readonly wave: number; readonly list: readonly ShardSequence[] } | null;
+}
+
+/** A sequence of a shard, as carried at the cut-over. */
+export interface ShardSequence {
+  readonly schema: string;
+  readonly name: string;
+  readonly incrementBy: bigint;
 }
 
 /** The default of MoveOptions.maxFencedMs. */
@@ -150,6 +168,9 @@ export function moveContext(
     methods: null,
     refreshed: [],
     pre: null,
+    untracked: null,
+    timeoutsSetAt: new Map(),
+    sequences: null,
   };
 }
 

@@ -9,16 +9,19 @@ import { openWorker } from '../fleet/session.js';
 import {
   DELTA_TRIGGERS,
   FENCE_TRIGGER,
+  TRACK_TRIGGERS,
   startDeltasSql,
   startTrackingSql,
   dropFenceTriggerSql,
   fenceGroups,
   fenceMarkerSql,
   fenceSql,
+  prepareFenceSql,
   insertMarkerSql,
   MAX_LOCKS_SQL,
   type FenceInput,
   readSequencesSql,
+  READ_SEQUENCE_DATA_SQL,
   setSequencesSql,
   unfenceSql,
   type SequenceValue,
@@ -29,15 +32,30 @@ import {
   statementTimeoutSql,
   RESET_STATEMENT_TIMEOUT_SQL,
 } from './sql.js';
-import { stepsFor, type MoveStep } from './state.js';
+import { recordStep, stepsFor, type MoveStep } from './state.js';
 import { endQuietly, LOCK_WAIT_CODES, retryLockWaits, rollbackQuietly, runTransaction } from '../pg/quiet.js';
-import { keyedTables, shardTables, shardTriggers, type ShardTable, SHARD_SEQUENCES_SQL } from './catalog.js';
+import {
+  keyedTables,
+  shardLeaves,
+  shardTables,
+  shardTriggers,
+  type ShardTable,
+  SHARD_SEQUENCES_SQL,
+} from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
 import { readChanges, stopDeltas, stopTracking } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
 import { ensureMethods } from './checksum-methods.js';
-import { DEFAULT_MAX_FENCED_MS, type MoveContext, schemasOf, waveShards, notice } from './context.js';
-import { record } from './progress.js';
+import {
+  DEFAULT_MAX_FENCED_MS,
+  type MoveContext,
+  type ShardSequence,
+  schemasOf,
+  waveShards,
+  notice,
+} from './context.js';
+import { quoteIdent } from '../pg/quote.js';
+import { progress, record } from './progress.js';
 import { applyWorkerWaits, waitForMarker } from './replication.js';
 import { inflect, plural } from '../text.js';
 
@@ -64,18 +82,27 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const fenced = new Set(
     (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows.map((r) => r.shard),
   );
+  const shardOf = new Map(shards.map((shard) => [shardSchemaName(ctx.config, shard), shard]));
+  const tablesOf = new Map<number, (readonly [string, string])[]>(shards.map((shard) => [shard, []]));
+  for (const t of tables) tablesOf.get(shardOf.get(t.schema)!)?.push([t.schema, t.table]);
+  const pending = shards.filter((s) => !fenced.has(s));
+  const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, await fenceGroupTables(ctx));
+  const ofGroup = (group: readonly number[]) => group.map((shard) => ({ shard, tables: tablesOf.get(shard)! }));
+  // What can be done while the wave is writable is done first: its fence triggers created
+  // disabled (a killed run's fence already runs: then the rest is fenced as before), the target
+  // caught up, the verification begun, the sequences listed.
+  const prepared = fenced.size === 0 ? await prepareFence(ctx, groups, ofGroup, lockWaitMs) : new Set<number>();
   if (fenced.size === 0) await catchUpBeforeFence(ctx);
   if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
+  await listSequences(ctx);
   if (fenced.size === 0) ctx.fenceStartedAtMs = null;
   // A killed run's fence: its start is in the record; this run gets a limit of its own from now.
   else fenceRemainingMs(ctx);
   const started = performance.now();
   let attempts = 0;
   let told = started;
-  const shardOf = new Map(shards.map((shard) => [shardSchemaName(ctx.config, shard), shard]));
-  const tablesOf = new Map<number, (readonly [string, string])[]>(shards.map((shard) => [shard, []]));
-  for (const t of tables) tablesOf.get(shardOf.get(t.schema)!)?.push([t.schema, t.table]);
-  const withTables = (group: readonly number[]) => group.map((shard) => ({ shard, tables: tablesOf.get(shard)! }));
+  const withTables = (group: readonly number[]) =>
+    ofGroup(group).map((s) => ({ ...s, prepared: prepared.has(s.shard) }));
   /** One shard's fence, retried while application transactions hold its tables, within the limits. */
   const fenceAlone = async (shard: number): Promise<void> => {
     const schema = shardSchemaName(ctx.config, shard);
@@ -112,12 +139,12 @@ export async function fence(ctx: MoveContext): Promise<void> {
       await sleep(10 + Math.random() * 40);
     }
   };
-  const pending = shards.filter((s) => !fenced.has(s));
-  const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, await fenceGroupTables(ctx));
   for (const group of groups) {
     if (group.length > 1) {
       attempts += 1;
-      if (await fenceOnce(ctx, withTables(group), lockWaitMs)) continue;
+      if (await fenceOnce(ctx, withTables(group), lockWaitMs)) {
+        continue;
+      }
     }
     // A group that met a busy table is fenced again one shard at a time, so that one busy shard
     // costs one lock wait more, not one per shard of its group.
@@ -129,11 +156,51 @@ export async function fence(ctx: MoveContext): Promise<void> {
       `host ${source.host.name}: fenced ${plural(pending.length, 'shard')} in ${attempts} attempts (tables were busy)`,
     );
   if (ctx.fenceStartedAtMs === null) ctx.fenceStartedAtMs = Date.now();
-  const marker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
+  ctx.fenceMarker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
+  // The step is recorded with the marker on the source, and on the target meanwhile (progress.ts).
+  const detail = progress(ctx);
   await underFence(ctx, 'the fence marker on the source', () =>
-    source.client.query(fenceMarkerSql(ctx.moveId, marker, ctx.fenceStartedAtMs!)),
+    Promise.all([
+      source.client.query(fenceMarkerSql(ctx.moveId, ctx.fenceMarker!, detail)),
+      recordStep(ctx.target.client, ctx.moveId, 'fenced', 'running', detail),
+    ]),
   );
-  ctx.fenceMarker = marker;
+}
+
+/**
+ * The fence triggers of the wave created disabled while its shards are still writable
+ * (prepareFenceSql), one transaction per fence group: the shards returned need only their triggers
+ * enabled while the fence holds writes. One attempt per group, its lock wait bounded like the
+ * fence's: a group that meets a busy table is fenced as before (its triggers created by the fence
+ * itself, which retries). Before PostgreSQL 14 (no CREATE OR REPLACE TRIGGER), none.
+ */
+async function prepareFence(
+  ctx: MoveContext,
+  groups: readonly (readonly number[])[],
+  withTables: (group: readonly number[]) => FenceInput['shards'],
+  lockWaitMs: number,
+): Promise<Set<number>> {
+  const prepared = new Set<number>();
+  if (ctx.source.serverVersionNum < 140000) return prepared;
+  let busy = 0;
+  for (const group of groups) {
+    const sql = prepareFenceSql({ shards: withTables(group), targetHost: ctx.target.host.name, lockWaitMs });
+    try {
+      await runTransaction(ctx.source.client, sql);
+    } catch (error) {
+      const code = (error as { code?: string }).code;
+      if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
+      busy += group.length;
+      continue;
+    }
+    for (const shard of group) prepared.add(shard);
+  }
+  if (busy > 0)
+    notice(
+      ctx,
+      `host ${ctx.source.host.name}: the fence of ${plural(busy, 'shard')} of wave ${ctx.wave + 1} was not prepared (tables were busy); their triggers are created by the fence itself`,
+    );
+  return prepared;
 }
 
 /**
@@ -214,10 +281,18 @@ export function fenceRemainingMs(ctx: MoveContext): number {
 }
 
 /**
+ * How far past the fence limit a statement of the cut-over may run: the source's and target's
+ * statement timeout is set again only once it was set this long ago (each SET is a round trip while
+ * writes wait).
+ */
+const TIMEOUT_SLACK_MS = 250;
+
+/**
  * Runs one wait of the cut-over within what is left of the fence limit: every statement the move's
- * sessions (and `also`) run meanwhile has that as its statement timeout, so no lock queue on either
- * host can hold the wave fenced past the limit. Past it, the wave is unfenced and the move stops,
- * naming `what` it waited for.
+ * sessions (and `also`) run meanwhile has that as its statement timeout (set again when it was set
+ * over TIMEOUT_SLACK_MS ago), so no lock queue on either host can hold the wave fenced past the
+ * limit. Past it, the wave is unfenced and the move stops, naming `what` it waited for. The
+ * timeouts stay until the wave switches or stops (endFenceTimeouts).
  */
 export async function underFence<T>(
   ctx: MoveContext,
@@ -227,8 +302,12 @@ export async function underFence<T>(
 ): Promise<T> {
   const remaining = fenceRemainingMs(ctx);
   if (remaining <= 0) return stopCutOver(ctx, what);
-  const clients = [ctx.source.client, ctx.target.client, ...also];
-  await Promise.all(clients.map((c) => c.query(statementTimeoutSql(remaining))));
+  const now = performance.now();
+  const stale = [ctx.source.client, ctx.target.client].filter(
+    (c) => now - (ctx.timeoutsSetAt.get(c) ?? -Infinity) > TIMEOUT_SLACK_MS,
+  );
+  await Promise.all([...stale, ...also].map((c) => c.query(statementTimeoutSql(remaining))));
+  for (const c of stale) ctx.timeoutsSetAt.set(c, now);
   try {
     return await fn();
   } catch (error) {
@@ -237,11 +316,18 @@ export async function underFence<T>(
     // Only leaves the transaction the timeout aborted; stopCutOver reports the stop whatever this does.
     await Promise.all([ctx.source.client, ctx.target.client].map(rollbackQuietly));
     return stopCutOver(ctx, what, error);
-  } finally {
-    // Back to the server's default for the session (the move sets no other).
-    // A connection that cannot reset is broken: the move's next statement on it fails and says so.
-    await Promise.all(clients.map((c) => c.query(RESET_STATEMENT_TIMEOUT_SQL).catch(() => undefined)));
   }
+}
+
+/**
+ * The source's and target's statement timeouts of the cut-over (underFence) back to the server's
+ * default (the move sets no other): once the wave switched, and before anything else runs after a
+ * stop. A connection that cannot reset is broken: the move's next statement on it fails and says so.
+ */
+export async function endFenceTimeouts(ctx: MoveContext): Promise<void> {
+  const clients = [...ctx.timeoutsSetAt.keys()];
+  ctx.timeoutsSetAt.clear();
+  await Promise.all(clients.map((c) => c.query(RESET_STATEMENT_TIMEOUT_SQL).catch(() => undefined)));
 }
 
 /** Keeps the longest time the shards of this move refused writes, across waves and runs. */
@@ -257,6 +343,7 @@ function noteBlocked(ctx: MoveContext): void {
  */
 export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknown): Promise<never> {
   const shards = waveShards(ctx);
+  await endFenceTimeouts(ctx);
   await dropPreVerification(ctx);
   noteBlocked(ctx);
   const blocked = ctx.writeBlockedMs ?? 0;
@@ -289,21 +376,37 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
 /**
  * The first part of the wave's verification, while the source is still writable (see tail.ts):
  * tracking of the keyed tables on the target and change logs of the others on both hosts, then a
- * snapshot of all of them on both hosts, kept open until the wave is verified. Best effort: if the
- * logs cannot be had, their tables are checksummed whole while fenced; if nothing can, every table.
+ * snapshot of all of them on both hosts, kept open until the wave is verified. Tables empty on the
+ * source now are left out (ctx.untracked): while fenced they hold only the rows written during
+ * the cut-over, and are checksummed whole, or not read at all when still empty on both hosts; no
+ * trigger is created on them, nor dropped while fenced. Best effort: if the logs cannot be had,
+ * their tables are checksummed whole while fenced; if nothing can, every table.
  */
 async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
   await dropPreVerification(ctx);
   if (ctx.mode !== 'online') return;
   let held: pg.Client[] = [];
   try {
-    const keyed = await keyedTables(ctx.source.client, schemas);
+    const [leaves, leftOnTarget, leftOnSource] = await Promise.all([
+      shardLeaves(ctx.source.client, schemas),
+      shardTriggers(ctx.target.client, schemas, [...TRACK_TRIGGERS, ...DELTA_TRIGGERS]),
+      shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS),
+    ]);
+    const empty = new Set(leaves.filter((t) => t.empty).map((t) => `${t.schema}.${t.table}`));
+    // Until it is known that the wave has none, its verification removes triggers (a killed run's too).
+    ctx.untracked = { wave: ctx.wave, tables: empty, triggers: true };
+    const keyed = (await keyedTables(ctx.source.client, schemas)).filter(
+      (k) => !empty.has(`${k.table.schema}.${k.table.table}`),
+    );
     const methods = await ensureMethods(ctx);
     const isKeyed = new Set(keyed.map((k) => `${k.table.schema}.${k.table.table}`));
     const unkeyed = (await shardTables(ctx.source.client, schemas, 'leaves')).filter(
-      (t) => !isKeyed.has(`${t.schema}.${t.table}`),
+      (t) => !isKeyed.has(`${t.schema}.${t.table}`) && !empty.has(`${t.schema}.${t.table}`),
     );
-    if (keyed.length === 0 && unkeyed.length === 0) return;
+    if (keyed.length === 0 && unkeyed.length === 0) {
+      ctx.untracked = { ...ctx.untracked, triggers: leftOnTarget.length + leftOnSource.length > 0 };
+      return;
+    }
     if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
     const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
     if (keyed.length === 0 && logged.length === 0) return;
@@ -460,36 +563,64 @@ export async function carrySequences(ctx: MoveContext): Promise<void> {
 }
 
 async function carrySequencesNow(ctx: MoveContext): Promise<void> {
-  const schemas = schemasOf(ctx, waveShards(ctx));
-  const list = await ctx.source.client.query<{ schemaname: string; sequencename: string; increment_by: string }>(
-    SHARD_SEQUENCES_SQL,
-    [schemas],
-  );
-  if (list.rows.length === 0) return;
-  const sequences = list.rows.map((r) => [r.schemaname, r.sequencename] as const);
-  const sql = readSequencesSql(sequences);
-  const [src, dst] = await Promise.all([
-    ctx.source.client.query<{ last_value: string; is_called: boolean }>(sql),
-    ctx.target.client.query<{ last_value: string; is_called: boolean }>(sql),
-  ]);
+  const list = await listSequences(ctx);
+  if (list.length === 0) return;
+  const [src, dst] = await Promise.all([readSequences(ctx.source, list), readSequences(ctx.target, list)]);
   const behind: SequenceValue[] = [];
-  list.rows.forEach((row, i) => {
-    const increment = BigInt(row.increment_by);
-    const next = (r: { last_value: string; is_called: boolean }): bigint =>
-      BigInt(r.last_value) + (r.is_called ? increment : 0n);
-    const s = src.rows[i]!;
-    const d = dst.rows[i]!;
+  list.forEach((sequence, i) => {
+    const increment = sequence.incrementBy;
+    const next = (r: SequenceState): bigint => BigInt(r.last_value) + (r.is_called ? increment : 0n);
+    const s = src[i]!;
+    const d = dst[i]!;
     // The value the target would hand out next must not come before the source's.
     const targetBehind = increment > 0n ? next(d) < next(s) : next(d) > next(s);
     if (targetBehind)
       behind.push({
-        schema: row.schemaname,
-        name: row.sequencename,
+        schema: sequence.schema,
+        name: sequence.name,
         lastValue: BigInt(s.last_value),
         isCalled: s.is_called,
       });
   });
   if (behind.length > 0) await ctx.target.client.query(setSequencesSql(behind));
+}
+
+/**
+ * The sequences of the wave's shards on the source, listed once per wave: before its fence (the
+ * list is a catalog read that costs more than the values), or here when a resumed run finds the
+ * wave fenced already. A sequence created by hand after the list has no copy on the target to carry
+ * to; the verification finds its table's rows missing there.
+ */
+async function listSequences(ctx: MoveContext): Promise<readonly ShardSequence[]> {
+  if (ctx.sequences?.wave === ctx.wave) return ctx.sequences.list;
+  const rows = await ctx.source.client.query<{ schemaname: string; sequencename: string; increment_by: string }>(
+    SHARD_SEQUENCES_SQL,
+    [schemasOf(ctx, waveShards(ctx))],
+  );
+  const list = rows.rows.map((r) => ({
+    schema: r.schemaname,
+    name: r.sequencename,
+    incrementBy: BigInt(r.increment_by),
+  }));
+  ctx.sequences = { wave: ctx.wave, list };
+  return list;
+}
+
+interface SequenceState {
+  readonly last_value: string;
+  readonly is_called: boolean;
+}
+
+/** The sequences' states on one host, in order: one statement, whatever their number, from PostgreSQL 18. */
+async function readSequences(side: MoveContext['source'], list: readonly ShardSequence[]): Promise<SequenceState[]> {
+  if (side.serverVersionNum >= 180000) {
+    const names = list.map((s) => `${quoteIdent(s.schema)}.${quoteIdent(s.name)}`);
+    const result = await side.client.query<SequenceState & { i: number }>(READ_SEQUENCE_DATA_SQL, [names]);
+    // pg_get_sequence_data says nothing (NULL) of a sequence the role may not read: read it directly, which says why.
+    if (result.rows.every((r) => r.last_value !== null)) return result.rows;
+  }
+  const pairs = list.map((s) => [s.schema, s.name] as const);
+  return (await side.client.query<SequenceState>(readSequencesSql(pairs))).rows;
 }
 
 export async function verify(ctx: MoveContext): Promise<void> {
@@ -506,7 +637,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
       `the verification of ${formatShardList(shards)} (row counts and checksums on both hosts)`,
       async () => {
         const tail = pre ? { pre, changes: await readChanges(ctx.target.client, ctx.moveId) } : undefined;
-        return verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail);
+        const untracked = ctx.untracked?.wave === ctx.wave ? ctx.untracked.tables : undefined;
+        return verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail, untracked);
       },
       pre ? [pre.source, pre.target] : [],
     );
@@ -515,15 +647,18 @@ export async function verify(ctx: MoveContext): Promise<void> {
     await dropPreVerification(ctx, { logs: false });
   }
   // Still fenced: the tracking triggers and change logs go before the wave's copies take
-  // application writes (whatever run created them: a killed run's too).
-  await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () =>
-    stopTracking(ctx.target.client, ctx.moveId, schemas),
-  );
-  // On the source only as far as its tables let it: the wave's old copy stays fenced, and an
-  // unfence disables what is left there.
-  await within(`the removal of the change logs on ${ctx.target.host.name}`, () =>
-    stopLogs(ctx, schemas, { sourceBestEffort: true }),
-  );
+  // application writes (whatever run created them: a killed run's too), unless this run found
+  // none on the wave's tables before its fence and created none.
+  if (ctx.untracked?.wave !== ctx.wave || ctx.untracked.triggers) {
+    await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () =>
+      stopTracking(ctx.target.client, ctx.moveId, schemas),
+    );
+    // On the source only as far as its tables let it: the wave's old copy stays fenced, and an
+    // unfence disables what is left there.
+    await within(`the removal of the change logs on ${ctx.target.host.name}`, () =>
+      stopLogs(ctx, schemas, { sourceBestEffort: true }),
+    );
+  }
   const before = ctx.verification;
   ctx.verification = before
     ? {
@@ -538,6 +673,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
         },
         whole: [...before.whole, ...result.whole],
         truncated: [...before.truncated, ...result.truncated],
+        filled: [...before.filled, ...result.filled],
+        empty: before.empty + result.empty,
       }
     : result;
   if (result.ok) {
@@ -564,6 +701,7 @@ export async function verify(ctx: MoveContext): Promise<void> {
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
   noteBlocked(ctx);
+  await endFenceTimeouts(ctx);
   await unfence(ctx, shards);
   ctx.fenceMarker = null;
   ctx.fenceStartedAtMs = null;
@@ -595,6 +733,10 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   const target = ctx.target.host.name;
   const onSource = await ctx.source.client.query<{ version: string }>(switchPlacementSql(false), [shards, target, '0']);
   await ctx.target.client.query(switchPlacementSql(true), [shards, target, onSource.rows[0]!.version]);
+  // Writable again from here: the fleet's placement names the target, whose copies are active (the
+  // routers follow the fleet, not the file).
+  noteBlocked(ctx);
+  await endFenceTimeouts(ctx);
   const file = ctx.options.configFile ?? ctx.config.file;
   try {
     await rewriteShardOwner(file, shards, ctx.source.host.name, ctx.target.host.name);
@@ -606,7 +748,6 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
       { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error, next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
-  noteBlocked(ctx);
 }
 
 /** How long the unfence keeps retrying while application transactions hold the fenced tables. */

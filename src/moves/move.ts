@@ -11,16 +11,18 @@ import {
   renameWithStubSql,
   SHARD_SCHEMA_NAMES_SQL,
   RESET_SYNCHRONOUS_COMMIT_SQL,
+  ACTIVE_SHARDS_SQL,
 } from './sql.js';
 import { stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
-import { type MoveContext, schemasOf } from './context.js';
+import { type MoveContext, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
 import { createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
 import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
 import {
   fence,
   dropPreVerification,
+  endFenceTimeouts,
   waitForCatchUp,
   carrySequences,
   verify,
@@ -47,6 +49,14 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     await nextWave(ctx);
     after = 'synced';
   }
+  const at = steps.indexOf(after);
+  if (at >= steps.indexOf('fenced') - 1 && at < steps.indexOf('verified')) {
+    // The steps from the fence to the verification are not written (progress.ts): a run killed
+    // inside the switch, after the target's copies became active, is recorded before the fence.
+    // Active copies were verified by that run, and may take writes already: only the switch is left.
+    const active = await ctx.target.client.query(ACTIVE_SHARDS_SQL, [waveShards(ctx)]);
+    if ((active.rowCount ?? 0) > 0) after = 'verified';
+  }
   let next = steps.indexOf(after) + 1;
   while (next < steps.length) {
     const step = steps[next]!;
@@ -55,10 +65,12 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
         await STEPS[step].action(ctx);
       } catch (error) {
         if (!(error instanceof UndoThenReport)) throw error;
+        await endFenceTimeouts(ctx);
         await abortMove(ctx, error.after);
         throw error.failure;
       }
     } catch (error) {
+      await endFenceTimeouts(ctx);
       await dropPreVerification(ctx);
       // A host that stopped answering is a failure of the step like any lost connection: say how to go on.
       if (error instanceof ShardctlError && error.code !== HOST_SILENT) throw error;

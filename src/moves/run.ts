@@ -269,12 +269,12 @@ async function recordOf(side: HostSession, move: MoveRecord): Promise<MoveRecord
 
 /**
  * Where to carry a move on from, when the two hosts' records of it may disagree. Every step is
- * recorded on the source, then on the target (context.ts, record), so a crash between the two
- * updates leaves them one step (or one wave) apart. The earlier step wins: the later one is
+ * recorded on both hosts at once (progress.ts, record), so a crash between the two updates leaves
+ * them one step (or one wave) apart, either one ahead. The earlier step wins: the later one is
  * recorded on one host only, and redoing a step is safe (each step is written to be redone after
  * a crash), while skipping one that may be incomplete is not. The detail is the source's, merged
- * over the target's key by key: the source is written first, so its detail is the newer; only the
- * wave comes from the earlier record, with its step.
+ * over the target's key by key (what only the source records, such as the fence marker, is kept);
+ * only the wave comes from the earlier record, with its step.
  */
 export function reconcileRecords(
   found: MoveRecord,

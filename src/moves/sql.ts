@@ -94,8 +94,15 @@ export function insertMarkerSql(moveId: string, kind: string): string {
 }
 
 export interface FenceInput {
-  /** The shards fenced together, each with every one of its tables including partitions, as [schema, table]. */
-  readonly shards: readonly { readonly shard: number; readonly tables: readonly (readonly [string, string])[] }[];
+  /**
+   * The shards fenced together, each with every one of its tables including partitions, as [schema,
+   * table]; `prepared`: its fence triggers exist already, disabled (prepareFenceSql), and are only enabled.
+   */
+  readonly shards: readonly {
+    readonly shard: number;
+    readonly tables: readonly (readonly [string, string])[];
+    readonly prepared?: boolean;
+  }[];
   /** Where the shards are going, named in the SC100 error. */
   readonly targetHost: string;
   /** How long the LOCK may wait in all, in ms: below deadlock_timeout, so it cannot lose to application lock order. */
@@ -124,33 +131,24 @@ export interface FenceInput {
  */
 export function fenceSql(input: FenceInput): string {
   const tables = input.shards.flatMap(({ tables }) => tables.map(([schema, table]) => qualified(schema, table)));
-  const triggers = input.shards.flatMap(({ shard, tables: own }) => {
-    const fn = `${CONTROL}.shard_fenced(${quoteLiteral(String(shard))}, ${quoteLiteral(input.targetHost)})`;
-    return own.map(([schema, table]) => {
+  const triggers = input.shards.flatMap(({ shard, tables: own, prepared }) =>
+    own.map(([schema, table]) => {
       const t = qualified(schema, table);
+      if (prepared) return `ALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`;
       return input.createOrReplaceTrigger
         ? // ENABLE: an unfence leaves the trigger disabled when it cannot drop it (see unfenceSql).
-          `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};\n` +
-            `ALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
+          `${fenceTriggerSql(shard, t, input.targetHost)}\nALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
         : // Before PostgreSQL 14: drop and create (a stronger lock, held for the few ms of this transaction).
-          `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\nCREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`;
-    });
-  });
+          `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\n${fenceTriggerSql(shard, t, input.targetHost).replace('CREATE OR REPLACE', 'CREATE')}`;
+    }),
+  );
   const shards = input.shards.map(({ shard }) => {
     if (!Number.isInteger(shard) || shard < 0) throw new Error(`fenceSql: not a shard number: ${shard}`);
     return String(shard);
   });
-  const wait = `'${Math.max(1, Math.round(input.lockWaitMs))}ms'`;
   return [
     'BEGIN;',
-    ...(tables.length > 0
-      ? [
-          `SET LOCAL lock_timeout = ${wait};`,
-          `SET LOCAL statement_timeout = ${wait};`,
-          `LOCK TABLE ${tables.join(', ')} IN SHARE ROW EXCLUSIVE MODE;`,
-          'SET LOCAL statement_timeout TO DEFAULT;',
-        ]
-      : []),
+    ...lockTablesSql(tables, input.lockWaitMs),
     ...triggers,
     `UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard IN (${shards.join(', ')});`,
     ...(input.fenceStart
@@ -159,6 +157,53 @@ export function fenceSql(input: FenceInput): string {
             `WHERE move_id = ${quoteLiteral(input.fenceStart.moveId)};`,
         ]
       : []),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/**
+ * The first statements of a fence transaction (and of its preparation): every table locked in SHARE
+ * ROW EXCLUSIVE mode by one LOCK whose wait is bounded in all by `lockWaitMs` (see fenceSql); none
+ * when there is no table.
+ */
+function lockTablesSql(tables: readonly string[], lockWaitMs: number): string[] {
+  if (tables.length === 0) return [];
+  const wait = `'${Math.max(1, Math.round(lockWaitMs))}ms'`;
+  return [
+    `SET LOCAL lock_timeout = ${wait};`,
+    `SET LOCAL statement_timeout = ${wait};`,
+    `LOCK TABLE ${tables.join(', ')} IN SHARE ROW EXCLUSIVE MODE;`,
+    'SET LOCAL statement_timeout TO DEFAULT;',
+  ];
+}
+
+/** The fence trigger of one table (`t` quoted): every write refused with SC100, naming the shard and its new host. */
+function fenceTriggerSql(shard: number, t: string, targetHost: string): string {
+  const fn = `${CONTROL}.shard_fenced(${quoteLiteral(String(shard))}, ${quoteLiteral(targetHost)})`;
+  return `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`;
+}
+
+/**
+ * The fence triggers of a few shards created disabled, in one transaction, while the shards are
+ * still writable (PostgreSQL 14 and later): the fence then only enables them (fenceSql,
+ * `prepared`), one catalog change per table instead of two while writes wait. CREATE TRIGGER waits
+ * for the tables' writers like the fence's LOCK: `lockWaitMs` bounds that wait the same way, and
+ * the caller retries. A disabled trigger refuses nothing; an unfence drops it with the rest.
+ */
+export function prepareFenceSql(input: Omit<FenceInput, 'createOrReplaceTrigger' | 'fenceStart'>): string {
+  const tables = input.shards.flatMap(({ shard, tables }) =>
+    tables.map(([schema, table]) => ({ shard, t: qualified(schema, table) })),
+  );
+  return [
+    'BEGIN;',
+    ...lockTablesSql(
+      tables.map(({ t }) => t),
+      input.lockWaitMs,
+    ),
+    ...tables.map(
+      ({ shard, t }) =>
+        `${fenceTriggerSql(shard, t, input.targetHost)}\nALTER TABLE ${t} DISABLE TRIGGER shardctl_fence;`,
+    ),
     'COMMIT;',
   ].join('\n');
 }
@@ -191,13 +236,14 @@ export function fenceGroups(
 
 /**
  * After every shard of a wave is fenced: the marker the target waits for (replicated after every
- * change committed before it), and the wave's fence recorded in the move's detail.
+ * change committed before it), and the step `fenced` recorded with the move's `detail` (its marker
+ * and fence start among them), in one transaction.
  */
-export function fenceMarkerSql(moveId: string, marker: string, fenceStartedAtMs: number): string {
+export function fenceMarkerSql(moveId: string, marker: string, detail: Record<string, unknown>): string {
   return [
     'BEGIN;',
     insertMarkerSql(moveId, marker),
-    `UPDATE ${CONTROL}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceMarker: marker, fenceStartedAtMs }))}::jsonb WHERE move_id = ${quoteLiteral(moveId)};`,
+    `UPDATE ${CONTROL}.moves SET step = 'fenced', updated_at = now(), detail = detail || ${quoteLiteral(JSON.stringify(detail))}::jsonb WHERE move_id = ${quoteLiteral(moveId)};`,
     'COMMIT;',
   ].join('\n');
 }
@@ -262,6 +308,13 @@ export function readSequencesSql(sequences: readonly (readonly [string, string])
     .join('\nUNION ALL ')
     .concat('\nORDER BY 1');
 }
+
+/**
+ * The state of the sequences $1 (regclass[]), in order, from PostgreSQL 18 (pg_get_sequence_data):
+ * one statement whatever their number, where readSequencesSql parses one SELECT per sequence.
+ */
+export const READ_SEQUENCE_DATA_SQL = `SELECT s.i::int - 1 AS i, d.last_value::text AS last_value, d.is_called
+       FROM unnest($1::regclass[]) WITH ORDINALITY AS s(seq, i), pg_get_sequence_data(s.seq) AS d ORDER BY s.i`;
 
 export interface SequenceValue {
   readonly schema: string;

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { shardTables, type KeyedTable, type ShardTable } from './catalog.js';
+import { shardLeaves, type KeyedTable, type ShardTable } from './catalog.js';
 import {
   TAIL_MAX_KEYS,
   checksumsSql,
@@ -8,6 +8,7 @@ import {
   setTransactionSnapshotSql,
   STABLE_TEXT_SETTINGS,
   type HashMethod,
+  type TableName,
 } from './sql.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
@@ -50,7 +51,7 @@ interface TableChecksum {
 
 /** One table's count and checksum: every row, or only the rows whose key is in a JSON array of keys. */
 interface ChecksumQuery {
-  readonly table: ShardTable;
+  readonly table: TableName;
   readonly keys?: { readonly keyed: KeyedTable; readonly json: string };
 }
 
@@ -160,7 +161,7 @@ export async function endPreVerification(pre: PreVerification): Promise<void> {
   );
 }
 
-function tableKey(t: ShardTable): string {
+function tableKey(t: TableName): string {
   return `${t.schema}.${t.table}`;
 }
 
@@ -199,11 +200,20 @@ export interface VerifyResult {
    */
   readonly whole: readonly string[];
   readonly truncated: readonly string[];
+  /**
+   * Tables left untracked because they were empty when the cut-over began (emptyBefore), found not
+   * empty while fenced and checksummed whole: they hold only the rows written during the cut-over.
+   */
+  readonly filled: readonly string[];
+  /** Tables without a page on either host while fenced: no row to compare, none read. */
+  readonly empty: number;
 }
 
 /**
  * Row counts and content checksums of every table of `schemas`, on both hosts at once (the same
- * schema names on both). `methods` comes from hashMethods(), computed before the fence.
+ * schema names on both). `methods` comes from hashMethods(), computed before the fence. A table
+ * without a page on either host holds no row on either: it matches without being read.
+ * `emptyBefore` names the tables the cut-over left untracked because they were empty then.
  */
 export async function verifyShards(
   source: pg.Client,
@@ -211,13 +221,11 @@ export async function verifyShards(
   schemas: readonly string[],
   methods: ReadonlyMap<string, HashMethod>,
   tail?: { readonly pre: PreVerification; readonly changes: ReadonlyMap<string, TableChanges> },
+  emptyBefore: ReadonlySet<string> = new Set(),
 ): Promise<VerifyResult> {
-  const [tables, targetTables] = await Promise.all([
-    shardTables(source, schemas, 'leaves'),
-    shardTables(target, schemas, 'leaves'),
-  ]);
+  const [tables, targetTables] = await Promise.all([shardLeaves(source, schemas), shardLeaves(target, schemas)]);
   const key = tableKey;
-  const onTarget = new Set(targetTables.map(key));
+  const onTarget = new Map(targetTables.map((t) => [key(t), t]));
   const onSource = new Set(tables.map(key));
   const mismatches: string[] = [];
   for (const t of tables) if (!onTarget.has(key(t))) mismatches.push(`table ${key(t)} is missing on the target`);
@@ -230,11 +238,17 @@ export async function verifyShards(
   const lookups: ChecksumQuery[] = [];
   const wholeNames: string[] = [];
   const truncatedNames: string[] = [];
+  const filledNames: string[] = [];
+  let emptyTables = 0;
   let byKeyTables = 0;
   let byKeyKeys = 0;
   let byLogTables = 0;
   let byLogChanges = 0n;
   const plan = common.map((t) => {
+    if (t.empty && onTarget.get(key(t))!.empty) {
+      emptyTables += 1;
+      return { empty: true };
+    }
     const keyed = tail?.pre.keyed.get(key(t));
     const at = tail?.pre.at.get(key(t));
     const changes = tail?.changes.get(key(t));
@@ -243,7 +257,9 @@ export async function verifyShards(
       return { at, logged: true };
     }
     if (!keyed || !at || changes?.truncated || (changes && changes.keys > TAIL_MAX_KEYS)) {
-      (changes?.truncated && keyed && at ? truncatedNames : wholeNames).push(key(t));
+      const names =
+        changes?.truncated && keyed && at ? truncatedNames : emptyBefore.has(key(t)) ? filledNames : wholeNames;
+      names.push(key(t));
       return { whole: whole.push({ table: t }) - 1 };
     }
     byKeyTables += 1;
@@ -251,8 +267,8 @@ export async function verifyShards(
     byKeyKeys += changes.keys;
     return { at, lookup: lookups.push({ table: t, keys: { keyed, json: changes.keysJson } }) - 1 };
   });
-  await Promise.all([source.query(STABLE_TEXT_SETTINGS), target.query(STABLE_TEXT_SETTINGS)]);
   const now = [...whole, ...lookups];
+  if (now.length > 0) await Promise.all([source.query(STABLE_TEXT_SETTINGS), target.query(STABLE_TEXT_SETTINGS)]);
   const readLogs = (client: pg.Client): Promise<Map<string, LogSums>> =>
     byLogTables > 0 && tail ? readLogSums(client, tail.pre.moveId) : Promise.resolve(new Map<string, LogSums>());
   const [src, dst, srcAtP, dstAtP, srcLog, dstLog] = await Promise.all([
@@ -267,7 +283,9 @@ export async function verifyShards(
     const p = plan[i]!;
     let s: TableChecksum;
     let d: TableChecksum;
-    if ('whole' in p && p.whole !== undefined) {
+    if ('empty' in p) {
+      s = d = { rows: 0n, checksum: '0' };
+    } else if ('whole' in p && p.whole !== undefined) {
       s = src[p.whole]!;
       d = dst[p.whole]!;
     } else if ('logged' in p) {
@@ -309,5 +327,7 @@ export async function verifyShards(
     byLog: { tables: byLogTables, changes: Number(byLogChanges) },
     whole: wholeNames,
     truncated: truncatedNames,
+    filled: filledNames,
+    empty: emptyTables,
   };
 }

@@ -99,7 +99,15 @@ describe('the fence and application transactions that write several tables', () 
         expect([second?.code ?? null, commit?.code ?? null]).toEqual([null, null]);
         const result = await moving;
         expect(result.outcome).toBe('moved');
-        expect(notices.some((n) => /fence attempt \d+ waits for|fenced 1 shard in \d+ attempts/.test(n))).toBe(true);
+        // The fence, or the preparation of its triggers before it, met the application's lock and let go.
+        expect(
+          notices.some((n) =>
+            /fence attempt \d+ waits for|fenced 1 shard in \d+ attempts|the fence of 1 shard of wave 1 was not prepared \(tables were busy\)/.test(
+              n,
+            ),
+          ),
+          notices.join('\n'),
+        ).toBe(true);
         await withClient(env.db.urls[1]!, async (c) => {
           expect((await c.query(`select 1 from insta${shard}.likes where photo_id = 1 and user_id = 2`)).rowCount).toBe(
             1,
@@ -547,12 +555,15 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
     );
     expect(truncated).toBe(true);
     // Nothing was checksummed over all its rows while fenced: the keyed tables and partitions by
-    // their changed keys, the keyless table from its change logs.
+    // their changed keys, the keyless table from its change logs, a table empty when the cut-over
+    // began by its size (still empty) or whole (holding only the cut-over's rows).
     expect(result.verification).toMatchObject({ ok: true, whole: [], truncated: [], byLog: { tables: 1 } });
     // Verified one by one: the tables that hold rows (the partitions, not their parent).
     const leaves = REALWORLD_TABLES.filter((t) => t !== 'events');
     expect(result.verification!.tables.map((t) => t.table).sort()).toEqual([...leaves].sort());
-    expect(result.verification!.byKey.tables).toBe(leaves.length - 1);
+    const { byKey, empty, filled } = result.verification!;
+    expect(byKey.tables + empty + filled.length).toBe(leaves.length - 1);
+    expect(byKey.tables).toBeGreaterThanOrEqual(leaves.length - 2);
     expect(await replicationObjects(db.urls)).toEqual([]);
     const renamed = await withClient(
       db.urls[0]!,

@@ -12,6 +12,7 @@ import {
   createSubscriptionSql,
   fenceSql,
   fenceGroups,
+  prepareFenceSql,
   oldCopyName,
   probeSubscriptionSql,
   renameWithStubSql,
@@ -235,6 +236,54 @@ describe('move SQL', () => {
     expect(sql.match(/^BEGIN;$/gm)).toHaveLength(1);
   });
 
+  it('prepares fence triggers disabled behind one bounded LOCK, and a prepared fence only enables them', () => {
+    const shards = [
+      {
+        shard: 4,
+        tables: [
+          ['insta4', 'likes'],
+          ['insta4', 'photos'],
+        ] as const,
+      },
+    ];
+    const prepare = prepareFenceSql({ shards, targetHost: 'pg2', lockWaitMs: 250 });
+    expect(prepare.split('\n').slice(0, 5)).toEqual([
+      'BEGIN;',
+      "SET LOCAL lock_timeout = '250ms';",
+      "SET LOCAL statement_timeout = '250ms';",
+      'LOCK TABLE "insta4"."likes", "insta4"."photos" IN SHARE ROW EXCLUSIVE MODE;',
+      'SET LOCAL statement_timeout TO DEFAULT;',
+    ]);
+    expect(prepare).toContain(
+      `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON "insta4"."photos" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');\nALTER TABLE "insta4"."photos" DISABLE TRIGGER shardctl_fence;`,
+    );
+    expect(prepare).not.toContain('ENABLE');
+    expect(prepare).not.toContain('UPDATE "shardctl".shards');
+    expect(prepare.endsWith('COMMIT;')).toBe(true);
+
+    const fence = fenceSql({
+      shards: [
+        { ...shards[0]!, prepared: true },
+        { shard: 5, tables: [['insta5', 'likes']] },
+      ],
+      targetHost: 'pg2',
+      lockWaitMs: 250,
+      createOrReplaceTrigger: true,
+    });
+    expect(fence).toContain(
+      'LOCK TABLE "insta4"."likes", "insta4"."photos", "insta5"."likes" IN SHARE ROW EXCLUSIVE MODE;',
+    );
+    // The prepared shard's triggers are enabled, not created; the other's created as before.
+    expect(fence).toContain(
+      'ALTER TABLE "insta4"."likes" ENABLE TRIGGER shardctl_fence;\nALTER TABLE "insta4"."photos" ENABLE TRIGGER shardctl_fence;\n',
+    );
+    expect(fence.match(/CREATE OR REPLACE TRIGGER shardctl_fence/g)).toHaveLength(1);
+    expect(fence).toContain(
+      `ON "insta5"."likes" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('5', 'pg2');`,
+    );
+    expect(fence).toContain(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4, 5);`);
+  });
+
   it('groups a wave into fence transactions of bounded table count, in order', () => {
     const three = () => 3;
     expect(fenceGroups([0, 1, 2, 3, 4, 5, 6], three, 9)).toEqual([[0, 1, 2], [3, 4, 5], [6]]);
@@ -252,11 +301,11 @@ describe('move SQL', () => {
   });
 
   it('writes the wave marker and the fence start in one transaction', () => {
-    expect(fenceMarkerSql('m1', 'fenced-x', 1700000000000)).toBe(
+    expect(fenceMarkerSql('m1', 'fenced-x', { fenceMarker: 'fenced-x', fenceStartedAtMs: 1700000000000 })).toBe(
       [
         'BEGIN;',
         `INSERT INTO "shardctl".move_markers (move_id, kind) VALUES ('m1', 'fenced-x') ON CONFLICT DO NOTHING;`,
-        `UPDATE "shardctl".moves SET detail = detail || '{"fenceMarker":"fenced-x","fenceStartedAtMs":1700000000000}'::jsonb WHERE move_id = 'm1';`,
+        `UPDATE "shardctl".moves SET step = 'fenced', updated_at = now(), detail = detail || '{"fenceMarker":"fenced-x","fenceStartedAtMs":1700000000000}'::jsonb WHERE move_id = 'm1';`,
         'COMMIT;',
       ].join('\n'),
     );
