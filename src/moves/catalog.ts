@@ -75,6 +75,7 @@ export async function shardTables(
 
 /** A table that holds rows (a plain table or a partition), and whether its heap has no page at all. */
 export interface LeafTable extends TableName {
+  readonly oid: number;
   readonly parent?: string;
   /** pg_relation_size() is 0: not a row in it, visible or not (any insert extends the heap first). */
   readonly empty: boolean;
@@ -85,8 +86,14 @@ export interface LeafTable extends TableName {
  * shardTables (no column types), for what runs while a wave is fenced.
  */
 export async function shardLeaves(client: pg.Client, schemas: readonly string[]): Promise<LeafTable[]> {
-  const result = await client.query<{ nspname: string; relname: string; parent: string | null; empty: boolean }>(
-    `SELECT n.nspname, c.relname, p.relname AS parent, pg_relation_size(c.oid) = 0 AS empty
+  const result = await client.query<{
+    oid: number;
+    nspname: string;
+    relname: string;
+    parent: string | null;
+    empty: boolean;
+  }>(
+    `SELECT c.oid, n.nspname, c.relname, p.relname AS parent, pg_relation_size(c.oid) = 0 AS empty
        FROM pg_class c
        JOIN pg_namespace n ON n.oid = c.relnamespace
        LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND c.relispartition
@@ -96,12 +103,25 @@ export async function shardLeaves(client: pg.Client, schemas: readonly string[])
     [schemas],
   );
   return result.rows.map((r) => ({
+    oid: r.oid,
     schema: r.nspname,
     table: r.relname,
     empty: r.empty,
     ...(r.parent === null ? {} : { parent: r.parent }),
   }));
 }
+
+/**
+ * The tables of `leaves` (read by shardLeaves before) as they are now, by OID: an index lookup each,
+ * where shardLeaves scans the catalog. A table dropped since is left out.
+ */
+export async function leavesNow(client: pg.Client, leaves: readonly LeafTable[]): Promise<LeafTable[]> {
+  const result = await client.query<{ i: number; empty: boolean | null }>(LEAF_SIZES_SQL, [leaves.map((t) => t.oid)]);
+  return result.rows.flatMap((r) => (r.empty === null ? [] : [{ ...leaves[r.i - 1]!, empty: r.empty }]));
+}
+
+/** Whether each relation $1 (oid[]) has no page, by position (NULL where it no longer exists). */
+const LEAF_SIZES_SQL = `SELECT s.i::int AS i, pg_relation_size(s.o) = 0 AS empty FROM unnest($1::oid[]) WITH ORDINALITY AS s(o, i) ORDER BY s.i`;
 
 /**
  * Owners and ACLs of these schemas and of everything a move carries in them (tables and partitions,

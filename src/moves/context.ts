@@ -4,6 +4,7 @@ import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
+import type { LeafTable } from './catalog.js';
 import type { PreflightCheck } from './preflight.js';
 import { replicationName } from './sql.js';
 import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
@@ -122,6 +123,14 @@ export interface MoveContext {
    * this run found none before its fence and created none).
    */
   untracked: { readonly wave: number; readonly tables: ReadonlySet<string>; readonly triggers: boolean } | null;
+  /** A wave's tables on each host, listed before its fence (cutover.ts). */
+  leaves: {
+    readonly wave: number;
+    readonly source: readonly LeafTable[];
+    readonly target: readonly LeafTable[];
+  } | null;
+  /** The source's tables of a wave with their emptiness as its fence transactions reported it (cutover.ts). */
+  sourceNow: { readonly wave: number; readonly leaves: readonly LeafTable[] } | null;
   /** When the cut-over last set the statement timeout of the source's and target's sessions (cutover.ts, underFence). */
   readonly timeoutsSetAt: Map<pg.Client, number>;
   /** The sequences of a wave's shards, listed before its fence (cutover.ts, listSequences). */
@@ -169,6 +178,8 @@ export function moveContext(
     refreshed: [],
     pre: null,
     untracked: null,
+    leaves: null,
+    sourceNow: null,
     timeoutsSetAt: new Map(),
     sequences: null,
   };

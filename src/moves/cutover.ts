@@ -16,6 +16,8 @@ import {
   fenceGroups,
   fenceMarkerSql,
   fenceSql,
+  fenceWaveSql,
+  recordFencedSql,
   prepareFenceSql,
   insertMarkerSql,
   MAX_LOCKS_SQL,
@@ -36,9 +38,11 @@ import { recordStep, stepsFor, type MoveStep } from './state.js';
 import { endQuietly, LOCK_WAIT_CODES, retryLockWaits, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import {
   keyedTables,
+  leavesNow,
   shardLeaves,
   shardTables,
   shardTriggers,
+  type LeafTable,
   type ShardTable,
   SHARD_SEQUENCES_SQL,
 } from './catalog.js';
@@ -91,6 +95,13 @@ export async function fence(ctx: MoveContext): Promise<void> {
   // What can be done while the wave is writable is done first: its fence triggers created
   // disabled (a killed run's fence already runs: then the rest is fenced as before), the target
   // caught up, the verification begun, the sequences listed.
+  if (fenced.size === 0) {
+    const [onSource, onTarget] = await Promise.all([
+      shardLeaves(source.client, schemas),
+      shardLeaves(ctx.target.client, schemas),
+    ]);
+    ctx.leaves = { wave: ctx.wave, source: onSource, target: onTarget };
+  }
   const prepared = fenced.size === 0 ? await prepareFence(ctx, groups, ofGroup, lockWaitMs) : new Set<number>();
   if (fenced.size === 0) await catchUpBeforeFence(ctx);
   if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
@@ -139,8 +150,20 @@ export async function fence(ctx: MoveContext): Promise<void> {
       await sleep(10 + Math.random() * 40);
     }
   };
+  // The whole wave in one round trip; the group-by-group fence below is for a wave that met a busy
+  // table (or that a killed run fenced in part).
+  // The group that met the busy table there: the first not fenced, which is not tried whole again.
+  let busyGroup: readonly number[] | undefined;
+  if (fenced.size === 0 && groups.length > 0) {
+    attempts += 1;
+    if (await fenceWaveOnce(ctx, groups.map(withTables), lockWaitMs)) return;
+    for (const r of (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows)
+      fenced.add(r.shard);
+    busyGroup = groups.find((group) => !group.every((s) => fenced.has(s)));
+  }
   for (const group of groups) {
-    if (group.length > 1) {
+    if (group.every((s) => fenced.has(s))) continue;
+    if (group.length > 1 && group !== busyGroup) {
       attempts += 1;
       if (await fenceOnce(ctx, withTables(group), lockWaitMs)) {
         continue;
@@ -150,6 +173,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
     // costs one lock wait more, not one per shard of its group.
     for (const shard of group) await fenceAlone(shard);
   }
+  // Here only after a wave that met busy tables (or that a killed run fenced in part).
   if (attempts > groups.length)
     notice(
       ctx,
@@ -253,6 +277,72 @@ async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWai
     ctx.fenceStartedAtMs = atMs;
     ctx.fenceDeadline = performance.now() + maxFencedMs(ctx);
   }
+  return true;
+}
+
+/**
+ * The whole wave fenced in one round trip (fenceWaveSql): its groups, the marker with the step, the
+ * source session's statement timeout; then on the target its statement timeout and the step, in one
+ * more. False when a group's lock wait ran out: the groups before it are fenced (the wave's fence
+ * limit runs from this attempt), and the caller fences the rest group by group.
+ */
+async function fenceWaveOnce(
+  ctx: MoveContext,
+  groups: readonly FenceInput['shards'][],
+  lockWaitMs: number,
+): Promise<boolean> {
+  const { source, target } = ctx;
+  const atMs = Date.now();
+  const sentAt = performance.now();
+  const marker = `fenced-${atMs.toString(36)}-${ctx.wave}`;
+  const limit = maxFencedMs(ctx);
+  const detail = { ...progress(ctx), fenceMarker: marker, fenceStartedAtMs: atMs };
+  // Each group's transaction also reports which of its tables are empty, once fenced (verify).
+  const leaves = ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : [];
+  const oidOf = new Map(leaves.map((t) => [`${t.schema}.${t.table}`, t.oid]));
+  const sql = fenceWaveSql({
+    groups: groups.map((shards, i) => ({
+      shards,
+      targetHost: target.host.name,
+      lockWaitMs,
+      createOrReplaceTrigger: source.serverVersionNum >= 140000,
+      ...(i === 0 ? { fenceStart: { moveId: ctx.moveId, atMs } } : {}),
+      reportEmpty: shards.flatMap((s) => s.tables.flatMap(([schema, table]) => oidOf.get(`${schema}.${table}`) ?? [])),
+    })),
+    marker: { moveId: ctx.moveId, kind: marker, detail },
+    statementTimeoutMs: limit,
+  });
+  let results: pg.QueryResult[];
+  try {
+    // A string of several statements: one result each.
+    results = [(await source.client.query(sql)) as unknown as pg.QueryResult[]].flat();
+  } catch (error) {
+    await rollbackQuietly(source.client);
+    const code = (error as { code?: string }).code;
+    if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
+    if ((await source.client.query(FENCED_SHARDS_SQL, [groups[0]!.map((s) => s.shard)])).rowCount) {
+      ctx.fenceStartedAtMs = atMs;
+      ctx.fenceDeadline = sentAt + limit;
+    }
+    return false;
+  }
+  ctx.fenceStartedAtMs = atMs;
+  ctx.fenceDeadline = sentAt + limit;
+  ctx.fenceMarker = marker;
+  ctx.timeoutsSetAt.set(source.client, sentAt);
+  const empty = new Map<number, boolean>();
+  for (const r of results)
+    if (r.fields?.some((f) => f.name === 'empty'))
+      for (const row of r.rows as { oid: number; empty: boolean }[]) empty.set(row.oid, row.empty);
+  ctx.sourceNow = {
+    wave: ctx.wave,
+    leaves: leaves.flatMap((t) => (empty.has(t.oid) ? [{ ...t, empty: empty.get(t.oid)! }] : [])),
+  };
+  // The target's statement timeout goes with the step's record, in the same round trip.
+  ctx.timeoutsSetAt.set(target.client, performance.now());
+  await underFence(ctx, `the record of the fence on ${target.host.name}`, () =>
+    target.client.query(`${statementTimeoutSql(fenceRemainingMs(ctx))};\n${recordFencedSql(ctx.moveId, detail)}`),
+  );
   return true;
 }
 
@@ -388,7 +478,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   let held: pg.Client[] = [];
   try {
     const [leaves, leftOnTarget, leftOnSource] = await Promise.all([
-      shardLeaves(ctx.source.client, schemas),
+      ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : shardLeaves(ctx.source.client, schemas),
       shardTriggers(ctx.target.client, schemas, [...TRACK_TRIGGERS, ...DELTA_TRIGGERS]),
       shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS),
     ]);
@@ -637,8 +727,11 @@ export async function verify(ctx: MoveContext): Promise<void> {
       `the verification of ${formatShardList(shards)} (row counts and checksums on both hosts)`,
       async () => {
         const tail = pre ? { pre, changes: await readChanges(ctx.target.client, ctx.moveId) } : undefined;
-        const untracked = ctx.untracked?.wave === ctx.wave ? ctx.untracked.tables : undefined;
-        return verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail, untracked);
+        const emptyBefore = ctx.untracked?.wave === ctx.wave ? ctx.untracked.tables : undefined;
+        return verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail, {
+          emptyBefore,
+          leaves: await leavesAfterFence(ctx),
+        });
       },
       pre ? [pre.source, pre.target] : [],
     );
@@ -718,6 +811,26 @@ export async function verify(ctx: MoveContext): Promise<void> {
       next: [{ action: 'resume', shards: ctx.shards }],
     },
   );
+}
+
+/**
+ * Each host's tables of the wave as they are while it is fenced, from the lists read before the
+ * fence (ctx.leaves): the source's as its fence transactions reported them (ctx.sourceNow), the
+ * target's looked up by OID; undefined (verifyShards reads them) when this run has no list. A table
+ * added by hand after the list is not seen here: its writes reach no table on the target, so the
+ * replication stops and the catch-up ends at the fence limit.
+ */
+async function leavesAfterFence(
+  ctx: MoveContext,
+): Promise<{ source: readonly LeafTable[]; target: readonly LeafTable[] } | undefined> {
+  const listed = ctx.leaves;
+  if (listed?.wave !== ctx.wave) return undefined;
+  const fromFence = ctx.sourceNow?.wave === ctx.wave ? ctx.sourceNow.leaves : undefined;
+  const [source, target] = await Promise.all([
+    fromFence && fromFence.length === listed.source.length ? fromFence : leavesNow(ctx.source.client, listed.source),
+    leavesNow(ctx.target.client, listed.target),
+  ]);
+  return { source, target };
 }
 
 /** The map now says target for the wave: its copies become active, and the config file is rewritten in place. */

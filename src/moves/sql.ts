@@ -114,6 +114,11 @@ export interface FenceInput {
    * transaction, so a run killed at any point after it leaves the time its shards began refusing writes.
    */
   readonly fenceStart?: { readonly moveId: string; readonly atMs: number };
+  /**
+   * Tables (by OID) whose emptiness the transaction reports, as rows (oid, empty), once they are
+   * locked and fenced: from then on no write changes it.
+   */
+  readonly reportEmpty?: readonly number[];
 }
 
 /**
@@ -157,8 +162,15 @@ export function fenceSql(input: FenceInput): string {
             `WHERE move_id = ${quoteLiteral(input.fenceStart.moveId)};`,
         ]
       : []),
+    ...(input.reportEmpty && input.reportEmpty.length > 0 ? [reportEmptySql(input.reportEmpty)] : []),
     'COMMIT;',
   ].join('\n');
+}
+
+/** Rows (oid, empty) for these relations: whether each has no page (pg_relation_size 0). */
+function reportEmptySql(oids: readonly number[]): string {
+  for (const oid of oids) if (!Number.isInteger(oid) || oid <= 0) throw new Error(`reportEmptySql: not an OID: ${oid}`);
+  return `SELECT o::int AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{${oids.join(',')}}'::oid[]) AS o;`;
 }
 
 /**
@@ -240,11 +252,29 @@ export function fenceGroups(
  * and fence start among them), in one transaction.
  */
 export function fenceMarkerSql(moveId: string, marker: string, detail: Record<string, unknown>): string {
+  return ['BEGIN;', insertMarkerSql(moveId, marker), recordFencedSql(moveId, detail), 'COMMIT;'].join('\n');
+}
+
+/** The step `fenced` recorded for a move, with its `detail` merged in (one statement). */
+export function recordFencedSql(moveId: string, detail: Record<string, unknown>): string {
+  return `UPDATE ${CONTROL}.moves SET step = 'fenced', updated_at = now(), detail = detail || ${quoteLiteral(JSON.stringify(detail))}::jsonb WHERE move_id = ${quoteLiteral(moveId)};`;
+}
+
+/**
+ * A whole wave's fence as one string, one round trip: each fence group's transaction (fenceSql, in
+ * order, the first carrying the fence's start), then the marker with the step (fenceMarkerSql), then
+ * the session's statement timeout for the cut-over (see underFence in cutover.ts). The server runs
+ * them in order and stops at the first error: the groups before it stay fenced, the rest is not run.
+ */
+export function fenceWaveSql(input: {
+  readonly groups: readonly FenceInput[];
+  readonly marker: { readonly moveId: string; readonly kind: string; readonly detail: Record<string, unknown> };
+  readonly statementTimeoutMs: number;
+}): string {
   return [
-    'BEGIN;',
-    insertMarkerSql(moveId, marker),
-    `UPDATE ${CONTROL}.moves SET step = 'fenced', updated_at = now(), detail = detail || ${quoteLiteral(JSON.stringify(detail))}::jsonb WHERE move_id = ${quoteLiteral(moveId)};`,
-    'COMMIT;',
+    ...input.groups.map(fenceSql),
+    fenceMarkerSql(input.marker.moveId, input.marker.kind, input.marker.detail),
+    `${statementTimeoutSql(input.statementTimeoutMs)};`,
   ].join('\n');
 }
 

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { shardLeaves, type KeyedTable, type ShardTable } from './catalog.js';
+import { shardLeaves, type KeyedTable, type LeafTable, type ShardTable } from './catalog.js';
 import {
   TAIL_MAX_KEYS,
   checksumsSql,
@@ -213,7 +213,8 @@ export interface VerifyResult {
  * Row counts and content checksums of every table of `schemas`, on both hosts at once (the same
  * schema names on both). `methods` comes from hashMethods(), computed before the fence. A table
  * without a page on either host holds no row on either: it matches without being read.
- * `emptyBefore` names the tables the cut-over left untracked because they were empty then.
+ * `emptyBefore` names the tables the cut-over left untracked because they were empty then;
+ * `leaves`, each host's tables as they are now, when the caller has them (else they are read).
  */
 export async function verifyShards(
   source: pg.Client,
@@ -221,9 +222,17 @@ export async function verifyShards(
   schemas: readonly string[],
   methods: ReadonlyMap<string, HashMethod>,
   tail?: { readonly pre: PreVerification; readonly changes: ReadonlyMap<string, TableChanges> },
-  emptyBefore: ReadonlySet<string> = new Set(),
+  {
+    emptyBefore = new Set<string>(),
+    leaves,
+  }: {
+    readonly emptyBefore?: ReadonlySet<string> | undefined;
+    readonly leaves?: { readonly source: readonly LeafTable[]; readonly target: readonly LeafTable[] } | undefined;
+  } = {},
 ): Promise<VerifyResult> {
-  const [tables, targetTables] = await Promise.all([shardLeaves(source, schemas), shardLeaves(target, schemas)]);
+  const [tables, targetTables] = leaves
+    ? [leaves.source, leaves.target]
+    : await Promise.all([shardLeaves(source, schemas), shardLeaves(target, schemas)]);
   const key = tableKey;
   const onTarget = new Map(targetTables.map((t) => [key(t), t]));
   const onSource = new Set(tables.map(key));

@@ -437,3 +437,71 @@ CREATE UNIQUE INDEX ident_v ON ident (v) NULLS NOT DISTINCT;`,
     expect(await replicationObjects(db.urls)).toEqual([]);
   });
 });
+
+describe('shardctl move-shard with tables empty when the cut-over begins', () => {
+  const db = useTestDatabases(2);
+
+  it('leaves them untracked: one still empty on both is verified by its size, one written meanwhile whole (listed as filled)', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
+    );
+    const result = await moveShard(config, 1, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (m) => {
+        // The pre-verification has begun (photos tracked); likes and comments were empty then.
+        if (m.includes('checksummed before the fence'))
+          runSqlNow(
+            db.urls[0]!,
+            `insert into insta1.likes (photo_id, user_id) select g, g from generate_series(1, 50) g`,
+          );
+      },
+    });
+    expect(result.outcome).toBe('moved');
+    expect(result.verification).toMatchObject({
+      ok: true,
+      byKey: { tables: 1 },
+      filled: ['insta1.likes'],
+      empty: 1,
+      whole: [],
+    });
+    await withClient(db.urls[1]!, async (c) => {
+      expect((await c.query(`select count(*)::int as n from insta1.likes`)).rows).toEqual([{ n: 50 }]);
+    });
+    expect(await trackingLeftovers(db.urls[1]!)).toEqual({ triggers: 0, changes: 0 });
+  });
+});
+
+describe('shardctl move-shard with a table empty on the source written by hand on the target', () => {
+  const db = useTestDatabases(2);
+
+  it('a row written by hand into the target copy of a table empty on the source is found: aborted, source writable', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 500) g`),
+    );
+    const error = await moveShard(config, 0, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (m) => {
+        if (m.includes('checksummed before the fence'))
+          runSqlNow(db.urls[1]!, `insert into insta0.comments (photo_id, user_id, body) values (1, 1, 'by hand')`);
+      },
+    }).then(
+      () => null,
+      (e: unknown) => e,
+    );
+    expect(error).toMatchObject({
+      code: 'VERIFY_FAILED',
+      details: ['table insta0.comments: 0 rows on the source, 1 on the target'],
+    });
+    await withClient(db.urls[0]!, async (c) => {
+      expect((await c.query(`select state from shardctl.shards where shard = 0`)).rows).toEqual([{ state: 'active' }]);
+      await c.query(`insert into insta0.comments (photo_id, user_id, body) values (2, 2, 'writable again')`);
+    });
+    expect(await replicationObjects(db.urls)).toEqual([]);
+  });
+});

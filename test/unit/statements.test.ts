@@ -12,6 +12,7 @@ import {
   createSubscriptionSql,
   fenceSql,
   fenceGroups,
+  fenceWaveSql,
   prepareFenceSql,
   oldCopyName,
   probeSubscriptionSql,
@@ -282,6 +283,54 @@ describe('move SQL', () => {
       `ON "insta5"."likes" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('5', 'pg2');`,
     );
     expect(fence).toContain(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4, 5);`);
+    // Asked for, the transaction reports which tables are empty once they are fenced, last.
+    const reporting = fenceSql({
+      shards: [{ shard: 5, tables: [['insta5', 'likes']] }],
+      targetHost: 'pg2',
+      lockWaitMs: 250,
+      createOrReplaceTrigger: true,
+      reportEmpty: [16384, 16390],
+    });
+    expect(reporting.split('\n').slice(-2)).toEqual([
+      `SELECT o::int AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{16384,16390}'::oid[]) AS o;`,
+      'COMMIT;',
+    ]);
+    expect(() =>
+      fenceSql({
+        shards: [{ shard: 5, tables: [['insta5', 'likes']] }],
+        targetHost: 'pg2',
+        lockWaitMs: 250,
+        createOrReplaceTrigger: true,
+        reportEmpty: [1.5],
+      }),
+    ).toThrow('not an OID: 1.5');
+  });
+
+  it("sends a wave's fence groups, its marker with the step, and the session's statement timeout as one string", () => {
+    const group = (shard: number, first: boolean) => ({
+      shards: [{ shard, tables: [[`insta${shard}`, 'likes']] as const, prepared: true }],
+      targetHost: 'pg2',
+      lockWaitMs: 250,
+      createOrReplaceTrigger: true,
+      ...(first ? { fenceStart: { moveId: 'm1', atMs: 1700000000000 } } : {}),
+    });
+    const sql = fenceWaveSql({
+      groups: [group(4, true), group(5, false)],
+      marker: { moveId: 'm1', kind: 'fenced-x-0', detail: { fenceMarker: 'fenced-x-0', wave: 0 } },
+      statementTimeoutMs: 20_000,
+    });
+    expect(sql.match(/^BEGIN;$/gm)).toHaveLength(3);
+    expect(sql.match(/^COMMIT;$/gm)).toHaveLength(3);
+    // In order: the first group with the fence's start, the second, the marker and step, the timeout.
+    const at = (text: string) => sql.indexOf(text);
+    expect(at('LOCK TABLE "insta4"."likes"')).toBeLessThan(at('"fenceStartedAtMs":1700000000000'));
+    expect(at('"fenceStartedAtMs":1700000000000')).toBeLessThan(at('LOCK TABLE "insta5"."likes"'));
+    expect(sql.match(/fenceStartedAtMs/g)).toHaveLength(1);
+    expect(at('LOCK TABLE "insta5"."likes"')).toBeLessThan(at(`VALUES ('m1', 'fenced-x-0')`));
+    expect(sql).toContain(
+      `UPDATE "shardctl".moves SET step = 'fenced', updated_at = now(), detail = detail || '{"fenceMarker":"fenced-x-0","wave":0}'::jsonb WHERE move_id = 'm1';\nCOMMIT;\nSET statement_timeout = 20000;`,
+    );
+    expect(sql.endsWith('SET statement_timeout = 20000;')).toBe(true);
   });
 
   it('groups a wave into fence transactions of bounded table count, in order', () => {
