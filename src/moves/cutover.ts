@@ -105,7 +105,11 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const prepared = fenced.size === 0 ? await prepareFence(ctx, groups, ofGroup, lockWaitMs) : new Set<number>();
   if (fenced.size === 0) await catchUpBeforeFence(ctx);
   if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
-  await listSequences(ctx);
+  const sequences = await listSequences(ctx);
+  // Read once while writable, so that both sessions have the sequences open (in their relation
+  // caches) when they read them again while fenced: what is left then is the read itself.
+  if (fenced.size === 0 && sequences.length > 0)
+    await Promise.all([readSequences(ctx.source, sequences), readSequences(ctx.target, sequences)]);
   if (fenced.size === 0) ctx.fenceStartedAtMs = null;
   // A killed run's fence: its start is in the record; this run gets a limit of its own from now.
   else fenceRemainingMs(ctx);
