@@ -69,10 +69,11 @@ import { inflect, plural } from '../text.js';
  */
 
 /**
- * The fence of the current wave: its shards fenced in a few short transactions of a bounded number
- * of tables each (fenceGroups, fenceSql); a group that meets a busy table is fenced again shard by
- * shard, each retried while application transactions hold its tables, and reported; then the
- * wave's marker. Until the first shard is fenced nothing refuses writes, and the fence retries for
+ * The fence of the current wave, after what can be done while it is writable (whileWritable): its
+ * shards fenced in a few short transactions of a bounded number of tables each (fenceGroups,
+ * fenceSql), sent with the wave's marker as one string (fenceWaveOnce); a group that meets a busy
+ * table is fenced again shard by shard, each retried while application transactions hold its
+ * tables, and reported; then the wave's marker. Until the first shard is fenced nothing refuses writes, and the fence retries for
  * fenceTimeoutMs; from then on the wave's fence limit (maxFencedMs) runs, and past it the wave is
  * unfenced and the move stops, resumable (stopCutOver).
  */
@@ -92,26 +93,11 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const pending = shards.filter((s) => !fenced.has(s));
   const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, await fenceGroupTables(ctx));
   const ofGroup = (group: readonly number[]) => group.map((shard) => ({ shard, tables: tablesOf.get(shard)! }));
-  // What can be done while the wave is writable is done first: its fence triggers created
-  // disabled (a killed run's fence already runs: then the rest is fenced as before), the target
-  // caught up, the verification begun, the sequences listed.
-  if (fenced.size === 0) {
-    const [onSource, onTarget] = await Promise.all([
-      shardLeaves(source.client, schemas),
-      shardLeaves(ctx.target.client, schemas),
-    ]);
-    ctx.leaves = { wave: ctx.wave, source: onSource, target: onTarget };
-  }
-  const prepared = fenced.size === 0 ? await prepareFence(ctx, groups, ofGroup, lockWaitMs) : new Set<number>();
-  if (fenced.size === 0) await catchUpBeforeFence(ctx);
-  if (fenced.size === 0 && ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
-  const sequences = await listSequences(ctx);
-  // Read once while writable, so that both sessions have the sequences open (in their relation
-  // caches) when they read them again while fenced: what is left then is the read itself.
-  if (fenced.size === 0 && sequences.length > 0)
-    await Promise.all([readSequences(ctx.source, sequences), readSequences(ctx.target, sequences)]);
+  // A killed run's fence already runs: the rest is fenced as before, within a limit of this run's
+  // own from now (its start is in the record).
+  const prepared =
+    fenced.size === 0 ? await whileWritable(ctx, schemas, groups.map(ofGroup), lockWaitMs) : new Set<number>();
   if (fenced.size === 0) ctx.fenceStartedAtMs = null;
-  // A killed run's fence: its start is in the record; this run gets a limit of its own from now.
   else fenceRemainingMs(ctx);
   const started = performance.now();
   let attempts = 0;
@@ -196,6 +182,32 @@ export async function fence(ctx: MoveContext): Promise<void> {
 }
 
 /**
+ * What a wave's cut-over does before its fence, while its shards still take writes, so that the
+ * fence has less to do: its tables listed on both hosts (ctx.leaves), its fence triggers created
+ * disabled (the shards returned), the target caught up, the verification begun, its sequences
+ * listed and read once (so that both sessions have them open when they read them while fenced).
+ */
+async function whileWritable(
+  ctx: MoveContext,
+  schemas: readonly string[],
+  groups: readonly FenceInput['shards'][],
+  lockWaitMs: number,
+): Promise<Set<number>> {
+  const [onSource, onTarget] = await Promise.all([
+    shardLeaves(ctx.source.client, schemas),
+    shardLeaves(ctx.target.client, schemas),
+  ]);
+  ctx.leaves = { wave: ctx.wave, source: onSource, target: onTarget };
+  const prepared = await prepareFence(ctx, groups, lockWaitMs);
+  await catchUpBeforeFence(ctx);
+  if (ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
+  const sequences = await listSequences(ctx);
+  if (sequences.length > 0)
+    await Promise.all([readSequences(ctx.source, sequences), readSequences(ctx.target, sequences)]);
+  return prepared;
+}
+
+/**
  * The fence triggers of the wave created disabled while its shards are still writable
  * (prepareFenceSql), one transaction per fence group: the shards returned need only their triggers
  * enabled while the fence holds writes. One attempt per group, its lock wait bounded like the
@@ -204,15 +216,14 @@ export async function fence(ctx: MoveContext): Promise<void> {
  */
 async function prepareFence(
   ctx: MoveContext,
-  groups: readonly (readonly number[])[],
-  withTables: (group: readonly number[]) => FenceInput['shards'],
+  groups: readonly FenceInput['shards'][],
   lockWaitMs: number,
 ): Promise<Set<number>> {
   const prepared = new Set<number>();
   if (ctx.source.serverVersionNum < 140000) return prepared;
   let busy = 0;
   for (const group of groups) {
-    const sql = prepareFenceSql({ shards: withTables(group), targetHost: ctx.target.host.name, lockWaitMs });
+    const sql = prepareFenceSql({ shards: group, targetHost: ctx.target.host.name, lockWaitMs });
     try {
       await runTransaction(ctx.source.client, sql);
     } catch (error) {
@@ -221,7 +232,7 @@ async function prepareFence(
       busy += group.length;
       continue;
     }
-    for (const shard of group) prepared.add(shard);
+    for (const { shard } of group) prepared.add(shard);
   }
   if (busy > 0)
     notice(
