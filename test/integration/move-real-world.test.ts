@@ -406,8 +406,12 @@ describe('leftovers and messages after a kill', () => {
       const cleared = await runCli([...clear, '-c', env.fleet.configFile]);
       expect(cleared.code, cleared.stderr).toBe(0);
       expect(`${cleared.stdout}${cleared.stderr}`).toMatch(/probe-subscription shardctl_probe_/);
+      // pg_subscription is shared by every database of the cluster: only this test's database counts
+      // (test files running beside it probe their own targets on the same server).
       const subs = await withClient(env.db.urls[1]!, (c) =>
-        c.query(`select 1 from pg_subscription where subname like 'shardctl_probe%'`),
+        c.query(
+          `select 1 from pg_subscription where subname like 'shardctl_probe%' and subdbid = (select oid from pg_database where datname = current_database())`,
+        ),
       );
       expect(subs.rowCount).toBe(0);
       expect((await status(await env.fleet.config())).hosts.flatMap((h) => h.leftovers)).toEqual([]);
