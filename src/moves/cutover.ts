@@ -73,9 +73,9 @@ import { inflect, plural } from '../text.js';
  * shards fenced in a few short transactions of a bounded number of tables each (fenceGroups,
  * fenceSql), sent with the wave's marker as one string (fenceWaveOnce); a group that meets a busy
  * table is fenced again shard by shard, each retried while application transactions hold its
- * tables, and reported; then the wave's marker. Until the first shard is fenced nothing refuses writes, and the fence retries for
- * fenceTimeoutMs; from then on the wave's fence limit (maxFencedMs) runs, and past it the wave is
- * unfenced and the move stops, resumable (stopCutOver).
+ * tables, and reported; then the wave's marker. Until the first shard is fenced nothing refuses
+ * writes, and the fence retries for fenceTimeoutMs; from then on the wave's fence limit
+ * (maxFencedMs) runs, and past it the wave is unfenced and the move stops, resumable (stopCutOver).
  */
 export async function fence(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
@@ -170,7 +170,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
       `host ${source.host.name}: fenced ${plural(pending.length, 'shard')} in ${attempts} attempts (tables were busy)`,
     );
   if (ctx.fenceStartedAtMs === null) ctx.fenceStartedAtMs = Date.now();
-  ctx.fenceMarker = `fenced-${Date.now().toString(36)}-${ctx.wave}`;
+  ctx.fenceMarker = fenceMarkerKind(ctx, Date.now());
   // The step is recorded with the marker on the source, and on the target meanwhile (progress.ts).
   const detail = progress(ctx);
   await underFence(ctx, 'the fence marker on the source', () =>
@@ -295,6 +295,11 @@ async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWai
   return true;
 }
 
+/** The marker of one fence attempt of the current wave: its own, so an older one still on its way is not taken for it. */
+function fenceMarkerKind(ctx: MoveContext, atMs: number): string {
+  return `fenced-${atMs.toString(36)}-${ctx.wave}`;
+}
+
 /**
  * The whole wave fenced in one round trip (fenceWaveSql): its groups, the marker with the step, the
  * source session's statement timeout; then on the target its statement timeout and the step, in one
@@ -309,7 +314,7 @@ async function fenceWaveOnce(
   const { source, target } = ctx;
   const atMs = Date.now();
   const sentAt = performance.now();
-  const marker = `fenced-${atMs.toString(36)}-${ctx.wave}`;
+  const marker = fenceMarkerKind(ctx, atMs);
   const limit = maxFencedMs(ctx);
   const detail = { ...progress(ctx), fenceMarker: marker, fenceStartedAtMs: atMs };
   // Each group's transaction also reports which of its tables are empty, once fenced (verify).
