@@ -6,6 +6,7 @@ import { decodeId, encodeId } from '../../src/id/layout.js';
 import { equalSplit, makeFleet, runCli } from '../helpers/fleet.js';
 import { startShardWriter } from '../helpers/moves.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
+import { waitFor } from '../helpers/migrations.js';
 import { articleNextIdBody } from '../fixtures/article-next-id.js';
 
 const main = useTestDatabases(2);
@@ -187,11 +188,15 @@ describe('shardctl adopt', () => {
     const live = [0, 1, 2, 17, 31, 32, 33, 50, 63];
     const hostOf = (shard: number): number => (shard < 32 ? 0 : 1);
     const sessions = startSessions(main.urls, 'insta', live, hostOf, 8);
-    await sleep(600);
+    // Counts, not fixed sleeps: a loaded machine (containers in CI) makes fewer inserts per second.
+    await waitFor('60 inserts before adopt', async () => sessions.made.length >= 60 || sessions.failures.length > 0);
     const adoptStarted = performance.now();
     const adopted = await runCli(['adopt', '--baseline', '1', '--yes', '--json', '-c', fleet.configFile]);
     const adoptEnded = performance.now();
-    await sleep(600);
+    await waitFor(
+      '60 inserts after adopt',
+      async () => sessions.made.filter((m) => m.started > adoptEnded).length >= 60 || sessions.failures.length > 0,
+    );
     await sessions.stop();
 
     expect(adopted.stderr).not.toContain('error');
@@ -270,9 +275,9 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     // A move of an adopted shard under a writer: every new id on the target is above every moved id.
     const map = await ShardMap.load(fleet.configFile);
     const writer = startShardWriter(map, 5);
-    await sleep(300);
+    await waitFor('writes on the source', async () => writer.acknowledged.length >= 10);
     const moved = await moveShard(await fleet.config(), 5, 'pg2', { configFile: fleet.configFile });
-    await sleep(300);
+    await waitFor('writes on the target', async () => writer.acknowledged.filter((a) => a.host === 'pg2').length >= 10);
     await writer.stop();
     expect(moved.outcome).toBe('moved');
     const onSource = writer.acknowledged.filter((a) => a.host === 'pg1');

@@ -9,6 +9,7 @@ import { status } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { replicationObjects, startShardWriter } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { waitFor } from '../helpers/migrations.js';
 
 const db = useTestDatabases(2);
 
@@ -54,10 +55,10 @@ describe('shardctl move-shard', () => {
     );
     const map = await ShardMap.load(fleet.configFile);
     const writer = startShardWriter(map, 1);
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await waitFor('writes on the source', async () => writer.acknowledged.length > 10);
     const result = await moveShard(config, 1, 'pg2', { configFile: fleet.configFile });
     // Keep writing for a moment on the new host.
-    await new Promise((resolve) => setTimeout(resolve, 300));
+    await waitFor('writes on the target', async () => writer.acknowledged.filter((a) => a.host === 'pg2').length > 10);
     await writer.stop();
 
     expect(result.outcome).toBe('moved');
