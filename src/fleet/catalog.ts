@@ -263,13 +263,35 @@ export async function readShardSizes(
   prefix: string,
   shards?: readonly number[],
 ): Promise<ShardSize[]> {
+  return shardSizesQuery(client, prefix, shards, true);
+}
+
+/**
+ * The estimated rows of the listed shards (ShardSize.rows), without their bytes: reading the sizes
+ * of the files costs a stat call each (30 ms for 64 shards of 3 tables), the rows only the catalog.
+ */
+export async function readShardRows(
+  client: pg.Client,
+  prefix: string,
+  shards: readonly number[],
+): Promise<Map<number, bigint>> {
+  const sizes = await shardSizesQuery(client, prefix, shards, false);
+  return new Map(sizes.map((s) => [s.shard, s.rows]));
+}
+
+async function shardSizesQuery(
+  client: pg.Client,
+  prefix: string,
+  shards: readonly number[] | undefined,
+  bytes: boolean,
+): Promise<ShardSize[]> {
+  const tables = `c.relkind IN ('r', 'm')`;
   const result = await client.query<{ nspname: string; bytes: string; rows: string }>(
     `SELECT n.nspname,
-            coalesce(sum(pg_total_relation_size(c.oid)) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::text AS bytes,
-            coalesce(sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE coalesce(s.n_live_tup, 0) END) FILTER (WHERE c.relkind IN ('r', 'm')), 0)::bigint::text AS rows
+            ${bytes ? `coalesce(sum(pg_total_relation_size(c.oid)) FILTER (WHERE ${tables}), 0)` : '0'}::text AS bytes,
+            coalesce(sum(CASE WHEN c.reltuples >= 0 THEN c.reltuples ELSE pg_stat_get_live_tuples(c.oid) END) FILTER (WHERE ${tables}), 0)::bigint::text AS rows
        FROM pg_namespace n
        LEFT JOIN pg_class c ON c.relnamespace = n.oid
-       LEFT JOIN pg_stat_all_tables s ON s.relid = c.oid
       WHERE ${shardSchemaCondition('n.nspname')}
         AND ($2::text[] IS NULL OR n.nspname = ANY($2::text[]))
       GROUP BY n.nspname`,

@@ -294,13 +294,14 @@ export const SHARD_SEQUENCES_SQL = `SELECT schemaname, sequencename, increment_b
 export const MATERIALIZED_VIEWS_SQL = `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`;
 
 /** Schema $1's grants to others than its owner. */
-export const SCHEMA_GRANTS_SQL = `SELECT r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
-       LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = $1 AND a.grantee <> n.nspowner`;
+export const SCHEMA_GRANTS_SQL = `SELECT n.nspname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_namespace n, aclexplode(n.nspacl) a
+       LEFT JOIN pg_roles r ON r.oid = a.grantee WHERE n.nspname = ANY($1::text[]) AND a.grantee <> n.nspowner`;
 
 /** The grants on schema $1's tables to others than their owners. */
-export const TABLE_GRANTS_SQL = `SELECT c.relname, r.rolname AS grantee, a.privilege_type AS privilege FROM pg_class c, aclexplode(c.relacl) a
+export const TABLE_GRANTS_SQL = `SELECT n.nspname, c.relname, r.rolname AS grantee, a.privilege_type AS privilege
+       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace, aclexplode(c.relacl) a
        LEFT JOIN pg_roles r ON r.oid = a.grantee
-      WHERE c.relnamespace = to_regnamespace($1) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`;
+      WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p') AND a.grantee <> c.relowner`;
 
 /** The tables of schemas $1: whether each has a replica identity and is logged. */
 export const REPLICA_IDENTITIES_SQL = `SELECT format('%s.%s', n.nspname, c.relname) AS name,

@@ -21,7 +21,7 @@ import {
   BACKEND_PID_SQL,
   TERMINATE_BACKEND_SQL,
   setTransactionSnapshotSql,
-  REPLICA_ROLE_SQL,
+  BEGIN_COPY_SQL,
   nonEmptyTablesSql,
   truncateSql,
   copyOutSql,
@@ -362,24 +362,26 @@ async function copyShard(
   large: ReadonlySet<string>,
 ): Promise<void> {
   const { to, from } = await copyStreams();
-  await writer.query('BEGIN');
-  await writer.query('SAVEPOINT replica_role');
-  // Refused without superuser: the savepoint undoes the failed SET and the copy goes on without it.
-  await writer.query(REPLICA_ROLE_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
+  const names = tables.map((t) => qualified(t.schema, t.table));
+  // The writer's transaction, with the replica role (refused without superuser: the savepoint undoes
+  // the failed SET and the copy goes on without it); meanwhile the reader finds which tables hold
+  // rows in its snapshot. An empty one is not copied: two COPY round trips saved, ~5 ms a table.
+  const [onSource] = await Promise.all([
+    filledTables(reader, names),
+    writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role')),
+  ]);
   // Only tables holding rows (seeded by a migration, or a copy redone) are truncated: a TRUNCATE
   // creates and later unlinks new files for the table and each index, ~3 ms a table.
-  if (tables.length > 0) {
-    const names = tables.map((t) => qualified(t.schema, t.table));
-    const filled = await writer.query<Record<string, boolean>>(nonEmptyTablesSql(names));
-    const truncate = names.filter((_, i) => filled.rows[0]![String(i)]);
-    if (truncate.length > 0) await writer.query(truncateSql(truncate));
-  }
+  const truncate = await filledTables(writer, names);
+  if (truncate.length > 0) await writer.query(truncateSql(truncate));
   const rebuild = await dropIndexesForCopy(
     writer,
-    tables.map((t) => qualified(t.schema, t.table)).filter((name) => large.has(name)),
+    names.filter((name) => large.has(name)),
   );
+  const copied = new Set(onSource);
   for (const t of tables) {
     const name = qualified(t.schema, t.table);
+    if (!copied.has(name)) continue;
     const binary = sameMajor && t.portable;
     const out = reader.query(to(copyOutSql(name, binary)));
     const into = writer.query(from(copyInSql(name, binary)));
@@ -387,6 +389,13 @@ async function copyShard(
   }
   for (const sql of rebuild) await writer.query(sql);
   await writer.query('COMMIT');
+}
+
+/** Of `names` (quoted tables), those holding any row, as `client` sees them: one round trip. */
+async function filledTables(client: pg.Client, names: readonly string[]): Promise<string[]> {
+  if (names.length === 0) return [];
+  const filled = await client.query<Record<string, boolean>>(nonEmptyTablesSql(names));
+  return names.filter((_, i) => filled.rows[0]![String(i)]);
 }
 
 /**

@@ -5,10 +5,12 @@ import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 import {
   oldCopyName,
   refreshMaterializedViewSql,
   renameWithStubSql,
+  type Grant,
   SHARD_SCHEMA_NAMES_SQL,
   RESET_SYNCHRONOUS_COMMIT_SQL,
   ACTIVE_SHARDS_SQL,
@@ -182,20 +184,28 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
   const rows = await source.client.query<{ shard: number; schema_name: string }>(SHARD_SCHEMA_NAMES_SQL, [ctx.shards]);
   const current = new Map(rows.rows.map((r) => [r.shard, r.schema_name]));
-  // One transaction per shard (its rename or drop with its control row), none waiting for the WAL
-  // flush; the last commit waits for all of them. A crash before it can undo some, which the control
-  // rows show and a resumed clean-up redoes.
+  const work: string[] = [];
+  if (ctx.options.dropSource) {
+    for (const shard of ctx.shards) {
+      const now = current.get(shard);
+      if (now !== undefined) work.push(dropShardSql(shard, [now, shardSchemaName(ctx.config, shard)]));
+    }
+  } else {
+    const renaming = ctx.shards.filter((shard) => current.get(shard) === shardSchemaName(ctx.config, shard));
+    work.push(...(await renamesWithStubs(ctx, renaming)));
+  }
+  // One transaction per shard (its rename or drop with its control row), CLEANUP_CHUNK of them per
+  // round trip, none waiting for the WAL flush; the flush after the last covers all of them. A crash
+  // before it can undo some, which the control rows show and a resumed clean-up redoes.
   await source.client.query(ASYNC_COMMIT_SQL);
   try {
-    for (const shard of ctx.shards) {
-      const schema = shardSchemaName(ctx.config, shard);
-      const now = current.get(shard);
-      if (ctx.options.dropSource) {
-        if (now !== undefined) await source.client.query(dropShardSql(shard, [now, schema]));
-      } else if (now === schema) {
-        await source.client.query(await renameWithStub(ctx, shard, oldCopyName(schema, ctx.moveId)));
-      }
+    for (let i = 0; i < work.length; i += CLEANUP_CHUNK) {
+      await source.client.query(work.slice(i, i + CLEANUP_CHUNK).join('\n'));
     }
+  } catch (error) {
+    // A failed statement leaves its shard's transaction open, aborted: the shards before it are done.
+    await rollbackQuietly(source.client);
+    throw error;
   } finally {
     // Only the session's commit mode: on a broken connection the flush below fails and says so.
     await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
@@ -211,25 +221,44 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   await deleteMarkers(ctx);
 }
 
-/** The SQL of the rename (see renameWithStubSql), with the grants read from the source's catalog. */
-async function renameWithStub(ctx: MoveContext, shard: number, renamed: string): Promise<string> {
+/** Renames and drops of the clean-up sent per round trip: each a small transaction of its own. */
+const CLEANUP_CHUNK = 64;
+
+/**
+ * The SQL of each shard's rename (see renameWithStubSql), with the tables and grants read from the
+ * source's catalog in one query each for all of them.
+ */
+async function renamesWithStubs(ctx: MoveContext, shards: readonly number[]): Promise<string[]> {
+  if (shards.length === 0) return [];
   const { source } = ctx;
-  const schema = shardSchemaName(ctx.config, shard);
-  const tables = (await shardTables(source.client, schema, 'all')).map((t) => t.table);
-  const schemaGrants = await source.client.query<{ grantee: string | null; privilege: string }>(SCHEMA_GRANTS_SQL, [
-    schema,
+  const schemas = schemasOf(ctx, shards);
+  const [tables, schemaGrants, tableGrants] = await Promise.all([
+    shardTables(source.client, schemas, 'all'),
+    source.client.query<Grant & { nspname: string }>(SCHEMA_GRANTS_SQL, [schemas]),
+    source.client.query<Grant & { nspname: string }>(TABLE_GRANTS_SQL, [schemas]),
   ]);
-  const tableGrants = await source.client.query<{ relname: string; grantee: string | null; privilege: string }>(
-    TABLE_GRANTS_SQL,
-    [schema],
-  );
-  return renameWithStubSql({
-    shard,
-    schema,
-    renamed,
-    targetHost: ctx.target.host.name,
-    tables,
-    schemaGrants: schemaGrants.rows,
-    tableGrants: tableGrants.rows,
+  const bySchema = <T>(rows: readonly T[], schemaOf: (row: T) => string): Map<string, T[]> => {
+    const map = new Map<string, T[]>();
+    for (const row of rows) {
+      const list = map.get(schemaOf(row));
+      if (list) list.push(row);
+      else map.set(schemaOf(row), [row]);
+    }
+    return map;
+  };
+  const tablesOf = bySchema(tables, (t) => t.schema);
+  const schemaGrantsOf = bySchema(schemaGrants.rows, (g) => g.nspname);
+  const tableGrantsOf = bySchema(tableGrants.rows, (g) => g.nspname);
+  return shards.map((shard) => {
+    const schema = shardSchemaName(ctx.config, shard);
+    return renameWithStubSql({
+      shard,
+      schema,
+      renamed: oldCopyName(schema, ctx.moveId),
+      targetHost: ctx.target.host.name,
+      tables: (tablesOf.get(schema) ?? []).map((t) => t.table),
+      schemaGrants: schemaGrantsOf.get(schema) ?? [],
+      tableGrants: tableGrantsOf.get(schema) ?? [],
+    });
   });
 }

@@ -2,7 +2,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
-import { readShardSizes } from '../fleet/catalog.js';
+import { readShardRows } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
 import { controlSchemaSql, controlTableExists } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
@@ -88,8 +88,8 @@ async function startMoves(
             probeReachability: !options.dryRun && mode === 'online',
             configFile: options.configFile ?? config.file,
           });
-          const sizes = await readShardSizes(part.source.client, config.schemaPrefix, group.shards);
-          const rows = new Map(sizes.map((s) => [s.shard, Number(s.rows)]));
+          const estimated = await readShardRows(part.source.client, config.schemaPrefix, group.shards);
+          const rows = new Map([...estimated].map(([shard, n]) => [shard, Number(n)]));
           const waves = mode === 'online' ? planWaves(group.shards, rows, options.wave) : [[...group.shards]];
           return { part, group, checks, waves };
         }),
@@ -136,18 +136,21 @@ async function startMoves(
             migrations,
             options,
           );
-          for (const side of [part.source, part.target]) await side.client.query(controlSchemaSql(config));
-          for (const side of [part.source, part.target]) {
-            await insertMove(side.client, {
-              moveId,
-              shards: group.shards,
-              source: group.source.name,
-              target: target.name,
-              mode,
-              step: 'prepared',
-              detail: { waves, wave: 0 },
-            });
-          }
+          // Both hosts at once: the control schema completed, then the move recorded.
+          await Promise.all(
+            [part.source, part.target].map(async (side) => {
+              await side.client.query(controlSchemaSql(config));
+              await insertMove(side.client, {
+                moveId,
+                shards: group.shards,
+                source: group.source.name,
+                target: target.name,
+                mode,
+                step: 'prepared',
+                detail: { waves, wave: 0 },
+              });
+            }),
+          );
           announce(
             ctx,
             'prepared',

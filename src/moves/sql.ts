@@ -1032,8 +1032,12 @@ export function targetShardStatesSql(initialised: boolean): string {
 
 // The copy (copy.ts).
 
-/** Foreign keys between a shard's tables must not depend on the copy order (superusers only). */
-export const REPLICA_ROLE_SQL = 'SET LOCAL session_replication_role = replica';
+/**
+ * A copy's transaction on the target, with the replica role: foreign keys between a shard's tables
+ * must not depend on the copy order (superusers only; the savepoint lets the copy go on without it
+ * where the SET is refused).
+ */
+export const BEGIN_COPY_SQL = 'BEGIN; SAVEPOINT replica_role; SET LOCAL session_replication_role = replica';
 
 /** One row: column i tells whether table i (quoted) holds any row. */
 export function nonEmptyTablesSql(tables: readonly string[]): string {
