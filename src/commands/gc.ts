@@ -7,6 +7,7 @@ import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
+import { dropUnusedFenceGuardsSql } from '../moves/sql.js';
 
 export interface OldCopy {
   readonly host: string;
@@ -56,6 +57,9 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
           const stub = shardSchemaName(config, row.shard);
           await client.query(dropShardSql(row.shard, [row.schema_name, stub]));
         }
+        // The fence guards of the moves whose old copies are gone now.
+        if (!options.dryRun)
+          await client.query(dropUnusedFenceGuardsSql({ movesRecorded: await controlTableExists(client, 'moves') }));
         const found = await findLeftovers(client);
         if (!options.dryRun) await dropLeftovers(client, found);
         leftovers.push(...found.map((l) => ({ ...l, host: host.name })));

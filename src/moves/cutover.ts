@@ -208,11 +208,12 @@ async function whileWritable(
 }
 
 /**
- * The fence triggers of the wave created disabled while its shards are still writable
- * (prepareFenceSql), one transaction per fence group: the shards returned need only their triggers
- * enabled while the fence holds writes. One attempt per group, its lock wait bounded like the
- * fence's: a group that meets a busy table is fenced as before (its triggers created by the fence
- * itself, which retries). Before PostgreSQL 14 (no CREATE OR REPLACE TRIGGER), none.
+ * The fence triggers of the wave created while its shards are still writable, calling the move's
+ * guard, open for this wave (prepareFenceSql), one transaction per fence group: for the shards
+ * returned, the fence closes the guard instead of changing a trigger per table while writes wait.
+ * One attempt per group, its lock wait bounded like the fence's: a group that meets a busy table is
+ * fenced as before (its triggers created by the fence itself, which retries). Before PostgreSQL 14
+ * (no CREATE OR REPLACE TRIGGER), none.
  */
 async function prepareFence(
   ctx: MoveContext,
@@ -223,7 +224,13 @@ async function prepareFence(
   if (ctx.source.serverVersionNum < 140000) return prepared;
   let busy = 0;
   for (const group of groups) {
-    const sql = prepareFenceSql({ shards: group, targetHost: ctx.target.host.name, lockWaitMs });
+    const sql = prepareFenceSql({
+      shards: group,
+      targetHost: ctx.target.host.name,
+      lockWaitMs,
+      moveId: ctx.moveId,
+      wave: ctx.wave,
+    });
     try {
       await runTransaction(ctx.source.client, sql);
     } catch (error) {
@@ -277,6 +284,8 @@ async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWai
     lockWaitMs,
     createOrReplaceTrigger: ctx.source.serverVersionNum >= 140000,
     ...(first ? { fenceStart: { moveId: ctx.moveId, atMs } } : {}),
+    // Closing it again is harmless: a fence of a group after the first finds it closed.
+    ...(shards.some((s) => s.prepared) ? { closeGuard: { moveId: ctx.moveId, wave: ctx.wave } } : {}),
   });
   try {
     await ctx.source.client.query(sql);
@@ -326,7 +335,12 @@ async function fenceWaveOnce(
       targetHost: target.host.name,
       lockWaitMs,
       createOrReplaceTrigger: source.serverVersionNum >= 140000,
+      // The first group closes the guard of every prepared shard of the wave; each group's LOCK
+      // then waits for the writers that passed it before.
       ...(i === 0 ? { fenceStart: { moveId: ctx.moveId, atMs } } : {}),
+      ...(i === 0 && groups.some((g) => g.some((s) => s.prepared))
+        ? { closeGuard: { moveId: ctx.moveId, wave: ctx.wave } }
+        : {}),
       reportEmpty: shards.flatMap((s) => s.tables.flatMap(([schema, table]) => oidOf.get(`${schema}.${table}`) ?? [])),
     })),
     marker: { moveId: ctx.moveId, kind: marker, detail },

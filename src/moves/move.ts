@@ -14,6 +14,7 @@ import {
   SHARD_SCHEMA_NAMES_SQL,
   RESET_SYNCHRONOUS_COMMIT_SQL,
   ACTIVE_SHARDS_SQL,
+  dropUnusedFenceGuardsSql,
 } from './sql.js';
 import { stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
@@ -158,6 +159,8 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
   await dropPreVerification(ctx);
   for (const undo of undosAfter(ctx.mode, step)) await undo(ctx);
   await record(ctx, step, 'aborted');
+  // The guard of its fence triggers, once they are dropped (one a busy table kept stays with it).
+  await ctx.source.client.query(dropUnusedFenceGuardsSql({ moveId: ctx.moveId }));
 }
 
 /**
@@ -211,6 +214,8 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
   }
   await source.client.query(DURABLE_FLUSH_SQL);
+  // With the old copies dropped, the guard their fence triggers called.
+  if (ctx.options.dropSource) await source.client.query(dropUnusedFenceGuardsSql({ moveId: ctx.moveId }));
   const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(MATERIALIZED_VIEWS_SQL, [
     schemasOf(ctx, ctx.shards),
   ]);

@@ -96,7 +96,8 @@ export function insertMarkerSql(moveId: string, kind: string): string {
 export interface FenceInput {
   /**
    * The shards fenced together, each with every one of its tables including partitions, as [schema,
-   * table]; `prepared`: its fence triggers exist already, disabled (prepareFenceSql), and are only enabled.
+   * table]; `prepared`: its fence triggers exist already and call the move's guard (prepareFenceSql),
+   * which `closeGuard` closes: the transaction only locks its tables and marks it fenced.
    */
   readonly shards: readonly {
     readonly shard: number;
@@ -119,6 +120,73 @@ export interface FenceInput {
    * locked and fenced: from then on no write changes it.
    */
   readonly reportEmpty?: readonly number[];
+  /** The move's guard closed for waves up to this one (fenceGuardSql): every prepared shard of the wave refuses writes from the commit on. */
+  readonly closeGuard?: { readonly moveId: string; readonly wave: number };
+}
+
+/**
+ * The guard function of a move's prepared fence triggers (fenceGuardSql), in the control schema,
+ * named like its replication objects (dropUnusedFenceGuardsSql removes it once unused).
+ */
+export function fenceGuardName(moveId: string): string {
+  return `${CONTROL}.${quoteIdent(replicationName(moveId))}`;
+}
+
+/**
+ * The guard of a move's prepared fence triggers: each trigger passes its shard, the shard's new host
+ * and its wave; the guard refuses the write with SC100 (as shard_fenced) when that wave is at most
+ * `closedUpTo`, else lets it through. A fence closes its wave by replacing this one function (one
+ * catalog change for the wave, instead of one per table), which a writer sees from its next lock
+ * of the table on (PL/pgSQL checks the function's catalog row on every call); the fence's LOCK
+ * then waits for the transactions that passed it before. Waves only close: a wave switched keeps
+ * its old copies fenced; a wave whose cut-over stopped is unfenced by disabling its triggers, and
+ * its next preparation sets the guard back to the waves before it.
+ */
+export function fenceGuardSql(moveId: string, closedUpTo: number): string {
+  if (!Number.isInteger(closedUpTo) || closedUpTo < -1) throw new Error(`fenceGuardSql: not a wave: ${closedUpTo}`);
+  return [
+    `CREATE OR REPLACE FUNCTION ${fenceGuardName(moveId)}() RETURNS trigger`,
+    'LANGUAGE plpgsql AS $guard$',
+    'BEGIN',
+    `  IF TG_ARGV[2]::int <= ${closedUpTo} THEN`,
+    "    RAISE EXCEPTION 'shard % has moved to host %; writes to this copy are refused', TG_ARGV[0], TG_ARGV[1]",
+    "      USING ERRCODE = 'SC100',",
+    "            DETAIL = format('shardctl-moved shard=%s host=%s', TG_ARGV[0], TG_ARGV[1]),",
+    "            HINT = 'Reload the shard map and retry on the new host.';",
+    '  END IF;',
+    '  RETURN NULL;',
+    'END',
+    '$guard$;',
+  ].join('\n');
+}
+
+/**
+ * The fence guards (fenceGuardSql) that no trigger calls any more, dropped: those of moves whose old
+ * copies are gone (gc, --drop-source), or whose fence was undone. `moveId`: that move's only;
+ * else every one but a running move's (its next wave creates it again).
+ */
+export function dropUnusedFenceGuardsSql(
+  which: { readonly moveId: string } | { readonly movesRecorded: boolean },
+): string {
+  const names =
+    'moveId' in which
+      ? `p.proname = ${quoteLiteral(replicationName(which.moveId))}`
+      : `p.proname LIKE 'shardctl\\_move\\_%'` +
+        (which.movesRecorded
+          ? ` AND p.proname NOT IN (SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running')`
+          : '');
+  return [
+    'DO $guards$',
+    'DECLARE f regprocedure;',
+    'BEGIN',
+    '  FOR f IN SELECT p.oid::regprocedure FROM pg_catalog.pg_proc p',
+    `            WHERE p.pronamespace = pg_catalog.to_regnamespace(${quoteLiteral(CONTROL)}) AND ${names}`,
+    '              AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgfoid = p.oid) LOOP',
+    "    EXECUTE pg_catalog.format('DROP FUNCTION %s', f);",
+    '  END LOOP;',
+    'END',
+    '$guards$',
+  ].join('\n');
 }
 
 /**
@@ -137,9 +205,9 @@ export interface FenceInput {
 export function fenceSql(input: FenceInput): string {
   const tables = input.shards.flatMap(({ tables }) => tables.map(([schema, table]) => qualified(schema, table)));
   const triggers = input.shards.flatMap(({ shard, tables: own, prepared }) =>
-    own.map(([schema, table]) => {
+    own.flatMap(([schema, table]) => {
       const t = qualified(schema, table);
-      if (prepared) return `ALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`;
+      if (prepared) return [];
       return input.createOrReplaceTrigger
         ? // ENABLE: an unfence leaves the trigger disabled when it cannot drop it (see unfenceSql).
           `${fenceTriggerSql(shard, t, input.targetHost)}\nALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
@@ -154,6 +222,7 @@ export function fenceSql(input: FenceInput): string {
   return [
     'BEGIN;',
     ...lockTablesSql(tables, input.lockWaitMs),
+    ...(input.closeGuard ? [fenceGuardSql(input.closeGuard.moveId, input.closeGuard.wave)] : []),
     ...triggers,
     `UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard IN (${shards.join(', ')});`,
     ...(input.fenceStart
@@ -196,25 +265,37 @@ function fenceTriggerSql(shard: number, t: string, targetHost: string): string {
 }
 
 /**
- * The fence triggers of a few shards created disabled, in one transaction, while the shards are
- * still writable (PostgreSQL 14 and later): the fence then only enables them (fenceSql,
- * `prepared`), one catalog change per table instead of two while writes wait. CREATE TRIGGER waits
- * for the tables' writers like the fence's LOCK: `lockWaitMs` bounds that wait the same way, and
- * the caller retries. A disabled trigger refuses nothing; an unfence drops it with the rest.
+ * The fence triggers of a few shards created while the shards are still writable (PostgreSQL 14 and
+ * later), in one transaction, each calling the move's guard with its shard, new host and wave, and
+ * the guard (re)set open for `wave` (closed for the waves before it, whose old copies stay fenced):
+ * the fence then closes the guard (fenceSql, `prepared`) instead of changing a trigger per table
+ * while writes wait. CREATE TRIGGER waits for the tables' writers like the fence's LOCK:
+ * `lockWaitMs` bounds that wait the same way, and the caller retries. An unfence disables and drops
+ * these triggers with the rest.
  */
-export function prepareFenceSql(input: Omit<FenceInput, 'createOrReplaceTrigger' | 'fenceStart'>): string {
+export function prepareFenceSql(
+  input: Omit<FenceInput, 'createOrReplaceTrigger' | 'fenceStart' | 'closeGuard'> & {
+    readonly moveId: string;
+    readonly wave: number;
+  },
+): string {
+  if (!Number.isInteger(input.wave) || input.wave < 0) throw new Error(`prepareFenceSql: not a wave: ${input.wave}`);
   const tables = input.shards.flatMap(({ shard, tables }) =>
     tables.map(([schema, table]) => ({ shard, t: qualified(schema, table) })),
   );
+  const guard = fenceGuardName(input.moveId);
   return [
     'BEGIN;',
     ...lockTablesSql(
       tables.map(({ t }) => t),
       input.lockWaitMs,
     ),
+    fenceGuardSql(input.moveId, input.wave - 1),
     ...tables.map(
       ({ shard, t }) =>
-        `${fenceTriggerSql(shard, t, input.targetHost)}\nALTER TABLE ${t} DISABLE TRIGGER shardctl_fence;`,
+        `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT ` +
+        // Enabled, also where an unfence left the trigger disabled: CREATE OR REPLACE sets it enabled.
+        `EXECUTE FUNCTION ${guard}(${quoteLiteral(String(shard))}, ${quoteLiteral(input.targetHost)}, ${quoteLiteral(String(input.wave))});`,
     ),
     'COMMIT;',
   ].join('\n');

@@ -45,6 +45,14 @@ async function seed(client: pg.Client, shard: number, photos: number): Promise<v
   );
 }
 
+/** The moves' fence guards (functions shardctl_move_*) in the host's control schema. */
+async function fenceGuards(client: pg.Client): Promise<string[]> {
+  const r = await client.query<{ proname: string }>(
+    `select proname from pg_proc where pronamespace = 'shardctl'::regnamespace and proname like 'shardctl\\_move\\_%' order by 1`,
+  );
+  return r.rows.map((row) => row.proname);
+}
+
 /** The error a statement fails with, or null when it succeeds. */
 function failure(client: pg.Client, sql: string): Promise<pg.DatabaseError | null> {
   return client.query(sql).then(
@@ -237,9 +245,38 @@ describe('moves on a two-host fleet', () => {
     expect(await liveSchemas()).toEqual(live.filter((name) => name !== 'insta4' && name !== 'insta1'));
     expect(await shardRow(source, 5)).toEqual({ state: 'fenced', schema: 'insta5' });
     expect((await source.query(`select count(*)::int as n from insta5.photos`)).rows[0]).toEqual({ n: 400 });
+    // The fence guards of the moves whose old copies are gone went with them; the running move's stays.
+    const running = (await lastMove(source, 5))!.moveId;
+    expect(await fenceGuards(source)).toEqual([`shardctl_move_${running}`]);
 
     expect((await runCli(move(fleet, 5, '--abort'))).code).toBe(0);
     expect(await shardRow(source, 5)).toEqual({ state: 'active', schema: 'insta5' });
+    expect(await fenceGuards(source)).toEqual([]);
+  });
+
+  it('online: a repeatable-read transaction that began before the fence is refused its write after it (SC100), in a session that wrote before', async () => {
+    await seed(source, 0, 40);
+    const app = await adminClient(db.urls[0]!);
+    try {
+      // A write before the move: the session has run the fence's guard, open, already.
+      await app.query(`insert into insta0.photos (user_id, image_url) values (1, 'before')`);
+      await app.query('begin isolation level repeatable read');
+      expect((await app.query(`select count(*)::int as n from insta0.photos`)).rows[0]).toEqual({ n: 41 });
+      await killedAfter(fleet, 0, 'fenced');
+      expect(await shardRow(source, 0)).toEqual({ state: 'fenced', schema: 'insta0' });
+      const refused = await failure(app, `insert into insta0.photos (user_id, image_url) values (1, 'late')`);
+      expect(refused?.code).toBe('SC100');
+      expect(shardMovedTo(refused)).toEqual({ shard: 0, host: 'pg2' });
+      await app.query('rollback');
+      expect(await failure(app, `delete from insta0.likes`)).toMatchObject({ code: 'SC100' });
+    } finally {
+      await app.end();
+    }
+    expect((await runCli(move(fleet, 0, '--abort'))).code).toBe(0);
+    expect(
+      await failure(source, `insert into insta0.photos (user_id, image_url) values (1, 'after the abort')`),
+    ).toBeNull();
+    expect(await fenceGuards(source)).toEqual([]);
   });
 
   /** After an aborted move: the source active and writable, no target copy, no replication objects, the map as it was. */
@@ -254,6 +291,7 @@ describe('moves on a two-host fleet', () => {
     expect(await schemaExists(target, `insta${shard}`)).toBe(false);
     expect(await shardRow(target, shard)).toBeNull();
     expect(await replicationObjects(db.urls)).toEqual([]);
+    expect(await fenceGuards(source)).not.toContain(`shardctl_move_${onSource!.moveId}`);
     expect(readFileSync(fleet.configFile, 'utf8')).toBe(configBefore);
   }
 });

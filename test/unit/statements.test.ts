@@ -14,6 +14,7 @@ import {
   fenceGroups,
   fenceWaveSql,
   prepareFenceSql,
+  fenceGuardSql,
   oldCopyName,
   probeSubscriptionSql,
   renameWithStubSql,
@@ -237,7 +238,7 @@ describe('move SQL', () => {
     expect(sql.match(/^BEGIN;$/gm)).toHaveLength(1);
   });
 
-  it('prepares fence triggers disabled behind one bounded LOCK, and a prepared fence only enables them', () => {
+  it("prepares fence triggers that call the move's guard behind one bounded LOCK, and a prepared fence only closes the guard", () => {
     const shards = [
       {
         shard: 4,
@@ -247,7 +248,7 @@ describe('move SQL', () => {
         ] as const,
       },
     ];
-    const prepare = prepareFenceSql({ shards, targetHost: 'pg2', lockWaitMs: 250 });
+    const prepare = prepareFenceSql({ shards, targetHost: 'pg2', lockWaitMs: 250, moveId: 'm1', wave: 2 });
     expect(prepare.split('\n').slice(0, 5)).toEqual([
       'BEGIN;',
       "SET LOCAL lock_timeout = '250ms';",
@@ -255,12 +256,20 @@ describe('move SQL', () => {
       'LOCK TABLE "insta4"."likes", "insta4"."photos" IN SHARE ROW EXCLUSIVE MODE;',
       'SET LOCAL statement_timeout TO DEFAULT;',
     ]);
+    // The guard open for this wave, closed for the waves before it (their old copies stay fenced).
+    expect(prepare).toContain(fenceGuardSql('m1', 1));
     expect(prepare).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON "insta4"."photos" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');\nALTER TABLE "insta4"."photos" DISABLE TRIGGER shardctl_fence;`,
+      `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON "insta4"."photos" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl"."shardctl_move_m1"('4', 'pg2', '2');`,
     );
-    expect(prepare).not.toContain('ENABLE');
+    expect(prepare).not.toContain('DISABLE');
     expect(prepare).not.toContain('UPDATE "shardctl".shards');
     expect(prepare.endsWith('COMMIT;')).toBe(true);
+    expect(fenceGuardSql('m1', 1)).toContain('IF TG_ARGV[2]::int <= 1 THEN');
+    expect(fenceGuardSql('m1', 1)).toContain("USING ERRCODE = 'SC100'");
+    expect(() => fenceGuardSql('m1', 0.5)).toThrow('not a wave: 0.5');
+    expect(() => prepareFenceSql({ shards, targetHost: 'pg2', lockWaitMs: 250, moveId: 'm1', wave: -1 })).toThrow(
+      'not a wave: -1',
+    );
 
     const fence = fenceSql({
       shards: [
@@ -270,14 +279,16 @@ describe('move SQL', () => {
       targetHost: 'pg2',
       lockWaitMs: 250,
       createOrReplaceTrigger: true,
+      closeGuard: { moveId: 'm1', wave: 2 },
     });
     expect(fence).toContain(
       'LOCK TABLE "insta4"."likes", "insta4"."photos", "insta5"."likes" IN SHARE ROW EXCLUSIVE MODE;',
     );
-    // The prepared shard's triggers are enabled, not created; the other's created as before.
-    expect(fence).toContain(
-      'ALTER TABLE "insta4"."likes" ENABLE TRIGGER shardctl_fence;\nALTER TABLE "insta4"."photos" ENABLE TRIGGER shardctl_fence;\n',
-    );
+    // The prepared shard's triggers are left as they are: the guard closes this wave, after the LOCK.
+    expect(fence.indexOf(fenceGuardSql('m1', 2))).toBeGreaterThan(fence.indexOf('LOCK TABLE'));
+    expect(fence).not.toContain('"insta4"."likes" ENABLE');
+    expect(fence).not.toContain('"insta4"."photos" ENABLE');
+    // The other's triggers are created as before.
     expect(fence.match(/CREATE OR REPLACE TRIGGER shardctl_fence/g)).toHaveLength(1);
     expect(fence).toContain(
       `ON "insta5"."likes" FOR EACH STATEMENT EXECUTE FUNCTION "shardctl".shard_fenced('5', 'pg2');`,
@@ -312,7 +323,7 @@ describe('move SQL', () => {
       targetHost: 'pg2',
       lockWaitMs: 250,
       createOrReplaceTrigger: true,
-      ...(first ? { fenceStart: { moveId: 'm1', atMs: 1700000000000 } } : {}),
+      ...(first ? { fenceStart: { moveId: 'm1', atMs: 1700000000000 }, closeGuard: { moveId: 'm1', wave: 0 } } : {}),
     });
     const sql = fenceWaveSql({
       groups: [group(4, true), group(5, false)],
@@ -326,6 +337,10 @@ describe('move SQL', () => {
     expect(at('LOCK TABLE "insta4"."likes"')).toBeLessThan(at('"fenceStartedAtMs":1700000000000'));
     expect(at('"fenceStartedAtMs":1700000000000')).toBeLessThan(at('LOCK TABLE "insta5"."likes"'));
     expect(sql.match(/fenceStartedAtMs/g)).toHaveLength(1);
+    // The guard of the wave's prepared shards is closed once, by the first group.
+    expect(sql.match(/CREATE OR REPLACE FUNCTION "shardctl"."shardctl_move_m1"/g)).toHaveLength(1);
+    expect(at('CREATE OR REPLACE FUNCTION')).toBeLessThan(at('LOCK TABLE "insta5"."likes"'));
+    expect(sql).not.toContain('ENABLE TRIGGER');
     expect(at('LOCK TABLE "insta5"."likes"')).toBeLessThan(at(`VALUES ('m1', 'fenced-x-0')`));
     expect(sql).toContain(
       `UPDATE "shardctl".moves SET step = 'fenced', updated_at = now(), detail = detail || '{"fenceMarker":"fenced-x-0","wave":0}'::jsonb WHERE move_id = 'm1';\nCOMMIT;\nSET statement_timeout = 20000;`,
