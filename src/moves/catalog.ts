@@ -311,19 +311,34 @@ export const REPLICA_IDENTITIES_SQL = `SELECT format('%s.%s', n.nspname, c.relna
         WHERE n.nspname = ANY($1) AND c.relkind = 'r'
         ORDER BY 1`;
 
-/** The triggers named `names` on the tables of `schemas`, enabled or not. */
+/** The triggers named `names` on the tables of `schemas`, enabled or not, with the function each calls. */
 export async function shardTriggers(
   client: pg.Client,
   schemas: readonly string[],
   names: readonly string[],
-): Promise<(TriggerName & { readonly enabled: boolean })[]> {
-  const result = await client.query<{ nspname: string; relname: string; tgname: string; enabled: boolean }>(
-    `SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D' AS enabled FROM pg_trigger t
+): Promise<(TriggerName & { readonly enabled: boolean; readonly calls: readonly [string, string] })[]> {
+  const result = await client.query<{
+    nspname: string;
+    relname: string;
+    tgname: string;
+    enabled: boolean;
+    fn_schema: string;
+    fn: string;
+  }>(
+    `SELECT n.nspname, c.relname, t.tgname, t.tgenabled <> 'D' AS enabled, pn.nspname AS fn_schema, p.proname AS fn
+       FROM pg_trigger t
        JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+       JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_namespace pn ON pn.oid = p.pronamespace
       WHERE t.tgname = ANY($2::text[]) AND n.nspname = ANY($1::text[])`,
     [schemas, names],
   );
-  return result.rows.map((r) => ({ schema: r.nspname, table: r.relname, trigger: r.tgname, enabled: r.enabled }));
+  return result.rows.map((r) => ({
+    schema: r.nspname,
+    table: r.relname,
+    trigger: r.tgname,
+    enabled: r.enabled,
+    calls: [r.fn_schema, r.fn] as const,
+  }));
 }
 
 /** Whether the relation `name` (qualified) exists. */

@@ -6,6 +6,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
+import { CONTROL_SCHEMA } from '../fleet/control.js';
 import {
   DELTA_TRIGGERS,
   FENCE_TRIGGER,
@@ -33,6 +34,8 @@ import {
   LOCK_HOLDERS_SQL,
   statementTimeoutSql,
   RESET_STATEMENT_TIMEOUT_SQL,
+  fenceGuardSql,
+  replicationName,
 } from './sql.js';
 import { recordStep, stepsFor, type MoveStep } from './state.js';
 import { endQuietly, LOCK_WAIT_CODES, retryLockWaits, rollbackQuietly, runTransaction } from '../pg/quiet.js';
@@ -908,6 +911,14 @@ const UNFENCE_LIMIT_MS = 5_000;
 async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UNFENCE_LIMIT_MS): Promise<void> {
   const schemas = schemasOf(ctx, shards);
   const triggers = await shardTriggers(ctx.source.client, schemas, [FENCE_TRIGGER]);
+  // Triggers that call the move's guard refuse writes while it is closed for their wave: the guard
+  // opened again for this wave (the waves before it switched, their old copies stay fenced) lets
+  // them through, with no table lock to wait for. Only the others are disabled below.
+  const guard = replicationName(ctx.moveId);
+  const guarded = (t: { readonly calls: readonly [string, string] }): boolean =>
+    t.calls[0] === CONTROL_SCHEMA && t.calls[1] === guard;
+  if (triggers.some((t) => t.enabled && guarded(t)))
+    await runTransaction(ctx.source.client, fenceGuardSql(ctx.moveId, ctx.wave - 1));
   // A change log still on (a killed run's, or one whose removal could not wait): off with the fence.
   const logged = (await shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS)).filter(
     (t, i, all) => t.enabled && all.findIndex((o) => o.enabled && o.schema === t.schema && o.table === t.table) === i,
@@ -916,7 +927,9 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
   const started = performance.now();
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
-    const own = triggers.filter((t) => t.schema === schema && t.enabled).map((t) => [t.schema, t.table] as const);
+    const own = triggers
+      .filter((t) => t.schema === schema && t.enabled && !guarded(t))
+      .map((t) => [t.schema, t.table] as const);
     const ownLogged = logged.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
     try {
       await retryLockWaits(
@@ -940,9 +953,9 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
       );
     }
   }
-  // Writable already; the disabled triggers go where no application statement has to wait for it.
-  // A disabled trigger refuses nothing: one a busy table keeps is harmless, and the shard's next fence takes
-  // it over (fenceSql).
+  // Writable already; the triggers go where no application statement has to wait for it. A
+  // disabled trigger, or one calling the open guard, refuses nothing: one a busy table keeps is
+  // harmless, and the shard's next fence takes it over (prepareFenceSql, fenceSql).
   for (const t of triggers)
     await runTransaction(ctx.source.client, dropFenceTriggerSql(t.schema, t.table)).catch(() => undefined);
 }

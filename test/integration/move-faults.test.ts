@@ -254,7 +254,7 @@ describe('moves on a two-host fleet', () => {
     expect(await fenceGuards(source)).toEqual([]);
   });
 
-  it('online: a repeatable-read transaction that began before the fence is refused its write after it (SC100), in a session that wrote before', async () => {
+  it('online: a repeatable-read transaction that began before the fence is refused its write after it (SC100); --abort unfences with no table lock, past a reader and a queued TRUNCATE', async () => {
     await seed(source, 0, 40);
     const app = await adminClient(db.urls[0]!);
     try {
@@ -272,11 +272,31 @@ describe('moves on a two-host fleet', () => {
     } finally {
       await app.end();
     }
-    expect((await runCli(move(fleet, 0, '--abort'))).code).toBe(0);
-    expect(
-      await failure(source, `insert into insta0.photos (user_id, image_url) values (1, 'after the abort')`),
-    ).toBeNull();
-    expect(await fenceGuards(source)).toEqual([]);
+    // A reader's open transaction, and a TRUNCATE queued behind it: no table lock can be taken on
+    // likes until the reader ends. The unfence needs none: it opens the guard again.
+    const reader = await adminClient(db.urls[0]!);
+    const truncating = await adminClient(db.urls[0]!);
+    try {
+      await reader.query('begin');
+      await reader.query('select count(*) from insta0.likes');
+      const truncated = truncating.query('truncate insta0.likes');
+      truncated.catch(() => undefined);
+      const started = performance.now();
+      const aborted = await runCli(move(fleet, 0, '--abort'));
+      expect(aborted.code, aborted.stderr).toBe(0);
+      expect(performance.now() - started).toBeLessThan(5000);
+      expect(await shardRow(source, 0)).toEqual({ state: 'active', schema: 'insta0' });
+      expect(
+        await failure(source, `insert into insta0.photos (user_id, image_url) values (1, 'after the abort')`),
+      ).toBeNull();
+      await reader.query('commit');
+      // The queued TRUNCATE runs once the reader is gone: its table is writable too.
+      await truncated;
+      expect((await source.query(`select count(*)::int as n from insta0.likes`)).rows[0]).toEqual({ n: 0 });
+    } finally {
+      await reader.end();
+      await truncating.end();
+    }
   });
 
   /** After an aborted move: the source active and writable, no target copy, no replication objects, the map as it was. */

@@ -161,12 +161,13 @@ describe('shardctl move-shard when the target cannot apply a replicated TRUNCATE
     expect(took).toBeLessThan(60_000);
     await withClient(db.urls[0]!, async (c) => {
       expect((await c.query(`select state from shardctl.shards where shard = 0`)).rows[0]).toEqual({ state: 'active' });
-      // No fence trigger left enabled. A disabled one may stay: the unfence drops a trigger only when
-      // its table is free at once (the writer may hold it), and the next fence replaces it.
+      // No refusing fence trigger left enabled. One may stay, disabled or calling the move's guard
+      // opened again: the unfence drops a trigger only when its table is free at once (the writer
+      // may hold it), and the next fence replaces it. The writer below shows that none refuses.
       expect(
         (
           await c.query(
-            `select count(*)::int as n from pg_trigger where tgname = 'shardctl_fence' and tgenabled <> 'D'`,
+            `select count(*)::int as n from pg_trigger where tgname = 'shardctl_fence' and tgenabled <> 'D' and tgfoid = 'shardctl.shard_fenced'::regproc`,
           )
         ).rows[0],
       ).toEqual({ n: 0 });
