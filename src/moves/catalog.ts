@@ -149,22 +149,33 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
               n.nspowner AS owner, false AS linked, coalesce(n.nspacl, acldefault('n', n.nspowner)) AS acl
          FROM pg_namespace n WHERE n.nspname = ANY($1::text[])
        UNION ALL
-       SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' ELSE 'table' END,
+       SELECT CASE c.relkind WHEN 'S' THEN 'sequence' WHEN 'v' THEN 'view' WHEN 'm' THEN 'materialized view' WHEN 'f' THEN 'foreign table' ELSE 'table' END,
               n.nspname, c.relname, NULL, NULL, c.relowner,
               c.relkind = 'S' AND EXISTS (SELECT 1 FROM pg_depend d WHERE d.classid = 'pg_class'::regclass AND d.objid = c.oid
                                             AND d.refclassid = 'pg_class'::regclass AND d.deptype IN ('a', 'i')),
               coalesce(c.relacl, acldefault(CASE c.relkind WHEN 'S' THEN 's' ELSE 'r' END::"char", c.relowner))
          FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'S', 'v', 'm')
+        WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'f')
        UNION ALL
        SELECT 'column', n.nspname, c.relname, NULL, a.attname, NULL, false, a.attacl
          FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'v', 'm') AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL
+        WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'v', 'm', 'f') AND a.attnum > 0 AND NOT a.attisdropped AND a.attacl IS NOT NULL
+       UNION ALL
+       -- Types of their own: domains, enums, ranges, composite and base types (not a table's row
+       -- type, an array type or a range's multirange, whose owners follow their own objects').
+       SELECT 'type', n.nspname, t.typname, NULL, NULL, t.typowner, false, coalesce(t.typacl, acldefault('T', t.typowner))
+         FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
+        WHERE n.nspname = ANY($1::text[]) AND t.typtype IN ('b', 'c', 'd', 'e', 'r')
+          AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c')
+          AND NOT EXISTS (SELECT 1 FROM pg_type e WHERE e.oid = t.typelem AND e.typarray = t.oid)
        UNION ALL
        SELECT 'routine', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid), NULL, p.proowner, false,
               coalesce(p.proacl, acldefault('f', p.proowner))
          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
-        WHERE n.nspname = ANY($1::text[]) AND p.prokind IN ('f', 'p')
+        WHERE n.nspname = ANY($1::text[])
+          AND (p.prokind IN ('f', 'p', 'w')
+               -- Aggregates but ordered-set ones, whose signature ALTER ROUTINE does not take as printed.
+               OR (p.prokind = 'a' AND EXISTS (SELECT 1 FROM pg_aggregate g WHERE g.aggfnoid = p.oid AND g.aggkind = 'n')))
        UNION ALL
        SELECT 'default', n.nspname, d.defaclobjtype::text, NULL, NULL, d.defaclrole, false, d.defaclacl
          FROM pg_default_acl d JOIN pg_namespace n ON n.oid = d.defaclnamespace

@@ -19,7 +19,7 @@ import {
   rolesNamed,
   APPLIED_CHECKSUMS_SQL,
   REPLICATION_SETTINGS_SQL,
-  ROLES_SQL,
+  rolesSql,
   RUNNING_MOVES_OF_SQL,
   SOURCE_SHARD_STATES_SQL,
   targetShardStatesSql,
@@ -226,6 +226,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   for (const check of await roleChecks(
     src,
     dst,
+    input.target.serverVersionNum,
     schemas,
     source.name,
     target.name,
@@ -271,11 +272,13 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
 /**
  * Roles are per cluster: every role the source's owners, ACLs and default privileges name must exist
  * on the target, and the connecting role there must be able to give objects to the owners (and set
- * default privileges for their roles): a superuser, or a member of each.
+ * default privileges for their roles): a superuser, or a member of each (on PostgreSQL 16 and later,
+ * one that may SET ROLE to it).
  */
 async function roleChecks(
   src: pg.Client,
   dst: pg.Client,
+  dstVersionNum: number,
   schemas: readonly string[],
   sourceName: string,
   targetName: string,
@@ -283,7 +286,7 @@ async function roleChecks(
 ): Promise<PreflightCheck[]> {
   const objects = await shardPrivileges(src, schemas);
   const { all, owners } = rolesNamed(objects);
-  const found = await dst.query<{ rolname: string; member: boolean }>(ROLES_SQL, [all]);
+  const found = await dst.query<{ rolname: string; member: boolean }>(rolesSql(dstVersionNum), [all]);
   const present = new Map(found.rows.map((r) => [r.rolname, r.member]));
   const shardsNaming = (role: string, asOwner: boolean): string => {
     const shards = [
@@ -314,9 +317,9 @@ async function roleChecks(
       message:
         cannotGive.length === 0
           ? `${current} on ${targetName} can give the copies to their owners (${owners.join(', ') || 'none'})`
-          : `${current} on ${targetName} is neither superuser nor a member of ${cannotGive.map((role) => `${role} (owner in ${shardsNaming(role, true)})`).join(', ')}, ` +
+          : `${current} on ${targetName} is neither superuser nor a member of ${cannotGive.map((role) => `${role} (owner in ${shardsNaming(role, true)})`).join(', ')}${dstVersionNum >= 160000 ? ' with the SET option' : ''}, ` +
             `so it cannot give the copies to ${cannotGive.length === 1 ? 'that owner' : 'those owners'}; ` +
-            `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}), or connect as a superuser`,
+            `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}${dstVersionNum >= 160000 ? ' WITH SET TRUE' : ''}), or connect as a superuser`,
     },
   ];
 }

@@ -525,7 +525,16 @@ export interface AclEntry {
 }
 
 export type PrivilegeKind =
-  'schema' | 'table' | 'sequence' | 'view' | 'materialized view' | 'routine' | 'column' | 'default';
+  | 'schema'
+  | 'type'
+  | 'table'
+  | 'foreign table'
+  | 'sequence'
+  | 'view'
+  | 'materialized view'
+  | 'routine'
+  | 'column'
+  | 'default';
 
 /**
  * An object of a shard schema with its owner and ACL, as read by shardPrivileges (verify.ts), or a
@@ -564,7 +573,9 @@ const PRIVILEGES = new Set([
 const DEFAULT_OBJECT_TYPES: Record<string, string> = { r: 'TABLES', S: 'SEQUENCES', f: 'FUNCTIONS', T: 'TYPES' };
 const KIND_ORDER: readonly PrivilegeKind[] = [
   'schema',
+  'type',
   'table',
+  'foreign table',
   'sequence',
   'view',
   'materialized view',
@@ -653,7 +664,7 @@ export function syncPrivilegesSql(
       statements.push(
         ...replaceAclSql(GRANT_TARGET[s.kind](s), current, wanted, s.kind === 'column' ? s.column : null),
       );
-      if (s.kind === 'table' || s.kind === 'view' || s.kind === 'materialized view')
+      if (s.kind === 'table' || s.kind === 'foreign table' || s.kind === 'view' || s.kind === 'materialized view')
         revokedTables.add(qualified(s.schema, s.name!));
     }
   }
@@ -707,7 +718,9 @@ function objectName(o: PrivilegeObject): string {
 
 const ALTER_KEYWORD: Record<PrivilegeKind, string> = {
   schema: 'SCHEMA',
+  type: 'TYPE',
   table: 'TABLE',
+  'foreign table': 'FOREIGN TABLE',
   sequence: 'SEQUENCE',
   view: 'VIEW',
   'materialized view': 'MATERIALIZED VIEW',
@@ -718,7 +731,9 @@ const ALTER_KEYWORD: Record<PrivilegeKind, string> = {
 
 const GRANT_TARGET: Record<PrivilegeKind, (o: PrivilegeObject) => string> = {
   schema: (o) => `SCHEMA ${objectName(o)}`,
+  type: (o) => `TYPE ${objectName(o)}`,
   table: (o) => `TABLE ${objectName(o)}`,
+  'foreign table': (o) => `TABLE ${objectName(o)}`,
   sequence: (o) => `SEQUENCE ${objectName(o)}`,
   view: (o) => `TABLE ${objectName(o)}`,
   'materialized view': (o) => `TABLE ${objectName(o)}`,
@@ -843,7 +858,15 @@ export const REPLICATION_SETTINGS_SQL = `SELECT current_setting('wal_level') AS 
 export const APPLIED_CHECKSUMS_SQL = `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
 
 /** Which of roles $1 exist, and whether the current role is a member of each. */
-export const ROLES_SQL = `SELECT r.rolname, pg_has_role(r.oid, 'MEMBER') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
+/**
+ * Roles $1 that exist, and whether the current role may give objects to each: on PostgreSQL 16 and
+ * later it must be able to SET ROLE to it (a membership granted WITH SET FALSE is not enough), before
+ * that be a member (superusers may always).
+ */
+export function rolesSql(serverVersionNum: number): string {
+  const may = serverVersionNum >= 160000 ? 'SET' : 'MEMBER';
+  return `SELECT r.rolname, pg_has_role(r.oid, '${may}') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
+}
 
 /** The running moves carrying any of shards $1. */
 export const RUNNING_MOVES_OF_SQL = `SELECT move_id, shards, source, target, step FROM ${CONTROL}.moves

@@ -34,6 +34,9 @@ CREATE TABLE events_2024 PARTITION OF events FOR VALUES FROM ('2024-01-01') TO (
 CREATE VIEW recent_photos AS SELECT id, user_id FROM photos ORDER BY id DESC LIMIT 10;
 CREATE MATERIALIZED VIEW photo_stats AS SELECT count(*) AS n FROM photos;
 CREATE FUNCTION photo_count(min_user bigint) RETURNS bigint LANGUAGE sql STABLE AS 'SELECT count(*) FROM photos WHERE user_id >= min_user';
+CREATE DOMAIN positive_count AS bigint CHECK (VALUE >= 0);
+CREATE TYPE mood AS ENUM ('happy', 'sad');
+CREATE AGGREGATE sum_counts(bigint) (sfunc = int8pl, stype = bigint);
 GRANT SELECT ON comments TO PUBLIC;
 `,
 };
@@ -57,6 +60,10 @@ async function privileges(url: string, schema: string): Promise<Record<string, s
        select 'function ' || p.oid::regprocedure::text, pg_get_userbyid(p.proowner),
               array(select unnest(coalesce(p.proacl, acldefault('f', p.proowner)))::text order by 1)::text
          from pg_proc p where p.pronamespace = $1::regnamespace
+       union all
+       select 'type ' || t.typname, pg_get_userbyid(t.typowner),
+              array(select unnest(coalesce(t.typacl, acldefault('T', t.typowner)))::text order by 1)::text
+         from pg_type t where t.typnamespace = $1::regnamespace and t.typtype in ('d', 'e')
        union all
        select 'default ' || pg_get_userbyid(d.defaclrole) || ' ' || d.defaclobjtype::text, null, array(select unnest(d.defaclacl)::text order by 1)::text
          from pg_default_acl d where d.defaclnamespace = $1::regnamespace`,
@@ -106,6 +113,12 @@ describe('move-shard carries owners, grants and default privileges', () => {
         alter view ${s}.recent_photos owner to ${APP};
         alter materialized view ${s}.photo_stats owner to ${APP};
         alter function ${s}.photo_count(bigint) owner to ${APP};
+        alter domain ${s}.positive_count owner to ${APP};
+        alter type ${s}.mood owner to ${APP};
+        alter aggregate ${s}.sum_counts(bigint) owner to ${APP};
+        revoke usage on type ${s}.mood from public;
+        grant usage on type ${s}.mood to ${READER};
+        revoke execute on function ${s}.sum_counts(bigint) from public;
         grant usage on schema ${s} to ${READER};
         grant select on ${s}.photos to ${READER};
         grant select (body) on ${s}.comments to ${READER};
@@ -143,6 +156,8 @@ describe('move-shard carries owners, grants and default privileges', () => {
     await handMade(0, false);
     const before = await privileges(db.urls[0]!, 'insta0');
     expect(before['r photos']).toMatch(new RegExp(`^${APP} `));
+    expect(before['type mood']).toMatch(new RegExp(`^${APP} .*${READER}=U/${APP}`));
+    expect(before['function insta0.sum_counts(bigint)']).toMatch(new RegExp(`^${APP} `));
     expect(before['default ' + APP + ' r']).toContain(`${READER}=r/${APP}`);
 
     const map = await ShardMap.load(fleet.configFile);
@@ -208,6 +223,19 @@ describe('move-shard carries owners, grants and default privileges', () => {
       ),
     );
     expect(failed(run.stdout)).toContain(`or connect as a superuser`);
+    const version = await withClient(db.urls[1]!, async (c) =>
+      Number((await c.query<{ v: string }>(`select current_setting('server_version_num') as v`)).rows[0]!.v),
+    );
+    if (version >= 160000) {
+      // A membership that may not SET ROLE to the owner cannot give it objects on 16 and later.
+      await withClient(db.urls[1]!, (c) => c.query(`grant ${APP} to ${WEAK} with inherit true, set false`));
+      const noSet = await runCli(['move-shard', '3', '--to', 'pg2', '--dry-run', '-c', weak.configFile]);
+      expect(failed(noSet.stdout)).toMatch(
+        new RegExp(`neither superuser nor a member of .*${APP} .*with the SET option`),
+      );
+      expect(failed(noSet.stdout)).toContain(`WITH SET TRUE`);
+      await withClient(db.urls[1]!, (c) => c.query(`revoke ${APP} from ${WEAK}`));
+    }
     await withClient(db.urls[1]!, (c) => c.query(`grant ${APP} to ${WEAK}`));
     const granted = await runCli(['move-shard', '3', '--to', 'pg2', '--dry-run', '-c', weak.configFile]);
     expect(failed(granted.stdout)).toContain('FAIL owners on target');
