@@ -42,6 +42,7 @@ import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context
 import { concurrency, withWorkers } from './workers.js';
 import { dropMoveSlot } from './replication.js';
 import { stopTracking } from './tail.js';
+import { faultAfter } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 /**
@@ -104,6 +105,7 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
       });
     }
   });
+  faultAfter('target-migrations');
   await carryPrivileges(ctx);
 }
 

@@ -111,9 +111,10 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
 }
 
 /**
- * Fault injection for the crash tests: die right after `point` (a step once it is recorded, or
- * 'probe' once the reachability probe exists), as SIGKILL would.
+ * Fault injection for the crash tests: die right after `point` (a step once it is recorded,
+ * 'probe' once the reachability probe exists, 'target-migrations' once the target's copies are
+ * built and before their owners and grants are carried), as SIGKILL would.
  */
-export function faultAfter(point: MoveStep | 'probe'): void {
+export function faultAfter(point: MoveStep | 'probe' | 'target-migrations'): void {
   if (process.env['SHARDCTL_FAULT_AFTER_STEP'] === point) process.kill(process.pid, 'SIGKILL');
 }

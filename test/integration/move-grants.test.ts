@@ -10,7 +10,7 @@ import { moveShard } from '../../src/commands/move-shard.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { EXAMPLE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { fleetState, replicationObjects, startShardWriter } from '../helpers/moves.js';
+import { fleetState, replicationObjects, spawnCli, startShardWriter } from '../helpers/moves.js';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -194,6 +194,25 @@ describe('move-shard carries owners, grants and default privileges', () => {
       `roles on target: role ${GHOST} (named by shard 2 on pg1) does not exist on pg2: roles are per cluster; create the role on pg2 first`,
     );
     expect(await fleetState(db.urls, fleet.configFile)).toEqual(before);
+  });
+
+  it('killed after the target copy was built and before its owners and grants were carried: --resume carries them', async () => {
+    // The role the previous test named, which the target lacks, no longer named.
+    await withClient(db.urls[0]!, (c) => c.query(`revoke select on insta2.likes from ${GHOST}`));
+    await handMade(2, false);
+    const before = await privileges(db.urls[0]!, 'insta2');
+    const killed = await spawnCli(['move-shard', '2', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'target-migrations',
+    });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    // Built by the migrations, owned by the role that ran them: not yet the source's owners.
+    const built = await privileges(db.urls[1]!, 'insta2');
+    expect(built['r photos']).toBeDefined();
+    expect(built['r photos']).not.toMatch(new RegExp(`^${APP} `));
+    const resumed = await runCli(['move-shard', '2', '--resume', '--yes', '-c', fleet.configFile]);
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(await privileges(db.urls[1]!, 'insta2')).toEqual(before);
+    await rolesWork(2);
   });
 
   it('a connecting role on the target that is neither superuser nor a member of an owner: refused, naming both', async () => {
