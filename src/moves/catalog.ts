@@ -322,6 +322,17 @@ export const REPLICA_IDENTITIES_SQL = `SELECT format('%s.%s', n.nspname, c.relna
         WHERE n.nspname = ANY($1) AND c.relkind = 'r'
         ORDER BY 1`;
 
+/** Catalog rows of several shard schemas grouped by schema, in their order. */
+export function groupBySchema<T>(rows: readonly T[], schemaOf: (row: T) => string): Map<string, T[]> {
+  const map = new Map<string, T[]>();
+  for (const row of rows) {
+    const list = map.get(schemaOf(row));
+    if (list) list.push(row);
+    else map.set(schemaOf(row), [row]);
+  }
+  return map;
+}
+
 /** The triggers named `names` on the tables of `schemas`, enabled or not, with the function each calls. */
 export async function shardTriggers(
   client: pg.Client,

@@ -15,7 +15,6 @@ import {
   privilegeVersions,
   qualified,
   syncPrivilegesSql,
-  type PrivilegeObject,
   APPLIED_VERSIONS_SQL,
   XID_HOLDERS_SQL,
   BACKEND_PID_SQL,
@@ -31,6 +30,7 @@ import {
   type RebuildableIndex,
 } from './sql.js';
 import {
+  groupBySchema,
   largeTables,
   shardPrivileges,
   shardTables,
@@ -123,15 +123,8 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
     shardPrivileges(source.client, schemas),
     shardPrivileges(target.client, schemas),
   ]);
-  const bySchema = (objects: readonly PrivilegeObject[]): Map<string, PrivilegeObject[]> => {
-    const map = new Map<string, PrivilegeObject[]>();
-    for (const o of objects) {
-      if (!map.has(o.schema)) map.set(o.schema, []);
-      map.get(o.schema)!.push(o);
-    }
-    return map;
-  };
-  const [wantedBySchema, currentBySchema] = [bySchema(wanted), bySchema(current)];
+  const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
+  const currentBySchema = groupBySchema(current, (o) => o.schema);
   const versions = privilegeVersions(source.serverVersionNum, target.serverVersionNum);
   const work = ctx.shards
     .map((shard) => {

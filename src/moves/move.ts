@@ -17,7 +17,7 @@ import {
   dropUnusedFenceGuardsSql,
 } from './sql.js';
 import { stepsFor, type MoveMode, type MoveStep } from './state.js';
-import { shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
+import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
 import { createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
@@ -242,18 +242,9 @@ async function renamesWithStubs(ctx: MoveContext, shards: readonly number[]): Pr
     source.client.query<Grant & { nspname: string }>(SCHEMA_GRANTS_SQL, [schemas]),
     source.client.query<Grant & { nspname: string }>(TABLE_GRANTS_SQL, [schemas]),
   ]);
-  const bySchema = <T>(rows: readonly T[], schemaOf: (row: T) => string): Map<string, T[]> => {
-    const map = new Map<string, T[]>();
-    for (const row of rows) {
-      const list = map.get(schemaOf(row));
-      if (list) list.push(row);
-      else map.set(schemaOf(row), [row]);
-    }
-    return map;
-  };
-  const tablesOf = bySchema(tables, (t) => t.schema);
-  const schemaGrantsOf = bySchema(schemaGrants.rows, (g) => g.nspname);
-  const tableGrantsOf = bySchema(tableGrants.rows, (g) => g.nspname);
+  const tablesOf = groupBySchema(tables, (t) => t.schema);
+  const schemaGrantsOf = groupBySchema(schemaGrants.rows, (g) => g.nspname);
+  const tableGrantsOf = groupBySchema(tableGrants.rows, (g) => g.nspname);
   return shards.map((shard) => {
     const schema = shardSchemaName(ctx.config, shard);
     return renameWithStubSql({

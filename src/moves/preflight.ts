@@ -20,6 +20,7 @@ import {
   APPLIED_CHECKSUMS_SQL,
   REPLICATION_SETTINGS_SQL,
   rolesSql,
+  ownerNeedsSet,
   RUNNING_MOVES_OF_SQL,
   SOURCE_SHARD_STATES_SQL,
   targetShardStatesSql,
@@ -301,6 +302,7 @@ async function roleChecks(
   const missing = all.filter((role) => !present.has(role));
   const cannotGive = owners.filter((role) => present.get(role) === false);
   const current = (await dst.query<{ current: string }>(CURRENT_USER_SQL)).rows[0]!.current;
+  const withSet = ownerNeedsSet(dstVersionNum);
   return [
     {
       name: 'roles on target',
@@ -317,9 +319,9 @@ async function roleChecks(
       message:
         cannotGive.length === 0
           ? `${current} on ${targetName} can give the copies to their owners (${owners.join(', ') || 'none'})`
-          : `${current} on ${targetName} is neither superuser nor a member of ${cannotGive.map((role) => `${role} (owner in ${shardsNaming(role, true)})`).join(', ')}${dstVersionNum >= 160000 ? ' with the SET option' : ''}, ` +
+          : `${current} on ${targetName} is neither superuser nor a member of ${cannotGive.map((role) => `${role} (owner in ${shardsNaming(role, true)})`).join(', ')}${withSet ? ' with the SET option' : ''}, ` +
             `so it cannot give the copies to ${cannotGive.length === 1 ? 'that owner' : 'those owners'}; ` +
-            `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}${dstVersionNum >= 160000 ? ' WITH SET TRUE' : ''}), or connect as a superuser`,
+            `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}${withSet ? ' WITH SET TRUE' : ''}), or connect as a superuser`,
     },
   ];
 }

@@ -138,9 +138,9 @@ export function fenceGuardName(moveId: string): string {
  * `closedUpTo`, else lets it through. A fence closes its wave by replacing this one function (one
  * catalog change for the wave, instead of one per table), which a writer sees from its next lock
  * of the table on (PL/pgSQL checks the function's catalog row on every call); the fence's LOCK
- * then waits for the transactions that passed it before. Waves only close: a wave switched keeps
- * its old copies fenced; a wave whose cut-over stopped is unfenced by disabling its triggers, and
- * its next preparation sets the guard back to the waves before it.
+ * then waits for the transactions that passed it before. A wave switched stays closed: its old
+ * copies stay fenced; a wave whose cut-over stopped is unfenced by setting the guard back to the
+ * waves before it (no table lock), as its next preparation does too.
  */
 export function fenceGuardSql(moveId: string, closedUpTo: number): string {
   if (!Number.isInteger(closedUpTo) || closedUpTo < -1) throw new Error(`fenceGuardSql: not a wave: ${closedUpTo}`);
@@ -160,6 +160,9 @@ export function fenceGuardSql(moveId: string, closedUpTo: number): string {
   ].join('\n');
 }
 
+/** The names of the running moves' objects (replicationName): their publication, slot, subscription, fence guard. */
+const RUNNING_MOVE_NAMES_SQL = `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`;
+
 /**
  * The fence guards (fenceGuardSql) that no trigger calls any more, dropped: those of moves whose old
  * copies are gone (gc, --drop-source), or whose fence was undone. `moveId`: that move's only;
@@ -172,9 +175,7 @@ export function dropUnusedFenceGuardsSql(
     'moveId' in which
       ? `p.proname = ${quoteLiteral(replicationName(which.moveId))}`
       : `p.proname LIKE 'shardctl\\_move\\_%'` +
-        (which.movesRecorded
-          ? ` AND p.proname NOT IN (SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running')`
-          : '');
+        (which.movesRecorded ? ` AND p.proname NOT IN (${RUNNING_MOVE_NAMES_SQL})` : '');
   return [
     'DO $guards$',
     'DECLARE f regprocedure;',
@@ -270,8 +271,8 @@ function fenceTriggerSql(shard: number, t: string, targetHost: string): string {
  * the guard (re)set open for `wave` (closed for the waves before it, whose old copies stay fenced):
  * the fence then closes the guard (fenceSql, `prepared`) instead of changing a trigger per table
  * while writes wait. CREATE TRIGGER waits for the tables' writers like the fence's LOCK:
- * `lockWaitMs` bounds that wait the same way, and the caller retries. An unfence disables and drops
- * these triggers with the rest.
+ * `lockWaitMs` bounds that wait the same way, and the caller retries. An unfence opens the guard
+ * again and drops these triggers where their tables are free.
  */
 export function prepareFenceSql(
   input: Omit<FenceInput, 'createOrReplaceTrigger' | 'fenceStart' | 'closeGuard'> & {
@@ -858,13 +859,18 @@ export const REPLICATION_SETTINGS_SQL = `SELECT current_setting('wal_level') AS 
 export const APPLIED_CHECKSUMS_SQL = `SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
 
 /** Which of roles $1 exist, and whether the current role is a member of each. */
+/** From PostgreSQL 16 on, giving an object to a role needs a membership that may SET ROLE to it. */
+export function ownerNeedsSet(serverVersionNum: number): boolean {
+  return serverVersionNum >= 160000;
+}
+
 /**
  * Roles $1 that exist, and whether the current role may give objects to each: on PostgreSQL 16 and
  * later it must be able to SET ROLE to it (a membership granted WITH SET FALSE is not enough), before
  * that be a member (superusers may always).
  */
 export function rolesSql(serverVersionNum: number): string {
-  const may = serverVersionNum >= 160000 ? 'SET' : 'MEMBER';
+  const may = ownerNeedsSet(serverVersionNum) ? 'SET' : 'MEMBER';
   return `SELECT r.rolname, pg_has_role(r.oid, '${may}') AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
 }
 
@@ -1112,9 +1118,7 @@ export const CURRENT_USER_SQL = 'SELECT current_user AS current';
  * running move accounts for; `movesRecorded`: the host has the control schema's moves table.
  */
 export function leftoverReplicationSql(movesRecorded: boolean): string {
-  const running = movesRecorded
-    ? `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`
-    : `SELECT NULL::text WHERE false`;
+  const running = movesRecorded ? RUNNING_MOVE_NAMES_SQL : `SELECT NULL::text WHERE false`;
   return `SELECT kind, name FROM (
         SELECT 'publication' AS kind, pubname::text AS name FROM pg_publication
         UNION ALL SELECT 'subscription', subname::text FROM pg_subscription WHERE subdbid = (SELECT oid FROM pg_database WHERE datname = current_database())
