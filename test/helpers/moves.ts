@@ -29,6 +29,9 @@ import {
   type LocalClusterOptions,
 } from '../../src/dev/local-postgres.js';
 import { adminClient, withClient } from './hosts.js';
+import { type Fleet, makeFleet } from './fleet.js';
+import { init } from '../../src/commands/init.js';
+import type { ShardctlConfig } from '../../src/config/types.js';
 
 const ROOT = join(import.meta.dirname, '..', '..');
 
@@ -373,4 +376,25 @@ export function startShardWriter(
       for (const c of clients.values()) await c.end();
     },
   };
+}
+
+/**
+ * The fleet most move tests start from: 4 shards, 0-1 on the first host and 2-3 on the second,
+ * initialised, with `rows` photos rows seeded into `shard` (on the first host).
+ */
+export async function seededFleet(
+  urls: readonly string[],
+  shard: number,
+  rows: number,
+): Promise<{ fleet: Fleet; config: ShardctlConfig }> {
+  const fleet = makeFleet({ urls, shards: 4, split: ['0-1', '2-3'] });
+  const config = await fleet.config();
+  const initialised = await init(config);
+  if (!initialised.ok) throw new Error(`init of the test fleet failed: ${JSON.stringify(initialised)}`);
+  await withClient(urls[0]!, (c) =>
+    c.query(
+      `insert into insta${shard}.photos (user_id, image_url) select g, 'seed' from generate_series(1, ${rows}) g`,
+    ),
+  );
+  return { fleet, config };
 }

@@ -8,6 +8,7 @@ import { makeFleet, runCli } from '../helpers/fleet.js';
 import {
   removeCliSnapshot,
   replicationObjects,
+  seededFleet,
   spawnCli,
   startShardWriter,
   waitForMoveSessionsToEnd,
@@ -33,12 +34,7 @@ async function rowsOf(url: string, table: string): Promise<string[]> {
 
 describe('shardctl move-shard under a writer that truncates a table on every loop', () => {
   it('finishes, or unfences and stops within the fence limit and then finishes on --resume; both copies equal', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
-    const config = await fleet.config();
-    expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 5000) g`),
-    );
+    const { fleet } = await seededFleet(db.urls, 0, 5000);
     const map = await ShardMap.load(fleet.configFile);
     const writer = startShardWriter(
       map,
@@ -112,11 +108,7 @@ describe('shardctl move-shard when the target cannot apply a replicated TRUNCATE
   const db = useTestDatabases(2);
 
   it('stops within the fence limit, unfenced, naming what the apply worker waits for; --resume finishes once it can; both copies equal', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
-    );
+    const { fleet } = await seededFleet(db.urls, 0, 2000);
     const map = await ShardMap.load(fleet.configFile);
     const writer = startShardWriter(
       map,
@@ -207,11 +199,7 @@ describe('shardctl move-shard --resume after a run killed while fenced', () => {
   const db = useTestDatabases(2);
 
   it('reports the time the shard refused writes including the killed run and a resumed run that stopped', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 500) g`),
-    );
+    const { fleet } = await seededFleet(db.urls, 1, 500);
     const killed = await spawnCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
       SHARDCTL_FAULT_AFTER_STEP: 'fenced',
     });

@@ -7,7 +7,7 @@ import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
-import { replicationObjects, startShardWriter } from '../helpers/moves.js';
+import { replicationObjects, seededFleet, startShardWriter } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
@@ -238,12 +238,7 @@ describe('shardctl move-shard verifying before the fence, with a row changed on 
   const db = useTestDatabases(2);
 
   it('a row changed on the target after the pre-verification, while the source was still writable, fails verification: aborted, source writable', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
-    const config = await fleet.config();
-    expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 3000) g`),
-    );
+    const { fleet, config } = await seededFleet(db.urls, 1, 3000);
     const before = readFileSync(fleet.configFile, 'utf8');
     const error = await moveShard(config, 1, 'pg2', {
       configFile: fleet.configFile,
@@ -443,12 +438,7 @@ describe('shardctl move-shard with tables empty when the cut-over begins', () =>
   const db = useTestDatabases(2);
 
   it('leaves them untracked: one still empty on both is verified by its size, one written meanwhile whole (listed as filled)', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
-    const config = await fleet.config();
-    expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(`insert into insta1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
-    );
+    const { fleet, config } = await seededFleet(db.urls, 1, 2000);
     const result = await moveShard(config, 1, 'pg2', {
       configFile: fleet.configFile,
       onNotice: (m) => {
@@ -479,12 +469,7 @@ describe('shardctl move-shard with a table empty on the source written by hand o
   const db = useTestDatabases(2);
 
   it('a row written by hand into the target copy of a table empty on the source is found: aborted, source writable', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
-    const config = await fleet.config();
-    expect((await init(config)).ok).toBe(true);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(`insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 500) g`),
-    );
+    const { fleet, config } = await seededFleet(db.urls, 0, 500);
     const error = await moveShard(config, 0, 'pg2', {
       configFile: fleet.configFile,
       onNotice: (m) => {
