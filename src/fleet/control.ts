@@ -84,6 +84,9 @@ export class ControlVersionError extends HostError {
 /** Sets a worker session to commit without waiting for the WAL flush (see DURABLE_FLUSH_SQL). */
 export const ASYNC_COMMIT_SQL = 'SET synchronous_commit = off';
 
+/** The same for one transaction (inside it). */
+export const ASYNC_COMMIT_LOCAL_SQL = 'SET LOCAL synchronous_commit = off;';
+
 /**
  * Provisioning, and a move's target creation and copy, commit each shard's transaction with
  * synchronous_commit off (no WAL flush, and no wait for a synchronous standby, per shard: the bulk

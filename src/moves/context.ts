@@ -115,6 +115,11 @@ export interface MoveContext {
   /** The checksum method of each table, chosen once (checksum-methods.ts). */
   methods: Map<string, 'record' | 'text'> | null;
   refreshed: string[];
+  /**
+   * Online: this run copied the shards together with creating the target's copies (createAndCopy),
+   * so the `published` and `copied` steps have nothing left to do.
+   */
+  copied: boolean;
   /** The current wave's verification begun before its fence (this process only; see tail.ts). */
   pre: { readonly wave: number; readonly verification: PreVerification } | null;
   /**
@@ -176,6 +181,7 @@ export function moveContext(
     verification: null,
     methods: null,
     refreshed: [],
+    copied: false,
     pre: null,
     untracked: null,
     leaves: null,

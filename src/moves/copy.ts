@@ -5,7 +5,7 @@ import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { ASYNC_COMMIT_LOCAL_SQL, ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost, openWorker } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
@@ -39,8 +39,8 @@ import {
   REBUILDABLE_INDEXES_SQL,
 } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
-import { concurrency, withWorkers } from './workers.js';
-import { dropMoveSlot } from './replication.js';
+import { concurrency, Workers } from './workers.js';
+import { dropMoveSlot, publish } from './replication.js';
 import { stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
@@ -50,8 +50,13 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
  * every shard copied, online from the slot's exported snapshot, offline with writes fenced.
  */
 
-/** Every shard's schema on the target, at the source's migration level for that shard, marked incoming. */
-export async function createTargets(ctx: MoveContext): Promise<void> {
+/**
+ * Every shard's schema on the target, at the source's migration level for that shard, marked
+ * incoming, with the source's owners and grants (carryPrivileges). With `onChunk` (createAndCopy)
+ * the shards are built in chunks, and each chunk is handed over once it has its owners and grants,
+ * while the next is being built; onChunk returning false stops the building (the copy failed).
+ */
+export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonly number[]) => boolean): Promise<void> {
   const { source, target, config } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
   const [applied, existing, done] = await Promise.all([
@@ -80,45 +85,88 @@ export async function createTargets(ctx: MoveContext): Promise<void> {
     }
     return { shard, statements };
   });
-  const pending = work.filter((w) => w.statements.length > 0);
-  await withWorkers(ctx, target, pending, async (client, { shard, statements }) => {
-    // Whole transactions, one round trip when they can share one; no-transaction steps alone.
-    const batch: string[] = [];
-    const flush = async (): Promise<void> => {
-      if (batch.length > 0) await client.query(batch.splice(0).join('\n'));
-    };
-    try {
-      for (const sql of statements) {
-        if (sql.startsWith('BEGIN;')) batch.push(sql);
-        else {
-          await flush();
-          await client.query(sql);
-        }
-      }
-      await flush();
-    } catch (error) {
-      await rollbackQuietly(client);
-      throw new HostError(target.host.name, `cannot create the target copy: ${describePgError(error)}`, {
-        shard,
-        code: 'MOVE_FAILED',
-        cause: error,
+  const workers = new Workers(ctx, target);
+  // The privileges of a chunk are carried on the move's own session while the workers build the
+  // next; a failure there, or a copy that stopped, ends the building.
+  let carried: Promise<void> = Promise.resolve();
+  let stop = false;
+  try {
+    for (const [i, chunk] of chunksOf(ctx.shards, onChunk ? CREATE_CHUNKS : 1).entries()) {
+      if (stop) break;
+      const inChunk = new Set(chunk);
+      await workers.run(
+        work.filter((w) => inChunk.has(w.shard) && w.statements.length > 0),
+        (client, { shard, statements }) => migrateTarget(ctx, client, shard, statements),
+      );
+      if (i === 0) faultAfter('target-migrations');
+      carried = carried.then(async () => {
+        await carryPrivileges(ctx, chunk);
+        if (onChunk && !onChunk(chunk)) stop = true;
       });
+      // Seen where it is awaited, after the last chunk.
+      carried.catch(() => (stop = true));
     }
-  });
-  faultAfter('target-migrations');
-  await carryPrivileges(ctx);
+    await carried;
+  } finally {
+    await workers.close();
+  }
+  // The workers committed without waiting for the WAL flush: made durable before the step is recorded.
+  await target.client.query(DURABLE_FLUSH_SQL);
+}
+
+/** Online, the copy starts on the first chunk of target shards while the next ones are built (createTargets). */
+const CREATE_CHUNKS = 8;
+
+/** `list` in `count` chunks (fewer for a short list), in order. */
+function chunksOf<T>(list: readonly T[], count: number): T[][] {
+  const size = Math.max(1, Math.ceil(list.length / count));
+  const chunks: T[][] = [];
+  for (let i = 0; i < list.length; i += size) chunks.push(list.slice(i, i + size));
+  return chunks;
+}
+
+/** One shard's creation and migrations: whole transactions in one round trip when they can share one; no-transaction steps alone. */
+async function migrateTarget(
+  ctx: MoveContext,
+  client: pg.Client,
+  shard: number,
+  statements: readonly string[],
+): Promise<void> {
+  const batch: string[] = [];
+  const flush = async (): Promise<void> => {
+    if (batch.length > 0) await client.query(batch.splice(0).join('\n'));
+  };
+  try {
+    for (const sql of statements) {
+      if (sql.startsWith('BEGIN;')) batch.push(sql);
+      else {
+        await flush();
+        await client.query(sql);
+      }
+    }
+    await flush();
+  } catch (error) {
+    await rollbackQuietly(client);
+    throw new HostError(ctx.target.host.name, `cannot create the target copy: ${describePgError(error)}`, {
+      shard,
+      code: 'MOVE_FAILED',
+      cause: error,
+    });
+  }
 }
 
 /**
- * The source's owners, ACLs and default privileges given to the target's copies, one transaction per
- * shard whose copy differs (none when the same role built both and nothing was granted by hand).
- * Its own transaction after the migrations: what to change depends on what the migrations built,
- * read from the target's catalog. Run on every attempt, so a run killed between the migrations and
- * this still carries them on --resume; the copies are incoming, so no client sees them before.
+ * The source's owners, ACLs and default privileges given to the target's copies of `shards`, one
+ * transaction per shard whose copy differs (none when the same role built both and nothing was
+ * granted by hand), on the move's session, each committed without waiting for the WAL flush (the
+ * caller's flush covers them). After the migrations: what to change depends on what the migrations
+ * built, read from the target's catalog. Run on every attempt, so a run killed between the
+ * migrations and this still carries them on --resume; the copies are incoming, so no client sees
+ * them before.
  */
-async function carryPrivileges(ctx: MoveContext): Promise<void> {
+async function carryPrivileges(ctx: MoveContext, shards: readonly number[]): Promise<void> {
   const { source, target } = ctx;
-  const schemas = schemasOf(ctx, ctx.shards);
+  const schemas = schemasOf(ctx, shards);
   const [wanted, current] = await Promise.all([
     shardPrivileges(source.client, schemas),
     shardPrivileges(target.client, schemas),
@@ -126,31 +174,84 @@ async function carryPrivileges(ctx: MoveContext): Promise<void> {
   const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
   const currentBySchema = groupBySchema(current, (o) => o.schema);
   const versions = privilegeVersions(source.serverVersionNum, target.serverVersionNum);
-  const work = ctx.shards
-    .map((shard) => {
-      const schema = shardSchemaName(ctx.config, shard);
-      return {
-        shard,
-        statements: syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions),
-      };
-    })
-    .filter((w) => w.statements.length > 0);
-  await withWorkers(ctx, target, work, async (client, { shard, statements }) => {
+  for (const shard of shards) {
+    const schema = shardSchemaName(ctx.config, shard);
+    const statements = syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions);
+    if (statements.length === 0) continue;
     try {
-      await client.query(['BEGIN;', ...statements, 'COMMIT;'].join('\n'));
+      await target.client.query(['BEGIN;', ASYNC_COMMIT_LOCAL_SQL, ...statements, 'COMMIT;'].join('\n'));
     } catch (error) {
-      await rollbackQuietly(client);
+      await rollbackQuietly(target.client);
       throw new HostError(
         target.host.name,
         `cannot give the target copy the source's owners and grants: ${describePgError(error)}`,
-        {
-          shard,
-          code: 'MOVE_FAILED',
-          cause: error,
-        },
+        { shard, code: 'MOVE_FAILED', cause: error },
       );
     }
+  }
+}
+
+/**
+ * Online: the target's copies created and filled in one pass. The copy (publication, slot, then
+ * copyShards) starts at once and takes each shard as soon as its chunk is built with its owners and
+ * grants (createTargets), while the next chunks are being built: the two keep both hosts busy
+ * where one after the other each left them partly idle. Nothing is recorded before both are done:
+ * a run cut off in between is carried on from `prepared` (each part redone or skipped) or undone
+ * with the replication and the copies (target-created's undo, move.ts).
+ */
+export async function createAndCopy(ctx: MoveContext): Promise<void> {
+  const gate = new ShardGate();
+  const creating = createTargets(ctx, (chunk) => gate.open(chunk)).catch((error: unknown) => {
+    gate.fail(error);
+    throw error;
   });
+  const copying = (async () => {
+    await publish(ctx);
+    await copyFromSnapshot(ctx, (shard) => gate.wait(shard));
+  })().catch((error: unknown) => {
+    gate.stop();
+    throw error;
+  });
+  const [created, copied] = await Promise.allSettled([creating, copying]);
+  // The creation's failure first: the copy waiting for its shards failed because of it.
+  if (created.status === 'rejected') throw created.reason;
+  if (copied.status === 'rejected') throw copied.reason;
+  ctx.copied = true;
+}
+
+/** The shards the copy may take (createAndCopy): opened chunk by chunk, or failed with the creation. */
+class ShardGate {
+  readonly #open = new Set<number>();
+  #failure: { error: unknown } | null = null;
+  #stopped = false;
+  #waiting: (() => void)[] = [];
+
+  /** Opens shards for the copy; false once the copy has stopped (nothing more to build for it). */
+  open(shards: readonly number[]): boolean {
+    for (const shard of shards) this.#open.add(shard);
+    this.#wake();
+    return !this.#stopped;
+  }
+
+  fail(error: unknown): void {
+    this.#failure = { error };
+    this.#wake();
+  }
+
+  stop(): void {
+    this.#stopped = true;
+  }
+
+  async wait(shard: number): Promise<void> {
+    while (!this.#open.has(shard)) {
+      if (this.#failure) throw this.#failure.error;
+      await new Promise<void>((resolve) => this.#waiting.push(resolve));
+    }
+  }
+
+  #wake(): void {
+    for (const resolve of this.#waiting.splice(0)) resolve();
+  }
 }
 
 /**
@@ -172,7 +273,7 @@ export async function dropTargets(ctx: MoveContext): Promise<void> {
  * 1.8 s for a million rows). A slot left by an interrupted copy lost its snapshot with its
  * connection: dropped, copied again.
  */
-export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
+export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number) => Promise<void>): Promise<void> {
   await dropMoveSlot(ctx);
   // node-postgres supports replication connections; its type definitions do not list the option.
   const config: pg.ClientConfig & { replication: string } = {
@@ -195,7 +296,7 @@ export async function copyFromSnapshot(ctx: MoveContext): Promise<void> {
   }
   try {
     const snapshot = await createSlotWatched(ctx, replication);
-    await copyShards(ctx, ctx.shards, snapshot);
+    await copyShards(ctx, ctx.shards, snapshot, ready);
   } finally {
     await endQuietly(replication);
   }
@@ -287,7 +388,12 @@ async function xidHolders(client: pg.Client, except: number): Promise<string> {
  * between equal majors. Tables of at least INDEXES_AFTER_BYTES on the source are loaded without
  * their indexes, which are built again after the COPY in the same transaction (see copyShard).
  */
-export async function copyShards(ctx: MoveContext, shards: readonly number[], snapshot?: string): Promise<void> {
+export async function copyShards(
+  ctx: MoveContext,
+  shards: readonly number[],
+  snapshot?: string,
+  ready?: (shard: number) => Promise<void>,
+): Promise<void> {
   const { source, target } = ctx;
   const schemas = schemasOf(ctx, shards);
   const tables = await shardTables(source.client, schemas, 'leaves');
@@ -310,6 +416,7 @@ export async function copyShards(ctx: MoveContext, shards: readonly number[], sn
       if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
       while (failed === null && next < byShard.length) {
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
+        await ready?.(shard);
         try {
           await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
         } catch (error) {

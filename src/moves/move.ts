@@ -20,7 +20,7 @@ import { stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
-import { createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
+import { createAndCopy, createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
 import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
 import {
   fence,
@@ -123,11 +123,19 @@ interface Step {
 const STEPS: Record<MoveStep, Step> = {
   // The move's markers are written from `synced` on, keyed by the move: they go last, with the move.
   prepared: { action: async () => undefined, undo: [deleteMarkers] },
-  'target-created': { action: createTargets, undo: [dropTargets] },
+  // Online, the publication and the copy run with the creation (createAndCopy): a run cut off in it
+  // may have left a slot and a publication too.
+  'target-created': {
+    action: (ctx) => (ctx.mode === 'online' ? createAndCopy(ctx) : createTargets(ctx)),
+    undo: [dropReplication, dropTargets],
+  },
   // The publication, slot and subscription are named after the move and removed together.
   published: { action: publish, undo: [dropReplication] },
   copied: {
-    action: (ctx) => (ctx.mode === 'online' ? copyFromSnapshot(ctx) : copyShards(ctx, ctx.shards)),
+    action: async (ctx) => {
+      if (ctx.mode === 'offline') await copyShards(ctx, ctx.shards);
+      else if (!ctx.copied) await copyFromSnapshot(ctx);
+    },
     // Online, the slot (created by the copy); the rows go with the target's copies.
     undo: [dropReplication],
   },

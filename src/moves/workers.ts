@@ -1,5 +1,5 @@
 import pg from 'pg';
-import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
 import { endQuietly } from '../pg/quiet.js';
 import type { MoveContext, Side } from './context.js';
@@ -13,32 +13,50 @@ export function concurrency(ctx: MoveContext, items: number): number {
 }
 
 /**
- * Runs fn over items with `workers` worker connections to `host`, each item on one of them. The
- * workers commit without waiting for the WAL flush; one durable commit at the end covers them all
- * (DURABLE_FLUSH_SQL), before the caller records its step.
+ * Worker connections to one host, kept open over several batches of work (the target's copies are
+ * created in chunks: createTargets), opened as a batch first needs them. They commit without waiting
+ * for the WAL flush: the caller makes the work durable (DURABLE_FLUSH_SQL) before it records its step.
  */
-export async function withWorkers<T>(
-  ctx: MoveContext,
-  side: Side,
-  items: readonly T[],
-  fn: (client: pg.Client, item: T) => Promise<void>,
-): Promise<void> {
-  let next = 0;
-  let failed: unknown = null;
-  const worker = async (): Promise<void> => {
-    const client = await openWorker(side.host, 'shardctl move worker');
-    try {
-      await client.query(ASYNC_COMMIT_SQL);
-      while (failed === null && next < items.length) await fn(client, items[next++]!);
-    } catch (error) {
-      failed ??= error;
-    } finally {
-      // A worker whose connection broke is closed already; `failed` keeps the error that matters.
-      await endQuietly(client);
-    }
-  };
-  await Promise.all(Array.from({ length: concurrency(ctx, items.length) }, worker));
-  // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
-  if (failed !== null) throw failed;
-  if (items.length > 0) await side.client.query(DURABLE_FLUSH_SQL);
+export class Workers {
+  readonly #ctx: MoveContext;
+  readonly #side: Side;
+  readonly #clients: pg.Client[] = [];
+
+  constructor(ctx: MoveContext, side: Side) {
+    this.#ctx = ctx;
+    this.#side = side;
+  }
+
+  /** fn over items, each item on one of the connections; the first error, once all have stopped. */
+  async run<T>(items: readonly T[], fn: (client: pg.Client, item: T) => Promise<void>): Promise<void> {
+    if (items.length === 0) return;
+    const wanted = concurrency(this.#ctx, items.length);
+    const opened = await Promise.allSettled(
+      Array.from({ length: Math.max(0, wanted - this.#clients.length) }, async () => {
+        const client = await openWorker(this.#side.host, 'shardctl move worker');
+        this.#clients.push(client);
+        await client.query(ASYNC_COMMIT_SQL);
+      }),
+    );
+    const refused = opened.find((o): o is PromiseRejectedResult => o.status === 'rejected');
+    if (refused) throw refused.reason;
+    let next = 0;
+    let failed: unknown = null;
+    await Promise.all(
+      this.#clients.slice(0, wanted).map(async (client) => {
+        try {
+          while (failed === null && next < items.length) await fn(client, items[next++]!);
+        } catch (error) {
+          failed ??= error;
+        }
+      }),
+    );
+    // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
+    if (failed !== null) throw failed;
+  }
+
+  /** A connection that broke is closed already. */
+  async close(): Promise<void> {
+    await Promise.all(this.#clients.splice(0).map((client) => endQuietly(client)));
+  }
 }
