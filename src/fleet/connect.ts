@@ -4,6 +4,7 @@ import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
 import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 import { endQuietly } from '../pg/quiet.js';
+import { serializeQueries } from '../pg/serial.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
@@ -26,6 +27,7 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   // An idle client whose server goes away emits 'error'; without a listener that would crash the
   // process. The next query on it fails and is reported with the host's name instead.
   client.on('error', () => undefined);
+  serializeQueries(client);
   // The server reports some settings (server_version among them) while the connection starts; kept
   // so that nobody spends a round trip asking again.
   const reported = new Map<string, string>();
