@@ -321,7 +321,7 @@ export async function checkBaseline(
       [
         'BEGIN;',
         `CREATE SCHEMA ${quoteIdent(scratch)};`,
-        renderNextIdSql(scratch, 0, config.idLayout).trim(),
+        renderNextIdSql(scratch, 0, config.idLayout, { fresh: true }).trim(),
         `SET LOCAL search_path TO ${quoteIdent(scratch)};`,
         ...files.filter((f) => !f.noTransaction).map((f) => `-- ${f.name}.sql\n${f.sql.trimEnd()}\n;`),
       ].join('\n'),

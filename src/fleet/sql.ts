@@ -30,7 +30,7 @@ export function createShardSql(
         ]
       : []),
     `CREATE SCHEMA ${quoteIdent(schema)};`,
-    renderNextIdSql(schema, shard, config.idLayout).trim(),
+    renderNextIdSql(schema, shard, config.idLayout, { fresh: true }).trim(),
     `INSERT INTO ${CONTROL}.shards (shard, schema_name, state) VALUES (${shard}, ${quoteLiteral(schema)}, ${quoteLiteral(state)});`,
     'COMMIT;',
   ].join('\n');
@@ -54,7 +54,7 @@ export function dropShardSql(shard: number, schemas: readonly string[]): string 
 /** Replaces next_id() of an existing shard with the current version (CREATE OR REPLACE). */
 export function reinstallNextIdSql(config: ShardctlConfig, shard: number): string {
   const schema = shardSchemaName(config, shard);
-  // next_id.sql waits for the transactions drawing from the schema's sequences (its barrier): as long as a migration's locks may.
+  // next_id_barrier.sql waits for the transactions drawing from the schema's sequences: as long as a migration's locks may.
   return [
     'BEGIN;',
     `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`,

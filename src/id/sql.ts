@@ -46,8 +46,17 @@ function formatTimestamp(unixMs: bigint): string {
   return date.toISOString();
 }
 
-/** The CREATE FUNCTION statements that install next_id(), next_id_fast() and next_id_locked() in a shard schema. */
-export function renderNextIdSql(schema: string, shard: number, layout: IdLayout): string {
+/**
+ * The CREATE FUNCTION statements that install next_id(), next_id_fast() and next_id_locked() in a
+ * shard schema; after the barrier of next_id_barrier.sql, unless the schema is created in the same
+ * transaction (`fresh`: it holds no sequence for the barrier to wait on).
+ */
+export function renderNextIdSql(
+  schema: string,
+  shard: number,
+  layout: IdLayout,
+  { fresh = false }: { readonly fresh?: boolean } = {},
+): string {
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
   // Shared by the slow path, next_id_fast() and the inlined fast path of next_id().
@@ -69,7 +78,10 @@ export function renderNextIdSql(schema: string, shard: number, layout: IdLayout)
     literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
   };
   const wrapper = renderSql(loadSqlTemplate('next_id_wrapper.sql'), { ...fastPath, commentLiteral });
-  return `${renderSql(loadSqlTemplate('next_id.sql'), {
+  const barrier = fresh
+    ? ''
+    : `${renderSql(loadSqlTemplate('next_id_barrier.sql'), { schemaLiteral: { literal: schema } })}\n`;
+  return `${barrier}${renderSql(loadSqlTemplate('next_id.sql'), {
     ...fastPath,
     schemaLiteral: { literal: schema },
     timeBits: { int: timeBits(layout) },

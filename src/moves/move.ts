@@ -191,20 +191,14 @@ export function undosAfter(mode: MoveMode, step: MoveStep): StepAction[] {
  * existence cannot tell a finished clean-up from an interrupted one.
  */
 async function cleanUp(ctx: MoveContext): Promise<void> {
-  await dropReplication(ctx);
   const { source } = ctx;
-  const rows = await source.client.query<{ shard: number; schema_name: string }>(SHARD_SCHEMA_NAMES_SQL, [ctx.shards]);
-  const current = new Map(rows.rows.map((r) => [r.shard, r.schema_name]));
-  const work: string[] = [];
-  if (ctx.options.dropSource) {
-    for (const shard of ctx.shards) {
-      const now = current.get(shard);
-      if (now !== undefined) work.push(dropShardSql(shard, [now, shardSchemaName(ctx.config, shard)]));
-    }
-  } else {
-    const renaming = ctx.shards.filter((shard) => current.get(shard) === shardSchemaName(ctx.config, shard));
-    work.push(...(await renamesWithStubs(ctx, renaming)));
-  }
+  // What to rename or drop is read while the replication is dropped; the renames wait for the drop.
+  const [work] = await Promise.all([cleanUpWork(ctx), dropReplication(ctx)]);
+  const views = ctx.target.client.query<{ schemaname: string; matviewname: string }>(MATERIALIZED_VIEWS_SQL, [
+    schemasOf(ctx, ctx.shards),
+  ]);
+  // Seen where it is awaited, after the renames.
+  views.catch(() => undefined);
   // One transaction per shard (its rename or drop with its control row), CLEANUP_CHUNK of them per
   // round trip, none waiting for the WAL flush; the flush after the last covers all of them. A crash
   // before it can undo some, which the control rows show and a resumed clean-up redoes.
@@ -224,14 +218,30 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   await source.client.query(DURABLE_FLUSH_SQL);
   // With the old copies dropped, the guard their fence triggers called.
   if (ctx.options.dropSource) await source.client.query(dropUnusedFenceGuardsSql({ moveId: ctx.moveId }));
-  const views = await ctx.target.client.query<{ schemaname: string; matviewname: string }>(MATERIALIZED_VIEWS_SQL, [
-    schemasOf(ctx, ctx.shards),
-  ]);
-  for (const v of views.rows) {
+  for (const v of (await views).rows) {
     await ctx.target.client.query(refreshMaterializedViewSql(v.schemaname, v.matviewname));
     ctx.refreshed.push(`${v.schemaname}.${v.matviewname}`);
   }
   await deleteMarkers(ctx);
+}
+
+/**
+ * The clean-up's SQL: each old copy's rename (or drop), for the shards whose source schema still
+ * has the shard's name in the source's control rows.
+ */
+async function cleanUpWork(ctx: MoveContext): Promise<string[]> {
+  const rows = await ctx.source.client.query<{ shard: number; schema_name: string }>(SHARD_SCHEMA_NAMES_SQL, [
+    ctx.shards,
+  ]);
+  const current = new Map(rows.rows.map((r) => [r.shard, r.schema_name]));
+  if (ctx.options.dropSource) {
+    return ctx.shards.flatMap((shard) => {
+      const now = current.get(shard);
+      return now === undefined ? [] : [dropShardSql(shard, [now, shardSchemaName(ctx.config, shard)])];
+    });
+  }
+  const renaming = ctx.shards.filter((shard) => current.get(shard) === shardSchemaName(ctx.config, shard));
+  return renamesWithStubs(ctx, renaming);
 }
 
 /** Renames and drops of the clean-up sent per round trip: each a small transaction of its own. */

@@ -25,6 +25,7 @@ import {
   SOURCE_SHARD_STATES_SQL,
   targetShardStatesSql,
   CURRENT_USER_SQL,
+  type PrivilegeObject,
 } from './sql.js';
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
@@ -70,6 +71,42 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     checks.push({ name, ok, message });
   };
   const list = (items: readonly number[]): string => shardsPhrase([...items]);
+  // Shapes are compared across hosts only between equal majors (definition texts may differ between them).
+  const sameMajor =
+    Math.floor(input.source.serverVersionNum / 10000) === Math.floor(input.target.serverVersionNum / 10000);
+
+  // Every read starts now, each host's queued on its session, so that the two hosts answer at
+  // once; the checks below take them in their order.
+  const reads = {
+    onSource: early(
+      src.query<{ shard: number; exists: boolean; state: string | null }>(SOURCE_SHARD_STATES_SQL, [shards, schemas]),
+    ),
+    running: early(Promise.all([runningMovesOf(src, shards), runningMovesOf(dst, shards)])),
+    settings:
+      mode === 'online'
+        ? early(src.query<{ wal_level: string; free_slots: number; free_senders: number }>(REPLICATION_SETTINGS_SQL))
+        : null,
+    identities:
+      mode === 'online'
+        ? early(src.query<{ name: string; identity: boolean; logged: boolean }>(REPLICA_IDENTITIES_SQL, [schemas]))
+        : null,
+    sourceShapes: early(readShardShapes(src, source.name)),
+    privileges: early(shardPrivileges(src, schemas)),
+    applied: early(src.query<{ shard: number; version: number; checksum: string }>(APPLIED_CHECKSUMS_SQL, [shards])),
+    targetInitialised: early(controlTableExists(dst, 'shards')),
+    writable: early(canRewrite(input.configFile)),
+  };
+  const onTargetRead = early(
+    reads.targetInitialised.then((initialised) =>
+      dst.query<{ shard: number; exists: boolean; state: string | null }>(targetShardStatesSql(initialised), [
+        shards,
+        schemas,
+      ]),
+    ),
+  );
+  const targetShapesRead = early(
+    reads.targetInitialised.then((initialised) => (sameMajor && initialised ? readShardShapes(dst, target.name) : [])),
+  );
 
   const unmapped = shards.filter((s) => hostForShard(config, s)?.name !== source.name);
   add(
@@ -80,13 +117,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       : `the map does not put ${list(unmapped)} on ${source.name}`,
   );
 
-  const onSource = await src.query<{ shard: number; exists: boolean; state: string | null }>(SOURCE_SHARD_STATES_SQL, [
-    shards,
-    schemas,
-  ]);
-  const running = [...(await runningMovesOf(src, shards)), ...(await runningMovesOf(dst, shards))].filter(
-    (m, i, all) => all.findIndex((o) => o.moveId === m.moveId) === i,
-  );
+  const onSource = await reads.onSource;
+  const running = (await reads.running).flat().filter((m, i, all) => all.findIndex((o) => o.moveId === m.moveId) === i);
   const missing = onSource.rows.filter((r) => !r.exists).map((r) => r.shard);
   const inactive = onSource.rows.filter((r) => r.exists && r.state !== 'active');
   add(
@@ -99,11 +131,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
         : `the schemas of ${list(shards)} exist on ${source.name} and are active`,
   );
 
-  const targetInitialised = await controlTableExists(dst, 'shards');
-  const onTarget = await dst.query<{ shard: number; exists: boolean; state: string | null }>(
-    targetShardStatesSql(targetInitialised),
-    [shards, schemas],
-  );
+  const targetInitialised = await reads.targetInitialised;
+  const onTarget = await onTargetRead;
   const oldCopies = onTarget.rows.filter((r) => r.state === 'fenced').map((r) => r.shard);
   const recorded = onTarget.rows.filter((r) => r.state !== null && r.state !== 'fenced').map((r) => r.shard);
   const present = onTarget.rows.filter((r) => r.exists && r.state === null).map((r) => r.shard);
@@ -141,9 +170,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}` +
         (ok ? '' : '; online mode needs 15 or later on both (use --mode offline)'),
     );
-    const settings = await src.query<{ wal_level: string; free_slots: number; free_senders: number }>(
-      REPLICATION_SETTINGS_SQL,
-    );
+    const settings = (await reads.settings)!;
     const s = settings.rows[0]!;
     add(
       'wal_level',
@@ -158,9 +185,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       `${s.free_slots} free replication slots and ${s.free_senders} free WAL senders on ${source.name}` +
         (s.free_slots > 0 && s.free_senders > 0 ? '' : '; raise max_replication_slots / max_wal_senders'),
     );
-    const tables = await src.query<{ name: string; identity: boolean; logged: boolean }>(REPLICA_IDENTITIES_SQL, [
-      schemas,
-    ]);
+    const tables = (await reads.identities)!;
     const noIdentity = tables.rows.filter((t) => !t.identity).map((t) => t.name);
     add(
       'replica identity',
@@ -184,7 +209,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     add('versions', true, `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}`);
   }
 
-  const writable = await canRewrite(input.configFile);
+  const writable = await reads.writable;
   add(
     'config file',
     writable === null,
@@ -199,14 +224,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
     running.length === 0 ? `no move of these shards is running` : running.map(describeRunningMove).join('; '),
   );
 
-  // Shapes are compared across hosts only between equal majors (definition texts may differ between them).
-  const sameMajor =
-    Math.floor(input.source.serverVersionNum / 10000) === Math.floor(input.target.serverVersionNum / 10000);
   const schemaOf = (shard: number): string => shardSchemaName(config, shard);
-  const shapes = [
-    ...(await readShardShapes(src, source.name)),
-    ...(sameMajor && targetInitialised ? await readShardShapes(dst, target.name) : []),
-  ];
+  const shapes = [...(await reads.sourceShapes), ...(await targetShapesRead)];
   const handMade = await shapeDrift(
     new Map([
       [source.name, src],
@@ -225,19 +244,16 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   );
 
   for (const check of await roleChecks(
-    src,
+    await reads.privileges,
     dst,
     input.target.serverVersionNum,
-    schemas,
     source.name,
     target.name,
     (schema) => shards[schemas.indexOf(schema)]!,
   ))
     checks.push(check);
 
-  const applied = await src.query<{ shard: number; version: number; checksum: string }>(APPLIED_CHECKSUMS_SQL, [
-    shards,
-  ]);
+  const applied = await reads.applied;
   const byShard = new Map<number, Map<number, string>>();
   for (const r of applied.rows) {
     let m = byShard.get(r.shard);
@@ -277,17 +293,18 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
  * one that may SET ROLE to it).
  */
 async function roleChecks(
-  src: pg.Client,
+  objects: readonly PrivilegeObject[],
   dst: pg.Client,
   dstVersionNum: number,
-  schemas: readonly string[],
   sourceName: string,
   targetName: string,
   shardOf: (schema: string) => number,
 ): Promise<PreflightCheck[]> {
-  const objects = await shardPrivileges(src, schemas);
   const { all, owners } = rolesNamed(objects);
-  const found = await dst.query<{ rolname: string; member: boolean }>(rolesSql(dstVersionNum), [all]);
+  const [found, currentUser] = await Promise.all([
+    dst.query<{ rolname: string; member: boolean }>(rolesSql(dstVersionNum), [all]),
+    dst.query<{ current: string }>(CURRENT_USER_SQL),
+  ]);
   const present = new Map(found.rows.map((r) => [r.rolname, r.member]));
   const shardsNaming = (role: string, asOwner: boolean): string => {
     const shards = [
@@ -301,7 +318,7 @@ async function roleChecks(
   };
   const missing = all.filter((role) => !present.has(role));
   const cannotGive = owners.filter((role) => present.get(role) === false);
-  const current = (await dst.query<{ current: string }>(CURRENT_USER_SQL)).rows[0]!.current;
+  const current = currentUser.rows[0]!.current;
   const withSet = ownerNeedsSet(dstVersionNum);
   return [
     {
@@ -417,4 +434,10 @@ async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<
     // Fails only on a broken connection: the record then stays, a leftover that gc and an abort remove.
     await target.query(forgetObjectSql(name)).catch(() => undefined);
   }
+}
+
+/** A read started before its result is wanted: a failure is seen where it is awaited, not as unhandled. */
+function early<T>(read: Promise<T>): Promise<T> {
+  read.catch(() => undefined);
+  return read;
 }

@@ -128,9 +128,7 @@ export async function applyWorkerWaits(ctx: MoveContext): Promise<string> {
 
 /** The move's markers on both hosts: at clean-up, and last when a move is undone. */
 export async function deleteMarkers(ctx: MoveContext): Promise<void> {
-  for (const side of [ctx.source, ctx.target]) {
-    await side.client.query(DELETE_MARKERS_SQL, [ctx.moveId]);
-  }
+  await Promise.all([ctx.source, ctx.target].map((side) => side.client.query(DELETE_MARKERS_SQL, [ctx.moveId])));
 }
 
 /** The publication, subscription and slot: at clean-up, and first when a move is undone (see move.ts). */
