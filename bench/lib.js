@@ -358,6 +358,21 @@ export function processCpuMs(pid, { children = false } = {}) {
   return ((Number(fields[at]) + Number(fields[at + 1])) * 1000) / 100;
 }
 
+/**
+ * The whole machine's busy CPU time so far (ms, all cores): /proc/stat's first line without idle and
+ * iowait, 100 ticks a second. The difference over a run is what the run cost the machine, its
+ * servers and the writer beside it included; null where /proc/stat is missing.
+ */
+export function machineBusyMs() {
+  try {
+    const [, ...ticks] = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number);
+    const [user, nice, system, , , irq, softirq, steal] = ticks;
+    return ((user + nice + system + irq + softirq + (steal ?? 0)) * 1000) / 100;
+  } catch {
+    return null;
+  }
+}
+
 /** The ended backends' CPU (ms) summed over hosts; null when a host cannot tell. */
 export function serverCpuMs(hosts) {
   const values = hosts.map((host) => endedBackendsCpuMs(host));

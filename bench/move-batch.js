@@ -41,6 +41,7 @@ import {
   ident,
   initFleet,
   log,
+  machineBusyMs,
   markdownTable,
   median,
   ratio,
@@ -153,6 +154,7 @@ async function runSplit(ctx, major) {
   const dumps = [];
   const clis = [];
   const writerDumps = [];
+  const writerDumpCpu = [];
   const dumpArgs = {
     source,
     target,
@@ -171,13 +173,14 @@ async function runSplit(ctx, major) {
         log(
           `  split run ${turn + 1}/${options.runs}: shardctl move-shard (${n} shards) as a process ${formatMs(m.wallMs)} (the move reports ${formatMs(m.durationMs)}, ` +
             `first output at ${formatMs(m.firstOutputMs)}, exit ${formatMs(m.exitAfterLastOutputMs)} after the last), writes blocked ${formatMs(m.writeBlockedMs)}, ` +
-            `${formatCount(m.acknowledged)} paced writes acked (${formatCount(m.onSource)} on ${source.name}, ${formatCount(m.onTarget)} on ${target.name})`,
+            `${formatCount(m.acknowledged)} paced writes acked (${formatCount(m.onSource)} on ${source.name}, ${formatCount(m.onTarget)} on ${target.name}), machine CPU ${formatMs(m.machineCpuMs)}`,
         );
       } else if (who === 'pg_dump+writer') {
         const d = await timeDumpUnderWriter(fleet, { ...dumpArgs, written });
         writerDumps.push(d.ms);
+        writerDumpCpu.push(d.machineCpuMs);
         log(
-          `  split run ${turn + 1}/${options.runs}: pg_dump ${n} schemas | psql under the paced writer ${formatMs(d.ms)} (${formatCount(d.acknowledged)} writes acked)`,
+          `  split run ${turn + 1}/${options.runs}: pg_dump ${n} schemas | psql under the paced writer ${formatMs(d.ms)} (${formatCount(d.acknowledged)} writes acked), machine CPU ${formatMs(d.machineCpuMs)}`,
         );
       } else if (who === 'move') {
         const m = await timeSplitMove(fleet, { source, target, moved, written, rows: options.splitRows });
@@ -195,7 +198,7 @@ async function runSplit(ctx, major) {
   }
 
   const cli = PARTS.has('split-cli')
-    ? splitCliResult({ postgres, n, rows: options.splitRows, written, clis, writerDumps, floor })
+    ? splitCliResult({ postgres, n, rows: options.splitRows, written, clis, writerDumps, writerDumpCpu, floor })
     : null;
   if (!PARTS.has('split') && !PARTS.has('copy')) return { postgres, source, target, config, moved, result: null, cli };
 
@@ -250,7 +253,7 @@ async function runSplit(ctx, major) {
   };
 }
 
-function splitCliResult({ postgres, n, rows, written, clis, writerDumps, floor }) {
+function splitCliResult({ postgres, n, rows, written, clis, writerDumps, writerDumpCpu, floor }) {
   const wallMs = summarize(clis.map((m) => m.wallMs));
   const pgDumpMs = floor.skipped ? null : summarize(writerDumps);
   const measured = pgDumpMs ? ratio(wallMs.median, pgDumpMs.median) : null;
@@ -266,6 +269,9 @@ function splitCliResult({ postgres, n, rows, written, clis, writerDumps, floor }
     exitAfterLastOutputMs: summarize(clis.map((m) => m.exitAfterLastOutputMs)),
     writeBlockedMs: summarize(clis.map((m) => m.writeBlockedMs)),
     pgDumpMs,
+    // Busy CPU of the whole machine during each side (both servers, the writer, the client processes).
+    machineCpuMs: clis.every((m) => m.machineCpuMs !== null) ? summarize(clis.map((m) => m.machineCpuMs)) : null,
+    pgDumpMachineCpuMs: floor.skipped || writerDumpCpu.some((c) => c === null) ? null : summarize(writerDumpCpu),
     pgDumpVersion: floor.version,
     floorSkipped: floor.skipped,
     ratio: measured,
@@ -315,12 +321,14 @@ async function timeSplitMove(fleet, { source, target, moved, written, rows }) {
 async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written, PACE_MS);
+  const busy = machineBusyMs();
   const { result: run, written: w } = await underWriter(writer, () =>
     timeCli(
       ['move-shard', formatShardList(moved), '--to', target.name, '--yes', '--json', '--config', fleet.configFile],
       { cwd: fleet.dir, progress: true },
     ),
   );
+  const machineCpuMs = busy === null ? null : round(machineBusyMs() - busy, 0);
   const json = JSON.parse(run.stdout);
   // --json prints the one move of a single source host, or the batch with its moves.
   const result = json.moves ? json : { ...json, moves: [json] };
@@ -333,6 +341,7 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
     exitAfterLastOutputMs: round(run.ms - (run.lines.at(-1)?.atMs ?? NaN), 0),
     peakRssKiB: run.peakRssKiB,
     cpuMs: run.cpuMs,
+    machineCpuMs,
     waves: waves.length,
     fencedSteps: waves,
     // Every step's completion, ms after the spawn: where the rest of the wall time goes.
@@ -353,9 +362,11 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
 async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows, pgDump, psql, written }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written, PACE_MS);
+  const busy = machineBusyMs();
   const { result: ms, written: w } = await underWriter(writer, () =>
     timeDumpRestore({ source, sourceDb: SPLIT_DB, target, targetDb: SPLIT_DUMP_DB, schemas, pgDump, psql }),
   );
+  const machineCpuMs = busy === null ? null : round(machineBusyMs() - busy, 0);
   if (w.byHost.size !== 1 || w.fenceErrors !== 0 || w.total === 0)
     throw new Error(`the writer of the floor must write on ${source.name} alone, unfenced; it wrote ${w.total} rows`);
   // The dump's snapshot holds the loaded rows and some of the writes acknowledged meanwhile.
@@ -365,7 +376,7 @@ async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows,
       `pg_dump | psql under the writer left ${restored} photos rows, expected ${expectRows} loaded + at most ${w.total} written`,
     );
   }
-  return { ms, acknowledged: w.total };
+  return { ms, acknowledged: w.total, machineCpuMs };
 }
 
 /**

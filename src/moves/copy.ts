@@ -28,6 +28,7 @@ import {
   dropIndexForCopySql,
   rebuildIndexSql,
   type RebuildableIndex,
+  type PrivilegeObject,
 } from './sql.js';
 import {
   groupBySchema,
@@ -59,11 +60,14 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonly number[]) => boolean): Promise<void> {
   const { source, target, config } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
-  const [applied, existing, done] = await Promise.all([
+  // The source's owners and grants are read once for every chunk: each read scans the catalog whole.
+  const [applied, existing, done, wanted] = await Promise.all([
     source.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
     target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemas]),
     target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
+    shardPrivileges(source.client, schemas),
   ]);
+  const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
   const files = new Map(ctx.migrations.map((m) => [m.version, m]));
   const exists = new Set(existing.rows.map((r) => r.nspname));
   const have = new Set(done.rows.map((r) => `${r.shard}:${r.version}`));
@@ -100,7 +104,7 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
       );
       if (i === 0) faultAfter('target-migrations');
       carried = carried.then(async () => {
-        await carryPrivileges(ctx, chunk);
+        await carryPrivileges(ctx, chunk, wantedBySchema);
         if (onChunk && !onChunk(chunk)) stop = true;
       });
       // Seen where it is awaited, after the last chunk.
@@ -156,22 +160,21 @@ async function migrateTarget(
 }
 
 /**
- * The source's owners, ACLs and default privileges given to the target's copies of `shards`, one
- * transaction per shard whose copy differs (none when the same role built both and nothing was
- * granted by hand), on the move's session, each committed without waiting for the WAL flush (the
- * caller's flush covers them). After the migrations: what to change depends on what the migrations
- * built, read from the target's catalog. Run on every attempt, so a run killed between the
- * migrations and this still carries them on --resume; the copies are incoming, so no client sees
- * them before.
+ * The source's owners, ACLs and default privileges (`wantedBySchema`, read by createTargets) given
+ * to the target's copies of `shards`, one transaction per shard whose copy differs (none when the
+ * same role built both and nothing was granted by hand), on the move's session, each committed
+ * without waiting for the WAL flush (the caller's flush covers them). After the migrations: what
+ * to change depends on what the migrations built, read from the target's catalog. Run on every
+ * attempt, so a run killed between the migrations and this still carries them on --resume; the
+ * copies are incoming, so no client sees them before.
  */
-async function carryPrivileges(ctx: MoveContext, shards: readonly number[]): Promise<void> {
+async function carryPrivileges(
+  ctx: MoveContext,
+  shards: readonly number[],
+  wantedBySchema: ReadonlyMap<string, readonly PrivilegeObject[]>,
+): Promise<void> {
   const { source, target } = ctx;
-  const schemas = schemasOf(ctx, shards);
-  const [wanted, current] = await Promise.all([
-    shardPrivileges(source.client, schemas),
-    shardPrivileges(target.client, schemas),
-  ]);
-  const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
+  const current = await shardPrivileges(target.client, schemasOf(ctx, shards));
   const currentBySchema = groupBySchema(current, (o) => o.schema);
   const versions = privilegeVersions(source.serverVersionNum, target.serverVersionNum);
   for (const shard of shards) {
