@@ -111,6 +111,10 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
       carried.catch(() => (stop = true));
     }
     await carried;
+  } catch (error) {
+    // A chunk's migrations failed: the carry still running on the move's session ends first.
+    await carried.catch(() => undefined);
+    throw error;
   } finally {
     await workers.close();
   }
