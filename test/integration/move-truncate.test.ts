@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, describe, expect, it, onTestFailed } from 'vitest';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
@@ -48,6 +48,10 @@ describe('shardctl move-shard under a writer that truncates a table on every loo
     const limitMs = 8000;
     const notices: string[] = [];
     const runs: { ms: number; outcome: string }[] = [];
+    // A timeout ends the test inside its loop: what each run did and said is printed then too.
+    onTestFailed(() => {
+      console.error(JSON.stringify({ runs, notices, writes: writer.writes, fenceErrors: writer.fenceErrors }));
+    });
     let result: MoveResult | null = null;
     for (let run = 0; run < 4 && !result; run++) {
       const started = performance.now();
