@@ -1043,13 +1043,14 @@ export function keyFilterSql(keyed: KeyedTableName, param: string): string {
 /** How a table's rows are hashed for its checksum (verify.ts, hashMethods). */
 export type HashMethod = 'record' | 'text';
 
+// The row is `t.*`, never a bare `t`: a table with a column named t would hash that column alone.
 export const HASH_SQL: Record<HashMethod, string> = {
   // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
   // across versions): several times faster than hashing the row's text, and verification runs
   // while writes are fenced. PostgreSQL 14 and later; built-in types only (see ShardTable.portable).
-  record: 'hash_record_extended(t, 0)',
+  record: 'hash_record_extended(t.*, 0)',
   // The row's text: enums by label, reg* by name, whatever their OIDs on each host.
-  text: 'hashtextextended(t::text, 0)',
+  text: 'hashtextextended((t.*)::text, 0)',
 };
 
 /**
@@ -1059,9 +1060,17 @@ export const HASH_SQL: Record<HashMethod, string> = {
 export const STABLE_TEXT_SETTINGS =
   "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
 
-/** Fails (42883) when a column type of `table` has no extended hash function: then its rows are hashed as text. */
-export function hashProbeSql(table: TableName): string {
-  return `SELECT ${HASH_SQL.record} FROM ${qualified(table.schema, table.table)} t LIMIT 0`;
+/**
+ * Fails (42883) when a column type of one of `tables` has no extended hash function (json, point,
+ * an array of them): such a table's rows are hashed as text. The record hash looks a column's
+ * function up only when it hashes a row, so the probe hashes one: all NULL, of the table's row
+ * type, made without reading the table (json_populate_record fills no column from '{}'). One
+ * statement for all of them.
+ */
+export function hashProbeSql(tables: readonly TableName[]): string {
+  return tables
+    .map((t) => `SELECT hash_record_extended(json_populate_record(NULL::${qualified(t.schema, t.table)}, '{}'), 0)`)
+    .join('\nUNION ALL ');
 }
 
 /** One table's count and checksum: every row, or only the rows whose key is in a JSON array of keys. */

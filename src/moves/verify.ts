@@ -20,28 +20,42 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 
 export type { HashMethod };
 
-/** The checksum method of each table: the record hash where it is OID-free and available, else text. */
+/**
+ * The checksum method of each table: the record hash where it is OID-free and available, else text.
+ * The record hash is probed for PROBE_CHUNK tables per round trip; a chunk that fails holds a table
+ * without it, and its tables are probed one by one.
+ */
 export async function hashMethods(
   source: pg.Client,
   tables: readonly ShardTable[],
   recordHash: boolean,
 ): Promise<Map<string, HashMethod>> {
-  const methods = new Map<string, HashMethod>();
-  for (const t of tables) {
-    let method: HashMethod = recordHash && t.portable ? 'record' : 'text';
-    if (method === 'record') {
-      // A column type without an extended hash function (json, point, ...) makes the record hash fail.
-      try {
-        await source.query(hashProbeSql(t));
-      } catch (error) {
-        if ((error as { code?: string }).code !== '42883') throw error;
-        method = 'text';
-      }
+  const methods = new Map<string, HashMethod>(tables.map((t) => [`${t.schema}.${t.table}`, 'text']));
+  if (!recordHash) return methods;
+  const hashable = async (chunk: readonly ShardTable[]): Promise<boolean> => {
+    try {
+      await source.query(hashProbeSql(chunk));
+      return true;
+    } catch (error) {
+      if ((error as { code?: string }).code !== '42883') throw error;
+      return false;
     }
-    methods.set(`${t.schema}.${t.table}`, method);
+  };
+  const candidates = tables.filter((t) => t.portable);
+  for (let i = 0; i < candidates.length; i += PROBE_CHUNK) {
+    const chunk = candidates.slice(i, i + PROBE_CHUNK);
+    const found = (await hashable(chunk))
+      ? chunk
+      : chunk.length === 1
+        ? []
+        : (await Promise.all(chunk.map(async (t) => ((await hashable([t])) ? [t] : [])))).flat();
+    for (const t of found) methods.set(`${t.schema}.${t.table}`, 'record');
   }
   return methods;
 }
+
+/** Tables whose record hash is probed in one statement (hashMethods). */
+const PROBE_CHUNK = 500;
 
 interface TableChecksum {
   readonly rows: bigint;
