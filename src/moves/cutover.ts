@@ -464,39 +464,61 @@ function noteBlocked(ctx: MoveContext): void {
 }
 
 /**
- * The fence limit is reached: the wave is unfenced (the move's own sessions first let go of
- * everything they hold), recorded back at `synced`, and the move stops, resumable, naming what it
- * waited for and how long the shards refused writes.
+ * The wave made writable again after its cut-over stopped short of the switch (the fence limit, a
+ * later wave's failed verification, any failure while it was fenced): the move's own sessions first
+ * let go of everything they hold, the move is recorded back at `synced`, so that --resume fences
+ * the wave again, and the shards are unfenced. In that order: a record still at `fenced` would let
+ * --resume verify and switch shards that take writes. Keeps how long they refused writes
+ * (ctx.writeBlockedMs). Only for a wave this run fenced (ctx.fenceStartedAtMs) or found fenced.
  */
-export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknown): Promise<never> {
-  const shards = waveShards(ctx);
+export async function releaseWave(ctx: MoveContext): Promise<void> {
   await endFenceTimeouts(ctx);
   await dropPreVerification(ctx);
   noteBlocked(ctx);
-  const blocked = ctx.writeBlockedMs ?? 0;
+  ctx.fenceMarker = null;
+  ctx.fenceStartedAtMs = null;
+  ctx.fenceDeadline = null;
+  await record(ctx, 'synced', 'running', { quiet: true });
+  await unfence(ctx, waveShards(ctx));
+}
+
+/**
+ * The fence limit is reached: the wave is released (releaseWave), and the move stops, resumable,
+ * naming what it waited for and how long the shards refused writes.
+ */
+export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknown): Promise<never> {
+  const shards = waveShards(ctx);
   const which = shardsPhrase(shards);
   const limit = `${(maxFencedMs(ctx) / 1000).toFixed(1)} s`;
-  const data = { moveId: ctx.moveId, shards: ctx.shards, waitedFor: what, writeBlockedMs: blocked };
+  const data = (blocked: number) => ({
+    moveId: ctx.moveId,
+    shards: ctx.shards,
+    waitedFor: what,
+    writeBlockedMs: blocked,
+  });
   try {
-    await unfence(ctx, shards);
+    await releaseWave(ctx);
   } catch (error) {
     throw new HostError(
       ctx.source.host.name,
       `move ${ctx.moveId}: the fence limit (${limit}) was reached while waiting for ${what}, and ${which} could not be unfenced: ${describePgError(error)}. ` +
         `Resume the move, or abort it`,
-      { shard: shards[0]!, code: 'FENCE_LIMIT', cause: cause ?? error, data, next: resumeOrAbort(ctx.shards) },
+      {
+        shard: shards[0]!,
+        code: 'FENCE_LIMIT',
+        cause: cause ?? error,
+        data: data(ctx.writeBlockedMs ?? 0),
+        next: resumeOrAbort(ctx.shards),
+      },
     );
   }
-  ctx.fenceMarker = null;
-  ctx.fenceStartedAtMs = null;
-  ctx.fenceDeadline = null;
-  await record(ctx, 'synced', 'running', { quiet: true });
+  const blocked = ctx.writeBlockedMs ?? 0;
   throw new HostError(
     ctx.source.host.name,
     `move ${ctx.moveId}: ${which} refused writes for ${(blocked / 1000).toFixed(1)} s, the fence limit is ${limit}; the move waited for ${what}. ` +
       `${inflect(shards.length, 'It was', 'They were')} unfenced and ${inflect(shards.length, 'is', 'are')} writable again on ${ctx.source.host.name}. ` +
       `Resume the move to retry the cut-over, or abort it`,
-    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data, next: resumeOrAbort(ctx.shards) },
+    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data: data(blocked), next: resumeOrAbort(ctx.shards) },
   );
 }
 
@@ -830,13 +852,7 @@ export async function verify(ctx: MoveContext): Promise<void> {
     );
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
-  noteBlocked(ctx);
-  await endFenceTimeouts(ctx);
-  await unfence(ctx, shards);
-  ctx.fenceMarker = null;
-  ctx.fenceStartedAtMs = null;
-  ctx.fenceDeadline = null;
-  await record(ctx, 'synced', 'running');
+  await releaseWave(ctx);
   throw new HostError(
     ctx.target.host.name,
     `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); resume the move to retry this wave:\n${mismatches}`,

@@ -5,6 +5,7 @@ import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
+import { shardsPhrase } from '../config/ranges.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 import {
   oldCopyName,
@@ -18,7 +19,7 @@ import {
 } from './sql.js';
 import { stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
-import { type MoveContext, schemasOf, waveShards } from './context.js';
+import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
 import { createAndCopy, createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
 import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
@@ -32,6 +33,7 @@ import {
   switchMap,
   undoFence,
   requireNotSwitched,
+  releaseWave,
   UndoThenReport,
 } from './cutover.js';
 
@@ -67,7 +69,10 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
       try {
         await STEPS[step].action(ctx);
       } catch (error) {
-        if (!(error instanceof UndoThenReport)) throw error;
+        if (!(error instanceof UndoThenReport)) {
+          await releaseAfterFailure(ctx, step, error);
+          throw error;
+        }
         await endFenceTimeouts(ctx);
         await abortMove(ctx, error.after);
         throw error.failure;
@@ -97,6 +102,35 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     }
     await record(ctx, step, step === 'cleaned' ? 'done' : 'running');
     next += 1;
+  }
+}
+
+/**
+ * A step of an online cut-over failed while its wave was fenced, before the switch: the wave is
+ * released (writable again on the source, the move recorded back at `synced`) so that no failure
+ * keeps it fenced until someone resumes or aborts the move, and that is said. A wave the failing
+ * step released already (the fence limit) is not fenced any more; the switch is left as it is (it
+ * may have made the target's copies writable). If the source cannot be reached, the wave stays
+ * fenced, and that is said too.
+ */
+async function releaseAfterFailure(ctx: MoveContext, step: MoveStep, failure: unknown): Promise<void> {
+  const steps = stepsFor(ctx.mode);
+  const at = steps.indexOf(step);
+  if (ctx.mode !== 'online' || ctx.fenceStartedAtMs === null) return;
+  if (at < steps.indexOf('fenced') || at >= steps.indexOf('switched')) return;
+  const which = shardsPhrase(waveShards(ctx));
+  const why = describePgError(failure);
+  try {
+    await releaseWave(ctx);
+    notice(
+      ctx,
+      `host ${ctx.source.host.name}: ${which} unfenced after step ${step} failed (${why}), writable again; resume the move to retry the cut-over, or abort it`,
+    );
+  } catch (error) {
+    notice(
+      ctx,
+      `host ${ctx.source.host.name}: ${which} could not be unfenced after step ${step} failed (${why}): ${describePgError(error)}; they refuse writes until the move is resumed or aborted`,
+    );
   }
 }
 

@@ -2,6 +2,7 @@
  * move-shard when things go wrong: offline moves, a verification that catches a difference, a run
  * killed after every step and then resumed or aborted, hosts restarted mid-move, and gc.
  */
+import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -12,6 +13,7 @@ import { startCluster, stopCluster } from '../../src/dev/local-postgres.js';
 import { ONLINE_STEPS } from '../../src/moves/state.js';
 import { UNWRITTEN } from '../../src/moves/progress.js';
 import { init } from '../../src/commands/init.js';
+import { moveShard } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { embeddedBinaries } from '../helpers/binaries.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
@@ -30,6 +32,7 @@ import {
 
 const db = useTestDatabases(2);
 const crashDb = useTestDatabases(2);
+const failDb = useTestDatabases(2);
 afterAll(removeCliSnapshot);
 
 /** Rows in every table of a shard, so the copy and the streaming both have something to carry. */
@@ -477,6 +480,51 @@ describe('a move killed after a step', () => {
       expect(await schemaFingerprint(target, `insta${shard}`)).toEqual(rows);
       expect(hostForShard(await fleet.config(), shard)?.name).toBe('pg2');
     }
+  });
+});
+
+describe('a step that fails while the shard is fenced', () => {
+  it('unfences the shard before the error is reported, records the move back at synced, and --resume finishes it', async () => {
+    const fleet = makeFleet({ urls: failDb.urls, shards: 4, split: ['0-3', ''] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(failDb.urls[0]!, (c) => seed(c, 1, 400));
+    // Once the target's copy streams, its sequence gets a maximum below the source's position:
+    // carrying the sequences (a step under the fence) then fails with 22003, an error that no wait
+    // and no limit accounts for. The step hook blocks until the change is committed.
+    const cap = `const pg = require('pg'); const c = new pg.Client(process.argv[1]);
+      c.connect().then(() => c.query('alter sequence insta1.photos_id_seq maxvalue 10')).then(() => c.end());`;
+    const notices: string[] = [];
+    let capped: number | null = null;
+    const error = await moveShard(await fleet.config(), 1, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (message) => notices.push(message),
+      onStep: (step) => {
+        if (step === 'synced')
+          capped = spawnSync(process.execPath, ['-e', cap, failDb.urls[1]!], { stdio: 'inherit' }).status;
+      },
+    }).then(
+      () => null,
+      (e: Error & { code?: string }) => e,
+    );
+    expect(capped).toBe(0);
+    expect(error).toMatchObject({ code: 'MOVE_FAILED' });
+    expect(error!.message).toMatch(/failed at step sequences-carried: .*22003/);
+    expect(notices.join('\n')).toContain('host pg1: shard 1 unfenced after step sequences-carried failed');
+    for (const url of failDb.urls)
+      await withClient(url, async (c) =>
+        expect(await lastMove(c, 1)).toMatchObject({ step: 'synced', status: 'running' }),
+      );
+    await withClient(failDb.urls[0]!, async (c) => {
+      expect(
+        await failure(c, `insert into insta1.photos (user_id, image_url) values (1, 'after the failure')`),
+      ).toBeNull();
+    });
+
+    await withClient(failDb.urls[1]!, (c) => c.query('alter sequence insta1.photos_id_seq no maxvalue'));
+    const resumed = await runCli(move(fleet, 1, '--resume', '--json'));
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true } });
+    expect(await replicationObjects(failDb.urls)).toEqual([]);
   });
 });
 

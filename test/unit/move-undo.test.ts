@@ -3,6 +3,7 @@ import { undosAfter } from '../../src/moves/move.js';
 import type { MoveMode, MoveStep } from '../../src/moves/state.js';
 import {
   checksumsSql,
+  hashProbeSql,
   disableDeltasSql,
   dropFenceTriggerSql,
   dropTriggerIfFreeSql,
@@ -70,11 +71,23 @@ describe('move SQL of the cut-over and the leftovers (moves/sql.ts)', () => {
       },
     ]);
     expect(sql).toBe(
-      `SELECT 0 AS i, count(*)::text AS rows, coalesce(sum(hash_record_extended(t, 0)), 0)::text AS checksum FROM "insta1"."photos" t\n` +
-        `UNION ALL SELECT 1 AS i, count(*)::text AS rows, coalesce(sum(hashtextextended(t::text, 0)), 0)::text AS checksum FROM "insta1"."likes" t` +
+      `SELECT 0 AS i, count(*)::text AS rows, coalesce(sum(hash_record_extended(t.*, 0)), 0)::text AS checksum FROM "insta1"."photos" t\n` +
+        `UNION ALL SELECT 1 AS i, count(*)::text AS rows, coalesce(sum(hashtextextended((t.*)::text, 0)), 0)::text AS checksum FROM "insta1"."likes" t` +
         ` WHERE (t."id") IN (SELECT k."id" FROM jsonb_to_recordset($1::jsonb) AS k("id" bigint))\nORDER BY 1`,
     );
     expect(params).toEqual(['[{"id":1}]']);
+  });
+
+  it('probes the record hash of several tables in one statement, each on an all-NULL row made without reading it', () => {
+    expect(
+      hashProbeSql([
+        { schema: 'insta1', table: 'photos' },
+        { schema: 'insta1', table: 'odd "name"' },
+      ]),
+    ).toBe(
+      `SELECT hash_record_extended(json_populate_record(NULL::"insta1"."photos", '{}'), 0)\n` +
+        `UNION ALL SELECT hash_record_extended(json_populate_record(NULL::"insta1"."odd ""name""", '{}'), 0)`,
+    );
   });
 
   it('lists as leftovers the replication objects no running move accounts for, or all of them on a host without moves', () => {
