@@ -29,6 +29,11 @@ export interface ShardTable extends TableName {
   readonly parent?: string;
 }
 
+/** A table with the types of its columns, as format_type names them without a modifier (shardTables' `columnTypes`). */
+export interface TypedShardTable extends ShardTable {
+  readonly columnTypes: readonly string[];
+}
+
 const REG_TYPES = `'regclass', 'regtype', 'regproc', 'regprocedure', 'regoper', 'regoperator', 'regconfig', 'regdictionary', 'regnamespace', 'regrole', 'regcollation'`;
 
 /**
@@ -42,17 +47,38 @@ const REG_TYPES = `'regclass', 'regtype', 'regproc', 'regprocedure', 'regoper', 
 export async function shardTables(
   client: pg.Client,
   schemas: string | readonly string[],
+  which?: 'top' | 'all' | 'leaves',
+): Promise<ShardTable[]>;
+export async function shardTables(
+  client: pg.Client,
+  schemas: string | readonly string[],
+  which: 'top' | 'all' | 'leaves',
+  options: { columnTypes: true },
+): Promise<TypedShardTable[]>;
+export async function shardTables(
+  client: pg.Client,
+  schemas: string | readonly string[],
   which: 'top' | 'all' | 'leaves' = 'top',
+  options: { columnTypes?: boolean } = {},
 ): Promise<ShardTable[]> {
   const filter = {
     top: `c.relkind IN ('r', 'p') AND NOT c.relispartition`,
     all: `c.relkind IN ('r', 'p')`,
     leaves: `c.relkind = 'r'`,
   }[which];
-  const result = await client.query<{ nspname: string; relname: string; parent: string | null; portable: boolean }>(
+  const types = options.columnTypes
+    ? `, coalesce(array_agg(DISTINCT format_type(a.atttypid, NULL)) FILTER (WHERE a.attnum IS NOT NULL), '{}') AS types`
+    : '';
+  const result = await client.query<{
+    nspname: string;
+    relname: string;
+    parent: string | null;
+    portable: boolean;
+    types?: string[];
+  }>(
     `SELECT n.nspname, c.relname, p.relname AS parent,
             coalesce(bool_and(t.oid < 16384 AND (e.oid IS NULL OR e.oid < 16384)
-                              AND NOT t.typname IN (${REG_TYPES}) AND NOT coalesce(e.typname IN (${REG_TYPES}), false)), true) AS portable
+                              AND NOT t.typname IN (${REG_TYPES}) AND NOT coalesce(e.typname IN (${REG_TYPES}), false)), true) AS portable${types}
        FROM pg_class c
        JOIN pg_namespace n ON n.oid = c.relnamespace
        LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
@@ -70,6 +96,7 @@ export async function shardTables(
     table: r.relname,
     portable: r.portable,
     ...(r.parent === null ? {} : { parent: r.parent }),
+    ...(r.types === undefined ? {} : { columnTypes: r.types }),
   }));
 }
 

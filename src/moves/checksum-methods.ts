@@ -8,7 +8,7 @@ import { hashMethods, type HashMethod } from './verify.js';
  */
 export async function ensureMethods(ctx: MoveContext): Promise<Map<string, HashMethod>> {
   if (!ctx.methods) {
-    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
+    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves', { columnTypes: true });
     ctx.methods = await hashMethods(
       ctx.source.client,
       tables,

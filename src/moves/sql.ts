@@ -1061,17 +1061,22 @@ export const STABLE_TEXT_SETTINGS =
   "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
 
 /**
- * Fails (42883) when a column type of one of `tables` has no extended hash function (json, point,
- * an array of them): such a table's rows are hashed as text. The record hash looks a column's
- * function up only when it hashes a row, so the probe hashes one: all NULL, of the table's row
- * type, made without reading the table (json_populate_record fills no column from '{}'). One
- * statement for all of them.
+ * Fails (42883) when one of `types` (built-in type names, as format_type gives them) has no
+ * extended hash function (json, point, money, an array of them): a table with a column of such a
+ * type is hashed as text. The record hash looks a column's function up only when it hashes a row,
+ * so the probe hashes one, all NULL. One statement for all of them.
  */
-export function hashProbeSql(tables: readonly TableName[]): string {
-  return tables
-    .map((t) => `SELECT hash_record_extended(json_populate_record(NULL::${qualified(t.schema, t.table)}, '{}'), 0)`)
+export function hashProbeSql(types: readonly string[]): string {
+  return types
+    .map((type) => {
+      if (!BUILT_IN_TYPE_NAME.test(type)) throw new Error(`internal error: not a built-in type name: ${type}`);
+      return `SELECT hash_record_extended(ROW(NULL::${type}), 0)`;
+    })
     .join('\nUNION ALL ');
 }
+
+/** The names format_type gives built-in types: `bigint`, `timestamp with time zone`, `"char"`, `integer[]`. */
+export const BUILT_IN_TYPE_NAME = /^(?:[a-z][a-z0-9_ ]*|"char")(?:\[\])*$/;
 
 /** One table's count and checksum: every row, or only the rows whose key is in a JSON array of keys. */
 export interface ChecksumSql {

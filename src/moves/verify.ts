@@ -1,9 +1,10 @@
 import type pg from 'pg';
-import { shardLeaves, type KeyedTable, type LeafTable, type ShardTable } from './catalog.js';
+import { shardLeaves, type KeyedTable, type LeafTable, type ShardTable, type TypedShardTable } from './catalog.js';
 import {
   TAIL_MAX_KEYS,
   checksumsSql,
   EXPORT_SNAPSHOT_SQL,
+  BUILT_IN_TYPE_NAME,
   hashProbeSql,
   setTransactionSnapshotSql,
   STABLE_TEXT_SETTINGS,
@@ -21,41 +22,33 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 export type { HashMethod };
 
 /**
- * The checksum method of each table: the record hash where it is OID-free and available, else text.
- * The record hash is probed for PROBE_CHUNK tables per round trip; a chunk that fails holds a table
- * without it, and its tables are probed one by one.
+ * The checksum method of each table: the record hash where it is OID-free and every column type
+ * has an extended hash function, else text. Probed once per column type, not per table: all the
+ * types in one round trip, and one by one only when that fails (a type without one).
  */
 export async function hashMethods(
   source: pg.Client,
-  tables: readonly ShardTable[],
+  tables: readonly TypedShardTable[],
   recordHash: boolean,
 ): Promise<Map<string, HashMethod>> {
-  const methods = new Map<string, HashMethod>(tables.map((t) => [`${t.schema}.${t.table}`, 'text']));
-  if (!recordHash) return methods;
-  const hashable = async (chunk: readonly ShardTable[]): Promise<boolean> => {
+  const candidates = recordHash ? tables.filter((t) => t.portable) : [];
+  // Only the names format_type gives built-in types are probed; anything else is hashed as text.
+  const types = [...new Set(candidates.flatMap((t) => t.columnTypes))].filter((type) => BUILT_IN_TYPE_NAME.test(type));
+  const probe = async (some: readonly string[]): Promise<boolean> => {
     try {
-      await source.query(hashProbeSql(chunk));
+      await source.query(hashProbeSql(some));
       return true;
     } catch (error) {
       if ((error as { code?: string }).code !== '42883') throw error;
       return false;
     }
   };
-  const candidates = tables.filter((t) => t.portable);
-  for (let i = 0; i < candidates.length; i += PROBE_CHUNK) {
-    const chunk = candidates.slice(i, i + PROBE_CHUNK);
-    const found = (await hashable(chunk))
-      ? chunk
-      : chunk.length === 1
-        ? []
-        : (await Promise.all(chunk.map(async (t) => ((await hashable([t])) ? [t] : [])))).flat();
-    for (const t of found) methods.set(`${t.schema}.${t.table}`, 'record');
-  }
-  return methods;
+  const hashable = new Set<string>();
+  if (types.length > 0 && (await probe(types))) for (const type of types) hashable.add(type);
+  else if (types.length > 1) for (const type of types) if (await probe([type])) hashable.add(type);
+  const record = new Set(candidates.filter((t) => t.columnTypes.every((type) => hashable.has(type))));
+  return new Map(tables.map((t) => [`${t.schema}.${t.table}`, record.has(t) ? 'record' : 'text']));
 }
-
-/** Tables whose record hash is probed in one statement (hashMethods). */
-const PROBE_CHUNK = 500;
 
 interface TableChecksum {
   readonly rows: bigint;
