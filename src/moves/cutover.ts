@@ -62,7 +62,7 @@ import {
   notice,
 } from './context.js';
 import { quoteIdent } from '../pg/quote.js';
-import { progress, record } from './progress.js';
+import { progress } from './progress.js';
 import { applyWorkerWaits, waitForMarker } from './replication.js';
 import { inflect, plural } from '../text.js';
 
@@ -468,8 +468,10 @@ function noteBlocked(ctx: MoveContext): void {
  * later wave's failed verification, any failure while it was fenced): the move's own sessions first
  * let go of everything they hold, the move is recorded back at `synced`, so that --resume fences
  * the wave again, and the shards are unfenced. In that order: a record still at `fenced` would let
- * --resume verify and switch shards that take writes. Keeps how long they refused writes
- * (ctx.writeBlockedMs). Only for a wave this run fenced (ctx.fenceStartedAtMs) or found fenced.
+ * --resume verify and switch shards that take writes. One host's record is enough (--resume
+ * carries on from the earlier of the two, reconcileRecords): a target that stopped answering does
+ * not keep the source fenced. Keeps how long the shards refused writes (ctx.writeBlockedMs). Only
+ * for a wave this run fenced (ctx.fenceStartedAtMs) or found fenced.
  */
 export async function releaseWave(ctx: MoveContext): Promise<void> {
   await endFenceTimeouts(ctx);
@@ -478,7 +480,12 @@ export async function releaseWave(ctx: MoveContext): Promise<void> {
   ctx.fenceMarker = null;
   ctx.fenceStartedAtMs = null;
   ctx.fenceDeadline = null;
-  await record(ctx, 'synced', 'running', { quiet: true });
+  const detail = progress(ctx);
+  const recorded = await Promise.allSettled(
+    [ctx.source, ctx.target].map((side) => recordStep(side.client, ctx.moveId, 'synced', 'running', detail)),
+  );
+  const refused = recorded.filter((r): r is PromiseRejectedResult => r.status === 'rejected');
+  if (refused.length === recorded.length) throw refused[0]!.reason;
   await unfence(ctx, waveShards(ctx));
 }
 

@@ -484,9 +484,13 @@ describe('a move killed after a step', () => {
 });
 
 describe('a step that fails while the shard is fenced', () => {
-  it('unfences the shard before the error is reported, records the move back at synced, and --resume finishes it', async () => {
-    const fleet = makeFleet({ urls: failDb.urls, shards: 4, split: ['0-3', ''] });
+  let fleet: Fleet;
+  beforeAll(async () => {
+    fleet = makeFleet({ urls: failDb.urls, shards: 4, split: ['0-3', ''] });
     expect((await init(await fleet.config())).ok).toBe(true);
+  });
+
+  it('unfences the shard before the error is reported, records the move back at synced, and --resume finishes it', async () => {
     await withClient(failDb.urls[0]!, (c) => seed(c, 1, 400));
     // Once the target's copy streams, its sequence gets a maximum below the source's position:
     // carrying the sequences (a step under the fence) then fails with 22003, an error that no wait
@@ -524,6 +528,38 @@ describe('a step that fails while the shard is fenced', () => {
     const resumed = await runCli(move(fleet, 1, '--resume', '--json'));
     expect(resumed.code, resumed.stderr).toBe(0);
     expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true } });
+    expect(await replicationObjects(failDb.urls)).toEqual([]);
+  });
+
+  it('a target whose sessions are cut off while the shard is fenced: the source is recorded back at synced and unfenced, and --resume finishes it', async () => {
+    await withClient(failDb.urls[0]!, (c) => seed(c, 2, 400));
+    // Every session of the move on the target ends once the catch-up is done (the step hook blocks
+    // until they are gone): the next step fails on a broken connection, with the shard fenced.
+    const cut = `const pg = require('pg'); const c = new pg.Client(process.argv[1]);
+      c.connect().then(() => c.query("select pg_terminate_backend(pid) from pg_stat_activity where application_name like 'shardctl move%' and pid <> pg_backend_pid()")).then(() => c.end());`;
+    const notices: string[] = [];
+    let terminated: number | null = null;
+    const error = await moveShard(await fleet.config(), 2, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (message) => notices.push(message),
+      onStep: (step) => {
+        if (step === 'caught-up')
+          terminated = spawnSync(process.execPath, ['-e', cut, failDb.urls[1]!], { stdio: 'inherit' }).status;
+      },
+    }).then(
+      () => null,
+      (e: Error & { code?: string }) => e,
+    );
+    expect(terminated).toBe(0);
+    expect(error).not.toBeNull();
+    expect(notices.join('\n')).toContain('host pg1: shard 2 unfenced after step sequences-carried failed');
+    await withClient(failDb.urls[0]!, async (c) => {
+      expect(await failure(c, `insert into insta2.photos (user_id, image_url) values (1, 'after the cut')`)).toBeNull();
+      expect(await lastMove(c, 2)).toMatchObject({ step: 'synced', status: 'running' });
+    });
+    const resumed = await runCli(move(fleet, 2, '--resume', '--json'));
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true, rows: '701' } });
     expect(await replicationObjects(failDb.urls)).toEqual([]);
   });
 });
