@@ -490,77 +490,74 @@ describe('a step that fails while the shard is fenced', () => {
     expect((await init(await fleet.config())).ok).toBe(true);
   });
 
+  /**
+   * Moves `shard` to pg2 in process, running `sql` on pg2 once `step` is announced; the step hook
+   * blocks (a child process) until it is committed. The move's error (or null) and its notices.
+   */
+  async function moveRunningAt(shard: number, step: string, sql: string) {
+    const run = `const pg = require('pg'); const c = new pg.Client(process.argv[1]);
+      c.connect().then(() => c.query(process.argv[2])).then(() => c.end());`;
+    const notices: string[] = [];
+    let status: number | null = null;
+    const error = await moveShard(await fleet.config(), shard, 'pg2', {
+      configFile: fleet.configFile,
+      onNotice: (message) => notices.push(message),
+      onStep: (done) => {
+        if (done === step)
+          status = spawnSync(process.execPath, ['-e', run, failDb.urls[1]!, sql], { stdio: 'inherit' }).status;
+      },
+    }).then(
+      () => null,
+      (e: Error & { code?: string }) => e,
+    );
+    expect(status, `${sql} at ${step}`).toBe(0);
+    return { error, notices: notices.join('\n') };
+  }
+
+  /** The shard writable on pg1 and its move recorded back at synced; then --resume finishes it. */
+  async function expectReleasedThenResumed(shard: number, before?: () => Promise<unknown>) {
+    await withClient(failDb.urls[0]!, async (c) => {
+      expect(
+        await failure(c, `insert into insta${shard}.photos (user_id, image_url) values (1, 'released')`),
+      ).toBeNull();
+      expect(await lastMove(c, shard)).toMatchObject({ step: 'synced', status: 'running' });
+    });
+    await before?.();
+    const resumed = await runCli(move(fleet, shard, '--resume', '--json'));
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true, rows: '701' } });
+    expect(await replicationObjects(failDb.urls)).toEqual([]);
+  }
+
   it('unfences the shard before the error is reported, records the move back at synced, and --resume finishes it', async () => {
     await withClient(failDb.urls[0]!, (c) => seed(c, 1, 400));
     // Once the target's copy streams, its sequence gets a maximum below the source's position:
     // carrying the sequences (a step under the fence) then fails with 22003, an error that no wait
-    // and no limit accounts for. The step hook blocks until the change is committed.
-    const cap = `const pg = require('pg'); const c = new pg.Client(process.argv[1]);
-      c.connect().then(() => c.query('alter sequence insta1.photos_id_seq maxvalue 10')).then(() => c.end());`;
-    const notices: string[] = [];
-    let capped: number | null = null;
-    const error = await moveShard(await fleet.config(), 1, 'pg2', {
-      configFile: fleet.configFile,
-      onNotice: (message) => notices.push(message),
-      onStep: (step) => {
-        if (step === 'synced')
-          capped = spawnSync(process.execPath, ['-e', cap, failDb.urls[1]!], { stdio: 'inherit' }).status;
-      },
-    }).then(
-      () => null,
-      (e: Error & { code?: string }) => e,
-    );
-    expect(capped).toBe(0);
+    // and no limit accounts for.
+    const { error, notices } = await moveRunningAt(1, 'synced', 'alter sequence insta1.photos_id_seq maxvalue 10');
     expect(error).toMatchObject({ code: 'MOVE_FAILED' });
     expect(error!.message).toMatch(/failed at step sequences-carried: .*22003/);
-    expect(notices.join('\n')).toContain('host pg1: shard 1 unfenced after step sequences-carried failed');
-    for (const url of failDb.urls)
-      await withClient(url, async (c) =>
-        expect(await lastMove(c, 1)).toMatchObject({ step: 'synced', status: 'running' }),
-      );
-    await withClient(failDb.urls[0]!, async (c) => {
-      expect(
-        await failure(c, `insert into insta1.photos (user_id, image_url) values (1, 'after the failure')`),
-      ).toBeNull();
-    });
-
-    await withClient(failDb.urls[1]!, (c) => c.query('alter sequence insta1.photos_id_seq no maxvalue'));
-    const resumed = await runCli(move(fleet, 1, '--resume', '--json'));
-    expect(resumed.code, resumed.stderr).toBe(0);
-    expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true } });
-    expect(await replicationObjects(failDb.urls)).toEqual([]);
+    expect(notices).toContain('host pg1: shard 1 unfenced after step sequences-carried failed');
+    await withClient(failDb.urls[1]!, async (c) =>
+      expect(await lastMove(c, 1)).toMatchObject({ step: 'synced', status: 'running' }),
+    );
+    await expectReleasedThenResumed(1, () =>
+      withClient(failDb.urls[1]!, (c) => c.query('alter sequence insta1.photos_id_seq no maxvalue')),
+    );
   });
 
   it('a target whose sessions are cut off while the shard is fenced: the source is recorded back at synced and unfenced, and --resume finishes it', async () => {
     await withClient(failDb.urls[0]!, (c) => seed(c, 2, 400));
-    // Every session of the move on the target ends once the catch-up is done (the step hook blocks
-    // until they are gone): the next step fails on a broken connection, with the shard fenced.
-    const cut = `const pg = require('pg'); const c = new pg.Client(process.argv[1]);
-      c.connect().then(() => c.query("select pg_terminate_backend(pid) from pg_stat_activity where application_name like 'shardctl move%' and pid <> pg_backend_pid()")).then(() => c.end());`;
-    const notices: string[] = [];
-    let terminated: number | null = null;
-    const error = await moveShard(await fleet.config(), 2, 'pg2', {
-      configFile: fleet.configFile,
-      onNotice: (message) => notices.push(message),
-      onStep: (step) => {
-        if (step === 'caught-up')
-          terminated = spawnSync(process.execPath, ['-e', cut, failDb.urls[1]!], { stdio: 'inherit' }).status;
-      },
-    }).then(
-      () => null,
-      (e: Error & { code?: string }) => e,
+    // Every session of the move on the target ends once the catch-up is done: the next step fails on
+    // a broken connection, with the shard fenced.
+    const { error, notices } = await moveRunningAt(
+      2,
+      'caught-up',
+      `select pg_terminate_backend(pid) from pg_stat_activity where application_name like 'shardctl move%' and pid <> pg_backend_pid()`,
     );
-    expect(terminated).toBe(0);
     expect(error).not.toBeNull();
-    expect(notices.join('\n')).toContain('host pg1: shard 2 unfenced after step sequences-carried failed');
-    await withClient(failDb.urls[0]!, async (c) => {
-      expect(await failure(c, `insert into insta2.photos (user_id, image_url) values (1, 'after the cut')`)).toBeNull();
-      expect(await lastMove(c, 2)).toMatchObject({ step: 'synced', status: 'running' });
-    });
-    const resumed = await runCli(move(fleet, 2, '--resume', '--json'));
-    expect(resumed.code, resumed.stderr).toBe(0);
-    expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true, rows: '701' } });
-    expect(await replicationObjects(failDb.urls)).toEqual([]);
+    expect(notices).toContain('host pg1: shard 2 unfenced after step sequences-carried failed');
+    await expectReleasedThenResumed(2);
   });
 });
 
