@@ -45,6 +45,7 @@ import { dropMoveSlot, publish } from './replication.js';
 import { stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { awaitedLater } from '../promises.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -319,11 +320,10 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
   const limit = ctx.options.waitTimeoutMs ?? 300_000;
   const started = performance.now();
   let done = false;
-  const creating = replication
-    .query<{ snapshot_name: string }>(createSlotCommand(ctx.name))
-    .finally(() => (done = true));
-  // Marks the rejection handled while the loop waits; it is seen where `creating` is awaited.
-  creating.catch(() => undefined);
+  // Its outcome is read after the loop below, which waits for it.
+  const creating = awaitedLater(
+    replication.query<{ snapshot_name: string }>(createSlotCommand(ctx.name)).finally(() => (done = true)),
+  );
   let blockers = '';
   while (!done) {
     // The 2 s look-round is cancelled as soon as the slot exists: a pending timer would keep the

@@ -97,11 +97,16 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, await fenceGroupTables(ctx));
   const ofGroup = (group: readonly number[]) => group.map((shard) => ({ shard, tables: tablesOf.get(shard)! }));
   // A killed run's fence already runs: the rest is fenced as before, within a limit of this run's
-  // own from now (its start is in the record).
+  // own from now (its start is in the record; a wave found fenced without one refuses writes from
+  // now on at the latest). Set before anything else can fail: a start the record kept of a wave
+  // that was released since (on one host's record only) is not this wave's.
+  if (fenced.size === 0) ctx.fenceStartedAtMs = null;
+  else {
+    ctx.fenceStartedAtMs ??= Date.now();
+    fenceRemainingMs(ctx);
+  }
   const prepared =
     fenced.size === 0 ? await whileWritable(ctx, schemas, groups.map(ofGroup), lockWaitMs) : new Set<number>();
-  if (fenced.size === 0) ctx.fenceStartedAtMs = null;
-  else fenceRemainingMs(ctx);
   const started = performance.now();
   let attempts = 0;
   let told = started;
@@ -355,12 +360,16 @@ async function fenceWaveOnce(
     results = [(await source.client.query(sql)) as unknown as pg.QueryResult[]].flat();
   } catch (error) {
     await rollbackQuietly(source.client);
-    const code = (error as { code?: string }).code;
-    if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
-    if ((await source.client.query(FENCED_SHARDS_SQL, [groups[0]!.map((s) => s.shard)])).rowCount) {
+    // Whatever stopped it, the groups before the failing one committed: their shards refuse writes
+    // from now on, and the fence limit, like a release after a failure (move.ts), must know it.
+    const wave = groups.flatMap((group) => group.map((s) => s.shard));
+    const fenced = await source.client.query(FENCED_SHARDS_SQL, [wave]).catch(() => null);
+    if (fenced?.rowCount) {
       ctx.fenceStartedAtMs = atMs;
       ctx.fenceDeadline = sentAt + limit;
     }
+    const code = (error as { code?: string }).code;
+    if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
     return false;
   }
   ctx.fenceStartedAtMs = atMs;
@@ -859,7 +868,23 @@ export async function verify(ctx: MoveContext): Promise<void> {
     );
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
-  await releaseWave(ctx);
+  try {
+    await releaseWave(ctx);
+  } catch (error) {
+    throw new HostError(
+      ctx.source.host.name,
+      `verification failed, and shards ${formatShardList(shards)} could not be unfenced on ${ctx.source.host.name}: ${describePgError(error)}. ` +
+        `Resume the move to retry this wave (earlier waves are already on ${ctx.target.host.name}):\n${mismatches}`,
+      {
+        shard: shards[0]!,
+        code: 'VERIFY_FAILED',
+        cause: error,
+        data,
+        details: result.mismatches,
+        next: [{ action: 'resume', shards: ctx.shards }],
+      },
+    );
+  }
   throw new HostError(
     ctx.target.host.name,
     `verification failed; shards ${formatShardList(shards)} were unfenced and are writable on ${ctx.source.host.name} (earlier waves are already on ${ctx.target.host.name}); resume the move to retry this wave:\n${mismatches}`,
@@ -948,6 +973,8 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
   );
   const lockWaitMs = await lockWaitFor(ctx);
   const started = performance.now();
+  // Every shard is tried, a busy one does not keep the others fenced; the first failure is thrown after.
+  let failure: unknown = null;
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
     const own = triggers
@@ -962,10 +989,13 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
       );
     } catch (error) {
       const code = (error as { code?: string }).code;
-      if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
+      if (code === undefined || !FENCE_WAIT_CODES.includes(code)) {
+        failure ??= error;
+        continue;
+      }
       // Who holds the locks only adds to the message, which stands without it.
       const holders = await lockHolders(ctx.source.client, schema).catch(() => '');
-      throw new HostError(
+      failure ??= new HostError(
         ctx.source.host.name,
         `shard ${shard} is still fenced: its tables stayed busy for ${Math.round(limitMs / 1000)} s${holders ? ` (${holders})` : ''}`,
         {
@@ -976,6 +1006,8 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
       );
     }
   }
+  // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first shard's error, as caught or described
+  if (failure !== null) throw failure;
   // Writable already; the triggers go where no application statement has to wait for it. A
   // disabled trigger, or one calling the open guard, refuses nothing: one a busy table keeps is
   // harmless, and the shard's next fence takes it over (prepareFenceSql, fenceSql).

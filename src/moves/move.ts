@@ -6,6 +6,7 @@ import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { shardsPhrase } from '../config/ranges.js';
+import { awaitedLater } from '../promises.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 import {
   oldCopyName,
@@ -74,7 +75,13 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
           throw error;
         }
         await endFenceTimeouts(ctx);
-        await abortMove(ctx, error.after);
+        try {
+          await abortMove(ctx, error.after);
+        } catch (undo) {
+          // An undo that failed part way (a lost target) must not leave the sources fenced.
+          await releaseAfterFailure(ctx, step, undo);
+          throw undo;
+        }
         throw error.failure;
       }
     } catch (error) {
@@ -228,11 +235,12 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
   // What to rename or drop is read while the replication is dropped; the renames wait for the drop.
   const [work] = await Promise.all([cleanUpWork(ctx), dropReplication(ctx)]);
-  const views = ctx.target.client.query<{ schemaname: string; matviewname: string }>(MATERIALIZED_VIEWS_SQL, [
-    schemasOf(ctx, ctx.shards),
-  ]);
-  // Seen where it is awaited, after the renames.
-  views.catch(() => undefined);
+  // Read meanwhile; awaited after the renames.
+  const views = awaitedLater(
+    ctx.target.client.query<{ schemaname: string; matviewname: string }>(MATERIALIZED_VIEWS_SQL, [
+      schemasOf(ctx, ctx.shards),
+    ]),
+  );
   // One transaction per shard (its rename or drop with its control row), CLEANUP_CHUNK of them per
   // round trip, none waiting for the WAL flush; the flush after the last covers all of them. A crash
   // before it can undo some, which the control rows show and a resumed clean-up redoes.

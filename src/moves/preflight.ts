@@ -30,6 +30,7 @@ import {
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
 import { inflect } from '../text.js';
+import { awaitedLater } from '../promises.js';
 
 export interface PreflightCheck {
   readonly name: string;
@@ -78,25 +79,31 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   // Every read starts now, each host's queued on its session, so that the two hosts answer at
   // once; the checks below take them in their order.
   const reads = {
-    onSource: early(
+    onSource: awaitedLater(
       src.query<{ shard: number; exists: boolean; state: string | null }>(SOURCE_SHARD_STATES_SQL, [shards, schemas]),
     ),
-    running: early(Promise.all([runningMovesOf(src, shards), runningMovesOf(dst, shards)])),
+    running: awaitedLater(Promise.all([runningMovesOf(src, shards), runningMovesOf(dst, shards)])),
     settings:
       mode === 'online'
-        ? early(src.query<{ wal_level: string; free_slots: number; free_senders: number }>(REPLICATION_SETTINGS_SQL))
+        ? awaitedLater(
+            src.query<{ wal_level: string; free_slots: number; free_senders: number }>(REPLICATION_SETTINGS_SQL),
+          )
         : null,
     identities:
       mode === 'online'
-        ? early(src.query<{ name: string; identity: boolean; logged: boolean }>(REPLICA_IDENTITIES_SQL, [schemas]))
+        ? awaitedLater(
+            src.query<{ name: string; identity: boolean; logged: boolean }>(REPLICA_IDENTITIES_SQL, [schemas]),
+          )
         : null,
-    sourceShapes: early(readShardShapes(src, source.name)),
-    privileges: early(shardPrivileges(src, schemas)),
-    applied: early(src.query<{ shard: number; version: number; checksum: string }>(APPLIED_CHECKSUMS_SQL, [shards])),
-    targetInitialised: early(controlTableExists(dst, 'shards')),
-    writable: early(canRewrite(input.configFile)),
+    sourceShapes: awaitedLater(readShardShapes(src, source.name)),
+    privileges: awaitedLater(shardPrivileges(src, schemas)),
+    applied: awaitedLater(
+      src.query<{ shard: number; version: number; checksum: string }>(APPLIED_CHECKSUMS_SQL, [shards]),
+    ),
+    targetInitialised: awaitedLater(controlTableExists(dst, 'shards')),
+    writable: awaitedLater(canRewrite(input.configFile)),
   };
-  const onTargetRead = early(
+  const onTargetRead = awaitedLater(
     reads.targetInitialised.then((initialised) =>
       dst.query<{ shard: number; exists: boolean; state: string | null }>(targetShardStatesSql(initialised), [
         shards,
@@ -104,7 +111,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       ]),
     ),
   );
-  const targetShapesRead = early(
+  const targetShapesRead = awaitedLater(
     reads.targetInitialised.then((initialised) => (sameMajor && initialised ? readShardShapes(dst, target.name) : [])),
   );
 
@@ -434,10 +441,4 @@ async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<
     // Fails only on a broken connection: the record then stays, a leftover that gc and an abort remove.
     await target.query(forgetObjectSql(name)).catch(() => undefined);
   }
-}
-
-/** A read started before its result is wanted: a failure is seen where it is awaited, not as unhandled. */
-function early<T>(read: Promise<T>): Promise<T> {
-  read.catch(() => undefined);
-  return read;
 }

@@ -559,6 +559,21 @@ describe('a step that fails while the shard is fenced', () => {
     expect(notices).toContain('host pg1: shard 2 unfenced after step sequences-carried failed');
     await expectReleasedThenResumed(2);
   });
+
+  it('a fence whose marker fails after its groups committed: the fenced shard is released too, and --resume finishes it', async () => {
+    await withClient(failDb.urls[0]!, async (c) => {
+      await seed(c, 3, 400);
+      await c.query(`CREATE FUNCTION public.refuse_fence_marker() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN IF NEW.kind LIKE 'fenced-%' THEN RAISE EXCEPTION 'no fence marker today'; END IF; RETURN NEW; END $$;
+        CREATE TRIGGER refuse BEFORE INSERT ON shardctl.move_markers FOR EACH ROW EXECUTE FUNCTION public.refuse_fence_marker()`);
+    });
+    const { error, notices } = await moveRunningAt(3, 'synced', 'select 1');
+    expect(error?.message).toContain('no fence marker today');
+    expect(notices).toContain('host pg1: shard 3 unfenced after step fenced failed');
+    await expectReleasedThenResumed(3, () =>
+      withClient(failDb.urls[0]!, (c) => c.query('DROP TRIGGER refuse ON shardctl.move_markers')),
+    );
+  });
 });
 
 describe('a host restarted mid-move', () => {

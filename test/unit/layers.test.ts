@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
  * layers below it, and the CLI only from the package root.
  */
 const LAYERS: readonly (readonly string[])[] = [
-  ['errors.ts', 'text.ts', 'clock.ts', 'pg'],
+  ['errors.ts', 'text.ts', 'clock.ts', 'promises.ts', 'pg'],
   ['id'],
   ['config'],
   ['fleet'],
