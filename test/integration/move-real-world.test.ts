@@ -185,13 +185,15 @@ describe('the fence and application transactions that write several tables', () 
           await client.query('ROLLBACK').catch(() => undefined);
           if (shardMovedTo(error)) break; // the fence: this writer would now reload its map
           unexpected.push(`${(error as { code?: string }).code}: ${(error as Error).message}`);
+          // A broken connection fails every query at once: no loop that starves the timers.
+          if ((error as { code?: string }).code === undefined) break;
         }
       }
       await client.end();
     });
     await new Promise((resolve) => setTimeout(resolve, 300));
-    const result = await moveShard(config, 2, 'pg2', { configFile: env.fleet.configFile });
-    stop = true;
+    // The writers stop whatever the move does: a failed move must fail the test, not leave them running.
+    const result = await moveShard(config, 2, 'pg2', { configFile: env.fleet.configFile }).finally(() => (stop = true));
     await Promise.all(writers);
     expect(result.outcome).toBe('moved');
     expect(unexpected).toEqual([]);
