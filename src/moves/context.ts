@@ -6,7 +6,7 @@ import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { LeafTable } from './catalog.js';
 import type { PreflightCheck } from './preflight.js';
-import { replicationName } from './sql.js';
+import { replicationName, type PrivilegeObject } from './sql.js';
 import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
 import type { PreVerification, VerifyResult } from './verify.js';
 import type { WaveLimits } from './waves.js';
@@ -114,6 +114,11 @@ export interface MoveContext {
   verification: VerifyResult | null;
   /** The checksum method of each table, chosen once (checksum-methods.ts). */
   methods: Map<string, 'record' | 'text'> | null;
+  /**
+   * The source's owners and grants of the move's schemas as this run's preflight read them
+   * (createTargets carries them instead of reading them again); null in a resumed run.
+   */
+  sourcePrivileges: readonly PrivilegeObject[] | null;
   refreshed: string[];
   /**
    * Online: this run copied the shards together with creating the target's copies (createAndCopy),
@@ -180,6 +185,7 @@ export function moveContext(
     rowsVerified: typeof detail['rowsVerified'] === 'string' ? BigInt(detail['rowsVerified']) : 0n,
     verification: null,
     methods: null,
+    sourcePrivileges: null,
     refreshed: [],
     copied: false,
     pre: null,

@@ -61,12 +61,13 @@ import { awaitedLater } from '../promises.js';
 export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonly number[]) => boolean): Promise<void> {
   const { source, target, config } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
-  // The source's owners and grants are read once for every chunk: each read scans the catalog whole.
+  // The source's owners and grants are read once for every chunk (each read scans the catalog
+  // whole), by this run's preflight if it had one.
   const [applied, existing, done, wanted] = await Promise.all([
     source.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
     target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemas]),
     target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
-    shardPrivileges(source.client, schemas),
+    ctx.sourcePrivileges ?? shardPrivileges(source.client, schemas),
   ]);
   const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
   const files = new Map(ctx.migrations.map((m) => [m.version, m]));
@@ -165,13 +166,13 @@ async function migrateTarget(
 }
 
 /**
- * The source's owners, ACLs and default privileges (`wantedBySchema`, read by createTargets) given
- * to the target's copies of `shards`, one transaction per shard whose copy differs (none when the
- * same role built both and nothing was granted by hand), on the move's session, each committed
- * without waiting for the WAL flush (the caller's flush covers them). After the migrations: what
- * to change depends on what the migrations built, read from the target's catalog. Run on every
- * attempt, so a run killed between the migrations and this still carries them on --resume; the
- * copies are incoming, so no client sees them before.
+ * The source's owners, ACLs and default privileges (`wantedBySchema`, as the preflight or
+ * createTargets read them) given to the target's copies of `shards`, one transaction per shard
+ * whose copy differs (none when the same role built both and nothing was granted by hand), on the
+ * move's session, each committed without waiting for the WAL flush (the caller's flush covers
+ * them). After the migrations: what to change depends on what the migrations built, read from the
+ * target's catalog. Run on every attempt, so a run killed between the migrations and this still
+ * carries them on --resume; the copies are incoming, so no client sees them before.
  */
 async function carryPrivileges(
   ctx: MoveContext,

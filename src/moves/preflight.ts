@@ -62,7 +62,13 @@ export interface PreflightInput {
  * Everything checked before a move changes anything, for the whole batch. Each failed check names
  * the shards or tables concerned and says what to change.
  */
-export async function preflight(input: PreflightInput): Promise<PreflightCheck[]> {
+export interface PreflightResult {
+  readonly checks: PreflightCheck[];
+  /** The source's owners and grants of the batch's schemas, as read for the checks: createTargets carries them. */
+  readonly sourcePrivileges: readonly PrivilegeObject[];
+}
+
+export async function preflight(input: PreflightInput): Promise<PreflightResult> {
   const { config, shards, mode } = input;
   const [source, target] = [input.source.host, input.target.host];
   const [src, dst] = [input.source.client, input.target.client];
@@ -250,8 +256,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
       : `${handMade.map((d) => shapeDriftMessage(d, schemaOf)).join('; ')}. The target copy is built by the migrations and could not take these rows: make the shard match its migrations, or change every shard with a migration`,
   );
 
+  const sourcePrivileges = await reads.privileges;
   for (const check of await roleChecks(
-    await reads.privileges,
+    sourcePrivileges,
     dst,
     input.target.serverVersionNum,
     source.name,
@@ -290,7 +297,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightCheck[]
   } else if (probe) {
     add('target reaches source', true, 'not probed: other checks failed');
   }
-  return checks;
+  return { checks, sourcePrivileges };
 }
 
 /**

@@ -78,7 +78,7 @@ async function startMoves(
       const planned = await Promise.all(
         parts.map(async (part, i) => {
           const group = groups[i]!;
-          const checks = await preflight({
+          const { checks, sourcePrivileges } = await preflight({
             config,
             shards: group.shards,
             mode,
@@ -91,7 +91,7 @@ async function startMoves(
           const estimated = await readShardRows(part.source.client, config.schemaPrefix, group.shards);
           const rows = new Map([...estimated].map(([shard, n]) => [shard, Number(n)]));
           const waves = mode === 'online' ? planWaves(group.shards, rows, options.wave) : [[...group.shards]];
-          return { part, group, checks, waves };
+          return { part, group, checks, waves, sourcePrivileges };
         }),
       );
       if (options.dryRun) {
@@ -127,7 +127,7 @@ async function startMoves(
         );
       }
       const moves = await runParts(
-        planned.map(({ part, group, checks, waves }) => async () => {
+        planned.map(({ part, group, checks, waves, sourcePrivileges }) => async () => {
           const moveId = newMoveId();
           const ctx = moveContext(
             config,
@@ -136,6 +136,7 @@ async function startMoves(
             migrations,
             options,
           );
+          ctx.sourcePrivileges = sourcePrivileges;
           // Both hosts at once: the control schema completed, then the move recorded.
           await Promise.all(
             [part.source, part.target].map(async (side) => {
