@@ -549,11 +549,12 @@ describe('a step that fails while the shard is fenced', () => {
   it('a target whose sessions are cut off while the shard is fenced: the source is recorded back at synced and unfenced, and --resume finishes it', async () => {
     await withClient(failDb.urls[0]!, (c) => seed(c, 2, 400));
     // Every session of the move on the target ends once the catch-up is done: the next step fails on
-    // a broken connection, with the shard fenced.
+    // a broken connection, with the shard fenced. Only in this file's database: the other files'
+    // moves run on the same servers.
     const { error, notices } = await moveRunningAt(
       2,
       'caught-up',
-      `select pg_terminate_backend(pid) from pg_stat_activity where application_name like 'shardctl move%' and pid <> pg_backend_pid()`,
+      `select pg_terminate_backend(pid) from pg_stat_activity where datname = current_database() and application_name like 'shardctl move%' and pid <> pg_backend_pid()`,
     );
     expect(error).not.toBeNull();
     expect(notices).toContain('host pg1: shard 2 unfenced after step sequences-carried failed');
