@@ -506,11 +506,12 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
   const shards = waveShards(ctx);
   const which = shardsPhrase(shards);
   const limit = `${(maxFencedMs(ctx) / 1000).toFixed(1)} s`;
-  const data = (blocked: number) => ({
+  // Read after the release, which notes how long the shards refused writes.
+  const data = () => ({
     moveId: ctx.moveId,
     shards: ctx.shards,
     waitedFor: what,
-    writeBlockedMs: blocked,
+    writeBlockedMs: ctx.writeBlockedMs ?? 0,
   });
   try {
     await releaseWave(ctx);
@@ -523,18 +524,17 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
         shard: shards[0]!,
         code: 'FENCE_LIMIT',
         cause: cause ?? error,
-        data: data(ctx.writeBlockedMs ?? 0),
+        data: data(),
         next: resumeOrAbort(ctx.shards),
       },
     );
   }
-  const blocked = ctx.writeBlockedMs ?? 0;
   throw new HostError(
     ctx.source.host.name,
-    `move ${ctx.moveId}: ${which} refused writes for ${(blocked / 1000).toFixed(1)} s, the fence limit is ${limit}; the move waited for ${what}. ` +
+    `move ${ctx.moveId}: ${which} refused writes for ${((ctx.writeBlockedMs ?? 0) / 1000).toFixed(1)} s, the fence limit is ${limit}; the move waited for ${what}. ` +
       `${inflect(shards.length, 'It was', 'They were')} unfenced and ${inflect(shards.length, 'is', 'are')} writable again on ${ctx.source.host.name}. ` +
       `Resume the move to retry the cut-over, or abort it`,
-    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data: data(blocked), next: resumeOrAbort(ctx.shards) },
+    { shard: shards[0]!, code: 'FENCE_LIMIT', cause, data: data(), next: resumeOrAbort(ctx.shards) },
   );
 }
 
