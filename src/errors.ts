@@ -33,6 +33,14 @@ export interface NextStep {
   readonly shards?: readonly number[];
 }
 
+/**
+ * What finishes an unfinished move of these shards: resume or abort it; only abort when an abort of
+ * it began and was cut off (part of it may be undone already).
+ */
+export function finishMove(shards: readonly number[], aborting: boolean): NextStep[] {
+  return aborting ? [{ action: 'abort', shards }] : resumeOrAbort(shards);
+}
+
 /** Resume or abort the unfinished moves of these shards: the advice of most failed moves. */
 export function resumeOrAbort(shards: readonly number[]): NextStep[] {
   return [

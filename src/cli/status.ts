@@ -65,7 +65,10 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
         for (const d of h.drift) out.line(`  drift: ${d}`);
         for (const m of h.moves) {
           out.line(
-            `  unfinished move ${m.moveId}: shards ${m.shards} from ${m.source} to ${m.target} (move-shard ${m.shards} --resume, or --abort)`,
+            `  unfinished move ${m.moveId}: shards ${m.shards} from ${m.source} to ${m.target} ` +
+              (m.aborting
+                ? `(its abort was cut off: move-shard ${m.shards} --abort)`
+                : `(move-shard ${m.shards} --resume, or --abort)`),
           );
         }
         if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);

@@ -58,8 +58,11 @@ export interface HostStatus {
   readonly behind: readonly number[];
   /** Drift, as migrate reports it: changed or deleted applied files, files out of order. */
   readonly drift: readonly string[];
-  /** Unfinished moves recorded on this host (finish with move-shard --resume, undo with --abort). */
-  readonly moves: readonly { moveId: string; shards: string; source: string; target: string }[];
+  /**
+   * Unfinished moves recorded on this host (finish with move-shard --resume, undo with --abort;
+   * `aborting`: an abort of it was cut off, only --abort finishes it).
+   */
+  readonly moves: readonly { moveId: string; shards: string; source: string; target: string; aborting: boolean }[];
   /** What killed runs left on this host: probe subscriptions, replication objects of no running move (gc drops them). */
   readonly leftovers: readonly string[];
   readonly ok: boolean;
@@ -195,10 +198,14 @@ function hostStatus(
   const levels: Record<string, string> = {};
   for (const [level, shards] of [...byLevel].sort((a, b) => a[0] - b[0]))
     levels[String(level)] = formatShardList(shards);
-  const byMove = new Map<string, { source: string; target: string; shards: number[] }>();
+  const byMove = new Map<string, { source: string; target: string; aborting: boolean; shards: number[] }>();
   for (const [shard, move] of snapshot.moving) {
     let entry = byMove.get(move.moveId);
-    if (!entry) byMove.set(move.moveId, (entry = { source: move.source, target: move.target, shards: [] }));
+    if (!entry)
+      byMove.set(
+        move.moveId,
+        (entry = { source: move.source, target: move.target, aborting: move.aborting, shards: [] }),
+      );
     entry.shards.push(shard);
   }
   const moves = [...byMove].map(([moveId, m]) => ({
@@ -206,6 +213,7 @@ function hostStatus(
     shards: formatShardList(m.shards),
     source: m.source,
     target: m.target,
+    aborting: m.aborting,
   }));
   const ok =
     moves.length === 0 &&

@@ -3,7 +3,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { describePgError } from './connect.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { CONTROL } from './control.js';
+import { CONTROL, MOVE_ABORTING_SQL } from './control.js';
 import type { HostSession } from './session.js';
 
 /** What a host holds, read from its catalog and control schema in a handful of queries. */
@@ -31,6 +31,8 @@ export interface MovingShard {
   readonly target: string;
   /** The last step the move recorded on this host. */
   readonly step: string;
+  /** An abort of it began and was cut off: it can only be aborted again. */
+  readonly aborting: boolean;
 }
 
 export interface ShardSchema {
@@ -103,7 +105,7 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
       `SELECT version, max(name) AS name FROM ${CONTROL}.migrations GROUP BY version`,
       ...(moves
         ? [
-            `SELECT unnest(shards) AS shard, move_id, source, target, step FROM ${CONTROL}.moves WHERE status = 'running'`,
+            `SELECT unnest(shards) AS shard, move_id, source, target, step, ${MOVE_ABORTING_SQL} FROM ${CONTROL}.moves WHERE status = 'running'`,
           ]
         : []),
     ]);
@@ -117,9 +119,19 @@ export async function readHostSnapshot(session: HostSession, config: ShardctlCon
       applied: toApplied(appliedRows as AppliedRow[]),
       appliedNames: new Map((nameRows as { version: number; name: string }[]).map((r) => [r.version, r.name])),
       moving: new Map(
-        ((movingRows ?? []) as { shard: number; move_id: string; source: string; target: string; step: string }[]).map(
-          (r) => [r.shard, { moveId: r.move_id, source: r.source, target: r.target, step: r.step }],
-        ),
+        (
+          (movingRows ?? []) as {
+            shard: number;
+            move_id: string;
+            source: string;
+            target: string;
+            step: string;
+            aborting: boolean;
+          }[]
+        ).map((r) => [
+          r.shard,
+          { moveId: r.move_id, source: r.source, target: r.target, step: r.step, aborting: r.aborting },
+        ]),
       ),
     };
   } catch (error) {

@@ -17,6 +17,15 @@ export const CONTROL_SCHEMA = 'shardctl';
 export const CONTROL = quoteIdent(CONTROL_SCHEMA);
 
 /**
+ * The key of a move's detail (`moves.detail`) that an abort sets before it undoes anything: a
+ * running move with it can only be aborted again (its undo may be half done), never resumed.
+ */
+export const MOVE_ABORTING = 'aborting';
+
+/** Whether a row of `moves` records an abort that began, as a boolean column `aborting`. */
+export const MOVE_ABORTING_SQL = `coalesce((detail->>'${MOVE_ABORTING}')::boolean, false) AS aborting`;
+
+/**
  * The control schema's own versions, in order: each step's SQL is idempotent and brings a control
  * schema of any earlier version (or none) up to it. controlSchemaSql runs them all in one
  * transaction and records the last version in `layout.control_version` (never lowering it). A host

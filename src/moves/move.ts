@@ -1,7 +1,7 @@
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL, MOVE_ABORTING } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
@@ -18,7 +18,7 @@ import {
   ACTIVE_SHARDS_SQL,
   dropUnusedFenceGuardsSql,
 } from './sql.js';
-import { stepsFor, type MoveMode, type MoveStep } from './state.js';
+import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
@@ -78,9 +78,20 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
         try {
           await abortMove(ctx, error.after);
         } catch (undo) {
-          // An undo that failed part way (a lost target) must not leave the sources fenced.
-          await releaseAfterFailure(ctx, step, undo);
-          throw undo;
+          // An undo that failed part way (a lost target) must not leave the sources fenced, and can
+          // only be finished by aborting again (run.ts refuses to resume it).
+          await releaseAfterFailure(ctx, step, undo, 'abort the move to finish undoing it');
+          throw new HostError(
+            errorHost(undo) ?? ctx.source.host.name,
+            `move ${ctx.moveId} failed at step ${step} (${describePgError(error.failure)}), and undoing it failed: ${describePgError(undo)}; abort it to finish the undo`,
+            {
+              shard: ctx.shards[0]!,
+              code: 'MOVE_FAILED',
+              cause: undo,
+              data: { moveId: ctx.moveId, step, shards: ctx.shards },
+              next: [{ action: 'abort', shards: ctx.shards }],
+            },
+          );
         }
         throw error.failure;
       }
@@ -120,7 +131,12 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
  * may have made the target's copies writable). If the source cannot be reached, the wave stays
  * fenced, and that is said too.
  */
-async function releaseAfterFailure(ctx: MoveContext, step: MoveStep, failure: unknown): Promise<void> {
+async function releaseAfterFailure(
+  ctx: MoveContext,
+  step: MoveStep,
+  failure: unknown,
+  then = 'resume the move to retry the cut-over, or abort it',
+): Promise<void> {
   const steps = stepsFor(ctx.mode);
   const at = steps.indexOf(step);
   if (ctx.mode !== 'online' || ctx.fenceStartedAtMs === null) return;
@@ -131,7 +147,7 @@ async function releaseAfterFailure(ctx: MoveContext, step: MoveStep, failure: un
     await releaseWave(ctx);
     notice(
       ctx,
-      `host ${ctx.source.host.name}: ${which} unfenced after step ${step} failed (${why}), writable again; resume the move to retry the cut-over, or abort it`,
+      `host ${ctx.source.host.name}: ${which} unfenced after step ${step} failed (${why}), writable again; ${then}`,
     );
   } catch (error) {
     notice(
@@ -204,12 +220,31 @@ const STEPS: Record<MoveStep, Step> = {
  */
 export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
   await requireNotSwitched(ctx, step);
+  await recordAborting(ctx, step);
   // This process's snapshots of a verification begun before the fence (the logs go with the fence's undo).
   await dropPreVerification(ctx);
-  for (const undo of undosAfter(ctx.mode, step)) await undo(ctx);
+  const undos = undosAfter(ctx.mode, step);
+  for (const [i, undo] of undos.entries()) {
+    await undo(ctx);
+    if (i === 0) faultAfter('first-undo');
+  }
   await record(ctx, step, 'aborted');
   // The guard of its fence triggers, once they are dropped (one a busy table kept stays with it).
   await ctx.source.client.query(dropUnusedFenceGuardsSql({ moveId: ctx.moveId }));
+}
+
+/**
+ * Said in the move's record before anything is undone: an abort cut off part way (its replication
+ * dropped, its shards unfenced, part of its copies dropped) can no longer be resumed, only aborted
+ * again (run.ts refuses --resume). Enough on one host: the records' details are merged.
+ */
+async function recordAborting(ctx: MoveContext, step: MoveStep): Promise<void> {
+  const written = await Promise.allSettled(
+    [ctx.source.client, ctx.target.client].map((client) =>
+      recordStep(client, ctx.moveId, step, 'running', { [MOVE_ABORTING]: true }),
+    ),
+  );
+  if (written.every((w) => w.status === 'rejected')) throw (written[0] as PromiseRejectedResult).reason;
 }
 
 /**

@@ -396,20 +396,27 @@ interface RunningMove {
   readonly source: string;
   readonly target: string;
   readonly step: string;
+  /** An abort of it began and was cut off: it can only be aborted again. */
+  readonly aborting: boolean;
 }
 
 async function runningMovesOf(client: pg.Client, shards: readonly number[]): Promise<RunningMove[]> {
   if (!(await controlTableExists(client, 'moves'))) return [];
-  const r = await client.query<{ move_id: string; shards: number[]; source: string; target: string; step: string }>(
-    RUNNING_MOVES_OF_SQL,
-    [shards],
-  );
+  const r = await client.query<{
+    move_id: string;
+    shards: number[];
+    source: string;
+    target: string;
+    step: string;
+    aborting: boolean;
+  }>(RUNNING_MOVES_OF_SQL, [shards]);
   return r.rows.map((row) => ({
     moveId: row.move_id,
     shards: row.shards,
     source: row.source,
     target: row.target,
     step: row.step,
+    aborting: row.aborting,
   }));
 }
 
@@ -421,7 +428,9 @@ export function describeRunningMove(move: RunningMove): string {
   const shards = formatShardList([...move.shards]);
   return (
     `move ${move.moveId} (${inflect(move.shards.length, 'shard')} ${shards}, ${move.source} → ${move.target}, last step done: ${move.step}) is unfinished; ` +
-    `finish it with shardctl move-shard ${shards} --resume, or undo it with shardctl move-shard ${shards} --abort`
+    (move.aborting
+      ? `its abort was cut off: finish the undo with shardctl move-shard ${shards} --abort`
+      : `finish it with shardctl move-shard ${shards} --resume, or undo it with shardctl move-shard ${shards} --abort`)
   );
 }
 

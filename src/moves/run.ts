@@ -15,7 +15,16 @@ import { abortMove, runSteps } from './move.js';
 import { planWaves } from './waves.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { preflight } from './preflight.js';
-import { faultAfter, insertMove, newMoveId, runningMoves, stepsFor, type MoveRecord, type MoveStep } from './state.js';
+import {
+  abortBegun,
+  faultAfter,
+  insertMove,
+  newMoveId,
+  runningMoves,
+  stepsFor,
+  type MoveRecord,
+  type MoveStep,
+} from './state.js';
 
 /**
  * The one entry of the move engine (runMoves), as provisioning/run.ts is for provisioning: groups
@@ -214,6 +223,7 @@ async function continueMoves(
             await recordOf(part.source, record),
             await recordOf(part.target, record),
           );
+          if (options.resume && abortBegun(detail)) throw abortToFinish(record, step);
           const ctx = moveContext(config, { ...record, detail }, part, migrations, options);
           const steps = stepsFor(record.mode);
           if (options.dryRun)
@@ -243,6 +253,20 @@ async function continueMoves(
   } finally {
     await fleet.close();
   }
+}
+
+/**
+ * A resume of a move whose abort began: part of it may be undone already (its replication dropped,
+ * its change logs stopped, its shards writable again), so it is not carried on. It is aborted again.
+ */
+function abortToFinish(record: MoveRecord, step: MoveStep): RuntimeFailure {
+  return new RuntimeFailure(
+    'MOVE_ABORT_UNFINISHED',
+    `move ${record.moveId} of ${shardsPhrase(record.shards)} (${record.source} to ${record.target}) was being aborted when it stopped, after step ${step}; it cannot be resumed. Abort it again to finish the undo`,
+    { moveId: record.moveId, step, shards: [...record.shards] },
+    undefined,
+    [{ action: 'abort', shards: record.shards }],
+  );
 }
 
 /** Drops the leftovers of killed runs on these hosts (all of the map's by default). */

@@ -1,4 +1,4 @@
-import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
+import { CONTROL, CONTROL_SCHEMA, MOVE_ABORTING_SQL } from '../fleet/control.js';
 import { TRACKING_LOCK_SQL } from '../fleet/locks.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
@@ -875,7 +875,7 @@ export function rolesSql(serverVersionNum: number): string {
 }
 
 /** The running moves carrying any of shards $1. */
-export const RUNNING_MOVES_OF_SQL = `SELECT move_id, shards, source, target, step FROM ${CONTROL}.moves
+export const RUNNING_MOVES_OF_SQL = `SELECT move_id, shards, source, target, step, ${MOVE_ABORTING_SQL} FROM ${CONTROL}.moves
       WHERE status = 'running' AND shards && $1::int[] ORDER BY started_at, move_id`;
 
 export const PUBLICATION_EXISTS_SQL = `SELECT 1 FROM pg_publication WHERE pubname = $1`;

@@ -1,6 +1,7 @@
 import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
 import { INSERT_MOVE_SQL, RECORD_STEP_SQL, RUNNING_MOVES_SQL } from './sql.js';
+import { MOVE_ABORTING } from '../fleet/control.js';
 
 /**
  * The steps of a move, in order. A step is recorded on both hosts once it has completed. Online,
@@ -51,6 +52,11 @@ export interface MoveRecord {
   readonly step: MoveStep;
   readonly status: 'running' | 'done' | 'aborted';
   readonly detail: Record<string, unknown>;
+}
+
+/** Whether an abort of this move began (and was cut off, since the move is still running). */
+export function abortBegun(detail: Readonly<Record<string, unknown>>): boolean {
+  return detail[MOVE_ABORTING] === true;
 }
 
 /** A new move's id: sortable by start time, unique across hosts and processes. */
@@ -113,8 +119,9 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
 /**
  * Fault injection for the crash tests: die right after `point` (a step once it is recorded,
  * 'probe' once the reachability probe exists, 'target-migrations' once the target's copies are
- * built and before their owners and grants are carried), as SIGKILL would.
+ * built and before their owners and grants are carried, 'first-undo' once an abort has undone its
+ * first step), as SIGKILL would.
  */
-export function faultAfter(point: MoveStep | 'probe' | 'target-migrations'): void {
+export function faultAfter(point: MoveStep | 'probe' | 'target-migrations' | 'first-undo'): void {
   if (process.env['SHARDCTL_FAULT_AFTER_STEP'] === point) process.kill(process.pid, 'SIGKILL');
 }

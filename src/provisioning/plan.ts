@@ -1,10 +1,10 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { ConfigError, resumeOrAbort, RuntimeFailure, ShardctlError, UsageError, type NextStep } from '../errors.js';
+import { ConfigError, finishMove, RuntimeFailure, ShardctlError, UsageError, type NextStep } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
-import type { HostSnapshot } from '../fleet/catalog.js';
+import type { HostSnapshot, MovingShard } from '../fleet/catalog.js';
 import { CONTROL_VERSION, controlSchemaSql } from '../fleet/control.js';
 import { createShardSql, recordShardSql, reinstallNextIdSql } from '../fleet/sql.js';
 import { DRIFT_KINDS, driftProblems, pendingMigrations, type DriftKind } from '../migrations/rules.js';
@@ -299,31 +299,42 @@ function layoutConflicts(config: ShardctlConfig, snapshot: HostSnapshot): Confli
  * schema) would make the two copies differ. Named with the move, and how to finish or undo it.
  */
 function movingShards(snapshots: readonly HostSnapshot[], wanted: ReadonlySet<number> | null): Conflict[] {
-  const moves = new Map<string, { source: string; target: string; step: string; shards: Set<number> }>();
-  for (const snapshot of snapshots) {
-    for (const [shard, move] of snapshot.moving) {
-      if (wanted && !wanted.has(shard)) continue;
-      let entry = moves.get(move.moveId);
-      if (!entry)
-        moves.set(
-          move.moveId,
-          (entry = { source: move.source, target: move.target, step: move.step, shards: new Set() }),
-        );
-      entry.shards.add(shard);
-    }
-  }
-  return [...moves].map(([moveId, m]) => {
-    const list = [...m.shards].sort((a, b) => a - b);
-    const shards = formatShardList(list);
+  return [...unfinishedMoves(snapshots, (shard) => !wanted || wanted.has(shard))].map(([moveId, m]) => {
+    const shards = formatShardList(m.shards);
     return {
       kind: 'moving' as const,
       host: m.source,
       message:
-        `${inflect(m.shards.size, 'shard')} ${shards} ${inflect(m.shards.size, 'is', 'are')} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
-        `finish it (resume) or undo it (abort), then run this again`,
-      next: resumeOrAbort(list),
+        `${inflect(m.shards.length, 'shard')} ${shards} ${inflect(m.shards.length, 'is', 'are')} in the unfinished move ${moveId} from ${m.source} to ${m.target} (last step done: ${m.step}); ` +
+        `${finishing(m.aborting)}, then run this again`,
+      next: finishMove(m.shards, m.aborting),
     };
   });
+}
+
+/** The unfinished moves the hosts record, by move id, with the shards of theirs that `include` keeps (ascending). */
+function unfinishedMoves(
+  snapshots: readonly HostSnapshot[],
+  include: (shard: number, move: MovingShard) => boolean,
+): Map<string, MovingShard & { shards: number[] }> {
+  const moves = new Map<string, MovingShard & { shards: number[] }>();
+  for (const snapshot of snapshots) {
+    for (const [shard, move] of snapshot.moving) {
+      if (!include(shard, move)) continue;
+      let entry = moves.get(move.moveId);
+      if (!entry) moves.set(move.moveId, (entry = { ...move, shards: [] }));
+      // A host that saw the abort begin says so for the move.
+      if (move.aborting && !entry.aborting) moves.set(move.moveId, (entry = { ...entry, aborting: true }));
+      if (!entry.shards.includes(shard)) entry.shards.push(shard);
+    }
+  }
+  for (const m of moves.values()) m.shards.sort((a, b) => a - b);
+  return moves;
+}
+
+/** What finishes an unfinished move, in words (finishMove says it as data). */
+function finishing(aborting: boolean): string {
+  return aborting ? 'its abort was cut off: finish the undo (abort)' : 'finish it (resume) or undo it (abort)';
 }
 
 /**
@@ -335,27 +346,16 @@ function misplacedAdvice(
   host: string,
   snapshots: readonly HostSnapshot[],
 ): { text: string; next: NextStep[] } {
-  const running = new Map<string, { source: string; target: string; step: string; shards: Set<number> }>();
-  for (const snapshot of snapshots) {
-    for (const [shard, move] of snapshot.moving) {
-      if (move.source !== host && move.target !== host) continue;
-      let entry = running.get(move.moveId);
-      if (!entry) running.set(move.moveId, (entry = { ...move, shards: new Set() }));
-      entry.shards.add(shard);
-    }
-  }
+  const running = unfinishedMoves(snapshots, (_, move) => move.source === host || move.target === host);
   if (running.size === 0)
     return {
       text: `Move ${inflect(misplaced.length, 'it', 'them')} to the host the map names, or fix the map`,
       next: [{ action: 'move', shards: misplaced }],
     };
-  const moves = [...running].map(([moveId, m]) => {
-    const list = [...m.shards].sort((a, b) => a - b);
-    return {
-      text: `move ${moveId} (${shardsPhrase(list)}, ${m.source} → ${m.target}, last step done: ${m.step})`,
-      next: resumeOrAbort(list),
-    };
-  });
+  const moves = [...running].map(([moveId, m]) => ({
+    text: `move ${moveId} (${shardsPhrase(m.shards)}, ${m.source} → ${m.target}, last step done: ${m.step}${m.aborting ? ', its abort cut off: abort it again' : ''})`,
+    next: finishMove(m.shards, m.aborting),
+  }));
   return {
     text: `A move on ${host} is unfinished; finish it (resume) or undo it (abort) first, then run this again: ${moves.map((m) => m.text).join('; ')}`,
     next: moves.flatMap((m) => m.next),

@@ -575,6 +575,44 @@ describe('a step that fails while the shard is fenced', () => {
       withClient(failDb.urls[0]!, (c) => c.query('DROP TRIGGER refuse ON shardctl.move_markers')),
     );
   });
+
+  it('an abort cut off after its first undo: --resume is refused with the advice to abort, and --abort finishes the undo', async () => {
+    await withClient(failDb.urls[0]!, (c) => seed(c, 0, 400));
+    await killedAfter(fleet, 0, 'fenced');
+    // The abort dies once the replication is dropped: the shard is still fenced, the record at the fence.
+    const cut = await spawnCli(move(fleet, 0, '--abort'), { SHARDCTL_FAULT_AFTER_STEP: 'first-undo' });
+    expect(cut.signal, cut.stderr).toBe('SIGKILL');
+    await withClient(failDb.urls[0]!, async (c) =>
+      expect(await lastMove(c, 0)).toMatchObject({ step: 'fenced', status: 'running' }),
+    );
+    // status and a second move name the move and the only command that finishes it.
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code).toBe(3);
+    expect(status.stdout).toMatch(
+      /unfinished move \w+: shards 0 from pg1 to pg2 \(its abort was cut off: move-shard 0 --abort\)/,
+    );
+    const second = await runCli(move(fleet, 0, '--to', 'pg2'));
+    expect(second.code).toBe(1);
+    expect(second.stderr).toContain('its abort was cut off: finish the undo with shardctl move-shard 0 --abort');
+    // Resuming would carry on a move whose replication is gone.
+    const resumed = await runCli(move(fleet, 0, '--resume'));
+    expect(resumed.code).toBe(1);
+    expect(resumed.stderr).toContain('was being aborted when it stopped, after step fenced; it cannot be resumed');
+    expect(resumed.stderr).toContain('\nnext: shardctl move-shard 0 --abort\n');
+    const asJson = await runCli(move(fleet, 0, '--resume', '--json'));
+    expect((JSON.parse(asJson.stdout) as { error: unknown }).error).toMatchObject({
+      code: 'MOVE_ABORT_UNFINISHED',
+      next: [{ action: 'abort', shards: [0] }],
+    });
+    const aborted = await runCli(move(fleet, 0, '--abort'));
+    expect(aborted.code, aborted.stderr).toBe(0);
+    await withClient(failDb.urls[0]!, async (c) => {
+      expect(await lastMove(c, 0)).toMatchObject({ status: 'aborted' });
+      expect(await failure(c, `insert into insta0.photos (user_id, image_url) values (1, 'aborted')`)).toBeNull();
+    });
+    await withClient(failDb.urls[1]!, async (c) => expect(await schemaExists(c, 'insta0')).toBe(false));
+    expect(await replicationObjects(failDb.urls)).toEqual([]);
+  });
 });
 
 describe('a host restarted mid-move', () => {
