@@ -32,6 +32,12 @@ export interface ShardTable extends TableName {
 /** A table with the types of its columns, as format_type names them without a modifier (shardTables' `columnTypes`). */
 export interface TypedShardTable extends ShardTable {
   readonly columnTypes: readonly string[];
+  /**
+   * A column has a nondeterministic collation (case- or accent-insensitive): its type's hash
+   * function hashes values that compare equal alike, so 'Abc' and 'abc' would pass a record-hash
+   * checksum as the same row.
+   */
+  readonly nondeterministic: boolean;
 }
 
 const REG_TYPES = `'regclass', 'regtype', 'regproc', 'regprocedure', 'regoper', 'regoperator', 'regconfig', 'regdictionary', 'regnamespace', 'regrole', 'regcollation'`;
@@ -67,14 +73,17 @@ export async function shardTables(
     leaves: `c.relkind = 'r'`,
   }[which];
   const types = options.columnTypes
-    ? `, coalesce(array_agg(DISTINCT format_type(a.atttypid, NULL)) FILTER (WHERE a.attnum IS NOT NULL), '{}') AS types`
+    ? `, coalesce(array_agg(DISTINCT format_type(a.atttypid, NULL)) FILTER (WHERE a.attnum IS NOT NULL), '{}') AS types,
+              coalesce(bool_or(NOT co.collisdeterministic), false) AS nondeterministic`
     : '';
+  const collations = options.columnTypes ? 'LEFT JOIN pg_collation co ON co.oid = a.attcollation' : '';
   const result = await client.query<{
     nspname: string;
     relname: string;
     parent: string | null;
     portable: boolean;
     types?: string[];
+    nondeterministic?: boolean;
   }>(
     `SELECT n.nspname, c.relname, p.relname AS parent,
             coalesce(bool_and(t.oid < 16384 AND (e.oid IS NULL OR e.oid < 16384)
@@ -84,6 +93,7 @@ export async function shardTables(
        LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
        LEFT JOIN pg_type t ON t.oid = a.atttypid
        LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+       ${collations}
        LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND c.relispartition
        LEFT JOIN pg_class p ON p.oid = i.inhparent
       WHERE n.nspname = ANY($1::text[]) AND ${filter}
@@ -96,7 +106,7 @@ export async function shardTables(
     table: r.relname,
     portable: r.portable,
     ...(r.parent === null ? {} : { parent: r.parent }),
-    ...(r.types === undefined ? {} : { columnTypes: r.types }),
+    ...(r.types === undefined ? {} : { columnTypes: r.types, nondeterministic: r.nondeterministic ?? false }),
   }));
 }
 

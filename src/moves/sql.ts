@@ -978,7 +978,7 @@ export function startDeltasSql(
     'BEGIN;',
     lockTimeoutSql(lockWaitMs),
     TRACKING_LOCK_SQL,
-    renderSql(loadSqlTemplate('move_deltas.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+    renderSql(loadSqlTemplate('move_deltas.sql'), { control: { ident: CONTROL_SCHEMA }, ...STABLE_TEXT_PARAMS }).trim(),
     `DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`,
     ...tables.flatMap(({ table, method }) => {
       const name = qualified(table.schema, table.table);
@@ -1054,11 +1054,27 @@ export const HASH_SQL: Record<HashMethod, string> = {
 };
 
 /**
- * The text form of a row depends on session settings (time zone, date style, float digits): fixed
- * here on both sessions so that equal rows give equal text on both hosts.
+ * The text form of a row depends on session settings (time zone, date style, float digits, the
+ * monetary locale of `money`): fixed here on both sessions so that equal rows give equal text on
+ * both hosts, whatever each server's defaults.
  */
-export const STABLE_TEXT_SETTINGS =
-  "SET timezone TO 'UTC'; SET datestyle TO 'ISO, YMD'; SET intervalstyle TO 'postgres'; SET extra_float_digits TO 1; SET bytea_output TO 'hex'";
+const STABLE_TEXT = {
+  timezone: 'UTC',
+  datestyle: 'ISO, YMD',
+  intervalstyle: 'postgres',
+  extra_float_digits: '1',
+  bytea_output: 'hex',
+  lc_monetary: 'C',
+} as const;
+
+export const STABLE_TEXT_SETTINGS = Object.entries(STABLE_TEXT)
+  .map(([name, value]) => `SET ${name} TO ${quoteLiteral(value)}`)
+  .join('; ');
+
+/** The same settings as placeholders of sql/move_deltas.sql, whose trigger function sets them. */
+const STABLE_TEXT_PARAMS = Object.fromEntries(
+  Object.entries(STABLE_TEXT).map(([name, value]) => [name, { literal: value }]),
+);
 
 /**
  * Fails (42883) when one of `types` (built-in type names, as format_type gives them) has no

@@ -22,8 +22,9 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 export type { HashMethod };
 
 /**
- * The checksum method of each table: the record hash where it is OID-free and every column type
- * has an extended hash function, else text. Probed once per column type, not per table: all the
+ * The checksum method of each table: the record hash where it is OID-free, every column type has
+ * an extended hash function and no column a nondeterministic collation, else text (a row's text
+ * tells 'Abc' from 'abc' whatever the collation). Probed once per column type, not per table: all the
  * types in one round trip, and one by one only when that fails (a type without one).
  */
 export async function hashMethods(
@@ -31,7 +32,7 @@ export async function hashMethods(
   tables: readonly TypedShardTable[],
   recordHash: boolean,
 ): Promise<Map<string, HashMethod>> {
-  const candidates = recordHash ? tables.filter((t) => t.portable) : [];
+  const candidates = recordHash ? tables.filter((t) => t.portable && !t.nondeterministic) : [];
   // Only the names format_type gives built-in types are probed; anything else is hashed as text.
   const types = [...new Set(candidates.flatMap((t) => t.columnTypes))].filter((type) => BUILT_IN_TYPE_NAME.test(type));
   const probe = async (some: readonly string[]): Promise<boolean> => {

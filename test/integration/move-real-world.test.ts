@@ -249,6 +249,8 @@ describe('columns whose values depend on OIDs: enums (in arrays, domains and com
 
 const UNHASHED = `CREATE TABLE docs (id bigint PRIMARY KEY, body json, at point, tags json[]);
 CREATE TABLE notes (id bigint PRIMARY KEY, t int, body text);
+CREATE COLLATION case_blind (provider = icu, locale = 'und-u-ks-level2', deterministic = false);
+CREATE TABLE handles (id bigint PRIMARY KEY, handle text COLLATE case_blind);
 `;
 
 describe('columns without a hash function (json, point, json[]) and a column named t', () => {
@@ -294,6 +296,31 @@ describe('columns without a hash function (json, point, json[]) and a column nam
     await (tampering as Promise<unknown> | null);
     expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
     expect((error as HostError & { details: string[] }).details.join('\n')).toMatch(/insta3\.notes/);
+    expect((await ShardMap.load(env.fleet.configFile)).hostForShard(shard).name).toBe('pg1');
+  });
+
+  it('finds a change of case in a column of a case-insensitive collation, where equal values hash alike', async () => {
+    const shard = 4;
+    await withClient(env.db.urls[0]!, (c) =>
+      c.query(`insert into insta${shard}.handles values (1, 'Ada'), (2, 'Grace')`),
+    );
+    let tampering: Promise<unknown> | null = null;
+    const error = await failure(
+      moveShard(await env.fleet.config(), shard, 'pg2', {
+        configFile: env.fleet.configFile,
+        onStep: (step) => {
+          // 'ada' = 'Ada' in the column's collation, and its hash function hashes them alike.
+          if (step === 'synced')
+            tampering = withClient(env.db.urls[1]!, (c) =>
+              c.query(`update insta${shard}.handles set handle = 'ada' where id = 1`),
+            );
+        },
+      }),
+    );
+    expect(tampering).not.toBeNull();
+    await (tampering as Promise<unknown> | null);
+    expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
+    expect((error as HostError & { details: string[] }).details.join('\n')).toMatch(/insta4\.handles/);
     expect((await ShardMap.load(env.fleet.configFile)).hostForShard(shard).name).toBe('pg1');
   });
 });
