@@ -1,19 +1,38 @@
-import { shardTables } from './catalog.js';
+import { shardTables, type TypedShardTable } from './catalog.js';
 import { schemasOf, type MoveContext } from './context.js';
 import { hashMethods, type HashMethod } from './verify.js';
 
 /**
+ * The tables that hold the rows of the move's shards on the source (plain tables and partitions),
+ * with their column types: read from the catalog once per run and kept in the context, for the
+ * copy, the subscription's format, the checksum methods and the verification.
+ */
+export function moveLeafTables(ctx: MoveContext): Promise<readonly TypedShardTable[]> {
+  // The read itself is kept, so that copies started together share it; a failed one is not kept.
+  ctx.leafTables ??= shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves', { columnTypes: true }).catch(
+    (error: unknown) => {
+      ctx.leafTables = null;
+      throw error;
+    },
+  );
+  return ctx.leafTables;
+}
+
+/** The move's leaf tables (moveLeafTables) in these schemas. */
+export async function leafTablesOf(ctx: MoveContext, schemas: readonly string[]): Promise<TypedShardTable[]> {
+  const wanted = new Set(schemas);
+  return (await moveLeafTables(ctx)).filter((t) => wanted.has(t.schema));
+}
+
+/**
  * The checksum method of each table of a move, chosen once per run (while nothing is fenced: the
- * choice tries the record hash on every table) and kept in the context.
+ * choice probes the column types' hash functions) and kept in the context.
  */
 export async function ensureMethods(ctx: MoveContext): Promise<Map<string, HashMethod>> {
-  if (!ctx.methods) {
-    const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves', { columnTypes: true });
-    ctx.methods = await hashMethods(
-      ctx.source.client,
-      tables,
-      Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000,
-    );
-  }
+  ctx.methods ??= await hashMethods(
+    ctx.source.client,
+    await moveLeafTables(ctx),
+    Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000,
+  );
   return ctx.methods;
 }

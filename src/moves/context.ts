@@ -4,7 +4,7 @@ import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
-import type { LeafTable } from './catalog.js';
+import type { LeafTable, TypedShardTable } from './catalog.js';
 import type { PreflightCheck } from './preflight.js';
 import { replicationName, type PrivilegeObject } from './sql.js';
 import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
@@ -114,6 +114,8 @@ export interface MoveContext {
   verification: VerifyResult | null;
   /** The checksum method of each table, chosen once (checksum-methods.ts). */
   methods: Map<string, 'record' | 'text'> | null;
+  /** The source's leaf tables of all the move's shards with their column types, read once (checksum-methods.ts). */
+  leafTables: Promise<readonly TypedShardTable[]> | null;
   /**
    * The source's owners and grants of the move's schemas as this run's preflight read them
    * (createTargets carries them instead of reading them again); null in a resumed run.
@@ -185,6 +187,7 @@ export function moveContext(
     rowsVerified: typeof detail['rowsVerified'] === 'string' ? BigInt(detail['rowsVerified']) : 0n,
     verification: null,
     methods: null,
+    leafTables: null,
     sourcePrivileges: null,
     refreshed: [],
     copied: false,

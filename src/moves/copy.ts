@@ -34,12 +34,12 @@ import {
   groupBySchema,
   largeTables,
   shardPrivileges,
-  shardTables,
   type ShardTable,
   EXISTING_SCHEMAS_SQL,
   REBUILDABLE_INDEXES_SQL,
 } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
+import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, Workers } from './workers.js';
 import { dropMoveSlot, publish } from './replication.js';
 import { stopTracking } from './tail.js';
@@ -404,7 +404,7 @@ export async function copyShards(
 ): Promise<void> {
   const { source, target } = ctx;
   const schemas = schemasOf(ctx, shards);
-  const tables = await shardTables(source.client, schemas, 'leaves');
+  const tables = await leafTablesOf(ctx, schemas);
   const sameMajor = sameMajorVersion(ctx);
   const large = await largeTables(source.client, schemas, INDEXES_AFTER_BYTES);
   const byShard = shards.map((shard) => ({

@@ -52,7 +52,7 @@ import {
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
 import { readChanges, stopDeltas, stopTracking } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
-import { ensureMethods } from './checksum-methods.js';
+import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import {
   DEFAULT_MAX_FENCED_MS,
   type MoveContext,
@@ -565,7 +565,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     );
     const methods = await ensureMethods(ctx);
     const isKeyed = new Set(keyed.map((k) => `${k.table.schema}.${k.table.table}`));
-    const unkeyed = (await shardTables(ctx.source.client, schemas, 'leaves')).filter(
+    const unkeyed = (await leafTablesOf(ctx, schemas)).filter(
       (t) => !isKeyed.has(`${t.schema}.${t.table}`) && !empty.has(`${t.schema}.${t.table}`),
     );
     if (keyed.length === 0 && unkeyed.length === 0) {

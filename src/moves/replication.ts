@@ -14,9 +14,8 @@ import {
   SUBSCRIPTION_TABLES_SQL,
 } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
-import { shardTables } from './catalog.js';
 import { sleep } from '../clock.js';
-import { ensureMethods } from './checksum-methods.js';
+import { ensureMethods, moveLeafTables } from './checksum-methods.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 
 /**
@@ -34,7 +33,7 @@ export async function publish(ctx: MoveContext): Promise<void> {
 export async function subscribe(ctx: MoveContext): Promise<void> {
   const exists = await ctx.target.client.query(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
   if (exists.rowCount) return;
-  const tables = await shardTables(ctx.source.client, schemasOf(ctx, ctx.shards), 'leaves');
+  const tables = await moveLeafTables(ctx);
   // Binary replication carries type OIDs in arrays and records, and reg* values as raw OIDs.
   const binary = sameMajorVersion(ctx) && tables.every((t) => t.portable);
   await ctx.target.client.query(createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, binary));
