@@ -30,7 +30,7 @@ export async function leafTablesOf(ctx: MoveContext, schemas: readonly string[])
  */
 export async function ensureMethods(ctx: MoveContext): Promise<Map<string, HashMethod>> {
   ctx.methods ??= await hashMethods(
-    ctx.source.client,
+    [ctx.source.client, ctx.target.client],
     await moveLeafTables(ctx),
     Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000,
   );

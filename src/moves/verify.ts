@@ -24,26 +24,29 @@ export type { HashMethod };
 /**
  * The checksum method of each table: the record hash where it is OID-free, every column type has
  * an extended hash function and no column a nondeterministic collation, else text (a row's text
- * tells 'Abc' from 'abc' whatever the collation). Probed once per column type, not per table: all the
- * types in one round trip, and one by one only when that fails (a type without one).
+ * tells 'Abc' from 'abc' whatever the collation). Probed once per column type, not per table, on
+ * both hosts (each hashes its own copy, and they may be of different majors): all the types in one
+ * round trip each, and one by one only when that fails (a type without one).
  */
 export async function hashMethods(
-  source: pg.Client,
+  hosts: readonly pg.Client[],
   tables: readonly TypedShardTable[],
   recordHash: boolean,
 ): Promise<Map<string, HashMethod>> {
   const candidates = recordHash ? tables.filter((t) => t.portable && !t.nondeterministic) : [];
   // Only the names format_type gives built-in types are probed; anything else is hashed as text.
   const types = [...new Set(candidates.flatMap((t) => t.columnTypes))].filter((type) => BUILT_IN_TYPE_NAME.test(type));
-  const probe = async (some: readonly string[]): Promise<boolean> => {
+  const probeOn = async (client: pg.Client, some: readonly string[]): Promise<boolean> => {
     try {
-      await source.query(hashProbeSql(some));
+      await client.query(hashProbeSql(some));
       return true;
     } catch (error) {
       if ((error as { code?: string }).code !== '42883') throw error;
       return false;
     }
   };
+  const probe = async (some: readonly string[]): Promise<boolean> =>
+    (await Promise.all(hosts.map((client) => probeOn(client, some)))).every(Boolean);
   const hashable = new Set<string>();
   if (types.length > 0 && (await probe(types))) for (const type of types) hashable.add(type);
   else if (types.length > 1) for (const type of types) if (await probe([type])) hashable.add(type);

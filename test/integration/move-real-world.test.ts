@@ -310,6 +310,22 @@ describe('columns without a hash function (json, point, json[]) and a column nam
   });
 });
 
+describe('a type with a hash function on the source only', () => {
+  const env = twoHosts({ '0004_amounts.sql': 'CREATE TABLE amounts (id bigint PRIMARY KEY, amount numeric);\n' });
+
+  it('is checksummed by its text: the hash functions are probed on both hosts', async () => {
+    // What a target of another major without numeric's extended hash function would be: the
+    // function removed from this test database's catalog on pg2.
+    await withClient(env.db.urls[1]!, (c) =>
+      c.query(`DELETE FROM pg_amproc WHERE amproc = 'hash_numeric_extended'::regproc`),
+    );
+    await withClient(env.db.urls[0]!, (c) => c.query(`insert into insta1.amounts values (1, 1.5), (2, null)`));
+    const result = await moveShard(await env.fleet.config(), 1, 'pg2', { configFile: env.fleet.configFile });
+    expect(result.outcome).toBe('moved');
+    expect(result.verification).toMatchObject({ ok: true });
+  });
+});
+
 describe('sequences in every state', () => {
   const env = twoHosts({
     '0004_sequences.sql': `CREATE SEQUENCE s_fresh;

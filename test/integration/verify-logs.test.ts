@@ -89,7 +89,7 @@ describe('verification from change logs (tables without a usable key)', () => {
     const moveId = `logs-${Math.random().toString(36).slice(2, 8)}`;
     await Promise.all([src.query(SETUP), dst.query(SETUP)]);
     const tables = await shardTables(src, SCHEMA, 'leaves', { columnTypes: true });
-    const methods = await hashMethods(src, tables, true);
+    const methods = await hashMethods([src, dst], tables, true);
     expect([...methods.entries()].sort()).toEqual([
       ['vt.audit', 'text'],
       ['vt.plain', 'record'],
