@@ -163,7 +163,9 @@ function printUnfinished(out: Output, unfinished: readonly UnfinishedMove[]): vo
   const { shardsPhrase } = lib();
   out.line('unfinished moves, finished first:');
   for (const u of unfinished)
-    out.line(`  ${u.source} → ${u.target}: ${shardsPhrase(u.shards)} (move ${u.moveId}, after step ${u.step})`);
+    out.line(
+      `  ${u.source} → ${u.target}: ${shardsPhrase(u.shards)} (move ${u.moveId}, after step ${u.step}${u.aborting ? '; its abort was cut off: aborted, the shards stay on ' + u.source : ''})`,
+    );
 }
 
 function planSummary(plan: RebalancePlan): string {

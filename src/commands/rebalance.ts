@@ -8,7 +8,7 @@ import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import type { MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
-import type { MoveStep } from '../moves/state.js';
+import { abortBegun, type MoveStep } from '../moves/state.js';
 import { findRunningMoves, runMoves, type BatchMoveResult } from '../moves/run.js';
 import { shardSizes } from './sizes.js';
 import { inflect } from '../text.js';
@@ -40,13 +40,17 @@ export interface RebalanceOptions extends Omit<MoveOptions, 'dryRun' | 'resume' 
   readonly onStep?: (move: Pick<PlannedMove, 'source' | 'target'>, step: MoveStep, detail: string) => void;
 }
 
-/** A move recorded on the hosts but not finished: rebalance resumes it before planning. */
+/**
+ * A move recorded on the hosts but not finished: rebalance resumes it before planning, or aborts it
+ * when an abort of it began (`aborting`).
+ */
 export interface UnfinishedMove {
   readonly moveId: string;
   readonly source: string;
   readonly target: string;
   readonly shards: readonly number[];
   readonly step: string;
+  readonly aborting: boolean;
 }
 
 export interface RebalanceMoveResult extends PlannedMove {
@@ -57,7 +61,7 @@ export interface RebalanceResult {
   /** rebalanced: moves ran; balanced: nothing to move; dry-run: planned only. */
   readonly outcome: 'rebalanced' | 'balanced' | 'dry-run';
   readonly by: RebalanceBy;
-  /** Unfinished moves found first (resumed, or in a dry run, to be resumed). */
+  /** Unfinished moves found first (resumed or aborted, or in a dry run, to be). */
   readonly unfinished: readonly UnfinishedMove[];
   readonly plan: RebalancePlan;
   /** The moves run, in the order they finished. */
@@ -128,6 +132,7 @@ async function rebalanceLocked(
     target: r.target,
     shards: r.shards,
     step: r.step,
+    aborting: abortBegun(r.detail),
   }));
   let current = config;
   let rows = 0n;
@@ -135,20 +140,26 @@ async function rebalanceLocked(
     event(
       `finishing ${unfinished.length} unfinished ${inflect(unfinished.length, 'move')} first: ${unfinished.map(describeUnfinished).join('; ')}`,
     );
-    const shards = [...new Set(unfinished.flatMap((u) => u.shards))].sort((a, b) => a - b);
-    const resumed = await runMoves(config, shards, undefined, {
-      ...moveOptions({ source: '(resumed)', target: unfinished.map((u) => u.target).join(', ') }),
-      resume: true,
-    });
-    rows += BigInt(resumed.rowsMoved);
+    // A move whose abort began is aborted (it can be nothing else), the others resumed.
+    for (const aborting of [true, false]) {
+      const these = unfinished.filter((u) => u.aborting === aborting);
+      if (these.length === 0) continue;
+      const shards = [...new Set(these.flatMap((u) => u.shards))].sort((a, b) => a - b);
+      const finished = await runMoves(config, shards, undefined, {
+        ...moveOptions({ source: '(resumed)', target: these.map((u) => u.target).join(', ') }),
+        ...(aborting ? { abort: true } : { resume: true }),
+      });
+      rows += BigInt(finished.rowsMoved);
+    }
     current = await reload();
   }
 
   const sizes = await shardSizes(current);
   const hosts = current.hosts.map((h) => ({ name: h.name, weight: h.weight, drain: h.drain, shards: h.shards }));
   if (options.dryRun) {
-    // The unfinished moves will end on their targets: plan from the map as they will leave it.
-    for (const u of unfinished) {
+    // The unfinished moves will end on their targets (those whose abort began, on their sources):
+    // plan from the map as they will leave it.
+    for (const u of unfinished.filter((m) => !m.aborting)) {
       const moving = new Set(u.shards);
       for (const [i, h] of hosts.entries()) {
         if (h.name === u.source) hosts[i] = { ...h, shards: h.shards.filter((s) => !moving.has(s)) };
@@ -277,5 +288,5 @@ function describeMove(move: Pick<PlannedMove, 'source' | 'target' | 'shards'>): 
 }
 
 function describeUnfinished(move: UnfinishedMove): string {
-  return `${describeMove(move)} after step ${move.step}`;
+  return `${describeMove(move)} after step ${move.step}${move.aborting ? ' (its abort cut off: aborted)' : ''}`;
 }

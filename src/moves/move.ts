@@ -18,7 +18,7 @@ import {
   ACTIVE_SHARDS_SQL,
   dropUnusedFenceGuardsSql,
 } from './sql.js';
-import { faultAfter, recordStep, stepsFor, type MoveMode, type MoveStep } from './state.js';
+import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
@@ -80,14 +80,18 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
         } catch (undo) {
           // An undo that failed part way (a lost target) must not leave the sources fenced, and can
           // only be finished by aborting again (run.ts refuses to resume it).
-          await releaseAfterFailure(ctx, step, undo, 'abort the move to finish undoing it');
+          await releaseAfterFailure(ctx, step, undo, { abortOnly: true });
+          // Refused before anything was undone (the move switched): that refusal is the advice.
+          if (undo instanceof ShardctlError && undo.code === 'MOVE_SWITCHED') throw undo;
+          const failure = error.failure;
           throw new HostError(
             errorHost(undo) ?? ctx.source.host.name,
-            `move ${ctx.moveId} failed at step ${step} (${describePgError(error.failure)}), and undoing it failed: ${describePgError(undo)}; abort it to finish the undo`,
+            `move ${ctx.moveId} failed at step ${step} (${failure instanceof ShardctlError ? failure.message : describePgError(failure)}), and undoing it failed: ${describePgError(undo)}; abort it to finish the undo`,
             {
               shard: ctx.shards[0]!,
               code: 'MOVE_FAILED',
               cause: undo,
+              ...(failure instanceof ShardctlError ? { details: failure.details } : {}),
               data: { moveId: ctx.moveId, step, shards: ctx.shards },
               next: [{ action: 'abort', shards: ctx.shards }],
             },
@@ -135,8 +139,12 @@ async function releaseAfterFailure(
   ctx: MoveContext,
   step: MoveStep,
   failure: unknown,
-  then = 'resume the move to retry the cut-over, or abort it',
+  options: { abortOnly?: boolean } = {},
 ): Promise<void> {
+  const then = options.abortOnly
+    ? 'abort the move to finish undoing it'
+    : 'resume the move to retry the cut-over, or abort it';
+  const until = options.abortOnly ? 'the move is aborted' : 'the move is resumed or aborted';
   const steps = stepsFor(ctx.mode);
   const at = steps.indexOf(step);
   if (ctx.mode !== 'online' || ctx.fenceStartedAtMs === null) return;
@@ -152,7 +160,7 @@ async function releaseAfterFailure(
   } catch (error) {
     notice(
       ctx,
-      `host ${ctx.source.host.name}: ${which} could not be unfenced after step ${step} failed (${why}): ${describePgError(error)}; they refuse writes until the move is resumed or aborted`,
+      `host ${ctx.source.host.name}: ${which} could not be unfenced after step ${step} failed (${why}): ${describePgError(error)}; they refuse writes until ${until}`,
     );
   }
 }
@@ -220,7 +228,7 @@ const STEPS: Record<MoveStep, Step> = {
  */
 export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void> {
   await requireNotSwitched(ctx, step);
-  await recordAborting(ctx, step);
+  await recordAborting(ctx);
   // This process's snapshots of a verification begun before the fence (the logs go with the fence's undo).
   await dropPreVerification(ctx);
   const undos = undosAfter(ctx.mode, step);
@@ -238,11 +246,9 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
  * dropped, its shards unfenced, part of its copies dropped) can no longer be resumed, only aborted
  * again (run.ts refuses --resume). Enough on one host: the records' details are merged.
  */
-async function recordAborting(ctx: MoveContext, step: MoveStep): Promise<void> {
+async function recordAborting(ctx: MoveContext): Promise<void> {
   const written = await Promise.allSettled(
-    [ctx.source.client, ctx.target.client].map((client) =>
-      recordStep(client, ctx.moveId, step, 'running', { [MOVE_ABORTING]: true }),
-    ),
+    [ctx.source.client, ctx.target.client].map((client) => recordDetail(client, ctx.moveId, { [MOVE_ABORTING]: true })),
   );
   if (written.every((w) => w.status === 'rejected')) throw (written[0] as PromiseRejectedResult).reason;
 }

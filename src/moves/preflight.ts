@@ -131,7 +131,11 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
   );
 
   const onSource = await reads.onSource;
-  const running = (await reads.running).flat().filter((m, i, all) => all.findIndex((o) => o.moveId === m.moveId) === i);
+  // One per move; an abort that began is said by either host's record.
+  const onHosts = (await reads.running).flat();
+  const running = onHosts
+    .filter((m, i) => onHosts.findIndex((o) => o.moveId === m.moveId) === i)
+    .map((m) => ({ ...m, aborting: onHosts.some((o) => o.moveId === m.moveId && o.aborting) }));
   const missing = onSource.rows.filter((r) => !r.exists).map((r) => r.shard);
   const inactive = onSource.rows.filter((r) => r.exists && r.state !== 'active');
   add(

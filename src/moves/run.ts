@@ -335,7 +335,13 @@ export async function findRunningMoves(config: ShardctlConfig, shards?: readonly
           async ({ client }) => ((await controlTableExists(client, 'moves')) ? runningMoves(client, shards) : []),
           { applicationName: 'shardctl move' },
         );
-        for (const r of records) if (!found.has(r.moveId)) found.set(r.moveId, r);
+        for (const r of records) {
+          const seen = found.get(r.moveId);
+          // The first host's record, told by the other that an abort of the move began.
+          if (!seen) found.set(r.moveId, r);
+          else if (abortBegun(r.detail) && !abortBegun(seen.detail))
+            found.set(r.moveId, { ...seen, detail: { ...seen.detail, ...r.detail } });
+        }
       } catch (error) {
         errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
       }

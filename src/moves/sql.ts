@@ -916,6 +916,9 @@ export const INSERT_MOVE_SQL = `WITH m AS (
 export const RECORD_STEP_SQL = `WITH m AS (UPDATE ${CONTROL}.moves SET step = $2, status = $3, updated_at = now(), detail = detail || $4::jsonb WHERE move_id = $1 RETURNING move_id)
      DELETE FROM ${CONTROL}.move_shards s USING m WHERE s.move_id = m.move_id AND $3 <> 'running'`;
 
+/** Merges detail $2 into running move $1's record. */
+export const RECORD_DETAIL_SQL = `UPDATE ${CONTROL}.moves SET updated_at = now(), detail = detail || $2::jsonb WHERE move_id = $1 AND status = 'running'`;
+
 /** The running moves on this host carrying any of shards $1 (all of them when $1 is NULL). */
 export const RUNNING_MOVES_SQL = `SELECT move_id, shards, source, target, mode, step, status, detail FROM ${CONTROL}.moves
       WHERE status = 'running' AND ($1::int[] IS NULL OR shards && $1::int[])

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
-import { INSERT_MOVE_SQL, RECORD_STEP_SQL, RUNNING_MOVES_SQL } from './sql.js';
+import { INSERT_MOVE_SQL, RECORD_DETAIL_SQL, RECORD_STEP_SQL, RUNNING_MOVES_SQL } from './sql.js';
 import { MOVE_ABORTING } from '../fleet/control.js';
 
 /**
@@ -90,6 +90,14 @@ export async function recordStep(
   detail: Record<string, unknown> = {},
 ): Promise<void> {
   await client.query(RECORD_STEP_SQL, [moveId, step, status, JSON.stringify(detail)]);
+}
+
+/**
+ * Merges `detail` into a running move's record, its step unchanged (a move finished or aborted on
+ * this host already is left as it is).
+ */
+export async function recordDetail(client: pg.Client, moveId: string, detail: Record<string, unknown>): Promise<void> {
+  await client.query(RECORD_DETAIL_SQL, [moveId, JSON.stringify(detail)]);
 }
 
 /** The unfinished moves on this host that carry any of `shards` (all unfinished moves without it). */

@@ -12,6 +12,7 @@ import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import {
   fleetState,
+  lastMove,
   removeCliSnapshot,
   replicationObjects,
   schemaFingerprint,
@@ -302,6 +303,41 @@ describe('a rebalance killed in the middle of a move', () => {
     const config = await fleet.config();
     expect(shardCounts(config)).toEqual({ pg1: 2, pg2: 2, pg3: 2 });
     expect(config.hosts.map((h) => h.shardsSpec)).toEqual(['4-5', '0-1', '2-3']);
+    expect(await fingerprints(config)).toEqual(before);
+    expect((await status(config)).ok).toBe(true);
+    expect(await replicationObjects(urls)).toEqual([]);
+  });
+
+  it('aborts a move whose abort was cut off, instead of resuming it: its shard stays on its source', async () => {
+    const shard = (await fleet.config()).hosts[0]!.shards[0]!;
+    const before = await fingerprints(await fleet.config());
+    const move = ['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile];
+    expect((await spawnCli(move, { SHARDCTL_FAULT_AFTER_STEP: 'fenced' })).signal).toBe('SIGKILL');
+    const cut = await spawnCli(['move-shard', String(shard), '--abort', '--yes', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'first-undo',
+    });
+    expect(cut.signal, cut.stderr).toBe('SIGKILL');
+    await waitForMoveSessionsToEnd(urls);
+
+    const { moveId } = (await withClient(urls[0]!, (c) => lastMove(c, shard)))!;
+    const dry = await runCli(['rebalance', '--dry-run', '-c', fleet.configFile]);
+    expect(dry.code, dry.stderr).toBe(0);
+    expect(dry.stdout).toContain(
+      `pg1 → pg2: shard ${shard} (move ${moveId}, after step fenced; its abort was cut off: aborted, the shards stay on pg1)`,
+    );
+    const rerun = await runCli(['rebalance', '--yes', '-c', fleet.configFile]);
+    expect(rerun.code, rerun.stderr).toBe(0);
+    expect(rerun.stderr).toContain(
+      `finishing 1 unfinished move first: pg1 → pg2 (shard ${shard}) after step fenced (its abort cut off: aborted)`,
+    );
+    // Aborted on both hosts (the rebalance may have moved the shard since, by a move of its own).
+    for (const url of urls.slice(0, 2)) {
+      const row = await withClient(url, (c) =>
+        c.query<{ status: string }>(`select status from shardctl.moves where move_id = $1`, [moveId]),
+      );
+      expect(row.rows, url).toEqual([{ status: 'aborted' }]);
+    }
+    const config = await fleet.config();
     expect(await fingerprints(config)).toEqual(before);
     expect((await status(config)).ok).toBe(true);
     expect(await replicationObjects(urls)).toEqual([]);
