@@ -30,6 +30,7 @@ else
     test/integration/migrate-staged.test.ts
     test/integration/migrate-statements.test.ts
     test/integration/move.test.ts
+    test/integration/move-crash.test.ts
     test/integration/move-drift.test.ts
     test/integration/move-faults.test.ts
     test/integration/move-grants.test.ts
