@@ -45,7 +45,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
         if (h.fenced.length) out.line(`  fenced old copies (moved away, waiting for gc): ${formatShardList(h.fenced)}`);
         if (h.refusingWrites.length) {
           out.line(
-            `  REFUSING WRITES (fenced by a move that has not switched; move-shard N --resume or --abort): ${formatShardList(h.refusingWrites)}`,
+            `  REFUSING WRITES (fenced by a move that has not switched; its unfinished move below says how to finish it): ${formatShardList(h.refusingWrites)}`,
           );
         }
         if (h.cachedSequences.length) {
@@ -56,7 +56,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
         for (const problem of h.sequenceProblems) out.line(`  id sequence: ${problem}`);
         if (h.incoming.length) {
           out.line(
-            `  arriving by a move (running or interrupted; move-shard N --resume or --abort): ${formatShardList(h.incoming)}`,
+            `  arriving by a move (running or interrupted; its unfinished move below says how to finish it): ${formatShardList(h.incoming)}`,
           );
         }
         if (h.behind.length) out.line(`  behind (pending migrations): ${formatShardList(h.behind)}`);

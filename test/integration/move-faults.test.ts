@@ -383,6 +383,10 @@ describe('a step that fails while the shard is fenced', () => {
     const second = await runCli(move(fleet, 0, '--to', 'pg2'));
     expect(second.code).toBe(1);
     expect(second.stderr).toContain('its abort was cut off: finish the undo with shardctl move-shard 0 --abort');
+    const migrate = await runCli(['migrate', '-c', fleet.configFile]);
+    expect(migrate.code).not.toBe(0);
+    expect(migrate.stderr).toContain('its abort was cut off: finish the undo (abort), then run this again');
+    expect(migrate.stderr).toContain('next: shardctl move-shard 0 --abort\n');
     // Resuming would carry on a move whose replication is gone.
     const resumed = await runCli(move(fleet, 0, '--resume'));
     expect(resumed.code).toBe(1);
