@@ -164,7 +164,7 @@ function printUnfinished(out: Output, unfinished: readonly UnfinishedMove[]): vo
   out.line('unfinished moves, finished first:');
   for (const u of unfinished)
     out.line(
-      `  ${u.source} → ${u.target}: ${shardsPhrase(u.shards)} (move ${u.moveId}, after step ${u.step}${u.aborting ? '; its abort was cut off: aborted, the shards stay on ' + u.source : ''})`,
+      `  ${u.source} → ${u.target}: ${shardsPhrase(u.shards)} (move ${u.moveId}, after step ${u.step}${u.aborting ? '; its abort was cut off: aborted, not resumed, the shards stay on ' + u.source : ''})`,
     );
 }
 

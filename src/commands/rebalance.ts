@@ -146,8 +146,13 @@ async function rebalanceLocked(
       if (these.length === 0) continue;
       const shards = [...new Set(these.flatMap((u) => u.shards))].sort((a, b) => a - b);
       const finished = await runMoves(config, shards, undefined, {
-        ...moveOptions({ source: '(resumed)', target: these.map((u) => u.target).join(', ') }),
+        ...moveOptions({
+          source: aborting ? '(aborted)' : '(resumed)',
+          target: these.map((u) => u.target).join(', '),
+        }),
         ...(aborting ? { abort: true } : { resume: true }),
+        // Only these moves: another one carrying a shard of theirs is not theirs to finish.
+        moveIds: these.map((u) => u.moveId),
       });
       rows += BigInt(finished.rowsMoved);
     }
@@ -288,5 +293,5 @@ function describeMove(move: Pick<PlannedMove, 'source' | 'target' | 'shards'>): 
 }
 
 function describeUnfinished(move: UnfinishedMove): string {
-  return `${describeMove(move)} after step ${move.step}${move.aborting ? ' (its abort cut off: aborted)' : ''}`;
+  return `${describeMove(move)} after step ${move.step}${move.aborting ? ' (its abort was cut off: aborted, not resumed)' : ''}`;
 }

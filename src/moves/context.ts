@@ -22,6 +22,8 @@ export interface MoveOptions {
   readonly dryRun?: boolean;
   readonly resume?: boolean;
   readonly abort?: boolean;
+  /** With resume or abort: only these unfinished moves (by id), of those that carry the shards. */
+  readonly moveIds?: readonly string[];
   /** Drop the old copy right after the switch instead of keeping it (fenced, renamed) until gc. */
   readonly dropSource?: boolean;
   /** The config file to rewrite at the switch (default: config.file). */

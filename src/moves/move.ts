@@ -78,11 +78,12 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
         try {
           await abortMove(ctx, error.after);
         } catch (undo) {
+          // Refused before anything was undone (the move switched): that refusal is the advice.
+          const switched = undo instanceof ShardctlError && undo.code === 'MOVE_SWITCHED';
           // An undo that failed part way (a lost target) must not leave the sources fenced, and can
           // only be finished by aborting again (run.ts refuses to resume it).
-          await releaseAfterFailure(ctx, step, undo, { abortOnly: true });
-          // Refused before anything was undone (the move switched): that refusal is the advice.
-          if (undo instanceof ShardctlError && undo.code === 'MOVE_SWITCHED') throw undo;
+          await releaseAfterFailure(ctx, step, undo, { abortOnly: !switched });
+          if (switched) throw undo;
           const failure = error.failure;
           throw new HostError(
             errorHost(undo) ?? ctx.source.host.name,
@@ -242,15 +243,15 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
 }
 
 /**
- * Said in the move's record before anything is undone: an abort cut off part way (its replication
- * dropped, its shards unfenced, part of its copies dropped) can no longer be resumed, only aborted
- * again (run.ts refuses --resume). Enough on one host: the records' details are merged.
+ * Said in the move's record on both hosts before anything is undone: an abort cut off part way (its
+ * replication dropped, its shards unfenced, part of its copies dropped) can no longer be resumed,
+ * only aborted again (run.ts refuses --resume). On both, or nothing is undone: a record that lacked
+ * it could outlive the other (the abort recorded on one host only) and be resumed.
  */
 async function recordAborting(ctx: MoveContext): Promise<void> {
-  const written = await Promise.allSettled(
+  await Promise.all(
     [ctx.source.client, ctx.target.client].map((client) => recordDetail(client, ctx.moveId, { [MOVE_ABORTING]: true })),
   );
-  if (written.every((w) => w.status === 'rejected')) throw (written[0] as PromiseRejectedResult).reason;
 }
 
 /**

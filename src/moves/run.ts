@@ -189,7 +189,9 @@ async function continueMoves(
   options: MoveOptions,
   started: number,
 ): Promise<BatchMoveResult> {
-  const records = await findRunningMoves(config, shards);
+  const records = (await findRunningMoves(config, shards)).filter(
+    (r) => !options.moveIds || options.moveIds.includes(r.moveId),
+  );
   if (records.length === 0) {
     // A run killed before it recorded a move (during the preflight's probe) leaves no move, only
     // leftovers: an abort removes those.

@@ -41,7 +41,8 @@ export async function hashMethods(
       await client.query(hashProbeSql(some));
       return true;
     } catch (error) {
-      if ((error as { code?: string }).code !== '42883') throw error;
+      // 42883: no extended hash function; 42704: a type this host's major lacks.
+      if (!['42883', '42704'].includes((error as { code?: string }).code ?? '')) throw error;
       return false;
     }
   };

@@ -308,7 +308,7 @@ describe('a rebalance killed in the middle of a move', () => {
     expect(await replicationObjects(urls)).toEqual([]);
   });
 
-  it('aborts a move whose abort was cut off, instead of resuming it: its shard stays on its source', async () => {
+  it('aborts a move whose abort was cut off, instead of resuming it', async () => {
     const shard = (await fleet.config()).hosts[0]!.shards[0]!;
     const before = await fingerprints(await fleet.config());
     const move = ['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile];
@@ -323,12 +323,12 @@ describe('a rebalance killed in the middle of a move', () => {
     const dry = await runCli(['rebalance', '--dry-run', '-c', fleet.configFile]);
     expect(dry.code, dry.stderr).toBe(0);
     expect(dry.stdout).toContain(
-      `pg1 → pg2: shard ${shard} (move ${moveId}, after step fenced; its abort was cut off: aborted, the shards stay on pg1)`,
+      `pg1 → pg2: shard ${shard} (move ${moveId}, after step fenced; its abort was cut off: aborted, not resumed, the shards stay on pg1)`,
     );
     const rerun = await runCli(['rebalance', '--yes', '-c', fleet.configFile]);
     expect(rerun.code, rerun.stderr).toBe(0);
     expect(rerun.stderr).toContain(
-      `finishing 1 unfinished move first: pg1 → pg2 (shard ${shard}) after step fenced (its abort cut off: aborted)`,
+      `finishing 1 unfinished move first: pg1 → pg2 (shard ${shard}) after step fenced (its abort was cut off: aborted, not resumed)`,
     );
     // Aborted on both hosts (the rebalance may have moved the shard since, by a move of its own).
     for (const url of urls.slice(0, 2)) {
