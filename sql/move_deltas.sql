@@ -20,9 +20,9 @@ CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
 -- The trigger function: TG_ARGV[0] is the move id, TG_ARGV[1] the checksum's method ('record' or
 -- 'text', see src/moves/verify.ts HASH_SQL), so a row's hash here is the one the checksum gives it.
 -- The text form of a row depends on session settings, fixed here as the checksum fixes them (an
--- application's session may have others): the values are src/moves/sql.ts's STABLE_TEXT. ALWAYS triggers: on the target they fire for the apply
--- worker. SECURITY DEFINER: the application's roles, and the apply worker writing as a table's
--- owner, need no right on the control schema.
+-- application's session may have others): the values are src/moves/sql.ts's STABLE_TEXT. ALWAYS
+-- triggers: on the target they fire for the apply worker. SECURITY DEFINER: the application's
+-- roles, and the apply worker writing as a table's owner, need no right on the control schema.
 CREATE OR REPLACE FUNCTION {{control}}.move_delta()
 RETURNS trigger
 LANGUAGE plpgsql

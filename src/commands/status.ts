@@ -7,6 +7,7 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
+import { abortingMoveIds } from '../fleet/control.js';
 import {
   mapDisagreements,
   mergePlacement,
@@ -125,8 +126,7 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
     }),
   );
   const map = mapStatus(config, mergePlacement(views));
-  // An abort that began is noted on both hosts, or on one when the other did not answer: either says it for the move.
-  const aborting = new Set(hosts.flatMap((h) => h.moves.filter((m) => m.aborting).map((m) => m.moveId)));
+  const aborting = abortingMoveIds(hosts.flatMap((h) => h.moves));
   for (const h of hosts) for (const m of h.moves) if (aborting.has(m.moveId)) m.aborting = true;
   const mapOk = map.disagreements.length === 0 && map.problems.length === 0;
   return {

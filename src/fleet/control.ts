@@ -26,6 +26,16 @@ export const MOVE_ABORTING = 'aborting';
 export const MOVE_ABORTING_SQL = `coalesce((detail->>'${MOVE_ABORTING}')::boolean, false) AS aborting`;
 
 /**
+ * The moves whose abort began, from the records of any host: one host's record saying so is
+ * enough for the move (the other may not have been written, or not answered).
+ */
+export function abortingMoveIds(
+  records: Iterable<{ readonly moveId: string; readonly aborting: boolean }>,
+): Set<string> {
+  return new Set([...records].filter((r) => r.aborting).map((r) => r.moveId));
+}
+
+/**
  * The control schema's own versions, in order: each step's SQL is idempotent and brings a control
  * schema of any earlier version (or none) up to it. controlSchemaSql runs them all in one
  * transaction and records the last version in `layout.control_version` (never lowering it). A host

@@ -6,7 +6,7 @@ import type pg from 'pg';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { controlTableExists } from '../fleet/control.js';
+import { abortingMoveIds, controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
@@ -133,9 +133,10 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
   const onSource = await reads.onSource;
   // One per move; an abort that began is said by either host's record.
   const onHosts = (await reads.running).flat();
+  const aborting = abortingMoveIds(onHosts);
   const running = onHosts
     .filter((m, i) => onHosts.findIndex((o) => o.moveId === m.moveId) === i)
-    .map((m) => ({ ...m, aborting: onHosts.some((o) => o.moveId === m.moveId && o.aborting) }));
+    .map((m) => ({ ...m, aborting: aborting.has(m.moveId) }));
   const missing = onSource.rows.filter((r) => !r.exists).map((r) => r.shard);
   const inactive = onSource.rows.filter((r) => r.exists && r.state !== 'active');
   add(

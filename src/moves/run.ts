@@ -4,7 +4,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { readShardRows } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
-import { controlSchemaSql, controlTableExists } from '../fleet/control.js';
+import { controlSchemaSql, controlTableExists, MOVE_ABORTING } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
 import { requireFleetAgrees } from '../fleet/placement.js';
 import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
@@ -342,7 +342,7 @@ export async function findRunningMoves(config: ShardctlConfig, shards?: readonly
           // The first host's record, told by the other that an abort of the move began.
           if (!seen) found.set(r.moveId, r);
           else if (abortBegun(r.detail) && !abortBegun(seen.detail))
-            found.set(r.moveId, { ...seen, detail: { ...seen.detail, ...r.detail } });
+            found.set(r.moveId, { ...seen, detail: { ...seen.detail, [MOVE_ABORTING]: true } });
         }
       } catch (error) {
         errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);

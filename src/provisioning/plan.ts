@@ -5,7 +5,7 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { MigrationFile } from '../migrations/files.js';
 import type { HostSnapshot, MovingShard } from '../fleet/catalog.js';
-import { CONTROL_VERSION, controlSchemaSql } from '../fleet/control.js';
+import { abortingMoveIds, CONTROL_VERSION, controlSchemaSql } from '../fleet/control.js';
 import { createShardSql, recordShardSql, reinstallNextIdSql } from '../fleet/sql.js';
 import { DRIFT_KINDS, driftProblems, pendingMigrations, type DriftKind } from '../migrations/rules.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
@@ -317,14 +317,13 @@ function unfinishedMoves(
   snapshots: readonly HostSnapshot[],
   include: (shard: number, move: MovingShard) => boolean,
 ): Map<string, MovingShard & { shards: number[] }> {
+  const aborting = abortingMoveIds(snapshots.flatMap((s) => [...s.moving.values()]));
   const moves = new Map<string, MovingShard & { shards: number[] }>();
   for (const snapshot of snapshots) {
     for (const [shard, move] of snapshot.moving) {
       if (!include(shard, move)) continue;
       let entry = moves.get(move.moveId);
-      if (!entry) moves.set(move.moveId, (entry = { ...move, shards: [] }));
-      // A host that saw the abort begin says so for the move.
-      if (move.aborting && !entry.aborting) moves.set(move.moveId, (entry = { ...entry, aborting: true }));
+      if (!entry) moves.set(move.moveId, (entry = { ...move, aborting: aborting.has(move.moveId), shards: [] }));
       if (!entry.shards.includes(shard)) entry.shards.push(shard);
     }
   }
