@@ -73,6 +73,16 @@ export function controlSchemaSql(config: ShardctlConfig): string {
   ].join('\n');
 }
 
+/**
+ * Runs controlSchemaSql where the host's control schema is older than this shardctl's (or missing);
+ * a current one is left as it is (its DDL is about 30 ms a host, and a move's start waits for it).
+ */
+export async function completeControlSchema(client: pg.Client, config: ShardctlConfig): Promise<void> {
+  const recorded = await recordedControlVersion(client);
+  if (recorded !== null && recorded >= CONTROL_VERSION) return;
+  await client.query(controlSchemaSql(config));
+}
+
 /** The control schema version a host records, or null when it has none (a fresh host). */
 export async function recordedControlVersion(client: pg.Client): Promise<number | null> {
   const exists = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.layout`]);

@@ -54,18 +54,21 @@ const lockConnections = new WeakMap<pg.Client, pg.Client>();
 /** How often a runner looks again for the workers of an earlier run. */
 const WORKER_POLL_MS = 50;
 
+/** A runner lock's own connection, opened and not yet locked (see Fleet.lock). */
+export interface PendingRunnerLock {
+  readonly host: HostConfig;
+  readonly client: pg.Client;
+  readonly lock: pg.Client;
+}
+
 /**
- * Takes the runner lock on `host` for the run whose coordinator connection is `client`, then waits
- * for the workers of an earlier run. releaseRunnerLock(client) lets it go.
+ * What a runner lock needs before it is taken: the lock tables, and the lock's own connection,
+ * named as the coordinator is (so that a second run's message names what this run is). Nothing is
+ * locked yet, so the hosts' lock connections can be opened at once; takeRunnerLock, or
+ * abandonRunnerLock, ends it.
  */
-export async function acquireRunnerLock(
-  host: HostConfig,
-  client: pg.Client,
-  options: RunnerLockOptions = {},
-): Promise<void> {
-  const wait = options.workerWait ?? '5s';
+export async function openRunnerLock(host: HostConfig, client: pg.Client): Promise<PendingRunnerLock> {
   await ensureControlLocks(client);
-  // Named as the coordinator is, so that a second run's message names what this run is.
   const application = (await client.query<{ name: string }>(`SELECT current_setting('application_name') AS name`))
     .rows[0]!.name;
   // A failure to connect is the host's, like a failed query (Fleet.lock may lose the host), not a refusal.
@@ -74,6 +77,17 @@ export async function acquireRunnerLock(
       `cannot open the runner lock's connection: ${describePgError((error as { cause?: unknown }).cause ?? error)}`,
     );
   });
+  return { host, client, lock };
+}
+
+/**
+ * Takes the runner lock on its connection (closed when it fails) for the run whose coordinator
+ * connection is `client`, then waits for the workers of an earlier run. releaseRunnerLock(client)
+ * lets it go.
+ */
+export async function takeRunnerLock(pending: PendingRunnerLock, options: RunnerLockOptions = {}): Promise<void> {
+  const { host, client, lock } = pending;
+  const wait = options.workerWait ?? '5s';
   try {
     if (!(await lockRunner(lock, durationMs(wait)))) {
       const holder = await describeRunnerHolders(lock).catch((error: unknown) => `unknown (${describePgError(error)})`);
@@ -91,6 +105,11 @@ export async function acquireRunnerLock(
     throw error;
   }
   lockConnections.set(client, lock);
+}
+
+/** Closes a lock connection that was opened and will not be locked. */
+export async function abandonRunnerLock(pending: PendingRunnerLock): Promise<void> {
+  await endQuietly(pending.lock);
 }
 
 /**

@@ -4,7 +4,7 @@ import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../erro
 import { connectHost, describePgError, reportedSetting } from './connect.js';
 import { HOST_SILENT } from './silence.js';
 import { requireKnownControlVersion } from './control.js';
-import { acquireRunnerLock, registerWorker, releaseRunnerLock } from './locks.js';
+import { abandonRunnerLock, openRunnerLock, registerWorker, releaseRunnerLock, takeRunnerLock } from './locks.js';
 import { endQuietly } from '../pg/quiet.js';
 
 /**
@@ -174,25 +174,35 @@ export class Fleet {
   /**
    * Takes the runner lock on every host, in order. Another runner on any host stops the whole run
    * before anything is written (fail fast, whatever the command); a host whose connection fails
-   * here is lost when `tolerateLoss`, else the run stops.
+   * here is lost when `tolerateLoss`, else the run stops. The lock connections are opened on all
+   * hosts at once (nothing is locked by opening one); only the locks are taken one after the other.
    */
   async lock(options: { lockTimeout?: string; tolerateLoss?: boolean } = {}): Promise<void> {
-    for (const session of [...this.sessions]) {
-      try {
-        await acquireRunnerLock(
-          session.host,
-          session.client,
-          options.lockTimeout ? { workerWait: options.lockTimeout } : {},
-        );
-        session.locked = true;
-        await requireKnownControlVersion(session.client, session.host.name);
-      } catch (error) {
-        // Another runner stops everything; a host that cannot be reached (the lock's own connection
-        // included) or stopped answering is lost.
-        if (error instanceof ShardctlError && error.code !== HOST_SILENT && error.code !== 'HOST_UNREACHABLE')
-          throw error;
-        this.lose(session, error, options.tolerateLoss ?? false, 'cannot take the runner lock');
+    const sessions = [...this.sessions];
+    const opened = await Promise.allSettled(sessions.map((s) => openRunnerLock(s.host, s.client)));
+    let next = 0;
+    try {
+      for (; next < sessions.length; next++) {
+        const session = sessions[next]!;
+        const pending = opened[next]!;
+        try {
+          if (pending.status === 'rejected') throw pending.reason;
+          await takeRunnerLock(pending.value, options.lockTimeout ? { workerWait: options.lockTimeout } : {});
+          session.locked = true;
+          await requireKnownControlVersion(session.client, session.host.name);
+        } catch (error) {
+          // Another runner stops everything; a host that cannot be reached (the lock's own connection
+          // included) or stopped answering is lost.
+          if (error instanceof ShardctlError && error.code !== HOST_SILENT && error.code !== 'HOST_UNREACHABLE')
+            throw error;
+          this.lose(session, error, options.tolerateLoss ?? false, 'cannot take the runner lock');
+        }
       }
+    } finally {
+      // The lock connections of the hosts not reached when a run stops (a busy or lost host before them).
+      await Promise.all(
+        opened.slice(next + 1).flatMap((p) => (p.status === 'fulfilled' ? [abandonRunnerLock(p.value)] : [])),
+      );
     }
   }
 

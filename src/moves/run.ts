@@ -4,7 +4,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { readShardRows } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
-import { controlSchemaSql, controlTableExists, MOVE_ABORTING } from '../fleet/control.js';
+import { completeControlSchema, controlTableExists, MOVE_ABORTING } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
 import { requireFleetAgrees } from '../fleet/placement.js';
 import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
@@ -62,7 +62,6 @@ export async function runMoves(
 ): Promise<BatchMoveResult> {
   const started = performance.now();
   const migrations = await readMigrations(config.migrationsDir);
-  if (!options.runnerLocksHeld) await requireFleetAgrees(config, 'shardctl move');
   if (options.resume || options.abort) return continueMoves(config, shards, migrations, options, started);
   if (!target) throw new UsageError('a target host is required to start a move', { input: 'target' });
   return startMoves(config, shards, target, migrations, options, started);
@@ -78,11 +77,21 @@ async function startMoves(
 ): Promise<BatchMoveResult> {
   const mode = options.mode ?? 'online';
   const groups = groupBySource(config, list);
-  const fleet = await Fleet.open([...groups.map((g) => g.source), target], { applicationName: 'shardctl move' });
+  const fleet = await whileAgreeing(
+    config,
+    options,
+    Fleet.open([...groups.map((g) => g.source), target], { applicationName: 'shardctl move' }),
+    (opened) => opened.close(),
+  );
   try {
     fleet.requireAll();
-    if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const parts = await Promise.all(groups.map((g) => openPart(g.source, target, options.dryRun ?? false)));
+    // The moves' own connections are opened while the runner locks are taken; they are recorded as
+    // workers once the locks are held.
+    const parts = await openParts(
+      groups.map((g) => ({ source: g.source, target })),
+      !options.dryRun && !options.runnerLocksHeld ? fleet.lock({ lockTimeout: config.lockTimeout }) : undefined,
+      options.dryRun ?? false,
+    );
     try {
       const planned = await Promise.all(
         parts.map(async (part, i) => {
@@ -146,10 +155,10 @@ async function startMoves(
             options,
           );
           ctx.sourcePrivileges = sourcePrivileges;
-          // Both hosts at once: the control schema completed, then the move recorded.
+          // Both hosts at once: the control schema completed (where a host's is older), then the move recorded.
           await Promise.all(
             [part.source, part.target].map(async (side) => {
-              await side.client.query(controlSchemaSql(config));
+              await completeControlSchema(side.client, config);
               await insertMove(side.client, {
                 moveId,
                 shards: group.shards,
@@ -189,7 +198,7 @@ async function continueMoves(
   options: MoveOptions,
   started: number,
 ): Promise<BatchMoveResult> {
-  const records = (await findRunningMoves(config, shards)).filter(
+  const records = (await whileAgreeing(config, options, findRunningMoves(config, shards))).filter(
     (r) => !options.moveIds || options.moveIds.includes(r.moveId),
   );
   if (records.length === 0) {
@@ -361,10 +370,71 @@ interface Part {
 }
 
 /**
+ * Runs `work` while the config file is checked against the fleet (requireFleetAgrees), both at once;
+ * the file's refusal comes first, and then what `work` made is given to `discard`. A caller that
+ * holds the runner locks (rebalance) has checked the file itself.
+ */
+async function whileAgreeing<T>(
+  config: ShardctlConfig,
+  options: MoveOptions,
+  work: Promise<T>,
+  discard?: (value: T) => Promise<void>,
+): Promise<T> {
+  const [agreed, done] = await Promise.allSettled([
+    options.runnerLocksHeld ? undefined : requireFleetAgrees(config, 'shardctl move'),
+    work,
+  ]);
+  if (agreed.status === 'rejected') {
+    if (done.status === 'fulfilled') await discard?.(done.value);
+    throw agreed.reason;
+  }
+  if (done.status === 'rejected') throw done.reason;
+  return done.value;
+}
+
+/**
  * The connections one move works on. The command's own sessions hold the runner locks; a move's
  * sessions are recorded as workers (like any worker), so several moves of one batch can share a host.
  */
 async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean): Promise<Part> {
+  const [part] = await openParts([{ source, target }], undefined, dryRun);
+  return part!;
+}
+
+/**
+ * The parts of a batch, connected while `locking` (the runner locks being taken) runs, and recorded
+ * as workers only once it has succeeded: a worker recorded before the lock is held would be one
+ * that another run, holding it, waits for. On any failure every part opened is closed and the
+ * first failure thrown (the lock's first).
+ */
+async function openParts(
+  pairs: readonly { source: HostConfig; target: HostConfig }[],
+  locking: Promise<void> | undefined,
+  dryRun: boolean,
+): Promise<Part[]> {
+  const [locked, ...connected] = await Promise.allSettled([
+    locking,
+    ...pairs.map((p) => connectPart(p.source, p.target)),
+  ]);
+  const parts = connected.flatMap((c) => (c.status === 'fulfilled' ? [c.value] : []));
+  try {
+    if (locked!.status === 'rejected') throw locked!.reason;
+    for (const c of connected) if (c.status === 'rejected') throw c.reason;
+    if (!dryRun)
+      await Promise.all(
+        parts.flatMap((part) => [
+          registerWorker(part.source.client, part.source.host.name),
+          registerWorker(part.target.client, part.target.host.name),
+        ]),
+      );
+    return parts;
+  } catch (error) {
+    await Promise.all(parts.map(closePart));
+    throw error;
+  }
+}
+
+async function connectPart(source: HostConfig, target: HostConfig): Promise<Part> {
   const [s, t] = await Promise.allSettled([
     openSession(source, { applicationName: 'shardctl move' }),
     openSession(target, { applicationName: 'shardctl move' }),
@@ -373,16 +443,6 @@ async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean)
     if (s.status === 'fulfilled') await closeSession(s.value);
     if (t.status === 'fulfilled') await closeSession(t.value);
     throw s.status === 'rejected' ? s.reason : (t as PromiseRejectedResult).reason;
-  }
-  if (!dryRun) {
-    try {
-      await registerWorker(s.value.client, source.name);
-      await registerWorker(t.value.client, target.name);
-    } catch (error) {
-      await closeSession(s.value);
-      await closeSession(t.value);
-      throw error;
-    }
   }
   return { source: s.value, target: t.value };
 }
