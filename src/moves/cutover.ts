@@ -550,7 +550,10 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
 async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
   await dropPreVerification(ctx);
   if (ctx.mode !== 'online') return;
-  let held: pg.Client[] = [];
+  // The snapshots' sessions connect while the triggers are created; whatever opened is closed on failure.
+  let opening: Promise<PromiseSettledResult<pg.Client>[]> | undefined;
+  const opened = async (): Promise<pg.Client[]> =>
+    (opening ? await opening : []).flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
   try {
     const [leaves, leftOnTarget, leftOnSource] = await Promise.all([
       ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : shardLeaves(ctx.source.client, schemas),
@@ -572,16 +575,22 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       ctx.untracked = { ...ctx.untracked, triggers: leftOnTarget.length + leftOnSource.length > 0 };
       return;
     }
-    if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
-    const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
-    if (keyed.length === 0 && logged.length === 0) return;
-    held = await Promise.all([
+    opening = Promise.allSettled([
       openWorker(ctx.source.host, 'shardctl move verify'),
       openWorker(ctx.target.host, 'shardctl move verify'),
     ]);
+    if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
+    const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
+    if (keyed.length === 0 && logged.length === 0) {
+      await Promise.all((await opened()).map(endQuietly));
+      return;
+    }
+    const held = await opening;
+    for (const r of held) if (r.status === 'rejected') throw r.reason;
+    const [onSource, onTarget] = await opened();
     const started = performance.now();
     const verification = await preVerify(
-      { source: held[0]!, target: held[1]! },
+      { source: onSource!, target: onTarget! },
       { source: ctx.source.client, target: ctx.target.client },
       keyed,
       methods,
@@ -598,7 +607,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
-    await Promise.all(held.map(endQuietly));
+    await Promise.all((await opened()).map(endQuietly));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     await stopLogs(ctx, schemas).catch(() => undefined);
     notice(
