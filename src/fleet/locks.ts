@@ -62,13 +62,11 @@ export interface PendingRunnerLock {
 }
 
 /**
- * What a runner lock needs before it is taken: the lock tables, and the lock's own connection,
- * named as the coordinator is (so that a second run's message names what this run is). Nothing is
- * locked yet, so the hosts' lock connections can be opened at once; takeRunnerLock, or
- * abandonRunnerLock, ends it.
+ * A runner lock's own connection, named as the coordinator is (so that a second run's message names
+ * what this run is). It neither writes nor locks anything, so the hosts' lock connections can be
+ * opened at once; takeRunnerLock, or abandonRunnerLock, ends it.
  */
 export async function openRunnerLock(host: HostConfig, client: pg.Client): Promise<PendingRunnerLock> {
-  await ensureControlLocks(client);
   const application = (await client.query<{ name: string }>(`SELECT current_setting('application_name') AS name`))
     .rows[0]!.name;
   // A failure to connect is the host's, like a failed query (Fleet.lock may lose the host), not a refusal.
@@ -82,13 +80,14 @@ export async function openRunnerLock(host: HostConfig, client: pg.Client): Promi
 
 /**
  * Takes the runner lock on its connection (closed when it fails) for the run whose coordinator
- * connection is `client`, then waits for the workers of an earlier run. releaseRunnerLock(client)
- * lets it go.
+ * connection is `client`, the lock tables created first where they are missing, then waits for the
+ * workers of an earlier run. releaseRunnerLock(client) lets it go.
  */
 export async function takeRunnerLock(pending: PendingRunnerLock, options: RunnerLockOptions = {}): Promise<void> {
   const { host, client, lock } = pending;
   const wait = options.workerWait ?? '5s';
   try {
+    await ensureControlLocks(client);
     if (!(await lockRunner(lock, durationMs(wait)))) {
       const holder = await describeRunnerHolders(lock).catch((error: unknown) => `unknown (${describePgError(error)})`);
       throw new HostError(

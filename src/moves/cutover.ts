@@ -575,18 +575,19 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       ctx.untracked = { ...ctx.untracked, triggers: leftOnTarget.length + leftOnSource.length > 0 };
       return;
     }
-    opening = Promise.allSettled([
-      openWorker(ctx.source.host, 'shardctl move verify'),
-      openWorker(ctx.target.host, 'shardctl move verify'),
-    ]);
+    // Unless there is certainly nothing to verify before the fence (no keyed table, no change logs).
+    if (keyed.length > 0 || changeLogsPossible(ctx))
+      opening = Promise.allSettled([
+        openWorker(ctx.source.host, 'shardctl move verify'),
+        openWorker(ctx.target.host, 'shardctl move verify'),
+      ]);
     if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
     const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
     if (keyed.length === 0 && logged.length === 0) {
       await Promise.all((await opened()).map(endQuietly));
       return;
     }
-    const held = await opening;
-    for (const r of held) if (r.status === 'rejected') throw r.reason;
+    for (const r of await opening!) if (r.status === 'rejected') throw r.reason;
     const [onSource, onTarget] = await opened();
     const started = performance.now();
     const verification = await preVerify(
@@ -617,6 +618,11 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   }
 }
 
+/** Change logs need PostgreSQL 14 on both hosts (their row hash, hash_record_extended, came in 14). */
+function changeLogsPossible(ctx: MoveContext): boolean {
+  return Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000;
+}
+
 /** How long the change-log triggers may take to be created on the source's busy tables, in all. */
 const DELTAS_SETUP_LIMIT_MS = 5_000;
 
@@ -632,7 +638,7 @@ async function startDeltas(
   tables: readonly ShardTable[],
   methods: ReadonlyMap<string, HashMethod>,
 ): Promise<boolean> {
-  if (Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) < 140000) return false;
+  if (!changeLogsPossible(ctx)) return false;
   const lockWaitMs = await lockWaitFor(ctx);
   const sql = startDeltasSql(
     ctx.moveId,
