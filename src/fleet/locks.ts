@@ -139,7 +139,7 @@ export async function releaseRunnerLock(client: pg.Client): Promise<void> {
   const lock = lockConnections.get(client);
   if (!lock) return;
   lockConnections.delete(client);
-  await rollbackQuietly(lock);
+  // Ending the session (a Terminate message) aborts its transaction and so releases the lock.
   await endQuietly(lock);
 }
 

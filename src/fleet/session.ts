@@ -112,8 +112,7 @@ function tagErrors(client: pg.Client, host: string): void {
 }
 
 export async function closeSession(session: HostSession): Promise<void> {
-  if (session.locked) await releaseRunnerLock(session.client);
-  await endQuietly(session.client);
+  await Promise.all([session.locked ? releaseRunnerLock(session.client) : undefined, endQuietly(session.client)]);
 }
 
 /** Runs fn with a session on host, closing it afterwards whatever happens. */

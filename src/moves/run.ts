@@ -448,8 +448,7 @@ async function connectPart(source: HostConfig, target: HostConfig): Promise<Part
 }
 
 async function closePart(part: Part): Promise<void> {
-  await closeSession(part.source);
-  await closeSession(part.target);
+  await Promise.all([closeSession(part.source), closeSession(part.target)]);
 }
 
 /**
