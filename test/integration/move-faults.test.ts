@@ -407,6 +407,38 @@ describe('a step that fails while the shard is fenced', () => {
     await withClient(failDb.urls[1]!, async (c) => expect(await schemaExists(c, 'insta0')).toBe(false));
     expect(await replicationObjects(failDb.urls)).toEqual([]);
   });
+
+  it("an abort's note on one host's record only (the other host's write failed) is an abort all the same: status, --resume and --abort read it", async () => {
+    await killedAfter(fleet, 0, 'caught-up');
+    // The target's record says the abort began; the source's, read first, does not.
+    await withClient(failDb.urls[1]!, (c) =>
+      c.query(`update shardctl.moves set detail = detail || '{"aborting": true}' where status = 'running'`),
+    );
+    await withClient(failDb.urls[0]!, async (c) =>
+      expect(
+        (await c.query(`select detail ? 'aborting' as noted from shardctl.moves where status = 'running'`)).rows,
+      ).toEqual([{ noted: false }]),
+    );
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code).toBe(3);
+    expect(status.stdout).toMatch(
+      /unfinished move \w+: shards 0 from pg1 to pg2 \(its abort was cut off: move-shard 0 --abort\)/,
+    );
+    const second = await runCli(move(fleet, 0, '--to', 'pg2'));
+    expect(second.code).toBe(1);
+    expect(second.stderr).toContain('its abort was cut off: finish the undo with shardctl move-shard 0 --abort');
+    const resumed = await runCli(move(fleet, 0, '--resume'));
+    expect(resumed.code).toBe(1);
+    expect(resumed.stderr).toContain('was being aborted when it stopped, after step fenced; it cannot be resumed');
+    const aborted = await runCli(move(fleet, 0, '--abort'));
+    expect(aborted.code, aborted.stderr).toBe(0);
+    await withClient(failDb.urls[0]!, async (c) => {
+      expect(await lastMove(c, 0)).toMatchObject({ status: 'aborted' });
+      expect(await failure(c, `insert into insta0.photos (user_id, image_url) values (1, 'aborted')`)).toBeNull();
+    });
+    await withClient(failDb.urls[1]!, async (c) => expect(await schemaExists(c, 'insta0')).toBe(false));
+    expect(await replicationObjects(failDb.urls)).toEqual([]);
+  });
 });
 
 describe('a host restarted mid-move', () => {
