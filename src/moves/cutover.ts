@@ -550,10 +550,7 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
 async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
   await dropPreVerification(ctx);
   if (ctx.mode !== 'online') return;
-  // The snapshots' sessions connect while the triggers are created; whatever opened is closed on failure.
-  let opening: Promise<PromiseSettledResult<pg.Client>[]> | undefined;
-  const opened = async (): Promise<pg.Client[]> =>
-    (opening ? await opening : []).flatMap((r) => (r.status === 'fulfilled' ? [r.value] : []));
+  let held: pg.Client[] = [];
   try {
     const [leaves, leftOnTarget, leftOnSource] = await Promise.all([
       ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : shardLeaves(ctx.source.client, schemas),
@@ -575,23 +572,16 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       ctx.untracked = { ...ctx.untracked, triggers: leftOnTarget.length + leftOnSource.length > 0 };
       return;
     }
-    // Unless there is certainly nothing to verify before the fence (no keyed table, no change logs).
-    if (keyed.length > 0 || changeLogsPossible(ctx))
-      opening = Promise.allSettled([
-        openWorker(ctx.source.host, 'shardctl move verify'),
-        openWorker(ctx.target.host, 'shardctl move verify'),
-      ]);
     if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
     const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
-    if (keyed.length === 0 && logged.length === 0) {
-      await Promise.all((await opened()).map(endQuietly));
-      return;
-    }
-    for (const r of await opening!) if (r.status === 'rejected') throw r.reason;
-    const [onSource, onTarget] = await opened();
+    if (keyed.length === 0 && logged.length === 0) return;
+    held = await Promise.all([
+      openWorker(ctx.source.host, 'shardctl move verify'),
+      openWorker(ctx.target.host, 'shardctl move verify'),
+    ]);
     const started = performance.now();
     const verification = await preVerify(
-      { source: onSource!, target: onTarget! },
+      { source: held[0]!, target: held[1]! },
       { source: ctx.source.client, target: ctx.target.client },
       keyed,
       methods,
@@ -608,7 +598,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
-    await Promise.all((await opened()).map(endQuietly));
+    await Promise.all(held.map(endQuietly));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     await stopLogs(ctx, schemas).catch(() => undefined);
     notice(
@@ -616,11 +606,6 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`,
     );
   }
-}
-
-/** Change logs need PostgreSQL 14 on both hosts (their row hash, hash_record_extended, came in 14). */
-function changeLogsPossible(ctx: MoveContext): boolean {
-  return Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) >= 140000;
 }
 
 /** How long the change-log triggers may take to be created on the source's busy tables, in all. */
@@ -638,7 +623,7 @@ async function startDeltas(
   tables: readonly ShardTable[],
   methods: ReadonlyMap<string, HashMethod>,
 ): Promise<boolean> {
-  if (!changeLogsPossible(ctx)) return false;
+  if (Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) < 140000) return false;
   const lockWaitMs = await lockWaitFor(ctx);
   const sql = startDeltasSql(
     ctx.moveId,

@@ -1,7 +1,8 @@
 /**
  * What the move-shard failure tests share: seeding a shard, a statement's error, the move command's
- * arguments, and a move killed after a step.
+ * arguments, a move killed after a step, and SQL run while an in-process move waits.
  */
+import { spawnSync } from 'node:child_process';
 import type pg from 'pg';
 import { expect } from 'vitest';
 import type { Fleet } from './fleet.js';
@@ -52,4 +53,14 @@ export const move = (fleet: Fleet, shard: number, ...flags: string[]) => [
 export async function killedAfter(fleet: Fleet, shard: number, step: string, ...flags: string[]): Promise<void> {
   const run = await spawnCli(move(fleet, shard, '--to', 'pg2', ...flags), { SHARDCTL_FAULT_AFTER_STEP: step });
   expect(run.signal, `move of shard ${shard} killed after ${step}: ${run.stderr}`).toBe('SIGKILL');
+}
+
+/**
+ * Runs `sql` on `url` in a child process and returns its exit status, blocking this process
+ * meanwhile: from a move's onStep hook, the move goes on only once the statement has committed.
+ */
+export function runSqlBlocking(url: string, sql: string): number | null {
+  const run = `const pg = require('pg'); const c = new pg.Client(process.argv[1]);
+    c.connect().then(() => c.query(process.argv[2])).then(() => c.end());`;
+  return spawnSync(process.execPath, ['-e', run, url, sql], { stdio: 'inherit' }).status;
 }

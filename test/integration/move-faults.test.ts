@@ -3,7 +3,6 @@
  * that fails while the shard is fenced, an abort cut off, hosts restarted mid-move, and gc (a run
  * killed after every step: move-crash.test.ts).
  */
-import { spawnSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -15,7 +14,7 @@ import { moveShard } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { embeddedBinaries } from '../helpers/binaries.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
-import { failure, fenceGuards, killedAfter, move, seed } from '../helpers/faults.js';
+import { failure, fenceGuards, killedAfter, move, runSqlBlocking, seed } from '../helpers/faults.js';
 import {
   lastMove,
   type OwnCluster,
@@ -284,16 +283,13 @@ describe('a step that fails while the shard is fenced', () => {
    * blocks (a child process) until it is committed. The move's error (or null) and its notices.
    */
   async function moveRunningAt(shard: number, step: string, sql: string) {
-    const run = `const pg = require('pg'); const c = new pg.Client(process.argv[1]);
-      c.connect().then(() => c.query(process.argv[2])).then(() => c.end());`;
     const notices: string[] = [];
     let status: number | null = null;
     const error = await moveShard(await fleet.config(), shard, 'pg2', {
       configFile: fleet.configFile,
       onNotice: (message) => notices.push(message),
       onStep: (done) => {
-        if (done === step)
-          status = spawnSync(process.execPath, ['-e', run, failDb.urls[1]!, sql], { stdio: 'inherit' }).status;
+        if (done === step) status = runSqlBlocking(failDb.urls[1]!, sql);
       },
     }).then(
       () => null,

@@ -17,6 +17,7 @@ import {
   startShardWriter,
   waitForMoveSessionsToEnd,
 } from '../helpers/moves.js';
+import { runSqlBlocking } from '../helpers/faults.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { REALWORLD_TABLES, realworldMigrations, realworldSeedSql, realworldWriterSql } from '../fixtures/realworld.js';
 import { mkdirSync, readdirSync, readFileSync, rmdirSync } from 'node:fs';
@@ -677,7 +678,10 @@ describe('a real-world schema: a change lost on the way to the target during the
 
   // A row the source commits during the cut-over (the change logs exist, here on the keyless
   // table, and the shard is not fenced yet) that the target silently drops: a BEFORE INSERT trigger there, ALWAYS, so it fires for the
-  // apply worker. The source's log has the row, the target's does not.
+  // apply worker. The source's log has the row, the target's does not. On the keyed events, the
+  // loss is found only when the row commits before the pre-verification's snapshot (as it does
+  // here: the writer inserts it once the change logs exist, in the snapshot's ~20 ms wait for its
+  // sessions); after it, no host records its key (docs/moves.md, step 10, "What this cannot see").
   it.each([
     {
       table: 'audit_log',
@@ -724,25 +728,24 @@ describe('a real-world schema: a change lost on the way to the target during the
           /NEW\.account_id = -1 OR NEW\.actor = -1/g,
           table === 'events' ? 'NEW.account_id = -1' : 'NEW.actor = -1',
         );
-      let losing: Promise<unknown> | null = null;
+      let losing: number | null | undefined;
       const error = await failure(
         moveShard(await fleet.config(), shard, 'pg2', {
           configFile: fleet.configFile,
           onStep: (step) => {
-            // The target's copy exists and streams; the cut-over has not begun.
+            // The target's copy exists and streams; the cut-over has not begun. It begins once the
+            // trigger is there (the move waits), so the row cannot reach the target before it.
             if (step === 'synced') {
-              losing = withClient(db.urls[1]!, (c) =>
-                c.query(
-                  `CREATE OR REPLACE FUNCTION public.lose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; ${dropLost}`,
-                ),
+              losing = runSqlBlocking(
+                db.urls[1]!,
+                `CREATE OR REPLACE FUNCTION public.lose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; ${dropLost}`,
               );
             }
           },
         }),
       );
       await writer.stop();
-      expect(losing).not.toBeNull();
-      await (losing as Promise<unknown> | null);
+      expect(losing).toBe(0);
       const lost = await withClient(
         db.urls[0]!,
         async (c) =>
@@ -750,7 +753,6 @@ describe('a real-world schema: a change lost on the way to the target during the
             .done,
       );
       expect(lost).toBe(true);
-
       expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
       const details = (error as HostError & { details: string[] }).details;
       expect(details).toHaveLength(1);
