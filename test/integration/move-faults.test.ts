@@ -361,6 +361,38 @@ describe('a step that fails while the shard is fenced', () => {
     );
   });
 
+  /**
+   * Shard 0's move, its abort begun and cut off: status and a second move name the move and the only
+   * command that finishes it, and --resume is refused (it would carry on a move whose replication
+   * may be gone).
+   */
+  async function expectOnlyAbortFinishes() {
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code).toBe(3);
+    expect(status.stdout).toMatch(
+      /unfinished move \w+: shards 0 from pg1 to pg2 \(its abort was cut off: move-shard 0 --abort\)/,
+    );
+    const second = await runCli(move(fleet, 0, '--to', 'pg2'));
+    expect(second.code).toBe(1);
+    expect(second.stderr).toContain('its abort was cut off: finish the undo with shardctl move-shard 0 --abort');
+    const resumed = await runCli(move(fleet, 0, '--resume'));
+    expect(resumed.code).toBe(1);
+    expect(resumed.stderr).toContain('was being aborted when it stopped, after step fenced; it cannot be resumed');
+    expect(resumed.stderr).toContain('\nnext: shardctl move-shard 0 --abort\n');
+  }
+
+  /** --abort finishes it: the source writable, the target copy gone, no replication objects. */
+  async function expectAbortFinishes() {
+    const aborted = await runCli(move(fleet, 0, '--abort'));
+    expect(aborted.code, aborted.stderr).toBe(0);
+    await withClient(failDb.urls[0]!, async (c) => {
+      expect(await lastMove(c, 0)).toMatchObject({ status: 'aborted' });
+      expect(await failure(c, `insert into insta0.photos (user_id, image_url) values (1, 'aborted')`)).toBeNull();
+    });
+    await withClient(failDb.urls[1]!, async (c) => expect(await schemaExists(c, 'insta0')).toBe(false));
+    expect(await replicationObjects(failDb.urls)).toEqual([]);
+  }
+
   it('an abort cut off after its first undo: --resume is refused with the advice to abort, and --abort finishes the undo', async () => {
     await withClient(failDb.urls[0]!, (c) => seed(c, 0, 400));
     // Killed after a step that is not written: the record stays at the fence, and so it must after the abort's note.
@@ -371,37 +403,17 @@ describe('a step that fails while the shard is fenced', () => {
     await withClient(failDb.urls[0]!, async (c) =>
       expect(await lastMove(c, 0)).toMatchObject({ step: 'fenced', status: 'running' }),
     );
-    // status and a second move name the move and the only command that finishes it.
-    const status = await runCli(['status', '-c', fleet.configFile]);
-    expect(status.code).toBe(3);
-    expect(status.stdout).toMatch(
-      /unfinished move \w+: shards 0 from pg1 to pg2 \(its abort was cut off: move-shard 0 --abort\)/,
-    );
-    const second = await runCli(move(fleet, 0, '--to', 'pg2'));
-    expect(second.code).toBe(1);
-    expect(second.stderr).toContain('its abort was cut off: finish the undo with shardctl move-shard 0 --abort');
+    await expectOnlyAbortFinishes();
     const migrate = await runCli(['migrate', '-c', fleet.configFile]);
     expect(migrate.code).not.toBe(0);
     expect(migrate.stderr).toContain('its abort was cut off: finish the undo (abort), then run this again');
     expect(migrate.stderr).toContain('next: shardctl move-shard 0 --abort\n');
-    // Resuming would carry on a move whose replication is gone.
-    const resumed = await runCli(move(fleet, 0, '--resume'));
-    expect(resumed.code).toBe(1);
-    expect(resumed.stderr).toContain('was being aborted when it stopped, after step fenced; it cannot be resumed');
-    expect(resumed.stderr).toContain('\nnext: shardctl move-shard 0 --abort\n');
     const asJson = await runCli(move(fleet, 0, '--resume', '--json'));
     expect((JSON.parse(asJson.stdout) as { error: unknown }).error).toMatchObject({
       code: 'MOVE_ABORT_UNFINISHED',
       next: [{ action: 'abort', shards: [0] }],
     });
-    const aborted = await runCli(move(fleet, 0, '--abort'));
-    expect(aborted.code, aborted.stderr).toBe(0);
-    await withClient(failDb.urls[0]!, async (c) => {
-      expect(await lastMove(c, 0)).toMatchObject({ status: 'aborted' });
-      expect(await failure(c, `insert into insta0.photos (user_id, image_url) values (1, 'aborted')`)).toBeNull();
-    });
-    await withClient(failDb.urls[1]!, async (c) => expect(await schemaExists(c, 'insta0')).toBe(false));
-    expect(await replicationObjects(failDb.urls)).toEqual([]);
+    await expectAbortFinishes();
   });
 
   it("an abort's note on one host's record only (the other host's write failed) is an abort all the same: status, --resume and --abort read it", async () => {
@@ -415,25 +427,8 @@ describe('a step that fails while the shard is fenced', () => {
         (await c.query(`select detail ? 'aborting' as noted from shardctl.moves where status = 'running'`)).rows,
       ).toEqual([{ noted: false }]),
     );
-    const status = await runCli(['status', '-c', fleet.configFile]);
-    expect(status.code).toBe(3);
-    expect(status.stdout).toMatch(
-      /unfinished move \w+: shards 0 from pg1 to pg2 \(its abort was cut off: move-shard 0 --abort\)/,
-    );
-    const second = await runCli(move(fleet, 0, '--to', 'pg2'));
-    expect(second.code).toBe(1);
-    expect(second.stderr).toContain('its abort was cut off: finish the undo with shardctl move-shard 0 --abort');
-    const resumed = await runCli(move(fleet, 0, '--resume'));
-    expect(resumed.code).toBe(1);
-    expect(resumed.stderr).toContain('was being aborted when it stopped, after step fenced; it cannot be resumed');
-    const aborted = await runCli(move(fleet, 0, '--abort'));
-    expect(aborted.code, aborted.stderr).toBe(0);
-    await withClient(failDb.urls[0]!, async (c) => {
-      expect(await lastMove(c, 0)).toMatchObject({ status: 'aborted' });
-      expect(await failure(c, `insert into insta0.photos (user_id, image_url) values (1, 'aborted')`)).toBeNull();
-    });
-    await withClient(failDb.urls[1]!, async (c) => expect(await schemaExists(c, 'insta0')).toBe(false));
-    expect(await replicationObjects(failDb.urls)).toEqual([]);
+    await expectOnlyAbortFinishes();
+    await expectAbortFinishes();
   });
 });
 
