@@ -1,8 +1,9 @@
--- Change logs on both hosts of a move, for the tables whose changes cannot be looked up by key
--- (no replica-identity key, or a key whose JSON form might not read back exactly): src/moves/tail.ts,
--- docs/moves.md "Verification". Filled by src/moves/tail.ts with the control schema's name; its
--- triggers are created just before a wave's snapshot P, disabled by the unfence or after the
--- wave's verification, and dropped when their table is free.
+-- Change logs of a move: on both hosts for the tables whose changes cannot be looked up by key (no
+-- replica-identity key, or a key whose JSON form might not read back exactly), on the source for
+-- the others too, so that the source's figure is its own: src/moves/tail.ts, docs/moves.md
+-- "Verification". Filled by src/moves/tail.ts with the control schema's name; its triggers are
+-- created just before a wave's snapshot P, disabled by the unfence, after the wave's verification
+-- (the target's) or its switch (the source's), and dropped when their table is free.
 --
 -- move_deltas: per row a write touched, the checksum's hash of the row as it was (sign -1) and as
 -- it is (sign +1); a TRUNCATE is a row with sign 0. seq orders a table's entries: a TRUNCATE holds
@@ -17,13 +18,17 @@ CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
   hash bigint
 );
 
--- The trigger function: TG_ARGV[0] is the move id, TG_ARGV[1] the checksum's method ('record' or
--- 'text', see src/moves/verify.ts HASH_SQL), so a row's hash here is the one the checksum gives it.
+-- The trigger function, one per move (named after it, src/moves/sql.ts deltaFunctionName), so
+-- that a move's logs are switched off by replacing it with one that does nothing (logsOffSql): no
+-- lock on any logged table, where disabling each trigger would wait for that table's readers and
+-- any TRUNCATE queued behind them. TG_ARGV[0] is the move id, TG_ARGV[1] the checksum's method
+-- ('record' or 'text', see src/moves/verify.ts HASH_SQL), so a row's hash here is the one the
+-- checksum gives it.
 -- The text form of a row depends on session settings, fixed here as the checksum fixes them (an
 -- application's session may have others): the values are src/moves/sql.ts's STABLE_TEXT. ALWAYS
 -- triggers: on the target they fire for the apply worker. SECURITY DEFINER: the application's
 -- roles, and the apply worker writing as a table's owner, need no right on the control schema.
-CREATE OR REPLACE FUNCTION {{control}}.move_delta()
+CREATE OR REPLACE FUNCTION {{control}}.{{function}}()
 RETURNS trigger
 LANGUAGE plpgsql
 SECURITY DEFINER

@@ -12,6 +12,7 @@ import {
   FENCE_TRIGGER,
   TRACK_TRIGGERS,
   startDeltasSql,
+  type LoggedTable,
   startTrackingSql,
   dropFenceTriggerSql,
   fenceGroups,
@@ -27,6 +28,7 @@ import {
   READ_SEQUENCE_DATA_SQL,
   setSequencesSql,
   unfenceSql,
+  logsOffSql,
   type SequenceValue,
   ACTIVE_SHARDS_SQL,
   DEADLOCK_TIMEOUT_SQL,
@@ -50,7 +52,7 @@ import {
   SHARD_SEQUENCES_SQL,
 } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
-import { readChanges, stopDeltas, stopTracking } from './tail.js';
+import { logFunctions, readChanges, startSourceDeltas, stopDeltas, stopTracking } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
 import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import {
@@ -540,12 +542,13 @@ export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknow
 
 /**
  * The first part of the wave's verification, while the source is still writable (see tail.ts):
- * tracking of the keyed tables on the target and change logs of the others on both hosts, then a
- * snapshot of all of them on both hosts, kept open until the wave is verified. Tables empty on the
- * source now are left out (ctx.untracked): while fenced they hold only the rows written during
- * the cut-over, and are checksummed whole, or not read at all when still empty on both hosts; no
- * trigger is created on them, nor dropped while fenced. Best effort: if the logs cannot be had,
- * their tables are checksummed whole while fenced; if nothing can, every table.
+ * tracking of the keyed tables on the target, change logs of the others on both hosts and of the
+ * keyed ones on the source, then a snapshot of all of them on both hosts, kept open until the wave
+ * is verified. Tables empty on the source now are left out (ctx.untracked): while fenced they hold
+ * only the rows written during the cut-over, and are checksummed whole, or not read at all when
+ * still empty on both hosts; no trigger is created on them, nor dropped while fenced. Best effort:
+ * if the logs cannot be had, the tables without a key are checksummed whole while fenced and the
+ * keyed ones compared by key on both hosts; if nothing can, every table is checksummed whole.
  */
 async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
   await dropPreVerification(ctx);
@@ -573,7 +576,8 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       return;
     }
     if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
-    const logged = unkeyed.length > 0 && (await startDeltas(ctx, schemas, unkeyed, methods)) ? unkeyed : [];
+    const logs = await startDeltas(ctx, schemas, { both: unkeyed, sourceOnly: keyed.map((k) => k.table) }, methods);
+    const logged = logs ? unkeyed : [];
     if (keyed.length === 0 && logged.length === 0) return;
     held = await Promise.all([
       openWorker(ctx.source.host, 'shardctl move verify'),
@@ -585,10 +589,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       { source: ctx.source.client, target: ctx.target.client },
       keyed,
       methods,
-      {
-        moveId: ctx.moveId,
-        tables: logged,
-      },
+      { moveId: ctx.moveId, tables: logged, keyedOnSource: logs },
     );
     ctx.pre = { wave: ctx.wave, verification };
     notice(
@@ -612,33 +613,51 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
 const DELTAS_SETUP_LIMIT_MS = 5_000;
 
 /**
- * The change logs of `tables` on both hosts (tail.ts), the target's first. The source's CREATE
- * TRIGGERs wait for its writers, each attempt no longer than the fence's lock wait, retried up to
- * DELTAS_SETUP_LIMIT_MS; false (and nothing left behind) when that is not enough or either host
- * is older than PostgreSQL 14: then these tables are checksummed whole while fenced.
+ * The change logs of the wave (tail.ts): of `tables.both` (no usable key) on both hosts, the
+ * target's first, and of `tables.sourceOnly` (the keyed ones, whose target records their changed
+ * keys) on the source too, so that each host's figure comes from what it saw itself. The source's
+ * CREATE TRIGGERs wait for its writers, table by table (tail.ts startSourceDeltas), each wait no
+ * longer than the fence's lock wait, retried up to DELTAS_SETUP_LIMIT_MS; false (and nothing left
+ * behind) when that is not enough or either host is older than PostgreSQL 14: then the tables
+ * without a key are checksummed whole while
+ * fenced, and the keyed ones compared by their changed keys on both hosts (which cannot see a
+ * change that replication loses after the snapshot: said in the notice).
  */
 async function startDeltas(
   ctx: MoveContext,
   schemas: readonly string[],
-  tables: readonly ShardTable[],
+  tables: { readonly both: readonly ShardTable[]; readonly sourceOnly: readonly ShardTable[] },
   methods: ReadonlyMap<string, HashMethod>,
 ): Promise<boolean> {
+  const all = [...tables.both, ...tables.sourceOnly];
+  if (all.length === 0) return false;
   if (Math.min(ctx.source.serverVersionNum, ctx.target.serverVersionNum) < 140000) return false;
   const lockWaitMs = await lockWaitFor(ctx);
-  const sql = startDeltasSql(
-    ctx.moveId,
-    tables.map((table) => ({ table, method: methods.get(`${table.schema}.${table.table}`) ?? 'text' })),
-    lockWaitMs,
-  );
-  await runTransaction(ctx.target.client, sql);
+  const logged = (some: readonly ShardTable[]): LoggedTable[] =>
+    some.map((table) => ({ table, method: methods.get(`${table.schema}.${table.table}`) ?? 'text' }));
+  if (tables.both.length > 0)
+    await runTransaction(ctx.target.client, startDeltasSql(ctx.moveId, logged(tables.both), lockWaitMs, ctx.wave));
   try {
-    await retryLockWaits(() => runTransaction(ctx.source.client, sql), performance.now() + DELTAS_SETUP_LIMIT_MS);
+    await startSourceDeltas(ctx.source.client, ctx.moveId, logged(all), lockWaitMs, DELTAS_SETUP_LIMIT_MS, ctx.wave);
     return true;
   } catch (error) {
     await stopLogs(ctx, schemas).catch(() => undefined);
+    const [unkeyed, keyed] = [tables.both.length, tables.sourceOnly.length];
     notice(
       ctx,
-      `host ${ctx.source.host.name}: no change logs for ${plural(tables.length, 'table')} without a usable key (${describePgError(error)}); they are checksummed whole while fenced`,
+      `host ${ctx.source.host.name}: no change logs for the wave's tables (${describePgError(error)}); ` +
+        [
+          ...(unkeyed > 0
+            ? [
+                `${plural(unkeyed, 'table')} without a usable key ${inflect(unkeyed, 'is', 'are')} checksummed whole while fenced`,
+              ]
+            : []),
+          ...(keyed > 0
+            ? [
+                `${plural(keyed, 'keyed table')} ${inflect(keyed, 'is', 'are')} compared by ${inflect(keyed, 'its', 'their')} changed keys alone, which cannot see a change replication loses after the snapshot`,
+              ]
+            : []),
+        ].join('; '),
     );
     return false;
   }
@@ -650,14 +669,11 @@ async function stopLogs(
   schemas: readonly string[],
   { sourceBestEffort = false } = {},
 ): Promise<void> {
-  const lockWaitMs = await lockWaitFor(ctx);
-  // Best effort: one attempt (the unfence disables what is left).
-  const onSource = sourceBestEffort
-    ? stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs, 0)
-    : stopDeltas(ctx.source.client, ctx.moveId, schemas, lockWaitMs);
+  // Best effort on the source when asked: the unfence switches off what is left there.
+  const onSource = stopDeltas(ctx.source.client, ctx.moveId, schemas);
   await Promise.all([
     sourceBestEffort ? onSource.catch(() => undefined) : onSource,
-    stopDeltas(ctx.target.client, ctx.moveId, schemas, lockWaitMs),
+    stopDeltas(ctx.target.client, ctx.moveId, schemas),
   ]);
 }
 
@@ -674,7 +690,7 @@ export async function dropPreVerification(
   ctx.pre = null;
   if (!pre) return;
   await endPreVerification(pre.verification);
-  if (logs && pre.verification.logged.size > 0)
+  if (logs && (pre.verification.logged.size > 0 || pre.verification.keyedOnSource))
     await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!)).catch(() => undefined);
 }
 
@@ -814,17 +830,17 @@ export async function verify(ctx: MoveContext): Promise<void> {
     // The logs go below, within the fence limit; the wave is fenced, so nothing writes to them meanwhile.
     await dropPreVerification(ctx, { logs: false });
   }
-  // Still fenced: the tracking triggers and change logs go before the wave's copies take
+  // Still fenced: the target's tracking triggers and change logs go before its copies take
   // application writes (whatever run created them: a killed run's too), unless this run found
-  // none on the wave's tables before its fence and created none.
+  // none on the wave's tables before its fence and created none. The source's logs stay on the
+  // wave's old copies, which refuse every write from now on (a failed verification's unfence
+  // disables them, and the next wave's set-up or the clean-up deletes their entries).
   if (ctx.untracked?.wave !== ctx.wave || ctx.untracked.triggers) {
     await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () =>
       stopTracking(ctx.target.client, ctx.moveId, schemas),
     );
-    // On the source only as far as its tables let it: the wave's old copy stays fenced, and an
-    // unfence disables what is left there.
     await within(`the removal of the change logs on ${ctx.target.host.name}`, () =>
-      stopLogs(ctx, schemas, { sourceBestEffort: true }),
+      stopDeltas(ctx.target.client, ctx.moveId, schemas),
     );
   }
   const before = ctx.verification;
@@ -967,10 +983,11 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
     t.calls[0] === CONTROL_SCHEMA && t.calls[1] === guard;
   if (triggers.some((t) => t.enabled && guarded(t)))
     await runTransaction(ctx.source.client, fenceGuardSql(ctx.moveId, ctx.wave - 1));
-  // A change log still on (a killed run's, or one whose removal could not wait): off with the fence.
-  const logged = (await shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS)).filter(
-    (t, i, all) => t.enabled && all.findIndex((o) => o.enabled && o.schema === t.schema && o.table === t.table) === i,
-  );
+  // A change log still on (a killed run's, or one whose removal failed): off before the shards take
+  // writes again, by replacing its function, with no table lock (logsOffSql); its triggers go below.
+  const logged = await shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS);
+  if (logged.some((t) => t.enabled))
+    await runTransaction(ctx.source.client, logsOffSql(logFunctions(logged), ctx.moveId, false));
   const lockWaitMs = await lockWaitFor(ctx);
   const started = performance.now();
   // Every shard is tried, a busy one does not keep the others fenced; the first failure is thrown after.
@@ -980,10 +997,9 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
     const own = triggers
       .filter((t) => t.schema === schema && t.enabled && !guarded(t))
       .map((t) => [t.schema, t.table] as const);
-    const ownLogged = logged.filter((t) => t.schema === schema).map((t) => [t.schema, t.table] as const);
     try {
       await retryLockWaits(
-        () => runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs, ownLogged)),
+        () => runTransaction(ctx.source.client, unfenceSql(shard, own, ctx.moveId, lockWaitMs)),
         started + limitMs,
         FENCE_WAIT_CODES,
       );
@@ -1013,6 +1029,7 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
   // harmless, and the shard's next fence takes it over (prepareFenceSql, fenceSql).
   for (const t of triggers)
     await runTransaction(ctx.source.client, dropFenceTriggerSql(t.schema, t.table)).catch(() => undefined);
+  if (logged.length > 0) await stopDeltas(ctx.source.client, ctx.moveId, schemas).catch(() => undefined);
 }
 
 /**

@@ -22,6 +22,7 @@ import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
+import { endLogs } from './tail.js';
 import { createAndCopy, createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
 import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
 import {
@@ -306,7 +307,12 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     await ctx.target.client.query(refreshMaterializedViewSql(v.schemaname, v.matviewname));
     ctx.refreshed.push(`${v.schemaname}.${v.matviewname}`);
   }
-  await deleteMarkers(ctx);
+  // The change logs the old copies keep (they refuse every write) off, and every entry gone.
+  await Promise.all([
+    deleteMarkers(ctx),
+    endLogs(ctx.source.client, ctx.moveId),
+    endLogs(ctx.target.client, ctx.moveId),
+  ]);
 }
 
 /**

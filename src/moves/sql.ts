@@ -164,16 +164,17 @@ export function fenceGuardSql(moveId: string, closedUpTo: number): string {
 const RUNNING_MOVE_NAMES_SQL = `SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`;
 
 /**
- * The fence guards (fenceGuardSql) that no trigger calls any more, dropped: those of moves whose old
- * copies are gone (gc, --drop-source), or whose fence was undone. `moveId`: that move's only;
- * else every one but a running move's (its next wave creates it again).
+ * The fence guards (fenceGuardSql) and change-log functions (deltaFunctionName) that no trigger
+ * calls any more, dropped: those of moves whose old copies are gone (gc, --drop-source), or whose
+ * fence was undone. `moveId`: that move's only; else every one but a running move's guard (its
+ * next wave creates it again, and its log function with its logs).
  */
 export function dropUnusedFenceGuardsSql(
   which: { readonly moveId: string } | { readonly movesRecorded: boolean },
 ): string {
   const names =
     'moveId' in which
-      ? `p.proname = ${quoteLiteral(replicationName(which.moveId))}`
+      ? `(p.proname = ${quoteLiteral(replicationName(which.moveId))} OR left(p.proname, ${deltaFunctionPrefix(which.moveId).length}) = ${quoteLiteral(deltaFunctionPrefix(which.moveId))})`
       : `p.proname LIKE 'shardctl\\_move\\_%'` +
         (which.movesRecorded ? ` AND p.proname NOT IN (${RUNNING_MOVE_NAMES_SQL})` : '');
   return [
@@ -367,29 +368,24 @@ export const FENCE_TRIGGER = 'shardctl_fence';
 export const DELTA_TRIGGERS = ['shardctl_delta', 'shardctl_delta_truncate'] as const;
 
 /**
- * Undoes the fence: the fence triggers of `tables` (those that have one) disabled, and the change-log
- * triggers of `logged` (they must not outlive the cut-over in application transactions), the shard active
- * again, this move's fence markers gone. Disabling takes the lock CREATE TRIGGER takes (SHARE ROW
- * EXCLUSIVE), which readers do not block; dropping would take ACCESS EXCLUSIVE and wait for every
- * reader of the table (dropFenceTriggersSql does that afterwards, without waiting). Its lock waits
- * are bounded like the fence's (see fenceSql); the caller retries.
+ * Undoes the fence: the fence triggers of `tables` (those that have one and do not call the move's
+ * guard) disabled, the shard active again, this move's fence markers gone. Disabling takes the
+ * lock CREATE TRIGGER takes (SHARE ROW EXCLUSIVE), which readers do not block; dropping would take
+ * ACCESS EXCLUSIVE and wait for every reader of the table (dropFenceTriggersSql does that
+ * afterwards, without waiting). Its lock waits are bounded like the fence's (see fenceSql); the
+ * caller retries.
  */
 export function unfenceSql(
   shard: number,
   tables: readonly (readonly [string, string])[],
   moveId: string,
   lockWaitMs = 500,
-  logged: readonly (readonly [string, string])[] = [],
 ): string {
   const wait = `'${Math.max(1, Math.round(lockWaitMs))}ms'`;
   return [
     'BEGIN;',
     `SET LOCAL lock_timeout = ${wait};`,
     ...tables.map(([schema, table]) => `ALTER TABLE ${qualified(schema, table)} DISABLE TRIGGER shardctl_fence;`),
-    ...logged.map(
-      ([schema, table]) =>
-        `ALTER TABLE ${qualified(schema, table)} ${DELTA_TRIGGERS.map((t) => `DISABLE TRIGGER ${t}`).join(', ')};`,
-    ),
     `UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ${shard} AND state = 'fenced';`,
     `DELETE FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(moveId)} AND kind LIKE 'fenced%';`,
     'COMMIT;',
@@ -408,6 +404,11 @@ export function dropFenceTriggerSql(schema: string, table: string): string {
 /** A trigger dropped only if its table is free now (lock_timeout 1 ms): no statement queues behind the drop. */
 export function dropTriggerIfFreeSql(schema: string, table: string, trigger: string): string {
   return `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nDROP TRIGGER IF EXISTS ${quoteIdent(trigger)} ON ${qualified(schema, table)};\nCOMMIT;`;
+}
+
+/** A trigger disabled only if no writer holds its table now (lock_timeout 1 ms; readers do not block it). */
+export function disableTriggerIfFreeSql(schema: string, table: string, trigger: string): string {
+  return `BEGIN;\nSET LOCAL lock_timeout = '1ms';\nALTER TABLE ${qualified(schema, table)} DISABLE TRIGGER ${quoteIdent(trigger)};\nCOMMIT;`;
 }
 
 /** A sequence's state, as read from the sequence itself (pg_sequences hides a setval(..., false)). */
@@ -966,51 +967,128 @@ export function stopTrackingSql(moveId: string, triggers: readonly TriggerName[]
 
 const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
 
-/**
- * The change log and its triggers on `tables`, with each table's checksum method (one
- * transaction). On the source the CREATE TRIGGERs wait for the tables' writers: `lockWaitMs`
- * bounds that wait like the fence's (see fenceSql), and the caller retries.
- */
-export function startDeltasSql(
-  moveId: string,
-  tables: readonly { readonly table: TableName; readonly method: 'record' | 'text' }[],
-  lockWaitMs: number,
-): string {
-  const fn = `${CONTROL}.move_delta`;
-  return [
-    'BEGIN;',
-    lockTimeoutSql(lockWaitMs),
-    TRACKING_LOCK_SQL,
-    renderSql(loadSqlTemplate('move_deltas.sql'), { control: { ident: CONTROL_SCHEMA }, ...STABLE_TEXT_PARAMS }).trim(),
-    `DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`,
-    ...tables.flatMap(({ table, method }) => {
-      const name = qualified(table.schema, table.table);
-      const args = [moveId, method].map(quoteLiteral).join(', ');
-      return [
-        `CREATE OR REPLACE TRIGGER ${DELTA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
-        `CREATE OR REPLACE TRIGGER ${DELTA_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${args});`,
-        `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${DELTA_TRIGGER}, ENABLE ALWAYS TRIGGER ${DELTA_TRUNCATE_TRIGGER};`,
-      ];
-    }),
-    'COMMIT;',
-  ].join('\n');
+/** A table to log and its checksum method. */
+export interface LoggedTable {
+  readonly table: TableName;
+  readonly method: 'record' | 'text';
 }
 
-/** The change-log triggers `enabled` disabled and this move's log entries gone (when the log exists), in one transaction. */
-export function disableDeltasSql(
+/**
+ * The name of a move's change-log trigger function for one wave, in the control schema
+ * (sql/move_deltas.sql): one per wave, so that switching a wave's logs off (logsOffSql) stays so
+ * when the next wave's set-up creates its own.
+ */
+export function deltaFunctionName(moveId: string, wave: number): string {
+  if (!Number.isInteger(wave) || wave < 0) throw new Error(`deltaFunctionName: not a wave: ${wave}`);
+  return `${deltaFunctionPrefix(moveId)}${wave}`;
+}
+
+/** What the names of a move's change-log functions begin with (deltaFunctionName). */
+export function deltaFunctionPrefix(moveId: string): string {
+  return `${replicationName(moveId)}_log`;
+}
+
+/** The names of move $2's change-log functions (deltaFunctionPrefix $2) in schema $1. */
+export const DELTA_FUNCTIONS_SQL = `SELECT p.proname FROM pg_catalog.pg_proc p
+      WHERE p.pronamespace = pg_catalog.to_regnamespace($1) AND left(p.proname, length($2)) = $2`;
+
+/**
+ * Change-log trigger functions (schema, name) replaced by one that does nothing, and move `moveId`'s
+ * log entries deleted when `logExists`, in one transaction: the logs of every table whose triggers
+ * call them are off from the writers' next statement, with no lock on any of those tables.
+ */
+export function logsOffSql(
+  functions: readonly (readonly [string, string])[],
   moveId: string,
-  enabled: readonly TriggerName[],
   logExists: boolean,
-  lockWaitMs: number,
 ): string {
   return [
     'BEGIN;',
-    lockTimeoutSql(lockWaitMs),
-    ...enabled.map((r) => `ALTER TABLE ${qualified(r.schema, r.table)} DISABLE TRIGGER ${quoteIdent(r.trigger)};`),
+    ...functions.map(
+      ([schema, name]) =>
+        `CREATE OR REPLACE FUNCTION ${qualified(schema, name)}() RETURNS trigger LANGUAGE plpgsql AS $off$ BEGIN RETURN NULL; END $off$;`,
+    ),
     ...(logExists ? [`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`] : []),
     'COMMIT;',
   ].join('\n');
 }
+
+/** The change log's table and the wave's function, and this move's earlier entries gone (within a transaction). */
+function deltaLogSql(moveId: string, wave: number): string[] {
+  return [
+    TRACKING_LOCK_SQL,
+    renderSql(loadSqlTemplate('move_deltas.sql'), {
+      control: { ident: CONTROL_SCHEMA },
+      function: { ident: deltaFunctionName(moveId, wave) },
+      ...STABLE_TEXT_PARAMS,
+    }).trim(),
+    `DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${quoteLiteral(moveId)};`,
+  ];
+}
+
+/** One table's change-log triggers, enabled ALWAYS (within a transaction). */
+function deltaTriggersSql(moveId: string, wave: number, { table, method }: LoggedTable): string[] {
+  const fn = qualified(CONTROL_SCHEMA, deltaFunctionName(moveId, wave));
+  const name = qualified(table.schema, table.table);
+  const args = [moveId, method].map(quoteLiteral).join(', ');
+  return [
+    `CREATE OR REPLACE TRIGGER ${DELTA_TRIGGER} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
+    `CREATE OR REPLACE TRIGGER ${DELTA_TRUNCATE_TRIGGER} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${args});`,
+    `ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${DELTA_TRIGGER}, ENABLE ALWAYS TRIGGER ${DELTA_TRUNCATE_TRIGGER};`,
+  ];
+}
+
+/**
+ * The change log and its triggers on `tables`, with each table's checksum method, in one
+ * transaction: on the target, whose only writer is the apply worker. `lockWaitMs` bounds each
+ * lock wait (see fenceSql).
+ */
+export function startDeltasSql(moveId: string, tables: readonly LoggedTable[], lockWaitMs: number, wave = 0): string {
+  return [
+    'BEGIN;',
+    lockTimeoutSql(lockWaitMs),
+    ...deltaLogSql(moveId, wave),
+    ...tables.flatMap((t) => deltaTriggersSql(moveId, wave, t)),
+    'COMMIT;',
+  ].join('\n');
+}
+
+/**
+ * The same on the source, whose application writes: the log in a first transaction, then each
+ * table's triggers in a transaction of its own, all in one round trip. CREATE TRIGGER waits for
+ * the table's writers; holding one table's lock at a time, it cannot close a cycle with an
+ * application transaction that writes several tables (a transaction that locked them all would,
+ * and lose at its lock_timeout again and again under such a writer). `lockWaitMs` bounds each
+ * wait; after one ran out, the tables done are committed and the caller sends the rest
+ * (DELTAS_DONE_SQL). Committed without waiting for the WAL flush: a server that loses them in a
+ * crash has lost the move's snapshot too, and the cut-over begins again.
+ */
+export function startSourceDeltasSql(
+  moveId: string,
+  tables: readonly LoggedTable[],
+  lockWaitMs: number,
+  wave = 0,
+): string {
+  const transaction = (body: readonly string[]): string[] => [
+    'BEGIN;',
+    lockTimeoutSql(lockWaitMs),
+    "SET LOCAL synchronous_commit = 'off';",
+    ...body,
+    'COMMIT;',
+  ];
+  return [
+    ...transaction(deltaLogSql(moveId, wave)),
+    ...tables.flatMap((t) => transaction(deltaTriggersSql(moveId, wave, t))),
+  ].join('\n');
+}
+
+/** The tables of schemas $1 whose two change-log triggers are on (ALWAYS) for move $2: those startSourceDeltasSql did. */
+export const DELTAS_DONE_SQL = `SELECT n.nspname AS schema, c.relname AS table
+       FROM pg_trigger t
+       JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND t.tgname = ANY($3::text[]) AND t.tgenabled = 'A'
+        AND substring(t.tgargs FROM 1 FOR octet_length(convert_to($2, 'UTF8')) + 1) = convert_to($2, 'UTF8') || '\\x00'::bytea
+      GROUP BY 1, 2 HAVING count(*) = 2`;
 
 /** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
 export const TAIL_MAX_KEYS = 100_000;

@@ -1,9 +1,15 @@
 import type pg from 'pg';
-import { CONTROL } from '../fleet/control.js';
+import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
 import { retryLockWaits, runTransaction } from '../pg/quiet.js';
 import {
+  DELTA_FUNCTIONS_SQL,
+  deltaFunctionPrefix,
+  DELTAS_DONE_SQL,
   DELTA_TRIGGERS,
-  disableDeltasSql,
+  disableTriggerIfFreeSql,
+  logsOffSql,
+  startSourceDeltasSql,
+  type LoggedTable,
   dropTriggerIfFreeSql,
   READ_CHANGES_SQL,
   READ_LOG_SUMS_SQL,
@@ -18,37 +24,42 @@ import { relationExists, shardTriggers } from './catalog.js';
  * rows written during the cut-over, not with the size of the shards.
  *
  * Before the fence: triggers on the target record the key of every row any write touches from now
- * on (sql/move_tracking.sql); then a REPEATABLE READ transaction on each host takes a snapshot (P)
- * and computes the count and checksum of every tracked table. Those transactions stay open.
+ * on (sql/move_tracking.sql), change logs (below) start on the source's copies of every table;
+ * then a REPEATABLE READ transaction on each host takes a snapshot (P) and the count and checksum
+ * of every table as of P are computed.
  *
- * While fenced and caught up: K, the keys recorded on the target. A row whose key is not in K was
- * not written on either host since its snapshot: on the target, every write since the triggers
- * exist is recorded; on the source, a change not visible in P committed after P was taken, hence
- * after the triggers existed, and logical replication applied it on the target (recording its key)
- * before the fence marker arrived. So, per table and per host, the count and checksum now are
+ * While fenced and caught up, each host's figure of a table comes from what that host saw itself.
+ * The target's, for a keyed table: K, the keys recorded on the target, holds every key that
+ * changed there since P (every write since the triggers exist is recorded, the apply worker's and
+ * any other's), so its count and checksum now are
  *   at P  -  (rows with a key in K, at P)  +  (rows with a key in K, now)
  * and only rows with a key in K are read: by key lookups in P's transaction and in a fresh one.
  * The identity holds for any K that contains every changed key, so a recorded key too many (a write
- * before P, a rolled-back one) costs a lookup and nothing else.
+ * before P, a rolled-back one) costs a lookup and nothing else. The source's, from its change log:
+ * every change it committed after P, whether or not replication delivered it. A change the source
+ * committed after P that replication lost leaves no key in K, but is in the source's figure: the
+ * two differ. (Without the source's logs, the source's figure is computed by key from K as well,
+ * which cannot see that loss.)
  *
- * Tables without such a key (no primary key or replica-identity index, or a key of a type whose
- * JSON form might not read back exactly) are verified from change logs instead
- * (sql/move_deltas.sql): triggers on both hosts, created before P, log for every row a write touches
+ * Change logs (sql/move_deltas.sql): triggers, created before P, log for every row a write touches
  * the checksum's hash of the row as it was (-1) and as it is (+1), and a TRUNCATE. A log entry
  * commits with its change, so the entries visible now and not in P are exactly the changes
  * committed after P, and per host
  *   count and checksum now = at P + (sums of the log now - sums of the log at P)
  * or, when a TRUNCATE was logged after P, the sums of the entries after the last TRUNCATE in seq
  * order (a TRUNCATE holds ACCESS EXCLUSIVE until it commits, so its table's entries after it in seq
- * order were written after it). Each host is read on its own: a change lost or altered on the way
- * leaves the two sums apart. On the source the triggers run in application transactions, during
- * the cut-over only: the unfence and the end of the wave's verification disable them.
+ * order were written after it). Tables without such a key (no primary key or replica-identity
+ * index, or a key of a type whose JSON form might not read back exactly) are logged on both hosts,
+ * keyed tables on the source only. On the source the triggers run in application transactions,
+ * during the cut-over only: the switch (one attempt; the old copy refuses writes anyway) and every
+ * unfence disable them.
  *
  * Partitions are verified one by one (each is an ordinary table, by key or from its log); a
  * partitioned parent holds no rows of its own. Checksummed whole while fenced: a keyed table
- * truncated during the cut-over (it holds only rows written since the truncate, which followed the
- * catch-up before the fence), one with more than TAIL_MAX_KEYS recorded keys, and every table when
- * the logs could not be set up (the source older than PostgreSQL 14, or its tables kept busy).
+ * truncated during the cut-over on the target (it holds only rows written since the truncate,
+ * which followed the catch-up before the fence), one with more than TAIL_MAX_KEYS recorded keys
+ * (on both hosts when the source has no log), and every table without a key when the logs could
+ * not be set up (the source's tables kept busy).
  */
 
 /**
@@ -64,32 +75,86 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
 }
 
 /**
- * The change-log triggers of `schemas` disabled (whatever run created them) and this move's log
- * entries gone; then each dropped if its table is free at once. Disabling takes the lock CREATE
- * TRIGGER takes, which readers do not block, and is retried for up to `limitMs` with bounded
- * waits; dropping takes ACCESS EXCLUSIVE, so a table a reader holds keeps a disabled trigger, which
- * costs nothing and the next setup replaces.
+ * The change logs of `schemas` off (whatever run created them) and this move's log entries gone:
+ * every log function their triggers call is replaced by one that does nothing (logsOffSql), which
+ * takes no lock on any table, so that neither a reader nor a TRUNCATE queued behind one holds it
+ * up. Then each trigger is dropped if its table is free at once, else disabled if no writer holds
+ * it at once; one left calls the function that does nothing, and the next set-up replaces it.
  */
-export async function stopDeltas(
-  client: pg.Client,
-  moveId: string,
-  schemas: readonly string[],
-  lockWaitMs = 200,
-  limitMs = 5_000,
-): Promise<void> {
+export async function stopDeltas(client: pg.Client, moveId: string, schemas: readonly string[]): Promise<void> {
   const triggers = await shardTriggers(client, schemas, DELTA_TRIGGERS);
   const exists = await relationExists(client, `${CONTROL}.move_deltas`);
   if (triggers.length === 0 && !exists) return;
-  const sql = disableDeltasSql(
-    moveId,
-    triggers.filter((r) => r.enabled),
-    exists,
-    lockWaitMs,
+  await runTransaction(client, logsOffSql(logFunctions(triggers), moveId, exists));
+  for (const r of triggers) {
+    const dropped = await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).then(
+      () => true,
+      () => false,
+    );
+    if (!dropped && r.enabled)
+      await runTransaction(client, disableTriggerIfFreeSql(r.schema, r.table, r.trigger)).catch(() => undefined);
+  }
+}
+
+/** The change-log functions (in the control schema) that enabled triggers among `triggers` call, each once. */
+export function logFunctions(
+  triggers: readonly { readonly enabled: boolean; readonly calls: readonly [string, string] }[],
+): [string, string][] {
+  const names = new Set(triggers.filter((t) => t.enabled && t.calls[0] === CONTROL_SCHEMA).map((t) => t.calls[1]));
+  return [...names].map((name) => [CONTROL_SCHEMA, name]);
+}
+
+/**
+ * The change logs of `tables` on the source, table by table (startSourceDeltasSql): each lock wait
+ * bounded by `lockWaitMs`; after one ran out, the tables not done yet are tried again, for up to
+ * `limitMs` in all. Throws the last lock wait's error past that; the tables done keep their
+ * triggers (the caller removes them, stopDeltas).
+ */
+export async function startSourceDeltas(
+  client: pg.Client,
+  moveId: string,
+  tables: readonly LoggedTable[],
+  lockWaitMs: number,
+  limitMs: number,
+  wave = 0,
+): Promise<void> {
+  const schemas = [...new Set(tables.map((t) => t.table.schema))];
+  let left = tables;
+  await retryLockWaits(async () => {
+    try {
+      await runTransaction(client, startSourceDeltasSql(moveId, left, lockWaitMs, wave));
+    } catch (error) {
+      const done = await client.query<{ schema: string; table: string }>(DELTAS_DONE_SQL, [
+        schemas,
+        moveId,
+        DELTA_TRIGGERS,
+      ]);
+      const isDone = new Set(done.rows.map((r) => `${r.schema}.${r.table}`));
+      left = left.filter((t) => !isDone.has(`${t.table.schema}.${t.table.table}`));
+      throw error;
+    }
+  }, performance.now() + limitMs);
+}
+
+/**
+ * Every change log of the move off on one host and its entries gone, its triggers left as they
+ * are: at the clean-up, for the logs the source's old copies keep (they refuse every write), and
+ * any trigger a busy table kept on the target. No table lock (logsOffSql).
+ */
+export async function endLogs(client: pg.Client, moveId: string): Promise<void> {
+  const [functions, exists] = await Promise.all([
+    client.query<{ proname: string }>(DELTA_FUNCTIONS_SQL, [CONTROL_SCHEMA, deltaFunctionPrefix(moveId)]),
+    relationExists(client, `${CONTROL}.move_deltas`),
+  ]);
+  if (functions.rows.length === 0 && !exists) return;
+  await runTransaction(
+    client,
+    logsOffSql(
+      functions.rows.map((r) => [CONTROL_SCHEMA, r.proname] as const),
+      moveId,
+      exists,
+    ),
   );
-  await retryLockWaits(() => runTransaction(client, sql), performance.now() + limitMs);
-  // A table in use keeps its disabled trigger, which costs nothing (see above).
-  for (const r of triggers)
-    await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).catch(() => undefined);
 }
 
 /** One table's log sums on one host: every entry, and the entries after its last TRUNCATE. */

@@ -90,7 +90,8 @@ async function checksums(
  * connection per host (the holder), a REPEATABLE READ transaction that exports its snapshot P and
  * is left open, touching no table; the count and checksum of every keyed and every logged table as
  * of P, and the logs' sums as of P, computed on the `work` sessions in transactions that import P
- * and commit. Tracking (on the target) and the logs (on both hosts) must already run.
+ * and commit. Tracking (on the target) and the logs (of `logged.tables` on both hosts, and of the
+ * keyed tables on the source when `logged.keyedOnSource`) must already run.
  *
  * The holders take no lock on any table until the wave's verification looks up its changed keys
  * (after the catch-up, within the fence limit): a session of the move that held a table lock while
@@ -104,8 +105,14 @@ export interface PreVerification {
   readonly target: pg.Client;
   readonly moveId: string;
   readonly keyed: ReadonlyMap<string, KeyedTable>;
-  /** The tables verified from their change logs (tail.ts), by `schema.table`. */
+  /** The tables verified from their change logs on both hosts (tail.ts), by `schema.table`. */
   readonly logged: ReadonlySet<string>;
+  /**
+   * Whether the source's figure of each keyed table comes from its change log (the target's from
+   * its changed keys): then a change the source committed after P that never reached the target
+   * leaves the two apart, although no key of it was recorded.
+   */
+  readonly keyedOnSource: boolean;
   readonly at: ReadonlyMap<string, { readonly source: TableChecksum; readonly target: TableChecksum }>;
   /** The logs' sums as of P on each host. */
   readonly logAt: { readonly source: ReadonlyMap<string, LogSums>; readonly target: ReadonlyMap<string, LogSums> };
@@ -116,8 +123,9 @@ export async function preVerify(
   work: { readonly source: pg.Client; readonly target: pg.Client },
   keyed: readonly KeyedTable[],
   methods: ReadonlyMap<string, HashMethod>,
-  logged: { readonly moveId: string; readonly tables: readonly ShardTable[] },
+  logged: { readonly moveId: string; readonly tables: readonly ShardTable[]; readonly keyedOnSource?: boolean },
 ): Promise<PreVerification> {
+  const keyedOnSource = (logged.keyedOnSource ?? false) && keyed.length > 0;
   const exportSnapshot = async (holder: pg.Client): Promise<string> => {
     await holder.query(STABLE_TEXT_SETTINGS);
     await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
@@ -132,12 +140,13 @@ export async function preVerify(
   const atSnapshot = async (
     client: pg.Client,
     snapshot: string,
+    hasLogs: boolean,
   ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
     await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
     try {
       const sums = await checksums(client, queries, methods);
-      const logs = logged.tables.length > 0 ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
+      const logs = hasLogs ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
       await client.query('COMMIT');
       return { sums, logs };
     } catch (error) {
@@ -146,8 +155,8 @@ export async function preVerify(
     }
   };
   const [src, dst] = await Promise.all([
-    atSnapshot(work.source, sourceSnapshot),
-    atSnapshot(work.target, targetSnapshot),
+    atSnapshot(work.source, sourceSnapshot, logged.tables.length > 0 || keyedOnSource),
+    atSnapshot(work.target, targetSnapshot, logged.tables.length > 0),
   ]);
   return {
     source: holders.source,
@@ -155,6 +164,7 @@ export async function preVerify(
     moveId: logged.moveId,
     keyed: new Map(keyed.map((k) => [tableKey(k.table), k])),
     logged: new Set(logged.tables.map(tableKey)),
+    keyedOnSource,
     at: new Map(tables.map((t, i) => [tableKey(t), { source: src.sums[i]!, target: dst.sums[i]! }])),
     logAt: { source: src.logs, target: dst.logs },
   };
@@ -181,6 +191,70 @@ function plus(a: TableChecksum, minus: TableChecksum, add: TableChecksum): Table
   return {
     rows: a.rows - minus.rows + add.rows,
     checksum: (BigInt(a.checksum) - BigInt(minus.checksum) + BigInt(add.checksum)).toString(),
+  };
+}
+
+/**
+ * How one host's figure of one table is had while fenced: none (empty on both hosts), its checksum
+ * over all rows now (`whole`, an index into its Queries' `now`), from P and its change log (`log`),
+ * its figure at P unchanged (`at`: no key of it changed), or from P minus and plus the rows of its
+ * changed keys (`lookup`: the index of those rows now, and `atP` of the same rows at P).
+ */
+type Figure =
+  | { readonly zero: true }
+  | { readonly whole: number }
+  | { readonly log: TableChecksum }
+  | { readonly at: TableChecksum }
+  | { readonly lookup: number; readonly atP: number; readonly from: TableChecksum };
+
+const ZERO: Figure = { zero: true };
+
+/** One host's checksum queries while fenced: those over its tables now, and those in P's transaction. */
+class Queries {
+  readonly now: ChecksumQuery[] = [];
+  readonly atP: ChecksumQuery[] = [];
+
+  whole(table: TableName): Figure {
+    return { whole: this.now.push({ table }) - 1 };
+  }
+
+  lookup(table: TableName, keys: { readonly keyed: KeyedTable; readonly json: string }, from: TableChecksum): Figure {
+    return {
+      lookup: this.now.push({ table, keys }) - 1,
+      atP: this.atP.push({ table, keys }) - 1,
+      from,
+    };
+  }
+}
+
+/**
+ * One host's figures while fenced: its Queries run (now on `client`, at P on `holder`, at once) and
+ * its log's sums read when `moveId` is given; `figure` then gives a table's count and checksum, and
+ * the log entries since P it took.
+ */
+async function figuresOf(
+  client: pg.Client,
+  queries: Queries,
+  methods: ReadonlyMap<string, HashMethod>,
+  moveId: string | undefined,
+  holder: pg.Client | undefined,
+): Promise<{
+  figure: (f: Figure, logAtP: LogSums | undefined, table: string) => TableChecksum & { changes: bigint };
+}> {
+  if (queries.now.length > 0) await client.query(STABLE_TEXT_SETTINGS);
+  const [now, atP, log] = await Promise.all([
+    checksums(client, queries.now, methods),
+    checksums(holder ?? client, queries.atP, methods),
+    moveId === undefined ? new Map<string, LogSums>() : readLogSums(client, moveId),
+  ]);
+  return {
+    figure: (f, logAtP, table) => {
+      if ('zero' in f) return { rows: 0n, checksum: '0', changes: 0n };
+      if ('whole' in f) return { ...now[f.whole]!, changes: 0n };
+      if ('log' in f) return fromLog(f.log, logAtP, log.get(table));
+      if ('at' in f) return { ...f.at, changes: 0n };
+      return { ...plus(f.from, atP[f.atP]!, now[f.lookup]!), changes: 0n };
+    },
   };
 }
 
@@ -253,10 +327,10 @@ export async function verifyShards(
   for (const t of targetTables) if (!onSource.has(key(t))) mismatches.push(`table ${key(t)} exists only on the target`);
   const common = tables.filter((t) => onTarget.has(key(t)));
 
-  // Per table: checksummed whole now, or (pre-verified) from P and its log, or from P minus and plus
-  // its changed keys.
-  const whole: ChecksumQuery[] = [];
-  const lookups: ChecksumQuery[] = [];
+  // Per table and host: checksummed whole now, or (pre-verified) from P and its log, or from P
+  // minus and plus its changed keys. Each host's figure is its own: the source's of a keyed table
+  // comes from its log when it has one (keyedOnSource), the target's from the keys recorded there.
+  const queries = { source: new Queries(), target: new Queries() };
   const wholeNames: string[] = [];
   const truncatedNames: string[] = [];
   const filledNames: string[] = [];
@@ -264,70 +338,54 @@ export async function verifyShards(
   let byKeyTables = 0;
   let byKeyKeys = 0;
   let byLogTables = 0;
-  let byLogChanges = 0n;
-  const plan = common.map((t) => {
+  const plan = common.map((t): { source: Figure; target: Figure } => {
     if (t.empty && onTarget.get(key(t))!.empty) {
       emptyTables += 1;
-      return { empty: true };
+      return { source: ZERO, target: ZERO };
     }
     const keyed = tail?.pre.keyed.get(key(t));
     const at = tail?.pre.at.get(key(t));
     const changes = tail?.changes.get(key(t));
     if (at && tail?.pre.logged.has(key(t))) {
       byLogTables += 1;
-      return { at, logged: true };
+      return { source: { log: at.source }, target: { log: at.target } };
     }
-    if (!keyed || !at || changes?.truncated || (changes && changes.keys > TAIL_MAX_KEYS)) {
-      const names =
-        changes?.truncated && keyed && at ? truncatedNames : emptyBefore.has(key(t)) ? filledNames : wholeNames;
-      names.push(key(t));
-      return { whole: whole.push({ table: t }) - 1 };
+    const whole = (): { source: Figure; target: Figure } => ({
+      source: queries.source.whole(t),
+      target: queries.target.whole(t),
+    });
+    if (!keyed || !at) {
+      (emptyBefore.has(key(t)) ? filledNames : wholeNames).push(key(t));
+      return whole();
+    }
+    const fromSourceLog = tail!.pre.keyedOnSource;
+    if (changes?.truncated || (changes && changes.keys > TAIL_MAX_KEYS)) {
+      (changes.truncated ? truncatedNames : wholeNames).push(key(t));
+      return fromSourceLog ? { source: { log: at.source }, target: queries.target.whole(t) } : whole();
     }
     byKeyTables += 1;
-    if (!changes || changes.keys === 0) return { at };
-    byKeyKeys += changes.keys;
-    return { at, lookup: lookups.push({ table: t, keys: { keyed, json: changes.keysJson } }) - 1 };
+    const byKeys = (side: 'source' | 'target'): Figure => {
+      if (!changes || changes.keys === 0) return { at: at[side] };
+      return queries[side].lookup(t, { keyed, json: changes.keysJson }, at[side]);
+    };
+    if (changes) byKeyKeys += changes.keys;
+    return { source: fromSourceLog ? { log: at.source } : byKeys('source'), target: byKeys('target') };
   });
-  const now = [...whole, ...lookups];
-  if (now.length > 0) await Promise.all([source.query(STABLE_TEXT_SETTINGS), target.query(STABLE_TEXT_SETTINGS)]);
-  const readLogs = (client: pg.Client): Promise<Map<string, LogSums>> =>
-    byLogTables > 0 && tail ? readLogSums(client, tail.pre.moveId) : Promise.resolve(new Map<string, LogSums>());
-  const [src, dst, srcAtP, dstAtP, srcLog, dstLog] = await Promise.all([
-    checksums(source, now, methods),
-    checksums(target, now, methods),
-    checksums(tail?.pre.source ?? source, lookups, methods),
-    checksums(tail?.pre.target ?? target, lookups, methods),
-    readLogs(source),
-    readLogs(target),
+  const hasLog = (side: 'source' | 'target'): boolean => plan.some((p) => 'log' in p[side]);
+  const [src, dst] = await Promise.all([
+    figuresOf(source, queries.source, methods, hasLog('source') ? tail?.pre.moveId : undefined, tail?.pre.source),
+    figuresOf(target, queries.target, methods, hasLog('target') ? tail?.pre.moveId : undefined, tail?.pre.target),
   ]);
+  let byLogChanges = 0n;
   const report = common.map((t, i) => {
     const p = plan[i]!;
-    let s: TableChecksum;
-    let d: TableChecksum;
-    if ('empty' in p) {
-      s = d = { rows: 0n, checksum: '0' };
-    } else if ('whole' in p && p.whole !== undefined) {
-      s = src[p.whole]!;
-      d = dst[p.whole]!;
-    } else if ('logged' in p) {
-      const k = key(t);
-      const fromSource = fromLog(p.at.source, tail!.pre.logAt.source.get(k), srcLog.get(k));
-      const fromTarget = fromLog(p.at.target, tail!.pre.logAt.target.get(k), dstLog.get(k));
-      byLogChanges += fromSource.changes + fromTarget.changes;
-      s = fromSource;
-      d = fromTarget;
-    } else if (p.lookup === undefined) {
-      s = p.at!.source;
-      d = p.at!.target;
-    } else {
-      const n = whole.length + p.lookup;
-      s = plus(p.at!.source, srcAtP[p.lookup]!, src[n]!);
-      d = plus(p.at!.target, dstAtP[p.lookup]!, dst[n]!);
-    }
+    const k = key(t);
+    const s = src.figure(p.source, tail?.pre.logAt.source.get(k), k);
+    const d = dst.figure(p.target, tail?.pre.logAt.target.get(k), k);
+    if (tail?.pre.logged.has(k)) byLogChanges += s.changes + d.changes;
     const match = s.rows === d.rows && s.checksum === d.checksum;
     if (!match) {
-      const name =
-        t.parent === undefined ? `table ${key(t)}` : `table ${key(t)} (a partition of ${t.schema}.${t.parent})`;
+      const name = t.parent === undefined ? `table ${k}` : `table ${k} (a partition of ${t.schema}.${t.parent})`;
       mismatches.push(
         s.rows === d.rows
           ? `${name}: ${s.rows} rows on both, but their contents differ (checksum)`

@@ -676,18 +676,21 @@ describe('a real-world schema (test/fixtures/realworld) under a writer', () => {
 describe('a real-world schema: a change lost on the way to the target during the cut-over', () => {
   const db = useTestDatabases(2);
 
-  // A row the source commits during the cut-over (the change logs exist, here on the keyless
-  // table, and the shard is not fenced yet) that the target silently drops: a BEFORE INSERT trigger there, ALWAYS, so it fires for the
-  // apply worker. The source's log has the row, the target's does not. On the keyed events, the
-  // loss is found only when the row commits before the pre-verification's snapshot (as it does
-  // here: the writer inserts it once the change logs exist, in the snapshot's ~20 ms wait for its
-  // sessions); after it, no host records its key (docs/moves.md, step 10, "What this cannot see").
+  // A row the source commits during the cut-over, after the pre-verification's snapshot P and
+  // before the fence, that the target silently drops: a BEFORE INSERT trigger there, ALWAYS, so it
+  // fires for the apply worker. The source's change log has the row, the target's figure does not
+  // (from its log on the keyless audit_log, from its changed keys on the keyed events, where no key
+  // of the row is recorded). After P by construction: a session on the source waits until the
+  // move's log exists on the table (or partition) the row goes to, takes its ROW EXCLUSIVE lock
+  // (which the fence's lock waits for, and nothing before P needs), waits until the move's snapshot
+  // holder there is idle in its transaction, inserts the row and commits.
   it.each([
     {
       table: 'audit_log',
       shard: 0,
       insert: `INSERT INTO {s}.audit_log (actor, action) VALUES (-1, 'lost')`,
       leaves: ['audit_log'],
+      into: 'audit_log',
       named: /table insta0\.audit_log: \d+ rows on the source, \d+ on the target/,
     },
     {
@@ -695,27 +698,41 @@ describe('a real-world schema: a change lost on the way to the target during the
       shard: 1,
       insert: `INSERT INTO {s}.events (account_id, kind) VALUES (-1, 'lost')`,
       leaves: ['events_2026', 'events_2027', 'events_other'],
+      into: 'events_2026',
       named: /table insta1\.events_\w+ \(a partition of insta1\.events\): \d+ rows on the source, \d+ on the target/,
     },
   ])(
     'is found in the $table table, the move undone and its change logs removed from both hosts',
-    async ({ table, shard, insert, leaves, named }) => {
+    async ({ table, shard, insert, leaves, into, named }) => {
       const schema = `insta${shard}`;
       const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
       expect((await init(await fleet.config())).ok).toBe(true);
-      await withClient(db.urls[0]!, (c) =>
-        c.query(`${realworldSeedSql(schema, 200)}; create table public.lose_once_${shard} ()`),
-      );
-      const once = `DO $$ BEGIN
-      IF to_regclass('public.lose_once_${shard}') IS NOT NULL AND EXISTS (
-           SELECT FROM pg_trigger WHERE tgname = 'shardctl_delta' AND tgrelid = '${schema}.audit_log'::regclass AND tgenabled <> 'D') THEN
-        DROP TABLE public.lose_once_${shard};
-        ${insert.replace('{s}', schema)};
-      END IF;
-    END $$;`;
+      await withClient(db.urls[0]!, (c) => c.query(realworldSeedSql(schema, 200)));
       const writer = startShardWriter(await ShardMap.load(fleet.configFile), shard, (i) =>
-        realworldWriterSql(schema, i).replace('BEGIN;', () => `BEGIN;\n${once}`),
+        realworldWriterSql(schema, i),
       );
+      const until = (condition: string, what: string): string => `
+        WHILE NOT (${condition}) LOOP
+          IF clock_timestamp() > started + interval '60 seconds' THEN RAISE EXCEPTION 'waited 60 s for ${what}'; END IF;
+          PERFORM pg_sleep(0.001);
+          PERFORM pg_stat_clear_snapshot();
+        END LOOP;`;
+      const loseAfterP = `BEGIN;
+        DO $$ DECLARE started timestamptz := clock_timestamp(); BEGIN
+          ${until(
+            `EXISTS (SELECT FROM pg_trigger WHERE tgname = 'shardctl_delta' AND tgrelid = '${schema}.${into}'::regclass AND tgenabled <> 'D')`,
+            'the change log',
+          )}
+          LOCK TABLE ${schema}.${into} IN ROW EXCLUSIVE MODE;
+          ${until(
+            `EXISTS (SELECT FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'shardctl move verify'
+                        AND state = 'idle in transaction' AND backend_xmin IS NOT NULL)`,
+            'the snapshot P',
+          )}
+          ${insert.replace('{s}', schema)};
+        END $$;
+        COMMIT;`;
+      let lost: Promise<unknown> | undefined;
       const dropLost = leaves
         .map(
           (
@@ -740,19 +757,17 @@ describe('a real-world schema: a change lost on the way to the target during the
                 db.urls[1]!,
                 `CREATE OR REPLACE FUNCTION public.lose() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$; ${dropLost}`,
               );
+              lost = withClient(db.urls[0]!, (c) => c.query(loseAfterP)).then(
+                () => null,
+                (error: unknown) => error,
+              );
             }
           },
         }),
       );
       await writer.stop();
       expect(losing).toBe(0);
-      const lost = await withClient(
-        db.urls[0]!,
-        async (c) =>
-          (await c.query<{ done: boolean }>(`select to_regclass('public.lose_once_${shard}') is null as done`)).rows[0]!
-            .done,
-      );
-      expect(lost).toBe(true);
+      expect(await lost).toBeNull();
       expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
       const details = (error as HostError & { details: string[] }).details;
       expect(details).toHaveLength(1);
@@ -775,6 +790,58 @@ describe('a real-world schema: a change lost on the way to the target during the
       await withClient(db.urls[0]!, (c) => c.query(realworldWriterSql(schema, 100_000)));
     },
   );
+});
+
+// A source table kept busy for longer than the change logs' set-up may wait (5 s): an application
+// transaction holds its ROW EXCLUSIVE lock from before the move until the move says it gave up.
+// The move goes on without the logs and says what that costs: the keyless table checksummed whole
+// while fenced, the keyed ones compared by their changed keys alone.
+describe('a real-world schema: a source too busy for the change logs', () => {
+  const db = useTestDatabases(2);
+
+  it('moves without them, saying so; the keyless table checksummed whole while fenced, no trigger left on', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], migrations: realworldMigrations() });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(db.urls[0]!, (c) => c.query(realworldSeedSql('insta1', 200)));
+    const holder = await adminClient(db.urls[0]!);
+    try {
+      await holder.query('BEGIN; LOCK TABLE insta1.accounts IN ROW EXCLUSIVE MODE');
+      const notices: string[] = [];
+      let released: Promise<unknown> | undefined;
+      const result = await moveShard(await fleet.config(), 1, 'pg2', {
+        configFile: fleet.configFile,
+        onNotice: (message) => {
+          notices.push(message);
+          if (message.includes('no change logs')) released ??= holder.query('COMMIT');
+        },
+      });
+      expect(released).toBeDefined();
+      await released;
+      expect(result.outcome).toBe('moved');
+      const given = notices.find((n) => n.includes('no change logs'))!;
+      expect(given).toMatch(/^host pg1: no change logs for the wave's tables \(.*lock timeout.*\); /);
+      expect(given).toContain('1 table without a usable key is checksummed whole while fenced');
+      expect(given).toMatch(
+        /\d+ keyed tables are compared by their changed keys alone, which cannot see a change replication loses after the snapshot/,
+      );
+      expect(result.verification).toMatchObject({ ok: true, whole: ['insta1.audit_log'], byLog: { tables: 0 } });
+      expect(result.verification!.byKey.tables).toBeGreaterThan(0);
+    } finally {
+      await holder.end();
+    }
+    for (const url of db.urls) {
+      const on = await withClient(
+        url,
+        async (c) =>
+          (
+            await c.query<{ n: number }>(
+              `select count(*)::int as n from pg_trigger where tgname like 'shardctl\\_%' and tgname <> 'shardctl_fence' and tgenabled <> 'D'`,
+            )
+          ).rows[0]!.n,
+      );
+      expect(on, url).toBe(0);
+    }
+  });
 });
 
 describe('a real-world schema: a run killed during the cut-over', () => {
@@ -805,11 +872,40 @@ describe('a real-world schema: a run killed during the cut-over', () => {
       const killed = await spawnCli(args, { SHARDCTL_FAULT_AFTER_STEP: 'fenced' });
       expect(killed.signal, killed.stderr).toBe('SIGKILL');
       await waitForMoveSessionsToEnd(db.urls);
-      expect(await deltaTriggers(db.urls[0]!)).toBe(2);
+      // The keyless table's log on both hosts, and the keyed tables' on the source.
+      const logged = await withClient(db.urls[0]!, async (c) =>
+        (
+          await c.query<{ relname: string }>(
+            `select distinct c.relname from pg_trigger t join pg_class c on c.oid = t.tgrelid
+                where t.tgname like 'shardctl\\_delta%' and t.tgenabled <> 'D' order by 1`,
+          )
+        ).rows.map((r) => r.relname),
+      );
+      expect(logged).toContain('audit_log');
+      expect(logged).toContain('accounts');
+      expect(logged).toContain('events_2026');
+      expect(await deltaTriggers(db.urls[1]!)).toBe(2);
 
       const run = await runCli([...args, then]);
       expect(run.code, run.stderr).toBe(0);
-      for (const url of db.urls) expect(await deltaTriggers(url), url).toBe(0);
+      // Aborted: none left. Moved: none on the target; on the source only those of the old copy,
+      // which refuses every write, and their function switched off (it does nothing).
+      expect(await deltaTriggers(db.urls[1]!)).toBe(0);
+      const left = await withClient(
+        db.urls[0]!,
+        async (c) =>
+          (
+            await c.query<{ schema: string; off: boolean }>(
+              `select distinct n.nspname as schema, p.prosrc ~ '^\\s*BEGIN RETURN NULL; END\\s*$' as off
+                 from pg_trigger t join pg_class c on c.oid = t.tgrelid join pg_namespace n on n.oid = c.relnamespace
+                 join pg_proc p on p.oid = t.tgfoid
+                where t.tgname like 'shardctl\\_delta%' and t.tgenabled <> 'D'`,
+            )
+          ).rows,
+      );
+      if (then === '--abort') expect(left).toEqual([]);
+      else
+        expect(left).toEqual([{ schema: expect.stringMatching(new RegExp(`^${schema}_moved_`)) as string, off: true }]);
       const owner = then === '--abort' ? 0 : 1;
       await withClient(db.urls[owner]!, (c) => c.query(realworldWriterSql(schema, 1)));
       const entries = await withClient(

@@ -8,10 +8,10 @@ import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/index.js';
 import { runTransaction } from '../../src/pg/quiet.js';
-import { shardTables } from '../../src/moves/catalog.js';
+import { keyedTables, shardTables } from '../../src/moves/catalog.js';
 import { endPreVerification, hashMethods, preVerify, verifyShards } from '../../src/moves/verify.js';
-import { startDeltasSql } from '../../src/moves/sql.js';
-import { stopDeltas } from '../../src/moves/tail.js';
+import { DELTA_TRIGGERS, DELTAS_DONE_SQL, startDeltasSql, startTrackingSql } from '../../src/moves/sql.js';
+import { readChanges, startSourceDeltas, stopDeltas, stopTracking } from '../../src/moves/tail.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases } from '../helpers/hosts.js';
 
@@ -45,18 +45,26 @@ UPDATE ${SCHEMA}.audit SET note = 'after, edited';`;
 /** Another application's session: its text forms differ from the checksum's fixed ones. */
 const APP_SETTINGS = `SET timezone = 'Asia/Kolkata'; SET datestyle = 'SQL, DMY'; SET intervalstyle = 'sql_standard'; SET extra_float_digits = 0;`;
 
-describe('verification from change logs (tables without a usable key)', () => {
+/**
+ * Two initialised hosts and, once they are up, four sessions: source, target, then a second
+ * (work) session on each.
+ */
+function useTwoHosts(): { db: ReturnType<typeof useTestDatabases>; clients: pg.Client[] } {
   const db = useTestDatabases(2);
-  let clients: pg.Client[] = [];
-
+  const clients: pg.Client[] = [];
   beforeAll(async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0', '1'], migrations: {} });
     expect((await init(await fleet.config())).ok).toBe(true);
-    clients = await Promise.all([...db.urls, ...db.urls].map((url) => adminClient(url)));
+    clients.push(...(await Promise.all([...db.urls, ...db.urls].map((url) => adminClient(url)))));
   });
   afterAll(async () => {
     await Promise.all(clients.map((c) => c.end()));
   });
+  return { db, clients };
+}
+
+describe('verification from change logs (tables without a usable key)', () => {
+  const { db, clients } = useTwoHosts();
 
   it.each([
     { case: 'the same inserts, updates and deletes on both hosts', source: SAME, target: SAME, ok: [] },
@@ -137,6 +145,160 @@ describe('verification from change logs (tables without a usable key)', () => {
         [moveId],
       );
       expect(left.rows[0]).toEqual({ triggers: 0, entries: 0 });
+    }
+  });
+});
+
+/** A keyed table, the same on both hosts. */
+const KEYED_SETUP = `
+DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE;
+CREATE SCHEMA ${SCHEMA};
+CREATE TABLE ${SCHEMA}.k (id int PRIMARY KEY, v text, at timestamptz);
+INSERT INTO ${SCHEMA}.k SELECT g, 'v' || g, timestamptz '2026-01-01 12:00+00' + g * interval '1 minute' FROM generate_series(1, 50) g;`;
+
+/** What replication would apply on both hosts. */
+const KEYED_SAME = `
+INSERT INTO ${SCHEMA}.k VALUES (100, 'new', '2026-11-26 08:00+00');
+UPDATE ${SCHEMA}.k SET v = 'edited' WHERE id < 5;
+UPDATE ${SCHEMA}.k SET id = 200 WHERE id = 6;
+DELETE FROM ${SCHEMA}.k WHERE id BETWEEN 10 AND 12;`;
+
+const KEYED_TRUNCATE = `
+INSERT INTO ${SCHEMA}.k VALUES (101, 'before the truncate', now());
+TRUNCATE ${SCHEMA}.k;
+INSERT INTO ${SCHEMA}.k VALUES (1, 'after the truncate', '2026-05-01 10:00+02');`;
+
+// The keyed tables as the cut-over verifies them: the target's figure from P and the keys its
+// tracking triggers recorded, the source's from P and its own change log. A change the source
+// commits after P and replication never applies leaves no key on the target: only the source's log
+// shows it (docs/moves.md, step 10).
+describe('verification of keyed tables: changed keys on the target, the change log on the source', () => {
+  const { db, clients } = useTwoHosts();
+
+  it.each([
+    { case: 'the same writes on both hosts', source: KEYED_SAME, target: KEYED_SAME, ok: [], truncated: [] },
+    { case: 'nothing written after P', source: '', target: '', ok: [], truncated: [] },
+    {
+      case: 'an insert the target lost',
+      source: `${KEYED_SAME}\nINSERT INTO ${SCHEMA}.k VALUES (99, 'lost', now());`,
+      target: KEYED_SAME,
+      ok: ['vt.k: 49 rows on the source, 48 on the target'],
+      truncated: [],
+    },
+    {
+      case: 'an update the target lost',
+      source: `${KEYED_SAME}\nUPDATE ${SCHEMA}.k SET v = 'lost' WHERE id = 20;`,
+      target: KEYED_SAME,
+      ok: ['vt.k: 48 rows on both, but their contents differ (checksum)'],
+      truncated: [],
+    },
+    {
+      case: 'a delete the target lost',
+      source: `${KEYED_SAME}\nDELETE FROM ${SCHEMA}.k WHERE id = 30;`,
+      target: KEYED_SAME,
+      ok: ['vt.k: 47 rows on the source, 48 on the target'],
+      truncated: [],
+    },
+    {
+      case: 'a write by hand on the target',
+      source: KEYED_SAME,
+      target: `${KEYED_SAME}\nUPDATE ${SCHEMA}.k SET v = 'by hand' WHERE id = 40;`,
+      ok: ['vt.k: 48 rows on both, but their contents differ (checksum)'],
+      truncated: [],
+    },
+    { case: 'a truncate on both hosts', source: KEYED_TRUNCATE, target: KEYED_TRUNCATE, ok: [], truncated: ['vt.k'] },
+    {
+      case: 'a truncate the target never got',
+      source: KEYED_TRUNCATE,
+      target: `INSERT INTO ${SCHEMA}.k VALUES (101, 'before the truncate', now());`,
+      ok: ['vt.k: 1 rows on the source, 51 on the target'],
+      truncated: [],
+    },
+  ])('$case', async ({ source, target, ok, truncated }) => {
+    const [src, dst, srcWork, dstWork] = clients as [pg.Client, pg.Client, pg.Client, pg.Client];
+    const moveId = `keys-${Math.random().toString(36).slice(2, 8)}`;
+    await Promise.all([src.query(KEYED_SETUP), dst.query(KEYED_SETUP)]);
+    const tables = await shardTables(src, SCHEMA, 'leaves', { columnTypes: true });
+    const methods = await hashMethods([src, dst], tables, true);
+    const keyed = await keyedTables(src, [SCHEMA]);
+    expect(keyed.map((k) => k.table.table)).toEqual(['k']);
+    await runTransaction(dst, startTrackingSql(moveId, keyed));
+    await runTransaction(src, startDeltasSql(moveId, [{ table: keyed[0]!.table, method: 'record' }], 500));
+    const holders = await Promise.all(db.urls.map((url) => adminClient(url)));
+    const pre = await preVerify(
+      { source: holders[0]!, target: holders[1]! },
+      { source: srcWork, target: dstWork },
+      keyed,
+      methods,
+      {
+        moveId,
+        tables: [],
+        keyedOnSource: true,
+      },
+    );
+    try {
+      await Promise.all([src.query(`${APP_SETTINGS}\n${source}`), dst.query(target)]);
+      const result = await verifyShards(srcWork, dstWork, [SCHEMA], methods, {
+        pre,
+        changes: await readChanges(dst, moveId),
+      });
+      expect(result.mismatches).toEqual(ok.map((m) => `table ${m}`));
+      expect(result).toMatchObject({ ok: ok.length === 0, byLog: { tables: 0 }, whole: [], truncated });
+    } finally {
+      await endPreVerification(pre);
+    }
+    // What a whole checksum says, for comparison.
+    const whole = await verifyShards(srcWork, dstWork, [SCHEMA], methods);
+    expect(whole.mismatches).toEqual(ok.map((m) => `table ${m}`));
+    await stopTracking(dst, moveId, [SCHEMA]);
+    await stopDeltas(src, moveId, [SCHEMA]);
+  });
+});
+
+// On the source the logs are set up table by table, each transaction holding one table's lock: an
+// application transaction busy on one table delays that table only, and the tables done stay done.
+describe('the change logs set up on a busy source', () => {
+  const db = useTestDatabases(1);
+  const SETUP = `DROP SCHEMA IF EXISTS ${SCHEMA} CASCADE; CREATE SCHEMA ${SCHEMA};
+    CREATE TABLE ${SCHEMA}.a (id int PRIMARY KEY); CREATE TABLE ${SCHEMA}.b (id int PRIMARY KEY); CREATE TABLE ${SCHEMA}.c (id int);`;
+  const logged = ['a', 'b', 'c'].map((table) => ({ table: { schema: SCHEMA, table }, method: 'record' as const }));
+  const done = async (c: pg.Client, moveId: string): Promise<string[]> =>
+    (await c.query<{ table: string }>(`${DELTAS_DONE_SQL} ORDER BY 2`, [[SCHEMA], moveId, DELTA_TRIGGERS])).rows.map(
+      (r) => r.table,
+    );
+
+  it.each([
+    { case: 'waits out a writer that holds one table for a while, then logs every table', holdMs: 400, limitMs: 5_000 },
+    {
+      case: 'past its limit, fails with the lock wait and leaves the tables before the busy one done',
+      holdMs: 2_000,
+      limitMs: 300,
+    },
+  ])('$case', async ({ holdMs, limitMs }) => {
+    const [c, writer] = await Promise.all([adminClient(db.urls[0]!), adminClient(db.urls[0]!)]);
+    try {
+      await c.query(SETUP);
+      await init(await makeFleet({ urls: db.urls, shards: 1, split: ['0'], migrations: {} }).config());
+      const moveId = `busy-${Math.random().toString(36).slice(2, 8)}`;
+      await writer.query(`BEGIN; INSERT INTO ${SCHEMA}.b VALUES (1)`);
+      const released = new Promise((resolve) => setTimeout(resolve, holdMs)).then(() => writer.query('COMMIT'));
+      const setUp = startSourceDeltas(c, moveId, logged, 100, limitMs).then(
+        () => null,
+        (error: unknown) => error,
+      );
+      const error = await setUp;
+      if (holdMs < limitMs) {
+        expect(error).toBeNull();
+        expect(await done(c, moveId)).toEqual(['a', 'b', 'c']);
+      } else {
+        expect(error).toMatchObject({ code: '55P03' });
+        expect(await done(c, moveId)).toEqual(['a']);
+      }
+      await released;
+      await stopDeltas(c, moveId, [SCHEMA]);
+      expect(await done(c, moveId)).toEqual([]);
+    } finally {
+      await Promise.all([c.end(), writer.end()]);
     }
   });
 });

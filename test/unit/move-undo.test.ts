@@ -4,7 +4,8 @@ import type { MoveMode, MoveStep } from '../../src/moves/state.js';
 import {
   checksumsSql,
   hashProbeSql,
-  disableDeltasSql,
+  logsOffSql,
+  deltaFunctionName,
   dropFenceTriggerSql,
   dropTriggerIfFreeSql,
   leftoverReplicationSql,
@@ -51,11 +52,14 @@ describe('move SQL of the cut-over and the leftovers (moves/sql.ts)', () => {
     expect(stopTrackingSql('m1', triggers, false)).not.toContain('DELETE');
   });
 
-  it("disables the change logs with bounded lock waits and deletes the move's entries", () => {
-    const sql = disableDeltasSql('m1', [{ schema: 'insta1', table: 'audit', trigger: 'shardctl_delta' }], true, 250.4);
+  it("switches the change logs off by replacing their functions, with no table lock, and deletes the move's entries", () => {
+    const sql = logsOffSql([['shardctl', deltaFunctionName('m1', 2)]], 'm1', true);
     expect(sql).toBe(
-      `BEGIN;\nSET LOCAL lock_timeout = '250ms';\nALTER TABLE "insta1"."audit" DISABLE TRIGGER "shardctl_delta";\nDELETE FROM "shardctl".move_deltas WHERE move_id = 'm1';\nCOMMIT;`,
+      `BEGIN;\nCREATE OR REPLACE FUNCTION "shardctl"."shardctl_move_m1_log2"() RETURNS trigger LANGUAGE plpgsql AS $off$ BEGIN RETURN NULL; END $off$;\nDELETE FROM "shardctl".move_deltas WHERE move_id = 'm1';\nCOMMIT;`,
     );
+    expect(sql).not.toMatch(/ALTER TABLE|LOCK/);
+    expect(logsOffSql([], 'm1', false)).toBe('BEGIN;\nCOMMIT;');
+    expect(() => deltaFunctionName('m1', -1)).toThrow(/not a wave/);
   });
 
   it('checksums several tables in one statement, key subsets as parameters', () => {

@@ -26,6 +26,7 @@ import {
   type PrivilegeObject,
   keyFilterSql,
   startDeltasSql,
+  startSourceDeltasSql,
   startTrackingSql,
 } from '../../src/moves/sql.js';
 import { planWaves } from '../../src/moves/waves.js';
@@ -403,12 +404,6 @@ describe('move SQL', () => {
     );
   });
 
-  it('unfences a table with a change log: its log triggers disabled in the same transaction', () => {
-    expect(unfenceSql(4, [['insta4', 'audit log']], 'm1', 250, [['insta4', 'audit log']])).toContain(
-      `ALTER TABLE "insta4"."audit log" DISABLE TRIGGER shardctl_fence;\nALTER TABLE "insta4"."audit log" DISABLE TRIGGER shardctl_delta, DISABLE TRIGGER shardctl_delta_truncate;\nUPDATE`,
-    );
-  });
-
   it('renames the old copy and leaves guarded views with the old grants under the old name', () => {
     const sql = renameWithStubSql({
       shard: 4,
@@ -501,7 +496,7 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).toContain(`SET LOCAL lock_timeout = '250ms';`);
     expect(sql).toContain(`DELETE FROM "shardctl".move_deltas WHERE move_id = 'm''1';`);
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_delta('m''1', 'text');`,
+      `CREATE OR REPLACE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m'1_log0"('m''1', 'text');`,
     );
     expect(sql).toContain(
       `CREATE OR REPLACE TRIGGER shardctl_delta_truncate AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`,
@@ -510,6 +505,31 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
       `ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER shardctl_delta, ENABLE ALWAYS TRIGGER shardctl_delta_truncate;`,
     );
     expect(sql).not.toContain('{{');
+  });
+  it("on the source, logs each table in a transaction of its own (one table's lock at a time), after the log's own, each lock wait bounded", () => {
+    const tables = [
+      { table: { schema: 'insta1', table: 'a' }, method: 'record' as const },
+      { table: { schema: 'insta1', table: 'b' }, method: 'text' as const },
+    ];
+    const sql = startSourceDeltasSql('m1', tables, 250, 3);
+    const transactions = sql.split('COMMIT;').slice(0, -1);
+    expect(sql.trim().endsWith('COMMIT;')).toBe(true);
+    expect(transactions).toHaveLength(3);
+    for (const t of transactions) {
+      expect(t.trim().startsWith('BEGIN;')).toBe(true);
+      expect(t).toContain(`SET LOCAL lock_timeout = '250ms';`);
+      expect(t.match(/BEGIN;/g)).toHaveLength(1);
+    }
+    expect(transactions[0]).toContain(`DELETE FROM "shardctl".move_deltas WHERE move_id = 'm1';`);
+    expect(transactions[0]).not.toContain('CREATE OR REPLACE TRIGGER');
+    expect(transactions[1]).toContain(
+      `ON "insta1"."a" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log3"('m1', 'record');`,
+    );
+    expect(transactions[1]).not.toContain('"insta1"."b"');
+    expect(transactions[2]).toContain(
+      `ON "insta1"."b" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log3"('m1', 'text');`,
+    );
+    expect(transactions[2]).not.toContain('"insta1"."a"');
   });
 });
 
