@@ -1,9 +1,10 @@
 -- Change logs of a move: on both hosts for the tables whose changes cannot be looked up by key (no
 -- replica-identity key, or a key whose JSON form might not read back exactly), on the source for
 -- the others too, so that the source's figure is its own: src/moves/tail.ts, docs/moves.md
--- "Verification". Filled by src/moves/tail.ts with the control schema's name; its triggers are
--- created just before a wave's snapshot P, disabled by the unfence, after the wave's verification
--- (the target's) or its switch (the source's), and dropped when their table is free.
+-- "Verification". Filled by src/moves/tail.ts with the control schema's name and the wave's
+-- function name; its triggers are created just before a wave's snapshot P and switched off by
+-- replacing the function (the target's after the wave's verification, the source's by an unfence,
+-- --abort or the clean-up), then dropped where their table is free.
 --
 -- move_deltas: per row a write touched, the checksum's hash of the row as it was (sign -1) and as
 -- it is (sign +1); a TRUNCATE is a row with sign 0. seq orders a table's entries: a TRUNCATE holds
@@ -18,10 +19,10 @@ CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
   hash bigint
 );
 
--- The trigger function, one per move (named after it, src/moves/sql.ts deltaFunctionName), so
--- that a move's logs are switched off by replacing it with one that does nothing (logsOffSql): no
+-- The trigger function, one per wave of a move (src/moves/sql.ts deltaFunctionName), so that a
+-- wave's logs are switched off by replacing it with one that does nothing (logsOffSql): no
 -- lock on any logged table, where disabling each trigger would wait for that table's readers and
--- any TRUNCATE queued behind them. TG_ARGV[0] is the move id, TG_ARGV[1] the checksum's method
+-- any TRUNCATE queued behind them. SET search_path: see STABLE_TEXT. TG_ARGV[0] is the move id, TG_ARGV[1] the checksum's method
 -- ('record' or 'text', see src/moves/verify.ts HASH_SQL), so a row's hash here is the one the
 -- checksum gives it.
 -- The text form of a row depends on session settings, fixed here as the checksum fixes them (an

@@ -617,8 +617,9 @@ const DELTAS_SETUP_LIMIT_MS = 5_000;
  * target's first, and of `tables.sourceOnly` (the keyed ones, whose target records their changed
  * keys) on the source too, so that each host's figure comes from what it saw itself. The source's
  * CREATE TRIGGERs wait for its writers, table by table (tail.ts startSourceDeltas), each wait no
- * longer than the fence's lock wait, retried up to DELTAS_SETUP_LIMIT_MS; false (and nothing left
- * behind) when that is not enough or either host is older than PostgreSQL 14: then the tables
+ * longer than the fence's lock wait, retried up to DELTAS_SETUP_LIMIT_MS; false when that is not
+ * enough, the set-up fails otherwise, or either host is older than PostgreSQL 14 (what it created
+ * is switched off, best effort, and dropped where free): then the tables
  * without a key are checksummed whole while
  * fenced, and the keyed ones compared by their changed keys on both hosts (which cannot see a
  * change that replication loses after the snapshot: said in the notice).
@@ -667,13 +668,13 @@ async function startDeltas(
 async function stopLogs(
   ctx: MoveContext,
   schemas: readonly string[],
-  { sourceBestEffort = false } = {},
+  { sourceBestEffort = false, drop = true } = {},
 ): Promise<void> {
   // Best effort on the source when asked: the unfence switches off what is left there.
-  const onSource = stopDeltas(ctx.source.client, ctx.moveId, schemas);
+  const onSource = stopDeltas(ctx.source.client, ctx.moveId, schemas, { drop });
   await Promise.all([
     sourceBestEffort ? onSource.catch(() => undefined) : onSource,
-    stopDeltas(ctx.target.client, ctx.moveId, schemas),
+    stopDeltas(ctx.target.client, ctx.moveId, schemas, { drop }),
   ]);
 }
 
@@ -690,8 +691,10 @@ export async function dropPreVerification(
   ctx.pre = null;
   if (!pre) return;
   await endPreVerification(pre.verification);
+  // Switched off only: this may run while the wave is fenced (a fence limit reached, a failed
+  // step), where a drop per trigger would add round trips; the unfence drops them after.
   if (logs && (pre.verification.logged.size > 0 || pre.verification.keyedOnSource))
-    await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!)).catch(() => undefined);
+    await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!), { drop: false }).catch(() => undefined);
 }
 
 /** Who holds locks on a schema's tables: pid, application, transaction age and query. */
@@ -974,7 +977,14 @@ const UNFENCE_LIMIT_MS = 5_000;
  */
 async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UNFENCE_LIMIT_MS): Promise<void> {
   const schemas = schemasOf(ctx, shards);
-  const triggers = await shardTriggers(ctx.source.client, schemas, [FENCE_TRIGGER]);
+  const [triggers, logged] = await Promise.all([
+    shardTriggers(ctx.source.client, schemas, [FENCE_TRIGGER]),
+    shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS),
+  ]);
+  // A change log still on (a killed run's, or one whose removal failed): off before the shards take
+  // writes again, by replacing its function, with no table lock (logsOffSql); its triggers go below.
+  if (logged.some((t) => t.enabled))
+    await runTransaction(ctx.source.client, logsOffSql(logFunctions(logged), ctx.moveId, false));
   // Triggers that call the move's guard refuse writes while it is closed for their wave: the guard
   // opened again for this wave (the waves before it switched, their old copies stay fenced) lets
   // them through, with no table lock to wait for. Only the others are disabled below.
@@ -983,11 +993,6 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
     t.calls[0] === CONTROL_SCHEMA && t.calls[1] === guard;
   if (triggers.some((t) => t.enabled && guarded(t)))
     await runTransaction(ctx.source.client, fenceGuardSql(ctx.moveId, ctx.wave - 1));
-  // A change log still on (a killed run's, or one whose removal failed): off before the shards take
-  // writes again, by replacing its function, with no table lock (logsOffSql); its triggers go below.
-  const logged = await shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS);
-  if (logged.some((t) => t.enabled))
-    await runTransaction(ctx.source.client, logsOffSql(logFunctions(logged), ctx.moveId, false));
   const lockWaitMs = await lockWaitFor(ctx);
   const started = performance.now();
   // Every shard is tried, a busy one does not keep the others fenced; the first failure is thrown after.
@@ -1038,7 +1043,8 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
  * unfence disables what is left on the source).
  */
 export async function undoFence(ctx: MoveContext): Promise<void> {
-  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true });
+  // Switched off only (the unfence drops the source's triggers after, the target's go with its copies).
+  await stopLogs(ctx, schemasOf(ctx, ctx.shards), { sourceBestEffort: true, drop: false });
   await unfence(ctx, ctx.shards, 30_000);
 }
 

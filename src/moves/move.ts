@@ -239,8 +239,13 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
     if (i === 0) faultAfter('first-undo');
   }
   await record(ctx, step, 'aborted');
-  // The guard of its fence triggers, once they are dropped (one a busy table kept stays with it).
-  await ctx.source.client.query(dropUnusedFenceGuardsSql({ moveId: ctx.moveId }));
+  // The guard of its fence triggers and its log functions, once no trigger calls them (one a busy
+  // table kept stays with it); on the target, the log functions its dropped copies called.
+  await Promise.all(
+    [ctx.source.client, ctx.target.client].map((client) =>
+      client.query(dropUnusedFenceGuardsSql({ moveId: ctx.moveId })),
+    ),
+  );
 }
 
 /**

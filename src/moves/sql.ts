@@ -995,7 +995,9 @@ export const DELTA_FUNCTIONS_SQL = `SELECT p.proname FROM pg_catalog.pg_proc p
 /**
  * Change-log trigger functions (schema, name) replaced by one that does nothing, and move `moveId`'s
  * log entries deleted when `logExists`, in one transaction: the logs of every table whose triggers
- * call them are off from the writers' next statement, with no lock on any of those tables.
+ * call them are off, with no lock on any of those tables, for every writer from its next
+ * transaction or its next new lock of the table (when a session reads a function's catalog row
+ * again); one already in a transaction that holds the table may log a little longer.
  */
 export function logsOffSql(
   functions: readonly (readonly [string, string])[],
@@ -1135,9 +1137,10 @@ export const HASH_SQL: Record<HashMethod, string> = {
 };
 
 /**
- * The text form of a row depends on session settings (time zone, date style, float digits, the
- * monetary locale of `money`): fixed here on both sessions so that equal rows give equal text on
- * both hosts, whatever each server's defaults.
+ * The text form of a row depends on session settings (search path, time zone, date style, float
+ * digits, the monetary locale of `money`): fixed here on both sessions (and in the change logs'
+ * trigger function) so that equal rows give equal text on both hosts, whatever each server's
+ * defaults. The sessions that set them name every relation with its schema.
  */
 const STABLE_TEXT = {
   timezone: 'UTC',
@@ -1148,9 +1151,11 @@ const STABLE_TEXT = {
   lc_monetary: 'C',
 } as const;
 
-export const STABLE_TEXT_SETTINGS = Object.entries(STABLE_TEXT)
-  .map(([name, value]) => `SET ${name} TO ${quoteLiteral(value)}`)
-  .join('; ');
+export const STABLE_TEXT_SETTINGS = [
+  // The text of regclass, regtype, … names the schema unless it is on the path (a list: not a literal).
+  'SET search_path TO pg_catalog, pg_temp',
+  ...Object.entries(STABLE_TEXT).map(([name, value]) => `SET ${name} TO ${quoteLiteral(value)}`),
+].join('; ');
 
 /** The same settings as placeholders of sql/move_deltas.sql, whose trigger function sets them. */
 const STABLE_TEXT_PARAMS = Object.fromEntries(

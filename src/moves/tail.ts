@@ -4,6 +4,7 @@ import { retryLockWaits, runTransaction } from '../pg/quiet.js';
 import {
   DELTA_FUNCTIONS_SQL,
   deltaFunctionPrefix,
+  dropUnusedFenceGuardsSql,
   DELTAS_DONE_SQL,
   DELTA_TRIGGERS,
   disableTriggerIfFreeSql,
@@ -51,8 +52,8 @@ import { relationExists, shardTriggers } from './catalog.js';
  * order were written after it). Tables without such a key (no primary key or replica-identity
  * index, or a key of a type whose JSON form might not read back exactly) are logged on both hosts,
  * keyed tables on the source only. On the source the triggers run in application transactions,
- * during the cut-over only: the switch (one attempt; the old copy refuses writes anyway) and every
- * unfence disable them.
+ * during the cut-over only: every unfence switches them off (with no table lock, logsOffSql); after
+ * a switch the old copy refuses every write, and the clean-up switches its logs off.
  *
  * Partitions are verified one by one (each is an ordinary table, by key or from its log); a
  * partitioned parent holds no rows of its own. Checksummed whole while fenced: a keyed table
@@ -78,14 +79,21 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
  * The change logs of `schemas` off (whatever run created them) and this move's log entries gone:
  * every log function their triggers call is replaced by one that does nothing (logsOffSql), which
  * takes no lock on any table, so that neither a reader nor a TRUNCATE queued behind one holds it
- * up. Then each trigger is dropped if its table is free at once, else disabled if no writer holds
- * it at once; one left calls the function that does nothing, and the next set-up replaces it.
+ * up. Then, unless `drop` is false, each trigger is dropped if its table is free at once, else
+ * disabled if no writer holds it at once (a round trip or two per trigger); one left calls the
+ * function that does nothing, and the next set-up replaces it.
  */
-export async function stopDeltas(client: pg.Client, moveId: string, schemas: readonly string[]): Promise<void> {
+export async function stopDeltas(
+  client: pg.Client,
+  moveId: string,
+  schemas: readonly string[],
+  { drop = true }: { readonly drop?: boolean } = {},
+): Promise<void> {
   const triggers = await shardTriggers(client, schemas, DELTA_TRIGGERS);
   const exists = await relationExists(client, `${CONTROL}.move_deltas`);
   if (triggers.length === 0 && !exists) return;
   await runTransaction(client, logsOffSql(logFunctions(triggers), moveId, exists));
+  if (!drop) return;
   for (const r of triggers) {
     const dropped = await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).then(
       () => true,
@@ -106,9 +114,12 @@ export function logFunctions(
 
 /**
  * The change logs of `tables` on the source, table by table (startSourceDeltasSql): each lock wait
- * bounded by `lockWaitMs`; after one ran out, the tables not done yet are tried again, for up to
- * `limitMs` in all. Throws the last lock wait's error past that; the tables done keep their
- * triggers (the caller removes them, stopDeltas).
+ * bounded by `lockWaitMs`; after one ran out, the tables not done yet are tried again, until
+ * `limitMs` has passed (checked between attempts: one attempt may wait up to `lockWaitMs` per
+ * table). Throws the last lock wait's error past that; the tables done keep their triggers (the
+ * caller removes them, stopDeltas). A table that had this move's triggers before (a killed run's)
+ * is never taken as done by this set-up: its CREATE TRIGGER must run, and wait out the writers
+ * that may still call the function as it was.
  */
 export async function startSourceDeltas(
   client: pg.Client,
@@ -119,18 +130,23 @@ export async function startSourceDeltas(
   wave = 0,
 ): Promise<void> {
   const schemas = [...new Set(tables.map((t) => t.table.schema))];
+  const done = async (): Promise<Set<string>> =>
+    new Set(
+      (
+        await client.query<{ schema: string; table: string }>(DELTAS_DONE_SQL, [schemas, moveId, DELTA_TRIGGERS])
+      ).rows.map((r) => `${r.schema}.${r.table}`),
+    );
+  const before = await done();
   let left = tables;
   await retryLockWaits(async () => {
     try {
       await runTransaction(client, startSourceDeltasSql(moveId, left, lockWaitMs, wave));
     } catch (error) {
-      const done = await client.query<{ schema: string; table: string }>(DELTAS_DONE_SQL, [
-        schemas,
-        moveId,
-        DELTA_TRIGGERS,
-      ]);
-      const isDone = new Set(done.rows.map((r) => `${r.schema}.${r.table}`));
-      left = left.filter((t) => !isDone.has(`${t.table.schema}.${t.table.table}`));
+      const now = await done();
+      left = left.filter((t) => {
+        const name = `${t.table.schema}.${t.table.table}`;
+        return !now.has(name) || before.has(name);
+      });
       throw error;
     }
   }, performance.now() + limitMs);
@@ -155,6 +171,8 @@ export async function endLogs(client: pg.Client, moveId: string): Promise<void> 
       exists,
     ),
   );
+  // Those no trigger calls any more (on the target, all of them, usually).
+  if (functions.rows.length > 0) await client.query(dropUnusedFenceGuardsSql({ moveId }));
 }
 
 /** One table's log sums on one host: every entry, and the entries after its last TRUNCATE. */
