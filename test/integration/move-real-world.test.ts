@@ -772,14 +772,18 @@ describe('a real-world schema: a change lost on the way to the target during the
       const details = (error as HostError & { details: string[] }).details;
       expect(details).toHaveLength(1);
       expect(details[0]).toMatch(named);
-      // Aborted: the source is writable and carries no trigger of the move; no log entry is left.
+      // Aborted: the source is writable and nothing of the move logs there any more (a trigger whose
+      // table the writer held at every removal may stay, calling the function that does nothing);
+      // no log entry is left.
       for (const url of db.urls) {
         const left = await withClient(
           url,
           async (c) =>
             (
               await c.query<{ triggers: number; entries: number }>(
-                `select (select count(*)::int from pg_trigger where tgname like 'shardctl\\_delta%' and tgenabled <> 'D') as triggers,
+                `select (select count(*)::int from pg_trigger t join pg_proc p on p.oid = t.tgfoid
+                          where t.tgname like 'shardctl\\_delta%' and t.tgenabled <> 'D'
+                            and p.prosrc !~ '^\\s*BEGIN RETURN NULL; END\\s*$') as triggers,
                     (select case when to_regclass('shardctl.move_deltas') is null then 0 else (select count(*)::int from shardctl.move_deltas) end) as entries`,
               )
             ).rows[0]!,
