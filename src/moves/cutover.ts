@@ -619,10 +619,9 @@ const DELTAS_SETUP_LIMIT_MS = 5_000;
  * CREATE TRIGGERs wait for its writers, table by table (tail.ts startSourceDeltas), each wait no
  * longer than the fence's lock wait, retried up to DELTAS_SETUP_LIMIT_MS; false when that is not
  * enough, the set-up fails otherwise, or either host is older than PostgreSQL 14 (what it created
- * is switched off, best effort, and dropped where free): then the tables
- * without a key are checksummed whole while
- * fenced, and the keyed ones compared by their changed keys on both hosts (which cannot see a
- * change that replication loses after the snapshot: said in the notice).
+ * is switched off, best effort, and dropped where free): then the tables without a key are
+ * checksummed whole while fenced, and the keyed ones compared by their changed keys on both hosts
+ * (which cannot see a change that replication loses after the snapshot: said in the notice).
  */
 async function startDeltas(
   ctx: MoveContext,
