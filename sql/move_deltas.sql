@@ -22,9 +22,9 @@ CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
 -- The trigger function, one per wave of a move (src/moves/sql.ts deltaFunctionName), so that a
 -- wave's logs are switched off by replacing it with one that does nothing (logsOffSql): no
 -- lock on any logged table, where disabling each trigger would wait for that table's readers and
--- any TRUNCATE queued behind them. SET search_path: see STABLE_TEXT. TG_ARGV[0] is the move id, TG_ARGV[1] the checksum's method
--- ('record' or 'text', see src/moves/verify.ts HASH_SQL), so a row's hash here is the one the
--- checksum gives it.
+-- any TRUNCATE queued behind them. SET search_path: see STABLE_TEXT. TG_ARGV[0] is the move id,
+-- TG_ARGV[1] the checksum's method ('record' or 'text', see src/moves/verify.ts HASH_SQL), so a
+-- row's hash here is the one the checksum gives it.
 -- The text form of a row depends on session settings, fixed here as the checksum fixes them (an
 -- application's session may have others): the values are src/moves/sql.ts's STABLE_TEXT. ALWAYS
 -- triggers: on the target they fire for the apply worker. SECURITY DEFINER: the application's

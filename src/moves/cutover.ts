@@ -28,7 +28,6 @@ import {
   READ_SEQUENCE_DATA_SQL,
   setSequencesSql,
   unfenceSql,
-  logsOffSql,
   type SequenceValue,
   ACTIVE_SHARDS_SQL,
   DEADLOCK_TIMEOUT_SQL,
@@ -52,7 +51,7 @@ import {
   SHARD_SEQUENCES_SQL,
 } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
-import { logFunctions, readChanges, startSourceDeltas, stopDeltas, stopTracking } from './tail.js';
+import { dropLogTriggers, readChanges, startSourceDeltas, stopDeltas, stopTracking } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
 import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import {
@@ -836,7 +835,7 @@ export async function verify(ctx: MoveContext): Promise<void> {
   // application writes (whatever run created them: a killed run's too), unless this run found
   // none on the wave's tables before its fence and created none. The source's logs stay on the
   // wave's old copies, which refuse every write from now on (a failed verification's unfence
-  // disables them, and the next wave's set-up or the clean-up deletes their entries).
+  // switches them off, and the next wave's set-up or the clean-up deletes their entries).
   if (ctx.untracked?.wave !== ctx.wave || ctx.untracked.triggers) {
     await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () =>
       stopTracking(ctx.target.client, ctx.moveId, schemas),
@@ -976,14 +975,12 @@ const UNFENCE_LIMIT_MS = 5_000;
  */
 async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UNFENCE_LIMIT_MS): Promise<void> {
   const schemas = schemasOf(ctx, shards);
+  // A change log still on (a killed run's, or one whose removal failed): off before the shards take
+  // writes again, by replacing its function, with no table lock (stopDeltas); its triggers go below.
   const [triggers, logged] = await Promise.all([
     shardTriggers(ctx.source.client, schemas, [FENCE_TRIGGER]),
-    shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS),
+    stopDeltas(ctx.source.client, ctx.moveId, schemas, { drop: false }),
   ]);
-  // A change log still on (a killed run's, or one whose removal failed): off before the shards take
-  // writes again, by replacing its function, with no table lock (logsOffSql); its triggers go below.
-  if (logged.some((t) => t.enabled))
-    await runTransaction(ctx.source.client, logsOffSql(logFunctions(logged), ctx.moveId, false));
   // Triggers that call the move's guard refuse writes while it is closed for their wave: the guard
   // opened again for this wave (the waves before it switched, their old copies stay fenced) lets
   // them through, with no table lock to wait for. Only the others are disabled below.
@@ -1033,13 +1030,13 @@ async function unfence(ctx: MoveContext, shards: readonly number[], limitMs = UN
   // harmless, and the shard's next fence takes it over (prepareFenceSql, fenceSql).
   for (const t of triggers)
     await runTransaction(ctx.source.client, dropFenceTriggerSql(t.schema, t.table)).catch(() => undefined);
-  if (logged.length > 0) await stopDeltas(ctx.source.client, ctx.moveId, schemas).catch(() => undefined);
+  await dropLogTriggers(ctx.source.client, logged);
 }
 
 /**
  * The fence's undo (abortMove): the change logs off, then every shard of the batch writable again.
- * The logs go while the sources are still fenced, if they are: no writer to wait for (and the
- * unfence disables what is left on the source).
+ * The logs are switched off while the sources are still fenced, if they are (and the unfence
+ * switches off what is left on the source).
  */
 export async function undoFence(ctx: MoveContext): Promise<void> {
   // Switched off only (the unfence drops the source's triggers after, the target's go with its copies).

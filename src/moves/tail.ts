@@ -79,21 +79,32 @@ export async function stopTracking(client: pg.Client, moveId: string, schemas: r
  * The change logs of `schemas` off (whatever run created them) and this move's log entries gone:
  * every log function their triggers call is replaced by one that does nothing (logsOffSql), which
  * takes no lock on any table, so that neither a reader nor a TRUNCATE queued behind one holds it
- * up. Then, unless `drop` is false, each trigger is dropped if its table is free at once, else
- * disabled if no writer holds it at once (a round trip or two per trigger); one left calls the
- * function that does nothing, and the next set-up replaces it.
+ * up. Then, unless `drop` is false, the triggers go where their tables let them (dropLogTriggers,
+ * a round trip or two per trigger); one left calls the function that does nothing, and the next
+ * set-up replaces it. Returns the triggers found.
  */
 export async function stopDeltas(
   client: pg.Client,
   moveId: string,
   schemas: readonly string[],
   { drop = true }: { readonly drop?: boolean } = {},
-): Promise<void> {
+): Promise<LogTrigger[]> {
   const triggers = await shardTriggers(client, schemas, DELTA_TRIGGERS);
   const exists = await relationExists(client, `${CONTROL}.move_deltas`);
-  if (triggers.length === 0 && !exists) return;
+  if (triggers.length === 0 && !exists) return triggers;
   await runTransaction(client, logsOffSql(logFunctions(triggers), moveId, exists));
-  if (!drop) return;
+  if (drop) await dropLogTriggers(client, triggers);
+  return triggers;
+}
+
+/** A change-log trigger as shardTriggers reads it. */
+type LogTrigger = Awaited<ReturnType<typeof shardTriggers>>[number];
+
+/**
+ * Change-log triggers whose logs are off (stopDeltas) dropped, each if its table is free at once,
+ * else disabled if no writer holds it at once; one left calls the function that does nothing.
+ */
+export async function dropLogTriggers(client: pg.Client, triggers: readonly LogTrigger[]): Promise<void> {
   for (const r of triggers) {
     const dropped = await runTransaction(client, dropTriggerIfFreeSql(r.schema, r.table, r.trigger)).then(
       () => true,
@@ -105,7 +116,7 @@ export async function stopDeltas(
 }
 
 /** The change-log functions (in the control schema) that enabled triggers among `triggers` call, each once. */
-export function logFunctions(
+function logFunctions(
   triggers: readonly { readonly enabled: boolean; readonly calls: readonly [string, string] }[],
 ): [string, string][] {
   const names = new Set(triggers.filter((t) => t.enabled && t.calls[0] === CONTROL_SCHEMA).map((t) => t.calls[1]));
