@@ -147,8 +147,32 @@ export interface MoveContext {
   sourceNow: { readonly wave: number; readonly leaves: readonly LeafTable[] } | null;
   /** When the cut-over last set the statement timeout of the source's and target's sessions (cutover.ts, underFence). */
   readonly timeoutsSetAt: Map<pg.Client, number>;
-  /** The sequences of a wave's shards, listed before its fence (cutover.ts, listSequences). */
-  sequences: { readonly wave: number; readonly list: readonly ShardSequence[] } | null;
+  /**
+   * The sequences of a wave's shards, listed before its fence (cutover.ts, listSequences), and the
+   * target's states of them read then (nothing moves the target's copies of the sequences).
+   */
+  sequences: {
+    readonly wave: number;
+    readonly list: readonly ShardSequence[];
+    readonly target?: readonly SequenceState[];
+  } | null;
+  /**
+   * What the wave's fence string read on the source once the wave was fenced (cutover.ts,
+   * fenceWaveOnce): its sequences' states (null when one could not be read that way) and the
+   * placement version the switch starts from.
+   */
+  fenceReads: {
+    readonly wave: number;
+    readonly marker: string;
+    readonly sequences: readonly SequenceState[] | null;
+    readonly placementVersion: bigint;
+  } | null;
+}
+
+/** A sequence's state as read from the sequence itself. */
+export interface SequenceState {
+  readonly last_value: string;
+  readonly is_called: boolean;
 }
 
 /** A sequence of a shard, as carried at the cut-over. */
@@ -199,6 +223,7 @@ export function moveContext(
     sourceNow: null,
     timeoutsSetAt: new Map(),
     sequences: null,
+    fenceReads: null,
   };
 }
 

@@ -37,6 +37,7 @@ import {
   RESET_STATEMENT_TIMEOUT_SQL,
   fenceGuardSql,
   replicationName,
+  PLACEMENT_VERSION_FIELD,
 } from './sql.js';
 import { recordStep, stepsFor, type MoveStep } from './state.js';
 import { endQuietly, LOCK_WAIT_CODES, retryLockWaits, rollbackQuietly, runTransaction } from '../pg/quiet.js';
@@ -57,6 +58,7 @@ import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import {
   DEFAULT_MAX_FENCED_MS,
   type MoveContext,
+  type SequenceState,
   type ShardSequence,
   schemasOf,
   waveShards,
@@ -194,7 +196,9 @@ export async function fence(ctx: MoveContext): Promise<void> {
  * What a wave's cut-over does before its fence, while its shards still take writes, so that the
  * fence has less to do: its tables listed on both hosts (ctx.leaves), its fence triggers created
  * disabled (the shards returned), the target caught up, the verification begun, its sequences
- * listed and read once (so that both sessions have them open when they read them while fenced).
+ * listed and read once on both hosts: the target's states are kept (nothing moves the target's
+ * copies of them; carrySequences sets them from these), and the source's read has them open for
+ * the read that the fence string makes (fenceWaveOnce).
  */
 async function whileWritable(
   ctx: MoveContext,
@@ -211,8 +215,10 @@ async function whileWritable(
   await catchUpBeforeFence(ctx);
   if (ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
   const sequences = await listSequences(ctx);
-  if (sequences.length > 0)
-    await Promise.all([readSequences(ctx.source, sequences), readSequences(ctx.target, sequences)]);
+  if (sequences.length > 0) {
+    const [, target] = await Promise.all([readSequences(ctx.source, sequences), readSequences(ctx.target, sequences)]);
+    ctx.sequences = { wave: ctx.wave, list: sequences, target };
+  }
   return prepared;
 }
 
@@ -319,10 +325,14 @@ function fenceMarkerKind(ctx: MoveContext, atMs: number): string {
 }
 
 /**
- * The whole wave fenced in one round trip (fenceWaveSql): its groups, the marker with the step, the
- * source session's statement timeout; then on the target its statement timeout and the step, in one
- * more. False when a group's lock wait ran out: the groups before it are fenced (the wave's fence
- * limit runs from this attempt), and the caller fences the rest group by group.
+ * The whole wave fenced in one round trip (fenceWaveSql): its groups, the marker with the step,
+ * what the cut-over reads once the wave is fenced (its sequences' states, the placement version the
+ * switch starts from: ctx.fenceReads), the source session's statement timeout. The target's
+ * statement timeout and step go at the same time, over its own session: a target that says
+ * `fenced` while the source does not (its fence failed, or a kill came first) is carried on from
+ * the source's step (run.ts, reconcileRecords), and a fence that fenced nothing records the
+ * target back. False when a group's lock wait ran out: the groups before it are fenced (the wave's
+ * fence limit runs from this attempt), and the caller fences the rest group by group.
  */
 async function fenceWaveOnce(
   ctx: MoveContext,
@@ -338,6 +348,7 @@ async function fenceWaveOnce(
   // Each group's transaction also reports which of its tables are empty, once fenced (verify).
   const leaves = ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : [];
   const oidOf = new Map(leaves.map((t) => [`${t.schema}.${t.table}`, t.oid]));
+  const sequences = ctx.sequences?.wave === ctx.wave ? ctx.sequences.list : [];
   const sql = fenceWaveSql({
     groups: groups.map((shards, i) => ({
       shards,
@@ -354,7 +365,16 @@ async function fenceWaveOnce(
     })),
     marker: { moveId: ctx.moveId, kind: marker, detail },
     statementTimeoutMs: limit,
+    reads: {
+      sequences: sequences.map((q) => [q.schema, q.name] as const),
+      sequenceData: source.serverVersionNum >= 180000,
+      shards: groups.flatMap((group) => group.map((s) => s.shard)),
+    },
   });
+  // The target's statement timeout goes with the step's record, sent now: handled below, whatever the source says.
+  const recorded = target.client.query(`${statementTimeoutSql(limit)};\n${recordFencedSql(ctx.moveId, detail)}`);
+  recorded.catch(() => undefined);
+  ctx.timeoutsSetAt.set(target.client, sentAt);
   let results: pg.QueryResult[];
   try {
     // A string of several statements: one result each.
@@ -369,6 +389,17 @@ async function fenceWaveOnce(
       ctx.fenceStartedAtMs = atMs;
       ctx.fenceDeadline = sentAt + limit;
     }
+    // The target's record of a fence that fenced nothing goes back to `synced` (best effort: the
+    // source's step is the one a resumed run carries on from); a fence carried on group by group
+    // records the target again (fence).
+    if (
+      (await recorded.then(
+        () => true,
+        () => false,
+      )) &&
+      fenced?.rowCount === 0
+    )
+      await recordStep(target.client, ctx.moveId, 'synced', 'running', progress(ctx)).catch(() => undefined);
     const code = (error as { code?: string }).code;
     if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
     return false;
@@ -378,18 +409,32 @@ async function fenceWaveOnce(
   ctx.fenceMarker = marker;
   ctx.timeoutsSetAt.set(source.client, sentAt);
   const empty = new Map<number, boolean>();
-  for (const r of results)
-    if (r.fields?.some((f) => f.name === 'empty'))
-      for (const row of r.rows as { oid: number; empty: boolean }[]) empty.set(row.oid, row.empty);
+  let states: SequenceState[] | null = null;
+  let placementVersion = 0n;
+  for (const r of results) {
+    const has = (name: string): boolean => r.fields?.some((f) => f.name === name) ?? false;
+    if (has('empty')) for (const row of r.rows as { oid: number; empty: boolean }[]) empty.set(row.oid, row.empty);
+    else if (has('is_called')) states = r.rows as SequenceState[];
+    else if (has(PLACEMENT_VERSION_FIELD))
+      placementVersion = BigInt((r.rows[0] as Record<string, string>)[PLACEMENT_VERSION_FIELD]!);
+  }
   ctx.sourceNow = {
     wave: ctx.wave,
     leaves: leaves.flatMap((t) => (empty.has(t.oid) ? [{ ...t, empty: empty.get(t.oid)! }] : [])),
   };
-  // The target's statement timeout goes with the step's record, in the same round trip.
-  ctx.timeoutsSetAt.set(target.client, performance.now());
-  await underFence(ctx, `the record of the fence on ${target.host.name}`, () =>
-    target.client.query(`${statementTimeoutSql(fenceRemainingMs(ctx))};\n${recordFencedSql(ctx.moveId, detail)}`),
-  );
+  ctx.fenceReads = {
+    wave: ctx.wave,
+    marker,
+    // pg_get_sequence_data says nothing (NULL) of a sequence the role may not read: read while fenced, as before.
+    sequences:
+      states !== null && states.length === sequences.length && states.every((r) => r.last_value !== null)
+        ? states
+        : sequences.length === 0
+          ? []
+          : null,
+    placementVersion,
+  };
+  await underFence(ctx, `the record of the fence on ${target.host.name}`, () => recorded);
   return true;
 }
 
@@ -747,7 +792,14 @@ export async function carrySequences(ctx: MoveContext): Promise<void> {
 async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   const list = await listSequences(ctx);
   if (list.length === 0) return;
-  const [src, dst] = await Promise.all([readSequences(ctx.source, list), readSequences(ctx.target, list)]);
+  // Online, the source's states as the fence string read them (every writer had finished) and the
+  // target's as read before the fence: no round trip while writes wait but the setval, if any.
+  const fenced = ctx.fenceReads?.wave === ctx.wave && ctx.fenceReads.marker === ctx.fenceMarker ? ctx.fenceReads : null;
+  const before = ctx.sequences?.wave === ctx.wave ? ctx.sequences.target : undefined;
+  const [src, dst] =
+    fenced?.sequences && before && fenced.sequences.length === list.length && before.length === list.length
+      ? [fenced.sequences, before]
+      : await Promise.all([readSequences(ctx.source, list), readSequences(ctx.target, list)]);
   const behind: SequenceValue[] = [];
   list.forEach((sequence, i) => {
     const increment = sequence.incrementBy;
@@ -786,11 +838,6 @@ async function listSequences(ctx: MoveContext): Promise<readonly ShardSequence[]
   }));
   ctx.sequences = { wave: ctx.wave, list };
   return list;
-}
-
-interface SequenceState {
-  readonly last_value: string;
-  readonly is_called: boolean;
 }
 
 /** The sequences' states on one host, in order: one statement, whatever their number, from PostgreSQL 18. */
@@ -941,13 +988,29 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   // The last point at which the wave can still go back: once the target's copies are active, the
   // switch is finished whatever it takes.
   if (ctx.mode === 'online' && fenceRemainingMs(ctx) <= 0) await stopCutOver(ctx, 'the steps before the switch');
-  // The source's placement copy first (it activates nothing): the target's version is then above
-  // it, and a reader that finds the source fenced and the target not yet active still routes to
-  // the source. The target's statement is the switch itself: its copies active, its placement copy
-  // and version, one transaction.
+  // The target's statement is the switch itself: its copies active, its placement copy and
+  // version, one transaction. The source's placement copy says the target too, at a version below
+  // the target's. With the version the fence string read, both at once: whichever commits first,
+  // a reader routes to the source while the target is not active (the source refuses writes,
+  // naming the target), and to the active target after. Without it (a resumed run), the source's
+  // first, which returns its version.
   const target = ctx.target.host.name;
-  const onSource = await ctx.source.client.query<{ version: string }>(switchPlacementSql(false), [shards, target, '0']);
-  await ctx.target.client.query(switchPlacementSql(true), [shards, target, onSource.rows[0]!.version]);
+  const reads = ctx.fenceReads?.wave === ctx.wave && ctx.fenceReads.marker === ctx.fenceMarker ? ctx.fenceReads : null;
+  if (reads) {
+    const v = reads.placementVersion;
+    const settled = await Promise.allSettled([
+      ctx.source.client.query(switchPlacementSql(false), [shards, target, (v + 1n).toString()]),
+      ctx.target.client.query(switchPlacementSql(true), [shards, target, (v + 2n).toString()]),
+    ]);
+    for (const r of settled) if (r.status === 'rejected') throw r.reason;
+  } else {
+    const onSource = await ctx.source.client.query<{ version: string }>(switchPlacementSql(false), [
+      shards,
+      target,
+      '0',
+    ]);
+    await ctx.target.client.query(switchPlacementSql(true), [shards, target, onSource.rows[0]!.version]);
+  }
   // Writable again from here: the fleet's placement names the target, whose copies are active (the
   // routers follow the fleet, not the file).
   noteBlocked(ctx);

@@ -353,12 +353,52 @@ export function fenceWaveSql(input: {
   readonly groups: readonly FenceInput[];
   readonly marker: { readonly moveId: string; readonly kind: string; readonly detail: Record<string, unknown> };
   readonly statementTimeoutMs: number;
+  /** What the cut-over reads once the wave is fenced, in the same round trip (fenceReadsSql). */
+  readonly reads?: FenceReads;
 }): string {
   return [
     ...input.groups.map(fenceSql),
     fenceMarkerSql(input.marker.moveId, input.marker.kind, input.marker.detail),
+    ...(input.reads ? fenceReadsSql(input.reads) : []),
     `${statementTimeoutSql(input.statementTimeoutMs)};`,
   ].join('\n');
+}
+
+/** What the source's fence string also reads once every shard of the wave is fenced (fenceWaveSql). */
+export interface FenceReads {
+  /** The wave's sequences, to be carried (their state can no longer change: every writer has finished). */
+  readonly sequences: readonly (readonly [string, string])[];
+  /** Read with pg_get_sequence_data (PostgreSQL 18), else from each sequence. */
+  readonly sequenceData: boolean;
+  /** The wave's shards: the placement version the switch's source statement will start from (PLACEMENT_VERSION_FIELD). */
+  readonly shards: readonly number[];
+}
+
+/** The field of the placement version that fenceReadsSql returns. */
+export const PLACEMENT_VERSION_FIELD = 'placement_version';
+
+/**
+ * The reads of fenceWaveSql: the sequences' states as readSequencesSql or READ_SEQUENCE_DATA_SQL
+ * return them (none when there are none), and the version the source's placement copy of the
+ * shards is at (switchPlacementSql starts from the greater of the two it reads here).
+ */
+export function fenceReadsSql(reads: FenceReads): string[] {
+  const shards = reads.shards.map((shard) => {
+    if (!Number.isInteger(shard) || shard < 0) throw new Error(`fenceReadsSql: not a shard number: ${shard}`);
+    return shard;
+  });
+  const sequences =
+    reads.sequences.length === 0
+      ? []
+      : [
+          reads.sequenceData
+            ? `${sequenceDataSql(`ARRAY[${reads.sequences.map(([schema, name]) => `${quoteLiteral(qualified(schema, name))}::regclass`).join(', ')}]`)};`
+            : `${readSequencesSql(reads.sequences)};`,
+        ];
+  return [
+    ...sequences,
+    `SELECT greatest(coalesce((SELECT placement_version FROM ${CONTROL}.fleet), 0), coalesce((SELECT max(version) FROM ${CONTROL}.placement WHERE shard IN (${shards.join(', ') || 'NULL'})), 0))::text AS ${PLACEMENT_VERSION_FIELD};`,
+  ];
 }
 
 /** The trigger of the fence (fenceSql) on every table of a fenced shard. */
@@ -426,8 +466,13 @@ export function readSequencesSql(sequences: readonly (readonly [string, string])
  * The state of the sequences $1 (regclass[]), in order, from PostgreSQL 18 (pg_get_sequence_data):
  * one statement whatever their number, where readSequencesSql parses one SELECT per sequence.
  */
-export const READ_SEQUENCE_DATA_SQL = `SELECT s.i::int - 1 AS i, d.last_value::text AS last_value, d.is_called
-       FROM unnest($1::regclass[]) WITH ORDINALITY AS s(seq, i), pg_get_sequence_data(s.seq) AS d ORDER BY s.i`;
+export const READ_SEQUENCE_DATA_SQL = sequenceDataSql('$1::regclass[]');
+
+/** READ_SEQUENCE_DATA_SQL of the sequences an array expression of regclass gives. */
+function sequenceDataSql(regclasses: string): string {
+  return `SELECT s.i::int - 1 AS i, d.last_value::text AS last_value, d.is_called
+       FROM unnest(${regclasses}) WITH ORDINALITY AS s(seq, i), pg_get_sequence_data(s.seq) AS d ORDER BY s.i`;
+}
 
 export interface SequenceValue {
   readonly schema: string;

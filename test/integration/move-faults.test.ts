@@ -274,7 +274,7 @@ describe('moves on a two-host fleet', () => {
 describe('a step that fails while the shard is fenced', () => {
   let fleet: Fleet;
   beforeAll(async () => {
-    fleet = makeFleet({ urls: failDb.urls, shards: 4, split: ['0-3', ''] });
+    fleet = makeFleet({ urls: failDb.urls, shards: 5, split: ['0-4', ''] });
     expect((await init(await fleet.config())).ok).toBe(true);
   });
 
@@ -359,6 +359,36 @@ describe('a step that fails while the shard is fenced', () => {
     await expectReleasedThenResumed(3, () =>
       withClient(failDb.urls[0]!, (c) => c.query('DROP TRIGGER refuse ON shardctl.move_markers')),
     );
+  });
+
+  it('a fence that cannot take its tables within its limit: nothing fenced, both hosts record the move at synced (the target too, although its step was sent with the fence), and --resume finishes it', async () => {
+    await withClient(failDb.urls[0]!, (c) => seed(c, 4, 400));
+    // An application transaction holds a shard table in ROW EXCLUSIVE mode (a writer's lock) for
+    // the whole move: every LOCK of the fence gives up after its bounded wait, until the fence's own
+    // limit. Without a transaction id, so that the replication slot's creation does not wait for it.
+    const holder = await adminClient(failDb.urls[0]!);
+    const notices: string[] = [];
+    let error: (Error & { code?: string }) | null = null;
+    try {
+      await holder.query('begin; lock table insta4.photos in row exclusive mode');
+      error = await moveShard(await fleet.config(), 4, 'pg2', {
+        configFile: fleet.configFile,
+        fenceTimeoutMs: 1_500,
+        onNotice: (message) => notices.push(message),
+      }).then(
+        () => null,
+        (e: Error & { code?: string }) => e,
+      );
+      await holder.query('rollback');
+    } finally {
+      await holder.end();
+    }
+    expect(error?.message, notices.join('\n')).toMatch(/could not fence within 2 s .*Nothing was fenced/);
+    for (const url of failDb.urls)
+      await withClient(url, async (c) =>
+        expect(await lastMove(c, 4)).toMatchObject({ step: 'synced', status: 'running' }),
+      );
+    await expectReleasedThenResumed(4);
   });
 
   /**

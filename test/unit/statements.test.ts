@@ -13,6 +13,7 @@ import {
   fenceSql,
   fenceGroups,
   fenceWaveSql,
+  fenceReadsSql,
   prepareFenceSql,
   fenceGuardSql,
   oldCopyName,
@@ -347,6 +348,34 @@ describe('move SQL', () => {
       `UPDATE "shardctl".moves SET step = 'fenced', updated_at = now(), detail = detail || '{"fenceMarker":"fenced-x-0","wave":0}'::jsonb WHERE move_id = 'm1';\nCOMMIT;\nSET statement_timeout = 20000;`,
     );
     expect(sql.endsWith('SET statement_timeout = 20000;')).toBe(true);
+  });
+
+  it("reads the wave's sequences and placement version after its marker, in the fence's string", () => {
+    const group = {
+      shards: [{ shard: 4, tables: [['insta4', 'likes']] as const, prepared: true }],
+      targetHost: 'pg2',
+      lockWaitMs: 250,
+      createOrReplaceTrigger: true,
+    };
+    const marker = { moveId: 'm1', kind: 'fenced-x-0', detail: {} };
+    const sequences = [['insta4', 'likes_id_seq'] as const, ['insta4', 'a"b'] as const];
+    const pg18 = fenceWaveSql({
+      groups: [group],
+      marker,
+      statementTimeoutMs: 20_000,
+      reads: { sequences, sequenceData: true, shards: [4, 5] },
+    });
+    const at = (text: string) => pg18.indexOf(text);
+    expect(at('pg_get_sequence_data')).toBeGreaterThan(at(`VALUES ('m1', 'fenced-x-0')`));
+    expect(at('pg_get_sequence_data')).toBeGreaterThan(pg18.lastIndexOf('COMMIT;'));
+    expect(pg18).toContain(`ARRAY['"insta4"."likes_id_seq"'::regclass, '"insta4"."a""b"'::regclass]`);
+    expect(pg18).toContain(
+      `SELECT greatest(coalesce((SELECT placement_version FROM "shardctl".fleet), 0), coalesce((SELECT max(version) FROM "shardctl".placement WHERE shard IN (4, 5)), 0))::text AS placement_version;\nSET statement_timeout = 20000;`,
+    );
+    const pg15 = fenceReadsSql({ sequences, sequenceData: false, shards: [4] });
+    expect(pg15[0]).toBe(`${readSequencesSql(sequences)};`);
+    expect(fenceReadsSql({ sequences: [], sequenceData: true, shards: [4] })).toHaveLength(1);
+    expect(() => fenceReadsSql({ sequences: [], sequenceData: true, shards: [1.5] })).toThrow(/not a shard number/);
   });
 
   it('groups a wave into fence transactions of bounded table count, in order', () => {
