@@ -3,6 +3,7 @@ import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, confirmOrRefuse, dryRunOption, jsonOption, yesOption } from './options.js';
 import { Output, plural } from './output.js';
+import type { LeftTrigger } from '../index.js';
 
 export function registerGc(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
@@ -20,11 +21,13 @@ export function registerGc(program: Command, ctx: CliContext, done: (code: numbe
       const found = await gc(config, { dryRun: true });
       for (const c of found.oldCopies) out.info(`${c.host}: shard ${c.shard} (${c.schema})`);
       for (const l of found.leftovers) out.info(`${l.host}: ${l.kind} ${l.name} left by a killed run`);
-      const count = found.oldCopies.length + found.leftovers.length;
+      for (const t of found.triggers) out.info(`${t.host}: ${triggerText(t)} left by a move`);
+      const count = found.oldCopies.length + found.leftovers.length + found.triggers.length;
       if (count > 0) {
         const what = [
           ...(found.oldCopies.length > 0 ? [plural(found.oldCopies.length, 'old copy', 'old copies')] : []),
           ...(found.leftovers.length > 0 ? [plural(found.leftovers.length, 'leftover')] : []),
+          ...(found.triggers.length > 0 ? [plural(found.triggers.length, 'trigger')] : []),
         ].join(' and ');
         await confirmOrRefuse(ctx.streams, `drop ${what}`);
       }
@@ -35,11 +38,23 @@ export function registerGc(program: Command, ctx: CliContext, done: (code: numbe
       for (const c of result.oldCopies)
         out.line(`${c.host}: shard ${c.shard} (${c.schema})${flags.dryRun ? '' : ' dropped'}`);
       for (const l of result.leftovers) out.line(`${l.host}: ${l.kind} ${l.name}${flags.dryRun ? '' : ' dropped'}`);
+      for (const t of result.triggers)
+        out.line(
+          `${t.host}: ${triggerText(t)}${flags.dryRun ? '' : t.dropped ? ' dropped' : ' kept: its table stayed busy (run gc again)'}`,
+        );
     }
     const leftovers = result.leftovers.length > 0 ? ` and ${plural(result.leftovers.length, 'leftover')}` : '';
+    const dropped = result.triggers.filter((t) => flags.dryRun || t.dropped).length;
+    const triggers = dropped > 0 ? ` and ${plural(dropped, 'trigger')}` : '';
+    const kept = result.triggers.length - dropped;
     out.info(
-      `gc: ${plural(result.oldCopies.length, 'old copy', 'old copies')}${leftovers} ${flags.dryRun ? 'found' : 'dropped'}`,
+      `gc: ${plural(result.oldCopies.length, 'old copy', 'old copies')}${leftovers}${triggers} ${flags.dryRun ? 'found' : 'dropped'}` +
+        (kept > 0 ? `; ${plural(kept, 'trigger')} kept (tables busy)` : ''),
     );
     done(0);
   });
+}
+
+function triggerText(t: LeftTrigger): string {
+  return `trigger ${t.trigger} on ${t.schema}.${t.table} (shard ${t.shard})`;
 }

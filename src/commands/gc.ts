@@ -7,7 +7,10 @@ import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { dropUnusedFenceGuardsSql } from '../moves/sql.js';
+import { dropTriggerIfFreeSql, dropUnusedFenceGuardsSql, leftTriggersSql } from '../moves/sql.js';
+import { LOCK_WAIT_CODES, runTransaction } from '../pg/quiet.js';
+import { sleep } from '../clock.js';
+import type pg from 'pg';
 
 export interface OldCopy {
   readonly host: string;
@@ -18,12 +21,31 @@ export interface OldCopy {
 /** A leftover of a killed move on a host (see src/moves/leftovers.ts). */
 export type HostLeftover = Leftover & { readonly host: string };
 
+/**
+ * A trigger of a move left on a table of a live shard (leftTriggersSql): it refuses nothing, but a
+ * change-log trigger still costs a call per row written. Dropped only where its table is free at
+ * that instant; `dropped` false when it stayed busy (gc again drops it later).
+ */
+export interface LeftTrigger {
+  readonly host: string;
+  readonly shard: number;
+  readonly schema: string;
+  readonly table: string;
+  readonly trigger: string;
+  readonly dropped: boolean;
+}
+
 export interface GcResult {
   /** Fenced old copies that finished moves left behind. */
   readonly oldCopies: readonly OldCopy[];
   /** Probe subscriptions and replication objects of killed runs that no running move accounts for. */
   readonly leftovers: readonly HostLeftover[];
+  /** Triggers of finished or undone moves on live shards' tables. */
+  readonly triggers: readonly LeftTrigger[];
 }
+
+/** How often gc tries to drop a left trigger whose table is busy, 100 ms apart. */
+const TRIGGER_ATTEMPTS = 3;
 
 /**
  * `shardctl gc`: the fenced old copies that finished moves left behind (state fenced in the control
@@ -34,6 +56,7 @@ export interface GcResult {
 export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<GcResult> {
   const oldCopies: OldCopy[] = [];
   const leftovers: HostLeftover[] = [];
+  const triggers: LeftTrigger[] = [];
   const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl gc' });
   try {
     fleet.requireAll();
@@ -57,6 +80,8 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
           const stub = shardSchemaName(config, row.shard);
           await client.query(dropShardSql(row.shard, [row.schema_name, stub]));
         }
+        // Before the guards: a guard or log function goes once no trigger calls it.
+        triggers.push(...(await leftTriggers(client, config, host.name, options.dryRun ?? false)));
         // The fence guards of the moves whose old copies are gone now.
         if (!options.dryRun)
           await client.query(dropUnusedFenceGuardsSql({ movesRecorded: await controlTableExists(client, 'moves') }));
@@ -68,8 +93,40 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
         throw new HostError(host.name, `gc failed: ${describePgError(error)}`, { cause: error });
       }
     }
-    return { oldCopies, leftovers };
+    return { oldCopies, leftovers, triggers };
   } finally {
     await fleet.close();
   }
+}
+
+/**
+ * The left triggers of a host's shards that the map places there (leftTriggersSql), dropped unless
+ * `dryRun`, each only if its table is free at that instant (no application statement queues behind
+ * the drop), tried TRIGGER_ATTEMPTS times.
+ */
+async function leftTriggers(
+  client: pg.Client,
+  config: ShardctlConfig,
+  host: string,
+  dryRun: boolean,
+): Promise<LeftTrigger[]> {
+  const found = await client.query<{ shard: number; schema: string; table: string; trigger: string }>(
+    leftTriggersSql(await controlTableExists(client, 'moves')),
+  );
+  const left: LeftTrigger[] = [];
+  for (const row of found.rows) {
+    if (hostForShard(config, row.shard)?.name !== host) continue;
+    let dropped = false;
+    for (let attempt = 0; !dryRun && !dropped && attempt < TRIGGER_ATTEMPTS; attempt++) {
+      if (attempt > 0) await sleep(100);
+      try {
+        await runTransaction(client, dropTriggerIfFreeSql(row.schema, row.table, row.trigger));
+        dropped = true;
+      } catch (error) {
+        if (!LOCK_WAIT_CODES.includes((error as { code?: string }).code ?? '')) throw error;
+      }
+    }
+    left.push({ host, ...row, dropped });
+  }
+  return left;
 }

@@ -192,6 +192,32 @@ export function dropUnusedFenceGuardsSql(
 }
 
 /**
+ * The triggers of moves (the fence's, the change logs', the target's tracking) that are left on
+ * tables of shards active on this host and in no running move: a fence trigger that is disabled or
+ * calls a move's guard, or a log trigger calling its function that does nothing, each kept by a
+ * table that was busy at every removal. An enabled trigger calling shard_fenced refuses writes, and
+ * is not one of these. Rows: shard, schema, table, trigger.
+ */
+export function leftTriggersSql(movesRecorded: boolean): string {
+  const names = [FENCE_TRIGGER, ...DELTA_TRIGGERS, ...TRACK_TRIGGERS].map(quoteLiteral).join(', ');
+  return `SELECT s.shard, n.nspname AS schema, c.relname AS table, t.tgname AS trigger
+       FROM pg_catalog.pg_trigger t
+       JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid
+       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+       JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+       JOIN ${CONTROL}.shards s ON s.schema_name = n.nspname AND s.state = 'active'
+      WHERE t.tgname IN (${names})
+        AND p.pronamespace = pg_catalog.to_regnamespace(${quoteLiteral(CONTROL)})
+        AND NOT (p.proname = 'shard_fenced' AND t.tgenabled <> 'D')${
+          movesRecorded
+            ? `
+        AND NOT EXISTS (SELECT 1 FROM ${CONTROL}.moves m WHERE m.status = 'running' AND s.shard = ANY(coalesce(m.shards, ARRAY[m.shard])))`
+            : ''
+        }
+      ORDER BY 2, 3, 4`;
+}
+
+/**
  * The fence of a few shards, in one transaction: their tables locked in SHARE ROW EXCLUSIVE mode
  * (waits for in-flight writers), a statement trigger on every table that refuses every write with
  * SQLSTATE SC100 naming the table's shard, and the shards marked fenced. The caller keeps the

@@ -31,6 +31,11 @@ import {
 const db = useTestDatabases(2);
 const failDb = useTestDatabases(2);
 afterAll(removeCliSnapshot);
+
+/** Whether function `name` (qualified, no arguments) exists. */
+async function functionExists(client: pg.Client, name: string): Promise<boolean> {
+  return (await client.query<{ e: boolean }>('select to_regprocedure($1) is not null as e', [`${name}()`])).rows[0]!.e;
+}
 describe('moves on a two-host fleet', () => {
   let fleet: Fleet;
   let source: pg.Client;
@@ -207,6 +212,58 @@ describe('moves on a two-host fleet', () => {
     expect((await runCli(move(fleet, 5, '--abort'))).code).toBe(0);
     expect(await shardRow(source, 5)).toEqual({ state: 'active', schema: 'insta5' });
     expect(await fenceGuards(source)).toEqual([]);
+  });
+
+  it("gc drops the triggers moves left on live shards' tables where the table is free, then the functions they called; a busy table keeps its trigger until a later gc", async () => {
+    // What an abort under busy writers can leave (docs/moves.md): change-log triggers calling their
+    // move's function that does nothing, and a disabled fence trigger; shard 6 is live on pg2.
+    const fn = 'shardctl.shardctl_move_gcleft_log0';
+    await target.query(`
+      CREATE FUNCTION ${fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+      CREATE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON insta6.photos FOR EACH ROW EXECUTE FUNCTION ${fn}();
+      CREATE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON insta6.comments FOR EACH ROW EXECUTE FUNCTION ${fn}();
+      CREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON insta6.likes FOR EACH STATEMENT EXECUTE FUNCTION shardctl.shard_fenced('6', 'pg1');
+      ALTER TABLE insta6.likes DISABLE TRIGGER shardctl_fence;
+      -- An enabled fence trigger refuses writes: not a leftover, gc leaves it.
+      CREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON insta7.likes FOR EACH STATEMENT EXECUTE FUNCTION shardctl.shard_fenced('7', 'pg1');`);
+    const triggersOn = async (schema: string) =>
+      (
+        await target.query<{ t: string }>(
+          `select c.relname || ' ' || t.tgname as t from pg_trigger t join pg_class c on c.oid = t.tgrelid
+            where c.relnamespace = $1::regnamespace and t.tgname like 'shardctl%' order by 1`,
+          [schema],
+        )
+      ).rows.map((r) => r.t);
+    const listed = await runCli(['gc', '--dry-run', '-c', fleet.configFile]);
+    expect(listed.code, listed.stderr).toBe(0);
+    for (const table of ['photos', 'comments'])
+      expect(listed.stdout).toContain(`pg2: trigger shardctl_delta on insta6.${table} (shard 6)\n`);
+    expect(listed.stdout).toContain('pg2: trigger shardctl_fence on insta6.likes (shard 6)\n');
+    expect(listed.stdout).not.toContain('insta7');
+    expect(await triggersOn('insta6')).toHaveLength(3);
+
+    // A reader holds comments: the drop would queue behind it (and everything after it), so it is kept.
+    const reader = await adminClient(db.urls[1]!);
+    try {
+      await reader.query('begin; select count(*) from insta6.comments');
+      const dropped = await runCli(['gc', '--yes', '--json', '-c', fleet.configFile]);
+      expect(dropped.code, dropped.stderr).toBe(0);
+      const left = (JSON.parse(dropped.stdout) as { triggers: { table: string; dropped: boolean }[] }).triggers;
+      expect(left.filter((t) => t.table !== 'comments').every((t) => t.dropped)).toBe(true);
+      expect(left.find((t) => t.table === 'comments')).toMatchObject({ schema: 'insta6', dropped: false });
+      expect(await triggersOn('insta6')).toEqual(['comments shardctl_delta']);
+      expect(await functionExists(target, fn)).toBe(true);
+    } finally {
+      await reader.end();
+    }
+    const again = await runCli(['gc', '--yes', '-c', fleet.configFile]);
+    expect(again.code, again.stderr).toBe(0);
+    expect(again.stdout).toContain('pg2: trigger shardctl_delta on insta6.comments (shard 6) dropped\n');
+    expect(await triggersOn('insta6')).toEqual([]);
+    // The function no trigger calls any more went with it; the refusing trigger stays.
+    expect(await functionExists(target, fn)).toBe(false);
+    expect(await triggersOn('insta7')).toEqual(['likes shardctl_fence']);
+    await target.query('DROP TRIGGER shardctl_fence ON insta7.likes');
   });
 
   it('online: a repeatable-read transaction that began before the fence is refused its write after it (SC100); --abort unfences with no table lock, past a reader and a queued TRUNCATE', async () => {
