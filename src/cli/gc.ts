@@ -40,7 +40,7 @@ export function registerGc(program: Command, ctx: CliContext, done: (code: numbe
       for (const l of result.leftovers) out.line(`${l.host}: ${l.kind} ${l.name}${flags.dryRun ? '' : ' dropped'}`);
       for (const t of result.triggers)
         out.line(
-          `${t.host}: ${triggerText(t)}${flags.dryRun ? '' : t.dropped ? ' dropped' : ' kept: its table stayed busy (run gc again)'}`,
+          `${t.host}: ${triggerText(t)}${flags.dryRun ? '' : t.dropped ? ' dropped' : ` kept: ${t.kept ?? 'not dropped'} (run gc again)`}`,
         );
     }
     const leftovers = result.leftovers.length > 0 ? ` and ${plural(result.leftovers.length, 'leftover')}` : '';
@@ -49,7 +49,7 @@ export function registerGc(program: Command, ctx: CliContext, done: (code: numbe
     const kept = result.triggers.length - dropped;
     out.info(
       `gc: ${plural(result.oldCopies.length, 'old copy', 'old copies')}${leftovers}${triggers} ${flags.dryRun ? 'found' : 'dropped'}` +
-        (kept > 0 ? `; ${plural(kept, 'trigger')} kept (tables busy)` : ''),
+        (kept > 0 ? `; ${plural(kept, 'trigger')} kept` : ''),
     );
     done(0);
   });

@@ -33,6 +33,8 @@ export interface LeftTrigger {
   readonly table: string;
   readonly trigger: string;
   readonly dropped: boolean;
+  /** Why it was kept: its table stayed busy, or the drop failed (the server's message). */
+  readonly kept?: string;
 }
 
 export interface GcResult {
@@ -61,7 +63,8 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
   try {
     fleet.requireAll();
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
+    const placement = await readFleetPlacement(fleet.sessions);
+    requireCurrentMap(config, placement);
     for (const { host, client } of fleet.sessions) {
       try {
         if (!(await controlTableExists(client, 'shards'))) continue;
@@ -81,7 +84,7 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
           await client.query(dropShardSql(row.shard, [row.schema_name, stub]));
         }
         // Before the guards: a guard or log function goes once no trigger calls it.
-        triggers.push(...(await leftTriggers(client, config, host.name, options.dryRun ?? false)));
+        triggers.push(...(await leftTriggers(client, config, host.name, placement.moving, options.dryRun ?? false)));
         // The fence guards of the moves whose old copies are gone now.
         if (!options.dryRun)
           await client.query(dropUnusedFenceGuardsSql({ movesRecorded: await controlTableExists(client, 'moves') }));
@@ -100,14 +103,16 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
 }
 
 /**
- * The left triggers of a host's shards that the map places there (leftTriggersSql), dropped unless
- * `dryRun`, each only if its table is free at that instant (no application statement queues behind
- * the drop), tried TRIGGER_ATTEMPTS times.
+ * The left triggers of a host's shards that the map places there and no unfinished move on any
+ * host carries (leftTriggersSql), dropped unless `dryRun`, each only if its table is free at that
+ * instant (no application statement queues behind the drop), tried TRIGGER_ATTEMPTS times. A drop
+ * that fails otherwise (a table gc's role does not own) keeps that trigger, says why, and gc goes on.
  */
 async function leftTriggers(
   client: pg.Client,
   config: ShardctlConfig,
   host: string,
+  moving: ReadonlySet<number>,
   dryRun: boolean,
 ): Promise<LeftTrigger[]> {
   const found = await client.query<{ shard: number; schema: string; table: string; trigger: string }>(
@@ -115,18 +120,24 @@ async function leftTriggers(
   );
   const left: LeftTrigger[] = [];
   for (const row of found.rows) {
-    if (hostForShard(config, row.shard)?.name !== host) continue;
-    let dropped = false;
-    for (let attempt = 0; !dryRun && !dropped && attempt < TRIGGER_ATTEMPTS; attempt++) {
+    if (hostForShard(config, row.shard)?.name !== host || moving.has(row.shard)) continue;
+    if (dryRun) {
+      left.push({ host, ...row, dropped: false });
+      continue;
+    }
+    let kept: string | undefined = 'its table stayed busy';
+    for (let attempt = 0; kept !== undefined && attempt < TRIGGER_ATTEMPTS; attempt++) {
       if (attempt > 0) await sleep(100);
       try {
         await runTransaction(client, dropTriggerIfFreeSql(row.schema, row.table, row.trigger));
-        dropped = true;
+        kept = undefined;
       } catch (error) {
-        if (!LOCK_WAIT_CODES.includes((error as { code?: string }).code ?? '')) throw error;
+        if (LOCK_WAIT_CODES.includes((error as { code?: string }).code ?? '')) continue;
+        kept = `the drop failed: ${describePgError(error)}`;
+        break;
       }
     }
-    left.push({ host, ...row, dropped });
+    left.push({ host, ...row, dropped: kept === undefined, ...(kept === undefined ? {} : { kept }) });
   }
   return left;
 }

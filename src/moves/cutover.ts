@@ -792,9 +792,14 @@ export async function carrySequences(ctx: MoveContext): Promise<void> {
 async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   const list = await listSequences(ctx);
   if (list.length === 0) return;
-  // Online, the source's states as the fence string read them (every writer had finished) and the
-  // target's as read before the fence: no round trip while writes wait but the setval, if any.
-  const fenced = ctx.fenceReads?.wave === ctx.wave && ctx.fenceReads.marker === ctx.fenceMarker ? ctx.fenceReads : null;
+  // Online, the source's states as the fence string read them (every writer that got past the
+  // fence had finished) and the target's as read before the fence (online, nothing writes to the
+  // target's copies meanwhile; offline the copy does, and may fire triggers there): no round trip
+  // while writes wait but the setval, if any.
+  const fenced =
+    ctx.mode === 'online' && ctx.fenceReads?.wave === ctx.wave && ctx.fenceReads.marker === ctx.fenceMarker
+      ? ctx.fenceReads
+      : null;
   const before = ctx.sequences?.wave === ctx.wave ? ctx.sequences.target : undefined;
   const [src, dst] =
     fenced?.sequences && before && fenced.sequences.length === list.length && before.length === list.length

@@ -193,10 +193,12 @@ export function dropUnusedFenceGuardsSql(
 
 /**
  * The triggers of moves (the fence's, the change logs', the target's tracking) that are left on
- * tables of shards active on this host and in no running move: a fence trigger that is disabled or
- * calls a move's guard, or a log trigger calling its function that does nothing, each kept by a
- * table that was busy at every removal. An enabled trigger calling shard_fenced refuses writes, and
- * is not one of these. Rows: shard, schema, table, trigger.
+ * tables of shards active on this host and in no running move this host records, each kept by a
+ * table that was busy at every removal: a fence trigger that is disabled or calls a move's guard,
+ * a change-log or tracking trigger (calling a function of the control schema: a finished move's
+ * log function does nothing). An enabled trigger calling shard_fenced refuses writes, and is not
+ * one of these. A partition's copy of its parent's trigger goes with the parent's, and is not
+ * listed. Rows: shard, schema, table, trigger.
  */
 export function leftTriggersSql(movesRecorded: boolean): string {
   const names = [FENCE_TRIGGER, ...DELTA_TRIGGERS, ...TRACK_TRIGGERS].map(quoteLiteral).join(', ');
@@ -208,7 +210,8 @@ export function leftTriggersSql(movesRecorded: boolean): string {
        JOIN ${CONTROL}.shards s ON s.schema_name = n.nspname AND s.state = 'active'
       WHERE t.tgname IN (${names})
         AND p.pronamespace = pg_catalog.to_regnamespace(${quoteLiteral(CONTROL)})
-        AND NOT (p.proname = 'shard_fenced' AND t.tgenabled <> 'D')${
+        AND NOT (p.proname = 'shard_fenced' AND t.tgenabled <> 'D')
+        AND t.tgparentid = 0${
           movesRecorded
             ? `
         AND NOT EXISTS (SELECT 1 FROM ${CONTROL}.moves m WHERE m.status = 'running' AND s.shard = ANY(coalesce(m.shards, ARRAY[m.shard])))`
@@ -385,14 +388,18 @@ export function fenceWaveSql(input: {
   return [
     ...input.groups.map(fenceSql),
     fenceMarkerSql(input.marker.moveId, input.marker.kind, input.marker.detail),
-    ...(input.reads ? fenceReadsSql(input.reads) : []),
+    // Before the reads: a read that waits (behind a lock queued on a sequence) is bounded too.
     `${statementTimeoutSql(input.statementTimeoutMs)};`,
+    ...(input.reads ? fenceReadsSql(input.reads) : []),
   ].join('\n');
 }
 
 /** What the source's fence string also reads once every shard of the wave is fenced (fenceWaveSql). */
 export interface FenceReads {
-  /** The wave's sequences, to be carried (their state can no longer change: every writer has finished). */
+  /**
+   * The wave's sequences, to be carried: every writer that got past the fence has finished, so
+   * every value the shard's rows hold was drawn before this read.
+   */
   readonly sequences: readonly (readonly [string, string])[];
   /** Read with pg_get_sequence_data (PostgreSQL 18), else from each sequence. */
   readonly sequenceData: boolean;

@@ -222,6 +222,10 @@ describe('moves on a two-host fleet', () => {
       CREATE FUNCTION ${fn}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
       CREATE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON insta6.photos FOR EACH ROW EXECUTE FUNCTION ${fn}();
       CREATE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON insta6.comments FOR EACH ROW EXECUTE FUNCTION ${fn}();
+      -- A trigger on a partitioned table: its partitions' copies go with it (and are not listed).
+      CREATE TABLE insta6.z_parted (id int) PARTITION BY RANGE (id);
+      CREATE TABLE insta6.a_part PARTITION OF insta6.z_parted FOR VALUES FROM (0) TO (10);
+      CREATE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON insta6.z_parted FOR EACH ROW EXECUTE FUNCTION ${fn}();
       CREATE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON insta6.likes FOR EACH STATEMENT EXECUTE FUNCTION shardctl.shard_fenced('6', 'pg1');
       ALTER TABLE insta6.likes DISABLE TRIGGER shardctl_fence;
       -- An enabled fence trigger refuses writes: not a leftover, gc leaves it.
@@ -239,8 +243,10 @@ describe('moves on a two-host fleet', () => {
     for (const table of ['photos', 'comments'])
       expect(listed.stdout).toContain(`pg2: trigger shardctl_delta on insta6.${table} (shard 6)\n`);
     expect(listed.stdout).toContain('pg2: trigger shardctl_fence on insta6.likes (shard 6)\n');
+    expect(listed.stdout).toContain('pg2: trigger shardctl_delta on insta6.z_parted (shard 6)\n');
+    expect(listed.stdout).not.toContain('a_part');
     expect(listed.stdout).not.toContain('insta7');
-    expect(await triggersOn('insta6')).toHaveLength(3);
+    expect(await triggersOn('insta6')).toHaveLength(5);
 
     // A reader holds comments: the drop would queue behind it (and everything after it), so it is kept.
     const reader = await adminClient(db.urls[1]!);
@@ -263,7 +269,7 @@ describe('moves on a two-host fleet', () => {
     // The function no trigger calls any more went with it; the refusing trigger stays.
     expect(await functionExists(target, fn)).toBe(false);
     expect(await triggersOn('insta7')).toEqual(['likes shardctl_fence']);
-    await target.query('DROP TRIGGER shardctl_fence ON insta7.likes');
+    await target.query('DROP TRIGGER shardctl_fence ON insta7.likes; DROP TABLE insta6.z_parted');
   });
 
   it('online: a repeatable-read transaction that began before the fence is refused its write after it (SC100); --abort unfences with no table lock, past a reader and a queued TRUNCATE', async () => {
