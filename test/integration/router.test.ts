@@ -156,6 +156,8 @@ describe('ShardRouter', () => {
       c.query(`insert into mv1.photos (user_id, image_url) select 1, 'seed' from generate_series(1, 2000)`),
     );
     const router = await ShardRouter.open(fleet.configFile);
+    // A second application process, opened before the move and idle until after it.
+    const idle = await ShardRouter.open(fleet.configFile);
     const committed: bigint[] = [];
     const errors: unknown[] = [];
     const calls = { awaited: 0, returned: 0 };
@@ -209,10 +211,38 @@ describe('ShardRouter', () => {
         expect(committed.filter((id) => !ids.has(id))).toEqual([]);
         expect(ids.size).toBe(2000 + committed.length);
       });
+
+      // A next_id() call that the clean-up's rename of the old copy catches midway fails with
+      // SC003 (its sequence resolves in the renamed schema): on a host that no longer holds the
+      // shard, that is a stale map, followed like SC100; on the holder it is the application's.
+      const moved = await withClient(db.urls[0]!, async (c) => {
+        const r = await c.query<{ nspname: string }>(
+          `select nspname from pg_namespace where nspname like 'mv1\\_moved\\_%'`,
+        );
+        return r.rows[0]!.nspname;
+      });
+      const old = idle;
+      {
+        expect(old.hostForShard(1).name).toBe('pg1');
+        let attempts = 0;
+        const id = await old.withKey(1n, async (client) => {
+          attempts += 1;
+          if (attempts === 1) await client.query(`select "${moved}".next_id('"${moved}".photos_id_seq'::regclass)`);
+          return (await client.query<{ id: string }>(`select next_id('photos_id_seq') as id`)).rows[0]!.id;
+        });
+        expect(attempts).toBe(2);
+        expect(old.hostForShard(1).name).toBe('pg2');
+        expect(BigInt(id)).toBeGreaterThan(committed.at(-1)!);
+        // On the holder (shard 4's sequence, also on pg2, given to shard 1's next_id): the application's error.
+        await expect(
+          old.withKey(1n, (client) => client.query(`select next_id('mv4.photos_id_seq'::regclass)`)),
+        ).rejects.toMatchObject({ code: 'SC003' });
+      }
     } finally {
       stop = true;
       await writer;
       await router.close();
+      await idle.close();
     }
   });
 });
