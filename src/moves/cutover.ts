@@ -504,12 +504,25 @@ export async function underFence<T>(
 /**
  * The source's and target's statement timeouts of the cut-over (underFence) back to the server's
  * default (the move sets no other): once the wave switched, and before anything else runs after a
- * stop. A connection that cannot reset is broken: the move's next statement on it fails and says so.
+ * stop. The RESET runs under the timeout it replaces: one that timeout cancels is sent again (a
+ * few times). A connection that cannot reset is broken: the move's next statement on it fails and
+ * says so.
  */
 export async function endFenceTimeouts(ctx: MoveContext): Promise<void> {
   const clients = [...ctx.timeoutsSetAt.keys()];
   ctx.timeoutsSetAt.clear();
-  await Promise.all(clients.map((c) => c.query(RESET_STATEMENT_TIMEOUT_SQL).catch(() => undefined)));
+  const reset = async (c: pg.Client): Promise<void> => {
+    for (let attempt = 0; attempt < 3; attempt++) {
+      try {
+        await c.query(RESET_STATEMENT_TIMEOUT_SQL);
+        return;
+      } catch (error) {
+        // Only a RESET its own timeout cancelled is worth sending again.
+        if ((error as { code?: string }).code !== '57014') return;
+      }
+    }
+  };
+  await Promise.all(clients.map(reset));
 }
 
 /** Keeps the longest time the shards of this move refused writes, across waves and runs. */

@@ -1298,8 +1298,16 @@ export const DROP_SLOT_SQL = 'SELECT pg_drop_replication_slot($1)';
 
 /** A statement timeout for the session, in ms (see underFence). */
 export function statementTimeoutSql(ms: number): string {
-  return `SET statement_timeout = ${Math.max(1, Math.ceil(ms))}`;
+  return `SET statement_timeout = ${Math.max(MIN_STATEMENT_TIMEOUT_MS, Math.ceil(ms))}`;
 }
+
+/**
+ * The shortest statement timeout the cut-over sets (statementTimeoutSql): a timeout of a few ms
+ * can cancel the statement that resets it (RESET runs under the timeout it replaces), leaving the
+ * session unable to run anything, the unfence included. Well within the fence limit's slack (see
+ * TIMEOUT_SLACK_MS in cutover.ts).
+ */
+export const MIN_STATEMENT_TIMEOUT_MS = 50;
 
 export const RESET_STATEMENT_TIMEOUT_SQL = 'RESET statement_timeout';
 
