@@ -8,8 +8,7 @@ import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { dropTriggerIfFreeSql, dropUnusedFenceGuardsSql, leftTriggersSql } from '../moves/sql.js';
-import { LOCK_WAIT_CODES, runTransaction } from '../pg/quiet.js';
-import { sleep } from '../clock.js';
+import { LOCK_WAIT_CODES, retryLockWaits, runTransaction } from '../pg/quiet.js';
 import type pg from 'pg';
 
 export interface OldCopy {
@@ -46,8 +45,8 @@ export interface GcResult {
   readonly triggers: readonly LeftTrigger[];
 }
 
-/** How often gc tries to drop a left trigger whose table is busy, 100 ms apart. */
-const TRIGGER_ATTEMPTS = 3;
+/** How long gc keeps trying to drop a left trigger whose table is busy. */
+const TRIGGER_RETRY_MS = 300;
 
 /**
  * `shardctl gc`: the fenced old copies that finished moves left behind (state fenced in the control
@@ -105,7 +104,7 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
 /**
  * The left triggers of a host's shards that the map places there and no unfinished move on any
  * host carries (leftTriggersSql), dropped unless `dryRun`, each only if its table is free at that
- * instant (no application statement queues behind the drop), tried TRIGGER_ATTEMPTS times. A drop
+ * instant (no application statement queues behind the drop), tried again for TRIGGER_RETRY_MS. A drop
  * that fails otherwise (a table gc's role does not own) keeps that trigger, says why, and gc goes on.
  */
 async function leftTriggers(
@@ -125,18 +124,16 @@ async function leftTriggers(
       left.push({ host, ...row, dropped: false });
       continue;
     }
-    let kept: string | undefined = 'its table stayed busy';
-    for (let attempt = 0; kept !== undefined && attempt < TRIGGER_ATTEMPTS; attempt++) {
-      if (attempt > 0) await sleep(100);
-      try {
-        await runTransaction(client, dropTriggerIfFreeSql(row.schema, row.table, row.trigger));
-        kept = undefined;
-      } catch (error) {
-        if (LOCK_WAIT_CODES.includes((error as { code?: string }).code ?? '')) continue;
-        kept = `the drop failed: ${describePgError(error)}`;
-        break;
-      }
-    }
+    const kept = await retryLockWaits(
+      () => runTransaction(client, dropTriggerIfFreeSql(row.schema, row.table, row.trigger)),
+      performance.now() + TRIGGER_RETRY_MS,
+    ).then(
+      () => undefined,
+      (error: unknown) =>
+        LOCK_WAIT_CODES.includes((error as { code?: string }).code ?? '')
+          ? 'its table stayed busy'
+          : `the drop failed: ${describePgError(error)}`,
+    );
     left.push({ host, ...row, dropped: kept === undefined, ...(kept === undefined ? {} : { kept }) });
   }
   return left;

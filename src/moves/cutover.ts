@@ -326,8 +326,8 @@ function fenceMarkerKind(ctx: MoveContext, atMs: number): string {
 
 /**
  * The whole wave fenced in one round trip (fenceWaveSql): its groups, the marker with the step,
- * what the cut-over reads once the wave is fenced (its sequences' states, the placement version the
- * switch starts from: ctx.fenceReads), the source session's statement timeout. The target's
+ * the source session's statement timeout, then what the cut-over reads once the wave is fenced (its
+ * sequences' states, the placement version the switch starts from: ctx.fenceReads). The target's
  * statement timeout and step go at the same time, over its own session: a target that says
  * `fenced` while the source does not (its fence failed, or a kill came first) is carried on from
  * the source's step (run.ts, reconcileRecords), and a fence that fenced nothing records the
@@ -523,6 +523,12 @@ export async function endFenceTimeouts(ctx: MoveContext): Promise<void> {
     }
   };
   await Promise.all(clients.map(reset));
+}
+
+/** What the current fence attempt's string read (ctx.fenceReads), or null: another wave's, an earlier attempt's, or none. */
+function currentFenceReads(ctx: MoveContext): MoveContext['fenceReads'] {
+  const reads = ctx.fenceReads;
+  return reads?.wave === ctx.wave && reads.marker === ctx.fenceMarker ? reads : null;
 }
 
 /** Keeps the longest time the shards of this move refused writes, across waves and runs. */
@@ -809,10 +815,7 @@ async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   // fence had finished) and the target's as read before the fence (online, nothing writes to the
   // target's copies meanwhile; offline the copy does, and may fire triggers there): no round trip
   // while writes wait but the setval, if any.
-  const fenced =
-    ctx.mode === 'online' && ctx.fenceReads?.wave === ctx.wave && ctx.fenceReads.marker === ctx.fenceMarker
-      ? ctx.fenceReads
-      : null;
+  const fenced = ctx.mode === 'online' ? currentFenceReads(ctx) : null;
   const before = ctx.sequences?.wave === ctx.wave ? ctx.sequences.target : undefined;
   const [src, dst] =
     fenced?.sequences && before && fenced.sequences.length === list.length && before.length === list.length
@@ -1013,7 +1016,7 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   // naming the target), and to the active target after. Without it (a resumed run), the source's
   // first, which returns its version.
   const target = ctx.target.host.name;
-  const reads = ctx.fenceReads?.wave === ctx.wave && ctx.fenceReads.marker === ctx.fenceMarker ? ctx.fenceReads : null;
+  const reads = currentFenceReads(ctx);
   if (reads) {
     const v = reads.placementVersion;
     const settled = await Promise.allSettled([
