@@ -335,8 +335,13 @@ export const REBUILDABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.rel
         AND NOT EXISTS (SELECT 1 FROM pg_attribute a WHERE a.attrelid = i.indexrelid AND a.attstattarget > 0)
       ORDER BY i.indexrelid`;
 
-/** The sequences of schemas $1 and their increments. */
-export const SHARD_SEQUENCES_SQL = `SELECT schemaname, sequencename, increment_by::text FROM pg_sequences WHERE schemaname = ANY($1) ORDER BY 1, 2`;
+/**
+ * The sequences of schemas $1 and their increments, from the catalogs alone: the pg_sequences view
+ * opens each sequence, so a DDL statement holding one (or queued on it) would hold the list too.
+ */
+export const SHARD_SEQUENCES_SQL = `SELECT n.nspname AS schemaname, c.relname AS sequencename, s.seqincrement::text AS increment_by
+  FROM pg_sequence s JOIN pg_class c ON c.oid = s.seqrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = ANY($1) ORDER BY 1, 2`;
 
 /** The materialized views of schemas $1. */
 export const MATERIALIZED_VIEWS_SQL = `SELECT schemaname, matviewname FROM pg_matviews WHERE schemaname = ANY($1) ORDER BY 1, 2`;

@@ -122,6 +122,12 @@ export interface FenceInput {
   readonly reportEmpty?: readonly number[];
   /** The move's guard closed for waves up to this one (fenceGuardSql): every prepared shard of the wave refuses writes from the commit on. */
   readonly closeGuard?: { readonly moveId: string; readonly wave: number };
+  /**
+   * Commit without waiting for the WAL flush (synchronous_commit off): only where a transaction
+   * that waits for it follows in the same string (fenceWaveSql's marker), whose flush covers this
+   * commit. Until then a crash of the server can lose the fence, but nothing acted on it yet.
+   */
+  readonly flushedLater?: boolean;
 }
 
 /**
@@ -252,6 +258,7 @@ export function fenceSql(input: FenceInput): string {
   });
   return [
     'BEGIN;',
+    ...(input.flushedLater ? ['SET LOCAL synchronous_commit = off;'] : []),
     ...lockTablesSql(tables, input.lockWaitMs),
     ...(input.closeGuard ? [fenceGuardSql(input.closeGuard.moveId, input.closeGuard.wave)] : []),
     ...triggers,
@@ -386,7 +393,8 @@ export function fenceWaveSql(input: {
   readonly reads?: FenceReads;
 }): string {
   return [
-    ...input.groups.map(fenceSql),
+    // The marker's commit flushes the WAL of every group before it.
+    ...input.groups.map((group) => fenceSql({ ...group, flushedLater: true })),
     fenceMarkerSql(input.marker.moveId, input.marker.kind, input.marker.detail),
     // Before the reads: a read that waits (behind a lock queued on a sequence) is bounded too.
     `${statementTimeoutSql(input.statementTimeoutMs)};`,

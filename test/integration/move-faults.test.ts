@@ -337,7 +337,7 @@ describe('moves on a two-host fleet', () => {
 describe('a step that fails while the shard is fenced', () => {
   let fleet: Fleet;
   beforeAll(async () => {
-    fleet = makeFleet({ urls: failDb.urls, shards: 5, split: ['0-4', ''] });
+    fleet = makeFleet({ urls: failDb.urls, shards: 6, split: ['0-5', ''] });
     expect((await init(await fleet.config())).ok).toBe(true);
   });
 
@@ -452,6 +452,42 @@ describe('a step that fails while the shard is fenced', () => {
         expect(await lastMove(c, 4)).toMatchObject({ step: 'synced', status: 'running' }),
       );
     await expectReleasedThenResumed(4);
+  });
+
+  it('a DDL statement holding a sequence of the shard: the reads made before the fence give up instead of waiting, the wave stops at its fence limit, and --resume finishes it', async () => {
+    await withClient(failDb.urls[0]!, (c) => seed(c, 5, 400));
+    // An uncommitted rename holds the sequence of insta5.likes in ACCESS EXCLUSIVE mode from the
+    // cut-over on: every read of its state waits for it. Taken once the move announces `synced`,
+    // so the steps before (which do not read sequences' states) are not what is tried here.
+    const holder = await adminClient(failDb.urls[0]!);
+    const notices: string[] = [];
+    let held: Promise<unknown> | null = null;
+    let error: (Error & { code?: string }) | null = null;
+    try {
+      await holder.query('begin');
+      error = await moveShard(await fleet.config(), 5, 'pg2', {
+        configFile: fleet.configFile,
+        maxFencedMs: 1_500,
+        onNotice: (message) => notices.push(message),
+        onStep: (done) => {
+          if (done === 'synced') held = holder.query('alter sequence insta5.likes_id_seq rename to likes_id_seq_held');
+        },
+      }).then(
+        () => null,
+        (e: Error & { code?: string }) => e,
+      );
+      await held;
+      await holder.query('rollback');
+    } finally {
+      await holder.end();
+    }
+    // Stopped at the fence limit while the fenced wave read the sequences (under its statement
+    // timeout), and unfenced. Without the bounds on the reads before the fence (and a list of the
+    // sequences from the catalogs), the move waited as long as the holder.
+    expect(error?.message, notices.join('\n')).toMatch(
+      /shard 5 refused writes for [\d.]+ s, the fence limit is 1\.5 s; .* It was unfenced and is writable again on pg1/,
+    );
+    await expectReleasedThenResumed(5);
   });
 
   /**

@@ -348,6 +348,13 @@ describe('move SQL', () => {
       `UPDATE "shardctl".moves SET step = 'fenced', updated_at = now(), detail = detail || '{"fenceMarker":"fenced-x-0","wave":0}'::jsonb WHERE move_id = 'm1';\nCOMMIT;\nSET statement_timeout = 20000;`,
     );
     expect(sql.endsWith('SET statement_timeout = 20000;')).toBe(true);
+    // Each group commits without waiting for the WAL flush; the marker's transaction waits for it,
+    // which covers the groups' commits before it.
+    const transactions = sql.split(/^COMMIT;$/m);
+    expect(transactions.slice(0, 2).every((t) => t.includes('SET LOCAL synchronous_commit = off;'))).toBe(true);
+    expect(transactions[2]).toContain(`VALUES ('m1', 'fenced-x-0')`);
+    expect(transactions[2]).not.toContain('synchronous_commit');
+    expect(fenceSql(group(4, true))).not.toContain('synchronous_commit');
   });
 
   it("reads the wave's sequences and placement version after its marker, in the fence's string", () => {
