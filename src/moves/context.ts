@@ -9,6 +9,7 @@ import type { PreflightCheck } from './preflight.js';
 import { replicationName, type PrivilegeObject } from './sql.js';
 import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
 import type { PreVerification, VerifyResult } from './verify.js';
+import type { TableChanges } from './tail.js';
 import type { WaveLimits } from './waves.js';
 
 /**
@@ -167,6 +168,17 @@ export interface MoveContext {
     readonly sequences: readonly SequenceState[] | null;
     readonly placementVersion: bigint;
   } | null;
+  /**
+   * What the target said in the round trip that saw the wave's fence marker applied (cutover.ts,
+   * waitForCatchUp): its tables with their emptiness, and the move's recorded changes (null when
+   * no verification was begun before the fence). Nothing changes either until the switch.
+   */
+  targetNow: {
+    readonly wave: number;
+    readonly marker: string;
+    readonly leaves: readonly LeafTable[];
+    readonly changes: ReadonlyMap<string, TableChanges> | null;
+  } | null;
 }
 
 /** A sequence's state as read from the sequence itself. */
@@ -224,6 +236,7 @@ export function moveContext(
     timeoutsSetAt: new Map(),
     sequences: null,
     fenceReads: null,
+    targetNow: null,
   };
 }
 

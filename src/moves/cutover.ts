@@ -39,6 +39,7 @@ import {
   replicationName,
   PLACEMENT_VERSION_FIELD,
   lockTimeoutSql,
+  catchUpSql,
 } from './sql.js';
 import { recordStep, stepsFor, type MoveStep } from './state.js';
 import { endQuietly, LOCK_WAIT_CODES, retryLockWaits, rollbackQuietly, runTransaction } from '../pg/quiet.js';
@@ -53,7 +54,15 @@ import {
   SHARD_SEQUENCES_SQL,
 } from './catalog.js';
 import { endPreVerification, preVerify, verifyShards, type HashMethod, type VerifyResult } from './verify.js';
-import { dropLogTriggers, readChanges, startSourceDeltas, stopDeltas, stopTracking } from './tail.js';
+import {
+  changesOf,
+  dropLogTriggers,
+  readChanges,
+  startSourceDeltas,
+  stopDeltas,
+  stopTracking,
+  type ChangesRow,
+} from './tail.js';
 import { elapsed, sleep } from '../clock.js';
 import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import {
@@ -804,7 +813,11 @@ async function lockHolders(client: pg.Client, schema: string): Promise<string> {
     .join('; ');
 }
 
-/** Logical replication applies in commit order: once the fence marker is on the target, so is every earlier change. */
+/**
+ * Logical replication applies in commit order: once the fence marker is on the target, so is every
+ * earlier change. One round trip (catchUpSql): the target looks for the marker itself, every
+ * millisecond, and then reads what the verification needs of it (ctx.targetNow).
+ */
 export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
   const catchUp = ctx.options.catchUpTimeoutMs ?? 30_000;
   const limit = Math.min(catchUp, Math.max(0, fenceRemainingMs(ctx)));
@@ -812,7 +825,7 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
     // The fence records its marker with its step: a wave fenced without one cannot be caught up,
     // and stopping here unfences it, so that a resumed run fences again with a marker.
     if (ctx.fenceMarker === null) throw new Error(`no fence marker is recorded for wave ${ctx.wave + 1}`);
-    await waitForMarker(ctx, ctx.fenceMarker, limit);
+    await catchUpAndRead(ctx, ctx.fenceMarker, limit);
   } catch (error) {
     // What the apply worker waits for only adds to the message.
     const apply = await applyWorkerWaits(ctx).catch(() => '');
@@ -822,6 +835,41 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
       error,
     );
   }
+}
+
+async function catchUpAndRead(ctx: MoveContext, marker: string, limitMs: number): Promise<void> {
+  const leaves = ctx.leaves?.wave === ctx.wave ? ctx.leaves.target : [];
+  const changes = ctx.pre?.wave === ctx.wave;
+  const sql = catchUpSql({ moveId: ctx.moveId, kind: marker, limitMs, leaves: leaves.map((t) => t.oid), changes });
+  let results: pg.QueryResult[];
+  try {
+    // A string of several statements: one result each.
+    results = [(await ctx.target.client.query(sql)) as unknown as pg.QueryResult[]].flat();
+  } catch (error) {
+    await rollbackQuietly(ctx.target.client);
+    throw error;
+  }
+  // Here the marker is applied: the wait fails otherwise, and the reads after it are not run.
+  const has = (r: pg.QueryResult, name: string): boolean => r.fields?.some((f) => f.name === name) ?? false;
+  const sizes = results.find((r) => has(r, 'empty'));
+  const empty = new Map((sizes?.rows ?? []).map((r: { oid: number; empty: boolean | null }) => [r.oid, r.empty]));
+  const read = results.find((r) => has(r, 'keys_json'));
+  ctx.targetNow = {
+    wave: ctx.wave,
+    marker,
+    // A table dropped since the list is left out, as leavesNow does.
+    leaves: leaves.flatMap((t) => {
+      const e = empty.get(t.oid);
+      return e === undefined || e === null ? [] : [{ ...t, empty: e }];
+    }),
+    changes: changes && read ? changesOf(read.rows as ChangesRow[]) : null,
+  };
+}
+
+/** What the target said when this fence attempt's catch-up saw its marker (ctx.targetNow), or null: another wave's, an earlier attempt's, or none. */
+function currentTargetNow(ctx: MoveContext): MoveContext['targetNow'] {
+  const now = ctx.targetNow;
+  return now?.wave === ctx.wave && now.marker === ctx.fenceMarker ? now : null;
 }
 
 /**
@@ -914,7 +962,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
     result = await within(
       `the verification of ${formatShardList(shards)} (row counts and checksums on both hosts)`,
       async () => {
-        const tail = pre ? { pre, changes: await readChanges(ctx.target.client, ctx.moveId) } : undefined;
+        const known = currentTargetNow(ctx)?.changes;
+        const tail = pre ? { pre, changes: known ?? (await readChanges(ctx.target.client, ctx.moveId)) } : undefined;
         const emptyBefore = ctx.untracked?.wave === ctx.wave ? ctx.untracked.tables : undefined;
         return verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail, {
           emptyBefore,
@@ -1014,7 +1063,8 @@ export async function verify(ctx: MoveContext): Promise<void> {
 /**
  * Each host's tables of the wave as they are while it is fenced, from the lists read before the
  * fence (ctx.leaves): the source's as its fence transactions reported them (ctx.sourceNow), the
- * target's looked up by OID; undefined (verifyShards reads them) when this run has no list. A table
+ * target's as its catch-up reported them (ctx.targetNow), or else looked up by OID; undefined
+ * (verifyShards reads them) when this run has no list. A table
  * added by hand after the list is not seen here: its writes reach no table on the target, so the
  * replication stops and the catch-up ends at the fence limit.
  */
@@ -1024,9 +1074,10 @@ async function leavesAfterFence(
   const listed = ctx.leaves;
   if (listed?.wave !== ctx.wave) return undefined;
   const fromFence = ctx.sourceNow?.wave === ctx.wave ? ctx.sourceNow.leaves : undefined;
+  const fromCatchUp = currentTargetNow(ctx)?.leaves;
   const [source, target] = await Promise.all([
     fromFence && fromFence.length === listed.source.length ? fromFence : leavesNow(ctx.source.client, listed.source),
-    leavesNow(ctx.target.client, listed.target),
+    fromCatchUp && fromCatchUp.length === listed.target.length ? fromCatchUp : leavesNow(ctx.target.client, listed.target),
   ]);
   return { source, target };
 }

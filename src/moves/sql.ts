@@ -1190,10 +1190,46 @@ export const READ_LOG_SUMS_SQL = `SELECT schema_name, table_name, max(truncated_
                FROM ${CONTROL}.move_deltas WHERE move_id = $1) d
       GROUP BY 1, 2`;
 
+/** The keys recorded for move `moveId` by table (as JSON while at most `maxKeys` of them), and whether it was truncated. */
+function readChangesSql(moveId: string, maxKeys: string): string {
+  return `SELECT schema_name, table_name, bool_or(key IS NULL) AS truncated, count(DISTINCT key)::text AS keys,
+            CASE WHEN count(DISTINCT key) <= ${maxKeys} THEN jsonb_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL)::text END AS keys_json
+       FROM ${CONTROL}.move_changes WHERE move_id = ${moveId} GROUP BY 1, 2`;
+}
+
 /** The keys recorded for move $1 by table (as JSON while at most $2 of them), and whether it was truncated. */
-export const READ_CHANGES_SQL = `SELECT schema_name, table_name, bool_or(key IS NULL) AS truncated, count(DISTINCT key)::text AS keys,
-            CASE WHEN count(DISTINCT key) <= $2 THEN jsonb_agg(DISTINCT key) FILTER (WHERE key IS NOT NULL)::text END AS keys_json
-       FROM ${CONTROL}.move_changes WHERE move_id = $1 GROUP BY 1, 2`;
+export const READ_CHANGES_SQL = readChangesSql('$1', '$2');
+
+/**
+ * The catch-up while a wave is fenced, and the target's reads that follow it, in one round trip:
+ * the server waits for marker `kind` of move `moveId` itself, looking every millisecond, and fails
+ * once `limitMs` have passed without it (so that nothing after runs: a read of the tables' sizes
+ * would queue behind the replicated TRUNCATE the apply worker may be waiting to apply); then it
+ * reads the sizes of the wave's tables there (`leaves`, by OID, as reportEmptySql) and, with
+ * `changes`, the keys the move recorded (READ_CHANGES_SQL): once the marker is applied, nothing
+ * changes either until the switch. In READ COMMITTED whatever the session's default, so that each
+ * look sees the apply worker's commits.
+ */
+export function catchUpSql(input: {
+  readonly moveId: string;
+  readonly kind: string;
+  readonly limitMs: number;
+  readonly leaves: readonly number[];
+  readonly changes: boolean;
+}): string {
+  const arrived = `EXISTS (SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(input.moveId)} AND kind = ${quoteLiteral(input.kind)})`;
+  if (arrived.includes('$catch_up$')) throw new Error('catchUpSql: a marker cannot contain $catch_up$');
+  const limit = Math.max(0, Math.round(input.limitMs));
+  return [
+    'BEGIN ISOLATION LEVEL READ COMMITTED;',
+    `DO $catch_up$ BEGIN WHILE NOT ${arrived} LOOP ` +
+      `IF clock_timestamp() >= now() + interval '${limit} milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within ${limit} ms'; END IF; ` +
+      `PERFORM pg_sleep(0.001); END LOOP; END $catch_up$;`,
+    ...(input.leaves.length > 0 ? [reportEmptySql(input.leaves)] : []),
+    ...(input.changes ? [`${readChangesSql(quoteLiteral(input.moveId), String(TAIL_MAX_KEYS))};`] : []),
+    'COMMIT;',
+  ].join('\n');
+}
 
 /**
  * SQL condition: the row `t` of `table` has one of the keys in the JSON array `param` (a

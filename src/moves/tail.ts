@@ -253,17 +253,25 @@ export interface TableChanges {
   readonly keysJson: string;
 }
 
+/** A row of READ_CHANGES_SQL. */
+export interface ChangesRow {
+  readonly schema_name: string;
+  readonly table_name: string;
+  readonly truncated: boolean;
+  readonly keys: string;
+  readonly keys_json: string | null;
+}
+
 /** The changes recorded for this move, by `schema.table`. */
 export async function readChanges(client: pg.Client, moveId: string): Promise<Map<string, TableChanges>> {
-  const result = await client.query<{
-    schema_name: string;
-    table_name: string;
-    truncated: boolean;
-    keys: string;
-    keys_json: string | null;
-  }>(READ_CHANGES_SQL, [moveId, TAIL_MAX_KEYS]);
+  const result = await client.query<ChangesRow>(READ_CHANGES_SQL, [moveId, TAIL_MAX_KEYS]);
+  return changesOf(result.rows);
+}
+
+/** The changes of READ_CHANGES_SQL's rows, by `schema.table`. */
+export function changesOf(rows: readonly ChangesRow[]): Map<string, TableChanges> {
   return new Map(
-    result.rows.map((r) => [
+    rows.map((r) => [
       `${r.schema_name}.${r.table_name}`,
       { truncated: r.truncated, keys: Number(r.keys), keysJson: r.keys_json ?? '[]' },
     ]),

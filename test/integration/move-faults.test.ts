@@ -14,6 +14,7 @@ import { moveShard } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { embeddedBinaries } from '../helpers/binaries.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
+import { quoteIdent } from '../../src/pg/quote.js';
 import { failure, fenceGuards, killedAfter, move, runSqlBlocking, seed } from '../helpers/faults.js';
 import {
   lastMove,
@@ -337,7 +338,7 @@ describe('moves on a two-host fleet', () => {
 describe('a step that fails while the shard is fenced', () => {
   let fleet: Fleet;
   beforeAll(async () => {
-    fleet = makeFleet({ urls: failDb.urls, shards: 6, split: ['0-5', ''] });
+    fleet = makeFleet({ urls: failDb.urls, shards: 7, split: ['0-6', ''] });
     expect((await init(await fleet.config())).ok).toBe(true);
   });
 
@@ -488,6 +489,23 @@ describe('a step that fails while the shard is fenced', () => {
       /shard 5 refused writes for [\d.]+ s, the fence limit is 1\.5 s; .* It was unfenced and is writable again on pg1/,
     );
     await expectReleasedThenResumed(5);
+  });
+
+  it("moves where the databases' default isolation is repeatable read: the catch-up's look for the marker still sees the target's new commits", async () => {
+    await withClient(failDb.urls[0]!, (c) => seed(c, 6, 400));
+    const setIsolation = (value: string) =>
+      Promise.all(
+        failDb.urls.map((url) =>
+          withClient(url, (c) => c.query(`alter database ${quoteIdent(new URL(url).pathname.slice(1))} set default_transaction_isolation = ${value}`)),
+        ),
+      );
+    await setIsolation(`'repeatable read'`);
+    try {
+      const result = await moveShard(await fleet.config(), 6, 'pg2', { configFile: fleet.configFile });
+      expect(result).toMatchObject({ outcome: 'moved', verification: { ok: true, rows: 700n } });
+    } finally {
+      await setIsolation('default');
+    }
   });
 
   /**

@@ -14,6 +14,7 @@ import {
   fenceGroups,
   fenceWaveSql,
   fenceReadsSql,
+  catchUpSql,
   prepareFenceSql,
   fenceGuardSql,
   oldCopyName,
@@ -387,6 +388,27 @@ describe('move SQL', () => {
     expect(pg15[0]).toBe(`${readSequencesSql(sequences)};`);
     expect(fenceReadsSql({ sequences: [], sequenceData: true, shards: [4] })).toHaveLength(1);
     expect(() => fenceReadsSql({ sequences: [], sequenceData: true, shards: [1.5] })).toThrow(/not a shard number/);
+  });
+
+  it("waits for the fence marker on the target's server, then reads the target's sizes and changes, in one string", () => {
+    const sql = catchUpSql({ moveId: "m'1", kind: 'fenced-x-0', limitMs: 1234.4, leaves: [16384, 16390], changes: true });
+    const at = (text: string) => sql.indexOf(text);
+    // READ COMMITTED whatever the session's default: each look of the loop sees new commits.
+    expect(sql.startsWith('BEGIN ISOLATION LEVEL READ COMMITTED;\n')).toBe(true);
+    expect(sql.endsWith('\nCOMMIT;')).toBe(true);
+    expect(sql).toContain(`WHERE move_id = 'm''1' AND kind = 'fenced-x-0'`);
+    expect(sql).toContain(`interval '1234 milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within 1234 ms'`);
+    // In order: the wait (which fails past its limit, so nothing after it runs), the sizes, the changes.
+    expect(at('PERFORM pg_sleep(0.001)')).toBeLessThan(at(`'{16384,16390}'::oid[]`));
+    expect(at(`'{16384,16390}'::oid[]`)).toBeLessThan(at(`move_changes WHERE move_id = 'm''1'`));
+    const bare = catchUpSql({ moveId: 'm1', kind: 'k', limitMs: -5, leaves: [], changes: false });
+    expect(bare).not.toContain('pg_relation_size');
+    expect(bare).not.toContain('move_changes');
+    expect(bare).toContain(`interval '0 milliseconds'`);
+    expect(() => catchUpSql({ moveId: 'm1', kind: '$catch_up$', limitMs: 1, leaves: [], changes: false })).toThrow(
+      /cannot contain/,
+    );
+    expect(() => catchUpSql({ moveId: 'm1', kind: 'k', limitMs: 1, leaves: [0], changes: false })).toThrow(/not an OID/);
   });
 
   it('groups a wave into fence transactions of bounded table count, in order', () => {
