@@ -228,29 +228,61 @@ async function whileWritable(
   // Last, after everything that changes the tables' triggers: each host's session also opens the
   // wave's tables once (their sizes), so that the fence's and the verification's reads of their
   // sizes find them open, not opened table by table while writes wait (a fifth of a fence's time).
+  // A lock held or queued on one of them (a DDL statement, behind a long transaction) would hold
+  // those reads while fenced until the fence limit: the fence waits for it here instead, while
+  // the shards take writes, retrying for as long as it would retry its own locks (fenceTimeoutMs),
+  // then stops with nothing fenced.
   const read = (side: MoveContext['source'], leaves: readonly LeafTable[]) =>
     readIfFree(side.client, lockWaitMs, async () => {
       const states = sequences.length > 0 ? await readSequences(side, sequences) : null;
       await leavesNow(side.client, leaves);
       return states;
     });
-  const [, target] = await Promise.all([read(ctx.source, onSource), read(ctx.target, onTarget)]);
-  if (target) ctx.sequences = { wave: ctx.wave, list: sequences, target };
-  return prepared;
+  const limit = ctx.options.fenceTimeoutMs ?? 30_000;
+  const started = performance.now();
+  let told = false;
+  for (;;) {
+    const settled = await Promise.allSettled([read(ctx.source, onSource), read(ctx.target, onTarget)]);
+    for (const r of settled) if (r.status === 'rejected') throw r.reason;
+    const [source, target] = settled.map((r) => (r as PromiseFulfilledResult<{ value: SequenceState[] | null } | null>).value);
+    if (source && target) {
+      if (target.value) ctx.sequences = { wave: ctx.wave, list: sequences, target: target.value };
+      return prepared;
+    }
+    const busy = source ? ctx.target : ctx.source;
+    const waited = performance.now() - started;
+    if (waited > limit || !told) {
+      // Who holds the locks only adds to the message, which stands without it.
+      const holders = (await lockHolders(busy.client, schemas).catch(() => '')) || 'a lock held or queued';
+      const shards = formatShardList(waveShards(ctx));
+      if (waited > limit)
+        throw new HostError(
+          busy.host.name,
+          `could not read the tables and sequences of ${shards} within ${Math.round(limit / 1000)} s before their fence (${holders}). Nothing was fenced; resume the move to retry, or abort it`,
+          { shard: waveShards(ctx)[0]!, code: 'FENCE_TIMEOUT', next: resumeOrAbort(ctx.shards) },
+        );
+      told = true;
+      notice(ctx, `host ${busy.host.name}: the fence of ${shards} waits for ${holders} on their tables or sequences`);
+    }
+    await sleep(10 + Math.random() * 40);
+  }
 }
 
 /**
- * A read made while the wave still takes writes only to spare its fence work: what it reads is
- * read again while fenced, under the fence limit, when it returns null. So it does not wait in a
- * lock queue (a DDL statement queued on a table or sequence behind a long transaction): past
- * `lockWaitMs` it gives up and returns null.
+ * A read made while the wave still takes writes, in a transaction whose lock waits give up after
+ * `lockWaitMs` (a DDL statement holding or queued on a table or sequence, behind a long
+ * transaction): null then, else `{ value }`.
  */
-async function readIfFree<T>(client: pg.Client, lockWaitMs: number, read: () => Promise<T>): Promise<T | null> {
+async function readIfFree<T>(
+  client: pg.Client,
+  lockWaitMs: number,
+  read: () => Promise<T>,
+): Promise<{ value: T } | null> {
   try {
     await client.query(`BEGIN;\n${lockTimeoutSql(lockWaitMs)}`);
-    const result = await read();
+    const value = await read();
     await client.query('COMMIT');
-    return result;
+    return { value };
   } catch (error) {
     await rollbackQuietly(client);
     const code = (error as { code?: string }).code;
@@ -796,15 +828,15 @@ export async function dropPreVerification(
     await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!), { drop: false }).catch(() => undefined);
 }
 
-/** Who holds locks on a schema's tables: pid, application, transaction age and query. */
-async function lockHolders(client: pg.Client, schema: string): Promise<string> {
+/** Who holds locks on the tables or sequences of these schemas: pid, application, transaction age and query. */
+async function lockHolders(client: pg.Client, schema: string | readonly string[]): Promise<string> {
   const result = await client.query<{
     pid: number;
     application_name: string;
     age: number | null;
     relname: string;
     query: string;
-  }>(LOCK_HOLDERS_SQL, [schema]);
+  }>(LOCK_HOLDERS_SQL, [typeof schema === 'string' ? [schema] : schema]);
   return result.rows
     .map(
       (r) =>
@@ -840,7 +872,14 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
 async function catchUpAndRead(ctx: MoveContext, marker: string, limitMs: number): Promise<void> {
   const leaves = ctx.leaves?.wave === ctx.wave ? ctx.leaves.target : [];
   const changes = ctx.pre?.wave === ctx.wave;
-  const sql = catchUpSql({ moveId: ctx.moveId, kind: marker, limitMs, leaves: leaves.map((t) => t.oid), changes });
+  const sql = catchUpSql({
+    moveId: ctx.moveId,
+    kind: marker,
+    limitMs,
+    readsWithinMs: fenceRemainingMs(ctx),
+    leaves: leaves.map((t) => t.oid),
+    changes,
+  });
   let results: pg.QueryResult[];
   try {
     // A string of several statements: one result each.

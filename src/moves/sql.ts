@@ -277,7 +277,7 @@ export function fenceSql(input: FenceInput): string {
 /** Rows (oid, empty) for these relations: whether each has no page (pg_relation_size 0). */
 function reportEmptySql(oids: readonly number[]): string {
   for (const oid of oids) if (!Number.isInteger(oid) || oid <= 0) throw new Error(`reportEmptySql: not an OID: ${oid}`);
-  return `SELECT o::int AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{${oids.join(',')}}'::oid[]) AS o;`;
+  return `SELECT o AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{${oids.join(',')}}'::oid[]) AS o;`;
 }
 
 /**
@@ -371,7 +371,14 @@ export function fenceGroups(
  * and fence start among them), in one transaction.
  */
 export function fenceMarkerSql(moveId: string, marker: string, detail: Record<string, unknown>): string {
-  return ['BEGIN;', insertMarkerSql(moveId, marker), recordFencedSql(moveId, detail), 'COMMIT;'].join('\n');
+  return [
+    'BEGIN;',
+    // Whatever the session's default: this commit's flush covers the fence groups' before it (fenceSql, flushedLater).
+    'SET LOCAL synchronous_commit = on;',
+    insertMarkerSql(moveId, marker),
+    recordFencedSql(moveId, detail),
+    'COMMIT;',
+  ].join('\n');
 }
 
 /** The step `fenced` recorded for a move, with its `detail` merged in (one statement). */
@@ -918,7 +925,7 @@ export const MAX_LOCKS_SQL = `SELECT current_setting('max_locks_per_transaction'
 /** Who holds locks on the tables of schema $1: the first three sessions. */
 export const LOCK_HOLDERS_SQL = `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
        FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
-      WHERE c.relnamespace = to_regnamespace($1) AND l.granted AND l.pid <> pg_backend_pid()
+      WHERE c.relnamespace IN (SELECT to_regnamespace(s) FROM unnest($1::text[]) AS s) AND l.granted AND l.pid <> pg_backend_pid()
       ORDER BY a.pid LIMIT 3`;
 
 /** Which of shards $1 are active on this host. */
@@ -1207,24 +1214,30 @@ export const READ_CHANGES_SQL = readChangesSql('$1', '$2');
  * would queue behind the replicated TRUNCATE the apply worker may be waiting to apply); then it
  * reads the sizes of the wave's tables there (`leaves`, by OID, as reportEmptySql) and, with
  * `changes`, the keys the move recorded (READ_CHANGES_SQL): once the marker is applied, nothing
- * changes either until the switch. In READ COMMITTED whatever the session's default, so that each
- * look sees the apply worker's commits.
+ * changes either until the switch; those reads may take what is left of `readsWithinMs` (the fence
+ * limit) after the wait, at least 50 ms. In READ COMMITTED whatever the session's default, so that
+ * each look sees the apply worker's commits.
  */
 export function catchUpSql(input: {
   readonly moveId: string;
   readonly kind: string;
   readonly limitMs: number;
+  readonly readsWithinMs: number;
   readonly leaves: readonly number[];
   readonly changes: boolean;
 }): string {
   const arrived = `EXISTS (SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(input.moveId)} AND kind = ${quoteLiteral(input.kind)})`;
   if (arrived.includes('$catch_up$')) throw new Error('catchUpSql: a marker cannot contain $catch_up$');
   const limit = Math.max(0, Math.round(input.limitMs));
+  const reads = Math.max(0, Math.round(input.readsWithinMs));
   return [
     'BEGIN ISOLATION LEVEL READ COMMITTED;',
     `DO $catch_up$ BEGIN WHILE NOT ${arrived} LOOP ` +
       `IF clock_timestamp() >= now() + interval '${limit} milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within ${limit} ms'; END IF; ` +
-      `PERFORM pg_sleep(0.001); END LOOP; END $catch_up$;`,
+      `PERFORM pg_sleep(0.001); END LOOP; ` +
+      // The statements after this one run under what is left of the fence limit (SET LOCAL).
+      `PERFORM set_config('statement_timeout', greatest(${MIN_STATEMENT_TIMEOUT_MS}, ${reads} - (extract(epoch FROM clock_timestamp() - now()) * 1000)::int)::text, true); ` +
+      `END $catch_up$;`,
     ...(input.leaves.length > 0 ? [reportEmptySql(input.leaves)] : []),
     ...(input.changes ? [`${readChangesSql(quoteLiteral(input.moveId), String(TAIL_MAX_KEYS))};`] : []),
     'COMMIT;',

@@ -455,7 +455,7 @@ describe('a step that fails while the shard is fenced', () => {
     await expectReleasedThenResumed(4);
   });
 
-  it('a DDL statement holding a sequence of the shard: the reads made before the fence give up instead of waiting, the wave stops at its fence limit, and --resume finishes it', async () => {
+  it('a DDL statement holding a sequence of the shard: the move waits before the fence (writable), names the holder, stops with nothing fenced after fenceTimeoutMs, and --resume finishes it', async () => {
     await withClient(failDb.urls[0]!, (c) => seed(c, 5, 400));
     // An uncommitted rename holds the sequence of insta5.likes in ACCESS EXCLUSIVE mode from the
     // cut-over on: every read of its state waits for it. Taken once the move announces `synced`,
@@ -468,7 +468,7 @@ describe('a step that fails while the shard is fenced', () => {
       await holder.query('begin');
       error = await moveShard(await fleet.config(), 5, 'pg2', {
         configFile: fleet.configFile,
-        maxFencedMs: 1_500,
+        fenceTimeoutMs: 1_500,
         onNotice: (message) => notices.push(message),
         onStep: (done) => {
           if (done === 'synced') held = holder.query('alter sequence insta5.likes_id_seq rename to likes_id_seq_held');
@@ -482,12 +482,18 @@ describe('a step that fails while the shard is fenced', () => {
     } finally {
       await holder.end();
     }
-    // Stopped at the fence limit while the fenced wave read the sequences (under its statement
-    // timeout), and unfenced. Without the bounds on the reads before the fence (and a list of the
-    // sequences from the catalogs), the move waited as long as the holder.
-    expect(error?.message, notices.join('\n')).toMatch(
-      /shard 5 refused writes for [\d.]+ s, the fence limit is 1\.5 s; .* It was unfenced and is writable again on pg1/,
+    // Nothing fenced: the sequence's read would have waited for the holder with writes refused.
+    // Without the bounded reads before the fence (and a list of the sequences from the catalogs),
+    // the move waited as long as the holder; with them alone, the wave refused writes until its limit.
+    expect(error?.code, error?.message).toBe('FENCE_TIMEOUT');
+    expect(error?.message).toMatch(
+      /could not read the tables and sequences of 5 within 2 s before their fence \(likes_id_seq held by pid \d+ .*\)\. Nothing was fenced/,
     );
+    expect(notices.join('\n')).toMatch(/host pg1: the fence of 5 waits for likes_id_seq held by pid \d+/);
+    for (const url of failDb.urls)
+      await withClient(url, async (c) =>
+        expect(await lastMove(c, 5)).toMatchObject({ step: 'synced', status: 'running' }),
+      );
     await expectReleasedThenResumed(5);
   });
 

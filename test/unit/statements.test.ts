@@ -306,7 +306,7 @@ describe('move SQL', () => {
       reportEmpty: [16384, 16390],
     });
     expect(reporting.split('\n').slice(-2)).toEqual([
-      `SELECT o::int AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{16384,16390}'::oid[]) AS o;`,
+      `SELECT o AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{16384,16390}'::oid[]) AS o;`,
       'COMMIT;',
     ]);
     expect(() =>
@@ -354,7 +354,8 @@ describe('move SQL', () => {
     const transactions = sql.split(/^COMMIT;$/m);
     expect(transactions.slice(0, 2).every((t) => t.includes('SET LOCAL synchronous_commit = off;'))).toBe(true);
     expect(transactions[2]).toContain(`VALUES ('m1', 'fenced-x-0')`);
-    expect(transactions[2]).not.toContain('synchronous_commit');
+    // Whatever the session's default.
+    expect(transactions[2]).toContain('SET LOCAL synchronous_commit = on;');
     expect(fenceSql(group(4, true))).not.toContain('synchronous_commit');
   });
 
@@ -391,24 +392,37 @@ describe('move SQL', () => {
   });
 
   it("waits for the fence marker on the target's server, then reads the target's sizes and changes, in one string", () => {
-    const sql = catchUpSql({ moveId: "m'1", kind: 'fenced-x-0', limitMs: 1234.4, leaves: [16384, 16390], changes: true });
+    const sql = catchUpSql({
+      moveId: "m'1",
+      kind: 'fenced-x-0',
+      limitMs: 1234.4,
+      readsWithinMs: 5000,
+      leaves: [16384, 16390],
+      changes: true,
+    });
     const at = (text: string) => sql.indexOf(text);
     // READ COMMITTED whatever the session's default: each look of the loop sees new commits.
     expect(sql.startsWith('BEGIN ISOLATION LEVEL READ COMMITTED;\n')).toBe(true);
     expect(sql.endsWith('\nCOMMIT;')).toBe(true);
     expect(sql).toContain(`WHERE move_id = 'm''1' AND kind = 'fenced-x-0'`);
     expect(sql).toContain(`interval '1234 milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within 1234 ms'`);
-    // In order: the wait (which fails past its limit, so nothing after it runs), the sizes, the changes.
-    expect(at('PERFORM pg_sleep(0.001)')).toBeLessThan(at(`'{16384,16390}'::oid[]`));
+    // In order: the wait (which fails past its limit, so nothing after it runs), the statement
+    // timeout of what follows (what is left of the fence limit), the sizes, the changes.
+    expect(at('PERFORM pg_sleep(0.001)')).toBeLessThan(at(`set_config('statement_timeout', greatest(50, 5000 - `));
+    expect(at(`set_config('statement_timeout'`)).toBeLessThan(at(`'{16384,16390}'::oid[]`));
     expect(at(`'{16384,16390}'::oid[]`)).toBeLessThan(at(`move_changes WHERE move_id = 'm''1'`));
-    const bare = catchUpSql({ moveId: 'm1', kind: 'k', limitMs: -5, leaves: [], changes: false });
+    const bare = catchUpSql({ moveId: 'm1', kind: 'k', limitMs: -5, readsWithinMs: 0, leaves: [], changes: false });
     expect(bare).not.toContain('pg_relation_size');
     expect(bare).not.toContain('move_changes');
     expect(bare).toContain(`interval '0 milliseconds'`);
-    expect(() => catchUpSql({ moveId: 'm1', kind: '$catch_up$', limitMs: 1, leaves: [], changes: false })).toThrow(
+    expect(() =>
+      catchUpSql({ moveId: 'm1', kind: '$catch_up$', limitMs: 1, readsWithinMs: 1, leaves: [], changes: false }),
+    ).toThrow(
       /cannot contain/,
     );
-    expect(() => catchUpSql({ moveId: 'm1', kind: 'k', limitMs: 1, leaves: [0], changes: false })).toThrow(/not an OID/);
+    expect(() =>
+      catchUpSql({ moveId: 'm1', kind: 'k', limitMs: 1, readsWithinMs: 1, leaves: [0], changes: false }),
+    ).toThrow(/not an OID/);
   });
 
   it('groups a wave into fence transactions of bounded table count, in order', () => {
@@ -431,6 +445,8 @@ describe('move SQL', () => {
     expect(fenceMarkerSql('m1', 'fenced-x', { fenceMarker: 'fenced-x', fenceStartedAtMs: 1700000000000 })).toBe(
       [
         'BEGIN;',
+        // Whatever the session's default: its flush covers the fence groups' commits before it.
+        'SET LOCAL synchronous_commit = on;',
         `INSERT INTO "shardctl".move_markers (move_id, kind) VALUES ('m1', 'fenced-x') ON CONFLICT DO NOTHING;`,
         `UPDATE "shardctl".moves SET step = 'fenced', updated_at = now(), detail = detail || '{"fenceMarker":"fenced-x","fenceStartedAtMs":1700000000000}'::jsonb WHERE move_id = 'm1';`,
         'COMMIT;',
