@@ -244,7 +244,9 @@ async function whileWritable(
   for (;;) {
     const settled = await Promise.allSettled([read(ctx.source, onSource), read(ctx.target, onTarget)]);
     for (const r of settled) if (r.status === 'rejected') throw r.reason;
-    const [source, target] = settled.map((r) => (r as PromiseFulfilledResult<{ value: SequenceState[] | null } | null>).value);
+    const [source, target] = settled.map(
+      (r) => (r as PromiseFulfilledResult<{ value: SequenceState[] | null } | null>).value,
+    );
     if (source && target) {
       if (target.value) ctx.sequences = { wave: ctx.wave, list: sequences, target: target.value };
       return prepared;
@@ -1116,7 +1118,9 @@ async function leavesAfterFence(
   const fromCatchUp = currentTargetNow(ctx)?.leaves;
   const [source, target] = await Promise.all([
     fromFence && fromFence.length === listed.source.length ? fromFence : leavesNow(ctx.source.client, listed.source),
-    fromCatchUp && fromCatchUp.length === listed.target.length ? fromCatchUp : leavesNow(ctx.target.client, listed.target),
+    fromCatchUp && fromCatchUp.length === listed.target.length
+      ? fromCatchUp
+      : leavesNow(ctx.target.client, listed.target),
   ]);
   return { source, target };
 }

@@ -462,7 +462,7 @@ describe('a step that fails while the shard is fenced', () => {
     // so the steps before (which do not read sequences' states) are not what is tried here.
     const holder = await adminClient(failDb.urls[0]!);
     const notices: string[] = [];
-    let held: Promise<unknown> | null = null;
+    const held: Promise<unknown>[] = [];
     let error: (Error & { code?: string }) | null = null;
     try {
       await holder.query('begin');
@@ -471,13 +471,15 @@ describe('a step that fails while the shard is fenced', () => {
         fenceTimeoutMs: 1_500,
         onNotice: (message) => notices.push(message),
         onStep: (done) => {
-          if (done === 'synced') held = holder.query('alter sequence insta5.likes_id_seq rename to likes_id_seq_held');
+          if (done === 'synced')
+            held.push(holder.query('alter sequence insta5.likes_id_seq rename to likes_id_seq_held'));
         },
       }).then(
         () => null,
         (e: Error & { code?: string }) => e,
       );
-      await held;
+      expect(held).toHaveLength(1);
+      await Promise.all(held);
       await holder.query('rollback');
     } finally {
       await holder.end();
@@ -502,7 +504,11 @@ describe('a step that fails while the shard is fenced', () => {
     const setIsolation = (value: string) =>
       Promise.all(
         failDb.urls.map((url) =>
-          withClient(url, (c) => c.query(`alter database ${quoteIdent(new URL(url).pathname.slice(1))} set default_transaction_isolation = ${value}`)),
+          withClient(url, (c) =>
+            c.query(
+              `alter database ${quoteIdent(new URL(url).pathname.slice(1))} set default_transaction_isolation = ${value}`,
+            ),
+          ),
         ),
       );
     await setIsolation(`'repeatable read'`);

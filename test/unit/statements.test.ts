@@ -405,7 +405,9 @@ describe('move SQL', () => {
     expect(sql.startsWith('BEGIN ISOLATION LEVEL READ COMMITTED;\n')).toBe(true);
     expect(sql.endsWith('\nCOMMIT;')).toBe(true);
     expect(sql).toContain(`WHERE move_id = 'm''1' AND kind = 'fenced-x-0'`);
-    expect(sql).toContain(`interval '1234 milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within 1234 ms'`);
+    expect(sql).toContain(
+      `interval '1234 milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within 1234 ms'`,
+    );
     // In order: the wait (which fails past its limit, so nothing after it runs), the statement
     // timeout of what follows (what is left of the fence limit), the sizes, the changes.
     expect(at('PERFORM pg_sleep(0.001)')).toBeLessThan(at(`set_config('statement_timeout', greatest(50, 5000 - `));
@@ -417,9 +419,7 @@ describe('move SQL', () => {
     expect(bare).toContain(`interval '0 milliseconds'`);
     expect(() =>
       catchUpSql({ moveId: 'm1', kind: '$catch_up$', limitMs: 1, readsWithinMs: 1, leaves: [], changes: false }),
-    ).toThrow(
-      /cannot contain/,
-    );
+    ).toThrow(/cannot contain/);
     expect(() =>
       catchUpSql({ moveId: 'm1', kind: 'k', limitMs: 1, readsWithinMs: 1, leaves: [0], changes: false }),
     ).toThrow(/not an OID/);
