@@ -448,10 +448,8 @@ async function fenceWaveOnce(
   ctx.timeoutsSetAt.set(target.client, sentAt);
   let results: pg.QueryResult[];
   try {
-    // A string of several statements: one result each.
-    results = [(await source.client.query(sql)) as unknown as pg.QueryResult[]].flat();
+    results = await queryString(source.client, sql);
   } catch (error) {
-    await rollbackQuietly(source.client);
     // Whatever stopped it, the groups before the failing one committed: their shards refuse writes
     // from now on, and the fence limit, like a release after a failure (move.ts), must know it.
     const wave = groups.flatMap((group) => group.map((s) => s.shard));
@@ -479,20 +477,14 @@ async function fenceWaveOnce(
   ctx.fenceDeadline = sentAt + limit;
   ctx.fenceMarker = marker;
   ctx.timeoutsSetAt.set(source.client, sentAt);
-  const empty = new Map<number, boolean>();
   let states: SequenceState[] | null = null;
   let placementVersion = 0n;
   for (const r of results) {
-    const has = (name: string): boolean => r.fields?.some((f) => f.name === name) ?? false;
-    if (has('empty')) for (const row of r.rows as { oid: number; empty: boolean }[]) empty.set(row.oid, row.empty);
-    else if (has('is_called')) states = r.rows as SequenceState[];
-    else if (has(PLACEMENT_VERSION_FIELD))
+    if (hasField(r, 'is_called')) states = r.rows as SequenceState[];
+    else if (hasField(r, PLACEMENT_VERSION_FIELD))
       placementVersion = BigInt((r.rows[0] as Record<string, string>)[PLACEMENT_VERSION_FIELD]!);
   }
-  ctx.sourceNow = {
-    wave: ctx.wave,
-    leaves: leaves.flatMap((t) => (empty.has(t.oid) ? [{ ...t, empty: empty.get(t.oid)! }] : [])),
-  };
+  ctx.sourceNow = { wave: ctx.wave, leaves: leavesReported(leaves, results) };
   ctx.fenceReads = {
     wave: ctx.wave,
     marker,
@@ -882,29 +874,48 @@ async function catchUpAndRead(ctx: MoveContext, marker: string, limitMs: number)
     leaves: leaves.map((t) => t.oid),
     changes,
   });
-  let results: pg.QueryResult[];
-  try {
-    // A string of several statements: one result each.
-    results = [(await ctx.target.client.query(sql)) as unknown as pg.QueryResult[]].flat();
-  } catch (error) {
-    await rollbackQuietly(ctx.target.client);
-    throw error;
-  }
+  const results = await queryString(ctx.target.client, sql);
   // Here the marker is applied: the wait fails otherwise, and the reads after it are not run.
-  const has = (r: pg.QueryResult, name: string): boolean => r.fields?.some((f) => f.name === name) ?? false;
-  const sizes = results.find((r) => has(r, 'empty'));
-  const empty = new Map((sizes?.rows ?? []).map((r: { oid: number; empty: boolean | null }) => [r.oid, r.empty]));
-  const read = results.find((r) => has(r, 'keys_json'));
+  const read = results.find((r) => hasField(r, 'keys_json'));
   ctx.targetNow = {
     wave: ctx.wave,
     marker,
-    // A table dropped since the list is left out, as leavesNow does.
-    leaves: leaves.flatMap((t) => {
-      const e = empty.get(t.oid);
-      return e === undefined || e === null ? [] : [{ ...t, empty: e }];
-    }),
+    leaves: leavesReported(leaves, results),
     changes: changes && read ? changesOf(read.rows as ChangesRow[]) : null,
   };
+}
+
+/**
+ * Runs a string of several statements (one result each); on failure rolls back (quietly), so the
+ * session stays usable whatever transaction the string left open, and rethrows.
+ */
+async function queryString(client: pg.Client, sql: string): Promise<pg.QueryResult[]> {
+  try {
+    return [(await client.query(sql)) as unknown as pg.QueryResult[]].flat();
+  } catch (error) {
+    await rollbackQuietly(client);
+    throw error;
+  }
+}
+
+function hasField(result: pg.QueryResult, name: string): boolean {
+  return result.fields?.some((f) => f.name === name) ?? false;
+}
+
+/**
+ * The listed tables with their emptiness as a string's reportEmptySql rows (oid, empty) say it, in
+ * every result that has them; a table they do not report, or no longer find (NULL), is left out, as
+ * leavesNow does.
+ */
+function leavesReported(leaves: readonly LeafTable[], results: readonly pg.QueryResult[]): LeafTable[] {
+  const empty = new Map<number, boolean | null>();
+  for (const r of results)
+    if (hasField(r, 'empty'))
+      for (const row of r.rows as { oid: number; empty: boolean | null }[]) empty.set(row.oid, row.empty);
+  return leaves.flatMap((t) => {
+    const e = empty.get(t.oid);
+    return e === undefined || e === null ? [] : [{ ...t, empty: e }];
+  });
 }
 
 /** What the target said when this fence attempt's catch-up saw its marker (ctx.targetNow), or null: another wave's, an earlier attempt's, or none. */
