@@ -81,9 +81,11 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
       heardAt = now;
     }
     if (internals._ending) {
-      // end() waits for the server to close the socket; a silent one never does.
+      // end() waits for the server to close the socket; a silent one never does (a host found dead:
+      // a quarter of the bound, as for a statement).
       endingSince ??= now;
-      if (now - endingSince >= bound) stream.destroy();
+      if (now - endingSince >= (knownDead(host, heardAt) === null ? bound : Math.max(20, Math.floor(bound / 4))))
+        stream.destroy();
       return;
     }
     const waiting = internals._activeQuery != null || (internals._sentQueryQueue?.length ?? 0) > 0;
@@ -117,6 +119,28 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
   const timer = setInterval(tick, Math.min(1000, Math.max(20, Math.floor(bound / 5))));
   timer.unref();
   client.once('end', () => clearInterval(timer));
+}
+
+/**
+ * Fails the query `client` waits for, and every later one, as if `host` had stopped answering: its
+ * socket is destroyed with a HostError (HOST_SILENT) saying `reason`. For a wait that has a limit
+ * of its own (a fenced wave's) and cannot wait for the silence to be noticed. A client that ended
+ * is left as it is.
+ */
+export function cutOff(client: pg.Client, host: HostConfig, reason: string): void {
+  const internals = internalsOf(client);
+  if (!internals || internals._ended || internals.connection.stream.destroyed) return;
+  internals.connection.stream.destroy(new HostError(host.name, reason, { code: HOST_SILENT }));
+  // The other connections to the host that have heard nothing from it since are judged by this
+  // verdict, as by a failed probe: what they wait for, or their closing, fails after a quarter of the bound.
+  const key = `${host.name}\u0000${host.url}`;
+  const now = Date.now();
+  const verdict: Probe = { startedAt: now, failure: Promise.resolve(reason), failed: true, reason, failedAt: now };
+  probes.set(key, verdict);
+  const forget = setTimeout(() => {
+    if (probes.get(key) === verdict) probes.delete(key);
+  }, host.timeoutMs);
+  forget.unref();
 }
 
 function silentReason(bound: number, failure: string): string {

@@ -97,7 +97,8 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
   let carried: Promise<void> = Promise.resolve();
   let stop = false;
   try {
-    for (const [i, chunk] of chunksOf(ctx.shards, onChunk ? CREATE_CHUNKS : 1).entries()) {
+    const chunks = onChunk ? chunksOf(ctx.shards, CREATE_CHUNKS, concurrency(ctx, ctx.shards.length)) : [ctx.shards];
+    for (const [i, chunk] of chunks.entries()) {
       if (stop) break;
       const inChunk = new Set(chunk);
       await workers.run(
@@ -127,11 +128,18 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
 /** Online, the copy starts on the first chunk of target shards while the next ones are built (createTargets). */
 const CREATE_CHUNKS = 8;
 
-/** `list` in `count` chunks (fewer for a short list), in order. */
-function chunksOf<T>(list: readonly T[], count: number): T[][] {
+/**
+ * `list` in `count` chunks (fewer for a short list), in order, the last one split in halves down to
+ * `least` items (the workers building it): the copy of the last chunk is what is left once the
+ * creation ends, so it is kept short.
+ */
+export function chunksOf<T>(list: readonly T[], count: number, least = 1): T[][] {
   const size = Math.max(1, Math.ceil(list.length / count));
   const chunks: T[][] = [];
   for (let i = 0; i < list.length; i += size) chunks.push(list.slice(i, i + size));
+  const last = chunks.pop() ?? [];
+  while (last.length >= 2 * Math.max(1, least)) chunks.push(last.splice(0, Math.ceil(last.length / 2)));
+  if (last.length > 0) chunks.push(last);
   return chunks;
 }
 

@@ -6,6 +6,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
+import { cutOff, HOST_SILENT } from '../fleet/silence.js';
 import { CONTROL_SCHEMA } from '../fleet/control.js';
 import {
   DELTA_TRIGGERS,
@@ -551,16 +552,43 @@ export async function underFence<T>(
   const stale = [ctx.source.client, ctx.target.client].filter(
     (c) => now - (ctx.timeoutsSetAt.get(c) ?? -Infinity) > TIMEOUT_SLACK_MS,
   );
-  await Promise.all([...stale, ...also].map((c) => c.query(statementTimeoutSql(remaining))));
-  for (const c of stale) ctx.timeoutsSetAt.set(c, now);
   try {
-    return await fn();
+    return await boundedOnTarget(ctx, async () => {
+      await Promise.all([...stale, ...also].map((c) => c.query(statementTimeoutSql(remaining))));
+      for (const c of stale) ctx.timeoutsSetAt.set(c, now);
+      return fn();
+    });
   } catch (error) {
     if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) throw error;
     // A statement of a BEGIN … COMMIT string left its transaction aborted.
     // Only leaves the transaction the timeout aborted; stopCutOver reports the stop whatever this does.
     await Promise.all([ctx.source.client, ctx.target.client].map(rollbackQuietly));
     return stopCutOver(ctx, what, error);
+  }
+}
+
+/** How long past the fence limit a fenced wait may go unanswered before the move cuts off its sessions on the target. */
+const FENCE_CUTOFF_SLACK_MS = 1_000;
+
+/**
+ * A fenced wait bounded by the fence limit on this side too. The statement timeouts bound it on
+ * hosts that answer; a target that stopped answering (frozen, black-holed) would keep the wave
+ * fenced until its silence is noticed (up to twice hostTimeout). FENCE_CUTOFF_SLACK_MS past the
+ * limit the move's sessions on the target are cut off (cutOff): the wait fails, and the source,
+ * which holds the fence, releases the wave. Not the switch: once the target may have activated
+ * its copies, the move cannot go back.
+ */
+async function boundedOnTarget<T>(ctx: MoveContext, fn: () => Promise<T>): Promise<T> {
+  const wait = Math.max(0, fenceRemainingMs(ctx)) + FENCE_CUTOFF_SLACK_MS;
+  const timer = setTimeout(() => {
+    const reason = `did not answer within the fence limit (${(maxFencedMs(ctx) / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes; the move cut off its sessions there`;
+    const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification.target : null;
+    for (const client of [ctx.target.client, ...(pre ? [pre] : [])]) cutOff(client, ctx.target.host, reason);
+  }, wait);
+  try {
+    return await fn();
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -680,6 +708,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   await dropPreVerification(ctx);
   if (ctx.mode !== 'online') return;
   let held: pg.Client[] = [];
+  let opening: Promise<PromiseSettledResult<pg.Client>[]> | null = null;
   try {
     const [leaves, leftOnTarget, leftOnSource] = await Promise.all([
       ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : shardLeaves(ctx.source.client, schemas),
@@ -701,14 +730,21 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       ctx.untracked = { ...ctx.untracked, triggers: leftOnTarget.length + leftOnSource.length > 0 };
       return;
     }
-    if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
-    const logs = await startDeltas(ctx, schemas, { both: unkeyed, sourceOnly: keyed.map((k) => k.table) }, methods);
-    const logged = logs ? unkeyed : [];
-    if (keyed.length === 0 && logged.length === 0) return;
-    held = await Promise.all([
+    // The verification's two sessions connect while the tracking and the change logs are set up
+    // (their snapshots are taken after).
+    opening = Promise.allSettled([
       openWorker(ctx.source.host, 'shardctl move verify'),
       openWorker(ctx.target.host, 'shardctl move verify'),
     ]);
+    if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
+    const logs = await startDeltas(ctx, schemas, { both: unkeyed, sourceOnly: keyed.map((k) => k.table) }, methods);
+    const logged = logs ? unkeyed : [];
+    held = await opened(opening);
+    opening = null;
+    if (keyed.length === 0 && logged.length === 0) {
+      await Promise.all(held.map(endQuietly));
+      return;
+    }
     const started = performance.now();
     const verification = await preVerify(
       { source: held[0]!, target: held[1]! },
@@ -725,6 +761,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
+    if (opening) held = (await opening).flatMap((o) => (o.status === 'fulfilled' ? [o.value] : []));
     await Promise.all(held.map(endQuietly));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     await stopLogs(ctx, schemas).catch(() => undefined);
@@ -733,6 +770,16 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`,
     );
   }
+}
+
+/** Connections opened at once: all of them, or (the others closed) the first failure. */
+async function opened(opening: Promise<PromiseSettledResult<pg.Client>[]>): Promise<pg.Client[]> {
+  const settled = await opening;
+  const clients = settled.flatMap((o) => (o.status === 'fulfilled' ? [o.value] : []));
+  const failed = settled.find((o): o is PromiseRejectedResult => o.status === 'rejected');
+  if (!failed) return clients;
+  await Promise.all(clients.map(endQuietly));
+  throw failed.reason;
 }
 
 /** How long the change-log triggers may take to be created on the source's busy tables, in all. */
@@ -851,10 +898,12 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
     // The fence records its marker with its step: a wave fenced without one cannot be caught up,
     // and stopping here unfences it, so that a resumed run fences again with a marker.
     if (ctx.fenceMarker === null) throw new Error(`no fence marker is recorded for wave ${ctx.wave + 1}`);
-    await catchUpAndRead(ctx, ctx.fenceMarker, limit);
+    const marker = ctx.fenceMarker;
+    await boundedOnTarget(ctx, () => catchUpAndRead(ctx, marker, limit));
   } catch (error) {
-    // What the apply worker waits for only adds to the message.
-    const apply = await applyWorkerWaits(ctx).catch(() => '');
+    // What the apply worker waits for only adds to the message; a target cut off cannot say.
+    const silent = error instanceof HostError && error.code === HOST_SILENT;
+    const apply = silent ? describePgError(error) : await applyWorkerWaits(ctx).catch(() => '');
     await stopCutOver(
       ctx,
       `the target ${ctx.target.host.name} to apply the changes committed before the fence${apply ? ` (${apply})` : ''}`,

@@ -24,7 +24,15 @@ import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
 import { endLogs } from './tail.js';
 import { createAndCopy, createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
-import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
+import {
+  publish,
+  subscribe,
+  waitForSync,
+  dropReplication,
+  dropPublicationAndSlot,
+  deleteMarkers,
+} from './replication.js';
+import { dropSubscription } from './leftovers.js';
 import {
   fence,
   dropPreVerification,
@@ -281,31 +289,42 @@ export function undosAfter(mode: MoveMode, step: MoveStep): StepAction[] {
  */
 async function cleanUp(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
-  // What to rename or drop is read while the replication is dropped; the renames wait for the drop.
-  const [work] = await Promise.all([cleanUpWork(ctx), dropReplication(ctx)]);
-  // Read meanwhile; awaited after the renames.
+  // The target drops the subscription (which stops its apply worker and drops the slot over a
+  // connection of its own) while the source renames or drops the old copies: they are fenced, so
+  // nothing streams from them any more, and neither waits for the other. The publication and the
+  // slot, on the source's session, go after the renames.
+  const unsubscribed = awaitedLater(dropSubscription(ctx.target.client, ctx.name));
+  // Read meanwhile, queued behind the drop; awaited after the renames.
   const views = awaitedLater(
     ctx.target.client.query<{ schemaname: string; matviewname: string }>(MATERIALIZED_VIEWS_SQL, [
       schemasOf(ctx, ctx.shards),
     ]),
   );
-  // One transaction per shard (its rename or drop with its control row), CLEANUP_CHUNK of them per
-  // round trip, none waiting for the WAL flush; the flush after the last covers all of them. A crash
-  // before it can undo some, which the control rows show and a resumed clean-up redoes.
-  await source.client.query(ASYNC_COMMIT_SQL);
   try {
-    for (let i = 0; i < work.length; i += CLEANUP_CHUNK) {
-      await source.client.query(work.slice(i, i + CLEANUP_CHUNK).join('\n'));
+    const work = await cleanUpWork(ctx);
+    // One transaction per shard (its rename or drop with its control row), CLEANUP_CHUNK of them per
+    // round trip, none waiting for the WAL flush; the flush after the last covers all of them. A crash
+    // before it can undo some, which the control rows show and a resumed clean-up redoes.
+    await source.client.query(ASYNC_COMMIT_SQL);
+    try {
+      for (let i = 0; i < work.length; i += CLEANUP_CHUNK) {
+        await source.client.query(work.slice(i, i + CLEANUP_CHUNK).join('\n'));
+      }
+    } catch (error) {
+      // A failed statement leaves its shard's transaction open, aborted: the shards before it are done.
+      await rollbackQuietly(source.client);
+      throw error;
+    } finally {
+      // Only the session's commit mode: on a broken connection the flush below fails and says so.
+      await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
     }
-  } catch (error) {
-    // A failed statement leaves its shard's transaction open, aborted: the shards before it are done.
-    await rollbackQuietly(source.client);
-    throw error;
+    await source.client.query(DURABLE_FLUSH_SQL);
   } finally {
-    // Only the session's commit mode: on a broken connection the flush below fails and says so.
-    await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
+    // A failed rename leaves the target's session to the caller's undo only once the drop has ended.
+    await unsubscribed.catch(() => undefined);
   }
-  await source.client.query(DURABLE_FLUSH_SQL);
+  await unsubscribed;
+  await dropPublicationAndSlot(ctx);
   // With the old copies dropped, the guard their fence triggers called.
   if (ctx.options.dropSource) await source.client.query(dropUnusedFenceGuardsSql({ moveId: ctx.moveId }));
   for (const v of (await views).rows) {

@@ -132,9 +132,13 @@ export async function deleteMarkers(ctx: MoveContext): Promise<void> {
 
 /** The publication, subscription and slot: at clean-up, and first when a move is undone (see move.ts). */
 export async function dropReplication(ctx: MoveContext): Promise<void> {
-  const { source, target, name } = ctx;
-  await dropSubscription(target.client, name);
-  await source.client.query(dropPublicationSql(name));
+  await dropSubscription(ctx.target.client, ctx.name);
+  await dropPublicationAndSlot(ctx);
+}
+
+/** The source's half of dropReplication, once the subscription is gone (the clean-up drops that meanwhile). */
+export async function dropPublicationAndSlot(ctx: MoveContext): Promise<void> {
+  await ctx.source.client.query(dropPublicationSql(ctx.name));
   await dropMoveSlot(ctx);
 }
 

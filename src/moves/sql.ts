@@ -922,11 +922,11 @@ export const DEADLOCK_TIMEOUT_SQL = `SELECT setting AS ms FROM pg_settings WHERE
 /** The lock slots one transaction can count on (the shared lock table holds this many per connection). */
 export const MAX_LOCKS_SQL = `SELECT current_setting('max_locks_per_transaction')::int AS n`;
 
-/** Who holds locks on the tables of schema $1: the first three sessions. */
+/** Who holds locks on the relations of schemas $1: the first three sessions, each named by a table or sequence it holds when it holds one (not one of their indexes). */
 export const LOCK_HOLDERS_SQL = `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
        FROM pg_locks l JOIN pg_class c ON c.oid = l.relation JOIN pg_stat_activity a ON a.pid = l.pid
       WHERE c.relnamespace IN (SELECT to_regnamespace(s) FROM unnest($1::text[]) AS s) AND l.granted AND l.pid <> pg_backend_pid()
-      ORDER BY a.pid LIMIT 3`;
+      ORDER BY a.pid, c.relkind NOT IN ('r', 'p', 'S', 'v', 'm', 'f'), c.relname LIMIT 3`;
 
 /** Which of shards $1 are active on this host. */
 export const ACTIVE_SHARDS_SQL = `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'active'`;

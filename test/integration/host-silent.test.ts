@@ -4,7 +4,8 @@
  * every command ends within a few seconds naming pg2, and pg1's work is done. Each test has a
  * timeout of its own, so a hang fails the test instead of stalling the suite.
  */
-import { spawn } from 'node:child_process';
+import { type ChildProcessByStdio, spawn } from 'node:child_process';
+import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
@@ -179,6 +180,17 @@ describe('a host that stops answering', () => {
   );
 });
 
+/** `shardctl move-shard 0 --to pg2 --yes …` as a child process of this build, its output read as it comes. */
+async function startMove(args: readonly string[]): Promise<ChildProcessByStdio<null, Readable, Readable>> {
+  // Refuses a build older than the sources, so the child below runs this code.
+  expect((await spawnCli(['--version'])).code).toBe(0);
+  return spawn(
+    process.execPath,
+    [join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js'), 'move-shard', '0', '--to', 'pg2', '--yes', ...args],
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, NO_COLOR: '1' } },
+  );
+}
+
 describe("a move's process", () => {
   const db = useTestDatabases(2);
   afterAll(() => removeCliSnapshot());
@@ -186,25 +198,7 @@ describe("a move's process", () => {
   it('exits as soon as it has printed its result (no timer left behind)', { timeout: 60_000 }, async () => {
     const fleet = makeFleet({ urls: db.urls, replicationUrls: db.replicationUrls, shards: 2 });
     expect((await init(await fleet.config())).ok).toBe(true);
-    // Refuses a build older than the sources, so the child below runs this code.
-    expect((await spawnCli(['--version'])).code).toBe(0);
-    const child = spawn(
-      process.execPath,
-      [
-        join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js'),
-        'move-shard',
-        '0',
-        '--to',
-        'pg2',
-        '--yes',
-        '-c',
-        fleet.configFile,
-      ],
-      {
-        stdio: ['ignore', 'pipe', 'pipe'],
-        env: { ...process.env, NO_COLOR: '1' },
-      },
-    );
+    const child = await startMove(['-c', fleet.configFile]);
     let output = '';
     let resultAt: number | undefined;
     for (const stream of [child.stdout, child.stderr]) {
@@ -220,4 +214,98 @@ describe("a move's process", () => {
     // The slot watcher's 2 s look-round used to keep the process alive for up to 2 s after this.
     expect(exitedAt - resultAt!).toBeLessThan(700);
   });
+});
+
+describe('a target that stops answering while a wave is fenced', () => {
+  const db = useTestDatabases(2);
+  let proxy: TcpProxy | undefined;
+  afterAll(async () => {
+    await proxy?.close();
+    await removeCliSnapshot();
+  });
+
+  it(
+    'is cut off at the fence limit (plus 1 s): the source is writable again long before the silence would be noticed, the move stops naming pg2, and --resume finishes',
+    { timeout: 90_000 },
+    async () => {
+      proxy = await startTcpProxy(db.urls[1]!);
+      // pg1: shards 0-3, direct; pg2: 4-7 through the proxy, whose silence is noticed only after
+      // hostTimeout (10 s, the default) and a probe of as long.
+      const fleet = makeFleet({
+        urls: [db.urls[0]!, proxy.url],
+        replicationUrls: [undefined, db.replicationUrls[1]],
+        shards: 8,
+      });
+      expect((await init(await fleet.config())).ok).toBe(true);
+      await withClient(db.urls[0]!, (client) =>
+        client.query(
+          `INSERT INTO insta0.photos (user_id, image_url) SELECT g, 'u' || g FROM generate_series(1, 500) g`,
+        ),
+      );
+      // The target's apply worker stalls on the fence marker (a trigger of the test's, which fires in
+      // the apply worker too): the cut-over is still waiting on pg2 when the proxy goes silent.
+      await withClient(db.urls[1]!, (client) =>
+        client.query(`
+          CREATE FUNCTION shardctl.test_stall() RETURNS trigger LANGUAGE plpgsql AS $$
+          BEGIN IF NEW.kind LIKE 'fenced-%' THEN PERFORM pg_sleep(6); END IF; RETURN NEW; END $$;
+          CREATE TRIGGER test_stall BEFORE INSERT ON shardctl.move_markers FOR EACH ROW EXECUTE FUNCTION shardctl.test_stall();
+          ALTER TABLE shardctl.move_markers ENABLE ALWAYS TRIGGER test_stall;`),
+      );
+      const child = await startMove(['--max-fenced', '1s', '-c', fleet.configFile]);
+      let output = '';
+      let fencedAt: number | undefined;
+      for (const stream of [child.stdout, child.stderr]) {
+        stream.setEncoding('utf8').on('data', (chunk: string) => {
+          output += chunk;
+          if (fencedAt === undefined && /^done: fenced/m.test(output)) {
+            fencedAt = performance.now();
+            proxy!.silence();
+          }
+        });
+      }
+      const exited = new Promise<number | null>((resolve) => child.once('close', resolve));
+      // The application's writes on pg1, from the fence on: refused (SC100) until the wave is released.
+      let writableAt: number | undefined;
+      await withClient(db.urls[0]!, async (client) => {
+        let done = false;
+        void exited.then(() => (done = true));
+        while (!done || writableAt === undefined) {
+          if (fencedAt !== undefined && writableAt === undefined) {
+            try {
+              await client.query(`INSERT INTO insta0.photos (user_id, image_url) VALUES (0, 'after')`);
+              writableAt = performance.now();
+            } catch (error) {
+              expect((error as { code?: string }).code).toBe('SC100');
+            }
+          }
+          if (done && fencedAt === undefined) break;
+          await new Promise((resolve) => setTimeout(resolve, 50));
+        }
+      });
+      const code = await exited;
+      expect(code, output).toBe(1);
+      expect(fencedAt, output).toBeDefined();
+      expect(writableAt, output).toBeDefined();
+      // The fence limit (1 s) and the cut-off's slack (1 s), and a margin for a loaded machine: far
+      // below the 10 s of silence and the 10 s probe the host would otherwise be waited for.
+      expect(writableAt! - fencedAt!, output).toBeLessThan(4500);
+      expect(output).toMatch(
+        /host pg2.*did not answer within the fence limit \(1\.0 s\) while shard 0 refused writes/s,
+      );
+      expect(output).toMatch(/writable again on pg1/);
+
+      proxy.resume();
+      await withClient(db.urls[1]!, (client) =>
+        client.query('DROP TRIGGER test_stall ON shardctl.move_markers; DROP FUNCTION shardctl.test_stall()'),
+      );
+      const resumed = await runCli(['move-shard', '0', '--resume', '--yes', '--json', '-c', fleet.configFile]);
+      expect(resumed.code, resumed.stderr).toBe(0);
+      // Its report counts the stopped run's write block too.
+      expect((JSON.parse(resumed.stdout) as { writeBlockedMs: number }).writeBlockedMs).toBeGreaterThanOrEqual(1000);
+      const rows = await withClient(db.urls[1]!, (client) =>
+        client.query<{ n: number }>('SELECT count(*)::int AS n FROM insta0.photos'),
+      );
+      expect(rows.rows[0]!.n).toBe(501);
+    },
+  );
 });

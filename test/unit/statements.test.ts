@@ -32,6 +32,8 @@ import {
   startTrackingSql,
 } from '../../src/moves/sql.js';
 import { planWaves } from '../../src/moves/waves.js';
+import { chunksOf } from '../../src/moves/copy.js';
+import fc from 'fast-check';
 import { fromLog, type LogSums } from '../../src/moves/tail.js';
 
 const config = parseConfig(
@@ -538,6 +540,41 @@ describe('cut-over waves', () => {
     },
   ] as const)('$name', ({ shards, rows: r, limits, waves }) => {
     expect(planWaves(shards, rows(r as unknown as [number, number][]), limits)).toEqual(waves);
+  });
+});
+
+describe('chunks of the target creation (moves/copy.ts chunksOf)', () => {
+  it('keeps every shard once, in order, in at most count chunks plus the halves of the last', () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 0, max: 300 }),
+        fc.integer({ min: 1, max: 16 }),
+        fc.integer({ min: 1, max: 8 }),
+        (n, count, least) => {
+          const list = Array.from({ length: n }, (_, i) => i);
+          const chunks = chunksOf(list, count, least);
+          expect(chunks.flat()).toEqual(list);
+          expect(chunks.every((c) => c.length > 0)).toBe(true);
+          if (n === 0) return;
+          const size = Math.ceil(n / count);
+          // Every chunk but the split tail has the common size; the tail's last chunk is under twice `least`.
+          const tail = chunks.findIndex((c) => c.length < size);
+          const whole = tail === -1 ? chunks : chunks.slice(0, tail);
+          expect(whole.every((c) => c.length === size)).toBe(true);
+          expect(chunks.at(-1)!.length < 2 * least || chunks.length === 1 || chunks.at(-1)!.length === size).toBe(true);
+        },
+      ),
+    );
+  });
+
+  it('splits the last chunk of 64 shards down to the two workers building it', () => {
+    const chunks = chunksOf(
+      Array.from({ length: 64 }, (_, i) => i),
+      8,
+      2,
+    );
+    expect(chunks.map((c) => c.length)).toEqual([8, 8, 8, 8, 8, 8, 8, 4, 2, 2]);
+    expect(chunksOf([1, 2, 3], 8, 2).map((c) => c.length)).toEqual([1, 1, 1]);
   });
 });
 
