@@ -20,6 +20,8 @@ export const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 export const CLI = process.env.SHARDCTL_BENCH_CLI
   ? path.resolve(process.env.SHARDCTL_BENCH_CLI)
   : path.join(REPO_ROOT, 'bin', 'shardctl.js');
+/** A second launcher (SHARDCTL_BENCH_CLI_B), timed in the same rounds as CLI where a benchmark supports it (move-batch's split). */
+export const CLI_B = process.env.SHARDCTL_BENCH_CLI_B ? path.resolve(process.env.SHARDCTL_BENCH_CLI_B) : null;
 export const EXAMPLE_MIGRATIONS = path.join(REPO_ROOT, 'migrations');
 /** The example migrations create one table each: photos, likes, comments. */
 export const EXAMPLE_TABLES = 3;
@@ -476,11 +478,11 @@ export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.e
  * exits `expectCode`. With `progress`, also returns its stderr lines, each with the ms since the
  * spawn at which it arrived.
  */
-export async function timeCli(args, { cwd, expectCode = 0, progress = false } = {}) {
+export async function timeCli(args, { cwd, expectCode = 0, progress = false, cli = CLI } = {}) {
   const lines = [];
   const started = performance.now();
   const onStderrLine = progress ? (text) => lines.push({ text, atMs: performance.now() - started }) : undefined;
-  const run = await timeCommand(process.execPath, [CLI, ...args], {
+  const run = await timeCommand(process.execPath, [cli, ...args], {
     cwd,
     env: { ...process.env, NO_COLOR: '1' },
     onStderrLine,

@@ -53,6 +53,8 @@ import {
   timeCli,
   verdict,
   writeFleet,
+  CLI,
+  CLI_B,
 } from './lib.js';
 import {
   countRows,
@@ -84,11 +86,15 @@ const TARGET_SPLIT_CLI_RATIO = 1.0;
 const TARGET_FLEET_BLOCKED_MS = 250;
 /** The paced writer of split-cli: one insert per this many ms at most, on both sides. */
 const PACE_MS = 10;
+/** Between two moves of the split on PostgreSQL 15: its default wal_retrieve_retry_interval (5 s) and a margin. */
+const LAUNCHER_GAP_MS = 5_500;
 
 /**
  * MOVE_BATCH_PARTS=split,split-cli,big,copy,fleet (default all) runs some of the parts; copy needs
  * the split's fleet. split-cli adds two sides to the split's rounds: the move as a CLI process and
- * the floor, both under a paced writer.
+ * the floor, both under a paced writer; with SHARDCTL_BENCH_CLI_B=<another build's bin/shardctl.js>
+ * a third, that build's CLI, so two builds are compared in the same rounds (the order rotating).
+ * On PostgreSQL 15 each move side starts at least LAUNCHER_GAP_MS after the previous one ended.
  */
 const PARTS = new Set((process.env['MOVE_BATCH_PARTS'] ?? 'split,split-cli,big,copy,fleet').split(','));
 
@@ -148,11 +154,14 @@ async function runSplit(ctx, major) {
 
   const sides = [
     ...(PARTS.has('split') || PARTS.has('copy') ? ['move', ...(floor.skipped ? [] : ['pg_dump'])] : []),
-    ...(PARTS.has('split-cli') ? ['cli', ...(floor.skipped ? [] : ['pg_dump+writer'])] : []),
+    ...(PARTS.has('split-cli')
+      ? ['cli', ...(CLI_B ? ['cli-b'] : []), ...(floor.skipped ? [] : ['pg_dump+writer'])]
+      : []),
   ];
   const moves = [];
   const dumps = [];
   const clis = [];
+  const clisB = [];
   const writerDumps = [];
   const writerDumpCpu = [];
   const dumpArgs = {
@@ -163,15 +172,33 @@ async function runSplit(ctx, major) {
     pgDump: floor.pgDump,
     psql: options.psql,
   };
+  // PostgreSQL 15's launcher starts an apply worker at most once per wal_retrieve_retry_interval
+  // (docs/moves.md): a move started within 5 s of the previous one waits for it. A split is one
+  // command, not one of a series, so each move side starts that long after the previous one ended.
+  let lastMoveEnded = -Infinity;
+  const launcherGap = async () => {
+    const wait = Number.parseInt(postgres, 10) <= 15 ? lastMoveEnded + LAUNCHER_GAP_MS - performance.now() : 0;
+    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait));
+  };
   for (let turn = 0; turn < options.runs; turn++) {
     for (const who of roundOrder(sides, turn)) {
       await resetDatabases(fleet.hosts, SPLIT_DB, { template: SPLIT_BASE });
       await writeFile(fleet.configFile, initialMap);
-      if (who === 'cli') {
-        const m = await timeSplitCli(fleet, { source, target, moved, written, rows: options.splitRows });
-        clis.push(m);
+      if (who === 'cli' || who === 'cli-b' || who === 'move') await launcherGap();
+      if (who === 'cli' || who === 'cli-b') {
+        const b = who === 'cli-b';
+        const m = await timeSplitCli(fleet, {
+          source,
+          target,
+          moved,
+          written,
+          rows: options.splitRows,
+          cli: b ? CLI_B : CLI,
+        });
+        lastMoveEnded = performance.now();
+        (b ? clisB : clis).push(m);
         log(
-          `  split run ${turn + 1}/${options.runs}: shardctl move-shard (${n} shards) as a process ${formatMs(m.wallMs)} (the move reports ${formatMs(m.durationMs)}, ` +
+          `  split run ${turn + 1}/${options.runs}: shardctl move-shard (${n} shards)${b ? ' of build B' : ''} as a process ${formatMs(m.wallMs)} (the move reports ${formatMs(m.durationMs)}, ` +
             `first output at ${formatMs(m.firstOutputMs)}, exit ${formatMs(m.exitAfterLastOutputMs)} after the last), writes blocked ${formatMs(m.writeBlockedMs)}, ` +
             `${formatCount(m.acknowledged)} paced writes acked (${formatCount(m.onSource)} on ${source.name}, ${formatCount(m.onTarget)} on ${target.name}), machine CPU ${formatMs(m.machineCpuMs)}`,
         );
@@ -184,6 +211,7 @@ async function runSplit(ctx, major) {
         );
       } else if (who === 'move') {
         const m = await timeSplitMove(fleet, { source, target, moved, written, rows: options.splitRows });
+        lastMoveEnded = performance.now();
         moves.push(m);
         log(
           `  split run ${turn + 1}/${options.runs}: moveShards(${n} shards) ${formatMs(m.durationMs)}, writes blocked ${formatMs(m.writeBlockedMs)}, ` +
@@ -198,7 +226,7 @@ async function runSplit(ctx, major) {
   }
 
   const cli = PARTS.has('split-cli')
-    ? splitCliResult({ postgres, n, rows: options.splitRows, written, clis, writerDumps, writerDumpCpu, floor })
+    ? splitCliResult({ postgres, n, rows: options.splitRows, written, clis, clisB, writerDumps, writerDumpCpu, floor })
     : null;
   if (!PARTS.has('split') && !PARTS.has('copy')) return { postgres, source, target, config, moved, result: null, cli };
 
@@ -253,11 +281,23 @@ async function runSplit(ctx, major) {
   };
 }
 
-function splitCliResult({ postgres, n, rows, written, clis, writerDumps, writerDumpCpu, floor }) {
+function splitCliResult({ postgres, n, rows, written, clis, clisB, writerDumps, writerDumpCpu, floor }) {
   const wallMs = summarize(clis.map((m) => m.wallMs));
   const pgDumpMs = floor.skipped ? null : summarize(writerDumps);
   const measured = pgDumpMs ? ratio(wallMs.median, pgDumpMs.median) : null;
+  const wallMsB = clisB.length > 0 ? summarize(clisB.map((m) => m.wallMs)) : null;
   return {
+    // SHARDCTL_BENCH_CLI_B: another build timed in the same rounds, the order rotating.
+    ...(wallMsB
+      ? {
+          buildB: {
+            cli: CLI_B,
+            wallMs: wallMsB,
+            ratio: pgDumpMs ? ratio(wallMsB.median, pgDumpMs.median) : null,
+            runs: clisB,
+          },
+        }
+      : {}),
     postgres,
     shards: n,
     rowsPerShard: rows,
@@ -318,14 +358,14 @@ async function timeSplitMove(fleet, { source, target, moved, written, rows }) {
  * Its progress lines, timed as they arrive, show where the wall time goes: start-up until the
  * first line, the fenced steps, and the exit after the last line.
  */
-async function timeSplitCli(fleet, { source, target, moved, written, rows }) {
+async function timeSplitCli(fleet, { source, target, moved, written, rows, cli }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written, PACE_MS);
   const busy = machineBusyMs();
   const { result: run, written: w } = await underWriter(writer, () =>
     timeCli(
       ['move-shard', formatShardList(moved), '--to', target.name, '--yes', '--json', '--config', fleet.configFile],
-      { cwd: fleet.dir, progress: true },
+      { cwd: fleet.dir, progress: true, cli },
     ),
   );
   const machineCpuMs = busy === null ? null : round(machineBusyMs() - busy, 0);
