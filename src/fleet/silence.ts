@@ -81,11 +81,9 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
       heardAt = now;
     }
     if (internals._ending) {
-      // end() waits for the server to close the socket; a silent one never does (a host found dead:
-      // a quarter of the bound, as for a statement).
+      // end() waits for the server to close the socket; a silent one never does.
       endingSince ??= now;
-      if (now - endingSince >= (knownDead(host, heardAt) === null ? bound : Math.max(20, Math.floor(bound / 4))))
-        stream.destroy();
+      if (now - endingSince >= bound) stream.destroy();
       return;
     }
     const waiting = internals._activeQuery != null || (internals._sentQueryQueue?.length ?? 0) > 0;
@@ -122,25 +120,28 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
 }
 
 /**
- * Fails the query `client` waits for, and every later one, as if `host` had stopped answering: its
- * socket is destroyed with a HostError (HOST_SILENT) saying `reason`. For a wait that has a limit
- * of its own (a fenced wave's) and cannot wait for the silence to be noticed. A client that ended
- * is left as it is.
+ * Whether `client` waits for a query now, and how many bytes its socket has read so far: for a
+ * caller that times a connection's silence against a limit of its own (a fenced wave's,
+ * watchFence). undefined when that cannot be told (node-postgres internals not as expected).
+ */
+export function waitState(client: pg.Client): { waiting: boolean; bytesRead: number } | undefined {
+  const internals = internalsOf(client);
+  if (!internals) return undefined;
+  const stream = internals.connection.stream;
+  const open = !internals._ended && !stream.destroyed;
+  const waiting = open && (internals._activeQuery != null || (internals._sentQueryQueue?.length ?? 0) > 0);
+  return { waiting, bytesRead: stream.bytesRead };
+}
+
+/**
+ * Fails the query `client` waits for, and every later one, as if `host` had stopped answering:
+ * its socket is destroyed with a HostError (HOST_SILENT) saying `reason`. Only this client: the
+ * host is not judged for the process's other connections. A client that ended is left as it is.
  */
 export function cutOff(client: pg.Client, host: HostConfig, reason: string): void {
   const internals = internalsOf(client);
   if (!internals || internals._ended || internals.connection.stream.destroyed) return;
   internals.connection.stream.destroy(new HostError(host.name, reason, { code: HOST_SILENT }));
-  // The other connections to the host that have heard nothing from it since are judged by this
-  // verdict, as by a failed probe: what they wait for, or their closing, fails after a quarter of the bound.
-  const key = `${host.name}\u0000${host.url}`;
-  const now = Date.now();
-  const verdict: Probe = { startedAt: now, failure: Promise.resolve(reason), failed: true, reason, failedAt: now };
-  probes.set(key, verdict);
-  const forget = setTimeout(() => {
-    if (probes.get(key) === verdict) probes.delete(key);
-  }, host.timeoutMs);
-  forget.unref();
 }
 
 function silentReason(bound: number, failure: string): string {

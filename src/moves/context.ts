@@ -112,6 +112,8 @@ export interface MoveContext {
   fenceStartedAtMs: number | null;
   /** performance.now() by which this run must have switched the fenced wave, or unfence it (see maxFencedMs). */
   fenceDeadline: number | null;
+  /** The current wave's switch was sent (switchMap): from then on the target may hold the shards (see watchFence). */
+  switchSent: boolean;
   writeBlockedMs: number | null;
   rowsVerified: bigint;
   verification: VerifyResult | null;
@@ -221,6 +223,7 @@ export function moveContext(
     fenceMarker: typeof detail['fenceMarker'] === 'string' ? detail['fenceMarker'] : null,
     fenceStartedAtMs: typeof detail['fenceStartedAtMs'] === 'number' ? detail['fenceStartedAtMs'] : null,
     fenceDeadline: null,
+    switchSent: false,
     writeBlockedMs: typeof detail['writeBlockedMs'] === 'number' ? detail['writeBlockedMs'] : null,
     rowsVerified: typeof detail['rowsVerified'] === 'string' ? BigInt(detail['rowsVerified']) : 0n,
     verification: null,

@@ -6,7 +6,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
-import { cutOff, HOST_SILENT } from '../fleet/silence.js';
+import { cutOff, HOST_SILENT, waitState } from '../fleet/silence.js';
 import { CONTROL_SCHEMA } from '../fleet/control.js';
 import {
   DELTA_TRIGGERS,
@@ -553,13 +553,19 @@ export async function underFence<T>(
     (c) => now - (ctx.timeoutsSetAt.get(c) ?? -Infinity) > TIMEOUT_SLACK_MS,
   );
   try {
-    return await boundedOnTarget(ctx, async () => {
-      await Promise.all([...stale, ...also].map((c) => c.query(statementTimeoutSql(remaining))));
-      for (const c of stale) ctx.timeoutsSetAt.set(c, now);
-      return fn();
-    });
+    // Noted as they are sent: a SET that fails part way (a target cut off) still leaves the other
+    // host's timeout set, which endFenceTimeouts must reset.
+    for (const c of stale) ctx.timeoutsSetAt.set(c, now);
+    await Promise.all([...stale, ...also].map((c) => c.query(statementTimeoutSql(remaining))));
+    return await fn();
   } catch (error) {
-    if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) throw error;
+    if ((error as { code?: string }).code !== '57014' || fenceRemainingMs(ctx) > 50) {
+      // The other host's part of `fn` may still be running (Promise.all rejects at the first
+      // failure): a string of statements it fails part way leaves its transaction aborted, in which
+      // the unfence would run. Queued behind it, this rollback clears that.
+      await rollbackQuietly(ctx.source.client);
+      throw error;
+    }
     // A statement of a BEGIN … COMMIT string left its transaction aborted.
     // Only leaves the transaction the timeout aborted; stopCutOver reports the stop whatever this does.
     await Promise.all([ctx.source.client, ctx.target.client].map(rollbackQuietly));
@@ -571,26 +577,48 @@ export async function underFence<T>(
 const FENCE_CUTOFF_SLACK_MS = 1_000;
 
 /**
- * A fenced wait bounded by the fence limit on this side too. The statement timeouts bound it on
- * hosts that answer; a target that stopped answering (frozen, black-holed) would keep the wave
- * fenced until its silence is noticed (up to twice hostTimeout). FENCE_CUTOFF_SLACK_MS past the
- * limit the move's sessions on the target are cut off (cutOff): the wait fails, and the source,
- * which holds the fence, releases the wave. Not the switch: once the target may have activated
- * its copies, the move cannot go back.
+ * Watches a fenced wave from its fence until its switch is sent: a target that stops answering
+ * (frozen, black-holed) cannot deliver the statement timeouts that bound the cut-over's waits, and
+ * would keep the wave fenced until its silence is noticed (up to twice hostTimeout). Once
+ * FENCE_CUTOFF_SLACK_MS past the fence limit, if one of the move's sessions on the target (its own,
+ * the verification's) has been waiting that long with nothing read, all of them are cut off
+ * (cutOff): the wait fails, and the source, which holds the fence, releases the wave, its statements
+ * on the target failing at once. A target that answers delivers its statement timeouts by the limit,
+ * and its short statements after it (the release's) are not cut. Not once the switch is sent
+ * (ctx.switchSent): the target may have taken the shards, and the move can only go forward.
+ * Returns the function that stops the watch.
  */
-async function boundedOnTarget<T>(ctx: MoveContext, fn: () => Promise<T>): Promise<T> {
-  const wait = Math.max(0, fenceRemainingMs(ctx)) + FENCE_CUTOFF_SLACK_MS;
-  const timer = setTimeout(() => {
-    const reason = `did not answer within the fence limit (${(maxFencedMs(ctx) / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes; the move cut off its sessions there`;
+export function watchFence(ctx: MoveContext): () => void {
+  const quiet = new Map<pg.Client, { bytes: number; since: number }>();
+  const timer = setInterval(() => {
+    const now = performance.now();
+    const deadline = ctx.fenceDeadline;
     const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification.target : null;
-    for (const client of [ctx.target.client, ...(pre ? [pre] : [])]) cutOff(client, ctx.target.host, reason);
-  }, wait);
-  try {
-    return await fn();
-  } finally {
-    clearTimeout(timer);
-  }
+    // Every target session seen during the watch stays watched: the release ends the verification's
+    // (a COMMIT) after it was dropped from ctx.pre.
+    if (pre && !quiet.has(pre)) quiet.set(pre, { bytes: -1, since: now });
+    if (!quiet.has(ctx.target.client)) quiet.set(ctx.target.client, { bytes: -1, since: now });
+    const silent = [...quiet].some(([client, seen]) => {
+      const state = waitState(client);
+      if (!state) return false;
+      if (!state.waiting || seen.bytes !== state.bytesRead) {
+        quiet.set(client, { bytes: state.bytesRead, since: now });
+        return false;
+      }
+      return now - seen.since >= FENCE_CUTOFF_SLACK_MS;
+    });
+    if (!silent || deadline === null || ctx.switchSent || now < deadline + FENCE_CUTOFF_SLACK_MS) return;
+    // The target has not answered for the slack past the limit: every session of the move there is
+    // cut off, so that the release's statements on it fail at once instead of waiting in turn.
+    const reason = `did not answer within the fence limit (${(maxFencedMs(ctx) / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes; the move cut off its sessions there`;
+    for (const client of quiet.keys()) cutOff(client, ctx.target.host, reason);
+  }, FENCE_WATCH_INTERVAL_MS);
+  timer.unref();
+  return () => clearInterval(timer);
 }
+
+/** How often watchFence looks. */
+const FENCE_WATCH_INTERVAL_MS = 100;
 
 /**
  * The source's and target's statement timeouts of the cut-over (underFence) back to the server's
@@ -898,8 +926,7 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
     // The fence records its marker with its step: a wave fenced without one cannot be caught up,
     // and stopping here unfences it, so that a resumed run fences again with a marker.
     if (ctx.fenceMarker === null) throw new Error(`no fence marker is recorded for wave ${ctx.wave + 1}`);
-    const marker = ctx.fenceMarker;
-    await boundedOnTarget(ctx, () => catchUpAndRead(ctx, marker, limit));
+    await catchUpAndRead(ctx, ctx.fenceMarker, limit);
   } catch (error) {
     // What the apply worker waits for only adds to the message; a target cut off cannot say.
     const silent = error instanceof HostError && error.code === HOST_SILENT;
@@ -1199,6 +1226,8 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   // first, which returns its version.
   const target = ctx.target.host.name;
   const reads = currentFenceReads(ctx);
+  // From here the target may take the shards: watchFence no longer cuts it off.
+  ctx.switchSent = true;
   if (reads) {
     const v = reads.placementVersion;
     const settled = await Promise.allSettled([

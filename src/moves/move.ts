@@ -45,6 +45,7 @@ import {
   requireNotSwitched,
   releaseWave,
   UndoThenReport,
+  watchFence,
 } from './cutover.js';
 
 /**
@@ -75,6 +76,9 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
   let next = steps.indexOf(after) + 1;
   while (next < steps.length) {
     const step = steps[next]!;
+    // From the fence to the switch a target that stops answering is not waited for past the fence
+    // limit (watchFence), in the step and in its undo alike.
+    const unwatch = ctx.mode === 'online' && FENCE_WATCHED.includes(step) ? watchFence(ctx) : undefined;
     try {
       try {
         await STEPS[step].action(ctx);
@@ -125,6 +129,8 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
           next: resumeOrAbort(ctx.shards),
         },
       );
+    } finally {
+      unwatch?.();
     }
     if (step === 'switched' && ctx.wave < ctx.waves.length - 1) {
       await record(ctx, step, 'running');
@@ -181,8 +187,12 @@ async function nextWave(ctx: MoveContext): Promise<void> {
   ctx.fenceMarker = null;
   ctx.fenceStartedAtMs = null;
   ctx.fenceDeadline = null;
+  ctx.switchSent = false;
   await record(ctx, 'synced', 'running', { quiet: true });
 }
+
+/** The steps of an online wave from its fence to its switch, which watchFence watches. */
+const FENCE_WATCHED: readonly MoveStep[] = ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'];
 
 type StepAction = (ctx: MoveContext) => Promise<void>;
 

@@ -266,23 +266,30 @@ describe('a target that stops answering while a wave is fenced', () => {
       const exited = new Promise<number | null>((resolve) => child.once('close', resolve));
       // The application's writes on pg1, from the fence on: refused (SC100) until the wave is released.
       let writableAt: number | undefined;
-      await withClient(db.urls[0]!, async (client) => {
-        let done = false;
-        void exited.then(() => (done = true));
-        while (!done || writableAt === undefined) {
-          if (fencedAt !== undefined && writableAt === undefined) {
-            try {
-              await client.query(`INSERT INTO insta0.photos (user_id, image_url) VALUES (0, 'after')`);
-              writableAt = performance.now();
-            } catch (error) {
-              expect((error as { code?: string }).code).toBe('SC100');
+      let code: number | null;
+      try {
+        await withClient(db.urls[0]!, async (client) => {
+          let done = false;
+          void exited.then(() => (done = true));
+          const until = performance.now() + 60_000;
+          while ((!done || writableAt === undefined) && performance.now() < until) {
+            if (fencedAt !== undefined && writableAt === undefined) {
+              try {
+                await client.query(`INSERT INTO insta0.photos (user_id, image_url) VALUES (0, 'after')`);
+                writableAt = performance.now();
+              } catch (error) {
+                expect((error as { code?: string }).code).toBe('SC100');
+              }
             }
+            if (done && fencedAt === undefined) break;
+            await new Promise((resolve) => setTimeout(resolve, 50));
           }
-          if (done && fencedAt === undefined) break;
-          await new Promise((resolve) => setTimeout(resolve, 50));
-        }
-      });
-      const code = await exited;
+        });
+        code = await exited;
+      } finally {
+        // A failed expectation above must not leave the move running, holding its locks.
+        child.kill('SIGKILL');
+      }
       expect(code, output).toBe(1);
       expect(fencedAt, output).toBeDefined();
       expect(writableAt, output).toBeDefined();
