@@ -197,8 +197,16 @@ function probeHost(host: HostConfig, silentSince: number): Promise<string | null
   return probe.failure;
 }
 
-async function runProbe(host: HostConfig): Promise<string | null> {
-  const bound = host.timeoutMs;
+/**
+ * Whether `host` answers a new connection's SELECT 1 within `ms`: null if it does, else why not.
+ * Its own probe, not shared (probeHost): for a caller with a limit shorter than hostTimeout
+ * (watchFence), which must tell a silent host from a busy statement before it cuts anything off.
+ */
+export function answersWithin(host: HostConfig, ms: number): Promise<string | null> {
+  return runProbe(host, ms);
+}
+
+async function runProbe(host: HostConfig, bound = host.timeoutMs): Promise<string | null> {
   // The deadline below bounds connecting and the query together.
   const probe = new pg.Client({
     connectionString: host.url,

@@ -6,7 +6,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
-import { cutOff, HOST_SILENT, waitState } from '../fleet/silence.js';
+import { answersWithin, cutOff, HOST_SILENT, waitState } from '../fleet/silence.js';
 import { CONTROL_SCHEMA } from '../fleet/control.js';
 import {
   DELTA_TRIGGERS,
@@ -581,15 +581,17 @@ const FENCE_CUTOFF_SLACK_MS = 1_000;
  * (frozen, black-holed) cannot deliver the statement timeouts that bound the cut-over's waits, and
  * would keep the wave fenced until its silence is noticed (up to twice hostTimeout). Once
  * FENCE_CUTOFF_SLACK_MS past the fence limit, if one of the move's sessions on the target (its own,
- * the verification's) has been waiting that long with nothing read, all of them are cut off
- * (cutOff): the wait fails, and the source, which holds the fence, releases the wave, its statements
- * on the target failing at once. A target that answers delivers its statement timeouts by the limit,
- * and its short statements after it (the release's) are not cut. Not once the switch is sent
- * (ctx.switchSent): the target may have taken the shards, and the move can only go forward.
- * Returns the function that stops the watch.
+ * the verification's) has been waiting that long with nothing read, and a new connection cannot run
+ * SELECT 1 there within the slack either, all of them are cut off (cutOff): the wait fails, and the
+ * source, which holds the fence, releases the wave, its statements on the target failing at once. A
+ * target that answers is never cut off. Not once the switch is sent (ctx.switchSent): the target
+ * may have taken the shards, and the move can only go forward. Returns the function that stops the
+ * watch.
  */
 export function watchFence(ctx: MoveContext): () => void {
   const quiet = new Map<pg.Client, { bytes: number; since: number }>();
+  let probing = false;
+  let stopped = false;
   const timer = setInterval(() => {
     const now = performance.now();
     const deadline = ctx.fenceDeadline;
@@ -607,14 +609,29 @@ export function watchFence(ctx: MoveContext): () => void {
       }
       return now - seen.since >= FENCE_CUTOFF_SLACK_MS;
     });
-    if (!silent || deadline === null || ctx.switchSent || now < deadline + FENCE_CUTOFF_SLACK_MS) return;
-    // The target has not answered for the slack past the limit: every session of the move there is
-    // cut off, so that the release's statements on it fail at once instead of waiting in turn.
-    const reason = `did not answer within the fence limit (${(maxFencedMs(ctx) / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes; the move cut off its sessions there`;
-    for (const client of quiet.keys()) cutOff(client, ctx.target.host, reason);
+    if (!silent || probing || deadline === null || ctx.switchSent || now < deadline + FENCE_CUTOFF_SLACK_MS) return;
+    // Silence alone proves nothing (a long statement of an undo, a lock queue): a new connection
+    // must not be able to run SELECT 1 within the slack either.
+    probing = true;
+    void answersWithin(ctx.target.host, FENCE_CUTOFF_SLACK_MS).then((failure) => {
+      probing = false;
+      if (failure === null) {
+        // It answers: busy, not gone. Looked at again after another slack of silence.
+        for (const client of quiet.keys()) quiet.set(client, { bytes: -1, since: performance.now() });
+        return;
+      }
+      if (stopped || ctx.switchSent || ctx.fenceDeadline === null) return;
+      // Every session of the move there is cut off, so that the release's statements on the target
+      // fail at once instead of waiting in turn.
+      const reason = `did not answer within the fence limit (${(maxFencedMs(ctx) / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes, nor a new connection within ${FENCE_CUTOFF_SLACK_MS / 1000} s (${failure}); the move cut off its sessions there`;
+      for (const client of quiet.keys()) cutOff(client, ctx.target.host, reason);
+    });
   }, FENCE_WATCH_INTERVAL_MS);
   timer.unref();
-  return () => clearInterval(timer);
+  return () => {
+    stopped = true;
+    clearInterval(timer);
+  };
 }
 
 /** How often watchFence looks. */
