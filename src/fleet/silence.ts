@@ -50,6 +50,11 @@ function internalsOf(client: pg.Client): PgClientInternals | undefined {
   return candidate as PgClientInternals;
 }
 
+/** A query sent (or queued to be sent) and not answered yet. */
+function waitsForQuery(internals: PgClientInternals): boolean {
+  return internals._activeQuery != null || (internals._sentQueryQueue?.length ?? 0) > 0;
+}
+
 /**
  * Watches a connected client until it ends. Its timer is unref'd: it never keeps the process alive,
  * and it stops when the client ends.
@@ -86,8 +91,7 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
       if (now - endingSince >= bound) stream.destroy();
       return;
     }
-    const waiting = internals._activeQuery != null || (internals._sentQueryQueue?.length ?? 0) > 0;
-    if (!waiting) {
+    if (!waitsForQuery(internals)) {
       waitingSince = undefined;
       return;
     }
@@ -129,8 +133,7 @@ export function waitState(client: pg.Client): { waiting: boolean; bytesRead: num
   if (!internals) return undefined;
   const stream = internals.connection.stream;
   const open = !internals._ended && !stream.destroyed;
-  const waiting = open && (internals._activeQuery != null || (internals._sentQueryQueue?.length ?? 0) > 0);
-  return { waiting, bytesRead: stream.bytesRead };
+  return { waiting: open && waitsForQuery(internals), bytesRead: stream.bytesRead };
 }
 
 /**

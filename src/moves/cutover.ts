@@ -65,6 +65,7 @@ import {
   type ChangesRow,
 } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
+import { allOrNone } from '../promises.js';
 import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import {
   DEFAULT_MAX_FENCED_MS,
@@ -784,7 +785,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
     if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
     const logs = await startDeltas(ctx, schemas, { both: unkeyed, sourceOnly: keyed.map((k) => k.table) }, methods);
     const logged = logs ? unkeyed : [];
-    held = await opened(opening);
+    held = await allOrNone(opening, endQuietly);
     opening = null;
     if (keyed.length === 0 && logged.length === 0) {
       await Promise.all(held.map(endQuietly));
@@ -806,7 +807,7 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
     // fenced, and tracking left here is removed again before the switch (stopTracking).
-    if (opening) held = (await opening).flatMap((o) => (o.status === 'fulfilled' ? [o.value] : []));
+    if (opening) held = await allOrNone(opening, endQuietly).catch(() => []);
     await Promise.all(held.map(endQuietly));
     await stopTracking(ctx.target.client, ctx.moveId, schemas).catch(() => undefined);
     await stopLogs(ctx, schemas).catch(() => undefined);
@@ -815,16 +816,6 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       `host ${ctx.target.host.name}: no verification before the fence (${describePgError(error)}); every table of the wave is checksummed while fenced`,
     );
   }
-}
-
-/** Connections opened at once: all of them, or (the others closed) the first failure. */
-async function opened(opening: Promise<PromiseSettledResult<pg.Client>[]>): Promise<pg.Client[]> {
-  const settled = await opening;
-  const clients = settled.flatMap((o) => (o.status === 'fulfilled' ? [o.value] : []));
-  const failed = settled.find((o): o is PromiseRejectedResult => o.status === 'rejected');
-  if (!failed) return clients;
-  await Promise.all(clients.map(endQuietly));
-  throw failed.reason;
 }
 
 /** How long the change-log triggers may take to be created on the source's busy tables, in all. */

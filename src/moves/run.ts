@@ -10,6 +10,7 @@ import { requireFleetAgrees } from '../fleet/placement.js';
 import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { elapsed } from '../clock.js';
+import { allOrNone } from '../promises.js';
 import { announce, moveContext, moveResult, type MoveOptions, type MoveResult } from './context.js';
 import { abortMove, runSteps } from './move.js';
 import { planWaves } from './waves.js';
@@ -435,16 +436,14 @@ async function openParts(
 }
 
 async function connectPart(source: HostConfig, target: HostConfig): Promise<Part> {
-  const [s, t] = await Promise.allSettled([
-    openSession(source, { applicationName: 'shardctl move' }),
-    openSession(target, { applicationName: 'shardctl move' }),
-  ]);
-  if (s.status === 'rejected' || t.status === 'rejected') {
-    if (s.status === 'fulfilled') await closeSession(s.value);
-    if (t.status === 'fulfilled') await closeSession(t.value);
-    throw s.status === 'rejected' ? s.reason : (t as PromiseRejectedResult).reason;
-  }
-  return { source: s.value, target: t.value };
+  const [s, t] = await allOrNone(
+    Promise.allSettled([
+      openSession(source, { applicationName: 'shardctl move' }),
+      openSession(target, { applicationName: 'shardctl move' }),
+    ]),
+    closeSession,
+  );
+  return { source: s!, target: t! };
 }
 
 async function closePart(part: Part): Promise<void> {

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { retryLockWaits } from '../../src/pg/quiet.js';
+import { allOrNone } from '../../src/promises.js';
 
 const failure = (code: string) => Object.assign(new Error(code), { code });
 
@@ -42,5 +43,32 @@ describe('retryLockWaits', () => {
       ['57014'],
     );
     expect(statementTimeouts).toBe(2);
+  });
+});
+
+describe('allOrNone', () => {
+  it('gives every value when all opened', async () => {
+    const closed: number[] = [];
+    const values = await allOrNone(Promise.allSettled([Promise.resolve(1), Promise.resolve(2)]), async (v) => {
+      closed.push(v);
+    });
+    expect(values).toEqual([1, 2]);
+    expect(closed).toEqual([]);
+  });
+
+  it('closes the ones that opened and throws the first failure in order', async () => {
+    const closed: number[] = [];
+    const settling = Promise.allSettled([
+      Promise.resolve(1),
+      Promise.reject(failure('first')),
+      Promise.resolve(3),
+      Promise.reject(failure('second')),
+    ]);
+    await expect(
+      allOrNone(settling, async (v) => {
+        closed.push(v);
+      }),
+    ).rejects.toThrow('first');
+    expect(closed).toEqual([1, 3]);
   });
 });
