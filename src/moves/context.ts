@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { elapsed } from '../clock.js';
-import type { ShardctlConfig } from '../config/types.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
@@ -140,6 +140,8 @@ export interface MoveContext {
    * this run found none before its fence and created none).
    */
   untracked: { readonly wave: number; readonly tables: ReadonlySet<string>; readonly triggers: boolean } | null;
+  /** Worker connections opened while the preflight ran, taken by the creation and the copy (workers.ts, Spares); null when none were. */
+  spares: { take(host: HostConfig, applicationName: string): Promise<pg.Client> } | null;
   /** A wave's tables on each host, listed before its fence (cutover.ts). */
   leaves: {
     readonly wave: number;
@@ -234,6 +236,7 @@ export function moveContext(
     copied: false,
     pre: null,
     untracked: null,
+    spares: null,
     leaves: null,
     sourceNow: null,
     timeoutsSetAt: new Map(),

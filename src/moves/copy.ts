@@ -6,7 +6,7 @@ import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_LOCAL_SQL, ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
-import { errorHost, openWorker } from '../fleet/session.js';
+import { errorHost } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
@@ -40,12 +40,12 @@ import {
 } from './catalog.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { leafTablesOf } from './checksum-methods.js';
-import { concurrency, Workers } from './workers.js';
-import { dropMoveSlot, publish } from './replication.js';
+import { concurrency, COPY_WORKER, moveWorker, Workers } from './workers.js';
+import { dropMoveSlot, publish, subscribe } from './replication.js';
 import { stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
-import { awaitedLater } from '../promises.js';
+import { allOrNone, awaitedLater } from '../promises.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -222,17 +222,23 @@ export async function createAndCopy(ctx: MoveContext): Promise<void> {
     gate.fail(error);
     throw error;
   });
+  const published = awaitedLater(publish(ctx));
   const copying = (async () => {
-    await publish(ctx);
+    await published;
     await copyFromSnapshot(ctx, (shard) => gate.wait(shard));
   })().catch((error: unknown) => {
     gate.stop();
     throw error;
   });
-  const [created, copied] = await Promise.allSettled([creating, copying]);
+  // Once every target table exists (and the publication that lists them), the subscription is
+  // created disabled on the target's session while the last shards are copied; the `subscribed`
+  // step enables it.
+  const subscribing = Promise.all([creating, published]).then(() => subscribe(ctx, { enabled: false }));
+  const [created, copied, subscribed] = await Promise.allSettled([creating, copying, subscribing]);
   // The creation's failure first: the copy waiting for its shards failed because of it.
   if (created.status === 'rejected') throw created.reason;
   if (copied.status === 'rejected') throw copied.reason;
+  if (subscribed.status === 'rejected') throw subscribed.reason;
   ctx.copied = true;
 }
 
@@ -425,8 +431,12 @@ export async function copyShards(
     let reader: pg.Client | null = null;
     let writer: pg.Client | null = null;
     try {
-      reader = await openWorker(source.host, 'shardctl move copy');
-      writer = await openWorker(target.host, 'shardctl move copy');
+      // Both at once; either fails alone, and the other is closed.
+      const opened = await allOrNone(
+        Promise.allSettled([moveWorker(ctx, source.host, COPY_WORKER), moveWorker(ctx, target.host, COPY_WORKER)]),
+        endQuietly,
+      );
+      [reader, writer] = [opened[0]!, opened[1]!];
       await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
       if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));

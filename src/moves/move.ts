@@ -1,13 +1,14 @@
+import type pg from 'pg';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL, MOVE_ABORTING } from '../fleet/control.js';
-import { errorHost } from '../fleet/session.js';
+import { errorHost, openWorker } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { shardsPhrase } from '../config/ranges.js';
 import { awaitedLater } from '../promises.js';
-import { rollbackQuietly } from '../pg/quiet.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import {
   oldCopyName,
   refreshMaterializedViewSql,
@@ -314,20 +315,23 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
     const work = await cleanUpWork(ctx);
     // One transaction per shard (its rename or drop with its control row), CLEANUP_CHUNK of them per
     // round trip, none waiting for the WAL flush; the flush after the last covers all of them. A crash
-    // before it can undo some, which the control rows show and a resumed clean-up redoes.
-    await source.client.query(ASYNC_COMMIT_SQL);
-    try {
-      for (let i = 0; i < work.length; i += CLEANUP_CHUNK) {
-        await source.client.query(work.slice(i, i + CLEANUP_CHUNK).join('\n'));
-      }
-    } catch (error) {
-      // A failed statement leaves its shard's transaction open, aborted: the shards before it are done.
-      await rollbackQuietly(source.client);
-      throw error;
-    } finally {
-      // Only the session's commit mode: on a broken connection the flush below fails and says so.
-      await source.client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
-    }
+    // before it can undo some, which the control rows show and a resumed clean-up redoes. A second
+    // session takes its share of the round trips once it has connected (none if it cannot).
+    const chunks: string[] = [];
+    for (let i = 0; i < work.length; i += CLEANUP_CHUNK) chunks.push(work.slice(i, i + CLEANUP_CHUNK).join('\n'));
+    const helping = chunks.length > 1 ? openHelper(ctx) : null;
+    const settled = await Promise.allSettled([
+      renameOn(source.client, chunks),
+      helping?.then(async (helper) => {
+        if (!helper) return;
+        try {
+          await renameOn(helper, chunks);
+        } finally {
+          await endQuietly(helper);
+        }
+      }),
+    ]);
+    for (const s of settled) if (s.status === 'rejected') throw s.reason;
     await source.client.query(DURABLE_FLUSH_SQL);
   } finally {
     // A failed rename leaves the target's session to the caller's undo only once the drop has ended.
@@ -369,7 +373,33 @@ async function cleanUpWork(ctx: MoveContext): Promise<string[]> {
 }
 
 /** Renames and drops of the clean-up sent per round trip: each a small transaction of its own. */
-const CLEANUP_CHUNK = 64;
+const CLEANUP_CHUNK = 16;
+
+/**
+ * The clean-up's round trips taken one by one from `chunks` (shared with the other session) on
+ * `client`, committing without waiting for the WAL flush; on a failure its aborted transaction is
+ * rolled back (the shards before it are done) and the failure thrown.
+ */
+async function renameOn(client: pg.Client, chunks: string[]): Promise<void> {
+  await client.query(ASYNC_COMMIT_SQL);
+  try {
+    for (let sql = chunks.shift(); sql !== undefined; sql = chunks.shift()) await client.query(sql);
+  } catch (error) {
+    // The other session stops after its current round trip.
+    chunks.length = 0;
+    // A failed statement leaves its shard's transaction open, aborted: the shards before it are done.
+    await rollbackQuietly(client);
+    throw error;
+  } finally {
+    // Only the session's commit mode: on a broken connection the flush after fails and says so.
+    await client.query(RESET_SYNCHRONOUS_COMMIT_SQL).catch(() => undefined);
+  }
+}
+
+/** A second session on the source for the clean-up's renames; null when it cannot connect (the move's session does them all). */
+async function openHelper(ctx: MoveContext): Promise<pg.Client | null> {
+  return openWorker(ctx.source.host, 'shardctl move clean-up').catch(() => null);
+}
 
 /**
  * The SQL of each shard's rename (see renameWithStubSql), with the tables and grants read from the

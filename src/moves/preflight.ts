@@ -51,6 +51,11 @@ export interface PreflightInput {
   readonly mode: MoveMode;
   readonly source: HostSession;
   readonly target: HostSession;
+  /**
+   * Another session on the source, idle meanwhile (the command's own): the owners and grants,
+   * the longest read, are read there beside the others. Without it, on the source's session.
+   */
+  readonly sourceReader?: pg.Client;
   readonly migrations: readonly MigrationFile[];
   /** Create and drop a disabled subscription on the target to prove it can reach the source. */
   readonly probeReachability: boolean;
@@ -102,7 +107,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
           )
         : null,
     sourceShapes: awaitedLater(readShardShapes(src, source.name)),
-    privileges: awaitedLater(shardPrivileges(src, schemas)),
+    privileges: awaitedLater(shardPrivileges(input.sourceReader ?? src, schemas)),
     applied: awaitedLater(
       src.query<{ shard: number; version: number; checksum: string }>(APPLIED_CHECKSUMS_SQL, [shards]),
     ),

@@ -2,6 +2,7 @@ import { HostError, resumeOrAbort } from '../errors.js';
 import {
   createPublicationSql,
   createSubscriptionSql,
+  enableSubscriptionSql,
   dropPublicationSql,
   insertMarkerSql,
   APPLY_WORKER_WAITS_SQL,
@@ -30,13 +31,21 @@ export async function publish(ctx: MoveContext): Promise<void> {
   await ctx.source.client.query(createPublicationSql(ctx.name, schemasOf(ctx, ctx.shards), ctx.moveId));
 }
 
-export async function subscribe(ctx: MoveContext): Promise<void> {
-  const exists = await ctx.target.client.query(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
-  if (exists.rowCount) return;
+/**
+ * The move's subscription on the target, streaming from the slot the copy read. Online, the copy
+ * creates it disabled once every target table exists, while its last shards are copied
+ * (createAndCopy); this step then only enables it.
+ */
+export async function subscribe(ctx: MoveContext, { enabled = true } = {}): Promise<void> {
+  const exists = await ctx.target.client.query<{ enabled: boolean }>(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
+  if (exists.rowCount) {
+    if (enabled && !exists.rows[0]!.enabled) await ctx.target.client.query(enableSubscriptionSql(ctx.name));
+    return;
+  }
   const tables = await moveLeafTables(ctx);
   // Binary replication carries type OIDs in arrays and records, and reg* values as raw OIDs.
   const binary = sameMajorVersion(ctx) && tables.every((t) => t.portable);
-  await ctx.target.client.query(createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, binary));
+  await ctx.target.client.query(createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, binary, enabled));
 }
 
 /** Every table streaming; then one marker round trip, so the cut-over starts nearly caught up. */
@@ -110,7 +119,8 @@ export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: n
         `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s${apply ? `; ${apply}` : ''})`,
       );
     }
-    await sleep(10);
+    // A marker usually arrives within milliseconds: looked for closely at first, then less often.
+    await sleep(performance.now() - started < 200 ? 2 : 10);
   }
 }
 

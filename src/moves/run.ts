@@ -10,10 +10,11 @@ import { requireFleetAgrees } from '../fleet/placement.js';
 import { closeSession, Fleet, openSession, withSession, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { elapsed } from '../clock.js';
-import { allOrNone } from '../promises.js';
+import { allOrNone, awaitedLater } from '../promises.js';
 import { announce, moveContext, moveResult, type MoveOptions, type MoveResult } from './context.js';
 import { abortMove, runSteps } from './move.js';
 import { planWaves } from './waves.js';
+import { concurrency, COPY_WORKER, CREATE_WORKER, Spares } from './workers.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { preflight } from './preflight.js';
 import {
@@ -78,21 +79,31 @@ async function startMoves(
 ): Promise<BatchMoveResult> {
   const mode = options.mode ?? 'online';
   const groups = groupBySource(config, list);
+  // The moves' own connections are opened at once with the fleet's, and recorded as workers once
+  // the runner locks are held (openParts).
+  const connecting = groups.map((g) => awaitedLater(connectPart(g.source, target)));
   const fleet = await whileAgreeing(
     config,
     options,
     Fleet.open([...groups.map((g) => g.source), target], { applicationName: 'shardctl move' }),
     (opened) => opened.close(),
-  );
+  ).catch(async (error: unknown) => {
+    await Promise.all(connecting.map((c) => c.then(closePart, () => undefined)));
+    throw error;
+  });
   try {
-    fleet.requireAll();
-    // The moves' own connections are opened while the runner locks are taken; they are recorded as
-    // workers once the locks are held.
     const parts = await openParts(
-      groups.map((g) => ({ source: g.source, target })),
-      !options.dryRun && !options.runnerLocksHeld ? fleet.lock({ lockTimeout: config.lockTimeout }) : undefined,
+      connecting,
+      (async () => {
+        fleet.requireAll();
+        if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
+      })(),
       options.dryRun ?? false,
     );
+    // Each move's creation and copy workers connect while its preflight runs (workers.ts, Spares).
+    const spares = options.dryRun
+      ? []
+      : parts.map((part, i) => openSpares(part, groups[i]!.shards.length, config, options));
     try {
       const planned = await Promise.all(
         parts.map(async (part, i) => {
@@ -103,6 +114,7 @@ async function startMoves(
             mode,
             source: part.source,
             target: part.target,
+            sourceReader: fleet.session(group.source.name).client,
             migrations,
             probeReachability: !options.dryRun && mode === 'online',
             configFile: options.configFile ?? config.file,
@@ -146,7 +158,7 @@ async function startMoves(
         );
       }
       const moves = await runParts(
-        planned.map(({ part, group, checks, waves, sourcePrivileges }) => async () => {
+        planned.map(({ part, group, checks, waves, sourcePrivileges }, i) => async () => {
           const moveId = newMoveId();
           const ctx = moveContext(
             config,
@@ -156,6 +168,7 @@ async function startMoves(
             options,
           );
           ctx.sourcePrivileges = sourcePrivileges;
+          ctx.spares = spares[i] ?? null;
           // Both hosts at once: the control schema completed (where a host's is older), then the move recorded.
           await Promise.all(
             [part.source, part.target].map(async (side) => {
@@ -184,11 +197,21 @@ async function startMoves(
       );
       return batchResult('moved', target.name, list, moves, started);
     } finally {
-      await Promise.all(parts.map(closePart));
+      await Promise.all([...parts.map(closePart), ...spares.map((s) => s.close())]);
     }
   } finally {
     await fleet.close();
   }
+}
+
+/** A move's worker connections opened ahead: as many as its creation and its copy will each use. */
+function openSpares(part: Part, shards: number, config: ShardctlConfig, options: MoveOptions): Spares {
+  const spares = new Spares();
+  const count = concurrency({ config, options }, shards);
+  spares.open(part.target.host, CREATE_WORKER, count);
+  spares.open(part.source.host, COPY_WORKER, count);
+  spares.open(part.target.host, COPY_WORKER, count);
+  return spares;
 }
 
 /** Resume and abort: the unfinished moves that carry any of the shards, carried on or undone. */
@@ -398,25 +421,22 @@ async function whileAgreeing<T>(
  * sessions are recorded as workers (like any worker), so several moves of one batch can share a host.
  */
 async function openPart(source: HostConfig, target: HostConfig, dryRun: boolean): Promise<Part> {
-  const [part] = await openParts([{ source, target }], undefined, dryRun);
+  const [part] = await openParts([connectPart(source, target)], undefined, dryRun);
   return part!;
 }
 
 /**
- * The parts of a batch, connected while `locking` (the runner locks being taken) runs, and recorded
+ * The parts of a batch, connecting while `locking` (the runner locks being taken) runs, and recorded
  * as workers only once it has succeeded: a worker recorded before the lock is held would be one
  * that another run, holding it, waits for. On any failure every part opened is closed and the
  * first failure thrown (the lock's first).
  */
 async function openParts(
-  pairs: readonly { source: HostConfig; target: HostConfig }[],
+  connecting: readonly Promise<Part>[],
   locking: Promise<void> | undefined,
   dryRun: boolean,
 ): Promise<Part[]> {
-  const [locked, ...connected] = await Promise.allSettled([
-    locking,
-    ...pairs.map((p) => connectPart(p.source, p.target)),
-  ]);
+  const [locked, ...connected] = await Promise.allSettled([locking, ...connecting]);
   const parts = connected.flatMap((c) => (c.status === 'fulfilled' ? [c.value] : []));
   try {
     if (locked!.status === 'rejected') throw locked!.reason;

@@ -52,12 +52,21 @@ export function createPublicationSql(name: string, schemas: readonly string[], m
  * Streams from the slot the copy step created, without copying again (the rows came from the slot's
  * snapshot). Binary only between equal major versions.
  */
-export function createSubscriptionSql(name: string, sourceReplicationUrl: string, binary: boolean): string {
+export function createSubscriptionSql(
+  name: string,
+  sourceReplicationUrl: string,
+  binary: boolean,
+  enabled = true,
+): string {
   return (
     `CREATE SUBSCRIPTION ${quoteIdent(name)} CONNECTION ${quoteLiteral(sourceReplicationUrl)}\n` +
     `  PUBLICATION ${quoteIdent(name)}\n` +
-    `  WITH (slot_name = ${quoteLiteral(name)}, create_slot = false, copy_data = false, binary = ${binary})`
+    `  WITH (slot_name = ${quoteLiteral(name)}, create_slot = false, copy_data = false, binary = ${binary}${enabled ? '' : ', enabled = false'})`
   );
+}
+
+export function enableSubscriptionSql(name: string): string {
+  return `ALTER SUBSCRIPTION ${quoteIdent(name)} ENABLE`;
 }
 
 /** The replication connection's command: a logical slot whose snapshot the copy reads. */
@@ -974,7 +983,7 @@ export const RUNNING_MOVES_OF_SQL = `SELECT move_id, shards, source, target, ste
 
 export const PUBLICATION_EXISTS_SQL = `SELECT 1 FROM pg_publication WHERE pubname = $1`;
 
-export const SUBSCRIPTION_EXISTS_SQL = `SELECT 1 FROM pg_subscription WHERE subname = $1`;
+export const SUBSCRIPTION_EXISTS_SQL = `SELECT subenabled AS enabled FROM pg_subscription WHERE subname = $1`;
 
 /** How often subscription $1 failed to sync or apply. */
 export const SUBSCRIPTION_ERRORS_SQL = `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;

@@ -1,15 +1,64 @@
 import pg from 'pg';
+import type { HostConfig } from '../config/types.js';
 import { ASYNC_COMMIT_SQL } from '../fleet/control.js';
 import { openWorker } from '../fleet/session.js';
 import { endQuietly } from '../pg/quiet.js';
+import { awaitedLater } from '../promises.js';
 import type { MoveContext, Side } from './context.js';
 
 /**
  * The worker connections a move spreads its work over (creating the target shards, copying).
  */
 
-export function concurrency(ctx: MoveContext, items: number): number {
+export function concurrency(ctx: Pick<MoveContext, 'config' | 'options'>, items: number): number {
   return Math.max(1, Math.min(ctx.options.concurrency ?? ctx.config.concurrency, items));
+}
+
+/** The application names of a move's worker connections: what each is for, in pg_stat_activity. */
+export const CREATE_WORKER = 'shardctl move worker';
+export const COPY_WORKER = 'shardctl move copy';
+
+/**
+ * Worker connections opened ahead of the work that takes them: a new move's creation and copy
+ * workers, connected while its preflight runs (run.ts), so that the creation starts without waiting
+ * for its connections. Each is recorded as a worker like any other (openWorker), so they are opened
+ * once the runner locks are held. One that failed to open is opened again by the work that takes
+ * it, which reports the failure; those not taken are closed with the move's sessions.
+ */
+export class Spares {
+  readonly #opening = new Map<string, Promise<pg.Client>[]>();
+
+  open(host: HostConfig, applicationName: string, count: number): void {
+    const key = spareKey(host, applicationName);
+    // A failure is seen where the spare is taken (or closed).
+    const list = Array.from({ length: count }, () => awaitedLater(openWorker(host, applicationName)));
+    this.#opening.set(key, [...(this.#opening.get(key) ?? []), ...list]);
+  }
+
+  /** A spare connection to `host` for this use, else a new one. */
+  async take(host: HostConfig, applicationName: string): Promise<pg.Client> {
+    const spare = this.#opening.get(spareKey(host, applicationName))?.shift();
+    if (spare) {
+      const client = await spare.catch(() => null);
+      if (client) return client;
+    }
+    return openWorker(host, applicationName);
+  }
+
+  async close(): Promise<void> {
+    const left = [...this.#opening.values()].flat();
+    this.#opening.clear();
+    await Promise.all(left.map((opening) => opening.then(endQuietly, () => undefined)));
+  }
+}
+
+function spareKey(host: HostConfig, applicationName: string): string {
+  return `${host.name}\0${applicationName}`;
+}
+
+/** A worker connection for the move: a spare opened ahead if there is one (Spares), else a new one. */
+export function moveWorker(ctx: MoveContext, host: HostConfig, applicationName: string): Promise<pg.Client> {
+  return ctx.spares ? ctx.spares.take(host, applicationName) : openWorker(host, applicationName);
 }
 
 /**
@@ -33,7 +82,7 @@ export class Workers {
     const wanted = concurrency(this.#ctx, items.length);
     const opened = await Promise.allSettled(
       Array.from({ length: Math.max(0, wanted - this.#clients.length) }, async () => {
-        const client = await openWorker(this.#side.host, 'shardctl move worker');
+        const client = await moveWorker(this.#ctx, this.#side.host, CREATE_WORKER);
         this.#clients.push(client);
         await client.query(ASYNC_COMMIT_SQL);
       }),

@@ -23,18 +23,34 @@ export function loadSqlTemplate(name: string): string {
 }
 
 export function renderSql(template: string, params: Record<string, SqlParam>): string {
-  const used = new Set<string>();
-  const out = template.replace(/\{\{(\w+)\}\}/g, (_, key: string) => {
+  const { texts, keys } = parsed(template);
+  let out = texts[0]!;
+  for (const [i, key] of keys.entries()) {
     const param = params[key];
     if (param === undefined) throw new Error(`SQL template placeholder {{${key}}} has no value`);
-    used.add(key);
-    return renderParam(key, param);
-  });
+    out += renderParam(key, param) + texts[i + 1]!;
+  }
   for (const key of Object.keys(params)) {
-    if (!used.has(key)) throw new Error(`SQL template has no placeholder {{${key}}}`);
+    if (!keys.includes(key)) throw new Error(`SQL template has no placeholder {{${key}}}`);
   }
   return out;
 }
+
+/**
+ * A template split once at its placeholders (a shard's next_id is rendered once per shard, thousands
+ * in one command): the texts around them, and the placeholders' names in order.
+ */
+function parsed(template: string): { readonly texts: readonly string[]; readonly keys: readonly string[] } {
+  let split = splitCache.get(template);
+  if (!split) {
+    const parts = template.split(/\{\{(\w+)\}\}/);
+    split = { texts: parts.filter((_, i) => i % 2 === 0), keys: parts.filter((_, i) => i % 2 === 1) };
+    splitCache.set(template, split);
+  }
+  return split;
+}
+
+const splitCache = new Map<string, { readonly texts: readonly string[]; readonly keys: readonly string[] }>();
 
 function renderParam(key: string, param: SqlParam): string {
   if ('ident' in param) return quoteIdent(param.ident);
