@@ -140,8 +140,14 @@ export interface MoveContext {
    * this run found none before its fence and created none).
    */
   untracked: { readonly wave: number; readonly tables: ReadonlySet<string>; readonly triggers: boolean } | null;
-  /** Worker connections opened while the preflight ran, taken by the creation and the copy (workers.ts, Spares); null when none were. */
-  spares: { take(host: HostConfig, applicationName: string): Promise<pg.Client> } | null;
+  /**
+   * Worker connections opened ahead of the steps that take them (workers.ts, Spares): the creation's
+   * while the preflight runs, the clean-up's from the last wave's fence; null in a resumed run.
+   */
+  spares: {
+    open(host: HostConfig, applicationName: string, count: number): void;
+    take(host: HostConfig, applicationName: string): Promise<pg.Client>;
+  } | null;
   /** A wave's tables on each host, listed before its fence (cutover.ts). */
   leaves: {
     readonly wave: number;

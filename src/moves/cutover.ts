@@ -6,6 +6,7 @@ import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
+import { CLEANUP_CHUNK, CLEANUP_WORKER } from './workers.js';
 import { answersWithin, cutOff, HOST_SILENT, waitState } from '../fleet/silence.js';
 import { CONTROL_SCHEMA } from '../fleet/control.js';
 import {
@@ -97,6 +98,9 @@ import { inflect, plural } from '../text.js';
  */
 export async function fence(ctx: MoveContext): Promise<void> {
   const { source } = ctx;
+  // The clean-up's second session connects while the last wave is cut over (move.ts, cleanUp).
+  if (ctx.wave === ctx.waves.length - 1 && ctx.shards.length > CLEANUP_CHUNK)
+    ctx.spares?.open(source.host, CLEANUP_WORKER, 1);
   const shards = waveShards(ctx);
   const schemas = schemasOf(ctx, shards);
   const tables = await shardTables(source.client, schemas, 'all');

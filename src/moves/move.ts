@@ -20,6 +20,7 @@ import {
   dropUnusedFenceGuardsSql,
 } from './sql.js';
 import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from './state.js';
+import { CLEANUP_CHUNK, CLEANUP_WORKER } from './workers.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
@@ -372,9 +373,6 @@ async function cleanUpWork(ctx: MoveContext): Promise<string[]> {
   return renamesWithStubs(ctx, renaming);
 }
 
-/** Renames and drops of the clean-up sent per round trip: each a small transaction of its own. */
-const CLEANUP_CHUNK = 16;
-
 /**
  * The clean-up's round trips taken one by one from `chunks` (shared with the other session) on
  * `client`, committing without waiting for the WAL flush; on a failure its aborted transaction is
@@ -396,9 +394,27 @@ async function renameOn(client: pg.Client, chunks: string[]): Promise<void> {
   }
 }
 
-/** A second session on the source for the clean-up's renames; null when it cannot connect (the move's session does them all). */
+/**
+ * A second session on the source for the clean-up's renames: the spare the last wave's fence opened
+ * (fence, cutover.ts), else a new one; null when it cannot be had or no longer answers (the move's
+ * session then does them all).
+ */
 async function openHelper(ctx: MoveContext): Promise<pg.Client | null> {
-  return openWorker(ctx.source.host, 'shardctl move clean-up').catch(() => null);
+  const helper = await (
+    ctx.spares?.take(ctx.source.host, CLEANUP_WORKER) ?? openWorker(ctx.source.host, CLEANUP_WORKER)
+  ).catch(() => null);
+  // A spare kept idle through the cut-over may have been ended by the server meanwhile.
+  if (
+    helper &&
+    !(await helper.query('SELECT 1').then(
+      () => true,
+      () => false,
+    ))
+  ) {
+    await endQuietly(helper);
+    return null;
+  }
+  return helper;
 }
 
 /**

@@ -14,7 +14,7 @@ import { allOrNone, awaitedLater } from '../promises.js';
 import { announce, moveContext, moveResult, type MoveOptions, type MoveResult } from './context.js';
 import { abortMove, runSteps } from './move.js';
 import { planWaves } from './waves.js';
-import { concurrency, COPY_WORKER, CREATE_WORKER, Spares } from './workers.js';
+import { concurrency, CREATE_WORKER, Spares } from './workers.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { preflight } from './preflight.js';
 import {
@@ -100,7 +100,7 @@ async function startMoves(
       })(),
       options.dryRun ?? false,
     );
-    // Each move's creation and copy workers connect while its preflight runs (workers.ts, Spares).
+    // Each move's creation workers connect while its preflight runs (workers.ts, Spares).
     const spares = options.dryRun
       ? []
       : parts.map((part, i) => openSpares(part, groups[i]!.shards.length, config, options));
@@ -204,13 +204,14 @@ async function startMoves(
   }
 }
 
-/** A move's worker connections opened ahead: as many as its creation and its copy will each use. */
+/**
+ * A move's creation workers opened ahead, as many as it will use: the creation is what starts right
+ * after the preflight. The copy's connect when the copy starts (it waits for the first shards built),
+ * so that fewer connections are opened while the preflight's reads run.
+ */
 function openSpares(part: Part, shards: number, config: ShardctlConfig, options: MoveOptions): Spares {
   const spares = new Spares();
-  const count = concurrency({ config, options }, shards);
-  spares.open(part.target.host, CREATE_WORKER, count);
-  spares.open(part.source.host, COPY_WORKER, count);
-  spares.open(part.target.host, COPY_WORKER, count);
+  spares.open(part.target.host, CREATE_WORKER, concurrency({ config, options }, shards));
   return spares;
 }
 
