@@ -66,7 +66,7 @@ import {
   type ChangesRow,
 } from './tail.js';
 import { elapsed, sleep } from '../clock.js';
-import { allOrNone } from '../promises.js';
+import { allOrNone, awaitedLater } from '../promises.js';
 import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import {
   DEFAULT_MAX_FENCED_MS,
@@ -786,8 +786,17 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
       openWorker(ctx.source.host, 'shardctl move verify'),
       openWorker(ctx.target.host, 'shardctl move verify'),
     ]);
-    if (keyed.length > 0) await runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed));
-    const logs = await startDeltas(ctx, schemas, { both: unkeyed, sourceOnly: keyed.map((k) => k.table) }, methods);
+    // The target's tracking and the source's change logs are set up at once (each host's own work).
+    const tracking = awaitedLater(
+      keyed.length > 0 ? runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed)) : Promise.resolve(),
+    );
+    const [tracked, logging] = await Promise.allSettled([
+      tracking,
+      startDeltas(ctx, schemas, { both: unkeyed, sourceOnly: keyed.map((k) => k.table) }, methods, tracking),
+    ]);
+    if (tracked.status === 'rejected') throw tracked.reason;
+    if (logging.status === 'rejected') throw logging.reason;
+    const logs = logging.value;
     const logged = logs ? unkeyed : [];
     held = await allOrNone(opening, endQuietly);
     opening = null;
@@ -826,8 +835,9 @@ async function startPreVerification(ctx: MoveContext, schemas: readonly string[]
 const DELTAS_SETUP_LIMIT_MS = 5_000;
 
 /**
- * The change logs of the wave (tail.ts): of `tables.both` (no usable key) on both hosts, the
- * target's first, and of `tables.sourceOnly` (the keyed ones, whose target records their changed
+ * The change logs of the wave (tail.ts): of `tables.both` (no usable key) on both hosts (the
+ * target's once `targetFree`, its tracking, is set up on the target's session; the source's
+ * meanwhile), and of `tables.sourceOnly` (the keyed ones, whose target records their changed
  * keys) on the source too, so that each host's figure comes from what it saw itself. The source's
  * CREATE TRIGGERs wait for its writers, table by table (tail.ts startSourceDeltas), each wait no
  * longer than the fence's lock wait, retried up to DELTAS_SETUP_LIMIT_MS; false when that is not
@@ -841,6 +851,7 @@ async function startDeltas(
   schemas: readonly string[],
   tables: { readonly both: readonly ShardTable[]; readonly sourceOnly: readonly ShardTable[] },
   methods: ReadonlyMap<string, HashMethod>,
+  targetFree: Promise<void>,
 ): Promise<boolean> {
   const all = [...tables.both, ...tables.sourceOnly];
   if (all.length === 0) return false;
@@ -848,32 +859,35 @@ async function startDeltas(
   const lockWaitMs = await lockWaitFor(ctx);
   const logged = (some: readonly ShardTable[]): LoggedTable[] =>
     some.map((table) => ({ table, method: methods.get(`${table.schema}.${table.table}`) ?? 'text' }));
-  if (tables.both.length > 0)
-    await runTransaction(ctx.target.client, startDeltasSql(ctx.moveId, logged(tables.both), lockWaitMs, ctx.wave));
-  try {
-    await startSourceDeltas(ctx.source.client, ctx.moveId, logged(all), lockWaitMs, DELTAS_SETUP_LIMIT_MS, ctx.wave);
-    return true;
-  } catch (error) {
-    await stopLogs(ctx, schemas).catch(() => undefined);
-    const [unkeyed, keyed] = [tables.both.length, tables.sourceOnly.length];
-    notice(
-      ctx,
-      `host ${ctx.source.host.name}: no change logs for the wave's tables (${describePgError(error)}); ` +
-        [
-          ...(unkeyed > 0
-            ? [
-                `${plural(unkeyed, 'table')} without a usable key ${inflect(unkeyed, 'is', 'are')} checksummed whole while fenced`,
-              ]
-            : []),
-          ...(keyed > 0
-            ? [
-                `${plural(keyed, 'keyed table')} ${inflect(keyed, 'is', 'are')} compared by ${inflect(keyed, 'its', 'their')} changed keys alone, which cannot see a change replication loses after the snapshot`,
-              ]
-            : []),
-        ].join('; '),
-    );
-    return false;
-  }
+  // The target's logs on its session once the tracking there is set up, the source's meanwhile.
+  const [onTarget, onSource] = await Promise.allSettled([
+    targetFree.then(async () => {
+      if (tables.both.length > 0)
+        await runTransaction(ctx.target.client, startDeltasSql(ctx.moveId, logged(tables.both), lockWaitMs, ctx.wave));
+    }),
+    startSourceDeltas(ctx.source.client, ctx.moveId, logged(all), lockWaitMs, DELTAS_SETUP_LIMIT_MS, ctx.wave),
+  ]);
+  if (onTarget.status === 'rejected') throw onTarget.reason;
+  if (onSource.status === 'fulfilled') return true;
+  await stopLogs(ctx, schemas).catch(() => undefined);
+  const [unkeyed, keyed] = [tables.both.length, tables.sourceOnly.length];
+  notice(
+    ctx,
+    `host ${ctx.source.host.name}: no change logs for the wave's tables (${describePgError(onSource.reason)}); ` +
+      [
+        ...(unkeyed > 0
+          ? [
+              `${plural(unkeyed, 'table')} without a usable key ${inflect(unkeyed, 'is', 'are')} checksummed whole while fenced`,
+            ]
+          : []),
+        ...(keyed > 0
+          ? [
+              `${plural(keyed, 'keyed table')} ${inflect(keyed, 'is', 'are')} compared by ${inflect(keyed, 'its', 'their')} changed keys alone, which cannot see a change replication loses after the snapshot`,
+            ]
+          : []),
+      ].join('; '),
+  );
+  return false;
 }
 
 /** The change-log triggers of `schemas` off on both hosts, and this move's entries gone (tail.ts stopDeltas). */
