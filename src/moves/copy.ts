@@ -41,7 +41,7 @@ import {
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker, Workers } from './workers.js';
-import { dropMoveSlot, publish, subscribe } from './replication.js';
+import { dropMoveSlot, publish, subscribeEarly } from './replication.js';
 import { stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
@@ -231,14 +231,16 @@ export async function createAndCopy(ctx: MoveContext): Promise<void> {
     throw error;
   });
   // Once every target table exists (and the publication that lists them), the subscription is
-  // created disabled on the target's session while the last shards are copied; the `subscribed`
-  // step enables it.
-  const subscribing = Promise.all([creating, published]).then(() => subscribe(ctx, { enabled: false }));
-  const [created, copied, subscribed] = await Promise.allSettled([creating, copying, subscribing]);
+  // created disabled on the target's session while the last shards are copied (best effort; the
+  // `subscribed` step enables it, or creates it).
+  const subscribing = Promise.all([creating, published]).then(
+    () => subscribeEarly(ctx),
+    () => undefined,
+  );
+  const [created, copied] = await Promise.allSettled([creating, copying, subscribing]);
   // The creation's failure first: the copy waiting for its shards failed because of it.
   if (created.status === 'rejected') throw created.reason;
   if (copied.status === 'rejected') throw copied.reason;
-  if (subscribed.status === 'rejected') throw subscribed.reason;
   ctx.copied = true;
 }
 

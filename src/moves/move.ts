@@ -396,25 +396,12 @@ async function renameOn(client: pg.Client, chunks: string[]): Promise<void> {
 
 /**
  * A second session on the source for the clean-up's renames: the spare the last wave's fence opened
- * (fence, cutover.ts), else a new one; null when it cannot be had or no longer answers (the move's
- * session then does them all).
+ * (fence, cutover.ts), else a new one; null when none can be had (the move's session then does them
+ * all).
  */
 async function openHelper(ctx: MoveContext): Promise<pg.Client | null> {
-  const helper = await (
-    ctx.spares?.take(ctx.source.host, CLEANUP_WORKER) ?? openWorker(ctx.source.host, CLEANUP_WORKER)
-  ).catch(() => null);
-  // A spare kept idle through the cut-over may have been ended by the server meanwhile.
-  if (
-    helper &&
-    !(await helper.query('SELECT 1').then(
-      () => true,
-      () => false,
-    ))
-  ) {
-    await endQuietly(helper);
-    return null;
-  }
-  return helper;
+  const opening = ctx.spares?.take(ctx.source.host, CLEANUP_WORKER) ?? openWorker(ctx.source.host, CLEANUP_WORKER);
+  return opening.catch(() => null);
 }
 
 /**

@@ -3,6 +3,7 @@ import {
   createPublicationSql,
   createSubscriptionSql,
   enableSubscriptionSql,
+  EARLY_SUBSCRIPTION_LOCK_WAIT_SQL,
   dropPublicationSql,
   insertMarkerSql,
   APPLY_WORKER_WAITS_SQL,
@@ -16,6 +17,7 @@ import {
 } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { sleep } from '../clock.js';
+import { runTransaction } from '../pg/quiet.js';
 import { ensureMethods, moveLeafTables } from './checksum-methods.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 
@@ -33,19 +35,40 @@ export async function publish(ctx: MoveContext): Promise<void> {
 
 /**
  * The move's subscription on the target, streaming from the slot the copy read. Online, the copy
- * creates it disabled once every target table exists, while its last shards are copied
- * (createAndCopy); this step then only enables it.
+ * usually creates it disabled while its last shards are copied (subscribeEarly); this step then
+ * only enables it.
  */
-export async function subscribe(ctx: MoveContext, { enabled = true } = {}): Promise<void> {
+export async function subscribe(ctx: MoveContext): Promise<void> {
   const exists = await ctx.target.client.query<{ enabled: boolean }>(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
   if (exists.rowCount) {
-    if (enabled && !exists.rows[0]!.enabled) await ctx.target.client.query(enableSubscriptionSql(ctx.name));
+    if (!exists.rows[0]!.enabled) await ctx.target.client.query(enableSubscriptionSql(ctx.name));
     return;
   }
-  const tables = await moveLeafTables(ctx);
-  // Binary replication carries type OIDs in arrays and records, and reg* values as raw OIDs.
-  const binary = sameMajorVersion(ctx) && tables.every((t) => t.portable);
-  await ctx.target.client.query(createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, binary, enabled));
+  await ctx.target.client.query(createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, await binaryOk(ctx)));
+}
+
+/**
+ * The subscription created disabled once every target table and the publication exist, while the
+ * last shards are still being copied (createAndCopy), so that the `subscribed` step only enables it.
+ * CREATE SUBSCRIPTION locks each table it lists in turn, and a copy's transaction holds stronger
+ * locks (its TRUNCATE, a large table's dropped indexes) while it takes the next: each could wait
+ * for the other. So no lock is waited for longer than 50 ms (nor half the deadlock timeout): it is
+ * the subscription that gives up, not the copy, and on any failure the `subscribed` step creates it.
+ */
+export async function subscribeEarly(ctx: MoveContext): Promise<void> {
+  try {
+    const exists = await ctx.target.client.query(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
+    if (exists.rowCount) return;
+    const create = createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, await binaryOk(ctx), false);
+    await runTransaction(ctx.target.client, `BEGIN;\n${EARLY_SUBSCRIPTION_LOCK_WAIT_SQL}\n${create};\nCOMMIT;`);
+  } catch {
+    // Left to the subscribed step, which creates it and reports what fails.
+  }
+}
+
+/** Binary replication carries type OIDs in arrays and records, and reg* values as raw OIDs. */
+async function binaryOk(ctx: MoveContext): Promise<boolean> {
+  return sameMajorVersion(ctx) && (await moveLeafTables(ctx)).every((t) => t.portable);
 }
 
 /** Every table streaming; then one marker round trip, so the cut-over starts nearly caught up. */

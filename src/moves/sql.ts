@@ -69,6 +69,9 @@ export function enableSubscriptionSql(name: string): string {
   return `ALTER SUBSCRIPTION ${quoteIdent(name)} ENABLE`;
 }
 
+/** A transaction's lock waits bounded by 50 ms, or half the deadlock timeout if that is shorter (see subscribeEarly). */
+export const EARLY_SUBSCRIPTION_LOCK_WAIT_SQL = `SELECT set_config('lock_timeout', greatest(1, least(50, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int)) || 'ms', true);`;
+
 /** The replication connection's command: a logical slot whose snapshot the copy reads. */
 export function createSlotCommand(name: string): string {
   return `CREATE_REPLICATION_SLOT ${quoteIdent(name)} LOGICAL pgoutput EXPORT_SNAPSHOT`;

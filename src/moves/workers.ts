@@ -39,13 +39,15 @@ export class Spares {
     this.#opening.set(key, [...(this.#opening.get(key) ?? []), ...list]);
   }
 
-  /** A spare connection to `host` for this use, else a new one. */
+  /**
+   * A spare connection to `host` for this use, else a new one. A spare that no longer answers (the
+   * server ended it while it waited: idle_session_timeout, a restart) is closed and replaced.
+   */
   async take(host: HostConfig, applicationName: string): Promise<pg.Client> {
     const spare = this.#opening.get(spareKey(host, applicationName))?.shift();
-    if (spare) {
-      const client = await spare.catch(() => null);
-      if (client) return client;
-    }
+    const client = spare ? await spare.catch(() => null) : null;
+    if (client && (await answers(client))) return client;
+    if (client) await endQuietly(client);
     return openWorker(host, applicationName);
   }
 
@@ -53,6 +55,16 @@ export class Spares {
     const left = [...this.#opening.values()].flat();
     this.#opening.clear();
     await Promise.all(left.map((opening) => opening.then(endQuietly, () => undefined)));
+  }
+}
+
+/** Whether a connection still runs a statement. */
+async function answers(client: pg.Client): Promise<boolean> {
+  try {
+    await client.query('SELECT 1');
+    return true;
+  } catch {
+    return false;
   }
 }
 
