@@ -3,7 +3,7 @@ import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL, MOVE_ABORTING } from '../fleet/control.js';
-import { errorHost, openWorker } from '../fleet/session.js';
+import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { shardsPhrase } from '../config/ranges.js';
@@ -20,7 +20,7 @@ import {
   dropUnusedFenceGuardsSql,
 } from './sql.js';
 import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from './state.js';
-import { CLEANUP_CHUNK, CLEANUP_WORKER } from './workers.js';
+import { CLEANUP_CHUNK, CLEANUP_WORKER, moveWorker } from './workers.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
@@ -400,8 +400,7 @@ async function renameOn(client: pg.Client, chunks: string[]): Promise<void> {
  * all).
  */
 async function openHelper(ctx: MoveContext): Promise<pg.Client | null> {
-  const opening = ctx.spares?.take(ctx.source.host, CLEANUP_WORKER) ?? openWorker(ctx.source.host, CLEANUP_WORKER);
-  return opening.catch(() => null);
+  return moveWorker(ctx, ctx.source.host, CLEANUP_WORKER).catch(() => null);
 }
 
 /**
