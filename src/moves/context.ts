@@ -189,6 +189,8 @@ export interface MoveContext {
     readonly leaves: readonly LeafTable[];
     readonly changes: ReadonlyMap<string, TableChanges> | null;
   } | null;
+  /** The source's bounds on the fence's locks, read once per wave (cutover.ts, lockLimits). */
+  lockLimits: { readonly wave: number; readonly lockWaitMs: number; readonly groupTables: number } | null;
 }
 
 /** A sequence's state as read from the sequence itself. */
@@ -249,6 +251,7 @@ export function moveContext(
     sequences: null,
     fenceReads: null,
     targetNow: null,
+    lockLimits: null,
   };
 }
 

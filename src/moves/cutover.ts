@@ -24,7 +24,6 @@ import {
   recordFencedSql,
   prepareFenceSql,
   insertMarkerSql,
-  MAX_LOCKS_SQL,
   type FenceInput,
   readSequencesSql,
   READ_SEQUENCE_DATA_SQL,
@@ -32,7 +31,7 @@ import {
   unfenceSql,
   type SequenceValue,
   ACTIVE_SHARDS_SQL,
-  DEADLOCK_TIMEOUT_SQL,
+  LOCK_LIMITS_SQL,
   FENCED_SHARDS_SQL,
   LOCK_HOLDERS_SQL,
   statementTimeoutSql,
@@ -353,10 +352,25 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
   await waitForMarker(ctx, kind, ctx.options.waitTimeoutMs ?? 300_000, true);
 }
 
-/** How long a lock of the fence or the unfence may wait: below half the deadlock timeout (see fenceSql). */
+/** How long a lock of the fence or the unfence may wait: half the deadlock timeout, 20 to 500 ms (see fenceSql). */
 async function lockWaitFor(ctx: MoveContext): Promise<number> {
-  const deadlock = await ctx.source.client.query<{ ms: string }>(DEADLOCK_TIMEOUT_SQL);
-  return Math.max(20, Math.min(500, Number(deadlock.rows[0]?.ms ?? 1000) / 2));
+  return (await lockLimits(ctx)).lockWaitMs;
+}
+
+/**
+ * The source's settings that bound the fence's locks, read once per wave (the fence, the change
+ * logs' set-up and the unfence use them): the lock wait (lockWaitFor) and the tables one fence
+ * transaction may lock (fenceGroupTables).
+ */
+async function lockLimits(ctx: MoveContext): Promise<{ readonly lockWaitMs: number; readonly groupTables: number }> {
+  if (ctx.lockLimits?.wave === ctx.wave) return ctx.lockLimits;
+  const row = (await ctx.source.client.query<{ half_deadlock_ms: number; max_locks: number }>(LOCK_LIMITS_SQL)).rows[0];
+  ctx.lockLimits = {
+    wave: ctx.wave,
+    lockWaitMs: Math.max(20, Math.min(500, row?.half_deadlock_ms ?? 500)),
+    groupTables: Math.max(1, Math.floor((row?.max_locks ?? 64) / 2)),
+  };
+  return ctx.lockLimits;
 }
 
 /** A fence's or unfence's bounded lock wait that ran out: lock_timeout, its statement bound, a deadlock it lost. */
@@ -514,8 +528,7 @@ async function fenceWaveOnce(
  * short.
  */
 async function fenceGroupTables(ctx: MoveContext): Promise<number> {
-  const result = await ctx.source.client.query<{ n: number }>(MAX_LOCKS_SQL);
-  return Math.max(1, Math.floor((result.rows[0]?.n ?? 64) / 2));
+  return (await lockLimits(ctx)).groupTables;
 }
 
 export function maxFencedMs(ctx: MoveContext): number {

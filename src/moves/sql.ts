@@ -69,8 +69,15 @@ export function enableSubscriptionSql(name: string): string {
   return `ALTER SUBSCRIPTION ${quoteIdent(name)} ENABLE`;
 }
 
+/**
+ * Half the server's deadlock_timeout, in ms (float8): the longest a lock of the move may wait on a
+ * lock an application's transaction (or the move's own copy) could be waiting on in turn, so that
+ * the move's wait runs out before either side's deadlock check cancels the other's statement.
+ */
+const HALF_DEADLOCK_TIMEOUT_MS = `(extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::float8`;
+
 /** A transaction's lock waits bounded by 50 ms, or half the deadlock timeout if that is shorter (see subscribeEarly). */
-export const EARLY_SUBSCRIPTION_LOCK_WAIT_SQL = `SELECT set_config('lock_timeout', greatest(1, least(50, (extract(epoch FROM current_setting('deadlock_timeout')::interval) * 500)::int)) || 'ms', true);`;
+export const EARLY_SUBSCRIPTION_LOCK_WAIT_SQL = `SELECT set_config('lock_timeout', greatest(1, least(50, ${HALF_DEADLOCK_TIMEOUT_MS}::int)) || 'ms', true);`;
 
 /** The replication connection's command: a logical slot whose snapshot the copy reads. */
 export function createSlotCommand(name: string): string {
@@ -928,11 +935,11 @@ export const XID_HOLDERS_SQL = `SELECT pid, datname, application_name, extract(e
 /** Which of shards $1 are fenced on this host. */
 export const FENCED_SHARDS_SQL = `SELECT shard FROM ${CONTROL}.shards WHERE shard = ANY($1) AND state = 'fenced'`;
 
-/** The server's deadlock_timeout, in ms. */
-export const DEADLOCK_TIMEOUT_SQL = `SELECT setting AS ms FROM pg_settings WHERE name = 'deadlock_timeout'`;
-
-/** The lock slots one transaction can count on (the shared lock table holds this many per connection). */
-export const MAX_LOCKS_SQL = `SELECT current_setting('max_locks_per_transaction')::int AS n`;
+/**
+ * What bounds the fence's locks on the source: half its deadlock_timeout in ms, and the lock slots
+ * one transaction can count on (the shared lock table holds max_locks_per_transaction per connection).
+ */
+export const LOCK_LIMITS_SQL = `SELECT ${HALF_DEADLOCK_TIMEOUT_MS} AS half_deadlock_ms, current_setting('max_locks_per_transaction')::int AS max_locks`;
 
 /** Who holds locks on the relations of schemas $1: the first three sessions, each named by a table or sequence it holds when it holds one (not one of their indexes). */
 export const LOCK_HOLDERS_SQL = `SELECT DISTINCT ON (a.pid) a.pid, a.application_name, extract(epoch FROM now() - a.xact_start)::int AS age, c.relname, left(a.query, 80) AS query
