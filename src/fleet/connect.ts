@@ -9,6 +9,8 @@ import { serializeQueries } from '../pg/serial.js';
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
   applicationName?: string;
+  /** Ends the connection attempt at once when aborted (a connection opened ahead and no longer wanted). */
+  signal?: AbortSignal;
 }
 
 /**
@@ -36,9 +38,11 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
     reported.set(message.parameterName, message.parameterValue);
   });
   try {
-    await client.connect();
-    watchSilence(client, host);
-    await checkClientConnection(client);
+    await untilAborted(client, options.signal, async () => {
+      await client.connect();
+      watchSilence(client, host);
+      await checkClientConnection(client);
+    });
   } catch (error) {
     await endQuietly(client);
     if (error instanceof HostError && error.code === HOST_SILENT) throw error;
@@ -48,6 +52,27 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
     });
   }
   return client;
+}
+
+/**
+ * Runs `work` on `client`, which is ended (its socket destroyed, whatever it waits for failing at
+ * once) if `signal` aborts meanwhile; refused before it starts when the signal already has.
+ */
+export async function untilAborted<T>(
+  client: pg.Client,
+  signal: AbortSignal | undefined,
+  work: () => Promise<T>,
+): Promise<T> {
+  if (!signal) return work();
+  if (signal.aborted) throw new Error('the connection is no longer wanted');
+  // Its socket destroyed, not a Terminate sent: a host that stopped answering would never close its side.
+  const abort = (): void => void client.connection.stream.destroy();
+  signal.addEventListener('abort', abort, { once: true });
+  try {
+    return await work();
+  } finally {
+    signal.removeEventListener('abort', abort);
+  }
 }
 
 /** How often the server checks, during a statement, that a shardctl client is still there. */

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
-import { connectHost, describePgError, reportedSetting } from './connect.js';
+import { connectHost, describePgError, reportedSetting, untilAborted } from './connect.js';
 import { HOST_SILENT } from './silence.js';
 import { requireKnownControlVersion } from './control.js';
 import { abandonRunnerLock, openRunnerLock, registerWorker, releaseRunnerLock, takeRunnerLock } from './locks.js';
@@ -71,13 +71,18 @@ export function versionNum(version: string): number | null {
 /**
  * A connection that does the work of a run on a host (copying, creating shards) while the run's
  * session holds the runner lock: it is recorded as a worker, so a later run waits for it to finish
- * even if this process dies (see locks.ts).
+ * even if this process dies (see locks.ts). `signal` ends the attempt at once (connecting or
+ * registering) when the connection is no longer wanted.
  */
-export async function openWorker(host: HostConfig, applicationName = 'shardctl worker'): Promise<pg.Client> {
-  const client = await connectHost(host, { applicationName });
+export async function openWorker(
+  host: HostConfig,
+  applicationName = 'shardctl worker',
+  signal?: AbortSignal,
+): Promise<pg.Client> {
+  const client = await connectHost(host, { applicationName, signal });
   tagErrors(client, host.name);
   try {
-    await registerWorker(client, host.name);
+    await untilAborted(client, signal, () => registerWorker(client, host.name));
   } catch (error) {
     await endQuietly(client);
     throw error;

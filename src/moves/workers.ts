@@ -31,11 +31,15 @@ export const CLEANUP_CHUNK = 16;
  */
 export class Spares {
   readonly #opening = new Map<string, Promise<pg.Client>[]>();
+  /** Ends the spares still connecting when the move closes them (a host that stopped answering). */
+  readonly #closing = new AbortController();
 
   open(host: HostConfig, applicationName: string, count: number): void {
     const key = spareKey(host, applicationName);
     // A failure is seen where the spare is taken (or closed).
-    const list = Array.from({ length: count }, () => awaitedLater(openWorker(host, applicationName)));
+    const list = Array.from({ length: count }, () =>
+      awaitedLater(openWorker(host, applicationName, this.#closing.signal)),
+    );
     this.#opening.set(key, [...(this.#opening.get(key) ?? []), ...list]);
   }
 
@@ -51,9 +55,11 @@ export class Spares {
     return openWorker(host, applicationName);
   }
 
+  /** Closes the spares never taken; those still connecting (or registering) are ended at once, not waited for. */
   async close(): Promise<void> {
     const left = [...this.#opening.values()].flat();
     this.#opening.clear();
+    this.#closing.abort();
     await Promise.all(left.map((opening) => opening.then(endQuietly, () => undefined)));
   }
 }

@@ -4,6 +4,7 @@ import { init } from '../../src/index.js';
 import { CREATE_WORKER, Spares } from '../../src/moves/workers.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { startTcpProxy } from '../helpers/tcp-proxy.js';
 
 // A move's worker connections opened ahead (workers.ts): the creation's while the preflight runs,
 // the clean-up's during the last wave's cut-over. What a step takes must be a connection that works.
@@ -72,5 +73,32 @@ describe('spare worker connections', () => {
       }
       throw new Error('spares left open after close()');
     });
+  });
+
+  it('still connecting to a host that stopped answering are ended when closed, not waited for until the host timeout', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, schemaPrefix: 'sq' });
+    const config = await fleet.config();
+    // The host accepts connections and then says nothing (a hung server, a black-holed route).
+    // Silent from the start (connecting), or once each connection has started (recording itself as a worker).
+    for (const mode of ['all', 'after-handshake'] as const) {
+      const proxy = await startTcpProxy(db.urls[0]!);
+      try {
+        proxy.silence(mode);
+        const timeoutMs = 20_000;
+        const host = { ...config.hosts[0]!, url: proxy.url, timeoutMs };
+        const spares = new Spares();
+        spares.open(host, CREATE_WORKER, 2);
+        await new Promise((resolve) => setTimeout(resolve, 300));
+        let timer: NodeJS.Timeout | undefined;
+        const closed = await Promise.race([
+          spares.close().then(() => 'closed'),
+          new Promise((resolve) => (timer = setTimeout(() => resolve('still waiting'), timeoutMs / 4))),
+        ]);
+        clearTimeout(timer);
+        expect({ mode, closed }).toEqual({ mode, closed: 'closed' });
+      } finally {
+        await proxy.close();
+      }
+    }
   });
 });
