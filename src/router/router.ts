@@ -65,11 +65,13 @@ const FIRST_BACKOFF_MS = 5;
 const MAX_BACKOFF_MS = 100;
 /**
  * Stale-map symptoms other than SC100: the old copy dropped (--drop-source, gc), or the old name
- * now views (no functions there): a missing relation, schema or function; or a next_id() call
- * caught by the clean-up's rename of the old copy (its sequence then resolves in the renamed
- * schema: SC003). Taken as a move only when the host says it no longer holds the shard.
+ * now views (no functions there): a missing relation, schema or function, or a statement views do
+ * not take (TRUNCATE, COPY FROM, ALTER TABLE: 42809, wrong object type, before any of the views'
+ * triggers can raise SC100); or a next_id() call caught by the clean-up's rename of the old copy
+ * (its sequence then resolves in the renamed schema: SC003). Taken as a move only when the host
+ * says it no longer holds the shard.
  */
-const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000', '42883', 'SC003']);
+const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000', '42883', '42809', 'SC003']);
 
 /** Where a router takes its map from. */
 export type RouterSource =

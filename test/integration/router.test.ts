@@ -156,8 +156,9 @@ describe('ShardRouter', () => {
       c.query(`insert into mv1.photos (user_id, image_url) select 1, 'seed' from generate_series(1, 2000)`),
     );
     const router = await ShardRouter.open(fleet.configFile);
-    // A second application process, opened before the move and idle until after it.
+    // Two more application processes, opened before the move and idle until after it.
     const idle = await ShardRouter.open(fleet.configFile);
+    const idleTruncating = await ShardRouter.open(fleet.configFile);
     const committed: bigint[] = [];
     const errors: unknown[] = [];
     const calls = { awaited: 0, returned: 0 };
@@ -238,11 +239,34 @@ describe('ShardRouter', () => {
           old.withKey(1n, (client) => client.query(`select next_id('mv4.photos_id_seq'::regclass)`)),
         ).rejects.toMatchObject({ code: 'SC003' });
       }
+
+      // A TRUNCATE sent to the old name, now views (which take no TRUNCATE: 42809, before any
+      // trigger of theirs can say SC100): on a host that no longer holds the shard, a stale map,
+      // followed; on the holder, the application's error.
+      {
+        expect(idleTruncating.hostForShard(1).name).toBe('pg1');
+        let attempts = 0;
+        await idleTruncating.withKey(1n, (client) => {
+          attempts += 1;
+          return client.query('truncate photos');
+        });
+        expect(attempts).toBe(2);
+        expect(idleTruncating.hostForShard(1).name).toBe('pg2');
+        const left = await withClient(db.urls[1]!, (c) =>
+          c.query<{ n: number }>('select count(*)::int as n from mv1.photos'),
+        );
+        expect(left.rows[0]!.n).toBe(0);
+        await withClient(db.urls[1]!, (c) => c.query('create view mv4.not_a_table as select 1 as one'));
+        await expect(
+          idleTruncating.withKey(4n, (client) => client.query('truncate not_a_table')),
+        ).rejects.toMatchObject({ code: '42809' });
+      }
     } finally {
       stop = true;
       await writer;
       await router.close();
       await idle.close();
+      await idleTruncating.close();
     }
   });
 });
