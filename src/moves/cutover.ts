@@ -302,9 +302,13 @@ async function readIfFree<T>(
  * The fence triggers of the wave created while its shards are still writable, calling the move's
  * guard, open for this wave (prepareFenceSql), one transaction per fence group: for the shards
  * returned, the fence closes the guard instead of changing a trigger per table while writes wait.
- * One attempt per group, its lock wait bounded like the fence's: a group that meets a busy table is
- * fenced as before (its triggers created by the fence itself, which retries). Before PostgreSQL 14
- * (no CREATE OR REPLACE TRIGGER), none.
+ * Each attempt's lock wait is bounded like the fence's. A group that meets a busy table (a writer
+ * whose transaction spans the shard's tables and takes them in another order, a TRUNCATE) is
+ * prepared again shard by shard, a few tables per transaction, retried for PREPARE_RETRY_MS in
+ * all: nothing is fenced yet, so this costs no write its refusal, where each shard left to the
+ * fence keeps the wave's other shards refusing writes while its triggers wait for their tables.
+ * The shards still busy then are fenced as before (their triggers created by the fence itself,
+ * which retries). Before PostgreSQL 14 (no CREATE OR REPLACE TRIGGER), none.
  */
 async function prepareFence(
   ctx: MoveContext,
@@ -313,12 +317,13 @@ async function prepareFence(
 ): Promise<Set<number>> {
   const prepared = new Set<number>();
   if (ctx.source.serverVersionNum < 140000) return prepared;
-  let busy = 0;
-  for (const group of groups) {
+  let attempts = 0;
+  const attempt = async (shards: FenceInput['shards'], waitMs: number): Promise<boolean> => {
+    attempts += 1;
     const sql = prepareFenceSql({
-      shards: group,
+      shards,
       targetHost: ctx.target.host.name,
-      lockWaitMs,
+      lockWaitMs: waitMs,
       moveId: ctx.moveId,
       wave: ctx.wave,
     });
@@ -327,18 +332,48 @@ async function prepareFence(
     } catch (error) {
       const code = (error as { code?: string }).code;
       if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
-      busy += group.length;
-      continue;
+      return false;
     }
-    for (const { shard } of group) prepared.add(shard);
+    for (const { shard } of shards) prepared.add(shard);
+    return true;
+  };
+  let busy: FenceInput['shards'][number][] = [];
+  for (const group of groups) if (!(await attempt(group, lockWaitMs))) busy.push(...group);
+  const retried = busy.length;
+  const deadline = performance.now() + PREPARE_RETRY_MS;
+  while (busy.length > 0) {
+    const still: FenceInput['shards'][number][] = [];
+    for (const shard of busy) {
+      const left = deadline - performance.now();
+      if (left < PREPARE_LEAST_WAIT_MS || !(await attempt([shard], Math.min(lockWaitMs, PREPARE_RETRY_WAIT_MS, left))))
+        still.push(shard);
+    }
+    busy = still;
+    if (busy.length === 0 || deadline - performance.now() < PREPARE_LEAST_WAIT_MS) break;
+    await sleep(10 + Math.random() * 40);
   }
-  if (busy > 0)
+  if (busy.length > 0)
     notice(
       ctx,
-      `host ${ctx.source.host.name}: the fence of ${plural(busy, 'shard')} of wave ${ctx.wave + 1} was not prepared (tables were busy); their triggers are created by the fence itself`,
+      `host ${ctx.source.host.name}: the fence of ${plural(busy.length, 'shard')} of wave ${ctx.wave + 1} was not prepared (tables were busy); their triggers are created by the fence itself`,
+    );
+  else if (retried > 0)
+    notice(
+      ctx,
+      `host ${ctx.source.host.name}: the fence of ${plural(retried, 'shard')} of wave ${ctx.wave + 1} was prepared in ${attempts} attempts (tables were busy)`,
     );
   return prepared;
 }
+
+/** How long the preparation of a wave's fence retries its busy shards, in all (prepareFence). */
+const PREPARE_RETRY_MS = 1_000;
+/**
+ * The lock waits of those retries: short, because a writer whose transaction takes the shard's
+ * tables in another order than the preparation deadlocks with it, and waits for it until this runs out.
+ */
+const PREPARE_RETRY_WAIT_MS = 50;
+/** The shortest lock wait a retry of the preparation is given. */
+const PREPARE_LEAST_WAIT_MS = 20;
 
 /**
  * A marker round trip while the source is still writable, so that the catch-up after the fence has

@@ -103,7 +103,7 @@ describe('the fence and application transactions that write several tables', () 
         // The fence, or the preparation of its triggers before it, met the application's lock and let go.
         expect(
           notices.some((n) =>
-            /fence attempt \d+ waits for|fenced 1 shard in \d+ attempts|the fence of 1 shard of wave 1 was not prepared \(tables were busy\)/.test(
+            /fence attempt \d+ waits for|fenced 1 shard in \d+ attempts|the fence of 1 shard of wave 1 was (not prepared|prepared in \d+ attempts) \(tables were busy\)/.test(
               n,
             ),
           ),
@@ -130,7 +130,8 @@ describe('the fence and application transactions that write several tables', () 
       await app.query('BEGIN');
       await app.query(`LOCK TABLE insta5.photos IN ROW EXCLUSIVE MODE`);
       const notices: string[] = [];
-      // The application writes and commits a while after the copy is streaming: the fence meets its lock.
+      // The application writes and commits a while after the copy is streaming: longer than the
+      // preparation of the fence retries (1 s), so that the fence meets its lock.
       let release: NodeJS.Timeout | undefined;
       let committed: Promise<unknown> | undefined;
       const result = await moveShards(config, [4, 5, 6], 'pg2', {
@@ -140,7 +141,7 @@ describe('the fence and application transactions that write several tables', () 
           if (step === 'synced') {
             release = setTimeout(() => {
               committed = app.query(`insert into insta5.photos (user_id, image_url) values (5, 'held'); commit`);
-            }, 1500);
+            }, 3000);
           }
         },
       }).finally(() => clearTimeout(release));
