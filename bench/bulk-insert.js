@@ -17,8 +17,8 @@ import { writeFile, mkdtemp, rm } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
-import { controlLocksSql } from '../dist/fleet/control.js';
-import { renderNextIdSql } from '../dist/id/sql.js';
+import { controlLocksSql, CONTROL_SCHEMA } from '../dist/fleet/control.js';
+import { renderNextIdControlSql, renderNextIdSql } from '../dist/id/sql.js';
 import {
   binDirFor,
   clientVersion,
@@ -119,6 +119,8 @@ export async function run(ctx, major) {
     await withClient(host.url(DATABASE), async (client) => {
       await client.query(`CREATE SCHEMA ${SCHEMA}`);
       await client.query(controlLocksSql());
+      // The host's slow path, shared by its shards.
+      await client.query(renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta'));
       await client.query(renderNextIdSql(SCHEMA, SHARD, DEFAULT_ID_LAYOUT));
       for (const variant of VARIANTS) await client.query(variant.ddl);
     });
@@ -283,7 +285,7 @@ async function countSlowPath(host, pgbench, file, variant, seconds) {
     await new Promise((resolve) => setTimeout(resolve, 1500));
     const rows = await host.query(
       DATABASE,
-      `SELECT funcname, calls, total_time FROM pg_stat_user_functions WHERE schemaname = '${SCHEMA}' AND funcname IN ('next_id_fast', 'next_id_locked')`,
+      `SELECT funcname, calls, total_time FROM pg_stat_user_functions WHERE schemaname = '${CONTROL_SCHEMA}' AND funcname = 'next_id_locked'`,
     );
     const stat = (name) => rows.find((r) => r.funcname === name) ?? { calls: 0, total_time: 0 };
     const locked = Number(stat('next_id_locked').calls);

@@ -15,8 +15,8 @@
  *     are counted. It must be 0.
  */
 import { DEFAULT_ID_LAYOUT } from '../dist/id/layout.js';
-import { controlLocksSql } from '../dist/fleet/control.js';
-import { ID_FUNCTION_VERSION, renderNextIdSql } from '../dist/id/sql.js';
+import { controlLocksSql, CONTROL_SCHEMA } from '../dist/fleet/control.js';
+import { ID_FUNCTION_VERSION, renderNextIdControlSql, renderNextIdSql } from '../dist/id/sql.js';
 import { tsImport } from 'tsx/esm/api';
 import {
   connect,
@@ -131,6 +131,8 @@ export async function run(ctx, major) {
       await client.query(`CREATE SCHEMA ${SCHEMA}`);
       // The slow path's lock rows live in the control schema.
       await client.query(controlLocksSql());
+      // The host's slow path, shared by its shards.
+      await client.query(renderNextIdControlSql(LAYOUT, 'insta'));
       await client.query(renderNextIdSql(SCHEMA, SHARD, LAYOUT));
       for (const seq of ['plain_seq', 'floor_seq', 'cost_seq', 'unique_seq', 'photos_id_seq']) {
         await client.query(`CREATE SEQUENCE ${SCHEMA}.${seq}`);
@@ -294,7 +296,8 @@ END $$`;
  * that starts at the clock.
  */
 async function measureSlowPath(host, { ids }) {
-  const variants = [{ function: 'shardctl', schema: SCHEMA }];
+  // The slow path is the control schema's (one function per host).
+  const variants = [{ function: 'shardctl', schema: CONTROL_SCHEMA }];
   const results = [];
   await withClient(host.url(DATABASE), async (client) => {
     const measure = async (variant, idsPerMs, sql, ids) => {

@@ -12,6 +12,7 @@ import { mkdir, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { parseArgs } from 'node:util';
 import * as bulkInsert from './bulk-insert.js';
+import * as connectionCost from './connection-cost.js';
 import * as discovery from './discovery.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
@@ -34,11 +35,13 @@ import * as moveRealworld from './move-realworld.js';
 import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
 import * as router from './router.js';
+import * as routerStall from './router-stall.js';
 
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
 const BENCHMARKS = {
   'next-id': nextId,
   'bulk-insert': bulkInsert,
+  'connection-cost': connectionCost,
   init,
   'init-rerun': initRerun,
   migrate,
@@ -46,6 +49,7 @@ const BENCHMARKS = {
   'move-realworld': moveRealworld,
   'move-batch': moveBatch,
   router,
+  'router-stall': routerStall,
   discovery,
 };
 
@@ -57,12 +61,14 @@ const BENCHMARKS = {
 const DEFAULT_MAJORS = {
   'next-id': [EMBEDDED_MAJOR, '15'],
   'bulk-insert': [EMBEDDED_MAJOR, '15'],
+  'connection-cost': [EMBEDDED_MAJOR, '15'],
   init: [EMBEDDED_MAJOR],
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],
   'move-shard': ['15', EMBEDDED_MAJOR],
   'move-realworld': ['15', EMBEDDED_MAJOR],
   router: [EMBEDDED_MAJOR],
+  'router-stall': [EMBEDDED_MAJOR, '15'],
   'move-batch': ['15', EMBEDDED_MAJOR],
   discovery: [EMBEDDED_MAJOR],
 };
@@ -97,7 +103,13 @@ const REFERENCE_SCALE = {
   'discovery-hosts': 8,
   'discovery-runs': 7,
   'stale-moves': 5,
+  'stall-shards': 512,
+  'stall-rounds': 3,
+  'stall-seconds': 15,
 };
+
+/** connection-cost: the shard counts one connection touches, one fleet each (--conn-shards 64,512). */
+const CONN_SHARDS = [64, 512, 2048];
 
 const DOCS_FILE = path.join(REPO_ROOT, 'docs', 'benchmarks.md');
 const RESULTS_DIR = path.join(REPO_ROOT, 'bench', 'results');
@@ -136,6 +148,10 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --discovery-hosts N   discovery: hosts of its fleet            (${REFERENCE_SCALE['discovery-hosts']})
   --discovery-runs N    discovery: router opens of each kind     (${REFERENCE_SCALE['discovery-runs']})
   --stale-moves N       discovery: moves a stale router follows  (${REFERENCE_SCALE['stale-moves']})
+  --stall-shards N      router-stall: shards of its one host        (${REFERENCE_SCALE['stall-shards']})
+  --stall-rounds N      router-stall: rounds of each side, quiet and loaded (${REFERENCE_SCALE['stall-rounds']})
+  --stall-seconds N     router-stall: length of one side's round  (${REFERENCE_SCALE['stall-seconds']})
+  --conn-shards LIST    connection-cost: shards touched, one fleet each (${CONN_SHARDS.join(',')})
 
 other options:
   --pg LIST         PostgreSQL major versions, e.g. 18,15 (default: next-id and bulk-insert 18 and 15, move-shard
@@ -275,6 +291,7 @@ function parseOptions(argv) {
       options: {
         ...Object.fromEntries(integerOptions.map((name) => [name, { type: 'string' }])),
         pg: { type: 'string' },
+        'conn-shards': { type: 'string' },
         psql: { type: 'string', default: 'psql' },
         'pg-dump': { type: 'string' },
         pgbench: { type: 'string' },
@@ -310,6 +327,15 @@ function parseOptions(argv) {
     if (!/^\d+$/.test(text) || Number(text) < 1)
       usageError(`--${name} ${JSON.stringify(text)}: expected a positive integer`);
     options[camel(name)] = Number(text);
+  }
+  options.connShards = CONN_SHARDS;
+  if (values['conn-shards'] !== undefined) {
+    const list = values['conn-shards'].split(',').map((v) => v.trim());
+    if (list.some((v) => !/^\d+$/.test(v) || Number(v) < 1 || Number(v) > 8192))
+      usageError(
+        `--conn-shards ${JSON.stringify(values['conn-shards'])}: expected shard counts such as 64,512 (1-8192)`,
+      );
+    options.connShards = list.map(Number);
   }
   // The default id layout has 13 shard bits; the config loader would refuse more anyway.
   if (options.shards > 8192) usageError(`--shards ${options.shards}: at most 8192 with the default id layout`);

@@ -1,4 +1,4 @@
--- Part of next_id.sql, rendered before it by src/id/sql.ts when the shard schema may already hold
+-- Part of a shard's next_id, rendered before sql/next_id_shard.sql by src/id/sql.ts when the shard schema may already hold
 -- sequences (a reinstall, an adoption); a schema created in the same transaction has none, and the
 -- DO block would only cost its compilation (about 4 ms a shard).
 --

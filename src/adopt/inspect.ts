@@ -4,7 +4,7 @@ import { shardSchemaName } from '../config/types.js';
 import { describePgError } from '../fleet/connect.js';
 import type { HostSnapshot } from '../fleet/catalog.js';
 import { decodeId, maxTimeOffsetMs, timeBits } from '../id/layout.js';
-import { renderNextIdSql } from '../id/sql.js';
+import { renderNextIdControlSql, renderNextIdSql } from '../id/sql.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { parsePublishedFunction, publishedLayoutProblems } from './published.js';
@@ -321,7 +321,9 @@ export async function checkBaseline(
       [
         'BEGIN;',
         `CREATE SCHEMA ${quoteIdent(scratch)};`,
-        renderNextIdSql(scratch, 0, config.idLayout, { fresh: true }).trim(),
+        // The slow path too, in the scratch schema: the host may have no control schema yet.
+        renderNextIdControlSql(config.idLayout, config.schemaPrefix, scratch),
+        renderNextIdSql(scratch, 0, config.idLayout, { fresh: true, control: scratch }),
         `SET LOCAL search_path TO ${quoteIdent(scratch)};`,
         ...files.filter((f) => !f.noTransaction).map((f) => `-- ${f.name}.sql\n${f.sql.trimEnd()}\n;`),
       ].join('\n'),

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
-import { ID_LOCK_SLOTS } from '../id/sql.js';
+import { ID_LOCK_SLOTS, renderNextIdControlSql } from '../id/sql.js';
 import { HostError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
@@ -42,7 +42,7 @@ export function abortingMoveIds(
  * whose recorded version is above CONTROL_VERSION was written by a newer shardctl: this one refuses
  * to write to it (requireKnownControlVersion), since it cannot know what the newer tables mean.
  */
-const CONTROL_STEPS: readonly { version: number; sql: () => string }[] = [
+const CONTROL_STEPS: readonly { version: number; sql: (config: ShardctlConfig) => string }[] = [
   // The layout, the shards, migration records, moves and their markers, the fence functions.
   { version: 1, sql: () => renderSql(loadSqlTemplate('control.sql'), { control: { ident: CONTROL_SCHEMA } }).trim() },
   // The fleet: its id, the host registry and the placement copy (src/fleet/placement.ts); the lock
@@ -55,6 +55,9 @@ const CONTROL_STEPS: readonly { version: number; sql: () => string }[] = [
         controlLocksSql(),
       ].join('\n'),
   },
+  // next_id's slow path, once per host instead of once per shard (sql/next_id_control.sql): shard
+  // schemas of next_id v2 call it, so it comes before any of them is created or upgraded.
+  { version: 3, sql: (config) => renderNextIdControlSql(config.idLayout, config.schemaPrefix, CONTROL_SCHEMA) },
 ];
 
 /** The control schema version this shardctl writes (the last of CONTROL_STEPS). */
@@ -65,7 +68,7 @@ export function controlSchemaSql(config: ShardctlConfig): string {
   const layout = config.idLayout;
   return [
     'BEGIN;',
-    ...CONTROL_STEPS.map((step) => step.sql()),
+    ...CONTROL_STEPS.map((step) => step.sql(config)),
     `INSERT INTO ${CONTROL}.layout (control_version, schema_prefix, shard_count, epoch_ms, shard_bits, sequence_bits)`,
     `VALUES (${CONTROL_VERSION}, ${quoteLiteral(config.schemaPrefix)}, ${config.shards}, ${layout.epochMs}, ${layout.shardBits}, ${layout.sequenceBits})`,
     `ON CONFLICT (singleton) DO UPDATE SET control_version = greatest(${CONTROL}.layout.control_version, EXCLUDED.control_version);`,

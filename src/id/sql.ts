@@ -1,3 +1,4 @@
+import { quoteIdent } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 import { describeLayout, formatUnixMs, layoutEndUnixMs, maxTimeOffsetMs, timeBits, type IdLayout } from './layout.js';
 
@@ -20,16 +21,17 @@ export const ID_LEAD_MS = 3;
 export const ID_BUSY_MS = 4;
 
 /**
- * Bumped whenever sql/next_id.sql or sql/next_id_wrapper.sql changes, so `init` replaces older
- * functions in place (what each version changed: CHANGELOG.md). Kept in the function's comment as
- * `shardctl next_id vN`.
+ * Bumped whenever sql/next_id_shard.sql changes, so `init` replaces older functions in place (what
+ * each version changed: CHANGELOG.md). Kept in the function's comment as `shardctl next_id vN`. The
+ * slow path (sql/next_id_control.sql) lives in the control schema and is versioned with it
+ * (CONTROL_STEPS in src/fleet/control.ts).
  */
-export const ID_FUNCTION_VERSION = 1;
+export const ID_FUNCTION_VERSION = 2;
 
 /**
- * The table whose rows next_id's slow path locks (one per slot, the sequence's oid modulo
- * ID_LOCK_SLOTS): in the control schema, created by sql/control_locks.sql, writable by its owner
- * only. The schema is CONTROL_SCHEMA of src/fleet/control.ts (a layer above; a unit test checks).
+ * The schema of the host-wide slow path next_id_locked(seq, shard) and of the rows it locks (one per
+ * slot, the sequence's oid modulo ID_LOCK_SLOTS; sql/control_locks.sql), writable by its owner only.
+ * The schema is CONTROL_SCHEMA of src/fleet/control.ts (a layer above; a unit test checks).
  */
 export const ID_LOCKS_SCHEMA = 'shardctl';
 export const ID_LOCK_SLOTS = 8192;
@@ -46,44 +48,41 @@ function formatTimestamp(unixMs: bigint): string {
   return date.toISOString();
 }
 
-/**
- * The CREATE FUNCTION statements that install next_id(), next_id_fast() and next_id_locked() in a
- * shard schema; after the barrier of next_id_barrier.sql, unless the schema is created in the same
- * transaction (`fresh`: it holds no sequence for the barrier to wait on).
- */
-export function renderNextIdSql(
-  schema: string,
-  shard: number,
-  layout: IdLayout,
-  { fresh = false }: { readonly fresh?: boolean } = {},
-): string {
+/** The constants both paths share, from the layout (see sql/next_id_shard.sql). */
+function fastPathParams(layout: IdLayout) {
   const seqBits = BigInt(layout.sequenceBits);
   const positionBits = BigInt(timeBits(layout)) + seqBits;
-  // Shared by the slow path, next_id_fast() and the inlined fast path of next_id().
-  const fastPath = {
-    schema: { ident: schema },
+  return {
     sequenceBits: { int: layout.sequenceBits },
-    // The fast path accepts a position p while clock < this + (p >> sequenceBits) ms; see next_id.sql.
+    // The fast path accepts a position p while clock < this + (p >> sequenceBits) ms; see next_id_control.sql.
     acceptBeforeLiteral: { literal: formatTimestamp(layout.epochMs + BigInt(ID_LAG_MS) + 1n) },
     minPosition: { int: 1n << seqBits },
     maxPosition: { int: (1n << positionBits) - 1n },
-    shardField: { int: BigInt(shard) << seqBits },
     // id = pos + (pos >> sequenceBits) * this + shard field: the same as the shifts and masks, one operator fewer.
     idMinusPositionPerMs: { int: (1n << BigInt(layout.sequenceBits + layout.shardBits)) - (1n << seqBits) },
     // (p << shardBits) >> timeShift is p's millisecond inside the layout, negative just outside it.
     shardBits: { int: layout.shardBits },
     timeShift: { int: layout.sequenceBits + layout.shardBits },
   } as const;
-  const commentLiteral = {
-    literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
-  };
-  const wrapper = renderSql(loadSqlTemplate('next_id_wrapper.sql'), { ...fastPath, commentLiteral });
-  const barrier = fresh
-    ? ''
-    : `${renderSql(loadSqlTemplate('next_id_barrier.sql'), { schemaLiteral: { literal: schema } })}\n`;
-  return `${barrier}${renderSql(loadSqlTemplate('next_id.sql'), {
-    ...fastPath,
-    schemaLiteral: { literal: schema },
+}
+
+/**
+ * The host-wide part of next_id (sql/next_id_control.sql): the slow path next_id_locked(seq, shard)
+ * and next_id_fast(seq, shard, pos), the fast path's readable form, in `control` (the control
+ * schema; a test's scratch schema), for the host's layout and schema prefix. CREATE OR REPLACE:
+ * idempotent.
+ */
+export function renderNextIdControlSql(
+  layout: IdLayout,
+  schemaPrefix: string,
+  control: string = ID_LOCKS_SCHEMA,
+): string {
+  const seqBits = BigInt(layout.sequenceBits);
+  return renderSql(loadSqlTemplate('next_id_control.sql'), {
+    ...fastPathParams(layout),
+    control: { ident: control },
+    schemaPrefixLiteral: { literal: schemaPrefix },
+    maxShard: { int: (1 << layout.shardBits) - 1 },
     timeBits: { int: timeBits(layout) },
     lagMs: { int: ID_LAG_MS },
     leadMs: { int: ID_LEAD_MS },
@@ -91,10 +90,45 @@ export function renderNextIdSql(
     epochMs: { int: layout.epochMs },
     maxTimeMs: { int: maxTimeOffsetMs(layout) },
     sequenceMask: { int: (1n << seqBits) - 1n },
-    idLocksSchema: { ident: ID_LOCKS_SCHEMA },
     idLocksLiteral: { literal: `${ID_LOCKS_SCHEMA}.id_locks` },
     idLockSlots: { int: ID_LOCK_SLOTS },
     layoutLiteral: { literal: describeLayout(layout) },
     layoutEndLiteral: { literal: formatUnixMs(layoutEndUnixMs(layout)) },
-  })}\n${wrapper}`;
+  }).trim();
+}
+
+/**
+ * The statements that install next_id(seq) in a shard schema (sql/next_id_shard.sql), calling the
+ * slow path of `control` (which must exist: renderNextIdControlSql). Unless the schema is created
+ * in the same transaction (`fresh`: it holds no sequence and no earlier function), the barrier of
+ * next_id_barrier.sql comes first and next_id_upgrade.sql after (an earlier release's per-shard
+ * slow path handed over).
+ */
+export function renderNextIdSql(
+  schema: string,
+  shard: number,
+  layout: IdLayout,
+  { fresh = false, control = ID_LOCKS_SCHEMA }: { readonly fresh?: boolean; readonly control?: string } = {},
+): string {
+  const commentLiteral = {
+    literal: `shardctl next_id v${ID_FUNCTION_VERSION}: 64-bit ids for shard ${shard} (${describeLayout(layout)}). See docs/ids.md.`,
+  };
+  const shardParams = {
+    schema: { ident: schema },
+    control: { ident: control },
+    shard: { int: shard },
+  };
+  const nextId = renderSql(loadSqlTemplate('next_id_shard.sql'), {
+    ...fastPathParams(layout),
+    ...shardParams,
+    shardField: { int: BigInt(shard) << BigInt(layout.sequenceBits) },
+    commentLiteral,
+  }).trim();
+  if (fresh) return nextId;
+  const barrier = renderSql(loadSqlTemplate('next_id_barrier.sql'), { schemaLiteral: { literal: schema } }).trim();
+  const upgrade = renderSql(loadSqlTemplate('next_id_upgrade.sql'), {
+    ...shardParams,
+    forwarderLiteral: { literal: `${quoteIdent(schema)}.next_id_locked(regclass)` },
+  }).trim();
+  return `${barrier}\n${nextId}\n${upgrade}`;
 }

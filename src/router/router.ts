@@ -18,6 +18,9 @@ import { DeferredBegin, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
 import { endQuietly } from '../pg/quiet.js';
 
+/** The default of ShardRouterOptions.maxConnectionLifetimeMs: one hour. */
+export const DEFAULT_MAX_CONNECTION_LIFETIME_MS = 3_600_000;
+
 export interface ShardRouterOptions {
   /** Connections per host (the pg.Pool's max). Default 10. */
   poolSize?: number;
@@ -31,6 +34,15 @@ export interface ShardRouterOptions {
   connectTimeoutMs?: number;
   /** How long an idle pooled connection is kept. Default 30 s; 0 keeps them until close(). */
   idleTimeoutMs?: number;
+  /**
+   * A pooled connection is closed once it is this old (when idle, or when released after its call),
+   * and the next call opens a new one: whatever a server connection accumulates per shard it serves
+   * (relation and catalog caches, about 16-20 KB a shard touched; docs/ids.md) is bounded in time.
+   * Default 1 hour; 0 turns it off. Whole seconds (rounded up).
+   */
+  maxConnectionLifetimeMs?: number;
+  /** A pooled connection is closed after this many calls (checkouts). Default 0: no limit. */
+  maxConnectionUses?: number;
   /**
    * How long a call keeps retrying a shard that answers SQLSTATE SC100 (a move between its fence and
    * its switch) before that error reaches the caller. Default 10 s.
@@ -128,6 +140,14 @@ export class ShardRouter {
     const poolSize = options.poolSize ?? 10;
     if (!Number.isSafeInteger(poolSize) || poolSize < 1)
       throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
+    const maxConnectionLifetimeMs = options.maxConnectionLifetimeMs ?? DEFAULT_MAX_CONNECTION_LIFETIME_MS;
+    if (!Number.isSafeInteger(maxConnectionLifetimeMs) || maxConnectionLifetimeMs < 0)
+      throw new RangeError(
+        `maxConnectionLifetimeMs ${maxConnectionLifetimeMs} must be a whole number of milliseconds (0: no limit)`,
+      );
+    const maxConnectionUses = options.maxConnectionUses ?? 0;
+    if (!Number.isSafeInteger(maxConnectionUses) || maxConnectionUses < 0)
+      throw new RangeError(`maxConnectionUses ${maxConnectionUses} must be a whole number (0: no limit)`);
     this.options = {
       ...options,
       poolSize,
@@ -135,6 +155,8 @@ export class ShardRouter {
       connectTimeoutMs: options.connectTimeoutMs ?? 10_000,
       idleTimeoutMs: options.idleTimeoutMs ?? 30_000,
       fencedTimeoutMs: options.fencedTimeoutMs ?? 10_000,
+      maxConnectionLifetimeMs,
+      maxConnectionUses,
     };
   }
 
@@ -513,6 +535,9 @@ export class ShardRouter {
       ...hostClientSettings(host),
       connectionTimeoutMillis: this.options.connectTimeoutMs,
       idleTimeoutMillis: this.options.idleTimeoutMs,
+      // pg.Pool counts both in its own units: whole seconds, and 0 / Infinity for none.
+      maxLifetimeSeconds: Math.ceil(this.options.maxConnectionLifetimeMs / 1000),
+      maxUses: this.options.maxConnectionUses || Infinity,
       ...(this.options.statementTimeoutMs ? { statement_timeout: this.options.statementTimeoutMs } : {}),
       ...(this.options.idleInTransactionTimeoutMs
         ? { idle_in_transaction_session_timeout: this.options.idleInTransactionTimeoutMs }

@@ -117,15 +117,17 @@ describe('roles without rights on what shardctl protects', () => {
     }
   });
 
-  it('a role with USAGE on the shard schema but no right on its sequence cannot move it through next_id_locked, nor draw from it through next_id', async () => {
+  it("a role with USAGE on the shard schema (and on the control schema) but no right on its sequence cannot move it through the host's next_id_locked, nor draw from it through next_id", async () => {
     const before = await withClient(db.urls[0]!, async (client) => {
+      // USAGE on the control schema, as a router's role may have: the slow path is then callable by name.
+      await client.query(`grant usage on schema shardctl to ${SCHEMA_USER}`);
       await client.query(`select setval('insta0.photos_id_seq', 2048)`);
       return (await client.query<{ last_value: string }>('select last_value from insta0.photos_id_seq')).rows[0]!
         .last_value;
     });
     const user = await connectAs(db.urls[0]!, SCHEMA_USER);
     try {
-      const locked = await errorOf(user.query(`select insta0.next_id_locked('insta0.photos_id_seq')`));
+      const locked = await errorOf(user.query(`select shardctl.next_id_locked('insta0.photos_id_seq', 0)`));
       expect(locked.code).toBe('SC006');
       expect(locked.message).toBe(
         'next_id: this session has not drawn from sequence insta0.photos_id_seq, so it may not move it',
@@ -141,6 +143,7 @@ describe('roles without rights on what shardctl protects', () => {
         (await client.query<{ last_value: string }>('select last_value from insta0.photos_id_seq')).rows[0]!.last_value,
     );
     expect(after).toBe(before);
+    await withClient(db.urls[0]!, (client) => client.query(`revoke usage on schema shardctl from ${SCHEMA_USER}`));
   });
 
   it('a role that may insert (USAGE on the sequence) still gets ids from the slow path', async () => {

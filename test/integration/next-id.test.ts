@@ -1,20 +1,26 @@
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.js';
-import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdSql } from '../../src/id/sql.js';
+import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdControlSql, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
 import { controlLocksSql } from '../../src/fleet/control.js';
 import { status } from '../../src/commands/status.js';
+import { moveShard } from '../../src/commands/move-shard.js';
 import { makeFleet } from '../helpers/fleet.js';
+import { renderNextIdV1Sql } from '../fixtures/next-id-v1.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
 /** A database of its own for the upgrade test, which initialises a fleet. */
 const dbUpgrade = useTestDatabases(1);
+/** Two hosts for a move of a shard that still has the previous release's functions. */
+const dbMove = useTestDatabases(2);
 
 async function installShard(client: pg.Client, schema: string, shard: number, layout: IdLayout): Promise<void> {
-  // The slow path's lock rows live in the control schema.
+  // The slow path and its lock rows live in the control schema (one layout per host: the last
+  // installed wins, and each test installs the one it uses).
   await client.query(controlLocksSql());
+  await client.query(renderNextIdControlSql(layout, 'insta'));
   await client.query(`create schema if not exists "${schema}"`);
   await client.query(renderNextIdSql(schema, shard, layout));
   await client.query(`create sequence if not exists "${schema}".photos_id_seq`);
@@ -172,7 +178,31 @@ describe('next_id()', () => {
       await client.query('create sequence public.other_seq');
       const error = await errorOf(client.query(`select insta11.next_id('public.other_seq')`));
       expect(error.code).toBe('SC003');
-      expect(error.message).toContain('is not in schema insta11');
+      expect(error.message).toContain('is not in the schema of shard 11');
+    });
+  });
+
+  it("the host's slow path, called directly, moves no sequence outside the schema of the shard it is given", async () => {
+    await withClient(db.urls[0]!, async (client) => {
+      await installShard(client, 'insta18', 18, DEFAULT_ID_LAYOUT);
+      await client.query('create sequence if not exists public.victim_seq');
+      await client.query(`select nextval('public.victim_seq'), nextval('insta18.photos_id_seq')`);
+      const cases = [
+        [`'public.victim_seq'`, '18'],
+        [`'insta18.photos_id_seq'`, '19'],
+        [`'insta18.photos_id_seq'`, '-1'],
+        [`'insta18.photos_id_seq'`, '8192'],
+        [`'insta18.photos_id_seq'`, 'null'],
+      ] as const;
+      for (const [seq, shard] of cases) {
+        const error = await errorOf(client.query(`select shardctl.next_id_locked(${seq}, ${shard})`));
+        expect({ seq, shard, code: error.code }).toEqual({ seq, shard, code: 'SC003' });
+      }
+      const victim = await client.query<{ last_value: string }>('select last_value from public.victim_seq');
+      expect(victim.rows[0]!.last_value).toBe('1');
+      // Its own shard's sequence: moved to the clock, and the id carries the shard.
+      const r = await client.query<{ id: string }>(`select shardctl.next_id_locked('insta18.photos_id_seq', 18) as id`);
+      expect(decodeId(BigInt(r.rows[0]!.id), DEFAULT_ID_LAYOUT).shard).toBe(18);
     });
   });
 
@@ -274,7 +304,10 @@ describe('next_id()', () => {
     const inline = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(
       sql.slice(sql.indexOf('"insta16".next_id(seq regclass)')),
     )![1]!;
-    const fast = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(sql.slice(sql.indexOf('"insta16".next_id_fast(')))![1]!;
+    const control = renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta');
+    const fast = /RETURN CASE\s+WHEN (.*?)\s+THEN/s.exec(
+      control.slice(control.indexOf('"shardctl".next_id_fast(')),
+    )![1]!;
     const asQuery = (condition: string, position: string) =>
       condition.replaceAll(position, '$1::bigint').replaceAll('pg_catalog.clock_timestamp()', '$2::timestamptz');
     const nowPos = (BigInt(Date.now()) - DEFAULT_ID_LAYOUT.epochMs) << 10n;
@@ -330,104 +363,150 @@ describe('next_id()', () => {
     });
   });
 
-  /**
-   * A synthetic older version for the upgrade mechanism (no released version precedes the current
-   * one): today's functions under version 0, with a marker in the slow path's body so that the test
-   * sees init replace all three functions, not only the comment.
-   */
-  const OLDER_MARKER = '-- synthetic older next_id';
-  function olderNextIdSql(schema: string, shard: number, layout: IdLayout): string {
-    const current = renderNextIdSql(schema, shard, layout);
-    const older = current
-      .replaceAll(`shardctl next_id v${ID_FUNCTION_VERSION}:`, 'shardctl next_id v0:')
-      .replace('AS $next_id_locked$\n', `AS $next_id_locked$\n${OLDER_MARKER}\n`);
-    expect(older).toContain('shardctl next_id v0:');
-    expect(older).toContain(OLDER_MARKER);
-    return older;
-  }
-
-  it('init detects an older next_id() and replaces it in place while a writer inserts: no insert fails, ids never repeat', async () => {
+  it('init upgrades a fleet installed by the previous release (per-shard slow path) in place under 8 inserting sessions: no insert fails, no id repeats, ids keep their shard and their order', async () => {
     const url = dbUpgrade.urls[0]!;
     const fleet = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'upg' });
     const config = await fleet.config();
     expect((await init(config)).ok).toBe(true);
+    // The previous release's state: control schema version 2 without the host-wide slow path, and
+    // next_id v1 (next_id_locked and next_id_fast in each shard schema).
     await withClient(url, async (client) => {
-      await client.query(olderNextIdSql('upg0', 0, config.idLayout));
-      // No primary key: a repeated id must be stored and counted, not refused.
+      for (const shard of [0, 1]) await client.query(renderNextIdV1Sql(`upg${shard}`, shard, config.idLayout));
       await client.query(
-        `create table upg0.ids (id bigint not null default upg0.next_id('upg0.photos_id_seq'), phase text)`,
+        'drop function shardctl.next_id_fast(regclass, integer, bigint), shardctl.next_id_locked(regclass, integer)',
       );
+      await client.query('update shardctl.layout set control_version = 2');
+      for (const shard of [0, 1]) {
+        // No primary key: a repeated id must be stored and counted, not refused.
+        await client.query(
+          `create table upg${shard}.ids (id bigint not null default upg${shard}.next_id('upg${shard}.photos_id_seq'), phase text, at timestamptz default clock_timestamp())`,
+        );
+      }
       // A burst first, so that the position is ahead of the clock when the new version takes over.
       await client.query(`insert into upg0.ids (phase) select 'old' from generate_series(1, 100000)`);
     });
-    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([0]);
+    expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([0, 1]);
 
-    // One session keeps inserting (small batches, at a rate that also takes the slow path) while
-    // init replaces the functions.
+    // Eight sessions keep inserting (small batches over both shards, at a rate that also takes the
+    // slow path) while init replaces the functions.
     let upgrading = true;
-    const writer = (async () => {
+    let failed = 0;
+    const writers = Array.from({ length: 8 }, async (_, i) => {
       const client = new pg.Client({ connectionString: url });
       await client.connect();
       try {
         let batches = 0;
         while (upgrading || batches < 5) {
-          await client.query(`insert into upg0.ids (phase) select 'during' from generate_series(1, 200)`);
+          const shard = (i + batches) % 2;
+          await client
+            .query(`insert into upg${shard}.ids (phase) select 'during' from generate_series(1, 50)`)
+            .catch(() => (failed += 1));
           batches += 1;
         }
       } finally {
         await client.end();
       }
-    })();
+    });
     try {
       const result = await init(config);
       expect(result.ok).toBe(true);
     } finally {
       upgrading = false;
-      await writer;
+      await Promise.all(writers);
     }
+    expect(failed).toBe(0);
 
     await withClient(url, async (client) => {
       await client.query(`insert into upg0.ids (phase) select 'new' from generate_series(1, 100000)`);
-      const r = await client.query<{
-        total: string;
-        distinct: string;
-        old_max: string;
-        new_min: string;
-        max_per_ms: string;
-      }>(`
-          select count(*) as total, count(distinct id) as distinct,
-                 max(id) filter (where phase = 'old') as old_max, min(id) filter (where phase = 'new') as new_min,
-                 (select max(c) from (select count(*) c from upg0.ids group by id >> 23) m) as max_per_ms
-            from upg0.ids`);
-      const row = r.rows[0]!;
-      expect(Number(row.total)).toBeGreaterThanOrEqual(201_000);
-      expect(row.distinct).toBe(row.total);
-      // The new function continues from the old position: later ids are larger.
-      expect(BigInt(row.new_min)).toBeGreaterThan(BigInt(row.old_max));
-      expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
-      const fn = await client.query<{ lang: string; comment: string }>(`
-          select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment
+      for (const shard of [0, 1]) {
+        const r = await client.query<{
+          total: string;
+          distinct: string;
+          wrong_shard: string;
+          max_per_ms: string;
+        }>(`
+            select count(*) as total, count(distinct id) as distinct,
+                   count(*) filter (where (id >> 10) & 8191 <> ${shard}) as wrong_shard,
+                   (select max(c) from (select count(*) c from upg${shard}.ids group by id >> 23) m) as max_per_ms
+              from upg${shard}.ids`);
+        const row = r.rows[0]!;
+        expect(row.distinct).toBe(row.total);
+        expect(row.wrong_shard).toBe('0');
+        expect(Number(row.max_per_ms)).toBeLessThanOrEqual(1024);
+      }
+      // Ids sort by time: every id drawn after another one (a later commit's batch) is larger.
+      const order = await client.query<{ old_max: string; new_min: string; total: string }>(`
+          select max(id) filter (where phase = 'old') as old_max, min(id) filter (where phase = 'new') as new_min,
+                 count(*) as total from upg0.ids`);
+      expect(BigInt(order.rows[0]!.new_min)).toBeGreaterThan(BigInt(order.rows[0]!.old_max));
+      expect(Number(order.rows[0]!.total)).toBeGreaterThan(200_000);
+      const fn = await client.query<{ lang: string; comment: string; body: string }>(`
+          select l.lanname as lang, obj_description(p.oid, 'pg_proc') as comment, pg_get_functiondef(p.oid) as body
             from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg0.next_id(regclass)'::regprocedure`);
       expect(fn.rows[0]!.lang).toBe('sql');
       expect(fn.rows[0]!.comment).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
-      expect(fn.rows[0]!.comment).not.toContain('shardctl next_id v0:');
-      // The slow path was replaced too (one statement replaces all three functions).
+      expect(fn.rows[0]!.body).toContain('shardctl.next_id_locked(seq, 0)');
+      // The earlier per-shard slow path now hands over to the host's (for statements planned
+      // before the upgrade); next_id_fast is gone.
       const locked = await client.query<{ body: string }>(
         `select prosrc as body from pg_proc where oid = 'upg0.next_id_locked(regclass)'::regprocedure`,
       );
-      expect(locked.rows[0]!.body).not.toContain(OLDER_MARKER);
+      expect(locked.rows[0]!.body.trim().split('\n')).toHaveLength(3);
+      expect(locked.rows[0]!.body).toContain('"shardctl".next_id_locked(seq, 0)');
+      const fast = await client.query(
+        `select from pg_proc where proname = 'next_id_fast' and pronamespace = 'upg0'::regnamespace`,
+      );
+      expect(fast.rowCount).toBe(0);
+      expect(
+        (await client.query<{ n: number }>(`select count(*)::int as n from upg0.ids where id is null`)).rows[0]!.n,
+      ).toBe(0);
       // The fast path is inlined into the INSERT itself, no PL/pgSQL call per id.
       const plan = await client.query<{ 'QUERY PLAN': string }>(
         `explain verbose insert into upg0.ids (phase) values ('x')`,
       );
       const text = plan.rows.map((r) => r['QUERY PLAN']).join('\n');
       expect(text).toContain('currval(');
-      expect(text).not.toContain('next_id_fast');
-      const fresh = await client.query<{ lang: string }>(
-        `select l.lanname as lang from pg_proc p join pg_language l on l.oid = p.prolang where p.oid = 'upg1.next_id(regclass)'::regprocedure`,
-      );
-      expect(fresh.rows[0]!.lang).toBe('sql');
+      expect(text).not.toContain('upg0.next_id_locked');
+      // The forwarder still works for a caller that names it.
+      await client.query(`select nextval('upg1.photos_id_seq')`);
+      const forwarded = await client.query<{ id: string }>(`select upg1.next_id_locked('upg1.photos_id_seq') as id`);
+      expect(decodeId(BigInt(forwarded.rows[0]!.id), config.idLayout).shard).toBe(1);
     });
     expect((await status(config)).hosts[0]!.nextIdOutdated).toEqual([]);
+  });
+
+  it("a shard still on the previous release's next_id moves online to a host upgraded on the way, and arrives with the host's slow path", async () => {
+    const fleet = makeFleet({ urls: dbMove.urls, shards: 4, schemaPrefix: 'mv' });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    // Both hosts as the previous release left them (init not yet run after the upgrade).
+    for (const [i, url] of dbMove.urls.entries()) {
+      await withClient(url, async (client) => {
+        for (const shard of i === 0 ? [0, 1] : [2, 3])
+          await client.query(renderNextIdV1Sql(`mv${shard}`, shard, config.idLayout));
+        await client.query(
+          'drop function shardctl.next_id_fast(regclass, integer, bigint), shardctl.next_id_locked(regclass, integer)',
+        );
+        await client.query('update shardctl.layout set control_version = 2');
+      });
+    }
+    await withClient(dbMove.urls[0]!, (client) =>
+      client.query(`insert into mv0.photos (user_id, image_url) select g, 'x' from generate_series(1, 500) g`),
+    );
+    const result = await moveShard(config, 0, 'pg2', { configFile: fleet.configFile });
+    expect(result.outcome).toBe('moved');
+    await withClient(dbMove.urls[1]!, async (client) => {
+      expect((await client.query('select control_version from shardctl.layout')).rows[0].control_version).toBe(3);
+      const r = await client.query<{ id: string }>(
+        `insert into mv0.photos (user_id, image_url) values (1, 'y') returning id`,
+      );
+      expect(decodeId(BigInt(r.rows[0]!.id), config.idLayout).shard).toBe(0);
+      const fns = await client.query<{ name: string }>(
+        `select proname as name from pg_proc where pronamespace = 'mv0'::regnamespace order by 1`,
+      );
+      expect(fns.rows.map((f) => f.name)).toEqual(['next_id']);
+      const count = await client.query<{ n: number }>('select count(*)::int as n from mv0.photos');
+      expect(count.rows[0]!.n).toBe(501);
+    });
   });
 });

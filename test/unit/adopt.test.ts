@@ -85,7 +85,6 @@ describe('the switch of one shard', () => {
       `SET LOCAL lock_timeout = '5s';`,
       'ALTER SEQUENCE "insta5"."table_id_seq" CACHE 1;',
       `SELECT pg_catalog.setval('"insta5"."table_id_seq"'::regclass, GREATEST(`,
-      'CREATE OR REPLACE FUNCTION "insta5".next_id_locked(seq regclass)',
       'CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)',
       'CREATE OR REPLACE FUNCTION "insta5".next_id(OUT result bigint)',
       `INSERT INTO "shardctl".shards (shard, schema_name) VALUES (5, 'insta5') ON CONFLICT (shard) DO NOTHING;`,

@@ -1,7 +1,7 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_ID_LAYOUT } from '../../src/id/layout.js';
-import { ID_LOCKS_SCHEMA, renderNextIdSql } from '../../src/id/sql.js';
+import { ID_FUNCTION_VERSION, ID_LOCKS_SCHEMA, renderNextIdControlSql, renderNextIdSql } from '../../src/id/sql.js';
 import { CONTROL_SCHEMA } from '../../src/fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../../src/pg/quote.js';
 import { redact, redactUrl, registerSecret } from '../../src/pg/redact.js';
@@ -12,10 +12,28 @@ describe('SQL templates', () => {
     const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
     expect(sql).toContain('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)');
     // ((pos >> 10) << 23) | (5 << 10) | (pos & 1023), written as pos + (pos >> 10) * (2^23 - 2^10) + (5 << 10).
-    expect(sql).toContain('THEN pos + (pos >> 10) * 8387584 + 5120');
-    expect(sql).toContain('RETURN pos + (pos >> 10) * 8387584 + 5120;');
-    expect(sql).toContain('AND pos <= 1125899906842623'); // 2^50 - 1: 40 time bits + 10 sequence bits
+    expect(sql).toContain('(pg_catalog.currval(seq) >> 10) * 8387584 + 5120');
+    expect(sql).toContain('ELSE "shardctl".next_id_locked(seq, 5)');
     expect(sql).not.toMatch(/\{\{\w+\}\}/);
+    // The host's slow path: the shard is an argument, shifted as a bigint.
+    const control = renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta');
+    expect(control).toContain('THEN pos + (pos >> 10) * 8387584 + (shard::bigint << 10)');
+    expect(control).toContain('RETURN pos + (pos >> 10) * 8387584 + (shard::bigint << 10);');
+    expect(control).toContain('AND pos <= 1125899906842623'); // 2^50 - 1: 40 time bits + 10 sequence bits
+    expect(control).toContain('OR shard > 8191'); // 13 shard bits
+    expect(control).toContain(`pg_catalog.quote_ident('insta' || shard::text)`);
+    expect(control).not.toMatch(/\{\{\w+\}\}/);
+  });
+
+  it("keeps no PL/pgSQL in a new shard schema: next_id() is SQL, the slow path is the control schema's", () => {
+    const fresh = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT, { fresh: true });
+    expect(fresh).not.toMatch(/plpgsql/i);
+    expect(fresh.match(/CREATE OR REPLACE FUNCTION/g)).toHaveLength(1);
+    // An upgrade of an existing schema hands an earlier per-shard slow path over (one statement)
+    // and drops next_id_fast.
+    const upgrade = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
+    expect(upgrade).toContain('RETURN "shardctl".next_id_locked(seq, 5);');
+    expect(upgrade).toContain('DROP FUNCTION IF EXISTS "insta5".next_id_fast(regclass, bigint);');
   });
 
   it('makes next_id() one inlinable SQL expression: one draw, decided by one condition, the position read back twice for the id', () => {
@@ -24,29 +42,32 @@ describe('SQL templates', () => {
     expect(nextId).toContain('LANGUAGE sql VOLATILE');
     expect(nextId.match(/nextval\(/g)).toHaveLength(1);
     const [, condition, id] =
-      /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)\s+END;/s.exec(nextId)!;
+      /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "shardctl"\.next_id_locked\(seq, 5\)\s+END;/s.exec(nextId)!;
     // The draw and the clock are in the condition; currval() only in the result, which CASE
     // evaluates after its condition.
     expect(condition).toContain('pg_catalog.nextval(seq)');
     expect(condition).not.toContain('currval');
     expect(id!.match(/pg_catalog\.currval\(seq\)/g)).toHaveLength(2);
-    // next_id_fast()'s id, with pos read back by currval(): the same ids.
-    const fast = sql.slice(
-      sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id_fast'),
-      sql.indexOf('CREATE OR REPLACE FUNCTION "insta5".next_id(seq regclass)'),
-    );
-    const [, , fastId] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "insta5"\.next_id_locked\(seq\)/s.exec(fast)!;
+    // next_id_fast()'s id, with pos read back by currval() and the shard a constant: the same ids.
+    const control = renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta');
+    const fast = control.slice(control.indexOf('CREATE OR REPLACE FUNCTION "shardctl".next_id_fast'));
+    const [, , fastId] = /RETURN CASE\s+WHEN (.*?)\s+THEN (.*?)\s+ELSE "shardctl"\.next_id_locked\(seq, shard\)/s.exec(
+      fast,
+    )!;
     expect(id!.replaceAll(/\s+/g, ' ')).toBe(
-      fastId!.replaceAll('pos', 'pg_catalog.currval(seq)').replaceAll(/\s+/g, ' '),
+      fastId!
+        .replaceAll('pos', 'pg_catalog.currval(seq)')
+        .replace('(shard::bigint << 10)', '5120')
+        .replaceAll(/\s+/g, ' '),
     );
     expect(condition!.replaceAll(/\s+/g, ' ')).toBe(
       "'2011-08-24T21:07:01.723Z'::timestamptz + ((pg_catalog.nextval(seq) << 13) >> 23) * interval '1 millisecond' > GREATEST(pg_catalog.clock_timestamp(), '2011-08-24T21:07:01.723Z'::timestamptz)",
     );
-    expect(sql).toContain('shardctl next_id v1:');
+    expect(sql).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
   });
 
   it("locks next_id's slow path with a row of the control schema's id_locks, never an advisory lock", () => {
-    const sql = renderNextIdSql('insta5', 5, DEFAULT_ID_LAYOUT);
+    const sql = renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta');
     expect(sql).not.toMatch(/pg_advisory/);
     expect(sql).toContain(
       'PERFORM FROM "shardctl".id_locks WHERE slot = (seq::oid::bigint % 8192)::integer FOR NO KEY UPDATE;',
