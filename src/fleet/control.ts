@@ -113,10 +113,18 @@ export class ControlVersionError extends HostError {
   }
 }
 
-/** Sets a worker session to commit without waiting for the WAL flush (see DURABLE_FLUSH_SQL). */
+/**
+ * Sets a worker session to commit without waiting for the WAL flush (see DURABLE_FLUSH_SQL). Only
+ * on a session shardctl owns for its life (a move's copy and creation workers, which need a
+ * direct connection anyway): through a transaction pooler a session setting stays on the server
+ * connection and reaches the pooler's next clients. Provisioning uses ASYNC_COMMIT_LOCAL_SQL.
+ */
 export const ASYNC_COMMIT_SQL = 'SET synchronous_commit = off';
 
-/** The same for one transaction (inside it). */
+/**
+ * The same for one transaction (inside it): every shard transaction of provisioning (createShardSql,
+ * migrationSql, reinstallNextIdSql, recordShardSql) starts with it, so nothing outlives the transaction.
+ */
 export const ASYNC_COMMIT_LOCAL_SQL = 'SET LOCAL synchronous_commit = off;';
 
 /**

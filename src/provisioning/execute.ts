@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { connectHost, describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_SQL, CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
 import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
@@ -129,8 +129,8 @@ export async function executeHostPlan(
     try {
       client = await connectHost(host, { applicationName: 'shardctl worker' });
       await registerWorker(client, host.name);
-      // Each shard's commit without a WAL flush; the run's last step makes them all durable at once.
-      await client.query(ASYNC_COMMIT_SQL);
+      // Each shard's transaction commits without a WAL flush (SET LOCAL in its SQL: nothing stays on
+      // a pooled server connection); the run's last step makes them all durable at once.
       while (hostError === null && next < plan.jobs.length && !budget.exhausted) {
         const job = plan.jobs[next++]!;
         const result = await runJob(client, job, context);

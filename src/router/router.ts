@@ -24,11 +24,19 @@ export const DEFAULT_MAX_CONNECTION_LIFETIME_MS = 3_600_000;
 export interface ShardRouterOptions {
   /** Connections per host (the pg.Pool's max). Default 10. */
   poolSize?: number;
-  /** statement_timeout of every connection, in ms; 0 or unset: the server's setting. */
+  /**
+   * statement_timeout of every routed statement, in ms; 0 or unset: the server's setting. Set per
+   * transaction (`SET LOCAL`, in the same round trip as BEGIN), not as a connection's startup
+   * parameter, so it holds through a transaction pooler (PgBouncer refuses a startup
+   * statement_timeout, or drops it with ignore_startup_parameters) and never outlives the call.
+   */
   statementTimeoutMs?: number;
-  /** idle_in_transaction_session_timeout of every connection, in ms; unset: the server's setting. */
+  /** idle_in_transaction_session_timeout of every routed transaction, in ms (per transaction, as above); unset: the server's setting. */
   idleInTransactionTimeoutMs?: number;
-  /** Shown in pg_stat_activity. Default 'shardctl-router'. */
+  /**
+   * Shown in pg_stat_activity. Default 'shardctl-router'. A startup parameter: PgBouncer passes it
+   * on to the server connection a transaction runs on.
+   */
   applicationName?: string;
   /** How long to wait for a connection (connecting, or a free one in the pool). Default 10 s. */
   connectTimeoutMs?: number;
@@ -140,6 +148,11 @@ export class ShardRouter {
     const poolSize = options.poolSize ?? 10;
     if (!Number.isSafeInteger(poolSize) || poolSize < 1)
       throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
+    for (const name of ['statementTimeoutMs', 'idleInTransactionTimeoutMs'] as const) {
+      const value = options[name];
+      if (value !== undefined && (!Number.isSafeInteger(value) || value < 0 || value > 2_147_483_647))
+        throw new RangeError(`${name} ${value} must be a whole number of milliseconds (0: the server's setting)`);
+    }
     const maxConnectionLifetimeMs = options.maxConnectionLifetimeMs ?? DEFAULT_MAX_CONNECTION_LIFETIME_MS;
     if (!Number.isSafeInteger(maxConnectionLifetimeMs) || maxConnectionLifetimeMs < 0)
       throw new RangeError(
@@ -538,10 +551,6 @@ export class ShardRouter {
       // pg.Pool counts both in its own units: whole seconds, and 0 / Infinity for none.
       maxLifetimeSeconds: Math.ceil(this.options.maxConnectionLifetimeMs / 1000),
       maxUses: this.options.maxConnectionUses || Infinity,
-      ...(this.options.statementTimeoutMs ? { statement_timeout: this.options.statementTimeoutMs } : {}),
-      ...(this.options.idleInTransactionTimeoutMs
-        ? { idle_in_transaction_session_timeout: this.options.idleInTransactionTimeoutMs }
-        : {}),
     });
     // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
     // application. The pool drops that connection and the next checkout opens a new one.
@@ -705,10 +714,14 @@ export class ShardRouter {
           },
         );
       }
-      // BEGIN and SET come first; empty statements give no result.
+      // BEGIN and the SET LOCALs come first; empty statements give no result.
+      const framing = this.transactionStart(shard, readOnly).statements;
       return {
         ok: true,
-        value: { last: results.slice(2, -1).at(-1) ?? emptyResult<R>(), statements: results.length - 3 },
+        value: {
+          last: results.slice(framing, -1).at(-1) ?? emptyResult<R>(),
+          statements: results.length - framing - 1,
+        },
       };
     } catch (error) {
       broken = error as Error;
@@ -743,13 +756,15 @@ export class ShardRouter {
         await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return undefined;
       }
-      const group = statements + 3;
+      // Per shard: BEGIN and the SET LOCALs, the statements, COMMIT.
+      const framing = this.transactionStart(shards[0]!, true).statements;
+      const group = framing + statements + 1;
       const shaped =
         results.length === shards.length * group &&
         shards.every(
           (_, i) =>
             results[i * group]?.command === 'BEGIN' &&
-            results[i * group + 1]?.command === 'SET' &&
+            results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET') &&
             results[i * group + group - 1]?.command === 'COMMIT',
         );
       if (!shaped) {
@@ -757,7 +772,9 @@ export class ShardRouter {
         await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return undefined;
       }
-      return shards.map((_, i) => (statements === 0 ? emptyResult<R>() : results[i * group + 1 + statements]!));
+      return shards.map((_, i) =>
+        statements === 0 ? emptyResult<R>() : results[i * group + framing - 1 + statements]!,
+      );
     } catch (error) {
       broken = error as Error;
       throw error;
@@ -766,14 +783,23 @@ export class ShardRouter {
     }
   }
 
-  /** BEGIN [READ ONLY] and the shard's search_path, built once per shard and map. */
+  /**
+   * BEGIN [READ ONLY], the shard's search_path and the router's timeouts, built once per shard and
+   * map. Everything is transaction-local: a pooled server connection (the router's own, or
+   * PgBouncer's shared by other clients) is left with the server's settings when the call ends.
+   */
   private transactionStart(shard: number, readOnly: boolean): TransactionStart {
     const cache = this.starts[readOnly ? 1 : 0];
     let start = cache.get(shard);
     if (!start) {
+      const { statementTimeoutMs, idleInTransactionTimeoutMs } = this.options;
       start = new TransactionStart([
         `BEGIN${readOnly ? ' READ ONLY' : ''}`,
         `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`,
+        ...(statementTimeoutMs ? [`SET LOCAL statement_timeout = ${statementTimeoutMs}`] : []),
+        ...(idleInTransactionTimeoutMs
+          ? [`SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`]
+          : []),
       ]);
       cache.set(shard, start);
     }

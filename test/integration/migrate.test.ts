@@ -148,7 +148,7 @@ describe('shardctl migrate over two hosts', () => {
       const dry = await runCli(['migrate', '--dry-run', '-c', fleet().configFile]);
       expect(dry.code).toBe(0);
       expect(dry.stdout).toContain(
-        '-- shard 0: migration 0004_photo_tags\nBEGIN;\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = \'5s\';',
+        '-- shard 0: migration 0004_photo_tags\nBEGIN;\nSET LOCAL synchronous_commit = off;\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = \'5s\';',
       );
       expect(dry.stdout).toMatch(
         /CREATE TABLE photo_tags[^\n]*\n;\nDO \$shardctl\$ BEGIN\n[^$]*\nEND \$shardctl\$;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;/,

@@ -57,9 +57,11 @@ const migration = (over: Partial<MigrationFile> = {}): MigrationFile => ({
 describe('fleet SQL', () => {
   it('creates a shard as one transaction: schema, next_id, control row; clearing stale rows first when asked', () => {
     const sql = createShardSql(config, 5, true, 'incoming');
+    // Committed without a WAL flush (the run's last transaction makes it durable), set for this
+    // transaction only: nothing stays on a pooled server connection.
     expect(
       sql.startsWith(
-        'BEGIN;\nDELETE FROM "shardctl".migrations WHERE shard = 5;\nDELETE FROM "shardctl".shards WHERE shard = 5;\nCREATE SCHEMA "insta5";',
+        'BEGIN;\nSET LOCAL synchronous_commit = off;\nDELETE FROM "shardctl".migrations WHERE shard = 5;\nDELETE FROM "shardctl".shards WHERE shard = 5;\nCREATE SCHEMA "insta5";',
       ),
     ).toBe(true);
     expect(sql).toContain(
@@ -96,6 +98,7 @@ describe('migration SQL', () => {
     expect(migrationSql(config, 6, migration())).toBe(
       [
         'BEGIN;',
+        'SET LOCAL synchronous_commit = off;',
         'SET LOCAL search_path TO "insta6";',
         "SET LOCAL lock_timeout = '5s';",
         '-- 0002_likes.sql',
