@@ -296,8 +296,8 @@ END $$`;
  * that starts at the clock.
  */
 async function measureSlowPath(host, { ids }) {
-  // The slow path is the control schema's (one function per host).
-  const variants = [{ function: 'shardctl', schema: CONTROL_SCHEMA }];
+  // next_id in the shard's schema; its slow path is the control schema's (one function per host).
+  const variants = [{ function: 'shardctl', schema: SCHEMA, slowPathSchema: CONTROL_SCHEMA }];
   const results = [];
   await withClient(host.url(DATABASE), async (client) => {
     const measure = async (variant, idsPerMs, sql, ids) => {
@@ -308,7 +308,7 @@ async function measureSlowPath(host, { ids }) {
         const ms = performance.now() - started;
         const stats = await client.query(
           `SELECT funcname, calls, total_time FROM pg_stat_xact_user_functions WHERE schemaname = $1 AND funcname = 'next_id_locked'`,
-          [variant.schema],
+          [variant.slowPathSchema],
         );
         const stat = (name) => stats.rows.find((r) => r.funcname === name) ?? { calls: 0, total_time: 0 };
         const calls = ids;

@@ -22,13 +22,16 @@ CREATE TABLE IF NOT EXISTS {{control}}.tracking_lock ();
 
 -- The worker backends of runs: each worker connection records itself here (committed at once)
 -- before it does any work. A new runner, once it holds the runner lock, waits until no recorded
--- backend is still alive (pg_stat_activity, same pid and start time), so the workers of a killed run
--- have finished their statement before it reads the catalog; it then deletes the dead rows.
+-- backend is still alive and busy (pg_stat_activity, same pid and start time, not idle), so the
+-- workers of a killed run have finished their statement before it reads the catalog; it then
+-- deletes the rows of backends gone or idle. A run that finishes deletes its own rows.
 CREATE TABLE IF NOT EXISTS {{control}}.workers (
   pid           integer NOT NULL,
   backend_start timestamptz NOT NULL,
   PRIMARY KEY (pid, backend_start)
 );
+-- The run a worker belongs to: a run that finishes removes its own records (src/fleet/locks.ts).
+ALTER TABLE {{control}}.workers ADD COLUMN IF NOT EXISTS run_id text;
 
 -- next_id's slow path (sql/next_id.sql) serialises the sessions moving one sequence with a row lock
 -- (FOR NO KEY UPDATE) on the slot of the sequence's oid. Sequences share a slot when their oids are

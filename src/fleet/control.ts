@@ -165,9 +165,13 @@ export function controlLocksSql(): string {
  */
 export async function ensureControlLocks(client: pg.Client): Promise<void> {
   for (let attempt = 1; ; attempt += 1) {
+    // The tables, and the workers' run_id (added after the table: hosts of an earlier release lack it).
     const missing = await client.query<{ missing: boolean }>(
-      `SELECT bool_or(to_regclass(t) IS NULL) AS missing FROM unnest($1::text[]) t`,
-      [['runner_lock', 'tracking_lock', 'workers', 'id_locks'].map((t) => `${CONTROL}.${t}`)],
+      `SELECT bool_or(to_regclass(t) IS NULL)
+              OR NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = 'run_id' AND NOT attisdropped)
+              AS missing
+         FROM unnest($1::text[]) t`,
+      [['runner_lock', 'tracking_lock', 'workers', 'id_locks'].map((t) => `${CONTROL}.${t}`), `${CONTROL}.workers`],
     );
     if (!missing.rows[0]!.missing) {
       const rows = await client.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${CONTROL}.id_locks`);

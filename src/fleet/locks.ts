@@ -1,3 +1,4 @@
+import { randomUUID } from 'node:crypto';
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
@@ -26,9 +27,11 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
  * they next talk to the client (connect.ts sets client_connection_check_interval to bound that). So
  * every worker connection records its backend (pid and start time) in the control schema's workers
  * table before it does anything, and a new runner, once it holds the runner lock, waits (up to the
- * config's lockTimeout) until none of the recorded backends is alive: only then has every worker of
- * an earlier run finished, and the catalog it reads next is the one it will change. Only the
- * table's owner can write it, so no stranger can pose as a worker.
+ * config's lockTimeout) until none of the recorded backends is alive and busy: only then has every
+ * worker of an earlier run finished, and the catalog it reads next is the one it will change. An
+ * idle backend runs nothing (a dead client sends it nothing more; behind a transaction pooler the
+ * backend lives on between other clients' transactions), and a run that finishes removes its own
+ * records. Only the table's owner can write it, so no stranger can pose as a worker.
  */
 export const RUNNER_LOCK_TABLE = `${CONTROL}.runner_lock`;
 export const TRACKING_LOCK_TABLE = `${CONTROL}.tracking_lock`;
@@ -139,6 +142,10 @@ export async function releaseRunnerLock(client: pg.Client): Promise<void> {
   const lock = lockConnections.get(client);
   if (!lock) return;
   lockConnections.delete(client);
+  // This run's workers are done: their records go, so the next run has nothing to wait for (through
+  // a pooler their backends live on, serving other clients). A worker still busy keeps its record.
+  // Best effort: a lost coordinator leaves them to the next run's check.
+  await client.query(FINISHED_WORKERS_SQL, [RUN_ID]).catch(() => undefined);
   // Ending the session (a Terminate message) aborts its transaction and so releases the lock.
   await endQuietly(lock);
 }
@@ -150,8 +157,10 @@ export async function releaseRunnerLock(client: pg.Client): Promise<void> {
 export async function registerWorker(client: pg.Client, hostName: string): Promise<void> {
   try {
     await client.query(
-      `INSERT INTO ${WORKERS_TABLE} (pid, backend_start)
-       SELECT pid, backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid() ON CONFLICT DO NOTHING`,
+      `INSERT INTO ${WORKERS_TABLE} (pid, backend_start, run_id)
+       SELECT pid, backend_start, $1 FROM pg_stat_activity WHERE pid = pg_backend_pid()
+       ON CONFLICT (pid, backend_start) DO UPDATE SET run_id = EXCLUDED.run_id`,
+      [RUN_ID],
     );
   } catch (error) {
     throw new HostError(
@@ -164,11 +173,35 @@ export async function registerWorker(client: pg.Client, hostName: string): Promi
   }
 }
 
-/** Backends recorded as workers that are still alive (the same pid and start time). */
+/**
+ * Whether backend a.pid holds the runner lock: once this run holds it, that backend is this run's
+ * own lock session (behind a transaction pooler, a backend recorded for an earlier run's worker may
+ * be the one the pooler pinned to it).
+ */
+const HOLDS_RUNNER_LOCK = `EXISTS (SELECT FROM pg_locks l WHERE l.pid = a.pid AND l.locktype = 'relation'
+     AND l.relation = '${RUNNER_LOCK_TABLE}'::regclass AND l.mode = 'ShareUpdateExclusiveLock' AND l.granted)`;
+
+/**
+ * This process's runs, as their workers record themselves: the records of a run that finished are
+ * removed by it (FINISHED_WORKERS_SQL), those of a killed run by the next run once they are idle.
+ */
+const RUN_ID = randomUUID();
+
+/**
+ * Backends recorded as workers that may still be doing a killed run's work: alive (the same pid and
+ * start time) and not idle. An idle backend runs nothing: a dead client sends it nothing more, and
+ * behind a transaction pooler (where the backend lives on and serves other clients) it is between
+ * transactions.
+ */
 const LIVE_WORKERS_SQL = `SELECT a.pid, a.application_name, a.backend_start, host(a.client_addr) AS client_addr
    FROM ${WORKERS_TABLE} w JOIN pg_stat_activity a ON a.pid = w.pid AND a.backend_start = w.backend_start
-  WHERE a.pid <> pg_backend_pid()
+  WHERE a.pid <> pg_backend_pid() AND a.state IS DISTINCT FROM 'idle' AND NOT ${HOLDS_RUNNER_LOCK}
   ORDER BY a.pid`;
+
+/** The records of this run's workers whose backends are gone or idle ($1: RUN_ID). */
+const FINISHED_WORKERS_SQL = `DELETE FROM ${WORKERS_TABLE} w WHERE w.run_id = $1
+   AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = w.pid AND a.backend_start = w.backend_start
+                    AND a.pid <> pg_backend_pid() AND a.state IS DISTINCT FROM 'idle')`;
 
 async function waitForWorkers(client: pg.Client, hostName: string, wait: string): Promise<void> {
   const deadline = Date.now() + durationMs(wait);
@@ -186,7 +219,8 @@ async function waitForWorkers(client: pg.Client, hostName: string, wait: string)
     await new Promise((resolve) => setTimeout(resolve, Math.min(WORKER_POLL_MS, Math.max(1, deadline - Date.now()))));
   }
   await client.query(
-    `DELETE FROM ${WORKERS_TABLE} w WHERE NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = w.pid AND a.backend_start = w.backend_start)`,
+    `DELETE FROM ${WORKERS_TABLE} w WHERE NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.pid = w.pid AND a.backend_start = w.backend_start
+                                                      AND a.pid <> pg_backend_pid() AND a.state IS DISTINCT FROM 'idle')`,
   );
 }
 

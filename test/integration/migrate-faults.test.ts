@@ -113,11 +113,20 @@ describe('one shardctl runner per host', () => {
     );
     // A worker of a dead run: its backend is still recorded, and alive, while it finishes a statement.
     const orphan = new pg.Client({ connectionString: db.urls[0]!, application_name: 'shardctl worker' });
-    let ended = false;
     await orphan.connect();
     try {
-      await orphan.query(
-        `insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid()`,
+      const pid = (
+        await orphan.query<{ pid: number }>(
+          `insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid() returning pid`,
+        )
+      ).rows[0]!.pid;
+      const statement = orphan.query('select pg_sleep(60)').catch(() => undefined);
+      await waitFor(
+        'the orphan to run its statement',
+        async () =>
+          (await count(db.urls[0]!, `select count(*) as n from pg_stat_activity where pid = $1 and state = 'active'`, [
+            pid,
+          ])) === 1,
       );
       const run = await runCli(['migrate', '-c', fleet.configFile]);
       expect(run.stderr).toMatch(
@@ -127,7 +136,9 @@ describe('one shardctl runner per host', () => {
       expect(await shardsAt(db.urls[0]!, 5)).toBe(0);
       expect(await shardsAt(db.urls[1]!, 5)).toBe(0);
 
-      // The orphan finishes while the next run waits: that run goes on.
+      // The orphan's statement ends while the next run waits: that run goes on. The orphan's
+      // backend stays, idle: a backend that runs nothing (a dead client's, or one a pooler keeps
+      // for other clients) is no reason to wait.
       const waiting = runCli(['migrate', '-c', fleet.configFile]);
       await waitFor(
         'the run to hold the runner lock and wait for the worker',
@@ -138,13 +149,13 @@ describe('one shardctl runner per host', () => {
             [RUNNER_LOCK_TABLE],
           )) === 1,
       );
-      await orphan.end();
-      ended = true;
+      await withClient(db.urls[0]!, (c) => c.query('select pg_cancel_backend($1)', [pid]));
+      await statement;
       const done = await waiting;
       expect(done.stderr).toContain('migrate: 80 migrations applied');
       expect(done.code).toBe(0);
     } finally {
-      if (!ended) await orphan.end();
+      await orphan.end();
     }
   });
 

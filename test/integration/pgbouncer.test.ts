@@ -5,7 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { loadConfig } from '../../src/config/load.js';
 import { ShardRouter } from '../../src/router/router.js';
-import { makeFleet } from '../helpers/fleet.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases } from '../helpers/hosts.js';
 import { startPgBouncer, type PgBouncer } from '../helpers/pgbouncer.js';
 
@@ -89,11 +89,7 @@ async function defaults(url: string): Promise<Record<string, string>> {
 
 describe('behind PgBouncer in transaction mode', () => {
   const db = useTestDatabases(2);
-  /**
-   * Databases of their own for the router's fleet: a run through the pooler leaves its workers
-   * recorded by a backend that the pooler keeps alive, and a later run on the same control schema
-   * waits for them (not yet recognised by a lease).
-   */
+  /** Databases of their own for the router's fleet (another layout: 8 shards, prefix pr). */
   const dbRouter = useTestDatabases(2);
   const poolers: PgBouncer[] = [];
 
@@ -105,11 +101,23 @@ describe('behind PgBouncer in transaction mode', () => {
     await Promise.all(poolers.map((p) => p.stop()));
   });
 
-  it('init through the pooler leaves every server connection with the server defaults (no asynchronous commit left for the next client)', async () => {
+  it('init, migrate, status, exec and migrate again run back to back through the pooler, and leave every server connection with the server defaults (no asynchronous commit left for the next client)', async () => {
     const pooled = db.urls.map((url, i) => poolers[i]!.url(url));
     const fleet = makeFleet({ urls: pooled, shards: 64, schemaPrefix: 'pb', migrations: PHOTOS_ONLY });
     const result = await init(await fleet.config());
     expect(result.ok).toBe(true);
+    fleet.writeMigration('0002_tags.sql', 'CREATE TABLE tags (photo_id bigint NOT NULL, tag text NOT NULL);\n');
+    const runs = [
+      ['migrate', '-c', fleet.configFile],
+      ['status', '-c', fleet.configFile],
+      ['exec', '-c', fleet.configFile, '--json', 'select count(*) from tags'],
+      ['migrate', '-c', fleet.configFile],
+      ['init', '-c', fleet.configFile],
+    ];
+    for (const args of runs) {
+      const run = await runCli(args);
+      expect({ args, code: run.code, stderr: run.stderr }).toEqual({ args, code: 0, stderr: expect.any(String) });
+    }
     for (const [i, url] of db.urls.entries()) {
       const expected = await defaults(url);
       const seen = await serverConnections(pooled[i]!, poolers[i]!.poolSize);
