@@ -51,10 +51,19 @@ export const hostSchema = z.strictObject({
   url: z
     .string({ error: URL_EXPECTED })
     .check(z.describe('postgres:// connection URL; ${VAR} and ${VAR:-default} are read from the environment.')),
+  directUrl: z.optional(
+    z
+      .string({ error: URL_EXPECTED })
+      .check(
+        z.describe(
+          'The server itself when url goes through a transaction pooler (PgBouncer): moves (their replication connection and sessions) connect here; default: url. ${VAR} as in url.',
+        ),
+      ),
+  ),
   replicationUrl: z.optional(
     z
       .string({ error: URL_EXPECTED })
-      .check(z.describe('How other hosts reach this one (logical replication during moves); default: url.')),
+      .check(z.describe('How other hosts reach this one (logical replication during moves); default: directUrl, else url.')),
   ),
   shards: z
     .union([z.string(), z.number()], { error: 'must be a shard list such as "0-1023" or a shard number' })

@@ -7,7 +7,13 @@ export interface HostConfig {
   readonly name: HostFields['name'];
   /** Connection string after ${VAR} expansion. A secret: print it only through redact(). */
   readonly url: string;
-  /** The address other hosts use to reach this one (logical replication); defaults to url. */
+  /**
+   * Where shardctl opens connections that need one server session for their whole life (a move's
+   * replication connection and sessions) when url goes through a transaction pooler; defaults to
+   * url. A secret like url.
+   */
+  readonly directUrl: string;
+  /** The address other hosts use to reach this one (logical replication); defaults to directUrl, else url. */
   readonly replicationUrl: string;
   /** The shard list as written in the file, e.g. "0-99,200". */
   readonly shardsSpec: string;
@@ -74,4 +80,13 @@ function binarySearch(sorted: readonly number[], value: number): boolean {
     else hi = mid - 1;
   }
   return false;
+}
+
+/**
+ * The config with every host's url replaced by its directUrl: for runs whose connections need a
+ * server session of their own for their whole life (moves), which a transaction pooler cannot give.
+ */
+export function withDirectUrls<C extends { readonly hosts: readonly HostConfig[] }>(config: C): C {
+  if (config.hosts.every((h) => h.directUrl === h.url)) return config;
+  return { ...config, hosts: config.hosts.map((h) => ({ ...h, url: h.directUrl })) };
 }

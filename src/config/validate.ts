@@ -264,6 +264,7 @@ interface HostDraft {
   readonly index: number;
   readonly name?: string;
   readonly url?: string;
+  readonly directUrl?: string;
   readonly replicationUrl?: string;
   readonly shardsSpec?: string;
   readonly shards?: readonly number[];
@@ -291,7 +292,8 @@ function readHosts(
   return drafts.map((host) => ({
     name: host.name!,
     url: host.url!,
-    replicationUrl: host.replicationUrl ?? host.url!,
+    directUrl: host.directUrl ?? host.url!,
+    replicationUrl: host.replicationUrl ?? host.directUrl ?? host.url!,
     shardsSpec: host.shardsSpec!,
     shards: host.shards!,
     weight: host.weight!,
@@ -305,6 +307,8 @@ function readHost(raw: unknown, index: number, issues: ConfigIssue[], env: Env):
   const fields = readMapping(raw, at, hostSchema, issues);
   if (!fields) return { index };
   const url = fields.url === undefined ? undefined : readUrl(fields.url, `${at}.url`, env, issues);
+  const directUrl =
+    fields.directUrl === undefined ? undefined : readUrl(fields.directUrl, `${at}.directUrl`, env, issues);
   const replicationUrl =
     fields.replicationUrl === undefined
       ? undefined
@@ -323,6 +327,7 @@ function readHost(raw: unknown, index: number, issues: ConfigIssue[], env: Env):
     index,
     name: fields.name,
     url,
+    directUrl,
     replicationUrl,
     shardsSpec,
     shards,

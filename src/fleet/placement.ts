@@ -473,6 +473,7 @@ function discoveryHost(
   return {
     name: target.name,
     url: target.url,
+    directUrl: target.url,
     replicationUrl: target.url,
     shardsSpec: '',
     shards: [],
@@ -600,7 +601,8 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
         name,
         // A host of the placement that no registry reached: its calls fail naming it.
         url: url ?? `postgres://unknown-address-of-${name}/`,
-        replicationUrl: fromFile?.replicationUrl ?? url ?? '',
+        directUrl: fromFile?.directUrl ?? url ?? `postgres://unknown-address-of-${name}/`,
+        replicationUrl: fromFile?.replicationUrl ?? fromFile?.directUrl ?? url ?? '',
         shardsSpec: '',
         shards: byHost.get(name)!,
         weight: fromFile?.weight ?? 1,

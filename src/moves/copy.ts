@@ -314,7 +314,12 @@ export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number)
     watchSilence(replication, ctx.source.host);
     await checkClientConnection(replication);
   } catch (error) {
-    throw new HostError(ctx.source.host.name, `cannot open a replication connection: ${describePgError(error)}`, {
+    const refused = describePgError(error);
+    // PgBouncer (and other poolers) refuse the startup parameter a replication connection needs.
+    const hint = /unsupported startup parameter/i.test(refused)
+      ? `; ${ctx.source.host.name}'s address looks like a connection pooler's: set hosts[].directUrl to the server's own address`
+      : '';
+    throw new HostError(ctx.source.host.name, `cannot open a replication connection: ${refused}${hint}`, {
       shard: ctx.shards[0]!,
       code: 'MOVE_FAILED',
     });

@@ -1,5 +1,5 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { hostForShard } from '../config/types.js';
+import { hostForShard, withDirectUrls } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { readShardRows } from '../fleet/catalog.js';
@@ -64,9 +64,13 @@ export async function runMoves(
 ): Promise<BatchMoveResult> {
   const started = performance.now();
   const migrations = await readMigrations(config.migrationsDir);
-  if (options.resume || options.abort) return continueMoves(config, shards, migrations, options, started);
+  // Every connection of a move needs a server session of its own for its whole life (the slot's
+  // snapshot, the replication connection, session settings, the fence): the hosts' directUrl,
+  // which is url unless url goes through a transaction pooler.
+  const direct = withDirectUrls(config);
+  if (options.resume || options.abort) return continueMoves(direct, shards, migrations, options, started);
   if (!target) throw new UsageError('a target host is required to start a move', { input: 'target' });
-  return startMoves(config, shards, target, migrations, options, started);
+  return startMoves(direct, shards, direct.hosts.find((h) => h.name === target.name)!, migrations, options, started);
 }
 
 async function startMoves(

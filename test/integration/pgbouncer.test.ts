@@ -1,8 +1,9 @@
-import { writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { moveShards } from '../../src/commands/move-shard.js';
 import { loadConfig } from '../../src/config/load.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
@@ -91,10 +92,12 @@ describe('behind PgBouncer in transaction mode', () => {
   const db = useTestDatabases(2);
   /** Databases of their own for the router's fleet (another layout: 8 shards, prefix pr). */
   const dbRouter = useTestDatabases(2);
+  /** And for the move's. */
+  const dbMove = useTestDatabases(2);
   const poolers: PgBouncer[] = [];
 
   beforeAll(async () => {
-    for (const url of [...db.urls, ...dbRouter.urls]) await durableCommits(url);
+    for (const url of [...db.urls, ...dbRouter.urls, ...dbMove.urls]) await durableCommits(url);
     for (const url of db.urls) poolers.push(await startPgBouncer(url, { poolSize: 4 }));
   });
   afterAll(async () => {
@@ -188,6 +191,42 @@ describe('behind PgBouncer in transaction mode', () => {
       await router.close();
     }
     for (const [i, url] of dbRouter.urls.entries()) {
+      const expected = await defaults(url);
+      for (const connection of await serverConnections(pooled[i]!, poolers[i]!.poolSize)) {
+        const { pid, ...settings } = connection;
+        expect({ host: i, pid, settings }).toEqual({ host: i, pid, settings: expected });
+      }
+    }
+  });
+
+  it('an online move of a fleet whose url goes through the pooler connects to directUrl, and leaves the pooled connections clean', async () => {
+    const pooled = dbMove.urls.map((url, i) => poolers[i]!.url(url));
+    const fleet = makeFleet({ urls: pooled, shards: 4, schemaPrefix: 'pm', migrations: PHOTOS_ONLY });
+    // Each host: url through the pooler, directUrl the server itself.
+    let text = readFileSync(fleet.configFile, 'utf8');
+    for (const [i, url] of pooled.entries())
+      text = text.replace(`    url: ${url}\n`, `    url: ${url}\n    directUrl: ${dbMove.urls[i]}\n`);
+    writeFileSync(fleet.configFile, text);
+    const config = await fleet.config();
+    expect(config.hosts.map((h) => [h.url, h.directUrl])).toEqual(pooled.map((url, i) => [url, dbMove.urls[i]]));
+    expect((await init(config)).ok).toBe(true);
+    const writer = new pg.Client({ connectionString: pooled[0]! });
+    await writer.connect();
+    try {
+      await writer.query(`INSERT INTO pm0.photos (user_id, image_url) SELECT g, 'x' FROM generate_series(1, 300) g`);
+    } finally {
+      await writer.end();
+    }
+    const result = await moveShards(config, [0], 'pg2', { configFile: fleet.configFile });
+    expect(result.moves.map((m) => m.outcome)).toEqual(['moved']);
+    const reader = new pg.Client({ connectionString: pooled[1]! });
+    await reader.connect();
+    try {
+      expect((await reader.query<{ n: number }>('SELECT count(*)::int AS n FROM pm0.photos')).rows[0]!.n).toBe(300);
+    } finally {
+      await reader.end();
+    }
+    for (const [i, url] of dbMove.urls.entries()) {
       const expected = await defaults(url);
       for (const connection of await serverConnections(pooled[i]!, poolers[i]!.poolSize)) {
         const { pid, ...settings } = connection;

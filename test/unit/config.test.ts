@@ -140,6 +140,24 @@ hosts:
     expect(config.hosts[1]!.replicationUrl).toBe('postgres://app@db2:5432/app');
   });
 
+  it('defaults directUrl to url; a directUrl (the server behind a pooler) is also the default replicationUrl', () => {
+    const raw = validConfig();
+    host(raw, 1)['url'] = 'postgres://app@pgbouncer2:6432/app';
+    host(raw, 1)['directUrl'] = 'postgres://${DIRECT_USER}@db2:5432/app';
+    const config = parseRaw(raw, { env: { DIRECT_USER: 'ops' } });
+    expect(config.hosts[0]!.directUrl).toBe(config.hosts[0]!.url);
+    expect(config.hosts[1]!.directUrl).toBe('postgres://ops@db2:5432/app');
+    expect(config.hosts[1]!.replicationUrl).toBe('postgres://ops@db2:5432/app');
+  });
+
+  it('refuses a malformed directUrl, naming the field, without its password', () => {
+    const raw = validConfig();
+    host(raw, 0)['directUrl'] = `https://app:${PASSWORD}@10.0.0.1/app`;
+    const message = issueAt(issuesOfRaw(raw), 'hosts[0].directUrl');
+    expect(message).toContain('"https://app:***@10.0.0.1/app"');
+    expect(message).not.toContain(PASSWORD);
+  });
+
   it('sorts each host’s shards ascending, keeping the list as written', () => {
     const raw = validConfig();
     host(raw, 0)['shards'] = '1000-1023, 0-999';
