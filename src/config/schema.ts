@@ -63,7 +63,9 @@ export const hostSchema = z.strictObject({
   replicationUrl: z.optional(
     z
       .string({ error: URL_EXPECTED })
-      .check(z.describe('How other hosts reach this one (logical replication during moves); default: directUrl, else url.')),
+      .check(
+        z.describe('How other hosts reach this one (logical replication during moves); default: directUrl, else url.'),
+      ),
   ),
   shards: z
     .union([z.string(), z.number()], { error: 'must be a shard list such as "0-1023" or a shard number' })

@@ -70,7 +70,14 @@ export async function runMoves(
   const direct = withDirectUrls(config);
   if (options.resume || options.abort) return continueMoves(direct, shards, migrations, options, started);
   if (!target) throw new UsageError('a target host is required to start a move', { input: 'target' });
-  return startMoves(direct, shards, direct.hosts.find((h) => h.name === target.name)!, migrations, options, started);
+  return startMoves(
+    direct,
+    shards,
+    direct.hosts.find((h) => h.name === target.name)!,
+    migrations,
+    options,
+    started,
+  );
 }
 
 async function startMoves(
