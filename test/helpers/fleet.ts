@@ -12,7 +12,11 @@ import { loadConfig } from '../../src/config/load.js';
 import type { ShardctlConfig } from '../../src/config/types.js';
 import { urlWithDatabase } from './hosts.js';
 
-export const EXAMPLE_MIGRATIONS = join(import.meta.dirname, '..', '..', 'migrations');
+/**
+ * The tests' own copy of the example migrations (photos, likes, comments). Never the checkout's
+ * migrations/: a user's `shardctl migration new` there must not change what the tests see.
+ */
+export const FIXTURE_MIGRATIONS = join(import.meta.dirname, '..', 'fixtures', 'migrations');
 
 export interface FleetOptions {
   /** Admin URLs of the test databases, one per host. */
@@ -27,7 +31,7 @@ export interface FleetOptions {
   /** Shard list per host; default: equal contiguous ranges. */
   split?: readonly string[];
   schemaPrefix?: string;
-  /** Migration files by name; default: the example migrations (photos, likes, comments). */
+  /** Migration files by name; default: the fixture migrations (photos, likes, comments). */
   migrations?: Record<string, string>;
   /** Extra top-level YAML lines, e.g. `lockTimeout: 500ms`. */
   extra?: string;
@@ -49,7 +53,7 @@ export function makeFleet(options: FleetOptions): Fleet {
     mkdirSync(migrationsDir);
     for (const [name, sql] of Object.entries(options.migrations)) writeFileSync(join(migrationsDir, name), sql);
   } else {
-    cpSync(EXAMPLE_MIGRATIONS, migrationsDir, { recursive: true });
+    cpSync(FIXTURE_MIGRATIONS, migrationsDir, { recursive: true });
   }
   const split = options.split ?? equalSplit(options.shards, options.urls.length);
   const layout = options.idLayout
