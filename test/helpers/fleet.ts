@@ -1,9 +1,8 @@
 /**
- * A throw-away fleet for a test: a temp folder with a shardctl.yaml over the test databases and a
+ * A throw-away fleet for a test: a temp folder (removed after the test file) with a shardctl.yaml over the test databases and a
  * migrations folder, plus an in-process CLI runner that captures stdout, stderr and the exit code.
  */
-import { cpSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import { inject } from 'vitest';
@@ -11,6 +10,7 @@ import { main } from '../../src/cli/main.js';
 import { loadConfig } from '../../src/config/load.js';
 import type { ShardctlConfig } from '../../src/config/types.js';
 import { urlWithDatabase } from './hosts.js';
+import { tempDir } from './temp.js';
 
 /**
  * The tests' own copy of the example migrations (photos, likes, comments). Never the checkout's
@@ -47,7 +47,7 @@ export interface Fleet {
 }
 
 export function makeFleet(options: FleetOptions): Fleet {
-  const dir = mkdtempSync(join(tmpdir(), 'shardctl-fleet-'));
+  const dir = tempDir('shardctl-fleet-');
   const migrationsDir = join(dir, 'migrations');
   if (options.migrations) {
     mkdirSync(migrationsDir);
