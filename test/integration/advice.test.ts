@@ -33,6 +33,13 @@ describe('status after a failed move', () => {
     expect(run.stdout + run.stderr).not.toMatch(/setval/i);
     expect(run.stdout).toContain('arriving by a move');
     expect(run.stderr).toContain('next: shardctl move-shard 0 --resume, or shardctl move-shard 0 --abort');
+
+    // The advice moves the fleet forward: after the abort status is ok and has nothing to advise.
+    const abort = await runCli(['move-shard', '0', '--abort', '--yes', '-c', fleet.configFile]);
+    expect(abort.code, abort.stderr).toBe(0);
+    const after = await runCli(['status', '-c', fleet.configFile]);
+    expect(after.code, after.stdout).toBe(0);
+    expect(after.stderr).not.toContain('next:');
   });
 });
 
