@@ -15,11 +15,18 @@ const { main } = await import('../dist/bundle/main.js').catch((error) => {
   process.exit(1);
 });
 
-// `shardctl init --dry-run | head`: a closed pipe ends the output quietly, not with a stack trace.
-process.stdout.on('error', (error) => {
-  if (error.code === 'EPIPE') process.exit(process.exitCode ?? 0);
-  throw error;
-});
+// Output never decides whether a command finishes. A reader that went away (`shardctl … | head`,
+// a closed pipe, a dropped SSH session) loses the rest of the output, and the command goes on to
+// its end and its exit code: a move is never left half way because nobody reads its progress.
+const GONE_READER = new Set(['EPIPE', 'ECONNRESET', 'EIO', 'ERR_STREAM_DESTROYED']);
+for (const stream of [process.stdout, process.stderr]) {
+  stream.on('error', (error) => {
+    if (!GONE_READER.has(error.code)) throw error;
+  });
+}
+// The terminal closing (SIGHUP) does not stop a command either: it carries on to the end, its
+// output dropped. SIGINT and SIGTERM still stop it (a move is then resumed or aborted).
+process.on('SIGHUP', () => {});
 
 main(process.argv).then((code) => {
   process.exitCode = code;

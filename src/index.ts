@@ -60,6 +60,7 @@ export {
   rebalance,
   type RebalanceOptions,
   type RebalanceResult,
+  type RebalanceRefusal,
   type RebalanceMoveResult,
   type UnfinishedMove,
 } from './commands/rebalance.js';

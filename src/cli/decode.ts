@@ -27,6 +27,8 @@ export function registerDecode(program: Command, ctx: CliContext, done: (code: n
         )
       : null;
     const decoded = decodeIds(ids, routed);
+    if (!config)
+      out.info('decode: no config read, so no host (host -); pass -c FILE (or set SHARDCTL_CONFIG) to name it');
     if (out.json) out.data(decoded);
     else {
       for (const d of decoded) {

@@ -21,6 +21,8 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
       const state = await withFlagNames({ hosts: 'option --hosts', shards: 'option --shards' }, () =>
         devUp({
           cwd: ctx.cwd,
+          // Every step on stderr, a terminal or not (a CI log): starting four hosts takes a while.
+          onProgress: (message) => out.info(`dev up: ${message}`),
           ...(options.hosts === undefined ? {} : { hosts: positiveInt('--hosts', options.hosts) }),
           ...(options.shards === undefined ? {} : { shards: positiveInt('--shards', options.shards) }),
         }),
@@ -43,7 +45,11 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
       const { devAddHost } = lib();
       const out = new Output(ctx.streams, options.json ?? false);
       const host = await withFlagNames({ name: 'option --name' }, () =>
-        devAddHost({ cwd: ctx.cwd, ...(options.name === undefined ? {} : { name: options.name }) }),
+        devAddHost({
+          cwd: ctx.cwd,
+          onProgress: (message) => out.info(`dev add-host: ${message}`),
+          ...(options.name === undefined ? {} : { name: options.name }),
+        }),
       );
       if (out.json) out.data({ name: host.name, port: host.port, shards: host.shards });
       else out.line(`${host.name}: 127.0.0.1:${host.port} shards ""`);

@@ -11,7 +11,7 @@ import {
   withFlagNames,
   yesOption,
 } from './options.js';
-import { columns, formatBytes, Output, plural, seconds } from './output.js';
+import { columns, formatBytes, nextLine, Output, plural, seconds } from './output.js';
 import { maxFencedOption, parseMaxFenced } from './move-shard.js';
 
 interface RebalanceFlags extends CommonFlags {
@@ -69,7 +69,7 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
     if (!flags.dryRun && !flags.yes) {
       // Show what will happen before asking; the run plans again from the map as it is then.
       const preview = await withFlagNames(FLAGS, () => rebalance(config, { ...base, dryRun: true }));
-      if (preview.plan.moves.length === 0 && preview.unfinished.length === 0) {
+      if (preview.plan.moves.length === 0 && preview.unfinished.length === 0 && !preview.refused) {
         if (out.json) out.data({ ...preview, outcome: 'balanced' });
         else printPlan(out, preview.plan, []);
         out.success(`rebalance by ${preview.by}: every host has its share; nothing to move`);
@@ -78,7 +78,8 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
       }
       if (!out.json) printPlan(out, preview.plan, preview.unfinished);
       shown = planKey(preview.plan);
-      await confirmOrRefuse(ctx.streams, `run this plan (${planSummary(preview.plan)})`);
+      // A run that would refuse does so at once, below: nothing to confirm.
+      if (!preview.refused) await confirmOrRefuse(ctx.streams, `run this plan (${planSummary(preview.plan)})`);
     }
     const result = await withFlagNames(FLAGS, () =>
       rebalance(config, {
@@ -97,7 +98,8 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
       }),
     );
     finish(out, result);
-    done(0);
+    // A dry run whose real run would refuse fails, as move-shard's dry run with a failed check does.
+    done(result.refused ? 1 : 0);
   });
 }
 
@@ -110,6 +112,10 @@ function finish(out: Output, result: RebalanceResult): void {
   if (result.outcome === 'dry-run') {
     printPlan(out, result.plan, result.unfinished);
     out.info(`rebalance by ${result.by}: dry run, nothing changed`);
+    if (result.refused) {
+      out.warn(`the real run would refuse: ${result.refused.message}`);
+      out.info(nextLine(result.refused.next, lib().formatShardList));
+    }
     return;
   }
   if (result.outcome === 'balanced') {

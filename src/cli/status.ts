@@ -3,7 +3,7 @@ import type { SizesResult, StatusResult } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, jsonOption } from './options.js';
-import { columns, formatBytes, Output } from './output.js';
+import { columns, formatBytes, nextLine, Output } from './output.js';
 
 export function registerStatus(program: Command, ctx: CliContext, done: (code: number) => void): void {
   const command = program
@@ -79,6 +79,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
     out.info(
       `status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`,
     );
+    if (result.next.length > 0) out.info(nextLine(result.next, lib().formatShardList));
     done(exitCode);
   });
 }

@@ -2,7 +2,8 @@ import { elapsed } from '../clock.js';
 import { loadConfig } from '../config/load.js';
 import { shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
+import { type NextStep, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
+import { controlTableExists } from '../fleet/control.js';
 import { describePgError } from '../fleet/connect.js';
 import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
@@ -66,9 +67,21 @@ export interface RebalanceResult {
   readonly plan: RebalancePlan;
   /** The moves run, in the order they finished. */
   readonly moves: readonly RebalanceMoveResult[];
+  /**
+   * What the real run refuses before it changes anything (a dry run reports it, the real run throws
+   * it): hosts of the map that were never initialised, with what to run first. Null: nothing.
+   */
+  readonly refused: RebalanceRefusal | null;
   /** Rows verified over every move, the resumed ones included. Decimal string. */
   readonly rowsMoved: string;
   readonly durationMs: number;
+}
+
+export interface RebalanceRefusal {
+  readonly code: 'HOSTS_NOT_INITIALISED';
+  readonly message: string;
+  readonly hosts: readonly string[];
+  readonly next: readonly NextStep[];
 }
 
 const DEFAULT_PARALLEL = 2;
@@ -90,12 +103,30 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
   const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl rebalance' });
   try {
     fleet.requireAll();
+    // The plan may give shards to any host of the map: each must hold the control schema. Said
+    // before anything changes, by the dry run too.
+    const refused = await uninitialisedHosts(fleet);
+    if (refused && !options.dryRun)
+      throw new RuntimeFailure(refused.code, refused.message, { hosts: refused.hosts }, [], [...refused.next]);
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
     requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
-    return await rebalanceLocked(config, options, by, maxParallel, started);
+    return { ...(await rebalanceLocked(config, options, by, maxParallel, started)), refused };
   } finally {
     await fleet.close();
   }
+}
+
+async function uninitialisedHosts(fleet: Fleet): Promise<RebalanceRefusal | null> {
+  const initialised = await Promise.all(fleet.sessions.map((s) => controlTableExists(s.client, 'shards')));
+  const hosts = fleet.sessions.filter((_, i) => !initialised[i]).map((s) => s.host.name);
+  if (hosts.length === 0) return null;
+  const which = hosts.length === 1 ? `${hosts[0]} has` : `${hosts.join(', ')} have`;
+  return {
+    code: 'HOSTS_NOT_INITIALISED',
+    message: `rebalance refused before moving anything: ${which} no shardctl control schema (never initialised); initialise every host of the map first`,
+    hosts,
+    next: [{ action: 'init' }],
+  };
 }
 
 async function rebalanceLocked(
@@ -104,7 +135,7 @@ async function rebalanceLocked(
   by: RebalanceBy,
   maxParallel: number,
   started: number,
-): Promise<RebalanceResult> {
+): Promise<Omit<RebalanceResult, 'refused'>> {
   const reload = options.reload ?? (() => loadConfig(config.file));
   const event = options.onEvent ?? (() => undefined);
   const moveOptions = (pair: Pick<PlannedMove, 'source' | 'target'>): MoveOptions => {

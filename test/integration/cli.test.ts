@@ -6,6 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { findFreePort } from '../../src/dev/local-postgres.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { tempDir } from '../helpers/temp.js';
 
 const exec = promisify(execFile);
 const db = useTestDatabases(2);
@@ -79,6 +80,23 @@ describe('the shardctl command line', () => {
     const bad = await runCli(['decode', '12abc', '--json', '-c', fleet.configFile]);
     expect(bad.code).toBe(2);
     expect(bad.stderr).toContain('"12abc"');
+    // With a config, the host is named: no hint.
+    const named = await runCli(['decode', id, '-c', fleet.configFile]);
+    expect(named.stdout).toMatch(/ host pg2\n$/);
+    expect(named.stderr).not.toContain('pass -c');
+  });
+
+  it('decodes without a config, saying on stderr that -c would name the host', async () => {
+    const id = ((1387263000n << 23n) | (1341n << 10n) | 905n).toString();
+    // No -c, no SHARDCTL_CONFIG and no ./shardctl.yaml in the folder.
+    const cli = await runCli(['decode', id], { cwd: tempDir('shardctl-decode-'), env: { SHARDCTL_CONFIG: '' } });
+    expect(cli.code).toBe(0);
+    expect(cli.stdout).toBe(
+      `${id}  ${new Date(1314220021721 + 1387263000).toISOString()}  shard 1341  sequence 905  host -\n`,
+    );
+    expect(cli.stderr).toBe(
+      'decode: no config read, so no host (host -); pass -c FILE (or set SHARDCTL_CONFIG) to name it\n',
+    );
   });
 
   it('never prints a password, including errors passed up from pg; a failure names the host (exit 1)', async () => {

@@ -30,6 +30,17 @@ describe('shardctl dev add-host, then rebalance onto it', () => {
   it('adds a running host with no shards, which init provisions and rebalance fills', async () => {
     const up = await runCli(['dev', 'up', '--hosts', '2', '--shards', '8'], { cwd });
     expect(up.code, up.stderr).toBe(0);
+    // Each step of each host on stderr, which is no terminal here (as in a CI log), before the summary.
+    const lines = up.stderr.split('\n');
+    for (const host of ['pg1', 'pg2']) {
+      const steps = [
+        new RegExp(`^dev up: ${host}: creating the cluster \\(initdb\\) in /`),
+        new RegExp(`^dev up: ${host}: starting on 127\\.0\\.0\\.1:\\d+$`),
+        new RegExp(`^dev up: ${host}: running$`),
+      ].map((step) => lines.findIndex((line) => step.test(line)));
+      expect(steps.every((i) => i >= 0) && steps[0]! < steps[1]! && steps[1]! < steps[2]!, up.stderr).toBe(true);
+      expect(steps[2]!, up.stderr).toBeLessThan(lines.findIndex((line) => line.startsWith('dev up: 2 hosts running')));
+    }
     expect((await runCli(['init', '-c', configFile], { cwd })).code).toBe(0);
 
     const empty = await mkdtemp(path.join(os.tmpdir(), 'shardctl-dev-none-'));
@@ -46,6 +57,7 @@ describe('shardctl dev add-host, then rebalance onto it', () => {
 
     const added = await runCli(['dev', 'add-host', '--json'], { cwd });
     expect(added.code, added.stderr).toBe(0);
+    expect(added.stderr).toMatch(/^dev add-host: pg3: starting on 127\.0\.0\.1:\d+$/m);
     expect(JSON.parse(added.stdout)).toMatchObject({ name: 'pg3', shards: '' });
     expect((await hostsOf()).map((h) => [h.name, h.shards])).toEqual([
       ['pg1', '0-3'],

@@ -1,5 +1,4 @@
-import { existsSync, mkdtempSync, chmodSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, chmodSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
@@ -8,6 +7,7 @@ import { execSql } from '../../src/commands/exec.js';
 import { UsageError } from '../../src/errors.js';
 import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { tempDir } from '../helpers/temp.js';
 
 /**
  * exec without --write changes nothing, whatever the text says: each hostile text is refused with
@@ -62,7 +62,7 @@ async function state(): Promise<{ photos: number[]; strayTables: string[] }> {
 
 describe('shardctl exec without --write', () => {
   const marker = (() => {
-    const dir = mkdtempSync(join(tmpdir(), 'shardctl-copy-'));
+    const dir = tempDir('shardctl-copy-');
     chmodSync(dir, 0o777);
     return join(dir, 'ran');
   })();

@@ -1,5 +1,4 @@
-import { chmodSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { chmodSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
@@ -7,6 +6,7 @@ import { init } from '../../src/commands/init.js';
 import { psqlInvocation } from '../../src/commands/psql.js';
 import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { tempDir } from '../helpers/temp.js';
 
 const db = useTestDatabases(2);
 
@@ -177,7 +177,7 @@ describe('shardctl exec', () => {
 describe('shardctl psql', () => {
   /** A stand-in for psql that records its arguments and environment, then runs the real psql with them. */
   function fakePsql(): { script: string; dir: string } {
-    const dir = mkdtempSync(join(tmpdir(), 'shardctl-psql-'));
+    const dir = tempDir('shardctl-psql-');
     const script = join(dir, 'psql');
     writeFileSync(
       script,

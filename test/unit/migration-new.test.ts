@@ -1,15 +1,15 @@
-import { cpSync, mkdtempSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { cpSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { readMigrations } from '../../src/migrations/files.js';
-import { EXAMPLE_MIGRATIONS, runCli } from '../helpers/fleet.js';
+import { FIXTURE_MIGRATIONS, runCli } from '../helpers/fleet.js';
+import { tempDir } from '../helpers/temp.js';
 
 /** A config over hosts that are never contacted, with the example migrations 0001-0003. */
 function project(): { dir: string; configFile: string; migrationsDir: string } {
-  const dir = mkdtempSync(join(tmpdir(), 'shardctl-new-'));
+  const dir = tempDir('shardctl-new-');
   const migrationsDir = join(dir, 'migrations');
-  cpSync(EXAMPLE_MIGRATIONS, migrationsDir, { recursive: true });
+  cpSync(FIXTURE_MIGRATIONS, migrationsDir, { recursive: true });
   const configFile = join(dir, 'shardctl.yaml');
   writeFileSync(
     configFile,

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
 import { rewriteYaml } from '../../src/config/rewrite.js';
+import { tempDir } from '../helpers/temp.js';
 
 const yaml = `# production map
 schemaPrefix: insta
@@ -44,11 +45,10 @@ describe('rewriting the map after a move', () => {
 
 describe('rewriting the map file concurrently', () => {
   it('keeps both of two moves made at the same time (no lost update)', async () => {
-    const { mkdtempSync, readFileSync, writeFileSync } = await import('node:fs');
-    const { tmpdir } = await import('node:os');
+    const { readFileSync, writeFileSync } = await import('node:fs');
     const { join } = await import('node:path');
     const { rewriteShardOwner } = await import('../../src/config/rewrite.js');
-    const file = join(mkdtempSync(join(tmpdir(), 'rewrite-')), 'shardctl.yaml');
+    const file = join(tempDir('shardctl-rewrite-'), 'shardctl.yaml');
     writeFileSync(file, yaml);
     await Promise.all([
       rewriteShardOwner(file, 1, 'pg1', 'pg3'),
@@ -66,11 +66,10 @@ describe('rewriting the map file concurrently', () => {
 
 describe('the map file lock', () => {
   it('takes over a lock left by a process that no longer exists', async () => {
-    const { mkdtempSync, readFileSync, writeFileSync, existsSync } = await import('node:fs');
-    const { tmpdir } = await import('node:os');
+    const { readFileSync, writeFileSync, existsSync } = await import('node:fs');
     const { join } = await import('node:path');
     const { rewriteShardOwner } = await import('../../src/config/rewrite.js');
-    const file = join(mkdtempSync(join(tmpdir(), 'rewrite-')), 'shardctl.yaml');
+    const file = join(tempDir('shardctl-rewrite-'), 'shardctl.yaml');
     writeFileSync(file, yaml);
     writeFileSync(`${file}.lock`, '2147483646\n'); // no such pid
     const started = Date.now();
