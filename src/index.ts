@@ -54,6 +54,7 @@ export { newMigration, migrationHeader, type NewMigrationResult } from './comman
 export { status, type HostStatus, type MapStatus, type StatusResult } from './commands/status.js';
 export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
 export { gc, type GcResult, type HostLeftover, type LeftTrigger, type OldCopy } from './commands/gc.js';
+export { grant, grantSql, type GrantMode, type GrantResult, type GrantHostResult } from './commands/grant.js';
 export type { Leftover } from './moves/leftovers.js';
 export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
 export {

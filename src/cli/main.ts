@@ -10,6 +10,7 @@ import { registerExec } from './exec.js';
 import { registerInit } from './init.js';
 import { loadLibrary } from './library.js';
 import { registerGc } from './gc.js';
+import { registerGrant } from './grant.js';
 import { registerMap } from './map.js';
 import { registerMigrate } from './migrate.js';
 import { registerMigration } from './migration.js';
@@ -58,6 +59,7 @@ export async function main(
     registerMoveShard,
     registerRebalance,
     registerGc,
+    registerGrant,
     registerExec,
     registerPsql,
     registerDecode,

@@ -1,0 +1,153 @@
+import type { ShardctlConfig } from '../config/types.js';
+import { HostError, UsageError } from '../errors.js';
+import { describePgError, withHost } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
+import { quoteIdent } from '../pg/quote.js';
+import { rollbackQuietly } from '../pg/quiet.js';
+
+/**
+ * `shardctl grant <role> --app | --readonly`: what an application's role (a router that reads and
+ * writes rows) or a read-only role (a router's readOnly calls, `exec` without --write) needs on
+ * every shard of every host, and nothing more:
+ *
+ *   app:      USAGE on the shard schemas; SELECT, INSERT, UPDATE, DELETE on their tables; USAGE and
+ *             SELECT on their sequences (next_id() draws with nextval() and reads currval())
+ *   readonly: USAGE on the shard schemas; SELECT on their tables and sequences
+ *
+ * both with the same default privileges in each shard schema, so tables and sequences that later
+ * migrations create there are covered (for the role that runs the migrations: the one running this
+ * command), and both with what a router reads of the control schema (USAGE, SELECT on the layout,
+ * the shards, the fleet, the host registry, the placement and the moves): no control table
+ * becomes writable, and nothing of the schemas' owner (DDL, TRUNCATE, REFERENCES, TRIGGER). The
+ * shard count is fixed at init, so every shard schema exists; a move carries the grants and default
+ * privileges to its target (docs/moves.md). Idempotent: GRANT of what is held is a no-op.
+ */
+export type GrantMode = 'app' | 'readonly';
+
+export interface GrantHostResult {
+  readonly host: string;
+  /** Shard schemas granted on (those the host's control schema records). */
+  readonly schemas: number;
+  /** The SQL run (or, with dryRun, that would run), one transaction per chunk of schemas. */
+  readonly sql: readonly string[];
+}
+
+export interface GrantResult {
+  readonly role: string;
+  readonly mode: GrantMode;
+  readonly dryRun: boolean;
+  readonly hosts: readonly GrantHostResult[];
+}
+
+/** The control tables a router reads (discovery, following a move); SELECT only. */
+export const ROUTER_CONTROL_TABLES = [
+  'layout',
+  'shards',
+  'fleet',
+  'hosts',
+  'placement',
+  'moves',
+  'move_shards',
+] as const;
+
+/** Schemas per transaction: GRANT takes a lock on every object it changes. */
+const SCHEMAS_PER_TRANSACTION = 256;
+
+/** The transactions that give `role` what `mode` needs on `schemas` and on the control schema. */
+export function grantSql(role: string, mode: GrantMode, schemas: readonly string[]): string[] {
+  const to = quoteIdent(role);
+  const tablePrivileges = mode === 'app' ? 'SELECT, INSERT, UPDATE, DELETE' : 'SELECT';
+  const sequencePrivileges = mode === 'app' ? 'USAGE, SELECT' : 'SELECT';
+  const transactions: string[] = [];
+  for (let i = 0; i < schemas.length; i += SCHEMAS_PER_TRANSACTION) {
+    const list = schemas
+      .slice(i, i + SCHEMAS_PER_TRANSACTION)
+      .map(quoteIdent)
+      .join(', ');
+    transactions.push(
+      [
+        'BEGIN;',
+        `GRANT USAGE ON SCHEMA ${list} TO ${to};`,
+        `GRANT ${tablePrivileges} ON ALL TABLES IN SCHEMA ${list} TO ${to};`,
+        `GRANT ${sequencePrivileges} ON ALL SEQUENCES IN SCHEMA ${list} TO ${to};`,
+        `ALTER DEFAULT PRIVILEGES IN SCHEMA ${list} GRANT ${tablePrivileges} ON TABLES TO ${to};`,
+        `ALTER DEFAULT PRIVILEGES IN SCHEMA ${list} GRANT ${sequencePrivileges} ON SEQUENCES TO ${to};`,
+        'COMMIT;',
+      ].join('\n'),
+    );
+  }
+  transactions.push(
+    [
+      'BEGIN;',
+      `GRANT USAGE ON SCHEMA ${CONTROL} TO ${to};`,
+      `GRANT SELECT ON ${ROUTER_CONTROL_TABLES.map((t) => `${CONTROL}.${t}`).join(', ')} TO ${to};`,
+      'COMMIT;',
+    ].join('\n'),
+  );
+  return transactions;
+}
+
+export async function grant(
+  config: ShardctlConfig,
+  role: string,
+  mode: GrantMode,
+  options: { dryRun?: boolean } = {},
+): Promise<GrantResult> {
+  if (role.length === 0 || role.length > 63)
+    throw new UsageError('must be a role name of 1 to 63 characters', { input: 'role', value: role });
+  if (mode !== 'app' && mode !== 'readonly')
+    throw new UsageError('must be app or readonly', { input: 'mode', value: String(mode) });
+  const dryRun = options.dryRun ?? false;
+  // Every host is read first: a role missing on one host (or a superuser) refuses the whole run
+  // before anything is granted anywhere.
+  const plans = await Promise.all(
+    config.hosts.map((host) =>
+      withHost(host, async (client) => {
+        const found = await client.query<{ superuser: boolean | null; schemas: string[] | null }>(
+          `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1) AS superuser,
+                  (SELECT array_agg(schema_name::text ORDER BY shard) FROM ${CONTROL}.shards
+                    WHERE to_regnamespace(quote_ident(schema_name)) IS NOT NULL) AS schemas`,
+          [role],
+        );
+        const { superuser, schemas } = found.rows[0]!;
+        if (superuser === null)
+          throw new HostError(
+            host.name,
+            `role ${JSON.stringify(role)} does not exist; create it first (CREATE ROLE); nothing was granted`,
+            {
+              code: 'ROLE_MISSING',
+            },
+          );
+        if (superuser)
+          throw new HostError(
+            host.name,
+            `role ${JSON.stringify(role)} is a superuser: it needs no grants and bypasses every one; nothing was granted`,
+            { code: 'ROLE_SUPERUSER' },
+          );
+        return { host, schemas: schemas ?? [] };
+      }),
+    ),
+  );
+  const hosts = await Promise.all(
+    plans.map(async ({ host, schemas }) => {
+      const sql = grantSql(role, mode, schemas);
+      if (!dryRun) {
+        await withHost(host, async (client) => {
+          for (const transaction of sql) {
+            try {
+              await client.query(transaction);
+            } catch (error) {
+              await rollbackQuietly(client);
+              throw new HostError(host.name, `cannot grant to ${JSON.stringify(role)}: ${describePgError(error)}`, {
+                code: 'GRANT_FAILED',
+                cause: error,
+              });
+            }
+          }
+        });
+      }
+      return { host: host.name, schemas: schemas.length, sql };
+    }),
+  );
+  return { role, mode, dryRun, hosts };
+}

@@ -1,0 +1,152 @@
+import { randomBytes } from 'node:crypto';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import pg from 'pg';
+import { describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { moveShards } from '../../src/commands/move-shard.js';
+import { gc } from '../../src/commands/gc.js';
+import { ShardRouter } from '../../src/router/router.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const PHOTOS_ONLY = {
+  '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
+CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), user_id bigint NOT NULL, image_url text NOT NULL);
+ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
+};
+
+const suffix = randomBytes(4).toString('hex');
+const APP = `app_${suffix}`;
+const READER = `reader_${suffix}`;
+const PASSWORD = `pw_${suffix}`;
+
+function asRole(url: string, role: string): string {
+  const u = new URL(url);
+  u.username = role;
+  u.password = PASSWORD;
+  return u.toString();
+}
+
+function errorOf(promise: Promise<unknown>): Promise<{ code?: string; message: string }> {
+  return promise.then(
+    () => {
+      throw new Error('expected a failure');
+    },
+    (error: { code?: string; message: string }) => error,
+  );
+}
+
+describe('shardctl grant', () => {
+  const db = useTestDatabases(2);
+
+  it('gives an application role what a router needs, from a file and from seeds, through a move and a gc, and no control table to write', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8, schemaPrefix: 'gr', migrations: PHOTOS_ONLY });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    for (const url of db.urls) {
+      await withClient(url, async (client) => {
+        for (const role of [APP, READER]) {
+          await client.query(`DROP ROLE IF EXISTS ${role}`).catch(() => undefined);
+          await client.query(`CREATE ROLE ${role} LOGIN PASSWORD '${PASSWORD}'`);
+        }
+      });
+    }
+    const both = await runCli(['grant', APP, '--app', '--readonly', '-c', fleet.configFile]);
+    expect(both.code).toBe(2);
+    expect(both.stderr).toContain('exactly one of --app and --readonly');
+    const missing = await runCli(['grant', `nobody_${suffix}`, '--app', '-c', fleet.configFile]);
+    expect(missing.code).toBe(1);
+    expect(missing.stderr).toMatch(/host pg\d: role "nobody_\w+" does not exist/);
+    const dry = await runCli(['grant', APP, '--app', '--dry-run', '-c', fleet.configFile]);
+    expect(dry.code).toBe(0);
+    expect(dry.stdout).toContain(
+      `GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA "gr0", "gr1", "gr2", "gr3" TO "${APP}";`,
+    );
+    // The dry run granted nothing.
+    await withClient(db.urls[0]!, async (client) => {
+      const r = await client.query<{ ok: boolean }>(`SELECT has_schema_privilege($1, 'gr0', 'USAGE') AS ok`, [APP]);
+      expect(r.rows[0]!.ok).toBe(false);
+    });
+    for (const [role, flag] of [
+      [APP, '--app'],
+      [READER, '--readonly'],
+    ] as const) {
+      const run = await runCli(['grant', role, flag, '-c', fleet.configFile]);
+      expect({ code: run.code, stderr: run.stderr }).toEqual({ code: 0, stderr: expect.stringContaining('grant: ') });
+    }
+
+    // The application's config: the same hosts, as the application role.
+    const appFile = join(fleet.dir, 'app.yaml');
+    writeFileSync(
+      appFile,
+      db.urls.reduce((text, url) => text.replace(url, asRole(url, APP)), readFileSync(fleet.configFile, 'utf8')),
+    );
+    const fromFile = await ShardRouter.open(appFile);
+    const fromSeed = await ShardRouter.open({ seeds: [asRole(db.urls[1]!, APP)] });
+    let failed = 0;
+    let written = 0;
+    let stop = false;
+    const write = async (router: ShardRouter, key: bigint) => {
+      try {
+        await router.withKey(key, (client) =>
+          client.query(`INSERT INTO photos (user_id, image_url) VALUES ($1, 'x')`, [key.toString()]),
+        );
+        written += 1;
+      } catch {
+        failed += 1;
+      }
+    };
+    // Every write to shard 0 (keys that are multiples of 8), the shard that moves.
+    const writers = [fromFile, fromSeed].map(async (router) => {
+      for (let n = 0; !stop || n < 20; n++) await write(router, BigInt(n * 8));
+    });
+    try {
+      const moved = await moveShards(config, [0], 'pg2', { configFile: fleet.configFile });
+      expect(moved.moves.map((m) => m.outcome)).toEqual(['moved']);
+      expect((await gc(await fleet.config())).oldCopies.map((c) => c.shard)).toEqual([0]);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+    } finally {
+      stop = true;
+      await Promise.all(writers);
+    }
+    expect(failed).toBe(0);
+    expect(written).toBeGreaterThan(40);
+
+    // Rows and their sequences on the moved shard still work for the role, and it writes no control table.
+    const app = new pg.Client({ connectionString: asRole(db.urls[1]!, APP) });
+    await app.connect();
+    try {
+      const r = await app.query<{ n: number }>('SELECT count(*)::int AS n FROM gr0.photos');
+      expect(r.rows[0]!.n).toBe(written);
+      const update = await errorOf(app.query(`UPDATE shardctl.hosts SET address = 'postgres://evil:5432/x'`));
+      expect(update.code).toBe('42501');
+      const lock = await errorOf(app.query(`DELETE FROM shardctl.placement`));
+      expect(lock.code).toBe('42501');
+      const ddl = await errorOf(app.query('CREATE TABLE gr0.mine (x int)'));
+      expect(ddl.code).toBe('42501');
+    } finally {
+      await app.end();
+    }
+    await fromFile.close();
+    await fromSeed.close();
+
+    // A migration's new table is the role's too (default privileges); the read-only role reads, never writes.
+    fleet.writeMigration('0002_tags.sql', 'CREATE TABLE tags (photo_id bigint NOT NULL, tag text NOT NULL);\n');
+    expect((await runCli(['migrate', '-c', fleet.configFile])).code).toBe(0);
+    const router = await ShardRouter.open(appFile);
+    try {
+      await router.withShard(5, (client) => client.query(`INSERT INTO tags VALUES (1, 'a')`));
+    } finally {
+      await router.close();
+    }
+    const reader = new pg.Client({ connectionString: asRole(db.urls[1]!, READER) });
+    await reader.connect();
+    try {
+      expect((await reader.query<{ n: number }>('SELECT count(*)::int AS n FROM gr5.tags')).rows[0]!.n).toBe(1);
+      expect((await errorOf(reader.query(`INSERT INTO gr5.tags VALUES (2, 'b')`))).code).toBe('42501');
+    } finally {
+      await reader.end();
+    }
+  });
+});
