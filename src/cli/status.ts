@@ -72,6 +72,14 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           );
         }
         if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);
+        for (const w of h.controlWriters)
+          out.line(
+            `  control table ${w.table} is writable by role ${w.role}, not only by its owner: a router opened from seeds does not trust this host's registry (REVOKE its INSERT, UPDATE, DELETE, TRUNCATE)`,
+          );
+        for (const m of h.registryMismatches)
+          out.line(
+            `  registry: host ${m.name} at ${m.registry}, the file says ${m.file} (a failover, or an edited registry: check it, then run shardctl init)`,
+          );
       }
     }
     if (!out.json) printMap(out, result.map);

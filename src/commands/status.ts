@@ -12,6 +12,8 @@ import {
   mapDisagreements,
   mergePlacement,
   readPlacementView,
+  controlWritersSql,
+  hostAddress,
   type FleetPlacement,
   type HostPlacementView,
 } from '../fleet/placement.js';
@@ -66,6 +68,13 @@ export interface HostStatus {
   readonly moves: readonly { moveId: string; shards: string; source: string; target: string; aborting: boolean }[];
   /** What killed runs left on this host: probe subscriptions, replication objects of no running move (gc drops them). */
   readonly leftovers: readonly string[];
+  /**
+   * Control tables that a role other than their owner (or a superuser) can write, with that role:
+   * such a role could redirect routers opened from seeds (the registry) or corrupt the placement.
+   */
+  readonly controlWriters: readonly { readonly table: string; readonly role: string }[];
+  /** Hosts whose address in this host's registry differs from the file's url (user and password aside). */
+  readonly registryMismatches: readonly { readonly name: string; readonly registry: string; readonly file: string }[];
   readonly ok: boolean;
 }
 
@@ -110,7 +119,15 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
         return await withSession(
           host,
           async (session) => {
-            views.push(await readPlacementView(session.client, host.name));
+            const view = await readPlacementView(session.client, host.name);
+            views.push(view);
+            const controlWriters = (await session.client.query<{ table: string; role: string }>(controlWritersSql()))
+              .rows;
+            const registryMismatches = [...view.registry].flatMap(([name, registry]) => {
+              const listed = config.hosts.find((h) => h.name === name);
+              const file = listed ? hostAddress(listed.url) : null;
+              return file !== null && file !== registry ? [{ name, registry, file }] : [];
+            });
             const snapshot = await readHostSnapshot(session, config);
             for (const shard of host.shards) if (snapshot.schemas.has(shard)) present.push(snapshot.applied.get(shard));
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
@@ -125,8 +142,11 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             ]);
             const found = hostStatus(config, snapshot, migrations, cached, leftovers);
             const byHand = snapshot.layout === null ? [] : await handMadeDrift(session.client, host.name, config);
-            const result = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
-            return sequences.length === 0 ? result : { ...result, sequenceProblems: sequences, ok: false };
+            const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
+            const result = { ...drifted, controlWriters, registryMismatches };
+            const trusted = controlWriters.length === 0 && registryMismatches.length === 0;
+            const checked = trusted ? result : { ...result, ok: false };
+            return sequences.length === 0 ? checked : { ...checked, sequenceProblems: sequences, ok: false };
           },
           { applicationName: 'shardctl status' },
         );
@@ -180,7 +200,7 @@ function hostStatus(
   migrations: readonly MigrationFile[],
   cached: readonly string[],
   leftovers: readonly string[],
-): HostStatus {
+): Omit<HostStatus, 'controlWriters' | 'registryMismatches'> {
   const host = snapshot.host;
   const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map(
     (p) => p.message,
@@ -295,6 +315,8 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     drift: [],
     moves: [],
     leftovers: [],
+    controlWriters: [],
+    registryMismatches: [],
     ok: false,
   };
 }

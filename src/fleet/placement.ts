@@ -37,7 +37,41 @@ export interface HostPlacementView {
   readonly claims: ReadonlyMap<number, ShardState>;
   /** Shards of the unfinished moves this host records. */
   readonly moving: ReadonlySet<number>;
+  /**
+   * Roles other than the owner (and superusers) that can write the registry, the placement or the
+   * fleet row of this host (CONTROL_WRITERS_SQL): while there is one, a router does not trust the
+   * addresses this host's registry lists.
+   */
+  readonly registryWriters: readonly string[];
 }
+
+/**
+ * Who, besides the owner of a control table and superusers, can change it: a grantee of INSERT,
+ * UPDATE, DELETE or TRUNCATE (PUBLIC included), or a member of the owning role (who inherits what
+ * it owns). `tables`: control table names; all tables of the control schema when omitted.
+ */
+export function controlWritersSql(tables?: readonly string[]): string {
+  const which = tables
+    ? `c.oid = ANY (ARRAY[${tables.map((t) => `${quoteLiteral(`${CONTROL}.${t}`)}::regclass`).join(', ')}])`
+    : `c.relnamespace = pg_catalog.to_regnamespace(${quoteLiteral(CONTROL)}) AND c.relkind IN ('r', 'p')`;
+  return `SELECT c.oid::regclass::text AS "table", w.role
+   FROM pg_catalog.pg_class c
+   CROSS JOIN LATERAL (
+     SELECT coalesce(r.rolname, 'PUBLIC') AS role
+       FROM pg_catalog.aclexplode(coalesce(c.relacl, pg_catalog.acldefault('r', c.relowner))) a
+       LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+      WHERE a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE') AND a.grantee <> c.relowner
+        AND NOT coalesce(r.rolsuper, false)
+     UNION
+     SELECT r.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid = m.member
+      WHERE m.roleid = c.relowner AND NOT r.rolsuper
+   ) w
+  WHERE ${which}
+  ORDER BY 1, 2`;
+}
+
+/** The control tables whose contents a router acts on when it is opened from seeds. */
+const REGISTRY_TABLES = ['hosts', 'placement', 'fleet'] as const;
 
 export interface PlacementLayout {
   readonly schemaPrefix: string;
@@ -85,6 +119,7 @@ export async function readPlacementView(
     `SELECT fleet_id::text AS fleet_id, host_name, placement_version::text AS version FROM ${CONTROL}.fleet`,
     `SELECT name, address FROM ${CONTROL}.hosts ORDER BY name`,
     `SELECT host, version::text AS version, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM ${CONTROL}.placement GROUP BY host, version`,
+    controlWritersSql(REGISTRY_TABLES),
   ];
   let rows: unknown[][];
   try {
@@ -107,10 +142,11 @@ export async function readPlacementView(
         copy: new Map(),
         claims: new Map(),
         moving: new Set(),
+        registryWriters: [],
       };
     rows = await simpleQuery(client, [...core, ...(fleet ? fleetQueries : [])]);
   }
-  const [layoutRows, claimRows, movingRows, fleetRows, hostRows, copyRows] = rows;
+  const [layoutRows, claimRows, movingRows, fleetRows, hostRows, copyRows, writerRows] = rows;
   const layoutRow = layoutRows![0] as
     | { schema_prefix: string; shard_count: number; epoch_ms: string; shard_bits: number; sequence_bits: number }
     | undefined;
@@ -141,6 +177,7 @@ export async function readPlacementView(
     copy,
     claims,
     moving: new Set(parseNumberList((movingRows![0] as { shards: string | null } | undefined)?.shards ?? '')),
+    registryWriters: [...new Set(((writerRows ?? []) as { role: string }[]).map((r) => r.role))],
   };
 }
 
@@ -461,6 +498,8 @@ export async function requireFleetAgrees(config: ShardctlConfig, applicationName
 /** A discovery that also knows how to reach each host (URLs with credentials: secrets). */
 export interface FleetDiscovery extends Discovery {
   readonly urls: ReadonlyMap<string, string>;
+  /** Hosts whose registry roles other than its owner can write: the addresses it lists were not used. */
+  readonly distrusted: readonly { readonly name: string; readonly writers: readonly string[] }[];
 }
 
 /** How long discovery waits for a host that does not answer, unless the config says (hostTimeout). */
@@ -496,6 +535,7 @@ export async function discoverFleet(
   const urls = new Map<string, string>();
   const accepted: HostPlacementView[] = [];
   const unreachable: { name: string; reason: string }[] = [];
+  const distrusted: { name: string; writers: readonly string[] }[] = [];
   let fleetId: string | null = null;
   const read = async (targets: readonly { name: string; url: string }[]): Promise<void> => {
     const results = await Promise.allSettled(
@@ -527,16 +567,27 @@ export async function discoverFleet(
   };
   await read(seeds);
   const credentials = options.credentials ?? seeds[0]?.url;
-  const registry = mergePlacement(accepted).hosts;
+  // The seed's credentials go only to addresses from registries no one but their owner can write:
+  // a role that could rewrite an address would otherwise receive them (docs: README, Roles).
+  const trusted = (): HostPlacementView[] => accepted.filter((v) => v.registryWriters.length === 0);
+  for (const view of accepted)
+    if (view.registryWriters.length > 0)
+      distrusted.push({ name: view.fleet?.hostName ?? view.reachedAs, writers: view.registryWriters });
+  const registry = mergePlacement(trusted()).hosts;
   const next = [...registry]
     .filter(([name]) => !urls.has(name) && !unreachable.some((u) => u.name === name))
     .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }));
   if (next.length > 0) await read(next);
-  for (const [name, address] of mergePlacement(accepted).hosts)
+  for (const [name, address] of mergePlacement(trusted()).hosts)
     if (!urls.has(name)) urls.set(name, withCredentials(address, credentials));
   // A seed that answered under its registry name is not also unreachable under its label.
   const placement = mergePlacement(accepted);
-  return { placement, unreachable: unreachable.filter((u) => !placement.answered.includes(u.name)), urls };
+  return {
+    placement,
+    unreachable: unreachable.filter((u) => !placement.answered.includes(u.name)),
+    urls,
+    distrusted,
+  };
 }
 
 /** A config with no hosts: a seed router's, until its first discovery fills it in. */

@@ -124,6 +124,8 @@ export class ShardRouter {
   /** Shards whose new host answered that it holds them, ahead of the next discovery. */
   private readonly followed = new Map<number, string>();
   private readonly pools = new Map<string, { url: string; pool: pg.Pool }>();
+  /** Hosts whose writable registry was warned about (once each). */
+  private readonly distrustWarned = new Set<string>();
   private readonly ending = new Set<Promise<void>>();
   private reloading: Promise<void> | undefined;
   /** Per shard, the statements that start its transaction (read-write, read-only); reset by reload(). */
@@ -507,6 +509,14 @@ export class ShardRouter {
       );
     }
     const next = fleetConfig(file, found);
+    for (const { name, writers } of 'distrusted' in found ? found.distrusted : []) {
+      if (this.distrustWarned.has(name)) continue;
+      this.distrustWarned.add(name);
+      process.emitWarning(
+        `shardctl: host ${name}'s registry of host addresses is writable by ${writers.join(', ')} (not only its owner): the addresses it lists are not used, and no password goes there; run shardctl status`,
+        { code: 'SHARDCTL_REGISTRY_WRITABLE' },
+      );
+    }
     this.config = next;
     this.unreachable = new Map(found.unreachable.map((u) => [u.name, u.reason]));
     this.followed.clear();

@@ -38,6 +38,7 @@ function view(
     ),
     claims: new Map(Object.entries(options.claims ?? {}).map(([shard, state]) => [Number(shard), state])),
     moving: new Set(),
+    registryWriters: [],
   };
 }
 
@@ -193,7 +194,7 @@ describe('fleetConfig', () => {
     const placement = mergePlacement([{ ...view('pg1', { fleetId: null }), layout: null }]);
     let error: unknown;
     try {
-      fleetConfig(null, { placement, unreachable: [], urls: new Map() });
+      fleetConfig(null, { placement, unreachable: [], urls: new Map(), distrusted: [] });
     } catch (e) {
       error = e;
     }
