@@ -5,6 +5,7 @@ import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
 import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { serializeQueries } from '../pg/serial.js';
+import { libpqCompatible } from '../pg/tls.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
@@ -22,7 +23,7 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   registerUrlSecret(host.url);
   registerSecret(process.env['PGPASSWORD']);
   const client = new pg.Client({
-    connectionString: host.url,
+    connectionString: libpqCompatible(host.url),
     application_name: options.applicationName ?? 'shardctl',
     ...hostClientSettings(host),
   });

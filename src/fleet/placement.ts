@@ -341,8 +341,8 @@ export function hostAddress(url: string): string | null {
 }
 
 /**
- * A URL to reach `address` with the user and password of `credentials` (a seed URL); without them
- * pg falls back to PGUSER, PGPASSWORD and ~/.pgpass, as psql does.
+ * A URL to reach `address` with the user, password and TLS parameters of `credentials` (a seed URL);
+ * without them pg falls back to PGUSER, PGPASSWORD and ~/.pgpass, as psql does.
  */
 export function withCredentials(address: string, credentials: string | undefined): string {
   if (!credentials) return address;
@@ -356,8 +356,17 @@ export function withCredentials(address: string, credentials: string | undefined
   }
   to.username = from.username;
   to.password = from.password;
+  // The seed's TLS parameters too, over the address's own: the application's seed is the trust
+  // anchor, and a host it learned of is checked as strictly as the seed (README, TLS).
+  for (const key of TLS_PARAMETERS) {
+    const value = from.searchParams.get(key);
+    if (value !== null) to.searchParams.set(key, value);
+  }
   return to.toString();
 }
+
+/** The connection parameters of a seed that a registry address takes from it. */
+const TLS_PARAMETERS = ['sslmode', 'sslrootcert', 'sslcert', 'sslkey', 'uselibpqcompat'] as const;
 
 /**
  * Records, in one transaction, the fleet id and this host's name, the registry, and the placement

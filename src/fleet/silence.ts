@@ -17,6 +17,7 @@ import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact } from '../pg/redact.js';
 import { endQuietly } from '../pg/quiet.js';
+import { libpqCompatible } from '../pg/tls.js';
 
 /** The code of the HostError a silent host's pending queries fail with. */
 export const HOST_SILENT = 'HOST_SILENT';
@@ -212,7 +213,7 @@ export function answersWithin(host: HostConfig, ms: number): Promise<string | nu
 async function runProbe(host: HostConfig, bound = host.timeoutMs): Promise<string | null> {
   // The deadline below bounds connecting and the query together.
   const probe = new pg.Client({
-    connectionString: host.url,
+    connectionString: libpqCompatible(host.url),
     application_name: 'shardctl probe',
     ...hostClientSettings(host),
     connectionTimeoutMillis: 0,

@@ -46,6 +46,7 @@ import { stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import { allOrNone, awaitedLater } from '../promises.js';
+import { libpqCompatible } from '../pg/tls.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -302,7 +303,7 @@ export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number)
   await dropMoveSlot(ctx);
   // node-postgres supports replication connections; its type definitions do not list the option.
   const config: pg.ClientConfig & { replication: string } = {
-    connectionString: ctx.source.host.url,
+    connectionString: libpqCompatible(ctx.source.host.url),
     replication: 'database',
     application_name: 'shardctl move',
     ...hostClientSettings(ctx.source.host),

@@ -17,6 +17,7 @@ import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors
 import { DeferredBegin, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
 import { endQuietly } from '../pg/quiet.js';
+import { libpqCompatible } from '../pg/tls.js';
 
 /** The default of ShardRouterOptions.maxConnectionLifetimeMs: one hour. */
 export const DEFAULT_MAX_CONNECTION_LIFETIME_MS = 3_600_000;
@@ -552,7 +553,7 @@ export class ShardRouter {
     if (existing) this.endPool(host.name);
     registerUrlSecret(host.url);
     const pool = new pg.Pool({
-      connectionString: host.url,
+      connectionString: libpqCompatible(host.url),
       max: this.options.poolSize,
       application_name: this.options.applicationName,
       ...hostClientSettings(host),

@@ -157,6 +157,15 @@ describe('addresses and credentials', () => {
     );
     expect(withCredentials('postgres://db3:5433/app', undefined)).toBe('postgres://db3:5433/app');
   });
+
+  it("checks a registry address as strictly as the seed: the seed's TLS parameters win over the address's", () => {
+    expect(
+      withCredentials(
+        'postgres://db3:5433/app?sslmode=disable&application_name=x',
+        'postgres://app:pw@db1/app?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.pem&connect_timeout=3',
+      ),
+    ).toBe('postgres://app:pw@db3:5433/app?sslmode=verify-full&application_name=x&sslrootcert=%2Fetc%2Fca.pem');
+  });
 });
 
 describe('map pull rewrite', () => {
