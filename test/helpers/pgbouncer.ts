@@ -28,9 +28,14 @@ export interface PgBouncerOptions {
   ignoreStartupParameters?: readonly string[];
 }
 
-const BINARY = ['/usr/sbin/pgbouncer', '/usr/bin/pgbouncer', '/usr/local/bin/pgbouncer'].find((file) =>
-  existsSync(file),
-);
+/** Debian's place (not on a normal user's PATH), then PATH (Homebrew, other distributions). */
+const BINARY = [
+  '/usr/sbin/pgbouncer',
+  ...(process.env['PATH'] ?? '')
+    .split(':')
+    .filter(Boolean)
+    .map((dir) => path.join(dir, 'pgbouncer')),
+].find((file) => existsSync(file));
 
 export async function startPgBouncer(hostUrl: string, options: PgBouncerOptions = {}): Promise<PgBouncer> {
   if (!BINARY) throw new Error('pgbouncer is not installed: run test/pgbouncer/install.sh (npm test does)');
