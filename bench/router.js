@@ -43,7 +43,7 @@ export const description =
 const DATABASE = 'bench_router';
 const SHARDS = 2048;
 const HOSTS = 2;
-const POOL_SIZE = 10;
+export const POOL_SIZE = 10;
 const INSERT_TARGET = 0.9;
 const EXEC_TARGET = 1.5;
 /** synchronous_commit for the insert comparison: durable first, then without the flush wait. */
@@ -265,7 +265,7 @@ async function backendsCpuMs(hosts, applicationName) {
  * shards (one multi-statement round trip). All connections of a pool are held at once, so each is
  * a different one.
  */
-async function warmUp(config, router, pools) {
+export async function warmUp(config, router, pools) {
   await Promise.all(
     config.hosts.map(async (host) => {
       const text = host.shards
@@ -316,7 +316,7 @@ async function drain(userIds, callers, insert) {
   );
 }
 
-function insertRouted(router, userIds, callers) {
+export function insertRouted(router, userIds, callers) {
   return drain(userIds, callers, (userId) =>
     router.withKey(userId, (client) =>
       client.query('insert into photos (user_id, image_url) values ($1, $2)', [
@@ -327,7 +327,7 @@ function insertRouted(router, userIds, callers) {
   );
 }
 
-function insertPlain(config, pools, userIds, callers) {
+export function insertPlain(config, pools, userIds, callers) {
   return drain(userIds, callers, (userId) => {
     const shard = shardForKey(userId, config.shards);
     const host = hostForShard(config, shard);

@@ -34,6 +34,7 @@ import * as moveBatch from './move-batch.js';
 import * as moveRealworld from './move-realworld.js';
 import * as moveShard from './move-shard.js';
 import * as nextId from './next-id.js';
+import * as pooledInserts from './pooled-inserts.js';
 import * as router from './router.js';
 import * as routerStall from './router-stall.js';
 
@@ -49,6 +50,7 @@ const BENCHMARKS = {
   'move-realworld': moveRealworld,
   'move-batch': moveBatch,
   router,
+  'pooled-inserts': pooledInserts,
   'router-stall': routerStall,
   discovery,
 };
@@ -68,6 +70,7 @@ const DEFAULT_MAJORS = {
   'move-shard': ['15', EMBEDDED_MAJOR],
   'move-realworld': ['15', EMBEDDED_MAJOR],
   router: [EMBEDDED_MAJOR],
+  'pooled-inserts': [EMBEDDED_MAJOR, '15'],
   'router-stall': [EMBEDDED_MAJOR, '15'],
   'move-batch': ['15', EMBEDDED_MAJOR],
   discovery: [EMBEDDED_MAJOR],

@@ -42,7 +42,6 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
     await untilAborted(client, options.signal, async () => {
       await client.connect();
       watchSilence(client, host);
-      await checkClientConnection(client);
     });
   } catch (error) {
     await endQuietly(client);
@@ -81,9 +80,12 @@ export const CLIENT_CONNECTION_CHECK_INTERVAL = '1s';
 
 /**
  * A server otherwise notices a killed client only when it next writes to it: a killed run's
- * statement (and the locks it holds, the runner lock among them) would run on to its end. PostgreSQL
- * 14+ has client_connection_check_interval; older servers, and platforms where the setting must stay
- * 0, go without (the runner lock's wait covers the rest).
+ * statement (and the locks it holds) would run on to its end. PostgreSQL 14+ has
+ * client_connection_check_interval; platforms where the setting must stay 0 go without (the runner
+ * lock's wait covers the rest). This sets it for the session: only for a connection that is a server
+ * session of shardctl's own for its whole life (a move's replication connection, a no-transaction
+ * migration's worker, both on the host's directUrl). Transactions that may go through a pooler set it
+ * for themselves (WORKER_TRANSACTION_SQL), a move's workers as they are put to work (ASYNC_COMMIT_SQL).
  */
 export async function checkClientConnection(client: pg.Client): Promise<void> {
   await client

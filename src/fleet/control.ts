@@ -5,6 +5,7 @@ import { HostError } from '../errors.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 import { rollbackQuietly } from '../pg/quiet.js';
+import { CLIENT_CONNECTION_CHECK_INTERVAL } from './connect.js';
 
 /**
  * The control schema shardctl keeps on every host (sql/control.sql): the id layout the host was
@@ -114,18 +115,32 @@ export class ControlVersionError extends HostError {
 }
 
 /**
- * Sets a worker session to commit without waiting for the WAL flush (see DURABLE_FLUSH_SQL). Only
- * on a session shardctl owns for its life (a move's copy and creation workers, which need a
- * direct connection anyway): through a transaction pooler a session setting stays on the server
- * connection and reaches the pooler's next clients. Provisioning uses ASYNC_COMMIT_LOCAL_SQL.
+ * Sets up a move's worker session as it is put to work (not when it is opened ahead: a move refused
+ * by its preflight leaves nothing behind): commits without waiting for the WAL flush (see
+ * DURABLE_FLUSH_SQL), and the server checks during its statements that the client is still there
+ * (client_connection_check_interval; skipped where the platform cannot). Only on a session shardctl
+ * owns for its life (a move's connections, which go to the host's directUrl): through a transaction
+ * pooler a session setting stays on the server connection and reaches the pooler's next clients.
+ * Provisioning uses WORKER_TRANSACTION_SQL.
  */
-export const ASYNC_COMMIT_SQL = 'SET synchronous_commit = off';
+export const ASYNC_COMMIT_SQL = ['SET synchronous_commit = off;', clientCheckSql(false)].join(' ');
+
+/** client_connection_check_interval for the session or the transaction, where the server's platform allows it (22023 otherwise). */
+function clientCheckSql(local: boolean): string {
+  return `DO $shardctl$ BEGIN PERFORM pg_catalog.set_config('client_connection_check_interval', '${CLIENT_CONNECTION_CHECK_INTERVAL}', ${local}); EXCEPTION WHEN invalid_parameter_value THEN NULL; END $shardctl$;`;
+}
 
 /**
- * The same for one transaction (inside it): every shard transaction of provisioning (createShardSql,
- * migrationSql, reinstallNextIdSql, recordShardSql) starts with it, so nothing outlives the transaction.
+ * What a worker's transaction sets for itself (inside it): every shard transaction of provisioning
+ * (createShardSql, migrationSql, reinstallNextIdSql, recordShardSql) and a move's target creation
+ * starts with it, so nothing outlives the transaction and a pooled server connection goes back to the
+ * pooler with the server's defaults. It commits without a WAL flush (see DURABLE_FLUSH_SQL), and has
+ * the server check during its statements that the client is still there
+ * (client_connection_check_interval, PostgreSQL 14+): a killed run's worker is ended within a second
+ * instead of running its statement (and holding its locks) to the end. A server whose platform cannot
+ * check (22023, "must be set to 0 on this platform") goes without.
  */
-export const ASYNC_COMMIT_LOCAL_SQL = 'SET LOCAL synchronous_commit = off;';
+export const WORKER_TRANSACTION_SQL = ['SET LOCAL synchronous_commit = off;', clientCheckSql(true)].join('\n');
 
 /**
  * Provisioning, and a move's target creation and copy, commit each shard's transaction with

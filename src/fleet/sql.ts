@@ -2,7 +2,7 @@ import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { renderNextIdSql } from '../id/sql.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { ASYNC_COMMIT_LOCAL_SQL, CONTROL } from './control.js';
+import { WORKER_TRANSACTION_SQL, CONTROL } from './control.js';
 
 /**
  * The SQL of a shard's life on a host: created (schema, next_id, its control row), recorded,
@@ -23,7 +23,7 @@ export function createShardSql(
   const schema = shardSchemaName(config, shard);
   return [
     'BEGIN;',
-    ASYNC_COMMIT_LOCAL_SQL,
+    WORKER_TRANSACTION_SQL,
     ...(staleRecords
       ? [
           `DELETE FROM ${CONTROL}.migrations WHERE shard = ${shard};`,
@@ -58,7 +58,7 @@ export function reinstallNextIdSql(config: ShardctlConfig, shard: number): strin
   // next_id_barrier.sql waits for the transactions drawing from the schema's sequences: as long as a migration's locks may.
   return [
     'BEGIN;',
-    ASYNC_COMMIT_LOCAL_SQL,
+    WORKER_TRANSACTION_SQL,
     `SET LOCAL lock_timeout = ${quoteLiteral(config.lockTimeout)};`,
     renderNextIdSql(schema, shard, config.idLayout).trim(),
     'COMMIT;',
@@ -74,7 +74,7 @@ export function recordShardSql(config: ShardctlConfig, shard: number): string {
   const schema = shardSchemaName(config, shard);
   return [
     'BEGIN;',
-    ASYNC_COMMIT_LOCAL_SQL,
+    WORKER_TRANSACTION_SQL,
     `INSERT INTO ${CONTROL}.shards (shard, schema_name) VALUES (${shard}, ${quoteLiteral(schema)}) ON CONFLICT (shard) DO NOTHING;`,
     'COMMIT;',
   ].join('\n');

@@ -1,6 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
-import { ASYNC_COMMIT_LOCAL_SQL, CONTROL } from '../fleet/control.js';
+import { WORKER_TRANSACTION_SQL, CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { MigrationFile } from './files.js';
 
@@ -17,7 +17,7 @@ export function migrationSql(config: ShardctlConfig, shard: number, migration: M
   const schema = shardSchemaName(config, shard);
   return [
     'BEGIN;',
-    ASYNC_COMMIT_LOCAL_SQL,
+    WORKER_TRANSACTION_SQL,
     `SET LOCAL search_path TO ${quoteIdent(schema)};`,
     `SET LOCAL lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};`,
     ...(migration.statementTimeout

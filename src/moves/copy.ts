@@ -5,7 +5,7 @@ import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
-import { ASYNC_COMMIT_LOCAL_SQL, ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { WORKER_TRANSACTION_SQL, ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
@@ -197,7 +197,7 @@ async function carryPrivileges(
     const statements = syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions);
     if (statements.length === 0) continue;
     try {
-      await target.client.query(['BEGIN;', ASYNC_COMMIT_LOCAL_SQL, ...statements, 'COMMIT;'].join('\n'));
+      await target.client.query(['BEGIN;', WORKER_TRANSACTION_SQL, ...statements, 'COMMIT;'].join('\n'));
     } catch (error) {
       await rollbackQuietly(target.client);
       throw new HostError(

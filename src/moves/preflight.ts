@@ -302,7 +302,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
       reach === null,
       reach === null
         ? `${target.name} can connect to ${source.name} for replication`
-        : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
+        : /unsupported startup parameter/i.test(reach)
+          ? `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; that address looks like a connection pooler's: set ${source.name}'s directUrl (or replicationUrl) to the server's own address`
+          : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
     );
   } else if (probe) {
     add('target reaches source', true, 'not probed: other checks failed');

@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import { connectHost, describePgError } from '../fleet/connect.js';
+import { checkClientConnection, connectHost, describePgError } from '../fleet/connect.js';
 import { CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
@@ -124,11 +124,17 @@ export async function executeHostPlan(
   }
   report();
 
+  const session = plan.jobs.some((job) => job.steps.some((step) => step.alone));
   const worker = async (): Promise<void> => {
     let client: pg.Client | null = null;
     try {
-      client = await connectHost(host, { applicationName: 'shardctl worker' });
+      // A no-transaction migration sets its search_path and timeouts for the session, statement by
+      // statement: it needs a server session of its own, which a transaction pooler does not give.
+      client = await connectHost(session ? { ...host, url: host.directUrl } : host, {
+        applicationName: 'shardctl worker',
+      });
       await registerWorker(client, host.name);
+      if (session) await checkClientConnection(client);
       // Each shard's transaction commits without a WAL flush (SET LOCAL in its SQL: nothing stays on
       // a pooled server connection); the run's last step makes them all durable at once.
       while (hostError === null && next < plan.jobs.length && !budget.exhausted) {

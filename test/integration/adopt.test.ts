@@ -7,77 +7,12 @@ import { equalSplit, makeFleet, runCli } from '../helpers/fleet.js';
 import { startShardWriter } from '../helpers/moves.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
-import { articleNextIdBody } from '../fixtures/article-next-id.js';
+import { articleShardSql, BASELINE, buildArticleFleet } from '../fixtures/article-fleet.js';
 
 const main = useTestDatabases(2);
 const refusals = useTestDatabases(2);
 const switching = useTestDatabases(2);
 const partial = useTestDatabases(2);
-
-/**
- * One shard as the article publishes it (with % for its %% misprint): the schema, the sequence, the
- * function, and two tables whose id defaults call it.
- */
-function articleShardSql(prefix: string, shard: number, options: { epoch?: bigint; body?: string } = {}): string {
-  const s = `${prefix}${shard}`;
-  const body = options.body ?? articleNextIdBody(s, shard, options.epoch);
-  return `
-CREATE SCHEMA ${s};
-CREATE SEQUENCE ${s}.table_id_seq;
-CREATE OR REPLACE FUNCTION ${s}.next_id(OUT result bigint) AS $$
-${body}
-    $$ LANGUAGE PLPGSQL;
-CREATE TABLE ${s}.photos (
-    "id" bigint NOT NULL DEFAULT ${s}.next_id(),
-    user_id bigint NOT NULL,
-    image_url text NOT NULL,
-    created_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (id)
-);
-CREATE TABLE ${s}.likes (
-    "id" bigint NOT NULL DEFAULT ${s}.next_id(),
-    photo_id bigint NOT NULL,
-    user_id bigint NOT NULL,
-    PRIMARY KEY (id)
-);
-INSERT INTO ${s}.photos (user_id, image_url) SELECT g, 'seed' FROM generate_series(1, 20) g;
-INSERT INTO ${s}.likes (photo_id, user_id) SELECT g, g FROM generate_series(1, 20) g;`;
-}
-
-/** The baseline file a team writes for that schema: what a move builds the target from. */
-const BASELINE = `CREATE SEQUENCE table_id_seq;
-CREATE TABLE photos (
-  id         bigint PRIMARY KEY DEFAULT next_id('table_id_seq'),
-  user_id    bigint NOT NULL,
-  image_url  text NOT NULL,
-  created_at timestamptz NOT NULL DEFAULT now()
-);
-CREATE TABLE likes (
-  id       bigint PRIMARY KEY DEFAULT next_id('table_id_seq'),
-  photo_id bigint NOT NULL,
-  user_id  bigint NOT NULL
-);
--- The application also calls next_id() by itself: a shard a move builds from these files needs it too.
-CREATE FUNCTION next_id(OUT result bigint) LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
-BEGIN
-  result := next_id('table_id_seq'::regclass);
-END
-$$;
-`;
-
-async function buildArticleFleet(
-  urls: readonly string[],
-  prefix: string,
-  split: readonly string[],
-  options: { epoch?: bigint } = {},
-): Promise<void> {
-  for (const [i, url] of urls.entries()) {
-    const [from, to] = split[i]!.split('-').map(Number) as [number, number];
-    const sql: string[] = [];
-    for (let shard = from; shard <= to; shard++) sql.push(articleShardSql(prefix, shard, options));
-    await withClient(url, (c) => c.query(sql.join('\n')));
-  }
-}
 
 /** Everything adopt could change: schemas, functions (body and comment), relations, sequence values, the control schema. */
 async function catalog(url: string, prefix: string): Promise<unknown> {

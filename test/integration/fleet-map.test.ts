@@ -3,7 +3,6 @@
  * seed URL) follow every move, operators holding an old copy are refused, and `map pull` repairs
  * the file. Three hosts: pg1 and pg3 are two databases on the first server, pg2 on the second.
  */
-import { spawn, type ChildProcess } from 'node:child_process';
 import { copyFileSync, readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -12,61 +11,7 @@ import { HostError } from '../../src/errors.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js';
-
-const ROOT = path.join(import.meta.dirname, '..', '..');
-const WRITER = path.join(ROOT, 'test', 'fixtures', 'app-writer.ts');
-
-interface Call {
-  ok: boolean;
-  id?: string;
-  host?: string;
-  error?: string;
-}
-
-/** An application process writing by `key` through a router opened from `source`. */
-function startApp(
-  source: string,
-  key: number,
-  count?: number,
-): { child: ChildProcess; calls: Call[]; stop(): Promise<Call[]>; stderr: () => string } {
-  const child = spawn(
-    process.execPath,
-    ['--import', 'tsx', WRITER, source, String(key), ...(count === undefined ? [] : [String(count)])],
-    {
-      cwd: ROOT,
-      stdio: ['pipe', 'pipe', 'pipe'],
-    },
-  );
-  const calls: Call[] = [];
-  let buffered = '';
-  let errors = '';
-  child.stdout!.on('data', (chunk: Buffer) => {
-    buffered += chunk.toString();
-    const lines = buffered.split('\n');
-    buffered = lines.pop()!;
-    for (const line of lines) if (line.trim()) calls.push(JSON.parse(line) as Call);
-  });
-  child.stderr!.on('data', (chunk: Buffer) => (errors += chunk.toString()));
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  return {
-    child,
-    calls,
-    stderr: () => errors,
-    async stop() {
-      child.stdin!.end();
-      await exited;
-      return calls;
-    },
-  };
-}
-
-async function waitForCalls(app: { calls: Call[]; stderr: () => string }, atLeast: number): Promise<void> {
-  const deadline = Date.now() + 30_000;
-  while (app.calls.filter((c) => c.ok).length < atLeast) {
-    if (Date.now() > deadline) throw new Error(`the application made ${app.calls.length} calls: ${app.stderr()}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}
+import { startApp, waitForCalls } from '../helpers/app.js';
 
 function threeHosts() {
   const pair = useTestDatabases(2);

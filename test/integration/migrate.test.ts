@@ -2,6 +2,7 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { WORKER_TRANSACTION_SQL } from '../../src/fleet/control.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { type TestDatabases, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { range, shardsAt, shardsNotAt } from '../helpers/migrations.js';
@@ -148,7 +149,7 @@ describe('shardctl migrate over two hosts', () => {
       const dry = await runCli(['migrate', '--dry-run', '-c', fleet().configFile]);
       expect(dry.code).toBe(0);
       expect(dry.stdout).toContain(
-        '-- shard 0: migration 0004_photo_tags\nBEGIN;\nSET LOCAL synchronous_commit = off;\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = \'5s\';',
+        `-- shard 0: migration 0004_photo_tags\nBEGIN;\n${WORKER_TRANSACTION_SQL}\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = '5s';`,
       );
       expect(dry.stdout).toMatch(
         /CREATE TABLE photo_tags[^\n]*\n;\nDO \$shardctl\$ BEGIN\n[^$]*\nEND \$shardctl\$;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;/,

@@ -1,4 +1,5 @@
-import { readFileSync, writeFileSync } from 'node:fs';
+import { randomBytes } from 'node:crypto';
+import { copyFileSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -7,7 +8,11 @@ import { moveShards } from '../../src/commands/move-shard.js';
 import { loadConfig } from '../../src/config/load.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
-import { useTestDatabases } from '../helpers/hosts.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { startApp, waitForCalls } from '../helpers/app.js';
+import { BASELINE, buildArticleFleet } from '../fixtures/article-fleet.js';
+import { shardForKey } from '../../src/id/routing.js';
+import { hostForShard } from '../../src/config/types.js';
 import { startPgBouncer, type PgBouncer } from '../helpers/pgbouncer.js';
 
 const PHOTOS_ONLY = {
@@ -23,7 +28,20 @@ const WATCHED = [
   'idle_in_transaction_session_timeout',
   'search_path',
   'lock_timeout',
+  'client_connection_check_interval',
+  'check_function_bodies',
+  'session_replication_role',
 ];
+
+/**
+ * What else a session could keep for the next client: prepared statements, LISTEN channels, temporary
+ * tables, advisory locks, an open cursor. Read on the server connection itself; all must be 0.
+ */
+const LEFTOVERS_SQL = `SELECT (SELECT count(*) FROM pg_prepared_statements)::int AS prepared,
+  (SELECT count(*) FROM pg_listening_channels())::int AS listening,
+  (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema())::int AS temp_relations,
+  (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())::int AS advisory_locks,
+  (SELECT count(*) FROM pg_cursors)::int AS cursors`;
 
 /**
  * What every server connection of the pooler's pool for `url` holds: `poolSize` transactions held
@@ -46,9 +64,11 @@ async function serverConnections(url: string, poolSize: number): Promise<Record<
           `SELECT name, current_setting(name) AS setting FROM unnest($1::text[]) AS name`,
           [WATCHED],
         );
+        const left = (await client.query<Record<string, number>>(LEFTOVERS_SQL)).rows[0]!;
         return Object.fromEntries([
           ['pid', String((await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid)],
           ...r.rows.map((row) => [row.name, row.setting]),
+          ...Object.entries(left).map(([name, count]) => [name, String(count)]),
         ]) as Record<string, string>;
       }),
     );
@@ -82,10 +102,39 @@ async function defaults(url: string): Promise<Record<string, string>> {
       `SELECT name, current_setting(name) AS setting FROM unnest($1::text[]) AS name`,
       [WATCHED],
     );
-    return Object.fromEntries(r.rows.map((row) => [row.name, row.setting]));
+    return {
+      ...Object.fromEntries(r.rows.map((row) => [row.name, row.setting])),
+      prepared: '0',
+      listening: '0',
+      temp_relations: '0',
+      advisory_locks: '0',
+      cursors: '0',
+    };
   } finally {
     await client.end();
   }
+}
+
+/** Every server connection of the poolers in front of `urls` holds the server's defaults and nothing else. */
+async function expectCleanPools(urls: readonly string[], poolers: readonly PgBouncer[], after: string): Promise<void> {
+  for (const [i, url] of urls.entries()) {
+    const expected = await defaults(url);
+    for (const connection of await serverConnections(poolers[i]!.url(url), poolers[i]!.poolSize)) {
+      const { pid, ...settings } = connection;
+      expect({ after, host: i, pid, settings }).toEqual({ after, host: i, pid, settings: expected });
+    }
+  }
+}
+
+/** A config whose hosts' url goes through the poolers and directUrl to the servers themselves. */
+function pooledWithDirect(configFile: string, direct: readonly string[], poolers: readonly PgBouncer[]): void {
+  let text = readFileSync(configFile, 'utf8');
+  for (const [i, url] of direct.entries()) {
+    const pooled = poolers[i]!.url(url);
+    text = text.replace(`    url: ${url}\n`, `    url: ${pooled}\n    directUrl: ${url}\n`);
+    if (!text.includes(`directUrl: ${url}`)) throw new Error(`host ${i} not found in ${configFile}`);
+  }
+  writeFileSync(configFile, text);
 }
 
 describe('behind PgBouncer in transaction mode', () => {
@@ -94,10 +143,15 @@ describe('behind PgBouncer in transaction mode', () => {
   const dbRouter = useTestDatabases(2);
   /** And for the move's. */
   const dbMove = useTestDatabases(2);
+  /** For every command in a row, for adopt's, and for the move under 20 writers. */
+  const dbAll = useTestDatabases(2);
+  const dbAdopt = useTestDatabases(2);
+  const dbBusy = useTestDatabases(2);
   const poolers: PgBouncer[] = [];
 
   beforeAll(async () => {
-    for (const url of [...db.urls, ...dbRouter.urls, ...dbMove.urls]) await durableCommits(url);
+    for (const url of [...db.urls, ...dbRouter.urls, ...dbMove.urls, ...dbAll.urls, ...dbAdopt.urls, ...dbBusy.urls])
+      await durableCommits(url);
     for (const url of db.urls) poolers.push(await startPgBouncer(url, { poolSize: 4 }));
   });
   afterAll(async () => {
@@ -190,13 +244,7 @@ describe('behind PgBouncer in transaction mode', () => {
     } finally {
       await router.close();
     }
-    for (const [i, url] of dbRouter.urls.entries()) {
-      const expected = await defaults(url);
-      for (const connection of await serverConnections(pooled[i]!, poolers[i]!.poolSize)) {
-        const { pid, ...settings } = connection;
-        expect({ host: i, pid, settings }).toEqual({ host: i, pid, settings: expected });
-      }
-    }
+    await expectCleanPools(dbRouter.urls, poolers, 'the router');
   });
 
   it('an online move of a fleet whose url goes through the pooler connects to directUrl, and leaves the pooled connections clean', async () => {
@@ -226,12 +274,168 @@ describe('behind PgBouncer in transaction mode', () => {
     } finally {
       await reader.end();
     }
-    for (const [i, url] of dbMove.urls.entries()) {
-      const expected = await defaults(url);
-      for (const connection of await serverConnections(pooled[i]!, poolers[i]!.poolSize)) {
-        const { pid, ...settings } = connection;
-        expect({ host: i, pid, settings }).toEqual({ host: i, pid, settings: expected });
+    await expectCleanPools(dbMove.urls, poolers, 'the move');
+  });
+
+  it('every command runs twice in a row through the pooler while an application writes through it in another process: no call fails, every acknowledged row is there once, and after each command every server connection holds the server defaults and nothing else', async () => {
+    const fleet = makeFleet({
+      urls: dbAll.urls,
+      shards: 8,
+      split: ['0-3', '4-7'],
+      schemaPrefix: 'pa',
+      migrations: PHOTOS_ONLY,
+    });
+    pooledWithDirect(fleet.configFile, dbAll.urls, poolers);
+    const role = `pooled_app_${randomBytes(4).toString('hex')}`;
+    for (const url of dbAll.urls) await withClient(url, (c) => c.query(`CREATE ROLE ${role}`));
+    const cli = async (args: readonly string[]): Promise<string> => {
+      const run = await runCli([...args, '-c', fleet.configFile]);
+      expect({ args, code: run.code, stderr: run.stderr }).toEqual({ args, code: 0, stderr: expect.any(String) });
+      await expectCleanPools(dbAll.urls, poolers, args.join(' '));
+      return run.stdout;
+    };
+    await cli(['init']);
+    // The application's copy of the file, taken now: its router goes through the poolers.
+    const appFile = join(fleet.dir, 'app.yaml');
+    copyFileSync(fleet.configFile, appFile);
+    const otherHost = async (shard: number): Promise<string> =>
+      hostForShard(await fleet.config(), shard)?.name === 'pg1' ? 'pg2' : 'pg1';
+    const keyOn = (shard: number): number => {
+      for (let key = 1; ; key++) if (shardForKey(BigInt(key), 8) === shard) return key;
+    };
+    // Shard 0 moves online and back, shard 1 offline and back; shard 5 stays.
+    const apps = [startApp(appFile, keyOn(0)), startApp(appFile, keyOn(1)), startApp(appFile, keyOn(5))];
+    try {
+      for (const app of apps) await waitForCalls(app, 10);
+      for (const round of [1, 2]) {
+        fleet.writeMigration(
+          `000${round * 2}_tags_${round}.sql`,
+          `CREATE TABLE tags_${round} (photo_id bigint NOT NULL, tag text NOT NULL, PRIMARY KEY (photo_id, tag));\n`,
+        );
+        fleet.writeMigration(
+          `000${round * 2 + 1}_photos_user_${round}.sql`,
+          `-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS photos_user_${round} ON photos (user_id);\n`,
+        );
+        await cli(['init']);
+        await cli(['add-schema', '0-7']);
+        await cli(['migrate', '--canary', '2']);
+        await cli(['migrate']);
+        await cli(['status']);
+        await cli(['exec', '--json', 'select count(*) from photos']);
+        await cli(['grant', role, '--app']);
+        // Each to the other host (an online and an offline move), then rebalance evens the hosts out.
+        await cli(['move-shard', '0', '--to', await otherHost(0), '--yes']);
+        await cli(['move-shard', '1', '--to', await otherHost(1), '--mode', 'offline', '--yes']);
+        await cli(['gc', '--yes']);
+        await cli(['map', 'pull']);
+        await cli(['rebalance', '--yes']);
+        await cli(['gc', '--yes']);
+        for (const app of apps) await waitForCalls(app, app.calls.length + 5);
       }
+    } finally {
+      await Promise.all(apps.map((app) => app.stop()));
     }
+    const calls = apps.flatMap((app) => app.calls);
+    expect(calls.filter((c) => !c.ok)).toEqual([]);
+    const ids = calls.map((c) => c.id!);
+    // Every acknowledged row, read back where the fleet says each shard is: there once.
+    const found = new Map<string, number>();
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      for (const shard of [0, 1, 5]) {
+        const rows = await router.withShard(shard, (client) =>
+          client.query<{ id: string }>('SELECT id::text AS id FROM photos WHERE id = ANY($1::bigint[])', [ids]),
+        );
+        for (const row of rows.rows) found.set(row.id, (found.get(row.id) ?? 0) + 1);
+      }
+    } finally {
+      await router.close();
+    }
+    expect(ids.filter((id) => found.get(id) !== 1)).toEqual([]);
+    expect(new Set(ids).size).toBe(ids.length);
+    expect(ids.length).toBeGreaterThan(30);
+  });
+
+  it('adopt takes over a fleet built as the article builds it, through the pooler, and leaves the pooled connections clean', async () => {
+    await buildArticleFleet(dbAdopt.urls, 'pad', ['0-1', '2-3']);
+    const fleet = makeFleet({
+      urls: dbAdopt.urls,
+      shards: 4,
+      split: ['0-1', '2-3'],
+      schemaPrefix: 'pad',
+      migrations: { '0001_baseline.sql': BASELINE },
+    });
+    pooledWithDirect(fleet.configFile, dbAdopt.urls, poolers);
+    for (let round = 1; round <= 2; round++) {
+      const run = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
+      expect({ round, code: run.code, stderr: run.stderr }).toEqual({ round, code: 0, stderr: expect.any(String) });
+      await expectCleanPools(dbAdopt.urls, poolers, `adopt ${round}`);
+    }
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect({ code: status.code, stderr: status.stderr }).toEqual({ code: 0, stderr: expect.any(String) });
+  });
+
+  it('an online move through the pooler under 20 concurrent routed writers: 0 failed calls, every acknowledged row once on the final host', async () => {
+    const fleet = makeFleet({
+      urls: dbBusy.urls,
+      shards: 4,
+      split: ['0-1', '2-3'],
+      schemaPrefix: 'pbw',
+      migrations: PHOTOS_ONLY,
+    });
+    pooledWithDirect(fleet.configFile, dbBusy.urls, poolers);
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    // The same file without directUrl: the move is refused before it changes anything, saying what to set.
+    const noDirect = join(fleet.dir, 'no-direct.yaml');
+    writeFileSync(noDirect, readFileSync(fleet.configFile, 'utf8').replace(/^ {4}directUrl: .*\n/gm, ''));
+    const refused = await runCli(['move-shard', '0', '--to', 'pg2', '--yes', '-c', noDirect]);
+    expect({ code: refused.code, stderr: refused.stderr }).toEqual({
+      code: 1,
+      stderr: expect.stringMatching(/nothing was changed[\s\S]*looks like a connection pooler's: set pg1's directUrl/),
+    });
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect({ code: status.code, stderr: status.stderr }).toEqual({ code: 0, stderr: expect.any(String) });
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 20, fencedTimeoutMs: 30_000 });
+    const acknowledged: string[] = [];
+    const failures: string[] = [];
+    let stop = false;
+    const writers = Array.from({ length: 20 }, async (_, writer) => {
+      while (!stop) {
+        await router
+          .withShard(0, async (client) => {
+            const r = await client.query<{ id: string }>(
+              'INSERT INTO photos (user_id, image_url) VALUES ($1, $2) RETURNING id',
+              [String(writer), 'busy'],
+            );
+            return r.rows[0]!.id;
+          })
+          .then(
+            (id) => void acknowledged.push(id),
+            (error: unknown) => void failures.push((error as Error).message),
+          );
+      }
+    });
+    try {
+      while (acknowledged.length < 200) await new Promise((resolve) => setTimeout(resolve, 20));
+      const result = await moveShards(config, [0], 'pg2', { configFile: fleet.configFile });
+      expect(result.moves.map((m) => m.outcome)).toEqual(['moved']);
+      const after = acknowledged.length;
+      while (acknowledged.length < after + 200) await new Promise((resolve) => setTimeout(resolve, 20));
+    } finally {
+      stop = true;
+      await Promise.all(writers);
+      await router.close();
+    }
+    expect(failures).toEqual([]);
+    const rows = await withClient(dbBusy.urls[1]!, (c) =>
+      c.query<{ id: string; n: number }>(
+        'SELECT id::text AS id, count(*)::int AS n FROM pbw0.photos WHERE id = ANY($1::bigint[]) GROUP BY id',
+        [acknowledged],
+      ),
+    );
+    expect(rows.rows.filter((r) => r.n !== 1)).toEqual([]);
+    expect(rows.rows.length).toBe(acknowledged.length);
+    await expectCleanPools(dbBusy.urls, poolers, 'move under 20 writers');
   });
 });

@@ -6,6 +6,8 @@
  */
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { connectHost, CLIENT_CONNECTION_CHECK_INTERVAL } from '../../src/fleet/connect.js';
+import { ASYNC_COMMIT_SQL, WORKER_TRANSACTION_SQL } from '../../src/fleet/control.js';
+import { openWorker } from '../../src/fleet/session.js';
 import { init } from '../../src/commands/init.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
@@ -28,16 +30,31 @@ describe('a rerun right after a killed run', () => {
     await Promise.all(proxies.splice(0).map((proxy) => proxy.close()));
   });
 
-  it('connections of shardctl ask the server to check for a dead client during a statement', async () => {
+  it("a worker's transaction asks the server to check for a dead client during its statements, and leaves the session as it found it (a pooled server connection goes back clean); a move's worker session asks for its life once put to work", async () => {
     const config = await makeFleet({ urls: testDb.urls, shards: 1 }).config();
+    expect((await init(config)).ok).toBe(true);
     const client = await connectHost(config.hosts[0]!);
+    const show = async (c: typeof client): Promise<string> =>
+      (await c.query<{ setting: string }>(`SELECT current_setting('client_connection_check_interval') AS setting`))
+        .rows[0]!.setting;
     try {
-      const shown = (
-        await client.query<{ client_connection_check_interval: string }>('show client_connection_check_interval')
-      ).rows[0]!;
-      expect(shown.client_connection_check_interval).toBe(CLIENT_CONNECTION_CHECK_INTERVAL);
+      const before = await show(client);
+      expect(before).toBe('0');
+      await client.query(`BEGIN;\n${WORKER_TRANSACTION_SQL}`);
+      expect(await show(client)).toBe(CLIENT_CONNECTION_CHECK_INTERVAL);
+      await client.query('COMMIT');
+      expect(await show(client)).toBe(before);
     } finally {
       await client.end();
+    }
+    // A move's worker, opened ahead, asks nothing until it is put to work (a refused move leaves nothing).
+    const worker = await openWorker(config.hosts[0]!);
+    try {
+      expect(await show(worker)).toBe('0');
+      await worker.query(ASYNC_COMMIT_SQL);
+      expect(await show(worker)).toBe(CLIENT_CONNECTION_CHECK_INTERVAL);
+    } finally {
+      await worker.end();
     }
   });
 

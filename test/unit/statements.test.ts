@@ -34,6 +34,10 @@ import {
 import { planWaves } from '../../src/moves/waves.js';
 import { chunksOf } from '../../src/moves/copy.js';
 import fc from 'fast-check';
+
+/** What every worker transaction sets besides asynchronous commit (nothing at session level). */
+const CHECK_LOCAL =
+  "DO $shardctl$ BEGIN PERFORM pg_catalog.set_config('client_connection_check_interval', '1s', true); EXCEPTION WHEN invalid_parameter_value THEN NULL; END $shardctl$;";
 import { fromLog, type LogSums } from '../../src/moves/tail.js';
 
 const config = parseConfig(
@@ -61,7 +65,9 @@ describe('fleet SQL', () => {
     // transaction only: nothing stays on a pooled server connection.
     expect(
       sql.startsWith(
-        'BEGIN;\nSET LOCAL synchronous_commit = off;\nDELETE FROM "shardctl".migrations WHERE shard = 5;\nDELETE FROM "shardctl".shards WHERE shard = 5;\nCREATE SCHEMA "insta5";',
+        'BEGIN;\nSET LOCAL synchronous_commit = off;\n' +
+          CHECK_LOCAL +
+          '\nDELETE FROM "shardctl".migrations WHERE shard = 5;\nDELETE FROM "shardctl".shards WHERE shard = 5;\nCREATE SCHEMA "insta5";',
       ),
     ).toBe(true);
     expect(sql).toContain(
@@ -99,6 +105,7 @@ describe('migration SQL', () => {
       [
         'BEGIN;',
         'SET LOCAL synchronous_commit = off;',
+        CHECK_LOCAL,
         'SET LOCAL search_path TO "insta6";',
         "SET LOCAL lock_timeout = '5s';",
         '-- 0002_likes.sql',
