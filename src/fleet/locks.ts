@@ -189,13 +189,16 @@ const RUN_ID = randomUUID();
 
 /**
  * Backends recorded as workers that may still be doing a killed run's work: alive (the same pid and
- * start time) and not idle. An idle backend runs nothing: a dead client sends it nothing more, and
- * behind a transaction pooler (where the backend lives on and serves other clients) it is between
- * transactions.
+ * start time), not idle, and running a statement of shardctl's (its application_name). An idle
+ * backend runs nothing: a dead client sends it nothing more, and behind a transaction pooler (where
+ * the backend lives on and serves other clients) it is between transactions. A backend running
+ * another client's statement is not a worker any more: a pooler hands a killed run's server
+ * connections to applications, and sets each client's application_name on it (PgBouncer does).
  */
 const LIVE_WORKERS_SQL = `SELECT a.pid, a.application_name, a.backend_start, host(a.client_addr) AS client_addr
    FROM ${WORKERS_TABLE} w JOIN pg_stat_activity a ON a.pid = w.pid AND a.backend_start = w.backend_start
   WHERE a.pid <> pg_backend_pid() AND a.state IS DISTINCT FROM 'idle' AND NOT ${HOLDS_RUNNER_LOCK}
+    AND starts_with(a.application_name, 'shardctl')
   ORDER BY a.pid`;
 
 /** The records of this run's workers whose backends are gone or idle ($1: RUN_ID). */

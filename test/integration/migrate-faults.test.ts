@@ -159,6 +159,34 @@ describe('one shardctl runner per host', () => {
     }
   });
 
+  it("does not wait for a recorded backend that now runs another client's statement (a pooler hands a killed run's server connections to applications)", async () => {
+    // A backend a killed run recorded, now busy for an application, as behind a transaction pooler.
+    const pooled = new pg.Client({ connectionString: db.urls[0]!, application_name: 'photo-app' });
+    await pooled.connect();
+    try {
+      const pid = (
+        await pooled.query<{ pid: number }>(
+          `insert into ${WORKERS_TABLE} select pid, backend_start from pg_stat_activity where pid = pg_backend_pid() returning pid`,
+        )
+      ).rows[0]!.pid;
+      const statement = pooled.query('select pg_sleep(60)').catch(() => undefined);
+      await waitFor(
+        'the application to run its statement',
+        async () =>
+          (await count(db.urls[0]!, `select count(*) as n from pg_stat_activity where pid = $1 and state = 'active'`, [
+            pid,
+          ])) === 1,
+      );
+      // Nothing pending: the run takes the runner lock, looks for workers, and finds none running.
+      const run = await runCli(['migrate', '-c', fleet.configFile]);
+      expect({ code: run.code, stderr: run.stderr }).toEqual({ code: 0, stderr: expect.any(String) });
+      await withClient(db.urls[0]!, (c) => c.query('select pg_cancel_backend($1)', [pid]));
+      await statement;
+    } finally {
+      await pooled.end();
+    }
+  });
+
   it('two real runners at once: the second fails fast naming the host, the first finishes, nothing is applied twice', async () => {
     fleet.writeMigration(
       '0006_runner_rows.sql',
