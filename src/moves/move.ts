@@ -35,20 +35,13 @@ import {
   deleteMarkers,
 } from './replication.js';
 import { dropSubscription } from './leftovers.js';
-import {
-  fence,
-  dropPreVerification,
-  endFenceTimeouts,
-  waitForCatchUp,
-  carrySequences,
-  verify,
-  switchMap,
-  undoFence,
-  requireNotSwitched,
-  releaseWave,
-  UndoThenReport,
-  watchFence,
-} from './cutover.js';
+import { fence } from './fence.js';
+import { endFenceTimeouts, releaseWave, watchFence } from './fence-limit.js';
+import { dropPreVerification } from './pre-verification.js';
+import { waitForCatchUp } from './catch-up.js';
+import { carrySequences } from './sequences.js';
+import { verify, switchMap, requireNotSwitched, UndoThenReport } from './switch.js';
+import { undoFence } from './unfence.js';
 
 /**
  * The move engine: the steps of moving a batch of logical shards from one host to another, online
@@ -396,7 +389,7 @@ async function renameOn(client: pg.Client, chunks: string[]): Promise<void> {
 
 /**
  * A second session on the source for the clean-up's renames: the spare the last wave's fence opened
- * (fence, cutover.ts), else a new one; null when none can be had (the move's session then does them
+ * (fence.ts), else a new one; null when none can be had (the move's session then does them
  * all).
  */
 async function openHelper(ctx: MoveContext): Promise<pg.Client | null> {

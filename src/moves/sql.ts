@@ -408,7 +408,7 @@ export function recordFencedSql(moveId: string, detail: Record<string, unknown>)
 /**
  * A whole wave's fence as one string, one round trip: each fence group's transaction (fenceSql, in
  * order, the first carrying the fence's start), then the marker with the step (fenceMarkerSql), then
- * the session's statement timeout for the cut-over (see underFence in cutover.ts). The server runs
+ * the session's statement timeout for the cut-over (see underFence in fence-limit.ts). The server runs
  * them in order and stops at the first error: the groups before it stay fenced, the rest is not run.
  */
 export function fenceWaveSql(input: {
