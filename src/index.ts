@@ -131,6 +131,14 @@ export {
   type ForEachShardOptions,
   type RouterSource,
 } from './router/router.js';
+export {
+  encodeCursor,
+  decodeCursor,
+  MAX_PAGE_LIMIT,
+  type Page,
+  type PageOptions,
+  type PageOrder,
+} from './router/pages.js';
 export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
 export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './commands/exec.js';
 export { psqlInvocation, findPsql, type PsqlInvocation } from './commands/psql.js';

@@ -80,7 +80,8 @@ export function setBeginPipelining(enabled: boolean): void {
   pipeline = enabled ? checkPgInternals() : { ok: false, reason: 'disabled' };
 }
 
-function pipelining(): boolean {
+/** Whether pg's internals the pipelined paths use are there (warns once when not). */
+export function pipelining(): boolean {
   if (pipeline.ok) return true;
   if (!warned && pipeline.reason !== 'disabled') {
     warned = true;

@@ -17,6 +17,8 @@ import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors
 import { DeferredBegin, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
 import { endQuietly } from '../pg/quiet.js';
+import { queryEachShardWithParams, type RouterInternals } from './shard-query.js';
+import { queryPage, type Page, type PageOptions } from './pages.js';
 import { libpqCompatible } from '../pg/tls.js';
 
 /** The default of ShardRouterOptions.maxConnectionLifetimeMs: one hour. */
@@ -310,8 +312,15 @@ export class ShardRouter {
    */
   queryEachShard<R extends pg.QueryResultRow = pg.QueryResultRow>(
     sql: string,
-    options: ForEachShardOptions & { query?: Omit<pg.QueryConfig, 'text' | 'values'>; shardsPerQuery?: number } = {},
+    options: ForEachShardOptions & {
+      query?: Omit<pg.QueryConfig, 'text' | 'values'>;
+      shardsPerQuery?: number;
+      /** Bind parameters ($1, $2, …) of a one-statement sql (src/router/shard-query.ts). */
+      params?: readonly unknown[];
+    } = {},
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
+    if (options.params !== undefined)
+      return queryEachShardWithParams<R>(this.internals(), sql, options.params, options);
     for (const statement of splitSqlBothWays(sql)) {
       const escape = transactionEscape(statement);
       if (escape)
@@ -339,6 +348,16 @@ export class ShardRouter {
       },
       runChunk: (host, shards, statements) => this.attemptChunk<R>(host, shards, body, statements, query),
     });
+  }
+
+  /**
+   * A page of rows merged by id across shards (every shard, `shards`, or the shards of `keys`),
+   * newest first or oldest first, with an opaque cursor for the next: see queryPage in
+   * src/router/pages.ts. One parameterised SELECT; each shard asked only for rows past the cursor and
+   * at most `limit`; shards of one host share round trips; moved shards are followed.
+   */
+  queryPage<R extends pg.QueryResultRow = pg.QueryResultRow>(sql: string, options: PageOptions): Promise<Page<R>> {
+    return queryPage<R>(this.internals(), sql, options);
   }
 
   private async fanOut<T>(
@@ -386,7 +405,8 @@ export class ShardRouter {
     // Chunked runs: the first shard alone tells how many results the text gives per shard.
     let statements: number | undefined;
     let rest = shards;
-    if (chunks && shards.length > 1) {
+    if (chunks?.statements !== undefined) statements = chunks.statements;
+    else if (chunks && shards.length > 1) {
       const first = shards[0]!;
       rest = shards.slice(1);
       await overall.run(async () => {
@@ -526,6 +546,23 @@ export class ShardRouter {
       const host = next.hosts.find((h) => h.name === name);
       if (!host || host.url !== entry.url) this.endPool(name);
     }
+  }
+
+  /**
+   * The call paths that src/router/shard-query.ts and pages.ts build on, for those modules only
+   * (not public API): one shard's call following moves, one attempt, the fan-out, a connection.
+   */
+  private internals(): RouterInternals {
+    return {
+      config: () => this.config,
+      checkShard: (shard) => this.checkShard(shard),
+      hostForShard: (shard) => this.hostForShard(shard),
+      run: (shard, attemptOn) => this.run(shard, attemptOn),
+      attempt: (host, shard, fn, options) => this.attempt(host, shard, fn, options),
+      fanOut: (runShard, options, chunks) => this.fanOut(runShard, options, chunks),
+      connect: (host, shard) => this.connect(host, shard),
+      transactionStart: (shard, readOnly) => this.transactionStart(shard, readOnly),
+    };
   }
 
   /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */
@@ -834,7 +871,7 @@ export class ShardRouter {
   }
 }
 
-type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
+export type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
 
 /** One shard's script: its last result, and how many results the text gave. */
 interface ScriptValue<R extends pg.QueryResultRow> {
@@ -842,11 +879,13 @@ interface ScriptValue<R extends pg.QueryResultRow> {
   statements: number;
 }
 
-interface Chunking<T> {
+export interface Chunking<T> {
   /** At most this many shards per chunk. */
   maxShards: number;
   /** The first shard, alone: its value and how many results the text gives per shard. */
   probe: (shard: number) => Promise<{ value: T; host: string; statements: number }>;
+  /** How many results the text gives per shard, when known without a probe (one statement). */
+  statements?: number;
   /** A chunk of one host's shards; undefined (or a rejection) sends them one by one. */
   runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
 }
