@@ -3,6 +3,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
 import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 import { pipelining, type TransactionStart } from './begin.js';
+import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
 import { runShardsQuery, ShardsQuery } from './pipeline.js';
 import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions } from './router.js';
@@ -12,14 +13,25 @@ export interface RouterInternals {
   config(): ShardctlConfig;
   checkShard(shard: number): void;
   hostForShard(shard: number): HostConfig;
-  run<T>(shard: number, attemptOn: (host: HostConfig) => Promise<Attempt<T>>): Promise<{ value: T; host: string }>;
-  attempt<T>(host: HostConfig, shard: number, fn: ShardFn<T>, options: TransactionOptions): Promise<Attempt<T>>;
+  run<T>(
+    shard: number,
+    attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+  ): Promise<{ value: T; host: string }>;
+  attempt<T>(
+    host: HostConfig,
+    shard: number,
+    fn: ShardFn<T>,
+    options: TransactionOptions,
+    trace?: CallTrace,
+  ): Promise<Attempt<T>>;
   fanOut<T>(
     runShard: (shard: number) => Promise<{ value: T; host: string }>,
     options: ForEachShardOptions,
     chunks?: Chunking<T>,
   ): Promise<ShardResult<T>[]>;
   connect(host: HostConfig, shard: number): Promise<pg.PoolClient>;
+  /** Counts a round trip of several shards in router.stats(). */
+  counted(host: string, ok: boolean): void;
   transactionStart(shard: number, readOnly: boolean): TransactionStart;
 }
 
@@ -56,8 +68,8 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
     throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
   const values = [...params];
   const single = (shard: number) =>
-    router.run(shard, (host) =>
-      router.attempt(host, shard, (client) => client.query<R>({ ...query, text, values }), { readOnly }),
+    router.run(shard, (host, trace) =>
+      router.attempt(host, shard, (client) => client.query<R>({ ...query, text, values }), { readOnly }, trace),
     );
   if (!readOnly || shardsPerQuery === 1 || !pipelining() || 'rowMode' in query || query.name)
     return router.fanOut(single, options);
@@ -130,6 +142,7 @@ async function attemptParamsChunk<R extends pg.QueryResultRow>(
       await client.query('ROLLBACK').catch((e: Error) => (broken = e));
       return undefined;
     }
+    router.counted(host.name, true);
     return shards.map((_, i) => results[i * group + framing] as pg.QueryResult<R>);
   } catch (error) {
     broken = error as Error;
