@@ -69,6 +69,15 @@ describe('status --load', () => {
     const data = JSON.parse(json.stdout) as { shards: { shard: number; writes: unknown }[] };
     expect(data.shards[0]).toMatchObject({ shard: 6, host: 'pg2', writes: '40' });
 
+    // rebalance --by load weighs the shards by the same counts (a dry run: the plan, nothing moved).
+    const plan = await runCli(['rebalance', '--by', 'load', '--dry-run', '--json', '-c', fleet.configFile]);
+    expect(plan.code, plan.stderr).toBe(0);
+    const planned = JSON.parse(plan.stdout) as { outcome: string; by: string; plan: { by: string } };
+    expect(planned).toMatchObject({ outcome: 'dry-run', by: 'load', plan: { by: 'load' } });
+    const wrong = await runCli(['rebalance', '--by', 'heat', '--dry-run', '-c', fleet.configFile]);
+    expect(wrong.code).toBe(2);
+    expect(wrong.stderr).toContain('expected count, size or load');
+
     const both = await runCli(['status', '--load', '--sizes', '-c', fleet.configFile]);
     expect(both.code).toBe(2);
     expect(both.stderr).toContain('option --load: give --sizes or --load, not both');
