@@ -14,6 +14,7 @@ import { parseArgs } from 'node:util';
 import * as bulkInsert from './bulk-insert.js';
 import * as connectionCost from './connection-cost.js';
 import * as discovery from './discovery.js';
+import * as feed from './feed.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
 import {
@@ -53,6 +54,7 @@ const BENCHMARKS = {
   'pooled-inserts': pooledInserts,
   'router-stall': routerStall,
   discovery,
+  feed,
 };
 
 /**
@@ -74,6 +76,7 @@ const DEFAULT_MAJORS = {
   'router-stall': [EMBEDDED_MAJOR, '15'],
   'move-batch': ['15', EMBEDDED_MAJOR],
   discovery: [EMBEDDED_MAJOR],
+  feed: [EMBEDDED_MAJOR],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -109,6 +112,7 @@ const REFERENCE_SCALE = {
   'stall-shards': 512,
   'stall-rounds': 3,
   'stall-seconds': 15,
+  'feed-pages': 50,
 };
 
 /** connection-cost: the shard counts one connection touches, one fleet each (--conn-shards 64,512). */
@@ -154,6 +158,7 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --stall-shards N      router-stall: shards of its one host        (${REFERENCE_SCALE['stall-shards']})
   --stall-rounds N      router-stall: rounds of each side, quiet and loaded (${REFERENCE_SCALE['stall-rounds']})
   --stall-seconds N     router-stall: length of one side's round  (${REFERENCE_SCALE['stall-seconds']})
+  --feed-pages N         feed: pages timed each side and scenario    (${REFERENCE_SCALE['feed-pages']})
   --conn-shards LIST    connection-cost: shards touched, one fleet each (${CONN_SHARDS.join(',')})
 
 other options:

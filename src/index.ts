@@ -56,6 +56,7 @@ export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from '.
 export { gc, type GcResult, type HostLeftover, type LeftTrigger, type OldCopy } from './commands/gc.js';
 export { grant, grantSql, type GrantMode, type GrantResult, type GrantHostResult } from './commands/grant.js';
 export type { Leftover } from './moves/leftovers.js';
+export { shardLoad, type LoadResult, type HostLoad, type ShardLoadInfo } from './commands/load.js';
 export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
 export {
   rebalance,
@@ -131,6 +132,14 @@ export {
   type ForEachShardOptions,
   type RouterSource,
 } from './router/router.js';
+export {
+  encodeCursor,
+  decodeCursor,
+  MAX_PAGE_LIMIT,
+  type Page,
+  type PageOptions,
+  type PageOrder,
+} from './router/pages.js';
 export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
 export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './commands/exec.js';
 export { psqlInvocation, findPsql, type PsqlInvocation } from './commands/psql.js';

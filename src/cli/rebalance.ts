@@ -28,9 +28,13 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
   const command = program
     .command('rebalance')
     .description(
-      'move shards so every host has its weighted share (by count or size), empty draining hosts, fill new ones; batched moves, disjoint host pairs in parallel; a rerun finishes an interrupted rebalance',
+      'move shards so every host has its weighted share (by count, size or load), empty draining hosts, fill new ones; batched moves, disjoint host pairs in parallel; a rerun finishes an interrupted rebalance',
     )
-    .option('--by <what>', 'balance the shard count or the bytes on disk: count or size', 'count')
+    .option(
+      '--by <what>',
+      'balance the shard count, the bytes on disk, or the rows written and read (status --load): count, size or load',
+      'count',
+    )
     .option('--max-parallel <n>', 'moves running at once, each between two hosts no other running move uses', '2')
     .option(
       '--mode <mode>',
@@ -160,7 +164,7 @@ function printHosts(out: Output, plan: RebalancePlan): void {
     `${formatBytes(h.bytesBefore)} → ${formatBytes(h.bytesAfter)}`,
     h.drain
       ? 'draining'
-      : `weight ${h.weight}, share ${plan.by === 'count' ? `${h.idealShards} shards` : formatBytes(h.idealBytes)}`,
+      : `weight ${h.weight}${plan.by === 'load' ? '' : `, share ${plan.by === 'count' ? `${h.idealShards} shards` : formatBytes(h.idealBytes)}`}`,
   ]);
   for (const line of columns([['host', 'shards', 'bytes', ''], ...rows], '  ')) out.line(line);
 }

@@ -1,5 +1,5 @@
 import type { Command } from 'commander';
-import type { SizesResult, StatusResult } from '../index.js';
+import type { LoadResult, SizesResult, StatusResult } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { type CommonFlags, configOption, jsonOption } from './options.js';
@@ -11,12 +11,23 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
     .description(
       'per host: shards expected / present / missing / misplaced, migration levels and drift; exit 3 when anything is off',
     )
-    .option('--sizes', 'instead: bytes on disk and estimated rows per host and per shard, the largest shards first');
+    .option('--sizes', 'instead: bytes on disk and estimated rows per host and per shard, the largest shards first')
+    .option(
+      '--load',
+      'instead: rows written and read per host and per shard since the last statistics reset (pg_stat_user_tables), the busiest first',
+    );
   [configOption, jsonOption].forEach((add) => add(command));
-  command.action(async (options: CommonFlags & { sizes?: boolean }) => {
-    const { formatShardList, shardSizes, status } = lib();
+  command.action(async (options: CommonFlags & { sizes?: boolean; load?: boolean }) => {
+    const { formatShardList, shardLoad, shardSizes, status, UsageError } = lib();
     const out = new Output(ctx.streams, options.json ?? false);
+    if (options.sizes && options.load)
+      throw new UsageError('give --sizes or --load, not both', { input: 'option --load' });
     const config = await loadCliConfig(ctx, options, out);
+    if (options.load) {
+      printLoad(out, await shardLoad(config));
+      done(0);
+      return;
+    }
     if (options.sizes) {
       printSizes(out, await shardSizes(config));
       done(0);
@@ -110,6 +121,29 @@ function printMap(out: Output, map: StatusResult['map']): void {
 
 /** How many of the largest shards the human output lists (--json has them all). */
 const LARGEST_SHOWN = 10;
+
+function printLoad(out: Output, load: LoadResult): void {
+  if (out.json) {
+    out.data(load);
+    return;
+  }
+  const hostRows = load.hosts.map((h) => [
+    h.host,
+    String(h.shards),
+    `${h.writes}`,
+    `${h.reads}`,
+    h.statsReset ? `since ${h.statsReset}` : 'since the server started (never reset)',
+  ]);
+  const total = ['total', String(load.shards.length), `${load.writes}`, `${load.reads}`, ''];
+  for (const line of columns([['host', 'shards', 'writes', 'reads', ''], ...hostRows, total])) out.line(line.trimEnd());
+  const busiest = load.shards.slice(0, LARGEST_SHOWN);
+  if (busiest.length === 0) return;
+  out.line(
+    `busiest shards${load.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${load.shards.length}; --json lists all)` : ''}:`,
+  );
+  const shardRows = busiest.map((s) => [String(s.shard), s.host, `${s.writes}`, `${s.reads}`]);
+  for (const line of columns([['shard', 'host', 'writes', 'reads'], ...shardRows], '  ')) out.line(line);
+}
 
 function printSizes(out: Output, sizes: SizesResult): void {
   const { formatShardList } = lib();

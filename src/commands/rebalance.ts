@@ -11,6 +11,7 @@ import type { MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import { abortBegun, type MoveStep } from '../moves/state.js';
 import { findRunningMoves, runMoves, type BatchMoveResult } from '../moves/run.js';
+import { shardLoad } from './load.js';
 import { shardSizes } from './sizes.js';
 import { inflect } from '../text.js';
 
@@ -89,7 +90,8 @@ const DEFAULT_PARALLEL = 2;
 export async function rebalance(config: ShardctlConfig, options: RebalanceOptions = {}): Promise<RebalanceResult> {
   const started = performance.now();
   const by = options.by ?? 'count';
-  if (by !== 'count' && by !== 'size') throw new UsageError('expected count or size', { input: 'by', value: by });
+  if (by !== 'count' && by !== 'size' && by !== 'load')
+    throw new UsageError('expected count, size or load', { input: 'by', value: by });
   const maxParallel = options.maxParallel ?? DEFAULT_PARALLEL;
   if (!Number.isInteger(maxParallel) || maxParallel < 1 || maxParallel > 64) {
     throw new UsageError('must be an integer from 1 to 64', { input: 'maxParallel', value: maxParallel });
@@ -204,7 +206,9 @@ async function rebalanceLocked(
       }
     }
   }
-  const plan = planRebalance(hosts, new Map(sizes.shards.map((s) => [s.shard, s.bytes])), by);
+  const load =
+    by === 'load' ? new Map((await shardLoad(current)).shards.map((s) => [s.shard, s.writes + s.reads])) : undefined;
+  const plan = planRebalance(hosts, new Map(sizes.shards.map((s) => [s.shard, s.bytes])), by, load);
   await options.onPlan?.(plan);
   if (options.dryRun || plan.moves.length === 0) {
     return {

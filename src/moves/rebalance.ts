@@ -9,7 +9,8 @@
  * millionths (a weight below 0.000001 counts as 0.000001).
  */
 
-export type RebalanceBy = 'count' | 'size';
+/** count: shards; size: bytes on disk; load: rows written and read (status --load), bytes still reported. */
+export type RebalanceBy = 'count' | 'size' | 'load';
 
 export interface RebalanceHost {
   readonly name: string;
@@ -65,8 +66,11 @@ export function planRebalance(
   hosts: readonly RebalanceHost[],
   sizes: ReadonlyMap<number, bigint>,
   by: RebalanceBy,
+  /** By load: each shard's writes + reads; the busiest spread as the largest are by size. */
+  load?: ReadonlyMap<number, bigint>,
 ): RebalancePlan {
   const bytesOf = (shard: number): bigint => sizes.get(shard) ?? 0n;
+  const loadOf = (shard: number): bigint => load?.get(shard) ?? 0n;
   const work: Working[] = hosts.map((host, index) => ({
     index,
     host,
@@ -76,7 +80,10 @@ export function planRebalance(
   }));
   const totalWeight = work.reduce((n, w) => n + w.weight, 0n);
   if (totalWeight === 0n) throw new Error('planRebalance: every host is draining');
-  const moves = by === 'count' ? planByCount(work, totalWeight, bytesOf) : planBySize(work, totalWeight, bytesOf);
+  const moves =
+    by === 'count'
+      ? planByCount(work, totalWeight, bytesOf)
+      : planBySize(work, totalWeight, by === 'load' ? loadOf : bytesOf);
 
   // One batched move per (source, target), in host order.
   const pairs = new Map<string, { source: Working; target: Working; shards: number[] }>();

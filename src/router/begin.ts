@@ -80,7 +80,8 @@ export function setBeginPipelining(enabled: boolean): void {
   pipeline = enabled ? checkPgInternals() : { ok: false, reason: 'disabled' };
 }
 
-function pipelining(): boolean {
+/** Whether pg's internals the pipelined paths use are there (warns once when not). */
+export function pipelining(): boolean {
   if (pipeline.ok) return true;
   if (!warned && pipeline.reason !== 'disabled') {
     warned = true;
@@ -100,6 +101,8 @@ export class DeferredBegin {
   private first: FirstQuery | undefined;
   private firstPromise: Promise<unknown> | undefined;
   private returnedValue: unknown = NOT_RETURNED;
+  /** Declared by an adapter (commitWithOnlyQuery): fn's next query is all of its work. */
+  only = false;
 
   constructor(
     private readonly client: pg.PoolClient,
@@ -163,7 +166,7 @@ export class DeferredBegin {
           query.config,
           query.values,
           this.start,
-          () => this.returnedValue === this.firstPromise && this.calls === 1,
+          () => this.calls === 1 && (this.only || this.returnedValue === this.firstPromise),
         );
         first.callback = (error: Error | null, result: unknown) => (error ? reject(error) : resolve(result));
         this.first = first;
@@ -177,6 +180,17 @@ export class DeferredBegin {
     });
     return clientQuery.call(this.client, config, values, callback);
   }
+}
+
+/**
+ * For a query builder's adapter (src/adapters/): the query fn is about to start on `client` is all
+ * of fn's work, so its COMMIT may go in the same write, although fn returns the builder's own
+ * promise (which maps the rows) rather than the query's. A query started after it is refused, as
+ * for a returned query promise. Does nothing on a client no routed transaction holds.
+ */
+export function commitWithOnlyQuery(client: pg.ClientBase): void {
+  const hook = (client as unknown as Hooked)[HOOK];
+  if (hook && !hook.started) hook.only = true;
 }
 
 const NOT_RETURNED = Symbol('not returned');

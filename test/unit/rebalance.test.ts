@@ -266,3 +266,30 @@ describe('planRebalance properties', () => {
     );
   });
 });
+
+describe('planRebalance by load', () => {
+  it('spreads the busiest shards over the hosts by their writes and reads, reporting bytes as bytes', () => {
+    const hosts = [host('pg1', range(0, 3)), host('pg2', range(4, 7))];
+    // Shards 0 and 1 take nearly all the traffic, both on pg1; sizes are equal.
+    const load = new Map([
+      [0, 1000n],
+      [1, 900n],
+      [2, 5n],
+      [3, 5n],
+      [4, 5n],
+      [5, 5n],
+      [6, 5n],
+      [7, 5n],
+    ]);
+    const plan = planRebalance(hosts, uniform(8), 'load', load);
+    expect(plan.by).toBe('load');
+    const after = apply(hosts, plan);
+    const holder = (shard: number) => [...after].find(([, shards]) => shards.has(shard))![0];
+    expect(holder(0)).not.toBe(holder(1));
+    // By count or size the same map is balanced already: nothing moves.
+    expect(planRebalance(hosts, uniform(8), 'size', load).moves).toEqual([]);
+    expect(planRebalance(hosts, uniform(8), 'count', load).moves).toEqual([]);
+    // Bytes are still bytes.
+    expect(plan.bytesMoved).toBe(8192n * BigInt(plan.shardsMoved));
+  });
+});

@@ -1,0 +1,216 @@
+import diagnosticsChannel from 'node:diagnostics_channel';
+import { performance } from 'node:perf_hooks';
+import type pg from 'pg';
+
+/**
+ * What the router does, for the application to see: one event per routed call on
+ * `node:diagnostics_channel` (the mechanism Node's own undici publishes on, and OpenTelemetry's
+ * instrumentations subscribe to), counters per host for router.stats(), and one warning for a call
+ * that waits past a bound (ShardRouterOptions.slowCallMs).
+ *
+ * Nothing is timed or built per call unless someone subscribes to the channel or a bound is set
+ * (`hasSubscribers` is read once per call); the counters behind stats() are a few integer
+ * increments per call.
+ */
+export const CALL_CHANNEL = 'shardctl:router:call';
+export const SLOW_CALL_CHANNEL = 'shardctl:router:slow-call';
+
+const callChannel = diagnosticsChannel.channel(CALL_CHANNEL);
+const slowChannel = diagnosticsChannel.channel(SLOW_CALL_CHANNEL);
+
+/** What a call is waiting for at a given moment. */
+export type CallWait =
+  | 'a pooled connection'
+  | 'the transaction (fn and its statements)'
+  | 'the fence of a move'
+  | 'the placement (reading the fleet)'
+  | 'the new host to hold the shard';
+
+/** A call's event on `shardctl:router:call`, published when the call ends. */
+export interface RouterCallEvent {
+  readonly shard: number;
+  /** The host it ended on (after following a move). */
+  readonly host: string;
+  readonly ok: boolean;
+  /** Attempts made: 1 unless a move (or a stale map) made the router run fn again. */
+  readonly attempts: number;
+  /** performance.timeOrigin-based start (ms), and how long the call took. */
+  readonly startTime: number;
+  readonly durationMs: number;
+  /** Time spent waiting for a pooled connection, over all attempts. */
+  readonly poolWaitMs: number;
+  /** Backoffs while the shard was fenced (a move between its fence and its switch), and their total. */
+  readonly fenceWaits: number;
+  readonly fenceWaitMs: number;
+  /** Moves followed: from the host the map named to the host that holds the shard. */
+  readonly follows: readonly { readonly from: string; readonly to: string }[];
+  /** The errors that were retried (SC100, or a missing object on a host that no longer holds the shard). */
+  readonly retried: readonly { readonly host: string; readonly code: string | undefined; readonly message: string }[];
+  /** The error the caller got, when !ok. */
+  readonly error?: unknown;
+}
+
+/** A call waiting past ShardRouterOptions.slowCallMs, on `shardctl:router:slow-call` (and as one process warning). */
+export interface SlowCallEvent {
+  readonly shard: number;
+  readonly host: string | undefined;
+  readonly waitingFor: CallWait;
+  readonly waitedMs: number;
+}
+
+/** Per host, for router.stats(). */
+export interface HostStats {
+  readonly host: string;
+  /** The pool's connections now (open, and idle among them), and calls waiting for one. */
+  readonly poolSize: number;
+  readonly idle: number;
+  readonly waiting: number;
+  /** Calls that ended on this host since the router opened (a round trip of several shards counts once). */
+  readonly calls: number;
+  /** ... of them failed. */
+  readonly errors: number;
+  /** Moves followed away from this host. */
+  readonly follows: number;
+}
+
+/** One call's record, made only when it is observed. */
+export class CallTrace {
+  private readonly start = performance.now();
+  attempts = 0;
+  private poolWait = 0;
+  private fenceWaits = 0;
+  private fenceWait = 0;
+  private readonly follows: { from: string; to: string }[] = [];
+  private readonly retried: { host: string; code: string | undefined; message: string }[] = [];
+  host: string | undefined;
+  private waitingFor: CallWait = 'the transaction (fn and its statements)';
+  private since = this.start;
+  private timer: NodeJS.Timeout | undefined;
+
+  constructor(
+    readonly shard: number,
+    slowCallMs: number,
+  ) {
+    if (slowCallMs > 0) {
+      this.timer = setTimeout(() => this.slow(), slowCallMs);
+      this.timer.unref();
+    }
+  }
+
+  attempt(host: string): void {
+    this.attempts += 1;
+    this.host = host;
+  }
+
+  waiting(what: CallWait, host?: string): number {
+    this.waitingFor = what;
+    if (host !== undefined) this.host = host;
+    this.since = performance.now();
+    return this.since;
+  }
+
+  poolWaited(since: number): void {
+    this.poolWait += performance.now() - since;
+    this.waiting('the transaction (fn and its statements)');
+  }
+
+  fenceWaited(since: number): void {
+    this.fenceWaits += 1;
+    this.fenceWait += performance.now() - since;
+  }
+
+  followed(from: string, to: string): void {
+    this.follows.push({ from, to });
+  }
+
+  retry(host: string, error: unknown): void {
+    const code = (error as { code?: unknown } | null)?.code;
+    this.retried.push({
+      host,
+      code: typeof code === 'string' ? code : undefined,
+      message: error instanceof Error ? error.message : String(error),
+    });
+  }
+
+  end(host: string, error?: { error: unknown }): void {
+    if (this.timer) clearTimeout(this.timer);
+    if (!callChannel.hasSubscribers) return;
+    const event: RouterCallEvent = {
+      shard: this.shard,
+      host,
+      ok: !error,
+      attempts: this.attempts,
+      startTime: performance.timeOrigin + this.start,
+      durationMs: performance.now() - this.start,
+      poolWaitMs: this.poolWait,
+      fenceWaits: this.fenceWaits,
+      fenceWaitMs: this.fenceWait,
+      follows: this.follows,
+      retried: this.retried,
+      ...(error ? { error: error.error } : {}),
+    };
+    callChannel.publish(event);
+  }
+
+  private slow(): void {
+    this.timer = undefined;
+    const event: SlowCallEvent = {
+      shard: this.shard,
+      host: this.host,
+      waitingFor: this.waitingFor,
+      waitedMs: Math.round(performance.now() - this.start),
+    };
+    if (slowChannel.hasSubscribers) slowChannel.publish(event);
+    const onHost = event.host !== undefined ? ` on host ${event.host}` : '';
+    process.emitWarning(
+      `shardctl: a call on shard ${event.shard}${onHost} has taken ${event.waitedMs} ms; it is waiting for ${event.waitingFor} (for ${Math.round(performance.now() - this.since)} ms)`,
+      { code: 'SHARDCTL_SLOW_CALL' },
+    );
+  }
+}
+
+/** The router's counters per host, and the factory of traces. */
+export class RouterDiagnostics {
+  private readonly counters = new Map<string, { calls: number; errors: number; follows: number }>();
+
+  constructor(private readonly slowCallMs: number) {}
+
+  /** A trace for a call about to start, or undefined when nobody would see it. */
+  begin(shard: number): CallTrace | undefined {
+    return callChannel.hasSubscribers || this.slowCallMs > 0 ? new CallTrace(shard, this.slowCallMs) : undefined;
+  }
+
+  ended(host: string, ok: boolean, count = 1): void {
+    const c = this.host(host);
+    c.calls += count;
+    if (!ok) c.errors += count;
+  }
+
+  followed(from: string): void {
+    this.host(from).follows += 1;
+  }
+
+  stats(pools: ReadonlyMap<string, pg.Pool>, hosts: readonly string[]): HostStats[] {
+    const names = [...new Set([...hosts, ...pools.keys(), ...this.counters.keys()])];
+    return names.map((host) => {
+      const pool = pools.get(host);
+      const c = this.counters.get(host) ?? { calls: 0, errors: 0, follows: 0 };
+      return {
+        host,
+        poolSize: pool?.totalCount ?? 0,
+        idle: pool?.idleCount ?? 0,
+        waiting: pool?.waitingCount ?? 0,
+        ...c,
+      };
+    });
+  }
+
+  private host(name: string): { calls: number; errors: number; follows: number } {
+    let c = this.counters.get(name);
+    if (!c) {
+      c = { calls: 0, errors: 0, follows: 0 };
+      this.counters.set(name, c);
+    }
+    return c;
+  }
+}

@@ -1,0 +1,174 @@
+import pg from 'pg';
+import { UsageError } from '../errors.js';
+import { parseIdString } from '../id/layout.js';
+import { shardForKey } from '../id/routing.js';
+import { quoteIdent } from '../pg/quote.js';
+import { oneStatement, queryEachShardWithParams, type RouterInternals } from './shard-query.js';
+
+/** newest: ids descending (a feed); oldest: ascending. */
+export type PageOrder = 'newest' | 'oldest';
+
+export interface PageOptions {
+  /** Rows in the page, 1-10000. */
+  limit: number;
+  /** Default 'newest'. A cursor continues in the order it was made in. */
+  order?: PageOrder;
+  /** The previous page's `cursor`; absent or null for the first page. */
+  cursor?: string | null;
+  /** Bind parameters $1, $2, … of the sql (the router's own come after them). */
+  params?: readonly unknown[];
+  /** The shards to read; default every shard. */
+  shards?: readonly number[];
+  /** Read the shards of these keys (key mod shards), instead of `shards`. */
+  keys?: readonly bigint[];
+  /** The id column the rows are merged by; default 'id'. */
+  idColumn?: string;
+  /** Shards of one host per round trip; default 64. */
+  shardsPerQuery?: number;
+  /** Shards (or round trips of shards) running at once on one host; default and at most poolSize. */
+  perHost?: number;
+  /** ... over all hosts; default poolSize × hosts. */
+  concurrency?: number;
+}
+
+export interface Page<R> {
+  /** At most `limit` rows, merged by id across the shards; every int8 column a bigint. */
+  readonly rows: R[];
+  /** Pass as `cursor` for the next page; null when this page was the last. */
+  readonly cursor: string | null;
+}
+
+export const MAX_PAGE_LIMIT = 10_000;
+
+const INT8_OID = 20;
+
+/** int8 columns as bigint: ids never pass through a JS number. */
+export const BIGINT_TYPES = {
+  getTypeParser(oid: number, format?: 'text' | 'binary'): (value: string) => unknown {
+    if (oid === INT8_OID && format !== 'binary') return (value: string) => BigInt(value);
+    return pg.types.getTypeParser(oid, format ?? 'text') as (value: string) => unknown;
+  },
+} as pg.CustomTypesConfig;
+
+/**
+ * One page of rows merged by id across shards (router.queryPage): each shard runs
+ *
+ *   SELECT * FROM (<sql>) AS page WHERE id < $cursor ORDER BY id DESC LIMIT $limit
+ *
+ * (`>` and ASC for oldest first; no WHERE on the first page), so it is asked only for rows past the
+ * cursor and at most `limit` of them, and an index on id serves it. Shards of one host share round
+ * trips; a shard being moved is read from its holder (the router follows it). The page is the
+ * `limit` first of the merged rows; its cursor holds the last row's id as a decimal string.
+ *
+ * Ids carry their time, so pages continue correctly while rows are written: a row committed
+ * after a page was read appears in a later page if its id falls past that page's cursor.
+ */
+export async function queryPage<R extends pg.QueryResultRow>(
+  router: RouterInternals,
+  sql: string,
+  options: PageOptions,
+): Promise<Page<R>> {
+  const limit = options.limit;
+  if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_PAGE_LIMIT)
+    throw new UsageError(`must be a whole number from 1 to ${MAX_PAGE_LIMIT}`, { input: 'limit', value: limit });
+  const order = options.order ?? 'newest';
+  if (order !== 'newest' && order !== 'oldest')
+    throw new UsageError("must be 'newest' or 'oldest'", { input: 'order', value: order });
+  const idColumn = options.idColumn ?? 'id';
+  if (typeof idColumn !== 'string' || idColumn === '')
+    throw new UsageError('must be a column name', { input: 'idColumn', value: idColumn });
+  const after = options.cursor == null ? undefined : decodeCursor(options.cursor, order);
+  const params = options.params ?? [];
+  if (!Array.isArray(params as unknown))
+    throw new UsageError('must be an array of bind parameters', { input: 'params' });
+  if (options.shards && options.keys)
+    throw new UsageError('give shards or keys, not both', { input: 'keys', data: { shards: options.shards.length } });
+  const shards = options.keys ? keyShards(options.keys, router.config().shards) : options.shards;
+  if (shards && shards.length === 0) return { rows: [], cursor: null };
+
+  const text = pageSql(oneStatement(sql), { idColumn, order, params: params.length, cursor: after !== undefined });
+  const values = [...params, ...(after !== undefined ? [after.toString()] : []), limit];
+  const results = await queryEachShardWithParams<R>(router, text, values, {
+    readOnly: true,
+    shardsPerQuery: options.shardsPerQuery ?? 64,
+    query: { types: BIGINT_TYPES },
+    ...(shards ? { shards } : {}),
+    ...(options.perHost !== undefined ? { perHost: options.perHost } : {}),
+    ...(options.concurrency !== undefined ? { concurrency: options.concurrency } : {}),
+  });
+
+  const keyed: { id: bigint; row: R }[] = [];
+  for (const result of results) {
+    for (const row of result.value.rows) keyed.push({ id: rowId(row, idColumn), row });
+  }
+  keyed.sort(order === 'newest' ? (a, b) => compare(b.id, a.id) : (a, b) => compare(a.id, b.id));
+  const page = keyed.slice(0, limit);
+  const last = page.at(-1);
+  return {
+    rows: page.map((k) => k.row),
+    cursor: page.length === limit && last ? encodeCursor(order, last.id) : null,
+  };
+}
+
+/**
+ * What each shard runs for a page: the caller's statement as a subquery (a plain one is pulled
+ * up by the planner, so the id bound and the order reach the table and its primary key), then the
+ * cursor's bound (when there is a cursor) and the limit as the next bind parameters.
+ */
+export function pageSql(
+  statement: string,
+  page: { idColumn: string; order: PageOrder; params: number; cursor: boolean },
+): string {
+  const id = quoteIdent(page.idColumn);
+  const n = page.params;
+  return [
+    // The newline ends a trailing `--` comment of the statement.
+    `SELECT * FROM (\n${statement}\n) AS shardctl_page`,
+    ...(page.cursor ? [`WHERE ${id} ${page.order === 'newest' ? '<' : '>'} $${n + 1}::bigint`] : []),
+    `ORDER BY ${id} ${page.order === 'newest' ? 'DESC' : 'ASC'} LIMIT $${page.cursor ? n + 2 : n + 1}`,
+  ].join(' ');
+}
+
+function compare(a: bigint, b: bigint): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+function keyShards(keys: readonly bigint[], shards: number): number[] {
+  if (!Array.isArray(keys)) throw new UsageError('must be an array of bigint keys', { input: 'keys' });
+  const found = new Set<number>();
+  for (const key of keys) {
+    if (typeof key !== 'bigint') throw new UsageError('must be bigint keys', { input: 'keys', value: String(key) });
+    found.add(shardForKey(key, shards));
+  }
+  return [...found];
+}
+
+function rowId(row: pg.QueryResultRow, idColumn: string): bigint {
+  const value: unknown = row[idColumn];
+  if (typeof value === 'bigint') return value;
+  const parsed = typeof value === 'string' ? parseIdString(value) : undefined;
+  if (typeof parsed !== 'bigint')
+    throw new UsageError(`the rows must carry a bigint ${idColumn} column to merge by (found ${typeof value})`, {
+      input: 'idColumn',
+      value: idColumn,
+    });
+  return parsed;
+}
+
+const CURSOR_PREFIX = 'v1';
+
+/** An opaque cursor: the order and the last id, as a decimal string (never a JS number), base64url. */
+export function encodeCursor(order: PageOrder, after: bigint): string {
+  return Buffer.from(`${CURSOR_PREFIX}:${order}:${after.toString()}`, 'utf8').toString('base64url');
+}
+
+export function decodeCursor(cursor: string, order: PageOrder): bigint {
+  const text = typeof cursor === 'string' ? Buffer.from(cursor, 'base64url').toString('utf8') : '';
+  const match = /^v1:(newest|oldest):(\d{1,19})$/.exec(text);
+  const after = match ? parseIdString(match[2]!) : undefined;
+  if (!match || typeof after !== 'bigint')
+    throw new UsageError('is not a cursor of queryPage', { input: 'cursor', value: cursor });
+  if (match[1] !== order)
+    throw new UsageError(`was made for order '${match[1]}', not '${order}'`, { input: 'cursor', value: cursor });
+  return after;
+}

@@ -1,0 +1,153 @@
+import type pg from 'pg';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { UsageError } from '../errors.js';
+import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
+import { pipelining, type TransactionStart } from './begin.js';
+import type { CallTrace } from './diagnostics.js';
+import type { ShardResult } from './errors.js';
+import { runShardsQuery, ShardsQuery } from './pipeline.js';
+import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions } from './router.js';
+
+/** What src/router/router.ts lends the modules that build calls on its paths (not public API). */
+export interface RouterInternals {
+  config(): ShardctlConfig;
+  checkShard(shard: number): void;
+  hostForShard(shard: number): HostConfig;
+  run<T>(
+    shard: number,
+    attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+  ): Promise<{ value: T; host: string }>;
+  attempt<T>(
+    host: HostConfig,
+    shard: number,
+    fn: ShardFn<T>,
+    options: TransactionOptions,
+    trace?: CallTrace,
+  ): Promise<Attempt<T>>;
+  fanOut<T>(
+    runShard: (shard: number) => Promise<{ value: T; host: string }>,
+    options: ForEachShardOptions,
+    chunks?: Chunking<T>,
+  ): Promise<ShardResult<T>[]>;
+  connect(host: HostConfig, shard: number): Promise<pg.PoolClient>;
+  /** Counts a round trip of several shards in router.stats(). */
+  counted(host: string, ok: boolean): void;
+  transactionStart(shard: number, readOnly: boolean): TransactionStart;
+}
+
+export interface ParamsQueryOptions extends ForEachShardOptions {
+  query?: Omit<pg.QueryConfig, 'text' | 'values'>;
+  shardsPerQuery?: number;
+}
+
+/**
+ * queryEachShard with bind parameters: one statement, run on each shard with the same values.
+ * A shard alone is one round trip (BEGIN, search_path, the statement and COMMIT go together, as in
+ * withShard). Read-only with `shardsPerQuery` > 1, up to that many shards of one host share a
+ * round trip (ShardsQuery, src/router/pipeline.ts), each in its own READ ONLY transaction; a chunk
+ * that fails runs again shard by shard, following a move and naming the failing shard.
+ */
+export function queryEachShardWithParams<R extends pg.QueryResultRow>(
+  router: RouterInternals,
+  sql: string,
+  params: readonly unknown[],
+  options: ParamsQueryOptions,
+): Promise<ShardResult<pg.QueryResult<R>>[]> {
+  let text: string;
+  try {
+    text = oneStatement(sql);
+    if (!Array.isArray(params as unknown))
+      throw new UsageError('must be an array of bind parameters', { input: 'params' });
+  } catch (error) {
+    return Promise.reject(error as Error);
+  }
+  const readOnly = options.readOnly ?? false;
+  const query = options.query ?? {};
+  const shardsPerQuery = options.shardsPerQuery ?? 1;
+  if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
+    throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
+  const values = [...params];
+  const single = (shard: number) =>
+    router.run(shard, (host, trace) =>
+      router.attempt(host, shard, (client) => client.query<R>({ ...query, text, values }), { readOnly }, trace),
+    );
+  if (!readOnly || shardsPerQuery === 1 || !pipelining() || 'rowMode' in query || query.name)
+    return router.fanOut(single, options);
+  return router.fanOut(single, options, {
+    maxShards: shardsPerQuery,
+    statements: 1,
+    probe: async (shard) => ({ ...(await single(shard)), statements: 1 }),
+    runChunk: (host, shards) => attemptParamsChunk<R>(router, host, shards, text, values, query.types),
+  });
+}
+
+/**
+ * The text of a one-statement sql, without a trailing `;`; a UsageError naming `sql` for several
+ * statements, none, or one that would end the transaction or change the session.
+ */
+export function oneStatement(sql: string): string {
+  if (typeof sql !== 'string') throw new UsageError('must be a string of SQL', { input: 'sql' });
+  const statements = splitSql(sql).statements.filter((s) => s.tokens.length > 0);
+  if (statements.length !== 1)
+    throw new UsageError(
+      `must be exactly one statement when it has bind parameters (found ${statements.length}); run several with forEachShard`,
+      { input: 'sql', value: sql.slice(0, 60) },
+    );
+  for (const statement of splitSqlBothWays(sql)) {
+    const escape = transactionEscape(statement);
+    if (escape)
+      throw new UsageError(`line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`, {
+        input: 'sql',
+      });
+  }
+  return sql.replace(/[\s;]+$/, '');
+}
+
+/**
+ * Shards of one host in one round trip with bind parameters; each shard's result, or undefined
+ * when the round trip failed or its results are not BEGIN, the SETs, one statement and COMMIT per
+ * shard (the caller then runs the shards one by one).
+ */
+async function attemptParamsChunk<R extends pg.QueryResultRow>(
+  router: RouterInternals,
+  host: HostConfig,
+  shards: readonly number[],
+  text: string,
+  values: readonly unknown[],
+  types: pg.QueryConfig['types'] | undefined,
+): Promise<pg.QueryResult<R>[] | undefined> {
+  const client = await router.connect(host, shards[0]!);
+  let broken: Error | undefined;
+  try {
+    const starts = shards.map((shard) => router.transactionStart(shard, true));
+    let results: pg.QueryResult[];
+    try {
+      results = await runShardsQuery(client, new ShardsQuery(text, values, starts, types));
+    } catch {
+      // The failing shard's transaction is open and aborted; those before it committed (read-only).
+      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+      return undefined;
+    }
+    const framing = starts[0]!.statements;
+    const group = framing + 2;
+    const shaped =
+      results.length === shards.length * group &&
+      shards.every(
+        (_, i) =>
+          results[i * group]?.command === 'BEGIN' &&
+          results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET') &&
+          results[i * group + group - 1]?.command === 'COMMIT',
+      );
+    if (!shaped) {
+      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+      return undefined;
+    }
+    router.counted(host.name, true);
+    return shards.map((_, i) => results[i * group + framing] as pg.QueryResult<R>);
+  } catch (error) {
+    broken = error as Error;
+    throw error;
+  } finally {
+    client.release(broken);
+  }
+}

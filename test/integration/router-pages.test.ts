@@ -1,0 +1,245 @@
+import { describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { moveShard } from '../../src/commands/move-shard.js';
+import { UsageError } from '../../src/errors.js';
+import { ShardRouter } from '../../src/router/router.js';
+import { makeFleet } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+
+const PHOTOS_ONLY = {
+  '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
+CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), user_id bigint NOT NULL, image_url text NOT NULL);
+ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
+};
+
+type Photo = { id: bigint; user_id: bigint; image_url: string; pid: number };
+
+describe('ShardRouter.queryEachShard with parameters', () => {
+  const db = useTestDatabases(2);
+
+  it('binds the same values on every shard; read-only chunks of one host share a round trip, each shard in its own transaction and schema', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 16,
+      split: ['0-7', '8-15'],
+      schemaPrefix: 'qp',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 2 });
+    try {
+      // A write with parameters: one transaction per shard, each in its own schema.
+      const inserted = await router.queryEachShard<{ id: string }>(
+        `insert into photos (user_id, image_url) select $1, $2 from generate_series(1, $3::int) returning id`,
+        { params: [7, "it's", 3] },
+      );
+      expect(inserted.map((r) => [r.shard, r.value.rowCount])).toEqual(Array.from({ length: 16 }, (_, i) => [i, 3]));
+      for (const r of inserted) for (const row of r.value.rows) expect(router.shardForId(row.id)).toBe(r.shard);
+
+      const sql = `select current_schema() as s, count(*)::int as n, pg_backend_pid() as pid,
+        (select virtualxid from pg_locks where pid = pg_backend_pid() and locktype = 'virtualxid') as t
+        from photos where user_id = $1 and image_url = $2 -- a trailing comment`;
+      type Row = { s: string; n: number; pid: number; t: string };
+      const results = await router.queryEachShard<Row>(sql, {
+        params: [7, "it's"],
+        readOnly: true,
+        shardsPerQuery: 8,
+        perHost: 1,
+      });
+      expect(results.map((r) => [r.shard, r.host, r.value.rows[0]!.s, r.value.rows[0]!.n])).toEqual(
+        Array.from({ length: 16 }, (_, i) => [i, i < 8 ? 'pg1' : 'pg2', `qp${i}`, 3]),
+      );
+      // One connection per host, one transaction per shard.
+      expect(new Set(results.map((r) => `${r.host} ${r.value.rows[0]!.pid}`)).size).toBe(2);
+      expect(new Set(results.map((r) => `${r.host} ${r.value.rows[0]!.t}`)).size).toBe(16);
+
+      // Shard 10 fails alone (division by zero there only): its chunk runs again shard by shard, naming it.
+      await withClient(db.urls[1]!, (c) =>
+        c.query(`insert into qp10.photos (id, user_id, image_url) values (0, 7, 'z')`),
+      );
+      const failed = await router
+        .queryEachShard(`select count(*) filter (where 1 / id > $1) from photos`, {
+          params: [0],
+          readOnly: true,
+          shardsPerQuery: 8,
+        })
+        .catch((e: unknown) => e);
+      expect(
+        (failed as { failures: { shard: number; error: { code: string } }[] }).failures.map((f) => [
+          f.shard,
+          f.error.code,
+        ]),
+      ).toEqual([[10, '22012']]);
+      // The connections were left outside any transaction.
+      const again = await router.queryEachShard<{ s: string }>('select current_schema() as s where $1', {
+        params: [true],
+        readOnly: true,
+        shardsPerQuery: 8,
+      });
+      expect(again.map((r) => r.value.rows[0]!.s)).toEqual(Array.from({ length: 16 }, (_, i) => `qp${i}`));
+
+      // One statement only, and nothing that ends the transaction: refused before anything is sent.
+      const twice = await router.queryEachShard('select $1; select 2', { params: [1] }).catch((e: unknown) => e);
+      expect(twice).toBeInstanceOf(UsageError);
+      expect((twice as UsageError).input).toBe('sql');
+      const commit = await router.queryEachShard('commit', { params: [] }).catch((e: unknown) => e);
+      expect((commit as UsageError).input).toBe('sql');
+    } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter.queryPage', () => {
+  const db = useTestDatabases(2);
+
+  it('pages 64 shards by id, newest and oldest first: every page in order, no row twice or missing while rows are inserted, a shard moved between two pages', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 64,
+      split: ['0-31', '32-63'],
+      schemaPrefix: 'pg',
+      migrations: PHOTOS_ONLY,
+    });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 3 });
+    try {
+      // Rounds of rows on every shard at once: the ids of the shards interleave.
+      for (let round = 0; round < 4; round++) {
+        await router.queryEachShard(
+          `insert into photos (user_id, image_url) select $1, 'r' from generate_series(1, 3)`,
+          {
+            params: [round],
+          },
+        );
+      }
+      const all = async (): Promise<bigint[]> =>
+        (
+          await router.queryEachShard<{ id: string }>('select id from photos where $1', {
+            params: [true],
+            readOnly: true,
+            shardsPerQuery: 64,
+          })
+        ).flatMap((r) => r.value.rows.map((row) => BigInt(row.id)));
+      const before = await all();
+      expect(before).toHaveLength(64 * 12);
+      const sql = `select id, user_id, image_url, pg_backend_pid() as pid from photos where image_url <> $1`;
+
+      // Newest first, 25 a page; a row written into some shard after each page; shard 5 moved after page 3.
+      const seen: bigint[] = [];
+      let cursor: string | null = null;
+      let pages = 0;
+      do {
+        const page: import('../../src/router/pages.js').Page<Photo> = await router.queryPage<Photo>(sql, {
+          params: ['never'],
+          limit: 25,
+          cursor,
+          perHost: 1,
+        });
+        pages += 1;
+        expect(page.rows.length).toBeLessThanOrEqual(25);
+        for (const row of page.rows) {
+          expect(typeof row.id).toBe('bigint');
+          expect(typeof row.user_id).toBe('bigint');
+          seen.push(row.id);
+        }
+        if (pages === 1) {
+          // All 64 shards in one round trip per host: one connection each.
+          expect(new Set(page.rows.map((r) => r.pid)).size).toBeLessThanOrEqual(2);
+        }
+        cursor = page.cursor;
+        if (cursor) expect(Buffer.from(cursor, 'base64url').toString()).toBe(`v1:newest:${page.rows.at(-1)!.id}`);
+        await router.withKey(BigInt(pages), (c) =>
+          c.query(`insert into photos (user_id, image_url) values ($1, 'later')`, [pages]),
+        );
+        if (pages === 3) {
+          expect(router.hostForShard(5).name).toBe('pg1');
+          expect((await moveShard(config, 5, 'pg2', { configFile: fleet.configFile })).outcome).toBe('moved');
+        }
+      } while (cursor);
+      expect(router.hostForShard(5).name).toBe('pg2');
+      expect(seen.every((id, i) => i === 0 || id < seen[i - 1]!)).toBe(true);
+      const seenSet = new Set(seen);
+      expect(before.filter((id) => !seenSet.has(id))).toEqual([]);
+      expect(pages).toBeGreaterThanOrEqual(Math.ceil(before.length / 25));
+
+      // Oldest first over what is there now, rows still being written meanwhile: all of them, ascending.
+      const now = await all();
+      const oldest: bigint[] = [];
+      cursor = null;
+      do {
+        const page: import('../../src/router/pages.js').Page<Photo> = await router.queryPage<Photo>(sql, {
+          params: ['never'],
+          limit: 100,
+          order: 'oldest',
+          cursor,
+        });
+        oldest.push(...page.rows.map((r) => r.id));
+        cursor = page.cursor;
+        await router.withKey(7n, (c) => c.query(`insert into photos (user_id, image_url) values (7, 'later')`));
+      } while (cursor);
+      expect(oldest.every((id, i) => i === 0 || id > oldest[i - 1]!)).toBe(true);
+      const oldestSet = new Set(oldest);
+      expect(now.filter((id) => !oldestSet.has(id))).toEqual([]);
+    } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter.queryPage', () => {
+  const db = useTestDatabases(2);
+
+  it('reads only the shards of the keys given, and refuses a bad limit, order or cursor naming it', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 8,
+      split: ['0-3', '4-7'],
+      schemaPrefix: 'pk',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      await router.queryEachShard(`insert into photos (user_id, image_url) select $1, 'x' from generate_series(1, 5)`, {
+        params: [0],
+      });
+      // Keys 3, 11 and 6: shards 3 and 6.
+      const page = await router.queryPage<Photo>('select id from photos', { keys: [3n, 11n, 6n], limit: 100 });
+      expect(page.cursor).toBeNull();
+      expect(page.rows).toHaveLength(10);
+      expect(new Set(page.rows.map((r) => router.shardForId(r.id)))).toEqual(new Set([3, 6]));
+      const two = await router.queryPage<Photo>('select id from photos', { shards: [1, 2], limit: 4, order: 'oldest' });
+      expect(two.rows.map((r) => r.id)).toEqual([...two.rows.map((r) => r.id)].sort((a, b) => (a < b ? -1 : 1)));
+      const next = await router.queryPage<Photo>('select id from photos', {
+        shards: [1, 2],
+        limit: 100,
+        order: 'oldest',
+        cursor: two.cursor,
+      });
+      expect(next.rows).toHaveLength(6);
+      expect(next.rows[0]!.id > two.rows.at(-1)!.id).toBe(true);
+
+      const refused = async (options: object): Promise<UsageError> =>
+        (await router
+          .queryPage('select id from photos', { limit: 10, ...options })
+          .catch((e: unknown) => e)) as UsageError;
+      expect((await refused({ limit: 0 })).message).toBe('limit 0: must be a whole number from 1 to 10000');
+      expect((await refused({ order: 'up' })).input).toBe('order');
+      expect((await refused({ cursor: 'nonsense' })).input).toBe('cursor');
+      expect((await refused({ cursor: two.cursor })).message).toMatch(
+        /cursor .*: was made for order 'oldest', not 'newest'/,
+      );
+      expect((await refused({ keys: [1] })).input).toBe('keys');
+      const notId = await router
+        .queryPage('select image_url as id from photos', { limit: 10 })
+        .catch((e: unknown) => e);
+      expect((notId as UsageError).message).toBe(
+        'idColumn "id": the rows must carry a bigint id column to merge by (found string)',
+      );
+    } finally {
+      await router.close();
+    }
+  });
+});

@@ -1,0 +1,26 @@
+import { describe, expect, it } from 'vitest';
+import { UsageError } from '../../src/errors.js';
+import { decodeCursor, encodeCursor, pageSql } from '../../src/router/pages.js';
+
+describe('queryPage', () => {
+  it('asks each shard only for rows past the cursor and at most limit, its bounds bound after the caller’s parameters', () => {
+    expect(
+      pageSql('select id from photos where user_id = $1', { idColumn: 'id', order: 'newest', params: 1, cursor: true }),
+    ).toBe(
+      'SELECT * FROM (\nselect id from photos where user_id = $1\n) AS shardctl_page WHERE "id" < $2::bigint ORDER BY "id" DESC LIMIT $3',
+    );
+    expect(
+      pageSql('select id from photos -- c', { idColumn: 'photo id', order: 'oldest', params: 0, cursor: false }),
+    ).toBe('SELECT * FROM (\nselect id from photos -- c\n) AS shardctl_page ORDER BY "photo id" ASC LIMIT $1');
+  });
+
+  it('keeps ids past 2^53 exact in the cursor, and refuses a cursor that is not one or is of the other order', () => {
+    const id = 9_007_199_254_740_993n;
+    const cursor = encodeCursor('newest', id);
+    expect(decodeCursor(cursor, 'newest')).toBe(id);
+    expect(Buffer.from(cursor, 'base64url').toString()).toBe('v1:newest:9007199254740993');
+    expect(() => decodeCursor(cursor, 'oldest')).toThrow(UsageError);
+    expect(() => decodeCursor('x', 'newest')).toThrow(/^cursor "x": is not a cursor of queryPage$/);
+    expect(() => decodeCursor(encodeCursor('newest', 2n ** 63n), 'newest')).toThrow(UsageError);
+  });
+});
