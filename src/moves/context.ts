@@ -11,6 +11,7 @@ import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state
 import type { PreVerification, VerifyResult } from './verify.js';
 import type { TableChanges } from './tail.js';
 import type { WaveLimits } from './waves.js';
+import type { CopyEstimate, MoveProgressEvent } from './copy-meter.js';
 
 /**
  * A move's state while it runs (MoveContext), its options and result, and what every step asks of
@@ -53,6 +54,15 @@ export interface MoveOptions {
   readonly onStep?: (step: MoveStep, detail: string) => void;
   /** What a wait is waiting for, every few seconds; retries; anything a person should know. */
   readonly onNotice?: (message: string) => void;
+  /** The copy's bytes, rows, rate and time left, and the catch-up's lag, as they change (copy-meter.ts). */
+  readonly onProgress?: (event: MoveProgressEvent) => void;
+  /** The most bytes a second each move's copy may stream (all its connections together); no bound when unset. */
+  readonly maxRate?: number;
+  /**
+   * The most WAL the move's slot may hold on the source while the copy runs: past it the copy
+   * pauses (and says so) until the slot holds less again. No bound when unset.
+   */
+  readonly maxSlotWal?: number;
 }
 
 /** The result of one move: a batch of shards from one source host to the target. */
@@ -84,6 +94,8 @@ export interface MoveResult {
   readonly verification: VerifyResult | null;
   /** Materialized views refreshed on the target after the switch (`schema.view`). */
   readonly materializedViews: readonly string[];
+  /** Dry run: each shard's size and the copy's estimated time (null otherwise). */
+  readonly copyEstimate: CopyEstimate | null;
 }
 
 /** A host session on one side of the move. */
@@ -132,6 +144,8 @@ export interface MoveContext {
    * so the `published` and `copied` steps have nothing left to do.
    */
   copied: boolean;
+  /** The COPY stream's bytes a second this run's copy reached (kept in the record for dry runs' estimates). */
+  copyBytesPerSecond: number | null;
   /** The current wave's verification begun before its fence (this process only; see tail.ts). */
   pre: { readonly wave: number; readonly verification: PreVerification } | null;
   /**
@@ -242,6 +256,7 @@ export function moveContext(
     sourcePrivileges: null,
     refreshed: [],
     copied: false,
+    copyBytesPerSecond: typeof detail['copyBytesPerSecond'] === 'number' ? detail['copyBytesPerSecond'] : null,
     pre: null,
     untracked: null,
     spares: null,
@@ -260,6 +275,7 @@ export function moveResult(
   outcome: MoveResult['outcome'],
   checks: readonly PreflightCheck[],
   started: number,
+  copyEstimate: CopyEstimate | null = null,
 ): MoveResult {
   return {
     moveId: ctx.moveId,
@@ -278,6 +294,7 @@ export function moveResult(
     durationMs: elapsed(started),
     verification: ctx.verification,
     materializedViews: ctx.refreshed,
+    copyEstimate,
   };
 }
 

@@ -3,7 +3,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import pg from 'pg';
 import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
-import { HostError, resumeOrAbort } from '../errors.js';
+import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_LOCAL_SQL, ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
@@ -32,7 +32,6 @@ import {
 } from './sql.js';
 import {
   groupBySchema,
-  largeTables,
   shardPrivileges,
   type ShardTable,
   EXISTING_SCHEMAS_SQL,
@@ -47,6 +46,8 @@ import { faultAfter } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import { allOrNone, awaitedLater } from '../promises.js';
 import { libpqCompatible } from '../pg/tls.js';
+import { CopyMeter, tableEstimates } from './copy-meter.js';
+import { SLOT_WAL_BOUND, slotWalCheck } from './wal-guard.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -328,6 +329,13 @@ export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number)
   try {
     const snapshot = await createSlotWatched(ctx, replication);
     await copyShards(ctx, ctx.shards, snapshot, ready);
+  } catch (error) {
+    if (error instanceof ShardctlError && error.code === SLOT_WAL_BOUND) {
+      // The slot's WAL is what the guard protects the source from: released now, not at the resume.
+      await endQuietly(replication);
+      await dropMoveSlot(ctx);
+    }
+    throw error;
   } finally {
     await endQuietly(replication);
   }
@@ -428,7 +436,19 @@ export async function copyShards(
   const schemas = schemasOf(ctx, shards);
   const tables = await leafTablesOf(ctx, schemas);
   const sameMajor = sameMajorVersion(ctx);
-  const large = await largeTables(source.client, schemas, INDEXES_AFTER_BYTES);
+  const estimates = await tableEstimates(source.client, schemas);
+  const large = new Set([...estimates].filter(([, t]) => t.heapBytes >= INDEXES_AFTER_BYTES).map(([name]) => name));
+  const meter = new CopyMeter({
+    moveId: ctx.moveId,
+    source: source.host.name,
+    target: target.host.name,
+    tables: estimates,
+    onProgress: ctx.options.onProgress,
+    maxRate: ctx.options.maxRate,
+    // The guard looks at the slot the copy reads from: online only.
+    check: snapshot ? () => slotWalCheck(ctx) : undefined,
+  });
+  meter.start();
   const byShard = shards.map((shard) => ({
     shard,
     tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)),
@@ -452,9 +472,11 @@ export async function copyShards(
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
         await ready?.(shard);
         try {
-          await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
+          await copyShard(writer, reader, shardTablesToCopy, sameMajor, large, meter);
         } catch (error) {
           await rollbackQuietly(writer);
+          // The guard's own errors (wal-guard.ts) say what happened and what to do.
+          if (error instanceof ShardctlError) throw error;
           throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, {
             shard,
             code: 'MOVE_FAILED',
@@ -476,7 +498,14 @@ export async function copyShards(
   if (failed !== null) throw failed;
   // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
   await target.client.query(DURABLE_FLUSH_SQL);
+  meter.end();
+  // A copy too short to time tells nothing about the next one's rate.
+  const rate = meter.averageRate;
+  if (rate !== null && meter.bytes >= RATE_FROM_BYTES) ctx.copyBytesPerSecond = Math.round(rate);
 }
+
+/** A copy of fewer bytes than this is not taken as the measured rate (connection and catalog costs dominate). */
+const RATE_FROM_BYTES = 4 * 1024 * 1024;
 
 /**
  * From this size on the source, a table is loaded without its indexes and they are built after the
@@ -496,6 +525,7 @@ async function copyShard(
   tables: readonly ShardTable[],
   sameMajor: boolean,
   large: ReadonlySet<string>,
+  meter: CopyMeter,
 ): Promise<void> {
   const { to, from } = await copyStreams();
   const names = tables.map((t) => qualified(t.schema, t.table));
@@ -521,7 +551,8 @@ async function copyShard(
     const binary = sameMajor && t.portable;
     const out = reader.query(to(copyOutSql(name, binary)));
     const into = writer.query(from(copyInSql(name, binary)));
-    await pipeline(out, into);
+    await pipeline(out, meter.stream(name), into);
+    meter.finished(name, into.rowCount);
   }
   for (const sql of rebuild) await writer.query(sql);
   await writer.query('COMMIT');
