@@ -24,6 +24,7 @@ interface MoveFlags extends CommonFlags {
   maxFenced?: string;
   maxRate?: string;
   maxSlotWal?: string;
+  copyChunkRows?: string;
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
@@ -34,6 +35,7 @@ const FLAGS = {
   'resume+abort': 'options --resume and --abort',
   maxRate: 'option --max-rate',
   maxSlotWal: 'option --max-slot-wal',
+  copyChunkRows: 'option --copy-chunk-rows',
 };
 
 export function registerMoveShard(program: Command, ctx: CliContext, done: (code: number) => void): void {
@@ -64,7 +66,11 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     )
     .option(
       '--max-slot-wal <bytes>',
-      "online: pause the copy while the move's replication slot holds more WAL than this on the source (2GB), until it holds less",
+      'online: stop the copy (resumable) and drop its slot once the slot holds more WAL than this on the source (2GB)',
+    )
+    .option(
+      '--copy-chunk-rows <n>',
+      'online: tables of more rows are copied in chunks of about this many rows, so a resumed copy goes on where it stopped (default 1000000)',
     );
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
@@ -82,6 +88,11 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     const maxFencedMs = parseMaxFenced(flags.maxFenced);
     const maxRate = parseBytes('--max-rate', flags.maxRate);
     const maxSlotWal = parseBytes('--max-slot-wal', flags.maxSlotWal);
+    if (flags.copyChunkRows !== undefined && !/^[1-9]\d{0,9}$/.test(flags.copyChunkRows)) {
+      throw new UsageError(
+        `option --copy-chunk-rows ${JSON.stringify(flags.copyChunkRows)}: expected a positive whole number of rows`,
+      );
+    }
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
     const which = shardsPhrase(shards);
@@ -105,6 +116,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
         ...(maxFencedMs === undefined ? {} : { maxFencedMs }),
         ...(maxRate === undefined ? {} : { maxRate }),
         ...(maxSlotWal === undefined ? {} : { maxSlotWal }),
+        ...(flags.copyChunkRows === undefined ? {} : { copyChunkRows: Number(flags.copyChunkRows) }),
         onStep: (_step, detail) => view.info(detail),
         onNotice: (message) => view.warn(message),
         onProgress: (event) => view.update(event),

@@ -42,10 +42,13 @@ export async function moveShards(
       value: formatShardList(outside),
     });
   }
-  for (const input of ['maxRate', 'maxSlotWal'] as const) {
+  for (const input of ['maxRate', 'maxSlotWal', 'copyChunkRows'] as const) {
     const value = options[input];
     if (value !== undefined && !(Number.isSafeInteger(value) && value > 0))
-      throw new UsageError('expected a positive whole number of bytes', { input, value });
+      throw new UsageError(`expected a positive whole number of ${input === 'copyChunkRows' ? 'rows' : 'bytes'}`, {
+        input,
+        value,
+      });
   }
   if (options.resume && options.abort)
     throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });

@@ -63,6 +63,12 @@ export interface MoveOptions {
    * pauses (and says so) until the slot holds less again. No bound when unset.
    */
   readonly maxSlotWal?: number;
+  /**
+   * Online: tables of more estimated rows than this (with a primary key) are copied in chunks of
+   * about this many rows, each committed with its record, so a resumed copy goes on with the
+   * chunks not copied yet (default 1,000,000; chunks.ts).
+   */
+  readonly copyChunkRows?: number;
 }
 
 /** The result of one move: a batch of shards from one source host to the target. */
@@ -94,6 +100,8 @@ export interface MoveResult {
   readonly verification: VerifyResult | null;
   /** Materialized views refreshed on the target after the switch (`schema.view`). */
   readonly materializedViews: readonly string[];
+  /** Chunks of large tables this run copied, and chunks an earlier run copied that differed and were copied again. */
+  readonly chunks: { readonly copied: number; readonly recopied: number };
   /** Dry run: each shard's size and the copy's estimated time (null otherwise). */
   readonly copyEstimate: CopyEstimate | null;
 }
@@ -146,6 +154,9 @@ export interface MoveContext {
   copied: boolean;
   /** The COPY stream's bytes a second this run's copy reached (kept in the record for dry runs' estimates). */
   copyBytesPerSecond: number | null;
+  /** Chunks this run copied, and chunks an earlier run copied that this one copied again (they differed). */
+  chunksCopied: number;
+  chunksRecopied: number;
   /** The current wave's verification begun before its fence (this process only; see tail.ts). */
   pre: { readonly wave: number; readonly verification: PreVerification } | null;
   /**
@@ -257,6 +268,8 @@ export function moveContext(
     refreshed: [],
     copied: false,
     copyBytesPerSecond: typeof detail['copyBytesPerSecond'] === 'number' ? detail['copyBytesPerSecond'] : null,
+    chunksCopied: 0,
+    chunksRecopied: 0,
     pre: null,
     untracked: null,
     spares: null,
@@ -294,6 +307,7 @@ export function moveResult(
     durationMs: elapsed(started),
     verification: ctx.verification,
     materializedViews: ctx.refreshed,
+    chunks: { copied: ctx.chunksCopied, recopied: ctx.chunksRecopied },
     copyEstimate,
   };
 }

@@ -112,8 +112,11 @@ export class CopyMeter {
   readonly #options: MeterOptions;
   readonly #started = performance.now();
   #bytes = 0;
-  /** Per table: stream bytes so far, and the exact rows once done. */
-  readonly #progress = new Map<string, { bytes: number; rows: number | null }>();
+  /**
+   * Per table: stream bytes so far, the exact rows of its pieces copied (the table, or its chunks),
+   * the bytes of chunks an earlier run copied that this one keeps, and whether it is done.
+   */
+  readonly #progress = new Map<string, { bytes: number; rows: number; kept: number; done: boolean }>();
   readonly #samples: { at: number; bytes: number }[] = [];
   #lastEvent = -Infinity;
   #lastCheck = performance.now();
@@ -131,13 +134,19 @@ export class CopyMeter {
     this.#emit(true);
   }
 
+  #entry(table: string): { bytes: number; rows: number; kept: number; done: boolean } {
+    let entry = this.#progress.get(table);
+    if (!entry) this.#progress.set(table, (entry = { bytes: 0, rows: 0, kept: 0, done: false }));
+    return entry;
+  }
+
   /**
-   * A pass-through for one table's COPY stream: counts its bytes, and holds them back while the
-   * copy runs ahead of maxRate (all the move's streams together, from the copy's start).
+   * A pass-through for a COPY stream of a table (the whole table, or one of its chunks): counts its
+   * bytes, and holds them back while the copy runs ahead of maxRate (all the move's streams
+   * together, from the copy's start).
    */
   stream(table: string): Transform {
-    const entry = { bytes: 0, rows: null as number | null };
-    this.#progress.set(table, entry);
+    const entry = this.#entry(table);
     return new Transform({
       transform: (chunk: Buffer, _encoding, callback: TransformCallback) => {
         entry.bytes += chunk.length;
@@ -151,10 +160,33 @@ export class CopyMeter {
     });
   }
 
-  /** A table copied, with the rows its COPY reported. */
+  /** The stream bytes of `table` so far. */
+  streamed(table: string): number {
+    return this.#progress.get(table)?.bytes ?? 0;
+  }
+
+  /** A piece of a table copied (a chunk, or the whole table), with the rows its COPY reported. */
+  piece(table: string, rows: number): void {
+    this.#entry(table).rows += rows;
+    this.#emit(true);
+  }
+
+  /** Chunks of `table` an earlier run copied and this one keeps: their bytes are not to be copied. */
+  kept(table: string, bytes: number): void {
+    this.#entry(table).kept += bytes;
+  }
+
+  /** A table copied whole, with the rows its COPY reported. */
   finished(table: string, rows: number): void {
-    const entry = this.#progress.get(table);
-    if (entry) entry.rows = rows;
+    const entry = this.#entry(table);
+    entry.rows += rows;
+    entry.done = true;
+    this.#emit(true);
+  }
+
+  /** A chunked table done (its chunks reported with piece). */
+  tableDone(table: string): void {
+    this.#entry(table).done = true;
     this.#emit(true);
   }
 
@@ -223,8 +255,8 @@ export class CopyMeter {
     let doneStream = 0;
     let doneSize = 0;
     for (const [table, p] of this.#progress) {
-      if (p.rows === null) continue;
-      doneStream += p.bytes;
+      if (!p.done) continue;
+      doneStream += p.bytes + p.kept;
       doneSize += this.#options.tables.get(table)?.bytes ?? 0;
     }
     const ratio = doneSize > 0 && doneStream > 0 ? doneStream / doneSize : 1;
@@ -233,16 +265,16 @@ export class CopyMeter {
     let totalRows = 0;
     for (const [table, estimate] of this.#options.tables) {
       const p = this.#progress.get(table);
-      if (p?.rows != null) {
+      if (p?.done) {
         totalBytes += p.bytes;
         rows += p.rows;
         totalRows += p.rows;
         continue;
       }
-      const expected = Math.max(estimate.bytes * ratio, p?.bytes ?? 0);
+      const expected = Math.max(estimate.bytes * ratio - (p?.kept ?? 0), p?.bytes ?? 0);
       totalBytes += expected;
       totalRows += estimate.rows;
-      if (p && expected > 0) rows += Math.floor(estimate.rows * Math.min(1, p.bytes / expected));
+      if (p && expected > 0) rows += Math.max(p.rows, Math.floor(estimate.rows * Math.min(1, p.bytes / expected)));
     }
     return { totalBytes: Math.max(Math.round(totalBytes), this.#bytes), rows, totalRows: Math.max(totalRows, rows) };
   }

@@ -42,12 +42,22 @@ import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker, Workers } from './workers.js';
 import { dropMoveSlot, publish, subscribeEarly } from './replication.js';
 import { stopTracking } from './tail.js';
-import { faultAfter } from './state.js';
+import { faultAfter, faultAfterChunk } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import { allOrNone, awaitedLater } from '../promises.js';
 import { libpqCompatible } from '../pg/tls.js';
 import { CopyMeter, tableEstimates } from './copy-meter.js';
 import { SLOT_WAL_BOUND, slotWalCheck } from './wal-guard.js';
+import {
+  CHUNK_TEXT_SETTINGS,
+  DELETE_CHUNKS_SQL,
+  chunkMatches,
+  copyChunk,
+  keysAndColumns,
+  planChunks,
+  recordedChunks,
+  type ChunkRecord,
+} from './chunks.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -290,6 +300,7 @@ class ShardGate {
 export async function dropTargets(ctx: MoveContext): Promise<void> {
   for (const shard of ctx.shards)
     await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  await ctx.target.client.query(DELETE_CHUNKS_SQL, [ctx.moveId]);
   await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
 }
 
@@ -449,10 +460,61 @@ export async function copyShards(
     check: snapshot ? () => slotWalCheck(ctx) : undefined,
   });
   meter.start();
+  const chunks = snapshot ? await chunkedTables(ctx, estimates) : null;
   const byShard = shards.map((shard) => ({
     shard,
     tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)),
   }));
+  const streams = await copyStreams();
+  /** The chunks to copy or reconcile, taken by any worker before it takes the next shard. */
+  const chunkTasks: { chunk: ChunkRecord; columns: readonly string[]; binary: boolean }[] = [];
+  /** Per chunked table: its chunks not done yet. */
+  const chunksLeft = new Map<string, number>();
+  /** Chunked tables an earlier run wrote to: vacuumed at the end (its cut-off chunk left dead rows). */
+  const vacuum = new Set<string>();
+  const queueChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
+    for (const t of shardTables) {
+      const name = qualified(t.schema, t.table);
+      const shape = chunks?.shapes.get(name);
+      if (!chunks || !shape) continue;
+      let planned = chunks.recorded.filter((c) => c.table === name);
+      if (planned.length === 0) planned = await planChunks(reader, writer, ctx.moveId, name, shape.key, chunks.rows);
+      else vacuum.add(name);
+      chunksLeft.set(name, planned.length);
+      const binary = sameMajor && t.portable;
+      for (const chunk of planned) chunkTasks.push({ chunk, columns: shape.columns, binary });
+    }
+  };
+  const runChunk = async (
+    reader: pg.Client,
+    writer: pg.Client,
+    task: (typeof chunkTasks)[number],
+    textSet: { done: boolean },
+  ): Promise<void> => {
+    const { chunk } = task;
+    if (chunk.copied) {
+      // Copied by an earlier run, from its snapshot: kept if the source's rows of its range are
+      // still the same as of this run's snapshot.
+      if (!textSet.done) {
+        await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
+        textSet.done = true;
+      }
+      if (await chunkMatches(reader, writer, chunk)) {
+        meter.kept(chunk.table, chunk.bytes ?? 0);
+        meter.piece(chunk.table, chunk.rows ?? 0);
+      } else {
+        ctx.chunksRecopied += 1;
+        await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+      }
+    } else {
+      await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+      ctx.chunksCopied += 1;
+      faultAfterChunk();
+    }
+    const left = chunksLeft.get(chunk.table)! - 1;
+    chunksLeft.set(chunk.table, left);
+    if (left === 0) meter.tableDone(chunk.table);
+  };
   let next = 0;
   let failed: unknown = null;
   const worker = async (): Promise<void> => {
@@ -468,11 +530,31 @@ export async function copyShards(
       await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
       if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
-      while (failed === null && next < byShard.length) {
+      const textSet = { done: false };
+      for (;;) {
+        if (failed !== null) break;
+        const task = chunkTasks.shift();
+        if (task) {
+          try {
+            await runChunk(reader, writer, task, textSet);
+          } catch (error) {
+            await rollbackQuietly(writer);
+            if (error instanceof ShardctlError) throw error;
+            throw new HostError(
+              errorHost(error) ?? target.host.name,
+              `copy of ${task.chunk.table} (chunk ${task.chunk.chunk}) failed: ${describePgError(error)}`,
+              { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error },
+            );
+          }
+          continue;
+        }
+        if (next >= byShard.length) break;
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
         await ready?.(shard);
         try {
-          await copyShard(writer, reader, shardTablesToCopy, sameMajor, large, meter);
+          const whole = shardTablesToCopy.filter((t) => !chunks?.shapes.has(qualified(t.schema, t.table)));
+          await copyShard(writer, reader, whole, sameMajor, large, meter);
+          await queueChunks(reader, writer, shardTablesToCopy);
         } catch (error) {
           await rollbackQuietly(writer);
           // The guard's own errors (wal-guard.ts) say what happened and what to do.
@@ -496,12 +578,42 @@ export async function copyShards(
   await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));
   // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
   if (failed !== null) throw failed;
+  // A chunk cut off by a kill left its rows as dead tuples, and a chunk copied again left the
+  // earlier copy's: vacuumed, so that a resumed copy leaves no more than an uninterrupted one.
+  for (const table of vacuum) await target.client.query(`VACUUM ${table}`);
   // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
   await target.client.query(DURABLE_FLUSH_SQL);
   meter.end();
   // A copy too short to time tells nothing about the next one's rate.
   const rate = meter.averageRate;
-  if (rate !== null && meter.bytes >= RATE_FROM_BYTES) ctx.copyBytesPerSecond = Math.round(rate);
+  // A resumed copy's rate counts the chunks it compared and kept as time spent but no bytes.
+  if (rate !== null && meter.bytes >= RATE_FROM_BYTES && vacuum.size === 0) ctx.copyBytesPerSecond = Math.round(rate);
+}
+
+/** The default of MoveOptions.copyChunkRows. */
+export const DEFAULT_COPY_CHUNK_ROWS = 1_000_000;
+
+/**
+ * The tables this copy takes in chunks: those an earlier run of the move planned, and those of more
+ * estimated rows than copyChunkRows with a primary key (a table without one is copied whole, in
+ * one transaction, and again whole by a resumed run: a range of ctids means nothing on the target,
+ * where the rows lie elsewhere, so a copied range could not be reconciled).
+ */
+async function chunkedTables(
+  ctx: MoveContext,
+  estimates: ReadonlyMap<string, { rows: number }>,
+): Promise<{ rows: number; recorded: ChunkRecord[]; shapes: Map<string, { key: string; columns: string[] }> }> {
+  const rows = ctx.options.copyChunkRows ?? DEFAULT_COPY_CHUNK_ROWS;
+  const recorded = await recordedChunks(ctx.target.client, ctx.moveId);
+  const planned = new Set(recorded.map((c) => c.table));
+  const candidates = [...estimates].filter(([name, t]) => planned.has(name) || t.rows > rows).map(([name]) => name);
+  const found = await keysAndColumns(ctx.source.client, candidates);
+  const shapes = new Map<string, { key: string; columns: string[] }>();
+  for (const [name, shape] of found) {
+    const key = recorded.find((c) => c.table === name)?.key ?? shape.key;
+    if (key !== null) shapes.set(name, { key, columns: shape.columns });
+  }
+  return { rows, recorded, shapes };
 }
 
 /** A copy of fewer bytes than this is not taken as the measured rate (connection and catalog costs dominate). */
