@@ -25,6 +25,7 @@ interface MoveFlags extends CommonFlags {
   maxRate?: string;
   maxSlotWal?: string;
   copyChunkRows?: string;
+  copyParallel?: string;
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
@@ -36,6 +37,7 @@ const FLAGS = {
   maxRate: 'option --max-rate',
   maxSlotWal: 'option --max-slot-wal',
   copyChunkRows: 'option --copy-chunk-rows',
+  copyParallel: 'option --copy-parallel',
 };
 
 export function registerMoveShard(program: Command, ctx: CliContext, done: (code: number) => void): void {
@@ -71,6 +73,10 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     .option(
       '--copy-chunk-rows <n>',
       'online: tables of more rows are copied in chunks of about this many rows, so a resumed copy goes on where it stopped (default 1000000)',
+    )
+    .option(
+      '--copy-parallel <n>',
+      "online: connection pairs copying a large table's chunks at once (default: the config's concurrency)",
     );
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
@@ -88,6 +94,11 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     const maxFencedMs = parseMaxFenced(flags.maxFenced);
     const maxRate = parseBytes('--max-rate', flags.maxRate);
     const maxSlotWal = parseBytes('--max-slot-wal', flags.maxSlotWal);
+    if (flags.copyParallel !== undefined && !/^([1-9]|[1-5]\d|6[0-4])$/.test(flags.copyParallel)) {
+      throw new UsageError(
+        `option --copy-parallel ${JSON.stringify(flags.copyParallel)}: expected a whole number from 1 to 64`,
+      );
+    }
     if (flags.copyChunkRows !== undefined && !/^[1-9]\d{0,9}$/.test(flags.copyChunkRows)) {
       throw new UsageError(
         `option --copy-chunk-rows ${JSON.stringify(flags.copyChunkRows)}: expected a positive whole number of rows`,
@@ -117,6 +128,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
         ...(maxRate === undefined ? {} : { maxRate }),
         ...(maxSlotWal === undefined ? {} : { maxSlotWal }),
         ...(flags.copyChunkRows === undefined ? {} : { copyChunkRows: Number(flags.copyChunkRows) }),
+        ...(flags.copyParallel === undefined ? {} : { copyParallel: Number(flags.copyParallel) }),
         onStep: (_step, detail) => view.info(detail),
         onNotice: (message) => view.warn(message),
         onProgress: (event) => view.update(event),

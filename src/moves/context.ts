@@ -69,6 +69,8 @@ export interface MoveOptions {
    * chunks not copied yet (default 1,000,000; chunks.ts).
    */
   readonly copyChunkRows?: number;
+  /** Online: connection pairs copying the chunks of large tables at once (default: the move's concurrency). */
+  readonly copyParallel?: number;
 }
 
 /** The result of one move: a batch of shards from one source host to the target. */

@@ -46,6 +46,7 @@ import { faultAfter, faultAfterChunk } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import { allOrNone, awaitedLater } from '../promises.js';
 import { libpqCompatible } from '../pg/tls.js';
+import { sleep } from '../clock.js';
 import { CopyMeter, tableEstimates } from './copy-meter.js';
 import { SLOT_WAL_BOUND, slotWalCheck } from './wal-guard.js';
 import {
@@ -472,7 +473,17 @@ export async function copyShards(
   const chunksLeft = new Map<string, number>();
   /** Chunked tables an earlier run wrote to: vacuumed at the end (its cut-off chunk left dead rows). */
   const vacuum = new Set<string>();
+  /** Workers planning a table's chunks now: a worker with nothing to do waits for their chunks. */
+  let planning = 0;
   const queueChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
+    planning += 1;
+    try {
+      await queueTableChunks(reader, writer, shardTables);
+    } finally {
+      planning -= 1;
+    }
+  };
+  const queueTableChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
     for (const t of shardTables) {
       const name = qualified(t.schema, t.table);
       const shape = chunks?.shapes.get(name);
@@ -548,7 +559,14 @@ export async function copyShards(
           }
           continue;
         }
-        if (next >= byShard.length) break;
+        if (next >= byShard.length) {
+          // Another worker is planning a table's chunks: they will be queued for all.
+          if (planning > 0) {
+            await sleep(20);
+            continue;
+          }
+          break;
+        }
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
         await ready?.(shard);
         try {
@@ -575,7 +593,13 @@ export async function copyShards(
       if (writer) await endQuietly(writer);
     }
   };
-  await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));
+  // Chunks of one table are copied by as many connection pairs as --copy-parallel asks (default:
+  // the move's concurrency), more than there are shards.
+  const workers = Math.max(
+    concurrency(ctx, byShard.length),
+    chunks && chunks.shapes.size > 0 ? (ctx.options.copyParallel ?? concurrency(ctx, Infinity)) : 1,
+  );
+  await Promise.all(Array.from({ length: workers }, worker));
   // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
   if (failed !== null) throw failed;
   // A chunk cut off by a kill left its rows as dead tuples, and a chunk copied again left the
