@@ -729,6 +729,16 @@ async function runFleet(ctx, major) {
     ),
   );
   const totalMs = performance.now() - started;
+  // BENCH_FLEET_LINES=<file>: each CLI's stderr lines with their times, to see where a run's time went.
+  if (process.env.BENCH_FLEET_LINES)
+    await writeFile(
+      process.env.BENCH_FLEET_LINES,
+      JSON.stringify(
+        runs.map((r, i) => ({ ...pairs[i], lines: r.lines })),
+        null,
+        1,
+      ),
+    );
   const moves = runs.map((r, i) => {
     const json = JSON.parse(r.stdout);
     const list = json.moves ?? [json];

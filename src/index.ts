@@ -94,6 +94,7 @@ export { DEFAULT_LOCK_RETRIES, describeLockHolder, type LockHolder } from './pro
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
 export type { MoveOptions, MoveResult } from './moves/context.js';
 export type { WaveLimits } from './moves/waves.js';
+export type { MoveProgressEvent, CopyProgressEvent, CatchUpProgressEvent } from './moves/copy-meter.js';
 export {
   planRebalance,
   type RebalanceBy,

@@ -12,3 +12,15 @@ export function inflect(n: number, word: string, many = `${word}s`): string {
 export function plural(n: number, word: string, many = `${word}s`): string {
   return `${n} ${inflect(n, word, many)}`;
 }
+
+/** The bytes in a person's words: 1024-based, one decimal. */
+export function bytesPhrase(bytes: number): string {
+  const units = ['B', 'kB', 'MB', 'GB', 'TB'];
+  let unit = 0;
+  let value = bytes;
+  while (unit < units.length - 1 && value >= 1024) {
+    value /= 1024;
+    unit += 1;
+  }
+  return unit === 0 ? `${bytes} B` : `${value.toFixed(1)} ${units[unit]}`;
+}

@@ -11,7 +11,8 @@ import {
   withFlagNames,
   yesOption,
 } from './options.js';
-import { Output, seconds } from './output.js';
+import { formatBytes, Output, seconds } from './output.js';
+import { durationPhrase, MoveProgressView } from './move-progress.js';
 
 interface MoveFlags extends CommonFlags {
   to?: string;
@@ -21,6 +22,10 @@ interface MoveFlags extends CommonFlags {
   dropSource?: boolean;
   waveSize?: string;
   maxFenced?: string;
+  maxRate?: string;
+  maxSlotWal?: string;
+  copyChunkRows?: string;
+  copyParallel?: string;
 }
 
 /** Library inputs → the flags that carry them, for error messages. */
@@ -29,6 +34,10 @@ const FLAGS = {
   shard: 'argument <shards>',
   target: 'option --to',
   'resume+abort': 'options --resume and --abort',
+  maxRate: 'option --max-rate',
+  maxSlotWal: 'option --max-slot-wal',
+  copyChunkRows: 'option --copy-chunk-rows',
+  copyParallel: 'option --copy-parallel',
 };
 
 export function registerMoveShard(program: Command, ctx: CliContext, done: (code: number) => void): void {
@@ -52,6 +61,23 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
       'online: at most this many shards fenced and switched together (default 64; waves are also kept under ~2,000,000 rows)',
     );
   maxFencedOption(command);
+  command
+    .option(
+      '--max-rate <bytes>',
+      "the most bytes a second each move's copy may stream, all its connections together (52428800, 50MB, 1GB)",
+    )
+    .option(
+      '--max-slot-wal <bytes>',
+      'online: stop the copy (resumable) and drop its slot once the slot holds more WAL than this on the source (2GB)',
+    )
+    .option(
+      '--copy-chunk-rows <n>',
+      'online: tables of more rows are copied in chunks of about this many rows, so a resumed copy goes on where it stopped (default 1000000)',
+    )
+    .option(
+      '--copy-parallel <n>',
+      "online: connection pairs copying a large table's chunks at once (default: the config's concurrency)",
+    );
   dryRunOption(command, 'print the plan and the preflight results; change nothing');
   yesOption(command);
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');
@@ -66,6 +92,18 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
       throw new UsageError(`option --wave-size ${JSON.stringify(flags.waveSize)}: expected a positive integer`);
     }
     const maxFencedMs = parseMaxFenced(flags.maxFenced);
+    const maxRate = parseBytes('--max-rate', flags.maxRate);
+    const maxSlotWal = parseBytes('--max-slot-wal', flags.maxSlotWal);
+    if (flags.copyParallel !== undefined && !/^([1-9]|[1-5]\d|6[0-4])$/.test(flags.copyParallel)) {
+      throw new UsageError(
+        `option --copy-parallel ${JSON.stringify(flags.copyParallel)}: expected a whole number from 1 to 64`,
+      );
+    }
+    if (flags.copyChunkRows !== undefined && !/^[1-9]\d{0,9}$/.test(flags.copyChunkRows)) {
+      throw new UsageError(
+        `option --copy-chunk-rows ${JSON.stringify(flags.copyChunkRows)}: expected a positive whole number of rows`,
+      );
+    }
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
     const which = shardsPhrase(shards);
@@ -77,6 +115,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
           : `move ${which} to ${flags.to}`;
       await confirmOrRefuse(ctx.streams, what);
     }
+    const view = new MoveProgressView(out);
     const result = await withFlagNames(FLAGS, () =>
       moveShards(config, shards, flags.to, {
         mode: flags.mode as MoveMode,
@@ -86,10 +125,15 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
         dropSource: flags.dropSource ?? false,
         ...(flags.waveSize === undefined ? {} : { wave: { maxShards: Number(flags.waveSize) } }),
         ...(maxFencedMs === undefined ? {} : { maxFencedMs }),
-        onStep: (_step, detail) => out.info(detail),
-        onNotice: (message) => out.warn(message),
+        ...(maxRate === undefined ? {} : { maxRate }),
+        ...(maxSlotWal === undefined ? {} : { maxSlotWal }),
+        ...(flags.copyChunkRows === undefined ? {} : { copyChunkRows: Number(flags.copyChunkRows) }),
+        ...(flags.copyParallel === undefined ? {} : { copyParallel: Number(flags.copyParallel) }),
+        onStep: (_step, detail) => view.info(detail),
+        onNotice: (message) => view.warn(message),
+        onProgress: (event) => view.update(event),
       }),
-    );
+    ).finally(() => view.stop());
     print(out, result);
     done(result.outcome === 'dry-run' && result.moves.some((m) => m.preflight.some((c) => !c.ok)) ? 1 : 0);
   });
@@ -116,6 +160,21 @@ export function parseMaxFenced(text: string | undefined): number | undefined {
   return ms;
 }
 
+/** A size in bytes: a whole number, or with a unit (kB, MB, GB, TB: 1024-based). */
+export function parseBytes(option: string, text: string | undefined): number | undefined {
+  if (text === undefined) return undefined;
+  const match = /^(\d{1,15})\s*(B|kB|KB|k|MB|M|GB|G|TB|T)?$/.exec(text.trim());
+  const power = { B: 0, kB: 1, KB: 1, k: 1, MB: 2, M: 2, GB: 3, G: 3, TB: 4, T: 4 }[match?.[2] ?? 'B'] ?? 0;
+  const bytes = match ? Number(match[1]) * 1024 ** power : 0;
+  if (!Number.isSafeInteger(bytes) || bytes < 1) {
+    const { UsageError } = lib();
+    throw new UsageError(
+      `option ${option} ${JSON.stringify(text)}: expected a positive number of bytes, like 52428800, 50MB or 1GB`,
+    );
+  }
+  return bytes;
+}
+
 function print(out: Output, result: BatchMoveResult): void {
   if (out.json) {
     // A move of one source host prints that move (the shape of a single-shard move); a batch over
@@ -133,6 +192,30 @@ function print(out: Output, result: BatchMoveResult): void {
   }
 }
 
+/** Past this many shards a dry run names the largest only (--json lists every one). */
+const SHARDS_LISTED = 64;
+
+function printEstimate(out: Output, estimate: NonNullable<MoveResult['copyEstimate']>): void {
+  const size = (bytes: number): string => formatBytes(BigInt(bytes));
+  const rate = `${size(estimate.bytesPerSecond)}/s`;
+  const from =
+    estimate.rateFrom === 'measured'
+      ? 'the rate the last copy recorded on these hosts reached'
+      : 'a default: no copy recorded on these hosts measured one';
+  out.line(
+    `  copy: ${size(estimate.bytes)}, ~${estimate.rows.toLocaleString('en-US')} rows; about ` +
+      `${durationPhrase(estimate.seconds * 1000)} at ${rate} (${from})`,
+  );
+  const listed = [...estimate.shards].sort((a, b) => b.bytes - a.bytes || a.shard - b.shard).slice(0, SHARDS_LISTED);
+  if (listed.length < estimate.shards.length)
+    out.line(`  the ${listed.length} largest of ${estimate.shards.length} shards (--json lists every one):`);
+  for (const s of listed.sort((a, b) => a.shard - b.shard))
+    out.line(
+      `    shard ${s.shard}: ${size(s.bytes)}, ~${s.rows.toLocaleString('en-US')} rows, about ` +
+        `${durationPhrase((s.bytes / estimate.bytesPerSecond) * 1000)}`,
+    );
+}
+
 function printMove(out: Output, move: MoveResult): void {
   const { formatShardList, shardsPhrase } = lib();
   const which = shardsPhrase(move.shards);
@@ -146,6 +229,7 @@ function printMove(out: Output, move: MoveResult): void {
         `  cut-over in ${move.waves.length} waves: ${move.waves.map((w) => formatShardList([...w])).join(' | ')}`,
       );
     out.line(`  steps: ${move.plan.join(' → ')}`);
+    if (move.copyEstimate) printEstimate(out, move.copyEstimate);
     return;
   }
   if (move.outcome === 'aborted') {

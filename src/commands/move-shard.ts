@@ -42,6 +42,17 @@ export async function moveShards(
       value: formatShardList(outside),
     });
   }
+  for (const input of ['maxRate', 'maxSlotWal', 'copyChunkRows', 'copyParallel'] as const) {
+    const value = options[input];
+    if (value !== undefined && !(Number.isSafeInteger(value) && value > 0))
+      throw new UsageError(
+        `expected a positive whole number of ${input === 'copyChunkRows' ? 'rows' : input === 'copyParallel' ? 'connections' : 'bytes'}`,
+        {
+          input,
+          value,
+        },
+      );
+  }
   if (options.resume && options.abort)
     throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
   if (options.resume || options.abort) return runMoves(config, list, undefined, options);

@@ -59,6 +59,11 @@ const CONTROL_STEPS: readonly { version: number; sql: (config: ShardctlConfig) =
   // next_id's slow path, once per host instead of once per shard (sql/next_id_control.sql): shard
   // schemas of next_id v2 call it, so it comes before any of them is created or upgraded.
   { version: 3, sql: (config) => renderNextIdControlSql(config.idLayout, config.schemaPrefix, CONTROL_SCHEMA) },
+  // The chunks of a move's copy, so that a resumed copy goes on where it stopped (src/moves/chunks.ts).
+  {
+    version: 4,
+    sql: () => renderSql(loadSqlTemplate('control_chunks.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+  },
 ];
 
 /** The control schema version this shardctl writes (the last of CONTROL_STEPS). */

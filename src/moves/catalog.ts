@@ -1,6 +1,5 @@
 import type pg from 'pg';
 import {
-  qualified,
   type AclEntry,
   type KeyedTableName,
   type PrivilegeKind,
@@ -417,14 +416,4 @@ export async function shardTriggers(
 /** Whether the relation `name` (qualified) exists. */
 export async function relationExists(client: pg.Client, name: string): Promise<boolean> {
   return (await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [name])).rows[0]!.e;
-}
-
-/** The tables of these schemas (schema.table, quoted) of at least `bytes` (copy.ts, INDEXES_AFTER_BYTES). */
-export async function largeTables(source: pg.Client, schemas: readonly string[], bytes: number): Promise<Set<string>> {
-  const result = await source.query<{ schema: string; table: string }>(
-    `SELECT n.nspname AS schema, c.relname AS table FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r' AND pg_relation_size(c.oid) >= $2`,
-    [schemas, bytes],
-  );
-  return new Set(result.rows.map((r) => qualified(r.schema, r.table)));
 }

@@ -11,6 +11,7 @@ import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state
 import type { PreVerification, VerifyResult } from './verify.js';
 import type { TableChanges } from './tail.js';
 import type { WaveLimits } from './waves.js';
+import type { CopyEstimate, MoveProgressEvent } from './copy-meter.js';
 
 /**
  * A move's state while it runs (MoveContext), its options and result, and what every step asks of
@@ -53,6 +54,23 @@ export interface MoveOptions {
   readonly onStep?: (step: MoveStep, detail: string) => void;
   /** What a wait is waiting for, every few seconds; retries; anything a person should know. */
   readonly onNotice?: (message: string) => void;
+  /** The copy's bytes, rows, rate and time left, and the catch-up's lag, as they change (copy-meter.ts). */
+  readonly onProgress?: (event: MoveProgressEvent) => void;
+  /** The most bytes a second each move's copy may stream (all its connections together); no bound when unset. */
+  readonly maxRate?: number;
+  /**
+   * The most WAL the move's slot may hold on the source while the copy runs: past it the copy
+   * pauses (and says so) until the slot holds less again. No bound when unset.
+   */
+  readonly maxSlotWal?: number;
+  /**
+   * Online: tables of more estimated rows than this (with a primary key) are copied in chunks of
+   * about this many rows, each committed with its record, so a resumed copy goes on with the
+   * chunks not copied yet (default 1,000,000; chunks.ts).
+   */
+  readonly copyChunkRows?: number;
+  /** Online: connection pairs copying the chunks of large tables at once (default: the move's concurrency). */
+  readonly copyParallel?: number;
 }
 
 /** The result of one move: a batch of shards from one source host to the target. */
@@ -84,6 +102,10 @@ export interface MoveResult {
   readonly verification: VerifyResult | null;
   /** Materialized views refreshed on the target after the switch (`schema.view`). */
   readonly materializedViews: readonly string[];
+  /** Chunks of large tables this run copied, and chunks an earlier run copied that differed and were copied again. */
+  readonly chunks: { readonly copied: number; readonly recopied: number };
+  /** Dry run: each shard's size and the copy's estimated time (null otherwise). */
+  readonly copyEstimate: CopyEstimate | null;
 }
 
 /** A host session on one side of the move. */
@@ -132,11 +154,16 @@ export interface MoveContext {
    * so the `published` and `copied` steps have nothing left to do.
    */
   copied: boolean;
+  /** The COPY stream's bytes a second this run's copy reached (kept in the record for dry runs' estimates). */
+  copyBytesPerSecond: number | null;
+  /** Chunks this run copied, and chunks an earlier run copied that this one copied again (they differed). */
+  chunksCopied: number;
+  chunksRecopied: number;
   /** The current wave's verification begun before its fence (this process only; see tail.ts). */
   pre: { readonly wave: number; readonly verification: PreVerification } | null;
   /**
    * The tables of a wave left untracked because they were empty when this run began its cut-over
-   * (cutover.ts), and whether the wave may have tracking or change-log triggers (false only when
+   * (fence.ts), and whether the wave may have tracking or change-log triggers (false only when
    * this run found none before its fence and created none).
    */
   untracked: { readonly wave: number; readonly tables: ReadonlySet<string>; readonly triggers: boolean } | null;
@@ -148,18 +175,18 @@ export interface MoveContext {
     open(host: HostConfig, applicationName: string, count: number): void;
     take(host: HostConfig, applicationName: string): Promise<pg.Client>;
   } | null;
-  /** A wave's tables on each host, listed before its fence (cutover.ts). */
+  /** A wave's tables on each host, listed before its fence (fence.ts). */
   leaves: {
     readonly wave: number;
     readonly source: readonly LeafTable[];
     readonly target: readonly LeafTable[];
   } | null;
-  /** The source's tables of a wave with their emptiness as its fence transactions reported it (cutover.ts). */
+  /** The source's tables of a wave with their emptiness as its fence transactions reported it (fence.ts). */
   sourceNow: { readonly wave: number; readonly leaves: readonly LeafTable[] } | null;
-  /** When the cut-over last set the statement timeout of the source's and target's sessions (cutover.ts, underFence). */
+  /** When the cut-over last set the statement timeout of the source's and target's sessions (fence-limit.ts, underFence). */
   readonly timeoutsSetAt: Map<pg.Client, number>;
   /**
-   * The sequences of a wave's shards, listed before its fence (cutover.ts, listSequences), and the
+   * The sequences of a wave's shards, listed before its fence (sequences.ts, listSequences), and the
    * target's states of them read then (nothing moves the target's copies of the sequences).
    */
   sequences: {
@@ -168,7 +195,7 @@ export interface MoveContext {
     readonly target?: readonly SequenceState[];
   } | null;
   /**
-   * What the wave's fence string read on the source once the wave was fenced (cutover.ts,
+   * What the wave's fence string read on the source once the wave was fenced (fence.ts,
    * fenceWaveOnce): its sequences' states (null when one could not be read that way) and the
    * placement version the switch starts from.
    */
@@ -179,7 +206,7 @@ export interface MoveContext {
     readonly placementVersion: bigint;
   } | null;
   /**
-   * What the target said in the round trip that saw the wave's fence marker applied (cutover.ts,
+   * What the target said in the round trip that saw the wave's fence marker applied (catch-up.ts,
    * waitForCatchUp): its tables with their emptiness, and the move's recorded changes (null when
    * no verification was begun before the fence). Nothing changes either until the switch.
    */
@@ -189,7 +216,7 @@ export interface MoveContext {
     readonly leaves: readonly LeafTable[];
     readonly changes: ReadonlyMap<string, TableChanges> | null;
   } | null;
-  /** The source's bounds on the fence's locks, read once per wave (cutover.ts, lockLimits). */
+  /** The source's bounds on the fence's locks, read once per wave (fence-locks.ts, lockLimits). */
   lockLimits: { readonly wave: number; readonly lockWaitMs: number; readonly groupTables: number } | null;
 }
 
@@ -242,6 +269,9 @@ export function moveContext(
     sourcePrivileges: null,
     refreshed: [],
     copied: false,
+    copyBytesPerSecond: typeof detail['copyBytesPerSecond'] === 'number' ? detail['copyBytesPerSecond'] : null,
+    chunksCopied: 0,
+    chunksRecopied: 0,
     pre: null,
     untracked: null,
     spares: null,
@@ -260,6 +290,7 @@ export function moveResult(
   outcome: MoveResult['outcome'],
   checks: readonly PreflightCheck[],
   started: number,
+  copyEstimate: CopyEstimate | null = null,
 ): MoveResult {
   return {
     moveId: ctx.moveId,
@@ -278,6 +309,8 @@ export function moveResult(
     durationMs: elapsed(started),
     verification: ctx.verification,
     materializedViews: ctx.refreshed,
+    chunks: { copied: ctx.chunksCopied, recopied: ctx.chunksRecopied },
+    copyEstimate,
   };
 }
 

@@ -3,7 +3,7 @@ import { setTimeout as delay } from 'node:timers/promises';
 import pg from 'pg';
 import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
-import { HostError, resumeOrAbort } from '../errors.js';
+import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
 import { checkClientConnection, describePgError } from '../fleet/connect.js';
 import { WORKER_TRANSACTION_SQL, ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
@@ -32,7 +32,6 @@ import {
 } from './sql.js';
 import {
   groupBySchema,
-  largeTables,
   shardPrivileges,
   type ShardTable,
   EXISTING_SCHEMAS_SQL,
@@ -43,10 +42,23 @@ import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker, Workers } from './workers.js';
 import { dropMoveSlot, publish, subscribeEarly } from './replication.js';
 import { stopTracking } from './tail.js';
-import { faultAfter } from './state.js';
+import { faultAfter, faultAfterChunk } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import { allOrNone, awaitedLater } from '../promises.js';
 import { libpqCompatible } from '../pg/tls.js';
+import { sleep } from '../clock.js';
+import { CopyMeter, tableEstimates } from './copy-meter.js';
+import { SLOT_WAL_BOUND, slotWalCheck } from './wal-guard.js';
+import {
+  CHUNK_TEXT_SETTINGS,
+  DELETE_CHUNKS_SQL,
+  chunkMatches,
+  copyChunk,
+  keysAndColumns,
+  planChunks,
+  recordedChunks,
+  type ChunkRecord,
+} from './chunks.js';
 
 /**
  * The copy of a move: the target's schemas at the source's migration level, then every table of
@@ -289,6 +301,7 @@ class ShardGate {
 export async function dropTargets(ctx: MoveContext): Promise<void> {
   for (const shard of ctx.shards)
     await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  await ctx.target.client.query(DELETE_CHUNKS_SQL, [ctx.moveId]);
   await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
 }
 
@@ -328,6 +341,13 @@ export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number)
   try {
     const snapshot = await createSlotWatched(ctx, replication);
     await copyShards(ctx, ctx.shards, snapshot, ready);
+  } catch (error) {
+    if (error instanceof ShardctlError && error.code === SLOT_WAL_BOUND) {
+      // The slot's WAL is what the guard protects the source from: released now, not at the resume.
+      await endQuietly(replication);
+      await dropMoveSlot(ctx);
+    }
+    throw error;
   } finally {
     await endQuietly(replication);
   }
@@ -428,11 +448,84 @@ export async function copyShards(
   const schemas = schemasOf(ctx, shards);
   const tables = await leafTablesOf(ctx, schemas);
   const sameMajor = sameMajorVersion(ctx);
-  const large = await largeTables(source.client, schemas, INDEXES_AFTER_BYTES);
+  const estimates = await tableEstimates(source.client, schemas);
+  const large = new Set([...estimates].filter(([, t]) => t.heapBytes >= INDEXES_AFTER_BYTES).map(([name]) => name));
+  const meter = new CopyMeter({
+    moveId: ctx.moveId,
+    source: source.host.name,
+    target: target.host.name,
+    tables: estimates,
+    onProgress: ctx.options.onProgress,
+    maxRate: ctx.options.maxRate,
+    // The guard looks at the slot the copy reads from: online only.
+    check: snapshot ? () => slotWalCheck(ctx) : undefined,
+  });
+  meter.start();
+  const chunks = snapshot ? await chunkedTables(ctx, estimates) : null;
   const byShard = shards.map((shard) => ({
     shard,
     tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)),
   }));
+  const streams = await copyStreams();
+  /** The chunks to copy or reconcile, taken by any worker before it takes the next shard. */
+  const chunkTasks: { chunk: ChunkRecord; columns: readonly string[]; binary: boolean }[] = [];
+  /** Per chunked table: its chunks not done yet. */
+  const chunksLeft = new Map<string, number>();
+  /** Chunked tables an earlier run wrote to: vacuumed at the end (its cut-off chunk left dead rows). */
+  const vacuum = new Set<string>();
+  /** Workers planning a table's chunks now: a worker with nothing to do waits for their chunks. */
+  let planning = 0;
+  const queueChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
+    planning += 1;
+    try {
+      await queueTableChunks(reader, writer, shardTables);
+    } finally {
+      planning -= 1;
+    }
+  };
+  const queueTableChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
+    for (const t of shardTables) {
+      const name = qualified(t.schema, t.table);
+      const shape = chunks?.shapes.get(name);
+      if (!chunks || !shape) continue;
+      let planned = chunks.recorded.filter((c) => c.table === name);
+      if (planned.length === 0) planned = await planChunks(reader, writer, ctx.moveId, name, shape.key, chunks.rows);
+      else vacuum.add(name);
+      chunksLeft.set(name, planned.length);
+      const binary = sameMajor && t.portable;
+      for (const chunk of planned) chunkTasks.push({ chunk, columns: shape.columns, binary });
+    }
+  };
+  const runChunk = async (
+    reader: pg.Client,
+    writer: pg.Client,
+    task: (typeof chunkTasks)[number],
+    textSet: { done: boolean },
+  ): Promise<void> => {
+    const { chunk } = task;
+    if (chunk.copied) {
+      // Copied by an earlier run, from its snapshot: kept if the source's rows of its range are
+      // still the same as of this run's snapshot.
+      if (!textSet.done) {
+        await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
+        textSet.done = true;
+      }
+      if (await chunkMatches(reader, writer, chunk)) {
+        meter.kept(chunk.table, chunk.bytes ?? 0);
+        meter.piece(chunk.table, chunk.rows ?? 0);
+      } else {
+        ctx.chunksRecopied += 1;
+        await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+      }
+    } else {
+      await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+      ctx.chunksCopied += 1;
+      faultAfterChunk();
+    }
+    const left = chunksLeft.get(chunk.table)! - 1;
+    chunksLeft.set(chunk.table, left);
+    if (left === 0) meter.tableDone(chunk.table);
+  };
   let next = 0;
   let failed: unknown = null;
   const worker = async (): Promise<void> => {
@@ -448,13 +541,42 @@ export async function copyShards(
       await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
       if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
-      while (failed === null && next < byShard.length) {
+      const textSet = { done: false };
+      for (;;) {
+        if (failed !== null) break;
+        const task = chunkTasks.shift();
+        if (task) {
+          try {
+            await runChunk(reader, writer, task, textSet);
+          } catch (error) {
+            await rollbackQuietly(writer);
+            if (error instanceof ShardctlError) throw error;
+            throw new HostError(
+              errorHost(error) ?? target.host.name,
+              `copy of ${task.chunk.table} (chunk ${task.chunk.chunk}) failed: ${describePgError(error)}`,
+              { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error },
+            );
+          }
+          continue;
+        }
+        if (next >= byShard.length) {
+          // Another worker is planning a table's chunks: they will be queued for all.
+          if (planning > 0) {
+            await sleep(20);
+            continue;
+          }
+          break;
+        }
         const { shard, tables: shardTablesToCopy } = byShard[next++]!;
         await ready?.(shard);
         try {
-          await copyShard(writer, reader, shardTablesToCopy, sameMajor, large);
+          const whole = shardTablesToCopy.filter((t) => !chunks?.shapes.has(qualified(t.schema, t.table)));
+          await copyShard(writer, reader, whole, sameMajor, large, meter);
+          await queueChunks(reader, writer, shardTablesToCopy);
         } catch (error) {
           await rollbackQuietly(writer);
+          // The guard's own errors (wal-guard.ts) say what happened and what to do.
+          if (error instanceof ShardctlError) throw error;
           throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, {
             shard,
             code: 'MOVE_FAILED',
@@ -471,12 +593,55 @@ export async function copyShards(
       if (writer) await endQuietly(writer);
     }
   };
-  await Promise.all(Array.from({ length: concurrency(ctx, byShard.length) }, worker));
+  // Chunks of one table are copied by as many connection pairs as --copy-parallel asks (default:
+  // the move's concurrency), more than there are shards.
+  const workers = Math.max(
+    concurrency(ctx, byShard.length),
+    chunks && chunks.shapes.size > 0 ? (ctx.options.copyParallel ?? concurrency(ctx, Infinity)) : 1,
+  );
+  await Promise.all(Array.from({ length: workers }, worker));
   // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
   if (failed !== null) throw failed;
+  // A chunk cut off by a kill left its rows as dead tuples, and a chunk copied again left the
+  // earlier copy's: vacuumed, so that a resumed copy leaves no more than an uninterrupted one.
+  for (const table of vacuum) await target.client.query(`VACUUM ${table}`);
   // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
   await target.client.query(DURABLE_FLUSH_SQL);
+  meter.end();
+  // A copy too short to time tells nothing about the next one's rate.
+  const rate = meter.averageRate;
+  // A resumed copy's rate counts the chunks it compared and kept as time spent but no bytes.
+  if (rate !== null && meter.bytes >= RATE_FROM_BYTES && vacuum.size === 0) ctx.copyBytesPerSecond = Math.round(rate);
 }
+
+/** The default of MoveOptions.copyChunkRows. */
+export const DEFAULT_COPY_CHUNK_ROWS = 1_000_000;
+
+/**
+ * The tables this copy takes in chunks: those an earlier run of the move planned, and those of more
+ * estimated rows than copyChunkRows with a primary key (a table without one is copied whole, in
+ * one transaction, and again whole by a resumed run: a range of ctids means nothing on the target,
+ * where the rows lie elsewhere, so a copied range could not be reconciled).
+ */
+async function chunkedTables(
+  ctx: MoveContext,
+  estimates: ReadonlyMap<string, { rows: number }>,
+): Promise<{ rows: number; recorded: ChunkRecord[]; shapes: Map<string, { key: string; columns: string[] }> }> {
+  const rows = ctx.options.copyChunkRows ?? DEFAULT_COPY_CHUNK_ROWS;
+  const recorded = await recordedChunks(ctx.target.client, ctx.moveId);
+  const planned = new Set(recorded.map((c) => c.table));
+  const candidates = [...estimates].filter(([name, t]) => planned.has(name) || t.rows > rows).map(([name]) => name);
+  const found = await keysAndColumns(ctx.source.client, candidates);
+  const shapes = new Map<string, { key: string; columns: string[] }>();
+  for (const [name, shape] of found) {
+    const key = recorded.find((c) => c.table === name)?.key ?? shape.key;
+    if (key !== null) shapes.set(name, { key, columns: shape.columns });
+  }
+  return { rows, recorded, shapes };
+}
+
+/** A copy of fewer bytes than this is not taken as the measured rate (connection and catalog costs dominate). */
+const RATE_FROM_BYTES = 4 * 1024 * 1024;
 
 /**
  * From this size on the source, a table is loaded without its indexes and they are built after the
@@ -496,6 +661,7 @@ async function copyShard(
   tables: readonly ShardTable[],
   sameMajor: boolean,
   large: ReadonlySet<string>,
+  meter: CopyMeter,
 ): Promise<void> {
   const { to, from } = await copyStreams();
   const names = tables.map((t) => qualified(t.schema, t.table));
@@ -521,7 +687,8 @@ async function copyShard(
     const binary = sameMajor && t.portable;
     const out = reader.query(to(copyOutSql(name, binary)));
     const into = writer.query(from(copyInSql(name, binary)));
-    await pipeline(out, into);
+    await pipeline(out, meter.stream(name), into);
+    meter.finished(name, into.rowCount);
   }
   for (const sql of rebuild) await writer.query(sql);
   await writer.query('COMMIT');

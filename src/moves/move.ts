@@ -35,6 +35,7 @@ import {
   deleteMarkers,
 } from './replication.js';
 import { dropSubscription } from './leftovers.js';
+import { DELETE_CHUNKS_SQL } from './chunks.js';
 import { fence } from './fence.js';
 import { endFenceTimeouts, releaseWave, watchFence } from './fence-limit.js';
 import { dropPreVerification } from './pre-verification.js';
@@ -342,6 +343,7 @@ async function cleanUp(ctx: MoveContext): Promise<void> {
   // The change logs the old copies keep (they refuse every write) off, and every entry gone.
   await Promise.all([
     deleteMarkers(ctx),
+    ctx.target.client.query(DELETE_CHUNKS_SQL, [ctx.moveId]),
     endLogs(ctx.source.client, ctx.moveId),
     endLogs(ctx.target.client, ctx.moveId),
   ]);

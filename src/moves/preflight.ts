@@ -29,8 +29,20 @@ import {
 } from './sql.js';
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
-import { inflect } from '../text.js';
+import { bytesPhrase, inflect } from '../text.js';
 import { awaitedLater } from '../promises.js';
+
+/**
+ * The bytes of the schemas' tables and indexes from the catalog's page counts (relpages, as of the
+ * last VACUUM or ANALYZE): no stat call per file, so a batch of thousands of shards reads it at once.
+ */
+const CATALOG_BYTES_SQL = `SELECT (coalesce(sum(c.relpages), 0) * current_setting('block_size')::bigint)::text AS bytes
+       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'i', 'm')`;
+
+/** The source's bounds on the WAL a slot may hold, in MB (-1: none). */
+const WAL_LIMITS_SQL = `SELECT (SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size') AS max_slot_wal_keep_size_mb,
+              (SELECT setting FROM pg_settings WHERE name = 'wal_keep_size') AS wal_keep_size_mb`;
 
 export interface PreflightCheck {
   readonly name: string;
@@ -112,6 +124,11 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
       src.query<{ shard: number; version: number; checksum: string }>(APPLIED_CHECKSUMS_SQL, [shards]),
     ),
     targetInitialised: awaitedLater(controlTableExists(dst, 'shards')),
+    space: awaitedLater(src.query<{ bytes: string }>(CATALOG_BYTES_SQL, [schemas])),
+    walLimits:
+      mode === 'online'
+        ? awaitedLater(src.query<{ max_slot_wal_keep_size_mb: string; wal_keep_size_mb: string }>(WAL_LIMITS_SQL))
+        : null,
     writable: awaitedLater(canRewrite(input.configFile)),
   };
   const onTargetRead = awaitedLater(
@@ -294,6 +311,28 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
       ? `the same migration files will build the target copies`
       : `migration ${inflect(new Set(drifted.map((d) => d.v)).size, 'version')} ${[...new Set(drifted.map((d) => d.v))].join(', ')} applied to ${list([...new Set(drifted.map((d) => d.shard))])} ${inflect(drifted.length, 'has', 'have')} no matching file (changed or deleted); restore them first`,
   );
+  const space = await reads.space;
+  const needed = bytesPhrase(Number(space.rows[0]?.bytes ?? 0));
+  // PostgreSQL has no SQL view of free disk space (pg_tablespace_size is what is used, not what is
+  // left): said, not guessed.
+  add(
+    'target disk',
+    true,
+    `the copies need about ${needed} on ${target.name} (tables and indexes, from the source's catalog page counts); ` +
+      `PostgreSQL cannot tell its free disk space through SQL, so check ${target.name}'s data directory has that much free`,
+  );
+  if (reads.walLimits) {
+    const limits = (await reads.walLimits).rows[0]!;
+    const keep = Number(limits.max_slot_wal_keep_size_mb);
+    add(
+      'source WAL limits',
+      true,
+      (keep < 0
+        ? `max_slot_wal_keep_size is unlimited on ${source.name}: the move's slot keeps the WAL written from the copy's start until the target confirms it (bound it with --max-slot-wal)`
+        : `max_slot_wal_keep_size = ${bytesPhrase(keep * 1024 * 1024)} on ${source.name}: a slot holding more WAL is invalidated and the move must start again (the copy stops before with --max-slot-wal below it)`) +
+        `; wal_keep_size = ${bytesPhrase(Number(limits.wal_keep_size_mb) * 1024 * 1024)}`,
+    );
+  }
   // Last, and only when everything else passed: the probe creates (and drops) a subscription.
   if (probe && checks.every((c) => c.ok)) {
     const reach = await probeSubscription(dst, source.replicationUrl);

@@ -14,6 +14,7 @@ export function progress(ctx: MoveContext): Record<string, unknown> {
     writeBlockedMs: ctx.writeBlockedMs,
     fenceMarker: ctx.fenceMarker,
     fenceStartedAtMs: ctx.fenceStartedAtMs,
+    ...(ctx.copyBytesPerSecond === null ? {} : { copyBytesPerSecond: ctx.copyBytesPerSecond }),
   };
 }
 

@@ -10,13 +10,13 @@ import {
   DELETE_MARKERS_SQL,
   MARKER_ARRIVED_SQL,
   PUBLICATION_EXISTS_SQL,
-  SLOT_LAG_SQL,
   SUBSCRIPTION_ERRORS_SQL,
   SUBSCRIPTION_EXISTS_SQL,
   SUBSCRIPTION_TABLES_SQL,
 } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { sleep } from '../clock.js';
+import { LagWatch } from './wal-guard.js';
 import { runTransaction } from '../pg/quiet.js';
 import { ensureMethods, moveLeafTables } from './checksum-methods.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
@@ -124,17 +124,21 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
 export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number, tell = false): Promise<void> {
   const started = performance.now();
   let told = started;
+  let looked = started;
+  const lags = tell ? new LagWatch(ctx) : null;
+  let lag = 'unknown';
   for (;;) {
     const r = await ctx.target.client.query(MARKER_ARRIVED_SQL, [ctx.moveId, kind]);
     if (r.rowCount) return;
     if (performance.now() - started > timeoutMs)
       throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
+    // The lag (and its trend) every second once the marker is late: progress events, and the notice below.
+    if (lags && performance.now() - looked > 1000) {
+      looked = performance.now();
+      lag = await lags.look();
+    }
     if (tell && performance.now() - told > 5000) {
       told = performance.now();
-      const lag = await ctx.source.client.query<{ lag: string | null }>(SLOT_LAG_SQL, [ctx.name]).then(
-        (q) => q.rows[0]?.lag ?? 'unknown',
-        () => 'unknown',
-      );
       // The lag and what the apply worker waits for only add to a progress notice.
       const apply = await applyWorkerWaits(ctx).catch(() => '');
       notice(

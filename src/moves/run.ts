@@ -1,5 +1,5 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { hostForShard, withDirectUrls } from '../config/types.js';
+import { hostForShard, shardSchemaName, withDirectUrls } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { failureReason, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
 import { readShardRows } from '../fleet/catalog.js';
@@ -14,6 +14,7 @@ import { allOrNone, awaitedLater } from '../promises.js';
 import { announce, moveContext, moveResult, type MoveOptions, type MoveResult } from './context.js';
 import { abortMove, runSteps } from './move.js';
 import { planWaves } from './waves.js';
+import { estimateCopy } from './copy-meter.js';
 import { concurrency, CREATE_WORKER, Spares } from './workers.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { preflight } from './preflight.js';
@@ -133,11 +134,19 @@ async function startMoves(
           const estimated = await readShardRows(part.source.client, config.schemaPrefix, group.shards);
           const rows = new Map([...estimated].map(([shard, n]) => [shard, Number(n)]));
           const waves = mode === 'online' ? planWaves(group.shards, rows, options.wave) : [[...group.shards]];
-          return { part, group, checks, waves, sourcePrivileges };
+          const estimate = options.dryRun
+            ? await estimateCopy(
+                part.source.client,
+                part.target.client,
+                (s) => shardSchemaName(config, s),
+                group.shards,
+              )
+            : null;
+          return { part, group, checks, waves, sourcePrivileges, estimate };
         }),
       );
       if (options.dryRun) {
-        const moves = planned.map(({ part, group, checks, waves }) =>
+        const moves = planned.map(({ part, group, checks, waves, estimate }) =>
           moveResult(
             moveContext(
               config,
@@ -149,6 +158,7 @@ async function startMoves(
             'dry-run',
             checks,
             started,
+            estimate,
           ),
         );
         return batchResult('dry-run', target.name, list, moves, started);

@@ -1005,9 +1005,6 @@ export const SUBSCRIPTION_TABLES_SQL = `SELECT count(*) AS total, count(*) FILTE
 /** A row once marker $2 of move $1 is here. */
 export const MARKER_ARRIVED_SQL = `SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`;
 
-/** How far slot $1 is behind the WAL. */
-export const SLOT_LAG_SQL = `SELECT pg_size_pretty(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)) AS lag FROM pg_replication_slots WHERE slot_name = $1`;
-
 /** What subscription $1's apply worker waits for, and who holds it. */
 export const APPLY_WORKER_WAITS_SQL = `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
             (SELECT string_agg(format('pid %s (%s, %s: %s)', b.pid, coalesce(nullif(b.application_name, ''), 'no application name'), b.state, left(b.query, 80)), '; ')
@@ -1381,7 +1378,7 @@ export function statementTimeoutSql(ms: number): string {
  * The shortest statement timeout the cut-over sets (statementTimeoutSql): a timeout of a few ms
  * can cancel the statement that resets it (RESET runs under the timeout it replaces), leaving the
  * session unable to run anything, the unfence included. Well within the fence limit's slack (see
- * TIMEOUT_SLACK_MS in cutover.ts).
+ * TIMEOUT_SLACK_MS in fence-limit.ts).
  */
 export const MIN_STATEMENT_TIMEOUT_MS = 50;
 

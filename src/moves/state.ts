@@ -133,3 +133,13 @@ export async function runningMoves(client: pg.Client, shards?: readonly number[]
 export function faultAfter(point: MoveStep | 'probe' | 'target-migrations' | 'first-undo'): void {
   if (process.env['SHARDCTL_FAULT_AFTER_STEP'] === point) process.kill(process.pid, 'SIGKILL');
 }
+
+/**
+ * Fault injection for the resume tests: die (as SIGKILL would) once this process has committed
+ * SHARDCTL_FAULT_AFTER_CHUNKS chunks of a copy (chunks.ts).
+ */
+let chunksCommitted = 0;
+export function faultAfterChunk(): void {
+  chunksCommitted += 1;
+  if (process.env['SHARDCTL_FAULT_AFTER_CHUNKS'] === String(chunksCommitted)) process.kill(process.pid, 'SIGKILL');
+}

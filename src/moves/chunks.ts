@@ -1,0 +1,209 @@
+import { pipeline } from 'node:stream/promises';
+import type pg from 'pg';
+import type copyStreamsModule from 'pg-copy-streams';
+import { CONTROL } from '../fleet/control.js';
+import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import type { CopyMeter } from './copy-meter.js';
+import { BEGIN_COPY_SQL, HASH_SQL, STABLE_TEXT_SETTINGS } from './sql.js';
+
+/**
+ * The chunks of a move's online copy: a table of more than `chunkRows` estimated rows with a primary
+ * key is copied in ranges of the key's first column, each range in a target transaction of its own
+ * that also marks its row of `shardctl.move_chunks` copied. A run cut off keeps every chunk it
+ * committed; the next run (a new slot, so a new snapshot: the exported snapshot died with the
+ * killed run's connection) copies the chunks not copied yet from the new snapshot, and reconciles
+ * those copied before: each one's count and checksum of its range are compared, the source's as of
+ * the new snapshot, the target's as it is (nothing else writes there before the subscription
+ * starts), and a range that differs (rows changed on the source between the two snapshots) is
+ * deleted and copied again from the new snapshot. Then every range holds the source's rows as of
+ * the new slot's snapshot, and the subscription streams exactly the changes after it. The whole
+ * argument is in docs/moves.md (step 4, "A copy that resumes").
+ */
+
+/** A chunk's range: lo <= key < hi, either end open (null). */
+export interface ChunkRange {
+  /** The key column, quoted. */
+  readonly key: string;
+  readonly lo: string | null;
+  readonly hi: string | null;
+}
+
+export interface ChunkRecord extends ChunkRange {
+  readonly table: string;
+  readonly chunk: number;
+  readonly copied: boolean;
+  /** Once copied: the rows and the COPY stream's bytes. */
+  readonly rows: number | null;
+  readonly bytes: number | null;
+}
+
+/** The WHERE condition of a range; the bounds as literals (COPY takes no parameters), typed by the column they meet. */
+export function rangeConditionSql(range: ChunkRange): string {
+  const parts = [
+    ...(range.lo === null ? [] : [`${range.key} >= ${quoteLiteral(range.lo)}`]),
+    ...(range.hi === null ? [] : [`${range.key} < ${quoteLiteral(range.hi)}`]),
+  ];
+  return parts.length === 0 ? 'true' : parts.join(' AND ');
+}
+
+/** The COPY of one range out of the source (`table` quoted, `columns` quoted: every stored column). */
+export function chunkCopyOutSql(table: string, columns: readonly string[], range: ChunkRange, binary: boolean): string {
+  return `COPY (SELECT ${columns.join(', ')} FROM ${table} WHERE ${rangeConditionSql(range)}) TO STDOUT${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+export function chunkCopyInSql(table: string, columns: readonly string[], binary: boolean): string {
+  return `COPY ${table} (${columns.join(', ')}) FROM STDIN${binary ? ' (FORMAT binary)' : ''}`;
+}
+
+/** A range's count and checksum of its rows' text (the settings of STABLE_TEXT_SETTINGS on the session). */
+export function rangeChecksumSql(table: string, range: ChunkRange): string {
+  return `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL.text}), 0)::text AS checksum FROM ${table} t WHERE ${rangeConditionSql(range)}`;
+}
+
+/**
+ * The bounds that cut `table` into ranges of about `rows` rows by `key`: every rows-th key in key
+ * order, distinct (a composite key's first column may repeat), in one scan of the key.
+ */
+export function chunkBoundsSql(table: string, key: string, rows: number): string {
+  if (!Number.isSafeInteger(rows) || rows < 1) throw new Error(`internal error: chunk rows ${rows}`);
+  return `SELECT DISTINCT b::text AS bound, b FROM (SELECT ${key} AS b, row_number() OVER (ORDER BY ${key}) AS n FROM ${table}) s
+      WHERE n % ${rows} = 0 ORDER BY b`;
+}
+
+/** The first column of each table's primary key, and its stored columns (not generated), for the tables given (quoted names). */
+export async function keysAndColumns(
+  client: pg.Client,
+  tables: readonly string[],
+): Promise<Map<string, { key: string | null; columns: string[] }>> {
+  if (tables.length === 0) return new Map();
+  const r = await client.query<{ name: string; key: string | null; columns: string[] }>(
+    `SELECT t.name,
+            (SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+              WHERE i.indrelid = t.name::regclass AND i.indisprimary) AS key,
+            ARRAY(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = t.name::regclass AND a.attnum > 0
+                   AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum)::text[] AS columns
+       FROM unnest($1::text[]) AS t(name)`,
+    [tables],
+  );
+  return new Map(
+    r.rows.map((row) => [
+      row.name,
+      { key: row.key === null ? null : quoteIdent(row.key), columns: row.columns.map(quoteIdent) },
+    ]),
+  );
+}
+
+/** The chunks of move $1 recorded on the target. */
+const CHUNKS_SQL = `SELECT table_name, chunk, key_column, lo, hi, copied, rows::float8 AS rows, bytes::float8 AS bytes FROM ${CONTROL}.move_chunks WHERE move_id = $1 ORDER BY table_name, chunk`;
+
+export async function recordedChunks(target: pg.Client, moveId: string): Promise<ChunkRecord[]> {
+  const r = await target.query<{
+    table_name: string;
+    chunk: number;
+    key_column: string;
+    lo: string | null;
+    hi: string | null;
+    copied: boolean;
+    rows: number | null;
+    bytes: number | null;
+  }>(CHUNKS_SQL, [moveId]);
+  return r.rows.map((row) => ({
+    table: row.table_name,
+    chunk: row.chunk,
+    key: row.key_column,
+    lo: row.lo,
+    hi: row.hi,
+    copied: row.copied,
+    rows: row.rows,
+    bytes: row.bytes,
+  }));
+}
+
+/** The chunks of a move, once it no longer needs them (clean-up, abort). */
+export const DELETE_CHUNKS_SQL = `DELETE FROM ${CONTROL}.move_chunks WHERE move_id = $1`;
+
+/**
+ * Plans `table`'s chunks as the reader sees it (the copy's snapshot), on the writer in one
+ * transaction: the table emptied first (a migration's seed rows give way to the source's; TRUNCATE
+ * leaves no dead rows) and a row per chunk, none copied.
+ */
+export async function planChunks(
+  reader: pg.Client,
+  writer: pg.Client,
+  moveId: string,
+  table: string,
+  key: string,
+  rows: number,
+): Promise<ChunkRecord[]> {
+  const bounds = (await reader.query<{ bound: string }>(chunkBoundsSql(table, key, rows))).rows.map((r) => r.bound);
+  const edges = [null, ...bounds, null];
+  const chunks: ChunkRecord[] = edges
+    .slice(0, -1)
+    .map((lo, i) => ({ table, chunk: i, key, lo, hi: edges[i + 1]!, copied: false, rows: null, bytes: null }));
+  await writer.query('BEGIN');
+  try {
+    await writer.query(`TRUNCATE ${table}`);
+    await writer.query(
+      `INSERT INTO ${CONTROL}.move_chunks (move_id, table_name, chunk, key_column, lo, hi)
+       SELECT $1, $2, c.i, $3, c.lo, c.hi FROM unnest($4::int[], $5::text[], $6::text[]) AS c(i, lo, hi)`,
+      [moveId, table, key, chunks.map((c) => c.chunk), chunks.map((c) => c.lo), chunks.map((c) => c.hi)],
+    );
+    await writer.query('COMMIT');
+  } catch (error) {
+    await writer.query('ROLLBACK').catch(() => undefined);
+    throw error;
+  }
+  return chunks;
+}
+
+/**
+ * Whether a chunk copied by an earlier run still holds the source's rows as the reader sees them:
+ * the range's count and checksum on both. The reader's and the writer's sessions have the stable
+ * text settings (STABLE_TEXT_SETTINGS).
+ */
+export async function chunkMatches(reader: pg.Client, writer: pg.Client, chunk: ChunkRecord): Promise<boolean> {
+  const sql = rangeChecksumSql(chunk.table, chunk);
+  const [source, target] = await Promise.all([reader.query(sql), writer.query(sql)]);
+  const [a, b] = [
+    source.rows[0] as { rows: string; checksum: string },
+    target.rows[0] as { rows: string; checksum: string },
+  ];
+  return a.rows === b.rows && a.checksum === b.checksum;
+}
+
+/** The settings under which both sides of chunkMatches give a row the same text. */
+export const CHUNK_TEXT_SETTINGS = STABLE_TEXT_SETTINGS;
+
+/**
+ * Copies one chunk in a target transaction of its own: the range deleted first (rows of an earlier
+ * run's copy of it, reconciled as different; none otherwise), the COPY, and the chunk's record
+ * marked copied, committed together.
+ */
+export async function copyChunk(
+  streams: typeof copyStreamsModule,
+  reader: pg.Client,
+  writer: pg.Client,
+  moveId: string,
+  chunk: ChunkRecord,
+  columns: readonly string[],
+  binary: boolean,
+  meter: CopyMeter,
+): Promise<void> {
+  await writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
+  try {
+    await writer.query(`DELETE FROM ${chunk.table} WHERE ${rangeConditionSql(chunk)}`);
+    const out = reader.query(streams.to(chunkCopyOutSql(chunk.table, columns, chunk, binary)));
+    const into = writer.query(streams.from(chunkCopyInSql(chunk.table, columns, binary)));
+    const before = meter.streamed(chunk.table);
+    await pipeline(out, meter.stream(chunk.table), into);
+    meter.piece(chunk.table, into.rowCount);
+    await writer.query(
+      `UPDATE ${CONTROL}.move_chunks SET copied = true, rows = $4, bytes = $5 WHERE move_id = $1 AND table_name = $2 AND chunk = $3`,
+      [moveId, chunk.table, chunk.chunk, into.rowCount, meter.streamed(chunk.table) - before],
+    );
+    await writer.query('COMMIT');
+  } catch (error) {
+    await writer.query('ROLLBACK').catch(() => undefined);
+    throw error;
+  }
+}

@@ -1,0 +1,156 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import type { MoveResult } from '../../src/index.js';
+import { ShardMap } from '../../src/config/shard-map.js';
+import { runCli } from '../helpers/fleet.js';
+import { move } from '../helpers/faults.js';
+import { removeCliSnapshot, seededFleet, spawnCli, startShardWriter } from '../helpers/moves.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { waitFor } from '../helpers/migrations.js';
+
+const db = useTestDatabases(2);
+afterAll(removeCliSnapshot);
+
+/** 200,000 photos rows of ~150 bytes (about 30 MB), copied in chunks of 20,000 rows: 10 chunks. */
+const ROWS = 200_000;
+const CHUNK = '20000';
+
+async function chunkRecords(url: string): Promise<{ chunk: number; copied: boolean; rows: string | null }[]> {
+  return withClient(url, async (c) => {
+    const r = await c.query<{ chunk: number; copied: boolean; rows: string | null }>(
+      `select chunk, copied, rows::text from shardctl.move_chunks where table_name = '"insta1"."photos"' order by chunk`,
+    );
+    return r.rows;
+  });
+}
+
+describe('a copy that resumes', () => {
+  it('a move killed in its copy goes on with the chunks not copied yet, reconciles the ones copied before against the new snapshot, and leaves no dead rows', async () => {
+    const { fleet } = await seededFleet(db.urls, 1, 0);
+    await withClient(db.urls[0]!, (c) =>
+      c.query(
+        `insert into insta1.photos (user_id, image_url) select g, repeat('p', 100) || g from generate_series(1, ${ROWS}) g;
+         analyze insta1.photos`,
+      ),
+    );
+    const map = await ShardMap.load(fleet.configFile);
+    const writer = startShardWriter(map, 1);
+    await waitFor('writes', async () => writer.acknowledged.length > 10);
+
+    // Killed once 3 chunks are committed.
+    const first = await spawnCli(move(fleet, 1, '--to', 'pg2', '--copy-chunk-rows', CHUNK), {
+      SHARDCTL_FAULT_AFTER_CHUNKS: '3',
+    });
+    expect(first.signal, first.stderr).toBe('SIGKILL');
+    const afterFirst = await chunkRecords(db.urls[1]!);
+    // Every 20,000th key a bound: 11 chunks, the last one open-ended (the writer's rows go there).
+    expect(afterFirst).toHaveLength(11);
+    expect(afterFirst.filter((c) => c.copied).map((c) => c.chunk)).toEqual([0, 1, 2]);
+
+    // Rows of the copied chunks change on the source before the resume: the first chunk's rows
+    // updated, some of the second's deleted. The next run's snapshot sees them.
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`update insta1.photos set caption = 'changed' where id in (select id from insta1.photos order by id limit 50);
+               delete from insta1.photos where id in (select id from insta1.photos order by id offset 30000 limit 20)`),
+    );
+
+    // Killed again, once 2 more chunks are committed.
+    const second = await spawnCli(move(fleet, 1, '--resume', '--copy-chunk-rows', CHUNK), {
+      SHARDCTL_FAULT_AFTER_CHUNKS: '2',
+    });
+    expect(second.signal, second.stderr).toBe('SIGKILL');
+    const afterSecond = await chunkRecords(db.urls[1]!);
+    // The plan is the first run's; chunks 0 and 1 were copied again (they differed), and two new
+    // ones were committed (the run copies on several connections: which two, and what the others
+    // had half copied when it was killed, varies).
+    expect(afterSecond.map((c) => c.chunk)).toEqual(afterFirst.map((c) => c.chunk));
+    const copiedBefore = afterSecond.filter((c) => c.copied).map((c) => c.chunk);
+    expect(copiedBefore.slice(0, 3)).toEqual([0, 1, 2]);
+    expect(copiedBefore).toHaveLength(5);
+
+    // The last run with two connection pairs on the chunks: both seen copying on the target.
+    let copying = 0;
+    let watching = true;
+    const watch = withClient(db.urls[1]!, async (c) => {
+      while (watching) {
+        const r = await c.query<{ n: number }>(
+          `select count(*)::int as n from pg_stat_activity where application_name = 'shardctl move copy' and query like 'COPY %'`,
+        );
+        copying = Math.max(copying, r.rows[0]!.n);
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    });
+    const last = await runCli(
+      move(fleet, 1, '--resume', '--json', '--copy-chunk-rows', CHUNK, '--copy-parallel', '2'),
+    ).finally(() => (watching = false));
+    await watch;
+    expect(copying).toBe(2);
+    expect(last.code, last.stderr).toBe(0);
+    const result = JSON.parse(last.stdout) as MoveResult;
+    // Only the chunks not copied yet were copied; the five copied before all still matched.
+    expect(result.chunks).toEqual({ copied: afterFirst.length - 5, recopied: 0 });
+    const events = last.stderr
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as { kind: string; bytes: number; done: boolean });
+    const copied = events.filter((e) => e.kind === 'copy').at(-1)!;
+    expect(copied.done).toBe(true);
+    const records = await chunkRecords(db.urls[1]!);
+    expect(records).toEqual([]);
+
+    await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg2'));
+    await writer.stop();
+    const onTarget = writer.acknowledged.filter((a) => a.host === 'pg2').map((a) => a.id.toString());
+    // Every row equal on both sides (the old copy on the source, fenced under its new name), but
+    // the rows written on the target after the switch.
+    const oldName = await withClient(
+      db.urls[0]!,
+      async (c) =>
+        (await c.query<{ n: string }>(`select nspname as n from pg_namespace where nspname like 'insta1\\_moved\\_%'`))
+          .rows[0]!.n,
+    );
+    // About half of the table: the six chunks left (with the writer's rows), not the whole.
+    const heap = await withClient(db.urls[0]!, async (c) =>
+      Number(
+        (await c.query<{ n: string }>(`select pg_relation_size(format('%I.photos', $1::text))::text as n`, [oldName]))
+          .rows[0]!.n,
+      ),
+    );
+    expect(copied.bytes).toBeGreaterThan(heap * 0.3);
+    expect(copied.bytes).toBeLessThan(heap * 0.6);
+    const sourceRows = await withClient(db.urls[0]!, async (c) =>
+      (await c.query<{ r: string }>(`select (p.*)::text as r from "${oldName}".photos p order by id`)).rows.map(
+        (r) => r.r,
+      ),
+    );
+    const targetRows = await withClient(db.urls[1]!, async (c) =>
+      (
+        await c.query<{ r: string }>(
+          `select (p.*)::text as r from insta1.photos p where not (id::text = any($1::text[])) order by id`,
+          [onTarget],
+        )
+      ).rows.map((r) => r.r),
+    );
+    expect(targetRows.length).toBe(sourceRows.length);
+    expect(targetRows).toEqual(sourceRows);
+    expect(sourceRows.length).toBe(ROWS - 20 + writer.acknowledged.filter((a) => a.host === 'pg1').length);
+    expect(sourceRows.filter((r) => r.includes(',changed,'))).toHaveLength(50);
+    // Every row acknowledged is there.
+    const ids = new Set(
+      await withClient(db.urls[1]!, async (c) =>
+        (await c.query<{ id: string }>('select id::text from insta1.photos')).rows.map((r) => r.id),
+      ),
+    );
+    expect(writer.acknowledged.filter((a) => !ids.has(a.id.toString()))).toEqual([]);
+
+    // No dead rows: the cut-off chunks' and the replaced chunks' rows were vacuumed.
+    const dead = await withClient(db.urls[1]!, async (c) => {
+      await c.query('select pg_stat_force_next_flush()').catch(() => undefined);
+      return (
+        await c.query<{ n: string }>(
+          `select n_dead_tup::text as n from pg_stat_user_tables where schemaname = 'insta1' and relname = 'photos'`,
+        )
+      ).rows[0]!.n;
+    });
+    expect(dead).toBe('0');
+  });
+});
