@@ -6,6 +6,15 @@ import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { serializeQueries } from '../pg/serial.js';
 import { libpqCompatible } from '../pg/tls.js';
+import {
+  addressLabel,
+  attrsFor,
+  connectFirstMatching,
+  parsePostgresUrl,
+  SESSION_STATE_SQL,
+  type PostgresUrl,
+  type SessionState,
+} from '../pg/multihost.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
@@ -22,8 +31,54 @@ export interface ConnectOptions {
 export async function connectHost(host: HostConfig, options: ConnectOptions = {}): Promise<pg.Client> {
   registerUrlSecret(host.url);
   registerSecret(process.env['PGPASSWORD']);
+  const parsed = parsedHostUrl(host);
+  const attrs = attrsFor(parsed);
+  try {
+    // One address and nothing asked of it: connected to as it is, unchecked (libpq's "any").
+    if (parsed.addresses.length === 1 && attrs === 'any') return await connectAddress(host, host.url, options);
+    const { client } = await connectFirstMatching(parsed, attrs, {
+      open: (single) => connectAddress(host, single, options),
+      stateOf: (client: pg.Client) => sessionState(client),
+      close: (client: pg.Client) => endQuietly(client),
+      describe: describePgError,
+    });
+    return client;
+  } catch (error) {
+    if (error instanceof HostError && error.code === HOST_SILENT) throw error;
+    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
+      code: 'HOST_UNREACHABLE',
+      cause: error,
+    });
+  }
+}
+
+/** The host's URL parsed (cached per URL: a config's URLs were checked when it was loaded). */
+export function parsedHostUrl(host: Pick<HostConfig, 'name' | 'url'>): PostgresUrl {
+  let parsed = parsedUrls.get(host.url);
+  if (!parsed) {
+    parsed = parsePostgresUrl(host.url, `host ${host.name} url`);
+    parsedUrls.set(host.url, parsed);
+  }
+  return parsed;
+}
+const parsedUrls = new Map<string, PostgresUrl>();
+
+/** Whether the session is a standby, and whether it is read-only (target_session_attrs). */
+export async function sessionState(client: pg.Client | pg.PoolClient): Promise<SessionState> {
+  const { rows } = await client.query<{ in_recovery: boolean; read_only: boolean }>(SESSION_STATE_SQL);
+  return { inRecovery: rows[0]!.in_recovery, readOnly: rows[0]!.read_only };
+}
+
+/** The address (host:port) a client of connectHost is connected to. */
+export function connectedAddress(client: pg.Client): string | undefined {
+  return addresses.get(client);
+}
+const addresses = new WeakMap<pg.Client, string>();
+
+/** One address of the host (`url` has a single one); errors as node-postgres throws them. */
+async function connectAddress(host: HostConfig, url: string, options: ConnectOptions): Promise<pg.Client> {
   const client = new pg.Client({
-    connectionString: libpqCompatible(host.url),
+    connectionString: libpqCompatible(url),
     application_name: options.applicationName ?? 'shardctl',
     ...hostClientSettings(host),
   });
@@ -38,19 +93,18 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   client.connection.on('parameterStatus', (message: { parameterName: string; parameterValue: string }) => {
     reported.set(message.parameterName, message.parameterValue);
   });
+  const single = parsePostgresUrl(url, `host ${host.name} url`).addresses[0]!;
+  addresses.set(client, addressLabel(single));
   try {
     await untilAborted(client, options.signal, async () => {
       await client.connect();
-      watchSilence(client, host);
+      // The silence watchdog probes the address this connection went to, not the host's first.
+      watchSilence(client, url === host.url ? host : { ...host, url });
       await checkClientConnection(client);
     });
   } catch (error) {
     await endQuietly(client);
-    if (error instanceof HostError && error.code === HOST_SILENT) throw error;
-    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
-      code: 'HOST_UNREACHABLE',
-      cause: error,
-    });
+    throw error;
   }
   return client;
 }

@@ -18,6 +18,7 @@ import { HostError } from '../errors.js';
 import { redact } from '../pg/redact.js';
 import { endQuietly } from '../pg/quiet.js';
 import { libpqCompatible } from '../pg/tls.js';
+import { isMultiHostUrl, parsePostgresUrl, singleAddressUrls } from '../pg/multihost.js';
 
 /** The code of the HostError a silent host's pending queries fail with. */
 export const HOST_SILENT = 'HOST_SILENT';
@@ -211,9 +212,17 @@ export function answersWithin(host: HostConfig, ms: number): Promise<string | nu
 }
 
 async function runProbe(host: HostConfig, bound = host.timeoutMs): Promise<string | null> {
+  if (!isMultiHostUrl(host.url)) return probeAddress(host.url, host, bound);
+  // A host of several addresses is there when any of them answers (whichever is its primary now).
+  const urls = singleAddressUrls(parsePostgresUrl(host.url, `host ${host.name} url`));
+  const failures = await Promise.all(urls.map((url) => probeAddress(url, host, bound)));
+  return failures.includes(null) ? null : failures.join('; ');
+}
+
+async function probeAddress(url: string, host: HostConfig, bound: number): Promise<string | null> {
   // The deadline below bounds connecting and the query together.
   const probe = new pg.Client({
-    connectionString: libpqCompatible(host.url),
+    connectionString: libpqCompatible(url),
     application_name: 'shardctl probe',
     ...hostClientSettings(host),
     connectionTimeoutMillis: 0,

@@ -1,0 +1,205 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { connectHost, connectedAddress } from '../../src/fleet/connect.js';
+import { COMMIT_UNKNOWN } from '../../src/router/failover.js';
+import { ShardRouter } from '../../src/router/router.js';
+import { makeFleet } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { startReplicatedHost, type ReplicatedHost } from '../helpers/standby.js';
+
+const PHOTOS_ONLY = {
+  '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
+CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), user_id bigint NOT NULL, image_url text NOT NULL);
+ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
+};
+
+interface WriterReport {
+  acked: { shard: number; id: string }[];
+  failures: { at: number; code: string; message: string }[];
+  /** When each call succeeded. */
+  successes: number[];
+}
+
+/** Writes through the router in a loop, one row per call, until stopped. */
+function startWriter(router: ShardRouter): { stop: () => Promise<WriterReport> } {
+  const report: WriterReport = { acked: [], failures: [], successes: [] };
+  let running = true;
+  const loop = (async () => {
+    for (let key = 0n; running; key += 1n) {
+      try {
+        const row = await router.withKey(key, async (client, shard) => {
+          const r = await client.query<{ id: string }>(
+            `insert into photos (user_id, image_url) values ($1, 'x') returning id`,
+            [key.toString()],
+          );
+          return { shard, id: r.rows[0]!.id };
+        });
+        report.acked.push(row);
+        report.successes.push(Date.now());
+      } catch (error) {
+        report.failures.push({
+          at: Date.now(),
+          code: String((error as { code?: unknown }).code),
+          message: (error as Error).message,
+        });
+        await new Promise((resolve) => setTimeout(resolve, 20));
+      }
+    }
+  })();
+  return {
+    stop: async () => {
+      running = false;
+      await loop;
+      return report;
+    },
+  };
+}
+
+async function missingRows(url: string, prefix: string, acked: WriterReport['acked']): Promise<number> {
+  return withClient(url, async (c) => {
+    let missing = 0;
+    for (const shard of [...new Set(acked.map((a) => a.shard))]) {
+      const ids = acked.filter((a) => a.shard === shard).map((a) => a.id);
+      const r = await c.query<{ n: string }>(
+        `select count(*) as n from "${prefix}${shard}".photos where id = any($1::bigint[])`,
+        [ids],
+      );
+      missing += ids.length - Number(r.rows[0]!.n);
+    }
+    return missing;
+  });
+}
+
+describe('a host with a streaming standby (PostgreSQL 15, pg_basebackup -R)', () => {
+  let host: ReplicatedHost;
+
+  beforeAll(async () => {
+    // Synchronous replication: an acknowledged commit is on the standby, so none may go missing.
+    host = await startReplicatedHost({ synchronous_standby_names: '*' });
+    await withClient(host.primary.url, (c) => c.query('create database fleet'));
+    await host.caughtUp();
+  }, 120_000);
+
+  afterAll(async () => {
+    await host?.dispose();
+  });
+
+  it('connects the CLI to the address that is primary, whatever the order, and names every address when none is', async () => {
+    const standbyFirst = `postgres://postgres:${host.password}@127.0.0.1:${host.standby.port},127.0.0.1:${host.primary.port}/fleet`;
+    const base = {
+      directUrl: '',
+      replicationUrl: '',
+      shardsSpec: '',
+      shards: [],
+      weight: 1,
+      drain: false,
+      timeoutMs: 5000,
+    };
+    const client = await connectHost({ ...base, name: 'h1', url: standbyFirst });
+    try {
+      expect(connectedAddress(client)).toBe(`127.0.0.1:${host.primary.port}`);
+      expect((await client.query('select pg_is_in_recovery() as r')).rows[0]).toEqual({ r: false });
+    } finally {
+      await client.end();
+    }
+    const standbyOnly = await connectHost({ ...base, name: 'h1', url: `${standbyFirst}?target_session_attrs=standby` });
+    expect(connectedAddress(standbyOnly)).toBe(`127.0.0.1:${host.standby.port}`);
+    await standbyOnly.end();
+    const readWriteStandby = `postgres://postgres:${host.password}@127.0.0.1:${host.standby.port},127.0.0.1:1/fleet`;
+    const error = await connectHost({ ...base, name: 'h1', url: readWriteStandby }).catch((e: unknown) => e as Error);
+    expect((error as Error).message).toMatch(
+      new RegExp(
+        `host h1: cannot connect: no address is read-write: 127\\.0\\.0\\.1:${host.standby.port} is a standby \\(in recovery\\), not read-write; 127\\.0\\.0\\.1:1 cannot connect`,
+      ),
+    );
+    expect((error as Error).message).not.toContain(host.password);
+  });
+
+  it('routers (from a file with a multi-host URL, and from one seed) write on through a failover with no reload()', async () => {
+    const url = host.multiHostUrl('fleet');
+    const fleet = makeFleet({
+      urls: [url],
+      replicationUrls: [url],
+      shards: 4,
+      schemaPrefix: 'fo',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await host.caughtUp();
+    const fromFile = await ShardRouter.open(fleet.configFile, { poolSize: 2, connectTimeoutMs: 2000 });
+    const fromSeed = await ShardRouter.open({ seeds: [url] }, { poolSize: 2, connectTimeoutMs: 2000 });
+    const writers = [startWriter(fromFile), startWriter(fromSeed)];
+    try {
+      await new Promise((resolve) => setTimeout(resolve, 1000));
+      // The primary fails, then the standby is promoted (as a failover manager does).
+      host.stopPrimary('immediate');
+      const promotedAt = Date.now();
+      host.promote();
+      await new Promise((resolve) => setTimeout(resolve, 3000));
+      const reports = await Promise.all(writers.map((w) => w.stop()));
+      for (const [i, report] of reports.entries()) {
+        const firstAfter = report.successes.find((t) => t >= promotedAt);
+        const missing = await missingRows(host.standby.url.replace(/\/postgres$/, '/fleet'), 'fo', report.acked);
+        console.log(
+          `${i === 0 ? 'file' : 'seed'} router: ${report.acked.length} acknowledged, ${report.failures.length} failed (${[...new Set(report.failures.map((f) => f.code))].join(', ') || 'none'}), first write ${firstAfter === undefined ? 'never' : `${firstAfter - promotedAt} ms`} after promote began, ${missing} acknowledged rows missing`,
+        );
+        expect(firstAfter).toBeDefined();
+        expect(firstAfter! - promotedAt).toBeLessThan(5000);
+        expect(report.successes.filter((t) => t > promotedAt).length).toBeGreaterThan(10);
+        // A call caught by the failover either ran again on the new primary or says it may have committed.
+        for (const failure of report.failures) expect(failure.code).toBe(COMMIT_UNKNOWN);
+        expect(missing).toBe(0);
+      }
+    } finally {
+      await Promise.all(writers.map((w) => w.stop()));
+      await fromFile.close();
+      await fromSeed.close();
+    }
+  }, 60_000);
+});
+
+describe('ShardRouter: a call whose connection is lost', () => {
+  const db = useTestDatabases(1);
+
+  async function openFleet(prefix: string): Promise<ShardRouter> {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, schemaPrefix: prefix, migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    return ShardRouter.open(fleet.configFile, { failoverTimeoutMs: 3000 });
+  }
+
+  it('before COMMIT is run again (nothing committed), and once COMMIT was sent fails with COMMIT_UNKNOWN, not retried', async () => {
+    const router = await openFleet('cl');
+    try {
+      // The server ends the session (57P01) in the middle of the first attempt only.
+      let runs = 0;
+      const id = await router.withShard(0, async (client) => {
+        runs += 1;
+        await client.query(`insert into photos (user_id, image_url) values ($1, 'x')`, [runs]);
+        if (runs === 1) await client.query('select pg_terminate_backend(pg_backend_pid())');
+        return (await client.query<{ n: string }>('select count(*) as n from photos')).rows[0]!.n;
+      });
+      expect(runs).toBe(2);
+      expect(id).toBe('1');
+      // A deferred constraint trigger ends the session while COMMIT runs: the outcome is unknown to the router.
+      await withClient(db.urls[0]!, (c) =>
+        c.query(`create function cl1.die() returns trigger language plpgsql as $$ begin perform pg_terminate_backend(pg_backend_pid()); return null; end $$;
+          create constraint trigger die after insert on cl1.photos deferrable initially deferred for each row execute function cl1.die();`),
+      );
+      let commits = 0;
+      const error = await router
+        .withShard(1, async (client) => {
+          commits += 1;
+          await client.query(`insert into photos (user_id, image_url) values (1, 'x')`);
+          await client.query('select 1');
+        })
+        .catch((e: unknown) => e);
+      expect(commits).toBe(1);
+      expect((error as { code?: string }).code).toBe(COMMIT_UNKNOWN);
+      expect((error as Error).message).toMatch(
+        /host pg1, shard 1: the connection was lost after COMMIT was sent; whether it committed is not known/,
+      );
+    } finally {
+      await router.close();
+    }
+  });
+});
