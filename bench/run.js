@@ -14,6 +14,7 @@ import { parseArgs } from 'node:util';
 import * as bulkInsert from './bulk-insert.js';
 import * as connectionCost from './connection-cost.js';
 import * as discovery from './discovery.js';
+import * as failover from './failover.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
 import {
@@ -51,6 +52,7 @@ const BENCHMARKS = {
   router,
   'router-stall': routerStall,
   discovery,
+  failover,
 };
 
 /**
@@ -71,6 +73,8 @@ const DEFAULT_MAJORS = {
   'router-stall': [EMBEDDED_MAJOR, '15'],
   'move-batch': ['15', EMBEDDED_MAJOR],
   discovery: [EMBEDDED_MAJOR],
+  // pg_basebackup: only the Debian binaries have it.
+  failover: ['15'],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -106,6 +110,7 @@ const REFERENCE_SCALE = {
   'stall-shards': 512,
   'stall-rounds': 3,
   'stall-seconds': 15,
+  'failover-runs': 5,
 };
 
 /** connection-cost: the shard counts one connection touches, one fleet each (--conn-shards 64,512). */
@@ -151,6 +156,7 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --stall-shards N      router-stall: shards of its one host        (${REFERENCE_SCALE['stall-shards']})
   --stall-rounds N      router-stall: rounds of each side, quiet and loaded (${REFERENCE_SCALE['stall-rounds']})
   --stall-seconds N     router-stall: length of one side's round  (${REFERENCE_SCALE['stall-seconds']})
+  --failover-runs N     failover: failovers, each of a fresh primary and standby (${REFERENCE_SCALE['failover-runs']})
   --conn-shards LIST    connection-cost: shards touched, one fleet each (${CONN_SHARDS.join(',')})
 
 other options:
