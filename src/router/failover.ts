@@ -17,6 +17,7 @@ import type { HostConfig } from '../config/types.js';
 import { HostError, ShardctlError } from '../errors.js';
 import { describePgError, parsedHostUrl, sessionState } from '../fleet/connect.js';
 import { HOST_SILENT } from '../fleet/silence.js';
+import { withCredentials } from '../fleet/placement.js';
 import { endQuietly } from '../pg/quiet.js';
 import { attrsFor, connectFirstMatching, parsePostgresUrl, type PostgresUrl } from '../pg/multihost.js';
 import { libpqCompatible } from '../pg/tls.js';
@@ -57,6 +58,11 @@ export function isConnectionLoss(error: unknown): boolean {
   return /Connection terminated|connection ended|Client has encountered a connection error|not queryable/i.test(
     message,
   );
+}
+
+/** The host itself could not be reached, or stopped answering (not one connection lost). */
+export function isHostDown(error: unknown): boolean {
+  return error instanceof HostError && (error.code === HOST_SILENT || error.code === 'HOST_UNREACHABLE');
 }
 
 /**
@@ -154,7 +160,8 @@ export class HostAddressBook {
     const registered = this.registry.get(host.name);
     if (registered !== undefined) {
       try {
-        const parsed = parsePostgresUrl(registered, `registry address of ${host.name}`);
+        // With the host's own user, password and TLS parameters (the file's, or the seed's).
+        const parsed = parsePostgresUrl(withCredentials(registered, host.url), `registry address of ${host.name}`);
         const ownAddresses = new Set(own.addresses.map((a) => `${a.host}:${a.port ?? ''}`));
         if (parsed.addresses.some((a) => !ownAddresses.has(`${a.host}:${a.port ?? ''}`)))
           candidates.push({ url: parsed, fromRegistry: true });
@@ -169,7 +176,8 @@ export class HostAddressBook {
       try {
         const { client, url } = await connectFirstMatching(candidate.url, attrs, {
           open: (single) => this.open(host, single),
-          stateOf: (client: pg.Client) => sessionState(client),
+          // A host that accepts connections and then says nothing must not hold the search.
+          stateOf: (client: pg.Client) => withDeadline(sessionState(client), host.timeoutMs, client),
           close: (client: pg.Client) => endQuietly(client),
           describe: describePgError,
         });
@@ -199,6 +207,19 @@ export class HostAddressBook {
       throw error;
     }
     return client;
+  }
+}
+
+/** `work` on `client`, whose socket is destroyed (failing it) when `ms` pass first. */
+async function withDeadline<T>(work: Promise<T>, ms: number, client: pg.Client): Promise<T> {
+  const timer = setTimeout(
+    () => (client as unknown as { connection: { stream: { destroy(): void } } }).connection.stream.destroy(),
+    ms,
+  );
+  try {
+    return await work;
+  } finally {
+    clearTimeout(timer);
   }
 }
 

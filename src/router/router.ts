@@ -24,6 +24,7 @@ import {
   HostAddressBook,
   isConnectionLoss,
   isFailoverSymptom,
+  isHostDown,
   isInDoubt,
 } from './failover.js';
 
@@ -618,8 +619,16 @@ export class ShardRouter {
    * answers or `deadline`; re-reads the registry meanwhile. Resolves true when a primary was found
    * (the call may run again), false otherwise. Calls meeting the same failure share one search.
    */
-  private recover(host: HostConfig, usedAddress: string | undefined, deadline: number): Promise<boolean> {
+  private recover(
+    host: HostConfig,
+    usedAddress: string | undefined,
+    deadline: number,
+    error: unknown,
+  ): Promise<boolean> {
     if (this.closed) return Promise.resolve(false);
+    // A host of one address, with no other in the registry, that could not be reached or stopped
+    // answering (the silence watchdog has already asked it over a new connection): nowhere to go.
+    if (isHostDown(error) && !this.hasAlternatives(host)) return Promise.resolve(false);
     if (usedAddress !== undefined && this.addresses.known(host)?.url === usedAddress) {
       this.addresses.forget(host.name);
       this.endPool(host.name);
@@ -687,7 +696,7 @@ export class ShardRouter {
         // Connecting failed, or the connection was lost where nothing can have committed.
         if (!isInDoubt(error) && isFailoverSymptom(error, readOnly)) {
           failoverDeadline ??= Date.now() + this.options.failoverTimeoutMs;
-          if (await this.recover(host, usedAddress, failoverDeadline)) continue;
+          if (await this.recover(host, usedAddress, failoverDeadline, error)) continue;
         }
         throw error;
       }
@@ -696,7 +705,7 @@ export class ShardRouter {
       // fn's statement failed because the host's primary went away: rolled back, run it again there.
       if (isFailoverSymptom(error, readOnly)) {
         failoverDeadline ??= Date.now() + this.options.failoverTimeoutMs;
-        if (await this.recover(host, usedAddress, failoverDeadline)) continue;
+        if (await this.recover(host, usedAddress, failoverDeadline, error)) continue;
         throw error;
       }
       const moved = shardMovedTo(error);

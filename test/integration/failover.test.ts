@@ -1,9 +1,12 @@
+import { readFileSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { connectHost, connectedAddress } from '../../src/fleet/connect.js';
 import { COMMIT_UNKNOWN } from '../../src/router/failover.js';
 import { ShardRouter } from '../../src/router/router.js';
-import { makeFleet } from '../helpers/fleet.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
+import { killedAfter } from '../helpers/faults.js';
+import type { HostTopology } from '../../src/fleet/topology.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { startReplicatedHost, type ReplicatedHost } from '../helpers/standby.js';
 
@@ -202,4 +205,125 @@ describe('ShardRouter: a call whose connection is lost', () => {
       await router.close();
     }
   });
+});
+
+describe('operators through a failover: status, map show, map set-address', () => {
+  const db = useTestDatabases(1);
+  let host: ReplicatedHost;
+
+  beforeAll(async () => {
+    host = await startReplicatedHost();
+    await withClient(host.primary.url, (c) =>
+      c.query('create database fleet').then(() => c.query('create database other')),
+    );
+    await host.caughtUp();
+  }, 120_000);
+
+  afterAll(async () => {
+    await host?.dispose();
+  });
+
+  it('shows the primary and its standbys, and after a failover records the new primary during an unfinished move, refusing a standby or another fleet', async () => {
+    const at = (port: number, database: string) => `postgres://postgres:${host.password}@127.0.0.1:${port}/${database}`;
+    const oldPrimary = at(host.primary.port, 'fleet');
+    const standby = at(host.standby.port, 'fleet');
+    const fleet = makeFleet({
+      urls: [db.urls[0]!, oldPrimary],
+      replicationUrls: [undefined, oldPrimary],
+      shards: 4,
+      schemaPrefix: 'op',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const other = makeFleet({
+      urls: [at(host.primary.port, 'other')],
+      shards: 1,
+      schemaPrefix: 'ot',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await other.config())).ok).toBe(true);
+    await host.caughtUp();
+
+    const before = JSON.parse((await runCli(['status', '--json', '-c', fleet.configFile])).stdout) as {
+      hosts: { host: string; topology: HostTopology | null }[];
+    };
+    const pg2 = before.hosts.find((h) => h.host === 'pg2')!;
+    expect(pg2.topology?.primary).toBe(`127.0.0.1:${host.primary.port}`);
+    expect(pg2.topology?.inRecovery).toBe(false);
+    expect(pg2.topology?.standbys).toHaveLength(1);
+    expect(pg2.topology?.standbys[0]).toMatchObject({ state: 'streaming', sync: 'async' });
+    const shown = await runCli(['map', 'show', '-c', fleet.configFile]);
+    expect(shown.stdout).toMatch(
+      new RegExp(
+        `pg2: .*\\n  primary at 127\\.0\\.0\\.1:${host.primary.port}; standbys: walreceiver at 127\\.0\\.0\\.1:\\d+ \\(streaming, async, lag`,
+      ),
+    );
+
+    // Refused before the failover: the standby is not a primary; a server of another fleet is not pg2.
+    const notPrimary = await runCli(['map', 'set-address', 'pg2', standby, '-c', fleet.configFile]);
+    expect(notPrimary.code).toBe(2);
+    expect(notPrimary.stderr).toContain('is a standby (in recovery), not read-write; nothing was changed');
+    expect(notPrimary.stderr).not.toContain(host.password);
+    const otherFleet = await runCli([
+      'map',
+      'set-address',
+      'pg2',
+      at(host.primary.port, 'other'),
+      '-c',
+      fleet.configFile,
+    ]);
+    expect(otherFleet.code).toBe(2);
+    expect(otherFleet.stderr).toMatch(
+      /the server there belongs to fleet [0-9a-f-]+, not [0-9a-f-]+ \(this file's hosts'\); nothing was changed/,
+    );
+    const wrongHost = await runCli(['map', 'set-address', 'pg2', db.urls[0]!, '-c', fleet.configFile]);
+    expect(wrongHost.code).toBe(2);
+    expect(wrongHost.stderr).toContain('the server there records itself as host pg1, not pg2');
+    const registry = () =>
+      withClient(
+        db.urls[0]!,
+        async (c) =>
+          (await c.query<{ address: string }>(`select address from shardctl.hosts where name = 'pg2'`)).rows[0]!
+            .address,
+      );
+    expect(await registry()).toBe(`postgres://127.0.0.1:${host.primary.port}/fleet`);
+
+    // An unfinished move onto pg2, then pg2 fails over.
+    await killedAfter(fleet, 0, 'synced');
+    await host.caughtUp();
+    host.stopPrimary('immediate');
+    host.promote();
+
+    const down = await runCli(['status', '-c', fleet.configFile]);
+    expect(down.code).toBe(1);
+    expect(down.stdout).toMatch(/pg2: UNREACHABLE/);
+    const set = await runCli(['map', 'set-address', 'pg2', standby, '-c', fleet.configFile]);
+    expect(set.code, set.stderr).toBe(0);
+    expect(set.stdout).toContain(
+      `pg2: primary at 127.0.0.1:${host.standby.port}; registry address postgres://127.0.0.1:${host.primary.port}/fleet → postgres://127.0.0.1:${host.standby.port}/fleet`,
+    );
+    expect(set.stdout).toContain('updated the registry of pg2, pg1');
+    expect(await registry()).toBe(`postgres://127.0.0.1:${host.standby.port}/fleet`);
+    const after = await runCli(['map', 'show', '-c', fleet.configFile]);
+    expect(after.stdout).toContain(
+      `the registry says postgres://127.0.0.1:${host.standby.port}/fleet, the file postgres://127.0.0.1:${host.primary.port}/fleet (after a failover: shardctl map set-address pg2)`,
+    );
+
+    // A router from the file written before the failover reaches pg2's new primary through the registry.
+    const router = await ShardRouter.open(fleet.configFile, { connectTimeoutMs: 2000 });
+    try {
+      const shard = await router.withShard(3, async (client, s) => {
+        await client.query(`insert into photos (user_id, image_url) values (3, 'x')`);
+        return s;
+      });
+      expect(shard).toBe(3);
+    } finally {
+      await router.close();
+    }
+
+    // The operator points the file at the new primary and undoes the move.
+    writeFileSync(fleet.configFile, readFileSync(fleet.configFile, 'utf8').replaceAll(oldPrimary, standby));
+    const abort = await runCli(['move-shard', '0', '--abort', '--yes', '-c', fleet.configFile]);
+    expect(abort.code, abort.stderr).toBe(0);
+  }, 120_000);
 });
