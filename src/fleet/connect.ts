@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
-import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
+import { confirmBackendPid, HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { serializeQueries } from '../pg/serial.js';
 import { libpqCompatible } from '../pg/tls.js';
@@ -140,15 +140,21 @@ export const CLIENT_CONNECTION_CHECK_INTERVAL = '1s';
  * 0, go without (the runner lock's wait covers the rest).
  */
 export async function checkClientConnection(client: pg.Client): Promise<void> {
+  // The same round trip confirms that the pid the server gave at connect time is this connection's
+  // server process (not a pooler's stand-in), so that the silence watchdog may take its absence
+  // from pg_stat_activity as a lost connection (silence.ts).
   await client
-    .query(
-      `SELECT set_config('client_connection_check_interval', '${CLIENT_CONNECTION_CHECK_INTERVAL}', false)
-        WHERE current_setting('server_version_num')::int >= 140000`,
+    .query<{ pid: number }>(
+      `SELECT pg_catalog.pg_backend_pid() AS pid, CASE WHEN current_setting('server_version_num')::int >= 140000
+          THEN set_config('client_connection_check_interval', '${CLIENT_CONNECTION_CHECK_INTERVAL}', false) END AS check_interval`,
     )
-    .catch((error: unknown) => {
-      // 22023: "must be set to 0 on this platform"; anything else is a real failure.
-      if ((error as { code?: unknown }).code !== '22023') throw error;
-    });
+    .then(
+      ({ rows }) => confirmBackendPid(client, rows[0]!.pid),
+      (error: unknown) => {
+        // 22023: "must be set to 0 on this platform"; anything else is a real failure.
+        if ((error as { code?: unknown }).code !== '22023') throw error;
+      },
+    );
 }
 
 const startupSettings = new WeakMap<pg.Client, ReadonlyMap<string, string>>();

@@ -62,7 +62,10 @@ export function isConnectionLoss(error: unknown): boolean {
 
 /** The host itself could not be reached, or stopped answering (not one connection lost). */
 export function isHostDown(error: unknown): boolean {
-  return error instanceof HostError && (error.code === HOST_SILENT || error.code === 'HOST_UNREACHABLE');
+  if (!(error instanceof HostError)) return false;
+  // The watchdog found one connection lost on a host that answers (silence.ts): try a new one.
+  if (error.code === HOST_SILENT) return error.data?.['connectionLost'] !== true;
+  return error.code === 'HOST_UNREACHABLE';
 }
 
 /**
