@@ -17,7 +17,7 @@ import {
   timeBits,
   type IdLayout,
 } from '../id/layout.js';
-import { parsePostgresUrl } from '../pg/multihost.js';
+import { forServerLibpq, parsePostgresUrl } from '../pg/multihost.js';
 import { redactUrl } from '../pg/redact.js';
 import { durationMs } from './duration.js';
 import { expandEnv, type Env } from './env.js';
@@ -294,7 +294,7 @@ function readHosts(
     name: host.name!,
     url: host.url!,
     directUrl: host.directUrl ?? host.url!,
-    replicationUrl: host.replicationUrl ?? host.directUrl ?? host.url!,
+    replicationUrl: forServerLibpq(host.replicationUrl ?? host.directUrl ?? host.url!),
     shardsSpec: host.shardsSpec!,
     shards: host.shards!,
     weight: host.weight!,

@@ -75,6 +75,16 @@ export function connectedAddress(client: pg.Client): string | undefined {
 }
 const addresses = new WeakMap<pg.Client, string>();
 
+/**
+ * The host's URL narrowed to the one address `client` (of connectHost) went to: for a second
+ * connection that must reach the same server (a move's replication connection), since node-postgres
+ * cannot read a URL of several addresses. The host's URL itself when it has one address.
+ */
+export function connectedUrl(host: HostConfig, client: pg.Client): string {
+  return connectedUrls.get(client) ?? host.url;
+}
+const connectedUrls = new WeakMap<pg.Client, string>();
+
 /** One address of the host (`url` has a single one); errors as node-postgres throws them. */
 async function connectAddress(host: HostConfig, url: string, options: ConnectOptions): Promise<pg.Client> {
   const client = new pg.Client({
@@ -95,6 +105,7 @@ async function connectAddress(host: HostConfig, url: string, options: ConnectOpt
   });
   const single = parsePostgresUrl(url, `host ${host.name} url`).addresses[0]!;
   addresses.set(client, addressLabel(single));
+  connectedUrls.set(client, url);
   try {
     await untilAborted(client, options.signal, async () => {
       await client.connect();

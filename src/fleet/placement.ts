@@ -4,7 +4,13 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { failureReason, HostError, StaleMapError } from '../errors.js';
 import { registerUrlSecret } from '../pg/redact.js';
-import { formatPostgresUrl, isMultiHostUrl, parsePostgresUrl, type PostgresUrl } from '../pg/multihost.js';
+import {
+  forServerLibpq,
+  formatPostgresUrl,
+  isMultiHostUrl,
+  parsePostgresUrl,
+  type PostgresUrl,
+} from '../pg/multihost.js';
 import { parseNumberList, simpleQuery } from './catalog.js';
 import { describePgError, withHost } from './connect.js';
 import { quoteLiteral } from '../pg/quote.js';
@@ -702,7 +708,7 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
         // A host of the placement that no registry reached: its calls fail naming it.
         url: url ?? `postgres://unknown-address-of-${name}/`,
         directUrl: fromFile?.directUrl ?? url ?? `postgres://unknown-address-of-${name}/`,
-        replicationUrl: fromFile?.replicationUrl ?? fromFile?.directUrl ?? url ?? '',
+        replicationUrl: fromFile?.replicationUrl ?? forServerLibpq(fromFile?.directUrl ?? url ?? ''),
         shardsSpec: '',
         shards: byHost.get(name)!,
         weight: fromFile?.weight ?? 1,

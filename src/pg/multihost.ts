@@ -232,3 +232,22 @@ export async function connectFirstMatching<C>(
 export function attrsFor(url: PostgresUrl): TargetSessionAttrs {
   return url.targetSessionAttrs ?? (url.addresses.length > 1 ? DEFAULT_MULTI_HOST_ATTRS : 'any');
 }
+
+/**
+ * A URL for the server's own libpq (a subscription's connection): libpq's default for several
+ * addresses is `any`, which would take a standby listed first, where a logical replication slot
+ * cannot be used; a URL of several addresses that does not say gets target_session_attrs=read-write,
+ * as shardctl's own connections do. Any other URL is returned as written.
+ */
+export function forServerLibpq(url: string): string {
+  if (!isMultiHostUrl(url)) return url;
+  let parsed: PostgresUrl;
+  try {
+    parsed = parsePostgresUrl(url);
+  } catch {
+    return url;
+  }
+  return parsed.targetSessionAttrs
+    ? url
+    : formatPostgresUrl({ ...parsed, targetSessionAttrs: DEFAULT_MULTI_HOST_ATTRS });
+}

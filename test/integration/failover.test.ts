@@ -1,6 +1,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { moveShard } from '../../src/commands/move-shard.js';
 import { connectHost, connectedAddress } from '../../src/fleet/connect.js';
 import { COMMIT_UNKNOWN } from '../../src/router/failover.js';
 import { ShardRouter } from '../../src/router/router.js';
@@ -158,6 +159,45 @@ describe('a host with a streaming standby (PostgreSQL 15, pg_basebackup -R)', ()
       await fromFile.close();
       await fromSeed.close();
     }
+  }, 60_000);
+});
+
+describe('a move from a host whose url lists its standby first', () => {
+  const db = useTestDatabases(1);
+  let host: ReplicatedHost;
+
+  beforeAll(async () => {
+    host = await startReplicatedHost();
+    await withClient(host.primary.url, (c) => c.query('create database mv'));
+    await host.caughtUp();
+  }, 120_000);
+
+  afterAll(async () => {
+    await host?.dispose();
+  });
+
+  it('copies from the primary (its replication connection goes to the address the session went to)', async () => {
+    const url = `postgres://postgres:${host.password}@127.0.0.1:${host.standby.port},127.0.0.1:${host.primary.port}/mv`;
+    const fleet = makeFleet({
+      urls: [url, db.urls[0]!],
+      // Written as the url: without target_session_attrs, the subscription's libpq would take the standby.
+      replicationUrls: [url, undefined],
+      shards: 2,
+      split: ['0-1', ''],
+      schemaPrefix: 'mv',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(host.primary.url.replace(/\/postgres$/, '/mv'), (c) =>
+      c.query(`insert into mv0.photos (user_id, image_url) select g, 'x' from generate_series(1, 500) g`),
+    );
+    const result = await moveShard(await fleet.config(), 0, 'pg2', { configFile: fleet.configFile });
+    expect(result.outcome).toBe('moved');
+    const moved = await withClient(
+      db.urls[0]!,
+      async (c) => (await c.query<{ n: string }>('select count(*) as n from mv0.photos')).rows[0]!.n,
+    );
+    expect(moved).toBe('500');
   }, 60_000);
 });
 
