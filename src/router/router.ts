@@ -696,7 +696,9 @@ export class ShardRouter {
         // Connecting failed, or the connection was lost where nothing can have committed.
         if (!isInDoubt(error) && isFailoverSymptom(error, readOnly)) {
           failoverDeadline ??= Date.now() + this.options.failoverTimeoutMs;
-          if (await this.recover(host, usedAddress, failoverDeadline, error)) continue;
+          // Bounded even when each search finds an address at once and the call fails there again.
+          if (Date.now() < failoverDeadline && (await this.recover(host, usedAddress, failoverDeadline, error)))
+            continue;
         }
         throw error;
       }
@@ -705,7 +707,7 @@ export class ShardRouter {
       // fn's statement failed because the host's primary went away: rolled back, run it again there.
       if (isFailoverSymptom(error, readOnly)) {
         failoverDeadline ??= Date.now() + this.options.failoverTimeoutMs;
-        if (await this.recover(host, usedAddress, failoverDeadline, error)) continue;
+        if (Date.now() < failoverDeadline && (await this.recover(host, usedAddress, failoverDeadline, error))) continue;
         throw error;
       }
       const moved = shardMovedTo(error);

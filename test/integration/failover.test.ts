@@ -367,3 +367,28 @@ describe('operators through a failover: status, map show, map set-address', () =
     expect(abort.code, abort.stderr).toBe(0);
   }, 120_000);
 });
+
+describe('ShardRouter: a call that loses its connection every time', () => {
+  const db = useTestDatabases(1);
+
+  it("gives up after failoverTimeoutMs when every run loses its connection, with the server's error", async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 1, schemaPrefix: 'gu', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { failoverTimeoutMs: 3000 });
+    try {
+      let runs = 0;
+      const started = Date.now();
+      const error = await router
+        .withShard(0, async (client) => {
+          runs += 1;
+          await client.query('select pg_terminate_backend(pg_backend_pid())');
+        })
+        .catch((e: unknown) => e);
+      expect((error as { code?: string }).code).toBe('57P01');
+      expect(runs).toBeGreaterThan(1);
+      expect(Date.now() - started).toBeLessThan(3000 + 2000);
+    } finally {
+      await router.close();
+    }
+  });
+});
