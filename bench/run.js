@@ -15,6 +15,7 @@ import * as bulkInsert from './bulk-insert.js';
 import * as connectionCost from './connection-cost.js';
 import * as discovery from './discovery.js';
 import * as feed from './feed.js';
+import * as failover from './failover.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
 import {
@@ -55,6 +56,7 @@ const BENCHMARKS = {
   'router-stall': routerStall,
   discovery,
   feed,
+  failover,
 };
 
 /**
@@ -77,6 +79,8 @@ const DEFAULT_MAJORS = {
   'move-batch': ['15', EMBEDDED_MAJOR],
   discovery: [EMBEDDED_MAJOR],
   feed: [EMBEDDED_MAJOR],
+  // pg_basebackup: only the Debian binaries have it.
+  failover: ['15'],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -113,6 +117,7 @@ const REFERENCE_SCALE = {
   'stall-rounds': 3,
   'stall-seconds': 15,
   'feed-pages': 50,
+  'failover-runs': 5,
 };
 
 /** connection-cost: the shard counts one connection touches, one fleet each (--conn-shards 64,512). */
@@ -159,6 +164,7 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --stall-rounds N      router-stall: rounds of each side, quiet and loaded (${REFERENCE_SCALE['stall-rounds']})
   --stall-seconds N     router-stall: length of one side's round  (${REFERENCE_SCALE['stall-seconds']})
   --feed-pages N         feed: pages timed each side and scenario    (${REFERENCE_SCALE['feed-pages']})
+  --failover-runs N     failover: failovers, each of a fresh primary and standby (${REFERENCE_SCALE['failover-runs']})
   --conn-shards LIST    connection-cost: shards touched, one fleet each (${CONN_SHARDS.join(',')})
 
 other options:

@@ -67,7 +67,14 @@ export {
   type UnfinishedMove,
 } from './commands/rebalance.js';
 export { decodeIds, type DecodedIdInfo } from './commands/decode.js';
-export { mapPull, mapShow, type MapPullResult, type MapShowResult } from './commands/map.js';
+export {
+  mapPull,
+  mapSetAddress,
+  mapShow,
+  type MapPullResult,
+  type MapSetAddressResult,
+  type MapShowResult,
+} from './commands/map.js';
 export {
   currentMap,
   discoverFleet,
@@ -142,5 +149,8 @@ export {
   type PageOrder,
 } from './router/pages.js';
 export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
+export { COMMIT_UNKNOWN, CommitUnknownError } from './router/failover.js';
+export { describeStandby, type HostTopology, type StandbyStatus } from './fleet/topology.js';
+export { parsePostgresUrl, TARGET_SESSION_ATTRS, type PostgresUrl, type TargetSessionAttrs } from './pg/multihost.js';
 export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './commands/exec.js';
 export { psqlInvocation, findPsql, type PsqlInvocation } from './commands/psql.js';

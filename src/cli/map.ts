@@ -30,12 +30,59 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
         out.line(
           `${h.name}: ${h.count === 0 ? 'no shards' : `${h.count} shards: ${h.shards}`}${h.address ? ` — ${h.address}` : ''}${h.answered ? '' : ' (not read)'}`,
         );
+        if (h.topology) {
+          const t = h.topology;
+          out.line(
+            `  ${t.inRecovery ? 'a STANDBY (in recovery)' : 'primary'}${t.primary ? ` at ${t.primary}` : ''}; ` +
+              (t.standbys.length === 0
+                ? 'no standbys streaming from it'
+                : `standbys: ${t.standbys.map((s) => lib().describeStandby(s)).join('; ')}`),
+          );
+        }
+        if (h.fileAddress)
+          out.line(
+            `  the registry says ${h.address}, the file ${h.fileAddress} (after a failover: shardctl map set-address ${h.name})`,
+          );
       }
       for (const u of result.unreachable) out.line(`${u.name}: UNREACHABLE: ${u.reason}`);
       for (const d of result.disagreements) out.line(`the file disagrees: ${d}`);
       if (result.disagreements.length > 0) out.line('update the file: shardctl map pull');
       for (const p of result.problems) out.line(`PROBLEM: ${p}`);
     }
+    done(code);
+  });
+
+  const setAddress = map
+    .command('set-address')
+    .argument('<host>', 'the host whose address changed (a failover)')
+    .argument('[url]', "its new address; default: the host's url in the config file (which may list several)")
+    .description(
+      "record a host's address in every host's registry after a failover (routers from seeds, or from an older config, follow it); refused unless the server there is that host's primary, of this fleet",
+    );
+  configOption(setAddress);
+  dryRunOption(setAddress, 'check the address, change nothing');
+  jsonOption(setAddress, 'print JSON');
+  setAddress.action(async (host: string, url: string | undefined, flags: CommonFlags) => {
+    const { mapSetAddress } = lib();
+    const out = new Output(ctx.streams, flags.json ?? false);
+    const config = await loadCliConfig(ctx, flags, out, { checkMigrationsDir: false });
+    const result = await mapSetAddress(config, host, {
+      ...(url !== undefined ? { url } : {}),
+      dryRun: flags.dryRun ?? false,
+    });
+    const code = result.unreachable.length > 0 ? 1 : 0;
+    if (out.json) out.data({ ...result, exitCode: code });
+    else {
+      out.line(
+        `${result.host}: primary at ${result.primary ?? '?'}; registry address ${result.previous ?? '(none)'} → ${result.address}`,
+      );
+      if (!result.dryRun) out.line(`updated the registry of ${result.updated.join(', ')}`);
+      for (const u of result.unreachable)
+        out.line(`${u.name}: UNREACHABLE, its registry not updated (run again): ${u.reason}`);
+    }
+    out.info(
+      `map set-address: ${result.dryRun ? 'checked, nothing changed (dry run)' : code === 0 ? 'done' : 'some hosts were not updated'}`,
+    );
     done(code);
   });
 

@@ -51,6 +51,15 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           `${h.host}: ${h.ok ? 'ok' : 'NOT OK'} — PostgreSQL ${h.serverVersion}; ${h.expected} expected, ${h.present} present, ` +
             `${h.missing.length} missing, ${h.unexpected.length} not mapped here; migration level ${levels || 'none'} of ${result.latestVersion}`,
         );
+        if (h.topology) {
+          const t = h.topology;
+          out.line(
+            `  ${t.inRecovery ? 'a STANDBY (in recovery)' : 'primary'}${t.primary ? ` at ${t.primary}` : ''}; ` +
+              (t.standbys.length === 0
+                ? 'no standbys streaming from it'
+                : `standbys: ${t.standbys.map((s) => lib().describeStandby(s)).join('; ')}`),
+          );
+        }
         if (h.missing.length) out.line(`  missing: ${formatShardList(h.missing)}`);
         if (h.unexpected.length) out.line(`  present but mapped to another host: ${formatShardList(h.unexpected)}`);
         if (h.fenced.length) out.line(`  fenced old copies (moved away, waiting for gc): ${formatShardList(h.fenced)}`);
@@ -89,7 +98,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           );
         for (const m of h.registryMismatches)
           out.line(
-            `  registry: host ${m.name} at ${m.registry}, the file says ${m.file} (a failover, or an edited registry: check it, then run shardctl init)`,
+            `  registry: host ${m.name} at ${m.registry}, the file says ${m.file} (a failover, or an edited registry: check it, then run shardctl map set-address ${m.name})`,
           );
       }
     }

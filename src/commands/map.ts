@@ -1,13 +1,19 @@
 import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
-import type { ShardctlConfig } from '../config/types.js';
-import { UsageError } from '../errors.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { failureReason, UsageError } from '../errors.js';
+import { describePgError, withHost } from '../fleet/connect.js';
+import { CONTROL } from '../fleet/control.js';
 import {
   describeDisagreements,
   discoverFromConfig,
+  hostAddress,
   mapDisagreements,
   type FleetPlacement,
 } from '../fleet/placement.js';
+import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology.js';
+import { formatPostgresUrl, parsePostgresUrl } from '../pg/multihost.js';
+import { redactUrl } from '../pg/redact.js';
 import { inflect } from '../text.js';
 
 /**
@@ -20,7 +26,17 @@ export interface MapShowResult {
   readonly fleetId: string | null;
   /** Decimal string. */
   readonly placementVersion: string;
-  readonly hosts: readonly { name: string; address: string | null; shards: string; count: number; answered: boolean }[];
+  readonly hosts: readonly {
+    name: string;
+    address: string | null;
+    shards: string;
+    count: number;
+    answered: boolean;
+    /** The file's hosts: the address reached (its primary) and the standbys streaming from it. */
+    topology: HostTopology | null;
+    /** The registry's address differs from the file's url (user and password aside); null when it agrees or one is missing. */
+    fileAddress: string | null;
+  }[];
   readonly unreachable: readonly { name: string; reason: string }[];
   /** Where the file disagrees with the fleet, one line each (empty when it agrees). */
   readonly disagreements: readonly string[];
@@ -36,6 +52,16 @@ export async function mapShow(config: ShardctlConfig): Promise<MapShowResult> {
     else byHost.set(host, [shard]);
   }
   const names = [...new Set([...placement.hosts.keys(), ...byHost.keys()])].sort();
+  const topologies = new Map(
+    await Promise.all(
+      config.hosts
+        .filter((h) => placement.answered.includes(h.name))
+        .map(
+          async (h) =>
+            [h.name, await withHost(h, readTopology, { applicationName: 'shardctl map' }).catch(() => null)] as const,
+        ),
+    ),
+  );
   return {
     fleetId: placement.fleetId,
     placementVersion: placement.version.toString(),
@@ -45,6 +71,8 @@ export async function mapShow(config: ShardctlConfig): Promise<MapShowResult> {
       shards: formatShardList(byHost.get(name) ?? []),
       count: byHost.get(name)?.length ?? 0,
       answered: placement.answered.includes(name),
+      topology: topologies.get(name) ?? null,
+      fileAddress: fileAddressIfDifferent(config, name, placement.hosts.get(name)),
     })),
     unreachable,
     disagreements: describeDisagreements(mapDisagreements(config, placement, placement.moving)),
@@ -113,8 +141,131 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
   };
 }
 
-async function readFleet(
+function fileAddressIfDifferent(config: ShardctlConfig, name: string, registry: string | undefined): string | null {
+  const listed = config.hosts.find((h) => h.name === name);
+  const file = listed ? hostAddress(listed.url) : null;
+  return registry !== undefined && file !== null && file !== registry ? file : null;
+}
+
+export interface MapSetAddressResult {
+  readonly host: string;
+  /** The address recorded (no credentials). */
+  readonly address: string;
+  /** The address the registry had before (from the hosts that answered), if any. */
+  readonly previous: string | null;
+  /** The address connected to and checked: the host's primary. */
+  readonly primary: string | null;
+  /** Hosts whose registry now says `address`. */
+  readonly updated: readonly string[];
+  /** Hosts that could not be read (their registry still says the old address: run again later). */
+  readonly unreachable: readonly { name: string; reason: string }[];
+  readonly dryRun: boolean;
+}
+
+/**
+ * After a failover: records `url` (default: the host's url in the file, which may list several
+ * addresses) as the address of `hostName` in the registry of every host that answers, so routers
+ * opened from seeds, or from a file written before the failover, find the new primary. Refused
+ * (exit 2, nothing written) when the server reached is not a primary (in recovery), or its control
+ * schema says it is another host or belongs to another fleet than the file's hosts. Runs during an
+ * unfinished move: only the registry changes, not the placement.
+ */
+export async function mapSetAddress(
   config: ShardctlConfig,
-): Promise<{ placement: FleetPlacement; unreachable: readonly { name: string; reason: string }[] }> {
-  return discoverFromConfig(config, { applicationName: 'shardctl map' });
+  hostName: string,
+  options: { url?: string; dryRun?: boolean } = {},
+): Promise<MapSetAddressResult> {
+  const listed = config.hosts.find((h) => h.name === hostName);
+  const { placement, unreachable, registryUrls } = await readFleet(config);
+  const known = listed ?? (placement.hosts.has(hostName) ? undefined : null);
+  if (known === null)
+    throw new UsageError(`is not a host of the file or of the fleet's registry`, { input: 'host', value: hostName });
+  const url = options.url ?? listed?.url ?? registryUrls?.get(hostName);
+  if (url === undefined) throw new UsageError(`the file does not list ${hostName}: give its address`, { input: 'url' });
+  parsePostgresUrl(url, options.url !== undefined ? 'url' : `hosts ${hostName} url`);
+  const address = hostAddress(url);
+  if (address === null) throw new UsageError('is not a postgres:// URL', { input: 'url', value: redactUrl(url) });
+  const target: HostConfig = {
+    ...(listed ?? { ...config.hosts[0]!, shards: [], shardsSpec: '', weight: 1, drain: false }),
+    name: hostName,
+    // Held to read-write, whatever the URL asks: a registry address is where the writes go.
+    url: withReadWrite(url),
+  };
+  const checked = await withHost(
+    target,
+    async (client) => ({ fleet: await readFleetRow(client), topology: await readTopology(client) }),
+    { applicationName: 'shardctl map' },
+  ).catch((error: unknown) => {
+    throw new UsageError(
+      `cannot reach a primary there: ${failureReason(error, describePgError)}; nothing was changed`,
+      {
+        input: 'url',
+        value: redactUrl(url),
+      },
+    );
+  });
+  const fleetId = placement.fleetId;
+  const refuse = (why: string): never => {
+    throw new UsageError(`${why}; nothing was changed`, {
+      input: 'url',
+      value: redactUrl(url),
+      data: { host: hostName, fleetId },
+    });
+  };
+  if (checked.topology.inRecovery)
+    refuse(
+      `the server at ${checked.topology.primary ?? 'that address'} is a standby (in recovery), not the primary of ${hostName}`,
+    );
+  if (!checked.fleet) refuse(`the server there has no shardctl fleet record (not initialised): it is not ${hostName}`);
+  if (fleetId !== null && checked.fleet!.fleetId !== fleetId)
+    refuse(`the server there belongs to fleet ${checked.fleet!.fleetId}, not ${fleetId} (this file's hosts')`);
+  if (checked.fleet!.hostName !== hostName)
+    refuse(`the server there records itself as host ${checked.fleet!.hostName}, not ${hostName}`);
+  const previous = placement.hosts.get(hostName) ?? null;
+  const writeTo = [target, ...config.hosts.filter((h) => h.name !== hostName && placement.answered.includes(h.name))];
+  const updated: string[] = [];
+  if (!options.dryRun) {
+    const results = await Promise.allSettled(
+      writeTo.map((h) =>
+        withHost(
+          h,
+          (client) =>
+            client.query(
+              `INSERT INTO ${CONTROL}.hosts (name, address) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET address = EXCLUDED.address`,
+              [hostName, address],
+            ),
+          { applicationName: 'shardctl map' },
+        ),
+      ),
+    );
+    results.forEach((r, i) => {
+      if (r.status === 'fulfilled') updated.push(writeTo[i]!.name);
+      else unreachable.push({ name: writeTo[i]!.name, reason: failureReason(r.reason, describePgError) });
+    });
+  }
+  return {
+    host: hostName,
+    address,
+    previous,
+    primary: checked.topology.primary,
+    updated,
+    unreachable: unreachable.filter((u) => !updated.includes(u.name)),
+    dryRun: options.dryRun ?? false,
+  };
+}
+
+/** The URL with target_session_attrs=read-write unless it asks for primary (same thing here) already. */
+function withReadWrite(url: string): string {
+  const parsed = parsePostgresUrl(url);
+  if (parsed.targetSessionAttrs === 'read-write' || parsed.targetSessionAttrs === 'primary') return url;
+  return formatPostgresUrl({ ...parsed, targetSessionAttrs: 'read-write' });
+}
+
+async function readFleet(config: ShardctlConfig): Promise<{
+  placement: FleetPlacement;
+  unreachable: { name: string; reason: string }[];
+  registryUrls: ReadonlyMap<string, string> | undefined;
+}> {
+  const found = await discoverFromConfig(config, { applicationName: 'shardctl map' });
+  return { placement: found.placement, unreachable: [...found.unreachable], registryUrls: found.registryUrls };
 }

@@ -2,6 +2,7 @@ import { existsSync, statSync } from 'node:fs';
 import path from 'node:path';
 import type { Env } from '../config/env.js';
 import { hostForShard, shardSchemaName, type ShardctlConfig } from '../config/types.js';
+import { formatPostgresUrl, parsePostgresUrl } from '../pg/multihost.js';
 import { quoteIdent } from '../pg/quote.js';
 import { redact, registerUrlSecret } from '../pg/redact.js';
 
@@ -28,15 +29,24 @@ export function psqlInvocation(config: ShardctlConfig, shard: number, env: Env =
   if (!host) throw new RangeError(`shard ${shard} is not in the map (0-${config.shards - 1})`);
   registerUrlSecret(host.url);
   const schema = shardSchemaName(config, shard);
-  const url = new URL(host.url);
-  let password = url.password ? decodeURIComponent(url.password) : undefined;
-  url.password = '';
+  // psql (libpq) reads a URL of several addresses itself; only the password is taken out of it.
+  const parsed = parsePostgresUrl(host.url, `host ${host.name} url`);
+  const userinfo = parsed.userinfo ?? '';
+  const colon = userinfo.indexOf(':');
+  let password = colon >= 0 ? decodeURIComponent(userinfo.slice(colon + 1)) || undefined : undefined;
+  const params = new URLSearchParams(parsed.query.slice(1));
   // libpq also reads a password from the query string (?password=…): move it too.
-  const queryPassword = url.searchParams.get('password');
+  const queryPassword = params.get('password');
   if (queryPassword !== null) {
     password ??= queryPassword;
-    url.searchParams.delete('password');
+    params.delete('password');
   }
+  const query = params.toString();
+  const url = formatPostgresUrl({
+    ...parsed,
+    userinfo: colon >= 0 ? userinfo.slice(0, colon) : parsed.userinfo,
+    query: query ? `?${query}` : '',
+  });
   const schemaOption = `-c search_path=${quoteIdent(schema)}`;
   const pgOptions = env['PGOPTIONS'] ? `${env['PGOPTIONS']} ${schemaOption}` : schemaOption;
   const childEnv: Record<string, string> = {};
@@ -47,7 +57,7 @@ export function psqlInvocation(config: ShardctlConfig, shard: number, env: Env =
     shard,
     host: host.name,
     schema,
-    args: [url.toString()],
+    args: [url],
     env: childEnv,
     display: { url: redact(host.url), pgOptions },
   };

@@ -7,6 +7,7 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
+import { readTopology, type HostTopology } from '../fleet/topology.js';
 import { abortingMoveIds } from '../fleet/control.js';
 import {
   mapDisagreements,
@@ -73,6 +74,11 @@ export interface HostStatus {
    * such a role could redirect routers opened from seeds (the registry) or corrupt the placement.
    */
   readonly controlWriters: readonly { readonly table: string; readonly role: string }[];
+  /**
+   * The address reached (the primary, for a url of several addresses) and the standbys streaming
+   * from it (pg_stat_replication) with their lag; null for a host that could not be read.
+   */
+  readonly topology: HostTopology | null;
   /** Hosts whose address in this host's registry differs from the file's url (user and password aside). */
   readonly registryMismatches: readonly { readonly name: string; readonly registry: string; readonly file: string }[];
   readonly ok: boolean;
@@ -143,7 +149,8 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             const found = hostStatus(config, snapshot, migrations, cached, leftovers);
             const byHand = snapshot.layout === null ? [] : await handMadeDrift(session.client, host.name, config);
             const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
-            const result = { ...drifted, controlWriters, registryMismatches };
+            const topology = await readTopology(session.client);
+            const result = { ...drifted, controlWriters, registryMismatches, topology };
             const trusted = controlWriters.length === 0 && registryMismatches.length === 0;
             const checked = trusted ? result : { ...result, ok: false };
             return sequences.length === 0 ? checked : { ...checked, sequenceProblems: sequences, ok: false };
@@ -200,7 +207,7 @@ function hostStatus(
   migrations: readonly MigrationFile[],
   cached: readonly string[],
   leftovers: readonly string[],
-): Omit<HostStatus, 'controlWriters' | 'registryMismatches'> {
+): Omit<HostStatus, 'controlWriters' | 'registryMismatches' | 'topology'> {
   const host = snapshot.host;
   const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map(
     (p) => p.message,
@@ -317,6 +324,7 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     leftovers: [],
     controlWriters: [],
     registryMismatches: [],
+    topology: null,
     ok: false,
   };
 }

@@ -50,7 +50,11 @@ export const hostSchema = z.strictObject({
     ),
   url: z
     .string({ error: URL_EXPECTED })
-    .check(z.describe('postgres:// connection URL; ${VAR} and ${VAR:-default} are read from the environment.')),
+    .check(
+      z.describe(
+        'postgres:// connection URL, or several addresses in libpq syntax (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write) for a primary and its standbys; ${VAR} and ${VAR:-default} are read from the environment.',
+      ),
+    ),
   directUrl: z.optional(
     z
       .string({ error: URL_EXPECTED })

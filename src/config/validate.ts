@@ -7,7 +7,7 @@
 import { statSync } from 'node:fs';
 import path from 'node:path';
 import type * as z from 'zod/mini';
-import type { ConfigIssue } from '../errors.js';
+import { UsageError, type ConfigIssue } from '../errors.js';
 import {
   DEFAULT_ID_LAYOUT,
   describeLayout,
@@ -17,6 +17,7 @@ import {
   timeBits,
   type IdLayout,
 } from '../id/layout.js';
+import { forServerLibpq, parsePostgresUrl } from '../pg/multihost.js';
 import { redactUrl } from '../pg/redact.js';
 import { durationMs } from './duration.js';
 import { expandEnv, type Env } from './env.js';
@@ -293,7 +294,7 @@ function readHosts(
     name: host.name!,
     url: host.url!,
     directUrl: host.directUrl ?? host.url!,
-    replicationUrl: host.replicationUrl ?? host.directUrl ?? host.url!,
+    replicationUrl: forServerLibpq(host.replicationUrl ?? host.directUrl ?? host.url!),
     shardsSpec: host.shardsSpec!,
     shards: host.shards!,
     weight: host.weight!,
@@ -351,15 +352,12 @@ function readUrl(raw: string, at: string, env: Env, issues: ConfigIssue[]): stri
 }
 
 function postgresUrlProblem(url: string): string | undefined {
-  const quoted = JSON.stringify(redactUrl(url));
-  let parsed: URL;
   try {
-    parsed = new URL(url);
-  } catch {
-    return `${quoted} is not a valid URL (expected postgres://user@host:5432/database)`;
-  }
-  if (parsed.protocol !== 'postgres:' && parsed.protocol !== 'postgresql:') {
-    return `${quoted} is not a postgres:// or postgresql:// URL`;
+    // One address or several (libpq's multi-host syntax, src/pg/multihost.ts).
+    parsePostgresUrl(url);
+  } catch (error) {
+    if (error instanceof UsageError) return `${JSON.stringify(redactUrl(url))} ${error.reason}`;
+    throw error;
   }
   return undefined;
 }

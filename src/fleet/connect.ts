@@ -2,10 +2,19 @@ import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
-import { HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
+import { confirmBackendPid, HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { serializeQueries } from '../pg/serial.js';
 import { libpqCompatible } from '../pg/tls.js';
+import {
+  addressLabel,
+  attrsFor,
+  connectFirstMatching,
+  parsePostgresUrl,
+  SESSION_STATE_SQL,
+  type PostgresUrl,
+  type SessionState,
+} from '../pg/multihost.js';
 
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
@@ -22,8 +31,64 @@ export interface ConnectOptions {
 export async function connectHost(host: HostConfig, options: ConnectOptions = {}): Promise<pg.Client> {
   registerUrlSecret(host.url);
   registerSecret(process.env['PGPASSWORD']);
+  const parsed = parsedHostUrl(host);
+  const attrs = attrsFor(parsed);
+  try {
+    // One address and nothing asked of it: connected to as it is, unchecked (libpq's "any").
+    if (parsed.addresses.length === 1 && attrs === 'any') return await connectAddress(host, host.url, options);
+    const { client } = await connectFirstMatching(parsed, attrs, {
+      open: (single) => connectAddress(host, single, options),
+      stateOf: (client: pg.Client) => sessionState(client),
+      close: (client: pg.Client) => endQuietly(client),
+      describe: describePgError,
+    });
+    return client;
+  } catch (error) {
+    if (error instanceof HostError && error.code === HOST_SILENT) throw error;
+    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
+      code: 'HOST_UNREACHABLE',
+      cause: error,
+    });
+  }
+}
+
+/** The host's URL parsed (cached per URL: a config's URLs were checked when it was loaded). */
+export function parsedHostUrl(host: Pick<HostConfig, 'name' | 'url'>): PostgresUrl {
+  let parsed = parsedUrls.get(host.url);
+  if (!parsed) {
+    parsed = parsePostgresUrl(host.url, `host ${host.name} url`);
+    parsedUrls.set(host.url, parsed);
+  }
+  return parsed;
+}
+const parsedUrls = new Map<string, PostgresUrl>();
+
+/** Whether the session is a standby, and whether it is read-only (target_session_attrs). */
+export async function sessionState(client: pg.Client | pg.PoolClient): Promise<SessionState> {
+  const { rows } = await client.query<{ in_recovery: boolean; read_only: boolean }>(SESSION_STATE_SQL);
+  return { inRecovery: rows[0]!.in_recovery, readOnly: rows[0]!.read_only };
+}
+
+/** The address (host:port) a client of connectHost is connected to. */
+export function connectedAddress(client: pg.Client): string | undefined {
+  return addresses.get(client);
+}
+const addresses = new WeakMap<pg.Client, string>();
+
+/**
+ * The host's URL narrowed to the one address `client` (of connectHost) went to: for a second
+ * connection that must reach the same server (a move's replication connection), since node-postgres
+ * cannot read a URL of several addresses. The host's URL itself when it has one address.
+ */
+export function connectedUrl(host: HostConfig, client: pg.Client): string {
+  return connectedUrls.get(client) ?? host.url;
+}
+const connectedUrls = new WeakMap<pg.Client, string>();
+
+/** One address of the host (`url` has a single one); errors as node-postgres throws them. */
+async function connectAddress(host: HostConfig, url: string, options: ConnectOptions): Promise<pg.Client> {
   const client = new pg.Client({
-    connectionString: libpqCompatible(host.url),
+    connectionString: libpqCompatible(url),
     application_name: options.applicationName ?? 'shardctl',
     ...hostClientSettings(host),
   });
@@ -38,18 +103,19 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   client.connection.on('parameterStatus', (message: { parameterName: string; parameterValue: string }) => {
     reported.set(message.parameterName, message.parameterValue);
   });
+  const single = parsePostgresUrl(url, `host ${host.name} url`).addresses[0]!;
+  addresses.set(client, addressLabel(single));
+  connectedUrls.set(client, url);
   try {
     await untilAborted(client, options.signal, async () => {
       await client.connect();
-      watchSilence(client, host);
+      // The silence watchdog probes the address this connection went to, not the host's first.
+      watchSilence(client, url === host.url ? host : { ...host, url });
+      await confirmServerPid(client);
     });
   } catch (error) {
     await endQuietly(client);
-    if (error instanceof HostError && error.code === HOST_SILENT) throw error;
-    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
-      code: 'HOST_UNREACHABLE',
-      cause: error,
-    });
+    throw error;
   }
   return client;
 }
@@ -88,15 +154,31 @@ export const CLIENT_CONNECTION_CHECK_INTERVAL = '1s';
  * for themselves (WORKER_TRANSACTION_SQL), a move's workers as they are put to work (ASYNC_COMMIT_SQL).
  */
 export async function checkClientConnection(client: pg.Client): Promise<void> {
+  // The same round trip confirms that the pid the server gave at connect time is this connection's
+  // server process (not a pooler's stand-in), so that the silence watchdog may take its absence
+  // from pg_stat_activity as a lost connection (silence.ts).
   await client
-    .query(
-      `SELECT set_config('client_connection_check_interval', '${CLIENT_CONNECTION_CHECK_INTERVAL}', false)
-        WHERE current_setting('server_version_num')::int >= 140000`,
+    .query<{ pid: number }>(
+      `SELECT pg_catalog.pg_backend_pid() AS pid, CASE WHEN current_setting('server_version_num')::int >= 140000
+          THEN set_config('client_connection_check_interval', '${CLIENT_CONNECTION_CHECK_INTERVAL}', false) END AS check_interval`,
     )
-    .catch((error: unknown) => {
-      // 22023: "must be set to 0 on this platform"; anything else is a real failure.
-      if ((error as { code?: unknown }).code !== '22023') throw error;
-    });
+    .then(
+      ({ rows }) => confirmBackendPid(client, rows[0]!.pid),
+      (error: unknown) => {
+        // 22023: "must be set to 0 on this platform"; anything else is a real failure.
+        if ((error as { code?: unknown }).code !== '22023') throw error;
+      },
+    );
+}
+
+/**
+ * Asks the server for this connection's process id, so that the silence watchdog may take its
+ * absence from pg_stat_activity as a lost connection (silence.ts) when it is the pid the server gave
+ * at connect time (not a pooler's stand-in). A query of its own: nothing is set on the session.
+ */
+async function confirmServerPid(client: pg.Client): Promise<void> {
+  const { rows } = await client.query<{ pid: number }>('SELECT pg_catalog.pg_backend_pid() AS pid');
+  confirmBackendPid(client, rows[0]!.pid);
 }
 
 const startupSettings = new WeakMap<pg.Client, ReadonlyMap<string, string>>();

@@ -4,6 +4,13 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { failureReason, HostError, StaleMapError } from '../errors.js';
 import { registerUrlSecret } from '../pg/redact.js';
+import {
+  forServerLibpq,
+  formatPostgresUrl,
+  isMultiHostUrl,
+  parsePostgresUrl,
+  type PostgresUrl,
+} from '../pg/multihost.js';
 import { parseNumberList, simpleQuery } from './catalog.js';
 import { describePgError, withHost } from './connect.js';
 import { quoteLiteral } from '../pg/quote.js';
@@ -326,6 +333,18 @@ export function describeDisagreements(disagreements: readonly MapDisagreement[])
  * is not a URL.
  */
 export function hostAddress(url: string): string | null {
+  if (isMultiHostUrl(url)) {
+    let multi: PostgresUrl;
+    try {
+      multi = parsePostgresUrl(url);
+    } catch {
+      return null;
+    }
+    const params = new URLSearchParams(multi.query.slice(1));
+    for (const key of [...params.keys()]) if (/^(ssl)?password$|^user$/i.test(key)) params.delete(key);
+    const query = params.toString();
+    return formatPostgresUrl({ ...multi, userinfo: undefined, query: query ? `?${query}` : '' });
+  }
   let parsed: URL;
   try {
     parsed = new URL(url);
@@ -346,6 +365,24 @@ export function hostAddress(url: string): string | null {
  */
 export function withCredentials(address: string, credentials: string | undefined): string {
   if (!credentials) return address;
+  if (isMultiHostUrl(address) || isMultiHostUrl(credentials)) {
+    let from: PostgresUrl;
+    let to: PostgresUrl;
+    try {
+      from = parsePostgresUrl(credentials);
+      to = parsePostgresUrl(address);
+    } catch {
+      return address;
+    }
+    const fromParams = new URLSearchParams(from.query.slice(1));
+    const params = new URLSearchParams(to.query.slice(1));
+    for (const key of TLS_PARAMETERS) {
+      const value = fromParams.get(key);
+      if (value !== null) params.set(key, value);
+    }
+    const query = params.toString();
+    return formatPostgresUrl({ ...to, userinfo: from.userinfo, query: query ? `?${query}` : '' });
+  }
   let from: URL;
   let to: URL;
   try {
@@ -507,6 +544,11 @@ export async function requireFleetAgrees(config: ShardctlConfig, applicationName
 /** A discovery that also knows how to reach each host (URLs with credentials: secrets). */
 export interface FleetDiscovery extends Discovery {
   readonly urls: ReadonlyMap<string, string>;
+  /**
+   * Every host the trusted registries list, at its registry address with the credentials of the
+   * discovery (a router's way to a host whose own URL no longer leads to its primary).
+   */
+  readonly registryUrls?: ReadonlyMap<string, string>;
   /** Hosts whose registry roles other than its owner can write: the addresses it lists were not used. */
   readonly distrusted: readonly { readonly name: string; readonly writers: readonly string[] }[];
 }
@@ -587,14 +629,18 @@ export async function discoverFleet(
     .filter(([name]) => !urls.has(name) && !unreachable.some((u) => u.name === name))
     .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }));
   if (next.length > 0) await read(next);
-  for (const [name, address] of mergePlacement(trusted()).hosts)
+  const registryUrls = new Map<string, string>();
+  for (const [name, address] of mergePlacement(trusted()).hosts) {
+    registryUrls.set(name, withCredentials(address, credentials));
     if (!urls.has(name)) urls.set(name, withCredentials(address, credentials));
+  }
   // A seed that answered under its registry name is not also unreachable under its label.
   const placement = mergePlacement(accepted);
   return {
     placement,
     unreachable: unreachable.filter((u) => !placement.answered.includes(u.name)),
     urls,
+    registryUrls,
     distrusted,
   };
 }
@@ -662,7 +708,7 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
         // A host of the placement that no registry reached: its calls fail naming it.
         url: url ?? `postgres://unknown-address-of-${name}/`,
         directUrl: fromFile?.directUrl ?? url ?? `postgres://unknown-address-of-${name}/`,
-        replicationUrl: fromFile?.replicationUrl ?? fromFile?.directUrl ?? url ?? '',
+        replicationUrl: fromFile?.replicationUrl ?? forServerLibpq(fromFile?.directUrl ?? url ?? ''),
         shardsSpec: '',
         shards: byHost.get(name)!,
         weight: fromFile?.weight ?? 1,

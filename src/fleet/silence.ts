@@ -3,9 +3,14 @@
  * that, a statement may legitimately run for hours (an index build, a COPY, a move's catch-up wait)
  * with nothing coming back, so silence alone proves nothing. When a connection has been waiting
  * `bound` ms with no byte from the server, a fresh connection must connect and answer SELECT 1
- * within `bound`: if it does, the host is alive and busy and the wait goes on (statement_timeout and
- * lock_timeout still apply); if not, the silent connection's socket is destroyed with a HostError
- * naming the host, so its pending query fails and the command reports the host instead of hanging.
+ * within `bound`: if it does, the host is alive, and a second new connection asks pg_stat_activity
+ * whether the waiting connection's server process is still running its statement: if so the host
+ * is busy and the wait goes on (statement_timeout and lock_timeout still apply); if that process is
+ * idle or gone, this one connection was lost on the way (a NAT or firewall that dropped the flow, a
+ * pooler that lost its server connection) and no reply will come: its socket is destroyed with a
+ * HostError saying so. If the host does not answer, the silent connection's socket is destroyed with
+ * a HostError naming the host, so its pending query fails and the command reports the host instead
+ * of hanging.
  *
  * Reads node-postgres internals (tested with pg 8.x): the active query, the pipelined queue, the
  * ending flags and the socket. They are checked when a client is watched; without them the client
@@ -18,6 +23,7 @@ import { HostError } from '../errors.js';
 import { redact } from '../pg/redact.js';
 import { endQuietly } from '../pg/quiet.js';
 import { libpqCompatible } from '../pg/tls.js';
+import { isMultiHostUrl, parsePostgresUrl, singleAddressUrls } from '../pg/multihost.js';
 
 /** The code of the HostError a silent host's pending queries fail with. */
 export const HOST_SILENT = 'HOST_SILENT';
@@ -108,14 +114,25 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
       return;
     }
     checking = true;
-    void probeHost(host, silentSince).then((failure) => {
-      checking = false;
+    const seen = stream.bytesRead;
+    void probeHost(host, silentSince).then(async (failure) => {
       if (failure === null) {
+        // The host answers: is this connection's statement still running there, or was the
+        // connection lost on the way (a NAT or firewall that dropped the flow, a pooler that lost
+        // its server connection) so that no reply will ever come?
+        const lost = await lostConnection(client, host, bound).catch(() => null);
+        checking = false;
+        if (lost !== null && stream.bytesRead === seen && !stream.destroyed) {
+          // HOST_SILENT for the waits it fails, marked as one connection's: the host itself is fine.
+          stream.destroy(new HostError(host.name, lost, { code: HOST_SILENT, data: { connectionLost: true } }));
+          return;
+        }
         // Alive and busy: wait on, and look again after another bound of silence.
         waitingSince = Date.now();
         return;
       }
-      if (stream.bytesRead !== bytesRead || stream.destroyed) return;
+      checking = false;
+      if (stream.bytesRead !== seen || stream.destroyed) return;
       stream.destroy(new HostError(host.name, silentReason(bound, failure), { code: HOST_SILENT }));
     });
   };
@@ -146,6 +163,46 @@ export function cutOff(client: pg.Client, host: HostConfig, reason: string): voi
   const internals = internalsOf(client);
   if (!internals || internals._ended || internals.connection.stream.destroyed) return;
   internals.connection.stream.destroy(new HostError(host.name, reason, { code: HOST_SILENT }));
+}
+
+/**
+ * The server process of a connection whose pid the server gave at connect time (BackendKeyData)
+ * and that connectHost confirmed with pg_backend_pid() (not a pooler's stand-in): see lostConnection.
+ */
+const confirmedPids = new WeakMap<object, number>();
+
+/** Records that `client`'s BackendKeyData pid is its server process (asked with pg_backend_pid()). */
+export function confirmBackendPid(client: pg.ClientBase, pid: number): void {
+  if ((client as unknown as { processID?: unknown }).processID === pid) confirmedPids.set(client, pid);
+}
+
+/**
+ * Why `client`'s connection is lost although its host answers, asked over a new connection: its
+ * server process is idle (it finished, or never received, what the client waits for: the reply
+ * or the request was lost on the way), or gone (for a pid confirmed at connect; through a pooler
+ * the pid is the pooler's and proves nothing). null: the statement is running (busy), or it cannot
+ * be told (a role that may not see the process's state).
+ */
+async function lostConnection(client: pg.Client, host: HostConfig, bound: number): Promise<string | null> {
+  const pid = (client as unknown as { processID?: unknown }).processID;
+  if (typeof pid !== 'number') return null;
+  const applicationName = (client as unknown as { connectionParameters?: { application_name?: unknown } })
+    .connectionParameters?.application_name;
+  const rows = await onNewConnection(host.url, host, bound, async (probe) => {
+    const result = await probe.query<{ state: string | null }>(
+      `SELECT state FROM pg_catalog.pg_stat_activity WHERE pid = $1${typeof applicationName === 'string' ? ' AND application_name = $2' : ''}`,
+      typeof applicationName === 'string' ? [pid, applicationName] : [pid],
+    );
+    return result.rows;
+  });
+  if (rows === undefined) return null;
+  if (rows.length === 0)
+    return confirmedPids.get(client) === pid
+      ? `the connection was lost: the host answers a new connection, but this connection's server process (pid ${pid}) is gone`
+      : null;
+  const state = rows[0]!.state;
+  if (state === null || state === 'active' || state === 'fastpath function call') return null;
+  return `the connection was lost: the host answers a new connection, but this connection's server process (pid ${pid}) is ${state}, not running what shardctl has waited ${formatMs(bound)} for`;
 }
 
 function silentReason(bound: number, failure: string): string {
@@ -211,9 +268,47 @@ export function answersWithin(host: HostConfig, ms: number): Promise<string | nu
 }
 
 async function runProbe(host: HostConfig, bound = host.timeoutMs): Promise<string | null> {
+  if (!isMultiHostUrl(host.url)) return probeAddress(host.url, host, bound);
+  // A host of several addresses is there when any of them answers (whichever is its primary now).
+  const urls = singleAddressUrls(parsePostgresUrl(host.url, `host ${host.name} url`));
+  const failures = await Promise.all(urls.map((url) => probeAddress(url, host, bound)));
+  return failures.includes(null) ? null : failures.join('; ');
+}
+
+/** `run` on a new connection to `url`, all within `bound`; undefined when that failed. */
+async function onNewConnection<T>(
+  url: string,
+  host: HostConfig,
+  bound: number,
+  run: (client: pg.Client) => Promise<T>,
+): Promise<T | undefined> {
+  const probe = new pg.Client({
+    connectionString: libpqCompatible(url),
+    application_name: 'shardctl probe',
+    ...hostClientSettings(host),
+    connectionTimeoutMillis: 0,
+  });
+  probe.on('error', () => undefined);
+  const stream = (probe as unknown as Partial<PgClientInternals>).connection?.stream;
+  const deadline = setTimeout(() => stream?.destroy(), bound);
+  deadline.unref();
+  try {
+    await probe.connect();
+    return await run(probe);
+  } catch {
+    return undefined;
+  } finally {
+    clearTimeout(deadline);
+    const closing = setTimeout(() => stream?.destroy(), bound);
+    closing.unref();
+    void endQuietly(probe).finally(() => clearTimeout(closing));
+  }
+}
+
+async function probeAddress(url: string, host: HostConfig, bound: number): Promise<string | null> {
   // The deadline below bounds connecting and the query together.
   const probe = new pg.Client({
-    connectionString: libpqCompatible(host.url),
+    connectionString: libpqCompatible(url),
     application_name: 'shardctl probe',
     ...hostClientSettings(host),
     connectionTimeoutMillis: 0,

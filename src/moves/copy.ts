@@ -4,7 +4,7 @@ import pg from 'pg';
 import type copyStreamsModule from 'pg-copy-streams';
 import { shardSchemaName } from '../config/types.js';
 import { HostError, resumeOrAbort, ShardctlError } from '../errors.js';
-import { checkClientConnection, describePgError } from '../fleet/connect.js';
+import { checkClientConnection, connectedUrl, describePgError } from '../fleet/connect.js';
 import { WORKER_TRANSACTION_SQL, ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
@@ -316,7 +316,8 @@ export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number)
   await dropMoveSlot(ctx);
   // node-postgres supports replication connections; its type definitions do not list the option.
   const config: pg.ClientConfig & { replication: string } = {
-    connectionString: libpqCompatible(ctx.source.host.url),
+    // The source session's own address (a host's URL may list several: src/pg/multihost.ts).
+    connectionString: libpqCompatible(connectedUrl(ctx.source.host, ctx.source.client)),
     replication: 'database',
     application_name: 'shardctl move',
     ...hostClientSettings(ctx.source.host),

@@ -134,6 +134,11 @@ export class DeferredBegin {
     return this.first?.commitTag;
   }
 
+  /** Whether a COMMIT went with fn's query (its outcome is known only once its answer came). */
+  get commitSent(): boolean {
+    return this.first?.commitSent ?? false;
+  }
+
   /** What fn returned, recorded synchronously after calling it (decides the early COMMIT). */
   returned(value: unknown): void {
     this.returnedValue = value;

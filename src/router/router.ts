@@ -21,6 +21,15 @@ import { queryEachShardWithParams, type RouterInternals } from './shard-query.js
 import { queryPage, type Page, type PageOptions } from './pages.js';
 import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics.js';
 import { libpqCompatible } from '../pg/tls.js';
+import {
+  CommitUnknownError,
+  FAILOVER_RETRY_MS,
+  HostAddressBook,
+  isConnectionLoss,
+  isFailoverSymptom,
+  isHostDown,
+  isInDoubt,
+} from './failover.js';
 
 /** The default of ShardRouterOptions.maxConnectionLifetimeMs: one hour. */
 export const DEFAULT_MAX_CONNECTION_LIFETIME_MS = 3_600_000;
@@ -66,6 +75,13 @@ export interface ShardRouterOptions {
    * (src/router/diagnostics.ts). Default 0: no warning.
    */
   slowCallMs?: number;
+  /**
+   * How long a call waits for a host whose primary went away (connection lost, server shut down,
+   * read-only after a demotion) to have a primary again at one of its addresses (its URL's, or the
+   * fleet registry's) before the error reaches the caller. Default 15 s. A host of one address and
+   * no other registry address is tried again once, not waited for. See src/router/failover.ts.
+   */
+  failoverTimeoutMs?: number;
   /** For ${VAR} in host URLs; default process.env. */
   env?: Env;
   /** Resolves a relative config path; default process.cwd(). */
@@ -133,7 +149,12 @@ export class ShardRouter {
   private unreachable = new Map<string, string>();
   /** Shards whose new host answered that it holds them, ahead of the next discovery. */
   private readonly followed = new Map<number, string>();
-  private readonly pools = new Map<string, { url: string; pool: pg.Pool }>();
+  /** Per host: its pool, the host URL it was made for and the one address it connects to. */
+  private readonly pools = new Map<string, { url: string; address: string; pool: pg.Pool }>();
+  /** Which address of each host is its primary now; found again after a failover (failover.ts). */
+  private readonly addresses: HostAddressBook;
+  /** Per host, the search for its new primary that calls meeting a failover wait on. */
+  private readonly recovering = new Map<string, Promise<boolean>>();
   /** Hosts whose writable registry was warned about (once each). */
   private readonly distrustWarned = new Set<string>();
   private readonly ending = new Set<Promise<void>>();
@@ -181,6 +202,7 @@ export class ShardRouter {
       connectTimeoutMs: options.connectTimeoutMs ?? 10_000,
       idleTimeoutMs: options.idleTimeoutMs ?? 30_000,
       fencedTimeoutMs: options.fencedTimeoutMs ?? 10_000,
+      failoverTimeoutMs: options.failoverTimeoutMs ?? 15_000,
       maxConnectionLifetimeMs,
       maxConnectionUses,
       slowCallMs: options.slowCallMs ?? 0,
@@ -190,6 +212,10 @@ export class ShardRouter {
         `slowCallMs ${this.options.slowCallMs} must be a whole number of milliseconds (0: no warning)`,
       );
     this.diagnostics = new RouterDiagnostics(this.options.slowCallMs);
+    this.addresses = new HostAddressBook({
+      applicationName: this.options.applicationName,
+      connectTimeoutMs: this.options.connectTimeoutMs,
+    });
   }
 
   /**
@@ -281,7 +307,9 @@ export class ShardRouter {
   }
 
   async withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return (await this.run(shard, (host, trace) => this.attempt(host, shard, fn, options, trace))).value;
+    return (
+      await this.run(shard, (host, trace) => this.attempt(host, shard, fn, options, trace), options.readOnly ?? false)
+    ).value;
   }
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
@@ -303,7 +331,8 @@ export class ShardRouter {
   forEachShard<T>(fn: ShardFn<T>, options: ForEachShardOptions = {}): Promise<ShardResult<T>[]> {
     const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
     return this.fanOut(
-      (shard) => this.run(shard, (host, trace) => this.attempt(host, shard, fn, txOptions, trace)),
+      (shard) =>
+        this.run(shard, (host, trace) => this.attempt(host, shard, fn, txOptions, trace), txOptions.readOnly ?? false),
       options,
     );
   }
@@ -354,7 +383,7 @@ export class ShardRouter {
     if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
       throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
     const single = (shard: number) =>
-      this.run(shard, (host, trace) => this.attemptScript<R>(host, shard, body, readOnly, query, trace));
+      this.run(shard, (host, trace) => this.attemptScript<R>(host, shard, body, readOnly, query, trace), readOnly);
     if (!readOnly || shardsPerQuery === 1)
       return this.fanOut(async (shard) => unwrapScript(await single(shard)), options);
     return this.fanOut(async (shard) => unwrapScript(await single(shard)), options, {
@@ -556,12 +585,16 @@ export class ShardRouter {
       );
     }
     this.config = next;
+    this.addresses.learn(found.registryUrls ?? new Map());
     this.unreachable = new Map(found.unreachable.map((u) => [u.name, u.reason]));
     this.followed.clear();
     this.starts = [new Map<number, TransactionStart>(), new Map<number, TransactionStart>()];
     for (const [name, entry] of this.pools) {
       const host = next.hosts.find((h) => h.name === name);
-      if (!host || host.url !== entry.url) this.endPool(name);
+      if (!host || host.url !== entry.url) {
+        this.endPool(name);
+        this.addresses.forget(name);
+      }
     }
   }
 
@@ -613,14 +646,20 @@ export class ShardRouter {
     }
   }
 
-  private pool(host: HostConfig): pg.Pool {
+  private async pool(host: HostConfig): Promise<pg.Pool> {
     if (this.closed) throw new Error('the ShardRouter is closed');
     const existing = this.pools.get(host.name);
-    if (existing && existing.url === host.url) return existing.pool;
-    if (existing) this.endPool(host.name);
+    if (existing && existing.url === host.url && this.addresses.known(host)?.url === existing.address)
+      return existing.pool;
+    const address = (await this.addresses.resolve(host)).url;
+    if (this.closed) throw new Error('the ShardRouter is closed');
+    const current = this.pools.get(host.name);
+    if (current && current.url === host.url && current.address === address) return current.pool;
+    if (current) this.endPool(host.name);
     registerUrlSecret(host.url);
+    registerUrlSecret(address);
     const pool = new pg.Pool({
-      connectionString: libpqCompatible(host.url),
+      connectionString: libpqCompatible(address),
       max: this.options.poolSize,
       application_name: this.options.applicationName,
       ...hostClientSettings(host),
@@ -633,10 +672,66 @@ export class ShardRouter {
     // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
     // application. The pool drops that connection and the next checkout opens a new one.
     pool.on('error', () => undefined);
-    // A host that stops answering fails the call waiting on it, naming the host, within its timeout.
-    pool.on('connect', (client) => watchSilence(client, host));
-    this.pools.set(host.name, { url: host.url, pool });
+    // A host that stops answering fails the call waiting on it, naming the host, within its timeout
+    // (the address this pool goes to is the one probed).
+    const watched = address === host.url ? host : { ...host, url: address };
+    pool.on('connect', (client) => watchSilence(client, watched));
+    this.pools.set(host.name, { url: host.url, address, pool });
     return pool;
+  }
+
+  /**
+   * After a failover symptom on `host` (failover.ts): forgets the address the failed call used
+   * (unless another call already found a new one), and looks for the host's primary until one
+   * answers or `deadline`; re-reads the registry meanwhile. Resolves true when a primary was found
+   * (the call may run again), false otherwise. Calls meeting the same failure share one search.
+   */
+  private recover(
+    host: HostConfig,
+    usedAddress: string | undefined,
+    deadline: number,
+    error: unknown,
+  ): Promise<boolean> {
+    if (this.closed) return Promise.resolve(false);
+    // A host of one address, with no other in the registry, that could not be reached or stopped
+    // answering (the silence watchdog has already asked it over a new connection): nowhere to go.
+    if (isHostDown(error) && !this.hasAlternatives(host)) return Promise.resolve(false);
+    if (usedAddress !== undefined && this.addresses.known(host)?.url === usedAddress) {
+      this.addresses.forget(host.name);
+      this.endPool(host.name);
+    }
+    let recovering = this.recovering.get(host.name);
+    if (!recovering) {
+      recovering = this.searchPrimary(host.name, deadline).finally(() => this.recovering.delete(host.name));
+      this.recovering.set(host.name, recovering);
+    }
+    return recovering;
+  }
+
+  private async searchPrimary(name: string, deadline: number): Promise<boolean> {
+    let reloaded: Promise<void> | undefined;
+    for (let round = 0; ; round += 1) {
+      const host = this.config.hosts.find((h) => h.name === name);
+      if (!host || this.closed) return false;
+      try {
+        await this.addresses.resolve(host, true);
+        return true;
+      } catch {
+        // No address answers as a primary yet.
+      }
+      // The registry may name another address for the host (map pull), or the file another URL.
+      reloaded ??= this.reload().catch(() => undefined);
+      if (round === 0) await reloaded;
+      const now = this.config.hosts.find((h) => h.name === name);
+      // A host with nowhere else to look is tried again once (after the reload), not waited for.
+      if (!now || (round > 0 && !this.hasAlternatives(now)) || Date.now() >= deadline) return false;
+      if (round > 0) await new Promise((resolve) => setTimeout(resolve, FAILOVER_RETRY_MS));
+      if (round % 20 === 19) reloaded = undefined;
+    }
+  }
+
+  private hasAlternatives(host: HostConfig): boolean {
+    return !HostAddressBook.isPlain(host) || this.addresses.hasRegistryAlternative(host);
   }
 
   private endPool(name: string): void {
@@ -652,12 +747,13 @@ export class ShardRouter {
   private async run<T>(
     shard: number,
     attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+    readOnly = false,
   ): Promise<{ value: T; host: string }> {
     this.checkShard(shard);
     const trace = this.diagnostics.begin(shard);
     let last: string | undefined;
     try {
-      const done = await this.follow(shard, attemptOn, trace, (host) => (last = host));
+      const done = await this.follow(shard, attemptOn, trace, (host) => (last = host), readOnly);
       this.diagnostics.ended(done.host, true);
       trace?.end(done.host);
       return done;
@@ -674,16 +770,37 @@ export class ShardRouter {
     attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
     trace: CallTrace | undefined,
     onHost: (host: string) => void,
+    readOnly: boolean,
   ): Promise<{ value: T; host: string }> {
     let fencedSince: number | undefined;
     let backoffMs = FIRST_BACKOFF_MS;
+    let failoverDeadline: number | undefined;
     for (;;) {
       const host = this.hostForShard(shard);
       onHost(host.name);
       trace?.attempt(host.name);
-      const attempt = await attemptOn(host, trace);
+      const usedAddress = this.addresses.known(host)?.url;
+      let attempt: Attempt<T>;
+      try {
+        attempt = await attemptOn(host, trace);
+      } catch (error) {
+        // Connecting failed, or the connection was lost where nothing can have committed.
+        if (!isInDoubt(error) && isFailoverSymptom(error, readOnly)) {
+          failoverDeadline ??= Date.now() + this.options.failoverTimeoutMs;
+          // Bounded even when each search finds an address at once and the call fails there again.
+          if (Date.now() < failoverDeadline && (await this.recover(host, usedAddress, failoverDeadline, error)))
+            continue;
+        }
+        throw error;
+      }
       if (attempt.ok) return { value: attempt.value, host: host.name };
       const error = attempt.error;
+      // fn's statement failed because the host's primary went away: rolled back, run it again there.
+      if (isFailoverSymptom(error, readOnly)) {
+        failoverDeadline ??= Date.now() + this.options.failoverTimeoutMs;
+        if (Date.now() < failoverDeadline && (await this.recover(host, usedAddress, failoverDeadline, error))) continue;
+        throw error;
+      }
       const moved = shardMovedTo(error);
       if (!moved && !MISSING_OBJECT_SQLSTATES.has((error as { code?: string }).code ?? '')) throw error;
       // A missing object on a host that still holds the shard is the application's error.
@@ -735,10 +852,11 @@ export class ShardRouter {
     const host = this.config.hosts.find((h) => h.name === hostName);
     if (!host) return undefined;
     try {
-      const result = await this.pool(host).query<{ active: boolean }>(
-        `SELECT state = 'active' AS active FROM ${CONTROL}.shards WHERE shard = $1`,
-        [shard],
-      );
+      const result = await (
+        await this.pool(host)
+      ).query<{ active: boolean }>(`SELECT state = 'active' AS active FROM ${CONTROL}.shards WHERE shard = $1`, [
+        shard,
+      ]);
       return result.rows[0]?.active ?? false;
     } catch {
       return undefined;
@@ -766,6 +884,11 @@ export class ShardRouter {
       } catch (error) {
         // Restored first: the ROLLBACK must reach the server even after a COMMIT went with fn's query.
         begin.restore();
+        // The COMMIT went with fn's query, and the connection was lost before its answer.
+        if (begin.commitSent && !options.readOnly && isConnectionLoss(error)) {
+          broken = error as Error;
+          throw new CommitUnknownError(host.name, shard, error);
+        }
         if (begin.started) await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return { ok: false, error };
       }
@@ -775,7 +898,8 @@ export class ShardRouter {
       if (begin.error) throw begin.error;
       // Committed with fn's only query.
       if (begin.committed === 'COMMIT') return { ok: true, value };
-      const commit = begin.committed !== undefined ? { command: begin.committed } : await client.query('COMMIT');
+      const commit =
+        begin.committed !== undefined ? { command: begin.committed } : await commitOrDoubt(client, host, shard);
       // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
       if (commit.command === 'ROLLBACK') {
         throw new HostError(
@@ -814,6 +938,11 @@ export class ShardRouter {
       try {
         results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
       } catch (error) {
+        // The COMMIT went in the same round trip: a connection lost before the answer leaves it unknown.
+        if (!readOnly && isConnectionLoss(error)) {
+          broken = error as Error;
+          throw new CommitUnknownError(host.name, shard, error);
+        }
         // The statements after the failing one (COMMIT too) were skipped: end the transaction.
         await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return { ok: false, error };
@@ -929,7 +1058,7 @@ export class ShardRouter {
   private async connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
-      const client = await this.pool(host).connect();
+      const client = await (await this.pool(host)).connect();
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {
@@ -943,6 +1072,16 @@ export class ShardRouter {
 }
 
 export type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
+
+/** COMMIT on its own round trip; a connection lost before its answer leaves the outcome unknown. */
+async function commitOrDoubt(client: pg.PoolClient, host: HostConfig, shard: number): Promise<pg.QueryResult> {
+  try {
+    return await client.query('COMMIT');
+  } catch (error) {
+    if (isConnectionLoss(error)) throw new CommitUnknownError(host.name, shard, error);
+    throw error;
+  }
+}
 
 /** One shard's script: its last result, and how many results the text gave. */
 interface ScriptValue<R extends pg.QueryResultRow> {

@@ -9,6 +9,10 @@
  * and new ones; `silence('after-handshake')` lets each new connection finish its start-up (up to the
  * server's first ReadyForQuery) and then swallows; `silenceAfter(n)` does the latter by itself once
  * n more bytes have gone from clients to the server (mid-COPY, say).
+ *
+ * `stallEstablished()` plays a path that lost its open flows while the host is fine (a NAT gateway
+ * or firewall that dropped an idle flow, a pooler that lost a server connection): the connections
+ * open at that moment pass no byte any more, either way, while new connections work normally.
  */
 import net from 'node:net';
 
@@ -22,6 +26,10 @@ export interface TcpProxy {
   silence(mode?: Exclude<Silence, 'forward'>): void;
   /** silence('after-handshake') once `bytes` more bytes have gone from clients to the server. */
   silenceAfter(bytes: number): void;
+  /** The connections open now pass nothing from now on (for ever); new ones are not affected. */
+  stallEstablished(): void;
+  /** stallEstablished() once `bytes` more bytes have gone from clients to the server (that chunk still passes). */
+  stallEstablishedAfter(bytes: number): void;
   /** Forward again (bytes swallowed meanwhile are lost). */
   resume(): void;
   /** Bytes forwarded from clients to the server so far. */
@@ -43,18 +51,34 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
   let mode: Silence = 'forward';
   let bytesUp = 0;
   let silenceAt: number | undefined;
+  const stallers = new Set<() => void>();
+  let stallAt: number | undefined;
+  const stallAll = (): void => {
+    for (const stall of stallers) stall();
+    stallers.clear();
+  };
   const server = net.createServer((client) => {
     const upstream = net.connect({ host: target.hostname, port: Number(target.port || 5432) });
     sockets.add(client).add(upstream);
     // Until the server's first ReadyForQuery, the connection is starting up.
     let started = false;
     let pending = Buffer.alloc(0);
-    const swallowing = (): boolean => mode === 'all' || (mode === 'after-handshake' && started);
+    let stalled = false;
+    const stall = (): void => {
+      stalled = true;
+    };
+    stallers.add(stall);
+    client.once('close', () => stallers.delete(stall));
+    const swallowing = (): boolean => stalled || mode === 'all' || (mode === 'after-handshake' && started);
 
     client.on('data', (chunk: Buffer) => {
       if (swallowing()) return;
       upstream.write(chunk);
       bytesUp += chunk.length;
+      if (stallAt !== undefined && bytesUp >= stallAt) {
+        stallAt = undefined;
+        stallAll();
+      }
       if (silenceAt !== undefined && bytesUp >= silenceAt) {
         silenceAt = undefined;
         mode = 'after-handshake';
@@ -120,9 +144,14 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
     silenceAfter: (bytes) => {
       silenceAt = bytesUp + bytes;
     },
+    stallEstablished: stallAll,
+    stallEstablishedAfter: (bytes) => {
+      stallAt = bytesUp + bytes;
+    },
     resume: () => {
       mode = 'forward';
       silenceAt = undefined;
+      stallAt = undefined;
     },
     get bytesUp() {
       return bytesUp;

@@ -1,0 +1,217 @@
+/**
+ * failover: how long a router's writes stop when its host fails over (issue 41). Per run, a fresh
+ * primary and a streaming standby made from it by `pg_basebackup -R` (PostgreSQL 15 from
+ * /usr/lib/postgresql/15/bin: the embedded binaries have no pg_basebackup), a fleet of 4 shards on
+ * that one host whose URL lists both addresses, and 4 callers writing single rows through
+ * `router.withKey` with no pause. Then the primary is stopped with `-m immediate` and the standby
+ * promoted (`pg_ctl promote`), as a failover manager does; nobody calls `reload()`.
+ *
+ * Per run: the time from the start of `pg_ctl promote` to the first routed write that succeeds
+ * after it, and the calls that failed (COMMIT_UNKNOWN is the only failure the router should let
+ * through). Target: median ≤ 2 s (the issue's, on this machine's loopback).
+ */
+import { spawn } from 'node:child_process';
+import { chown, mkdir, mkdtemp, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import pg from 'pg';
+import {
+  ensurePostgresOsUser,
+  findFreePort,
+  initCluster,
+  startCluster,
+  stopCluster,
+} from '../dist/dev/local-postgres.js';
+import { ShardRouter } from '../dist/index.js';
+import { binDirFor, formatMs, log, markdownTable, summarize, textTable, verdict, writeFleet } from './lib.js';
+import { init, loadConfig } from '../dist/index.js';
+
+export const description = 'time from pg_ctl promote to the first routed write on the new primary (PG 15 standby)';
+
+const CALLERS = 4;
+const TARGET_MS = 2000;
+const SHARDS = 4;
+
+/** Runs a binary as the server's OS user (PostgreSQL refuses root); resolves with its exit code. */
+function asPostgres(account, file, args, env = process.env) {
+  return new Promise((resolve, reject) => {
+    const child = spawn(file, args, { uid: account.uid, gid: account.gid, cwd: os.tmpdir(), env, stdio: 'ignore' });
+    child.once('error', reject);
+    child.once('close', (code) => resolve(code ?? -1));
+  });
+}
+
+async function oneFailover(major, run) {
+  const binDir = binDirFor(major);
+  const account = await ensurePostgresOsUser();
+  const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-bench-failover-'));
+  await import('node:fs/promises').then((fs) => fs.chmod(root, 0o755));
+  const password = `pw${run}${Math.random().toString(16).slice(2)}`;
+  const primary = { dataDir: path.join(root, 'primary'), port: await findFreePort(), password, binDir };
+  const standby = {
+    ...primary,
+    dataDir: path.join(root, 'standby'),
+    port: await findFreePort(),
+    settings: { hot_standby: 'on' },
+  };
+  let router;
+  let fleet;
+  try {
+    await initCluster(primary);
+    await startCluster(primary);
+    await mkdir(standby.dataDir, { mode: 0o700 });
+    await chown(standby.dataDir, account.uid, account.gid);
+    const backup = await asPostgres(
+      account,
+      path.join(binDir, 'pg_basebackup'),
+      [
+        '-h',
+        '127.0.0.1',
+        '-p',
+        String(primary.port),
+        '-U',
+        'postgres',
+        '-D',
+        standby.dataDir,
+        '-R',
+        '-X',
+        'stream',
+        '-c',
+        'fast',
+      ],
+      { ...process.env, PGPASSWORD: password },
+    );
+    if (backup !== 0) throw new Error(`pg_basebackup exited ${backup}`);
+    await startCluster(standby);
+    const admin = new pg.Client({
+      connectionString: `postgres://postgres:${password}@127.0.0.1:${primary.port}/postgres`,
+    });
+    await admin.connect();
+    await admin.query('create database bench_failover');
+    await admin.end();
+    const multiHost = {
+      name: 'pg1',
+      url: (database) =>
+        `postgres://postgres:${password}@127.0.0.1:${primary.port},127.0.0.1:${standby.port}/${database}`,
+    };
+    fleet = await writeFleet({ name: 'failover', hosts: [multiHost], shards: SHARDS, database: 'bench_failover' });
+    if (!(await init(await loadConfig(fleet.configFile))).ok) throw new Error('init failed');
+    router = await ShardRouter.open(fleet.configFile, { poolSize: CALLERS, connectTimeoutMs: 2000 });
+
+    const successes = [];
+    const failures = [];
+    let writing = true;
+    let key = 0n;
+    const callers = Array.from({ length: CALLERS }, async () => {
+      while (writing) {
+        key += 1n;
+        try {
+          await router.withKey(key, (client) =>
+            client.query('INSERT INTO photos (user_id, image_url) VALUES ($1, $2)', [key.toString(), 'x']),
+          );
+          successes.push(performance.now());
+        } catch (error) {
+          failures.push(String(error.code ?? error.message));
+          await new Promise((resolve) => setTimeout(resolve, 10));
+        }
+      }
+    });
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+    const stopCode = await asPostgres(account, path.join(binDir, 'pg_ctl'), [
+      'stop',
+      '-D',
+      primary.dataDir,
+      '-m',
+      'immediate',
+      '-w',
+    ]);
+    if (stopCode !== 0) throw new Error(`pg_ctl stop exited ${stopCode}`);
+    const promotedAt = performance.now();
+    const promoteCode = await asPostgres(account, path.join(binDir, 'pg_ctl'), [
+      'promote',
+      '-D',
+      standby.dataDir,
+      '-w',
+    ]);
+    const promotedBy = performance.now();
+    if (promoteCode !== 0) throw new Error(`pg_ctl promote exited ${promoteCode}`);
+    while (!successes.some((t) => t >= promotedAt) && performance.now() - promotedAt < 30_000)
+      await new Promise((resolve) => setTimeout(resolve, 5));
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    writing = false;
+    await Promise.all(callers);
+    const first = successes.find((t) => t >= promotedAt);
+    return {
+      firstWriteMs: first === undefined ? Infinity : first - promotedAt,
+      promoteMs: promotedBy - promotedAt,
+      failed: failures.length,
+      failureCodes: [...new Set(failures)],
+    };
+  } finally {
+    await router?.close();
+    await fleet?.remove();
+    await Promise.allSettled([stopCluster(standby), stopCluster(primary)]);
+    await rm(root, { recursive: true, force: true });
+  }
+}
+
+export async function run(ctx, major) {
+  const runs = [];
+  for (let i = 0; i < ctx.options.failoverRuns; i++) {
+    const result = await oneFailover(major, i);
+    log(
+      `  failover ${i + 1}: first write ${formatMs(result.firstWriteMs)} after promote began (promote took ${formatMs(result.promoteMs)}), ${result.failed} failed calls`,
+    );
+    runs.push(result);
+  }
+  const firstWrite = summarize(runs.map((r) => r.firstWriteMs));
+  return {
+    benchmark: 'failover',
+    major,
+    callers: CALLERS,
+    runs,
+    firstWrite,
+    promote: summarize(runs.map((r) => r.promoteMs)),
+    failed: runs.reduce((n, r) => n + r.failed, 0),
+    failureCodes: [...new Set(runs.flatMap((r) => r.failureCodes))],
+    pass: firstWrite.median <= TARGET_MS,
+  };
+}
+
+const HEADERS = ['measure', 'median', 'min', 'max', 'runs'];
+
+function rows(result) {
+  return [
+    [
+      'promote → first routed write',
+      formatMs(result.firstWrite.median),
+      formatMs(result.firstWrite.min),
+      formatMs(result.firstWrite.max),
+      String(result.runs.length),
+    ],
+    [
+      'pg_ctl promote -w itself',
+      formatMs(result.promote.median),
+      formatMs(result.promote.min),
+      formatMs(result.promote.max),
+      String(result.runs.length),
+    ],
+  ];
+}
+
+function footer(result) {
+  return `${result.callers} callers; failed calls over all runs: ${result.failed}${result.failureCodes.length ? ` (${result.failureCodes.join(', ')})` : ''}. Target (median ≤ 2 s): ${verdict(result.pass)}`;
+}
+
+export function table(result) {
+  return `failover, PostgreSQL ${result.major}, primary + streaming standby, ${SHARDS} shards\n${textTable(HEADERS, rows(result))}\n${footer(result)}`;
+}
+
+export function markdown(results) {
+  return results
+    .map(
+      (result) =>
+        `PostgreSQL ${result.major}, a primary and a streaming standby (pg_basebackup -R), ${SHARDS} shards, the host's URL listing both:\n\n${markdownTable(HEADERS, rows(result))}\n\n${footer(result)}`,
+    )
+    .join('\n\n');
+}
