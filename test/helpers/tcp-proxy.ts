@@ -64,8 +64,9 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
     let started = false;
     let pending = Buffer.alloc(0);
     let stalled = false;
+    // A connection still starting up is a new one: it goes on working (only established flows are lost).
     const stall = (): void => {
-      stalled = true;
+      if (started) stalled = true;
     };
     stallers.add(stall);
     client.once('close', () => stallers.delete(stall));

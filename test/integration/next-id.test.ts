@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { decodeId, DEFAULT_ID_LAYOUT, type IdLayout } from '../../src/id/layout.js';
 import { ID_FUNCTION_VERSION, ID_LEAD_MS, renderNextIdControlSql, renderNextIdSql } from '../../src/id/sql.js';
 import { init } from '../../src/commands/init.js';
-import { controlLocksSql } from '../../src/fleet/control.js';
+import { CONTROL_VERSION, controlLocksSql } from '../../src/fleet/control.js';
 import { status } from '../../src/commands/status.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { makeFleet } from '../helpers/fleet.js';
@@ -496,7 +496,9 @@ describe('next_id()', () => {
     const result = await moveShard(config, 0, 'pg2', { configFile: fleet.configFile });
     expect(result.outcome).toBe('moved');
     await withClient(dbMove.urls[1]!, async (client) => {
-      expect((await client.query('select control_version from shardctl.layout')).rows[0].control_version).toBe(3);
+      expect((await client.query('select control_version from shardctl.layout')).rows[0].control_version).toBe(
+        CONTROL_VERSION,
+      );
       const r = await client.query<{ id: string }>(
         `insert into mv0.photos (user_id, image_url) values (1, 'y') returning id`,
       );
