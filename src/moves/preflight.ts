@@ -2,9 +2,9 @@ import { randomBytes } from 'node:crypto';
 import { constants } from 'node:fs';
 import { access } from 'node:fs/promises';
 import { dirname } from 'node:path';
-import type pg from 'pg';
+import pg from 'pg';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
-import type { ShardctlConfig } from '../config/types.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { abortingMoveIds, controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
@@ -31,6 +31,10 @@ import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
 import { bytesPhrase, inflect } from '../text.js';
 import { awaitedLater } from '../promises.js';
+import { connectedUrl, describePgError } from '../fleet/connect.js';
+import { hostClientSettings } from '../fleet/silence.js';
+import { libpqCompatible } from '../pg/tls.js';
+import { endQuietly } from '../pg/quiet.js';
 
 /**
  * The bytes of the schemas' tables and indexes from the catalog's page counts (relpages, as of the
@@ -333,7 +337,21 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
         `; wal_keep_size = ${bytesPhrase(Number(limits.wal_keep_size_mb) * 1024 * 1024)}`,
     );
   }
-  // Last, and only when everything else passed: the probe creates (and drops) a subscription.
+  // Last, and only when everything else passed: shardctl's own replication connection to the source
+  // (the copy's snapshot needs one: a pooler refuses it), then a subscription created and dropped.
+  if (probe && checks.every((c) => c.ok)) {
+    const own = await probeReplicationConnection(source, src);
+    add(
+      'replication connection',
+      own === null,
+      own === null
+        ? `shardctl can open a replication connection to ${source.name}`
+        : `shardctl cannot open a replication connection to ${source.name}: ${own}` +
+            (/unsupported startup parameter/i.test(own)
+              ? `; that address looks like a connection pooler's: set ${source.name}'s directUrl to the server's own address`
+              : ''),
+    );
+  }
   if (probe && checks.every((c) => c.ok)) {
     const reach = await probeSubscription(dst, source.replicationUrl);
     add(
@@ -483,6 +501,30 @@ export function describeRunningMove(move: RunningMove): string {
       ? `its abort was cut off: finish the undo with shardctl move-shard ${shards} --abort`
       : `finish it with shardctl move-shard ${shards} --resume, or undo it with shardctl move-shard ${shards} --abort`)
   );
+}
+
+/**
+ * Null when shardctl can open a replication connection (the kind the copy's snapshot is taken on)
+ * to the address the source's session reached; else the error, redacted.
+ */
+async function probeReplicationConnection(host: HostConfig, session: pg.Client): Promise<string | null> {
+  // node-postgres supports replication connections; its type definitions do not list the option.
+  const config: pg.ClientConfig & { replication: string } = {
+    connectionString: libpqCompatible(connectedUrl(host, session)),
+    replication: 'database',
+    application_name: 'shardctl move',
+    ...hostClientSettings(host),
+  };
+  const client = new pg.Client(config);
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+    return null;
+  } catch (error) {
+    return describePgError(error);
+  } finally {
+    await endQuietly(client);
+  }
 }
 
 /**
