@@ -1,8 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
-import { failureReason, RuntimeFailure } from '../errors.js';
-import { describePgError } from '../fleet/connect.js';
 import { readShardActivity } from '../fleet/load.js';
-import { withSession } from '../fleet/session.js';
+import { readEveryHost } from './sizes.js';
 
 /**
  * `shardctl status --load`: the rows each shard's tables were written and read since the host's
@@ -37,31 +35,9 @@ export interface LoadResult {
 
 /** Reads every host (in parallel); a host that cannot be read fails the whole call, naming it. */
 export async function shardLoad(config: ShardctlConfig): Promise<LoadResult> {
-  const errors: string[] = [];
-  const perHost = await Promise.all(
-    config.hosts.map(async (host) => {
-      try {
-        const found =
-          host.shards.length === 0
-            ? { shards: [], statsReset: null }
-            : await withSession(host, ({ client }) => readShardActivity(client, config.schemaPrefix, host.shards), {
-                applicationName: 'shardctl load',
-              });
-        return { host, found };
-      } catch (error) {
-        errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
-        return { host, found: { shards: [], statsReset: null } };
-      }
-    }),
+  const perHost = await readEveryHost(config, 'load', { shards: [], statsReset: null }, (client, host) =>
+    readShardActivity(client, config.schemaPrefix, host.shards),
   );
-  if (errors.length > 0) {
-    throw new RuntimeFailure(
-      'HOST_UNREACHABLE',
-      `cannot read shard load: ${errors.sort().join('; ')}`,
-      { hosts: errors },
-      errors,
-    );
-  }
   const hosts: HostLoad[] = [];
   const shards: ShardLoadInfo[] = [];
   for (const { host, found } of perHost) {

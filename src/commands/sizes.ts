@@ -1,4 +1,5 @@
-import type { ShardctlConfig } from '../config/types.js';
+import type pg from 'pg';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { failureReason, RuntimeFailure } from '../errors.js';
 import { readShardSizes } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
@@ -40,31 +41,9 @@ export interface SizesResult {
 
 /** Reads every host (in parallel); a host that cannot be read fails the whole call, naming it. */
 export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
-  const errors: string[] = [];
-  const perHost = await Promise.all(
-    config.hosts.map(async (host) => {
-      try {
-        const found =
-          host.shards.length === 0
-            ? []
-            : await withSession(host, ({ client }) => readShardSizes(client, config.schemaPrefix, host.shards), {
-                applicationName: 'shardctl sizes',
-              });
-        return { host, found };
-      } catch (error) {
-        errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
-        return { host, found: [] };
-      }
-    }),
+  const perHost = await readEveryHost(config, 'sizes', [], (client, host) =>
+    readShardSizes(client, config.schemaPrefix, host.shards),
   );
-  if (errors.length > 0) {
-    throw new RuntimeFailure(
-      'HOST_UNREACHABLE',
-      `cannot read shard sizes: ${errors.sort().join('; ')}`,
-      { hosts: errors },
-      errors,
-    );
-  }
   const hosts: HostSizes[] = [];
   const shards: ShardSizeInfo[] = [];
   for (const { host, found } of perHost) {
@@ -101,4 +80,41 @@ export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
 
 function largestFirst(a: ShardSizeInfo, b: ShardSizeInfo): number {
   return a.bytes === b.bytes ? a.shard - b.shard : a.bytes > b.bytes ? -1 : 1;
+}
+
+/**
+ * What `read` finds on every host of the map, read in parallel on a session of its own
+ * (`shardctl <what>`); a host the map gives no shard is not asked (`empty`). A host that cannot be
+ * read fails the whole call, naming it: "cannot read shard <what>".
+ */
+export async function readEveryHost<T>(
+  config: ShardctlConfig,
+  what: string,
+  empty: T,
+  read: (client: pg.Client, host: HostConfig) => Promise<T>,
+): Promise<{ readonly host: HostConfig; readonly found: T }[]> {
+  const errors: string[] = [];
+  const perHost = await Promise.all(
+    config.hosts.map(async (host) => {
+      try {
+        const found =
+          host.shards.length === 0
+            ? empty
+            : await withSession(host, ({ client }) => read(client, host), { applicationName: `shardctl ${what}` });
+        return { host, found };
+      } catch (error) {
+        errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
+        return { host, found: empty };
+      }
+    }),
+  );
+  if (errors.length > 0) {
+    throw new RuntimeFailure(
+      'HOST_UNREACHABLE',
+      `cannot read shard ${what}: ${errors.sort().join('; ')}`,
+      { hosts: errors },
+      errors,
+    );
+  }
+  return perHost;
 }

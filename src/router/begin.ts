@@ -265,6 +265,28 @@ export class TransactionStart {
   }
 }
 
+/**
+ * Whether the results of several shards' transactions sent as one text or one pipeline have the
+ * expected shape: per shard BEGIN, `framing - 1` SETs, `statements` results, COMMIT, and nothing else.
+ */
+export function framedPerShard(
+  results: readonly { readonly command: string }[],
+  shards: number,
+  framing: number,
+  statements: number,
+): boolean {
+  const group = framing + statements + 1;
+  return (
+    results.length === shards * group &&
+    Array.from({ length: shards }).every(
+      (_, i) =>
+        results[i * group]?.command === 'BEGIN' &&
+        results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET') &&
+        results[i * group + group - 1]?.command === 'COMMIT',
+    )
+  );
+}
+
 /** Sync, and COMMIT followed by Sync: the end of the first query's messages. */
 const SYNC = Buffer.from([0x53, 0, 0, 0, 4]);
 const COMMIT_SYNC = Buffer.concat([statementMessages('COMMIT'), SYNC]);

@@ -14,7 +14,7 @@ import { quoteIdent } from '../pg/quote.js';
 import { splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
-import { DeferredBegin, TransactionStart } from './begin.js';
+import { DeferredBegin, framedPerShard, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
 import { endQuietly } from '../pg/quiet.js';
 import { queryEachShardWithParams, type RouterInternals } from './shard-query.js';
@@ -1003,15 +1003,7 @@ export class ShardRouter {
       // Per shard: BEGIN and the SET LOCALs, the statements, COMMIT.
       const framing = this.transactionStart(shards[0]!, true).statements;
       const group = framing + statements + 1;
-      const shaped =
-        results.length === shards.length * group &&
-        shards.every(
-          (_, i) =>
-            results[i * group]?.command === 'BEGIN' &&
-            results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET') &&
-            results[i * group + group - 1]?.command === 'COMMIT',
-        );
-      if (!shaped) {
+      if (!framedPerShard(results, shards.length, framing, statements)) {
         // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
         await client.query('ROLLBACK').catch((e: Error) => (broken = e));
         return undefined;

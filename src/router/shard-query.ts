@@ -2,7 +2,7 @@ import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
 import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
-import { pipelining, type TransactionStart } from './begin.js';
+import { framedPerShard, pipelining, type TransactionStart } from './begin.js';
 import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
 import { runShardsQuery, ShardsQuery } from './pipeline.js';
@@ -130,15 +130,7 @@ async function attemptParamsChunk<R extends pg.QueryResultRow>(
     }
     const framing = starts[0]!.statements;
     const group = framing + 2;
-    const shaped =
-      results.length === shards.length * group &&
-      shards.every(
-        (_, i) =>
-          results[i * group]?.command === 'BEGIN' &&
-          results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET') &&
-          results[i * group + group - 1]?.command === 'COMMIT',
-      );
-    if (!shaped) {
+    if (!framedPerShard(results, shards.length, framing, 1)) {
       await client.query('ROLLBACK').catch((e: Error) => (broken = e));
       return undefined;
     }
