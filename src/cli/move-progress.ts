@@ -153,6 +153,9 @@ export class MoveProgressView {
   stop(): void {
     if (this.#stopped) return;
     this.#stopped = true;
+    // Drawn now with the last figures (and the lines logged since the last frame): the timer that
+    // redraws the bars may not have run since the last event.
+    this.#multi?.update();
     this.#multi?.stop();
   }
 }
