@@ -1,23 +1,23 @@
 import { elapsed } from '../clock.js';
 import { loadConfig } from '../config/load.js';
-import { shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { type NextStep, RuntimeFailure, ShardctlError, UsageError } from '../errors.js';
+import { type NextStep, RuntimeFailure, UsageError } from '../errors.js';
 import { controlTableExists } from '../fleet/control.js';
-import { describePgError } from '../fleet/connect.js';
 import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import type { MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import { abortBegun, type MoveStep } from '../moves/state.js';
-import { findRunningMoves, runMoves, type BatchMoveResult } from '../moves/run.js';
+import { findRunningMoves, runMoves } from '../moves/run.js';
+import { describeMove, runPlan, type RebalanceMoveResult } from '../moves/schedule.js';
 import { shardLoad } from './load.js';
 import { shardSizes } from './sizes.js';
 import { inflect } from '../text.js';
 
 /**
  * `shardctl rebalance`: finishes the moves an earlier run left unfinished, plans from the map as it
- * is now (src/moves/rebalance.ts) and runs the plan as batched moves, one per (source, target) pair.
+ * is now (src/moves/rebalance.ts) and runs the plan as batched moves, one per (source, target) pair,
+ * through the scheduler beside the planner (src/moves/schedule.ts).
  * The rebalance holds the runner lock of every host for its whole run; up to maxParallel moves run at
  * once, a source giving to one target at a time while a target may take from several sources (a new
  * host fills from every old one at once); a host is never source and target at once. Each move starts from the config file
@@ -55,9 +55,7 @@ export interface UnfinishedMove {
   readonly aborting: boolean;
 }
 
-export interface RebalanceMoveResult extends PlannedMove {
-  readonly result: BatchMoveResult;
-}
+export type { RebalanceMoveResult };
 
 export interface RebalanceResult {
   /** rebalanced: moves ran; balanced: nothing to move; dry-run: planned only. */
@@ -246,85 +244,12 @@ async function rebalanceLocked(
   };
 }
 
-/**
- * Runs the moves, each as soon as neither of its hosts is busy and fewer than maxParallel run, in
- * plan order. After a failure no further move starts; the ones running finish, then the error names
- * what failed and what was done.
- */
-async function runPlan(
-  moves: readonly PlannedMove[],
-  maxParallel: number,
-  run: (move: PlannedMove) => Promise<BatchMoveResult>,
-): Promise<RebalanceMoveResult[]> {
-  const pending = [...moves];
-  const busy = new Set<string>();
-  // Moves running into each target host.
-  const targets = new Map<string, number>();
-  const running = new Set<Promise<void>>();
-  const done: RebalanceMoveResult[] = [];
-  const failed: { move: PlannedMove; error: unknown }[] = [];
-  for (;;) {
-    if (failed.length === 0) {
-      for (let i = 0; i < pending.length && running.size < maxParallel;) {
-        const move = pending[i]!;
-        // A source gives to one target at a time; a target may take from several sources at once.
-        const sourceFree = !busy.has(move.source) && (targets.get(move.source) ?? 0) === 0;
-        if (!sourceFree || busy.has(move.target)) {
-          i += 1;
-          continue;
-        }
-        pending.splice(i, 1);
-        busy.add(move.source);
-        targets.set(move.target, (targets.get(move.target) ?? 0) + 1);
-        const task: Promise<void> = run(move)
-          .then(
-            (result) => void done.push({ ...move, result }),
-            (error: unknown) => void failed.push({ move, error }),
-          )
-          .finally(() => {
-            busy.delete(move.source);
-            targets.set(move.target, targets.get(move.target)! - 1);
-            running.delete(task);
-          });
-        running.add(task);
-      }
-    }
-    if (running.size === 0) break;
-    await Promise.race(running);
-  }
-  if (failed.length === 0) return done;
-  const lines = [
-    ...failed.map(
-      ({ move, error }) =>
-        `${describeMove(move)} failed: ${error instanceof ShardctlError ? error.message : describePgError(error)}`,
-    ),
-    ...done.map((m) => `${describeMove(m)} done`),
-    ...pending.map((m) => `${describeMove(m)} not started`),
-  ];
-  throw new RuntimeFailure(
-    'REBALANCE_FAILED',
-    `rebalance stopped: ${failed.length} of ${moves.length} moves failed; rebalancing again finishes the interrupted moves and plans the rest:\n` +
-      lines.map((l) => `  - ${l}`).join('\n'),
-    {
-      done: done.map(({ source, target, shards }) => ({ source, target, shards })),
-      failed: failed.map(({ move: { source, target, shards } }) => ({ source, target, shards })),
-    },
-    lines,
-    // Rebalancing again resumes the failed moves itself: their own resume or abort advice is not the next step.
-    [{ action: 'rebalance' }],
-  );
-}
-
 /** The plan names hosts of the map it was made from; the map reloaded before a move still has them unless edited meanwhile. */
 function hostNamed(config: ShardctlConfig, name: string): HostConfig {
   const host = config.hosts.find((h) => h.name === name);
   if (!host)
     throw new RuntimeFailure('MOVE_HOSTS', `the plan moves shards to host ${name}, which ${config.file} no longer has`);
   return host;
-}
-
-function describeMove(move: Pick<PlannedMove, 'source' | 'target' | 'shards'>): string {
-  return `${move.source} → ${move.target} (${shardsPhrase([...move.shards])})`;
 }
 
 function describeUnfinished(move: UnfinishedMove): string {
