@@ -20,7 +20,7 @@ export const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 export const CLI = process.env.SHARDCTL_BENCH_CLI
   ? path.resolve(process.env.SHARDCTL_BENCH_CLI)
   : path.join(REPO_ROOT, 'bin', 'shardctl.js');
-/** A second launcher (SHARDCTL_BENCH_CLI_B), timed in the same rounds as CLI where a benchmark supports it (move-batch's split). */
+/** A second launcher (SHARDCTL_BENCH_CLI_B), timed in the same rounds as CLI where a benchmark supports it (move-split). */
 export const CLI_B = process.env.SHARDCTL_BENCH_CLI_B ? path.resolve(process.env.SHARDCTL_BENCH_CLI_B) : null;
 /** The tests' copy of the example migrations, not the checkout's migrations/ (which a user may add to). */
 export const EXAMPLE_MIGRATIONS = path.join(REPO_ROOT, 'test', 'fixtures', 'migrations');

@@ -1,5 +1,5 @@
 /**
- * What the move benchmarks (move-shard, move-realworld, move-batch) share: the application that
+ * What the move benchmarks (move-shard, move-realworld, move-split, move-fleet) share: the application that
  * writes through a move, the `pg_dump -n … | psql` floor, and the checks that a move left nothing
  * of its replication behind. Each benchmark keeps only its scenario.
  */

@@ -32,9 +32,10 @@ import {
   writeFleet,
 } from './lib.js';
 import * as migrate from './migrate.js';
-import * as moveBatch from './move-batch.js';
+import * as moveFleet from './move-fleet.js';
 import * as moveRealworld from './move-realworld.js';
 import * as moveShard from './move-shard.js';
+import * as moveSplit from './move-split.js';
 import * as nextId from './next-id.js';
 import * as pooledInserts from './pooled-inserts.js';
 import * as router from './router.js';
@@ -50,7 +51,8 @@ const BENCHMARKS = {
   migrate,
   'move-shard': moveShard,
   'move-realworld': moveRealworld,
-  'move-batch': moveBatch,
+  'move-split': moveSplit,
+  'move-fleet': moveFleet,
   router,
   'pooled-inserts': pooledInserts,
   'router-stall': routerStall,
@@ -76,7 +78,8 @@ const DEFAULT_MAJORS = {
   router: [EMBEDDED_MAJOR],
   'pooled-inserts': [EMBEDDED_MAJOR, '15'],
   'router-stall': [EMBEDDED_MAJOR, '15'],
-  'move-batch': ['15', EMBEDDED_MAJOR],
+  'move-split': ['15', EMBEDDED_MAJOR],
+  'move-fleet': ['15', EMBEDDED_MAJOR],
   discovery: [EMBEDDED_MAJOR],
   feed: [EMBEDDED_MAJOR],
   // pg_basebackup: only the Debian binaries have it.
@@ -152,10 +155,10 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --bulk-rounds N   bulk-insert rounds per table              (${REFERENCE_SCALE['bulk-rounds']})
   --realworld-rows N move-realworld: accounts in the moved shard (${formatCount(REFERENCE_SCALE['realworld-rows'])})
   --realworld-runs N move-realworld: runs each side          (${REFERENCE_SCALE['realworld-runs']})
-  --split-shards N  move-batch: shards moved in the host split (${REFERENCE_SCALE['split-shards']})
-  --split-rows N    move-batch: photos rows per split shard     (${formatCount(REFERENCE_SCALE['split-rows'])})
-  --loop-shards N   move-batch: shards moved one by one         (${REFERENCE_SCALE['loop-shards']})
-  --fleet-shards N  move-batch: empty shards of the fleet-scale move, 4 → 8 hosts (${REFERENCE_SCALE['fleet-shards']})
+  --split-shards N  move-split: shards moved in the host split (${REFERENCE_SCALE['split-shards']})
+  --split-rows N    move-split: photos rows per split shard     (${formatCount(REFERENCE_SCALE['split-rows'])})
+  --loop-shards N   move-split: shards moved one by one         (${REFERENCE_SCALE['loop-shards']})
+  --fleet-shards N  move-fleet: empty shards of the fleet-scale move, 4 → 8 hosts (${REFERENCE_SCALE['fleet-shards']})
   --discovery-shards N  discovery: shards of its fleet           (${REFERENCE_SCALE['discovery-shards']})
   --discovery-hosts N   discovery: hosts of its fleet            (${REFERENCE_SCALE['discovery-hosts']})
   --discovery-runs N    discovery: router opens of each kind     (${REFERENCE_SCALE['discovery-runs']})
