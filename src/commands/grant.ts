@@ -1,7 +1,8 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { HostError, UsageError } from '../errors.js';
-import { describePgError, withHost } from '../fleet/connect.js';
+import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
+import { Fleet } from '../fleet/session.js';
 import { quoteIdent } from '../pg/quote.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 
@@ -98,11 +99,13 @@ export async function grant(
   if (mode !== 'app' && mode !== 'readonly')
     throw new UsageError('must be app or readonly', { input: 'mode', value: String(mode) });
   const dryRun = options.dryRun ?? false;
-  // Every host is read first: a role missing on one host (or a superuser) refuses the whole run
-  // before anything is granted anywhere.
-  const plans = await Promise.all(
-    config.hosts.map((host) =>
-      withHost(host, async (client) => {
+  // One connection per host for the whole run. Every host is read first: a role missing on one host
+  // (or a superuser) refuses the whole run before anything is granted anywhere.
+  const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl grant' });
+  try {
+    fleet.requireAll();
+    const plans = await Promise.all(
+      fleet.sessions.map(async ({ host, client }) => {
         const found = await client.query<{ superuser: boolean | null; schemas: string[] | null }>(
           `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1) AS superuser,
                   (SELECT array_agg(schema_name::text ORDER BY shard) FROM ${CONTROL}.shards
@@ -114,9 +117,7 @@ export async function grant(
           throw new HostError(
             host.name,
             `role ${JSON.stringify(role)} does not exist; create it first (CREATE ROLE); nothing was granted`,
-            {
-              code: 'ROLE_MISSING',
-            },
+            { code: 'ROLE_MISSING' },
           );
         if (superuser)
           throw new HostError(
@@ -124,15 +125,13 @@ export async function grant(
             `role ${JSON.stringify(role)} is a superuser: it needs no grants and bypasses every one; nothing was granted`,
             { code: 'ROLE_SUPERUSER' },
           );
-        return { host, schemas: schemas ?? [] };
+        return { host, client, schemas: schemas ?? [] };
       }),
-    ),
-  );
-  const hosts = await Promise.all(
-    plans.map(async ({ host, schemas }) => {
-      const sql = grantSql(role, mode, schemas);
-      if (!dryRun) {
-        await withHost(host, async (client) => {
+    );
+    const hosts = await Promise.all(
+      plans.map(async ({ host, client, schemas }) => {
+        const sql = grantSql(role, mode, schemas);
+        if (!dryRun) {
           for (const transaction of sql) {
             try {
               await client.query(transaction);
@@ -144,10 +143,12 @@ export async function grant(
               });
             }
           }
-        });
-      }
-      return { host: host.name, schemas: schemas.length, sql };
-    }),
-  );
-  return { role, mode, dryRun, hosts };
+        }
+        return { host: host.name, schemas: schemas.length, sql };
+      }),
+    );
+    return { role, mode, dryRun, hosts };
+  } finally {
+    await fleet.close();
+  }
 }
