@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
 import { shardMovedTo, type ShardMap } from '../../src/config/shard-map.js';
-import { inject } from 'vitest';
+import { afterAll, beforeAll, inject } from 'vitest';
 import {
   findFreePort,
   initCluster,
@@ -28,7 +28,7 @@ import {
   stopCluster,
   type LocalClusterOptions,
 } from '../../src/dev/local-postgres.js';
-import { adminClient, withClient } from './hosts.js';
+import { adminClient, type TestDatabases, withClient } from './hosts.js';
 import { type Fleet, makeFleet } from './fleet.js';
 import { tempDir } from './temp.js';
 import { init } from '../../src/commands/init.js';
@@ -399,4 +399,30 @@ export async function seededFleet(
     ),
   );
   return { fleet, config };
+}
+
+/**
+ * For a describe block: a fleet of `shards` over the two hosts of `db` (split as given), initialised
+ * before the tests, with a superuser connection to each host (source pg1, target pg2) closed after
+ * the block.
+ */
+export function useTwoHostFleet(
+  db: TestDatabases,
+  layout: { shards: number; split: [string, string] },
+): { readonly fleet: () => Fleet; readonly source: () => pg.Client; readonly target: () => pg.Client } {
+  let fleet: Fleet | undefined;
+  let source: pg.Client | undefined;
+  let target: pg.Client | undefined;
+  beforeAll(async () => {
+    fleet = makeFleet({ urls: db.urls, shards: layout.shards, split: layout.split });
+    const result = await init(await fleet.config());
+    if (!result.ok) throw new Error('init of the two-host fleet failed');
+    source = await adminClient(db.urls[0]!);
+    target = await adminClient(db.urls[1]!);
+  });
+  afterAll(async () => {
+    await source?.end();
+    await target?.end();
+  });
+  return { fleet: () => fleet!, source: () => source!, target: () => target! };
 }

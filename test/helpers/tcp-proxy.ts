@@ -15,6 +15,10 @@
  * open at that moment pass no byte any more, either way, while new connections work normally.
  */
 import net from 'node:net';
+import { afterAll, afterEach, beforeAll } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { type Fleet, makeFleet } from './fleet.js';
+import { type TestDatabases, useTestDatabases } from './hosts.js';
 
 export type Silence = 'forward' | 'all' | 'after-handshake';
 
@@ -163,4 +167,42 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },
   };
+}
+
+/**
+ * For a describe block: a two-host fleet of 8 shards, pg1 direct and pg2 through a TCP proxy
+ * (replication reaches pg2 directly), `hostTimeout: 2s`, initialised before the tests; the proxy
+ * passes bytes again after each test and is closed after the block.
+ */
+export function useProxiedFleet(): {
+  readonly db: TestDatabases;
+  readonly proxy: () => TcpProxy;
+  readonly fleet: () => Fleet;
+} {
+  const db = useTestDatabases(2);
+  let proxy: TcpProxy | undefined;
+  let fleet: Fleet | undefined;
+  beforeAll(async () => {
+    proxy = await startTcpProxy(db.urls[1]!);
+    fleet = makeFleet({
+      urls: [db.urls[0]!, proxy.url],
+      replicationUrls: [undefined, db.replicationUrls[1]],
+      shards: 8,
+      extra: 'hostTimeout: 2s',
+    });
+    const result = await init(await fleet.config());
+    if (!result.ok) throw new Error('init of the proxied fleet failed');
+  });
+  afterEach(() => proxy?.resume());
+  afterAll(async () => {
+    await proxy?.close();
+  });
+  return { db, proxy: () => proxy!, fleet: () => fleet! };
+}
+
+/** How long run took, with its value. */
+export async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }> {
+  const started = performance.now();
+  const value = await run();
+  return { value, ms: performance.now() - started };
 }

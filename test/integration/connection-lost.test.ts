@@ -7,12 +7,10 @@
  * and fails the wait. With hostTimeout 2s every command ends within a few seconds naming pg2, and a
  * router call runs again on a new connection.
  */
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { init } from '../../src/commands/init.js';
+import { beforeAll, describe, expect, it } from 'vitest';
 import { ShardRouter } from '../../src/index.js';
-import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
-import { useTestDatabases } from '../helpers/hosts.js';
-import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js';
+import { type Fleet, runCli } from '../helpers/fleet.js';
+import { timed, type TcpProxy, useProxiedFleet } from '../helpers/tcp-proxy.js';
 
 const BOUND_MS = 2000;
 /** Noticed after one bound of silence, then a probe and a pg_stat_activity query; slack for a loaded machine. */
@@ -21,31 +19,13 @@ const LOST =
   /pg2.*the connection was lost: the host answers a new connection, but this connection's server process \(pid \d+\) is (idle|idle in transaction)/;
 
 describe('a connection lost on the way while its host is fine', () => {
-  const db = useTestDatabases(2);
+  const { proxy: proxyOf, fleet: fleetOf } = useProxiedFleet();
   let proxy: TcpProxy;
   let fleet: Fleet;
-
-  beforeAll(async () => {
-    proxy = await startTcpProxy(db.urls[1]!);
-    fleet = makeFleet({
-      urls: [db.urls[0]!, proxy.url],
-      replicationUrls: [undefined, db.replicationUrls[1]],
-      shards: 8,
-      extra: 'hostTimeout: 2s',
-    });
-    expect((await init(await fleet.config())).ok).toBe(true);
+  beforeAll(() => {
+    proxy = proxyOf();
+    fleet = fleetOf();
   });
-
-  afterEach(() => proxy.resume());
-  afterAll(async () => {
-    await proxy?.close();
-  });
-
-  async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }> {
-    const started = performance.now();
-    const value = await run();
-    return { value, ms: performance.now() - started };
-  }
 
   it.each([
     ['status', ['status']],

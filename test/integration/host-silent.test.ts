@@ -7,46 +7,27 @@
 import { type ChildProcessByStdio, spawn } from 'node:child_process';
 import type { Readable } from 'node:stream';
 import { join } from 'node:path';
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { ShardRouter } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { withClient, useTestDatabases } from '../helpers/hosts.js';
 import { shardsAt, waitFor } from '../helpers/migrations.js';
 import { removeCliSnapshot, spawnCli } from '../helpers/moves.js';
-import { startTcpProxy, type TcpProxy } from '../helpers/tcp-proxy.js';
+import { startTcpProxy, timed, type TcpProxy, useProxiedFleet } from '../helpers/tcp-proxy.js';
 
 const BOUND_MS = 2000;
 /** Silence noticed after one bound, the probe gives up after another, plus slack for a loaded machine. */
 const WITHIN_MS = 3 * BOUND_MS + 4000;
 
 describe('a host that stops answering', () => {
-  const db = useTestDatabases(2);
+  const { db, proxy: proxyOf, fleet: fleetOf } = useProxiedFleet();
   let proxy: TcpProxy;
   let fleet: Fleet;
-
-  beforeAll(async () => {
-    proxy = await startTcpProxy(db.urls[1]!);
-    // pg1: shards 0-3, direct; pg2: shards 4-7, through the proxy (replication reaches it directly).
-    fleet = makeFleet({
-      urls: [db.urls[0]!, proxy.url],
-      replicationUrls: [undefined, db.replicationUrls[1]],
-      shards: 8,
-      extra: 'hostTimeout: 2s',
-    });
-    expect((await init(await fleet.config())).ok).toBe(true);
+  beforeAll(() => {
+    proxy = proxyOf();
+    fleet = fleetOf();
   });
-
-  afterEach(() => proxy.resume());
-  afterAll(async () => {
-    await proxy?.close();
-  });
-
-  async function timed<T>(run: () => Promise<T>): Promise<{ value: T; ms: number }> {
-    const started = performance.now();
-    const value = await run();
-    return { value, ms: performance.now() - started };
-  }
 
   it(
     'status: a host silent after the handshake is reported by name within the bound, the other host is read',
@@ -228,11 +209,12 @@ describe('a target that stops answering while a wave is fenced', () => {
     'is cut off about 2 s past the fence limit: the source is writable again long before the silence would be noticed, the move stops naming pg2, and --resume finishes',
     { timeout: 90_000 },
     async () => {
-      proxy = await startTcpProxy(db.urls[1]!);
+      const proxied = await startTcpProxy(db.urls[1]!);
+      proxy = proxied;
       // pg1: shards 0-3, direct; pg2: 4-7 through the proxy, whose silence is noticed only after
       // hostTimeout (10 s, the default) and a probe of as long.
       const fleet = makeFleet({
-        urls: [db.urls[0]!, proxy.url],
+        urls: [db.urls[0]!, proxied.url],
         replicationUrls: [undefined, db.replicationUrls[1]],
         shards: 8,
       });

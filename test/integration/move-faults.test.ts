@@ -26,6 +26,7 @@ import {
   shardRow,
   spawnCli,
   startOwnClusters,
+  useTwoHostFleet,
   waitForMoveSessionsToEnd,
 } from '../helpers/moves.js';
 
@@ -38,20 +39,14 @@ async function functionExists(client: pg.Client, name: string): Promise<boolean>
   return (await client.query<{ e: boolean }>('select to_regprocedure($1) is not null as e', [`${name}()`])).rows[0]!.e;
 }
 describe('moves on a two-host fleet', () => {
+  const hosts = useTwoHostFleet(db, { shards: 8, split: ['0-5', '6-7'] });
   let fleet: Fleet;
   let source: pg.Client;
   let target: pg.Client;
-
-  beforeAll(async () => {
-    fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-5', '6-7'] });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    source = await adminClient(db.urls[0]!);
-    target = await adminClient(db.urls[1]!);
-  });
-
-  afterAll(async () => {
-    await source?.end();
-    await target?.end();
+  beforeAll(() => {
+    fleet = hosts.fleet();
+    source = hosts.source();
+    target = hosts.target();
   });
 
   it('offline: copies with COPY, verifies, carries the sequences, switches the map, fences and renames the old copy', async () => {

@@ -6,31 +6,24 @@
 import { spawn } from 'node:child_process';
 import { join } from 'node:path';
 import pg from 'pg';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { init } from '../../src/commands/init.js';
-import { type Fleet, makeFleet } from '../helpers/fleet.js';
-import { adminClient, useTestDatabases } from '../helpers/hosts.js';
-import { lastMove, shardRow } from '../helpers/moves.js';
+import { beforeAll, describe, expect, it } from 'vitest';
+import type { Fleet } from '../helpers/fleet.js';
+import { useTestDatabases } from '../helpers/hosts.js';
+import { lastMove, shardRow, useTwoHostFleet } from '../helpers/moves.js';
 
 const db = useTestDatabases(2);
 const BIN = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
 const ROWS = 20_000;
 
 describe('move-shard when its terminal goes away', () => {
+  const hosts = useTwoHostFleet(db, { shards: 6, split: ['0-2', '3-5'] });
   let fleet: Fleet;
   let source: pg.Client;
   let target: pg.Client;
-
-  beforeAll(async () => {
-    fleet = makeFleet({ urls: db.urls, shards: 6, split: ['0-2', '3-5'] });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    source = await adminClient(db.urls[0]!);
-    target = await adminClient(db.urls[1]!);
-  });
-
-  afterAll(async () => {
-    await source?.end();
-    await target?.end();
+  beforeAll(() => {
+    fleet = hosts.fleet();
+    source = hosts.source();
+    target = hosts.target();
   });
 
   it.each([
