@@ -41,7 +41,7 @@ import { endFenceTimeouts, releaseWave, watchFence } from './fence-limit.js';
 import { dropPreVerification } from './pre-verification.js';
 import { waitForCatchUp } from './catch-up.js';
 import { carrySequences } from './sequences.js';
-import { verify, switchMap, requireNotSwitched, UndoThenReport } from './switch.js';
+import { verify, switchMap, requireNotSwitched, type UndoThenReport } from './switch.js';
 import { undoFence } from './unfence.js';
 
 /**
@@ -76,39 +76,14 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     // limit (watchFence), in the step and in its undo alike.
     const unwatch = ctx.mode === 'online' && FENCE_WATCHED.includes(step) ? watchFence(ctx) : undefined;
     try {
+      let outcome: UndoThenReport | void;
       try {
-        await STEPS[step].action(ctx);
+        outcome = await STEPS[step].action(ctx);
       } catch (error) {
-        if (!(error instanceof UndoThenReport)) {
-          await releaseAfterFailure(ctx, step, error);
-          throw error;
-        }
-        await endFenceTimeouts(ctx);
-        try {
-          await abortMove(ctx, error.after);
-        } catch (undo) {
-          // Refused before anything was undone (the move switched): that refusal is the advice.
-          const switched = undo instanceof ShardctlError && undo.code === 'MOVE_SWITCHED';
-          // An undo that failed part way (a lost target) must not leave the sources fenced, and can
-          // only be finished by aborting again (run.ts refuses to resume it).
-          await releaseAfterFailure(ctx, step, undo, { abortOnly: !switched });
-          if (switched) throw undo;
-          const failure = error.failure;
-          throw new HostError(
-            errorHost(undo) ?? ctx.source.host.name,
-            `move ${ctx.moveId} failed at step ${step} (${failure instanceof ShardctlError ? failure.message : describePgError(failure)}), and undoing it failed: ${describePgError(undo)}; abort it to finish the undo`,
-            {
-              shard: ctx.shards[0]!,
-              code: 'MOVE_FAILED',
-              cause: undo,
-              ...(failure instanceof ShardctlError ? { details: failure.details } : {}),
-              data: { moveId: ctx.moveId, step, shards: ctx.shards },
-              next: [{ action: 'abort', shards: ctx.shards }],
-            },
-          );
-        }
-        throw error.failure;
+        await releaseAfterFailure(ctx, step, error);
+        throw error;
       }
+      if (outcome) await undoThenReport(ctx, step, outcome);
     } catch (error) {
       await endFenceTimeouts(ctx);
       await dropPreVerification(ctx);
@@ -137,6 +112,35 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     await record(ctx, step, step === 'cleaned' ? 'done' : 'running');
     next += 1;
   }
+}
+
+/** A step asked for the move to be undone before its failure is reported: undo, then throw it. */
+async function undoThenReport(ctx: MoveContext, step: MoveStep, outcome: UndoThenReport): Promise<never> {
+  await endFenceTimeouts(ctx);
+  try {
+    await abortMove(ctx, outcome.undoFrom);
+  } catch (undo) {
+    // Refused before anything was undone (the move switched): that refusal is the advice.
+    const switched = undo instanceof ShardctlError && undo.code === 'MOVE_SWITCHED';
+    // An undo that failed part way (a lost target) must not leave the sources fenced, and can
+    // only be finished by aborting again (run.ts refuses to resume it).
+    await releaseAfterFailure(ctx, step, undo, { abortOnly: !switched });
+    if (switched) throw undo;
+    const failure = outcome.failure;
+    throw new HostError(
+      errorHost(undo) ?? ctx.source.host.name,
+      `move ${ctx.moveId} failed at step ${step} (${failure.message}), and undoing it failed: ${describePgError(undo)}; abort it to finish the undo`,
+      {
+        shard: ctx.shards[0]!,
+        code: 'MOVE_FAILED',
+        cause: undo,
+        details: failure.details,
+        data: { moveId: ctx.moveId, step, shards: ctx.shards },
+        next: [{ action: 'abort', shards: ctx.shards }],
+      },
+    );
+  }
+  throw outcome.failure;
 }
 
 /**
@@ -190,7 +194,8 @@ async function nextWave(ctx: MoveContext): Promise<void> {
 /** The steps of an online wave from its fence to its switch, which watchFence watches. */
 const FENCE_WATCHED: readonly MoveStep[] = ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'];
 
-type StepAction = (ctx: MoveContext) => Promise<void>;
+/** A step's action (it may ask for the move to be undone before its failure is reported), or an undo. */
+type StepAction = (ctx: MoveContext) => Promise<UndoThenReport | void>;
 
 interface Step {
   readonly action: StepAction;

@@ -30,7 +30,7 @@ import { currentTargetNow } from './catch-up.js';
  * fence-locks.ts), catch-up.ts, sequences.ts; the undo: unfence.ts.
  */
 
-export async function verify(ctx: MoveContext): Promise<void> {
+export async function verify(ctx: MoveContext): Promise<UndoThenReport | undefined> {
   const shards = waveShards(ctx);
   const schemas = schemasOf(ctx, shards);
   const methods = await ensureMethods(ctx);
@@ -90,15 +90,15 @@ export async function verify(ctx: MoveContext): Promise<void> {
     : result;
   if (result.ok) {
     ctx.rowsVerified += result.rows;
-    return;
+    return undefined;
   }
   const mismatches = result.mismatches.map((m) => `  - ${m}`).join('\n');
   const data = { moveId: ctx.moveId, verification: { ...result, rows: result.rows.toString() } };
   if (ctx.wave === 0) {
     // Nothing switched yet: the move is undone, the sources writable again, nothing is lost.
-    throw new UndoThenReport(
-      'sequences-carried',
-      new HostError(
+    return {
+      undoFrom: 'sequences-carried',
+      failure: new HostError(
         ctx.target.host.name,
         `verification failed, the move was aborted and the source on ${ctx.source.host.name} is writable again:\n${mismatches}`,
         {
@@ -108,7 +108,7 @@ export async function verify(ctx: MoveContext): Promise<void> {
           details: result.mismatches,
         },
       ),
-    );
+    };
   }
   // Earlier waves are live on the target: this wave is unfenced and the move stops, resumable.
   try {
@@ -233,15 +233,11 @@ export async function requireNotSwitched(ctx: MoveContext, step: MoveStep): Prom
 }
 
 /**
- * A failure after which the move is undone before it is reported (the verification of the first
- * wave: nothing switched yet). The step cannot undo the move itself: the undo of every step is
- * move.ts's, which runs the steps.
+ * What a step may return instead of going on: undo the move back from `undoFrom`, then report
+ * `failure` (the verification of the first wave: nothing switched yet). The step cannot undo the
+ * move itself: the undo of every step is move.ts's, which runs the steps.
  */
-export class UndoThenReport extends Error {
-  constructor(
-    readonly after: MoveStep,
-    readonly failure: HostError,
-  ) {
-    super(failure.message);
-  }
+export interface UndoThenReport {
+  readonly undoFrom: MoveStep;
+  readonly failure: HostError;
 }
