@@ -6,7 +6,7 @@ import { catchUpSql } from './sql.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 import { type LeafTable } from './catalog.js';
 import { changesOf, type ChangesRow } from './tail.js';
-import { type MoveContext } from './context.js';
+import { type MoveContext, type WaveState } from './context.js';
 import { applyWorkerWaits } from './replication.js';
 import { fenceRemainingMs, stopCutOver } from './fence-limit.js';
 
@@ -26,8 +26,8 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
   try {
     // The fence records its marker with its step: a wave fenced without one cannot be caught up,
     // and stopping here unfences it, so that a resumed run fences again with a marker.
-    if (ctx.fenceMarker === null) throw new Error(`no fence marker is recorded for wave ${ctx.wave + 1}`);
-    await catchUpAndRead(ctx, ctx.fenceMarker, limit);
+    if (ctx.current.fenceMarker === null) throw new Error(`no fence marker is recorded for wave ${ctx.wave + 1}`);
+    await catchUpAndRead(ctx, ctx.current.fenceMarker, limit);
   } catch (error) {
     // What the apply worker waits for only adds to the message; a target cut off cannot say.
     const silent = error instanceof HostError && error.code === HOST_SILENT;
@@ -41,8 +41,8 @@ export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
 }
 
 async function catchUpAndRead(ctx: MoveContext, marker: string, limitMs: number): Promise<void> {
-  const leaves = ctx.leaves?.wave === ctx.wave ? ctx.leaves.target : [];
-  const changes = ctx.pre?.wave === ctx.wave;
+  const leaves = ctx.current.leaves?.target ?? [];
+  const changes = ctx.current.pre !== null;
   const sql = catchUpSql({
     moveId: ctx.moveId,
     kind: marker,
@@ -54,8 +54,7 @@ async function catchUpAndRead(ctx: MoveContext, marker: string, limitMs: number)
   const results = await queryString(ctx.target.client, sql);
   // Here the marker is applied: the wait fails otherwise, and the reads after it are not run.
   const read = results.find((r) => hasField(r, 'keys_json'));
-  ctx.targetNow = {
-    wave: ctx.wave,
+  ctx.current.targetNow = {
     marker,
     leaves: leavesReported(leaves, results),
     changes: changes && read ? changesOf(read.rows as ChangesRow[]) : null,
@@ -95,8 +94,8 @@ export function leavesReported(leaves: readonly LeafTable[], results: readonly p
   });
 }
 
-/** What the target said when this fence attempt's catch-up saw its marker (ctx.targetNow), or null: another wave's, an earlier attempt's, or none. */
-export function currentTargetNow(ctx: MoveContext): MoveContext['targetNow'] {
-  const now = ctx.targetNow;
-  return now?.wave === ctx.wave && now.marker === ctx.fenceMarker ? now : null;
+/** What the target said when this fence attempt's catch-up saw its marker (the wave's targetNow), or null: an earlier attempt's, or none. */
+export function currentTargetNow(ctx: MoveContext): WaveState['targetNow'] {
+  const now = ctx.current.targetNow;
+  return now?.marker === ctx.current.fenceMarker ? now : null;
 }

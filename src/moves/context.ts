@@ -123,19 +123,10 @@ export interface MoveContext {
   /** Publication, subscription and slot share this name. */
   readonly name: string;
   readonly waves: readonly (readonly number[])[];
-  /** The wave being cut over (online); 0 offline. */
+  /** The wave being cut over (online); 0 offline. Changed only with `current`, by beginWave. */
   wave: number;
-  /**
-   * The marker kind of the current fence attempt. Each attempt has its own: after a catch-up timeout
-   * the source is unfenced, and the old marker may still be on its way to the target.
-   */
-  fenceMarker: string | null;
-  /** Wall-clock ms when the current wave's fence began (kept in the record: survives a kill). */
-  fenceStartedAtMs: number | null;
-  /** performance.now() by which this run must have switched the fenced wave, or unfence it (see maxFencedMs). */
-  fenceDeadline: number | null;
-  /** The current wave's switch was sent (switchMap): from then on the target may hold the shards (see watchFence). */
-  switchSent: boolean;
+  /** What this run knows of that wave: made when the wave starts, replaced by the next wave's. */
+  current: WaveState;
   writeBlockedMs: number | null;
   rowsVerified: bigint;
   verification: VerifyResult | null;
@@ -159,14 +150,6 @@ export interface MoveContext {
   /** Chunks this run copied, and chunks an earlier run copied that this one copied again (they differed). */
   chunksCopied: number;
   chunksRecopied: number;
-  /** The current wave's verification begun before its fence (this process only; see tail.ts). */
-  pre: { readonly wave: number; readonly verification: PreVerification } | null;
-  /**
-   * The tables of a wave left untracked because they were empty when this run began its cut-over
-   * (fence.ts), and whether the wave may have tracking or change-log triggers (false only when
-   * this run found none before its fence and created none).
-   */
-  untracked: { readonly wave: number; readonly tables: ReadonlySet<string>; readonly triggers: boolean } | null;
   /**
    * Worker connections opened ahead of the steps that take them (workers.ts, Spares): the creation's
    * while the preflight runs, the clean-up's from the last wave's fence; null in a resumed run.
@@ -175,32 +158,50 @@ export interface MoveContext {
     open(host: HostConfig, applicationName: string, count: number): void;
     take(host: HostConfig, applicationName: string): Promise<pg.Client>;
   } | null;
-  /** A wave's tables on each host, listed before its fence (fence.ts). */
-  leaves: {
-    readonly wave: number;
-    readonly source: readonly LeafTable[];
-    readonly target: readonly LeafTable[];
-  } | null;
-  /** The source's tables of a wave with their emptiness as its fence transactions reported it (fence.ts). */
-  sourceNow: { readonly wave: number; readonly leaves: readonly LeafTable[] } | null;
   /** When the cut-over last set the statement timeout of the source's and target's sessions (fence-limit.ts, underFence). */
   readonly timeoutsSetAt: Map<pg.Client, number>;
+}
+
+/**
+ * One wave's state in this run: what its fence recorded (kept in the move's record, so a resumed run
+ * starts with them) and what its steps read once and share. Made when the wave starts (beginWave)
+ * and dropped when the next one starts: nothing in it can be taken for another wave's.
+ */
+export interface WaveState {
   /**
-   * The sequences of a wave's shards, listed before its fence (sequences.ts, listSequences), and the
+   * The marker kind of the current fence attempt. Each attempt has its own: after a catch-up timeout
+   * the source is unfenced, and the old marker may still be on its way to the target.
+   */
+  fenceMarker: string | null;
+  /** Wall-clock ms when the wave's fence began (kept in the record: survives a kill). */
+  fenceStartedAtMs: number | null;
+  /** performance.now() by which this run must have switched the fenced wave, or unfence it (see maxFencedMs). */
+  fenceDeadline: number | null;
+  /** The wave's switch was sent (switchMap): from then on the target may hold the shards (see watchFence). */
+  switchSent: boolean;
+  /** The wave's verification begun before its fence (this process only; see tail.ts). */
+  pre: PreVerification | null;
+  /**
+   * The wave's tables left untracked because they were empty when this run began its cut-over
+   * (fence.ts), and whether the wave may have tracking or change-log triggers (false only when
+   * this run found none before its fence and created none).
+   */
+  untracked: { readonly tables: ReadonlySet<string>; readonly triggers: boolean } | null;
+  /** The wave's tables on each host, listed before its fence (fence.ts). */
+  leaves: { readonly source: readonly LeafTable[]; readonly target: readonly LeafTable[] } | null;
+  /** The source's tables of the wave with their emptiness as its fence transactions reported it (fence.ts). */
+  sourceNow: readonly LeafTable[] | null;
+  /**
+   * The sequences of the wave's shards, listed before its fence (sequences.ts, listSequences), and the
    * target's states of them read then (nothing moves the target's copies of the sequences).
    */
-  sequences: {
-    readonly wave: number;
-    readonly list: readonly ShardSequence[];
-    readonly target?: readonly SequenceState[];
-  } | null;
+  sequences: { readonly list: readonly ShardSequence[]; readonly target?: readonly SequenceState[] } | null;
   /**
    * What the wave's fence string read on the source once the wave was fenced (fence.ts,
    * fenceWaveOnce): its sequences' states (null when one could not be read that way) and the
    * placement version the switch starts from.
    */
   fenceReads: {
-    readonly wave: number;
     readonly marker: string;
     readonly sequences: readonly SequenceState[] | null;
     readonly placementVersion: bigint;
@@ -211,13 +212,37 @@ export interface MoveContext {
    * no verification was begun before the fence). Nothing changes either until the switch.
    */
   targetNow: {
-    readonly wave: number;
     readonly marker: string;
     readonly leaves: readonly LeafTable[];
     readonly changes: ReadonlyMap<string, TableChanges> | null;
   } | null;
   /** The source's bounds on the fence's locks, read once per wave (fence-locks.ts, lockLimits). */
-  lockLimits: { readonly wave: number; readonly lockWaitMs: number; readonly groupTables: number } | null;
+  lockLimits: { readonly lockWaitMs: number; readonly groupTables: number } | null;
+}
+
+function waveState(
+  fence: { marker: string | null; startedAtMs: number | null } = { marker: null, startedAtMs: null },
+): WaveState {
+  return {
+    fenceMarker: fence.marker,
+    fenceStartedAtMs: fence.startedAtMs,
+    fenceDeadline: null,
+    switchSent: false,
+    pre: null,
+    untracked: null,
+    leaves: null,
+    sourceNow: null,
+    sequences: null,
+    fenceReads: null,
+    targetNow: null,
+    lockLimits: null,
+  };
+}
+
+/** The next wave starts: its number and a state of its own, nothing carried from the last. */
+export function beginWave(ctx: MoveContext, wave: number): void {
+  ctx.wave = wave;
+  ctx.current = waveState();
 }
 
 /** A sequence's state as read from the sequence itself. */
@@ -257,10 +282,10 @@ export function moveContext(
     name: replicationName(record.moveId),
     waves: record.mode === 'online' ? waves : [[...record.shards]],
     wave: record.mode === 'online' && typeof detail['wave'] === 'number' ? detail['wave'] : 0,
-    fenceMarker: typeof detail['fenceMarker'] === 'string' ? detail['fenceMarker'] : null,
-    fenceStartedAtMs: typeof detail['fenceStartedAtMs'] === 'number' ? detail['fenceStartedAtMs'] : null,
-    fenceDeadline: null,
-    switchSent: false,
+    current: waveState({
+      marker: typeof detail['fenceMarker'] === 'string' ? detail['fenceMarker'] : null,
+      startedAtMs: typeof detail['fenceStartedAtMs'] === 'number' ? detail['fenceStartedAtMs'] : null,
+    }),
     writeBlockedMs: typeof detail['writeBlockedMs'] === 'number' ? detail['writeBlockedMs'] : null,
     rowsVerified: typeof detail['rowsVerified'] === 'string' ? BigInt(detail['rowsVerified']) : 0n,
     verification: null,
@@ -272,16 +297,8 @@ export function moveContext(
     copyBytesPerSecond: typeof detail['copyBytesPerSecond'] === 'number' ? detail['copyBytesPerSecond'] : null,
     chunksCopied: 0,
     chunksRecopied: 0,
-    pre: null,
-    untracked: null,
     spares: null,
-    leaves: null,
-    sourceNow: null,
     timeoutsSetAt: new Map(),
-    sequences: null,
-    fenceReads: null,
-    targetNow: null,
-    lockLimits: null,
   };
 }
 

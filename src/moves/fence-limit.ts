@@ -6,7 +6,7 @@ import { answersWithin, cutOff, waitState } from '../fleet/silence.js';
 import { statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
 import { recordStep } from './state.js';
 import { rollbackQuietly } from '../pg/quiet.js';
-import { DEFAULT_MAX_FENCED_MS, type MoveContext, waveShards } from './context.js';
+import { DEFAULT_MAX_FENCED_MS, type MoveContext, type WaveState, waveShards } from './context.js';
 import { progress } from './progress.js';
 import { inflect } from '../text.js';
 import { dropPreVerification } from './pre-verification.js';
@@ -27,8 +27,8 @@ export function maxFencedMs(ctx: MoveContext): number {
  * a kill) starts its own limit when it first asks.
  */
 export function fenceRemainingMs(ctx: MoveContext): number {
-  ctx.fenceDeadline ??= performance.now() + maxFencedMs(ctx);
-  return ctx.fenceDeadline - performance.now();
+  ctx.current.fenceDeadline ??= performance.now() + maxFencedMs(ctx);
+  return ctx.current.fenceDeadline - performance.now();
 }
 
 /**
@@ -89,7 +89,7 @@ const FENCE_CUTOFF_SLACK_MS = 1_000;
  * the verification's) has been waiting that long with nothing read, and a new connection cannot run
  * SELECT 1 there within the slack either, all of them are cut off (cutOff): the wait fails, and the
  * source, which holds the fence, releases the wave, its statements on the target failing at once. A
- * target that answers is never cut off. Not once the switch is sent (ctx.switchSent): the target
+ * target that answers is never cut off. Not once the switch is sent (ctx.current.switchSent): the target
  * may have taken the shards, and the move can only go forward. Returns the function that stops the
  * watch.
  */
@@ -99,10 +99,10 @@ export function watchFence(ctx: MoveContext): () => void {
   let stopped = false;
   const timer = setInterval(() => {
     const now = performance.now();
-    const deadline = ctx.fenceDeadline;
-    const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification.target : null;
+    const deadline = ctx.current.fenceDeadline;
+    const pre = ctx.current.pre?.target ?? null;
     // Every target session seen during the watch stays watched: the release ends the verification's
-    // (a COMMIT) after it was dropped from ctx.pre.
+    // (a COMMIT) after it was dropped from the wave's state.
     if (pre && !quiet.has(pre)) quiet.set(pre, { bytes: -1, since: now });
     if (!quiet.has(ctx.target.client)) quiet.set(ctx.target.client, { bytes: -1, since: now });
     const silent = [...quiet].some(([client, seen]) => {
@@ -114,7 +114,8 @@ export function watchFence(ctx: MoveContext): () => void {
       }
       return now - seen.since >= FENCE_CUTOFF_SLACK_MS;
     });
-    if (!silent || probing || deadline === null || ctx.switchSent || now < deadline + FENCE_CUTOFF_SLACK_MS) return;
+    if (!silent || probing || deadline === null || ctx.current.switchSent || now < deadline + FENCE_CUTOFF_SLACK_MS)
+      return;
     // Silence alone proves nothing (a long statement of an undo, a lock queue): a new connection
     // must not be able to run SELECT 1 within the slack either.
     probing = true;
@@ -125,7 +126,7 @@ export function watchFence(ctx: MoveContext): () => void {
         for (const client of quiet.keys()) quiet.set(client, { bytes: -1, since: performance.now() });
         return;
       }
-      if (stopped || ctx.switchSent || ctx.fenceDeadline === null) return;
+      if (stopped || ctx.current.switchSent || ctx.current.fenceDeadline === null) return;
       // Every session of the move there is cut off, so that the release's statements on the target
       // fail at once instead of waiting in turn.
       const reason = `did not answer within the fence limit (${(maxFencedMs(ctx) / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes, nor a new connection within ${FENCE_CUTOFF_SLACK_MS / 1000} s (${failure}); the move cut off its sessions there`;
@@ -166,16 +167,16 @@ export async function endFenceTimeouts(ctx: MoveContext): Promise<void> {
   await Promise.all(clients.map(reset));
 }
 
-/** What the current fence attempt's string read (ctx.fenceReads), or null: another wave's, an earlier attempt's, or none. */
-export function currentFenceReads(ctx: MoveContext): MoveContext['fenceReads'] {
-  const reads = ctx.fenceReads;
-  return reads?.wave === ctx.wave && reads.marker === ctx.fenceMarker ? reads : null;
+/** What the current fence attempt's string read (the wave's fenceReads), or null: an earlier attempt's, or none. */
+export function currentFenceReads(ctx: MoveContext): WaveState['fenceReads'] {
+  const reads = ctx.current.fenceReads;
+  return reads?.marker === ctx.current.fenceMarker ? reads : null;
 }
 
 /** Keeps the longest time the shards of this move refused writes, across waves and runs. */
 export function noteBlocked(ctx: MoveContext): void {
-  if (ctx.fenceStartedAtMs !== null)
-    ctx.writeBlockedMs = Math.max(ctx.writeBlockedMs ?? 0, Date.now() - ctx.fenceStartedAtMs);
+  if (ctx.current.fenceStartedAtMs !== null)
+    ctx.writeBlockedMs = Math.max(ctx.writeBlockedMs ?? 0, Date.now() - ctx.current.fenceStartedAtMs);
 }
 
 /**
@@ -186,15 +187,15 @@ export function noteBlocked(ctx: MoveContext): void {
  * --resume verify and switch shards that take writes. One host's record is enough (--resume
  * carries on from the earlier of the two, reconcileRecords): a target that stopped answering does
  * not keep the source fenced. Keeps how long the shards refused writes (ctx.writeBlockedMs). Only
- * for a wave this run fenced (ctx.fenceStartedAtMs) or found fenced.
+ * for a wave this run fenced (ctx.current.fenceStartedAtMs) or found fenced.
  */
 export async function releaseWave(ctx: MoveContext): Promise<void> {
   await endFenceTimeouts(ctx);
   await dropPreVerification(ctx);
   noteBlocked(ctx);
-  ctx.fenceMarker = null;
-  ctx.fenceStartedAtMs = null;
-  ctx.fenceDeadline = null;
+  ctx.current.fenceMarker = null;
+  ctx.current.fenceStartedAtMs = null;
+  ctx.current.fenceDeadline = null;
   const detail = progress(ctx);
   const recorded = await Promise.allSettled(
     [ctx.source, ctx.target].map((side) => recordStep(side.client, ctx.moveId, 'synced', 'running', detail)),

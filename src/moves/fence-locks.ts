@@ -21,14 +21,13 @@ export async function lockWaitFor(ctx: MoveContext): Promise<number> {
 export async function lockLimits(
   ctx: MoveContext,
 ): Promise<{ readonly lockWaitMs: number; readonly groupTables: number }> {
-  if (ctx.lockLimits?.wave === ctx.wave) return ctx.lockLimits;
+  if (ctx.current.lockLimits) return ctx.current.lockLimits;
   const row = (await ctx.source.client.query<{ half_deadlock_ms: number; max_locks: number }>(LOCK_LIMITS_SQL)).rows[0];
-  ctx.lockLimits = {
-    wave: ctx.wave,
+  ctx.current.lockLimits = {
     lockWaitMs: Math.max(20, Math.min(500, row?.half_deadlock_ms ?? 500)),
     groupTables: Math.max(1, Math.floor((row?.max_locks ?? 64) / 2)),
   };
-  return ctx.lockLimits;
+  return ctx.current.lockLimits;
 }
 
 /** A fence's or unfence's bounded lock wait that ran out: lock_timeout, its statement bound, a deadlock it lost. */

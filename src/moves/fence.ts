@@ -70,9 +70,9 @@ export async function fence(ctx: MoveContext): Promise<void> {
   // own from now (its start is in the record; a wave found fenced without one refuses writes from
   // now on at the latest). Set before anything else can fail: a start the record kept of a wave
   // that was released since (on one host's record only) is not this wave's.
-  if (fenced.size === 0) ctx.fenceStartedAtMs = null;
+  if (fenced.size === 0) ctx.current.fenceStartedAtMs = null;
   else {
-    ctx.fenceStartedAtMs ??= Date.now();
+    ctx.current.fenceStartedAtMs ??= Date.now();
     fenceRemainingMs(ctx);
   }
   const prepared =
@@ -88,7 +88,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
     for (;;) {
       attempts += 1;
       if (await fenceOnce(ctx, withTables([shard]), lockWaitMs)) return;
-      if (ctx.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
+      if (ctx.current.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
         // Who holds the locks only adds to the message, which stands without it.
         const holders = await lockHolders(source.client, schema).catch(() => '');
         await stopCutOver(
@@ -97,7 +97,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
         );
       }
       const waited = performance.now() - started;
-      if (ctx.fenceStartedAtMs === null && waited > limit) {
+      if (ctx.current.fenceStartedAtMs === null && waited > limit) {
         // Who holds the locks only adds to the message, which stands without it.
         const holders = await lockHolders(source.client, schema).catch(() => '');
         throw new HostError(
@@ -147,13 +147,13 @@ export async function fence(ctx: MoveContext): Promise<void> {
       ctx,
       `host ${source.host.name}: fenced ${plural(pending.length, 'shard')} in ${attempts} attempts (tables were busy)`,
     );
-  if (ctx.fenceStartedAtMs === null) ctx.fenceStartedAtMs = Date.now();
-  ctx.fenceMarker = fenceMarkerKind(ctx, Date.now());
+  if (ctx.current.fenceStartedAtMs === null) ctx.current.fenceStartedAtMs = Date.now();
+  ctx.current.fenceMarker = fenceMarkerKind(ctx, Date.now());
   // The step is recorded with the marker on the source, and on the target meanwhile (progress.ts).
   const detail = progress(ctx);
   await underFence(ctx, 'the fence marker on the source', () =>
     Promise.all([
-      source.client.query(fenceMarkerSql(ctx.moveId, ctx.fenceMarker!, detail)),
+      source.client.query(fenceMarkerSql(ctx.moveId, ctx.current.fenceMarker!, detail)),
       recordStep(ctx.target.client, ctx.moveId, 'fenced', 'running', detail),
     ]),
   );
@@ -161,7 +161,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
 
 /**
  * What a wave's cut-over does before its fence, while its shards still take writes, so that the
- * fence has less to do: its tables listed on both hosts (ctx.leaves), its fence triggers created
+ * fence has less to do: its tables listed on both hosts (the wave's leaves), its fence triggers created
  * disabled (the shards returned), the target caught up, the verification begun, its sequences
  * listed and read once on both hosts: the target's states are kept (nothing moves the target's
  * copies of them; carrySequences sets them from these), and the source's read has them open for
@@ -177,10 +177,10 @@ async function whileWritable(
     shardLeaves(ctx.source.client, schemas),
     shardLeaves(ctx.target.client, schemas),
   ]);
-  ctx.leaves = { wave: ctx.wave, source: onSource, target: onTarget };
+  ctx.current.leaves = { source: onSource, target: onTarget };
   const prepared = await prepareFence(ctx, groups, lockWaitMs);
   await catchUpBeforeFence(ctx);
-  if (ctx.pre?.wave !== ctx.wave) await startPreVerification(ctx, schemas);
+  if (!ctx.current.pre) await startPreVerification(ctx, schemas);
   const sequences = await listSequences(ctx);
   // Last, after everything that changes the tables' triggers: each host's session also opens the
   // wave's tables once (their sizes), so that the fence's and the verification's reads of their
@@ -205,7 +205,7 @@ async function whileWritable(
       (r) => (r as PromiseFulfilledResult<{ value: SequenceState[] | null } | null>).value,
     );
     if (source && target) {
-      if (target.value) ctx.sequences = { wave: ctx.wave, list: sequences, target: target.value };
+      if (target.value) ctx.current.sequences = { list: sequences, target: target.value };
       return prepared;
     }
     const busy = source ? ctx.target : ctx.source;
@@ -345,7 +345,7 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
  * commits.
  */
 async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWaitMs: number): Promise<boolean> {
-  const first = ctx.fenceStartedAtMs === null;
+  const first = ctx.current.fenceStartedAtMs === null;
   const atMs = Date.now();
   const sql = fenceSql({
     shards,
@@ -367,8 +367,8 @@ async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWai
     return false;
   }
   if (first) {
-    ctx.fenceStartedAtMs = atMs;
-    ctx.fenceDeadline = performance.now() + maxFencedMs(ctx);
+    ctx.current.fenceStartedAtMs = atMs;
+    ctx.current.fenceDeadline = performance.now() + maxFencedMs(ctx);
   }
   return true;
 }
@@ -381,7 +381,7 @@ function fenceMarkerKind(ctx: MoveContext, atMs: number): string {
 /**
  * The whole wave fenced in one round trip (fenceWaveSql): its groups, the marker with the step,
  * the source session's statement timeout, then what the cut-over reads once the wave is fenced (its
- * sequences' states, the placement version the switch starts from: ctx.fenceReads). The target's
+ * sequences' states, the placement version the switch starts from: the wave's fenceReads). The target's
  * statement timeout and step go at the same time, over its own session: a target that says
  * `fenced` while the source does not (its fence failed, or a kill came first) is carried on from
  * the source's step (run.ts, reconcileRecords), and a fence that fenced nothing records the
@@ -400,9 +400,9 @@ async function fenceWaveOnce(
   const limit = maxFencedMs(ctx);
   const detail = { ...progress(ctx), fenceMarker: marker, fenceStartedAtMs: atMs };
   // Each group's transaction also reports which of its tables are empty, once fenced (verify).
-  const leaves = ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : [];
+  const leaves = ctx.current.leaves?.source ?? [];
   const oidOf = new Map(leaves.map((t) => [`${t.schema}.${t.table}`, t.oid]));
-  const sequences = ctx.sequences?.wave === ctx.wave ? ctx.sequences.list : [];
+  const sequences = ctx.current.sequences?.list ?? [];
   const sql = fenceWaveSql({
     groups: groups.map((shards, i) => ({
       shards,
@@ -438,8 +438,8 @@ async function fenceWaveOnce(
     const wave = groups.flatMap((group) => group.map((s) => s.shard));
     const fenced = await source.client.query(FENCED_SHARDS_SQL, [wave]).catch(() => null);
     if (fenced?.rowCount) {
-      ctx.fenceStartedAtMs = atMs;
-      ctx.fenceDeadline = sentAt + limit;
+      ctx.current.fenceStartedAtMs = atMs;
+      ctx.current.fenceDeadline = sentAt + limit;
     }
     // The target's record of a fence that fenced nothing goes back to `synced` (best effort: the
     // source's step is the one a resumed run carries on from); a fence carried on group by group
@@ -456,9 +456,9 @@ async function fenceWaveOnce(
     if (code === undefined || !FENCE_WAIT_CODES.includes(code)) throw error;
     return false;
   }
-  ctx.fenceStartedAtMs = atMs;
-  ctx.fenceDeadline = sentAt + limit;
-  ctx.fenceMarker = marker;
+  ctx.current.fenceStartedAtMs = atMs;
+  ctx.current.fenceDeadline = sentAt + limit;
+  ctx.current.fenceMarker = marker;
   ctx.timeoutsSetAt.set(source.client, sentAt);
   let states: SequenceState[] | null = null;
   let placementVersion = 0n;
@@ -467,9 +467,8 @@ async function fenceWaveOnce(
     else if (hasField(r, PLACEMENT_VERSION_FIELD))
       placementVersion = BigInt((r.rows[0] as Record<string, string>)[PLACEMENT_VERSION_FIELD]!);
   }
-  ctx.sourceNow = { wave: ctx.wave, leaves: leavesReported(leaves, results) };
-  ctx.fenceReads = {
-    wave: ctx.wave,
+  ctx.current.sourceNow = leavesReported(leaves, results);
+  ctx.current.fenceReads = {
     marker,
     // pg_get_sequence_data says nothing (NULL) of a sequence the role may not read: read while fenced, as before.
     sequences:

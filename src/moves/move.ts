@@ -22,7 +22,7 @@ import {
 import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { CLEANUP_CHUNK, CLEANUP_WORKER, moveWorker } from './workers.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
-import { type MoveContext, notice, schemasOf, waveShards } from './context.js';
+import { beginWave, type MoveContext, notice, schemasOf, waveShards } from './context.js';
 import { record } from './progress.js';
 import { endLogs } from './tail.js';
 import { createAndCopy, createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
@@ -163,7 +163,7 @@ async function releaseAfterFailure(
   const until = options.abortOnly ? 'the move is aborted' : 'the move is resumed or aborted';
   const steps = stepsFor(ctx.mode);
   const at = steps.indexOf(step);
-  if (ctx.mode !== 'online' || ctx.fenceStartedAtMs === null) return;
+  if (ctx.mode !== 'online' || ctx.current.fenceStartedAtMs === null) return;
   if (at < steps.indexOf('fenced') || at >= steps.indexOf('switched')) return;
   const which = shardsPhrase(waveShards(ctx));
   const why = describePgError(failure);
@@ -183,11 +183,9 @@ async function releaseAfterFailure(
 
 /** The next wave starts from the fence: recorded back at `synced`, with its number. */
 async function nextWave(ctx: MoveContext): Promise<void> {
-  ctx.wave += 1;
-  ctx.fenceMarker = null;
-  ctx.fenceStartedAtMs = null;
-  ctx.fenceDeadline = null;
-  ctx.switchSent = false;
+  // The switched wave's verification was ended by its verify; a session of it left would not be ended by the next wave's.
+  await dropPreVerification(ctx);
+  beginWave(ctx, ctx.wave + 1);
   await record(ctx, 'synced', 'running', { quiet: true });
 }
 

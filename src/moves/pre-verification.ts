@@ -9,7 +9,7 @@ import { startSourceDeltas, stopDeltas, stopTracking } from './tail.js';
 import { elapsed } from '../clock.js';
 import { allOrNone, awaitedLater } from '../promises.js';
 import { ensureMethods, leafTablesOf } from './checksum-methods.js';
-import { type MoveContext, schemasOf, notice } from './context.js';
+import { type MoveContext, schemasOf, notice, waveShards } from './context.js';
 import { inflect, plural } from '../text.js';
 import { lockWaitFor } from './fence-locks.js';
 
@@ -22,7 +22,7 @@ import { lockWaitFor } from './fence-locks.js';
  * The first part of the wave's verification, while the source is still writable (see tail.ts):
  * tracking of the keyed tables on the target, change logs of the others on both hosts and of the
  * keyed ones on the source, then a snapshot of all of them on both hosts, kept open until the wave
- * is verified. Tables empty on the source now are left out (ctx.untracked): while fenced they hold
+ * is verified. Tables empty on the source now are left out (the wave's untracked): while fenced they hold
  * only the rows written during the cut-over, and are checksummed whole, or not read at all when
  * still empty on both hosts; no trigger is created on them, nor dropped while fenced. Best effort:
  * if the logs cannot be had, the tables without a key are checksummed whole while fenced and the
@@ -35,13 +35,13 @@ export async function startPreVerification(ctx: MoveContext, schemas: readonly s
   let opening: Promise<PromiseSettledResult<pg.Client>[]> | null = null;
   try {
     const [leaves, leftOnTarget, leftOnSource] = await Promise.all([
-      ctx.leaves?.wave === ctx.wave ? ctx.leaves.source : shardLeaves(ctx.source.client, schemas),
+      ctx.current.leaves?.source ?? shardLeaves(ctx.source.client, schemas),
       shardTriggers(ctx.target.client, schemas, [...TRACK_TRIGGERS, ...DELTA_TRIGGERS]),
       shardTriggers(ctx.source.client, schemas, DELTA_TRIGGERS),
     ]);
     const empty = new Set(leaves.filter((t) => t.empty).map((t) => `${t.schema}.${t.table}`));
     // Until it is known that the wave has none, its verification removes triggers (a killed run's too).
-    ctx.untracked = { wave: ctx.wave, tables: empty, triggers: true };
+    ctx.current.untracked = { tables: empty, triggers: true };
     const keyed = (await keyedTables(ctx.source.client, schemas)).filter(
       (k) => !empty.has(`${k.table.schema}.${k.table.table}`),
     );
@@ -51,7 +51,7 @@ export async function startPreVerification(ctx: MoveContext, schemas: readonly s
       (t) => !isKeyed.has(`${t.schema}.${t.table}`) && !empty.has(`${t.schema}.${t.table}`),
     );
     if (keyed.length === 0 && unkeyed.length === 0) {
-      ctx.untracked = { ...ctx.untracked, triggers: leftOnTarget.length + leftOnSource.length > 0 };
+      ctx.current.untracked = { tables: empty, triggers: leftOnTarget.length + leftOnSource.length > 0 };
       return;
     }
     // The verification's two sessions connect while the tracking and the change logs are set up
@@ -86,7 +86,7 @@ export async function startPreVerification(ctx: MoveContext, schemas: readonly s
       methods,
       { moveId: ctx.moveId, tables: logged, keyedOnSource: logs },
     );
-    ctx.pre = { wave: ctx.wave, verification };
+    ctx.current.pre = verification;
     notice(
       ctx,
       `host ${ctx.target.host.name}: ${plural(keyed.length + logged.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`,
@@ -187,12 +187,12 @@ export async function dropPreVerification(
   ctx: MoveContext,
   { logs = true }: { readonly logs?: boolean } = {},
 ): Promise<void> {
-  const pre = ctx.pre;
-  ctx.pre = null;
+  const pre = ctx.current.pre;
+  ctx.current.pre = null;
   if (!pre) return;
-  await endPreVerification(pre.verification);
+  await endPreVerification(pre);
   // Switched off only: this may run while the wave is fenced (a fence limit reached, a failed
   // step), where a drop per trigger would add round trips; the unfence drops them after.
-  if (logs && (pre.verification.logged.size > 0 || pre.verification.keyedOnSource))
-    await stopLogs(ctx, schemasOf(ctx, ctx.waves[pre.wave]!), { drop: false }).catch(() => undefined);
+  if (logs && (pre.logged.size > 0 || pre.keyedOnSource))
+    await stopLogs(ctx, schemasOf(ctx, waveShards(ctx)), { drop: false }).catch(() => undefined);
 }

@@ -12,8 +12,8 @@ export function progress(ctx: MoveContext): Record<string, unknown> {
     wave: ctx.wave,
     rowsVerified: ctx.rowsVerified.toString(),
     writeBlockedMs: ctx.writeBlockedMs,
-    fenceMarker: ctx.fenceMarker,
-    fenceStartedAtMs: ctx.fenceStartedAtMs,
+    fenceMarker: ctx.current.fenceMarker,
+    fenceStartedAtMs: ctx.current.fenceStartedAtMs,
     ...(ctx.copyBytesPerSecond === null ? {} : { copyBytesPerSecond: ctx.copyBytesPerSecond }),
   };
 }

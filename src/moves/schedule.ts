@@ -86,4 +86,3 @@ export async function runPlan(
 export function describeMove(move: Pick<PlannedMove, 'source' | 'target' | 'shards'>): string {
   return `${move.source} → ${move.target} (${shardsPhrase([...move.shards])})`;
 }
-

@@ -28,7 +28,7 @@ async function carrySequencesNow(ctx: MoveContext): Promise<void> {
   // target's copies meanwhile; offline the copy does, and may fire triggers there): no round trip
   // while writes wait but the setval, if any.
   const fenced = ctx.mode === 'online' ? currentFenceReads(ctx) : null;
-  const before = ctx.sequences?.wave === ctx.wave ? ctx.sequences.target : undefined;
+  const before = ctx.current.sequences?.target;
   const [src, dst] =
     fenced?.sequences && before && fenced.sequences.length === list.length && before.length === list.length
       ? [fenced.sequences, before]
@@ -59,7 +59,7 @@ async function carrySequencesNow(ctx: MoveContext): Promise<void> {
  * to; the verification finds its table's rows missing there.
  */
 export async function listSequences(ctx: MoveContext): Promise<readonly ShardSequence[]> {
-  if (ctx.sequences?.wave === ctx.wave) return ctx.sequences.list;
+  if (ctx.current.sequences) return ctx.current.sequences.list;
   const rows = await ctx.source.client.query<{ schemaname: string; sequencename: string; increment_by: string }>(
     SHARD_SEQUENCES_SQL,
     [schemasOf(ctx, waveShards(ctx))],
@@ -69,7 +69,7 @@ export async function listSequences(ctx: MoveContext): Promise<readonly ShardSeq
     name: r.sequencename,
     incrementBy: BigInt(r.increment_by),
   }));
-  ctx.sequences = { wave: ctx.wave, list };
+  ctx.current.sequences = { list };
   return list;
 }
 

@@ -34,7 +34,7 @@ export async function verify(ctx: MoveContext): Promise<UndoThenReport | undefin
   const shards = waveShards(ctx);
   const schemas = schemasOf(ctx, shards);
   const methods = await ensureMethods(ctx);
-  const pre = ctx.pre?.wave === ctx.wave ? ctx.pre.verification : null;
+  const pre = ctx.current.pre;
   const online = ctx.mode === 'online';
   const within = <T>(what: string, fn: () => Promise<T>, also: readonly pg.Client[] = []): Promise<T> =>
     online ? underFence(ctx, what, fn, also) : fn();
@@ -45,7 +45,7 @@ export async function verify(ctx: MoveContext): Promise<UndoThenReport | undefin
       async () => {
         const known = currentTargetNow(ctx)?.changes;
         const tail = pre ? { pre, changes: known ?? (await readChanges(ctx.target.client, ctx.moveId)) } : undefined;
-        const emptyBefore = ctx.untracked?.wave === ctx.wave ? ctx.untracked.tables : undefined;
+        const emptyBefore = ctx.current.untracked?.tables;
         return verifyShards(ctx.source.client, ctx.target.client, schemas, methods, tail, {
           emptyBefore,
           leaves: await leavesAfterFence(ctx),
@@ -62,7 +62,7 @@ export async function verify(ctx: MoveContext): Promise<UndoThenReport | undefin
   // none on the wave's tables before its fence and created none. The source's logs stay on the
   // wave's old copies, which refuse every write from now on (a failed verification's unfence
   // switches them off, and the next wave's set-up or the clean-up deletes their entries).
-  if (ctx.untracked?.wave !== ctx.wave || ctx.untracked.triggers) {
+  if (ctx.current.untracked?.triggers !== false) {
     await within(`the removal of the tracking triggers on ${ctx.target.host.name}`, () =>
       stopTracking(ctx.target.client, ctx.moveId, schemas),
     );
@@ -143,8 +143,8 @@ export async function verify(ctx: MoveContext): Promise<UndoThenReport | undefin
 
 /**
  * Each host's tables of the wave as they are while it is fenced, from the lists read before the
- * fence (ctx.leaves): the source's as its fence transactions reported them (ctx.sourceNow), the
- * target's as its catch-up reported them (ctx.targetNow), or else looked up by OID; undefined
+ * fence (the wave's leaves): the source's as its fence transactions reported them (sourceNow), the
+ * target's as its catch-up reported them (targetNow), or else looked up by OID; undefined
  * (verifyShards reads them) when this run has no list. A table
  * added by hand after the list is not seen here: its writes reach no table on the target, so the
  * replication stops and the catch-up ends at the fence limit.
@@ -152,9 +152,9 @@ export async function verify(ctx: MoveContext): Promise<UndoThenReport | undefin
 async function leavesAfterFence(
   ctx: MoveContext,
 ): Promise<{ source: readonly LeafTable[]; target: readonly LeafTable[] } | undefined> {
-  const listed = ctx.leaves;
-  if (listed?.wave !== ctx.wave) return undefined;
-  const fromFence = ctx.sourceNow?.wave === ctx.wave ? ctx.sourceNow.leaves : undefined;
+  const listed = ctx.current.leaves;
+  if (!listed) return undefined;
+  const fromFence = ctx.current.sourceNow ?? undefined;
   const fromCatchUp = currentTargetNow(ctx)?.leaves;
   const [source, target] = await Promise.all([
     fromFence && fromFence.length === listed.source.length ? fromFence : leavesNow(ctx.source.client, listed.source),
@@ -180,7 +180,7 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   const target = ctx.target.host.name;
   const reads = currentFenceReads(ctx);
   // From here the target may take the shards: watchFence no longer cuts it off.
-  ctx.switchSent = true;
+  ctx.current.switchSent = true;
   if (reads) {
     const v = reads.placementVersion;
     const settled = await Promise.allSettled([
