@@ -21,7 +21,7 @@ import { fenceRemainingMs, stopCutOver } from './fence-limit.js';
  * millisecond, and then reads what the verification needs of it (ctx.targetNow).
  */
 export async function waitForCatchUp(ctx: MoveContext): Promise<void> {
-  const catchUp = ctx.options.catchUpTimeoutMs ?? 30_000;
+  const catchUp = ctx.settings.catchUpTimeoutMs;
   const limit = Math.min(catchUp, Math.max(0, fenceRemainingMs(ctx)));
   try {
     // The fence records its marker with its step: a wave fenced without one cannot be caught up,

@@ -122,6 +122,8 @@ export interface MoveContext {
   readonly options: MoveOptions;
   /** Publication, subscription and slot share this name. */
   readonly name: string;
+  /** The options' bounds with their defaults, resolved once here (settingsOf). */
+  readonly settings: MoveSettings;
   readonly waves: readonly (readonly number[])[];
   /** The wave being cut over (online); 0 offline. Changed only with `current`, by beginWave. */
   wave: number;
@@ -261,6 +263,31 @@ export interface ShardSequence {
 /** The default of MoveOptions.maxFencedMs. */
 export const DEFAULT_MAX_FENCED_MS = 20_000;
 
+/** The default of MoveOptions.copyChunkRows. */
+export const DEFAULT_COPY_CHUNK_ROWS = 1_000_000;
+
+/** A move's options that have a default, with it: the one place the defaults are written. */
+export interface MoveSettings {
+  readonly catchUpTimeoutMs: number;
+  readonly fenceTimeoutMs: number;
+  readonly maxFencedMs: number;
+  readonly waitTimeoutMs: number;
+  readonly copyChunkRows: number;
+  /** The config file rewritten at the switch. */
+  readonly configFile: string;
+}
+
+function settingsOf(config: ShardctlConfig, options: MoveOptions): MoveSettings {
+  return {
+    catchUpTimeoutMs: options.catchUpTimeoutMs ?? 30_000,
+    fenceTimeoutMs: options.fenceTimeoutMs ?? 30_000,
+    maxFencedMs: options.maxFencedMs ?? DEFAULT_MAX_FENCED_MS,
+    waitTimeoutMs: options.waitTimeoutMs ?? 300_000,
+    copyChunkRows: options.copyChunkRows ?? DEFAULT_COPY_CHUNK_ROWS,
+    configFile: options.configFile ?? config.file,
+  };
+}
+
 export function moveContext(
   config: ShardctlConfig,
   record: Pick<MoveRecord, 'moveId' | 'mode' | 'shards' | 'detail'>,
@@ -280,6 +307,7 @@ export function moveContext(
     migrations,
     options,
     name: replicationName(record.moveId),
+    settings: settingsOf(config, options),
     waves: record.mode === 'online' ? waves : [[...record.shards]],
     wave: record.mode === 'online' && typeof detail['wave'] === 'number' ? detail['wave'] : 0,
     current: waveState({
@@ -320,7 +348,7 @@ export function moveResult(
     preflight: checks,
     plan: stepsFor(ctx.mode),
     waves: ctx.waves,
-    maxFencedMs: ctx.mode === 'online' ? (ctx.options.maxFencedMs ?? DEFAULT_MAX_FENCED_MS) : null,
+    maxFencedMs: ctx.mode === 'online' ? ctx.settings.maxFencedMs : null,
     rowsMoved: ctx.rowsVerified.toString(),
     writeBlockedMs: ctx.writeBlockedMs,
     durationMs: elapsed(started),

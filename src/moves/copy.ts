@@ -361,7 +361,7 @@ export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number)
  */
 async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Promise<string> {
   const pid = Number((await replication.query<{ pid: number }>(BACKEND_PID_SQL)).rows[0]!.pid);
-  const limit = ctx.options.waitTimeoutMs ?? 300_000;
+  const limit = ctx.settings.waitTimeoutMs;
   const started = performance.now();
   let done = false;
   // Its outcome is read after the loop below, which waits for it.
@@ -615,9 +615,6 @@ export async function copyShards(
   if (rate !== null && meter.bytes >= RATE_FROM_BYTES && vacuum.size === 0) ctx.copyBytesPerSecond = Math.round(rate);
 }
 
-/** The default of MoveOptions.copyChunkRows. */
-export const DEFAULT_COPY_CHUNK_ROWS = 1_000_000;
-
 /**
  * The tables this copy takes in chunks: those an earlier run of the move planned, and those of more
  * estimated rows than copyChunkRows with a primary key (a table without one is copied whole, in
@@ -628,7 +625,7 @@ async function chunkedTables(
   ctx: MoveContext,
   estimates: ReadonlyMap<string, { rows: number }>,
 ): Promise<{ rows: number; recorded: ChunkRecord[]; shapes: Map<string, { key: string; columns: string[] }> }> {
-  const rows = ctx.options.copyChunkRows ?? DEFAULT_COPY_CHUNK_ROWS;
+  const rows = ctx.settings.copyChunkRows;
   const recorded = await recordedChunks(ctx.target.client, ctx.moveId);
   const planned = new Set(recorded.map((c) => c.table));
   const candidates = [...estimates].filter(([name, t]) => planned.has(name) || t.rows > rows).map(([name]) => name);

@@ -6,7 +6,7 @@ import { answersWithin, cutOff, waitState } from '../fleet/silence.js';
 import { statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
 import { recordStep } from './state.js';
 import { rollbackQuietly } from '../pg/quiet.js';
-import { DEFAULT_MAX_FENCED_MS, type MoveContext, type WaveState, waveShards } from './context.js';
+import { type MoveContext, type WaveState, waveShards } from './context.js';
 import { progress } from './progress.js';
 import { inflect } from '../text.js';
 import { dropPreVerification } from './pre-verification.js';
@@ -18,16 +18,12 @@ import { unfence } from './unfence.js';
  * stop, resumable).
  */
 
-export function maxFencedMs(ctx: MoveContext): number {
-  return ctx.options.maxFencedMs ?? DEFAULT_MAX_FENCED_MS;
-}
-
 /**
  * What is left of this run's fence limit. A run that finds its wave already fenced (resumed after
  * a kill) starts its own limit when it first asks.
  */
 export function fenceRemainingMs(ctx: MoveContext): number {
-  ctx.current.fenceDeadline ??= performance.now() + maxFencedMs(ctx);
+  ctx.current.fenceDeadline ??= performance.now() + ctx.settings.maxFencedMs;
   return ctx.current.fenceDeadline - performance.now();
 }
 
@@ -129,7 +125,7 @@ export function watchFence(ctx: MoveContext): () => void {
       if (stopped || ctx.current.switchSent || ctx.current.fenceDeadline === null) return;
       // Every session of the move there is cut off, so that the release's statements on the target
       // fail at once instead of waiting in turn.
-      const reason = `did not answer within the fence limit (${(maxFencedMs(ctx) / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes, nor a new connection within ${FENCE_CUTOFF_SLACK_MS / 1000} s (${failure}); the move cut off its sessions there`;
+      const reason = `did not answer within the fence limit (${(ctx.settings.maxFencedMs / 1000).toFixed(1)} s) while ${shardsPhrase(waveShards(ctx))} refused writes, nor a new connection within ${FENCE_CUTOFF_SLACK_MS / 1000} s (${failure}); the move cut off its sessions there`;
       for (const client of quiet.keys()) cutOff(client, ctx.target.host, reason);
     });
   }, FENCE_WATCH_INTERVAL_MS);
@@ -212,7 +208,7 @@ export async function releaseWave(ctx: MoveContext): Promise<void> {
 export async function stopCutOver(ctx: MoveContext, what: string, cause?: unknown): Promise<never> {
   const shards = waveShards(ctx);
   const which = shardsPhrase(shards);
-  const limit = `${(maxFencedMs(ctx) / 1000).toFixed(1)} s`;
+  const limit = `${(ctx.settings.maxFencedMs / 1000).toFixed(1)} s`;
   // Read after the release, which notes how long the shards refused writes.
   const data = () => ({
     moveId: ctx.moveId,

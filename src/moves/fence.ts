@@ -25,7 +25,7 @@ import { type MoveContext, type SequenceState, schemasOf, waveShards, notice } f
 import { progress } from './progress.js';
 import { waitForMarker } from './replication.js';
 import { plural } from '../text.js';
-import { maxFencedMs, fenceRemainingMs, underFence, stopCutOver } from './fence-limit.js';
+import { fenceRemainingMs, underFence, stopCutOver } from './fence-limit.js';
 import { lockWaitFor, lockLimits, FENCE_WAIT_CODES, lockHolders } from './fence-locks.js';
 import { startPreVerification } from './pre-verification.js';
 import { queryString, hasField, leavesReported } from './catch-up.js';
@@ -56,7 +56,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const schemas = schemasOf(ctx, shards);
   const tables = await shardTables(source.client, schemas, 'all');
   const lockWaitMs = await lockWaitFor(ctx);
-  const limit = ctx.options.fenceTimeoutMs ?? 30_000;
+  const limit = ctx.settings.fenceTimeoutMs;
   const fenced = new Set(
     (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows.map((r) => r.shard),
   );
@@ -195,7 +195,7 @@ async function whileWritable(
       await leavesNow(side.client, leaves);
       return states;
     });
-  const limit = ctx.options.fenceTimeoutMs ?? 30_000;
+  const limit = ctx.settings.fenceTimeoutMs;
   const started = performance.now();
   let told = false;
   for (;;) {
@@ -336,7 +336,7 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
   if (ctx.mode !== 'online') return;
   const kind = `before-fence-${Date.now().toString(36)}-${ctx.wave}`;
   await ctx.source.client.query(insertMarkerSql(ctx.moveId, kind));
-  await waitForMarker(ctx, kind, ctx.options.waitTimeoutMs ?? 300_000, true);
+  await waitForMarker(ctx, kind, ctx.settings.waitTimeoutMs, true);
 }
 
 /**
@@ -368,7 +368,7 @@ async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWai
   }
   if (first) {
     ctx.current.fenceStartedAtMs = atMs;
-    ctx.current.fenceDeadline = performance.now() + maxFencedMs(ctx);
+    ctx.current.fenceDeadline = performance.now() + ctx.settings.maxFencedMs;
   }
   return true;
 }
@@ -397,7 +397,7 @@ async function fenceWaveOnce(
   const atMs = Date.now();
   const sentAt = performance.now();
   const marker = fenceMarkerKind(ctx, atMs);
-  const limit = maxFencedMs(ctx);
+  const limit = ctx.settings.maxFencedMs;
   const detail = { ...progress(ctx), fenceMarker: marker, fenceStartedAtMs: atMs };
   // Each group's transaction also reports which of its tables are empty, once fenced (verify).
   const leaves = ctx.current.leaves?.source ?? [];

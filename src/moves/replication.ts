@@ -78,7 +78,7 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
     return Number(r.rows[0]?.n ?? 0);
   };
   const baseline = await errors();
-  const limit = ctx.options.waitTimeoutMs ?? 300_000;
+  const limit = ctx.settings.waitTimeoutMs;
   const started = performance.now();
   let told = started;
   for (;;) {

@@ -200,7 +200,7 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   // routers follow the fleet, not the file).
   noteBlocked(ctx);
   await endFenceTimeouts(ctx);
-  const file = ctx.options.configFile ?? ctx.config.file;
+  const file = ctx.settings.configFile;
   try {
     await rewriteShardOwner(file, shards, ctx.source.host.name, ctx.target.host.name);
   } catch (error) {

@@ -57,7 +57,12 @@ describe('rebalance scheduler (runPlan)', () => {
   });
 
   it('lets a new host take from several sources at once', async () => {
-    const moves = ['h1', 'h2', 'h3'].map((source, i): PlannedMove => ({ source, target: 'h9', shards: [i], bytes: 0n }));
+    const moves = ['h1', 'h2', 'h3'].map((source, i): PlannedMove => ({
+      source,
+      target: 'h9',
+      shards: [i],
+      bytes: 0n,
+    }));
     const { startedTogether } = await schedule(moves, 3);
     expect(Math.max(...startedTogether.map((t) => t.length))).toBe(3);
   });
