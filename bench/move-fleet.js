@@ -86,7 +86,10 @@ async function runFleet(ctx, major) {
     const list = json.moves ?? [json];
     // Where the longest write block went: the steps of each CLI's longest fenced wave, as its progress lines arrived.
     const waves = fencedStepsByWave(r.lines);
-    const longest = waves.reduce((a, b) => ((b.fencedMs ?? 0) > (a?.fencedMs ?? 0) ? b : a), null);
+    const longest = waves.reduce(
+      (a, b) => ((b.fencedMs ?? 0) > (a?.fencedMs ?? 0) ? b : a),
+      /** @type {(typeof waves)[number] | null} */ (null),
+    );
     return {
       ...pairs[i],
       durationMs: Math.max(...list.map((m) => m.durationMs)),

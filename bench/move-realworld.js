@@ -28,6 +28,7 @@ import {
   markdownTable,
   ratio,
   REPO_ROOT,
+  required,
   resetDatabases,
   roundOrder,
   summarize,
@@ -89,7 +90,7 @@ export async function run(ctx, major) {
   });
   const config = await loadConfig(fleet.configFile);
   const schema = shardSchemaName(config, SHARD);
-  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD).name);
+  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
   const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
   if (!source || !target || source === target)
     throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
@@ -145,7 +146,7 @@ export async function run(ctx, major) {
     }
   }
   const moveMs = summarize(moves.map((m) => m.durationMs));
-  const writeBlockedMs = summarize(moves.map((m) => m.writeBlockedMs));
+  const writeBlockedMs = summarize(moves.map((m) => required(m.writeBlockedMs, "a move's write-blocked time")));
   const pgDumpMs = floor.skipped ? null : summarize(dumps);
   const measuredRatio = pgDumpMs ? ratio(moveMs.median, pgDumpMs.median) : null;
   return {
@@ -183,7 +184,7 @@ async function timeMove(fleet, { source, target, schema }) {
       onStep: (_step, detail) => lines.push({ text: detail, atMs: performance.now() }),
     }),
   );
-  const handles = written.acks.get(SHARD);
+  const handles = required(written.acks.get(SHARD), `the writer's acknowledged writes to shard ${SHARD}`);
   const problems = [];
   if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
   if (!result.verification?.ok) problems.push('the verification did not pass');
@@ -194,9 +195,9 @@ async function timeMove(fleet, { source, target, schema }) {
     `select count(*)::int as n from ${ident(schema)}.accounts where handle = any($1::text[])`,
     [handles],
   );
-  if (found.n !== handles.length)
+  if (found?.n !== handles.length)
     problems.push(
-      `${handles.length - found.n} of ${handles.length} acknowledged accounts are missing on ${target.name}`,
+      `${handles.length - (found?.n ?? 0)} of ${handles.length} acknowledged accounts are missing on ${target.name}`,
     );
   for (const host of [source, target]) {
     if ((await replicationObjectsLeft(host, DATABASE)) !== 0)
@@ -204,14 +205,16 @@ async function timeMove(fleet, { source, target, schema }) {
   }
   if (problems.length > 0)
     throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
+  // Checked above: a move without a passed verification is a problem.
+  const verification = required(result.verification, "the move's verification");
   return {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
     transactions: handles.length,
     // Not reported by builds before the change logs (then n/a).
-    whole: result.verification.whole?.length ?? null,
-    byKey: result.verification.byKey,
-    byLog: result.verification.byLog ?? null,
+    whole: verification.whole?.length ?? null,
+    byKey: verification.byKey,
+    byLog: verification.byLog ?? null,
     // How long each step from the fence to the switch took, in ms: where the pause went.
     fencedSteps: fencedStepsByWave(lines)[0]?.steps ?? {},
   };

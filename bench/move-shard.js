@@ -32,6 +32,7 @@ import {
   log,
   markdownTable,
   ratio,
+  required,
   resetDatabases,
   round,
   roundOrder,
@@ -60,7 +61,7 @@ export async function run(ctx, major) {
   const fleet = await ctx.fleet('move-shard', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
   const config = await loadConfig(fleet.configFile);
   const schema = shardSchemaName(config, SHARD);
-  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD).name);
+  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
   const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
   if (!source || !target || source === target)
     throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
@@ -99,7 +100,7 @@ export async function run(ctx, major) {
   }
 
   const moveMs = summarize(moves.map((m) => m.durationMs));
-  const writeBlockedMs = summarize(moves.map((m) => m.writeBlockedMs));
+  const writeBlockedMs = summarize(moves.map((m) => required(m.writeBlockedMs, "a move's write-blocked time")));
   const pgDumpMs = floor.skipped ? null : summarize(dumps);
   const measuredRatio = pgDumpMs ? ratio(moveMs.median, pgDumpMs.median) : null;
   return {
@@ -162,7 +163,7 @@ async function timeMove(fleet, { source, target, schema, rows }) {
       onStep: (step) => steps.push({ step, atMs: round(performance.now() - started, 0) }),
     });
   });
-  const ids = written.acks.get(SHARD);
+  const ids = required(written.acks.get(SHARD), `the writer's acknowledged writes to shard ${SHARD}`);
   const moved = {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
@@ -300,7 +301,7 @@ export function table(result) {
 export function markdown(results) {
   const note = sampleNote(results);
   return [
-    `${note[0].toUpperCase()}${note.slice(1)}; every run on a fresh copy of the same fleet, a writer inserting into the shard throughout every move.`,
+    `${note.charAt(0).toUpperCase()}${note.slice(1)}; every run on a fresh copy of the same fleet, a writer inserting into the shard throughout every move.`,
     '',
     markdownTable(HEADERS, rows(results)),
     '',

@@ -30,6 +30,7 @@ import {
   machineBusyMs,
   markdownTable,
   ratio,
+  required,
   resetDatabases,
   round,
   roundOrder,
@@ -208,7 +209,7 @@ async function runSplit(ctx, major) {
   await writeFile(fleet.configFile, initialMap);
 
   const moveMs = summarize(moves.map((m) => m.durationMs));
-  const writeBlockedMs = summarize(moves.map((m) => m.writeBlockedMs));
+  const writeBlockedMs = summarize(moves.map((m) => required(m.writeBlockedMs, "a move's write-blocked time")));
   const pgDumpMs = floor.skipped ? null : summarize(dumps);
   const measured = pgDumpMs ? ratio(moveMs.median, pgDumpMs.median) : null;
   const loopSample = summarize(loop);
@@ -330,7 +331,8 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows, cli }
       { cwd: fleet.dir, progress: true, cli },
     ),
   );
-  const machineCpuMs = busy === null ? null : round(machineBusyMs() - busy, 0);
+  const busyAfter = machineBusyMs();
+  const machineCpuMs = busy === null || busyAfter === null ? null : round(busyAfter - busy, 0);
   const json = JSON.parse(run.stdout);
   // --json prints the one move of a single source host, or the batch with its moves.
   const result = json.moves ? json : { ...json, moves: [json] };
@@ -368,7 +370,8 @@ async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows,
   const { result: ms, written: w } = await underWriter(writer, () =>
     timeDumpRestore({ source, sourceDb: SPLIT_DB, target, targetDb: SPLIT_DUMP_DB, schemas, pgDump, psql }),
   );
-  const machineCpuMs = busy === null ? null : round(machineBusyMs() - busy, 0);
+  const busyAfter = machineBusyMs();
+  const machineCpuMs = busy === null || busyAfter === null ? null : round(busyAfter - busy, 0);
   if (w.byHost.size !== 1 || w.fenceErrors !== 0 || w.total === 0)
     throw new Error(`the writer of the floor must write on ${source.name} alone, unfenced; it wrote ${w.total} rows`);
   // The dump's snapshot holds the loaded rows and some of the writes acknowledged meanwhile.

@@ -27,6 +27,7 @@ import {
 } from './lib.js';
 import { insertPlain, insertRouted, POOL_SIZE, warmUp } from './router.js';
 
+/** @type {{ startPgBouncer: typeof import('../test/helpers/pgbouncer.ts').startPgBouncer }} */
 const { startPgBouncer } = await tsImport('../test/helpers/pgbouncer.ts', import.meta.url);
 
 export const description = 'withKey inserts vs a plain pg.Pool, through PgBouncer and directly, timeouts set';
@@ -64,15 +65,18 @@ export async function run(ctx, major) {
         applicationName: `bench-pooled-${name}-router`,
       });
       const pools = new Map(
-        config.hosts.map((h) => [
-          h.name,
-          new pg.Pool({
-            connectionString: h.url,
-            max: POOL_SIZE,
-            application_name: `bench-pooled-${name}-plain`,
-            idleTimeoutMillis: 0,
-          }),
-        ]),
+        config.hosts.map(
+          (h) =>
+            /** @type {[string, pg.Pool]} */ ([
+              h.name,
+              new pg.Pool({
+                connectionString: h.url,
+                max: POOL_SIZE,
+                application_name: `bench-pooled-${name}-plain`,
+                idleTimeoutMillis: 0,
+              }),
+            ]),
+        ),
       );
       await warmUp(config, router, pools);
       const jit = userIds.slice(0, 2000);
