@@ -823,6 +823,35 @@ export function median(values) {
 }
 
 /**
+ * A sample of values that are all there, else null (GNU time or /proc missing).
+ * @param {(number | null)[]} values
+ * @returns {Sample | null}
+ */
+export function sampleOrNull(values) {
+  /** @type {number[]} */
+  const present = [];
+  for (const value of values) {
+    if (value === null) return null;
+    present.push(value);
+  }
+  return summarize(present);
+}
+
+/**
+ * The largest of values that are all known (peak RSS of each run), else null.
+ * @param {(number | null)[]} values
+ * @returns {number | null}
+ */
+export function peakOf(values) {
+  let peak = -Infinity;
+  for (const value of values) {
+    if (value === null) return null;
+    peak = Math.max(peak, value);
+  }
+  return peak;
+}
+
+/**
  * Median, min and max of a sample, rounded for JSON; `runs` keeps every value.
  * @param {number[]} values
  * @returns {Sample}

@@ -25,6 +25,7 @@ import {
   initFleet,
   itemAt,
   log,
+  peakOf,
   markdownTable,
   ratio,
   REPO_ROOT,
@@ -32,6 +33,7 @@ import {
   resetDatabases,
   roundOrder,
   runProcess,
+  sampleOrNull,
   serverCpuMs,
   summarize,
   textTable,
@@ -73,21 +75,6 @@ const SIDES = ['shardctl', 'psql', 'psql64'];
  */
 function bySide(valueOf) {
   return { shardctl: valueOf('shardctl'), psql: valueOf('psql'), psql64: valueOf('psql64') };
-}
-
-/**
- * A sample of values that are all there, else null (GNU time or /proc missing).
- * @param {(number | null)[]} values
- * @returns {Sample | null}
- */
-function sampleOrNull(values) {
-  /** @type {number[]} */
-  const present = [];
-  for (const value of values) {
-    if (value === null) return null;
-    present.push(value);
-  }
-  return summarize(present);
 }
 
 /** Per host: every shard's photos has the column and the index, or the run did not do its work. */
@@ -222,8 +209,6 @@ async function runShape(ctx, major, shape) {
     cpuMs: sampleOrNull(runs[side].cpuMs),
     serverCpuMs: sampleOrNull(runs[side].serverCpuMs),
   }));
-  /** @param {(number | null)[]} values */
-  const peak = (values) => sampleOrNull(values)?.max ?? null;
   return {
     fleet,
     postgres: serverVersion,
@@ -233,7 +218,7 @@ async function runShape(ctx, major, shape) {
     sides,
     ratio: ratio(sides.shardctl.wallMs.median, sides.psql.wallMs.median),
     ratio64: ratio(sides.shardctl.wallMs.median, sides.psql64.wallMs.median),
-    peakRssKiB: peak(runs.shardctl.rss),
+    peakRssKiB: peakOf(runs.shardctl.rss),
   };
 }
 

@@ -24,6 +24,7 @@ import {
   formatSample,
   ident,
   initFleet,
+  itemAt,
   log,
   markdownTable,
   ratio,
@@ -60,10 +61,15 @@ const TARGET_BLOCKED_MS = 500;
 /** One writer transaction per this many ms (about 100 per second when the host keeps up). */
 const PACE_MS = 10;
 
+/**
+ * @param {string} file
+ * @param {Record<string, string>} values
+ */
 function fixture(file, values) {
-  return readFileSync(path.join(FIXTURE, file), 'utf8').replace(/\{\{(\w+)\}\}/g, (_, key) => {
-    if (values[key] === undefined) throw new Error(`${file}: no value for {{${key}}}`);
-    return values[key];
+  return readFileSync(path.join(FIXTURE, file), 'utf8').replace(/\{\{(\w+)\}\}/g, (_, /** @type {string} */ key) => {
+    const value = values[key];
+    if (value === undefined) throw new Error(`${file}: no value for {{${key}}}`);
+    return value;
   });
 }
 
@@ -73,6 +79,12 @@ function migrations() {
   return Object.fromEntries(readdirSync(dir).map((name) => [`1${name}`, readFileSync(path.join(dir, name), 'utf8')]));
 }
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const extraMigrations = migrations();
@@ -110,7 +122,7 @@ export async function run(ctx, major) {
     `select pg_size_pretty(sum(pg_total_relation_size(c.oid))) as s from pg_class c where c.relnamespace = to_regnamespace($1)`,
     [schema],
   );
-  log(`  ${schema}: ${size.s}`);
+  log(`  ${schema}: ${size?.s}`);
   const initialMap = await readFile(fleet.configFile, 'utf8');
 
   const moves = [];
@@ -156,7 +168,7 @@ export async function run(ctx, major) {
     source: source.name,
     target: target.name,
     accounts: rows,
-    schemaSize: size.s,
+    schemaSize: size?.s,
     moveMs,
     writeBlockedMs,
     pgDumpMs,
@@ -174,9 +186,14 @@ export async function run(ctx, major) {
   };
 }
 
+/**
+ * @param {import('./lib.js').Fleet} fleet
+ * @param {{ source: import('./lib.js').Host, target: import('./lib.js').Host, schema: string }} scenario
+ */
 async function timeMove(fleet, { source, target, schema }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startFixtureWriter(await ShardMap.load(fleet.configFile), schema);
+  /** @type {import('./moving.js').TimedLine[]} */
   const lines = [];
   const { result, written } = await underWriter(writer, () =>
     moveShard(config, SHARD, target.name, {
@@ -220,7 +237,11 @@ async function timeMove(fleet, { source, target, schema }) {
   };
 }
 
-/** The application: one writer.sql transaction every PACE_MS on the host the map names. */
+/**
+ * The application: one writer.sql transaction every PACE_MS on the host the map names.
+ * @param {import('../dist/index.js').ShardMap} map
+ * @param {string} schema
+ */
 function startFixtureWriter(map, schema) {
   return startWriter(map, {
     shards: [SHARD],
@@ -245,6 +266,7 @@ const HEADERS = [
   'tables whole while fenced',
 ];
 
+/** @param {Result[]} results */
 function rows(results) {
   return results.map((r) => [
     r.postgres,
@@ -258,6 +280,7 @@ function rows(results) {
   ]);
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     `move-realworld: median (range) of ${result.moveMs.runs.length} runs; a paced writer throughout every move`,
@@ -268,9 +291,10 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return [
-    `Median (range) of ${results[0].moveMs.runs.length} runs each, interleaved with the floor where there is one; a paced writer (writer.sql every ${PACE_MS} ms) throughout every move.`,
+    `Median (range) of ${itemAt(results, 0).moveMs.runs.length} runs each, interleaved with the floor where there is one; a paced writer (writer.sql every ${PACE_MS} ms) throughout every move.`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

@@ -27,6 +27,11 @@ import { binDirFor, clientVersion, connect, errorMessage, itemAt, timeCommand } 
  * @template A
  * @typedef {{ stop: () => Promise<Written<A>> }} Writer
  */
+/**
+ * What `shardctl move-shard --json` prints: the move of a single source host, or the batch with
+ * its moves.
+ * @typedef {import('../dist/index.js').MoveResult | import('../dist/index.js').BatchMoveResult} CliMoveOutput
+ */
 /** One move step's line of progress and when it arrived. @typedef {import('./lib.js').TimedLine} TimedLine */
 
 /** The writer runs this long before a timed side starts and after it ends: both hosts take its writes. */

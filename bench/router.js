@@ -96,6 +96,7 @@ export async function run(ctx, major) {
   const expectedRows = inserts.reduce((sum, measured) => sum + measured.rows, 0);
 
   // --- 2. exec count(*) -----------------------------------------------------------------------
+  /** @type {string[]} */
   const scripts = [];
   for (const host of fleet.hosts) {
     const shards = required(

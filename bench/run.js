@@ -442,7 +442,7 @@ function parseOptions(argv) {
   for (const name of integerOptions) {
     const text = values[name];
     if (text === undefined) {
-      if (name in REFERENCE_SCALE) options[camel(name)] = REFERENCE_SCALE[name];
+      if (name !== 'concurrency') options[camel(name)] = REFERENCE_SCALE[name];
       continue;
     }
     if (!/^\d+$/.test(text) || Number(text) < 1)
