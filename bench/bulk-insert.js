@@ -25,6 +25,7 @@ import {
   clientVersion,
   endedBackendsCpuMs,
   formatCount,
+  itemAt,
   log,
   markdownTable,
   median,
@@ -38,6 +39,16 @@ import {
   withClient,
 } from './lib.js';
 
+/** @typedef {import('./lib.js').Host} Host */
+/** @typedef {import('./lib.js').Sample} Sample */
+/** @typedef {(typeof VARIANTS)[number]} Variant */
+/**
+ * One timed pgbench run of a variant's table.
+ * @typedef {{ rows: number, seconds: number, rowsPerSecond: number, walBytesPerRow: number, cpuNsPerRow: number | null }} RunFigures
+ */
+/** @typedef {Awaited<ReturnType<typeof run>>} BulkResult */
+
+/** @type {{ renderNextIdV1Sql: typeof import('../test/fixtures/next-id-v1.ts').renderNextIdV1Sql }} */
 const { renderNextIdV1Sql } = await tsImport('../test/fixtures/next-id-v1.ts', import.meta.url);
 
 export const description = 'pgbench INSERT…SELECT 1000 rows, 2 clients: next_id() table vs bigserial table';
@@ -95,7 +106,11 @@ const VARIANTS = [
   },
 ];
 
-/** Ratios of paired runs: median, range, each to 3 digits. */
+/**
+ * Ratios of paired runs: median, range, each to 3 digits.
+ * @param {number[]} values
+ * @returns {Sample}
+ */
 function ratioSummary(values) {
   return {
     median: round(median(values), 3),
@@ -105,6 +120,7 @@ function ratioSummary(values) {
   };
 }
 
+/** @param {string} table */
 function insertSql(table) {
   return `INSERT INTO ${table} (user_id, image_url) SELECT g, 'https://example.com/p/' || g || '.jpg' FROM generate_series(1, ${ROWS_PER_STATEMENT}) g;\n`;
 }
@@ -112,6 +128,8 @@ function insertSql(table) {
 /**
  * pgbench of this major when installed (Debian), else the newest installed one (a pgbench talks
  * to newer servers; the embedded binaries ship none), else pgbench on PATH.
+ * @param {string} major
+ * @param {string | undefined} explicit
  */
 function findPgbench(major, explicit) {
   if (explicit) return explicit;
@@ -123,12 +141,17 @@ function findPgbench(major, explicit) {
         .filter((v) => /^\d+$/.test(v) && existsSync(path.join(root, v, 'bin', 'pgbench')))
         .sort((a, b) => Number(b) - Number(a))
     : [];
-  return installed.length > 0 ? path.join(root, installed[0], 'bin', 'pgbench') : 'pgbench';
+  const [newest] = installed;
+  return newest !== undefined ? path.join(root, newest, 'bin', 'pgbench') : 'pgbench';
 }
 
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
-  const [host] = await ctx.hosts(major, 1);
+  const host = itemAt(await ctx.hosts(major, 1), 0);
   const serverVersion = await host.serverVersion();
   const pgbench = findPgbench(major, options.pgbench);
   const pgbenchVersion = clientVersion(pgbench);
@@ -151,7 +174,14 @@ export async function run(ctx, major) {
     });
     for (const variant of VARIANTS) await writeFile(path.join(dir, `${variant.key}.sql`), insertSql(variant.table));
 
+    /** @type {Map<string, RunFigures[]>} */
     const runs = new Map(VARIANTS.map((v) => [v.key, []]));
+    /** @param {string} key */
+    const runsOf = (key) => {
+      const found = runs.get(key);
+      if (!found) throw new Error(`bulk-insert has no runs of ${key}`);
+      return found;
+    };
     for (let round = 0; round < options.bulkRounds; round++) {
       const order = roundOrder(VARIANTS, round);
       for (const variant of order) {
@@ -162,52 +192,56 @@ export async function run(ctx, major) {
           variant,
           options.bulkSeconds,
         );
-        runs.get(variant.key).push(result);
+        runsOf(variant.key).push(result);
       }
       log(
-        `  round ${round + 1}/${options.bulkRounds}: ${order.map((v) => `${v.key} ${formatCount(Math.round(runs.get(v.key).at(-1).rowsPerSecond))} rows/s`).join(', ')}`,
+        `  round ${round + 1}/${options.bulkRounds}: ${order.map((v) => `${v.key} ${formatCount(Math.round(runsOf(v.key).at(-1)?.rowsPerSecond ?? NaN))} rows/s`).join(', ')}`,
       );
     }
     const slowPath = await countSlowPath(
       host,
       pgbench,
       path.join(dir, 'next_id.sql'),
-      VARIANTS[1],
+      itemAt(VARIANTS, 1),
       options.bulkSeconds,
     );
 
     const results = VARIANTS.map((variant) => {
-      const samples = runs.get(variant.key);
+      const samples = runsOf(variant.key);
+      const cpuNs = samples.map((s) => s.cpuNsPerRow);
       return {
         variant: variant.key,
         label: variant.label,
         rowsPerSecond: summarize(samples.map((s) => s.rowsPerSecond)),
         walBytesPerRow: summarize(samples.map((s) => s.walBytesPerRow)),
-        cpuNsPerRow: samples.every((s) => s.cpuNsPerRow !== null) ? summarize(samples.map((s) => s.cpuNsPerRow)) : null,
+        cpuNsPerRow: cpuNs.every((ns) => ns !== null) ? summarize(cpuNs) : null,
       };
     });
-    const of = (key) => results.find((r) => r.variant === key);
+    /** @param {string} key */
+    const of = (key) => resultOf(results, key);
+    /** @param {string} key */
     const vsBigserial = (key) => ratio(of(key).rowsPerSecond.median, of('bigserial').rowsPerSecond.median);
+    /** bigserial's CPU per row over `key`'s; null without CPU figures. @param {string} key */
+    const vsBigserialByCpu = (key) => {
+      const [base, other] = [of('bigserial').cpuNsPerRow, of(key).cpuNsPerRow];
+      return base && other ? ratio(base.median, other.median) : null;
+    };
+    const nextIdRuns = runsOf('next_id');
+    const v1Runs = runsOf('next_id_v1');
     const ratios = {
       nextIdVsBigserial: vsBigserial('next_id'),
       plpgsqlFloorVsBigserial: vsBigserial('plpgsql_floor'),
       nextIdV1VsBigserial: vsBigserial('next_id_v1'),
       // v2 over v1, per round (the same round's conditions): the comparison issue 39 asks for.
-      nextIdVsV1PerRound: ratioSummary(
-        runs.get('next_id').map((r, i) => r.rowsPerSecond / runs.get('next_id_v1')[i].rowsPerSecond),
-      ),
+      nextIdVsV1PerRound: ratioSummary(nextIdRuns.map((r, i) => r.rowsPerSecond / itemAt(v1Runs, i).rowsPerSecond)),
       nextIdVsPlpgsqlFloor: ratio(of('next_id').rowsPerSecond.median, of('plpgsql_floor').rowsPerSecond.median),
       nextIdNoIndexVsBigserialNoIndex: ratio(
         of('next_id_nopk').rowsPerSecond.median,
         of('bigserial_nopk').rowsPerSecond.median,
       ),
       // Throughput as the server's CPU would allow it: bigserial's CPU per row over next_id's.
-      nextIdVsBigserialByCpu: of('bigserial').cpuNsPerRow
-        ? ratio(of('bigserial').cpuNsPerRow.median, of('next_id').cpuNsPerRow.median)
-        : null,
-      plpgsqlFloorVsBigserialByCpu: of('bigserial').cpuNsPerRow
-        ? ratio(of('bigserial').cpuNsPerRow.median, of('plpgsql_floor').cpuNsPerRow.median)
-        : null,
+      nextIdVsBigserialByCpu: vsBigserialByCpu('next_id'),
+      plpgsqlFloorVsBigserialByCpu: vsBigserialByCpu('plpgsql_floor'),
     };
     return {
       benchmark: 'bulk-insert',
@@ -229,7 +263,11 @@ export async function run(ctx, major) {
             ratios.nextIdVsBigserial >= TARGET_RATIO &&
             (ratios.nextIdVsBigserialByCpu === null || ratios.nextIdVsBigserialByCpu >= TARGET_RATIO),
         },
-        slowPath: { wanted: '≤ 0.5% of calls', got: slowPath.sharePercent, met: slowPath.sharePercent <= 0.5 },
+        slowPath: {
+          wanted: '≤ 0.5% of calls',
+          got: slowPath.sharePercent,
+          met: slowPath.sharePercent !== null && slowPath.sharePercent <= 0.5,
+        },
       },
     };
   } finally {
@@ -238,10 +276,29 @@ export async function run(ctx, major) {
   }
 }
 
+/**
+ * The result of `key`'s variant; every variant has one.
+ * @template {{ variant: string }} T
+ * @param {T[]} results
+ * @param {string} key
+ */
+function resultOf(results, key) {
+  const found = results.find((r) => r.variant === key);
+  if (!found) throw new Error(`bulk-insert has no result for ${key}`);
+  return found;
+}
+
+/** @param {Host} host */
 async function emptyTables(host) {
   await host.query(DATABASE, `TRUNCATE ${VARIANTS.map((v) => v.table).join(', ')}; CHECKPOINT`);
 }
 
+/**
+ * @param {Host} host
+ * @param {string} pgbench
+ * @param {string} file
+ * @param {number} seconds
+ */
 async function pgbenchRun(host, pgbench, file, seconds) {
   const run = await runProcess(
     pgbench,
@@ -260,6 +317,7 @@ async function pgbenchRun(host, pgbench, file, seconds) {
 /**
  * A backend's CPU reaches the postmaster's counters only once the backend has exited and been
  * reaped, which can be after pgbench has returned: wait for pgbench's backends to be gone.
+ * @param {Host} host
  */
 async function pgbenchBackendsGone(host) {
   for (let attempt = 0; attempt < 100; attempt++) {
@@ -267,16 +325,25 @@ async function pgbenchBackendsGone(host) {
       DATABASE,
       `SELECT count(*)::int AS n FROM pg_stat_activity WHERE application_name = 'pgbench'`,
     );
-    if (row.n === 0) break;
+    if (row?.n === 0) break;
     await new Promise((resolve) => setTimeout(resolve, 50));
   }
   // pg_stat_activity forgets a backend as it exits; the postmaster reaps it just after.
   await new Promise((resolve) => setTimeout(resolve, 300));
 }
 
+/**
+ * @param {Host} host
+ * @param {string} pgbench
+ * @param {string} file
+ * @param {Variant} variant
+ * @param {number} seconds
+ * @returns {Promise<RunFigures>}
+ */
 async function timedRun(host, pgbench, file, variant, seconds) {
   await emptyTables(host);
   const [before] = await host.query(DATABASE, 'SELECT pg_current_wal_lsn() AS lsn');
+  if (!before) throw new Error('pg_current_wal_lsn() returned no row');
   const cpuBefore = endedBackendsCpuMs(host);
   const started = performance.now();
   await pgbenchRun(host, pgbench, file, seconds);
@@ -287,6 +354,7 @@ async function timedRun(host, pgbench, file, variant, seconds) {
     DATABASE,
     `SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '${before.lsn}')::bigint AS wal, (SELECT count(*) FROM ${variant.table}) AS n`,
   );
+  if (!after) throw new Error(`no row counting ${variant.table}`);
   const rows = Number(after.n);
   // Rows counted in the table over pgbench's wall time (connection set-up included, the same for all).
   return {
@@ -304,6 +372,11 @@ async function timedRun(host, pgbench, file, variant, seconds) {
  * The locked slow path's share of calls: next_id_locked's calls (track_functions = 'pl' counts
  * PL/pgSQL functions) per id, that is per row the run inserted (an id that takes the fast
  * path calls no PL/pgSQL function, so there is no per-id call to count).
+ * @param {Host} host
+ * @param {string} pgbench
+ * @param {string} file
+ * @param {Variant} variant
+ * @param {number} seconds
  */
 async function countSlowPath(host, pgbench, file, variant, seconds) {
   await emptyTables(host);
@@ -317,10 +390,11 @@ async function countSlowPath(host, pgbench, file, variant, seconds) {
       DATABASE,
       `SELECT funcname, calls, total_time FROM pg_stat_user_functions WHERE schemaname = '${CONTROL_SCHEMA}' AND funcname = 'next_id_locked'`,
     );
+    /** @param {string} name */
     const stat = (name) => rows.find((r) => r.funcname === name) ?? { calls: 0, total_time: 0 };
     const locked = Number(stat('next_id_locked').calls);
     const [count] = await host.query(DATABASE, `SELECT count(*) AS n FROM ${variant.table}`);
-    const calls = Number(count.n);
+    const calls = Number(count?.n);
     return {
       ids: calls,
       calls,
@@ -346,27 +420,38 @@ const HEADERS = [
   'WAL per row',
 ];
 
+/** @param {BulkResult} result */
 function rows(result) {
-  const base = result.results.find((r) => r.variant === 'bigserial').rowsPerSecond.median;
-  const noIndexBase = result.results.find((r) => r.variant === 'bigserial_nopk').rowsPerSecond.median;
+  const base = resultOf(result.results, 'bigserial').rowsPerSecond.median;
+  const noIndexBase = resultOf(result.results, 'bigserial_nopk').rowsPerSecond.median;
   return result.results.map((r) => [
     r.label,
     formatCount(Math.round(r.rowsPerSecond.median)),
     `${formatCount(Math.round(r.rowsPerSecond.min))}–${formatCount(Math.round(r.rowsPerSecond.max))}`,
     `${(r.rowsPerSecond.median / (r.variant.endsWith('_nopk') ? noIndexBase : base)).toFixed(2)}x${r.variant.endsWith('_nopk') ? ' (of no-index bigserial)' : ''}`,
     r.cpuNsPerRow ? `${formatCount(r.cpuNsPerRow.median)} ns` : 'n/a',
-    r.cpuNsPerRow
-      ? `${(result.results.find((b) => b.variant === (r.variant.endsWith('_nopk') ? 'bigserial_nopk' : 'bigserial')).cpuNsPerRow.median / r.cpuNsPerRow.median).toFixed(2)}x`
-      : 'n/a',
+    cpuVsBigserial(result, r),
     `${r.walBytesPerRow.median} B`,
   ]);
 }
 
+/**
+ * The bigserial table's CPU per row over this one's ("1.05x"); the no-index tables against each other.
+ * @param {BulkResult} result
+ * @param {BulkResult['results'][number]} r
+ */
+function cpuVsBigserial(result, r) {
+  const base = resultOf(result.results, r.variant.endsWith('_nopk') ? 'bigserial_nopk' : 'bigserial').cpuNsPerRow;
+  return base && r.cpuNsPerRow ? `${(base.median / r.cpuNsPerRow.median).toFixed(2)}x` : 'n/a';
+}
+
+/** @param {BulkResult} result */
 function slowPathLine(result) {
   const s = result.slowPath;
   return `Locked slow path: ${formatCount(s.lockedCalls)} of ${formatCount(s.calls)} calls (${s.sharePercent}%), ${s.lockedMsPerCall === null ? 'n/a' : `${round(s.lockedMsPerCall * 1000, 1)} µs`} each (track_functions = 'pl', one untimed ${result.seconds} s run)`;
 }
 
+/** @param {BulkResult} result */
 export function table(result) {
   return [
     `bulk-insert on PostgreSQL ${result.postgres} (pgbench ${result.pgbench}, ${result.clients} clients, ${result.rowsPerStatement} rows per statement, ${result.rounds} interleaved rounds of ${result.seconds} s)`,
@@ -376,6 +461,7 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {BulkResult[]} results */
 export function markdown(results) {
   return results
     .map((result) =>

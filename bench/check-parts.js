@@ -11,10 +11,12 @@
  * start-up is the time from the process's start to this script's first line.
  */
 const startedAt = performance.timeOrigin;
+/** Each part's wall and CPU time, ms. @type {Record<string, { wallMs: number, cpuMs: number }>} */
 const parts = {};
 let cpu = process.cpuUsage();
 let wall = performance.now();
 parts['node start-up'] = { wallMs: wall, cpuMs: (cpu.user + cpu.system) / 1000 };
+/** @param {string} name */
 const mark = (name) => {
   const used = process.cpuUsage(cpu);
   const now = performance.now();
@@ -24,10 +26,12 @@ const mark = (name) => {
 };
 
 // As the CLI loads it (src/cli/library.ts): with a navigator, so pg does not load undici on Node 20.
-const stand = globalThis.navigator === undefined;
+// Node 20's typings have no navigator; Node 21 and later define one.
+const global = /** @type {{ navigator?: unknown }} */ (globalThis);
+const stand = global.navigator === undefined;
 if (stand) Object.defineProperty(globalThis, 'navigator', { value: { userAgent: 'Node.js' }, configurable: true });
 const lib = await import('./check-parts-library.js');
-if (stand) delete globalThis.navigator;
+if (stand) delete global.navigator;
 const { Fleet, readHostSnapshot, findConflicts, planFleet } = lib;
 mark('load the library');
 

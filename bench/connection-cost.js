@@ -10,7 +10,7 @@
  * default, each a fleet of its own). Targets at 512 shards: ≤ 24 MB and ≤ 2,000 cached plan sources.
  */
 import pg from 'pg';
-import { initFleet, log, markdownTable, round, textTable, verdict } from './lib.js';
+import { initFleet, itemAt, log, markdownTable, required, round, textTable, verdict } from './lib.js';
 
 export const description = "one connection's memory and cached plans after inserting into every shard of a host";
 
@@ -25,13 +25,32 @@ const CONTEXTS_SQL = `
          count(*) FILTER (WHERE name = 'PL/pgSQL function')::int AS plpgsql
     FROM pg_backend_memory_contexts`;
 
+/**
+ * The connection's memory contexts: bytes, cached plans and PL/pgSQL functions.
+ * @param {pg.Client} client
+ */
 async function contexts(client) {
-  const row = (await client.query(CONTEXTS_SQL)).rows[0];
+  const row = required((await client.query(CONTEXTS_SQL)).rows[0], 'row of pg_backend_memory_contexts');
   return { bytes: Number(row.bytes), planSources: row.plan_sources, plans: row.plans, plpgsql: row.plpgsql };
 }
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const counts = ctx.options.connShards;
+  /**
+   * @type {{
+   *   shards: number,
+   *   before: Awaited<ReturnType<typeof contexts>>,
+   *   after: Awaited<ReturnType<typeof contexts>>,
+   *   perShardBytes: number,
+   *   insertMs: number,
+   * }[]}
+   */
   const rows = [];
   let serverVersion = '';
   for (const shards of counts) {
@@ -40,10 +59,11 @@ export async function run(ctx, major) {
       hostCount: 1,
       shards,
     });
-    serverVersion = await fleet.hosts[0].serverVersion();
+    const host = itemAt(fleet.hosts, 0);
+    serverVersion = await host.serverVersion();
     log(`connection-cost on PostgreSQL ${serverVersion}: init of ${shards} shards on one host (untimed)`);
     await initFleet(fleet);
-    const client = new pg.Client({ connectionString: fleet.hosts[0].url(fleet.database) });
+    const client = new pg.Client({ connectionString: host.url(fleet.database) });
     await client.connect();
     try {
       const before = await contexts(client);
@@ -81,6 +101,7 @@ export async function run(ctx, major) {
   };
 }
 
+/** @param {Result} result */
 function tableRows(result) {
   return result.rows.map((r) => [
     String(r.shards),
@@ -103,6 +124,7 @@ const HEADERS = [
   'PL/pgSQL functions',
 ];
 
+/** @param {Result} result */
 export function table(result) {
   const target = result.target
     ? `\ntarget at ${TARGET_AT} shards (≤ 24 MB, ≤ ${TARGET_PLAN_SOURCES} plan sources): ${verdict(result.target.pass)}`
@@ -110,6 +132,7 @@ export function table(result) {
   return `connection-cost, PostgreSQL ${result.serverVersion}\n${textTable(HEADERS, tableRows(result))}${target}`;
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return results
     .map(

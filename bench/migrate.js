@@ -23,13 +23,17 @@ import {
   formatRss,
   formatSample,
   initFleet,
+  itemAt,
   log,
+  peakOf,
   markdownTable,
   ratio,
   REPO_ROOT,
+  required,
   resetDatabases,
   roundOrder,
   runProcess,
+  sampleOrNull,
   serverCpuMs,
   summarize,
   textTable,
@@ -55,7 +59,23 @@ const SCHEMAS_PER_TRANSACTION = 64;
 const TARGET_RATIO = 1.15;
 const TARGET_CHECK_MS = 500;
 const TARGET_HELP_MS = 150;
+/** @typedef {'shardctl' | 'psql' | 'psql64'} Side */
+/** @type {Side[]} */
 const SIDES = ['shardctl', 'psql', 'psql64'];
+/** @typedef {import('./lib.js').Fleet} Fleet */
+/** @typedef {import('./lib.js').Sample} Sample */
+/** @typedef {import('./run.js').BenchContext} BenchContext */
+/** @typedef {Awaited<ReturnType<typeof run>>} MigrateResult */
+
+/**
+ * One value per side, in SIDES's order.
+ * @template T
+ * @param {(side: Side) => T} valueOf
+ * @returns {Record<Side, T>}
+ */
+function bySide(valueOf) {
+  return { shardctl: valueOf('shardctl'), psql: valueOf('psql'), psql64: valueOf('psql64') };
+}
 
 /** Per host: every shard's photos has the column and the index, or the run did not do its work. */
 const MIGRATED_CHECK = `
@@ -69,6 +89,10 @@ const MIGRATED_CHECK = `
          and i.indexrelid = (select oid from pg_class where relname = 'photos_filter_idx' and relnamespace = n.oid)
    where c.relname = 'photos' and c.relkind = 'r' and n.nspname ~ '^insta[0-9]+$'`;
 
+/**
+ * @param {BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const shapes = [
@@ -77,7 +101,7 @@ export async function run(ctx, major) {
   ];
   const migrations = [];
   for (const shape of shapes) migrations.push(await runShape(ctx, major, shape));
-  const last = migrations.at(-1);
+  const last = required(migrations.at(-1), 'fleet shape measured');
   const fixed = await fixedCost(ctx, last.fleet);
   return {
     benchmark: 'migrate',
@@ -110,7 +134,12 @@ export async function run(ctx, major) {
   };
 }
 
-/** One fleet shape: build it once, then rounds of shardctl and both floors, the order rotating. */
+/**
+ * One fleet shape: build it once, then rounds of shardctl and both floors, the order rotating.
+ * @param {BenchContext} ctx
+ * @param {string} major
+ * @param {{ shards: number, hosts: number }} shape
+ */
 async function runShape(ctx, major, shape) {
   const { options } = ctx;
   const name = `${shape.shards}x${shape.hosts}`;
@@ -126,7 +155,7 @@ async function runShape(ctx, major, shape) {
     extraMigrations: { [MIGRATION_FILE]: MIGRATION_SQL },
   });
   const hosts = fleet.hosts;
-  const serverVersion = await hosts[0].serverVersion();
+  const serverVersion = await itemAt(hosts, 0).serverVersion();
   log(
     `migrate on PostgreSQL ${serverVersion}: building the base fleet (${shape.shards} shards on ${shape.hosts} hosts, untimed)`,
   );
@@ -147,13 +176,19 @@ async function runShape(ctx, major, shape) {
     }),
   };
 
-  const runs = Object.fromEntries(SIDES.map((side) => [side, { wallMs: [], cpuMs: [], serverCpuMs: [], rss: [] }]));
+  const runs = bySide(() => ({
+    /** @type {number[]} */ wallMs: [],
+    /** @type {(number | null)[]} */ cpuMs: [],
+    /** @type {(number | null)[]} */ serverCpuMs: [],
+    /** @type {(number | null)[]} */ rss: [],
+  }));
   for (let round = 0; round < options.runs; round++) {
     const order = roundOrder(SIDES, round);
     for (const side of order) {
       await resetDatabases(hosts, DATABASE, { template: BASE_DATABASE });
       await backendsGone(hosts, DATABASE);
       const serverBefore = serverCpuMs(hosts);
+      /** @type {{ ms: number, cpuMs?: number | null, peakRssKiB?: number | null }} */
       const timed =
         side === 'shardctl'
           ? await timeCli(['migrate', '-c', fleet.configFile], { cwd: fleet.dir })
@@ -169,18 +204,11 @@ async function runShape(ctx, major, shape) {
       log(`  ${name} round ${round + 1}/${options.runs}: ${side} ${formatMs(timed.ms)}`);
     }
   }
-  const sample = (values) => (values.every((v) => v !== null) ? summarize(values) : null);
-  const sides = Object.fromEntries(
-    SIDES.map((side) => [
-      side,
-      {
-        wallMs: summarize(runs[side].wallMs),
-        cpuMs: sample(runs[side].cpuMs),
-        serverCpuMs: sample(runs[side].serverCpuMs),
-      },
-    ]),
-  );
-  const peak = (values) => (values.every((r) => r !== null) ? Math.max(...values) : null);
+  const sides = bySide((side) => ({
+    wallMs: summarize(runs[side].wallMs),
+    cpuMs: sampleOrNull(runs[side].cpuMs),
+    serverCpuMs: sampleOrNull(runs[side].serverCpuMs),
+  }));
   return {
     fleet,
     postgres: serverVersion,
@@ -190,7 +218,7 @@ async function runShape(ctx, major, shape) {
     sides,
     ratio: ratio(sides.shardctl.wallMs.median, sides.psql.wallMs.median),
     ratio64: ratio(sides.shardctl.wallMs.median, sides.psql64.wallMs.median),
-    peakRssKiB: peak(runs.shardctl.rss),
+    peakRssKiB: peakOf(runs.shardctl.rss),
   };
 }
 
@@ -198,15 +226,20 @@ async function runShape(ctx, major, shape) {
  * What every run pays, on the current fleet (the last run of each side applied the migration):
  * `migrate --check` and `--help` (each interleaved with `node -e 0`, the floor of any Node CLI),
  * and the parts of `migrate --check`, each measured in its own fresh process.
+ * @param {BenchContext} ctx
+ * @param {Fleet} fleet
  */
 async function fixedCost(ctx, fleet) {
   const { options } = ctx;
   await Promise.all(fleet.hosts.map((host) => host.query('postgres', 'checkpoint')));
+  /** @typedef {{ wallMs: number[], cpuMs: (number | null)[] }} Runs */
+  /** @type {{ check: Runs, help: Runs, node: Runs }} */
   const samples = {
     check: { wallMs: [], cpuMs: [] },
     help: { wallMs: [], cpuMs: [] },
     node: { wallMs: [], cpuMs: [] },
   };
+  /** Per run, part → its wall and CPU ms (bench/check-parts.js's output). @type {Record<string, { wallMs: number, cpuMs: number }>[]} */
   const parts = [];
   // The parts load the library as the CLI does, from a bundle (scripts/bundle-cli.js); bench/.bundle/
   // is two levels below the root, as dist/bundle/ is.
@@ -218,9 +251,9 @@ async function fixedCost(ctx, fleet) {
       help: await timeCli(['--help'], { cwd: fleet.dir }),
       node: await timeCommand(process.execPath, ['-e', '0']),
     };
-    for (const [what, t] of Object.entries(timed)) {
-      samples[what].wallMs.push(t.ms);
-      samples[what].cpuMs.push(t.cpuMs ?? null);
+    for (const what of /** @type {const} */ (['check', 'help', 'node'])) {
+      samples[what].wallMs.push(timed[what].ms);
+      samples[what].cpuMs.push(timed[what].cpuMs ?? null);
     }
     const run = await runProcess(process.execPath, [checkParts, fleet.configFile], { cwd: fleet.dir });
     if (run.code !== 0) throw new Error(`bench/check-parts.js exited ${run.code}: ${run.stderr}`);
@@ -229,31 +262,36 @@ async function fixedCost(ctx, fleet) {
       `  fixed cost ${i + 1}/${options.checkRuns}: migrate --check ${formatMs(timed.check.ms)}, --help ${formatMs(timed.help.ms)}, node -e 0 ${formatMs(timed.node.ms)}`,
     );
   }
-  const sample = (values) => (values.every((v) => v !== null) ? summarize(values) : null);
-  const summary = Object.fromEntries(
-    Object.entries(samples).map(([what, s]) => [what, { wallMs: summarize(s.wallMs), cpuMs: sample(s.cpuMs) }]),
-  );
-  const partNames = Object.keys(parts[0]);
+  /** @param {Runs} s */
+  const summary = (s) => ({ wallMs: summarize(s.wallMs), cpuMs: sampleOrNull(s.cpuMs) });
+  const partNames = Object.keys(required(parts[0], 'run of bench/check-parts.js'));
+  /** @param {string} part */
+  const partRuns = (part) => parts.map((p) => required(p[part], `part ${part} in bench/check-parts.js's output`));
   return {
     checkFleet: { shards: fleet.shards, hosts: fleet.hosts.length },
-    ...summary,
+    check: summary(samples.check),
+    help: summary(samples.help),
+    node: summary(samples.node),
     checkParts: partNames.map((part) => ({
       part,
-      wallMs: summarize(parts.map((p) => p[part].wallMs)),
-      cpuMs: summarize(parts.map((p) => p[part].cpuMs)),
+      wallMs: summarize(partRuns(part).map((p) => p.wallMs)),
+      cpuMs: summarize(partRuns(part).map((p) => p.cpuMs)),
     })),
   };
 }
 
 const HEADERS = ['PostgreSQL', 'fleet', 'side', 'wall', 'client CPU', 'server CPU', 'wall vs psql64', 'peak RSS'];
+/** @type {Record<Side, string>} */
 const SIDE_NAMES = {
   shardctl: 'shardctl migrate',
   psql: 'psql, one transaction per shard (floor, as shardctl sends it)',
   psql64: `psql, ${SCHEMAS_PER_TRANSACTION} shards per transaction (floor, issue #9)`,
 };
 
+/** @param {Sample | null} sample */
 const cpu = (sample) => (sample ? formatSample(sample) : 'n/a');
 
+/** @param {MigrateResult} result */
 function rows(result) {
   return result.shapes.flatMap((shape) =>
     SIDES.map((side) => {
@@ -274,6 +312,7 @@ function rows(result) {
 
 const FIXED_HEADERS = ['what', 'wall', 'CPU (user + system)', 'target'];
 
+/** @param {MigrateResult} result */
 function fixedRows(result) {
   const { check, help, node, checkFleet } = result;
   return [
@@ -295,10 +334,12 @@ function fixedRows(result) {
 
 const PART_HEADERS = ['part of migrate --check', 'wall', 'CPU (user + system)'];
 
+/** @param {MigrateResult} result */
 function partRows(result) {
   return result.checkParts.map((p) => [p.part, formatSample(p.wallMs), formatSample(p.cpuMs)]);
 }
 
+/** @param {MigrateResult} result */
 function targetLine(result) {
   const shapes = result.targets.vsPsql64.map((t) => `${t.fleet}: ${t.got}x ${verdict(t.met)}`).join(', ');
   return (
@@ -307,8 +348,9 @@ function targetLine(result) {
   );
 }
 
+/** @param {MigrateResult} result */
 export function table(result) {
-  const runs = result.shapes[0].sides.shardctl.wallMs.runs.length;
+  const runs = itemAt(result.shapes, 0).sides.shardctl.wallMs.runs.length;
   return [
     `migrate (${result.migration}): median (range) of ${runs} interleaved rounds`,
     textTable(HEADERS, rows(result)),
@@ -322,10 +364,11 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {MigrateResult[]} results */
 export function markdown(results) {
   return results
     .map((r) => {
-      const runs = r.shapes[0].sides.shardctl.wallMs.runs.length;
+      const runs = itemAt(r.shapes, 0).sides.shardctl.wallMs.runs.length;
       return [
         `Migration: \`${r.migration}\`. Median (range) of ${runs} interleaved rounds (the order of the three sides rotates); every run on a fresh copy of the same fleet. Client CPU: the shardctl process (user + system, GNU time); server CPU: every backend of the run, all hosts.`,
         '',
@@ -335,7 +378,7 @@ export function markdown(results) {
         '',
         markdownTable(FIXED_HEADERS, fixedRows(r)),
         '',
-        `The parts of \`migrate --check\` (bench/check-parts.js: the library's steps one by one in a fresh process), median (range) of ${r.checkParts[0].wallMs.runs.length} runs:`,
+        `The parts of \`migrate --check\` (bench/check-parts.js: the library's steps one by one in a fresh process), median (range) of ${itemAt(r.checkParts, 0).wallMs.runs.length} runs:`,
         '',
         markdownTable(PART_HEADERS, partRows(r)),
         '',

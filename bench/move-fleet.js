@@ -15,6 +15,7 @@ import {
   formatMs,
   formatRss,
   initFleet,
+  itemAt,
   log,
   markdownTable,
   median,
@@ -35,6 +36,12 @@ const TARGET_FLEET_RSS_MIB = 300;
 /** Issue 21's raised target: the fleet's longest write block. */
 const TARGET_FLEET_BLOCKED_MS = 250;
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   return { benchmark: 'move-fleet', ...(await runFleet(ctx, major)) };
 }
@@ -42,6 +49,10 @@ export async function run(ctx, major) {
 // ---------------------------------------------------------------------------------------------
 // (d) fleet scale
 
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 async function runFleet(ctx, major) {
   const { options } = ctx;
   const shards = options.fleetShards;
@@ -50,14 +61,15 @@ async function runFleet(ctx, major) {
   const ranges = [0, 1, 2, 3].map((i) => `${i * per}-${(i + 1) * per - 1}`).concat(['', '', '', '']);
   const base = await ctx.fleet('move-fleet-base', major, { database: FLEET_BASE, hostCount: 8, shards, ranges });
   const fleet = await ctx.fleet('move-fleet', major, { database: FLEET_DB, hostCount: 8, shards, ranges });
-  const postgres = await fleet.hosts[0].serverVersion();
+  if (fleet.hosts.length < 8) throw new Error(`move-fleet needs 8 hosts; the fleet has ${fleet.hosts.length}`);
+  const postgres = await itemAt(fleet.hosts, 0).serverVersion();
   log(`move-fleet on PostgreSQL ${postgres}: init of ${formatCount(shards)} empty shards over 4 of 8 hosts (untimed)`);
   await initFleet(base);
   await resetDatabases(fleet.hosts, FLEET_DB, { template: FLEET_BASE });
   const initialMap = await readFile(fleet.configFile, 'utf8');
   const pairs = [0, 1, 2, 3].map((i) => ({
-    source: fleet.hosts[i].name,
-    target: fleet.hosts[i + 4].name,
+    source: itemAt(fleet.hosts, i).name,
+    target: itemAt(fleet.hosts, i + 4).name,
     shards: `${i * per + per / 2}-${(i + 1) * per - 1}`,
   }));
   log(`  moving ${pairs.map((p) => `${p.shards} ${p.source} → ${p.target}`).join(', ')}: 4 CLIs at once`);
@@ -82,13 +94,17 @@ async function runFleet(ctx, major) {
       ),
     );
   const moves = runs.map((r, i) => {
+    /** @type {import('./moving.js').CliMoveOutput} */
     const json = JSON.parse(r.stdout);
-    const list = json.moves ?? [json];
+    const list = 'moves' in json ? json.moves : [json];
     // Where the longest write block went: the steps of each CLI's longest fenced wave, as its progress lines arrived.
     const waves = fencedStepsByWave(r.lines);
-    const longest = waves.reduce((a, b) => ((b.fencedMs ?? 0) > (a?.fencedMs ?? 0) ? b : a), null);
+    const longest = waves.reduce(
+      (a, b) => ((b.fencedMs ?? 0) > (a?.fencedMs ?? 0) ? b : a),
+      /** @type {(typeof waves)[number] | null} */ (null),
+    );
     return {
-      ...pairs[i],
+      ...itemAt(pairs, i),
       durationMs: Math.max(...list.map((m) => m.durationMs)),
       writeBlockedMs: Math.max(...list.map((m) => m.writeBlockedMs ?? 0)),
       waves: list.reduce((n, m) => n + m.waves.length, 0),
@@ -109,14 +125,15 @@ async function runFleet(ctx, major) {
   const problems = [];
   for (const [i, p] of pairs.entries()) {
     const lo = i * per + per / 2;
+    /** @type {number[]} */
     const wrong = [];
     for (let s = lo; s < (i + 1) * per; s++) if (map.hostForShard(s).name !== p.target) wrong.push(s);
     if (wrong.length) problems.push(`the map does not put ${formatShardList(wrong)} on ${p.target}`);
-    const [row] = await fleet.hosts[i + 4].query(
+    const [row] = await itemAt(fleet.hosts, i + 4).query(
       FLEET_DB,
       `select count(*)::int as n from shardctl.shards where state = 'active'`,
     );
-    if (row.n !== per / 2) problems.push(`${p.target} holds ${row.n} active shards, expected ${per / 2}`);
+    if (row?.n !== per / 2) problems.push(`${p.target} holds ${row?.n} active shards, expected ${per / 2}`);
   }
   if (problems.length)
     throw new Error(`the fleet-scale moves did not leave what they should have:\n  - ${problems.join('\n  - ')}`);
@@ -152,8 +169,12 @@ async function runFleet(ctx, major) {
 // ---------------------------------------------------------------------------------------------
 // Output
 
-/** "longest wave 3 of 17: 212 ms (caught-up +40, sequences-carried +12, …); median per wave …". */
+/**
+ * "longest wave 3 of 17: 212 ms (caught-up +40, sequences-carried +12, …); median per wave …".
+ * @param {Result['moves'][number]} m
+ */
 function describeWave(m) {
+  /** @param {Record<string, number>} o */
   const steps = (o) =>
     Object.entries(o)
       .map(([step, ms]) => `${step} +${ms}`)
@@ -173,6 +194,7 @@ const FLEET_HEADERS = [
   'per CLI',
 ];
 
+/** @param {Result[]} results */
 function fleetRows(results) {
   return results.map((f) => [
     f.postgres,
@@ -186,6 +208,7 @@ function fleetRows(results) {
   ]);
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     'move-fleet: one run',
@@ -194,6 +217,7 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return ['**Fleet scale** (one run):', '', markdownTable(FLEET_HEADERS, fleetRows(results))].join('\n');
 }

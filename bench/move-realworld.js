@@ -24,10 +24,12 @@ import {
   formatSample,
   ident,
   initFleet,
+  itemAt,
   log,
   markdownTable,
   ratio,
   REPO_ROOT,
+  required,
   resetDatabases,
   roundOrder,
   summarize,
@@ -59,10 +61,15 @@ const TARGET_BLOCKED_MS = 500;
 /** One writer transaction per this many ms (about 100 per second when the host keeps up). */
 const PACE_MS = 10;
 
+/**
+ * @param {string} file
+ * @param {Record<string, string>} values
+ */
 function fixture(file, values) {
-  return readFileSync(path.join(FIXTURE, file), 'utf8').replace(/\{\{(\w+)\}\}/g, (_, key) => {
-    if (values[key] === undefined) throw new Error(`${file}: no value for {{${key}}}`);
-    return values[key];
+  return readFileSync(path.join(FIXTURE, file), 'utf8').replace(/\{\{(\w+)\}\}/g, (_, /** @type {string} */ key) => {
+    const value = values[key];
+    if (value === undefined) throw new Error(`${file}: no value for {{${key}}}`);
+    return value;
   });
 }
 
@@ -72,6 +79,12 @@ function migrations() {
   return Object.fromEntries(readdirSync(dir).map((name) => [`1${name}`, readFileSync(path.join(dir, name), 'utf8')]));
 }
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const extraMigrations = migrations();
@@ -89,7 +102,7 @@ export async function run(ctx, major) {
   });
   const config = await loadConfig(fleet.configFile);
   const schema = shardSchemaName(config, SHARD);
-  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD).name);
+  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
   const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
   if (!source || !target || source === target)
     throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
@@ -109,7 +122,7 @@ export async function run(ctx, major) {
     `select pg_size_pretty(sum(pg_total_relation_size(c.oid))) as s from pg_class c where c.relnamespace = to_regnamespace($1)`,
     [schema],
   );
-  log(`  ${schema}: ${size.s}`);
+  log(`  ${schema}: ${size?.s}`);
   const initialMap = await readFile(fleet.configFile, 'utf8');
 
   const moves = [];
@@ -145,7 +158,7 @@ export async function run(ctx, major) {
     }
   }
   const moveMs = summarize(moves.map((m) => m.durationMs));
-  const writeBlockedMs = summarize(moves.map((m) => m.writeBlockedMs));
+  const writeBlockedMs = summarize(moves.map((m) => required(m.writeBlockedMs, "a move's write-blocked time")));
   const pgDumpMs = floor.skipped ? null : summarize(dumps);
   const measuredRatio = pgDumpMs ? ratio(moveMs.median, pgDumpMs.median) : null;
   return {
@@ -155,7 +168,7 @@ export async function run(ctx, major) {
     source: source.name,
     target: target.name,
     accounts: rows,
-    schemaSize: size.s,
+    schemaSize: size?.s,
     moveMs,
     writeBlockedMs,
     pgDumpMs,
@@ -173,9 +186,14 @@ export async function run(ctx, major) {
   };
 }
 
+/**
+ * @param {import('./lib.js').Fleet} fleet
+ * @param {{ source: import('./lib.js').Host, target: import('./lib.js').Host, schema: string }} scenario
+ */
 async function timeMove(fleet, { source, target, schema }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startFixtureWriter(await ShardMap.load(fleet.configFile), schema);
+  /** @type {import('./moving.js').TimedLine[]} */
   const lines = [];
   const { result, written } = await underWriter(writer, () =>
     moveShard(config, SHARD, target.name, {
@@ -183,7 +201,7 @@ async function timeMove(fleet, { source, target, schema }) {
       onStep: (_step, detail) => lines.push({ text: detail, atMs: performance.now() }),
     }),
   );
-  const handles = written.acks.get(SHARD);
+  const handles = required(written.acks.get(SHARD), `the writer's acknowledged writes to shard ${SHARD}`);
   const problems = [];
   if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
   if (!result.verification?.ok) problems.push('the verification did not pass');
@@ -194,9 +212,9 @@ async function timeMove(fleet, { source, target, schema }) {
     `select count(*)::int as n from ${ident(schema)}.accounts where handle = any($1::text[])`,
     [handles],
   );
-  if (found.n !== handles.length)
+  if (found?.n !== handles.length)
     problems.push(
-      `${handles.length - found.n} of ${handles.length} acknowledged accounts are missing on ${target.name}`,
+      `${handles.length - (found?.n ?? 0)} of ${handles.length} acknowledged accounts are missing on ${target.name}`,
     );
   for (const host of [source, target]) {
     if ((await replicationObjectsLeft(host, DATABASE)) !== 0)
@@ -204,20 +222,26 @@ async function timeMove(fleet, { source, target, schema }) {
   }
   if (problems.length > 0)
     throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
+  // Checked above: a move without a passed verification is a problem.
+  const verification = required(result.verification, "the move's verification");
   return {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
     transactions: handles.length,
     // Not reported by builds before the change logs (then n/a).
-    whole: result.verification.whole?.length ?? null,
-    byKey: result.verification.byKey,
-    byLog: result.verification.byLog ?? null,
+    whole: verification.whole?.length ?? null,
+    byKey: verification.byKey,
+    byLog: verification.byLog ?? null,
     // How long each step from the fence to the switch took, in ms: where the pause went.
     fencedSteps: fencedStepsByWave(lines)[0]?.steps ?? {},
   };
 }
 
-/** The application: one writer.sql transaction every PACE_MS on the host the map names. */
+/**
+ * The application: one writer.sql transaction every PACE_MS on the host the map names.
+ * @param {import('../dist/index.js').ShardMap} map
+ * @param {string} schema
+ */
 function startFixtureWriter(map, schema) {
   return startWriter(map, {
     shards: [SHARD],
@@ -242,6 +266,7 @@ const HEADERS = [
   'tables whole while fenced',
 ];
 
+/** @param {Result[]} results */
 function rows(results) {
   return results.map((r) => [
     r.postgres,
@@ -255,6 +280,7 @@ function rows(results) {
   ]);
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     `move-realworld: median (range) of ${result.moveMs.runs.length} runs; a paced writer throughout every move`,
@@ -265,9 +291,10 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return [
-    `Median (range) of ${results[0].moveMs.runs.length} runs each, interleaved with the floor where there is one; a paced writer (writer.sql every ${PACE_MS} ms) throughout every move.`,
+    `Median (range) of ${itemAt(results, 0).moveMs.runs.length} runs each, interleaved with the floor where there is one; a paced writer (writer.sql every ${PACE_MS} ms) throughout every move.`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

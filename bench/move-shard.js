@@ -29,9 +29,11 @@ import {
   formatSample,
   ident,
   initFleet,
+  itemAt,
   log,
   markdownTable,
   ratio,
+  required,
   resetDatabases,
   round,
   roundOrder,
@@ -54,13 +56,19 @@ const TARGET_HOST = 'pg2';
 const TARGET_BLOCKED_MS = 1000;
 const TARGET_RATIO = 2;
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const base = await ctx.fleet('move-shard-base', major, { database: BASE_DATABASE, hostCount: HOSTS, shards: SHARDS });
   const fleet = await ctx.fleet('move-shard', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
   const config = await loadConfig(fleet.configFile);
   const schema = shardSchemaName(config, SHARD);
-  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD).name);
+  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
   const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
   if (!source || !target || source === target)
     throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
@@ -99,7 +107,7 @@ export async function run(ctx, major) {
   }
 
   const moveMs = summarize(moves.map((m) => m.durationMs));
-  const writeBlockedMs = summarize(moves.map((m) => m.writeBlockedMs));
+  const writeBlockedMs = summarize(moves.map((m) => required(m.writeBlockedMs, "a move's write-blocked time")));
   const pgDumpMs = floor.skipped ? null : summarize(dumps);
   const measuredRatio = pgDumpMs ? ratio(moveMs.median, pgDumpMs.median) : null;
   return {
@@ -136,7 +144,18 @@ export async function run(ctx, major) {
   };
 }
 
-/** The base fleet, once, untimed: init on both hosts, the rows in the shard's photos, VACUUM ANALYZE. */
+/** @typedef {import('./lib.js').Host} Host */
+/** @typedef {import('./lib.js').Fleet} Fleet */
+/** @typedef {{ source: Host, target: Host, schema: string, rows: number }} Scenario */
+/** @typedef {Awaited<ReturnType<typeof timeMove>>} Moved */
+
+/**
+ * The base fleet, once, untimed: init on both hosts, the rows in the shard's photos, VACUUM ANALYZE.
+ * @param {Fleet} base
+ * @param {Host} source
+ * @param {string} schema
+ * @param {number} rows
+ */
 async function buildBase(base, source, schema, rows) {
   await initFleet(base);
   await source.query(
@@ -147,13 +166,18 @@ async function buildBase(base, source, schema, rows) {
   );
   await source.query(BASE_DATABASE, `vacuum analyze ${ident(schema)}.photos`);
   const [row] = await source.query(BASE_DATABASE, `select count(*)::int as n from ${ident(schema)}.photos`);
-  if (row.n !== rows) throw new Error(`${schema}.photos holds ${row.n} rows after the load, expected ${rows}`);
+  if (row?.n !== rows) throw new Error(`${schema}.photos holds ${row?.n} rows after the load, expected ${rows}`);
 }
 
-/** One online move under the writer, checked afterwards. */
+/**
+ * One online move under the writer, checked afterwards.
+ * @param {Fleet} fleet
+ * @param {Scenario} scenario
+ */
 async function timeMove(fleet, { source, target, schema, rows }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startShardWriter(await ShardMap.load(fleet.configFile), schema);
+  /** @type {{ step: string, atMs: number }[]} */
   const steps = [];
   const { result, written } = await underWriter(writer, () => {
     const started = performance.now();
@@ -162,7 +186,7 @@ async function timeMove(fleet, { source, target, schema, rows }) {
       onStep: (step) => steps.push({ step, atMs: round(performance.now() - started, 0) }),
     });
   });
-  const ids = written.acks.get(SHARD);
+  const ids = required(written.acks.get(SHARD), `the writer's acknowledged writes to shard ${SHARD}`);
   const moved = {
     durationMs: result.durationMs,
     writeBlockedMs: result.writeBlockedMs,
@@ -178,17 +202,31 @@ async function timeMove(fleet, { source, target, schema, rows }) {
   return moved;
 }
 
-/** The application: inserts into the shard's photos one row per statement, as fast as acknowledged; the ids are kept. */
+/**
+ * The application: inserts into the shard's photos one row per statement, as fast as acknowledged; the ids are kept.
+ * @param {import('../dist/index.js').ShardMap} map
+ * @param {string} schema
+ */
 function startShardWriter(map, schema) {
   const insert = `insert into ${ident(schema)}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`;
   return startWriter(map, {
     shards: [SHARD],
     write: async (client, _shard, n) =>
-      (await client.query(insert, [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`]))
-        .rows[0].id,
+      /** @type {string} */ (
+        (await client.query(insert, [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`]))
+          .rows[0].id
+      ),
   });
 }
 
+/**
+ * @param {Fleet} fleet
+ * @param {Scenario & {
+ *   result: import('../dist/index.js').MoveResult,
+ *   moved: { onSource: number, onTarget: number },
+ *   ids: string[],
+ * }} outcome
+ */
 async function checkMove(fleet, { source, target, schema, rows, result, moved, ids }) {
   const problems = [];
   if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
@@ -207,11 +245,11 @@ async function checkMove(fleet, { source, target, schema, rows, result, moved, i
     `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`,
     [ids],
   );
-  if (found.n !== ids.length)
-    problems.push(`${ids.length - found.n} of ${ids.length} acknowledged rows are missing on ${target.name}`);
+  if (found?.n !== ids.length)
+    problems.push(`${ids.length - (found?.n ?? 0)} of ${ids.length} acknowledged rows are missing on ${target.name}`);
   const [total] = await target.query(DATABASE, `select count(*)::int as n from ${photos}`);
-  if (total.n !== rows + ids.length)
-    problems.push(`${target.name} holds ${total.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
+  if (total?.n !== rows + ids.length)
+    problems.push(`${target.name} holds ${total?.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
   // Verified after the fence: the loaded rows and exactly the writes the source had acknowledged.
   if (result.rowsMoved !== String(rows + moved.onSource)) {
     problems.push(
@@ -227,7 +265,10 @@ async function checkMove(fleet, { source, target, schema, rows, result, moved, i
     throw new Error(`the move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
 }
 
-/** The floor, from the source's fresh copy into a new empty database on the target host; checked. */
+/**
+ * The floor, from the source's fresh copy into a new empty database on the target host; checked.
+ * @param {Scenario & { pgDump: string, psql: string }} scenario
+ */
 async function timeDump({ source, target, schema, rows, pgDump, psql }) {
   const ms = await timeDumpRestore({
     source,
@@ -239,7 +280,7 @@ async function timeDump({ source, target, schema, rows, pgDump, psql }) {
     psql,
   });
   const [row] = await target.query(DUMP_DATABASE, `select count(*)::int as n from ${ident(schema)}.photos`);
-  if (row.n !== rows) throw new Error(`pg_dump | psql left ${row.n} photos rows on ${target.name}, expected ${rows}`);
+  if (row?.n !== rows) throw new Error(`pg_dump | psql left ${row?.n} photos rows on ${target.name}, expected ${rows}`);
   return ms;
 }
 
@@ -253,6 +294,7 @@ const CUTOVER_HEADERS = [
   'fence errors per run',
 ];
 
+/** @param {Result[]} results */
 function rows(results) {
   return results.map((r) => [
     r.postgres,
@@ -264,6 +306,7 @@ function rows(results) {
   ]);
 }
 
+/** @param {Result[]} results */
 function cutoverRows(results) {
   return results.map((r) => [
     r.postgres,
@@ -275,17 +318,22 @@ function cutoverRows(results) {
   ]);
 }
 
+/** @param {Result[]} results */
 function skippedNotes(results) {
   return results.filter((r) => r.floorSkipped).map((r) => `PostgreSQL ${r.postgres}: no floor, ${r.floorSkipped}.`);
 }
 
-/** "median (range) of 3 runs each, interleaved": what a table's figures are. */
+/**
+ * "median (range) of 3 runs each, interleaved": what a table's figures are.
+ * @param {Result[]} results
+ */
 function sampleNote(results) {
-  const runs = results[0].moveMs.runs.length;
+  const runs = itemAt(results, 0).moveMs.runs.length;
   const withFloor = results.some((r) => r.pgDumpMs);
   return `median (range) of ${runs} run${runs === 1 ? '' : 's'}${withFloor ? ' each, interleaved with the floor' : ''}`;
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     `move-shard: ${sampleNote([result])}; a writer inserts into the shard throughout every move`,
@@ -297,10 +345,11 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   const note = sampleNote(results);
   return [
-    `${note[0].toUpperCase()}${note.slice(1)}; every run on a fresh copy of the same fleet, a writer inserting into the shard throughout every move.`,
+    `${note.charAt(0).toUpperCase()}${note.slice(1)}; every run on a fresh copy of the same fleet, a writer inserting into the shard throughout every move.`,
     '',
     markdownTable(HEADERS, rows(results)),
     '',

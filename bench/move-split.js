@@ -26,11 +26,14 @@ import {
   formatSample,
   ident,
   initFleet,
+  itemAt,
   log,
   machineBusyMs,
   markdownTable,
   ratio,
+  required,
   resetDatabases,
+  sampleOrNull,
   round,
   roundOrder,
   summarize,
@@ -71,6 +74,12 @@ const LAUNCHER_GAP_MS = 5_500;
  */
 const PARTS = new Set((process.env['MOVE_SPLIT_PARTS'] ?? 'split,split-cli').split(','));
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const split = await runSplit(ctx, major);
   return { benchmark: 'move-split', postgres: split.postgres, split: split.result, splitCli: split.cli };
@@ -79,6 +88,20 @@ export async function run(ctx, major) {
 // ---------------------------------------------------------------------------------------------
 // (a) split a host
 
+/** @typedef {import('./lib.js').Host} Host */
+/** @typedef {import('./lib.js').Fleet} Fleet */
+/** @typedef {Awaited<ReturnType<typeof timeSplitCli>>} SplitCliRun */
+/** @typedef {Awaited<ReturnType<typeof timeSplitMove>>} SplitMoveRun */
+/**
+ * The shards moved, those the writer writes to, and the rows loaded into each moved shard.
+ * @typedef {{ source: Host, target: Host, moved: number[], written: number[], rows: number }} Split
+ */
+/** @typedef {{ source: Host, target: Host, schemas: string[], expectRows: number, pgDump: string, psql: string }} DumpArgs */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 async function runSplit(ctx, major) {
   const { options } = ctx;
   const n = options.splitShards;
@@ -91,14 +114,14 @@ async function runSplit(ctx, major) {
     ranges,
   });
   const fleet = await ctx.fleet('move-split', major, { database: SPLIT_DB, hostCount: 2, shards: total, ranges });
-  const [source, target] = fleet.hosts;
+  const [source, target] = [itemAt(fleet.hosts, 0), itemAt(fleet.hosts, 1)];
   const postgres = await source.serverVersion();
   const floor = floorTools(major, postgres, options);
   if (floor.skipped) log(`move-split on PostgreSQL ${postgres}: no pg_dump floor, ${floor.skipped}`);
   const config = await loadConfig(base.configFile);
   const moved = Array.from({ length: n }, (_, i) => i);
   const schemas = moved.map((s) => shardSchemaName(config, s));
-  const written = [moved[0], moved.at(-1)];
+  const written = [itemAt(moved, 0), itemAt(moved, n - 1)];
 
   log(
     `move-split on PostgreSQL ${postgres}: ${total} shards on ${source.name}, ${formatCount(options.splitRows)} photos rows in each of ${n} (untimed)`,
@@ -120,12 +143,19 @@ async function runSplit(ctx, major) {
       ? ['cli', ...(CLI_B ? ['cli-b'] : []), ...(floor.skipped ? [] : ['pg_dump+writer'])]
       : []),
   ];
+  /** @type {SplitMoveRun[]} */
   const moves = [];
+  /** @type {number[]} */
   const dumps = [];
+  /** @type {SplitCliRun[]} */
   const clis = [];
+  /** @type {SplitCliRun[]} */
   const clisB = [];
+  /** @type {number[]} */
   const writerDumps = [];
+  /** @type {(number | null)[]} */
   const writerDumpCpu = [];
+  /** @type {DumpArgs} */
   const dumpArgs = {
     source,
     target,
@@ -155,7 +185,7 @@ async function runSplit(ctx, major) {
           moved,
           written,
           rows: options.splitRows,
-          cli: b ? CLI_B : CLI,
+          cli: b ? required(CLI_B, 'SHARDCTL_BENCH_CLI_B') : CLI,
         });
         lastMoveEnded = performance.now();
         (b ? clisB : clis).push(m);
@@ -196,6 +226,7 @@ async function runSplit(ctx, major) {
   const loopShards = moved.slice(0, Math.min(options.loopShards, n));
   await resetDatabases(fleet.hosts, SPLIT_DB, { template: SPLIT_BASE });
   await writeFile(fleet.configFile, initialMap);
+  /** @type {number[]} */
   const loop = [];
   for (const shard of loopShards) {
     const result = await moveShard(await loadConfig(fleet.configFile), shard, target.name, {
@@ -208,7 +239,7 @@ async function runSplit(ctx, major) {
   await writeFile(fleet.configFile, initialMap);
 
   const moveMs = summarize(moves.map((m) => m.durationMs));
-  const writeBlockedMs = summarize(moves.map((m) => m.writeBlockedMs));
+  const writeBlockedMs = summarize(moves.map((m) => required(m.writeBlockedMs, "a move's write-blocked time")));
   const pgDumpMs = floor.skipped ? null : summarize(dumps);
   const measured = pgDumpMs ? ratio(moveMs.median, pgDumpMs.median) : null;
   const loopSample = summarize(loop);
@@ -243,6 +274,19 @@ async function runSplit(ctx, major) {
   };
 }
 
+/**
+ * @param {{
+ *   postgres: string,
+ *   n: number,
+ *   rows: number,
+ *   written: number[],
+ *   clis: SplitCliRun[],
+ *   clisB: SplitCliRun[],
+ *   writerDumps: number[],
+ *   writerDumpCpu: (number | null)[],
+ *   floor: ReturnType<typeof floorTools>,
+ * }} runs
+ */
 function splitCliResult({ postgres, n, rows, written, clis, clisB, writerDumps, writerDumpCpu, floor }) {
   const wallMs = summarize(clis.map((m) => m.wallMs));
   const pgDumpMs = floor.skipped ? null : summarize(writerDumps);
@@ -269,11 +313,11 @@ function splitCliResult({ postgres, n, rows, written, clis, clisB, writerDumps, 
     moveMs: summarize(clis.map((m) => m.durationMs)),
     firstOutputMs: summarize(clis.map((m) => m.firstOutputMs)),
     exitAfterLastOutputMs: summarize(clis.map((m) => m.exitAfterLastOutputMs)),
-    writeBlockedMs: summarize(clis.map((m) => m.writeBlockedMs)),
+    writeBlockedMs: summarize(clis.map((m) => required(m.writeBlockedMs, "a CLI move's write-blocked time"))),
     pgDumpMs,
     // Busy CPU of the whole machine during each side (both servers, the writer, the client processes).
-    machineCpuMs: clis.every((m) => m.machineCpuMs !== null) ? summarize(clis.map((m) => m.machineCpuMs)) : null,
-    pgDumpMachineCpuMs: floor.skipped || writerDumpCpu.some((c) => c === null) ? null : summarize(writerDumpCpu),
+    machineCpuMs: sampleOrNull(clis.map((m) => m.machineCpuMs)),
+    pgDumpMachineCpuMs: floor.skipped ? null : sampleOrNull(writerDumpCpu),
     pgDumpVersion: floor.version,
     floorSkipped: floor.skipped,
     ratio: measured,
@@ -288,9 +332,14 @@ function splitCliResult({ postgres, n, rows, written, clis, clisB, writerDumps, 
   };
 }
 
+/**
+ * @param {Fleet} fleet
+ * @param {Split} split
+ */
 async function timeSplitMove(fleet, { source, target, moved, written, rows }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written);
+  /** @type {{ step: string, detail: string, atMs: number }[]} */
   const steps = [];
   const { result, written: w } = await underWriter(writer, () => {
     const started = performance.now();
@@ -319,6 +368,8 @@ async function timeSplitMove(fleet, { source, target, moved, written, rows }) {
  * spawn to exit, while the paced writer runs in this process; checked as the in-process move is.
  * Its progress lines, timed as they arrive, show where the wall time goes: start-up until the
  * first line, the fenced steps, and the exit after the last line.
+ * @param {Fleet} fleet
+ * @param {Split & { cli: string }} split
  */
 async function timeSplitCli(fleet, { source, target, moved, written, rows, cli }) {
   const config = await loadConfig(fleet.configFile);
@@ -330,10 +381,12 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows, cli }
       { cwd: fleet.dir, progress: true, cli },
     ),
   );
-  const machineCpuMs = busy === null ? null : round(machineBusyMs() - busy, 0);
+  const busyAfter = machineBusyMs();
+  const machineCpuMs = busy === null || busyAfter === null ? null : round(busyAfter - busy, 0);
+  /** @type {import('./moving.js').CliMoveOutput} */
   const json = JSON.parse(run.stdout);
   // --json prints the one move of a single source host, or the batch with its moves.
-  const result = json.moves ? json : { ...json, moves: [json] };
+  const result = 'moves' in json ? json : { ...json, moves: [json] };
   const waves = fencedStepsByWave(run.lines);
   const m = {
     wallMs: round(run.ms, 0),
@@ -360,7 +413,11 @@ async function timeSplitCli(fleet, { source, target, moved, written, rows, cli }
   return m;
 }
 
-/** split-cli's floor: `pg_dump | psql` of the same schemas while the same paced writer inserts into two of them on the source. */
+/**
+ * split-cli's floor: `pg_dump | psql` of the same schemas while the same paced writer inserts into two of them on the source.
+ * @param {Fleet} fleet
+ * @param {DumpArgs & { written: number[] }} args
+ */
 async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows, pgDump, psql, written }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startSplitWriter(await ShardMap.load(fleet.configFile), config, written, PACE_MS);
@@ -368,7 +425,8 @@ async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows,
   const { result: ms, written: w } = await underWriter(writer, () =>
     timeDumpRestore({ source, sourceDb: SPLIT_DB, target, targetDb: SPLIT_DUMP_DB, schemas, pgDump, psql }),
   );
-  const machineCpuMs = busy === null ? null : round(machineBusyMs() - busy, 0);
+  const busyAfter = machineBusyMs();
+  const machineCpuMs = busy === null || busyAfter === null ? null : round(busyAfter - busy, 0);
   if (w.byHost.size !== 1 || w.fenceErrors !== 0 || w.total === 0)
     throw new Error(`the writer of the floor must write on ${source.name} alone, unfenced; it wrote ${w.total} rows`);
   // The dump's snapshot holds the loaded rows and some of the writes acknowledged meanwhile.
@@ -384,21 +442,36 @@ async function timeDumpUnderWriter(fleet, { source, target, schemas, expectRows,
 /**
  * The application: inserts into each of `shards` in turn, one row per statement, on the host the
  * map names (as fast as acknowledged, or paced); the ids are kept per shard.
+ * @param {import('../dist/index.js').ShardMap} map
+ * @param {import('../dist/index.js').ShardctlConfig} config
+ * @param {number[]} shards
+ * @param {number} [paceMs]
  */
 function startSplitWriter(map, config, shards, paceMs = 0) {
   return startWriter(map, {
     shards,
     paceMs,
     write: async (client, shard, n) =>
-      (
-        await client.query(
-          `insert into ${ident(shardSchemaName(config, shard))}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`,
-          [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`],
-        )
-      ).rows[0].id,
+      /** @type {string} */ (
+        (
+          await client.query(
+            `insert into ${ident(shardSchemaName(config, shard))}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`,
+            [n % 10000, `https://cdn.example.com/p/w${n}.jpg`, `written during the move ${n}`],
+          )
+        ).rows[0].id
+      ),
   });
 }
 
+/**
+ * @param {Fleet} fleet
+ * @param {Omit<Split, 'written'> & {
+ *   result: { outcome: string, moves: readonly unknown[], rowsMoved: string },
+ *   m: { onSource: number, onTarget: number },
+ *   ids: Map<number, string[]>,
+ *   config: import('../dist/index.js').ShardctlConfig,
+ * }} outcome
+ */
 async function checkSplit(fleet, { source, target, moved, rows, result, m, ids, config }) {
   const problems = [];
   if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
@@ -420,9 +493,9 @@ async function checkSplit(fleet, { source, target, moved, rows, result, m, ids, 
       `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`,
       [list],
     );
-    if (found.n !== list.length)
+    if (found?.n !== list.length)
       problems.push(
-        `shard ${shard}: ${list.length - found.n} of ${list.length} acknowledged rows are missing on ${target.name}`,
+        `shard ${shard}: ${list.length - (found?.n ?? 0)} of ${list.length} acknowledged rows are missing on ${target.name}`,
       );
   }
   const schemas = moved.map((s) => shardSchemaName(config, s));
@@ -443,7 +516,10 @@ async function checkSplit(fleet, { source, target, moved, rows, result, m, ids, 
     throw new Error(`the batch move did not leave what it should have:\n  - ${problems.join('\n  - ')}`);
 }
 
-/** `pg_dump -n s1 -n s2 … | psql` into a fresh empty database on the target; wall time. */
+/**
+ * `pg_dump -n s1 -n s2 … | psql` into a fresh empty database on the target; wall time.
+ * @param {DumpArgs} args
+ */
 async function timeDumpSchemas({ source, target, schemas, expectRows, pgDump, psql }) {
   const ms = await timeDumpRestore({
     source,
@@ -473,10 +549,12 @@ const SPLIT_HEADERS = [
   'one-by-one (per shard → all)',
 ];
 
+/** @param {Result[]} results */
 function splitRows(results) {
   return results
-    .filter((x) => x.split)
-    .map(({ split: r }) => [
+    .map((x) => x.split)
+    .filter((r) => r !== null)
+    .map((r) => [
       r.postgres,
       `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length}`,
       formatSample(r.moveMs),
@@ -500,10 +578,12 @@ const SPLIT_CLI_HEADERS = [
   'target',
 ];
 
+/** @param {Result[]} results */
 function splitCliRows(results) {
   return results
-    .filter((x) => x.splitCli)
-    .map(({ splitCli: r }) => [
+    .map((x) => x.splitCli)
+    .filter((r) => r !== null)
+    .map((r) => [
       r.postgres,
       `${r.shards} shards × ${formatCount(r.rowsPerShard)} rows, pg1 → pg2 (new), writer on ${r.writtenShards.length} every ${r.paceMs} ms, both sides`,
       formatSample(r.wallMs),
@@ -516,6 +596,7 @@ function splitCliRows(results) {
     ]);
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     ...(result.split
@@ -534,6 +615,7 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return [
     ...(results.some((r) => r.split)

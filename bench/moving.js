@@ -7,7 +7,32 @@ import { existsSync } from 'node:fs';
 import path from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { shardMovedTo } from '../dist/index.js';
-import { binDirFor, clientVersion, connect, timeCommand } from './lib.js';
+import { binDirFor, clientVersion, connect, errorMessage, itemAt, timeCommand } from './lib.js';
+
+/** @typedef {import('../dist/index.js').ShardMap} ShardMap */
+/** @typedef {import('./lib.js').Host} Host */
+/**
+ * What the writer was acknowledged: per shard the write results in order, writes per host, fence
+ * errors seen, the total and the longest gap between two acknowledgements.
+ * @template A
+ * @typedef {{
+ *   acks: Map<number, A[]>,
+ *   byHost: Map<string, number>,
+ *   fenceErrors: number,
+ *   total: number,
+ *   longestGapMs: number,
+ * }} Written
+ */
+/**
+ * @template A
+ * @typedef {{ stop: () => Promise<Written<A>> }} Writer
+ */
+/**
+ * What `shardctl move-shard --json` prints: the move of a single source host, or the batch with
+ * its moves.
+ * @typedef {import('../dist/index.js').MoveResult | import('../dist/index.js').BatchMoveResult} CliMoveOutput
+ */
+/** One move step's line of progress and when it arrived. @typedef {import('./lib.js').TimedLine} TimedLine */
 
 /** The writer runs this long before a timed side starts and after it ends: both hosts take its writes. */
 export const WRITER_MARGIN_MS = 500;
@@ -21,22 +46,36 @@ const RETRY_MS = 5;
  * applications to. With `paceMs`, one write per that many ms at most; with `transaction`, a failed
  * write is rolled back first (write sends a whole transaction). Any other error stops it; stop()
  * rethrows it.
+ * @template A
+ * @param {ShardMap} map
+ * @param {{
+ *   shards: number[],
+ *   write: (client: import('pg').Client, shard: number, n: number) => Promise<A>,
+ *   paceMs?: number,
+ *   retryMs?: number,
+ *   transaction?: boolean,
+ * }} options
+ * @returns {Writer<A>}
  */
 export function startWriter(map, { shards, write, paceMs = 0, retryMs = RETRY_MS, transaction = false }) {
-  /** shard → acknowledged results, in order */
+  /** shard → acknowledged results, in order @type {Map<number, A[]>} */
   const acks = new Map(shards.map((s) => [s, []]));
+  /** @type {Map<string, number>} */
   const byHost = new Map();
+  /** @type {Map<string, import('pg').Client>} */
   const clients = new Map();
   let fenceErrors = 0;
   let total = 0;
   let longestGapMs = 0;
+  /** @type {number | null} */
   let lastAck = null;
   let stopping = false;
+  /** @type {unknown} */
   let failure = null;
   const loop = (async () => {
     for (let n = 1; !stopping; n++) {
       const started = performance.now();
-      const shard = shards[n % shards.length];
+      const shard = itemAt(shards, n % shards.length);
       const host = map.hostForShard(shard);
       let client = clients.get(host.name);
       if (!client) {
@@ -48,7 +87,7 @@ export function startWriter(map, { shards, write, paceMs = 0, retryMs = RETRY_MS
         const now = performance.now();
         if (lastAck !== null) longestGapMs = Math.max(longestGapMs, now - lastAck);
         lastAck = now;
-        acks.get(shard).push(ack);
+        acks.get(shard)?.push(ack);
         byHost.set(host.name, (byHost.get(host.name) ?? 0) + 1);
         total += 1;
       } catch (error) {
@@ -71,7 +110,7 @@ export function startWriter(map, { shards, write, paceMs = 0, retryMs = RETRY_MS
       await loop;
       // Closing: an error here cannot change what was acknowledged.
       await Promise.all([...clients.values()].map((client) => client.end().catch(() => undefined)));
-      if (failure) throw new Error(`the writer failed after ${total} acknowledged writes: ${failure.message}`);
+      if (failure) throw new Error(`the writer failed after ${total} acknowledged writes: ${errorMessage(failure)}`);
       return { acks, byHost, fenceErrors, total, longestGapMs };
     },
   };
@@ -80,8 +119,13 @@ export function startWriter(map, { shards, write, paceMs = 0, retryMs = RETRY_MS
 /**
  * Runs `timed` with the writer running WRITER_MARGIN_MS before and after it; stops the writer
  * either way. Returns the timed side's result and what the writer was acknowledged.
+ * @template A, R
+ * @param {Writer<A>} writer
+ * @param {() => Promise<R>} timed
+ * @returns {Promise<{ result: R, written: Written<A> }>}
  */
 export async function underWriter(writer, timed) {
+  /** @type {R} */
   let result;
   try {
     await sleep(WRITER_MARGIN_MS);
@@ -98,9 +142,14 @@ export async function underWriter(writer, timed) {
 /**
  * The floor's pg_dump: --pg-dump, else the one of the server's major (Debian's layout), else
  * pg_dump on PATH. One older than the server refuses to dump it: then there is no floor here.
+ * @param {string} major
+ * @param {string} serverVersion
+ * @param {{ pgDump?: string }} options
+ * @returns {{ pgDump: string, version: string | null, skipped: string | null }}
  */
 export function floorTools(major, serverVersion, options) {
-  const own = binDirFor(major) && path.join(binDirFor(major), 'pg_dump');
+  const binDir = binDirFor(major);
+  const own = binDir && path.join(binDir, 'pg_dump');
   const pgDump = options.pgDump ?? (own && existsSync(own) ? own : 'pg_dump');
   const version = clientVersion(pgDump);
   if (version === null) {
@@ -133,9 +182,24 @@ const DUMP_RESTORE_SCRIPT = [
 ].join('\n');
 const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
 
-/** The floor, from `sourceDb` on the source into `targetDb` on the target, created empty first; wall time in ms. */
+/**
+ * The floor, from `sourceDb` on the source into `targetDb` on the target, created empty first; wall time in ms.
+ * @param {{
+ *   source: Host,
+ *   sourceDb: string,
+ *   target: Host,
+ *   targetDb: string,
+ *   schemas: string[],
+ *   pgDump: string,
+ *   psql: string,
+ * }} options
+ */
 export async function timeDumpRestore({ source, sourceDb, target, targetDb, schemas, pgDump, psql }) {
   await target.resetDatabase(targetDb);
+  /**
+   * @param {string} prefix
+   * @param {NodeJS.ProcessEnv} env
+   */
   const side = (prefix, env) => Object.fromEntries(LIBPQ_SETTINGS.map((name) => [`${prefix}_${name}`, env[name]]));
   const env = { ...process.env, ...side('FROM', source.psqlEnv(sourceDb)), ...side('TO', target.psqlEnv(targetDb)) };
   const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, 'bash', pgDump, psql, ...schemas], { env });
@@ -148,7 +212,13 @@ export async function timeDumpRestore({ source, sourceDb, target, targetDb, sche
   return timed.ms;
 }
 
-/** Rows of `table` summed over `schemas` on one host, in one statement. */
+/**
+ * Rows of `table` summed over `schemas` on one host, in one statement.
+ * @param {Host} host
+ * @param {string} database
+ * @param {string[]} schemas
+ * @param {string} [table]
+ */
 export async function countRows(host, database, schemas, table = 'photos') {
   const [row] = await host.query(
     database,
@@ -156,10 +226,14 @@ export async function countRows(host, database, schemas, table = 'photos') {
        from unnest($1::text[]) s`,
     [schemas, table],
   );
-  return Number(row.n);
+  return Number(row?.n);
 }
 
-/** Publications, subscriptions and slots of shardctl on the host; a finished move leaves none. */
+/**
+ * Publications, subscriptions and slots of shardctl on the host; a finished move leaves none.
+ * @param {Host} host
+ * @param {string} database
+ */
 export async function replicationObjectsLeft(host, database) {
   const [left] = await host.query(
     database,
@@ -167,7 +241,7 @@ export async function replicationObjectsLeft(host, database) {
           + (select count(*) from pg_subscription where subname like 'shardctl\\_%')
           + (select count(*) from pg_replication_slots where slot_name like 'shardctl\\_%') as n`,
   );
-  return Number(left.n);
+  return Number(left?.n);
 }
 
 /**
@@ -177,20 +251,29 @@ export async function replicationObjectsLeft(host, database) {
  */
 export const FENCED_STEPS = ['fenced', 'caught-up', 'sequences-carried', 'verified', 'switched'];
 
+/**
+ * @param {TimedLine[]} lines
+ * @returns {{ wave: number, fencedMs: number | null, steps: Record<string, number> }[]}
+ */
 export function fencedStepsByWave(lines) {
+  /** wave → step → ms since the spawn @type {Map<number, Record<string, number>>} */
   const waves = new Map();
   for (const { text, atMs } of lines) {
     const match = /done: ([a-z-]+)(?: \(wave (\d+) of \d+\))?/.exec(text);
-    if (!match || !FENCED_STEPS.includes(match[1])) continue;
+    const step = match?.[1];
+    if (!match || step === undefined || !FENCED_STEPS.includes(step)) continue;
     const wave = Number(match[2] ?? 1);
-    if (!waves.has(wave)) waves.set(wave, {});
-    waves.get(wave)[match[1]] = atMs;
+    const at = waves.get(wave) ?? {};
+    at[step] = atMs;
+    waves.set(wave, at);
   }
   return [...waves.entries()].map(([wave, at]) => {
+    /** @type {Record<string, number>} */
     const steps = {};
     for (let i = 1; i < FENCED_STEPS.length; i++) {
-      const [before, step] = [FENCED_STEPS[i - 1], FENCED_STEPS[i]];
-      if (at[step] !== undefined && at[before] !== undefined) steps[step] = Math.round(at[step] - at[before]);
+      const [before, step] = [itemAt(FENCED_STEPS, i - 1), itemAt(FENCED_STEPS, i)];
+      const [beforeMs, stepMs] = [at[before], at[step]];
+      if (stepMs !== undefined && beforeMs !== undefined) steps[step] = Math.round(stepMs - beforeMs);
     }
     const fencedMs = at.fenced !== undefined && at.switched !== undefined ? Math.round(at.switched - at.fenced) : null;
     return { wave, fencedMs, steps };

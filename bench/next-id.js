@@ -20,12 +20,15 @@ import { ID_FUNCTION_VERSION, renderNextIdControlSql, renderNextIdSql } from '..
 import { tsImport } from 'tsx/esm/api';
 import {
   connect,
+  errorMessage,
   formatCount,
   formatMs,
+  itemAt,
   log,
   markdownTable,
   processCpuMs,
   ratio,
+  required,
   round,
   roundOrder,
   summarize,
@@ -34,7 +37,13 @@ import {
   withClient,
 } from './lib.js';
 
+/** @typedef {import('./lib.js').Host} Host */
+/** @typedef {import('./run.js').BenchOptions} BenchOptions */
+/** @typedef {(typeof ID_FUNCTIONS)[number]} IdFunction */
+/** @typedef {Awaited<ReturnType<typeof run>>} NextIdResult */
+
 // The article's text, shared with the adopt tests (TypeScript, loaded through tsx).
+/** @type {{ articleNextIdBody: typeof import('../test/fixtures/article-next-id.ts').articleNextIdBody }} */
 const { articleNextIdBody } = await tsImport('../test/fixtures/article-next-id.ts', import.meta.url);
 
 export const description = 'per-id cost of next_id() vs nextval(), uniqueness at speed and under concurrency';
@@ -75,6 +84,8 @@ $$ LANGUAGE PLPGSQL;`;
 /**
  * The copy of photos (migrations/0001_photos.sql) the concurrency run fills: no primary key, so
  * duplicates are stored and counted; drawn_at records the clock when the row's id was drawn.
+ * @param {string} schema
+ * @param {string} idDefault
  */
 function photosCopySql(schema, idDefault) {
   return `
@@ -110,19 +121,23 @@ const ID_FUNCTIONS = [
     key: 'shardctl',
     label: `shardctl ${SCHEMA}.next_id(seq)`,
     schema: SCHEMA,
-    call: (seq) => `${SCHEMA}.next_id('${SCHEMA}.${seq}')`,
+    call: /** @param {string} seq */ (seq) => `${SCHEMA}.next_id('${SCHEMA}.${seq}')`,
   },
   {
     key: 'instagram',
     label: "Instagram's published next_id()",
     schema: REFERENCE_SCHEMA,
-    call: () => `${REFERENCE_SCHEMA}.next_id()`,
+    call: /** @param {string} _seq */ (_seq) => `${REFERENCE_SCHEMA}.next_id()`,
   },
 ];
 
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
-  const [host] = await ctx.hosts(major, 1);
+  const host = itemAt(await ctx.hosts(major, 1), 0);
   const serverVersion = await host.serverVersion();
   log(`next-id on PostgreSQL ${serverVersion}: installing the functions in database ${DATABASE}`);
   await host.resetDatabase(DATABASE);
@@ -158,8 +173,27 @@ export async function run(ctx, major) {
     const concurrency = [];
     for (const fn of ID_FUNCTIONS) concurrency.push(await measureConcurrency(host, fn, options));
 
-    const ours = uniqueness.find((u) => u.function === 'shardctl');
-    const oursConcurrent = concurrency.find((c) => c.function === 'shardctl');
+    const ours = required(
+      uniqueness.find((u) => u.function === 'shardctl'),
+      'uniqueness result of shardctl',
+    );
+    const oursConcurrent = required(
+      concurrency.find((c) => c.function === 'shardctl'),
+      'concurrency result of shardctl',
+    );
+    /** @param {string} key */
+    const costOf = (key) =>
+      required(
+        cost.functions.find((f) => f.function === key),
+        `cost result of ${key}`,
+      );
+    const floor = costOf('plpgsql').ms.median;
+    const oursCost = costOf('shardctl').ms.median;
+    /** @param {(typeof slowPath)[number]} s */
+    const targeted = (s) => s.function === 'shardctl' && (s.idsPerMs === null || s.idsPerMs >= TARGET_MIN_RATE);
+    const worstShare = Math.max(...slowPath.map((s) => (targeted(s) ? s.sharePercent : 0)));
+    const [floorCpu, oursCpu] = [costOf('plpgsql').cpuNsPerId, costOf('shardctl').cpuNsPerId];
+    const cpuRatio = floorCpu && oursCpu !== null ? ratio(oursCpu, floorCpu) : null;
     const targets = {
       uniqueAtSpeed: {
         wanted: '0 duplicates',
@@ -171,30 +205,24 @@ export async function run(ctx, major) {
         got: oursConcurrent.duplicates,
         met: oursConcurrent.duplicates === 0 && oursConcurrent.errors === 0,
       },
-    };
-    const floor = cost.functions.find((f) => f.function === 'plpgsql').ms.median;
-    const oursCost = cost.functions.find((f) => f.function === 'shardctl').ms.median;
-    const targeted = (s) => s.function === 'shardctl' && (s.idsPerMs === null || s.idsPerMs >= TARGET_MIN_RATE);
-    const worstShare = Math.max(...slowPath.map((s) => (targeted(s) ? s.sharePercent : 0)));
-    const cpuOf = (key) => cost.functions.find((f) => f.function === key).cpuNsPerId;
-    targets.vsFloor = {
-      wanted: '≤ 1.2x the PL/pgSQL floor',
-      got: ratio(oursCost, floor),
-      cpu: cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) : null,
-      // On a shared machine a statement's wall time includes waiting for a core, which can flatter
-      // either side; the target counts as met only when the backend's CPU time agrees.
-      met:
-        ratio(oursCost, floor) <= 1.2 && (cpuOf('plpgsql') ? ratio(cpuOf('shardctl'), cpuOf('plpgsql')) <= 1.2 : true),
-    };
-    targets.slowPath = {
-      wanted: `≤ 0.5% of calls (full speed, and steady rates ≥ ${TARGET_MIN_RATE} ids/ms)`,
-      got: worstShare,
-      met: worstShare <= 0.5,
+      vsFloor: {
+        wanted: '≤ 1.2x the PL/pgSQL floor',
+        got: ratio(oursCost, floor),
+        cpu: cpuRatio,
+        // On a shared machine a statement's wall time includes waiting for a core, which can flatter
+        // either side; the target counts as met only when the backend's CPU time agrees.
+        met: ratio(oursCost, floor) <= 1.2 && (floorCpu ? cpuRatio !== null && cpuRatio <= 1.2 : true),
+      },
+      slowPath: {
+        wanted: `≤ 0.5% of calls (full speed, and steady rates ≥ ${TARGET_MIN_RATE} ids/ms)`,
+        got: worstShare,
+        met: worstShare <= 0.5,
+      },
     };
     return {
       benchmark: 'next-id',
       postgres: serverVersion,
-      settings: settings[0],
+      settings: required(settings[0], 'row of the server settings'),
       cost,
       slowPath,
       uniqueness,
@@ -211,6 +239,7 @@ export async function run(ctx, major) {
  * CPU time (user + system, ms) of a local server backend so far, from /proc; null where there is
  * no /proc. On a shared machine the wall time of a statement includes waiting for a core; the
  * backend's CPU time does not, so both are reported.
+ * @param {number} pid
  */
 function backendCpuMs(pid) {
   try {
@@ -220,12 +249,23 @@ function backendCpuMs(pid) {
   }
 }
 
+/**
+ * @param {Host} host
+ * @param {BenchOptions} options
+ */
 async function measureCost(host, { ids, idRuns }) {
+  /**
+   * @param {(typeof COST_VARIANTS)[number]} variant
+   * @param {number} n
+   */
   const sqlOf = (variant, n) => `select count(x) from (select ${variant.call} as x from generate_series(1, ${n}) g) s`;
+  /** variant → wall ms of each run @type {Map<string, number[]>} */
   const times = new Map(COST_VARIANTS.map((v) => [v.key, []]));
+  /** variant → backend CPU ms of each run @type {Map<string, number[]>} */
   const cpu = new Map(COST_VARIANTS.map((v) => [v.key, []]));
   await withClient(host.url(DATABASE), async (client) => {
-    const pid = (await client.query('select pg_backend_pid() as pid')).rows[0].pid;
+    /** @type {number} */
+    const pid = required((await client.query('select pg_backend_pid() as pid')).rows[0], 'row of pg_backend_pid()').pid;
     // Untimed warm-up: plans, function caches, sequence pages.
     for (const variant of COST_VARIANTS) await client.query(sqlOf(variant, Math.max(1, Math.floor(ids / 10))));
     for (let round = 0; round < idRuns; round++) {
@@ -234,14 +274,14 @@ async function measureCost(host, { ids, idRuns }) {
         const started = performance.now();
         const cpuBefore = backendCpuMs(pid);
         const result = await client.query(sqlOf(variant, ids));
-        times.get(variant.key).push(performance.now() - started);
+        times.get(variant.key)?.push(performance.now() - started);
         const cpuAfter = backendCpuMs(pid);
-        if (cpuBefore !== null && cpuAfter !== null) cpu.get(variant.key).push(cpuAfter - cpuBefore);
-        if (Number(result.rows[0].count) !== ids)
-          throw new Error(`${variant.label}: counted ${result.rows[0].count} ids, drew ${ids}`);
+        if (cpuBefore !== null && cpuAfter !== null) cpu.get(variant.key)?.push(cpuAfter - cpuBefore);
+        const counted = result.rows[0]?.count;
+        if (Number(counted) !== ids) throw new Error(`${variant.label}: counted ${counted} ids, drew ${ids}`);
       }
       log(
-        `  cost round ${round + 1}/${idRuns}: ${order.map((v) => `${v.key} ${formatMs(times.get(v.key).at(-1))}`).join(', ')}`,
+        `  cost round ${round + 1}/${idRuns}: ${order.map((v) => `${v.key} ${formatMs(times.get(v.key)?.at(-1))}`).join(', ')}`,
       );
     }
   });
@@ -249,20 +289,21 @@ async function measureCost(host, { ids, idRuns }) {
   const cpuMedians = Object.fromEntries(
     [...cpu].map(([key, values]) => [key, values.length > 0 ? summarize(values) : null]),
   );
-  const none = medians.none.median;
-  const nextval = medians.nextval.median;
+  const none = required(medians.none, 'cost sample of no call').median;
+  const nextval = required(medians.nextval, 'cost sample of nextval()').median;
   return {
     ids,
     runs: idRuns,
     functions: COST_VARIANTS.map((variant) => {
-      const sample = medians[variant.key];
+      const sample = required(medians[variant.key], `cost sample of ${variant.key}`);
+      const cpuSample = cpuMedians[variant.key];
       return {
         function: variant.key,
         label: variant.label,
         ms: sample,
         nsPerId: round((sample.median * 1e6) / ids, 0),
         // The server backend's CPU time per id (10 ms resolution over the whole statement).
-        cpuNsPerId: cpuMedians[variant.key] ? round((cpuMedians[variant.key].median * 1e6) / ids, 0) : null,
+        cpuNsPerId: cpuSample ? round((cpuSample.median * 1e6) / ids, 0) : null,
         // Gross: whole statements compared, as the issue's figures are.
         vsNextval: ratio(sample.median, nextval),
         // Net: the statement's own cost (generate_series, count) taken out of both.
@@ -294,12 +335,31 @@ END $$`;
  * to count; the statements below draw a known number). At full speed (--ids × 4 ids in one statement, as
  * in the issue) and at steady rates from 1000 down to 20 ids per millisecond, each on a new sequence
  * that starts at the clock.
+ * @param {Host} host
+ * @param {BenchOptions} options
  */
 async function measureSlowPath(host, { ids }) {
   // next_id in the shard's schema; its slow path is the control schema's (one function per host).
   const variants = [{ function: 'shardctl', schema: SCHEMA, slowPathSchema: CONTROL_SCHEMA }];
+  /**
+   * @type {{
+   *   function: string,
+   *   idsPerMs: number | null,
+   *   calls: number,
+   *   lockedCalls: number,
+   *   sharePercent: number,
+   *   lockedUsPerCall: number | null,
+   *   ms: number,
+   * }[]}
+   */
   const results = [];
   await withClient(host.url(DATABASE), async (client) => {
+    /**
+     * @param {(typeof variants)[number]} variant
+     * @param {number | null} idsPerMs
+     * @param {string} sql
+     * @param {number} ids
+     */
     const measure = async (variant, idsPerMs, sql, ids) => {
       await client.query(`BEGIN; SET LOCAL track_functions = 'pl'`);
       try {
@@ -310,6 +370,7 @@ async function measureSlowPath(host, { ids }) {
           `SELECT funcname, calls, total_time FROM pg_stat_xact_user_functions WHERE schemaname = $1 AND funcname = 'next_id_locked'`,
           [variant.slowPathSchema],
         );
+        /** @param {string} name */
         const stat = (name) => stats.rows.find((r) => r.funcname === name) ?? { calls: 0, total_time: 0 };
         const calls = ids;
         const locked = Number(stat('next_id_locked').calls);
@@ -354,6 +415,11 @@ async function measureSlowPath(host, { ids }) {
   return results;
 }
 
+/**
+ * @param {Host} host
+ * @param {IdFunction} fn
+ * @param {BenchOptions} options
+ */
 async function measureUniqueness(host, fn, { uniqueIds }) {
   log(`  uniqueness: ${formatCount(uniqueIds)} ids from ${fn.label} in one statement`);
   const sql = `
@@ -366,7 +432,7 @@ async function measureUniqueness(host, fn, { uniqueIds }) {
   const started = performance.now();
   const rows = await host.query(DATABASE, `set work_mem = '${ANALYSIS_WORK_MEM}'; ${sql}`);
   const ms = performance.now() - started;
-  const row = rows[0];
+  const row = required(rows[0], 'row of the uniqueness count');
   const n = Number(row.n);
   const distinct = Number(row.distinct_ids);
   return {
@@ -384,13 +450,21 @@ async function measureUniqueness(host, fn, { uniqueIds }) {
   };
 }
 
+/**
+ * @param {Host} host
+ * @param {IdFunction} fn
+ * @param {BenchOptions} options
+ */
 async function measureConcurrency(host, fn, { sessions, batch, seconds }) {
   const table = `${fn.schema}.photos_copy`;
   log(`  concurrency: ${sessions} sessions × ${batch}-row batches for ${seconds} s into ${table} (${fn.label})`);
   await host.query(DATABASE, `truncate ${table}`);
   const insert = `insert into ${table} (user_id, image_url) select g, 'https://example.com/p/' || g || '.jpg' from generate_series(1, ${batch}) g`;
+  /** @type {import('pg').Client[]} */
   const clients = [];
+  /** @type {{ batches: number, errors: number, firstError: string | null }[]} */
   let sessionResults;
+  /** @type {number} */
   let elapsedMs;
   try {
     for (let i = 0; i < sessions; i++) {
@@ -402,6 +476,7 @@ async function measureConcurrency(host, fn, { sessions, batch, seconds }) {
       clients.map(async (client) => {
         let batches = 0;
         let errors = 0;
+        /** @type {string | null} */
         let firstError = null;
         while (performance.now() < deadline) {
           try {
@@ -409,7 +484,7 @@ async function measureConcurrency(host, fn, { sessions, batch, seconds }) {
             batches += 1;
           } catch (error) {
             errors += 1;
-            firstError ??= error.message;
+            firstError ??= errorMessage(error);
           }
         }
         return { batches, errors, firstError };
@@ -431,7 +506,7 @@ async function measureConcurrency(host, fn, { sessions, batch, seconds }) {
             (select max(((id >> ${TIME_SHIFT}) + ${LAYOUT.epochMs}) - floor(date_part('epoch', drawn_at) * 1000)::bigint) from ${table}) as max_ahead_ms`,
   );
   await host.query(DATABASE, `truncate ${table}`);
-  const row = rows[0];
+  const row = required(rows[0], `row of the duplicate count in ${table}`);
   const n = Number(row.n);
   const distinct = Number(row.distinct_ids);
   const errors = sessionResults.reduce((sum, s) => sum + s.errors, 0);
@@ -458,6 +533,7 @@ async function measureConcurrency(host, fn, { sessions, batch, seconds }) {
 // ---------------------------------------------------------------------------------------------
 // Output
 
+/** @param {NextIdResult} result */
 function costRows(result) {
   return result.cost.functions.map((f) => [
     f.label,
@@ -471,6 +547,7 @@ function costRows(result) {
 }
 const COST_HEADERS = ['function', 'median', 'range', 'per id', 'backend CPU per id', 'vs nextval', 'net vs nextval'];
 
+/** @param {NextIdResult} result */
 function uniquenessRows(result) {
   return result.uniqueness.map((u) => [
     u.label,
@@ -481,6 +558,7 @@ function uniquenessRows(result) {
     formatMs(u.ms),
   ]);
 }
+/** @param {NextIdResult} result */
 function slowPathRows(result) {
   return result.slowPath.map((s) => [
     `shardctl next_id (v${ID_FUNCTION_VERSION})`,
@@ -495,6 +573,7 @@ const SLOW_PATH_HEADERS = ['function', 'drawing rate', 'calls', 'locked calls', 
 
 const UNIQUENESS_HEADERS = ['function', 'ids', 'distinct', 'duplicates', 'max id ahead of clock', 'time'];
 
+/** @param {NextIdResult} result */
 function concurrencyRows(result) {
   return result.concurrency.map((c) => [
     c.label,
@@ -518,8 +597,9 @@ const CONCURRENCY_HEADERS = [
   'max id ahead of clock',
 ];
 
+/** @param {NextIdResult} result */
 export function table(result) {
-  const c = result.concurrency[0];
+  const c = itemAt(result.concurrency, 0);
   return [
     `next-id on PostgreSQL ${result.postgres} (fsync=${result.settings.fsync})`,
     '',
@@ -539,10 +619,11 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {NextIdResult[]} results */
 export function markdown(results) {
   return results
     .map((result) => {
-      const c = result.concurrency[0];
+      const c = itemAt(result.concurrency, 0);
       return [
         `#### PostgreSQL ${result.postgres}`,
         '',

@@ -15,10 +15,12 @@ import { loadConfig, ShardRouter } from '../dist/index.js';
 import {
   formatCount,
   initFleet,
+  itemAt,
   log,
   markdownTable,
   median,
   ratio,
+  required,
   round,
   roundOrder,
   summarize,
@@ -27,6 +29,7 @@ import {
 } from './lib.js';
 import { insertPlain, insertRouted, POOL_SIZE, warmUp } from './router.js';
 
+/** @type {{ startPgBouncer: typeof import('../test/helpers/pgbouncer.ts').startPgBouncer }} */
 const { startPgBouncer } = await tsImport('../test/helpers/pgbouncer.ts', import.meta.url);
 
 export const description = 'withKey inserts vs a plain pg.Pool, through PgBouncer and directly, timeouts set';
@@ -37,10 +40,16 @@ const HOSTS = 2;
 const TARGETS = { pgbouncer: 0.9, direct: 0.95 };
 const ROUTER_OPTIONS = { statementTimeoutMs: 30_000, idleInTransactionTimeoutMs: 60_000 };
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const fleet = await ctx.fleet('pooled-inserts', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
-  const serverVersion = await fleet.hosts[0].serverVersion();
+  const serverVersion = await itemAt(fleet.hosts, 0).serverVersion();
   log(`pooled-inserts on PostgreSQL ${serverVersion}: init of ${SHARDS} shards over ${HOSTS} hosts (untimed)`);
   await initFleet(fleet);
   const direct = await loadConfig(fleet.configFile);
@@ -50,13 +59,20 @@ export async function run(ctx, major) {
   try {
     const pooledConfig = {
       ...direct,
-      hosts: direct.hosts.map((h, i) => ({ ...h, url: poolers[i].url(h.url), directUrl: h.url })),
+      hosts: direct.hosts.map((h, i) => ({ ...h, url: itemAt(poolers, i).url(h.url), directUrl: h.url })),
     };
-    const paths = { direct, pgbouncer: pooledConfig };
+    /** @type {['direct' | 'pgbouncer', import('../dist/index.js').ShardctlConfig][]} */
+    const paths = [
+      ['direct', direct],
+      ['pgbouncer', pooledConfig],
+    ];
     const callers = POOL_SIZE * HOSTS;
     const userIds = Array.from({ length: options.inserts }, (_, i) => BigInt((i * 2654435761) % 1_000_000_007));
+    /** @type {Record<string, { run: () => Promise<unknown>, rates: number[], close: () => Promise<unknown> }>} */
     const sides = {};
-    for (const [name, config] of Object.entries(paths)) {
+    /** @param {string} name */
+    const sideOf = (name) => required(sides[name], `side ${name}`);
+    for (const [name, config] of paths) {
       const router = await ShardRouter.openConfig(config, {
         ...ROUTER_OPTIONS,
         poolSize: POOL_SIZE,
@@ -64,15 +80,18 @@ export async function run(ctx, major) {
         applicationName: `bench-pooled-${name}-router`,
       });
       const pools = new Map(
-        config.hosts.map((h) => [
-          h.name,
-          new pg.Pool({
-            connectionString: h.url,
-            max: POOL_SIZE,
-            application_name: `bench-pooled-${name}-plain`,
-            idleTimeoutMillis: 0,
-          }),
-        ]),
+        config.hosts.map(
+          (h) =>
+            /** @type {[string, pg.Pool]} */ ([
+              h.name,
+              new pg.Pool({
+                connectionString: h.url,
+                max: POOL_SIZE,
+                application_name: `bench-pooled-${name}-plain`,
+                idleTimeoutMillis: 0,
+              }),
+            ]),
+        ),
       );
       await warmUp(config, router, pools);
       const jit = userIds.slice(0, 2000);
@@ -92,10 +111,11 @@ export async function run(ctx, major) {
     try {
       for (let i = 0; i < options.routerRounds; i++) {
         for (const name of roundOrder(Object.keys(sides), i)) {
+          const side = sideOf(name);
           const started = performance.now();
-          await sides[name].run();
+          await side.run();
           const perSecond = (userIds.length / (performance.now() - started)) * 1000;
-          sides[name].rates.push(perSecond);
+          side.rates.push(perSecond);
           log(`  round ${i + 1}/${options.routerRounds} ${name}: ${formatCount(Math.round(perSecond))}/s`);
         }
       }
@@ -103,11 +123,12 @@ export async function run(ctx, major) {
       for (const side of Object.values(sides)) await side.close();
     }
     const paired = Object.fromEntries(
-      Object.keys(paths).map((name) => {
-        const routed = summarize(sides[`${name} routed`].rates);
-        const plain = summarize(sides[`${name} plain`].rates);
+      paths.map(([name]) => {
+        const [routedRates, plainRates] = [sideOf(`${name} routed`).rates, sideOf(`${name} plain`).rates];
+        const routed = summarize(routedRates);
+        const plain = summarize(plainRates);
         // Per round, routed over plain: the rounds' conditions drift (disk, other load), a pair shares them.
-        const ratios = sides[`${name} routed`].rates.map((r, i) => r / sides[`${name} plain`].rates[i]);
+        const ratios = routedRates.map((r, i) => r / itemAt(plainRates, i));
         const perRound = {
           median: round(median(ratios), 3),
           min: round(Math.min(...ratios), 3),
@@ -147,6 +168,7 @@ export async function run(ctx, major) {
 
 const HEADERS = ['PostgreSQL', 'path', 'withKey (timeouts set)', 'pg.Pool', 'ratio (median of rounds)', 'target'];
 
+/** @param {Result[]} results */
 function rows(results) {
   return results.flatMap((r) =>
     Object.entries(r.paths).map(([name, m]) => [
@@ -160,6 +182,7 @@ function rows(results) {
   );
 }
 
+/** @param {Result} result */
 export function table(result) {
   return [
     `pooled-inserts: ${formatCount(result.insertsPerRound)} single-row inserts per round and side, ${result.callers} callers, ${result.rounds} interleaved rounds`,
@@ -167,9 +190,11 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
+  const first = itemAt(results, 0);
   return [
-    `${formatCount(results[0].insertsPerRound)} single-row inserts per round and side, ${results[0].callers} callers, pool ${results[0].poolSize}/host (PgBouncer's pool the same size), durable commits, ${results[0].rounds} interleaved rounds; median (range).`,
+    `${formatCount(first.insertsPerRound)} single-row inserts per round and side, ${first.callers} callers, pool ${first.poolSize}/host (PgBouncer's pool the same size), durable commits, ${first.rounds} interleaved rounds; median (range).`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

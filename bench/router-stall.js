@@ -13,7 +13,19 @@
 import { spawn } from 'node:child_process';
 import pg from 'pg';
 import { loadConfig, shardForKey, ShardRouter, shardSchemaName } from '../dist/index.js';
-import { formatMs, initFleet, log, markdownTable, ratio, round, summarize, textTable, verdict } from './lib.js';
+import {
+  formatMs,
+  initFleet,
+  itemAt,
+  log,
+  markdownTable,
+  ratio,
+  required,
+  round,
+  summarize,
+  textTable,
+  verdict,
+} from './lib.js';
 
 export const description =
   '20 callers inserting over the 512 shards of a host: longest call and throughput, quiet and loaded';
@@ -23,12 +35,27 @@ const LONGEST_TARGET_MS = 1000;
 const THROUGHPUT_TARGET = 0.9;
 const BUSY_LOOPS = 3;
 
+/** @typedef {'quiet' | 'loaded'} Mode */
+/** @typedef {'router' | 'plain'} Side */
+/** @type {Mode[]} */
+const MODES = ['quiet', 'loaded'];
+/** @typedef {Awaited<ReturnType<typeof drive>>} Driven */
+
+/**
+ * @param {number[]} sorted
+ * @param {number} p
+ */
 function percentile(sorted, p) {
-  return sorted.length === 0 ? 0 : sorted[Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length))];
+  return sorted.length === 0 ? 0 : itemAt(sorted, Math.min(sorted.length - 1, Math.floor((p / 100) * sorted.length)));
 }
 
-/** `CALLERS` loops calling `call(key)` for `seconds`; every call's duration. */
+/**
+ * `CALLERS` loops calling `call(key)` for `seconds`; every call's duration.
+ * @param {(key: bigint) => Promise<unknown>} call
+ * @param {number} seconds
+ */
 async function drive(call, seconds) {
+  /** @type {number[]} */
   const durations = [];
   const deadline = performance.now() + seconds * 1000;
   let key = BigInt(Math.floor(Math.random() * 1e9));
@@ -56,7 +83,11 @@ function startBusyLoops() {
   return Array.from({ length: BUSY_LOOPS }, () => spawn(process.execPath, ['-e', 'for (;;) {}'], { stdio: 'ignore' }));
 }
 
-/** ANALYZE of a random shard's photos every 100 ms, until stopped. */
+/**
+ * ANALYZE of a random shard's photos every 100 ms, until stopped.
+ * @param {string} url
+ * @param {import('../dist/index.js').ShardctlConfig} config
+ */
 function startInvalidations(url, config) {
   const client = new pg.Client({ connectionString: url, application_name: 'bench-stall-analyze' });
   let stopped = false;
@@ -78,20 +109,28 @@ function startInvalidations(url, config) {
   };
 }
 
+/** @typedef {Awaited<ReturnType<typeof run>>} Result */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const shards = options.stallShards;
   const database = `bench_stall_${shards}`;
   const fleet = await ctx.fleet('stall', major, { database, hostCount: 1, shards });
-  const serverVersion = await fleet.hosts[0].serverVersion();
+  const host = itemAt(fleet.hosts, 0);
+  const serverVersion = await host.serverVersion();
   log(`router-stall on PostgreSQL ${serverVersion}: init of ${shards} shards on one host (untimed)`);
   await initFleet(fleet);
   const config = await loadConfig(fleet.configFile);
-  const url = fleet.hosts[0].url(database);
+  const url = host.url(database);
 
   const router = await ShardRouter.open(fleet.configFile, { poolSize: CALLERS, idleTimeoutMs: 0 });
   const plain = new pg.Pool({ connectionString: url, max: CALLERS, idleTimeoutMillis: 0 });
   plain.on('error', () => undefined);
+  /** @type {Record<Side, (key: bigint) => Promise<unknown>>} */
   const sides = {
     router: (key) =>
       router.withKey(key, (client) =>
@@ -102,6 +141,7 @@ export async function run(ctx, major) {
       return plain.query(`INSERT INTO "${schema}".photos (user_id, image_url) VALUES ($1, $2)`, [key.toString(), 'x']);
     },
   };
+  /** @type {Record<Mode, Record<Side, Driven>[]>} */
   const rounds = { quiet: [], loaded: [] };
   try {
     // Warm-up, untimed: every connection of both sides through every shard (the state of a
@@ -116,14 +156,20 @@ export async function run(ctx, major) {
         }
       }),
     );
-    for (const mode of ['quiet', 'loaded']) {
+    for (const mode of MODES) {
       const loops = mode === 'loaded' ? startBusyLoops() : [];
       const stopInvalidations = mode === 'loaded' ? startInvalidations(url, config) : null;
       try {
         for (let i = 0; i < options.stallRounds; i++) {
+          /** @type {Side[]} */
           const order = i % 2 === 0 ? ['router', 'plain'] : ['plain', 'router'];
-          const round_ = {};
-          for (const side of order) round_[side] = await drive(sides[side], options.stallSeconds);
+          /** @type {Partial<Record<Side, Driven>>} */
+          const measured = {};
+          for (const side of order) measured[side] = await drive(sides[side], options.stallSeconds);
+          const round_ = {
+            router: required(measured.router, 'router side of the round'),
+            plain: required(measured.plain, 'plain side of the round'),
+          };
           rounds[mode].push(round_);
           log(
             `  ${mode} round ${i + 1}/${options.stallRounds}: router ${Math.round(round_.router.perSecond)}/s (longest ${formatMs(round_.router.longestMs)}), plain ${Math.round(round_.plain.perSecond)}/s (longest ${formatMs(round_.plain.longestMs)})`,
@@ -139,10 +185,14 @@ export async function run(ctx, major) {
     await plain.end();
   }
 
-  const summary = {};
-  for (const mode of ['quiet', 'loaded']) {
+  /** @param {Mode} mode */
+  const summarizeMode = (mode) => {
+    /**
+     * @param {Side} side
+     * @param {'perSecond' | 'longestMs' | 'p99Ms' | 'p50Ms'} field
+     */
     const of = (side, field) => rounds[mode].map((r) => r[side][field]);
-    summary[mode] = {
+    const measured = {
       router: {
         perSecond: summarize(of('router', 'perSecond')),
         longestMs: Math.max(...of('router', 'longestMs')),
@@ -156,9 +206,10 @@ export async function run(ctx, major) {
         p50Ms: summarize(of('plain', 'p50Ms')),
       },
     };
-    summary[mode].ratio = ratio(summary[mode].router.perSecond.median, summary[mode].plain.perSecond.median);
-  }
-  const pass = ['quiet', 'loaded'].every(
+    return { ...measured, ratio: ratio(measured.router.perSecond.median, measured.plain.perSecond.median) };
+  };
+  const summary = { quiet: summarizeMode('quiet'), loaded: summarizeMode('loaded') };
+  const pass = MODES.every(
     (mode) =>
       summary[mode].router.longestMs <= LONGEST_TARGET_MS &&
       summary[mode].plain.longestMs <= LONGEST_TARGET_MS &&
@@ -169,9 +220,10 @@ export async function run(ctx, major) {
 
 const HEADERS = ['', 'side', 'inserts/s (median)', 'p50', 'p99 (median)', 'longest call', 'routed/plain'];
 
+/** @param {Result} result */
 function rows(result) {
-  return ['quiet', 'loaded'].flatMap((mode) =>
-    ['router', 'plain'].map((side) => {
+  return MODES.flatMap((mode) =>
+    /** @type {Side[]} */ (['router', 'plain']).map((side) => {
       const s = result.summary[mode][side];
       return [
         side === 'router' ? mode : '',
@@ -186,10 +238,12 @@ function rows(result) {
   );
 }
 
+/** @param {Result} result */
 export function table(result) {
   return `router-stall, PostgreSQL ${result.serverVersion}, ${result.shards} shards on one host, ${CALLERS} callers\n${textTable(HEADERS, rows(result))}\ntargets (no call > 1 s, routed ≥ 0.9x plain): ${verdict(result.pass)}`;
 }
 
+/** @param {Result[]} results */
 export function markdown(results) {
   return results
     .map(

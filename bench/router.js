@@ -27,8 +27,10 @@ import {
   initFleet,
   log,
   markdownTable,
+  itemAt,
   processCpuMs,
   ratio,
+  required,
   round,
   summarize,
   textTable,
@@ -51,11 +53,22 @@ const COMMIT_MODES = ['on', 'off'];
 const ROUTER_APP = 'bench-router-withkey';
 const PLAIN_APP = 'bench-router-plain';
 
+/** @typedef {import('../dist/index.js').ShardctlConfig} ShardctlConfig */
+/** @typedef {import('../dist/index.js').ShardRouter} ShardRouterType */
+/** @typedef {import('./lib.js').Host} Host */
+/** @typedef {import('./lib.js').Sample} Sample */
+/** @typedef {Awaited<ReturnType<typeof run>>} RouterResult */
+/** A plain pg.Pool per host name. @typedef {Map<string, pg.Pool>} Pools */
+
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ */
 export async function run(ctx, major) {
   const { options } = ctx;
   const fleet = await ctx.fleet('router', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
   const config = await loadConfig(fleet.configFile);
-  const serverVersion = await fleet.hosts[0].serverVersion();
+  const serverVersion = await itemAt(fleet.hosts, 0).serverVersion();
   log(`router on PostgreSQL ${serverVersion}: init of ${SHARDS} shards over ${HOSTS} hosts (untimed)`);
   await initFleet(fleet);
 
@@ -66,42 +79,46 @@ export async function run(ctx, major) {
   // round trips, statements, Node.
   const callers = POOL_SIZE * HOSTS;
   const userIds = Array.from({ length: options.inserts }, (_, i) => BigInt((i * 2654435761) % 1_000_000_007));
-  const inserts = {};
+  const inserts = [];
   for (const commit of COMMIT_MODES) {
     await Promise.all(
       fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} set synchronous_commit = ${commit}`)),
     );
     log(`  inserts with synchronous_commit = ${commit}`);
-    inserts[commit] = await compareInserts(
-      config,
-      fleet.hosts,
-      fleet.configFile,
-      userIds,
-      callers,
-      options.routerRounds,
-    );
+    inserts.push({
+      commit,
+      ...(await compareInserts(config, fleet.hosts, fleet.configFile, userIds, callers, options.routerRounds)),
+    });
   }
   await Promise.all(
     fleet.hosts.map((host) => host.query(DATABASE, `alter database ${DATABASE} reset synchronous_commit`)),
   );
-  const expectedRows = COMMIT_MODES.reduce((sum, commit) => sum + inserts[commit].rows, 0);
+  const expectedRows = inserts.reduce((sum, measured) => sum + measured.rows, 0);
 
   // --- 2. exec count(*) -----------------------------------------------------------------------
+  /** @type {string[]} */
   const scripts = [];
   for (const host of fleet.hosts) {
-    const shards = config.hosts.find((h) => h.name === host.name).shards;
+    const shards = required(
+      config.hosts.find((h) => h.name === host.name),
+      `host ${host.name} in ${fleet.configFile}`,
+    ).shards;
     const sql = `${shards.map((s) => `select ${s} as shard, count(*) from "${shardSchemaName(config, s)}".photos`).join('\nunion all ')};\n`;
     const file = path.join(fleet.dir, `count-${host.name}.sql`);
     await writeFile(file, sql);
     scripts.push(file);
   }
+  /** @type {number[]} */
   const exec = [];
+  /** @type {number[]} */
   const floor = [];
   // The fixed part of exec's time: start-up, config, connecting, one shard.
+  /** @type {number[]} */
   const oneShard = [];
   const execArgs = ['exec', '-c', fleet.configFile, '--json', 'select count(*) from photos'];
   // Warm-up, untimed, and the check: every shard answers and the counts add up to what was inserted.
   const check = await timeCli(execArgs, { cwd: fleet.dir });
+  /** @type {{ count: string | number }[]} */
   const counted = JSON.parse(check.stdout);
   const total = counted.reduce((sum, row) => sum + Number(row.count), 0);
   if (counted.length !== SHARDS || total !== expectedRows) {
@@ -109,6 +126,7 @@ export async function run(ctx, major) {
   }
   await timePsqlScripts(fleet.hosts, scripts, DATABASE, options.psql);
   for (let i = 0; i < options.routerRounds; i++) {
+    /** @type {[string, () => Promise<number>, number[]][]} */
     const sides = [
       ['exec', async () => (await timeCli(execArgs, { cwd: fleet.dir })).ms, exec],
       ['psql', async () => (await timePsqlScripts(fleet.hosts, scripts, DATABASE, options.psql)).ms, floor],
@@ -133,13 +151,14 @@ export async function run(ctx, major) {
   const execSample = summarize(exec);
   const floorSample = summarize(floor);
   const insertRuns = Object.fromEntries(
-    COMMIT_MODES.map((commit) => {
-      const routed = summarize(inserts[commit].routed);
-      const plain = summarize(inserts[commit].plain);
+    inserts.map(({ commit, ...measured }) => {
+      const routed = summarize(measured.routed);
+      const plain = summarize(measured.plain);
       const r = ratio(routed.median, plain.median);
+      /** @param {'routed' | 'plain'} side */
       const perInsert = (side) => ({
-        serverCpuUs: summarize(inserts[commit].cpu[side].server),
-        nodeCpuUs: summarize(inserts[commit].cpu[side].node),
+        serverCpuUs: summarize(measured.cpu[side].server),
+        nodeCpuUs: summarize(measured.cpu[side].node),
       });
       return [
         commit,
@@ -176,7 +195,15 @@ export async function run(ctx, major) {
   };
 }
 
-/** withKey against the plain pools, interleaved rounds, on fresh pools (so they see the database's settings). */
+/**
+ * withKey against the plain pools, interleaved rounds, on fresh pools (so they see the database's settings).
+ * @param {ShardctlConfig} config
+ * @param {Host[]} hosts
+ * @param {string} configFile
+ * @param {bigint[]} userIds
+ * @param {number} callers
+ * @param {number} rounds
+ */
 async function compareInserts(config, hosts, configFile, userIds, callers, rounds) {
   // No idle timeout on either side: a pool left idle while the other side runs (or warms up) must
   // not close its warmed connections (pg.Pool's default closes them after 10 s, the router's 30 s).
@@ -191,9 +218,13 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
       new pg.Pool({ connectionString: h.url, max: POOL_SIZE, application_name: PLAIN_APP, idleTimeoutMillis: 0 }),
     ]),
   );
+  /** @type {number[]} */
   const routed = [];
+  /** @type {number[]} */
   const plain = [];
   // CPU per insert (µs): the side's server processes (from /proc), and this Node process.
+  /** @typedef {{ server: number[], node: number[] }} CpuRuns */
+  /** @type {{ routed: CpuRuns, plain: CpuRuns }} */
   const cpu = { routed: { server: [], node: [] }, plain: { server: [], node: [] } };
   let rows = 0;
   try {
@@ -210,6 +241,7 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
     // the JIT warm-up on each side, then every round's on each side.
     rows = 2 * POOL_SIZE * config.shards + 2 * jitWarmUp.length + 2 * userIds.length * rounds;
     for (let i = 0; i < rounds; i++) {
+      /** @type {['routed' | 'plain', () => Promise<void>, number[]][]} */
       const sides = [
         ['routed', () => insertRouted(router, userIds, callers), routed],
         ['plain', () => insertPlain(config, pools, userIds, callers), plain],
@@ -224,12 +256,15 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
         const ms = performance.now() - started;
         const node = process.cpuUsage(nodeBefore);
         const server = (await backendsCpuMs(hosts, app)) - serverBefore;
-        sink.push((userIds.length / ms) * 1000);
-        cpu[name].server.push((server * 1000) / userIds.length);
-        cpu[name].node.push((node.user + node.system) / userIds.length);
+        const perSecond = (userIds.length / ms) * 1000;
+        const serverUs = (server * 1000) / userIds.length;
+        const nodeUs = (node.user + node.system) / userIds.length;
+        sink.push(perSecond);
+        cpu[name].server.push(serverUs);
+        cpu[name].node.push(nodeUs);
         log(
-          `  inserts round ${i + 1}/${rounds} ${name}: ${formatCount(Math.round(sink.at(-1)))}/s, ` +
-            `server CPU ${Math.round(cpu[name].server.at(-1))} µs and Node CPU ${Math.round(cpu[name].node.at(-1))} µs per insert`,
+          `  inserts round ${i + 1}/${rounds} ${name}: ${formatCount(Math.round(perSecond))}/s, ` +
+            `server CPU ${Math.round(serverUs)} µs and Node CPU ${Math.round(nodeUs)} µs per insert`,
         );
       }
     }
@@ -240,7 +275,11 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
   return { routed, plain, cpu, rows };
 }
 
-/** CPU time (ms) used so far by the server processes of `applicationName`, summed over hosts. */
+/**
+ * CPU time (ms) used so far by the server processes of `applicationName`, summed over hosts.
+ * @param {Host[]} hosts
+ * @param {string} applicationName
+ */
 async function backendsCpuMs(hosts, applicationName) {
   let total = 0;
   for (const host of hosts) {
@@ -264,6 +303,9 @@ async function backendsCpuMs(hosts, applicationName) {
  * Each of a host's POOL_SIZE connections, on both sides, inserts a row into each of the host's
  * shards (one multi-statement round trip). All connections of a pool are held at once, so each is
  * a different one.
+ * @param {ShardctlConfig} config
+ * @param {ShardRouterType} router
+ * @param {Pools} pools
  */
 export async function warmUp(config, router, pools) {
   await Promise.all(
@@ -272,7 +314,8 @@ export async function warmUp(config, router, pools) {
         .map((s) => `insert into "${shardSchemaName(config, s)}".photos (user_id, image_url) values (${s}, 'warm-up')`)
         .join(';\n');
       // Plain pool: check out every connection, then run the script on each.
-      const clients = await Promise.all(Array.from({ length: POOL_SIZE }, () => pools.get(host.name).connect()));
+      const pool = poolOf(pools, host.name);
+      const clients = await Promise.all(Array.from({ length: POOL_SIZE }, () => pool.connect()));
       try {
         await Promise.all(clients.map((c) => c.query(text)));
       } finally {
@@ -280,11 +323,14 @@ export async function warmUp(config, router, pools) {
       }
       // Router: POOL_SIZE calls at once on the host, each holding its connection until all have one.
       let arrived = 0;
-      let allIn;
+      /** @type {() => void} */
+      let allIn = () => undefined;
+      /** @type {Promise<void>} */
       const barrier = new Promise((resolve) => (allIn = resolve));
+      const firstShard = required(host.shards[0], `a shard on host ${host.name}`);
       await Promise.all(
         Array.from({ length: POOL_SIZE }, () =>
-          router.withShard(host.shards[0], async (client) => {
+          router.withShard(firstShard, async (client) => {
             if (++arrived === POOL_SIZE) allIn();
             await barrier;
             // As the rounds will: each shard's insert under that shard's search_path.
@@ -303,19 +349,39 @@ export async function warmUp(config, router, pools) {
   );
 }
 
-/** `callers` concurrent loops taking the next user id until none is left. */
+/**
+ * The plain pool of a host; every host of the config has one.
+ * @param {Pools} pools
+ * @param {string} name
+ */
+function poolOf(pools, name) {
+  return required(pools.get(name), `pool of host ${name}`);
+}
+
+/**
+ * `callers` concurrent loops taking the next user id until none is left.
+ * @param {bigint[]} userIds
+ * @param {number} callers
+ * @param {(userId: bigint) => Promise<unknown>} insert
+ */
 async function drain(userIds, callers, insert) {
   let next = 0;
   await Promise.all(
     Array.from({ length: callers }, async () => {
       while (next < userIds.length) {
-        const userId = userIds[next++];
+        // next < length: the id is there.
+        const userId = /** @type {bigint} */ (userIds[next++]);
         await insert(userId);
       }
     }),
   );
 }
 
+/**
+ * @param {ShardRouterType} router
+ * @param {bigint[]} userIds
+ * @param {number} callers
+ */
 export function insertRouted(router, userIds, callers) {
   return drain(userIds, callers, (userId) =>
     router.withKey(userId, (client) =>
@@ -327,21 +393,27 @@ export function insertRouted(router, userIds, callers) {
   );
 }
 
+/**
+ * @param {ShardctlConfig} config
+ * @param {Pools} pools
+ * @param {bigint[]} userIds
+ * @param {number} callers
+ */
 export function insertPlain(config, pools, userIds, callers) {
   return drain(userIds, callers, (userId) => {
     const shard = shardForKey(userId, config.shards);
     const host = hostForShard(config, shard);
-    return pools
-      .get(host.name)
-      .query(`insert into "${shardSchemaName(config, shard)}".photos (user_id, image_url) values ($1, $2)`, [
-        userId.toString(),
-        'https://cdn.example.com/p.jpg',
-      ]);
+    if (!host) throw new Error(`no host in the config holds shard ${shard}`);
+    return poolOf(pools, host.name).query(
+      `insert into "${shardSchemaName(config, shard)}".photos (user_id, image_url) values ($1, $2)`,
+      [userId.toString(), 'https://cdn.example.com/p.jpg'],
+    );
   });
 }
 
 const HEADERS = ['PostgreSQL', 'what', 'shardctl', 'floor', 'ratio', 'target'];
 
+/** @param {RouterResult[]} results */
 function rows(results) {
   return results.flatMap((r) => [
     ...Object.entries(r.inserts).map(([commit, m]) => [
@@ -363,6 +435,7 @@ function rows(results) {
   ]);
 }
 
+/** @param {RouterResult} result */
 export function table(result) {
   return [
     `router: median (range) of ${result.rounds} interleaved rounds each`,
@@ -370,9 +443,10 @@ export function table(result) {
   ].join('\n');
 }
 
+/** @param {RouterResult[]} results */
 export function markdown(results) {
   return [
-    `Median (range) of ${results[0].rounds} interleaved rounds each.`,
+    `Median (range) of ${itemAt(results, 0).rounds} interleaved rounds each.`,
     '',
     markdownTable(HEADERS, rows(results)),
   ].join('\n');

@@ -41,6 +41,81 @@ import * as pooledInserts from './pooled-inserts.js';
 import * as router from './router.js';
 import * as routerStall from './router-stall.js';
 
+/**
+ * What a benchmark module exports: run() measures on one major version and returns its result
+ * (plain JSON); table() prints one result, markdown() the docs section of all of them.
+ * @typedef {{
+ *   description: string,
+ *   run: (ctx: BenchContext, major: string) => Promise<any>,
+ *   table: (result: any) => string,
+ *   markdown: (results: any[]) => string,
+ * }} Benchmark
+ */
+
+/**
+ * The options after parsing: every scale option of REFERENCE_SCALE in camelCase, and the others.
+ * @typedef {{
+ *   shards: number,
+ *   hosts: number,
+ *   runs: number,
+ *   idRuns: number,
+ *   ids: number,
+ *   uniqueIds: number,
+ *   sessions: number,
+ *   batch: number,
+ *   seconds: number,
+ *   rerunRuns: number,
+ *   checkRuns: number,
+ *   rows: number,
+ *   inserts: number,
+ *   routerRounds: number,
+ *   bulkSeconds: number,
+ *   bulkRounds: number,
+ *   splitShards: number,
+ *   splitRows: number,
+ *   realworldRows: number,
+ *   realworldRuns: number,
+ *   loopShards: number,
+ *   fleetShards: number,
+ *   discoveryShards: number,
+ *   discoveryHosts: number,
+ *   discoveryRuns: number,
+ *   staleMoves: number,
+ *   stallShards: number,
+ *   stallRounds: number,
+ *   stallSeconds: number,
+ *   feedPages: number,
+ *   failoverRuns: number,
+ *   concurrency?: number,
+ *   connShards: number[],
+ *   psql: string,
+ *   pgDump?: string,
+ *   pgbench?: string,
+ * }} BenchOptions
+ */
+
+/**
+ * What run() gets: the options, the results so far (`name@major` → result), the run's hosts and
+ * its fleets (one per name and major).
+ * @typedef {{
+ *   options: BenchOptions,
+ *   results: Map<string, any>,
+ *   hosts: (major: string, count: number) => Promise<import('./lib.js').Host[]>,
+ *   fleet: (name: string, major: string, options: FleetOptions) => Promise<import('./lib.js').Fleet>,
+ * }} BenchContext
+ */
+/**
+ * A fleet's database, extra migrations, hosts (default --hosts), shards (default --shards) and
+ * each host's shard list (default equal ranges).
+ * @typedef {{
+ *   database: string,
+ *   extraMigrations?: Record<string, string>,
+ *   hostCount?: number,
+ *   shards?: number,
+ *   ranges?: string[],
+ * }} FleetOptions
+ */
+
 /** In the order they run: init-rerun reuses init's fleet and first-run time. */
 const BENCHMARKS = {
   'next-id': nextId,
@@ -60,12 +135,16 @@ const BENCHMARKS = {
   feed,
   failover,
 };
+/** @typedef {keyof typeof BENCHMARKS} BenchmarkName */
+/** @type {Record<BenchmarkName, Benchmark>} */
+const BENCHMARK_MODULES = BENCHMARKS;
 
 /**
  * next-id runs on 15 too because the issue's reference figures were measured there. move-shard's
  * floor needs a pg_dump at least as new as the server: Debian's is 15, and the embedded binaries
  * ship none, so 15 carries its ratio and 18 reports the move alone.
  */
+/** @type {Record<BenchmarkName, string[]>} */
 const DEFAULT_MAJORS = {
   'next-id': [EMBEDDED_MAJOR, '15'],
   'bulk-insert': [EMBEDDED_MAJOR, '15'],
@@ -195,13 +274,15 @@ async function main() {
   const { options, selected, majors, writeDocs, keep } = parseOptions(process.argv.slice(2));
   const machine = machineInfo();
   log(`machine: ${describeMachine(machine)}; load average ${machine.loadAverage.join(' / ')}`);
-  if (machine.loadAverage[0] > 0.5) {
+  if ((machine.loadAverage[0] ?? 0) > 0.5) {
     log('warning: the machine is not idle (1-minute load average above 0.5); timings will be distorted');
   }
   if (!hasGnuTime()) log('GNU time (/usr/bin/time) is not installed: peak RSS is reported as n/a');
 
   const hosts = new BenchHosts({ keep });
+  /** @type {Map<string, Promise<import('./lib.js').Fleet>>} */
   const fleets = new Map();
+  /** @type {BenchContext} */
   const ctx = {
     options,
     results: new Map(),
@@ -210,29 +291,29 @@ async function main() {
      * A fleet (config + migrations), one per name: over this major's first --hosts hosts with
      * --shards shards, unless the benchmark fixes its own `hostCount` and `shards`.
      */
-    fleet(name, major, { database, extraMigrations, hostCount = options.hosts, shards = options.shards, ranges } = {}) {
+    fleet(name, major, { database, extraMigrations, hostCount = options.hosts, shards = options.shards, ranges }) {
       const key = `${name}@${major}`;
-      if (!fleets.has(key)) {
-        fleets.set(
-          key,
-          hosts.hosts(major, hostCount).then((fleetHosts) =>
-            writeFleet({
-              name,
-              hosts: fleetHosts,
-              shards,
-              database,
-              concurrency: options.concurrency,
-              extraMigrations,
-              ranges,
-            }),
-          ),
+      let fleet = fleets.get(key);
+      if (!fleet) {
+        fleet = hosts.hosts(major, hostCount).then((fleetHosts) =>
+          writeFleet({
+            name,
+            hosts: fleetHosts,
+            shards,
+            database,
+            concurrency: options.concurrency,
+            extraMigrations,
+            ranges,
+          }),
         );
+        fleets.set(key, fleet);
       }
-      return fleets.get(key);
+      return fleet;
     },
   };
 
   // Once only, whether reached by Ctrl-C, a failure or the end of the run.
+  /** @type {Promise<void> | undefined} */
   let cleaning;
   const cleanUp = () => {
     cleaning ??= (async () => {
@@ -241,22 +322,24 @@ async function main() {
     })();
     return cleaning;
   };
-  for (const signal of ['SIGINT', 'SIGTERM']) {
+  for (const signal of /** @type {const} */ (['SIGINT', 'SIGTERM'])) {
     process.once(signal, () => {
       log(`${signal}: stopping the hosts`);
-      cleanUp().finally(() => process.exit(130));
+      // The process exits when the clean-up has settled, whatever its outcome.
+      void cleanUp().finally(() => process.exit(130));
     });
   }
 
   const started = new Date();
+  /** @type {any[]} */
   const results = [];
   try {
     for (const name of selected) {
       for (const major of majors(name)) {
-        const result = await BENCHMARKS[name].run(ctx, major);
+        const result = await BENCHMARK_MODULES[name].run(ctx, major);
         ctx.results.set(`${name}@${major}`, result);
         results.push(result);
-        process.stderr.write(`\n${BENCHMARKS[name].table(result)}\n\n`);
+        process.stderr.write(`\n${BENCHMARK_MODULES[name].table(result)}\n\n`);
       }
     }
   } finally {
@@ -284,12 +367,23 @@ async function main() {
   if (writeDocs) {
     for (const name of selected) {
       const ofBenchmark = results.filter((r) => r.benchmark === name);
-      await updateDocsSection(DOCS_FILE, name, `${docsPreamble(summary)}\n\n${BENCHMARKS[name].markdown(ofBenchmark)}`);
+      await updateDocsSection(
+        DOCS_FILE,
+        name,
+        `${docsPreamble(summary)}\n\n${BENCHMARK_MODULES[name].markdown(ofBenchmark)}`,
+      );
     }
     log(`updated ${selected.join(', ')} in ${path.relative(REPO_ROOT, DOCS_FILE)}`);
   }
 }
 
+/**
+ * @param {{
+ *   date: string,
+ *   command: string,
+ *   machine: import('./lib.js').MachineInfo & { loadAverageAtEnd: number[] },
+ * }} summary
+ */
 function docsPreamble(summary) {
   const m = summary.machine;
   return [
@@ -298,8 +392,13 @@ function docsPreamble(summary) {
   ].join('\n');
 }
 
+/** @param {string[]} argv */
 function parseOptions(argv) {
-  const integerOptions = [...Object.keys(REFERENCE_SCALE), 'concurrency'];
+  /** @type {(keyof typeof REFERENCE_SCALE | 'concurrency')[]} */
+  const integerOptions = [
+    .../** @type {(keyof typeof REFERENCE_SCALE)[]} */ (Object.keys(REFERENCE_SCALE)),
+    'concurrency',
+  ];
   let parsed;
   try {
     parsed = parseArgs({
@@ -318,27 +417,32 @@ function parseOptions(argv) {
       },
     });
   } catch (error) {
-    usageError(error.message);
+    usageError(error instanceof Error ? error.message : String(error));
   }
-  const { values, positionals } = parsed;
+  const { positionals } = parsed;
+  // The integer options are declared from a list, so parseArgs types them as a plain string map.
+  const values = /** @type {typeof parsed.values & Partial<Record<typeof integerOptions[number], string>>} */ (
+    parsed.values
+  );
   if (values.help) {
     process.stdout.write(HELP);
     process.exit(0);
   }
 
+  const names = /** @type {BenchmarkName[]} */ (Object.keys(BENCHMARKS));
   const unknown = positionals.filter((name) => name !== 'all' && !(name in BENCHMARKS));
-  if (unknown.length > 0)
-    usageError(`unknown benchmark ${unknown.join(', ')} (choose from ${Object.keys(BENCHMARKS).join(', ')})`);
-  const wanted = new Set(
-    positionals.length === 0 || positionals.includes('all') ? Object.keys(BENCHMARKS) : positionals,
-  );
-  const selected = Object.keys(BENCHMARKS).filter((name) => wanted.has(name));
+  if (unknown.length > 0) usageError(`unknown benchmark ${unknown.join(', ')} (choose from ${names.join(', ')})`);
+  /** @type {Set<string>} */
+  const wanted = new Set(positionals.length === 0 || positionals.includes('all') ? names : positionals);
+  const selected = names.filter((name) => wanted.has(name));
 
+  // Filled in below: every REFERENCE_SCALE option gets a value, given or the reference one.
+  /** @type {Record<string, number | number[] | string | undefined>} */
   const options = { psql: values.psql, pgDump: values['pg-dump'], pgbench: values.pgbench };
   for (const name of integerOptions) {
     const text = values[name];
     if (text === undefined) {
-      if (name in REFERENCE_SCALE) options[camel(name)] = REFERENCE_SCALE[name];
+      if (name !== 'concurrency') options[camel(name)] = REFERENCE_SCALE[name];
       continue;
     }
     if (!/^\d+$/.test(text) || Number(text) < 1)
@@ -355,9 +459,12 @@ function parseOptions(argv) {
     options.connShards = list.map(Number);
   }
   // The default id layout has 13 shard bits; the config loader would refuse more anyway.
-  if (options.shards > 8192) usageError(`--shards ${options.shards}: at most 8192 with the default id layout`);
-  if (options.hosts > options.shards) usageError(`--hosts ${options.hosts}: more hosts than shards`);
+  const benchOptions = /** @type {BenchOptions} */ (/** @type {unknown} */ (options));
+  if (benchOptions.shards > 8192)
+    usageError(`--shards ${benchOptions.shards}: at most 8192 with the default id layout`);
+  if (benchOptions.hosts > benchOptions.shards) usageError(`--hosts ${benchOptions.hosts}: more hosts than shards`);
 
+  /** @type {string[] | undefined} */
   let pgList;
   if (values.pg !== undefined) {
     pgList = values.pg.split(',').map((v) => v.trim());
@@ -369,6 +476,7 @@ function parseOptions(argv) {
       if (dir) log(`PostgreSQL ${major} from ${dir}`);
     }
   }
+  /** @param {BenchmarkName} name */
   const majors = (name) => pgList ?? DEFAULT_MAJORS[name];
 
   const writeDocs = values['write-docs'];
@@ -382,13 +490,18 @@ function parseOptions(argv) {
       );
     }
   }
-  return { options, selected, majors, writeDocs, keep: values.keep };
+  return { options: benchOptions, selected, majors, writeDocs, keep: values.keep };
 }
 
+/** @param {string} name */
 function camel(name) {
-  return name.replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+  return name.replace(/-([a-z])/g, (_, /** @type {string} */ c) => c.toUpperCase());
 }
 
+/**
+ * @param {string} message
+ * @returns {never}
+ */
 function usageError(message) {
   process.stderr.write(`bench: ${message}\n(run node bench/run.js --help for usage)\n`);
   process.exit(2);

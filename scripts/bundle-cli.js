@@ -32,6 +32,9 @@ const LIBRARY_EXTERNAL = [...CLI_EXTERNAL, 'pg', 'pg-copy-streams'];
  * Bundles `entryPoints` into `outdir`, emptied first (the chunks' names carry a content hash).
  * `outdir` must be two levels below the package root, as dist/cli/ and dist/pg/ are: the modules
  * find ../../sql and ../../package.json from their own location.
+ * @param {Record<string, string>} entryPoints output name → entry file
+ * @param {string} outdir
+ * @param {{ external?: string[] }} [options]
  */
 export async function bundle(entryPoints, outdir, { external = CLI_EXTERNAL } = {}) {
   rmSync(outdir, { recursive: true, force: true });
