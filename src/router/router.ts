@@ -16,6 +16,7 @@ import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
 import { DeferredBegin, framedPerShard, TransactionStart } from './begin.js';
 import { Limit } from './limit.js';
+import { withConnection, type Lease } from './connection.js';
 import { endQuietly } from '../pg/quiet.js';
 import { queryEachShardWithParams, type RouterInternals } from './shard-query.js';
 import { queryPage, type Page, type PageOptions } from './pages.js';
@@ -610,7 +611,7 @@ export class ShardRouter {
       run: (shard, attemptOn) => this.run(shard, attemptOn),
       attempt: (host, shard, fn, options, trace) => this.attempt(host, shard, fn, options, trace),
       fanOut: (runShard, options, chunks) => this.fanOut(runShard, options, chunks),
-      connect: (host, shard) => this.connect(host, shard),
+      withConnection: (host, shard, work) => this.withConnection(host, shard, undefined, work),
       counted: (host, ok) => this.diagnostics.ended(host, ok),
       transactionStart: (shard, readOnly) => this.transactionStart(shard, readOnly),
     };
@@ -870,9 +871,8 @@ export class ShardRouter {
     options: TransactionOptions,
     trace?: CallTrace,
   ): Promise<Attempt<T>> {
-    const client = await this.connect(host, shard, trace);
-    let broken: Error | undefined;
-    try {
+    return this.withConnection(host, shard, trace, async (lease) => {
+      const client = lease.client;
       // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
       // fn returns that query's promise (DeferredBegin).
       const begin = new DeferredBegin(client, this.transactionStart(shard, options.readOnly ?? false));
@@ -886,10 +886,10 @@ export class ShardRouter {
         begin.restore();
         // The COMMIT went with fn's query, and the connection was lost before its answer.
         if (begin.commitSent && !options.readOnly && isConnectionLoss(error)) {
-          broken = error as Error;
+          lease.broken(error);
           throw new CommitUnknownError(host.name, shard, error);
         }
-        if (begin.started) await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        if (begin.started) await lease.rollback();
         return { ok: false, error };
       }
       begin.restore();
@@ -912,13 +912,7 @@ export class ShardRouter {
         );
       }
       return { ok: true, value };
-    } catch (error) {
-      broken = error as Error;
-      throw error;
-    } finally {
-      // A connection whose state is unknown (failed BEGIN/COMMIT/ROLLBACK) is destroyed, not reused.
-      client.release(broken);
-    }
+    });
   }
 
   private async attemptScript<R extends pg.QueryResultRow>(
@@ -929,22 +923,20 @@ export class ShardRouter {
     query: Omit<pg.QueryConfig, 'text' | 'values'>,
     trace?: CallTrace,
   ): Promise<Attempt<ScriptValue<R>>> {
-    const client = await this.connect(host, shard, trace);
-    let broken: Error | undefined;
-    try {
+    return this.withConnection(host, shard, trace, async (lease) => {
       // The newline ends a trailing `--` comment in sql before COMMIT.
       const text = `${this.beginSql(shard, readOnly)};\n${sql}\n;COMMIT`;
       let results: pg.QueryResult<R>[];
       try {
-        results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
+        results = (await lease.client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
       } catch (error) {
         // The COMMIT went in the same round trip: a connection lost before the answer leaves it unknown.
         if (!readOnly && isConnectionLoss(error)) {
-          broken = error as Error;
+          lease.broken(error);
           throw new CommitUnknownError(host.name, shard, error);
         }
         // The statements after the failing one (COMMIT too) were skipped: end the transaction.
-        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        await lease.rollback();
         return { ok: false, error };
       }
       const commit = results.at(-1);
@@ -967,12 +959,7 @@ export class ShardRouter {
           statements: results.length - framing - 1,
         },
       };
-    } catch (error) {
-      broken = error as Error;
-      throw error;
-    } finally {
-      client.release(broken);
-    }
+    });
   }
 
   /**
@@ -987,17 +974,15 @@ export class ShardRouter {
     statements: number,
     query: Omit<pg.QueryConfig, 'text' | 'values'>,
   ): Promise<pg.QueryResult<R>[] | undefined> {
-    const client = await this.connect(host, shards[0]!);
-    let broken: Error | undefined;
-    try {
+    return this.withConnection(host, shards[0]!, undefined, async (lease) => {
       // Each shard in a transaction of its own, framed exactly as in attemptScript: nothing one
       // shard's text sets (SET LOCAL, set_config(…, true)) reaches the next shard's.
       const text = shards.map((shard) => `${this.beginSql(shard, true)};\n${sql}\n;COMMIT`).join(';');
       let results: pg.QueryResult<R>[];
       try {
-        results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
+        results = (await lease.client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
       } catch {
-        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        await lease.rollback();
         return undefined;
       }
       // Per shard: BEGIN and the SET LOCALs, the statements, COMMIT.
@@ -1005,19 +990,14 @@ export class ShardRouter {
       const group = framing + statements + 1;
       if (!framedPerShard(results, shards.length, framing, statements)) {
         // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
-        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+        await lease.rollback();
         return undefined;
       }
       this.diagnostics.ended(host.name, true);
       return shards.map((_, i) =>
         statements === 0 ? emptyResult<R>() : results[i * group + framing - 1 + statements]!,
       );
-    } catch (error) {
-      broken = error as Error;
-      throw error;
-    } finally {
-      client.release(broken);
-    }
+    });
   }
 
   /**
@@ -1045,6 +1025,16 @@ export class ShardRouter {
 
   private beginSql(shard: number, readOnly: boolean): string {
     return this.transactionStart(shard, readOnly).text;
+  }
+
+  /** A pooled connection of `host` for `work`, released or destroyed after it (src/router/connection.ts). */
+  private withConnection<T>(
+    host: HostConfig,
+    shard: number,
+    trace: CallTrace | undefined,
+    work: (lease: Lease) => Promise<T>,
+  ): Promise<T> {
+    return withConnection(() => this.connect(host, shard, trace), work);
   }
 
   private async connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {

@@ -3,6 +3,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
 import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 import { framedPerShard, pipelining, type TransactionStart } from './begin.js';
+import type { Lease } from './connection.js';
 import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
 import { runShardsQuery, ShardsQuery } from './pipeline.js';
@@ -29,7 +30,8 @@ export interface RouterInternals {
     options: ForEachShardOptions,
     chunks?: Chunking<T>,
   ): Promise<ShardResult<T>[]>;
-  connect(host: HostConfig, shard: number): Promise<pg.PoolClient>;
+  /** A pooled connection of the host for `work`, released or destroyed after it (connection.ts). */
+  withConnection<T>(host: HostConfig, shard: number, work: (lease: Lease) => Promise<T>): Promise<T>;
   /** Counts a round trip of several shards in router.stats(). */
   counted(host: string, ok: boolean): void;
   transactionStart(shard: number, readOnly: boolean): TransactionStart;
@@ -116,30 +118,23 @@ async function attemptParamsChunk<R extends pg.QueryResultRow>(
   values: readonly unknown[],
   types: pg.QueryConfig['types'] | undefined,
 ): Promise<pg.QueryResult<R>[] | undefined> {
-  const client = await router.connect(host, shards[0]!);
-  let broken: Error | undefined;
-  try {
+  return router.withConnection(host, shards[0]!, async (lease) => {
     const starts = shards.map((shard) => router.transactionStart(shard, true));
     let results: pg.QueryResult[];
     try {
-      results = await runShardsQuery(client, new ShardsQuery(text, values, starts, types));
+      results = await runShardsQuery(lease.client, new ShardsQuery(text, values, starts, types));
     } catch {
       // The failing shard's transaction is open and aborted; those before it committed (read-only).
-      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+      await lease.rollback();
       return undefined;
     }
     const framing = starts[0]!.statements;
     const group = framing + 2;
     if (!framedPerShard(results, shards.length, framing, 1)) {
-      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
+      await lease.rollback();
       return undefined;
     }
     router.counted(host.name, true);
     return shards.map((_, i) => results[i * group + framing] as pg.QueryResult<R>);
-  } catch (error) {
-    broken = error as Error;
-    throw error;
-  } finally {
-    client.release(broken);
-  }
+  });
 }
