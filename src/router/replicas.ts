@@ -219,6 +219,8 @@ interface HostStandbys {
   at: number;
   /** A search under way. */
   finding: Promise<void> | undefined;
+  /** A search has ended (its standbys are known). */
+  searched: boolean;
   next: number;
 }
 
@@ -238,13 +240,14 @@ export class StandbyBook {
     let entry = this.hosts.get(host.name);
     if (!entry || entry.hostUrl !== host.url) {
       if (entry) for (const old of entry.standbys) void endQuietly(old.pool);
-      entry = { hostUrl: host.url, standbys: [], at: 0, finding: undefined, next: 0 };
+      entry = { hostUrl: host.url, standbys: [], at: 0, finding: undefined, searched: false, next: 0 };
       this.hosts.set(host.name, entry);
       this.refresh(host, entry);
-      await entry.finding;
     } else if (Date.now() - entry.at >= STANDBY_REFRESH_MS) {
       this.refresh(host, entry);
     }
+    // Before the first search ends, every call waits for it (none is sent to the primary for want of it).
+    if (!entry.searched) await entry.finding;
     const standbys = entry.standbys;
     if (standbys.length === 0) return undefined;
     entry.next = (entry.next + 1) % standbys.length;
@@ -281,7 +284,10 @@ export class StandbyBook {
   private refresh(host: HostConfig, entry: HostStandbys): void {
     if (entry.finding || this.closed) return;
     entry.at = Date.now();
-    entry.finding = this.find(host, entry).finally(() => (entry.finding = undefined));
+    entry.finding = this.find(host, entry).finally(() => {
+      entry.finding = undefined;
+      entry.searched = true;
+    });
   }
 
   /** The host's addresses in recovery; a standby found again keeps its pool. */
