@@ -1,10 +1,11 @@
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { moveShard } from '../../src/commands/move-shard.js';
 import { parseLsn } from '../../src/router/replicas.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
-import { withClient } from '../helpers/hosts.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { startReplicatedHost, type ReplicatedHost } from '../helpers/standby.js';
 
 const PHOTOS_ONLY = {
@@ -245,4 +246,61 @@ describe('reads from replicas (PostgreSQL 15 primary and streaming standby)', ()
       await plain.close();
     }
   });
+});
+
+describe('replica reads of a shard moved away from a host with a standby', () => {
+  const db = useTestDatabases(1);
+  let host: ReplicatedHost;
+
+  beforeAll(async () => {
+    host = await startReplicatedHost();
+    await withClient(host.primary.url, (c) => c.query('create database rm'));
+    await host.caughtUp();
+  }, 120_000);
+
+  afterAll(async () => {
+    await host?.dispose();
+  });
+
+  it("a router on the old map is not served the old host's standby copy: it reads the new holder, writes made there included", async () => {
+    const url = host.multiHostUrl('rm');
+    const fleet = makeFleet({
+      urls: [url, db.urls[0]!],
+      replicationUrls: [url, undefined],
+      shards: 2,
+      split: ['0-1', ''],
+      schemaPrefix: 'rm',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(host.primary.url.replace(/\/postgres$/, '/rm'), (c) =>
+      c.query(`insert into rm0.photos (user_id, image_url) select g * 2, 'x' from generate_series(1, 100) g`),
+    );
+    await host.caughtUp();
+    // Trusts the file (pg1 holds shard 0) until a call meets the move.
+    const stale = ShardRouter.fromConfig(await fleet.config());
+    const count = (client: pg.PoolClient) =>
+      client
+        .query<{ n: number; r: boolean }>('SELECT count(*)::int AS n, pg_catalog.pg_is_in_recovery() AS r FROM photos')
+        .then((r) => r.rows[0]!);
+    try {
+      expect(await stale.withShard(0, count, { readOnly: true, replica: true })).toEqual({ n: 100, r: true });
+      const result = await moveShard(await fleet.config(), 0, 'pg2', { configFile: fleet.configFile });
+      expect(result.outcome).toBe('moved');
+      await withClient(db.urls[0]!, (c) => c.query(`insert into rm0.photos (user_id, image_url) values (0, 'new')`));
+      // The old host's standby has replayed the move's end on the old host.
+      await host.caughtUp();
+      const before = stale.stats().find((s) => s.host === 'pg1')!;
+      expect(await stale.withShard(0, count, { readOnly: true, replica: true })).toEqual({ n: 101, r: false });
+      const after = stale.stats();
+      expect(after.find((s) => s.host === 'pg1')!.replicaFallbackReasons['not-active'] ?? 0).toBe(
+        (before.replicaFallbackReasons['not-active'] ?? 0) + 1,
+      );
+      // pg2 has no standby: read on its primary, and said so.
+      expect(after.find((s) => s.host === 'pg2')!.replicaFallbackReasons['no-standby']).toBe(1);
+      expect(stale.hostForShard(0).name).toBe('pg2');
+    } finally {
+      await stale.close();
+    }
+  }, 120_000);
 });
