@@ -39,7 +39,7 @@ import pg from 'pg';
 /**
  * The node-postgres releases this file is tested with. FirstQuery below extends pg's Query and
  * uses members that are not pg's public API (`submit`, `_getRows`, `handleCommandComplete`,
- * `handleEmptyQuery`, the connection's `execute` and stream); a release that changes them must not
+ * `handleEmptyQuery`, `handleDataRow`, the connection's `execute` and stream); a release that changes them must not
  * break routed calls. So at load they are checked: when one is missing, or pg's major is not the
  * tested one, every transaction starts the plain way (`BEGIN; SET LOCAL …` as a query of its own:
  * one more round trip per call, nothing else changes) and a warning says so, once.
@@ -56,7 +56,7 @@ export function checkPgInternals(
   if (version !== undefined && !/^8\./.test(version))
     return { ok: false, reason: `pg ${version} is outside the tested range ${PG_TESTED_RANGE}` };
   const proto = (query as { prototype?: Record<string, unknown> } | undefined)?.prototype;
-  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery'].filter(
+  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery', 'handleDataRow'].filter(
     (name) => typeof proto?.[name] !== 'function',
   );
   if (missing.length > 0) return { ok: false, reason: `pg's Query has no ${missing.join(', ')}` };
