@@ -109,6 +109,12 @@ describe('reads from replicas (PostgreSQL 15 primary and streaming standby)', ()
         replicaWaitMs: 10_000,
       }),
     ).toEqual({ inRecovery: true, rows: 1 });
+    // A text without parameters (BEGIN, the text and COMMIT in one round trip) too; its result is the text's.
+    const script = await router.queryEachShard(`insert into photos (user_id, image_url) values (2, 'z')`, {
+      shards: [shard],
+    });
+    expect(script[0]!.value.command).toBe('INSERT');
+    expect(parseLsn(router.lastWriteLsn(shard)!.lsn)! > parseLsn(later.lsn)!).toBe(true);
     // The fan-out and a page read there too.
     const fan = await router.queryEachShard<{ r: boolean }>('SELECT pg_catalog.pg_is_in_recovery() AS r', {
       readOnly: true,
