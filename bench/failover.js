@@ -10,21 +10,10 @@
  * after it, and the calls that failed (COMMIT_UNKNOWN is the only failure the router should let
  * through). Target: median ≤ 2 s (the issue's, on this machine's loopback).
  */
-import { spawn } from 'node:child_process';
-import { chown, mkdir, mkdtemp, rm } from 'node:fs/promises';
-import os from 'node:os';
-import path from 'node:path';
-import pg from 'pg';
-import {
-  ensurePostgresOsUser,
-  findFreePort,
-  initCluster,
-  startCluster,
-  stopCluster,
-} from '../dist/dev/local-postgres.js';
 import { ShardRouter } from '../dist/index.js';
-import { binDirFor, formatMs, log, markdownTable, summarize, textTable, verdict, writeFleet } from './lib.js';
+import { formatMs, log, markdownTable, summarize, textTable, verdict, writeFleet } from './lib.js';
 import { init, loadConfig } from '../dist/index.js';
+import { startPrimaryWithStandby } from './standby.js';
 
 export const description = 'time from pg_ctl promote to the first routed write on the new primary (PG 15 standby)';
 
@@ -32,84 +21,13 @@ const CALLERS = 4;
 const TARGET_MS = 2000;
 const SHARDS = 4;
 
-/**
- * Runs a binary as the server's OS user (PostgreSQL refuses root); resolves with its exit code.
- * @param {import('../dist/dev/local-postgres.js').OsAccount} account
- * @param {string} file
- * @param {string[]} args
- * @param {NodeJS.ProcessEnv} [env]
- * @returns {Promise<number>}
- */
-function asPostgres(account, file, args, env = process.env) {
-  return new Promise((resolve, reject) => {
-    const child = spawn(file, args, { uid: account.uid, gid: account.gid, cwd: os.tmpdir(), env, stdio: 'ignore' });
-    child.once('error', reject);
-    child.once('close', (code) => resolve(code ?? -1));
-  });
-}
-
-/**
- * @param {string} major
- * @param {number} run
- */
-async function oneFailover(major, run) {
-  const binDir = binDirFor(major);
-  if (!binDir)
-    throw new Error(`failover needs PostgreSQL ${major} from Debian (pg_basebackup): the embedded binaries have none`);
-  const account = await ensurePostgresOsUser();
-  const root = await mkdtemp(path.join(os.tmpdir(), 'shardctl-bench-failover-'));
-  await import('node:fs/promises').then((fs) => fs.chmod(root, 0o755));
-  const password = `pw${run}${Math.random().toString(16).slice(2)}`;
-  const primary = { dataDir: path.join(root, 'primary'), port: await findFreePort(), password, binDir };
-  const standby = {
-    ...primary,
-    dataDir: path.join(root, 'standby'),
-    port: await findFreePort(),
-    settings: { hot_standby: 'on' },
-  };
-  /** @type {ShardRouter | undefined} */
+async function oneFailover(major) {
+  const pair = await startPrimaryWithStandby(major, 'failover', 'bench_failover');
   let router;
   /** @type {import('./lib.js').Fleet<import('./lib.js').FleetHost> | undefined} */
   let fleet;
   try {
-    await initCluster(primary);
-    await startCluster(primary);
-    await mkdir(standby.dataDir, { mode: 0o700 });
-    await chown(standby.dataDir, account.uid, account.gid);
-    const backup = await asPostgres(
-      account,
-      path.join(binDir, 'pg_basebackup'),
-      [
-        '-h',
-        '127.0.0.1',
-        '-p',
-        String(primary.port),
-        '-U',
-        'postgres',
-        '-D',
-        standby.dataDir,
-        '-R',
-        '-X',
-        'stream',
-        '-c',
-        'fast',
-      ],
-      { ...process.env, PGPASSWORD: password },
-    );
-    if (backup !== 0) throw new Error(`pg_basebackup exited ${backup}`);
-    await startCluster(standby);
-    const admin = new pg.Client({
-      connectionString: `postgres://postgres:${password}@127.0.0.1:${primary.port}/postgres`,
-    });
-    await admin.connect();
-    await admin.query('create database bench_failover');
-    await admin.end();
-    const multiHost = {
-      name: 'pg1',
-      url: /** @param {string} [database] */ (database) =>
-        `postgres://postgres:${password}@127.0.0.1:${primary.port},127.0.0.1:${standby.port}/${database}`,
-    };
-    fleet = await writeFleet({ name: 'failover', hosts: [multiHost], shards: SHARDS, database: 'bench_failover' });
+    fleet = await writeFleet({ name: 'failover', hosts: [pair.host], shards: SHARDS, database: 'bench_failover' });
     if (!(await init(await loadConfig(fleet.configFile))).ok) throw new Error('init failed');
     const opened = await ShardRouter.open(fleet.configFile, { poolSize: CALLERS, connectTimeoutMs: 2000 });
     router = opened;
@@ -135,24 +53,10 @@ async function oneFailover(major, run) {
       }
     });
     await new Promise((resolve) => setTimeout(resolve, 1000));
-    const stopCode = await asPostgres(account, path.join(binDir, 'pg_ctl'), [
-      'stop',
-      '-D',
-      primary.dataDir,
-      '-m',
-      'immediate',
-      '-w',
-    ]);
-    if (stopCode !== 0) throw new Error(`pg_ctl stop exited ${stopCode}`);
+    await pair.stopPrimary();
     const promotedAt = performance.now();
-    const promoteCode = await asPostgres(account, path.join(binDir, 'pg_ctl'), [
-      'promote',
-      '-D',
-      standby.dataDir,
-      '-w',
-    ]);
+    await pair.promote();
     const promotedBy = performance.now();
-    if (promoteCode !== 0) throw new Error(`pg_ctl promote exited ${promoteCode}`);
     while (!successes.some((t) => t >= promotedAt) && performance.now() - promotedAt < 30_000)
       await new Promise((resolve) => setTimeout(resolve, 5));
     await new Promise((resolve) => setTimeout(resolve, 500));
@@ -168,8 +72,7 @@ async function oneFailover(major, run) {
   } finally {
     await router?.close();
     await fleet?.remove();
-    await Promise.allSettled([stopCluster(standby), stopCluster(primary)]);
-    await rm(root, { recursive: true, force: true });
+    await pair.dispose();
   }
 }
 
@@ -189,7 +92,7 @@ function failureCode(error) {
 export async function run(ctx, major) {
   const runs = [];
   for (let i = 0; i < ctx.options.failoverRuns; i++) {
-    const result = await oneFailover(major, i);
+    const result = await oneFailover(major);
     log(
       `  failover ${i + 1}: first write ${formatMs(result.firstWriteMs)} after promote began (promote took ${formatMs(result.promoteMs)}), ${result.failed} failed calls`,
     );

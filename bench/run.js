@@ -16,6 +16,7 @@ import * as connectionCost from './connection-cost.js';
 import * as discovery from './discovery.js';
 import * as feed from './feed.js';
 import * as failover from './failover.js';
+import * as replicaReads from './replica-reads.js';
 import * as initRerun from './init-rerun.js';
 import * as init from './init.js';
 import {
@@ -134,6 +135,7 @@ const BENCHMARKS = {
   discovery,
   feed,
   failover,
+  'replica-reads': replicaReads,
 };
 /** @typedef {keyof typeof BENCHMARKS} BenchmarkName */
 /** @type {Record<BenchmarkName, Benchmark>} */
@@ -163,6 +165,7 @@ const DEFAULT_MAJORS = {
   feed: [EMBEDDED_MAJOR],
   // pg_basebackup: only the Debian binaries have it.
   failover: ['15'],
+  'replica-reads': ['15'],
 };
 
 /** The reference scale. docs/benchmarks.md only ever records figures measured at this scale. */
@@ -200,6 +203,9 @@ const REFERENCE_SCALE = {
   'stall-seconds': 15,
   'feed-pages': 50,
   'failover-runs': 5,
+  'replica-rounds': 5,
+  'replica-calls': 5000,
+  'replica-rows': 2000,
 };
 
 /** connection-cost: the shard counts one connection touches, one fleet each (--conn-shards 64,512). */
@@ -247,6 +253,9 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --stall-seconds N     router-stall: length of one side's round  (${REFERENCE_SCALE['stall-seconds']})
   --feed-pages N         feed: pages timed each side and scenario    (${REFERENCE_SCALE['feed-pages']})
   --failover-runs N     failover: failovers, each of a fresh primary and standby (${REFERENCE_SCALE['failover-runs']})
+  --replica-rounds N    replica-reads: rounds of each side        (${REFERENCE_SCALE['replica-rounds']})
+  --replica-calls N     replica-reads: calls per side and round   (${formatCount(REFERENCE_SCALE['replica-calls'])})
+  --replica-rows N      replica-reads: photos per shard           (${formatCount(REFERENCE_SCALE['replica-rows'])})
   --conn-shards LIST    connection-cost: shards touched, one fleet each (${CONN_SHARDS.join(',')})
 
 other options:

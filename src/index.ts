@@ -150,6 +150,13 @@ export {
 } from './router/pages.js';
 export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
 export { COMMIT_UNKNOWN, CommitUnknownError } from './router/failover.js';
+export {
+  REPLICA_FALLBACKS,
+  REPLICA_REFUSED,
+  type ReplicaFallback,
+  type ReplicaReadOptions,
+  type WriteLsn,
+} from './router/replicas.js';
 export { describeStandby, type HostTopology, type StandbyStatus } from './fleet/topology.js';
 export { parsePostgresUrl, TARGET_SESSION_ATTRS, type PostgresUrl, type TargetSessionAttrs } from './pg/multihost.js';
 export { execSql, type ExecOptions, type ExecResult, type ExecValue } from './commands/exec.js';

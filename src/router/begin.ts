@@ -39,7 +39,7 @@ import pg from 'pg';
 /**
  * The node-postgres releases this file is tested with. FirstQuery below extends pg's Query and
  * uses members that are not pg's public API (`submit`, `_getRows`, `handleCommandComplete`,
- * `handleEmptyQuery`, the connection's `execute` and stream); a release that changes them must not
+ * `handleEmptyQuery`, `handleDataRow`, the connection's `execute` and stream); a release that changes them must not
  * break routed calls. So at load they are checked: when one is missing, or pg's major is not the
  * tested one, every transaction starts the plain way (`BEGIN; SET LOCAL …` as a query of its own:
  * one more round trip per call, nothing else changes) and a warning says so, once.
@@ -56,7 +56,7 @@ export function checkPgInternals(
   if (version !== undefined && !/^8\./.test(version))
     return { ok: false, reason: `pg ${version} is outside the tested range ${PG_TESTED_RANGE}` };
   const proto = (query as { prototype?: Record<string, unknown> } | undefined)?.prototype;
-  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery'].filter(
+  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery', 'handleDataRow'].filter(
     (name) => typeof proto?.[name] !== 'function',
   );
   if (missing.length > 0) return { ok: false, reason: `pg's Query has no ${missing.join(', ')}` };
@@ -108,6 +108,8 @@ export class DeferredBegin {
     private readonly client: pg.PoolClient,
     /** The statements that start the transaction. */
     private readonly start: TransactionStart,
+    /** A COMMIT sent with fn's query is followed by WRITE_LSN_SQL, in the same write (writeLsn). */
+    private readonly readsWriteLsn = false,
   ) {
     // fn sees a normal client: its query method (installed by hookClient) hands calls to this
     // object until restore().
@@ -132,6 +134,11 @@ export class DeferredBegin {
    */
   get committed(): string | undefined {
     return this.first?.commitTag;
+  }
+
+  /** pg_current_wal_insert_lsn() read right after the COMMIT that went with fn's query, if asked. */
+  get writeLsn(): string | undefined {
+    return this.first?.writeLsn;
   }
 
   /** Whether a COMMIT went with fn's query (its outcome is known only once its answer came). */
@@ -172,6 +179,7 @@ export class DeferredBegin {
           query.values,
           this.start,
           () => this.calls === 1 && (this.only || this.returnedValue === this.firstPromise),
+          this.readsWriteLsn,
         );
         first.callback = (error: Error | null, result: unknown) => (error ? reject(error) : resolve(result));
         this.first = first;
@@ -281,7 +289,8 @@ export function framedPerShard(
     Array.from({ length: shards }).every(
       (_, i) =>
         results[i * group]?.command === 'BEGIN' &&
-        results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET') &&
+        // SET LOCALs, and the DO block that checks a standby (src/router/replicas.ts).
+        results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET' || r.command === 'DO') &&
         results[i * group + group - 1]?.command === 'COMMIT',
     )
   );
@@ -290,6 +299,13 @@ export function framedPerShard(
 /** Sync, and COMMIT followed by Sync: the end of the first query's messages. */
 const SYNC = Buffer.from([0x53, 0, 0, 0, 4]);
 const COMMIT_SYNC = Buffer.concat([statementMessages('COMMIT'), SYNC]);
+
+/**
+ * Where the WAL ends right after a COMMIT, read in the same round trip: at or past the end of the
+ * commit record, so a standby that has replayed up to it sees the transaction (router.lastWriteLsn).
+ */
+export const WRITE_LSN_SQL = 'SELECT pg_catalog.pg_current_wal_insert_lsn()::text AS lsn';
+const COMMIT_LSN_SYNC = Buffer.concat([statementMessages('COMMIT'), statementMessages(WRITE_LSN_SQL), SYNC]);
 
 /**
  * Parse, Bind and Execute of one statement without parameters or results to describe, on the
@@ -336,6 +352,8 @@ class FirstQuery extends BaseQuery {
   commitSent = false;
   /** Its tag, once it ran. */
   commitTag: string | undefined;
+  /** WRITE_LSN_SQL's answer, when it was sent after the COMMIT. */
+  writeLsn: string | undefined;
 
   constructor(
     config: string | pg.QueryConfig,
@@ -343,6 +361,7 @@ class FirstQuery extends BaseQuery {
     private readonly start: TransactionStart,
     /** At the end of the tick: is this query all of fn's work? */
     private readonly alone: () => boolean,
+    private readonly readsWriteLsn = false,
   ) {
     super(config, values);
     this.skip = start.statements;
@@ -361,7 +380,7 @@ class FirstQuery extends BaseQuery {
       try {
         if (this.executed) {
           if (this.alone()) {
-            send(connection, COMMIT_SYNC);
+            send(connection, this.readsWriteLsn ? COMMIT_LSN_SYNC : COMMIT_SYNC);
             this.commitSent = true;
           } else {
             send(connection, SYNC);
@@ -388,9 +407,19 @@ class FirstQuery extends BaseQuery {
       this.mainDone = true;
       super.handleCommandComplete(message, connection);
     } else {
-      // The COMMIT written after it.
-      this.commitTag = message.text;
+      // The COMMIT written after it (then WRITE_LSN_SQL's SELECT, whose row handleDataRow kept).
+      this.commitTag ??= message.text;
     }
+  }
+
+  /** WRITE_LSN_SQL's row after the COMMIT is not fn's: kept apart. */
+  handleDataRow(message: { fields: unknown[] }): void {
+    if (this.mainDone) {
+      const field = message.fields[0];
+      this.writeLsn = typeof field === 'string' ? field : Buffer.isBuffer(field) ? field.toString('utf8') : undefined;
+      return;
+    }
+    (BaseQuery.prototype as unknown as { handleDataRow(m: unknown): void }).handleDataRow.call(this, message);
   }
 
   override handleEmptyQuery(connection: WireConnection): void {

@@ -1,6 +1,7 @@
 import diagnosticsChannel from 'node:diagnostics_channel';
 import { performance } from 'node:perf_hooks';
 import type pg from 'pg';
+import type { ReplicaFallback } from './replicas.js';
 
 /**
  * What the router does, for the application to see: one event per routed call on
@@ -48,6 +49,8 @@ export interface RouterCallEvent {
   readonly retried: readonly { readonly host: string; readonly code: string | undefined; readonly message: string }[];
   /** The error the caller got, when !ok. */
   readonly error?: unknown;
+  /** A replica read (replica: true): 'standby' when it ran on one, else why it ran on the primary. */
+  readonly replica?: 'standby' | ReplicaFallback;
 }
 
 /** A call waiting past ShardRouterOptions.slowCallMs, on `shardctl:router:slow-call` (and as one process warning). */
@@ -71,6 +74,11 @@ export interface HostStats {
   readonly errors: number;
   /** Moves followed away from this host. */
   readonly follows: number;
+  /** Replica reads (replica: true) of this host's shards that ran on a standby (a chunk counts per shard). */
+  readonly replicaReads: number;
+  /** ... that ran on the primary instead, and why (src/router/replicas.ts). */
+  readonly replicaFallbacks: number;
+  readonly replicaFallbackReasons: Readonly<Partial<Record<ReplicaFallback, number>>>;
 }
 
 /** One call's record, made only when it is observed. */
@@ -83,6 +91,7 @@ export class CallTrace {
   private readonly follows: { from: string; to: string }[] = [];
   private readonly retried: { host: string; code: string | undefined; message: string }[] = [];
   host: string | undefined;
+  private replicaOutcome: 'standby' | ReplicaFallback | undefined;
   private waitingFor: CallWait = 'the transaction (fn and its statements)';
   private since = this.start;
   private timer: NodeJS.Timeout | undefined;
@@ -123,6 +132,10 @@ export class CallTrace {
     this.follows.push({ from, to });
   }
 
+  replica(outcome: 'standby' | ReplicaFallback): void {
+    this.replicaOutcome = outcome;
+  }
+
   retry(host: string, error: unknown): void {
     const code = (error as { code?: unknown } | null)?.code;
     this.retried.push({
@@ -148,6 +161,7 @@ export class CallTrace {
       follows: this.follows,
       retried: this.retried,
       ...(error ? { error: error.error } : {}),
+      ...(this.replicaOutcome !== undefined ? { replica: this.replicaOutcome } : {}),
     };
     callChannel.publish(event);
   }
@@ -170,8 +184,17 @@ export class CallTrace {
 }
 
 /** The router's counters per host, and the factory of traces. */
+interface Counters {
+  calls: number;
+  errors: number;
+  follows: number;
+  replicaReads: number;
+  replicaFallbacks: number;
+  replicaFallbackReasons: Partial<Record<ReplicaFallback, number>>;
+}
+
 export class RouterDiagnostics {
-  private readonly counters = new Map<string, { calls: number; errors: number; follows: number }>();
+  private readonly counters = new Map<string, Counters>();
 
   constructor(private readonly slowCallMs: number) {}
 
@@ -190,27 +213,42 @@ export class RouterDiagnostics {
     this.host(from).follows += 1;
   }
 
+  replicaRead(host: string, count = 1): void {
+    this.host(host).replicaReads += count;
+  }
+
+  replicaFallback(host: string, reason: ReplicaFallback): void {
+    const c = this.host(host);
+    c.replicaFallbacks += 1;
+    c.replicaFallbackReasons[reason] = (c.replicaFallbackReasons[reason] ?? 0) + 1;
+  }
+
   stats(pools: ReadonlyMap<string, pg.Pool>, hosts: readonly string[]): HostStats[] {
     const names = [...new Set([...hosts, ...pools.keys(), ...this.counters.keys()])];
     return names.map((host) => {
       const pool = pools.get(host);
-      const c = this.counters.get(host) ?? { calls: 0, errors: 0, follows: 0 };
+      const c = this.counters.get(host) ?? emptyCounters();
       return {
         host,
         poolSize: pool?.totalCount ?? 0,
         idle: pool?.idleCount ?? 0,
         waiting: pool?.waitingCount ?? 0,
         ...c,
+        replicaFallbackReasons: { ...c.replicaFallbackReasons },
       };
     });
   }
 
-  private host(name: string): { calls: number; errors: number; follows: number } {
+  private host(name: string): Counters {
     let c = this.counters.get(name);
     if (!c) {
-      c = { calls: 0, errors: 0, follows: 0 };
+      c = emptyCounters();
       this.counters.set(name, c);
     }
     return c;
   }
+}
+
+function emptyCounters(): Counters {
+  return { calls: 0, errors: 0, follows: 0, replicaReads: 0, replicaFallbacks: 0, replicaFallbackReasons: {} };
 }

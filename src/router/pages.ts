@@ -3,6 +3,7 @@ import { UsageError } from '../errors.js';
 import { parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
+import { replicaRead, type WriteLsn } from './replicas.js';
 import { oneStatement, queryEachShardWithParams, type RouterInternals } from './shard-query.js';
 
 /** newest: ids descending (a feed); oldest: ascending. */
@@ -29,6 +30,11 @@ export interface PageOptions {
   perHost?: number;
   /** ... over all hosts; default poolSize × hosts. */
   concurrency?: number;
+  /** Read from standbys of the shards' hosts (src/router/replicas.ts); with maxLagMs, afterLsn, replicaWaitMs. */
+  replica?: boolean;
+  maxLagMs?: number;
+  afterLsn?: WriteLsn | undefined;
+  replicaWaitMs?: number;
 }
 
 export interface Page<R> {
@@ -88,14 +94,21 @@ export async function queryPage<R extends pg.QueryResultRow>(
 
   const text = pageSql(oneStatement(sql), { idColumn, order, params: params.length, cursor: after !== undefined });
   const values = [...params, ...(after !== undefined ? [after.toString()] : []), limit];
-  const results = await queryEachShardWithParams<R>(router, text, values, {
-    readOnly: true,
-    shardsPerQuery: options.shardsPerQuery ?? 64,
-    query: { types: BIGINT_TYPES },
-    ...(shards ? { shards } : {}),
-    ...(options.perHost !== undefined ? { perHost: options.perHost } : {}),
-    ...(options.concurrency !== undefined ? { concurrency: options.concurrency } : {}),
-  });
+  const replica = replicaRead({ ...options, readOnly: true });
+  const results = await queryEachShardWithParams<R>(
+    router,
+    text,
+    values,
+    {
+      readOnly: true,
+      shardsPerQuery: options.shardsPerQuery ?? 64,
+      query: { types: BIGINT_TYPES },
+      ...(shards ? { shards } : {}),
+      ...(options.perHost !== undefined ? { perHost: options.perHost } : {}),
+      ...(options.concurrency !== undefined ? { concurrency: options.concurrency } : {}),
+    },
+    replica,
+  );
 
   const keyed: { id: bigint; row: R }[] = [];
   for (const result of results) {

@@ -14,8 +14,23 @@ import { quoteIdent } from '../pg/quote.js';
 import { splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
-import { DeferredBegin, framedPerShard, TransactionStart } from './begin.js';
+import { DeferredBegin, framedPerShard, TransactionStart, WRITE_LSN_SQL } from './begin.js';
 import { Limit } from './limit.js';
+import { withConnection, type Lease } from './connection.js';
+import {
+  formatLsn,
+  isRecoveryConflict,
+  parseLsn,
+  replicaCheckSql,
+  replicaRead,
+  replicaRefusal,
+  StandbyBook,
+  type ReplicaFallback,
+  type ReplicaRead,
+  type ReplicaReadOptions,
+  type Standby,
+  type WriteLsn,
+} from './replicas.js';
 import { endQuietly } from '../pg/quiet.js';
 import { queryEachShardWithParams, type RouterInternals } from './shard-query.js';
 import { queryPage, type Page, type PageOptions } from './pages.js';
@@ -82,15 +97,30 @@ export interface ShardRouterOptions {
    * no other registry address is tried again once, not waited for. See src/router/failover.ts.
    */
   failoverTimeoutMs?: number;
+  /**
+   * Read where the WAL ends after each committed read-write call (pg_current_wal_insert_lsn(), in
+   * the same round trip as the COMMIT), for router.lastWriteLsn(shard) and read-your-writes on
+   * replicas (src/router/replicas.ts). Default false: one more statement per write.
+   */
+  trackWriteLsn?: boolean;
   /** For ${VAR} in host URLs; default process.env. */
   env?: Env;
   /** Resolves a relative config path; default process.cwd(). */
   cwd?: string;
 }
 
-export interface TransactionOptions {
+export interface TransactionOptions extends ReplicaReadOptions {
   /** BEGIN READ ONLY: any write in fn fails (SQLSTATE 25006). */
   readOnly?: boolean;
+}
+
+/**
+ * Where an attempt runs when not on the host's primary: a standby's connection, and the statements
+ * that start the transaction there (with the standby's check, replicas.ts).
+ */
+export interface Via {
+  checkout(): Promise<pg.PoolClient>;
+  start(shard: number): TransactionStart;
 }
 
 export interface ForEachShardOptions extends TransactionOptions {
@@ -165,11 +195,15 @@ export class ShardRouter {
     new Map<number, TransactionStart>(),
   ];
   private closed = false;
+  /** Per host, its standbys for replica reads (replicas.ts). */
+  private readonly standbys: StandbyBook;
+  /** Per host name, where the WAL ended after this router's last committed write there (trackWriteLsn). */
+  private readonly writeLsns = new Map<string, bigint>();
   private readonly diagnostics: RouterDiagnostics;
   private readonly options: Required<
-    Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>
+    Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs' | 'trackWriteLsn'>
   > &
-    Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>;
+    Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs' | 'trackWriteLsn'>;
 
   private constructor(
     config: ShardctlConfig,
@@ -211,7 +245,15 @@ export class ShardRouter {
       throw new RangeError(
         `slowCallMs ${this.options.slowCallMs} must be a whole number of milliseconds (0: no warning)`,
       );
+    if (options.trackWriteLsn !== undefined && typeof options.trackWriteLsn !== 'boolean')
+      throw new RangeError(`trackWriteLsn ${JSON.stringify(options.trackWriteLsn)} must be true or false`);
     this.diagnostics = new RouterDiagnostics(this.options.slowCallMs);
+    this.standbys = new StandbyBook({
+      applicationName: this.options.applicationName,
+      connectTimeoutMs: this.options.connectTimeoutMs,
+      poolSize: this.options.poolSize,
+      idleTimeoutMs: this.options.idleTimeoutMs,
+    });
     this.addresses = new HostAddressBook({
       applicationName: this.options.applicationName,
       connectTimeoutMs: this.options.connectTimeoutMs,
@@ -307,9 +349,36 @@ export class ShardRouter {
   }
 
   async withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return (
-      await this.run(shard, (host, trace) => this.attempt(host, shard, fn, options, trace), options.readOnly ?? false)
-    ).value;
+    const replica = replicaRead(options);
+    return (await this.run(shard, this.attemptOn(shard, fn, options, replica), options.readOnly ?? false)).value;
+  }
+
+  /**
+   * The LSN after this router's last committed write to the host of `shard` (any shard of that
+   * host), to pass as `afterLsn` so that a replica read sees it; undefined before any. Needs the
+   * router opened with `trackWriteLsn: true`.
+   */
+  lastWriteLsn(shard: number): WriteLsn | undefined {
+    if (this.options.trackWriteLsn !== true)
+      throw new UsageError('needs the router opened with trackWriteLsn: true', {
+        input: 'lastWriteLsn',
+        data: { next: 'open the router with { trackWriteLsn: true }' },
+      });
+    const host = this.hostForShard(shard).name;
+    const lsn = this.writeLsns.get(host);
+    return lsn === undefined ? undefined : { host, lsn: formatLsn(lsn) };
+  }
+
+  /** One attempt of fn on `shard`: on the host's primary, or first on a standby for a replica read. */
+  private attemptOn<T>(
+    shard: number,
+    fn: ShardFn<T>,
+    options: TransactionOptions,
+    replica: ReplicaRead | undefined,
+  ): (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>> {
+    if (!replica) return (host, trace) => this.attempt(host, shard, fn, options, trace);
+    return (host, trace) =>
+      this.onReplica(host, shard, replica, trace, (via) => this.attempt(host, shard, fn, options, trace, via));
   }
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
@@ -330,9 +399,14 @@ export class ShardRouter {
    */
   forEachShard<T>(fn: ShardFn<T>, options: ForEachShardOptions = {}): Promise<ShardResult<T>[]> {
     const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
+    let replica: ReplicaRead | undefined;
+    try {
+      replica = replicaRead(options);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
     return this.fanOut(
-      (shard) =>
-        this.run(shard, (host, trace) => this.attempt(host, shard, fn, txOptions, trace), txOptions.readOnly ?? false),
+      (shard) => this.run(shard, this.attemptOn(shard, fn, txOptions, replica), txOptions.readOnly ?? false),
       options,
     );
   }
@@ -365,8 +439,14 @@ export class ShardRouter {
       params?: readonly unknown[];
     } = {},
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
+    let replica: ReplicaRead | undefined;
+    try {
+      replica = replicaRead(options);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
     if (options.params !== undefined)
-      return queryEachShardWithParams<R>(this.internals(), sql, options.params, options);
+      return queryEachShardWithParams<R>(this.internals(), sql, options.params, options, replica);
     for (const statement of splitSqlBothWays(sql)) {
       const escape = transactionEscape(statement);
       if (escape)
@@ -383,7 +463,16 @@ export class ShardRouter {
     if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
       throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
     const single = (shard: number) =>
-      this.run(shard, (host, trace) => this.attemptScript<R>(host, shard, body, readOnly, query, trace), readOnly);
+      this.run(
+        shard,
+        (host, trace) =>
+          replica
+            ? this.onReplica(host, shard, replica, trace, (via) =>
+                this.attemptScript<R>(host, shard, body, readOnly, query, trace, via),
+              )
+            : this.attemptScript<R>(host, shard, body, readOnly, query, trace),
+        readOnly,
+      );
     if (!readOnly || shardsPerQuery === 1)
       return this.fanOut(async (shard) => unwrapScript(await single(shard)), options);
     return this.fanOut(async (shard) => unwrapScript(await single(shard)), options, {
@@ -392,7 +481,12 @@ export class ShardRouter {
         const r = await single(shard);
         return { value: r.value.last, host: r.host, statements: r.value.statements };
       },
-      runChunk: (host, shards, statements) => this.attemptChunk<R>(host, shards, body, statements, query),
+      runChunk: (host, shards, statements) =>
+        replica
+          ? this.chunkOnReplica(host, shards, replica, (via) =>
+              this.attemptChunk<R>(host, shards, body, statements, query, via),
+            )
+          : this.attemptChunk<R>(host, shards, body, statements, query),
     });
   }
 
@@ -607,10 +701,12 @@ export class ShardRouter {
       config: () => this.config,
       checkShard: (shard) => this.checkShard(shard),
       hostForShard: (shard) => this.hostForShard(shard),
-      run: (shard, attemptOn) => this.run(shard, attemptOn),
-      attempt: (host, shard, fn, options, trace) => this.attempt(host, shard, fn, options, trace),
+      run: (shard, attemptOn, readOnly) => this.run(shard, attemptOn, readOnly),
+      attempt: (host, shard, fn, options, trace, via) => this.attempt(host, shard, fn, options, trace, via),
+      onReplica: (host, shard, replica, trace, attempt) => this.onReplica(host, shard, replica, trace, attempt),
+      chunkOnReplica: (host, shards, replica, attempt) => this.chunkOnReplica(host, shards, replica, attempt),
       fanOut: (runShard, options, chunks) => this.fanOut(runShard, options, chunks),
-      connect: (host, shard) => this.connect(host, shard),
+      withConnection: (host, shard, work, via) => this.withConnection(host, shard, undefined, work, via),
       counted: (host, ok) => this.diagnostics.ended(host, ok),
       transactionStart: (shard, readOnly) => this.transactionStart(shard, readOnly),
     };
@@ -620,7 +716,7 @@ export class ShardRouter {
   async close(): Promise<void> {
     this.closed = true;
     for (const name of [...this.pools.keys()]) this.endPool(name);
-    await Promise.all([...this.ending]);
+    await Promise.all([...this.ending, this.standbys.close()]);
   }
 
   /**
@@ -869,56 +965,69 @@ export class ShardRouter {
     fn: ShardFn<T>,
     options: TransactionOptions,
     trace?: CallTrace,
+    via?: Via,
   ): Promise<Attempt<T>> {
-    const client = await this.connect(host, shard, trace);
-    let broken: Error | undefined;
-    try {
-      // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
-      // fn returns that query's promise (DeferredBegin).
-      const begin = new DeferredBegin(client, this.transactionStart(shard, options.readOnly ?? false));
-      let value: T;
-      try {
-        const returned = fn(client, shard);
-        begin.returned(returned);
-        value = await returned;
-      } catch (error) {
-        // Restored first: the ROLLBACK must reach the server even after a COMMIT went with fn's query.
-        begin.restore();
-        // The COMMIT went with fn's query, and the connection was lost before its answer.
-        if (begin.commitSent && !options.readOnly && isConnectionLoss(error)) {
-          broken = error as Error;
-          throw new CommitUnknownError(host.name, shard, error);
-        }
-        if (begin.started) await client.query('ROLLBACK').catch((e: Error) => (broken = e));
-        return { ok: false, error };
-      }
-      begin.restore();
-      // fn ran no statement: no transaction was started, nothing to commit.
-      if (!begin.started) return { ok: true, value };
-      if (begin.error) throw begin.error;
-      // Committed with fn's only query.
-      if (begin.committed === 'COMMIT') return { ok: true, value };
-      const commit =
-        begin.committed !== undefined ? { command: begin.committed } : await commitOrDoubt(client, host, shard);
-      // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
-      if (commit.command === 'ROLLBACK') {
-        throw new HostError(
-          host.name,
-          'the transaction was rolled back: a statement in it failed and fn caught the error',
-          {
-            shard,
-            code: 'TRANSACTION_ABORTED',
-          },
+    const readOnly = options.readOnly ?? false;
+    const tracking = !readOnly && this.options.trackWriteLsn === true;
+    return this.withConnection(
+      host,
+      shard,
+      trace,
+      async (lease) => {
+        const client = lease.client;
+        // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
+        // fn returns that query's promise (DeferredBegin).
+        const begin = new DeferredBegin(
+          client,
+          via ? via.start(shard) : this.transactionStart(shard, readOnly),
+          tracking,
         );
-      }
-      return { ok: true, value };
-    } catch (error) {
-      broken = error as Error;
-      throw error;
-    } finally {
-      // A connection whose state is unknown (failed BEGIN/COMMIT/ROLLBACK) is destroyed, not reused.
-      client.release(broken);
-    }
+        let value: T;
+        try {
+          const returned = fn(client, shard);
+          begin.returned(returned);
+          value = await returned;
+        } catch (error) {
+          // Restored first: the ROLLBACK must reach the server even after a COMMIT went with fn's query.
+          begin.restore();
+          // The COMMIT went with fn's query, and the connection was lost before its answer.
+          if (begin.commitSent && !options.readOnly && isConnectionLoss(error)) {
+            lease.broken(error);
+            throw new CommitUnknownError(host.name, shard, error);
+          }
+          if (begin.started) await lease.rollback();
+          // On a standby, the check that failed (replicas.ts) rather than fn's "transaction is aborted".
+          return { ok: false, error: via ? (begin.error ?? error) : error };
+        }
+        begin.restore();
+        // fn ran no statement: no transaction was started, nothing to commit.
+        if (!begin.started) return { ok: true, value };
+        if (begin.error) throw begin.error;
+        // Committed with fn's only query.
+        if (begin.committed === 'COMMIT') {
+          if (tracking) this.wrote(host.name, begin.writeLsn);
+          return { ok: true, value };
+        }
+        const commit =
+          begin.committed !== undefined
+            ? { command: begin.committed }
+            : await commitOrDoubt(client, host, shard, tracking);
+        if (tracking && commit.command === 'COMMIT') this.wrote(host.name, commit.writeLsn);
+        // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
+        if (commit.command === 'ROLLBACK') {
+          throw new HostError(
+            host.name,
+            'the transaction was rolled back: a statement in it failed and fn caught the error',
+            {
+              shard,
+              code: 'TRANSACTION_ABORTED',
+            },
+          );
+        }
+        return { ok: true, value };
+      },
+      via,
+    );
   }
 
   private async attemptScript<R extends pg.QueryResultRow>(
@@ -928,51 +1037,54 @@ export class ShardRouter {
     readOnly: boolean,
     query: Omit<pg.QueryConfig, 'text' | 'values'>,
     trace?: CallTrace,
+    via?: Via,
   ): Promise<Attempt<ScriptValue<R>>> {
-    const client = await this.connect(host, shard, trace);
-    let broken: Error | undefined;
-    try {
-      // The newline ends a trailing `--` comment in sql before COMMIT.
-      const text = `${this.beginSql(shard, readOnly)};\n${sql}\n;COMMIT`;
-      let results: pg.QueryResult<R>[];
-      try {
-        results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
-      } catch (error) {
-        // The COMMIT went in the same round trip: a connection lost before the answer leaves it unknown.
-        if (!readOnly && isConnectionLoss(error)) {
-          broken = error as Error;
-          throw new CommitUnknownError(host.name, shard, error);
+    const tracking = !readOnly && this.options.trackWriteLsn === true;
+    const start = via ? via.start(shard) : this.transactionStart(shard, readOnly);
+    return this.withConnection(
+      host,
+      shard,
+      trace,
+      async (lease) => {
+        // The newline ends a trailing `--` comment in sql before COMMIT.
+        const text = `${start.text};\n${sql}\n;COMMIT${tracking ? `;${WRITE_LSN_SQL}` : ''}`;
+        let results: pg.QueryResult<R>[];
+        try {
+          results = (await lease.client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
+        } catch (error) {
+          // The COMMIT went in the same round trip: a connection lost before the answer leaves it unknown.
+          if (!readOnly && isConnectionLoss(error)) {
+            lease.broken(error);
+            throw new CommitUnknownError(host.name, shard, error);
+          }
+          // The statements after the failing one (COMMIT too) were skipped: end the transaction.
+          await lease.rollback();
+          return { ok: false, error };
         }
-        // The statements after the failing one (COMMIT too) were skipped: end the transaction.
-        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
-        return { ok: false, error };
-      }
-      const commit = results.at(-1);
-      if (commit?.command !== 'COMMIT') {
-        throw new HostError(
-          host.name,
-          `the transaction did not commit (${commit?.command ?? 'no result'}): the SQL must not end it itself`,
-          {
-            shard,
-            code: 'TRANSACTION_ABORTED',
+        if (tracking) this.wrote(host.name, (results.pop()?.rows[0] as { lsn?: string } | undefined)?.lsn);
+        const commit = results.at(-1);
+        if (commit?.command !== 'COMMIT') {
+          throw new HostError(
+            host.name,
+            `the transaction did not commit (${commit?.command ?? 'no result'}): the SQL must not end it itself`,
+            {
+              shard,
+              code: 'TRANSACTION_ABORTED',
+            },
+          );
+        }
+        // BEGIN and the SET LOCALs come first; empty statements give no result.
+        const framing = start.statements;
+        return {
+          ok: true,
+          value: {
+            last: results.slice(framing, -1).at(-1) ?? emptyResult<R>(),
+            statements: results.length - framing - 1,
           },
-        );
-      }
-      // BEGIN and the SET LOCALs come first; empty statements give no result.
-      const framing = this.transactionStart(shard, readOnly).statements;
-      return {
-        ok: true,
-        value: {
-          last: results.slice(framing, -1).at(-1) ?? emptyResult<R>(),
-          statements: results.length - framing - 1,
-        },
-      };
-    } catch (error) {
-      broken = error as Error;
-      throw error;
-    } finally {
-      client.release(broken);
-    }
+        };
+      },
+      via,
+    );
   }
 
   /**
@@ -986,38 +1098,39 @@ export class ShardRouter {
     sql: string,
     statements: number,
     query: Omit<pg.QueryConfig, 'text' | 'values'>,
+    via?: Via,
   ): Promise<pg.QueryResult<R>[] | undefined> {
-    const client = await this.connect(host, shards[0]!);
-    let broken: Error | undefined;
-    try {
-      // Each shard in a transaction of its own, framed exactly as in attemptScript: nothing one
-      // shard's text sets (SET LOCAL, set_config(…, true)) reaches the next shard's.
-      const text = shards.map((shard) => `${this.beginSql(shard, true)};\n${sql}\n;COMMIT`).join(';');
-      let results: pg.QueryResult<R>[];
-      try {
-        results = (await client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
-      } catch {
-        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
-        return undefined;
-      }
-      // Per shard: BEGIN and the SET LOCALs, the statements, COMMIT.
-      const framing = this.transactionStart(shards[0]!, true).statements;
-      const group = framing + statements + 1;
-      if (!framedPerShard(results, shards.length, framing, statements)) {
-        // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
-        await client.query('ROLLBACK').catch((e: Error) => (broken = e));
-        return undefined;
-      }
-      this.diagnostics.ended(host.name, true);
-      return shards.map((_, i) =>
-        statements === 0 ? emptyResult<R>() : results[i * group + framing - 1 + statements]!,
-      );
-    } catch (error) {
-      broken = error as Error;
-      throw error;
-    } finally {
-      client.release(broken);
-    }
+    const start = (shard: number): TransactionStart => (via ? via.start(shard) : this.transactionStart(shard, true));
+    return this.withConnection(
+      host,
+      shards[0]!,
+      undefined,
+      async (lease) => {
+        // Each shard in a transaction of its own, framed exactly as in attemptScript: nothing one
+        // shard's text sets (SET LOCAL, set_config(…, true)) reaches the next shard's.
+        const text = shards.map((shard) => `${start(shard).text};\n${sql}\n;COMMIT`).join(';');
+        let results: pg.QueryResult<R>[];
+        try {
+          results = (await lease.client.query<R>({ ...query, text })) as unknown as pg.QueryResult<R>[];
+        } catch {
+          await lease.rollback();
+          return undefined;
+        }
+        // Per shard: BEGIN and the SET LOCALs, the statements, COMMIT.
+        const framing = start(shards[0]!).statements;
+        const group = framing + statements + 1;
+        if (!framedPerShard(results, shards.length, framing, statements)) {
+          // Whatever ran, it ran read-only, and ended with COMMIT or not at all: make sure it is over.
+          await lease.rollback();
+          return undefined;
+        }
+        this.diagnostics.ended(host.name, true);
+        return shards.map((_, i) =>
+          statements === 0 ? emptyResult<R>() : results[i * group + framing - 1 + statements]!,
+        );
+      },
+      via,
+    );
   }
 
   /**
@@ -1029,22 +1142,143 @@ export class ShardRouter {
     const cache = this.starts[readOnly ? 1 : 0];
     let start = cache.get(shard);
     if (!start) {
-      const { statementTimeoutMs, idleInTransactionTimeoutMs } = this.options;
-      start = new TransactionStart([
-        `BEGIN${readOnly ? ' READ ONLY' : ''}`,
-        `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`,
-        ...(statementTimeoutMs ? [`SET LOCAL statement_timeout = ${statementTimeoutMs}`] : []),
-        ...(idleInTransactionTimeoutMs
-          ? [`SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`]
-          : []),
-      ]);
+      start = new TransactionStart(this.startStatements(shard, readOnly));
       cache.set(shard, start);
     }
     return start;
   }
 
-  private beginSql(shard: number, readOnly: boolean): string {
-    return this.transactionStart(shard, readOnly).text;
+  private startStatements(shard: number, readOnly: boolean): string[] {
+    const { statementTimeoutMs, idleInTransactionTimeoutMs } = this.options;
+    return [
+      `BEGIN${readOnly ? ' READ ONLY' : ''}`,
+      `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`,
+      ...(statementTimeoutMs ? [`SET LOCAL statement_timeout = ${statementTimeoutMs}`] : []),
+      ...(idleInTransactionTimeoutMs
+        ? [`SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`]
+        : []),
+    ];
+  }
+
+  /**
+   * A replica read on `host`'s standby (replicas.ts): `attempt` runs there first; the primary
+   * (`attempt` without a Via) takes the call when the host has no standby that answers, when the
+   * standby refuses (not a standby, no WAL receiver, too far behind, the shard not active there;
+   * behind a write asked for only after `waitMs`), or when the read met a connection loss or a
+   * recovery conflict there (read-only, so running it again is safe). fn's own errors on the standby
+   * (a moved shard's SC100 among them) go to the caller's loop as on the primary.
+   */
+  private async onReplica<T>(
+    host: HostConfig,
+    shard: number,
+    replica: ReplicaRead,
+    trace: CallTrace | undefined,
+    attempt: (via?: Via) => Promise<Attempt<T>>,
+  ): Promise<Attempt<T>> {
+    const onPrimary = (reason: ReplicaFallback): Promise<Attempt<T>> => {
+      this.diagnostics.replicaFallback(host.name, reason);
+      trace?.replica(reason);
+      return attempt();
+    };
+    // An LSN of another host (the shard moved since the write) says nothing about this one's standbys.
+    if (replica.afterLsn && replica.afterLsn.host !== host.name) return onPrimary('moved');
+    const standby = await this.standbys.pick(host).catch(() => undefined);
+    if (!standby) return onPrimary('no-standby');
+    const via = this.standbyVia(host, standby, replica);
+    const deadline = Date.now() + replica.waitMs;
+    for (;;) {
+      let result: Attempt<T>;
+      try {
+        result = await attempt(via);
+      } catch {
+        this.standbys.failed(host.name, standby);
+        return onPrimary('unreachable');
+      }
+      if (result.ok) {
+        this.diagnostics.replicaRead(host.name);
+        trace?.replica('standby');
+        return result;
+      }
+      const refusal = replicaRefusal(result.error);
+      if (refusal === undefined) {
+        if (isConnectionLoss(result.error)) {
+          this.standbys.failed(host.name, standby);
+          return onPrimary('unreachable');
+        }
+        if (isRecoveryConflict(result.error)) return onPrimary('conflict');
+        return result;
+      }
+      if (refusal === 'not-standby' || refusal === 'no-receiver') this.standbys.failed(host.name, standby);
+      if (refusal === 'behind' && replica.afterLsn && Date.now() < deadline) {
+        const replayed = await this.standbys.replayed(standby, replica.afterLsn.lsn, deadline).catch(() => false);
+        if (replayed) continue;
+      }
+      return onPrimary(refusal);
+    }
+  }
+
+  /**
+   * A chunk of one host's shards on a standby (queryEachShard, queryPage): undefined when the host has
+   * no standby or the chunk did not run there whole; the shards then run one by one, each a replica
+   * read of its own (onReplica), which names why one went to the primary.
+   */
+  private async chunkOnReplica<V>(
+    host: HostConfig,
+    shards: readonly number[],
+    replica: ReplicaRead,
+    attempt: (via: Via) => Promise<V[] | undefined>,
+  ): Promise<V[] | undefined> {
+    if (replica.afterLsn && replica.afterLsn.host !== host.name) return undefined;
+    const standby = await this.standbys.pick(host).catch(() => undefined);
+    if (!standby) return undefined;
+    const values = await attempt(this.standbyVia(host, standby, replica)).catch(() => undefined);
+    if (values) this.diagnostics.replicaRead(host.name, shards.length);
+    return values;
+  }
+
+  private standbyVia(host: HostConfig, standby: Standby, replica: ReplicaRead): Via {
+    return {
+      checkout: () => this.checkoutFrom(host, standby.pool),
+      start: (shard) =>
+        new TransactionStart([
+          ...this.startStatements(shard, true),
+          replicaCheckSql(shard, {
+            maxLagMs: replica.maxLagMs,
+            ...(replica.afterLsn ? { afterLsn: replica.afterLsn.lsn } : {}),
+          }),
+        ]),
+    };
+  }
+
+  /** Keeps the highest LSN seen after a write on `host` (trackWriteLsn). */
+  private wrote(hostName: string, lsn: string | undefined): void {
+    const value = lsn === undefined ? undefined : parseLsn(lsn);
+    if (value === undefined) return;
+    const known = this.writeLsns.get(hostName);
+    if (known === undefined || value > known) this.writeLsns.set(hostName, value);
+  }
+
+  /** A pooled connection of `host` for `work`, released or destroyed after it (src/router/connection.ts). */
+  private withConnection<T>(
+    host: HostConfig,
+    shard: number,
+    trace: CallTrace | undefined,
+    work: (lease: Lease) => Promise<T>,
+    via?: Via,
+  ): Promise<T> {
+    return withConnection(via ? () => via.checkout() : () => this.connect(host, shard, trace), work);
+  }
+
+  /** A connection of a standby's pool; failing names the host. */
+  private async checkoutFrom(host: HostConfig, pool: pg.Pool): Promise<pg.PoolClient> {
+    try {
+      return await pool.connect();
+    } catch (error) {
+      throw new HostError(host.name, `cannot connect to a standby: ${describePgError(error)}`, {
+        code: 'HOST_UNREACHABLE',
+        cause: error,
+      });
+    }
   }
 
   private async connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
@@ -1066,9 +1300,20 @@ export class ShardRouter {
 export type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
 
 /** COMMIT on its own round trip; a connection lost before its answer leaves the outcome unknown. */
-async function commitOrDoubt(client: pg.PoolClient, host: HostConfig, shard: number): Promise<pg.QueryResult> {
+async function commitOrDoubt(
+  client: pg.PoolClient,
+  host: HostConfig,
+  shard: number,
+  readWriteLsn = false,
+): Promise<{ command: string; writeLsn?: string }> {
   try {
-    return await client.query('COMMIT');
+    if (!readWriteLsn) return await client.query('COMMIT');
+    // The WAL's end right after the COMMIT, in the same round trip (router.lastWriteLsn).
+    const [commit, lsn] = (await client.query(`COMMIT;${WRITE_LSN_SQL}`)) as unknown as [
+      pg.QueryResult,
+      pg.QueryResult<{ lsn: string }>,
+    ];
+    return { command: commit.command, ...(lsn.rows[0] ? { writeLsn: lsn.rows[0].lsn } : {}) };
   } catch (error) {
     if (isConnectionLoss(error)) throw new CommitUnknownError(host.name, shard, error);
     throw error;

@@ -3,10 +3,12 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
 import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 import { framedPerShard, pipelining, type TransactionStart } from './begin.js';
+import type { Lease } from './connection.js';
 import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
 import { runShardsQuery, ShardsQuery } from './pipeline.js';
-import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions } from './router.js';
+import type { ReplicaRead } from './replicas.js';
+import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions, Via } from './router.js';
 
 /** What src/router/router.ts lends the modules that build calls on its paths (not public API). */
 export interface RouterInternals {
@@ -16,6 +18,7 @@ export interface RouterInternals {
   run<T>(
     shard: number,
     attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+    readOnly?: boolean,
   ): Promise<{ value: T; host: string }>;
   attempt<T>(
     host: HostConfig,
@@ -23,13 +26,30 @@ export interface RouterInternals {
     fn: ShardFn<T>,
     options: TransactionOptions,
     trace?: CallTrace,
+    via?: Via,
   ): Promise<Attempt<T>>;
+  /** A replica read: `attempt` on a standby first, on the primary (no Via) when none will do. */
+  onReplica<T>(
+    host: HostConfig,
+    shard: number,
+    replica: ReplicaRead,
+    trace: CallTrace | undefined,
+    attempt: (via?: Via) => Promise<Attempt<T>>,
+  ): Promise<Attempt<T>>;
+  /** A chunk on a standby of the host; undefined sends its shards one by one. */
+  chunkOnReplica<V>(
+    host: HostConfig,
+    shards: readonly number[],
+    replica: ReplicaRead,
+    attempt: (via: Via) => Promise<V[] | undefined>,
+  ): Promise<V[] | undefined>;
   fanOut<T>(
     runShard: (shard: number) => Promise<{ value: T; host: string }>,
     options: ForEachShardOptions,
     chunks?: Chunking<T>,
   ): Promise<ShardResult<T>[]>;
-  connect(host: HostConfig, shard: number): Promise<pg.PoolClient>;
+  /** A pooled connection of the host for `work`, released or destroyed after it (connection.ts). */
+  withConnection<T>(host: HostConfig, shard: number, work: (lease: Lease) => Promise<T>, via?: Via): Promise<T>;
   /** Counts a round trip of several shards in router.stats(). */
   counted(host: string, ok: boolean): void;
   transactionStart(shard: number, readOnly: boolean): TransactionStart;
@@ -52,6 +72,7 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
   sql: string,
   params: readonly unknown[],
   options: ParamsQueryOptions,
+  replica?: ReplicaRead,
 ): Promise<ShardResult<pg.QueryResult<R>>[]> {
   let text: string;
   try {
@@ -67,9 +88,16 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
   if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
     throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
   const values = [...params];
+  const once = (host: HostConfig, shard: number, trace: CallTrace | undefined, via?: Via) =>
+    router.attempt(host, shard, (client) => client.query<R>({ ...query, text, values }), { readOnly }, trace, via);
   const single = (shard: number) =>
-    router.run(shard, (host, trace) =>
-      router.attempt(host, shard, (client) => client.query<R>({ ...query, text, values }), { readOnly }, trace),
+    router.run(
+      shard,
+      (host, trace) =>
+        replica
+          ? router.onReplica(host, shard, replica, trace, (via) => once(host, shard, trace, via))
+          : once(host, shard, trace),
+      readOnly,
     );
   if (!readOnly || shardsPerQuery === 1 || !pipelining() || 'rowMode' in query || query.name)
     return router.fanOut(single, options);
@@ -77,7 +105,12 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
     maxShards: shardsPerQuery,
     statements: 1,
     probe: async (shard) => ({ ...(await single(shard)), statements: 1 }),
-    runChunk: (host, shards) => attemptParamsChunk<R>(router, host, shards, text, values, query.types),
+    runChunk: (host, shards) =>
+      replica
+        ? router.chunkOnReplica(host, shards, replica, (via) =>
+            attemptParamsChunk<R>(router, host, shards, text, values, query.types, via),
+          )
+        : attemptParamsChunk<R>(router, host, shards, text, values, query.types),
   });
 }
 
@@ -115,31 +148,30 @@ async function attemptParamsChunk<R extends pg.QueryResultRow>(
   text: string,
   values: readonly unknown[],
   types: pg.QueryConfig['types'] | undefined,
+  via?: Via,
 ): Promise<pg.QueryResult<R>[] | undefined> {
-  const client = await router.connect(host, shards[0]!);
-  let broken: Error | undefined;
-  try {
-    const starts = shards.map((shard) => router.transactionStart(shard, true));
-    let results: pg.QueryResult[];
-    try {
-      results = await runShardsQuery(client, new ShardsQuery(text, values, starts, types));
-    } catch {
-      // The failing shard's transaction is open and aborted; those before it committed (read-only).
-      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
-      return undefined;
-    }
-    const framing = starts[0]!.statements;
-    const group = framing + 2;
-    if (!framedPerShard(results, shards.length, framing, 1)) {
-      await client.query('ROLLBACK').catch((e: Error) => (broken = e));
-      return undefined;
-    }
-    router.counted(host.name, true);
-    return shards.map((_, i) => results[i * group + framing] as pg.QueryResult<R>);
-  } catch (error) {
-    broken = error as Error;
-    throw error;
-  } finally {
-    client.release(broken);
-  }
+  return router.withConnection(
+    host,
+    shards[0]!,
+    async (lease) => {
+      const starts = shards.map((shard) => (via ? via.start(shard) : router.transactionStart(shard, true)));
+      let results: pg.QueryResult[];
+      try {
+        results = await runShardsQuery(lease.client, new ShardsQuery(text, values, starts, types));
+      } catch {
+        // The failing shard's transaction is open and aborted; those before it committed (read-only).
+        await lease.rollback();
+        return undefined;
+      }
+      const framing = starts[0]!.statements;
+      const group = framing + 2;
+      if (!framedPerShard(results, shards.length, framing, 1)) {
+        await lease.rollback();
+        return undefined;
+      }
+      router.counted(host.name, true);
+      return shards.map((_, i) => results[i * group + framing] as pg.QueryResult<R>);
+    },
+    via,
+  );
 }

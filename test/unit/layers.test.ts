@@ -80,6 +80,18 @@ describe('source layers', () => {
     expect(eager).toEqual([]);
   });
 
+  it.each(['router/connection.ts', 'router/replicas.ts'])(
+    '%s stands below router.ts: it imports nothing else of router/ (router.ts and the call paths use it)',
+    (name) => {
+      const file = join(SRC, name);
+      expect(files).toContain(file);
+      const inRouter = relativeImports(file)
+        .filter((target) => relative(SRC, target).startsWith('router/'))
+        .map((target) => relative(SRC, target));
+      expect(inRouter).toEqual([]);
+    },
+  );
+
   it.each(['moves', 'provisioning', 'fleet'])(
     'no import cycle inside %s/ (a file never reaches itself through its imports)',
     (folder) => {

@@ -56,7 +56,7 @@ describe('the pg internals FirstQuery relies on', () => {
     }
     expect(checkPgInternals(Partial, '8.23.1')).toEqual({
       ok: false,
-      reason: "pg's Query has no _getRows, handleEmptyQuery",
+      reason: "pg's Query has no _getRows, handleEmptyQuery, handleDataRow",
     });
     expect(checkPgInternals(pg.Query, '9.0.0')).toEqual({
       ok: false,

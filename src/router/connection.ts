@@ -1,0 +1,48 @@
+import type pg from 'pg';
+
+/**
+ * The one path every routed round trip takes on a pooled connection (pg-pool's own `pool.query`
+ * shape): check a connection out, run the work, end a transaction the work left open when it asks,
+ * and give the connection back, or destroy it when its state is unknown (a BEGIN, COMMIT or
+ * ROLLBACK that failed, a connection lost, any error the work threw): a connection in an unknown
+ * state must not serve the next call.
+ */
+export class Lease {
+  private failure: Error | undefined;
+
+  constructor(readonly client: pg.PoolClient) {}
+
+  /** The connection's state is unknown: it is destroyed when released, not reused. */
+  broken(error: unknown): void {
+    this.failure ??= error instanceof Error ? error : new Error(String(error));
+  }
+
+  /** Ends the transaction the work left open; a connection where even that fails is broken. */
+  async rollback(): Promise<void> {
+    await this.client.query('ROLLBACK').catch((error: Error) => this.broken(error));
+  }
+
+  /** Gives the connection back to its pool (destroyed when broken). Called once, by withConnection. */
+  release(): void {
+    this.client.release(this.failure);
+  }
+}
+
+/**
+ * Checks out a connection (`checkout`, which names the host when it fails), runs `work` on it and
+ * releases it: destroyed when `work` threw or marked it broken, back to the pool otherwise.
+ */
+export async function withConnection<T>(
+  checkout: () => Promise<pg.PoolClient>,
+  work: (lease: Lease) => Promise<T>,
+): Promise<T> {
+  const lease = new Lease(await checkout());
+  try {
+    return await work(lease);
+  } catch (error) {
+    lease.broken(error);
+    throw error;
+  } finally {
+    lease.release();
+  }
+}
