@@ -1,8 +1,9 @@
 /**
- * A host with a streaming standby, for failover tests: a throw-away primary (Debian's PostgreSQL 15
- * binaries, which include pg_basebackup; the embedded packages do not), a standby made from it by
- * `pg_basebackup -R`, and what an operator does in a failover: promote the standby, stop the old
- * primary (`-m immediate`: a crash, nothing flushed or said to clients).
+ * A host with a streaming standby, for failover tests: a throw-away primary, a standby made from it
+ * (`pg_basebackup -R` where the binaries have it, as Debian's PostgreSQL 15 does; else the low-level
+ * backup API, for the embedded packages' initdb/pg_ctl/postgres), and what an operator does in a
+ * failover: promote the standby, stop the old primary (`-m immediate`: a crash, nothing flushed or
+ * said to clients).
  */
 import { spawnSync } from 'node:child_process';
 import {

@@ -142,7 +142,9 @@ async function failedOverMove(
 
   if (finish === 'abort') {
     const before = await ids(standbyDb, 'mf0');
+    const started = Date.now();
     const run = await runCli(move(fleet, 0, '--abort'));
+    console.log(`${step}: aborted in ${Date.now() - started} ms`);
     expect(run.code, run.stderr).toBe(0);
     expect(await ids(standbyDb, 'mf0')).toEqual(before);
     expect(before).toEqual(expect.arrayContaining(acked));
