@@ -197,3 +197,58 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
     180_000,
   );
 });
+
+describe('a target that fails over, its standby behind on what it applied', () => {
+  it('--resume sees the promoted target (its timeline) and restarts the copy; every row of the source ends on it', async () => {
+    // PostgreSQL 18 on both sides: the source a database on the shared host, the target a primary and its standby.
+    const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN });
+    hosts.push(host);
+    const name = `mf_${randomBytes(4).toString('hex')}`;
+    await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
+    await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
+    const sourceUrl = withDatabase(db.urls[0]!, name);
+    const url = host.multiHostUrl(name);
+    const fleet = makeFleet({
+      urls: [sourceUrl, url],
+      replicationUrls: [undefined, url],
+      shards: 2,
+      split: ['0-1', ''],
+      schemaPrefix: 'mf',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(sourceUrl, (c) =>
+      c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
+    );
+    const killed = await spawnCli(move(fleet, 0, '--to', 'pg2'), { SHARDCTL_FAULT_AFTER_STEP: 'subscribed' });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await host.caughtUp();
+    // The standby stops receiving; the old target goes on applying the source's writes (the
+    // subscription outlives the killed run) and confirms them to the slot.
+    await withClient(host.standby.url, async (c) => {
+      await c.query(`alter system set primary_conninfo = ''`);
+      await c.query('select pg_reload_conf()');
+    });
+    const acked = await write(sourceUrl, 'mf0', 50);
+    const primaryDb = withDatabase(host.primary.url, name);
+    for (let i = 0; i < 300; i += 1) {
+      if ((await ids(primaryDb, 'mf0')).length === 2050) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    expect(await ids(primaryDb, 'mf0')).toHaveLength(2050);
+    host.stopPrimary('immediate');
+    host.promote();
+    const standbyDb = withDatabase(host.standby.url, name);
+    // The promoted target lacks what its old primary applied after the standby was cut off.
+    expect((await ids(standbyDb, 'mf0')).length).toBeLessThan(2050);
+
+    const run = await runCli(move(fleet, 0, '--resume'));
+    expect(run.code, run.stderr).toBe(0);
+    expect(`${run.stdout}\n${run.stderr}`).toMatch(
+      /host pg2 failed over \(timeline 1 → 2\).*restarting the copy of shard 0 from a new slot/,
+    );
+    const moved = await ids(standbyDb, 'mf0');
+    expect(moved).toHaveLength(2050);
+    expect(moved).toEqual(expect.arrayContaining(acked));
+  }, 180_000);
+});
