@@ -4,7 +4,8 @@ import { recordDetail, stepsFor, type MoveStep } from './state.js';
 import { type MoveContext, notice } from './context.js';
 import { record } from './progress.js';
 import { undosAfter } from './move.js';
-import { ACTIVE_SHARDS_SQL } from './sql.js';
+import { releaseWave } from './fence-limit.js';
+import { ACTIVE_SHARDS_SQL, SUBSCRIPTION_EXISTS_SQL } from './sql.js';
 import {
   SLOT_STATE_SQL,
   readTimelines,
@@ -56,12 +57,14 @@ export async function checkAfterFailover(
   if (at < steps.indexOf('copied') || (step === 'switched' && lastWave) || step === 'cleaned') return step;
   const now = await readTimelines(ctx);
   const before = recordedTimelines(detail);
+  // Recorded at `switched` with waves left: the waves up to this one are switched, the next ones need the slot.
+  const switched = step === 'switched' ? ctx.wave + 1 : ctx.wave;
   const [slotRow, active] = await Promise.all([
     ctx.source.client.query<{ slot: Record<string, unknown> }>(SLOT_STATE_SQL, [ctx.name]),
-    ctx.target.client.query(ACTIVE_SHARDS_SQL, [ctx.waves[ctx.wave] ?? ctx.shards]),
+    step === 'switched' ? null : ctx.target.client.query(ACTIVE_SHARDS_SQL, [ctx.waves[ctx.wave] ?? ctx.shards]),
   ]);
   // Killed inside the switch, the target's copies active: only the switch is left (runSteps), no slot needed.
-  if ((active.rowCount ?? 0) > 0) return step;
+  if ((active?.rowCount ?? 0) > 0) return step;
   const lostSlot = slotUnusable(slotRow.rows[0]?.slot);
   const targetFailedOver = before !== null && now.target !== before.target;
   const why = lostSlot
@@ -71,22 +74,27 @@ export async function checkAfterFailover(
       : null;
   const shards = shardsPhrase(ctx.shards);
   if (why === null) {
-    // The slot survived (a failover slot, or no failover): the subscription goes to the source's address as now configured.
-    const subscribed = await ctx.target.client.query('SELECT 1 FROM pg_subscription WHERE subname = $1', [ctx.name]);
-    if (subscribed.rowCount)
-      await ctx.target.client.query(subscriptionConnectionSql(ctx.name, ctx.source.host.replicationUrl));
-    if (before !== null && now.source !== before.source)
+    const sourceFailedOver = before !== null && now.source !== before.source;
+    // The slot survived a failover (a failover slot): the subscription goes to the source's address
+    // as now configured, which may name the new primary only now.
+    if (sourceFailedOver) {
+      const subscribed = await ctx.target.client.query(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
+      if (subscribed.rowCount)
+        await ctx.target.client.query(subscriptionConnectionSql(ctx.name, ctx.source.host.replicationUrl));
       notice(
         ctx,
-        `host ${ctx.source.host.name} failed over (timeline ${before.source} → ${now.source}); replication slot ${ctx.name} survived on the new primary: the move goes on`,
+        `host ${ctx.source.host.name} failed over (timeline ${before!.source} → ${now.source}); replication slot ${ctx.name} survived on the new primary: the move goes on`,
       );
+    }
     await recordTimelines(ctx, now);
     return step;
   }
-  if (ctx.wave > 0) {
+  if (switched > 0) {
+    // A wave fenced by the killed run takes writes on the source again (its shards stay there).
+    if (step !== 'switched' && ctx.fenceStartedAtMs !== null) await releaseWave(ctx);
     throw new HostError(
       lostSlot ? ctx.source.host.name : ctx.target.host.name,
-      `${why}; waves before wave ${ctx.wave + 1} of ${shards} are switched already, so the copy cannot be restarted and the move cannot be aborted: move the shards not switched yet (${shardsPhrase(ctx.waves.slice(ctx.wave).flat())}) again after finishing this move by hand (docs/moves.md)`,
+      `${why}; ${switched} of the move's ${ctx.waves.length} waves are switched already, so its copy cannot be restarted and the move cannot be undone; ${shardsPhrase(ctx.waves.slice(switched).flat())} stay on host ${ctx.source.host.name} (docs/moves.md, "Failovers during a move")`,
       { shard: ctx.shards[0]!, code: 'SLOT_LOST', data: { moveId: ctx.moveId, slot: ctx.name, step } },
     );
   }
