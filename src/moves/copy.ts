@@ -11,7 +11,6 @@ import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
 import {
-  createSlotCommand,
   privilegeVersions,
   qualified,
   syncPrivilegesSql,
@@ -41,6 +40,7 @@ import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context
 import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker, Workers } from './workers.js';
 import { dropMoveSlot, publish, subscribeEarly } from './replication.js';
+import { createMoveSlotCommand } from './failover-sql.js';
 import { stopTracking } from './tail.js';
 import { faultAfter, faultAfterChunk } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
@@ -366,7 +366,9 @@ async function createSlotWatched(ctx: MoveContext, replication: pg.Client): Prom
   let done = false;
   // Its outcome is read after the loop below, which waits for it.
   const creating = awaitedLater(
-    replication.query<{ snapshot_name: string }>(createSlotCommand(ctx.name)).finally(() => (done = true)),
+    replication
+      .query<{ snapshot_name: string }>(createMoveSlotCommand(ctx.name, ctx.source.serverVersionNum))
+      .finally(() => (done = true)),
   );
   let blockers = '';
   while (!done) {

@@ -16,6 +16,7 @@ import {
 } from './sql.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { sleep } from '../clock.js';
+import { subscriptionFailover } from './failover-sql.js';
 import { LagWatch } from './wal-guard.js';
 import { runTransaction } from '../pg/quiet.js';
 import { ensureMethods, moveLeafTables } from './checksum-methods.js';
@@ -44,7 +45,15 @@ export async function subscribe(ctx: MoveContext): Promise<void> {
     if (!exists.rows[0]!.enabled) await ctx.target.client.query(enableSubscriptionSql(ctx.name));
     return;
   }
-  await ctx.target.client.query(createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, await binaryOk(ctx)));
+  await ctx.target.client.query(
+    createSubscriptionSql(
+      ctx.name,
+      ctx.source.host.replicationUrl,
+      await binaryOk(ctx),
+      true,
+      subscriptionFailover(ctx),
+    ),
+  );
 }
 
 /**
@@ -59,7 +68,13 @@ export async function subscribeEarly(ctx: MoveContext): Promise<void> {
   try {
     const exists = await ctx.target.client.query(SUBSCRIPTION_EXISTS_SQL, [ctx.name]);
     if (exists.rowCount) return;
-    const create = createSubscriptionSql(ctx.name, ctx.source.host.replicationUrl, await binaryOk(ctx), false);
+    const create = createSubscriptionSql(
+      ctx.name,
+      ctx.source.host.replicationUrl,
+      await binaryOk(ctx),
+      false,
+      subscriptionFailover(ctx),
+    );
     await runTransaction(ctx.target.client, `BEGIN;\n${EARLY_SUBSCRIPTION_LOCK_WAIT_SQL}\n${create};\nCOMMIT;`);
   } catch {
     // Left to the subscribed step, which creates it and reports what fails.

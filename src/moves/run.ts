@@ -18,6 +18,8 @@ import { estimateCopy } from './copy-meter.js';
 import { concurrency, CREATE_WORKER, Spares } from './workers.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { preflight } from './preflight.js';
+import { checkAfterFailover } from './failover.js';
+import { readTimelines } from './failover-sql.js';
 import {
   abortBegun,
   faultAfter,
@@ -190,6 +192,8 @@ async function startMoves(
           );
           ctx.sourcePrivileges = sourcePrivileges;
           ctx.spares = spares[i] ?? null;
+          // The timelines, so that a resumed move knows whether a host failed over since (failover.ts).
+          const timelines = await readTimelines(part);
           // Both hosts at once: the control schema completed (where a host's is older), then the move recorded.
           await Promise.all(
             [part.source, part.target].map(async (side) => {
@@ -201,7 +205,7 @@ async function startMoves(
                 target: target.name,
                 mode,
                 step: 'prepared',
-                detail: { waves, wave: 0 },
+                detail: { waves, wave: 0, timelines },
               });
             }),
           );
@@ -289,8 +293,10 @@ async function continueMoves(
             await abortMove(ctx, step);
             return moveResult(ctx, 'aborted', [], started);
           }
-          announce(ctx, step, `resuming move ${record.moveId} (${shardsPhrase(record.shards)}) after step ${step}`);
-          await runSteps(ctx, step);
+          // A failover since may have taken the slot, or changes the target had applied: the copy restarts then.
+          const from = await checkAfterFailover(ctx, step, detail);
+          announce(ctx, from, `resuming move ${record.moveId} (${shardsPhrase(record.shards)}) after step ${from}`);
+          await runSteps(ctx, from);
           return moveResult(ctx, 'moved', [], started);
         } finally {
           await closePart(part);

@@ -50,18 +50,20 @@ export function createPublicationSql(name: string, schemas: readonly string[], m
 
 /**
  * Streams from the slot the copy step created, without copying again (the rows came from the slot's
- * snapshot). Binary only between equal major versions.
+ * snapshot). Binary only between equal major versions. `failover` (PostgreSQL 17 on both ends): the
+ * slot is kept on standbys that sync slots (moves/failover.ts).
  */
 export function createSubscriptionSql(
   name: string,
   sourceReplicationUrl: string,
   binary: boolean,
   enabled = true,
+  failover = false,
 ): string {
   return (
     `CREATE SUBSCRIPTION ${quoteIdent(name)} CONNECTION ${quoteLiteral(sourceReplicationUrl)}\n` +
     `  PUBLICATION ${quoteIdent(name)}\n` +
-    `  WITH (slot_name = ${quoteLiteral(name)}, create_slot = false, copy_data = false, binary = ${binary}${enabled ? '' : ', enabled = false'})`
+    `  WITH (slot_name = ${quoteLiteral(name)}, create_slot = false, copy_data = false, binary = ${binary}${enabled ? '' : ', enabled = false'}${failover ? ', failover = true' : ''})`
   );
 }
 

