@@ -49,6 +49,7 @@ import { libpqCompatible } from '../pg/tls.js';
 import { sleep } from '../clock.js';
 import { CopyMeter, tableEstimates } from './copy-meter.js';
 import { SLOT_WAL_BOUND, slotWalCheck } from './wal-guard.js';
+import { allPageless } from './pageless.js';
 import {
   CHUNK_TEXT_SETTINGS,
   DELETE_CHUNKS_SQL,
@@ -453,6 +454,8 @@ export async function copyShards(
   const sameMajor = sameMajorVersion(ctx);
   const estimates = await tableEstimates(source.client, schemas);
   const large = new Set([...estimates].filter(([, t]) => t.heapBytes >= INDEXES_AFTER_BYTES).map(([name]) => name));
+  // Read after the snapshot was taken: a table of no page then has no row in it (pageless.ts).
+  const pageless = new Set([...estimates].filter(([, t]) => t.heapBytes === 0).map(([name]) => name));
   const meter = new CopyMeter({
     moveId: ctx.moveId,
     source: source.host.name,
@@ -574,7 +577,7 @@ export async function copyShards(
         await ready?.(shard);
         try {
           const whole = shardTablesToCopy.filter((t) => !chunks?.shapes.has(qualified(t.schema, t.table)));
-          await copyShard(writer, reader, whole, sameMajor, large, meter);
+          await copyShard(writer, reader, whole, sameMajor, large, pageless, meter);
           await queueChunks(reader, writer, shardTablesToCopy);
         } catch (error) {
           await rollbackQuietly(writer);
@@ -661,15 +664,20 @@ async function copyShard(
   tables: readonly ShardTable[],
   sameMajor: boolean,
   large: ReadonlySet<string>,
+  pageless: ReadonlySet<string>,
   meter: CopyMeter,
 ): Promise<void> {
   const { to, from } = await copyStreams();
   const names = tables.map((t) => qualified(t.schema, t.table));
+  // Tables of no page on the source have nothing to copy; a shard whose tables have none on either
+  // host (an empty shard into its new copy) is left as it is, without a transaction on either host.
+  const maybeFilled = names.filter((name) => !pageless.has(name));
+  if (maybeFilled.length === 0 && (await allPageless(writer, names))) return;
   // The writer's transaction, with the replica role (refused without superuser: the savepoint undoes
   // the failed SET and the copy goes on without it); meanwhile the reader finds which tables hold
   // rows in its snapshot. An empty one is not copied: two COPY round trips saved, ~5 ms a table.
   const [onSource] = await Promise.all([
-    filledTables(reader, names),
+    filledTables(reader, maybeFilled),
     writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role')),
   ]);
   // Only tables holding rows (seeded by a migration, or a copy redone) are truncated: a TRUNCATE

@@ -1,6 +1,5 @@
 import { HostError, resumeOrAbort } from '../errors.js';
 import {
-  createPublicationSql,
   createSubscriptionSql,
   enableSubscriptionSql,
   EARLY_SUBSCRIPTION_LOCK_WAIT_SQL,
@@ -19,6 +18,7 @@ import { sleep } from '../clock.js';
 import { subscriptionFailover } from './failover-sql.js';
 import { LagWatch } from './wal-guard.js';
 import { runTransaction } from '../pg/quiet.js';
+import { createTablePublicationSql, publishedTables } from './publication.js';
 import { ensureMethods, moveLeafTables } from './checksum-methods.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 
@@ -31,7 +31,8 @@ export async function publish(ctx: MoveContext): Promise<void> {
   const exists = await ctx.source.client.query(PUBLICATION_EXISTS_SQL, [ctx.name]);
   if (exists.rowCount) return;
   // The marker table rides along (only this move's rows): see waitForCatchUp.
-  await ctx.source.client.query(createPublicationSql(ctx.name, schemasOf(ctx, ctx.shards), ctx.moveId));
+  const tables = await publishedTables(ctx.source.client, schemasOf(ctx, ctx.shards));
+  await ctx.source.client.query(createTablePublicationSql(ctx.name, tables, ctx.moveId));
 }
 
 /**

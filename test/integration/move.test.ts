@@ -322,6 +322,35 @@ INSERT INTO kinds VALUES (1, 'a'), (2, 'b');`,
   });
 });
 
+describe('shardctl move-shard with tables that have no page', () => {
+  const db = useTestDatabases(2);
+
+  it('empties a table the migrations seeded on the target when the source emptied it (no page left there)', async () => {
+    const migrations = {
+      '0001_kinds.sql': `CREATE TABLE kinds (id int PRIMARY KEY, name text NOT NULL);
+INSERT INTO kinds VALUES (1, 'a'), (2, 'b');`,
+      '0002_notes.sql': `CREATE TABLE notes (id bigint PRIMARY KEY, body text NOT NULL);`,
+    };
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'seeded', migrations });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // On the source the seed rows are gone and the table has no page: nothing to copy from it.
+    await withClient(db.urls[0]!, (c) => c.query(`truncate seeded1.kinds`));
+    const result = await moveShard(await fleet.config(), 1, 'pg2', { configFile: fleet.configFile });
+    expect(result.outcome).toBe('moved');
+    const counts = await withClient(
+      db.urls[1]!,
+      async (c) =>
+        (
+          await c.query(
+            `select (select count(*) from seeded1.kinds) as kinds, (select count(*) from seeded1.notes) as notes`,
+          )
+        ).rows[0],
+    );
+    expect(counts).toEqual({ kinds: '0', notes: '0' });
+    expect(await replicationObjects(db.urls)).toEqual([]);
+  });
+});
+
 describe('shardctl move-shard copying large tables', () => {
   const db = useTestDatabases(2);
 
