@@ -21,8 +21,10 @@ const CALLERS = 4;
 const TARGET_MS = 2000;
 const SHARDS = 4;
 
+/** @param {string} major */
 async function oneFailover(major) {
   const pair = await startPrimaryWithStandby(major, 'failover', 'bench_failover');
+  /** @type {ShardRouter | undefined} */
   let router;
   /** @type {import('./lib.js').Fleet<import('./lib.js').FleetHost> | undefined} */
   let fleet;

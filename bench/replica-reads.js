@@ -23,6 +23,7 @@ import {
   log,
   markdownTable,
   ratio,
+  required,
   roundOrder,
   summarize,
   textTable,
@@ -39,7 +40,23 @@ const DATABASE = 'bench_replica';
 const SIDES = ['primary', 'spread', 'standby'];
 const READ = 'SELECT id, image_url FROM photos WHERE user_id = $1 ORDER BY id DESC LIMIT 20';
 
-/** Calls per second of one side: CALLERS callers sharing `calls` calls. */
+/**
+ * @typedef {{ median: number, min: number, max: number }} Sample
+ * @typedef {{
+ *   benchmark: 'replica-reads', major: string, callers: number, calls: number, rows: number,
+ *   rounds: number, sides: Record<string, Sample>, spreadRatio: number | null,
+ *   standbyRatio: number | null, replicaReads: number, replicaFallbacks: number,
+ *   fallbackReasons: Record<string, number>,
+ * }} ReplicaReadsResult
+ */
+
+/**
+ * Calls per second of one side: CALLERS callers sharing `calls` calls.
+ * @param {ShardRouter} router
+ * @param {string} name
+ * @param {number} calls
+ * @param {number} users
+ */
 async function side(router, name, calls, users) {
   let next = 0;
   const started = performance.now();
@@ -48,20 +65,31 @@ async function side(router, name, calls, users) {
       const n = next++;
       const key = BigInt(n % users);
       const replica = name === 'standby' || (name === 'spread' && n % 2 === 1);
-      await router.withKey(key, (client) => client.query(READ, [key.toString()]), {
-        readOnly: true,
-        ...(replica ? { replica: true } : {}),
-      });
+      await router.withKey(
+        key,
+        (/** @type {import('pg').PoolClient} */ client) => client.query(READ, [key.toString()]),
+        {
+          readOnly: true,
+          ...(replica ? { replica: true } : {}),
+        },
+      );
     }
   });
   await Promise.all(callers);
   return (calls / (performance.now() - started)) * 1000;
 }
 
+/**
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ * @returns {Promise<ReplicaReadsResult>}
+ */
 export async function run(ctx, major) {
   const { replicaRounds: rounds, replicaCalls: calls, replicaRows: rows } = ctx.options;
   const pair = await startPrimaryWithStandby(major, 'replica-reads', DATABASE);
+  /** @type {ShardRouter | undefined} */
   let router;
+  /** @type {import('./lib.js').Fleet<import('./lib.js').FleetHost> | undefined} */
   let fleet;
   try {
     fleet = await writeFleet({ name: 'replica-reads', hosts: [pair.host], shards: SHARDS, database: DATABASE });
@@ -92,16 +120,19 @@ export async function run(ctx, major) {
     }
     // Warm both servers' caches and the router's pools.
     for (const name of SIDES) await side(router, name, Math.min(calls, 500), users);
+    /** @type {Record<string, number[]>} */
     const perSide = Object.fromEntries(SIDES.map((name) => [name, []]));
     for (let turn = 0; turn < rounds; turn++) {
       for (const name of roundOrder(SIDES, turn)) {
         const rate = await side(router, name, calls, users);
-        perSide[name].push(rate);
+        perSide[name]?.push(rate);
         log(`  round ${turn + 1}, ${name}: ${Math.round(rate)} calls/s`);
       }
     }
     const stats = router.stats().find((s) => s.host === 'pg1');
-    const summary = Object.fromEntries(SIDES.map((name) => [name, summarize(perSide[name])]));
+    /** @type {Record<string, Sample>} */
+    const summary = Object.fromEntries(SIDES.map((name) => [name, summarize(perSide[name] ?? [])]));
+    const median = (/** @type {string} */ name) => required(summary[name], `the ${name} side's figures`).median;
     return {
       benchmark: 'replica-reads',
       major,
@@ -110,8 +141,8 @@ export async function run(ctx, major) {
       rows,
       rounds,
       sides: summary,
-      spreadRatio: ratio(summary.spread.median, summary.primary.median),
-      standbyRatio: ratio(summary.standby.median, summary.primary.median),
+      spreadRatio: ratio(median('spread'), median('primary')),
+      standbyRatio: ratio(median('standby'), median('primary')),
       replicaReads: stats?.replicaReads ?? 0,
       replicaFallbacks: stats?.replicaFallbacks ?? 0,
       fallbackReasons: stats?.replicaFallbackReasons ?? {},
@@ -125,20 +156,24 @@ export async function run(ctx, major) {
 
 const HEADERS = ['side', 'calls/s (median)', 'min', 'max', 'rounds', 'vs primary'];
 
+/** @param {ReplicaReadsResult} result */
 function rows(result) {
   return SIDES.map((name) => {
-    const s = result.sides[name];
+    const s = required(result.sides[name], `the ${name} side's figures`);
     return [
       name,
       String(Math.round(s.median)),
       String(Math.round(s.min)),
       String(Math.round(s.max)),
       String(result.rounds),
-      name === 'primary' ? '1.00x' : `${ratio(s.median, result.sides.primary.median).toFixed(2)}x`,
+      name === 'primary'
+        ? '1.00x'
+        : `${(ratio(s.median, required(result.sides['primary'], 'the primary side').median) ?? 0).toFixed(2)}x`,
     ];
   });
 }
 
+/** @param {ReplicaReadsResult} result */
 function footer(result) {
   const reasons = Object.entries(result.fallbackReasons)
     .map(([reason, n]) => `${reason} ${n}`)
@@ -146,10 +181,12 @@ function footer(result) {
   return `${result.callers} callers, ${formatCount(result.calls)} calls per side and round, ${formatCount(result.rows)} photos per shard; replica reads on the standby: ${formatCount(result.replicaReads)}, on the primary instead: ${result.replicaFallbacks}${reasons ? ` (${reasons})` : ''}.`;
 }
 
+/** @param {ReplicaReadsResult} result */
 export function table(result) {
   return `replica-reads, PostgreSQL ${result.major}, primary + streaming standby, ${SHARDS} shards\n${textTable(HEADERS, rows(result))}\n${footer(result)}`;
 }
 
+/** @param {ReplicaReadsResult[]} results */
 export function markdown(results) {
   return results
     .map(

@@ -18,7 +18,14 @@ import {
 } from '../dist/dev/local-postgres.js';
 import { binDirFor } from './lib.js';
 
-/** Runs a binary as the server's OS user (PostgreSQL refuses root); resolves with its exit code. */
+/**
+ * Runs a binary as the server's OS user (PostgreSQL refuses root); resolves with its exit code.
+ * @param {import('../dist/dev/local-postgres.js').OsAccount} account
+ * @param {string} file
+ * @param {string[]} args
+ * @param {NodeJS.ProcessEnv} [env]
+ * @returns {Promise<number>}
+ */
 function asPostgres(account, file, args, env = process.env) {
   return new Promise((resolve, reject) => {
     const child = spawn(file, args, { uid: account.uid, gid: account.gid, cwd: os.tmpdir(), env, stdio: 'ignore' });
@@ -27,9 +34,16 @@ function asPostgres(account, file, args, env = process.env) {
   });
 }
 
-/** Starts the pair and creates `database` on the primary (replicated to the standby). */
+/**
+ * Starts the pair and creates `database` on the primary (replicated to the standby).
+ * @param {string} major
+ * @param {string} name
+ * @param {string} database
+ */
 export async function startPrimaryWithStandby(major, name, database) {
   const binDir = binDirFor(major);
+  if (!binDir)
+    throw new Error(`a standby needs PostgreSQL ${major} from Debian (pg_basebackup): the embedded binaries have none`);
   const account = await ensurePostgresOsUser();
   const root = await mkdtemp(path.join(os.tmpdir(), `shardctl-bench-${name}-`));
   await chmod(root, 0o755);
@@ -82,16 +96,18 @@ export async function startPrimaryWithStandby(major, name, database) {
     await dispose();
     throw error;
   }
-  const pgCtl = (...args) => asPostgres(account, path.join(binDir, 'pg_ctl'), args);
+  const pgCtl = /** @param {string[]} args */ (...args) => asPostgres(account, path.join(binDir, 'pg_ctl'), args);
   return {
     primary,
     standby,
     /** The fleet's host: its URL lists the primary, then the standby. */
     host: {
       name: 'pg1',
-      url: (db) => `postgres://postgres:${password}@127.0.0.1:${primary.port},127.0.0.1:${standby.port}/${db}`,
+      url: /** @param {string} db */ (db) =>
+        `postgres://postgres:${password}@127.0.0.1:${primary.port},127.0.0.1:${standby.port}/${db}`,
     },
-    nodeUrl: (node, db) => `postgres://postgres:${password}@127.0.0.1:${node.port}/${db}`,
+    nodeUrl: /** @param {{ port: number }} node @param {string} db */ (node, db) =>
+      `postgres://postgres:${password}@127.0.0.1:${node.port}/${db}`,
     stopPrimary: async () => {
       const code = await pgCtl('stop', '-D', primary.dataDir, '-m', 'immediate', '-w');
       if (code !== 0) throw new Error(`pg_ctl stop exited ${code}`);
