@@ -266,6 +266,17 @@ export class Host {
       );
       await client.query('checkpoint');
     });
+    // The copy's host registry still names the template's database: it names its own, as init
+    // would have recorded (status reports a registry that differs from the file).
+    if (template)
+      await this.query(
+        database,
+        `do $$ begin
+           if to_regclass('shardctl.hosts') is not null then
+             update shardctl.hosts set address = regexp_replace(address, '/' || ${literal(template)} || '($|[?])', '/' || ${literal(database)} || '\\1');
+           end if;
+         end $$`,
+      );
   }
 
   /** @param {string} database */
@@ -315,6 +326,14 @@ export async function withClient(url, fn) {
  */
 export function ident(name) {
   return `"${name.replaceAll('"', '""')}"`;
+}
+
+/**
+ * Quotes a string literal we chose ourselves (database names of the bench).
+ * @param {string} text
+ */
+export function literal(text) {
+  return `'${text.replaceAll("'", "''")}'`;
 }
 
 // ---------------------------------------------------------------------------------------------
