@@ -36,8 +36,9 @@ describe('a copy that resumes', () => {
     const writer = startShardWriter(map, 1);
     await waitFor('writes', async () => writer.acknowledged.length > 10);
 
-    // Killed once 3 chunks are committed.
-    const first = await spawnCli(move(fleet, 1, '--to', 'pg2', '--copy-chunk-rows', CHUNK), {
+    // Killed once 3 chunks are committed: one copying pair, so that no other chunk commits while the
+    // third one's count is taken (with two, a fourth was seen committed before the kill).
+    const first = await spawnCli(move(fleet, 1, '--to', 'pg2', '--copy-chunk-rows', CHUNK, '--copy-parallel', '1'), {
       SHARDCTL_FAULT_AFTER_CHUNKS: '3',
     });
     expect(first.signal, first.stderr).toBe('SIGKILL');
