@@ -10,16 +10,9 @@ import { errorHost } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
+import { privilegeVersions, syncPrivilegesSql, type PrivilegeObject } from './privileges.js';
+import { APPLIED_VERSIONS_SQL } from './sql/control.js';
 import {
-  createSlotCommand,
-  privilegeVersions,
-  qualified,
-  syncPrivilegesSql,
-  APPLIED_VERSIONS_SQL,
-  XID_HOLDERS_SQL,
-  BACKEND_PID_SQL,
-  TERMINATE_BACKEND_SQL,
-  setTransactionSnapshotSql,
   BEGIN_COPY_SQL,
   nonEmptyTablesSql,
   truncateSql,
@@ -28,8 +21,11 @@ import {
   dropIndexForCopySql,
   rebuildIndexSql,
   type RebuildableIndex,
-  type PrivilegeObject,
-} from './sql.js';
+} from './sql/copy.js';
+import { XID_HOLDERS_SQL } from './sql/locks.js';
+import { qualified } from './sql/names.js';
+import { createSlotCommand } from './sql/replication.js';
+import { BACKEND_PID_SQL, TERMINATE_BACKEND_SQL, setTransactionSnapshotSql } from './sql/session.js';
 import {
   groupBySchema,
   shardPrivileges,

@@ -3,6 +3,7 @@ import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { CLEANUP_CHUNK, CLEANUP_WORKER } from './workers.js';
+import { FENCED_SHARDS_SQL } from './sql/control.js';
 import {
   fenceGroups,
   fenceMarkerSql,
@@ -10,13 +11,12 @@ import {
   fenceWaveSql,
   recordFencedSql,
   prepareFenceSql,
-  insertMarkerSql,
   type FenceInput,
-  FENCED_SHARDS_SQL,
-  statementTimeoutSql,
   PLACEMENT_VERSION_FIELD,
-  lockTimeoutSql,
-} from './sql.js';
+} from './sql/fence.js';
+import { lockTimeoutSql } from './sql/locks.js';
+import { insertMarkerSql } from './sql/replication.js';
+import { statementTimeoutSql } from './sql/session.js';
 import { recordStep } from './state.js';
 import { LOCK_WAIT_CODES, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { leavesNow, shardLeaves, shardTables, type LeafTable } from './catalog.js';

@@ -1,9 +1,9 @@
 import { HostError, resumeOrAbort } from '../errors.js';
+import { EARLY_SUBSCRIPTION_LOCK_WAIT_SQL } from './sql/locks.js';
 import {
   createPublicationSql,
   createSubscriptionSql,
   enableSubscriptionSql,
-  EARLY_SUBSCRIPTION_LOCK_WAIT_SQL,
   dropPublicationSql,
   insertMarkerSql,
   APPLY_WORKER_WAITS_SQL,
@@ -13,7 +13,7 @@ import {
   SUBSCRIPTION_ERRORS_SQL,
   SUBSCRIPTION_EXISTS_SQL,
   SUBSCRIPTION_TABLES_SQL,
-} from './sql.js';
+} from './sql/replication.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { sleep } from '../clock.js';
 import { LagWatch } from './wal-guard.js';

@@ -5,32 +5,29 @@ import { createShardSql, dropShardSql, recordShardSql } from '../../src/fleet/sq
 import type { MigrationFile } from '../../src/migrations/files.js';
 import { migrationSql, noTransactionMigrationSteps } from '../../src/migrations/sql.js';
 import {
+  privilegeVersions,
+  rolesNamed,
+  syncPrivilegesSql,
+  type AclEntry,
+  type PrivilegeObject,
+} from '../../src/moves/privileges.js';
+import { catchUpSql } from '../../src/moves/sql/catch-up.js';
+import { renameWithStubSql } from '../../src/moves/sql/cleanup.js';
+import {
   fenceMarkerSql,
-  readSequencesSql,
-  setSequencesSql,
-  createPublicationSql,
-  createSubscriptionSql,
   fenceSql,
   fenceGroups,
   fenceWaveSql,
   fenceReadsSql,
-  catchUpSql,
   prepareFenceSql,
   fenceGuardSql,
-  oldCopyName,
-  probeSubscriptionSql,
-  renameWithStubSql,
-  privilegeVersions,
-  rolesNamed,
-  syncPrivilegesSql,
   unfenceSql,
-  type AclEntry,
-  type PrivilegeObject,
-  keyFilterSql,
-  startDeltasSql,
-  startSourceDeltasSql,
-  startTrackingSql,
-} from '../../src/moves/sql.js';
+} from '../../src/moves/sql/fence.js';
+import { oldCopyName } from '../../src/moves/sql/names.js';
+import { createPublicationSql, createSubscriptionSql, probeSubscriptionSql } from '../../src/moves/sql/replication.js';
+import { readSequencesSql, setSequencesSql } from '../../src/moves/sql/sequences.js';
+import { startDeltasSql, startSourceDeltasSql, startTrackingSql } from '../../src/moves/sql/tail.js';
+import { keyFilterSql } from '../../src/moves/sql/verify.js';
 import { planWaves } from '../../src/moves/waves.js';
 import { chunksOf } from '../../src/moves/copy.js';
 import fc from 'fast-check';
