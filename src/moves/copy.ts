@@ -1,3 +1,4 @@
+import type { Sql } from '../pg/sql-template.js';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as delay } from 'node:timers/promises';
 import pg from 'pg';
@@ -692,7 +693,7 @@ async function copyShard(
 }
 
 /** Of `names` (quoted tables), those holding any row, as `client` sees them: one round trip. */
-async function filledTables(client: pg.Client, names: readonly string[]): Promise<string[]> {
+async function filledTables(client: pg.Client, names: readonly Sql[]): Promise<Sql[]> {
   if (names.length === 0) return [];
   const filled = await client.query<Record<string, boolean>>(nonEmptyTablesSql(names));
   return names.filter((_, i) => filled.rows[0]![String(i)]);

@@ -1,4 +1,4 @@
-import { quoteIdent } from '../pg/quote.js';
+import { EMPTY, fromCatalog, ident, list, sql, type Sql } from '../pg/sql-template.js';
 import { qualified } from './sql/names.js';
 
 /**
@@ -49,21 +49,35 @@ export interface PrivilegeObject {
   readonly acl: readonly AclEntry[];
 }
 
-const PRIVILEGES = new Set([
-  'SELECT',
-  'INSERT',
-  'UPDATE',
-  'DELETE',
-  'TRUNCATE',
-  'REFERENCES',
-  'TRIGGER',
-  'EXECUTE',
-  'USAGE',
-  'CREATE',
-  'MAINTAIN',
-]);
+const PRIVILEGES: ReadonlyMap<string, Sql> = new Map(
+  [
+    sql`SELECT`,
+    sql`INSERT`,
+    sql`UPDATE`,
+    sql`DELETE`,
+    sql`TRUNCATE`,
+    sql`REFERENCES`,
+    sql`TRIGGER`,
+    sql`EXECUTE`,
+    sql`USAGE`,
+    sql`CREATE`,
+    sql`MAINTAIN`,
+  ].map((p) => [p, p]),
+);
 
-const DEFAULT_OBJECT_TYPES: Record<string, string> = { r: 'TABLES', S: 'SEQUENCES', f: 'FUNCTIONS', T: 'TYPES' };
+/** A privilege's keyword, as the catalog names it (aclexplode): one of those GRANT takes, or an error. */
+export function privilege(name: string): Sql {
+  const keyword = PRIVILEGES.get(name);
+  if (keyword === undefined) throw new Error(`unknown privilege ${JSON.stringify(name)}`);
+  return keyword;
+}
+
+const DEFAULT_OBJECT_TYPES: Record<string, Sql> = {
+  r: sql`TABLES`,
+  S: sql`SEQUENCES`,
+  f: sql`FUNCTIONS`,
+  T: sql`TYPES`,
+};
 
 const KIND_ORDER: readonly PrivilegeKind[] = [
   'schema',
@@ -123,7 +137,7 @@ export function syncPrivilegesSql(
   source: readonly PrivilegeObject[],
   target: readonly PrivilegeObject[],
   versions: PrivilegeVersions = { sourceOnly: new Set(), targetOnly: new Set() },
-): string[] {
+): Sql[] {
   // A privilege only one side's server has: the target keeps its own entries of one only it has
   // (MAINTAIN moving from 16 to 17: the owner keeps it), and is not given one it lacks.
   const wantedFrom = (s: readonly AclEntry[], current: readonly AclEntry[]): AclEntry[] => [
@@ -132,7 +146,7 @@ export function syncPrivilegesSql(
   ];
   const onTarget = new Map(target.map((o) => [privilegeKey(o), o]));
   const ordered = [...source].sort((a, b) => KIND_ORDER.indexOf(a.kind) - KIND_ORDER.indexOf(b.kind));
-  const statements: string[] = [];
+  const statements: Sql[] = [];
   const revokedTables = new Set<string>();
   for (const s of ordered) {
     if (s.kind === 'default') continue;
@@ -141,8 +155,7 @@ export function syncPrivilegesSql(
     if (!t) continue;
     let current = t.acl;
     if (s.owner !== null && t.owner !== null && s.owner !== t.owner) {
-      if (!s.linked)
-        statements.push(`ALTER ${ALTER_KEYWORD[s.kind]} ${objectName(s)} OWNER TO ${quoteIdent(s.owner)};`);
+      if (!s.linked) statements.push(sql`ALTER ${ALTER_KEYWORD[s.kind]} ${objectName(s)} OWNER TO ${ident(s.owner)};`);
       // ALTER … OWNER TO moves the old owner's entries to the new owner, as grantee and as grantor.
       const from = t.owner;
       const to = s.owner;
@@ -203,47 +216,46 @@ function sameAcl(a: readonly AclEntry[], b: readonly AclEntry[]): boolean {
   return text(a) === text(b);
 }
 
-function objectName(o: PrivilegeObject): string {
-  if (o.kind === 'schema') return quoteIdent(o.schema);
+function objectName(o: PrivilegeObject): Sql {
+  if (o.kind === 'schema') return ident(o.schema);
   // Identity arguments are the server's own rendering of the signature (names and types), as pg_get_indexdef is of an index.
-  if (o.kind === 'routine') return `${qualified(o.schema, o.name!)}(${o.args ?? ''})`;
+  if (o.kind === 'routine') return sql`${qualified(o.schema, o.name!)}(${fromCatalog(o.args ?? '')})`;
   return qualified(o.schema, o.name!);
 }
 
-const ALTER_KEYWORD: Record<PrivilegeKind, string> = {
-  schema: 'SCHEMA',
-  type: 'TYPE',
-  table: 'TABLE',
-  'foreign table': 'FOREIGN TABLE',
-  sequence: 'SEQUENCE',
-  view: 'VIEW',
-  'materialized view': 'MATERIALIZED VIEW',
-  routine: 'ROUTINE',
-  column: 'TABLE',
-  default: '',
+const ALTER_KEYWORD: Record<PrivilegeKind, Sql> = {
+  schema: sql`SCHEMA`,
+  type: sql`TYPE`,
+  table: sql`TABLE`,
+  'foreign table': sql`FOREIGN TABLE`,
+  sequence: sql`SEQUENCE`,
+  view: sql`VIEW`,
+  'materialized view': sql`MATERIALIZED VIEW`,
+  routine: sql`ROUTINE`,
+  column: sql`TABLE`,
+  default: EMPTY,
 };
 
-const GRANT_TARGET: Record<PrivilegeKind, (o: PrivilegeObject) => string> = {
-  schema: (o) => `SCHEMA ${objectName(o)}`,
-  type: (o) => `TYPE ${objectName(o)}`,
-  table: (o) => `TABLE ${objectName(o)}`,
-  'foreign table': (o) => `TABLE ${objectName(o)}`,
-  sequence: (o) => `SEQUENCE ${objectName(o)}`,
-  view: (o) => `TABLE ${objectName(o)}`,
-  'materialized view': (o) => `TABLE ${objectName(o)}`,
-  routine: (o) => `ROUTINE ${objectName(o)}`,
-  column: (o) => `TABLE ${objectName(o)}`,
-  default: () => '',
+const GRANT_TARGET: Record<PrivilegeKind, (o: PrivilegeObject) => Sql> = {
+  schema: (o) => sql`SCHEMA ${objectName(o)}`,
+  type: (o) => sql`TYPE ${objectName(o)}`,
+  table: (o) => sql`TABLE ${objectName(o)}`,
+  'foreign table': (o) => sql`TABLE ${objectName(o)}`,
+  sequence: (o) => sql`SEQUENCE ${objectName(o)}`,
+  view: (o) => sql`TABLE ${objectName(o)}`,
+  'materialized view': (o) => sql`TABLE ${objectName(o)}`,
+  routine: (o) => sql`ROUTINE ${objectName(o)}`,
+  column: (o) => sql`TABLE ${objectName(o)}`,
+  default: () => EMPTY,
 };
 
-function grantee(name: string | null): string {
-  return name === null ? 'PUBLIC' : quoteIdent(name);
+function grantee(name: string | null): Sql {
+  return name === null ? sql`PUBLIC` : ident(name);
 }
 
-function privilegeList(entries: readonly AclEntry[], column: string | null): string {
+function privilegeList(entries: readonly AclEntry[], column: string | null): Sql {
   const names = [...new Set(entries.map((e) => e.privilege))].sort();
-  for (const p of names) if (!PRIVILEGES.has(p)) throw new Error(`unknown privilege ${JSON.stringify(p)}`);
-  return names.map((p) => (column === null ? p : `${p} (${quoteIdent(column)})`)).join(', ');
+  return list(names.map((p) => (column === null ? privilege(p) : sql`${privilege(p)} (${ident(column)})`)));
 }
 
 /** Grants grouped by grantee and grant option: GRANT a, b ON … TO r [WITH GRANT OPTION]. */
@@ -259,24 +271,24 @@ function grantGroups(acl: readonly AclEntry[]): { grantee: string | null; granta
   );
 }
 
-function revokedFrom(current: readonly AclEntry[]): string {
+function revokedFrom(current: readonly AclEntry[]): Sql {
   const names = [...new Set(current.map((e) => e.grantee).filter((g): g is string => g !== null))].sort();
-  return ['PUBLIC', ...names.map(quoteIdent)].join(', ');
+  return list([sql`PUBLIC`, ...names.map((name) => ident(name))]);
 }
 
 /** REVOKE ALL from every role the target's ACL names and PUBLIC, then the source's grants (column ones when `column`). */
 export function replaceAclSql(
-  on: string,
+  on: Sql,
   current: readonly AclEntry[],
   wanted: readonly AclEntry[],
   column: string | null = null,
-): string[] {
-  const all = column === null ? 'ALL' : `ALL (${quoteIdent(column)})`;
+): Sql[] {
+  const all = column === null ? sql`ALL` : sql`ALL (${ident(column)})`;
   return [
-    `REVOKE ${all} ON ${on} FROM ${revokedFrom(current)} CASCADE;`,
+    sql`REVOKE ${all} ON ${on} FROM ${revokedFrom(current)} CASCADE;`,
     ...grantGroups(wanted).map(
       (g) =>
-        `GRANT ${privilegeList(g.entries, column)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`,
+        sql`GRANT ${privilegeList(g.entries, column)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? sql` WITH GRANT OPTION` : EMPTY};`,
     ),
   ];
 }
@@ -288,15 +300,15 @@ export function alterDefaultPrivilegesSql(
   objectType: string,
   current: readonly AclEntry[],
   wanted: readonly AclEntry[],
-): string[] {
+): Sql[] {
   const on = DEFAULT_OBJECT_TYPES[objectType];
   if (on === undefined) throw new Error(`unknown default privilege object type ${JSON.stringify(objectType)}`);
-  const prefix = `ALTER DEFAULT PRIVILEGES FOR ROLE ${quoteIdent(role)} IN SCHEMA ${quoteIdent(schema)}`;
+  const prefix = sql`ALTER DEFAULT PRIVILEGES FOR ROLE ${ident(role)} IN SCHEMA ${ident(schema)}`;
   return [
-    `${prefix} REVOKE ALL ON ${on} FROM ${revokedFrom(current)} CASCADE;`,
+    sql`${prefix} REVOKE ALL ON ${on} FROM ${revokedFrom(current)} CASCADE;`,
     ...grantGroups(wanted).map(
       (g) =>
-        `${prefix} GRANT ${privilegeList(g.entries, null)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? ' WITH GRANT OPTION' : ''};`,
+        sql`${prefix} GRANT ${privilegeList(g.entries, null)} ON ${on} TO ${grantee(g.grantee)}${g.grantable ? sql` WITH GRANT OPTION` : EMPTY};`,
     ),
   ];
 }

@@ -31,6 +31,7 @@ import { keyFilterSql } from '../../src/moves/sql/verify.js';
 import { planWaves } from '../../src/moves/waves.js';
 import { chunksOf } from '../../src/moves/copy.js';
 import fc from 'fast-check';
+import { sql } from '../../src/pg/sql-template.js';
 
 /** What every worker transaction sets besides asynchronous commit (nothing at session level). */
 const CHECK_LOCAL =
@@ -391,7 +392,7 @@ describe('move SQL', () => {
     expect(at('SET statement_timeout = 20000;')).toBeLessThan(at('pg_get_sequence_data'));
     expect(
       pg18.endsWith(
-        `SELECT greatest(coalesce((SELECT placement_version FROM "shardctl".fleet), 0), coalesce((SELECT max(version) FROM "shardctl".placement WHERE shard IN (4, 5)), 0))::text AS placement_version;`,
+        `SELECT greatest(coalesce((SELECT placement_version FROM "shardctl".fleet), 0), coalesce((SELECT max(version) FROM "shardctl".placement WHERE shard IN (4, 5)), 0))::text AS "placement_version";`,
       ),
     ).toBe(true);
     const pg15 = fenceReadsSql({ sequences, sequenceData: false, shards: [4] });
@@ -593,7 +594,7 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
   };
 
   it('looks rows up by their key columns, read back with their types, identifiers quoted', () => {
-    expect(keyFilterSql(keyed, '$3')).toBe(
+    expect(keyFilterSql(keyed, sql`$3`)).toBe(
       '(t."photo_id", t."user ""id""") IN (SELECT k."photo_id", k."user ""id""" FROM jsonb_to_recordset($3::jsonb) AS k("photo_id" bigint, "user ""id""" character varying(20)))',
     );
   });
@@ -604,10 +605,10 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql.endsWith('COMMIT;')).toBe(true);
     expect(sql).toContain(`DELETE FROM "shardctl".move_changes WHERE move_id = 'm''1';`);
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_track AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."photo likes" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_track('m''1', 'photo_id', 'user "id"');`,
+      `CREATE OR REPLACE TRIGGER "shardctl_track" AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."photo likes" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_track('m''1', 'photo_id', 'user "id"');`,
     );
     expect(sql).toContain(
-      `ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER shardctl_track, ENABLE ALWAYS TRIGGER shardctl_track_truncate;`,
+      `ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER "shardctl_track", ENABLE ALWAYS TRIGGER "shardctl_track_truncate";`,
     );
     expect(sql).not.toContain('{{');
   });
@@ -618,13 +619,13 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).toContain(`SET LOCAL lock_timeout = '250ms';`);
     expect(sql).toContain(`DELETE FROM "shardctl".move_deltas WHERE move_id = 'm''1';`);
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m'1_log0"('m''1', 'text');`,
+      `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m'1_log0"('m''1', 'text');`,
     );
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_delta_truncate AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`,
+      `CREATE OR REPLACE TRIGGER "shardctl_delta_truncate" AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`,
     );
     expect(sql).toContain(
-      `ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER shardctl_delta, ENABLE ALWAYS TRIGGER shardctl_delta_truncate;`,
+      `ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER "shardctl_delta", ENABLE ALWAYS TRIGGER "shardctl_delta_truncate";`,
     );
     expect(sql).not.toContain('{{');
   });

@@ -1,5 +1,5 @@
+import { int, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { CONTROL } from '../../fleet/control.js';
-import { quoteLiteral } from '../../pg/quote.js';
 import { reportEmptySql } from './fence.js';
 import { MIN_STATEMENT_TIMEOUT_MS } from './session.js';
 import { TAIL_MAX_KEYS, readChangesSql } from './tail.js';
@@ -27,21 +27,26 @@ export function catchUpSql(input: {
   readonly readsWithinMs: number;
   readonly leaves: readonly number[];
   readonly changes: boolean;
-}): string {
-  const arrived = `EXISTS (SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(input.moveId)} AND kind = ${quoteLiteral(input.kind)})`;
+}): Sql {
+  const arrived = sql`EXISTS (SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = ${lit(input.moveId)} AND kind = ${lit(input.kind)})`;
   if (arrived.includes('$catch_up$')) throw new Error('catchUpSql: a marker cannot contain $catch_up$');
-  const limit = Math.max(0, Math.round(input.limitMs));
-  const reads = Math.max(0, Math.round(input.readsWithinMs));
-  return [
-    'BEGIN ISOLATION LEVEL READ COMMITTED;',
-    `DO $catch_up$ BEGIN WHILE NOT ${arrived} LOOP ` +
-      `IF clock_timestamp() >= now() + interval '${limit} milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within ${limit} ms'; END IF; ` +
-      `PERFORM pg_sleep(0.001); END LOOP; ` +
-      // The statements after this one run under what is left of the fence limit (SET LOCAL).
-      `PERFORM set_config('statement_timeout', greatest(${MIN_STATEMENT_TIMEOUT_MS}, ${reads} - (extract(epoch FROM clock_timestamp() - now()) * 1000)::int)::text, true); ` +
-      `END $catch_up$;`,
+  const limit = int(Math.max(0, Math.round(input.limitMs)), 'a limit in ms');
+  const reads = int(Math.max(0, Math.round(input.readsWithinMs)), 'a limit in ms');
+  return lines([
+    sql`BEGIN ISOLATION LEVEL READ COMMITTED;`,
+    list(
+      [
+        sql`DO $catch_up$ BEGIN WHILE NOT ${arrived} LOOP `,
+        sql`IF clock_timestamp() >= now() + interval '${limit} milliseconds' THEN RAISE EXCEPTION 'the fence marker was not applied within ${limit} ms'; END IF; `,
+        sql`PERFORM pg_sleep(0.001); END LOOP; `,
+        // The statements after this one run under what is left of the fence limit (SET LOCAL).
+        sql`PERFORM set_config('statement_timeout', greatest(${int(MIN_STATEMENT_TIMEOUT_MS)}, ${reads} - (extract(epoch FROM clock_timestamp() - now()) * 1000)::int)::text, true); `,
+        sql`END $catch_up$;`,
+      ],
+      '',
+    ),
     ...(input.leaves.length > 0 ? [reportEmptySql(input.leaves)] : []),
-    ...(input.changes ? [`${readChangesSql(quoteLiteral(input.moveId), String(TAIL_MAX_KEYS))};`] : []),
-    'COMMIT;',
-  ].join('\n');
+    ...(input.changes ? [sql`${readChangesSql(lit(input.moveId), int(TAIL_MAX_KEYS))};`] : []),
+    sql`COMMIT;`,
+  ]);
 }

@@ -1,6 +1,7 @@
+import { ident, int, lines, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { CONTROL } from '../../fleet/control.js';
-import { quoteIdent, quoteLiteral } from '../../pg/quote.js';
 import { qualified } from './names.js';
+import { privilege } from '../privileges.js';
 
 /**
  * The clean-up after a switch: the old copy renamed, with views under its old name that answer
@@ -32,29 +33,29 @@ export interface RenameWithStubInput {
  * shard_moved guard) and writes (writes through a simple view hit the base table's fence), not
  * "does not exist" or "permission denied", and reloads its map.
  */
-export function renameWithStubSql(input: RenameWithStubInput): string {
+export function renameWithStubSql(input: RenameWithStubInput): Sql {
   const { shard, schema, renamed, targetHost } = input;
-  const to = (grantee: string | null): string => (grantee === null ? 'PUBLIC' : quoteIdent(grantee));
-  const guard = `${CONTROL}.shard_moved(${quoteLiteral(String(shard))}, ${quoteLiteral(targetHost)})`;
-  return [
-    'BEGIN;',
-    `ALTER SCHEMA ${quoteIdent(schema)} RENAME TO ${quoteIdent(renamed)};`,
-    `CREATE SCHEMA ${quoteIdent(schema)};`,
-    `COMMENT ON SCHEMA ${quoteIdent(schema)} IS ${quoteLiteral(`shardctl: shard ${shard} moved to ${targetHost}; views over the fenced old copy ${renamed} until shardctl gc`)};`,
+  const to = (grantee: string | null): Sql => (grantee === null ? sql`PUBLIC` : ident(grantee));
+  const guard = sql`${CONTROL}.shard_moved(${lit(String(shard))}, ${lit(targetHost)})`;
+  return lines([
+    sql`BEGIN;`,
+    sql`ALTER SCHEMA ${ident(schema)} RENAME TO ${ident(renamed)};`,
+    sql`CREATE SCHEMA ${ident(schema)};`,
+    sql`COMMENT ON SCHEMA ${ident(schema)} IS ${lit(`shardctl: shard ${shard} moved to ${targetHost}; views over the fenced old copy ${renamed} until shardctl gc`)};`,
     ...input.tables.map(
-      (t) => `CREATE VIEW ${qualified(schema, t)} AS SELECT * FROM ${qualified(renamed, t)} WHERE ${guard};`,
+      (t) => sql`CREATE VIEW ${qualified(schema, t)} AS SELECT * FROM ${qualified(renamed, t)} WHERE ${guard};`,
     ),
     ...input.schemaGrants
       .filter((g) => g.privilege === 'USAGE')
-      .map((g) => `GRANT USAGE ON SCHEMA ${quoteIdent(schema)} TO ${to(g.grantee)};`),
+      .map((g) => sql`GRANT USAGE ON SCHEMA ${ident(schema)} TO ${to(g.grantee)};`),
     ...input.tableGrants
       .filter((g) => g.relname !== undefined && ['SELECT', 'INSERT', 'UPDATE', 'DELETE'].includes(g.privilege))
-      .map((g) => `GRANT ${g.privilege} ON ${qualified(schema, g.relname!)} TO ${to(g.grantee)};`),
-    `UPDATE ${CONTROL}.shards SET schema_name = ${quoteLiteral(renamed)} WHERE shard = ${shard};`,
-    'COMMIT;',
-  ].join('\n');
+      .map((g) => sql`GRANT ${privilege(g.privilege)} ON ${qualified(schema, g.relname!)} TO ${to(g.grantee)};`),
+    sql`UPDATE ${CONTROL}.shards SET schema_name = ${lit(renamed)} WHERE shard = ${int(shard, 'a shard number')};`,
+    sql`COMMIT;`,
+  ]);
 }
 
-export function refreshMaterializedViewSql(schema: string, view: string): string {
-  return `REFRESH MATERIALIZED VIEW ${qualified(schema, view)}`;
+export function refreshMaterializedViewSql(schema: string, view: string): Sql {
+  return sql`REFRESH MATERIALIZED VIEW ${qualified(schema, view)}`;
 }

@@ -1,6 +1,7 @@
-import { CONTROL } from '../../fleet/control.js';
-import { quoteLiteral } from '../../pg/quote.js';
-import { dropTriggerIfFreeSql, lockTablesSql } from './locks.js';
+import { EMPTY, ident, int, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
+import { CONTROL, shardMovedRaiseSql } from '../../fleet/control.js';
+import { placementVersionSql } from '../../fleet/placement.js';
+import { dropTriggerIfFreeSql, lockTablesSql, lockTimeoutSql } from './locks.js';
 import { FENCE_TRIGGER, fenceGuardName, qualified } from './names.js';
 import { insertMarkerSql } from './replication.js';
 import { readSequencesSql, sequenceDataSql } from './sequences.js';
@@ -58,22 +59,18 @@ export interface FenceInput {
  * copies stay fenced; a wave whose cut-over stopped is unfenced by setting the guard back to the
  * waves before it (no table lock), as its next preparation does too.
  */
-export function fenceGuardSql(moveId: string, closedUpTo: number): string {
-  if (!Number.isInteger(closedUpTo) || closedUpTo < -1) throw new Error(`fenceGuardSql: not a wave: ${closedUpTo}`);
-  return [
-    `CREATE OR REPLACE FUNCTION ${fenceGuardName(moveId)}() RETURNS trigger`,
-    'LANGUAGE plpgsql AS $guard$',
-    'BEGIN',
-    `  IF TG_ARGV[2]::int <= ${closedUpTo} THEN`,
-    "    RAISE EXCEPTION 'shard % has moved to host %; writes to this copy are refused', TG_ARGV[0], TG_ARGV[1]",
-    "      USING ERRCODE = 'SC100',",
-    "            DETAIL = format('shardctl-moved shard=%s host=%s', TG_ARGV[0], TG_ARGV[1]),",
-    "            HINT = 'Reload the shard map and retry on the new host.';",
-    '  END IF;',
-    '  RETURN NULL;',
-    'END',
-    '$guard$;',
-  ].join('\n');
+export function fenceGuardSql(moveId: string, closedUpTo: number): Sql {
+  return lines([
+    sql`CREATE OR REPLACE FUNCTION ${fenceGuardName(moveId)}() RETURNS trigger`,
+    sql`LANGUAGE plpgsql AS $guard$`,
+    sql`BEGIN`,
+    sql`  IF TG_ARGV[2]::int <= ${int(closedUpTo, 'a wave', -1)} THEN`,
+    shardMovedRaiseSql(sql`TG_ARGV[0]`, sql`TG_ARGV[1]`, 'writes to this copy are refused', 4),
+    sql`  END IF;`,
+    sql`  RETURN NULL;`,
+    sql`END`,
+    sql`$guard$;`,
+  ]);
 }
 
 /**
@@ -89,7 +86,7 @@ export function fenceGuardSql(moveId: string, closedUpTo: number): string {
  * fence took it, so it has waited less than lockWaitMs when the fence gives up and rolls back:
  * neither side reaches the deadlock check, nobody is aborted, and the move retries the fence.
  */
-export function fenceSql(input: FenceInput): string {
+export function fenceSql(input: FenceInput): Sql {
   const tables = input.shards.flatMap(({ tables }) => tables.map(([schema, table]) => qualified(schema, table)));
   const triggers = input.shards.flatMap(({ shard, tables: own, prepared }) =>
     own.flatMap(([schema, table]) => {
@@ -97,43 +94,42 @@ export function fenceSql(input: FenceInput): string {
       if (prepared) return [];
       return input.createOrReplaceTrigger
         ? // ENABLE: an unfence leaves the trigger disabled when it cannot drop it (see unfenceSql).
-          `${fenceTriggerSql(shard, t, input.targetHost)}\nALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
+          sql`${fenceTriggerSql(shard, t, input.targetHost)}\nALTER TABLE ${t} ENABLE TRIGGER shardctl_fence;`
         : // Before PostgreSQL 14: drop and create (a stronger lock, held for the few ms of this transaction).
-          `DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\n${fenceTriggerSql(shard, t, input.targetHost).replace('CREATE OR REPLACE', 'CREATE')}`;
+          sql`DROP TRIGGER IF EXISTS shardctl_fence ON ${t};\n${fenceTriggerSql(shard, t, input.targetHost, false)}`;
     }),
   );
-  const shards = input.shards.map(({ shard }) => {
-    if (!Number.isInteger(shard) || shard < 0) throw new Error(`fenceSql: not a shard number: ${shard}`);
-    return String(shard);
-  });
-  return [
-    'BEGIN;',
-    ...(input.flushedLater ? ['SET LOCAL synchronous_commit = off;'] : []),
+  const shards = input.shards.map(({ shard }) => int(shard, 'a shard number'));
+  return lines([
+    sql`BEGIN;`,
+    ...(input.flushedLater ? [sql`SET LOCAL synchronous_commit = off;`] : []),
     ...lockTablesSql(tables, input.lockWaitMs),
     ...(input.closeGuard ? [fenceGuardSql(input.closeGuard.moveId, input.closeGuard.wave)] : []),
     ...triggers,
-    `UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard IN (${shards.join(', ')});`,
+    sql`UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard IN (${list(shards)});`,
     ...(input.fenceStart
       ? [
-          `UPDATE ${CONTROL}.moves SET detail = detail || ${quoteLiteral(JSON.stringify({ fenceStartedAtMs: Math.round(input.fenceStart.atMs) }))}::jsonb ` +
-            `WHERE move_id = ${quoteLiteral(input.fenceStart.moveId)};`,
+          sql`UPDATE ${CONTROL}.moves SET detail = detail || ${lit(JSON.stringify({ fenceStartedAtMs: Math.round(input.fenceStart.atMs) }))}::jsonb WHERE move_id = ${lit(input.fenceStart.moveId)};`,
         ]
       : []),
     ...(input.reportEmpty && input.reportEmpty.length > 0 ? [reportEmptySql(input.reportEmpty)] : []),
-    'COMMIT;',
-  ].join('\n');
+    sql`COMMIT;`,
+  ]);
 }
 
 /** Rows (oid, empty) for these relations: whether each has no page (pg_relation_size 0). */
-export function reportEmptySql(oids: readonly number[]): string {
-  for (const oid of oids) if (!Number.isInteger(oid) || oid <= 0) throw new Error(`reportEmptySql: not an OID: ${oid}`);
-  return `SELECT o AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{${oids.join(',')}}'::oid[]) AS o;`;
+export function reportEmptySql(oids: readonly number[]): Sql {
+  const array = list(
+    oids.map((oid) => int(oid, 'an OID', 1)),
+    ',',
+  );
+  return sql`SELECT o AS oid, pg_relation_size(o) = 0 AS empty FROM unnest('{${array}}'::oid[]) AS o;`;
 }
 
 /** The fence trigger of one table (`t` quoted): every write refused with SC100, naming the shard and its new host. */
-function fenceTriggerSql(shard: number, t: string, targetHost: string): string {
-  const fn = `${CONTROL}.shard_fenced(${quoteLiteral(String(shard))}, ${quoteLiteral(targetHost)})`;
-  return `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`;
+function fenceTriggerSql(shard: number, t: Sql, targetHost: string, orReplace = true): Sql {
+  const fn = sql`${CONTROL}.shard_fenced(${lit(String(shard))}, ${lit(targetHost)})`;
+  return sql`CREATE ${orReplace ? sql`OR REPLACE ` : EMPTY}TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${fn};`;
 }
 
 /**
@@ -150,14 +146,14 @@ export function prepareFenceSql(
     readonly moveId: string;
     readonly wave: number;
   },
-): string {
-  if (!Number.isInteger(input.wave) || input.wave < 0) throw new Error(`prepareFenceSql: not a wave: ${input.wave}`);
+): Sql {
+  const wave = int(input.wave, 'a wave');
   const tables = input.shards.flatMap(({ shard, tables }) =>
     tables.map(([schema, table]) => ({ shard, t: qualified(schema, table) })),
   );
   const guard = fenceGuardName(input.moveId);
-  return [
-    'BEGIN;',
+  return lines([
+    sql`BEGIN;`,
     ...lockTablesSql(
       tables.map(({ t }) => t),
       input.lockWaitMs,
@@ -165,12 +161,11 @@ export function prepareFenceSql(
     fenceGuardSql(input.moveId, input.wave - 1),
     ...tables.map(
       ({ shard, t }) =>
-        `CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT ` +
         // Enabled, also where an unfence left the trigger disabled: CREATE OR REPLACE sets it enabled.
-        `EXECUTE FUNCTION ${guard}(${quoteLiteral(String(shard))}, ${quoteLiteral(input.targetHost)}, ${quoteLiteral(String(input.wave))});`,
+        sql`CREATE OR REPLACE TRIGGER shardctl_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON ${t} FOR EACH STATEMENT EXECUTE FUNCTION ${guard}(${lit(String(shard))}, ${lit(input.targetHost)}, ${lit(wave)});`,
     ),
-    'COMMIT;',
-  ].join('\n');
+    sql`COMMIT;`,
+  ]);
 }
 
 /**
@@ -204,20 +199,20 @@ export function fenceGroups(
  * change committed before it), and the step `fenced` recorded with the move's `detail` (its marker
  * and fence start among them), in one transaction.
  */
-export function fenceMarkerSql(moveId: string, marker: string, detail: Record<string, unknown>): string {
-  return [
-    'BEGIN;',
+export function fenceMarkerSql(moveId: string, marker: string, detail: Record<string, unknown>): Sql {
+  return lines([
+    sql`BEGIN;`,
     // Whatever the session's default: this commit's flush covers the fence groups' before it (fenceSql, flushedLater).
-    'SET LOCAL synchronous_commit = on;',
+    sql`SET LOCAL synchronous_commit = on;`,
     insertMarkerSql(moveId, marker),
     recordFencedSql(moveId, detail),
-    'COMMIT;',
-  ].join('\n');
+    sql`COMMIT;`,
+  ]);
 }
 
 /** The step `fenced` recorded for a move, with its `detail` merged in (one statement). */
-export function recordFencedSql(moveId: string, detail: Record<string, unknown>): string {
-  return `UPDATE ${CONTROL}.moves SET step = 'fenced', updated_at = now(), detail = detail || ${quoteLiteral(JSON.stringify(detail))}::jsonb WHERE move_id = ${quoteLiteral(moveId)};`;
+export function recordFencedSql(moveId: string, detail: Record<string, unknown>): Sql {
+  return sql`UPDATE ${CONTROL}.moves SET step = 'fenced', updated_at = now(), detail = detail || ${lit(JSON.stringify(detail))}::jsonb WHERE move_id = ${lit(moveId)};`;
 }
 
 /**
@@ -232,15 +227,15 @@ export function fenceWaveSql(input: {
   readonly statementTimeoutMs: number;
   /** What the cut-over reads once the wave is fenced, in the same round trip (fenceReadsSql). */
   readonly reads?: FenceReads;
-}): string {
-  return [
+}): Sql {
+  return lines([
     // The marker's commit flushes the WAL of every group before it.
     ...input.groups.map((group) => fenceSql({ ...group, flushedLater: true })),
     fenceMarkerSql(input.marker.moveId, input.marker.kind, input.marker.detail),
     // Before the reads: a read that waits (behind a lock queued on a sequence) is bounded too.
-    `${statementTimeoutSql(input.statementTimeoutMs)};`,
+    sql`${statementTimeoutSql(input.statementTimeoutMs)};`,
     ...(input.reads ? fenceReadsSql(input.reads) : []),
-  ].join('\n');
+  ]);
 }
 
 /** What the source's fence string also reads once every shard of the wave is fenced (fenceWaveSql). */
@@ -264,22 +259,19 @@ export const PLACEMENT_VERSION_FIELD = 'placement_version';
  * return them (none when there are none), and the version the source's placement copy of the
  * shards is at (switchPlacementSql starts from the greater of the two it reads here).
  */
-export function fenceReadsSql(reads: FenceReads): string[] {
-  const shards = reads.shards.map((shard) => {
-    if (!Number.isInteger(shard) || shard < 0) throw new Error(`fenceReadsSql: not a shard number: ${shard}`);
-    return shard;
-  });
+export function fenceReadsSql(reads: FenceReads): Sql[] {
+  const shards = reads.shards.map((shard) => int(shard, 'a shard number'));
   const sequences =
     reads.sequences.length === 0
       ? []
       : [
           reads.sequenceData
-            ? `${sequenceDataSql(`ARRAY[${reads.sequences.map(([schema, name]) => `${quoteLiteral(qualified(schema, name))}::regclass`).join(', ')}]`)};`
-            : `${readSequencesSql(reads.sequences)};`,
+            ? sql`${sequenceDataSql(sql`ARRAY[${list(reads.sequences.map(([schema, name]) => sql`${lit(qualified(schema, name))}::regclass`))}]`)};`
+            : sql`${readSequencesSql(reads.sequences)};`,
         ];
   return [
     ...sequences,
-    `SELECT greatest(coalesce((SELECT placement_version FROM ${CONTROL}.fleet), 0), coalesce((SELECT max(version) FROM ${CONTROL}.placement WHERE shard IN (${shards.join(', ') || 'NULL'})), 0))::text AS ${PLACEMENT_VERSION_FIELD};`,
+    sql`SELECT ${placementVersionSql(sql`shard IN (${shards.length > 0 ? list(shards) : sql`NULL`})`)}::text AS ${ident(PLACEMENT_VERSION_FIELD)};`,
   ];
 }
 
@@ -296,16 +288,15 @@ export function unfenceSql(
   tables: readonly (readonly [string, string])[],
   moveId: string,
   lockWaitMs = 500,
-): string {
-  const wait = `'${Math.max(1, Math.round(lockWaitMs))}ms'`;
-  return [
-    'BEGIN;',
-    `SET LOCAL lock_timeout = ${wait};`,
-    ...tables.map(([schema, table]) => `ALTER TABLE ${qualified(schema, table)} DISABLE TRIGGER shardctl_fence;`),
-    `UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ${shard} AND state = 'fenced';`,
-    `DELETE FROM ${CONTROL}.move_markers WHERE move_id = ${quoteLiteral(moveId)} AND kind LIKE 'fenced%';`,
-    'COMMIT;',
-  ].join('\n');
+): Sql {
+  return lines([
+    sql`BEGIN;`,
+    lockTimeoutSql(lockWaitMs),
+    ...tables.map(([schema, table]) => sql`ALTER TABLE ${qualified(schema, table)} DISABLE TRIGGER shardctl_fence;`),
+    sql`UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ${int(shard, 'a shard number')} AND state = 'fenced';`,
+    sql`DELETE FROM ${CONTROL}.move_markers WHERE move_id = ${lit(moveId)} AND kind LIKE 'fenced%';`,
+    sql`COMMIT;`,
+  ]);
 }
 
 /**
@@ -313,6 +304,6 @@ export function unfenceSql(
  * (lock_timeout 1 ms), so that no application statement queues behind the drop; one left behind is
  * disabled, and the next fence replaces it.
  */
-export function dropFenceTriggerSql(schema: string, table: string): string {
+export function dropFenceTriggerSql(schema: string, table: string): Sql {
   return dropTriggerIfFreeSql(schema, table, FENCE_TRIGGER);
 }

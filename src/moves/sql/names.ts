@@ -1,13 +1,13 @@
+import { ident, int, sql, type Sql } from '../../pg/sql-template.js';
 import { CONTROL } from '../../fleet/control.js';
-import { quoteIdent } from '../../pg/quote.js';
 
 /**
  * The names a move gives what it creates (replication objects, triggers, guard and log functions,
  * the old copy), and the shapes of the tables its builders take.
  */
 
-export function qualified(schema: string, table: string): string {
-  return `${quoteIdent(schema)}.${quoteIdent(table)}`;
+export function qualified(schema: string, table: string): Sql {
+  return ident(schema, table);
 }
 
 /** A table by schema and name (a ShardTable of catalog.ts, or anything with these two). */
@@ -45,8 +45,8 @@ export function oldCopyName(schema: string, moveId: string): string {
  * The guard function of a move's prepared fence triggers (fenceGuardSql), in the control schema,
  * named like its replication objects (dropUnusedFenceGuardsSql removes it once unused).
  */
-export function fenceGuardName(moveId: string): string {
-  return `${CONTROL}.${quoteIdent(replicationName(moveId))}`;
+export function fenceGuardName(moveId: string): Sql {
+  return sql`${CONTROL}.${ident(replicationName(moveId))}`;
 }
 
 /** The trigger of the fence (fenceSql) on every table of a fenced shard. */
@@ -64,8 +64,7 @@ export const TRACK_TRIGGERS = ['shardctl_track', 'shardctl_track_truncate'] as c
  * when the next wave's set-up creates its own.
  */
 export function deltaFunctionName(moveId: string, wave: number): string {
-  if (!Number.isInteger(wave) || wave < 0) throw new Error(`deltaFunctionName: not a wave: ${wave}`);
-  return `${deltaFunctionPrefix(moveId)}${wave}`;
+  return `${deltaFunctionPrefix(moveId)}${int(wave, 'a wave')}`;
 }
 
 /** What the names of a move's change-log functions begin with (deltaFunctionName). */

@@ -1,5 +1,5 @@
+import { EMPTY, ident, list, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { CONTROL } from '../../fleet/control.js';
-import { quoteIdent, quoteLiteral } from '../../pg/quote.js';
 
 /**
  * Logical replication of a move: publication, slot, subscription, the markers the target waits
@@ -7,11 +7,9 @@ import { quoteIdent, quoteLiteral } from '../../pg/quote.js';
  */
 
 /** The shard's tables (every schema of the shard) and this move's marker rows, replicated to the target. */
-export function createPublicationSql(name: string, schemas: readonly string[], moveId: string): string {
-  return (
-    `CREATE PUBLICATION ${quoteIdent(name)} FOR TABLES IN SCHEMA ${schemas.map(quoteIdent).join(', ')},\n` +
-    `  TABLE ${CONTROL}.move_markers WHERE (move_id = ${quoteLiteral(moveId)})`
-  );
+export function createPublicationSql(name: string, schemas: readonly string[], moveId: string): Sql {
+  return sql`CREATE PUBLICATION ${ident(name)} FOR TABLES IN SCHEMA ${list(schemas.map((schema) => ident(schema)))},
+  TABLE ${CONTROL}.move_markers WHERE (move_id = ${lit(moveId)})`;
 }
 
 /**
@@ -23,89 +21,85 @@ export function createSubscriptionSql(
   sourceReplicationUrl: string,
   binary: boolean,
   enabled = true,
-): string {
-  return (
-    `CREATE SUBSCRIPTION ${quoteIdent(name)} CONNECTION ${quoteLiteral(sourceReplicationUrl)}\n` +
-    `  PUBLICATION ${quoteIdent(name)}\n` +
-    `  WITH (slot_name = ${quoteLiteral(name)}, create_slot = false, copy_data = false, binary = ${binary}${enabled ? '' : ', enabled = false'})`
-  );
+): Sql {
+  return sql`CREATE SUBSCRIPTION ${ident(name)} CONNECTION ${lit(sourceReplicationUrl)}
+  PUBLICATION ${ident(name)}
+  WITH (slot_name = ${lit(name)}, create_slot = false, copy_data = false, binary = ${binary ? sql`true` : sql`false`}${enabled ? EMPTY : sql`, enabled = false`})`;
 }
 
-export function enableSubscriptionSql(name: string): string {
-  return `ALTER SUBSCRIPTION ${quoteIdent(name)} ENABLE`;
+export function enableSubscriptionSql(name: string): Sql {
+  return sql`ALTER SUBSCRIPTION ${ident(name)} ENABLE`;
 }
 
 /** The replication connection's command: a logical slot whose snapshot the copy reads. */
-export function createSlotCommand(name: string): string {
-  return `CREATE_REPLICATION_SLOT ${quoteIdent(name)} LOGICAL pgoutput EXPORT_SNAPSHOT`;
+export function createSlotCommand(name: string): Sql {
+  return sql`CREATE_REPLICATION_SLOT ${ident(name)} LOGICAL pgoutput EXPORT_SNAPSHOT`;
 }
 
-export function dropSubscriptionSql(name: string, options: { ifExists?: boolean } = {}): string {
-  return `DROP SUBSCRIPTION ${options.ifExists ? 'IF EXISTS ' : ''}${quoteIdent(name)}`;
+export function dropSubscriptionSql(name: string, options: { ifExists?: boolean } = {}): Sql {
+  return sql`DROP SUBSCRIPTION ${options.ifExists ? sql`IF EXISTS ` : EMPTY}${ident(name)}`;
 }
 
 /**
  * A disabled subscription with no slot: creating it makes the target open a replication connection
  * to the source, which is the point (preflight's "target reaches source").
  */
-export function probeSubscriptionSql(name: string, sourceReplicationUrl: string): string {
-  return (
-    `CREATE SUBSCRIPTION ${quoteIdent(name)} CONNECTION ${quoteLiteral(sourceReplicationUrl)} PUBLICATION shardctl_probe
-` + `  WITH (connect = true, enabled = false, create_slot = false, slot_name = NONE)`
-  );
+export function probeSubscriptionSql(name: string, sourceReplicationUrl: string): Sql {
+  return sql`CREATE SUBSCRIPTION ${ident(name)} CONNECTION ${lit(sourceReplicationUrl)} PUBLICATION shardctl_probe
+  WITH (connect = true, enabled = false, create_slot = false, slot_name = NONE)`;
 }
 
 /** Detaches a subscription from its slot, for when the source cannot be reached to drop the slot. */
-export function detachSubscriptionSql(name: string): string {
-  return `ALTER SUBSCRIPTION ${quoteIdent(name)} DISABLE;\nALTER SUBSCRIPTION ${quoteIdent(name)} SET (slot_name = NONE)`;
+export function detachSubscriptionSql(name: string): Sql {
+  return sql`ALTER SUBSCRIPTION ${ident(name)} DISABLE;\nALTER SUBSCRIPTION ${ident(name)} SET (slot_name = NONE)`;
 }
 
-export function dropPublicationSql(name: string): string {
-  return `DROP PUBLICATION IF EXISTS ${quoteIdent(name)}`;
+export function dropPublicationSql(name: string): Sql {
+  return sql`DROP PUBLICATION IF EXISTS ${ident(name)}`;
 }
 
-export function insertMarkerSql(moveId: string, kind: string): string {
-  return `INSERT INTO ${CONTROL}.move_markers (move_id, kind) VALUES (${quoteLiteral(moveId)}, ${quoteLiteral(kind)}) ON CONFLICT DO NOTHING;`;
+export function insertMarkerSql(moveId: string, kind: string): Sql {
+  return sql`INSERT INTO ${CONTROL}.move_markers (move_id, kind) VALUES (${lit(moveId)}, ${lit(kind)}) ON CONFLICT DO NOTHING;`;
 }
 
-export const PUBLICATION_EXISTS_SQL = `SELECT 1 FROM pg_publication WHERE pubname = $1`;
+export const PUBLICATION_EXISTS_SQL = sql`SELECT 1 FROM pg_publication WHERE pubname = $1`;
 
-export const SUBSCRIPTION_EXISTS_SQL = `SELECT subenabled AS enabled FROM pg_subscription WHERE subname = $1`;
+export const SUBSCRIPTION_EXISTS_SQL = sql`SELECT subenabled AS enabled FROM pg_subscription WHERE subname = $1`;
 
 /** How often subscription $1 failed to sync or apply. */
-export const SUBSCRIPTION_ERRORS_SQL = `SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;
+export const SUBSCRIPTION_ERRORS_SQL = sql`SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;
 
 /** Subscription $1's tables, and how many of them are not streaming yet. */
-export const SUBSCRIPTION_TABLES_SQL = `SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
+export const SUBSCRIPTION_TABLES_SQL = sql`SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
          FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`;
 
 /** A row once marker $2 of move $1 is here. */
-export const MARKER_ARRIVED_SQL = `SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`;
+export const MARKER_ARRIVED_SQL = sql`SELECT 1 FROM ${CONTROL}.move_markers WHERE move_id = $1 AND kind = $2`;
 
 /** What subscription $1's apply worker waits for, and who holds it. */
-export const APPLY_WORKER_WAITS_SQL = `SELECT w.wait_event_type || '/' || w.wait_event AS wait,
+export const APPLY_WORKER_WAITS_SQL = sql`SELECT w.wait_event_type || '/' || w.wait_event AS wait,
             (SELECT string_agg(format('pid %s (%s, %s: %s)', b.pid, coalesce(nullif(b.application_name, ''), 'no application name'), b.state, left(b.query, 80)), '; ')
                FROM pg_stat_activity b WHERE b.pid = ANY(pg_blocking_pids(w.pid))) AS blockers
        FROM pg_stat_subscription s JOIN pg_stat_activity w ON w.pid = s.pid
       WHERE s.subname = $1 AND s.relid IS NULL`;
 
 /** Move $1's markers. */
-export const DELETE_MARKERS_SQL = `DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
+export const DELETE_MARKERS_SQL = sql`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
 
 /** The walsender holding slot $1 (a row only while the slot exists). */
-export const SLOT_ACTIVE_PID_SQL = `SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`;
+export const SLOT_ACTIVE_PID_SQL = sql`SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1`;
 
 /** Slot $1 dropped (fails while a walsender holds it). */
-export const DROP_SLOT_SQL = 'SELECT pg_drop_replication_slot($1)';
+export const DROP_SLOT_SQL = sql`SELECT pg_drop_replication_slot($1)`;
 
 /** Recorded before the probe subscription is created, so a kill in between leaves a recorded leftover. */
-export function recordObjectSql(name: string, kind: 'probe-subscription'): string {
-  return `INSERT INTO ${CONTROL}.objects (name, kind) VALUES (${quoteLiteral(name)}, ${quoteLiteral(kind)}) ON CONFLICT DO NOTHING`;
+export function recordObjectSql(name: string, kind: 'probe-subscription'): Sql {
+  return sql`INSERT INTO ${CONTROL}.objects (name, kind) VALUES (${lit(name)}, ${lit(kind)}) ON CONFLICT DO NOTHING`;
 }
 
-export function forgetObjectSql(name: string): string {
-  return `DELETE FROM ${CONTROL}.objects WHERE name = ${quoteLiteral(name)}`;
+export function forgetObjectSql(name: string): Sql {
+  return sql`DELETE FROM ${CONTROL}.objects WHERE name = ${lit(name)}`;
 }
 
 /** The probe subscriptions recorded on this host. */
-export const PROBE_SUBSCRIPTIONS_SQL = `SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`;
+export const PROBE_SUBSCRIPTIONS_SQL = sql`SELECT name FROM ${CONTROL}.objects WHERE kind = 'probe-subscription' ORDER BY name`;

@@ -1,12 +1,12 @@
-import { quoteLiteral } from '../../pg/quote.js';
+import { int, lit, sql, type Sql } from '../../pg/sql-template.js';
 
 /**
  * Session settings and backends of a move's connections: statement timeouts, snapshots, pids.
  */
 
 /** A statement timeout for the session, in ms (see underFence). */
-export function statementTimeoutSql(ms: number): string {
-  return `SET statement_timeout = ${Math.max(MIN_STATEMENT_TIMEOUT_MS, Math.ceil(ms))}`;
+export function statementTimeoutSql(ms: number): Sql {
+  return sql`SET statement_timeout = ${int(Math.max(MIN_STATEMENT_TIMEOUT_MS, Math.ceil(ms)), 'a timeout in ms')}`;
 }
 
 /**
@@ -17,22 +17,22 @@ export function statementTimeoutSql(ms: number): string {
  */
 export const MIN_STATEMENT_TIMEOUT_MS = 50;
 
-export const RESET_STATEMENT_TIMEOUT_SQL = 'RESET statement_timeout';
+export const RESET_STATEMENT_TIMEOUT_SQL = sql`RESET statement_timeout`;
 
-export const RESET_SYNCHRONOUS_COMMIT_SQL = 'RESET synchronous_commit';
+export const RESET_SYNCHRONOUS_COMMIT_SQL = sql`RESET synchronous_commit`;
 
 /** This session's backend pid. */
-export const BACKEND_PID_SQL = 'SELECT pg_backend_pid() AS pid';
+export const BACKEND_PID_SQL = sql`SELECT pg_backend_pid() AS pid`;
 
 /** Ends backend $1 (the slot's creation cancelled; a walsender that holds a slot). */
-export const TERMINATE_BACKEND_SQL = 'SELECT pg_terminate_backend($1)';
+export const TERMINATE_BACKEND_SQL = sql`SELECT pg_terminate_backend($1)`;
 
-export const CURRENT_USER_SQL = 'SELECT current_user AS current';
+export const CURRENT_USER_SQL = sql`SELECT current_user AS current`;
 
 /** The snapshot of this transaction, for others to import. */
-export const EXPORT_SNAPSHOT_SQL = 'SELECT pg_export_snapshot() AS snapshot';
+export const EXPORT_SNAPSHOT_SQL = sql`SELECT pg_export_snapshot() AS snapshot`;
 
 /** The first statement of a REPEATABLE READ transaction that reads as of an exported snapshot. */
-export function setTransactionSnapshotSql(snapshot: string): string {
-  return `SET TRANSACTION SNAPSHOT ${quoteLiteral(snapshot)}`;
+export function setTransactionSnapshotSql(snapshot: string): Sql {
+  return sql`SET TRANSACTION SNAPSHOT ${lit(snapshot)}`;
 }

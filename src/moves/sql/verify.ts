@@ -1,4 +1,4 @@
-import { quoteIdent, quoteLiteral } from '../../pg/quote.js';
+import { EMPTY, fromCatalog, ident, int, list, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { type KeyedTableName, type TableName, qualified } from './names.js';
 
 /**
@@ -11,23 +11,24 @@ import { type KeyedTableName, type TableName, qualified } from './names.js';
  * catalog), so the lookup can use the key's index; not through the table's row type, whose other
  * columns would be NULL (a domain NOT NULL refuses that).
  */
-export function keyFilterSql(keyed: KeyedTableName, param: string): string {
-  const columns = keyed.columns.map(quoteIdent);
-  const definitions = columns.map((c, i) => `${c} ${keyed.types[i]!}`).join(', ');
-  return `(${columns.map((c) => `t.${c}`).join(', ')}) IN (SELECT ${columns.map((c) => `k.${c}`).join(', ')} FROM jsonb_to_recordset(${param}::jsonb) AS k(${definitions}))`;
+export function keyFilterSql(keyed: KeyedTableName, param: Sql): Sql {
+  const columns = keyed.columns.map((name) => ident(name));
+  // format_type() of each key column: the server's own text.
+  const definitions = list(columns.map((c, i) => sql`${c} ${fromCatalog(keyed.types[i]!)}`));
+  return sql`(${list(columns.map((c) => sql`t.${c}`))}) IN (SELECT ${list(columns.map((c) => sql`k.${c}`))} FROM jsonb_to_recordset(${param}::jsonb) AS k(${definitions}))`;
 }
 
 /** How a table's rows are hashed for its checksum (verify.ts, hashMethods). */
 export type HashMethod = 'record' | 'text';
 
 // The row is `t.*`, never a bare `t`: a table with a column named t would hash that column alone.
-export const HASH_SQL: Record<HashMethod, string> = {
+export const HASH_SQL: Record<HashMethod, Sql> = {
   // Each column hashed with its type's hash function (the one hash partitioning relies on, stable
   // across versions): several times faster than hashing the row's text, and verification runs
   // while writes are fenced. PostgreSQL 14 and later; built-in types only (see ShardTable.portable).
-  record: 'hash_record_extended(t.*, 0)',
+  record: sql`hash_record_extended(t.*, 0)`,
   // The row's text: enums by label, reg* by name, whatever their OIDs on each host.
-  text: 'hashtextextended((t.*)::text, 0)',
+  text: sql`hashtextextended((t.*)::text, 0)`,
 };
 
 /**
@@ -45,11 +46,14 @@ const STABLE_TEXT = {
   lc_monetary: 'C',
 } as const;
 
-export const STABLE_TEXT_SETTINGS = [
-  // The text of regclass, regtype, … names the schema unless it is on the path (a list: not a literal).
-  'SET search_path TO pg_catalog, pg_temp',
-  ...Object.entries(STABLE_TEXT).map(([name, value]) => `SET ${name} TO ${quoteLiteral(value)}`),
-].join('; ');
+export const STABLE_TEXT_SETTINGS = list(
+  [
+    // The text of regclass, regtype, … names the schema unless it is on the path (a list: not a literal).
+    sql`SET search_path TO pg_catalog, pg_temp`,
+    ...Object.entries(STABLE_TEXT).map(([name, value]) => sql`SET ${ident(name)} TO ${lit(value)}`),
+  ],
+  '; ',
+);
 
 /** The same settings as placeholders of sql/move_deltas.sql, whose trigger function sets them. */
 export const STABLE_TEXT_PARAMS = Object.fromEntries(
@@ -62,13 +66,12 @@ export const STABLE_TEXT_PARAMS = Object.fromEntries(
  * type is hashed as text. The record hash looks a column's function up only when it hashes a row,
  * so the probe hashes one, all NULL. One statement for all of them.
  */
-export function hashProbeSql(types: readonly string[]): string {
-  return types
-    .map((type) => {
-      if (!BUILT_IN_TYPE_NAME.test(type)) throw new Error(`internal error: not a built-in type name: ${type}`);
-      return `SELECT hash_record_extended(ROW(NULL::${type}), 0)`;
-    })
-    .join('\nUNION ALL ');
+export function hashProbeSql(types: readonly string[]): Sql {
+  const probes = types.map((type) => {
+    if (!BUILT_IN_TYPE_NAME.test(type)) throw new Error(`internal error: not a built-in type name: ${type}`);
+    return sql`SELECT hash_record_extended(ROW(NULL::${fromCatalog(type)}), 0)`;
+  });
+  return list(probes, '\nUNION ALL ');
 }
 
 /** The names format_type gives built-in types: `bigint`, `timestamp with time zone`, `"char"`, `integer[]`. */
@@ -82,13 +85,12 @@ export interface ChecksumSql {
 }
 
 /** Counts and checksums of many tables (or key subsets of them) in one statement, row i for query i; the key arrays are its parameters. */
-export function checksumsSql(queries: readonly ChecksumSql[]): { sql: string; params: string[] } {
+export function checksumsSql(queries: readonly ChecksumSql[]): { sql: Sql; params: string[] } {
   const params: string[] = [];
-  const sql = queries
-    .map(({ table: t, method, keys }, i) => {
-      const where = keys ? ` WHERE ${keyFilterSql(keys.keyed, `$${params.push(keys.json)}`)}` : '';
-      return `SELECT ${i} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
-    })
-    .join('\nUNION ALL ');
-  return { sql: `${sql}\nORDER BY 1`, params };
+  const selects = queries.map(({ table: t, method, keys }, i) => {
+    const where = keys ? sql` WHERE ${keyFilterSql(keys.keyed, sql`$${int(params.push(keys.json))}`)}` : EMPTY;
+    return sql`SELECT ${int(i)} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
+  });
+  const text = list(selects, '\nUNION ALL ');
+  return { sql: sql`${text}\nORDER BY 1`, params };
 }
