@@ -7,7 +7,8 @@ import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
 import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
-import { dropTriggerIfFreeSql, dropUnusedFenceGuardsSql, leftTriggersSql } from '../moves/sql.js';
+import { dropUnusedFenceGuardsSql, leftTriggersSql } from '../moves/sql/leftovers.js';
+import { dropTriggerIfFreeSql } from '../moves/sql/locks.js';
 import { LOCK_WAIT_CODES, retryLockWaits, runTransaction } from '../pg/quiet.js';
 import type pg from 'pg';
 

@@ -2,7 +2,9 @@ import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { ID_LOCK_SLOTS, renderNextIdControlSql } from '../id/sql.js';
 import { HostError } from '../errors.js';
-import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { quoteLiteral } from '../pg/quote.js';
+import { EMPTY, ident, lit, sql, type Sql } from '../pg/sql-template.js';
+import { SHARD_MOVED_SQLSTATE } from '../config/shard-map.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 import { CLIENT_CONNECTION_CHECK_INTERVAL } from './connect.js';
@@ -15,7 +17,30 @@ import { CLIENT_CONNECTION_CHECK_INTERVAL } from './connect.js';
 export const CONTROL_SCHEMA = 'shardctl';
 
 /** The control schema's name as SQL text, quoted: `"shardctl"`. */
-export const CONTROL = quoteIdent(CONTROL_SCHEMA);
+export const CONTROL: Sql = ident(CONTROL_SCHEMA);
+
+/**
+ * "This shard is active here": its row of the control schema's shards (as `alias`, when the query
+ * names it) says so. A shard fenced by a move, or incoming, is not.
+ */
+export function shardIsActive(alias?: Sql): Sql {
+  return sql`${alias === undefined ? EMPTY : sql`${alias}.`}state = 'active'`;
+}
+
+/**
+ * The refusal of a moved shard's old copy as a PL/pgSQL RAISE: SQLSTATE SC100
+ * (SHARD_MOVED_SQLSTATE, which the router recognises), naming the shard and its new host in the
+ * message and in a DETAIL the router parses; `refused` says what is refused. One text for the
+ * fence's guard (moves/sql/fence.ts) and, word for word, sql/control.sql's shard_fenced() and
+ * shard_moved() (test/unit/sql.test.ts holds them equal).
+ */
+export function shardMovedRaiseSql(shard: Sql, host: Sql, refused: string, indent = 0): Sql {
+  const pad = ' '.repeat(indent) as Sql; // spaces only
+  return sql`${pad}RAISE EXCEPTION ${lit(`shard % has moved to host %; ${refused}`)}, ${shard}, ${host}
+${pad}  USING ERRCODE = ${lit(SHARD_MOVED_SQLSTATE)},
+${pad}        DETAIL = format('shardctl-moved shard=%s host=%s', ${shard}, ${host}),
+${pad}        HINT = 'Reload the shard map and retry on the new host.';`;
+}
 
 /**
  * The key of a move's detail (`moves.detail`) that an abort sets before it undoes anything: a
@@ -24,7 +49,7 @@ export const CONTROL = quoteIdent(CONTROL_SCHEMA);
 export const MOVE_ABORTING = 'aborting';
 
 /** Whether a row of `moves` records an abort that began, as a boolean column `aborting`. */
-export const MOVE_ABORTING_SQL = `coalesce((detail->>'${MOVE_ABORTING}')::boolean, false) AS aborting`;
+export const MOVE_ABORTING_SQL = sql`coalesce((detail->>${lit(MOVE_ABORTING)})::boolean, false) AS aborting`;
 
 /**
  * The moves whose abort began, from the records of any host: one host's record saying so is

@@ -6,6 +6,7 @@ import { durationMs } from '../config/duration.js';
 import { connectHost, describePgError } from './connect.js';
 import { CONTROL, ensureControlLocks } from './control.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { sql } from '../pg/sql-template.js';
 
 /**
  * One shardctl runner per host at a time (init, add-schema, migrate, move-shard, rebalance, gc).
@@ -34,14 +35,14 @@ import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
  * records. Only the table's owner can write it, so no stranger can pose as a worker.
  */
 export const RUNNER_LOCK_TABLE = `${CONTROL}.runner_lock`;
-export const TRACKING_LOCK_TABLE = `${CONTROL}.tracking_lock`;
+export const TRACKING_LOCK_TABLE = sql`${CONTROL}.tracking_lock`;
 export const WORKERS_TABLE = `${CONTROL}.workers`;
 
 /**
  * Serialises moves that set up change tracking on the same target at once (src/moves/tail.ts): a
  * statement of the tracking transaction, held to its end.
  */
-export const TRACKING_LOCK_SQL = `LOCK TABLE ${TRACKING_LOCK_TABLE} IN EXCLUSIVE MODE;`;
+export const TRACKING_LOCK_SQL = sql`LOCK TABLE ${TRACKING_LOCK_TABLE} IN EXCLUSIVE MODE;`;
 
 export interface RunnerLockOptions {
   /**

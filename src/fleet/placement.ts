@@ -15,6 +15,7 @@ import { parseNumberList, simpleQuery } from './catalog.js';
 import { describePgError, withHost } from './connect.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { CONTROL } from './control.js';
+import { EMPTY, sql, type Sql } from '../pg/sql-template.js';
 
 /**
  * Where the shards are, as the fleet says: no file at run time.
@@ -441,6 +442,15 @@ export function registerFleetSql(input: {
 }
 
 /**
+ * The placement version a host has seen for some shards: the greater of the fleet's version and
+ * the versions of those shards' placement rows (`where` picks them), and of `atLeast` when given.
+ * A switch places its shards one above it (switchPlacementSql); a move reads it once fenced.
+ */
+export function placementVersionSql(where: Sql, atLeast?: Sql): Sql {
+  return sql`greatest(coalesce((SELECT placement_version FROM ${CONTROL}.fleet), 0), coalesce((SELECT max(version) FROM ${CONTROL}.placement WHERE ${where}), 0)${atLeast === undefined ? EMPTY : sql`, ${atLeast}`})`;
+}
+
+/**
  * The switch of a move on one host, one statement (one round trip, inside the window where writes
  * are blocked): on the target, `activate` makes its copies active; on both, the placement copy says
  * `target` at a version above any this host has seen and at least `atLeast`. Returns the version.
@@ -449,7 +459,7 @@ export function switchPlacementSql(activate: boolean): string {
   return `WITH activated AS (
     ${activate ? `UPDATE ${CONTROL}.shards SET state = 'active' WHERE shard = ANY($1::int[]) RETURNING shard` : 'SELECT NULL::int AS shard WHERE false'}
   ), next AS (
-    SELECT greatest(coalesce((SELECT placement_version FROM ${CONTROL}.fleet), 0), coalesce((SELECT max(version) FROM ${CONTROL}.placement WHERE shard = ANY($1::int[])), 0), $3::bigint - 1) + 1 AS version
+    SELECT ${placementVersionSql(sql`shard = ANY($1::int[])`, sql`$3::bigint - 1`)} + 1 AS version
   ), placed AS (
     INSERT INTO ${CONTROL}.placement (shard, host, version) SELECT s, $2, next.version FROM unnest($1::int[]) AS s, next
     ON CONFLICT (shard) DO UPDATE SET host = EXCLUDED.host, version = EXCLUDED.version

@@ -1,17 +1,11 @@
 import type pg from 'pg';
-import {
-  type AclEntry,
-  type KeyedTableName,
-  type PrivilegeKind,
-  type PrivilegeObject,
-  type TableName,
-  type TriggerName,
-} from './sql.js';
+import { type AclEntry, type PrivilegeKind, type PrivilegeObject } from './privileges.js';
+import { type KeyedTableName, type TableName, type TriggerName } from './sql/names.js';
 
 /**
  * The catalog reads of a move: what a shard schema holds (its tables, keys, grants, sequences,
  * views, indexes, triggers), read from pg_catalog on one host. The statements a move sends to
- * change anything are in sql.ts; what the engine makes of these reads is in the step that asks.
+ * change anything are in sql/; what the engine makes of these reads is in the step that asks.
  */
 
 /** A table of a shard schema. */

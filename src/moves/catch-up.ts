@@ -2,7 +2,7 @@ import pg from 'pg';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { HOST_SILENT } from '../fleet/silence.js';
-import { catchUpSql } from './sql.js';
+import { catchUpSql } from './sql/catch-up.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 import { type LeafTable } from './catalog.js';
 import { changesOf, type ChangesRow } from './tail.js';

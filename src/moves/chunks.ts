@@ -4,7 +4,8 @@ import type copyStreamsModule from 'pg-copy-streams';
 import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { CopyMeter } from './copy-meter.js';
-import { BEGIN_COPY_SQL, HASH_SQL, STABLE_TEXT_SETTINGS } from './sql.js';
+import { BEGIN_COPY_SQL } from './sql/copy.js';
+import { HASH_SQL, STABLE_TEXT_SETTINGS } from './sql/verify.js';
 
 /**
  * The chunks of a move's online copy: a table of more than `chunkRows` estimated rows with a primary

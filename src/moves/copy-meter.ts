@@ -2,7 +2,7 @@ import { Transform, type TransformCallback } from 'node:stream';
 import type pg from 'pg';
 import { sleep } from '../clock.js';
 import { CONTROL } from '../fleet/control.js';
-import { qualified } from './sql.js';
+import { qualified } from './sql/names.js';
 
 /**
  * What a move's copy has done and has left (CopyMeter), reported through MoveOptions.onProgress, and

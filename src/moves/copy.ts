@@ -1,3 +1,4 @@
+import type { Sql } from '../pg/sql-template.js';
 import { pipeline } from 'node:stream/promises';
 import { setTimeout as delay } from 'node:timers/promises';
 import pg from 'pg';
@@ -10,15 +11,9 @@ import { errorHost } from '../fleet/session.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
+import { privilegeVersions, syncPrivilegesSql, type PrivilegeObject } from './privileges.js';
+import { APPLIED_VERSIONS_SQL } from './sql/control.js';
 import {
-  privilegeVersions,
-  qualified,
-  syncPrivilegesSql,
-  APPLIED_VERSIONS_SQL,
-  XID_HOLDERS_SQL,
-  BACKEND_PID_SQL,
-  TERMINATE_BACKEND_SQL,
-  setTransactionSnapshotSql,
   BEGIN_COPY_SQL,
   nonEmptyTablesSql,
   truncateSql,
@@ -27,8 +22,10 @@ import {
   dropIndexForCopySql,
   rebuildIndexSql,
   type RebuildableIndex,
-  type PrivilegeObject,
-} from './sql.js';
+} from './sql/copy.js';
+import { XID_HOLDERS_SQL } from './sql/locks.js';
+import { qualified } from './sql/names.js';
+import { BACKEND_PID_SQL, TERMINATE_BACKEND_SQL, setTransactionSnapshotSql } from './sql/session.js';
 import {
   groupBySchema,
   shardPrivileges,
@@ -40,7 +37,7 @@ import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context
 import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker, Workers } from './workers.js';
 import { dropMoveSlot, publish, subscribeEarly } from './replication.js';
-import { createMoveSlotCommand } from './failover-sql.js';
+import { createMoveSlotCommand } from './sql/failover.js';
 import { stopTracking } from './tail.js';
 import { faultAfter, faultAfterChunk } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
@@ -703,7 +700,7 @@ async function copyShard(
 }
 
 /** Of `names` (quoted tables), those holding any row, as `client` sees them: one round trip. */
-async function filledTables(client: pg.Client, names: readonly string[]): Promise<string[]> {
+async function filledTables(client: pg.Client, names: readonly Sql[]): Promise<Sql[]> {
   if (names.length === 0) return [];
   const filled = await client.query<Record<string, boolean>>(nonEmptyTablesSql(names));
   return names.filter((_, i) => filled.rows[0]![String(i)]);

@@ -5,14 +5,10 @@ import { beginWave, type MoveContext, notice } from './context.js';
 import { record } from './progress.js';
 import { undosAfter } from './move.js';
 import { releaseWave } from './fence-limit.js';
-import { ACTIVE_SHARDS_SQL, SUBSCRIPTION_EXISTS_SQL } from './sql.js';
-import {
-  SLOT_STATE_SQL,
-  readTimelines,
-  slotUnusable,
-  subscriptionConnectionSql,
-  type Timelines,
-} from './failover-sql.js';
+import { ACTIVE_SHARDS_SQL } from './sql/control.js';
+import { SUBSCRIPTION_EXISTS_SQL } from './sql/replication.js';
+import { SLOT_STATE_SQL, subscriptionConnectionSql } from './sql/failover.js';
+import { readTimelines, slotUnusable, type Timelines } from './failover-state.js';
 
 /**
  * A move carried on after its source or its target failed over (a standby promoted).

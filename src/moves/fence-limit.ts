@@ -3,7 +3,7 @@ import { shardsPhrase } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { answersWithin, cutOff, waitState } from '../fleet/silence.js';
-import { statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql.js';
+import { statementTimeoutSql, RESET_STATEMENT_TIMEOUT_SQL } from './sql/session.js';
 import { recordStep } from './state.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 import { type MoveContext, type WaveState, waveShards } from './context.js';

@@ -1,5 +1,5 @@
 import pg from 'pg';
-import { LOCK_LIMITS_SQL, LOCK_HOLDERS_SQL } from './sql.js';
+import { LOCK_LIMITS_SQL, LOCK_HOLDERS_SQL } from './sql/locks.js';
 import { LOCK_WAIT_CODES } from '../pg/quiet.js';
 import { type MoveContext } from './context.js';
 

@@ -3,6 +3,7 @@ import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
 import { CLEANUP_CHUNK, CLEANUP_WORKER } from './workers.js';
+import { FENCED_SHARDS_SQL } from './sql/control.js';
 import {
   fenceGroups,
   fenceMarkerSql,
@@ -10,17 +11,15 @@ import {
   fenceWaveSql,
   recordFencedSql,
   prepareFenceSql,
-  insertMarkerSql,
   type FenceInput,
-  FENCED_SHARDS_SQL,
-  statementTimeoutSql,
   PLACEMENT_VERSION_FIELD,
-  lockTimeoutSql,
-} from './sql.js';
+} from './sql/fence.js';
+import { lockTimeoutSql } from './sql/locks.js';
+import { insertMarkerSql } from './sql/replication.js';
+import { statementTimeoutSql } from './sql/session.js';
 import { recordStep } from './state.js';
-import { LOCK_WAIT_CODES, rollbackQuietly, runTransaction } from '../pg/quiet.js';
+import { BUSY, LOCK_WAIT_CODES, retryWhileBusy, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { leavesNow, shardLeaves, shardTables, type LeafTable } from './catalog.js';
-import { sleep } from '../clock.js';
 import { type MoveContext, type SequenceState, schemasOf, waveShards, notice } from './context.js';
 import { progress } from './progress.js';
 import { waitForMarker } from './replication.js';
@@ -85,9 +84,11 @@ export async function fence(ctx: MoveContext): Promise<void> {
   /** One shard's fence, retried while application transactions hold its tables, within the limits. */
   const fenceAlone = async (shard: number): Promise<void> => {
     const schema = shardSchemaName(ctx.config, shard);
-    for (;;) {
+    const once = async (): Promise<true | typeof BUSY> => {
       attempts += 1;
-      if (await fenceOnce(ctx, withTables([shard]), lockWaitMs)) return;
+      return (await fenceOnce(ctx, withTables([shard]), lockWaitMs)) || BUSY;
+    };
+    await retryWhileBusy(once, async () => {
       if (ctx.current.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
         // Who holds the locks only adds to the message, which stands without it.
         const holders = await lockHolders(source.client, schema).catch(() => '');
@@ -115,8 +116,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
           `host ${source.host.name}, shard ${shard}: fence attempt ${attempts} waits for ${(await lockHolders(source.client, schema).catch(() => '')) || 'busy tables'}`,
         );
       }
-      await sleep(10 + Math.random() * 40);
-    }
+    });
   };
   // The whole wave in one round trip; the group-by-group fence below is for a wave that met a busy
   // table (or that a killed run fenced in part).
@@ -196,9 +196,9 @@ async function whileWritable(
       return states;
     });
   const limit = ctx.settings.fenceTimeoutMs;
-  const started = performance.now();
   let told = false;
-  for (;;) {
+  let busy = ctx.source;
+  const once = async (): Promise<Set<number> | typeof BUSY> => {
     const settled = await Promise.allSettled([read(ctx.source, onSource), read(ctx.target, onTarget)]);
     for (const r of settled) if (r.status === 'rejected') throw r.reason;
     const [source, target] = settled.map(
@@ -208,8 +208,10 @@ async function whileWritable(
       if (target.value) ctx.current.sequences = { list: sequences, target: target.value };
       return prepared;
     }
-    const busy = source ? ctx.target : ctx.source;
-    const waited = performance.now() - started;
+    busy = source ? ctx.target : ctx.source;
+    return BUSY;
+  };
+  return retryWhileBusy(once, async (_, waited) => {
     if (waited > limit || !told) {
       // Who holds the locks only adds to the message, which stands without it.
       const holders = (await lockHolders(busy.client, schemas).catch(() => '')) || 'a lock held or queued';
@@ -223,8 +225,7 @@ async function whileWritable(
       told = true;
       notice(ctx, `host ${busy.host.name}: the fence of ${shards} waits for ${holders} on their tables or sequences`);
     }
-    await sleep(10 + Math.random() * 40);
-  }
+  });
 }
 
 /**
@@ -293,7 +294,8 @@ async function prepareFence(
   for (const group of groups) if (!(await attempt(group, lockWaitMs))) busy.push(...group);
   const retried = busy.length;
   const deadline = performance.now() + PREPARE_RETRY_MS;
-  while (busy.length > 0) {
+  // Rounds over the shards still busy, until none is or the time is up.
+  const round = async (): Promise<undefined | typeof BUSY> => {
     const still: FenceInput['shards'][number][] = [];
     for (const shard of busy) {
       const left = deadline - performance.now();
@@ -301,9 +303,9 @@ async function prepareFence(
         still.push(shard);
     }
     busy = still;
-    if (busy.length === 0 || deadline - performance.now() < PREPARE_LEAST_WAIT_MS) break;
-    await sleep(10 + Math.random() * 40);
-  }
+    return busy.length === 0 || deadline - performance.now() < PREPARE_LEAST_WAIT_MS ? undefined : BUSY;
+  };
+  if (busy.length > 0) await retryWhileBusy(round);
   if (busy.length > 0)
     notice(
       ctx,

@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import { sleep } from '../clock.js';
 import { controlTableExists } from '../fleet/control.js';
+import { leftoverReplicationSql } from './sql/leftovers.js';
 import {
   detachSubscriptionSql,
   dropPublicationSql,
@@ -8,10 +9,9 @@ import {
   forgetObjectSql,
   PROBE_SUBSCRIPTIONS_SQL,
   SLOT_ACTIVE_PID_SQL,
-  leftoverReplicationSql,
-  TERMINATE_BACKEND_SQL,
   DROP_SLOT_SQL,
-} from './sql.js';
+} from './sql/replication.js';
+import { TERMINATE_BACKEND_SQL } from './sql/session.js';
 
 /**
  * What moves create outside the shard schemas and must remove again: the reachability probe's

@@ -9,16 +9,11 @@ import { dropShardSql } from '../fleet/sql.js';
 import { shardsPhrase } from '../config/ranges.js';
 import { awaitedLater } from '../promises.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
-import {
-  oldCopyName,
-  refreshMaterializedViewSql,
-  renameWithStubSql,
-  type Grant,
-  SHARD_SCHEMA_NAMES_SQL,
-  RESET_SYNCHRONOUS_COMMIT_SQL,
-  ACTIVE_SHARDS_SQL,
-  dropUnusedFenceGuardsSql,
-} from './sql.js';
+import { refreshMaterializedViewSql, renameWithStubSql, type Grant } from './sql/cleanup.js';
+import { SHARD_SCHEMA_NAMES_SQL, ACTIVE_SHARDS_SQL } from './sql/control.js';
+import { dropUnusedFenceGuardsSql } from './sql/leftovers.js';
+import { oldCopyName } from './sql/names.js';
+import { RESET_SYNCHRONOUS_COMMIT_SQL } from './sql/session.js';
 import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { CLEANUP_CHUNK, CLEANUP_WORKER, moveWorker } from './workers.js';
 import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';

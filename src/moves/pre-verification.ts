@@ -1,7 +1,8 @@
 import pg from 'pg';
 import { describePgError } from '../fleet/connect.js';
 import { openWorker } from '../fleet/session.js';
-import { DELTA_TRIGGERS, TRACK_TRIGGERS, startDeltasSql, type LoggedTable, startTrackingSql } from './sql.js';
+import { DELTA_TRIGGERS, TRACK_TRIGGERS } from './sql/names.js';
+import { startDeltasSql, type LoggedTable, startTrackingSql } from './sql/tail.js';
 import { endQuietly, runTransaction } from '../pg/quiet.js';
 import { keyedTables, shardLeaves, shardTriggers, type ShardTable } from './catalog.js';
 import { endPreVerification, preVerify, type HashMethod } from './verify.js';

@@ -11,22 +11,18 @@ import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
+import { rolesNamed, type PrivilegeObject } from './privileges.js';
+import { RUNNING_MOVES_OF_SQL } from './sql/control.js';
 import {
-  dropSubscriptionSql,
-  forgetObjectSql,
-  probeSubscriptionSql,
-  recordObjectSql,
-  rolesNamed,
   APPLIED_CHECKSUMS_SQL,
   REPLICATION_SETTINGS_SQL,
   rolesSql,
   ownerNeedsSet,
-  RUNNING_MOVES_OF_SQL,
   SOURCE_SHARD_STATES_SQL,
   targetShardStatesSql,
-  CURRENT_USER_SQL,
-  type PrivilegeObject,
-} from './sql.js';
+} from './sql/preflight.js';
+import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql/replication.js';
+import { CURRENT_USER_SQL } from './sql/session.js';
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import { faultAfter, type MoveMode } from './state.js';
 import { bytesPhrase, inflect } from '../text.js';

@@ -1,7 +1,7 @@
 import type pg from 'pg';
-import { quoteIdent, quoteLiteral } from '../pg/quote.js';
-import { CONTROL } from '../fleet/control.js';
-import { qualified } from './sql.js';
+import type { Sql } from '../pg/sql-template.js';
+import { qualified } from './sql/names.js';
+import { PUBLISHED_TABLES_SQL } from './sql/replication.js';
 
 /**
  * The move's publication names its tables one by one, not `FOR TABLES IN SCHEMA`. Both replicate
@@ -11,27 +11,13 @@ import { qualified } from './sql.js';
  * schema it names and every schema of the database: on PostgreSQL 15, naming 1,024 of a host's
  * 2,048 shard schemas took 4.8 s to create and 5.1 s to drop, against 0.6 s and 0.3 s for the same
  * 3,072 tables named (about 2.5 s and 2.9 s on 18), and a fleet-scale move pays it on every source
- * host at once (docs/benchmarks.md, move-batch). A table created in a shard after the publication is
+ * host at once (docs/benchmarks.md, move-fleet). A table created in a shard after the publication is
  * not streamed; it had no copy on the target with the schema form either (the copy takes the tables
  * the move found).
  */
 
-/** The permanent tables (partitions included, partitioned parents not) of the schemas $1, by name. */
-export const PUBLISHED_TABLES_SQL = `SELECT n.nspname, c.relname
-  FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
- WHERE n.nspname = ANY($1::text[]) AND c.relkind = 'r' AND c.relpersistence = 'p'
- ORDER BY n.nspname, c.relname`;
-
-/** The shards' tables (quoted, qualified) and this move's marker rows, replicated to the target. */
-export function createTablePublicationSql(name: string, tables: readonly string[], moveId: string): string {
-  return (
-    `CREATE PUBLICATION ${quoteIdent(name)} FOR TABLE ${tables.map((t) => `${t}, `).join('')}` +
-    `${CONTROL}.move_markers WHERE (move_id = ${quoteLiteral(moveId)})`
-  );
-}
-
 /** The tables of `schemas` on the source the publication names (quoted, qualified). */
-export async function publishedTables(source: pg.Client, schemas: readonly string[]): Promise<string[]> {
+export async function publishedTables(source: pg.Client, schemas: readonly string[]): Promise<Sql[]> {
   const result = await source.query<{ nspname: string; relname: string }>(PUBLISHED_TABLES_SQL, [schemas]);
   return result.rows.map((r) => qualified(r.nspname, r.relname));
 }

@@ -1,8 +1,9 @@
 import { HostError, resumeOrAbort } from '../errors.js';
+import { EARLY_SUBSCRIPTION_LOCK_WAIT_SQL } from './sql/locks.js';
 import {
+  createPublicationSql,
   createSubscriptionSql,
   enableSubscriptionSql,
-  EARLY_SUBSCRIPTION_LOCK_WAIT_SQL,
   dropPublicationSql,
   insertMarkerSql,
   APPLY_WORKER_WAITS_SQL,
@@ -12,13 +13,13 @@ import {
   SUBSCRIPTION_ERRORS_SQL,
   SUBSCRIPTION_EXISTS_SQL,
   SUBSCRIPTION_TABLES_SQL,
-} from './sql.js';
+} from './sql/replication.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
 import { sleep } from '../clock.js';
-import { subscriptionFailover } from './failover-sql.js';
+import { subscriptionFailover } from './failover-state.js';
 import { LagWatch } from './wal-guard.js';
 import { runTransaction } from '../pg/quiet.js';
-import { createTablePublicationSql, publishedTables } from './publication.js';
+import { publishedTables } from './publication.js';
 import { ensureMethods, moveLeafTables } from './checksum-methods.js';
 import { type MoveContext, schemasOf, notice, sameMajorVersion } from './context.js';
 
@@ -32,7 +33,7 @@ export async function publish(ctx: MoveContext): Promise<void> {
   if (exists.rowCount) return;
   // The marker table rides along (only this move's rows): see waitForCatchUp.
   const tables = await publishedTables(ctx.source.client, schemasOf(ctx, ctx.shards));
-  await ctx.source.client.query(createTablePublicationSql(ctx.name, tables, ctx.moveId));
+  await ctx.source.client.query(createPublicationSql(ctx.name, tables, ctx.moveId));
 }
 
 /**

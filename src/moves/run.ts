@@ -19,7 +19,7 @@ import { concurrency, CREATE_WORKER, Spares } from './workers.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { preflight } from './preflight.js';
 import { checkAfterFailover } from './failover.js';
-import { readTimelines } from './failover-sql.js';
+import { readTimelines } from './failover-state.js';
 import {
   abortBegun,
   faultAfter,

@@ -1,4 +1,4 @@
-import { readSequencesSql, READ_SEQUENCE_DATA_SQL, setSequencesSql, type SequenceValue } from './sql.js';
+import { readSequencesSql, READ_SEQUENCE_DATA_SQL, setSequencesSql, type SequenceValue } from './sql/sequences.js';
 import { SHARD_SEQUENCES_SQL } from './catalog.js';
 import { type MoveContext, type SequenceState, type ShardSequence, schemasOf, waveShards } from './context.js';
 import { quoteIdent } from '../pg/quote.js';

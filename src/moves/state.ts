@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type pg from 'pg';
-import { INSERT_MOVE_SQL, RECORD_DETAIL_SQL, RECORD_STEP_SQL, RUNNING_MOVES_SQL } from './sql.js';
+import { INSERT_MOVE_SQL, RECORD_DETAIL_SQL, RECORD_STEP_SQL, RUNNING_MOVES_SQL } from './sql/control.js';
 import { MOVE_ABORTING } from '../fleet/control.js';
 
 /**

@@ -4,7 +4,7 @@ import { switchPlacementSql } from '../fleet/placement.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { ACTIVE_SHARDS_SQL } from './sql.js';
+import { ACTIVE_SHARDS_SQL } from './sql/control.js';
 import { stepsFor, type MoveStep } from './state.js';
 import { leavesNow, type LeafTable } from './catalog.js';
 import { verifyShards, type VerifyResult } from './verify.js';

@@ -1,23 +1,20 @@
 import type pg from 'pg';
 import { CONTROL, CONTROL_SCHEMA } from '../fleet/control.js';
 import { retryLockWaits, runTransaction } from '../pg/quiet.js';
+import { dropUnusedFenceGuardsSql } from './sql/leftovers.js';
+import { disableTriggerIfFreeSql, dropTriggerIfFreeSql } from './sql/locks.js';
+import { deltaFunctionPrefix, DELTA_TRIGGERS, TRACK_TRIGGERS } from './sql/names.js';
 import {
   DELTA_FUNCTIONS_SQL,
-  deltaFunctionPrefix,
-  dropUnusedFenceGuardsSql,
   DELTAS_DONE_SQL,
-  DELTA_TRIGGERS,
-  disableTriggerIfFreeSql,
   logsOffSql,
   startSourceDeltasSql,
   type LoggedTable,
-  dropTriggerIfFreeSql,
   READ_CHANGES_SQL,
   READ_LOG_SUMS_SQL,
   stopTrackingSql,
   TAIL_MAX_KEYS,
-  TRACK_TRIGGERS,
-} from './sql.js';
+} from './sql/tail.js';
 import { relationExists, shardTriggers } from './catalog.js';
 
 /**

@@ -1,7 +1,8 @@
 import { shardSchemaName } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { CONTROL_SCHEMA } from '../fleet/control.js';
-import { FENCE_TRIGGER, dropFenceTriggerSql, unfenceSql, fenceGuardSql, replicationName } from './sql.js';
+import { dropFenceTriggerSql, unfenceSql, fenceGuardSql } from './sql/fence.js';
+import { FENCE_TRIGGER, replicationName } from './sql/names.js';
 import { retryLockWaits, runTransaction } from '../pg/quiet.js';
 import { shardTriggers } from './catalog.js';
 import { dropLogTriggers, stopDeltas } from './tail.js';

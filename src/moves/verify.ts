@@ -1,16 +1,9 @@
 import type pg from 'pg';
 import { shardLeaves, type KeyedTable, type LeafTable, type ShardTable, type TypedShardTable } from './catalog.js';
-import {
-  TAIL_MAX_KEYS,
-  checksumsSql,
-  EXPORT_SNAPSHOT_SQL,
-  BUILT_IN_TYPE_NAME,
-  hashProbeSql,
-  setTransactionSnapshotSql,
-  STABLE_TEXT_SETTINGS,
-  type HashMethod,
-  type TableName,
-} from './sql.js';
+import { type TableName } from './sql/names.js';
+import { EXPORT_SNAPSHOT_SQL, setTransactionSnapshotSql } from './sql/session.js';
+import { TAIL_MAX_KEYS } from './sql/tail.js';
+import { checksumsSql, BUILT_IN_TYPE_NAME, hashProbeSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 

@@ -41,14 +41,36 @@ export async function retryLockWaits(
   deadline: number,
   codes: readonly string[] = LOCK_WAIT_CODES,
 ): Promise<void> {
-  for (;;) {
+  await retryWhileBusy(async () => {
     try {
       await attempt();
-      return;
+      return undefined;
     } catch (error) {
       const code = (error as { code?: string }).code;
       if (code === undefined || !codes.includes(code) || performance.now() > deadline) throw error;
-      await sleep(10 + Math.random() * 40);
+      return BUSY;
     }
+  });
+}
+
+/** What an attempt of retryWhileBusy returns when a table was busy (a bounded lock wait ran out): try again. */
+export const BUSY: unique symbol = Symbol('busy');
+
+/**
+ * The one loop that waits for busy tables: runs `attempt` (numbered from 1) until it returns
+ * anything but BUSY, and returns that; after each BUSY, `busy(attempts, waitedMs)` runs (it may
+ * throw to give up, or tell the user what it waits for), then a short random pause (10–50 ms, so
+ * that retries do not fall into step with the application's transactions).
+ */
+export async function retryWhileBusy<T>(
+  attempt: (n: number) => Promise<T | typeof BUSY>,
+  busy: (attempts: number, waitedMs: number) => void | Promise<void> = () => undefined,
+): Promise<T> {
+  const started = performance.now();
+  for (let n = 1; ; n += 1) {
+    const result = await attempt(n);
+    if (result !== BUSY) return result;
+    await busy(n, performance.now() - started);
+    await sleep(10 + Math.random() * 40);
   }
 }

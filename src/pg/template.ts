@@ -2,6 +2,7 @@ import { readFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { quoteIdent, quoteLiteral } from './quote.js';
+import type { Sql } from './sql-template.js';
 
 /**
  * Fills {{name}} placeholders in the reviewable .sql files under sql/. Only three kinds of value
@@ -20,6 +21,12 @@ export function loadSqlTemplate(name: string): string {
     cache.set(name, text);
   }
   return text;
+}
+
+/** One file of sql/ filled in (renderSql), without the blank lines around it, as SQL text for the `sql` tag. */
+export function renderSqlFile(name: string, params: Record<string, SqlParam>): Sql {
+  // The file is ours and every value is quoted or checked by renderSql.
+  return renderSql(loadSqlTemplate(name), params).trim() as Sql;
 }
 
 export function renderSql(template: string, params: Record<string, SqlParam>): string {

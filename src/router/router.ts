@@ -7,7 +7,7 @@ import { HostError, UsageError } from '../errors.js';
 import { decodeId, parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { describePgError } from '../fleet/connect.js';
-import { CONTROL } from '../fleet/control.js';
+import { CONTROL, shardIsActive } from '../fleet/control.js';
 import { discoverFleet, discoverFromConfig, emptyFleetConfig, fleetConfig } from '../fleet/placement.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { quoteIdent } from '../pg/quote.js';
@@ -950,7 +950,7 @@ export class ShardRouter {
     try {
       const result = await (
         await this.pool(host)
-      ).query<{ active: boolean }>(`SELECT state = 'active' AS active FROM ${CONTROL}.shards WHERE shard = $1`, [
+      ).query<{ active: boolean }>(`SELECT ${shardIsActive()} AS active FROM ${CONTROL}.shards WHERE shard = $1`, [
         shard,
       ]);
       return result.rows[0]?.active ?? false;

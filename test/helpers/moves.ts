@@ -103,7 +103,10 @@ function runNode(args: readonly string[], env: NodeJS.ProcessEnv = {}): Promise<
 /** A child running stale JavaScript would test old code: refuse, naming the file (run npm run build). */
 function assertMoveBuildIsFresh(): void {
   const sources = [
-    ...readdirSync(join(ROOT, 'src', 'moves')).map((f) => join('moves', f)),
+    // Every module of moves/ and its folders (moves/sql/), file by file: a folder's own mtime says nothing of its files.
+    ...readdirSync(join(ROOT, 'src', 'moves'), { recursive: true, encoding: 'utf8' })
+      .filter((f) => f.endsWith('.ts'))
+      .map((f) => join('moves', f)),
     join('cli', 'move-shard.ts'),
     join('cli', 'gc.ts'),
   ];

@@ -92,6 +92,33 @@ describe('source layers', () => {
     },
   );
 
+  it("the move's SQL builders (src/moves/sql/) import only SQL modules and the layers below moves/, never a step", () => {
+    const steps = files
+      .filter((file) => relative(SRC, file).startsWith('moves/sql/'))
+      .flatMap((file) =>
+        relativeImports(file)
+          .filter(
+            (target) => relative(SRC, target).startsWith('moves/') && !relative(SRC, target).startsWith('moves/sql/'),
+          )
+          .filter((target) => relative(SRC, target) !== 'moves/privileges.ts')
+          .map((target) => `${relative(SRC, file)} imports ${relative(SRC, target)}`),
+      );
+    expect(steps).toEqual([]);
+  });
+
+  it("the move's SQL builders check integers and quote values only through the sql tag (src/pg/sql-template.ts)", () => {
+    const byHand = files
+      .filter((file) => relative(SRC, file).startsWith('moves/sql/') || relative(SRC, file) === 'moves/privileges.ts')
+      .flatMap((file) =>
+        [
+          ...readFileSync(file, 'utf8').matchAll(
+            /Number\.isInteger|quoteIdent|quoteLiteral|Math\.max\(1, Math\.round/g,
+          ),
+        ].map((m) => `${relative(SRC, file)}: ${m[0]}`),
+      );
+    expect(byHand).toEqual([]);
+  });
+
   it.each(['moves', 'provisioning', 'fleet'])(
     'no import cycle inside %s/ (a file never reaches itself through its imports)',
     (folder) => {

@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
-import { createMoveSlotCommand, slotUnusable, subscriptionConnectionSql } from '../../src/moves/failover-sql.js';
-import { createSubscriptionSql } from '../../src/moves/sql.js';
+import { slotUnusable } from '../../src/moves/failover-state.js';
+import { createMoveSlotCommand, subscriptionConnectionSql } from '../../src/moves/sql/failover.js';
+import { createSubscriptionSql } from '../../src/moves/sql/replication.js';
 
 describe("a move's failover SQL", () => {
   it('creates a failover slot from PostgreSQL 17 on, and the plain exported-snapshot slot before', () => {

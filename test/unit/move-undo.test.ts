@@ -1,17 +1,13 @@
 import { describe, expect, it } from 'vitest';
 import { undosAfter } from '../../src/moves/move.js';
 import type { MoveMode, MoveStep } from '../../src/moves/state.js';
-import {
-  checksumsSql,
-  hashProbeSql,
-  logsOffSql,
-  deltaFunctionName,
-  dropFenceTriggerSql,
-  dropTriggerIfFreeSql,
-  leftoverReplicationSql,
-  stopTrackingSql,
-  targetShardStatesSql,
-} from '../../src/moves/sql.js';
+import { dropFenceTriggerSql } from '../../src/moves/sql/fence.js';
+import { leftoverReplicationSql } from '../../src/moves/sql/leftovers.js';
+import { dropTriggerIfFreeSql } from '../../src/moves/sql/locks.js';
+import { deltaFunctionName } from '../../src/moves/sql/names.js';
+import { targetShardStatesSql } from '../../src/moves/sql/preflight.js';
+import { logsOffSql, stopTrackingSql } from '../../src/moves/sql/tail.js';
+import { checksumsSql, hashProbeSql } from '../../src/moves/sql/verify.js';
 
 const names = (mode: MoveMode, step: MoveStep): string[] => undosAfter(mode, step).map((undo) => undo.name);
 

@@ -1,16 +1,17 @@
 import { describe, expect, it } from 'vitest';
-import { createTablePublicationSql, PUBLISHED_TABLES_SQL } from '../../src/moves/publication.js';
+import type { Sql } from '../../src/pg/sql-template.js';
+import { createPublicationSql, PUBLISHED_TABLES_SQL } from '../../src/moves/sql/replication.js';
 import { ALL_PAGELESS_SQL } from '../../src/moves/pageless.js';
 
 describe('a move’s publication', () => {
   it('names each table of the shards and only this move’s marker rows', () => {
-    expect(createTablePublicationSql('shardctl_move_m1', ['"insta1"."photos"', '"insta2"."likes"'], 'm1')).toBe(
+    expect(createPublicationSql('shardctl_move_m1', ['"insta1"."photos"', '"insta2"."likes"'] as Sql[], 'm1')).toBe(
       `CREATE PUBLICATION "shardctl_move_m1" FOR TABLE "insta1"."photos", "insta2"."likes", "shardctl".move_markers WHERE (move_id = 'm1')`,
     );
   });
 
   it('publishes only the marker rows of a move whose shards hold no table', () => {
-    expect(createTablePublicationSql('shardctl_move_m1', [], 'm1')).toBe(
+    expect(createPublicationSql('shardctl_move_m1', [], 'm1')).toBe(
       `CREATE PUBLICATION "shardctl_move_m1" FOR TABLE "shardctl".move_markers WHERE (move_id = 'm1')`,
     );
   });

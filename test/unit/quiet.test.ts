@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { retryLockWaits } from '../../src/pg/quiet.js';
+import { BUSY, retryLockWaits, retryWhileBusy } from '../../src/pg/quiet.js';
 import { allOrNone } from '../../src/promises.js';
 
 const failure = (code: string) => Object.assign(new Error(code), { code });
@@ -70,5 +70,35 @@ describe('allOrNone', () => {
       }),
     ).rejects.toThrow('first');
     expect(closed).toEqual([1, 3]);
+  });
+});
+
+describe('retryWhileBusy (the one loop that waits for busy tables)', () => {
+  it("tries again while the attempt says BUSY, tells `busy` each time, and returns the attempt's value", async () => {
+    const told: number[] = [];
+    const value = await retryWhileBusy(
+      async (n) => (n < 3 ? BUSY : `done at ${n}`),
+      (attempts) => {
+        told.push(attempts);
+      },
+    );
+    expect(value).toBe('done at 3');
+    expect(told).toEqual([1, 2]);
+  });
+
+  it('stops with the error `busy` throws, without another attempt', async () => {
+    let attempts = 0;
+    await expect(
+      retryWhileBusy(
+        async () => {
+          attempts += 1;
+          return BUSY;
+        },
+        () => {
+          throw new Error('gave up');
+        },
+      ),
+    ).rejects.toThrow('gave up');
+    expect(attempts).toBe(1);
   });
 });

@@ -6,6 +6,12 @@ import { CONTROL_SCHEMA } from '../../src/fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../../src/pg/quote.js';
 import { redact, redactUrl, registerSecret } from '../../src/pg/redact.js';
 import { renderSql } from '../../src/pg/template.js';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { ident, int, list, lit, lockWait, sql, type Sql } from '../../src/pg/sql-template.js';
+import { shardMovedRaiseSql } from '../../src/fleet/control.js';
+import { placementVersionSql, switchPlacementSql } from '../../src/fleet/placement.js';
+import { fenceGuardSql, fenceReadsSql } from '../../src/moves/sql/fence.js';
 
 describe('SQL templates', () => {
   it('fills next_id with bigint-safe constants: the shard in its own bits, shifts on bigint values', () => {
@@ -168,5 +174,39 @@ describe('redact', () => {
   it('masks a registered password wherever it appears, e.g. inside a server error', () => {
     registerSecret('hunter2-very-secret');
     expect(redact('FATAL: role "x" does not exist (tried hunter2-very-secret)')).not.toContain('hunter2-very-secret');
+  });
+});
+
+describe('the sql tag (src/pg/sql-template.ts)', () => {
+  it('quotes names and literals, checks integers once, and takes only SQL text as a value', () => {
+    expect(sql`DROP TRIGGER ${ident('a"b')} ON ${ident('insta1', 'photo likes')} -- ${lit("it's")}`).toBe(
+      `DROP TRIGGER "a""b" ON "insta1"."photo likes" -- 'it''s'`,
+    );
+    expect(sql`WHERE shard IN (${list([int(1), int(2n)])})`).toBe('WHERE shard IN (1, 2)');
+    expect(() => int(1.5, 'a wave')).toThrow('not a wave: 1.5');
+    expect(() => int(-1, 'a shard number')).toThrow('not a shard number: -1');
+    expect(int(-1, 'a wave', -1)).toBe('-1');
+    expect(() => int(2 ** 53, 'an OID')).toThrow('not an OID');
+    expect(lockWait(0)).toBe("'1ms'");
+    expect(lockWait(249.6)).toBe("'250ms'");
+    // A plain value gets past the type checker only by a cast; the tag refuses it still.
+    expect(() => sql`SELECT ${5 as unknown as Sql}`).toThrow('value 1 is a number');
+  });
+});
+
+describe('one text for each rule the SQL of moves and of the control schema share', () => {
+  it("sql/control.sql's shard_fenced() and shard_moved() raise SC100 with the text of shardMovedRaiseSql", () => {
+    const file = readFileSync(join(import.meta.dirname, '..', '..', 'sql', 'control.sql'), 'utf8');
+    expect(file).toContain(shardMovedRaiseSql(sql`TG_ARGV[0]`, sql`TG_ARGV[1]`, 'writes to this copy are refused', 2));
+    expect(file).toContain(shardMovedRaiseSql(sql`shard`, sql`host`, 'this is its old copy', 2));
+    expect(fenceGuardSql('m1', 0)).toContain(
+      shardMovedRaiseSql(sql`TG_ARGV[0]`, sql`TG_ARGV[1]`, 'writes to this copy are refused', 4),
+    );
+  });
+
+  it('a move reads the placement version a switch starts from with the same expression', () => {
+    const expression = placementVersionSql(sql`shard IN (4, 5)`);
+    expect(fenceReadsSql({ sequences: [], sequenceData: true, shards: [4, 5] }).join('\n')).toContain(expression);
+    expect(switchPlacementSql(true)).toContain(placementVersionSql(sql`shard = ANY($1::int[])`, sql`$3::bigint - 1`));
   });
 });

@@ -5,35 +5,33 @@ import { createShardSql, dropShardSql, recordShardSql } from '../../src/fleet/sq
 import type { MigrationFile } from '../../src/migrations/files.js';
 import { migrationSql, noTransactionMigrationSteps } from '../../src/migrations/sql.js';
 import {
+  privilegeVersions,
+  rolesNamed,
+  syncPrivilegesSql,
+  type AclEntry,
+  type PrivilegeObject,
+} from '../../src/moves/privileges.js';
+import { catchUpSql } from '../../src/moves/sql/catch-up.js';
+import { renameWithStubSql } from '../../src/moves/sql/cleanup.js';
+import {
   fenceMarkerSql,
-  readSequencesSql,
-  setSequencesSql,
-  createPublicationSql,
-  createSubscriptionSql,
   fenceSql,
   fenceGroups,
   fenceWaveSql,
   fenceReadsSql,
-  catchUpSql,
   prepareFenceSql,
   fenceGuardSql,
-  oldCopyName,
-  probeSubscriptionSql,
-  renameWithStubSql,
-  privilegeVersions,
-  rolesNamed,
-  syncPrivilegesSql,
   unfenceSql,
-  type AclEntry,
-  type PrivilegeObject,
-  keyFilterSql,
-  startDeltasSql,
-  startSourceDeltasSql,
-  startTrackingSql,
-} from '../../src/moves/sql.js';
+} from '../../src/moves/sql/fence.js';
+import { oldCopyName } from '../../src/moves/sql/names.js';
+import { createSubscriptionSql, probeSubscriptionSql } from '../../src/moves/sql/replication.js';
+import { readSequencesSql, setSequencesSql } from '../../src/moves/sql/sequences.js';
+import { startDeltasSql, startSourceDeltasSql, startTrackingSql } from '../../src/moves/sql/tail.js';
+import { keyFilterSql } from '../../src/moves/sql/verify.js';
 import { planWaves } from '../../src/moves/waves.js';
 import { chunksOf } from '../../src/moves/copy.js';
 import fc from 'fast-check';
+import { sql } from '../../src/pg/sql-template.js';
 
 /** What every worker transaction sets besides asynchronous commit (nothing at session level). */
 const CHECK_LOCAL =
@@ -157,12 +155,6 @@ describe('migration SQL', () => {
 });
 
 describe('move SQL', () => {
-  it('publishes the shard schemas and only this move’s marker rows', () => {
-    expect(createPublicationSql('shardctl_move_m1', ['insta1', 'insta2'], 'm1')).toBe(
-      `CREATE PUBLICATION "shardctl_move_m1" FOR TABLES IN SCHEMA "insta1", "insta2",\n  TABLE "shardctl".move_markers WHERE (move_id = 'm1')`,
-    );
-  });
-
   it('subscribes from the existing slot without copying, binary only when asked, quoting the URL as a literal', () => {
     const sql = createSubscriptionSql('shardctl_move_m1', "postgres://r@h1/db?application_name=it's", false);
     expect(sql).toContain(`CONNECTION 'postgres://r@h1/db?application_name=it''s'`);
@@ -394,7 +386,7 @@ describe('move SQL', () => {
     expect(at('SET statement_timeout = 20000;')).toBeLessThan(at('pg_get_sequence_data'));
     expect(
       pg18.endsWith(
-        `SELECT greatest(coalesce((SELECT placement_version FROM "shardctl".fleet), 0), coalesce((SELECT max(version) FROM "shardctl".placement WHERE shard IN (4, 5)), 0))::text AS placement_version;`,
+        `SELECT greatest(coalesce((SELECT placement_version FROM "shardctl".fleet), 0), coalesce((SELECT max(version) FROM "shardctl".placement WHERE shard IN (4, 5)), 0))::text AS "placement_version";`,
       ),
     ).toBe(true);
     const pg15 = fenceReadsSql({ sequences, sequenceData: false, shards: [4] });
@@ -596,7 +588,7 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
   };
 
   it('looks rows up by their key columns, read back with their types, identifiers quoted', () => {
-    expect(keyFilterSql(keyed, '$3')).toBe(
+    expect(keyFilterSql(keyed, sql`$3`)).toBe(
       '(t."photo_id", t."user ""id""") IN (SELECT k."photo_id", k."user ""id""" FROM jsonb_to_recordset($3::jsonb) AS k("photo_id" bigint, "user ""id""" character varying(20)))',
     );
   });
@@ -607,10 +599,10 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql.endsWith('COMMIT;')).toBe(true);
     expect(sql).toContain(`DELETE FROM "shardctl".move_changes WHERE move_id = 'm''1';`);
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_track AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."photo likes" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_track('m''1', 'photo_id', 'user "id"');`,
+      `CREATE OR REPLACE TRIGGER "shardctl_track" AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."photo likes" FOR EACH ROW EXECUTE FUNCTION "shardctl".move_track('m''1', 'photo_id', 'user "id"');`,
     );
     expect(sql).toContain(
-      `ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER shardctl_track, ENABLE ALWAYS TRIGGER shardctl_track_truncate;`,
+      `ALTER TABLE "insta""1"."photo likes" ENABLE ALWAYS TRIGGER "shardctl_track", ENABLE ALWAYS TRIGGER "shardctl_track_truncate";`,
     );
     expect(sql).not.toContain('{{');
   });
@@ -621,13 +613,13 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).toContain(`SET LOCAL lock_timeout = '250ms';`);
     expect(sql).toContain(`DELETE FROM "shardctl".move_deltas WHERE move_id = 'm''1';`);
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_delta AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m'1_log0"('m''1', 'text');`,
+      `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta""1"."audit log" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m'1_log0"('m''1', 'text');`,
     );
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER shardctl_delta_truncate AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`,
+      `CREATE OR REPLACE TRIGGER "shardctl_delta_truncate" AFTER TRUNCATE ON "insta""1"."audit log" FOR EACH STATEMENT`,
     );
     expect(sql).toContain(
-      `ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER shardctl_delta, ENABLE ALWAYS TRIGGER shardctl_delta_truncate;`,
+      `ALTER TABLE "insta""1"."audit log" ENABLE ALWAYS TRIGGER "shardctl_delta", ENABLE ALWAYS TRIGGER "shardctl_delta_truncate";`,
     );
     expect(sql).not.toContain('{{');
   });

@@ -1,0 +1,44 @@
+import { lit, sql, type Sql } from '../../pg/sql-template.js';
+import { CONTROL } from '../../fleet/control.js';
+
+/**
+ * What preflight reads of both hosts: shard states, replication settings, migration checksums,
+ * roles.
+ */
+
+/** Shards $1 with schemas $2: whether each schema exists, and its control state. */
+export const SOURCE_SHARD_STATES_SQL = sql`SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists, (SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard) AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
+
+/**
+ * Shards $1 with schemas $2 on the target: whether each schema exists, and its control state
+ * (none where the target has no control schema yet: `initialised` false).
+ */
+export function targetShardStatesSql(initialised: boolean): Sql {
+  return sql`SELECT s.shard, to_regnamespace(s.schema) IS NOT NULL AS exists,
+            ${initialised ? sql`(SELECT state FROM ${CONTROL}.shards c WHERE c.shard = s.shard)` : sql`NULL::text`} AS state
+       FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
+}
+
+/** wal_level, and the free replication slots and WAL senders. */
+export const REPLICATION_SETTINGS_SQL = sql`SELECT current_setting('wal_level') AS wal_level,
+              current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,
+              current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication)::int AS free_senders`;
+
+/** The migrations applied to shards $1, with their checksums. */
+export const APPLIED_CHECKSUMS_SQL = sql`SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
+
+/** From PostgreSQL 16 on, giving an object to a role needs a membership that may SET ROLE to it. */
+export function ownerNeedsSet(serverVersionNum: number): boolean {
+  return serverVersionNum >= 160000;
+}
+
+/**
+ * Roles $1 that exist, and whether the current role may give objects to each: on PostgreSQL 16 and
+ * later it must be able to SET ROLE to it (a membership granted WITH SET FALSE is not enough), before
+ * that be a member (superusers may always).
+ */
+export function rolesSql(serverVersionNum: number): Sql {
+  const may = ownerNeedsSet(serverVersionNum) ? 'SET' : 'MEMBER';
+  return sql`SELECT r.rolname, pg_has_role(r.oid, ${lit(may)}) AS member FROM pg_roles r WHERE r.rolname = ANY($1::text[])`;
+}
