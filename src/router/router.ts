@@ -27,12 +27,14 @@ import {
   StandbyBook,
   type ReplicaFallback,
   type ReplicaRead,
-  type ReplicaReadOptions,
   type Standby,
   type WriteLsn,
 } from './replicas.js';
 import { endQuietly } from '../pg/quiet.js';
 import { queryEachShardWithParams, type RouterInternals } from './shard-query.js';
+import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions, Via } from './types.js';
+
+export type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions, Via } from './types.js';
 import { queryPage, type Page, type PageOptions } from './pages.js';
 import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics.js';
 import { libpqCompatible } from '../pg/tls.js';
@@ -108,34 +110,6 @@ export interface ShardRouterOptions {
   /** Resolves a relative config path; default process.cwd(). */
   cwd?: string;
 }
-
-export interface TransactionOptions extends ReplicaReadOptions {
-  /** BEGIN READ ONLY: any write in fn fails (SQLSTATE 25006). */
-  readOnly?: boolean;
-}
-
-/**
- * Where an attempt runs when not on the host's primary: a standby's connection, and the statements
- * that start the transaction there (with the standby's check, replicas.ts).
- */
-export interface Via {
-  checkout(): Promise<pg.PoolClient>;
-  start(shard: number): TransactionStart;
-}
-
-export interface ForEachShardOptions extends TransactionOptions {
-  /** The shards to run on, default every shard of the map; run and returned in ascending order. */
-  shards?: readonly number[];
-  /** Shards running at once over all hosts. Default: poolSize × hosts. */
-  concurrency?: number;
-  /** Shards running at once on one host. Default (and at most): poolSize. */
-  perHost?: number;
-  /** Called after each shard, for progress. */
-  onShardDone?: (event: { shard: number; host: string; ok: boolean; done: number; total: number }) => void;
-}
-
-/** What fn receives: a client inside the shard's transaction, and the shard number. */
-export type ShardFn<T> = (client: pg.PoolClient, shard: number) => Promise<T>;
 
 const FIRST_BACKOFF_MS = 5;
 const MAX_BACKOFF_MS = 100;
@@ -1297,8 +1271,6 @@ export class ShardRouter {
   }
 }
 
-export type Attempt<T> = { ok: true; value: T } | { ok: false; error: unknown };
-
 /** COMMIT on its own round trip; a connection lost before its answer leaves the outcome unknown. */
 async function commitOrDoubt(
   client: pg.PoolClient,
@@ -1324,17 +1296,6 @@ async function commitOrDoubt(
 interface ScriptValue<R extends pg.QueryResultRow> {
   last: pg.QueryResult<R>;
   statements: number;
-}
-
-export interface Chunking<T> {
-  /** At most this many shards per chunk. */
-  maxShards: number;
-  /** The first shard, alone: its value and how many results the text gives per shard. */
-  probe: (shard: number) => Promise<{ value: T; host: string; statements: number }>;
-  /** How many results the text gives per shard, when known without a probe (one statement). */
-  statements?: number;
-  /** A chunk of one host's shards; undefined (or a rejection) sends them one by one. */
-  runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
 }
 
 function unwrapScript<R extends pg.QueryResultRow>(r: {

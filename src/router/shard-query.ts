@@ -8,7 +8,7 @@ import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
 import { runShardsQuery, ShardsQuery } from './pipeline.js';
 import type { ReplicaRead } from './replicas.js';
-import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions, Via } from './router.js';
+import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions, Via } from './types.js';
 
 /** What src/router/router.ts lends the modules that build calls on its paths (not public API). */
 export interface RouterInternals {
