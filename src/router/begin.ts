@@ -1,6 +1,5 @@
 import { createRequire } from 'node:module';
 import pg from 'pg';
-import { quoteLiteral } from '../pg/quote.js';
 
 /**
  * A transaction whose BEGIN travels with fn's first statement, and whose COMMIT does too when that
@@ -275,24 +274,6 @@ export class TransactionStart {
 }
 
 /**
- * The settings a shard's transaction needs, as one statement after BEGIN:
- * `SELECT pg_catalog.set_config('search_path', pg_catalog.quote_ident('insta5'), true), …`. Transaction-local (the
- * third argument), like `SET LOCAL`, so nothing is left on a pooled connection; one statement
- * for all of them, where a `SET LOCAL` each would cost the server (and a pooler between) a
- * Parse/Bind/Execute and a CommandComplete apiece. Its one row is not the caller's (FirstQuery and
- * framedPerShard skip it). Names are the router's own; values are quoted as literals.
- */
-export function transactionSettingsSql(settings: readonly (readonly [name: string, value: string])[]): string {
-  if (settings.length === 0) throw new RangeError('transactionSettingsSql needs at least one setting');
-  const calls = settings.map(([name, value]) => {
-    // search_path's one schema, quoted by the server as `SET LOCAL search_path TO` would show it.
-    const text = name === 'search_path' ? `pg_catalog.quote_ident(${quoteLiteral(value)})` : quoteLiteral(value);
-    return `pg_catalog.set_config(${quoteLiteral(name)}, ${text}, true)`;
-  });
-  return `SELECT ${calls.join(', ')}`;
-}
-
-/**
  * Whether the results of several shards' transactions sent as one text or one pipeline have the
  * expected shape: per shard BEGIN, `framing - 1` SETs, `statements` results, COMMIT, and nothing else.
  */
@@ -308,11 +289,8 @@ export function framedPerShard(
     Array.from({ length: shards }).every(
       (_, i) =>
         results[i * group]?.command === 'BEGIN' &&
-        // The settings (transactionSettingsSql's SELECT, or SET LOCALs), and the DO block that
-        // checks a standby (src/router/replicas.ts).
-        results
-          .slice(i * group + 1, i * group + framing)
-          .every((r) => r.command === 'SELECT' || r.command === 'SET' || r.command === 'DO') &&
+        // SET LOCALs, and the DO block that checks a standby (src/router/replicas.ts).
+        results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET' || r.command === 'DO') &&
         results[i * group + group - 1]?.command === 'COMMIT',
     )
   );
@@ -434,9 +412,8 @@ class FirstQuery extends BaseQuery {
     }
   }
 
-  /** The settings' row before fn's query and WRITE_LSN_SQL's row after the COMMIT are not fn's. */
+  /** WRITE_LSN_SQL's row after the COMMIT is not fn's: kept apart. */
   handleDataRow(message: { fields: unknown[] }): void {
-    if (this.skip > 0) return;
     if (this.mainDone) {
       const field = message.fields[0];
       this.writeLsn = typeof field === 'string' ? field : Buffer.isBuffer(field) ? field.toString('utf8') : undefined;

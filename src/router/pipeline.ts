@@ -52,16 +52,6 @@ export class ShardsQuery extends (pg.Query as unknown as new (
     connection.execute({ portal: this.portal });
   }
 
-  /**
-   * A row of a statement that sent no RowDescription (the settings' SELECT of a TransactionStart,
-   * executed without Describe) arrives while the last result is complete: it is the framing's, not
-   * the caller's, and pg could not parse it without fields.
-   */
-  override handleDataRow(message: { fields: unknown[] }): void {
-    if (this._result.command) return;
-    super.handleDataRow(message);
-  }
-
   override handleError(error: Error, connection: WireConnection): void {
     this.bindFailed = true;
     super.handleError(error, connection);
@@ -79,8 +69,6 @@ interface WireConnection {
 interface QueryInternals {
   portal: string;
   types: unknown;
-  _result: { command: string | null | undefined };
-  handleDataRow(message: { fields: unknown[] }): void;
   callback?: (error: Error | null, result: unknown) => void;
   prepare(connection: WireConnection): void;
   _getRows(connection: WireConnection, rows?: number): void;

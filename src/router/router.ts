@@ -10,10 +10,11 @@ import { describePgError } from '../fleet/connect.js';
 import { CONTROL, shardIsActive } from '../fleet/control.js';
 import { discoverFleet, discoverFromConfig, emptyFleetConfig, fleetConfig } from '../fleet/placement.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
+import { quoteIdent } from '../pg/quote.js';
 import { splitSqlBothWays, transactionEscape } from '../pg/statements.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
-import { DeferredBegin, framedPerShard, TransactionStart, transactionSettingsSql, WRITE_LSN_SQL } from './begin.js';
+import { DeferredBegin, framedPerShard, TransactionStart, WRITE_LSN_SQL } from './begin.js';
 import { Limit } from './limit.js';
 import { withConnection, type Lease } from './connection.js';
 import {
@@ -1123,16 +1124,15 @@ export class ShardRouter {
 
   private startStatements(shard: number, readOnly: boolean): string[] {
     const { statementTimeoutMs, idleInTransactionTimeoutMs } = this.options;
-    const settings: [string, string][] = [
-      ['search_path', shardSchemaName(this.config, shard)],
-      ...(statementTimeoutMs ? [['statement_timeout', String(statementTimeoutMs)] as [string, string]] : []),
+    return [
+      `BEGIN${readOnly ? ' READ ONLY' : ''}`,
+      `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`,
+      ...(statementTimeoutMs ? [`SET LOCAL statement_timeout = ${statementTimeoutMs}`] : []),
       ...(idleInTransactionTimeoutMs
-        ? [['idle_in_transaction_session_timeout', String(idleInTransactionTimeoutMs)] as [string, string]]
+        ? [`SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`]
         : []),
     ];
-    return [`BEGIN${readOnly ? ' READ ONLY' : ''}`, transactionSettingsSql(settings)];
   }
-
 
   /**
    * A replica read on `host`'s standby (replicas.ts): `attempt` runs there first; the primary
