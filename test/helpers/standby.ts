@@ -21,6 +21,7 @@ import { dirname, join } from 'node:path';
 import {
   ensurePostgresOsUser,
   findFreePort,
+  runnableBinDir,
   startCluster,
   type LocalClusterOptions,
 } from '../../src/dev/local-postgres.js';
@@ -96,13 +97,17 @@ export async function startReplicatedHost(
   };
   const account = await ensurePostgresOsUser();
   const asPostgres = { uid: account.uid, gid: account.gid };
+  // Run as the server's OS user: the binaries where it can reach them (a copy when the checkout is
+  // under a private folder such as /root).
+  const toolsDir = await runnableBinDir(binDir);
   const pgCtl = (dataDir: string, ...args: string[]): void => {
-    const result = spawnSync(join(binDir, 'pg_ctl'), [...args, '-D', dataDir, '-w', '-t', '60'], {
+    const result = spawnSync(join(toolsDir, 'pg_ctl'), [...args, '-D', dataDir, '-w', '-t', '60'], {
       ...asPostgres,
       cwd: '/tmp',
       encoding: 'utf8',
     });
-    if (result.status !== 0) throw new Error(`pg_ctl ${args.join(' ')} failed: ${result.stderr}${result.stdout}`);
+    if (result.status !== 0)
+      throw new Error(`pg_ctl ${args.join(' ')} failed: ${result.error?.message ?? `${result.stderr}${result.stdout}`}`);
   };
   try {
     if (lowLevel) await copyWithBackupApi(primaryCluster.url, primaryCluster.options.dataDir, standbyDataDir, account);
@@ -111,7 +116,7 @@ export async function startReplicatedHost(
       mkdirSync(standbyOptions.dataDir, { mode: 0o700 });
       chownSync(standbyOptions.dataDir, account.uid, account.gid);
       const backup = spawnSync(
-        join(binDir, 'pg_basebackup'),
+        join(toolsDir, 'pg_basebackup'),
         [
           '-h',
           '127.0.0.1',
