@@ -52,6 +52,42 @@ export async function connectHost(host: HostConfig, options: ConnectOptions = {}
   }
 }
 
+/** The settings of a one-off connection (connectOnce). */
+export interface OnceOptions {
+  readonly applicationName: string;
+  /** Bounds the connect, with the host's own timeout (the shorter of the two). */
+  readonly connectTimeoutMs: number;
+}
+
+/**
+ * A connection to one address of a host outside its pools, for a question asked once (is this
+ * server a primary or a standby?) and ended by the caller: the shorter of `connectTimeoutMs` and the
+ * host's timeout bounds the connect, TCP keepalives on, and an error the idle client emits swallowed
+ * (its next query fails instead). A failed connect is ended and thrown. Routers use it to find a
+ * host's primary (router/failover.ts) and its standbys (router/replicas.ts).
+ */
+export async function connectOnce(
+  host: Pick<HostConfig, 'timeoutMs'>,
+  url: string,
+  options: OnceOptions,
+): Promise<pg.Client> {
+  registerUrlSecret(url);
+  const client = new pg.Client({
+    connectionString: libpqCompatible(url),
+    application_name: options.applicationName,
+    connectionTimeoutMillis: Math.min(options.connectTimeoutMs, host.timeoutMs),
+    keepAlive: true,
+  });
+  client.on('error', () => undefined);
+  try {
+    await client.connect();
+  } catch (error) {
+    await endQuietly(client);
+    throw error;
+  }
+  return client;
+}
+
 /** The host's URL parsed (cached per URL: a config's URLs were checked when it was loaded). */
 export function parsedHostUrl(host: Pick<HostConfig, 'name' | 'url'>): PostgresUrl {
   let parsed = parsedUrls.get(host.url);

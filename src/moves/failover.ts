@@ -1,9 +1,12 @@
 import { shardsPhrase } from '../config/ranges.js';
 import { HostError } from '../errors.js';
-import { recordDetail, stepsFor, type MoveStep } from './state.js';
-import { beginWave, type MoveContext, notice } from './context.js';
+import { insertMove, newMoveId, recordDetail, stepsFor, type MoveStep } from './state.js';
+import { announce, beginWave, moveContext, type MoveContext, notice } from './context.js';
 import { record } from './progress.js';
-import { undosAfter } from './move.js';
+import { runSteps, undosAfter } from './move.js';
+import { dropTargets } from './copy.js';
+import { dropReplication } from './replication.js';
+import { undoFence } from './unfence.js';
 import { releaseWave } from './fence-limit.js';
 import { ACTIVE_SHARDS_SQL } from './sql/control.js';
 import { SUBSCRIPTION_EXISTS_SQL } from './sql/replication.js';
@@ -24,8 +27,11 @@ import { readTimelines, slotUnusable, type Timelines } from './failover-state.js
  * copy cannot be had: the copy of the move's shards restarts from a new slot, once whatever the
  * failed run left (fence, replication, the target's copies with their chunk records) is undone.
  * That is safe until the switch: before it, the target's copies take no writes and the source is
- * the only holder of the shards. After the switch the slot is not needed any more. docs/moves.md,
- * "Failovers during a move", has the whole argument.
+ * the only holder of the shards. After the last switch the slot is not needed any more. A move of
+ * several waves that lost it after an earlier wave's switch is split (continueUnswitched): the
+ * switched waves are finished, and their shards' move recorded done; the waves not switched yet
+ * go on as a move of their own, whose copy starts from a new slot. docs/moves.md, "Failovers during
+ * a move", has the whole argument.
  */
 
 function recordedTimelines(detail: Readonly<Record<string, unknown>>): Timelines | null {
@@ -36,8 +42,8 @@ function recordedTimelines(detail: Readonly<Record<string, unknown>>): Timelines
 /**
  * Before a resumed online move goes on from `step`: whether the slot and the target's applied state
  * survived what happened to the hosts since. Returns the step to go on from: `step`, or `prepared`
- * when the copy was restarted (everything after it undone). Throws SLOT_LOST where the copy cannot
- * be restarted (a wave was switched already).
+ * when the copy was restarted (everything after it undone), or `cleaned` when the move was split
+ * and both its parts were carried to the end here (continueUnswitched).
  */
 export async function checkAfterFailover(
   ctx: MoveContext,
@@ -85,15 +91,7 @@ export async function checkAfterFailover(
     await recordTimelines(ctx, now);
     return step;
   }
-  if (switched > 0) {
-    // A wave fenced by the killed run takes writes on the source again (its shards stay there).
-    if (step !== 'switched' && ctx.current.fenceStartedAtMs !== null) await releaseWave(ctx);
-    throw new HostError(
-      lostSlot ? ctx.source.host.name : ctx.target.host.name,
-      `${why}; ${switched} of the move's ${ctx.waves.length} waves are switched already, so its copy cannot be restarted and the move cannot be undone; ${shardsPhrase(ctx.waves.slice(switched).flat())} stay on host ${ctx.source.host.name} (docs/moves.md, "Failovers during a move")`,
-      { shard: ctx.shards[0]!, code: 'SLOT_LOST', data: { moveId: ctx.moveId, slot: ctx.name, step } },
-    );
-  }
+  if (switched > 0) return continueUnswitched(ctx, step, switched, why, now);
   notice(
     ctx,
     `${why}; the changes since the copy cannot be streamed: restarting the copy of ${shards} from a new slot (the fence, the replication and the target's copies undone first)`,
@@ -113,4 +111,98 @@ async function recordTimelines(ctx: MoveContext, timelines: Timelines): Promise<
   await Promise.all(
     [ctx.source.client, ctx.target.client].map((client) => recordDetail(client, ctx.moveId, { timelines })),
   );
+}
+
+/**
+ * The slot is lost (or the target failed over) after `switched` of the move's waves were switched:
+ * their shards live on the target and take writes there, so nothing of them can be undone, while
+ * the shards of the waves left are still on the source, the only holder of what they hold. The
+ * move is split in two there. First the waves left are undone as an abort would undo them (the
+ * replication dropped, their fence lifted, the target's copies of their shards and the move's chunk
+ * records dropped: none of those copies is active); then the switched waves are finished (the
+ * clean-up, which needs no slot) and the move recorded done; then a new move of the shards left,
+ * its waves those not switched yet, is recorded at `prepared` on both hosts and carried to the end:
+ * a copy from a new slot of the source's current primary, then the cut-over under the fence limit.
+ * Killed after the first move is done and before the new one is recorded, the shards left are on
+ * the source, writable, with nothing of the move left: a new move-shard moves them. Returns
+ * `cleaned`: nothing of the first move is left to run.
+ */
+async function continueUnswitched(
+  ctx: MoveContext,
+  step: MoveStep,
+  switched: number,
+  why: string,
+  now: Timelines,
+): Promise<MoveStep> {
+  const doneWaves = ctx.waves.slice(0, switched);
+  const leftWaves = ctx.waves.slice(switched);
+  const left = leftWaves.flat();
+  // The record says these waves are not switched; were a copy active on the target, it could take
+  // writes, and dropping it would lose them: refused, as before there was a way on.
+  const active = await ctx.target.client.query<{ shard: number }>(ACTIVE_SHARDS_SQL, [left]);
+  if ((active.rowCount ?? 0) > 0)
+    throw new HostError(
+      ctx.target.host.name,
+      `${why}; ${shardsPhrase(active.rows.map((r) => r.shard))} of the waves not switched yet are active on host ${ctx.target.host.name}, so their copies cannot be restarted (docs/moves.md, "Failovers during a move")`,
+      { shard: left[0]!, code: 'SLOT_LOST', data: { moveId: ctx.moveId, slot: ctx.name, step } },
+    );
+  const nextId = newMoveId();
+  notice(
+    ctx,
+    `${why}; ${switched} of the move's ${ctx.waves.length} waves are switched already (${shardsPhrase(doneWaves.flat())}, now on host ${ctx.target.host.name}): move ${ctx.moveId} is finished for them, and the copy of ${shardsPhrase(left)} restarts from a new slot as move ${nextId} (their fence, the replication and the target's copies undone first)`,
+  );
+  // The waves left as an abort undoes them (move.ts, STEPS: the replication before the unfence),
+  // numbered as in this move: its guard stays closed for the switched waves, whose old copies stay fenced.
+  const rest: MoveContext = { ...ctx, shards: left };
+  beginWave(rest, switched);
+  await dropReplication(rest);
+  // A wave the killed run fenced takes writes on the source again, how long it refused them kept.
+  if (step !== 'switched' && ctx.current.fenceStartedAtMs !== null) await releaseWave(ctx);
+  await undoFence(rest);
+  await dropTargets(rest);
+  await Promise.all(
+    [ctx.source.client, ctx.target.client].map((client) =>
+      recordDetail(client, ctx.moveId, { continuedBy: nextId, restarted: left }),
+    ),
+  );
+  // The switched waves finished: the clean-up of their old copies, the move recorded done.
+  const done: MoveContext = { ...ctx, shards: doneWaves.flat(), waves: doneWaves, refreshed: [] };
+  beginWave(done, switched - 1);
+  await runSteps(done, 'switched');
+  // The shards left, a move of their own from the start of the copy.
+  const next = moveContext(
+    ctx.config,
+    { moveId: nextId, mode: 'online', shards: left, detail: { waves: leftWaves, wave: 0 } },
+    { source: ctx.source, target: ctx.target },
+    ctx.migrations,
+    ctx.options,
+  );
+  await Promise.all(
+    [ctx.source, ctx.target].map((side) =>
+      insertMove(side.client, {
+        moveId: nextId,
+        shards: left,
+        source: ctx.source.host.name,
+        target: ctx.target.host.name,
+        mode: 'online',
+        step: 'prepared',
+        detail: { waves: leftWaves, wave: 0, timelines: now, continues: ctx.moveId },
+      }),
+    ),
+  );
+  announce(
+    next,
+    'prepared',
+    `move ${nextId}: ${shardsPhrase(left)} from ${ctx.source.host.name} to ${ctx.target.host.name} (online${leftWaves.length > 1 ? `, cut over in ${leftWaves.length} waves` : ''}), continuing move ${ctx.moveId}`,
+  );
+  await runSteps(next, 'prepared');
+  // The result is the whole batch's: both parts' rows, the longest write block, this run's verification.
+  ctx.rowsVerified += next.rowsVerified;
+  const blocked = [ctx.writeBlockedMs, next.writeBlockedMs].filter((ms): ms is number => ms !== null);
+  ctx.writeBlockedMs = blocked.length > 0 ? Math.max(...blocked) : null;
+  ctx.verification = next.verification;
+  ctx.refreshed.push(...done.refreshed, ...next.refreshed);
+  ctx.chunksCopied += next.chunksCopied;
+  ctx.chunksRecopied += next.chunksRecopied;
+  return 'cleaned';
 }

@@ -15,12 +15,11 @@
 import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError, ShardctlError } from '../errors.js';
-import { describePgError, parsedHostUrl, sessionState } from '../fleet/connect.js';
+import { connectOnce, describePgError, parsedHostUrl, sessionState } from '../fleet/connect.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { withCredentials } from '../fleet/placement.js';
 import { endQuietly } from '../pg/quiet.js';
 import { attrsFor, connectFirstMatching, parsePostgresUrl, type PostgresUrl } from '../pg/multihost.js';
-import { libpqCompatible } from '../pg/tls.js';
 
 /** The code of CommitUnknownError. */
 export const COMMIT_UNKNOWN = 'COMMIT_UNKNOWN';
@@ -178,7 +177,7 @@ export class HostAddressBook {
       const attrs = asked === 'any' && (recovering || candidate.fromRegistry) ? 'read-write' : asked;
       try {
         const { client, url } = await connectFirstMatching(candidate.url, attrs, {
-          open: (single) => this.open(host, single),
+          open: (single) => connectOnce(host, single, this.options),
           // A host that accepts connections and then says nothing must not hold the search.
           stateOf: (client: pg.Client) => withDeadline(sessionState(client), host.timeoutMs, client),
           close: (client: pg.Client) => endQuietly(client),
@@ -193,23 +192,6 @@ export class HostAddressBook {
       }
     }
     throw new HostError(host.name, `cannot connect: ${failures.join('; ')}`, { code: 'HOST_UNREACHABLE' });
-  }
-
-  private async open(host: HostConfig, url: string): Promise<pg.Client> {
-    const client = new pg.Client({
-      connectionString: libpqCompatible(url),
-      application_name: this.options.applicationName,
-      connectionTimeoutMillis: Math.min(this.options.connectTimeoutMs, host.timeoutMs),
-      keepAlive: true,
-    });
-    client.on('error', () => undefined);
-    try {
-      await client.connect();
-    } catch (error) {
-      await endQuietly(client);
-      throw error;
-    }
-    return client;
   }
 }
 

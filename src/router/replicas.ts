@@ -36,9 +36,9 @@
 import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
-import { parsedHostUrl } from '../fleet/connect.js';
+import { connectOnce, parsedHostUrl } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
-import { hostClientSettings } from '../fleet/silence.js';
+import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { SESSION_STATE_SQL, singleAddressUrls } from '../pg/multihost.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
@@ -309,21 +309,15 @@ export class StandbyBook {
   }
 
   private async inRecovery(host: HostConfig, url: string): Promise<boolean> {
-    const client = new pg.Client({
-      connectionString: libpqCompatible(url),
-      application_name: this.options.applicationName,
-      connectionTimeoutMillis: Math.min(this.options.connectTimeoutMs, host.timeoutMs),
-      keepAlive: true,
-    });
-    client.on('error', () => undefined);
+    let client: pg.Client | undefined;
     try {
-      await client.connect();
+      client = await connectOnce(host, url, this.options);
       const r = await client.query<{ in_recovery: boolean }>(SESSION_STATE_SQL);
       return r.rows[0]?.in_recovery === true;
     } catch {
       return false;
     } finally {
-      await endQuietly(client);
+      if (client) await endQuietly(client);
     }
   }
 
@@ -339,6 +333,11 @@ export class StandbyBook {
     });
     // An idle standby connection whose server goes away: dropped by the pool, not an unhandled error.
     pool.on('error', () => undefined);
+    // As the primary's pools: a standby that stops answering, or a connection to it lost on the way
+    // (a NAT that dropped the flow), fails the read waiting on it within the host's timeout, and the
+    // read goes to the primary. The address probed is the standby's own.
+    const watched = { ...host, url };
+    pool.on('connect', (client) => watchSilence(client, watched));
     return { url, pool };
   }
 }

@@ -50,6 +50,13 @@ export interface ReplicatedHost {
   promote(): void;
   /** pg_ctl stop on the primary, -m immediate by default. */
   stopPrimary(mode?: 'immediate' | 'fast'): void;
+  /**
+   * The second half of a switchover: the old primary, stopped with `-m fast` (its shutdown
+   * checkpoint streamed to the standby) after the standby was promoted, started again as a standby
+   * of the new primary (standby.signal, primary_conninfo; it follows the new timeline, no rewind).
+   * Resolves once it accepts connections, in recovery.
+   */
+  rejoinAsStandby(): Promise<void>;
   /** Waits until the standby has replayed everything the primary has written so far. */
   caughtUp(): Promise<void>;
   dispose(): Promise<void>;
@@ -157,6 +164,19 @@ export async function startReplicatedHost(
     promote: () => pgCtl(standbyOptions.dataDir, 'promote'),
     standbySlot: lowLevel ? STANDBY_SLOT : null,
     stopPrimary: (mode = 'immediate') => pgCtl(primaryCluster.options.dataDir, 'stop', '-m', mode),
+    rejoinAsStandby: async () => {
+      const signal = join(primaryCluster.options.dataDir, 'standby.signal');
+      writeFileSync(signal, '', { mode: 0o600 });
+      chownSync(signal, account.uid, account.gid);
+      await startCluster({
+        ...primaryCluster.options,
+        settings: {
+          ...primaryCluster.options.settings,
+          hot_standby: 'on',
+          primary_conninfo: `host=127.0.0.1 port=${standbyPort} user=postgres password=${password} application_name=old_primary`,
+        },
+      });
+    },
     caughtUp: async () => {
       const lsn = await withClient(
         primary.url,

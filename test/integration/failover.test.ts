@@ -392,3 +392,81 @@ describe('ShardRouter: a call that loses its connection every time', () => {
     }
   });
 });
+
+describe('a switchover: the old primary restarted as a standby of the new one (PostgreSQL 15)', () => {
+  let host: ReplicatedHost;
+
+  beforeAll(async () => {
+    host = await startReplicatedHost();
+    await withClient(host.primary.url, (c) => c.query('create database so'));
+    await host.caughtUp();
+  }, 120_000);
+
+  afterAll(async () => {
+    await host?.dispose();
+  });
+
+  it('a write refused as read-only (25006) by the old primary, where the pool connected again, runs again on the new primary, not failed', async () => {
+    const url = host.multiHostUrl('so');
+    const fleet = makeFleet({
+      urls: [url],
+      replicationUrls: [url],
+      shards: 2,
+      schemaPrefix: 'so',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1, connectTimeoutMs: 2000 });
+    // Each run of fn: where it ran (standby or primary), then the insert's SQLSTATE or 'ok'.
+    const runs: string[] = [];
+    const insert = (key: bigint) =>
+      router.withKey(key, async (client) => {
+        const where = await client.query<{ r: boolean }>('select pg_is_in_recovery() as r');
+        runs.push(where.rows[0]!.r ? 'standby' : 'primary');
+        try {
+          const r = await client.query<{ id: string }>(
+            `insert into photos (user_id, image_url) values ($1, 'x') returning id`,
+            [key.toString()],
+          );
+          runs.push('ok');
+          return r.rows[0]!.id;
+        } catch (error) {
+          runs.push(String((error as { code?: unknown }).code));
+          throw error;
+        }
+      });
+    try {
+      const before = await insert(1n);
+      await host.caughtUp();
+      // The switchover: the old primary shut down cleanly (its pooled sessions ended with it), the
+      // standby promoted, the old primary started again as its standby: the pool's next connection
+      // goes to the old primary's address as before and is accepted there, read-only.
+      host.stopPrimary('fast');
+      host.promote();
+      await host.rejoinAsStandby();
+      const oldPrimary = host.primary.url.replace(/\/postgres$/, '/so');
+      expect(
+        await withClient(
+          oldPrimary,
+          async (c) => (await c.query<{ r: boolean }>('select pg_is_in_recovery() as r')).rows[0]!.r,
+        ),
+      ).toBe(true);
+      runs.length = 0;
+      const after = await insert(2n);
+      expect(runs).toEqual(['standby', '25006', 'primary', 'ok']);
+      // Both rows on the new primary, once each; the next call goes there at once.
+      const newPrimary = host.standby.url.replace(/\/postgres$/, '/so');
+      const ids = await withClient(newPrimary, async (c) =>
+        (
+          await c.query<{ id: string }>(`select id::text from so0.photos union all select id::text from so1.photos`)
+        ).rows.map((r) => r.id),
+      );
+      expect(ids.sort()).toEqual([before, after].sort());
+      runs.length = 0;
+      await insert(3n);
+      expect(runs).toEqual(['primary', 'ok']);
+    } finally {
+      await router.close();
+    }
+  }, 120_000);
+});

@@ -182,6 +182,96 @@ describe('PostgreSQL 15 source (no failover slots): the slot is lost with the pr
   ])('failed over after $step: --$finish', (scenario) => failedOverMove({}, scenario), 180_000);
 });
 
+describe('PostgreSQL 15 source, a move of two waves: the slot lost after the first wave switched', () => {
+  it('--resume finishes the switched wave and moves the other from a new slot as a move of its own', async () => {
+    const host = await startReplicatedHost();
+    hosts.push(host);
+    const name = `mf_${randomBytes(4).toString('hex')}`;
+    await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
+    await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
+    const targetUrl = withDatabase(db.urls[0]!, name);
+    const url = host.multiHostUrl(name);
+    const fleet = makeFleet({
+      urls: [url, targetUrl],
+      replicationUrls: [url, undefined],
+      shards: 2,
+      split: ['0-1', ''],
+      schemaPrefix: 'mf',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const primaryDb = withDatabase(host.primary.url, name);
+    const standbyDb = withDatabase(host.standby.url, name);
+    await withClient(primaryDb, async (c) => {
+      await c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`);
+      await c.query(`insert into mf1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`);
+    });
+    const moveBoth = (...flags: string[]) => ['move-shard', '0,1', ...flags, '--yes', '-c', fleet.configFile];
+    // Killed once the first wave (shard 0) is switched: shard 1 is still on the source, streaming.
+    const killed = await spawnCli(moveBoth('--to', 'pg2', '--wave-size', '1'), {
+      SHARDCTL_FAULT_AFTER_STEP: 'switched',
+    });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    expect(await schemaExists(targetUrl, 'mf1')).toBe(true);
+    // Shard 0's old copy refuses writes; shard 1 takes them on the old primary, then on the new one.
+    expect(await write(primaryDb, 'mf0', 5)).toEqual([]);
+    const acked = await write(primaryDb, 'mf1', 20);
+    await host.caughtUp();
+    host.stopPrimary('immediate');
+    host.promote();
+    acked.push(...(await write(standbyDb, 'mf1', 20)));
+    const shard0 = await ids(targetUrl, 'mf0');
+    const shard1 = await ids(standbyDb, 'mf1');
+
+    const started = Date.now();
+    const run = await runCli(moveBoth('--resume'));
+    expect(run.code, run.stderr).toBe(0);
+    const said = `${run.stdout}\n${run.stderr}`;
+    expect(said).toMatch(
+      /replication slot shardctl_move_\w+ on host pg1 does not exist.*; 1 of the move's 2 waves are switched already \(shard 0, now on host pg2\): move \w+ is finished for them, and the copy of shard 1 restarts from a new slot as move \w+/,
+    );
+    console.log(`two waves, switched then failed over: resumed in ${Date.now() - started} ms`);
+    // Shard 0 as its switch left it, shard 1 with every row of the new primary, acknowledged writes among them.
+    expect(await ids(targetUrl, 'mf0')).toEqual(shard0);
+    const moved = await ids(targetUrl, 'mf1');
+    expect(moved).toEqual(shard1);
+    expect(moved).toEqual(expect.arrayContaining(acked));
+    expect(moved).toHaveLength(1040);
+    // Both shards live on the target and take writes.
+    expect(await write(targetUrl, 'mf0', 1)).toHaveLength(1);
+    expect(await write(targetUrl, 'mf1', 1)).toHaveLength(1);
+    // Each old copy renamed after the move that switched it (the first, then the one continuing it).
+    const renamed = await withClient(standbyDb, async (c) =>
+      (
+        await c.query<{ n: string }>(
+          `select nspname as n from pg_namespace where nspname like 'mf_\\_moved\\_%' order by 1`,
+        )
+      ).rows.map((r) => r.n),
+    );
+    expect(renamed).toEqual([expect.stringMatching(/^mf0_moved_\w+$/), expect.stringMatching(/^mf1_moved_\w+$/)]);
+    expect(renamed[0]!.slice('mf0'.length)).not.toBe(renamed[1]!.slice('mf1'.length));
+    // Nothing unfinished on either host: the first move done, the one continuing it done too.
+    for (const u of [standbyDb, targetUrl]) {
+      const moves = await withClient(
+        u,
+        async (c) =>
+          (
+            await c.query<{ status: string; shards: number[] }>(
+              `select status, shards from shardctl.moves order by started_at`,
+            )
+          ).rows,
+      );
+      expect(moves).toEqual([
+        { status: 'done', shards: [0, 1] },
+        { status: 'done', shards: [1] },
+      ]);
+    }
+    const again = await runCli(moveBoth('--resume'));
+    expect(again.code).toBe(1);
+    expect(`${again.stdout}\n${again.stderr}`).toMatch(/no unfinished move of shards 0-1/);
+  }, 180_000);
+});
+
 describe('PostgreSQL 18 source with a standby that syncs slots: the failover slot carries the move on', () => {
   const standby: ReplicatedHostOptions & { failoverSlots: boolean } = {
     binDir: EMBEDDED_BIN,

@@ -7,12 +7,16 @@ import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { startReplicatedHost, type ReplicatedHost } from '../helpers/standby.js';
+import { startTcpProxy, timed } from '../helpers/tcp-proxy.js';
 
 const PHOTOS_ONLY = {
   '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
 CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), user_id bigint NOT NULL, image_url text NOT NULL);
 ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
 };
+
+/** The standby's hostTimeout in the proxied router's map. */
+const BOUND_MS = 2000;
 
 interface Seen {
   inRecovery: boolean;
@@ -221,6 +225,39 @@ describe('reads from replicas (PostgreSQL 15 primary and streaming standby)', ()
     expect(seen).toEqual({ inRecovery: false, rows: 1 });
     expect(stats().replicaFallbackReasons.moved ?? 0).toBe((before.replicaFallbackReasons.moved ?? 0) + 1);
   });
+
+  it(
+    'a standby connection that stops passing bytes (the host fine, the flow lost) makes the read fall back to the primary within the host timeout',
+    { timeout: 60_000 },
+    async () => {
+      // The standby behind a proxy that can stall the connections open at a moment, new ones still passing.
+      const proxy = await startTcpProxy(standbyUrl());
+      const url = `postgres://postgres:${host.password}@127.0.0.1:${host.primary.port},127.0.0.1:${proxy.port}/fleet`;
+      const proxied = ShardRouter.fromConfig(
+        { ...router.map, hosts: router.map.hosts.map((h) => ({ ...h, url, timeoutMs: BOUND_MS })) },
+        { poolSize: 1 },
+      );
+      const onStandby = (client: pg.PoolClient) =>
+        client.query<{ r: boolean }>('SELECT pg_catalog.pg_is_in_recovery() AS r').then((r) => r.rows[0]!.r);
+      try {
+        expect(await proxied.withKey(6n, onStandby, { readOnly: true, replica: true })).toBe(true);
+        const before = proxied.stats().find((s) => s.host === 'pg1')!;
+        // The pooled standby connection is the one stalled: the next read waits on it.
+        proxy.stallEstablished();
+        const { value, ms } = await timed(() => proxied.withKey(6n, onStandby, { readOnly: true, replica: true }));
+        expect(value).toBe(false);
+        // One bound of silence, a probe and the standby's pg_stat_activity asked, slack for a loaded machine.
+        expect(ms).toBeLessThan(3 * BOUND_MS + 4000);
+        const after = proxied.stats().find((s) => s.host === 'pg1')!;
+        expect(after.replicaFallbackReasons.unreachable ?? 0).toBe(
+          (before.replicaFallbackReasons.unreachable ?? 0) + 1,
+        );
+      } finally {
+        await proxied.close();
+        await proxy.close();
+      }
+    },
+  );
 
   it.each([
     [{ replica: true }, 'replica true: needs readOnly: true'],
