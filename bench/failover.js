@@ -11,9 +11,9 @@
  * through). Target: median ≤ 2 s (the issue's, on this machine's loopback).
  */
 import { ShardRouter } from '../dist/index.js';
-import { formatMs, log, markdownTable, summarize, textTable, verdict, writeFleet } from './lib.js';
+import { formatMs, log, summarize, verdict, writeFleet } from './lib.js';
 import { init, loadConfig } from '../dist/index.js';
-import { startPrimaryWithStandby } from './standby.js';
+import { standbyPairSection, startPrimaryWithStandby } from './standby.js';
 
 export const description = 'time from pg_ctl promote to the first routed write on the new primary (PG 15 standby)';
 
@@ -143,17 +143,10 @@ function footer(result) {
   return `${result.callers} callers; failed calls over all runs: ${result.failed}${result.failureCodes.length ? ` (${result.failureCodes.join(', ')})` : ''}. Target (median ≤ 2 s): ${verdict(result.pass)}`;
 }
 
-/** @param {FailoverResult} result */
-export function table(result) {
-  return `failover, PostgreSQL ${result.major}, primary + streaming standby, ${SHARDS} shards\n${textTable(HEADERS, rows(result))}\n${footer(result)}`;
-}
+const section = standbyPairSection({ name: 'failover', shards: SHARDS, headers: HEADERS, rows, footer });
 
-/** @param {FailoverResult[]} results */
-export function markdown(results) {
-  return results
-    .map(
-      (result) =>
-        `PostgreSQL ${result.major}, a primary and a streaming standby (pg_basebackup -R), ${SHARDS} shards, the host's URL listing both:\n\n${markdownTable(HEADERS, rows(result))}\n\n${footer(result)}`,
-    )
-    .join('\n\n');
-}
+/** The text table of one run. */
+export const table = section.table;
+
+/** The markdown of the runs, one section per PostgreSQL major. */
+export const markdown = section.markdown;

@@ -18,19 +18,8 @@
  */
 import { ShardRouter } from '../dist/index.js';
 import { init, loadConfig } from '../dist/index.js';
-import {
-  formatCount,
-  log,
-  markdownTable,
-  ratio,
-  required,
-  roundOrder,
-  summarize,
-  textTable,
-  withClient,
-  writeFleet,
-} from './lib.js';
-import { startPrimaryWithStandby } from './standby.js';
+import { formatCount, log, ratio, required, roundOrder, summarize, withClient, writeFleet } from './lib.js';
+import { standbyPairSection, startPrimaryWithStandby } from './standby.js';
 
 export const description = 'read-only calls spread over a primary and its standby vs the primary alone (PG 15)';
 
@@ -181,17 +170,10 @@ function footer(result) {
   return `${result.callers} callers, ${formatCount(result.calls)} calls per side and round, ${formatCount(result.rows)} photos per shard; replica reads on the standby: ${formatCount(result.replicaReads)}, on the primary instead: ${result.replicaFallbacks}${reasons ? ` (${reasons})` : ''}.`;
 }
 
-/** @param {ReplicaReadsResult} result */
-export function table(result) {
-  return `replica-reads, PostgreSQL ${result.major}, primary + streaming standby, ${SHARDS} shards\n${textTable(HEADERS, rows(result))}\n${footer(result)}`;
-}
+const section = standbyPairSection({ name: 'replica-reads', shards: SHARDS, headers: HEADERS, rows, footer });
 
-/** @param {ReplicaReadsResult[]} results */
-export function markdown(results) {
-  return results
-    .map(
-      (result) =>
-        `PostgreSQL ${result.major}, a primary and a streaming standby (pg_basebackup -R), ${SHARDS} shards, the host's URL listing both:\n\n${markdownTable(HEADERS, rows(result))}\n\n${footer(result)}`,
-    )
-    .join('\n\n');
-}
+/** The text table of one run. */
+export const table = section.table;
+
+/** The markdown of the runs, one section per PostgreSQL major. */
+export const markdown = section.markdown;

@@ -2,7 +2,8 @@
  * A throw-away primary and a streaming standby made from it by `pg_basebackup -R` (the Debian
  * binaries of `major`: the embedded ones ship no pg_basebackup), for the benchmarks that need a
  * host with a standby (failover, replica-reads). `stopPrimary` and `promote` are what a failover
- * manager does; `dispose` stops both and removes their data.
+ * manager does; `dispose` stops both and removes their data. `standbyPairSection` is the report
+ * both benchmarks write.
  */
 import { spawn } from 'node:child_process';
 import { chmod, chown, mkdir, mkdtemp, rm } from 'node:fs/promises';
@@ -16,7 +17,7 @@ import {
   startCluster,
   stopCluster,
 } from '../dist/dev/local-postgres.js';
-import { binDirFor } from './lib.js';
+import { binDirFor, markdownTable, textTable } from './lib.js';
 
 /**
  * Runs a binary as the server's OS user (PostgreSQL refuses root); resolves with its exit code.
@@ -117,5 +118,28 @@ export async function startPrimaryWithStandby(major, name, database) {
       if (code !== 0) throw new Error(`pg_ctl promote exited ${code}`);
     },
     dispose,
+  };
+}
+
+/**
+ * The report of a benchmark run on a primary and its standby (failover, replica-reads): its text
+ * table for the terminal and its markdown section per PostgreSQL major, one frame around the
+ * benchmark's own rows and footer.
+ * @template {{ major: string }} R
+ * @param {{ name: string, shards: number, headers: string[], rows: (result: R) => string[][], footer: (result: R) => string }} report
+ */
+export function standbyPairSection(report) {
+  return {
+    /** @param {R} result */
+    table: (result) =>
+      `${report.name}, PostgreSQL ${result.major}, primary + streaming standby, ${report.shards} shards\n${textTable(report.headers, report.rows(result))}\n${report.footer(result)}`,
+    /** @param {R[]} results */
+    markdown: (results) =>
+      results
+        .map(
+          (result) =>
+            `PostgreSQL ${result.major}, a primary and a streaming standby (pg_basebackup -R), ${report.shards} shards, the host's URL listing both:\n\n${markdownTable(report.headers, report.rows(result))}\n\n${report.footer(result)}`,
+        )
+        .join('\n\n'),
   };
 }

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { CONTROL } from '../fleet/control.js';
+import { int, list, sql, type Sql } from '../pg/sql-template.js';
 import {
   describeShapeDifference,
   shapeOutliers,
@@ -22,13 +23,18 @@ import { rollbackQuietly } from '../pg/quiet.js';
  * except those defined in the shard's own schema (an enum per shard), which are named by name; so
  * are referenced tables. Constraints and indexes are compared by their catalog columns; their
  * definitions only where an expression, a predicate or a CHECK is involved. Every catalog is read
- * in one pass, grouped, with no per-table subquery: a few hundred ms at 8,192 shards.
+ * in one pass, grouped, with no per-table subquery: a few hundred ms at 8,192 shards. Of the
+ * active shards on the host, or of `shards` only.
  */
-export const SHAPE_FINGERPRINTS_SQL = `
+export function shapeFingerprintsSql(shards?: readonly number[]): Sql {
+  const filter = shards
+    ? sql`c.shard = ANY(ARRAY[${list(shards.map((shard) => int(shard, 'a shard number')))}]::int[])`
+    : sql`true`;
+  return sql`
 WITH s AS (
   SELECT c.shard, n.oid AS nsp, quote_ident(n.nspname) || '.' AS prefix
     FROM ${CONTROL}.shards c JOIN pg_namespace n ON n.nspname = c.schema_name
-   WHERE c.state = 'active' AND %SHARD_FILTER%
+   WHERE c.state = 'active' AND ${filter}
 ),
 lv AS (
   SELECT m.shard, string_agg(m.version::text, ',' ORDER BY m.version) AS level FROM ${CONTROL}.migrations m GROUP BY m.shard
@@ -62,6 +68,7 @@ f AS (
    GROUP BY s.shard, lv.level
 )
 SELECT level, fingerprint, string_agg(shard::text, ',' ORDER BY shard) AS shards FROM f GROUP BY level, fingerprint`;
+}
 
 /**
  * The shapes of the active shards on this host (of `shards` only, if given): one round trip. Hash
@@ -73,15 +80,12 @@ export async function readShardShapes(
   host: string,
   shards?: readonly number[],
 ): Promise<ShardShape[]> {
-  // Shard numbers are integers (validated by the caller's config), written as literals: a simple
-  // query carries the SET LOCAL in the same round trip.
-  const filter = shards
-    ? `c.shard = ANY(ARRAY[${shards.map((s) => String(Math.trunc(Number(s)))).join(',')}]::int[])`
-    : 'true';
-  const sql = `BEGIN;\nSET LOCAL enable_nestloop = off;\n${SHAPE_FINGERPRINTS_SQL.replace('%SHARD_FILTER%', filter)};\nCOMMIT;`;
+  // Shard numbers are written as literals (int checks them): a simple query carries the SET LOCAL
+  // in the same round trip.
+  const text = sql`BEGIN;\nSET LOCAL enable_nestloop = off;\n${shapeFingerprintsSql(shards)};\nCOMMIT;`;
   let results: pg.QueryResult<{ level: string; fingerprint: string; shards: string }>[];
   try {
-    results = (await client.query(sql)) as unknown as pg.QueryResult<{
+    results = (await client.query(text)) as unknown as pg.QueryResult<{
       level: string;
       fingerprint: string;
       shards: string;
@@ -99,7 +103,7 @@ export async function readShardShapes(
 /** The columns of the tables of two schemas, to name what differs between a shard and its reference. */
 async function readColumns(client: pg.Client, schema: string): Promise<ShapeColumn[]> {
   const result = await client.query<{ table: string; column: string; type: string }>(
-    `SELECT c.relname AS table, a.attname AS column, replace(format_type(a.atttypid, a.atttypmod), quote_ident(n.nspname) || '.', '') AS type
+    sql`SELECT c.relname AS table, a.attname AS column, replace(format_type(a.atttypid, a.atttypmod), quote_ident(n.nspname) || '.', '') AS type
        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
        JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
       WHERE n.nspname = $1 AND c.relkind IN ('r', 'p') ORDER BY c.relname, a.attnum`,

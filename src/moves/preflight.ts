@@ -1,36 +1,30 @@
-import { randomBytes } from 'node:crypto';
-import { constants } from 'node:fs';
-import { access } from 'node:fs/promises';
-import { dirname } from 'node:path';
-import pg from 'pg';
-import { formatShardList, shardsPhrase } from '../config/ranges.js';
-import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import type pg from 'pg';
+import { shardsPhrase } from '../config/ranges.js';
+import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { abortingMoveIds, controlTableExists } from '../fleet/control.js';
 import type { HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { shardDrift } from '../migrations/rules.js';
 import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
-import { rolesNamed, type PrivilegeObject } from './privileges.js';
-import { RUNNING_MOVES_OF_SQL } from './sql/control.js';
+import type { PrivilegeObject } from './privileges.js';
 import {
   APPLIED_CHECKSUMS_SQL,
   REPLICATION_SETTINGS_SQL,
-  rolesSql,
-  ownerNeedsSet,
   SOURCE_SHARD_STATES_SQL,
   targetShardStatesSql,
 } from './sql/preflight.js';
-import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql/replication.js';
-import { CURRENT_USER_SQL } from './sql/session.js';
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
-import { faultAfter, type MoveMode } from './state.js';
+import type { MoveMode } from './state.js';
 import { bytesPhrase, inflect } from '../text.js';
+import { onlineChecks } from './preflight-online.js';
 import { awaitedLater } from '../promises.js';
-import { connectedUrl, describePgError } from '../fleet/connect.js';
-import { hostClientSettings } from '../fleet/silence.js';
-import { libpqCompatible } from '../pg/tls.js';
-import { endQuietly } from '../pg/quiet.js';
+import type { PreflightCheck } from './preflight-check.js';
+import { canRewrite, reachabilityChecks } from './preflight-probes.js';
+import { roleChecks } from './preflight-roles.js';
+import { describeRunningMove, inactiveMessage, runningMovesOf } from './running-moves.js';
+
+export type { PreflightCheck } from './preflight-check.js';
 
 /**
  * The bytes of the schemas' tables and indexes from the catalog's page counts (relpages, as of the
@@ -43,18 +37,6 @@ const CATALOG_BYTES_SQL = `SELECT (coalesce(sum(c.relpages), 0) * current_settin
 /** The source's bounds on the WAL a slot may hold, in MB (-1: none). */
 const WAL_LIMITS_SQL = `SELECT (SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size') AS max_slot_wal_keep_size_mb,
               (SELECT setting FROM pg_settings WHERE name = 'wal_keep_size') AS wal_keep_size_mb`;
-
-export interface PreflightCheck {
-  readonly name: string;
-  readonly ok: boolean;
-  /**
-   * What was found, and when not ok, what to change. This stays words for a person, command names
-   * included, rather than a `next` list (errors.ts): most advice here is no shardctl command at all
-   * (ALTER TABLE … SET LOGGED, wal_level, dropping a schema), the dry run prints these lines as a
-   * report, and a program acts on `name` and `ok`.
-   */
-  readonly message: string;
-}
 
 export interface PreflightInput {
   readonly config: ShardctlConfig;
@@ -203,46 +185,9 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
     { num: input.target.serverVersionNum, text: input.target.serverVersion },
   ] as const;
   if (mode === 'online') {
-    const ok = versions.every((v) => v.num >= 150000);
-    add(
-      'versions',
-      ok,
-      `PostgreSQL ${versions[0].text} on ${source.name}, ${versions[1].text} on ${target.name}` +
-        (ok ? '' : '; online mode needs 15 or later on both (use --mode offline)'),
-    );
-    const settings = (await reads.settings)!;
-    const s = settings.rows[0]!;
-    add(
-      'wal_level',
-      s.wal_level === 'logical',
-      s.wal_level === 'logical'
-        ? `wal_level=logical on ${source.name}`
-        : `wal_level=${s.wal_level} on ${source.name}; set wal_level=logical and restart it, or use --mode offline`,
-    );
-    add(
-      'replication slots',
-      s.free_slots > 0 && s.free_senders > 0,
-      `${s.free_slots} free replication slots and ${s.free_senders} free WAL senders on ${source.name}` +
-        (s.free_slots > 0 && s.free_senders > 0 ? '' : '; raise max_replication_slots / max_wal_senders'),
-    );
-    const tables = (await reads.identities)!;
-    const noIdentity = tables.rows.filter((t) => !t.identity).map((t) => t.name);
-    add(
-      'replica identity',
-      noIdentity.length === 0,
-      noIdentity.length === 0
-        ? 'every table of the batch has a replica identity'
-        : `${tableList(noIdentity)} ${inflect(noIdentity.length, 'has', 'have')} no replica identity; add a primary key or ALTER TABLE … REPLICA IDENTITY FULL, or use --mode offline`,
-    );
-    // Logical replication does not carry unlogged tables: their writes after the copy would be lost.
-    const unlogged = tables.rows.filter((t) => !t.logged).map((t) => t.name);
-    add(
-      'logged tables',
-      unlogged.length === 0,
-      unlogged.length === 0
-        ? 'every table of the batch is logged (replicated)'
-        : `${tableList(unlogged)} ${inflect(unlogged.length, 'is', 'are')} UNLOGGED, which logical replication does not carry; ALTER TABLE … SET LOGGED, or use --mode offline (which copies them with writes fenced)`,
-    );
+    const settings = (await reads.settings)!.rows[0]!;
+    const tables = (await reads.identities)!.rows;
+    checks.push(...onlineChecks(versions, source.name, target.name, settings, tables));
     probe = input.probeReachability;
     if (!probe) add('target reaches source', true, 'not probed in --dry-run (it would create and drop a subscription)');
   } else {
@@ -333,217 +278,6 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
         `; wal_keep_size = ${bytesPhrase(Number(limits.wal_keep_size_mb) * 1024 * 1024)}`,
     );
   }
-  // Last, and only when everything else passed: shardctl's own replication connection to the source
-  // (the copy's snapshot needs one: a pooler refuses it), then a subscription created and dropped.
-  if (probe && checks.every((c) => c.ok)) {
-    const own = await probeReplicationConnection(source, src);
-    add(
-      'replication connection',
-      own === null,
-      own === null
-        ? `shardctl can open a replication connection to ${source.name}`
-        : `shardctl cannot open a replication connection to ${source.name}: ${own}` +
-            (/unsupported startup parameter/i.test(own)
-              ? `; that address looks like a connection pooler's: set ${source.name}'s directUrl to the server's own address`
-              : ''),
-    );
-  }
-  if (probe && checks.every((c) => c.ok)) {
-    const reach = await probeSubscription(dst, source.replicationUrl);
-    add(
-      'target reaches source',
-      reach === null,
-      reach === null
-        ? `${target.name} can connect to ${source.name} for replication`
-        : /unsupported startup parameter/i.test(reach)
-          ? `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; that address looks like a connection pooler's: set ${source.name}'s directUrl (or replicationUrl) to the server's own address`
-          : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
-    );
-  } else if (probe) {
-    add('target reaches source', true, 'not probed: other checks failed');
-  }
+  await reachabilityChecks(probe, checks, source, target, src, dst);
   return { checks, sourcePrivileges };
-}
-
-/**
- * Roles are per cluster: every role the source's owners, ACLs and default privileges name must exist
- * on the target, and the connecting role there must be able to give objects to the owners (and set
- * default privileges for their roles): a superuser, or a member of each (on PostgreSQL 16 and later,
- * one that may SET ROLE to it).
- */
-async function roleChecks(
-  objects: readonly PrivilegeObject[],
-  dst: pg.Client,
-  dstVersionNum: number,
-  sourceName: string,
-  targetName: string,
-  shardOf: (schema: string) => number,
-): Promise<PreflightCheck[]> {
-  const { all, owners } = rolesNamed(objects);
-  const [found, currentUser] = await Promise.all([
-    dst.query<{ rolname: string; member: boolean }>(rolesSql(dstVersionNum), [all]),
-    dst.query<{ current: string }>(CURRENT_USER_SQL),
-  ]);
-  const present = new Map(found.rows.map((r) => [r.rolname, r.member]));
-  const shardsNaming = (role: string, asOwner: boolean): string => {
-    const shards = [
-      ...new Set(
-        objects
-          .filter((o) => o.owner === role || (!asOwner && o.acl.some((a) => a.grantee === role || a.grantor === role)))
-          .map((o) => shardOf(o.schema)),
-      ),
-    ].sort((a, b) => a - b);
-    return shardsPhrase(shards);
-  };
-  const missing = all.filter((role) => !present.has(role));
-  const cannotGive = owners.filter((role) => present.get(role) === false);
-  const current = currentUser.rows[0]!.current;
-  const withSet = ownerNeedsSet(dstVersionNum);
-  return [
-    {
-      name: 'roles on target',
-      ok: missing.length === 0,
-      message:
-        missing.length === 0
-          ? `every role the owners, grants and default privileges of the batch name exists on ${targetName}`
-          : `${missing.map((role) => `role ${role} (named by ${shardsNaming(role, false)} on ${sourceName})`).join(', ')} ` +
-            `${inflect(missing.length, 'does', 'do')} not exist on ${targetName}: roles are per cluster; create the ${inflect(missing.length, 'role')} on ${targetName} first`,
-    },
-    {
-      name: 'owners on target',
-      ok: cannotGive.length === 0,
-      message:
-        cannotGive.length === 0
-          ? `${current} on ${targetName} can give the copies to their owners (${owners.join(', ') || 'none'})`
-          : `${current} on ${targetName} is neither superuser nor a member of ${cannotGive.map((role) => `${role} (owner in ${shardsNaming(role, true)})`).join(', ')}${withSet ? ' with the SET option' : ''}, ` +
-            `so it cannot give the copies to ${cannotGive.length === 1 ? 'that owner' : 'those owners'}; ` +
-            `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}${withSet ? ' WITH SET TRUE' : ''}), or connect as a superuser`,
-    },
-  ];
-}
-
-function tableList(names: readonly string[]): string {
-  const shown = names.slice(0, 5).join(', ');
-  return `${inflect(names.length, 'table')} ${shown}${names.length > 5 ? ` and ${names.length - 5} more` : ''}`;
-}
-
-/** Null when the file and its folder (for the atomic rename) are writable; else why not. */
-async function canRewrite(file: string): Promise<string | null> {
-  if (file === '<inline>') return 'the config was not read from a file (pass configFile)';
-  try {
-    await access(file, constants.R_OK | constants.W_OK);
-    await access(dirname(file), constants.W_OK);
-    return null;
-  } catch (error) {
-    return (error as Error).message;
-  }
-}
-
-/** Shards on the source that are not active: in a running move (named), or not recorded (init). */
-function inactiveMessage(
-  which: string,
-  host: string,
-  inactive: readonly { shard: number; state: string | null }[],
-  running: readonly RunningMove[],
-): string {
-  const moves = running.filter((m) => inactive.some((r) => m.shards.includes(r.shard)));
-  const be = inflect(inactive.length, 'is', 'are');
-  if (moves.length > 0)
-    return `${which} on ${host} ${be} ${inactive[0]!.state ?? 'not active'}: ${moves.map(describeRunningMove).join('; ')}`;
-  if (inactive.every((r) => r.state === null))
-    return `${which} on ${host} ${be} not recorded by shardctl; run shardctl init first`;
-  return `${which} on ${host} ${be} ${inactive[0]!.state} and no unfinished move of ${inflect(inactive.length, 'it', 'them')} is recorded; run shardctl status to see why`;
-}
-
-interface RunningMove {
-  readonly moveId: string;
-  readonly shards: readonly number[];
-  readonly source: string;
-  readonly target: string;
-  readonly step: string;
-  /** An abort of it began and was cut off: it can only be aborted again. */
-  readonly aborting: boolean;
-}
-
-async function runningMovesOf(client: pg.Client, shards: readonly number[]): Promise<RunningMove[]> {
-  if (!(await controlTableExists(client, 'moves'))) return [];
-  const r = await client.query<{
-    move_id: string;
-    shards: number[];
-    source: string;
-    target: string;
-    step: string;
-    aborting: boolean;
-  }>(RUNNING_MOVES_OF_SQL, [shards]);
-  return r.rows.map((row) => ({
-    moveId: row.move_id,
-    shards: row.shards,
-    source: row.source,
-    target: row.target,
-    step: row.step,
-    aborting: row.aborting,
-  }));
-}
-
-/**
- * The unfinished move, named so that a second operator can tell it from theirs, and the commands
- * that finish or undo it.
- */
-export function describeRunningMove(move: RunningMove): string {
-  const shards = formatShardList([...move.shards]);
-  return (
-    `move ${move.moveId} (${inflect(move.shards.length, 'shard')} ${shards}, ${move.source} → ${move.target}, last step done: ${move.step}) is unfinished; ` +
-    (move.aborting
-      ? `its abort was cut off: finish the undo with shardctl move-shard ${shards} --abort`
-      : `finish it with shardctl move-shard ${shards} --resume, or undo it with shardctl move-shard ${shards} --abort`)
-  );
-}
-
-/**
- * Null when shardctl can open a replication connection (the kind the copy's snapshot is taken on)
- * to the address the source's session reached; else the error, redacted.
- */
-async function probeReplicationConnection(host: HostConfig, session: pg.Client): Promise<string | null> {
-  // node-postgres supports replication connections; its type definitions do not list the option.
-  const config: pg.ClientConfig & { replication: string } = {
-    connectionString: libpqCompatible(connectedUrl(host, session)),
-    replication: 'database',
-    application_name: 'shardctl move',
-    ...hostClientSettings(host),
-  };
-  const client = new pg.Client(config);
-  client.on('error', () => undefined);
-  try {
-    await client.connect();
-    return null;
-  } catch (error) {
-    return describePgError(error);
-  } finally {
-    await endQuietly(client);
-  }
-}
-
-/**
- * Null when the target could open a replication connection to the source; else the error. The probe
- * subscription is recorded in the control schema before it is created, so a run killed in between
- * leaves a leftover that status lists and gc or --abort removes (src/moves/leftovers.ts).
- */
-async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<string | null> {
-  // Unique per call: the moves of a batch probe the same target at the same moment.
-  const name = `shardctl_probe_${process.pid}_${randomBytes(4).toString('hex')}`;
-  await target.query(recordObjectSql(name, 'probe-subscription'));
-  try {
-    await target.query(probeSubscriptionSql(name, sourceUrl));
-    faultAfter('probe');
-    await target.query(dropSubscriptionSql(name));
-    return null;
-  } catch (error) {
-    // A failed CREATE SUBSCRIPTION leaves nothing to drop; on a broken connection the record below stays, a
-    // leftover that gc and an abort remove.
-    await target.query(dropSubscriptionSql(name, { ifExists: true })).catch(() => undefined);
-    return (error as Error).message;
-  } finally {
-    // Fails only on a broken connection: the record then stays, a leftover that gc and an abort remove.
-    await target.query(forgetObjectSql(name)).catch(() => undefined);
-  }
 }

@@ -4,7 +4,8 @@ import { parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
 import { replicaRead, type WriteLsn } from './replicas.js';
-import { oneStatement, queryEachShardWithParams, type RouterInternals } from './shard-query.js';
+import { oneStatement, queryEachShardWithParams } from './shard-query.js';
+import type { RouterInternals } from './types.js';
 
 /** newest: ids descending (a feed); oldest: ascending. */
 export type PageOrder = 'newest' | 'oldest';

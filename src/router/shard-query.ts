@@ -1,59 +1,13 @@
 import type pg from 'pg';
-import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import type { HostConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
 import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
-import { framedPerShard, pipelining, type TransactionStart } from './begin.js';
-import type { Lease } from './connection.js';
+import { framedPerShard, pipelining } from './begin.js';
 import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
 import { runShardsQuery, ShardsQuery } from './pipeline.js';
 import type { ReplicaRead } from './replicas.js';
-import type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions, Via } from './types.js';
-
-/** What src/router/router.ts lends the modules that build calls on its paths (not public API). */
-export interface RouterInternals {
-  config(): ShardctlConfig;
-  checkShard(shard: number): void;
-  hostForShard(shard: number): HostConfig;
-  run<T>(
-    shard: number,
-    attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
-    readOnly?: boolean,
-  ): Promise<{ value: T; host: string }>;
-  attempt<T>(
-    host: HostConfig,
-    shard: number,
-    fn: ShardFn<T>,
-    options: TransactionOptions,
-    trace?: CallTrace,
-    via?: Via,
-  ): Promise<Attempt<T>>;
-  /** A replica read: `attempt` on a standby first, on the primary (no Via) when none will do. */
-  onReplica<T>(
-    host: HostConfig,
-    shard: number,
-    replica: ReplicaRead,
-    trace: CallTrace | undefined,
-    attempt: (via?: Via) => Promise<Attempt<T>>,
-  ): Promise<Attempt<T>>;
-  /** A chunk on a standby of the host; undefined sends its shards one by one. */
-  chunkOnReplica<V>(
-    host: HostConfig,
-    shards: readonly number[],
-    replica: ReplicaRead,
-    attempt: (via: Via) => Promise<V[] | undefined>,
-  ): Promise<V[] | undefined>;
-  fanOut<T>(
-    runShard: (shard: number) => Promise<{ value: T; host: string }>,
-    options: ForEachShardOptions,
-    chunks?: Chunking<T>,
-  ): Promise<ShardResult<T>[]>;
-  /** A pooled connection of the host for `work`, released or destroyed after it (connection.ts). */
-  withConnection<T>(host: HostConfig, shard: number, work: (lease: Lease) => Promise<T>, via?: Via): Promise<T>;
-  /** Counts a round trip of several shards in router.stats(). */
-  counted(host: string, ok: boolean): void;
-  transactionStart(shard: number, readOnly: boolean): TransactionStart;
-}
+import type { ForEachShardOptions, RouterInternals, Via } from './types.js';
 
 export interface ParamsQueryOptions extends ForEachShardOptions {
   query?: Omit<pg.QueryConfig, 'text' | 'values'>;

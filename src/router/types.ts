@@ -1,11 +1,16 @@
 import type pg from 'pg';
-import type { HostConfig } from '../config/types.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import type { TransactionStart } from './begin.js';
-import type { ReplicaReadOptions } from './replicas.js';
+import type { Lease } from './connection.js';
+import type { CallTrace } from './diagnostics.js';
+import type { ShardResult } from './errors.js';
+import type { RouterSettings } from './options.js';
+import type { ReplicaRead, ReplicaReadOptions } from './replicas.js';
 
 /**
- * The router's option and callback types that its call paths share (router.ts, shard-query.ts,
- * pages.ts): here, below all of them, so that no call path imports router.ts back.
+ * The router's option and callback types that its call paths share (router.ts, transaction.ts,
+ * script.ts, shard-query.ts, pages.ts, …): here, below all of them, so that no call path imports
+ * router.ts back.
  */
 
 export interface TransactionOptions extends ReplicaReadOptions {
@@ -47,4 +52,62 @@ export interface Chunking<T> {
   statements?: number;
   /** A chunk of one host's shards; undefined (or a rejection) sends them one by one. */
   runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
+}
+
+/**
+ * What src/router/router.ts lends the modules that build calls on its paths (not public API): one
+ * shard's call following moves, one attempt, the replica paths, the fan-out, a connection.
+ */
+export interface RouterInternals {
+  config(): ShardctlConfig;
+  /** The router's options, defaults resolved (options.ts). */
+  settings: RouterSettings;
+  checkShard(shard: number): void;
+  hostForShard(shard: number): HostConfig;
+  run<T>(
+    shard: number,
+    attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+    readOnly?: boolean,
+  ): Promise<{ value: T; host: string }>;
+  attempt<T>(
+    host: HostConfig,
+    shard: number,
+    fn: ShardFn<T>,
+    options: TransactionOptions,
+    trace?: CallTrace,
+    via?: Via,
+  ): Promise<Attempt<T>>;
+  /** A replica read: `attempt` on a standby first, on the primary (no Via) when none will do. */
+  onReplica<T>(
+    host: HostConfig,
+    shard: number,
+    replica: ReplicaRead,
+    trace: CallTrace | undefined,
+    attempt: (via?: Via) => Promise<Attempt<T>>,
+  ): Promise<Attempt<T>>;
+  /** A chunk on a standby of the host; undefined sends its shards one by one. */
+  chunkOnReplica<V>(
+    host: HostConfig,
+    shards: readonly number[],
+    replica: ReplicaRead,
+    attempt: (via: Via) => Promise<V[] | undefined>,
+  ): Promise<V[] | undefined>;
+  fanOut<T>(
+    runShard: (shard: number) => Promise<{ value: T; host: string }>,
+    options: ForEachShardOptions,
+    chunks?: Chunking<T>,
+  ): Promise<ShardResult<T>[]>;
+  /** A pooled connection of the host (or `via`'s) for `work`, released or destroyed after it (connection.ts). */
+  withConnection<T>(
+    host: HostConfig,
+    shard: number,
+    work: (lease: Lease) => Promise<T>,
+    via?: Via,
+    trace?: CallTrace,
+  ): Promise<T>;
+  /** Counts a round trip of several shards in router.stats(). */
+  counted(host: string, ok: boolean): void;
+  transactionStart(shard: number, readOnly: boolean): TransactionStart;
+  /** Keeps where the WAL ended after a committed write on the host (settings.trackWriteLsn). */
+  wrote(host: string, lsn: string | undefined): void;
 }

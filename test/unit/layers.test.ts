@@ -80,7 +80,7 @@ describe('source layers', () => {
     expect(eager).toEqual([]);
   });
 
-  it.each(['router/connection.ts', 'router/replicas.ts'])(
+  it.each(['router/connection.ts', 'router/replicas.ts', 'router/options.ts'])(
     '%s stands below router.ts: it imports nothing else of router/ (router.ts and the call paths use it)',
     (name) => {
       const file = join(SRC, name);

@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { describeShapeDifference, shapeOutliers, type ShardShape } from '../../src/migrations/rules.js';
+import { shapeFingerprintsSql } from '../../src/migrations/shape.js';
 
 const shape = (shard: number, fingerprint: string, level = '1,2'): ShardShape => ({
   shard,
@@ -56,5 +57,19 @@ describe('describeShapeDifference', () => {
       describeShapeDifference('insta7', [reference[1]!, reference[0]!, reference[2]!], 'insta0', reference),
     ).toEqual(['the columns of insta7 are in another order than in insta0']);
     expect(describeShapeDifference('insta7', reference, 'insta0', reference)).toEqual([]);
+  });
+});
+
+describe('shapeFingerprintsSql', () => {
+  it('reads the active shards of the host, or only the listed ones, written as checked integers', () => {
+    expect(shapeFingerprintsSql()).toContain("WHERE c.state = 'active' AND true\n");
+    expect(shapeFingerprintsSql([3, 17])).toContain(
+      "WHERE c.state = 'active' AND c.shard = ANY(ARRAY[3, 17]::int[])\n",
+    );
+    expect(shapeFingerprintsSql()).toContain('FROM "shardctl".shards c');
+  });
+
+  it.each([[-1], [1.5], [Number.NaN]])('refuses shard %s, naming it', (shard) => {
+    expect(() => shapeFingerprintsSql([0, shard])).toThrow(`not a shard number: ${shard}`);
   });
 });

@@ -1,0 +1,64 @@
+import type pg from 'pg';
+import { shardsPhrase } from '../config/ranges.js';
+import { inflect } from '../text.js';
+import type { PreflightCheck } from './preflight-check.js';
+import { rolesNamed, type PrivilegeObject } from './privileges.js';
+import { ownerNeedsSet, rolesSql } from './sql/preflight.js';
+import { CURRENT_USER_SQL } from './sql/session.js';
+
+/**
+ * Roles are per cluster: every role the source's owners, ACLs and default privileges name must exist
+ * on the target, and the connecting role there must be able to give objects to the owners (and set
+ * default privileges for their roles): a superuser, or a member of each (on PostgreSQL 16 and later,
+ * one that may SET ROLE to it).
+ */
+export async function roleChecks(
+  objects: readonly PrivilegeObject[],
+  dst: pg.Client,
+  dstVersionNum: number,
+  sourceName: string,
+  targetName: string,
+  shardOf: (schema: string) => number,
+): Promise<PreflightCheck[]> {
+  const { all, owners } = rolesNamed(objects);
+  const [found, currentUser] = await Promise.all([
+    dst.query<{ rolname: string; member: boolean }>(rolesSql(dstVersionNum), [all]),
+    dst.query<{ current: string }>(CURRENT_USER_SQL),
+  ]);
+  const present = new Map(found.rows.map((r) => [r.rolname, r.member]));
+  const shardsNaming = (role: string, asOwner: boolean): string => {
+    const shards = [
+      ...new Set(
+        objects
+          .filter((o) => o.owner === role || (!asOwner && o.acl.some((a) => a.grantee === role || a.grantor === role)))
+          .map((o) => shardOf(o.schema)),
+      ),
+    ].sort((a, b) => a - b);
+    return shardsPhrase(shards);
+  };
+  const missing = all.filter((role) => !present.has(role));
+  const cannotGive = owners.filter((role) => present.get(role) === false);
+  const current = currentUser.rows[0]!.current;
+  const withSet = ownerNeedsSet(dstVersionNum);
+  return [
+    {
+      name: 'roles on target',
+      ok: missing.length === 0,
+      message:
+        missing.length === 0
+          ? `every role the owners, grants and default privileges of the batch name exists on ${targetName}`
+          : `${missing.map((role) => `role ${role} (named by ${shardsNaming(role, false)} on ${sourceName})`).join(', ')} ` +
+            `${inflect(missing.length, 'does', 'do')} not exist on ${targetName}: roles are per cluster; create the ${inflect(missing.length, 'role')} on ${targetName} first`,
+    },
+    {
+      name: 'owners on target',
+      ok: cannotGive.length === 0,
+      message:
+        cannotGive.length === 0
+          ? `${current} on ${targetName} can give the copies to their owners (${owners.join(', ') || 'none'})`
+          : `${current} on ${targetName} is neither superuser nor a member of ${cannotGive.map((role) => `${role} (owner in ${shardsNaming(role, true)})`).join(', ')}${withSet ? ' with the SET option' : ''}, ` +
+            `so it cannot give the copies to ${cannotGive.length === 1 ? 'that owner' : 'those owners'}; ` +
+            `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}${withSet ? ' WITH SET TRUE' : ''}), or connect as a superuser`,
+    },
+  ];
+}

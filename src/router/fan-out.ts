@@ -1,0 +1,139 @@
+import { hostForShard } from '../config/types.js';
+import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
+import { Limit } from './limit.js';
+import type { Chunking, ForEachShardOptions, RouterInternals } from './types.js';
+
+/** What the fan-out needs of the router. */
+export type FanOutPaths = Pick<RouterInternals, 'config' | 'settings' | 'checkShard' | 'hostForShard'>;
+
+/**
+ * The fan-out behind forEachShard, queryEachShard and queryPage: `runShard` on each shard of
+ * `options.shards` (default every shard), at most `perHost` at once on a host and `concurrency`
+ * at once overall; every shard runs even when others fail, and the results come in shard order
+ * (a ShardFanOutError holds both results and failures). With `chunks`, several shards of one host
+ * go in one round trip: the first shard alone first tells how many results the text gives per
+ * shard (unless that is known), then each host's shards split evenly over its workers, and a
+ * chunk that fails (or whose results do not have that shape) runs again shard by shard, so the
+ * failing shard is named and the others' results kept.
+ */
+export async function fanOut<T>(
+  paths: FanOutPaths,
+  runShard: (shard: number) => Promise<{ value: T; host: string }>,
+  options: ForEachShardOptions,
+  chunks?: Chunking<T>,
+): Promise<ShardResult<T>[]> {
+  const shards = [...new Set(options.shards ?? Array.from({ length: paths.config().shards }, (_, i) => i))].sort(
+    (a, b) => a - b,
+  );
+  for (const shard of shards) paths.checkShard(shard);
+  const perHost = Math.min(options.perHost ?? paths.settings.poolSize, paths.settings.poolSize);
+  const overall = new Limit(options.concurrency ?? paths.settings.poolSize * paths.config().hosts.length);
+  if (!Number.isSafeInteger(perHost) || perHost < 1)
+    throw new RangeError(`perHost ${perHost} must be a positive integer`);
+
+  const outcomes = new Map<number, { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure }>();
+  let done = 0;
+  const record = (
+    shard: number,
+    outcome: { ok: true; result: ShardResult<T> } | { ok: false; failure: FanOutFailure },
+  ): void => {
+    outcomes.set(shard, outcome);
+    done += 1;
+    options.onShardDone?.({
+      shard,
+      host: outcome.ok ? outcome.result.host : outcome.failure.host,
+      ok: outcome.ok,
+      done,
+      total: shards.length,
+    });
+  };
+  const runOne = async (shard: number, hostName: string): Promise<void> => {
+    try {
+      const r = await runShard(shard);
+      record(shard, { ok: true, result: { shard, host: r.host, value: r.value } });
+    } catch (error) {
+      record(shard, {
+        ok: false,
+        failure: { shard, host: hostForShard(paths.config(), shard)?.name ?? hostName, error },
+      });
+    }
+  };
+
+  // Chunked runs: the first shard alone tells how many results the text gives per shard.
+  let statements: number | undefined;
+  let rest = shards;
+  if (chunks?.statements !== undefined) statements = chunks.statements;
+  else if (chunks && shards.length > 1) {
+    const first = shards[0]!;
+    rest = shards.slice(1);
+    await overall.run(async () => {
+      try {
+        const r = await chunks.probe(first);
+        statements = r.statements;
+        record(first, { ok: true, result: { shard: first, host: r.host, value: r.value } });
+      } catch (error) {
+        record(first, {
+          ok: false,
+          failure: { shard: first, host: hostForShard(paths.config(), first)?.name ?? '', error },
+        });
+      }
+    });
+  }
+
+  const byHost = new Map<string, number[]>();
+  for (const shard of rest) {
+    const host = paths.hostForShard(shard).name;
+    const queue = byHost.get(host);
+    if (queue) queue.push(shard);
+    else byHost.set(host, [shard]);
+  }
+  // Per host, `perHost` workers take that host's shards in order (a chunk at a time when
+  // chunking, the host's shards split evenly over its workers); each also holds a slot of the
+  // overall limit while it runs.
+  await Promise.all(
+    [...byHost.entries()].flatMap(([hostName, queue]) => {
+      const workers = Math.min(perHost, queue.length);
+      const size =
+        chunks && statements !== undefined
+          ? Math.max(1, Math.min(chunks.maxShards, Math.ceil(queue.length / workers)))
+          : 1;
+      let next = 0;
+      const worker = async (): Promise<void> => {
+        while (next < queue.length) {
+          const chunk = queue.slice(next, next + size);
+          next += chunk.length;
+          await overall.run(async () => {
+            if (chunk.length === 1 || !chunks || statements === undefined) {
+              for (const shard of chunk) await runOne(shard, hostName);
+              return;
+            }
+            const host = paths.hostForShard(chunk[0]!);
+            // A reload (a move) may have sent some of them elsewhere: only a chunk on one host runs whole.
+            // A failed chunk is not lost: its shards run one by one below, each reporting its own error.
+            const values = chunk.every((s) => paths.hostForShard(s) === host)
+              ? await chunks.runChunk(host, chunk, statements).catch(() => undefined)
+              : undefined;
+            if (values) {
+              chunk.forEach((shard, i) =>
+                record(shard, { ok: true, result: { shard, host: host.name, value: values[i]! } }),
+              );
+              return;
+            }
+            // The chunk failed (or its results were not what one shard gives): shard by shard.
+            for (const shard of chunk) await runOne(shard, hostName);
+          });
+        }
+      };
+      return Array.from({ length: workers }, worker);
+    }),
+  );
+  const results: ShardResult<T>[] = [];
+  const failures: FanOutFailure[] = [];
+  for (const shard of shards) {
+    const outcome = outcomes.get(shard)!;
+    if (outcome.ok) results.push(outcome.result);
+    else failures.push(outcome.failure);
+  }
+  if (failures.length > 0) throw new ShardFanOutError(results, failures, shards.length);
+  return results;
+}

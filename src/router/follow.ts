@@ -1,0 +1,164 @@
+import type { HostConfig } from '../config/types.js';
+import { shardMovedTo } from '../config/shard-map.js';
+import { CONTROL, shardIsActive } from '../fleet/control.js';
+import type { CallTrace, RouterDiagnostics } from './diagnostics.js';
+import { isFailoverSymptom, isInDoubt } from './failover.js';
+import type { RouterSettings } from './options.js';
+import type { HostPools } from './pools.js';
+import type { Attempt } from './types.js';
+
+/**
+ * One call of the router, following the shard: its attempts run on the host the map names; an
+ * attempt that meets a moved shard (SC100, or the old copy gone) goes to the shard's new host once
+ * that host holds it, or waits (a short backoff) while the move is between its fence and its
+ * switch; one that meets a failover waits for the host's new primary (pools.ts). fn may therefore
+ * run more than once; only a failed, rolled back attempt is run again.
+ */
+
+const FIRST_BACKOFF_MS = 5;
+const MAX_BACKOFF_MS = 100;
+/**
+ * Stale-map symptoms other than SC100: the old copy dropped (--drop-source, gc), or the old name
+ * now views (no functions there): a missing relation, schema or function, or a statement views do
+ * not take (TRUNCATE, COPY FROM, ALTER TABLE: 42809, wrong object type, before any of the views'
+ * triggers can raise SC100); or a next_id() call caught by the clean-up's rename of the old copy
+ * (its sequence then resolves in the renamed schema: SC003). Taken as a move only when the host
+ * says it no longer holds the shard.
+ */
+const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000', '42883', '42809', 'SC003']);
+
+/** What the follow loop needs of the router. */
+export interface FollowPaths {
+  settings: RouterSettings;
+  diagnostics: RouterDiagnostics;
+  pools: HostPools;
+  checkShard(shard: number): void;
+  hostForShard(shard: number): HostConfig;
+  hosts(): readonly HostConfig[];
+  reload(): Promise<void>;
+  /** The shard's new host answered that it holds the shard, ahead of the next discovery. */
+  followed(shard: number, host: string): void;
+}
+
+/** One call, following moves: returns fn's value and the host it committed on (counted, and traced when observed). */
+export async function runFollowing<T>(
+  paths: FollowPaths,
+  shard: number,
+  attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+  readOnly = false,
+): Promise<{ value: T; host: string }> {
+  paths.checkShard(shard);
+  const trace = paths.diagnostics.begin(shard);
+  let last: string | undefined;
+  try {
+    const done = await follow(paths, shard, attemptOn, trace, (host) => (last = host), readOnly);
+    paths.diagnostics.ended(done.host, true);
+    trace?.end(done.host);
+    return done;
+  } catch (error) {
+    // No host at all (none reachable holds the shard): nothing to count against.
+    if (last !== undefined) paths.diagnostics.ended(last, false);
+    trace?.end(last ?? '', { error });
+    throw error;
+  }
+}
+
+async function follow<T>(
+  paths: FollowPaths,
+  shard: number,
+  attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+  trace: CallTrace | undefined,
+  onHost: (host: string) => void,
+  readOnly: boolean,
+): Promise<{ value: T; host: string }> {
+  const { settings, diagnostics, pools } = paths;
+  let fencedSince: number | undefined;
+  let backoffMs = FIRST_BACKOFF_MS;
+  let failoverDeadline: number | undefined;
+  for (;;) {
+    const host = paths.hostForShard(shard);
+    onHost(host.name);
+    trace?.attempt(host.name);
+    const usedAddress = pools.knownAddress(host);
+    let attempt: Attempt<T>;
+    try {
+      attempt = await attemptOn(host, trace);
+    } catch (error) {
+      // Connecting failed, or the connection was lost where nothing can have committed.
+      if (!isInDoubt(error) && isFailoverSymptom(error, readOnly)) {
+        failoverDeadline ??= Date.now() + settings.failoverTimeoutMs;
+        // Bounded even when each search finds an address at once and the call fails there again.
+        if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error)))
+          continue;
+      }
+      throw error;
+    }
+    if (attempt.ok) return { value: attempt.value, host: host.name };
+    const error = attempt.error;
+    // fn's statement failed because the host's primary went away: rolled back, run it again there.
+    if (isFailoverSymptom(error, readOnly)) {
+      failoverDeadline ??= Date.now() + settings.failoverTimeoutMs;
+      if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error))) continue;
+      throw error;
+    }
+    const moved = shardMovedTo(error);
+    if (!moved && !MISSING_OBJECT_SQLSTATES.has((error as { code?: string }).code ?? '')) throw error;
+    // A missing object on a host that still holds the shard is the application's error.
+    if (!moved && (await holds(paths, host.name, shard)) !== false) throw error;
+
+    const now = Date.now();
+    fencedSince ??= now;
+    const waited = now - fencedSince;
+    if (waited >= settings.fencedTimeoutMs) throw error;
+    trace?.retry(host.name, error);
+    // The fence names the new host: straight there once it holds the shard (the switch is done).
+    if (moved && moved.host !== host.name) {
+      // No host answering the reload just now leaves the map in use: holds() below decides all the same.
+      trace?.waiting('the new host to hold the shard', moved.host);
+      if (!paths.hosts().some((h) => h.name === moved.host)) await paths.reload().catch(() => undefined);
+      if ((await holds(paths, moved.host, shard)) === true) {
+        paths.followed(shard, moved.host);
+        diagnostics.followed(host.name);
+        trace?.followed(host.name, moved.host);
+        continue;
+      }
+    } else {
+      trace?.waiting('the placement (reading the fleet)');
+      try {
+        await paths.reload();
+      } catch {
+        // No host answered just now: retry with the map in use.
+      }
+      const now = paths.hostForShard(shard).name;
+      if (now !== host.name) {
+        diagnostics.followed(host.name);
+        trace?.followed(host.name, now);
+        continue;
+      }
+    }
+    // Fenced, not switched yet: wait a little, then try again.
+    const jitter = Math.random() * backoffMs * 0.5;
+    const since = trace?.waiting('the fence of a move', host.name);
+    await new Promise((resolve) =>
+      setTimeout(resolve, Math.min(backoffMs + jitter, settings.fencedTimeoutMs - waited)),
+    );
+    if (since !== undefined) trace?.fenceWaited(since);
+    backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
+  }
+}
+
+/** Whether `hostName` holds `shard` active (its control schema says so); undefined when it cannot tell. */
+async function holds(paths: FollowPaths, hostName: string, shard: number): Promise<boolean | undefined> {
+  const host = paths.hosts().find((h) => h.name === hostName);
+  if (!host) return undefined;
+  try {
+    const result = await (
+      await paths.pools.pool(host)
+    ).query<{ active: boolean }>(`SELECT ${shardIsActive()} AS active FROM ${CONTROL}.shards WHERE shard = $1`, [
+      shard,
+    ]);
+    return result.rows[0]?.active ?? false;
+  } catch {
+    return undefined;
+  }
+}

@@ -1,0 +1,106 @@
+import type { Env } from '../config/env.js';
+
+/** The default of ShardRouterOptions.maxConnectionLifetimeMs: one hour. */
+export const DEFAULT_MAX_CONNECTION_LIFETIME_MS = 3_600_000;
+
+export interface ShardRouterOptions {
+  /** Connections per host (the pg.Pool's max). Default 10. */
+  poolSize?: number;
+  /**
+   * statement_timeout of every routed statement, in ms; 0 or unset: the server's setting. Set per
+   * transaction (`SET LOCAL`, in the same round trip as BEGIN), not as a connection's startup
+   * parameter, so it holds through a transaction pooler (PgBouncer refuses a startup
+   * statement_timeout, or drops it with ignore_startup_parameters) and never outlives the call.
+   */
+  statementTimeoutMs?: number;
+  /** idle_in_transaction_session_timeout of every routed transaction, in ms (per transaction, as above); unset: the server's setting. */
+  idleInTransactionTimeoutMs?: number;
+  /**
+   * Shown in pg_stat_activity. Default 'shardctl-router'. A startup parameter: PgBouncer passes it
+   * on to the server connection a transaction runs on.
+   */
+  applicationName?: string;
+  /** How long to wait for a connection (connecting, or a free one in the pool). Default 10 s. */
+  connectTimeoutMs?: number;
+  /** How long an idle pooled connection is kept. Default 30 s; 0 keeps them until close(). */
+  idleTimeoutMs?: number;
+  /**
+   * A pooled connection is closed once it is this old (when idle, or when released after its call),
+   * and the next call opens a new one: whatever a server connection accumulates per shard it serves
+   * (relation and catalog caches, about 16-20 KB a shard touched; docs/ids.md) is bounded in time.
+   * Default 1 hour; 0 turns it off. Whole seconds (rounded up).
+   */
+  maxConnectionLifetimeMs?: number;
+  /** A pooled connection is closed after this many calls (checkouts). Default 0: no limit. */
+  maxConnectionUses?: number;
+  /**
+   * How long a call keeps retrying a shard that answers SQLSTATE SC100 (a move between its fence and
+   * its switch) before that error reaches the caller. Default 10 s.
+   */
+  fencedTimeoutMs?: number;
+  /**
+   * A call still running this long (waiting for a pooled connection, the server, a move's fence or
+   * the placement) logs one warning naming its shard, host and what it waits for
+   * (src/router/diagnostics.ts). Default 0: no warning.
+   */
+  slowCallMs?: number;
+  /**
+   * How long a call waits for a host whose primary went away (connection lost, server shut down,
+   * read-only after a demotion) to have a primary again at one of its addresses (its URL's, or the
+   * fleet registry's) before the error reaches the caller. Default 15 s. A host of one address and
+   * no other registry address is tried again once, not waited for. See src/router/failover.ts.
+   */
+  failoverTimeoutMs?: number;
+  /**
+   * Read where the WAL ends after each committed read-write call (pg_current_wal_insert_lsn(), in
+   * the same round trip as the COMMIT), for router.lastWriteLsn(shard) and read-your-writes on
+   * replicas (src/router/replicas.ts). Default false: one more statement per write.
+   */
+  trackWriteLsn?: boolean;
+  /** For ${VAR} in host URLs; default process.env. */
+  env?: Env;
+  /** Resolves a relative config path; default process.cwd(). */
+  cwd?: string;
+}
+/** The router's options with their defaults resolved and checked once, when it is made. */
+export type RouterSettings = Required<
+  Omit<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs' | 'trackWriteLsn'>
+> &
+  Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs' | 'trackWriteLsn'>;
+
+/** The options' defaults, each checked (a RangeError naming the option and its value). */
+export function routerSettings(options: ShardRouterOptions): RouterSettings {
+  const poolSize = options.poolSize ?? 10;
+  if (!Number.isSafeInteger(poolSize) || poolSize < 1)
+    throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
+  for (const name of ['statementTimeoutMs', 'idleInTransactionTimeoutMs'] as const) {
+    const value = options[name];
+    if (value !== undefined && (!Number.isSafeInteger(value) || value < 0 || value > 2_147_483_647))
+      throw new RangeError(`${name} ${value} must be a whole number of milliseconds (0: the server's setting)`);
+  }
+  const maxConnectionLifetimeMs = options.maxConnectionLifetimeMs ?? DEFAULT_MAX_CONNECTION_LIFETIME_MS;
+  if (!Number.isSafeInteger(maxConnectionLifetimeMs) || maxConnectionLifetimeMs < 0)
+    throw new RangeError(
+      `maxConnectionLifetimeMs ${maxConnectionLifetimeMs} must be a whole number of milliseconds (0: no limit)`,
+    );
+  const maxConnectionUses = options.maxConnectionUses ?? 0;
+  if (!Number.isSafeInteger(maxConnectionUses) || maxConnectionUses < 0)
+    throw new RangeError(`maxConnectionUses ${maxConnectionUses} must be a whole number (0: no limit)`);
+  const settings: RouterSettings = {
+    ...options,
+    poolSize,
+    applicationName: options.applicationName ?? 'shardctl-router',
+    connectTimeoutMs: options.connectTimeoutMs ?? 10_000,
+    idleTimeoutMs: options.idleTimeoutMs ?? 30_000,
+    fencedTimeoutMs: options.fencedTimeoutMs ?? 10_000,
+    failoverTimeoutMs: options.failoverTimeoutMs ?? 15_000,
+    maxConnectionLifetimeMs,
+    maxConnectionUses,
+    slowCallMs: options.slowCallMs ?? 0,
+  };
+  if (!Number.isSafeInteger(settings.slowCallMs) || settings.slowCallMs < 0)
+    throw new RangeError(`slowCallMs ${settings.slowCallMs} must be a whole number of milliseconds (0: no warning)`);
+  if (options.trackWriteLsn !== undefined && typeof options.trackWriteLsn !== 'boolean')
+    throw new RangeError(`trackWriteLsn ${JSON.stringify(options.trackWriteLsn)} must be true or false`);
+  return settings;
+}

@@ -1,0 +1,178 @@
+import pg from 'pg';
+import type { HostConfig } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
+import { hostClientSettings, watchSilence } from '../fleet/silence.js';
+import { endQuietly } from '../pg/quiet.js';
+import { registerUrlSecret } from '../pg/redact.js';
+import { libpqCompatible } from '../pg/tls.js';
+import type { CallTrace } from './diagnostics.js';
+import { FAILOVER_RETRY_MS, HostAddressBook, isHostDown } from './failover.js';
+import type { RouterSettings } from './options.js';
+
+/**
+ * The router's connections to the hosts' primaries: one pg.Pool per host, made on first use for the
+ * address of the host that is its primary now (failover.ts's HostAddressBook), ended when the host
+ * leaves the map, changes URL or fails over; and the search for a host's new primary after a
+ * failover symptom, shared by the calls that meet it.
+ */
+export class HostPools {
+  /** Per host: its pool, the host URL it was made for and the one address it connects to. */
+  private readonly pools = new Map<string, { url: string; address: string; pool: pg.Pool }>();
+  /** Which address of each host is its primary now; found again after a failover (failover.ts). */
+  private readonly addresses: HostAddressBook;
+  /** Per host, the search for its new primary that calls meeting a failover wait on. */
+  private readonly recovering = new Map<string, Promise<boolean>>();
+  private readonly ending = new Set<Promise<void>>();
+  private closed = false;
+
+  constructor(
+    private readonly settings: RouterSettings,
+    /** The router's map now, and its reload (the registry may name another address for a host). */
+    private readonly fleet: { hosts(): readonly HostConfig[]; reload(): Promise<void> },
+  ) {
+    this.addresses = new HostAddressBook({
+      applicationName: settings.applicationName,
+      connectTimeoutMs: settings.connectTimeoutMs,
+    });
+  }
+
+  /** The address of `host` the pool goes to now, if one is known. */
+  knownAddress(host: HostConfig): string | undefined {
+    return this.addresses.known(host)?.url;
+  }
+
+  /** After a discovery: the registry's addresses, and the pools of hosts gone from `hosts` or whose URL changed ended. */
+  learn(registryUrls: ReadonlyMap<string, string>, hosts: readonly HostConfig[]): void {
+    this.addresses.learn(registryUrls);
+    for (const [name, entry] of this.pools) {
+      const host = hosts.find((h) => h.name === name);
+      if (!host || host.url !== entry.url) {
+        this.end(name);
+        this.addresses.forget(name);
+      }
+    }
+  }
+
+  /** The host's pool, made (or made again for a new primary address) when needed. */
+  async pool(host: HostConfig): Promise<pg.Pool> {
+    if (this.closed) throw new Error('the ShardRouter is closed');
+    const existing = this.pools.get(host.name);
+    if (existing && existing.url === host.url && this.addresses.known(host)?.url === existing.address)
+      return existing.pool;
+    const address = (await this.addresses.resolve(host)).url;
+    if (this.closed) throw new Error('the ShardRouter is closed');
+    const current = this.pools.get(host.name);
+    if (current && current.url === host.url && current.address === address) return current.pool;
+    if (current) this.end(host.name);
+    registerUrlSecret(host.url);
+    registerUrlSecret(address);
+    const pool = new pg.Pool({
+      connectionString: libpqCompatible(address),
+      max: this.settings.poolSize,
+      application_name: this.settings.applicationName,
+      ...hostClientSettings(host),
+      connectionTimeoutMillis: this.settings.connectTimeoutMs,
+      idleTimeoutMillis: this.settings.idleTimeoutMs,
+      // pg.Pool counts both in its own units: whole seconds, and 0 / Infinity for none.
+      maxLifetimeSeconds: Math.ceil(this.settings.maxConnectionLifetimeMs / 1000),
+      maxUses: this.settings.maxConnectionUses || Infinity,
+    });
+    // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
+    // application. The pool drops that connection and the next checkout opens a new one.
+    pool.on('error', () => undefined);
+    // A host that stops answering fails the call waiting on it, naming the host, within its timeout
+    // (the address this pool goes to is the one probed).
+    const watched = address === host.url ? host : { ...host, url: address };
+    pool.on('connect', (client) => watchSilence(client, watched));
+    this.pools.set(host.name, { url: host.url, address, pool });
+    return pool;
+  }
+
+  /** A pooled connection of `host`; failing names the host and the shard. */
+  async connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
+    try {
+      const since = trace?.waiting('a pooled connection', host.name);
+      const client = await (await this.pool(host)).connect();
+      if (since !== undefined) trace?.poolWaited(since);
+      return client;
+    } catch (error) {
+      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
+        shard,
+        code: 'HOST_UNREACHABLE',
+        cause: error,
+      });
+    }
+  }
+
+  /**
+   * After a failover symptom on `host` (failover.ts): forgets the address the failed call used
+   * (unless another call already found a new one), and looks for the host's primary until one
+   * answers or `deadline`; re-reads the registry meanwhile. Resolves true when a primary was found
+   * (the call may run again), false otherwise. Calls meeting the same failure share one search.
+   */
+  recover(host: HostConfig, usedAddress: string | undefined, deadline: number, error: unknown): Promise<boolean> {
+    if (this.closed) return Promise.resolve(false);
+    // A host of one address, with no other in the registry, that could not be reached or stopped
+    // answering (the silence watchdog has already asked it over a new connection): nowhere to go.
+    if (isHostDown(error) && !this.hasAlternatives(host)) return Promise.resolve(false);
+    if (usedAddress !== undefined && this.addresses.known(host)?.url === usedAddress) {
+      this.addresses.forget(host.name);
+      this.end(host.name);
+    }
+    let recovering = this.recovering.get(host.name);
+    if (!recovering) {
+      recovering = this.searchPrimary(host.name, deadline).finally(() => this.recovering.delete(host.name));
+      this.recovering.set(host.name, recovering);
+    }
+    return recovering;
+  }
+
+  private async searchPrimary(name: string, deadline: number): Promise<boolean> {
+    let reloaded: Promise<void> | undefined;
+    for (let round = 0; ; round += 1) {
+      const host = this.fleet.hosts().find((h) => h.name === name);
+      if (!host || this.closed) return false;
+      try {
+        await this.addresses.resolve(host, true);
+        return true;
+      } catch {
+        // No address answers as a primary yet.
+      }
+      // The registry may name another address for the host (map pull), or the file another URL.
+      reloaded ??= this.fleet.reload().catch(() => undefined);
+      if (round === 0) await reloaded;
+      const now = this.fleet.hosts().find((h) => h.name === name);
+      // A host with nowhere else to look is tried again once (after the reload), not waited for.
+      if (!now || (round > 0 && !this.hasAlternatives(now)) || Date.now() >= deadline) return false;
+      if (round > 0) await new Promise((resolve) => setTimeout(resolve, FAILOVER_RETRY_MS));
+      if (round % 20 === 19) reloaded = undefined;
+    }
+  }
+
+  private hasAlternatives(host: HostConfig): boolean {
+    return !HostAddressBook.isPlain(host) || this.addresses.hasRegistryAlternative(host);
+  }
+
+  /** Ends the host's pool (after its checked-out connections come back). */
+  end(name: string): void {
+    const entry = this.pools.get(name);
+    if (!entry) return;
+    this.pools.delete(name);
+    const ending = endQuietly(entry.pool);
+    this.ending.add(ending);
+    void ending.finally(() => this.ending.delete(ending));
+  }
+
+  /** Ends every pool and waits for them; no pool is made after. */
+  async close(): Promise<void> {
+    this.closed = true;
+    for (const name of [...this.pools.keys()]) this.end(name);
+    await Promise.all([...this.ending]);
+  }
+
+  /** The open pools by host name. */
+  byHost(): Map<string, pg.Pool> {
+    return new Map([...this.pools].map(([name, entry]) => [name, entry.pool]));
+  }
+}

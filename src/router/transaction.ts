@@ -1,0 +1,155 @@
+import type pg from 'pg';
+import { shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { quoteIdent } from '../pg/quote.js';
+import { DeferredBegin, TransactionStart, WRITE_LSN_SQL } from './begin.js';
+import { CommitUnknownError, isConnectionLoss } from './failover.js';
+import type { RouterSettings } from './options.js';
+import type { CallTrace } from './diagnostics.js';
+import type { Attempt, RouterInternals, ShardFn, TransactionOptions, Via } from './types.js';
+
+/**
+ * One shard's transaction on the router's paths: the statements that start it (built once per
+ * shard and map) and one attempt of fn inside it, committed or rolled back.
+ */
+
+/** Per shard, the statements that start its transaction (read-write, read-only), for one map: a reload makes new ones. */
+export class TransactionStarts {
+  private readonly starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [
+    new Map<number, TransactionStart>(),
+    new Map<number, TransactionStart>(),
+  ];
+
+  constructor(
+    private readonly config: ShardctlConfig,
+    private readonly options: Pick<RouterSettings, 'statementTimeoutMs' | 'idleInTransactionTimeoutMs'>,
+  ) {}
+
+  /**
+   * BEGIN [READ ONLY], the shard's search_path and the router's timeouts, built once per shard and
+   * map. Everything is transaction-local: a pooled server connection (the router's own, or
+   * PgBouncer's shared by other clients) is left with the server's settings when the call ends.
+   */
+  transactionStart(shard: number, readOnly: boolean): TransactionStart {
+    const cache = this.starts[readOnly ? 1 : 0];
+    let start = cache.get(shard);
+    if (!start) {
+      start = new TransactionStart(this.startStatements(shard, readOnly));
+      cache.set(shard, start);
+    }
+    return start;
+  }
+
+  startStatements(shard: number, readOnly: boolean): string[] {
+    const { statementTimeoutMs, idleInTransactionTimeoutMs } = this.options;
+    return [
+      `BEGIN${readOnly ? ' READ ONLY' : ''}`,
+      `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`,
+      ...(statementTimeoutMs ? [`SET LOCAL statement_timeout = ${statementTimeoutMs}`] : []),
+      ...(idleInTransactionTimeoutMs
+        ? [`SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`]
+        : []),
+    ];
+  }
+}
+
+/** What an attempt needs of the router. */
+export type TransactionPaths = Pick<RouterInternals, 'settings' | 'withConnection' | 'transactionStart' | 'wrote'>;
+
+/**
+ * One attempt of fn on `shard` of `host` (or `via`'s standby): fn's value once committed, or fn's
+ * error once rolled back (the caller's loop decides whether to run it again); a COMMIT whose
+ * answer was lost throws CommitUnknownError, never retried.
+ */
+export async function attempt<T>(
+  paths: TransactionPaths,
+  host: HostConfig,
+  shard: number,
+  fn: ShardFn<T>,
+  options: TransactionOptions,
+  trace?: CallTrace,
+  via?: Via,
+): Promise<Attempt<T>> {
+  const readOnly = options.readOnly ?? false;
+  const tracking = !readOnly && paths.settings.trackWriteLsn === true;
+  return paths.withConnection(
+    host,
+    shard,
+    async (lease) => {
+      const client = lease.client;
+      // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
+      // fn returns that query's promise (DeferredBegin).
+      const begin = new DeferredBegin(
+        client,
+        via ? via.start(shard) : paths.transactionStart(shard, readOnly),
+        tracking,
+      );
+      let value: T;
+      try {
+        const returned = fn(client, shard);
+        begin.returned(returned);
+        value = await returned;
+      } catch (error) {
+        // Restored first: the ROLLBACK must reach the server even after a COMMIT went with fn's query.
+        begin.restore();
+        // The COMMIT went with fn's query, and the connection was lost before its answer.
+        if (begin.commitSent && !options.readOnly && isConnectionLoss(error)) {
+          lease.broken(error);
+          throw new CommitUnknownError(host.name, shard, error);
+        }
+        if (begin.started) await lease.rollback();
+        // On a standby, the check that failed (replicas.ts) rather than fn's "transaction is aborted".
+        return { ok: false, error: via ? (begin.error ?? error) : error };
+      }
+      begin.restore();
+      // fn ran no statement: no transaction was started, nothing to commit.
+      if (!begin.started) return { ok: true, value };
+      if (begin.error) throw begin.error;
+      // Committed with fn's only query.
+      if (begin.committed === 'COMMIT') {
+        if (tracking) paths.wrote(host.name, begin.writeLsn);
+        return { ok: true, value };
+      }
+      const commit =
+        begin.committed !== undefined
+          ? { command: begin.committed }
+          : await commitOrDoubt(client, host, shard, tracking);
+      if (tracking && commit.command === 'COMMIT') paths.wrote(host.name, commit.writeLsn);
+      // COMMIT of a transaction in which a statement failed (fn caught the error) rolls back.
+      if (commit.command === 'ROLLBACK') {
+        throw new HostError(
+          host.name,
+          'the transaction was rolled back: a statement in it failed and fn caught the error',
+          {
+            shard,
+            code: 'TRANSACTION_ABORTED',
+          },
+        );
+      }
+      return { ok: true, value };
+    },
+    via,
+    trace,
+  );
+}
+
+/** COMMIT on its own round trip; a connection lost before its answer leaves the outcome unknown. */
+async function commitOrDoubt(
+  client: pg.PoolClient,
+  host: HostConfig,
+  shard: number,
+  readWriteLsn = false,
+): Promise<{ command: string; writeLsn?: string }> {
+  try {
+    if (!readWriteLsn) return await client.query('COMMIT');
+    // The WAL's end right after the COMMIT, in the same round trip (router.lastWriteLsn).
+    const [commit, lsn] = (await client.query(`COMMIT;${WRITE_LSN_SQL}`)) as unknown as [
+      pg.QueryResult,
+      pg.QueryResult<{ lsn: string }>,
+    ];
+    return { command: commit.command, ...(lsn.rows[0] ? { writeLsn: lsn.rows[0].lsn } : {}) };
+  } catch (error) {
+    if (isConnectionLoss(error)) throw new CommitUnknownError(host.name, shard, error);
+    throw error;
+  }
+}
