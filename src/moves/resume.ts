@@ -74,8 +74,12 @@ export async function continueMoves(
           }
           // A failover since may have taken the slot, or changes the target had applied: the copy restarts then.
           const from = await checkAfterFailover(ctx, step, detail);
-          announce(ctx, from, `resuming move ${record.moveId} (${shardsPhrase(record.shards)}) after step ${from}`);
-          await runSteps(ctx, from);
+          // `cleaned` where the record was not: the move was split and both parts carried to the end
+          // (continueUnswitched, which said so); nothing is left to resume.
+          if (from !== 'cleaned' || step === 'cleaned') {
+            announce(ctx, from, `resuming move ${record.moveId} (${shardsPhrase(record.shards)}) after step ${from}`);
+            await runSteps(ctx, from);
+          }
           return moveResult(ctx, 'moved', [], started);
         } finally {
           await closePart(part);
