@@ -114,7 +114,9 @@ export async function startReplicatedHost(
       encoding: 'utf8',
     });
     if (result.status !== 0)
-      throw new Error(`pg_ctl ${args.join(' ')} failed: ${result.error?.message ?? `${result.stderr}${result.stdout}`}`);
+      throw new Error(
+        `pg_ctl ${args.join(' ')} failed: ${result.error?.message ?? `${result.stderr}${result.stdout}`}`,
+      );
   };
   try {
     if (lowLevel) await copyWithBackupApi(primaryCluster.url, primaryCluster.options.dataDir, standbyDataDir, account);
