@@ -38,7 +38,7 @@ import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker, Workers } from './workers.js';
 import { dropMoveSlot, publish, subscribeEarly } from './replication.js';
 import { createMoveSlotCommand } from './sql/failover.js';
-import { stopTracking } from './tail.js';
+import { stopDeltas, stopTracking } from './tail.js';
 import { faultAfter, faultAfterChunk } from './state.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import { allOrNone, awaitedLater } from '../promises.js';
@@ -47,7 +47,10 @@ import { sleep } from '../clock.js';
 import { CopyMeter, tableEstimates } from './copy-meter.js';
 import { SLOT_WAL_BOUND, slotWalCheck } from './wal-guard.js';
 import { allPageless } from './pageless.js';
+import { BLOCK_CHUNKS_FROM, planBlockChunks } from './block-chunks.js';
+import { type CopyLogs, startCopyLogs } from './copy-logs.js';
 import {
+  BLOCK_KEY,
   CHUNK_TEXT_SETTINGS,
   DELETE_CHUNKS_SQL,
   chunkMatches,
@@ -301,6 +304,9 @@ export async function dropTargets(ctx: MoveContext): Promise<void> {
     await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
   await ctx.target.client.query(DELETE_CHUNKS_SQL, [ctx.moveId]);
   await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
+  // The change logs the copy started on the source's large tables (copy-logs.ts), where the fence's
+  // undo did not already remove them: off, then dropped where their tables are free.
+  await stopDeltas(ctx.source.client, ctx.moveId, schemasOf(ctx, ctx.shards)).catch(() => undefined);
 }
 
 /**
@@ -338,8 +344,10 @@ export async function copyFromSnapshot(ctx: MoveContext, ready?: (shard: number)
     });
   }
   try {
+    // The large tables' change logs start before the slot, so before its snapshot (copy-logs.ts).
+    const logs = await startCopyLogs(ctx);
     const snapshot = await createSlotWatched(ctx, replication);
-    await copyShards(ctx, ctx.shards, snapshot, ready);
+    await copyShards(ctx, ctx.shards, snapshot, ready, logs);
   } catch (error) {
     if (error instanceof ShardctlError && error.code === SLOT_WAL_BOUND) {
       // The slot's WAL is what the guard protects the source from: released now, not at the resume.
@@ -444,6 +452,7 @@ export async function copyShards(
   shards: readonly number[],
   snapshot?: string,
   ready?: (shard: number) => Promise<void>,
+  logs: CopyLogs | null = null,
 ): Promise<void> {
   const { source, target } = ctx;
   const schemas = schemasOf(ctx, shards);
@@ -492,8 +501,18 @@ export async function copyShards(
       const shape = chunks?.shapes.get(name);
       if (!chunks || !shape) continue;
       let planned = chunks.recorded.filter((c) => c.table === name);
-      if (planned.length === 0) planned = await planChunks(reader, writer, ctx.moveId, name, shape.key, chunks.rows);
-      else vacuum.add(name);
+      if (shape.key === BLOCK_KEY) {
+        // An earlier run's plan of a keyless table is not carried on: the table is copied again whole.
+        const rows = estimates.get(name)?.rows ?? 0;
+        planned = await planBlockChunks(reader, writer, ctx.moveId, name, rows, chunks.rows, planned.length > 0);
+      } else if (planned.length === 0) {
+        const after = logs?.targetSql(ctx.moveId, name) ?? null;
+        planned = await planChunks(reader, writer, ctx.moveId, name, shape.key, chunks.rows, after);
+        logs?.planned(name, planned);
+      } else {
+        vacuum.add(name);
+        logs?.planned(name, null);
+      }
       chunksLeft.set(name, planned.length);
       const binary = sameMajor && t.portable;
       for (const chunk of planned) chunkTasks.push({ chunk, columns: shape.columns, binary });
@@ -521,7 +540,23 @@ export async function copyShards(
         await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
       }
     } else {
-      await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+      const method = logs?.method(chunk.table);
+      if (method && !textSet.done) {
+        await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
+        textSet.done = true;
+      }
+      const sums = await copyChunk(
+        streams,
+        reader,
+        writer,
+        ctx.moveId,
+        chunk,
+        task.columns,
+        task.binary,
+        meter,
+        method,
+      );
+      if (sums) logs!.add(chunk.table, sums.source, sums.target);
       ctx.chunksCopied += 1;
       faultAfterChunk();
     }
@@ -544,6 +579,7 @@ export async function copyShards(
       await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
       if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
+      if (logs) await logs.readAtSnapshot(reader, ctx.moveId);
       const textSet = { done: false };
       for (;;) {
         if (failed !== null) break;
@@ -610,6 +646,7 @@ export async function copyShards(
   for (const table of vacuum) await target.client.query(`VACUUM ${table}`);
   // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
   await target.client.query(DURABLE_FLUSH_SQL);
+  await logs?.finish(ctx);
   meter.end();
   // A copy too short to time tells nothing about the next one's rate.
   const rate = meter.averageRate;
@@ -619,9 +656,9 @@ export async function copyShards(
 
 /**
  * The tables this copy takes in chunks: those an earlier run of the move planned, and those of more
- * estimated rows than copyChunkRows with a primary key (a table without one is copied whole, in
- * one transaction, and again whole by a resumed run: a range of ctids means nothing on the target,
- * where the rows lie elsewhere, so a copied range could not be reconciled).
+ * estimated rows than copyChunkRows: by ranges of the primary key's first column, or for a table
+ * without one by ranges of its blocks on a source that scans TID ranges (block-chunks.ts; copied
+ * whole, in one transaction, from an older one).
  */
 async function chunkedTables(
   ctx: MoveContext,
@@ -633,8 +670,9 @@ async function chunkedTables(
   const candidates = [...estimates].filter(([name, t]) => planned.has(name) || t.rows > rows).map(([name]) => name);
   const found = await keysAndColumns(ctx.source.client, candidates);
   const shapes = new Map<string, { key: string; columns: string[] }>();
+  const blocks = ctx.source.serverVersionNum >= BLOCK_CHUNKS_FROM;
   for (const [name, shape] of found) {
-    const key = recorded.find((c) => c.table === name)?.key ?? shape.key;
+    const key = recorded.find((c) => c.table === name)?.key ?? shape.key ?? (blocks ? BLOCK_KEY : null);
     if (key !== null) shapes.set(name, { key, columns: shape.columns });
   }
   return { rows, recorded, shapes };
