@@ -2,7 +2,7 @@ import type pg from 'pg';
 import { shardLeaves, type KeyedTable, type LeafTable, type ShardTable, type TypedShardTable } from './catalog.js';
 import { type TableName } from './sql/names.js';
 import { EXPORT_SNAPSHOT_SQL, setTransactionSnapshotSql } from './sql/session.js';
-import { TAIL_MAX_KEYS } from './sql/tail.js';
+import { DELETE_LOG_SQL, TAIL_MAX_KEYS } from './sql/tail.js';
 import { checksumsSql, BUILT_IN_TYPE_NAME, hashProbeSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
@@ -148,14 +148,23 @@ export async function preVerify(
     client: pg.Client,
     snapshot: string,
     hasLogs: boolean,
-  ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
+  ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums>; logsAtP: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
     await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
     try {
       const sums = await checksums(client, queries, methods);
       const logs = hasLogs ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
+      // The logs have run since the copy (fromCopy): the entries P sees are many, and only the
+      // changes since P are needed while fenced. Deleted in P's own transaction, which sees exactly
+      // those (entries are only ever inserted): the log then holds the changes after P alone, and
+      // its sums at P are zero.
+      if (hasLogs && fromCopy.size > 0) {
+        await client.query(DELETE_LOG_SQL, [logged.moveId]);
+        await client.query('COMMIT');
+        return { sums, logs, logsAtP: new Map() };
+      }
       await client.query('COMMIT');
-      return { sums, logs };
+      return { sums, logs, logsAtP: logs };
     } catch (error) {
       await rollbackQuietly(client);
       throw error;
@@ -187,7 +196,7 @@ export async function preVerify(
     logged: new Set(logged.tables.map(tableKey)),
     keyedOnSource,
     at: new Map(tables.map((t) => [tableKey(t), figureAt(t)])),
-    logAt: { source: src.logs, target: dst.logs },
+    logAt: { source: src.logsAtP, target: dst.logsAtP },
   };
 }
 

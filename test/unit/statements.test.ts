@@ -29,6 +29,7 @@ import { readSequencesSql, setSequencesSql } from '../../src/moves/sql/sequences
 import {
   COPYING_SETTING,
   copyLogOnTargetSql,
+  copyLogRowsOnTargetSql,
   startDeltasSql,
   startSourceDeltasSql,
   startTrackingSql,
@@ -665,7 +666,7 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).not.toContain('BEGIN;');
     expect(sql).not.toContain('DELETE FROM');
     expect(sql).toContain(
-      `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta1"."photos" FOR EACH ROW WHEN (current_setting('shardctl.copying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log0"('m1', 'record');`,
+      `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta1"."photos" FOR EACH STATEMENT WHEN (current_setting('shardctl.copying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log0"('m1', 'record');`,
     );
     expect(sql).toContain(
       `CREATE OR REPLACE TRIGGER "shardctl_delta_truncate" AFTER TRUNCATE ON "insta1"."photos" FOR EACH STATEMENT WHEN (current_setting('shardctl.copying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION`,
@@ -673,6 +674,13 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     expect(sql).toContain(`ENABLE ALWAYS TRIGGER "shardctl_delta", ENABLE ALWAYS TRIGGER "shardctl_delta_truncate";`);
     // The copy's transactions set what the triggers read.
     expect(BEGIN_COPY_SQL).toContain(`SET LOCAL ${COPYING_SETTING} = 'on';`);
+    // After the copy: by row, for every writer.
+    const rows = copyLogRowsOnTargetSql('m1', 0, { table: { schema: 'insta1', table: 'photos' }, method: 'record' });
+    expect(rows.startsWith('BEGIN;')).toBe(true);
+    expect(rows).toContain(`DROP TRIGGER IF EXISTS "shardctl_delta" ON "insta1"."photos";`);
+    expect(rows).toContain(
+      `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta1"."photos" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log0"('m1', 'record');`,
+    );
   });
 });
 

@@ -105,17 +105,19 @@ function deltaLogSql(moveId: string, wave: number, keepEntries = false): Sql[] {
 export const COPYING_SETTING = 'shardctl.copying';
 
 /**
- * One table's change-log triggers, enabled ALWAYS (within a transaction). `skipCopy`: not for the
- * copy's own writes (COPYING_SETTING on in its transaction), a condition evaluated per row without
- * calling the function.
+ * One table's change-log triggers, enabled ALWAYS (within a transaction). `duringCopy`: a
+ * statement-level trigger instead, and none for the copy's own writes (COPYING_SETTING on in its
+ * transaction): any other write only marks the log (entries of no hash, copy-logs.ts), at one
+ * call per statement, where a row trigger would cost every copied row.
  */
-function deltaTriggersSql(moveId: string, wave: number, { table, method }: LoggedTable, skipCopy = false): Sql[] {
+function deltaTriggersSql(moveId: string, wave: number, { table, method }: LoggedTable, duringCopy = false): Sql[] {
   const fn = qualified(CONTROL_SCHEMA, deltaFunctionName(moveId, wave));
   const name = qualified(table.schema, table.table);
   const args = list([moveId, method].map((value) => lit(value)));
-  const when = skipCopy ? sql` WHEN (current_setting(${lit(COPYING_SETTING)}, true) IS DISTINCT FROM 'on')` : EMPTY;
+  const when = duringCopy ? sql` WHEN (current_setting(${lit(COPYING_SETTING)}, true) IS DISTINCT FROM 'on')` : EMPTY;
+  const level = duringCopy ? sql`STATEMENT` : sql`ROW`;
   return [
-    sql`CREATE OR REPLACE TRIGGER ${ident(DELTA_TRIGGER)} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW${when} EXECUTE FUNCTION ${fn}(${args});`,
+    sql`CREATE OR REPLACE TRIGGER ${ident(DELTA_TRIGGER)} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ${level}${when} EXECUTE FUNCTION ${fn}(${args});`,
     sql`CREATE OR REPLACE TRIGGER ${ident(DELTA_TRUNCATE_TRIGGER)} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT${when} EXECUTE FUNCTION ${fn}(${args});`,
     sql`ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${ident(DELTA_TRIGGER)}, ENABLE ALWAYS TRIGGER ${ident(DELTA_TRUNCATE_TRIGGER)};`,
   ];
@@ -123,11 +125,26 @@ function deltaTriggersSql(moveId: string, wave: number, { table, method }: Logge
 
 /**
  * The change log of a table on the target from before its first chunk is copied (within the
- * transaction that plans its chunks, after its TRUNCATE): the wave's function, and triggers that
- * leave out the copy's own transactions (copy-logs.ts). No entry is deleted.
+ * transaction that plans its chunks, after its TRUNCATE): the wave's function, and statement
+ * triggers that mark any write but the copy's (copy-logs.ts). No entry is deleted.
  */
 export function copyLogOnTargetSql(moveId: string, wave: number, table: LoggedTable): Sql {
   return lines([...deltaLogSql(moveId, wave, true), ...deltaTriggersSql(moveId, wave, table, true)]);
+}
+
+/**
+ * After the copy, before the subscription starts: the table's log on the target by row from now
+ * on, replacing copyLogOnTargetSql's statement triggers (one transaction).
+ */
+export function copyLogRowsOnTargetSql(moveId: string, wave: number, table: LoggedTable): Sql {
+  const name = qualified(table.table.schema, table.table.table);
+  return lines([
+    sql`BEGIN;`,
+    lockTimeoutSql(5000),
+    sql`DROP TRIGGER IF EXISTS ${ident(DELTA_TRIGGER)} ON ${name};`,
+    ...deltaTriggersSql(moveId, wave, table),
+    sql`COMMIT;`,
+  ]);
 }
 
 /**
@@ -188,6 +205,9 @@ export const DELTAS_DONE_SQL = sql`SELECT n.nspname AS schema, c.relname AS tabl
       WHERE n.nspname = ANY($1::text[]) AND t.tgname = ANY($3::text[]) AND t.tgenabled = 'A'
         AND substring(t.tgargs FROM 1 FOR octet_length(convert_to($2, 'UTF8')) + 1) = convert_to($2, 'UTF8') || '\\x00'::bytea
       GROUP BY 1, 2 HAVING count(*) = 2`;
+
+/** Move $1's log entries, those the session sees (verify.ts preVerify: in the transaction of snapshot P). */
+export const DELETE_LOG_SQL = sql`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = $1`;
 
 /** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
 export const TAIL_MAX_KEYS = 100_000;
