@@ -108,4 +108,38 @@ describe('the figures before the fence taken from the copy', () => {
     expect(error!.details).toHaveLength(1);
     expect(error!.details![0]).toMatch(named);
   });
+
+  it('reads the table whole at P when something but the copy wrote to it on the target during the copy', async () => {
+    await withClient(db.urls[0]!, (c) =>
+      c.query(
+        `insert into insta3.photos (user_id, image_url) select g, repeat('p', 200) || g from generate_series(1, 300000) g;
+         analyze insta3.photos`,
+      ),
+    );
+    const notices: string[] = [];
+    let wrote: number | null = null;
+    const outcome = await moveShard(await fleet.config(), 3, 'pg2', {
+      configFile: fleet.configFile,
+      copyChunkRows: CHUNK_ROWS,
+      onNotice: (message) => notices.push(message),
+      onProgress: (event) => {
+        // Once a chunk streamed, its plan (and the target's statement triggers) exist: a write by
+        // hand, of no row or of one, marks the log.
+        if (event.kind === 'copy' && event.bytes > 0 && !event.done && wrote === null)
+          wrote = runSqlBlocking(
+            db.urls[1]!,
+            `update insta3.photos set caption = 'by hand' where id = (select min(id) from insta3.photos)`,
+          );
+      },
+    }).then(
+      () => null,
+      (error: HostError) => error,
+    );
+    expect(wrote).toBe(0);
+    expect(notices.join('\n')).toMatch(/checksummed before the fence in \d+ ms; while fenced/);
+    expect(notices.join('\n')).not.toMatch(FROM_COPY);
+    // The row changed by hand is found if its chunk was copied before the write, and copied over
+    // (its range deleted first) if not.
+    if (outcome) expect(outcome).toMatchObject({ code: 'VERIFY_FAILED' });
+  });
 });
