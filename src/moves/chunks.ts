@@ -5,11 +5,12 @@ import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { CopyMeter } from './copy-meter.js';
 import { BEGIN_COPY_SQL } from './sql/copy.js';
-import { HASH_SQL, STABLE_TEXT_SETTINGS } from './sql/verify.js';
+import { HASH_SQL, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js';
 
 /**
  * The chunks of a move's online copy: a table of more than `chunkRows` estimated rows with a primary
- * key is copied in ranges of the key's first column, each range in a target transaction of its own
+ * key is copied in ranges of the key's first column (one without, in ranges of its blocks:
+ * block-chunks.ts), each range in a target transaction of its own
  * that also marks its row of `shardctl.move_chunks` copied. A run cut off keeps every chunk it
  * committed; the next run (a new slot, so a new snapshot: the exported snapshot died with the
  * killed run's connection) copies the chunks not copied yet from the new snapshot, and reconciles
@@ -21,9 +22,15 @@ import { HASH_SQL, STABLE_TEXT_SETTINGS } from './sql/verify.js';
  * argument is in docs/moves.md (step 4, "A copy that resumes").
  */
 
+/**
+ * The key of a table without a primary key, copied by ranges of the source's blocks
+ * (block-chunks.ts): `ctid`, a system column no user column can be named after.
+ */
+export const BLOCK_KEY = 'ctid';
+
 /** A chunk's range: lo <= key < hi, either end open (null). */
 export interface ChunkRange {
-  /** The key column, quoted. */
+  /** The key column, quoted, or BLOCK_KEY. */
   readonly key: string;
   readonly lo: string | null;
   readonly hi: string | null;
@@ -56,9 +63,12 @@ export function chunkCopyInSql(table: string, columns: readonly string[], binary
   return `COPY ${table} (${columns.join(', ')}) FROM STDIN${binary ? ' (FORMAT binary)' : ''}`;
 }
 
-/** A range's count and checksum of its rows' text (the settings of STABLE_TEXT_SETTINGS on the session). */
-export function rangeChecksumSql(table: string, range: ChunkRange): string {
-  return `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL.text}), 0)::text AS checksum FROM ${table} t WHERE ${rangeConditionSql(range)}`;
+/**
+ * A range's count and checksum: of its rows' text by default (the settings of STABLE_TEXT_SETTINGS
+ * on the session), or by the verification's method of the table (copy-logs.ts).
+ */
+export function rangeChecksumSql(table: string, range: ChunkRange, method: HashMethod = 'text'): string {
+  return `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${table} t WHERE ${rangeConditionSql(range)}`;
 }
 
 /**
@@ -124,9 +134,8 @@ export async function recordedChunks(target: pg.Client, moveId: string): Promise
 export const DELETE_CHUNKS_SQL = `DELETE FROM ${CONTROL}.move_chunks WHERE move_id = $1`;
 
 /**
- * Plans `table`'s chunks as the reader sees it (the copy's snapshot), on the writer in one
- * transaction: the table emptied first (a migration's seed rows give way to the source's; TRUNCATE
- * leaves no dead rows) and a row per chunk, none copied.
+ * Plans `table`'s chunks by ranges of `key` as the reader sees it (the copy's snapshot), recorded
+ * on the writer (recordPlan).
  */
 export async function planChunks(
   reader: pg.Client,
@@ -135,8 +144,27 @@ export async function planChunks(
   table: string,
   key: string,
   rows: number,
+  after: string | null = null,
 ): Promise<ChunkRecord[]> {
   const bounds = (await reader.query<{ bound: string }>(chunkBoundsSql(table, key, rows))).rows.map((r) => r.bound);
+  return recordPlan(writer, moveId, table, key, bounds, { after });
+}
+
+/**
+ * The chunks cut at `bounds` (in order; the first and the last open-ended) recorded on the writer
+ * in one transaction, none copied, with the table emptied first (a migration's seed rows give way
+ * to the source's, an earlier run's rows to this run's; TRUNCATE leaves no dead rows), then `after`
+ * (the table's change log on the target: copy-logs.ts). `replace`: the table's records of an earlier
+ * plan are deleted in the same transaction.
+ */
+export async function recordPlan(
+  writer: pg.Client,
+  moveId: string,
+  table: string,
+  key: string,
+  bounds: readonly string[],
+  { replace = false, after }: { readonly replace?: boolean; readonly after?: string | null } = {},
+): Promise<ChunkRecord[]> {
   const edges = [null, ...bounds, null];
   const chunks: ChunkRecord[] = edges
     .slice(0, -1)
@@ -144,6 +172,9 @@ export async function planChunks(
   await writer.query('BEGIN');
   try {
     await writer.query(`TRUNCATE ${table}`);
+    if (after) await writer.query(after);
+    if (replace)
+      await writer.query(`DELETE FROM ${CONTROL}.move_chunks WHERE move_id = $1 AND table_name = $2`, [moveId, table]);
     await writer.query(
       `INSERT INTO ${CONTROL}.move_chunks (move_id, table_name, chunk, key_column, lo, hi)
        SELECT $1, $2, c.i, $3, c.lo, c.hi FROM unnest($4::int[], $5::text[], $6::text[]) AS c(i, lo, hi)`,
@@ -175,10 +206,18 @@ export async function chunkMatches(reader: pg.Client, writer: pg.Client, chunk: 
 /** The settings under which both sides of chunkMatches give a row the same text. */
 export const CHUNK_TEXT_SETTINGS = STABLE_TEXT_SETTINGS;
 
+/** A chunk's count and checksum on each host, as copied. */
+export interface ChunkSums {
+  readonly source: { readonly rows: string; readonly checksum: string };
+  readonly target: { readonly rows: string; readonly checksum: string };
+}
+
 /**
  * Copies one chunk in a target transaction of its own: the range deleted first (rows of an earlier
  * run's copy of it, reconciled as different; none otherwise), the COPY, and the chunk's record
- * marked copied, committed together.
+ * marked copied, committed together. With `sums` (a checksum method), the range's count and
+ * checksum are taken before the commit on both hosts (the source's in the reader's snapshot, the
+ * target's in the copy's transaction) and returned (copy-logs.ts).
  */
 export async function copyChunk(
   streams: typeof copyStreamsModule,
@@ -189,20 +228,34 @@ export async function copyChunk(
   columns: readonly string[],
   binary: boolean,
   meter: CopyMeter,
-): Promise<void> {
+  sums?: HashMethod,
+): Promise<ChunkSums | null> {
   await writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
   try {
-    await writer.query(`DELETE FROM ${chunk.table} WHERE ${rangeConditionSql(chunk)}`);
+    // A block range means nothing on the target (block-chunks.ts): such a chunk is copied once into
+    // a table this run emptied.
+    if (chunk.key !== BLOCK_KEY) await writer.query(`DELETE FROM ${chunk.table} WHERE ${rangeConditionSql(chunk)}`);
     const out = reader.query(streams.to(chunkCopyOutSql(chunk.table, columns, chunk, binary)));
     const into = writer.query(streams.from(chunkCopyInSql(chunk.table, columns, binary)));
     const before = meter.streamed(chunk.table);
     await pipeline(out, meter.stream(chunk.table), into);
     meter.piece(chunk.table, into.rowCount);
+    let summed: ChunkSums | null = null;
+    if (sums) {
+      // By the key's index: a seq scan per chunk would read the whole table each time (the
+      // target's, just truncated, has no statistics to say otherwise).
+      const sql = `SET LOCAL enable_seqscan = off; ${rangeChecksumSql(chunk.table, chunk, sums)}; SET LOCAL enable_seqscan = on`;
+      const sum = async (client: pg.Client) =>
+        (await client.query(sql)) as unknown as pg.QueryResult<{ rows: string; checksum: string }>[];
+      const [source, target] = await Promise.all([sum(reader), sum(writer)]);
+      summed = { source: source[1]!.rows[0]!, target: target[1]!.rows[0]! };
+    }
     await writer.query(
       `UPDATE ${CONTROL}.move_chunks SET copied = true, rows = $4, bytes = $5 WHERE move_id = $1 AND table_name = $2 AND chunk = $3`,
       [moveId, chunk.table, chunk.chunk, into.rowCount, meter.streamed(chunk.table) - before],
     );
     await writer.query('COMMIT');
+    return summed;
   } catch (error) {
     await writer.query('ROLLBACK').catch(() => undefined);
     throw error;

@@ -13,6 +13,7 @@ import { ensureMethods, leafTablesOf } from './checksum-methods.js';
 import { type MoveContext, schemasOf, notice, waveShards } from './context.js';
 import { inflect, plural } from '../text.js';
 import { lockWaitFor } from './fence-locks.js';
+import { takeCopyFigures } from './copy-logs.js';
 
 /**
  * The verification's first part, begun before the fence while the wave is writable (tail.ts):
@@ -28,6 +29,8 @@ import { lockWaitFor } from './fence-locks.js';
  * still empty on both hosts; no trigger is created on them, nor dropped while fenced. Best effort:
  * if the logs cannot be had, the tables without a key are checksummed whole while fenced and the
  * keyed ones compared by key on both hosts; if nothing can, every table is checksummed whole.
+ * The large keyed tables the copy summed chunk by chunk are not read at P: their figures come from
+ * those sums and the logs since (copy-logs.ts).
  */
 export async function startPreVerification(ctx: MoveContext, schemas: readonly string[]): Promise<void> {
   await dropPreVerification(ctx);
@@ -61,18 +64,32 @@ export async function startPreVerification(ctx: MoveContext, schemas: readonly s
       openWorker(ctx.source.host, 'shardctl move verify'),
       openWorker(ctx.target.host, 'shardctl move verify'),
     ]);
-    // The target's tracking and the source's change logs are set up at once (each host's own work).
-    const tracking = awaitedLater(
-      keyed.length > 0 ? runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed)) : Promise.resolve(),
+    // The copy's figures of the large tables (copy-logs.ts): their logs' entries since the copy's
+    // snapshot are kept by the set-up below.
+    const fromCopy = takeCopyFigures(
+      ctx,
+      keyed.map((k) => `${k.table.schema}.${k.table.table}`),
     );
+    // The target's tracking and the source's change logs are set up at once (each host's own work).
+    // The tracking's table is made even with no keyed table to track: the catch-up reads it.
+    const tracking = awaitedLater(runTransaction(ctx.target.client, startTrackingSql(ctx.moveId, keyed)));
     const [tracked, logging] = await Promise.allSettled([
       tracking,
-      startDeltas(ctx, schemas, { both: unkeyed, sourceOnly: keyed.map((k) => k.table) }, methods, tracking),
+      startDeltas(
+        ctx,
+        schemas,
+        { both: unkeyed, sourceOnly: keyed.map((k) => k.table) },
+        methods,
+        tracking,
+        fromCopy.size > 0,
+      ),
     ]);
     if (tracked.status === 'rejected') throw tracked.reason;
     if (logging.status === 'rejected') throw logging.reason;
     const logs = logging.value;
     const logged = logs ? unkeyed : [];
+    // Without the source's logs the copy's figures cannot be carried to P: those tables are read whole.
+    if (!logs) fromCopy.clear();
     held = await allOrNone(opening, endQuietly);
     opening = null;
     if (keyed.length === 0 && logged.length === 0) {
@@ -85,12 +102,16 @@ export async function startPreVerification(ctx: MoveContext, schemas: readonly s
       { source: ctx.source.client, target: ctx.target.client },
       keyed,
       methods,
-      { moveId: ctx.moveId, tables: logged, keyedOnSource: logs },
+      { moveId: ctx.moveId, tables: logged, keyedOnSource: logs, fromCopy },
     );
     ctx.current.pre = verification;
+    const copied =
+      fromCopy.size > 0
+        ? ` (${plural(fromCopy.size, 'table')} from the copy's chunk checksums and the changes logged since)`
+        : '';
     notice(
       ctx,
-      `host ${ctx.target.host.name}: ${plural(keyed.length + logged.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms; while fenced only their changed rows are compared`,
+      `host ${ctx.target.host.name}: ${plural(keyed.length + logged.length, 'table')} of wave ${ctx.wave + 1} checksummed before the fence in ${elapsed(started)} ms${copied}; while fenced only their changed rows are compared`,
     );
   } catch (error) {
     // Verification before the fence is only a head start: on any failure the wave is checksummed while
@@ -127,6 +148,7 @@ async function startDeltas(
   tables: { readonly both: readonly ShardTable[]; readonly sourceOnly: readonly ShardTable[] },
   methods: ReadonlyMap<string, HashMethod>,
   targetFree: Promise<void>,
+  keepEntries: boolean,
 ): Promise<boolean> {
   const all = [...tables.both, ...tables.sourceOnly];
   if (all.length === 0) return false;
@@ -138,9 +160,20 @@ async function startDeltas(
   const [onTarget, onSource] = await Promise.allSettled([
     targetFree.then(async () => {
       if (tables.both.length > 0)
-        await runTransaction(ctx.target.client, startDeltasSql(ctx.moveId, logged(tables.both), lockWaitMs, ctx.wave));
+        await runTransaction(
+          ctx.target.client,
+          startDeltasSql(ctx.moveId, logged(tables.both), lockWaitMs, ctx.wave, keepEntries),
+        );
     }),
-    startSourceDeltas(ctx.source.client, ctx.moveId, logged(all), lockWaitMs, DELTAS_SETUP_LIMIT_MS, ctx.wave),
+    startSourceDeltas(
+      ctx.source.client,
+      ctx.moveId,
+      logged(all),
+      lockWaitMs,
+      DELTAS_SETUP_LIMIT_MS,
+      ctx.wave,
+      keepEntries,
+    ),
   ]);
   if (onTarget.status === 'rejected') throw onTarget.reason;
   if (onSource.status === 'fulfilled') return true;

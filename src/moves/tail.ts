@@ -49,7 +49,8 @@ import { relationExists, shardTriggers } from './catalog.js';
  * order were written after it). Tables without such a key (no primary key or replica-identity
  * index, or a key of a type whose JSON form might not read back exactly) are logged on both hosts,
  * keyed tables on the source only. On the source the triggers run in application transactions,
- * during the cut-over only: every unfence switches them off (with no table lock, logsOffSql); after
+ * during the cut-over only (the first wave's large tables: from the copy's slot on, copy-logs.ts):
+ * every unfence switches them off (with no table lock, logsOffSql); after
  * a switch the old copy refuses every write, and the clean-up switches its logs off.
  *
  * Partitions are verified one by one (each is an ordinary table, by key or from its log); a
@@ -127,7 +128,8 @@ function logFunctions(
  * table). Throws the last lock wait's error past that; the tables done keep their triggers (the
  * caller removes them, stopDeltas). A table that had this move's triggers before (a killed run's)
  * is never taken as done by this set-up: its CREATE TRIGGER must run, and wait out the writers
- * that may still call the function as it was.
+ * that may still call the function as it was. `keepEntries`: the move's log entries are kept (the
+ * logs have run since the copy: copy-logs.ts).
  */
 export async function startSourceDeltas(
   client: pg.Client,
@@ -136,6 +138,7 @@ export async function startSourceDeltas(
   lockWaitMs: number,
   limitMs: number,
   wave = 0,
+  keepEntries = false,
 ): Promise<void> {
   const schemas = [...new Set(tables.map((t) => t.table.schema))];
   const done = async (): Promise<Set<string>> =>
@@ -148,7 +151,7 @@ export async function startSourceDeltas(
   let left = tables;
   await retryLockWaits(async () => {
     try {
-      await runTransaction(client, startSourceDeltasSql(moveId, left, lockWaitMs, wave));
+      await runTransaction(client, startSourceDeltasSql(moveId, left, lockWaitMs, wave, keepEntries));
     } catch (error) {
       const now = await done();
       left = left.filter((t) => {

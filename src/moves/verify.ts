@@ -2,7 +2,7 @@ import type pg from 'pg';
 import { shardLeaves, type KeyedTable, type LeafTable, type ShardTable, type TypedShardTable } from './catalog.js';
 import { type TableName } from './sql/names.js';
 import { EXPORT_SNAPSHOT_SQL, setTransactionSnapshotSql } from './sql/session.js';
-import { TAIL_MAX_KEYS } from './sql/tail.js';
+import { DELETE_LOG_SQL, TAIL_MAX_KEYS } from './sql/tail.js';
 import { checksumsSql, BUILT_IN_TYPE_NAME, hashProbeSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
@@ -48,7 +48,7 @@ export async function hashMethods(
   return new Map(tables.map((t) => [`${t.schema}.${t.table}`, record.has(t) ? 'record' : 'text']));
 }
 
-interface TableChecksum {
+export interface TableChecksum {
   readonly rows: bigint;
   /** Sum of a 64-bit hash of every row: order-independent, compared exactly. */
   readonly checksum: string;
@@ -111,14 +111,28 @@ export interface PreVerification {
   readonly logAt: { readonly source: ReadonlyMap<string, LogSums>; readonly target: ReadonlyMap<string, LogSums> };
 }
 
+/** A table's figures from the copy (copy-logs.ts): its chunks' sums on both hosts, and the source's log as of the copy's snapshot. */
+export interface CopyFigure {
+  readonly source: TableChecksum;
+  readonly target: TableChecksum;
+  readonly sourceLogAtS: LogSums | undefined;
+}
+
 export async function preVerify(
   holders: { readonly source: pg.Client; readonly target: pg.Client },
   work: { readonly source: pg.Client; readonly target: pg.Client },
   keyed: readonly KeyedTable[],
   methods: ReadonlyMap<string, HashMethod>,
-  logged: { readonly moveId: string; readonly tables: readonly ShardTable[]; readonly keyedOnSource?: boolean },
+  logged: {
+    readonly moveId: string;
+    readonly tables: readonly ShardTable[];
+    readonly keyedOnSource?: boolean;
+    /** Keyed tables (`schema.table`) whose figures at P come from the copy and the logs since (copy-logs.ts), not read. */
+    readonly fromCopy?: ReadonlyMap<string, CopyFigure>;
+  },
 ): Promise<PreVerification> {
   const keyedOnSource = (logged.keyedOnSource ?? false) && keyed.length > 0;
+  const fromCopy = keyedOnSource ? (logged.fromCopy ?? new Map<string, CopyFigure>()) : new Map<string, CopyFigure>();
   const exportSnapshot = async (holder: pg.Client): Promise<string> => {
     await holder.query(STABLE_TEXT_SETTINGS);
     await holder.query('BEGIN ISOLATION LEVEL REPEATABLE READ');
@@ -129,19 +143,28 @@ export async function preVerify(
     exportSnapshot(holders.target),
   ]);
   const tables = [...keyed.map((k) => k.table), ...logged.tables];
-  const queries = tables.map((table) => ({ table }));
+  const queries = tables.filter((table) => !fromCopy.has(tableKey(table))).map((table) => ({ table }));
   const atSnapshot = async (
     client: pg.Client,
     snapshot: string,
     hasLogs: boolean,
-  ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums> }> => {
+  ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums>; logsAtP: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
     await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
     try {
       const sums = await checksums(client, queries, methods);
       const logs = hasLogs ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
+      // The logs have run since the copy (fromCopy): the entries P sees are many, and only the
+      // changes since P are needed while fenced. Deleted in P's own transaction, which sees exactly
+      // those (entries are only ever inserted): the log then holds the changes after P alone, and
+      // its sums at P are zero.
+      if (hasLogs && fromCopy.size > 0) {
+        await client.query(DELETE_LOG_SQL, [logged.moveId]);
+        await client.query('COMMIT');
+        return { sums, logs, logsAtP: new Map() };
+      }
       await client.query('COMMIT');
-      return { sums, logs };
+      return { sums, logs, logsAtP: logs };
     } catch (error) {
       await rollbackQuietly(client);
       throw error;
@@ -149,8 +172,22 @@ export async function preVerify(
   };
   const [src, dst] = await Promise.all([
     atSnapshot(work.source, sourceSnapshot, logged.tables.length > 0 || keyedOnSource),
-    atSnapshot(work.target, targetSnapshot, logged.tables.length > 0),
+    atSnapshot(work.target, targetSnapshot, logged.tables.length > 0 || fromCopy.size > 0),
   ]);
+  // Each table's figures at P: read now, or carried from the copy by the changes logged since.
+  const read = new Map(queries.map((q, i) => [tableKey(q.table), { source: src.sums[i]!, target: dst.sums[i]! }]));
+  const figureAt = (t: TableName): { source: TableChecksum; target: TableChecksum } => {
+    const copied = fromCopy.get(tableKey(t));
+    if (!copied) return read.get(tableKey(t))!;
+    const carried = (from: TableChecksum, logAtS: LogSums | undefined, logAtP: LogSums | undefined): TableChecksum => {
+      const { rows, checksum } = fromLog(from, logAtS, logAtP);
+      return { rows, checksum };
+    };
+    return {
+      source: carried(copied.source, copied.sourceLogAtS, src.logs.get(tableKey(t))),
+      target: carried(copied.target, undefined, dst.logs.get(tableKey(t))),
+    };
+  };
   return {
     source: holders.source,
     target: holders.target,
@@ -158,8 +195,8 @@ export async function preVerify(
     keyed: new Map(keyed.map((k) => [tableKey(k.table), k])),
     logged: new Set(logged.tables.map(tableKey)),
     keyedOnSource,
-    at: new Map(tables.map((t, i) => [tableKey(t), { source: src.sums[i]!, target: dst.sums[i]! }])),
-    logAt: { source: src.logs, target: dst.logs },
+    at: new Map(tables.map((t) => [tableKey(t), figureAt(t)])),
+    logAt: { source: src.logsAtP, target: dst.logsAtP },
   };
 }
 

@@ -26,7 +26,15 @@ import {
 import { oldCopyName } from '../../src/moves/sql/names.js';
 import { createSubscriptionSql, probeSubscriptionSql } from '../../src/moves/sql/replication.js';
 import { readSequencesSql, setSequencesSql } from '../../src/moves/sql/sequences.js';
-import { startDeltasSql, startSourceDeltasSql, startTrackingSql } from '../../src/moves/sql/tail.js';
+import {
+  COPYING_SETTING,
+  copyLogOnTargetSql,
+  copyLogRowsOnTargetSql,
+  startDeltasSql,
+  startSourceDeltasSql,
+  startTrackingSql,
+} from '../../src/moves/sql/tail.js';
+import { BEGIN_COPY_SQL } from '../../src/moves/sql/copy.js';
 import { keyFilterSql } from '../../src/moves/sql/verify.js';
 import { planWaves } from '../../src/moves/waves.js';
 import { chunksOf } from '../../src/moves/copy.js';
@@ -647,6 +655,32 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
       `ON "insta1"."b" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log3"('m1', 'text');`,
     );
     expect(transactions[2]).not.toContain('"insta1"."a"');
+  });
+  it('keeps the log entries when asked (the logs run since the copy)', () => {
+    const tables = [{ table: { schema: 'insta1', table: 'a' }, method: 'record' as const }];
+    expect(startSourceDeltasSql('m1', tables, 250, 0, true)).not.toContain('DELETE FROM');
+    expect(startDeltasSql('m1', tables, 250, 0, true)).not.toContain('DELETE FROM');
+  });
+  it("logs a table on the target during the copy, leaving out the copy's own transactions, without a transaction of its own", () => {
+    const sql = copyLogOnTargetSql('m1', 0, { table: { schema: 'insta1', table: 'photos' }, method: 'record' });
+    expect(sql).not.toContain('BEGIN;');
+    expect(sql).not.toContain('DELETE FROM');
+    expect(sql).toContain(
+      `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta1"."photos" FOR EACH STATEMENT WHEN (current_setting('shardctl.copying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log0"('m1', 'record');`,
+    );
+    expect(sql).toContain(
+      `CREATE OR REPLACE TRIGGER "shardctl_delta_truncate" AFTER TRUNCATE ON "insta1"."photos" FOR EACH STATEMENT WHEN (current_setting('shardctl.copying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION`,
+    );
+    expect(sql).toContain(`ENABLE ALWAYS TRIGGER "shardctl_delta", ENABLE ALWAYS TRIGGER "shardctl_delta_truncate";`);
+    // The copy's transactions set what the triggers read.
+    expect(BEGIN_COPY_SQL).toContain(`SET LOCAL ${COPYING_SETTING} = 'on';`);
+    // After the copy: by row, for every writer.
+    const rows = copyLogRowsOnTargetSql('m1', 0, { table: { schema: 'insta1', table: 'photos' }, method: 'record' });
+    expect(rows.startsWith('BEGIN;')).toBe(true);
+    expect(rows).toContain(`DROP TRIGGER IF EXISTS "shardctl_delta" ON "insta1"."photos";`);
+    expect(rows).toContain(
+      `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta1"."photos" FOR EACH ROW EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log0"('m1', 'record');`,
+    );
   });
 });
 

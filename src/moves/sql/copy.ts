@@ -8,9 +8,10 @@ import { EMPTY, fromCatalog, ident, list, sql, type Sql } from '../../pg/sql-tem
 /**
  * A copy's transaction on the target, with the replica role: foreign keys between a shard's tables
  * must not depend on the copy order (superusers only; the savepoint lets the copy go on without it
- * where the SET is refused).
+ * where the SET is refused). Marked as the copy's (COPYING_SETTING, sql/tail.ts): the change logs that run on
+ * the target during the copy leave its writes out (copy-logs.ts).
  */
-export const BEGIN_COPY_SQL = sql`BEGIN; SAVEPOINT replica_role; SET LOCAL session_replication_role = replica`;
+export const BEGIN_COPY_SQL = sql`BEGIN; SET LOCAL shardctl.copying = 'on'; SAVEPOINT replica_role; SET LOCAL session_replication_role = replica`;
 
 /** One row: column i tells whether table i (quoted) holds any row. */
 export function nonEmptyTablesSql(tables: readonly Sql[]): Sql {

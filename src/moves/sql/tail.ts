@@ -1,4 +1,4 @@
-import { ident, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
+import { EMPTY, ident, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { CONTROL, CONTROL_SCHEMA } from '../../fleet/control.js';
 import { TRACKING_LOCK_SQL } from '../../fleet/locks.js';
 import { renderSqlFile } from '../../pg/template.js';
@@ -84,8 +84,12 @@ export function logsOffSql(functions: readonly (readonly [string, string])[], mo
   ]);
 }
 
-/** The change log's table and the wave's function, and this move's earlier entries gone (within a transaction). */
-function deltaLogSql(moveId: string, wave: number): Sql[] {
+/**
+ * The change log's table and the wave's function, and this move's earlier entries gone (within a
+ * transaction), unless `keepEntries`: the logs run since the copy (copy-logs.ts), whose entries
+ * since its snapshot are part of the figures.
+ */
+function deltaLogSql(moveId: string, wave: number, keepEntries = false): Sql[] {
   return [
     TRACKING_LOCK_SQL,
     renderSqlFile('move_deltas.sql', {
@@ -93,20 +97,54 @@ function deltaLogSql(moveId: string, wave: number): Sql[] {
       function: { ident: deltaFunctionName(moveId, wave) },
       ...STABLE_TEXT_PARAMS,
     }),
-    sql`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${lit(moveId)};`,
+    ...(keepEntries ? [] : [sql`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = ${lit(moveId)};`]),
   ];
 }
 
-/** One table's change-log triggers, enabled ALWAYS (within a transaction). */
-function deltaTriggersSql(moveId: string, wave: number, { table, method }: LoggedTable): Sql[] {
+/** The session setting of the copy's own transactions on the target, which its change logs leave out (copy-logs.ts). */
+export const COPYING_SETTING = 'shardctl.copying';
+
+/**
+ * One table's change-log triggers, enabled ALWAYS (within a transaction). `duringCopy`: a
+ * statement-level trigger instead, and none for the copy's own writes (COPYING_SETTING on in its
+ * transaction): any other write only marks the log (entries of no hash, copy-logs.ts), at one
+ * call per statement, where a row trigger would cost every copied row.
+ */
+function deltaTriggersSql(moveId: string, wave: number, { table, method }: LoggedTable, duringCopy = false): Sql[] {
   const fn = qualified(CONTROL_SCHEMA, deltaFunctionName(moveId, wave));
   const name = qualified(table.schema, table.table);
   const args = list([moveId, method].map((value) => lit(value)));
+  const when = duringCopy ? sql` WHEN (current_setting(${lit(COPYING_SETTING)}, true) IS DISTINCT FROM 'on')` : EMPTY;
+  const level = duringCopy ? sql`STATEMENT` : sql`ROW`;
   return [
-    sql`CREATE OR REPLACE TRIGGER ${ident(DELTA_TRIGGER)} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ROW EXECUTE FUNCTION ${fn}(${args});`,
-    sql`CREATE OR REPLACE TRIGGER ${ident(DELTA_TRUNCATE_TRIGGER)} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT EXECUTE FUNCTION ${fn}(${args});`,
+    sql`CREATE OR REPLACE TRIGGER ${ident(DELTA_TRIGGER)} AFTER INSERT OR UPDATE OR DELETE ON ${name} FOR EACH ${level}${when} EXECUTE FUNCTION ${fn}(${args});`,
+    sql`CREATE OR REPLACE TRIGGER ${ident(DELTA_TRUNCATE_TRIGGER)} AFTER TRUNCATE ON ${name} FOR EACH STATEMENT${when} EXECUTE FUNCTION ${fn}(${args});`,
     sql`ALTER TABLE ${name} ENABLE ALWAYS TRIGGER ${ident(DELTA_TRIGGER)}, ENABLE ALWAYS TRIGGER ${ident(DELTA_TRUNCATE_TRIGGER)};`,
   ];
+}
+
+/**
+ * The change log of a table on the target from before its first chunk is copied (within the
+ * transaction that plans its chunks, after its TRUNCATE): the wave's function, and statement
+ * triggers that mark any write but the copy's (copy-logs.ts). No entry is deleted.
+ */
+export function copyLogOnTargetSql(moveId: string, wave: number, table: LoggedTable): Sql {
+  return lines([...deltaLogSql(moveId, wave, true), ...deltaTriggersSql(moveId, wave, table, true)]);
+}
+
+/**
+ * After the copy, before the subscription starts: the table's log on the target by row from now
+ * on, replacing copyLogOnTargetSql's statement triggers (one transaction).
+ */
+export function copyLogRowsOnTargetSql(moveId: string, wave: number, table: LoggedTable): Sql {
+  const name = qualified(table.table.schema, table.table.table);
+  return lines([
+    sql`BEGIN;`,
+    lockTimeoutSql(5000),
+    sql`DROP TRIGGER IF EXISTS ${ident(DELTA_TRIGGER)} ON ${name};`,
+    ...deltaTriggersSql(moveId, wave, table),
+    sql`COMMIT;`,
+  ]);
 }
 
 /**
@@ -114,11 +152,17 @@ function deltaTriggersSql(moveId: string, wave: number, { table, method }: Logge
  * transaction: on the target, whose only writer is the apply worker. `lockWaitMs` bounds each
  * lock wait (see fenceSql).
  */
-export function startDeltasSql(moveId: string, tables: readonly LoggedTable[], lockWaitMs: number, wave = 0): Sql {
+export function startDeltasSql(
+  moveId: string,
+  tables: readonly LoggedTable[],
+  lockWaitMs: number,
+  wave = 0,
+  keepEntries = false,
+): Sql {
   return lines([
     sql`BEGIN;`,
     lockTimeoutSql(lockWaitMs),
-    ...deltaLogSql(moveId, wave),
+    ...deltaLogSql(moveId, wave, keepEntries),
     ...tables.flatMap((t) => deltaTriggersSql(moveId, wave, t)),
     sql`COMMIT;`,
   ]);
@@ -139,6 +183,7 @@ export function startSourceDeltasSql(
   tables: readonly LoggedTable[],
   lockWaitMs: number,
   wave = 0,
+  keepEntries = false,
 ): Sql {
   const transaction = (body: readonly Sql[]): Sql[] => [
     sql`BEGIN;`,
@@ -148,7 +193,7 @@ export function startSourceDeltasSql(
     sql`COMMIT;`,
   ];
   return lines([
-    ...transaction(deltaLogSql(moveId, wave)),
+    ...transaction(deltaLogSql(moveId, wave, keepEntries)),
     ...tables.flatMap((t) => transaction(deltaTriggersSql(moveId, wave, t))),
   ]);
 }
@@ -160,6 +205,9 @@ export const DELTAS_DONE_SQL = sql`SELECT n.nspname AS schema, c.relname AS tabl
       WHERE n.nspname = ANY($1::text[]) AND t.tgname = ANY($3::text[]) AND t.tgenabled = 'A'
         AND substring(t.tgargs FROM 1 FOR octet_length(convert_to($2, 'UTF8')) + 1) = convert_to($2, 'UTF8') || '\\x00'::bytea
       GROUP BY 1, 2 HAVING count(*) = 2`;
+
+/** Move $1's log entries, those the session sees (verify.ts preVerify: in the transaction of snapshot P). */
+export const DELETE_LOG_SQL = sql`DELETE FROM ${CONTROL}.move_deltas WHERE move_id = $1`;
 
 /** More changed keys than this in one table: checksummed whole instead (the lookups would cost more). */
 export const TAIL_MAX_KEYS = 100_000;

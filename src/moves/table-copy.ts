@@ -1,0 +1,374 @@
+import type { Sql } from '../pg/sql-template.js';
+import { pipeline } from 'node:stream/promises';
+import pg from 'pg';
+import type copyStreamsModule from 'pg-copy-streams';
+import { shardSchemaName } from '../config/types.js';
+import { HostError, ShardctlError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
+import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { errorHost } from '../fleet/session.js';
+import {
+  BEGIN_COPY_SQL,
+  nonEmptyTablesSql,
+  truncateSql,
+  copyOutSql,
+  copyInSql,
+  dropIndexForCopySql,
+  rebuildIndexSql,
+  type RebuildableIndex,
+} from './sql/copy.js';
+import { qualified } from './sql/names.js';
+import { setTransactionSnapshotSql } from './sql/session.js';
+import { type ShardTable, REBUILDABLE_INDEXES_SQL } from './catalog.js';
+import { type MoveContext, schemasOf, sameMajorVersion } from './context.js';
+import { leafTablesOf } from './checksum-methods.js';
+import { concurrency, COPY_WORKER, moveWorker } from './workers.js';
+import { faultAfterChunk } from './state.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { allOrNone } from '../promises.js';
+import { sleep } from '../clock.js';
+import { CopyMeter, tableEstimates } from './copy-meter.js';
+import { slotWalCheck } from './wal-guard.js';
+import { allPageless } from './pageless.js';
+import { BLOCK_CHUNKS_FROM, planBlockChunks } from './block-chunks.js';
+import { type CopyLogs } from './copy-logs.js';
+import {
+  BLOCK_KEY,
+  CHUNK_TEXT_SETTINGS,
+  chunkMatches,
+  copyChunk,
+  keysAndColumns,
+  planChunks,
+  recordedChunks,
+  type ChunkRecord,
+} from './chunks.js';
+
+/**
+ * The copy of every table of a move's shards over pairs of connections (source reader, target
+ * writer): small tables whole in their shard's transaction, large ones in chunks (chunks.ts,
+ * block-chunks.ts), each chunk taken by any pair.
+ */
+
+/**
+ * Copies every table of the shards, each shard in one target transaction after a TRUNCATE (a retried
+ * copy starts clean, and a migration's seed rows give way to the source's), shards spread over
+ * `concurrency` pairs of connections. Online the source side reads the slot's snapshot; offline the
+ * source is fenced. Binary COPY only for tables whose types travel in binary (ShardTable.portable)
+ * between equal majors. Tables of at least INDEXES_AFTER_BYTES on the source are loaded without
+ * their indexes, which are built again after the COPY in the same transaction (see copyShard).
+ */
+export async function copyShards(
+  ctx: MoveContext,
+  shards: readonly number[],
+  snapshot?: string,
+  ready?: (shard: number) => Promise<void>,
+  logs: CopyLogs | null = null,
+): Promise<void> {
+  const { source, target } = ctx;
+  const schemas = schemasOf(ctx, shards);
+  const tables = await leafTablesOf(ctx, schemas);
+  const sameMajor = sameMajorVersion(ctx);
+  const estimates = await tableEstimates(source.client, schemas);
+  const large = new Set([...estimates].filter(([, t]) => t.heapBytes >= INDEXES_AFTER_BYTES).map(([name]) => name));
+  // Read after the snapshot was taken: a table of no page then has no row in it (pageless.ts).
+  const pageless = new Set([...estimates].filter(([, t]) => t.heapBytes === 0).map(([name]) => name));
+  const meter = new CopyMeter({
+    moveId: ctx.moveId,
+    source: source.host.name,
+    target: target.host.name,
+    tables: estimates,
+    onProgress: ctx.options.onProgress,
+    maxRate: ctx.options.maxRate,
+    // The guard looks at the slot the copy reads from: online only.
+    check: snapshot ? () => slotWalCheck(ctx) : undefined,
+  });
+  meter.start();
+  const chunks = snapshot ? await chunkedTables(ctx, estimates) : null;
+  const byShard = shards.map((shard) => ({
+    shard,
+    tables: tables.filter((t) => t.schema === shardSchemaName(ctx.config, shard)),
+  }));
+  const streams = await copyStreams();
+  /** The chunks to copy or reconcile, taken by any worker before it takes the next shard. */
+  const chunkTasks: { chunk: ChunkRecord; columns: readonly string[]; binary: boolean }[] = [];
+  /** Per chunked table: its chunks not done yet. */
+  const chunksLeft = new Map<string, number>();
+  /** Chunked tables an earlier run wrote to: vacuumed at the end (its cut-off chunk left dead rows). */
+  const vacuum = new Set<string>();
+  /** Workers planning a table's chunks now: a worker with nothing to do waits for their chunks. */
+  let planning = 0;
+  const queueChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
+    planning += 1;
+    try {
+      await queueTableChunks(reader, writer, shardTables);
+    } finally {
+      planning -= 1;
+    }
+  };
+  const queueTableChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
+    for (const t of shardTables) {
+      const name = qualified(t.schema, t.table);
+      const shape = chunks?.shapes.get(name);
+      if (!chunks || !shape) continue;
+      let planned = chunks.recorded.filter((c) => c.table === name);
+      if (shape.key === BLOCK_KEY) {
+        // An earlier run's plan of a keyless table is not carried on: the table is copied again whole.
+        const rows = estimates.get(name)?.rows ?? 0;
+        planned = await planBlockChunks(reader, writer, ctx.moveId, name, rows, chunks.rows, planned.length > 0);
+      } else if (planned.length === 0) {
+        const after = logs?.targetSql(ctx.moveId, name) ?? null;
+        planned = await planChunks(reader, writer, ctx.moveId, name, shape.key, chunks.rows, after);
+        logs?.planned(name, planned);
+      } else {
+        vacuum.add(name);
+        logs?.planned(name, null);
+      }
+      chunksLeft.set(name, planned.length);
+      const binary = sameMajor && t.portable;
+      for (const chunk of planned) chunkTasks.push({ chunk, columns: shape.columns, binary });
+    }
+  };
+  const runChunk = async (
+    reader: pg.Client,
+    writer: pg.Client,
+    task: (typeof chunkTasks)[number],
+    textSet: { done: boolean },
+  ): Promise<void> => {
+    const { chunk } = task;
+    if (chunk.copied) {
+      // Copied by an earlier run, from its snapshot: kept if the source's rows of its range are
+      // still the same as of this run's snapshot.
+      if (!textSet.done) {
+        await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
+        textSet.done = true;
+      }
+      if (await chunkMatches(reader, writer, chunk)) {
+        meter.kept(chunk.table, chunk.bytes ?? 0);
+        meter.piece(chunk.table, chunk.rows ?? 0);
+      } else {
+        ctx.chunksRecopied += 1;
+        await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+      }
+    } else {
+      const method = logs?.method(chunk.table);
+      if (method && !textSet.done) {
+        await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
+        textSet.done = true;
+      }
+      const sums = await copyChunk(
+        streams,
+        reader,
+        writer,
+        ctx.moveId,
+        chunk,
+        task.columns,
+        task.binary,
+        meter,
+        method,
+      );
+      if (sums) logs!.add(chunk.table, sums.source, sums.target);
+      ctx.chunksCopied += 1;
+      faultAfterChunk();
+    }
+    const left = chunksLeft.get(chunk.table)! - 1;
+    chunksLeft.set(chunk.table, left);
+    if (left === 0) meter.tableDone(chunk.table);
+  };
+  let next = 0;
+  let failed: unknown = null;
+  const worker = async (): Promise<void> => {
+    let reader: pg.Client | null = null;
+    let writer: pg.Client | null = null;
+    try {
+      // Both at once; either fails alone, and the other is closed.
+      const opened = await allOrNone(
+        Promise.allSettled([moveWorker(ctx, source.host, COPY_WORKER), moveWorker(ctx, target.host, COPY_WORKER)]),
+        endQuietly,
+      );
+      [reader, writer] = [opened[0]!, opened[1]!];
+      await writer.query(ASYNC_COMMIT_SQL);
+      await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
+      if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
+      if (logs) await logs.readAtSnapshot(reader, ctx.moveId);
+      const textSet = { done: false };
+      for (;;) {
+        if (failed !== null) break;
+        const task = chunkTasks.shift();
+        if (task) {
+          try {
+            await runChunk(reader, writer, task, textSet);
+          } catch (error) {
+            await rollbackQuietly(writer);
+            if (error instanceof ShardctlError) throw error;
+            throw new HostError(
+              errorHost(error) ?? target.host.name,
+              `copy of ${task.chunk.table} (chunk ${task.chunk.chunk}) failed: ${describePgError(error)}`,
+              { shard: ctx.shards[0]!, code: 'MOVE_FAILED', cause: error },
+            );
+          }
+          continue;
+        }
+        if (next >= byShard.length) {
+          // Another worker is planning a table's chunks: they will be queued for all.
+          if (planning > 0) {
+            await sleep(20);
+            continue;
+          }
+          break;
+        }
+        const { shard, tables: shardTablesToCopy } = byShard[next++]!;
+        await ready?.(shard);
+        try {
+          const whole = shardTablesToCopy.filter((t) => !chunks?.shapes.has(qualified(t.schema, t.table)));
+          await copyShard(writer, reader, whole, sameMajor, large, pageless, meter);
+          await queueChunks(reader, writer, shardTablesToCopy);
+        } catch (error) {
+          await rollbackQuietly(writer);
+          // The guard's own errors (wal-guard.ts) say what happened and what to do.
+          if (error instanceof ShardctlError) throw error;
+          throw new HostError(errorHost(error) ?? target.host.name, `copy failed: ${describePgError(error)}`, {
+            shard,
+            code: 'MOVE_FAILED',
+            cause: error,
+          });
+        }
+      }
+      await reader.query('COMMIT');
+    } catch (error) {
+      failed ??= error;
+    } finally {
+      // `failed` keeps the error that matters.
+      if (reader) await endQuietly(reader);
+      if (writer) await endQuietly(writer);
+    }
+  };
+  // Chunks of one table are copied by as many connection pairs as --copy-parallel asks (default:
+  // the move's concurrency), more than there are shards.
+  const workers = Math.max(
+    concurrency(ctx, byShard.length),
+    chunks && chunks.shapes.size > 0 ? (ctx.options.copyParallel ?? concurrency(ctx, Infinity)) : 1,
+  );
+  await Promise.all(Array.from({ length: workers }, worker));
+  // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
+  if (failed !== null) throw failed;
+  // A chunk cut off by a kill left its rows as dead tuples, and a chunk copied again left the
+  // earlier copy's: vacuumed, so that a resumed copy leaves no more than an uninterrupted one.
+  for (const table of vacuum) await target.client.query(`VACUUM ${table}`);
+  // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
+  await target.client.query(DURABLE_FLUSH_SQL);
+  await logs?.finish(ctx);
+  meter.end();
+  // A copy too short to time tells nothing about the next one's rate.
+  const rate = meter.averageRate;
+  // A resumed copy's rate counts the chunks it compared and kept as time spent but no bytes.
+  if (rate !== null && meter.bytes >= RATE_FROM_BYTES && vacuum.size === 0) ctx.copyBytesPerSecond = Math.round(rate);
+}
+
+/**
+ * The tables this copy takes in chunks: those an earlier run of the move planned, and those of more
+ * estimated rows than copyChunkRows: by ranges of the primary key's first column, or for a table
+ * without one by ranges of its blocks on a source that scans TID ranges (block-chunks.ts; copied
+ * whole, in one transaction, from an older one).
+ */
+async function chunkedTables(
+  ctx: MoveContext,
+  estimates: ReadonlyMap<string, { rows: number }>,
+): Promise<{ rows: number; recorded: ChunkRecord[]; shapes: Map<string, { key: string; columns: string[] }> }> {
+  const rows = ctx.settings.copyChunkRows;
+  const recorded = await recordedChunks(ctx.target.client, ctx.moveId);
+  const planned = new Set(recorded.map((c) => c.table));
+  const candidates = [...estimates].filter(([name, t]) => planned.has(name) || t.rows > rows).map(([name]) => name);
+  const found = await keysAndColumns(ctx.source.client, candidates);
+  const shapes = new Map<string, { key: string; columns: string[] }>();
+  const blocks = ctx.source.serverVersionNum >= BLOCK_CHUNKS_FROM;
+  for (const [name, shape] of found) {
+    const key = recorded.find((c) => c.table === name)?.key ?? shape.key ?? (blocks ? BLOCK_KEY : null);
+    if (key !== null) shapes.set(name, { key, columns: shape.columns });
+  }
+  return { rows, recorded, shapes };
+}
+
+/** A copy of fewer bytes than this is not taken as the measured rate (connection and catalog costs dominate). */
+const RATE_FROM_BYTES = 4 * 1024 * 1024;
+
+/**
+ * From this size on the source, a table is loaded without its indexes and they are built after the
+ * COPY (one sort per index instead of one insertion per row and index). Below it, dropping and
+ * creating them costs more than it saves (bench/move-batch.js, docs/benchmarks.md).
+ */
+export const INDEXES_AFTER_BYTES = 4 * 1024 * 1024;
+
+/** pg-copy-streams is loaded by the first copy, not by every command that loads the library. */
+async function copyStreams(): Promise<typeof copyStreamsModule> {
+  return (await import('pg-copy-streams')).default;
+}
+
+async function copyShard(
+  writer: pg.Client,
+  reader: pg.Client,
+  tables: readonly ShardTable[],
+  sameMajor: boolean,
+  large: ReadonlySet<string>,
+  pageless: ReadonlySet<string>,
+  meter: CopyMeter,
+): Promise<void> {
+  const { to, from } = await copyStreams();
+  const names = tables.map((t) => qualified(t.schema, t.table));
+  // Tables of no page on the source have nothing to copy; a shard whose tables have none on either
+  // host (an empty shard into its new copy) is left as it is, without a transaction on either host.
+  const maybeFilled = names.filter((name) => !pageless.has(name));
+  if (maybeFilled.length === 0 && (await allPageless(writer, names))) return;
+  // The writer's transaction, with the replica role (refused without superuser: the savepoint undoes
+  // the failed SET and the copy goes on without it); meanwhile the reader finds which tables hold
+  // rows in its snapshot. An empty one is not copied: two COPY round trips saved, ~5 ms a table.
+  const [onSource] = await Promise.all([
+    filledTables(reader, maybeFilled),
+    writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role')),
+  ]);
+  // Only tables holding rows (seeded by a migration, or a copy redone) are truncated: a TRUNCATE
+  // creates and later unlinks new files for the table and each index, ~3 ms a table.
+  const truncate = await filledTables(writer, names);
+  if (truncate.length > 0) await writer.query(truncateSql(truncate));
+  const rebuild = await dropIndexesForCopy(
+    writer,
+    names.filter((name) => large.has(name)),
+  );
+  const copied = new Set(onSource);
+  for (const t of tables) {
+    const name = qualified(t.schema, t.table);
+    if (!copied.has(name)) continue;
+    const binary = sameMajor && t.portable;
+    const out = reader.query(to(copyOutSql(name, binary)));
+    const into = writer.query(from(copyInSql(name, binary)));
+    await pipeline(out, meter.stream(name), into);
+    meter.finished(name, into.rowCount);
+  }
+  for (const sql of rebuild) await writer.query(sql);
+  await writer.query('COMMIT');
+}
+
+/** Of `names` (quoted tables), those holding any row, as `client` sees them: one round trip. */
+async function filledTables(client: pg.Client, names: readonly Sql[]): Promise<Sql[]> {
+  if (names.length === 0) return [];
+  const filled = await client.query<Record<string, boolean>>(nonEmptyTablesSql(names));
+  return names.filter((_, i) => filled.rows[0]![String(i)]);
+}
+
+/**
+ * Drops the indexes of the (just truncated) tables that can be built again exactly from their
+ * definition, in the copy's transaction, and returns the statements that build them again: a crash
+ * or an error before COMMIT leaves every table as it was. Plain indexes and the indexes of primary
+ * key, unique and exclusion constraints (pg_get_indexdef / pg_get_constraintdef), in their order of
+ * creation. Only on tables the mover may alter (it owns them, as it created them). Left in place,
+ * because recreating them would lose something or is not allowed: indexes
+ * and constraints anything depends on (a foreign key referencing the key), inherited from a
+ * partitioned parent, invalid, the replica identity or clustering index, outside the default
+ * tablespace, with a comment, security label or column statistics target.
+ */
+async function dropIndexesForCopy(writer: pg.Client, tables: readonly string[]): Promise<string[]> {
+  if (tables.length === 0) return [];
+  const result = await writer.query<RebuildableIndex>(REBUILDABLE_INDEXES_SQL, [tables]);
+  if (result.rows.length === 0) return [];
+  await writer.query(result.rows.map(dropIndexForCopySql).join('\n'));
+  return result.rows.map(rebuildIndexSql);
+}

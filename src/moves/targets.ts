@@ -1,0 +1,193 @@
+import pg from 'pg';
+import { shardSchemaName } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
+import { WORKER_TRANSACTION_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { createShardSql, dropShardSql } from '../fleet/sql.js';
+import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
+import { privilegeVersions, syncPrivilegesSql, type PrivilegeObject } from './privileges.js';
+import { APPLIED_VERSIONS_SQL } from './sql/control.js';
+import { groupBySchema, shardPrivileges, EXISTING_SCHEMAS_SQL } from './catalog.js';
+import { type MoveContext, schemasOf } from './context.js';
+import { concurrency, Workers } from './workers.js';
+import { stopDeltas, stopTracking } from './tail.js';
+import { faultAfter } from './state.js';
+import { rollbackQuietly } from '../pg/quiet.js';
+import { DELETE_CHUNKS_SQL } from './chunks.js';
+
+/**
+ * The target's copies of a move's shards: built at the source's migration level with the source's
+ * owners and grants (createTargets), and dropped again by the undo (dropTargets).
+ */
+
+/**
+ * Every shard's schema on the target, at the source's migration level for that shard, marked
+ * incoming, with the source's owners and grants (carryPrivileges). With `onChunk` (createAndCopy)
+ * the shards are built in chunks, and each chunk is handed over once it has its owners and grants,
+ * while the next is being built; onChunk returning false stops the building (the copy failed).
+ */
+export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonly number[]) => boolean): Promise<void> {
+  const { source, target, config } = ctx;
+  const schemas = schemasOf(ctx, ctx.shards);
+  // The source's owners and grants are read once for every chunk (each read scans the catalog
+  // whole), by this run's preflight if it had one.
+  const [applied, existing, done, wanted] = await Promise.all([
+    source.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
+    target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemas]),
+    target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
+    ctx.sourcePrivileges ?? shardPrivileges(source.client, schemas),
+  ]);
+  const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
+  const files = new Map(ctx.migrations.map((m) => [m.version, m]));
+  const exists = new Set(existing.rows.map((r) => r.nspname));
+  const have = new Set(done.rows.map((r) => `${r.shard}:${r.version}`));
+  const work = ctx.shards.map((shard) => {
+    const statements: string[] = [];
+    if (!exists.has(shardSchemaName(config, shard))) statements.push(createShardSql(config, shard, true, 'incoming'));
+    for (const { version } of applied.rows.filter((r) => r.shard === shard)) {
+      if (have.has(`${shard}:${version}`)) continue;
+      const file = files.get(version);
+      if (!file) {
+        throw new HostError(
+          source.host.name,
+          `migration version ${version} is applied but has no file; restore it and resume the move`,
+          { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] },
+        );
+      }
+      if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
+      else statements.push(migrationSql(config, shard, file));
+    }
+    return { shard, statements };
+  });
+  const workers = new Workers(ctx, target);
+  // The privileges of a chunk are carried on the move's own session while the workers build the
+  // next; a failure there, or a copy that stopped, ends the building.
+  let carried: Promise<void> = Promise.resolve();
+  let stop = false;
+  try {
+    const chunks = onChunk ? chunksOf(ctx.shards, CREATE_CHUNKS, concurrency(ctx, ctx.shards.length)) : [ctx.shards];
+    for (const [i, chunk] of chunks.entries()) {
+      if (stop) break;
+      const inChunk = new Set(chunk);
+      await workers.run(
+        work.filter((w) => inChunk.has(w.shard) && w.statements.length > 0),
+        (client, { shard, statements }) => migrateTarget(ctx, client, shard, statements),
+      );
+      if (i === 0) faultAfter('target-migrations');
+      carried = carried.then(async () => {
+        await carryPrivileges(ctx, chunk, wantedBySchema);
+        if (onChunk && !onChunk(chunk)) stop = true;
+      });
+      // Seen where it is awaited, after the last chunk.
+      carried.catch(() => (stop = true));
+    }
+    await carried;
+  } catch (error) {
+    // A chunk's migrations failed: the carry still running on the move's session ends first.
+    await carried.catch(() => undefined);
+    throw error;
+  } finally {
+    await workers.close();
+  }
+  // The workers committed without waiting for the WAL flush: made durable before the step is recorded.
+  await target.client.query(DURABLE_FLUSH_SQL);
+}
+
+/** Online, the copy starts on the first chunk of target shards while the next ones are built (createTargets). */
+const CREATE_CHUNKS = 8;
+
+/**
+ * `list` in `count` chunks (fewer for a short list), in order, the last one split in halves down to
+ * `least` items (the workers building it): the copy of the last chunk is what is left once the
+ * creation ends, so it is kept short.
+ */
+export function chunksOf<T>(list: readonly T[], count: number, least = 1): T[][] {
+  const size = Math.max(1, Math.ceil(list.length / count));
+  const chunks: T[][] = [];
+  for (let i = 0; i < list.length; i += size) chunks.push(list.slice(i, i + size));
+  const last = chunks.pop() ?? [];
+  while (last.length >= 2 * Math.max(1, least)) chunks.push(last.splice(0, Math.ceil(last.length / 2)));
+  if (last.length > 0) chunks.push(last);
+  return chunks;
+}
+
+/** One shard's creation and migrations: whole transactions in one round trip when they can share one; no-transaction steps alone. */
+async function migrateTarget(
+  ctx: MoveContext,
+  client: pg.Client,
+  shard: number,
+  statements: readonly string[],
+): Promise<void> {
+  const batch: string[] = [];
+  const flush = async (): Promise<void> => {
+    if (batch.length > 0) await client.query(batch.splice(0).join('\n'));
+  };
+  try {
+    for (const sql of statements) {
+      if (sql.startsWith('BEGIN;')) batch.push(sql);
+      else {
+        await flush();
+        await client.query(sql);
+      }
+    }
+    await flush();
+  } catch (error) {
+    await rollbackQuietly(client);
+    throw new HostError(ctx.target.host.name, `cannot create the target copy: ${describePgError(error)}`, {
+      shard,
+      code: 'MOVE_FAILED',
+      cause: error,
+    });
+  }
+}
+
+/**
+ * The source's owners, ACLs and default privileges (`wantedBySchema`, as the preflight or
+ * createTargets read them) given to the target's copies of `shards`, one transaction per shard
+ * whose copy differs (none when the same role built both and nothing was granted by hand), on the
+ * move's session, each committed without waiting for the WAL flush (the caller's flush covers
+ * them). After the migrations: what to change depends on what the migrations built, read from the
+ * target's catalog. Run on every attempt, so a run killed between the migrations and this still
+ * carries them on --resume; the copies are incoming, so no client sees them before.
+ */
+async function carryPrivileges(
+  ctx: MoveContext,
+  shards: readonly number[],
+  wantedBySchema: ReadonlyMap<string, readonly PrivilegeObject[]>,
+): Promise<void> {
+  const { source, target } = ctx;
+  const current = await shardPrivileges(target.client, schemasOf(ctx, shards));
+  const currentBySchema = groupBySchema(current, (o) => o.schema);
+  const versions = privilegeVersions(source.serverVersionNum, target.serverVersionNum);
+  for (const shard of shards) {
+    const schema = shardSchemaName(ctx.config, shard);
+    const statements = syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions);
+    if (statements.length === 0) continue;
+    try {
+      await target.client.query(['BEGIN;', WORKER_TRANSACTION_SQL, ...statements, 'COMMIT;'].join('\n'));
+    } catch (error) {
+      await rollbackQuietly(target.client);
+      throw new HostError(
+        target.host.name,
+        `cannot give the target copy the source's owners and grants: ${describePgError(error)}`,
+        { shard, code: 'MOVE_FAILED', cause: error },
+      );
+    }
+  }
+}
+
+/**
+ * createTargets' undo (abortMove): the target's copies dropped, only those this move created
+ * (incoming, never active: abortMove refuses a move that activated any). The tracking of the
+ * fence's verification sits on these copies, so it goes with them; its rows are removed after them,
+ * where no trigger is left to drop.
+ */
+export async function dropTargets(ctx: MoveContext): Promise<void> {
+  for (const shard of ctx.shards)
+    await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+  await ctx.target.client.query(DELETE_CHUNKS_SQL, [ctx.moveId]);
+  await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
+  // The change logs the copy started on the source's large tables (copy-logs.ts), where the fence's
+  // undo did not already remove them: off, then dropped where their tables are free.
+  await stopDeltas(ctx.source.client, ctx.moveId, schemasOf(ctx, ctx.shards)).catch(() => undefined);
+}
