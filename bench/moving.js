@@ -183,7 +183,20 @@ const DUMP_RESTORE_SCRIPT = [
 const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
 
 /**
- * The floor, from `sourceDb` on the source into `targetDb` on the target, created empty first; wall time in ms.
+ * The control schema's definitions (no rows), restored before the timed floor: a shard's next_id()
+ * calls the host's slow path there (next_id v2, bound when the function is created), so a restored
+ * shard needs it first, as a DBA restoring one onto another host would.
+ */
+const CONTROL_DEFINITIONS_SCRIPT = [
+  'set -o pipefail',
+  'dump=$1; restore=$2',
+  'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$dump" --schema-only -n shardctl |' +
+    ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$restore" -q -X -v ON_ERROR_STOP=1 >/dev/null',
+].join('\n');
+
+/**
+ * The floor, from `sourceDb` on the source into `targetDb` on the target, created empty first (then the
+ * control schema's definitions, untimed); wall time in ms.
  * @param {{
  *   source: Host,
  *   sourceDb: string,
@@ -202,6 +215,12 @@ export async function timeDumpRestore({ source, sourceDb, target, targetDb, sche
    */
   const side = (prefix, env) => Object.fromEntries(LIBPQ_SETTINGS.map((name) => [`${prefix}_${name}`, env[name]]));
   const env = { ...process.env, ...side('FROM', source.psqlEnv(sourceDb)), ...side('TO', target.psqlEnv(targetDb)) };
+  const control = await timeCommand('bash', ['-c', CONTROL_DEFINITIONS_SCRIPT, 'bash', pgDump, psql], { env });
+  if (control.code !== 0) {
+    throw new Error(
+      `pg_dump --schema-only -n shardctl | psql exited ${control.code}:\n${control.stderr.trimEnd().split('\n').slice(-20).join('\n')}`,
+    );
+  }
   const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, 'bash', pgDump, psql, ...schemas], { env });
   if (timed.code !== 0) {
     const what = schemas.length === 1 ? `-n ${schemas[0]}` : `of ${schemas.length} schemas`;
