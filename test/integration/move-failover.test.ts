@@ -89,6 +89,34 @@ async function slotSynced(host: ReplicatedHost): Promise<void> {
   throw new Error('the standby did not synchronize the move slot within 60 s');
 }
 
+/**
+ * A fleet of two shards on `host` (a primary with its standby, reached by a multi-host URL that
+ * also replicates) and none yet on the shared second host, initialised in a database of its own on
+ * each: the set-up of every scenario here.
+ */
+async function replicatedFleet(host: ReplicatedHost) {
+  const name = `mf_${randomBytes(4).toString('hex')}`;
+  await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
+  await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
+  const targetUrl = withDatabase(db.urls[0]!, name);
+  const url = host.multiHostUrl(name);
+  const fleet = makeFleet({
+    urls: [url, targetUrl],
+    replicationUrls: [url, undefined],
+    shards: 2,
+    split: ['0-1', ''],
+    schemaPrefix: 'mf',
+    migrations: PHOTOS_ONLY,
+  });
+  expect((await init(await fleet.config())).ok).toBe(true);
+  return {
+    fleet,
+    targetUrl,
+    primaryDb: withDatabase(host.primary.url, name),
+    standbyDb: withDatabase(host.standby.url, name),
+  };
+}
+
 interface Scenario {
   readonly step: string;
   readonly finish: 'resume' | 'abort';
@@ -109,22 +137,7 @@ async function failedOverMove(
       await c.query('select pg_reload_conf()');
     });
   }
-  const name = `mf_${randomBytes(4).toString('hex')}`;
-  await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
-  await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
-  const targetUrl = withDatabase(db.urls[0]!, name);
-  const url = host.multiHostUrl(name);
-  const fleet = makeFleet({
-    urls: [url, targetUrl],
-    replicationUrls: [url, undefined],
-    shards: 2,
-    split: ['0-1', ''],
-    schemaPrefix: 'mf',
-    migrations: PHOTOS_ONLY,
-  });
-  expect((await init(await fleet.config())).ok).toBe(true);
-  const primaryDb = withDatabase(host.primary.url, name);
-  const standbyDb = withDatabase(host.standby.url, name);
+  const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
   await withClient(primaryDb, (c) =>
     c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
   );
@@ -186,22 +199,7 @@ describe('PostgreSQL 15 source, a move of two waves: the slot lost after the fir
   it('--resume finishes the switched wave and moves the other from a new slot as a move of its own', async () => {
     const host = await startReplicatedHost();
     hosts.push(host);
-    const name = `mf_${randomBytes(4).toString('hex')}`;
-    await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
-    await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
-    const targetUrl = withDatabase(db.urls[0]!, name);
-    const url = host.multiHostUrl(name);
-    const fleet = makeFleet({
-      urls: [url, targetUrl],
-      replicationUrls: [url, undefined],
-      shards: 2,
-      split: ['0-1', ''],
-      schemaPrefix: 'mf',
-      migrations: PHOTOS_ONLY,
-    });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    const primaryDb = withDatabase(host.primary.url, name);
-    const standbyDb = withDatabase(host.standby.url, name);
+    const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
     await withClient(primaryDb, async (c) => {
       await c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`);
       await c.query(`insert into mf1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`);
