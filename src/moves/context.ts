@@ -9,7 +9,7 @@ import type { PreflightCheck } from './preflight.js';
 import { type PrivilegeObject } from './privileges.js';
 import { replicationName } from './sql/names.js';
 import { stepsFor, type MoveMode, type MoveRecord, type MoveStep } from './state.js';
-import type { PreVerification, VerifyResult } from './verify.js';
+import type { CopyFigure, PreVerification, VerifyResult } from './verify.js';
 import type { TableChanges } from './tail.js';
 import type { WaveLimits } from './waves.js';
 import type { CopyEstimate, MoveProgressEvent } from './copy-meter.js';
@@ -153,6 +153,11 @@ export interface MoveContext {
   /** Chunks this run copied, and chunks an earlier run copied that this one copied again (they differed). */
   chunksCopied: number;
   chunksRecopied: number;
+  /**
+   * The large tables' figures this run's copy took for the first wave's verification (copy-logs.ts),
+   * by `schema.table`, until its pre-verification takes them (takeCopyFigures); null when none.
+   */
+  copyFigures: Map<string, CopyFigure> | null;
   /**
    * Worker connections opened ahead of the steps that take them (workers.ts, Spares): the creation's
    * while the preflight runs, the clean-up's from the last wave's fence; null in a resumed run.
@@ -326,6 +331,7 @@ export function moveContext(
     copyBytesPerSecond: typeof detail['copyBytesPerSecond'] === 'number' ? detail['copyBytesPerSecond'] : null,
     chunksCopied: 0,
     chunksRecopied: 0,
+    copyFigures: null,
     spares: null,
     timeoutsSetAt: new Map(),
   };

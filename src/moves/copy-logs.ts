@@ -44,9 +44,6 @@ import type { Sql } from '../pg/sql-template.js';
  * unfence, abort and clean-up switch them off.
  */
 
-/** The copy's figures, per move context, until each wave's pre-verification takes its tables' (takeCopyFigures). */
-const figuresByMove = new WeakMap<MoveContext, Map<string, CopyFigure>>();
-
 /**
  * Only the first wave's tables: a wave's verification, its switch and an unfence delete the move's
  * log entries wholesale (logsOffSql), which would take from a later wave's what its figures need.
@@ -132,7 +129,7 @@ export class CopyLogs {
         sourceLogAtS: atS.get(t.name),
       });
     }
-    figuresByMove.set(ctx, figures);
+    ctx.copyFigures = figures;
   }
 }
 
@@ -196,7 +193,7 @@ export async function startCopyLogs(ctx: MoveContext): Promise<CopyLogs | null> 
  * same wave (a cut-over retried) found the logs switched off in between, and checksums whole.
  */
 export function takeCopyFigures(ctx: MoveContext, tables: readonly string[]): Map<string, CopyFigure> {
-  const all = figuresByMove.get(ctx);
+  const all = ctx.copyFigures;
   const taken = new Map<string, CopyFigure>();
   if (!all) return taken;
   for (const name of tables) {
