@@ -168,35 +168,24 @@ export function floorTools(major, serverVersion, options) {
 }
 
 /**
- * The floor as a DBA types it, `pg_dump -n s1 -n s2 … | psql`, run by bash with pipefail so that
- * either side failing fails the run. Each side reads its own libpq settings (FROM_PG*, TO_PG*)
- * from the environment: no password on a command line. ON_ERROR_STOP: a restore that failed
- * half-way must fail the run, not make it fast.
+ * `pg_dump ARGS… | psql`, run by bash with pipefail so that either side failing fails the run. Each
+ * side reads its own libpq settings (FROM_PG*, TO_PG*) from the environment: no password on a
+ * command line. ON_ERROR_STOP: a restore that failed half-way must fail the run, not make it fast.
  */
 const DUMP_RESTORE_SCRIPT = [
   'set -o pipefail',
   'dump=$1; restore=$2; shift 2',
-  'args=(); for s in "$@"; do args+=(-n "$s"); done',
-  'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$dump" "${args[@]}" |' +
+  'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$dump" "$@" |' +
     ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$restore" -q -X -v ON_ERROR_STOP=1 >/dev/null',
 ].join('\n');
 const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'];
 
 /**
- * The control schema's definitions (no rows), restored before the timed floor: a shard's next_id()
- * calls the host's slow path there (next_id v2, bound when the function is created), so a restored
- * shard needs it first, as a DBA restoring one onto another host would.
- */
-const CONTROL_DEFINITIONS_SCRIPT = [
-  'set -o pipefail',
-  'dump=$1; restore=$2',
-  'PGHOST=$FROM_PGHOST PGPORT=$FROM_PGPORT PGUSER=$FROM_PGUSER PGPASSWORD=$FROM_PGPASSWORD PGDATABASE=$FROM_PGDATABASE "$dump" --schema-only -n shardctl |' +
-    ' PGHOST=$TO_PGHOST PGPORT=$TO_PGPORT PGUSER=$TO_PGUSER PGPASSWORD=$TO_PGPASSWORD PGDATABASE=$TO_PGDATABASE "$restore" -q -X -v ON_ERROR_STOP=1 >/dev/null',
-].join('\n');
-
-/**
- * The floor, from `sourceDb` on the source into `targetDb` on the target, created empty first (then the
- * control schema's definitions, untimed); wall time in ms.
+ * The floor as a DBA types it, `pg_dump -n s1 -n s2 … | psql`, from `sourceDb` on the source into
+ * `targetDb` on the target, created empty first; wall time in ms. Before it, untimed, the control
+ * schema's definitions (no rows): a shard's next_id() calls the host's slow path there (next_id v2,
+ * bound when the function is created), so a restored shard needs it first, as a DBA restoring one
+ * onto another host would.
  * @param {{
  *   source: Host,
  *   sourceDb: string,
@@ -215,20 +204,24 @@ export async function timeDumpRestore({ source, sourceDb, target, targetDb, sche
    */
   const side = (prefix, env) => Object.fromEntries(LIBPQ_SETTINGS.map((name) => [`${prefix}_${name}`, env[name]]));
   const env = { ...process.env, ...side('FROM', source.psqlEnv(sourceDb)), ...side('TO', target.psqlEnv(targetDb)) };
-  const control = await timeCommand('bash', ['-c', CONTROL_DEFINITIONS_SCRIPT, 'bash', pgDump, psql], { env });
-  if (control.code !== 0) {
-    throw new Error(
-      `pg_dump --schema-only -n shardctl | psql exited ${control.code}:\n${control.stderr.trimEnd().split('\n').slice(-20).join('\n')}`,
-    );
-  }
-  const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, 'bash', pgDump, psql, ...schemas], { env });
-  if (timed.code !== 0) {
-    const what = schemas.length === 1 ? `-n ${schemas[0]}` : `of ${schemas.length} schemas`;
-    throw new Error(
-      `pg_dump ${what} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`,
-    );
-  }
-  return timed.ms;
+  /**
+   * @param {string[]} dumpArgs
+   * @param {string} what
+   */
+  const dumpRestore = async (dumpArgs, what) => {
+    const timed = await timeCommand('bash', ['-c', DUMP_RESTORE_SCRIPT, 'bash', pgDump, psql, ...dumpArgs], { env });
+    if (timed.code !== 0) {
+      throw new Error(
+        `pg_dump ${what} | psql exited ${timed.code}:\n${timed.stderr.trimEnd().split('\n').slice(-20).join('\n')}`,
+      );
+    }
+    return timed.ms;
+  };
+  await dumpRestore(['--schema-only', '-n', 'shardctl'], '--schema-only -n shardctl');
+  return dumpRestore(
+    schemas.flatMap((s) => ['-n', s]),
+    schemas.length === 1 ? `-n ${schemas[0]}` : `of ${schemas.length} schemas`,
+  );
 }
 
 /**

@@ -298,11 +298,8 @@ export const BINARIES_COPY_PREFIX = 'shardctl-postgres-';
  * itself, or the copy usableBinDir makes. For callers that run the server's tools themselves (a
  * test's pg_ctl promote or pg_basebackup as that user).
  */
-export async function runnableBinDir(binDir?: string, binariesCopyDir?: string): Promise<string> {
-  return usableBinDir(
-    { ...(binDir !== undefined ? { binDir } : {}), ...(binariesCopyDir !== undefined ? { binariesCopyDir } : {}) },
-    await serverAccount(),
-  );
+export async function runnableBinDir(binDir?: string): Promise<string> {
+  return usableBinDir(binDir !== undefined ? { binDir } : {}, await serverAccount());
 }
 
 /**
