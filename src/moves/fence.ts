@@ -386,7 +386,7 @@ function fenceMarkerKind(ctx: MoveContext, atMs: number): string {
  * sequences' states, the placement version the switch starts from: the wave's fenceReads). The target's
  * statement timeout and step go at the same time, over its own session: a target that says
  * `fenced` while the source does not (its fence failed, or a kill came first) is carried on from
- * the source's step (run.ts, reconcileRecords), and a fence that fenced nothing records the
+ * the source's step (resume.ts, reconcileRecords), and a fence that fenced nothing records the
  * target back. False when a group's lock wait ran out: the groups before it are fenced (the wave's
  * fence limit runs from this attempt), and the caller fences the rest group by group.
  */

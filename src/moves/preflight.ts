@@ -10,9 +10,11 @@ import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/sh
 import type { PrivilegeObject } from './privileges.js';
 import {
   APPLIED_CHECKSUMS_SQL,
+  CATALOG_BYTES_SQL,
   REPLICATION_SETTINGS_SQL,
   SOURCE_SHARD_STATES_SQL,
   targetShardStatesSql,
+  WAL_LIMITS_SQL,
 } from './sql/preflight.js';
 import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import type { MoveMode } from './state.js';
@@ -25,18 +27,6 @@ import { roleChecks } from './preflight-roles.js';
 import { describeRunningMove, inactiveMessage, runningMovesOf } from './running-moves.js';
 
 export type { PreflightCheck } from './preflight-check.js';
-
-/**
- * The bytes of the schemas' tables and indexes from the catalog's page counts (relpages, as of the
- * last VACUUM or ANALYZE): no stat call per file, so a batch of thousands of shards reads it at once.
- */
-const CATALOG_BYTES_SQL = `SELECT (coalesce(sum(c.relpages), 0) * current_setting('block_size')::bigint)::text AS bytes
-       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-      WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'i', 'm')`;
-
-/** The source's bounds on the WAL a slot may hold, in MB (-1: none). */
-const WAL_LIMITS_SQL = `SELECT (SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size') AS max_slot_wal_keep_size_mb,
-              (SELECT setting FROM pg_settings WHERE name = 'wal_keep_size') AS wal_keep_size_mb`;
 
 export interface PreflightInput {
   readonly config: ShardctlConfig;

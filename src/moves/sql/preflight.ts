@@ -25,6 +25,18 @@ export const REPLICATION_SETTINGS_SQL = sql`SELECT current_setting('wal_level') 
               current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,
               current_setting('max_wal_senders')::int - (SELECT count(*) FROM pg_stat_replication)::int AS free_senders`;
 
+/**
+ * The bytes of the schemas' tables and indexes from the catalog's page counts (relpages, as of the
+ * last VACUUM or ANALYZE): no stat call per file, so a batch of thousands of shards reads it at once.
+ */
+export const CATALOG_BYTES_SQL = sql`SELECT (coalesce(sum(c.relpages), 0) * current_setting('block_size')::bigint)::text AS bytes
+       FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'i', 'm')`;
+
+/** The source's bounds on the WAL a slot may hold, in MB (-1: none). */
+export const WAL_LIMITS_SQL = sql`SELECT (SELECT setting FROM pg_settings WHERE name = 'max_slot_wal_keep_size') AS max_slot_wal_keep_size_mb,
+              (SELECT setting FROM pg_settings WHERE name = 'wal_keep_size') AS wal_keep_size_mb`;
+
 /** The migrations applied to shards $1, with their checksums. */
 export const APPLIED_CHECKSUMS_SQL = sql`SELECT shard, version, checksum FROM ${CONTROL}.migrations WHERE shard = ANY($1) ORDER BY shard, version`;
 
