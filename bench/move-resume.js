@@ -149,6 +149,24 @@ export async function run(ctx, major) {
  */
 
 /**
+ * The pre-fence checksums' ms as the move's notice reports them ("checksummed before the fence in
+ * … ms"), summed over its waves; and whether a table's figures came from the copy.
+ */
+function preFence() {
+  let ms = 0;
+  let fromCopy = false;
+  return {
+    /** @param {string} message */
+    onNotice: (message) => {
+      const found = /checksummed before the fence in (\d+) ms/.exec(message);
+      if (found) ms += Number(found[1]);
+      if (/from the copy's chunk checksums/.test(message)) fromCopy = true;
+    },
+    figures: () => ({ preFenceMs: ms, preFenceFromCopy: fromCopy }),
+  };
+}
+
+/**
  * The last `copy` progress event's bytes (streamed by this run; chunks kept from an earlier run are not counted).
  * @returns {{ onProgress: (event: import('../dist/index.js').MoveProgressEvent) => void, bytes: () => number }}
  */
@@ -171,11 +189,13 @@ async function uninterrupted(scenario) {
   const config = await loadConfig(fleet.configFile);
   const writer = startShardWriter(await ShardMap.load(fleet.configFile), schema);
   const streamed = streamedBytes();
+  const checksums = preFence();
   const { result, written } = await underWriter(writer, () =>
     moveShard(config, SHARD, target.name, {
       configFile: fleet.configFile,
       copyChunkRows: chunkRows,
       onProgress: streamed.onProgress,
+      onNotice: checksums.onNotice,
     }),
   );
   const ids = required(written.acks.get(SHARD), `the writer's acknowledged writes to shard ${SHARD}`);
@@ -185,6 +205,7 @@ async function uninterrupted(scenario) {
     durationMs: result.durationMs,
     chunks,
     bytes: streamed.bytes(),
+    ...checksums.figures(),
     deadRows: await deadRows(target, schema),
     acknowledged: ids.length,
   };
@@ -198,6 +219,7 @@ async function killedAndResumed(scenario) {
   const { fleet, target, schema, rows, chunkRows } = scenario;
   const writer = startShardWriter(await ShardMap.load(fleet.configFile), schema);
   const streamed = streamedBytes();
+  const checksums = preFence();
   const chunks = Math.floor(rows / chunkRows) + 1;
   const half = Math.max(1, Math.floor(chunks / 2));
   const { result, written } = await underWriter(writer, async () => {
@@ -231,6 +253,7 @@ async function killedAndResumed(scenario) {
       resume: true,
       copyChunkRows: chunkRows,
       onProgress: streamed.onProgress,
+      onNotice: checksums.onNotice,
     });
     return { killedMs, records, resumed, resumeWallMs: performance.now() - resumeStarted };
   });
@@ -257,6 +280,7 @@ async function killedAndResumed(scenario) {
     copiedByResume: counts.copied,
     recopied: counts.recopied,
     bytes: streamed.bytes(),
+    ...checksums.figures(),
     deadRows: await deadRows(target, schema),
     acknowledged: ids.length,
   };
@@ -340,6 +364,7 @@ const DETAIL_HEADERS = [
   'copied by the resume',
   'bytes streamed (uninterrupted / resume)',
   'dead rows (uninterrupted / resumed)',
+  'pre-fence checksums (uninterrupted / resumed)',
 ];
 
 /** @param {Result[]} results */
@@ -364,7 +389,13 @@ function detailRows(results) {
     r.resumes.map((x) => x.copiedByResume).join(' / '),
     `${formatCount(summarize(r.wholes.map((w) => w.bytes)).median)} / ${formatCount(summarize(r.resumes.map((x) => x.bytes)).median)}`,
     `${r.wholes.map((w) => formatCount(w.deadRows)).join(' / ')} — ${r.resumes.map((x) => formatCount(x.deadRows)).join(' / ')}`,
+    `${r.wholes.map(preFenceText).join(' / ')} — ${r.resumes.map(preFenceText).join(' / ')}`,
   ]);
+}
+
+/** @param {{ preFenceMs: number, preFenceFromCopy: boolean }} run */
+function preFenceText(run) {
+  return `${formatMs(run.preFenceMs)}${run.preFenceFromCopy ? ' (from the copy)' : ' (read whole)'}`;
 }
 
 /** @param {Result[]} results */
