@@ -150,22 +150,24 @@ export async function run(ctx, major) {
 /** @typedef {Awaited<ReturnType<typeof timeMove>>} Moved */
 
 /**
- * The base fleet, once, untimed: init on both hosts, the rows in the shard's photos, VACUUM ANALYZE.
+ * The base fleet, once, untimed: init on both hosts, the rows in the shard's photos, VACUUM ANALYZE
+ * (move-resume.js builds its own the same way, in its own database).
  * @param {Fleet} base
  * @param {Host} source
  * @param {string} schema
  * @param {number} rows
+ * @param {string} [database]
  */
-async function buildBase(base, source, schema, rows) {
+export async function buildBase(base, source, schema, rows, database = BASE_DATABASE) {
   await initFleet(base);
   await source.query(
-    BASE_DATABASE,
+    database,
     `insert into ${ident(schema)}.photos (user_id, image_url, caption)
      select g % 10000, 'https://cdn.example.com/p/' || g || '.jpg', 'caption ' || g from generate_series(1, $1::int) g`,
     [rows],
   );
-  await source.query(BASE_DATABASE, `vacuum analyze ${ident(schema)}.photos`);
-  const [row] = await source.query(BASE_DATABASE, `select count(*)::int as n from ${ident(schema)}.photos`);
+  await source.query(database, `vacuum analyze ${ident(schema)}.photos`);
+  const [row] = await source.query(database, `select count(*)::int as n from ${ident(schema)}.photos`);
   if (row?.n !== rows) throw new Error(`${schema}.photos holds ${row?.n} rows after the load, expected ${rows}`);
 }
 
@@ -207,7 +209,7 @@ async function timeMove(fleet, { source, target, schema, rows }) {
  * @param {import('../dist/index.js').ShardMap} map
  * @param {string} schema
  */
-function startShardWriter(map, schema) {
+export function startShardWriter(map, schema) {
   const insert = `insert into ${ident(schema)}.photos (user_id, image_url, caption) values ($1, $2, $3) returning id`;
   return startWriter(map, {
     shards: [SHARD],

@@ -36,6 +36,8 @@ import * as migrate from './migrate.js';
 import * as moveFleet from './move-fleet.js';
 import * as moveRealworld from './move-realworld.js';
 import * as moveShard from './move-shard.js';
+import * as moveResume from './move-resume.js';
+import * as moveCopyParallel from './move-copy-parallel.js';
 import * as moveSplit from './move-split.js';
 import * as nextId from './next-id.js';
 import * as pooledInserts from './pooled-inserts.js';
@@ -129,6 +131,8 @@ const BENCHMARKS = {
   'init-rerun': initRerun,
   migrate,
   'move-shard': moveShard,
+  'move-resume': moveResume,
+  'move-copy-parallel': moveCopyParallel,
   'move-realworld': moveRealworld,
   'move-split': moveSplit,
   'move-fleet': moveFleet,
@@ -158,6 +162,8 @@ const DEFAULT_MAJORS = {
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],
   'move-shard': ['15', EMBEDDED_MAJOR],
+  'move-resume': ['15'],
+  'move-copy-parallel': ['15'],
   'move-realworld': ['15', EMBEDDED_MAJOR],
   router: [EMBEDDED_MAJOR],
   'pooled-inserts': [EMBEDDED_MAJOR, '15'],

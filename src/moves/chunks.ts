@@ -190,17 +190,24 @@ export async function recordPlan(
 
 /**
  * Whether a chunk copied by an earlier run still holds the source's rows as the reader sees them:
- * the range's count and checksum on both. The reader's and the writer's sessions have the stable
- * text settings (STABLE_TEXT_SETTINGS).
+ * the range's count and checksum on both (by `method`, the verification's of the table when its
+ * figures are kept: copy-logs.ts), returned with the answer. The reader's and the writer's sessions
+ * have the stable text settings (STABLE_TEXT_SETTINGS).
  */
-export async function chunkMatches(reader: pg.Client, writer: pg.Client, chunk: ChunkRecord): Promise<boolean> {
-  const sql = rangeChecksumSql(chunk.table, chunk);
-  const [source, target] = await Promise.all([reader.query(sql), writer.query(sql)]);
-  const [a, b] = [
-    source.rows[0] as { rows: string; checksum: string },
-    target.rows[0] as { rows: string; checksum: string },
-  ];
-  return a.rows === b.rows && a.checksum === b.checksum;
+export async function chunkMatches(
+  reader: pg.Client,
+  writer: pg.Client,
+  chunk: ChunkRecord,
+  method: HashMethod = 'text',
+): Promise<{ matches: boolean; sums: ChunkSums }> {
+  // By the key's index, as copyChunk's sums: the target's table may have no statistics yet, and a
+  // seq scan per chunk would read the whole table once for each.
+  const sql = `SET LOCAL enable_seqscan = off; ${rangeChecksumSql(chunk.table, chunk, method)}; SET LOCAL enable_seqscan = on`;
+  const sum = async (client: pg.Client) =>
+    ((await client.query(sql)) as unknown as pg.QueryResult<{ rows: string; checksum: string }>[])[1]!.rows[0]!;
+  const [source, target] = await Promise.all([sum(reader), sum(writer)]);
+  const sums = { source, target };
+  return { matches: sums.source.rows === sums.target.rows && sums.source.checksum === sums.target.checksum, sums };
 }
 
 /** The settings under which both sides of chunkMatches give a row the same text. */

@@ -36,10 +36,16 @@ import type { Sql } from '../pg/sql-template.js';
  *
  * Exact as the checksums at P it replaces: a row lost by replication is in the source's log and not
  * in the target's, a row changed on the target behind the move's back is in the target's log only.
- * A table is taken whole at P as before when anything breaks the chain: a chunk copied by an earlier
- * run (its figures are not this run's), the target's log not empty after the copy, the logs not set
- * up in time on the source (busy tables), or the wave's own set-up of its logs failing or running a
- * second time (a cut-over retried). The source's triggers run in application transactions from
+ * A table an earlier run planned (a resumed copy) is summed the same way under the new slot, whose
+ * snapshot S is the one every kept chunk was reconciled against: its source log is started again
+ * before that slot (the earlier run's entries deleted), its target log created again before its
+ * chunks are reconciled, and each chunk it copied before is summed by the reconciliation itself
+ * (the range's count and checksum at S on the source, as it stands on the target), kept only if the
+ * two are equal, copied again from S (and summed so) if not. A write on the target before the new
+ * log is in that read (a chunk it changed differs, and is copied again); one after it marks the log.
+ * A table is taken whole at P as before when anything breaks the chain: the target's log not empty
+ * after the copy, the logs not set up in time on the source (busy tables), or the wave's own set-up
+ * of its logs failing or running a second time (a cut-over retried). The source's triggers run in application transactions from
  * the slot's creation to the wave's cut-over; the wave's logs take them over, and the same
  * unfence, abort and clean-up switch them off.
  */
@@ -86,15 +92,16 @@ export class CopyLogs {
     return t ? copyLogOnTargetSql(moveId, t.wave, t.logged) : null;
   }
 
-  /** A table planned by this run: its chunks; or carried from an earlier run (`planned` null): not summed. */
-  planned(table: string, planned: readonly ChunkRecord[] | null): void {
+  /**
+   * A table's chunks, planned by this run or carried from an earlier one (all of them: those the
+   * earlier run copied are summed as they are reconciled, the others as they are copied).
+   */
+  planned(table: string, planned: readonly ChunkRecord[]): void {
     const t = this.#tables.get(table);
-    if (!t) return;
-    if (planned === null) this.#tables.delete(table);
-    else t.left = planned.length;
+    if (t) t.left = planned.length;
   }
 
-  /** One chunk's sums on both hosts. */
+  /** One chunk's sums on both hosts: as copied, or as reconciled and found equal (chunks.ts chunkMatches). */
   add(table: string, source: { rows: string; checksum: string }, target: { rows: string; checksum: string }): void {
     const t = this.#tables.get(table);
     if (!t || t.left === null) return;
@@ -135,8 +142,8 @@ export class CopyLogs {
 
 /**
  * Online, before the slot: the source's change logs of the first wave's tables the copy will take
- * in chunks with a key and plan afresh (more estimated rows than copyChunkRows, no chunk recorded by
- * an earlier run), their triggers calling the first wave's function. Null when there are none, or when the
+ * in chunks with a key (more estimated rows than copyChunkRows, or chunks recorded by an earlier
+ * run), their triggers calling the first wave's function. Null when there are none, or when the
  * logs cannot be had (older than PostgreSQL 14, the tables kept busy past SETUP_LIMIT_MS): then what
  * was created is switched off, and the waves checksum those tables whole at P.
  */
@@ -154,7 +161,7 @@ export async function startCopyLogs(ctx: MoveContext): Promise<CopyLogs | null> 
     tables.filter((t) => first.has(t.schema)).map((t) => [qualified(t.schema, t.table) as string, t]),
   );
   const large = [...estimates]
-    .filter(([name, e]) => e.rows > ctx.settings.copyChunkRows && !earlier.has(name) && byName.has(name))
+    .filter(([name, e]) => (e.rows > ctx.settings.copyChunkRows || earlier.has(name)) && byName.has(name))
     .map(([name]) => name);
   const keyed = [...(await keysAndColumns(ctx.source.client, large))].filter(([, s]) => s.key !== null);
   if (keyed.length === 0) return null;

@@ -24,7 +24,7 @@ import { type MoveContext, schemasOf, sameMajorVersion } from './context.js';
 import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker } from './workers.js';
 import { faultAfterChunk } from './state.js';
-import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { allOrNone } from '../promises.js';
 import { sleep } from '../clock.js';
 import { CopyMeter, tableEstimates } from './copy-meter.js';
@@ -121,7 +121,10 @@ export async function copyShards(
         logs?.planned(name, planned);
       } else {
         vacuum.add(name);
-        logs?.planned(name, null);
+        // Its log on the target again before any chunk is reconciled (copy-logs.ts).
+        const again = logs?.targetSql(ctx.moveId, name) ?? null;
+        if (again) await runTransaction(writer, `BEGIN;\n${again}\nCOMMIT;`);
+        logs?.planned(name, planned);
       }
       chunksLeft.set(name, planned.length);
       const binary = sameMajor && t.portable;
@@ -135,26 +138,35 @@ export async function copyShards(
     textSet: { done: boolean },
   ): Promise<void> => {
     const { chunk } = task;
+    const method = logs?.method(chunk.table);
+    if ((chunk.copied || method) && !textSet.done) {
+      await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
+      textSet.done = true;
+    }
     if (chunk.copied) {
       // Copied by an earlier run, from its snapshot: kept if the source's rows of its range are
-      // still the same as of this run's snapshot.
-      if (!textSet.done) {
-        await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
-        textSet.done = true;
-      }
-      if (await chunkMatches(reader, writer, chunk)) {
+      // still the same as of this run's snapshot, its sums then this run's figures (copy-logs.ts).
+      const reconciled = await chunkMatches(reader, writer, chunk, method);
+      if (reconciled.matches) {
         meter.kept(chunk.table, chunk.bytes ?? 0);
         meter.piece(chunk.table, chunk.rows ?? 0);
+        if (method) logs!.add(chunk.table, reconciled.sums.source, reconciled.sums.target);
       } else {
         ctx.chunksRecopied += 1;
-        await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+        const sums = await copyChunk(
+          streams,
+          reader,
+          writer,
+          ctx.moveId,
+          chunk,
+          task.columns,
+          task.binary,
+          meter,
+          method,
+        );
+        if (sums) logs!.add(chunk.table, sums.source, sums.target);
       }
     } else {
-      const method = logs?.method(chunk.table);
-      if (method && !textSet.done) {
-        await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
-        textSet.done = true;
-      }
       const sums = await copyChunk(
         streams,
         reader,

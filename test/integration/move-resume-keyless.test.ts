@@ -1,7 +1,7 @@
-import { afterAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { MoveResult } from '../../src/index.js';
 import { init } from '../../src/index.js';
-import { makeFleet, runCli } from '../helpers/fleet.js';
+import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { move } from '../helpers/faults.js';
 import { removeCliSnapshot, spawnCli } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
@@ -14,14 +14,56 @@ const ROWS = 100_000;
 const CHUNK = '10000';
 const EVENTS = `CREATE TABLE events (user_id bigint NOT NULL, body text NOT NULL);
 ALTER TABLE events REPLICA IDENTITY FULL;`;
+/** A keyed table beside it (the second test). */
+const ITEMS = `CREATE TABLE items (id bigint PRIMARY KEY, body text NOT NULL);`;
 
-async function chunkRecords(url: string): Promise<{ key_column: string; lo: string | null; copied: boolean }[]> {
+let fleet: Fleet;
+beforeAll(async () => {
+  fleet = makeFleet({
+    urls: db.urls,
+    shards: 4,
+    split: ['0-1', '2-3'],
+    migrations: { '0001_events.sql': EVENTS, '0002_items.sql': ITEMS },
+  });
+  expect((await init(await fleet.config())).ok).toBe(true);
+});
+
+async function chunkRecords(
+  url: string,
+  table = '"insta1"."events"',
+): Promise<{ key_column: string; lo: string | null; copied: boolean }[]> {
   return withClient(url, async (c) => {
     const r = await c.query<{ key_column: string; lo: string | null; copied: boolean }>(
-      `select key_column, lo, copied from shardctl.move_chunks where table_name = '"insta1"."events"' order by chunk`,
+      `select key_column, lo, copied from shardctl.move_chunks where table_name = $1 order by chunk`,
+      [table],
     );
     return r.rows;
   });
+}
+
+async function deadRows(url: string, schema: string, table: string): Promise<string> {
+  return withClient(url, async (c) => {
+    await c.query('select pg_stat_force_next_flush()').catch(() => undefined);
+    return (
+      await c.query<{ n: string }>(
+        `select n_dead_tup::text as n from pg_stat_user_tables where schemaname = $1 and relname = $2`,
+        [schema, table],
+      )
+    ).rows[0]!.n;
+  });
+}
+
+/** The name the source's old copy of `shard` took at the switch. */
+async function oldSchema(shard: number): Promise<string> {
+  return withClient(
+    db.urls[0]!,
+    async (c) =>
+      (
+        await c.query<{ n: string }>(`select nspname as n from pg_namespace where nspname like $1`, [
+          `insta${shard}\\_moved\\_%`,
+        ])
+      ).rows[0]!.n,
+  );
 }
 
 async function rowsOf(url: string, table: string): Promise<string[]> {
@@ -32,13 +74,6 @@ async function rowsOf(url: string, table: string): Promise<string[]> {
 
 describe('a keyless table copied in chunks of blocks', () => {
   it('is copied by block ranges, and a resumed run empties it and copies it again whole from its own snapshot: rows equal, no dead rows', async () => {
-    const fleet = makeFleet({
-      urls: db.urls,
-      shards: 4,
-      split: ['0-1', '2-3'],
-      migrations: { '0001_events.sql': EVENTS },
-    });
-    expect((await init(await fleet.config())).ok).toBe(true);
     await withClient(db.urls[0]!, (c) =>
       c.query(
         `insert into insta1.events select g, repeat('e', 100) || g from generate_series(1, ${ROWS}) g;
@@ -101,5 +136,64 @@ describe('a keyless table copied in chunks of blocks', () => {
       ).rows[0]!.n;
     });
     expect(dead).toBe('0');
+  });
+
+  it('a shard of keyed and keyless tables killed at three points of its copy, then finished: the last run copies only the keyed chunks left and the keyless table again, rows equal, no dead rows', async () => {
+    // 30,000 rows in each table, chunks of 5,000: 7 key chunks of items, about 6 block chunks of
+    // events; one copying pair, so that the kills fall after the same chunks every time.
+    const rows = 30_000;
+    const chunk = '5000';
+    await withClient(db.urls[0]!, (c) =>
+      c.query(
+        `insert into insta0.events select g, repeat('e', 100) || g from generate_series(1, ${rows}) g;
+         insert into insta0.items select g, repeat('i', 100) || g from generate_series(1, ${rows}) g;
+         analyze insta0.events, insta0.items`,
+      ),
+    );
+    const items = () => chunkRecords(db.urls[1]!, '"insta0"."items"');
+    /** The items chunks copied after each kill. */
+    const copiedAfter: number[] = [];
+    let plan: { lo: string | null }[] | null = null;
+    for (const [i, after] of ['2', '5', '4'].entries()) {
+      const flags = i === 0 ? ['--to', 'pg2'] : ['--resume'];
+      const run = await spawnCli(move(fleet, 0, ...flags, '--copy-chunk-rows', chunk, '--copy-parallel', '1'), {
+        SHARDCTL_FAULT_AFTER_CHUNKS: after,
+      });
+      expect(run.signal, run.stderr).toBe('SIGKILL');
+      const records = await items();
+      // Once planned, the keyed table's plan is the same in every run (a keyless one's is not).
+      if (records.length > 0) {
+        plan ??= records.map((r) => ({ lo: r.lo }));
+        expect(records.map((r) => ({ lo: r.lo }))).toEqual(plan);
+      }
+      copiedAfter.push(records.filter((r) => r.copied).length);
+      if (i === 0)
+        // Between the kills the source changes: rows of the first key chunk and of the keyless table.
+        await withClient(db.urls[0]!, (c) =>
+          c.query(`update insta0.items set body = 'changed' where id <= 3;
+                   update insta0.events set body = 'changed' where user_id <= 20`),
+        );
+    }
+    // A chunk once copied stays copied (the changed one is copied again, not dropped).
+    expect(copiedAfter).toEqual([...copiedAfter].sort((a, b) => a - b));
+    expect(plan).not.toBeNull();
+    expect(plan).toHaveLength(7);
+
+    const last = await runCli(move(fleet, 0, '--resume', '--json', '--copy-chunk-rows', chunk, '--copy-parallel', '2'));
+    expect(last.code, last.stderr).toBe(0);
+    const result = JSON.parse(last.stdout) as MoveResult;
+    // The last run copied the keyed chunks left and a new plan of the keyless table, nothing again.
+    expect(result.chunks.recopied).toBe(0);
+    const keylessChunks = result.chunks.copied - (7 - copiedAfter.at(-1)!);
+    expect(keylessChunks).toBeGreaterThanOrEqual(4);
+    expect(keylessChunks).toBeLessThanOrEqual(8);
+
+    const old = await oldSchema(0);
+    for (const table of ['events', 'items']) {
+      const sourceRows = await rowsOf(db.urls[0]!, `"${old}".${table}`);
+      expect(sourceRows).toHaveLength(rows);
+      expect(await rowsOf(db.urls[1]!, `insta0.${table}`)).toEqual(sourceRows);
+      expect(await deadRows(db.urls[1]!, 'insta0', table)).toBe('0');
+    }
   });
 });

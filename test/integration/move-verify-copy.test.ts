@@ -3,18 +3,20 @@
  * keyed table's chunks summed as they are copied, and the change logs since the copy's snapshot on
  * both hosts, in place of a read of every row at the wave's snapshot P. Exact as that read: a row
  * changed on the target behind the move's back in a chunk already copied and summed, and a row the
- * source wrote that replication lost, are both found.
+ * source wrote that replication lost, are both found; so after a resume, where the chunks an earlier
+ * run copied are summed by their reconciliation under the new slot.
  */
-import { beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init, moveShard, type HostError } from '../../src/index.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { type Fleet, makeFleet } from '../helpers/fleet.js';
-import { runSqlBlocking } from '../helpers/faults.js';
-import { startShardWriter } from '../helpers/moves.js';
+import { move, runSqlBlocking } from '../helpers/faults.js';
+import { removeCliSnapshot, spawnCli, startShardWriter } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
 const db = useTestDatabases(2);
+afterAll(removeCliSnapshot);
 
 /** 60,000 photos rows in chunks of 10,000: 7 chunks, the last one open-ended. */
 const ROWS = 60_000;
@@ -24,7 +26,7 @@ const FROM_COPY =
 
 let fleet: Fleet;
 beforeAll(async () => {
-  fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3', ''] });
+  fleet = makeFleet({ urls: db.urls, shards: 6, split: ['0-5', ''] });
   expect((await init(await fleet.config())).ok).toBe(true);
 });
 
@@ -37,12 +39,16 @@ async function seed(shard: number): Promise<void> {
   );
 }
 
-/** Moves `shard` to pg2 in process, running `onTarget` on pg2 once the copy is recorded (the move waits for it). */
-async function moveWith(shard: number, onTarget?: string, onSource?: string) {
+/**
+ * Moves `shard` to pg2 in process (or resumes its move), running `onTarget` on pg2 once the copy is
+ * recorded (the move waits for it).
+ */
+async function moveWith(shard: number, onTarget?: string, onSource?: string, resume = false) {
   const notices: string[] = [];
   let ran: number | null = 0;
-  const outcome = await moveShard(await fleet.config(), shard, 'pg2', {
+  const outcome = await moveShard(await fleet.config(), shard, resume ? undefined : 'pg2', {
     configFile: fleet.configFile,
+    resume,
     copyChunkRows: CHUNK_ROWS,
     onNotice: (message) => notices.push(message),
     onStep: (step) => {
@@ -141,5 +147,77 @@ describe('the figures before the fence taken from the copy', () => {
     // The row changed by hand is found if its chunk was copied before the write, and copied over
     // (its range deleted first) if not.
     if (outcome) expect(outcome).toMatchObject({ code: 'VERIFY_FAILED' });
+  });
+});
+
+/** Of `shard`'s photos chunks recorded on the target, those copied. */
+async function copiedChunks(shard: number): Promise<number[]> {
+  return withClient(db.urls[1]!, async (c) =>
+    (
+      await c.query<{ chunk: number }>(
+        `select chunk from shardctl.move_chunks where table_name = $1 and copied order by chunk`,
+        [`"insta${shard}"."photos"`],
+      )
+    ).rows.map((r) => r.chunk),
+  );
+}
+
+/** Seeds `shard` and kills its move (CLI) once 3 of its 7 chunks are committed, on one copying pair. */
+async function killedInCopy(shard: number): Promise<void> {
+  await seed(shard);
+  const run = await spawnCli(
+    move(fleet, shard, '--to', 'pg2', '--copy-chunk-rows', String(CHUNK_ROWS), '--copy-parallel', '1'),
+    { SHARDCTL_FAULT_AFTER_CHUNKS: '3' },
+  );
+  expect(run.signal, run.stderr).toBe('SIGKILL');
+  expect(await copiedChunks(shard)).toEqual([0, 1, 2]);
+}
+
+describe('the figures before the fence of a resumed copy', () => {
+  it('come from the copy too: the chunks copied before are summed as reconciled, one changed since copied again, and every row arrives', async () => {
+    await killedInCopy(4);
+    // A row of chunk 0 changes on the source before the resume: that chunk differs under the new
+    // snapshot and is copied again; chunks 1 and 2 are kept.
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`update insta4.photos set caption = 'before the resume' where id = (select min(id) from insta4.photos)`),
+    );
+    const writer = startShardWriter(await ShardMap.load(fleet.configFile), 4);
+    await waitFor('writes', async () => writer.acknowledged.length > 10);
+    const { result, error, notices } = await moveWith(
+      4,
+      undefined,
+      `update insta4.photos set caption = 'after the copy' where id in (select id from insta4.photos order by id offset 10000 limit 5)`,
+      true,
+    );
+    await writer.stop();
+    expect(error).toBeNull();
+    expect(notices).toMatch(FROM_COPY);
+    expect(result!.chunks).toEqual({ copied: 4, recopied: 1 });
+    expect(result!.verification).toMatchObject({ ok: true });
+    const rows = (url: string) =>
+      withClient(url, async (c) =>
+        (await c.query<{ r: string }>(`select (p.*)::text as r from insta4.photos p order by id`)).rows.map((r) => r.r),
+      );
+    const onTarget = await rows(db.urls[1]!);
+    expect(onTarget.filter((r) => r.includes(',"before the resume",'))).toHaveLength(1);
+    expect(onTarget.filter((r) => r.includes(',"after the copy",'))).toHaveLength(5);
+    expect(onTarget.length).toBe(ROWS + writer.acknowledged.length);
+  });
+
+  it('finds a row changed on the target behind the move’s back in a chunk an earlier run copied, naming the table', async () => {
+    await killedInCopy(5);
+    // Chunk 1 (keys from the 10,001st on) was copied by the killed run and is kept by the resume.
+    const { error, notices } = await moveWith(
+      5,
+      `update insta5.photos set caption = 'corrupted' where id = (select id from insta5.photos order by id offset 10000 limit 1)`,
+      undefined,
+      true,
+    );
+    expect(notices).toMatch(FROM_COPY);
+    expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
+    expect(error!.details).toHaveLength(1);
+    expect(error!.details![0]).toMatch(
+      /table insta5\.photos: 60000 rows on both, but their contents differ \(checksum\)/,
+    );
   });
 });

@@ -665,6 +665,9 @@ describe('pre-fence verification SQL (moves/tail.ts)', () => {
     const sql = copyLogOnTargetSql('m1', 0, { table: { schema: 'insta1', table: 'photos' }, method: 'record' });
     expect(sql).not.toContain('BEGIN;');
     expect(sql).not.toContain('DELETE FROM');
+    // A row trigger an earlier run left gives way to the statement trigger (a resumed copy).
+    expect(sql).toContain(`DROP TRIGGER IF EXISTS "shardctl_delta" ON "insta1"."photos";`);
+    expect(sql.indexOf('DROP TRIGGER')).toBeLessThan(sql.indexOf('CREATE OR REPLACE TRIGGER'));
     expect(sql).toContain(
       `CREATE OR REPLACE TRIGGER "shardctl_delta" AFTER INSERT OR UPDATE OR DELETE ON "insta1"."photos" FOR EACH STATEMENT WHEN (current_setting('shardctl.copying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION "shardctl"."shardctl_move_m1_log0"('m1', 'record');`,
     );

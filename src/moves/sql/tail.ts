@@ -125,11 +125,18 @@ function deltaTriggersSql(moveId: string, wave: number, { table, method }: Logge
 
 /**
  * The change log of a table on the target from before its first chunk is copied (within the
- * transaction that plans its chunks, after its TRUNCATE): the wave's function, and statement
- * triggers that mark any write but the copy's (copy-logs.ts). No entry is deleted.
+ * transaction that plans its chunks, after its TRUNCATE; or, for a table an earlier run planned,
+ * before its chunks are reconciled): the wave's function, and statement triggers that mark any
+ * write but the copy's (copy-logs.ts). A row trigger an earlier run left (its copy finished, the run
+ * cut off before `copied`) is dropped first. No entry is deleted.
  */
 export function copyLogOnTargetSql(moveId: string, wave: number, table: LoggedTable): Sql {
-  return lines([...deltaLogSql(moveId, wave, true), ...deltaTriggersSql(moveId, wave, table, true)]);
+  const name = qualified(table.table.schema, table.table.table);
+  return lines([
+    ...deltaLogSql(moveId, wave, true),
+    sql`DROP TRIGGER IF EXISTS ${ident(DELTA_TRIGGER)} ON ${name};`,
+    ...deltaTriggersSql(moveId, wave, table, true),
+  ]);
 }
 
 /**
