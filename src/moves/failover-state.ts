@@ -1,6 +1,6 @@
 import type { HostSession } from '../fleet/session.js';
 import type { MoveContext } from './context.js';
-import { FAILOVER_SLOTS_FROM, TIMELINE_SQL } from './sql/failover.js';
+import { FAILOVER_SLOTS_FROM, PRIMARY_SLOT_SQL, STANDBY_SLOTS_SQL, TIMELINE_SQL } from './sql/failover.js';
 
 /**
  * What a move's failover handling (failover.ts) decides from what it reads: whether the
@@ -38,4 +38,22 @@ export async function readTimelines(ctx: {
     ),
   );
   return { source: source!, target: target! };
+}
+
+/**
+ * The standbys' physical slots the source's logical walsenders wait for (`synchronized_standby_slots`):
+ * recorded with the timelines, so that after a failover the move knows whether the target could
+ * have received changes the promoted standby never had.
+ */
+export async function readStandbySlots(source: HostSession): Promise<string[]> {
+  const text = (await source.client.query<{ slots: string }>(STANDBY_SLOTS_SQL)).rows[0]?.slots ?? '';
+  return text
+    .split(',')
+    .map((name) => name.trim().replace(/^"(.*)"$/, '$1'))
+    .filter((name) => name !== '');
+}
+
+/** The physical slot a promoted standby streamed from ('' when none is set). */
+export async function readPrimarySlot(source: HostSession): Promise<string> {
+  return (await source.client.query<{ slot: string }>(PRIMARY_SLOT_SQL)).rows[0]?.slot ?? '';
 }

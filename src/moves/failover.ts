@@ -11,7 +11,7 @@ import { releaseWave } from './fence-limit.js';
 import { ACTIVE_SHARDS_SQL } from './sql/control.js';
 import { SUBSCRIPTION_EXISTS_SQL } from './sql/replication.js';
 import { SLOT_STATE_SQL, subscriptionConnectionSql } from './sql/failover.js';
-import { readTimelines, slotUnusable, type Timelines } from './failover-state.js';
+import { readPrimarySlot, readStandbySlots, readTimelines, slotUnusable, type Timelines } from './failover-state.js';
 
 /**
  * A move carried on after its source or its target failed over (a standby promoted).
@@ -67,16 +67,19 @@ export async function checkAfterFailover(
   ]);
   // Killed inside the switch, the target's copies active: only the switch is left (runSteps), no slot needed.
   if ((active?.rowCount ?? 0) > 0) return step;
-  const lostSlot = slotUnusable(slotRow.rows[0]?.slot);
+  const slot = slotRow.rows[0]?.slot;
+  const lostSlot = slotUnusable(slot);
   const targetFailedOver = before !== null && now.target !== before.target;
+  const sourceFailedOver = before !== null && now.source !== before.source;
   const why = lostSlot
     ? `replication slot ${ctx.name} on host ${ctx.source.host.name} ${lostSlot}`
     : targetFailedOver
       ? `host ${ctx.target.host.name} failed over (timeline ${before.target} → ${now.target}): it may lack changes it had confirmed to replication slot ${ctx.name}, which will not be sent again`
-      : null;
+      : sourceFailedOver
+        ? await untrustedSyncedSlot(ctx, slot!, detail)
+        : null;
   const shards = shardsPhrase(ctx.shards);
   if (why === null) {
-    const sourceFailedOver = before !== null && now.source !== before.source;
     // The slot survived a failover (a failover slot): the subscription goes to the source's address
     // as now configured, which may name the new primary only now.
     if (sourceFailedOver) {
@@ -107,9 +110,36 @@ export async function checkAfterFailover(
   return 'prepared';
 }
 
+/**
+ * Why a slot that survived a failover of the source cannot be trusted, or null when it can. A slot
+ * the promoted standby synchronized (`synced`) never confirms more than that standby had, but the
+ * target may have been sent more: only a primary that lists the standby's physical slot in
+ * `synchronized_standby_slots` holds its logical walsenders back until the standby has the WAL. Without
+ * that, the target may hold changes the new primary never had, and skip the new primary's own
+ * changes up to the LSN it reached on the old timeline (the subscription asks for what follows its
+ * last applied change). Nothing read after the promotion can tell (the subscription, when its
+ * address lists the standby, follows the failover by itself and moves the slot on): the setting
+ * recorded at the move's start (and after each failover it came through) decides. A slot that was
+ * not synchronized (a storage-level failover kept the primary's own) is trusted as before.
+ */
+async function untrustedSyncedSlot(
+  ctx: MoveContext,
+  slot: Readonly<Record<string, unknown>>,
+  detail: Readonly<Record<string, unknown>>,
+): Promise<string | null> {
+  if (slot['synced'] !== true) return null;
+  const waitedFor = Array.isArray(detail['standbySlots']) ? (detail['standbySlots'] as unknown[]) : [];
+  const streamedFrom = await readPrimarySlot(ctx.source);
+  if (streamedFrom !== '' && waitedFor.includes(streamedFrom)) return null;
+  return `host ${ctx.source.host.name} failed over and replication slot ${ctx.name} survived on its new primary, but the old primary did not hold the target back for that standby (its physical slot ${streamedFrom === '' ? '(none)' : streamedFrom} was not in synchronized_standby_slots when recorded${waitedFor.length > 0 ? `: ${waitedFor.join(', ')}` : ''}): host ${ctx.target.host.name} may hold changes the new primary never had`;
+}
+
 async function recordTimelines(ctx: MoveContext, timelines: Timelines): Promise<void> {
+  const standbySlots = await readStandbySlots(ctx.source);
   await Promise.all(
-    [ctx.source.client, ctx.target.client].map((client) => recordDetail(client, ctx.moveId, { timelines })),
+    [ctx.source.client, ctx.target.client].map((client) =>
+      recordDetail(client, ctx.moveId, { timelines, standbySlots }),
+    ),
   );
 }
 
@@ -147,6 +177,7 @@ async function continueUnswitched(
       { shard: left[0]!, code: 'SLOT_LOST', data: { moveId: ctx.moveId, slot: ctx.name, step } },
     );
   const nextId = newMoveId();
+  const standbySlots = await readStandbySlots(ctx.source);
   notice(
     ctx,
     `${why}; ${switched} of the move's ${ctx.waves.length} waves are switched already (${shardsPhrase(doneWaves.flat())}, now on host ${ctx.target.host.name}): move ${ctx.moveId} is finished for them, and the copy of ${shardsPhrase(left)} restarts from a new slot as move ${nextId} (their fence, the replication and the target's copies undone first)`,
@@ -186,7 +217,7 @@ async function continueUnswitched(
         target: ctx.target.host.name,
         mode: 'online',
         step: 'prepared',
-        detail: { waves: leftWaves, wave: 0, timelines: now, continues: ctx.moveId },
+        detail: { waves: leftWaves, wave: 0, timelines: now, standbySlots, continues: ctx.moveId },
       }),
     ),
   );

@@ -13,7 +13,7 @@ import { planWaves } from './waves.js';
 import { estimateCopy } from './copy-meter.js';
 import { concurrency, CREATE_WORKER, Spares } from './workers.js';
 import { preflight } from './preflight.js';
-import { readTimelines } from './failover-state.js';
+import { readStandbySlots, readTimelines } from './failover-state.js';
 import { faultAfter, insertMove, newMoveId } from './state.js';
 import { batchResult, groupBySource, runParts, type BatchMoveResult } from './batch.js';
 import { closePart, connectPart, openParts, whileAgreeing, type Part } from './parts.js';
@@ -169,7 +169,8 @@ async function startMoves(
           ctx.sourcePrivileges = sourcePrivileges;
           ctx.spares = spares[i] ?? null;
           // The timelines, so that a resumed move knows whether a host failed over since (failover.ts).
-          const timelines = await readTimelines(part);
+          // And the standbys the source's walsenders wait for: whether a synced slot can be trusted then.
+          const [timelines, standbySlots] = await Promise.all([readTimelines(part), readStandbySlots(part.source)]);
           // Both hosts at once: the control schema completed (where a host's is older), then the move recorded.
           await Promise.all(
             [part.source, part.target].map(async (side) => {
@@ -181,7 +182,7 @@ async function startMoves(
                 target: target.name,
                 mode,
                 step: 'prepared',
-                detail: { waves, wave: 0, timelines },
+                detail: { waves, wave: 0, timelines, standbySlots },
               });
             }),
           );

@@ -278,7 +278,7 @@ export class TransactionStart {
  * expected shape: per shard BEGIN, `framing - 1` SETs, `statements` results, COMMIT, and nothing else.
  */
 export function framedPerShard(
-  results: readonly { readonly command: string }[],
+  results: readonly { readonly command: string; readonly rowCount?: number | null }[],
   shards: number,
   framing: number,
   statements: number,
@@ -289,8 +289,10 @@ export function framedPerShard(
     Array.from({ length: shards }).every(
       (_, i) =>
         results[i * group]?.command === 'BEGIN' &&
-        // SET LOCALs, and the DO block that checks a standby (src/router/replicas.ts).
-        results.slice(i * group + 1, i * group + framing).every((r) => r.command === 'SET' || r.command === 'DO') &&
+        // SET LOCALs, and the SELECT that checks a standby (src/router/replicas.ts, no row when it passes).
+        results
+          .slice(i * group + 1, i * group + framing)
+          .every((r) => r.command === 'SET' || (r.command === 'SELECT' && r.rowCount === 0)) &&
         results[i * group + group - 1]?.command === 'COMMIT',
     )
   );

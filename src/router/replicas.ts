@@ -9,9 +9,9 @@
  * *from*, not one a client can connect *to* (no port, and a NAT or a proxy in between), so it
  * cannot be mapped to a URL without guessing.
  *
- * Every replica transaction starts with a check on the standby itself (`replicaCheckSql`, a DO block
- * sent in the same round trip as BEGIN and the search_path, so it costs no round trip of its own),
- * which refuses the read with SQLSTATE SC200 and a reason:
+ * Every replica transaction starts with a check on the standby itself (`replicaCheckSql`, one plain
+ * SELECT sent in the same round trip as BEGIN and the search_path, so it costs no round trip of its
+ * own), which refuses the read with an error naming a reason:
  *
  *   not-standby  the server is not in recovery (promoted since it was found)
  *   no-receiver  no WAL receiver runs (the standby lost its primary: it may be any age behind)
@@ -44,8 +44,8 @@ import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { libpqCompatible } from '../pg/tls.js';
 
-/** The SQLSTATE of a replica's refusal (replicaCheckSql). */
-export const REPLICA_REFUSED = 'SC200';
+/** The SQLSTATE of a replica's refusal (replicaCheckSql: invalid_text_representation, from its cast). */
+export const REPLICA_REFUSED = '22P02';
 
 /** Why a replica read ran on the primary instead (router.stats(), the call's event). */
 export const REPLICA_FALLBACKS = [
@@ -154,9 +154,14 @@ export function replicaRead(options: ReplicaReadOptions & { readOnly?: boolean }
 }
 
 /**
- * The check a replica transaction starts with, after BEGIN and the search_path (see the header).
- * The shard, the bound and the LSN are validated numbers written as literals: a DO block takes no
- * parameters, and it must travel in the same round trip as BEGIN.
+ * The check a replica transaction starts with, after BEGIN and the search_path (see the header):
+ * one plain SELECT (a DO block would have PL/pgSQL compile its body on every call). It returns no row when the standby will do; otherwise it fails on casting
+ * `'shardctl-replica <reason>'` to an integer (SQLSTATE 22P02, the text quoted in the message),
+ * which ends the transaction before fn's query runs, as a raised error would. The reason is computed
+ * in a subquery kept apart (OFFSET 0), so that the cast is evaluated once, after it, and never
+ * folded at plan time. The shard, the bound and the LSN are validated numbers written as literals:
+ * the statement travels in the same round trip as BEGIN, as a simple query too (script.ts), where no
+ * parameter can be bound; the router builds it once per shard and bound (transaction.ts).
  */
 export function replicaCheckSql(shard: number, read: Pick<ReplicaRead, 'maxLagMs'> & { afterLsn?: string }): string {
   if (!Number.isSafeInteger(shard) || shard < 0) throw new RangeError(`shard ${shard} is not a shard number`);
@@ -164,28 +169,32 @@ export function replicaCheckSql(shard: number, read: Pick<ReplicaRead, 'maxLagMs
     throw new RangeError(`maxLagMs ${read.maxLagMs} is not a whole number of milliseconds`);
   const lsn = read.afterLsn !== undefined ? parseLsn(read.afterLsn) : undefined;
   if (read.afterLsn !== undefined && lsn === undefined) throw new RangeError(`afterLsn ${read.afterLsn} is not an LSN`);
-  const refuse = (reason: ReplicaFallback, message: string): string =>
-    `RAISE EXCEPTION '${message}' USING ERRCODE = '${REPLICA_REFUSED}', DETAIL = 'shardctl-replica ${reason}';`;
+  const when = (reason: ReplicaFallback, condition: string): string => `WHEN ${condition} THEN '${reason}'`;
   return [
-    'DO $shardctl_replica$ BEGIN',
-    `IF NOT pg_catalog.pg_is_in_recovery() THEN ${refuse('not-standby', 'this server is not a standby')} END IF;`,
-    `IF NOT EXISTS (SELECT FROM pg_catalog.pg_stat_wal_receiver) THEN ${refuse('no-receiver', 'this standby receives no WAL')} END IF;`,
-    ...(lsn !== undefined
-      ? [
-          `IF pg_catalog.pg_last_wal_replay_lsn() < '${formatLsn(lsn)}'::pg_lsn THEN ${refuse('behind', 'this standby has not replayed the write asked for')} END IF;`,
-        ]
-      : []),
-    `IF pg_catalog.pg_last_wal_receive_lsn() > pg_catalog.pg_last_wal_replay_lsn() AND COALESCE(pg_catalog.clock_timestamp() - pg_catalog.pg_last_xact_replay_timestamp() > interval '${read.maxLagMs} milliseconds', true) THEN ${refuse('lagging', 'this standby is behind by more than maxLagMs')} END IF;`,
-    `IF NOT EXISTS (SELECT FROM ${CONTROL}.shards WHERE shard = ${shard} AND state = 'active') THEN ${refuse('not-active', 'the shard is not active on this standby')} END IF;`,
-    'END $shardctl_replica$',
+    `SELECT CAST('${REFUSAL_PREFIX}' || refused AS integer) FROM (SELECT CASE`,
+    when('not-standby', 'NOT pg_catalog.pg_is_in_recovery()'),
+    // The view's function, not the view: its pid is what the view filters on, and planning the
+    // view's columns cost more than the rest of the check.
+    when('no-receiver', '(pg_catalog.pg_stat_get_wal_receiver()).pid IS NULL'),
+    ...(lsn !== undefined ? [when('behind', `pg_catalog.pg_last_wal_replay_lsn() < '${formatLsn(lsn)}'::pg_lsn`)] : []),
+    when(
+      'lagging',
+      `pg_catalog.pg_last_wal_receive_lsn() > pg_catalog.pg_last_wal_replay_lsn() AND COALESCE(pg_catalog.clock_timestamp() - pg_catalog.pg_last_xact_replay_timestamp() > interval '${read.maxLagMs} milliseconds', true)`,
+    ),
+    when('not-active', `NOT EXISTS (SELECT FROM ${CONTROL}.shards WHERE shard = ${shard} AND state = 'active')`),
+    `END AS refused OFFSET 0) AS shardctl_replica WHERE refused IS NOT NULL`,
   ].join('\n');
 }
 
+/** What a refusal's text starts with (replicaCheckSql); the reason follows. */
+const REFUSAL_PREFIX = 'shardctl-replica ';
+
 /** The reason of a replica's refusal, or undefined for any other error. */
 export function replicaRefusal(error: unknown): ReplicaFallback | undefined {
-  const e = error as { code?: unknown; detail?: unknown } | null;
-  if (e?.code !== REPLICA_REFUSED || typeof e.detail !== 'string') return undefined;
-  const reason = /^shardctl-replica (\S+)$/.exec(e.detail)?.[1];
+  const e = error as { code?: unknown; message?: unknown } | null;
+  if (e?.code !== REPLICA_REFUSED || typeof e.message !== 'string') return undefined;
+  // The message is translated under lc_messages; the quoted text is not.
+  const reason = /"shardctl-replica ([a-z-]+)"/.exec(e.message)?.[1];
   return (REPLICA_FALLBACKS as readonly string[]).includes(reason ?? '') ? (reason as ReplicaFallback) : undefined;
 }
 

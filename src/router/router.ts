@@ -96,8 +96,8 @@ export class ShardRouter {
     });
     this.pools = new HostPools(this.options, { hosts: () => this.config.hosts, reload: () => this.reload() });
     this.starts = new TransactionStarts(config, this.options);
-    this.standbyReads = new StandbyReads(this.standbys, this.diagnostics, (shard, readOnly) =>
-      this.starts.startStatements(shard, readOnly),
+    this.standbyReads = new StandbyReads(this.standbys, this.diagnostics, (shard, read) =>
+      this.starts.replicaStart(shard, read),
     );
     this.paths = this.lend();
     this.following = {

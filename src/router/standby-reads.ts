@@ -2,12 +2,11 @@ import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { TransactionStart } from './begin.js';
+import type { TransactionStart } from './begin.js';
 import type { CallTrace, RouterDiagnostics } from './diagnostics.js';
 import { isConnectionLoss } from './failover.js';
 import {
   isRecoveryConflict,
-  replicaCheckSql,
   replicaRefusal,
   type ReplicaFallback,
   type ReplicaRead,
@@ -25,8 +24,11 @@ export class StandbyReads {
   constructor(
     private readonly standbys: StandbyBook,
     private readonly diagnostics: RouterDiagnostics,
-    /** The statements that start a shard's transaction on the router's map now (transaction.ts). */
-    private readonly startStatements: (shard: number, readOnly: boolean) => string[],
+    /** The start of a shard's read on a standby, with its check, on the router's map now (transaction.ts). */
+    private readonly replicaStart: (
+      shard: number,
+      read: { readonly maxLagMs: number; readonly afterLsn?: string },
+    ) => TransactionStart,
   ) {}
 
   /**
@@ -106,16 +108,13 @@ export class StandbyReads {
   }
 
   private standbyVia(host: HostConfig, standby: Standby, replica: ReplicaRead): Via {
+    const read = {
+      maxLagMs: replica.maxLagMs,
+      ...(replica.afterLsn ? { afterLsn: replica.afterLsn.lsn } : {}),
+    };
     return {
       checkout: () => this.checkoutFrom(host, standby.pool),
-      start: (shard) =>
-        new TransactionStart([
-          ...this.startStatements(shard, true),
-          replicaCheckSql(shard, {
-            maxLagMs: replica.maxLagMs,
-            ...(replica.afterLsn ? { afterLsn: replica.afterLsn.lsn } : {}),
-          }),
-        ]),
+      start: (shard) => this.replicaStart(shard, read),
     };
   }
 

@@ -3,6 +3,7 @@ import { shardSchemaName, type HostConfig, type ShardctlConfig } from '../config
 import { HostError } from '../errors.js';
 import { quoteIdent } from '../pg/quote.js';
 import { DeferredBegin, TransactionStart, WRITE_LSN_SQL } from './begin.js';
+import { replicaCheckSql } from './replicas.js';
 import { CommitUnknownError, isConnectionLoss } from './failover.js';
 import type { RouterSettings } from './options.js';
 import type { CallTrace } from './diagnostics.js';
@@ -13,12 +14,18 @@ import type { Attempt, RouterInternals, ShardFn, TransactionOptions, Via } from 
  * shard and map) and one attempt of fn inside it, committed or rolled back.
  */
 
+/** At most this many replica starts are kept per map (a few bounds over every shard of a large fleet). */
+const MAX_REPLICA_STARTS = 65_536;
+
 /** Per shard, the statements that start its transaction (read-write, read-only), for one map: a reload makes new ones. */
 export class TransactionStarts {
   private readonly starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [
     new Map<number, TransactionStart>(),
     new Map<number, TransactionStart>(),
   ];
+
+  /** Replica reads' starts (replicaStart), by shard and bound. */
+  private readonly replicaStarts = new Map<string, TransactionStart>();
 
   constructor(
     private readonly config: ShardctlConfig,
@@ -36,6 +43,24 @@ export class TransactionStarts {
     if (!start) {
       start = new TransactionStart(this.startStatements(shard, readOnly));
       cache.set(shard, start);
+    }
+    return start;
+  }
+
+  /**
+   * A read on a standby: the read-only start and the check of the standby (replicas.ts), built once
+   * per shard, bound and map for reads that wait for no write; a read after a write's LSN has its own.
+   */
+  replicaStart(shard: number, read: { readonly maxLagMs: number; readonly afterLsn?: string }): TransactionStart {
+    const build = (): TransactionStart =>
+      new TransactionStart([...this.startStatements(shard, true), replicaCheckSql(shard, read)]);
+    if (read.afterLsn !== undefined) return build();
+    const key = `${shard}/${read.maxLagMs}`;
+    let start = this.replicaStarts.get(key);
+    if (!start) {
+      start = build();
+      // Bounds chosen per call could be any number: the cache stops growing rather than grow without end.
+      if (this.replicaStarts.size < MAX_REPLICA_STARTS) this.replicaStarts.set(key, start);
     }
     return start;
   }

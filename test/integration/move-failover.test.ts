@@ -89,6 +89,23 @@ async function slotSynced(host: ReplicatedHost): Promise<void> {
   throw new Error('the standby did not synchronize the move slot within 60 s');
 }
 
+/** The standby stops receiving from its primary (primary_conninfo emptied): what the primary writes next it never has. */
+async function cutOffStandby(host: ReplicatedHost): Promise<void> {
+  await withClient(host.standby.url, async (c) => {
+    await c.query(`alter system set primary_conninfo = ''`);
+    await c.query('select pg_reload_conf()');
+  });
+}
+
+/** Waits until `url`'s copy of the shard holds `n` rows. */
+async function rowsReach(url: string, schema: string, n: number): Promise<void> {
+  for (let i = 0; i < 300; i += 1) {
+    if ((await ids(url, schema)).length === n) return;
+    await new Promise((resolve) => setTimeout(resolve, 100));
+  }
+  expect(await ids(url, schema)).toHaveLength(n);
+}
+
 /**
  * A fleet of two shards on `host` (a primary with its standby, reached by a multi-host URL that
  * also replicates) and none yet on the shared second host, initialised in a database of its own on
@@ -117,6 +134,66 @@ async function replicatedFleet(host: ReplicatedHost) {
   };
 }
 
+/** The same fleet the other way round: the source a database on the shared host, the target `host` (a primary and its standby). */
+async function replicatedTargetFleet(host: ReplicatedHost) {
+  const name = `mf_${randomBytes(4).toString('hex')}`;
+  await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
+  await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
+  const sourceUrl = withDatabase(db.urls[0]!, name);
+  const url = host.multiHostUrl(name);
+  const fleet = makeFleet({
+    urls: [sourceUrl, url],
+    replicationUrls: [undefined, url],
+    shards: 2,
+    split: ['0-1', ''],
+    schemaPrefix: 'mf',
+    migrations: PHOTOS_ONLY,
+  });
+  expect((await init(await fleet.config())).ok).toBe(true);
+  return {
+    fleet,
+    sourceUrl,
+    primaryDb: withDatabase(host.primary.url, name),
+    standbyDb: withDatabase(host.standby.url, name),
+  };
+}
+
+/** The primary's logical walsenders wait for the standby's slot: the target never gets ahead of the standby. */
+async function syncStandbySlots(host: ReplicatedHost): Promise<void> {
+  await withClient(host.primary.url, async (c) => {
+    await c.query(`alter system set synchronized_standby_slots = '${host.standbySlot!}'`);
+    await c.query('select pg_reload_conf()');
+  });
+}
+
+/** Seeds both shards on `url` with `n` rows each. */
+async function seedBoth(url: string, n: number): Promise<void> {
+  await withClient(url, async (c) => {
+    for (const schema of ['mf0', 'mf1'])
+      await c.query(
+        `insert into "${schema}".photos (user_id, image_url) select g, 'seed' from generate_series(1, ${n}) g`,
+      );
+  });
+}
+
+/** Both shards of `fleet` to pg2, one per wave (the args of move-shard). */
+function moveBoth(fleet: { configFile: string }, ...flags: string[]): string[] {
+  return ['move-shard', '0,1', ...flags, '--yes', '-c', fleet.configFile];
+}
+
+/** Every move recorded on `url`: its status and shards, oldest first. */
+async function movesOn(url: string): Promise<{ status: string; shards: number[] }[]> {
+  return withClient(
+    url,
+    async (c) =>
+      (
+        await c.query<{ status: string; shards: number[] }>(
+          `select status, shards from shardctl.moves order by started_at`,
+        )
+      ).rows,
+  );
+}
+
 interface Scenario {
   readonly step: string;
   readonly finish: 'resume' | 'abort';
@@ -130,13 +207,7 @@ async function failedOverMove(
 ): Promise<void> {
   const host = await startReplicatedHost({}, hostOptions);
   hosts.push(host);
-  if (hostOptions.failoverSlots) {
-    // The primary's logical walsenders wait for the standby's slot: the target never gets ahead of it.
-    await withClient(host.primary.url, async (c) => {
-      await c.query(`alter system set synchronized_standby_slots = '${host.standbySlot!}'`);
-      await c.query('select pg_reload_conf()');
-    });
-  }
+  if (hostOptions.failoverSlots) await syncStandbySlots(host);
   const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
   await withClient(primaryDb, (c) =>
     c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
@@ -200,13 +271,9 @@ describe('PostgreSQL 15 source, a move of two waves: the slot lost after the fir
     const host = await startReplicatedHost();
     hosts.push(host);
     const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
-    await withClient(primaryDb, async (c) => {
-      await c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`);
-      await c.query(`insert into mf1.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`);
-    });
-    const moveBoth = (...flags: string[]) => ['move-shard', '0,1', ...flags, '--yes', '-c', fleet.configFile];
+    await seedBoth(primaryDb, 1000);
     // Killed once the first wave (shard 0) is switched: shard 1 is still on the source, streaming.
-    const killed = await spawnCli(moveBoth('--to', 'pg2', '--wave-size', '1'), {
+    const killed = await spawnCli(moveBoth(fleet, '--to', 'pg2', '--wave-size', '1'), {
       SHARDCTL_FAULT_AFTER_STEP: 'switched',
     });
     expect(killed.signal, killed.stderr).toBe('SIGKILL');
@@ -222,7 +289,7 @@ describe('PostgreSQL 15 source, a move of two waves: the slot lost after the fir
     const shard1 = await ids(standbyDb, 'mf1');
 
     const started = Date.now();
-    const run = await runCli(moveBoth('--resume'));
+    const run = await runCli(moveBoth(fleet, '--resume'));
     expect(run.code, run.stderr).toBe(0);
     const said = `${run.stdout}\n${run.stderr}`;
     expect(said).toMatch(
@@ -249,22 +316,12 @@ describe('PostgreSQL 15 source, a move of two waves: the slot lost after the fir
     expect(renamed).toEqual([expect.stringMatching(/^mf0_moved_\w+$/), expect.stringMatching(/^mf1_moved_\w+$/)]);
     expect(renamed[0]!.slice('mf0'.length)).not.toBe(renamed[1]!.slice('mf1'.length));
     // Nothing unfinished on either host: the first move done, the one continuing it done too.
-    for (const u of [standbyDb, targetUrl]) {
-      const moves = await withClient(
-        u,
-        async (c) =>
-          (
-            await c.query<{ status: string; shards: number[] }>(
-              `select status, shards from shardctl.moves order by started_at`,
-            )
-          ).rows,
-      );
-      expect(moves).toEqual([
+    for (const u of [standbyDb, targetUrl])
+      expect(await movesOn(u)).toEqual([
         { status: 'done', shards: [0, 1] },
         { status: 'done', shards: [1] },
       ]);
-    }
-    const again = await runCli(moveBoth('--resume'));
+    const again = await runCli(moveBoth(fleet, '--resume'));
     expect(again.code).toBe(1);
     expect(`${again.stdout}\n${again.stderr}`).toMatch(/no unfinished move of shards 0-1/);
   }, 180_000);
@@ -284,6 +341,74 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
     (scenario) => failedOverMove(standby, scenario),
     180_000,
   );
+
+  it('a move of two waves failed over after the first switched: --resume streams the second from the synchronized slot', async () => {
+    const host = await startReplicatedHost({}, standby);
+    hosts.push(host);
+    await syncStandbySlots(host);
+    const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+    await seedBoth(primaryDb, 500);
+    const killed = await spawnCli(moveBoth(fleet, '--to', 'pg2', '--wave-size', '1'), {
+      SHARDCTL_FAULT_AFTER_STEP: 'switched',
+    });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    const acked = await write(primaryDb, 'mf1', 20);
+    await host.caughtUp();
+    await slotSynced(host);
+    host.stopPrimary('immediate');
+    host.promote();
+    acked.push(...(await write(standbyDb, 'mf1', 20)));
+    const shard0 = await ids(targetUrl, 'mf0');
+    const shard1 = await ids(standbyDb, 'mf1');
+
+    const run = await runCli(moveBoth(fleet, '--resume', '--max-fenced', '10s'));
+    expect(run.code, run.stderr).toBe(0);
+    const said = `${run.stdout}\n${run.stderr}`;
+    expect(said).toMatch(/replication slot shardctl_move_\w+ survived on the new primary: the move goes on/);
+    expect(said).not.toMatch(/restart/);
+    expect(Number(/writes blocked (\d+) ms/.exec(said)?.[1])).toBeLessThanOrEqual(10_000);
+    expect(await ids(targetUrl, 'mf0')).toEqual(shard0);
+    const moved = await ids(targetUrl, 'mf1');
+    expect(moved).toEqual(shard1);
+    expect(moved).toEqual(expect.arrayContaining(acked));
+    // One move, finished: nothing was split or copied again.
+    for (const u of [standbyDb, targetUrl]) expect(await movesOn(u)).toEqual([{ status: 'done', shards: [0, 1] }]);
+  }, 180_000);
+
+  it('without synchronized_standby_slots, the target ahead of the synchronized slot: --resume restarts the copy from a new slot', async () => {
+    // Slot sync on the standby, but the primary's walsenders do not wait for it.
+    const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN, standbySettings: standby.standbySettings });
+    hosts.push(host);
+    const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+    await withClient(primaryDb, (c) =>
+      c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`),
+    );
+    const killed = await spawnCli(move(fleet, 0, '--to', 'pg2'), { SHARDCTL_FAULT_AFTER_STEP: 'subscribed' });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await host.caughtUp();
+    await slotSynced(host);
+    // The standby (its synced slot sync-ready) stops receiving; the target goes on applying the old
+    // primary's writes, past anything the standby, and so the new primary, will have.
+    await cutOffStandby(host);
+    const lost = await write(primaryDb, 'mf0', 30);
+    await rowsReach(targetUrl, 'mf0', 1030);
+    host.stopPrimary('immediate');
+    host.promote();
+    const acked = await write(standbyDb, 'mf0', 30);
+    const before = await ids(standbyDb, 'mf0');
+    expect(before).toHaveLength(1030);
+
+    const run = await runCli(move(fleet, 0, '--resume'));
+    expect(run.code, run.stderr).toBe(0);
+    expect(`${run.stdout}\n${run.stderr}`).toMatch(
+      /replication slot shardctl_move_\w+ survived on its new primary, but the old primary did not hold the target back for that standby \(its physical slot \w+ was not in synchronized_standby_slots when recorded\): host pg2 may hold changes the new primary never had; .*restarting the copy of shard 0 from a new slot/,
+    );
+    // Exactly the new primary's rows: its own writes, none of those only the lost primary had.
+    const after = await ids(targetUrl, 'mf0');
+    expect(after).toEqual(before);
+    expect(after).toEqual(expect.arrayContaining(acked));
+    expect(after.filter((id) => lost.includes(id))).toEqual([]);
+  }, 180_000);
 });
 
 describe('a target that fails over, its standby behind on what it applied', () => {
@@ -291,20 +416,7 @@ describe('a target that fails over, its standby behind on what it applied', () =
     // PostgreSQL 18 on both sides: the source a database on the shared host, the target a primary and its standby.
     const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN });
     hosts.push(host);
-    const name = `mf_${randomBytes(4).toString('hex')}`;
-    await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
-    await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
-    const sourceUrl = withDatabase(db.urls[0]!, name);
-    const url = host.multiHostUrl(name);
-    const fleet = makeFleet({
-      urls: [sourceUrl, url],
-      replicationUrls: [undefined, url],
-      shards: 2,
-      split: ['0-1', ''],
-      schemaPrefix: 'mf',
-      migrations: PHOTOS_ONLY,
-    });
-    expect((await init(await fleet.config())).ok).toBe(true);
+    const { fleet, sourceUrl, primaryDb, standbyDb } = await replicatedTargetFleet(host);
     await withClient(sourceUrl, (c) =>
       c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
     );
@@ -313,20 +425,11 @@ describe('a target that fails over, its standby behind on what it applied', () =
     await host.caughtUp();
     // The standby stops receiving; the old target goes on applying the source's writes (the
     // subscription outlives the killed run) and confirms them to the slot.
-    await withClient(host.standby.url, async (c) => {
-      await c.query(`alter system set primary_conninfo = ''`);
-      await c.query('select pg_reload_conf()');
-    });
+    await cutOffStandby(host);
     const acked = await write(sourceUrl, 'mf0', 50);
-    const primaryDb = withDatabase(host.primary.url, name);
-    for (let i = 0; i < 300; i += 1) {
-      if ((await ids(primaryDb, 'mf0')).length === 2050) break;
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
-    expect(await ids(primaryDb, 'mf0')).toHaveLength(2050);
+    await rowsReach(primaryDb, 'mf0', 2050);
     host.stopPrimary('immediate');
     host.promote();
-    const standbyDb = withDatabase(host.standby.url, name);
     // The promoted target lacks what its old primary applied after the standby was cut off.
     expect((await ids(standbyDb, 'mf0')).length).toBeLessThan(2050);
 
@@ -338,5 +441,49 @@ describe('a target that fails over, its standby behind on what it applied', () =
     const moved = await ids(standbyDb, 'mf0');
     expect(moved).toHaveLength(2050);
     expect(moved).toEqual(expect.arrayContaining(acked));
+  }, 180_000);
+
+  it('failed over after the first of two waves switched: --abort is refused, --resume finishes the first wave and moves the second from a new slot', async () => {
+    const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN });
+    hosts.push(host);
+    const { fleet, sourceUrl, primaryDb, standbyDb } = await replicatedTargetFleet(host);
+    await seedBoth(sourceUrl, 500);
+    const killed = await spawnCli(moveBoth(fleet, '--to', 'pg2', '--wave-size', '1'), {
+      SHARDCTL_FAULT_AFTER_STEP: 'switched',
+    });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    // Shard 0 lives on the target and takes writes there; shard 1 on the source, streamed to the target.
+    const acked0 = await write(primaryDb, 'mf0', 10);
+    const acked1 = await write(sourceUrl, 'mf1', 10);
+    await rowsReach(primaryDb, 'mf1', 510);
+    await host.caughtUp();
+    host.stopPrimary('immediate');
+    host.promote();
+    acked0.push(...(await write(standbyDb, 'mf0', 10)));
+    acked1.push(...(await write(sourceUrl, 'mf1', 10)));
+
+    const abort = await runCli(moveBoth(fleet, '--abort'));
+    expect(abort.code).toBe(1);
+    expect(`${abort.stdout}\n${abort.stderr}`).toMatch(/already switched shard 0 to pg2; it cannot be aborted/);
+    const shard1 = await ids(sourceUrl, 'mf1');
+
+    const run = await runCli(moveBoth(fleet, '--resume', '--max-fenced', '10s'));
+    expect(run.code, run.stderr).toBe(0);
+    const said = `${run.stdout}\n${run.stderr}`;
+    expect(said).toMatch(
+      /host pg2 failed over \(timeline 1 → 2\).*; 1 of the move's 2 waves are switched already \(shard 0, now on host pg2\): move \w+ is finished for them, and the copy of shard 1 restarts from a new slot as move \w+/,
+    );
+    expect(Number(/writes blocked (\d+) ms/.exec(said)?.[1])).toBeLessThanOrEqual(10_000);
+    // Shard 0 as the new target primary holds it, every write it acknowledged; shard 1 exactly the source's rows.
+    expect(await ids(standbyDb, 'mf0')).toEqual(expect.arrayContaining(acked0));
+    const moved = await ids(standbyDb, 'mf1');
+    expect(moved).toEqual(shard1);
+    expect(moved).toEqual(expect.arrayContaining(acked1));
+    expect(await write(standbyDb, 'mf1', 1)).toHaveLength(1);
+    for (const u of [sourceUrl, standbyDb])
+      expect(await movesOn(u)).toEqual([
+        { status: 'done', shards: [0, 1] },
+        { status: 'done', shards: [1] },
+      ]);
   }, 180_000);
 });

@@ -7,6 +7,9 @@ describe('the check a replica transaction starts with', () => {
     expect(sql).toContain("pg_catalog.pg_last_wal_replay_lsn() < '1/A0'::pg_lsn");
     expect(sql).toContain("interval '250 milliseconds'");
     expect(sql).toContain(`WHERE shard = 7 AND state = 'active'`);
+    // One plain statement (no DO block to compile per call), whose refusal is its cast failing.
+    expect(sql).toMatch(/^SELECT CAST\('shardctl-replica ' \|\| refused AS integer\)/);
+    expect(sql).not.toMatch(/\bDO\b|;/);
     expect(replicaCheckSql(7, { maxLagMs: 0 })).not.toContain('replay_lsn() <');
     expect(() => replicaCheckSql(7, { maxLagMs: 0, afterLsn: "0/1'; DROP" })).toThrow(/not an LSN/);
     expect(() => replicaCheckSql(-1, { maxLagMs: 0 })).toThrow(/not a shard number/);
@@ -28,9 +31,12 @@ describe('LSNs', () => {
   });
 
   it("tells a standby's refusal from any other error", () => {
-    expect(replicaRefusal({ code: 'SC200', detail: 'shardctl-replica lagging' })).toBe('lagging');
-    expect(replicaRefusal({ code: 'SC200', detail: 'shardctl-replica something' })).toBeUndefined();
-    expect(replicaRefusal({ code: 'SC100', detail: 'shardctl-replica lagging' })).toBeUndefined();
+    const cast = (reason: string) => `invalid input syntax for type integer: "shardctl-replica ${reason}"`;
+    expect(replicaRefusal({ code: '22P02', message: cast('lagging') })).toBe('lagging');
+    expect(replicaRefusal({ code: '22P02', message: cast('not-active') })).toBe('not-active');
+    expect(replicaRefusal({ code: '22P02', message: cast('something') })).toBeUndefined();
+    expect(replicaRefusal({ code: '22P02', message: 'invalid input syntax for type integer: "12a"' })).toBeUndefined();
+    expect(replicaRefusal({ code: 'SC100', message: cast('lagging') })).toBeUndefined();
     expect(replicaRefusal(new Error('x'))).toBeUndefined();
   });
 });

@@ -25,3 +25,9 @@ export const TIMELINE_SQL = sql`SELECT ('x' || substr(pg_walfile_name(pg_current
 export function subscriptionConnectionSql(name: string, sourceReplicationUrl: string): Sql {
   return sql`ALTER SUBSCRIPTION ${ident(name)} CONNECTION ${lit(sourceReplicationUrl)}`;
 }
+
+/** The physical slots a 17+ primary's logical walsenders wait for (empty: none, or before 17). */
+export const STANDBY_SLOTS_SQL = sql`SELECT coalesce(current_setting('synchronized_standby_slots', true), '') AS slots`;
+
+/** The physical slot this server streamed from as a standby (kept in its settings after a promotion). */
+export const PRIMARY_SLOT_SQL = sql`SELECT coalesce(current_setting('primary_slot_name', true), '') AS slot`;
