@@ -74,8 +74,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
   const sameMajor =
     Math.floor(input.source.serverVersionNum / 10000) === Math.floor(input.target.serverVersionNum / 10000);
 
-  // The shapes of the batch, compared with a sample of the hosts' other shards: reading a host of
-  // thousands of shards whole took seconds before the move's first line. Whole only when they differ.
+  // The shapes of the batch, compared with a sample of the hosts' other shards: a host of thousands
+  // of shards read whole is the preflight's longest read. Read whole only when they differ.
   const batch = new Set(shards);
   const sourceSample = evenSample(source.shards, SHAPE_SAMPLE, batch);
   const targetSample = evenSample(target.shards, SHAPE_SAMPLE, batch);
