@@ -80,6 +80,7 @@ export async function readShardShapes(
   host: string,
   shards?: readonly number[],
 ): Promise<ShardShape[]> {
+  if (shards?.length === 0) return [];
   // Shard numbers are written as literals (int checks them): a simple query carries the SET LOCAL
   // in the same round trip.
   const text = sql`BEGIN;\nSET LOCAL enable_nestloop = off;\n${shapeFingerprintsSql(shards)};\nCOMMIT;`;
@@ -150,4 +151,36 @@ export function shapeDriftMessage(drift: ShapeDrift, schemaOf: (shard: number) =
   const what =
     drift.differences.length > 0 ? drift.differences.join('; ') : 'its tables, constraints or indexes differ';
   return `shard ${drift.shard} (${schemaOf(drift.shard)}) differs from shard ${drift.reference} (${schemaOf(drift.reference)}), which has the same migrations: ${what} (changed by hand, outside the migrations)`;
+}
+
+/**
+ * Up to `count` of `shards` (ascending) spread evenly over the list, leaving out `skip`: the other
+ * shards a move's preflight reads beside its batch's to compare their shapes with (shapesAgree).
+ */
+export function evenSample(shards: readonly number[], count: number, skip: ReadonlySet<number>): number[] {
+  const others = shards.filter((s) => !skip.has(s));
+  if (others.length <= count) return others;
+  return Array.from({ length: count }, (_, i) => others[Math.floor((i * others.length) / count)]!);
+}
+
+/**
+ * Whether `shapes` cannot hold a drifted shard of `batch`, however the shards that were not read
+ * look, short of a drift that misses every sampled shard: each migration level of the batch has
+ * one fingerprint among all the shapes read, and at least one shard outside the batch has it.
+ * Otherwise the preflight reads the hosts whole and decides by the majority (shapeOutliers).
+ */
+export function shapesAgree(shapes: readonly ShardShape[], batch: ReadonlySet<number>): boolean {
+  const byLevel = new Map<string, { fingerprints: Set<string>; others: number }>();
+  for (const s of shapes) {
+    let level = byLevel.get(s.level);
+    if (!level) byLevel.set(s.level, (level = { fingerprints: new Set(), others: 0 }));
+    level.fingerprints.add(s.fingerprint);
+    if (!batch.has(s.shard)) level.others += 1;
+  }
+  return shapes
+    .filter((s) => batch.has(s.shard))
+    .every((s) => {
+      const level = byLevel.get(s.level)!;
+      return level.fingerprints.size === 1 && level.others > 0;
+    });
 }

@@ -27,38 +27,17 @@ import { DELETE_CHUNKS_SQL } from './chunks.js';
  * while the next is being built; onChunk returning false stops the building (the copy failed).
  */
 export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonly number[]) => boolean): Promise<void> {
-  const { source, target, config } = ctx;
+  const { source, target } = ctx;
   const schemas = schemasOf(ctx, ctx.shards);
   // The source's owners and grants are read once for every chunk (each read scans the catalog
   // whole), by this run's preflight if it had one.
-  const [applied, existing, done, wanted] = await Promise.all([
+  const [applied, left, wanted] = await Promise.all([
     source.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
-    target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemas]),
-    target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [ctx.shards]),
+    targetWork(ctx, ctx.shards),
     ctx.sourcePrivileges ?? shardPrivileges(source.client, schemas),
   ]);
+  const work = left(applied.rows);
   const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
-  const files = new Map(ctx.migrations.map((m) => [m.version, m]));
-  const exists = new Set(existing.rows.map((r) => r.nspname));
-  const have = new Set(done.rows.map((r) => `${r.shard}:${r.version}`));
-  const work = ctx.shards.map((shard) => {
-    const statements: string[] = [];
-    if (!exists.has(shardSchemaName(config, shard))) statements.push(createShardSql(config, shard, true, 'incoming'));
-    for (const { version } of applied.rows.filter((r) => r.shard === shard)) {
-      if (have.has(`${shard}:${version}`)) continue;
-      const file = files.get(version);
-      if (!file) {
-        throw new HostError(
-          source.host.name,
-          `migration version ${version} is applied but has no file; restore it and resume the move`,
-          { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] },
-        );
-      }
-      if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
-      else statements.push(migrationSql(config, shard, file));
-    }
-    return { shard, statements };
-  });
   const workers = new Workers(ctx, target);
   // The privileges of a chunk are carried on the move's own session while the workers build the
   // next; a failure there, or a copy that stopped, ends the building.
@@ -70,8 +49,8 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
       if (stop) break;
       const inChunk = new Set(chunk);
       await workers.run(
-        work.filter((w) => inChunk.has(w.shard) && w.statements.length > 0),
-        (client, { shard, statements }) => migrateTarget(ctx, client, shard, statements),
+        roundTrips(work.filter((w) => inChunk.has(w.shard) && w.statements.length > 0)),
+        (client, group) => migrateTargets(ctx, client, group, applied.rows),
       );
       if (i === 0) faultAfter('target-migrations');
       carried = carried.then(async () => {
@@ -91,6 +70,108 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
   }
   // The workers committed without waiting for the WAL flush: made durable before the step is recorded.
   await target.client.query(DURABLE_FLUSH_SQL);
+}
+
+/** What is left to build of one shard's copy on the target: its statements, in order. */
+interface TargetWork {
+  readonly shard: number;
+  readonly statements: readonly string[];
+}
+
+/**
+ * What is left to build of `shards` on the target, read from the target's catalog and records
+ * (a resumed move, or a group retried shard by shard, skips what committed): returned as a function
+ * of the source's applied versions, so that the reads of both hosts run at once.
+ */
+async function targetWork(
+  ctx: MoveContext,
+  shards: readonly number[],
+): Promise<(applied: readonly { shard: number; version: number }[]) => TargetWork[]> {
+  const { config, source, target } = ctx;
+  const [existing, done] = await Promise.all([
+    target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemasOf(ctx, shards)]),
+    target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [shards]),
+  ]);
+  const files = new Map(ctx.migrations.map((m) => [m.version, m]));
+  const exists = new Set(existing.rows.map((r) => r.nspname));
+  const have = new Set(done.rows.map((r) => `${r.shard}:${r.version}`));
+  return (applied) => {
+    const versionsOf = new Map<number, number[]>();
+    for (const { shard, version } of applied) versionsOf.set(shard, [...(versionsOf.get(shard) ?? []), version]);
+    return shards.map((shard) => {
+      const statements: string[] = [];
+      if (!exists.has(shardSchemaName(config, shard))) statements.push(createShardSql(config, shard, true, 'incoming'));
+      for (const version of versionsOf.get(shard) ?? []) {
+        if (have.has(`${shard}:${version}`)) continue;
+        const file = files.get(version);
+        if (!file) {
+          throw new HostError(
+            source.host.name,
+            `migration version ${version} is applied but has no file; restore it and resume the move`,
+            { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] },
+          );
+        }
+        if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
+        else statements.push(migrationSql(config, shard, file));
+      }
+      return { shard, statements };
+    });
+  };
+}
+
+/**
+ * The shards' copies sent several per round trip (ROUND_TRIP_SHARDS), each shard's transactions
+ * whole, so each commits its DDL with its records as when sent alone; a shard with a no-transaction
+ * step goes alone.
+ */
+export function roundTrips<T extends TargetWork>(work: readonly T[], size = ROUND_TRIP_SHARDS): T[][] {
+  const groups: T[][] = [];
+  const group: T[] = [];
+  for (const w of work) {
+    if (!w.statements.every(inTransaction)) {
+      groups.push([w]);
+      continue;
+    }
+    group.push(w);
+    if (group.length >= size) groups.push(group.splice(0));
+  }
+  if (group.length > 0) groups.push(group);
+  return groups;
+}
+
+/**
+ * Target shards per round trip: the creation's time is the servers' DDL, but on a machine where
+ * the hosts and the CLIs share the cores every round trip also waits for a worker to be scheduled.
+ */
+const ROUND_TRIP_SHARDS = 4;
+
+function inTransaction(sql: string): boolean {
+  return sql.startsWith('BEGIN;');
+}
+
+/**
+ * A group of shards' copies in one round trip. A failure stops the rest of the text: the shards
+ * whose transactions committed stay built, and the group is retried shard by shard from what the
+ * target holds (targetWork), so the error names its shard and a transient failure does not fail
+ * the move.
+ */
+async function migrateTargets(
+  ctx: MoveContext,
+  client: pg.Client,
+  group: readonly TargetWork[],
+  applied: readonly { shard: number; version: number }[],
+): Promise<void> {
+  if (group.length === 1) return migrateTarget(ctx, client, group[0]!.shard, group[0]!.statements);
+  try {
+    await client.query(group.flatMap((w) => w.statements).join('\n'));
+    return;
+  } catch {
+    await rollbackQuietly(client);
+  }
+  const shards = group.map((w) => w.shard);
+  const left = (await targetWork(ctx, shards))(applied.filter((a) => shards.includes(a.shard)));
+  for (const { shard, statements } of left)
+    if (statements.length > 0) await migrateTarget(ctx, client, shard, statements);
 }
 
 /** Online, the copy starts on the first chunk of target shards while the next ones are built (createTargets). */

@@ -553,6 +553,54 @@ describe('a failure on the target', () => {
   });
 });
 
+describe('a failure in a round trip of several target copies', () => {
+  const env = twoHosts();
+
+  it('names the shard that failed, keeps what committed before it, and --resume builds the rest', async () => {
+    // A check every shard passes on the source; on the target it refuses shard 5, the third of the
+    // four copies sent in one round trip (an offline move builds its batch at once).
+    const fn = `refuse_${randomBytes(3).toString('hex')}`;
+    const define = (refused: string) =>
+      `create function public.${fn}() returns int language plpgsql as $$ begin ` +
+      `if current_schema() = '${refused}' then raise exception 'refused for %', current_schema(); end if; return 1; end $$`;
+    await withClient(env.db.urls[0]!, (c) => c.query(define('none')));
+    await withClient(env.db.urls[1]!, (c) => c.query(define('insta5')));
+    env.fleet.writeMigration('0004_checked.sql', `SELECT public.${fn}();\n`);
+    try {
+      expect((await runCli(['migrate', '-c', env.fleet.configFile])).code).toBe(0);
+      const args = ['move-shard', '3-6', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile];
+      const run = await runCli(args);
+      expect(run.code).toBe(1);
+      expect(run.stderr).toContain('host pg2, shard 5: cannot create the target copy: refused for insta5');
+      const built = await withClient(env.db.urls[1]!, (c) =>
+        c.query<{ shard: number; versions: string }>(
+          `select s.shard, string_agg(m.version::text, ',' order by m.version) as versions from shardctl.shards s
+             join shardctl.migrations m using (shard) where s.shard between 3 and 6 group by s.shard order by s.shard`,
+        ),
+      );
+      expect(built.rows).toEqual([
+        { shard: 3, versions: '1,2,3,4' },
+        { shard: 4, versions: '1,2,3,4' },
+        // Each migration commits on its own: shard 5's copy stops before the one refused.
+        { shard: 5, versions: '1,2,3' },
+      ]);
+      await withClient(env.db.urls[1]!, (c) =>
+        c.query(define('none').replace('create function', 'create or replace function')),
+      );
+      const resumed = await runCli(['move-shard', '3-6', '--resume', '--yes', '-c', env.fleet.configFile]);
+      expect(resumed.code, resumed.stderr).toBe(0);
+      const active = await withClient(env.db.urls[1]!, (c) =>
+        c.query<{ n: number }>(
+          `select count(*)::int as n from shardctl.shards where shard between 3 and 6 and state = 'active'`,
+        ),
+      );
+      expect(active.rows[0]!.n).toBe(4);
+    } finally {
+      for (const url of env.db.urls) await withClient(url, (c) => c.query(`drop function public.${fn}() cascade`));
+    }
+  });
+});
+
 describe('a map that cannot be rewritten at the switch', () => {
   const env = twoHosts();
 

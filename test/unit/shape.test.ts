@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { describeShapeDifference, shapeOutliers, type ShardShape } from '../../src/migrations/rules.js';
-import { shapeFingerprintsSql } from '../../src/migrations/shape.js';
+import { evenSample, shapeFingerprintsSql, shapesAgree } from '../../src/migrations/shape.js';
 
 const shape = (shard: number, fingerprint: string, level = '1,2'): ShardShape => ({
   shard,
@@ -71,5 +71,28 @@ describe('shapeFingerprintsSql', () => {
 
   it.each([[-1], [1.5], [Number.NaN]])('refuses shard %s, naming it', (shard) => {
     expect(() => shapeFingerprintsSql([0, shard])).toThrow(`not a shard number: ${shard}`);
+  });
+});
+
+describe('the shapes a move compares its batch with first (evenSample, shapesAgree)', () => {
+  it('samples the other shards evenly, leaving the batch out; all of them when there are few', () => {
+    const host = Array.from({ length: 20 }, (_, i) => i);
+    expect(evenSample(host, 4, new Set([10, 11, 12, 13, 14, 15, 16, 17, 18, 19]))).toEqual([0, 2, 5, 7]);
+    expect(evenSample(host, 64, new Set([0, 1]))).toEqual(host.slice(2));
+    expect(evenSample([], 64, new Set())).toEqual([]);
+  });
+
+  it('agrees when each level of the batch has one fingerprint, also held by a shard outside the batch', () => {
+    const batch = new Set([0, 1]);
+    expect(shapesAgree([shape(0, 'a'), shape(1, 'a'), shape(7, 'a'), shape(9, 'b', '1')], batch)).toBe(true);
+  });
+
+  it.each([
+    ['a batch shard differs', [shape(0, 'a'), shape(1, 'b'), shape(7, 'a'), shape(8, 'a')]],
+    ['a sampled shard differs from the batch', [shape(0, 'a'), shape(1, 'a'), shape(7, 'b')]],
+    ['no shard outside the batch has its level', [shape(0, 'a', '1'), shape(1, 'a', '1'), shape(7, 'a')]],
+    ['nothing but the batch was read', [shape(0, 'a'), shape(1, 'a')]],
+  ])('sends the preflight to read the hosts whole when %s', (_name, shapes) => {
+    expect(shapesAgree(shapes, new Set([0, 1]))).toBe(false);
   });
 });

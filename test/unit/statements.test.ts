@@ -38,6 +38,7 @@ import { BEGIN_COPY_SQL } from '../../src/moves/sql/copy.js';
 import { keyFilterSql } from '../../src/moves/sql/verify.js';
 import { planWaves } from '../../src/moves/waves.js';
 import { chunksOf } from '../../src/moves/copy.js';
+import { roundTrips } from '../../src/moves/targets.js';
 import fc from 'fast-check';
 import { sql } from '../../src/pg/sql-template.js';
 
@@ -550,6 +551,39 @@ describe('cut-over waves', () => {
     },
   ] as const)('$name', ({ shards, rows: r, limits, waves }) => {
     expect(planWaves(shards, rows(r as unknown as [number, number][]), limits)).toEqual(waves);
+  });
+});
+
+describe('round trips of the target creation (moves/targets.ts roundTrips)', () => {
+  const work = (shard: number, noTransaction = false) => ({
+    shard,
+    statements: [
+      'BEGIN; CREATE SCHEMA x; COMMIT;',
+      ...(noTransaction ? ['CREATE INDEX CONCURRENTLY i ON t (a);'] : []),
+    ],
+  });
+
+  it('sends the copies a few shards per round trip, and a shard with a no-transaction step alone', () => {
+    const groups = roundTrips([work(0), work(1), work(2), work(3, true), work(4), work(5)], 2);
+    expect(groups.map((g) => g.map((w) => w.shard))).toEqual([[0, 1], [3], [2, 4], [5]]);
+  });
+
+  it('keeps every shard once', () => {
+    fc.assert(
+      fc.property(fc.array(fc.boolean(), { maxLength: 40 }), fc.integer({ min: 1, max: 8 }), (alone, size) => {
+        const groups = roundTrips(
+          alone.map((a, i) => work(i, a)),
+          size,
+        );
+        expect(
+          groups
+            .flat()
+            .map((w) => w.shard)
+            .sort((a, b) => a - b),
+        ).toEqual(alone.map((_, i) => i));
+        expect(groups.every((g) => g.length >= 1 && g.length <= size)).toBe(true);
+      }),
+    );
   });
 });
 
