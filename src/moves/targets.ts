@@ -1,4 +1,5 @@
 import pg from 'pg';
+import { shardsPhrase } from '../config/ranges.js';
 import { shardSchemaName } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
@@ -8,7 +9,7 @@ import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js'
 import { privilegeVersions, syncPrivilegesSql, type PrivilegeObject } from './privileges.js';
 import { APPLIED_VERSIONS_SQL } from './sql/control.js';
 import { groupBySchema, shardPrivileges, EXISTING_SCHEMAS_SQL } from './catalog.js';
-import { type MoveContext, schemasOf } from './context.js';
+import { type MoveContext, notice, schemasOf } from './context.js';
 import { concurrency, Workers } from './workers.js';
 import { stopDeltas, stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
@@ -86,11 +87,12 @@ interface TargetWork {
 async function targetWork(
   ctx: MoveContext,
   shards: readonly number[],
+  client: pg.Client = ctx.target.client,
 ): Promise<(applied: readonly { shard: number; version: number }[]) => TargetWork[]> {
-  const { config, source, target } = ctx;
+  const { config, source } = ctx;
   const [existing, done] = await Promise.all([
-    target.client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemasOf(ctx, shards)]),
-    target.client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [shards]),
+    client.query<{ nspname: string }>(EXISTING_SCHEMAS_SQL, [schemasOf(ctx, shards)]),
+    client.query<{ shard: number; version: number }>(APPLIED_VERSIONS_SQL, [shards]),
   ]);
   const files = new Map(ctx.migrations.map((m) => [m.version, m]));
   const exists = new Set(existing.rows.map((r) => r.nspname));
@@ -162,14 +164,20 @@ async function migrateTargets(
   applied: readonly { shard: number; version: number }[],
 ): Promise<void> {
   if (group.length === 1) return migrateTarget(ctx, client, group[0]!.shard, group[0]!.statements);
+  const shards = group.map((w) => w.shard);
   try {
     await client.query(group.flatMap((w) => w.statements).join('\n'));
     return;
-  } catch {
+  } catch (error) {
     await rollbackQuietly(client);
+    notice(
+      ctx,
+      `host ${ctx.target.host.name}: the copies of ${shardsPhrase(shards)} sent together failed (${describePgError(error)}); building them one by one`,
+    );
   }
-  const shards = group.map((w) => w.shard);
-  const left = (await targetWork(ctx, shards))(applied.filter((a) => shards.includes(a.shard)));
+  // Read on the worker's own connection: the move's session may be inside a transaction of the
+  // privileges' carry (createTargets) meanwhile.
+  const left = (await targetWork(ctx, shards, client))(applied.filter((a) => shards.includes(a.shard)));
   for (const { shard, statements } of left)
     if (statements.length > 0) await migrateTarget(ctx, client, shard, statements);
 }
