@@ -13,7 +13,7 @@
  * must end `moved` with every row on the target, and the floor must load every row.
  */
 import { readFile, writeFile } from 'node:fs/promises';
-import { hostForShard, loadConfig, moveShard, shardSchemaName } from '../dist/index.js';
+import { loadConfig, moveShard } from '../dist/index.js';
 import {
   formatCount,
   formatMs,
@@ -29,14 +29,13 @@ import {
   textTable,
   timeCommand,
 } from './lib.js';
-import { buildBase, HOSTS, SHARD, SHARDS } from './move-shard.js';
+import { buildBase, oneShardFleet, SHARD } from './move-shard.js';
 
 export const description = 'copy of one shard (--rows photos) with --copy-parallel 1, 2, 4 vs COPY TO | COPY FROM';
 
 const BASE_DATABASE = 'bench_copypar_base';
 const DATABASE = 'bench_copypar';
 const FLOOR_DATABASE = 'bench_copypar_floor';
-const TARGET_HOST = 'pg2';
 const LIBRARY_CHUNK_ROWS = 1_000_000;
 const PARALLEL = [1, 2, 4];
 const FLOOR = 'floor';
@@ -57,19 +56,10 @@ const LIBPQ_SETTINGS = ['PGHOST', 'PGPORT', 'PGUSER', 'PGPASSWORD', 'PGDATABASE'
  */
 export async function run(ctx, major) {
   const { options } = ctx;
-  const base = await ctx.fleet('move-copy-parallel-base', major, {
-    database: BASE_DATABASE,
-    hostCount: HOSTS,
-    shards: SHARDS,
+  const { base, fleet, schema, source, target, serverVersion } = await oneShardFleet(ctx, major, 'move-copy-parallel', {
+    database: DATABASE,
+    baseDatabase: BASE_DATABASE,
   });
-  const fleet = await ctx.fleet('move-copy-parallel', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
-  const config = await loadConfig(fleet.configFile);
-  const schema = shardSchemaName(config, SHARD);
-  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
-  const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
-  if (!source || !target || source === target)
-    throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
-  const serverVersion = await source.serverVersion();
   const chunkRows = Math.min(LIBRARY_CHUNK_ROWS, Math.ceil(options.rows / 8));
   log(
     `move-copy-parallel on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed); chunks of ${formatCount(chunkRows)} rows`,

@@ -23,7 +23,7 @@
  * no replication object is left.
  */
 import { readFile, writeFile } from 'node:fs/promises';
-import { hostForShard, loadConfig, moveShard, ShardMap, shardSchemaName } from '../dist/index.js';
+import { loadConfig, moveShard, ShardMap } from '../dist/index.js';
 import {
   CLI,
   formatCount,
@@ -44,14 +44,13 @@ import {
   verdict,
 } from './lib.js';
 import { replicationObjectsLeft, underWriter } from './moving.js';
-import { buildBase, HOSTS, SHARD, SHARDS, startShardWriter } from './move-shard.js';
+import { buildBase, oneShardFleet, rowsProblems, SHARD, startShardWriter } from './move-shard.js';
 
 export const description =
   'a move killed (SIGKILL) at half its copy and resumed vs an uninterrupted move (--rows photos)';
 
 const BASE_DATABASE = 'bench_resume_base';
 const DATABASE = 'bench_resume';
-const TARGET_HOST = 'pg2';
 /** The library's default chunk size (DEFAULT_COPY_CHUNK_ROWS). */
 const LIBRARY_CHUNK_ROWS = 1_000_000;
 const TARGET_RATIO = 0.6;
@@ -66,19 +65,10 @@ const TARGET_RATIO = 0.6;
  */
 export async function run(ctx, major) {
   const { options } = ctx;
-  const base = await ctx.fleet('move-resume-base', major, {
-    database: BASE_DATABASE,
-    hostCount: HOSTS,
-    shards: SHARDS,
+  const { base, fleet, schema, source, target, serverVersion } = await oneShardFleet(ctx, major, 'move-resume', {
+    database: DATABASE,
+    baseDatabase: BASE_DATABASE,
   });
-  const fleet = await ctx.fleet('move-resume', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
-  const config = await loadConfig(fleet.configFile);
-  const schema = shardSchemaName(config, SHARD);
-  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
-  const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
-  if (!source || !target || source === target)
-    throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
-  const serverVersion = await source.serverVersion();
   const chunkRows = Math.min(LIBRARY_CHUNK_ROWS, Math.ceil(options.rows / 8));
   log(
     `move-resume on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed); chunks of ${formatCount(chunkRows)} rows`,
@@ -329,17 +319,7 @@ async function deadRows(target, schema) {
 async function checkMoved({ source, target, schema, rows }, result, ids) {
   const problems = [];
   if (result.outcome !== 'moved') problems.push(`the move ended ${result.outcome}`);
-  const photos = `${ident(schema)}.photos`;
-  const [found] = await target.query(
-    DATABASE,
-    `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`,
-    [ids],
-  );
-  if (found?.n !== ids.length)
-    problems.push(`${ids.length - (found?.n ?? 0)} of ${ids.length} acknowledged rows are missing on ${target.name}`);
-  const [total] = await target.query(DATABASE, `select count(*)::int as n from ${photos}`);
-  if (total?.n !== rows + ids.length)
-    problems.push(`${target.name} holds ${total?.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
+  problems.push(...(await rowsProblems(target, DATABASE, schema, rows, ids)));
   for (const host of [source, target]) {
     const left = await replicationObjectsLeft(host, DATABASE);
     if (left !== 0) problems.push(`${host.name}: ${left} replication objects left behind`);

@@ -52,7 +52,7 @@ const DUMP_DATABASE = 'bench_move_dump';
 export const SHARDS = 8;
 export const HOSTS = 2;
 export const SHARD = 1;
-const TARGET_HOST = 'pg2';
+export const TARGET_HOST = 'pg2';
 const TARGET_BLOCKED_MS = 1000;
 const TARGET_RATIO = 2;
 
@@ -64,15 +64,10 @@ const TARGET_RATIO = 2;
  */
 export async function run(ctx, major) {
   const { options } = ctx;
-  const base = await ctx.fleet('move-shard-base', major, { database: BASE_DATABASE, hostCount: HOSTS, shards: SHARDS });
-  const fleet = await ctx.fleet('move-shard', major, { database: DATABASE, hostCount: HOSTS, shards: SHARDS });
-  const config = await loadConfig(fleet.configFile);
-  const schema = shardSchemaName(config, SHARD);
-  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
-  const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
-  if (!source || !target || source === target)
-    throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
-  const serverVersion = await source.serverVersion();
+  const { base, fleet, schema, source, target, serverVersion } = await oneShardFleet(ctx, major, 'move-shard', {
+    database: DATABASE,
+    baseDatabase: BASE_DATABASE,
+  });
   const floor = floorTools(major, serverVersion, options);
   if (floor.skipped) log(`move-shard on PostgreSQL ${serverVersion}: no floor, ${floor.skipped}`);
 
@@ -146,6 +141,52 @@ export async function run(ctx, major) {
 
 /** @typedef {import('./lib.js').Host} Host */
 /** @typedef {import('./lib.js').Fleet} Fleet */
+/**
+ * The one-shard fleet of move-shard, move-resume and move-copy-parallel: SHARDS shards over HOSTS
+ * hosts in `database` and in its template `baseDatabase` (`name` and `${name}-base`), shard SHARD
+ * on its source and moved to TARGET_HOST.
+ * @param {import('./run.js').BenchContext} ctx
+ * @param {string} major
+ * @param {string} name
+ * @param {{ database: string, baseDatabase: string }} databases
+ */
+export async function oneShardFleet(ctx, major, name, { database, baseDatabase }) {
+  const base = await ctx.fleet(`${name}-base`, major, { database: baseDatabase, hostCount: HOSTS, shards: SHARDS });
+  const fleet = await ctx.fleet(name, major, { database, hostCount: HOSTS, shards: SHARDS });
+  const config = await loadConfig(fleet.configFile);
+  const schema = shardSchemaName(config, SHARD);
+  const source = fleet.hosts.find((h) => h.name === hostForShard(config, SHARD)?.name);
+  const target = fleet.hosts.find((h) => h.name === TARGET_HOST);
+  if (!source || !target || source === target)
+    throw new Error(`the fleet must hold shard ${SHARD} on a host other than ${TARGET_HOST}`);
+  return { base, fleet, schema, source, target, serverVersion: await source.serverVersion() };
+}
+
+/**
+ * What is wrong with the moved shard's photos on the target: acknowledged rows missing, or a total
+ * other than the loaded rows plus the acknowledged ones.
+ * @param {Host} target
+ * @param {string} database
+ * @param {string} schema
+ * @param {number} rows
+ * @param {string[]} ids
+ */
+export async function rowsProblems(target, database, schema, rows, ids) {
+  const problems = [];
+  const photos = `${ident(schema)}.photos`;
+  const [found] = await target.query(
+    database,
+    `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`,
+    [ids],
+  );
+  if (found?.n !== ids.length)
+    problems.push(`${ids.length - (found?.n ?? 0)} of ${ids.length} acknowledged rows are missing on ${target.name}`);
+  const [total] = await target.query(database, `select count(*)::int as n from ${photos}`);
+  if (total?.n !== rows + ids.length)
+    problems.push(`${target.name} holds ${total?.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
+  return problems;
+}
+
 /** @typedef {{ source: Host, target: Host, schema: string, rows: number }} Scenario */
 /** @typedef {Awaited<ReturnType<typeof timeMove>>} Moved */
 
@@ -241,17 +282,7 @@ async function checkMove(fleet, { source, target, schema, rows, result, moved, i
       `the writer was acknowledged ${moved.onSource} inserts on ${source.name} and ${moved.onTarget} on ${target.name}; it must write on both`,
     );
   }
-  const photos = `${ident(schema)}.photos`;
-  const [found] = await target.query(
-    DATABASE,
-    `select count(*)::int as n from unnest($1::bigint[]) a(id) join ${photos} p using (id)`,
-    [ids],
-  );
-  if (found?.n !== ids.length)
-    problems.push(`${ids.length - (found?.n ?? 0)} of ${ids.length} acknowledged rows are missing on ${target.name}`);
-  const [total] = await target.query(DATABASE, `select count(*)::int as n from ${photos}`);
-  if (total?.n !== rows + ids.length)
-    problems.push(`${target.name} holds ${total?.n} photos rows, expected ${rows} loaded + ${ids.length} acknowledged`);
+  problems.push(...(await rowsProblems(target, DATABASE, schema, rows, ids)));
   // Verified after the fence: the loaded rows and exactly the writes the source had acknowledged.
   if (result.rowsMoved !== String(rows + moved.onSource)) {
     problems.push(

@@ -143,30 +143,19 @@ export async function copyShards(
       await Promise.all([reader.query(CHUNK_TEXT_SETTINGS), writer.query(CHUNK_TEXT_SETTINGS)]);
       textSet.done = true;
     }
+    let copy = true;
     if (chunk.copied) {
       // Copied by an earlier run, from its snapshot: kept if the source's rows of its range are
       // still the same as of this run's snapshot, its sums then this run's figures (copy-logs.ts).
       const reconciled = await chunkMatches(reader, writer, chunk, method);
       if (reconciled.matches) {
+        copy = false;
         meter.kept(chunk.table, chunk.bytes ?? 0);
         meter.piece(chunk.table, chunk.rows ?? 0);
         if (method) logs!.add(chunk.table, reconciled.sums.source, reconciled.sums.target);
-      } else {
-        ctx.chunksRecopied += 1;
-        const sums = await copyChunk(
-          streams,
-          reader,
-          writer,
-          ctx.moveId,
-          chunk,
-          task.columns,
-          task.binary,
-          meter,
-          method,
-        );
-        if (sums) logs!.add(chunk.table, sums.source, sums.target);
-      }
-    } else {
+      } else ctx.chunksRecopied += 1;
+    }
+    if (copy) {
       const sums = await copyChunk(
         streams,
         reader,
@@ -179,8 +168,10 @@ export async function copyShards(
         method,
       );
       if (sums) logs!.add(chunk.table, sums.source, sums.target);
-      ctx.chunksCopied += 1;
-      faultAfterChunk();
+      if (!chunk.copied) {
+        ctx.chunksCopied += 1;
+        faultAfterChunk();
+      }
     }
     const left = chunksLeft.get(chunk.table)! - 1;
     chunksLeft.set(chunk.table, left);

@@ -107,19 +107,20 @@ async function rowsReach(url: string, schema: string, n: number): Promise<void> 
 }
 
 /**
- * A fleet of two shards on `host` (a primary with its standby, reached by a multi-host URL that
- * also replicates) and none yet on the shared second host, initialised in a database of its own on
- * each: the set-up of every scenario here.
+ * A fleet of two shards on the source, none yet on the target, initialised in a database of its
+ * own on each: the set-up of every scenario here. `host` (a primary with its standby, reached by a
+ * multi-host URL that also replicates) is the source, or with `replicated: 'target'` the target;
+ * the other side is a database on the shared second host.
  */
-async function replicatedFleet(host: ReplicatedHost) {
+async function replicatedFleet(host: ReplicatedHost, replicated: 'source' | 'target' = 'source') {
   const name = `mf_${randomBytes(4).toString('hex')}`;
   await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
   await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
-  const targetUrl = withDatabase(db.urls[0]!, name);
+  const sharedUrl = withDatabase(db.urls[0]!, name);
   const url = host.multiHostUrl(name);
   const fleet = makeFleet({
-    urls: [url, targetUrl],
-    replicationUrls: [url, undefined],
+    urls: replicated === 'source' ? [url, sharedUrl] : [sharedUrl, url],
+    replicationUrls: replicated === 'source' ? [url, undefined] : [undefined, url],
     shards: 2,
     split: ['0-1', ''],
     schemaPrefix: 'mf',
@@ -128,31 +129,7 @@ async function replicatedFleet(host: ReplicatedHost) {
   expect((await init(await fleet.config())).ok).toBe(true);
   return {
     fleet,
-    targetUrl,
-    primaryDb: withDatabase(host.primary.url, name),
-    standbyDb: withDatabase(host.standby.url, name),
-  };
-}
-
-/** The same fleet the other way round: the source a database on the shared host, the target `host` (a primary and its standby). */
-async function replicatedTargetFleet(host: ReplicatedHost) {
-  const name = `mf_${randomBytes(4).toString('hex')}`;
-  await withClient(host.primary.url, (c) => c.query(`create database ${name}`));
-  await withClient(db.urls[0]!, (c) => c.query(`create database ${name}`));
-  const sourceUrl = withDatabase(db.urls[0]!, name);
-  const url = host.multiHostUrl(name);
-  const fleet = makeFleet({
-    urls: [sourceUrl, url],
-    replicationUrls: [undefined, url],
-    shards: 2,
-    split: ['0-1', ''],
-    schemaPrefix: 'mf',
-    migrations: PHOTOS_ONLY,
-  });
-  expect((await init(await fleet.config())).ok).toBe(true);
-  return {
-    fleet,
-    sourceUrl,
+    sharedUrl,
     primaryDb: withDatabase(host.primary.url, name),
     standbyDb: withDatabase(host.standby.url, name),
   };
@@ -208,7 +185,7 @@ async function failedOverMove(
   const host = await startReplicatedHost({}, hostOptions);
   hosts.push(host);
   if (hostOptions.failoverSlots) await syncStandbySlots(host);
-  const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+  const { fleet, sharedUrl: targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
   await withClient(primaryDb, (c) =>
     c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
   );
@@ -270,7 +247,7 @@ describe('PostgreSQL 15 source, a move of two waves: the slot lost after the fir
   it('--resume finishes the switched wave and moves the other from a new slot as a move of its own', async () => {
     const host = await startReplicatedHost();
     hosts.push(host);
-    const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+    const { fleet, sharedUrl: targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
     await seedBoth(primaryDb, 1000);
     // Killed once the first wave (shard 0) is switched: shard 1 is still on the source, streaming.
     const killed = await spawnCli(moveBoth(fleet, '--to', 'pg2', '--wave-size', '1'), {
@@ -346,7 +323,7 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
     const host = await startReplicatedHost({}, standby);
     hosts.push(host);
     await syncStandbySlots(host);
-    const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+    const { fleet, sharedUrl: targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
     await seedBoth(primaryDb, 500);
     const killed = await spawnCli(moveBoth(fleet, '--to', 'pg2', '--wave-size', '1'), {
       SHARDCTL_FAULT_AFTER_STEP: 'switched',
@@ -379,7 +356,7 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
     // Slot sync on the standby, but the primary's walsenders do not wait for it.
     const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN, standbySettings: standby.standbySettings });
     hosts.push(host);
-    const { fleet, targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+    const { fleet, sharedUrl: targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
     await withClient(primaryDb, (c) =>
       c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`),
     );
@@ -416,7 +393,7 @@ describe('a target that fails over, its standby behind on what it applied', () =
     // PostgreSQL 18 on both sides: the source a database on the shared host, the target a primary and its standby.
     const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN });
     hosts.push(host);
-    const { fleet, sourceUrl, primaryDb, standbyDb } = await replicatedTargetFleet(host);
+    const { fleet, sharedUrl: sourceUrl, primaryDb, standbyDb } = await replicatedFleet(host, 'target');
     await withClient(sourceUrl, (c) =>
       c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`),
     );
@@ -446,7 +423,7 @@ describe('a target that fails over, its standby behind on what it applied', () =
   it('failed over after the first of two waves switched: --abort is refused, --resume finishes the first wave and moves the second from a new slot', async () => {
     const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN });
     hosts.push(host);
-    const { fleet, sourceUrl, primaryDb, standbyDb } = await replicatedTargetFleet(host);
+    const { fleet, sharedUrl: sourceUrl, primaryDb, standbyDb } = await replicatedFleet(host, 'target');
     await seedBoth(sourceUrl, 500);
     const killed = await spawnCli(moveBoth(fleet, '--to', 'pg2', '--wave-size', '1'), {
       SHARDCTL_FAULT_AFTER_STEP: 'switched',
