@@ -338,6 +338,21 @@ export const REBUILDABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.rel
       ORDER BY i.indexrelid`;
 
 /**
+ * The indexes of tables $1 (quoted names) that no constraint owns and that no parent index
+ * attaches (a partition's share of a partitioned index): their qualified names and definitions.
+ * Read on the source, the definitions a chunked copy builds on the target after its last chunk
+ * (table-copy.ts); read on the target, what it has.
+ */
+export const PLAIN_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, pg_get_indexdef(i.indexrelid) AS indexdef
+       FROM pg_index i
+       JOIN pg_class ic ON ic.oid = i.indexrelid
+       JOIN pg_namespace n ON n.oid = ic.relnamespace
+      WHERE i.indrelid = ANY($1::text[]::regclass[])
+        AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid AND c.conrelid = i.indrelid)
+        AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
+      ORDER BY i.indexrelid`;
+
+/**
  * The sequences of schemas $1 and their increments, from the catalogs alone: the pg_sequences view
  * opens each sequence, so a DDL statement holding one (or queued on it) would hold the list too.
  */

@@ -19,7 +19,7 @@ import {
 } from './sql/copy.js';
 import { qualified } from './sql/names.js';
 import { setTransactionSnapshotSql } from './sql/session.js';
-import { type ShardTable, REBUILDABLE_INDEXES_SQL } from './catalog.js';
+import { type ShardTable, PLAIN_INDEXES_SQL, REBUILDABLE_INDEXES_SQL } from './catalog.js';
 import { type MoveContext, schemasOf, sameMajorVersion } from './context.js';
 import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker } from './workers.js';
@@ -126,6 +126,8 @@ export async function copyShards(
         if (again) await runTransaction(writer, `BEGIN;\n${again}\nCOMMIT;`);
         logs?.planned(name, planned);
       }
+      // Loaded without its plain indexes, built after the last chunk from the source's (indexesAfterChunks).
+      await dropPlainIndexes(writer, name);
       chunksLeft.set(name, planned.length);
       const binary = sameMajor && t.portable;
       for (const chunk of planned) chunkTasks.push({ chunk, columns: shape.columns, binary });
@@ -257,6 +259,7 @@ export async function copyShards(
   // A chunk cut off by a kill left its rows as dead tuples, and a chunk copied again left the
   // earlier copy's: vacuumed, so that a resumed copy leaves no more than an uninterrupted one.
   for (const table of vacuum) await target.client.query(`VACUUM ${table}`);
+  await indexesAfterChunks(source.client, target.client, [...chunksLeft.keys()]);
   // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
   await target.client.query(DURABLE_FLUSH_SQL);
   await logs?.finish(ctx);
@@ -355,6 +358,32 @@ async function filledTables(client: pg.Client, names: readonly Sql[]): Promise<S
   if (names.length === 0) return [];
   const filled = await client.query<Record<string, boolean>>(nonEmptyTablesSql(names));
   return names.filter((_, i) => filled.rows[0]![String(i)]);
+}
+
+/**
+ * A chunked table is loaded without its plain indexes (none that a constraint owns: the key the
+ * chunks are read and reconciled by stays, and so do unique and exclusion constraints), as a table
+ * copied whole is (dropIndexesForCopy): each chunk commits on its own, so they are dropped in a
+ * statement of their own before the first chunk, with the same rules of what can be built again.
+ * Nothing needs to remember them across a kill: indexesAfterChunks builds, from the source's
+ * definitions, every plain index the target lacks, in the run that copies the last chunk and in
+ * every resumed run after it.
+ */
+async function dropPlainIndexes(writer: pg.Client, table: string): Promise<void> {
+  const result = await writer.query<RebuildableIndex>(REBUILDABLE_INDEXES_SQL, [[table]]);
+  const plain = result.rows.filter((index) => index.conname === null);
+  if (plain.length > 0) await writer.query(plain.map(dropIndexForCopySql).join('\n'));
+}
+
+/** The plain indexes of the chunked `tables` that the source has and the target lacks, built on the target. */
+async function indexesAfterChunks(source: pg.Client, target: pg.Client, tables: readonly string[]): Promise<void> {
+  if (tables.length === 0) return;
+  const [wanted, present] = await Promise.all([
+    source.query<{ index_name: string; indexdef: string }>(PLAIN_INDEXES_SQL, [tables]),
+    target.query<{ index_name: string; indexdef: string }>(PLAIN_INDEXES_SQL, [tables]),
+  ]);
+  const have = new Set(present.rows.map((index) => index.index_name));
+  for (const index of wanted.rows) if (!have.has(index.index_name)) await target.query(index.indexdef);
 }
 
 /**

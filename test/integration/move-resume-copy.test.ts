@@ -23,6 +23,30 @@ async function chunkRecords(url: string): Promise<{ chunk: number; copied: boole
   });
 }
 
+/** The names of `schema`.photos's indexes. */
+async function indexes(url: string, schema: string): Promise<string[]> {
+  return withClient(url, async (c) =>
+    (
+      await c.query<{ n: string }>(
+        `select indexname as n from pg_indexes where schemaname = $1 and tablename = 'photos' order by 1`,
+        [schema],
+      )
+    ).rows.map((r) => r.n),
+  );
+}
+
+/** `schema`.photos's index definitions, read in `readFrom` (another shard of the same shape) when given, named for `schema`. */
+async function indexDefinitions(url: string, schema: string, readFrom = schema): Promise<string[]> {
+  return withClient(url, async (c) =>
+    (
+      await c.query<{ d: string }>(
+        `select replace(indexdef, $1 || '.', $2 || '.') as d from pg_indexes where schemaname = $1 and tablename = 'photos' order by indexname`,
+        [readFrom, schema],
+      )
+    ).rows.map((r) => r.d),
+  );
+}
+
 describe('a copy that resumes', () => {
   it('a move killed in its copy goes on with the chunks not copied yet, reconciles the ones copied before against the new snapshot, and leaves no dead rows', async () => {
     const { fleet } = await seededFleet(db.urls, 1, 0);
@@ -32,6 +56,17 @@ describe('a copy that resumes', () => {
          analyze insta1.photos`,
       ),
     );
+    // A plain index on every shard's photos (the same shape everywhere, so the preflight sees no
+    // drift), which the target's copy, built by the migrations, lacks: a chunked table is loaded
+    // without its plain indexes, and they are built from the source's definitions after its last chunk.
+    for (const [i, url] of db.urls.entries())
+      await withClient(url, (c) =>
+        c.query(
+          [0, 1]
+            .map((s) => `create index photos_user_caption_idx on insta${2 * i + s}.photos (user_id, caption);`)
+            .join('\n'),
+        ),
+      );
     const map = await ShardMap.load(fleet.configFile);
     const writer = startShardWriter(map, 1);
     await waitFor('writes', async () => writer.acknowledged.length > 10);
@@ -46,6 +81,8 @@ describe('a copy that resumes', () => {
     // Every 20,000th key a bound: 11 chunks, the last one open-ended (the writer's rows go there).
     expect(afterFirst).toHaveLength(11);
     expect(afterFirst.filter((c) => c.copied).map((c) => c.chunk)).toEqual([0, 1, 2]);
+    // Killed in its copy: the target's copy has its key, and no plain index yet.
+    expect(await indexes(db.urls[1]!, 'insta1')).toEqual(['photos_pkey']);
 
     // Rows of the copied chunks change on the source before the resume: the first chunk's rows
     // updated, some of the second's deleted. The next run's snapshot sees them.
@@ -83,6 +120,10 @@ describe('a copy that resumes', () => {
     expect(copied.done).toBe(true);
     const records = await chunkRecords(db.urls[1]!);
     expect(records).toEqual([]);
+    // The plain index built after the last chunk, as the source has it.
+    expect(await indexDefinitions(db.urls[1]!, 'insta1')).toEqual(
+      await indexDefinitions(db.urls[0]!, 'insta1', 'insta0'),
+    );
 
     await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg2'));
     await writer.stop();
