@@ -213,10 +213,13 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
   const schemaOf = (shard: number): string => shardSchemaName(config, shard);
   let shapes = [...(await reads.sourceShapes), ...(await targetShapesRead)];
   if (!shapesAgree(shapes, batch))
-    shapes = [
-      ...(await readShardShapes(src, source.name)),
-      ...(sameMajor && targetInitialised ? await readShardShapes(dst, target.name) : []),
-    ];
+    // Both hosts whole, at once (each on its own session).
+    shapes = (
+      await Promise.all([
+        readShardShapes(src, source.name),
+        sameMajor && targetInitialised ? readShardShapes(dst, target.name) : [],
+      ])
+    ).flat();
   const handMade = await shapeDrift(
     new Map([
       [source.name, src],
