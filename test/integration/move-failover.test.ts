@@ -94,6 +94,13 @@ async function cutOffStandby(host: ReplicatedHost): Promise<void> {
   await withClient(host.standby.url, async (c) => {
     await c.query(`alter system set primary_conninfo = ''`);
     await c.query('select pg_reload_conf()');
+    // The reload only signals: the WAL receiver stops a moment later, and until then it still
+    // streams. Cut off means no receiver left.
+    for (let i = 0; i < 300; i += 1) {
+      if ((await c.query('select 1 from pg_stat_wal_receiver')).rowCount === 0) return;
+      await new Promise((resolve) => setTimeout(resolve, 100));
+    }
+    throw new Error('the standby still runs a WAL receiver 30 s after its primary_conninfo was emptied');
   });
 }
 
