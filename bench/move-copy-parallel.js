@@ -64,7 +64,7 @@ export async function run(ctx, major) {
   log(
     `move-copy-parallel on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed); chunks of ${formatCount(chunkRows)} rows`,
   );
-  await buildBase(base, source, schema, options.rows, BASE_DATABASE);
+  await buildBase(base, source, schema, options.rows, BASE_DATABASE, options.captionBytes);
   const [size] = await source.query(BASE_DATABASE, `select pg_table_size($1::regclass)::float8 as bytes`, [
     `${ident(schema)}.photos`,
   ]);
@@ -108,6 +108,7 @@ export async function run(ctx, major) {
     postgres: serverVersion,
     shard: SHARD,
     rows: options.rows,
+    captionBytes: options.captionBytes,
     chunkRows,
     tableBytes,
     parallel: PARALLEL.map((n) => {

@@ -73,7 +73,7 @@ export async function run(ctx, major) {
   log(
     `move-resume on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed); chunks of ${formatCount(chunkRows)} rows`,
   );
-  await buildBase(base, source, schema, options.rows, BASE_DATABASE);
+  await buildBase(base, source, schema, options.rows, BASE_DATABASE, options.captionBytes);
   const initialMap = await readFile(fleet.configFile, 'utf8');
   const scenario = { fleet, source, target, schema, rows: options.rows, chunkRows };
 
@@ -121,6 +121,7 @@ export async function run(ctx, major) {
     source: source.name,
     target: target.name,
     rows: options.rows,
+    captionBytes: options.captionBytes,
     chunkRows,
     wholeMs,
     resumeMs,

@@ -74,7 +74,17 @@ export async function run(ctx, major) {
   log(
     `move-shard on PostgreSQL ${serverVersion}: loading ${formatCount(options.rows)} rows into ${schema}.photos on ${source.name} (untimed)`,
   );
-  await buildBase(base, source, schema, options.rows);
+  await buildBase(base, source, schema, options.rows, BASE_DATABASE, options.captionBytes);
+  const [size] = await source.query(
+    BASE_DATABASE,
+    `select pg_table_size($1::regclass)::float8 as heap, pg_indexes_size($1::regclass)::float8 as indexes`,
+    [`${ident(schema)}.photos`],
+  );
+  const tableBytes = Number(size?.heap);
+  const indexBytes = Number(size?.indexes);
+  log(
+    `  ${schema}.photos: ${formatCount(Math.round(tableBytes / 2 ** 20))} MiB of heap, ${formatCount(Math.round(indexBytes / 2 ** 20))} MiB of index`,
+  );
   // What every run starts from; each move rewrites the file.
   const initialMap = await readFile(fleet.configFile, 'utf8');
 
@@ -115,6 +125,9 @@ export async function run(ctx, major) {
     target: target.name,
     mode: 'online',
     rows: options.rows,
+    captionBytes: options.captionBytes,
+    tableBytes,
+    indexBytes,
     moveMs,
     writeBlockedMs,
     longestGapMs: summarize(moves.map((m) => m.longestGapMs)),
@@ -198,14 +211,17 @@ export async function rowsProblems(target, database, schema, rows, ids) {
  * @param {string} schema
  * @param {number} rows
  * @param {string} [database]
+ * @param {number} [captionBytes] each caption padded to this many bytes (--caption-bytes; 1: not padded)
  */
-export async function buildBase(base, source, schema, rows, database = BASE_DATABASE) {
+export async function buildBase(base, source, schema, rows, database = BASE_DATABASE, captionBytes = 1) {
   await initFleet(base);
   await source.query(
     database,
     `insert into ${ident(schema)}.photos (user_id, image_url, caption)
-     select g % 10000, 'https://cdn.example.com/p/' || g || '.jpg', 'caption ' || g from generate_series(1, $1::int) g`,
-    [rows],
+     select g % 10000, 'https://cdn.example.com/p/' || g || '.jpg',
+            rpad('caption ' || g, greatest($2::int, length('caption ' || g)), ' lorem ipsum dolor sit amet')
+       from generate_series(1, $1::int) g`,
+    [rows, captionBytes],
   );
   await source.query(database, `vacuum analyze ${ident(schema)}.photos`);
   const [row] = await source.query(database, `select count(*)::int as n from ${ident(schema)}.photos`);

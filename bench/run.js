@@ -70,6 +70,7 @@ import * as routerStall from './router-stall.js';
  *   rerunRuns: number,
  *   checkRuns: number,
  *   rows: number,
+ *   captionBytes: number,
  *   inserts: number,
  *   routerRounds: number,
  *   bulkSeconds: number,
@@ -191,6 +192,9 @@ const REFERENCE_SCALE = {
   'rerun-runs': 5,
   'check-runs': 5,
   rows: 1_000_000,
+  // 1: captions as they are ('caption <n>'); more pads them, for shards of wider rows (issue 42's
+  // 2.3 GB shard is 8.5M rows of about 250 bytes: --rows 8500000 --caption-bytes 160).
+  'caption-bytes': 1,
   inserts: 5_000,
   'router-rounds': 5,
   'bulk-seconds': 10,
@@ -243,6 +247,8 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --batch N         rows per insert in the concurrency run    (${REFERENCE_SCALE.batch})
   --seconds N       length of the concurrency run             (${REFERENCE_SCALE.seconds})
   --rows N          rows in the moved shard's photos          (${formatCount(REFERENCE_SCALE.rows)})
+  --caption-bytes N move-shard, move-resume, move-copy-parallel: each caption padded to N bytes
+                    (${REFERENCE_SCALE['caption-bytes']}: not padded)
   --inserts N       router: single-row inserts per round/side (${formatCount(REFERENCE_SCALE.inserts)})
   --router-rounds N router: interleaved rounds of each side   (${REFERENCE_SCALE['router-rounds']})
   --bulk-seconds N  length of one bulk-insert pgbench run      (${REFERENCE_SCALE['bulk-seconds']})

@@ -338,17 +338,20 @@ export const REBUILDABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.rel
       ORDER BY i.indexrelid`;
 
 /**
- * The indexes of tables $1 (quoted names) that no constraint owns and that no parent index
- * attaches (a partition's share of a partitioned index): their qualified names and definitions.
- * Read on the source, the definitions a chunked copy builds on the target after its last chunk
- * (table-copy.ts); read on the target, what it has.
+ * The indexes of tables $1 (quoted names) that no parent index attaches (a partition's share of a
+ * partitioned index), each with the constraint owning it (primary key, unique, exclusion) if any:
+ * their qualified names and definitions, in their order of creation. Read on the source, what a
+ * chunked copy builds on the target after its last chunk (table-copy.ts); read on the target, what
+ * it has.
  */
-export const PLAIN_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, pg_get_indexdef(i.indexrelid) AS indexdef
+export const TABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
+            c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
        FROM pg_index i
        JOIN pg_class ic ON ic.oid = i.indexrelid
+       JOIN pg_class t ON t.oid = i.indrelid
        JOIN pg_namespace n ON n.oid = ic.relnamespace
+       LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
       WHERE i.indrelid = ANY($1::text[]::regclass[])
-        AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid AND c.conrelid = i.indrelid)
         AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
       ORDER BY i.indexrelid`;
 

@@ -14,10 +14,11 @@ import { HASH_SQL, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js
  * that also marks its row of `shardctl.move_chunks` copied. A run cut off keeps every chunk it
  * committed; the next run (a new slot, so a new snapshot: the exported snapshot died with the
  * killed run's connection) copies the chunks not copied yet from the new snapshot, and reconciles
- * those copied before: each one's count and checksum of its range are compared, the source's as of
- * the new snapshot, the target's as it is (nothing else writes there before the subscription
- * starts), and a range that differs (rows changed on the source between the two snapshots) is
- * deleted and copied again from the new snapshot. Then every range holds the source's rows as of
+ * those copied before: each one's count and checksum of its range are compared (all of a table's
+ * in one scan on each host: reconcileChunks), the source's as of the new snapshot, the target's as
+ * it is (nothing else writes there before the subscription starts), and a range that differs (rows
+ * changed on the source between the two snapshots) is deleted and copied again from the new
+ * snapshot. Then every range holds the source's rows as of
  * the new slot's snapshot, and the subscription streams exactly the changes after it. The whole
  * argument is in docs/moves.md (step 4, "A copy that resumes").
  */
@@ -64,14 +65,6 @@ export function chunkCopyInSql(table: string, columns: readonly string[], binary
 }
 
 /**
- * A range's count and checksum: of its rows' text by default (the settings of STABLE_TEXT_SETTINGS
- * on the session), or by the verification's method of the table (copy-logs.ts).
- */
-export function rangeChecksumSql(table: string, range: ChunkRange, method: HashMethod = 'text'): string {
-  return `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${table} t WHERE ${rangeConditionSql(range)}`;
-}
-
-/**
  * The bounds that cut `table` into ranges of about `rows` rows by `key`: every rows-th key in key
  * order, distinct (a composite key's first column may repeat), in one scan of the key.
  */
@@ -81,25 +74,39 @@ export function chunkBoundsSql(table: string, key: string, rows: number): string
       WHERE n % ${rows} = 0 ORDER BY b`;
 }
 
-/** The first column of each table's primary key, and its stored columns (not generated), for the tables given (quoted names). */
-export async function keysAndColumns(
-  client: pg.Client,
-  tables: readonly string[],
-): Promise<Map<string, { key: string | null; columns: string[] }>> {
+/** A chunked table's key and columns (keysAndColumns). */
+export interface TableShape {
+  /** The first column of the primary key, quoted; null without one. */
+  readonly key: string | null;
+  /** The same column's name as the catalog has it (pg_stats), and its type (format_type). */
+  readonly keyName: string | null;
+  readonly keyType: string | null;
+  /** Every stored column (not generated), quoted, in order. */
+  readonly columns: string[];
+}
+
+/** The first column of each table's primary key, its type, and the stored columns, for the tables given (quoted names). */
+export async function keysAndColumns(client: pg.Client, tables: readonly string[]): Promise<Map<string, TableShape>> {
   if (tables.length === 0) return new Map();
-  const r = await client.query<{ name: string; key: string | null; columns: string[] }>(
-    `SELECT t.name,
-            (SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
-              WHERE i.indrelid = t.name::regclass AND i.indisprimary) AS key,
+  const r = await client.query<{ name: string; key: string | null; key_type: string | null; columns: string[] }>(
+    `SELECT t.name, k.attname AS key, format_type(k.atttypid, k.atttypmod) AS key_type,
             ARRAY(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = t.name::regclass AND a.attnum > 0
                    AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum)::text[] AS columns
-       FROM unnest($1::text[]) AS t(name)`,
+       FROM unnest($1::text[]) AS t(name)
+       LEFT JOIN LATERAL (SELECT a.attname, a.atttypid, a.atttypmod FROM pg_index i
+                            JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
+                           WHERE i.indrelid = t.name::regclass AND i.indisprimary) k ON true`,
     [tables],
   );
   return new Map(
     r.rows.map((row) => [
       row.name,
-      { key: row.key === null ? null : quoteIdent(row.key), columns: row.columns.map(quoteIdent) },
+      {
+        key: row.key === null ? null : quoteIdent(row.key),
+        keyName: row.key,
+        keyType: row.key_type,
+        columns: row.columns.map(quoteIdent),
+      },
     ]),
   );
 }
@@ -134,20 +141,67 @@ export async function recordedChunks(target: pg.Client, moveId: string): Promise
 export const DELETE_CHUNKS_SQL = `DELETE FROM ${CONTROL}.move_chunks WHERE move_id = $1`;
 
 /**
- * Plans `table`'s chunks by ranges of `key` as the reader sees it (the copy's snapshot), recorded
- * on the writer (recordPlan).
+ * The bounds of about `chunkRows` rows each from the key's statistics (pg_stats.histogram_bounds:
+ * buckets of equal rows as of the last ANALYZE, autovacuum's or anyone's), without reading the
+ * table: every k-th bound, the first and the last left out (the end ranges are open). Null when the
+ * column has no histogram, or one of fewer buckets than the chunks wanted: then the table's keys
+ * are read (chunkBoundsSql). Bounds need not be exact, only ordered: the ranges cover every key
+ * whatever they are, and stale statistics only make some chunks larger than others.
+ */
+export async function statisticsBounds(
+  reader: pg.Client,
+  table: string,
+  keyName: string,
+  estimatedRows: number,
+  chunkRows: number,
+): Promise<string[] | null> {
+  const r = await reader.query<{ bounds: string[] | null }>(STATISTICS_BOUNDS_SQL, [table, keyName]);
+  const histogram = r.rows[0]?.bounds ?? null;
+  return histogram === null ? null : boundsFromHistogram(histogram, estimatedRows, chunkRows);
+}
+
+/** The key column's histogram as text, of table $1 (quoted) and column $2 (its name). */
+const STATISTICS_BOUNDS_SQL = `SELECT s.histogram_bounds::text::text[] AS bounds
+   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+   JOIN pg_stats s ON s.schemaname = n.nspname AND s.tablename = c.relname
+  WHERE c.oid = $1::regclass AND s.attname = $2 AND NOT s.inherited`;
+
+/** Every k-th bound of a histogram for chunks of about `chunkRows` of `rows` rows; null if it has too few buckets. */
+export function boundsFromHistogram(histogram: readonly string[], rows: number, chunkRows: number): string[] | null {
+  if (!Number.isSafeInteger(chunkRows) || chunkRows < 1) throw new Error(`internal error: chunk rows ${chunkRows}`);
+  const buckets = histogram.length - 1;
+  const wanted = Math.ceil(rows / chunkRows);
+  if (wanted <= 1) return [];
+  if (buckets < wanted) return null;
+  const bounds: string[] = [];
+  for (let k = 1; k < wanted; k++) {
+    const bound = histogram[Math.round((k * buckets) / wanted)]!;
+    if (bounds.at(-1) !== bound) bounds.push(bound);
+  }
+  return bounds;
+}
+
+/**
+ * Plans `table`'s chunks by ranges of its key: bounds from the key's statistics where they have
+ * enough buckets (statisticsBounds), otherwise read by the reader (the copy's snapshot); recorded
+ * on the writer (recordPlan; `replace`: an earlier plan's records give way).
  */
 export async function planChunks(
   reader: pg.Client,
   writer: pg.Client,
   moveId: string,
   table: string,
-  key: string,
-  rows: number,
+  shape: { readonly key: string; readonly keyName: string | null },
+  { chunkRows, estimatedRows }: { readonly chunkRows: number; readonly estimatedRows: number },
   after: string | null = null,
+  replace = false,
 ): Promise<ChunkRecord[]> {
-  const bounds = (await reader.query<{ bound: string }>(chunkBoundsSql(table, key, rows))).rows.map((r) => r.bound);
-  return recordPlan(writer, moveId, table, key, bounds, { after });
+  const fromStatistics =
+    shape.keyName === null ? null : await statisticsBounds(reader, table, shape.keyName, estimatedRows, chunkRows);
+  const bounds =
+    fromStatistics ??
+    (await reader.query<{ bound: string }>(chunkBoundsSql(table, shape.key, chunkRows))).rows.map((r) => r.bound);
+  return recordPlan(writer, moveId, table, shape.key, bounds, { after, replace });
 }
 
 /**
@@ -188,43 +242,127 @@ export async function recordPlan(
   return chunks;
 }
 
+/** A count and checksum, as text (sum of 64-bit hashes: a numeric). */
+export interface Sums {
+  readonly rows: string;
+  readonly checksum: string;
+}
+
 /**
- * Whether a chunk copied by an earlier run still holds the source's rows as the reader sees them:
- * the range's count and checksum on both (by `method`, the verification's of the table when its
- * figures are kept: copy-logs.ts), returned with the answer. The reader's and the writer's sessions
- * have the stable text settings (STABLE_TEXT_SETTINGS).
+ * The count and checksum of each chunk of `table` as `client` sees it, in one scan: rows grouped by
+ * the chunk their key falls in (width_bucket over the bounds, cast to the key's type: the ranges of
+ * rangeConditionSql, chunk i holding lo <= key < hi). A chunk of no row is absent.
  */
-export async function chunkMatches(
+export function chunkSumsSql(
+  table: string,
+  key: string,
+  keyType: string,
+  bounds: readonly string[],
+  method: HashMethod,
+): string {
+  const bucket = chunkOfSql(key, keyType, bounds);
+  return `SELECT ${bucket} AS chunk, count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${table} t GROUP BY 1`;
+}
+
+/** The chunk a row's key falls in, of the chunks cut at `bounds` (literals cast to the key's type). */
+function chunkOfSql(key: string, keyType: string, bounds: readonly string[]): string {
+  if (bounds.length === 0) return '0';
+  return `width_bucket(${key}, ${quoteLiteral(`{${bounds.map(arrayElement).join(',')}}`)}::${keyType}[])`;
+}
+
+/** An array literal's element: quoted, with its quotes and backslashes escaped. */
+function arrayElement(value: string): string {
+  return `"${value.replace(/[\\"]/g, (c) => `\\${c}`)}"`;
+}
+
+/**
+ * Reconciles the chunks of `table` an earlier run copied (its snapshot) with the source as the
+ * reader sees it now (this run's snapshot): every chunk's count and checksum on both hosts, one
+ * scan each at once (chunkSumsSql; no index needed, the target's may be dropped for the copy). A
+ * chunk recorded copied is kept if the two are equal. Any other chunk holding rows on the target (a
+ * copied one that differs; one not recorded copied holds none, unless something wrote there behind
+ * the move) has them deleted, and is marked not copied, in one transaction: it is copied again.
+ * Returns the chunks kept, those to copy (in chunk order) and which of them were copied before, and the source's sums of the whole
+ * table in the reader's snapshot (the sum of every chunk's), for the copy's figures (copy-logs.ts).
+ * The sessions have the stable text settings (STABLE_TEXT_SETTINGS) when `method` is 'text'.
+ */
+export async function reconcileChunks(
   reader: pg.Client,
   writer: pg.Client,
-  chunk: ChunkRecord,
-  method: HashMethod = 'text',
-): Promise<{ matches: boolean; sums: ChunkSums }> {
-  // By the key's index, as copyChunk's sums: the target's table may have no statistics yet, and a
-  // seq scan per chunk would read the whole table once for each.
-  const sql = `SET LOCAL enable_seqscan = off; ${rangeChecksumSql(chunk.table, chunk, method)}; SET LOCAL enable_seqscan = on`;
-  const sum = async (client: pg.Client) =>
-    ((await client.query(sql)) as unknown as pg.QueryResult<{ rows: string; checksum: string }>[])[1]!.rows[0]!;
-  const [source, target] = await Promise.all([sum(reader), sum(writer)]);
-  const sums = { source, target };
-  return { matches: sums.source.rows === sums.target.rows && sums.source.checksum === sums.target.checksum, sums };
+  moveId: string,
+  chunks: readonly ChunkRecord[],
+  keyType: string,
+  method: HashMethod,
+): Promise<{ kept: ChunkRecord[]; toCopy: ChunkRecord[]; recopied: Set<number>; source: Sums }> {
+  const { table, key } = chunks[0]!;
+  const bounds = chunks.slice(1).map((c) => c.lo!);
+  const sql = chunkSumsSql(table, key, keyType, bounds, method);
+  const byChunk = async (client: pg.Client) =>
+    new Map(
+      (await client.query<{ chunk: number; rows: string; checksum: string }>(sql)).rows.map((r) => [
+        Number(r.chunk),
+        { rows: r.rows, checksum: r.checksum },
+      ]),
+    );
+  const [source, target] = await Promise.all([byChunk(reader), byChunk(writer)]);
+  const none = { rows: '0', checksum: '0' };
+  const kept: ChunkRecord[] = [];
+  const toCopy: ChunkRecord[] = [];
+  const cleared: number[] = [];
+  const recopied = new Set<number>();
+  for (const chunk of chunks) {
+    const s = source.get(chunk.chunk) ?? none;
+    const t = target.get(chunk.chunk) ?? none;
+    if (chunk.copied && s.rows === t.rows && s.checksum === t.checksum) {
+      kept.push(chunk);
+      continue;
+    }
+    if (chunk.copied) recopied.add(chunk.chunk);
+    if (target.has(chunk.chunk)) cleared.push(chunk.chunk);
+    toCopy.push(chunk.copied ? { ...chunk, copied: false, rows: null, bytes: null } : chunk);
+  }
+  if (cleared.length > 0) {
+    // As a chunk's copy: the copy's transaction (its own writes are left out of the target's change
+    // log, copy-logs.ts), with the replica role where allowed.
+    await writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
+    try {
+      await writer.query(
+        `DELETE FROM ${table} WHERE ${chunkOfSql(key, keyType, bounds)} = ANY(${quoteLiteral(`{${cleared.join(',')}}`)}::int[])`,
+      );
+      await writer.query(
+        `UPDATE ${CONTROL}.move_chunks SET copied = false, rows = NULL, bytes = NULL WHERE move_id = $1 AND table_name = $2 AND chunk = ANY($3::int[])`,
+        [moveId, table, cleared],
+      );
+      await writer.query('COMMIT');
+    } catch (error) {
+      await writer.query('ROLLBACK').catch(() => undefined);
+      throw error;
+    }
+  }
+  let rows = 0n;
+  let checksum = 0n;
+  for (const s of source.values()) {
+    rows += BigInt(s.rows);
+    checksum += BigInt(s.checksum);
+  }
+  return { kept, toCopy, recopied, source: { rows: rows.toString(), checksum: checksum.toString() } };
 }
 
-/** The settings under which both sides of chunkMatches give a row the same text. */
+/** A table's count and checksum as `client` sees it (the reader: in the copy's snapshot). */
+export async function tableSums(client: pg.Client, table: string, method: HashMethod): Promise<Sums> {
+  const r = await client.query<{ rows: string; checksum: string }>(
+    `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${table} t`,
+  );
+  return r.rows[0]!;
+}
+
+/** The settings under which both hosts give a row the same text (the 'text' checksum method). */
 export const CHUNK_TEXT_SETTINGS = STABLE_TEXT_SETTINGS;
 
-/** A chunk's count and checksum on each host, as copied. */
-export interface ChunkSums {
-  readonly source: { readonly rows: string; readonly checksum: string };
-  readonly target: { readonly rows: string; readonly checksum: string };
-}
-
 /**
- * Copies one chunk in a target transaction of its own: the range deleted first (rows of an earlier
- * run's copy of it, reconciled as different; none otherwise), the COPY, and the chunk's record
- * marked copied, committed together. With `sums` (a checksum method), the range's count and
- * checksum are taken before the commit on both hosts (the source's in the reader's snapshot, the
- * target's in the copy's transaction) and returned (copy-logs.ts).
+ * Copies one chunk in a target transaction of its own: the COPY, and the chunk's record marked
+ * copied, committed together. Its range holds no row on the target: the plan emptied the table, and
+ * a resumed run deleted the rows of every chunk it copies again (reconcileChunks).
  */
 export async function copyChunk(
   streams: typeof copyStreamsModule,
@@ -235,34 +373,19 @@ export async function copyChunk(
   columns: readonly string[],
   binary: boolean,
   meter: CopyMeter,
-  sums?: HashMethod,
-): Promise<ChunkSums | null> {
+): Promise<void> {
   await writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
   try {
-    // A block range means nothing on the target (block-chunks.ts): such a chunk is copied once into
-    // a table this run emptied.
-    if (chunk.key !== BLOCK_KEY) await writer.query(`DELETE FROM ${chunk.table} WHERE ${rangeConditionSql(chunk)}`);
     const out = reader.query(streams.to(chunkCopyOutSql(chunk.table, columns, chunk, binary)));
     const into = writer.query(streams.from(chunkCopyInSql(chunk.table, columns, binary)));
     const before = meter.streamed(chunk.table);
     await pipeline(out, meter.stream(chunk.table), into);
     meter.piece(chunk.table, into.rowCount);
-    let summed: ChunkSums | null = null;
-    if (sums) {
-      // By the key's index: a seq scan per chunk would read the whole table each time (the
-      // target's, just truncated, has no statistics to say otherwise).
-      const sql = `SET LOCAL enable_seqscan = off; ${rangeChecksumSql(chunk.table, chunk, sums)}; SET LOCAL enable_seqscan = on`;
-      const sum = async (client: pg.Client) =>
-        (await client.query(sql)) as unknown as pg.QueryResult<{ rows: string; checksum: string }>[];
-      const [source, target] = await Promise.all([sum(reader), sum(writer)]);
-      summed = { source: source[1]!.rows[0]!, target: target[1]!.rows[0]! };
-    }
     await writer.query(
       `UPDATE ${CONTROL}.move_chunks SET copied = true, rows = $4, bytes = $5 WHERE move_id = $1 AND table_name = $2 AND chunk = $3`,
       [moveId, chunk.table, chunk.chunk, into.rowCount, meter.streamed(chunk.table) - before],
     );
     await writer.query('COMMIT');
-    return summed;
   } catch (error) {
     await writer.query('ROLLBACK').catch(() => undefined);
     throw error;

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import { describePgError } from '../fleet/connect.js';
 import { ensureMethods, leafTablesOf } from './checksum-methods.js';
-import { keysAndColumns, recordedChunks, type ChunkRecord } from './chunks.js';
+import { keysAndColumns, recordedChunks, type Sums } from './chunks.js';
 import { schemasOf, notice, type MoveContext } from './context.js';
 import { tableEstimates } from './copy-meter.js';
 import { lockWaitFor } from './fence-locks.js';
@@ -20,29 +20,32 @@ import type { Sql } from '../pg/sql-template.js';
  * hosts. For a table copied in chunks these come from the copy instead of a read of every row at P:
  *
  * - on the source, the change log of the table (sql/move_deltas.sql, the wave's function and
- *   triggers) is started before the slot, so before the copy's snapshot S; each chunk's count and
- *   checksum is taken in S as it is copied, and the log's sums as of S once. A log entry commits with
- *   its change, so the entries visible at P and not at S are exactly the changes committed between:
- *     at P = sum of the chunks at S + (log at P - log at S)          (tail.ts fromLog)
+ *   triggers) is started before the slot, so before the copy's snapshot S; the table's count and
+ *   checksum is taken in S once its last chunk is in (one scan, on a connection of the copy), and
+ *   the log's sums as of S once. A log entry commits with its change, so the entries visible at P
+ *   and not at S are exactly the changes committed between:
+ *     at P = sum at S + (log at P - log at S)          (tail.ts fromLog)
  * - on the target, the same log is created with the table's chunk plan, before its first chunk, by
  *   statement triggers that leave out the copy's own transactions (COPYING_SETTING): any other
  *   write marks it, at one call per statement (row triggers, even skipped by a WHEN condition,
- *   made the copy of a 338 MB table about 1.5x slower). Each chunk's count and checksum is taken in
- *   its own transaction after its COPY. After the copy, before the subscription starts, the
+ *   made the copy of a 338 MB table about 1.5x slower). The table's count and checksum is taken
+ *   once its last chunk has committed (one scan, no index needed: the copy loads the table without
+ *   its indexes). After the copy, before the subscription starts, the
  *   triggers become row triggers, and the log must still be empty (nothing but the copy wrote
  *   there); every write since (the apply worker's, and any other's, a change made by hand too) is
  *   logged:
- *     at P = sum of the chunks + log at P
+ *     at P = sum after the chunks + log at P
  *
  * Exact as the checksums at P it replaces: a row lost by replication is in the source's log and not
  * in the target's, a row changed on the target behind the move's back is in the target's log only.
  * A table an earlier run planned (a resumed copy) is summed the same way under the new slot, whose
  * snapshot S is the one every kept chunk was reconciled against: its source log is started again
  * before that slot (the earlier run's entries deleted), its target log created again before its
- * chunks are reconciled, and each chunk it copied before is summed by the reconciliation itself
- * (the range's count and checksum at S on the source, as it stands on the target), kept only if the
- * two are equal, copied again from S (and summed so) if not. A write on the target before the new
- * log is in that read (a chunk it changed differs, and is copied again); one after it marks the log.
+ * chunks are reconciled, each chunk it copied before kept only if its count and checksum at S on
+ * the source equal the target's, copied again from S if not (chunks.ts reconcileChunks), and the
+ * table summed as above once its last chunk is in. A write on the target before the new log is in
+ * the reconciliation's read (a chunk it changed differs, and is copied again); one after it marks
+ * the log.
  * A table is taken whole at P as before when anything breaks the chain: the target's log not empty
  * after the copy, the logs not set up in time on the source (busy tables), or the wave's own set-up
  * of its logs failing or running a second time (a cut-over retried). The source's triggers run in application transactions from
@@ -65,8 +68,8 @@ interface Logged {
   readonly name: string;
   readonly wave: number;
   readonly logged: LoggedTable;
-  /** Chunks planned in this run and not summed yet; null until planned. */
-  left: number | null;
+  /** Whether this run plans or carries its chunks, and whether its sums were taken (summed). */
+  state: 'unplanned' | 'planned' | 'summed';
   source: { rows: bigint; checksum: bigint };
   target: { rows: bigint; checksum: bigint };
 }
@@ -80,10 +83,10 @@ export class CopyLogs {
     this.#tables = tables;
   }
 
-  /** The checksum method of a logged table (quoted name), or undefined: not summed. */
+  /** The checksum method of a logged table (quoted name) whose sums are still to be taken, or undefined. */
   method(table: string): HashMethod | undefined {
     const t = this.#tables.get(table);
-    return t && t.left !== null && t.left > 0 ? t.logged.method : undefined;
+    return t?.state === 'planned' ? t.logged.method : undefined;
   }
 
   /** The statement creating the target's log of a table whose chunks are being planned, or null. */
@@ -92,22 +95,22 @@ export class CopyLogs {
     return t ? copyLogOnTargetSql(moveId, t.wave, t.logged) : null;
   }
 
-  /**
-   * A table's chunks, planned by this run or carried from an earlier one (all of them: those the
-   * earlier run copied are summed as they are reconciled, the others as they are copied).
-   */
-  planned(table: string, planned: readonly ChunkRecord[]): void {
+  /** A table whose chunks this run planned, or carried from an earlier one: its sums are to be taken. */
+  planned(table: string): void {
     const t = this.#tables.get(table);
-    if (t) t.left = planned.length;
+    if (t) t.state = 'planned';
   }
 
-  /** One chunk's sums on both hosts: as copied, or as reconciled and found equal (chunks.ts chunkMatches). */
-  add(table: string, source: { rows: string; checksum: string }, target: { rows: string; checksum: string }): void {
+  /**
+   * A table's sums once its last chunk is in: the source's in the copy's snapshot (the sum of its
+   * chunks'), the target's as the chunks left it (table-copy.ts tableCopied).
+   */
+  summed(table: string, source: Sums, target: Sums): void {
     const t = this.#tables.get(table);
-    if (!t || t.left === null) return;
-    t.left -= 1;
-    t.source = { rows: t.source.rows + BigInt(source.rows), checksum: t.source.checksum + BigInt(source.checksum) };
-    t.target = { rows: t.target.rows + BigInt(target.rows), checksum: t.target.checksum + BigInt(target.checksum) };
+    if (t?.state !== 'planned') return;
+    t.state = 'summed';
+    t.source = { rows: BigInt(source.rows), checksum: BigInt(source.checksum) };
+    t.target = { rows: BigInt(target.rows), checksum: BigInt(target.checksum) };
   }
 
   /** The source's log as of the copy's snapshot, read once by the first reader (in that snapshot). */
@@ -121,15 +124,16 @@ export class CopyLogs {
    * still empty, kept for the waves' pre-verifications.
    */
   async finish(ctx: MoveContext): Promise<void> {
-    if (!this.#atS || ![...this.#tables.values()].some((t) => t.left === 0)) return;
+    if (!this.#atS || ![...this.#tables.values()].some((t) => t.state === 'summed')) return;
     // Each table's log on the target by row from now on; a write its statement triggers marked
     // during the copy (any entry) leaves it to the read at P.
     for (const t of this.#tables.values())
-      if (t.left === 0) await runTransaction(ctx.target.client, copyLogRowsOnTargetSql(ctx.moveId, t.wave, t.logged));
+      if (t.state === 'summed')
+        await runTransaction(ctx.target.client, copyLogRowsOnTargetSql(ctx.moveId, t.wave, t.logged));
     const [atS, onTarget] = await Promise.all([this.#atS, readLogSums(ctx.target.client, ctx.moveId)]);
     const figures = new Map<string, CopyFigure>();
     for (const t of this.#tables.values()) {
-      if (t.left !== 0 || (onTarget.get(t.name)?.entries ?? 0n) > 0n) continue;
+      if (t.state !== 'summed' || (onTarget.get(t.name)?.entries ?? 0n) > 0n) continue;
       figures.set(t.name, {
         source: { rows: t.source.rows, checksum: t.source.checksum.toString() },
         target: { rows: t.target.rows, checksum: t.target.checksum.toString() },
@@ -174,7 +178,7 @@ export async function startCopyLogs(ctx: MoveContext): Promise<CopyLogs | null> 
       name,
       wave: FIRST_WAVE,
       logged: { table: { schema: t.schema, table: t.table }, method: methods.get(name) ?? 'text' },
-      left: null,
+      state: 'unplanned',
       source: { rows: 0n, checksum: 0n },
       target: { rows: 0n, checksum: 0n },
     });

@@ -78,11 +78,13 @@ describe('a copy that resumes', () => {
     });
     expect(first.signal, first.stderr).toBe('SIGKILL');
     const afterFirst = await chunkRecords(db.urls[1]!);
-    // Every 20,000th key a bound: 11 chunks, the last one open-ended (the writer's rows go there).
-    expect(afterFirst).toHaveLength(11);
+    // Chunks of about 20,000 rows, cut at the key's statistics (the table was analyzed): 10, the
+    // last one open-ended (the writer's rows go there); 11 when cut by reading the keys.
+    expect(afterFirst.length).toBeGreaterThanOrEqual(10);
+    expect(afterFirst.length).toBeLessThanOrEqual(11);
     expect(afterFirst.filter((c) => c.copied).map((c) => c.chunk)).toEqual([0, 1, 2]);
-    // Killed in its copy: the target's copy has its key, and no plain index yet.
-    expect(await indexes(db.urls[1]!, 'insta1')).toEqual(['photos_pkey']);
+    // Killed in its copy: the target's copy has no index yet, not even its key's.
+    expect(await indexes(db.urls[1]!, 'insta1')).toEqual([]);
 
     // Rows of the copied chunks change on the source before the resume: the first chunk's rows
     // updated, some of the second's deleted. The next run's snapshot sees them.

@@ -139,8 +139,8 @@ describe('a keyless table copied in chunks of blocks', () => {
   });
 
   it('a shard of keyed and keyless tables killed at three points of its copy, then finished: the last run copies only the keyed chunks left and the keyless table again, rows equal, no dead rows', async () => {
-    // 30,000 rows in each table, chunks of 5,000: 7 key chunks of items, about 6 block chunks of
-    // events; one copying pair, so that the kills fall after the same chunks every time.
+    // 30,000 rows in each table, chunks of 5,000: about 6 key chunks of items (cut at the key's
+    // statistics), about 6 block chunks of events; one copying pair, so that the kills fall after the same chunks every time.
     const rows = 30_000;
     const chunk = '5000';
     await withClient(db.urls[0]!, (c) =>
@@ -177,14 +177,15 @@ describe('a keyless table copied in chunks of blocks', () => {
     // A chunk once copied stays copied (the changed one is copied again, not dropped).
     expect(copiedAfter).toEqual([...copiedAfter].sort((a, b) => a - b));
     expect(plan).not.toBeNull();
-    expect(plan).toHaveLength(7);
+    expect(plan!.length).toBeGreaterThanOrEqual(6);
+    expect(plan!.length).toBeLessThanOrEqual(7);
 
     const last = await runCli(move(fleet, 0, '--resume', '--json', '--copy-chunk-rows', chunk, '--copy-parallel', '2'));
     expect(last.code, last.stderr).toBe(0);
     const result = JSON.parse(last.stdout) as MoveResult;
     // The last run copied the keyed chunks left and a new plan of the keyless table, nothing again.
     expect(result.chunks.recopied).toBe(0);
-    const keylessChunks = result.chunks.copied - (7 - copiedAfter.at(-1)!);
+    const keylessChunks = result.chunks.copied - (plan!.length - copiedAfter.at(-1)!);
     expect(keylessChunks).toBeGreaterThanOrEqual(4);
     expect(keylessChunks).toBeLessThanOrEqual(8);
 
