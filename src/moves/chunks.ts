@@ -78,7 +78,10 @@ export function chunkBoundsSql(table: string, key: string, rows: number): string
 export interface TableShape {
   /** The first column of the primary key, quoted; null without one. */
   readonly key: string | null;
-  /** The same column's name as the catalog has it (pg_stats), and its type (format_type). */
+  /**
+   * The same column's name as the catalog has it (pg_stats), and its type, qualified (a session of
+   * the copy may have any search path) and without a modifier (a cast to compare with, not to store).
+   */
   readonly keyName: string | null;
   readonly keyType: string | null;
   /** Every stored column (not generated), quoted, in order. */
@@ -89,7 +92,8 @@ export interface TableShape {
 export async function keysAndColumns(client: pg.Client, tables: readonly string[]): Promise<Map<string, TableShape>> {
   if (tables.length === 0) return new Map();
   const r = await client.query<{ name: string; key: string | null; key_type: string | null; columns: string[] }>(
-    `SELECT t.name, k.attname AS key, format_type(k.atttypid, k.atttypmod) AS key_type,
+    `SELECT t.name, k.attname AS key, (SELECT format('%I.%I', tn.nspname, ty.typname) FROM pg_type ty
+              JOIN pg_namespace tn ON tn.oid = ty.typnamespace WHERE ty.oid = k.atttypid) AS key_type,
             ARRAY(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = t.name::regclass AND a.attnum > 0
                    AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum)::text[] AS columns
        FROM unnest($1::text[]) AS t(name)

@@ -19,12 +19,20 @@ describe('the chunk sums of a table in one scan', () => {
     { type: 'text', values: `SELECT md5(g::text) || ' ' || g FROM generate_series(1, 3000) g` },
     { type: 'bigint', values: `SELECT (g * 7919)::bigint FROM generate_series(-1500, 1500) g` },
     { type: 'uuid', values: `SELECT md5(g::text)::uuid FROM generate_series(1, 3000) g` },
+    // A domain over a type with a modifier, in a schema on the default search path and not on the
+    // copy's sessions'.
+    {
+      type: 'code',
+      domain: `DROP TABLE IF EXISTS public.keyed; DROP DOMAIN IF EXISTS public.code; CREATE DOMAIN public.code AS varchar(40) COLLATE "C"`,
+      values: `SELECT 'k' || g || repeat('"', g % 3) FROM generate_series(1, 2500) g`,
+    },
     {
       type: 'timestamptz',
       values: `SELECT timestamptz '2026-01-01 00:00:00+00' + g * interval '17 minutes 3.25 seconds' FROM generate_series(1, 3000) g`,
     },
-  ])('puts every row of a $type key in the chunk whose range holds it', async ({ type, values }) => {
+  ])('puts every row of a $type key in the chunk whose range holds it', async ({ type, values, domain }) => {
     await withClient(db.urls[0]!, async (c) => {
+      if (domain) await c.query(domain);
       await c.query(`DROP TABLE IF EXISTS public.keyed; CREATE TABLE public.keyed (k ${type} PRIMARY KEY, body text)`);
       await c.query(`INSERT INTO public.keyed SELECT v, 'row ' || v FROM (${values}) s(v)`);
       const table = '"public"."keyed"';
@@ -34,6 +42,8 @@ describe('the chunk sums of a table in one scan', () => {
         (r) => r.bound,
       );
       expect(bounds.length).toBeGreaterThan(5);
+      // As the copy's sessions read it, with the stable text settings' search path.
+      await c.query('SET search_path TO pg_catalog, pg_temp');
       const grouped = await c.query<{ chunk: number; rows: string; checksum: string }>(
         chunkSumsSql(table, shape.key!, shape.keyType!, bounds, 'text'),
       );
