@@ -95,7 +95,13 @@ export async function run(ctx, major) {
       await resetDatabases(fleet.hosts, DATABASE, { template: BASE_DATABASE });
       await writeFile(fleet.configFile, initialMap);
       if (who === 'move') {
-        const moved = await timeMove(fleet, { source, target, schema, rows: options.rows });
+        const moved = await timeMove(fleet, {
+          source,
+          target,
+          schema,
+          rows: options.rows,
+          copyChunkRows: options.copyChunkRows,
+        });
         moves.push(moved);
         log(
           `  run ${turn + 1}/${options.runs}: move ${formatMs(moved.durationMs)}, writes blocked ${formatMs(moved.writeBlockedMs)}, ` +
@@ -126,6 +132,7 @@ export async function run(ctx, major) {
     mode: 'online',
     rows: options.rows,
     captionBytes: options.captionBytes,
+    copyChunkRows: options.copyChunkRows,
     tableBytes,
     indexBytes,
     moveMs,
@@ -231,9 +238,9 @@ export async function buildBase(base, source, schema, rows, database = BASE_DATA
 /**
  * One online move under the writer, checked afterwards.
  * @param {Fleet} fleet
- * @param {Scenario} scenario
+ * @param {Scenario & { copyChunkRows: number }} scenario
  */
-async function timeMove(fleet, { source, target, schema, rows }) {
+async function timeMove(fleet, { source, target, schema, rows, copyChunkRows }) {
   const config = await loadConfig(fleet.configFile);
   const writer = startShardWriter(await ShardMap.load(fleet.configFile), schema);
   /** @type {{ step: string, atMs: number }[]} */
@@ -242,6 +249,7 @@ async function timeMove(fleet, { source, target, schema, rows }) {
     const started = performance.now();
     return moveShard(config, SHARD, target.name, {
       configFile: fleet.configFile,
+      copyChunkRows,
       onStep: (step) => steps.push({ step, atMs: round(performance.now() - started, 0) }),
     });
   });

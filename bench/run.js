@@ -71,6 +71,7 @@ import * as routerStall from './router-stall.js';
  *   checkRuns: number,
  *   rows: number,
  *   captionBytes: number,
+ *   copyChunkRows: number,
  *   inserts: number,
  *   routerRounds: number,
  *   bulkSeconds: number,
@@ -195,6 +196,9 @@ const REFERENCE_SCALE = {
   // 1: captions as they are ('caption <n>'); more pads them, for shards of wider rows (issue 42's
   // 2.3 GB shard is 8.5M rows of about 250 bytes: --rows 8500000 --caption-bytes 160).
   'caption-bytes': 1,
+  // move-shard: the move's --copy-chunk-rows (the library's default); a number above the rows
+  // copies the table whole, in one transaction, as before issue 42.
+  'copy-chunk-rows': 1_000_000,
   inserts: 5_000,
   'router-rounds': 5,
   'bulk-seconds': 10,
@@ -249,6 +253,8 @@ scale (defaults are the reference scale of docs/benchmarks.md):
   --rows N          rows in the moved shard's photos          (${formatCount(REFERENCE_SCALE.rows)})
   --caption-bytes N move-shard, move-resume, move-copy-parallel: each caption padded to N bytes
                     (${REFERENCE_SCALE['caption-bytes']}: not padded)
+  --copy-chunk-rows N move-shard: the move's --copy-chunk-rows (${formatCount(REFERENCE_SCALE['copy-chunk-rows'])}; more than
+                    --rows: the table copied whole)
   --inserts N       router: single-row inserts per round/side (${formatCount(REFERENCE_SCALE.inserts)})
   --router-rounds N router: interleaved rounds of each side   (${REFERENCE_SCALE['router-rounds']})
   --bulk-seconds N  length of one bulk-insert pgbench run      (${REFERENCE_SCALE['bulk-seconds']})
