@@ -14,7 +14,7 @@ import { BLOCK_KEY, recordPlan, type ChunkRecord } from './chunks.js';
  * elsewhere, and a new snapshot (the killed run's died with its connection) sees rows the old one
  * did not, in blocks already copied. So a run that finds an earlier plan for such a table empties it
  * (TRUNCATE, no dead rows) and copies it again whole, in new chunks from its own snapshot; keyed
- * tables keep their chunk records (chunks.ts chunkMatches).
+ * tables keep their chunk records (chunks.ts reconcileChunks).
  */
 
 /** TID range scans: from PostgreSQL 14 (before, each chunk would read the whole table). */
