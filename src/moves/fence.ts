@@ -1,4 +1,5 @@
 import pg from 'pg';
+import { lines } from '../pg/sql-template.js';
 import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
@@ -9,7 +10,7 @@ import {
   fenceMarkerSql,
   fenceSql,
   fenceWaveSql,
-  FENCE_TABLES_SQL,
+  TABLE_NAMES_SQL,
   deallocateSql,
   prepareSequencesReadSql,
   recordFencedSql,
@@ -28,7 +29,7 @@ import { progress } from './progress.js';
 import { waitForMarker } from './replication.js';
 import { plural } from '../text.js';
 import { fenceRemainingMs, underFence, stopCutOver } from './fence-limit.js';
-import { lockWaitFor, lockLimits, FENCE_WAIT_CODES, lockHolders } from './fence-locks.js';
+import { lockLimits, FENCE_WAIT_CODES, lockHolders } from './fence-locks.js';
 import { startPreVerification } from './pre-verification.js';
 import { queryString, hasField, leavesReported } from './catch-up.js';
 import { listSequences, readSequences } from './sequences.js';
@@ -56,17 +57,23 @@ export async function fence(ctx: MoveContext): Promise<void> {
     ctx.spares?.open(source.host, CLEANUP_WORKER, 1);
   const shards = waveShards(ctx);
   const schemas = schemasOf(ctx, shards);
-  const tables = (await source.client.query<{ schema: string; table: string }>(FENCE_TABLES_SQL, [schemas])).rows;
-  const lockWaitMs = await lockWaitFor(ctx);
+  // Three reads queued at once on the source's session.
+  const [tables, limits, fencedRows] = await Promise.all([
+    source.client.query<{ schema: string; table: string }>(TABLE_NAMES_SQL, [schemas]),
+    lockLimits(ctx),
+    source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards]),
+  ]);
+  const lockWaitMs = limits.lockWaitMs;
   const limit = ctx.settings.fenceTimeoutMs;
-  const fenced = new Set(
-    (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows.map((r) => r.shard),
-  );
+  const fenced = new Set(fencedRows.rows.map((r) => r.shard));
   const shardOf = new Map(shards.map((shard) => [shardSchemaName(ctx.config, shard), shard]));
   const tablesOf = new Map<number, (readonly [string, string])[]>(shards.map((shard) => [shard, []]));
-  for (const t of tables) tablesOf.get(shardOf.get(t.schema)!)?.push([t.schema, t.table]);
+  for (const t of tables.rows) tablesOf.get(shardOf.get(t.schema)!)?.push([t.schema, t.table]);
   const pending = shards.filter((s) => !fenced.has(s));
-  const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, await fenceGroupTables(ctx));
+  // At most half of max_locks_per_transaction tables a transaction (the lock slots the server
+  // reserves per connection), so a fence never runs the shared lock table short; one round trip and
+  // one commit per group instead of per shard is what keeps a 64-shard wave's fence short.
+  const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, limits.groupTables);
   const ofGroup = (group: readonly number[]) => group.map((shard) => ({ shard, tables: tablesOf.get(shard)! }));
   // A killed run's fence already runs: the rest is fenced as before, within a limit of this run's
   // own from now (its start is in the record; a wave found fenced without one refuses writes from
@@ -179,9 +186,11 @@ async function whileWritable(
   groups: readonly FenceInput['shards'][],
   lockWaitMs: number,
 ): Promise<{ prepared: Set<number>; sequencesRead: string | null }> {
+  // The sequences are listed meanwhile, queued behind the source's leaves.
   const [onSource, onTarget] = await Promise.all([
     shardLeaves(ctx.source.client, schemas),
     shardLeaves(ctx.target.client, schemas),
+    listSequences(ctx),
   ]);
   ctx.current.leaves = { source: onSource, target: onTarget };
   const prepared = await prepareFence(ctx, groups, lockWaitMs);
@@ -298,15 +307,24 @@ async function prepareFence(
   const prepared = new Set<number>();
   if (ctx.source.serverVersionNum < 140000) return prepared;
   let attempts = 0;
-  const attempt = async (shards: FenceInput['shards'], waitMs: number): Promise<boolean> => {
+  /** One transaction for `shards`, or one for each of `inGroups` (their shards), in one round trip. */
+  const attempt = async (
+    shards: FenceInput['shards'],
+    waitMs: number,
+    inGroups: readonly FenceInput['shards'][] = [shards],
+  ): Promise<boolean> => {
     attempts += 1;
-    const sql = prepareFenceSql({
-      shards,
-      targetHost: ctx.target.host.name,
-      lockWaitMs: waitMs,
-      moveId: ctx.moveId,
-      wave: ctx.wave,
-    });
+    const sql = lines(
+      inGroups.map((group) =>
+        prepareFenceSql({
+          shards: group,
+          targetHost: ctx.target.host.name,
+          lockWaitMs: waitMs,
+          moveId: ctx.moveId,
+          wave: ctx.wave,
+        }),
+      ),
+    );
     try {
       await runTransaction(ctx.source.client, sql);
     } catch (error) {
@@ -318,7 +336,10 @@ async function prepareFence(
     return true;
   };
   let busy: FenceInput['shards'][number][] = [];
-  for (const group of groups) if (!(await attempt(group, lockWaitMs))) busy.push(...group);
+  // The wave's groups in one round trip, each its own transaction; when one meets a busy table,
+  // group by group (a group that committed is prepared again, CREATE OR REPLACE TRIGGER).
+  if (groups.length < 2 || !(await attempt(groups.flat(), lockWaitMs, groups)))
+    for (const group of groups) if (!(await attempt(group, lockWaitMs))) busy.push(...group);
   const retried = busy.length;
   const deadline = performance.now() + PREPARE_RETRY_MS;
   // Rounds over the shards still busy, until none is or the time is up.
@@ -513,14 +534,4 @@ async function fenceWaveOnce(
   };
   await underFence(ctx, `the record of the fence on ${target.host.name}`, () => recorded);
   return true;
-}
-
-/**
- * How many tables one fence transaction may lock: half of max_locks_per_transaction, the lock slots
- * the server reserves per connection, so a fence never runs the shared lock table short. One
- * round trip and one commit per group instead of per shard is what keeps a 64-shard wave's fence
- * short.
- */
-async function fenceGroupTables(ctx: MoveContext): Promise<number> {
-  return (await lockLimits(ctx)).groupTables;
 }

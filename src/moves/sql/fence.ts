@@ -50,13 +50,13 @@ export interface FenceInput {
 }
 
 /**
- * The tables a fence locks and gives a trigger, of schemas $1 (text[]): every table, partitioned
- * parents and partitions included, by schema and name, in the order shardTables(…, 'all') returns
- * them. Names only: shardTables also reads every column's type (pg_attribute, pg_type), which the
- * fence does not need, and which on a host of thousands of shards made that read the longest step
- * between two waves.
+ * Every table of schemas $1 (text[]), partitioned parents and partitions included, by schema and
+ * name, in the order shardTables(…, 'all') returns them: what a fence locks and gives a trigger, and
+ * what the clean-up puts a view over. Names only: shardTables also reads every column's type
+ * (pg_attribute, pg_type), which neither needs, and which on a host of thousands of shards made
+ * that read the longest step between two waves.
  */
-export const FENCE_TABLES_SQL = sql`SELECT n.nspname AS schema, c.relname AS table
+export const TABLE_NAMES_SQL = sql`SELECT n.nspname AS schema, c.relname AS table
        FROM pg_catalog.pg_class c
        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')
