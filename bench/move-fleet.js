@@ -171,6 +171,8 @@ async function runFleet(ctx, major) {
 
 /**
  * "longest wave 3 of 17: 212 ms (caught-up +40, sequences-carried +12, …); median per wave …".
+ * From the progress lines: `switched` comes after the config file's rewrite and the step's record,
+ * once writes have resumed, so its figure is more than the switch's share of the write block.
  * @param {Result['moves'][number]} m
  */
 function describeWave(m) {

@@ -8,9 +8,10 @@ import { refreshMaterializedViewSql, renameWithStubSql, type Grant } from './sql
 import { SHARD_SCHEMA_NAMES_SQL } from './sql/control.js';
 import { dropUnusedFenceGuardsSql } from './sql/leftovers.js';
 import { oldCopyName } from './sql/names.js';
+import { TABLE_NAMES_SQL } from './sql/fence.js';
 import { RESET_SYNCHRONOUS_COMMIT_SQL } from './sql/session.js';
 import { CLEANUP_CHUNK, CLEANUP_WORKER, moveWorker } from './workers.js';
-import { groupBySchema, shardTables, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
+import { groupBySchema, MATERIALIZED_VIEWS_SQL, SCHEMA_GRANTS_SQL, TABLE_GRANTS_SQL } from './catalog.js';
 import { type MoveContext, schemasOf } from './context.js';
 import { endLogs } from './tail.js';
 import { dropPublicationAndSlot, deleteMarkers } from './replication.js';
@@ -139,7 +140,7 @@ async function renamesWithStubs(ctx: MoveContext, shards: readonly number[]): Pr
   const { source } = ctx;
   const schemas = schemasOf(ctx, shards);
   const [tables, schemaGrants, tableGrants] = await Promise.all([
-    shardTables(source.client, schemas, 'all'),
+    source.client.query<{ schema: string; table: string }>(TABLE_NAMES_SQL, [schemas]).then((r) => r.rows),
     source.client.query<Grant & { nspname: string }>(SCHEMA_GRANTS_SQL, [schemas]),
     source.client.query<Grant & { nspname: string }>(TABLE_GRANTS_SQL, [schemas]),
   ]);

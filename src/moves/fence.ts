@@ -1,4 +1,5 @@
 import pg from 'pg';
+import { lines } from '../pg/sql-template.js';
 import { shardSchemaName } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
 import { HostError, resumeOrAbort } from '../errors.js';
@@ -9,6 +10,9 @@ import {
   fenceMarkerSql,
   fenceSql,
   fenceWaveSql,
+  TABLE_NAMES_SQL,
+  deallocateSql,
+  prepareSequencesReadSql,
   recordFencedSql,
   prepareFenceSql,
   type FenceInput,
@@ -19,13 +23,13 @@ import { insertMarkerSql } from './sql/replication.js';
 import { statementTimeoutSql } from './sql/session.js';
 import { recordStep } from './state.js';
 import { BUSY, LOCK_WAIT_CODES, retryWhileBusy, rollbackQuietly, runTransaction } from '../pg/quiet.js';
-import { leavesNow, shardLeaves, shardTables, type LeafTable } from './catalog.js';
+import { leavesNow, shardLeaves, type LeafTable } from './catalog.js';
 import { type MoveContext, type SequenceState, schemasOf, waveShards, notice } from './context.js';
 import { progress } from './progress.js';
 import { waitForMarker } from './replication.js';
 import { plural } from '../text.js';
 import { fenceRemainingMs, underFence, stopCutOver } from './fence-limit.js';
-import { lockWaitFor, lockLimits, FENCE_WAIT_CODES, lockHolders } from './fence-locks.js';
+import { lockLimits, FENCE_WAIT_CODES, lockHolders } from './fence-locks.js';
 import { startPreVerification } from './pre-verification.js';
 import { queryString, hasField, leavesReported } from './catch-up.js';
 import { listSequences, readSequences } from './sequences.js';
@@ -53,17 +57,23 @@ export async function fence(ctx: MoveContext): Promise<void> {
     ctx.spares?.open(source.host, CLEANUP_WORKER, 1);
   const shards = waveShards(ctx);
   const schemas = schemasOf(ctx, shards);
-  const tables = await shardTables(source.client, schemas, 'all');
-  const lockWaitMs = await lockWaitFor(ctx);
+  // Three reads queued at once on the source's session.
+  const [tables, limits, fencedRows] = await Promise.all([
+    source.client.query<{ schema: string; table: string }>(TABLE_NAMES_SQL, [schemas]),
+    lockLimits(ctx),
+    source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards]),
+  ]);
+  const lockWaitMs = limits.lockWaitMs;
   const limit = ctx.settings.fenceTimeoutMs;
-  const fenced = new Set(
-    (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows.map((r) => r.shard),
-  );
+  const fenced = new Set(fencedRows.rows.map((r) => r.shard));
   const shardOf = new Map(shards.map((shard) => [shardSchemaName(ctx.config, shard), shard]));
   const tablesOf = new Map<number, (readonly [string, string])[]>(shards.map((shard) => [shard, []]));
-  for (const t of tables) tablesOf.get(shardOf.get(t.schema)!)?.push([t.schema, t.table]);
+  for (const t of tables.rows) tablesOf.get(shardOf.get(t.schema)!)?.push([t.schema, t.table]);
   const pending = shards.filter((s) => !fenced.has(s));
-  const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, await fenceGroupTables(ctx));
+  // At most half of max_locks_per_transaction tables a transaction (the lock slots the server
+  // reserves per connection), so a fence never runs the shared lock table short; one round trip and
+  // one commit per group instead of per shard is what keeps a 64-shard wave's fence short.
+  const groups = fenceGroups(pending, (s) => tablesOf.get(s)!.length, limits.groupTables);
   const ofGroup = (group: readonly number[]) => group.map((shard) => ({ shard, tables: tablesOf.get(shard)! }));
   // A killed run's fence already runs: the rest is fenced as before, within a limit of this run's
   // own from now (its start is in the record; a wave found fenced without one refuses writes from
@@ -74,8 +84,10 @@ export async function fence(ctx: MoveContext): Promise<void> {
     ctx.current.fenceStartedAtMs ??= Date.now();
     fenceRemainingMs(ctx);
   }
-  const prepared =
-    fenced.size === 0 ? await whileWritable(ctx, schemas, groups.map(ofGroup), lockWaitMs) : new Set<number>();
+  const { prepared, sequencesRead } =
+    fenced.size === 0
+      ? await whileWritable(ctx, schemas, groups.map(ofGroup), lockWaitMs)
+      : { prepared: new Set<number>(), sequencesRead: null };
   const started = performance.now();
   let attempts = 0;
   let told = started;
@@ -124,7 +136,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
   let busyGroup: readonly number[] | undefined;
   if (fenced.size === 0 && groups.length > 0) {
     attempts += 1;
-    if (await fenceWaveOnce(ctx, groups.map(withTables), lockWaitMs)) return;
+    if (await fenceWaveOnce(ctx, groups.map(withTables), lockWaitMs, sequencesRead)) return;
     for (const r of (await source.client.query<{ shard: number }>(FENCED_SHARDS_SQL, [shards])).rows)
       fenced.add(r.shard);
     busyGroup = groups.find((group) => !group.every((s) => fenced.has(s)));
@@ -164,18 +176,21 @@ export async function fence(ctx: MoveContext): Promise<void> {
  * fence has less to do: its tables listed on both hosts (the wave's leaves), its fence triggers created
  * disabled (the shards returned), the target caught up, the verification begun, its sequences
  * listed and read once on both hosts: the target's states are kept (nothing moves the target's
- * copies of them; carrySequences sets them from these), and the source's read has them open for
- * the read that the fence string makes (fenceWaveOnce); its tables opened by both hosts' sessions.
+ * copies of them; carrySequences sets them from these), and the source's read is the fence
+ * string's own, prepared (its name returned: `sequencesRead`), so that the fence runs it by name
+ * with its plan made and the sequences open; its tables opened by both hosts' sessions.
  */
 async function whileWritable(
   ctx: MoveContext,
   schemas: readonly string[],
   groups: readonly FenceInput['shards'][],
   lockWaitMs: number,
-): Promise<Set<number>> {
+): Promise<{ prepared: Set<number>; sequencesRead: string | null }> {
+  // The sequences are listed meanwhile, queued behind the source's leaves.
   const [onSource, onTarget] = await Promise.all([
     shardLeaves(ctx.source.client, schemas),
     shardLeaves(ctx.target.client, schemas),
+    listSequences(ctx),
   ]);
   ctx.current.leaves = { source: onSource, target: onTarget };
   const prepared = await prepareFence(ctx, groups, lockWaitMs);
@@ -191,22 +206,29 @@ async function whileWritable(
   // then stops with nothing fenced.
   const read = (side: MoveContext['source'], leaves: readonly LeafTable[]) =>
     readIfFree(side.client, lockWaitMs, async () => {
-      const states = sequences.length > 0 ? await readSequences(side, sequences) : null;
+      let states: SequenceState[] | null = null;
+      let name: string | null = null;
+      if (sequences.length > 0 && side === ctx.source) {
+        // A name of its own each time: a statement prepared by an attempt that then met a lock stays.
+        name = `shardctl_fence_sequences_${++preparedReads}`;
+        await side.client.query(prepareSequencesReadSql(name, fenceSequenceReads(ctx, sequences)));
+      } else if (sequences.length > 0) states = await readSequences(side, sequences);
       await leavesNow(side.client, leaves);
-      return states;
+      return { states, name };
     });
   const limit = ctx.settings.fenceTimeoutMs;
   let told = false;
   let busy = ctx.source;
-  const once = async (): Promise<Set<number> | typeof BUSY> => {
+  const once = async (): Promise<{ prepared: Set<number>; sequencesRead: string | null } | typeof BUSY> => {
     const settled = await Promise.allSettled([read(ctx.source, onSource), read(ctx.target, onTarget)]);
     for (const r of settled) if (r.status === 'rejected') throw r.reason;
     const [source, target] = settled.map(
-      (r) => (r as PromiseFulfilledResult<{ value: SequenceState[] | null } | null>).value,
+      (r) =>
+        (r as PromiseFulfilledResult<{ value: { states: SequenceState[] | null; name: string | null } } | null>).value,
     );
     if (source && target) {
-      if (target.value) ctx.current.sequences = { list: sequences, target: target.value };
-      return prepared;
+      if (target.value.states) ctx.current.sequences = { list: sequences, target: target.value.states };
+      return { prepared, sequencesRead: source.value.name };
     }
     busy = source ? ctx.target : ctx.source;
     return BUSY;
@@ -226,6 +248,20 @@ async function whileWritable(
       notice(ctx, `host ${busy.host.name}: the fence of ${shards} waits for ${holders} on their tables or sequences`);
     }
   });
+}
+
+/** The prepared sequence reads of this process, for their names. */
+let preparedReads = 0;
+
+/** The sequences' read of the fence string (fenceReadsSql), for these sequences on the source. */
+function fenceSequenceReads(
+  ctx: MoveContext,
+  sequences: readonly { readonly schema: string; readonly name: string }[],
+): { sequences: (readonly [string, string])[]; sequenceData: boolean } {
+  return {
+    sequences: sequences.map((q) => [q.schema, q.name] as const),
+    sequenceData: ctx.source.serverVersionNum >= 180000,
+  };
 }
 
 /**
@@ -271,15 +307,24 @@ async function prepareFence(
   const prepared = new Set<number>();
   if (ctx.source.serverVersionNum < 140000) return prepared;
   let attempts = 0;
-  const attempt = async (shards: FenceInput['shards'], waitMs: number): Promise<boolean> => {
+  /** One transaction for `shards`, or one for each of `inGroups` (their shards), in one round trip. */
+  const attempt = async (
+    shards: FenceInput['shards'],
+    waitMs: number,
+    inGroups: readonly FenceInput['shards'][] = [shards],
+  ): Promise<boolean> => {
     attempts += 1;
-    const sql = prepareFenceSql({
-      shards,
-      targetHost: ctx.target.host.name,
-      lockWaitMs: waitMs,
-      moveId: ctx.moveId,
-      wave: ctx.wave,
-    });
+    const sql = lines(
+      inGroups.map((group) =>
+        prepareFenceSql({
+          shards: group,
+          targetHost: ctx.target.host.name,
+          lockWaitMs: waitMs,
+          moveId: ctx.moveId,
+          wave: ctx.wave,
+        }),
+      ),
+    );
     try {
       await runTransaction(ctx.source.client, sql);
     } catch (error) {
@@ -291,7 +336,10 @@ async function prepareFence(
     return true;
   };
   let busy: FenceInput['shards'][number][] = [];
-  for (const group of groups) if (!(await attempt(group, lockWaitMs))) busy.push(...group);
+  // The wave's groups in one round trip, each its own transaction; when one meets a busy table,
+  // group by group (a group that committed is prepared again, CREATE OR REPLACE TRIGGER).
+  if (groups.length < 2 || !(await attempt(groups.flat(), lockWaitMs, groups)))
+    for (const group of groups) if (!(await attempt(group, lockWaitMs))) busy.push(...group);
   const retried = busy.length;
   const deadline = performance.now() + PREPARE_RETRY_MS;
   // Rounds over the shards still busy, until none is or the time is up.
@@ -394,6 +442,7 @@ async function fenceWaveOnce(
   ctx: MoveContext,
   groups: readonly FenceInput['shards'][],
   lockWaitMs: number,
+  sequencesRead: string | null,
 ): Promise<boolean> {
   const { source, target } = ctx;
   const atMs = Date.now();
@@ -422,9 +471,9 @@ async function fenceWaveOnce(
     marker: { moveId: ctx.moveId, kind: marker, detail },
     statementTimeoutMs: limit,
     reads: {
-      sequences: sequences.map((q) => [q.schema, q.name] as const),
-      sequenceData: source.serverVersionNum >= 180000,
+      ...fenceSequenceReads(ctx, sequences),
       shards: groups.flatMap((group) => group.map((s) => s.shard)),
+      ...(sequencesRead === null ? {} : { prepared: sequencesRead }),
     },
   });
   // The target's statement timeout goes with the step's record, sent now: handled below, whatever the source says.
@@ -439,6 +488,8 @@ async function fenceWaveOnce(
     // from now on, and the fence limit, like a release after a failure (move.ts), must know it.
     const wave = groups.flatMap((group) => group.map((s) => s.shard));
     const fenced = await source.client.query(FENCED_SHARDS_SQL, [wave]).catch(() => null);
+    // The string stopped before it ran the prepared read, which the fence group by group does not use.
+    if (sequencesRead !== null) await source.client.query(deallocateSql(sequencesRead)).catch(() => undefined);
     if (fenced?.rowCount) {
       ctx.current.fenceStartedAtMs = atMs;
       ctx.current.fenceDeadline = sentAt + limit;
@@ -483,14 +534,4 @@ async function fenceWaveOnce(
   };
   await underFence(ctx, `the record of the fence on ${target.host.name}`, () => recorded);
   return true;
-}
-
-/**
- * How many tables one fence transaction may lock: half of max_locks_per_transaction, the lock slots
- * the server reserves per connection, so a fence never runs the shared lock table short. One
- * round trip and one commit per group instead of per shard is what keeps a 64-shard wave's fence
- * short.
- */
-async function fenceGroupTables(ctx: MoveContext): Promise<number> {
-  return (await lockLimits(ctx)).groupTables;
 }

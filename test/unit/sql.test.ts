@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { ident, int, list, lit, lockWait, sql, type Sql } from '../../src/pg/sql-template.js';
 import { shardMovedRaiseSql } from '../../src/fleet/control.js';
 import { placementVersionSql, switchPlacementSql } from '../../src/fleet/placement.js';
-import { fenceGuardSql, fenceReadsSql } from '../../src/moves/sql/fence.js';
+import { fenceGuardSql, fenceReadsSql, prepareSequencesReadSql } from '../../src/moves/sql/fence.js';
 
 describe('SQL templates', () => {
   it('fills next_id with bigint-safe constants: the shard in its own bits, shifts on bigint values', () => {
@@ -202,6 +202,21 @@ describe('one text for each rule the SQL of moves and of the control schema shar
     expect(fenceGuardSql('m1', 0)).toContain(
       shardMovedRaiseSql(sql`TG_ARGV[0]`, sql`TG_ARGV[1]`, 'writes to this copy are refused', 4),
     );
+  });
+
+  it("a fence runs by name the sequences' read prepared before it, the same read it would run inline", () => {
+    for (const sequenceData of [false, true]) {
+      const reads = { sequences: [['insta1', 'photos_id_seq'] as const], sequenceData, shards: [1] };
+      const inline = fenceReadsSql(reads)[0]!;
+      const prepared = prepareSequencesReadSql('shardctl_fence_sequences_7', reads);
+      expect(prepared).toBe(
+        `PREPARE "shardctl_fence_sequences_7" AS ${inline.slice(0, -1)};\nEXECUTE "shardctl_fence_sequences_7";`,
+      );
+      expect(fenceReadsSql({ ...reads, prepared: 'shardctl_fence_sequences_7' }).slice(0, 2)).toEqual([
+        'EXECUTE "shardctl_fence_sequences_7";',
+        'DEALLOCATE "shardctl_fence_sequences_7";',
+      ]);
+    }
   });
 
   it('a move reads the placement version a switch starts from with the same expression', () => {

@@ -50,6 +50,19 @@ export interface FenceInput {
 }
 
 /**
+ * Every table of schemas $1 (text[]), partitioned parents and partitions included, by schema and
+ * name, in the order shardTables(…, 'all') returns them: what a fence locks and gives a trigger, and
+ * what the clean-up puts a view over. Names only: shardTables also reads every column's type
+ * (pg_attribute, pg_type), which neither needs, and which on a host of thousands of shards made
+ * that read the longest step between two waves.
+ */
+export const TABLE_NAMES_SQL = sql`SELECT n.nspname AS schema, c.relname AS table
+       FROM pg_catalog.pg_class c
+       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p')
+      ORDER BY n.nspname, c.relname`;
+
+/**
  * The guard of a move's prepared fence triggers: each trigger passes its shard, the shard's new host
  * and its wave; the guard refuses the write with SC100 (as shard_fenced) when that wave is at most
  * `closedUpTo`, else lets it through. A fence closes its wave by replacing this one function (one
@@ -249,6 +262,13 @@ export interface FenceReads {
   readonly sequenceData: boolean;
   /** The wave's shards: the placement version the switch's source statement will start from (PLACEMENT_VERSION_FIELD). */
   readonly shards: readonly number[];
+  /**
+   * The name under which the source's session prepared the sequences' read before the fence
+   * (prepareSequencesReadSql): run by name (and deallocated), its plan already made. Before
+   * PostgreSQL 18 the read is one SELECT per sequence, whose parsing and planning for a whole wave
+   * was the longest part of the fence's round trip while writes waited.
+   */
+  readonly prepared?: string;
 }
 
 /** The field of the placement version that fenceReadsSql returns. */
@@ -264,15 +284,38 @@ export function fenceReadsSql(reads: FenceReads): Sql[] {
   const sequences =
     reads.sequences.length === 0
       ? []
-      : [
-          reads.sequenceData
-            ? sql`${sequenceDataSql(sql`ARRAY[${list(reads.sequences.map(([schema, name]) => sql`${lit(qualified(schema, name))}::regclass`))}]`)};`
-            : sql`${readSequencesSql(reads.sequences)};`,
-        ];
+      : reads.prepared !== undefined
+        ? [sql`EXECUTE ${ident(reads.prepared)};`, sql`DEALLOCATE ${ident(reads.prepared)};`]
+        : [sql`${sequencesReadSql(reads)};`];
   return [
     ...sequences,
     sql`SELECT ${placementVersionSql(sql`shard IN (${shards.length > 0 ? list(shards) : sql`NULL`})`)}::text AS ${ident(PLACEMENT_VERSION_FIELD)};`,
   ];
+}
+
+/** The read of the sequences' states that fenceReadsSql makes (rows i, last_value, is_called, in order). */
+function sequencesReadSql(reads: Pick<FenceReads, 'sequences' | 'sequenceData'>): Sql {
+  return reads.sequenceData
+    ? sequenceDataSql(
+        sql`ARRAY[${list(reads.sequences.map(([schema, name]) => sql`${lit(qualified(schema, name))}::regclass`))}]`,
+      )
+    : readSequencesSql(reads.sequences);
+}
+
+/**
+ * The sequences' read of a wave's fence prepared as `name` on the source's session while the wave
+ * still takes writes, and run once there (its rows are the states then): the fence string runs it
+ * again by name (FenceReads.prepared), with the plan this made. A statement without parameters
+ * keeps its generic plan; only a change to one of the sequences (or a cache reset) makes the server
+ * plan it again, as the fence would have without it.
+ */
+export function prepareSequencesReadSql(name: string, reads: Pick<FenceReads, 'sequences' | 'sequenceData'>): Sql {
+  return sql`PREPARE ${ident(name)} AS ${sequencesReadSql(reads)};\nEXECUTE ${ident(name)};`;
+}
+
+/** A prepared statement of the session gone (the sequences' read of a fence that stopped before running it). */
+export function deallocateSql(name: string): Sql {
+  return sql`DEALLOCATE ${ident(name)}`;
 }
 
 /**
