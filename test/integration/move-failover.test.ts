@@ -89,18 +89,35 @@ async function slotSynced(host: ReplicatedHost): Promise<void> {
   throw new Error('the standby did not synchronize the move slot within 60 s');
 }
 
-/** The standby stops receiving from its primary (primary_conninfo emptied): what the primary writes next it never has. */
+/**
+ * The standby stops receiving from its primary (primary_conninfo emptied): what the primary writes
+ * next it never has. The reload only signals: the WAL receiver stops a moment later, and until then
+ * it still streams; and a receiver between two connections (a restart) is not listed either, so
+ * one glimpse of none is not enough (a loaded run once saw every later row reach the standby).
+ * Cut off means, for a whole second: no receiver on the standby, no physical sender on the primary.
+ */
 async function cutOffStandby(host: ReplicatedHost): Promise<void> {
-  await withClient(host.standby.url, async (c) => {
-    await c.query(`alter system set primary_conninfo = ''`);
-    await c.query('select pg_reload_conf()');
-    // The reload only signals: the WAL receiver stops a moment later, and until then it still
-    // streams. Cut off means no receiver left.
-    for (let i = 0; i < 300; i += 1) {
-      if ((await c.query('select 1 from pg_stat_wal_receiver')).rowCount === 0) return;
-      await new Promise((resolve) => setTimeout(resolve, 100));
-    }
-    throw new Error('the standby still runs a WAL receiver 30 s after its primary_conninfo was emptied');
+  await withClient(host.standby.url, async (standby) => {
+    await standby.query(`alter system set primary_conninfo = ''`);
+    await standby.query('select pg_reload_conf()');
+    await withClient(host.primary.url, async (primary) => {
+      let quiet = 0;
+      for (let i = 0; i < 300; i += 1) {
+        const receiving = (await standby.query('select 1 from pg_stat_wal_receiver')).rowCount ?? 0;
+        // Physical senders only: a move's subscription streams from a logical one.
+        const sending =
+          (
+            await primary.query(
+              `select 1 from pg_stat_replication r where not exists
+                 (select 1 from pg_replication_slots s where s.active_pid = r.pid and s.slot_type = 'logical')`,
+            )
+          ).rowCount ?? 0;
+        quiet = receiving + sending === 0 ? quiet + 1 : 0;
+        if (quiet >= 10) return;
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      }
+      throw new Error('the standby still streams from its primary 30 s after its primary_conninfo was emptied');
+    });
   });
 }
 
