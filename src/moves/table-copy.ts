@@ -96,9 +96,7 @@ export async function copyShards(
   const chunkTasks: { chunk: ChunkRecord; columns: readonly string[]; binary: boolean; again: boolean }[] = [];
   /** Per chunked table: its chunks not done yet. */
   const chunksLeft = new Map<string, number>();
-  /** Chunked tables an earlier run wrote to: vacuumed once done (its cut-off chunk left dead rows). */
-  const vacuum = new Set<string>();
-  /** The source's sums of a carried table at this run's snapshot, from its reconciliation. */
+  /** The source's sums of a carried table at this run's snapshot, from its reconciliation (none: nothing carried). */
   const sourceSums = new Map<string, Sums>();
   /** Workers planning a table's chunks now: a worker with nothing to do waits for their chunks. */
   let planning = 0;
@@ -128,6 +126,8 @@ export async function copyShards(
       let planned = chunks.recorded.filter((c) => c.table === name);
       let toCopy = planned;
       let copiedBefore = new Set<number>();
+      /** Whether an earlier run's chunks were reconciled (their indexes dropped there). */
+      let carried = false;
       if (shape.key === BLOCK_KEY || (planned.length > 0 && shape.keyType === null)) {
         // An earlier run's plan of a keyless table is not carried on: the table is copied again
         // whole (nor one whose key is not the table's key any more).
@@ -146,7 +146,6 @@ export async function copyShards(
         toCopy = planned;
         logs?.planned(name);
       } else {
-        vacuum.add(name);
         // Its log on the target again before any chunk is reconciled (copy-logs.ts).
         const again = logs?.targetSql(ctx.moveId, name) ?? null;
         if (again) await runTransaction(writer, `BEGIN;\n${again}\nCOMMIT;`);
@@ -162,14 +161,21 @@ export async function copyShards(
           meter.piece(name, kept.rows ?? 0);
         }
         toCopy = reconciled.toCopy;
+        carried = true;
+        // Loaded without its indexes (the key's too), built after the last chunk (tableCopied).
+        if (toCopy.length > 0) await dropIndexesForChunks(writer, name);
+        // A chunk cut off by a kill left its rows as dead tuples, and a chunk to copy again had its
+        // rows deleted: vacuumed now, before the chunks left are copied (the space is used again,
+        // an empty end of the table given back), so that a resumed copy leaves no more dead rows
+        // than an uninterrupted one, and the table is read once more only as far as it was copied.
+        await writer.query(`VACUUM ${name}`);
       }
       chunksLeft.set(name, toCopy.length);
       if (toCopy.length === 0) {
         await tableCopied(reader, writer, name);
         continue;
       }
-      // Loaded without its indexes (the key's too), built after the last chunk (tableCopied).
-      await dropIndexesForChunks(writer, name);
+      if (!carried) await dropIndexesForChunks(writer, name);
       const binary = sameMajor && t.portable;
       for (const chunk of toCopy)
         chunkTasks.push({ chunk, columns: shape.columns, binary, again: copiedBefore.has(chunk.chunk) });
@@ -179,9 +185,8 @@ export async function copyShards(
   const chunkSizes = (name: string) => ({ chunkRows: chunks!.rows, estimatedRows: estimates.get(name)?.rows ?? 0 });
   /**
    * A chunked table whose last chunk is in: its sums on both hosts for the copy's figures (the
-   * source's in the reader's snapshot), the dead rows of an earlier run vacuumed, and the indexes
-   * the source has and the target lacks built from the source's definitions, on this pair while the
-   * others go on copying.
+   * source's in the reader's snapshot), and the indexes the source has and the target lacks built
+   * from the source's definitions, on this pair while the others go on copying.
    */
   const tableCopied = async (reader: pg.Client, writer: pg.Client, name: string) => {
     const method = logs?.method(name);
@@ -193,9 +198,6 @@ export async function copyShards(
       ]);
       logs!.summed(name, onSource, onTarget);
     }
-    // A chunk cut off by a kill left its rows as dead tuples, and a chunk copied again left the
-    // earlier copy's: vacuumed, so that a resumed copy leaves no more than an uninterrupted one.
-    if (vacuum.has(name)) await writer.query(`VACUUM ${name}`);
     await indexesAfterChunks(reader, writer, name);
     meter.tableDone(name);
   };
@@ -294,7 +296,8 @@ export async function copyShards(
   // A copy too short to time tells nothing about the next one's rate.
   const rate = meter.averageRate;
   // A resumed copy's rate counts the chunks it compared and kept as time spent but no bytes.
-  if (rate !== null && meter.bytes >= RATE_FROM_BYTES && vacuum.size === 0) ctx.copyBytesPerSecond = Math.round(rate);
+  if (rate !== null && meter.bytes >= RATE_FROM_BYTES && sourceSums.size === 0)
+    ctx.copyBytesPerSecond = Math.round(rate);
 }
 
 /**
