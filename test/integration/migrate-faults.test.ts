@@ -1,3 +1,5 @@
+import { readFileSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
 import pg from 'pg';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { RUNNER_LOCK_TABLE, WORKERS_TABLE } from '../../src/fleet/locks.js';
@@ -111,6 +113,7 @@ describe('one shardctl runner per host', () => {
       '0005_photo_flags.sql',
       'ALTER TABLE photos ADD COLUMN flagged boolean NOT NULL DEFAULT false;\n',
     );
+    const waitingConfig = path.join(path.dirname(fleet.configFile), 'waiting.shardctl.yaml');
     // A worker of a dead run: its backend is still recorded, and alive, while it finishes a statement.
     const orphan = new pg.Client({ connectionString: db.urls[0]!, application_name: 'shardctl worker' });
     await orphan.connect();
@@ -138,8 +141,13 @@ describe('one shardctl runner per host', () => {
 
       // The orphan's statement ends while the next run waits: that run goes on. The orphan's
       // backend stays, idle: a backend that runs nothing (a dead client's, or one a pooler keeps
-      // for other clients) is no reason to wait.
-      const waiting = runCli(['migrate', '-c', fleet.configFile]);
+      // for other clients) is no reason to wait. That run waits up to 30 s, not 300 ms: the
+      // cancel below must land within its wait (a loaded machine once took longer than 300 ms).
+      writeFileSync(
+        waitingConfig,
+        readFileSync(fleet.configFile, 'utf8').replace('lockTimeout: 300ms', 'lockTimeout: 30s'),
+      );
+      const waiting = runCli(['migrate', '-c', waitingConfig]);
       await waitFor(
         'the run to hold the runner lock and wait for the worker',
         async () =>
