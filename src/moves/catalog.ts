@@ -312,15 +312,22 @@ export async function keyedTables(client: pg.Client, schemas: readonly string[])
 /** Which of the schemas $1 exist. */
 export const EXISTING_SCHEMAS_SQL = `SELECT nspname FROM pg_namespace WHERE nspname = ANY($1)`;
 
-/** The indexes of tables $1 that can be dropped and built again exactly from their definition (see dropIndexesForCopy in copy.ts). */
-export const REBUILDABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
+/**
+ * The indexes of tables $1 (quoted names) with their tables and the constraints owning them (primary
+ * key, unique, exclusion), qualified, and the definitions that build them again (RebuildableIndex,
+ * sql/copy.ts); the conditions of each list follow.
+ */
+const INDEXES_OF_TABLES = `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
             c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
        FROM pg_index i
        JOIN pg_class ic ON ic.oid = i.indexrelid
        JOIN pg_class t ON t.oid = i.indrelid
        JOIN pg_namespace n ON n.oid = t.relnamespace
        LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
-      WHERE t.oid = ANY($1::text[]::regclass[])
+      WHERE t.oid = ANY($1::text[]::regclass[])`;
+
+/** The indexes of tables $1 that can be dropped and built again exactly from their definition (see dropIndexesForCopy in copy.ts). */
+export const REBUILDABLE_INDEXES_SQL = `${INDEXES_OF_TABLES}
         AND pg_has_role(t.relowner, 'USAGE')
         AND i.indisvalid AND i.indisready AND i.indislive AND NOT i.indisreplident AND NOT i.indisclustered
         AND ic.reltablespace = 0
@@ -344,14 +351,7 @@ export const REBUILDABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.rel
  * chunked copy builds on the target after its last chunk (table-copy.ts); read on the target, what
  * it has.
  */
-export const TABLE_INDEXES_SQL = `SELECT format('%I.%I', n.nspname, ic.relname) AS index_name, format('%I.%I', n.nspname, t.relname) AS table_name,
-            c.conname, pg_get_indexdef(i.indexrelid) AS indexdef, CASE WHEN c.oid IS NOT NULL THEN pg_get_constraintdef(c.oid) END AS condef
-       FROM pg_index i
-       JOIN pg_class ic ON ic.oid = i.indexrelid
-       JOIN pg_class t ON t.oid = i.indrelid
-       JOIN pg_namespace n ON n.oid = ic.relnamespace
-       LEFT JOIN pg_constraint c ON c.conindid = i.indexrelid AND c.conrelid = i.indrelid AND c.contype IN ('p', 'u', 'x')
-      WHERE i.indrelid = ANY($1::text[]::regclass[])
+export const TABLE_INDEXES_SQL = `${INDEXES_OF_TABLES}
         AND NOT EXISTS (SELECT 1 FROM pg_inherits h WHERE h.inhrelid = i.indexrelid)
       ORDER BY i.indexrelid`;
 

@@ -5,7 +5,7 @@ import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { CopyMeter } from './copy-meter.js';
 import { BEGIN_COPY_SQL } from './sql/copy.js';
-import { HASH_SQL, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js';
+import { STABLE_TEXT_SETTINGS, sumsColumnsSql, type HashMethod } from './sql/verify.js';
 
 /**
  * The chunks of a move's online copy: a table of more than `chunkRows` estimated rows with a primary
@@ -265,7 +265,7 @@ export function chunkSumsSql(
   method: HashMethod,
 ): string {
   const bucket = chunkOfSql(key, keyType, bounds);
-  return `SELECT ${bucket} AS chunk, count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${table} t GROUP BY 1`;
+  return `SELECT ${bucket} AS chunk, ${sumsColumnsSql(method)} FROM ${table} t GROUP BY 1`;
 }
 
 /** The chunk a row's key falls in, of the chunks cut at `bounds` (literals cast to the key's type). */
@@ -325,11 +325,10 @@ export async function reconcileChunks(
     if (target.has(chunk.chunk)) cleared.push(chunk.chunk);
     toCopy.push(chunk.copied ? { ...chunk, copied: false, rows: null, bytes: null } : chunk);
   }
-  if (cleared.length > 0) {
-    // As a chunk's copy: the copy's transaction (its own writes are left out of the target's change
-    // log, copy-logs.ts), with the replica role where allowed.
-    await writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
-    try {
+  if (cleared.length > 0)
+    // As a chunk's copy, in the copy's transaction (its own writes are left out of the target's
+    // change log, copy-logs.ts).
+    await inCopyTransaction(writer, async () => {
       await writer.query(
         `DELETE FROM ${table} WHERE ${chunkOfSql(key, keyType, bounds)} = ANY(${quoteLiteral(`{${cleared.join(',')}}`)}::int[])`,
       );
@@ -337,12 +336,7 @@ export async function reconcileChunks(
         `UPDATE ${CONTROL}.move_chunks SET copied = false, rows = NULL, bytes = NULL WHERE move_id = $1 AND table_name = $2 AND chunk = ANY($3::int[])`,
         [moveId, table, cleared],
       );
-      await writer.query('COMMIT');
-    } catch (error) {
-      await writer.query('ROLLBACK').catch(() => undefined);
-      throw error;
-    }
-  }
+    });
   let rows = 0n;
   let checksum = 0n;
   for (const s of source.values()) {
@@ -354,9 +348,7 @@ export async function reconcileChunks(
 
 /** A table's count and checksum as `client` sees it (the reader: in the copy's snapshot). */
 export async function tableSums(client: pg.Client, table: string, method: HashMethod): Promise<Sums> {
-  const r = await client.query<{ rows: string; checksum: string }>(
-    `SELECT count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${table} t`,
-  );
+  const r = await client.query<{ rows: string; checksum: string }>(`SELECT ${sumsColumnsSql(method)} FROM ${table} t`);
   return r.rows[0]!;
 }
 
@@ -378,8 +370,7 @@ export async function copyChunk(
   binary: boolean,
   meter: CopyMeter,
 ): Promise<void> {
-  await writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
-  try {
+  await inCopyTransaction(writer, async () => {
     const out = reader.query(streams.to(chunkCopyOutSql(chunk.table, columns, chunk, binary)));
     const into = writer.query(streams.from(chunkCopyInSql(chunk.table, columns, binary)));
     const before = meter.streamed(chunk.table);
@@ -389,6 +380,23 @@ export async function copyChunk(
       `UPDATE ${CONTROL}.move_chunks SET copied = true, rows = $4, bytes = $5 WHERE move_id = $1 AND table_name = $2 AND chunk = $3`,
       [moveId, chunk.table, chunk.chunk, into.rowCount, meter.streamed(chunk.table) - before],
     );
+  });
+}
+
+/**
+ * Begins the copy's transaction on the target (BEGIN_COPY_SQL), with the replica role where the
+ * session may take it: refused without superuser, the savepoint undoes the failed SET and the
+ * transaction goes on without it.
+ */
+export async function beginCopy(writer: pg.Client): Promise<void> {
+  await writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role'));
+}
+
+/** `fn` in the copy's transaction on the target (beginCopy), committed, or rolled back if it fails. */
+async function inCopyTransaction(writer: pg.Client, fn: () => Promise<void>): Promise<void> {
+  await beginCopy(writer);
+  try {
+    await fn();
     await writer.query('COMMIT');
   } catch (error) {
     await writer.query('ROLLBACK').catch(() => undefined);

@@ -8,7 +8,6 @@ import { describePgError } from '../fleet/connect.js';
 import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { errorHost } from '../fleet/session.js';
 import {
-  BEGIN_COPY_SQL,
   nonEmptyTablesSql,
   truncateSql,
   copyOutSql,
@@ -34,6 +33,7 @@ import { allPageless } from './pageless.js';
 import { BLOCK_CHUNKS_FROM, planBlockChunks } from './block-chunks.js';
 import { type CopyLogs } from './copy-logs.js';
 import {
+  beginCopy,
   BLOCK_KEY,
   CHUNK_TEXT_SETTINGS,
   copyChunk,
@@ -370,10 +370,7 @@ async function copyShard(
   // The writer's transaction, with the replica role (refused without superuser: the savepoint undoes
   // the failed SET and the copy goes on without it); meanwhile the reader finds which tables hold
   // rows in its snapshot. An empty one is not copied: two COPY round trips saved, ~5 ms a table.
-  const [onSource] = await Promise.all([
-    filledTables(reader, maybeFilled),
-    writer.query(BEGIN_COPY_SQL).catch(() => writer.query('ROLLBACK TO SAVEPOINT replica_role')),
-  ]);
+  const [onSource] = await Promise.all([filledTables(reader, maybeFilled), beginCopy(writer)]);
   // Only tables holding rows (seeded by a migration, or a copy redone) are truncated: a TRUNCATE
   // creates and later unlinks new files for the table and each index, ~3 ms a table.
   const truncate = await filledTables(writer, names);

@@ -77,6 +77,11 @@ export function hashProbeSql(types: readonly string[]): Sql {
 /** The names format_type gives built-in types: `bigint`, `timestamp with time zone`, `"char"`, `integer[]`. */
 export const BUILT_IN_TYPE_NAME = /^(?:[a-z][a-z0-9_ ]*|"char")(?:\[\])*$/;
 
+/** The count and checksum of the rows a query reads (its table aliased t), by `method`: columns rows and checksum, as text. */
+export function sumsColumnsSql(method: HashMethod): Sql {
+  return sql`count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum`;
+}
+
 /** One table's count and checksum: every row, or only the rows whose key is in a JSON array of keys. */
 export interface ChecksumSql {
   readonly table: TableName;
@@ -89,7 +94,7 @@ export function checksumsSql(queries: readonly ChecksumSql[]): { sql: Sql; param
   const params: string[] = [];
   const selects = queries.map(({ table: t, method, keys }, i) => {
     const where = keys ? sql` WHERE ${keyFilterSql(keys.keyed, sql`$${int(params.push(keys.json))}`)}` : EMPTY;
-    return sql`SELECT ${int(i)} AS i, count(*)::text AS rows, coalesce(sum(${HASH_SQL[method]}), 0)::text AS checksum FROM ${qualified(t.schema, t.table)} t${where}`;
+    return sql`SELECT ${int(i)} AS i, ${sumsColumnsSql(method)} FROM ${qualified(t.schema, t.table)} t${where}`;
   });
   const text = list(selects, '\nUNION ALL ');
   return { sql: sql`${text}\nORDER BY 1`, params };
