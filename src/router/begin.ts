@@ -20,7 +20,8 @@ import pg from 'pg';
  * `(client) => client.query(…)` does) and started no other query: then that query is all of fn's
  * work, and fn's value is its result. The write is held back to the end of the current tick (a microtask) to see what fn
  * returned; nothing else can be sent on the connection meanwhile, because the query is the
- * connection's active one. The whole call is then one round trip, like a plain pool's autocommit
+ * connection's active one. A transaction that is one round trip leaves out the start's statements
+ * only an open transaction needs (`SET LOCAL idle_in_transaction_session_timeout`: TransactionStart.oneTrip). The whole call is then one round trip, like a plain pool's autocommit
  * statement, and still one transaction with the shard's search_path. A query fn starts after that
  * (say, from a `.then` it did not return) would run after the commit, so it is refused.
  *
@@ -39,7 +40,7 @@ import pg from 'pg';
 /**
  * The node-postgres releases this file is tested with. FirstQuery below extends pg's Query and
  * uses members that are not pg's public API (`submit`, `_getRows`, `handleCommandComplete`,
- * `handleEmptyQuery`, `handleDataRow`, the connection's `execute` and stream); a release that changes them must not
+ * `handleEmptyQuery`, `handleDataRow`, the connection's `execute`, `_send` and stream); a release that changes them must not
  * break routed calls. So at load they are checked: when one is missing, or pg's major is not the
  * tested one, every transaction starts the plain way (`BEGIN; SET LOCAL …` as a query of its own:
  * one more round trip per call, nothing else changes) and a warning says so, once.
@@ -52,6 +53,7 @@ export type PipelineSupport = { readonly ok: true } | { readonly ok: false; read
 export function checkPgInternals(
   query: unknown = pg.Query,
   version: string | undefined = pgVersion(),
+  connection: unknown = (pg as unknown as { Connection?: unknown }).Connection,
 ): PipelineSupport {
   if (version !== undefined && !/^8\./.test(version))
     return { ok: false, reason: `pg ${version} is outside the tested range ${PG_TESTED_RANGE}` };
@@ -60,6 +62,8 @@ export function checkPgInternals(
     (name) => typeof proto?.[name] !== 'function',
   );
   if (missing.length > 0) return { ok: false, reason: `pg's Query has no ${missing.join(', ')}` };
+  const connectionProto = (connection as { prototype?: Record<string, unknown> } | undefined)?.prototype;
+  if (typeof connectionProto?._send !== 'function') return { ok: false, reason: "pg's Connection has no _send" };
   return { ok: true };
 }
 
@@ -256,20 +260,40 @@ function send(connection: WireConnection, bytes: Buffer): void {
   if (connection.stream.writable) connection.stream.write(bytes);
 }
 
+/** A statement that starts a transaction; `openOnly`: needed only by a transaction left open between round trips. */
+export interface StartStatement {
+  readonly sql: string;
+  /**
+   * Left out when the transaction is one round trip (its COMMIT goes in the same write): e.g.
+   * `SET LOCAL idle_in_transaction_session_timeout`, whose timer the server arms only when it
+   * waits for the client inside a transaction, which such a transaction never does.
+   */
+  readonly openOnly?: boolean;
+}
+
 /**
  * The statements that start a shard's transaction (e.g. `BEGIN` and `SET LOCAL search_path TO
- * "insta5"`), as one simple-query text and as the Parse/Bind/Execute messages of each. Built once
- * per shard by the router, not on every call.
+ * "insta5"`), as one simple-query text and as the Parse/Bind/Execute messages of each; `oneTrip`,
+ * the same without the statements only an open transaction needs. Built once per shard by the
+ * router, not on every call.
  */
 export class TransactionStart {
   readonly text: string;
   readonly messages: Buffer;
   readonly statements: number;
+  readonly oneTrip: { readonly messages: Buffer; readonly statements: number };
 
-  constructor(statements: readonly string[]) {
-    this.text = statements.join('; ');
-    this.messages = Buffer.concat(statements.map(statementMessages));
-    this.statements = statements.length;
+  constructor(statements: readonly (string | StartStatement)[]) {
+    const all = statements.map((s) => (typeof s === 'string' ? { sql: s } : s));
+    this.text = all.map((s) => s.sql).join('; ');
+    const messages = all.map((s) => statementMessages(s.sql));
+    this.messages = Buffer.concat(messages);
+    this.statements = all.length;
+    const kept = messages.filter((_, i) => all[i]?.openOnly !== true);
+    this.oneTrip =
+      kept.length === messages.length
+        ? { messages: this.messages, statements: this.statements }
+        : { messages: Buffer.concat(kept), statements: kept.length };
   }
 }
 
@@ -347,7 +371,8 @@ const BaseQuery = pg.Query as unknown as new (config: string | pg.QueryConfig, v
 
 /** fn's first query: the statements that start the transaction ahead of it, maybe COMMIT after it. */
 class FirstQuery extends BaseQuery {
-  private skip: number;
+  /** Results of the start's statements still to come (not fn's), set when the messages are written. */
+  private skip = 0;
   private mainDone = false;
   private executed = false;
   /** A COMMIT was written after the query. */
@@ -366,31 +391,39 @@ class FirstQuery extends BaseQuery {
     private readonly readsWriteLsn = false,
   ) {
     super(config, values);
-    this.skip = start.statements;
   }
 
   override submit(connection: WireConnection): Error | null | void {
-    // Held (corked) until the end of the tick, when fn has returned: then COMMIT or not, and Sync.
-    connection.stream.cork?.();
-    send(connection, this.start.messages);
-    // pg's own Query writes Parse/Bind/Describe/Execute (and, through _getRows below, not Sync). It
-    // could refuse its config before writing (no text, values not an array, a name reused):
-    // pipelinable() lets none of those here. If binding a value throws, it writes Close and Sync
-    // itself and fails the query; then nothing is added below.
-    const error = super.submit(connection);
+    // pg's own Query writes Parse/Bind/Describe/Execute (and, through _getRows below, not Sync) to
+    // the connection's stream: here into `captured`, the stream being swapped for the call. All of
+    // it goes out at the end of the tick, when fn has returned: only then is it known whether the
+    // COMMIT goes with the query, and so whether the start's open-only statements
+    // (TransactionStart.oneTrip) are needed. pg's Query could refuse its config before writing (no
+    // text, values not an array, a name reused): pipelinable() lets none of those here. If binding
+    // a value throws, it writes Close and Sync itself (captured too) and fails the query; then
+    // nothing is added below but the start ahead of them.
+    const stream = connection.stream;
+    const captured: Buffer[] = [];
+    connection.stream = {
+      writable: true,
+      write: (bytes: Buffer) => captured.push(bytes) > 0,
+    };
+    let error: Error | null | void;
+    try {
+      error = super.submit(connection);
+    } finally {
+      connection.stream = stream;
+    }
     queueMicrotask(() => {
-      try {
-        if (this.executed) {
-          if (this.alone()) {
-            send(connection, this.readsWriteLsn ? COMMIT_LSN_SYNC : COMMIT_SYNC);
-            this.commitSent = true;
-          } else {
-            send(connection, SYNC);
-          }
-        }
-      } finally {
-        connection.stream.uncork?.();
-      }
+      const alone = this.executed && this.alone();
+      const start = alone ? this.start.oneTrip : this.start;
+      this.skip = start.statements;
+      stream.cork?.();
+      send(connection, start.messages);
+      for (const bytes of captured) send(connection, bytes);
+      if (this.executed) send(connection, alone ? (this.readsWriteLsn ? COMMIT_LSN_SYNC : COMMIT_SYNC) : SYNC);
+      this.commitSent = alone;
+      stream.uncork?.();
     });
     return error;
   }

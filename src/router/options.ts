@@ -7,13 +7,23 @@ export interface ShardRouterOptions {
   /** Connections per host (the pg.Pool's max). Default 10. */
   poolSize?: number;
   /**
-   * statement_timeout of every routed statement, in ms; 0 or unset: the server's setting. Set per
-   * transaction (`SET LOCAL`, in the same round trip as BEGIN), not as a connection's startup
-   * parameter, so it holds through a transaction pooler (PgBouncer refuses a startup
-   * statement_timeout, or drops it with ignore_startup_parameters) and never outlives the call.
+   * statement_timeout of every routed statement, in ms; 0 or unset: the server's setting. Never
+   * outlives the router's own connections, and holds through a transaction pooler:
+   * - a host whose url is the server itself (no `directUrl` beside it): a startup parameter of each
+   *   of the router's connections to it, checked once when it connects, so the transactions need
+   *   no statement for it; a connection whose session turns out not to have it (a pooler in front
+   *   that drops it, `ignore_startup_parameters`) sets it per transaction, and an address that
+   *   refuses it (PgBouncer: "unsupported startup parameter") is connected to again without it;
+   * - a host whose url goes through a pooler (`directUrl` set): per transaction (`SET LOCAL`, in the
+   *   same round trip as BEGIN), since a session setting would reach the pooler's other clients.
+   * A session-level `SET statement_timeout` that fn runs itself stays on that connection.
    */
   statementTimeoutMs?: number;
-  /** idle_in_transaction_session_timeout of every routed transaction, in ms (per transaction, as above); unset: the server's setting. */
+  /**
+   * idle_in_transaction_session_timeout of every routed transaction, in ms, as statementTimeoutMs;
+   * unset: the server's setting. Per transaction it is left out of a call that is one round trip
+   * (fn's only query, with its COMMIT in the same write), which never waits inside a transaction.
+   */
   idleInTransactionTimeoutMs?: number;
   /**
    * Shown in pg_stat_activity. Default 'shardctl-router'. A startup parameter: PgBouncer passes it

@@ -10,6 +10,36 @@ import type { CallTrace } from './diagnostics.js';
 import { FAILOVER_RETRY_MS, HostAddressBook, isHostDown } from './failover.js';
 import type { RouterSettings } from './options.js';
 
+/** The router's timeouts as pg's client options (sent as startup parameters). */
+type SessionTimeouts = { statement_timeout?: number; idle_in_transaction_session_timeout?: number };
+
+/** Marks a pooled connection whose session has the router's timeouts (markSessionTimeouts). */
+const SESSION_TIMEOUTS = Symbol('shardctl.sessionTimeouts');
+
+/** Whether the connection's session has the router's timeouts, so its transactions need not set them. */
+export function hasSessionTimeouts(client: pg.ClientBase): boolean {
+  return (client as unknown as { [SESSION_TIMEOUTS]?: boolean })[SESSION_TIMEOUTS] === true;
+}
+
+/**
+ * When a connection asked for the timeouts as startup parameters, whether its session has them
+ * (a pooler may have dropped them): marked when every one is there, else its transactions set them.
+ */
+async function markSessionTimeouts(client: pg.ClientBase, wanted: SessionTimeouts): Promise<void> {
+  try {
+    const { rows } = await client.query<{ name: string; setting: string }>(
+      'SELECT name, setting FROM pg_catalog.pg_settings WHERE name = ANY($1::text[])',
+      [Object.keys(wanted)],
+    );
+    const ok = Object.entries(wanted).every(([name, ms]) =>
+      rows.some((r) => r.name === name && r.setting === String(ms)),
+    );
+    if (ok) (client as unknown as { [SESSION_TIMEOUTS]?: boolean })[SESSION_TIMEOUTS] = true;
+  } catch {
+    // Left unmarked: its transactions set the timeouts themselves (a lost connection fails the call).
+  }
+}
+
 /**
  * The router's connections to the hosts' primaries: one pg.Pool per host, made on first use for the
  * address of the host that is its primary now (failover.ts's HostAddressBook), ended when the host
@@ -17,8 +47,13 @@ import type { RouterSettings } from './options.js';
  * failover symptom, shared by the calls that meet it.
  */
 export class HostPools {
-  /** Per host: its pool, the host URL it was made for and the one address it connects to. */
-  private readonly pools = new Map<string, { url: string; address: string; pool: pg.Pool }>();
+  /**
+   * Per host: its pool, the host URL it was made for, the one address it connects to, and whether
+   * its connections ask for the router's timeouts as startup parameters.
+   */
+  private readonly pools = new Map<string, { url: string; address: string; pool: pg.Pool; startup: boolean }>();
+  /** Hosts whose address refused the timeouts as startup parameters (a pooler the config did not declare). */
+  private readonly refusesStartupTimeouts = new Set<string>();
   /** Which address of each host is its primary now; found again after a failover (failover.ts). */
   private readonly addresses: HostAddressBook;
   /** Per host, the search for its new primary that calls meeting a failover wait on. */
@@ -54,12 +89,19 @@ export class HostPools {
     }
   }
 
+  /** The host's pool when it is there and current (the common case, without a wait), else undefined. */
+  private ready(host: HostConfig): pg.Pool | undefined {
+    const existing = this.pools.get(host.name);
+    return existing && !this.closed && existing.url === host.url && this.addresses.known(host)?.url === existing.address
+      ? existing.pool
+      : undefined;
+  }
+
   /** The host's pool, made (or made again for a new primary address) when needed. */
   async pool(host: HostConfig): Promise<pg.Pool> {
     if (this.closed) throw new Error('the ShardRouter is closed');
-    const existing = this.pools.get(host.name);
-    if (existing && existing.url === host.url && this.addresses.known(host)?.url === existing.address)
-      return existing.pool;
+    const existing = this.ready(host);
+    if (existing) return existing;
     const address = (await this.addresses.resolve(host)).url;
     if (this.closed) throw new Error('the ShardRouter is closed');
     const current = this.pools.get(host.name);
@@ -67,6 +109,7 @@ export class HostPools {
     if (current) this.end(host.name);
     registerUrlSecret(host.url);
     registerUrlSecret(address);
+    const startup = this.startupTimeouts(host);
     const pool = new pg.Pool({
       connectionString: libpqCompatible(address),
       max: this.settings.poolSize,
@@ -77,6 +120,11 @@ export class HostPools {
       // pg.Pool counts both in its own units: whole seconds, and 0 / Infinity for none.
       maxLifetimeSeconds: Math.ceil(this.settings.maxConnectionLifetimeMs / 1000),
       maxUses: this.settings.maxConnectionUses || Infinity,
+      // pg-pool (3.13 and later; pg 8.23 needs 3.14) waits for onConnect's promise before it hands
+      // the connection out; its types say void. An older pg-pool does not call it: no connection is
+      // marked, and every transaction sets the timeouts itself.
+      // eslint-disable-next-line @typescript-eslint/no-misused-promises
+      ...(startup ? { ...startup, onConnect: (client: pg.ClientBase) => markSessionTimeouts(client, startup) } : {}),
     });
     // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
     // application. The pool drops that connection and the next checkout opens a new one.
@@ -85,18 +133,50 @@ export class HostPools {
     // (the address this pool goes to is the one probed).
     const watched = address === host.url ? host : { ...host, url: address };
     pool.on('connect', (client) => watchSilence(client, watched));
-    this.pools.set(host.name, { url: host.url, address, pool });
+    this.pools.set(host.name, { url: host.url, address, pool, startup: startup !== undefined });
     return pool;
+  }
+
+  /**
+   * The router's timeouts as startup parameters, for a host whose url is the server itself (no
+   * directUrl beside it): then each connection's session carries them, checked when it connects
+   * (markSessionTimeouts), and its transactions need no SET LOCAL for them: two statements fewer
+   * per call. A connection the check does not confirm (a pooler in front that drops the parameters:
+   * ignore_startup_parameters) sets them per transaction, as does every connection of a host whose
+   * url goes through a pooler (directUrl set) or whose address refused them (refusedStartup).
+   */
+  private startupTimeouts(host: HostConfig): SessionTimeouts | undefined {
+    if (host.url !== host.directUrl || this.refusesStartupTimeouts.has(host.name)) return undefined;
+    const { statementTimeoutMs, idleInTransactionTimeoutMs } = this.settings;
+    if (!statementTimeoutMs && !idleInTransactionTimeoutMs) return undefined;
+    return {
+      ...(statementTimeoutMs ? { statement_timeout: statementTimeoutMs } : {}),
+      ...(idleInTransactionTimeoutMs ? { idle_in_transaction_session_timeout: idleInTransactionTimeoutMs } : {}),
+    };
+  }
+
+  /**
+   * A pooler the config does not declare (PgBouncer refuses a startup statement_timeout): the
+   * host's pools go without the startup parameters from now on, and the call connects again.
+   */
+  private refusedStartup(host: HostConfig, error: unknown): boolean {
+    const entry = this.pools.get(host.name);
+    if (!entry?.startup || !/unsupported startup parameter/i.test(error instanceof Error ? error.message : ''))
+      return false;
+    this.refusesStartupTimeouts.add(host.name);
+    this.end(host.name);
+    return true;
   }
 
   /** A pooled connection of `host`; failing names the host and the shard. */
   async connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
-      const client = await (await this.pool(host)).connect();
+      const client = await (this.ready(host) ?? (await this.pool(host))).connect();
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {
+      if (this.refusedStartup(host, error)) return this.connect(host, shard, trace);
       throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
         shard,
         code: 'HOST_UNREACHABLE',

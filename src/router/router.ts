@@ -236,8 +236,14 @@ export class ShardRouter {
   }
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
-  async withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return this.withShard(this.shardForKey(key), fn, options);
+  withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    let shard: number;
+    try {
+      shard = this.shardForKey(key);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
+    return this.withShard(shard, fn, options);
   }
 
   /** The shard an id carries (e.g. a photo id made by that shard's next_id()). */
@@ -366,7 +372,8 @@ export class ShardRouter {
       withConnection: (host, shard, work, via, trace) =>
         withConnection(via ? () => via.checkout() : () => this.pools.connect(host, shard, trace), work),
       counted: (host, ok) => this.diagnostics.ended(host, ok),
-      transactionStart: (shard, readOnly) => this.starts.transactionStart(shard, readOnly),
+      transactionStart: (shard, readOnly, sessionTimeouts) =>
+        this.starts.transactionStart(shard, readOnly, sessionTimeouts),
       wrote: (host, lsn) => this.wrote(host, lsn),
     };
     return paths;

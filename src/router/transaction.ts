@@ -2,7 +2,8 @@ import type pg from 'pg';
 import { shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { quoteIdent } from '../pg/quote.js';
-import { DeferredBegin, TransactionStart, WRITE_LSN_SQL } from './begin.js';
+import { DeferredBegin, TransactionStart, WRITE_LSN_SQL, type StartStatement } from './begin.js';
+import { hasSessionTimeouts } from './pools.js';
 import { replicaCheckSql } from './replicas.js';
 import { CommitUnknownError, isConnectionLoss } from './failover.js';
 import type { RouterSettings } from './options.js';
@@ -19,10 +20,8 @@ const MAX_REPLICA_STARTS = 65_536;
 
 /** Per shard, the statements that start its transaction (read-write, read-only), for one map: a reload makes new ones. */
 export class TransactionStarts {
-  private readonly starts: [Map<number, TransactionStart>, Map<number, TransactionStart>] = [
-    new Map<number, TransactionStart>(),
-    new Map<number, TransactionStart>(),
-  ];
+  /** By kind (read-write, read-only; each with and without the timeouts' SET LOCALs), per shard. */
+  private readonly starts = Array.from({ length: 4 }, () => new Map<number, TransactionStart>());
 
   /** Replica reads' starts (replicaStart), by shard and bound. */
   private readonly replicaStarts = new Map<string, TransactionStart>();
@@ -36,12 +35,14 @@ export class TransactionStarts {
    * BEGIN [READ ONLY], the shard's search_path and the router's timeouts, built once per shard and
    * map. Everything is transaction-local: a pooled server connection (the router's own, or
    * PgBouncer's shared by other clients) is left with the server's settings when the call ends.
+   * `sessionTimeouts`: the connection's session already has the router's timeouts (startup
+   * parameters of a connection straight to the server, checked: pools.ts), so they are not set again.
    */
-  transactionStart(shard: number, readOnly: boolean): TransactionStart {
-    const cache = this.starts[readOnly ? 1 : 0];
+  transactionStart(shard: number, readOnly: boolean, sessionTimeouts = false): TransactionStart {
+    const cache = this.starts[(readOnly ? 1 : 0) + (sessionTimeouts ? 2 : 0)]!;
     let start = cache.get(shard);
     if (!start) {
-      start = new TransactionStart(this.startStatements(shard, readOnly));
+      start = new TransactionStart(this.startStatements(shard, readOnly, sessionTimeouts));
       cache.set(shard, start);
     }
     return start;
@@ -65,14 +66,18 @@ export class TransactionStarts {
     return start;
   }
 
-  startStatements(shard: number, readOnly: boolean): string[] {
-    const { statementTimeoutMs, idleInTransactionTimeoutMs } = this.options;
+  /**
+   * The start's statements. idle_in_transaction_session_timeout is open-only: a transaction that is
+   * one round trip (its COMMIT in the same write) never waits for the client, so it is left out there.
+   */
+  startStatements(shard: number, readOnly: boolean, sessionTimeouts = false): StartStatement[] {
+    const { statementTimeoutMs, idleInTransactionTimeoutMs } = sessionTimeouts ? {} : this.options;
     return [
-      `BEGIN${readOnly ? ' READ ONLY' : ''}`,
-      `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`,
-      ...(statementTimeoutMs ? [`SET LOCAL statement_timeout = ${statementTimeoutMs}`] : []),
+      { sql: `BEGIN${readOnly ? ' READ ONLY' : ''}` },
+      { sql: `SET LOCAL search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}` },
+      ...(statementTimeoutMs ? [{ sql: `SET LOCAL statement_timeout = ${statementTimeoutMs}` }] : []),
       ...(idleInTransactionTimeoutMs
-        ? [`SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`]
+        ? [{ sql: `SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`, openOnly: true }]
         : []),
     ];
   }
@@ -106,7 +111,7 @@ export async function attempt<T>(
       // fn returns that query's promise (DeferredBegin).
       const begin = new DeferredBegin(
         client,
-        via ? via.start(shard) : paths.transactionStart(shard, readOnly),
+        via ? via.start(shard) : paths.transactionStart(shard, readOnly, hasSessionTimeouts(client)),
         tracking,
       );
       let value: T;

@@ -107,7 +107,7 @@ export interface RouterInternals {
   ): Promise<T>;
   /** Counts a round trip of several shards in router.stats(). */
   counted(host: string, ok: boolean): void;
-  transactionStart(shard: number, readOnly: boolean): TransactionStart;
+  transactionStart(shard: number, readOnly: boolean, sessionTimeouts?: boolean): TransactionStart;
   /** Keeps where the WAL ended after a committed write on the host (settings.trackWriteLsn). */
   wrote(host: string, lsn: string | undefined): void;
 }

@@ -186,65 +186,107 @@ describe('behind PgBouncer in transaction mode', () => {
     }
   });
 
-  it("the router's statementTimeoutMs and idleInTransactionTimeoutMs hold per transaction through the pooler, and leave nothing behind", async () => {
-    const pooled = dbRouter.urls.map((url, i) => poolers[i]!.url(url));
-    // init directly, then the application's config through the poolers (same hosts, same fleet).
+  it("the router's statementTimeoutMs and idleInTransactionTimeoutMs hold per transaction through a pooler the config does not declare (one that refuses them as startup parameters, one that drops them), and leave nothing behind", async () => {
+    // init directly, then the application's config through the poolers (same hosts, same fleet),
+    // without directUrl: the router asks for the timeouts as startup parameters, as for a server.
     const fleet = makeFleet({ urls: dbRouter.urls, shards: 8, schemaPrefix: 'pr', migrations: PHOTOS_ONLY });
     expect((await init(await fleet.config())).ok).toBe(true);
-    const configText = (await import('node:fs')).readFileSync(fleet.configFile, 'utf8');
-    const pooledFile = join(fleet.dir, 'pooled.yaml');
-    writeFileSync(
-      pooledFile,
-      dbRouter.urls.reduce((text, url, i) => text.replace(url, pooled[i]!), configText),
-    );
-    expect((await loadConfig(pooledFile)).hosts.map((h) => h.url)).toEqual(pooled);
-
-    const router = await ShardRouter.open(pooledFile, {
-      statementTimeoutMs: 1000,
-      idleInTransactionTimeoutMs: 5000,
-      poolSize: 8,
-    });
-    try {
-      let failed = 0;
-      await Promise.all(
-        Array.from({ length: 8 }, async (_, caller) => {
-          for (let i = 0; i < 25; i++) {
-            await router
-              .withKey(BigInt(caller * 100 + i), (client) =>
-                client.query(`INSERT INTO photos (user_id, image_url) VALUES ($1, 'x')`, [String(caller * 100 + i)]),
-              )
-              .catch(() => (failed += 1));
-          }
+    const configText = readFileSync(fleet.configFile, 'utf8');
+    // PgBouncer 1.18 refuses a startup statement_timeout ("unsupported startup parameter"); with
+    // ignore_startup_parameters it drops it silently.
+    const dropping = await Promise.all(
+      dbRouter.urls.map((url) =>
+        startPgBouncer(url, {
+          poolSize: 4,
+          ignoreStartupParameters: ['statement_timeout', 'idle_in_transaction_session_timeout'],
         }),
-      );
-      expect(failed).toBe(0);
-      // A statement past the timeout is cancelled by the server, as it is without the pooler.
-      const started = Date.now();
-      const error = await router
-        .withShard(0, (client) => client.query('SELECT pg_sleep(3)'))
-        .then(
-          () => null,
-          (e: unknown) => e as { code?: string },
+      ),
+    );
+    try {
+      for (const [kind, front] of [
+        ['refusing', poolers],
+        ['dropping', dropping],
+      ] as const) {
+        const pooled = dbRouter.urls.map((url, i) => front[i]!.url(url));
+        const pooledFile = join(fleet.dir, `pooled-${kind}.yaml`);
+        writeFileSync(
+          pooledFile,
+          dbRouter.urls.reduce((text, url, i) => text.replace(url, pooled[i]!), configText),
         );
-      expect(error?.code).toBe('57014');
-      expect(Date.now() - started).toBeLessThan(2500);
-      // Inside the transaction the settings are there; the fan-out's framing counts them.
-      const seen = await router.withShard(1, async (client) => {
-        const r = await client.query<{ s: string; i: string }>(
-          `SELECT current_setting('statement_timeout') AS s, current_setting('idle_in_transaction_session_timeout') AS i`,
+        expect((await loadConfig(pooledFile)).hosts.map((h) => [h.url, h.directUrl])).toEqual(
+          pooled.map((url) => [url, url]),
         );
-        return r.rows[0]!;
-      });
-      expect(seen).toEqual({ s: '1s', i: '5s' });
-      const counts = await router.queryEachShard<{ n: string }>('SELECT count(*) AS n FROM photos', {
-        readOnly: true,
-        shardsPerQuery: 4,
-      });
-      expect(counts.reduce((sum, r) => sum + Number(r.value.rows[0]!.n), 0)).toBe(200);
+        const router = await ShardRouter.open(pooledFile, {
+          statementTimeoutMs: 1000,
+          idleInTransactionTimeoutMs: 5000,
+          poolSize: 8,
+        });
+        try {
+          let failed = 0;
+          await Promise.all(
+            Array.from({ length: 8 }, async (_, caller) => {
+              for (let i = 0; i < 25; i++) {
+                await router
+                  .withKey(BigInt(caller * 100 + i), (client) =>
+                    client.query(`INSERT INTO photos (user_id, image_url) VALUES ($1, 'x')`, [
+                      String(caller * 100 + i),
+                    ]),
+                  )
+                  .catch(() => (failed += 1));
+              }
+            }),
+          );
+          expect({ kind, failed }).toEqual({ kind, failed: 0 });
+          // A statement past the timeout is cancelled by the server, as it is without the pooler.
+          const started = Date.now();
+          const error = await router
+            .withShard(0, (client) => client.query('SELECT pg_sleep(3)'))
+            .then(
+              () => null,
+              (e: unknown) => e as { code?: string },
+            );
+          expect({ kind, code: error?.code }).toEqual({ kind, code: '57014' });
+          expect(Date.now() - started).toBeLessThan(2500);
+          // Inside the transaction the settings are there, set by the transaction itself (source
+          // 'session': SET LOCAL), not by the connection's startup (source 'client'); the fan-out's
+          // framing counts them.
+          const seen = await router.withShard(1, async (client) => {
+            const r = await client.query<{ name: string; setting: string; source: string }>(
+              `SELECT name, current_setting(name) AS setting, source FROM pg_settings
+                WHERE name IN ('statement_timeout', 'idle_in_transaction_session_timeout') ORDER BY name`,
+            );
+            return r.rows;
+          });
+          expect({ kind, seen }).toEqual({
+            kind,
+            seen: [
+              { name: 'idle_in_transaction_session_timeout', setting: '5s', source: 'session' },
+              { name: 'statement_timeout', setting: '1s', source: 'session' },
+            ],
+          });
+          // A call that is one round trip (fn's only query, with parameters, its COMMIT in the same
+          // write) never waits inside its transaction: the idle timeout is not set for it, the
+          // statement's is.
+          const oneTrip = await router.withShard(1, (client) =>
+            client.query<{ s: string; i: string }>('SELECT current_setting($1) AS s, current_setting($2) AS i', [
+              'statement_timeout',
+              'idle_in_transaction_session_timeout',
+            ]),
+          );
+          expect({ kind, settings: oneTrip.rows[0] }).toEqual({ kind, settings: { s: '1s', i: '0' } });
+          const counts = await router.queryEachShard<{ n: string }>('SELECT count(*) AS n FROM photos', {
+            readOnly: true,
+            shardsPerQuery: 4,
+          });
+          expect(counts.reduce((sum, r) => sum + Number(r.value.rows[0]!.n), 0)).toBe(kind === 'refusing' ? 200 : 400);
+        } finally {
+          await router.close();
+        }
+        await expectCleanPools(dbRouter.urls, front, `the router through the ${kind} pooler`);
+      }
     } finally {
-      await router.close();
+      await Promise.all(dropping.map((p) => p.stop()));
     }
-    await expectCleanPools(dbRouter.urls, poolers, 'the router');
   });
 
   it('an online move of a fleet whose url goes through the pooler connects to directUrl, and leaves the pooled connections clean', async () => {

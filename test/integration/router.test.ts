@@ -109,12 +109,23 @@ describe('ShardRouter', () => {
         }),
       ).rejects.toThrow('changed my mind');
       const seen = await router.withShard(3, async (client) => {
-        const r = await client.query<{ path: string; app: string; timeout: string }>(
-          `select current_setting('search_path') as path, current_setting('application_name') as app, current_setting('statement_timeout') as timeout`,
+        const r = await client.query<{ path: string; app: string; timeout: string; source: string }>(
+          `select current_setting('search_path') as path, current_setting('application_name') as app, current_setting('statement_timeout') as timeout,
+             (select source from pg_settings where name = 'statement_timeout') as source`,
         );
         return r.rows[0];
       });
-      expect(seen).toEqual({ path: 'rb3', app: 'router-rb-test', timeout: '1234ms' });
+      // Straight to the server (no directUrl beside url): the timeout is the connection's startup
+      // parameter (source 'client'), not a statement of each transaction.
+      expect(seen).toEqual({ path: 'rb3', app: 'router-rb-test', timeout: '1234ms', source: 'client' });
+      // And it is enforced.
+      const cancelled = await router
+        .withShard(1, (client) => client.query('select pg_sleep(3)'))
+        .then(
+          () => null,
+          (e: { code?: string }) => e.code,
+        );
+      expect(cancelled).toBe('57014');
       // The same connection, next call, another shard: its own schema, not the previous one's.
       await router.withShard(0, (client) => client.query(`insert into photos (user_id, image_url) values (0, 'zero')`));
       await withClient(db.urls[0]!, async (c) => {

@@ -41,6 +41,31 @@ describe('statementMessages (BEGIN, SET LOCAL and COMMIT sent with fn’s query)
         Buffer.concat([pgWrites('BEGIN READ ONLY'), pgWrites('SET LOCAL search_path TO "insta7"')]),
       ),
     ).toBe(true);
+    // Nothing open-only: a one-trip transaction sends the same.
+    expect(start.oneTrip).toEqual({ messages: start.messages, statements: 2 });
+  });
+
+  it('TransactionStart.oneTrip leaves out the open-only statements (the idle timeout), in order otherwise', () => {
+    const start = new TransactionStart([
+      'BEGIN',
+      'SET LOCAL search_path TO "insta7"',
+      { sql: 'SET LOCAL idle_in_transaction_session_timeout = 5000', openOnly: true },
+      'SELECT 1 WHERE false',
+    ]);
+    expect(start.statements).toBe(4);
+    expect(start.text).toBe(
+      'BEGIN; SET LOCAL search_path TO "insta7"; SET LOCAL idle_in_transaction_session_timeout = 5000; SELECT 1 WHERE false',
+    );
+    expect(start.oneTrip.statements).toBe(3);
+    expect(
+      start.oneTrip.messages.equals(
+        Buffer.concat([
+          pgWrites('BEGIN'),
+          pgWrites('SET LOCAL search_path TO "insta7"'),
+          pgWrites('SELECT 1 WHERE false'),
+        ]),
+      ),
+    ).toBe(true);
   });
 });
 
@@ -57,6 +82,10 @@ describe('the pg internals FirstQuery relies on', () => {
     expect(checkPgInternals(Partial, '8.23.1')).toEqual({
       ok: false,
       reason: "pg's Query has no _getRows, handleEmptyQuery, handleDataRow",
+    });
+    expect(checkPgInternals(pg.Query, '8.23.1', class {})).toEqual({
+      ok: false,
+      reason: "pg's Connection has no _send",
     });
     expect(checkPgInternals(pg.Query, '9.0.0')).toEqual({
       ok: false,
