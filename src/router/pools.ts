@@ -160,23 +160,25 @@ export class HostPools {
    * host's pools go without the startup parameters from now on, and the call connects again.
    */
   private refusedStartup(host: HostConfig, error: unknown): boolean {
-    const entry = this.pools.get(host.name);
-    if (!entry?.startup || !/unsupported startup parameter/i.test(error instanceof Error ? error.message : ''))
-      return false;
+    if (!/unsupported startup parameter/i.test(error instanceof Error ? error.message : '')) return false;
+    // Calls that met the refusal together: the first makes the pool again, the others use that one.
+    if (this.refusesStartupTimeouts.has(host.name)) return true;
+    if (!this.pools.get(host.name)?.startup) return false;
     this.refusesStartupTimeouts.add(host.name);
     this.end(host.name);
     return true;
   }
 
   /** A pooled connection of `host`; failing names the host and the shard. */
-  async connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
+  async connect(host: HostConfig, shard: number, trace?: CallTrace, again = false): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
       const client = await (this.ready(host) ?? (await this.pool(host))).connect();
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {
-      if (this.refusedStartup(host, error)) return this.connect(host, shard, trace);
+      // Once per call: a refusal of something else than the timeouts is not retried for ever.
+      if (!again && this.refusedStartup(host, error)) return this.connect(host, shard, trace, true);
       throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
         shard,
         code: 'HOST_UNREACHABLE',
