@@ -94,7 +94,7 @@ async function slotSynced(host: ReplicatedHost): Promise<void> {
  * next it never has. The reload only signals: the WAL receiver stops a moment later, and until then
  * it still streams; and a receiver between two connections (a restart) is not listed either, so
  * one glimpse of none is not enough (a loaded run once saw every later row reach the standby).
- * Cut off means, for 3 s: no receiver on the standby, no physical sender on the primary.
+ * Cut off means, for a whole second: no receiver on the standby, no physical sender on the primary.
  */
 async function cutOffStandby(host: ReplicatedHost): Promise<void> {
   await withClient(host.standby.url, async (standby) => {
@@ -113,10 +113,7 @@ async function cutOffStandby(host: ReplicatedHost): Promise<void> {
             )
           ).rowCount ?? 0;
         quiet = receiving + sending === 0 ? quiet + 1 : 0;
-        // 3 s with neither: the standby retries a lost stream every 500 ms (wal_retrieve_retry_interval
-        // of the test servers), but a startup process that has not read the emptied conninfo yet
-        // (late on a loaded machine) could start one more receiver with the old one after a short gap.
-        if (quiet >= 30) return;
+        if (quiet >= 10) return;
         await new Promise((resolve) => setTimeout(resolve, 100));
       }
       throw new Error('the standby still streams from its primary 30 s after its primary_conninfo was emptied');
@@ -433,9 +430,12 @@ describe('a target that fails over, its standby behind on what it applied', () =
     const acked = await write(sourceUrl, 'mf0', 50);
     await rowsReach(primaryDb, 'mf0', 2050);
     host.stopPrimary('immediate');
-    host.promote();
-    // The promoted target lacks what its old primary applied after the standby was cut off.
+    // The standby lacks what its old primary applied after it was cut off. Read before the
+    // promotion: once promoted, the subscription it inherits may fetch those rows again from the
+    // source's slot (the old primary may have applied them without confirming them to it), and a
+    // loaded run saw all 2050 there right after the promotion.
     expect((await ids(standbyDb, 'mf0')).length).toBeLessThan(2050);
+    host.promote();
 
     const run = await runCli(move(fleet, 0, '--resume'));
     expect(run.code, run.stderr).toBe(0);

@@ -7,7 +7,7 @@ import { init } from '../../src/commands/init.js';
 import { moveShards } from '../../src/commands/move-shard.js';
 import { loadConfig } from '../../src/config/load.js';
 import { ShardRouter } from '../../src/router/router.js';
-import { makeFleet, runCli } from '../helpers/fleet.js';
+import { makeFleet, runCli, sharedHostReplicationUrl } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { startApp, waitForCalls } from '../helpers/app.js';
 import { BASELINE, buildArticleFleet } from '../fixtures/article-fleet.js';
@@ -292,10 +292,16 @@ describe('behind PgBouncer in transaction mode', () => {
   it('an online move of a fleet whose url goes through the pooler connects to directUrl, and leaves the pooled connections clean', async () => {
     const pooled = dbMove.urls.map((url, i) => poolers[i]!.url(url));
     const fleet = makeFleet({ urls: pooled, shards: 4, schemaPrefix: 'pm', migrations: PHOTOS_ONLY });
-    // Each host: url through the pooler, directUrl the server itself.
+    // Each host: url through the pooler, directUrl the server itself, and the address the other
+    // hosts reach it at (a container's alias on the test network; the same URL on embedded hosts).
     let text = readFileSync(fleet.configFile, 'utf8');
-    for (const [i, url] of pooled.entries())
-      text = text.replace(`    url: ${url}\n`, `    url: ${url}\n    directUrl: ${dbMove.urls[i]}\n`);
+    for (const [i, url] of pooled.entries()) {
+      const reach = sharedHostReplicationUrl(dbMove.urls[i]!);
+      text = text.replace(
+        `    url: ${url}\n`,
+        `    url: ${url}\n    directUrl: ${dbMove.urls[i]}\n${reach && reach !== dbMove.urls[i] ? `    replicationUrl: ${reach}\n` : ''}`,
+      );
+    }
     writeFileSync(fleet.configFile, text);
     const config = await fleet.config();
     expect(config.hosts.map((h) => [h.url, h.directUrl])).toEqual(pooled.map((url, i) => [url, dbMove.urls[i]]));
