@@ -20,10 +20,11 @@ import pg from 'pg';
  * `(client) => client.query(…)` does) and started no other query: then that query is all of fn's
  * work, and fn's value is its result. The write is held back to the end of the current tick (a microtask) to see what fn
  * returned; nothing else can be sent on the connection meanwhile, because the query is the
- * connection's active one. A transaction that is one round trip leaves out the start's statements
- * only an open transaction needs (`SET LOCAL idle_in_transaction_session_timeout`: TransactionStart.oneTrip). The whole call is then one round trip, like a plain pool's autocommit
- * statement, and still one transaction with the shard's search_path. A query fn starts after that
- * (say, from a `.then` it did not return) would run after the commit, so it is refused.
+ * connection's active one. The whole call is then one round trip, like a plain pool's autocommit
+ * statement, and still one transaction with the shard's search_path; it leaves out the start's
+ * statements only an open transaction needs (`SET LOCAL idle_in_transaction_session_timeout`:
+ * TransactionStart.oneTrip). A query fn starts after that (say, from a `.then` it did not return)
+ * would run after the commit, so it is refused.
  *
  * If the query fails, BEGIN has already run, so the transaction exists, is marked failed, the
  * COMMIT after it is skipped by the server (everything up to Sync is), and the router's ROLLBACK
@@ -40,8 +41,8 @@ import pg from 'pg';
 /**
  * The node-postgres releases this file is tested with. FirstQuery below extends pg's Query and
  * uses members that are not pg's public API (`submit`, `_getRows`, `handleCommandComplete`,
- * `handleEmptyQuery`, `handleDataRow`, the connection's `execute`, `_send` and stream); a release that changes them must not
- * break routed calls. So at load they are checked: when one is missing, or pg's major is not the
+ * `handleEmptyQuery`, `handleDataRow`, the connection's `execute`, `_send` and stream); a release
+ * that changes them must not break routed calls. So at load they are checked: when one is missing, or pg's major is not the
  * tested one, every transaction starts the plain way (`BEGIN; SET LOCAL …` as a query of its own:
  * one more round trip per call, nothing else changes) and a warning says so, once.
  */

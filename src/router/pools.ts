@@ -89,19 +89,12 @@ export class HostPools {
     }
   }
 
-  /** The host's pool when it is there and current (the common case, without a wait), else undefined. */
-  private ready(host: HostConfig): pg.Pool | undefined {
-    const existing = this.pools.get(host.name);
-    return existing && !this.closed && existing.url === host.url && this.addresses.known(host)?.url === existing.address
-      ? existing.pool
-      : undefined;
-  }
-
   /** The host's pool, made (or made again for a new primary address) when needed. */
   async pool(host: HostConfig): Promise<pg.Pool> {
     if (this.closed) throw new Error('the ShardRouter is closed');
-    const existing = this.ready(host);
-    if (existing) return existing;
+    const existing = this.pools.get(host.name);
+    if (existing && existing.url === host.url && this.addresses.known(host)?.url === existing.address)
+      return existing.pool;
     const address = (await this.addresses.resolve(host)).url;
     if (this.closed) throw new Error('the ShardRouter is closed');
     const current = this.pools.get(host.name);
@@ -173,7 +166,7 @@ export class HostPools {
   async connect(host: HostConfig, shard: number, trace?: CallTrace, again = false): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
-      const client = await (this.ready(host) ?? (await this.pool(host))).connect();
+      const client = await (await this.pool(host)).connect();
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {

@@ -236,14 +236,8 @@ export class ShardRouter {
   }
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
-  withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    let shard: number;
-    try {
-      shard = this.shardForKey(key);
-    } catch (error) {
-      return Promise.reject(error as Error);
-    }
-    return this.withShard(shard, fn, options);
+  async withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return this.withShard(this.shardForKey(key), fn, options);
   }
 
   /** The shard an id carries (e.g. a photo id made by that shard's next_id()). */
