@@ -97,7 +97,7 @@ export async function run(ctx, major) {
         const r = itemAt(resumes, resumes.length - 1);
         log(
           `  run ${turn + 1}/${options.runs}: killed after ${formatMs(r.killedMs)} with ${r.copiedBefore}/${r.chunks} chunks committed; ` +
-            `resume ${formatMs(r.resumeMs)} (${r.copiedByResume} chunks copied, ${r.recopied} again, ${formatCount(r.bytes)} bytes streamed), ` +
+            `resume ${formatMs(r.resumeMs)} (${r.copiedByResume} chunks copied, ${r.recopied} again, ${r.fromLog} settled from the log, ${r.compared} read; ${formatCount(r.bytes)} bytes streamed), ` +
             `${formatCount(r.deadRows)} dead rows on ${target.name}`,
         );
       }
@@ -273,6 +273,8 @@ async function killedAndResumed(scenario) {
     bytesBefore: records.reduce((sum, r) => sum + (r.bytes ?? 0), 0),
     copiedByResume: counts.copied,
     recopied: counts.recopied,
+    fromLog: counts.fromLog ?? 0,
+    compared: counts.compared ?? 0,
     bytes: streamed.bytes(),
     ...checksums.figures(),
     deadRows: await deadRows(target, schema),
@@ -346,6 +348,7 @@ const DETAIL_HEADERS = [
   'chunks',
   'committed before the kill',
   'copied by the resume',
+  'chunks copied before: settled from the log / read',
   'bytes streamed (uninterrupted / resume)',
   'dead rows (uninterrupted / resumed)',
   'pre-fence checksums (uninterrupted / resumed)',
@@ -371,6 +374,7 @@ function detailRows(results) {
     String(itemAt(r.resumes, 0).chunks),
     r.resumes.map((x) => x.copiedBefore).join(' / '),
     r.resumes.map((x) => x.copiedByResume).join(' / '),
+    r.resumes.map((x) => `${x.fromLog} / ${x.compared}`).join(', '),
     `${formatCount(summarize(r.wholes.map((w) => w.bytes)).median)} / ${formatCount(summarize(r.resumes.map((x) => x.bytes)).median)}`,
     `${r.wholes.map((w) => formatCount(w.deadRows)).join(' / ')} — ${r.resumes.map((x) => formatCount(x.deadRows)).join(' / ')}`,
     `${r.wholes.map(preFenceText).join(' / ')} — ${r.resumes.map(preFenceText).join(' / ')}`,

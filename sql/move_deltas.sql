@@ -9,14 +9,21 @@
 -- move_deltas: per row a write touched, the checksum's hash of the row as it was (sign -1) and as
 -- it is (sign +1); a TRUNCATE is a row with sign 0. seq orders a table's entries: a TRUNCATE holds
 -- ACCESS EXCLUSIVE until it commits, so every entry of its table after it in seq order was written
--- after it, and every entry before it was written before.
+-- after it, and every entry before it was written before. key: the text form of the row's column
+-- named by TG_ARGV[2], when given (the chunk key of a table copied in chunks); xid: the writing
+-- transaction. A row of sign 2 is a start marker (sql/control_deltas.sql, src/moves/chunks.ts),
+-- written with the triggers of a table copied in chunks; the sums leave it out. The table is the
+-- control schema's (version 5, sql/control_deltas.sql); created here too for a host whose control
+-- schema a move did not bring up to date.
 CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
   seq bigserial,
   move_id text NOT NULL,
   schema_name text NOT NULL,
   table_name text NOT NULL,
   sign smallint NOT NULL,
-  hash bigint
+  hash bigint,
+  key text,
+  xid xid8 DEFAULT pg_catalog.pg_current_xact_id()
 );
 
 -- The trigger function, one per wave of a move (src/moves/sql.ts deltaFunctionName), so that a
@@ -47,14 +54,16 @@ BEGIN
     RETURN NULL;
   END IF;
   IF TG_OP IN ('UPDATE', 'DELETE') THEN
-    INSERT INTO {{control}}.move_deltas (move_id, schema_name, table_name, sign, hash)
+    INSERT INTO {{control}}.move_deltas (move_id, schema_name, table_name, sign, hash, key)
       VALUES (TG_ARGV[0], TG_TABLE_SCHEMA, TG_TABLE_NAME, -1,
-              CASE TG_ARGV[1] WHEN 'record' THEN hash_record_extended(OLD, 0) ELSE hashtextextended(OLD::text, 0) END);
+              CASE TG_ARGV[1] WHEN 'record' THEN hash_record_extended(OLD, 0) ELSE hashtextextended(OLD::text, 0) END,
+              CASE WHEN TG_NARGS > 2 THEN to_jsonb(OLD) ->> TG_ARGV[2] END);
   END IF;
   IF TG_OP IN ('INSERT', 'UPDATE') THEN
-    INSERT INTO {{control}}.move_deltas (move_id, schema_name, table_name, sign, hash)
+    INSERT INTO {{control}}.move_deltas (move_id, schema_name, table_name, sign, hash, key)
       VALUES (TG_ARGV[0], TG_TABLE_SCHEMA, TG_TABLE_NAME, 1,
-              CASE TG_ARGV[1] WHEN 'record' THEN hash_record_extended(NEW, 0) ELSE hashtextextended(NEW::text, 0) END);
+              CASE TG_ARGV[1] WHEN 'record' THEN hash_record_extended(NEW, 0) ELSE hashtextextended(NEW::text, 0) END,
+              CASE WHEN TG_NARGS > 2 THEN to_jsonb(NEW) ->> TG_ARGV[2] END);
   END IF;
   RETURN NULL;
 END

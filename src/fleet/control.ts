@@ -89,6 +89,12 @@ const CONTROL_STEPS: readonly { version: number; sql: (config: ShardctlConfig) =
     version: 4,
     sql: () => renderSql(loadSqlTemplate('control_chunks.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
   },
+  // What a resumed copy needs to settle its chunks from the source's change log instead of reading
+  // them: each chunk's snapshot, each log entry's key and transaction (src/moves/chunks.ts).
+  {
+    version: 5,
+    sql: () => renderSql(loadSqlTemplate('control_deltas.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
+  },
 ];
 
 /** The control schema version this shardctl writes (the last of CONTROL_STEPS). */

@@ -5,6 +5,7 @@ import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { CopyMeter } from './copy-meter.js';
 import { BEGIN_COPY_SQL } from './sql/copy.js';
+import { LOG_START } from './sql/tail.js';
 import { STABLE_TEXT_SETTINGS, sumsColumnsSql, type HashMethod } from './sql/verify.js';
 
 /**
@@ -44,6 +45,8 @@ export interface ChunkRecord extends ChunkRange {
   /** Once copied: the rows and the COPY stream's bytes. */
   readonly rows: number | null;
   readonly bytes: number | null;
+  /** Once copied: the source's snapshot it was copied from (pg_snapshot's text), when known. */
+  readonly snapshot: string | null;
 }
 
 /** The WHERE condition of a range; the bounds as literals (COPY takes no parameters), typed by the column they meet. */
@@ -86,18 +89,28 @@ export interface TableShape {
   readonly keyType: string | null;
   /** Every stored column (not generated), quoted, in order. */
   readonly columns: string[];
+  /** The key column's collation, qualified and quoted; null for a type without one. */
+  readonly keyCollation: string | null;
 }
 
 /** The first column of each table's primary key, its type, and the stored columns, for the tables given (quoted names). */
 export async function keysAndColumns(client: pg.Client, tables: readonly string[]): Promise<Map<string, TableShape>> {
   if (tables.length === 0) return new Map();
-  const r = await client.query<{ name: string; key: string | null; key_type: string | null; columns: string[] }>(
+  const r = await client.query<{
+    name: string;
+    key: string | null;
+    key_type: string | null;
+    key_collation: string | null;
+    columns: string[];
+  }>(
     `SELECT t.name, k.attname AS key, (SELECT format('%I.%I', tn.nspname, ty.typname) FROM pg_type ty
               JOIN pg_namespace tn ON tn.oid = ty.typnamespace WHERE ty.oid = k.atttypid) AS key_type,
+            (SELECT format('%I.%I', cn.nspname, co.collname) FROM pg_collation co
+              JOIN pg_namespace cn ON cn.oid = co.collnamespace WHERE co.oid = k.attcollation) AS key_collation,
             ARRAY(SELECT a.attname FROM pg_attribute a WHERE a.attrelid = t.name::regclass AND a.attnum > 0
                    AND NOT a.attisdropped AND a.attgenerated = '' ORDER BY a.attnum)::text[] AS columns
        FROM unnest($1::text[]) AS t(name)
-       LEFT JOIN LATERAL (SELECT a.attname, a.atttypid, a.atttypmod FROM pg_index i
+       LEFT JOIN LATERAL (SELECT a.attname, a.atttypid, a.atttypmod, a.attcollation FROM pg_index i
                             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
                            WHERE i.indrelid = t.name::regclass AND i.indisprimary) k ON true`,
     [tables],
@@ -109,6 +122,7 @@ export async function keysAndColumns(client: pg.Client, tables: readonly string[
         key: row.key === null ? null : quoteIdent(row.key),
         keyName: row.key,
         keyType: row.key_type,
+        keyCollation: row.key_collation,
         columns: row.columns.map(quoteIdent),
       },
     ]),
@@ -116,7 +130,7 @@ export async function keysAndColumns(client: pg.Client, tables: readonly string[
 }
 
 /** The chunks of move $1 recorded on the target. */
-const CHUNKS_SQL = `SELECT table_name, chunk, key_column, lo, hi, copied, rows::float8 AS rows, bytes::float8 AS bytes FROM ${CONTROL}.move_chunks WHERE move_id = $1 ORDER BY table_name, chunk`;
+const CHUNKS_SQL = `SELECT table_name, chunk, key_column, lo, hi, copied, rows::float8 AS rows, bytes::float8 AS bytes, snapshot FROM ${CONTROL}.move_chunks WHERE move_id = $1 ORDER BY table_name, chunk`;
 
 export async function recordedChunks(target: pg.Client, moveId: string): Promise<ChunkRecord[]> {
   const r = await target.query<{
@@ -128,6 +142,7 @@ export async function recordedChunks(target: pg.Client, moveId: string): Promise
     copied: boolean;
     rows: number | null;
     bytes: number | null;
+    snapshot: string | null;
   }>(CHUNKS_SQL, [moveId]);
   return r.rows.map((row) => ({
     table: row.table_name,
@@ -138,6 +153,7 @@ export async function recordedChunks(target: pg.Client, moveId: string): Promise
     copied: row.copied,
     rows: row.rows,
     bytes: row.bytes,
+    snapshot: row.snapshot,
   }));
 }
 
@@ -226,7 +242,17 @@ export async function recordPlan(
   const edges = [null, ...bounds, null];
   const chunks: ChunkRecord[] = edges
     .slice(0, -1)
-    .map((lo, i) => ({ table, chunk: i, key, lo, hi: edges[i + 1]!, copied: false, rows: null, bytes: null }));
+    .map((lo, i) => ({
+      table,
+      chunk: i,
+      key,
+      lo,
+      hi: edges[i + 1]!,
+      copied: false,
+      rows: null,
+      bytes: null,
+      snapshot: null,
+    }));
   await writer.query('BEGIN');
   try {
     await writer.query(`TRUNCATE ${table}`);
@@ -268,10 +294,29 @@ export function chunkSumsSql(
   return `SELECT ${bucket} AS chunk, ${sumsColumnsSql(method)} FROM ${table} t GROUP BY 1`;
 }
 
-/** The chunk a row's key falls in, of the chunks cut at `bounds` (literals cast to the key's type). */
-function chunkOfSql(key: string, keyType: string, bounds: readonly string[]): string {
+/**
+ * The chunk a row's key falls in, of the chunks cut at `bounds` (literals cast to the key's type).
+ * `key` is the column itself (its collation is the ranges'), or an expression of the key's type
+ * with the column's collation given (`collation`).
+ */
+function chunkOfSql(key: string, keyType: string, bounds: readonly string[], collation: string | null = null): string {
   if (bounds.length === 0) return '0';
-  return `width_bucket(${key}, ${quoteLiteral(`{${bounds.map(arrayElement).join(',')}}`)}::${keyType}[])`;
+  const value = collation === null ? key : `(${key} COLLATE ${collation})`;
+  return `width_bucket(${value}, ${quoteLiteral(`{${bounds.map(arrayElement).join(',')}}`)}::${keyType}[])`;
+}
+
+/**
+ * The chunk of a key as the change log records it (`keyText`: its text form, to_jsonb's), read back
+ * as the key's type with the column's collation: the chunk of rangeConditionSql's ranges that holds
+ * it (test/integration/chunk-sums.test.ts).
+ */
+export function chunkOfLoggedKeySql(
+  keyText: string,
+  keyType: string,
+  bounds: readonly string[],
+  keyCollation: string | null,
+): string {
+  return chunkOfSql(`(${keyText})::${keyType}`, keyType, bounds, keyCollation);
 }
 
 /** An array literal's element: quoted, with its quotes and backslashes escaped. */
@@ -297,7 +342,7 @@ export async function reconcileChunks(
   chunks: readonly ChunkRecord[],
   keyType: string,
   method: HashMethod,
-): Promise<{ kept: ChunkRecord[]; toCopy: ChunkRecord[]; recopied: Set<number>; source: Sums }> {
+): Promise<SettledChunks & { source: Sums }> {
   const { table, key } = chunks[0]!;
   const bounds = chunks.slice(1).map((c) => c.lo!);
   const sql = chunkSumsSql(table, key, keyType, bounds, method);
@@ -310,20 +355,60 @@ export async function reconcileChunks(
     );
   const [source, target] = await Promise.all([byChunk(reader), byChunk(writer)]);
   const none = { rows: '0', checksum: '0' };
+  const differ = (chunk: ChunkRecord) => {
+    const s = source.get(chunk.chunk) ?? none;
+    const t = target.get(chunk.chunk) ?? none;
+    return s.rows !== t.rows || s.checksum !== t.checksum;
+  };
+  const settled = await settleChunks(writer, moveId, chunks, keyType, differ, (chunk) => target.has(chunk.chunk));
+  let rows = 0n;
+  let checksum = 0n;
+  for (const s of source.values()) {
+    rows += BigInt(s.rows);
+    checksum += BigInt(s.checksum);
+  }
+  return { ...settled, source: { rows: rows.toString(), checksum: checksum.toString() } };
+}
+
+/** The chunks an earlier run copied, settled: kept, or to copy (again). */
+export interface SettledChunks {
+  readonly kept: ChunkRecord[];
+  /** In chunk order: those not copied before, and those copied again. */
+  readonly toCopy: ChunkRecord[];
+  /** The chunks copied before that are copied again. */
+  readonly recopied: Set<number>;
+  /** Whether rows were deleted on the target (chunks to copy again). */
+  readonly cleared: boolean;
+}
+
+/**
+ * A chunk copied before is kept unless `differs`; every other chunk is copied, and its rows on the
+ * target (`holdsRows`: a copied chunk that differs; one not recorded copied holds none, unless
+ * something wrote there behind the move) deleted and its record marked not copied, all in one
+ * transaction.
+ */
+async function settleChunks(
+  writer: pg.Client,
+  moveId: string,
+  chunks: readonly ChunkRecord[],
+  keyType: string,
+  differs: (chunk: ChunkRecord) => boolean,
+  holdsRows: (chunk: ChunkRecord) => boolean,
+): Promise<SettledChunks> {
+  const { table, key } = chunks[0]!;
+  const bounds = chunks.slice(1).map((c) => c.lo!);
   const kept: ChunkRecord[] = [];
   const toCopy: ChunkRecord[] = [];
   const cleared: number[] = [];
   const recopied = new Set<number>();
   for (const chunk of chunks) {
-    const s = source.get(chunk.chunk) ?? none;
-    const t = target.get(chunk.chunk) ?? none;
-    if (chunk.copied && s.rows === t.rows && s.checksum === t.checksum) {
+    if (chunk.copied && !differs(chunk)) {
       kept.push(chunk);
       continue;
     }
     if (chunk.copied) recopied.add(chunk.chunk);
-    if (target.has(chunk.chunk)) cleared.push(chunk.chunk);
-    toCopy.push(chunk.copied ? { ...chunk, copied: false, rows: null, bytes: null } : chunk);
+    if (holdsRows(chunk)) cleared.push(chunk.chunk);
+    toCopy.push(chunk.copied ? { ...chunk, copied: false, rows: null, bytes: null, snapshot: null } : chunk);
   }
   if (cleared.length > 0)
     // As a chunk's copy, in the copy's transaction (its own writes are left out of the target's
@@ -333,18 +418,87 @@ export async function reconcileChunks(
         `DELETE FROM ${table} WHERE ${chunkOfSql(key, keyType, bounds)} = ANY(${quoteLiteral(`{${cleared.join(',')}}`)}::int[])`,
       );
       await writer.query(
-        `UPDATE ${CONTROL}.move_chunks SET copied = false, rows = NULL, bytes = NULL WHERE move_id = $1 AND table_name = $2 AND chunk = ANY($3::int[])`,
+        `UPDATE ${CONTROL}.move_chunks SET copied = false, rows = NULL, bytes = NULL, snapshot = NULL WHERE move_id = $1 AND table_name = $2 AND chunk = ANY($3::int[])`,
         [moveId, table, cleared],
       );
     });
-  let rows = 0n;
-  let checksum = 0n;
-  for (const s of source.values()) {
-    rows += BigInt(s.rows);
-    checksum += BigInt(s.checksum);
-  }
-  return { kept, toCopy, recopied, source: { rows: rows.toString(), checksum: checksum.toString() } };
+  return { kept, toCopy, recopied, cleared: cleared.length > 0 };
 }
+
+/**
+ * Settles the chunks of `table` an earlier run copied from the source's change log instead of
+ * reading them (reconcileChunks reads the table on both hosts): null when the log cannot tell, and
+ * the caller reads.
+ *
+ * Why it is exact. The source's log of the table (copy-logs.ts: the first wave's triggers, started
+ * before the slot of the run that planned the chunks, kept by every resumed run) records, for every
+ * row a write touches, the chunk key's text form and the writing transaction. A start marker (sign
+ * LOG_START) is committed with the triggers, and every statement that switches the log off or starts
+ * it afresh deletes the move's entries, markers with them. So a marker that a chunk's snapshot sees
+ * proves that every change committed after that snapshot is logged: the triggers existed before it
+ * (CREATE TRIGGER waited out the writers that wrote without them, which committed before the
+ * marker, so before the snapshot) and stayed on. The reader is in this run's snapshot T2: the
+ * entries it sees and the chunk's snapshot did not (pg_visible_in_snapshot of their transaction,
+ * whose commit is their change's) are exactly the changes committed between, and the chunk is copied
+ * again if one of them (a row's old or new key) falls in its range (the ranges' own width_bucket,
+ * with the key column's collation); otherwise its range is the same at T2 as when it was copied. On
+ * the target, the table's log runs since the plan's transaction (its marker, `planned` in
+ * copyLogOnTargetSql) and holds no entry: nothing but the copy wrote there, so the target holds
+ * exactly the chunks recorded copied (a chunk cut off by a kill was rolled back). The log cannot
+ * tell (null) when: a chunk copied before has no recorded snapshot (an older shardctl's), a marker
+ * is missing, an entry it must place has no key or transaction (a TRUNCATE, an entry written before
+ * the control schema's version 5), or the target's log has entries or no marker.
+ */
+export async function reconcileByLog(
+  reader: pg.Client,
+  writer: pg.Client,
+  moveId: string,
+  chunks: readonly ChunkRecord[],
+  keyType: string,
+  keyCollation: string | null,
+): Promise<SettledChunks | null> {
+  const { table } = chunks[0]!;
+  const copied = chunks.filter((c) => c.copied);
+  if (copied.length === 0 || copied.some((c) => !c.snapshot)) return null;
+  const bounds = chunks.slice(1).map((c) => c.lo!);
+  const chunkOfEntry = chunkOfLoggedKeySql('d.key', keyType, bounds, keyCollation);
+  const [onSource, onTarget] = await Promise.all([
+    reader.query<{ started: boolean; unknown: boolean; changed: number[] }>(
+      `WITH ${LOG_OF_TABLE_SQL},
+            c AS (SELECT c.chunk, c.snap::pg_catalog.pg_snapshot AS snap FROM unnest($3::int[], $4::text[]) AS c(chunk, snap))
+       SELECT (SELECT bool_and(EXISTS (SELECT FROM d WHERE d.sign = ${LOG_START} AND pg_catalog.pg_visible_in_snapshot(d.xid, c.snap))) FROM c) AS started,
+              EXISTS (SELECT FROM d WHERE d.sign <> ${LOG_START} AND (d.xid IS NULL OR (d.key IS NULL
+                        AND EXISTS (SELECT FROM c WHERE NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap))))) AS unknown,
+              ARRAY(SELECT DISTINCT c.chunk FROM d JOIN c ON c.chunk = ${chunkOfEntry}
+                     WHERE d.sign IN (-1, 1) AND d.key IS NOT NULL AND NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap)) AS changed`,
+      [moveId, table, copied.map((c) => c.chunk), copied.map((c) => c.snapshot)],
+    ),
+    writer.query<{ started: boolean; entries: string }>(
+      `WITH ${LOG_OF_TABLE_SQL}
+       SELECT EXISTS (SELECT FROM d WHERE d.sign = ${LOG_START}) AS started,
+              (SELECT count(*) FROM d WHERE d.sign <> ${LOG_START})::text AS entries`,
+      [moveId, table],
+    ),
+  ]);
+  const source = onSource.rows[0]!;
+  const target = onTarget.rows[0]!;
+  if (!source.started || source.unknown || !target.started || target.entries !== '0') return null;
+  const changed = new Set(source.changed.map(Number));
+  return settleChunks(
+    writer,
+    moveId,
+    chunks,
+    keyType,
+    (chunk) => changed.has(chunk.chunk),
+    (chunk) => chunk.copied,
+  );
+}
+
+/** `d`: the change-log entries of move $1 for table $2 (quoted name), on the host that runs it. */
+const LOG_OF_TABLE_SQL = `t AS (SELECT n.nspname, c.relname FROM pg_catalog.pg_class c
+                    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $2::regclass),
+       d AS (SELECT d.sign, d.key, d.xid FROM ${CONTROL}.move_deltas d JOIN t ON d.schema_name = t.nspname
+              AND d.table_name = t.relname WHERE d.move_id = $1)`;
 
 /** A table's count and checksum as `client` sees it (the reader: in the copy's snapshot). */
 export async function tableSums(client: pg.Client, table: string, method: HashMethod): Promise<Sums> {
@@ -369,7 +523,14 @@ export async function copyChunk(
   columns: readonly string[],
   binary: boolean,
   meter: CopyMeter,
+  snapshot: string | null,
 ): Promise<void> {
+  // The attempt is recorded first, committed on its own (an attempt cut off left dead rows:
+  // needsVacuum): a crash that loses this record loses the attempt's rows with it, written after it.
+  await writer.query(
+    `UPDATE ${CONTROL}.move_chunks SET snapshot = $4 WHERE move_id = $1 AND table_name = $2 AND chunk = $3`,
+    [moveId, chunk.table, chunk.chunk, snapshot ?? ATTEMPTED],
+  );
   await inCopyTransaction(writer, async () => {
     const out = reader.query(streams.to(chunkCopyOutSql(chunk.table, columns, chunk, binary)));
     const into = writer.query(streams.from(chunkCopyInSql(chunk.table, columns, binary)));
@@ -382,6 +543,22 @@ export async function copyChunk(
     );
   });
 }
+
+/** A chunk's snapshot when the copy had none to record (not a pg_snapshot: the log cannot settle it). */
+const ATTEMPTED = '';
+
+/**
+ * Whether a table's target may hold dead rows before its chunks left are copied: a chunk whose copy
+ * was cut off (an attempt recorded, the chunk not copied: its rows were rolled back), a chunk copied
+ * before whose attempt is not known (recorded by an older shardctl), or rows deleted to be copied
+ * again (`cleared`).
+ */
+export function needsVacuum(chunks: readonly ChunkRecord[], cleared: boolean): boolean {
+  return cleared || chunks.some((c) => (c.copied ? c.snapshot === null : c.snapshot !== null));
+}
+
+/** After the vacuum: the attempts cut off are forgotten (their rows are gone). */
+export const FORGET_ATTEMPTS_SQL = `UPDATE ${CONTROL}.move_chunks SET snapshot = NULL WHERE move_id = $1 AND table_name = $2 AND NOT copied AND snapshot IS NOT NULL`;
 
 /**
  * Begins the copy's transaction on the target (BEGIN_COPY_SQL), with the replica role where the

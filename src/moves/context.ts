@@ -103,8 +103,17 @@ export interface MoveResult {
   readonly verification: VerifyResult | null;
   /** Materialized views refreshed on the target after the switch (`schema.view`). */
   readonly materializedViews: readonly string[];
-  /** Chunks of large tables this run copied, and chunks an earlier run copied that differed and were copied again. */
-  readonly chunks: { readonly copied: number; readonly recopied: number };
+  /**
+   * Chunks of large tables this run copied, and chunks an earlier run copied that differed and were
+   * copied again; of the chunks an earlier run copied, how many were settled from the source's
+   * change log (nothing read) and how many by reading them on both hosts (docs/moves.md, step 4).
+   */
+  readonly chunks: {
+    readonly copied: number;
+    readonly recopied: number;
+    readonly fromLog: number;
+    readonly compared: number;
+  };
   /** Dry run: each shard's size and the copy's estimated time (null otherwise). */
   readonly copyEstimate: CopyEstimate | null;
 }
@@ -153,6 +162,9 @@ export interface MoveContext {
   /** Chunks this run copied, and chunks an earlier run copied that this one copied again (they differed). */
   chunksCopied: number;
   chunksRecopied: number;
+  /** Chunks an earlier run copied, settled from the source's change log, or by reading both hosts. */
+  chunksFromLog: number;
+  chunksCompared: number;
   /**
    * The large tables' figures this run's copy took for the first wave's verification (copy-logs.ts),
    * by `schema.table`, until its pre-verification takes them (takeCopyFigures); null when none.
@@ -331,6 +343,8 @@ export function moveContext(
     copyBytesPerSecond: typeof detail['copyBytesPerSecond'] === 'number' ? detail['copyBytesPerSecond'] : null,
     chunksCopied: 0,
     chunksRecopied: 0,
+    chunksFromLog: 0,
+    chunksCompared: 0,
     copyFigures: null,
     spares: null,
     timeoutsSetAt: new Map(),
@@ -361,7 +375,12 @@ export function moveResult(
     durationMs: elapsed(started),
     verification: ctx.verification,
     materializedViews: ctx.refreshed,
-    chunks: { copied: ctx.chunksCopied, recopied: ctx.chunksRecopied },
+    chunks: {
+      copied: ctx.chunksCopied,
+      recopied: ctx.chunksRecopied,
+      fromLog: ctx.chunksFromLog,
+      compared: ctx.chunksCompared,
+    },
     copyEstimate,
   };
 }

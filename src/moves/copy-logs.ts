@@ -39,13 +39,15 @@ import type { Sql } from '../pg/sql-template.js';
  * Exact as the checksums at P it replaces: a row lost by replication is in the source's log and not
  * in the target's, a row changed on the target behind the move's back is in the target's log only.
  * A table an earlier run planned (a resumed copy) is summed the same way under the new slot, whose
- * snapshot S is the one every kept chunk was reconciled against: its source log is started again
- * before that slot (the earlier run's entries deleted), its target log created again before its
- * chunks are reconciled, each chunk it copied before kept only if its count and checksum at S on
- * the source equal the target's, copied again from S if not (chunks.ts reconcileChunks), and the
- * table summed as above once its last chunk is in. A write on the target before the new log is in
- * the reconciliation's read (a chunk it changed differs, and is copied again); one after it marks
- * the log.
+ * snapshot S is the one every kept chunk was reconciled against: its source log is set up again
+ * before that slot (the earlier run's entries kept: what changed since each chunk's snapshot,
+ * chunks.ts reconcileByLog), its target log created again before its
+ * chunks are reconciled, each chunk it copied before kept only if no change logged on the source
+ * since its snapshot falls in its range (chunks.ts reconcileByLog), or, when the log cannot tell,
+ * only if its count and checksum at S on the source equal the target's (reconcileChunks), copied
+ * again from S if not, and the table summed as above once its last chunk is in. A write on the
+ * target before the new log is in the reconciliation's read or its target log (a chunk it changed
+ * differs, or the chunks are read); one after it marks the log.
  * A table is taken whole at P as before when anything breaks the chain: the target's log not empty
  * after the copy, the logs not set up in time on the source (busy tables), or the wave's own set-up
  * of its logs failing or running a second time (a cut-over retried). The source's triggers run in application transactions from
@@ -89,10 +91,18 @@ export class CopyLogs {
     return t?.state === 'planned' ? t.logged.method : undefined;
   }
 
-  /** The statement creating the target's log of a table whose chunks are being planned, or null. */
-  targetSql(moveId: string, table: string): Sql | null {
+  /**
+   * The statement creating the target's log of a table, or null: in the transaction that plans its
+   * chunks (`planned`, with a start marker), or before an earlier run's chunks are reconciled.
+   */
+  targetSql(moveId: string, table: string, planned = false): Sql | null {
     const t = this.#tables.get(table);
-    return t ? copyLogOnTargetSql(moveId, t.wave, t.logged) : null;
+    return t ? copyLogOnTargetSql(moveId, t.wave, t.logged, planned) : null;
+  }
+
+  /** Whether a table's log runs on the source since before the slot (its entries tell what changed since a chunk's snapshot). */
+  logged(table: string): boolean {
+    return this.#tables.has(table);
   }
 
   /** A table whose chunks this run planned, or carried from an earlier one: its sums are to be taken. */
@@ -167,17 +177,17 @@ export async function startCopyLogs(ctx: MoveContext): Promise<CopyLogs | null> 
   const large = [...estimates]
     .filter(([name, e]) => (e.rows > ctx.settings.copyChunkRows || earlier.has(name)) && byName.has(name))
     .map(([name]) => name);
-  const keyed = [...(await keysAndColumns(ctx.source.client, large))].filter(([, s]) => s.key !== null);
+  const keyed = [...(await keysAndColumns(ctx.source.client, large))].filter(([, s]) => s.keyName !== null);
   if (keyed.length === 0) return null;
   const methods = await ensureMethods(ctx);
   const logged = new Map<string, Logged>();
-  for (const [quoted] of keyed) {
+  for (const [quoted, shape] of keyed) {
     const t = byName.get(quoted)!;
     const name = `${t.schema}.${t.table}`;
     logged.set(quoted, {
       name,
       wave: FIRST_WAVE,
-      logged: { table: { schema: t.schema, table: t.table }, method: methods.get(name) ?? 'text' },
+      logged: { table: { schema: t.schema, table: t.table }, method: methods.get(name) ?? 'text', key: shape.keyName! },
       state: 'unplanned',
       source: { rows: 0n, checksum: 0n },
       target: { rows: 0n, checksum: 0n },
@@ -186,7 +196,18 @@ export async function startCopyLogs(ctx: MoveContext): Promise<CopyLogs | null> 
   const lockWaitMs = await lockWaitFor(ctx);
   try {
     const all = [...logged.values()].map((t) => t.logged);
-    await startSourceDeltas(ctx.source.client, ctx.moveId, all, lockWaitMs, SETUP_LIMIT_MS, FIRST_WAVE);
+    // An earlier run's entries are kept when it left chunks: what changed since their snapshots
+    // (chunks.ts reconcileByLog). The sums take differences between snapshots, which the older
+    // entries do not change.
+    await startSourceDeltas(
+      ctx.source.client,
+      ctx.moveId,
+      all,
+      lockWaitMs,
+      SETUP_LIMIT_MS,
+      FIRST_WAVE,
+      earlier.size > 0,
+    );
   } catch (error) {
     const logSchemas = [...new Set([...logged.values()].map((t) => t.logged.table.schema))];
     await stopDeltas(ctx.source.client, ctx.moveId, logSchemas, { drop: false }).catch(() => undefined);

@@ -235,5 +235,7 @@ async function continueUnswitched(
   ctx.refreshed.push(...done.refreshed, ...next.refreshed);
   ctx.chunksCopied += next.chunksCopied;
   ctx.chunksRecopied += next.chunksRecopied;
+  ctx.chunksFromLog += next.chunksFromLog;
+  ctx.chunksCompared += next.chunksCompared;
   return 'cleaned';
 }

@@ -39,8 +39,12 @@ import {
   copyChunk,
   keysAndColumns,
   planChunks,
+  FORGET_ATTEMPTS_SQL,
+  needsVacuum,
+  reconcileByLog,
   reconcileChunks,
   recordedChunks,
+  type SettledChunks,
   tableSums,
   type Sums,
   type ChunkRecord,
@@ -135,13 +139,13 @@ export async function copyShards(
         if (shape.key === BLOCK_KEY)
           planned = await planBlockChunks(reader, writer, ctx.moveId, name, rows, chunks.rows, planned.length > 0);
         else {
-          const again = logs?.targetSql(ctx.moveId, name) ?? null;
+          const again = logs?.targetSql(ctx.moveId, name, true) ?? null;
           planned = await planChunks(reader, writer, ctx.moveId, name, shape, chunkSizes(name), again, true);
         }
         toCopy = planned;
         logs?.planned(name);
       } else if (planned.length === 0) {
-        const after = logs?.targetSql(ctx.moveId, name) ?? null;
+        const after = logs?.targetSql(ctx.moveId, name, true) ?? null;
         planned = await planChunks(reader, writer, ctx.moveId, name, shape, chunkSizes(name), after);
         toCopy = planned;
         logs?.planned(name);
@@ -150,10 +154,23 @@ export async function copyShards(
         const again = logs?.targetSql(ctx.moveId, name) ?? null;
         if (again) await runTransaction(writer, `BEGIN;\n${again}\nCOMMIT;`);
         logs?.planned(name);
-        const method = logs?.method(name) ?? 'text';
-        await textSettings(method, reader, writer);
-        const reconciled = await reconcileChunks(reader, writer, ctx.moveId, planned, shape.keyType!, method);
-        sourceSums.set(name, reconciled.source);
+        // From the source's change log when it can tell what changed since each chunk's snapshot
+        // (nothing read), else by reading the chunks on both hosts (chunks.ts).
+        const fromLog = logs?.logged(name)
+          ? await reconcileByLog(reader, writer, ctx.moveId, planned, shape.keyType!, shape.keyCollation)
+          : null;
+        let reconciled: SettledChunks;
+        if (fromLog) {
+          reconciled = fromLog;
+          ctx.chunksFromLog += planned.filter((c) => c.copied).length;
+        } else {
+          const method = logs?.method(name) ?? 'text';
+          await textSettings(method, reader, writer);
+          const read = await reconcileChunks(reader, writer, ctx.moveId, planned, shape.keyType!, method);
+          sourceSums.set(name, read.source);
+          ctx.chunksCompared += planned.filter((c) => c.copied).length;
+          reconciled = read;
+        }
         ctx.chunksRecopied += reconciled.recopied.size;
         copiedBefore = reconciled.recopied;
         for (const kept of reconciled.kept) {
@@ -168,7 +185,14 @@ export async function copyShards(
         // rows deleted: vacuumed now, before the chunks left are copied (the space is used again,
         // an empty end of the table given back), so that a resumed copy leaves no more dead rows
         // than an uninterrupted one, and the table is read once more only as far as it was copied.
-        await writer.query(`VACUUM ${name}`);
+        // Not when neither happened (chunks.ts needsVacuum).
+        if (needsVacuum(planned, reconciled.cleared)) {
+          // The deletes' counts first: kept in this session up to a second, they would reach the
+          // table's statistics after the vacuum's and count rows it removed as dead.
+          await writer.query(FLUSH_STATS_SQL);
+          await writer.query(`VACUUM ${name}`);
+          await writer.query(FORGET_ATTEMPTS_SQL, [ctx.moveId, name]);
+        }
       }
       chunksLeft.set(name, toCopy.length);
       if (toCopy.length === 0) {
@@ -201,9 +225,14 @@ export async function copyShards(
     await indexesAfterChunks(reader, writer, name);
     meter.tableDone(name);
   };
-  const runChunk = async (reader: pg.Client, writer: pg.Client, task: (typeof chunkTasks)[number]): Promise<void> => {
+  const runChunk = async (
+    reader: pg.Client,
+    writer: pg.Client,
+    task: (typeof chunkTasks)[number],
+    copySnapshot: string | null,
+  ): Promise<void> => {
     const { chunk } = task;
-    await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter);
+    await copyChunk(streams, reader, writer, ctx.moveId, chunk, task.columns, task.binary, meter, copySnapshot);
     // A chunk copied again after its reconciliation is counted as such (chunksRecopied).
     if (!task.again) {
       ctx.chunksCopied += 1;
@@ -228,13 +257,15 @@ export async function copyShards(
       await writer.query(ASYNC_COMMIT_SQL);
       await reader.query('BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY');
       if (snapshot) await reader.query(setTransactionSnapshotSql(snapshot));
+      // The snapshot each chunk is recorded with, for a resumed run's reconcileByLog.
+      const copySnapshot = snapshot ? await currentSnapshot(reader) : null;
       if (logs) await logs.readAtSnapshot(reader, ctx.moveId);
       for (;;) {
         if (failed !== null) break;
         const task = chunkTasks.shift();
         if (task) {
           try {
-            await runChunk(reader, writer, task);
+            await runChunk(reader, writer, task, copySnapshot);
           } catch (error) {
             await rollbackQuietly(writer);
             if (error instanceof ShardctlError) throw error;
@@ -324,7 +355,7 @@ async function chunkedTables(
       const same = earlier === undefined || earlier === shape.key;
       shapes.set(name, { ...shape, key: shape.key, keyType: same ? shape.keyType : null });
     } else if (earlier === BLOCK_KEY || (earlier === undefined && blocks))
-      shapes.set(name, { ...shape, key: BLOCK_KEY, keyName: null, keyType: null });
+      shapes.set(name, { ...shape, key: BLOCK_KEY, keyName: null, keyType: null, keyCollation: null });
   }
   return { rows, recorded, shapes };
 }
@@ -334,7 +365,16 @@ interface ChunkShape {
   readonly key: string;
   readonly keyName: string | null;
   readonly keyType: string | null;
+  readonly keyCollation: string | null;
   readonly columns: string[];
+}
+
+/** The session's pending statistics sent when this statement ends (PostgreSQL 15 and later). */
+const FLUSH_STATS_SQL = 'SELECT pg_catalog.pg_stat_force_next_flush()';
+
+/** The snapshot of the reader's transaction (the copy's), as pg_snapshot's text. */
+async function currentSnapshot(reader: pg.Client): Promise<string> {
+  return (await reader.query<{ s: string }>('SELECT pg_catalog.pg_current_snapshot()::text AS s')).rows[0]!.s;
 }
 
 /** A copy of fewer bytes than this is not taken as the measured rate (connection and catalog costs dominate). */

@@ -149,15 +149,19 @@ export async function startSourceDeltas(
     );
   const before = await done();
   let left = tables;
+  let keep = keepEntries;
   await retryLockWaits(async () => {
     try {
-      await runTransaction(client, startSourceDeltasSql(moveId, left, lockWaitMs, wave, keepEntries));
+      await runTransaction(client, startSourceDeltasSql(moveId, left, lockWaitMs, wave, keep));
     } catch (error) {
       const now = await done();
       left = left.filter((t) => {
         const name = `${t.table.schema}.${t.table.table}`;
         return !now.has(name) || before.has(name);
       });
+      // The log's first transaction committed (it comes first in the string): the entries of the
+      // tables done since, their start markers among them, stay.
+      keep = true;
       throw error;
     }
   }, performance.now() + limitMs);

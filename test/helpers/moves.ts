@@ -3,7 +3,7 @@
  * about a shard, its move and the replication objects a move may leave behind, and throw-away
  * clusters for tests that restart a host or need other server settings.
  */
-import { spawn } from 'node:child_process';
+import { type ChildProcess, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import {
   chmodSync,
@@ -53,6 +53,15 @@ export async function spawnCli(args: readonly string[], env: NodeJS.ProcessEnv =
   return runNode([join(root, 'bin', 'shardctl.js'), ...args], env);
 }
 
+/** The CLI (as spawnCli) started, not awaited: its process, to kill, and its end. */
+export async function startCli(
+  args: readonly string[],
+  env: NodeJS.ProcessEnv = {},
+): Promise<{ child: ChildProcess; done: Promise<ProcessRun> }> {
+  const root = await cliSnapshot();
+  return startNode([join(root, 'bin', 'shardctl.js'), ...args], env);
+}
+
 /** Removes the private copy of the build (call from afterAll). */
 export async function removeCliSnapshot(): Promise<void> {
   const root = await snapshot?.catch(() => undefined);
@@ -85,6 +94,13 @@ async function takeSnapshot(): Promise<string> {
 }
 
 function runNode(args: readonly string[], env: NodeJS.ProcessEnv = {}): Promise<ProcessRun> {
+  return startNode(args, env).done;
+}
+
+function startNode(
+  args: readonly string[],
+  env: NodeJS.ProcessEnv = {},
+): { child: ChildProcess; done: Promise<ProcessRun> } {
   const child = spawn(process.execPath, args, {
     cwd: ROOT,
     env: { ...process.env, NO_COLOR: '1', ...env },
@@ -94,10 +110,11 @@ function runNode(args: readonly string[], env: NodeJS.ProcessEnv = {}): Promise<
   let stderr = '';
   child.stdout.setEncoding('utf8').on('data', (chunk: string) => (stdout += chunk));
   child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
-  return new Promise((resolve, reject) => {
+  const done = new Promise<ProcessRun>((resolve, reject) => {
     child.once('error', reject);
     child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
   });
+  return { child, done };
 }
 
 /** A child running stale JavaScript would test old code: refuse, naming the file (run npm run build). */

@@ -1,4 +1,4 @@
-import { EMPTY, ident, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
+import { EMPTY, ident, int, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { CONTROL, CONTROL_SCHEMA } from '../../fleet/control.js';
 import { TRACKING_LOCK_SQL } from '../../fleet/locks.js';
 import { renderSqlFile } from '../../pg/template.js';
@@ -59,7 +59,16 @@ const [DELTA_TRIGGER, DELTA_TRUNCATE_TRIGGER] = DELTA_TRIGGERS;
 export interface LoggedTable {
   readonly table: TableName;
   readonly method: 'record' | 'text';
+  /**
+   * A table the copy takes in key chunks, on the source: the chunk key's column (its name), whose
+   * text form each entry records, and a start marker written with the triggers (chunks.ts
+   * reconcileByLog).
+   */
+  readonly key?: string;
 }
+
+/** The sign of a start marker in the change log (sql/move_deltas.sql): not a change, left out of the sums. */
+export const LOG_START = 2;
 
 /** The names of move $2's change-log functions (deltaFunctionPrefix $2) in schema $1. */
 export const DELTA_FUNCTIONS_SQL = sql`SELECT p.proname FROM pg_catalog.pg_proc p
@@ -110,10 +119,15 @@ export const COPYING_SETTING = 'shardctl.copying';
  * transaction): any other write only marks the log (entries of no hash, copy-logs.ts), at one
  * call per statement, where a row trigger would cost every copied row.
  */
-function deltaTriggersSql(moveId: string, wave: number, { table, method }: LoggedTable, duringCopy = false): Sql[] {
+function deltaTriggersSql(
+  moveId: string,
+  wave: number,
+  { table, method, key }: LoggedTable,
+  duringCopy = false,
+): Sql[] {
   const fn = qualified(CONTROL_SCHEMA, deltaFunctionName(moveId, wave));
   const name = qualified(table.schema, table.table);
-  const args = list([moveId, method].map((value) => lit(value)));
+  const args = list([moveId, method, ...(key === undefined ? [] : [key])].map((value) => lit(value)));
   const when = duringCopy ? sql` WHEN (current_setting(${lit(COPYING_SETTING)}, true) IS DISTINCT FROM 'on')` : EMPTY;
   const level = duringCopy ? sql`STATEMENT` : sql`ROW`;
   return [
@@ -128,14 +142,17 @@ function deltaTriggersSql(moveId: string, wave: number, { table, method }: Logge
  * transaction that plans its chunks, after its TRUNCATE; or, for a table an earlier run planned,
  * before its chunks are reconciled): the wave's function, and statement triggers that mark any
  * write but the copy's (copy-logs.ts). A row trigger an earlier run left (its copy finished, the run
- * cut off before `copied`) is dropped first. No entry is deleted.
+ * cut off before `copied`) is dropped first. No entry is deleted. `planned`: in the plan's
+ * transaction, with a start marker (logStartSql), so that a marker proves the log there since the
+ * table was emptied for its chunks (chunks.ts reconcileByLog).
  */
-export function copyLogOnTargetSql(moveId: string, wave: number, table: LoggedTable): Sql {
+export function copyLogOnTargetSql(moveId: string, wave: number, table: LoggedTable, planned = false): Sql {
   const name = qualified(table.table.schema, table.table.table);
   return lines([
     ...deltaLogSql(moveId, wave, true),
     sql`DROP TRIGGER IF EXISTS ${ident(DELTA_TRIGGER)} ON ${name};`,
-    ...deltaTriggersSql(moveId, wave, table, true),
+    ...deltaTriggersSql(moveId, wave, { table: table.table, method: table.method }, true),
+    ...(planned ? [logStartSql(moveId, table)] : []),
   ]);
 }
 
@@ -149,7 +166,7 @@ export function copyLogRowsOnTargetSql(moveId: string, wave: number, table: Logg
     sql`BEGIN;`,
     lockTimeoutSql(5000),
     sql`DROP TRIGGER IF EXISTS ${ident(DELTA_TRIGGER)} ON ${name};`,
-    ...deltaTriggersSql(moveId, wave, table),
+    ...deltaTriggersSql(moveId, wave, { table: table.table, method: table.method }),
     sql`COMMIT;`,
   ]);
 }
@@ -201,8 +218,19 @@ export function startSourceDeltasSql(
   ];
   return lines([
     ...transaction(deltaLogSql(moveId, wave, keepEntries)),
-    ...tables.flatMap((t) => transaction(deltaTriggersSql(moveId, wave, t))),
+    ...tables.flatMap((t) =>
+      transaction([...deltaTriggersSql(moveId, wave, t), ...(t.key === undefined ? [] : [logStartSql(moveId, t)])]),
+    ),
   ]);
+}
+
+/**
+ * A start marker of a table's log, in the transaction that creates its triggers: committed once
+ * they are, and gone with the move's entries (every statement that switches a log off or starts it
+ * afresh deletes them), so a marker a snapshot sees proves the log complete from that snapshot on.
+ */
+function logStartSql(moveId: string, { table }: LoggedTable): Sql {
+  return sql`INSERT INTO ${CONTROL}.move_deltas (move_id, schema_name, table_name, sign) VALUES (${lit(moveId)}, ${lit(table.schema)}, ${lit(table.table)}, ${int(LOG_START, 'a sign')});`;
 }
 
 /** The tables of schemas $1 whose two change-log triggers are on (ALWAYS) for move $2: those startSourceDeltasSql did. */
@@ -225,7 +253,7 @@ export const READ_LOG_SUMS_SQL = sql`SELECT schema_name, table_name, max(truncat
             coalesce(sum(sign) FILTER (WHERE seq > truncated_at), 0)::text AS rows_after,
             coalesce(sum(sign * hash::numeric) FILTER (WHERE seq > truncated_at), 0)::text AS checksum_after
        FROM (SELECT *, max(seq) FILTER (WHERE sign = 0) OVER (PARTITION BY schema_name, table_name) AS truncated_at
-               FROM ${CONTROL}.move_deltas WHERE move_id = $1) d
+               FROM ${CONTROL}.move_deltas WHERE move_id = $1 AND sign <> ${int(LOG_START, 'a sign')}) d
       GROUP BY 1, 2`;
 
 /** The keys recorded for move `moveId` by table (as JSON while at most `maxKeys` of them), and whether it was truncated. */

@@ -1,0 +1,23 @@
+-- Control schema version 5: what lets a resumed copy settle its chunks from the source's change
+-- log instead of reading them (src/moves/chunks.ts reconcileByLog, docs/moves.md step 4).
+-- {{control}} is the control schema name, filled in by src/pg/template.ts. Idempotent; the ALTERs
+-- add no default to rows that exist (no rewrite), and run once per host, when its control schema is
+-- brought up to this version.
+--
+-- move_chunks.snapshot: the source's snapshot (pg_current_snapshot(), as text) a chunk was copied
+-- from, set with `copied`. move_deltas.key: the chunk key's text form of the row an entry logs (on
+-- the source, for the tables a copy takes in key chunks); move_deltas.xid: the transaction that wrote
+-- the entry (its change's), so that the entries a chunk's snapshot did not see are known.
+ALTER TABLE {{control}}.move_chunks ADD COLUMN IF NOT EXISTS snapshot text;
+CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
+  seq bigserial,
+  move_id text NOT NULL,
+  schema_name text NOT NULL,
+  table_name text NOT NULL,
+  sign smallint NOT NULL,
+  hash bigint,
+  key text,
+  xid xid8
+);
+ALTER TABLE {{control}}.move_deltas ADD COLUMN IF NOT EXISTS key text, ADD COLUMN IF NOT EXISTS xid xid8;
+ALTER TABLE {{control}}.move_deltas ALTER COLUMN xid SET DEFAULT pg_catalog.pg_current_xact_id();

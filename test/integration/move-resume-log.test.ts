@@ -1,0 +1,172 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import type { MoveResult } from '../../src/index.js';
+import { ShardMap } from '../../src/config/shard-map.js';
+import { runCli } from '../helpers/fleet.js';
+import { move } from '../helpers/faults.js';
+import { removeCliSnapshot, seededFleet, spawnCli, startCli, startShardWriter } from '../helpers/moves.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { waitFor } from '../helpers/migrations.js';
+
+const db = useTestDatabases(2);
+afterAll(removeCliSnapshot);
+
+/**
+ * A resumed copy settles the chunks an earlier run copied from the source's change log when it can
+ * (chunks.ts reconcileByLog), and reads them on both hosts when it cannot; either way it vacuums
+ * only when the target may hold dead rows (a chunk cut off, rows deleted to copy again).
+ */
+
+/** 120,000 photos rows of ~150 bytes per shard, copied in chunks of 12,000 rows: about 10 chunks. */
+const ROWS = 120_000;
+const CHUNK = '12000';
+
+interface Chunk {
+  chunk: number;
+  copied: boolean;
+  attempted: boolean;
+}
+
+async function chunkRecords(shard: number): Promise<Chunk[]> {
+  return withClient(db.urls[1]!, async (c) => {
+    const r = await c.query<Chunk>(
+      `select chunk, copied, snapshot is not null as attempted from shardctl.move_chunks where table_name = $1 order by chunk`,
+      [`"insta${shard}"."photos"`],
+    );
+    return r.rows;
+  });
+}
+
+async function seed(shard: number): Promise<void> {
+  await withClient(db.urls[0]!, (c) =>
+    c.query(
+      `insert into insta${shard}.photos (user_id, image_url) select g, repeat('p', 100) || g from generate_series(1, ${ROWS}) g;
+       analyze insta${shard}.photos`,
+    ),
+  );
+}
+
+/** Every row of the shard's old copy (renamed on the source) on the target, and nothing else but the rows written there after the switch. */
+async function expectRowsEqual(shard: number, writtenOnTarget: readonly bigint[]): Promise<number> {
+  const oldName = await withClient(
+    db.urls[0]!,
+    async (c) =>
+      (
+        await c.query<{ n: string }>(`select nspname as n from pg_namespace where nspname like $1`, [
+          `insta${shard}\\_moved\\_%`,
+        ])
+      ).rows[0]!.n,
+  );
+  const rows = (url: string, sql: string, params: unknown[] = []) =>
+    withClient(url, async (c) => (await c.query<{ r: string }>(sql, params)).rows.map((r) => r.r));
+  const onSource = await rows(db.urls[0]!, `select (p.*)::text as r from "${oldName}".photos p order by id`);
+  const onTarget = await rows(
+    db.urls[1]!,
+    `select (p.*)::text as r from insta${shard}.photos p where not (id::text = any($1::text[])) order by id`,
+    [writtenOnTarget.map(String)],
+  );
+  expect(onTarget.length).toBe(onSource.length);
+  expect(onTarget).toEqual(onSource);
+  return onSource.length;
+}
+
+async function deadRows(shard: number): Promise<string> {
+  return withClient(db.urls[1]!, async (c) => {
+    await c.query('select pg_stat_force_next_flush()');
+    return (
+      await c.query<{ n: string }>(
+        `select n_dead_tup::text as n from pg_stat_user_tables where schemaname = $1 and relname = 'photos'`,
+        [`insta${shard}`],
+      )
+    ).rows[0]!.n;
+  });
+}
+
+describe('a resumed copy and the source change log', () => {
+  let fleet: Awaited<ReturnType<typeof seededFleet>>['fleet'];
+
+  it('killed in the middle of a chunk: the chunks copied before are settled from the log (nothing read), the cut-off chunk vacuumed, no dead rows', async () => {
+    ({ fleet } = await seededFleet(db.urls, 1, 0));
+    await seed(1);
+    await seed(0);
+    const writer = startShardWriter(await ShardMap.load(fleet.configFile), 1);
+    await waitFor('writes', async () => writer.acknowledged.length > 10);
+
+    // Two copying pairs held to about 3 MB/s, so that a chunk takes most of a second: killed once
+    // two chunks are in and another one's copy has begun (its attempt recorded, not committed).
+    const run = await startCli(
+      move(fleet, 1, '--to', 'pg2', '--copy-chunk-rows', CHUNK, '--copy-parallel', '2', '--max-rate', '3000000'),
+    );
+    await waitFor('two chunks copied and the rows of another one coming in', async () => {
+      const chunks = await chunkRecords(1);
+      const loading = await withClient(db.urls[1]!, async (c) =>
+        Number(
+          (
+            await c.query<{ n: string }>(
+              `select coalesce(max(tuples_processed), 0)::text as n from pg_stat_progress_copy where command = 'COPY FROM'`,
+            )
+          ).rows[0]!.n,
+        ),
+      );
+      return (
+        chunks.filter((c) => c.copied).length >= 2 && chunks.some((c) => c.attempted && !c.copied) && loading > 2000
+      );
+    });
+    run.child.kill('SIGKILL');
+    expect((await run.done).signal).toBe('SIGKILL');
+    const killed = await chunkRecords(1);
+    const copiedBefore = killed.filter((c) => c.copied).length;
+    expect(killed.some((c) => c.attempted && !c.copied)).toBe(true);
+    // The cut-off chunk's rows, rolled back, are dead rows on the target.
+    expect(Number(await deadRows(1))).toBeGreaterThan(0);
+    // No row of a copied chunk changes: nothing is deleted on the target, so only the cut-off
+    // chunk's rolled-back rows call for the vacuum.
+
+    const last = await runCli(move(fleet, 1, '--resume', '--json', '--copy-chunk-rows', CHUNK, '--copy-parallel', '2'));
+    expect(last.code, last.stderr).toBe(0);
+    const result = JSON.parse(last.stdout) as MoveResult;
+    expect(result.chunks).toEqual({
+      copied: killed.length - copiedBefore,
+      recopied: 0,
+      fromLog: copiedBefore,
+      compared: 0,
+    });
+    await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg2'));
+    await writer.stop();
+    const rows = await expectRowsEqual(
+      1,
+      writer.acknowledged.filter((a) => a.host === 'pg2').map((a) => a.id),
+    );
+    expect(rows).toBe(ROWS + writer.acknowledged.filter((a) => a.host === 'pg1').length);
+    expect(await deadRows(1)).toBe('0');
+  });
+
+  it('a log that cannot tell (its start markers gone): the chunks copied before are read on both hosts instead', async () => {
+    const writer = startShardWriter(await ShardMap.load(fleet.configFile), 0);
+    await waitFor('writes', async () => writer.acknowledged.length > 10);
+    const first = await spawnCli(move(fleet, 0, '--to', 'pg2', '--copy-chunk-rows', CHUNK, '--copy-parallel', '1'), {
+      SHARDCTL_FAULT_AFTER_CHUNKS: '3',
+    });
+    expect(first.signal, first.stderr).toBe('SIGKILL');
+    const killed = await chunkRecords(0);
+    expect(killed.filter((c) => c.copied).map((c) => c.chunk)).toEqual([0, 1, 2]);
+    // As if the source's log had been switched off and started again since those chunks' copy.
+    await withClient(db.urls[0]!, async (c) => {
+      const r = await c.query(`delete from shardctl.move_deltas where sign = 2`);
+      expect(r.rowCount).toBeGreaterThan(0);
+      await c.query(`update insta0.photos set caption = 'changed' where id = (select min(id) from insta0.photos)`);
+    });
+
+    const last = await runCli(move(fleet, 0, '--resume', '--json', '--copy-chunk-rows', CHUNK, '--copy-parallel', '2'));
+    expect(last.code, last.stderr).toBe(0);
+    const result = JSON.parse(last.stdout) as MoveResult;
+    expect(result.chunks).toEqual({ copied: killed.length - 3, recopied: 1, fromLog: 0, compared: 3 });
+    await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg2'));
+    await writer.stop();
+    const rows = await expectRowsEqual(
+      0,
+      writer.acknowledged.filter((a) => a.host === 'pg2').map((a) => a.id),
+    );
+    expect(rows).toBe(ROWS + writer.acknowledged.filter((a) => a.host === 'pg1').length);
+    expect(await deadRows(0)).toBe('0');
+  });
+});
