@@ -240,19 +240,17 @@ export async function recordPlan(
   { replace = false, after }: { readonly replace?: boolean; readonly after?: string | null } = {},
 ): Promise<ChunkRecord[]> {
   const edges = [null, ...bounds, null];
-  const chunks: ChunkRecord[] = edges
-    .slice(0, -1)
-    .map((lo, i) => ({
-      table,
-      chunk: i,
-      key,
-      lo,
-      hi: edges[i + 1]!,
-      copied: false,
-      rows: null,
-      bytes: null,
-      snapshot: null,
-    }));
+  const chunks: ChunkRecord[] = edges.slice(0, -1).map((lo, i) => ({
+    table,
+    chunk: i,
+    key,
+    lo,
+    hi: edges[i + 1]!,
+    copied: false,
+    rows: null,
+    bytes: null,
+    snapshot: null,
+  }));
   await writer.query('BEGIN');
   try {
     await writer.query(`TRUNCATE ${table}`);
