@@ -204,13 +204,17 @@ async function whileWritable(
   // those reads while fenced until the fence limit: the fence waits for it here instead, while
   // the shards take writes, retrying for as long as it would retry its own locks (fenceTimeoutMs),
   // then stops with nothing fenced.
+  /** The statement the source's read of this attempt prepared (or began to). */
+  let attempted: string | null = null;
   const read = (side: MoveContext['source'], leaves: readonly LeafTable[]) =>
     readIfFree(side.client, lockWaitMs, async () => {
       let states: SequenceState[] | null = null;
       let name: string | null = null;
       if (sequences.length > 0 && side === ctx.source) {
-        // A name of its own each time: a statement prepared by an attempt that then met a lock stays.
+        // A name of its own each time (a prepared statement outlives the transaction that made it);
+        // an attempt that then meets a lock deallocates it (once).
         name = `shardctl_fence_sequences_${++preparedReads}`;
+        attempted = name;
         await side.client.query(prepareSequencesReadSql(name, fenceSequenceReads(ctx, sequences)));
       } else if (sequences.length > 0) states = await readSequences(side, sequences);
       await leavesNow(side.client, leaves);
@@ -220,6 +224,7 @@ async function whileWritable(
   let told = false;
   let busy = ctx.source;
   const once = async (): Promise<{ prepared: Set<number>; sequencesRead: string | null } | typeof BUSY> => {
+    attempted = null;
     const settled = await Promise.allSettled([read(ctx.source, onSource), read(ctx.target, onTarget)]);
     for (const r of settled) if (r.status === 'rejected') throw r.reason;
     const [source, target] = settled.map(
@@ -230,6 +235,8 @@ async function whileWritable(
       if (target.value.states) ctx.current.sequences = { list: sequences, target: target.value.states };
       return { prepared, sequencesRead: source.value.name };
     }
+    // Not left on the session for the attempts to come (none if the PREPARE itself met the lock).
+    if (attempted !== null) await ctx.source.client.query(deallocateSql(attempted)).catch(() => undefined);
     busy = source ? ctx.target : ctx.source;
     return BUSY;
   };
