@@ -5,6 +5,7 @@ import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { CopyMeter } from './copy-meter.js';
 import { BEGIN_COPY_SQL } from './sql/copy.js';
+import { TIMELINE_SQL } from './sql/failover.js';
 import { LOG_START } from './sql/tail.js';
 import { STABLE_TEXT_SETTINGS, sumsColumnsSql, type HashMethod } from './sql/verify.js';
 
@@ -443,7 +444,8 @@ async function settleChunks(
  * the target, the table's log runs since the plan's transaction (its marker, `planned` in
  * copyLogOnTargetSql) and holds no entry: nothing but the copy wrote there, so the target holds
  * exactly the chunks recorded copied (a chunk cut off by a kill was rolled back). The log cannot
- * tell (null) when: a chunk copied before has no recorded snapshot (an older shardctl's), a marker
+ * tell (null) when: a chunk copied before has no recorded snapshot (an older shardctl's) or was
+ * copied by another incarnation of the source's server (SOURCE_INCARNATION_SQL), a marker
  * is missing, an entry it must place has no key or transaction (a TRUNCATE, an entry written before
  * the control schema's version 5), or the target's log has entries or no marker.
  */
@@ -457,7 +459,13 @@ export async function reconcileByLog(
 ): Promise<SettledChunks | null> {
   const { table } = chunks[0]!;
   const copied = chunks.filter((c) => c.copied);
-  if (copied.length === 0 || copied.some((c) => !c.snapshot)) return null;
+  const snapshots = copied.map((c) => parseCopySnapshot(c.snapshot));
+  if (copied.length === 0 || snapshots.some((s) => s === null)) return null;
+  // A failover or a crash of the source since a chunk's copy may have lost changes that chunk holds,
+  // with their log entries: only the chunks copied by the source's server as it runs now are settled
+  // by its log.
+  const incarnation = (await reader.query<{ incarnation: string }>(SOURCE_INCARNATION_SQL)).rows[0]!.incarnation;
+  if (snapshots.some((s) => s!.incarnation !== incarnation)) return null;
   const bounds = chunks.slice(1).map((c) => c.lo!);
   const chunkOfEntry = chunkOfLoggedKeySql('d.key', keyType, bounds, keyCollation);
   const [onSource, onTarget] = await Promise.all([
@@ -469,7 +477,7 @@ export async function reconcileByLog(
                         AND EXISTS (SELECT FROM c WHERE NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap))))) AS unknown,
               ARRAY(SELECT DISTINCT c.chunk FROM d JOIN c ON c.chunk = ${chunkOfEntry}
                      WHERE d.sign IN (-1, 1) AND d.key IS NOT NULL AND NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap)) AS changed`,
-      [moveId, table, copied.map((c) => c.chunk), copied.map((c) => c.snapshot)],
+      [moveId, table, copied.map((c) => c.chunk), snapshots.map((s) => s!.snapshot)],
     ),
     writer.query<{ started: boolean; entries: string }>(
       `WITH ${LOG_OF_TABLE_SQL}
@@ -544,6 +552,29 @@ export async function copyChunk(
 
 /** A chunk's snapshot when the copy had none to record (not a pg_snapshot: the log cannot settle it). */
 const ATTEMPTED = '';
+
+/**
+ * A chunk's snapshot as its record keeps it: which run of the source's server it was taken on (its
+ * incarnation: the timeline and the server's start, SOURCE_INCARNATION_SQL) and its pg_snapshot's
+ * text (`7.1764377000123/1234:1240:1236,1238`), so that a failover or a restart of the source since
+ * is seen (reconcileByLog).
+ */
+export function copySnapshotText(incarnation: string, snapshot: string): string {
+  return `${incarnation}/${snapshot}`;
+}
+
+/** copySnapshotText read back; null for anything else (an attempt without a snapshot). */
+export function parseCopySnapshot(text: string | null): { incarnation: string; snapshot: string } | null {
+  const match = text === null ? null : /^(\d+\.\d+)\/(\d+:\d+:[\d,]*)$/.exec(text);
+  return match ? { incarnation: match[1]!, snapshot: match[2]! } : null;
+}
+
+/**
+ * The source server's incarnation: its timeline (a failover or a point-in-time recovery moves it
+ * on) and the time it started in ms (a crash may lose changes committed without waiting for their
+ * WAL flush, and their log entries with them).
+ */
+export const SOURCE_INCARNATION_SQL = `SELECT (${TIMELINE_SQL})::text || '.' || floor(extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000)::bigint::text AS incarnation`;
 
 /**
  * Whether a table's target may hold dead rows before its chunks left are copied: a chunk whose copy

@@ -166,6 +166,12 @@ export interface MoveContext {
   chunksFromLog: number;
   chunksCompared: number;
   /**
+   * Online: the standbys' physical slots the source's logical walsenders have waited for since the
+   * move began (or since the last failover it came through), as recorded; only ever narrowed
+   * (watchStandbySlots in failover.ts).
+   */
+  standbySlots: string[];
+  /**
    * The large tables' figures this run's copy took for the first wave's verification (copy-logs.ts),
    * by `schema.table`, until its pre-verification takes them (takeCopyFigures); null when none.
    */
@@ -345,6 +351,7 @@ export function moveContext(
     chunksRecopied: 0,
     chunksFromLog: 0,
     chunksCompared: 0,
+    standbySlots: Array.isArray(detail['standbySlots']) ? (detail['standbySlots'] as unknown[]).map(String) : [],
     copyFigures: null,
     spares: null,
     timeoutsSetAt: new Map(),

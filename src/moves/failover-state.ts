@@ -1,5 +1,6 @@
 import type { HostSession } from '../fleet/session.js';
-import type { MoveContext } from './context.js';
+import { type MoveContext, notice } from './context.js';
+import { recordDetail } from './state.js';
 import { FAILOVER_SLOTS_FROM, PRIMARY_SLOT_SQL, STANDBY_SLOTS_SQL, TIMELINE_SQL } from './sql/failover.js';
 
 /**
@@ -56,4 +57,29 @@ export async function readStandbySlots(source: HostSession): Promise<string[]> {
 /** The physical slot a promoted standby streamed from ('' when none is set). */
 export async function readPrimarySlot(source: HostSession): Promise<string> {
   return (await source.client.query<{ slot: string }>(PRIMARY_SLOT_SQL)).rows[0]?.slot ?? '';
+}
+
+/**
+ * Between steps (never while a wave is fenced): a standby slot recorded as waited for that the
+ * source's `synchronized_standby_slots` no longer lists is taken out of the record on both hosts,
+ * for good (the walsenders may have sent the target WAL that standby lacks since), so that a
+ * failover to that standby afterwards restarts the copy instead of trusting the slot it
+ * synchronized (untrustedSyncedSlot). One added since is not added: what was sent before cannot be
+ * known. A removal followed by a failover before the next check (a step, or the start of a resumed
+ * run) cannot be told apart: docs/moves.md, "Failovers during a move".
+ */
+export async function watchStandbySlots(ctx: MoveContext): Promise<void> {
+  if (ctx.mode !== 'online' || ctx.standbySlots.length === 0) return;
+  const listed = new Set(await readStandbySlots(ctx.source));
+  const gone = ctx.standbySlots.filter((slot) => !listed.has(slot));
+  if (gone.length === 0) return;
+  const kept = ctx.standbySlots.filter((slot) => listed.has(slot));
+  await Promise.all(
+    [ctx.source.client, ctx.target.client].map((client) => recordDetail(client, ctx.moveId, { standbySlots: kept })),
+  );
+  ctx.standbySlots = kept;
+  notice(
+    ctx,
+    `host ${ctx.source.host.name}: synchronized_standby_slots no longer lists ${gone.join(', ')}: its walsenders may send host ${ctx.target.host.name} changes that standby lacks, so a failover of ${ctx.source.host.name} to it during this move restarts the copy`,
+  );
 }

@@ -136,6 +136,7 @@ async function untrustedSyncedSlot(
 
 async function recordTimelines(ctx: MoveContext, timelines: Timelines): Promise<void> {
   const standbySlots = await readStandbySlots(ctx.source);
+  ctx.standbySlots = standbySlots;
   await Promise.all(
     [ctx.source.client, ctx.target.client].map((client) =>
       recordDetail(client, ctx.moveId, { timelines, standbySlots }),

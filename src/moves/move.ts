@@ -7,6 +7,7 @@ import { ACTIVE_SHARDS_SQL } from './sql/control.js';
 import { dropUnusedFenceGuardsSql } from './sql/leftovers.js';
 import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { beginWave, type MoveContext, waveShards } from './context.js';
+import { watchStandbySlots } from './failover-state.js';
 import { record } from './progress.js';
 import { createAndCopy, createTargets, copyFromSnapshot, copyShards, dropTargets } from './copy.js';
 import { publish, subscribe, waitForSync, dropReplication, deleteMarkers } from './replication.js';
@@ -102,7 +103,10 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     const step = steps[next]!;
     // From the fence to the switch a target that stops answering is not waited for past the fence
     // limit (watchFence), in the step and in its undo alike.
-    const unwatch = ctx.mode === 'online' && FENCE_WATCHED.includes(step) ? watchFence(ctx) : undefined;
+    const fencedStep = FENCE_WATCHED.includes(step);
+    // Not while fenced: a round trip there is one more while writes wait.
+    if (!fencedStep || step === 'fenced') await watchStandbySlots(ctx);
+    const unwatch = ctx.mode === 'online' && fencedStep ? watchFence(ctx) : undefined;
     try {
       let outcome: UndoThenReport | void;
       try {

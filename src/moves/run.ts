@@ -159,18 +159,18 @@ async function startMoves(
       const moves = await runParts(
         planned.map(({ part, group, checks, waves, sourcePrivileges }, i) => async () => {
           const moveId = newMoveId();
+          // The timelines, so that a resumed move knows whether a host failed over since (failover.ts).
+          // And the standbys the source's walsenders wait for: whether a synced slot can be trusted then.
+          const [timelines, standbySlots] = await Promise.all([readTimelines(part), readStandbySlots(part.source)]);
           const ctx = moveContext(
             config,
-            { moveId, mode, shards: group.shards, detail: { waves } },
+            { moveId, mode, shards: group.shards, detail: { waves, standbySlots } },
             part,
             migrations,
             options,
           );
           ctx.sourcePrivileges = sourcePrivileges;
           ctx.spares = spares[i] ?? null;
-          // The timelines, so that a resumed move knows whether a host failed over since (failover.ts).
-          // And the standbys the source's walsenders wait for: whether a synced slot can be trusted then.
-          const [timelines, standbySlots] = await Promise.all([readTimelines(part), readStandbySlots(part.source)]);
           // Both hosts at once: the control schema completed (where a host's is older), then the move recorded.
           await Promise.all(
             [part.source, part.target].map(async (side) => {

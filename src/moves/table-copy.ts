@@ -39,6 +39,8 @@ import {
   copyChunk,
   keysAndColumns,
   planChunks,
+  copySnapshotText,
+  SOURCE_INCARNATION_SQL,
   FORGET_ATTEMPTS_SQL,
   needsVacuum,
   reconcileByLog,
@@ -372,9 +374,12 @@ interface ChunkShape {
 /** The session's pending statistics sent when this statement ends (PostgreSQL 15 and later). */
 const FLUSH_STATS_SQL = 'SELECT pg_catalog.pg_stat_force_next_flush()';
 
-/** The snapshot of the reader's transaction (the copy's), as pg_snapshot's text. */
+/** The snapshot of the reader's transaction (the copy's) as a chunk records it (chunks.ts copySnapshotText). */
 async function currentSnapshot(reader: pg.Client): Promise<string> {
-  return (await reader.query<{ s: string }>('SELECT pg_catalog.pg_current_snapshot()::text AS s')).rows[0]!.s;
+  const r = await reader.query<{ s: string; incarnation: string }>(
+    `SELECT pg_catalog.pg_current_snapshot()::text AS s, (${SOURCE_INCARNATION_SQL}) AS incarnation`,
+  );
+  return copySnapshotText(r.rows[0]!.incarnation, r.rows[0]!.s);
 }
 
 /** A copy of fewer bytes than this is not taken as the measured rate (connection and catalog costs dominate). */

@@ -412,6 +412,84 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
   }, 180_000);
 });
 
+describe('synchronized_standby_slots taken away during a move', () => {
+  it('a resumed run sees the standby slot gone from the setting and records it: a failover to that standby afterwards restarts the copy', async () => {
+    const standby = { sync_replication_slots: 'on', hot_standby_feedback: 'on' };
+    const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN, standbySettings: standby });
+    hosts.push(host);
+    // The walsenders wait for the standby when the move begins: recorded so.
+    await syncStandbySlots(host);
+    const { fleet, sharedUrl: targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+    await withClient(primaryDb, (c) =>
+      c.query(`insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 1000) g`),
+    );
+    const first = await spawnCli(move(fleet, 0, '--to', 'pg2'), { SHARDCTL_FAULT_AFTER_STEP: 'prepared' });
+    expect(first.signal, first.stderr).toBe('SIGKILL');
+    // Taken away while no run is on: the resumed run finds it gone before its first step.
+    await withClient(host.primary.url, async (c) => {
+      await c.query(`alter system reset synchronized_standby_slots`);
+      await c.query('select pg_reload_conf()');
+    });
+    const second = await spawnCli(move(fleet, 0, '--resume'), { SHARDCTL_FAULT_AFTER_STEP: 'subscribed' });
+    expect(second.signal, second.stderr).toBe('SIGKILL');
+    expect(second.stderr).toMatch(
+      new RegExp(
+        `synchronized_standby_slots no longer lists ${host.standbySlot!}: its walsenders may send host pg2 changes that standby lacks`,
+      ),
+    );
+    await host.caughtUp();
+    await slotSynced(host);
+    // As without the setting: the target goes on past what the standby has.
+    await cutOffStandby(host);
+    const lost = await write(primaryDb, 'mf0', 30);
+    await rowsReach(targetUrl, 'mf0', 1030);
+    host.stopPrimary('immediate');
+    host.promote();
+    const acked = await write(standbyDb, 'mf0', 30);
+    const before = await ids(standbyDb, 'mf0');
+
+    const run = await runCli(move(fleet, 0, '--resume'));
+    expect(run.code, run.stderr).toBe(0);
+    expect(`${run.stdout}\n${run.stderr}`).toMatch(
+      /was not in synchronized_standby_slots when recorded\): host pg2 may hold changes the new primary never had; .*restarting the copy of shard 0 from a new slot/,
+    );
+    const after = await ids(targetUrl, 'mf0');
+    expect(after).toEqual(before);
+    expect(after).toEqual(expect.arrayContaining(acked));
+    expect(after.filter((id) => lost.includes(id))).toEqual([]);
+  }, 180_000);
+});
+
+describe('a copy in chunks cut off, then the source fails over', () => {
+  it("--resume reads the chunks copied before on both hosts: the source's log cannot vouch for a chunk copied on the old primary's timeline", async () => {
+    const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN });
+    hosts.push(host);
+    const { fleet, sharedUrl: targetUrl, primaryDb, standbyDb } = await replicatedFleet(host);
+    await withClient(primaryDb, (c) =>
+      c.query(
+        `insert into mf0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 30000) g; analyze mf0.photos`,
+      ),
+    );
+    const killed = await spawnCli(move(fleet, 0, '--to', 'pg2', '--copy-chunk-rows', '5000', '--copy-parallel', '1'), {
+      SHARDCTL_FAULT_AFTER_CHUNKS: '3',
+    });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await host.caughtUp();
+    host.stopPrimary('immediate');
+    host.promote();
+    const acked = await write(standbyDb, 'mf0', 20);
+    const before = await ids(standbyDb, 'mf0');
+
+    const run = await runCli(move(fleet, 0, '--resume', '--json', '--copy-chunk-rows', '5000'));
+    expect(run.code, run.stderr).toBe(0);
+    const result = JSON.parse(run.stdout) as { chunks: Record<string, number> };
+    expect(result.chunks).toMatchObject({ fromLog: 0, compared: 3 });
+    const after = await ids(targetUrl, 'mf0');
+    expect(after).toEqual(before);
+    expect(after).toEqual(expect.arrayContaining(acked));
+  }, 180_000);
+});
+
 describe('a target that fails over, its standby behind on what it applied', () => {
   it('--resume sees the promoted target (its timeline) and restarts the copy; every row of the source ends on it', async () => {
     // PostgreSQL 18 on both sides: the source a database on the shared host, the target a primary and its standby.

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { boundsFromHistogram } from '../../src/moves/chunks.js';
+import { boundsFromHistogram, copySnapshotText, parseCopySnapshot } from '../../src/moves/chunks.js';
 
 /** A histogram of `n` bounds: 0, 100, 200, … as text. */
 const histogram = (n: number) => Array.from({ length: n }, (_, i) => String(i * 100));
@@ -44,5 +44,26 @@ describe('chunk bounds from the key statistics', () => {
         },
       ),
     );
+  });
+});
+
+describe("a chunk's recorded snapshot", () => {
+  it('reads back the timeline and the pg_snapshot it was written with, and nothing else', () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 1, max: 2 ** 31 - 1 }),
+        fc.integer({ min: 0, max: Number.MAX_SAFE_INTEGER }),
+        fc.bigInt({ min: 3n, max: 2n ** 63n - 1n }),
+        fc.array(fc.bigInt({ min: 3n, max: 2n ** 63n - 1n }), { maxLength: 5 }),
+        (timeline, startedMs, xmin, running) => {
+          const incarnation = `${timeline}.${startedMs}`;
+          const snapshot = `${xmin}:${xmin + 10n}:${running.join(',')}`;
+          expect(parseCopySnapshot(copySnapshotText(incarnation, snapshot))).toEqual({ incarnation, snapshot });
+        },
+      ),
+    );
+    // An attempt recorded without a snapshot, a snapshot without its timeline, anything else.
+    for (const text of [null, '', '1234:1240:', '1/1:2:', '1.5/', '1.5/x:y:', 'a.1/1:2:', '1.5/1:2:3;drop'])
+      expect(parseCopySnapshot(text)).toBeNull();
   });
 });
