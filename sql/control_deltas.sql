@@ -4,10 +4,12 @@
 -- add no default to rows that exist (no rewrite), and run once per host, when its control schema is
 -- brought up to this version.
 --
--- move_chunks.snapshot: the source's snapshot (pg_current_snapshot(), as text) a chunk was copied
--- from, set with `copied`. move_deltas.key: the chunk key's text form of the row an entry logs (on
--- the source, for the tables a copy takes in key chunks); move_deltas.xid: the transaction that wrote
--- the entry (its change's), so that the entries a chunk's snapshot did not see are known.
+-- move_deltas: the moves' change logs (sql/move_deltas.sql says what a row is), created here since
+-- this version (before, by a move's first log); its key and xid: the chunk key's text form of the
+-- row an entry logs (on the source, for the tables a copy takes in key chunks) and the transaction
+-- that wrote it (its change's), so that the entries a chunk's snapshot did not see are known.
+-- move_chunks.snapshot: the source's snapshot a chunk was copied from (src/moves/chunks.ts
+-- copySnapshotText), written when its copy begins.
 ALTER TABLE {{control}}.move_chunks ADD COLUMN IF NOT EXISTS snapshot text;
 CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
   seq bigserial,

@@ -6,25 +6,14 @@
 -- replacing the function (the target's after the wave's verification, the source's by an unfence,
 -- --abort or the clean-up), then dropped where their table is free.
 --
--- move_deltas: per row a write touched, the checksum's hash of the row as it was (sign -1) and as
--- it is (sign +1); a TRUNCATE is a row with sign 0. seq orders a table's entries: a TRUNCATE holds
--- ACCESS EXCLUSIVE until it commits, so every entry of its table after it in seq order was written
--- after it, and every entry before it was written before. key: the text form of the row's column
--- named by TG_ARGV[2], when given (the chunk key of a table copied in chunks); xid: the writing
--- transaction. A row of sign 2 is a start marker (sql/control_deltas.sql, src/moves/chunks.ts),
--- written with the triggers of a table copied in chunks; the sums leave it out. The table is the
--- control schema's (version 5, sql/control_deltas.sql); created here too for a host whose control
--- schema a move did not bring up to date.
-CREATE TABLE IF NOT EXISTS {{control}}.move_deltas (
-  seq bigserial,
-  move_id text NOT NULL,
-  schema_name text NOT NULL,
-  table_name text NOT NULL,
-  sign smallint NOT NULL,
-  hash bigint,
-  key text,
-  xid xid8 DEFAULT pg_catalog.pg_current_xact_id()
-);
+-- move_deltas (the control schema's, sql/control_deltas.sql: every move and every resumed one
+-- brings both hosts' control schemas up to date first): per row a write touched, the checksum's hash
+-- of the row as it was (sign -1) and as it is (sign +1); a TRUNCATE is a row with sign 0. seq orders
+-- a table's entries: a TRUNCATE holds ACCESS EXCLUSIVE until it commits, so every entry of its table
+-- after it in seq order was written after it, and every entry before it was written before. key:
+-- the text form of the row's column named by TG_ARGV[2], when given (the chunk key of a table
+-- copied in chunks); xid: the writing transaction. A row of sign 2 is a start marker
+-- (src/moves/chunks.ts), written with the triggers of a table copied in chunks; the sums leave it out.
 
 -- The trigger function, one per wave of a move (src/moves/sql.ts deltaFunctionName), so that a
 -- wave's logs are switched off by replacing it with one that does nothing (logsOffSql): no

@@ -2,7 +2,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { shardsPhrase } from '../config/ranges.js';
 import { failureReason, RuntimeFailure } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { controlTableExists, MOVE_ABORTING } from '../fleet/control.js';
+import { completeControlSchema, controlTableExists, MOVE_ABORTING } from '../fleet/control.js';
 import { Fleet, withSession, type HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { announce, moveContext, moveResult, type MoveOptions } from './context.js';
@@ -64,6 +64,10 @@ export async function continueMoves(
             await recordOf(part.target, record),
           );
           if (options.resume && abortBegun(detail)) throw abortToFinish(record, step);
+          // A move an older shardctl began: the control schema brought up to date first on both
+          // hosts (the change logs this run sets up write its newer columns), as a new move does.
+          if (!options.dryRun)
+            await Promise.all([part.source, part.target].map((side) => completeControlSchema(side.client, config)));
           const ctx = moveContext(config, { ...record, detail }, part, migrations, options);
           const steps = stepsFor(record.mode);
           if (options.dryRun)

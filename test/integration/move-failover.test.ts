@@ -177,6 +177,29 @@ async function seedBoth(url: string, n: number): Promise<void> {
   });
 }
 
+/**
+ * Once mf0's 1,000 rows are on the target: the standby (its synced slot sync-ready) stops receiving,
+ * the target goes on applying 30 more of the old primary's writes (`lost`), past anything the
+ * standby, and so the new primary, will have; then the primary crashes, the standby is promoted and
+ * takes 30 writes (`acked`). `before`: the new primary's mf0 ids.
+ */
+async function failOverBehindTarget(
+  host: ReplicatedHost,
+  primaryDb: string,
+  standbyDb: string,
+  targetUrl: string,
+): Promise<{ lost: string[]; acked: string[]; before: string[] }> {
+  await host.caughtUp();
+  await slotSynced(host);
+  await cutOffStandby(host);
+  const lost = await write(primaryDb, 'mf0', 30);
+  await rowsReach(targetUrl, 'mf0', 1030);
+  host.stopPrimary('immediate');
+  host.promote();
+  const acked = await write(standbyDb, 'mf0', 30);
+  return { lost, acked, before: await ids(standbyDb, 'mf0') };
+}
+
 /** Both shards of `fleet` to pg2, one per wave (the args of move-shard). */
 function moveBoth(fleet: { configFile: string }, ...flags: string[]): string[] {
   return ['move-shard', '0,1', ...flags, '--yes', '-c', fleet.configFile];
@@ -386,17 +409,7 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
     );
     const killed = await spawnCli(move(fleet, 0, '--to', 'pg2'), { SHARDCTL_FAULT_AFTER_STEP: 'subscribed' });
     expect(killed.signal, killed.stderr).toBe('SIGKILL');
-    await host.caughtUp();
-    await slotSynced(host);
-    // The standby (its synced slot sync-ready) stops receiving; the target goes on applying the old
-    // primary's writes, past anything the standby, and so the new primary, will have.
-    await cutOffStandby(host);
-    const lost = await write(primaryDb, 'mf0', 30);
-    await rowsReach(targetUrl, 'mf0', 1030);
-    host.stopPrimary('immediate');
-    host.promote();
-    const acked = await write(standbyDb, 'mf0', 30);
-    const before = await ids(standbyDb, 'mf0');
+    const { lost, acked, before } = await failOverBehindTarget(host, primaryDb, standbyDb, targetUrl);
     expect(before).toHaveLength(1030);
 
     const run = await runCli(move(fleet, 0, '--resume'));
@@ -437,16 +450,8 @@ describe('synchronized_standby_slots taken away during a move', () => {
         `synchronized_standby_slots no longer lists ${host.standbySlot!}: its walsenders may send host pg2 changes that standby lacks`,
       ),
     );
-    await host.caughtUp();
-    await slotSynced(host);
     // As without the setting: the target goes on past what the standby has.
-    await cutOffStandby(host);
-    const lost = await write(primaryDb, 'mf0', 30);
-    await rowsReach(targetUrl, 'mf0', 1030);
-    host.stopPrimary('immediate');
-    host.promote();
-    const acked = await write(standbyDb, 'mf0', 30);
-    const before = await ids(standbyDb, 'mf0');
+    const { lost, acked, before } = await failOverBehindTarget(host, primaryDb, standbyDb, targetUrl);
 
     const run = await runCli(move(fleet, 0, '--resume'));
     expect(run.code, run.stderr).toBe(0);

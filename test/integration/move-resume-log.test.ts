@@ -169,4 +169,39 @@ describe('a resumed copy and the source change log', () => {
     expect(rows).toBe(ROWS + writer.acknowledged.filter((a) => a.host === 'pg1').length);
     expect(await deadRows(0)).toBe('0');
   });
+  it('a move an older shardctl began (control schema version 4) is resumed by this one: the control schema is brought up to date first, and writes logged with the new columns go on', async () => {
+    await withClient(db.urls[1]!, (c) =>
+      c.query(
+        `insert into insta2.photos (user_id, image_url) select g, repeat('p', 100) || g from generate_series(1, 40000) g;
+         analyze insta2.photos`,
+      ),
+    );
+    const writer = startShardWriter(await ShardMap.load(fleet.configFile), 2);
+    await waitFor('writes', async () => writer.acknowledged.length > 10);
+    const first = await spawnCli(move(fleet, 2, '--to', 'pg1'), { SHARDCTL_FAULT_AFTER_STEP: 'prepared' });
+    expect(first.signal, first.stderr).toBe('SIGKILL');
+    // As a host an older shardctl wrote: none of version 5's columns.
+    for (const url of db.urls)
+      await withClient(url, (c) =>
+        c.query(`alter table shardctl.move_deltas drop column key, drop column xid;
+                 alter table shardctl.move_chunks drop column snapshot;
+                 update shardctl.layout set control_version = 4`),
+      );
+
+    const last = await runCli(move(fleet, 2, '--resume', '--json', '--copy-chunk-rows', CHUNK));
+    expect(last.code, last.stderr).toBe(0);
+    expect((JSON.parse(last.stdout) as MoveResult).chunks.copied).toBeGreaterThan(1);
+    await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg1'));
+    // The source's log triggers wrote their key and transaction all along: no write failed.
+    await writer.stop();
+    for (const url of db.urls)
+      await withClient(url, async (c) => {
+        const columns = await c.query<{ n: string }>(
+          `select count(*)::text as n from pg_attribute where not attisdropped and
+             ((attrelid = 'shardctl.move_deltas'::regclass and attname in ('key', 'xid'))
+              or (attrelid = 'shardctl.move_chunks'::regclass and attname = 'snapshot'))`,
+        );
+        expect(columns.rows[0]!.n).toBe('3');
+      });
+  });
 });
