@@ -262,7 +262,7 @@ export interface KeyedTable extends KeyedTableName {
  * Key types whose JSON form (to_jsonb) reads back to the same value (jsonb_to_recordset): the
  * lookup must find exactly the row that was recorded.
  */
-const EXACT_KEY_TYPES = [
+export const EXACT_KEY_TYPES = [
   'int2',
   'int4',
   'int8',

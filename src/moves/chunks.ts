@@ -5,6 +5,7 @@ import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { CopyMeter } from './copy-meter.js';
 import { BEGIN_COPY_SQL } from './sql/copy.js';
+import { EXACT_KEY_TYPES } from './catalog.js';
 import { TIMELINE_SQL } from './sql/failover.js';
 import { LOG_START } from './sql/tail.js';
 import { STABLE_TEXT_SETTINGS, sumsColumnsSql, type HashMethod } from './sql/verify.js';
@@ -407,7 +408,7 @@ async function settleChunks(
     }
     if (chunk.copied) recopied.add(chunk.chunk);
     if (holdsRows(chunk)) cleared.push(chunk.chunk);
-    toCopy.push(chunk.copied ? { ...chunk, copied: false, rows: null, bytes: null, snapshot: null } : chunk);
+    toCopy.push(chunk.copied ? { ...chunk, copied: false, rows: null, bytes: null, snapshot: ATTEMPTED } : chunk);
   }
   if (cleared.length > 0)
     // As a chunk's copy, in the copy's transaction (its own writes are left out of the target's
@@ -417,8 +418,9 @@ async function settleChunks(
         `DELETE FROM ${table} WHERE ${chunkOfSql(key, keyType, bounds)} = ANY(${quoteLiteral(`{${cleared.join(',')}}`)}::int[])`,
       );
       await writer.query(
-        `UPDATE ${CONTROL}.move_chunks SET copied = false, rows = NULL, bytes = NULL, snapshot = NULL WHERE move_id = $1 AND table_name = $2 AND chunk = ANY($3::int[])`,
-        [moveId, table, cleared],
+        // Marked as an attempt (needsVacuum): killed before the vacuum, the next run vacuums too.
+        `UPDATE ${CONTROL}.move_chunks SET copied = false, rows = NULL, bytes = NULL, snapshot = $4 WHERE move_id = $1 AND table_name = $2 AND chunk = ANY($3::int[])`,
+        [moveId, table, cleared, ATTEMPTED],
       );
     });
   return { kept, toCopy, recopied, cleared: cleared.length > 0 };
@@ -459,6 +461,10 @@ export async function reconcileByLog(
 ): Promise<SettledChunks | null> {
   const { table } = chunks[0]!;
   const copied = chunks.filter((c) => c.copied);
+  // Only a key type whose logged text (to_jsonb's) reads back as the same value, whatever the
+  // session's settings: another (a jsonb, an array, a domain, money, an interval) could put a
+  // change in the wrong chunk.
+  if (!LOGGED_KEY_TYPES.has(keyType)) return null;
   const snapshots = copied.map((c) => parseCopySnapshot(c.snapshot));
   if (copied.length === 0 || snapshots.some((s) => s === null)) return null;
   // A failover or a crash of the source since a chunk's copy may have lost changes that chunk holds,
@@ -468,27 +474,37 @@ export async function reconcileByLog(
   if (snapshots.some((s) => s!.incarnation !== incarnation)) return null;
   const bounds = chunks.slice(1).map((c) => c.lo!);
   const chunkOfEntry = chunkOfLoggedKeySql('d.key', keyType, bounds, keyCollation);
-  const [onSource, onTarget] = await Promise.all([
-    reader.query<{ started: boolean; unknown: boolean; changed: number[] }>(
-      `WITH ${LOG_OF_TABLE_SQL},
-            c AS (SELECT c.chunk, c.snap::pg_catalog.pg_snapshot AS snap FROM unnest($3::int[], $4::text[]) AS c(chunk, snap))
-       SELECT (SELECT bool_and(EXISTS (SELECT FROM d WHERE d.sign = ${LOG_START} AND pg_catalog.pg_visible_in_snapshot(d.xid, c.snap))) FROM c) AS started,
-              EXISTS (SELECT FROM d WHERE d.sign <> ${LOG_START} AND (d.xid IS NULL OR (d.key IS NULL
-                        AND EXISTS (SELECT FROM c WHERE NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap))))) AS unknown,
-              ARRAY(SELECT DISTINCT c.chunk FROM d JOIN c ON c.chunk = ${chunkOfEntry}
-                     WHERE d.sign IN (-1, 1) AND d.key IS NOT NULL AND NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap)) AS changed`,
-      [moveId, table, copied.map((c) => c.chunk), snapshots.map((s) => s!.snapshot)],
-    ),
-    writer.query<{ started: boolean; entries: string }>(
-      `WITH ${LOG_OF_TABLE_SQL}
-       SELECT EXISTS (SELECT FROM d WHERE d.sign = ${LOG_START}) AS started,
-              (SELECT count(*) FROM d WHERE d.sign <> ${LOG_START})::text AS entries`,
-      [moveId, table],
-    ),
-  ]);
-  const source = onSource.rows[0]!;
+  const onTarget = await writer.query<{ started: boolean; entries: string }>(
+    `WITH ${LOG_OF_TABLE_SQL}
+     SELECT EXISTS (SELECT FROM d WHERE d.sign = ${LOG_START}) AS started,
+            (SELECT count(*) FROM d WHERE d.sign <> ${LOG_START})::text AS entries`,
+    [moveId, table],
+  );
   const target = onTarget.rows[0]!;
-  if (!source.started || source.unknown || !target.started || target.entries !== '0') return null;
+  if (!target.started || target.entries !== '0') return null;
+  // In the reader's snapshot, which the copy goes on with: a savepoint keeps its transaction alive
+  // should a logged key not read back as the key's type.
+  await reader.query(`SAVEPOINT ${BY_LOG_SAVEPOINT}`);
+  let source: { started: boolean; unknown: boolean; changed: number[] };
+  try {
+    source = (
+      await reader.query<{ started: boolean; unknown: boolean; changed: number[] }>(
+        `WITH ${LOG_OF_TABLE_SQL},
+              c AS (SELECT c.chunk, c.snap::pg_catalog.pg_snapshot AS snap FROM unnest($3::int[], $4::text[]) AS c(chunk, snap))
+         SELECT (SELECT bool_and(EXISTS (SELECT FROM d WHERE d.sign = ${LOG_START} AND pg_catalog.pg_visible_in_snapshot(d.xid, c.snap))) FROM c) AS started,
+                EXISTS (SELECT FROM d WHERE d.sign <> ${LOG_START} AND (d.xid IS NULL OR (d.key IS NULL
+                          AND EXISTS (SELECT FROM c WHERE NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap))))) AS unknown,
+                ARRAY(SELECT DISTINCT c.chunk FROM d JOIN c ON c.chunk = ${chunkOfEntry}
+                       WHERE d.sign IN (-1, 1) AND d.key IS NOT NULL AND NOT pg_catalog.pg_visible_in_snapshot(d.xid, c.snap)) AS changed`,
+        [moveId, table, copied.map((c) => c.chunk), snapshots.map((s) => s!.snapshot)],
+      )
+    ).rows[0]!;
+    await reader.query(`RELEASE SAVEPOINT ${BY_LOG_SAVEPOINT}`);
+  } catch {
+    await reader.query(`ROLLBACK TO SAVEPOINT ${BY_LOG_SAVEPOINT}`);
+    return null;
+  }
+  if (!source.started || source.unknown) return null;
   const changed = new Set(source.changed.map(Number));
   return settleChunks(
     writer,
@@ -499,6 +515,11 @@ export async function reconcileByLog(
     (chunk) => chunk.copied,
   );
 }
+
+/** The key types reconcileByLog settles chunks of, as keysAndColumns names them (qualified). */
+const LOGGED_KEY_TYPES = new Set(EXACT_KEY_TYPES.map((type) => `pg_catalog.${type}`));
+
+const BY_LOG_SAVEPOINT = 'shardctl_chunks_by_log';
 
 /** `d`: the change-log entries of move $1 for table $2 (quoted name), on the host that runs it. */
 const LOG_OF_TABLE_SQL = `t AS (SELECT n.nspname, c.relname FROM pg_catalog.pg_class c
@@ -571,8 +592,9 @@ export function parseCopySnapshot(text: string | null): { incarnation: string; s
 
 /**
  * The source server's incarnation: its timeline (a failover or a point-in-time recovery moves it
- * on) and the time it started in ms (a crash may lose changes committed without waiting for their
- * WAL flush, and their log entries with them).
+ * on: a promoted standby may lack WAL the old primary had flushed) and the time it started in ms (a
+ * server restored from a backup may lack it too; a crash alone loses nothing a slot's snapshot saw,
+ * which only sees commits decoded from flushed WAL).
  */
 export const SOURCE_INCARNATION_SQL = `SELECT (${TIMELINE_SQL})::text || '.' || floor(extract(epoch FROM pg_catalog.pg_postmaster_start_time()) * 1000)::bigint::text AS incarnation`;
 

@@ -91,7 +91,9 @@ export async function checkAfterFailover(
         `host ${ctx.source.host.name} failed over (timeline ${before!.source} → ${now.source}); replication slot ${ctx.name} survived on the new primary: the move goes on`,
       );
     }
-    await recordTimelines(ctx, now);
+    // The same source as before: a standby slot the record no longer lists stays out of it
+    // (watchStandbySlots), even if the setting lists it again.
+    await recordTimelines(ctx, now, !sourceFailedOver);
     return step;
   }
   if (switched > 0) return continueUnswitched(ctx, step, switched, why, now);
@@ -134,8 +136,14 @@ async function untrustedSyncedSlot(
   return `host ${ctx.source.host.name} failed over and replication slot ${ctx.name} survived on its new primary, but the old primary did not hold the target back for that standby (its physical slot ${streamedFrom === '' ? '(none)' : streamedFrom} was not in synchronized_standby_slots when recorded${waitedFor.length > 0 ? `: ${waitedFor.join(', ')}` : ''}): host ${ctx.target.host.name} may hold changes the new primary never had`;
 }
 
-async function recordTimelines(ctx: MoveContext, timelines: Timelines): Promise<void> {
-  const standbySlots = await readStandbySlots(ctx.source);
+/**
+ * The hosts' timelines and the source's standby slots recorded on both hosts: the slots its setting
+ * lists now (a new primary's, or a new slot's), or with `narrow`, only those of the record it still
+ * lists.
+ */
+async function recordTimelines(ctx: MoveContext, timelines: Timelines, narrow = false): Promise<void> {
+  const listed = await readStandbySlots(ctx.source);
+  const standbySlots = narrow ? ctx.standbySlots.filter((slot) => listed.includes(slot)) : listed;
   ctx.standbySlots = standbySlots;
   await Promise.all(
     [ctx.source.client, ctx.target.client].map((client) =>

@@ -104,10 +104,10 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     // From the fence to the switch a target that stops answering is not waited for past the fence
     // limit (watchFence), in the step and in its undo alike.
     const fencedStep = FENCE_WATCHED.includes(step);
-    // Not while fenced: a round trip there is one more while writes wait.
-    if (!fencedStep || step === 'fenced') await watchStandbySlots(ctx);
     const unwatch = ctx.mode === 'online' && fencedStep ? watchFence(ctx) : undefined;
     try {
+      // Not while fenced: a round trip there is one more while writes wait.
+      if (!fencedStep || step === 'fenced') await watchStandbySlots(ctx);
       let outcome: UndoThenReport | void;
       try {
         outcome = await STEPS[step].action(ctx);

@@ -57,7 +57,7 @@ export async function spawnCli(args: readonly string[], env: NodeJS.ProcessEnv =
 export async function startCli(
   args: readonly string[],
   env: NodeJS.ProcessEnv = {},
-): Promise<{ child: ChildProcess; done: Promise<ProcessRun> }> {
+): Promise<{ child: ChildProcess; done: Promise<ProcessRun>; output: () => string }> {
   const root = await cliSnapshot();
   return startNode([join(root, 'bin', 'shardctl.js'), ...args], env);
 }
@@ -100,7 +100,7 @@ function runNode(args: readonly string[], env: NodeJS.ProcessEnv = {}): Promise<
 function startNode(
   args: readonly string[],
   env: NodeJS.ProcessEnv = {},
-): { child: ChildProcess; done: Promise<ProcessRun> } {
+): { child: ChildProcess; done: Promise<ProcessRun>; output: () => string } {
   const child = spawn(process.execPath, args, {
     cwd: ROOT,
     env: { ...process.env, NO_COLOR: '1', ...env },
@@ -114,7 +114,7 @@ function startNode(
     child.once('error', reject);
     child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
   });
-  return { child, done };
+  return { child, done, output: () => `${stdout}${stderr}` };
 }
 
 /** A child running stale JavaScript would test old code: refuse, naming the file (run npm run build). */

@@ -5,7 +5,8 @@ import { init } from '../../src/commands/init.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { move } from '../helpers/faults.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { removeCliSnapshot, spawnCli } from '../helpers/moves.js';
+import { removeCliSnapshot, spawnCli, startCli } from '../helpers/moves.js';
+import { waitFor } from '../helpers/migrations.js';
 import { startReplicatedHost, type ReplicatedHost, type ReplicatedHostOptions } from '../helpers/standby.js';
 
 /**
@@ -426,7 +427,7 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
 });
 
 describe('synchronized_standby_slots taken away during a move', () => {
-  it('a resumed run sees the standby slot gone from the setting and records it: a failover to that standby afterwards restarts the copy', async () => {
+  it('a resumed run sees the standby slot gone from the setting and records it, and keeps it out once listed again: a failover to that standby afterwards restarts the copy', async () => {
     const standby = { sync_replication_slots: 'on', hot_standby_feedback: 'on' };
     const host = await startReplicatedHost({}, { binDir: EMBEDDED_BIN, standbySettings: standby });
     hosts.push(host);
@@ -450,8 +451,27 @@ describe('synchronized_standby_slots taken away during a move', () => {
         `synchronized_standby_slots no longer lists ${host.standbySlot!}: its walsenders may send host pg2 changes that standby lacks`,
       ),
     );
-    // As without the setting: the target goes on past what the standby has.
-    const { lost, acked, before } = await failOverBehindTarget(host, primaryDb, standbyDb, targetUrl);
+    // While it is not listed the target goes on past what the standby has.
+    await host.caughtUp();
+    await slotSynced(host);
+    await cutOffStandby(host);
+    const lost = await write(primaryDb, 'mf0', 30);
+    await rowsReach(targetUrl, 'mf0', 1030);
+    // Listed again, and a run resumed (no failover yet): the slot stays out of the record. That run
+    // then waits for its marker behind the walsender, which now waits for the standby: killed.
+    await syncStandbySlots(host);
+    const third = await startCli(move(fleet, 0, '--resume'));
+    await waitFor('the third run past its failover check', async () => third.output().includes('resuming move'));
+    third.child.kill('SIGKILL');
+    await third.done;
+    for (const url of [primaryDb, targetUrl])
+      await withClient(url, async (c) =>
+        expect((await c.query(`select detail->'standbySlots' as s from shardctl.moves`)).rows).toEqual([{ s: [] }]),
+      );
+    host.stopPrimary('immediate');
+    host.promote();
+    const acked = await write(standbyDb, 'mf0', 30);
+    const before = await ids(standbyDb, 'mf0');
 
     const run = await runCli(move(fleet, 0, '--resume'));
     expect(run.code, run.stderr).toBe(0);
