@@ -446,7 +446,8 @@ async function settleChunks(
  * the target, the table's log runs since the plan's transaction (its marker, `planned` in
  * copyLogOnTargetSql) and holds no entry: nothing but the copy wrote there, so the target holds
  * exactly the chunks recorded copied (a chunk cut off by a kill was rolled back). The log cannot
- * tell (null) when: a chunk copied before has no recorded snapshot (an older shardctl's) or was
+ * tell (null) when: the key's type is not one whose logged text reads back as the same value
+ * (LOGGED_KEY_TYPES), a chunk copied before has no recorded snapshot (an older shardctl's) or was
  * copied by another incarnation of the source's server (SOURCE_INCARNATION_SQL), a marker
  * is missing, an entry it must place has no key or transaction (a TRUNCATE, an entry written before
  * the control schema's version 5), or the target's log has entries or no marker.
@@ -467,9 +468,9 @@ export async function reconcileByLog(
   if (!LOGGED_KEY_TYPES.has(keyType)) return null;
   const snapshots = copied.map((c) => parseCopySnapshot(c.snapshot));
   if (copied.length === 0 || snapshots.some((s) => s === null)) return null;
-  // A failover or a crash of the source since a chunk's copy may have lost changes that chunk holds,
-  // with their log entries: only the chunks copied by the source's server as it runs now are settled
-  // by its log.
+  // A failover of the source (or a server restored from a backup) since a chunk's copy may have lost
+  // rows that chunk holds, with their log entries: only the chunks copied by the source's server as
+  // it runs now are settled by its log (SOURCE_INCARNATION_SQL).
   const incarnation = (await reader.query<{ incarnation: string }>(SOURCE_INCARNATION_SQL)).rows[0]!.incarnation;
   if (snapshots.some((s) => s!.incarnation !== incarnation)) return null;
   const bounds = chunks.slice(1).map((c) => c.lo!);

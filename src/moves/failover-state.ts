@@ -1,6 +1,6 @@
 import type { HostSession } from '../fleet/session.js';
 import { type MoveContext, notice } from './context.js';
-import { recordDetail } from './state.js';
+import { recordDetailOnBoth } from './state.js';
 import { FAILOVER_SLOTS_FROM, PRIMARY_SLOT_SQL, STANDBY_SLOTS_SQL, TIMELINE_SQL } from './sql/failover.js';
 
 /**
@@ -74,9 +74,7 @@ export async function watchStandbySlots(ctx: MoveContext): Promise<void> {
   const gone = ctx.standbySlots.filter((slot) => !listed.has(slot));
   if (gone.length === 0) return;
   const kept = ctx.standbySlots.filter((slot) => listed.has(slot));
-  await Promise.all(
-    [ctx.source.client, ctx.target.client].map((client) => recordDetail(client, ctx.moveId, { standbySlots: kept })),
-  );
+  await recordDetailOnBoth(ctx, { standbySlots: kept });
   ctx.standbySlots = kept;
   notice(
     ctx,

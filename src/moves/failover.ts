@@ -1,6 +1,6 @@
 import { shardsPhrase } from '../config/ranges.js';
 import { HostError } from '../errors.js';
-import { insertMove, newMoveId, recordDetail, stepsFor, type MoveStep } from './state.js';
+import { insertMove, newMoveId, recordDetailOnBoth, stepsFor, type MoveStep } from './state.js';
 import { announce, beginWave, moveContext, type MoveContext, notice } from './context.js';
 import { record } from './progress.js';
 import { runSteps, undosAfter } from './move.js';
@@ -145,11 +145,7 @@ async function recordTimelines(ctx: MoveContext, timelines: Timelines, narrow = 
   const listed = await readStandbySlots(ctx.source);
   const standbySlots = narrow ? ctx.standbySlots.filter((slot) => listed.includes(slot)) : listed;
   ctx.standbySlots = standbySlots;
-  await Promise.all(
-    [ctx.source.client, ctx.target.client].map((client) =>
-      recordDetail(client, ctx.moveId, { timelines, standbySlots }),
-    ),
-  );
+  await recordDetailOnBoth(ctx, { timelines, standbySlots });
 }
 
 /**
@@ -200,11 +196,7 @@ async function continueUnswitched(
   if (step !== 'switched' && ctx.current.fenceStartedAtMs !== null) await releaseWave(ctx);
   await undoFence(rest);
   await dropTargets(rest);
-  await Promise.all(
-    [ctx.source.client, ctx.target.client].map((client) =>
-      recordDetail(client, ctx.moveId, { continuedBy: nextId, restarted: left }),
-    ),
-  );
+  await recordDetailOnBoth(ctx, { continuedBy: nextId, restarted: left });
   // The switched waves finished: the clean-up of their old copies, the move recorded done.
   const done: MoveContext = { ...ctx, shards: doneWaves.flat(), waves: doneWaves, refreshed: [] };
   beginWave(done, switched - 1);

@@ -5,7 +5,7 @@ import { errorHost } from '../fleet/session.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { ACTIVE_SHARDS_SQL } from './sql/control.js';
 import { dropUnusedFenceGuardsSql } from './sql/leftovers.js';
-import { faultAfter, recordDetail, stepsFor, type MoveMode, type MoveStep } from './state.js';
+import { faultAfter, recordDetailOnBoth, stepsFor, type MoveMode, type MoveStep } from './state.js';
 import { beginWave, type MoveContext, waveShards } from './context.js';
 import { watchStandbySlots } from './failover-state.js';
 import { record } from './progress.js';
@@ -216,9 +216,7 @@ export async function abortMove(ctx: MoveContext, step: MoveStep): Promise<void>
  * it could outlive the other (the abort recorded on one host only) and be resumed.
  */
 async function recordAborting(ctx: MoveContext): Promise<void> {
-  await Promise.all(
-    [ctx.source.client, ctx.target.client].map((client) => recordDetail(client, ctx.moveId, { [MOVE_ABORTING]: true })),
-  );
+  await recordDetailOnBoth(ctx, { [MOVE_ABORTING]: true });
 }
 
 /**

@@ -100,6 +100,16 @@ export async function recordDetail(client: pg.Client, moveId: string, detail: Re
   await client.query(RECORD_DETAIL_SQL, [moveId, JSON.stringify(detail)]);
 }
 
+/** recordDetail on both hosts of a move at once. */
+export async function recordDetailOnBoth(
+  move: { readonly moveId: string; readonly source: { client: pg.Client }; readonly target: { client: pg.Client } },
+  detail: Record<string, unknown>,
+): Promise<void> {
+  await Promise.all(
+    [move.source.client, move.target.client].map((client) => recordDetail(client, move.moveId, detail)),
+  );
+}
+
 /** The unfinished moves on this host that carry any of `shards` (all unfinished moves without it). */
 export async function runningMoves(client: pg.Client, shards?: readonly number[]): Promise<MoveRecord[]> {
   const result = await client.query<{

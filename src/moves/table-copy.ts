@@ -161,16 +161,17 @@ export async function copyShards(
         const fromLog = logs?.logged(name)
           ? await reconcileByLog(reader, writer, ctx.moveId, planned, shape.keyType!, shape.keyCollation)
           : null;
+        const settling = planned.filter((c) => c.copied).length;
         let reconciled: SettledChunks;
         if (fromLog) {
           reconciled = fromLog;
-          ctx.chunksFromLog += planned.filter((c) => c.copied).length;
+          ctx.chunksFromLog += settling;
         } else {
           const method = logs?.method(name) ?? 'text';
           await textSettings(method, reader, writer);
           const read = await reconcileChunks(reader, writer, ctx.moveId, planned, shape.keyType!, method);
           sourceSums.set(name, read.source);
-          ctx.chunksCompared += planned.filter((c) => c.copied).length;
+          ctx.chunksCompared += settling;
           reconciled = read;
         }
         ctx.chunksRecopied += reconciled.recopied.size;

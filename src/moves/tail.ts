@@ -159,8 +159,9 @@ export async function startSourceDeltas(
         const name = `${t.table.schema}.${t.table.table}`;
         return !now.has(name) || before.has(name);
       });
-      // The log's first transaction committed (it comes first in the string): the entries of the
-      // tables done since, their start markers among them, stay.
+      // The tables done keep their entries, start markers among them: the log's first transaction
+      // (first in the string) is not sent again to delete them. Had it failed itself, the entries
+      // it did not delete change no sum (the figures take differences between snapshots).
       keep = true;
       throw error;
     }

@@ -2,7 +2,7 @@ import { randomBytes } from 'node:crypto';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
-import { makeFleet, runCli } from '../helpers/fleet.js';
+import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
 import { move } from '../helpers/faults.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { removeCliSnapshot, spawnCli, startCli } from '../helpers/moves.js';
@@ -199,6 +199,26 @@ async function failOverBehindTarget(
   host.promote();
   const acked = await write(standbyDb, 'mf0', 30);
   return { lost, acked, before: await ids(standbyDb, 'mf0') };
+}
+
+/**
+ * `--resume` of shard 0 after failOverBehindTarget: it says `says` (why the slot is not trusted,
+ * and that the copy restarts) and ends with exactly the new primary's rows on the target: its own
+ * writes, none of those only the lost primary had.
+ */
+async function expectCopyRestarted(
+  fleet: Fleet,
+  targetUrl: string,
+  { lost, acked, before }: { lost: string[]; acked: string[]; before: string[] },
+  says: RegExp,
+): Promise<void> {
+  const run = await runCli(move(fleet, 0, '--resume'));
+  expect(run.code, run.stderr).toBe(0);
+  expect(`${run.stdout}\n${run.stderr}`).toMatch(says);
+  const after = await ids(targetUrl, 'mf0');
+  expect(after).toEqual(before);
+  expect(after).toEqual(expect.arrayContaining(acked));
+  expect(after.filter((id) => lost.includes(id))).toEqual([]);
 }
 
 /** Both shards of `fleet` to pg2, one per wave (the args of move-shard). */
@@ -413,16 +433,12 @@ describe('PostgreSQL 18 source with a standby that syncs slots: the failover slo
     const { lost, acked, before } = await failOverBehindTarget(host, primaryDb, standbyDb, targetUrl);
     expect(before).toHaveLength(1030);
 
-    const run = await runCli(move(fleet, 0, '--resume'));
-    expect(run.code, run.stderr).toBe(0);
-    expect(`${run.stdout}\n${run.stderr}`).toMatch(
+    await expectCopyRestarted(
+      fleet,
+      targetUrl,
+      { lost, acked, before },
       /replication slot shardctl_move_\w+ survived on its new primary, but the old primary did not hold the target back for that standby \(its physical slot \w+ was not in synchronized_standby_slots when recorded\): host pg2 may hold changes the new primary never had; .*restarting the copy of shard 0 from a new slot/,
     );
-    // Exactly the new primary's rows: its own writes, none of those only the lost primary had.
-    const after = await ids(targetUrl, 'mf0');
-    expect(after).toEqual(before);
-    expect(after).toEqual(expect.arrayContaining(acked));
-    expect(after.filter((id) => lost.includes(id))).toEqual([]);
   }, 180_000);
 });
 
@@ -473,15 +489,12 @@ describe('synchronized_standby_slots taken away during a move', () => {
     const acked = await write(standbyDb, 'mf0', 30);
     const before = await ids(standbyDb, 'mf0');
 
-    const run = await runCli(move(fleet, 0, '--resume'));
-    expect(run.code, run.stderr).toBe(0);
-    expect(`${run.stdout}\n${run.stderr}`).toMatch(
+    await expectCopyRestarted(
+      fleet,
+      targetUrl,
+      { lost, acked, before },
       /was not in synchronized_standby_slots when recorded\): host pg2 may hold changes the new primary never had; .*restarting the copy of shard 0 from a new slot/,
     );
-    const after = await ids(targetUrl, 'mf0');
-    expect(after).toEqual(before);
-    expect(after).toEqual(expect.arrayContaining(acked));
-    expect(after.filter((id) => lost.includes(id))).toEqual([]);
   }, 180_000);
 });
 

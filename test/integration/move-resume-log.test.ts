@@ -69,6 +69,21 @@ async function expectRowsEqual(shard: number, writtenOnTarget: readonly bigint[]
   return onSource.length;
 }
 
+/**
+ * Once the writer's rows reach pg2: every row of the shard's old copy on pg2 (besides those written
+ * there), the seeded rows plus those pg1 acknowledged, and no dead row on pg2.
+ */
+async function expectMovedUnderWriter(shard: number, writer: ReturnType<typeof startShardWriter>): Promise<void> {
+  await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg2'));
+  await writer.stop();
+  const rows = await expectRowsEqual(
+    shard,
+    writer.acknowledged.filter((a) => a.host === 'pg2').map((a) => a.id),
+  );
+  expect(rows).toBe(ROWS + writer.acknowledged.filter((a) => a.host === 'pg1').length);
+  expect(await deadRows(shard)).toBe('0');
+}
+
 async function deadRows(shard: number): Promise<string> {
   return withClient(db.urls[1]!, async (c) => {
     await c.query('select pg_stat_force_next_flush()');
@@ -130,14 +145,7 @@ describe('a resumed copy and the source change log', () => {
       fromLog: copiedBefore,
       compared: 0,
     });
-    await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg2'));
-    await writer.stop();
-    const rows = await expectRowsEqual(
-      1,
-      writer.acknowledged.filter((a) => a.host === 'pg2').map((a) => a.id),
-    );
-    expect(rows).toBe(ROWS + writer.acknowledged.filter((a) => a.host === 'pg1').length);
-    expect(await deadRows(1)).toBe('0');
+    await expectMovedUnderWriter(1, writer);
   });
 
   it('a log that cannot tell (its start markers gone): the chunks copied before are read on both hosts instead', async () => {
@@ -160,14 +168,7 @@ describe('a resumed copy and the source change log', () => {
     expect(last.code, last.stderr).toBe(0);
     const result = JSON.parse(last.stdout) as MoveResult;
     expect(result.chunks).toEqual({ copied: killed.length - 3, recopied: 1, fromLog: 0, compared: 3 });
-    await waitFor('writes on the target', async () => writer.acknowledged.some((a) => a.host === 'pg2'));
-    await writer.stop();
-    const rows = await expectRowsEqual(
-      0,
-      writer.acknowledged.filter((a) => a.host === 'pg2').map((a) => a.id),
-    );
-    expect(rows).toBe(ROWS + writer.acknowledged.filter((a) => a.host === 'pg1').length);
-    expect(await deadRows(0)).toBe('0');
+    await expectMovedUnderWriter(0, writer);
   });
   it('a move an older shardctl began (control schema version 4) is resumed by this one: the control schema is brought up to date first, and writes logged with the new columns go on', async () => {
     await withClient(db.urls[1]!, (c) =>
