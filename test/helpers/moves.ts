@@ -62,6 +62,21 @@ export async function startCli(
   return startNode([join(root, 'bin', 'shardctl.js'), ...args], env);
 }
 
+/**
+ * Whether the source's change log of `schema`.photos has a start marker: the copy's logs were set
+ * up there (under load they may not be, within their 5 s), so a resumed copy can settle its chunks
+ * from the log rather than by reading them.
+ */
+export async function logStarted(sourceUrl: string, schema: string): Promise<boolean> {
+  return withClient(sourceUrl, async (c) => {
+    const r = await c.query<{ n: number }>(
+      `select count(*)::int as n from shardctl.move_deltas where sign = 2 and schema_name = $1 and table_name = 'photos'`,
+      [schema],
+    );
+    return r.rows[0]!.n > 0;
+  });
+}
+
 /** Removes the private copy of the build (call from afterAll). */
 export async function removeCliSnapshot(): Promise<void> {
   const root = await snapshot?.catch(() => undefined);
