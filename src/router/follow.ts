@@ -40,27 +40,37 @@ export interface FollowPaths {
   followed(shard: number, host: string): void;
 }
 
-/** One call, following moves: returns fn's value and the host it committed on (counted, and traced when observed). */
-export async function runFollowing<T>(
+/**
+ * One call, following moves: returns fn's value and the host it committed on (counted, and traced
+ * when observed). Not an async function itself (a routed call is on the application's hot path:
+ * each async layer costs a promise and microtask turns); a shard outside the map still rejects.
+ */
+export function runFollowing<T>(
   paths: FollowPaths,
   shard: number,
   attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
   readOnly = false,
 ): Promise<{ value: T; host: string }> {
-  paths.checkShard(shard);
+  try {
+    paths.checkShard(shard);
+  } catch (error) {
+    return Promise.reject(error as Error);
+  }
   const trace = paths.diagnostics.begin(shard);
   let last: string | undefined;
-  try {
-    const done = await follow(paths, shard, attemptOn, trace, (host) => (last = host), readOnly);
-    paths.diagnostics.ended(done.host, true);
-    trace?.end(done.host);
-    return done;
-  } catch (error) {
-    // No host at all (none reachable holds the shard): nothing to count against.
-    if (last !== undefined) paths.diagnostics.ended(last, false);
-    trace?.end(last ?? '', { error });
-    throw error;
-  }
+  return follow(paths, shard, attemptOn, trace, (host) => (last = host), readOnly).then(
+    (done) => {
+      paths.diagnostics.ended(done.host, true);
+      trace?.end(done.host);
+      return done;
+    },
+    (error: unknown) => {
+      // No host at all (none reachable holds the shard): nothing to count against.
+      if (last !== undefined) paths.diagnostics.ended(last, false);
+      trace?.end(last ?? '', { error });
+      throw error;
+    },
+  );
 }
 
 async function follow<T>(

@@ -89,12 +89,20 @@ export class HostPools {
     }
   }
 
+  /** The host's pool when it is there and goes to the address known now (no await on a call's hot path). */
+  private current(host: HostConfig): pg.Pool | undefined {
+    if (this.closed) return undefined;
+    const existing = this.pools.get(host.name);
+    return existing && existing.url === host.url && this.addresses.known(host)?.url === existing.address
+      ? existing.pool
+      : undefined;
+  }
+
   /** The host's pool, made (or made again for a new primary address) when needed. */
   async pool(host: HostConfig): Promise<pg.Pool> {
     if (this.closed) throw new Error('the ShardRouter is closed');
-    const existing = this.pools.get(host.name);
-    if (existing && existing.url === host.url && this.addresses.known(host)?.url === existing.address)
-      return existing.pool;
+    const existing = this.current(host);
+    if (existing) return existing;
     const address = (await this.addresses.resolve(host)).url;
     if (this.closed) throw new Error('the ShardRouter is closed');
     const current = this.pools.get(host.name);
@@ -166,7 +174,7 @@ export class HostPools {
   async connect(host: HostConfig, shard: number, trace?: CallTrace, again = false): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
-      const client = await (await this.pool(host)).connect();
+      const client = await (this.current(host) ?? (await this.pool(host))).connect();
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {

@@ -200,9 +200,16 @@ export class ShardRouter {
     return shard;
   }
 
-  async withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    const replica = replicaRead(options);
-    return (await this.run(shard, this.attemptOn(shard, fn, options, replica), options.readOnly ?? false)).value;
+  withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    // Not an async function: a routed call is on the application's hot path, and each async layer
+    // costs a promise and microtask turns. A bad argument still rejects rather than throws.
+    let replica: ReplicaRead | undefined;
+    try {
+      replica = replicaRead(options);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
+    return this.run(shard, this.attemptOn(shard, fn, options, replica), options.readOnly ?? false).then(valueOf);
   }
 
   /**
@@ -236,13 +243,25 @@ export class ShardRouter {
   }
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
-  async withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return this.withShard(this.shardForKey(key), fn, options);
+  withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    let shard: number;
+    try {
+      shard = this.shardForKey(key);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
+    return this.withShard(shard, fn, options);
   }
 
   /** The shard an id carries (e.g. a photo id made by that shard's next_id()). */
-  async withId<T>(id: bigint | string, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return this.withShard(this.shardForId(id), fn, options);
+  withId<T>(id: bigint | string, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    let shard: number;
+    try {
+      shard = this.shardForId(id);
+    } catch (error) {
+      return Promise.reject(error as Error);
+    }
+    return this.withShard(shard, fn, options);
   }
 
   /**
@@ -417,4 +436,9 @@ export class ShardRouter {
     const known = this.writeLsns.get(hostName);
     if (known === undefined || value > known) this.writeLsns.set(hostName, value);
   }
+}
+
+/** A routed call's value, without the host it committed on. */
+function valueOf<T>(done: { value: T }): T {
+  return done.value;
 }

@@ -91,7 +91,7 @@ export type TransactionPaths = Pick<RouterInternals, 'settings' | 'withConnectio
  * error once rolled back (the caller's loop decides whether to run it again); a COMMIT whose
  * answer was lost throws CommitUnknownError, never retried.
  */
-export async function attempt<T>(
+export function attempt<T>(
   paths: TransactionPaths,
   host: HostConfig,
   shard: number,
