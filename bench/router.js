@@ -167,6 +167,11 @@ export async function run(ctx, major) {
           plainPerSecond: plain,
           routedCpu: perInsert('routed'),
           plainCpu: perInsert('plain'),
+          // The router's own Node CPU against the plain pool's, round by round (the pair shares the
+          // round's conditions: the server's speed changes how many answers one read brings).
+          nodeCpuRatio: summarize(
+            measured.cpu.routed.node.map((us, i) => us / (measured.cpu.plain.node[i] ?? Number.NaN)),
+          ),
           ratio: r,
           target: { wanted: `≥ ${INSERT_TARGET}x`, got: r, met: r >= INSERT_TARGET },
         },
@@ -419,7 +424,7 @@ function rows(results) {
     ...Object.entries(r.inserts).map(([commit, m]) => [
       r.postgres,
       `${formatCount(r.insertsPerRound)} single-row inserts, ${r.callers} callers, pool ${r.poolSize}/host, synchronous_commit = ${commit}`,
-      `withKey: ${formatCount(Math.round(m.routedPerSecond.median))}/s (${formatCount(Math.round(m.routedPerSecond.min))}–${formatCount(Math.round(m.routedPerSecond.max))}); CPU per insert: server ${Math.round(m.routedCpu.serverCpuUs.median)} µs, Node ${Math.round(m.routedCpu.nodeCpuUs.median)} µs`,
+      `withKey: ${formatCount(Math.round(m.routedPerSecond.median))}/s (${formatCount(Math.round(m.routedPerSecond.min))}–${formatCount(Math.round(m.routedPerSecond.max))}); CPU per insert: server ${Math.round(m.routedCpu.serverCpuUs.median)} µs, Node ${Math.round(m.routedCpu.nodeCpuUs.median)} µs (${round(m.nodeCpuRatio.median, 2)}x the plain pool's, median of the rounds' ratios)`,
       `pg.Pool: ${formatCount(Math.round(m.plainPerSecond.median))}/s (${formatCount(Math.round(m.plainPerSecond.min))}–${formatCount(Math.round(m.plainPerSecond.max))}); CPU per insert: server ${Math.round(m.plainCpu.serverCpuUs.median)} µs, Node ${Math.round(m.plainCpu.nodeCpuUs.median)} µs`,
       `${round(m.ratio, 2)}x`,
       `${m.target.wanted}: ${verdict(m.target.met)}`,

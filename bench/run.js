@@ -13,6 +13,7 @@ import path from 'node:path';
 import { parseArgs } from 'node:util';
 import * as bulkInsert from './bulk-insert.js';
 import * as connectionCost from './connection-cost.js';
+import * as fleetInserts from './fleet-inserts.js';
 import * as discovery from './discovery.js';
 import * as feed from './feed.js';
 import * as failover from './failover.js';
@@ -129,6 +130,7 @@ const BENCHMARKS = {
   'next-id': nextId,
   'bulk-insert': bulkInsert,
   'connection-cost': connectionCost,
+  'fleet-inserts': fleetInserts,
   init,
   'init-rerun': initRerun,
   migrate,
@@ -160,6 +162,7 @@ const DEFAULT_MAJORS = {
   'next-id': [EMBEDDED_MAJOR, '15'],
   'bulk-insert': [EMBEDDED_MAJOR, '15'],
   'connection-cost': [EMBEDDED_MAJOR, '15'],
+  'fleet-inserts': [EMBEDDED_MAJOR, '15'],
   init: [EMBEDDED_MAJOR],
   'init-rerun': [EMBEDDED_MAJOR],
   migrate: [EMBEDDED_MAJOR],

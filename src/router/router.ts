@@ -244,20 +244,19 @@ export class ShardRouter {
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
   withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    let shard: number;
-    try {
-      shard = this.shardForKey(key);
-    } catch (error) {
-      return Promise.reject(error as Error);
-    }
-    return this.withShard(shard, fn, options);
+    return this.withShardOf(() => this.shardForKey(key), fn, options);
   }
 
   /** The shard an id carries (e.g. a photo id made by that shard's next_id()). */
   withId<T>(id: bigint | string, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
+    return this.withShardOf(() => this.shardForId(id), fn, options);
+  }
+
+  /** withShard on the shard `shardOf` names; a key or id it refuses rejects the call (not a throw). */
+  private withShardOf<T>(shardOf: () => number, fn: ShardFn<T>, options: TransactionOptions): Promise<T> {
     let shard: number;
     try {
-      shard = this.shardForId(id);
+      shard = shardOf();
     } catch (error) {
       return Promise.reject(error as Error);
     }
