@@ -201,15 +201,7 @@ export class ShardRouter {
   }
 
   withShard<T>(shard: number, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    // Not an async function: a routed call is on the application's hot path, and each async layer
-    // costs a promise and microtask turns. A bad argument still rejects rather than throws.
-    let replica: ReplicaRead | undefined;
-    try {
-      replica = replicaRead(options);
-    } catch (error) {
-      return Promise.reject(error as Error);
-    }
-    return this.run(shard, this.attemptOn(shard, fn, options, replica), options.readOnly ?? false).then(valueOf);
+    return this.routed(() => shard, fn, options);
   }
 
   /**
@@ -244,23 +236,29 @@ export class ShardRouter {
 
   /** Instagram routing: the shard of `key mod shards` (e.g. a user id). */
   withKey<T>(key: bigint, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return this.withShardOf(() => this.shardForKey(key), fn, options);
+    return this.routed(() => this.shardForKey(key), fn, options);
   }
 
   /** The shard an id carries (e.g. a photo id made by that shard's next_id()). */
   withId<T>(id: bigint | string, fn: ShardFn<T>, options: TransactionOptions = {}): Promise<T> {
-    return this.withShardOf(() => this.shardForId(id), fn, options);
+    return this.routed(() => this.shardForId(id), fn, options);
   }
 
-  /** withShard on the shard `shardOf` names; a key or id it refuses rejects the call (not a throw). */
-  private withShardOf<T>(shardOf: () => number, fn: ShardFn<T>, options: TransactionOptions): Promise<T> {
+  /**
+   * One routed call on the shard `shardOf` names (withShard, withKey, withId). Not an async
+   * function: a routed call is on the application's hot path, and each async layer costs a promise
+   * and microtask turns. A key, id or option it refuses rejects the call rather than throws.
+   */
+  private routed<T>(shardOf: () => number, fn: ShardFn<T>, options: TransactionOptions): Promise<T> {
     let shard: number;
+    let replica: ReplicaRead | undefined;
     try {
       shard = shardOf();
+      replica = replicaRead(options);
     } catch (error) {
       return Promise.reject(error as Error);
     }
-    return this.withShard(shard, fn, options);
+    return this.run(shard, this.attemptOn(shard, fn, options, replica), options.readOnly ?? false).then(valueOf);
   }
 
   /**
