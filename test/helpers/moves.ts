@@ -20,7 +20,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type pg from 'pg';
 import { shardMovedTo, type ShardMap } from '../../src/config/shard-map.js';
-import { afterAll, beforeAll, inject } from 'vitest';
+import { afterAll, beforeAll, inject, onTestFinished } from 'vitest';
 import {
   findFreePort,
   initCluster,
@@ -360,7 +360,8 @@ export async function fleetState(urls: readonly string[], configFile: string): P
  * An application writing to one shard while it moves: one statement string after another (by
  * default a photos insert returning its id), on a connection per host, routed by `map` and following
  * the move on SQLSTATE SC100 (reload the map, retry after 5 ms). A statement string may be a whole
- * transaction (`begin; …; commit`); a failed one is rolled back before the next.
+ * transaction (`begin; …; commit`); a failed one is rolled back before the next. Call it within a
+ * test: the writer is stopped when the test ends, also when it failed.
  */
 export function startShardWriter(
   map: ShardMap,
@@ -374,6 +375,7 @@ export function startShardWriter(
   let writes = 0;
   let fenceErrors = 0;
   let stop = false;
+  let stopped: Promise<void> | undefined;
   const loop = (async () => {
     for (let i = 1; !stop; i++) {
       const host = map.hostForShard(shard);
@@ -399,7 +401,7 @@ export function startShardWriter(
       }
     }
   })();
-  return {
+  const writer = {
     acknowledged,
     get writes() {
       return writes;
@@ -407,12 +409,22 @@ export function startShardWriter(
     get fenceErrors() {
       return fenceErrors;
     },
-    async stop() {
-      stop = true;
-      await loop;
-      for (const c of clients.values()) await c.end();
+    /** Stops the writer once; called again (a test's own end, then its cleanup) it waits for the same stop. */
+    stop() {
+      stopped ??= (async () => {
+        stop = true;
+        try {
+          await loop;
+        } finally {
+          for (const c of clients.values()) await c.end();
+        }
+      })();
+      return stopped;
     },
   };
+  // A test that fails before its own stop leaves no writer behind to write into the next test's fleet.
+  onTestFinished(() => writer.stop().catch(() => undefined));
+  return writer;
 }
 
 /**
