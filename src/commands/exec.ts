@@ -75,11 +75,20 @@ const NUMBER_TYPES = new Set([21, 23, 26, 700, 701]); // int2, int4, oid, float4
 const JSON_TYPES = new Set([114, 3802]);
 const BOOL_TYPE = 16;
 
+/**
+ * A json or jsonb value as JavaScript, when that keeps every number as PostgreSQL wrote it; else the
+ * text itself. JavaScript numbers hold 15 to 17 significant digits, so a value with a run of 16
+ * digits or more (an id, a numeric of many digits; a long digit string too, to be safe) stays text.
+ */
+function parseJsonExactly(text: string): unknown {
+  return /\d{16,}/.test(text) ? text : (JSON.parse(text) as unknown);
+}
+
 const EXEC_TYPES = {
   getTypeParser: (oid: number, format?: string) => {
     if (format === 'binary') return (value: unknown) => value;
     if (NUMBER_TYPES.has(oid)) return (text: string) => (Number.isFinite(Number(text)) ? Number(text) : text);
-    if (JSON_TYPES.has(oid)) return (text: string) => JSON.parse(text) as unknown;
+    if (JSON_TYPES.has(oid)) return parseJsonExactly;
     if (oid === BOOL_TYPE) return (text: string) => text === 't';
     return (text: string) => text;
   },

@@ -66,7 +66,15 @@ export interface HostStatus {
    * Unfinished moves recorded on this host (finish with move-shard --resume, undo with --abort;
    * `aborting`: an abort of it was cut off, only --abort finishes it).
    */
-  readonly moves: readonly { moveId: string; shards: string; source: string; target: string; aborting: boolean }[];
+  readonly moves: readonly {
+    moveId: string;
+    shards: string;
+    source: string;
+    target: string;
+    aborting: boolean;
+    /** Seen on the target: its copies are active, so the move can only be resumed. */
+    switched: boolean;
+  }[];
   /** What killed runs left on this host: probe subscriptions, replication objects of no running move (gc drops them). */
   readonly leftovers: readonly string[];
   /**
@@ -176,13 +184,25 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   };
 }
 
-/** Each unfinished move once (both of its hosts record it): --resume or --abort, or --abort alone. */
+/**
+ * Each unfinished move once (both of its hosts record it): --resume or --abort; --abort alone when
+ * an abort of it began; --resume alone when it switched (its target's copies are active).
+ */
 function unfinishedMovesNext(hosts: readonly HostStatus[]): NextStep[] {
-  const moves = new Map<string, { shards: string; aborting: boolean }>();
-  for (const h of hosts) for (const m of h.moves) if (!moves.has(m.moveId) || m.aborting) moves.set(m.moveId, m);
+  const moves = new Map<string, { shards: string; aborting: boolean; switched: boolean }>();
+  for (const h of hosts)
+    for (const m of h.moves) {
+      const seen = moves.get(m.moveId);
+      moves.set(m.moveId, {
+        shards: m.shards,
+        aborting: m.aborting || (seen?.aborting ?? false),
+        switched: m.switched || (seen?.switched ?? false),
+      });
+    }
   return [...moves.values()].flatMap((m) => {
     const parsed = parseShardList(m.shards);
-    return 'shards' in parsed ? finishMove(parsed.shards, m.aborting) : [];
+    if (!('shards' in parsed)) return [];
+    return m.switched ? [{ action: 'resume' as const, shards: parsed.shards }] : finishMove(parsed.shards, m.aborting);
   });
 }
 
@@ -265,6 +285,9 @@ function hostStatus(
     source: m.source,
     target: m.target,
     aborting: m.aborting,
+    // The target's copies are active: the move switched (or was killed while switching), and can
+    // only be resumed (an abort would leave two writable copies; switch.ts requireNotSwitched).
+    switched: m.target === host.name && m.shards.some((shard) => snapshot.recorded.get(shard)?.state === 'active'),
   }));
   const ok =
     moves.length === 0 &&

@@ -82,7 +82,9 @@ export async function connectOnce(
   try {
     await client.connect();
   } catch (error) {
-    await endQuietly(client);
+    // Its socket destroyed, not end(): a socket that never connected (say, a port Node refuses)
+    // never emits the 'end' that end() would wait for.
+    client.connection.stream.destroy();
     throw error;
   }
   return client;
@@ -150,7 +152,9 @@ async function connectAddress(host: HostConfig, url: string, options: ConnectOpt
       await confirmServerPid(client);
     });
   } catch (error) {
-    await endQuietly(client);
+    // Its socket destroyed, not end(): a socket that never connected (say, a port Node refuses)
+    // never emits the 'end' that end() would wait for.
+    client.connection.stream.destroy();
     throw error;
   }
   return client;

@@ -167,9 +167,15 @@ export function readMarkers(sql: string): MigrationMarkers {
 
 /** Why `name` cannot be the name part of a migration file (`NNNN_<name>.sql`), or null when it can. */
 export function migrationNameProblem(name: string): string | null {
-  if (MIGRATION_NAME.test(name)) return null;
-  return 'expected letters, digits, _ . or -, starting with a letter or digit (the file is named NNNN_<name>.sql)';
+  if (!MIGRATION_NAME.test(name))
+    return 'expected letters, digits, _ . or -, starting with a letter or digit (the file is named NNNN_<name>.sql)';
+  if (name.length > MIGRATION_NAME_MAX)
+    return `is ${name.length} characters long; at most ${MIGRATION_NAME_MAX}, so that NNNN_<name>.sql fits a file name (255 bytes)`;
+  return null;
 }
+
+/** The longest name part: with a version of up to 10 digits, '_' and '.sql', a file name stays under 255 bytes. */
+export const MIGRATION_NAME_MAX = 200;
 
 /**
  * Splits SQL text at the semicolons that end statements, the way the server's lexer would (see

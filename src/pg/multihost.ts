@@ -44,6 +44,9 @@ export interface PostgresUrl {
   readonly targetSessionAttrs: TargetSessionAttrs | undefined;
 }
 
+/** libpq's sslmode values, and node-postgres's own no-verify. */
+const SSL_MODES: readonly string[] = ['disable', 'allow', 'prefer', 'require', 'verify-ca', 'verify-full', 'no-verify'];
+
 const EXPECTED = 'expected postgres://user@host:5432/database, or host1:5432,host2:5432 for several';
 const URL_SHAPE = /^(postgres(?:ql)?):\/\/(?:([^/?#]*)@)?([^@/?#]*)(\/[^?#]*)?(\?[^#]*)?(#.*)?$/i;
 // A host name, an IPv4 address or an IPv6 literal in brackets; a port of digits.
@@ -73,7 +76,15 @@ export function parsePostgresUrl(url: string, field = 'url'): PostgresUrl {
   const addresses = hostspec.split(',').map((part, i, all) => {
     const address = ADDRESS.exec(part);
     const which = all.length > 1 ? `address ${i + 1} ` : '';
-    if (!address) return fail(`is not a valid URL (${which}${JSON.stringify(part)} is not host[:port])`);
+    if (!address) {
+      // With an '@' in the URL the part may be a password cut short (an unencoded '#', '/' or '?'
+      // in it ends the user information early): never shown.
+      if (url.includes('@'))
+        return fail(
+          `is not a valid URL (${which || 'its address '}is not host[:port]; in a password, '#', '/', '?' and '@' must be percent-encoded as %23, %2F, %3F and %40)`,
+        );
+      return fail(`is not a valid URL (${which}${JSON.stringify(part)} is not host[:port])`);
+    }
     const [, host = '', port] = address;
     if (host === '' && all.length > 1) return fail(`is not a valid URL (address ${i + 1} of ${all.length} is empty)`);
     if (port !== undefined && port !== '') {
@@ -84,6 +95,16 @@ export function parsePostgresUrl(url: string, field = 'url'): PostgresUrl {
     return { host, port: port === '' ? undefined : port };
   });
   const params = new URLSearchParams(rawQuery?.slice(1) ?? '');
+  for (const value of params.getAll('sslmode')) {
+    if (!SSL_MODES.includes(value))
+      fail(`has sslmode=${JSON.stringify(value)}: must be one of ${SSL_MODES.join(', ')}`);
+  }
+  // A port given as a parameter (libpq's ?port=, a list for several addresses) is checked as one
+  // in the address is: node-postgres would otherwise throw from inside its socket.
+  for (const value of params.getAll('port')) {
+    if (!value.split(',').every((p) => /^\d{1,5}$/.test(p) && Number(p) >= 1 && Number(p) <= 65535))
+      fail(`has port=${JSON.stringify(value)}: each port must be a number from 1 to 65535`);
+  }
   const attrsValues = params.getAll('target_session_attrs');
   let targetSessionAttrs: TargetSessionAttrs | undefined;
   if (attrsValues.length > 1) fail('gives target_session_attrs more than once');

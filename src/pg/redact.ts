@@ -46,7 +46,11 @@ export function redact(text: string): string {
  * quoted in error messages; it would rather hide too much than too little.
  */
 export function redactUrl(url: string): string {
-  return url
-    .replace(/^([A-Za-z][A-Za-z0-9+.-]*:\/\/[^:@/?#]*:)[\s\S]*@/, '$1***@')
-    .replace(/((?:^|[?&\s])(?:ssl)?password=)[^&\s]*/gi, '$1***');
+  return (
+    url
+      .replace(/^([A-Za-z][A-Za-z0-9+.-]*:\/\/[^:@/?#]*:)[\s\S]*@/, '$1***@')
+      // Without a scheme (user:password@host, as mistyped), all the same.
+      .replace(/^([^:@/?#\s]*:)(?!\/\/)[\s\S]*@/, '$1***@')
+      .replace(/((?:^|[?&\s])(?:ssl)?password=)[^&\s]*/gi, '$1***')
+  );
 }

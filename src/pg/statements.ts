@@ -290,7 +290,29 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
       return 'ROLLBACK ends the transaction';
     case 'prepare':
       if (second === 'transaction') return 'PREPARE TRANSACTION ends the transaction';
+      return 'PREPARE keeps a prepared statement on the connection after the transaction';
+    case 'listen':
+      return 'LISTEN keeps the connection listening after the transaction';
+    case 'declare':
+      if (followedBy(statement, 'with', 'hold'))
+        return 'DECLARE … WITH HOLD keeps the cursor open after the transaction';
       return undefined;
+    case 'create':
+      if (
+        (second === 'temp' ||
+          second === 'temporary' ||
+          ((second === 'local' || second === 'global') && (third === 'temp' || third === 'temporary'))) &&
+        !followedBy(statement, 'on', 'commit', 'drop')
+      )
+        return 'CREATE TEMPORARY … outlives the transaction, and a temporary table comes first in name lookups on that connection (add ON COMMIT DROP)';
+      return undefined;
+    case 'do': {
+      // The body is text to PostgreSQL, and only a DO's body runs where it is written: what it
+      // says is looked at as a statement's tokens are (a function it calls is not).
+      const body = statement.tokens.find((t) => t.kind === 'string');
+      const inner = body === undefined ? undefined : bodyEscape(body.value);
+      return inner === undefined ? undefined : `DO: ${inner}`;
+    }
     case 'reset':
       return 'RESET changes settings for the rest of the session (search_path, role, …)';
     case 'discard':
@@ -308,8 +330,47 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
     default:
   }
   if (callsAny(statement, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
+  const lock = callsAny(statement, (name) => SESSION_LOCKS.has(name));
+  if (lock !== undefined) return `${lock}() holds its lock after the transaction (use pg_advisory_xact_lock)`;
   if (mentions(statement, 'update') && mentions(statement, 'pg_settings'))
     return 'UPDATE pg_settings changes a setting for the session';
+  return undefined;
+}
+
+/** Advisory locks held by the session, not the transaction. */
+const SESSION_LOCKS = new Set([
+  'pg_advisory_lock',
+  'pg_advisory_lock_shared',
+  'pg_try_advisory_lock',
+  'pg_try_advisory_lock_shared',
+]);
+
+/** The words follow one another somewhere in the statement (unquoted words only). */
+function followedBy(statement: SqlStatement, ...words: readonly string[]): boolean {
+  const tokens = statement.tokens;
+  return tokens.some((_, i) => words.every((w, j) => tokens[i + j]?.kind === 'word' && tokens[i + j]!.value === w));
+}
+
+/**
+ * Why a DO block's body (its string token: a dollar quote or a quoted string) would change the
+ * session: a set_config() or a SET / RESET of where or as whom statements run, read as tokens.
+ */
+function bodyEscape(quoted: string): string | undefined {
+  const dollar = /^(\$[^$]*\$)([\s\S]*)\1$/.exec(quoted);
+  const text = dollar ? dollar[2]! : quoted.replace(/^[eE]?'|'$/g, '').replace(/''/g, "'");
+  for (const inner of splitSql(text).statements) {
+    const words = inner.keywords;
+    if (callsAny(inner, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
+    const lock = callsAny(inner, (name) => SESSION_LOCKS.has(name));
+    if (lock !== undefined) return `${lock}() holds its lock after the transaction (use pg_advisory_xact_lock)`;
+    const at = words.findIndex((w) => w === 'set' || w === 'reset');
+    if (at < 0) continue;
+    if (words[at] === 'reset') return 'RESET changes settings for the rest of the session (search_path, role, …)';
+    const local = words[at + 1] === 'local' || words[at + 1] === 'session';
+    const name = words[at + (local ? 2 : 1)] ?? inner.tokens.find((t, i) => i > at && t.kind === 'identifier')?.value;
+    if (name !== undefined && SESSION_IDENTITY.has(name)) return `SET ${name} changes where or as whom statements run`;
+    if (words[at + 1] !== 'local') return 'SET outlives the transaction (use SET LOCAL)';
+  }
   return undefined;
 }
 

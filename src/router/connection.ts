@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { whyEnded } from '../pg/ended.js';
 
 /**
  * The one path every routed round trip takes on a pooled connection (pg-pool's own `pool.query`
@@ -11,6 +12,17 @@ export class Lease {
   private failure: Error | undefined;
 
   constructor(readonly client: pg.PoolClient) {}
+
+  /**
+   * What `error` (thrown by a query on this connection) comes from: the error with which the server
+   * ended the connection meanwhile (src/pg/ended.ts: say, its idle-in-transaction timeout), when the
+   * query's own error only says that the connection can no longer be used; `error` itself otherwise.
+   */
+  explain(error: unknown): unknown {
+    const ended = whyEnded(this.client);
+    if (!ended || !(error instanceof Error) || (error as { code?: unknown }).code !== undefined) return error;
+    return ended;
+  }
 
   /** The connection's state is unknown: it is destroyed when released, not reused. */
   broken(error: unknown): void {

@@ -112,7 +112,9 @@ async function follow<T>(
       throw error;
     }
     const moved = shardMovedTo(error);
-    if (!moved && !MISSING_OBJECT_SQLSTATES.has((error as { code?: string }).code ?? '')) throw error;
+    // fn may throw anything, undefined and null too: passed on as it is.
+    const code = (error as { code?: unknown } | null | undefined)?.code;
+    if (!moved && !(typeof code === 'string' && MISSING_OBJECT_SQLSTATES.has(code))) throw error;
     // A missing object on a host that still holds the shard is the application's error.
     if (!moved && (await holds(paths, host.name, shard)) !== false) throw error;
 

@@ -30,7 +30,10 @@ export interface ShardRouterOptions {
    * on to the server connection a transaction runs on.
    */
   applicationName?: string;
-  /** How long to wait for a connection (connecting, or a free one in the pool). Default 10 s. */
+  /**
+   * How long to wait for a connection (connecting, or a free one in the pool). Default 10 s, and
+   * never more than the host's `hostTimeout` (the config's bound on connecting).
+   */
   connectTimeoutMs?: number;
   /** How long an idle pooled connection is kept. Default 30 s; 0 keeps them until close(). */
   idleTimeoutMs?: number;

@@ -1,8 +1,9 @@
 import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
-import { HostError } from '../errors.js';
+import { HostError, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
+import { connectionEnded } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { libpqCompatible } from '../pg/tls.js';
@@ -116,7 +117,9 @@ export class HostPools {
       max: this.settings.poolSize,
       application_name: this.settings.applicationName,
       ...hostClientSettings(host),
-      connectionTimeoutMillis: this.settings.connectTimeoutMs,
+      // Connecting takes at most the host's hostTimeout, as the CLI's connections (and the standbys'
+      // pools) do; the same bound holds for a wait for a free connection (pg-pool has one setting).
+      connectionTimeoutMillis: Math.min(this.settings.connectTimeoutMs, host.timeoutMs),
       idleTimeoutMillis: this.settings.idleTimeoutMs,
       // pg.Pool counts both in its own units: whole seconds, and 0 / Infinity for none.
       maxLifetimeSeconds: Math.ceil(this.settings.maxConnectionLifetimeMs / 1000),
@@ -133,7 +136,12 @@ export class HostPools {
     // A host that stops answering fails the call waiting on it, naming the host, within its timeout
     // (the address this pool goes to is the one probed).
     const watched = address === host.url ? host : { ...host, url: address };
-    pool.on('connect', (client) => watchSilence(client, watched));
+    pool.on('connect', (client) => {
+      watchSilence(client, watched);
+      // Why the server ended the connection, for a call that holds it then (Lease.explain): its own
+      // query only hears that the connection is not queryable.
+      client.on('error', (error) => connectionEnded(client, error));
+    });
     this.pools.set(host.name, { url: host.url, address, pool, startup: startup !== undefined });
     return pool;
   }
@@ -178,6 +186,12 @@ export class HostPools {
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {
+      // The application's mistake, not the host's: said as such (and not taken for a failover).
+      if (this.closed)
+        throw new ShardctlError('ROUTER_CLOSED', 'the ShardRouter is closed: a call made after close() does not run', {
+          exitCode: 2,
+          data: { host: host.name, shard },
+        });
       // Once per call: a refusal of something else than the timeouts is not retried for ever.
       if (!again && this.refusedStartup(host, error)) return this.connect(host, shard, trace, true);
       throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {

@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import { shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
 import { quoteIdent } from '../pg/quote.js';
 import { DeferredBegin, TransactionStart, WRITE_LSN_SQL, type StartStatement } from './begin.js';
 import { hasSessionTimeouts } from './pools.js';
@@ -9,6 +10,9 @@ import { CommitUnknownError, isConnectionLoss } from './failover.js';
 import type { RouterSettings } from './options.js';
 import type { CallTrace } from './diagnostics.js';
 import type { Attempt, RouterInternals, ShardFn, TransactionOptions, Via } from './types.js';
+
+/** SQLSTATE idle_in_transaction_session_timeout. */
+const IDLE_IN_TRANSACTION_TIMEOUT = '25P03';
 
 /**
  * One shard's transaction on the router's paths: the statements that start it (built once per
@@ -119,7 +123,10 @@ export function attempt<T>(
         const returned = fn(client, shard);
         begin.returned(returned);
         value = await returned;
-      } catch (error) {
+      } catch (thrown) {
+        // The server's own reason when it ended the connection under fn (an idle-in-transaction
+        // timeout, a shutdown), where fn's query only heard that the connection is not queryable.
+        const error = lease.explain(thrown);
         // Restored first: the ROLLBACK must reach the server even after a COMMIT went with fn's query.
         begin.restore();
         // The COMMIT went with fn's query, and the connection was lost before its answer.
@@ -128,6 +135,11 @@ export function attempt<T>(
           throw new CommitUnknownError(host.name, shard, error);
         }
         if (begin.started) await lease.rollback();
+        // Ended by the server for a reason of its own that no other host or connection changes
+        // (say, fn idle in its transaction past idleInTransactionTimeoutMs): said with the host and
+        // the shard, and not run again as a failover would be.
+        const ended = error !== thrown || (error as { severity?: unknown } | null)?.severity === 'FATAL';
+        if (ended && !isConnectionLoss(error)) return { ok: false, error: endedByServer(host, shard, error) };
         // On a standby, the check that failed (replicas.ts) rather than fn's "transaction is aborted".
         return { ok: false, error: via ? (begin.error ?? error) : error };
       }
@@ -161,6 +173,20 @@ export function attempt<T>(
     via,
     trace,
   );
+}
+
+/** The error of a transaction whose connection the server ended (Lease.explain), naming host and shard. */
+function endedByServer(host: HostConfig, shard: number, error: unknown): HostError {
+  const code = (error as { code?: unknown }).code;
+  const why =
+    code === IDLE_IN_TRANSACTION_TIMEOUT
+      ? 'the server ended the transaction: fn left it idle longer than idleInTransactionTimeoutMs'
+      : 'the server ended the connection during the transaction';
+  return new HostError(host.name, `${why} (${describePgError(error)}); rolled back`, {
+    shard,
+    code: typeof code === 'string' ? code : 'CONNECTION_ENDED',
+    cause: error,
+  });
 }
 
 /** COMMIT on its own round trip; a connection lost before its answer leaves the outcome unknown. */

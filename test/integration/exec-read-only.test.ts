@@ -81,7 +81,7 @@ describe('shardctl exec without --write', () => {
     [`copy (select 1) to program 'touch ${marker}'`, 'COPY is not a read'],
     [`select set_config('search_path', 'public', false)`, 'set_config() changes a setting'],
     [`select set_config('shardctl_test.x', 'y', true)`, 'set_config() changes a setting'],
-    [`select pg_advisory_lock(42)`, 'pg_advisory_lock acts outside the transaction'],
+    [`select pg_advisory_lock(42)`, 'pg_advisory_lock() holds its lock after the transaction'],
     [
       `with x as (select 1) select * from x;\nrollback;\ndelete from photos`,
       'statement 2 (line 2) "rollback": ROLLBACK ends the transaction',

@@ -140,6 +140,17 @@ describe('shardctl exec', () => {
     expect(run.stderr).toContain('shards 0-3 on pg1: relation "only_here" does not exist');
   });
 
+  it('keeps every digit of a number inside json and jsonb: nested when exact, else the text PostgreSQL returned', async () => {
+    const sql = `select jsonb_build_object('id', 4040925087367430144::bigint) as big, '{"n": 12, "s": "x"}'::json as small`;
+    const run = await runCli(['exec', '-c', fleet.configFile, '--json', '--shards', '2', sql]);
+    expect(run.code, run.stderr).toBe(0);
+    expect(JSON.parse(run.stdout)).toEqual([
+      { shard: 2, big: '{"id": 4040925087367430144}', small: { n: 12, s: 'x' } },
+    ]);
+    const table = await runCli(['exec', '-c', fleet.configFile, '--shards', '2', sql]);
+    expect(table.stdout).toContain('4040925087367430144');
+  });
+
   it('names the one shard a read-only statement fails on when the shards around it ran in the same round trip', async () => {
     // Only shard 5 holds a 'five' photo: 1 / 0 there, 1 everywhere else.
     const sql = `select current_schema() as s, 1 / (1 - count(*) filter (where caption = 'five'))::int as x from photos`;

@@ -132,7 +132,8 @@ describe('migration files that end their transaction or change the session', () 
   it('rolls back, records nothing and names the file when a body moves search_path (what the file check cannot read)', async () => {
     fleet.writeMigration(
       '0002_bad.sql',
-      "CREATE TABLE a2(x int);\nDO $$ BEGIN PERFORM set_config('search_path', 'public', true); END $$;\nCREATE TABLE b2(x int);",
+      // A function's body is not read by the file check (a DO block's is).
+      "CREATE TABLE a2(x int);\nCREATE FUNCTION mp() RETURNS void LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('search_path', 'public', true); END $$;\nSELECT mp();\nCREATE TABLE b2(x int);",
     );
     const run = await runCli(['migrate', '-c', fleet.configFile]);
     expect(run.code).toBe(1);
@@ -144,7 +145,7 @@ describe('migration files that end their transaction or change the session', () 
   it('keeps a no-transaction file in its schema when a body moves search_path, and does not record it', async () => {
     fleet.writeMigration(
       '0002_bad.sql',
-      "-- shardctl:no-transaction\nDO $$ BEGIN PERFORM set_config('search_path', 'public', false); END $$;\nCREATE TABLE IF NOT EXISTS a2(x int);\nDO $$ BEGIN PERFORM set_config('search_path', 'public', false); END $$;",
+      "-- shardctl:no-transaction\nCREATE OR REPLACE FUNCTION mp() RETURNS void LANGUAGE plpgsql AS $$ BEGIN PERFORM set_config('search_path', 'public', false); END $$;\nSELECT mp();\nCREATE TABLE IF NOT EXISTS a2(x int);\nSELECT mp();",
     );
     const run = await runCli(['migrate', '-c', fleet.configFile]);
     expect(run.code).toBe(1);
@@ -154,7 +155,7 @@ describe('migration files that end their transaction or change the session', () 
     expect(found).toEqual({ tables: ['ms0.a2', 'ms1.a2', 'ms2.a2', 'ms3.a2'], records: 0 });
     for (const [i, url] of db.urls.entries()) {
       await withClient(url, async (c) => {
-        for (const shard of [i * 2, i * 2 + 1]) await c.query(`drop table ms${shard}.a2`);
+        for (const shard of [i * 2, i * 2 + 1]) await c.query(`drop table ms${shard}.a2; drop function ms${shard}.mp`);
       });
     }
   });

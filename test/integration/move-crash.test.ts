@@ -143,6 +143,11 @@ describe('a move killed after a step', () => {
     await rewriteShardOwner(fleet.configFile, shard, 'pg1', 'pg2');
     // The steps after the fence up to the verification are not written: the record is at the fence.
     expect(await lastMove(source, shard)).toMatchObject({ step: 'fenced', status: 'running' });
+    // status offers the resume alone, as the refusal below does.
+    const report = await runCli(['status', '--json', '-c', fleet.configFile]);
+    const next = (JSON.parse(report.stdout) as { next: unknown[] }).next;
+    expect(next).toContainEqual({ action: 'resume', shards: [shard] });
+    expect(next).not.toContainEqual({ action: 'abort', shards: [shard] });
 
     const refused = await runCli(move(fleet, shard, '--abort'));
     expect(refused.code).toBe(1);

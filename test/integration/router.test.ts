@@ -3,6 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { decodeId } from '../../src/id/layout.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
+import { HostError } from '../../src/errors.js';
 import { ShardFanOutError } from '../../src/router/errors.js';
 import { setBeginPipelining } from '../../src/router/begin.js';
 import { ShardRouter } from '../../src/router/router.js';
@@ -147,6 +148,76 @@ describe('ShardRouter', () => {
       await router.close();
     }
     expect(await connectionsOf(db.urls[0]!, 'router-rb-test')).toBe(0);
+  });
+});
+
+describe('ShardRouter: what fn throws, and a connection the server ends', () => {
+  const db = useTestDatabases(2);
+
+  it('passes on whatever fn throws (undefined and null too), and a transaction the server ends for its idle timeout fails once, naming host and shard, not retried as a failover', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 4,
+      split: ['0-3', ''],
+      schemaPrefix: 'ri',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 2, idleInTransactionTimeoutMs: 300 });
+    try {
+      for (const thrown of [undefined, null, 'text', 0]) {
+        const seen = await router
+          .withShard(2, async (client) => {
+            await client.query(`insert into photos (user_id, image_url) values (2, 'rolled back')`);
+            // What an application may throw, however odd: the router must pass it on unchanged.
+            // eslint-disable-next-line @typescript-eslint/only-throw-error
+            throw thrown;
+          })
+          .then(
+            () => ({ resolved: true }),
+            (error: unknown) => ({ error }),
+          );
+        expect(seen).toEqual({ error: thrown });
+      }
+      // fn idle in its transaction past the timeout: the server ends the connection (FATAL 25P03).
+      let runs = 0;
+      const started = Date.now();
+      const error = await router
+        .withShard(2, async (client) => {
+          runs += 1;
+          await client.query(`insert into photos (user_id, image_url) values (2, 'idle')`);
+          await new Promise((resolve) => setTimeout(resolve, 900));
+          return client.query('select 1');
+        })
+        .then(
+          () => null,
+          (e: unknown) => e as HostError,
+        );
+      expect(error).toBeInstanceOf(HostError);
+      expect({ code: error?.code, host: error?.host, shard: error?.shard }).toEqual({
+        code: '25P03',
+        host: 'pg1',
+        shard: 2,
+      });
+      expect(error?.message).toMatch(
+        /^host pg1, shard 2: the server ended the transaction: fn left it idle longer than idleInTransactionTimeoutMs/,
+      );
+      // Once, not again and again until failoverTimeoutMs (it was 6 runs over 18 s).
+      expect(runs).toBe(1);
+      expect(Date.now() - started).toBeLessThan(5000);
+      // Nothing of those calls was committed, and the next call gets a working connection.
+      const count = await router.withShard(2, (client) =>
+        client.query<{ n: string }>('select count(*)::text as n from photos'),
+      );
+      expect(count.rows[0]!.n).toBe('0');
+    } finally {
+      await router.close();
+    }
+    // A call after close() is the application's mistake, said as such (not a host that is down).
+    await expect(router.withShard(0, (client) => client.query('select 1'))).rejects.toMatchObject({
+      code: 'ROUTER_CLOSED',
+      message: 'the ShardRouter is closed: a call made after close() does not run',
+    });
   });
 });
 

@@ -56,6 +56,12 @@ describe('migration files', () => {
   it.each(['', '_x', 'add views', 'a/b', 'views.sql?', 'émoji'])('refuses the migration name %j', (name) =>
     expect(migrationNameProblem(name)).toMatch(/expected letters/),
   );
+  it('refuses a name too long for a file name, and accepts one at the limit', () => {
+    expect(migrationNameProblem('x'.repeat(300))).toBe(
+      'is 300 characters long; at most 200, so that NNNN_<name>.sql fits a file name (255 bytes)',
+    );
+    expect(migrationNameProblem('x'.repeat(200))).toBeNull();
+  });
 
   it('splits a file into statements at the semicolons the server would end them at', () => {
     expect(

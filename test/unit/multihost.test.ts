@@ -73,6 +73,42 @@ describe('multi-host URLs (libpq syntax)', () => {
     expect(() => parsePostgresUrl('postgres://app:hunter2hunter@h1,,h2/db')).not.toThrow(/hunter2/);
   });
 
+  it('shows no part of a password that ends the user information early (an unencoded # / ? @), with or without a scheme (property)', () => {
+    const word = fc.stringMatching(/^[A-Za-z0-9]{6,12}$/);
+    fc.assert(
+      fc.property(
+        word,
+        fc.constantFrom('#', '/', '?', '@', '#/'),
+        word,
+        fc.boolean(),
+        (head, special, tail, scheme) => {
+          const url = `${scheme ? 'postgres://' : ''}app:${head}${special}${tail}@h1:5432/db`;
+          let shown = '';
+          try {
+            parsePostgresUrl(url, 'seeds[0]');
+          } catch (error) {
+            shown = `${(error as Error).message} ${JSON.stringify(error)}`;
+          }
+          expect(shown).not.toContain(head);
+          expect(shown).not.toContain(tail);
+        },
+      ),
+    );
+    expect(redactUrl('app:AppPw#secret@127.0.0.1')).toBe('app:***@127.0.0.1');
+  });
+
+  it('refuses a port parameter that is not a port and an sslmode libpq does not know, naming the field', () => {
+    for (const port of ['abc', '70000', '0', '5432,x', ''])
+      expect(() => parsePostgresUrl(`postgres://u:secret@h1/db?port=${port}`, 'hosts[0].url')).toThrow(
+        /port=.*each port must be a number from 1 to 65535/,
+      );
+    expect(parsePostgresUrl('postgres://u:secret@h1,h2/db?port=5432,5433').addresses).toHaveLength(2);
+    expect(() => parsePostgresUrl('postgres://u:secret@h1/db?sslmode=bogus', 'seeds[0]')).toThrow(
+      /sslmode="bogus": must be one of disable, allow, prefer, require, verify-ca, verify-full, no-verify/,
+    );
+    expect(parsePostgresUrl('postgres://u:secret@h1/db?sslmode=verify-full').addresses).toHaveLength(1);
+  });
+
   it('redacts the password of a multi-host URL wherever it appears', () => {
     registerUrlSecret('postgres://app:pw-9f8e7d@h1:5432,h2:5433/db');
     expect(redactUrl('postgres://app:pw-9f8e7d@h1:5432,h2:5433/db')).toBe('postgres://app:***@h1:5432,h2:5433/db');

@@ -151,6 +151,21 @@ describe('transactionEscape', () => {
     `select U&"set\\005fconfig"('search_path', 'public', true)`,
     `select U&"set!005fconfig" UESCAPE '!' ('search_path', 'public', true)`,
     "update pg_settings set setting = 'public' where name = 'search_path'",
+    // What a connection keeps after the transaction, for its next user (through a pooler: another client's).
+    'PREPARE q AS SELECT 1',
+    'LISTEN channel',
+    'declare c cursor with hold for select 1',
+    'CREATE TEMP TABLE photos (id bigint)',
+    'create temporary table t as select 1',
+    'create local temp table t (x int) on commit delete rows',
+    'create temporary sequence s',
+    'select pg_advisory_lock(1)',
+    'select pg_catalog.pg_try_advisory_lock_shared(1, 2)',
+    "do $$ begin perform set_config('search_path', 'insta0', true); end $$",
+    'DO $x$ BEGIN SET search_path TO insta0; END $x$',
+    "do 'begin perform pg_advisory_lock(1); end'",
+    'do $$ begin reset all; end $$',
+    'do language plpgsql $$ begin set work_mem = 1000; end $$',
   ])('refuses %s', (sql) => {
     expect(first(sql)).toBeDefined();
   });
@@ -163,7 +178,12 @@ describe('transactionEscape', () => {
     'SAVEPOINT a',
     'RELEASE SAVEPOINT a',
     'ROLLBACK TO SAVEPOINT a',
-    'PREPARE q AS SELECT 1',
+    'declare c cursor for select 1',
+    'CREATE TEMP TABLE t (x int) ON COMMIT DROP',
+    'create table temp (x int)',
+    'select pg_advisory_xact_lock(1)',
+    'do $$ begin perform 1; set local work_mem = 1000; end $$',
+    "do $$ begin insert into t values ('set_config'); end $$",
     "select 'commit; set search_path to public'",
     'create function f() returns void language plpgsql as $$ begin commit; end $$',
     'select "commit" from t',
@@ -183,13 +203,13 @@ describe('execRefusal', () => {
     ['select 1;\n delete from photos', 'statement 2 (line 2) "delete from photos": DELETE is not a read'],
     ["copy (select 1) to program 'true'", 'the statement "copy (select 1) to program \'true\'": COPY is not a read'],
     ["select set_config('search_path','public',false)", 'set_config() changes a setting'],
-    ['select pg_advisory_lock(1)', 'pg_advisory_lock acts outside the transaction'],
+    ['select pg_advisory_lock(1)', 'pg_advisory_lock() holds its lock after the transaction'],
     ["select lo_export(1, '/tmp/x')", 'lo_export acts outside the transaction'],
     ["select * from dblink('x', 'delete from t') as t(x int)", 'dblink acts outside'],
     ["select pg_notify('c', 'x')", 'pg_notify acts outside'],
     ['do $$ begin perform 1; end $$', 'DO is not a read'],
     ['call p()', 'CALL is not a read'],
-    ['prepare q as select 1', 'PREPARE is not a read'],
+    ['prepare q as select 1', 'PREPARE keeps a prepared statement on the connection'],
   ])('refuses %s', (sql, reason) => {
     expect(execRefusal(sql, false)).toContain(reason);
   });
