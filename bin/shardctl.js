@@ -25,7 +25,27 @@ for (const stream of [process.stdout, process.stderr]) {
   });
 }
 // The terminal closing (SIGHUP) does not stop a command either: it carries on to the end, its
-// output dropped. SIGINT and SIGTERM still stop it (a move is then resumed or aborted).
+// output dropped. SIGINT and SIGTERM still stop it, at once, and say what is left: every step a
+// command takes can be run again or undone after a stop anywhere (a move: --resume or --abort),
+// and status names what is under way. A command that passes SIGINT on itself (psql) keeps it.
+for (const [signal, code] of [
+  ['SIGINT', 130],
+  ['SIGTERM', 143],
+]) {
+  process.on(signal, () => {
+    if (process.listenerCount(signal) > 1) return;
+    const message = `stopped by ${signal}; what it left under way is named by shardctl status: run the same command again, or for a move --resume or --abort`;
+    try {
+      if (process.argv.includes('--json'))
+        process.stdout.write(
+          `${JSON.stringify({ error: { code: 'INTERRUPTED', message, exitCode: code } }, null, 2)}\n`,
+        );
+      process.stderr.write(`\nshardctl: ${message}\n`);
+    } finally {
+      process.exit(code);
+    }
+  });
+}
 process.on('SIGHUP', () => {});
 
 main(process.argv).then((code) => {

@@ -38,7 +38,10 @@ export const TOPOLOGY_SQL = `SELECT application_name AS name,
       CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() ELSE pg_catalog.pg_current_wal_lsn() END,
       replay_lsn)::float8 AS lag_bytes,
     (extract(epoch FROM replay_lag) * 1000)::float8 AS replay_lag_ms
-   FROM pg_catalog.pg_stat_replication ORDER BY application_name, client_addr, client_port`;
+   FROM pg_catalog.pg_stat_replication r
+  -- Standbys only: a logical walsender (a move's subscription, of this fleet or another database's) is none.
+  WHERE NOT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')
+  ORDER BY application_name, client_addr, client_port`;
 
 export async function readTopology(client: pg.Client): Promise<HostTopology> {
   const [recovery, standbys] = await Promise.all([

@@ -1,4 +1,4 @@
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -6,6 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { findFreePort } from '../../src/dev/local-postgres.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { waitFor } from '../helpers/migrations.js';
 import { tempDir } from '../helpers/temp.js';
 
 const exec = promisify(execFile);
@@ -152,5 +153,39 @@ describe('the shardctl command line', () => {
       (e: { code: number }) => e.code,
     );
     expect(error).toBe(2);
+  });
+
+  it('stopped by SIGINT or SIGTERM, says so and what to run next (under --json also as JSON on stdout), exit 130 / 143', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2 });
+    expect((await runCli(['init', '-c', fleet.configFile])).code).toBe(0);
+    const bin = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
+    for (const [signal, code, json, seconds] of [
+      ['SIGINT', 130, false, 30],
+      ['SIGTERM', 143, true, 31],
+    ] as const) {
+      const child = spawn(
+        process.execPath,
+        [bin, 'exec', '-c', fleet.configFile, ...(json ? ['--json'] : []), `select pg_sleep(${seconds})`],
+        { stdio: ['ignore', 'pipe', 'pipe'] },
+      );
+      let stdout = '';
+      let stderr = '';
+      child.stdout.setEncoding('utf8').on('data', (chunk: string) => (stdout += chunk));
+      child.stderr.setEncoding('utf8').on('data', (chunk: string) => (stderr += chunk));
+      const ended = new Promise<number | null>((resolve) => child.once('close', (c) => resolve(c)));
+      // Once its statements are running on the hosts.
+      await waitFor('the sleeps', async () =>
+        withClient(db.urls[0]!, async (c) => {
+          const r = await c.query(`select 1 from pg_stat_activity where query like $1 and pid <> pg_backend_pid()`, [
+            `%pg_sleep(${seconds})%`,
+          ]);
+          return (r.rowCount ?? 0) > 0;
+        }),
+      );
+      child.kill(signal);
+      expect(await ended).toBe(code);
+      expect(stderr).toContain(`shardctl: stopped by ${signal}; what it left under way is named by shardctl status`);
+      if (json) expect((JSON.parse(stdout) as { error: { code: string } }).error.code).toBe('INTERRUPTED');
+    }
   });
 });

@@ -9,6 +9,7 @@ import { makeFleet, runCli } from '../helpers/fleet.js';
 import { killedAfter } from '../helpers/faults.js';
 import type { HostTopology } from '../../src/fleet/topology.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { waitFor } from '../helpers/migrations.js';
 import { startReplicatedHost, type ReplicatedHost } from '../helpers/standby.js';
 
 const PHOTOS_ONLY = {
@@ -283,6 +284,21 @@ describe('operators through a failover: status, map show, map set-address', () =
     });
     expect((await init(await other.config())).ok).toBe(true);
     await host.caughtUp();
+    // A logical walsender on the primary (another database's subscription, as a move's is) is no standby.
+    await withClient(at(host.primary.port, 'other'), (c) => c.query('CREATE PUBLICATION topo_p'));
+    await withClient(db.urls[0]!, (c) =>
+      c.query(
+        `CREATE SUBSCRIPTION topo_s CONNECTION 'host=127.0.0.1 port=${host.primary.port} user=postgres password=${host.password} dbname=other' PUBLICATION topo_p`,
+      ),
+    );
+    await waitFor('the subscription streaming from the primary', async () =>
+      withClient(oldPrimary, async (c) => {
+        const r = await c.query(
+          `SELECT 1 FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid WHERE s.slot_name = 'topo_s'`,
+        );
+        return (r.rowCount ?? 0) > 0;
+      }),
+    );
 
     const before = JSON.parse((await runCli(['status', '--json', '-c', fleet.configFile])).stdout) as {
       hosts: { host: string; topology: HostTopology | null }[];
@@ -292,6 +308,7 @@ describe('operators through a failover: status, map show, map set-address', () =
     expect(pg2.topology?.inRecovery).toBe(false);
     expect(pg2.topology?.standbys).toHaveLength(1);
     expect(pg2.topology?.standbys[0]).toMatchObject({ state: 'streaming', sync: 'async' });
+    await withClient(db.urls[0]!, (c) => c.query('DROP SUBSCRIPTION topo_s'));
     const shown = await runCli(['map', 'show', '-c', fleet.configFile]);
     expect(shown.stdout).toMatch(
       new RegExp(
