@@ -1,6 +1,7 @@
 import type { HostConfig } from '../config/types.js';
 import { shardMovedTo } from '../config/shard-map.js';
 import { CONTROL, shardIsActive } from '../fleet/control.js';
+import { HostError } from '../errors.js';
 import type { CallTrace, RouterDiagnostics } from './diagnostics.js';
 import { isFailoverSymptom, isInDoubt } from './failover.js';
 import type { RouterSettings } from './options.js';
@@ -68,9 +69,25 @@ export function runFollowing<T>(
       // No host at all (none reachable holds the shard): nothing to count against.
       if (last !== undefined) paths.diagnostics.ended(last, false);
       trace?.end(last ?? '', { error });
-      throw error;
+      throw withShard(error, shard);
     },
   );
+}
+
+/**
+ * A host's failure as the call's: a HostError about the connection (a host that stopped answering,
+ * one that cannot be reached) names the host only where it is made; the call names its shard too.
+ */
+function withShard(error: unknown, shard: number): unknown {
+  if (!(error instanceof HostError) || error.shard !== undefined || error.migration !== undefined) return error;
+  return new HostError(error.host, error.reason, {
+    shard,
+    code: error.code,
+    cause: error.cause,
+    ...(error.data ? { data: error.data } : {}),
+    ...(error.details.length > 0 ? { details: error.details } : {}),
+    ...(error.next.length > 0 ? { next: error.next } : {}),
+  });
 }
 
 async function follow<T>(

@@ -99,7 +99,7 @@ describe('a host that stops answering', () => {
   });
 
   it(
-    'router: a call on a silent host fails naming it; calls on the other host go on',
+    'router: a call on a silent host fails naming it and the shard; calls on the other host go on',
     { timeout: 30_000 },
     async () => {
       const router = await ShardRouter.open(fleet.configFile);
@@ -108,7 +108,7 @@ describe('a host that stops answering', () => {
         proxy.silence('after-handshake');
         const started = performance.now();
         await expect(router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rejects.toThrow(
-          /^host pg2: stopped answering: no reply for 2 s/,
+          /^host pg2, shard 5: stopped answering: no reply for 2 s/,
         );
         expect(performance.now() - started).toBeLessThan(WITHIN_MS);
         expect((await router.withShard(1, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
