@@ -69,7 +69,7 @@ export function runFollowing<T>(
       // No host at all (none reachable holds the shard): nothing to count against.
       if (last !== undefined) paths.diagnostics.ended(last, false);
       trace?.end(last ?? '', { error });
-      throw withShard(error, shard);
+      throw namingShard(error, shard);
     },
   );
 }
@@ -78,7 +78,7 @@ export function runFollowing<T>(
  * A host's failure as the call's: a HostError about the connection (a host that stopped answering,
  * one that cannot be reached) names the host only where it is made; the call names its shard too.
  */
-function withShard(error: unknown, shard: number): unknown {
+function namingShard(error: unknown, shard: number): unknown {
   if (!(error instanceof HostError) || error.shard !== undefined || error.migration !== undefined) return error;
   return new HostError(error.host, error.reason, {
     shard,
