@@ -16,7 +16,7 @@ import { registerMigrate } from './migrate.js';
 import { registerMigration } from './migration.js';
 import { registerMoveShard } from './move-shard.js';
 import { registerPsql } from './psql.js';
-import { Output, type Streams } from './output.js';
+import { Output, toJson, type Streams } from './output.js';
 import { registerRebalance } from './rebalance.js';
 import { registerStatus } from './status.js';
 
@@ -82,7 +82,15 @@ export async function main(
   } catch (error) {
     if (error instanceof CommanderError) {
       // --help and --version exit 0; every parse error (unknown command or option) is usage: 2.
-      return error.exitCode === 0 ? 0 : 2;
+      if (error.exitCode === 0) return 0;
+      // Commander has said it on stderr; a script reading --json gets it on stdout as well.
+      if (argv.includes('--json')) {
+        const { redact, registerSecret } = await loadLibrary();
+        registerSecret(streams.env['PGPASSWORD']);
+        const message = error.message.replace(/^error: /, '');
+        streams.stdout.write(`${redact(toJson({ error: { code: 'USAGE', message, exitCode: 2 } }))}\n`);
+      }
+      return 2;
     }
     const { registerSecret, UsageError } = await loadLibrary();
     registerSecret(streams.env['PGPASSWORD']);

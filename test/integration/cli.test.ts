@@ -20,6 +20,12 @@ describe('the shardctl command line', () => {
     const unknownOption = await runCli(['status', '--frobnicate']);
     expect(unknownOption.code).toBe(2);
     expect(unknownOption.stderr).toContain("unknown option '--frobnicate'");
+    // Under --json, also as JSON on stdout.
+    const asJson = await runCli(['status', '--json', '--frobnicate']);
+    expect(asJson.code).toBe(2);
+    expect(JSON.parse(asJson.stdout)).toEqual({
+      error: { code: 'USAGE', message: "unknown option '--frobnicate'", exitCode: 2 },
+    });
   });
 
   it('exits 2 on a bad config, listing every problem at once and writing nothing', async () => {
