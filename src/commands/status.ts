@@ -155,7 +155,13 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
               `cannot check the id sequences: ${describePgError(e)}`,
             ]);
             const found = hostStatus(config, snapshot, migrations, cached, leftovers);
-            const byHand = snapshot.layout === null ? [] : await handMadeDrift(session.client, host.name, config);
+            const byHand =
+              snapshot.layout === null
+                ? []
+                : await handMadeDrift(session.client, host.name, config, (shard) => {
+                    const next = pendingMigrations(snapshot.applied.get(shard), migrations)[0];
+                    return next?.noTransaction ? next.name : undefined;
+                  });
             const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
             const topology = await readTopology(session.client);
             const result = { ...drifted, controlWriters, registryMismatches, topology };
@@ -356,10 +362,15 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
  * Shards whose tables differ from those of the other shards with the same migrations on this host
  * (a column added or dropped by hand): one query, more only for a shard that differs.
  */
-async function handMadeDrift(client: pg.Client, host: string, config: ShardctlConfig): Promise<string[]> {
+async function handMadeDrift(
+  client: pg.Client,
+  host: string,
+  config: ShardctlConfig,
+  unfinished: (shard: number) => string | undefined,
+): Promise<string[]> {
   const schemaOf = (shard: number): string => shardSchemaName(config, shard);
   const drifts = await shapeDrift(new Map([[host, client]]), await readShardShapes(client, host), schemaOf);
-  return drifts.map((d) => shapeDriftMessage(d, schemaOf));
+  return drifts.map((d) => shapeDriftMessage(d, schemaOf, unfinished(d.shard)));
 }
 
 /** Sequences of shard schemas with CACHE > 1: next_id() refuses them on its slow path (SC004). */

@@ -146,11 +146,19 @@ export async function shapeDrift(
   );
 }
 
-/** One line per drifted shard: what differs from the reference shard of the same migrations. */
-export function shapeDriftMessage(drift: ShapeDrift, schemaOf: (shard: number) => string): string {
+/**
+ * One line per drifted shard: what differs from the reference shard of the same migrations.
+ * `unfinished`: the shard's next migration, when it runs without a transaction (a run killed inside
+ * it leaves part of it done and nothing recorded): named as the likelier cause.
+ */
+export function shapeDriftMessage(drift: ShapeDrift, schemaOf: (shard: number) => string, unfinished?: string): string {
   const what =
     drift.differences.length > 0 ? drift.differences.join('; ') : 'its tables, constraints or indexes differ';
-  return `shard ${drift.shard} (${schemaOf(drift.shard)}) differs from shard ${drift.reference} (${schemaOf(drift.reference)}), which has the same migrations: ${what} (changed by hand, outside the migrations)`;
+  const why =
+    unfinished === undefined
+      ? 'changed by hand, outside the migrations'
+      : `part of ${unfinished}, which runs without a transaction, may have run in a run that was stopped: migrate runs it again; else changed by hand`;
+  return `shard ${drift.shard} (${schemaOf(drift.shard)}) differs from shard ${drift.reference} (${schemaOf(drift.reference)}), which has the same migrations: ${what} (${why})`;
 }
 
 /**

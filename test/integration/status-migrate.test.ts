@@ -1,10 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { init, status } from '../../src/index.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
-import { useTestDatabases } from '../helpers/hosts.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 // Two databases on the first host would do as well: each test builds its fleet on one of its own.
 const db = useTestDatabases(2);
+// And one more for the test of a stopped no-transaction migration.
+const noTx = useTestDatabases(1);
 
 describe('status and migrate ask the same migration rules', () => {
   it('a new file numbered below applied ones is drift to both: migrate refuses it (exit 3) and status reports it, not "behind"', async () => {
@@ -61,5 +63,28 @@ describe('status and migrate ask the same migration rules', () => {
     expect(host.behind).toEqual([0, 1, 2, 3]);
     expect(host.drift).toEqual([]);
     expect(host.levels).toEqual({ '1': '0-3' });
+  });
+  it('a shard that a stopped no-transaction migration left half done: status names that migration as the likelier cause, and migrate finishes it', async () => {
+    const fleet = makeFleet({
+      urls: [noTx.urls[0]!],
+      shards: 4,
+      migrations: { '0001_photos.sql': 'CREATE TABLE photos (id bigint PRIMARY KEY, user_id bigint);\n' },
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    fleet.writeMigration(
+      '0002_user_index.sql',
+      '-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS photos_user ON photos (user_id);\n',
+    );
+    // What a run stopped inside it leaves on one shard: the index built, the migration not recorded.
+    const schema = (await fleet.config()).schemaPrefix + '1';
+    await withClient(noTx.urls[0]!, (c) => c.query(`CREATE INDEX photos_user ON ${schema}.photos (user_id)`));
+
+    const host = (await status(await fleet.config())).hosts[0]!;
+    expect(host.drift).toEqual([expect.stringContaining(`shard 1 (${schema}) differs from shard 0`)]);
+    expect(host.drift[0]).toContain(
+      'part of 0002_user_index, which runs without a transaction, may have run in a run that was stopped: migrate runs it again',
+    );
+    expect((await runCli(['migrate', '-c', fleet.configFile])).code).toBe(0);
+    expect((await status(await fleet.config())).ok).toBe(true);
   });
 });
