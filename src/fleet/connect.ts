@@ -82,9 +82,7 @@ export async function connectOnce(
   try {
     await client.connect();
   } catch (error) {
-    // Its socket destroyed, not end(): a socket that never connected (say, a port Node refuses)
-    // never emits the 'end' that end() would wait for.
-    client.connection.stream.destroy();
+    discard(client);
     throw error;
   }
   return client;
@@ -152,12 +150,18 @@ async function connectAddress(host: HostConfig, url: string, options: ConnectOpt
       await confirmServerPid(client);
     });
   } catch (error) {
-    // Its socket destroyed, not end(): a socket that never connected (say, a port Node refuses)
-    // never emits the 'end' that end() would wait for.
-    client.connection.stream.destroy();
+    discard(client);
     throw error;
   }
   return client;
+}
+
+/**
+ * Drops a client whose connecting failed: its socket destroyed, not end(), since a socket that never
+ * connected (say, to a port Node refuses) never emits the 'end' that end() would wait for.
+ */
+function discard(client: pg.Client): void {
+  client.connection.stream.destroy();
 }
 
 /**

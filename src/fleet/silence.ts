@@ -20,6 +20,7 @@ import type { Socket } from 'node:net';
 import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
+import { connectionEnded } from '../pg/ended.js';
 import { redact } from '../pg/redact.js';
 import { endQuietly } from '../pg/quiet.js';
 import { libpqCompatible } from '../pg/tls.js';
@@ -67,6 +68,10 @@ function waitsForQuery(internals: PgClientInternals): boolean {
  * and it stops when the client ends.
  */
 export function watchSilence(client: pg.Client, host: HostConfig): void {
+  // The failure reaches the pending query; a checked-out pool client has no other listener, and
+  // node-postgres would throw its 'error' event at the process. The error is kept: a query made on
+  // the client afterwards only hears that it is not queryable (src/pg/ended.ts says why).
+  client.on('error', (error) => connectionEnded(client, error));
   const internals = internalsOf(client);
   if (!internals) return;
   const bound = host.timeoutMs;
@@ -78,9 +83,6 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
 
   // Polled, not a 'data' listener: pg-copy-streams insists on being the socket's only reader.
   let bytesRead = stream.bytesRead;
-  // The failure reaches the pending query; a checked-out pool client has no other listener, and
-  // node-postgres would throw its 'error' event at the process.
-  client.on('error', () => undefined);
 
   const tick = (): void => {
     if (internals._ended || stream.destroyed) {

@@ -314,7 +314,7 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
       return inner === undefined ? undefined : `DO: ${inner}`;
     }
     case 'reset':
-      return 'RESET changes settings for the rest of the session (search_path, role, …)';
+      return RESET_ESCAPE;
     case 'discard':
       return 'DISCARD changes the session';
     case 'set':
@@ -329,12 +329,20 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
       return 'SET outlives the transaction (use SET LOCAL; search_path and role cannot be changed)';
     default:
   }
-  if (callsAny(statement, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
-  const lock = callsAny(statement, (name) => SESSION_LOCKS.has(name));
-  if (lock !== undefined) return `${lock}() holds its lock after the transaction (use pg_advisory_xact_lock)`;
+  const call = callEscape(statement);
+  if (call !== undefined) return call;
   if (mentions(statement, 'update') && mentions(statement, 'pg_settings'))
     return 'UPDATE pg_settings changes a setting for the session';
   return undefined;
+}
+
+const RESET_ESCAPE = 'RESET changes settings for the rest of the session (search_path, role, …)';
+
+/** Why a function the statement calls changes the session beyond the transaction: set_config(), a session advisory lock. */
+function callEscape(statement: SqlStatement): string | undefined {
+  if (callsAny(statement, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
+  const lock = callsAny(statement, (name) => SESSION_LOCKS.has(name));
+  return lock === undefined ? undefined : `${lock}() holds its lock after the transaction (use pg_advisory_xact_lock)`;
 }
 
 /** Advisory locks held by the session, not the transaction. */
@@ -360,12 +368,11 @@ function bodyEscape(quoted: string): string | undefined {
   const text = dollar ? dollar[2]! : quoted.replace(/^[eE]?'|'$/g, '').replace(/''/g, "'");
   for (const inner of splitSql(text).statements) {
     const words = inner.keywords;
-    if (callsAny(inner, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
-    const lock = callsAny(inner, (name) => SESSION_LOCKS.has(name));
-    if (lock !== undefined) return `${lock}() holds its lock after the transaction (use pg_advisory_xact_lock)`;
+    const call = callEscape(inner);
+    if (call !== undefined) return call;
     const at = words.findIndex((w) => w === 'set' || w === 'reset');
     if (at < 0) continue;
-    if (words[at] === 'reset') return 'RESET changes settings for the rest of the session (search_path, role, …)';
+    if (words[at] === 'reset') return RESET_ESCAPE;
     const local = words[at + 1] === 'local' || words[at + 1] === 'session';
     const name = words[at + (local ? 2 : 1)] ?? inner.tokens.find((t, i) => i > at && t.kind === 'identifier')?.value;
     if (name !== undefined && SESSION_IDENTITY.has(name)) return `SET ${name} changes where or as whom statements run`;

@@ -3,7 +3,6 @@ import type { HostConfig } from '../config/types.js';
 import { HostError, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
-import { connectionEnded } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { libpqCompatible } from '../pg/tls.js';
@@ -136,12 +135,7 @@ export class HostPools {
     // A host that stops answering fails the call waiting on it, naming the host, within its timeout
     // (the address this pool goes to is the one probed).
     const watched = address === host.url ? host : { ...host, url: address };
-    pool.on('connect', (client) => {
-      watchSilence(client, watched);
-      // Why the server ended the connection, for a call that holds it then (Lease.explain): its own
-      // query only hears that the connection is not queryable.
-      client.on('error', (error) => connectionEnded(client, error));
-    });
+    pool.on('connect', (client) => watchSilence(client, watched));
     this.pools.set(host.name, { url: host.url, address, pool, startup: startup !== undefined });
     return pool;
   }

@@ -40,7 +40,6 @@ import { connectOnce, parsedHostUrl } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { SESSION_STATE_SQL, singleAddressUrls } from '../pg/multihost.js';
-import { connectionEnded } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { libpqCompatible } from '../pg/tls.js';
@@ -347,10 +346,7 @@ export class StandbyBook {
     // (a NAT that dropped the flow), fails the read waiting on it within the host's timeout, and the
     // read goes to the primary. The address probed is the standby's own.
     const watched = { ...host, url };
-    pool.on('connect', (client) => {
-      watchSilence(client, watched);
-      client.on('error', (error) => connectionEnded(client, error));
-    });
+    pool.on('connect', (client) => watchSilence(client, watched));
     return { url, pool };
   }
 }
