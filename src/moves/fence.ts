@@ -1,3 +1,4 @@
+import { inOneTurn } from '../pg/serial.js';
 import pg from 'pg';
 import { lines } from '../pg/sql-template.js';
 import { shardSchemaName } from '../config/types.js';
@@ -281,17 +282,20 @@ async function readIfFree<T>(
   lockWaitMs: number,
   read: () => Promise<T>,
 ): Promise<{ value: T } | null> {
-  try {
-    await client.query(`BEGIN;\n${lockTimeoutSql(lockWaitMs)}`);
-    const value = await read();
-    await client.query('COMMIT');
-    return { value };
-  } catch (error) {
-    await rollbackQuietly(client);
-    const code = (error as { code?: string }).code;
-    if (code !== undefined && LOCK_WAIT_CODES.includes(code)) return null;
-    throw error;
-  }
+  // In one turn of the session: no other caller's query runs inside this transaction.
+  return inOneTurn(client, async () => {
+    try {
+      await client.query(`BEGIN;\n${lockTimeoutSql(lockWaitMs)}`);
+      const value = await read();
+      await client.query('COMMIT');
+      return { value };
+    } catch (error) {
+      await rollbackQuietly(client);
+      const code = (error as { code?: string }).code;
+      if (code !== undefined && LOCK_WAIT_CODES.includes(code)) return null;
+      throw error;
+    }
+  });
 }
 
 /**

@@ -13,7 +13,7 @@ import { type MoveContext, notice, schemasOf } from './context.js';
 import { concurrency, Workers } from './workers.js';
 import { stopDeltas, stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
-import { rollbackQuietly } from '../pg/quiet.js';
+import { rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { DELETE_CHUNKS_SQL } from './chunks.js';
 
 /**
@@ -253,9 +253,8 @@ async function carryPrivileges(
     const statements = syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions);
     if (statements.length === 0) continue;
     try {
-      await target.client.query(['BEGIN;', WORKER_TRANSACTION_SQL, ...statements, 'COMMIT;'].join('\n'));
+      await runTransaction(target.client, ['BEGIN;', WORKER_TRANSACTION_SQL, ...statements, 'COMMIT;'].join('\n'));
     } catch (error) {
-      await rollbackQuietly(target.client);
       throw new HostError(
         target.host.name,
         `cannot give the target copy the source's owners and grants: ${describePgError(error)}`,

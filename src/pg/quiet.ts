@@ -1,4 +1,5 @@
 import { sleep } from '../clock.js';
+import { inOneTurn } from './serial.js';
 
 /**
  * The last word on a connection whose outcome is already decided: after a failure the caller
@@ -18,14 +19,19 @@ export async function endQuietly(closable: { end(): Promise<void> }): Promise<vo
   await closable.end().catch(() => undefined);
 }
 
-/** Runs a BEGIN … COMMIT string; on failure rolls back (quietly), so the session stays usable, and rethrows. */
+/**
+ * Runs a BEGIN … COMMIT string; on failure rolls back (quietly), so the session stays usable, and
+ * rethrows. Both in one turn of the session (inOneTurn): no other caller's query runs in between.
+ */
 export async function runTransaction(client: { query(text: string): Promise<unknown> }, sql: string): Promise<void> {
-  try {
-    await client.query(sql);
-  } catch (error) {
-    await rollbackQuietly(client);
-    throw error;
-  }
+  await inOneTurn(client, async () => {
+    try {
+      await client.query(sql);
+    } catch (error) {
+      await rollbackQuietly(client);
+      throw error;
+    }
+  });
 }
 
 /** SQLSTATEs of a bounded lock wait that ran out: lock_timeout, and a deadlock this transaction lost. */

@@ -1,3 +1,4 @@
+import { AsyncLocalStorage } from 'node:async_hooks';
 import type pg from 'pg';
 
 /**
@@ -11,13 +12,59 @@ import type pg from 'pg';
 export function serializeQueries(client: pg.Client): void {
   const run = client.query.bind(client) as (...args: unknown[]) => unknown;
   let last: Promise<unknown> = Promise.resolve();
-  const inTurn = (...args: unknown[]): unknown => {
-    const first = args[0] as { submit?: unknown } | null | undefined;
-    if (typeof first?.submit === 'function' || typeof args.at(-1) === 'function') return run(...args);
-    const result = last.then(() => run(...args));
+  const turn = <T>(fn: () => Promise<T>): Promise<T> => {
+    const result = last.then(fn);
     // The next query waits for this one to end, whatever its outcome; the caller sees the outcome.
     last = result.catch(() => undefined);
     return result;
   };
+  const inTurn = (...args: unknown[]): unknown => {
+    const first = args[0] as { submit?: unknown } | null | undefined;
+    if (typeof first?.submit === 'function' || typeof args.at(-1) === 'function') return run(...args);
+    // A query of the turn that holds the session goes at once (inOneTurn).
+    if (holding(client)) return run(...args);
+    return turn(() => run(...args) as Promise<unknown>);
+  };
   (client as unknown as { query: typeof inTurn }).query = inTurn;
+  (client as unknown as Turns)[TURN] = (fn) =>
+    turn(async () => {
+      const held: Held = { client, open: true };
+      try {
+        return await turns.run([...(turns.getStore() ?? []), held], fn);
+      } finally {
+        held.open = false;
+      }
+    });
+}
+
+const TURN = Symbol('shardctl.turn');
+
+interface Held {
+  readonly client: object;
+  open: boolean;
+}
+
+/** The sessions the running code holds a turn of (inOneTurn), across its awaits. */
+const turns = new AsyncLocalStorage<readonly Held[]>();
+
+function holding(client: object): boolean {
+  return turns.getStore()?.some((h) => h.client === client && h.open) ?? false;
+}
+
+interface Turns {
+  [TURN]?: <T>(fn: () => Promise<T>) => Promise<T>;
+}
+
+/**
+ * `fn` with the session to itself: the queries fn makes on `client` (itself, or through what it
+ * calls) go one after another, and the queries of the session's other callers wait until fn is
+ * done. A transaction on a session that other parts of a command use at the same time needs it:
+ * one that fails stays aborted until its ROLLBACK, and a query another caller queued meanwhile
+ * would run first and fail with 25P02 (seen: a move's copy behind its early subscription, whose
+ * lock wait ran out); one of several statements would take another caller's query into it. A
+ * client that keeps no queue (not serializeQueries's) is used as it is.
+ */
+export function inOneTurn<T>(client: object, fn: () => Promise<T>): Promise<T> {
+  const turn = (client as Turns)[TURN];
+  return turn && !holding(client) ? turn(fn) : fn();
 }
