@@ -8,8 +8,7 @@ import {
   type ShapeOutlier,
   type ShardShape,
 } from './rules.js';
-import { rollbackQuietly } from '../pg/quiet.js';
-import { inOneTurn } from '../pg/serial.js';
+import { runTransaction } from '../pg/quiet.js';
 
 /**
  * Hand-made drift of a shard's tables (an ADD or DROP COLUMN outside the migrations): each shard's
@@ -85,19 +84,11 @@ export async function readShardShapes(
   // Shard numbers are written as literals (int checks them): a simple query carries the SET LOCAL
   // in the same round trip.
   const text = sql`BEGIN;\nSET LOCAL enable_nestloop = off;\n${shapeFingerprintsSql(shards)};\nCOMMIT;`;
-  // In one turn of the session, with its ROLLBACK (inOneTurn).
-  const results = await inOneTurn(client, async () => {
-    try {
-      return (await client.query(text)) as unknown as pg.QueryResult<{
-        level: string;
-        fingerprint: string;
-        shards: string;
-      }>[];
-    } catch (error) {
-      await rollbackQuietly(client);
-      throw error;
-    }
-  });
+  const results = (await runTransaction(client, text)) as pg.QueryResult<{
+    level: string;
+    fingerprint: string;
+    shards: string;
+  }>[];
   const rows = results.find((r) => r.command === 'SELECT')?.rows ?? [];
   return rows.flatMap((r) =>
     r.shards.split(',').map((s) => ({ shard: Number(s), host, level: r.level, fingerprint: r.fingerprint })),

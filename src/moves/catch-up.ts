@@ -3,7 +3,7 @@ import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { catchUpSql } from './sql/catch-up.js';
-import { rollbackQuietly } from '../pg/quiet.js';
+import { runTransaction } from '../pg/quiet.js';
 import { type LeafTable } from './catalog.js';
 import { changesOf, type ChangesRow } from './tail.js';
 import { type MoveContext, type WaveState } from './context.js';
@@ -51,7 +51,7 @@ async function catchUpAndRead(ctx: MoveContext, marker: string, limitMs: number)
     leaves: leaves.map((t) => t.oid),
     changes,
   });
-  const results = await queryString(ctx.target.client, sql);
+  const results = await runTransaction(ctx.target.client, sql);
   // Here the marker is applied: the wait fails otherwise, and the reads after it are not run.
   const read = results.find((r) => hasField(r, 'keys_json'));
   ctx.current.targetNow = {
@@ -59,19 +59,6 @@ async function catchUpAndRead(ctx: MoveContext, marker: string, limitMs: number)
     leaves: leavesReported(leaves, results),
     changes: changes && read ? changesOf(read.rows as ChangesRow[]) : null,
   };
-}
-
-/**
- * Runs a string of several statements (one result each); on failure rolls back (quietly), so the
- * session stays usable whatever transaction the string left open, and rethrows.
- */
-export async function queryString(client: pg.Client, sql: string): Promise<pg.QueryResult[]> {
-  try {
-    return [(await client.query(sql)) as unknown as pg.QueryResult[]].flat();
-  } catch (error) {
-    await rollbackQuietly(client);
-    throw error;
-  }
 }
 
 export function hasField(result: pg.QueryResult, name: string): boolean {

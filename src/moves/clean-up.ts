@@ -3,7 +3,7 @@ import { shardSchemaName } from '../config/types.js';
 import { ASYNC_COMMIT_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { awaitedLater } from '../promises.js';
-import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { refreshMaterializedViewSql, renameWithStubSql, type Grant } from './sql/cleanup.js';
 import { SHARD_SCHEMA_NAMES_SQL } from './sql/control.js';
 import { dropUnusedFenceGuardsSql } from './sql/leftovers.js';
@@ -60,7 +60,7 @@ export async function cleanUp(ctx: MoveContext): Promise<void> {
       }),
     ]);
     for (const s of settled) if (s.status === 'rejected') throw s.reason;
-    await source.client.query(DURABLE_FLUSH_SQL);
+    await runTransaction(source.client, DURABLE_FLUSH_SQL);
   } finally {
     // A failed rename leaves the target's session to the caller's undo only once the drop has ended.
     await unsubscribed.catch(() => undefined);

@@ -32,7 +32,7 @@ import { plural } from '../text.js';
 import { fenceRemainingMs, underFence, stopCutOver } from './fence-limit.js';
 import { lockLimits, FENCE_WAIT_CODES, lockHolders } from './fence-locks.js';
 import { startPreVerification } from './pre-verification.js';
-import { queryString, hasField, leavesReported } from './catch-up.js';
+import { hasField, leavesReported } from './catch-up.js';
 import { listSequences, readSequences } from './sequences.js';
 
 /**
@@ -166,7 +166,7 @@ export async function fence(ctx: MoveContext): Promise<void> {
   const detail = progress(ctx);
   await underFence(ctx, 'the fence marker on the source', () =>
     Promise.all([
-      source.client.query(fenceMarkerSql(ctx.moveId, ctx.current.fenceMarker!, detail)),
+      runTransaction(source.client, fenceMarkerSql(ctx.moveId, ctx.current.fenceMarker!, detail)),
       recordStep(ctx.target.client, ctx.moveId, 'fenced', 'running', detail),
     ]),
   );
@@ -418,9 +418,8 @@ async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWai
     ...(shards.some((s) => s.prepared) ? { closeGuard: { moveId: ctx.moveId, wave: ctx.wave } } : {}),
   });
   try {
-    await ctx.source.client.query(sql);
+    await runTransaction(ctx.source.client, sql);
   } catch (error) {
-    await rollbackQuietly(ctx.source.client);
     const code = (error as { code?: string }).code;
     // Lock wait over, statement timeout, or (should the server's settings differ) a deadlock this
     // transaction lost: the application went on; try again.
@@ -493,7 +492,7 @@ async function fenceWaveOnce(
   ctx.timeoutsSetAt.set(target.client, sentAt);
   let results: pg.QueryResult[];
   try {
-    results = await queryString(source.client, sql);
+    results = await runTransaction(source.client, sql);
   } catch (error) {
     // Whatever stopped it, the groups before the failing one committed: their shards refuse writes
     // from now on, and the fence limit, like a release after a failure (move.ts), must know it.

@@ -147,7 +147,7 @@ async function startDeltas(
   schemas: readonly string[],
   tables: { readonly both: readonly ShardTable[]; readonly sourceOnly: readonly ShardTable[] },
   methods: ReadonlyMap<string, HashMethod>,
-  targetFree: Promise<void>,
+  targetFree: Promise<unknown>,
   keepEntries: boolean,
 ): Promise<boolean> {
   const all = [...tables.both, ...tables.sourceOnly];

@@ -324,7 +324,7 @@ export async function copyShards(
   // eslint-disable-next-line @typescript-eslint/only-throw-error -- the first error a worker caught, rethrown as caught
   if (failed !== null) throw failed;
   // The copies committed without waiting for the WAL flush: made durable before `copied` is recorded.
-  await target.client.query(DURABLE_FLUSH_SQL);
+  await runTransaction(target.client, DURABLE_FLUSH_SQL);
   await logs?.finish(ctx);
   meter.end();
   // A copy too short to time tells nothing about the next one's rate.

@@ -70,7 +70,7 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
     await workers.close();
   }
   // The workers committed without waiting for the WAL flush: made durable before the step is recorded.
-  await target.client.query(DURABLE_FLUSH_SQL);
+  await runTransaction(target.client, DURABLE_FLUSH_SQL);
 }
 
 /** What is left to build of one shard's copy on the target: its statements, in order. */
@@ -272,7 +272,7 @@ async function carryPrivileges(
  */
 export async function dropTargets(ctx: MoveContext): Promise<void> {
   for (const shard of ctx.shards)
-    await ctx.target.client.query(dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
+    await runTransaction(ctx.target.client, dropShardSql(shard, [shardSchemaName(ctx.config, shard)]));
   await ctx.target.client.query(DELETE_CHUNKS_SQL, [ctx.moveId]);
   await stopTracking(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
   // The change logs the copy started on the source's large tables (copy-logs.ts), where the fence's

@@ -6,6 +6,7 @@ import { DELETE_LOG_SQL, TAIL_MAX_KEYS } from './sql/tail.js';
 import { checksumsSql, BUILT_IN_TYPE_NAME, hashProbeSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { inOneTurn } from '../pg/serial.js';
 
 /**
  * The comparison of both copies of a shard: row counts and content checksums of every table,
@@ -150,25 +151,29 @@ export async function preVerify(
     hasLogs: boolean,
   ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums>; logsAtP: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
-    await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
-    try {
-      const sums = await checksums(client, queries, methods);
-      const logs = hasLogs ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
-      // The logs have run since the copy (fromCopy): the entries P sees are many, and only the
-      // changes since P are needed while fenced. Deleted in P's own transaction, which sees exactly
-      // those (entries are only ever inserted): the log then holds the changes after P alone, and
-      // its sums at P are zero.
-      if (hasLogs && fromCopy.size > 0) {
-        await client.query(DELETE_LOG_SQL, [logged.moveId]);
+    // In one turn of the session: a clean-up queued on it when the other host's reads failed waits
+    // for this transaction's end, not runs inside it.
+    return inOneTurn(client, async () => {
+      await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
+      try {
+        const sums = await checksums(client, queries, methods);
+        const logs = hasLogs ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
+        // The logs have run since the copy (fromCopy): the entries P sees are many, and only the
+        // changes since P are needed while fenced. Deleted in P's own transaction, which sees exactly
+        // those (entries are only ever inserted): the log then holds the changes after P alone, and
+        // its sums at P are zero.
+        if (hasLogs && fromCopy.size > 0) {
+          await client.query(DELETE_LOG_SQL, [logged.moveId]);
+          await client.query('COMMIT');
+          return { sums, logs, logsAtP: new Map() };
+        }
         await client.query('COMMIT');
-        return { sums, logs, logsAtP: new Map() };
+        return { sums, logs, logsAtP: logs };
+      } catch (error) {
+        await rollbackQuietly(client);
+        throw error;
       }
-      await client.query('COMMIT');
-      return { sums, logs, logsAtP: logs };
-    } catch (error) {
-      await rollbackQuietly(client);
-      throw error;
-    }
+    });
   };
   const [src, dst] = await Promise.all([
     atSnapshot(work.source, sourceSnapshot, logged.tables.length > 0 || keyedOnSource),

@@ -1,3 +1,4 @@
+import type { QueryResult } from 'pg';
 import { sleep } from '../clock.js';
 import { inOneTurn } from './serial.js';
 
@@ -20,13 +21,17 @@ export async function endQuietly(closable: { end(): Promise<void> }): Promise<vo
 }
 
 /**
- * Runs a BEGIN … COMMIT string; on failure rolls back (quietly), so the session stays usable, and
- * rethrows. Both in one turn of the session (inOneTurn): no other caller's query runs in between.
+ * Runs a string of statements (a BEGIN … COMMIT transaction, or several); on failure rolls back
+ * (quietly), so the session stays usable, and rethrows. Both in one turn of the session
+ * (inOneTurn): no other caller's query runs in between. Resolves to each statement's result.
  */
-export async function runTransaction(client: { query(text: string): Promise<unknown> }, sql: string): Promise<void> {
-  await inOneTurn(client, async () => {
+export async function runTransaction(
+  client: { query(text: string): Promise<unknown> },
+  sql: string,
+): Promise<QueryResult[]> {
+  return inOneTurn(client, async () => {
     try {
-      await client.query(sql);
+      return [(await client.query(sql)) as QueryResult | QueryResult[]].flat();
     } catch (error) {
       await rollbackQuietly(client);
       throw error;
@@ -43,7 +48,7 @@ export const LOCK_WAIT_CODES: readonly string[] = ['55P03', '40P01'];
  * (a performance.now() reading); past it, or on any other error, throws that error.
  */
 export async function retryLockWaits(
-  attempt: () => Promise<void>,
+  attempt: () => Promise<unknown>,
   deadline: number,
   codes: readonly string[] = LOCK_WAIT_CODES,
 ): Promise<void> {

@@ -5,6 +5,7 @@
 import { randomBytes } from 'node:crypto';
 import pg from 'pg';
 import { afterAll, beforeAll, inject } from 'vitest';
+import type { HostConfig } from '../../src/config/types.js';
 import type { TestHostInfo } from './global-setup.js';
 
 export type { TestHostInfo } from './global-setup.js';
@@ -97,4 +98,19 @@ export function urlWithDatabase(url: string, database: string): string {
   const parsed = new URL(url);
   parsed.pathname = `/${encodeURIComponent(database)}`;
   return parsed.toString();
+}
+
+/** A host of a config with only its name and address set: what connectHost needs. */
+export function bareHost(name: string, url: string): HostConfig {
+  return {
+    name,
+    url,
+    directUrl: '',
+    replicationUrl: '',
+    shardsSpec: '',
+    shards: [],
+    weight: 1,
+    drain: false,
+    timeoutMs: 5000,
+  };
 }

@@ -8,7 +8,7 @@ import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { killedAfter } from '../helpers/faults.js';
 import type { HostTopology } from '../../src/fleet/topology.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { bareHost, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 import { startReplicatedHost, type ReplicatedHost } from '../helpers/standby.js';
 
@@ -91,27 +91,18 @@ describe('a host with a streaming standby (PostgreSQL 15, pg_basebackup -R)', ()
 
   it('connects the CLI to the address that is primary, whatever the order, and names every address when none is', async () => {
     const standbyFirst = `postgres://postgres:${host.password}@127.0.0.1:${host.standby.port},127.0.0.1:${host.primary.port}/fleet`;
-    const base = {
-      directUrl: '',
-      replicationUrl: '',
-      shardsSpec: '',
-      shards: [],
-      weight: 1,
-      drain: false,
-      timeoutMs: 5000,
-    };
-    const client = await connectHost({ ...base, name: 'h1', url: standbyFirst });
+    const client = await connectHost(bareHost('h1', standbyFirst));
     try {
       expect(connectedAddress(client)).toBe(`127.0.0.1:${host.primary.port}`);
       expect((await client.query('select pg_is_in_recovery() as r')).rows[0]).toEqual({ r: false });
     } finally {
       await client.end();
     }
-    const standbyOnly = await connectHost({ ...base, name: 'h1', url: `${standbyFirst}?target_session_attrs=standby` });
+    const standbyOnly = await connectHost(bareHost('h1', `${standbyFirst}?target_session_attrs=standby`));
     expect(connectedAddress(standbyOnly)).toBe(`127.0.0.1:${host.standby.port}`);
     await standbyOnly.end();
     const readWriteStandby = `postgres://postgres:${host.password}@127.0.0.1:${host.standby.port},127.0.0.1:1/fleet`;
-    const error = await connectHost({ ...base, name: 'h1', url: readWriteStandby }).catch((e: unknown) => e as Error);
+    const error = await connectHost(bareHost('h1', readWriteStandby)).catch((e: unknown) => e as Error);
     expect((error as Error).message).toMatch(
       new RegExp(
         `host h1: cannot connect: no address is read-write: 127\\.0\\.0\\.1:${host.standby.port} is a standby \\(in recovery\\), not read-write; 127\\.0\\.0\\.1:1 cannot connect`,

@@ -8,24 +8,14 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectHost } from '../../src/fleet/connect.js';
 import { runTransaction } from '../../src/pg/quiet.js';
 import { inOneTurn } from '../../src/pg/serial.js';
-import { useTestDatabases } from '../helpers/hosts.js';
+import { bareHost, useTestDatabases } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
 
 describe('a session shared by concurrent callers', () => {
   let client: pg.Client;
   beforeAll(async () => {
-    client = await connectHost({
-      name: 'pg1',
-      url: db.urls[0]!,
-      directUrl: '',
-      replicationUrl: '',
-      shardsSpec: '',
-      shards: [],
-      weight: 1,
-      drain: false,
-      timeoutMs: 5000,
-    });
+    client = await connectHost(bareHost('pg1', db.urls[0]!));
     await client.query('CREATE TABLE turns (n int)');
   });
   afterAll(async () => {
