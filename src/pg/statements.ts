@@ -271,6 +271,19 @@ export function splitSqlBothWays(sql: string): SqlStatement[] {
 }
 
 /**
+ * The first statement of `sql` (in either reading: splitSqlBothWays) that would end its transaction
+ * or change the session beyond it (transactionEscape), named by its line and start; undefined when
+ * none does.
+ */
+export function firstEscape(sql: string): string | undefined {
+  for (const statement of splitSqlBothWays(sql)) {
+    const escape = transactionEscape(statement);
+    if (escape) return `line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`;
+  }
+  return undefined;
+}
+
+/**
  * Why a statement would end the transaction it runs in, or change the session beyond it (so that
  * what follows it, or the next user of the connection, runs elsewhere or as someone else);
  * undefined when it does neither. `SET LOCAL` of other settings stays inside the transaction and
@@ -340,9 +353,45 @@ const RESET_ESCAPE = 'RESET changes settings for the rest of the session (search
 
 /** Why a function the statement calls changes the session beyond the transaction: set_config(), a session advisory lock. */
 function callEscape(statement: SqlStatement): string | undefined {
-  if (callsAny(statement, (name) => name === 'set_config')) return 'set_config() changes a setting (use SET LOCAL)';
+  if (setsBeyondTransaction(statement.tokens))
+    return "set_config() changes a setting beyond the transaction, or where or as whom it runs (set_config('name', value, true) of another setting is allowed)";
   const lock = callsAny(statement, (name) => SESSION_LOCKS.has(name));
   return lock === undefined ? undefined : `${lock}() holds its lock after the transaction (use pg_advisory_xact_lock)`;
+}
+
+/**
+ * Whether a set_config() call among the tokens may change the session: every call but
+ * `set_config('a_name', value, true)`, whose setting is named by a plain string literal, is not one
+ * of where or as whom statements run (SESSION_IDENTITY), and is set for the transaction only (the
+ * third argument the bare word true). Such a call is what row-level security's
+ * `set_config('app.user_id', $1, true)` is; its value may be any expression without parentheses.
+ */
+function setsBeyondTransaction(tokens: readonly SqlToken[]): boolean {
+  for (const [i, token] of tokens.entries()) {
+    if ((token.kind !== 'word' && token.kind !== 'identifier') || token.value !== 'set_config') continue;
+    if (tokens[i + 1]?.kind !== 'symbol' || tokens[i + 1]!.value !== '(') {
+      // set_config U&"…" UESCAPE '…' ( …: a spelling no application needs; refused.
+      if (tokens[i + 1]?.kind === 'word' && tokens[i + 1]!.value === 'uescape') return true;
+      continue;
+    }
+    const name = /^'([a-z_][a-z0-9_.]*)'$/i.exec(tokens[i + 2]?.kind === 'string' ? tokens[i + 2]!.value : '')?.[1];
+    if (name === undefined || SESSION_IDENTITY.has(name.toLowerCase())) return true;
+    if (!isSymbol(tokens[i + 3], ',')) return true;
+    // The value: tokens up to the next comma, none of them a parenthesis (no nested call or list).
+    let at = i + 4;
+    while (at < tokens.length && !isSymbol(tokens[at], ',')) {
+      if (isSymbol(tokens[at], '(') || isSymbol(tokens[at], ')')) return true;
+      at += 1;
+    }
+    if (at === i + 4) return true;
+    const local = tokens[at + 1];
+    if (local?.kind !== 'word' || local.value !== 'true' || !isSymbol(tokens[at + 2], ')')) return true;
+  }
+  return false;
+}
+
+function isSymbol(token: SqlToken | undefined, value: string): boolean {
+  return token?.kind === 'symbol' && token.value === value;
 }
 
 /** Advisory locks held by the session, not the transaction. */

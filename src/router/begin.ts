@@ -1,5 +1,7 @@
 import { createRequire } from 'node:module';
 import pg from 'pg';
+import { UsageError } from '../errors.js';
+import { firstEscape } from '../pg/statements.js';
 
 /**
  * A transaction whose BEGIN travels with fn's first statement, and whose COMMIT does too when that
@@ -164,14 +166,25 @@ export class DeferredBegin {
 
   /** The client's query while this transaction is fn's (through hookClient). */
   query(config: unknown, values?: unknown, callback?: unknown): unknown {
-    if (this.first?.commitSent) {
-      const error = new Error(
-        'this query was started after the transaction committed: fn returned the promise of its only query, so the COMMIT went with it; return (or await) every query fn runs',
+    if (this.first?.commitSent)
+      return refuse(
+        new Error(
+          'this query was started after the transaction committed: fn returned the promise of its only query, so the COMMIT went with it; return (or await) every query fn runs',
+        ),
+        values,
+        callback,
       );
-      if (typeof values === 'function') return void (values as (e: Error) => void)(error);
-      if (typeof callback === 'function') return void (callback as (e: Error) => void)(error);
-      return Promise.reject(error);
-    }
+    const text = typeof config === 'string' ? config : (config as { text?: unknown } | null | undefined)?.text;
+    const escape = typeof text === 'string' ? fnTextEscape(text) : undefined;
+    if (escape)
+      return refuse(
+        new UsageError(
+          `${escape}; the call is the shard's one transaction, and this would run what follows, or the connection's next user, outside it (use SET LOCAL, SAVEPOINT; nothing was sent)`,
+          { input: "fn's query" },
+        ),
+        values,
+        callback,
+      );
     this.calls += 1;
     if (this.sent) return clientQuery.call(this.client, config, values, callback);
     this.sent = true;
@@ -199,6 +212,35 @@ export class DeferredBegin {
     return clientQuery.call(this.client, config, values, callback);
   }
 }
+
+/** An error for a query fn started, as pg would deliver it: to its callback, else as a rejected promise. */
+function refuse(error: Error, values: unknown, callback: unknown): unknown {
+  if (typeof values === 'function') return void (values as (e: Error) => void)(error);
+  if (typeof callback === 'function') return void (callback as (e: Error) => void)(error);
+  return Promise.reject(error);
+}
+
+/**
+ * Why a text fn sends would end the call's transaction or change the session beyond it
+ * (firstEscape: COMMIT, SET without LOCAL, LISTEN, PREPARE, …), remembered by text: an application
+ * sends the same few texts again and again, so each is read once. Bounded: past FN_TEXTS_KEPT texts
+ * the memory starts again, and a text longer than FN_TEXT_KEPT_CHARS is read each time.
+ */
+function fnTextEscape(text: string): string | undefined {
+  let escape = fnTexts.get(text);
+  if (escape === undefined) {
+    escape = firstEscape(text) ?? null;
+    if (text.length <= FN_TEXT_KEPT_CHARS) {
+      if (fnTexts.size >= FN_TEXTS_KEPT) fnTexts.clear();
+      fnTexts.set(text, escape);
+    }
+  }
+  return escape ?? undefined;
+}
+
+const fnTexts = new Map<string, string | null>();
+const FN_TEXTS_KEPT = 1024;
+const FN_TEXT_KEPT_CHARS = 8192;
 
 /**
  * For a query builder's adapter (src/adapters/): the query fn is about to start on `client` is all

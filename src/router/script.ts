@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError, UsageError } from '../errors.js';
-import { splitSqlBothWays, transactionEscape } from '../pg/statements.js';
+import { firstEscape } from '../pg/statements.js';
 import { framedPerShard, WRITE_LSN_SQL, type TransactionStart } from './begin.js';
 import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
@@ -26,15 +26,8 @@ export function queryEachShardScript<R extends pg.QueryResultRow>(
   options: ScriptQueryOptions,
   replica: ReplicaRead | undefined,
 ): Promise<ShardResult<pg.QueryResult<R>>[]> {
-  for (const statement of splitSqlBothWays(sql)) {
-    const escape = transactionEscape(statement);
-    if (escape)
-      return Promise.reject(
-        new UsageError(`line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`, {
-          input: 'sql',
-        }),
-      );
-  }
+  const escape = firstEscape(sql);
+  if (escape) return Promise.reject(new UsageError(escape, { input: 'sql' }));
   const body = sql.replace(/[\s;]+$/, '');
   const readOnly = options.readOnly ?? false;
   const query = options.query ?? {};

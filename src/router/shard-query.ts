@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
-import { splitSql, splitSqlBothWays, transactionEscape } from '../pg/statements.js';
+import { firstEscape, splitSql } from '../pg/statements.js';
 import { framedPerShard, pipelining } from './begin.js';
 import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
@@ -80,13 +80,8 @@ export function oneStatement(sql: string): string {
       `must be exactly one statement when it has bind parameters (found ${statements.length}); run several with forEachShard`,
       { input: 'sql', value: sql.slice(0, 60) },
     );
-  for (const statement of splitSqlBothWays(sql)) {
-    const escape = transactionEscape(statement);
-    if (escape)
-      throw new UsageError(`line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`, {
-        input: 'sql',
-      });
-  }
+  const escape = firstEscape(sql);
+  if (escape) throw new UsageError(escape, { input: 'sql' });
   return sql.replace(/[\s;]+$/, '');
 }
 

@@ -27,6 +27,19 @@ async function connectionsOf(url: string, applicationName: string): Promise<numb
   });
 }
 
+/**
+ * connectionsOf once none is left, or after 10 s: a closed connection's server process exits after
+ * the client has gone, not before close() returns.
+ */
+async function connectionsLeft(url: string, applicationName: string): Promise<number> {
+  let left = await connectionsOf(url, applicationName);
+  for (const started = Date.now(); left > 0 && Date.now() - started < 10_000;) {
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    left = await connectionsOf(url, applicationName);
+  }
+  return left;
+}
+
 describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
@@ -147,7 +160,7 @@ describe('ShardRouter', () => {
     } finally {
       await router.close();
     }
-    expect(await connectionsOf(db.urls[0]!, 'router-rb-test')).toBe(0);
+    expect(await connectionsLeft(db.urls[0]!, 'router-rb-test')).toBe(0);
   });
 });
 
@@ -218,6 +231,63 @@ describe('ShardRouter: what fn throws, and a connection the server ends', () => 
       code: 'ROUTER_CLOSED',
       message: 'the ShardRouter is closed: a call made after close() does not run',
     });
+  });
+});
+
+describe("ShardRouter: fn's queries that would leave the transaction", () => {
+  const db = useTestDatabases(1);
+
+  it('are refused before anything is sent, the call rolled back and the connection kept; SET LOCAL and savepoints run', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'rk', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    try {
+      const insert = `insert into photos (user_id, image_url) values (1, 'x')`;
+      for (const text of [
+        'COMMIT',
+        `${insert}; commit; ${insert}`,
+        'set search_path to rk0',
+        'SET LOCAL search_path TO public',
+        'listen everyone',
+        'prepare p as select 1',
+        'select pg_advisory_lock(1)',
+        'discard all',
+      ]) {
+        const error = await router
+          .withShard(1, async (client) => {
+            await client.query(insert);
+            await client.query(text);
+          })
+          .then(
+            () => null,
+            (e: unknown) => e as Error & { code?: string },
+          );
+        expect({ text, code: error?.code }).toEqual({ text, code: 'USAGE' });
+        expect(error?.message).toMatch(/^fn's query: line 1 .*nothing was sent\)$/);
+        // The same text as fn's first query (the one that carries BEGIN), through a query config.
+        await expect(router.withShard(1, (client) => client.query({ text }))).rejects.toMatchObject({ code: 'USAGE' });
+      }
+      // Nothing of those calls was committed; the one connection is still the shard's, in its schema.
+      const state = await router.withShard(1, async (client) => {
+        await client.query('SET LOCAL statement_timeout = 5000');
+        await client.query('SAVEPOINT s');
+        await client.query(insert);
+        await client.query('ROLLBACK TO SAVEPOINT s');
+        await client.query('RELEASE SAVEPOINT s');
+        return client.query<{ n: string; path: string; timeout: string }>(
+          `select (select count(*) from photos)::text as n, current_setting('search_path') as path, current_setting('statement_timeout') as timeout`,
+        );
+      });
+      expect(state.rows[0]).toEqual({ n: '0', path: 'rk1', timeout: '5s' });
+      const after = await router.withShard(1, (client) =>
+        client.query<{ timeout: string; listening: string }>(
+          `select current_setting('statement_timeout') as timeout, (select count(*) from pg_listening_channels())::text as listening`,
+        ),
+      );
+      expect(after.rows[0]).toEqual({ timeout: '0', listening: '0' });
+    } finally {
+      await router.close();
+    }
   });
 });
 
@@ -462,7 +532,7 @@ describe('ShardRouter', () => {
     } finally {
       await router.close();
     }
-    expect(await connectionsOf(db.urls[0]!, 'router-reload-test')).toBe(0);
+    expect(await connectionsLeft(db.urls[0]!, 'router-reload-test')).toBe(0);
     expect(router.openPools()).toEqual([]);
   });
 });
