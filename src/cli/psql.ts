@@ -1,4 +1,5 @@
 import { spawn } from 'node:child_process';
+import { MAX_KEY } from '../id/routing.js';
 import type { Command } from 'commander';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
@@ -27,8 +28,10 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
     if (shardText !== undefined && !/^\d{1,7}$/.test(shardText)) {
       throw new UsageError(`argument <shard> ${JSON.stringify(shardText)}: expected a shard number`);
     }
-    if (flags.key !== undefined && !/^\d{1,20}$/.test(flags.key)) {
-      throw new UsageError(`option --key ${JSON.stringify(flags.key)}: expected a non-negative whole number`);
+    if (flags.key !== undefined && (!/^\d{1,19}$/.test(flags.key) || BigInt(flags.key) > MAX_KEY)) {
+      throw new UsageError(
+        `option --key ${JSON.stringify(flags.key)}: expected a whole number from 0 to 2^63 - 1 (a PostgreSQL bigint)`,
+      );
     }
     const id = flags.id === undefined ? undefined : parseIdString(flags.id);
     if (flags.id !== undefined && id === undefined) {

@@ -265,6 +265,11 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     [['1', '--key', '2'], 'give exactly one of'],
     [['--id', '12x'], 'option --id "12x"'],
     [['99'], 'argument <shard> 99: not in the map (0-7)'],
+    [
+      ['--key', '9223372036854775808'],
+      'option --key "9223372036854775808": expected a whole number from 0 to 2^63 - 1',
+    ],
+    [['--key', '-1'], 'option --key "-1"'],
   ])('refuses %j with exit 2', async (args, message) => {
     const run = await runCli(['psql', '-c', fleet.configFile, ...args], { env: { SHARDCTL_PSQL: '/bin/false' } });
     expect(run.code).toBe(2);

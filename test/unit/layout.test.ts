@@ -99,5 +99,8 @@ describe('shardForKey', () => {
     expect(shardForKey(9007199254740993n, 8192)).toBe(Number(9007199254740993n % 8192n));
     expect(() => shardForKey(2 ** 60, 8192)).toThrow(/not a safe integer/);
     expect(() => shardForKey(-1n, 8192)).toThrow(/negative/);
+    expect(shardForKey(2n ** 63n - 1n, 8192)).toBe(Number((2n ** 63n - 1n) % 8192n));
+    expect(() => shardForKey(2n ** 63n, 8192)).toThrow(/key 9223372036854775808 is beyond a PostgreSQL bigint/);
+    expect(() => shardForKey(2n ** 64n, 8192)).toThrow(/beyond a PostgreSQL bigint/);
   });
 });
