@@ -25,7 +25,7 @@ export {
   type IdLayout,
   type IdParts,
 } from './id/layout.js';
-export { shardForKey } from './id/routing.js';
+export { MAX_KEY, shardForKey } from './id/routing.js';
 export { renderNextIdSql, ID_FUNCTION_VERSION } from './id/sql.js';
 export { readMigrations, migrationNameProblem, type MigrationFile } from './migrations/files.js';
 export { describeRollout, type FileRollout } from './migrations/rules.js';

@@ -1,5 +1,4 @@
 import { spawn } from 'node:child_process';
-import { MAX_KEY } from '../id/routing.js';
 import type { Command } from 'commander';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
@@ -22,7 +21,7 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
     .option('--id <id>', 'the shard this id carries');
   configOption(command);
   command.action(async (shardText: string | undefined, flags: PsqlFlags) => {
-    const { currentMap, decodeId, findPsql, parseIdString, psqlInvocation, shardForKey, UsageError } = lib();
+    const { currentMap, decodeId, findPsql, MAX_KEY, parseIdString, psqlInvocation, shardForKey, UsageError } = lib();
     const given = [shardText !== undefined, flags.key !== undefined, flags.id !== undefined].filter(Boolean).length;
     if (given !== 1) throw new UsageError('give exactly one of <shard>, --key K or --id ID');
     if (shardText !== undefined && !/^\d{1,7}$/.test(shardText)) {

@@ -105,7 +105,6 @@ const READING_STATEMENTS = new Set(['select', 'with', 'values', 'table', 'show',
  * the guard for that (README, "exec").
  */
 const REFUSED_FUNCTIONS: readonly (string | RegExp)[] = [
-  'set_config',
   /^pg_(try_)?advisory_/,
   /^dblink/,
   /^lo_/,

@@ -80,7 +80,7 @@ describe('shardctl exec without --write', () => {
     ['select count(*) from photos; delete from photos', 'statement 2 "delete from photos": DELETE is not a read'],
     [`copy (select 1) to program 'touch ${marker}'`, 'COPY is not a read'],
     [`select set_config('search_path', 'public', false)`, 'set_config() changes a setting'],
-    [`select set_config('shardctl_test.x', 'y', true)`, 'set_config() changes a setting'],
+    [`select set_config('shardctl_test.x', 'y', false)`, 'set_config() changes a setting'],
     [`select pg_advisory_lock(42)`, 'pg_advisory_lock() holds its lock after the transaction'],
     [
       `with x as (select 1) select * from x;\nrollback;\ndelete from photos`,
@@ -130,6 +130,20 @@ describe('shardctl exec without --write', () => {
     } finally {
       await router.close();
     }
+  });
+
+  it("runs a transaction-local set_config() of a setting other than search_path and role (row-level security's)", async () => {
+    const run = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--shards',
+      '0-1',
+      '--csv',
+      "select set_config('shardctl_test.user_id', '42', true) as v, current_setting('shardctl_test.user_id') as s",
+    ]);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toBe('shard,v,s\n0,42,42\n1,42,42\n');
   });
 
   it('gives each shard of a round trip its own transaction: a setting one shard makes is not seen by the next', async () => {
