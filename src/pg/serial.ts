@@ -62,7 +62,9 @@ interface Turns {
  * one that fails stays aborted until its ROLLBACK, and a query another caller queued meanwhile
  * would run first and fail with 25P02 (seen: a move's copy behind its early subscription, whose
  * lock wait ran out); one of several statements would take another caller's query into it. A
- * client that keeps no queue (not serializeQueries's) is used as it is.
+ * client that keeps no queue (not serializeQueries's) is used as it is. What fn starts without
+ * awaiting it (a timer, a background read) and that queries the same session while fn runs counts as
+ * fn's own: start such work outside the turn.
  */
 export function inOneTurn<T>(client: object, fn: () => Promise<T>): Promise<T> {
   const turn = (client as Turns)[TURN];
