@@ -1,4 +1,3 @@
-import { inOneTurn } from '../pg/serial.js';
 import pg from 'pg';
 import { lines } from '../pg/sql-template.js';
 import { shardSchemaName } from '../config/types.js';
@@ -24,6 +23,7 @@ import { insertMarkerSql } from './sql/replication.js';
 import { statementTimeoutSql } from './sql/session.js';
 import { recordStep } from './state.js';
 import { BUSY, LOCK_WAIT_CODES, retryWhileBusy, rollbackQuietly, runTransaction } from '../pg/quiet.js';
+import { inOneTurn } from '../pg/serial.js';
 import { leavesNow, shardLeaves, type LeafTable } from './catalog.js';
 import { type MoveContext, type SequenceState, schemasOf, waveShards, notice } from './context.js';
 import { progress } from './progress.js';

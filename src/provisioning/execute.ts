@@ -5,7 +5,7 @@ import { registerWorker } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
 import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
-import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
+import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
 import { elapsed } from '../clock.js';
 
 export interface ProgressEvent {
@@ -167,7 +167,7 @@ export async function executeHostPlan(
   await Promise.all(Array.from({ length: poolSize }, worker));
   if (counters.done > 0) {
     try {
-      await runTransaction(coordinator, DURABLE_FLUSH_SQL);
+      await coordinator.query(DURABLE_FLUSH_SQL);
     } catch (error) {
       await rollbackAndReset(coordinator);
       hostError ??= `the changes of this run could not be made durable (${describePgError(error)}); a crash of the server could undo some of them: run the command again`;
