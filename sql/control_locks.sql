@@ -33,14 +33,35 @@ CREATE TABLE IF NOT EXISTS {{control}}.workers (
 -- The run a worker belongs to: a run that finishes removes its own records (src/fleet/locks.ts).
 ALTER TABLE {{control}}.workers ADD COLUMN IF NOT EXISTS run_id text;
 
--- next_id's slow path (sql/next_id.sql) serialises the sessions moving one sequence with a row lock
--- (FOR NO KEY UPDATE) on the slot of the sequence's oid. Sequences share a slot when their oids are
--- equal modulo the slot count: their slow paths then wait for each other (microseconds), which the
--- proof allows (it needs at most one session per sequence, not per slot). The rows must all exist:
--- next_id_locked refuses to go on without its row (SC005).
+-- next_id's slow path before control schema version 6 (sql/next_id_control.sql) serialised the
+-- sessions moving one sequence with a row lock (FOR NO KEY UPDATE) on the slot of the sequence's oid;
+-- the slow path of a host changing over takes it too, beside the table lock below, until no
+-- transaction that may still run the earlier slow path is left (src/fleet/control.ts,
+-- finishSlowPath). Sequences share a slot when their oids are equal modulo the slot count: their
+-- slow paths then wait for each other (microseconds), which the proof allows (it needs at most one
+-- session per sequence, not per slot). The rows must all exist: that slow path refuses to go on
+-- without its row (SC005).
 CREATE TABLE IF NOT EXISTS {{control}}.id_locks (
   slot integer PRIMARY KEY CHECK (slot >= 0 AND slot < {{idLockSlots}})
 );
 INSERT INTO {{control}}.id_locks (slot) SELECT s FROM pg_catalog.generate_series(0, {{idLockSlots}} - 1) s ON CONFLICT DO NOTHING;
+
+-- next_id's slow path serialises the sessions moving one sequence with a table lock (EXCLUSIVE mode,
+-- taken inside a sub-transaction that is always rolled back) on one of these tables, the sequence's
+-- oid modulo their count ({{idTableSlots}}). A table lock needs no transaction id, where a row lock takes
+-- one per call (the sub-transaction's): so the slow path does not double the transaction ids, nor add
+-- the row lock's WAL, of writes that each find their sequence idle (docs/ids.md). EXCLUSIVE conflicts
+-- with every mode but ACCESS SHARE, and only a role with UPDATE, DELETE or TRUNCATE on the table (its
+-- owner here) may take such a mode: a stranger cannot hold it. No rows, no columns.
+-- id_locks above is the lock of the slow path before control schema version 6: taken too while the
+-- slow path changes over (src/fleet/control.ts, finishSlowPath).
+DO $id_lock_tables$
+BEGIN
+  FOR i IN 0 .. {{idTableSlots}} - 1 LOOP
+    EXECUTE pg_catalog.format('CREATE TABLE IF NOT EXISTS %I.%I ()', {{controlLiteral}}, 'id_lock_' || i);
+    EXECUTE pg_catalog.format('REVOKE ALL ON %I.%I FROM PUBLIC', {{controlLiteral}}, 'id_lock_' || i);
+  END LOOP;
+END
+$id_lock_tables$;
 
 REVOKE ALL ON {{control}}.runner_lock, {{control}}.tracking_lock, {{control}}.workers, {{control}}.id_locks FROM PUBLIC;

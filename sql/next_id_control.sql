@@ -30,12 +30,20 @@
 --
 -- It moves the sequence forward to the clock. setval() is not a compare-and-set, so two rules
 -- make that move safe:
---   1. Only one session per sequence is in here at a time: a row lock (FOR NO KEY UPDATE) on the
---      sequence's slot in {{control}}.id_locks, taken inside a sub-transaction that is always rolled
---      back, so the lock is held for microseconds and is released even when the statement is
---      cancelled. Sequence changes are not transactional, so the rollback keeps them. A row lock,
---      not an advisory lock: it needs UPDATE on that table, which only its owner has, so no other
---      role can hold it and stall the inserts that take this path.
+--   1. Only one session per sequence is in here at a time: a table lock (EXCLUSIVE mode) on the
+--      sequence's slot among {{control}}.id_lock_0 .. id_lock_15 (its oid modulo 16), taken inside
+--      a sub-transaction that is always rolled back, so the lock is held for microseconds and is
+--      released even when the statement is cancelled. Sequence changes are not transactional, so
+--      the rollback keeps them. A table lock, not an advisory lock: EXCLUSIVE needs UPDATE, DELETE
+--      or TRUNCATE on the table, which only its owner has, so no other role can hold it and stall
+--      the inserts that take this path. And not a row lock (control schema versions 3 to 5 locked a
+--      row of {{control}}.id_locks): a row lock gives the sub-transaction a transaction id of its
+--      own, so each call took one more id and wrote the lock and the sub-transaction's abort to the
+--      WAL; writes that each find their sequence idle (one row into one of thousands of shards)
+--      took two transaction ids each instead of one. A table lock takes none.
+--      While a host changes over from the row lock (src/fleet/control.ts, finishSlowPath), this
+--      function takes both (the IF after the CASE below): a session may still run the earlier body,
+--      compiled before the change, until its transaction ends.
 --   2. It calls setval() only when the position is more than 2 * max_backends positions behind
 --      the fast path's acceptance threshold. Any other session that draws while we hold the lock
 --      gets a position below that threshold; a session whose clock was read after ours rejects it
@@ -91,12 +99,33 @@ BEGIN
   BEGIN
     -- Before the lock, so that a session without a right on the sequence never queues for it.
     PERFORM pg_catalog.currval(seq);
-    -- The lock first, then the clock (two statements: a FOR UPDATE query may compute its output
-    -- before it locks the row). now_ms exactly: extract(epoch ...) is numeric, so no rounding.
-    PERFORM FROM {{control}}.id_locks WHERE slot = (seq::oid::bigint % {{idLockSlots}})::integer FOR NO KEY UPDATE;
-    IF NOT FOUND THEN
-      RAISE EXCEPTION 'next_id: the lock row of sequence % is missing from %', seq, {{idLocksLiteral}}
-        USING ERRCODE = 'SC005', HINT = 'Run shardctl init, which restores the control schema''s lock rows.';
+    -- The lock first, then the clock. now_ms exactly: extract(epoch ...) is numeric, so no rounding.
+    -- One static statement per slot (a statement's plan is cached; EXECUTE would parse each call).
+    CASE (seq::oid::bigint % 16)::integer
+      WHEN 0 THEN LOCK TABLE ONLY {{control}}.id_lock_0 IN EXCLUSIVE MODE;
+      WHEN 1 THEN LOCK TABLE ONLY {{control}}.id_lock_1 IN EXCLUSIVE MODE;
+      WHEN 2 THEN LOCK TABLE ONLY {{control}}.id_lock_2 IN EXCLUSIVE MODE;
+      WHEN 3 THEN LOCK TABLE ONLY {{control}}.id_lock_3 IN EXCLUSIVE MODE;
+      WHEN 4 THEN LOCK TABLE ONLY {{control}}.id_lock_4 IN EXCLUSIVE MODE;
+      WHEN 5 THEN LOCK TABLE ONLY {{control}}.id_lock_5 IN EXCLUSIVE MODE;
+      WHEN 6 THEN LOCK TABLE ONLY {{control}}.id_lock_6 IN EXCLUSIVE MODE;
+      WHEN 7 THEN LOCK TABLE ONLY {{control}}.id_lock_7 IN EXCLUSIVE MODE;
+      WHEN 8 THEN LOCK TABLE ONLY {{control}}.id_lock_8 IN EXCLUSIVE MODE;
+      WHEN 9 THEN LOCK TABLE ONLY {{control}}.id_lock_9 IN EXCLUSIVE MODE;
+      WHEN 10 THEN LOCK TABLE ONLY {{control}}.id_lock_10 IN EXCLUSIVE MODE;
+      WHEN 11 THEN LOCK TABLE ONLY {{control}}.id_lock_11 IN EXCLUSIVE MODE;
+      WHEN 12 THEN LOCK TABLE ONLY {{control}}.id_lock_12 IN EXCLUSIVE MODE;
+      WHEN 13 THEN LOCK TABLE ONLY {{control}}.id_lock_13 IN EXCLUSIVE MODE;
+      WHEN 14 THEN LOCK TABLE ONLY {{control}}.id_lock_14 IN EXCLUSIVE MODE;
+      ELSE LOCK TABLE ONLY {{control}}.id_lock_15 IN EXCLUSIVE MODE;
+    END CASE;
+    -- While the host changes over: the earlier slow path's row lock too (rule 1 above).
+    IF {{alsoRowLock}} = 1 THEN
+      PERFORM FROM {{control}}.id_locks WHERE slot = (seq::oid::bigint % {{idLockSlots}})::integer FOR NO KEY UPDATE;
+      IF NOT FOUND THEN
+        RAISE EXCEPTION 'next_id: the lock row of sequence % is missing from %', seq, {{idLocksLiteral}}
+          USING ERRCODE = 'SC005', HINT = 'Run shardctl init, which restores the control schema''s locks.';
+      END IF;
     END IF;
     now_ms := pg_catalog.floor(EXTRACT(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint - {{epochMs}};
     -- How far the position is behind the fast path's acceptance threshold at now_ms (drawn after
@@ -152,7 +181,15 @@ BEGIN
   EXCEPTION
     WHEN SQLSTATE 'SCR01' THEN  -- exactly this code: 'SC000' would be the whole SC class
       NULL;
-    WHEN object_not_in_prerequisite_state THEN  -- only currval() raises it in this block
+    WHEN undefined_table THEN  -- only a lock table missing raises it in this block
+      RAISE EXCEPTION 'next_id: a lock table of sequence % is missing from schema %', seq, {{controlLiteral}}
+        USING ERRCODE = 'SC005', HINT = 'Run shardctl init, which restores the control schema''s locks.';
+    WHEN object_not_in_prerequisite_state THEN
+      -- The condition is the whole class 55: a lock wait cut by lock_timeout (55P03) is in it too,
+      -- and is raised as it is. Only currval() raises 55000 itself in this block.
+      IF SQLSTATE <> '55000' THEN
+        RAISE;
+      END IF;
       RAISE EXCEPTION 'next_id: this session has not drawn from sequence %, so it may not move it', seq
         USING ERRCODE = 'SC006',
               HINT = 'Call next_id(), which draws with your own rights (USAGE or UPDATE on the sequence).';
@@ -165,6 +202,8 @@ $next_id_locked$;
 -- Explicitly, whatever the owner's default privileges: every role that may insert into a shard
 -- table reaches this function through next_id().
 GRANT EXECUTE ON FUNCTION {{control}}.next_id_locked(regclass, integer) TO PUBLIC;
+-- Which locks it takes: src/fleet/control.ts reads this to finish a change-over.
+COMMENT ON FUNCTION {{control}}.next_id_locked(regclass, integer) IS {{slowPathCommentLiteral}};
 
 -- Fast path (no lock) as a PL/pgSQL function: the readable form of the condition and the id that
 -- next_id() (sql/next_id_shard.sql) computes as one SQL expression inlined into the calling

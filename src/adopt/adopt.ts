@@ -5,7 +5,7 @@ import { shardSchemaName } from '../config/types.js';
 import { HostError, ShardctlError, UsageError } from '../errors.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
-import { controlSchemaSql } from '../fleet/control.js';
+import { controlSchemaSql, finishSlowPath } from '../fleet/control.js';
 import { fleetRecord, readFleetPlacement, registerFleetSql, requireCurrentMap } from '../fleet/placement.js';
 import { Fleet, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
@@ -203,7 +203,11 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
           await p.session.client.query(registerFleetSql({ ...record, hostName: p.session.host.name }));
         } catch (error) {
           outcomes[i] = { ...outcomes[i]!, hostError: `cannot record the fleet: ${describePgError(error)}` };
+          return;
         }
+        // next_id's slow path changed over to its table lock (src/fleet/control.ts); when it cannot be
+        // yet, the next run tries again (correct meanwhile, at the earlier cost).
+        await finishSlowPath(p.session.client, config).catch(() => rollbackQuietly(p.session.client));
       }),
     );
     const hosts = plans.map((p, i) => hostResult(p.snapshot.host.name, p.shards, p.missing, controlSql, outcomes[i]!));

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
-import { ID_LOCK_SLOTS, renderNextIdControlSql } from '../id/sql.js';
+import { ID_LOCK_SLOTS, ID_LOCK_TABLES, renderNextIdControlSql, SLOW_PATH_CHANGING_COMMENT } from '../id/sql.js';
 import { HostError } from '../errors.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { EMPTY, ident, lit, sql, type Sql } from '../pg/sql-template.js';
@@ -8,6 +8,7 @@ import { SHARD_MOVED_SQLSTATE } from '../config/shard-map.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
 import { rollbackQuietly } from '../pg/quiet.js';
 import { CLIENT_CONNECTION_CHECK_INTERVAL } from './connect.js';
+import { sleep } from '../clock.js';
 
 /**
  * The control schema shardctl keeps on every host (sql/control.sql): the id layout the host was
@@ -82,8 +83,14 @@ const CONTROL_STEPS: readonly { version: number; sql: (config: ShardctlConfig) =
       ].join('\n'),
   },
   // next_id's slow path, once per host instead of once per shard (sql/next_id_control.sql): shard
-  // schemas of next_id v2 call it, so it comes before any of them is created or upgraded.
-  { version: 3, sql: (config) => renderNextIdControlSql(config.idLayout, config.schemaPrefix, CONTROL_SCHEMA) },
+  // schemas of next_id v2 call it, so it comes before any of them is created or upgraded. Installed
+  // changing over (the earlier row lock beside the table lock of version 6): a session may still run
+  // the body it replaces. finishSlowPath drops the row lock once none can.
+  {
+    version: 3,
+    sql: (config) =>
+      renderNextIdControlSql(config.idLayout, config.schemaPrefix, CONTROL_SCHEMA, { changingOver: true }),
+  },
   // The chunks of a move's copy, so that a resumed copy goes on where it stopped (src/moves/chunks.ts).
   {
     version: 4,
@@ -95,6 +102,10 @@ const CONTROL_STEPS: readonly { version: number; sql: (config: ShardctlConfig) =
     version: 5,
     sql: () => renderSql(loadSqlTemplate('control_deltas.sql'), { control: { ident: CONTROL_SCHEMA } }).trim(),
   },
+  // next_id's slow path locks a table (id_lock_0 .. id_lock_15, created by version 2's
+  // sql/control_locks.sql) instead of a row of id_locks: no transaction id per call. Its function is
+  // version 3's, installed changing over and finished by finishSlowPath.
+  { version: 6, sql: () => '' },
 ];
 
 /** The control schema version this shardctl writes (the last of CONTROL_STEPS). */
@@ -117,10 +128,85 @@ export function controlSchemaSql(config: ShardctlConfig): string {
  * Runs controlSchemaSql where the host's control schema is older than this shardctl's (or missing);
  * a current one is left as it is (its DDL is about 30 ms a host, and a move's start waits for it).
  */
-export async function completeControlSchema(client: pg.Client, config: ShardctlConfig): Promise<void> {
+export async function completeControlSchema(
+  client: pg.Client,
+  config: ShardctlConfig,
+  // A move is about to start: a second at most for the slow path's change-over.
+  finish: { readonly waitMs?: number } = { waitMs: 1_000 },
+): Promise<void> {
   const recorded = await recordedControlVersion(client);
-  if (recorded !== null && recorded >= CONTROL_VERSION) return;
-  await client.query(controlSchemaSql(config));
+  if (recorded === null || recorded < CONTROL_VERSION) await client.query(controlSchemaSql(config));
+  // When it cannot be finished yet, or fails, the slow path is correct meanwhile (at the earlier
+  // cost) and the next run tries again.
+  await finishSlowPath(client, config, finish).catch(() => rollbackQuietly(client));
+}
+
+/** How long finishSlowPath waits by default for the transactions it must outlast. */
+export const SLOW_PATH_WAIT_MS = 5_000;
+
+/** The transactions of this database that hold a lock on a sequence (not this session's, nor prepared ones). */
+const SEQUENCE_HOLDERS_SQL = `SELECT coalesce(pg_catalog.array_agg(DISTINCT l.virtualtransaction), '{}') AS holders
+  FROM pg_catalog.pg_locks l
+ WHERE l.locktype = 'relation'
+   AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = pg_catalog.current_database())
+   AND l.pid IS DISTINCT FROM pg_catalog.pg_backend_pid()
+   AND l.pid IS NOT NULL
+   AND EXISTS (SELECT FROM pg_catalog.pg_class c WHERE c.oid = l.relation AND c.relkind = 'S')`;
+
+/** How many of these transactions still run: each holds the lock of its own virtual transaction id. */
+const STILL_RUNNING_SQL = `SELECT count(*)::int AS n FROM pg_catalog.pg_locks
+ WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY($1::text[])`;
+
+/**
+ * Ends the slow path's change-over on a host (control schema version 6): its next_id_locked takes
+ * the earlier row lock beside its table lock (sql/next_id_control.sql) until no session can still
+ * run the body it replaced, and then only the table lock, which takes no transaction id.
+ *
+ * Which sessions can: a backend checks a PL/pgSQL function's definition when it calls it, but sees
+ * a new one only once it has taken in the catalog's changes, which it does when its transaction
+ * begins and when it takes a lock it did not hold. next_id() draws (nextval(), which locks the
+ * sequence for the rest of the transaction) before it calls the slow path; so a call can run the
+ * replaced body only in a transaction that had drawn from some sequence before the change-over was
+ * committed, and still holds that lock. This waits until every transaction that holds a sequence's
+ * lock now (at least as long ago as the change-over) has ended, up to waitMs, then installs the body
+ * without the row lock. When some are still running, nothing changes: the next run that completes
+ * the control schema (init, migrate, a move) tries again. Returns whether the slow path is finished
+ * (or never was changing over, or does not exist).
+ */
+export async function finishSlowPath(
+  client: pg.Client,
+  config: ShardctlConfig,
+  { waitMs = SLOW_PATH_WAIT_MS }: { readonly waitMs?: number } = {},
+): Promise<boolean> {
+  const changing = async (): Promise<boolean> =>
+    (
+      await client.query<{ changing: boolean }>(
+        `SELECT coalesce(pg_catalog.obj_description(to_regprocedure($1), 'pg_proc') = $2, false) AS changing`,
+        [`${CONTROL_SCHEMA}.next_id_locked(regclass, integer)`, SLOW_PATH_CHANGING_COMMENT],
+      )
+    ).rows[0]!.changing;
+  if (!(await changing())) return true;
+  const holders = (await client.query<{ holders: string[] }>(SEQUENCE_HOLDERS_SQL)).rows[0]!.holders;
+  const deadline = performance.now() + waitMs;
+  while (holders.length > 0) {
+    const running = (await client.query<{ n: number }>(STILL_RUNNING_SQL, [holders])).rows[0]!.n;
+    if (running === 0) break;
+    if (performance.now() >= deadline) return false;
+    await sleep(Math.min(50, Math.max(1, deadline - performance.now())));
+  }
+  try {
+    await client.query(
+      `BEGIN;
+${renderNextIdControlSql(config.idLayout, config.schemaPrefix, CONTROL_SCHEMA)}
+COMMIT;`,
+    );
+  } catch (error) {
+    await rollbackQuietly(client);
+    // Another run finishing it at the same moment ("tuple concurrently updated"): done either way.
+    if (!(await changing())) return true;
+    throw error;
+  }
+  return true;
 }
 
 /** The control schema version a host records, or null when it has none (a fresh host). */
@@ -204,9 +290,20 @@ export async function controlTableExists(client: pg.Client, table: 'shards' | 'm
 export function controlLocksSql(): string {
   return renderSql(loadSqlTemplate('control_locks.sql'), {
     control: { ident: CONTROL_SCHEMA },
+    controlLiteral: { literal: CONTROL_SCHEMA },
     idLockSlots: { int: ID_LOCK_SLOTS },
+    idTableSlots: { int: ID_LOCK_TABLES },
   }).trim();
 }
+
+/** The lock tables of control_locks.sql, qualified. */
+const LOCK_TABLES = [
+  'runner_lock',
+  'tracking_lock',
+  'workers',
+  'id_locks',
+  ...Array.from({ length: ID_LOCK_TABLES }, (_, i) => `id_lock_${i}`),
+].map((t) => `${CONTROL_SCHEMA}.${t}`);
 
 /**
  * Installs the lock tables when one is missing (a host never initialised, or by an older shardctl)
@@ -222,7 +319,7 @@ export async function ensureControlLocks(client: pg.Client): Promise<void> {
               OR NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($2) AND attname = 'run_id' AND NOT attisdropped)
               AS missing
          FROM unnest($1::text[]) t`,
-      [['runner_lock', 'tracking_lock', 'workers', 'id_locks'].map((t) => `${CONTROL}.${t}`), `${CONTROL}.workers`],
+      [LOCK_TABLES, `${CONTROL}.workers`],
     );
     if (!missing.rows[0]!.missing) {
       const rows = await client.query<{ n: number }>(`SELECT count(*)::int AS n FROM ${CONTROL}.id_locks`);

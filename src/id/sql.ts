@@ -34,7 +34,18 @@ export const ID_FUNCTION_VERSION = 2;
  * The schema is CONTROL_SCHEMA of src/fleet/control.ts (a layer above; a unit test checks).
  */
 export const ID_LOCKS_SCHEMA = 'shardctl';
+/** The rows of id_locks: the lock of the slow path before control schema version 6, and during its change-over. */
 export const ID_LOCK_SLOTS = 8192;
+/** The lock tables id_lock_0 .. id_lock_15 of the slow path (sql/control_locks.sql; the function's CASE has one branch each). */
+export const ID_LOCK_TABLES = 16;
+
+/**
+ * The slow path's comment, which says which locks it takes: the table lock alone, or the table lock
+ * and the earlier row lock while a host changes over (src/fleet/control.ts, finishSlowPath).
+ */
+export const SLOW_PATH_COMMENT = 'shardctl next_id slow path: table locks';
+export const SLOW_PATH_CHANGING_COMMENT =
+  'shardctl next_id slow path: table locks and the earlier row locks (changing over)';
 
 /**
  * A timestamptz literal for PostgreSQL, exact to the millisecond. Not formatUnixMs(): that one
@@ -76,11 +87,15 @@ export function renderNextIdControlSql(
   layout: IdLayout,
   schemaPrefix: string,
   control: string = ID_LOCKS_SCHEMA,
+  { changingOver = false }: { readonly changingOver?: boolean } = {},
 ): string {
   const seqBits = BigInt(layout.sequenceBits);
   return renderSql(loadSqlTemplate('next_id_control.sql'), {
     ...fastPathParams(layout),
     control: { ident: control },
+    controlLiteral: { literal: control },
+    alsoRowLock: { int: changingOver ? 1 : 0 },
+    slowPathCommentLiteral: { literal: changingOver ? SLOW_PATH_CHANGING_COMMENT : SLOW_PATH_COMMENT },
     schemaPrefixLiteral: { literal: schemaPrefix },
     maxShard: { int: (1 << layout.shardBits) - 1 },
     timeBits: { int: timeBits(layout) },

@@ -1,8 +1,9 @@
 import { elapsed } from '../clock.js';
+import { rollbackQuietly } from '../pg/quiet.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { randomUUID } from 'node:crypto';
-import { controlSchemaSql } from '../fleet/control.js';
+import { controlSchemaSql, finishSlowPath } from '../fleet/control.js';
 import {
   fleetRecord,
   readFleetPlacement,
@@ -138,6 +139,7 @@ export async function provision(
       }),
     );
     if (mode !== 'migrate') await recordFleet(config, fleet, placement, outcomes);
+    await finishSlowPaths(config, fleet, outcomes);
     const hosts = [...outcomes, ...fleet.lost.map(lostOutcome)];
     const stoppedEarly = hosts.some((h) => h.notStarted > 0);
     const ok = hosts.every((h) => h.hostError === null && h.failures.length === 0 && h.notStarted === 0);
@@ -223,6 +225,20 @@ async function recordFleet(
         if (!view?.fleet) await session.client.query(controlSchemaSql(config));
         await session.client.query(registerFleetSql({ ...record, hostName: session.host.name }));
       }),
+  );
+}
+
+/**
+ * next_id's slow path changed over to its table lock on every host that finished (finishSlowPath in
+ * src/fleet/control.ts). Not an error when it cannot be yet (a transaction from before the change is
+ * still running) or fails: the slow path is correct meanwhile, at the earlier cost, and the next run
+ * tries again.
+ */
+async function finishSlowPaths(config: ShardctlConfig, fleet: Fleet, outcomes: readonly HostOutcome[]): Promise<void> {
+  await Promise.all(
+    fleet.sessions
+      .filter((session) => outcomes.find((o) => o.host === session.host.name)?.hostError === null)
+      .map((session) => finishSlowPath(session.client, config).catch(() => rollbackQuietly(session.client))),
   );
 }
 

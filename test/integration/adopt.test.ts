@@ -23,7 +23,8 @@ async function catalog(url: string, prefix: string): Promise<unknown> {
     controlObjects: (
       await c.query(
         `select c.relname from pg_class c join pg_namespace n on n.oid = c.relnamespace
-          where n.nspname = 'shardctl' and c.relname not in ('runner_lock', 'tracking_lock', 'workers', 'workers_pkey', 'id_locks', 'id_locks_pkey') order by 1`,
+          where n.nspname = 'shardctl' and c.relname not in ('runner_lock', 'tracking_lock', 'workers', 'workers_pkey', 'id_locks', 'id_locks_pkey')
+            and c.relname !~ '^id_lock_[0-9]+$' order by 1`,
       )
     ).rows,
     functions: (

@@ -1,7 +1,15 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { DEFAULT_ID_LAYOUT } from '../../src/id/layout.js';
-import { ID_FUNCTION_VERSION, ID_LOCKS_SCHEMA, renderNextIdControlSql, renderNextIdSql } from '../../src/id/sql.js';
+import {
+  ID_FUNCTION_VERSION,
+  ID_LOCK_TABLES,
+  ID_LOCKS_SCHEMA,
+  renderNextIdControlSql,
+  renderNextIdSql,
+  SLOW_PATH_CHANGING_COMMENT,
+  SLOW_PATH_COMMENT,
+} from '../../src/id/sql.js';
 import { CONTROL_SCHEMA } from '../../src/fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../../src/pg/quote.js';
 import { redact, redactUrl, registerSecret } from '../../src/pg/redact.js';
@@ -72,12 +80,27 @@ describe('SQL templates', () => {
     expect(sql).toContain(`shardctl next_id v${ID_FUNCTION_VERSION}:`);
   });
 
-  it("locks next_id's slow path with a row of the control schema's id_locks, never an advisory lock", () => {
-    const sql = renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta');
-    expect(sql).not.toMatch(/pg_advisory/);
-    expect(sql).toContain(
-      'PERFORM FROM "shardctl".id_locks WHERE slot = (seq::oid::bigint % 8192)::integer FOR NO KEY UPDATE;',
-    );
+  it("locks next_id's slow path with one of the control schema's lock tables (the id_locks row too while changing over), never an advisory lock", () => {
+    const final = renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta');
+    const changing = renderNextIdControlSql(DEFAULT_ID_LAYOUT, 'insta', ID_LOCKS_SCHEMA, { changingOver: true });
+    for (const sql of [final, changing]) {
+      expect(sql).not.toMatch(/pg_advisory/);
+      // One branch per lock table, each slot's own.
+      const branches = [
+        ...sql.matchAll(/(?:WHEN (\d+) THEN|ELSE) LOCK TABLE ONLY "shardctl"\.id_lock_(\d+) IN EXCLUSIVE MODE;/g),
+      ];
+      expect(branches.map((b) => Number(b[2]))).toEqual(Array.from({ length: ID_LOCK_TABLES }, (_, i) => i));
+      expect(branches.slice(0, -1).every((b) => b[1] === b[2])).toBe(true);
+      expect(branches.at(-1)![1]).toBeUndefined();
+      expect(sql).toContain(`CASE (seq::oid::bigint % ${ID_LOCK_TABLES})::integer`);
+      expect(sql).toContain(
+        'PERFORM FROM "shardctl".id_locks WHERE slot = (seq::oid::bigint % 8192)::integer FOR NO KEY UPDATE;',
+      );
+    }
+    expect(final).toContain('IF 0 = 1 THEN');
+    expect(final).toContain(`IS '${SLOW_PATH_COMMENT}';`);
+    expect(changing).toContain('IF 1 = 1 THEN');
+    expect(changing).toContain(`IS '${SLOW_PATH_CHANGING_COMMENT}';`);
     expect(CONTROL_SCHEMA).toBe(ID_LOCKS_SCHEMA);
   });
 
