@@ -77,6 +77,25 @@ export async function run(ctx, major) {
     await client.query(`SET synchronous_commit = off; SET track_functions = 'pl'`);
     /** @type {Record<string, number[]>} per side: µs per statement of each round */
     const sides = { 'insert next_id': [], 'insert bigserial': [], 'plan next_id': [], 'plan bigserial': [] };
+    /** @type {Record<string, { xids: number[], walBytes: number[] }>} per insert side: transaction ids and WAL per insert of each round */
+    const written = { 'insert next_id': { xids: [], walBytes: [] }, 'insert bigserial': { xids: [], walBytes: [] } };
+    /** The next transaction id and the WAL position, read without taking an id (the session is the server's only writer). */
+    const position = async () =>
+      required(
+        (
+          await client.query(
+            `SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS xid, pg_current_wal_lsn()::text AS lsn`,
+          )
+        ).rows[0],
+        'the position',
+      );
+    const walSince = async (/** @type {string} */ lsn) =>
+      Number(
+        required(
+          (await client.query(`SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1)::bigint AS b`, [lsn])).rows[0],
+          'wal',
+        ).b,
+      );
     /** @type {[string, Table, boolean][]} */
     const order = [
       ['insert next_id', 'photos', false],
@@ -97,8 +116,17 @@ export async function run(ctx, major) {
     for (let r = 0; r < ROUNDS; r++) {
       // Alternate the order each round, so that neither side always runs first.
       for (const [name, table, planOnly] of r % 2 === 0 ? order : [...order].reverse()) {
+        const before = await position();
         const ms = await call(table, planOnly);
         required(sides[name], name).push((ms * 1000) / INSERTS);
+        const w = written[name];
+        if (w) {
+          const wal = await walSince(before.lsn);
+          const after = await position();
+          // Less the two reads' own: neither takes an id.
+          w.xids.push((Number(after.xid) - Number(before.xid)) / INSERTS);
+          w.walBytes.push(wal / INSERTS);
+        }
       }
       log(
         `  round ${r + 1}/${ROUNDS}: ${Object.entries(sides)
@@ -129,6 +157,15 @@ export async function run(ctx, major) {
       extraUs: insertNextId - insertSerial,
       extraPlanningUs: planNextId - planSerial,
       lockedShare: lockedCalls / (INSERTS * ROUNDS),
+      /** Transaction ids and WAL bytes per insert (medians of the rounds). */
+      xidsPerInsert: {
+        nextId: median(required(written['insert next_id'], 'next_id').xids),
+        bigserial: median(required(written['insert bigserial'], 'bigserial').xids),
+      },
+      walBytesPerInsert: {
+        nextId: median(required(written['insert next_id'], 'next_id').walBytes),
+        bigserial: median(required(written['insert bigserial'], 'bigserial').walBytes),
+      },
     };
   });
 }
@@ -141,6 +178,8 @@ const HEADERS = [
   'per plan: next_id()',
   'bigserial',
   'locked calls',
+  'transaction ids per insert: next_id() / bigserial',
+  'WAL per insert: next_id() / bigserial',
 ];
 
 /** @param {Result} r */
@@ -153,6 +192,8 @@ function rowOf(r) {
     `${round(r.perPlanUs.nextId)} µs`,
     `${round(r.perPlanUs.bigserial)} µs`,
     `${round(r.lockedShare * 100, 1)}%`,
+    r.xidsPerInsert ? `${round(r.xidsPerInsert.nextId, 2)} / ${round(r.xidsPerInsert.bigserial, 2)}` : '—',
+    r.walBytesPerInsert ? `${round(r.walBytesPerInsert.nextId)} B / ${round(r.walBytesPerInsert.bigserial)} B` : '—',
   ];
 }
 

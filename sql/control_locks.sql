@@ -55,11 +55,22 @@ INSERT INTO {{control}}.id_locks (slot) SELECT s FROM pg_catalog.generate_series
 -- owner here) may take such a mode: a stranger cannot hold it. No rows, no columns.
 -- id_locks above is the lock of the slow path before control schema version 6: taken too while the
 -- slow path changes over (src/fleet/control.ts, finishSlowPath).
+-- The slow path runs as its function's owner (SECURITY DEFINER): where the function exists already
+-- (a host upgraded from version 5) and another role creates the tables now (a superuser, say), that
+-- owner is given UPDATE on them, which lets it take the lock.
 DO $id_lock_tables$
+DECLARE
+  t text;
+  slow_path_owner oid := (SELECT p.proowner FROM pg_catalog.pg_proc p
+                           WHERE p.oid = pg_catalog.to_regprocedure({{controlLiteral}} || '.next_id_locked(regclass, integer)'));
 BEGIN
   FOR i IN 0 .. {{idTableSlots}} - 1 LOOP
-    EXECUTE pg_catalog.format('CREATE TABLE IF NOT EXISTS %I.%I ()', {{controlLiteral}}, 'id_lock_' || i);
-    EXECUTE pg_catalog.format('REVOKE ALL ON %I.%I FROM PUBLIC', {{controlLiteral}}, 'id_lock_' || i);
+    t := pg_catalog.format('%I.%I', {{controlLiteral}}, 'id_lock_' || i);
+    EXECUTE 'CREATE TABLE IF NOT EXISTS ' || t || ' ()';
+    EXECUTE 'REVOKE ALL ON ' || t || ' FROM PUBLIC';
+    IF slow_path_owner IS NOT NULL AND NOT pg_catalog.has_table_privilege(slow_path_owner, t, 'UPDATE') THEN
+      EXECUTE 'GRANT UPDATE ON ' || t || ' TO ' || pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(slow_path_owner));
+    END IF;
   END LOOP;
 END
 $id_lock_tables$;

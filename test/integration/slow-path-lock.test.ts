@@ -198,3 +198,41 @@ describe("the slow path's change-over from its row lock", () => {
     });
   });
 });
+
+describe("the slow path's lock tables and its function's owner", () => {
+  const dbOwner = useTestDatabases(1);
+
+  it('a lock table created by another role than the slow path runs as (a superuser restoring it) is granted to that role', async () => {
+    const fleet = makeFleet({ urls: dbOwner.urls, shards: 2 });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const owner = `slow_path_owner_${process.pid}`;
+    await withClient(dbOwner.urls[0]!, async (client) => {
+      // The slow path owned by a role of its own, with what it needs on the shard's sequence.
+      await client.query(`create role ${owner}`);
+      await client.query(`grant usage on schema shardctl, insta0 to ${owner}`);
+      await client.query(`grant usage, select, update on sequence insta0.photos_id_seq to ${owner}`);
+      await client.query(`alter function shardctl.next_id_locked(regclass, integer) owner to ${owner}`);
+      const table = await lockTableOf(client, 'insta0.photos_id_seq');
+      await client.query(`drop table ${table}`);
+    });
+    try {
+      // init, as the superuser, creates the table again.
+      expect((await init(await fleet.config())).ok).toBe(true);
+      await withClient(dbOwner.urls[0]!, async (client) => {
+        const table = await lockTableOf(client, 'insta0.photos_id_seq');
+        const granted = await client.query<{ ok: boolean }>(`select has_table_privilege($1, $2, 'UPDATE') as ok`, [
+          owner,
+          table,
+        ]);
+        expect(granted.rows[0]!.ok).toBe(true);
+        await insertBySlowPath(client);
+      });
+    } finally {
+      await withClient(dbOwner.urls[0]!, async (client) => {
+        await client.query(`alter function shardctl.next_id_locked(regclass, integer) owner to current_user`);
+        await client.query(`drop owned by ${owner}`);
+        await client.query(`drop role ${owner}`);
+      });
+    }
+  });
+});
