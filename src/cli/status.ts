@@ -82,6 +82,10 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
         if (h.behind.length) out.line(`  behind (pending migrations): ${formatShardList(h.behind)}`);
         if (h.nextIdOutdated.length)
           out.line(`  next_id missing or outdated: ${formatShardList(h.nextIdOutdated)} (run init)`);
+        if (h.slowPathChangingOver)
+          out.line(
+            "  next_id's slow path is still changing over from its row lock (a transaction from before the upgrade was running): correct meanwhile, one more transaction id per slow-path call; the next init, migrate or move-shard finishes it",
+          );
         for (const d of h.drift) out.line(`  drift: ${d}`);
         for (const m of h.moves) {
           out.line(

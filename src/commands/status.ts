@@ -8,7 +8,7 @@ import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
 import { readTopology, type HostTopology } from '../fleet/topology.js';
-import { abortingMoveIds } from '../fleet/control.js';
+import { abortingMoveIds, slowPathChangingOver } from '../fleet/control.js';
 import {
   mapDisagreements,
   mergePlacement,
@@ -56,6 +56,13 @@ export interface HostStatus {
   readonly sequenceProblems: readonly string[];
   /** Present shards whose next_id() is missing or older than this shardctl's. */
   readonly nextIdOutdated: readonly number[];
+  /**
+   * next_id's slow path is still changing over from its row lock (docs/ids.md, "Changing over"): a
+   * transaction from before the upgrade was running when the last run tried to finish it. Correct
+   * meanwhile, at one more transaction id per slow-path call; the next init, migrate or move finishes
+   * it. Not a problem for `ok`.
+   */
+  readonly slowPathChangingOver: boolean;
   /** Present mapped shards by migration level (the highest version applied): level → shards (compact list). */
   readonly levels: Readonly<Record<string, string>>;
   /** Present mapped shards with pending migrations (what migrate would apply). */
@@ -164,7 +171,8 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
                   });
             const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
             const topology = await readTopology(session.client);
-            const result = { ...drifted, controlWriters, registryMismatches, topology };
+            const slowPath = await slowPathChangingOver(session.client);
+            const result = { ...drifted, controlWriters, registryMismatches, topology, slowPathChangingOver: slowPath };
             const trusted = controlWriters.length === 0 && registryMismatches.length === 0;
             const checked = trusted ? result : { ...result, ok: false };
             return sequences.length === 0 ? checked : { ...checked, sequenceProblems: sequences, ok: false };
@@ -233,7 +241,7 @@ function hostStatus(
   migrations: readonly MigrationFile[],
   cached: readonly string[],
   leftovers: readonly string[],
-): Omit<HostStatus, 'controlWriters' | 'registryMismatches' | 'topology'> {
+): Omit<HostStatus, 'controlWriters' | 'registryMismatches' | 'topology' | 'slowPathChangingOver'> {
   const host = snapshot.host;
   const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map(
     (p) => p.message,
@@ -346,6 +354,7 @@ function unreachableStatus(host: string, expected: number, error: string): HostS
     cachedSequences: [],
     sequenceProblems: [],
     nextIdOutdated: [],
+    slowPathChangingOver: false,
     levels: {},
     behind: [],
     drift: [],

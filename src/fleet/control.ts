@@ -141,6 +141,15 @@ export async function completeControlSchema(
   await finishSlowPath(client, config, finish).catch(() => rollbackQuietly(client));
 }
 
+/** Whether the host's slow path is changing over (finishSlowPath): it takes both locks, the row's too. */
+export async function slowPathChangingOver(client: pg.Client): Promise<boolean> {
+  const r = await client.query<{ changing: boolean }>(
+    `SELECT coalesce(pg_catalog.obj_description(to_regprocedure($1), 'pg_proc') = $2, false) AS changing`,
+    [`${CONTROL_SCHEMA}.next_id_locked(regclass, integer)`, SLOW_PATH_CHANGING_COMMENT],
+  );
+  return r.rows[0]!.changing;
+}
+
 /** How long finishSlowPath waits by default for the transactions it must outlast. */
 export const SLOW_PATH_WAIT_MS = 5_000;
 
@@ -178,13 +187,7 @@ export async function finishSlowPath(
   config: ShardctlConfig,
   { waitMs = SLOW_PATH_WAIT_MS }: { readonly waitMs?: number } = {},
 ): Promise<boolean> {
-  const changing = async (): Promise<boolean> =>
-    (
-      await client.query<{ changing: boolean }>(
-        `SELECT coalesce(pg_catalog.obj_description(to_regprocedure($1), 'pg_proc') = $2, false) AS changing`,
-        [`${CONTROL_SCHEMA}.next_id_locked(regclass, integer)`, SLOW_PATH_CHANGING_COMMENT],
-      )
-    ).rows[0]!.changing;
+  const changing = () => slowPathChangingOver(client);
   if (!(await changing())) return true;
   const holders = (await client.query<{ holders: string[] }>(SEQUENCE_HOLDERS_SQL)).rows[0]!.holders;
   const deadline = performance.now() + waitMs;

@@ -1,6 +1,7 @@
 import pg from 'pg';
 import { describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { status } from '../../src/commands/status.js';
 import { CONTROL_VERSION, controlSchemaSql, finishSlowPath } from '../../src/fleet/control.js';
 import { ID_LOCK_TABLES, SLOW_PATH_CHANGING_COMMENT, SLOW_PATH_COMMENT } from '../../src/id/sql.js';
 import { makeFleet } from '../helpers/fleet.js';
@@ -166,15 +167,19 @@ describe("the slow path's change-over from its row lock", () => {
         });
         await insertBySlowPath(client);
 
-        // Not finished while the older transaction runs.
+        // Not finished while the older transaction runs; status says so, without counting it a problem.
         const started = performance.now();
         expect(await finishSlowPath(client, config, { waitMs: 300 })).toBe(false);
         expect(performance.now() - started).toBeGreaterThanOrEqual(290);
         expect(await slowPathComment(client)).toBe(SLOW_PATH_CHANGING_COMMENT);
+        const during = await status(config);
+        expect(during.hosts[0]!.slowPathChangingOver).toBe(true);
+        expect(during.hosts[0]!.ok).toBe(true);
         // Once it has ended: finished, and the row lock is not taken any more.
         await older.query(`commit`);
         expect(await finishSlowPath(client, config, { waitMs: 300 })).toBe(true);
         expect(await slowPathComment(client)).toBe(SLOW_PATH_COMMENT);
+        expect((await status(config)).hosts[0]!.slowPathChangingOver).toBe(false);
       } finally {
         await older.end();
       }
