@@ -207,7 +207,7 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
         }
         // next_id's slow path changed over to its table lock (src/fleet/control.ts); when it cannot be
         // yet, the next run tries again (correct meanwhile, at the earlier cost).
-        await finishSlowPath(p.session.client, config).catch(() => rollbackQuietly(p.session.client));
+        await finishSlowPath(p.session.client, config);
       }),
     );
     const hosts = plans.map((p, i) => hostResult(p.snapshot.host.name, p.shards, p.missing, controlSql, outcomes[i]!));

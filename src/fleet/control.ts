@@ -6,7 +6,7 @@ import { quoteLiteral } from '../pg/quote.js';
 import { EMPTY, ident, lit, sql, type Sql } from '../pg/sql-template.js';
 import { SHARD_MOVED_SQLSTATE } from '../config/shard-map.js';
 import { loadSqlTemplate, renderSql } from '../pg/template.js';
-import { rollbackQuietly } from '../pg/quiet.js';
+import { rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { CLIENT_CONNECTION_CHECK_INTERVAL } from './connect.js';
 import { sleep } from '../clock.js';
 
@@ -128,17 +128,11 @@ export function controlSchemaSql(config: ShardctlConfig): string {
  * Runs controlSchemaSql where the host's control schema is older than this shardctl's (or missing);
  * a current one is left as it is (its DDL is about 30 ms a host, and a move's start waits for it).
  */
-export async function completeControlSchema(
-  client: pg.Client,
-  config: ShardctlConfig,
-  // A move is about to start: a second at most for the slow path's change-over.
-  finish: { readonly waitMs?: number } = { waitMs: 1_000 },
-): Promise<void> {
+export async function completeControlSchema(client: pg.Client, config: ShardctlConfig): Promise<void> {
   const recorded = await recordedControlVersion(client);
   if (recorded === null || recorded < CONTROL_VERSION) await client.query(controlSchemaSql(config));
-  // When it cannot be finished yet, or fails, the slow path is correct meanwhile (at the earlier
-  // cost) and the next run tries again.
-  await finishSlowPath(client, config, finish).catch(() => rollbackQuietly(client));
+  // A move is about to start: a second at most for the slow path's change-over.
+  await finishSlowPath(client, config, { waitMs: 1_000 });
 }
 
 /** Whether the host's slow path is changing over (finishSlowPath): it takes both locks, the row's too. */
@@ -178,38 +172,35 @@ const STILL_RUNNING_SQL = `SELECT count(*)::int AS n FROM pg_catalog.pg_locks
  * replaced body only in a transaction that had drawn from some sequence before the change-over was
  * committed, and still holds that lock. This waits until every transaction that holds a sequence's
  * lock now (at least as long ago as the change-over) has ended, up to waitMs, then installs the body
- * without the row lock. When some are still running, nothing changes: the next run that completes
- * the control schema (init, migrate, a move) tries again. Returns whether the slow path is finished
- * (or never was changing over, or does not exist).
+ * without the row lock. When some are still running, or a query fails, nothing changes: the slow
+ * path is correct meanwhile (at the earlier cost), and the next run that completes the control
+ * schema (init, migrate, adopt, a move) tries again. Never throws: returns whether the slow path is
+ * finished (or never was changing over, or does not exist).
  */
 export async function finishSlowPath(
   client: pg.Client,
   config: ShardctlConfig,
   { waitMs = SLOW_PATH_WAIT_MS }: { readonly waitMs?: number } = {},
 ): Promise<boolean> {
-  const changing = () => slowPathChangingOver(client);
-  if (!(await changing())) return true;
-  const holders = (await client.query<{ holders: string[] }>(SEQUENCE_HOLDERS_SQL)).rows[0]!.holders;
-  const deadline = performance.now() + waitMs;
-  while (holders.length > 0) {
-    const running = (await client.query<{ n: number }>(STILL_RUNNING_SQL, [holders])).rows[0]!.n;
-    if (running === 0) break;
-    if (performance.now() >= deadline) return false;
-    await sleep(Math.min(50, Math.max(1, deadline - performance.now())));
-  }
   try {
-    await client.query(
-      `BEGIN;
-${renderNextIdControlSql(config.idLayout, config.schemaPrefix, CONTROL_SCHEMA)}
-COMMIT;`,
+    if (!(await slowPathChangingOver(client))) return true;
+    const holders = (await client.query<{ holders: string[] }>(SEQUENCE_HOLDERS_SQL)).rows[0]!.holders;
+    const deadline = performance.now() + waitMs;
+    while (holders.length > 0) {
+      const running = (await client.query<{ n: number }>(STILL_RUNNING_SQL, [holders])).rows[0]!.n;
+      if (running === 0) break;
+      if (performance.now() >= deadline) return false;
+      await sleep(Math.min(50, Math.max(1, deadline - performance.now())));
+    }
+    await runTransaction(
+      client,
+      `BEGIN;\n${renderNextIdControlSql(config.idLayout, config.schemaPrefix, CONTROL_SCHEMA)}\nCOMMIT;`,
     );
-  } catch (error) {
-    await rollbackQuietly(client);
-    // Another run finishing it at the same moment ("tuple concurrently updated"): done either way.
-    if (!(await changing())) return true;
-    throw error;
+    return true;
+  } catch {
+    // Another run finishing it at the same moment ("tuple concurrently updated") is done either way.
+    return !(await slowPathChangingOver(client).catch(() => true));
   }
-  return true;
 }
 
 /** The control schema version a host records, or null when it has none (a fresh host). */

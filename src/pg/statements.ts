@@ -369,7 +369,7 @@ function callEscape(statement: SqlStatement): string | undefined {
 function setsBeyondTransaction(tokens: readonly SqlToken[]): boolean {
   for (const [i, token] of tokens.entries()) {
     if ((token.kind !== 'word' && token.kind !== 'identifier') || token.value !== 'set_config') continue;
-    if (tokens[i + 1]?.kind !== 'symbol' || tokens[i + 1]!.value !== '(') {
+    if (!isSymbol(tokens[i + 1], '(')) {
       // set_config U&"…" UESCAPE '…' ( …: a spelling no application needs; refused.
       if (tokens[i + 1]?.kind === 'word' && tokens[i + 1]!.value === 'uescape') return true;
       continue;
@@ -440,7 +440,7 @@ export function callsAny(statement: SqlStatement, match: (name: string) => boole
     if ((token.kind !== 'word' && token.kind !== 'identifier') || !match(token.value)) continue;
     let next = i + 1;
     if (tokens[next]?.kind === 'word' && tokens[next]!.value === 'uescape') next += 2;
-    if (tokens[next]?.kind === 'symbol' && tokens[next]!.value === '(') return token.value;
+    if (isSymbol(tokens[next], '(')) return token.value;
   }
   return undefined;
 }

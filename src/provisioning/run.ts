@@ -1,5 +1,4 @@
 import { elapsed } from '../clock.js';
-import { rollbackQuietly } from '../pg/quiet.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { randomUUID } from 'node:crypto';
@@ -238,7 +237,7 @@ async function finishSlowPaths(config: ShardctlConfig, fleet: Fleet, outcomes: r
   await Promise.all(
     fleet.sessions
       .filter((session) => outcomes.find((o) => o.host === session.host.name)?.hostError === null)
-      .map((session) => finishSlowPath(session.client, config).catch(() => rollbackQuietly(session.client))),
+      .map((session) => finishSlowPath(session.client, config)),
   );
 }
 
