@@ -114,3 +114,13 @@ export function bareHost(name: string, url: string): HostConfig {
     timeoutMs: 5000,
   };
 }
+
+/** The error a query (or any promise) fails with; a test failure when it succeeds. */
+export function errorOf(promise: Promise<unknown>): Promise<pg.DatabaseError> {
+  return promise.then(
+    () => {
+      throw new Error('expected the query to fail');
+    },
+    (error: pg.DatabaseError) => error,
+  );
+}

@@ -8,7 +8,7 @@ import { moveShards } from '../../src/commands/move-shard.js';
 import { gc } from '../../src/commands/gc.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { errorOf, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const PHOTOS_ONLY = {
   '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
@@ -26,15 +26,6 @@ function asRole(url: string, role: string): string {
   u.username = role;
   u.password = PASSWORD;
   return u.toString();
-}
-
-function errorOf(promise: Promise<unknown>): Promise<{ code?: string; message: string }> {
-  return promise.then(
-    () => {
-      throw new Error('expected a failure');
-    },
-    (error: { code?: string; message: string }) => error,
-  );
 }
 
 describe('shardctl grant', () => {

@@ -11,7 +11,7 @@ import { init } from '../../src/commands/init.js';
 import { RUNNER_LOCK_TABLE, TRACKING_LOCK_TABLE, WORKERS_TABLE } from '../../src/fleet/locks.js';
 import { ID_LOCK_TABLES } from '../../src/id/sql.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { errorOf, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(2);
 const suffix = randomBytes(4).toString('hex');
@@ -33,15 +33,6 @@ async function connectAs(url: string, role: string): Promise<pg.Client> {
   client.on('error', () => undefined);
   await client.connect();
   return client;
-}
-
-function errorOf(promise: Promise<unknown>): Promise<pg.DatabaseError> {
-  return promise.then(
-    () => {
-      throw new Error('expected the query to fail');
-    },
-    (error: pg.DatabaseError) => error,
-  );
 }
 
 describe('roles without rights on what shardctl protects', () => {

@@ -8,7 +8,7 @@ import { status } from '../../src/commands/status.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { renderNextIdV1Sql } from '../fixtures/next-id-v1.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { errorOf, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(1);
 /** A database of its own for the upgrade test, which initialises a fleet. */
@@ -24,15 +24,6 @@ async function installShard(client: pg.Client, schema: string, shard: number, la
   await client.query(`create schema if not exists "${schema}"`);
   await client.query(renderNextIdSql(schema, shard, layout));
   await client.query(`create sequence if not exists "${schema}".photos_id_seq`);
-}
-
-function errorOf(promise: Promise<unknown>): Promise<pg.DatabaseError> {
-  return promise.then(
-    () => {
-      throw new Error('expected the query to fail');
-    },
-    (error: pg.DatabaseError) => error,
-  );
 }
 
 describe('next_id()', () => {

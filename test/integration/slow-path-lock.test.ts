@@ -5,7 +5,7 @@ import { status } from '../../src/commands/status.js';
 import { CONTROL_VERSION, controlSchemaSql, finishSlowPath } from '../../src/fleet/control.js';
 import { ID_LOCK_TABLES, SLOW_PATH_CHANGING_COMMENT, SLOW_PATH_COMMENT } from '../../src/id/sql.js';
 import { makeFleet } from '../helpers/fleet.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { errorOf, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 /**
  * next_id's slow path locks a table, not a row (control schema version 6): no transaction id per
@@ -50,15 +50,6 @@ async function lockTableOf(client: pg.Client, seq: string): Promise<string> {
     seq,
   ]);
   return `shardctl.id_lock_${r.rows[0]!.n}`;
-}
-
-function errorOf(promise: Promise<unknown>): Promise<pg.DatabaseError> {
-  return promise.then(
-    () => {
-      throw new Error('expected the query to fail');
-    },
-    (error: pg.DatabaseError) => error,
-  );
 }
 
 /** Makes insta0's next insert take the slow path: its sequence moved back to the epoch's first millisecond. */
