@@ -325,7 +325,7 @@ async function planNewState(cwd: string, options: DevUpOptions): Promise<Persist
     });
   }
 
-  const dataRoot = devDataRoot(cwd);
+  const dataRoot = unusedDataRoot(cwd);
   const ports = new Set<number>();
   while (ports.size < hosts) ports.add(await findFreePort());
   const portList = [...ports];
@@ -365,6 +365,18 @@ function checkMatches(persisted: PersistedState, options: DevUpOptions): void {
       conflicts,
     );
   }
+}
+
+/**
+ * The data folder of a new setup: devDataRoot(cwd), or beside it with a random suffix when that
+ * exists already. A setup whose state is gone (the checkout removed after `dev down` without
+ * --destroy, and cloned again at the same path) left clusters there whose passwords nothing records
+ * any more: reused, they would refuse every connection of the new setup (28P01). They are left as
+ * they are.
+ */
+function unusedDataRoot(cwd: string): string {
+  const root = devDataRoot(cwd);
+  return existsSync(root) ? `${root}-${randomBytes(4).toString('hex')}` : root;
 }
 
 /** os.tmpdir()/shardctl-dev-<hash of cwd>: one per project folder, reachable by the postgres user. */

@@ -267,6 +267,30 @@ describe('shardctl dev up / status / down', () => {
   });
 });
 
+describe('shardctl dev up in a folder whose earlier setup lost its state', () => {
+  it('starts new clusters beside the ones left in the temp dir, whose passwords nothing records', async () => {
+    const cwd = await mkdtemp(path.join(os.tmpdir(), 'shardctl-dev-cwd-'));
+    let left: DevState | null = null;
+    try {
+      left = await devUp({ cwd, hosts: 1, shards: 4 });
+      // Stopped, data kept; then the checkout is removed and cloned again at the same path.
+      await devDown({ cwd });
+      await rm(path.join(cwd, '.shardctl'), { recursive: true, force: true });
+      await rm(path.join(cwd, 'shardctl.dev.yaml'), { force: true });
+      const fresh = await devUp({ cwd, hosts: 1, shards: 4 });
+      expect(fresh.hosts[0]!.dataDir).not.toBe(left.hosts[0]!.dataDir);
+      expect(existsSync(left.hosts[0]!.dataDir)).toBe(true);
+      await withClient(fresh.hosts[0]!.url, async (client) => {
+        expect((await client.query('select 1 as one')).rows[0]).toEqual({ one: 1 });
+      });
+    } finally {
+      await devDown({ cwd, destroy: true });
+      if (left) await rm(path.dirname(left.hosts[0]!.dataDir), { recursive: true, force: true });
+      await rm(cwd, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('the test harness', () => {
   const databases = useTestDatabases(2);
 
