@@ -184,7 +184,8 @@ export async function executeHostPlan(
       migrationsApplied: counters.migrations,
       shardsChanged: counters.changed,
       upToDate: plan.upToDate,
-      failures,
+      // Workers finish in no fixed order; by shard, the report reads the same on every run.
+      failures: failures.sort((a, b) => a.shard - b.shard),
       lockWaits: lockWaits.sort((a, b) => a.shard - b.shard),
       notStarted,
       hostError: error,
