@@ -117,6 +117,11 @@ export class DeferredBegin {
     private readonly start: TransactionStart,
     /** A COMMIT sent with fn's query is followed by WRITE_LSN_SQL, in the same write (writeLsn). */
     private readonly readsWriteLsn = false,
+    /**
+     * fn's named statements are sent unnamed: the connection may be another server's in the next
+     * transaction (a transaction pooler), where the name would be missing or another client's.
+     */
+    private readonly unnamed = false,
   ) {
     // fn sees a normal client: its query method (installed by hookClient) hands calls to this
     // object until restore().
@@ -124,6 +129,9 @@ export class DeferredBegin {
     if (!(HOOK in hooked)) hookClient(client);
     hooked[HOOK] = this;
   }
+
+  /** Whether fn sent a named statement (with its name: not `unnamed`). */
+  namedSent = false;
 
   /** Whether BEGIN was sent (fn made a query): only then is there a transaction to end. */
   get started(): boolean {
@@ -185,6 +193,10 @@ export class DeferredBegin {
         values,
         callback,
       );
+    if (statementName(config) !== undefined) {
+      if (this.unnamed) config = withoutName(config);
+      else this.namedSent = true;
+    }
     this.calls += 1;
     if (this.sent) return clientQuery.call(this.client, config, values, callback);
     this.sent = true;
@@ -211,6 +223,27 @@ export class DeferredBegin {
     });
     return clientQuery.call(this.client, config, values, callback);
   }
+}
+
+/** The name of a named statement (a query config's or pg Query's `name`), else undefined. */
+function statementName(config: unknown): string | undefined {
+  if (typeof config !== 'object' || config === null) return undefined;
+  const name = (config as { name?: unknown }).name;
+  return typeof name === 'string' && name !== '' ? name : undefined;
+}
+
+/**
+ * The same query, unnamed: a config is copied without its name; a pg Query (or other submittable,
+ * made for this one call) loses its name itself.
+ */
+function withoutName(config: unknown): unknown {
+  const named = config as { name?: unknown; submit?: unknown };
+  if (typeof named.submit === 'function') {
+    named.name = undefined;
+    return named;
+  }
+  const { name: _name, ...rest } = named;
+  return rest;
 }
 
 /** An error for a query fn started, as pg would deliver it: to its callback, else as a rejected promise. */

@@ -54,6 +54,8 @@ export class HostPools {
   private readonly pools = new Map<string, { url: string; address: string; pool: pg.Pool; startup: boolean }>();
   /** Hosts whose address refused the timeouts as startup parameters (a pooler the config did not declare). */
   private readonly refusesStartupTimeouts = new Set<string>();
+  /** Hosts where a named statement met another client's, or missed its own (a pooler the config did not declare). */
+  private readonly sharesStatements = new Set<string>();
   /** Which address of each host is its primary now; found again after a failover (failover.ts). */
   private readonly addresses: HostAddressBook;
   /** Per host, the search for its new primary that calls meeting a failover wait on. */
@@ -170,6 +172,24 @@ export class HostPools {
     this.refusesStartupTimeouts.add(host.name);
     this.end(host.name);
     return true;
+  }
+
+  /**
+   * Whether a connection of `host` may be handed another server connection from one transaction to
+   * the next (a transaction pooler: PgBouncer before 1.21 keeps no prepared statement per client):
+   * its url goes through a pooler (directUrl set), it refused the router's startup parameters as
+   * PgBouncer does, or a named statement of fn met another client's or missed its own there. Such a
+   * host's calls send fn's named statements unnamed (transaction.ts).
+   */
+  statementsShared(host: HostConfig): boolean {
+    return (
+      host.url !== host.directUrl || this.refusesStartupTimeouts.has(host.name) || this.sharesStatements.has(host.name)
+    );
+  }
+
+  /** A named statement of fn met another client's, or missed its own, on `host`: a pooler is in front. */
+  learnStatementsShared(host: HostConfig): void {
+    this.sharesStatements.add(host.name);
   }
 
   /** A pooled connection of `host`; failing names the host and the shard. */

@@ -385,6 +385,8 @@ export class ShardRouter {
       transactionStart: (shard, readOnly, sessionTimeouts) =>
         this.starts.transactionStart(shard, readOnly, sessionTimeouts),
       wrote: (host, lsn) => this.wrote(host, lsn),
+      statementsShared: (host) => this.pools.statementsShared(host),
+      learnStatementsShared: (host) => this.pools.learnStatementsShared(host),
     };
     return paths;
   }

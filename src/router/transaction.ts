@@ -88,14 +88,30 @@ export class TransactionStarts {
 }
 
 /** What an attempt needs of the router. */
-export type TransactionPaths = Pick<RouterInternals, 'settings' | 'withConnection' | 'transactionStart' | 'wrote'>;
+export type TransactionPaths = Pick<
+  RouterInternals,
+  'settings' | 'withConnection' | 'transactionStart' | 'wrote' | 'statementsShared' | 'learnStatementsShared'
+>;
+
+/**
+ * What a named statement meets on a connection that a transaction pooler hands another server
+ * connection from one transaction to the next: on one, another client's statement of that name
+ * (42P05 duplicate_prepared_statement); on another, none of its own (26000 invalid_sql_statement_name).
+ */
+const POOLED_STATEMENT_CODES = new Set(['42P05', '26000']);
 
 /**
  * One attempt of fn on `shard` of `host` (or `via`'s standby): fn's value once committed, or fn's
  * error once rolled back (the caller's loop decides whether to run it again); a COMMIT whose
  * answer was lost throws CommitUnknownError, never retried.
+ *
+ * Behind a transaction pooler (statementsShared: PgBouncer before 1.21 keeps no prepared statement
+ * per client) fn's named statements are sent unnamed: planned again each time, but never missing or
+ * another client's, and none is left on the pooler's server connections for its other clients. A
+ * pooler the config does not declare shows itself when a named statement fails so: the transaction
+ * is rolled back, the host is known as pooled from then on, and fn runs again, its statements unnamed.
  */
-export function attempt<T>(
+export async function attempt<T>(
   paths: TransactionPaths,
   host: HostConfig,
   shard: number,
@@ -104,6 +120,23 @@ export function attempt<T>(
   trace?: CallTrace,
   via?: Via,
 ): Promise<Attempt<T>> {
+  const unnamed = paths.statementsShared(host);
+  const first = await attemptOnce(paths, host, shard, fn, options, unnamed, trace, via);
+  if (first.ok || !('pooled' in first)) return first;
+  paths.learnStatementsShared(host);
+  return attemptOnce(paths, host, shard, fn, options, true, trace, via);
+}
+
+function attemptOnce<T>(
+  paths: TransactionPaths,
+  host: HostConfig,
+  shard: number,
+  fn: ShardFn<T>,
+  options: TransactionOptions,
+  unnamed: boolean,
+  trace?: CallTrace,
+  via?: Via,
+): Promise<Attempt<T> | { ok: false; error: unknown; pooled: true }> {
   const readOnly = options.readOnly ?? false;
   const tracking = !readOnly && paths.settings.trackWriteLsn === true;
   return paths.withConnection(
@@ -117,6 +150,7 @@ export function attempt<T>(
         client,
         via ? via.start(shard) : paths.transactionStart(shard, readOnly, hasSessionTimeouts(client)),
         tracking,
+        unnamed,
       );
       let value: T;
       try {
@@ -135,6 +169,10 @@ export function attempt<T>(
           throw new CommitUnknownError(host.name, shard, error);
         }
         if (begin.started) await lease.rollback();
+        // A named statement met a pooler the config does not declare (see attempt): rolled back, run again.
+        const code = (error as { code?: unknown } | null | undefined)?.code;
+        if (begin.namedSent && typeof code === 'string' && POOLED_STATEMENT_CODES.has(code))
+          return { ok: false, error, pooled: true };
         // Ended by the server for a reason of its own that no other host or connection changes
         // (say, fn idle in its transaction past idleInTransactionTimeoutMs): said with the host and
         // the shard, and not run again as a failover would be.

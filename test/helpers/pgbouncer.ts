@@ -11,6 +11,7 @@ import { chmod, chown, mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { createConnection } from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
+import pg from 'pg';
 import { findFreePort } from '../../src/dev/local-postgres.js';
 
 export interface PgBouncer {
@@ -129,4 +130,28 @@ function accepts(port: number): Promise<boolean> {
     });
     socket.once('error', () => resolve(false));
   });
+}
+
+/**
+ * `work` on every server connection of the pooler's pool at once (poolSize transactions held open
+ * together each get one of their own); its values.
+ */
+export async function onEveryServerConnection<T>(
+  url: string,
+  poolSize: number,
+  work: (client: pg.Client) => Promise<T>,
+): Promise<T[]> {
+  const clients = await Promise.all(
+    Array.from({ length: poolSize }, async () => {
+      const client = new pg.Client({ connectionString: url });
+      await client.connect();
+      await client.query('BEGIN');
+      return client;
+    }),
+  );
+  try {
+    return await Promise.all(clients.map(work));
+  } finally {
+    await Promise.all(clients.map((c) => c.query('COMMIT').then(() => c.end())));
+  }
 }

@@ -13,7 +13,7 @@ import { startApp, waitForCalls } from '../helpers/app.js';
 import { BASELINE, buildArticleFleet } from '../fixtures/article-fleet.js';
 import { shardForKey } from '../../src/id/routing.js';
 import { hostForShard } from '../../src/config/types.js';
-import { startPgBouncer, type PgBouncer } from '../helpers/pgbouncer.js';
+import { onEveryServerConnection, startPgBouncer, type PgBouncer } from '../helpers/pgbouncer.js';
 
 const PHOTOS_ONLY = {
   '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
@@ -49,32 +49,18 @@ const LEFTOVERS_SQL = `SELECT (SELECT count(*) FROM pg_prepared_statements)::int
  * see every connection the pool has (and new ones, which hold the defaults anyway).
  */
 async function serverConnections(url: string, poolSize: number): Promise<Record<string, string>[]> {
-  const clients = await Promise.all(
-    Array.from({ length: poolSize }, async () => {
-      const client = new pg.Client({ connectionString: url });
-      await client.connect();
-      await client.query('BEGIN');
-      return client;
-    }),
-  );
-  try {
-    return await Promise.all(
-      clients.map(async (client) => {
-        const r = await client.query<{ name: string; setting: string }>(
-          `SELECT name, current_setting(name) AS setting FROM unnest($1::text[]) AS name`,
-          [WATCHED],
-        );
-        const left = (await client.query<Record<string, number>>(LEFTOVERS_SQL)).rows[0]!;
-        return Object.fromEntries([
-          ['pid', String((await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid)],
-          ...r.rows.map((row) => [row.name, row.setting]),
-          ...Object.entries(left).map(([name, count]) => [name, String(count)]),
-        ]) as Record<string, string>;
-      }),
+  return onEveryServerConnection(url, poolSize, async (client) => {
+    const r = await client.query<{ name: string; setting: string }>(
+      `SELECT name, current_setting(name) AS setting FROM unnest($1::text[]) AS name`,
+      [WATCHED],
     );
-  } finally {
-    await Promise.all(clients.map((client) => client.query('COMMIT').then(() => client.end())));
-  }
+    const left = (await client.query<Record<string, number>>(LEFTOVERS_SQL)).rows[0]!;
+    return Object.fromEntries([
+      ['pid', String((await client.query<{ pid: number }>('SELECT pg_backend_pid() AS pid')).rows[0]!.pid)],
+      ...r.rows.map((row) => [row.name, row.setting]),
+      ...Object.entries(left).map(([name, count]) => [name, String(count)]),
+    ]) as Record<string, string>;
+  });
 }
 
 /**

@@ -1,0 +1,128 @@
+/**
+ * fn's named statements (node-postgres's `{ name, text }`, as Drizzle's prepared queries send them)
+ * through PgBouncer 1.18 in transaction mode, which keeps no prepared statement per client: each
+ * transaction may get another server connection, where the name is missing (26000) or another
+ * client's (42P05). The router sends them unnamed on a host whose url goes through a pooler
+ * (directUrl set), and learns an undeclared pooler from the first such failure (the call runs again).
+ * A plain pg.Pool through the same pooler shows the failure the router spares its callers.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { ShardRouter } from '../../src/router/router.js';
+import { makeFleet } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { onEveryServerConnection, startPgBouncer, type PgBouncer } from '../helpers/pgbouncer.js';
+
+const CALLS = 120;
+const SHARDS = 4;
+
+/** CALLS routed calls, 8 at a time, each two named statements in its transaction; the errors they met. */
+async function namedCalls(router: ShardRouter, offset: number): Promise<string[]> {
+  const errors: string[] = [];
+  let next = 0;
+  await Promise.all(
+    Array.from({ length: 8 }, async () => {
+      while (next < CALLS) {
+        const i = next++;
+        await router
+          .withShard(i % SHARDS, async (client) => {
+            await client.query({ name: 'ins', text: 'INSERT INTO t VALUES ($1)', values: [offset + i] });
+            return client.query(new pg.Query({ name: 'cnt', text: 'SELECT count(*) FROM t' }));
+          })
+          .catch((error: unknown) => errors.push(String(error)));
+      }
+    }),
+  );
+  return errors;
+}
+
+const statementsLeft = async (url: string, poolSize: number): Promise<number> =>
+  (
+    await onEveryServerConnection(
+      url,
+      poolSize,
+      async (c) => (await c.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_prepared_statements')).rows[0]!.n,
+    )
+  ).reduce((a, b) => a + b, 0);
+
+describe('named statements of fn behind PgBouncer in transaction mode', () => {
+  const db = useTestDatabases(1);
+  let pooler: PgBouncer;
+  beforeAll(async () => {
+    pooler = await startPgBouncer(db.urls[0]!, { poolSize: 3 });
+  });
+  afterAll(async () => {
+    await pooler.stop();
+  });
+
+  it('go unnamed where the pooler is declared and once an undeclared one showed itself: every call commits once, and no statement is left on the server connections', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: SHARDS,
+      schemaPrefix: 'pn',
+      migrations: { '0001_t.sql': 'CREATE TABLE t (x int);' },
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const url = db.urls[0]!;
+    const text = readFileSync(fleet.configFile, 'utf8');
+    const pooledUrl = pooler.url(url);
+
+    // Without the router: a plain pool's named statement fails on another server connection.
+    const plain = new pg.Pool({ connectionString: pooledUrl, max: 8 });
+    const plainErrors: string[] = [];
+    try {
+      await Promise.all(
+        Array.from({ length: 40 }, (_, i) =>
+          plain
+            .query({ name: 'plain', text: 'SELECT $1::int AS n', values: [i] })
+            .catch((error: unknown) => plainErrors.push(String(error))),
+        ),
+      );
+    } finally {
+      await plain.end();
+    }
+    expect(plainErrors.length).toBeGreaterThan(0);
+    expect(plainErrors.join('\n')).toMatch(/prepared statement "plain" (already exists|does not exist)/);
+    // What the plain pool left on the pooler's server connections: dropped, so that only the router's count below.
+    await onEveryServerConnection(pooledUrl, pooler.poolSize, (c) => c.query('DEALLOCATE ALL'));
+    expect(await statementsLeft(pooledUrl, pooler.poolSize)).toBe(0);
+
+    const declared = join(fleet.dir, 'declared.yaml');
+    writeFileSync(declared, text.replace(`    url: ${url}\n`, `    url: ${pooledUrl}\n    directUrl: ${url}\n`));
+    const undeclared = join(fleet.dir, 'undeclared.yaml');
+    writeFileSync(undeclared, text.replace(`    url: ${url}\n`, `    url: ${pooledUrl}\n`));
+
+    // Declared (directUrl): unnamed from the first call, nothing left on the server connections.
+    const first = await ShardRouter.open(declared, { poolSize: 6 });
+    try {
+      expect(await namedCalls(first, 0)).toEqual([]);
+    } finally {
+      await first.close();
+    }
+    expect(await statementsLeft(pooledUrl, pooler.poolSize)).toBe(0);
+    // Undeclared (no router timeouts, so no startup parameter for PgBouncer to refuse): named until
+    // the first failure, then unnamed; the failed call ran again, so no call failed.
+    const second = await ShardRouter.open(undeclared, { poolSize: 6 });
+    try {
+      expect(await namedCalls(second, CALLS)).toEqual([]);
+    } finally {
+      await second.close();
+    }
+    // At most the two names on each server connection, from the calls before the first failure.
+    expect(await statementsLeft(pooledUrl, pooler.poolSize)).toBeLessThanOrEqual(2 * pooler.poolSize);
+
+    // Every call committed its row once.
+    const rows = await withClient(url, (c) =>
+      c.query<{ n: string; d: string }>(
+        `SELECT count(*)::text AS n, count(DISTINCT x)::text AS d FROM (${Array.from(
+          { length: SHARDS },
+          (_, s) => `SELECT x FROM pn${s}.t`,
+        ).join(' UNION ALL ')}) r`,
+      ),
+    );
+    expect(rows.rows[0]).toEqual({ n: String(2 * CALLS), d: String(2 * CALLS) });
+  });
+});
