@@ -13,7 +13,7 @@ import type { RouterSettings } from './options.js';
 /** The router's timeouts as pg's client options (sent as startup parameters). */
 type SessionTimeouts = { statement_timeout?: number; idle_in_transaction_session_timeout?: number };
 
-/** Marks a pooled connection whose session has the router's timeouts (markSessionTimeouts). */
+/** Marks a pooled connection whose session has the router's timeouts (inspectConnection). */
 const SESSION_TIMEOUTS = Symbol('shardctl.sessionTimeouts');
 
 /** Whether the connection's session has the router's timeouts, so its transactions need not set them. */
@@ -22,19 +22,33 @@ export function hasSessionTimeouts(client: pg.ClientBase): boolean {
 }
 
 /**
- * When a connection asked for the timeouts as startup parameters, whether its session has them
- * (a pooler may have dropped them): marked when every one is there, else its transactions set them.
+ * What a new connection's server session is, read in one query when it connects:
+ * - whether it is the server's own session: the backend pid the server reports differs from the one
+ *   the connection was given at startup (BackendKeyData) when a pooler stands between them, since
+ *   PgBouncer, like other transaction poolers, hands its clients keys of its own. `pooler` is called
+ *   then: the connection's next transaction may run on another server connection.
+ * - when it asked for the router's timeouts as startup parameters, whether its session has them (a
+ *   pooler may have dropped them): marked when every one is there and no pooler was seen, else its
+ *   transactions set them.
  */
-async function markSessionTimeouts(client: pg.ClientBase, wanted: SessionTimeouts): Promise<void> {
+async function inspectConnection(
+  client: pg.ClientBase,
+  wanted: SessionTimeouts | undefined,
+  pooler: () => void,
+): Promise<void> {
   try {
-    const { rows } = await client.query<{ name: string; setting: string }>(
-      'SELECT name, setting FROM pg_catalog.pg_settings WHERE name = ANY($1::text[])',
-      [Object.keys(wanted)],
+    const { rows } = await client.query<{ pid: number; name: string | null; setting: string | null }>(
+      `SELECT pg_catalog.pg_backend_pid() AS pid, s.name, s.setting
+         FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_settings AS s ON s.name = ANY($1::text[])`,
+      [Object.keys(wanted ?? {})],
     );
-    const ok = Object.entries(wanted).every(([name, ms]) =>
-      rows.some((r) => r.name === name && r.setting === String(ms)),
-    );
-    if (ok) (client as unknown as { [SESSION_TIMEOUTS]?: boolean })[SESSION_TIMEOUTS] = true;
+    const given = (client as unknown as { processID?: unknown }).processID;
+    const pooled = typeof given === 'number' && rows[0] !== undefined && rows[0].pid !== given;
+    if (pooled) pooler();
+    const ok =
+      wanted !== undefined &&
+      Object.entries(wanted).every(([name, ms]) => rows.some((r) => r.name === name && r.setting === String(ms)));
+    if (ok && !pooled) (client as unknown as { [SESSION_TIMEOUTS]?: boolean })[SESSION_TIMEOUTS] = true;
   } catch {
     // Left unmarked: its transactions set the timeouts themselves (a lost connection fails the call).
   }
@@ -54,7 +68,10 @@ export class HostPools {
   private readonly pools = new Map<string, { url: string; address: string; pool: pg.Pool; startup: boolean }>();
   /** Hosts whose address refused the timeouts as startup parameters (a pooler the config did not declare). */
   private readonly refusesStartupTimeouts = new Set<string>();
-  /** Hosts where a named statement met another client's, or missed its own (a pooler the config did not declare). */
+  /**
+   * Hosts found behind a pooler the config does not declare: a connection's server session was not
+   * the one it was given at startup, or a named statement met another client's or missed its own.
+   */
   private readonly sharesStatements = new Set<string>();
   /** Which address of each host is its primary now; found again after a failover (failover.ts). */
   private readonly addresses: HostAddressBook;
@@ -125,11 +142,18 @@ export class HostPools {
       // pg.Pool counts both in its own units: whole seconds, and 0 / Infinity for none.
       maxLifetimeSeconds: Math.ceil(this.settings.maxConnectionLifetimeMs / 1000),
       maxUses: this.settings.maxConnectionUses || Infinity,
+      ...startup,
       // pg-pool (3.13 and later; pg 8.23 needs 3.14) waits for onConnect's promise before it hands
       // the connection out; its types say void. An older pg-pool does not call it: no connection is
-      // marked, and every transaction sets the timeouts itself.
-      // eslint-disable-next-line @typescript-eslint/no-misused-promises
-      ...(startup ? { ...startup, onConnect: (client: pg.ClientBase) => markSessionTimeouts(client, startup) } : {}),
+      // marked, every transaction sets the timeouts itself, and a pooler the config does not declare
+      // is learned from a named statement's failure (transaction.ts).
+      ...(host.url === host.directUrl
+        ? {
+            // eslint-disable-next-line @typescript-eslint/no-misused-promises
+            onConnect: (client: pg.ClientBase) =>
+              inspectConnection(client, startup, () => this.learnStatementsShared(host)),
+          }
+        : {}),
     });
     // An idle pooled connection whose server goes away emits 'error'; unhandled it would crash the
     // application. The pool drops that connection and the next checkout opens a new one.
@@ -145,7 +169,7 @@ export class HostPools {
   /**
    * The router's timeouts as startup parameters, for a host whose url is the server itself (no
    * directUrl beside it): then each connection's session carries them, checked when it connects
-   * (markSessionTimeouts), and its transactions need no SET LOCAL for them: two statements fewer
+   * (inspectConnection), and its transactions need no SET LOCAL for them: two statements fewer
    * per call. A connection the check does not confirm (a pooler in front that drops the parameters:
    * ignore_startup_parameters) sets them per transaction, as does every connection of a host whose
    * url goes through a pooler (directUrl set) or whose address refused them (refusedStartup).
@@ -178,8 +202,9 @@ export class HostPools {
    * Whether a connection of `host` may be handed another server connection from one transaction to
    * the next (a transaction pooler: PgBouncer before 1.21 keeps no prepared statement per client):
    * its url goes through a pooler (directUrl set), it refused the router's startup parameters as
-   * PgBouncer does, or a named statement of fn met another client's or missed its own there. Such a
-   * host's calls send fn's named statements unnamed (transaction.ts).
+   * PgBouncer does, a connection's server session was not the one it was given at startup
+   * (inspectConnection), or a named statement of fn met another client's or missed its own there.
+   * Such a host's calls send fn's named statements unnamed (transaction.ts).
    */
   statementsShared(host: HostConfig): boolean {
     return (
@@ -187,7 +212,7 @@ export class HostPools {
     );
   }
 
-  /** A named statement of fn met another client's, or missed its own, on `host`: a pooler is in front. */
+  /** A pooler is in front of `host`, though its config does not say so (see statementsShared). */
   learnStatementsShared(host: HostConfig): void {
     this.sharesStatements.add(host.name);
   }

@@ -120,8 +120,7 @@ export async function attempt<T>(
   trace?: CallTrace,
   via?: Via,
 ): Promise<Attempt<T>> {
-  const unnamed = paths.statementsShared(host);
-  const first = await attemptOnce(paths, host, shard, fn, options, unnamed, trace, via);
+  const first = await attemptOnce(paths, host, shard, fn, options, false, trace, via);
   if (first.ok || !('pooled' in first)) return first;
   paths.learnStatementsShared(host);
   return attemptOnce(paths, host, shard, fn, options, true, trace, via);
@@ -133,7 +132,8 @@ function attemptOnce<T>(
   shard: number,
   fn: ShardFn<T>,
   options: TransactionOptions,
-  unnamed: boolean,
+  /** fn's named statements go unnamed whatever is known of the host (its run after such a failure). */
+  unnamedAnyway: boolean,
   trace?: CallTrace,
   via?: Via,
 ): Promise<Attempt<T> | { ok: false; error: unknown; pooled: true }> {
@@ -144,6 +144,8 @@ function attemptOnce<T>(
     shard,
     async (lease) => {
       const client = lease.client;
+      // Read once the connection is there: a new connection may just have shown a pooler (pools.ts).
+      const unnamed = unnamedAnyway || paths.statementsShared(host);
       // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
       // fn returns that query's promise (DeferredBegin).
       const begin = new DeferredBegin(

@@ -2,8 +2,10 @@
  * fn's named statements (node-postgres's `{ name, text }`, as Drizzle's prepared queries send them)
  * through PgBouncer 1.18 in transaction mode, which keeps no prepared statement per client: each
  * transaction may get another server connection, where the name is missing (26000) or another
- * client's (42P05). The router sends them unnamed on a host whose url goes through a pooler
- * (directUrl set), and learns an undeclared pooler from the first such failure (the call runs again).
+ * client's (42P05), or, worse, another client's statement of that name runs with these values. The
+ * router sends them unnamed on a host whose url goes through a pooler (directUrl set), on one whose
+ * connections are not given the server session's own pid (an undeclared pooler, found when a
+ * connection is made), and once a named statement failed so (the call then runs again).
  * A plain pg.Pool through the same pooler shows the failure the router spares its callers.
  */
 import { readFileSync, writeFileSync } from 'node:fs';
@@ -15,6 +17,9 @@ import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { onEveryServerConnection, startPgBouncer, type PgBouncer } from '../helpers/pgbouncer.js';
+
+/** pg's own query method, which the router's hook on a routed client does not see. */
+const pgQuery = pg.Client.prototype.query as (this: pg.ClientBase, text: string) => Promise<pg.QueryResult>;
 
 const CALLS = 120;
 const SHARDS = 4;
@@ -50,6 +55,8 @@ const statementsLeft = async (url: string, poolSize: number): Promise<number> =>
 
 describe('named statements of fn behind PgBouncer in transaction mode', () => {
   const db = useTestDatabases(1);
+  /** For the fleet straight to the server. */
+  const dbDirect = useTestDatabases(1);
   let pooler: PgBouncer;
   beforeAll(async () => {
     pooler = await startPgBouncer(db.urls[0]!, { poolSize: 3 });
@@ -58,7 +65,7 @@ describe('named statements of fn behind PgBouncer in transaction mode', () => {
     await pooler.stop();
   });
 
-  it('go unnamed where the pooler is declared and once an undeclared one showed itself: every call commits once, and no statement is left on the server connections', async () => {
+  it('go unnamed where the pooler is declared and where it is not: every call commits once, and no statement is left on the server connections', async () => {
     const fleet = makeFleet({
       urls: db.urls,
       shards: SHARDS,
@@ -103,16 +110,15 @@ describe('named statements of fn behind PgBouncer in transaction mode', () => {
       await first.close();
     }
     expect(await statementsLeft(pooledUrl, pooler.poolSize)).toBe(0);
-    // Undeclared (no router timeouts, so no startup parameter for PgBouncer to refuse): named until
-    // the first failure, then unnamed; the failed call ran again, so no call failed.
+    // Undeclared (no router timeouts, so no startup parameter for PgBouncer to refuse): found when
+    // the first connection is made, before any named statement.
     const second = await ShardRouter.open(undeclared, { poolSize: 6 });
     try {
       expect(await namedCalls(second, CALLS)).toEqual([]);
     } finally {
       await second.close();
     }
-    // At most the two names on each server connection, from the calls before the first failure.
-    expect(await statementsLeft(pooledUrl, pooler.poolSize)).toBeLessThanOrEqual(2 * pooler.poolSize);
+    expect(await statementsLeft(pooledUrl, pooler.poolSize)).toBe(0);
 
     // Every call committed its row once.
     const rows = await withClient(url, (c) =>
@@ -124,5 +130,37 @@ describe('named statements of fn behind PgBouncer in transaction mode', () => {
       ),
     );
     expect(rows.rows[0]).toEqual({ n: String(2 * CALLS), d: String(2 * CALLS) });
+  });
+  it('straight to the server: stay named (planned once per connection), and one the session lost fails once, runs again unnamed, and the host sends them unnamed from then on', async () => {
+    const fleet = makeFleet({
+      urls: dbDirect.urls,
+      shards: SHARDS,
+      schemaPrefix: 'pd',
+      migrations: { '0001_t.sql': 'CREATE TABLE t (x int);' },
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    const named = (client: pg.PoolClient) =>
+      client.query<{ n: number }>({ name: 'pd_count', text: 'SELECT count(*)::int AS n FROM t' });
+    const prepared = (client: pg.PoolClient) =>
+      client.query<{ name: string }>('SELECT name FROM pg_catalog.pg_prepared_statements');
+    try {
+      // A server session of its own: the name stays prepared on it.
+      await router.withShard(0, named);
+      expect((await router.withShard(0, prepared)).rows).toEqual([{ name: 'pd_count' }]);
+      // The session loses it behind pg's back (pg's own query method, past the router's): pg still
+      // believes it prepared, so the next call's Bind meets no statement (26000), and runs again unnamed.
+      let runs = 0;
+      const value = await router.withShard(1, async (client) => {
+        runs += 1;
+        if (runs === 1) await pgQuery.call(client, 'DEALLOCATE pd_count');
+        return named(client);
+      });
+      expect({ runs, n: value.rows[0]!.n }).toEqual({ runs: 2, n: 0 });
+      await router.withShard(2, named);
+      expect((await router.withShard(2, prepared)).rows).toEqual([]);
+    } finally {
+      await router.close();
+    }
   });
 });
