@@ -16,6 +16,14 @@ type SessionTimeouts = { statement_timeout?: number; idle_in_transaction_session
 /** Marks a pooled connection whose session has the router's timeouts (inspectConnection). */
 const SESSION_TIMEOUTS = Symbol('shardctl.sessionTimeouts');
 
+/** Marks a connection found behind a pooler the config does not declare (inspectConnection). */
+const BEHIND_POOLER = Symbol('shardctl.behindPooler');
+
+/** Whether the connection was found behind a pooler when it was made: its next transaction may run on another server connection. */
+export function behindPooler(client: pg.ClientBase): boolean {
+  return (client as unknown as { [BEHIND_POOLER]?: boolean })[BEHIND_POOLER] === true;
+}
+
 /** Whether the connection's session has the router's timeouts, so its transactions need not set them. */
 export function hasSessionTimeouts(client: pg.ClientBase): boolean {
   return (client as unknown as { [SESSION_TIMEOUTS]?: boolean })[SESSION_TIMEOUTS] === true;
@@ -25,16 +33,17 @@ export function hasSessionTimeouts(client: pg.ClientBase): boolean {
  * What a new connection's server session is, read in one query when it connects:
  * - whether it is the server's own session: the backend pid the server reports differs from the one
  *   the connection was given at startup (BackendKeyData) when a pooler stands between them, since
- *   PgBouncer, like other transaction poolers, hands its clients keys of its own. `pooler` is called
- *   then: the connection's next transaction may run on another server connection.
+ *   PgBouncer, like other transaction poolers, hands its clients keys of its own. The connection is
+ *   marked then (behindPooler) and `pooler` called: its next transaction may run on another server
+ *   connection.
  * - when it asked for the router's timeouts as startup parameters, whether its session has them (a
  *   pooler may have dropped them): marked when every one is there and no pooler was seen, else its
  *   transactions set them.
  */
-async function inspectConnection(
+export async function inspectConnection(
   client: pg.ClientBase,
-  wanted: SessionTimeouts | undefined,
-  pooler: () => void,
+  wanted?: SessionTimeouts,
+  pooler?: () => void,
 ): Promise<void> {
   try {
     const { rows } = await client.query<{ pid: number; name: string | null; setting: string | null }>(
@@ -44,7 +53,10 @@ async function inspectConnection(
     );
     const given = (client as unknown as { processID?: unknown }).processID;
     const pooled = typeof given === 'number' && rows[0] !== undefined && rows[0].pid !== given;
-    if (pooled) pooler();
+    if (pooled) {
+      (client as unknown as { [BEHIND_POOLER]?: boolean })[BEHIND_POOLER] = true;
+      pooler?.();
+    }
     const ok =
       wanted !== undefined &&
       Object.entries(wanted).every(([name, ms]) => rows.some((r) => r.name === name && r.setting === String(ms)));

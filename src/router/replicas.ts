@@ -43,6 +43,7 @@ import { SESSION_STATE_SQL, singleAddressUrls } from '../pg/multihost.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { libpqCompatible } from '../pg/tls.js';
+import { inspectConnection } from './pools.js';
 
 /** The SQLSTATE of a replica's refusal (replicaCheckSql: invalid_text_representation, from its cast). */
 export const REPLICA_REFUSED = '22P02';
@@ -339,6 +340,10 @@ export class StandbyBook {
       ...hostClientSettings(host),
       connectionTimeoutMillis: Math.min(this.options.connectTimeoutMs, host.timeoutMs),
       idleTimeoutMillis: this.options.idleTimeoutMs,
+      // A standby behind a pooler of its own: its connections are marked, and fn's named statements
+      // go unnamed there (transaction.ts). pg-pool waits for the promise; its types say void.
+      // eslint-disable-next-line @typescript-eslint/no-misused-promises
+      onConnect: (client: pg.ClientBase) => inspectConnection(client),
     });
     // An idle standby connection whose server goes away: dropped by the pool, not an unhandled error.
     pool.on('error', () => undefined);

@@ -4,7 +4,7 @@ import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { quoteIdent } from '../pg/quote.js';
 import { DeferredBegin, TransactionStart, WRITE_LSN_SQL, type StartStatement } from './begin.js';
-import { hasSessionTimeouts } from './pools.js';
+import { behindPooler, hasSessionTimeouts } from './pools.js';
 import { replicaCheckSql } from './replicas.js';
 import { CommitUnknownError, isConnectionLoss } from './failover.js';
 import type { RouterSettings } from './options.js';
@@ -145,7 +145,7 @@ function attemptOnce<T>(
     async (lease) => {
       const client = lease.client;
       // Read once the connection is there: a new connection may just have shown a pooler (pools.ts).
-      const unnamed = unnamedAnyway || paths.statementsShared(host);
+      const unnamed = unnamedAnyway || paths.statementsShared(host) || behindPooler(client);
       // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
       // fn returns that query's promise (DeferredBegin).
       const begin = new DeferredBegin(

@@ -155,3 +155,13 @@ export async function onEveryServerConnection<T>(
     await Promise.all(clients.map((c) => c.query('COMMIT').then(() => c.end())));
   }
 }
+
+/** Prepared statements left on the server connections of the pooler's pool for `url`, together. */
+export const statementsLeft = async (url: string, poolSize: number): Promise<number> =>
+  (
+    await onEveryServerConnection(
+      url,
+      poolSize,
+      async (c) => (await c.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_prepared_statements')).rows[0]!.n,
+    )
+  ).reduce((a, b) => a + b, 0);

@@ -16,7 +16,7 @@ import { init } from '../../src/commands/init.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { onEveryServerConnection, startPgBouncer, type PgBouncer } from '../helpers/pgbouncer.js';
+import { onEveryServerConnection, startPgBouncer, statementsLeft, type PgBouncer } from '../helpers/pgbouncer.js';
 
 /** pg's own query method, which the router's hook on a routed client does not see. */
 const pgQuery = pg.Client.prototype.query as (this: pg.ClientBase, text: string) => Promise<pg.QueryResult>;
@@ -43,15 +43,6 @@ async function namedCalls(router: ShardRouter, offset: number): Promise<string[]
   );
   return errors;
 }
-
-const statementsLeft = async (url: string, poolSize: number): Promise<number> =>
-  (
-    await onEveryServerConnection(
-      url,
-      poolSize,
-      async (c) => (await c.query<{ n: number }>('SELECT count(*)::int AS n FROM pg_prepared_statements')).rows[0]!.n,
-    )
-  ).reduce((a, b) => a + b, 0);
 
 describe('named statements of fn behind PgBouncer in transaction mode', () => {
   const db = useTestDatabases(1);

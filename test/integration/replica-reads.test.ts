@@ -8,6 +8,9 @@ import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { startReplicatedHost, type ReplicatedHost } from '../helpers/standby.js';
 import { startTcpProxy, timed } from '../helpers/tcp-proxy.js';
+import { startPgBouncer, statementsLeft } from '../helpers/pgbouncer.js';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
 
 const PHOTOS_ONLY = {
   '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
@@ -37,6 +40,7 @@ function readBack(id: string) {
 describe('reads from replicas (PostgreSQL 15 primary and streaming standby)', () => {
   let host: ReplicatedHost;
   let router: ShardRouter;
+  let configFile: string;
 
   beforeAll(async () => {
     host = await startReplicatedHost();
@@ -51,6 +55,7 @@ describe('reads from replicas (PostgreSQL 15 primary and streaming standby)', ()
     });
     expect((await init(await fleet.config())).ok).toBe(true);
     await host.caughtUp();
+    configFile = fleet.configFile;
     router = await ShardRouter.open(fleet.configFile, { poolSize: 2, trackWriteLsn: true });
   }, 180_000);
 
@@ -279,6 +284,52 @@ describe('reads from replicas (PostgreSQL 15 primary and streaming standby)', ()
       .forEachShard(async () => 1, options as Parameters<ShardRouter['forEachShard']>[1])
       .catch((e: unknown) => e as Error);
     expect((fan as Error).message).toContain(message);
+  });
+
+  it("a standby behind a pooler the config does not declare (PgBouncer, transaction mode): fn's named statements go unnamed there, no read fails and none is left on the pooler's server connections", async () => {
+    const pooler = await startPgBouncer(host.standby.url, { poolSize: 2 });
+    const standbyPort = new URL(host.standby.url).port;
+    const poolerPort = new URL(pooler.url(host.standby.url)).port;
+    const pooledFile = join(dirname(configFile), 'standby-pooled.yaml');
+    const text = readFileSync(configFile, 'utf8');
+    writeFileSync(pooledFile, text.replace(`127.0.0.1:${standbyPort}/`, `127.0.0.1:${poolerPort}/`));
+    expect(readFileSync(pooledFile, 'utf8')).not.toBe(text);
+    const reader = await ShardRouter.open(pooledFile, { poolSize: 4 });
+    try {
+      const errors: string[] = [];
+      const seen = await Promise.all(
+        Array.from({ length: 40 }, (_, i) =>
+          reader
+            .withShard(
+              i % 4,
+              async (client) =>
+                (
+                  await client.query<{ r: boolean }>({
+                    name: 'rr_in_recovery',
+                    text: 'SELECT pg_catalog.pg_is_in_recovery() AS r, count(*) FROM photos WHERE user_id = $1',
+                    values: [i],
+                  })
+                ).rows[0]!.r,
+              { readOnly: true, replica: true },
+            )
+            .catch((error: unknown) => {
+              errors.push(String(error));
+              return null;
+            }),
+        ),
+      );
+      expect(errors).toEqual([]);
+      expect(seen.every((r) => r === true)).toBe(true);
+    } finally {
+      await reader.close();
+    }
+    try {
+      expect(await statementsLeft(pooler.url(host.standby.url.replace(/\/postgres$/, '/fleet')), pooler.poolSize)).toBe(
+        0,
+      );
+    } finally {
+      await pooler.stop();
+    }
   });
 
   it('lastWriteLsn needs trackWriteLsn, and says so', async () => {
