@@ -5,66 +5,11 @@ import { describePgError } from '../fleet/connect.js';
 import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
+import { inspectConnection, type SessionTimeouts } from '../pg/pooler.js';
 import { libpqCompatible } from '../pg/tls.js';
 import type { CallTrace } from './diagnostics.js';
 import { FAILOVER_RETRY_MS, HostAddressBook, isHostDown } from './failover.js';
 import type { RouterSettings } from './options.js';
-
-/** The router's timeouts as pg's client options (sent as startup parameters). */
-type SessionTimeouts = { statement_timeout?: number; idle_in_transaction_session_timeout?: number };
-
-/** Marks a pooled connection whose session has the router's timeouts (inspectConnection). */
-const SESSION_TIMEOUTS = Symbol('shardctl.sessionTimeouts');
-
-/** Marks a connection found behind a pooler the config does not declare (inspectConnection). */
-const BEHIND_POOLER = Symbol('shardctl.behindPooler');
-
-/** Whether the connection was found behind a pooler when it was made: its next transaction may run on another server connection. */
-export function behindPooler(client: pg.ClientBase): boolean {
-  return (client as unknown as { [BEHIND_POOLER]?: boolean })[BEHIND_POOLER] === true;
-}
-
-/** Whether the connection's session has the router's timeouts, so its transactions need not set them. */
-export function hasSessionTimeouts(client: pg.ClientBase): boolean {
-  return (client as unknown as { [SESSION_TIMEOUTS]?: boolean })[SESSION_TIMEOUTS] === true;
-}
-
-/**
- * What a new connection's server session is, read in one query when it connects:
- * - whether it is the server's own session: the backend pid the server reports differs from the one
- *   the connection was given at startup (BackendKeyData) when a pooler stands between them, since
- *   PgBouncer, like other transaction poolers, hands its clients keys of its own. The connection is
- *   marked then (behindPooler) and `pooler` called: its next transaction may run on another server
- *   connection.
- * - when it asked for the router's timeouts as startup parameters, whether its session has them (a
- *   pooler may have dropped them): marked when every one is there and no pooler was seen, else its
- *   transactions set them.
- */
-export async function inspectConnection(
-  client: pg.ClientBase,
-  wanted?: SessionTimeouts,
-  pooler?: () => void,
-): Promise<void> {
-  try {
-    const { rows } = await client.query<{ pid: number; name: string | null; setting: string | null }>(
-      `SELECT pg_catalog.pg_backend_pid() AS pid, s.name, s.setting
-         FROM (SELECT 1) AS one LEFT JOIN pg_catalog.pg_settings AS s ON s.name = ANY($1::text[])`,
-      [Object.keys(wanted ?? {})],
-    );
-    const given = (client as unknown as { processID?: unknown }).processID;
-    const pooled = typeof given === 'number' && rows[0] !== undefined && rows[0].pid !== given;
-    if (pooled) {
-      (client as unknown as { [BEHIND_POOLER]?: boolean })[BEHIND_POOLER] = true;
-      pooler?.();
-    }
-    const ok =
-      wanted !== undefined &&
-      Object.entries(wanted).every(([name, ms]) => rows.some((r) => r.name === name && r.setting === String(ms)));
-    if (ok && !pooled) (client as unknown as { [SESSION_TIMEOUTS]?: boolean })[SESSION_TIMEOUTS] = true;
-  } catch {
-    // Left unmarked: its transactions set the timeouts themselves (a lost connection fails the call).
-  }
-}
 
 /**
  * The router's connections to the hosts' primaries: one pg.Pool per host, made on first use for the

@@ -42,8 +42,8 @@ import { hostClientSettings, watchSilence } from '../fleet/silence.js';
 import { SESSION_STATE_SQL, singleAddressUrls } from '../pg/multihost.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
+import { inspectConnection } from '../pg/pooler.js';
 import { libpqCompatible } from '../pg/tls.js';
-import { inspectConnection } from './pools.js';
 
 /** The SQLSTATE of a replica's refusal (replicaCheckSql: invalid_text_representation, from its cast). */
 export const REPLICA_REFUSED = '22P02';

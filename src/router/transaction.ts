@@ -2,9 +2,9 @@ import type pg from 'pg';
 import { shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
+import { behindPooler, hasSessionTimeouts } from '../pg/pooler.js';
 import { quoteIdent } from '../pg/quote.js';
 import { DeferredBegin, TransactionStart, WRITE_LSN_SQL, type StartStatement } from './begin.js';
-import { behindPooler, hasSessionTimeouts } from './pools.js';
 import { replicaCheckSql } from './replicas.js';
 import { CommitUnknownError, isConnectionLoss } from './failover.js';
 import type { RouterSettings } from './options.js';
@@ -108,8 +108,9 @@ const POOLED_STATEMENT_CODES = new Set(['42P05', '26000']);
  * Behind a transaction pooler (statementsShared: PgBouncer before 1.21 keeps no prepared statement
  * per client) fn's named statements are sent unnamed: planned again each time, but never missing or
  * another client's, and none is left on the pooler's server connections for its other clients. A
- * pooler the config does not declare shows itself when a named statement fails so: the transaction
- * is rolled back, the host is known as pooled from then on, and fn runs again, its statements unnamed.
+ * pooler the config does not declare is found when a connection is made (pools.ts,
+ * inspectConnection), or shows itself when a named statement fails so: the transaction is rolled
+ * back, the host is known as pooled from then on, and fn runs again, its statements unnamed.
  */
 export async function attempt<T>(
   paths: TransactionPaths,
@@ -123,6 +124,9 @@ export async function attempt<T>(
   const first = await attemptOnce(paths, host, shard, fn, options, false, trace, via);
   if (first.ok || !('pooled' in first)) return first;
   paths.learnStatementsShared(host);
+  // Seen by the call's subscribers as any other retried attempt (diagnostics.ts).
+  trace?.retry(host.name, first.error);
+  trace?.attempt(host.name);
   return attemptOnce(paths, host, shard, fn, options, true, trace, via);
 }
 

@@ -8,11 +8,13 @@
  * connection is made), and once a named statement failed so (the call then runs again).
  * A plain pg.Pool through the same pooler shows the failure the router spares its callers.
  */
+import diagnosticsChannel from 'node:diagnostics_channel';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { CALL_CHANNEL, type RouterCallEvent } from '../../src/router/diagnostics.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
@@ -131,6 +133,9 @@ describe('named statements of fn behind PgBouncer in transaction mode', () => {
     });
     expect((await init(await fleet.config())).ok).toBe(true);
     const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    const calls: RouterCallEvent[] = [];
+    const listen = (event: unknown) => calls.push(event as RouterCallEvent);
+    diagnosticsChannel.subscribe(CALL_CHANNEL, listen);
     const named = (client: pg.PoolClient) =>
       client.query<{ n: number }>({ name: 'pd_count', text: 'SELECT count(*)::int AS n FROM t' });
     const prepared = (client: pg.PoolClient) =>
@@ -148,9 +153,17 @@ describe('named statements of fn behind PgBouncer in transaction mode', () => {
         return named(client);
       });
       expect({ runs, n: value.rows[0]!.n }).toEqual({ runs: 2, n: 0 });
+      // Its subscribers see two attempts and the retried error.
+      expect(calls.at(-1)).toMatchObject({
+        shard: 1,
+        ok: true,
+        attempts: 2,
+        retried: [{ host: 'pg1', code: '26000' }],
+      });
       await router.withShard(2, named);
       expect((await router.withShard(2, prepared)).rows).toEqual([]);
     } finally {
+      diagnosticsChannel.unsubscribe(CALL_CHANNEL, listen);
       await router.close();
     }
   });
