@@ -31,17 +31,12 @@ export function hasSessionTimeouts(client: pg.ClientBase): boolean {
  * - whether it is the server's own session: the backend pid the server reports differs from the one
  *   the connection was given at startup (BackendKeyData) when a pooler stands between them, since
  *   PgBouncer, like other transaction poolers, hands its clients keys of its own. The connection is
- *   marked then (behindPooler) and `pooler` called: its next transaction may run on another server
- *   connection.
+ *   marked then (behindPooler): its next transaction may run on another server connection.
  * - when it asked for the router's timeouts as startup parameters, whether its session has them (a
  *   pooler may have dropped them): marked when every one is there and no pooler was seen, else its
  *   transactions set them.
  */
-export async function inspectConnection(
-  client: pg.ClientBase,
-  wanted?: SessionTimeouts,
-  pooler?: () => void,
-): Promise<void> {
+export async function inspectConnection(client: pg.ClientBase, wanted?: SessionTimeouts): Promise<void> {
   try {
     const { rows } = await client.query<{ pid: number; name: string | null; setting: string | null }>(
       `SELECT pg_catalog.pg_backend_pid() AS pid, s.name, s.setting
@@ -50,10 +45,7 @@ export async function inspectConnection(
     );
     const given = (client as unknown as { processID?: unknown }).processID;
     const pooled = typeof given === 'number' && rows[0] !== undefined && rows[0].pid !== given;
-    if (pooled) {
-      (client as unknown as { [BEHIND_POOLER]?: boolean })[BEHIND_POOLER] = true;
-      pooler?.();
-    }
+    if (pooled) (client as unknown as { [BEHIND_POOLER]?: boolean })[BEHIND_POOLER] = true;
     const ok =
       wanted !== undefined &&
       Object.entries(wanted).every(([name, ms]) => rows.some((r) => r.name === name && r.setting === String(ms)));

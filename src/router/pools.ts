@@ -26,8 +26,9 @@ export class HostPools {
   /** Hosts whose address refused the timeouts as startup parameters (a pooler the config did not declare). */
   private readonly refusesStartupTimeouts = new Set<string>();
   /**
-   * Hosts found behind a pooler the config does not declare: a connection's server session was not
-   * the one it was given at startup, or a named statement met another client's or missed its own.
+   * Hosts where a named statement of fn met another client's or missed its own: a pooler the config
+   * does not declare, which passes the server's key on (one that does not is found per connection:
+   * src/pg/pooler.ts, behindPooler).
    */
   private readonly sharesStatements = new Set<string>();
   /** Which address of each host is its primary now; found again after a failover (failover.ts). */
@@ -107,8 +108,7 @@ export class HostPools {
       ...(host.url === host.directUrl
         ? {
             // eslint-disable-next-line @typescript-eslint/no-misused-promises
-            onConnect: (client: pg.ClientBase) =>
-              inspectConnection(client, startup, () => this.learnStatementsShared(host)),
+            onConnect: (client: pg.ClientBase) => inspectConnection(client, startup),
           }
         : {}),
     });
@@ -159,9 +159,9 @@ export class HostPools {
    * Whether a connection of `host` may be handed another server connection from one transaction to
    * the next (a transaction pooler: PgBouncer before 1.21 keeps no prepared statement per client):
    * its url goes through a pooler (directUrl set), it refused the router's startup parameters as
-   * PgBouncer does, a connection's server session was not the one it was given at startup
-   * (inspectConnection), or a named statement of fn met another client's or missed its own there.
-   * Such a host's calls send fn's named statements unnamed (transaction.ts).
+   * PgBouncer does, or a named statement of fn met another client's or missed its own there. Such a
+   * host's calls send fn's named statements unnamed (transaction.ts), as do those on a connection
+   * found behind a pooler when it was made (src/pg/pooler.ts, behindPooler).
    */
   statementsShared(host: HostConfig): boolean {
     return (

@@ -108,8 +108,8 @@ const POOLED_STATEMENT_CODES = new Set(['42P05', '26000']);
  * Behind a transaction pooler (statementsShared: PgBouncer before 1.21 keeps no prepared statement
  * per client) fn's named statements are sent unnamed: planned again each time, but never missing or
  * another client's, and none is left on the pooler's server connections for its other clients. A
- * pooler the config does not declare is found when a connection is made (pools.ts,
- * inspectConnection), or shows itself when a named statement fails so: the transaction is rolled
+ * pooler the config does not declare is found when a connection is made (behindPooler: the
+ * connection is marked), or shows itself when a named statement fails so: the transaction is rolled
  * back, the host is known as pooled from then on, and fn runs again, its statements unnamed.
  */
 export async function attempt<T>(
@@ -121,13 +121,14 @@ export async function attempt<T>(
   trace?: CallTrace,
   via?: Via,
 ): Promise<Attempt<T>> {
-  const first = await attemptOnce(paths, host, shard, fn, options, false, trace, via);
+  const first = await attemptOnce(paths, host, shard, fn, options, trace, via);
   if (first.ok || !('pooled' in first)) return first;
+  // From now on statementsShared(host): the next attempt sends them unnamed.
   paths.learnStatementsShared(host);
   // Seen by the call's subscribers as any other retried attempt (diagnostics.ts).
   trace?.retry(host.name, first.error);
   trace?.attempt(host.name);
-  return attemptOnce(paths, host, shard, fn, options, true, trace, via);
+  return attemptOnce(paths, host, shard, fn, options, trace, via);
 }
 
 function attemptOnce<T>(
@@ -136,8 +137,6 @@ function attemptOnce<T>(
   shard: number,
   fn: ShardFn<T>,
   options: TransactionOptions,
-  /** fn's named statements go unnamed whatever is known of the host (its run after such a failure). */
-  unnamedAnyway: boolean,
   trace?: CallTrace,
   via?: Via,
 ): Promise<Attempt<T> | { ok: false; error: unknown; pooled: true }> {
@@ -148,8 +147,7 @@ function attemptOnce<T>(
     shard,
     async (lease) => {
       const client = lease.client;
-      // Read once the connection is there: a new connection may just have shown a pooler (pools.ts).
-      const unnamed = unnamedAnyway || paths.statementsShared(host) || behindPooler(client);
+      const unnamed = paths.statementsShared(host) || behindPooler(client);
       // BEGIN and SET LOCAL go out with fn's first query, in the same write, and COMMIT too when
       // fn returns that query's promise (DeferredBegin).
       const begin = new DeferredBegin(

@@ -108,7 +108,7 @@ export interface RouterInternals {
   /** Counts a round trip of several shards in router.stats(). */
   counted(host: string, ok: boolean): void;
   transactionStart(shard: number, readOnly: boolean, sessionTimeouts?: boolean): TransactionStart;
-  /** Whether fn's named statements go unnamed on `host` (a transaction pooler in front: pools.ts). */
+  /** Whether fn's named statements go unnamed on every connection of `host` (a transaction pooler in front: pools.ts). */
   statementsShared(host: HostConfig): boolean;
   /** A named statement of fn met another client's, or missed its own, on `host`: a pooler is in front. */
   learnStatementsShared(host: HostConfig): void;

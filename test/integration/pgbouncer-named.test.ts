@@ -46,6 +46,18 @@ async function namedCalls(router: ShardRouter, offset: number): Promise<string[]
   return errors;
 }
 
+/** A fleet of SHARDS shards, each with a table t (x int), made on `urls`. */
+async function initFleet(urls: readonly string[], schemaPrefix: string) {
+  const fleet = makeFleet({
+    urls,
+    shards: SHARDS,
+    schemaPrefix,
+    migrations: { '0001_t.sql': 'CREATE TABLE t (x int);' },
+  });
+  expect((await init(await fleet.config())).ok).toBe(true);
+  return fleet;
+}
+
 describe('named statements of fn behind PgBouncer in transaction mode', () => {
   const db = useTestDatabases(1);
   /** For the fleet straight to the server. */
@@ -59,13 +71,7 @@ describe('named statements of fn behind PgBouncer in transaction mode', () => {
   });
 
   it('go unnamed where the pooler is declared and where it is not: every call commits once, and no statement is left on the server connections', async () => {
-    const fleet = makeFleet({
-      urls: db.urls,
-      shards: SHARDS,
-      schemaPrefix: 'pn',
-      migrations: { '0001_t.sql': 'CREATE TABLE t (x int);' },
-    });
-    expect((await init(await fleet.config())).ok).toBe(true);
+    const fleet = await initFleet(db.urls, 'pn');
     const url = db.urls[0]!;
     const text = readFileSync(fleet.configFile, 'utf8');
     const pooledUrl = pooler.url(url);
@@ -125,13 +131,7 @@ describe('named statements of fn behind PgBouncer in transaction mode', () => {
     expect(rows.rows[0]).toEqual({ n: String(2 * CALLS), d: String(2 * CALLS) });
   });
   it('straight to the server: stay named (planned once per connection), and one the session lost fails once, runs again unnamed, and the host sends them unnamed from then on', async () => {
-    const fleet = makeFleet({
-      urls: dbDirect.urls,
-      shards: SHARDS,
-      schemaPrefix: 'pd',
-      migrations: { '0001_t.sql': 'CREATE TABLE t (x int);' },
-    });
-    expect((await init(await fleet.config())).ok).toBe(true);
+    const fleet = await initFleet(dbDirect.urls, 'pd');
     const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
     const calls: RouterCallEvent[] = [];
     const listen = (event: unknown) => calls.push(event as RouterCallEvent);
