@@ -1,5 +1,6 @@
 import { pipeline } from 'node:stream/promises';
 import type pg from 'pg';
+import { sleep } from '../clock.js';
 import type copyStreamsModule from 'pg-copy-streams';
 import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
@@ -607,6 +608,39 @@ export const SOURCE_INCARNATION_SQL = `SELECT (${TIMELINE_SQL})::text || '.' || 
  */
 export function needsVacuum(chunks: readonly ChunkRecord[], cleared: boolean): boolean {
   return cleared || chunks.some((c) => (c.copied ? c.snapshot === null : c.snapshot !== null));
+}
+
+/** How long a vacuum of a resumed copy waits, at most, for a snapshot older than its deletes to go. */
+export const VACUUM_PATIENCE_MS = 8_000;
+
+/**
+ * VACUUM of a table a resumed copy cleared rows of (needsVacuum), again until it leaves no dead row
+ * or `patienceMs` have passed. Rows of a chunk cut off by a kill were never committed and go
+ * at once; rows deleted to be copied again stay while any snapshot taken before the delete lives (a
+ * transaction of another session in this database, an autoanalyze, a replication slot's snapshot
+ * anywhere on the server), and VACUUM counts them as dead and leaves them. Each try after the first
+ * reads only the pages that still hold such rows (the visibility map). Returns the dead rows left
+ * (autovacuum takes them later): the count VACUUM itself reports to the statistics, read at once.
+ */
+export async function vacuumCleared(
+  writer: pg.Client,
+  table: string,
+  patienceMs = VACUUM_PATIENCE_MS,
+): Promise<number> {
+  // The deletes' counts first: kept in this session up to a second, they would reach the table's
+  // statistics after the vacuum's and count rows it removed as dead.
+  await writer.query('SELECT pg_catalog.pg_stat_force_next_flush()');
+  const started = Date.now();
+  for (let wait = 50; ; wait *= 2) {
+    await writer.query(`VACUUM ${table}`);
+    const left = await writer.query<{ n: string }>(
+      'SELECT pg_catalog.pg_stat_get_dead_tuples($1::regclass)::text AS n',
+      [table],
+    );
+    const dead = Number(left.rows[0]!.n);
+    if (dead === 0 || Date.now() - started + wait > patienceMs) return dead;
+    await sleep(wait);
+  }
 }
 
 /** After the vacuum: the attempts cut off are forgotten (their rows are gone). */

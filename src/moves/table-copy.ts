@@ -20,7 +20,7 @@ import { qualified } from './sql/names.js';
 import { setTransactionSnapshotSql } from './sql/session.js';
 import { type ShardTable, REBUILDABLE_INDEXES_SQL, TABLE_INDEXES_SQL } from './catalog.js';
 import type { HashMethod } from './sql/verify.js';
-import { type MoveContext, schemasOf, sameMajorVersion } from './context.js';
+import { type MoveContext, notice, schemasOf, sameMajorVersion } from './context.js';
 import { leafTablesOf } from './checksum-methods.js';
 import { concurrency, COPY_WORKER, moveWorker } from './workers.js';
 import { faultAfterChunk } from './state.js';
@@ -42,6 +42,7 @@ import {
   copySnapshotText,
   SOURCE_INCARNATION_SQL,
   FORGET_ATTEMPTS_SQL,
+  vacuumCleared,
   needsVacuum,
   reconcileByLog,
   reconcileChunks,
@@ -190,10 +191,12 @@ export async function copyShards(
         // than an uninterrupted one, and the table is read once more only as far as it was copied.
         // Not when neither happened (chunks.ts needsVacuum).
         if (needsVacuum(planned, reconciled.cleared)) {
-          // The deletes' counts first: kept in this session up to a second, they would reach the
-          // table's statistics after the vacuum's and count rows it removed as dead.
-          await writer.query(FLUSH_STATS_SQL);
-          await writer.query(`VACUUM ${name}`);
+          const dead = await vacuumCleared(writer, name);
+          if (dead > 0)
+            notice(
+              ctx,
+              `host ${target.host.name}: ${dead} rows deleted from ${name} to be copied again are still seen by an older snapshot there (a long transaction, a replication slot); left for autovacuum`,
+            );
           await writer.query(FORGET_ATTEMPTS_SQL, [ctx.moveId, name]);
         }
       }
@@ -371,9 +374,6 @@ interface ChunkShape {
   readonly keyCollation: string | null;
   readonly columns: string[];
 }
-
-/** The session's pending statistics sent when this statement ends (PostgreSQL 15 and later). */
-const FLUSH_STATS_SQL = 'SELECT pg_catalog.pg_stat_force_next_flush()';
 
 /** The snapshot of the reader's transaction (the copy's) as a chunk records it (chunks.ts copySnapshotText). */
 async function currentSnapshot(reader: pg.Client): Promise<string> {
