@@ -220,7 +220,12 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
   const pools = new Map(
     config.hosts.map((h) => [
       h.name,
-      new pg.Pool({ connectionString: h.url, max: POOL_SIZE, application_name: PLAIN_APP, idleTimeoutMillis: 0 }),
+      // An idle connection's error (the hosts stopped after a failure) would end the process before
+      // the benchmark's own error is reported.
+      new pg.Pool({ connectionString: h.url, max: POOL_SIZE, application_name: PLAIN_APP, idleTimeoutMillis: 0 }).on(
+        'error',
+        () => undefined,
+      ),
     ]),
   );
   /** @type {number[]} */
@@ -326,30 +331,25 @@ export async function warmUp(config, router, pools) {
       } finally {
         clients.forEach((c) => c.release());
       }
-      // Router: POOL_SIZE calls at once on the host, each holding its connection until all have one.
-      let arrived = 0;
-      /** @type {() => void} */
-      let allIn = () => undefined;
-      /** @type {Promise<void>} */
-      const barrier = new Promise((resolve) => (allIn = resolve));
-      const firstShard = required(host.shards[0], `a shard on host ${host.name}`);
-      await Promise.all(
-        Array.from({ length: POOL_SIZE }, () =>
-          router.withShard(firstShard, async (client) => {
-            if (++arrived === POOL_SIZE) allIn();
-            await barrier;
-            // As the rounds will: each shard's insert under that shard's search_path.
-            await client.query(
-              host.shards
-                .map(
-                  (s) =>
-                    `set local search_path to "${shardSchemaName(config, s)}"; insert into photos (user_id, image_url) values (${s}, 'warm-up')`,
-                )
-                .join(';\n'),
-            );
-          }),
-        ),
-      );
+      // Router: for each shard, POOL_SIZE calls at once, each holding its connection until all have
+      // one, so each of the host's connections inserts into each shard under its search_path (as the
+      // rounds will; fn itself may not change the search_path).
+      for (const shard of host.shards) {
+        let arrived = 0;
+        /** @type {() => void} */
+        let allIn = () => undefined;
+        /** @type {Promise<void>} */
+        const barrier = new Promise((resolve) => (allIn = resolve));
+        await Promise.all(
+          Array.from({ length: POOL_SIZE }, () =>
+            router.withShard(shard, async (client) => {
+              if (++arrived === POOL_SIZE) allIn();
+              await barrier;
+              await client.query(`insert into photos (user_id, image_url) values (${shard}, 'warm-up')`);
+            }),
+          ),
+        );
+      }
     }),
   );
 }
