@@ -125,6 +125,8 @@ export async function copyShards(
         .map(async (c) => (await c.query(CHUNK_TEXT_SETTINGS), stableText.add(c))),
     );
   };
+  /** A vacuum of this run already waited out an older snapshot on the target: the next ones do not wait again. */
+  let snapshotOutwaited = false;
   const queueTableChunks = async (reader: pg.Client, writer: pg.Client, shardTables: readonly ShardTable[]) => {
     for (const t of shardTables) {
       const name = qualified(t.schema, t.table);
@@ -191,12 +193,15 @@ export async function copyShards(
         // than an uninterrupted one, and the table is read once more only as far as it was copied.
         // Not when neither happened (chunks.ts needsVacuum).
         if (needsVacuum(planned, reconciled.cleared)) {
-          const dead = await vacuumCleared(writer, name);
-          if (dead > 0)
+          // Waited for once per run: a snapshot that outlived one table's wait likely outlives the next.
+          const dead = await vacuumCleared(writer, name, snapshotOutwaited ? 0 : undefined);
+          if (dead > 0) {
+            snapshotOutwaited = true;
             notice(
               ctx,
               `host ${target.host.name}: ${dead} rows deleted from ${name} to be copied again are still seen by an older snapshot there (a long transaction, a replication slot); left for autovacuum`,
             );
+          }
           await writer.query(FORGET_ATTEMPTS_SQL, [ctx.moveId, name]);
         }
       }
