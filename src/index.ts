@@ -151,6 +151,14 @@ export {
 export { ShardFanOutError, groupFailures, type ShardResult, type FanOutFailure } from './router/errors.js';
 export { COMMIT_UNKNOWN, CommitUnknownError } from './router/failover.js';
 export {
+  CALL_CHANNEL,
+  SLOW_CALL_CHANNEL,
+  type CallWait,
+  type RouterCallEvent,
+  type SlowCallEvent,
+  type HostStats,
+} from './router/diagnostics.js';
+export {
   REPLICA_FALLBACKS,
   REPLICA_REFUSED,
   type ReplicaFallback,

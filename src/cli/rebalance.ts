@@ -28,14 +28,18 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
   const command = program
     .command('rebalance')
     .description(
-      'move shards so every host has its weighted share (by count, size or load), empty draining hosts, fill new ones; batched moves, disjoint host pairs in parallel; a rerun finishes an interrupted rebalance',
+      'move shards so every host has its weighted share (by count, size or load), empty draining hosts, fill new ones; batched moves in parallel (a source gives to one target at a time, a target may take from several); a rerun finishes an interrupted rebalance',
     )
     .option(
       '--by <what>',
       'balance the shard count, the bytes on disk, or the rows written and read (status --load): count, size or load',
       'count',
     )
-    .option('--max-parallel <n>', 'moves running at once, each between two hosts no other running move uses', '2')
+    .option(
+      '--max-parallel <n>',
+      'moves running at once (a host is never source and target at once; a new host fills from several sources)',
+      '2',
+    )
     .option(
       '--mode <mode>',
       'how each move runs: online (logical replication) or offline (writes fenced during the copy)',

@@ -620,25 +620,33 @@ export const VACUUM_PATIENCE_MS = 8_000;
  * transaction of another session in this database, an autoanalyze, a replication slot's snapshot
  * anywhere on the server), and VACUUM counts them as dead and leaves them. Each try after the first
  * reads only the pages that still hold such rows (the visibility map). Returns the dead rows left
- * (autovacuum takes them later): the count VACUUM itself reports to the statistics, read at once.
+ * (autovacuum takes them later), the count VACUUM itself reports to the statistics, read at once;
+ * and whether it vacuumed at all: a role that neither owns the table (nor has MAINTAIN on it) gets a
+ * warning and nothing done, and is not made to wait.
  */
 export async function vacuumCleared(
   writer: pg.Client,
   table: string,
   patienceMs = VACUUM_PATIENCE_MS,
-): Promise<number> {
+): Promise<{ dead: number; vacuumed: boolean }> {
   // The deletes' counts first: kept in this session up to a second, they would reach the table's
   // statistics after the vacuum's and count rows it removed as dead.
-  await writer.query('SELECT pg_catalog.pg_stat_force_next_flush()');
+  const before = await writer.query<{ vacuums: string }>(
+    'SELECT pg_catalog.pg_stat_force_next_flush(), pg_catalog.pg_stat_get_vacuum_count($1::regclass)::text AS vacuums',
+    [table],
+  );
   const started = Date.now();
   for (let wait = 50; ; wait *= 2) {
     await writer.query(`VACUUM ${table}`);
-    const left = await writer.query<{ n: string }>(
-      'SELECT pg_catalog.pg_stat_get_dead_tuples($1::regclass)::text AS n',
+    const after = await writer.query<{ dead: string; vacuums: string }>(
+      `SELECT pg_catalog.pg_stat_get_dead_tuples($1::regclass)::text AS dead,
+              pg_catalog.pg_stat_get_vacuum_count($1::regclass)::text AS vacuums`,
       [table],
     );
-    const dead = Number(left.rows[0]!.n);
-    if (dead === 0 || Date.now() - started + wait > patienceMs) return dead;
+    const dead = Number(after.rows[0]!.dead);
+    // Counted only when it ran (with the statistics kept: without, no dead row is counted either).
+    const vacuumed = after.rows[0]!.vacuums !== before.rows[0]!.vacuums;
+    if (dead === 0 || !vacuumed || Date.now() - started + wait > patienceMs) return { dead, vacuumed };
     await sleep(wait);
   }
 }

@@ -194,8 +194,13 @@ export async function copyShards(
         // Not when neither happened (chunks.ts needsVacuum).
         if (needsVacuum(planned, reconciled.cleared)) {
           // Waited for once per run: a snapshot that outlived one table's wait likely outlives the next.
-          const dead = await vacuumCleared(writer, name, snapshotOutwaited ? 0 : undefined);
-          if (dead > 0) {
+          const { dead, vacuumed } = await vacuumCleared(writer, name, snapshotOutwaited ? 0 : undefined);
+          if (dead > 0 && !vacuumed)
+            notice(
+              ctx,
+              `host ${target.host.name}: ${name} was not vacuumed (the move's role neither owns it nor may maintain it); its ${dead} dead rows are left for autovacuum`,
+            );
+          else if (dead > 0) {
             snapshotOutwaited = true;
             notice(
               ctx,

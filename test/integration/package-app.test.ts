@@ -28,12 +28,15 @@ CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), use
 ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
 };
 
-/** The application: its own pg, int8 parsed to bigint, one write through the router. */
-const APP_TS = `import pg from 'pg';
-import { ShardRouter } from 'shardctl';
+/** The application: its own pg, int8 parsed to bigint, one write through the router, its calls seen as the README shows. */
+const APP_TS = `import diagnosticsChannel from 'node:diagnostics_channel';
+import pg from 'pg';
+import { CALL_CHANNEL, ShardRouter, type RouterCallEvent } from 'shardctl';
 
 pg.types.setTypeParser(20, (text: string) => BigInt(text)); // int8
 
+const calls: RouterCallEvent[] = [];
+diagnosticsChannel.subscribe(CALL_CHANNEL, (message) => calls.push(message as RouterCallEvent));
 const router = await ShardRouter.open(process.argv[2]!);
 try {
   const row = await router.withKey(31341n, async (client: pg.PoolClient, shard: number) => {
@@ -43,7 +46,7 @@ try {
     );
     return { shard, ...r.rows[0]! };
   });
-  process.stdout.write(JSON.stringify({ shard: row.shard, idType: typeof row.id, userIdType: typeof row.user_id }));
+  process.stdout.write(JSON.stringify({ shard: row.shard, idType: typeof row.id, userIdType: typeof row.user_id, calls: calls.map((c) => ({ shard: c.shard, ok: c.ok })) }));
 } finally {
   await router.close();
 }
@@ -152,10 +155,15 @@ describe('the packed package in an application without optional dependencies', (
     expect(typeErrors).toBe('');
   });
 
-  it('routes a write with the application’s pg: its int8 parser applies to the router’s results', async () => {
+  it('routes a write with the application’s pg: its int8 parser applies to the router’s results; the call is seen on the diagnostics channel the package exports', async () => {
     const { stdout } = await run(process.execPath, [path.join(app, 'out', 'app.js'), fleet.configFile], { cwd: app });
     const result = JSON.parse(stdout) as Record<string, unknown>;
-    expect(result).toMatchObject({ shard: Number(31341n % 8n), idType: 'bigint', userIdType: 'bigint' });
+    expect(result).toEqual({
+      shard: Number(31341n % 8n),
+      idType: 'bigint',
+      userIdType: 'bigint',
+      calls: [{ shard: Number(31341n % 8n), ok: true }],
+    });
   }, 60_000);
 
   it('writes through shardctl/kysely with bigint ids, drizzle-orm not installed', async () => {
