@@ -311,8 +311,8 @@ async function backendsCpuMs(hosts, applicationName) {
 
 /**
  * Each of a host's POOL_SIZE connections, on both sides, inserts a row into each of the host's
- * shards (one multi-statement round trip). All connections of a pool are held at once, so each is
- * a different one.
+ * shards (the plain pool's in one multi-statement round trip, the router's in one call per shard).
+ * All connections of a pool are held at once, so each is a different one.
  * @param {ShardctlConfig} config
  * @param {ShardRouterType} router
  * @param {Pools} pools
