@@ -107,6 +107,10 @@ export function defaultClusterSettings(
     wal_level: 'logical',
     max_wal_senders: 20,
     max_replication_slots: 20,
+    // Each running move into a host takes one of its logical replication workers (default 4), and a
+    // new host filled by a rebalance takes moves from several sources at once: room for them.
+    max_logical_replication_workers: 16,
+    max_worker_processes: 32,
     max_connections: 200,
     // One transaction touching many shard schemas (migrations) takes many locks.
     max_locks_per_transaction: 256,

@@ -6,6 +6,7 @@ import {
   enableSubscriptionSql,
   dropPublicationSql,
   insertMarkerSql,
+  APPLY_WORKER_ABSENT_SQL,
   APPLY_WORKER_WAITS_SQL,
   DELETE_MARKERS_SQL,
   MARKER_ARRIVED_SQL,
@@ -174,9 +175,33 @@ export async function applyWorkerWaits(ctx: MoveContext): Promise<string> {
     ctx.name,
   ]);
   const row = r.rows[0];
-  if (!row) return 'its apply worker is not running';
+  if (!row) return `its apply worker is not running${await whyNoApplyWorker(ctx)}`;
   if (!row.wait) return 'its apply worker is busy';
   return `its apply worker waits for ${row.wait}${row.blockers ? `, held by ${row.blockers}` : ''}`;
+}
+
+/** Why the move's subscription has no apply worker: ': …' when the target tells, else ''. */
+async function whyNoApplyWorker(ctx: MoveContext): Promise<string> {
+  const r = await ctx.target.client.query<{
+    enabled: boolean | null;
+    failures: string;
+    workers: number;
+    slots: number;
+  }>(APPLY_WORKER_ABSENT_SQL, [ctx.name]);
+  const row = r.rows[0];
+  if (!row || row.enabled === null) return ': its subscription is gone';
+  if (!row.enabled) return ': its subscription is disabled';
+  const why: string[] = [];
+  if (row.workers >= row.slots)
+    why.push(
+      `all ${row.slots} logical replication worker slots of the host are taken (max_logical_replication_workers), so it waits for one`,
+    );
+  const failures = Number(row.failures);
+  if (failures > 0)
+    why.push(
+      `it failed to apply ${failures} time${failures === 1 ? '' : 's'} (the reasons are in the host's server log)`,
+    );
+  return why.length > 0 ? `: ${why.join('; ')}` : '';
 }
 
 /** The move's markers on both hosts: at clean-up, and last when a move is undone. */

@@ -77,6 +77,8 @@ const SERVER_SETTINGS: Record<string, string> = {
   wal_level: 'logical',
   max_wal_senders: '20',
   max_replication_slots: '20',
+  max_logical_replication_workers: '16',
+  max_worker_processes: '32',
   max_connections: '200',
   max_locks_per_transaction: '256',
   // See TEST_HOST_SETTINGS.

@@ -93,6 +93,16 @@ export const APPLY_WORKER_WAITS_SQL = sql`SELECT w.wait_event_type || '/' || w.w
        FROM pg_stat_subscription s JOIN pg_stat_activity w ON w.pid = s.pid
       WHERE s.subname = $1 AND s.relid IS NULL`;
 
+/**
+ * Why subscription $1 has no apply worker, as far as the target tells: the subscription disabled,
+ * its failures to apply (the reasons are in the server log), and the host's logical replication
+ * workers running against max_logical_replication_workers (a worker waits for a free slot).
+ */
+export const APPLY_WORKER_ABSENT_SQL = sql`SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1) AS enabled,
+       (SELECT coalesce(sum(apply_error_count), 0) FROM pg_stat_subscription_stats WHERE subname = $1)::text AS failures,
+       (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int AS workers,
+       current_setting('max_logical_replication_workers')::int AS slots`;
+
 /** Move $1's markers. */
 export const DELETE_MARKERS_SQL = sql`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
 
