@@ -199,7 +199,7 @@ async function whyNoApplyWorker(ctx: MoveContext): Promise<string> {
   const failures = Number(row.failures);
   if (failures > 0)
     why.push(
-      `it failed to apply ${failures} time${failures === 1 ? '' : 's'} (the reasons are in the host's server log)`,
+      `applying the replicated changes failed ${failures} time${failures === 1 ? '' : 's'} (the reasons are in the host's server log)`,
     );
   return why.length > 0 ? `: ${why.join('; ')}` : '';
 }

@@ -94,12 +94,13 @@ export const APPLY_WORKER_WAITS_SQL = sql`SELECT w.wait_event_type || '/' || w.w
       WHERE s.subname = $1 AND s.relid IS NULL`;
 
 /**
- * Why subscription $1 has no apply worker, as far as the target tells: the subscription disabled,
- * its failures to apply (the reasons are in the server log), and the host's logical replication
- * workers running against max_logical_replication_workers (a worker waits for a free slot).
+ * Why subscription $1 has no apply worker, as far as the target tells: the subscription disabled
+ * (SUBSCRIPTION_EXISTS_SQL), its failures (SUBSCRIPTION_ERRORS_SQL; the reasons are in the server
+ * log), and the host's logical replication workers running against max_logical_replication_workers
+ * (a worker waits for a free slot).
  */
-export const APPLY_WORKER_ABSENT_SQL = sql`SELECT (SELECT subenabled FROM pg_subscription WHERE subname = $1) AS enabled,
-       (SELECT coalesce(sum(apply_error_count), 0) FROM pg_stat_subscription_stats WHERE subname = $1)::text AS failures,
+export const APPLY_WORKER_ABSENT_SQL = sql`SELECT (${SUBSCRIPTION_EXISTS_SQL}) AS enabled,
+       (${SUBSCRIPTION_ERRORS_SQL}) AS failures,
        (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int AS workers,
        current_setting('max_logical_replication_workers')::int AS slots`;
 
