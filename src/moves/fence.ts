@@ -397,7 +397,7 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
   if (ctx.mode !== 'online') return;
   const kind = `before-fence-${Date.now().toString(36)}-${ctx.wave}`;
   await ctx.source.client.query(insertMarkerSql(ctx.moveId, kind));
-  await waitForMarker(ctx, kind, ctx.settings.waitTimeoutMs, true);
+  await waitForMarker(ctx, kind, ctx.settings.waitTimeoutMs);
 }
 
 /**

@@ -3,7 +3,8 @@ import type { PreflightCheck } from './preflight-check.js';
 
 /**
  * The checks only an online move needs (logical replication from the source): PostgreSQL 15 or
- * later on both hosts, wal_level=logical, a free slot and WAL sender, and every table of the batch
+ * later on both hosts, wal_level=logical, a free slot and WAL sender, a free logical replication
+ * worker on the target, and every table of the batch
  * with a replica identity and logged. Pure: the preflight reads, this judges.
  */
 export function onlineChecks(
@@ -12,6 +13,8 @@ export function onlineChecks(
   targetName: string,
   settings: { wal_level: string; free_slots: number; free_senders: number },
   tables: readonly { name: string; identity: boolean; logged: boolean }[],
+  /** The target's logical replication workers running and its slots for them (LOGICAL_WORKERS_SQL). */
+  workers: { workers: number; slots: number },
 ): PreflightCheck[] {
   const checks: PreflightCheck[] = [];
   const add = (name: string, ok: boolean, message: string): void => {
@@ -36,6 +39,19 @@ export function onlineChecks(
     settings.free_slots > 0 && settings.free_senders > 0,
     `${settings.free_slots} free replication slots and ${settings.free_senders} free WAL senders on ${sourceName}` +
       (settings.free_slots > 0 && settings.free_senders > 0 ? '' : '; raise max_replication_slots / max_wal_senders'),
+  );
+  // The move's subscription needs one worker on the target: without a free slot it waits, after the
+  // copy, until another subscription of that server ends.
+  const free = Math.max(0, workers.slots - workers.workers);
+  add(
+    'replication workers',
+    free > 0,
+    `${free} of ${workers.slots} logical replication workers free on ${targetName}` +
+      (free > 0
+        ? ''
+        : workers.slots === 0
+          ? `; the move's subscription could never run there: raise max_logical_replication_workers (and max_worker_processes) on ${targetName} and restart it, or use --mode offline`
+          : `; the move's subscription would wait for one: raise max_logical_replication_workers (and max_worker_processes) on ${targetName} and restart it, or let its other subscriptions end first`),
   );
   const noIdentity = tables.filter((t) => !t.identity).map((t) => t.name);
   add(

@@ -20,6 +20,7 @@ import { shardPrivileges, REPLICA_IDENTITIES_SQL } from './catalog.js';
 import type { MoveMode } from './state.js';
 import { bytesPhrase, inflect } from '../text.js';
 import { onlineChecks } from './preflight-online.js';
+import { LOGICAL_WORKERS_SQL } from './sql/replication.js';
 import { awaitedLater } from '../promises.js';
 import type { PreflightCheck } from './preflight-check.js';
 import { canRewrite, reachabilityChecks } from './preflight-probes.js';
@@ -93,6 +94,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
             src.query<{ wal_level: string; free_slots: number; free_senders: number }>(REPLICATION_SETTINGS_SQL),
           )
         : null,
+    workers:
+      mode === 'online' ? awaitedLater(dst.query<{ workers: number; slots: number }>(LOGICAL_WORKERS_SQL)) : null,
     identities:
       mode === 'online'
         ? awaitedLater(
@@ -188,7 +191,8 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
   if (mode === 'online') {
     const settings = (await reads.settings)!.rows[0]!;
     const tables = (await reads.identities)!.rows;
-    checks.push(...onlineChecks(versions, source.name, target.name, settings, tables));
+    const workers = (await reads.workers)!.rows[0]!;
+    checks.push(...onlineChecks(versions, source.name, target.name, settings, tables, workers));
     probe = input.probeReachability;
     if (!probe) add('target reaches source', true, 'not probed in --dry-run (it would create and drop a subscription)');
   } else {

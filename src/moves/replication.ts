@@ -11,8 +11,8 @@ import {
   DELETE_MARKERS_SQL,
   MARKER_ARRIVED_SQL,
   PUBLICATION_EXISTS_SQL,
-  SUBSCRIPTION_ERRORS_SQL,
   SUBSCRIPTION_EXISTS_SQL,
+  SUBSCRIPTION_HEALTH_SQL,
   SUBSCRIPTION_TABLES_SQL,
 } from './sql/replication.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
@@ -89,27 +89,63 @@ async function binaryOk(ctx: MoveContext): Promise<boolean> {
   return sameMajorVersion(ctx) && (await moveLeafTables(ctx)).every((t) => t.portable);
 }
 
+/**
+ * A subscription retries a failed apply (or table sync) for ever, each time the launcher starts its
+ * worker again: three failures since a wait began stop that wait instead, with nothing fenced.
+ */
+const APPLY_FAILURES_TOLERATED = 3;
+
+/**
+ * Watches the move's subscription while a wait before the fence runs: fails the wait, naming the
+ * target and the shard, once nothing can arrive (the subscription is gone) or its changes failed to
+ * apply APPLY_FAILURES_TOLERATED times since the wait began.
+ */
+class SubscriptionWatch {
+  private constructor(
+    private readonly ctx: MoveContext,
+    private readonly baseline: number,
+  ) {}
+
+  static async start(ctx: MoveContext): Promise<SubscriptionWatch> {
+    return new SubscriptionWatch(ctx, (await SubscriptionWatch.health(ctx)).failures);
+  }
+
+  private static async health(ctx: MoveContext): Promise<{ exists: boolean; failures: number }> {
+    const r = await ctx.target.client.query<{ enabled: boolean | null; failures: string }>(SUBSCRIPTION_HEALTH_SQL, [
+      ctx.name,
+    ]);
+    const row = r.rows[0];
+    return { exists: row?.enabled !== null && row?.enabled !== undefined, failures: Number(row?.failures ?? 0) };
+  }
+
+  /** Throws when the wait cannot end well; `waiting` says for what, in the message. */
+  async check(waiting: string): Promise<void> {
+    const { ctx } = this;
+    const { exists, failures } = await SubscriptionWatch.health(ctx);
+    if (!exists)
+      throw new HostError(
+        ctx.target.host.name,
+        `the move's subscription ${ctx.name} is gone (dropped by someone else?) while waiting for ${waiting}; nothing is fenced. Abort the move to undo it, then move the shard again`,
+        { shard: ctx.shards[0]!, code: 'SUBSCRIPTION_GONE', next: [{ action: 'abort', shards: ctx.shards }] },
+      );
+    const failed = failures - this.baseline;
+    if (failed >= APPLY_FAILURES_TOLERATED)
+      throw new HostError(
+        ctx.target.host.name,
+        `applying the replicated changes failed ${failed} times while waiting for ${waiting} (the reason is in that host's server log: a row the target holds already, a column or table the source has and the target lacks, a right the subscription's owner lacks); nothing is fenced. Fix it and resume the move, or abort it to undo the move`,
+        { shard: ctx.shards[0]!, code: 'SYNC_FAILED', next: resumeOrAbort(ctx.shards) },
+      );
+  }
+}
+
 /** Every table streaming; then one marker round trip, so the cut-over starts nearly caught up. */
 export async function waitForSync(ctx: MoveContext): Promise<void> {
-  const errors = async (): Promise<number> => {
-    const r = await ctx.target.client.query<{ n: string }>(SUBSCRIPTION_ERRORS_SQL, [ctx.name]);
-    return Number(r.rows[0]?.n ?? 0);
-  };
-  const baseline = await errors();
+  const watch = await SubscriptionWatch.start(ctx);
   const limit = ctx.settings.waitTimeoutMs;
   const started = performance.now();
   let told = started;
   for (;;) {
-    // The subscription retries a failed apply for ever; three failures in a row stop the move instead.
-    const failures = (await errors()) - baseline;
-    if (failures >= 3) {
-      throw new HostError(
-        ctx.target.host.name,
-        `applying the replicated changes failed ${failures} times (the reason is in that host's server log); ` +
-          `fix it and resume the move, or abort it to undo the move`,
-        { shard: ctx.shards[0]!, code: 'SYNC_FAILED', next: resumeOrAbort(ctx.shards) },
-      );
-    }
+    await watch.check('its tables to stream');
     const r = await ctx.target.client.query<{ total: string; pending: string }>(SUBSCRIPTION_TABLES_SQL, [ctx.name]);
     const { total, pending } = r.rows[0]!;
     if (Number(total) > 0 && Number(pending) === 0) break;
@@ -134,34 +170,50 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
     await sleep(50);
   }
   await ctx.source.client.query(insertMarkerSql(ctx.moveId, 'synced'));
-  await waitForMarker(ctx, 'synced', limit, true);
+  await waitForMarker(ctx, 'synced', limit);
   // Checksum methods are chosen now, while nothing is fenced.
   await ensureMethods(ctx);
 }
 
-export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number, tell = false): Promise<void> {
+/**
+ * Waits, before the fence, until marker `kind` (inserted on the source) has arrived on the target:
+ * the catch-up of everything committed before it. Tells its progress every 5 s, and stops (nothing
+ * fenced, the move resumable) when the subscription cannot deliver it (SubscriptionWatch) or after
+ * timeoutMs.
+ */
+export async function waitForMarker(ctx: MoveContext, kind: string, timeoutMs: number): Promise<void> {
   const started = performance.now();
   let told = started;
   let looked = started;
-  const lags = tell ? new LagWatch(ctx) : null;
+  const lags = new LagWatch(ctx);
+  const watch = await SubscriptionWatch.start(ctx);
   let lag = 'unknown';
   for (;;) {
     const r = await ctx.target.client.query(MARKER_ARRIVED_SQL, [ctx.moveId, kind]);
     if (r.rowCount) return;
-    if (performance.now() - started > timeoutMs)
-      throw new Error(`marker ${kind} not replicated within ${timeoutMs} ms`);
-    // The lag (and its trend) every second once the marker is late: progress events, and the notice below.
-    if (lags && performance.now() - looked > 1000) {
+    const waited = Math.round((performance.now() - started) / 1000);
+    if (performance.now() - started > timeoutMs) {
+      const apply = await applyWorkerWaits(ctx).catch(() => '');
+      throw new HostError(
+        ctx.target.host.name,
+        `the changes committed on ${ctx.source.host.name} are still not applied after ${waited} s (${lag} of WAL behind${apply ? `; ${apply}` : ''}); nothing is fenced. Resume the move to wait again, or abort it`,
+        { shard: ctx.shards[0]!, code: 'CATCH_UP_TIMEOUT', next: resumeOrAbort(ctx.shards) },
+      );
+    }
+    // Every second once the marker is late: the lag (and its trend: progress events, the notice
+    // below) and whether the subscription can still deliver it.
+    if (performance.now() - looked > 1000) {
       looked = performance.now();
       lag = await lags.look();
+      await watch.check(`the changes committed on ${ctx.source.host.name} to be applied`);
     }
-    if (tell && performance.now() - told > 5000) {
+    if (performance.now() - told > 5000) {
       told = performance.now();
       // The lag and what the apply worker waits for only add to a progress notice.
       const apply = await applyWorkerWaits(ctx).catch(() => '');
       notice(
         ctx,
-        `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${Math.round((performance.now() - started) / 1000)} s${apply ? `; ${apply}` : ''})`,
+        `host ${ctx.target.host.name}: catching up with ${ctx.source.host.name} (${lag} of WAL behind, ${waited} s${apply ? `; ${apply}` : ''})`,
       );
     }
     // A marker usually arrives within milliseconds: looked for closely at first, then less often.

@@ -22,6 +22,7 @@ import {
 const db = useTestDatabases(2);
 const noKeyDb = useTestDatabases(2);
 const walDb = useTestDatabases(1);
+const workersDb = useTestDatabases(1);
 
 const move = (fleet: Fleet, shard: number, ...flags: string[]) => [
   'move-shard',
@@ -69,6 +70,7 @@ describe('move-shard preflight on a two-host fleet', () => {
         'versions',
         'wal_level',
         'replication slots',
+        'replication workers',
         'replica identity',
         'logged tables',
         'target reaches source',
@@ -211,5 +213,36 @@ describe('a source with wal_level=replica', () => {
     } finally {
       await target.end();
     }
+  });
+});
+
+describe('a target without logical replication workers', () => {
+  let dispose: (() => Promise<void>) | undefined;
+  let fleet: Fleet;
+  let urls: string[];
+
+  beforeAll(async () => {
+    const started = await startOwnHost({ max_logical_replication_workers: '0' });
+    dispose = started.dispose;
+    urls = [workersDb.urls[0]!, started.host.url];
+    fleet = makeFleet({ urls, shards: 4, split: ['0-3', ''] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await seed(urls[0]!, 1);
+  }, 120_000);
+
+  afterAll(async () => {
+    await dispose?.();
+  });
+
+  it('stops an online move before its copy, saying what to raise or to use --mode offline (exit 1, nothing changed)', async () => {
+    const before = await fleetState(urls, fleet.configFile);
+    const run = await runCli(move(fleet, 1, '--to', 'pg2', '--yes'));
+    expect(run.code).toBe(1);
+    expect(run.stderr).toBe(
+      'error: move of shard 1 from pg1 to pg2 not started; nothing was changed:\n' +
+        "  - replication workers: 0 of 0 logical replication workers free on pg2; the move's subscription could never run there: raise max_logical_replication_workers (and max_worker_processes) on pg2 and restart it, or use --mode offline\n",
+    );
+    expect(await fleetState(urls, fleet.configFile)).toEqual(before);
+    expect(await replicationObjects(urls)).toEqual([]);
   });
 });

@@ -79,6 +79,9 @@ export const SUBSCRIPTION_EXISTS_SQL = sql`SELECT subenabled AS enabled FROM pg_
 /** How often subscription $1 failed to sync or apply. */
 export const SUBSCRIPTION_ERRORS_SQL = sql`SELECT coalesce(sum(sync_error_count + apply_error_count), 0)::text AS n FROM pg_stat_subscription_stats WHERE subname = $1`;
 
+/** Whether subscription $1 exists (enabled: null when not) and how often it failed to sync or apply. */
+export const SUBSCRIPTION_HEALTH_SQL = sql`SELECT (${SUBSCRIPTION_EXISTS_SQL}) AS enabled, (${SUBSCRIPTION_ERRORS_SQL}) AS failures`;
+
 /** Subscription $1's tables, and how many of them are not streaming yet. */
 export const SUBSCRIPTION_TABLES_SQL = sql`SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
          FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`;
@@ -94,15 +97,20 @@ export const APPLY_WORKER_WAITS_SQL = sql`SELECT w.wait_event_type || '/' || w.w
       WHERE s.subname = $1 AND s.relid IS NULL`;
 
 /**
- * Why subscription $1 has no apply worker, as far as the target tells: the subscription disabled
- * (SUBSCRIPTION_EXISTS_SQL), its failures (SUBSCRIPTION_ERRORS_SQL; the reasons are in the server
- * log), and the host's logical replication workers running against max_logical_replication_workers
+ * The server's logical replication workers running (every database's subscriptions: apply, table
+ * sync and parallel apply workers) and its slots for them (max_logical_replication_workers). A
+ * subscription whose worker finds no free slot waits for one.
+ */
+export const LOGICAL_WORKERS_SQL = sql`SELECT (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int AS workers,
+       current_setting('max_logical_replication_workers')::int AS slots`;
+
+/**
+ * Why subscription $1 has no apply worker, as far as the target tells: the subscription gone or
+ * disabled, its failures (SUBSCRIPTION_HEALTH_SQL; the reasons are in the server log), and the host's logical replication workers running against max_logical_replication_workers
  * (a worker waits for a free slot).
  */
-export const APPLY_WORKER_ABSENT_SQL = sql`SELECT (${SUBSCRIPTION_EXISTS_SQL}) AS enabled,
-       (${SUBSCRIPTION_ERRORS_SQL}) AS failures,
-       (SELECT count(*) FROM pg_stat_subscription WHERE pid IS NOT NULL)::int AS workers,
-       current_setting('max_logical_replication_workers')::int AS slots`;
+export const APPLY_WORKER_ABSENT_SQL = sql`SELECT h.enabled, h.failures, w.workers, w.slots
+  FROM (${SUBSCRIPTION_HEALTH_SQL}) h, (${LOGICAL_WORKERS_SQL}) w`;
 
 /** Move $1's markers. */
 export const DELETE_MARKERS_SQL = sql`DELETE FROM ${CONTROL}.move_markers WHERE move_id = $1`;
