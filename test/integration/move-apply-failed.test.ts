@@ -18,18 +18,18 @@ afterAll(removeCliSnapshot);
 describe("a move's subscription that cannot deliver before the fence", () => {
   let fleet: Fleet;
   beforeAll(async () => {
-    fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1', ''] });
+    fleet = makeFleet({ urls: db.urls, shards: 3, split: ['0-2', ''] });
     expect((await init(await fleet.config())).ok).toBe(true);
   });
 
   /** Moves `shard` to pg2 in process, running `sql` (url, statement) pairs once `synced` is announced. */
-  async function moveBreakingAt(shard: number, sql: [string, string][]) {
+  async function moveBreakingAt(shard: number, sql: [string, string][], waitTimeoutMs = 600_000) {
     const notices: string[] = [];
     const started = performance.now();
     const error = await moveShard(await fleet.config(), shard, 'pg2', {
       configFile: fleet.configFile,
-      // Longer than the test's own limit: the old wait ran into it, where the new one stops.
-      waitTimeoutMs: 600_000,
+      // By default longer than the test's own limit: the old wait ran into it, where the new one stops.
+      waitTimeoutMs,
       onNotice: (message) => notices.push(message),
       onStep: (done) => {
         if (done !== 'synced') return;
@@ -96,5 +96,27 @@ describe("a move's subscription that cannot deliver before the fence", () => {
       expect(await failure(c, `insert into insta0.photos (user_id, image_url) values (2, 'writable')`)).toBeNull();
       expect(await lastMove(c, 0)).toMatchObject({ status: 'aborted' });
     });
+  });
+
+  it('a subscription disabled under the move: the catch-up stops at its limit, saying so, nothing fenced; enabled again, --resume finishes the move', async () => {
+    await withClient(db.urls[0]!, (c) => seed(c, 2, 40));
+    const disable = `do $$ declare s text; begin
+      for s in select subname from pg_subscription where subdbid = (select oid from pg_database where datname = current_database()) loop
+        execute format('alter subscription %I disable', s);
+      end loop; end $$`;
+    const { error } = await moveBreakingAt(2, [[db.urls[1]!, disable]], 2_000);
+    expect(error?.code, error?.message).toBe('CATCH_UP_TIMEOUT');
+    expect(error?.message).toMatch(
+      /^host pg2, shard 2: the changes committed on pg1 are still not applied after \d+ s \(.* of WAL behind; its apply worker is not running: its subscription is disabled\); nothing is fenced\. Resume the move to wait again, or abort it$/,
+    );
+    await withClient(db.urls[0]!, async (c) => {
+      expect(await failure(c, `insert into insta2.photos (user_id, image_url) values (2, 'writable')`)).toBeNull();
+      expect(await lastMove(c, 2)).toMatchObject({ step: 'synced', status: 'running' });
+    });
+    await withClient(db.urls[1]!, (c) => c.query(disable.replaceAll(' disable', ' enable')));
+    const resumed = await runCli(move(fleet, 2, '--resume', '--json'));
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true } });
+    expect(await replicationObjects(db.urls)).toEqual([]);
   });
 });
