@@ -41,7 +41,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
     } else {
       for (const h of result.hosts) {
         if (!h.reachable) {
-          out.line(`${h.host}: UNREACHABLE: ${h.error}`);
+          out.line(`${h.host}: ${h.denied ? 'NOT READABLE' : 'UNREACHABLE'}: ${h.error}`);
           continue;
         }
         const levels = Object.entries(h.levels)

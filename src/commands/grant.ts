@@ -13,7 +13,8 @@ import { rollbackQuietly } from '../pg/quiet.js';
  *
  *   app:      USAGE on the shard schemas; SELECT, INSERT, UPDATE, DELETE on their tables; USAGE and
  *             SELECT on their sequences (next_id() draws with nextval() and reads currval())
- *   readonly: USAGE on the shard schemas; SELECT on their tables and sequences
+ *   readonly: USAGE on the shard schemas; SELECT on their tables and sequences; SELECT on the
+ *             control tables `shardctl status` reads too (STATUS_CONTROL_TABLES), for monitoring
  *
  * both with the same default privileges in each shard schema, so tables and sequences that later
  * migrations create there are covered (for the role that runs the migrations: the one running this
@@ -51,6 +52,18 @@ export const ROUTER_CONTROL_TABLES = [
   'move_shards',
 ] as const;
 
+/**
+ * What `shardctl status` reads besides (the migrations applied, the leftovers recorded): a
+ * read-only role gets these too, so that monitoring can run status as it. Nothing secret: versions,
+ * names and checksums of migrations, names of objects a move left.
+ */
+export const STATUS_CONTROL_TABLES = ['migrations', 'objects'] as const;
+
+/** The control tables `mode` may read. */
+export function controlTablesFor(mode: GrantMode): readonly string[] {
+  return mode === 'readonly' ? [...ROUTER_CONTROL_TABLES, ...STATUS_CONTROL_TABLES] : ROUTER_CONTROL_TABLES;
+}
+
 /** Schemas per transaction: GRANT takes a lock on every object it changes. */
 const SCHEMAS_PER_TRANSACTION = 256;
 
@@ -81,7 +94,9 @@ export function grantSql(role: string, mode: GrantMode, schemas: readonly string
     [
       'BEGIN;',
       `GRANT USAGE ON SCHEMA ${CONTROL} TO ${to};`,
-      `GRANT SELECT ON ${ROUTER_CONTROL_TABLES.map((t) => `${CONTROL}.${t}`).join(', ')} TO ${to};`,
+      `GRANT SELECT ON ${controlTablesFor(mode)
+        .map((t) => `${CONTROL}.${t}`)
+        .join(', ')} TO ${to};`,
       'COMMIT;',
     ].join('\n'),
   );

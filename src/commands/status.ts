@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import type { ShardctlConfig } from '../config/types.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { formatShardList, parseShardList } from '../config/ranges.js';
 import { failureReason, finishMove, type NextStep } from '../errors.js';
@@ -34,6 +34,8 @@ import { existingApplied } from '../provisioning/plan.js';
 export interface HostStatus {
   readonly host: string;
   readonly reachable: boolean;
+  /** Reached, but its role may not read what status reads (SQLSTATE 42501): error says what to grant. */
+  readonly denied: boolean;
   readonly error: string | null;
   readonly serverVersion: string | null;
   /** Shards the map gives this host. */
@@ -180,7 +182,9 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
           { applicationName: 'shardctl status' },
         );
       } catch (error) {
-        return unreachableStatus(host.name, host.shards.length, failureReason(error, describePgError));
+        const reason = failureReason(error, describePgError);
+        const denied = deniedControl(error);
+        return unreachableStatus(host.name, host.shards.length, denied ? reason + grantHint(host) : reason, denied);
       }
     }),
   );
@@ -317,6 +321,7 @@ function hostStatus(
   return {
     host: host.name,
     reachable: true,
+    denied: false,
     error: null,
     serverVersion: snapshot.serverVersion,
     expected: host.shards.length,
@@ -338,10 +343,30 @@ function hostStatus(
   };
 }
 
-function unreachableStatus(host: string, expected: number, error: string): HostStatus {
+/** SQLSTATE insufficient_privilege, on the error or the one it wraps: the role may not read what status reads. */
+function deniedControl(error: unknown): boolean {
+  for (let e: unknown = error, depth = 0; e instanceof Error && depth < 3; e = e.cause, depth++)
+    if ((e as { code?: unknown }).code === '42501') return true;
+  return false;
+}
+
+/** What lets the host's role (as its url names it) run status: a read-only grant, by the owner. */
+function grantHint(host: HostConfig): string {
+  let role = '<role>';
+  try {
+    const user = decodeURIComponent(new URL(host.url).username);
+    if (user) role = user;
+  } catch {
+    // Not a URL with a user (a key/value string, or the user from the environment): said generically.
+  }
+  return `; the role ${role === '<role>' ? "of the host's url" : role} may not read the control schema: \`shardctl grant ${role} --readonly\`, run with the owner's config, lets it run status (README, Roles)`;
+}
+
+function unreachableStatus(host: string, expected: number, error: string, denied = false): HostStatus {
   return {
     host,
     reachable: false,
+    denied,
     error,
     serverVersion: null,
     expected,

@@ -139,5 +139,26 @@ describe('shardctl grant', () => {
     } finally {
       await reader.end();
     }
+
+    // Monitoring: status runs as the read-only role; the application role is told what to grant.
+    const asFile = (role: string) => {
+      const file = join(fleet.dir, `${role}.yaml`);
+      writeFileSync(
+        file,
+        db.urls.reduce((text, url) => text.replace(url, asRole(url, role)), readFileSync(fleet.configFile, 'utf8')),
+      );
+      return file;
+    };
+    const monitored = await runCli(['status', '-c', asFile(READER)]);
+    expect(monitored.code, monitored.stdout + monitored.stderr).toBe(0);
+    expect(monitored.stdout).toMatch(/^pg1: ok — /m);
+    const denied = await runCli(['status', '-c', appFile]);
+    expect(denied.code).toBe(1);
+    expect(denied.stdout).toMatch(
+      new RegExp(
+        `^pg1: NOT READABLE: .*permission denied for table \\w+ \\(SQLSTATE 42501\\); the role ${APP} may not read the control schema: \`shardctl grant ${APP} --readonly\`, run with the owner's config, lets it run status`,
+        'm',
+      ),
+    );
   });
 });
