@@ -10,6 +10,7 @@ import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan }
 import { abortBegun, type MoveStep } from '../moves/state.js';
 import { findRunningMoves, runMoves } from '../moves/run.js';
 import { describeMove, runPlan, type RebalanceMoveResult } from '../moves/schedule.js';
+import { LOGICAL_WORKERS_SQL } from '../moves/sql/replication.js';
 import { shardLoad } from './load.js';
 import { shardSizes } from './sizes.js';
 import { inflect } from '../text.js';
@@ -20,7 +21,8 @@ import { inflect } from '../text.js';
  * through the scheduler beside the planner (src/moves/schedule.ts).
  * The rebalance holds the runner lock of every host for its whole run; up to maxParallel moves run at
  * once, a source giving to one target at a time while a target may take from several sources (a new
- * host fills from every old one at once); a host is never source and target at once. Each move starts from the config file
+ * host fills from every old one at once; online, from at most as many as it has logical replication
+ * workers free); a host is never source and target at once. Each move starts from the config file
  * as the moves before it rewrote it. Interrupted, a rerun resumes the unfinished moves and plans the
  * rest from the map they left: the planner is deterministic and never moves a shard back.
  */
@@ -110,10 +112,28 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
       throw new RuntimeFailure(refused.code, refused.message, { hosts: refused.hosts }, [], [...refused.next]);
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
     requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
-    return { ...(await rebalanceLocked(config, options, by, maxParallel, started)), refused };
+    const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);
+    return { ...(await rebalanceLocked(config, options, by, maxParallel, started, intoLimit)), refused };
   } finally {
     await fleet.close();
   }
+}
+
+/**
+ * Per host, its free logical replication workers (read once, before the plan runs): an online move
+ * into a host needs one for its subscription, so a host takes from at most that many sources at
+ * once (at least one: a host with none is refused by the move's preflight, which says what to raise).
+ */
+async function freeWorkers(fleet: Fleet): Promise<(host: string) => number> {
+  const free = new Map(
+    await Promise.all(
+      fleet.sessions.map(async ({ host, client }) => {
+        const row = (await client.query<{ workers: number; slots: number }>(LOGICAL_WORKERS_SQL)).rows[0]!;
+        return [host.name, Math.max(1, row.slots - row.workers)] as const;
+      }),
+    ),
+  );
+  return (host) => free.get(host) ?? 1;
 }
 
 async function uninitialisedHosts(fleet: Fleet): Promise<RebalanceRefusal | null> {
@@ -135,6 +155,7 @@ async function rebalanceLocked(
   by: RebalanceBy,
   maxParallel: number,
   started: number,
+  intoLimit?: (target: string) => number,
 ): Promise<Omit<RebalanceResult, 'refused'>> {
   const reload = options.reload ?? (() => loadConfig(config.file));
   const event = options.onEvent ?? (() => undefined);
@@ -220,18 +241,23 @@ async function rebalanceLocked(
     };
   }
 
-  const done = await runPlan(plan.moves, maxParallel, async (move) => {
-    event(`starting ${describeMove(move)}`);
-    const map = await reload();
-    const result = await runMoves(
-      map,
-      [...move.shards].sort((a, b) => a - b),
-      hostNamed(map, move.target),
-      moveOptions(move),
-    );
-    event(`done ${describeMove(move)}: ${result.rowsMoved} rows verified`);
-    return result;
-  });
+  const done = await runPlan(
+    plan.moves,
+    maxParallel,
+    async (move) => {
+      event(`starting ${describeMove(move)}`);
+      const map = await reload();
+      const result = await runMoves(
+        map,
+        [...move.shards].sort((a, b) => a - b),
+        hostNamed(map, move.target),
+        moveOptions(move),
+      );
+      event(`done ${describeMove(move)}: ${result.rowsMoved} rows verified`);
+      return result;
+    },
+    intoLimit,
+  );
   rows += done.reduce((n, m) => n + BigInt(m.result.rowsMoved), 0n);
   return {
     outcome: 'rebalanced',

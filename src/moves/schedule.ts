@@ -16,13 +16,16 @@ export interface RebalanceMoveResult extends PlannedMove {
 
 /**
  * Runs the moves, each as soon as neither of its hosts is busy and fewer than maxParallel run, in
- * plan order. After a failure no further move starts; the ones running finish, then the error names
- * what failed and what was done.
+ * plan order. A target takes from at most `intoLimit(target)` sources at once (default: no bound but
+ * maxParallel): an online move into it needs one of its logical replication workers, and a move
+ * without one would wait for it. After a failure no further move starts; the ones running finish,
+ * then the error names what failed and what was done.
  */
 export async function runPlan(
   moves: readonly PlannedMove[],
   maxParallel: number,
   run: (move: PlannedMove) => Promise<BatchMoveResult>,
+  intoLimit: (target: string) => number = () => maxParallel,
 ): Promise<RebalanceMoveResult[]> {
   const pending = [...moves];
   const busy = new Set<string>();
@@ -37,7 +40,9 @@ export async function runPlan(
         const move = pending[i]!;
         // A source gives to one target at a time; a target may take from several sources at once.
         const sourceFree = !busy.has(move.source) && (targets.get(move.source) ?? 0) === 0;
-        if (!sourceFree || busy.has(move.target)) {
+        const targetFree =
+          !busy.has(move.target) && (targets.get(move.target) ?? 0) < Math.max(1, intoLimit(move.target));
+        if (!sourceFree || !targetFree) {
           i += 1;
           continue;
         }

@@ -17,19 +17,29 @@ const moveArb = fc
 const result = { rowsMoved: '0' } as unknown as BatchMoveResult;
 
 /** Runs the plan with moves that take a few ticks each, recording what runs at each start. */
-async function schedule(moves: readonly PlannedMove[], maxParallel: number, fail?: (m: PlannedMove) => boolean) {
+async function schedule(
+  moves: readonly PlannedMove[],
+  maxParallel: number,
+  fail?: (m: PlannedMove) => boolean,
+  intoLimit?: (target: string) => number,
+) {
   const running = new Set<PlannedMove>();
   const startedTogether: PlannedMove[][] = [];
   const started: PlannedMove[] = [];
-  const outcome = await runPlan(moves, maxParallel, async (move) => {
-    running.add(move);
-    started.push(move);
-    startedTogether.push([...running]);
-    for (let i = 0; i < 1 + (move.shards[0]! % 3); i += 1) await Promise.resolve();
-    running.delete(move);
-    if (fail?.(move)) throw new RuntimeFailure('MOVE_FAILED', `move ${move.shards[0]} failed`);
-    return result;
-  }).then(
+  const outcome = await runPlan(
+    moves,
+    maxParallel,
+    async (move) => {
+      running.add(move);
+      started.push(move);
+      startedTogether.push([...running]);
+      for (let i = 0; i < 1 + (move.shards[0]! % 3); i += 1) await Promise.resolve();
+      running.delete(move);
+      if (fail?.(move)) throw new RuntimeFailure('MOVE_FAILED', `move ${move.shards[0]} failed`);
+      return result;
+    },
+    intoLimit,
+  ).then(
     (done) => ({ done, error: null }),
     (error: unknown) => ({ done: null, error }),
   );
@@ -65,6 +75,22 @@ describe('rebalance scheduler (runPlan)', () => {
     }));
     const { startedTogether } = await schedule(moves, 3);
     expect(Math.max(...startedTogether.map((t) => t.length))).toBe(3);
+  });
+
+  it('a target takes from no more sources at once than its limit (its free replication workers), every move still runs', async () => {
+    const moves = ['h1', 'h2', 'h3', 'h4'].map((source, i): PlannedMove => ({
+      source,
+      target: 'h9',
+      shards: [i],
+      bytes: 0n,
+    }));
+    const { done, startedTogether } = await schedule(moves, 4, undefined, (target) => (target === 'h9' ? 2 : 4));
+    expect(Math.max(...startedTogether.map((t) => t.length))).toBe(2);
+    expect(done!.map((m) => m.shards[0]).sort()).toEqual([0, 1, 2, 3]);
+    // A limit of 0 (none free) still lets one run: the move's preflight then says what to raise.
+    const none = await schedule(moves, 4, undefined, () => 0);
+    expect(Math.max(...none.startedTogether.map((t) => t.length))).toBe(1);
+    expect(none.done).toHaveLength(4);
   });
 
   it('starts nothing after a failure, lets the running moves finish, and names what failed, what was done and what never started', async () => {
