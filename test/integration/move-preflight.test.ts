@@ -173,37 +173,62 @@ describe('a table without replica identity', () => {
   });
 });
 
-describe('a source with wal_level=replica', () => {
-  let own: OwnHost;
+/**
+ * For a describe block: a two-host fleet of 4 shards on pg1 whose source (pg1) or target (pg2) is a
+ * server of the block's own, started with `settings`, the other host a database of `other`; shard 1
+ * seeded. Stopped after the block.
+ */
+function useOwnHostPair(
+  settings: Record<string, string>,
+  place: 'source' | 'target',
+  other: ReturnType<typeof useTestDatabases>,
+): { fleet: () => Fleet; urls: () => string[]; own: () => OwnHost } {
+  let own: OwnHost | undefined;
   let dispose: (() => Promise<void>) | undefined;
-  let fleet: Fleet;
-  let urls: string[];
-
+  let fleet: Fleet | undefined;
+  let urls: string[] = [];
   beforeAll(async () => {
-    const started = await startOwnHost({ wal_level: 'replica' });
+    const started = await startOwnHost(settings);
     dispose = started.dispose;
     own = started.host;
-    urls = [own.url, walDb.urls[0]!];
-    fleet = makeFleet({ urls, shards: 4, split: ['0-3', ''], replicationUrls: [own.replicationUrl] });
+    urls = place === 'source' ? [own.url, other.urls[0]!] : [other.urls[0]!, own.url];
+    fleet = makeFleet({
+      urls,
+      shards: 4,
+      split: ['0-3', ''],
+      ...(place === 'source' ? { replicationUrls: [own.replicationUrl] } : {}),
+    });
     expect((await init(await fleet.config())).ok).toBe(true);
-    await seed(own.url, 1);
+    await seed(urls[0]!, 1);
   }, 120_000);
-
   afterAll(async () => {
     await dispose?.();
   });
+  return { fleet: () => fleet!, urls: () => urls, own: () => own! };
+}
+
+/** An online move of shard 1 to pg2 refused by its preflight with this one failed check: exit 1, nothing changed. */
+async function expectRefused(fleet: Fleet, urls: string[], failed: string): Promise<void> {
+  const before = await fleetState(urls, fleet.configFile);
+  const run = await runCli(move(fleet, 1, '--to', 'pg2', '--yes'));
+  expect(run.code).toBe(1);
+  expect(run.stderr).toBe(`error: move of shard 1 from pg1 to pg2 not started; nothing was changed:\n  - ${failed}\n`);
+  expect(await fleetState(urls, fleet.configFile)).toEqual(before);
+  expect(await replicationObjects(urls)).toEqual([]);
+}
+
+describe('a source with wal_level=replica', () => {
+  const pair = useOwnHostPair({ wal_level: 'replica' }, 'source', walDb);
 
   it('stops an online move, saying to set wal_level=logical or use --mode offline (exit 1, nothing changed); offline it moves', async () => {
-    const before = await fleetState(urls, fleet.configFile);
-    const run = await runCli(move(fleet, 1, '--to', 'pg2', '--yes'));
-    expect(run.code).toBe(1);
-    expect(run.stderr).toBe(
-      'error: move of shard 1 from pg1 to pg2 not started; nothing was changed:\n' +
-        '  - wal_level: wal_level=replica on pg1; set wal_level=logical and restart it, or use --mode offline\n',
+    const [fleet, urls] = [pair.fleet(), pair.urls()];
+    await expectRefused(
+      fleet,
+      urls,
+      'wal_level: wal_level=replica on pg1; set wal_level=logical and restart it, or use --mode offline',
     );
-    expect(await fleetState(urls, fleet.configFile)).toEqual(before);
 
-    const rows = await withClient(own.url, (c) => schemaFingerprint(c, 'insta1'));
+    const rows = await withClient(pair.own().url, (c) => schemaFingerprint(c, 'insta1'));
     const offline = await runCli(move(fleet, 1, '--to', 'pg2', '--mode', 'offline', '--yes'));
     expect(offline.code, offline.stderr).toBe(0);
     const target = await adminClient(urls[1]!);
@@ -217,32 +242,13 @@ describe('a source with wal_level=replica', () => {
 });
 
 describe('a target without logical replication workers', () => {
-  let dispose: (() => Promise<void>) | undefined;
-  let fleet: Fleet;
-  let urls: string[];
-
-  beforeAll(async () => {
-    const started = await startOwnHost({ max_logical_replication_workers: '0' });
-    dispose = started.dispose;
-    urls = [workersDb.urls[0]!, started.host.url];
-    fleet = makeFleet({ urls, shards: 4, split: ['0-3', ''] });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    await seed(urls[0]!, 1);
-  }, 120_000);
-
-  afterAll(async () => {
-    await dispose?.();
-  });
+  const pair = useOwnHostPair({ max_logical_replication_workers: '0' }, 'target', workersDb);
 
   it('stops an online move before its copy, saying what to raise or to use --mode offline (exit 1, nothing changed)', async () => {
-    const before = await fleetState(urls, fleet.configFile);
-    const run = await runCli(move(fleet, 1, '--to', 'pg2', '--yes'));
-    expect(run.code).toBe(1);
-    expect(run.stderr).toBe(
-      'error: move of shard 1 from pg1 to pg2 not started; nothing was changed:\n' +
-        "  - replication workers: 0 of 0 logical replication workers free on pg2; the move's subscription could never run there: raise max_logical_replication_workers (and max_worker_processes) on pg2 and restart it, or use --mode offline\n",
+    await expectRefused(
+      pair.fleet(),
+      pair.urls(),
+      "replication workers: 0 of 0 logical replication workers free on pg2; the move's subscription could never run there: raise max_logical_replication_workers (and max_worker_processes) on pg2 and restart it, or use --mode offline",
     );
-    expect(await fleetState(urls, fleet.configFile)).toEqual(before);
-    expect(await replicationObjects(urls)).toEqual([]);
   });
 });
