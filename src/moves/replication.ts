@@ -13,6 +13,7 @@ import {
   PUBLICATION_EXISTS_SQL,
   SUBSCRIPTION_EXISTS_SQL,
   SUBSCRIPTION_HEALTH_SQL,
+  SLOT_CONFIRMED_SQL,
   SUBSCRIPTION_TABLES_SQL,
 } from './sql/replication.js';
 import { dropSlot, dropSubscription } from './leftovers.js';
@@ -91,48 +92,80 @@ async function binaryOk(ctx: MoveContext): Promise<boolean> {
 
 /**
  * A subscription retries a failed apply (or table sync) for ever, each time the launcher starts its
- * worker again: three failures since a wait began stop that wait instead, with nothing fenced.
+ * worker again. Some failures pass by themselves (a deadlock with the application, a lock timeout:
+ * the next try gets further); others never do (a row the target holds already, a column it lacks:
+ * each try fails on the same transaction). So a wait stops only when the changes failed to apply
+ * this many times and the target applied nothing for APPLY_STUCK_MS meanwhile.
  */
 const APPLY_FAILURES_TOLERATED = 3;
+/** How long nothing applied counts as stuck: at most this, and a quarter of the wait's own limit. */
+const APPLY_STUCK_MS = 30_000;
 
 /**
  * Watches the move's subscription while a wait before the fence runs: fails the wait, naming the
- * target and the shard, once nothing can arrive (the subscription is gone) or its changes failed to
- * apply APPLY_FAILURES_TOLERATED times since the wait began.
+ * target and the shard, once nothing can arrive (the subscription is gone), or once its changes
+ * failed to apply APPLY_FAILURES_TOLERATED times with nothing applied for the stuck time (the
+ * target's position, as the source's slot confirms it, unchanged since before those failures).
  */
 class SubscriptionWatch {
+  /** Failures counted from here: the count when the target last got further. */
+  private baseline: number;
+  private confirmed: string | null;
+  private progressAt = performance.now();
+  private readonly stuckMs: number;
+
   private constructor(
     private readonly ctx: MoveContext,
-    private readonly baseline: number,
-  ) {}
-
-  static async start(ctx: MoveContext): Promise<SubscriptionWatch> {
-    return new SubscriptionWatch(ctx, (await SubscriptionWatch.health(ctx)).failures);
+    start: { failures: number; confirmed: string | null },
+  ) {
+    this.baseline = start.failures;
+    this.confirmed = start.confirmed;
+    this.stuckMs = Math.min(APPLY_STUCK_MS, ctx.settings.waitTimeoutMs / 4);
   }
 
-  private static async health(ctx: MoveContext): Promise<{ exists: boolean; failures: number }> {
-    const r = await ctx.target.client.query<{ enabled: boolean | null; failures: string }>(SUBSCRIPTION_HEALTH_SQL, [
-      ctx.name,
+  static async start(ctx: MoveContext): Promise<SubscriptionWatch> {
+    return new SubscriptionWatch(ctx, await SubscriptionWatch.read(ctx));
+  }
+
+  private static async read(
+    ctx: MoveContext,
+  ): Promise<{ exists: boolean; failures: number; confirmed: string | null }> {
+    const [health, slot] = await Promise.all([
+      ctx.target.client.query<{ enabled: boolean | null; failures: string }>(SUBSCRIPTION_HEALTH_SQL, [ctx.name]),
+      ctx.source.client.query<{ lsn: string | null }>(SLOT_CONFIRMED_SQL, [ctx.name]),
     ]);
-    const row = r.rows[0];
-    return { exists: row?.enabled !== null && row?.enabled !== undefined, failures: Number(row?.failures ?? 0) };
+    const row = health.rows[0];
+    return {
+      exists: row?.enabled !== null && row?.enabled !== undefined,
+      failures: Number(row?.failures ?? 0),
+      confirmed: slot.rows[0]?.lsn ?? null,
+    };
   }
 
   /** Throws when the wait cannot end well; `waiting` says for what, in the message. */
   async check(waiting: string): Promise<void> {
     const { ctx } = this;
-    const { exists, failures } = await SubscriptionWatch.health(ctx);
+    const { exists, failures, confirmed } = await SubscriptionWatch.read(ctx);
     if (!exists)
       throw new HostError(
         ctx.target.host.name,
         `the move's subscription ${ctx.name} is gone (dropped by someone else?) while waiting for ${waiting}; nothing is fenced. Abort the move to undo it, then move the shard again`,
         { shard: ctx.shards[0]!, code: 'SUBSCRIPTION_GONE', next: [{ action: 'abort', shards: ctx.shards }] },
       );
+    const now = performance.now();
+    if (confirmed !== this.confirmed) {
+      // The target got further: the failures before were not for good.
+      this.confirmed = confirmed;
+      this.progressAt = now;
+      this.baseline = failures;
+      return;
+    }
     const failed = failures - this.baseline;
-    if (failed >= APPLY_FAILURES_TOLERATED)
+    const stuck = now - this.progressAt;
+    if (failed >= APPLY_FAILURES_TOLERATED && stuck >= this.stuckMs)
       throw new HostError(
         ctx.target.host.name,
-        `applying the replicated changes failed ${failed} times while waiting for ${waiting} (the reason is in that host's server log: a row the target holds already, a column or table the source has and the target lacks, a right the subscription's owner lacks); nothing is fenced. Fix it and resume the move, or abort it to undo the move`,
+        `applying the replicated changes failed ${failed} times while waiting for ${waiting}, and nothing was applied for ${Math.round(stuck / 1000)} s (the reason is in that host's server log: a row the target holds already, a column or table the source has and the target lacks, a right the subscription's owner lacks); nothing is fenced. Fix it and resume the move, or abort it to undo the move`,
         { shard: ctx.shards[0]!, code: 'SYNC_FAILED', next: resumeOrAbort(ctx.shards) },
       );
   }

@@ -42,19 +42,25 @@ describe("a move's subscription that cannot deliver before the fence", () => {
     return { error, notices: notices.join('\n'), ms: performance.now() - started };
   }
 
-  it('an apply that fails three times stops the catch-up, source writable and nothing fenced; fixed, --resume finishes the move', async () => {
+  it('an apply that keeps failing (3 tries, nothing applied for a quarter of the wait) stops the catch-up, source writable and nothing fenced; fixed, --resume finishes the move', async () => {
     await withClient(db.urls[0]!, (c) => seed(c, 1, 400));
     // The target holds a row of the id the source writes next: its apply fails on the key, and the
     // subscription's worker is started again and fails again (every 500 ms on the test servers).
     const row = `insert into insta1.photos (id, user_id, image_url) values (1, 1, 'conflict')`;
-    const { error, notices } = await moveBreakingAt(1, [
-      [db.urls[1]!, row],
-      [db.urls[0]!, row],
-    ]);
+    // Within a 20 s limit: stopped once 3 tries failed and nothing was applied for a quarter of it.
+    const { error, notices, ms } = await moveBreakingAt(
+      1,
+      [
+        [db.urls[1]!, row],
+        [db.urls[0]!, row],
+      ],
+      20_000,
+    );
     expect(error?.code, error?.message).toBe('SYNC_FAILED');
     expect(error?.message).toMatch(
-      /^host pg2, shard 1: applying the replicated changes failed \d+ times while waiting for the changes committed on pg1 to be applied .*nothing is fenced\. Fix it and resume the move, or abort it/,
+      /^host pg2, shard 1: applying the replicated changes failed \d+ times while waiting for the changes committed on pg1 to be applied, and nothing was applied for [5-9] s .*nothing is fenced\. Fix it and resume the move, or abort it/,
     );
+    expect(ms).toBeLessThan(20_000);
     expect(error).toMatchObject({ shard: 1 });
     expect(notices).not.toMatch(/fenced/);
     await withClient(db.urls[0]!, async (c) => {

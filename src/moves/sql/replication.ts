@@ -82,6 +82,9 @@ export const SUBSCRIPTION_ERRORS_SQL = sql`SELECT coalesce(sum(sync_error_count 
 /** Whether subscription $1 exists (enabled: null when not) and how often it failed to sync or apply. */
 export const SUBSCRIPTION_HEALTH_SQL = sql`SELECT (${SUBSCRIPTION_EXISTS_SQL}) AS enabled, (${SUBSCRIPTION_ERRORS_SQL}) AS failures`;
 
+/** Where a target's apply stands: the position slot $1 (on the source) has confirmed. */
+export const SLOT_CONFIRMED_SQL = sql`SELECT confirmed_flush_lsn::text AS lsn FROM pg_replication_slots WHERE slot_name = $1`;
+
 /** Subscription $1's tables, and how many of them are not streaming yet. */
 export const SUBSCRIPTION_TABLES_SQL = sql`SELECT count(*) AS total, count(*) FILTER (WHERE r.srsubstate <> 'r') AS pending
          FROM pg_subscription_rel r JOIN pg_subscription s ON s.oid = r.srsubid WHERE s.subname = $1`;
