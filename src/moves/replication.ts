@@ -177,8 +177,14 @@ export async function waitForSync(ctx: MoveContext): Promise<void> {
   const limit = ctx.settings.waitTimeoutMs;
   const started = performance.now();
   let told = started;
+  let looked = started;
   for (;;) {
-    await watch.check('its tables to stream');
+    // Every second, as the marker's wait does (the watch reads both hosts): not on the first pass,
+    // which usually finds every table streaming already.
+    if (performance.now() - looked > 1000) {
+      looked = performance.now();
+      await watch.check('its tables to stream');
+    }
     const r = await ctx.target.client.query<{ total: string; pending: string }>(SUBSCRIPTION_TABLES_SQL, [ctx.name]);
     const { total, pending } = r.rows[0]!;
     if (Number(total) > 0 && Number(pending) === 0) break;
