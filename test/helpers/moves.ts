@@ -428,6 +428,42 @@ export function startShardWriter(
 }
 
 /**
+ * `rows` photos rows in `shard` on the host at `url`, each image_url `width` characters of 'p' and
+ * its number, then ANALYZE (a chunked copy cuts its chunks at the key's statistics).
+ */
+export async function insertPhotos(url: string, shard: number, rows: number, width: number): Promise<void> {
+  await withClient(url, (c) =>
+    c.query(
+      `insert into insta${shard}.photos (user_id, image_url) select g, repeat('p', ${width}) || g from generate_series(1, ${rows}) g;
+       analyze insta${shard}.photos`,
+    ),
+  );
+}
+
+/** A chunk of a resumable copy, as the target records it (shardctl.move_chunks). */
+export interface ChunkRecord {
+  readonly chunk: number;
+  readonly copied: boolean;
+  /** A run began its copy (its snapshot recorded). */
+  readonly attempted: boolean;
+  readonly rows: string | null;
+  readonly key_column: string;
+  readonly lo: string | null;
+}
+
+/** The chunk records of `table` (as the move names it: `"schema"."table"`) on the host at `url`, in chunk order. */
+export async function chunkRecords(url: string, table: string): Promise<ChunkRecord[]> {
+  return withClient(url, async (c) => {
+    const r = await c.query<ChunkRecord>(
+      `select chunk, copied, snapshot is not null as attempted, rows::text as rows, key_column, lo::text as lo
+         from shardctl.move_chunks where table_name = $1 order by chunk`,
+      [table],
+    );
+    return r.rows;
+  });
+}
+
+/**
  * The fleet most move tests start from: 4 shards, 0-1 on the first host and 2-3 on the second,
  * initialised, with `rows` photos rows seeded into `shard` (on the first host).
  */

@@ -3,7 +3,15 @@ import type { MoveResult } from '../../src/index.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { runCli } from '../helpers/fleet.js';
 import { move } from '../helpers/faults.js';
-import { logStarted, removeCliSnapshot, seededFleet, spawnCli, startShardWriter } from '../helpers/moves.js';
+import {
+  chunkRecords,
+  insertPhotos,
+  logStarted,
+  removeCliSnapshot,
+  seededFleet,
+  spawnCli,
+  startShardWriter,
+} from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
@@ -13,15 +21,7 @@ afterAll(removeCliSnapshot);
 /** 200,000 photos rows of ~150 bytes (about 30 MB), copied in chunks of 20,000 rows: 10 chunks. */
 const ROWS = 200_000;
 const CHUNK = '20000';
-
-async function chunkRecords(url: string): Promise<{ chunk: number; copied: boolean; rows: string | null }[]> {
-  return withClient(url, async (c) => {
-    const r = await c.query<{ chunk: number; copied: boolean; rows: string | null }>(
-      `select chunk, copied, rows::text from shardctl.move_chunks where table_name = '"insta1"."photos"' order by chunk`,
-    );
-    return r.rows;
-  });
-}
+const PHOTOS = '"insta1"."photos"';
 
 /** The names of `schema`.photos's indexes. */
 async function indexes(url: string, schema: string): Promise<string[]> {
@@ -50,12 +50,7 @@ async function indexDefinitions(url: string, schema: string, readFrom = schema):
 describe('a copy that resumes', () => {
   it('a move killed in its copy goes on with the chunks not copied yet, reconciles the ones copied before against the new snapshot, and leaves no dead rows', async () => {
     const { fleet } = await seededFleet(db.urls, 1, 0);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(
-        `insert into insta1.photos (user_id, image_url) select g, repeat('p', 100) || g from generate_series(1, ${ROWS}) g;
-         analyze insta1.photos`,
-      ),
-    );
+    await insertPhotos(db.urls[0]!, 1, ROWS, 100);
     // A plain index on every shard's photos (the same shape everywhere, so the preflight sees no
     // drift), which the target's copy, built by the migrations, lacks: a chunked table is loaded
     // without its plain indexes, and they are built from the source's definitions after its last chunk.
@@ -77,7 +72,7 @@ describe('a copy that resumes', () => {
       SHARDCTL_FAULT_AFTER_CHUNKS: '3',
     });
     expect(first.signal, first.stderr).toBe('SIGKILL');
-    const afterFirst = await chunkRecords(db.urls[1]!);
+    const afterFirst = await chunkRecords(db.urls[1]!, PHOTOS);
     // Chunks of about 20,000 rows, cut at the key's statistics (the table was analyzed): 10, the
     // last one open-ended (the writer's rows go there); 11 when cut by reading the keys.
     expect(afterFirst.length).toBeGreaterThanOrEqual(10);
@@ -100,7 +95,7 @@ describe('a copy that resumes', () => {
       SHARDCTL_FAULT_AFTER_CHUNKS: '2',
     });
     expect(second.signal, second.stderr).toBe('SIGKILL');
-    const afterSecond = await chunkRecords(db.urls[1]!);
+    const afterSecond = await chunkRecords(db.urls[1]!, PHOTOS);
     // The plan is the first run's; chunks 0 and 1 were copied again (they differed), 2 kept, and
     // two new ones committed (3 and 4).
     expect(afterSecond.map((c) => c.chunk)).toEqual(afterFirst.map((c) => c.chunk));
@@ -126,7 +121,7 @@ describe('a copy that resumes', () => {
       .map((l) => JSON.parse(l) as { kind: string; bytes: number; done: boolean });
     const copied = events.filter((e) => e.kind === 'copy').at(-1)!;
     expect(copied.done).toBe(true);
-    const records = await chunkRecords(db.urls[1]!);
+    const records = await chunkRecords(db.urls[1]!, PHOTOS);
     expect(records).toEqual([]);
     // The plain index built after the last chunk, as the source has it.
     expect(await indexDefinitions(db.urls[1]!, 'insta1')).toEqual(

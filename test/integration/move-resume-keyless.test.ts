@@ -3,7 +3,7 @@ import type { MoveResult } from '../../src/index.js';
 import { init } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { move } from '../helpers/faults.js';
-import { removeCliSnapshot, spawnCli } from '../helpers/moves.js';
+import { chunkRecords, removeCliSnapshot, spawnCli } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(2);
@@ -12,6 +12,7 @@ afterAll(removeCliSnapshot);
 /** 100,000 rows of a table without a primary key (about 13 MB), in chunks of about 10,000 rows. */
 const ROWS = 100_000;
 const CHUNK = '10000';
+const EVENTS_TABLE = '"insta1"."events"';
 const EVENTS = `CREATE TABLE events (user_id bigint NOT NULL, body text NOT NULL);
 ALTER TABLE events REPLICA IDENTITY FULL;`;
 /** A keyed table beside it (the second test). */
@@ -27,19 +28,6 @@ beforeAll(async () => {
   });
   expect((await init(await fleet.config())).ok).toBe(true);
 });
-
-async function chunkRecords(
-  url: string,
-  table = '"insta1"."events"',
-): Promise<{ key_column: string; lo: string | null; copied: boolean }[]> {
-  return withClient(url, async (c) => {
-    const r = await c.query<{ key_column: string; lo: string | null; copied: boolean }>(
-      `select key_column, lo, copied from shardctl.move_chunks where table_name = $1 order by chunk`,
-      [table],
-    );
-    return r.rows;
-  });
-}
 
 async function deadRows(url: string, schema: string, table: string): Promise<string> {
   return withClient(url, async (c) => {
@@ -85,7 +73,7 @@ describe('a keyless table copied in chunks of blocks', () => {
       SHARDCTL_FAULT_AFTER_CHUNKS: '3',
     });
     expect(first.signal, first.stderr).toBe('SIGKILL');
-    const planned = await chunkRecords(db.urls[1]!);
+    const planned = await chunkRecords(db.urls[1]!, EVENTS_TABLE);
     // About ten ranges of blocks, the first and the last open-ended.
     expect(planned.length).toBeGreaterThanOrEqual(8);
     expect(planned.length).toBeLessThanOrEqual(12);
@@ -112,7 +100,7 @@ describe('a keyless table copied in chunks of blocks', () => {
     // Every chunk of a new plan copied (none kept from the killed run), none reconciled.
     expect(result.chunks.recopied).toBe(0);
     expect(result.chunks.copied).toBeGreaterThanOrEqual(8);
-    expect(await chunkRecords(db.urls[1]!)).toEqual([]);
+    expect(await chunkRecords(db.urls[1]!, EVENTS_TABLE)).toEqual([]);
 
     const oldName = await withClient(
       db.urls[0]!,

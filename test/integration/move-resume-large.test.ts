@@ -9,7 +9,15 @@ import type { MoveResult } from '../../src/index.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { runCli } from '../helpers/fleet.js';
 import { move } from '../helpers/faults.js';
-import { removeCliSnapshot, seededFleet, spawnCli, startCli, startShardWriter } from '../helpers/moves.js';
+import {
+  chunkRecords,
+  insertPhotos,
+  removeCliSnapshot,
+  seededFleet,
+  spawnCli,
+  startCli,
+  startShardWriter,
+} from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
@@ -19,21 +27,7 @@ afterAll(removeCliSnapshot);
 /** 800,000 rows of about 250 bytes: about 200 MB of heap, copied in 8 chunks of 100,000 rows. */
 const ROWS = 800_000;
 const CHUNK = '100000';
-
-interface Chunk {
-  chunk: number;
-  copied: boolean;
-  attempted: boolean;
-}
-
-async function chunkRecords(): Promise<Chunk[]> {
-  return withClient(db.urls[1]!, async (c) => {
-    const r = await c.query<Chunk>(
-      `select chunk, copied, snapshot is not null as attempted from shardctl.move_chunks where table_name = '"insta1"."photos"' order by chunk`,
-    );
-    return r.rows;
-  });
-}
+const PHOTOS = '"insta1"."photos"';
 
 /** One query's single value on a host. */
 async function value(url: string, sql: string, params: unknown[] = []): Promise<string> {
@@ -53,12 +47,7 @@ async function digest(url: string, table: string, exceptIds: readonly string[]):
 describe('a copy of a few hundred MB that resumes', () => {
   it('killed after a chunk and in the middle of one: each resume copies only what is left; rows equal by a full comparison, no dead rows, no extra heap', async () => {
     const { fleet } = await seededFleet(db.urls, 1, 0);
-    await withClient(db.urls[0]!, (c) =>
-      c.query(
-        `insert into insta1.photos (user_id, image_url) select g, repeat('p', 200) || g from generate_series(1, ${ROWS}) g;
-         analyze insta1.photos`,
-      ),
-    );
+    await insertPhotos(db.urls[0]!, 1, ROWS, 200);
     const heap = Number(await value(db.urls[0]!, `select pg_relation_size('insta1.photos')::text as v`));
     expect(heap).toBeGreaterThan(180_000_000);
     const writer = startShardWriter(await ShardMap.load(fleet.configFile), 1);
@@ -68,7 +57,7 @@ describe('a copy of a few hundred MB that resumes', () => {
     const args = ['--copy-chunk-rows', CHUNK, '--copy-parallel', '1'];
     const first = await spawnCli(move(fleet, 1, '--to', 'pg2', ...args), { SHARDCTL_FAULT_AFTER_CHUNKS: '2' });
     expect(first.signal, first.stderr).toBe('SIGKILL');
-    const afterFirst = await chunkRecords();
+    const afterFirst = await chunkRecords(db.urls[1]!, PHOTOS);
     expect(afterFirst.length).toBeGreaterThanOrEqual(8);
     expect(afterFirst.filter((c) => c.copied).map((c) => c.chunk)).toEqual([0, 1]);
 
@@ -77,7 +66,7 @@ describe('a copy of a few hundred MB that resumes', () => {
     await waitFor(
       'another chunk copied and the next one half loaded',
       async () => {
-        const copied = (await chunkRecords()).filter((c) => c.copied).length;
+        const copied = (await chunkRecords(db.urls[1]!, PHOTOS)).filter((c) => c.copied).length;
         const loading = Number(
           await value(
             db.urls[1]!,
@@ -91,7 +80,7 @@ describe('a copy of a few hundred MB that resumes', () => {
     );
     second.child.kill('SIGKILL');
     expect((await second.done).signal).toBe('SIGKILL');
-    const afterSecond = await chunkRecords();
+    const afterSecond = await chunkRecords(db.urls[1]!, PHOTOS);
     expect(afterSecond.map((c) => c.chunk)).toEqual(afterFirst.map((c) => c.chunk));
     const copiedBefore = afterSecond.filter((c) => c.copied).length;
     expect(copiedBefore).toBeGreaterThanOrEqual(3);

@@ -4,7 +4,15 @@ import type { MoveResult } from '../../src/index.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { runCli } from '../helpers/fleet.js';
 import { move } from '../helpers/faults.js';
-import { removeCliSnapshot, seededFleet, spawnCli, startCli, startShardWriter } from '../helpers/moves.js';
+import {
+  chunkRecords,
+  insertPhotos,
+  removeCliSnapshot,
+  seededFleet,
+  spawnCli,
+  startCli,
+  startShardWriter,
+} from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
@@ -20,31 +28,6 @@ afterAll(removeCliSnapshot);
 /** 120,000 photos rows of ~150 bytes per shard, copied in chunks of 12,000 rows: about 10 chunks. */
 const ROWS = 120_000;
 const CHUNK = '12000';
-
-interface Chunk {
-  chunk: number;
-  copied: boolean;
-  attempted: boolean;
-}
-
-async function chunkRecords(shard: number): Promise<Chunk[]> {
-  return withClient(db.urls[1]!, async (c) => {
-    const r = await c.query<Chunk>(
-      `select chunk, copied, snapshot is not null as attempted from shardctl.move_chunks where table_name = $1 order by chunk`,
-      [`"insta${shard}"."photos"`],
-    );
-    return r.rows;
-  });
-}
-
-async function seed(shard: number): Promise<void> {
-  await withClient(db.urls[0]!, (c) =>
-    c.query(
-      `insert into insta${shard}.photos (user_id, image_url) select g, repeat('p', 100) || g from generate_series(1, ${ROWS}) g;
-       analyze insta${shard}.photos`,
-    ),
-  );
-}
 
 /** Every row of the shard's old copy (renamed on the source) on the target, and nothing else but the rows written there after the switch. */
 async function expectRowsEqual(
@@ -106,8 +89,8 @@ describe('a resumed copy and the source change log', () => {
 
   it('killed in the middle of a chunk: the chunks copied before are settled from the log (nothing read), the cut-off chunk vacuumed, no dead rows', async () => {
     ({ fleet } = await seededFleet(db.urls, 1, 0));
-    await seed(1);
-    await seed(0);
+    await insertPhotos(db.urls[0]!, 1, ROWS, 100);
+    await insertPhotos(db.urls[0]!, 0, ROWS, 100);
     const writer = startShardWriter(await ShardMap.load(fleet.configFile), 1);
     await waitFor('writes', async () => writer.acknowledged.length > 10);
 
@@ -117,7 +100,7 @@ describe('a resumed copy and the source change log', () => {
       move(fleet, 1, '--to', 'pg2', '--copy-chunk-rows', CHUNK, '--copy-parallel', '2', '--max-rate', '3000000'),
     );
     await waitFor('two chunks copied and the rows of another one coming in', async () => {
-      const chunks = await chunkRecords(1);
+      const chunks = await chunkRecords(db.urls[1]!, '"insta1"."photos"');
       const loading = await withClient(db.urls[1]!, async (c) =>
         Number(
           (
@@ -133,7 +116,7 @@ describe('a resumed copy and the source change log', () => {
     });
     run.child.kill('SIGKILL');
     expect((await run.done).signal).toBe('SIGKILL');
-    const killed = await chunkRecords(1);
+    const killed = await chunkRecords(db.urls[1]!, '"insta1"."photos"');
     const copiedBefore = killed.filter((c) => c.copied).length;
     expect(killed.some((c) => c.attempted && !c.copied)).toBe(true);
     // The cut-off chunk's rows, rolled back, are dead rows on the target (counted once its
@@ -161,7 +144,7 @@ describe('a resumed copy and the source change log', () => {
       SHARDCTL_FAULT_AFTER_CHUNKS: '3',
     });
     expect(first.signal, first.stderr).toBe('SIGKILL');
-    const killed = await chunkRecords(0);
+    const killed = await chunkRecords(db.urls[1]!, '"insta0"."photos"');
     expect(killed.filter((c) => c.copied).map((c) => c.chunk)).toEqual([0, 1, 2]);
     // As if the source's log had been switched off and started again since those chunks' copy.
     await withClient(db.urls[0]!, async (c) => {
@@ -208,12 +191,7 @@ describe('a resumed copy and the source change log', () => {
     await expectMovedUnderWriter(0, writer);
   });
   it('an older snapshot on the target that outlives the whole resume: the move finishes, its rows equal, and says how many deleted rows it left to autovacuum', async () => {
-    await withClient(db.urls[1]!, (c) =>
-      c.query(
-        `insert into insta3.photos (user_id, image_url) select g, repeat('p', 100) || g from generate_series(1, ${ROWS}) g;
-         analyze insta3.photos`,
-      ),
-    );
+    await insertPhotos(db.urls[1]!, 3, ROWS, 100);
     const first = await spawnCli(move(fleet, 3, '--to', 'pg1', '--copy-chunk-rows', CHUNK, '--copy-parallel', '1'), {
       SHARDCTL_FAULT_AFTER_CHUNKS: '3',
     });
@@ -266,12 +244,7 @@ describe('a resumed copy and the source change log', () => {
   });
 
   it('a move an older shardctl began (control schema version 4) is resumed by this one: the control schema is brought up to date first, and writes logged with the new columns go on', async () => {
-    await withClient(db.urls[1]!, (c) =>
-      c.query(
-        `insert into insta2.photos (user_id, image_url) select g, repeat('p', 100) || g from generate_series(1, 40000) g;
-         analyze insta2.photos`,
-      ),
-    );
+    await insertPhotos(db.urls[1]!, 2, 40_000, 100);
     const writer = startShardWriter(await ShardMap.load(fleet.configFile), 2);
     await waitFor('writes', async () => writer.acknowledged.length > 10);
     const first = await spawnCli(move(fleet, 2, '--to', 'pg1'), { SHARDCTL_FAULT_AFTER_STEP: 'prepared' });

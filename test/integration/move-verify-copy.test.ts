@@ -11,7 +11,7 @@ import { init, moveShard, type HostError } from '../../src/index.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { type Fleet, makeFleet } from '../helpers/fleet.js';
 import { move, runSqlBlocking } from '../helpers/faults.js';
-import { logStarted, removeCliSnapshot, spawnCli, startShardWriter } from '../helpers/moves.js';
+import { insertPhotos, logStarted, removeCliSnapshot, spawnCli, startShardWriter } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
@@ -30,13 +30,8 @@ beforeAll(async () => {
   expect((await init(await fleet.config())).ok).toBe(true);
 });
 
-async function seed(shard: number): Promise<void> {
-  await withClient(db.urls[0]!, (c) =>
-    c.query(
-      `insert into insta${shard}.photos (user_id, image_url) select g, 'p' || g from generate_series(1, ${ROWS}) g;
-       analyze insta${shard}.photos`,
-    ),
-  );
+function seed(shard: number): Promise<void> {
+  return insertPhotos(db.urls[0]!, shard, ROWS, 1);
 }
 
 /**
@@ -116,12 +111,7 @@ describe('the figures before the fence taken from the copy', () => {
   });
 
   it('reads the table whole at P when something but the copy wrote to it on the target during the copy', async () => {
-    await withClient(db.urls[0]!, (c) =>
-      c.query(
-        `insert into insta3.photos (user_id, image_url) select g, repeat('p', 200) || g from generate_series(1, 300000) g;
-         analyze insta3.photos`,
-      ),
-    );
+    await insertPhotos(db.urls[0]!, 3, 300_000, 200);
     const notices: string[] = [];
     let wrote: number | null = null;
     const outcome = await moveShard(await fleet.config(), 3, 'pg2', {
