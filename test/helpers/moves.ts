@@ -369,8 +369,8 @@ export function startShardWriter(
   statement: (i: number) => string = () =>
     `insert into insta${shard}.photos (user_id, image_url) values (${shard}, 'w') returning id`,
 ) {
-  /** Ids returned by single statements, with the host that acknowledged them. */
-  const acknowledged: { id: bigint; host: string }[] = [];
+  /** Ids returned by single statements, with the host that acknowledged them and the statement's number. */
+  const acknowledged: { id: bigint; host: string; i: number }[] = [];
   const clients = new Map<string, pg.Client>();
   let writes = 0;
   let fenceErrors = 0;
@@ -391,7 +391,7 @@ export function startShardWriter(
           pg.QueryResult<{ id?: string }> | pg.QueryResult<{ id?: string }>[];
         writes += 1;
         const id = Array.isArray(result) ? undefined : result.rows[0]?.id;
-        if (id !== undefined) acknowledged.push({ id: BigInt(id), host: host.name });
+        if (id !== undefined) acknowledged.push({ id: BigInt(id), host: host.name, i });
       } catch (error) {
         await client.query('rollback').catch(() => undefined);
         if (!shardMovedTo(error)) throw error;
