@@ -10,6 +10,7 @@ import { endQuietly } from '../pg/quiet.js';
 import { libpqCompatible } from '../pg/tls.js';
 import type { PreflightCheck } from './preflight-check.js';
 import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql/replication.js';
+import { CURRENT_USER_SQL } from './sql/session.js';
 import { faultAfter } from './state.js';
 
 /**
@@ -41,10 +42,12 @@ export async function reachabilityChecks(
       own === null,
       own === null
         ? `shardctl can open a replication connection to ${source.name}`
-        : `shardctl cannot open a replication connection to ${source.name}: ${own}` +
-            (/unsupported startup parameter/i.test(own)
+        : `shardctl cannot open a replication connection to ${source.name}: ${own.text}` +
+            (/unsupported startup parameter/i.test(own.text)
               ? `; that address looks like a connection pooler's: set ${source.name}'s directUrl to the server's own address`
-              : ''),
+              : own.code === PERMISSION_DENIED
+                ? `; give ${await currentUser(src)} the REPLICATION attribute on ${source.name} (ALTER ROLE … REPLICATION; on a managed service, its replication role), or use --mode offline`
+                : ''),
     );
   }
   if (probe && checks.every((c) => c.ok)) {
@@ -54,13 +57,38 @@ export async function reachabilityChecks(
       reach === null,
       reach === null
         ? `${target.name} can connect to ${source.name} for replication`
-        : /unsupported startup parameter/i.test(reach)
-          ? `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; that address looks like a connection pooler's: set ${source.name}'s directUrl (or replicationUrl) to the server's own address`
-          : `${target.name} cannot connect to ${source.name} at its replicationUrl: ${reach}; set hosts[].replicationUrl to an address ${target.name} can reach`,
+        : `${target.name} cannot ${reach.code === PERMISSION_DENIED ? 'subscribe' : 'connect'} to ${source.name} at its replicationUrl: ${reach.text}; ` +
+            (/unsupported startup parameter/i.test(reach.text)
+              ? `that address looks like a connection pooler's: set ${source.name}'s directUrl (or replicationUrl) to the server's own address`
+              : reach.code === PERMISSION_DENIED
+                ? `let ${await currentUser(dst)} create subscriptions on ${target.name} (PostgreSQL 16 and later: GRANT pg_create_subscription TO it; 15: only a superuser, or a managed service's own replication role, may), or use --mode offline`
+                : reach.code === PASSWORD_REQUIRED
+                  ? `a subscription whose owner is not a superuser must log in with a password: put it in ${source.name}'s replicationUrl (or url) and have ${source.name} ask for it (pg_hba.conf: scram-sha-256 for ${target.name}'s address)`
+                  : `set hosts[].replicationUrl to an address ${target.name} can reach`),
     );
   } else if (probe) {
     add('target reaches source', true, 'not probed: other checks failed');
   }
+}
+
+/** insufficient_privilege: a right the connecting role lacks (REPLICATION, creating a subscription). */
+const PERMISSION_DENIED = '42501';
+/** A non-superuser's subscription to a server that asks for no password, or a connection string without one (16+). */
+const PASSWORD_REQUIRED = '2F003';
+
+/** What a probe met: the error, redacted, and its SQLSTATE. */
+interface ProbeFailure {
+  readonly text: string;
+  readonly code: string | undefined;
+}
+
+function probeFailure(error: unknown): ProbeFailure {
+  const code = (error as { code?: unknown }).code;
+  return { text: describePgError(error), code: typeof code === 'string' ? code : undefined };
+}
+
+async function currentUser(client: pg.Client): Promise<string> {
+  return (await client.query<{ current: string }>(CURRENT_USER_SQL)).rows[0]!.current;
 }
 
 /** Null when the file and its folder (for the atomic rename) are writable; else why not. */
@@ -79,7 +107,7 @@ export async function canRewrite(file: string): Promise<string | null> {
  * Null when shardctl can open a replication connection (the kind the copy's snapshot is taken on)
  * to the address the source's session reached; else the error, redacted.
  */
-async function probeReplicationConnection(host: HostConfig, session: pg.Client): Promise<string | null> {
+async function probeReplicationConnection(host: HostConfig, session: pg.Client): Promise<ProbeFailure | null> {
   // node-postgres supports replication connections; its type definitions do not list the option.
   const config: pg.ClientConfig & { replication: string } = {
     connectionString: libpqCompatible(connectedUrl(host, session)),
@@ -93,7 +121,7 @@ async function probeReplicationConnection(host: HostConfig, session: pg.Client):
     await client.connect();
     return null;
   } catch (error) {
-    return describePgError(error);
+    return probeFailure(error);
   } finally {
     await endQuietly(client);
   }
@@ -104,7 +132,7 @@ async function probeReplicationConnection(host: HostConfig, session: pg.Client):
  * subscription is recorded in the control schema before it is created, so a run killed in between
  * leaves a leftover that status lists and gc or --abort removes (src/moves/leftovers.ts).
  */
-async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<string | null> {
+async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<ProbeFailure | null> {
   // Unique per call: the moves of a batch probe the same target at the same moment.
   const name = `shardctl_probe_${process.pid}_${randomBytes(4).toString('hex')}`;
   await target.query(recordObjectSql(name, 'probe-subscription'));
@@ -117,7 +145,7 @@ async function probeSubscription(target: pg.Client, sourceUrl: string): Promise<
     // A failed CREATE SUBSCRIPTION leaves nothing to drop; on a broken connection the record below stays, a
     // leftover that gc and an abort remove.
     await target.query(dropSubscriptionSql(name, { ifExists: true })).catch(() => undefined);
-    return (error as Error).message;
+    return probeFailure(error);
   } finally {
     // Fails only on a broken connection: the record then stays, a leftover that gc and an abort remove.
     await target.query(forgetObjectSql(name)).catch(() => undefined);

@@ -1,9 +1,10 @@
 import type pg from 'pg';
 import { shardsPhrase } from '../config/ranges.js';
+import { quoteIdent } from '../pg/quote.js';
 import { inflect } from '../text.js';
 import type { PreflightCheck } from './preflight-check.js';
 import { rolesNamed, type PrivilegeObject } from './privileges.js';
-import { ownerNeedsSet, rolesSql } from './sql/preflight.js';
+import { DATABASE_RIGHTS_SQL, ownerNeedsSet, rolesSql } from './sql/preflight.js';
 import { CURRENT_USER_SQL } from './sql/session.js';
 
 /**
@@ -60,5 +61,34 @@ export async function roleChecks(
             `so it cannot give the copies to ${cannotGive.length === 1 ? 'that owner' : 'those owners'}; ` +
             `grant ${cannotGive.length === 1 ? 'it' : 'them'} to ${current} on ${targetName} (GRANT ${cannotGive.join(', ')} TO ${current}${withSet ? ' WITH SET TRUE' : ''}), or connect as a superuser`,
     },
+  ];
+}
+
+/**
+ * The connecting role may create in the database: schemas on the target (the copies, either mode)
+ * and, for an online move, a publication on the source. An operator that is not a superuser (a
+ * managed service has none) may lack it; without this check the move would stop at its first
+ * CREATE, after the source was fenced or the slot made.
+ */
+export async function databaseChecks(
+  online: boolean,
+  src: pg.Client,
+  dst: pg.Client,
+  sourceName: string,
+  targetName: string,
+): Promise<PreflightCheck[]> {
+  const read = async (client: pg.Client) =>
+    (await client.query<{ role: string; database: string; can_create: boolean }>(DATABASE_RIGHTS_SQL)).rows[0]!;
+  const [onSource, onTarget] = await Promise.all([read(src), read(dst)]);
+  const check = (name: string, host: string, r: typeof onSource, what: string, orElse = ''): PreflightCheck => ({
+    name,
+    ok: r.can_create,
+    message: r.can_create
+      ? `${r.role} may create ${what} in database ${r.database} on ${host}`
+      : `${r.role} may not create ${what} in database ${r.database} on ${host}: GRANT CREATE ON DATABASE ${quoteIdent(r.database)} TO ${quoteIdent(r.role)} there (or make it the database's owner)${orElse}`,
+  });
+  return [
+    check('create on target', targetName, onTarget, 'schemas'),
+    ...(online ? [check('create on source', sourceName, onSource, 'publications', ', or use --mode offline')] : []),
   ];
 }

@@ -79,6 +79,8 @@ describe('move-shard preflight on a two-host fleet', () => {
         'same tables as the migrations build',
         'roles on target',
         'owners on target',
+        'create on target',
+        'create on source',
         'migrations',
         'target disk',
         'source WAL limits',
@@ -92,6 +94,9 @@ describe('move-shard preflight on a two-host fleet', () => {
     expect(offline.code, offline.stderr).toBe(0);
     expect(offline.stdout).toContain('(offline) — dry run, nothing changed');
     expect(offline.stdout).not.toContain('wal_level');
+    // A publication is the online move's alone.
+    expect(offline.stdout).toContain('  ok   create on target: ');
+    expect(offline.stdout).not.toContain('create on source');
     expect(offline.stdout.trimEnd().split('\n')).toContain(`  steps: ${OFFLINE_STEPS.join(' → ')}`);
 
     expect(await fleetState(urls, fleet.configFile)).toEqual(before);

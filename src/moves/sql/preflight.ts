@@ -20,6 +20,13 @@ export function targetShardStatesSql(initialised: boolean): Sql {
        FROM unnest($1::int[], $2::text[]) AS s(shard, schema)`;
 }
 
+/**
+ * The connecting role, its database, and whether it may create schemas there (the target's copies)
+ * and publications (an online move's on the source): the CREATE privilege on the database.
+ */
+export const DATABASE_RIGHTS_SQL = sql`SELECT current_user AS role, current_database() AS database,
+              has_database_privilege(current_database(), 'CREATE') AS can_create`;
+
 /** wal_level, and the free replication slots and WAL senders. */
 export const REPLICATION_SETTINGS_SQL = sql`SELECT current_setting('wal_level') AS wal_level,
               current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,

@@ -1,0 +1,136 @@
+/**
+ * The operator without superuser, as on a managed service (which has none): a role that owns its
+ * database's objects, has REPLICATION and (PostgreSQL 16 and later) pg_create_subscription. It
+ * builds the fleet and moves shards; each right it lacks is named by the move's preflight before
+ * anything changes, with what to grant.
+ */
+import { randomBytes } from 'node:crypto';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
+import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { fleetState, replicationObjects } from '../helpers/moves.js';
+
+const db = useTestDatabases(2);
+const suffix = randomBytes(4).toString('hex');
+const OPS = `ops_${suffix}`;
+const PASSWORD = `pw_${suffix}`;
+
+function asOps(url: string): string {
+  const u = new URL(url);
+  u.username = OPS;
+  u.password = PASSWORD;
+  return u.toString();
+}
+
+const databaseOf = (url: string): string => decodeURIComponent(new URL(url).pathname.slice(1));
+
+const move = (fleet: Fleet, shard: number, ...flags: string[]) => [
+  'move-shard',
+  String(shard),
+  '--to',
+  'pg2',
+  ...flags,
+  '--yes',
+  '-c',
+  fleet.configFile,
+];
+
+/** The target's server major, which decides who may create a subscription. */
+let targetMajor = 0;
+
+async function onTarget(sql: string): Promise<void> {
+  await withClient(db.urls[1]!, (c) => c.query(sql));
+}
+
+describe('an operator role that is not a superuser', () => {
+  let fleet: Fleet;
+
+  beforeAll(async () => {
+    for (const url of db.urls)
+      await withClient(url, async (c) => {
+        await c.query(`CREATE ROLE ${OPS} LOGIN REPLICATION PASSWORD '${PASSWORD}'`);
+        await c.query(`GRANT CREATE ON DATABASE "${databaseOf(url)}" TO ${OPS}`);
+        const major = Math.floor(Number((await c.query<{ v: string }>('show server_version_num')).rows[0]!.v) / 10000);
+        if (major >= 16) await c.query(`GRANT pg_create_subscription TO ${OPS}`);
+        if (url === db.urls[1]) targetMajor = major;
+      });
+    fleet = makeFleet({
+      urls: db.urls.map(asOps),
+      replicationUrls: db.replicationUrls.map(asOps),
+      shards: 4,
+      split: ['0-1', '2-3'],
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(asOps(db.urls[0]!), (c) =>
+      c.query(`insert into insta0.photos (user_id, image_url) select g, 'p' from generate_series(1, 500) g;
+               insert into insta1.photos (user_id, image_url) select g, 'p' from generate_series(1, 500) g`),
+    );
+  });
+
+  afterAll(async () => {
+    // Roles are the cluster's: the test's own goes, with what it owns and was granted in the database.
+    for (const url of db.urls)
+      await withClient(url, async (c) => {
+        await c.query(`DROP OWNED BY ${OPS} CASCADE`);
+        await c.query(`DROP ROLE ${OPS}`);
+      });
+  });
+
+  it('may not create schemas on the target: both modes refused by the preflight, naming the role, the database and the grant; nothing changed', async () => {
+    await onTarget(`REVOKE CREATE ON DATABASE "${databaseOf(db.urls[1]!)}" FROM ${OPS}`);
+    try {
+      const before = await fleetState(db.urls, fleet.configFile);
+      for (const mode of ['online', 'offline']) {
+        const run = await runCli(move(fleet, 0, '--mode', mode));
+        expect(run.code, run.stderr).toBe(1);
+        expect(run.stderr).toContain(
+          `create on target: ${OPS} may not create schemas in database ${databaseOf(db.urls[1]!)} on pg2: GRANT CREATE ON DATABASE "${databaseOf(db.urls[1]!)}" TO "${OPS}" there`,
+        );
+      }
+      expect(await fleetState(db.urls, fleet.configFile)).toEqual(before);
+    } finally {
+      await onTarget(`GRANT CREATE ON DATABASE "${databaseOf(db.urls[1]!)}" TO ${OPS}`);
+    }
+  });
+
+  it('may not create subscriptions on the target: an online move refused, saying what to grant or to move offline; nothing changed', async () => {
+    if (targetMajor >= 16) await onTarget(`REVOKE pg_create_subscription FROM ${OPS}`);
+    try {
+      const before = await fleetState(db.urls, fleet.configFile);
+      const run = await runCli(move(fleet, 0));
+      expect(run.code, run.stderr).toBe(1);
+      expect(run.stderr).toContain('target reaches source: pg2 cannot subscribe to pg1 at its replicationUrl: ');
+      expect(run.stderr).toContain(
+        `let ${OPS} create subscriptions on pg2 (PostgreSQL 16 and later: GRANT pg_create_subscription TO it;`,
+      );
+      expect(run.stderr).toContain('or use --mode offline');
+      expect(run.stderr).not.toContain(PASSWORD);
+      expect(await fleetState(db.urls, fleet.configFile)).toEqual(before);
+      expect(await replicationObjects(db.urls)).toEqual([]);
+    } finally {
+      if (targetMajor >= 16) await onTarget(`GRANT pg_create_subscription TO ${OPS}`);
+    }
+  });
+
+  it('moves shards: offline on any major, online where it may subscribe (PostgreSQL 16 and later); status and gc after', async () => {
+    const offline = await runCli(move(fleet, 0, '--mode', 'offline'));
+    expect(offline.code, offline.stderr).toBe(0);
+    if (targetMajor >= 16) {
+      const online = await runCli(move(fleet, 1));
+      expect(online.code, online.stderr).toBe(0);
+      expect(online.stderr).toMatch(/shard 1 moved from pg1 to pg2: 500 rows verified/);
+    }
+    const gc = await runCli(['gc', '--yes', '-c', fleet.configFile]);
+    expect(gc.code, gc.stderr).toBe(0);
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code, status.stderr).toBe(0);
+    const moved = targetMajor >= 16 ? [0, 1] : [0];
+    for (const shard of moved)
+      await withClient(asOps(db.urls[1]!), async (c) => {
+        const r = await c.query<{ n: string }>(`select count(*)::text as n from insta${shard}.photos`);
+        expect(r.rows[0]!.n).toBe('500');
+      });
+    expect(await replicationObjects(db.urls)).toEqual([]);
+  });
+});
