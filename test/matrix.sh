@@ -36,6 +36,7 @@ else
     test/integration/move-drift.test.ts
     test/integration/move-faults.test.ts
     test/integration/move-grants.test.ts
+    test/integration/move-operator-role.test.ts
     test/integration/move-preflight.test.ts
     test/integration/move-real-world.test.ts
     test/integration/move-truncate.test.ts
@@ -43,7 +44,8 @@ else
     test/integration/verify-logs.test.ts
   )
 fi
-# The core: provisioning, next_id, a move, staged migrations, adoption, preflight, grants and roles,
+# The core: provisioning, next_id, a move, staged migrations, adoption, preflight, grants and roles
+# (an operator that is not a superuser among them),
 # the control schema's version.
 core=(
   test/integration/adopt.test.ts
@@ -53,6 +55,7 @@ core=(
   test/integration/migrate-staged.test.ts
   test/integration/move.test.ts
   test/integration/move-grants.test.ts
+  test/integration/move-operator-role.test.ts
   test/integration/move-preflight.test.ts
   test/integration/next-id.test.ts
 )

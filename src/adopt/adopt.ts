@@ -134,7 +134,7 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
           if (baseline) {
             // Every shard that gets baseline records is checked: also one adopted earlier without --baseline.
             const schemas = inspected
-              .filter((s) => s.action !== 'none' || !hasBaseline(snapshot, s.shard, baseline.files))
+              .filter((s) => s.owned && (s.action !== 'none' || !hasBaseline(snapshot, s.shard, baseline.files)))
               .map((s) => ({ shard: s.shard, schema: s.schema }));
             checked = await checkBaseline(session.client, config, baseline.files, schemas);
           }

@@ -32,6 +32,8 @@ export interface ShardInspection {
   readonly tables: readonly { readonly table: string; readonly column: string }[];
   /** Why the shard cannot be adopted; empty when it can. */
   readonly refusals: readonly string[];
+  /** Whether the connecting role may change (so read) the schema and everything in it. */
+  readonly owned: boolean;
 }
 
 interface FunctionRow {
@@ -94,15 +96,47 @@ export async function inspectShards(
     )
   ).rows;
 
-  const drafts = shards.map((shard, i) =>
-    draftShard(
+  // Adoption replaces the schema's next_id() and its tables' defaults: the connecting role must have
+  // the rights of every owner there (superusers have). A schema it may not change is refused as
+  // such, and not read further (its objects may not even be visible to the role).
+  const notHeld = new Map(
+    (
+      await client.query<{ schema: string; owners: string[] }>(
+        `SELECT n.nspname AS schema, array_agg(DISTINCT r.rolname::text ORDER BY r.rolname::text) AS owners
+           FROM pg_catalog.pg_namespace n
+           CROSS JOIN LATERAL (SELECT n.nspowner AS owner
+                               UNION SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid
+                               UNION SELECT p.proowner FROM pg_catalog.pg_proc p WHERE p.pronamespace = n.oid) o
+           JOIN pg_catalog.pg_roles r ON r.oid = o.owner
+          WHERE n.nspname = ANY($1::text[]) AND NOT pg_catalog.pg_has_role(o.owner, 'USAGE')
+          GROUP BY n.nspname`,
+        [schemas],
+      )
+    ).rows.map((r) => [r.schema, r.owners]),
+  );
+  const current = notHeld.size > 0 ? (await client.query<{ u: string }>('SELECT current_user AS u')).rows[0]!.u : '';
+  const drafts = shards.map((shard, i): ShardInspection => {
+    const owners = notHeld.get(schemas[i]!);
+    if (owners)
+      return {
+        shard,
+        schema: schemas[i]!,
+        action: 'switch',
+        sequence: null,
+        tables: [],
+        owned: false,
+        refusals: [
+          `${current} may not change the schema's objects, owned by ${owners.join(', ')}: run adopt as ${owners.length === 1 ? 'that role' : 'a role with their rights'} or a superuser, or GRANT ${owners.map(quoteIdent).join(', ')} TO ${quoteIdent(current)}`,
+        ],
+      };
+    return draftShard(
       config,
       shard,
       schemas[i]!,
       functions.filter((f) => f.schema === schemas[i]),
       defaults,
-    ),
-  );
+    );
+  });
   const sequences = await readSequences(
     client,
     drafts.filter((d) => d.sequence !== null).map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`),
@@ -169,18 +203,18 @@ export async function inspectShards(
     if (!published) {
       if (wrapper && own) {
         const sequence = /next_id\('(?:"[^"]*"|[^".']+)\."?([^"']+)"?'::regclass\)/.exec(wrapper.source)?.[1] ?? null;
-        return { shard, schema, action: recorded ? 'none' : 'record', sequence, tables: [], refusals };
+        return { shard, schema, action: recorded ? 'none' : 'record', sequence, tables: [], refusals, owned: true };
       }
-      if (own && recorded) return { shard, schema, action: 'none', sequence: null, tables: [], refusals };
+      if (own && recorded) return { shard, schema, action: 'none', sequence: null, tables: [], refusals, owned: true };
       if (own) refusals.push(`the schema has shardctl's next_id(seq) but is not recorded; run shardctl init`);
-      return { shard, schema, action: 'switch', sequence: null, tables: [], refusals };
+      return { shard, schema, action: 'switch', sequence: null, tables: [], refusals, owned: true };
     }
     const parsed = parsePublishedFunction(published.source);
     if (!parsed) {
       refusals.push(
         `next_id() is not the published function (its body differs from the article's); shardctl replaces only that one`,
       );
-      return { shard, schema, action: 'switch', sequence: null, tables: [], refusals };
+      return { shard, schema, action: 'switch', sequence: null, tables: [], refusals, owned: true };
     }
     const problems = publishedLayoutProblems(parsed, config.idLayout, shard, schema);
     for (const problem of problems) refusals.push(`layout: next_id() disagrees with the config: ${problem}`);
@@ -203,6 +237,7 @@ export async function inspectShards(
       sequence,
       tables: tables.map((t) => ({ table: t.table, column: t.column })),
       refusals,
+      owned: true,
     };
   }
 }

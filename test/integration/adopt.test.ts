@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { describe, expect, it } from 'vitest';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { moveShard } from '../../src/commands/move-shard.js';
@@ -13,6 +14,7 @@ const main = useTestDatabases(2);
 const refusals = useTestDatabases(2);
 const switching = useTestDatabases(2);
 const partial = useTestDatabases(2);
+const owned = useTestDatabases(2);
 
 /** Everything adopt could change: schemas, functions (body and comment), relations, sequence values, the control schema. */
 async function catalog(url: string, prefix: string): Promise<unknown> {
@@ -486,5 +488,67 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     expect(run.stderr).toMatch(/host pg2, shard 3 \(ue3\): baseline: table ue3\.tags does not exist/);
     expect(run.code).toBe(3);
     expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'ue')))).toEqual(before);
+  });
+
+  it("an operator without the rights of the shards' owner: refused per shard, naming the owner and the grant (exit 3, nothing changed); a member of it adopts", async () => {
+    const suffix = randomBytes(4).toString('hex');
+    const [owner, operator, password] = [`legacy_${suffix}`, `adopter_${suffix}`, `pw_${suffix}`];
+    const asOperator = (url: string): string => {
+      const u = new URL(url);
+      u.username = operator;
+      u.password = password;
+      return u.toString();
+    };
+    for (const [i, url] of owned.urls.entries())
+      await withClient(url, async (c) => {
+        const database = decodeURIComponent(new URL(url).pathname.slice(1));
+        await c.query(`CREATE ROLE ${owner}; CREATE ROLE ${operator} LOGIN PASSWORD '${password}'`);
+        await c.query(`GRANT CREATE ON DATABASE "${database}" TO ${owner}, ${operator}`);
+        // The fleet as its builders left it: every object theirs.
+        await c.query(
+          `SET ROLE ${owner}; ${articleShardSql('own', 2 * i)} ${articleShardSql('own', 2 * i + 1)} RESET ROLE`,
+        );
+      });
+    try {
+      const fleet = makeFleet({
+        urls: owned.urls.map(asOperator),
+        shards: 4,
+        split: split4,
+        schemaPrefix: 'own',
+        migrations: { '0001_article.sql': BASELINE },
+      });
+      const before = await Promise.all(owned.urls.map((url) => catalog(url, 'own')));
+      const refused = await runCli(['adopt', '--yes', '--baseline', '1', '-c', fleet.configFile]);
+      expect(refused.code, refused.stderr).toBe(3);
+      for (const [host, shard] of [
+        ['pg1', 0],
+        ['pg2', 3],
+      ] as const)
+        expect(refused.stderr).toContain(
+          `host ${host}, shard ${shard} (own${shard}): ${operator} may not change the schema's objects, owned by ${owner}: run adopt as that role or a superuser, or GRANT "${owner}" TO "${operator}"`,
+        );
+      expect(refused.stderr).not.toContain('permission denied');
+      expect(await Promise.all(owned.urls.map((url) => catalog(url, 'own')))).toEqual(before);
+
+      for (const url of owned.urls) await withClient(url, (c) => c.query(`GRANT ${owner} TO ${operator}`));
+      const adopted = await runCli(['adopt', '--yes', '--baseline', '1', '-c', fleet.configFile]);
+      expect(adopted.code, adopted.stderr).toBe(0);
+      const id = await withClient(
+        asOperator(owned.urls[1]!),
+        async (c) =>
+          (
+            await c.query<{ id: string }>(
+              `insert into own3.photos (user_id, image_url) values (1, 'x') returning id::text`,
+            )
+          ).rows[0]!.id,
+      );
+      expect(decodeId(BigInt(id), (await fleet.config()).idLayout).shard).toBe(3);
+    } finally {
+      for (const url of owned.urls)
+        await withClient(url, async (c) => {
+          await c.query(`DROP OWNED BY ${owner}, ${operator} CASCADE`);
+          await c.query(`DROP ROLE ${operator}; DROP ROLE ${owner}`);
+        });
+    }
   });
 });
