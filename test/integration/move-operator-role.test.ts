@@ -12,6 +12,7 @@ import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { fleetState, replicationObjects } from '../helpers/moves.js';
 
 const db = useTestDatabases(2);
+const builtByOthers = useTestDatabases(1);
 const suffix = randomBytes(4).toString('hex');
 const OPS = `ops_${suffix}`;
 const PASSWORD = `pw_${suffix}`;
@@ -132,5 +133,55 @@ describe('an operator role that is not a superuser', () => {
         expect(r.rows[0]!.n).toBe('500');
       });
     expect(await replicationObjects(db.urls)).toEqual([]);
+  });
+
+  it("a fleet another role built: init, migrate and gc refuse, naming the control schema's owner and what lets the operator in", async () => {
+    const url = builtByOthers.urls[0]!;
+    const database = databaseOf(url);
+    const builder = `builder_${suffix}`;
+    const superuser = new URL(url).username;
+    await withClient(url, async (c) => {
+      await c.query(`CREATE ROLE ${builder} LOGIN PASSWORD '${PASSWORD}'`);
+      await c.query(`GRANT CREATE ON DATABASE "${database}" TO ${builder}, ${OPS}`);
+    });
+    try {
+      const as = (role: string): string => {
+        const u = new URL(url);
+        u.username = role;
+        u.password = PASSWORD;
+        return u.toString();
+      };
+      const bySuperuser = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'su' });
+      expect((await init(await bySuperuser.config())).ok).toBe(true);
+      const asOperator = makeFleet({ urls: [as(OPS)], shards: 2, schemaPrefix: 'su' });
+      for (const command of [['init'], ['migrate'], ['gc', '--yes']]) {
+        const run = await runCli([...command, '-c', asOperator.configFile]);
+        expect(run.code, run.stderr).toBe(1);
+        expect(run.stderr).toContain(
+          `host pg1: ${OPS} has no rights on the control schema shardctl, which belongs to ${superuser} (permission denied for schema shardctl`,
+        );
+        // A superuser's membership would let the operator become it: not offered.
+        expect(run.stderr).toContain(`run shardctl as ${superuser}, the role that built the fleet\n`);
+        expect(run.stderr).not.toContain(PASSWORD);
+      }
+
+      // Built by a role that is not a superuser: its membership is offered, and lets the operator in.
+      await withClient(url, (c) => c.query('DROP SCHEMA shardctl, su0, su1 CASCADE'));
+      const byBuilder = makeFleet({ urls: [as(builder)], shards: 2, schemaPrefix: 'su' });
+      expect((await init(await byBuilder.config())).ok).toBe(true);
+      const refused = await runCli(['migrate', '-c', asOperator.configFile]);
+      expect(refused.code).toBe(1);
+      expect(refused.stderr).toContain(
+        `which belongs to ${builder} (permission denied for schema shardctl (SQLSTATE 42501)): run shardctl as ${builder}, the role that built the fleet, or GRANT "${builder}" TO "${OPS}"`,
+      );
+      await withClient(url, (c) => c.query(`GRANT ${builder} TO ${OPS}`));
+      const migrated = await runCli(['migrate', '-c', asOperator.configFile]);
+      expect(migrated.code, migrated.stderr).toBe(0);
+    } finally {
+      await withClient(url, async (c) => {
+        await c.query(`DROP OWNED BY ${builder} CASCADE`);
+        await c.query(`DROP ROLE ${builder}`);
+      });
+    }
   });
 });
