@@ -121,12 +121,17 @@ export async function grant(
     fleet.requireAll();
     const plans = await Promise.all(
       fleet.sessions.map(async ({ host, client }) => {
-        const found = await client.query<{ superuser: boolean | null; schemas: string[] | null }>(
-          `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1) AS superuser,
+        const found = await client
+          .query<{ superuser: boolean | null; schemas: string[] | null }>(
+            `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1) AS superuser,
                   (SELECT array_agg(schema_name::text ORDER BY shard) FROM ${CONTROL}.shards
                     WHERE to_regnamespace(quote_ident(schema_name)) IS NOT NULL) AS schemas`,
-          [role],
-        );
+            [role],
+          )
+          .catch((error: unknown) => {
+            // A role that may not read the control schema (not the fleet's owner) among them.
+            throw new HostError(host.name, `cannot read the shards: ${describePgError(error)}`, { cause: error });
+          });
         const { superuser, schemas } = found.rows[0]!;
         if (superuser === null)
           throw new HostError(

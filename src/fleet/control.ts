@@ -272,7 +272,13 @@ export const DURABLE_FLUSH_SQL = `BEGIN; SET LOCAL synchronous_commit = on; UPDA
 
 /** Whether the control schema has `table` (hosts never initialised, or older control schemas, lack it). */
 export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves' | 'objects'): Promise<boolean> {
-  const result = await client.query<{ e: boolean }>(`SELECT to_regclass($1) IS NOT NULL AS e`, [`${CONTROL}.${table}`]);
+  // From the catalog, not to_regclass(): that needs USAGE on the schema, and a role without it (not
+  // the fleet's owner) would fail here, before the runner lock can say whose the schema is.
+  const result = await client.query<{ e: boolean }>(
+    `SELECT EXISTS (SELECT FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+                     WHERE n.nspname = $1 AND c.relname = $2) AS e`,
+    [CONTROL_SCHEMA, table],
+  );
   return result.rows[0]!.e;
 }
 

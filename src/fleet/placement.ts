@@ -486,7 +486,20 @@ function intArray(values: readonly number[]): string {
 export async function readFleetPlacement(
   sessions: readonly { host: { name: string }; client: pg.Client }[],
 ): Promise<FleetPlacement> {
-  return mergePlacement(await Promise.all(sessions.map((s) => readPlacementView(s.client, s.host.name))));
+  return mergePlacement(
+    await Promise.all(
+      sessions.map((s) =>
+        readPlacementView(s.client, s.host.name).catch((error: unknown) => {
+          // Named by its host (a role that may not read the control schema, a host that stopped answering).
+          throw error instanceof HostError
+            ? error
+            : new HostError(s.host.name, `cannot read the fleet's placement: ${describePgError(error)}`, {
+                cause: error,
+              });
+        }),
+      ),
+    ),
+  );
 }
 
 /**

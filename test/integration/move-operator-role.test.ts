@@ -135,7 +135,7 @@ describe('an operator role that is not a superuser', () => {
     expect(await replicationObjects(db.urls)).toEqual([]);
   });
 
-  it("a fleet another role built: init, migrate and gc refuse, naming the control schema's owner and what lets the operator in", async () => {
+  it("a fleet another role built: init, migrate, gc, add-schema and rebalance refuse, naming the control schema's owner and what lets the operator in; the commands that take no lock name the host", async () => {
     const url = builtByOthers.urls[0]!;
     const database = databaseOf(url);
     const builder = `builder_${suffix}`;
@@ -154,7 +154,7 @@ describe('an operator role that is not a superuser', () => {
       const bySuperuser = makeFleet({ urls: [url], shards: 2, schemaPrefix: 'su' });
       expect((await init(await bySuperuser.config())).ok).toBe(true);
       const asOperator = makeFleet({ urls: [as(OPS)], shards: 2, schemaPrefix: 'su' });
-      for (const command of [['init'], ['migrate'], ['gc', '--yes']]) {
+      for (const command of [['init'], ['migrate'], ['gc', '--yes'], ['add-schema', '1'], ['rebalance', '--yes']]) {
         const run = await runCli([...command, '-c', asOperator.configFile]);
         expect(run.code, run.stderr).toBe(1);
         expect(run.stderr).toContain(
@@ -163,6 +163,18 @@ describe('an operator role that is not a superuser', () => {
         // A superuser's membership would let the operator become it: not offered.
         expect(run.stderr).toContain(`run shardctl as ${superuser}, the role that built the fleet\n`);
         expect(run.stderr).not.toContain(PASSWORD);
+      }
+
+      // Commands that take no runner lock still name the host that refused them.
+      for (const command of [
+        ['rebalance', '--dry-run'],
+        ['grant', OPS, '--app'],
+      ]) {
+        const run = await runCli([...command, '-c', asOperator.configFile]);
+        expect(run.code, run.stderr).toBe(1);
+        expect(run.stderr).toMatch(
+          /^error: host pg1: cannot read the (fleet's placement|shards): permission denied for schema shardctl/,
+        );
       }
 
       // Built by a role that is not a superuser: its membership is offered, and lets the operator in.
