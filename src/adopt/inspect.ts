@@ -101,8 +101,8 @@ export async function inspectShards(
   // such, and not read further (its objects may not even be visible to the role).
   const notHeld = new Map(
     (
-      await client.query<{ schema: string; owners: string[] }>(
-        `SELECT n.nspname AS schema, array_agg(DISTINCT r.rolname::text ORDER BY r.rolname::text) AS owners
+      await client.query<{ schema: string; owners: string[]; role: string }>(
+        `SELECT n.nspname AS schema, array_agg(DISTINCT r.rolname::text ORDER BY r.rolname::text) AS owners, current_user AS role
            FROM pg_catalog.pg_namespace n
            CROSS JOIN LATERAL (SELECT n.nspowner AS owner
                                UNION SELECT c.relowner FROM pg_catalog.pg_class c WHERE c.relnamespace = n.oid
@@ -112,12 +112,11 @@ export async function inspectShards(
           GROUP BY n.nspname`,
         [schemas],
       )
-    ).rows.map((r) => [r.schema, r.owners]),
+    ).rows.map((r) => [r.schema, r]),
   );
-  const current = notHeld.size > 0 ? (await client.query<{ u: string }>('SELECT current_user AS u')).rows[0]!.u : '';
   const drafts = shards.map((shard, i): ShardInspection => {
-    const owners = notHeld.get(schemas[i]!);
-    if (owners)
+    const held = notHeld.get(schemas[i]!);
+    if (held)
       return {
         shard,
         schema: schemas[i]!,
@@ -126,7 +125,7 @@ export async function inspectShards(
         tables: [],
         owned: false,
         refusals: [
-          `${current} may not change the schema's objects, owned by ${owners.join(', ')}: run adopt as ${owners.length === 1 ? 'that role' : 'a role with their rights'} or a superuser, or GRANT ${owners.map(quoteIdent).join(', ')} TO ${quoteIdent(current)}`,
+          `${held.role} may not change the schema's objects, owned by ${held.owners.join(', ')}: run adopt as ${held.owners.length === 1 ? 'that role' : 'a role with their rights'} or a superuser, or GRANT ${held.owners.map(quoteIdent).join(', ')} TO ${quoteIdent(held.role)}`,
         ],
       };
     return draftShard(

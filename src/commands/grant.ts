@@ -119,19 +119,15 @@ export async function grant(
   const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl grant' });
   try {
     fleet.requireAll();
-    const plans = await Promise.all(
-      fleet.sessions.map(async ({ host, client }) => {
-        const found = await client
-          .query<{ superuser: boolean | null; schemas: string[] | null }>(
-            `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1) AS superuser,
+    // A host that cannot be read (a role that may not read the control schema) is named by Fleet.each.
+    const plans = await fleet.each(
+      async ({ host, client }) => {
+        const found = await client.query<{ superuser: boolean | null; schemas: string[] | null }>(
+          `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1) AS superuser,
                   (SELECT array_agg(schema_name::text ORDER BY shard) FROM ${CONTROL}.shards
                     WHERE to_regnamespace(quote_ident(schema_name)) IS NOT NULL) AS schemas`,
-            [role],
-          )
-          .catch((error: unknown) => {
-            // A role that may not read the control schema (not the fleet's owner) among them.
-            throw new HostError(host.name, `cannot read the shards: ${describePgError(error)}`, { cause: error });
-          });
+          [role],
+        );
         const { superuser, schemas } = found.rows[0]!;
         if (superuser === null)
           throw new HostError(
@@ -146,7 +142,8 @@ export async function grant(
             { code: 'ROLE_SUPERUSER' },
           );
         return { host, client, schemas: schemas ?? [] };
-      }),
+      },
+      { doing: 'cannot read the shards' },
     );
     const hosts = await Promise.all(
       plans.map(async ({ host, client, schemas }) => {

@@ -36,6 +36,19 @@ function spread(ids: readonly string[], offset: number): string[] {
   return part.map((_, k) => part[(k * 7919) % part.length]!);
 }
 
+/** Every photos row of shard 1 on the host at `url`, by id, as the model writes it: `user_id|image_url|caption`. */
+async function photoRows(url: string): Promise<{ id: string; row: string }[]> {
+  return withClient(
+    url,
+    async (c) =>
+      (
+        await c.query<{ id: string; row: string }>(
+          `select id::text as id, concat_ws('|', user_id, image_url, coalesce(caption, '')) as row from insta1.photos order by id`,
+        )
+      ).rows,
+  );
+}
+
 async function copiedChunks(): Promise<number> {
   return (await chunkRecords(db.urls[1]!, TABLE)).filter((c) => c.copied).length;
 }
@@ -44,15 +57,7 @@ describe('a resumed copy under several writers', () => {
   it('writers inserting, updating, deleting and changing keys through a move killed twice in its copy: the target holds exactly the acknowledged changes', async () => {
     const { fleet } = await seededFleet(db.urls, 1, 0);
     await insertPhotos(db.urls[0]!, 1, ROWS, 100);
-    const seeded = await withClient(
-      db.urls[0]!,
-      async (c) =>
-        (
-          await c.query<{ id: string; row: string }>(
-            `select id::text as id, concat_ws('|', user_id, image_url, coalesce(caption, '')) as row from insta1.photos order by id`,
-          )
-        ).rows,
-    );
+    const seeded = await photoRows(db.urls[0]!);
     const ids = seeded.map((r) => r.id);
     const toUpdate = spread(ids, 1);
     const toDelete = spread(ids, 2);
@@ -125,15 +130,7 @@ describe('a resumed copy under several writers', () => {
       expected.delete(String(-a.id));
     }
 
-    const onTarget = await withClient(
-      db.urls[1]!,
-      async (c) =>
-        (
-          await c.query<{ id: string; row: string }>(
-            `select id::text as id, concat_ws('|', user_id, image_url, coalesce(caption, '')) as row from insta1.photos order by id`,
-          )
-        ).rows,
-    );
+    const onTarget = await photoRows(db.urls[1]!);
     const actual = new Map(onTarget.map((r) => [r.id, r.row]));
     const wrong = [
       ...[...expected]
