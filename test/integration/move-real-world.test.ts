@@ -82,15 +82,23 @@ describe('the fence and application transactions that write several tables', () 
           configFile: env.fleet.configFile,
           onNotice: (m) => notices.push(m),
         });
-        // Wait until the fence holds or waits for a lock on the shard's tables.
+        // Wait until the fence (or the preparation of its triggers) holds likes and waits for photos:
+        // a transaction of the move that locks one table at a time (the change logs' triggers) is
+        // not the one this test is about, and the application's next write would pass it.
         let fencing = false;
+        let seen = '';
         for (let i = 0; i < 600 && !fencing; i++) {
-          const r = await watcher.query(
-            `select 1 from pg_locks l join pg_stat_activity a on a.pid = l.pid
-            where a.application_name = 'shardctl move' and l.mode = 'ShareRowExclusiveLock' and l.relation::regclass::text like $1`,
-            [`insta${shard}.%`],
+          const r = await watcher.query<{ pid: number; query: string }>(
+            `select w.pid, left(a.query, 200) as query
+               from pg_locks w join pg_stat_activity a on a.pid = w.pid
+              where a.application_name = 'shardctl move' and w.mode = 'ShareRowExclusiveLock'
+                and not w.granted and w.relation = $1::regclass
+                and exists (select 1 from pg_locks h where h.pid = w.pid and h.mode = 'ShareRowExclusiveLock'
+                            and h.granted and h.relation = $2::regclass)`,
+            [`insta${shard}.photos`, `insta${shard}.likes`],
           );
           fencing = (r.rowCount ?? 0) > 0;
+          seen = JSON.stringify(r.rows);
           if (!fencing) await new Promise((resolve) => setTimeout(resolve, 20));
         }
         expect(fencing).toBe(true);
@@ -107,7 +115,7 @@ describe('the fence and application transactions that write several tables', () 
               n,
             ),
           ),
-          notices.join('\n'),
+          `notices: ${notices.join('\n')}\nthe move's transaction seen waiting: ${seen}`,
         ).toBe(true);
         await withClient(env.db.urls[1]!, async (c) => {
           expect((await c.query(`select 1 from insta${shard}.likes where photo_id = 1 and user_id = 2`)).rowCount).toBe(
