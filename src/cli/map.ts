@@ -25,7 +25,12 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
       result.unreachable.length > 0 ? 1 : result.disagreements.length > 0 || result.problems.length > 0 ? 3 : 0;
     if (out.json) out.data({ ...result, exitCode: code });
     else {
-      out.line(`fleet ${result.fleetId ?? '(none recorded: run init)'}, placement version ${result.placementVersion}`);
+      const fleet =
+        result.fleetId ??
+        (result.hosts.some((h) => h.answered) || result.unreachable.length === 0
+          ? '(none recorded: run init)'
+          : '(unknown: no host could be read)');
+      out.line(`fleet ${fleet}, placement version ${result.placementVersion}`);
       for (const h of result.hosts) {
         out.line(
           `${h.name}: ${h.count === 0 ? 'no shards' : `${h.count} shards: ${h.shards}`}${h.address ? ` — ${h.address}` : ''}${h.answered ? '' : ' (not read)'}`,

@@ -1,7 +1,7 @@
 import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { failureReason, UsageError } from '../errors.js';
+import { failureReason, RuntimeFailure, UsageError } from '../errors.js';
 import { describePgError, withHost } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import {
@@ -103,9 +103,11 @@ export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolea
   const { placement, unreachable } = await readFleet(config);
   const fileHostsDown = unreachable.filter((u) => config.hosts.some((h) => h.name === u.name));
   if (fileHostsDown.length > 0) {
-    throw new UsageError(
+    // A host that does not answer (or refuses the role) is a run-time failure, not a bad file: exit 1.
+    throw new RuntimeFailure(
+      'HOST_UNREACHABLE',
       `cannot read ${fileHostsDown.map((u) => `${u.name} (${u.reason})`).join(', ')}: the placement of ${inflect(fileHostsDown.length, 'its', 'their')} shards is not certain; nothing was changed`,
-      { input: 'config', data: { unreachable: fileHostsDown } },
+      { unreachable: fileHostsDown },
     );
   }
   if (placement.problems.length > 0) {

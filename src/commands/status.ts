@@ -1,5 +1,5 @@
 import type pg from 'pg';
-import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
 import { formatShardList, parseShardList } from '../config/ranges.js';
 import { failureReason, finishMove, type NextStep } from '../errors.js';
@@ -9,6 +9,8 @@ import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnap
 import { withSession } from '../fleet/session.js';
 import { readTopology, type HostTopology } from '../fleet/topology.js';
 import { abortingMoveIds, slowPathChangingOver } from '../fleet/control.js';
+import { controlReadHint } from '../fleet/rights.js';
+import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 import {
   mapDisagreements,
   mergePlacement,
@@ -183,8 +185,13 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
         );
       } catch (error) {
         const reason = failureReason(error, describePgError);
-        const denied = deniedControl(error);
-        return unreachableStatus(host.name, host.shards.length, denied ? reason + grantHint(host) : reason, denied);
+        const denied = hasSqlState(error, INSUFFICIENT_PRIVILEGE);
+        return unreachableStatus(
+          host.name,
+          host.shards.length,
+          denied ? reason + controlReadHint(host.url) : reason,
+          denied,
+        );
       }
     }),
   );
@@ -341,25 +348,6 @@ function hostStatus(
     leftovers,
     ok,
   };
-}
-
-/** SQLSTATE insufficient_privilege, on the error or the one it wraps: the role may not read what status reads. */
-function deniedControl(error: unknown): boolean {
-  for (let e: unknown = error, depth = 0; e instanceof Error && depth < 3; e = e.cause, depth++)
-    if ((e as { code?: unknown }).code === '42501') return true;
-  return false;
-}
-
-/** What lets the host's role (as its url names it) run status: a read-only grant, by the owner. */
-function grantHint(host: HostConfig): string {
-  let role = '<role>';
-  try {
-    const user = decodeURIComponent(new URL(host.url).username);
-    if (user) role = user;
-  } catch {
-    // Not a URL with a user (a key/value string, or the user from the environment): said generically.
-  }
-  return `; the role ${role === '<role>' ? "of the host's url" : role} may not read the control schema: \`shardctl grant ${role} --readonly\`, run with the owner's config, lets it run status (README, Roles)`;
 }
 
 function unreachableStatus(host: string, expected: number, error: string, denied = false): HostStatus {

@@ -4,9 +4,10 @@ import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { durationMs } from '../config/duration.js';
 import { connectHost, describePgError } from './connect.js';
-import { CONTROL, CONTROL_SCHEMA, ensureControlLocks } from './control.js';
+import { CONTROL, ensureControlLocks } from './control.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
-import { quoteIdent } from '../pg/quote.js';
+import { INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
+import { controlRightsError } from './rights.js';
 import { sql } from '../pg/sql-template.js';
 
 /**
@@ -111,38 +112,6 @@ export async function takeRunnerLock(pending: PendingRunnerLock, options: Runner
     throw error;
   }
   lockConnections.set(client, lock);
-}
-
-const INSUFFICIENT_PRIVILEGE = '42501';
-
-/**
- * The runner lock refused for want of rights: the connecting role is not the one that built the
- * fleet (a team that moved from a superuser to an operator role of its own, a second operator), or
- * may not create the control schema. Says whose the control schema is and what would let the role
- * in; membership of a superuser owner is not offered, since it would let the role become that superuser.
- */
-async function controlRightsError(client: pg.Client, host: HostConfig, error: unknown): Promise<HostError> {
-  const cause = describePgError(error);
-  try {
-    const r = (
-      await client.query<{ role: string; database: string; owner: string | null; superuser: boolean | null }>(
-        `SELECT current_user AS role, current_database() AS database, o.rolname AS owner, o.rolsuper AS superuser
-           FROM (SELECT 1) x
-           LEFT JOIN pg_catalog.pg_namespace n ON n.nspname = $1
-           LEFT JOIN pg_catalog.pg_roles o ON o.oid = n.nspowner`,
-        [CONTROL_SCHEMA],
-      )
-    ).rows[0]!;
-    const reason =
-      r.owner === null
-        ? `${r.role} may not create the control schema ${CONTROL_SCHEMA} in database ${r.database} (${cause}): GRANT CREATE ON DATABASE ${quoteIdent(r.database)} TO ${quoteIdent(r.role)} there, or run shardctl as the database's owner`
-        : `${r.role} has no rights on the control schema ${CONTROL_SCHEMA}, which belongs to ${r.owner} (${cause}): run shardctl as ${r.owner}, the role that built the fleet` +
-          (r.superuser ? '' : `, or GRANT ${quoteIdent(r.owner)} TO ${quoteIdent(r.role)}`);
-    return new HostError(host.name, reason, { code: 'CONTROL_RIGHTS', cause: error });
-  } catch {
-    // The session itself failed: the error as it came.
-    return new HostError(host.name, cause, { cause: error });
-  }
 }
 
 /** Closes a lock connection that was opened and will not be locked. */

@@ -15,6 +15,8 @@ import { parseNumberList, simpleQuery } from './catalog.js';
 import { describePgError, withHost } from './connect.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { CONTROL } from './control.js';
+import { controlReadHint } from './rights.js';
+import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 import { EMPTY, sql, type Sql } from '../pg/sql-template.js';
 
 /**
@@ -622,7 +624,9 @@ export async function discoverFleet(
     results.forEach((result, i) => {
       const target = targets[i]!;
       if (result.status === 'rejected') {
-        unreachable.push({ name: target.name, reason: failureReason(result.reason, describePgError) });
+        const reason = failureReason(result.reason, describePgError);
+        const denied = hasSqlState(result.reason, INSUFFICIENT_PRIVILEGE);
+        unreachable.push({ name: target.name, reason: denied ? reason + controlReadHint(target.url) : reason });
         return;
       }
       const view = result.value;

@@ -7,6 +7,7 @@ import type { HostConfig } from '../config/types.js';
 import { connectedUrl, describePgError } from '../fleet/connect.js';
 import { hostClientSettings } from '../fleet/silence.js';
 import { endQuietly } from '../pg/quiet.js';
+import { INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 import { libpqCompatible } from '../pg/tls.js';
 import type { PreflightCheck } from './preflight-check.js';
 import { dropSubscriptionSql, forgetObjectSql, probeSubscriptionSql, recordObjectSql } from './sql/replication.js';
@@ -45,7 +46,7 @@ export async function reachabilityChecks(
         : `shardctl cannot open a replication connection to ${source.name}: ${own.text}` +
             (/unsupported startup parameter/i.test(own.text)
               ? `; that address looks like a connection pooler's: set ${source.name}'s directUrl to the server's own address`
-              : own.code === PERMISSION_DENIED
+              : own.code === INSUFFICIENT_PRIVILEGE
                 ? `; give ${await currentUser(src)} the REPLICATION attribute on ${source.name} (ALTER ROLE … REPLICATION; on a managed service, its replication role), or use --mode offline`
                 : ''),
     );
@@ -57,10 +58,10 @@ export async function reachabilityChecks(
       reach === null,
       reach === null
         ? `${target.name} can connect to ${source.name} for replication`
-        : `${target.name} cannot ${reach.code === PERMISSION_DENIED ? 'subscribe' : 'connect'} to ${source.name} at its replicationUrl: ${reach.text}; ` +
+        : `${target.name} cannot ${reach.code === INSUFFICIENT_PRIVILEGE ? 'subscribe' : 'connect'} to ${source.name} at its replicationUrl: ${reach.text}; ` +
             (/unsupported startup parameter/i.test(reach.text)
               ? `that address looks like a connection pooler's: set ${source.name}'s directUrl (or replicationUrl) to the server's own address`
-              : reach.code === PERMISSION_DENIED
+              : reach.code === INSUFFICIENT_PRIVILEGE
                 ? `let ${await currentUser(dst)} create subscriptions on ${target.name} (PostgreSQL 16 and later: GRANT pg_create_subscription TO it; 15: only a superuser, or a managed service's own replication role, may), or use --mode offline`
                 : reach.code === PASSWORD_REQUIRED
                   ? `a subscription whose owner is not a superuser must log in with a password: put it in ${source.name}'s replicationUrl (or url) and have ${source.name} ask for it (pg_hba.conf: scram-sha-256 for ${target.name}'s address)`
@@ -71,8 +72,6 @@ export async function reachabilityChecks(
   }
 }
 
-/** insufficient_privilege: a right the connecting role lacks (REPLICATION, creating a subscription). */
-const PERMISSION_DENIED = '42501';
 /** A non-superuser's subscription to a server that asks for no password, or a connection string without one (16+). */
 const PASSWORD_REQUIRED = '2F003';
 

@@ -19,6 +19,8 @@ ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
 const suffix = randomBytes(4).toString('hex');
 const APP = `app_${suffix}`;
 const READER = `reader_${suffix}`;
+/** A role given nothing. */
+const OUTSIDER = `outsider_${suffix}`;
 const PASSWORD = `pw_${suffix}`;
 
 function asRole(url: string, role: string): string {
@@ -37,7 +39,7 @@ describe('shardctl grant', () => {
     expect((await init(config)).ok).toBe(true);
     for (const url of db.urls) {
       await withClient(url, async (client) => {
-        for (const role of [APP, READER]) {
+        for (const role of [APP, READER, OUTSIDER]) {
           await client.query(`DROP ROLE IF EXISTS ${role}`).catch(() => undefined);
           await client.query(`CREATE ROLE ${role} LOGIN PASSWORD '${PASSWORD}'`);
         }
@@ -156,9 +158,26 @@ describe('shardctl grant', () => {
     expect(denied.code).toBe(1);
     expect(denied.stdout).toMatch(
       new RegExp(
-        `^pg1: NOT READABLE: .*permission denied for table \\w+ \\(SQLSTATE 42501\\); the role ${APP} may not read the control schema: \`shardctl grant ${APP} --readonly\`, run with the owner's config, lets it run status`,
+        `^pg1: NOT READABLE: .*permission denied for table \\w+ \\(SQLSTATE 42501\\); the role ${APP} may not read the control schema: \`shardctl grant ${APP} --readonly\` \\(run with the owner's config\\) lets it run status and map`,
         'm',
       ),
     );
+
+    // A role given nothing: map show, map pull and a router opened from seeds say what to grant.
+    const hint = `the role ${OUTSIDER} may not read the control schema: \`shardctl grant ${OUTSIDER} --readonly\` (run with the owner's config) lets it run status and map, \`--app\` lets an application's router read the map`;
+    for (const command of [
+      ['map', 'show'],
+      ['map', 'pull'],
+    ]) {
+      const run = await runCli([...command, '-c', asFile(OUTSIDER)]);
+      expect(run.code, run.stdout + run.stderr).toBe(1);
+      expect(run.stdout + run.stderr).toContain('permission denied for schema shardctl');
+      expect(run.stdout + run.stderr).toContain(hint);
+      expect(run.stdout + run.stderr).not.toContain(PASSWORD);
+      if (command[1] === 'show') expect(run.stdout).toMatch(/^fleet \(unknown: no host could be read\)/);
+    }
+    const refused = await errorOf(ShardRouter.open({ seeds: [asRole(db.urls[0]!, OUTSIDER)] }));
+    expect(refused.message).toContain(hint);
+    expect(refused.message).not.toContain(PASSWORD);
   });
 });
