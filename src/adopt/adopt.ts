@@ -112,7 +112,7 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
     fleet.requireAll();
     if (!dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config));
-    const placement = await readFleetPlacement(fleet.sessions);
+    const placement = await readFleetPlacement(fleet);
     requireCurrentMap(config, placement);
     // Schemas shardctl did not create are what adopt is for; a schema on the wrong host is a refusal of its own below.
     const conflicts = findConflicts(config, snapshots, migrations, {

@@ -63,7 +63,7 @@ export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } =
   try {
     fleet.requireAll();
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const placement = await readFleetPlacement(fleet.sessions);
+    const placement = await readFleetPlacement(fleet);
     requireCurrentMap(config, placement);
     for (const { host, client } of fleet.sessions) {
       try {

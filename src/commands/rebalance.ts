@@ -111,7 +111,7 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     if (refused && !options.dryRun)
       throw new RuntimeFailure(refused.code, refused.message, { hosts: refused.hosts }, [], [...refused.next]);
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
+    requireCurrentMap(config, await readFleetPlacement(fleet));
     const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);
     return { ...(await rebalanceLocked(config, options, by, maxParallel, started, intoLimit)), refused };
   } finally {

@@ -13,6 +13,7 @@ import {
 } from '../pg/multihost.js';
 import { parseNumberList, simpleQuery } from './catalog.js';
 import { describePgError, withHost } from './connect.js';
+import type { Fleet } from './session.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { CONTROL } from './control.js';
 import { controlReadHint } from './rights.js';
@@ -484,23 +485,14 @@ function intArray(values: readonly number[]): string {
   return `'{${values.join(',')}}'::int[]`;
 }
 
-/** The placement as the reachable hosts of a run say it (one round trip per host, in parallel). */
-export async function readFleetPlacement(
-  sessions: readonly { host: { name: string }; client: pg.Client }[],
-): Promise<FleetPlacement> {
+/**
+ * The placement as the reachable hosts of a run say it (one round trip per host, in parallel); a
+ * host that cannot be read (a role that may not read the control schema, a host that stopped
+ * answering) stops it, named.
+ */
+export async function readFleetPlacement(fleet: Fleet): Promise<FleetPlacement> {
   return mergePlacement(
-    await Promise.all(
-      sessions.map((s) =>
-        readPlacementView(s.client, s.host.name).catch((error: unknown) => {
-          // Named by its host (a role that may not read the control schema, a host that stopped answering).
-          throw error instanceof HostError
-            ? error
-            : new HostError(s.host.name, `cannot read the fleet's placement: ${describePgError(error)}`, {
-                cause: error,
-              });
-        }),
-      ),
-    ),
+    await fleet.each((s) => readPlacementView(s.client, s.host.name), { doing: "cannot read the fleet's placement" }),
   );
 }
 

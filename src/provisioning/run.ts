@@ -102,7 +102,7 @@ export async function provision(
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss });
     for (const lost of fleet.lost)
       options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
-    const placement = await readFleetPlacement(fleet.sessions);
+    const placement = await readFleetPlacement(fleet);
     requireCurrentMap(config, placement);
     // Drift is looked for on every shard whatever the stage; the rest only where this run writes.
     const conflicts = findConflicts(config, snapshots, migrations, {
@@ -170,7 +170,7 @@ export async function inspectFleet(
   const fleet = await Fleet.open(config.hosts);
   try {
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss: true });
-    requireCurrentMap(config, await readFleetPlacement(fleet.sessions));
+    requireCurrentMap(config, await readFleetPlacement(fleet));
     const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
     const plan = planFleet(config, snapshots, migrations, planOptionsFor('migrate', options, snapshots, migrations));
     return { plan, conflicts, lostHosts: fleet.lost, snapshots };

@@ -17,7 +17,7 @@
  * Test files create their own databases on these hosts (see hosts.ts), so they can run in parallel.
  */
 import { existsSync } from 'node:fs';
-import { mkdtemp, chmod, readdir, rm } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, chmod, readdir, rm } from 'node:fs/promises';
 import http from 'node:http';
 import os from 'node:os';
 import path from 'node:path';
@@ -28,6 +28,7 @@ import {
   findFreePort,
   initCluster,
   postgresBinDir,
+  SERVER_LOG_FILE,
   startCluster,
   stopCluster,
   type LocalClusterOptions,
@@ -345,6 +346,7 @@ async function startEmbedded(): Promise<StartedHosts> {
   }));
   const teardown = async () => {
     await Promise.allSettled(clusters.map((cluster) => stopCluster(cluster)));
+    await keepServerLogs(clusters);
     await rm(root, { recursive: true, force: true });
   };
   try {
@@ -367,6 +369,22 @@ async function startEmbedded(): Promise<StartedHosts> {
     }),
     teardown,
   };
+}
+
+/**
+ * With SHARDCTL_TEST_KEEP_LOGS=<dir>, each embedded host's server log is copied there before its
+ * data directory goes (`<dir>/<run>-pg1.log`, …): what a server said when a test failed in a run
+ * that is not easily repeated (an apply worker's error, a deadlock's report).
+ */
+async function keepServerLogs(clusters: readonly { name: string; dataDir: string }[]): Promise<void> {
+  const dir = process.env.SHARDCTL_TEST_KEEP_LOGS;
+  if (!dir) return;
+  const run = new Date().toISOString().replace(/[:.]/g, '-');
+  await mkdir(dir, { recursive: true });
+  for (const cluster of clusters)
+    await copyFile(path.join(cluster.dataDir, SERVER_LOG_FILE), path.join(dir, `${run}-${cluster.name}.log`)).catch(
+      (error: unknown) => console.error(`shardctl tests: cannot keep ${cluster.name}'s server log: ${String(error)}`),
+    );
 }
 
 async function listedServers(): Promise<StartedHosts> {
