@@ -9,7 +9,7 @@ import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnap
 import { withSession } from '../fleet/session.js';
 import { readTopology, type HostTopology } from '../fleet/topology.js';
 import { abortingMoveIds, slowPathChangingOver } from '../fleet/control.js';
-import { controlReadHint } from '../fleet/rights.js';
+import { withReadHint } from '../fleet/rights.js';
 import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 import {
   mapDisagreements,
@@ -184,14 +184,9 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
           { applicationName: 'shardctl status' },
         );
       } catch (error) {
-        const reason = failureReason(error, describePgError);
         const denied = hasSqlState(error, INSUFFICIENT_PRIVILEGE);
-        return unreachableStatus(
-          host.name,
-          host.shards.length,
-          denied ? reason + controlReadHint(host.url) : reason,
-          denied,
-        );
+        const reason = withReadHint(failureReason(error, describePgError), error, host.url);
+        return unreachableStatus(host.name, host.shards.length, reason, denied);
       }
     }),
   );

@@ -16,8 +16,7 @@ import { describePgError, withHost } from './connect.js';
 import type { Fleet } from './session.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { CONTROL } from './control.js';
-import { controlReadHint } from './rights.js';
-import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
+import { withReadHint } from './rights.js';
 import { EMPTY, sql, type Sql } from '../pg/sql-template.js';
 
 /**
@@ -616,9 +615,8 @@ export async function discoverFleet(
     results.forEach((result, i) => {
       const target = targets[i]!;
       if (result.status === 'rejected') {
-        const reason = failureReason(result.reason, describePgError);
-        const denied = hasSqlState(result.reason, INSUFFICIENT_PRIVILEGE);
-        unreachable.push({ name: target.name, reason: denied ? reason + controlReadHint(target.url) : reason });
+        const reason = withReadHint(failureReason(result.reason, describePgError), result.reason, target.url);
+        unreachable.push({ name: target.name, reason });
         return;
       }
       const view = result.value;

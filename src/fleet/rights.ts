@@ -2,6 +2,7 @@ import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { quoteIdent } from '../pg/quote.js';
+import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 import { describePgError } from './connect.js';
 import { CONTROL_SCHEMA } from './control.js';
 
@@ -57,4 +58,9 @@ export function controlReadHint(url: string): string {
     `; the role ${role === '<role>' ? "of the host's url" : role} may not read the control schema: ` +
     `\`shardctl grant ${role} --readonly\` (run with the owner's config) lets it run status and map, \`--app\` lets an application's router read the map (README, Roles)`
   );
+}
+
+/** `reason`, with controlReadHint when `error` is a refusal for want of rights (42501, itself or wrapped). */
+export function withReadHint(reason: string, error: unknown, url: string): string {
+  return hasSqlState(error, INSUFFICIENT_PRIVILEGE) ? reason + controlReadHint(url) : reason;
 }
