@@ -27,9 +27,9 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
     else {
       const fleet =
         result.fleetId ??
-        (result.hosts.some((h) => h.answered) || result.unreachable.length === 0
-          ? '(none recorded: run init)'
-          : '(unknown: no host could be read)');
+        (config.hosts.every((h) => result.unreachable.some((u) => u.name === h.name))
+          ? '(unknown: no host could be read)'
+          : '(none recorded: run init)');
       out.line(`fleet ${fleet}, placement version ${result.placementVersion}`);
       for (const h of result.hosts) {
         out.line(

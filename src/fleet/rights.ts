@@ -43,7 +43,8 @@ export async function controlRightsError(client: pg.Client, host: HostConfig, er
 
 /**
  * What lets the role of a host's url read the control schema, for the commands that only read it
- * (status, map show, map pull) and a router opened from seeds: a grant by the owner, `--readonly`
+ * (status, map show, map pull) and a router opened from seeds (`map set-address` writes the
+ * registry: only the owner may): a grant by the owner, `--readonly`
  * or `--app` (README, Roles); appended to the host's refusal.
  */
 export function controlReadHint(url: string): string {
@@ -56,7 +57,7 @@ export function controlReadHint(url: string): string {
   }
   return (
     `; the role ${role === '<role>' ? "of the host's url" : role} may not read the control schema: ` +
-    `\`shardctl grant ${role} --readonly\` (run with the owner's config) lets it run status and map, \`--app\` lets an application's router read the map (README, Roles)`
+    `\`shardctl grant ${role} --readonly\` (run with the owner's config) lets it run status, map show and map pull, \`--app\` lets an application's router read the map (README, Roles)`
   );
 }
 

@@ -380,7 +380,12 @@ async function keepServerLogs(clusters: readonly { name: string; dataDir: string
   const dir = process.env.SHARDCTL_TEST_KEEP_LOGS;
   if (!dir) return;
   const run = new Date().toISOString().replace(/[:.]/g, '-');
-  await mkdir(dir, { recursive: true });
+  try {
+    await mkdir(dir, { recursive: true });
+  } catch (error) {
+    console.error(`shardctl tests: cannot keep the server logs in ${dir}: ${String(error)}`);
+    return;
+  }
   for (const cluster of clusters)
     await copyFile(path.join(cluster.dataDir, SERVER_LOG_FILE), path.join(dir, `${run}-${cluster.name}.log`)).catch(
       (error: unknown) => console.error(`shardctl tests: cannot keep ${cluster.name}'s server log: ${String(error)}`),

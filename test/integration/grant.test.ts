@@ -158,13 +158,13 @@ describe('shardctl grant', () => {
     expect(denied.code).toBe(1);
     expect(denied.stdout).toMatch(
       new RegExp(
-        `^pg1: NOT READABLE: .*permission denied for table \\w+ \\(SQLSTATE 42501\\); the role ${APP} may not read the control schema: \`shardctl grant ${APP} --readonly\` \\(run with the owner's config\\) lets it run status and map`,
+        `^pg1: NOT READABLE: .*permission denied for table \\w+ \\(SQLSTATE 42501\\); the role ${APP} may not read the control schema: \`shardctl grant ${APP} --readonly\` \\(run with the owner's config\\) lets it run status, map show and map pull`,
         'm',
       ),
     );
 
     // A role given nothing: map show, map pull and a router opened from seeds say what to grant.
-    const hint = `the role ${OUTSIDER} may not read the control schema: \`shardctl grant ${OUTSIDER} --readonly\` (run with the owner's config) lets it run status and map, \`--app\` lets an application's router read the map`;
+    const hint = `the role ${OUTSIDER} may not read the control schema: \`shardctl grant ${OUTSIDER} --readonly\` (run with the owner's config) lets it run status, map show and map pull, \`--app\` lets an application's router read the map`;
     for (const command of [
       ['map', 'show'],
       ['map', 'pull'],

@@ -101,7 +101,17 @@ describe('the fence and application transactions that write several tables', () 
           seen = JSON.stringify(r.rows);
           if (!fencing) await new Promise((resolve) => setTimeout(resolve, 20));
         }
-        expect(fencing).toBe(true);
+        if (!fencing) {
+          // What of the move's did hold or wait for a lock on the shard's tables, for the message.
+          const r = await watcher.query(
+            `select l.relation::regclass::text as rel, l.mode, l.granted, l.pid, left(a.query, 200) as query
+               from pg_locks l join pg_stat_activity a on a.pid = l.pid
+              where a.application_name = 'shardctl move' and l.relation::regclass::text like $1`,
+            [`insta${shard}.%`],
+          );
+          seen = JSON.stringify(r.rows);
+        }
+        expect(fencing, `never saw the move hold likes and wait for photos; its locks now: ${seen}`).toBe(true);
         // The application's next table is one the fence locks before photos (name order): likes.
         const second = await failure(app.query(`insert into insta${shard}.likes (photo_id, user_id) values (1, 2)`));
         const commit = await failure(app.query('COMMIT'));
