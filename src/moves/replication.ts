@@ -165,7 +165,7 @@ class SubscriptionWatch {
     if (failed >= APPLY_FAILURES_TOLERATED && stuck >= this.stuckMs)
       throw new HostError(
         ctx.target.host.name,
-        `applying the replicated changes failed ${failed} times while waiting for ${waiting}, and nothing was applied for ${Math.round(stuck / 1000)} s (the reason is in that host's server log: a row the target holds already, a column or table the source has and the target lacks, a right the subscription's owner lacks); nothing is fenced. Fix it and resume the move, or abort it to undo the move`,
+        `applying the replicated changes failed ${failed} times while waiting for ${waiting}, and nothing was applied for ${Math.round(stuck / 1000)} s (the reason is in that host's server log, in the errors of subscription "${ctx.name}": a row the target holds already, a column or table the source has and the target lacks, a right the subscription's owner lacks; an error the source met while sending is in ${ctx.source.host.name}'s log too); nothing is fenced. Fix it and resume the move, or abort it to undo the move`,
         { shard: ctx.shards[0]!, code: 'SYNC_FAILED', next: resumeOrAbort(ctx.shards) },
       );
   }

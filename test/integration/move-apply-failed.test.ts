@@ -60,6 +60,8 @@ describe("a move's subscription that cannot deliver before the fence", () => {
     expect(error?.message).toMatch(
       /^host pg2, shard 1: applying the replicated changes failed \d+ times while waiting for the changes committed on pg1 to be applied, and nothing was applied for [5-9] s .*nothing is fenced\. Fix it and resume the move, or abort it/,
     );
+    // The subscription whose errors the server log holds, to look them up by.
+    expect(error?.message).toMatch(/in the errors of subscription "shardctl_move_\w+"/);
     expect(ms).toBeLessThan(20_000);
     expect(error).toMatchObject({ shard: 1 });
     expect(notices).not.toMatch(/fenced/);
