@@ -43,9 +43,9 @@ export async function controlRightsError(client: pg.Client, host: HostConfig, er
 
 /**
  * What lets the role of a host's url read the control schema, for the commands that only read it
- * (status, map show, map pull) and a router opened from seeds (`map set-address` writes the
- * registry: only the owner may): a grant by the owner, `--readonly`
- * or `--app` (README, Roles); appended to the host's refusal.
+ * (status, map show, map pull) and a router opened from seeds: a grant by the owner, `--readonly`
+ * or `--app` (README, Roles); appended to the host's refusal. Not for `map set-address`, which
+ * writes the registry: only the owner may.
  */
 export function controlReadHint(url: string): string {
   let role = '<role>';
