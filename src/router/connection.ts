@@ -42,19 +42,36 @@ export class Lease {
 
 /**
  * Checks out a connection (`checkout`, which names the host when it fails), runs `work` on it and
- * releases it: destroyed when `work` threw or marked it broken, back to the pool otherwise.
+ * releases it: destroyed when `work` threw or marked it broken, back to the pool otherwise. Not an
+ * async function: every routed call takes this path, and each async layer costs a promise and
+ * microtask turns.
  */
-export async function withConnection<T>(
+export function withConnection<T>(
   checkout: () => Promise<pg.PoolClient>,
   work: (lease: Lease) => Promise<T>,
 ): Promise<T> {
-  const lease = new Lease(await checkout());
+  let checkingOut: Promise<pg.PoolClient>;
   try {
-    return await work(lease);
+    checkingOut = checkout();
   } catch (error) {
-    lease.broken(error);
-    throw error;
-  } finally {
-    lease.release();
+    return Promise.reject(error as Error);
   }
+  return checkingOut.then((client) => {
+    const lease = new Lease(client);
+    const failed = (error: unknown): never => {
+      lease.broken(error);
+      lease.release();
+      throw error;
+    };
+    let working: Promise<T>;
+    try {
+      working = work(lease);
+    } catch (error) {
+      return failed(error);
+    }
+    return working.then((value) => {
+      lease.release();
+      return value;
+    }, failed);
+  });
 }

@@ -1,4 +1,4 @@
-import { ShardctlError } from '../errors.js';
+import { HostError, ShardctlError } from '../errors.js';
 import { shardsPhrase } from '../config/ranges.js';
 import { describePgError } from '../fleet/connect.js';
 import { plural } from '../text.js';
@@ -56,7 +56,12 @@ export function groupFailures(
 ): { shards: number[]; host: string; message: string; line: string }[] {
   const groups = new Map<string, { shards: number[]; host: string; message: string }>();
   for (const failure of failures) {
-    const message = describeFailure(failure.error);
+    // The line names the host: an error about that host says only what went wrong there.
+    const error = failure.error;
+    const message =
+      error instanceof HostError && error.host === failure.host && error.migration === undefined
+        ? error.reason
+        : describeFailure(error);
     const key = `${failure.host}\u0000${message}`;
     const group = groups.get(key) ?? { shards: [], host: failure.host, message };
     group.shards.push(failure.shard);

@@ -1,4 +1,6 @@
 import { hostForShard } from '../config/types.js';
+import { HostError } from '../errors.js';
+import { isHostDown } from './failover.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from './errors.js';
 import { Limit } from './limit.js';
 import type { Chunking, ForEachShardOptions, RouterInternals } from './types.js';
@@ -15,6 +17,11 @@ export type FanOutPaths = Pick<RouterInternals, 'config' | 'settings' | 'checkSh
  * shard (unless that is known), then each host's shards split evenly over its workers, and a
  * chunk that fails (or whose results do not have that shape) runs again shard by shard, so the
  * failing shard is named and the others' results kept.
+ *
+ * A host that cannot be reached (no connection within the connect timeout, after the router's own
+ * search for a new primary) fails the rest of its shards at once, each saying so, rather than each
+ * waiting out the same timeout: a run over a host that went silent takes one timeout, not one per
+ * wave of shards.
  */
 export async function fanOut<T>(
   paths: FanOutPaths,
@@ -47,15 +54,38 @@ export async function fanOut<T>(
       total: shards.length,
     });
   };
+  // Hosts found unreachable in this run, with the error that said so and the shard it was met for.
+  const unreachable = new Map<string, { error: HostError; shard: number | undefined }>();
+  const noteDown = (hostName: string, error: unknown, shard?: number): void => {
+    if (isHostDown(error) && !unreachable.has(hostName))
+      unreachable.set(hostName, { error: error as HostError, shard });
+  };
+  /** A shard of a host found unreachable: failed without trying, saying why. */
+  const skipped = (shard: number, hostName: string): boolean => {
+    const down = unreachable.get(hostName);
+    if (!down) return false;
+    const earlier = down.shard === undefined ? 'earlier in this run' : `for shard ${down.shard} earlier in this run`;
+    const error = new HostError(
+      down.error.host,
+      `${down.error.reason} (not tried: the host could not be reached ${earlier})`,
+      {
+        shard,
+        code: down.error.code,
+        cause: down.error,
+      },
+    );
+    record(shard, { ok: false, failure: { shard, host: hostName, error } });
+    return true;
+  };
   const runOne = async (shard: number, hostName: string): Promise<void> => {
+    if (skipped(shard, paths.hostForShard(shard).name)) return;
     try {
       const r = await runShard(shard);
       record(shard, { ok: true, result: { shard, host: r.host, value: r.value } });
     } catch (error) {
-      record(shard, {
-        ok: false,
-        failure: { shard, host: hostForShard(paths.config(), shard)?.name ?? hostName, error },
-      });
+      const host = hostForShard(paths.config(), shard)?.name ?? hostName;
+      noteDown(host, error, shard);
+      record(shard, { ok: false, failure: { shard, host, error } });
     }
   };
 
@@ -72,10 +102,9 @@ export async function fanOut<T>(
         statements = r.statements;
         record(first, { ok: true, result: { shard: first, host: r.host, value: r.value } });
       } catch (error) {
-        record(first, {
-          ok: false,
-          failure: { shard: first, host: hostForShard(paths.config(), first)?.name ?? '', error },
-        });
+        const host = hostForShard(paths.config(), first)?.name ?? '';
+        noteDown(host, error, first);
+        record(first, { ok: false, failure: { shard: first, host, error } });
       }
     });
   }
@@ -109,10 +138,25 @@ export async function fanOut<T>(
             }
             const host = paths.hostForShard(chunk[0]!);
             // A reload (a move) may have sent some of them elsewhere: only a chunk on one host runs whole.
-            // A failed chunk is not lost: its shards run one by one below, each reporting its own error.
-            const values = chunk.every((s) => paths.hostForShard(s) === host)
-              ? await chunks.runChunk(host, chunk, statements).catch(() => undefined)
-              : undefined;
+            // A failed chunk is not lost: its shards run one by one below, each reporting its own error
+            // (at once, when the chunk found its host unreachable).
+            let down: HostError | undefined;
+            const values =
+              chunk.every((s) => paths.hostForShard(s) === host) && !unreachable.has(host.name)
+                ? await chunks.runChunk(host, chunk, statements).catch((error: unknown) => {
+                    if (isHostDown(error)) down = error as HostError;
+                    return undefined;
+                  })
+                : undefined;
+            if (down) {
+              // Tried as a chunk, and the host could not be reached: each of its shards says so.
+              noteDown(host.name, down);
+              for (const shard of chunk) {
+                const error = new HostError(down.host, down.reason, { shard, code: down.code, cause: down });
+                record(shard, { ok: false, failure: { shard, host: host.name, error } });
+              }
+              return;
+            }
             if (values) {
               chunk.forEach((shard, i) =>
                 record(shard, { ok: true, result: { shard, host: host.name, value: values[i]! } }),

@@ -59,7 +59,35 @@ export function runFollowing<T>(
   }
   const trace = paths.diagnostics.begin(shard);
   let last: string | undefined;
-  return follow(paths, shard, attemptOn, trace, (host) => (last = host), readOnly).then(
+  const onHost = (name: string): void => {
+    last = name;
+  };
+  // The first attempt starts here, and follow() (an async function, with its loop) is entered only
+  // when it did not succeed: a call that succeeds at once, the usual case, has no async layer here.
+  let called: Promise<{ value: T; host: string }>;
+  try {
+    const host = paths.hostForShard(shard);
+    onHost(host.name);
+    trace?.attempt(host.name);
+    const usedAddress = paths.pools.knownAddress(host);
+    let attempted: Promise<Attempt<T>>;
+    try {
+      attempted = attemptOn(host, trace);
+    } catch (error) {
+      attempted = Promise.reject(error as Error);
+    }
+    called = attempted.then(
+      (attempt): { value: T; host: string } | Promise<{ value: T; host: string }> =>
+        attempt.ok
+          ? { value: attempt.value, host: host.name }
+          : follow(paths, shard, attemptOn, trace, onHost, readOnly, { host, usedAddress, outcome: { attempt } }),
+      (error: unknown) =>
+        follow(paths, shard, attemptOn, trace, onHost, readOnly, { host, usedAddress, outcome: { error } }),
+    );
+  } catch (error) {
+    called = Promise.reject(error as Error);
+  }
+  return called.then(
     (done) => {
       paths.diagnostics.ended(done.host, true);
       trace?.end(done.host);
@@ -90,6 +118,13 @@ function namingShard(error: unknown, shard: number): unknown {
   });
 }
 
+/** The attempt runFollowing made before entering follow(): its host, the address it used, and how it ended. */
+interface FirstAttempt<T> {
+  readonly host: HostConfig;
+  readonly usedAddress: string | undefined;
+  readonly outcome: { readonly attempt: Attempt<T> } | { readonly error: unknown };
+}
+
 async function follow<T>(
   paths: FollowPaths,
   shard: number,
@@ -97,19 +132,29 @@ async function follow<T>(
   trace: CallTrace | undefined,
   onHost: (host: string) => void,
   readOnly: boolean,
+  first: FirstAttempt<T>,
 ): Promise<{ value: T; host: string }> {
   const { settings, diagnostics, pools } = paths;
   let fencedSince: number | undefined;
   let backoffMs = FIRST_BACKOFF_MS;
   let failoverDeadline: number | undefined;
+  let made: FirstAttempt<T>['outcome'] | undefined = first.outcome;
   for (;;) {
-    const host = paths.hostForShard(shard);
-    onHost(host.name);
-    trace?.attempt(host.name);
-    const usedAddress = pools.knownAddress(host);
+    // The first time round, the attempt runFollowing made; then a new one on the host the map names now.
+    const host = made ? first.host : paths.hostForShard(shard);
+    const usedAddress = made ? first.usedAddress : pools.knownAddress(host);
     let attempt: Attempt<T>;
     try {
-      attempt = await attemptOn(host, trace);
+      if (made) {
+        const outcome = made;
+        made = undefined;
+        if ('error' in outcome) throw outcome.error;
+        attempt = outcome.attempt;
+      } else {
+        onHost(host.name);
+        trace?.attempt(host.name);
+        attempt = await attemptOn(host, trace);
+      }
     } catch (error) {
       // Connecting failed, or the connection was lost where nothing can have committed.
       if (!isInDoubt(error) && isFailoverSymptom(error, readOnly)) {

@@ -174,28 +174,54 @@ export class HostPools {
     this.sharesStatements.add(host.name);
   }
 
-  /** A pooled connection of `host`; failing names the host and the shard. */
-  async connect(host: HostConfig, shard: number, trace?: CallTrace, again = false): Promise<pg.PoolClient> {
+  /**
+   * A pooled connection of `host`; failing names the host and the shard. When the host's pool is
+   * there and the call is not traced (the usual case), pg-pool's own promise with only the failure
+   * handled: no async layer on a routed call's hot path.
+   */
+  connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
+    const pool = trace === undefined ? this.current(host) : undefined;
+    if (!pool) return this.connectTraced(host, shard, trace);
+    return pool.connect().catch((error: unknown) => this.connectFailed(host, shard, trace, false, error));
+  }
+
+  private async connectTraced(
+    host: HostConfig,
+    shard: number,
+    trace: CallTrace | undefined,
+    again = false,
+  ): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
       const client = await (this.current(host) ?? (await this.pool(host))).connect();
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {
-      // The application's mistake, not the host's: said as such (and not taken for a failover).
-      if (this.closed)
-        throw new ShardctlError('ROUTER_CLOSED', 'the ShardRouter is closed: a call made after close() does not run', {
-          exitCode: 2,
-          data: { host: host.name, shard },
-        });
-      // Once per call: a refusal of something else than the timeouts is not retried for ever.
-      if (!again && this.refusedStartup(host, error)) return this.connect(host, shard, trace, true);
-      throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
-        shard,
-        code: 'HOST_UNREACHABLE',
-        cause: error,
-      });
+      return this.connectFailed(host, shard, trace, again, error);
     }
+  }
+
+  /** Why a connection of `host` could not be had, as the call's error (or one more try, once). */
+  private connectFailed(
+    host: HostConfig,
+    shard: number,
+    trace: CallTrace | undefined,
+    again: boolean,
+    error: unknown,
+  ): Promise<pg.PoolClient> {
+    // The application's mistake, not the host's: said as such (and not taken for a failover).
+    if (this.closed)
+      throw new ShardctlError('ROUTER_CLOSED', 'the ShardRouter is closed: a call made after close() does not run', {
+        exitCode: 2,
+        data: { host: host.name, shard },
+      });
+    // Once per call: a refusal of something else than the timeouts is not retried for ever.
+    if (!again && this.refusedStartup(host, error)) return this.connectTraced(host, shard, trace, true);
+    throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
+      shard,
+      code: 'HOST_UNREACHABLE',
+      cause: error,
+    });
   }
 
   /**

@@ -112,7 +112,7 @@ const POOLED_STATEMENT_CODES = new Set(['42P05', '26000']);
  * connection is marked), or shows itself when a named statement fails so: the transaction is rolled
  * back, the host is known as pooled from then on, and fn runs again, its statements unnamed.
  */
-export async function attempt<T>(
+export function attempt<T>(
   paths: TransactionPaths,
   host: HostConfig,
   shard: number,
@@ -121,14 +121,16 @@ export async function attempt<T>(
   trace?: CallTrace,
   via?: Via,
 ): Promise<Attempt<T>> {
-  const first = await attemptOnce(paths, host, shard, fn, options, trace, via);
-  if (first.ok || !('pooled' in first)) return first;
-  // From now on statementsShared(host): the next attempt sends them unnamed.
-  paths.learnStatementsShared(host);
-  // Seen by the call's subscribers as any other retried attempt (diagnostics.ts).
-  trace?.retry(host.name, first.error);
-  trace?.attempt(host.name);
-  return attemptOnce(paths, host, shard, fn, options, trace, via);
+  // Not an async function (a routed call's hot path): the first attempt's promise, looked at once.
+  return attemptOnce(paths, host, shard, fn, options, trace, via).then((first) => {
+    if (first.ok || !('pooled' in first)) return first;
+    // From now on statementsShared(host): the next attempt sends them unnamed.
+    paths.learnStatementsShared(host);
+    // Seen by the call's subscribers as any other retried attempt (diagnostics.ts).
+    trace?.retry(host.name, first.error);
+    trace?.attempt(host.name);
+    return attemptOnce(paths, host, shard, fn, options, trace, via);
+  });
 }
 
 function attemptOnce<T>(

@@ -99,6 +99,36 @@ describe('a host that stops answering', () => {
   });
 
   it(
+    "exec: a host silent from the first byte fails all its shards within one bound, in one line per reason; the other host's shards answer",
+    { timeout: 60_000 },
+    async () => {
+      proxy.silence('all');
+      // --write: one shard per transaction; --concurrency 1: pg2's four shards one after another,
+      // each of which used to wait out the connect bound of its own (4 × 2 s and more).
+      for (const args of [
+        ['--write', '--concurrency', '1'],
+        ['--concurrency', '1'],
+      ]) {
+        const { value: run, ms } = await timed(() =>
+          runCli(['exec', ...args, 'SELECT 1 AS one', '-c', fleet.configFile]),
+        );
+        expect(run.code, run.stderr).toBe(1);
+        // Opening the router reads the fleet (one bound on pg2), then the run meets pg2 once.
+        expect(ms).toBeLessThan(2 * BOUND_MS + 4000);
+        expect(run.stdout).toMatch(/\(4 rows\)/);
+        expect(run.stderr).toMatch(/4 of 8 shards failed: shards 4-7/);
+        const lines = run.stderr.split('\n').filter((line) => /^ {2}shards? \d/.test(line));
+        expect(lines.length, run.stderr).toBeGreaterThanOrEqual(1);
+        expect(lines.length, run.stderr).toBeLessThanOrEqual(2);
+        // Each line names the shards and the host once, then the reason (no "host pg2, shard 5:" inside).
+        for (const line of lines) expect(line).toMatch(/^ {2}shards? [\d,-]+ on pg2: cannot connect: .*timeout/);
+        expect(run.stderr).not.toMatch(/host pg2, shard \d/);
+        if (lines.length === 2) expect(lines[1]).toMatch(/\(not tried: the host could not be reached for shard 4 /);
+      }
+    },
+  );
+
+  it(
     'router: a call on a silent host fails naming it and the shard; calls on the other host go on',
     { timeout: 30_000 },
     async () => {

@@ -2,6 +2,7 @@ import { describe, expect, it } from 'vitest';
 import { columns, formatBytes, nextLine } from '../../src/cli/output.js';
 import { formatShardList } from '../../src/config/ranges.js';
 import { HostError, resumeOrAbort, RuntimeFailure, StaleMapError } from '../../src/errors.js';
+import { groupFailures } from '../../src/router/errors.js';
 
 describe('formatBytes', () => {
   it.each([
@@ -61,5 +62,28 @@ describe("an error's next steps", () => {
     expect(error.toJSON().next).toEqual(error.next);
     expect(error.message).not.toMatch(/--/);
     expect(new RuntimeFailure('NO_MOVE', 'nothing to resume').toJSON()).not.toHaveProperty('next');
+  });
+});
+
+describe('groupFailures', () => {
+  it("groups a host's failures by reason, naming shards and host once; an error about another host keeps its own location", () => {
+    const down = (shard: number) =>
+      new HostError('pg2', 'cannot connect: timeout expired', { shard, code: 'HOST_UNREACHABLE' });
+    const groups = groupFailures([
+      { shard: 4, host: 'pg2', error: down(4) },
+      { shard: 5, host: 'pg2', error: down(5) },
+      { shard: 7, host: 'pg2', error: down(7) },
+      { shard: 9, host: 'pg1', error: new HostError('pg3', 'cannot connect: refused', { shard: 9 }) },
+      {
+        shard: 10,
+        host: 'pg1',
+        error: Object.assign(new Error('relation "photos" does not exist'), { code: '42P01' }),
+      },
+    ]);
+    expect(groups.map((g) => g.line)).toEqual([
+      'shards 4-5,7 on pg2: cannot connect: timeout expired',
+      'shard 9 on pg1: host pg3, shard 9: cannot connect: refused',
+      'shard 10 on pg1: relation "photos" does not exist (SQLSTATE 42P01)',
+    ]);
   });
 });
