@@ -23,14 +23,17 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
     if (options.sizes && options.load)
       throw new UsageError('give --sizes or --load, not both', { input: 'option --load' });
     const config = await loadCliConfig(ctx, options, out);
-    if (options.load) {
-      printLoad(out, await shardLoad(config));
-      done(0);
-      return;
-    }
-    if (options.sizes) {
-      printSizes(out, await shardSizes(config));
-      done(0);
+    // --load and --sizes show what the hosts that can be read say; the others are named, exit 1.
+    if (options.load || options.sizes) {
+      const figures = options.load
+        ? printLoad(out, await shardLoad(config, { partial: true }))
+        : printSizes(out, await shardSizes(config, { partial: true }));
+      if (!out.json) for (const u of figures.unreadable) out.line(`${u.host}: UNREACHABLE: ${u.reason}`);
+      if (figures.unreadable.length > 0)
+        out.info(
+          `status: ${lib().plural(figures.unreadable.length, 'host')} could not be read; ${options.load ? 'load' : 'sizes'} of the others above`,
+        );
+      done(figures.unreadable.length > 0 ? 1 : 0);
       return;
     }
     const result = await status(config);
@@ -135,10 +138,10 @@ function printMap(out: Output, map: StatusResult['map']): void {
 /** How many of the largest shards the human output lists (--json has them all). */
 const LARGEST_SHOWN = 10;
 
-function printLoad(out: Output, load: LoadResult): void {
+function printLoad(out: Output, load: LoadResult): LoadResult {
   if (out.json) {
-    out.data(load);
-    return;
+    out.data({ ...load, exitCode: load.unreadable.length > 0 ? 1 : 0 });
+    return load;
   }
   const hostRows = load.hosts.map((h) => [
     h.host,
@@ -147,22 +150,30 @@ function printLoad(out: Output, load: LoadResult): void {
     `${h.reads}`,
     h.statsReset ? `since ${h.statsReset}` : 'since the server started (never reset)',
   ]);
-  const total = ['total', String(load.shards.length), `${load.writes}`, `${load.reads}`, ''];
+  // Without the hosts that could not be read, the sum is not the fleet's: labelled so.
+  const total = [
+    load.unreadable.length > 0 ? 'readable' : 'total',
+    String(load.shards.length),
+    `${load.writes}`,
+    `${load.reads}`,
+    '',
+  ];
   for (const line of columns([['host', 'shards', 'writes', 'reads', ''], ...hostRows, total])) out.line(line.trimEnd());
   const busiest = load.shards.slice(0, LARGEST_SHOWN);
-  if (busiest.length === 0) return;
+  if (busiest.length === 0) return load;
   out.line(
     `busiest shards${load.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${load.shards.length}; --json lists all)` : ''}:`,
   );
   const shardRows = busiest.map((s) => [String(s.shard), s.host, `${s.writes}`, `${s.reads}`]);
   for (const line of columns([['shard', 'host', 'writes', 'reads'], ...shardRows], '  ')) out.line(line);
+  return load;
 }
 
-function printSizes(out: Output, sizes: SizesResult): void {
+function printSizes(out: Output, sizes: SizesResult): SizesResult {
   const { formatShardList } = lib();
   if (out.json) {
-    out.data(sizes);
-    return;
+    out.data({ ...sizes, exitCode: sizes.unreadable.length > 0 ? 1 : 0 });
+    return sizes;
   }
   const hostRows = sizes.hosts.map((h) => [
     h.host,
@@ -173,7 +184,7 @@ function printSizes(out: Output, sizes: SizesResult): void {
     `${h.drain ? 'draining' : `weight ${h.weight}`}${h.missing.length > 0 ? `; missing: ${formatShardList(h.missing)}` : ''}`,
   ]);
   const total = [
-    'total',
+    sizes.unreadable.length > 0 ? 'readable' : 'total',
     String(sizes.shards.length),
     formatBytes(sizes.bytes),
     `${sizes.bytes}`,
@@ -183,10 +194,11 @@ function printSizes(out: Output, sizes: SizesResult): void {
   for (const line of columns([['host', 'shards', 'size', 'bytes', 'rows', ''], ...hostRows, total]))
     out.line(line.trimEnd());
   const largest = sizes.shards.slice(0, LARGEST_SHOWN);
-  if (largest.length === 0) return;
+  if (largest.length === 0) return sizes;
   out.line(
     `largest shards${sizes.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${sizes.shards.length}; --json lists all)` : ''}:`,
   );
   const shardRows = largest.map((s) => [String(s.shard), s.host, formatBytes(s.bytes), `${s.bytes}`, `~${s.rows}`]);
   for (const line of columns([['shard', 'host', 'size', 'bytes', 'rows'], ...shardRows], '  ')) out.line(line);
+  return sizes;
 }

@@ -1,6 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { readShardActivity } from '../fleet/load.js';
-import { readEveryHost } from './sizes.js';
+import { readEveryHost, type ReadEveryHostOptions, type UnreadableHost } from './sizes.js';
 
 /**
  * `shardctl status --load`: the rows each shard's tables were written and read since the host's
@@ -31,12 +31,21 @@ export interface LoadResult {
   readonly shards: readonly ShardLoadInfo[];
   readonly writes: bigint;
   readonly reads: bigint;
+  /** Hosts left out because they could not be read (a partial read; otherwise empty). */
+  readonly unreadable: readonly UnreadableHost[];
 }
 
-/** Reads every host (in parallel); a host that cannot be read fails the whole call, naming it. */
-export async function shardLoad(config: ShardctlConfig): Promise<LoadResult> {
-  const perHost = await readEveryHost(config, 'load', { shards: [], statsReset: null }, (client, host) =>
-    readShardActivity(client, config.schemaPrefix, host.shards),
+/**
+ * Reads every host (in parallel); a host that cannot be read fails the whole call, naming it, or
+ * with `partial` is left out (its shards too) and named in `unreadable`.
+ */
+export async function shardLoad(config: ShardctlConfig, options: ReadEveryHostOptions = {}): Promise<LoadResult> {
+  const { read: perHost, unreadable } = await readEveryHost(
+    config,
+    'load',
+    { shards: [], statsReset: null },
+    (client, host) => readShardActivity(client, config.schemaPrefix, host.shards),
+    options,
   );
   const hosts: HostLoad[] = [];
   const shards: ShardLoadInfo[] = [];
@@ -66,6 +75,7 @@ export async function shardLoad(config: ShardctlConfig): Promise<LoadResult> {
     shards,
     writes: hosts.reduce((n, h) => n + h.writes, 0n),
     reads: hosts.reduce((n, h) => n + h.reads, 0n),
+    unreadable,
   };
 }
 

@@ -3,6 +3,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { failureReason, RuntimeFailure } from '../errors.js';
 import { readShardSizes } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
+import { withReadHint } from '../fleet/rights.js';
 import { withSession } from '../fleet/session.js';
 
 /**
@@ -37,12 +38,21 @@ export interface SizesResult {
   readonly shards: readonly ShardSizeInfo[];
   readonly bytes: bigint;
   readonly rows: bigint;
+  /** Hosts left out because they could not be read (a partial read; otherwise empty). */
+  readonly unreadable: readonly UnreadableHost[];
 }
 
-/** Reads every host (in parallel); a host that cannot be read fails the whole call, naming it. */
-export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
-  const perHost = await readEveryHost(config, 'sizes', [], (client, host) =>
-    readShardSizes(client, config.schemaPrefix, host.shards),
+/**
+ * Reads every host (in parallel); a host that cannot be read fails the whole call, naming it, or
+ * with `partial` is left out (its shards too) and named in `unreadable`.
+ */
+export async function shardSizes(config: ShardctlConfig, options: ReadEveryHostOptions = {}): Promise<SizesResult> {
+  const { read: perHost, unreadable } = await readEveryHost(
+    config,
+    'sizes',
+    [],
+    (client, host) => readShardSizes(client, config.schemaPrefix, host.shards),
+    options,
   );
   const hosts: HostSizes[] = [];
   const shards: ShardSizeInfo[] = [];
@@ -75,6 +85,7 @@ export async function shardSizes(config: ShardctlConfig): Promise<SizesResult> {
     shards,
     bytes: hosts.reduce((n, h) => n + h.bytes, 0n),
     rows: hosts.reduce((n, h) => n + h.rows, 0n),
+    unreadable,
   };
 }
 
@@ -82,18 +93,39 @@ function largestFirst(a: ShardSizeInfo, b: ShardSizeInfo): number {
   return a.bytes === b.bytes ? a.shard - b.shard : a.bytes > b.bytes ? -1 : 1;
 }
 
+/** A host whose figures could not be read (a partial read: `{ partial: true }`), and why. */
+export interface UnreadableHost {
+  readonly host: string;
+  readonly reason: string;
+}
+
+/** Whether a host that cannot be read fails the call (the default) or is left out and named. */
+export interface ReadEveryHostOptions {
+  /**
+   * Leave out the hosts that cannot be read and name them in `unreadable` (status --sizes and
+   * --load: what can be read is shown). Without it a host that cannot be read fails the whole call
+   * (rebalance: it must not plan from part of the fleet).
+   */
+  readonly partial?: boolean;
+}
+
 /**
  * What `read` finds on every host of the map, read in parallel on a session of its own
  * (`shardctl <what>`); a host the map gives no shard is not asked (`empty`). A host that cannot be
- * read fails the whole call, naming it: "cannot read shard <what>".
+ * read fails the whole call, naming it: "cannot read shard <what>"; with `partial`, it is left out
+ * of `read` and named in `unreadable`.
  */
 export async function readEveryHost<T>(
   config: ShardctlConfig,
   what: string,
   empty: T,
   read: (client: pg.Client, host: HostConfig) => Promise<T>,
-): Promise<{ readonly host: HostConfig; readonly found: T }[]> {
-  const errors: string[] = [];
+  { partial = false }: ReadEveryHostOptions = {},
+): Promise<{
+  readonly read: { readonly host: HostConfig; readonly found: T }[];
+  readonly unreadable: UnreadableHost[];
+}> {
+  const unreadable: UnreadableHost[] = [];
   const perHost = await Promise.all(
     config.hosts.map(async (host) => {
       try {
@@ -103,18 +135,23 @@ export async function readEveryHost<T>(
             : await withSession(host, ({ client }) => read(client, host), { applicationName: `shardctl ${what}` });
         return { host, found };
       } catch (error) {
-        errors.push(`host ${host.name}: ${failureReason(error, describePgError)}`);
-        return { host, found: empty };
+        unreadable.push({
+          host: host.name,
+          reason: withReadHint(failureReason(error, describePgError), error, host.url),
+        });
+        return undefined;
       }
     }),
   );
-  if (errors.length > 0) {
+  unreadable.sort((a, b) => a.host.localeCompare(b.host));
+  if (unreadable.length > 0 && !partial) {
+    const errors = unreadable.map((u) => `host ${u.host}: ${u.reason}`);
     throw new RuntimeFailure(
       'HOST_UNREACHABLE',
-      `cannot read shard ${what}: ${errors.sort().join('; ')}`,
+      `cannot read shard ${what}: ${errors.join('; ')}`,
       { hosts: errors },
       errors,
     );
   }
-  return perHost;
+  return { read: perHost.filter((r) => r !== undefined), unreadable };
 }

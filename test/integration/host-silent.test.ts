@@ -60,6 +60,40 @@ describe('a host that stops answering', () => {
   );
 
   it(
+    "status --sizes and --load: a silent host is named and the exit is 1; the other host's figures are shown, its sum labelled as not the fleet's",
+    { timeout: 60_000 },
+    async () => {
+      proxy.silence('all');
+      for (const flag of ['--sizes', '--load']) {
+        const { value: run, ms } = await timed(() => runCli(['status', flag, '-c', fleet.configFile]));
+        expect(ms).toBeLessThan(BOUND_MS + 3000);
+        expect(run.code, run.stderr).toBe(1);
+        expect(run.stdout).toMatch(/^pg1 +4 /m);
+        expect(run.stdout).toMatch(/^readable +4 /m);
+        expect(run.stdout).not.toMatch(/^total/m);
+        expect(run.stdout).toMatch(/^pg2: UNREACHABLE: cannot connect: .*timeout/m);
+        expect(run.stderr).toMatch(/status: 1 host could not be read/);
+        const json = await runCli(['status', flag, '--json', '-c', fleet.configFile]);
+        expect(json.code).toBe(1);
+        const data = JSON.parse(json.stdout) as {
+          hosts: { host: string }[];
+          shards: { shard: number }[];
+          unreadable: { host: string; reason: string }[];
+          exitCode: number;
+        };
+        expect(data.hosts.map((h) => h.host)).toEqual(['pg1']);
+        expect(data.shards.map((s) => s.shard).sort()).toEqual([0, 1, 2, 3]);
+        expect(data.unreadable).toEqual([{ host: 'pg2', reason: expect.stringMatching(/cannot connect/) as string }]);
+        expect(data.exitCode).toBe(1);
+      }
+      // Rebalancing by size must not plan from part of the fleet: it refuses, naming the host.
+      const rebalance = await runCli(['rebalance', '--by', 'size', '--dry-run', '-c', fleet.configFile]);
+      expect(rebalance.code).toBe(1);
+      expect(rebalance.stderr).toMatch(/pg2.*cannot connect/);
+    },
+  );
+
+  it(
     'migrate: a host that goes silent mid-run is reported by name; the other host is migrated; a rerun finishes',
     { timeout: 60_000 },
     async () => {
