@@ -604,6 +604,9 @@ export async function discoverFleet(
   const unreachable: { name: string; reason: string }[] = [];
   const distrusted: { name: string; writers: readonly string[] }[] = [];
   let fleetId: string | null = null;
+  // Servers a seed could not even connect to (no answer, refused): a registry address naming the
+  // same server is not tried a second time (another connect timeout) but reported with that reason.
+  const deadServers = new Map<string, string>();
   const read = async (targets: readonly { name: string; url: string }[]): Promise<void> => {
     const results = await Promise.allSettled(
       targets.map((t) =>
@@ -617,6 +620,8 @@ export async function discoverFleet(
       if (result.status === 'rejected') {
         const reason = withReadHint(failureReason(result.reason, describePgError), result.reason, target.url);
         unreachable.push({ name: target.name, reason });
+        const server = serverKey(target.url);
+        if (server !== undefined && isConnectFailure(result.reason)) deadServers.set(server, reason);
         return;
       }
       const view = result.value;
@@ -644,7 +649,12 @@ export async function discoverFleet(
   const registry = mergePlacement(trusted()).hosts;
   const next = [...registry]
     .filter(([name]) => !urls.has(name) && !unreachable.some((u) => u.name === name))
-    .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }));
+    .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }))
+    .filter(({ name, url }) => {
+      const dead = deadServers.get(serverKey(url) ?? '');
+      if (dead !== undefined) unreachable.push({ name, reason: dead });
+      return dead === undefined;
+    });
   if (next.length > 0) await read(next);
   const registryUrls = new Map<string, string>();
   for (const [name, address] of mergePlacement(trusted()).hosts) {
@@ -660,6 +670,35 @@ export async function discoverFleet(
     registryUrls,
     distrusted,
   };
+}
+
+/**
+ * The server a URL reaches (its addresses and database, lower-cased; the port 5432 when unsaid), to
+ * tell that two URLs with different credentials or options reach the same server; undefined for a
+ * URL that names no address (a socket from the environment) or cannot be read.
+ */
+function serverKey(url: string): string | undefined {
+  try {
+    const parsed = parsePostgresUrl(url);
+    if (parsed.addresses.length === 0 || parsed.addresses.some((a) => a.host === '')) return undefined;
+    return `${parsed.addresses.map((a) => `${a.host.toLowerCase()}:${a.port ?? '5432'}`).join(',')}${parsed.path}`;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * A failure to connect at all (no answer within the timeout, refused, no such name), as opposed to
+ * one the server answered (a role or password refused, a database missing: a SQLSTATE), which other
+ * credentials might not meet.
+ */
+function isConnectFailure(error: unknown): boolean {
+  if (!(error instanceof HostError) || error.code !== 'HOST_UNREACHABLE') return false;
+  for (let cause: unknown = error.cause; cause; cause = (cause as { cause?: unknown }).cause) {
+    const code = (cause as { code?: unknown }).code;
+    if (typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code)) return false;
+  }
+  return true;
 }
 
 /** A config with no hosts: a seed router's, until its first discovery fills it in. */

@@ -183,6 +183,34 @@ describe('a host that stops answering', () => {
   );
 
   it(
+    'router from seeds: a seed that cannot be connected to is not tried again under its registry name (one connect timeout, not two)',
+    { timeout: 60_000 },
+    async () => {
+      proxy.silence('all');
+      const connectTimeoutMs = 3000;
+      // pg2's registry address is the proxy's URL: the first seed's server.
+      const { value: router, ms } = await timed(() =>
+        ShardRouter.open({ seeds: [proxy.url, db.urls[0]!] }, { connectTimeoutMs }),
+      );
+      try {
+        // Seeds read at once (one timeout); pg2 from the registry used to wait out another.
+        expect(ms).toBeLessThan(2 * connectTimeoutMs - 500);
+        expect(ms).toBeGreaterThanOrEqual(connectTimeoutMs - 100);
+        const unreachable = router.unreachableHosts();
+        expect(unreachable.map((u) => u.name).sort()).toEqual(['pg2', 'seed 1']);
+        expect(unreachable.find((u) => u.name === 'pg2')?.reason).toMatch(/cannot connect: .*timeout/);
+        expect((await router.withShard(1, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
+        // pg2 is still in the map (the first seed's server and pg2 are the same host): its call says so.
+        await expect(router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rejects.toThrow(
+          /^host pg2, shard 5: cannot connect/,
+        );
+      } finally {
+        await router.close();
+      }
+    },
+  );
+
+  it(
     'router: a statement that runs longer than the bound on a live host is waited for',
     { timeout: 30_000 },
     async () => {
