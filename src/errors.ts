@@ -182,6 +182,24 @@ export class HostError extends ShardctlError {
     this.migration = options.migration;
     this.reason = reason;
   }
+
+  /**
+   * The same failure as one of `shard` (a host's error, met by a call on that shard), with its
+   * code, cause, data, details and next steps; `reason` when the shard's says more than this one's.
+   */
+  forShard(shard: number, reason: string = this.reason): HostError {
+    // The data's own location (host, shard, migration) is this error's; the new one writes its own.
+    const { host: _host, shard: _shard, migration: _migration, ...data } = this.data ?? {};
+    return new HostError(this.host, reason, {
+      shard,
+      ...(this.migration === undefined ? {} : { migration: this.migration }),
+      code: this.code,
+      cause: this.cause,
+      ...(Object.keys(data).length > 0 ? { data } : {}),
+      ...(this.details.length > 0 ? { details: this.details } : {}),
+      ...(this.next.length > 0 ? { next: this.next } : {}),
+    });
+  }
 }
 
 /** `host pg1`, `host pg1, shard 17`, `host pg1, shard 17, migration 0002_likes`. */

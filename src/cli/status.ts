@@ -26,14 +26,20 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
     // --load and --sizes show what the hosts that can be read say; the others are named, exit 1.
     if (options.load || options.sizes) {
       const figures = options.load
-        ? printLoad(out, await shardLoad(config, { partial: true }))
-        : printSizes(out, await shardSizes(config, { partial: true }));
-      if (!out.json) for (const u of figures.unreadable) out.line(`${u.host}: UNREACHABLE: ${u.reason}`);
-      if (figures.unreadable.length > 0)
+        ? await shardLoad(config, { partial: true })
+        : await shardSizes(config, { partial: true });
+      const exitCode = figures.unreadable.length > 0 ? 1 : 0;
+      if (out.json) out.data({ ...figures, exitCode });
+      else {
+        if ('writes' in figures) printLoad(out, figures);
+        else printSizes(out, figures);
+        for (const u of figures.unreadable) out.line(`${u.host}: UNREACHABLE: ${u.reason}`);
+      }
+      if (exitCode !== 0)
         out.info(
           `status: ${lib().plural(figures.unreadable.length, 'host')} could not be read; ${options.load ? 'load' : 'sizes'} of the others above`,
         );
-      done(figures.unreadable.length > 0 ? 1 : 0);
+      done(exitCode);
       return;
     }
     const result = await status(config);
@@ -138,11 +144,7 @@ function printMap(out: Output, map: StatusResult['map']): void {
 /** How many of the largest shards the human output lists (--json has them all). */
 const LARGEST_SHOWN = 10;
 
-function printLoad(out: Output, load: LoadResult): LoadResult {
-  if (out.json) {
-    out.data({ ...load, exitCode: load.unreadable.length > 0 ? 1 : 0 });
-    return load;
-  }
+function printLoad(out: Output, load: LoadResult): void {
   const hostRows = load.hosts.map((h) => [
     h.host,
     String(h.shards),
@@ -160,21 +162,16 @@ function printLoad(out: Output, load: LoadResult): LoadResult {
   ];
   for (const line of columns([['host', 'shards', 'writes', 'reads', ''], ...hostRows, total])) out.line(line.trimEnd());
   const busiest = load.shards.slice(0, LARGEST_SHOWN);
-  if (busiest.length === 0) return load;
+  if (busiest.length === 0) return;
   out.line(
     `busiest shards${load.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${load.shards.length}; --json lists all)` : ''}:`,
   );
   const shardRows = busiest.map((s) => [String(s.shard), s.host, `${s.writes}`, `${s.reads}`]);
   for (const line of columns([['shard', 'host', 'writes', 'reads'], ...shardRows], '  ')) out.line(line);
-  return load;
 }
 
-function printSizes(out: Output, sizes: SizesResult): SizesResult {
+function printSizes(out: Output, sizes: SizesResult): void {
   const { formatShardList } = lib();
-  if (out.json) {
-    out.data({ ...sizes, exitCode: sizes.unreadable.length > 0 ? 1 : 0 });
-    return sizes;
-  }
   const hostRows = sizes.hosts.map((h) => [
     h.host,
     String(h.shards),
@@ -194,11 +191,10 @@ function printSizes(out: Output, sizes: SizesResult): SizesResult {
   for (const line of columns([['host', 'shards', 'size', 'bytes', 'rows', ''], ...hostRows, total]))
     out.line(line.trimEnd());
   const largest = sizes.shards.slice(0, LARGEST_SHOWN);
-  if (largest.length === 0) return sizes;
+  if (largest.length === 0) return;
   out.line(
     `largest shards${sizes.shards.length > LARGEST_SHOWN ? ` (${LARGEST_SHOWN} of ${sizes.shards.length}; --json lists all)` : ''}:`,
   );
   const shardRows = largest.map((s) => [String(s.shard), s.host, formatBytes(s.bytes), `${s.bytes}`, `~${s.rows}`]);
   for (const line of columns([['shard', 'host', 'size', 'bytes', 'rows'], ...shardRows], '  ')) out.line(line);
-  return sizes;
 }

@@ -5,6 +5,7 @@ import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
 import { confirmBackendPid, HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { serializeQueries } from '../pg/serial.js';
+import { isSqlState } from '../pg/sqlstate.js';
 import { libpqCompatible } from '../pg/tls.js';
 import {
   addressLabel,
@@ -247,7 +248,7 @@ export function describePgError(error: unknown): string {
         : error instanceof AggregateError
           ? error.errors.map((e) => (e instanceof Error ? e.message : String(e))).join('; ')
           : String(code ?? error.name);
-    const suffix = typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? ` (SQLSTATE ${code})` : '';
+    const suffix = isSqlState(code) ? ` (SQLSTATE ${code})` : '';
     const detailText = typeof detail === 'string' && detail.length > 0 ? `; ${detail}` : '';
     return redact(`${text}${detailText}${suffix}`);
   }

@@ -15,6 +15,7 @@ import { parseNumberList, simpleQuery } from './catalog.js';
 import { describePgError, withHost } from './connect.js';
 import type { Fleet } from './session.js';
 import { quoteLiteral } from '../pg/quote.js';
+import { firstSqlState } from '../pg/sqlstate.js';
 import { CONTROL } from './control.js';
 import { withReadHint } from './rights.js';
 import { EMPTY, sql, type Sql } from '../pg/sql-template.js';
@@ -693,12 +694,7 @@ function serverKey(url: string): string | undefined {
  * credentials might not meet.
  */
 function isConnectFailure(error: unknown): boolean {
-  if (!(error instanceof HostError) || error.code !== 'HOST_UNREACHABLE') return false;
-  for (let cause: unknown = error.cause; cause; cause = (cause as { cause?: unknown }).cause) {
-    const code = (cause as { code?: unknown }).code;
-    if (typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code)) return false;
-  }
-  return true;
+  return error instanceof HostError && error.code === 'HOST_UNREACHABLE' && firstSqlState(error.cause) === undefined;
 }
 
 /** A config with no hosts: a seed router's, until its first discovery fills it in. */

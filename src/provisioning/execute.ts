@@ -6,6 +6,7 @@ import { failureReason } from '../errors.js';
 import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { isSqlState } from '../pg/sqlstate.js';
 import { elapsed } from '../clock.js';
 
 export interface ProgressEvent {
@@ -444,8 +445,7 @@ function stepFailure(step: JobStep, error: unknown, context: JobContext): StepFa
 export function isConnectionError(error: unknown): boolean {
   const code = (error as { code?: unknown } | null)?.code;
   if (typeof code !== 'string') return true;
-  if (/^[0-9A-Z]{5}$/.test(code))
-    return code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03';
+  if (isSqlState(code)) return code.startsWith('08') || code === '57P01' || code === '57P02' || code === '57P03';
   return true; // ECONNRESET, ECONNREFUSED, EPIPE, ...
 }
 

@@ -2,6 +2,7 @@ import { HostError, ShardctlError } from '../errors.js';
 import { shardsPhrase } from '../config/ranges.js';
 import { describePgError } from '../fleet/connect.js';
 import { plural } from '../text.js';
+import { isSqlState } from '../pg/sqlstate.js';
 
 /** One shard of a fan-out that failed: where, and the error as thrown (pg errors keep their code). */
 export interface FanOutFailure {
@@ -79,5 +80,5 @@ export function describeFailure(error: unknown): string {
 
 function sqlState(error: unknown): string | null {
   const code = (error as { code?: unknown } | null)?.code;
-  return typeof code === 'string' && /^[0-9A-Z]{5}$/.test(code) ? code : null;
+  return isSqlState(code) ? code : null;
 }

@@ -65,14 +65,9 @@ export async function fanOut<T>(
     const down = unreachable.get(hostName);
     if (!down) return false;
     const earlier = down.shard === undefined ? 'earlier in this run' : `for shard ${down.shard} earlier in this run`;
-    const error = new HostError(
-      down.error.host,
+    const error = down.error.forShard(
+      shard,
       `${down.error.reason} (not tried: the host could not be reached ${earlier})`,
-      {
-        shard,
-        code: down.error.code,
-        cause: down.error,
-      },
     );
     record(shard, { ok: false, failure: { shard, host: hostName, error } });
     return true;
@@ -151,10 +146,8 @@ export async function fanOut<T>(
             if (down) {
               // Tried as a chunk, and the host could not be reached: each of its shards says so.
               noteDown(host.name, down);
-              for (const shard of chunk) {
-                const error = new HostError(down.host, down.reason, { shard, code: down.code, cause: down });
-                record(shard, { ok: false, failure: { shard, host: host.name, error } });
-              }
+              for (const shard of chunk)
+                record(shard, { ok: false, failure: { shard, host: host.name, error: down.forShard(shard) } });
               return;
             }
             if (values) {

@@ -108,14 +108,7 @@ export function runFollowing<T>(
  */
 function namingShard(error: unknown, shard: number): unknown {
   if (!(error instanceof HostError) || error.shard !== undefined || error.migration !== undefined) return error;
-  return new HostError(error.host, error.reason, {
-    shard,
-    code: error.code,
-    cause: error.cause,
-    ...(error.data ? { data: error.data } : {}),
-    ...(error.details.length > 0 ? { details: error.details } : {}),
-    ...(error.next.length > 0 ? { next: error.next } : {}),
-  });
+  return error.forShard(shard);
 }
 
 /** The attempt runFollowing made before entering follow(): its host, the address it used, and how it ended. */

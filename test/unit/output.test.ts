@@ -3,6 +3,7 @@ import { columns, formatBytes, nextLine } from '../../src/cli/output.js';
 import { formatShardList } from '../../src/config/ranges.js';
 import { HostError, resumeOrAbort, RuntimeFailure, StaleMapError } from '../../src/errors.js';
 import { groupFailures } from '../../src/router/errors.js';
+import { firstSqlState, hasSqlState, isSqlState } from '../../src/pg/sqlstate.js';
 
 describe('formatBytes', () => {
   it.each([
@@ -85,5 +86,47 @@ describe('groupFailures', () => {
       'shard 9 on pg1: host pg3, shard 9: cannot connect: refused',
       'shard 10 on pg1: relation "photos" does not exist (SQLSTATE 42P01)',
     ]);
+  });
+});
+
+describe('HostError.forShard', () => {
+  it("is the same failure on another shard: code, cause, details and data kept, the location the new shard's", () => {
+    const cause = new Error('timeout expired');
+    const met = new HostError('pg2', 'cannot connect: timeout expired', {
+      shard: 35,
+      code: 'HOST_UNREACHABLE',
+      cause,
+      data: { address: 'db2:5432' },
+      details: ['tried db2:5432'],
+    });
+    const other = met.forShard(40);
+    expect(other.message).toBe('host pg2, shard 40: cannot connect: timeout expired');
+    expect([other.host, other.shard, other.code, other.cause, other.details]).toEqual([
+      'pg2',
+      40,
+      'HOST_UNREACHABLE',
+      cause,
+      ['tried db2:5432'],
+    ]);
+    expect(other.data).toEqual({ host: 'pg2', shard: 40, address: 'db2:5432' });
+    expect(met.forShard(41, 'cannot connect (not tried)').reason).toBe('cannot connect (not tried)');
+  });
+});
+
+describe('SQLSTATEs on an error and what it wraps', () => {
+  it('finds the first SQLSTATE up to three causes deep, and no errno or code of ours', () => {
+    const denied = Object.assign(new Error('permission denied for schema shardctl'), { code: '42501' });
+    const wrapped = new HostError('pg1', 'cannot read', { code: 'HOST_UNREACHABLE', cause: denied });
+    expect(firstSqlState(wrapped)).toBe('42501');
+    expect(hasSqlState(wrapped, '42501')).toBe(true);
+    const refused = Object.assign(new Error('connect ECONNREFUSED'), { code: 'ECONNREFUSED' });
+    expect(firstSqlState(new HostError('pg1', 'cannot connect', { code: 'HOST_UNREACHABLE', cause: refused }))).toBe(
+      undefined,
+    );
+    const deep = new Error('a', { cause: new Error('b', { cause: new Error('c', { cause: denied }) }) });
+    expect(firstSqlState(deep)).toBe('42501');
+    expect(firstSqlState(new Error('a', { cause: deep }))).toBe(undefined);
+    expect(isSqlState('08006')).toBe(true);
+    expect(isSqlState('HOST_UNREACHABLE')).toBe(false);
   });
 });
