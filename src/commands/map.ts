@@ -269,5 +269,7 @@ async function readFleet(config: ShardctlConfig): Promise<{
   registryUrls: ReadonlyMap<string, string> | undefined;
 }> {
   const found = await discoverFromConfig(config, { applicationName: 'shardctl map' });
-  return { placement: found.placement, unreachable: [...found.unreachable], registryUrls: found.registryUrls };
+  // The JSON keeps its shape: a name and a reason per host.
+  const unreachable = found.unreachable.map(({ name, reason }) => ({ name, reason }));
+  return { placement: found.placement, unreachable, registryUrls: found.registryUrls };
 }

@@ -548,7 +548,18 @@ export function fleetRecord(
 /** The hosts read, and those that could not be. */
 export interface Discovery {
   readonly placement: FleetPlacement;
-  readonly unreachable: readonly { readonly name: string; readonly reason: string }[];
+  readonly unreachable: readonly UnreachableHost[];
+}
+
+/** A host a discovery could not read, and why. */
+export interface UnreachableHost {
+  readonly name: string;
+  readonly reason: string;
+  /**
+   * It could not be connected to at all (no answer within the timeout, refused, no such name), as
+   * opposed to a server that answered with an error (a role or password refused, a missing grant).
+   */
+  readonly connectFailed?: boolean;
 }
 
 /** For commands that change the fleet: refuses a file that disagrees with the hosts that answer. */
@@ -602,7 +613,7 @@ export async function discoverFleet(
 ): Promise<FleetDiscovery> {
   const urls = new Map<string, string>();
   const accepted: HostPlacementView[] = [];
-  const unreachable: { name: string; reason: string }[] = [];
+  const unreachable: UnreachableHost[] = [];
   const distrusted: { name: string; writers: readonly string[] }[] = [];
   let fleetId: string | null = null;
   // Servers a seed could not even connect to (no answer, refused): a registry address naming the
@@ -620,9 +631,10 @@ export async function discoverFleet(
       const target = targets[i]!;
       if (result.status === 'rejected') {
         const reason = withReadHint(failureReason(result.reason, describePgError), result.reason, target.url);
-        unreachable.push({ name: target.name, reason });
+        const connectFailed = isConnectFailure(result.reason);
+        unreachable.push({ name: target.name, reason, ...(connectFailed ? { connectFailed } : {}) });
         const server = serverKey(target.url);
-        if (server !== undefined && isConnectFailure(result.reason)) deadServers.set(server, reason);
+        if (server !== undefined && connectFailed) deadServers.set(server, reason);
         return;
       }
       const view = result.value;
@@ -653,7 +665,7 @@ export async function discoverFleet(
     .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }))
     .filter(({ name, url }) => {
       const dead = deadServers.get(serverKey(url) ?? '');
-      if (dead !== undefined) unreachable.push({ name, reason: dead });
+      if (dead !== undefined) unreachable.push({ name, reason: dead, connectFailed: true });
       return dead === undefined;
     });
   if (next.length > 0) await read(next);

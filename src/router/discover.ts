@@ -1,7 +1,7 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { loadConfig } from '../config/load.js';
 import { HostError } from '../errors.js';
-import { discoverFleet, discoverFromConfig, fleetConfig } from '../fleet/placement.js';
+import { discoverFleet, discoverFromConfig, fleetConfig, type UnreachableHost } from '../fleet/placement.js';
 import type { RouterSettings } from './options.js';
 
 /** What one reading of the fleet gives a router. */
@@ -9,7 +9,7 @@ export interface RouterMap {
   /** The placement: the fleet's, corrected where the file disagrees. */
   readonly config: ShardctlConfig;
   /** Hosts that could not be read, and why. */
-  readonly unreachable: readonly { name: string; reason: string }[];
+  readonly unreachable: readonly UnreachableHost[];
   /** The trusted registries' address of each host, with the discovery's credentials (pools.ts). */
   readonly registryUrls: ReadonlyMap<string, string>;
 }

@@ -6,7 +6,7 @@ import { Limit } from './limit.js';
 import type { Chunking, ForEachShardOptions, RouterInternals } from './types.js';
 
 /** What the fan-out needs of the router. */
-export type FanOutPaths = Pick<RouterInternals, 'config' | 'settings' | 'checkShard' | 'hostForShard'>;
+export type FanOutPaths = Pick<RouterInternals, 'config' | 'settings' | 'checkShard' | 'hostForShard' | 'foundDown'>;
 
 /**
  * The fan-out behind forEachShard, queryEachShard and queryPage: `runShard` on each shard of
@@ -21,7 +21,9 @@ export type FanOutPaths = Pick<RouterInternals, 'config' | 'settings' | 'checkSh
  * A host that cannot be reached (no connection within the connect timeout, after the router's own
  * search for a new primary) fails the rest of its shards at once, each saying so, rather than each
  * waiting out the same timeout: a run over a host that went silent takes one timeout, not one per
- * wave of shards.
+ * wave of shards. So does a host the router's reading of the fleet could not connect to just
+ * before the run (less than the connect timeout ago: a command that opens a router and runs at
+ * once), unless the run may read standbys.
  */
 export async function fanOut<T>(
   paths: FanOutPaths,
@@ -54,8 +56,15 @@ export async function fanOut<T>(
       total: shards.length,
     });
   };
-  // Hosts found unreachable in this run, with the error that said so and the shard it was met for.
+  // Hosts found unreachable in this run (or by the reading of the fleet just before it), with the
+  // error that said so and the shard it was met for.
   const unreachable = new Map<string, { error: HostError; shard: number | undefined }>();
+  if (!options.replica) {
+    for (const host of new Set(shards.map((s) => paths.hostForShard(s).name))) {
+      const error = paths.foundDown(host);
+      if (error) unreachable.set(host, { error, shard: undefined });
+    }
+  }
   const noteDown = (hostName: string, error: unknown, shard?: number): void => {
     if (isHostDown(error) && !unreachable.has(hostName))
       unreachable.set(hostName, { error: error as HostError, shard });
@@ -64,7 +73,8 @@ export async function fanOut<T>(
   const skipped = (shard: number, hostName: string): boolean => {
     const down = unreachable.get(hostName);
     if (!down) return false;
-    const earlier = down.shard === undefined ? 'earlier in this run' : `for shard ${down.shard} earlier in this run`;
+    const earlier =
+      down.shard === undefined ? 'when the fleet was read just before' : `for shard ${down.shard} earlier in this run`;
     const error = down.error.forShard(
       shard,
       `${down.error.reason} (not tried: the host could not be reached ${earlier})`,
@@ -89,19 +99,22 @@ export async function fanOut<T>(
   let rest = shards;
   if (chunks?.statements !== undefined) statements = chunks.statements;
   else if (chunks && shards.length > 1) {
-    const first = shards[0]!;
-    rest = shards.slice(1);
-    await overall.run(async () => {
-      try {
-        const r = await chunks.probe(first);
-        statements = r.statements;
-        record(first, { ok: true, result: { shard: first, host: r.host, value: r.value } });
-      } catch (error) {
-        const host = hostForShard(paths.config(), first)?.name ?? '';
-        noteDown(host, error, first);
-        record(first, { ok: false, failure: { shard: first, host, error } });
-      }
-    });
+    // Probed on a host not already known to be down (its shards fail below, without trying).
+    const first = shards.find((s) => !unreachable.has(paths.hostForShard(s).name));
+    if (first !== undefined) {
+      rest = shards.filter((s) => s !== first);
+      await overall.run(async () => {
+        try {
+          const r = await chunks.probe(first);
+          statements = r.statements;
+          record(first, { ok: true, result: { shard: first, host: r.host, value: r.value } });
+        } catch (error) {
+          const host = hostForShard(paths.config(), first)?.name ?? '';
+          noteDown(host, error, first);
+          record(first, { ok: false, failure: { shard: first, host, error } });
+        }
+      });
+    }
   }
 
   const byHost = new Map<string, number[]>();

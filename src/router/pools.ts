@@ -269,7 +269,8 @@ export class HostPools {
     }
   }
 
-  private hasAlternatives(host: HostConfig): boolean {
+  /** Whether `host` has an address to look at besides its own URL's one (several in it, or the registry's). */
+  hasAlternatives(host: HostConfig): boolean {
     return !HostAddressBook.isPlain(host) || this.addresses.hasRegistryAlternative(host);
   }
 

@@ -4,7 +4,7 @@ import { hostForShard, type HostConfig, type ShardctlConfig } from '../config/ty
 import { HostError, UsageError } from '../errors.js';
 import { decodeId, parseIdString } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
-import { emptyFleetConfig } from '../fleet/placement.js';
+import { emptyFleetConfig, type UnreachableHost } from '../fleet/placement.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import type { ShardResult } from './errors.js';
 import { withConnection } from './connection.js';
@@ -55,8 +55,8 @@ export class ShardRouter {
   /** The file's map (file and config routers): the fallback for shards no reachable host places. */
   private readonly fileConfig: ShardctlConfig | null;
   private readonly seeds: readonly string[];
-  /** Hosts that could not be read at the last discovery: name → why. */
-  private unreachable = new Map<string, string>();
+  /** Hosts that could not be read at the last discovery: name → why, and when it ended. */
+  private unreachable = new Map<string, UnreachableHost & { readonly at: number }>();
   /** Shards whose new host answered that it holds them, ahead of the next discovery. */
   private readonly followed = new Map<number, string>();
   /** Per host, one pg.Pool on its primary, and the search for a new primary after a failover (pools.ts). */
@@ -179,9 +179,22 @@ export class ShardRouter {
     return host;
   }
 
+  /**
+   * A host the last reading of the fleet could not connect to at all, less than the connect timeout
+   * ago, with no other address to look at: the error a connection there would meet now (a fan-out
+   * fails its shards with it rather than wait out the same timeout again); else undefined.
+   */
+  private foundDown(hostName: string): HostError | undefined {
+    const down = this.unreachable.get(hostName);
+    if (!down?.connectFailed || performance.now() - down.at > this.options.connectTimeoutMs) return undefined;
+    const host = this.config.hosts.find((h) => h.name === hostName);
+    if (!host || this.pools.hasAlternatives(host)) return undefined;
+    return new HostError(hostName, down.reason, { code: 'HOST_UNREACHABLE' });
+  }
+
   /** Hosts that could not be read at the last discovery, with the reason. */
   unreachableHosts(): { name: string; reason: string }[] {
-    return [...this.unreachable].map(([name, reason]) => ({ name, reason }));
+    return [...this.unreachable.values()].map(({ name, reason }) => ({ name, reason }));
   }
 
   shardForKey(key: bigint): number {
@@ -355,7 +368,8 @@ export class ShardRouter {
       options.rereadFile !== false,
     );
     this.config = read.config;
-    this.unreachable = new Map(read.unreachable.map((u) => [u.name, u.reason]));
+    const at = performance.now();
+    this.unreachable = new Map(read.unreachable.map((u) => [u.name, { ...u, at }]));
     this.followed.clear();
     this.starts = new TransactionStarts(read.config, this.options);
     this.pools.learn(read.registryUrls, read.config.hosts);
@@ -379,6 +393,7 @@ export class ShardRouter {
       chunkOnReplica: (host, shards, replica, attemptThere) =>
         this.standbyReads.chunkOnReplica(host, shards, replica, attemptThere),
       fanOut: (runShard, options, chunks) => fanOut(paths, runShard, options, chunks),
+      foundDown: (hostName) => this.foundDown(hostName),
       withConnection: (host, shard, work, via, trace) =>
         withConnection(via ? () => via.checkout() : () => this.pools.connect(host, shard, trace), work),
       counted: (host, ok) => this.diagnostics.ended(host, ok),

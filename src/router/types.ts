@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import type { HostError } from '../errors.js';
 import type { TransactionStart } from './begin.js';
 import type { Lease } from './connection.js';
 import type { CallTrace } from './diagnostics.js';
@@ -92,6 +93,8 @@ export interface RouterInternals {
     replica: ReplicaRead,
     attempt: (via: Via) => Promise<V[] | undefined>,
   ): Promise<V[] | undefined>;
+  /** A host the last reading of the fleet found it could not connect to, just now: the error a call there meets. */
+  foundDown(hostName: string): HostError | undefined;
   fanOut<T>(
     runShard: (shard: number) => Promise<{ value: T; host: string }>,
     options: ForEachShardOptions,
