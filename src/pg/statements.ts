@@ -283,6 +283,20 @@ export function firstEscape(sql: string): string | undefined {
   return undefined;
 }
 
+/** Statements that do the same in a transaction block and in the implicit transaction of one statement. */
+const BLOCK_NEUTRAL = new Set(['select', 'with', 'values', 'table', 'insert', 'update', 'delete', 'merge']);
+
+/**
+ * Whether a text is one statement that does the same whether or not it runs in a transaction block:
+ * a query or a write of rows (SELECT, WITH, VALUES, TABLE, INSERT, UPDATE, DELETE, MERGE). Not
+ * statements that need a block (LOCK, DECLARE, SAVEPOINT, SET LOCAL: refused or void outside one),
+ * nor CALL and DO, whose procedures may commit when they run outside one.
+ */
+export function blockNeutral(sql: string): boolean {
+  const statements = splitSqlBothWays(sql);
+  return statements.length === 1 && BLOCK_NEUTRAL.has(statements[0]!.keywords[0] ?? '');
+}
+
 /**
  * Why a statement would end the transaction it runs in, or change the session beyond it (so that
  * what follows it, or the next user of the connection, runs elsewhere or as someone else);

@@ -1,7 +1,7 @@
 import { createRequire } from 'node:module';
 import pg from 'pg';
 import { UsageError } from '../errors.js';
-import { firstEscape } from '../pg/statements.js';
+import { blockNeutral, firstEscape } from '../pg/statements.js';
 
 /**
  * A transaction whose BEGIN travels with fn's first statement, and whose COMMIT does too when that
@@ -33,6 +33,21 @@ import { firstEscape } from '../pg/statements.js';
  * ends it exactly as before. If the COMMIT itself fails (a deferred constraint), the query's
  * promise rejects with that error, and nothing was committed.
  *
+ * Without BEGIN. When that one query is also one statement that does the same in a block and out
+ * of one (a SELECT, INSERT, UPDATE, DELETE, MERGE, WITH, VALUES or TABLE: blockNeutral), the
+ * connection is the server's own session (src/pg/pooler.ts, serverSession: no pooler between), and
+ * nothing but the search_path needs setting (the timeouts are the session's; no write LSN to read
+ * after a COMMIT), the BEGIN, SET LOCAL and COMMIT give way to one session-level
+ *
+ *   Parse/Bind/Execute `SET search_path TO …`, the query's own messages, and one Sync
+ *
+ * which the server runs as one implicit transaction, committed at the Sync: the same one
+ * transaction, two statements fewer for the server to run and for pg to read the answers of. If
+ * the query fails, the SET is rolled back with it and nothing is left open (no ROLLBACK is sent);
+ * if it succeeds, the connection keeps that search_path until its next call sets its own, as every
+ * routed transaction does first. Nothing else uses the router's connections, and no other client
+ * shares this one's session (a pooler would: there, and for anything else, the block stays).
+ *
  * This works only for a query that uses the extended protocol anyway (one with parameters), and
  * for pg's own Query objects. Any other first query (text without parameters, which pg sends as a
  * simple Query and which may hold several statements; a named or row-limited query; a callback;
@@ -43,7 +58,7 @@ import { firstEscape } from '../pg/statements.js';
 /**
  * The node-postgres releases this file is tested with. FirstQuery below extends pg's Query and
  * uses members that are not pg's public API (`submit`, `_getRows`, `handleCommandComplete`,
- * `handleEmptyQuery`, `handleDataRow`, the connection's `execute`, `_send` and stream); a release
+ * `handleEmptyQuery`, `handleDataRow`, `handleReadyForQuery`, the connection's `execute`, `_send` and stream); a release
  * that changes them must not break routed calls. So at load they are checked: when one is missing, or pg's major is not the
  * tested one, every transaction starts the plain way (`BEGIN; SET LOCAL …` as a query of its own:
  * one more round trip per call, nothing else changes) and a warning says so, once.
@@ -61,9 +76,14 @@ export function checkPgInternals(
   if (version !== undefined && !/^8\./.test(version))
     return { ok: false, reason: `pg ${version} is outside the tested range ${PG_TESTED_RANGE}` };
   const proto = (query as { prototype?: Record<string, unknown> } | undefined)?.prototype;
-  const missing = ['submit', '_getRows', 'handleCommandComplete', 'handleEmptyQuery', 'handleDataRow'].filter(
-    (name) => typeof proto?.[name] !== 'function',
-  );
+  const missing = [
+    'submit',
+    '_getRows',
+    'handleCommandComplete',
+    'handleEmptyQuery',
+    'handleDataRow',
+    'handleReadyForQuery',
+  ].filter((name) => typeof proto?.[name] !== 'function');
   if (missing.length > 0) return { ok: false, reason: `pg's Query has no ${missing.join(', ')}` };
   const connectionProto = (connection as { prototype?: Record<string, unknown> } | undefined)?.prototype;
   if (typeof connectionProto?._send !== 'function') return { ok: false, reason: "pg's Connection has no _send" };
@@ -122,6 +142,11 @@ export class DeferredBegin {
      * transaction (a transaction pooler), where the name would be missing or another client's.
      */
     private readonly unnamed = false,
+    /**
+     * The connection is the server's own session (no pooler between) and the call reads no write
+     * LSN: a call that is one statement may run without a transaction block (start.implicit).
+     */
+    private readonly withoutBlock = false,
   ) {
     // fn sees a normal client: its query method (installed by hookClient) hands calls to this
     // object until restore().
@@ -136,6 +161,14 @@ export class DeferredBegin {
   /** Whether BEGIN was sent (fn made a query): only then is there a transaction to end. */
   get started(): boolean {
     return this.sent;
+  }
+
+  /**
+   * Whether the server may still hold the call's transaction open (to be rolled back after a
+   * failure): fn made a query, and neither a COMMIT sent with it ran nor did it run without a block.
+   */
+  get open(): boolean {
+    return this.sent && this.first?.commitTag === undefined && this.first?.withoutBlock !== true;
   }
 
   /** The error of a BEGIN sent on its own, if it failed (fn's next query fails with it too). */
@@ -183,7 +216,8 @@ export class DeferredBegin {
         callback,
       );
     const text = typeof config === 'string' ? config : (config as { text?: unknown } | null | undefined)?.text;
-    const escape = typeof text === 'string' ? fnTextEscape(text) : undefined;
+    const read = typeof text === 'string' ? readFnText(text) : undefined;
+    const escape = read?.escape;
     if (escape)
       return refuse(
         new UsageError(
@@ -210,6 +244,7 @@ export class DeferredBegin {
           this.start,
           () => this.calls === 1 && (this.only || this.returnedValue === this.firstPromise),
           this.readsWriteLsn,
+          this.withoutBlock && this.start.implicit !== undefined && read?.blockNeutral === true,
         );
         first.callback = (error: Error | null, result: unknown) => (error ? reject(error) : resolve(result));
         this.first = first;
@@ -254,24 +289,32 @@ function refuse(error: Error, values: unknown, callback: unknown): unknown {
 }
 
 /**
- * Why a text fn sends would end the call's transaction or change the session beyond it
- * (firstEscape: COMMIT, SET without LOCAL, LISTEN, PREPARE, …), remembered by text: an application
- * sends the same few texts again and again, so each is read once. Bounded: past FN_TEXTS_KEPT texts
- * the memory starts again, and a text longer than FN_TEXT_KEPT_CHARS is read each time.
+ * What a text fn sends is, read once per text (an application sends the same few texts again and
+ * again): why it would end the call's transaction or change the session beyond it (firstEscape:
+ * COMMIT, SET without LOCAL, LISTEN, PREPARE, …), and whether it is one statement that does the same
+ * in a block and out of one (blockNeutral). Bounded: past FN_TEXTS_KEPT texts the memory starts
+ * again, and a text longer than FN_TEXT_KEPT_CHARS is read each time.
  */
-function fnTextEscape(text: string): string | undefined {
-  let escape = fnTexts.get(text);
-  if (escape === undefined) {
-    escape = firstEscape(text) ?? null;
+function readFnText(text: string): FnText {
+  let read = fnTexts.get(text);
+  if (read === undefined) {
+    const escape = firstEscape(text);
+    read = { ...(escape !== undefined ? { escape } : {}), blockNeutral: escape === undefined && blockNeutral(text) };
     if (text.length <= FN_TEXT_KEPT_CHARS) {
       if (fnTexts.size >= FN_TEXTS_KEPT) fnTexts.clear();
-      fnTexts.set(text, escape);
+      fnTexts.set(text, read);
     }
   }
-  return escape ?? undefined;
+  return read;
 }
 
-const fnTexts = new Map<string, string | null>();
+interface FnText {
+  readonly escape?: string;
+  /** One statement that does the same in a transaction block and out of one (blockNeutral). */
+  readonly blockNeutral: boolean;
+}
+
+const fnTexts = new Map<string, FnText>();
 const FN_TEXTS_KEPT = 1024;
 const FN_TEXT_KEPT_CHARS = 8192;
 
@@ -358,8 +401,16 @@ export class TransactionStart {
   readonly messages: Buffer;
   readonly statements: number;
   readonly oneTrip: { readonly messages: Buffer; readonly statements: number };
+  /**
+   * The start of a one-statement call without a transaction block (`SET search_path TO …` at
+   * session level: see "Without BEGIN" above), where that can stand in for this start; else undefined.
+   */
+  readonly implicit: { readonly messages: Buffer; readonly statements: number } | undefined;
 
-  constructor(statements: readonly (string | StartStatement)[]) {
+  constructor(statements: readonly (string | StartStatement)[], implicit?: readonly string[]) {
+    this.implicit = implicit
+      ? { messages: Buffer.concat(implicit.map(statementMessages)), statements: implicit.length }
+      : undefined;
     const all = statements.map((s) => (typeof s === 'string' ? { sql: s } : s));
     this.text = all.map((s) => s.sql).join('; ');
     const messages = all.map((s) => statementMessages(s.sql));
@@ -457,6 +508,8 @@ class FirstQuery extends BaseQuery {
   commitTag: string | undefined;
   /** WRITE_LSN_SQL's answer, when it was sent after the COMMIT. */
   writeLsn: string | undefined;
+  /** Sent without a transaction block (start.implicit, and Sync commits it). */
+  withoutBlock = false;
 
   constructor(
     config: string | pg.QueryConfig,
@@ -465,6 +518,8 @@ class FirstQuery extends BaseQuery {
     /** At the end of the tick: is this query all of fn's work? */
     private readonly alone: () => boolean,
     private readonly readsWriteLsn = false,
+    /** Alone, it may go without a transaction block (start.implicit is there, and the text allows it). */
+    private readonly mayGoWithoutBlock = false,
   ) {
     super(config, values);
   }
@@ -492,13 +547,15 @@ class FirstQuery extends BaseQuery {
     }
     queueMicrotask(() => {
       const alone = this.executed && this.alone();
-      const start = alone ? this.start.oneTrip : this.start;
+      const bare = alone && this.mayGoWithoutBlock ? this.start.implicit : undefined;
+      const start = bare ?? (alone ? this.start.oneTrip : this.start);
       this.skip = start.statements;
       // One buffer, one write: a few hundred bytes copied cost less than a write call per message.
       captured.unshift(start.messages);
-      if (this.executed) captured.push(alone ? (this.readsWriteLsn ? COMMIT_LSN_SYNC : COMMIT_SYNC) : SYNC);
+      if (this.executed) captured.push(alone && !bare ? (this.readsWriteLsn ? COMMIT_LSN_SYNC : COMMIT_SYNC) : SYNC);
       send(connection, Buffer.concat(captured));
       this.commitSent = alone;
+      this.withoutBlock = bare !== undefined;
     });
     return error;
   }
@@ -535,5 +592,17 @@ class FirstQuery extends BaseQuery {
   override handleEmptyQuery(connection: WireConnection): void {
     this.mainDone = true;
     super.handleEmptyQuery(connection);
+  }
+
+  /**
+   * Without a block, the Sync committed the statement: ReadyForQuery reaches the query only when no
+   * error came before it (pg hands an ErrorResponse to the query and lets it go).
+   */
+  handleReadyForQuery(connection: WireConnection): void {
+    if (this.withoutBlock && this.mainDone) this.commitTag ??= 'COMMIT';
+    (BaseQuery.prototype as unknown as { handleReadyForQuery(c: unknown): void }).handleReadyForQuery.call(
+      this,
+      connection,
+    );
   }
 }

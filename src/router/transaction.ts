@@ -2,7 +2,7 @@ import type pg from 'pg';
 import { shardSchemaName, type HostConfig, type ShardctlConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { behindPooler, hasSessionTimeouts } from '../pg/pooler.js';
+import { behindPooler, hasSessionTimeouts, serverSession } from '../pg/pooler.js';
 import { quoteIdent } from '../pg/quote.js';
 import { DeferredBegin, TransactionStart, WRITE_LSN_SQL, type StartStatement } from './begin.js';
 import { replicaCheckSql } from './replicas.js';
@@ -46,7 +46,14 @@ export class TransactionStarts {
     const cache = this.starts[(readOnly ? 1 : 0) + (sessionTimeouts ? 2 : 0)]!;
     let start = cache.get(shard);
     if (!start) {
-      start = new TransactionStart(this.startStatements(shard, readOnly, sessionTimeouts));
+      const statements = this.startStatements(shard, readOnly, sessionTimeouts);
+      // A read-write call that is one statement may go without a block (begin.ts, "Without BEGIN")
+      // when nothing but its search_path needs setting: no SET LOCAL of a timeout among what it keeps.
+      const implicit =
+        !readOnly && statements.every((s, i) => i < 2 || s.openOnly === true)
+          ? [`SET search_path TO ${quoteIdent(shardSchemaName(this.config, shard))}`]
+          : undefined;
+      start = new TransactionStart(statements, implicit);
       cache.set(shard, start);
     }
     return start;
@@ -157,6 +164,9 @@ function attemptOnce<T>(
         via ? via.start(shard) : paths.transactionStart(shard, readOnly, hasSessionTimeouts(client)),
         tracking,
         unnamed,
+        // What a call without a block leaves in the session (its search_path) must stay with this
+        // connection, and the write LSN is read after a COMMIT.
+        !via && !unnamed && !tracking && serverSession(client),
       );
       let value: T;
       try {
@@ -174,7 +184,7 @@ function attemptOnce<T>(
           lease.broken(error);
           throw new CommitUnknownError(host.name, shard, error);
         }
-        if (begin.started) await lease.rollback();
+        if (begin.open) await lease.rollback();
         // A named statement met a pooler the config does not declare (see attempt): rolled back, run again.
         const code = (error as { code?: unknown } | null | undefined)?.code;
         if (begin.namedSent && typeof code === 'string' && POOLED_STATEMENT_CODES.has(code))

@@ -1,5 +1,6 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
+import type pg from 'pg';
 import { decodeId } from '../../src/id/layout.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
@@ -770,17 +771,39 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
         connection!.off('commandComplete', statement);
         return { trips, statements, rows: r.rows };
       })();
-      expect(soleTrips).toEqual({ trips: 1, statements: 4, rows: [{ user_id: '15' }] });
+      // Straight to the server (no pooler), one INSERT: the session's search_path and the insert in
+      // one implicit transaction, committed by the Sync: two statements, no BEGIN and no COMMIT.
+      expect(soleTrips).toEqual({ trips: 1, statements: 2, rows: [{ user_id: '15' }] });
       await withClient(db.urls[0]!, async (c) => {
         const r = await c.query(`select user_id from pb1.photos where user_id in (14, 15) order by user_id`);
         expect(r.rows).toEqual([{ user_id: '14' }, { user_id: '15' }]);
       });
-      // The sole query fails: nothing committed, the transaction rolled back.
+      // The sole query fails: nothing committed, nothing left open, and no ROLLBACK sent after it
+      // (which would warn "there is no transaction in progress").
+      const notices: string[] = [];
+      const notice = (n: { message?: string }): void => void notices.push(n.message ?? '');
+      let pooled: pg.PoolClient | undefined;
       await expect(
-        router.withShard(1, (client) =>
-          client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['16', 0]),
-        ),
+        router.withShard(1, (client) => {
+          pooled = client;
+          client.on('notice', notice);
+          return client.query(`insert into photos (user_id, image_url) values ($1, 1/$2::int)`, ['16', 0]);
+        }),
       ).rejects.toMatchObject({ code: '22012' });
+      pooled!.off('notice', notice);
+      expect(notices).toEqual([]);
+      // A sole statement that needs a block (LOCK) still gets one; so does a CALL (a procedure could commit without one).
+      const lock = await router.withShard(1, (client) =>
+        client.query({ text: 'lock table photos in share mode', queryMode: 'extended' } as pg.QueryConfig),
+      );
+      expect(lock.command).toBe('LOCK');
+      // The session's search_path left by a call without a block is not what the next call sees.
+      const paths = await router.withShard(
+        2,
+        async (client) =>
+          (await client.query<{ p: string }>(`select current_setting('search_path') as p, $1::int`, [1])).rows[0]!.p,
+      );
+      expect(paths).toBe('pb2');
       // The COMMIT sent with it fails (a deferred foreign key): the caller gets that error, nothing is committed.
       await withClient(db.urls[0]!, (c) =>
         c.query(

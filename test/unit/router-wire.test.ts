@@ -81,7 +81,7 @@ describe('the pg internals FirstQuery relies on', () => {
     }
     expect(checkPgInternals(Partial, '8.23.1')).toEqual({
       ok: false,
-      reason: "pg's Query has no _getRows, handleEmptyQuery, handleDataRow",
+      reason: "pg's Query has no _getRows, handleEmptyQuery, handleDataRow, handleReadyForQuery",
     });
     expect(checkPgInternals(pg.Query, '8.23.1', class {})).toEqual({
       ok: false,

@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { splitSql, splitSqlBothWays, transactionEscape } from '../../src/pg/statements.js';
+import { blockNeutral, splitSql, splitSqlBothWays, transactionEscape } from '../../src/pg/statements.js';
 import { execRefusal } from '../../src/commands/exec.js';
 import { migrationFileProblems } from '../../src/migrations/files.js';
 
@@ -279,5 +279,36 @@ describe('migrationFileProblems', () => {
         true,
       ).map((p) => p.line),
     ).toEqual([2, 3]);
+  });
+});
+
+describe('blockNeutral', () => {
+  it('takes one query or write of rows, and nothing that needs a block, may commit inside, or is more than one statement', () => {
+    for (const sql of [
+      'insert into photos (user_id) values ($1)',
+      '  INSERT INTO photos VALUES ($1) RETURNING id;',
+      '-- a comment\nselect $1::int',
+      'with x as (delete from t where id = $1 returning *) select * from x',
+      'update t set a = $1',
+      'delete from t where id = $1',
+      'merge into t using s on t.id = s.id when matched then delete',
+      'values ($1)',
+      'table t',
+      "select 'a;b', $1",
+    ])
+      expect(blockNeutral(sql), sql).toBe(true);
+    for (const sql of [
+      'lock table photos in share mode',
+      'declare c cursor for select 1',
+      'savepoint a',
+      'set local statement_timeout = 1',
+      'call p($1)',
+      'do $$ begin commit; end $$',
+      'select 1; select 2',
+      '',
+      '(select 1)',
+      "select 'a\\'; commit; --'",
+    ])
+      expect(blockNeutral(sql), sql).toBe(false);
   });
 });
