@@ -57,27 +57,28 @@ export async function fanOut<T>(
     });
   };
   // Hosts found unreachable in this run (or by the reading of the fleet just before it), with the
-  // error that said so and the shard it was met for.
-  const unreachable = new Map<string, { error: HostError; shard: number | undefined }>();
+  // error that said so and when it was met (said by each shard not tried).
+  const unreachable = new Map<string, { error: HostError; when: string }>();
   if (!options.replica) {
     for (const host of new Set(shards.map((s) => paths.hostForShard(s).name))) {
       const error = paths.foundDown(host);
-      if (error) unreachable.set(host, { error, shard: undefined });
+      if (error) unreachable.set(host, { error, when: 'when the fleet was read just before' });
     }
   }
   const noteDown = (hostName: string, error: unknown, shard?: number): void => {
     if (isHostDown(error) && !unreachable.has(hostName))
-      unreachable.set(hostName, { error: error as HostError, shard });
+      unreachable.set(hostName, {
+        error: error as HostError,
+        when: shard === undefined ? 'earlier in this run' : `for shard ${shard} earlier in this run`,
+      });
   };
   /** A shard of a host found unreachable: failed without trying, saying why. */
   const skipped = (shard: number, hostName: string): boolean => {
     const down = unreachable.get(hostName);
     if (!down) return false;
-    const earlier =
-      down.shard === undefined ? 'when the fleet was read just before' : `for shard ${down.shard} earlier in this run`;
     const error = down.error.forShard(
       shard,
-      `${down.error.reason} (not tried: the host could not be reached ${earlier})`,
+      `${down.error.reason} (not tried: the host could not be reached ${down.when})`,
     );
     record(shard, { ok: false, failure: { shard, host: hostName, error } });
     return true;

@@ -9,7 +9,7 @@ import type { Readable } from 'node:stream';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
-import { ShardRouter } from '../../src/index.js';
+import { ShardFanOutError, ShardRouter } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { withClient, useTestDatabases } from '../helpers/hosts.js';
 import { shardsAt, waitFor } from '../helpers/migrations.js';
@@ -183,6 +183,40 @@ describe('a host that stops answering', () => {
         proxy.resume();
         const later = await router.queryEachShard('SELECT 1 AS one', { shards: [4, 5, 0, 1] });
         expect(later.map((r) => r.shard)).toEqual([0, 1, 4, 5]);
+      } finally {
+        await router.close();
+      }
+    },
+  );
+
+  it(
+    'router: a host that goes silent after the reading of the fleet fails its next chunk once; the shards after it say when (in this run, not at the reading)',
+    { timeout: 60_000 },
+    async () => {
+      const router = await ShardRouter.open(fleet.configFile);
+      try {
+        expect(router.unreachableHosts()).toEqual([]);
+        proxy.silence('all');
+        // One connection, two shards per round trip: pg2's shards 4-7 in two chunks, one after the other.
+        const { value: error, ms } = await timed(() =>
+          router
+            .queryEachShard('SELECT $1::int AS one', {
+              params: [1],
+              shards: [4, 5, 6, 7],
+              readOnly: true,
+              shardsPerQuery: 2,
+              perHost: 1,
+            })
+            .catch((e: unknown) => e as ShardFanOutError),
+        );
+        expect(ms).toBeLessThan(BOUND_MS + 1500);
+        const failures = (error as ShardFanOutError).failures;
+        expect(failures.map((f) => f.shard)).toEqual([4, 5, 6, 7]);
+        for (const f of failures.slice(2)) {
+          expect(String((f.error as Error).message)).toMatch(
+            /cannot connect: .*\(not tried: the host could not be reached earlier in this run\)$/,
+          );
+        }
       } finally {
         await router.close();
       }
