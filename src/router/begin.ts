@@ -146,7 +146,7 @@ export class DeferredBegin {
      * The connection is the server's own session (no pooler between) and the call reads no write
      * LSN: a call that is one statement may run without a transaction block (start.implicit).
      */
-    private readonly withoutBlock = false,
+    private readonly mayGoWithoutBlock = false,
   ) {
     // fn sees a normal client: its query method (installed by hookClient) hands calls to this
     // object until restore().
@@ -244,7 +244,7 @@ export class DeferredBegin {
           this.start,
           () => this.calls === 1 && (this.only || this.returnedValue === this.firstPromise),
           this.readsWriteLsn,
-          this.withoutBlock && this.start.implicit !== undefined && read?.blockNeutral === true,
+          this.mayGoWithoutBlock && this.start.implicit !== undefined && read?.blockNeutral === true,
         );
         first.callback = (error: Error | null, result: unknown) => (error ? reject(error) : resolve(result));
         this.first = first;
