@@ -560,6 +560,11 @@ export interface UnreachableHost {
    * opposed to a server that answered with an error (a role or password refused, a missing grant).
    */
   readonly connectFailed?: boolean;
+  /**
+   * With connectFailed: how long the failed connect took (ms). Near the host's timeout for a host
+   * that did not answer at all; a few ms for one that refused, which may be back a moment later.
+   */
+  readonly connectWaitedMs?: number;
 }
 
 /** For commands that change the fleet: refuses a file that disagrees with the hosts that answer. */
@@ -618,23 +623,31 @@ export async function discoverFleet(
   let fleetId: string | null = null;
   // Servers a seed could not even connect to (no answer, refused): a registry address naming the
   // same server is not tried a second time (another connect timeout) but reported with that reason.
-  const deadServers = new Map<string, string>();
+  const deadServers = new Map<string, { reason: string; connectWaitedMs: number }>();
   const read = async (targets: readonly { name: string; url: string }[]): Promise<void> => {
+    const waited: number[] = [];
     const results = await Promise.allSettled(
-      targets.map((t) =>
-        withHost(discoveryHost(t, options.connectTimeoutMs), (client) => readPlacementView(client, t.name), {
+      targets.map((t, i) => {
+        const started = performance.now();
+        return withHost(discoveryHost(t, options.connectTimeoutMs), (client) => readPlacementView(client, t.name), {
           applicationName: options.applicationName ?? 'shardctl',
-        }),
-      ),
+        }).finally(() => {
+          waited[i] = Math.round(performance.now() - started);
+        });
+      }),
     );
     results.forEach((result, i) => {
       const target = targets[i]!;
       if (result.status === 'rejected') {
         const reason = withReadHint(failureReason(result.reason, describePgError), result.reason, target.url);
-        const connectFailed = isConnectFailure(result.reason);
-        unreachable.push({ name: target.name, reason, ...(connectFailed ? { connectFailed } : {}) });
+        if (!isConnectFailure(result.reason)) {
+          unreachable.push({ name: target.name, reason });
+          return;
+        }
+        const connectWaitedMs = waited[i] ?? 0;
+        unreachable.push({ name: target.name, reason, connectFailed: true, connectWaitedMs });
         const server = serverKey(target.url);
-        if (server !== undefined && connectFailed) deadServers.set(server, reason);
+        if (server !== undefined) deadServers.set(server, { reason, connectWaitedMs });
         return;
       }
       const view = result.value;
@@ -665,7 +678,7 @@ export async function discoverFleet(
     .map(([name, address]) => ({ name, url: withCredentials(address, credentials) }))
     .filter(({ name, url }) => {
       const dead = deadServers.get(serverKey(url) ?? '');
-      if (dead !== undefined) unreachable.push({ name, reason: dead, connectFailed: true });
+      if (dead !== undefined) unreachable.push({ name, ...dead, connectFailed: true });
       return dead === undefined;
     });
   if (next.length > 0) await read(next);

@@ -25,6 +25,13 @@ import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics
 export type { Attempt, Chunking, ForEachShardOptions, ShardFn, TransactionOptions, Via } from './types.js';
 export { DEFAULT_MAX_CONNECTION_LIFETIME_MS, type ShardRouterOptions } from './options.js';
 
+/**
+ * A failed connect of the fleet's reading that took at least this long (or half the connect timeout,
+ * if less) waited for an answer that did not come: trying the host again right after would wait as
+ * long (foundDown).
+ */
+const SLOW_CONNECT_FAILURE_MS = 1000;
+
 /** Where a router takes its map from. */
 export type RouterSource =
   /** A config file (path; default $SHARDCTL_CONFIG, else ./shardctl.yaml), corrected by the fleet. */
@@ -181,12 +188,20 @@ export class ShardRouter {
 
   /**
    * A host the last reading of the fleet could not connect to at all, less than the connect timeout
-   * ago, with no other address to look at: the error a connection there would meet now (a fan-out
-   * fails its shards with it rather than wait out the same timeout again); else undefined.
+   * ago, after a wait of its own (no answer: SLOW_CONNECT_FAILURE_MS), with no other address to look
+   * at: the error a connection there would meet now (a fan-out fails its shards with it rather than
+   * wait out the same timeout again); else undefined. A host that refused at once (a server
+   * restarting) is tried again: that costs a moment, and it may be back.
    */
   private foundDown(hostName: string): HostError | undefined {
     const down = this.unreachable.get(hostName);
-    if (!down?.connectFailed || performance.now() - down.at > this.options.connectTimeoutMs) return undefined;
+    const { connectTimeoutMs } = this.options;
+    if (
+      !down?.connectFailed ||
+      (down.connectWaitedMs ?? 0) < Math.min(SLOW_CONNECT_FAILURE_MS, connectTimeoutMs / 2) ||
+      performance.now() - down.at > connectTimeoutMs
+    )
+      return undefined;
     const host = this.config.hosts.find((h) => h.name === hostName);
     if (!host || this.pools.hasAlternatives(host)) return undefined;
     return new HostError(hostName, down.reason, { code: 'HOST_UNREACHABLE' });

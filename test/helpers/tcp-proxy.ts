@@ -10,6 +10,9 @@
  * server's first ReadyForQuery) and then swallows; `silenceAfter(n)` does the latter by itself once
  * n more bytes have gone from clients to the server (mid-COPY, say).
  *
+ * `refuse()` plays a server restarting: every new connection is closed at once (the client hears
+ * "terminated" in a few ms), open ones go on.
+ *
  * `stallEstablished()` plays a path that lost its open flows while the host is fine (a NAT gateway
  * or firewall that dropped an idle flow, a pooler that lost a server connection): the connections
  * open at that moment pass no byte any more, either way, while new connections work normally.
@@ -34,6 +37,8 @@ export interface TcpProxy {
   stallEstablished(): void;
   /** stallEstablished() once `bytes` more bytes have gone from clients to the server (that chunk still passes). */
   stallEstablishedAfter(bytes: number): void;
+  /** Close every new connection at once (until resume()); open ones are not affected. */
+  refuse(): void;
   /** Forward again (bytes swallowed meanwhile are lost). */
   resume(): void;
   /** Bytes forwarded from clients to the server so far. */
@@ -53,6 +58,7 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
   const sockets = new Set<net.Socket>();
   const timers = new Set<NodeJS.Timeout>();
   let mode: Silence = 'forward';
+  let refusing = false;
   let bytesUp = 0;
   let silenceAt: number | undefined;
   const stallers = new Set<() => void>();
@@ -62,6 +68,10 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
     stallers.clear();
   };
   const server = net.createServer((client) => {
+    if (refusing) {
+      client.destroy();
+      return;
+    }
     const upstream = net.connect({ host: target.hostname, port: Number(target.port || 5432) });
     sockets.add(client).add(upstream);
     // Until the server's first ReadyForQuery, the connection is starting up.
@@ -153,7 +163,11 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
     stallEstablishedAfter: (bytes) => {
       stallAt = bytesUp + bytes;
     },
+    refuse: () => {
+      refusing = true;
+    },
     resume: () => {
+      refusing = false;
       mode = 'forward';
       silenceAt = undefined;
       stallAt = undefined;

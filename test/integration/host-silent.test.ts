@@ -190,6 +190,25 @@ describe('a host that stops answering', () => {
   );
 
   it(
+    'router: a host that refused at once when the fleet was read (a server restarting) is tried again by the next fan-out, which it answers',
+    { timeout: 60_000 },
+    async () => {
+      proxy.refuse();
+      const connectTimeoutMs = 5000;
+      const router = await ShardRouter.open(fleet.configFile, { connectTimeoutMs });
+      try {
+        expect(router.unreachableHosts().map((u) => u.name)).toEqual(['pg2']);
+        // Back a moment later, well inside the connect timeout of the reading.
+        proxy.resume();
+        const rows = await router.queryEachShard('SELECT 1 AS one', { shards: [4, 5, 0, 1] });
+        expect(rows.map((r) => r.shard)).toEqual([0, 1, 4, 5]);
+      } finally {
+        await router.close();
+      }
+    },
+  );
+
+  it(
     'router: a host that goes silent after the reading of the fleet fails its next chunk once; the shards after it say when (in this run, not at the reading)',
     { timeout: 60_000 },
     async () => {
