@@ -326,12 +326,11 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
       return undefined;
     case 'create':
       if (
-        (second === 'temp' ||
-          second === 'temporary' ||
-          ((second === 'local' || second === 'global') && (third === 'temp' || third === 'temporary'))) &&
+        (isTemporary(statement.tokens, second === 'or' && third === 'replace' ? 3 : 1) ||
+          createsInTempSchema(statement)) &&
         !followedBy(statement, 'on', 'commit', 'drop')
       )
-        return 'CREATE TEMPORARY … outlives the transaction, and a temporary table comes first in name lookups on that connection (add ON COMMIT DROP)';
+        return TEMPORARY_ESCAPE;
       return undefined;
     case 'do': {
       // The body is text to PostgreSQL, and only a DO's body runs where it is written: what it
@@ -356,6 +355,7 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
       return 'SET outlives the transaction (use SET LOCAL; search_path and role cannot be changed)';
     default:
   }
+  if (selectsIntoTemporary(statement)) return TEMPORARY_ESCAPE;
   const call = callEscape(statement);
   if (call !== undefined) return call;
   if (mentions(statement, 'update') && mentions(statement, 'pg_settings'))
@@ -364,6 +364,49 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
 }
 
 const RESET_ESCAPE = 'RESET changes settings for the rest of the session (search_path, role, …)';
+
+const TEMPORARY_ESCAPE =
+  'a temporary table (CREATE TEMPORARY, SELECT … INTO TEMPORARY, a name in pg_temp) outlives the transaction, and comes first in name lookups on that connection (CREATE TEMPORARY … ON COMMIT DROP does not)';
+
+/** TEMP, TEMPORARY, or LOCAL / GLOBAL and one of those, from tokens[at] on. */
+function isTemporary(tokens: readonly SqlToken[], at: number): boolean {
+  const word = (i: number): string | undefined => (tokens[i]?.kind === 'word' ? tokens[i]!.value : undefined);
+  const temp = (w: string | undefined): boolean => w === 'temp' || w === 'temporary';
+  return temp(word(at)) || ((word(at) === 'local' || word(at) === 'global') && temp(word(at + 1)));
+}
+
+/** The session's temporary schema as a name's qualifier: pg_temp (or pg_temp_N) followed by a dot. */
+function tempSchemaAt(tokens: readonly SqlToken[], at: number): boolean {
+  const token = tokens[at];
+  return (
+    (token?.kind === 'word' || token?.kind === 'identifier') &&
+    /^pg_temp(_\d+)?$/.test(token.value) &&
+    isSymbol(tokens[at + 1], '.')
+  );
+}
+
+/** A CREATE that names something in the session's temporary schema (CREATE TABLE pg_temp.t …). */
+function createsInTempSchema(statement: SqlStatement): boolean {
+  return statement.tokens.some((_, i) => tempSchemaAt(statement.tokens, i));
+}
+
+/**
+ * SELECT … INTO TEMPORARY t, or INTO pg_temp.t: a new temporary table. INTO after INSERT or MERGE
+ * names the table written to (which may be called temp), not a new one.
+ */
+function selectsIntoTemporary(statement: SqlStatement): boolean {
+  const tokens = statement.tokens;
+  return tokens.some((token, i) => {
+    if (token.kind !== 'word' || token.value !== 'into') return false;
+    const before = tokens[i - 1];
+    if (before?.kind === 'word' && (before.value === 'insert' || before.value === 'merge')) return false;
+    return (
+      isTemporary(tokens, i + 1) ||
+      tempSchemaAt(tokens, i + 1) ||
+      (tokens[i + 1]?.kind === 'word' && tokens[i + 1]!.value === 'table' && tempSchemaAt(tokens, i + 2))
+    );
+  });
+}
 
 /** Why a function the statement calls changes the session beyond the transaction: set_config(), a session advisory lock. */
 function callEscape(statement: SqlStatement): string | undefined {

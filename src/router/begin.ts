@@ -45,8 +45,9 @@ import { blockNeutral, firstEscape } from '../pg/statements.js';
  * transaction, two statements fewer for the server to run and for pg to read the answers of. If
  * the query fails, the SET is rolled back with it and nothing is left open (no ROLLBACK is sent);
  * if it succeeds, the connection keeps that search_path until its next call sets its own, as every
- * routed transaction does first. Nothing else uses the router's connections, and no other client
- * shares this one's session (a pooler would: there, and for anything else, the block stays).
+ * routed transaction does first. Nothing else uses the router's connections (a query fn starts
+ * after its call ended is refused: DeferredBegin.callClient), and no other client shares this
+ * one's session (a pooler would: there, and for anything else, the block stays).
  *
  * This works only for a query that uses the extended protocol anyway (one with parameters), and
  * for pg's own Query objects. Any other first query (text without parameters, which pg sends as a
@@ -148,11 +149,35 @@ export class DeferredBegin {
      */
     private readonly mayGoWithoutBlock = false,
   ) {
-    // fn sees a normal client: its query method (installed by hookClient) hands calls to this
-    // object until restore().
-    const hooked = client as unknown as Hooked;
-    if (!(HOOK in hooked)) hookClient(client);
-    hooked[HOOK] = this;
+    // fn sees the pooled client through a view of its own (callClient): its query method hands
+    // calls to this object, which refuses them once the call is over (end()).
+    const query = (config: unknown, values?: unknown, callback?: unknown): unknown =>
+      this.query(config, values, callback);
+    this.callClient = new Proxy(client, {
+      get: (target, property) => {
+        if (property === 'query') return query;
+        if (property === HOOK) return this;
+        const value = Reflect.get(target, property) as unknown;
+        // Called on the client itself, so that what a method sets lands there.
+        return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+  }
+
+  /**
+   * The client fn is given: the pooled client, but its queries go through this transaction, and
+   * one started after the call ended (from a `.then` fn did not return, a timer) is refused rather
+   * than run outside the call: on the connection's next call, in another shard's transaction, or
+   * between calls with the search_path the last call left (a call without a block sets it for the
+   * session). The router's own statements (ROLLBACK, COMMIT) use the client itself.
+   */
+  readonly callClient: pg.PoolClient;
+
+  private over = false;
+
+  /** The call is over: fn's queries are refused from now on. */
+  get ended(): boolean {
+    return this.over;
   }
 
   /** Whether fn sent a named statement (with its name: not `unnamed`). */
@@ -189,6 +214,11 @@ export class DeferredBegin {
     return this.first?.writeLsn;
   }
 
+  /** Whether fn's only query went without a transaction block (the protocol's Sync commits it). */
+  get withoutBlock(): boolean {
+    return this.first?.withoutBlock ?? false;
+  }
+
   /** Whether a COMMIT went with fn's query (its outcome is known only once its answer came). */
   get commitSent(): boolean {
     return this.first?.commitSent ?? false;
@@ -199,14 +229,22 @@ export class DeferredBegin {
     this.returnedValue = value;
   }
 
-  /** Gives the client its own query method back; call before releasing it. */
-  restore(): void {
-    const hooked = this.client as unknown as Hooked;
-    if (hooked[HOOK] === this) hooked[HOOK] = undefined;
+  /** The call is over (fn's value or error is in): callClient refuses fn's queries from now on. */
+  end(): void {
+    this.over = true;
   }
 
-  /** The client's query while this transaction is fn's (through hookClient). */
+  /** callClient's query: fn's queries, in this transaction. */
   query(config: unknown, values?: unknown, callback?: unknown): unknown {
+    if (this.over)
+      return refuse(
+        new UsageError(
+          "this query was started after its routed call ended (fn did not return or await it); it would run outside the call's transaction: in another call's, or in none. Nothing was sent",
+          { input: "fn's query" },
+        ),
+        values,
+        callback,
+      );
     if (this.first?.commitSent)
       return refuse(
         new Error(
@@ -325,29 +363,15 @@ const FN_TEXT_KEPT_CHARS = 8192;
  * for a returned query promise. Does nothing on a client no routed transaction holds.
  */
 export function commitWithOnlyQuery(client: pg.ClientBase): void {
-  const hook = (client as unknown as Hooked)[HOOK];
-  if (hook && !hook.started) hook.only = true;
+  const hook = (client as unknown as { [HOOK]?: DeferredBegin })[HOOK];
+  if (hook && !hook.started && !hook.ended) hook.only = true;
 }
 
 const NOT_RETURNED = Symbol('not returned');
+/** What a call's client (DeferredBegin.callClient) answers with its DeferredBegin. */
 const HOOK = Symbol('shardctl.deferredBegin');
-type Hooked = { [HOOK]?: DeferredBegin | undefined; query: (...args: unknown[]) => unknown };
 // eslint-disable-next-line @typescript-eslint/unbound-method -- always called as clientQuery.call(client, ...)
 const clientQuery = pg.Client.prototype.query as unknown as (this: unknown, ...args: unknown[]) => unknown;
-
-/**
- * Gives a pooled client a query method of its own that passes each call to the DeferredBegin
- * holding it, if any, else to pg's. Installed once per connection (by its first DeferredBegin), so
- * later calls do not change the client's shape.
- */
-function hookClient(client: pg.ClientBase): void {
-  const hooked = client as unknown as Hooked;
-  hooked[HOOK] = undefined;
-  hooked.query = function (this: Hooked, config: unknown, values?: unknown, callback?: unknown): unknown {
-    const hook = this[HOOK];
-    return hook ? hook.query(config, values, callback) : clientQuery.call(this, config, values, callback);
-  };
-}
 
 /** Config and values of a first query that can carry the BEGIN, else undefined. */
 function pipelinable(

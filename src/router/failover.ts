@@ -31,10 +31,11 @@ export const COMMIT_UNKNOWN = 'COMMIT_UNKNOWN';
  * a key it wrote, or makes the write idempotent).
  */
 export class CommitUnknownError extends HostError {
-  constructor(host: string, shard: number, cause: unknown) {
+  /** `what`: what was sent that commits (a COMMIT; a statement the protocol's Sync commits on its own). */
+  constructor(host: string, shard: number, cause: unknown, what = 'COMMIT') {
     super(
       host,
-      `the connection was lost after COMMIT was sent; whether it committed is not known (${describePgError(cause)})`,
+      `the connection was lost after ${what} was sent; whether it committed is not known (${describePgError(cause)})`,
       {
         shard,
         code: COMMIT_UNKNOWN,

@@ -170,19 +170,23 @@ function attemptOnce<T>(
       );
       let value: T;
       try {
-        const returned = fn(client, shard);
+        const returned = fn(begin.callClient, shard);
         begin.returned(returned);
         value = await returned;
       } catch (thrown) {
         // The server's own reason when it ended the connection under fn (an idle-in-transaction
         // timeout, a shutdown), where fn's query only heard that the connection is not queryable.
         const error = lease.explain(thrown);
-        // Restored first: the ROLLBACK must reach the server even after a COMMIT went with fn's query.
-        begin.restore();
+        begin.end();
         // The COMMIT went with fn's query, and the connection was lost before its answer.
         if (begin.commitSent && !options.readOnly && isConnectionLoss(error)) {
           lease.broken(error);
-          throw new CommitUnknownError(host.name, shard, error);
+          throw new CommitUnknownError(
+            host.name,
+            shard,
+            error,
+            begin.withoutBlock ? 'the statement (which commits on its own, without a block)' : 'COMMIT',
+          );
         }
         if (begin.open) await lease.rollback();
         // A named statement met a pooler the config does not declare (see attempt): rolled back, run again.
@@ -197,7 +201,7 @@ function attemptOnce<T>(
         // On a standby, the check that failed (replicas.ts) rather than fn's "transaction is aborted".
         return { ok: false, error: via ? (begin.error ?? error) : error };
       }
-      begin.restore();
+      begin.end();
       // fn ran no statement: no transaction was started, nothing to commit.
       if (!begin.started) return { ok: true, value };
       if (begin.error) throw begin.error;

@@ -233,6 +233,15 @@ describe('ShardRouter: a call whose connection is lost', () => {
       expect((error as Error).message).toMatch(
         /host pg1, shard 1: the connection was lost after COMMIT was sent; whether it committed is not known/,
       );
+      // A one-statement call goes without a block here (a connection straight to the server): the
+      // Sync commits it, and the message says what was sent.
+      const alone = await router
+        .withShard(1, (client) => client.query(`insert into photos (user_id, image_url) values ($1, 'x')`, [2]))
+        .catch((e: unknown) => e);
+      expect((alone as { code?: string }).code).toBe(COMMIT_UNKNOWN);
+      expect((alone as Error).message).toMatch(
+        /host pg1, shard 1: the connection was lost after the statement \(which commits on its own, without a block\) was sent; whether it committed is not known/,
+      );
     } finally {
       await router.close();
     }

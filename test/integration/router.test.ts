@@ -825,6 +825,35 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
         return p;
       });
       expect(String(late)).toMatch(/started after the transaction committed/);
+      // Two hops later the call is over and the connection back in the pool, with the search_path
+      // its call without a block left; later still, it is the next call's (another shard's). A query
+      // fn starts then is refused either way: it would run outside its call, in another shard.
+      let afterEnd: Promise<unknown> | undefined;
+      let whileOther: (() => Promise<unknown>) | undefined;
+      await router.withShard(1, (client) => {
+        const p = client.query(`insert into photos (user_id, image_url) values ($1, 'first')`, ['31']);
+        afterEnd = p
+          .then(() => undefined)
+          .then(() => client.query(`insert into photos (user_id, image_url) values ($1, 'stray')`, ['32']));
+        whileOther = () => client.query(`insert into photos (user_id, image_url) values ($1, 'stray')`, ['33']);
+        return p;
+      });
+      await expect(afterEnd).rejects.toThrow(/started after its routed call ended/);
+      await router.withShard(3, async (client) => {
+        await client.query(`select $1::int`, [1]);
+        await expect(whileOther!()).rejects.toThrow(/started after its routed call ended/);
+        return client.query(`insert into photos (user_id, image_url) values ($1, 'third')`, ['34']);
+      });
+      const strays = await withClient(
+        db.urls[0]!,
+        async (c) =>
+          (
+            await c.query<{ n: string }>(
+              `select (select count(*) from pb1.photos where image_url = 'stray') + (select count(*) from pb3.photos where image_url = 'stray') as n`,
+            )
+          ).rows[0]!.n,
+      );
+      expect(strays).toBe('0');
       // fn starts a second query before returning the first one's promise: both run inside the
       // transaction, committed after fn (not with the first query).
       let second: Promise<unknown> | undefined;
@@ -858,10 +887,10 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       });
 
       // The connection is clean after all of that: not in a transaction, default search_path,
-      // and pb1 holds the rows of the calls that committed (the first, 14, 15, 17).
+      // and pb1 holds the rows of the calls that committed (the first, 14, 15, 17, 31).
       await router.withShard(1, async (client) => {
         const r = await client.query<{ n: string }>(`select count(*) as n from photos where $1::bool`, [true]);
-        expect(r.rows[0]!.n).toBe('4');
+        expect(r.rows[0]!.n).toBe('5');
       });
       const pool = await withClient(db.urls[0]!, (c) =>
         c.query<{ state: string }>(
