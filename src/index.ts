@@ -129,7 +129,7 @@ export {
   type NextAction,
   type NextStep,
 } from './errors.js';
-export { redact, redactUrl, registerSecret } from './pg/redact.js';
+export { redact, redactedJson, redactUrl, registerSecret } from './pg/redact.js';
 
 // the application side
 export {

@@ -16,7 +16,7 @@ import { registerMigrate } from './migrate.js';
 import { registerMigration } from './migration.js';
 import { registerMoveShard } from './move-shard.js';
 import { registerPsql } from './psql.js';
-import { Output, toJson, type Streams } from './output.js';
+import { Output, type Streams } from './output.js';
 import { registerRebalance } from './rebalance.js';
 import { registerStatus } from './status.js';
 
@@ -85,10 +85,10 @@ export async function main(
       if (error.exitCode === 0) return 0;
       // Commander has said it on stderr; a script reading --json gets it on stdout as well.
       if (argv.includes('--json')) {
-        const { redact, registerSecret } = await loadLibrary();
+        const { redactedJson, registerSecret } = await loadLibrary();
         registerSecret(streams.env['PGPASSWORD']);
         const message = error.message.replace(/^error: /, '');
-        streams.stdout.write(`${redact(toJson({ error: { code: 'USAGE', message, exitCode: 2 } }))}\n`);
+        streams.stdout.write(`${redactedJson({ error: { code: 'USAGE', message, exitCode: 2 } }, 2)}\n`);
       }
       return 2;
     }

@@ -110,7 +110,7 @@ export class MoveProgressView {
     const run = runFigures(this.#moves.values());
     if (this.#out.json) {
       this.#out.streams.stderr.write(
-        `${lib().redact(JSON.stringify({ event: 'move-progress', ...event, ...(event.kind === 'copy' ? { run } : {}) }))}\n`,
+        `${lib().redactedJson({ event: 'move-progress', ...event, ...(event.kind === 'copy' ? { run } : {}) })}\n`,
       );
       return;
     }

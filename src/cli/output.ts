@@ -30,7 +30,7 @@ export class Output {
 
   /** A data document on stdout: JSON with bigints as decimal strings. */
   data(value: unknown): void {
-    this.streams.stdout.write(`${lib().redact(toJson(value))}\n`);
+    this.streams.stdout.write(`${lib().redactedJson(value, 2)}\n`);
   }
 
   info(text: string): void {
@@ -104,11 +104,8 @@ export class Progress {
 }
 
 export function errorJson(error: unknown): ErrorJson {
-  const { isShardctlError, redact } = lib();
-  if (isShardctlError(error)) {
-    const json = error.toJSON();
-    return JSON.parse(redact(toJson(json))) as ErrorJson;
-  }
+  const { isShardctlError, redact, redactedJson } = lib();
+  if (isShardctlError(error)) return JSON.parse(redactedJson(error.toJSON())) as ErrorJson;
   const message = error instanceof Error ? error.message : String(error);
   return { code: 'INTERNAL', message: redact(message), exitCode: 1 };
 }

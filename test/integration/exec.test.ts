@@ -185,6 +185,44 @@ describe('shardctl exec', () => {
   });
 });
 
+describe('shardctl exec: passwords in what it prints', () => {
+  it('leaves data and its own words as they are when PGPASSWORD is a common word, and hides it where it is a password', async () => {
+    const run = await runCli(
+      ['exec', '--json', '--shards', '0-1', "select 'my shard' as note", '-c', fleet.configFile],
+      {
+        env: { PGPASSWORD: 'shard' },
+      },
+    );
+    expect(run.code, run.stderr).toBe(0);
+    const rows = JSON.parse(run.stdout) as { shard: number; note: string }[];
+    expect(rows).toEqual([
+      { shard: 0, note: 'my shard' },
+      { shard: 1, note: 'my shard' },
+    ]);
+    expect(run.stderr).toMatch(/2 shards/);
+  });
+
+  it('prints a valid JSON error, exit 2, whatever PGPASSWORD holds', async () => {
+    for (const password of ['"USAGE"', '"},{"x":"y-12345']) {
+      const run = await runCli(['exec', '--json', '--shards', '1-', 'select 1', '-c', fleet.configFile], {
+        env: { PGPASSWORD: password },
+      });
+      expect(run.code, run.stderr).toBe(2);
+      expect((JSON.parse(run.stdout) as { error: { code: string } }).error.code).toBe('USAGE');
+    }
+    // A distinctive one is masked before it is escaped: in no form in the document.
+    const password = '"},{"x":"y-12345';
+    // The refusal quotes the statement, password and all.
+    const run = await runCli(['exec', '--json', `select pg_advisory_lock(1), '${password}'`, '-c', fleet.configFile], {
+      env: { PGPASSWORD: password },
+    });
+    expect(run.code, run.stderr).toBe(2);
+    expect(JSON.parse(run.stdout)).toMatchObject({ error: { code: 'USAGE', message: expect.stringContaining('***') } });
+    expect(run.stdout).not.toContain(JSON.stringify(password).slice(1, -1));
+    expect(run.stdout).not.toContain(password);
+  });
+});
+
 describe('shardctl psql', () => {
   /** A stand-in for psql that records its arguments and environment, then runs the real psql with them. */
   function fakePsql(): { script: string; dir: string } {
@@ -258,6 +296,23 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     const { hostname, port } = new URL(db.urls[0]!);
     expect(run.stdout.trim()).toBe(`postgres://postgres:***@${hostname}:${port}/${db.name}`);
     expect(run.stdout + run.stderr).not.toContain(password());
+  });
+
+  it('hides a password given as a percent-encoded query keyword (?pass%77ord=) in what it prints', async () => {
+    // A password of its own (this process has met the databases' real one): whether the server
+    // takes it does not matter to what psql is shown.
+    const url = new URL(db.urls[0]!);
+    const secret = `Qp7-${process.pid}-${Date.now()}`;
+    url.password = '';
+    const encoded = `${url.toString()}?pass%77ord=${encodeURIComponent(secret)}`;
+    const keyword = makeFleet({ urls: [encoded, db.urls[1]!], shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'ex' });
+    const run = await runCli(['psql', '-c', keyword.configFile, '2'], {
+      env: { PATH: '/nonexistent', SHARDCTL_PSQL: '' },
+    });
+    expect(run.code, run.stderr).toBe(1);
+    expect(run.stdout).toMatch(/pass%77ord=\*\*\*/);
+    expect(run.stdout + run.stderr).not.toContain(secret);
+    expect(run.stdout + run.stderr).not.toContain(encodeURIComponent(secret));
   });
 
   it.each([

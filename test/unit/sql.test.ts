@@ -12,7 +12,7 @@ import {
 } from '../../src/id/sql.js';
 import { CONTROL_SCHEMA } from '../../src/fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../../src/pg/quote.js';
-import { redact, redactUrl, registerSecret } from '../../src/pg/redact.js';
+import { redact, redactedJson, redactUrl, registerSecret, registerUrlSecret } from '../../src/pg/redact.js';
 import { renderSql } from '../../src/pg/template.js';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -197,6 +197,43 @@ describe('redact', () => {
   it('masks a registered password wherever it appears, e.g. inside a server error', () => {
     registerSecret('hunter2-very-secret');
     expect(redact('FATAL: role "x" does not exist (tried hunter2-very-secret)')).not.toContain('hunter2-very-secret');
+  });
+
+  it('hides a password given as a query keyword, its name percent-encoded or not', () => {
+    for (const url of [
+      'postgres://u@h:5432/db?pass%77ord=Kw9-qP2x&sslmode=disable',
+      'postgres://u@h/db?sslmode=disable&PASSWORD=Kw9-qP2x',
+      'postgres://u@h/db?%73slpassword=Kw9-qP2x',
+    ]) {
+      expect(redactUrl(url)).not.toContain('Kw9-qP2x');
+      expect(redact(`"${url}" is not a valid URL`)).not.toContain('Kw9-qP2x');
+    }
+    expect(redactUrl('postgres://u@h/db?password=x')).toBe('postgres://u@h/db?password=***');
+    registerUrlSecret('postgres://u@h/db?pass%77ord=Zq7%21-registered');
+    expect(redact('tried Zq7!-registered and Zq7%21-registered')).toBe('tried *** and ***');
+  });
+
+  it('masks on its own only a distinctive password: a common word or a short one stays where it is ordinary text', () => {
+    registerSecret('shard');
+    registerSecret('postgres');
+    registerSecret('s3cr');
+    expect(redact('exec: 2 shards; postgres://127.0.0.1:5432/postgres; s3cr')).toBe(
+      'exec: 2 shards; postgres://127.0.0.1:5432/postgres; s3cr',
+    );
+    // Where it stands as a password, it is hidden all the same.
+    expect(redact('postgres://postgres:postgres@h/db password=shard')).toBe(
+      'postgres://postgres:***@h/db password=***',
+    );
+  });
+
+  it('redactedJson masks before escaping: valid JSON whatever the password holds, bigints as decimal strings', () => {
+    registerSecret('"p\\a:ss1"}');
+    const text = redactedJson({ message: 'tried "p\\a:ss1"} here', id: 2n ** 62n, rows: [{ note: 'fine' }] });
+    expect(JSON.parse(text)).toEqual({
+      message: 'tried *** here',
+      id: '4611686018427387904',
+      rows: [{ note: 'fine' }],
+    });
   });
 });
 
