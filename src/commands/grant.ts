@@ -111,6 +111,13 @@ export async function grant(
 ): Promise<GrantResult> {
   if (role.length === 0 || role.length > 63)
     throw new UsageError('must be a role name of 1 to 63 characters', { input: 'role', value: role });
+  // PostgreSQL reserves the prefix for its predefined roles (pg_read_all_data, pg_signal_backend, …),
+  // whose members are chosen for other reasons: a grant there reaches every one of them.
+  if (role.startsWith('pg_'))
+    throw new UsageError(
+      "is one of PostgreSQL's predefined roles; grant to a role of your own (CREATE ROLE), made a member of it if need be",
+      { input: 'role', value: role },
+    );
   if (mode !== 'app' && mode !== 'readonly')
     throw new UsageError('must be app or readonly', { input: 'mode', value: String(mode) });
   const dryRun = options.dryRun ?? false;

@@ -48,6 +48,13 @@ describe('shardctl grant', () => {
     const both = await runCli(['grant', APP, '--app', '--readonly', '-c', fleet.configFile]);
     expect(both.code).toBe(2);
     expect(both.stderr).toContain('exactly one of --app and --readonly');
+    // A predefined role reaches every member PostgreSQL gave it for other reasons: refused, even as a dry run.
+    for (const predefined of ['pg_signal_backend', 'pg_read_all_data']) {
+      const refused = await runCli(['grant', predefined, '--app', '--dry-run', '-c', fleet.configFile]);
+      expect(refused.code, refused.stderr).toBe(2);
+      expect(refused.stderr).toContain(`"${predefined}": is one of PostgreSQL's predefined roles`);
+      expect(refused.stdout).toBe('');
+    }
     const missing = await runCli(['grant', `nobody_${suffix}`, '--app', '-c', fleet.configFile]);
     expect(missing.code).toBe(1);
     expect(missing.stderr).toMatch(/host pg\d: role "nobody_\w+" does not exist/);
