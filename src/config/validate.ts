@@ -17,7 +17,7 @@ import {
   timeBits,
   type IdLayout,
 } from '../id/layout.js';
-import { forServerLibpq, parsePostgresUrl } from '../pg/multihost.js';
+import { forServerLibpq, parsePostgresUrl, serverKey } from '../pg/multihost.js';
 import { redactUrl } from '../pg/redact.js';
 import { durationMs } from './duration.js';
 import { expandEnv, type Env } from './env.js';
@@ -283,6 +283,7 @@ function readHosts(
   const issuesBefore = issues.length;
   const drafts = rawHosts.map((raw, index) => readHost(raw, index, issues, env));
   checkUniqueNames(drafts, issues);
+  checkDistinctDatabases(drafts, issues);
   checkOverlaps(drafts, issues);
   checkSomeHostTakesShards(drafts, issues);
   if (shardCount !== undefined) {
@@ -360,6 +361,27 @@ function postgresUrlProblem(url: string): string | undefined {
     throw error;
   }
   return undefined;
+}
+
+/**
+ * Two hosts whose url reaches the same server and database are one database under two names: the
+ * shards of both would be one set of schemas, and each run would wait on its own lock.
+ */
+function checkDistinctDatabases(hosts: readonly HostDraft[], issues: ConfigIssue[]): void {
+  const firstIndex = new Map<string, HostDraft>();
+  for (const host of hosts) {
+    const key = host.url === undefined ? undefined : serverKey(host.url);
+    // Without a database in the URL, the database is the user's name (or PGDATABASE's): not compared.
+    if (key === undefined || /(?:\/|:\d+)$/.test(key)) continue;
+    const earlier = firstIndex.get(key);
+    if (earlier === undefined) firstIndex.set(key, host);
+    else {
+      issues.push({
+        path: `hosts[${host.index}].url`,
+        message: `reaches the same server and database as ${hostLabel(earlier)}; each host of the map is a database of its own`,
+      });
+    }
+  }
 }
 
 function checkUniqueNames(hosts: readonly HostDraft[], issues: ConfigIssue[]): void {

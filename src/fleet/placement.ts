@@ -9,6 +9,7 @@ import {
   formatPostgresUrl,
   isMultiHostUrl,
   parsePostgresUrl,
+  serverKey,
   type PostgresUrl,
 } from '../pg/multihost.js';
 import { parseNumberList, simpleQuery } from './catalog.js';
@@ -696,21 +697,6 @@ export async function discoverFleet(
     registryUrls,
     distrusted,
   };
-}
-
-/**
- * The server a URL reaches (its addresses and database, lower-cased; the port 5432 when unsaid), to
- * tell that two URLs with different credentials or options reach the same server; undefined for a
- * URL that names no address (a socket from the environment) or cannot be read.
- */
-function serverKey(url: string): string | undefined {
-  try {
-    const parsed = parsePostgresUrl(url);
-    if (parsed.addresses.length === 0 || parsed.addresses.some((a) => a.host === '')) return undefined;
-    return `${parsed.addresses.map((a) => `${a.host.toLowerCase()}:${a.port ?? '5432'}`).join(',')}${parsed.path}`;
-  } catch {
-    return undefined;
-  }
 }
 
 /**

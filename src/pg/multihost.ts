@@ -272,3 +272,18 @@ export function forServerLibpq(url: string): string {
     ? url
     : formatPostgresUrl({ ...parsed, targetSessionAttrs: DEFAULT_MULTI_HOST_ATTRS });
 }
+
+/**
+ * The server a URL reaches (its addresses and database, lower-cased; the port 5432 when unsaid), to
+ * tell that two URLs with different credentials or options reach the same server; undefined for a
+ * URL that names no address (a socket from the environment) or cannot be read.
+ */
+export function serverKey(url: string): string | undefined {
+  try {
+    const parsed = parsePostgresUrl(url);
+    if (parsed.addresses.length === 0 || parsed.addresses.some((a) => a.host === '')) return undefined;
+    return `${parsed.addresses.map((a) => `${a.host.toLowerCase()}:${a.port ?? '5432'}`).join(',')}${parsed.path}`;
+  } catch {
+    return undefined;
+  }
+}

@@ -487,6 +487,19 @@ describe('parseConfig: problems in the file', () => {
     );
   });
 
+  it('refuses two hosts whose url reaches the same server and database, whatever the credentials and case', () => {
+    const raw = validConfig();
+    host(raw, 1)['url'] = 'postgres://other:pw@DB1/app?sslmode=require';
+    expect(issueAt(issuesOfRaw(raw), 'hosts[1].url')).toBe(
+      'reaches the same server and database as host "pg1" (hosts[0]); each host of the map is a database of its own',
+    );
+    // Another database of the same server, or one the URL leaves to the user's name: allowed.
+    for (const url of ['postgres://app@db1:5432/app2', 'postgres://app@db1:5433/app', 'postgres://app@db1:5432']) {
+      host(raw, 1)['url'] = url;
+      expect(() => parseRaw(raw), url).not.toThrow();
+    }
+  });
+
   it('treats host names differing only in case as duplicates', () => {
     const raw = validConfig();
     host(raw, 1)['name'] = 'PG1';
