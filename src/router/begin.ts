@@ -158,8 +158,10 @@ export class DeferredBegin {
         if (property === 'query') return query;
         if (property === HOOK) return this;
         const value = Reflect.get(target, property) as unknown;
-        // Called on the client itself, so that what a method sets lands there.
-        return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value;
+        // Called on the client itself, so that what a method sets lands there (its class stays itself).
+        return typeof value === 'function' && property !== 'constructor'
+          ? (value as (...args: unknown[]) => unknown).bind(target)
+          : value;
       },
     });
   }

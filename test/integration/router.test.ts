@@ -1,6 +1,9 @@
 import { readFileSync, writeFileSync } from 'node:fs';
+import { Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import { describe, expect, it } from 'vitest';
-import type pg from 'pg';
+import pg from 'pg';
+import { from as copyFrom } from 'pg-copy-streams';
 import { decodeId } from '../../src/id/layout.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
@@ -854,6 +857,18 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
           ).rows[0]!.n,
       );
       expect(strays).toBe('0');
+      // What fn gets is a pg client still: its class, and a COPY through it, inside the call's transaction.
+      const copied = await router.withShard(3, async (client) => {
+        expect(client).toBeInstanceOf(pg.Client);
+        expect(client.constructor).toBe(pg.Client);
+        await pipeline(
+          Readable.from(['35\tcopied\n', '36\tcopied\n']),
+          client.query(copyFrom('copy photos (user_id, image_url) from stdin')),
+        );
+        return (await client.query<{ n: string }>(`select count(*) as n from photos where image_url = $1`, ['copied']))
+          .rows[0]!.n;
+      });
+      expect(copied).toBe('2');
       // fn starts a second query before returning the first one's promise: both run inside the
       // transaction, committed after fn (not with the first query).
       let second: Promise<unknown> | undefined;
