@@ -2,7 +2,7 @@ import type pg from 'pg';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
-import { failureReason, HostError, StaleMapError } from '../errors.js';
+import { failureReason, HostError, StaleMapError, UsageError } from '../errors.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import {
   forServerLibpq,
@@ -498,11 +498,38 @@ export async function readFleetPlacement(fleet: Fleet): Promise<FleetPlacement> 
 }
 
 /**
- * Refuses (StaleMapError, exit 2) when the file places any shard elsewhere than the fleet, except
+ * The file's hosts whose url reached a server that is another host of the fleet (its control
+ * schema records that name): two urls swapped, or one copied from another host.
+ */
+export function misaddressedHosts(
+  config: Pick<ShardctlConfig, 'hosts'>,
+  placement: Pick<FleetPlacement, 'views'>,
+): { name: string; reached: string }[] {
+  return placement.views.flatMap((view) =>
+    view.fleet && view.fleet.hostName !== view.reachedAs && config.hosts.some((h) => h.name === view.reachedAs)
+      ? [{ name: view.reachedAs, reached: view.fleet.hostName }]
+      : [],
+  );
+}
+
+/**
+ * Refuses (UsageError, exit 2) a file whose url for a host reaches another host of the fleet, and
+ * (StaleMapError, exit 2) when the file places any shard elsewhere than the fleet, except
  * the shards of unfinished moves (their switch rewrites the file wave by wave), or when the hosts
  * belong to different fleets.
  */
 export function requireCurrentMap(config: ShardctlConfig, placement: FleetPlacement): void {
+  const [wrong] = misaddressedHosts(config, placement);
+  if (wrong) {
+    const index = config.hosts.findIndex((h) => h.name === wrong.name);
+    throw new UsageError(
+      `reaches host ${wrong.reached} of the fleet (its control schema says so), not ${wrong.name}: each host's url must reach that host (shardctl map show lists the fleet's hosts and their addresses); nothing was written`,
+      {
+        input: `hosts[${index}].url (host ${wrong.name}) in ${config.file}`,
+        data: { host: wrong.name, reached: wrong.reached },
+      },
+    );
+  }
   const disagreements = mapDisagreements(config, placement, placement.moving);
   const mixed = placement.problems.filter((p) => p.startsWith('hosts of different fleets'));
   if (disagreements.length === 0 && mixed.length === 0) return;
@@ -760,8 +787,12 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
   ];
   const byHost = new Map<string, number[]>(names.map((n) => [n, []]));
   for (const [shard, host] of [...owner].sort((a, b) => a[0] - b[0])) byHost.get(host)!.push(shard);
+  // A file host whose url reached another host of the fleet: routed by what answered as it (the
+  // url that reached it, if one did), never to the other host.
+  const misaddressed = new Set(file ? misaddressedHosts(file, placement).map((m) => m.name) : []);
   const hosts: HostConfig[] = names.flatMap((name) => {
-    const fromFile = file?.hosts.find((h) => h.name === name);
+    const listed = file?.hosts.find((h) => h.name === name);
+    const fromFile = listed && misaddressed.has(name) ? undefined : listed;
     const url = fromFile?.url ?? urls.get(name);
     if (url === undefined && byHost.get(name)!.length === 0) return [];
     registerUrlSecret(url ?? '');

@@ -152,6 +152,37 @@ describe('two operators, one with an old copy of the file', () => {
     expect((await runCli(['status', '-c', other])).code).toBe(0);
     const gc = await runCli(['gc', '--yes', '-c', other]);
     expect(gc.code, gc.stderr).toBe(0);
+
+    // A copy whose two urls are swapped: its placement agrees by name, but each url reaches the
+    // other host. Every command that writes refuses it naming the field; exec routes by what
+    // answered as each host, so a write for pg1's shard lands on pg1.
+    const swapped = path.join(fleet.dir, 'swapped.yaml');
+    const text = readFileSync(fleet.configFile, 'utf8');
+    writeFileSync(
+      swapped,
+      text.replace(db.urls[0]!, '@@FIRST@@').replace(db.urls[1]!, db.urls[0]!).replace('@@FIRST@@', db.urls[1]!),
+    );
+    for (const args of [['rebalance', '--yes'], ['gc', '--yes'], ['migrate'], ['add-schema', '0'], ['init']]) {
+      const run = await runCli([...args, '-c', swapped]);
+      expect(run.code, `${args.join(' ')}: ${run.stdout}${run.stderr}`).toBe(2);
+      expect(run.stderr).toMatch(/hosts\[\d\]\.url \(host pg\d\) in .*swapped\.yaml: reaches host pg\d of the fleet/);
+      expect(run.stderr).toContain('nothing was written');
+    }
+    const viaSwapped = await runCli([
+      'exec',
+      '--write',
+      '--json',
+      '--shards',
+      '0',
+      "insert into photos (user_id, image_url) values (3, 'swapped') returning id",
+      '-c',
+      swapped,
+    ]);
+    expect(viaSwapped.code, viaSwapped.stderr).toBe(0);
+    const [landed] = JSON.parse(viaSwapped.stdout) as { id: string }[];
+    await withClient(db.urls[0]!, async (client) => {
+      expect((await client.query(`select 1 from op0.photos where id = $1`, [landed!.id])).rowCount).toBe(1);
+    });
   }, 120_000);
 });
 
