@@ -129,6 +129,8 @@ async function follow<T>(
 ): Promise<{ value: T; host: string }> {
   const { settings, diagnostics, pools } = paths;
   let fencedSince: number | undefined;
+  /** Whether the host the fence names held the shard when last asked (undefined: it did not say). */
+  let newHolds: boolean | undefined;
   let backoffMs = FIRST_BACKOFF_MS;
   let failoverDeadline: number | undefined;
   let made: FirstAttempt<T>['outcome'] | undefined = first.outcome;
@@ -176,14 +178,18 @@ async function follow<T>(
     const now = Date.now();
     fencedSince ??= now;
     const waited = now - fencedSince;
-    if (waited >= settings.fencedTimeoutMs) throw error;
+    if (waited >= settings.fencedTimeoutMs)
+      throw moved && moved.host !== host.name
+        ? stillFenced(host.name, shard, moved.host, waited, newHolds, error)
+        : error;
     trace?.retry(host.name, error);
     // The fence names the new host: straight there once it holds the shard (the switch is done).
     if (moved && moved.host !== host.name) {
       // No host answering the reload just now leaves the map in use: holds() below decides all the same.
       trace?.waiting('the new host to hold the shard', moved.host);
       if (!paths.hosts().some((h) => h.name === moved.host)) await paths.reload().catch(() => undefined);
-      if ((await holds(paths, moved.host, shard)) === true) {
+      newHolds = await holds(paths, moved.host, shard);
+      if (newHolds === true) {
         paths.followed(shard, moved.host);
         diagnostics.followed(host.name);
         trace?.followed(host.name, moved.host);
@@ -212,6 +218,35 @@ async function follow<T>(
     if (since !== undefined) trace?.fenceWaited(since);
     backoffMs = Math.min(backoffMs * 2, MAX_BACKOFF_MS);
   }
+}
+
+/**
+ * A shard fenced past fencedTimeoutMs: why, as far as the router can tell. The host the fence names
+ * does not hold it (a move that has not switched: running, or stopped and waiting for --resume or
+ * --abort), or did not answer.
+ */
+function stillFenced(
+  hostName: string,
+  shard: number,
+  target: string,
+  waitedMs: number,
+  targetHolds: boolean | undefined,
+  cause: unknown,
+): HostError {
+  const waited = `${(waitedMs / 1000).toFixed(1)} s`;
+  const reason =
+    targetHolds === false
+      ? `shard ${shard} is fenced by a move to ${target} that has not switched (waited ${waited}): a running move switches within seconds; one that stopped is finished with shardctl move-shard ${shard} --resume, or undone with --abort`
+      : `shard ${shard} is fenced by a move to ${target}, which did not say whether it holds the shard (waited ${waited})`;
+  return new HostError(hostName, reason, {
+    shard,
+    code: 'SHARD_FENCED',
+    cause,
+    next: [
+      { action: 'resume', shards: [shard] },
+      { action: 'abort', shards: [shard] },
+    ],
+  });
 }
 
 /** Whether `hostName` holds `shard` active (its control schema says so); undefined when it cannot tell. */

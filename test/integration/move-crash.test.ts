@@ -5,6 +5,7 @@
 import pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { ShardRouter } from '../../src/router/router.js';
 import { rewriteShardOwner } from '../../src/config/rewrite.js';
 import { hostForShard } from '../../src/config/types.js';
 import { UNWRITTEN } from '../../src/moves/progress.js';
@@ -67,6 +68,23 @@ describe('a move killed after a step', () => {
       );
       if (fenced) expect(write?.code, label).toBe('SC100');
       else expect(write, label).toBeNull();
+      if (step === 'fenced') {
+        // A router waits out its fence bound, then says why: a move that has not switched, and how to finish it.
+        const router = await ShardRouter.open(fleet.configFile, { fencedTimeoutMs: 1000 });
+        try {
+          const error = await router
+            .withShard(shard, (c) => c.query(`insert into photos (user_id, image_url) values ($1, 'routed')`, [7]))
+            .catch((e: unknown) => e);
+          expect(error, label).toMatchObject({ code: 'SHARD_FENCED', shard });
+          expect((error as Error).message, label).toMatch(
+            new RegExp(
+              `host pg1, shard ${shard}: shard ${shard} is fenced by a move to pg2 that has not switched \\(waited \\d+\\.\\d s\\): .*move-shard ${shard} --resume, or undone with --abort`,
+            ),
+          );
+        } finally {
+          await router.close();
+        }
+      }
       const rows = await schemaFingerprint(source, `insta${shard}`);
       // status names the interrupted move's copy on the target, and is not ok until it is settled.
       const arriving =
