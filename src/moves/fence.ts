@@ -99,7 +99,8 @@ export async function fence(ctx: MoveContext): Promise<void> {
     const schema = shardSchemaName(ctx.config, shard);
     const once = async (): Promise<true | typeof BUSY> => {
       attempts += 1;
-      return (await fenceOnce(ctx, withTables([shard]), lockWaitMs)) || BUSY;
+      // One shard that met a busy table: its retries give up early on a writer of the reverse lock order.
+      return (await fenceOnce(ctx, withTables([shard]), lockWaitMs, { lockFirstAlone: true })) || BUSY;
     };
     await retryWhileBusy(once, async () => {
       if (ctx.current.fenceStartedAtMs !== null && fenceRemainingMs(ctx) <= 0) {
@@ -405,13 +406,19 @@ async function catchUpBeforeFence(ctx: MoveContext): Promise<void> {
  * application went on; the caller tries again); the wave's fence limit starts with the first that
  * commits.
  */
-async function fenceOnce(ctx: MoveContext, shards: FenceInput['shards'], lockWaitMs: number): Promise<boolean> {
+async function fenceOnce(
+  ctx: MoveContext,
+  shards: FenceInput['shards'],
+  lockWaitMs: number,
+  { lockFirstAlone = false }: { readonly lockFirstAlone?: boolean } = {},
+): Promise<boolean> {
   const first = ctx.current.fenceStartedAtMs === null;
   const atMs = Date.now();
   const sql = fenceSql({
     shards,
     targetHost: ctx.target.host.name,
     lockWaitMs,
+    lockFirstAlone,
     createOrReplaceTrigger: ctx.source.serverVersionNum >= 140000,
     ...(first ? { fenceStart: { moveId: ctx.moveId, atMs } } : {}),
     // Closing it again is harmless: a fence of a group after the first finds it closed.

@@ -16,6 +16,7 @@ import { renameWithStubSql } from '../../src/moves/sql/cleanup.js';
 import {
   fenceMarkerSql,
   fenceSql,
+  type FenceInput,
   fenceGroups,
   fenceWaveSql,
   fenceReadsSql,
@@ -176,7 +177,7 @@ describe('move SQL', () => {
   });
 
   it('fences a shard in one transaction whose lock wait is bounded below the deadlock timeout', () => {
-    const sql = fenceSql({
+    const input: FenceInput = {
       shards: [
         {
           shard: 4,
@@ -189,7 +190,8 @@ describe('move SQL', () => {
       targetHost: 'pg2',
       lockWaitMs: 250,
       createOrReplaceTrigger: true,
-    });
+    };
+    const sql = fenceSql(input);
     expect(sql.split('\n').slice(0, 5)).toEqual([
       'BEGIN;',
       "SET LOCAL lock_timeout = '250ms';",
@@ -198,6 +200,18 @@ describe('move SQL', () => {
       'SET LOCAL statement_timeout TO DEFAULT;',
     ]);
     expect(sql.match(/CREATE OR REPLACE TRIGGER shardctl_fence/g)).toHaveLength(2);
+    // A busy shard's retry: the first table waits the whole bound, the others a quarter of it.
+    const retry = fenceSql({ ...input, lockWaitMs: 120, lockFirstAlone: true });
+    expect(retry.split('\n').slice(0, 8)).toEqual([
+      'BEGIN;',
+      "SET LOCAL lock_timeout = '120ms';",
+      "SET LOCAL statement_timeout = '120ms';",
+      'LOCK TABLE "insta4"."likes" IN SHARE ROW EXCLUSIVE MODE;',
+      "SET LOCAL lock_timeout = '30ms';",
+      "SET LOCAL statement_timeout = '30ms';",
+      'LOCK TABLE "insta4"."photos" IN SHARE ROW EXCLUSIVE MODE;',
+      'SET LOCAL statement_timeout TO DEFAULT;',
+    ]);
     expect(sql).toContain('ALTER TABLE "insta4"."photos" ENABLE TRIGGER shardctl_fence;');
     expect(sql).toContain(`EXECUTE FUNCTION "shardctl".shard_fenced('4', 'pg2');`);
     expect(sql.endsWith(`UPDATE "shardctl".shards SET state = 'fenced' WHERE shard IN (4);\nCOMMIT;`)).toBe(true);

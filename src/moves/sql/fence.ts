@@ -27,6 +27,8 @@ export interface FenceInput {
   readonly targetHost: string;
   /** How long the LOCK may wait in all, in ms: below deadlock_timeout, so it cannot lose to application lock order. */
   readonly lockWaitMs: number;
+  /** The first table waits lockWaitMs, the others less (lockTablesSql's firstAlone): a busy shard's retries. */
+  readonly lockFirstAlone?: boolean;
   /** CREATE OR REPLACE TRIGGER exists from PostgreSQL 14. */
   readonly createOrReplaceTrigger: boolean;
   /**
@@ -94,7 +96,8 @@ export function fenceGuardSql(moveId: string, closedUpTo: number): Sql {
  * lock slots than a few shards.
  *
  * Why it cannot deadlock an application: the LOCK statement may wait only `lockWaitMs` in all
- * (lock_timeout and statement_timeout), which is below the server's deadlock_timeout. An
+ * (lock_timeout and statement_timeout; 1.25 × lockWaitMs with lockFirstAlone, whose tables after
+ * the first wait a quarter of it), which is below the server's deadlock_timeout. An
  * application transaction waiting for a table the fence already holds started waiting after the
  * fence took it, so it has waited less than lockWaitMs when the fence gives up and rolls back:
  * neither side reaches the deadlock check, nobody is aborted, and the move retries the fence.
@@ -116,7 +119,7 @@ export function fenceSql(input: FenceInput): Sql {
   return lines([
     sql`BEGIN;`,
     ...(input.flushedLater ? [sql`SET LOCAL synchronous_commit = off;`] : []),
-    ...lockTablesSql(tables, input.lockWaitMs),
+    ...lockTablesSql(tables, input.lockWaitMs, { firstAlone: input.lockFirstAlone ?? false }),
     ...(input.closeGuard ? [fenceGuardSql(input.closeGuard.moveId, input.closeGuard.wave)] : []),
     ...triggers,
     sql`UPDATE ${CONTROL}.shards SET state = 'fenced' WHERE shard IN (${list(shards)});`,

@@ -26,15 +26,30 @@ export const EARLY_SUBSCRIPTION_LOCK_WAIT_SQL = sql`SELECT set_config('lock_time
  * ROW EXCLUSIVE mode by one LOCK whose wait is bounded in all by `lockWaitMs` (see fenceSql); none
  * when there is no table.
  */
-export function lockTablesSql(tables: readonly Sql[], lockWaitMs: number): Sql[] {
+export function lockTablesSql(tables: readonly Sql[], lockWaitMs: number, { firstAlone = false } = {}): Sql[] {
   if (tables.length === 0) return [];
-  return [
-    lockTimeoutSql(lockWaitMs),
-    sql`SET LOCAL statement_timeout = ${lockWait(lockWaitMs)};`,
-    sql`LOCK TABLE ${list(tables)} IN SHARE ROW EXCLUSIVE MODE;`,
-    sql`SET LOCAL statement_timeout TO DEFAULT;`,
+  const bounded = (ms: number, locked: readonly Sql[]): Sql[] => [
+    lockTimeoutSql(ms),
+    sql`SET LOCAL statement_timeout = ${lockWait(ms)};`,
+    sql`LOCK TABLE ${list(locked)} IN SHARE ROW EXCLUSIVE MODE;`,
   ];
+  // firstAlone: the first table waits lockWaitMs, the others a quarter of it (50 ms at most). Once
+  // the first is held, a writer holding another table and waiting for the first (its own order the
+  // reverse of this one) cannot finish: waiting for it only holds up the application, so the
+  // attempt gives up early and the next one comes sooner. In all it waits 1.25 × lockWaitMs at
+  // most, still below deadlock_timeout (lockWaitMs is at most half of it).
+  const locks =
+    firstAlone && tables.length > 1
+      ? [
+          ...bounded(lockWaitMs, tables.slice(0, 1)),
+          ...bounded(Math.max(1, Math.min(FIRST_ALONE_REST_MAX_MS, lockWaitMs / 4)), tables.slice(1)),
+        ]
+      : bounded(lockWaitMs, tables);
+  return [...locks, sql`SET LOCAL statement_timeout TO DEFAULT;`];
 }
+
+/** The longest the tables after the first may wait in a lockTablesSql with firstAlone. */
+const FIRST_ALONE_REST_MAX_MS = 50;
 
 /**
  * What bounds the fence's locks on the source: half its deadlock_timeout in ms, and the lock slots
