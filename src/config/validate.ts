@@ -370,9 +370,9 @@ function postgresUrlProblem(url: string): string | undefined {
 function checkDistinctDatabases(hosts: readonly HostDraft[], issues: ConfigIssue[]): void {
   const firstIndex = new Map<string, HostDraft>();
   for (const host of hosts) {
-    const key = host.url === undefined ? undefined : serverKey(host.url);
     // Without a database in the URL, the database is the user's name (or PGDATABASE's): not compared.
-    if (key === undefined || /(?:\/|:\d+)$/.test(key)) continue;
+    const key = host.url === undefined ? undefined : serverKey(host.url, { requireDatabase: true });
+    if (key === undefined) continue;
     const earlier = firstIndex.get(key);
     if (earlier === undefined) firstIndex.set(key, host);
     else {

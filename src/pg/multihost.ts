@@ -276,12 +276,14 @@ export function forServerLibpq(url: string): string {
 /**
  * The server a URL reaches (its addresses and database, lower-cased; the port 5432 when unsaid), to
  * tell that two URLs with different credentials or options reach the same server; undefined for a
- * URL that names no address (a socket from the environment) or cannot be read.
+ * URL that names no address (a socket from the environment) or cannot be read, and, with
+ * `requireDatabase`, for one that names no database (then the user's name, or PGDATABASE's).
  */
-export function serverKey(url: string): string | undefined {
+export function serverKey(url: string, { requireDatabase = false } = {}): string | undefined {
   try {
     const parsed = parsePostgresUrl(url);
     if (parsed.addresses.length === 0 || parsed.addresses.some((a) => a.host === '')) return undefined;
+    if (requireDatabase && (parsed.path === '' || parsed.path === '/')) return undefined;
     return `${parsed.addresses.map((a) => `${a.host.toLowerCase()}:${a.port ?? '5432'}`).join(',')}${parsed.path}`;
   } catch {
     return undefined;
