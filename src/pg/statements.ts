@@ -385,9 +385,23 @@ function tempSchemaAt(tokens: readonly SqlToken[], at: number): boolean {
   );
 }
 
-/** A CREATE that names something in the session's temporary schema (CREATE TABLE pg_temp.t …). */
+/**
+ * A CREATE whose new object is in the session's temporary schema (CREATE TABLE pg_temp.t …): a
+ * pg_temp name in the statement's head, before its body starts (`(`, AS, ON). A table made from a
+ * temporary one (CREATE TABLE t AS SELECT … FROM pg_temp.x, LIKE pg_temp.x) is an ordinary table.
+ * A view is temporary whenever it reads a temporary table, so for a view any pg_temp name counts.
+ */
 function createsInTempSchema(statement: SqlStatement): boolean {
-  return statement.tokens.some((_, i) => tempSchemaAt(statement.tokens, i));
+  const tokens = statement.tokens;
+  const bodyAt = tokens.findIndex(
+    (token, i) =>
+      i > 0 && (isSymbol(token, '(') || (token.kind === 'word' && (token.value === 'as' || token.value === 'on'))),
+  );
+  const view = tokens
+    .slice(0, bodyAt < 0 ? tokens.length : bodyAt)
+    .some((t) => t.kind === 'word' && t.value === 'view');
+  const end = view || bodyAt < 0 ? tokens.length : bodyAt;
+  return tokens.some((_, i) => i < end && tempSchemaAt(tokens, i));
 }
 
 /**
