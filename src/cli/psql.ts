@@ -1,4 +1,7 @@
 import { spawn } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
 import type { Command } from 'commander';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
@@ -62,7 +65,20 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
       return;
     }
     out.info(`shard ${shard}: ${invocation.schema} on ${invocation.host} (${invocation.display.url})`);
-    done(await runPsql(psql, invocation.args, invocation.env));
+    if (invocation.serviceFile === undefined) {
+      done(await runPsql(psql, invocation.args, invocation.env));
+      return;
+    }
+    // The sslpassword, which libpq reads from no environment variable, in a service file only this
+    // user can read, for as long as psql runs.
+    const dir = await mkdtemp(path.join(os.tmpdir(), 'shardctl-psql-'));
+    try {
+      const file = path.join(dir, 'pg_service.conf');
+      await writeFile(file, invocation.serviceFile, { mode: 0o600 });
+      done(await runPsql(psql, invocation.args, { ...invocation.env, PGSERVICEFILE: file }));
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
   });
 }
 

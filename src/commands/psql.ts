@@ -3,6 +3,7 @@ import path from 'node:path';
 import type { Env } from '../config/env.js';
 import { hostForShard, shardSchemaName, type ShardctlConfig } from '../config/types.js';
 import { formatPostgresUrl, parsePostgresUrl } from '../pg/multihost.js';
+import { UsageError } from '../errors.js';
 import { quoteIdent } from '../pg/quote.js';
 import { redact, registerUrlSecret } from '../pg/redact.js';
 
@@ -17,7 +18,17 @@ export interface PsqlInvocation {
   readonly env: Record<string, string>;
   /** For people: the connection string with the password shown as ***, and the search_path option. */
   readonly display: { url: string; pgOptions: string };
+  /**
+   * When the URL carries a secret libpq has no environment variable for (sslpassword): the text of
+   * a connection service file holding it (service PSQL_SERVICE, which env's PGSERVICE names). The
+   * caller writes it readable by its owner only, points PGSERVICEFILE at it while psql runs, and
+   * removes it after.
+   */
+  readonly serviceFile?: string;
 }
+
+/** The service of the file in PsqlInvocation.serviceFile. */
+export const PSQL_SERVICE = 'shardctl_psql';
 
 /**
  * The psql command for a shard. The password leaves the URL and goes into PGPASSWORD, so it is on
@@ -41,6 +52,14 @@ export function psqlInvocation(config: ShardctlConfig, shard: number, env: Env =
     password ??= queryPassword;
     params.delete('password');
   }
+  // libpq reads sslpassword from no environment variable: it goes into a service file instead.
+  const sslPassword = params.get('sslpassword');
+  params.delete('sslpassword');
+  if (sslPassword !== null && (/[\r\n\0]/.test(sslPassword) || /\s$/.test(sslPassword))) {
+    throw new UsageError(
+      `host ${host.name} url: its sslpassword cannot be handed to psql without putting it on the command line (it ends in a space or holds a line break)`,
+    );
+  }
   const query = params.toString();
   const url = formatPostgresUrl({
     ...parsed,
@@ -53,6 +72,7 @@ export function psqlInvocation(config: ShardctlConfig, shard: number, env: Env =
   for (const [k, v] of Object.entries(env)) if (v !== undefined) childEnv[k] = v;
   childEnv['PGOPTIONS'] = pgOptions;
   if (password !== undefined) childEnv['PGPASSWORD'] = password;
+  if (sslPassword !== null) childEnv['PGSERVICE'] = PSQL_SERVICE;
   return {
     shard,
     host: host.name,
@@ -60,6 +80,7 @@ export function psqlInvocation(config: ShardctlConfig, shard: number, env: Env =
     args: [url],
     env: childEnv,
     display: { url: redact(host.url), pgOptions },
+    ...(sslPassword === null ? {} : { serviceFile: `[${PSQL_SERVICE}]\nsslpassword=${sslPassword}\n` }),
   };
 }
 

@@ -1,4 +1,4 @@
-import { chmodSync, readFileSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { beforeAll, describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
@@ -233,6 +233,7 @@ describe('shardctl psql', () => {
       `#!/bin/sh
 printf '%s\\n' "$0" "$@" > "${dir}/argv"
 env > "${dir}/env"
+if [ -n "$PGSERVICEFILE" ]; then cp "$PGSERVICEFILE" "${dir}/service"; stat -c %a "$PGSERVICEFILE" > "${dir}/service-mode"; fi
 exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
 `,
     );
@@ -276,6 +277,31 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     expect(call.env['PGPASSWORD']).toBe('s3cr3t-pw');
     expect(call.env['PGOPTIONS']).toBe('-c work_mem=64MB -c search_path="insta1"');
     expect(call.display.url).not.toContain('s3cr3t-pw');
+  });
+
+  it('hands psql an sslpassword in a service file of its own, not on the command line', async () => {
+    // sslmode=disable: libpq reads the sslpassword but has no key to use it on, so the real psql
+    // still connects, and fails if the service the environment names is not in the file.
+    const url = new URL(db.urls[0]!);
+    const secret = `Kx9-${process.pid}-${Date.now()}`;
+    const withKey = `${url.toString()}?sslmode=disable&sslpassword=${encodeURIComponent(secret)}`;
+    const keyed = makeFleet({ urls: [withKey, db.urls[1]!], shards: 8, split: ['0-3', '4-7'], schemaPrefix: 'ex' });
+    const fake = fakePsql();
+    const run = await runCli(['psql', '-c', keyed.configFile, '2'], { env: { SHARDCTL_PSQL: fake.script } });
+    expect(run.code, run.stderr).toBe(0);
+    const argv = readFileSync(join(fake.dir, 'argv'), 'utf8');
+    expect(argv).not.toContain(secret);
+    expect(argv).not.toContain('sslpassword');
+    expect(run.stdout + run.stderr).not.toContain(secret);
+    const env = readFileSync(join(fake.dir, 'env'), 'utf8');
+    expect(env).not.toContain(secret);
+    expect(env).toContain('PGSERVICE=shardctl_psql\n');
+    const serviceFile = /^PGSERVICEFILE=(.*)$/m.exec(env)?.[1];
+    expect(readFileSync(join(fake.dir, 'service'), 'utf8')).toBe(`[shardctl_psql]\nsslpassword=${secret}\n`);
+    expect(readFileSync(join(fake.dir, 'service-mode'), 'utf8').trim()).toBe('600');
+    // Gone once psql has ended.
+    expect(serviceFile && existsSync(serviceFile)).toBe(false);
+    expect(readFileSync(join(fake.dir, 'schema'), 'utf8').trim()).toBe('ex2');
   });
 
   it('finds the shard of an id', async () => {
