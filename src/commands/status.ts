@@ -138,14 +138,23 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
   const latestVersion = migrations.at(-1)?.version ?? 0;
   const views: HostPlacementView[] = [];
   const present: (AppliedMigrations | undefined)[] = [];
+  // Each host is judged by where the fleet places the shards (a file from before a move would call
+  // the moved shard missing on its new host and refusing writes on its old one): every session
+  // reads its host's view of the placement first and waits for the others' before judging.
+  const placed = placementBarrier(config.hosts.length, views);
   const hosts = await Promise.all(
     config.hosts.map(async (host): Promise<HostStatus> => {
+      let viewRead = false;
       try {
         return await withSession(
           host,
           async (session) => {
             const view = await readPlacementView(session.client, host.name);
             views.push(view);
+            viewRead = true;
+            placed.arrived();
+            const judged = judgedConfig(config, await placed.merged);
+            const judgedHost = judged.hosts.find((h) => h.name === host.name) ?? host;
             const controlWriters = (await session.client.query<{ table: string; role: string }>(controlWritersSql()))
               .rows;
             const registryMismatches = [...view.registry].flatMap(([name, registry]) => {
@@ -153,8 +162,9 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
               const file = listed ? hostAddress(listed.url) : null;
               return file !== null && file !== registry ? [{ name, registry, file }] : [];
             });
-            const snapshot = await readHostSnapshot(session, config);
-            for (const shard of host.shards) if (snapshot.schemas.has(shard)) present.push(snapshot.applied.get(shard));
+            const snapshot = { ...(await readHostSnapshot(session, judged)), host: judgedHost };
+            for (const shard of judgedHost.shards)
+              if (snapshot.schemas.has(shard)) present.push(snapshot.applied.get(shard));
             const leftovers = (await findLeftovers(session.client)).map((l) => `${l.kind} ${l.name}`);
             const cached = await cachedSequences(session.client, config.schemaPrefix);
             // An incoming copy's sequences are carried by its move at the switch: until then they
@@ -162,14 +172,14 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             const arriving = new Set(
               [...snapshot.recorded].filter(([, row]) => row.state === 'incoming').map(([shard]) => shard),
             );
-            const sequences = await sequenceProblems(session.client, config, arriving).catch((e: unknown) => [
+            const sequences = await sequenceProblems(session.client, judged, arriving).catch((e: unknown) => [
               `cannot check the id sequences: ${describePgError(e)}`,
             ]);
-            const found = hostStatus(config, snapshot, migrations, cached, leftovers);
+            const found = hostStatus(judged, snapshot, migrations, cached, leftovers);
             const byHand =
               snapshot.layout === null
                 ? []
-                : await handMadeDrift(session.client, host.name, config, (shard) => {
+                : await handMadeDrift(session.client, host.name, judged, (shard) => {
                     const next = pendingMigrations(snapshot.applied.get(shard), migrations)[0];
                     return next?.noTransaction ? next.name : undefined;
                   });
@@ -184,6 +194,7 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
           { applicationName: 'shardctl status' },
         );
       } catch (error) {
+        if (!viewRead) placed.arrived();
         const denied = hasSqlState(error, INSUFFICIENT_PRIVILEGE);
         const reason = withReadHint(failureReason(error, describePgError), error, host.url);
         return unreachableStatus(host.name, host.shards.length, reason, denied);
@@ -201,6 +212,50 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
     rollout: fileRollout(migrations, present),
     next: unfinishedMovesNext(hosts),
     ok: hosts.every((h) => h.ok) && mapOk,
+  };
+}
+
+/** Resolves with the merged placement once `count` hosts have read their view (or failed before it). */
+function placementBarrier(
+  count: number,
+  views: readonly HostPlacementView[],
+): { arrived: () => void; merged: Promise<FleetPlacement> } {
+  let left = count;
+  let release!: (placement: FleetPlacement) => void;
+  const merged = new Promise<FleetPlacement>((resolve) => (release = resolve));
+  return {
+    arrived: () => {
+      left -= 1;
+      if (left === 0) release(mergePlacement(views));
+    },
+    merged,
+  };
+}
+
+/**
+ * The file with each listed host's shards where the fleet places them: the shards the fleet knows
+ * and puts on a host of the file. The file as it is when the hosts contradict each other, or the
+ * fleet has another layout (both reported under the map).
+ */
+function judgedConfig(config: ShardctlConfig, placement: FleetPlacement): ShardctlConfig {
+  const layout = placement.layout;
+  const otherLayout = layout && (layout.schemaPrefix !== config.schemaPrefix || layout.shardCount !== config.shards);
+  if (placement.problems.length > 0 || otherLayout || placement.owners.size === 0) return config;
+  const owner = new Map<number, string>();
+  for (const host of config.hosts) for (const shard of host.shards) owner.set(shard, host.name);
+  for (const [shard, host] of placement.owners)
+    if (shard < config.shards && config.hosts.some((h) => h.name === host)) owner.set(shard, host);
+  const moved = config.hosts.some((h) => h.shards.some((shard) => owner.get(shard) !== h.name));
+  if (!moved) return config;
+  return {
+    ...config,
+    hosts: config.hosts.map((h) => ({
+      ...h,
+      shards: [...owner]
+        .filter(([, name]) => name === h.name)
+        .map(([shard]) => shard)
+        .sort((a, b) => a - b),
+    })),
   };
 }
 

@@ -114,6 +114,12 @@ describe('two operators, one with an old copy of the file', () => {
     expect(status.code).toBe(3);
     expect(status.stdout).toContain('map: the file DISAGREES with the fleet');
     expect(status.stdout).toContain('shards 2-3: the file says pg1, the fleet says pg2');
+    // The hosts themselves are judged by the fleet's placement: nothing is missing, refusing writes
+    // or misplaced, and nothing asks for init or a move's --resume that does not exist.
+    expect(status.stdout).toMatch(/^pg1: ok .* 2 expected, 2 present/m);
+    expect(status.stdout).toMatch(/^pg2: ok .* 6 expected, 6 present/m);
+    expect(status.stdout).toContain('fenced old copies (moved away, waiting for gc): 2-3');
+    expect(status.stdout).not.toMatch(/REFUSING WRITES|outdated|mapped to another host|missing: /);
     const show = await runCli(['map', 'show', '--json', '-c', other]);
     expect(show.code).toBe(3);
     expect(JSON.parse(show.stdout).hosts.map((h: { name: string; shards: string }) => [h.name, h.shards])).toEqual([
