@@ -3,6 +3,7 @@ import type { HostConfig } from '../config/types.js';
 import { HostError } from '../errors.js';
 import { redact, registerSecret, registerUrlSecret } from '../pg/redact.js';
 import { confirmBackendPid, HOST_SILENT, hostClientSettings, watchSilence } from './silence.js';
+import { isLostConnection } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
 import { serializeQueries } from '../pg/serial.js';
 import { isSqlState } from '../pg/sqlstate.js';
@@ -248,7 +249,11 @@ export function describePgError(error: unknown): string {
         : error instanceof AggregateError
           ? error.errors.map((e) => (e instanceof Error ? e.message : String(e))).join('; ')
           : String(code ?? error.name);
-    const suffix = isSqlState(code) ? ` (SQLSTATE ${code})` : '';
+    const suffix = isSqlState(code)
+      ? ` (SQLSTATE ${code})`
+      : isLostConnection(error, { worded: true })
+        ? ' (the connection was lost: the server stopped or restarted, or the network dropped it)'
+        : '';
     const detailText = typeof detail === 'string' && detail.length > 0 ? `; ${detail}` : '';
     return redact(`${text}${detailText}${suffix}`);
   }

@@ -1,3 +1,4 @@
+import { EventEmitter } from 'node:events';
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
@@ -99,17 +100,28 @@ export function errorHost(error: unknown): string | undefined {
 
 /**
  * Every failed query on this client carries the host's name, so an engine that talks to two hosts
- * reports a failure against the host where it happened.
+ * reports a failure against the host where it happened: a promise's rejection, and the error of a
+ * stream (COPY TO / FROM, which pipeline() passes on to the other end; the first tag stays).
  */
 function tagErrors(client: pg.Client, host: string): void {
+  const tag = (error: unknown): void => {
+    if (error && typeof error === 'object' && !('shardctlHost' in error))
+      Object.defineProperty(error, 'shardctlHost', { value: host });
+  };
   const query = client.query.bind(client) as (...args: unknown[]) => unknown;
   (client as unknown as { query: (...args: unknown[]) => unknown }).query = (...args: unknown[]) => {
     const result = query(...args);
     if (result && typeof (result as Promise<unknown>).then === 'function') {
       return (result as Promise<unknown>).catch((error: unknown) => {
-        if (error && typeof error === 'object' && !('shardctlHost' in error))
-          Object.defineProperty(error, 'shardctlHost', { value: host });
+        tag(error);
         throw error;
+      });
+    }
+    if (result instanceof EventEmitter) {
+      result.prependListener('error', function tagStream(error: unknown) {
+        tag(error);
+        // Alone, it must not swallow the error: an 'error' nobody listens to throws.
+        if (result.listenerCount('error') === 1) throw error;
       });
     }
     return result;

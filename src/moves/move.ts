@@ -119,13 +119,18 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     } catch (error) {
       await endFenceTimeouts(ctx);
       await dropPreVerification(ctx);
-      // A host that stopped answering is a failure of the step like any lost connection: say how to go on.
-      if (error instanceof ShardctlError && error.code !== HOST_SILENT) throw error;
+      // A host that stopped answering is a failure of the step like any lost connection, and so is
+      // a step's own failure that says nothing of what to do (a copy whose connection was lost):
+      // say how to go on. Errors that carry their advice (or refuse) keep it.
+      const plainFailure =
+        error instanceof HostError && error.code === 'MOVE_FAILED' && error.next.length === 0 && !error.details.length;
+      if (error instanceof ShardctlError && error.code !== HOST_SILENT && !plainFailure) throw error;
+      const reason = error instanceof HostError ? error.reason : describePgError(error);
       throw new HostError(
         errorHost(error) ?? ctx.source.host.name,
-        `move ${ctx.moveId} failed at step ${step}: ${describePgError(error)}; resume the move to retry, or abort it to undo`,
+        `move ${ctx.moveId} failed at step ${step}: ${reason}; resume the move to retry, or abort it to undo`,
         {
-          shard: ctx.shards[0]!,
+          shard: error instanceof HostError ? (error.shard ?? ctx.shards[0]!) : ctx.shards[0]!,
           code: 'MOVE_FAILED',
           cause: error,
           data: { moveId: ctx.moveId, step, shards: ctx.shards },

@@ -14,3 +14,22 @@ export function connectionEnded(client: object, error: Error): void {
 export function whyEnded(client: object): Error | undefined {
   return endedBy.get(client);
 }
+
+const SHUTDOWN_SQLSTATES = new Set(['57P01', '57P02', '57P03']);
+const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH']);
+/** What the pg driver says when the socket went away (or a query came after that). */
+const DRIVER_LOSS = /Connection terminated|connection ended|Client has encountered a connection error|not queryable/i;
+
+/**
+ * Whether a driver or server error says the connection went away: the server shut down (57P01-3),
+ * a connection exception (08xxx), the network (ECONNRESET, …), or the driver's own words for it.
+ * `worded`: only the driver's and the network's, which do not say so in words a reader knows.
+ */
+export function isLostConnection(error: unknown, { worded = false }: { readonly worded?: boolean } = {}): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code === 'string') {
+    if (NETWORK_CODES.has(code)) return true;
+    if (!worded && (SHUTDOWN_SQLSTATES.has(code) || code.startsWith('08'))) return true;
+  }
+  return DRIVER_LOSS.test(error instanceof Error ? error.message : '');
+}

@@ -18,6 +18,7 @@ import { HostError, ShardctlError } from '../errors.js';
 import { connectOnce, describePgError, parsedHostUrl, sessionState } from '../fleet/connect.js';
 import { HOST_SILENT } from '../fleet/silence.js';
 import { withCredentials } from '../fleet/placement.js';
+import { isLostConnection } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
 import { attrsFor, connectFirstMatching, parsePostgresUrl, type PostgresUrl } from '../pg/multihost.js';
 
@@ -45,19 +46,10 @@ export class CommitUnknownError extends HostError {
   }
 }
 
-const SHUTDOWN_SQLSTATES = new Set(['57P01', '57P02', '57P03']);
-const NETWORK_CODES = new Set(['ECONNREFUSED', 'ECONNRESET', 'EPIPE', 'ETIMEDOUT', 'EHOSTUNREACH', 'ENETUNREACH']);
-
 /** Whether `error` says the connection or the server went away (the call did not reach a verdict). */
 export function isConnectionLoss(error: unknown): boolean {
   if (error instanceof HostError) return error.code === HOST_SILENT || error.code === 'HOST_UNREACHABLE';
-  const code = (error as { code?: unknown } | null)?.code;
-  if (typeof code === 'string' && (SHUTDOWN_SQLSTATES.has(code) || NETWORK_CODES.has(code) || code.startsWith('08')))
-    return true;
-  const message = error instanceof Error ? error.message : '';
-  return /Connection terminated|connection ended|Client has encountered a connection error|not queryable/i.test(
-    message,
-  );
+  return isLostConnection(error);
 }
 
 /** The host itself could not be reached, or stopped answering (not one connection lost). */

@@ -679,3 +679,52 @@ describe('a host restarted mid-move', () => {
     expect(await replicationObjects(urls)).toEqual([]);
   }
 });
+
+describe('the source lost mid-copy', () => {
+  const lostDb = useTestDatabases(2);
+
+  it('the error names the source host and the shard and says to resume or abort; --resume finishes the move', async () => {
+    const fleet = makeFleet({ urls: lostDb.urls, shards: 2, split: ['0-1', ''] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await withClient(lostDb.urls[0]!, (c) => seed(c, 1, 400_000));
+    // Once fenced, the offline copy starts: its COPY … TO STDOUT on the source is ended from outside.
+    let terminated: Promise<number> | undefined;
+    const error = await moveShard(await fleet.config(), 1, 'pg2', {
+      configFile: fleet.configFile,
+      mode: 'offline',
+      onStep: (done) => {
+        if (done === 'fenced') terminated = terminateWhenRunning(lostDb.urls[0]!, 'COPY %TO STDOUT%');
+      },
+    }).then(
+      () => null,
+      (e: Error & { code?: string; host?: string; shard?: number; next?: unknown }) => e,
+    );
+    expect(await terminated).toBe(1);
+    expect(error).toMatchObject({ code: 'MOVE_FAILED', host: 'pg1', shard: 1 });
+    expect(error!.message).toMatch(/^host pg1, shard 1: move \S+ failed at step copied: copy failed: .*57P01/);
+    expect(error!.message).toContain('resume the move to retry, or abort it to undo');
+    expect(error!.next).toEqual([
+      { action: 'resume', shards: [1] },
+      { action: 'abort', shards: [1] },
+    ]);
+    const resumed = await runCli(move(fleet, 1, '--resume', '--json'));
+    expect(resumed.code, resumed.stderr).toBe(0);
+    expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true } });
+  });
+
+  /** Polls the host until a query like `pattern` runs in this database, and terminates it: how many it ended. */
+  async function terminateWhenRunning(url: string, pattern: string): Promise<number> {
+    return withClient(url, async (c) => {
+      for (let i = 0; i < 2000; i++) {
+        const { rows } = await c.query<{ n: number }>(
+          `select count(pg_terminate_backend(pid))::int as n from pg_stat_activity
+            where datname = current_database() and state = 'active' and query like $1 and pid <> pg_backend_pid()`,
+          [pattern],
+        );
+        if (rows[0]!.n > 0) return rows[0]!.n;
+        await new Promise((resolve) => setTimeout(resolve, 5));
+      }
+      return 0;
+    });
+  }
+});

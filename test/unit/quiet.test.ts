@@ -1,5 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { BUSY, retryLockWaits, retryWhileBusy } from '../../src/pg/quiet.js';
+import { describePgError } from '../../src/fleet/connect.js';
+import { isLostConnection } from '../../src/pg/ended.js';
 import { allOrNone } from '../../src/promises.js';
 
 const failure = (code: string) => Object.assign(new Error(code), { code });
@@ -100,5 +102,31 @@ describe('retryWhileBusy (the one loop that waits for busy tables)', () => {
       ),
     ).rejects.toThrow('gave up');
     expect(attempts).toBe(1);
+  });
+});
+
+describe('a lost connection in words', () => {
+  const lost = ' (the connection was lost: the server stopped or restarted, or the network dropped it)';
+
+  it.each([
+    [new Error('Connection terminated unexpectedly'), `Connection terminated unexpectedly${lost}`],
+    [Object.assign(new Error('read ECONNRESET'), { code: 'ECONNRESET' }), `read ECONNRESET${lost}`],
+    [
+      new Error('Client has encountered a connection error and is not queryable'),
+      `Client has encountered a connection error and is not queryable${lost}`,
+    ],
+    // The server's own words already say it.
+    [failure('57P01'), '57P01 (SQLSTATE 57P01)'],
+    [failure('23505'), '23505 (SQLSTATE 23505)'],
+    [new Error('something else'), 'something else'],
+  ])('%s', (error, text) => {
+    expect(describePgError(error)).toBe(text);
+  });
+
+  it('isLostConnection counts the server shutting down too, unless only the driver-worded ones are asked for', () => {
+    expect(isLostConnection(failure('57P01'))).toBe(true);
+    expect(isLostConnection(failure('08006'))).toBe(true);
+    expect(isLostConnection(failure('57P01'), { worded: true })).toBe(false);
+    expect(isLostConnection(failure('23505'))).toBe(false);
   });
 });
