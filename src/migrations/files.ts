@@ -203,6 +203,20 @@ export function migrationFileProblems(
   noTransaction: boolean,
 ): { line: number; statement: string; reason: string }[] {
   const problems: { line: number; statement: string; reason: string }[] = [];
+  // A file is sent with its check, its record, COMMIT and the next files' transactions after it in
+  // one string: a comment, string, quoted name or dollar quote the file leaves open would take in
+  // that text (its record and COMMIT with it) up to whatever closes it in a later file, which would
+  // then run in this file's transaction: applied unrecorded, or recorded unapplied.
+  const read = splitSql(sql);
+  if (read.unterminated) {
+    const lines = sql.trimEnd().split('\n');
+    problems.push({
+      line: lines.length,
+      statement: lines.at(-1)!.trim(),
+      reason:
+        'the file ends inside a comment, string, quoted name or dollar quote that it never closes; close it (the text shardctl sends after the file would be taken into it)',
+    });
+  }
   for (const statement of splitSqlBothWays(sql)) {
     let reason = transactionEscape(statement);
     const [first, second] = statement.keywords;

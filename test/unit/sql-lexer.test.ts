@@ -337,3 +337,22 @@ describe('blockNeutral', () => {
       expect(blockNeutral(sql), sql).toBe(false);
   });
 });
+
+describe('migrationFileProblems and text left open', () => {
+  it('refuses a file that ends inside a comment, string, quoted name or dollar quote (it would take in the record, COMMIT and the next file sent after it)', () => {
+    for (const file of [
+      'CREATE TABLE u1 (x int);\n/* a note',
+      "CREATE TABLE u1 (x int);\nCOMMENT ON TABLE u1 IS 'it''s",
+      'CREATE TABLE "u1 (x int);',
+      'CREATE FUNCTION f() RETURNS int LANGUAGE sql AS $body$ SELECT 1;\n',
+    ]) {
+      const problems = migrationFileProblems(file, false);
+      expect(problems.map((p) => p.reason)).toEqual([expect.stringContaining('never closes')]);
+      expect(problems[0]!.line).toBe(file.trimEnd().split('\n').length);
+      expect(migrationFileProblems(file, true)).toHaveLength(1);
+    }
+    // Closed, the same texts are fine.
+    expect(migrationFileProblems('CREATE TABLE u1 (x int);\n/* a note */\n', false)).toEqual([]);
+    expect(migrationFileProblems("SELECT 'C:\\';", false)).toEqual([]);
+  });
+});
