@@ -143,6 +143,8 @@ function printDryRun(out: Output, result: ProvisionResult, verb: string): number
       command: verb,
       dryRun: true,
       targetVersion: result.targetVersion,
+      ok: result.ok,
+      unreadHosts: result.hosts.map((h) => ({ host: h.host, error: h.hostError })),
       hosts: result.plan.hosts.map((h) => ({
         host: h.host.name,
         controlSql: h.controlSql,
@@ -161,8 +163,17 @@ function printDryRun(out: Output, result: ProvisionResult, verb: string): number
     }
   }
   const jobs = result.plan.hosts.reduce((n, h) => n + h.jobs.length, 0);
+  const unread = result.hosts.map((h) => h.host);
   out.info(
-    `${verb} --dry-run: ${plural(jobs, 'shard')} would change on ${plural(result.plan.hosts.length, 'host')}; nothing was written`,
+    `${verb} --dry-run: ${plural(jobs, 'shard')} would change on ${plural(result.plan.hosts.length, 'host')}` +
+      `${
+        unread.length > 0
+          ? `; ${unread.join(', ')} could not be read (${plural(
+              result.hosts.reduce((n, h) => n + h.behind, 0),
+              'shard',
+            )} not planned)`
+          : ''
+      }; nothing was written`,
   );
-  return 0;
+  return result.ok ? 0 : 1;
 }

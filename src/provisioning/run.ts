@@ -60,7 +60,7 @@ export interface ProvisionResult {
   readonly targetVersion: number;
   /** The plan that was (or, in a dry run, would be) executed; hosts left behind are not in it. */
   readonly plan: Plan;
-  /** Empty in a dry run. */
+  /** In a dry run, only the hosts that could not be read (each with its hostError). */
   readonly hosts: readonly HostOutcome[];
   /**
    * A staged migrate (shards, canary): the shards this run took on, and how many shards with work to
@@ -112,15 +112,16 @@ export async function provision(
     if (conflicts.length > 0) throw conflictError(conflicts);
     const { plan, stage } = stagedPlan(config, snapshots, migrations, mode, options);
     if (dryRun) {
+      // A host that could not be read has no plan: the dry run cannot say what the real run would do there.
       return {
         mode,
         dryRun,
         targetVersion: plan.targetVersion,
         plan,
-        hosts: [],
+        hosts: fleet.lost.map(lostOutcome),
         stage,
         stoppedEarly: false,
-        ok: true,
+        ok: fleet.lost.length === 0,
         durationMs: elapsed(started),
       };
     }

@@ -99,6 +99,19 @@ describe('migrate when a host is down or goes down', () => {
       expect(run.code).toBe(1);
       expect(await shardsAt(db.urls[0]!, 5)).toBe(60);
 
+      // A dry run cannot say what the real run would do on a host it cannot read: not a success.
+      const dry = await runCli(['migrate', '--dry-run', '-c', fleet.configFile]);
+      expect(dry.stderr).toMatch(
+        /^migrate --dry-run: 0 shards would change on 1 host; pg2 could not be read \(60 shards not planned\); nothing was written$/m,
+      );
+      expect(dry.code).toBe(1);
+      const dryJson = await runCli(['migrate', '--dry-run', '--json', '-c', fleet.configFile]);
+      expect(dryJson.code).toBe(1);
+      expect(JSON.parse(dryJson.stdout)).toMatchObject({
+        ok: false,
+        unreadHosts: [{ host: 'pg2', error: expect.stringContaining('cannot connect') }],
+      });
+
       const check = await runCli(['migrate', '--check', '--json', '-c', fleet.configFile]);
       expect(check.code).toBe(1);
       expect(check.stderr).toMatch(/^pg2: cannot be read: cannot connect: /m);
