@@ -295,6 +295,51 @@ describe("ShardRouter: fn's queries that would leave the transaction", () => {
   });
 });
 
+describe("ShardRouter: fn's client.release()", () => {
+  const db = useTestDatabases(1);
+
+  it('is refused: the connection never goes back to the pool mid-call, so a concurrent call cannot share its transaction and write into the other shard', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3'], schemaPrefix: 'rr', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    try {
+      let release!: () => void;
+      const held = new Promise<void>((resolve) => (release = resolve));
+      // Shard 1's call opens its transaction, releases the client (a habit from pool.connect()),
+      // and goes on writing once shard 2's call has taken the one connection.
+      const first = router.withShard(1, async (client) => {
+        await client.query('select $1::int', [1]);
+        client.release();
+        await Promise.race([held, new Promise((resolve) => setTimeout(resolve, 1000))]);
+        await client.query(`insert into photos (user_id, image_url) values (1, 'released')`);
+      });
+      const second = router.withShard(2, async (client) => {
+        release();
+        await client.query(`insert into photos (user_id, image_url) values (2, 'other')`);
+        return (await client.query<{ s: string }>('select current_schema() as s')).rows[0]!.s;
+      });
+      await expect(first).rejects.toMatchObject({ code: 'USAGE', message: /must not release the client/ });
+      await expect(second).resolves.toBe('rr2');
+      const rows = await withClient(db.urls[0]!, (c) =>
+        c.query<{ s: string; image_url: string }>(
+          `select 'rr1' as s, image_url from rr1.photos union all select 'rr2', image_url from rr2.photos order by 1, 2`,
+        ),
+      );
+      // Nothing of shard 1's call was written anywhere; shard 2 holds only its own row.
+      expect(rows.rows).toEqual([{ s: 'rr2', image_url: 'other' }]);
+      // The pool's one connection is still good, outside any transaction.
+      const state = await router.withShard(3, (client) =>
+        client.query<{ s: string; x: string | null }>(
+          'select current_schema() as s, pg_current_xact_id_if_assigned()::text as x',
+        ),
+      );
+      expect(state.rows[0]).toEqual({ s: 'rr3', x: null });
+    } finally {
+      await router.close();
+    }
+  });
+});
+
 describe('ShardRouter', () => {
   const db = useTestDatabases(2);
 
