@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { cancelRequest } from '../pg/cancel.js';
 import { whyEnded } from '../pg/ended.js';
 
 /**
@@ -29,6 +30,41 @@ export class Lease {
     this.failure ??= error instanceof Error ? error : new Error(String(error));
   }
 
+  /**
+   * Whether a query is still running or queued on the connection (fn gave up on it: its own timeout,
+   * an abort). Read from pg's internals; false when they are not there (the caller then waits, as
+   * it did before).
+   */
+  inFlight(): boolean {
+    const internals = this.client as unknown as { _getActiveQuery?: () => unknown; _queryQueue?: unknown[] };
+    if (typeof internals._getActiveQuery !== 'function') return false;
+    return internals._getActiveQuery() != null || (internals._queryQueue?.length ?? 0) > 0;
+  }
+
+  /**
+   * The work ended while its query still runs: the server is asked to cancel it (a cancel request,
+   * as psql's Ctrl-C), and the connection is destroyed rather than rolled back behind that query
+   * (the server rolls the transaction back when it goes). Never reused: a cancel that arrives late
+   * can reach nothing but this connection's own server session.
+   */
+  async abandon(reason: unknown): Promise<void> {
+    this.broken(reason);
+    await cancelRequest(this.client);
+  }
+
+  /**
+   * Ends the transaction of work that failed: rolled back, once what fn left running is done (a
+   * query queued behind the one that failed ends at once in the aborted transaction); when a query
+   * still runs after DRAIN_WAIT_MS (fn gave up on it), abandoned instead of waited for.
+   */
+  async rollbackAfterFailure(reason: unknown): Promise<void> {
+    if (this.inFlight() && !(await drained(this.client, DRAIN_WAIT_MS)) && this.inFlight()) {
+      await this.abandon(reason);
+      return;
+    }
+    await this.rollback();
+  }
+
   /** Ends the transaction the work left open; a connection where even that fails is broken. */
   async rollback(): Promise<void> {
     await this.client.query('ROLLBACK').catch((error: Error) => this.broken(error));
@@ -38,6 +74,23 @@ export class Lease {
   release(): void {
     this.client.release(this.failure);
   }
+}
+
+/** How long a failed call waits for what fn left running on its connection before abandoning it. */
+const DRAIN_WAIT_MS = 100;
+
+/** Whether `client` ran out of queries (pg's 'drain') within `ms`. */
+function drained(client: pg.PoolClient, ms: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const done = (value: boolean): void => {
+      clearTimeout(timer);
+      client.off('drain', onDrain);
+      resolve(value);
+    };
+    const onDrain = (): void => done(true);
+    const timer = setTimeout(() => done(false), ms);
+    client.once('drain', onDrain);
+  });
 }
 
 /**

@@ -188,7 +188,9 @@ function attemptOnce<T>(
             begin.withoutBlock ? 'the statement (which commits on its own, without a block)' : 'COMMIT',
           );
         }
-        if (begin.open) await lease.rollback();
+        // fn gave up on a query that still runs (its own timeout, an abort): cancelled and the
+        // connection dropped, rather than a ROLLBACK that waits behind that query.
+        if (begin.open) await lease.rollbackAfterFailure(error);
         // A named statement met a pooler the config does not declare (see attempt): rolled back, run again.
         const code = (error as { code?: unknown } | null | undefined)?.code;
         if (begin.namedSent && typeof code === 'string' && POOLED_STATEMENT_CODES.has(code))

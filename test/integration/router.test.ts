@@ -295,6 +295,80 @@ describe("ShardRouter: fn's queries that would leave the transaction", () => {
   });
 });
 
+describe('ShardRouter: fn gives up on a query that still runs', () => {
+  const db = useTestDatabases(1);
+  const kept = useTestDatabases(1);
+
+  /** A router of one pooled connection over a new 4-shard fleet of `urls`. */
+  async function openRouter(urls: string[], schemaPrefix: string): Promise<ShardRouter> {
+    const fleet = makeFleet({ urls, shards: 4, split: ['0-3'], schemaPrefix, migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    return ShardRouter.open(fleet.configFile, { poolSize: 1 });
+  }
+
+  /** The server process of the pool's one connection. */
+  async function backendPid(router: ShardRouter): Promise<number> {
+    return (await router.withShard(0, (c) => c.query<{ p: number }>('select pg_backend_pid() as p'))).rows[0]!.p;
+  }
+
+  it("the query is cancelled on the server and the connection dropped: the call ends with fn's error without waiting for it, and the next call gets a clean connection", async () => {
+    const router = await openRouter(db.urls, 'gu');
+    try {
+      const before = await backendPid(router);
+      const started = performance.now();
+      const call = router.withShard(1, async (client) => {
+        await client.query(`insert into photos (user_id, image_url) values (1, 'given up')`);
+        // fn's own timeout, as an application sets one around a slow query.
+        await Promise.race([
+          client.query('select pg_sleep(60)'),
+          new Promise((_, reject) => setTimeout(() => reject(new Error('app timeout')), 200)),
+        ]);
+      });
+      await expect(call).rejects.toThrow('app timeout');
+      // Not after the 60 s query: it was cancelled, not waited for.
+      expect(performance.now() - started).toBeLessThan(20_000);
+      const running = async (): Promise<number> =>
+        withClient(db.urls[0]!, async (c) =>
+          Number(
+            (
+              await c.query<{ n: string }>(
+                `select count(*) as n from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'`,
+              )
+            ).rows[0]!.n,
+          ),
+        );
+      for (let i = 0; i < 100 && (await running()) > 0; i++) await new Promise((r) => setTimeout(r, 50));
+      expect(await running()).toBe(0);
+      // Nothing of the call was committed, and the pool's one connection is a new, clean one.
+      expect((await withClient(db.urls[0]!, (c) => c.query('select 1 from gu1.photos'))).rowCount).toBe(0);
+      const state = await router.withShard(2, (client) =>
+        client.query<{ s: string; x: string | null; p: number }>(
+          'select current_schema() as s, pg_current_xact_id_if_assigned()::text as x, pg_backend_pid() as p',
+        ),
+      );
+      expect(state.rows[0]).toMatchObject({ s: 'gu2', x: null });
+      expect(state.rows[0]!.p).not.toBe(before);
+    } finally {
+      await router.close();
+    }
+  });
+
+  it('a query queued behind the one that failed is let finish: the connection is rolled back and kept', async () => {
+    const router = await openRouter(kept.urls, 'gk');
+    try {
+      const before = await backendPid(router);
+      const call = router.withShard(1, async (client) => {
+        await client.query('select 1');
+        await Promise.all([client.query('select 1/0'), client.query('select pg_sleep(0.01)')]);
+      });
+      await expect(call).rejects.toMatchObject({ code: '22012' });
+      expect(await backendPid(router)).toBe(before);
+    } finally {
+      await router.close();
+    }
+  });
+});
+
 describe("ShardRouter: fn's client.release()", () => {
   const db = useTestDatabases(1);
 
