@@ -156,7 +156,7 @@ export class DeferredBegin {
     this.callClient = new Proxy(client, {
       get: (target, property) => {
         if (property === 'query') return query;
-        if (property === 'release') return refuseRelease;
+        if (property === 'release' || property === 'end') return refuseRelease;
         if (property === HOOK) return this;
         const value = Reflect.get(target, property) as unknown;
         // Called on the client itself, so that what a method sets lands there (its class stays itself).
@@ -302,16 +302,16 @@ export class DeferredBegin {
 }
 
 /**
- * fn's client.release(): the router ends the call's transaction and gives the connection back
- * itself. Released by fn, the connection would go back to the pool with the call's transaction
+ * fn's client.release() (or end(), which would close the pooled connection under the router): the
+ * router ends the call's transaction and gives the connection back itself. Released by fn, the connection would go back to the pool with the call's transaction
  * still open, and the next call on that host would take it: its BEGIN and SET LOCAL search_path
  * would land in this call's transaction, so this call's later statements would run in that call's
  * shard, and the router's own release would then fail the call after its COMMIT.
  */
 function refuseRelease(): never {
   throw new UsageError(
-    "fn must not release the client: the router commits or rolls back the call's transaction and releases the connection when fn's promise settles",
-    { input: "fn's client.release()" },
+    "fn must not release or end the client: the router commits or rolls back the call's transaction and releases the connection when fn's promise settles",
+    { input: "fn's client.release() or end()" },
   );
 }
 

@@ -200,6 +200,17 @@ function attemptOnce<T>(
         // the shard, and not run again as a failover would be.
         const ended = error !== thrown || (error as { severity?: unknown } | null)?.severity === 'FATAL';
         if (ended && !isConnectionLoss(error)) return { ok: false, error: endedByServer(host, shard, error) };
+        // The statement timeout (the router's statementTimeoutMs, or fn's own SET LOCAL): a failure
+        // of the call at run time, said with the host and the shard; its code stays 57014.
+        if (isStatementTimeout(error))
+          return {
+            ok: false,
+            error: new HostError(
+              host.name,
+              `a statement ran past its statement_timeout${paths.settings.statementTimeoutMs ? ` (statementTimeoutMs: ${paths.settings.statementTimeoutMs} ms)` : ''}: ${describePgError(error)}; rolled back`,
+              { shard, code: STATEMENT_TIMEOUT, cause: error },
+            ),
+          };
         // On a standby, the check that failed (replicas.ts) rather than fn's "transaction is aborted".
         return { ok: false, error: via ? (begin.error ?? error) : error };
       }
@@ -233,6 +244,15 @@ function attemptOnce<T>(
     via,
     trace,
   );
+}
+
+/** SQLSTATE query_canceled: the statement timeout's, and a cancel request's. */
+const STATEMENT_TIMEOUT = '57014';
+
+/** A statement that statement_timeout ended (not one cancelled by a request: the same SQLSTATE). */
+function isStatementTimeout(error: unknown): boolean {
+  const { code, message } = (error ?? {}) as { code?: unknown; message?: unknown };
+  return code === STATEMENT_TIMEOUT && typeof message === 'string' && /statement timeout/.test(message);
 }
 
 /** The error of a transaction whose connection the server ended (Lease.explain), naming host and shard. */

@@ -230,6 +230,40 @@ describe('ShardRouter: what fn throws, and a connection the server ends', () => 
     } finally {
       await router.close();
     }
+    // The statement timeout names host and shard too, and keeps its SQLSTATE; so does fn's end().
+    const timed = await ShardRouter.open(fleet.configFile, { poolSize: 1, statementTimeoutMs: 200 });
+    try {
+      for (const fn of [
+        (client: pg.PoolClient) => client.query('select pg_sleep($1)', [5]),
+        async (client: pg.PoolClient) => {
+          await client.query('select 1');
+          return client.query('select pg_sleep(5)');
+        },
+      ]) {
+        const error = await timed.withShard(1, fn).then(
+          () => null,
+          (e: unknown) => e as HostError,
+        );
+        expect(error).toBeInstanceOf(HostError);
+        expect({ code: error?.code, host: error?.host, shard: error?.shard }).toEqual({
+          code: '57014',
+          host: 'pg1',
+          shard: 1,
+        });
+        expect(error?.message).toMatch(
+          /^host pg1, shard 1: a statement ran past its statement_timeout \(statementTimeoutMs: 200 ms\): canceling statement due to statement timeout/,
+        );
+      }
+      await expect(
+        timed.withShard(1, async (client) => {
+          await client.query('select 1');
+          await client.end();
+        }),
+      ).rejects.toMatchObject({ code: 'USAGE', message: /must not release or end the client/ });
+      expect((await timed.withShard(1, (client) => client.query('select 1 as x'))).rows).toEqual([{ x: 1 }]);
+    } finally {
+      await timed.close();
+    }
     // A call after close() is the application's mistake, said as such (not a host that is down).
     await expect(router.withShard(0, (client) => client.query('select 1'))).rejects.toMatchObject({
       code: 'ROUTER_CLOSED',
@@ -392,7 +426,7 @@ describe("ShardRouter: fn's client.release()", () => {
         await client.query(`insert into photos (user_id, image_url) values (2, 'other')`);
         return (await client.query<{ s: string }>('select current_schema() as s')).rows[0]!.s;
       });
-      await expect(first).rejects.toMatchObject({ code: 'USAGE', message: /must not release the client/ });
+      await expect(first).rejects.toMatchObject({ code: 'USAGE', message: /must not release or end the client/ });
       await expect(second).resolves.toBe('rr2');
       const rows = await withClient(db.urls[0]!, (c) =>
         c.query<{ s: string; image_url: string }>(
