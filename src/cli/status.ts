@@ -89,6 +89,8 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           );
         }
         if (h.behind.length) out.line(`  behind (pending migrations): ${formatShardList(h.behind)}`);
+        if (h.handBuilt.length)
+          out.line(`  built by hand, not taken over by shardctl: ${formatShardList(h.handBuilt)} (run adopt)`);
         if (h.nextIdOutdated.length)
           out.line(`  next_id missing or outdated: ${formatShardList(h.nextIdOutdated)} (run init)`);
         if (h.slowPathChangingOver)
@@ -115,7 +117,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
           );
       }
     }
-    if (!out.json) printMap(out, result.map);
+    if (!out.json) printMap(out, result.map, result.next);
     if (!out.json) for (const line of lib().describeRollout(result.rollout)) out.line(`rollout: ${line}`);
     out.info(
       `status: ${result.ok ? 'all hosts ok' : exitCode === 1 ? 'a host could not be read' : 'something is off'}`,
@@ -125,11 +127,13 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
   });
 }
 
-function printMap(out: Output, map: StatusResult['map']): void {
+function printMap(out: Output, map: StatusResult['map'], next: StatusResult['next']): void {
   const stale = map.disagreements.length > 0;
+  // adopt records the fleet when init would refuse (schemas built by hand).
+  const unrecorded = `no fleet recorded yet: run ${next.some((s) => s.action === 'adopt') ? 'adopt' : 'init'}`;
   out.line(
     `map: ${stale ? 'the file DISAGREES with the fleet' : 'the file agrees with the fleet'} (placement version ${map.placementVersion}` +
-      `${map.fleetId ? `, fleet ${map.fleetId}` : ', no fleet recorded yet: run init'})`,
+      `${map.fleetId ? `, fleet ${map.fleetId}` : `, ${unrecorded}`})`,
   );
   for (const d of map.disagreements) {
     out.line(

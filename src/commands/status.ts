@@ -31,7 +31,7 @@ import {
   type FileRollout,
 } from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
-import { existingApplied } from '../provisioning/plan.js';
+import { existingApplied, handBuiltShards } from '../provisioning/plan.js';
 
 export interface HostStatus {
   readonly host: string;
@@ -58,7 +58,13 @@ export interface HostStatus {
   readonly cachedSequences: readonly string[];
   /** Id sequences next_id() would repeat ids from (behind their table's ids, or another shard's), naming shard and table. */
   readonly sequenceProblems: readonly string[];
-  /** Present shards whose next_id() is missing or older than this shardctl's. */
+  /**
+   * Present mapped shards whose schema shardctl neither created nor took over (no next_id(seq) of
+   * its own, no record): built by hand, or not reached by a killed or partial adopt. init refuses
+   * them; adopt takes them over.
+   */
+  readonly handBuilt: readonly number[];
+  /** Present shards shardctl created or took over whose next_id() is missing or older than this shardctl's (init reinstalls it). */
   readonly nextIdOutdated: readonly number[];
   /**
    * next_id's slow path is still changing over from its row lock (docs/ids.md, "Changing over"): a
@@ -105,7 +111,7 @@ export interface HostStatus {
 
 /** The file's map against the fleet's placement (what the hosts say; see src/fleet/placement.ts). */
 export interface MapStatus {
-  /** Null: no host has recorded a fleet yet (run init). */
+  /** Null: no host has recorded a fleet yet (init or adopt records it). */
   readonly fleetId: string | null;
   /** Decimal string. */
   readonly placementVersion: string;
@@ -125,7 +131,8 @@ export interface StatusResult {
   readonly rollout: readonly FileRollout[];
   /**
    * What moves the fleet forward, as data: the unfinished moves' --resume or --abort (--abort alone
-   * for a move whose abort was cut off). Empty when nothing waits on a command.
+   * for a move whose abort was cut off); adopt for schemas built by hand, else init for an outdated
+   * next_id() or a fleet with no records yet. Empty when nothing waits on a command.
    */
   readonly next: readonly NextStep[];
   /** Every host was read and nothing is off. */
@@ -210,7 +217,7 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
     hosts,
     map,
     rollout: fileRollout(migrations, present),
-    next: unfinishedMovesNext(hosts),
+    next: [...unfinishedMovesNext(hosts), ...setupNext(hosts, map)],
     ok: hosts.every((h) => h.ok) && mapOk,
   };
 }
@@ -281,6 +288,18 @@ function unfinishedMovesNext(hosts: readonly HostStatus[]): NextStep[] {
   });
 }
 
+/**
+ * adopt for the schemas built by hand: init refuses the whole run while any exist (the rule of
+ * handBuiltShards). Otherwise init, for an outdated next_id() or, every host read, no fleet
+ * recorded. Only from what was read: a host that could not be read is advised nothing.
+ */
+function setupNext(hosts: readonly HostStatus[], map: MapStatus): NextStep[] {
+  const handBuilt = hosts.flatMap((h) => h.handBuilt).sort((a, b) => a - b);
+  if (handBuilt.length > 0) return [{ action: 'adopt', shards: handBuilt }];
+  const unrecorded = map.fleetId === null && hosts.every((h) => h.reachable);
+  return unrecorded || hosts.some((h) => h.nextIdOutdated.length > 0) ? [{ action: 'init' }] : [];
+}
+
 function mapStatus(config: ShardctlConfig, placement: FleetPlacement): MapStatus {
   return {
     fleetId: placement.fleetId,
@@ -307,6 +326,7 @@ function hostStatus(
   const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map(
     (p) => p.message,
   );
+  const handBuilt = new Set(handBuiltShards(snapshot, host.shards));
   const missing: number[] = [];
   const behind: number[] = [];
   const outdated: number[] = [];
@@ -319,7 +339,7 @@ function hostStatus(
       missing.push(shard);
       continue;
     }
-    if (schema.nextIdVersion !== ID_FUNCTION_VERSION) outdated.push(shard);
+    if (schema.nextIdVersion !== ID_FUNCTION_VERSION && !handBuilt.has(shard)) outdated.push(shard);
     const applied = snapshot.applied.get(shard);
     const level = shardLevel(applied);
     let bucket = byLevel.get(level);
@@ -368,6 +388,7 @@ function hostStatus(
     moves.length === 0 &&
     leftovers.length === 0 &&
     missing.length === 0 &&
+    handBuilt.size === 0 &&
     unexpected.length === 0 &&
     incoming.length === 0 &&
     refusingWrites.length === 0 &&
@@ -390,6 +411,7 @@ function hostStatus(
     refusingWrites,
     cachedSequences: cached,
     sequenceProblems: [],
+    handBuilt: [...handBuilt],
     nextIdOutdated: outdated,
     levels,
     behind,
@@ -416,6 +438,7 @@ function unreachableStatus(host: string, expected: number, error: string, denied
     refusingWrites: [],
     cachedSequences: [],
     sequenceProblems: [],
+    handBuilt: [],
     nextIdOutdated: [],
     slowPathChangingOver: false,
     levels: {},

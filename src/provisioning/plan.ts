@@ -233,8 +233,9 @@ export function findConflicts(
   conflicts.push(...movingShards(snapshots, wanted));
   conflicts.push(...misplacedShards(config, snapshots, wanted));
   for (const snapshot of snapshots) {
-    const foreign = snapshot.host.shards.filter(
-      (s) => (!wanted || wanted.has(s)) && snapshot.schemas.get(s)?.nextIdVersion === null && !snapshot.recorded.has(s),
+    const foreign = handBuiltShards(
+      snapshot,
+      snapshot.host.shards.filter((s) => !wanted || wanted.has(s)),
     );
     if (foreign.length > 0) {
       conflicts.push({
@@ -256,6 +257,16 @@ export function findConflicts(
       );
   }
   return conflicts;
+}
+
+/**
+ * Of `shards`, those whose schema exists on the host but that shardctl neither created nor took
+ * over: no next_id(seq) of its own and no record in the control schema (a fleet built by hand from
+ * the Instagram article, or shards a killed or partial `adopt` did not reach). init refuses them,
+ * adopt takes them over.
+ */
+export function handBuiltShards(snapshot: HostSnapshot, shards: readonly number[]): number[] {
+  return shards.filter((s) => snapshot.schemas.get(s)?.nextIdVersion === null && !snapshot.recorded.has(s));
 }
 
 /** The applied migrations of the shards whose schema exists (records of a dropped schema are stale). */
