@@ -128,12 +128,21 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
 }
 
 function printMap(out: Output, map: StatusResult['map'], next: StatusResult['next']): void {
+  if (map.readFrom.length === 0) {
+    out.line("map: the fleet's placement could not be read (no host could be read); the file was not compared");
+    return;
+  }
   const stale = map.disagreements.length > 0;
-  // adopt records the fleet when init would refuse (schemas built by hand).
-  const unrecorded = `no fleet recorded yet: run ${next.some((s) => s.action === 'adopt') ? 'adopt' : 'init'}`;
+  // Only a fleet whose every host was read is known to have no records; adopt records it when init would refuse.
+  const unrecorded =
+    map.notRead.length > 0
+      ? 'no fleet recorded there'
+      : `no fleet recorded yet: run ${next.some((s) => s.action === 'adopt') ? 'adopt' : 'init'}`;
+  const partial =
+    map.notRead.length > 0 ? `; based on ${map.readFrom.join(', ')} only: ${map.notRead.join(', ')} not read` : '';
   out.line(
     `map: ${stale ? 'the file DISAGREES with the fleet' : 'the file agrees with the fleet'} (placement version ${map.placementVersion}` +
-      `${map.fleetId ? `, fleet ${map.fleetId}` : `, ${unrecorded}`})`,
+      `${map.fleetId ? `, fleet ${map.fleetId}` : `, ${unrecorded}`}${partial})`,
   );
   for (const d of map.disagreements) {
     out.line(

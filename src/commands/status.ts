@@ -109,9 +109,16 @@ export interface HostStatus {
   readonly ok: boolean;
 }
 
-/** The file's map against the fleet's placement (what the hosts say; see src/fleet/placement.ts). */
+/**
+ * The file's map against the fleet's placement (what the hosts say; see src/fleet/placement.ts).
+ * Only the hosts of `readFrom` are compared; with none, nothing below says anything of the fleet.
+ */
 export interface MapStatus {
-  /** Null: no host has recorded a fleet yet (init or adopt records it). */
+  /** Hosts whose records the placement was read from, in the file's order. */
+  readonly readFrom: readonly string[];
+  /** Hosts whose records could not be read (unreachable, or not readable by this role): not compared. */
+  readonly notRead: readonly string[];
+  /** Null: none of the hosts read has recorded a fleet (init or adopt records it). */
   readonly fleetId: string | null;
   /** Decimal string. */
   readonly placementVersion: string;
@@ -208,7 +215,7 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
       }
     }),
   );
-  const map = mapStatus(config, mergePlacement(views));
+  const map = mapStatus(config, mergePlacement(views), new Set(views.map((v) => v.reachedAs)));
   const aborting = abortingMoveIds(hosts.flatMap((h) => h.moves));
   for (const h of hosts) for (const m of h.moves) if (aborting.has(m.moveId)) m.aborting = true;
   const mapOk = map.disagreements.length === 0 && map.problems.length === 0;
@@ -296,12 +303,14 @@ function unfinishedMovesNext(hosts: readonly HostStatus[]): NextStep[] {
 function setupNext(hosts: readonly HostStatus[], map: MapStatus): NextStep[] {
   const handBuilt = hosts.flatMap((h) => h.handBuilt).sort((a, b) => a - b);
   if (handBuilt.length > 0) return [{ action: 'adopt', shards: handBuilt }];
-  const unrecorded = map.fleetId === null && hosts.every((h) => h.reachable);
+  const unrecorded = map.fleetId === null && map.readFrom.length > 0 && map.notRead.length === 0;
   return unrecorded || hosts.some((h) => h.nextIdOutdated.length > 0) ? [{ action: 'init' }] : [];
 }
 
-function mapStatus(config: ShardctlConfig, placement: FleetPlacement): MapStatus {
+function mapStatus(config: ShardctlConfig, placement: FleetPlacement, read: ReadonlySet<string>): MapStatus {
   return {
+    readFrom: config.hosts.filter((h) => read.has(h.name)).map((h) => h.name),
+    notRead: config.hosts.filter((h) => !read.has(h.name)).map((h) => h.name),
     fleetId: placement.fleetId,
     placementVersion: placement.version.toString(),
     disagreements: mapDisagreements(config, placement, placement.moving).map((d) => ({
