@@ -23,7 +23,10 @@ export interface PageOptions {
   shards?: readonly number[];
   /** Read the shards of these keys (key mod shards), instead of `shards`. */
   keys?: readonly bigint[];
-  /** The id column the rows are merged by; default 'id'. */
+  /**
+   * The id column the rows are merged by; default 'id'. One id per row: a page or the row after it
+   * that repeats an id (a join that gives a photo's id to each of its comments) is refused.
+   */
   idColumn?: string;
   /** Shards of one host per round trip; default 64. */
   shardsPerQuery?: number;
@@ -60,12 +63,17 @@ export const BIGINT_TYPES = {
 /**
  * One page of rows merged by id across shards (router.queryPage): each shard runs
  *
- *   SELECT * FROM (<sql>) AS page WHERE id < $cursor ORDER BY id DESC LIMIT $limit
+ *   SELECT * FROM (<sql>) AS page WHERE id < $cursor ORDER BY id DESC LIMIT $limit + 1
  *
  * (`>` and ASC for oldest first; no WHERE on the first page), so it is asked only for rows past the
- * cursor and at most `limit` of them, and an index on id serves it. Shards of one host share round
- * trips; a shard being moved is read from its holder (the router follows it). The page is the
+ * cursor and at most `limit` + 1 of them, and an index on id serves it. Shards of one host share
+ * round trips; a shard being moved is read from its holder (the router follows it). The page is the
  * `limit` first of the merged rows; its cursor holds the last row's id as a decimal string.
+ *
+ * The cursor is an id, so ids must be one per row: the next page starts past the last row's id, and
+ * a row after the page that shares it would never be returned. The extra row per shard is what lets
+ * that be seen: a page that repeats an id, or whose last id the row after it repeats, is refused
+ * (a repeat further on is refused by the page that reaches it).
  *
  * Ids carry their time, so pages continue correctly while rows are written: a row committed
  * after a page was read appears in a later page if its id falls past that page's cursor.
@@ -94,7 +102,8 @@ export async function queryPage<R extends pg.QueryResultRow>(
   if (shards && shards.length === 0) return { rows: [], cursor: null };
 
   const text = pageSql(oneStatement(sql), { idColumn, order, params: params.length, cursor: after !== undefined });
-  const values = [...params, ...(after !== undefined ? [after.toString()] : []), limit];
+  // One row more than the page from each shard: the merged row after the page, whose id must differ.
+  const values = [...params, ...(after !== undefined ? [after.toString()] : []), limit + 1];
   const replica = replicaRead({ ...options, readOnly: true });
   const results = await queryEachShardWithParams<R>(
     router,
@@ -116,12 +125,26 @@ export async function queryPage<R extends pg.QueryResultRow>(
     for (const row of result.value.rows) keyed.push({ id: rowId(row, idColumn), row });
   }
   keyed.sort(order === 'newest' ? (a, b) => compare(b.id, a.id) : (a, b) => compare(a.id, b.id));
+  const repeated = repeatedId(keyed.slice(0, limit + 1).map((k) => k.id));
+  if (repeated !== undefined)
+    throw new UsageError(
+      `repeats id ${repeated} in two rows: the cursor is the last row's id, so a page would end between ` +
+        `them and skip the rest; page by a column with one id per row (a join's own id), or page the ` +
+        `rows the id belongs to and join per page`,
+      { input: 'idColumn', value: idColumn, data: { id: repeated.toString() } },
+    );
   const page = keyed.slice(0, limit);
   const last = page.at(-1);
   return {
     rows: page.map((k) => k.row),
     cursor: page.length === limit && last ? encodeCursor(order, last.id) : null,
   };
+}
+
+/** The first id that two neighbours of sorted ids share, if any. */
+export function repeatedId(sortedIds: readonly bigint[]): bigint | undefined {
+  for (let i = 1; i < sortedIds.length; i++) if (sortedIds[i] === sortedIds[i - 1]) return sortedIds[i];
+  return undefined;
 }
 
 /**

@@ -12,6 +12,13 @@ CREATE TABLE photos (id bigint PRIMARY KEY DEFAULT next_id('photos_id_seq'), use
 ALTER SEQUENCE photos_id_seq OWNED BY photos.id;`,
 };
 
+const PHOTOS_AND_COMMENTS = {
+  ...PHOTOS_ONLY,
+  '0002_comments.sql': `CREATE SEQUENCE comments_id_seq;
+CREATE TABLE comments (id bigint PRIMARY KEY DEFAULT next_id('comments_id_seq'), photo_id bigint NOT NULL REFERENCES photos, body text NOT NULL);
+ALTER SEQUENCE comments_id_seq OWNED BY comments.id;`,
+};
+
 type Photo = { id: bigint; user_id: bigint; image_url: string; pid: number };
 
 describe('ShardRouter.queryEachShard with parameters', () => {
@@ -238,6 +245,72 @@ describe('ShardRouter.queryPage', () => {
       expect((notId as UsageError).message).toBe(
         'idColumn "id": the rows must carry a bigint id column to merge by (found string)',
       );
+    } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter.queryPage', () => {
+  const db = useTestDatabases(2);
+
+  it('refuses rows that repeat an id (a join on a photo’s comments), naming idColumn and the id, rather than skip the rest of them', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 4,
+      split: ['0-1', '2-3'],
+      schemaPrefix: 'pr',
+      migrations: PHOTOS_AND_COMMENTS,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      // Photos a (one comment, on shard 1) and b, c (two comments each; b on shard 1, c on shard 3).
+      const photo = async (shard: number, comments: string[]): Promise<bigint> =>
+        router.withShard(shard, async (c) => {
+          const { rows } = await c.query<{ id: string }>(
+            `insert into photos (user_id, image_url) values (1, 'u') returning id`,
+          );
+          const id = rows[0]!.id;
+          for (const body of comments)
+            await c.query(`insert into comments (photo_id, body) values ($1, $2)`, [id, body]);
+          return BigInt(id);
+        });
+      const a = await photo(1, ['a/x']);
+      const b = await photo(1, ['b/x', 'b/y']);
+      const c = await photo(3, ['c/x', 'c/y']);
+      expect(a < b && b < c).toBe(true);
+      const joined = 'SELECT p.id, c.body FROM photos p JOIN comments c ON c.photo_id = p.id';
+      const refusal = async (options: { limit: number; order?: 'newest' | 'oldest'; cursor?: string | null }) =>
+        (await router.queryPage(joined, options).catch((e: unknown) => e)) as UsageError;
+
+      // Newest first, 3 a page: c/x c/y b/? would end between b's two rows (the next page asks id < b).
+      const split = await refusal({ limit: 3 });
+      expect(split).toBeInstanceOf(UsageError);
+      expect(split.input).toBe('idColumn');
+      expect(split.message).toMatch(new RegExp(`^idColumn "id": repeats id ${c} in two rows`));
+      expect(split.data).toMatchObject({ input: 'idColumn', value: 'id', id: c.toString() });
+      // A page holding whole groups is refused as well: the statement cannot be paged by id.
+      expect((await refusal({ limit: 10 })).data).toMatchObject({ id: c.toString() });
+      // Oldest first, one a page: a/x alone is fine (the row after it is b's); the next page, b/?,
+      // is followed by b's other row.
+      const first = await router.queryPage<{ id: bigint; body: string }>(joined, { limit: 1, order: 'oldest' });
+      expect(first.rows).toEqual([{ id: a, body: 'a/x' }]);
+      const boundary = await refusal({ limit: 1, order: 'oldest', cursor: first.cursor });
+      expect(boundary.data).toMatchObject({ input: 'idColumn', id: b.toString() });
+
+      // By the comments' own ids, every row, once, whatever the page size.
+      const byComment = 'SELECT c.id AS comment_id, p.id, c.body FROM photos p JOIN comments c ON c.photo_id = p.id';
+      const bodies: string[] = [];
+      let cursor: string | null = null;
+      do {
+        const page: import('../../src/router/pages.js').Page<{ body: string }> = await router.queryPage<{
+          body: string;
+        }>(byComment, { limit: 3, idColumn: 'comment_id', order: 'oldest', cursor });
+        bodies.push(...page.rows.map((r) => r.body));
+        cursor = page.cursor;
+      } while (cursor);
+      expect(bodies).toEqual(['a/x', 'b/x', 'b/y', 'c/x', 'c/y']);
     } finally {
       await router.close();
     }

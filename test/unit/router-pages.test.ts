@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { UsageError } from '../../src/errors.js';
-import { decodeCursor, encodeCursor, pageSql } from '../../src/router/pages.js';
+import { decodeCursor, encodeCursor, pageSql, repeatedId } from '../../src/router/pages.js';
 
 describe('queryPage', () => {
   it('asks each shard only for rows past the cursor and at most limit, its bounds bound after the caller’s parameters', () => {
@@ -12,6 +12,16 @@ describe('queryPage', () => {
     expect(
       pageSql('select id from photos -- c', { idColumn: 'photo id', order: 'oldest', params: 0, cursor: false }),
     ).toBe('SELECT * FROM (\nselect id from photos -- c\n) AS shardctl_page ORDER BY "photo id" ASC LIMIT $1');
+  });
+
+  it.each([
+    { ids: [], repeated: undefined },
+    { ids: [5n, 4n, 3n], repeated: undefined },
+    { ids: [5n, 4n, 4n, 3n], repeated: 4n },
+    { ids: [1n, 2n, 3n, 3n], repeated: 3n },
+    { ids: [2n ** 60n + 1n, 2n ** 60n + 1n], repeated: 2n ** 60n + 1n },
+  ])('finds the id two neighbouring rows share: $ids', ({ ids, repeated }) => {
+    expect(repeatedId(ids)).toBe(repeated);
   });
 
   it('keeps ids past 2^53 exact in the cursor, and refuses a cursor that is not one or is of the other order', () => {
