@@ -1,6 +1,6 @@
 import pg from 'pg';
 import { UsageError } from '../errors.js';
-import { parseIdString } from '../id/layout.js';
+import { encodeId, parseIdString, type IdLayout } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
 import { replicaRead, type WriteLsn } from './replicas.js';
@@ -28,6 +28,12 @@ export interface PageOptions {
    * that repeats an id (a join that gives a photo's id to each of its comments) is refused.
    */
   idColumn?: string;
+  /**
+   * Oldest first only: return only rows whose id's time is at least this many ms before now (the
+   * application's clock), so a reader that tails lags by it and does not skip a row committed within
+   * it of drawing its id. A whole number of ms, 0 or more.
+   */
+  minAgeMs?: number;
   /** Shards of one host per round trip; default 64. */
   shardsPerQuery?: number;
   /** Shards (or round trips of shards) running at once on one host; default and at most poolSize. */
@@ -46,6 +52,11 @@ export interface Page<R> {
   readonly rows: R[];
   /** Pass as `cursor` for the next page; null when this page was the last. */
   readonly cursor: string | null;
+  /**
+   * Where this page ended, even when it was the last (the cursor given, for an empty page; null
+   * when no row has been read yet): a reader tailing oldest first reads on from it later.
+   */
+  readonly resume: string | null;
 }
 
 export const MAX_PAGE_LIMIT = 10_000;
@@ -75,8 +86,12 @@ export const BIGINT_TYPES = {
  * that be seen: a page that repeats an id, or whose last id the row after it repeats, is refused
  * (a repeat further on is refused by the page that reaches it).
  *
- * Ids carry their time, so pages continue correctly while rows are written: a row committed
- * after a page was read appears in a later page if its id falls past that page's cursor.
+ * Rows written meanwhile: a row committed after a page was read is returned later only if its id
+ * falls past that page's cursor. Newest first, that is every row whose id is below it, and a newer
+ * row is for a read from the top. Oldest first, a row whose id was drawn before the cursor passed
+ * it but committed after (a transaction still open, a host whose clock lags) is behind the cursor
+ * and never returned: minAgeMs keeps the cursor that far behind now. It is checked against the
+ * application's clock, so it must also cover how far a host's clock lags that clock.
  */
 export async function queryPage<R extends pg.QueryResultRow>(
   router: RouterInternals,
@@ -93,17 +108,40 @@ export async function queryPage<R extends pg.QueryResultRow>(
   if (typeof idColumn !== 'string' || idColumn === '')
     throw new UsageError('must be a column name', { input: 'idColumn', value: idColumn });
   const after = options.cursor == null ? undefined : decodeCursor(options.cursor, order);
+  const minAgeMs = options.minAgeMs;
+  if (minAgeMs !== undefined) {
+    if (!Number.isSafeInteger(minAgeMs) || minAgeMs < 0)
+      throw new UsageError('must be a whole number of milliseconds, 0 or more', { input: 'minAgeMs', value: minAgeMs });
+    if (order !== 'oldest')
+      throw new UsageError(
+        "applies to order 'oldest' only (newest first, a row committed late is returned by a read from the top)",
+        { input: 'minAgeMs', value: minAgeMs },
+      );
+  }
   const params = options.params ?? [];
   if (!Array.isArray(params as unknown))
     throw new UsageError('must be an array of bind parameters', { input: 'params' });
   if (options.shards && options.keys)
     throw new UsageError('give shards or keys, not both', { input: 'keys', data: { shards: options.shards.length } });
   const shards = options.keys ? keyShards(options.keys, router.config().shards) : options.shards;
-  if (shards && shards.length === 0) return { rows: [], cursor: null };
+  if (shards && shards.length === 0) return { rows: [], cursor: null, resume: options.cursor ?? null };
 
-  const text = pageSql(oneStatement(sql), { idColumn, order, params: params.length, cursor: after !== undefined });
+  const below =
+    minAgeMs === undefined ? undefined : settledIdBound(router.config().idLayout, BigInt(Date.now() - minAgeMs));
+  const text = pageSql(oneStatement(sql), {
+    idColumn,
+    order,
+    params: params.length,
+    cursor: after !== undefined,
+    below: below !== undefined,
+  });
   // One row more than the page from each shard: the merged row after the page, whose id must differ.
-  const values = [...params, ...(after !== undefined ? [after.toString()] : []), limit + 1];
+  const values = [
+    ...params,
+    ...(after !== undefined ? [after.toString()] : []),
+    ...(below !== undefined ? [below.toString()] : []),
+    limit + 1,
+  ];
   const replica = replicaRead({ ...options, readOnly: true });
   const results = await queryEachShardWithParams<R>(
     router,
@@ -138,6 +176,7 @@ export async function queryPage<R extends pg.QueryResultRow>(
   return {
     rows: page.map((k) => k.row),
     cursor: page.length === limit && last ? encodeCursor(order, last.id) : null,
+    resume: last ? encodeCursor(order, last.id) : (options.cursor ?? null),
   };
 }
 
@@ -148,21 +187,36 @@ export function repeatedId(sortedIds: readonly bigint[]): bigint | undefined {
 }
 
 /**
+ * The smallest id of the millisecond after `settledUnixMs`: ids below it were drawn at that
+ * millisecond or before (0 when that is before the layout's epoch, so nothing is).
+ */
+export function settledIdBound(layout: IdLayout, settledUnixMs: bigint): bigint {
+  const next = settledUnixMs + 1n;
+  if (next <= layout.epochMs) return 0n;
+  return encodeId({ unixMs: next, shard: 0, sequence: 0 }, layout);
+}
+
+/**
  * What each shard runs for a page: the caller's statement as a subquery (a plain one is pulled
- * up by the planner, so the id bound and the order reach the table and its primary key), then the
- * cursor's bound (when there is a cursor) and the limit as the next bind parameters.
+ * up by the planner, so the id bounds and the order reach the table and its primary key), then the
+ * cursor's bound (when there is a cursor), the settled bound (minAgeMs: ids below it) and the limit
+ * as the next bind parameters.
  */
 export function pageSql(
   statement: string,
-  page: { idColumn: string; order: PageOrder; params: number; cursor: boolean },
+  page: { idColumn: string; order: PageOrder; params: number; cursor: boolean; below?: boolean },
 ): string {
   const id = quoteIdent(page.idColumn);
-  const n = page.params;
+  let n = page.params;
+  const where = [
+    ...(page.cursor ? [`${id} ${page.order === 'newest' ? '<' : '>'} $${++n}::bigint`] : []),
+    ...(page.below ? [`${id} < $${++n}::bigint`] : []),
+  ];
   return [
     // The newline ends a trailing `--` comment of the statement.
     `SELECT * FROM (\n${statement}\n) AS shardctl_page`,
-    ...(page.cursor ? [`WHERE ${id} ${page.order === 'newest' ? '<' : '>'} $${n + 1}::bigint`] : []),
-    `ORDER BY ${id} ${page.order === 'newest' ? 'DESC' : 'ASC'} LIMIT $${page.cursor ? n + 2 : n + 1}`,
+    ...(where.length > 0 ? [`WHERE ${where.join(' AND ')}`] : []),
+    `ORDER BY ${id} ${page.order === 'newest' ? 'DESC' : 'ASC'} LIMIT $${n + 1}`,
   ].join(' ');
 }
 

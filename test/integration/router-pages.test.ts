@@ -2,9 +2,12 @@ import { describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { UsageError } from '../../src/errors.js';
+import { decodeId, encodeId } from '../../src/id/layout.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import pg from 'pg';
+import { sleep } from '../../src/clock.js';
 
 const PHOTOS_ONLY = {
   '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
@@ -312,6 +315,94 @@ describe('ShardRouter.queryPage', () => {
       } while (cursor);
       expect(bodies).toEqual(['a/x', 'b/x', 'b/y', 'c/x', 'c/y']);
     } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter.queryPage', () => {
+  const db = useTestDatabases(2);
+
+  it('oldest first, misses a row committed after the cursor passed its id; with minAgeMs a tailing reader returns it, and a bad minAgeMs is refused naming it', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 16,
+      split: ['0-7', '8-15'],
+      schemaPrefix: 'pl',
+      migrations: PHOTOS_ONLY,
+    });
+    const config = await fleet.config();
+    expect((await init(config)).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile);
+    const open = new pg.Client({ connectionString: db.urls[0] });
+    await open.connect();
+    try {
+      const minAgeMs = 3000;
+      // Two rows on shard 9 written a minute ago: settled for any reader.
+      const minuteAgo = BigInt(Date.now() - 60_000);
+      const old = [0, 1].map((sequence) => encodeId({ unixMs: minuteAgo, shard: 9, sequence }, config.idLayout));
+      await router.withShard(9, (c) =>
+        c.query(`insert into photos (id, user_id, image_url) select unnest($1::bigint[]), 9, 'old'`, [old.map(String)]),
+      );
+      // Shard 1 draws an id and stays open; shard 9 then commits two newer rows.
+      await open.query('BEGIN');
+      const late = BigInt(
+        (
+          await open.query<{ id: string }>(
+            `insert into pl1.photos (user_id, image_url) values (1, 'late') returning id`,
+          )
+        ).rows[0]!.id,
+      );
+      const fresh = await router.withShard(9, async (c) =>
+        (
+          await c.query<{ id: string }>(
+            `insert into photos (user_id, image_url) select 9, 'new' from generate_series(1, 2) returning id`,
+          )
+        ).rows.map((r) => BigInt(r.id)),
+      );
+      expect(fresh.every((id) => id > late)).toBe(true);
+
+      type Row = { id: bigint };
+      const sql = 'SELECT id FROM photos';
+      const read = (options: { cursor: string | null; minAgeMs?: number }) =>
+        router.queryPage<Row>(sql, { shards: [1, 9], limit: 2, order: 'oldest', ...options });
+
+      // Both readers read while the shard-1 row is uncommitted.
+      const plain1 = await read({ cursor: null });
+      const plain2 = await read({ cursor: plain1.cursor });
+      expect([...plain1.rows, ...plain2.rows].map((r) => r.id)).toEqual([...old, ...fresh]);
+      const tail1 = await read({ cursor: null, minAgeMs });
+      expect(tail1.rows.map((r) => r.id)).toEqual(old);
+      const tail2 = await read({ cursor: tail1.cursor, minAgeMs });
+      expect(tail2.rows).toEqual([]); // the new rows are younger than minAgeMs: the reader lags
+      expect(tail2.cursor).toBeNull();
+      expect(tail2.resume).toBe(tail1.cursor);
+
+      await open.query('COMMIT');
+
+      // Without minAgeMs the cursor is past the late row's id: it is never returned.
+      const plain3 = await read({ cursor: plain2.resume });
+      expect(plain3.rows).toEqual([]);
+      // With it, once the rows are old enough, the reader goes on from where it was: all three, in order.
+      await sleep(Number(decodeId(fresh[1]!, config.idLayout).unixMs) + minAgeMs + 50 - Date.now());
+      const tail3 = await read({ cursor: tail2.resume, minAgeMs });
+      const tail4 = await read({ cursor: tail3.resume, minAgeMs });
+      expect([...tail3.rows, ...tail4.rows].map((r) => r.id)).toEqual([late, ...fresh]);
+      expect(tail4.cursor).toBeNull();
+
+      const refused = async (options: object): Promise<UsageError> =>
+        (await router
+          .queryPage(sql, { limit: 10, order: 'oldest', ...options })
+          .catch((e: unknown) => e)) as UsageError;
+      for (const bad of [-1, 1.5, Number.NaN, '100'])
+        expect((await refused({ minAgeMs: bad })).message).toBe(
+          `minAgeMs ${JSON.stringify(bad)}: must be a whole number of milliseconds, 0 or more`,
+        );
+      expect((await refused({ minAgeMs: 10, order: 'newest' })).message).toMatch(
+        /^minAgeMs 10: applies to order 'oldest' only/,
+      );
+    } finally {
+      await open.end();
       await router.close();
     }
   });

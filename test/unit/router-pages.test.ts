@@ -1,6 +1,7 @@
 import { describe, expect, it } from 'vitest';
 import { UsageError } from '../../src/errors.js';
-import { decodeCursor, encodeCursor, pageSql, repeatedId } from '../../src/router/pages.js';
+import { DEFAULT_ID_LAYOUT, decodeId, encodeId } from '../../src/id/layout.js';
+import { decodeCursor, encodeCursor, pageSql, repeatedId, settledIdBound } from '../../src/router/pages.js';
 
 describe('queryPage', () => {
   it('asks each shard only for rows past the cursor and at most limit, its bounds bound after the caller’s parameters', () => {
@@ -12,6 +13,38 @@ describe('queryPage', () => {
     expect(
       pageSql('select id from photos -- c', { idColumn: 'photo id', order: 'oldest', params: 0, cursor: false }),
     ).toBe('SELECT * FROM (\nselect id from photos -- c\n) AS shardctl_page ORDER BY "photo id" ASC LIMIT $1');
+  });
+
+  it('with minAgeMs, bounds the ids from above too: the cursor, then the settled bound, then the limit', () => {
+    expect(
+      pageSql('select id from e where k = $1', {
+        idColumn: 'id',
+        order: 'oldest',
+        params: 1,
+        cursor: true,
+        below: true,
+      }),
+    ).toBe(
+      'SELECT * FROM (\nselect id from e where k = $1\n) AS shardctl_page WHERE "id" > $2::bigint AND "id" < $3::bigint ORDER BY "id" ASC LIMIT $4',
+    );
+    expect(
+      pageSql('select id from e', { idColumn: 'id', order: 'oldest', params: 0, cursor: false, below: true }),
+    ).toBe('SELECT * FROM (\nselect id from e\n) AS shardctl_page WHERE "id" < $1::bigint ORDER BY "id" ASC LIMIT $2');
+  });
+
+  it('settles the ids of a millisecond and all before it, none after; nothing before the epoch', () => {
+    const layout = DEFAULT_ID_LAYOUT;
+    const ms = layout.epochMs + 1_000_000n;
+    const bound = settledIdBound(layout, ms);
+    const last = encodeId(
+      { unixMs: ms, shard: 2 ** layout.shardBits - 1, sequence: 2 ** layout.sequenceBits - 1 },
+      layout,
+    );
+    expect(last < bound).toBe(true);
+    expect(bound).toBe(last + 1n);
+    expect(decodeId(bound, layout)).toMatchObject({ unixMs: ms + 1n, shard: 0, sequence: 0 });
+    expect(settledIdBound(layout, layout.epochMs - 1n)).toBe(0n);
+    expect(settledIdBound(layout, layout.epochMs)).toBe(1n << BigInt(layout.shardBits + layout.sequenceBits));
   });
 
   it.each([
