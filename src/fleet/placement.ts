@@ -821,8 +821,9 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
 export async function currentMap(
   config: ShardctlConfig,
   applicationName = 'shardctl',
+  { waitMs }: { readonly waitMs?: number } = {},
 ): Promise<{ config: ShardctlConfig; discovery: FleetDiscovery }> {
-  const discovery = await discoverFromConfig(config, { applicationName });
+  const discovery = await discoverFromConfig(config, { applicationName, ...(waitMs ? { waitMs } : {}) });
   return { config: fleetConfig(config, discovery), discovery };
 }
 
@@ -832,16 +833,23 @@ export async function currentMap(
  */
 export function discoverFromConfig(
   config: ShardctlConfig,
-  options: { applicationName?: string; connectTimeoutMs?: number } = {},
+  options: {
+    applicationName?: string;
+    connectTimeoutMs?: number;
+    /** At most this long for each host, whatever its hostTimeout (a command that can do without the fleet's word). */
+    waitMs?: number;
+  } = {},
 ): Promise<FleetDiscovery> {
   const first = config.hosts[0];
+  const cap = (ms: number | undefined): number | undefined =>
+    options.waitMs === undefined ? ms : Math.min(ms ?? DISCOVERY_TIMEOUT_MS, options.waitMs);
   return discoverFleet(
-    config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: h.timeoutMs })),
+    config.hosts.map((h) => ({ name: h.name, url: h.url, timeoutMs: cap(h.timeoutMs) })),
     {
       ...(options.applicationName ? { applicationName: options.applicationName } : {}),
       ...(first ? { credentials: first.url } : {}),
-      ...((options.connectTimeoutMs ?? first?.timeoutMs)
-        ? { connectTimeoutMs: options.connectTimeoutMs ?? first!.timeoutMs }
+      ...(cap(options.connectTimeoutMs ?? first?.timeoutMs)
+        ? { connectTimeoutMs: cap(options.connectTimeoutMs ?? first?.timeoutMs)! }
         : {}),
     },
   );

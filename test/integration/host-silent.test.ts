@@ -60,6 +60,23 @@ describe('a host that stops answering', () => {
   );
 
   it(
+    'decode: a silent host is named and its shards are placed as the file says, without a long wait',
+    { timeout: 30_000 },
+    async () => {
+      proxy.silence('all');
+      // Shard 5 (pg2's), 1 s after the epoch, sequence 3.
+      const id = ((1000n << 23n) | (5n << 10n) | 3n).toString();
+      const { value: run, ms } = await timed(() => runCli(['decode', id, '-c', fleet.configFile]));
+      expect(ms).toBeLessThan(BOUND_MS + 3000);
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stdout).toMatch(new RegExp(`^${id} .* shard 5 +sequence 3 +host pg2$`, 'm'));
+      expect(run.stderr).toMatch(
+        /decode: pg2 could not be read \(cannot connect: .*timeout.*\); its shards' hosts are as the file/,
+      );
+    },
+  );
+
+  it(
     "status --sizes and --load: a silent host is named and the exit is 1; the other host's figures are shown, its sum labelled as not the fleet's",
     { timeout: 60_000 },
     async () => {
