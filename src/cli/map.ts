@@ -75,7 +75,7 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
       ...(url !== undefined ? { url } : {}),
       dryRun: flags.dryRun ?? false,
     });
-    const code = result.unreachable.length > 0 ? 1 : 0;
+    const code = result.unreachable.length > 0 || result.stillWritable.length > 0 ? 1 : 0;
     if (out.json) out.data({ ...result, exitCode: code });
     else {
       out.line(
@@ -84,9 +84,13 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
       if (!result.dryRun) out.line(`updated the registry of ${result.updated.join(', ')}`);
       for (const u of result.unreachable)
         out.line(`${u.name}: UNREACHABLE, its registry not updated (run again): ${u.reason}`);
+      for (const old of result.stillWritable)
+        out.line(
+          `${result.host}: TWO PRIMARIES: the old address ${old} still answers as a writable primary of ${result.host}; whatever reaches it (a router or a config file that names it) writes there, apart from the new primary. Stop it, or make it a standby of the new primary`,
+        );
     }
     out.info(
-      `map set-address: ${result.dryRun ? 'checked, nothing changed (dry run)' : code === 0 ? 'done' : 'some hosts were not updated'}`,
+      `map set-address: ${result.dryRun ? 'checked, nothing changed (dry run)' : result.unreachable.length > 0 ? 'some hosts were not updated' : 'done'}${result.stillWritable.length > 0 ? `; the old primary at ${result.stillWritable.join(', ')} still takes writes` : ''}`,
     );
     done(code);
   });

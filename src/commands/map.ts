@@ -9,6 +9,7 @@ import {
   discoverFromConfig,
   hostAddress,
   mapDisagreements,
+  withCredentials,
   type FleetPlacement,
 } from '../fleet/placement.js';
 import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology.js';
@@ -161,8 +162,17 @@ export interface MapSetAddressResult {
   readonly updated: readonly string[];
   /** Hosts that could not be read (their registry still says the old address: run again later). */
   readonly unreachable: readonly { name: string; reason: string }[];
+  /**
+   * Earlier addresses of the host (the registry's before, the file's) that still answer as a
+   * writable primary of this host in this fleet: two primaries, and whatever reaches the old one
+   * (a router or a file that names it) writes apart from the new one (no credentials).
+   */
+  readonly stillWritable: readonly string[];
   readonly dryRun: boolean;
 }
+
+/** How long set-address waits for an earlier address of the host (usually a primary that is down). */
+const OLD_ADDRESS_WAIT_MS = 2_000;
 
 /**
  * After a failover: records `url` (default: the host's url in the file, which may list several
@@ -224,6 +234,7 @@ export async function mapSetAddress(
   if (checked.fleet!.hostName !== hostName)
     refuse(`the server there records itself as host ${checked.fleet!.hostName}, not ${hostName}`);
   const previous = placement.hosts.get(hostName) ?? null;
+  const stillWritable = await writableOldAddresses(target, [previous, listed?.url], url, checked.fleet!.fleetId);
   const writeTo = [target, ...config.hosts.filter((h) => h.name !== hostName && placement.answered.includes(h.name))];
   const updated: string[] = [];
   if (!options.dryRun) {
@@ -252,8 +263,58 @@ export async function mapSetAddress(
     primary: checked.topology.primary,
     updated,
     unreachable: unreachable.filter((u) => !updated.includes(u.name)),
+    stillWritable,
     dryRun: options.dryRun ?? false,
   };
+}
+
+/**
+ * Of the host's earlier addresses (each address of `earlier`'s URLs but those of `current`), those
+ * where a server still answers as a primary (not in recovery) that records itself as this host of
+ * this fleet: an old primary left running after the failover. Each is waited for
+ * OLD_ADDRESS_WAIT_MS at most; one that does not answer, or answers otherwise, is not listed.
+ */
+async function writableOldAddresses(
+  host: HostConfig,
+  earlier: readonly (string | null | undefined)[],
+  current: string,
+  fleetId: string,
+): Promise<string[]> {
+  const key = (a: { host: string; port: string | undefined }): string => `${a.host}:${a.port ?? '5432'}`;
+  const now = new Set(parsePostgresUrl(current).addresses.map(key));
+  const candidates = new Map<string, string>();
+  for (const url of earlier) {
+    if (!url) continue;
+    let parsed;
+    try {
+      parsed = parsePostgresUrl(withCredentials(url, host.url));
+    } catch {
+      continue;
+    }
+    for (const address of parsed.addresses)
+      if (!now.has(key(address)) && !candidates.has(key(address)))
+        candidates.set(
+          key(address),
+          formatPostgresUrl({ ...parsed, addresses: [address], targetSessionAttrs: undefined }),
+        );
+  }
+  const found = await Promise.all(
+    [...candidates].map(async ([address, url]) => {
+      const probe: HostConfig = { ...host, url, timeoutMs: Math.min(host.timeoutMs, OLD_ADDRESS_WAIT_MS) };
+      const seen = await withHost(
+        probe,
+        async (client) => ({ fleet: await readFleetRow(client), topology: await readTopology(client) }),
+        { applicationName: 'shardctl map' },
+      ).catch(() => null);
+      const claims =
+        seen !== null &&
+        !seen.topology.inRecovery &&
+        seen.fleet?.fleetId === fleetId &&
+        seen.fleet.hostName === host.name;
+      return claims ? [address] : [];
+    }),
+  );
+  return found.flat();
 }
 
 /** The URL with target_session_attrs=read-write unless it asks for primary (same thing here) already. */

@@ -487,3 +487,53 @@ describe('a switchover: the old primary restarted as a standby of the new one (P
     }
   }, 120_000);
 });
+
+describe('map set-address while the old primary still takes writes', () => {
+  const db = useTestDatabases(1);
+  let host: ReplicatedHost;
+
+  beforeAll(async () => {
+    host = await startReplicatedHost();
+    await withClient(host.primary.url, (c) => c.query('create database fleet'));
+    await host.caughtUp();
+  }, 120_000);
+
+  afterAll(async () => {
+    await host?.dispose();
+  });
+
+  it('records the new primary and says, exit 1, that the old address is a second writable primary of the host; once it is stopped, exit 0', async () => {
+    const at = (port: number) => `postgres://postgres:${host.password}@127.0.0.1:${port}/fleet`;
+    const fleet = makeFleet({
+      urls: [db.urls[0]!, at(host.primary.port)],
+      replicationUrls: [undefined, at(host.primary.port)],
+      shards: 4,
+      schemaPrefix: 'sb',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await host.caughtUp();
+    // The standby is promoted, and the old primary is left running (no fencing of it).
+    host.promote();
+
+    const set = await runCli(['map', 'set-address', 'pg2', at(host.standby.port), '--json', '-c', fleet.configFile]);
+    expect(set.code, set.stderr).toBe(1);
+    const result = JSON.parse(set.stdout) as { stillWritable: string[]; updated: string[]; address: string };
+    expect(result).toMatchObject({
+      address: `postgres://127.0.0.1:${host.standby.port}/fleet`,
+      stillWritable: [`127.0.0.1:${host.primary.port}`],
+    });
+    expect(result.updated).toContain('pg1');
+    const text = await runCli(['map', 'set-address', 'pg2', at(host.standby.port), '-c', fleet.configFile]);
+    expect(text.code).toBe(1);
+    expect(text.stdout).toContain(
+      `pg2: TWO PRIMARIES: the old address 127.0.0.1:${host.primary.port} still answers as a writable primary of pg2`,
+    );
+    expect(text.stdout + text.stderr).not.toContain(host.password);
+
+    host.stopPrimary('fast');
+    const again = await runCli(['map', 'set-address', 'pg2', at(host.standby.port), '--json', '-c', fleet.configFile]);
+    expect(again.code, again.stderr).toBe(0);
+    expect(JSON.parse(again.stdout)).toMatchObject({ stillWritable: [] });
+  }, 120_000);
+});
