@@ -133,15 +133,73 @@ describe('behind PgBouncer in transaction mode', () => {
   const dbAll = useTestDatabases(2);
   const dbAdopt = useTestDatabases(2);
   const dbBusy = useTestDatabases(2);
+  /** For a call that gives up on its query. */
+  const dbGiveUp = useTestDatabases(1);
   const poolers: PgBouncer[] = [];
 
   beforeAll(async () => {
-    for (const url of [...db.urls, ...dbRouter.urls, ...dbMove.urls, ...dbAll.urls, ...dbAdopt.urls, ...dbBusy.urls])
+    for (const url of [
+      ...db.urls,
+      ...dbRouter.urls,
+      ...dbMove.urls,
+      ...dbAll.urls,
+      ...dbAdopt.urls,
+      ...dbBusy.urls,
+      ...dbGiveUp.urls,
+    ])
       await durableCommits(url);
     for (const url of db.urls) poolers.push(await startPgBouncer(url, { poolSize: 4 }));
   });
   afterAll(async () => {
     await Promise.all(poolers.map((p) => p.stop()));
+  });
+
+  it("a call whose fn gives up on a slow query ends at once: the cancel request reaches the server through the pooler, and the pooler's server connections are left clean", async () => {
+    const pooler = await startPgBouncer(dbGiveUp.urls[0]!, { poolSize: 2 });
+    poolers.push(pooler);
+    const pooled = pooler.url(dbGiveUp.urls[0]!);
+    const fleet = makeFleet({
+      urls: [pooled],
+      shards: 2,
+      split: ['0-1'],
+      schemaPrefix: 'gp',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 2 });
+    try {
+      const started = performance.now();
+      const call = router.withShard(1, async (client) => {
+        await client.query(`insert into photos (user_id, image_url) values (1, 'given up')`);
+        await Promise.race([
+          client.query('select pg_sleep(60)'),
+          new Promise((_, reject) => setTimeout(() => reject(new Error('app timeout')), 200)),
+        ]);
+      });
+      await expect(call).rejects.toThrow('app timeout');
+      expect(performance.now() - started).toBeLessThan(20_000);
+      // On the server itself: the query was cancelled, and nothing of the call committed.
+      const running = () =>
+        withClient(dbGiveUp.urls[0]!, async (c) =>
+          Number(
+            (
+              await c.query<{ n: string }>(
+                `select count(*) as n from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'`,
+              )
+            ).rows[0]!.n,
+          ),
+        );
+      for (let i = 0; i < 100 && (await running()) > 0; i++) await new Promise((r) => setTimeout(r, 50));
+      expect(await running()).toBe(0);
+      expect((await withClient(dbGiveUp.urls[0]!, (c) => c.query('select 1 from gp1.photos'))).rowCount).toBe(0);
+      expect((await router.withShard(0, (client) => client.query('select current_schema() as s'))).rows).toEqual([
+        { s: 'gp0' },
+      ]);
+    } finally {
+      await router.close();
+    }
+    for (const connection of await serverConnections(pooled, 2))
+      expect(connection).toMatchObject({ search_path: '"$user", public', temp_relations: '0', cursors: '0' });
   });
 
   it('init, migrate, status, exec and migrate again run back to back through the pooler, and leave every server connection with the server defaults (no asynchronous commit left for the next client)', async () => {
