@@ -109,7 +109,7 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
         if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);
         for (const w of h.controlWriters)
           out.line(
-            `  control table ${w.table} is writable by role ${w.role}, not only by its owner: a router opened from seeds does not trust this host's registry (REVOKE its INSERT, UPDATE, DELETE, TRUNCATE)`,
+            `  control table ${w.table} is writable by role ${w.role}, not only by its owner: a router opened from seeds does not trust this host's registry (REVOKE its INSERT, UPDATE, DELETE, TRUNCATE and TRIGGER, on the table and its columns, or its membership of the owner)`,
           );
         for (const m of h.registryMismatches)
           out.line(

@@ -58,9 +58,13 @@ export interface HostPlacementView {
 }
 
 /**
- * Who, besides the owner of a control table and superusers, can change it: a grantee of INSERT,
- * UPDATE, DELETE or TRUNCATE (PUBLIC included), or a member of the owning role (who inherits what
- * it owns). `tables`: control table names; all tables of the control schema when omitted.
+ * Who, besides the owner of a control table and superusers, can change it: PUBLIC when it holds a
+ * right that writes (INSERT, UPDATE, DELETE, TRUNCATE on the table, INSERT or UPDATE on one of its
+ * columns, TRIGGER: a trigger runs its function as whoever writes the table, the owner included),
+ * else every role that holds one, by a grant of its own, a column's, one it inherits
+ * (pg_write_all_data included: a predefined role is named only while it has a member) or PUBLIC's; and every member, direct or not, of the role that owns
+ * the table or of the one that owns the control schema (which may drop the table and make another).
+ * `tables`: control table names; all tables of the control schema when omitted.
  */
 export function controlWritersSql(tables?: readonly string[]): string {
   const which = tables
@@ -68,15 +72,28 @@ export function controlWritersSql(tables?: readonly string[]): string {
     : `c.relnamespace = pg_catalog.to_regnamespace(${quoteLiteral(CONTROL)}) AND c.relkind IN ('r', 'p')`;
   return `SELECT c.oid::regclass::text AS "table", w.role
    FROM pg_catalog.pg_class c
+   JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
    CROSS JOIN LATERAL (
-     SELECT coalesce(r.rolname, 'PUBLIC') AS role
-       FROM pg_catalog.aclexplode(coalesce(c.relacl, pg_catalog.acldefault('r', c.relowner))) a
-       LEFT JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
-      WHERE a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE') AND a.grantee <> c.relowner
-        AND NOT coalesce(r.rolsuper, false)
+     SELECT EXISTS (
+              SELECT FROM pg_catalog.aclexplode(coalesce(c.relacl, pg_catalog.acldefault('r', c.relowner))) a
+               WHERE a.grantee = 0 AND a.privilege_type IN ('INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'TRIGGER'))
+         OR EXISTS (
+              SELECT FROM pg_catalog.pg_attribute t, pg_catalog.aclexplode(t.attacl) a
+               WHERE t.attrelid = c.oid AND t.attnum > 0 AND a.grantee = 0 AND a.privilege_type IN ('INSERT', 'UPDATE'))
+            AS public
+   ) p
+   CROSS JOIN LATERAL (
+     SELECT 'PUBLIC' AS role WHERE p.public
      UNION
-     SELECT r.rolname FROM pg_catalog.pg_auth_members m JOIN pg_catalog.pg_roles r ON r.oid = m.member
-      WHERE m.roleid = c.relowner AND NOT r.rolsuper
+     SELECT r.rolname FROM pg_catalog.pg_roles r
+      WHERE r.oid <> c.relowner AND NOT r.rolsuper
+        -- A predefined role (pg_write_all_data) counts through its members only.
+        AND (r.oid >= 16384 OR EXISTS (SELECT FROM pg_catalog.pg_auth_members m WHERE m.roleid = r.oid))
+        AND ((NOT p.public
+              AND (pg_catalog.has_table_privilege(r.oid, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE, TRIGGER')
+                   OR pg_catalog.has_any_column_privilege(r.oid, c.oid, 'INSERT, UPDATE')))
+             OR pg_catalog.pg_has_role(r.oid, c.relowner, 'MEMBER')
+             OR (n.nspowner <> c.relowner AND pg_catalog.pg_has_role(r.oid, n.nspowner, 'MEMBER')))
    ) w
   WHERE ${which}
   ORDER BY 1, 2`;
