@@ -339,6 +339,11 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
       const inner = body === undefined ? undefined : bodyEscape(body.value);
       return inner === undefined ? undefined : `DO: ${inner}`;
     }
+    case 'explain': {
+      // EXPLAIN ANALYZE runs its statement: CREATE TABLE … AS (a temporary one included) is made.
+      const inner = explained(statement);
+      return inner === undefined ? undefined : transactionEscape(inner);
+    }
     case 'reset':
       return RESET_ESCAPE;
     case 'discard':
@@ -361,6 +366,24 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
   if (mentions(statement, 'update') && mentions(statement, 'pg_settings'))
     return 'UPDATE pg_settings changes a setting for the session';
   return undefined;
+}
+
+/** The statement an EXPLAIN runs or plans: after its options, `( … )` or ANALYZE / VERBOSE. */
+function explained(statement: SqlStatement): SqlStatement | undefined {
+  const tokens = statement.tokens;
+  let at = 1;
+  if (isSymbol(tokens[at], '(')) {
+    for (let depth = 0; at < tokens.length; at++) {
+      if (isSymbol(tokens[at], '(')) depth++;
+      else if (isSymbol(tokens[at], ')') && --depth === 0) break;
+    }
+    at++;
+  } else {
+    while (tokens[at]?.kind === 'word' && ['analyze', 'analyse', 'verbose'].includes(tokens[at]!.value)) at++;
+  }
+  if (at >= tokens.length) return undefined;
+  const rest = tokens.slice(at);
+  return { ...statement, tokens: rest, keywords: leadingWords(rest) };
 }
 
 const RESET_ESCAPE = 'RESET changes settings for the rest of the session (search_path, role, …)';

@@ -166,6 +166,10 @@ describe('transactionEscape', () => {
     'CREATE TEMP TABLE photos (id bigint)',
     'create temporary table t as select 1',
     'create local temp table t (x int) on commit delete rows',
+    // EXPLAIN ANALYZE runs the statement it explains.
+    'EXPLAIN ANALYZE CREATE TEMP TABLE photos AS SELECT 1',
+    'explain (analyze, costs off) create temporary table t as select 1',
+    'explain analyze verbose create table pg_temp.photos as select 1',
     'create temporary sequence s',
     'create or replace temp view v as select 1',
     'select * into temp photos from photos where user_id = $1',
@@ -201,6 +205,9 @@ describe('transactionEscape', () => {
     'ROLLBACK TO SAVEPOINT a',
     'declare c cursor for select 1',
     'CREATE TEMP TABLE t (x int) ON COMMIT DROP',
+    'EXPLAIN ANALYZE SELECT 1',
+    'explain (analyze, format json) create temp table t on commit drop as select 1',
+    'EXPLAIN SELECT * FROM photos',
     'create table temp (x int)',
     'insert into temp values (1)',
     'insert into temp select 1',
@@ -246,6 +253,8 @@ describe('execRefusal', () => {
     ['prepare q as select 1', 'PREPARE keeps a prepared statement on the connection'],
     // A read-only transaction may create a temporary table; the shards after it on the connection would read it.
     ['select * into temp photos from photos', 'a temporary table'],
+    // EXPLAIN ANALYZE runs what it explains, a CREATE TABLE … AS included (allowed in a read-only transaction when temporary).
+    ['explain analyze create temp table photos as select 1', 'a temporary table'],
   ])('refuses %s', (sql, reason) => {
     expect(execRefusal(sql, false)).toContain(reason);
   });
