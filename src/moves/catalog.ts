@@ -156,7 +156,7 @@ const LEAF_SIZES_SQL = `SELECT s.i::int AS i, pg_relation_size(s.o) = 0 AS empty
 /**
  * Owners and ACLs of these schemas and of everything a move carries in them (tables and partitions,
  * sequences, views, materialized views, functions and procedures, columns with an ACL of their own),
- * and the schemas' default privileges (pg_default_acl, every role), by name, in one query. An ACL the
+ * and the schemas' default privileges (pg_default_acl, of every role that may create in the schema), by name, in one query. An ACL the
  * catalog leaves NULL is read as the default it stands for (acldefault), so equal rights compare
  * equal however they were reached.
  */
@@ -217,8 +217,12 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
                -- Aggregates but ordered-set ones, whose signature ALTER ROUTINE does not take as printed.
                OR (p.prokind = 'a' AND EXISTS (SELECT 1 FROM pg_aggregate g WHERE g.aggfnoid = p.oid AND g.aggkind = 'n')))
        UNION ALL
+       -- Only a role that may create in the schema: any role may record default privileges for
+       -- itself in any schema (ALTER DEFAULT PRIVILEGES needs no right on it), where they never apply,
+       -- and carrying them would make every such role an owner the move refuses without.
        SELECT 'default', n.nspname, d.defaclobjtype::text, NULL, NULL, d.defaclrole, false, d.defaclacl
          FROM pg_default_acl d JOIN ns n ON n.oid = d.defaclnamespace
+        WHERE has_schema_privilege(d.defaclrole, n.oid, 'CREATE')
      )
      SELECT o.kind, o.schema, o.name, o.args, o.col, ow.rolname AS owner, o.linked,
             ge.rolname AS grantee, gr.rolname AS grantor, a.privilege_type AS privilege, a.is_grantable AS grantable

@@ -260,4 +260,14 @@ describe('move-shard carries owners, grants and default privileges', () => {
     expect(failed(granted.stdout)).toContain('FAIL owners on target');
     expect(failed(granted.stdout)).not.toContain(APP);
   });
+  it('default privileges recorded in a shard schema by a role that may not create there (any role can) neither refuse the move nor travel', async () => {
+    // GHOST exists on the source only, and has no right on the schema: its entry never applies.
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`alter default privileges for role ${GHOST} in schema insta3 grant select on tables to public`),
+    );
+    const result = await moveShard(await fleet.config(), 3, 'pg2', { configFile: fleet.configFile, mode: 'offline' });
+    expect(result.outcome).toBe('moved');
+    const after = await privileges(db.urls[1]!, 'insta3');
+    expect(Object.keys(after).filter((k) => k.includes(GHOST))).toEqual([]);
+  });
 });
