@@ -81,7 +81,12 @@ export function registerMap(program: Command, ctx: CliContext, done: (code: numb
       out.line(
         `${result.host}: primary at ${result.primary ?? '?'}; registry address ${result.previous ?? '(none)'} → ${result.address}`,
       );
-      if (!result.dryRun) out.line(`updated the registry of ${result.updated.join(', ')}`);
+      if (!result.dryRun)
+        out.line(
+          result.updated.length > 0
+            ? `updated the registry of ${result.updated.join(', ')}`
+            : "updated no host's registry",
+        );
       for (const u of result.unreachable)
         out.line(`${u.name}: UNREACHABLE, its registry not updated (run again): ${u.reason}`);
       for (const old of result.stillWritable)

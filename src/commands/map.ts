@@ -2,6 +2,7 @@ import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { failureReason, RuntimeFailure, UsageError } from '../errors.js';
+import { controlRightsError } from '../fleet/rights.js';
 import { describePgError, withHost } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import {
@@ -14,6 +15,7 @@ import {
 } from '../fleet/placement.js';
 import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology.js';
 import { formatPostgresUrl, parsePostgresUrl } from '../pg/multihost.js';
+import { quoteLiteral } from '../pg/quote.js';
 import { redactUrl } from '../pg/redact.js';
 import { inflect } from '../text.js';
 
@@ -236,6 +238,7 @@ export async function mapSetAddress(
   const previous = placement.hosts.get(hostName) ?? null;
   const stillWritable = await writableOldAddresses(target, [previous, listed?.url], url, checked.fleet!.fleetId);
   const writeTo = [target, ...config.hosts.filter((h) => h.name !== hostName && placement.answered.includes(h.name))];
+  await requireRegistryRights(writeTo);
   const updated: string[] = [];
   if (!options.dryRun) {
     const results = await Promise.allSettled(
@@ -266,6 +269,39 @@ export async function mapSetAddress(
     stillWritable,
     dryRun: options.dryRun ?? false,
   };
+}
+
+/**
+ * Every host whose registry set-address writes lets this role write it, checked before any is
+ * written: a role that may not (the application's, a read-only one) is refused on every host with
+ * the owner and what to grant, as the other commands that write the control schema are, not
+ * reported as a host to try again. A host that cannot be reached is left to the writes (reported
+ * unreachable there).
+ */
+async function requireRegistryRights(hosts: readonly HostConfig[]): Promise<void> {
+  const checks = await Promise.allSettled(
+    hosts.map((h) =>
+      withHost(
+        h,
+        async (client) => {
+          const { rows } = await client.query<{ ok: boolean }>(
+            `SELECT pg_catalog.has_table_privilege(${quoteLiteral(`${CONTROL}.hosts`)}, 'INSERT, UPDATE') AS ok`,
+          );
+          if (rows[0]!.ok) return null;
+          return controlRightsError(client, h, new Error(`permission denied for table ${CONTROL}.hosts`));
+        },
+        { applicationName: 'shardctl map' },
+      ),
+    ),
+  );
+  const refused = checks.flatMap((c) => (c.status === 'fulfilled' && c.value ? [c.value] : []));
+  if (refused.length === 0) return;
+  throw new RuntimeFailure(
+    'CONTROL_RIGHTS',
+    `map set-address: this role may not write the host registry; nothing was changed:\n${refused.map((e) => `  - ${e.message}`).join('\n')}`,
+    { hosts: refused.map((e) => e.host) },
+    refused.map((e) => e.message),
+  );
 }
 
 /**

@@ -170,6 +170,25 @@ describe('shardctl grant', () => {
       ),
     );
 
+    // map set-address as a role that may read the registry but not write it: refused on every host
+    // before any is written, naming the owner; not "unreachable, run again".
+    const registryBefore = await withClient(db.urls[0]!, (c) =>
+      c.query('SELECT name, address FROM shardctl.hosts ORDER BY 1'),
+    );
+    for (const file of [appFile, asFile(READER)]) {
+      const set = await runCli(['map', 'set-address', 'pg1', '-c', file]);
+      expect(set.code, set.stdout + set.stderr).toBe(1);
+      expect(set.stderr).toContain('map set-address: this role may not write the host registry; nothing was changed');
+      expect(set.stderr).toMatch(/host pg1: \w+ has no rights on the control schema shardctl, which belongs to \w+/);
+      expect(set.stderr).toMatch(/host pg2: /);
+      expect(set.stdout + set.stderr).not.toContain('UNREACHABLE');
+      expect(set.stdout + set.stderr).not.toContain(PASSWORD);
+    }
+    const registryAfter = await withClient(db.urls[0]!, (c) =>
+      c.query('SELECT name, address FROM shardctl.hosts ORDER BY 1'),
+    );
+    expect(registryAfter.rows).toEqual(registryBefore.rows);
+
     // A role given nothing: map show, map pull and a router opened from seeds say what to grant.
     const hint = `the role ${OUTSIDER} may not read the control schema: \`shardctl grant ${OUTSIDER} --readonly\` (run with the owner's config) lets it run status, map show and map pull, \`--app\` lets an application's router read the map`;
     for (const command of [
