@@ -90,8 +90,9 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     }
 
     if (flags.json) out.data(jsonRows(result));
-    else if (flags.csv) ctx.streams.stdout.write(csv(result));
-    else if (result.columns.length > 0) ctx.streams.stdout.write(table(result));
+    // Rows are output like every message: a password among the values is masked (JSON's out.data does the same).
+    else if (flags.csv) ctx.streams.stdout.write(lib().redact(csv(result)));
+    else if (result.columns.length > 0) ctx.streams.stdout.write(lib().redact(table(result)));
     const summary = `exec: ${plural(result.shards, 'shard')}, ${plural(result.rows.length, 'row')}, ${result.failures.length} failed, ${seconds(performance.now() - started)}`;
     if (result.failures.length === 0) {
       out.info(summary);

@@ -202,6 +202,19 @@ describe('shardctl exec: passwords in what it prints', () => {
     expect(run.stderr).toMatch(/2 shards/);
   });
 
+  it('masks a distinctive password among the rows in the table and CSV output, as in JSON', async () => {
+    const password = `Rw7-${process.pid}-secret`;
+    const sql = `select 'pw: ${password}' as note`;
+    for (const format of [[], ['--csv'], ['--json']]) {
+      const run = await runCli(['exec', ...format, '--shards', '0', sql, '-c', fleet.configFile], {
+        env: { PGPASSWORD: password },
+      });
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stdout).toContain('pw: ***');
+      expect(run.stdout + run.stderr).not.toContain(password);
+    }
+  });
+
   it('prints a valid JSON error, exit 2, whatever PGPASSWORD holds', async () => {
     for (const password of ['"USAGE"', '"},{"x":"y-12345']) {
       const run = await runCli(['exec', '--json', '--shards', '1-', 'select 1', '-c', fleet.configFile], {
