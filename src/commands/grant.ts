@@ -1,5 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { HostError, UsageError } from '../errors.js';
+import { controlRightsError } from '../fleet/rights.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
@@ -129,13 +130,21 @@ export async function grant(
     // A host that cannot be read (a role that may not read the control schema) is named by Fleet.each.
     const plans = await fleet.each(
       async ({ host, client }) => {
-        const found = await client.query<{ superuser: boolean | null; schemas: string[] | null }>(
+        const found = await client.query<{ superuser: boolean | null; schemas: string[] | null; owns: boolean }>(
           `SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = $1) AS superuser,
                   (SELECT array_agg(schema_name::text ORDER BY shard) FROM ${CONTROL}.shards
-                    WHERE to_regnamespace(quote_ident(schema_name)) IS NOT NULL) AS schemas`,
-          [role],
+                    WHERE to_regnamespace(quote_ident(schema_name)) IS NOT NULL) AS schemas,
+                  (SELECT pg_catalog.pg_has_role(current_user, n.nspowner, 'USAGE')
+                     FROM pg_catalog.pg_namespace n WHERE n.nspname = $2)
+                    OR (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) AS owns`,
+          [role, CONTROL],
         );
-        const { superuser, schemas } = found.rows[0]!;
+        const { superuser, schemas, owns } = found.rows[0]!;
+        // Only the fleet's owner can grant on what it owns: another role is refused here, before
+        // anything is sent anywhere (PostgreSQL would only warn on the shards' objects, then refuse
+        // on the control tables), with the owner to run it as.
+        if (!owns)
+          throw await controlRightsError(client, host, new Error(`only the owner of ${CONTROL} can grant on it`));
         if (superuser === null)
           throw new HostError(
             host.name,

@@ -184,6 +184,18 @@ describe('shardctl grant', () => {
       expect(set.stdout + set.stderr).not.toContain('UNREACHABLE');
       expect(set.stdout + set.stderr).not.toContain(PASSWORD);
     }
+    // grant as a role that does not own the fleet: refused before anything is sent, naming the owner.
+    const notOwner = await runCli(['grant', OUTSIDER, '--readonly', '-c', appFile]);
+    expect(notOwner.code, notOwner.stdout + notOwner.stderr).toBe(1);
+    expect(notOwner.stderr).toMatch(
+      /host pg\d: \w+ has no rights on the control schema shardctl, which belongs to \w+/,
+    );
+    await withClient(db.urls[0]!, async (client) => {
+      const r = await client.query<{ ok: boolean }>(`SELECT has_schema_privilege($1, 'gr1', 'USAGE') AS ok`, [
+        OUTSIDER,
+      ]);
+      expect(r.rows[0]!.ok).toBe(false);
+    });
     const registryAfter = await withClient(db.urls[0]!, (c) =>
       c.query('SELECT name, address FROM shardctl.hosts ORDER BY 1'),
     );
