@@ -20,7 +20,13 @@ import { HOST_SILENT } from '../fleet/silence.js';
 import { withCredentials } from '../fleet/placement.js';
 import { isLostConnection } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
-import { attrsFor, connectFirstMatching, parsePostgresUrl, type PostgresUrl } from '../pg/multihost.js';
+import {
+  attrsFor,
+  connectFirstMatching,
+  parsePostgresUrl,
+  type PostgresUrl,
+  type TargetSessionAttrs,
+} from '../pg/multihost.js';
 
 /** The code of CommitUnknownError. */
 export const COMMIT_UNKNOWN = 'COMMIT_UNKNOWN';
@@ -79,6 +85,12 @@ export interface ResolvedAddress {
   readonly url: string;
   /** Came from the registry rather than the host's own URL. */
   readonly fromRegistry: boolean;
+  /**
+   * What the address was held to when it was found ('any': nothing, a plain host's URL). The pool's
+   * new connections are held to it too (pools.ts): a primary restarted as a standby keeps its
+   * address, and a connection opened there later must not take the host's calls.
+   */
+  readonly attrs: TargetSessionAttrs;
 }
 
 /**
@@ -119,7 +131,7 @@ export class HostAddressBook {
     const known = this.known(host);
     if (known && !recovering) return Promise.resolve(known);
     if (!recovering && HostAddressBook.isPlain(host)) {
-      const plain = { url: host.url, fromRegistry: false };
+      const plain: ResolvedAddress = { url: host.url, fromRegistry: false, attrs: 'any' };
       this.current.set(host.name, { hostUrl: host.url, resolved: plain });
       return Promise.resolve(plain);
     }
@@ -177,7 +189,7 @@ export class HostAddressBook {
           describe: describePgError,
         });
         await endQuietly(client);
-        const resolved = { url, fromRegistry: candidate.fromRegistry };
+        const resolved: ResolvedAddress = { url, fromRegistry: candidate.fromRegistry, attrs };
         this.current.set(host.name, { hostUrl: host.url, resolved });
         return resolved;
       } catch (error) {

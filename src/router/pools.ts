@@ -7,9 +7,31 @@ import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { inspectConnection, type SessionTimeouts } from '../pg/pooler.js';
 import { libpqCompatible } from '../pg/tls.js';
+import {
+  SESSION_STATE_SQL,
+  addressLabel,
+  mismatchReason,
+  parsePostgresUrl,
+  sessionMatches,
+  type TargetSessionAttrs,
+} from '../pg/multihost.js';
 import type { CallTrace } from './diagnostics.js';
 import { FAILOVER_RETRY_MS, HostAddressBook, isHostDown } from './failover.js';
 import type { RouterSettings } from './options.js';
+
+/** Fails (the pool drops the connection) unless `client`'s session fits `attrs`. */
+async function holdTo(client: pg.ClientBase, attrs: TargetSessionAttrs, address: string): Promise<void> {
+  const { rows } = await client.query<{ in_recovery: boolean; read_only: boolean }>(SESSION_STATE_SQL);
+  const state = { inRecovery: rows[0]?.in_recovery === true, readOnly: rows[0]?.read_only === true };
+  if (sessionMatches(attrs, state, 'last')) return;
+  let label = 'the address';
+  try {
+    label = parsePostgresUrl(address).addresses.map(addressLabel).join(',');
+  } catch {
+    // the address as a whole is not shown (it holds credentials)
+  }
+  throw new Error(`${label} ${mismatchReason(attrs, state)} (no longer the host's primary)`);
+}
 
 /**
  * The router's connections to the hosts' primaries: one pg.Pool per host, made on first use for the
@@ -80,7 +102,8 @@ export class HostPools {
     if (this.closed) throw new Error('the ShardRouter is closed');
     const existing = this.current(host);
     if (existing) return existing;
-    const address = (await this.addresses.resolve(host)).url;
+    const resolved = await this.addresses.resolve(host);
+    const address = resolved.url;
     if (this.closed) throw new Error('the ShardRouter is closed');
     const current = this.pools.get(host.name);
     if (current && current.url === host.url && current.address === address) return current.pool;
@@ -105,10 +128,18 @@ export class HostPools {
       // the connection out; its types say void. An older pg-pool does not call it: no connection is
       // marked, every transaction sets the timeouts itself, and a pooler the config does not declare
       // is learned from a named statement's failure (transaction.ts).
-      ...(host.url === host.directUrl
+      ...(host.url === host.directUrl || resolved.attrs !== 'any'
         ? {
             // eslint-disable-next-line @typescript-eslint/no-misused-promises
-            onConnect: (client: pg.ClientBase) => inspectConnection(client, startup),
+            onConnect: async (client: pg.ClientBase) => {
+              // The address was found as the host's primary (read-write, unless its URL asks
+              // otherwise); a connection opened there later is held to the same: after a
+              // switchover the old primary comes back as a standby at the same address, and a
+              // read-only call would otherwise read it, however far behind (and a replica read's
+              // fallback "to the primary" too). Refused, the call looks for the primary again.
+              if (resolved.attrs !== 'any') await holdTo(client, resolved.attrs, address);
+              if (host.url === host.directUrl) await inspectConnection(client, startup);
+            },
           }
         : {}),
     });
