@@ -196,7 +196,14 @@ export async function mapSetAddress(
     throw new UsageError(`is not a host of the file or of the fleet's registry`, { input: 'host', value: hostName });
   const url = options.url ?? listed?.url ?? registryUrls?.get(hostName);
   if (url === undefined) throw new UsageError(`the file does not list ${hostName}: give its address`, { input: 'url' });
-  parsePostgresUrl(url, options.url !== undefined ? 'url' : `hosts ${hostName} url`);
+  const asked = parsePostgresUrl(url, options.url !== undefined ? 'url' : `hosts ${hostName} url`).targetSessionAttrs;
+  // The address is recorded as given, and a router opened from seeds connects as it asks: only the
+  // primary may be asked for (what is checked below is the read-write address).
+  if (asked !== undefined && asked !== 'read-write' && asked !== 'primary')
+    throw new UsageError(
+      `asks for target_session_attrs=${asked}: a registry address is where the host's writes go; give read-write or primary, or leave it out`,
+      { input: 'url', value: redactUrl(url) },
+    );
   const address = hostAddress(url);
   if (address === null) throw new UsageError('is not a postgres:// URL', { input: 'url', value: redactUrl(url) });
   const target: HostConfig = {

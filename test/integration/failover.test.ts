@@ -336,6 +336,21 @@ describe('operators through a failover: status, map show, map set-address', () =
     const wrongHost = await runCli(['map', 'set-address', 'pg2', db.urls[0]!, '-c', fleet.configFile]);
     expect(wrongHost.code).toBe(2);
     expect(wrongHost.stderr).toContain('the server there records itself as host pg1, not pg2');
+    // Checked as read-write (the primary answers), but recorded as given: a router from seeds would
+    // connect as it asks, to the standby listed first. Refused.
+    for (const attrs of ['any', 'standby', 'prefer-standby', 'read-only']) {
+      const asksStandby = await runCli([
+        'map',
+        'set-address',
+        'pg2',
+        `postgres://postgres:${host.password}@127.0.0.1:${host.standby.port},127.0.0.1:${host.primary.port}/fleet?target_session_attrs=${attrs}`,
+        '-c',
+        fleet.configFile,
+      ]);
+      expect(asksStandby.code).toBe(2);
+      expect(asksStandby.stderr).toContain(`asks for target_session_attrs=${attrs}`);
+      expect(asksStandby.stderr).not.toContain(host.password);
+    }
     const registry = () =>
       withClient(
         db.urls[0]!,
