@@ -1,7 +1,8 @@
 import type { HostConfig } from '../config/types.js';
 import { shardMovedTo } from '../config/shard-map.js';
 import { CONTROL, shardIsActive } from '../fleet/control.js';
-import { HostError } from '../errors.js';
+import { HostError, ShardctlError } from '../errors.js';
+import { describePgError } from '../fleet/connect.js';
 import type { CallTrace, RouterDiagnostics } from './diagnostics.js';
 import { isFailoverSymptom, isInDoubt } from './failover.js';
 import type { RouterSettings } from './options.js';
@@ -111,6 +112,22 @@ function namingShard(error: unknown, shard: number): unknown {
   return error.forShard(shard);
 }
 
+/**
+ * A call that met a failover symptom and found no primary to run again on (none answered within
+ * failoverTimeoutMs, or a host of one address that is down): the driver's or server's error (say,
+ * "Connection terminated unexpectedly", which names nothing) said with the host and the shard, its
+ * SQLSTATE kept as the code and the error itself as the cause. A HostError already names them.
+ */
+function noPrimary(hostName: string, shard: number, error: unknown): unknown {
+  if (error instanceof ShardctlError) return error;
+  const code = (error as { code?: unknown } | null | undefined)?.code;
+  return new HostError(hostName, `${describePgError(error)}; no primary of the host answered, not run again`, {
+    shard,
+    code: typeof code === 'string' ? code : 'CONNECTION_LOST',
+    cause: error,
+  });
+}
+
 /** The attempt runFollowing made before entering follow(): its host, the address it used, and how it ended. */
 interface FirstAttempt<T> {
   readonly host: HostConfig;
@@ -157,6 +174,7 @@ async function follow<T>(
         // Bounded even when each search finds an address at once and the call fails there again.
         if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error)))
           continue;
+        throw noPrimary(host.name, shard, error);
       }
       throw error;
     }
@@ -166,7 +184,7 @@ async function follow<T>(
     if (isFailoverSymptom(error, readOnly)) {
       failoverDeadline ??= Date.now() + settings.failoverTimeoutMs;
       if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error))) continue;
-      throw error;
+      throw noPrimary(host.name, shard, error);
     }
     const moved = shardMovedTo(error);
     // fn may throw anything, undefined and null too: passed on as it is.

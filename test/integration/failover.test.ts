@@ -3,6 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { connectHost, connectedAddress } from '../../src/fleet/connect.js';
+import { HostError } from '../../src/errors.js';
 import { COMMIT_UNKNOWN } from '../../src/router/failover.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
@@ -417,6 +418,13 @@ describe('ShardRouter: a call that loses its connection every time', () => {
         })
         .catch((e: unknown) => e);
       expect((error as { code?: string }).code).toBe('57P01');
+      // Said with the host and the shard (the driver's error alone names neither), the server's as its cause.
+      expect(error).toBeInstanceOf(HostError);
+      expect(error).toMatchObject({ host: 'pg1', shard: 0 });
+      expect((error as Error).message).toMatch(
+        /^host pg1, shard 0: .*terminating connection due to administrator command/,
+      );
+      expect(((error as Error).cause as { code?: string }).code).toBe('57P01');
       expect(runs).toBeGreaterThan(1);
       expect(Date.now() - started).toBeLessThan(3000 + 2000);
     } finally {
