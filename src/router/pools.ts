@@ -248,6 +248,10 @@ export class HostPools {
       });
     // Once per call: a refusal of something else than the timeouts is not retried for ever.
     if (!again && this.refusedStartup(host, error)) return this.connectTraced(host, shard, trace, true);
+    // The search for the host's address failed (failover.ts): already a HostError of this host, which
+    // says "cannot connect" and why; the shard is added, not the host's name a second time.
+    if (error instanceof HostError && error.host === host.name && error.shard === undefined)
+      throw error.forShard(shard);
     throw new HostError(host.name, `cannot connect: ${describePgError(error)}`, {
       shard,
       code: 'HOST_UNREACHABLE',

@@ -110,6 +110,26 @@ describe('a host with a streaming standby (PostgreSQL 15, pg_basebackup -R)', ()
       ),
     );
     expect((error as Error).message).not.toContain(host.password);
+    // A router's call says the same once, with its shard (not the host's name twice).
+    const config = await makeFleet({
+      urls: [readWriteStandby],
+      replicationUrls: [readWriteStandby],
+      shards: 1,
+      migrations: PHOTOS_ONLY,
+    }).config();
+    const router = ShardRouter.fromConfig(config, { connectTimeoutMs: 1000, failoverTimeoutMs: 500 });
+    try {
+      const routed = await router.withShard(0, (c) => c.query('select 1')).catch((e: unknown) => e as Error);
+      expect(routed).toBeInstanceOf(HostError);
+      expect((routed as Error).message).toMatch(
+        new RegExp(
+          `^host pg1, shard 0: cannot connect: no address is read-write: 127\\.0\\.0\\.1:${host.standby.port} is a standby`,
+        ),
+      );
+      expect((routed as Error).message).not.toContain(host.password);
+    } finally {
+      await router.close();
+    }
   });
 
   it('routers (from a file with a multi-host URL, and from one seed) write on through a failover with no reload()', async () => {
