@@ -17,7 +17,7 @@ import {
   timeBits,
   type IdLayout,
 } from '../id/layout.js';
-import { forServerLibpq, parsePostgresUrl, serverKey } from '../pg/multihost.js';
+import { forServerLibpq, parsePostgresUrl, serverKey, serverKeys } from '../pg/multihost.js';
 import { redactUrl } from '../pg/redact.js';
 import { durationMs } from './duration.js';
 import { expandEnv, type Env } from './env.js';
@@ -371,16 +371,21 @@ function checkDistinctDatabases(hosts: readonly HostDraft[], issues: ConfigIssue
   const firstIndex = new Map<string, HostDraft>();
   for (const host of hosts) {
     // Without a database in the URL, the database is the user's name (or PGDATABASE's): not compared.
-    const key = host.url === undefined ? undefined : serverKey(host.url, { requireDatabase: true });
-    if (key === undefined) continue;
-    const earlier = firstIndex.get(key);
-    if (earlier === undefined) firstIndex.set(key, host);
-    else {
+    // Address by address: a URL of several addresses that lists another host's server and database
+    // would send this host's calls there whenever that address is the one that answers.
+    const keys = host.url === undefined ? [] : serverKeys(host.url, { requireDatabase: true });
+    const earlier = keys.map((key) => firstIndex.get(key)).find((h) => h !== undefined && h !== host);
+    if (earlier !== undefined) {
+      const whole = host.url !== undefined && serverKey(host.url) === serverKey(earlier.url ?? '');
       issues.push({
         path: `hosts[${host.index}].url`,
-        message: `reaches the same server and database as ${hostLabel(earlier)}; each host of the map is a database of its own`,
+        message: whole
+          ? `reaches the same server and database as ${hostLabel(earlier)}; each host of the map is a database of its own`
+          : `lists an address and database of ${hostLabel(earlier)}'s url; each host of the map is a database of its own, and a host's call must never reach another's`,
       });
+      continue;
     }
+    for (const key of keys) if (!firstIndex.has(key)) firstIndex.set(key, host);
   }
 }
 

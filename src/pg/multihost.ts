@@ -279,6 +279,18 @@ export function forServerLibpq(url: string): string {
  * URL that names no address (a socket from the environment) or cannot be read, and, with
  * `requireDatabase`, for one that names no database (then the user's name, or PGDATABASE's).
  */
+/**
+ * One key per address of the URL (address and database, as serverKey): two URLs that share one
+ * reach the same server and database whenever that address answers. Empty when serverKey would be
+ * undefined.
+ */
+export function serverKeys(url: string, { requireDatabase = false } = {}): string[] {
+  const whole = serverKey(url, { requireDatabase });
+  if (whole === undefined) return [];
+  const parsed = parsePostgresUrl(url);
+  return parsed.addresses.map((a) => `${a.host.toLowerCase()}:${a.port ?? '5432'}${parsed.path}`);
+}
+
 export function serverKey(url: string, { requireDatabase = false } = {}): string | undefined {
   try {
     const parsed = parsePostgresUrl(url);

@@ -500,6 +500,18 @@ describe('parseConfig: problems in the file', () => {
     }
   });
 
+  it("refuses a url of several addresses that lists another host's server and database", () => {
+    const raw = validConfig();
+    // pg1 is db1/app: pg2 listing db1 among its addresses would reach pg1 whenever db1 answers first.
+    host(raw, 1)['url'] = 'postgres://app@db2:5432,DB1/app';
+    expect(issueAt(issuesOfRaw(raw), 'hosts[1].url')).toBe(
+      "lists an address and database of host \"pg1\" (hosts[0])'s url; each host of the map is a database of its own, and a host's call must never reach another's",
+    );
+    // The same addresses for another database: allowed.
+    host(raw, 1)['url'] = 'postgres://app@db2:5432,db1/app2';
+    expect(() => parseRaw(raw)).not.toThrow();
+  });
+
   it('treats host names differing only in case as duplicates', () => {
     const raw = validConfig();
     host(raw, 1)['name'] = 'PG1';
