@@ -17,6 +17,7 @@ import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology
 import { formatPostgresUrl, parsePostgresUrl } from '../pg/multihost.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { redactUrl } from '../pg/redact.js';
+import { isSqlState } from '../pg/sqlstate.js';
 import { inflect } from '../text.js';
 
 /**
@@ -242,6 +243,17 @@ export async function mapSetAddress(
     refuse(`the server there belongs to fleet ${checked.fleet!.fleetId}, not ${fleetId} (this file's hosts')`);
   if (checked.fleet!.hostName !== hostName)
     refuse(`the server there records itself as host ${checked.fleet!.hostName}, not ${hostName}`);
+  // Every other address the URL lists that answers must be this host too (its standby, which
+  // replays the same record): the registry's URL is tried address by address when one is down.
+  if (parsePostgresUrl(url).addresses.length > 1)
+    for (const { address, seen, refused } of await probeAddresses(target, [url])) {
+      // A standby of this host takes its credentials and has its databases: a server that refuses them is another's.
+      if (refused !== undefined) refuse(`its address ${address} answers, but not as ${hostName}'s server (${refused})`);
+      if (seen && (seen.fleet?.fleetId !== checked.fleet!.fleetId || seen.fleet.hostName !== hostName))
+        refuse(
+          `its address ${address} answers as ${seen.fleet ? `host ${seen.fleet.hostName} of fleet ${seen.fleet.fleetId}` : 'a server with no shardctl fleet record'}, not ${hostName}: a router that found it first would run ${hostName}'s calls there`,
+        );
+    }
   const previous = placement.hosts.get(hostName) ?? null;
   const stillWritable = await writableOldAddresses(target, [previous, listed?.url], url, checked.fleet!.fleetId);
   const writeTo = [target, ...config.hosts.filter((h) => h.name !== hostName && placement.answered.includes(h.name))];
@@ -311,22 +323,25 @@ async function requireRegistryRights(hosts: readonly HostConfig[]): Promise<void
   );
 }
 
+/** What one address of a host says it is: its fleet record and whether it is in recovery; null when it did not answer. */
+interface AddressProbe {
+  readonly address: string;
+  readonly seen: { readonly fleet: Awaited<ReturnType<typeof readFleetRow>>; readonly inRecovery: boolean } | null;
+  /** A server answered there but refused the host's credentials or database (an error with a SQLSTATE). */
+  readonly refused?: string;
+}
+
 /**
- * Of the host's earlier addresses (each address of `earlier`'s URLs but those of `current`), those
- * where a server still answers as a primary (not in recovery) that records itself as this host of
- * this fleet: an old primary left running after the failover. Each is waited for
- * OLD_ADDRESS_WAIT_MS at most; one that does not answer, or answers otherwise, is not listed.
+ * Each address of `urls` (with `host`'s credentials) but those in `except`, connected to on its own
+ * and asked what it is, waited for OLD_ADDRESS_WAIT_MS at most.
  */
-async function writableOldAddresses(
+async function probeAddresses(
   host: HostConfig,
-  earlier: readonly (string | null | undefined)[],
-  current: string,
-  fleetId: string,
-): Promise<string[]> {
-  const key = (a: { host: string; port: string | undefined }): string => `${a.host}:${a.port ?? '5432'}`;
-  const now = new Set(parsePostgresUrl(current).addresses.map(key));
+  urls: readonly (string | null | undefined)[],
+  except: ReadonlySet<string> = new Set(),
+): Promise<AddressProbe[]> {
   const candidates = new Map<string, string>();
-  for (const url of earlier) {
+  for (const url of urls) {
     if (!url) continue;
     let parsed;
     try {
@@ -335,29 +350,57 @@ async function writableOldAddresses(
       continue;
     }
     for (const address of parsed.addresses)
-      if (!now.has(key(address)) && !candidates.has(key(address)))
+      if (!except.has(addressKey(address)) && !candidates.has(addressKey(address)))
         candidates.set(
-          key(address),
+          addressKey(address),
           formatPostgresUrl({ ...parsed, addresses: [address], targetSessionAttrs: undefined }),
         );
   }
-  const found = await Promise.all(
+  return Promise.all(
     [...candidates].map(async ([address, url]) => {
       const probe: HostConfig = { ...host, url, timeoutMs: Math.min(host.timeoutMs, OLD_ADDRESS_WAIT_MS) };
+      let refused: string | undefined;
       const seen = await withHost(
         probe,
-        async (client) => ({ fleet: await readFleetRow(client), topology: await readTopology(client) }),
+        async (client) => ({ fleet: await readFleetRow(client), inRecovery: (await readTopology(client)).inRecovery }),
         { applicationName: 'shardctl map' },
-      ).catch(() => null);
-      const claims =
-        seen !== null &&
-        !seen.topology.inRecovery &&
-        seen.fleet?.fleetId === fleetId &&
-        seen.fleet.hostName === host.name;
-      return claims ? [address] : [];
+      ).catch((error: unknown) => {
+        const cause = error instanceof Error && error.cause !== undefined ? error.cause : error;
+        // Its credentials refused (28xxx) or its database missing (3D000); not a server starting or
+        // shutting down (57P03), which may be the host's standby.
+        const code = (cause as { code?: unknown } | null)?.code;
+        if (isSqlState(code) && (code.startsWith('28') || code === '3D000')) refused = describePgError(cause);
+        return null;
+      });
+      return { address, seen, ...(refused !== undefined ? { refused } : {}) };
     }),
   );
-  return found.flat();
+}
+
+function addressKey(a: { host: string; port: string | undefined }): string {
+  return `${a.host.toLowerCase()}:${a.port ?? '5432'}`;
+}
+
+/**
+ * Of the host's earlier addresses (each address of `earlier`'s URLs but those of `current`), those
+ * where a server still answers as a primary (not in recovery) that records itself as this host of
+ * this fleet: an old primary left running after the failover. One that does not answer, or
+ * answers otherwise, is not listed.
+ */
+async function writableOldAddresses(
+  host: HostConfig,
+  earlier: readonly (string | null | undefined)[],
+  current: string,
+  fleetId: string,
+): Promise<string[]> {
+  const now = new Set(parsePostgresUrl(current).addresses.map(addressKey));
+  const probes = await probeAddresses(host, earlier, now);
+  return probes
+    .filter(
+      ({ seen }) =>
+        seen !== null && !seen.inRecovery && seen.fleet?.fleetId === fleetId && seen.fleet.hostName === host.name,
+    )
+    .map((p) => p.address);
 }
 
 /** The URL with target_session_attrs=read-write unless it asks for primary (same thing here) already. */

@@ -547,6 +547,50 @@ describe('map set-address while the old primary still takes writes', () => {
     await host?.dispose();
   });
 
+  it("refuses a URL of several addresses one of which answers as another host, or refuses the host's credentials: a router that found it first would run the host's calls there", async () => {
+    // One database name and one role on two servers: pg1 on the test host's server, pg2 on the
+    // replicated host's primary.
+    const name = `sa_${process.pid}`;
+    const role = `sa_op_${process.pid}`;
+    const secret = `Sa-${process.pid}-pw`;
+    const on = (url: string, database: string, user?: string) => {
+      const u = new URL(url);
+      u.pathname = `/${database}`;
+      if (user) [u.username, u.password] = [user, secret];
+      return u.toString();
+    };
+    for (const admin of [on(db.urls[0]!, 'postgres'), host.primary.url])
+      await withClient(admin, async (c) => {
+        await c.query(`create database ${name}`);
+        await c.query(`create role ${role} login superuser password '${secret}'`);
+      });
+    const pg1 = on(db.urls[0]!, name, role);
+    const pg2 = on(`postgres://x@127.0.0.1:${host.primary.port}/`, name, role);
+    const fleet = makeFleet({
+      urls: [pg1, pg2],
+      replicationUrls: [undefined, pg2],
+      shards: 2,
+      schemaPrefix: 'sa',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const pg1Address = new URL(pg1).host;
+    const pattern = (why: string) =>
+      new RegExp(`its address ${pg1Address.replaceAll('.', '\\.')} answers.*${why}.*; nothing was changed`);
+    // The other address is pg1's server: refused.
+    const both = `postgres://${role}:${secret}@127.0.0.1:${host.primary.port},${pg1Address}/${name}`;
+    const asOther = await runCli(['map', 'set-address', 'pg2', both, '-c', fleet.configFile]);
+    expect(asOther.code, asOther.stdout + asOther.stderr).toBe(2);
+    expect(asOther.stderr).toMatch(pattern('as host pg1 of fleet [0-9a-f-]+, not pg2'));
+    // A server there that refuses pg2's credentials is not pg2's either.
+    const wrongUser = both.replace(`${role}:${secret}`, `postgres:${host.password}`);
+    const refused = await runCli(['map', 'set-address', 'pg2', wrongUser, '-c', fleet.configFile]);
+    expect(refused.code, refused.stdout + refused.stderr).toBe(2);
+    expect(refused.stderr).toMatch(pattern("but not as pg2's server \\(.*28P01"));
+    for (const run of [asOther, refused])
+      expect(run.stdout + run.stderr).not.toMatch(new RegExp(`${secret}|${host.password}`));
+  });
+
   it('records the new primary and says, exit 1, that the old address is a second writable primary of the host; once it is stopped, exit 0', async () => {
     const at = (port: number) => `postgres://postgres:${host.password}@127.0.0.1:${port}/fleet`;
     const fleet = makeFleet({
