@@ -561,9 +561,12 @@ describe('a failure on the target', () => {
       expect((await runCli(['migrate', '-c', env.fleet.configFile])).code).toBe(0);
       const run = await runCli(['move-shard', '3', '--to', 'pg2', '--yes', '-c', env.fleet.configFile]);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain(
-        `host pg2, shard 3: cannot create the target copy: function public.${fn}() does not exist`,
+      expect(run.stderr).toMatch(
+        new RegExp(
+          `host pg2, shard 3: move \\S+ failed at step target-created: cannot create the target copy: function public\\.${fn}\\(\\) does not exist .*; resume the move to retry, or abort it to undo`,
+        ),
       );
+      expect(run.stderr).toContain('next: shardctl move-shard 3 --resume, or shardctl move-shard 3 --abort');
       expect((await runCli(['move-shard', '3', '--abort', '--yes', '-c', env.fleet.configFile])).code).toBe(0);
     } finally {
       await withClient(env.db.urls[0]!, (c) => c.query(`drop function public.${fn}() cascade`));
@@ -589,7 +592,9 @@ describe('a failure in a round trip of several target copies', () => {
       const args = ['move-shard', '3-6', '--to', 'pg2', '--mode', 'offline', '--yes', '-c', env.fleet.configFile];
       const run = await runCli(args);
       expect(run.code).toBe(1);
-      expect(run.stderr).toContain('host pg2, shard 5: cannot create the target copy: refused for insta5');
+      expect(run.stderr).toMatch(
+        /host pg2, shard 5: move \S+ failed at step target-created: cannot create the target copy: refused for insta5/,
+      );
       const built = await withClient(env.db.urls[1]!, (c) =>
         c.query<{ shard: number; versions: string }>(
           `select s.shard, string_agg(m.version::text, ',' order by m.version) as versions from shardctl.shards s
