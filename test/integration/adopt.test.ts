@@ -15,6 +15,7 @@ const refusals = useTestDatabases(2);
 const switching = useTestDatabases(2);
 const partial = useTestDatabases(2);
 const owned = useTestDatabases(2);
+const enums = useTestDatabases(2);
 
 /** Everything adopt could change: schemas, functions (body and comment), relations, sequence values, the control schema. */
 async function catalog(url: string, prefix: string): Promise<unknown> {
@@ -488,6 +489,51 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     expect(run.stderr).toMatch(/host pg2, shard 3 \(ue3\): baseline: table ue3\.tags does not exist/);
     expect(run.code).toBe(3);
     expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'ue')))).toEqual(before);
+  });
+
+  it('--baseline accepts a column whose type the schema itself defines (an enum), and refuses one of another enum', async () => {
+    const split = ['0-1', '2-3'];
+    await buildArticleFleet(enums.urls, 'en', split);
+    for (const [i, url] of enums.urls.entries()) {
+      await withClient(url, async (c) => {
+        for (const shard of i === 0 ? [0, 1] : [2, 3]) {
+          await c.query(`CREATE TYPE en${shard}.mood AS ENUM ('happy', 'sad');
+            ALTER TABLE en${shard}.photos ADD COLUMN mood en${shard}.mood, ADD COLUMN moods en${shard}.mood[]`);
+        }
+      });
+    }
+    const withMood = BASELINE.replace(
+      'CREATE TABLE photos (',
+      "CREATE TYPE mood AS ENUM ('happy', 'sad');\nCREATE TABLE photos (\n  mood mood,\n  moods mood[],",
+    );
+    // The same columns, of another enum of the schema: still refused.
+    const other = withMood
+      .replace('CREATE TYPE mood', 'CREATE TYPE feeling')
+      .replace('mood mood,', 'mood feeling,')
+      .replace('moods mood[],', 'moods feeling[],');
+    const wrong = makeFleet({
+      urls: enums.urls,
+      shards: 4,
+      split,
+      schemaPrefix: 'en',
+      migrations: { '0001_article.sql': other },
+    });
+    const refused = await runCli(['adopt', '--yes', '--baseline', '1', '-c', wrong.configFile]);
+    expect(refused.stderr).toMatch(
+      /shard 0 \(en0\): baseline: table en0\.photos has columns \(.*mood mood, moods mood\[\].*\), the files create \(.*mood feeling, moods feeling\[\]/,
+    );
+    expect(refused.code).toBe(3);
+
+    const fleet = makeFleet({
+      urls: enums.urls,
+      shards: 4,
+      split,
+      schemaPrefix: 'en',
+      migrations: { '0001_article.sql': withMood },
+    });
+    const run = await runCli(['adopt', '--yes', '--baseline', '1', '-c', fleet.configFile]);
+    expect(run.stderr).not.toContain('baseline: table');
+    expect(run.code).toBe(0);
   });
 
   it("an operator without the rights of the shards' owner: refused per shard, naming the owner and the grant (exit 3, nothing changed); a member of it adopts", async () => {
