@@ -5,7 +5,7 @@ import { shardSchemaName } from '../config/types.js';
 import { HostError, ShardctlError, UsageError } from '../errors.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
-import { controlSchemaSql, finishSlowPath } from '../fleet/control.js';
+import { CONTROL_VERSION, controlSchemaSql, finishSlowPath } from '../fleet/control.js';
 import { fleetRecord, readFleetPlacement, registerFleetSql, requireCurrentMap } from '../fleet/placement.js';
 import { Fleet, type HostSession } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
@@ -193,7 +193,19 @@ export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}):
       return { dryRun, baseline: baselineOut, hosts, ok: true, durationMs: elapsed(started) };
     }
 
-    const outcomes = await Promise.all(plans.map((p) => executeHost(p.session, p.shards, controlSql, options.onShard)));
+    // A control schema already at this version is left as it is, as init and moves leave it: running its
+    // steps again would put next_id's slow path back to changing over (src/fleet/control.ts), which a
+    // transaction that holds a sequence's lock then keeps from finishing.
+    const outcomes = await Promise.all(
+      plans.map((p) =>
+        executeHost(
+          p.session,
+          p.shards,
+          (p.snapshot.layout?.controlVersion ?? 0) < CONTROL_VERSION ? controlSql : null,
+          options.onShard,
+        ),
+      ),
+    );
     // The fleet's id, registry and placement copy, as init records them, on every host that finished.
     const record = fleetRecord(config, placement, randomUUID);
     await Promise.all(
@@ -279,13 +291,13 @@ interface HostOutcome {
 async function executeHost(
   session: HostSession,
   shards: readonly AdoptedShard[],
-  controlSql: string,
+  controlSql: string | null,
   onShard: AdoptOptions['onShard'],
 ): Promise<HostOutcome> {
   const outcome: HostOutcome = { switched: 0, recorded: 0, failures: [], hostError: null };
   const host = session.host.name;
   try {
-    await session.client.query(controlSql);
+    if (controlSql !== null) await session.client.query(controlSql);
   } catch (error) {
     await rollbackQuietly(session.client);
     return { ...outcome, hostError: `cannot create the control schema: ${describePgError(error)}` };

@@ -5,6 +5,7 @@ import { moveShard } from '../../src/commands/move-shard.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { decodeId, encodeId } from '../../src/id/layout.js';
 import { equalSplit, makeFleet, runCli } from '../helpers/fleet.js';
+import { slowPathChangingOver } from '../../src/fleet/control.js';
 import { startShardWriter } from '../helpers/moves.js';
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
@@ -16,6 +17,7 @@ const switching = useTestDatabases(2);
 const partial = useTestDatabases(2);
 const owned = useTestDatabases(2);
 const enums = useTestDatabases(2);
+const rerun = useTestDatabases(1);
 
 /** Everything adopt could change: schemas, functions (body and comment), relations, sequence values, the control schema. */
 async function catalog(url: string, prefix: string): Promise<unknown> {
@@ -427,6 +429,31 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
       expect(await Promise.all(refusals.urls.map((url) => catalog(url, prefix)))).toEqual(before);
     },
   );
+
+  it("a rerun on a current host leaves its control schema as it is: the slow path stays finished while an application's transaction holds a sequence", async () => {
+    const url = rerun.urls[0]!;
+    await buildArticleFleet([url], 'rr', ['0-1']);
+    const fleet = makeFleet({
+      urls: [url],
+      shards: 2,
+      split: ['0-1'],
+      schemaPrefix: 'rr',
+      migrations: { '0001_article.sql': BASELINE },
+    });
+    expect((await runCli(['adopt', '--yes', '-c', fleet.configFile])).code).toBe(0);
+    expect(await withClient(url, (c) => slowPathChangingOver(c))).toBe(false);
+    const holder = await adminClient(url);
+    try {
+      // An application transaction that has drawn an id and is still open.
+      await holder.query(`begin; select rr0.next_id()`);
+      const again = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
+      expect(again.code).toBe(0);
+      expect(await withClient(url, (c) => slowPathChangingOver(c))).toBe(false);
+    } finally {
+      await holder.query('rollback');
+      await holder.end();
+    }
+  });
 
   it('--dry-run prints the SQL per host and changes nothing', async () => {
     await buildArticleFleet(refusals.urls, 'dry', split4);
