@@ -335,10 +335,11 @@ function idProblems(
 /**
  * What --baseline checks: the baseline files run in a scratch schema (with shardctl's next_id, as on
  * a shard init makes) inside a transaction that is rolled back, and every relation they create
- * (table, sequence, view, materialized view) must exist in each shard's schema with the same kind,
- * and every table with exactly the same columns (names and types; a type of the schema's own, such as
- * an enum the files create, compared by its name within the schema, as src/migrations/shape.ts does). A move builds the target from
- * these files, so they must describe the schema as it is. Files marked no-transaction (CREATE
+ * (table, sequence, view, materialized view, index) must exist in each shard's schema with the same
+ * kind, every table with exactly the same columns (names, types and NOT NULL; a type of the
+ * schema's own, such as an enum the files create, compared by its name within the schema, as
+ * src/migrations/shape.ts does), every index with the same definition. A move builds the target
+ * from these files, so they must describe the schema as it is. Files marked no-transaction (CREATE
  * INDEX CONCURRENTLY) are not run: what they create (indexes) is not checked. Returns the problems
  * per shard, and one for the host when the files do not run.
  */
@@ -374,10 +375,14 @@ export async function checkBaseline(
     const rows = (
       await client.query<{ schema: string; relation: string; kind: string; columns: string | null }>(
         `SELECT n.nspname AS schema, c.relname AS relation, c.relkind::text AS kind,
-                (SELECT string_agg(a.attname || ' ' || pg_catalog.replace(pg_catalog.format_type(a.atttypid, a.atttypmod), pg_catalog.quote_ident(n.nspname) || '.', ''), ', ' ORDER BY a.attname)
-                   FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped) AS columns
+                CASE WHEN c.relkind IN ('i', 'I')
+                     THEN pg_catalog.replace(pg_catalog.pg_get_indexdef(c.oid), pg_catalog.quote_ident(n.nspname) || '.', '')
+                     ELSE (SELECT string_agg(a.attname || ' ' || pg_catalog.replace(pg_catalog.format_type(a.atttypid, a.atttypmod), pg_catalog.quote_ident(n.nspname) || '.', '')
+                                             || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END, ', ' ORDER BY a.attname)
+                             FROM pg_catalog.pg_attribute a WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped)
+                END AS columns
            FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-          WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'S', 'v', 'm')`,
+          WHERE n.nspname = ANY($1::text[]) AND c.relkind IN ('r', 'p', 'S', 'v', 'm', 'i', 'I')`,
         [[scratch, ...schemas.map((s) => s.schema)]],
       )
     ).rows;
@@ -396,6 +401,8 @@ export async function checkBaseline(
           problems.push(
             `baseline: ${what} has columns (${have.columns ?? ''}), the files create (${want.columns ?? ''})`,
           );
+        } else if ((want.kind === 'i' || want.kind === 'I') && have.columns !== want.columns) {
+          problems.push(`baseline: ${what} is ${have.columns ?? ''}; the files create ${want.columns ?? ''}`);
         }
       }
       if (problems.length > 0) shardsProblems.set(shard, problems);
@@ -407,5 +414,7 @@ export async function checkBaseline(
 }
 
 function kindName(kind: string): string {
-  return { r: 'table', p: 'table', S: 'sequence', v: 'view', m: 'materialized view' }[kind] ?? kind;
+  return (
+    { r: 'table', p: 'table', S: 'sequence', v: 'view', m: 'materialized view', i: 'index', I: 'index' }[kind] ?? kind
+  );
 }

@@ -329,7 +329,7 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     fleet.writeMigration('0001_article.sql', BASELINE.replace('user_id  bigint NOT NULL', 'user_id  integer NOT NULL'));
     const wrong = await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile]);
     expect(wrong.stderr).toMatch(
-      /host pg1, shard 0 \(sw0\): baseline: table sw0\.likes has columns \(id bigint, photo_id bigint, user_id bigint\), the files create \(id bigint, photo_id bigint, user_id integer\)/,
+      /host pg1, shard 0 \(sw0\): baseline: table sw0\.likes has columns \(id bigint not null, photo_id bigint not null, user_id bigint not null\), the files create \(id bigint not null, photo_id bigint not null, user_id integer not null\)/,
     );
     expect(wrong.code).toBe(3);
     fleet.writeMigration('0001_article.sql', BASELINE);
@@ -516,6 +516,48 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     expect(run.stderr).toMatch(/host pg2, shard 3 \(ue3\): baseline: table ue3\.tags does not exist/);
     expect(run.code).toBe(3);
     expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'ue')))).toEqual(before);
+  });
+
+  it('--baseline refuses when the files create an index or a NOT NULL the shards do not have, and accepts them once the shards have them', async () => {
+    await buildArticleFleet(refusals.urls, 'ix', split4);
+    const files =
+      BASELINE +
+      'CREATE UNIQUE INDEX likes_once ON likes (photo_id, user_id);\nCREATE TABLE tags (id bigint PRIMARY KEY, name text NOT NULL);\n';
+    for (const [i, url] of refusals.urls.entries()) {
+      await withClient(url, async (c) => {
+        for (const shard of i === 0 ? [0, 1] : [2, 3])
+          await c.query(`CREATE TABLE ix${shard}.tags (id bigint, name text)`);
+      });
+    }
+    const fleet = makeFleet({
+      urls: refusals.urls,
+      shards: 4,
+      split: split4,
+      schemaPrefix: 'ix',
+      migrations: { '0001_article.sql': files },
+    });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'ix')));
+    const run = await runCli(['adopt', '--yes', '--baseline', '1', '-c', fleet.configFile]);
+    expect(run.stderr).toMatch(/host pg2, shard 3 \(ix3\): baseline: index ix3\.likes_once does not exist/);
+    expect(run.stderr).toMatch(/shard 3 \(ix3\): baseline: index ix3\.tags_pkey does not exist/);
+    expect(run.stderr).toMatch(
+      /shard 3 \(ix3\): baseline: table ix3\.tags has columns \(id bigint, name text\), the files create \(id bigint not null, name text not null\)/,
+    );
+    expect(run.code).toBe(3);
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'ix')))).toEqual(before);
+
+    for (const [i, url] of refusals.urls.entries()) {
+      await withClient(url, async (c) => {
+        for (const shard of i === 0 ? [0, 1] : [2, 3]) {
+          await c.query(`CREATE UNIQUE INDEX likes_once ON ix${shard}.likes (photo_id, user_id);
+            ALTER TABLE ix${shard}.tags ADD PRIMARY KEY (id), ALTER COLUMN name SET NOT NULL`);
+        }
+      });
+    }
+    const again = await runCli(['adopt', '--yes', '--baseline', '1', '-c', fleet.configFile]);
+    expect(again.stderr).not.toContain('does not exist');
+    expect(again.stderr).toContain('baseline: 0001_article recorded as applied');
+    expect(again.code).toBe(0);
   });
 
   it('--baseline accepts a column whose type the schema itself defines (an enum), and refuses one of another enum', async () => {
