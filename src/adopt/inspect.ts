@@ -247,11 +247,26 @@ function isAdoptedWrapper(f: FunctionRow): boolean {
 
 async function readSequences(client: pg.Client, names: readonly string[]): Promise<Map<string, SequenceRow>> {
   if (names.length === 0) return new Map();
+  // A default that names its sequence as text (nextval('s'::text), or ('s'::text)::regclass, as
+  // databases from before PostgreSQL 8.1 have them) records no dependency on it: such defaults are
+  // read once, their sequence resolved by name, and count as the sequence's other users too.
   const result = await client.query<SequenceRow>(
-    `SELECT q.name, c.relkind::text AS kind, s.seqincrement::text AS increment, s.seqmax::text AS max, s.seqcache::text AS cache,
-            (SELECT string_agg(DISTINCT ad.adrelid::regclass::text, ', ')
-               FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
-              WHERE d.classid = 'pg_catalog.pg_attrdef'::regclass AND d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = c.oid) AS others
+    `WITH textual AS (
+       SELECT ad.adrelid, pg_catalog.to_regclass(pg_catalog.replace(m[1], '''''', '''')) AS seq
+         FROM pg_catalog.pg_attrdef ad
+        CROSS JOIN LATERAL pg_catalog.regexp_match(pg_catalog.pg_get_expr(ad.adbin, ad.adrelid),
+                                                   'nextval\\(\\(?''((?:[^'']|'''')+)''::text') AS m
+        WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_class r ON r.oid = d.refobjid
+                           WHERE d.classid = 'pg_catalog.pg_attrdef'::regclass AND d.objid = ad.oid
+                             AND d.refclassid = 'pg_catalog.pg_class'::regclass AND r.relkind = 'S'))
+     SELECT q.name, c.relkind::text AS kind, s.seqincrement::text AS increment, s.seqmax::text AS max, s.seqcache::text AS cache,
+            (SELECT string_agg(DISTINCT o.adrelid::regclass::text, ', ')
+               FROM (SELECT ad.adrelid
+                       FROM pg_catalog.pg_depend d JOIN pg_catalog.pg_attrdef ad ON ad.oid = d.objid
+                      WHERE d.classid = 'pg_catalog.pg_attrdef'::regclass AND d.refclassid = 'pg_catalog.pg_class'::regclass
+                        AND d.refobjid = c.oid
+                     UNION ALL
+                     SELECT t.adrelid FROM textual t WHERE t.seq = c.oid) o) AS others
        FROM unnest($1::text[]) AS q(name)
        LEFT JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(q.name)
        LEFT JOIN pg_catalog.pg_sequence s ON s.seqrelid = c.oid`,

@@ -499,6 +499,25 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'uf')))).toEqual(before);
   });
 
+  it("refuses a sequence another table's default draws from, also when the default names it as text (nextval('s'::text), as databases from before PostgreSQL 8.1 have them)", async () => {
+    await buildArticleFleet(refusals.urls, 'tx', split4);
+    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: 'tx', migrations: {} });
+    await withClient(refusals.urls[0]!, async (c) => {
+      await c.query(`create table tx0.counters (id bigint primary key default nextval('tx0.table_id_seq'::text))`);
+      await c.query(
+        `create table tx1.counters (id bigint primary key default nextval(('tx1.table_id_seq'::text)::regclass))`,
+      );
+    });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'tx')));
+    const run = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
+    expect(run.code, run.stdout + run.stderr).toBe(3);
+    for (const shard of [0, 1])
+      expect(run.stderr).toContain(
+        `sequence tx${shard}.table_id_seq is also the default of tx${shard}.counters: moving it would change those ids`,
+      );
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'tx')))).toEqual(before);
+  });
+
   it('--baseline refuses when a file creates a table a shard does not have', async () => {
     await buildArticleFleet(refusals.urls, 'ue', split4);
     const fleet = makeFleet({
