@@ -4,9 +4,11 @@ import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { connectHost, describePgError, reportedSetting, untilAborted } from './connect.js';
 import { HOST_SILENT } from './silence.js';
-import { requireKnownControlVersion } from './control.js';
+import { CONTROL_SCHEMA, requireKnownControlVersion } from './control.js';
 import { abandonRunnerLock, openRunnerLock, registerWorker, releaseRunnerLock, takeRunnerLock } from './locks.js';
 import { endQuietly } from '../pg/quiet.js';
+import { quoteLiteral } from '../pg/quote.js';
+import { controlRightsError } from './rights.js';
 
 /**
  * Host sessions: one coordinator connection per host, with the server's version read once when it
@@ -128,6 +130,35 @@ function tagErrors(client: pg.Client, host: string): void {
   };
 }
 
+/**
+ * Where the control schema does not exist yet, the run's role must be allowed to create it (the
+ * runner lock's tables go there first): checked on every host before the first lock is taken, so a
+ * host that refuses stops the run with nothing written on the others. A host that cannot be read
+ * here is left to the lock, which loses it or stops as before.
+ */
+async function requireControlSchemaRights(sessions: readonly HostSession[]): Promise<void> {
+  const checks = await Promise.allSettled(
+    sessions.map(async (s) => {
+      const { rows } = await s.client.query<{ refused: boolean }>(
+        `SELECT pg_catalog.to_regnamespace(${quoteLiteral(CONTROL_SCHEMA)}) IS NULL
+                AND NOT pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE') AS refused`,
+      );
+      return rows[0]!.refused
+        ? controlRightsError(s.client, s.host, new Error('permission denied for database'))
+        : undefined;
+    }),
+  );
+  const refused = checks.flatMap((c) => (c.status === 'fulfilled' && c.value ? [c.value] : []));
+  if (refused.length === 1) throw refused[0]!;
+  if (refused.length > 1)
+    throw new RuntimeFailure(
+      'CONTROL_RIGHTS',
+      `${refused.length} hosts refuse this role the control schema; nothing was written:\n${refused.map((e) => `  - ${e.message}`).join('\n')}`,
+      { hosts: refused.map((e) => e.host) },
+      refused.map((e) => e.message),
+    );
+}
+
 export async function closeSession(session: HostSession): Promise<void> {
   await Promise.all([session.locked ? releaseRunnerLock(session.client) : undefined, endQuietly(session.client)]);
 }
@@ -195,6 +226,7 @@ export class Fleet {
    */
   async lock(options: { lockTimeout?: string; tolerateLoss?: boolean } = {}): Promise<void> {
     const sessions = [...this.sessions];
+    await requireControlSchemaRights(sessions);
     const opened = await Promise.allSettled(sessions.map((s) => openRunnerLock(s.host, s.client)));
     let next = 0;
     try {

@@ -18,6 +18,7 @@ const partial = useTestDatabases(2);
 const owned = useTestDatabases(2);
 const enums = useTestDatabases(2);
 const rerun = useTestDatabases(1);
+const noCreate = useTestDatabases(2);
 
 /** Everything adopt could change: schemas, functions (body and comment), relations, sequence values, the control schema. */
 async function catalog(url: string, prefix: string): Promise<unknown> {
@@ -622,6 +623,57 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     const run = await runCli(['adopt', '--yes', '--baseline', '1', '-c', fleet.configFile]);
     expect(run.stderr).not.toContain('baseline: table');
     expect(run.code).toBe(0);
+  });
+
+  it('a role that may create the control schema on one host and not on the other: refused naming that host and the grant, nothing written on either', async () => {
+    const suffix = randomBytes(4).toString('hex');
+    const [operator, password] = [`creator_${suffix}`, `pw_${suffix}`];
+    const asOperator = (url: string): string => {
+      const u = new URL(url);
+      u.username = operator;
+      u.password = password;
+      return u.toString();
+    };
+    for (const [i, url] of noCreate.urls.entries())
+      await withClient(url, async (c) => {
+        const database = decodeURIComponent(new URL(url).pathname.slice(1));
+        await c.query(`CREATE ROLE ${operator} LOGIN PASSWORD '${password}'`);
+        if (i === 0) await c.query(`GRANT CREATE ON DATABASE "${database}" TO ${operator}`);
+      });
+    try {
+      const fleet = makeFleet({
+        urls: noCreate.urls.map(asOperator),
+        shards: 4,
+        split: split4,
+        schemaPrefix: 'nc',
+        migrations: { '0001_article.sql': BASELINE },
+      });
+      for (const command of [['init'], ['adopt', '--yes']]) {
+        const run = await runCli([...command, '-c', fleet.configFile]);
+        expect(run.code, run.stdout + run.stderr).toBe(1);
+        expect(run.stderr).toMatch(
+          new RegExp(
+            `host pg2: ${operator} may not create the control schema shardctl in database \\S+ .*GRANT CREATE ON DATABASE`,
+          ),
+        );
+        expect(run.stderr).not.toContain(password);
+        for (const url of noCreate.urls)
+          expect(
+            await withClient(
+              url,
+              async (c) =>
+                (await c.query<{ n: number }>(`select count(*)::int as n from pg_namespace where nspname = 'shardctl'`))
+                  .rows[0]!.n,
+            ),
+          ).toBe(0);
+      }
+    } finally {
+      for (const url of noCreate.urls)
+        await withClient(url, async (c) => {
+          await c.query(`DROP OWNED BY ${operator} CASCADE`);
+          await c.query(`DROP ROLE ${operator}`);
+        });
+    }
   });
 
   it("an operator without the rights of the shards' owner: refused per shard, naming the owner and the grant (exit 3, nothing changed); a member of it adopts", async () => {
