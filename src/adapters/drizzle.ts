@@ -14,7 +14,7 @@
  * bigint and are bound as they are. db.transaction() is refused (the call is already the shard's
  * transaction).
  */
-import type { DrizzleConfig } from 'drizzle-orm';
+import { DrizzleQueryError, type DrizzleConfig } from 'drizzle-orm';
 import { drizzle, type NodePgDatabase } from 'drizzle-orm/node-postgres';
 import type pg from 'pg';
 import { commitWithOnlyQuery } from '../router/begin.js';
@@ -70,10 +70,20 @@ export class ShardedDrizzle<TSchema extends Record<string, unknown> = Record<str
     if (isExecutable(out)) {
       // The query is all of this call: its COMMIT goes with it (one round trip).
       commitWithOnlyQuery(client);
-      return out.execute();
+      return out.execute().catch(unwrap);
     }
-    return out;
+    return Promise.resolve(out).catch(unwrap);
   }
+}
+
+/**
+ * Drizzle wraps the driver's error in a DrizzleQueryError (its code on `cause`): the router decides
+ * by the driver's error (SC100 of a moved shard, a lost connection, 25006 after a failover, the
+ * statement timeout), so it is given that error, as the Kysely adapter and a plain client give it.
+ */
+function unwrap(error: unknown): never {
+  if (error instanceof DrizzleQueryError && error.cause instanceof Error) throw error.cause;
+  throw error;
 }
 
 function isExecutable<R>(value: DrizzleExecutable<R> | Promise<R>): value is DrizzleExecutable<R> {

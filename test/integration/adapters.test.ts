@@ -107,20 +107,21 @@ describe('shardctl/kysely and shardctl/drizzle', () => {
       );
 
       // Through a move: the router's map still names pg1; both adapters follow to pg2.
+      // Drizzle meets the moved shard first: its DrizzleQueryError carries the SC100 the router follows.
       expect((await moveShard(config, 1, 'pg2', { configFile: fleet.configFile })).outcome).toBe('moved');
-      const [afterK] = await kysely.withKey(userId, (k) =>
-        k.insertInto('photos').values({ user_id: userId, image_url: 'k2' }).returning('id'),
-      );
       const [afterD] = await drizzle.withKey(userId, (d) =>
         d.insert(photos).values({ userId, imageUrl: 'd2' }).returning({ id: photos.id }),
+      );
+      const [afterK] = await kysely.withKey(userId, (k) =>
+        k.insertInto('photos').values({ user_id: userId, image_url: 'k2' }).returning('id'),
       );
       expect(router.hostForShard(1).name).toBe('pg2');
       const all = await kysely.withShard(1, (k) => k.selectFrom('photos').select(['id', 'image_url']).orderBy('id'));
       expect(all).toEqual([
         { id: inserted!.id, image_url: 'k1' },
         { id: viaDrizzle!.id, image_url: 'd1' },
-        { id: afterK!.id, image_url: 'k2' },
         { id: afterD!.id, image_url: 'd2' },
+        { id: afterK!.id, image_url: 'k2' },
       ]);
       // forEachShard through an adapter: every shard, counts as bigint.
       const counts = await drizzle.forEachShard(async (d) => (await d.select({ id: photos.id }).from(photos)).length, {
