@@ -10,7 +10,7 @@
  *   await sharded.withId(photo.id, async (db) => { … await db.selectFrom('likes')….execute(); … });
  *
  * Each call gets a Kysely bound to the call's connection, inside its transaction with the shard's
- * search_path: `photos` is that shard's table. int8 columns come back as bigint, and bigint values
+ * search_path: `photos` is that shard's table. int8 columns (and int8[] elements) come back as bigint, and bigint values
  * are bound as they are: ids never pass through a JS number. db.transaction() is refused (the call
  * is already the shard's transaction), and so is streaming.
  */

@@ -62,11 +62,22 @@ export interface Page<R> {
 export const MAX_PAGE_LIMIT = 10_000;
 
 const INT8_OID = 20;
+const INT8_ARRAY_OID = 1016;
 
-/** int8 columns as bigint: ids never pass through a JS number. */
+/** An int8[] value pg parsed (elements as decimal strings, NULL as null, nested for more dimensions) with bigint elements. */
+function bigintElements(value: unknown): unknown {
+  if (Array.isArray(value)) return value.map(bigintElements);
+  return typeof value === 'string' ? BigInt(value) : value;
+}
+
+/** int8 columns, and the elements of int8[] columns, as bigint: ids never pass through a JS number. */
 export const BIGINT_TYPES = {
   getTypeParser(oid: number, format?: 'text' | 'binary'): (value: string) => unknown {
     if (oid === INT8_OID && format !== 'binary') return (value: string) => BigInt(value);
+    if (oid === INT8_ARRAY_OID && format !== 'binary') {
+      const parse = pg.types.getTypeParser(oid as number, 'text') as (value: string) => unknown;
+      return (value: string) => bigintElements(parse(value));
+    }
     return pg.types.getTypeParser(oid, format ?? 'text') as (value: string) => unknown;
   },
 } as pg.CustomTypesConfig;

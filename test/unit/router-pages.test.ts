@@ -1,7 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import { UsageError } from '../../src/errors.js';
 import { DEFAULT_ID_LAYOUT, decodeId, encodeId } from '../../src/id/layout.js';
-import { decodeCursor, encodeCursor, pageSql, repeatedId, settledIdBound } from '../../src/router/pages.js';
+import {
+  BIGINT_TYPES,
+  decodeCursor,
+  encodeCursor,
+  pageSql,
+  repeatedId,
+  settledIdBound,
+} from '../../src/router/pages.js';
 
 describe('queryPage', () => {
   it('asks each shard only for rows past the cursor and at most limit, its bounds bound after the caller’s parameters', () => {
@@ -65,5 +72,25 @@ describe('queryPage', () => {
     expect(() => decodeCursor(cursor, 'oldest')).toThrow(UsageError);
     expect(() => decodeCursor('x', 'newest')).toThrow(/^cursor "x": is not a cursor of queryPage$/);
     expect(() => decodeCursor(encodeCursor('newest', 2n ** 63n), 'newest')).toThrow(UsageError);
+  });
+});
+
+describe('BIGINT_TYPES (queryPage and shardctl/kysely rows)', () => {
+  const parser = (oid: number) =>
+    (BIGINT_TYPES.getTypeParser as (oid: number, format: 'text') => (value: string) => unknown)(oid, 'text');
+
+  it('parses int8 and the elements of int8[] (any dimension, NULLs kept) as bigint', () => {
+    const int8 = parser(20);
+    expect(int8('4041927405051319296')).toBe(4041927405051319296n);
+    const int8Array = parser(1016);
+    expect(int8Array('{9007199254740993,NULL,-2}')).toEqual([9007199254740993n, null, -2n]);
+    expect(int8Array('{{1,2},{3,4}}')).toEqual([
+      [1n, 2n],
+      [3n, 4n],
+    ]);
+    expect(int8Array('{}')).toEqual([]);
+    // Other types are pg's: int4[] stays numbers, text[] strings.
+    expect(parser(1007)('{1,2}')).toEqual([1, 2]);
+    expect(parser(1009)('{1,2}')).toEqual(['1', '2']);
   });
 });
