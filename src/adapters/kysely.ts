@@ -26,6 +26,7 @@ import {
   type QueryResult,
 } from 'kysely';
 import type pg from 'pg';
+import { UsageError } from '../errors.js';
 import { commitWithOnlyQuery } from '../router/begin.js';
 import type { ShardResult } from '../router/errors.js';
 import { BIGINT_TYPES } from '../router/pages.js';
@@ -72,8 +73,17 @@ function run<DB, R>(client: pg.PoolClient, shard: number, fn: KyselyShardFn<DB, 
     commitWithOnlyQuery(client);
     return out.execute();
   }
-  return out;
+  // An async fn that returns a builder resolves to the builder itself: Kysely's builders are not
+  // thenables, so its statement would never run and the call would commit without it.
+  return Promise.resolve(out).then((value) => {
+    if (isExecutable<unknown>(value as KyselyExecutable<unknown>))
+      throw new UsageError(UNEXECUTED, { input: "fn's value" });
+    return value;
+  });
 }
+
+const UNEXECUTED =
+  'shardctl/kysely: fn resolved to a builder it did not execute (an async fn returning it), so its statement was never run; return the builder from a fn that is not async, or await its execute(). The call was rolled back';
 
 function isExecutable<R>(value: KyselyExecutable<R> | Promise<R>): value is KyselyExecutable<R> {
   const v = value as Partial<KyselyExecutable<R>> | null;
