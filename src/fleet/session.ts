@@ -133,10 +133,13 @@ function tagErrors(client: pg.Client, host: string): void {
 /**
  * Where the control schema does not exist yet, the run's role must be allowed to create it (the
  * runner lock's tables go there first): checked on every host before the first lock is taken, so a
- * host that refuses stops the run with nothing written on the others. A host that cannot be read
- * here is left to the lock, which loses it or stops as before.
+ * host that refuses stops the run with nothing written on the others. What each check settled to
+ * is returned: a host whose check failed (its connection lost, say) is left to the lock, which gets
+ * that failure as the host's and loses the host or stops, as for any failure of the lock.
  */
-async function requireControlSchemaRights(sessions: readonly HostSession[]): Promise<void> {
+async function requireControlSchemaRights(
+  sessions: readonly HostSession[],
+): Promise<PromiseSettledResult<HostError | undefined>[]> {
   const checks = await Promise.allSettled(
     sessions.map(async (s) => {
       const { rows } = await s.client.query<{ refused: boolean }>(
@@ -157,6 +160,7 @@ async function requireControlSchemaRights(sessions: readonly HostSession[]): Pro
       { hosts: refused.map((e) => e.host) },
       refused.map((e) => e.message),
     );
+  return checks;
 }
 
 export async function closeSession(session: HostSession): Promise<void> {
@@ -226,8 +230,13 @@ export class Fleet {
    */
   async lock(options: { lockTimeout?: string; tolerateLoss?: boolean } = {}): Promise<void> {
     const sessions = [...this.sessions];
-    await requireControlSchemaRights(sessions);
-    const opened = await Promise.allSettled(sessions.map((s) => openRunnerLock(s.host, s.client)));
+    const checked = await requireControlSchemaRights(sessions);
+    const opened = await Promise.allSettled(
+      sessions.map((s, i) => {
+        const check = checked[i]!;
+        return check.status === 'rejected' ? Promise.reject(check.reason as Error) : openRunnerLock(s.host, s.client);
+      }),
+    );
     let next = 0;
     try {
       for (; next < sessions.length; next++) {
