@@ -48,6 +48,7 @@ export interface PostgresUrl {
 const SSL_MODES: readonly string[] = ['disable', 'allow', 'prefer', 'require', 'verify-ca', 'verify-full', 'no-verify'];
 
 const EXPECTED = 'expected postgres://user@host:5432/database, or host1:5432,host2:5432 for several';
+const PASSWORD_HINT = "in a password, '#', '/', '?' and '@' must be percent-encoded as %23, %2F, %3F and %40";
 const URL_SHAPE = /^(postgres(?:ql)?):\/\/(?:([^/?#]*)@)?([^@/?#]*)(\/[^?#]*)?(\?[^#]*)?(#.*)?$/i;
 // A host name, an IPv4 address or an IPv6 literal in brackets; a port of digits.
 const ADDRESS = /^(\[[0-9A-Fa-f:.%a-zA-Z]+\]|[^\s[\]:,]*)(?::(\d*))?$/;
@@ -73,6 +74,12 @@ export function parsePostgresUrl(url: string, field = 'url'): PostgresUrl {
     string | undefined,
     string | undefined,
   ];
+  // An '@' after the user information means a password was cut short: an unencoded '#', '/' or '?'
+  // in it ends the user information early, and what follows (an address, a port, a database name)
+  // may be part of the password. Refused before anything of it is shown or used.
+  const afterUserinfo = url.slice(match[1]!.length + 3 + (userinfo !== undefined ? userinfo.length + 1 : 0));
+  if (afterUserinfo.includes('@'))
+    fail(`is not a valid URL (an '@' after the user information; ${PASSWORD_HINT}, and '@' anywhere else as %40)`);
   const addresses = hostspec.split(',').map((part, i, all) => {
     const address = ADDRESS.exec(part);
     const which = all.length > 1 ? `address ${i + 1} ` : '';
@@ -80,9 +87,7 @@ export function parsePostgresUrl(url: string, field = 'url'): PostgresUrl {
       // With an '@' in the URL the part may be a password cut short (an unencoded '#', '/' or '?'
       // in it ends the user information early): never shown.
       if (url.includes('@'))
-        return fail(
-          `is not a valid URL (${which || 'its address '}is not host[:port]; in a password, '#', '/', '?' and '@' must be percent-encoded as %23, %2F, %3F and %40)`,
-        );
+        return fail(`is not a valid URL (${which || 'its address '}is not host[:port]; ${PASSWORD_HINT})`);
       return fail(`is not a valid URL (${which}${JSON.stringify(part)} is not host[:port])`);
     }
     const [, host = '', port] = address;

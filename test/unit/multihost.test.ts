@@ -97,6 +97,28 @@ describe('multi-host URLs (libpq syntax)', () => {
     expect(redactUrl('app:AppPw#secret@127.0.0.1')).toBe('app:***@127.0.0.1');
   });
 
+  it('refuses a password cut short whose head would pass for a port or a host, showing none of it', () => {
+    // Once found by the property above: the head read as the port "100000" and was shown.
+    for (const url of [
+      'postgres://app:100000#0A0a00@h1:5432/db',
+      'postgres://app:12345#tail9@h1:5432/db', // a head that is a valid port: accepted before
+      'postgres://app:hostx?tail9@h1:5432/db',
+      'postgres://app:hostx/tail9@h1:5432/db',
+    ]) {
+      let error: unknown;
+      try {
+        parsePostgresUrl(url, 'hosts[0].url');
+      } catch (e) {
+        error = e;
+      }
+      expect(error, url).toBeInstanceOf(UsageError);
+      const shown = `${(error as Error).message} ${JSON.stringify(error)}`;
+      expect(shown).toMatch(/hosts\[0\]\.url.*must be percent-encoded/);
+      for (const part of ['100000', '12345', 'hostx', 'tail9', '0A0a00']) expect(shown).not.toContain(part);
+    }
+    expect(parsePostgresUrl('postgres://app:p%23w@h1:5432/db').addresses).toEqual([{ host: 'h1', port: '5432' }]);
+  });
+
   it('refuses a port parameter that is not a port and an sslmode libpq does not know, naming the field', () => {
     for (const port of ['abc', '70000', '0', '5432,x', ''])
       expect(() => parsePostgresUrl(`postgres://u:secret@h1/db?port=${port}`, 'hosts[0].url')).toThrow(
