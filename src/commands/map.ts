@@ -2,7 +2,7 @@ import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { failureReason, RuntimeFailure, UsageError } from '../errors.js';
-import { controlRightsError } from '../fleet/rights.js';
+import { controlRightsError, requireRights } from '../fleet/rights.js';
 import { describePgError, withHost } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
 import {
@@ -298,8 +298,9 @@ export async function mapSetAddress(
  * unreachable there).
  */
 async function requireRegistryRights(hosts: readonly HostConfig[]): Promise<void> {
-  const checks = await Promise.allSettled(
-    hosts.map((h) =>
+  await requireRights(
+    hosts,
+    (h) =>
       withHost(
         h,
         async (client) => {
@@ -311,15 +312,7 @@ async function requireRegistryRights(hosts: readonly HostConfig[]): Promise<void
         },
         { applicationName: 'shardctl map' },
       ),
-    ),
-  );
-  const refused = checks.flatMap((c) => (c.status === 'fulfilled' && c.value ? [c.value] : []));
-  if (refused.length === 0) return;
-  throw new RuntimeFailure(
-    'CONTROL_RIGHTS',
-    `map set-address: this role may not write the host registry; nothing was changed:\n${refused.map((e) => `  - ${e.message}`).join('\n')}`,
-    { hosts: refused.map((e) => e.host) },
-    refused.map((e) => e.message),
+    () => 'map set-address: this role may not write the host registry; nothing was changed',
   );
 }
 

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
-import { HostError } from '../errors.js';
+import { HostError, RuntimeFailure } from '../errors.js';
 import { quoteIdent } from '../pg/quote.js';
 import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 import { describePgError } from './connect.js';
@@ -10,6 +10,31 @@ import { CONTROL_SCHEMA } from './control.js';
  * What a role is told when the control schema refuses it (SQLSTATE 42501): who owns it and what
  * would let the role in, by what the role came to do.
  */
+
+/**
+ * A rights check run on every target before anything is written, so that a role refused anywhere
+ * stops the command with nothing written: the refusals are thrown together as one CONTROL_RIGHTS
+ * failure, `heading` (given their number) above the list; with `alone`, a single refusal is thrown
+ * as it is. What each check settled to is returned: a check that failed (its connection lost) is
+ * the caller's to report.
+ */
+export async function requireRights<T>(
+  targets: readonly T[],
+  check: (target: T) => Promise<HostError | null | undefined>,
+  heading: (count: number) => string,
+  options: { readonly alone?: boolean } = {},
+): Promise<PromiseSettledResult<HostError | null | undefined>[]> {
+  const checks = await Promise.allSettled(targets.map(check));
+  const refused = checks.flatMap((c) => (c.status === 'fulfilled' && c.value ? [c.value] : []));
+  if (refused.length === 0) return checks;
+  if (refused.length === 1 && options.alone) throw refused[0]!;
+  throw new RuntimeFailure(
+    'CONTROL_RIGHTS',
+    `${heading(refused.length)}:\n${refused.map((e) => `  - ${e.message}`).join('\n')}`,
+    { hosts: refused.map((e) => e.host) },
+    refused.map((e) => e.message),
+  );
+}
 
 /**
  * The runner lock refused for want of rights: the connecting role is not the one that built the

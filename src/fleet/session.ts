@@ -8,7 +8,7 @@ import { CONTROL_SCHEMA, requireKnownControlVersion } from './control.js';
 import { abandonRunnerLock, openRunnerLock, registerWorker, releaseRunnerLock, takeRunnerLock } from './locks.js';
 import { endQuietly } from '../pg/quiet.js';
 import { quoteLiteral } from '../pg/quote.js';
-import { controlRightsError } from './rights.js';
+import { controlRightsError, requireRights } from './rights.js';
 
 /**
  * Host sessions: one coordinator connection per host, with the server's version read once when it
@@ -139,9 +139,10 @@ function tagErrors(client: pg.Client, host: string): void {
  */
 async function requireControlSchemaRights(
   sessions: readonly HostSession[],
-): Promise<PromiseSettledResult<HostError | undefined>[]> {
-  const checks = await Promise.allSettled(
-    sessions.map(async (s) => {
+): Promise<PromiseSettledResult<HostError | null | undefined>[]> {
+  return requireRights(
+    sessions,
+    async (s) => {
       const { rows } = await s.client.query<{ refused: boolean }>(
         `SELECT pg_catalog.to_regnamespace(${quoteLiteral(CONTROL_SCHEMA)}) IS NULL
                 AND NOT pg_catalog.has_database_privilege(pg_catalog.current_database(), 'CREATE') AS refused`,
@@ -149,18 +150,10 @@ async function requireControlSchemaRights(
       return rows[0]!.refused
         ? controlRightsError(s.client, s.host, new Error('permission denied for database'))
         : undefined;
-    }),
+    },
+    (count) => `${count} hosts refuse this role the control schema; nothing was written`,
+    { alone: true },
   );
-  const refused = checks.flatMap((c) => (c.status === 'fulfilled' && c.value ? [c.value] : []));
-  if (refused.length === 1) throw refused[0]!;
-  if (refused.length > 1)
-    throw new RuntimeFailure(
-      'CONTROL_RIGHTS',
-      `${refused.length} hosts refuse this role the control schema; nothing was written:\n${refused.map((e) => `  - ${e.message}`).join('\n')}`,
-      { hosts: refused.map((e) => e.host) },
-      refused.map((e) => e.message),
-    );
-  return checks;
 }
 
 export async function closeSession(session: HostSession): Promise<void> {

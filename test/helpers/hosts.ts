@@ -93,6 +93,31 @@ export async function withClient<T>(url: string, fn: (client: pg.Client) => Prom
   }
 }
 
+/**
+ * How many sessions of url's server still run `query` after waiting up to timeoutMs for none to:
+ * a query the code under test cancelled ends on the server a moment later.
+ */
+export async function stillRunningAfter(url: string, query: string, timeoutMs = 5_000): Promise<number> {
+  const running = () =>
+    withClient(url, async (c) =>
+      Number(
+        (
+          await c.query<{ n: string }>(
+            `select count(*) as n from pg_stat_activity where query = $1 and state = 'active' and pid <> pg_backend_pid()`,
+            [query],
+          )
+        ).rows[0]!.n,
+      ),
+    );
+  const deadline = performance.now() + timeoutMs;
+  let n = await running();
+  while (n > 0 && performance.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 50));
+    n = await running();
+  }
+  return n;
+}
+
 /** The same server and credentials, another database. */
 export function urlWithDatabase(url: string, database: string): string {
   const parsed = new URL(url);

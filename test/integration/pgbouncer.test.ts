@@ -8,7 +8,7 @@ import { moveShards } from '../../src/commands/move-shard.js';
 import { loadConfig } from '../../src/config/load.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet, runCli, sharedHostReplicationUrl } from '../helpers/fleet.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { stillRunningAfter, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { startApp, waitForCalls } from '../helpers/app.js';
 import { BASELINE, buildArticleFleet } from '../fixtures/article-fleet.js';
 import { shardForKey } from '../../src/id/routing.js';
@@ -179,18 +179,7 @@ describe('behind PgBouncer in transaction mode', () => {
       await expect(call).rejects.toThrow('app timeout');
       expect(performance.now() - started).toBeLessThan(20_000);
       // On the server itself: the query was cancelled, and nothing of the call committed.
-      const running = () =>
-        withClient(dbGiveUp.urls[0]!, async (c) =>
-          Number(
-            (
-              await c.query<{ n: string }>(
-                `select count(*) as n from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'`,
-              )
-            ).rows[0]!.n,
-          ),
-        );
-      for (let i = 0; i < 100 && (await running()) > 0; i++) await new Promise((r) => setTimeout(r, 50));
-      expect(await running()).toBe(0);
+      expect(await stillRunningAfter(dbGiveUp.urls[0]!, 'select pg_sleep(60)')).toBe(0);
       expect((await withClient(dbGiveUp.urls[0]!, (c) => c.query('select 1 from gp1.photos'))).rowCount).toBe(0);
       expect((await router.withShard(0, (client) => client.query('select current_schema() as s'))).rows).toEqual([
         { s: 'gp0' },

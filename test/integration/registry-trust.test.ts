@@ -6,6 +6,7 @@ import { status } from '../../src/commands/status.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { startOwnClusters } from '../helpers/moves.js';
 
 const suffix = randomBytes(4).toString('hex');
 const WRITER = `registry_writer_${suffix}`;
@@ -110,73 +111,79 @@ describe('the host registry is not a way in', () => {
     }
   });
   it('a right to write the registry by a column grant, TRIGGER, pg_write_all_data or an indirect membership of the owner is seen as one too', async () => {
-    const fleet = makeFleet({ urls: db.urls, shards: 4, schemaPrefix: 'rt' });
-    const config = await fleet.config();
-    expect((await init(config)).ok).toBe(true);
-    const role = `registry_way_${suffix}`;
-    const group = `registry_group_${suffix}`;
-    const owner = await withClient(db.urls[0]!, async (client) => {
-      await client.query(`DROP ROLE IF EXISTS ${role}`).catch(() => undefined);
-      await client.query(`DROP ROLE IF EXISTS ${group}`).catch(() => undefined);
-      await client.query(`CREATE ROLE ${role}; CREATE ROLE ${group}`);
-      return (
-        await client.query<{ owner: string }>(
-          `SELECT tableowner AS owner FROM pg_tables WHERE schemaname = 'shardctl' AND tablename = 'hosts'`,
-        )
-      ).rows[0]!.owner;
-    });
-    const trap = await passwordTrap();
+    // pg_write_all_data and a membership of the owner (the bootstrap superuser) reach every
+    // database of a server: pg1 is a server of this test's own, so that no other test's status on
+    // a shared server sees these writers meanwhile.
+    const own = await startOwnClusters([{}]);
     try {
-      await withClient(db.urls[0]!, (client) =>
-        client.query(`UPDATE shardctl.hosts SET address = $1 WHERE name = 'pg2'`, [
-          `postgres://127.0.0.1:${trap.port}/trap`,
-        ]),
-      );
-      const ways: [string, string, string][] = [
-        [
-          'shardctl.hosts',
-          `GRANT UPDATE (address) ON shardctl.hosts TO ${role}`,
-          `REVOKE UPDATE (address) ON shardctl.hosts FROM ${role}`,
-        ],
-        [
-          'shardctl.placement',
-          `GRANT INSERT (shard, host, version) ON shardctl.placement TO ${role}`,
-          `REVOKE INSERT (shard, host, version) ON shardctl.placement FROM ${role}`,
-        ],
-        [
-          'shardctl.hosts',
-          `GRANT TRIGGER ON shardctl.hosts TO ${role}`,
-          `REVOKE TRIGGER ON shardctl.hosts FROM ${role}`,
-        ],
-        ['shardctl.hosts', `GRANT pg_write_all_data TO ${role}`, `REVOKE pg_write_all_data FROM ${role}`],
-        [
-          'shardctl.hosts',
-          `GRANT "${owner}" TO ${group}; GRANT ${group} TO ${role}`,
-          `REVOKE ${group} FROM ${role}; REVOKE "${owner}" FROM ${group}`,
-        ],
-      ];
-      for (const [table, give, take] of ways) {
-        await withClient(db.urls[0]!, (client) => client.query(give));
-        const found = await status(config);
-        expect(found.hosts[0]!.controlWriters, give).toContainEqual({ table, role });
-        const router = await ShardRouter.open({ seeds: [db.urls[0]!] });
-        try {
-          await router.withShard(3, (client) => client.query('SELECT 1')).catch(() => undefined);
-          await new Promise((resolve) => setTimeout(resolve, 100));
-          expect(trap.connections(), give).toBe(0);
-        } finally {
-          await router.close();
-          await withClient(db.urls[0]!, (client) => client.query(take));
-        }
-      }
-      // pg_write_all_data without a member names no one.
-      const after = await status(config);
-      expect(after.hosts[0]!.controlWriters).toEqual([]);
+      await registryWriteWays([own.clusters[0]!.url, db.urls[1]!]);
     } finally {
-      await trap.close();
-      await withClient(db.urls[0]!, (client) =>
-        client.query(`DROP ROLE IF EXISTS ${role}; DROP ROLE IF EXISTS ${group}`),
-      );
+      await own.dispose();
     }
   });
 });
+
+async function registryWriteWays(urls: string[]): Promise<void> {
+  const fleet = makeFleet({ urls, shards: 4, schemaPrefix: 'rt' });
+  const config = await fleet.config();
+  expect((await init(config)).ok).toBe(true);
+  const role = `registry_way_${suffix}`;
+  const group = `registry_group_${suffix}`;
+  const owner = await withClient(urls[0]!, async (client) => {
+    await client.query(`DROP ROLE IF EXISTS ${role}`).catch(() => undefined);
+    await client.query(`DROP ROLE IF EXISTS ${group}`).catch(() => undefined);
+    await client.query(`CREATE ROLE ${role}; CREATE ROLE ${group}`);
+    return (
+      await client.query<{ owner: string }>(
+        `SELECT tableowner AS owner FROM pg_tables WHERE schemaname = 'shardctl' AND tablename = 'hosts'`,
+      )
+    ).rows[0]!.owner;
+  });
+  const trap = await passwordTrap();
+  try {
+    await withClient(urls[0]!, (client) =>
+      client.query(`UPDATE shardctl.hosts SET address = $1 WHERE name = 'pg2'`, [
+        `postgres://127.0.0.1:${trap.port}/trap`,
+      ]),
+    );
+    const ways: [string, string, string][] = [
+      [
+        'shardctl.hosts',
+        `GRANT UPDATE (address) ON shardctl.hosts TO ${role}`,
+        `REVOKE UPDATE (address) ON shardctl.hosts FROM ${role}`,
+      ],
+      [
+        'shardctl.placement',
+        `GRANT INSERT (shard, host, version) ON shardctl.placement TO ${role}`,
+        `REVOKE INSERT (shard, host, version) ON shardctl.placement FROM ${role}`,
+      ],
+      ['shardctl.hosts', `GRANT TRIGGER ON shardctl.hosts TO ${role}`, `REVOKE TRIGGER ON shardctl.hosts FROM ${role}`],
+      ['shardctl.hosts', `GRANT pg_write_all_data TO ${role}`, `REVOKE pg_write_all_data FROM ${role}`],
+      [
+        'shardctl.hosts',
+        `GRANT "${owner}" TO ${group}; GRANT ${group} TO ${role}`,
+        `REVOKE ${group} FROM ${role}; REVOKE "${owner}" FROM ${group}`,
+      ],
+    ];
+    for (const [table, give, take] of ways) {
+      await withClient(urls[0]!, (client) => client.query(give));
+      const found = await status(config);
+      expect(found.hosts[0]!.controlWriters, give).toContainEqual({ table, role });
+      const router = await ShardRouter.open({ seeds: [urls[0]!] });
+      try {
+        await router.withShard(3, (client) => client.query('SELECT 1')).catch(() => undefined);
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        expect(trap.connections(), give).toBe(0);
+      } finally {
+        await router.close();
+        await withClient(urls[0]!, (client) => client.query(take));
+      }
+    }
+    // pg_write_all_data without a member names no one.
+    const after = await status(config);
+    expect(after.hosts[0]!.controlWriters).toEqual([]);
+  } finally {
+    await trap.close();
+    await withClient(urls[0]!, (client) => client.query(`DROP ROLE IF EXISTS ${role}; DROP ROLE IF EXISTS ${group}`));
+  }
+}

@@ -12,7 +12,7 @@ import { ShardFanOutError } from '../../src/router/errors.js';
 import { setBeginPipelining } from '../../src/router/begin.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { stillRunningAfter, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const PHOTOS_ONLY = {
   '0001_photos.sql': `CREATE SEQUENCE photos_id_seq;
@@ -361,18 +361,7 @@ describe('ShardRouter: fn gives up on a query that still runs', () => {
       await expect(call).rejects.toThrow('app timeout');
       // Not after the 60 s query: it was cancelled, not waited for.
       expect(performance.now() - started).toBeLessThan(20_000);
-      const running = async (): Promise<number> =>
-        withClient(db.urls[0]!, async (c) =>
-          Number(
-            (
-              await c.query<{ n: string }>(
-                `select count(*) as n from pg_stat_activity where query = 'select pg_sleep(60)' and state = 'active'`,
-              )
-            ).rows[0]!.n,
-          ),
-        );
-      for (let i = 0; i < 100 && (await running()) > 0; i++) await new Promise((r) => setTimeout(r, 50));
-      expect(await running()).toBe(0);
+      expect(await stillRunningAfter(db.urls[0]!, 'select pg_sleep(60)')).toBe(0);
       // Nothing of the call was committed, and the pool's one connection is a new, clean one.
       expect((await withClient(db.urls[0]!, (c) => c.query('select 1 from gu1.photos'))).rowCount).toBe(0);
       const state = await router.withShard(2, (client) =>
