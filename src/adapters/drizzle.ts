@@ -17,6 +17,7 @@
 import { DrizzleQueryError, type DrizzleConfig } from 'drizzle-orm';
 import { drizzle, type NodePgDatabase } from 'drizzle-orm/node-postgres';
 import type pg from 'pg';
+import { UsageError } from '../errors.js';
 import { commitWithOnlyQuery } from '../router/begin.js';
 import type { ShardResult } from '../router/errors.js';
 import type { ForEachShardOptions, ShardRouter, TransactionOptions } from '../router/router.js';
@@ -58,7 +59,7 @@ export class ShardedDrizzle<TSchema extends Record<string, unknown> = Record<str
   on(client: pg.PoolClient): NodePgDatabase<TSchema> {
     const db = drizzle<TSchema, pg.PoolClient>({ ...this.config, client });
     db.transaction = () => {
-      throw new Error(
+      throw new UsageError(
         "shardctl/drizzle: the call is already the shard's transaction; run the statements on db directly (no db.transaction())",
       );
     };

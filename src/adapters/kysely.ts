@@ -119,13 +119,13 @@ class ClientDriver implements Driver {
     return this.connection;
   }
   async beginTransaction(): Promise<void> {
-    throw new Error(IN_TRANSACTION);
+    throw new UsageError(IN_TRANSACTION);
   }
   async commitTransaction(): Promise<void> {
-    throw new Error(IN_TRANSACTION);
+    throw new UsageError(IN_TRANSACTION);
   }
   async rollbackTransaction(): Promise<void> {
-    throw new Error(IN_TRANSACTION);
+    throw new UsageError(IN_TRANSACTION);
   }
   async releaseConnection(): Promise<void> {}
   async destroy(): Promise<void> {}
@@ -150,6 +150,8 @@ class ClientConnection implements DatabaseConnection {
 
   // eslint-disable-next-line require-yield -- refuses before yielding anything
   async *streamQuery<R>(): AsyncIterableIterator<QueryResult<R>> {
-    throw new Error('shardctl/kysely: streaming is not supported inside a routed call');
+    throw new UsageError(
+      'shardctl/kysely: streaming is not supported inside a routed call (a page at a time: router.queryPage)',
+    );
   }
 }

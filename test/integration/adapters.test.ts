@@ -105,6 +105,15 @@ describe('shardctl/kysely and shardctl/drizzle', () => {
       await expect(kysely.withKey(userId, async (k) => k.transaction().execute(async () => undefined))).rejects.toThrow(
         /already the shard's transaction/,
       );
+      // Refusals of the adapters are usage errors, as the router's own are.
+      for (const refused of [
+        drizzle.withKey(userId, async (d) => d.transaction(async () => undefined)),
+        kysely.withKey(userId, async (k) => k.transaction().execute(async () => undefined)),
+        kysely.withKey(userId, async (k) => {
+          for await (const row of k.selectFrom('photos').selectAll().stream()) void row;
+        }),
+      ])
+        await expect(refused).rejects.toMatchObject({ code: 'USAGE', exitCode: 2 });
 
       // Through a move: the router's map still names pg1; both adapters follow to pg2.
       // Drizzle meets the moved shard first: its DrizzleQueryError carries the SC100 the router follows.
