@@ -354,7 +354,8 @@ function hostStatus(
     let bucket = byLevel.get(level);
     if (!bucket) byLevel.set(level, (bucket = []));
     bucket.push(shard);
-    if (pendingMigrations(applied, migrations).length > 0) behind.push(shard);
+    // A shard built by hand is for adopt first (migrate does not take it): listed there, not here.
+    if (!handBuilt.has(shard) && pendingMigrations(applied, migrations).length > 0) behind.push(shard);
   }
   const unexpected: number[] = [];
   const fenced: number[] = [];

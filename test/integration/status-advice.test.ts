@@ -7,7 +7,7 @@ import { init } from '../../src/commands/init.js';
 import type { StatusResult } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { buildArticleFleet } from '../fixtures/article-fleet.js';
+import { BASELINE, buildArticleFleet } from '../fixtures/article-fleet.js';
 
 const article = useTestDatabases(2);
 const unread = useTestDatabases(2);
@@ -27,9 +27,11 @@ describe('status of a fleet built by hand and partly adopted', () => {
       shards: 4,
       split: ['0-1', '2-3'],
       schemaPrefix: 'sa',
-      migrations: {},
+      migrations: { '0001_article.sql': BASELINE, '0002_tags.sql': 'CREATE TABLE tags (id bigint PRIMARY KEY)' },
     });
-    expect((await runCli(['adopt', '--shards', '0,2', '--yes', '-c', fleet.configFile])).code).toBe(0);
+    expect((await runCli(['adopt', '--baseline', '1', '--shards', '0,2', '--yes', '-c', fleet.configFile])).code).toBe(
+      0,
+    );
     // An adopt killed before its last step: shards switched and recorded, the fleet not recorded yet.
     for (const url of article.urls)
       await withClient(url, (c) =>
@@ -53,13 +55,15 @@ describe('status of a fleet built by hand and partly adopted', () => {
     const json = await runCli(['status', '--json', '-c', fleet.configFile]);
     const result = JSON.parse(json.stdout) as StatusResult;
     expect(result.next).toEqual([{ action: 'adopt', shards: [1, 3] }]);
-    expect(result.hosts.map((h) => [h.handBuilt, h.nextIdOutdated])).toEqual([
-      [[1], []],
-      [[3], []],
+    // Adopted shards lack 0002; hand-built ones are not "behind" (migrate does not take them: adopt first).
+    expect(result.hosts.map((h) => [h.handBuilt, h.nextIdOutdated, h.behind])).toEqual([
+      [[1], [], [0]],
+      [[3], [], [2]],
     ]);
 
     // The advice moves the fleet forward: adopt takes the rest over, and status has nothing to advise.
-    expect((await runCli(['adopt', '--yes', '-c', fleet.configFile])).code).toBe(0);
+    expect((await runCli(['adopt', '--baseline', '1', '--yes', '-c', fleet.configFile])).code).toBe(0);
+    expect((await runCli(['migrate', '-c', fleet.configFile])).code).toBe(0);
     const after = await runCli(['status', '-c', fleet.configFile]);
     expect(after.code, after.stdout).toBe(0);
     expect(after.stderr).not.toContain('next:');
