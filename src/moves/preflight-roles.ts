@@ -4,7 +4,7 @@ import { quoteIdent } from '../pg/quote.js';
 import { inflect } from '../text.js';
 import type { PreflightCheck } from './preflight-check.js';
 import { rolesNamed, type PrivilegeObject } from './privileges.js';
-import { DATABASE_RIGHTS_SQL, ownerNeedsSet, rolesSql } from './sql/preflight.js';
+import { DATABASE_RIGHTS_SQL, ORIGIN_TRIGGERS_SQL, ownerNeedsSet, replicaRoleSql, rolesSql } from './sql/preflight.js';
 import { CURRENT_USER_SQL } from './sql/session.js';
 
 /**
@@ -91,4 +91,50 @@ export async function databaseChecks(
     check('create on target', targetName, onTarget, 'schemas'),
     ...(online ? [check('create on source', sourceName, onSource, 'publications', ', or use --mode offline')] : []),
   ];
+}
+
+/** Past this many, the triggers a failed check names are counted, not listed. */
+const TRIGGERS_NAMED = 5;
+
+/**
+ * The copy loads the target's tables with the replica role (BEGIN_COPY_SQL), so that the shard's
+ * own triggers do not fire on rows that are copied, not written: an audit trigger would add rows
+ * the copy brings anyway (a duplicate key, or rows twice), a BEFORE trigger would change the rows.
+ * A role that may not take it (not a superuser, no SET on session_replication_role) copies with
+ * them firing; without this check the move would stop at its copy (offline: with the source fenced)
+ * or, worse, carry changed rows.
+ */
+export async function replicaRoleCheck(
+  src: pg.Client,
+  dst: pg.Client,
+  dstVersionNum: number,
+  schemas: readonly string[],
+  targetName: string,
+): Promise<PreflightCheck> {
+  const [role, triggers] = await Promise.all([
+    dst.query<{ role: string; may: boolean }>(replicaRoleSql(dstVersionNum)),
+    src.query<{ table_name: string; trigger: string }>(ORIGIN_TRIGGERS_SQL, [schemas]),
+  ]);
+  const { role: current, may } = role.rows[0]!;
+  const name = 'replica role on target';
+  if (may)
+    return {
+      name,
+      ok: true,
+      message: `${current} may copy with the replica role on ${targetName} (triggers do not fire)`,
+    };
+  if (triggers.rows.length === 0)
+    return { name, ok: true, message: `no trigger of the batch's tables would fire on the copy on ${targetName}` };
+  const named = triggers.rows.slice(0, TRIGGERS_NAMED).map((t) => `${t.trigger} on ${t.table_name}`);
+  const more = triggers.rows.length - named.length;
+  return {
+    name,
+    ok: false,
+    message:
+      `${current} on ${targetName} may not set session_replication_role, so the copy would fire the shards' triggers ` +
+      `(${named.join(', ')}${more > 0 ? ` and ${more} more` : ''}) on every copied row; ` +
+      (dstVersionNum >= 150000
+        ? `GRANT SET ON PARAMETER session_replication_role TO ${quoteIdent(current)} on ${targetName}, or connect as a superuser`
+        : `connect as a superuser`),
+  };
 }

@@ -24,7 +24,7 @@ import { LOGICAL_WORKERS_SQL } from './sql/replication.js';
 import { awaitedLater } from '../promises.js';
 import type { PreflightCheck } from './preflight-check.js';
 import { canRewrite, reachabilityChecks } from './preflight-probes.js';
-import { databaseChecks, roleChecks } from './preflight-roles.js';
+import { databaseChecks, replicaRoleCheck, roleChecks } from './preflight-roles.js';
 import { describeRunningMove, inactiveMessage, runningMovesOf } from './running-moves.js';
 
 export type { PreflightCheck } from './preflight-check.js';
@@ -252,6 +252,7 @@ export async function preflight(input: PreflightInput): Promise<PreflightResult>
   ))
     checks.push(check);
   checks.push(...(await databaseChecks(mode === 'online', src, dst, source.name, target.name)));
+  checks.push(await replicaRoleCheck(src, dst, input.target.serverVersionNum, schemas, target.name));
 
   const applied = await reads.applied;
   const byShard = new Map<number, Map<number, string>>();

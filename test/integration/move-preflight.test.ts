@@ -81,6 +81,7 @@ describe('move-shard preflight on a two-host fleet', () => {
         'owners on target',
         'create on target',
         'create on source',
+        'replica role on target',
         'migrations',
         'target disk',
         'source WAL limits',

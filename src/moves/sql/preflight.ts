@@ -27,6 +27,28 @@ export function targetShardStatesSql(initialised: boolean): Sql {
 export const DATABASE_RIGHTS_SQL = sql`SELECT current_user AS role, current_database() AS database,
               has_database_privilege(current_database(), 'CREATE') AS can_create`;
 
+/**
+ * Whether the current role may take the copy's replica role (BEGIN_COPY_SQL): a superuser, or from
+ * PostgreSQL 15 on a role granted SET on session_replication_role.
+ */
+export function replicaRoleSql(serverVersionNum: number): Sql {
+  return serverVersionNum >= 150000
+    ? sql`SELECT current_user AS role, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+              OR has_parameter_privilege('session_replication_role', 'SET') AS may`
+    : sql`SELECT current_user AS role, (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) AS may`;
+}
+
+/**
+ * The triggers of schemas $1's tables that fire on an ordinary write (enabled, not replica-only or
+ * always: the replica role skips exactly these), but for shardctl's own and the internal ones
+ * (foreign keys), qualified table and trigger name.
+ */
+export const ORIGIN_TRIGGERS_SQL = sql`SELECT format('%I.%I', n.nspname, c.relname) AS table_name, t.tgname AS trigger
+       FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND NOT t.tgisinternal AND t.tgenabled = 'O'
+        AND t.tgname NOT LIKE 'shardctl\_%'
+      ORDER BY 1, 2`;
+
 /** wal_level, and the free replication slots and WAL senders. */
 export const REPLICATION_SETTINGS_SQL = sql`SELECT current_setting('wal_level') AS wal_level,
               current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int AS free_slots,
