@@ -4,7 +4,13 @@ import { quoteIdent } from '../pg/quote.js';
 import { inflect } from '../text.js';
 import type { PreflightCheck } from './preflight-check.js';
 import { rolesNamed, type PrivilegeObject } from './privileges.js';
-import { DATABASE_RIGHTS_SQL, ORIGIN_TRIGGERS_SQL, ownerNeedsSet, replicaRoleSql, rolesSql } from './sql/preflight.js';
+import {
+  DATABASE_RIGHTS_SQL,
+  REPLICA_ROLE_SKIPS_SQL,
+  ownerNeedsSet,
+  replicaRoleSql,
+  rolesSql,
+} from './sql/preflight.js';
 import { CURRENT_USER_SQL } from './sql/session.js';
 
 /**
@@ -93,16 +99,17 @@ export async function databaseChecks(
   ];
 }
 
-/** Past this many, the triggers a failed check names are counted, not listed. */
-const TRIGGERS_NAMED = 5;
+/** Past this many, what a failed check names is counted, not listed. */
+const SKIPS_NAMED = 5;
 
 /**
  * The copy loads the target's tables with the replica role (BEGIN_COPY_SQL), so that the shard's
- * own triggers do not fire on rows that are copied, not written: an audit trigger would add rows
- * the copy brings anyway (a duplicate key, or rows twice), a BEFORE trigger would change the rows.
- * A role that may not take it (not a superuser, no SET on session_replication_role) copies with
- * them firing; without this check the move would stop at its copy (offline: with the source fenced)
- * or, worse, carry changed rows.
+ * own triggers do not fire on rows that are copied, not written (an audit trigger would add rows
+ * the copy brings anyway: a duplicate key, or rows twice; a BEFORE trigger would change the rows),
+ * and foreign keys are not checked in the order the tables happen to be copied in (a table copied
+ * before the one it references fails). A role that may not take it (not a superuser, no SET on
+ * session_replication_role) copies without it; without this check the move would stop at its copy
+ * (offline: with the source fenced) or, worse, carry changed rows.
  */
 export async function replicaRoleCheck(
   src: pg.Client,
@@ -111,9 +118,9 @@ export async function replicaRoleCheck(
   schemas: readonly string[],
   targetName: string,
 ): Promise<PreflightCheck> {
-  const [role, triggers] = await Promise.all([
+  const [role, skips] = await Promise.all([
     dst.query<{ role: string; may: boolean }>(replicaRoleSql(dstVersionNum)),
-    src.query<{ table_name: string; trigger: string }>(ORIGIN_TRIGGERS_SQL, [schemas]),
+    src.query<{ table_name: string; what: string }>(REPLICA_ROLE_SKIPS_SQL, [schemas]),
   ]);
   const { role: current, may } = role.rows[0]!;
   const name = 'replica role on target';
@@ -121,18 +128,22 @@ export async function replicaRoleCheck(
     return {
       name,
       ok: true,
-      message: `${current} may copy with the replica role on ${targetName} (triggers do not fire)`,
+      message: `${current} may copy with the replica role on ${targetName} (no trigger fires, no foreign key is checked)`,
     };
-  if (triggers.rows.length === 0)
-    return { name, ok: true, message: `no trigger of the batch's tables would fire on the copy on ${targetName}` };
-  const named = triggers.rows.slice(0, TRIGGERS_NAMED).map((t) => `${t.trigger} on ${t.table_name}`);
-  const more = triggers.rows.length - named.length;
+  if (skips.rows.length === 0)
+    return {
+      name,
+      ok: true,
+      message: `no trigger or foreign key between tables of the batch would act on the copy on ${targetName}`,
+    };
+  const named = skips.rows.slice(0, SKIPS_NAMED).map((t) => `${t.what} on ${t.table_name}`);
+  const more = skips.rows.length - named.length;
   return {
     name,
     ok: false,
     message:
       `${current} on ${targetName} may not set session_replication_role, so the copy would fire the shards' triggers ` +
-      `(${named.join(', ')}${more > 0 ? ` and ${more} more` : ''}) on every copied row; ` +
+      `and check their foreign keys on every copied row (${named.join(', ')}${more > 0 ? ` and ${more} more` : ''}); ` +
       (dstVersionNum >= 150000
         ? `GRANT SET ON PARAMETER session_replication_role TO ${quoteIdent(current)} on ${targetName}, or connect as a superuser`
         : `connect as a superuser`),

@@ -39,14 +39,20 @@ export function replicaRoleSql(serverVersionNum: number): Sql {
 }
 
 /**
- * The triggers of schemas $1's tables that fire on an ordinary write (enabled, not replica-only or
- * always: the replica role skips exactly these), but for shardctl's own and the internal ones
- * (foreign keys), qualified table and trigger name.
+ * What the replica role skips on schemas $1's tables: the triggers that fire on an ordinary write
+ * (enabled, not replica-only or always), but for shardctl's own and the internal ones, and the
+ * foreign keys from one table to another (whose check depends on the order the tables are copied
+ * in; one to the same table is checked once its COPY is whole). Qualified table, and `trigger NAME`
+ * or `foreign key NAME`.
  */
-export const ORIGIN_TRIGGERS_SQL = sql`SELECT format('%I.%I', n.nspname, c.relname) AS table_name, t.tgname AS trigger
+export const REPLICA_ROLE_SKIPS_SQL = sql`SELECT format('%I.%I', n.nspname, c.relname) AS table_name, 'trigger ' || t.tgname AS what
        FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid JOIN pg_namespace n ON n.oid = c.relnamespace
       WHERE n.nspname = ANY($1::text[]) AND NOT t.tgisinternal AND t.tgenabled = 'O'
         AND t.tgname NOT LIKE 'shardctl\_%'
+     UNION ALL
+     SELECT format('%I.%I', n.nspname, c.relname), 'foreign key ' || k.conname
+       FROM pg_constraint k JOIN pg_class c ON c.oid = k.conrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+      WHERE n.nspname = ANY($1::text[]) AND k.contype = 'f' AND k.confrelid <> k.conrelid AND k.conparentid = 0
       ORDER BY 1, 2`;
 
 /** wal_level, and the free replication slots and WAL senders. */
