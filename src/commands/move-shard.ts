@@ -55,7 +55,16 @@ export async function moveShards(
   }
   if (options.resume && options.abort)
     throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
-  if (options.resume || options.abort) return runMoves(config, list, undefined, options);
+  if (options.resume || options.abort) {
+    // The unfinished move goes on to (or is undone from) the target it recorded: a target given
+    // with it would be silently dropped, and the operator left thinking the shards go there.
+    if (targetName !== undefined)
+      throw new UsageError(
+        `a move to ${options.resume ? 'resume' : 'abort'} keeps the target it recorded; give no target (a new move starts without --resume and --abort)`,
+        { input: 'target', value: targetName },
+      );
+    return runMoves(config, list, undefined, options);
+  }
 
   if (!targetName) throw new UsageError('a target host is required to start a move', { input: 'target' });
   const target = config.hosts.find((h) => h.name === targetName);

@@ -151,6 +151,16 @@ describe('a batch that is only planned or refused', () => {
     },
     { args: ['x', '--to', 'pg2'], message: 'argument <shards> "x": ' },
     { args: ['1', '--to', 'pg2', '--wave-size', '0'], message: 'option --wave-size "0": expected a positive integer' },
+    {
+      args: ['1', '--resume', '--to', 'pg3'],
+      message:
+        'option --to "pg3": a move to resume keeps the target it recorded; give no target (a new move starts without --resume and --abort)',
+    },
+    {
+      args: ['1', '--abort', '--to', 'pg2'],
+      message:
+        'option --to "pg2": a move to abort keeps the target it recorded; give no target (a new move starts without --resume and --abort)',
+    },
   ])('refuses $args with exit 2 and changes nothing', async ({ args, message }) => {
     const before = await fleetState(urls(), fleet.configFile);
     const run = await runCli(['move-shard', ...args, '--yes', '-c', fleet.configFile]);
