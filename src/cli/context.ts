@@ -1,7 +1,8 @@
 import { existsSync } from 'node:fs';
+import path from 'node:path';
 import type { ShardctlConfig } from '../index.js';
 import { lib } from './library.js';
-import type { CommonFlags } from './options.js';
+import { type CommonFlags, repeatedOption } from './options.js';
 import type { Output, Streams } from './output.js';
 
 /** What every command's action receives: the streams, and a way to load the config. */
@@ -20,7 +21,7 @@ export async function loadCliConfig(
   settings: { checkMigrationsDir?: boolean } = {},
 ): Promise<ShardctlConfig> {
   const { loadConfig } = lib();
-  const config = await loadConfig(options.config ?? ctx.globalConfig(), {
+  const config = await loadConfig(namedConfig(ctx, options), {
     env: ctx.streams.env,
     cwd: ctx.cwd,
     ...(settings.checkMigrationsDir === undefined ? {} : { checkMigrationsDir: settings.checkMigrationsDir }),
@@ -36,7 +37,19 @@ export async function loadOptionalConfig(
   out: Output,
 ): Promise<ShardctlConfig | null> {
   const { resolveConfigPath } = lib();
-  const named = options.config ?? ctx.globalConfig() ?? ctx.streams.env['SHARDCTL_CONFIG'];
+  const named = namedConfig(ctx, options) ?? ctx.streams.env['SHARDCTL_CONFIG'];
   if (!named && !existsSync(resolveConfigPath(undefined, ctx.streams.env, ctx.cwd))) return null;
   return loadCliConfig(ctx, options, out, { checkMigrationsDir: false });
+}
+
+/**
+ * The file -c names, before the command name or after it. Both, naming different files, is a
+ * usage error: which one was meant is unclear, and the command would silently take the second.
+ */
+function namedConfig(ctx: CliContext, options: CommonFlags): string | undefined {
+  const before = ctx.globalConfig();
+  const after = options.config;
+  if (before !== undefined && after !== undefined && path.resolve(ctx.cwd, before) !== path.resolve(ctx.cwd, after))
+    throw new (lib().UsageError)(repeatedOption('--config', before, after));
+  return after ?? before;
 }

@@ -16,6 +16,7 @@ import { registerMigrate } from './migrate.js';
 import { registerMigration } from './migration.js';
 import { registerMoveShard } from './move-shard.js';
 import { registerPsql } from './psql.js';
+import { refuseRepeatedOptions } from './options.js';
 import { Output, type Streams } from './output.js';
 import { registerRebalance } from './rebalance.js';
 import { registerStatus } from './status.js';
@@ -70,6 +71,7 @@ export async function main(
     register(program, ctx, done);
   }
   for (const command of allCommands(program)) command.exitOverride();
+  for (const command of [program, ...allCommands(program)]) refuseRepeatedOptions(command);
   // The library loads when a command runs: parsing argv, --help and usage errors need none of it.
   program.hook('preAction', async () => {
     const { registerSecret } = await loadLibrary();

@@ -37,6 +37,32 @@ export function yesOption(
 }
 
 /**
+ * Makes an option given twice with different values a usage error (exit 2), on one command.
+ * Commander keeps the last value without a word: `move-shard 0 --to pg2 --to pg3` would move to pg3,
+ * `migrate --shards 0-3 --shards 4` would migrate shard 4 alone. The same value twice is kept.
+ */
+export function refuseRepeatedOptions(command: Command): void {
+  for (const option of command.options) {
+    // A switch (--json, --yes) says the same thing however often it is given.
+    if (!option.required && !option.optional) continue;
+    const key = option.attributeName();
+    option.argParser((value: string, previous: unknown) => {
+      // 'default' (--mode online) or unset before the first occurrence; 'cli' only for a repeat.
+      if (command.getOptionValueSource(key) === 'cli' && previous !== value)
+        command.error(`error: ${repeatedOption(option.long ?? key, previous, value)}`, {
+          exitCode: 2,
+          code: 'shardctl.repeatedOption',
+        });
+      return value;
+    });
+  }
+}
+
+export function repeatedOption(flag: string, first: unknown, second: unknown): string {
+  return `option ${flag} given twice (${JSON.stringify(first)}, then ${JSON.stringify(second)}); give it once`;
+}
+
+/**
  * Asks on the terminal before a command changes data; without a terminal, or when the answer is not
  * yes, refuses (exit 2, nothing done) and says to pass --yes.
  */

@@ -93,6 +93,61 @@ describe('the shardctl command line', () => {
     expect(named.stderr).not.toContain('pass -c');
   });
 
+  it('exits 2 on an option given twice with different values, naming both, and writes nothing', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8 });
+    const other = makeFleet({ urls: db.urls, shards: 8 });
+    // Commander keeps the last value: this would have migrated shard 4 alone, or moved to pg1.
+    const shards = await runCli(['migrate', '--shards', '0-3', '--shards', '4', '-c', fleet.configFile]);
+    expect(shards.code).toBe(2);
+    expect(shards.stderr).toContain('option --shards given twice ("0-3", then "4")');
+    const target = await runCli([
+      'move-shard',
+      '0',
+      '--to',
+      'pg2',
+      '--to',
+      'pg1',
+      '--yes',
+      '--json',
+      '-c',
+      fleet.configFile,
+    ]);
+    expect(target.code).toBe(2);
+    expect(JSON.parse(target.stdout)).toMatchObject({
+      error: { code: 'USAGE', message: 'option --to given twice ("pg2", then "pg1"); give it once', exitCode: 2 },
+    });
+    const mode = await runCli([
+      'move-shard',
+      '0',
+      '--to',
+      'pg2',
+      '--mode',
+      'offline',
+      '--mode',
+      'online',
+      '--yes',
+      '-c',
+      fleet.configFile,
+    ]);
+    expect(mode.code).toBe(2);
+    expect(mode.stderr).toContain('option --mode given twice ("offline", then "online")');
+    const configs = await runCli(['init', '-c', fleet.configFile, '--config', other.configFile]);
+    expect(configs.code).toBe(2);
+    expect(configs.stderr).toContain('option --config given twice');
+    // Before and after the command name: which file was meant is as unclear.
+    const around = await runCli(['-c', fleet.configFile, 'init', '-c', other.configFile]);
+    expect(around.code).toBe(2);
+    expect(around.stderr).toContain('option --config given twice');
+    // The same value twice is no contradiction.
+    const same = await runCli(['init', '--dry-run', '-c', fleet.configFile, '-c', fleet.configFile]);
+    expect(same.code).toBe(0);
+    for (const url of db.urls) {
+      await withClient(url, async (client) => {
+        expect((await client.query(`select 1 from pg_namespace where nspname = 'shardctl'`)).rowCount).toBe(0);
+      });
+    }
+  });
+
   it('decodes without a config, saying on stderr that -c would name the host', async () => {
     const id = ((1387263000n << 23n) | (1341n << 10n) | 905n).toString();
     // No -c, no SHARDCTL_CONFIG and no ./shardctl.yaml in the folder.
