@@ -148,6 +148,18 @@ describe('the shardctl command line', () => {
     }
   });
 
+  it('exits 2 on an id whose shard the config has not (not an id of this fleet), naming the id and shard', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 8 });
+    const foreign = ((1387263000n << 23n) | (1341n << 10n) | 905n).toString();
+    const ours = ((1387263000n << 23n) | (5n << 10n) | 1n).toString();
+    const cli = await runCli(['decode', ours, foreign, '-c', fleet.configFile]);
+    expect(cli.code).toBe(2);
+    expect(cli.stderr).toContain(
+      `argument <id...>: "${foreign}" carries shard 1341, not in the map (0-7): not an id of this fleet`,
+    );
+    expect(cli.stdout).toBe('');
+  });
+
   it('decodes without a config, saying on stderr that -c would name the host', async () => {
     const id = ((1387263000n << 23n) | (1341n << 10n) | 905n).toString();
     // No -c, no SHARDCTL_CONFIG and no ./shardctl.yaml in the folder.
