@@ -90,6 +90,6 @@ export function registerDev(program: Command, ctx: CliContext, done: (code: numb
 function positiveInt(flag: string, text: string): number {
   const { UsageError } = lib();
   if (!/^[1-9]\d{0,6}$/.test(text))
-    throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected a positive integer`);
+    throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected a whole number from 1 to 9999999`);
   return Number(text);
 }

@@ -96,12 +96,15 @@ function flagName(key: string): string {
   return `--${key.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`;
 }
 
-/** A count flag: an integer of at least `least`, or a usage error naming the flag and the value. */
+/**
+ * A count flag: a whole number from `least` to 999999, or a usage error naming the flag, the value
+ * and the range (the bound said too: "at least 0" reads as wrong of 1000000).
+ */
 function count(text: string | undefined, flag: string, least: number): number | undefined {
   if (text === undefined) return undefined;
   const { UsageError } = lib();
   if (!/^\d{1,6}$/.test(text) || Number(text) < least)
-    throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected an integer of at least ${least}`);
+    throw new UsageError(`option ${flag} ${JSON.stringify(text)}: expected a whole number from ${least} to 999999`);
   return Number(text);
 }
 

@@ -89,7 +89,9 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
     }
     if (flags.waveSize !== undefined && !/^[1-9]\d{0,5}$/.test(flags.waveSize)) {
-      throw new UsageError(`option --wave-size ${JSON.stringify(flags.waveSize)}: expected a positive integer`);
+      throw new UsageError(
+        `option --wave-size ${JSON.stringify(flags.waveSize)}: expected a whole number from 1 to 999999`,
+      );
     }
     const maxFencedMs = parseMaxFenced(flags.maxFenced);
     const maxRate = parseBytes('--max-rate', flags.maxRate);
@@ -101,7 +103,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     }
     if (flags.copyChunkRows !== undefined && !/^[1-9]\d{0,9}$/.test(flags.copyChunkRows)) {
       throw new UsageError(
-        `option --copy-chunk-rows ${JSON.stringify(flags.copyChunkRows)}: expected a positive whole number of rows`,
+        `option --copy-chunk-rows ${JSON.stringify(flags.copyChunkRows)}: expected a whole number of rows from 1 to 9999999999`,
       );
     }
     const config = await loadCliConfig(ctx, flags, out);

@@ -148,6 +148,28 @@ describe('the shardctl command line', () => {
     }
   });
 
+  it.each([
+    [
+      ['migrate', '--lock-retries', '1000000'],
+      'option --lock-retries "1000000": expected a whole number from 0 to 999999',
+    ],
+    [['migrate', '--canary', '0'], 'option --canary "0": expected a whole number from 1 to 999999'],
+    [
+      ['move-shard', '0', '--to', 'pg2', '--wave-size', '1000000'],
+      'option --wave-size "1000000": expected a whole number from 1 to 999999',
+    ],
+    [
+      ['move-shard', '0', '--to', 'pg2', '--copy-chunk-rows', '10000000000'],
+      'option --copy-chunk-rows "10000000000": expected a whole number of rows from 1 to 9999999999',
+    ],
+    [['dev', 'up', '--shards', '10000000'], 'option --shards "10000000": expected a whole number from 1 to 9999999'],
+  ])('exits 2 on a count out of its range, saying the range: %j', async (args, message) => {
+    // A number above the bound was refused as "expected a positive integer", which it is.
+    const cli = await runCli(args, { cwd: tempDir('shardctl-counts-') });
+    expect(cli.code).toBe(2);
+    expect(cli.stderr).toContain(message);
+  });
+
   it('exits 2 on an id whose shard the config has not (not an id of this fleet), naming the id and shard', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 8 });
     const foreign = ((1387263000n << 23n) | (1341n << 10n) | 905n).toString();

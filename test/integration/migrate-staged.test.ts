@@ -70,9 +70,9 @@ describe('a staged rollout: canary, one host, then every shard', () => {
   it.each([
     [['--hosts', 'pg9'], 'option --hosts "pg9": no such host in the config (its hosts: pg1, pg2)'],
     [['--shards', '5-90'], 'option --shards "5-90"'],
-    [['--canary', '0'], 'option --canary "0": expected an integer of at least 1'],
-    [['--max-failures', 'x'], 'option --max-failures "x": expected an integer of at least 1'],
-    [['--lock-retries', '-1'], 'option --lock-retries "-1": expected an integer of at least 0'],
+    [['--canary', '0'], 'option --canary "0": expected a whole number from 1 to 999999'],
+    [['--max-failures', 'x'], 'option --max-failures "x": expected a whole number from 1 to 999999'],
+    [['--lock-retries', '-1'], 'option --lock-retries "-1": expected a whole number from 0 to 999999'],
     [['--check', '--canary', '2'], 'option --check looks at every shard and writes nothing; it takes no --canary'],
   ])('refuses migrate %j (exit 2), naming the option and the value', async (args, message) => {
     const fleet = makeFleet({ urls: db.urls, shards: 8 });

@@ -150,7 +150,10 @@ describe('a batch that is only planned or refused', () => {
       message: 'argument <shards> "1-3": shards 2-3 are already on pg2; nothing to move',
     },
     { args: ['x', '--to', 'pg2'], message: 'argument <shards> "x": ' },
-    { args: ['1', '--to', 'pg2', '--wave-size', '0'], message: 'option --wave-size "0": expected a positive integer' },
+    {
+      args: ['1', '--to', 'pg2', '--wave-size', '0'],
+      message: 'option --wave-size "0": expected a whole number from 1 to 999999',
+    },
     {
       args: ['1', '--resume', '--to', 'pg3'],
       message:
