@@ -23,12 +23,32 @@ export function parseYaml(text: string): Parsed {
 }
 
 export function parseJson(text: string): Parsed {
+  // A byte order mark (some Windows editors write one) is no JSON token; the YAML reader skips it.
+  const json = text.startsWith('\uFEFF') ? text.slice(1) : text;
+  let value: unknown;
   try {
-    return { value: JSON.parse(text) };
+    value = JSON.parse(json);
   } catch (error) {
     const message = (error as Error).message;
-    return { error: `not valid JSON${jsonErrorPosition(text, message)}: ${withoutQuotedText(message)}` };
+    return { error: `not valid JSON${jsonErrorPosition(json, message)}: ${withoutQuotedText(message)}` };
   }
+  const repeated = repeatedJsonKey(json);
+  return repeated ? { error: repeated } : { value };
+}
+
+/**
+ * JSON.parse keeps the last of a key given twice in one object without a word (a second `url`
+ * replaces the first); YAML refuses it. JSON is YAML 1.2, so the YAML reader finds it, with where.
+ */
+function repeatedJsonKey(json: string): string | undefined {
+  const lineCounter = new LineCounter();
+  const document = parseDocument(json, { lineCounter, prettyErrors: false, uniqueKeys: true });
+  const duplicate = document.errors.find((e) => e.code === 'DUPLICATE_KEY');
+  if (!duplicate) return undefined;
+  const { line, col } = lineCounter.linePos(duplicate.pos[0]);
+  // The key only, never a value (which may hold a password).
+  const key = /^"(?:[^"\\]|\\.)*"/.exec(json.slice(duplicate.pos[0]))?.[0];
+  return `not valid JSON at line ${line}, column ${col}: ${key ? `key ${key}` : 'a key'} given twice in one object`;
 }
 
 /** JSON.parse reports a character offset (Node 20) or a line and column (Node 22+), or nothing. */

@@ -756,6 +756,21 @@ describe('parseConfig: problems in the file', () => {
     );
     expect(message).toBe("not valid JSON: Unexpected token ']'");
   });
+
+  it('refuses a key given twice in one JSON object, naming it and where (as YAML does)', () => {
+    // JSON.parse keeps the last one without a word: a second url would replace the first.
+    const text = `{\n  "shards": 2048,\n  "hosts": [],\n  "shards": 8\n}`;
+    const message = issueAt(
+      issuesOf(() => parse(text, { format: 'json' })),
+      '',
+    );
+    expect(message).toBe('not valid JSON at line 4, column 3: key "shards" given twice in one object');
+  });
+
+  it('reads a JSON file that starts with a byte order mark, as it reads YAML', () => {
+    const config = parse(`\uFEFF${JSON.stringify(validConfig())}`, { file: path.join(dir, 'shardctl.json') });
+    expect(config.shards).toBe(validConfig().shards);
+  });
 });
 
 describe('loadConfig', () => {
