@@ -49,6 +49,9 @@ export async function loadOptionalConfig(
 function namedConfig(ctx: CliContext, options: CommonFlags): string | undefined {
   const before = ctx.globalConfig();
   const after = options.config;
+  // An empty path (an unset variable in `-c "$CONFIG"`) would fall back to ./shardctl.yaml unsaid.
+  if (before === '' || after === '')
+    throw new (lib().UsageError)('option --config "": expected the path of a config file');
   if (before !== undefined && after !== undefined && path.resolve(ctx.cwd, before) !== path.resolve(ctx.cwd, after))
     throw new (lib().UsageError)(repeatedOption('--config', before, after));
   return after ?? before;

@@ -106,6 +106,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
         `option --copy-chunk-rows ${JSON.stringify(flags.copyChunkRows)}: expected a whole number of rows from 1 to 9999999999`,
       );
     }
+    refuseIdleOptions(command, flags);
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
     const which = shardsPhrase(shards);
@@ -249,4 +250,37 @@ function printMove(out: Output, move: MoveResult): void {
       `writes blocked ${move.writeBlockedMs === null ? 'not at all' : `${move.writeBlockedMs} ms`}` +
       `${move.waves.length > 1 ? ` (longest of ${move.waves.length} waves)` : ''}, total ${seconds(move.durationMs)}${views}`,
   );
+}
+
+/** The online-only options, as typed, by their keys in MoveFlags. */
+const ONLINE_ONLY = [
+  ['waveSize', '--wave-size'],
+  ['maxSlotWal', '--max-slot-wal'],
+  ['copyChunkRows', '--copy-chunk-rows'],
+  ['copyParallel', '--copy-parallel'],
+] as const;
+
+/**
+ * Options that would do nothing in this combination are refused rather than dropped without a word
+ * (the operator would think they hold): a mode with --resume or --abort (the move keeps the mode it
+ * recorded), --drop-source with --abort (the source is kept: the shards stay there), and an online
+ * move's options with --mode offline.
+ */
+function refuseIdleOptions(command: Command, flags: MoveFlags): void {
+  const { UsageError } = lib();
+  const resuming = flags.resume ? '--resume' : flags.abort ? '--abort' : undefined;
+  if (resuming && command.getOptionValueSource('mode') === 'cli')
+    throw new UsageError(
+      `option --mode ${JSON.stringify(flags.mode)}: with ${resuming} the move keeps the mode it recorded; give no --mode`,
+    );
+  if (flags.abort && flags.dropSource)
+    throw new UsageError(
+      'option --drop-source: with --abort the source copy is kept (the shards stay there); give no --drop-source',
+    );
+  if (flags.mode === 'offline')
+    for (const [key, flag] of ONLINE_ONLY)
+      if (flags[key] !== undefined)
+        throw new UsageError(
+          `option ${flag} ${JSON.stringify(flags[key])}: only for an online move; an offline move fences each shard and copies it whole`,
+        );
 }

@@ -65,8 +65,15 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
       return;
     }
     out.info(`shard ${shard}: ${invocation.schema} on ${invocation.host} (${invocation.display.url})`);
+    // psql's own codes (2: its connection failed or was lost; 3: a script error) mean something else
+    // here (2: bad usage, 3: a check found a problem): any failure of psql is a failure at run time.
+    const finish = (code: number): void => {
+      if (code !== 0)
+        out.info(`psql ended with exit code ${code} (shard ${shard}, ${invocation.schema} on ${invocation.host})`);
+      done(code === 0 ? 0 : 1);
+    };
     if (invocation.serviceFile === undefined) {
-      done(await runPsql(psql, invocation.args, invocation.env));
+      finish(await runPsql(psql, invocation.args, invocation.env));
       return;
     }
     // The sslpassword, which libpq reads from no environment variable, in a service file only this
@@ -75,7 +82,7 @@ export function registerPsql(program: Command, ctx: CliContext, done: (code: num
     try {
       const file = path.join(dir, 'pg_service.conf');
       await writeFile(file, invocation.serviceFile, { mode: 0o600 });
-      done(await runPsql(psql, invocation.args, { ...invocation.env, PGSERVICEFILE: file }));
+      finish(await runPsql(psql, invocation.args, { ...invocation.env, PGSERVICEFILE: file }));
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

@@ -138,6 +138,15 @@ describe('the shardctl command line', () => {
     const around = await runCli(['-c', fleet.configFile, 'init', '-c', other.configFile]);
     expect(around.code).toBe(2);
     expect(around.stderr).toContain('option --config given twice');
+    // An empty path (an unset variable) is not taken for "the default file".
+    for (const args of [
+      ['status', '-c', ''],
+      ['-c', '', 'status'],
+    ]) {
+      const empty = await runCli(args);
+      expect(empty.code, args.join(' ')).toBe(2);
+      expect(empty.stderr).toContain('option --config "": expected the path of a config file');
+    }
     // The same value twice is no contradiction.
     const same = await runCli(['init', '--dry-run', '-c', fleet.configFile, '-c', fleet.configFile]);
     expect(same.code).toBe(0);

@@ -369,4 +369,16 @@ exec psql -X -A -t -c 'select current_schema()' "$@" > "${dir}/schema" 2>&1
     expect(run.code).toBe(2);
     expect(run.stderr).toContain(message);
   });
+
+  it("a psql that fails (its connection, exit 2; a script's error, exit 3) is a failure at run time: exit 1, naming the shard and host", async () => {
+    for (const code of [2, 3]) {
+      const dir = tempDir('shardctl-psql-');
+      const script = join(dir, 'psql');
+      writeFileSync(script, `#!/bin/sh\nexit ${code}\n`);
+      chmodSync(script, 0o755);
+      const run = await runCli(['psql', '-c', fleet.configFile, '5'], { env: { SHARDCTL_PSQL: script } });
+      expect(run.code, `psql exit ${code}`).toBe(1);
+      expect(run.stderr).toContain(`psql ended with exit code ${code} (shard 5, ex5 on pg`);
+    }
+  });
 });

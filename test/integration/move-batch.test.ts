@@ -164,6 +164,24 @@ describe('a batch that is only planned or refused', () => {
       message:
         'option --to "pg2": a move to abort keeps the target it recorded; give no target (a new move starts without --resume and --abort)',
     },
+    {
+      args: ['1', '--resume', '--mode', 'offline'],
+      message: 'option --mode "offline": with --resume the move keeps the mode it recorded; give no --mode',
+    },
+    {
+      args: ['1', '--abort', '--drop-source'],
+      message:
+        'option --drop-source: with --abort the source copy is kept (the shards stay there); give no --drop-source',
+    },
+    {
+      args: ['1', '--to', 'pg2', '--mode', 'offline', '--copy-parallel', '2'],
+      message:
+        'option --copy-parallel "2": only for an online move; an offline move fences each shard and copies it whole',
+    },
+    {
+      args: ['1', '--to', 'pg2', '--mode', 'offline', '--wave-size', '8'],
+      message: 'option --wave-size "8": only for an online move',
+    },
   ])('refuses $args with exit 2 and changes nothing', async ({ args, message }) => {
     const before = await fleetState(urls(), fleet.configFile);
     const run = await runCli(['move-shard', ...args, '--yes', '-c', fleet.configFile]);
