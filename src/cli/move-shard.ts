@@ -33,6 +33,7 @@ const FLAGS = {
   shards: 'argument <shards>',
   shard: 'argument <shards>',
   target: 'option --to',
+  mode: 'option --mode',
   'resume+abort': 'options --resume and --abort',
   maxRate: 'option --max-rate',
   maxSlotWal: 'option --max-slot-wal',
@@ -122,6 +123,10 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     const result = await withFlagNames(FLAGS, () =>
       moveShards(config, shards, flags.to, {
         mode: flags.mode as MoveMode,
+        // Typed with --resume or --abort: must be the mode the move recorded (its default is not).
+        ...((flags.resume || flags.abort) && command.getOptionValueSource('mode') === 'cli'
+          ? { stated: { mode: flags.mode as MoveMode } }
+          : {}),
         dryRun: flags.dryRun ?? false,
         resume: flags.resume ?? false,
         abort: flags.abort ?? false,
@@ -262,17 +267,12 @@ const ONLINE_ONLY = [
 
 /**
  * Options that would do nothing in this combination are refused rather than dropped without a word
- * (the operator would think they hold): a mode with --resume or --abort (the move keeps the mode it
- * recorded), --drop-source with --abort (the source is kept: the shards stay there), and an online
- * move's options with --mode offline.
+ * (the operator would think they hold): --drop-source with --abort (the source is kept: the shards
+ * stay there), and an online move's options with --mode offline. (A --to or --mode with --resume
+ * or --abort must be what the move recorded: checked against its record, moves/resume.ts.)
  */
 function refuseIdleOptions(command: Command, flags: MoveFlags): void {
   const { UsageError } = lib();
-  const resuming = flags.resume ? '--resume' : flags.abort ? '--abort' : undefined;
-  if (resuming && command.getOptionValueSource('mode') === 'cli')
-    throw new UsageError(
-      `option --mode ${JSON.stringify(flags.mode)}: with ${resuming} the move keeps the mode it recorded; give no --mode`,
-    );
   if (flags.abort && flags.dropSource)
     throw new UsageError(
       'option --drop-source: with --abort the source copy is kept (the shards stay there); give no --drop-source',

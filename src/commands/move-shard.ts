@@ -57,13 +57,11 @@ export async function moveShards(
     throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
   if (options.resume || options.abort) {
     // The unfinished move goes on to (or is undone from) the target it recorded: a target given
-    // with it would be silently dropped, and the operator left thinking the shards go there.
-    if (targetName !== undefined)
-      throw new UsageError(
-        `a move to ${options.resume ? 'resume' : 'abort'} keeps the target it recorded; give no target (a new move starts without --resume and --abort)`,
-        { input: 'target', value: targetName },
-      );
-    return runMoves(config, list, undefined, options);
+    // with it must be that one (the same command again with --resume), never silently dropped.
+    return runMoves(config, list, undefined, {
+      ...options,
+      ...(targetName === undefined ? {} : { stated: { ...options.stated, target: targetName } }),
+    });
   }
 
   if (!targetName) throw new UsageError('a target host is required to start a move', { input: 'target' });

@@ -27,6 +27,12 @@ export interface MoveOptions {
   readonly abort?: boolean;
   /** With resume or abort: only these unfinished moves (by id), of those that carry the shards. */
   readonly moveIds?: readonly string[];
+  /**
+   * With resume or abort, a target (and a mode) the caller named: each move keeps the one it
+   * recorded, so one that recorded another is refused (UsageError) before anything is written,
+   * rather than the name dropped without a word.
+   */
+  readonly stated?: { readonly target?: string; readonly mode?: MoveMode };
   /** Drop the old copy right after the switch instead of keeping it (fenced, renamed) until gc. */
   readonly dropSource?: boolean;
   /** The config file to rewrite at the switch (default: config.file). */

@@ -1,6 +1,6 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { shardsPhrase } from '../config/ranges.js';
-import { failureReason, RuntimeFailure } from '../errors.js';
+import { failureReason, RuntimeFailure, UsageError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { completeControlSchema, controlTableExists, MOVE_ABORTING } from '../fleet/control.js';
 import { Fleet, withSession, type HostSession } from '../fleet/session.js';
@@ -18,6 +18,24 @@ import { abortBegun, runningMoves, stepsFor, type MoveRecord, type MoveStep } fr
  * step each carries on from when its two hosts' records disagree (reconcileRecords), and each
  * carried on from there or undone; an abort also drops what killed runs left behind.
  */
+
+/**
+ * A target or mode named with --resume or --abort that one of the moves did not record: the move
+ * would go on to (or be undone from) its own, whatever was named, so the command is refused.
+ */
+function refuseOtherStated(records: readonly MoveRecord[], stated: MoveOptions['stated']): void {
+  for (const [input, named, recorded] of [
+    ['target', stated?.target, (r: MoveRecord) => r.target],
+    ['mode', stated?.mode, (r: MoveRecord) => r.mode],
+  ] as const) {
+    const other = named === undefined ? undefined : records.find((r) => recorded(r) !== named);
+    if (other)
+      throw new UsageError(
+        `the unfinished move ${other.moveId} of ${shardsPhrase(other.shards)} is ${other.mode}, from ${other.source} to ${other.target}, and keeps its ${input}; give ${input === 'target' ? `--to ${other.target}` : `--mode ${other.mode}`} or none`,
+        { input, value: named },
+      );
+  }
+}
 
 /** Resume and abort: the unfinished moves that carry any of the shards, carried on or undone. */
 export async function continueMoves(
@@ -40,6 +58,7 @@ export async function continueMoves(
       `no unfinished move of ${shardsPhrase(shards)} is recorded on any host; nothing to ${options.resume ? 'resume' : 'abort'}`,
     );
   }
+  refuseOtherStated(records, options.stated);
   const hostOf = (name: string): HostConfig => {
     const host = config.hosts.find((h) => h.name === name);
     if (!host)

@@ -155,20 +155,6 @@ describe('a batch that is only planned or refused', () => {
       message: 'option --wave-size "0": expected a whole number from 1 to 999999',
     },
     {
-      args: ['1', '--resume', '--to', 'pg3'],
-      message:
-        'option --to "pg3": a move to resume keeps the target it recorded; give no target (a new move starts without --resume and --abort)',
-    },
-    {
-      args: ['1', '--abort', '--to', 'pg2'],
-      message:
-        'option --to "pg2": a move to abort keeps the target it recorded; give no target (a new move starts without --resume and --abort)',
-    },
-    {
-      args: ['1', '--resume', '--mode', 'offline'],
-      message: 'option --mode "offline": with --resume the move keeps the mode it recorded; give no --mode',
-    },
-    {
       args: ['1', '--abort', '--drop-source'],
       message:
         'option --drop-source: with --abort the source copy is kept (the shards stay there); give no --drop-source',

@@ -962,6 +962,28 @@ describe('a real-world schema: a run killed during the cut-over', () => {
       expect(logged).toContain('events_2026');
       expect(await deltaTriggers(db.urls[1]!)).toBe(2);
 
+      // Named with it, a target or a mode the move did not record is refused, naming what it keeps;
+      // the same command again with the flag (its own target) goes on.
+      const otherTarget = await runCli([
+        'move-shard',
+        String(shard),
+        '--to',
+        'pg1',
+        then,
+        '--yes',
+        '-c',
+        fleet.configFile,
+      ]);
+      expect(otherTarget.code, otherTarget.stderr).toBe(2);
+      expect(otherTarget.stderr).toMatch(
+        new RegExp(
+          `option --to "pg1": the unfinished move \\S+ of shard ${shard} is online, from pg1 to pg2, and keeps its target; give --to pg2 or none`,
+        ),
+      );
+      const otherMode = await runCli([...args, '--mode', 'offline', then]);
+      expect(otherMode.code, otherMode.stderr).toBe(2);
+      expect(otherMode.stderr).toContain('option --mode "offline": the unfinished move');
+      expect(otherMode.stderr).toContain('and keeps its mode; give --mode online or none');
       const run = await runCli([...args, then]);
       expect(run.code, run.stderr).toBe(0);
       // Aborted: none left. Moved: none on the target; on the source only those of the old copy,
