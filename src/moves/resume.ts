@@ -72,9 +72,13 @@ export async function continueMoves(
   const fleet = await Fleet.open(hosts, { applicationName: 'shardctl move' });
   try {
     fleet.requireAll();
-    if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
+    let current = records;
+    if (!options.dryRun && !options.runnerLocksHeld) {
+      await fleet.lock({ lockTimeout: config.lockTimeout });
+      current = await stillUnfinished(config, shards, records, options);
+    }
     const moves = await runParts(
-      records.map((record) => async () => {
+      current.map((record) => async () => {
         const part = await openPart(hostOf(record.source), hostOf(record.target), options.dryRun ?? false);
         try {
           const { step, detail } = reconcileRecords(
@@ -109,11 +113,11 @@ export async function continueMoves(
         }
       }),
     );
-    const target = [...new Set(records.map((r) => r.target))].join(', ');
+    const target = [...new Set(current.map((r) => r.target))].join(', ');
     const result = batchResult(
       options.abort ? 'aborted' : options.dryRun ? 'dry-run' : 'moved',
       target,
-      [...new Set(records.flatMap((r) => r.shards))].sort((a, b) => a - b),
+      [...new Set(current.flatMap((r) => r.shards))].sort((a, b) => a - b),
       moves,
       started,
     );
@@ -122,6 +126,31 @@ export async function continueMoves(
   } finally {
     await fleet.close();
   }
+}
+
+/**
+ * The moves found before the runner locks were taken, as the hosts record them now that this run
+ * holds the locks: another run (a second operator's --resume or --abort, a rebalance) may have
+ * finished or undone some of them while this one waited for the locks, and carrying one on from
+ * the step read before would redo its steps on a finished move (a new subscription to a dropped
+ * publication, waited for until the subscription's limit, and left behind). Refused with NO_MOVE
+ * when none is left; the others go on from their current records (an abort begun meanwhile too).
+ */
+async function stillUnfinished(
+  config: ShardctlConfig,
+  shards: readonly number[],
+  found: readonly MoveRecord[],
+  options: MoveOptions,
+): Promise<MoveRecord[]> {
+  const now = await findRunningMoves(config, shards);
+  const current = found.flatMap((r) => now.filter((n) => n.moveId === r.moveId));
+  if (current.length > 0) return current;
+  const ids = found.map((r) => r.moveId).join(', ');
+  throw new RuntimeFailure(
+    'NO_MOVE',
+    `no unfinished move of ${shardsPhrase(shards)} is left to ${options.resume ? 'resume' : 'abort'}: ${found.length === 1 ? 'move' : 'moves'} ${ids} ${found.length === 1 ? 'was' : 'were'} finished or undone by another run while this one waited for the runner lock; nothing was changed`,
+    { moveIds: found.map((r) => r.moveId) },
+  );
 }
 
 /**

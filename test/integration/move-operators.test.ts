@@ -1,0 +1,119 @@
+/**
+ * Two operators at once on the same move: a killed move resumed (or aborted) from two terminals.
+ * The second run read the move's record before the first took the runner lock; once it gets the
+ * lock the first has finished the move, and the second must not carry on from what it read.
+ */
+import type pg from 'pg';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { init } from '../../src/commands/init.js';
+import { killedAfter, move, seed } from '../helpers/faults.js';
+import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
+import { adminClient, useTestDatabases } from '../helpers/hosts.js';
+import { lastMove, removeCliSnapshot, schemaFingerprint, shardRow, startCli } from '../helpers/moves.js';
+
+const db = useTestDatabases(2);
+afterAll(removeCliSnapshot);
+
+/** Holds the runner lock of a host from the test until released: runs queue behind it. */
+async function holdRunnerLock(client: pg.Client): Promise<() => Promise<void>> {
+  await client.query('BEGIN; LOCK TABLE shardctl.runner_lock IN SHARE UPDATE EXCLUSIVE MODE');
+  return async () => {
+    await client.query('COMMIT');
+  };
+}
+
+/** Waits until `count` sessions wait for the runner lock of the host. */
+async function waitForLockWaiters(client: pg.Client, count: number): Promise<void> {
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    const r = await client.query<{ n: number }>(
+      `select count(*)::int as n from pg_locks where relation = 'shardctl.runner_lock'::regclass and not granted`,
+    );
+    if (r.rows[0]!.n >= count) return;
+    if (Date.now() > deadline) throw new Error(`${count} runs never queued for the runner lock`);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+  }
+}
+
+/** The logical replication subscriptions of the host's database. */
+async function subscriptions(client: pg.Client): Promise<string[]> {
+  const r = await client.query<{ subname: string }>(
+    'select subname from pg_subscription where subdbid = (select oid from pg_database where datname = current_database())',
+  );
+  return r.rows.map((row) => row.subname);
+}
+
+describe('two operators finishing the same killed move', () => {
+  let fleet: Fleet;
+  let source: pg.Client;
+  let target: pg.Client;
+  let locker: pg.Client;
+
+  beforeAll(async () => {
+    fleet = makeFleet({ urls: db.urls, shards: 8, split: ['0-3', '4-7'], extra: 'lockTimeout: 60s' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    source = await adminClient(db.urls[0]!);
+    target = await adminClient(db.urls[1]!);
+    locker = await adminClient(db.urls[0]!);
+  });
+
+  afterAll(async () => {
+    await source?.end();
+    await target?.end();
+    await locker?.end();
+  });
+
+  it.each([
+    ['copied', '--resume', '--resume', 1],
+    ['subscribed', '--resume', '--abort', 2],
+    ['target-created', '--abort', '--resume', 3],
+  ] as const)(
+    'killed after %s, %s and %s at once: one finishes it, the other changes nothing and the move stays finished',
+    async (step, first, second, shard) => {
+      await seed(source, shard, 400);
+      await killedAfter(fleet, shard, step);
+      const before = await lastMove(source, shard);
+      expect(before?.status).toBe('running');
+
+      // Both runs read the move's record, then queue for the runner lock the test holds.
+      const release = await holdRunnerLock(locker);
+      const runs = [await startCli(move(fleet, shard, first)), await startCli(move(fleet, shard, second))];
+      try {
+        await waitForLockWaiters(source, 2);
+      } finally {
+        await release();
+      }
+      // A run that carries on a finished move waits minutes for a subscription that cannot start.
+      const timer = setTimeout(() => runs.forEach((r) => r.child.kill('SIGKILL')), 60_000);
+      const ended = await Promise.all(runs.map((r) => r.done));
+      clearTimeout(timer);
+      const outcome = ended.map((r) => `exit ${r.code}: ${r.stdout}\n${r.stderr}`).join('\n---\n');
+
+      // The move is finished on both hosts, as the run that got the lock first left it.
+      const onSource = await lastMove(source, shard);
+      const onTarget = await lastMove(target, shard);
+      expect(onSource?.moveId, outcome).toBe(before!.moveId);
+      expect(onTarget?.moveId, outcome).toBe(before!.moveId);
+      expect(onSource?.status, outcome).not.toBe('running');
+      expect(onTarget?.status, outcome).toBe(onSource?.status);
+      const holder = onSource!.status === 'done' ? target : source;
+      const other = holder === target ? source : target;
+      expect((await shardRow(holder, shard))?.state, outcome).toBe('active');
+      expect((await shardRow(other, shard))?.state ?? 'none', outcome).not.toBe('active');
+      const rows = await schemaFingerprint(holder, `insta${shard}`);
+      expect(rows['photos'], outcome).toMatch(/^400 /);
+      // One run did the work; the other found nothing left to do and said so.
+      expect(
+        ended.map((r) => r.signal),
+        outcome,
+      ).toEqual([null, null]);
+      expect(ended.map((r) => r.code).sort(), outcome).toEqual([0, 1]);
+      expect(ended.find((r) => r.code === 1)!.stderr, outcome).toContain('finished or undone by another run');
+      expect(await subscriptions(target), outcome).toEqual([]);
+
+      const status = await runCli(['status', '-c', fleet.configFile]);
+      expect(status.code, `${outcome}\n${status.stdout}${status.stderr}`).toBe(0);
+    },
+    180_000,
+  );
+});
