@@ -222,7 +222,11 @@ export class Fleet {
    * hosts at once (nothing is locked by opening one); only the locks are taken one after the other.
    */
   async lock(options: { lockTimeout?: string; tolerateLoss?: boolean } = {}): Promise<void> {
-    const sessions = [...this.sessions];
+    // Every run takes its hosts' locks in the order of their names, not in its own order of hosts
+    // (a move's is source then target): two runs in opposite directions (pg1 → pg2 and pg2 → pg1,
+    // or two files that list the hosts differently) would each hold one lock and wait for the
+    // other's until lockTimeout, and both fail where the second could have waited for the first.
+    const sessions = [...this.sessions].sort((a, b) => byName(a.host.name, b.host.name));
     const checked = await requireControlSchemaRights(sessions);
     const opened = await Promise.allSettled(
       sessions.map((s, i) => {
@@ -287,4 +291,9 @@ export class Fleet {
   async close(): Promise<void> {
     await Promise.all(this.sessions.map((s) => closeSession(s)));
   }
+}
+
+/** Host names in one order for every run (code points, not the locale's collation). */
+function byName(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
 }

@@ -117,3 +117,49 @@ describe('two operators finishing the same killed move', () => {
     180_000,
   );
 });
+
+describe('two operators moving shards in opposite directions at once', () => {
+  const pair = useTestDatabases(2);
+
+  it('pg1 → pg2 and pg2 → pg1 started together: the second waits for the first, both succeed', async () => {
+    const fleet = makeFleet({ urls: pair.urls, shards: 4, split: ['0-1', '2-3'], extra: 'lockTimeout: 20s' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const lockers = await Promise.all(pair.urls.map((url) => adminClient(url)));
+    try {
+      // Both runs queue behind the test's locks: one for pg1's lock, the other for pg2's (the
+      // first host each of them locks, in its own order of hosts), then go at once.
+      const releases = await Promise.all(lockers.map((c) => holdRunnerLock(c)));
+      const runs = [await startCli(move(fleet, 1, '--to', 'pg2')), await startCli(move(fleet, 2, '--to', 'pg1'))];
+      try {
+        const deadline = Date.now() + 60_000;
+        for (;;) {
+          const waiting = await Promise.all(
+            lockers.map(
+              async (c) =>
+                (
+                  await c.query<{ n: number }>(
+                    `select count(*)::int as n from pg_locks where relation = 'shardctl.runner_lock'::regclass and not granted`,
+                  )
+                ).rows[0]!.n,
+            ),
+          );
+          if (waiting[0]! + waiting[1]! >= 2) break;
+          if (Date.now() > deadline) throw new Error('the moves never queued for the runner locks');
+          await new Promise((resolve) => setTimeout(resolve, 50));
+        }
+      } finally {
+        await Promise.all(releases.map((release) => release()));
+      }
+      const ended = await Promise.all(runs.map((r) => r.done));
+      const outcome = ended.map((r) => `exit ${r.code}: ${r.stdout}\n${r.stderr}`).join('\n---\n');
+      expect(
+        ended.map((r) => r.code),
+        outcome,
+      ).toEqual([0, 0]);
+      expect((await shardRow(lockers[1]!, 1))?.state, outcome).toBe('active');
+      expect((await shardRow(lockers[0]!, 2))?.state, outcome).toBe('active');
+    } finally {
+      await Promise.all(lockers.map((c) => c.end()));
+    }
+  }, 180_000);
+});
