@@ -4,7 +4,8 @@ import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
-import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
+import { readFleetPlacement, requireCurrentMapLocked } from '../fleet/placement.js';
+import { loadConfig } from '../config/load.js';
 import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
 import { dropUnusedFenceGuardsSql, leftTriggersSql } from '../moves/sql/leftovers.js';
@@ -55,16 +56,17 @@ const TRIGGER_RETRY_MS = 300;
  * they are only listed; otherwise dropped, under the runner lock of each host (so nothing a running
  * shardctl is using).
  */
-export async function gc(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<GcResult> {
+export async function gc(given: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<GcResult> {
   const oldCopies: OldCopy[] = [];
   const leftovers: HostLeftover[] = [];
   const triggers: LeftTrigger[] = [];
-  const fleet = await Fleet.open(config.hosts, { applicationName: 'shardctl gc' });
+  const fleet = await Fleet.open(given.hosts, { applicationName: 'shardctl gc' });
   try {
     fleet.requireAll();
-    if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    if (!options.dryRun) await fleet.lock({ lockTimeout: given.lockTimeout });
     const placement = await readFleetPlacement(fleet);
-    requireCurrentMap(config, placement);
+    // A move this run waited for may have rewritten the file since it was read.
+    const config = await requireCurrentMapLocked(given, placement, (file) => loadConfig(file));
     for (const { host, client } of fleet.sessions) {
       try {
         if (!(await controlTableExists(client, 'shards'))) continue;

@@ -4,7 +4,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { type NextStep, RuntimeFailure, UsageError } from '../errors.js';
 import { controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
-import { readFleetPlacement, requireCurrentMap } from '../fleet/placement.js';
+import { readFleetPlacement, requireCurrentMapLocked } from '../fleet/placement.js';
 import type { MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import { abortBegun, type MoveStep } from '../moves/state.js';
@@ -111,9 +111,12 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     if (refused && !options.dryRun)
       throw new RuntimeFailure(refused.code, refused.message, { hosts: refused.hosts }, [], [...refused.next]);
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    requireCurrentMap(config, await readFleetPlacement(fleet));
+    const placement = await readFleetPlacement(fleet);
+    // A move this run waited for may have rewritten the file since it was read.
+    const reload = options.reload ?? ((file: string) => loadConfig(file));
+    const current = await requireCurrentMapLocked(config, placement, () => reload(config.file));
     const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);
-    return { ...(await rebalanceLocked(config, options, by, maxParallel, started, intoLimit)), refused };
+    return { ...(await rebalanceLocked(current, options, by, maxParallel, started, intoLimit)), refused };
   } finally {
     await fleet.close();
   }

@@ -561,6 +561,44 @@ export function requireCurrentMap(config: ShardctlConfig, placement: FleetPlacem
 }
 
 /**
+ * requireCurrentMap for a run that has just taken the runner locks, and the config it goes on with.
+ * A run that waited for them behind a move read its file before the move's switch rewrote it: the
+ * file on disk then agrees with the fleet where the copy read at the start does not. Only the
+ * hosts' shard lists are taken from the file read again, and only when it names the same hosts at
+ * the same urls (anything else was edited by hand: refused as before); every other setting stays
+ * as the run was given it.
+ */
+export async function requireCurrentMapLocked(
+  config: ShardctlConfig,
+  placement: FleetPlacement,
+  reload: (file: string) => Promise<ShardctlConfig>,
+): Promise<ShardctlConfig> {
+  try {
+    requireCurrentMap(config, placement);
+    return config;
+  } catch (error) {
+    if (!(error instanceof StaleMapError) || config.file === '<inline>') throw error;
+    const again = await reload(config.file).catch(() => null);
+    const same =
+      again !== null &&
+      again.hosts.length === config.hosts.length &&
+      again.hosts.every((h, i) => h.name === config.hosts[i]!.name && h.url === config.hosts[i]!.url);
+    if (!same) throw error;
+    const current: ShardctlConfig = {
+      ...config,
+      hosts: config.hosts.map((h, i) => ({
+        ...h,
+        shards: again.hosts[i]!.shards,
+        shardsSpec: again.hosts[i]!.shardsSpec,
+      })),
+    };
+    // Still stale: the refusal as the file reads now.
+    requireCurrentMap(current, placement);
+    return current;
+  }
+}
+
+/**
  * What init and add-schema record on every host they ran on: the fleet id (the fleet's, or a new
  * one on a fleet that has none), the registry (the file's hosts), and the placement copy of the
  * file's map, which the run has just made true. The version moves on only when some host's record

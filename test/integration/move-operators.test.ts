@@ -163,3 +163,37 @@ describe('two operators moving shards in opposite directions at once', () => {
     }
   }, 180_000);
 });
+
+describe('gc queued behind a move', () => {
+  const pair = useTestDatabases(2);
+
+  it('runs once the move has switched and rewritten the file, instead of calling the file stale', async () => {
+    const fleet = makeFleet({ urls: pair.urls, shards: 4, split: ['0-1', '2-3'], extra: 'lockTimeout: 30s' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const locker = await adminClient(pair.urls[0]!);
+    try {
+      const release = await holdRunnerLock(locker);
+      let runs;
+      try {
+        const moving = await startCli(move(fleet, 1, '--to', 'pg2'));
+        await waitForLockWaiters(locker, 1);
+        // gc read the file before the move rewrote it, and queues behind the move.
+        const collecting = await startCli(['gc', '--yes', '-c', fleet.configFile]);
+        await waitForLockWaiters(locker, 2);
+        runs = [moving, collecting];
+      } finally {
+        await release();
+      }
+      const ended = await Promise.all(runs.map((r) => r.done));
+      const outcome = ended.map((r) => `exit ${r.code}: ${r.stdout}\n${r.stderr}`).join('\n---\n');
+      expect(
+        ended.map((r) => r.code),
+        outcome,
+      ).toEqual([0, 0]);
+      // gc dropped the old copy the move left on pg1.
+      expect((await shardRow(locker, 1)) ?? 'dropped', outcome).toBe('dropped');
+    } finally {
+      await locker.end();
+    }
+  }, 180_000);
+});
