@@ -1,5 +1,8 @@
 import type { Env } from '../config/env.js';
 
+/** The default of ShardRouterOptions.mapRefreshMs: 30 s. */
+export const DEFAULT_MAP_REFRESH_MS = 30_000;
+
 /** The default of ShardRouterOptions.maxConnectionLifetimeMs: one hour. */
 export const DEFAULT_MAX_CONNECTION_LIFETIME_MS = 3_600_000;
 
@@ -65,6 +68,12 @@ export interface ShardRouterOptions {
    */
   failoverTimeoutMs?: number;
   /**
+   * The placement is read from the fleet again this often in the background (what reload() does),
+   * so that a router that makes no call to a shard for a long time does not go on placing it where
+   * it was before moves. Default 30 s; 0: only when a call meets a moved shard, and on reload().
+   */
+  mapRefreshMs?: number;
+  /**
    * Read where the WAL ends after each committed read-write call (pg_current_wal_insert_lsn(), in
    * the same round trip as the COMMIT), for router.lastWriteLsn(shard) and read-your-writes on
    * replicas (src/router/replicas.ts). Default false: one more statement per write.
@@ -110,7 +119,16 @@ export function routerSettings(options: ShardRouterOptions): RouterSettings {
     maxConnectionLifetimeMs,
     maxConnectionUses,
     slowCallMs: options.slowCallMs ?? 0,
+    mapRefreshMs: options.mapRefreshMs ?? DEFAULT_MAP_REFRESH_MS,
   };
+  if (
+    !Number.isSafeInteger(settings.mapRefreshMs) ||
+    settings.mapRefreshMs < 0 ||
+    settings.mapRefreshMs > 2_147_483_647
+  )
+    throw new RangeError(
+      `mapRefreshMs ${settings.mapRefreshMs} must be a whole number of milliseconds (0: no refresh in the background)`,
+    );
   if (!Number.isSafeInteger(settings.slowCallMs) || settings.slowCallMs < 0)
     throw new RangeError(`slowCallMs ${settings.slowCallMs} must be a whole number of milliseconds (0: no warning)`);
   if (options.trackWriteLsn !== undefined && typeof options.trackWriteLsn !== 'boolean')

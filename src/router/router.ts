@@ -71,6 +71,9 @@ export class ShardRouter {
   /** Hosts whose writable registry was warned about (once each). */
   private readonly distrustWarned = new Set<string>();
   private reloading: Promise<void> | undefined;
+  private closed = false;
+  /** Reads the placement again every mapRefreshMs (unref'd: it never keeps the process alive). */
+  private readonly refresh: NodeJS.Timeout | undefined;
   /** The statements that start each shard's transaction on the map in use (transaction.ts); new with each reload(). */
   private starts: TransactionStarts;
   /** Per host, its standbys for replica reads (replicas.ts), and the reads run there (standby-reads.ts). */
@@ -117,6 +120,15 @@ export class ShardRouter {
       reload: () => this.reload(),
       followed: (shard, host) => this.followed.set(shard, host),
     };
+    // A router idle for a shard through a move away from a host and back would otherwise still send
+    // its calls to that host, into the incoming copy of the move back (README, Guarantees). A failed
+    // refresh changes nothing: the next one, or a call that meets the move, reads the fleet again.
+    if (this.options.mapRefreshMs > 0) {
+      this.refresh = setInterval(() => {
+        if (!this.closed) void this.reload().catch(() => undefined);
+      }, this.options.mapRefreshMs);
+      this.refresh.unref();
+    }
   }
 
   /**
@@ -423,6 +435,8 @@ export class ShardRouter {
 
   /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */
   async close(): Promise<void> {
+    this.closed = true;
+    clearInterval(this.refresh);
     await Promise.all([this.pools.close(), this.standbys.close()]);
   }
 

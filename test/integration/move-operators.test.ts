@@ -6,10 +6,11 @@
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { ShardRouter } from '../../src/router/router.js';
 import { killedAfter, move, seed } from '../helpers/faults.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases } from '../helpers/hosts.js';
-import { lastMove, removeCliSnapshot, schemaFingerprint, shardRow, startCli } from '../helpers/moves.js';
+import { lastMove, removeCliSnapshot, schemaFingerprint, shardRow, spawnCli, startCli } from '../helpers/moves.js';
 
 const db = useTestDatabases(2);
 afterAll(removeCliSnapshot);
@@ -194,6 +195,60 @@ describe('gc queued behind a move', () => {
       expect((await shardRow(locker, 1)) ?? 'dropped', outcome).toBe('dropped');
     } finally {
       await locker.end();
+    }
+  }, 180_000);
+});
+
+// A router that makes no call to a shard while it moves away from a host, is collected by gc, and
+// starts moving back: its map, refreshed in the background, no longer names the first host, so its
+// write goes to the shard's current copy and not into the incoming copy the move back builds
+// (README, Guarantees: without the refresh, or within one refresh period, that is a known gap).
+describe('a router idle through a move and gc, while the shard moves back', () => {
+  const pair = useTestDatabases(2);
+
+  it("with its map refreshed in the background, writes to the shard's current copy, not into the incoming one: the acknowledged row is there at the end", async () => {
+    const fleet = makeFleet({ urls: pair.urls, shards: 4, split: ['0-1', '2-3'] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    await expect(ShardRouter.open(fleet.configFile, { mapRefreshMs: -1 })).rejects.toThrow(
+      'mapRefreshMs -1 must be a whole number of milliseconds',
+    );
+    const first = await adminClient(pair.urls[0]!);
+    const router = await ShardRouter.open(fleet.configFile, { mapRefreshMs: 200 });
+    try {
+      const insert = async (label: string) =>
+        (
+          await router.withKey(1n, (client) =>
+            client.query<{ id: string }>(`insert into photos (user_id, image_url) values (1, $1) returning id::text`, [
+              label,
+            ]),
+          )
+        ).rows[0]!.id;
+      await insert('before');
+      const cli = async (...args: string[]) => {
+        const run = await runCli([...args, '-c', fleet.configFile]);
+        expect(run.code, `${args.join(' ')}: ${run.stdout}${run.stderr}`).toBe(0);
+      };
+      await cli('move-shard', '1', '--to', 'pg2', '--yes');
+      // No call for shard 1 meanwhile: the background refresh alone learns where it went.
+      for (let i = 0; i < 50 && router.hostForShard(1).name !== 'pg2'; i++)
+        await new Promise((r) => setTimeout(r, 100));
+      expect(router.hostForShard(1).name).toBe('pg2');
+      await cli('gc', '--yes');
+      // The move back stops after building its incoming copy on pg1 (a killed run).
+      const killed = await spawnCli(move(fleet, 1, '--to', 'pg1'), { SHARDCTL_FAULT_AFTER_STEP: 'target-created' });
+      expect(killed.signal, killed.stderr).toBe('SIGKILL');
+      expect((await shardRow(first, 1))?.state).toBe('incoming');
+
+      const written = await insert('during');
+      await cli('move-shard', '1', '--resume', '--yes');
+      const rows = await first.query<{ image_url: string }>(`select image_url from insta1.photos order by id`);
+      expect(
+        rows.rows.map((r) => r.image_url),
+        `row ${written}`,
+      ).toEqual(['before', 'during']);
+    } finally {
+      await router.close();
+      await first.end();
     }
   }, 180_000);
 });
