@@ -52,7 +52,8 @@ describe('an operator role that is not a superuser', () => {
       await withClient(url, async (c) => {
         await c.query(`CREATE ROLE ${OPS} LOGIN REPLICATION PASSWORD '${PASSWORD}'`);
         await c.query(`GRANT CREATE ON DATABASE "${databaseOf(url)}" TO ${OPS}`);
-        const major = Math.floor(Number((await c.query<{ v: string }>('show server_version_num')).rows[0]!.v) / 10000);
+        const major = (await c.query<{ v: number }>("select current_setting('server_version_num')::int / 10000 as v"))
+          .rows[0]!.v;
         if (major >= 16) await c.query(`GRANT pg_create_subscription TO ${OPS}`);
         if (url === db.urls[1]) targetMajor = major;
       });
@@ -120,7 +121,7 @@ describe('an operator role that is not a superuser', () => {
     if (targetMajor >= 16) {
       const online = await runCli(move(fleet, 1));
       expect(online.code, online.stderr).toBe(0);
-      expect(online.stderr).toMatch(/shard 1 moved from pg1 to pg2: 500 rows verified/);
+      expect(online.stdout).toMatch(/shard 1 moved from pg1 to pg2: 500 rows verified/);
     }
     const gc = await runCli(['gc', '--yes', '-c', fleet.configFile]);
     expect(gc.code, gc.stderr).toBe(0);

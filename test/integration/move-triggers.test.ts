@@ -30,12 +30,17 @@ const examples = Object.fromEntries(
 
 describe("the shards' own triggers and an operator that is not a superuser", () => {
   let fleet: Fleet;
+  /** The target's server major: before 16 only a superuser may create a subscription. */
+  let targetMajor = 0;
   beforeAll(async () => {
     for (const url of db.urls)
       await withClient(url, async (c) => {
         await c.query(`CREATE ROLE ${OPS} LOGIN REPLICATION PASSWORD '${PASSWORD}'`);
         await c.query(`GRANT CREATE ON DATABASE "${databaseOf(url)}" TO ${OPS}`);
-        await c.query(`GRANT pg_create_subscription TO ${OPS}`);
+        const major = (await c.query<{ v: number }>("select current_setting('server_version_num')::int / 10000 as v"))
+          .rows[0]!.v;
+        if (major >= 16) await c.query(`GRANT pg_create_subscription TO ${OPS}`);
+        if (url === db.urls[1]) targetMajor = major;
       });
     fleet = makeFleet({
       urls: db.urls.map(asOps),
@@ -105,6 +110,12 @@ CREATE TRIGGER comments_stamp BEFORE INSERT ON comments FOR EACH ROW EXECUTE FUN
         '-c',
         fleet.configFile,
       ]);
+      if (mode === 'online' && targetMajor < 16) {
+        // PostgreSQL 15: the role may not subscribe at all; the preflight says so, offline works.
+        expect(run.code, run.stderr).toBe(1);
+        expect(run.stderr).toContain(`let ${OPS} create subscriptions on pg2`);
+        return;
+      }
       expect(run.code, run.stderr).toBe(0);
       const onTarget = await withClient(
         db.urls[1]!,
