@@ -118,6 +118,36 @@ export async function stillRunningAfter(url: string, query: string, timeoutMs = 
   return n;
 }
 
+/** The database a URL names (its path), decoded. */
+export const databaseOf = (url: string): string => decodeURIComponent(new URL(url).pathname.slice(1));
+
+/** The same URL as another role, with its password. */
+export function asRole(url: string, role: string, password: string): string {
+  const u = new URL(url);
+  u.username = role;
+  u.password = password;
+  return u.toString();
+}
+
+/**
+ * An operator role that is not a superuser, on each URL's server: it may log in, replicate, create
+ * schemas in the URL's database and, from PostgreSQL 16, subscriptions (pg_create_subscription;
+ * before 16 only a superuser may). The servers' majors, in the order of `urls`.
+ */
+export async function createOperatorRole(urls: readonly string[], role: string, password: string): Promise<number[]> {
+  const majors: number[] = [];
+  for (const url of urls)
+    await withClient(url, async (c) => {
+      await c.query(`CREATE ROLE ${role} LOGIN REPLICATION PASSWORD '${password}'`);
+      await c.query(`GRANT CREATE ON DATABASE "${databaseOf(url)}" TO ${role}`);
+      const major = (await c.query<{ v: number }>("select current_setting('server_version_num')::int / 10000 as v"))
+        .rows[0]!.v;
+      if (major >= 16) await c.query(`GRANT pg_create_subscription TO ${role}`);
+      majors.push(major);
+    });
+  return majors;
+}
+
 /** The same server and credentials, another database. */
 export function urlWithDatabase(url: string, database: string): string {
   const parsed = new URL(url);

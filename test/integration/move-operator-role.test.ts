@@ -8,7 +8,7 @@ import { randomBytes } from 'node:crypto';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { makeFleet, runCli, type Fleet } from '../helpers/fleet.js';
-import { useTestDatabases, withClient } from '../helpers/hosts.js';
+import { asRole, createOperatorRole, databaseOf, useTestDatabases, withClient } from '../helpers/hosts.js';
 import { fleetState, replicationObjects } from '../helpers/moves.js';
 
 const db = useTestDatabases(2);
@@ -17,14 +17,7 @@ const suffix = randomBytes(4).toString('hex');
 const OPS = `ops_${suffix}`;
 const PASSWORD = `pw_${suffix}`;
 
-function asOps(url: string): string {
-  const u = new URL(url);
-  u.username = OPS;
-  u.password = PASSWORD;
-  return u.toString();
-}
-
-const databaseOf = (url: string): string => decodeURIComponent(new URL(url).pathname.slice(1));
+const asOps = (url: string): string => asRole(url, OPS, PASSWORD);
 
 const move = (fleet: Fleet, shard: number, ...flags: string[]) => [
   'move-shard',
@@ -48,15 +41,7 @@ describe('an operator role that is not a superuser', () => {
   let fleet: Fleet;
 
   beforeAll(async () => {
-    for (const url of db.urls)
-      await withClient(url, async (c) => {
-        await c.query(`CREATE ROLE ${OPS} LOGIN REPLICATION PASSWORD '${PASSWORD}'`);
-        await c.query(`GRANT CREATE ON DATABASE "${databaseOf(url)}" TO ${OPS}`);
-        const major = (await c.query<{ v: number }>("select current_setting('server_version_num')::int / 10000 as v"))
-          .rows[0]!.v;
-        if (major >= 16) await c.query(`GRANT pg_create_subscription TO ${OPS}`);
-        if (url === db.urls[1]) targetMajor = major;
-      });
+    targetMajor = (await createOperatorRole(db.urls, OPS, PASSWORD))[1]!;
     fleet = makeFleet({
       urls: db.urls.map(asOps),
       replicationUrls: db.replicationUrls.map(asOps),
