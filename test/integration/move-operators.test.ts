@@ -151,12 +151,7 @@ describe('two operators moving shards in opposite directions at once', () => {
       } finally {
         await Promise.all(releases.map((release) => release()));
       }
-      const ended = await Promise.all(runs.map((r) => r.done));
-      const outcome = ended.map((r) => `exit ${r.code}: ${r.stdout}\n${r.stderr}`).join('\n---\n');
-      expect(
-        ended.map((r) => r.code),
-        outcome,
-      ).toEqual([0, 0]);
+      const outcome = await bothSucceed(runs);
       expect((await shardRow(lockers[1]!, 1))?.state, outcome).toBe('active');
       expect((await shardRow(lockers[0]!, 2))?.state, outcome).toBe('active');
     } finally {
@@ -185,12 +180,7 @@ describe('gc queued behind a move', () => {
       } finally {
         await release();
       }
-      const ended = await Promise.all(runs.map((r) => r.done));
-      const outcome = ended.map((r) => `exit ${r.code}: ${r.stdout}\n${r.stderr}`).join('\n---\n');
-      expect(
-        ended.map((r) => r.code),
-        outcome,
-      ).toEqual([0, 0]);
+      const outcome = await bothSucceed(runs);
       // gc dropped the old copy the move left on pg1.
       expect((await shardRow(locker, 1)) ?? 'dropped', outcome).toBe('dropped');
     } finally {
@@ -252,3 +242,16 @@ describe('a router idle through a move and gc, while the shard moves back', () =
     }
   }, 180_000);
 });
+
+/** Waits for both runs; each must exit 0. What they printed, for the assertions that follow. */
+async function bothSucceed(
+  runs: readonly { done: Promise<{ code: number | null; stdout: string; stderr: string }> }[],
+) {
+  const ended = await Promise.all(runs.map((r) => r.done));
+  const outcome = ended.map((r) => `exit ${r.code}: ${r.stdout}\n${r.stderr}`).join('\n---\n');
+  expect(
+    ended.map((r) => r.code),
+    outcome,
+  ).toEqual([0, 0]);
+  return outcome;
+}
