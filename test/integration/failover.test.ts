@@ -674,8 +674,17 @@ describe('reads after a switchover: the old primary, now a standby, stopped repl
       const newPrimary = host.standby.url.replace(/\/postgres$/, '/sr');
       // The old primary, a standby now, stops replaying; a write reaches the new primary.
       await withClient(oldPrimary, (c) => c.query('select pg_wal_replay_pause()'));
-      await withClient(newPrimary, (c) =>
-        c.query(`insert into sr${shard}.photos (user_id, image_url) values (1, 'b')`),
+      const written = await withClient(newPrimary, async (c) => {
+        await c.query(`insert into sr${shard}.photos (user_id, image_url) values (1, 'b')`);
+        return (await c.query<{ lsn: string }>('select pg_current_wal_lsn()::text as lsn')).rows[0]!.lsn;
+      });
+      // Until the paused standby has received that write, it cannot know it is behind (received =
+      // replayed is not lag); the read below is about one that has received and not replayed it.
+      await waitFor('the paused standby to receive the write', () =>
+        withClient(oldPrimary, async (c) =>
+          (await c.query<{ ok: boolean }>('select pg_last_wal_receive_lsn() >= $1::pg_lsn as ok', [written])).rows[0]!
+            .ok,
+        ),
       );
       expect(await read({})).toEqual({ port: host.standby.port, rows: 2 });
       // Refused by the paused standby (lagging), the read goes to the primary: the new one.
