@@ -681,9 +681,11 @@ describe('reads after a switchover: the old primary, now a standby, stopped repl
       // Until the paused standby has received that write, it cannot know it is behind (received =
       // replayed is not lag); the read below is about one that has received and not replayed it.
       await waitFor('the paused standby to receive the write', () =>
-        withClient(oldPrimary, async (c) =>
-          (await c.query<{ ok: boolean }>('select pg_last_wal_receive_lsn() >= $1::pg_lsn as ok', [written])).rows[0]!
-            .ok,
+        withClient(
+          oldPrimary,
+          async (c) =>
+            (await c.query<{ ok: boolean }>('select pg_last_wal_receive_lsn() >= $1::pg_lsn as ok', [written])).rows[0]!
+              .ok,
         ),
       );
       expect(await read({})).toEqual({ port: host.standby.port, rows: 2 });
