@@ -11,13 +11,21 @@ import type { MigrationFile } from './files.js';
 /**
  * One migration on one shard: the file's SQL and its record in the same transaction, so a shard is
  * never half-migrated and a migration is never recorded without having run (or run twice: the
- * record's primary key makes a concurrent second attempt fail and roll back).
+ * record's primary key makes a concurrent second attempt fail and roll back). `around`: statements
+ * of the caller's at the transaction's start and before its commit (a move's incoming copy: its
+ * guard, src/moves/sql/incoming.ts).
  */
-export function migrationSql(config: ShardctlConfig, shard: number, migration: MigrationFile): string {
+export function migrationSql(
+  config: ShardctlConfig,
+  shard: number,
+  migration: MigrationFile,
+  around: { readonly start?: readonly string[]; readonly end?: readonly string[] } = {},
+): string {
   const schema = shardSchemaName(config, shard);
   return [
     'BEGIN;',
     WORKER_TRANSACTION_SQL,
+    ...(around.start ?? []),
     `SET LOCAL search_path TO ${quoteIdent(schema)};`,
     `SET LOCAL lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};`,
     ...(migration.statementTimeout
@@ -28,6 +36,7 @@ export function migrationSql(config: ShardctlConfig, shard: number, migration: M
     ';',
     searchPathCheckSql(schema, migration),
     recordMigrationSql(shard, migration),
+    ...(around.end ?? []),
     'COMMIT;',
   ].join('\n');
 }

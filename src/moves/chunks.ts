@@ -6,6 +6,7 @@ import { CONTROL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { CopyMeter } from './copy-meter.js';
 import { BEGIN_COPY_SQL } from './sql/copy.js';
+import { BUILDING_LOCAL_SQL } from './sql/incoming.js';
 import { EXACT_KEY_TYPES } from './catalog.js';
 import { TIMELINE_SQL } from './sql/failover.js';
 import { LOG_START } from './sql/tail.js';
@@ -254,7 +255,8 @@ export async function recordPlan(
     bytes: null,
     snapshot: null,
   }));
-  await writer.query('BEGIN');
+  // Past the incoming copy's guard (sql/incoming.ts); the copy's own setting would leave the TRUNCATE out of a target log left from an earlier run.
+  await writer.query(`BEGIN; ${BUILDING_LOCAL_SQL}`);
   try {
     await writer.query(`TRUNCATE ${table}`);
     if (after) await writer.query(after);

@@ -7,6 +7,7 @@ import { endQuietly, rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { refreshMaterializedViewSql, renameWithStubSql, type Grant } from './sql/cleanup.js';
 import { SHARD_SCHEMA_NAMES_SQL } from './sql/control.js';
 import { dropUnusedFenceGuardsSql } from './sql/leftovers.js';
+import { dropIncomingGuards } from './sql/incoming.js';
 import { oldCopyName } from './sql/names.js';
 import { TABLE_NAMES_SQL } from './sql/fence.js';
 import { RESET_SYNCHRONOUS_COMMIT_SQL } from './sql/session.js';
@@ -80,6 +81,8 @@ export async function cleanUp(ctx: MoveContext): Promise<void> {
     endLogs(ctx.source.client, ctx.moveId),
     endLogs(ctx.target.client, ctx.moveId),
   ]);
+  // The incoming copies' guards, active now (they let every write through), where their tables are free.
+  await dropIncomingGuards(ctx.target.client, ctx.moveId, schemasOf(ctx, ctx.shards));
 }
 
 /**

@@ -15,6 +15,13 @@ import { stopDeltas, stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
 import { rollbackQuietly, runTransaction } from '../pg/quiet.js';
 import { DELETE_CHUNKS_SQL } from './chunks.js';
+import {
+  BUILDING_LOCAL_SQL,
+  BUILDING_SESSION_SQL,
+  incomingGuardFunctionSql,
+  incomingGuardsSql,
+  RESET_BUILDING_SQL,
+} from './sql/incoming.js';
 
 /**
  * The target's copies of a move's shards: built at the source's migration level with the source's
@@ -39,6 +46,8 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
   ]);
   const work = left(applied.rows);
   const wantedBySchema = groupBySchema(wanted, (o) => o.schema);
+  // The guard's function before any copy is built (a resumed run's copies may predate it).
+  await target.client.query(incomingGuardFunctionSql(ctx.moveId));
   const workers = new Workers(ctx, target);
   // The privileges of a chunk are carried on the move's own session while the workers build the
   // next; a failure there, or a copy that stopped, ends the building.
@@ -55,6 +64,8 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
       );
       if (i === 0) faultAfter('target-migrations');
       carried = carried.then(async () => {
+        // Copies built by an earlier run, or by a no-transaction migration, guarded too.
+        await target.client.query(incomingGuardsSql(ctx.moveId, schemasOf(ctx, chunk), source.host.name));
         await carryPrivileges(ctx, chunk, wantedBySchema);
         if (onChunk && !onChunk(chunk)) stop = true;
       });
@@ -102,7 +113,11 @@ async function targetWork(
     for (const { shard, version } of applied) versionsOf.set(shard, [...(versionsOf.get(shard) ?? []), version]);
     return shards.map((shard) => {
       const statements: string[] = [];
-      if (!exists.has(shardSchemaName(config, shard))) statements.push(createShardSql(config, shard, true, 'incoming'));
+      const schema = shardSchemaName(config, shard);
+      // Each table is guarded in the transaction that creates it (sql/incoming.ts): a client on an
+      // old map that places the shard here never writes into the copy.
+      const guard = incomingGuardsSql(ctx.moveId, [schema], source.host.name);
+      if (!exists.has(schema)) statements.push(createShardSql(config, shard, true, 'incoming'));
       for (const version of versionsOf.get(shard) ?? []) {
         if (have.has(`${shard}:${version}`)) continue;
         const file = files.get(version);
@@ -113,8 +128,14 @@ async function targetWork(
             { shard, code: 'MIGRATION_DRIFT', next: [{ action: 'resume', shards: ctx.shards }] },
           );
         }
-        if (file.noTransaction) statements.push(...noTransactionMigrationSteps(config, shard, file));
-        else statements.push(migrationSql(config, shard, file));
+        if (file.noTransaction)
+          statements.push(
+            BUILDING_SESSION_SQL,
+            ...noTransactionMigrationSteps(config, shard, file),
+            RESET_BUILDING_SQL,
+            ['BEGIN;', guard, 'COMMIT;'].join('\n'),
+          );
+        else statements.push(migrationSql(config, shard, file, { start: [BUILDING_LOCAL_SQL], end: [guard] }));
       }
       return { shard, statements };
     });

@@ -195,6 +195,15 @@ export async function waitForMoveSessionsToEnd(urls: readonly string[], timeoutM
   }
 }
 
+/**
+ * `statements` as a session that gets past an incoming copy's guard (src/moves/sql/incoming.ts),
+ * which refuses every other write to it: what a test needs to change the target behind a move's
+ * back (a superuser under the replica role would get past it the same way).
+ */
+export function pastIncomingGuard(statements: string): string {
+  return `set shardctl.building = 'on'; ${statements}`;
+}
+
 export async function schemaExists(client: pg.Client, schema: string): Promise<boolean> {
   const r = await client.query<{ e: boolean }>('select to_regnamespace($1) is not null as e', [schema]);
   return r.rows[0]!.e;

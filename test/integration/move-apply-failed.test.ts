@@ -10,7 +10,7 @@ import { moveShard } from '../../src/index.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { failure, move, runSqlBlocking, seed } from '../helpers/faults.js';
-import { lastMove, removeCliSnapshot, replicationObjects } from '../helpers/moves.js';
+import { lastMove, pastIncomingGuard, removeCliSnapshot, replicationObjects } from '../helpers/moves.js';
 
 const db = useTestDatabases(2);
 afterAll(removeCliSnapshot);
@@ -51,7 +51,7 @@ describe("a move's subscription that cannot deliver before the fence", () => {
     const { error, notices, ms } = await moveBreakingAt(
       1,
       [
-        [db.urls[1]!, row],
+        [db.urls[1]!, pastIncomingGuard(row)],
         [db.urls[0]!, row],
       ],
       20_000,
@@ -70,7 +70,7 @@ describe("a move's subscription that cannot deliver before the fence", () => {
       expect(await lastMove(c, 1)).toMatchObject({ step: 'synced', status: 'running' });
     });
     // The cause removed: the apply goes on, and the move with it.
-    await withClient(db.urls[1]!, (c) => c.query(`delete from insta1.photos where id = 1`));
+    await withClient(db.urls[1]!, (c) => c.query(pastIncomingGuard(`delete from insta1.photos where id = 1`)));
     const resumed = await runCli(move(fleet, 1, '--resume', '--json'));
     expect(resumed.code, resumed.stderr).toBe(0);
     expect(JSON.parse(resumed.stdout)).toMatchObject({ outcome: 'moved', verification: { ok: true, rows: '702' } });

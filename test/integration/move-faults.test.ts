@@ -19,6 +19,7 @@ import { failure, fenceGuards, killedAfter, move, runSqlBlocking, seed } from '.
 import {
   lastMove,
   type OwnCluster,
+  pastIncomingGuard,
   removeCliSnapshot,
   replicationObjects,
   schemaExists,
@@ -120,7 +121,7 @@ describe('moves on a two-host fleet', () => {
     const config = readFileSync(fleet.configFile, 'utf8');
     await killedAfter(fleet, 2, 'sequences-carried', '--mode', 'offline');
     expect(await shardRow(source, 2)).toEqual({ state: 'fenced', schema: 'insta2' });
-    await target.query(`delete from insta2.photos where id = (select max(id) from insta2.photos)`);
+    await target.query(pastIncomingGuard(`delete from insta2.photos where id = (select max(id) from insta2.photos)`));
 
     const run = await runCli(move(fleet, 2, '--resume'));
     expect(run.code).toBe(1);
@@ -137,7 +138,9 @@ describe('moves on a two-host fleet', () => {
     await killedAfter(fleet, 3, 'sequences-carried');
     // The source is fenced, so replication has nothing left to send that could undo the change.
     expect((await replicationObjects(db.urls)).length).toBeGreaterThanOrEqual(3);
-    await target.query(`update insta3.photos set caption = 'tampered' where id = (select min(id) from insta3.photos)`);
+    await target.query(
+      pastIncomingGuard(`update insta3.photos set caption = 'tampered' where id = (select min(id) from insta3.photos)`),
+    );
 
     const run = await runCli(move(fleet, 3, '--resume', '--json'));
     expect(run.code).toBe(1);

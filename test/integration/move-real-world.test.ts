@@ -11,6 +11,7 @@ import { type Fleet, makeFleet, runCli, FIXTURE_MIGRATIONS } from '../helpers/fl
 import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
 import {
   fleetState,
+  pastIncomingGuard,
   removeCliSnapshot,
   replicationObjects,
   spawnCli,
@@ -306,7 +307,7 @@ describe('columns without a hash function (json, point, json[]) and a column nam
       moveShard(await env.fleet.config(), shard, 'pg2', {
         configFile: env.fleet.configFile,
         onStep: (step) => {
-          if (step === 'synced') tampering = withClient(env.db.urls[1]!, (c) => c.query(sql));
+          if (step === 'synced') tampering = withClient(env.db.urls[1]!, (c) => c.query(pastIncomingGuard(sql)));
         },
       }),
     );

@@ -11,7 +11,14 @@ import { init, moveShard, type HostError } from '../../src/index.js';
 import { ShardMap } from '../../src/config/shard-map.js';
 import { type Fleet, makeFleet } from '../helpers/fleet.js';
 import { move, runSqlBlocking } from '../helpers/faults.js';
-import { insertPhotos, logStarted, removeCliSnapshot, spawnCli, startShardWriter } from '../helpers/moves.js';
+import {
+  insertPhotos,
+  logStarted,
+  pastIncomingGuard,
+  removeCliSnapshot,
+  spawnCli,
+  startShardWriter,
+} from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
@@ -48,7 +55,7 @@ async function moveWith(shard: number, onTarget?: string, onSource?: string, res
     onNotice: (message) => notices.push(message),
     onStep: (step) => {
       if (step !== 'copied') return;
-      if (onTarget) ran = runSqlBlocking(db.urls[1]!, onTarget);
+      if (onTarget) ran = runSqlBlocking(db.urls[1]!, pastIncomingGuard(onTarget));
       if (onSource && ran === 0) ran = runSqlBlocking(db.urls[0]!, onSource);
     },
   }).then(
@@ -124,7 +131,9 @@ describe('the figures before the fence taken from the copy', () => {
         if (event.kind === 'copy' && event.bytes > 0 && !event.done && wrote === null)
           wrote = runSqlBlocking(
             db.urls[1]!,
-            `update insta3.photos set caption = 'by hand' where id = (select min(id) from insta3.photos)`,
+            pastIncomingGuard(
+              `update insta3.photos set caption = 'by hand' where id = (select min(id) from insta3.photos)`,
+            ),
           );
       },
     }).then(

@@ -7,7 +7,7 @@ import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
 import { status } from '../../src/commands/status.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
-import { replicationObjects, seededFleet, startShardWriter } from '../helpers/moves.js';
+import { pastIncomingGuard, replicationObjects, seededFleet, startShardWriter } from '../helpers/moves.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
 
@@ -247,7 +247,9 @@ describe('shardctl move-shard verifying before the fence, with a row changed on 
         if (m.includes('checksummed before the fence'))
           runSqlNow(
             db.urls[1]!,
-            `update insta1.photos set caption = 'tampered' where id = (select min(id) from insta1.photos)`,
+            pastIncomingGuard(
+              `update insta1.photos set caption = 'tampered' where id = (select min(id) from insta1.photos)`,
+            ),
           );
       },
     }).then(
@@ -503,7 +505,10 @@ describe('shardctl move-shard with a table empty on the source written by hand o
       configFile: fleet.configFile,
       onNotice: (m) => {
         if (m.includes('checksummed before the fence'))
-          runSqlNow(db.urls[1]!, `insert into insta0.comments (photo_id, user_id, body) values (1, 1, 'by hand')`);
+          runSqlNow(
+            db.urls[1]!,
+            pastIncomingGuard(`insert into insta0.comments (photo_id, user_id, body) values (1, 1, 'by hand')`),
+          );
       },
     }).then(
       () => null,

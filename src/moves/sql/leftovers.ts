@@ -1,6 +1,14 @@
 import { EMPTY, int, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { CONTROL, shardIsActive } from '../../fleet/control.js';
-import { DELTA_TRIGGERS, FENCE_TRIGGER, TRACK_TRIGGERS, deltaFunctionPrefix, replicationName } from './names.js';
+import {
+  DELTA_TRIGGERS,
+  FENCE_TRIGGER,
+  INCOMING_TRIGGER,
+  TRACK_TRIGGERS,
+  deltaFunctionPrefix,
+  incomingGuardName,
+  replicationName,
+} from './names.js';
 
 /**
  * What moves left behind (unused guard and log functions, triggers, replication objects), for gc
@@ -21,7 +29,7 @@ export function dropUnusedFenceGuardsSql(
 ): Sql {
   const names =
     'moveId' in which
-      ? sql`(p.proname = ${lit(replicationName(which.moveId))} OR left(p.proname, ${int(deltaFunctionPrefix(which.moveId).length)}) = ${lit(deltaFunctionPrefix(which.moveId))})`
+      ? sql`(p.proname IN (${lit(replicationName(which.moveId))}, ${lit(incomingGuardName(which.moveId))}) OR left(p.proname, ${int(deltaFunctionPrefix(which.moveId).length)}) = ${lit(deltaFunctionPrefix(which.moveId))})`
       : sql`p.proname LIKE 'shardctl\\_move\\_%'${which.movesRecorded ? sql` AND p.proname NOT IN (${RUNNING_MOVE_NAMES_SQL})` : EMPTY}`;
   return lines([
     sql`DO $guards$`,
@@ -38,16 +46,17 @@ export function dropUnusedFenceGuardsSql(
 }
 
 /**
- * The triggers of moves (the fence's, the change logs', the target's tracking) that are left on
- * tables of shards active on this host and in no running move this host records, each kept by a
- * table that was busy at every removal: a fence trigger that is disabled or calls a move's guard,
- * a change-log or tracking trigger (calling a function of the control schema: a finished move's
- * log function does nothing). An enabled trigger calling shard_fenced refuses writes, and is not
+ * The triggers of moves (the fence's, the change logs', the target's tracking, an incoming copy's
+ * guard) that are left on tables of shards active on this host and in no running move this host
+ * records, each kept by a table that was busy at every removal: a fence trigger that is disabled or
+ * calls a move's guard, a change-log or tracking trigger (calling a function of the control schema:
+ * a finished move's log function does nothing), an incoming guard (sql/incoming.ts: it lets every
+ * write to an active shard through). An enabled trigger calling shard_fenced refuses writes, and is not
  * one of these. A partition's copy of its parent's trigger goes with the parent's, and is not
  * listed. Rows: shard, schema, table, trigger.
  */
 export function leftTriggersSql(movesRecorded: boolean): Sql {
-  const names = list([FENCE_TRIGGER, ...DELTA_TRIGGERS, ...TRACK_TRIGGERS].map((name) => lit(name)));
+  const names = list([FENCE_TRIGGER, ...DELTA_TRIGGERS, ...TRACK_TRIGGERS, INCOMING_TRIGGER].map((name) => lit(name)));
   return sql`SELECT s.shard, n.nspname AS schema, c.relname AS table, t.tgname AS trigger
        FROM pg_catalog.pg_trigger t
        JOIN pg_catalog.pg_class c ON c.oid = t.tgrelid

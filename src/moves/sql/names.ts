@@ -71,3 +71,14 @@ export function deltaFunctionName(moveId: string, wave: number): string {
 export function deltaFunctionPrefix(moveId: string): string {
   return `${replicationName(moveId)}_log`;
 }
+
+/**
+ * The trigger that refuses writes to a move's incoming copy on the target (sql/incoming.ts), on
+ * every table of it, until the shard is active there.
+ */
+export const INCOMING_TRIGGER = 'shardctl_incoming';
+
+/** The function of a move's incoming guards (incomingGuardFunctionSql), in the control schema. */
+export function incomingGuardName(moveId: string): string {
+  return `${replicationName(moveId)}_incoming`;
+}
