@@ -115,7 +115,8 @@ describe('a resumed copy and the source change log', () => {
       );
     });
     run.child.kill('SIGKILL');
-    expect((await run.done).signal).toBe('SIGKILL');
+    const firstRun = await run.done;
+    expect(firstRun.signal).toBe('SIGKILL');
     const killed = await chunkRecords(db.urls[1]!, '"insta1"."photos"');
     const copiedBefore = killed.filter((c) => c.copied).length;
     expect(killed.some((c) => c.attempted && !c.copied)).toBe(true);
@@ -132,7 +133,10 @@ describe('a resumed copy and the source change log', () => {
     // run on PostgreSQL 15 (of several) the log could not tell and they were read on both hosts
     // instead (compared), which is exact too: not yet explained, so both are accepted here.
     expect(result.chunks).toMatchObject({ copied: killed.length - copiedBefore, recopied: 0 });
-    expect(result.chunks!.fromLog + result.chunks!.compared).toBe(copiedBefore);
+    const said = `first run:\n${firstRun.stderr}\nresumed run:\n${last.stderr}`;
+    expect(result.chunks!.fromLog + result.chunks!.compared, said).toBe(copiedBefore);
+    // What the runs said when the log could not settle them, for the cause (see above).
+    if (result.chunks!.compared > 0) console.warn(`chunks compared instead of settled from the log; ${said}`);
     await expectMovedUnderWriter(1, writer);
   });
 

@@ -29,7 +29,12 @@ export function dropUnusedFenceGuardsSql(
 ): Sql {
   const names =
     'moveId' in which
-      ? sql`(p.proname IN (${lit(replicationName(which.moveId))}, ${lit(incomingGuardName(which.moveId))}) OR left(p.proname, ${int(deltaFunctionPrefix(which.moveId).length)}) = ${lit(deltaFunctionPrefix(which.moveId))})`
+      ? sql`(p.proname = ${lit(replicationName(which.moveId))}${list(
+          [deltaFunctionPrefix(which.moveId), incomingGuardName(which.moveId)].map(
+            (prefix) => sql` OR left(p.proname, ${int(prefix.length)}) = ${lit(prefix)}`,
+          ),
+          '',
+        )})`
       : sql`p.proname LIKE 'shardctl\\_move\\_%'${which.movesRecorded ? sql` AND p.proname NOT IN (${RUNNING_MOVE_NAMES_SQL})` : EMPTY}`;
   return lines([
     sql`DO $guards$`,
