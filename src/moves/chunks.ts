@@ -255,7 +255,8 @@ export async function recordPlan(
     bytes: null,
     snapshot: null,
   }));
-  // Past the incoming copy's guard (sql/incoming.ts); the copy's own setting would leave the TRUNCATE out of a target log left from an earlier run.
+  // Past the incoming copy's guard (sql/incoming.ts); the copy's own setting would leave the
+  // TRUNCATE out of a target log left from an earlier run.
   await writer.query(`BEGIN; ${BUILDING_LOCAL_SQL}`);
   try {
     await writer.query(`TRUNCATE ${table}`);

@@ -140,7 +140,9 @@ async function targetWork(
       const schema = shardSchemaName(config, shard);
       // Each table is guarded in the transaction that creates it (sql/incoming.ts): a client on an
       // old map that places the shard here never writes into the copy.
+      // The move's own writes pass it (its migrations' seed rows).
       const guard = guarded.has(shard) ? [incomingGuardsSql(ctx.moveId, [{ shard, schema }], source.host.name)] : [];
+      const building = guard.length > 0;
       if (!exists.has(schema)) statements.push(createShardSql(config, shard, true, 'incoming'));
       for (const version of versionsOf.get(shard) ?? []) {
         if (have.has(`${shard}:${version}`)) continue;
@@ -154,12 +156,15 @@ async function targetWork(
         }
         if (file.noTransaction)
           statements.push(
-            BUILDING_SESSION_SQL,
+            ...(building ? [BUILDING_SESSION_SQL] : []),
             ...noTransactionMigrationSteps(config, shard, file),
-            RESET_BUILDING_SQL,
+            ...(building ? [RESET_BUILDING_SQL] : []),
             ...guard.map((g) => ['BEGIN;', g, 'COMMIT;'].join('\n')),
           );
-        else statements.push(migrationSql(config, shard, file, { start: [BUILDING_LOCAL_SQL], end: guard }));
+        else
+          statements.push(
+            migrationSql(config, shard, file, { start: building ? [BUILDING_LOCAL_SQL] : [], end: guard }),
+          );
       }
       return { shard, statements };
     });

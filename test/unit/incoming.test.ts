@@ -3,8 +3,8 @@ import { dropIncomingGuardsSql, incomingGuardFunctionSql, incomingGuardsSql } fr
 
 describe("an incoming copy's guard", () => {
   it('refuses a schema name that could end the DO block quoting of the clean-up, instead of writing it in', () => {
-    expect(() => dropIncomingGuardsSql('m1', ['x$incoming$'])).toThrow('contains "$"');
-    expect(dropIncomingGuardsSql('m1', ['insta1'])).toContain("ARRAY['insta1']");
+    expect(() => dropIncomingGuardsSql(['x$incoming$'])).toThrow('contains "$"');
+    expect(dropIncomingGuardsSql(['insta1'])).toContain("ARRAY['insta1']");
   });
 
   it('gives the shards their triggers by the move function, the holder and schemas as literals', () => {

@@ -1,6 +1,7 @@
 import type pg from 'pg';
 import { CONTROL, CONTROL_SCHEMA, shardMovedRaiseSql } from '../../fleet/control.js';
 import { ident, int, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
+import { dropUnusedFenceGuardsSql } from './leftovers.js';
 import { lockTimeoutSql } from './locks.js';
 import { INCOMING_TRIGGER, incomingGuardName } from './names.js';
 import { COPYING_SETTING } from './tail.js';
@@ -46,7 +47,7 @@ export const RESET_BUILDING_SQL = sql`RESET shardctl.building`;
 /**
  * The move's two functions: the guard (SECURITY DEFINER: an application role may not read the
  * control schema), whose arguments are the shard and the host that holds it; and the one that
- * gives a shard's tables the guard's trigger (guardTablesSql), where a PL/pgSQL function's plans
+ * gives a shard's tables the guard's trigger (incomingGuardsSql), where a PL/pgSQL function's plans
  * are kept by the session, where a DO block's catalog query was planned anew each time (0.6-1.4 ms
  * of every migration of every copy).
  */
@@ -100,11 +101,7 @@ export function incomingGuardFunctionSql(moveId: string): Sql {
 
 /** The move's function that gives a shard's tables their guard (incomingGuardFunctionSql). */
 function guardTablesName(moveId: string): Sql {
-  return sql`${CONTROL}.${ident(guardTablesFunction(moveId))}`;
-}
-
-function guardTablesFunction(moveId: string): string {
-  return `${incomingGuardName(moveId)}_tables`;
+  return sql`${CONTROL}.${ident(`${incomingGuardName(moveId)}_tables`)}`;
 }
 
 /**
@@ -131,10 +128,10 @@ function inBody(value: string): Sql {
 /**
  * The guard's triggers on `schemas` dropped, each only if its table is free at once (lock_timeout
  * 1 ms) and the move's role may (it owns the table, or is a member of its owner's role): one kept
- * lets every write through now that the shard is active, and gc drops it later. Then the move's
- * guard function, if no trigger calls it any more. One transaction; none of these fails it.
+ * lets every write through now that the shard is active, and gc drops it later. One transaction;
+ * none of these fails it.
  */
-export function dropIncomingGuardsSql(moveId: string, schemas: readonly string[]): Sql {
+export function dropIncomingGuardsSql(schemas: readonly string[]): Sql {
   return lines([
     sql`BEGIN;`,
     lockTimeoutSql(1),
@@ -151,14 +148,6 @@ export function dropIncomingGuardsSql(moveId: string, schemas: readonly string[]
     sql`    EXCEPTION WHEN lock_not_available OR insufficient_privilege THEN NULL;`,
     sql`    END;`,
     sql`  END LOOP;`,
-    sql`  DROP FUNCTION IF EXISTS ${guardTablesName(moveId)}(text, int, text);`,
-    sql`  IF NOT EXISTS (SELECT FROM pg_catalog.pg_trigger t JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid`,
-    sql`                  WHERE p.proname = ${inBody(incomingGuardName(moveId))} AND p.pronamespace = pg_catalog.to_regnamespace(${lit(CONTROL_SCHEMA)})) THEN`,
-    sql`    BEGIN`,
-    sql`      DROP FUNCTION IF EXISTS ${CONTROL}.${ident(incomingGuardName(moveId))}();`,
-    sql`    EXCEPTION WHEN insufficient_privilege THEN NULL;`,
-    sql`    END;`,
-    sql`  END IF;`,
     sql`END`,
     sql`$incoming$;`,
     sql`COMMIT;`,
@@ -168,8 +157,18 @@ export function dropIncomingGuardsSql(moveId: string, schemas: readonly string[]
 /** Shards' schemas per round trip of dropIncomingGuards. */
 const DROP_GUARDS_SCHEMAS = 256;
 
-/** dropIncomingGuardsSql for `schemas`, a round trip per DROP_GUARDS_SCHEMAS of them. */
+/**
+ * dropIncomingGuardsSql for `schemas`, a round trip per DROP_GUARDS_SCHEMAS of them; then the move's
+ * functions that no trigger calls any more (dropUnusedFenceGuardsSql: the guard's, once no table
+ * kept its trigger, and the one that made them), unless the move's role may not drop them.
+ */
 export async function dropIncomingGuards(client: pg.Client, moveId: string, schemas: readonly string[]): Promise<void> {
   for (let i = 0; i < schemas.length; i += DROP_GUARDS_SCHEMAS)
-    await client.query(dropIncomingGuardsSql(moveId, schemas.slice(i, i + DROP_GUARDS_SCHEMAS)));
+    await client.query(dropIncomingGuardsSql(schemas.slice(i, i + DROP_GUARDS_SCHEMAS)));
+  await client.query(dropUnusedFenceGuardsSql({ moveId })).catch((error: unknown) => {
+    if ((error as { code?: unknown }).code !== INSUFFICIENT_PRIVILEGE) throw error;
+  });
 }
+
+/** SQLSTATE insufficient_privilege. */
+const INSUFFICIENT_PRIVILEGE = '42501';

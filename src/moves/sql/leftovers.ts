@@ -19,9 +19,10 @@ import {
 export const RUNNING_MOVE_NAMES_SQL = sql`SELECT 'shardctl_move_' || move_id FROM ${CONTROL}.moves WHERE status = 'running'`;
 
 /**
- * The fence guards (fenceGuardSql) and change-log functions (deltaFunctionName) that no trigger
- * calls any more, dropped: those of moves whose old copies are gone (gc, --drop-source), or whose
- * fence was undone. `moveId`: that move's only; else every one but a running move's guard (its
+ * The fence guards (fenceGuardSql), change-log functions (deltaFunctionName) and incoming copies'
+ * guard functions (sql/incoming.ts) that no trigger calls any more, dropped: those of moves whose
+ * old copies are gone (gc, --drop-source), whose fence was undone, or whose clean-up dropped the
+ * incoming guards. `moveId`: that move's only; else every one but a running move's guard (its
  * next wave creates it again, and its log function with its logs).
  */
 export function dropUnusedFenceGuardsSql(
