@@ -3,7 +3,7 @@ import type { ExecResult, ExecValue } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
 import { configOption, withFlagNames, type CommonFlags as ConfigOption } from './options.js';
-import { Output, plural, seconds, toJson } from './output.js';
+import { errorJson, Output, plural, seconds, toJson } from './output.js';
 
 interface ExecFlags extends ConfigOption {
   shards?: string;
@@ -23,7 +23,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     )
     .argument('<sql>', 'the SQL to run in each shard (search_path is the shard schema)')
     .option('--shards <list>', 'only these shards, e.g. 17 or 0-99,200')
-    .option('--json', 'print a JSON array of rows (bigints and numerics as decimal strings)')
+    .option('--json', 'print a JSON array of rows (bigints and numerics as decimal strings); when shards fail, an object of the rows and the failures')
     .option('--csv', 'print CSV with a header line')
     .option(
       '--concurrency <n>',
@@ -35,7 +35,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     );
   configOption(command);
   command.action(async (sql: string, flags: ExecFlags) => {
-    const { execSql, groupFailures, parseShardList, shardsPhrase, ShardRouter, UsageError } = lib();
+    const { execSql, groupFailures, parseShardList, shardsPhrase, ShardFanOutError, ShardRouter, UsageError } = lib();
     if (flags.json && flags.csv) throw new UsageError('options --json and --csv: choose one');
     if (sql.trim().length === 0) throw new UsageError('argument <sql>: empty');
     let concurrency: number | undefined;
@@ -89,7 +89,17 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
       await router.close();
     }
 
-    if (flags.json) out.data(jsonRows(result));
+    // Under --json the failures are on stdout too: a script reads the rows and which shards failed
+    // (with each one's host, SQLSTATE and message) from one document, an object when shards failed.
+    if (flags.json)
+      out.data(
+        result.failures.length === 0
+          ? jsonRows(result)
+          : {
+              rows: jsonRows(result),
+              error: errorJson(new ShardFanOutError([], result.failures, result.shards)),
+            },
+      );
     // Rows are output like every message: a password among the values is masked (JSON's out.data does the same).
     else if (flags.csv) ctx.streams.stdout.write(lib().redact(csv(result)));
     else if (result.columns.length > 0) ctx.streams.stdout.write(lib().redact(table(result)));

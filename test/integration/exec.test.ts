@@ -135,7 +135,20 @@ describe('shardctl exec', () => {
       'select x from only_here',
     ]);
     expect(run.code).toBe(1);
-    expect(JSON.parse(run.stdout)).toEqual([{ shard: 6, x: 42 }]);
+    // stdout holds the rows and the failures, one document, whose message names host and shards.
+    const out = JSON.parse(run.stdout) as {
+      rows: unknown[];
+      error: { code: string; exitCode: number; message: string; data: { failed: number[]; failures: unknown[] } };
+    };
+    expect(out.rows).toEqual([{ shard: 6, x: 42 }]);
+    expect(out.error).toMatchObject({ code: 'SHARDS_FAILED', exitCode: 1, data: { failed: [0, 1, 2, 3, 4, 5, 7] } });
+    expect(out.error.message).toContain('7 of 8 shards failed: shards 0-3 on pg1: relation "only_here" does not exist');
+    expect(out.error.data.failures[0]).toEqual({
+      shard: 0,
+      host: 'pg1',
+      code: '42P01',
+      message: 'relation "only_here" does not exist (SQLSTATE 42P01)',
+    });
     expect(run.stderr).toContain('7 of 8 shards failed: shards 0-5,7');
     expect(run.stderr).toContain('shards 0-3 on pg1: relation "only_here" does not exist');
   });
@@ -156,7 +169,11 @@ describe('shardctl exec', () => {
     const sql = `select current_schema() as s, 1 / (1 - count(*) filter (where caption = 'five'))::int as x from photos`;
     const run = await runCli(['exec', '-c', fleet.configFile, '--json', '--concurrency', '1', sql]);
     expect(run.code).toBe(1);
-    expect(JSON.parse(run.stdout)).toEqual([0, 1, 2, 3, 4, 6, 7].map((shard) => ({ shard, s: `ex${shard}`, x: 1 })));
+    const out = JSON.parse(run.stdout) as { rows: unknown[]; error: { data: { failures: unknown[] } } };
+    expect(out.rows).toEqual([0, 1, 2, 3, 4, 6, 7].map((shard) => ({ shard, s: `ex${shard}`, x: 1 })));
+    expect(out.error.data.failures).toEqual([
+      { shard: 5, host: 'pg2', code: '22012', message: 'division by zero (SQLSTATE 22012)' },
+    ]);
     expect(run.stderr).toContain('1 of 8 shards failed: shard 5');
     expect(run.stderr).toContain('shard 5 on pg2: division by zero (SQLSTATE 22012)');
   });
