@@ -23,7 +23,10 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     )
     .argument('<sql>', 'the SQL to run in each shard (search_path is the shard schema)')
     .option('--shards <list>', 'only these shards, e.g. 17 or 0-99,200')
-    .option('--json', 'print a JSON array of rows (bigints and numerics as decimal strings); when shards fail, an object of the rows and the failures')
+    .option(
+      '--json',
+      'print a JSON array of rows (bigints and numerics as decimal strings); when shards fail, an object of the rows and the failures',
+    )
     .option('--csv', 'print CSV with a header line')
     .option(
       '--concurrency <n>',
