@@ -2,6 +2,7 @@ import type pg from 'pg';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { describePgError } from '../fleet/connect.js';
+import { CONTROL_SCHEMA } from '../fleet/control.js';
 import type { HostSnapshot } from '../fleet/catalog.js';
 import { decodeId, maxTimeOffsetMs, timeBits } from '../id/layout.js';
 import { renderNextIdControlSql, renderNextIdSql } from '../id/sql.js';
@@ -136,9 +137,15 @@ export async function inspectShards(
       defaults,
     );
   });
-  const sequences = await readSequences(
+  const sequenceNames = drafts
+    .filter((d) => d.sequence !== null)
+    .map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`);
+  const sequences = await readSequences(client, sequenceNames);
+  const users = await readSequenceUsers(
     client,
-    drafts.filter((d) => d.sequence !== null).map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`),
+    drafts
+      .filter((d) => d.action === 'switch' && d.sequence !== null)
+      .map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`),
   );
   const ids = await readIdRanges(
     client,
@@ -173,6 +180,10 @@ export async function inspectShards(
         if (seq.others)
           refusals.push(
             `sequence ${draft.schema}.${draft.sequence} is also the default of ${seq.others}: moving it would change those ids`,
+          );
+        for (const user of users.get(name) ?? [])
+          refusals.push(
+            `sequence ${draft.schema}.${draft.sequence} is also used by ${user}: after adoption the sequence counts shardctl's positions, not the article's counter, so what that code draws from it would not be an id of the shard; make it call next_id() instead`,
           );
       }
     }
@@ -273,6 +284,43 @@ async function readSequences(client: pg.Client, names: readonly string[]): Promi
     [names],
   );
   return new Map(result.rows.map((r) => [r.name, r]));
+}
+
+/**
+ * What else uses each sequence (`schema.name`, quoted) than the functions called next_id (the
+ * published one and its adopted wrapper in every schema, here or in a moved shard's old copy;
+ * another next_id in a shard schema is refused as unknown) and shardctl's own: a function whose body names it (PL/pgSQL records no dependency: a trigger setting
+ * `NEW.id := nextval('…table_id_seq')`, wherever it lives, found by the sequence's name in its
+ * text, so a function naming another shard's sequence of the same name counts too), and a view or
+ * SQL-standard function that depends on it. Defaults are readSequences's `others`. Each user as
+ * PostgreSQL describes it (`function public.set_id()`).
+ */
+async function readSequenceUsers(client: pg.Client, names: readonly string[]): Promise<Map<string, string[]>> {
+  if (names.length === 0) return new Map();
+  const result = await client.query<{ name: string; users: string[] }>(
+    `WITH seqs AS (
+       SELECT q.name, c.oid, pg_catalog.lower(c.relname) AS relname
+         FROM unnest($1::text[]) AS q(name)
+         JOIN pg_catalog.pg_class c ON c.oid = pg_catalog.to_regclass(q.name)),
+     named AS (
+       SELECT r.relname, 'function ' || pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(p.proname)
+                || '(' || pg_catalog.pg_get_function_identity_arguments(p.oid) || ')' AS what
+         FROM (SELECT DISTINCT relname FROM seqs) r
+         JOIN pg_catalog.pg_proc p ON pg_catalog.strpos(pg_catalog.lower(p.prosrc), r.relname) > 0
+         JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+        WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', $2)
+          AND p.proname <> 'next_id'),
+     depending AS (
+       SELECT s.name, pg_catalog.pg_describe_object(d.classid, d.objid, d.objsubid) AS what
+         FROM seqs s
+         JOIN pg_catalog.pg_depend d ON d.refclassid = 'pg_catalog.pg_class'::regclass AND d.refobjid = s.oid
+        WHERE d.deptype = 'n' AND d.classid <> 'pg_catalog.pg_attrdef'::regclass)
+     SELECT s.name, array(SELECT what FROM named m WHERE m.relname = s.relname
+                          UNION SELECT what FROM depending d WHERE d.name = s.name ORDER BY 1) AS users
+       FROM seqs s`,
+    [names, CONTROL_SCHEMA],
+  );
+  return new Map(result.rows.filter((r) => r.users.length > 0).map((r) => [r.name, r.users]));
 }
 
 interface IdRange {

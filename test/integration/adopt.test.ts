@@ -519,6 +519,43 @@ ALTER SEQUENCE comments_id_seq OWNED BY comments.id;
     expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'tx')))).toEqual(before);
   });
 
+  it('refuses a sequence that other code draws from: a trigger function naming it (in another schema too), a view; the refusal names each and nothing changes', async () => {
+    await buildArticleFleet(refusals.urls, 'tz', split4);
+    const fleet = makeFleet({ urls: refusals.urls, shards: 4, split: split4, schemaPrefix: 'tz', migrations: {} });
+    await withClient(refusals.urls[0]!, async (c) => {
+      // A trigger that sets the id itself, as some article-built fleets do for a table without the default.
+      await c.query(`create table tz0.comments (id bigint primary key, body text)`);
+      await c.query(`create function public.comment_id() returns trigger language plpgsql as $$
+        begin new.id := nextval('tz0.TABLE_ID_SEQ'); return new; end $$`);
+      await c.query(
+        `create trigger comment_id before insert on tz0.comments for each row execute function public.comment_id()`,
+      );
+      await c.query(`create view tz1.peek as select last_value from tz1.table_id_seq`);
+    });
+    const before = await Promise.all(refusals.urls.map((url) => catalog(url, 'tz')));
+    const run = await runCli(['adopt', '--yes', '-c', fleet.configFile]);
+    expect(run.code, run.stdout + run.stderr).toBe(3);
+    // The function's text names a sequence called table_id_seq: every shard on that host draws from one.
+    for (const shard of [0, 1])
+      expect(run.stderr).toContain(
+        `sequence tz${shard}.table_id_seq is also used by function public.comment_id(): after adoption the sequence counts shardctl's positions`,
+      );
+    expect(run.stderr).toContain('sequence tz1.table_id_seq is also used by rule _RETURN on view tz1.peek');
+    expect(run.stderr).not.toMatch(/tz[23]\.table_id_seq is also used/);
+    expect(await Promise.all(refusals.urls.map((url) => catalog(url, 'tz')))).toEqual(before);
+    // Once the trigger calls next_id(), as adoption needs, and the view is gone, nothing is refused
+    // (a dry run: the databases are shared with the tests after this one).
+    await withClient(refusals.urls[0]!, async (c) => {
+      await c.query(`create or replace function public.comment_id() returns trigger language plpgsql as $$
+        begin new.id := tz0.next_id(); return new; end $$`);
+      await c.query(`drop view tz1.peek`);
+    });
+    const accepted = await runCli(['adopt', '--dry-run', '-c', fleet.configFile]);
+    expect(accepted.code, accepted.stderr).toBe(0);
+    expect(accepted.stderr).not.toContain('is also used by');
+    await withClient(refusals.urls[0]!, (c) => c.query('drop function public.comment_id() cascade'));
+  });
+
   it('--baseline refuses when a file creates a table a shard does not have', async () => {
     await buildArticleFleet(refusals.urls, 'ue', split4);
     const fleet = makeFleet({
