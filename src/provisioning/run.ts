@@ -8,8 +8,10 @@ import {
   readFleetPlacement,
   registerFleetSql,
   requireCurrentMap,
+  requireCurrentMapLocked,
   type FleetPlacement,
 } from '../fleet/placement.js';
+import { loadConfig } from '../config/load.js';
 import { Fleet, type LostHost } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { fleetLevel } from '../migrations/rules.js';
@@ -87,23 +89,31 @@ export interface FleetInspection {
 }
 
 export async function provision(
-  config: ShardctlConfig,
+  given: ShardctlConfig,
   mode: ProvisionMode,
   options: ProvisionOptions = {},
 ): Promise<ProvisionResult> {
   const started = performance.now();
   const dryRun = options.dryRun ?? false;
-  const migrations = await readMigrations(config.migrationsDir);
-  const fleet = await Fleet.open(config.hosts);
+  const migrations = await readMigrations(given.migrationsDir);
+  const fleet = await Fleet.open(given.hosts);
   try {
     const tolerateLoss = mode === 'migrate';
     if (!tolerateLoss) fleet.requireAll();
-    if (!dryRun) await fleet.lock({ lockTimeout: config.lockTimeout, tolerateLoss });
-    const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss });
+    if (!dryRun) await fleet.lock({ lockTimeout: given.lockTimeout, tolerateLoss });
+    let snapshots = await fleet.each((s) => readHostSnapshot(s, given), { tolerateLoss });
     for (const lost of fleet.lost)
       options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
     const placement = await readFleetPlacement(fleet);
-    requireCurrentMap(config, placement);
+    // A run that waited for the runner locks behind a move read its file before the move's switch
+    // rewrote it: the file is read again (its shard lists only), as gc and rebalance do.
+    let config = given;
+    if (dryRun) requireCurrentMap(given, placement);
+    else config = await requireCurrentMapLocked(given, placement, (file) => loadConfig(file));
+    if (config !== given) {
+      const hostNamed = new Map(config.hosts.map((h) => [h.name, h]));
+      snapshots = snapshots.map((snapshot) => ({ ...snapshot, host: hostNamed.get(snapshot.host.name)! }));
+    }
     // Drift is looked for on every shard whatever the stage; the rest only where this run writes.
     const conflicts = findConflicts(config, snapshots, migrations, {
       ...(options.shards ? { shards: options.shards } : {}),

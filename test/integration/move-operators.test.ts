@@ -160,32 +160,76 @@ describe('two operators moving shards in opposite directions at once', () => {
   }, 180_000);
 });
 
-describe('gc queued behind a move', () => {
+describe('gc and migrate queued behind a move', () => {
   const pair = useTestDatabases(2);
+  const trio = useTestDatabases(2);
 
-  it('runs once the move has switched and rewritten the file, instead of calling the file stale', async () => {
-    const fleet = makeFleet({ urls: pair.urls, shards: 4, split: ['0-1', '2-3'], extra: 'lockTimeout: 30s' });
+  /**
+   * Moves shard 1 to pg2 with `command` queued behind the move for pg1's runner lock (it read the
+   * file before the move rewrote it); both must succeed. Then `check` with a client of pg1.
+   */
+  async function queuedBehindMove(
+    urls: readonly string[],
+    command: string[],
+    prepare: (fleet: Fleet) => void,
+    check: (locker: pg.Client, outcome: string) => Promise<void>,
+  ): Promise<void> {
+    const fleet = makeFleet({ urls, shards: 4, split: ['0-1', '2-3'], extra: 'lockTimeout: 30s' });
     expect((await init(await fleet.config())).ok).toBe(true);
-    const locker = await adminClient(pair.urls[0]!);
+    prepare(fleet);
+    const locker = await adminClient(urls[0]!);
     try {
       const release = await holdRunnerLock(locker);
       let runs;
       try {
         const moving = await startCli(move(fleet, 1, '--to', 'pg2'));
         await waitForLockWaiters(locker, 1);
-        // gc read the file before the move rewrote it, and queues behind the move.
-        const collecting = await startCli(['gc', '--yes', '-c', fleet.configFile]);
+        const queued = await startCli([...command, '-c', fleet.configFile]);
         await waitForLockWaiters(locker, 2);
-        runs = [moving, collecting];
+        runs = [moving, queued];
       } finally {
         await release();
       }
-      const outcome = await bothSucceed(runs);
-      // gc dropped the old copy the move left on pg1.
-      expect((await shardRow(locker, 1)) ?? 'dropped', outcome).toBe('dropped');
+      await check(locker, await bothSucceed(runs));
     } finally {
       await locker.end();
     }
+  }
+
+  it('gc runs once the move has switched and rewritten the file, instead of calling the file stale', async () => {
+    await queuedBehindMove(
+      pair.urls,
+      ['gc', '--yes'],
+      () => undefined,
+      async (locker, outcome) => {
+        // gc dropped the old copy the move left on pg1.
+        expect((await shardRow(locker, 1)) ?? 'dropped', outcome).toBe('dropped');
+      },
+    );
+  }, 180_000);
+
+  it('migrate runs once the move has switched and rewritten the file, applying the new file on every shard where it now is', async () => {
+    await queuedBehindMove(
+      trio.urls,
+      ['migrate'],
+      (fleet) => fleet.writeMigration('0100_queued.sql', 'alter table photos add column queued int'),
+      async (locker, outcome) => {
+        const withColumn = async (c: pg.Client) =>
+          (
+            await c.query<{ s: string }>(
+              `select table_schema as s from information_schema.columns where column_name = 'queued' order by 1`,
+            )
+          ).rows.map((row) => row.s);
+        // The moved shard got the column on pg2, where it is now; the others where they were.
+        expect(await withColumn(locker), outcome).toEqual(['insta0']);
+        const other = await adminClient(trio.urls[1]!);
+        try {
+          expect(await withColumn(other), outcome).toEqual(['insta1', 'insta2', 'insta3']);
+        } finally {
+          await other.end();
+        }
+      },
+    );
   }, 180_000);
 });
 
