@@ -1,7 +1,15 @@
 import type { ShardctlConfig } from '../config/types.js';
+import type pg from 'pg';
 import { loadConfig } from '../config/load.js';
 import { HostError } from '../errors.js';
-import { discoverFleet, discoverFromConfig, fleetConfig, type UnreachableHost } from '../fleet/placement.js';
+import { CONTROL } from '../fleet/control.js';
+import {
+  discoverFleet,
+  discoverFromConfig,
+  fleetConfig,
+  type HostPlacementView,
+  type UnreachableHost,
+} from '../fleet/placement.js';
 import type { RouterSettings } from './options.js';
 
 /** What one reading of the fleet gives a router. */
@@ -12,6 +20,12 @@ export interface RouterMap {
   readonly unreachable: readonly UnreachableHost[];
   /** The trusted registries' address of each host, with the discovery's credentials (pools.ts). */
   readonly registryUrls: ReadonlyMap<string, string>;
+  /**
+   * What a background refresh compares (mapUnchanged): per host, by the name its control schema
+   * records, its placement version and registry; null when a host was not read or has no fleet row
+   * (the refresh then reads the whole map again). With the file's hosts as read, for a file router.
+   */
+  readonly stamps: { readonly hosts: ReadonlyMap<string, string>; readonly file: string | null } | null;
 }
 
 /**
@@ -29,15 +43,8 @@ export async function readRouterMap(
 ): Promise<RouterMap> {
   let file = source.file;
   if (file && file.file !== '<inline>' && rereadFile) {
-    try {
-      file = await loadConfig(file.file, {
-        checkMigrationsDir: false,
-        ...(settings.env ? { env: settings.env } : {}),
-        ...(settings.cwd ? { cwd: settings.cwd } : {}),
-      });
-    } catch {
-      // The file is being replaced or is invalid for a moment: the fleet decides anyway.
-    }
+    // The file is being replaced or is invalid for a moment: the fleet decides anyway.
+    file = (await rereadConfig(file, settings)) ?? file;
   }
   const reading = { applicationName: settings.applicationName, connectTimeoutMs: settings.connectTimeoutMs };
   const found = file
@@ -67,5 +74,74 @@ export async function readRouterMap(
       { code: 'SHARDCTL_REGISTRY_WRITABLE' },
     );
   }
-  return { config: next, unreachable: found.unreachable, registryUrls: found.registryUrls ?? new Map() };
+  const views = found.placement.views;
+  const stamps =
+    found.unreachable.length > 0 || views.length === 0 || views.some((v) => v.fleet === null)
+      ? null
+      : {
+          hosts: new Map(views.map((v) => [v.fleet!.hostName, viewStamp(v)])),
+          file: file && file.file !== '<inline>' ? fileStamp(file) : null,
+        };
+  return { config: next, unreachable: found.unreachable, registryUrls: found.registryUrls ?? new Map(), stamps };
+}
+
+async function rereadConfig(file: ShardctlConfig, settings: RouterSettings): Promise<ShardctlConfig | null> {
+  try {
+    return await loadConfig(file.file, {
+      checkMigrationsDir: false,
+      ...(settings.env ? { env: settings.env } : {}),
+      ...(settings.cwd ? { cwd: settings.cwd } : {}),
+    });
+  } catch {
+    return null;
+  }
+}
+
+/** One host's placement version and registry: every change of a shard's holder moves the version. */
+const STAMP_SQL = `SELECT f.host_name, f.placement_version::text AS version,
+       ARRAY(SELECT h.name || '=' || coalesce(h.address, '') FROM ${CONTROL}.hosts h) AS registry
+  FROM ${CONTROL}.fleet f`;
+
+function stampOf(version: string, registry: readonly string[]): string {
+  return `${version} ${[...registry].sort().join(' ')}`;
+}
+
+function viewStamp(view: HostPlacementView): string {
+  return stampOf(
+    view.fleet!.version.toString(),
+    [...view.registry].map(([name, address]) => `${name}=${address ?? ''}`),
+  );
+}
+
+function fileStamp(file: ShardctlConfig): string {
+  return JSON.stringify(file.hosts);
+}
+
+/**
+ * A background refresh's first look: whether every host of the map still has the placement version
+ * and registry it had at the last full read, asked on a connection of the router's own pool (one
+ * short query per host, no new connection), and, for a file router, whether the file's hosts are
+ * still what they were. False (read the whole map again) when anything differs, a host has no pool
+ * yet, or any of it could not be asked.
+ */
+export async function mapUnchanged(
+  stamps: NonNullable<RouterMap['stamps']>,
+  pools: readonly (pg.Pool | undefined)[],
+  file: ShardctlConfig | null,
+  settings: RouterSettings,
+): Promise<boolean> {
+  if (pools.length !== stamps.hosts.size || pools.some((p) => p === undefined)) return false;
+  if (file && file.file !== '<inline>') {
+    const again = await rereadConfig(file, settings);
+    if (again === null || fileStamp(again) !== stamps.file) return false;
+  }
+  const seen = await Promise.all(
+    pools.map((pool) =>
+      pool!.query<{ host_name: string; version: string; registry: string[] }>(STAMP_SQL).then(
+        (r) => (r.rows.length === 1 ? r.rows[0]! : null),
+        () => null,
+      ),
+    ),
+  );
+  return seen.every((row) => row !== null && stamps.hosts.get(row.host_name) === stampOf(row.version, row.registry));
 }

@@ -68,9 +68,12 @@ export interface ShardRouterOptions {
    */
   failoverTimeoutMs?: number;
   /**
-   * The placement is read from the fleet again this often in the background (what reload() does),
-   * so that a router that makes no call to a shard for a long time does not go on placing it where
-   * it was before moves. Default 30 s; 0: only when a call meets a moved shard, and on reload().
+   * The placement is checked this often in the background, so that a router that makes no call to
+   * a shard for a long time does not go on placing it where it was before moves: one short query
+   * per host on the router's own pools (each host's placement version and registry), and, when one
+   * changed or could not be asked (or a host has no pool yet, or the router's file names its hosts
+   * differently), the whole map read again as reload() does. Default 30 s; 0: only when a call
+   * meets a moved shard, and on reload().
    */
   mapRefreshMs?: number;
   /**

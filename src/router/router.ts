@@ -12,7 +12,7 @@ import { formatLsn, parseLsn, replicaRead, StandbyBook, type ReplicaRead, type W
 import { queryEachShardWithParams } from './shard-query.js';
 import { queryEachShardScript } from './script.js';
 import { fanOut } from './fan-out.js';
-import { readRouterMap } from './discover.js';
+import { mapUnchanged, readRouterMap, type RouterMap } from './discover.js';
 import { runFollowing, type FollowPaths } from './follow.js';
 import { HostPools } from './pools.js';
 import { StandbyReads } from './standby-reads.js';
@@ -71,6 +71,9 @@ export class ShardRouter {
   /** Hosts whose writable registry was warned about (once each). */
   private readonly distrustWarned = new Set<string>();
   private reloading: Promise<void> | undefined;
+  /** What the last full read of the map saw, for the background refresh to compare (discover.ts). */
+  private stamps: RouterMap['stamps'] = null;
+  private refreshing = false;
   private closed = false;
   /** Reads the placement again every mapRefreshMs (unref'd: it never keeps the process alive). */
   private readonly refresh: NodeJS.Timeout | undefined;
@@ -125,7 +128,7 @@ export class ShardRouter {
     // refresh changes nothing: the next one, or a call that meets the move, reads the fleet again.
     if (this.options.mapRefreshMs > 0) {
       this.refresh = setInterval(() => {
-        if (!this.closed) void this.reload().catch(() => undefined);
+        if (!this.closed) void this.refreshMap().catch(() => undefined);
       }, this.options.mapRefreshMs);
       this.refresh.unref();
     }
@@ -387,6 +390,38 @@ export class ShardRouter {
     return this.reloading;
   }
 
+  /**
+   * The background refresh: a short query per host on the router's own pools first, and the whole
+   * map read again (new connections to every host) only when a host's placement or registry
+   * changed since the last read, or could not be asked.
+   */
+  private async refreshMap(): Promise<void> {
+    // One at a time: a check waiting on a host that stopped answering (up to its hostTimeout) is
+    // not joined by another each interval.
+    if (this.refreshing) return;
+    this.refreshing = true;
+    try {
+      await this.checkMap();
+    } finally {
+      this.refreshing = false;
+    }
+  }
+
+  private async checkMap(): Promise<void> {
+    const stamps = this.stamps;
+    if (stamps && !this.reloading) {
+      const pools = this.pools.byHost();
+      const unchanged = await mapUnchanged(
+        stamps,
+        this.config.hosts.map((h) => pools.get(h.name)),
+        this.fileConfig,
+        this.options,
+      );
+      if (unchanged && this.stamps === stamps) return;
+    }
+    await this.reload();
+  }
+
   private async discover(options: { rereadFile?: boolean } = {}): Promise<void> {
     const read = await readRouterMap(
       { file: this.fileConfig, current: this.config, seeds: this.seeds },
@@ -395,6 +430,7 @@ export class ShardRouter {
       options.rereadFile !== false,
     );
     this.config = read.config;
+    this.stamps = read.stamps;
     const at = performance.now();
     this.unreachable = new Map(read.unreachable.map((u) => [u.name, { ...u, at }]));
     this.followed.clear();

@@ -1,0 +1,77 @@
+/**
+ * The router's background refresh of the map: a short query per host on its own pools while
+ * nothing changed (no new connection), and the whole map read again once a host's placement
+ * changed (a move's switch) or the router's file names its hosts differently.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import type pg from 'pg';
+import { describe, expect, it } from 'vitest';
+import { init, ShardRouter } from '../../src/index.js';
+import { makeFleet, runCli } from '../helpers/fleet.js';
+import { adminClient, useTestDatabases } from '../helpers/hosts.js';
+import { waitFor } from '../helpers/migrations.js';
+
+const db = useTestDatabases(2);
+
+/** Sessions ever opened to the test databases (pg_stat_database.sessions, PostgreSQL 14 and later), both hosts. */
+async function sessionsOpened(clients: readonly pg.Client[]): Promise<number> {
+  let total = 0;
+  for (const c of clients) {
+    await c.query('select pg_stat_clear_snapshot()');
+    const r = await c.query<{ n: string }>(
+      `select sessions::text as n from pg_stat_database where datname = current_database()`,
+    );
+    total += Number(r.rows[0]!.n);
+  }
+  return total;
+}
+
+describe('the background refresh of a router', () => {
+  it('opens no connection while the map is unchanged, and reads the map again after a move and after an edit of its file', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const admins = await Promise.all(db.urls.map((url) => adminClient(url)));
+    const router = await ShardRouter.open(fleet.configFile, { mapRefreshMs: 100 });
+    try {
+      const insert = (shard: number) =>
+        router.withShard(shard, (client) =>
+          client.query(`insert into photos (user_id, image_url) values ($1, 'x')`, [shard]),
+        );
+      // One call on each host: each has a pool, with one connection.
+      await insert(0);
+      await insert(2);
+      // Every session opened so far (the discovery's, these clients', the pools') reported: a
+      // backend reports its own start at its first transaction end a second after the last report.
+      await new Promise((resolve) => setTimeout(resolve, 1_200));
+      for (const c of admins) await c.query('select pg_stat_force_next_flush()');
+      const before = await sessionsOpened(admins);
+      // About 20 refreshes; a full read would open a connection to each host every time.
+      await new Promise((resolve) => setTimeout(resolve, 2_000));
+      for (const c of admins) await c.query('select pg_stat_force_next_flush()');
+      expect(await sessionsOpened(admins)).toBe(before);
+      const asked = await admins[0]!.query<{ n: number }>(
+        `select count(*)::int as n from pg_stat_activity
+          where datname = current_database() and query like '%placement_version%' and pid <> pg_backend_pid()`,
+      );
+      // The pool's connection asked last (its query stays in pg_stat_activity while it is idle).
+      expect(asked.rows[0]!.n).toBe(1);
+
+      // A move switches shard 1 to pg2: the version changes there, and the refresh reads the map.
+      const moved = await runCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
+      expect(moved.code, moved.stderr).toBe(0);
+      await waitFor('the router to place shard 1 on pg2', async () => router.hostForShard(1).name === 'pg2', 10_000);
+
+      // The file names pg2 at another url (the same server): the refresh reads the map again.
+      const text = readFileSync(fleet.configFile, 'utf8');
+      const url = db.urls[1]!;
+      const edited = `${url}${url.includes('?') ? '&' : '?'}application_name=edited`;
+      expect(text).toContain(url);
+      writeFileSync(fleet.configFile, text.replace(url, edited));
+      await waitFor('the router to take the edited url', async () => router.hostForShard(3).url === edited, 10_000);
+      await insert(3);
+    } finally {
+      await router.close();
+      await Promise.all(admins.map((c) => c.end()));
+    }
+  });
+});
