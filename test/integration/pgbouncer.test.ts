@@ -322,7 +322,7 @@ describe('behind PgBouncer in transaction mode', () => {
     }
   });
 
-  it('an online move of a fleet whose url goes through the pooler connects to directUrl, and leaves the pooled connections clean', async () => {
+  it("an online move of a fleet whose url goes through the pooler connects to directUrl, and leaves the pooled connections clean; a router's background check of the map, through the pooler, finds the switch", async () => {
     const pooled = dbMove.urls.map((url, i) => poolers[i]!.url(url));
     const fleet = makeFleet({ urls: pooled, shards: 4, schemaPrefix: 'pm', migrations: PHOTOS_ONLY });
     // Each host: url through the pooler, directUrl the server itself, and the address the other
@@ -346,8 +346,29 @@ describe('behind PgBouncer in transaction mode', () => {
     } finally {
       await writer.end();
     }
+    // A router with pools on both hosts through the pooler, refreshing its map in the background:
+    // its check of each host's placement runs through the pooler too, and finds the switch.
+    const router = await ShardRouter.open(fleet.configFile, { mapRefreshMs: 100 });
+    for (const shard of [0, 3]) await router.withShard(shard, (c) => c.query('SELECT count(*) FROM photos'));
+    expect(router.openPools().sort()).toEqual(['pg1', 'pg2']);
     const result = await moveShards(config, [0], 'pg2', { configFile: fleet.configFile });
     expect(result.moves.map((m) => m.outcome)).toEqual(['moved']);
+    try {
+      for (let i = 0; i < 100 && router.hostForShard(0).name !== 'pg2'; i++)
+        await new Promise((resolve) => setTimeout(resolve, 100));
+      expect(router.hostForShard(0).name).toBe('pg2');
+      // The check itself ran on a server connection of the pooler (its text is its own).
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      const checks = await withClient(dbMove.urls[1]!, (c) =>
+        c.query<{ n: number }>(
+          `SELECT count(*)::int AS n FROM pg_stat_activity
+            WHERE datname = current_database() AND query LIKE '%coalesce(h.address%' AND pid <> pg_backend_pid()`,
+        ),
+      );
+      expect(checks.rows[0]!.n).toBeGreaterThan(0);
+    } finally {
+      await router.close();
+    }
     const reader = new pg.Client({ connectionString: pooled[1]! });
     await reader.connect();
     try {
