@@ -137,10 +137,10 @@ export async function inspectShards(
       defaults,
     );
   });
-  const sequenceNames = drafts
-    .filter((d) => d.sequence !== null)
-    .map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`);
-  const sequences = await readSequences(client, sequenceNames);
+  const sequences = await readSequences(
+    client,
+    drafts.filter((d) => d.sequence !== null).map((d) => `${quoteIdent(d.schema)}.${quoteIdent(d.sequence!)}`),
+  );
   const users = await readSequenceUsers(
     client,
     drafts
@@ -289,11 +289,12 @@ async function readSequences(client: pg.Client, names: readonly string[]): Promi
 /**
  * What else uses each sequence (`schema.name`, quoted) than the functions called next_id (the
  * published one and its adopted wrapper in every schema, here or in a moved shard's old copy;
- * another next_id in a shard schema is refused as unknown) and shardctl's own: a function whose body names it (PL/pgSQL records no dependency: a trigger setting
- * `NEW.id := nextval('…table_id_seq')`, wherever it lives, found by the sequence's name in its
- * text, so a function naming another shard's sequence of the same name counts too), and a view or
- * SQL-standard function that depends on it. Defaults are readSequences's `others`. Each user as
- * PostgreSQL describes it (`function public.set_id()`).
+ * another next_id in a shard schema is refused as unknown) and shardctl's own:
+ *  - a function whose text names it: PL/pgSQL records no dependency (a trigger setting
+ *    `NEW.id := nextval('…table_id_seq')`, wherever it lives), so it is found by the sequence's
+ *    name, and a function naming another shard's sequence of the same name counts too;
+ *  - a view or SQL-standard function that depends on it.
+ * Defaults are readSequences's `others`. Each user named schema-qualified (`function public.set_id()`).
  */
 async function readSequenceUsers(client: pg.Client, names: readonly string[]): Promise<Map<string, string[]>> {
   if (names.length === 0) return new Map();
