@@ -2,6 +2,7 @@ import type pg from 'pg';
 import { CONTROL, CONTROL_SCHEMA, shardMovedRaiseSql } from '../../fleet/control.js';
 import { ident, int, lines, list, lit, sql, type Sql } from '../../pg/sql-template.js';
 import { dropUnusedFenceGuardsSql } from './leftovers.js';
+import { INSUFFICIENT_PRIVILEGE } from '../../pg/sqlstate.js';
 import { lockTimeoutSql } from './locks.js';
 import { INCOMING_TRIGGER, incomingGuardName } from './names.js';
 import { COPYING_SETTING } from './tail.js';
@@ -169,6 +170,3 @@ export async function dropIncomingGuards(client: pg.Client, moveId: string, sche
     if ((error as { code?: unknown }).code !== INSUFFICIENT_PRIVILEGE) throw error;
   });
 }
-
-/** SQLSTATE insufficient_privilege. */
-const INSUFFICIENT_PRIVILEGE = '42501';
