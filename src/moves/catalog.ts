@@ -158,9 +158,14 @@ const LEAF_SIZES_SQL = `SELECT s.i::int AS i, pg_relation_size(s.o) = 0 AS empty
  * sequences, views, materialized views, functions and procedures, columns with an ACL of their own),
  * and the schemas' default privileges (pg_default_acl, of every role that may create in the schema), by name, in one query. An ACL the
  * catalog leaves NULL is read as the default it stands for (acldefault), so equal rights compare
- * equal however they were reached.
+ * equal however they were reached. `schemasOnly`: the schemas' own owners and ACLs, nothing in them
+ * (what a guarded copy is given at its switch, switch.ts).
  */
-export async function shardPrivileges(client: pg.Client, schemas: readonly string[]): Promise<PrivilegeObject[]> {
+export async function shardPrivileges(
+  client: pg.Client,
+  schemas: readonly string[],
+  schemasOnly = false,
+): Promise<PrivilegeObject[]> {
   const result = await client.query<{
     kind: PrivilegeKind;
     schema: string;
@@ -182,7 +187,7 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
      ids AS (SELECT coalesce(array_agg(oid), '{}') AS oids FROM ns),
      rels AS MATERIALIZED (
        SELECT c.oid, n.nspname, c.relname, c.relkind, c.relowner, c.relacl
-         FROM pg_class c JOIN ns n ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p', 'S', 'v', 'm', 'f')),
+         FROM pg_class c JOIN ns n ON n.oid = c.relnamespace WHERE c.relkind IN ('r', 'p', 'S', 'v', 'm', 'f') AND NOT $2::boolean),
      objects AS (
        SELECT 'schema' AS kind, n.nspname AS schema, NULL::name AS name, NULL::text AS args, NULL::name AS col,
               n.nspowner AS owner, false AS linked, coalesce(n.nspacl, acldefault('n', n.nspowner)) AS acl
@@ -205,14 +210,14 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
        -- type, an array type or a range's multirange, whose owners follow their own objects').
        SELECT 'type', n.nspname, t.typname, NULL, NULL, t.typowner, false, coalesce(t.typacl, acldefault('T', t.typowner))
          FROM pg_type t JOIN ns n ON n.oid = t.typnamespace
-        WHERE t.typnamespace = ANY((SELECT oids FROM ids)::oid[]) AND t.typtype IN ('b', 'c', 'd', 'e', 'r')
+        WHERE t.typnamespace = ANY((SELECT oids FROM ids)::oid[]) AND t.typtype IN ('b', 'c', 'd', 'e', 'r') AND NOT $2::boolean
           AND (t.typrelid = 0 OR (SELECT c.relkind FROM pg_class c WHERE c.oid = t.typrelid) = 'c')
           AND NOT EXISTS (SELECT 1 FROM pg_type e WHERE e.oid = t.typelem AND e.typarray = t.oid)
        UNION ALL
        SELECT 'routine', n.nspname, p.proname, pg_get_function_identity_arguments(p.oid), NULL, p.proowner, false,
               coalesce(p.proacl, acldefault('f', p.proowner))
          FROM pg_proc p JOIN ns n ON n.oid = p.pronamespace
-        WHERE p.pronamespace = ANY((SELECT oids FROM ids)::oid[])
+        WHERE p.pronamespace = ANY((SELECT oids FROM ids)::oid[]) AND NOT $2::boolean
           AND (p.prokind IN ('f', 'p', 'w')
                -- Aggregates but ordered-set ones, whose signature ALTER ROUTINE does not take as printed.
                OR (p.prokind = 'a' AND EXISTS (SELECT 1 FROM pg_aggregate g WHERE g.aggfnoid = p.oid AND g.aggkind = 'n')))
@@ -222,7 +227,7 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
        -- and carrying them would make every such role an owner the move refuses without.
        SELECT 'default', n.nspname, d.defaclobjtype::text, NULL, NULL, d.defaclrole, false, d.defaclacl
          FROM pg_default_acl d JOIN ns n ON n.oid = d.defaclnamespace
-        WHERE has_schema_privilege(d.defaclrole, n.oid, 'CREATE')
+        WHERE has_schema_privilege(d.defaclrole, n.oid, 'CREATE') AND NOT $2::boolean
      )
      SELECT o.kind, o.schema, o.name, o.args, o.col, ow.rolname AS owner, o.linked,
             ge.rolname AS grantee, gr.rolname AS grantor, a.privilege_type AS privilege, a.is_grantable AS grantable
@@ -232,7 +237,7 @@ export async function shardPrivileges(client: pg.Client, schemas: readonly strin
        LEFT JOIN pg_roles ge ON ge.oid = a.grantee
        LEFT JOIN pg_roles gr ON gr.oid = a.grantor
       ORDER BY o.schema, o.kind, o.name, o.args, o.col, ge.rolname NULLS FIRST, a.privilege_type`,
-    [schemas],
+    [schemas, schemasOnly],
   );
   const objects = new Map<string, PrivilegeObject & { acl: AclEntry[] }>();
   for (const r of result.rows) {

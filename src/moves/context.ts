@@ -157,6 +157,11 @@ export interface MoveContext {
    * (createTargets carries them instead of reading them again); null in a resumed run.
    */
   sourcePrivileges: readonly PrivilegeObject[] | null;
+  /**
+   * The move's shards that the target held before, whose incoming copies are guarded
+   * (sql/incoming.ts, targets.ts heldBefore), read once per run; null until read.
+   */
+  guarded: ReadonlySet<number> | null;
   refreshed: string[];
   /**
    * Online: this run copied the shards together with creating the target's copies (createAndCopy),
@@ -350,6 +355,7 @@ export function moveContext(
     methods: null,
     leafTables: null,
     sourcePrivileges: null,
+    guarded: null,
     refreshed: [],
     copied: false,
     copyBytesPerSecond: typeof detail['copyBytesPerSecond'] === 'number' ? detail['copyBytesPerSecond'] : null,

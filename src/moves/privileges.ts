@@ -125,6 +125,21 @@ export function rolesNamed(objects: readonly PrivilegeObject[]): { all: string[]
 }
 
 /**
+ * A guarded copy's objects as the move first gives them (targets.ts): the schema's ACL kept to its
+ * owner's own entries, everything else as the source has it. No other role can use the schema, so
+ * a client on an old map that reads the copy as an application role finds none of its tables
+ * (42P01, 42501) instead of a copy still being filled, and follows the shard (router/follow.ts).
+ * The switch gives the schema the source's ACL in the transaction that makes the copy active
+ * (switch.ts). The move's role has the owner's rights (preflight-roles.ts), the schema's owner and
+ * a superuser bypass the withholding: for them only writes are refused (the guard's triggers).
+ */
+export function withheldSchemaAcl(objects: readonly PrivilegeObject[]): PrivilegeObject[] {
+  return objects.map((o) =>
+    o.kind === 'schema' ? { ...o, acl: o.acl.filter((e) => e.grantee !== null && e.grantee === o.owner) } : o,
+  );
+}
+
+/**
  * The statements that give the target's copy of one shard schema the source's owners, ACLs and
  * default privileges, computed from both catalogs (nothing for what is already equal). An object
  * whose ACL differs has every privilege revoked (from every role the target's ACL names, and

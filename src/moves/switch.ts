@@ -6,7 +6,12 @@ import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { ACTIVE_SHARDS_SQL } from './sql/control.js';
 import { stepsFor, type MoveStep } from './state.js';
-import { leavesNow, type LeafTable } from './catalog.js';
+import { leavesNow, shardPrivileges, type LeafTable } from './catalog.js';
+import { privilegeVersions, syncPrivilegesSql } from './privileges.js';
+import { heldBefore } from './targets.js';
+import { rollbackQuietly } from '../pg/quiet.js';
+import { inOneTurn } from '../pg/serial.js';
+import type { Sql } from '../pg/sql-template.js';
 import { verifyShards, type VerifyResult } from './verify.js';
 import { readChanges, stopDeltas, stopTracking } from './tail.js';
 import { ensureMethods } from './checksum-methods.js';
@@ -179,13 +184,14 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   // first, which returns its version.
   const target = ctx.target.host.name;
   const reads = currentFenceReads(ctx);
+  const grants = await withheldGrants(ctx, shards);
   // From here the target may take the shards: watchFence no longer cuts it off.
   ctx.current.switchSent = true;
   if (reads) {
     const v = reads.placementVersion;
     const settled = await Promise.allSettled([
       ctx.source.client.query(switchPlacementSql(false), [shards, target, (v + 1n).toString()]),
-      ctx.target.client.query(switchPlacementSql(true), [shards, target, (v + 2n).toString()]),
+      activateOnTarget(ctx, shards, (v + 2n).toString(), grants),
     ]);
     for (const r of settled) if (r.status === 'rejected') throw r.reason;
   } else {
@@ -194,7 +200,7 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
       target,
       '0',
     ]);
-    await ctx.target.client.query(switchPlacementSql(true), [shards, target, onSource.rows[0]!.version]);
+    await activateOnTarget(ctx, shards, onSource.rows[0]!.version, grants);
   }
   // Writable again from here: the fleet's placement names the target, whose copies are active (the
   // routers follow the fleet, not the file).
@@ -211,6 +217,60 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
       { shard: shards[0]!, code: 'MAP_REWRITE_FAILED', cause: error, next: [{ action: 'resume', shards: ctx.shards }] },
     );
   }
+}
+
+/**
+ * The grants a guarded copy's schema was kept without while incoming (privileges.ts
+ * withheldSchemaAcl): the statements that give the wave's guarded schemas on the target the
+ * source's owners and ACLs, as they are now (fenced, the source's do not move). Read from both
+ * hosts only for a wave with a guarded shard; none otherwise, or when they are already equal (a
+ * resumed run whose switch committed them).
+ */
+async function withheldGrants(ctx: MoveContext, shards: readonly number[]): Promise<Sql[]> {
+  const guarded = await heldBefore(ctx);
+  const schemas = schemasOf(
+    ctx,
+    shards.filter((shard) => guarded.has(shard)),
+  );
+  if (schemas.length === 0) return [];
+  const [wanted, current] = await Promise.all([
+    shardPrivileges(ctx.source.client, schemas, true),
+    shardPrivileges(ctx.target.client, schemas, true),
+  ]);
+  return syncPrivilegesSql(
+    wanted,
+    current,
+    privilegeVersions(ctx.source.serverVersionNum, ctx.target.serverVersionNum),
+  );
+}
+
+/**
+ * The switch on the target: its copies active and its placement copy moved (switchPlacementSql),
+ * with the grants their schemas were kept without, in one transaction: an application role can use
+ * a guarded copy from the moment it is active, never before.
+ */
+async function activateOnTarget(
+  ctx: MoveContext,
+  shards: readonly number[],
+  version: string,
+  grants: readonly Sql[],
+): Promise<void> {
+  const { client } = ctx.target;
+  const params = [shards, ctx.target.host.name, version];
+  if (grants.length === 0) {
+    await client.query(switchPlacementSql(true), params);
+    return;
+  }
+  await inOneTurn(client, async () => {
+    try {
+      await client.query(['BEGIN;', ...grants].join('\n'));
+      await client.query(switchPlacementSql(true), params);
+      await client.query('COMMIT');
+    } catch (error) {
+      await rollbackQuietly(client);
+      throw error;
+    }
+  });
 }
 
 /**

@@ -6,7 +6,7 @@ import { describePgError } from '../fleet/connect.js';
 import { WORKER_TRANSACTION_SQL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
 import { createShardSql, dropShardSql } from '../fleet/sql.js';
 import { migrationSql, noTransactionMigrationSteps } from '../migrations/sql.js';
-import { privilegeVersions, syncPrivilegesSql, type PrivilegeObject } from './privileges.js';
+import { privilegeVersions, syncPrivilegesSql, withheldSchemaAcl, type PrivilegeObject } from './privileges.js';
 import { APPLIED_VERSIONS_SQL } from './sql/control.js';
 import { groupBySchema, shardPrivileges, EXISTING_SCHEMAS_SQL } from './catalog.js';
 import { type MoveContext, notice, schemasOf } from './context.js';
@@ -77,7 +77,7 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
               source.host.name,
             ),
           );
-        await carryPrivileges(ctx, chunk, wantedBySchema);
+        await carryPrivileges(ctx, chunk, wantedBySchema, guarded);
         if (onChunk && !onChunk(chunk)) stop = true;
       });
       // Seen where it is awaited, after the last chunk.
@@ -102,9 +102,11 @@ export async function createTargets(ctx: MoveContext, onChunk?: (shards: readonl
  * the host gives none of its tables a trigger (bench move-fleet: 12-25% slower when every table
  * had one).
  */
-async function heldBefore(ctx: MoveContext): Promise<Set<number>> {
+export async function heldBefore(ctx: MoveContext): Promise<ReadonlySet<number>> {
+  if (ctx.guarded) return ctx.guarded;
   const rows = await ctx.target.client.query<{ shard: number }>(HELD_BEFORE_SQL, [ctx.target.host.name, ctx.shards]);
-  return new Set(rows.rows.map((r) => r.shard));
+  ctx.guarded = new Set(rows.rows.map((r) => r.shard));
+  return ctx.guarded;
 }
 
 /** What is left to build of one shard's copy on the target: its statements, in order. */
@@ -283,7 +285,8 @@ async function migrateTarget(
 
 /**
  * The source's owners, ACLs and default privileges (`wantedBySchema`, as the preflight or
- * createTargets read them) given to the target's copies of `shards`, one transaction per shard
+ * createTargets read them) given to the target's copies of `shards` (a guarded copy's schema to its
+ * owner alone until the switch: privileges.ts withheldSchemaAcl), one transaction per shard
  * whose copy differs (none when the same role built both and nothing was granted by hand), on the
  * move's session, each committed without waiting for the WAL flush (the caller's flush covers
  * them). After the migrations: what to change depends on what the migrations built, read from the
@@ -294,6 +297,7 @@ async function carryPrivileges(
   ctx: MoveContext,
   shards: readonly number[],
   wantedBySchema: ReadonlyMap<string, readonly PrivilegeObject[]>,
+  guarded: ReadonlySet<number>,
 ): Promise<void> {
   const { source, target } = ctx;
   const current = await shardPrivileges(target.client, schemasOf(ctx, shards));
@@ -301,7 +305,9 @@ async function carryPrivileges(
   const versions = privilegeVersions(source.serverVersionNum, target.serverVersionNum);
   for (const shard of shards) {
     const schema = shardSchemaName(ctx.config, shard);
-    const statements = syncPrivilegesSql(wantedBySchema.get(schema) ?? [], currentBySchema.get(schema) ?? [], versions);
+    const sourceObjects = wantedBySchema.get(schema) ?? [];
+    const wanted = guarded.has(shard) ? withheldSchemaAcl(sourceObjects) : sourceObjects;
+    const statements = syncPrivilegesSql(wanted, currentBySchema.get(schema) ?? [], versions);
     if (statements.length === 0) continue;
     try {
       await runTransaction(target.client, ['BEGIN;', WORKER_TRANSACTION_SQL, ...statements, 'COMMIT;'].join('\n'));

@@ -8,6 +8,7 @@ import { isFailoverSymptom, isInDoubt } from './failover.js';
 import type { RouterSettings } from './options.js';
 import type { HostPools } from './pools.js';
 import type { Attempt } from './types.js';
+import { INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 
 /**
  * One call of the router, following the shard: its attempts run on the host the map names; an
@@ -24,10 +25,12 @@ const MAX_BACKOFF_MS = 100;
  * now views (no functions there): a missing relation, schema or function, or a statement views do
  * not take (TRUNCATE, COPY FROM, ALTER TABLE: 42809, wrong object type, before any of the views'
  * triggers can raise SC100); or a next_id() call caught by the clean-up's rename of the old copy
- * (its sequence then resolves in the renamed schema: SC003). Taken as a move only when the host
- * says it no longer holds the shard.
+ * (its sequence then resolves in the renamed schema: SC003); or a move's incoming copy of a shard
+ * the host held before, whose schema no role but its owner may use until the switch (a name the
+ * search path no longer finds: 42P01, 42883; a qualified one: 42501, moves/privileges.ts
+ * withheldSchemaAcl). Taken as a move only when the host says it no longer holds the shard.
  */
-const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000', '42883', '42809', 'SC003']);
+const MISSING_OBJECT_SQLSTATES = new Set(['42P01', '3F000', '42883', '42809', 'SC003', INSUFFICIENT_PRIVILEGE]);
 
 /** What the follow loop needs of the router. */
 export interface FollowPaths {

@@ -119,6 +119,20 @@ describe('an operator role that is not a superuser', () => {
         expect(r.rows[0]!.n).toBe('500');
       });
     expect(await replicationObjects(db.urls)).toEqual([]);
+    // Back to pg1, which held it: a guarded copy, whose schema is its owner's alone until the
+    // switch (the operator's own, so the move goes on as before), then granted as the source's.
+    const back = await runCli([
+      ...move(fleet, 0, ...(targetMajor >= 16 ? [] : ['--mode', 'offline'])).map((a) => (a === 'pg2' ? 'pg1' : a)),
+    ]);
+    expect(back.code, back.stderr).toBe(0);
+    const acl = `select nspacl::text as acl from pg_namespace where nspname = 'insta0'`;
+    const [onFirst] = await withClient(asOps(db.urls[0]!), async (c) => (await c.query(acl)).rows);
+    const [movedAway] = await withClient(
+      asOps(db.urls[1]!),
+      async (c) => (await c.query(acl.replace("= 'insta0'", "like 'insta0\\_moved\\_%'"))).rows,
+    );
+    expect(onFirst).toEqual(movedAway);
+    expect(await replicationObjects(db.urls)).toEqual([]);
   });
 
   it("a fleet another role built: init, migrate, gc, add-schema and rebalance refuse, naming the control schema's owner and what lets the operator in; the commands that take no lock name the host", async () => {

@@ -8,6 +8,7 @@ import {
   privilegeVersions,
   rolesNamed,
   syncPrivilegesSql,
+  withheldSchemaAcl,
   type AclEntry,
   type PrivilegeObject,
 } from '../../src/moves/privileges.js';
@@ -812,6 +813,33 @@ describe('owners, grants and default privileges carried by a move', () => {
     ...over,
   });
   const table = (owner: string, acl: AclEntry[], name = 'photos') => object({ kind: 'table', name, owner, acl });
+
+  it("keeps a guarded copy's schema to its owner's entries and everything in it as the source has it; the switch grants the rest", () => {
+    const schemaAcl = [
+      entry('app', 'app', 'USAGE'),
+      entry('app', 'app', 'CREATE'),
+      entry('reader', 'app', 'USAGE'),
+      entry(null, 'app', 'USAGE'),
+    ];
+    const source = [
+      object({ kind: 'schema', owner: 'app', acl: schemaAcl }),
+      table('app', [entry('reader', 'app', 'SELECT')]),
+    ];
+    const withheld = withheldSchemaAcl(source);
+    expect(withheld).toEqual([
+      object({ kind: 'schema', owner: 'app', acl: [entry('app', 'app', 'USAGE'), entry('app', 'app', 'CREATE')] }),
+      source[1],
+    ]);
+    // The carry to a copy whose schema has its owner's default ACL: nothing to change.
+    expect(syncPrivilegesSql(withheld, [object({ kind: 'schema', owner: 'app', acl: withheld[0]!.acl })])).toEqual([]);
+    // The switch: the source's schema ACL over the withheld one.
+    expect(syncPrivilegesSql([source[0]!], [withheld[0]!])).toEqual([
+      'REVOKE ALL ON SCHEMA "insta3" FROM PUBLIC, "app" CASCADE;',
+      'GRANT CREATE, USAGE ON SCHEMA "insta3" TO "app";',
+      'GRANT USAGE ON SCHEMA "insta3" TO "reader";',
+      'GRANT USAGE ON SCHEMA "insta3" TO PUBLIC;',
+    ]);
+  });
 
   it('changes nothing when both copies have the same owners and ACLs (entry order aside)', () => {
     const acl = [entry('mover', 'mover', 'SELECT'), entry('reader', 'mover', 'SELECT')];
