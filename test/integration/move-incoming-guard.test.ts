@@ -87,87 +87,97 @@ describe("an incoming copy's guard after the switch", () => {
   }, 120_000);
 });
 
-describe("an incoming copy's schema until the switch", () => {
-  const pair = useTestDatabases(2);
-  const suffix = randomBytes(4).toString('hex');
-  const APP = `incoming_reader_${suffix}`;
-  const PASSWORD = `pw_${suffix}`;
+// The move back killed at points before its switch (the copy built; verified, about to switch) and
+// right after it (the grants committed with the activation), then resumed.
+describe.each(['target-created', 'verified', 'switched'])(
+  "an incoming copy's schema, the move killed after %s",
+  (step) => {
+    const pair = useTestDatabases(2);
+    const suffix = randomBytes(4).toString('hex');
+    const APP = `incoming_reader_${suffix}`;
+    const PASSWORD = `pw_${suffix}`;
+    const switched = step === 'switched';
 
-  it("is its owner's alone: an application role's router on an old map reads the shard's current copy, and the switch gives the schema its grants", async () => {
-    const fleet = makeFleet({ urls: pair.urls, shards: 2, split: ['0-1', ''] });
-    expect((await init(await fleet.config())).ok).toBe(true);
-    for (const url of pair.urls)
-      await withClient(url, (c) => c.query(`CREATE ROLE ${APP} LOGIN PASSWORD '${PASSWORD}'`));
-    const granted = await runCli(['grant', APP, '--app', '-c', fleet.configFile]);
-    expect(granted.code, granted.stderr).toBe(0);
-    const appFile = join(fleet.dir, 'app.yaml');
-    writeFileSync(
-      appFile,
-      pair.urls.reduce(
-        (text, url) => text.replace(url, asRole(url, APP, PASSWORD)),
-        readFileSync(fleet.configFile, 'utf8'),
-      ),
-    );
-    const [first, second] = await Promise.all([adminClient(pair.urls[0]!), adminClient(pair.urls[1]!)]);
-    const appOnFirst = new pg.Client({ connectionString: asRole(pair.urls[0]!, APP, PASSWORD) });
-    await appOnFirst.connect();
-    // Never refreshed: it places shard 1 on pg1 throughout, unless a call teaches it otherwise.
-    // Two such routers: one names the shard's tables through its search path, one by qualified names.
-    const router = await ShardRouter.open(appFile, { mapRefreshMs: 0 });
-    const qualifying = await ShardRouter.open(appFile, { mapRefreshMs: 0 });
-    try {
-      const read = (by = router, table = 'photos') =>
-        by.withShard(1, async (client) =>
-          (await client.query<{ image_url: string }>(`select image_url from ${table} order by id`)).rows.map(
-            (r) => r.image_url,
-          ),
-        );
-      const readQualified = () => read(qualifying, 'insta1.photos');
-      await first.query(`insert into insta1.photos (user_id, image_url) values (1, 'a')`);
-      expect(await read()).toEqual(['a']);
-      expect(await readQualified()).toEqual(['a']);
-      const cli = async (...args: string[]) => {
-        const run = await runCli([...args, '-c', fleet.configFile]);
-        expect(run.code, `${args.join(' ')}: ${run.stdout}${run.stderr}`).toBe(0);
-      };
-      await cli('move-shard', '1', '--to', 'pg2', '--yes');
-      await cli('gc', '--yes');
-      await second.query(`insert into insta1.photos (user_id, image_url) values (1, 'b')`);
-      // The move back stops after building (and copying into) its incoming copy on pg1.
-      const killed = await spawnCli(move(fleet, 1, '--to', 'pg1'), { SHARDCTL_FAULT_AFTER_STEP: 'target-created' });
-      expect(killed.signal, killed.stderr).toBe('SIGKILL');
-      expect((await shardRow(first, 1))?.state).toBe('incoming');
-      expect(router.hostForShard(1).name).toBe('pg1');
-
-      // The copy's schema: its owner's alone. The role finds none of its tables, by either name.
-      const usage = `select has_schema_privilege($1, 'insta1', 'USAGE') as usage`;
-      expect((await first.query(usage, [APP])).rows[0]).toEqual({ usage: false });
-      expect((await errorOf(appOnFirst.query('select count(*) from insta1.photos'))).code).toBe('42501');
-      await appOnFirst.query('set search_path to insta1');
-      expect((await errorOf(appOnFirst.query('select count(*) from photos'))).code).toBe('42P01');
-      // The router's read meets that on pg1, which no longer holds the shard, and follows it to pg2.
-      expect(await read()).toEqual(['a', 'b']);
-      expect(router.hostForShard(1).name).toBe('pg2');
-      expect(qualifying.hostForShard(1).name).toBe('pg1');
-      expect(await readQualified()).toEqual(['a', 'b']);
-      expect(qualifying.hostForShard(1).name).toBe('pg2');
-
-      // The switch gives the schema the source's grants with the copy's activation.
-      const acl = `select nspacl::text as acl from pg_namespace where nspname = 'insta1'`;
-      const sourceAcl = (await second.query<{ acl: string }>(acl)).rows[0]!.acl;
-      expect(sourceAcl).toContain(APP);
-      await cli('move-shard', '1', '--resume', '--yes');
-      expect((await shardRow(first, 1))?.state).toBe('active');
-      expect((await first.query(usage, [APP])).rows[0]).toEqual({ usage: true });
-      expect((await first.query(acl)).rows[0]).toEqual({ acl: sourceAcl });
-      expect(await read()).toEqual(['a', 'b']);
-      expect(router.hostForShard(1).name).toBe('pg1');
-      expect((await appOnFirst.query<{ n: number }>('select count(*)::int as n from insta1.photos')).rows[0]!.n).toBe(
-        2,
+    it("is its owner's alone until the switch: an application role's router on an old map reads the shard's current copy; the switch gives the schema its grants", async () => {
+      const fleet = makeFleet({ urls: pair.urls, shards: 2, split: ['0-1', ''] });
+      expect((await init(await fleet.config())).ok).toBe(true);
+      for (const url of pair.urls)
+        await withClient(url, (c) => c.query(`CREATE ROLE ${APP} LOGIN PASSWORD '${PASSWORD}'`));
+      const granted = await runCli(['grant', APP, '--app', '-c', fleet.configFile]);
+      expect(granted.code, granted.stderr).toBe(0);
+      const appFile = join(fleet.dir, 'app.yaml');
+      writeFileSync(
+        appFile,
+        pair.urls.reduce(
+          (text, url) => text.replace(url, asRole(url, APP, PASSWORD)),
+          readFileSync(fleet.configFile, 'utf8'),
+        ),
       );
-    } finally {
-      await Promise.all([router.close(), qualifying.close()]);
-      await Promise.all([first.end(), second.end(), appOnFirst.end()]);
-    }
-  }, 180_000);
-});
+      const [first, second] = await Promise.all([adminClient(pair.urls[0]!), adminClient(pair.urls[1]!)]);
+      const appOnFirst = new pg.Client({ connectionString: asRole(pair.urls[0]!, APP, PASSWORD) });
+      await appOnFirst.connect();
+      // Never refreshed: it places shard 1 on pg1 throughout, unless a call teaches it otherwise.
+      // Two such routers: one names the shard's tables through its search path, one by qualified names.
+      const router = await ShardRouter.open(appFile, { mapRefreshMs: 0 });
+      const qualifying = await ShardRouter.open(appFile, { mapRefreshMs: 0 });
+      try {
+        const read = (by = router, table = 'photos') =>
+          by.withShard(1, async (client) =>
+            (await client.query<{ image_url: string }>(`select image_url from ${table} order by id`)).rows.map(
+              (r) => r.image_url,
+            ),
+          );
+        const readQualified = () => read(qualifying, 'insta1.photos');
+        await first.query(`insert into insta1.photos (user_id, image_url) values (1, 'a')`);
+        expect(await read()).toEqual(['a']);
+        expect(await readQualified()).toEqual(['a']);
+        const cli = async (...args: string[]) => {
+          const run = await runCli([...args, '-c', fleet.configFile]);
+          expect(run.code, `${args.join(' ')}: ${run.stdout}${run.stderr}`).toBe(0);
+        };
+        await cli('move-shard', '1', '--to', 'pg2', '--yes');
+        await cli('gc', '--yes');
+        await second.query(`insert into insta1.photos (user_id, image_url) values (1, 'b')`);
+        // The move back stops at the step (a killed run).
+        const killed = await spawnCli(move(fleet, 1, '--to', 'pg1'), { SHARDCTL_FAULT_AFTER_STEP: step });
+        expect(killed.signal, killed.stderr).toBe('SIGKILL');
+        expect((await shardRow(first, 1))?.state).toBe(switched ? 'active' : 'incoming');
+        expect(router.hostForShard(1).name).toBe('pg1');
+
+        const usage = `select has_schema_privilege($1, 'insta1', 'USAGE') as usage`;
+        expect((await first.query(usage, [APP])).rows[0]).toEqual({ usage: switched });
+        if (!switched) {
+          // The copy's schema: its owner's alone. The role finds none of its tables, by either name.
+          expect((await errorOf(appOnFirst.query('select count(*) from insta1.photos'))).code).toBe('42501');
+          await appOnFirst.query('set search_path to insta1');
+          expect((await errorOf(appOnFirst.query('select count(*) from photos'))).code).toBe('42P01');
+          await appOnFirst.query('reset search_path');
+          // The router's read meets that on pg1, which no longer holds the shard, and follows it to pg2.
+          expect(await read()).toEqual(['a', 'b']);
+          expect(router.hostForShard(1).name).toBe('pg2');
+          expect(qualifying.hostForShard(1).name).toBe('pg1');
+          expect(await readQualified()).toEqual(['a', 'b']);
+          expect(qualifying.hostForShard(1).name).toBe('pg2');
+        }
+
+        // The switch gives the schema the source's grants with the copy's activation.
+        const acl = `select nspacl::text as acl from pg_namespace where nspname = 'insta1'`;
+        const sourceAcl = (await second.query<{ acl: string }>(acl)).rows[0]!.acl;
+        expect(sourceAcl).toContain(APP);
+        await cli('move-shard', '1', '--resume', '--yes');
+        expect((await shardRow(first, 1))?.state).toBe('active');
+        expect((await first.query(usage, [APP])).rows[0]).toEqual({ usage: true });
+        expect((await first.query(acl)).rows[0]).toEqual({ acl: sourceAcl });
+        expect(await read()).toEqual(['a', 'b']);
+        expect(await readQualified()).toEqual(['a', 'b']);
+        expect([router.hostForShard(1).name, qualifying.hostForShard(1).name]).toEqual(['pg1', 'pg1']);
+        expect((await appOnFirst.query<{ n: number }>('select count(*)::int as n from insta1.photos')).rows[0]!.n).toBe(
+          2,
+        );
+      } finally {
+        await Promise.all([router.close(), qualifying.close()]);
+        await Promise.all([first.end(), second.end(), appOnFirst.end()]);
+      }
+    }, 180_000);
+  },
+);
