@@ -2,6 +2,7 @@ import type { ShardctlConfig } from '../config/types.js';
 import { HostError, UsageError } from '../errors.js';
 import { controlRightsError } from '../fleet/rights.js';
 import { describePgError } from '../fleet/connect.js';
+import { GUARDED_SCHEMAS_SQL } from '../moves/sql/incoming.js';
 import { CONTROL } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
 import { quoteIdent } from '../pg/quote.js';
@@ -68,21 +69,28 @@ export function controlTablesFor(mode: GrantMode): readonly string[] {
 /** Schemas per transaction: GRANT takes a lock on every object it changes. */
 const SCHEMAS_PER_TRANSACTION = 256;
 
-/** The transactions that give `role` what `mode` needs on `schemas` and on the control schema. */
-export function grantSql(role: string, mode: GrantMode, schemas: readonly string[]): string[] {
+/**
+ * The transactions that give `role` what `mode` needs on `schemas` and on the control schema; no
+ * USAGE on the schemas in `withheld` (a move's guarded incoming copies, whose switch grants it).
+ */
+export function grantSql(
+  role: string,
+  mode: GrantMode,
+  schemas: readonly string[],
+  withheld: ReadonlySet<string> = new Set(),
+): string[] {
   const to = quoteIdent(role);
   const tablePrivileges = mode === 'app' ? 'SELECT, INSERT, UPDATE, DELETE' : 'SELECT';
   const sequencePrivileges = mode === 'app' ? 'USAGE, SELECT' : 'SELECT';
   const transactions: string[] = [];
   for (let i = 0; i < schemas.length; i += SCHEMAS_PER_TRANSACTION) {
-    const list = schemas
-      .slice(i, i + SCHEMAS_PER_TRANSACTION)
-      .map(quoteIdent)
-      .join(', ');
+    const part = schemas.slice(i, i + SCHEMAS_PER_TRANSACTION);
+    const list = part.map(quoteIdent).join(', ');
+    const usable = part.filter((schema) => !withheld.has(schema));
     transactions.push(
       [
         'BEGIN;',
-        `GRANT USAGE ON SCHEMA ${list} TO ${to};`,
+        ...(usable.length > 0 ? [`GRANT USAGE ON SCHEMA ${usable.map(quoteIdent).join(', ')} TO ${to};`] : []),
         `GRANT ${tablePrivileges} ON ALL TABLES IN SCHEMA ${list} TO ${to};`,
         `GRANT ${sequencePrivileges} ON ALL SEQUENCES IN SCHEMA ${list} TO ${to};`,
         `ALTER DEFAULT PRIVILEGES IN SCHEMA ${list} GRANT ${tablePrivileges} ON TABLES TO ${to};`,
@@ -157,13 +165,14 @@ export async function grant(
             `role ${JSON.stringify(role)} is a superuser: it needs no grants and bypasses every one; nothing was granted`,
             { code: 'ROLE_SUPERUSER' },
           );
-        return { host, client, schemas: schemas ?? [] };
+        const guarded = await client.query<{ schema: string }>(GUARDED_SCHEMAS_SQL, [host.name]);
+        return { host, client, schemas: schemas ?? [], withheld: new Set(guarded.rows.map((r) => r.schema)) };
       },
       { doing: 'cannot read the shards' },
     );
     const hosts = await Promise.all(
-      plans.map(async ({ host, client, schemas }) => {
-        const sql = grantSql(role, mode, schemas);
+      plans.map(async ({ host, client, schemas, withheld }) => {
+        const sql = grantSql(role, mode, schemas, withheld);
         if (!dryRun) {
           for (const transaction of sql) {
             try {

@@ -95,6 +95,8 @@ describe.each(['target-created', 'verified', 'switched'])(
     const pair = useTestDatabases(2);
     const suffix = randomBytes(4).toString('hex');
     const APP = `incoming_reader_${suffix}`;
+    /** A role granted only while the copy is incoming. */
+    const LATE = `incoming_late_${suffix}`;
     const PASSWORD = `pw_${suffix}`;
     const switched = step === 'switched';
 
@@ -137,6 +139,8 @@ describe.each(['target-created', 'verified', 'switched'])(
         };
         await cli('move-shard', '1', '--to', 'pg2', '--yes');
         await cli('gc', '--yes');
+        for (const url of pair.urls)
+          await withClient(url, (c) => c.query(`CREATE ROLE ${LATE} LOGIN PASSWORD '${PASSWORD}'`));
         await second.query(`insert into insta1.photos (user_id, image_url) values (1, 'b')`);
         // The move back stops at the step (a killed run).
         const killed = await spawnCli(move(fleet, 1, '--to', 'pg1'), { SHARDCTL_FAULT_AFTER_STEP: step });
@@ -146,6 +150,10 @@ describe.each(['target-created', 'verified', 'switched'])(
 
         const usage = `select has_schema_privilege($1, 'insta1', 'USAGE') as usage`;
         expect((await first.query(usage, [APP])).rows[0]).toEqual({ usage: switched });
+        // A grant meanwhile gives the copy's schema no USAGE before the switch either.
+        await cli('grant', LATE, '--app');
+        expect((await first.query(usage, [LATE])).rows[0]).toEqual({ usage: switched });
+        expect((await second.query(usage, [LATE])).rows[0]).toEqual({ usage: true });
         if (!switched) {
           // The copy's schema: its owner's alone. The role finds none of its tables, by either name.
           expect((await errorOf(appOnFirst.query('select count(*) from insta1.photos'))).code).toBe('42501');
@@ -161,12 +169,14 @@ describe.each(['target-created', 'verified', 'switched'])(
         }
 
         // The switch gives the schema the source's grants with the copy's activation.
-        const acl = `select nspacl::text as acl from pg_namespace where nspname = 'insta1'`;
+        const acl = `select array_agg(a::text order by a::text)::text as acl from pg_namespace, unnest(nspacl) a where nspname = 'insta1'`;
         const sourceAcl = (await second.query<{ acl: string }>(acl)).rows[0]!.acl;
         expect(sourceAcl).toContain(APP);
+        expect(sourceAcl).toContain(LATE);
         await cli('move-shard', '1', '--resume', '--yes');
         expect((await shardRow(first, 1))?.state).toBe('active');
         expect((await first.query(usage, [APP])).rows[0]).toEqual({ usage: true });
+        expect((await first.query(usage, [LATE])).rows[0]).toEqual({ usage: true });
         expect((await first.query(acl)).rows[0]).toEqual({ acl: sourceAcl });
         expect(await read()).toEqual(['a', 'b']);
         expect(await readQualified()).toEqual(['a', 'b']);

@@ -31,9 +31,23 @@ import { COPYING_SETTING } from './tail.js';
  * Of shards $2 (int[]), those that a finished move took away from host $1 (this host's name), by
  * this host's records of moves.
  */
-export const HELD_BEFORE_SQL = sql`SELECT DISTINCT s AS shard
+export const HELD_BEFORE_SQL = heldBeforeSql(sql`$2::int[]`);
+
+function heldBeforeSql(shards: Sql): Sql {
+  return sql`SELECT DISTINCT s AS shard
        FROM ${CONTROL}.moves m, unnest(coalesce(m.shards, ARRAY[m.shard])) AS s
-      WHERE m.source = $1 AND m.status = 'done' AND s = ANY ($2::int[])`;
+      WHERE m.source = $1 AND m.status = 'done' AND s = ANY (${shards})`;
+}
+
+/**
+ * The schemas of this host's guarded incoming copies (host $1, this host's name): shards incoming
+ * here that a finished move took away from here. Their schemas are their owners' alone until the
+ * switch (moves/privileges.ts withheldSchemaAcl), so `shardctl grant` gives them no USAGE meanwhile
+ * (the switch grants the schema what the source's has then, the grant included).
+ */
+export const GUARDED_SCHEMAS_SQL = sql`SELECT sh.schema_name::text AS schema FROM ${CONTROL}.shards sh
+  WHERE sh.state = 'incoming'
+    AND sh.shard IN (${heldBeforeSql(sql`ARRAY(SELECT shard FROM ${CONTROL}.shards WHERE state = 'incoming')`)})`;
 
 /** The session setting of the move's writes to an incoming copy other than the copy's (migrations, chunk plans). */
 export const BUILDING_SETTING = 'shardctl.building';
