@@ -145,7 +145,15 @@ describe('a host with a streaming standby (PostgreSQL 15, pg_basebackup -R)', ()
     await host.caughtUp();
     const fromFile = await ShardRouter.open(fleet.configFile, { poolSize: 2, connectTimeoutMs: 2000 });
     const fromSeed = await ShardRouter.open({ seeds: [url] }, { poolSize: 2, connectTimeoutMs: 2000 });
-    const writers = [startWriter(fromFile), startWriter(fromSeed)];
+    // A third that checks the map in the background every 100 ms throughout (its checks run on pools
+    // whose primary goes away): it writes on as the others do.
+    const refreshing = await ShardRouter.open(fleet.configFile, {
+      poolSize: 2,
+      connectTimeoutMs: 2000,
+      mapRefreshMs: 100,
+    });
+    const routers = [fromFile, fromSeed, refreshing];
+    const writers = routers.map((r) => startWriter(r));
     try {
       await new Promise((resolve) => setTimeout(resolve, 1000));
       // The primary fails, then the standby is promoted (as a failover manager does).
@@ -158,7 +166,7 @@ describe('a host with a streaming standby (PostgreSQL 15, pg_basebackup -R)', ()
         const firstAfter = report.successes.find((t) => t >= promotedAt);
         const missing = await missingRows(host.standby.url.replace(/\/postgres$/, '/fleet'), 'fo', report.acked);
         console.log(
-          `${i === 0 ? 'file' : 'seed'} router: ${report.acked.length} acknowledged, ${report.failures.length} failed (${[...new Set(report.failures.map((f) => f.code))].join(', ') || 'none'}), first write ${firstAfter === undefined ? 'never' : `${firstAfter - promotedAt} ms`} after promote began, ${missing} acknowledged rows missing`,
+          `${['file', 'seed', 'refreshing'][i]} router: ${report.acked.length} acknowledged, ${report.failures.length} failed (${[...new Set(report.failures.map((f) => f.code))].join(', ') || 'none'}), first write ${firstAfter === undefined ? 'never' : `${firstAfter - promotedAt} ms`} after promote began, ${missing} acknowledged rows missing`,
         );
         expect(firstAfter).toBeDefined();
         expect(firstAfter! - promotedAt).toBeLessThan(5000);
@@ -167,10 +175,13 @@ describe('a host with a streaming standby (PostgreSQL 15, pg_basebackup -R)', ()
         for (const failure of report.failures) expect(failure.code).toBe(COMMIT_UNKNOWN);
         expect(missing).toBe(0);
       }
+      // Its map still places every shard on the host, its calls on the new primary.
+      for (let shard = 0; shard < 4; shard++) expect(refreshing.hostForShard(shard).name).toBe('pg1');
+      const primary = await refreshing.withShard(0, (c) => c.query<{ r: boolean }>('select pg_is_in_recovery() as r'));
+      expect(primary.rows).toEqual([{ r: false }]);
     } finally {
       await Promise.all(writers.map((w) => w.stop()));
-      await fromFile.close();
-      await fromSeed.close();
+      await Promise.all(routers.map((r) => r.close()));
     }
   }, 60_000);
 });

@@ -10,6 +10,7 @@ import { init, ShardRouter } from '../../src/index.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
+import { useProxiedFleet } from '../helpers/tcp-proxy.js';
 
 const db = useTestDatabases(2);
 
@@ -74,4 +75,31 @@ describe('the background refresh of a router', () => {
       await Promise.all(admins.map((c) => c.end()));
     }
   });
+});
+
+// pg2 behind a TCP proxy, hostTimeout 2s. The router's pooled connection to pg2 stops passing bytes
+// (a NAT gateway or firewall that dropped the flow; new connections work): its background check of
+// pg2 waits no longer than hostTimeout for the answer (the pools' silence watch, fleet/silence.ts),
+// the connection is dropped, and the map is read again on new connections. Without that bound the
+// check would wait for ever, and no refresh would run after it.
+describe('the background refresh of a router whose pooled connection to a host stopped answering', () => {
+  const proxied = useProxiedFleet();
+
+  it('gives up on it after hostTimeout and reads the map again: a move made meanwhile is learned without a call', async () => {
+    const fleet = proxied.fleet();
+    const router = await ShardRouter.open(fleet.configFile, { mapRefreshMs: 100 });
+    try {
+      // A pool on each host, then the connections open to pg2 pass nothing any more.
+      await router.withShard(0, (c) => c.query('select 1'));
+      await router.withShard(4, (c) => c.query('select 1'));
+      proxied.proxy().stallEstablished();
+      const moved = await runCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
+      expect(moved.code, moved.stderr).toBe(0);
+      await waitFor('the router to place shard 1 on pg2', async () => router.hostForShard(1).name === 'pg2', 15_000);
+      // Its calls to pg2 work, on a new connection.
+      await router.withShard(1, (c) => c.query('select 1'));
+    } finally {
+      await router.close();
+    }
+  }, 60_000);
 });
