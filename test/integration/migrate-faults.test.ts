@@ -88,7 +88,9 @@ describe('one shardctl runner per host', () => {
           /host pg2: another shardctl run holds the runner lock \(backend pid \d+, application held-by-test, from [^)]+\); waited 300ms, nothing was written/,
         );
         expect(run.code).toBe(1);
-        expect(Date.now() - started).toBeLessThan(2_000);
+        // Not held up by the holder, which keeps the lock until the test ends: the CLI's start-up and
+        // its one wait of lockTimeout (300ms). Loosely bounded: a loaded machine starts the CLI slowly.
+        expect(Date.now() - started).toBeLessThan(10_000);
       }
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);
       expect(await shardsAt(db.urls[1]!, 4)).toBe(0);
@@ -207,7 +209,8 @@ describe('one shardctl runner per host', () => {
     );
     const started = Date.now();
     const second = await runCli(['migrate', '-c', fleet.configFile]);
-    expect(Date.now() - started).toBeLessThan(2_000);
+    // Refused (below), not run after the first: loosely bounded, a loaded machine starts the CLI slowly.
+    expect(Date.now() - started).toBeLessThan(10_000);
     expect(second.stderr).toMatch(
       /host pg1: another shardctl run holds the runner lock \(backend pid \d+, application shardctl, /,
     );

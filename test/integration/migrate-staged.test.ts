@@ -211,10 +211,12 @@ describe('a file with its own statement_timeout', () => {
     expect((await init(await fleet.config())).ok).toBe(true);
     fleet.writeMigration(
       '0004_quick.sql',
-      '-- shardctl:no-transaction\n-- shardctl:statement-timeout 300ms\nSELECT pg_sleep(0.01);\n',
+      '-- shardctl:no-transaction\n-- shardctl:statement-timeout 1500ms\nSELECT pg_sleep(0.01);\n',
     );
-    // Without the marker: would fail if the previous file's statement_timeout had stayed on the connection.
-    fleet.writeMigration('0005_slow.sql', 'SELECT pg_sleep(0.5);\n');
+    // Without the marker: would fail if the previous file's statement_timeout had stayed on the
+    // connection. (The quick file's bound leaves room for a loaded machine: its statements, and the
+    // run's own around them, must each end within it.)
+    fleet.writeMigration('0005_slow.sql', 'SELECT pg_sleep(1.7);\n');
     const first = await runCli(['migrate', '-c', fleet.configFile]);
     expect(first.stderr).toContain('migrate: 8 migrations applied, 0 shards already current, 0 failed; 2 hosts');
     expect(first.code).toBe(0);
