@@ -3,7 +3,7 @@ import { describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { range, shardsAt, shardsNotAt } from '../helpers/migrations.js';
+import { range, shardsAt, shardsNotAt, waitFor } from '../helpers/migrations.js';
 
 const VIEWS = 'ALTER TABLE photos ADD COLUMN views bigint NOT NULL DEFAULT 0;\n';
 
@@ -125,11 +125,22 @@ describe('migrate against a table another session holds locked', () => {
       await app.query('begin');
       await app.query('lock table insta50.photos in access exclusive mode');
       const appPid = (await app.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid;
-      const release = new Promise<void>((resolve) =>
-        setTimeout(() => void app.query('rollback').then(() => resolve()), 3_000),
+      const running = runCli(['migrate', '--json', '-c', fleet.configFile]);
+      // Released once the run has met the lock and had time to try again (lockTimeout 500ms, then a
+      // pause): counted from the run's own wait, not from its start, which a loaded machine delays.
+      await waitFor(
+        'the run to wait for the lock on insta50.photos',
+        async () =>
+          (
+            await app.query<{ n: number }>(
+              `select count(*)::int as n from pg_locks where not granted and relation = 'insta50.photos'::regclass`,
+            )
+          ).rows[0]!.n > 0,
+        60_000,
       );
-      const run = await runCli(['migrate', '--json', '-c', fleet.configFile]);
-      await release;
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      await app.query('rollback');
+      const run = await running;
       expect(run.code).toBe(0);
       expect(run.stderr).toMatch(
         new RegExp(
