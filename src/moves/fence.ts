@@ -22,8 +22,7 @@ import { lockTimeoutSql } from './sql/locks.js';
 import { insertMarkerSql } from './sql/replication.js';
 import { statementTimeoutSql } from './sql/session.js';
 import { recordStep } from './state.js';
-import { BUSY, LOCK_WAIT_CODES, retryWhileBusy, rollbackQuietly, runTransaction } from '../pg/quiet.js';
-import { inOneTurn } from '../pg/serial.js';
+import { BUSY, LOCK_WAIT_CODES, inTransaction, retryWhileBusy, runTransaction } from '../pg/quiet.js';
 import { leavesNow, shardLeaves, type LeafTable } from './catalog.js';
 import { type MoveContext, type SequenceState, schemasOf, waveShards, notice } from './context.js';
 import { progress } from './progress.js';
@@ -283,20 +282,13 @@ async function readIfFree<T>(
   lockWaitMs: number,
   read: () => Promise<T>,
 ): Promise<{ value: T } | null> {
-  // In one turn of the session: no other caller's query runs inside this transaction.
-  return inOneTurn(client, async () => {
-    try {
-      await client.query(`BEGIN;\n${lockTimeoutSql(lockWaitMs)}`);
-      const value = await read();
-      await client.query('COMMIT');
-      return { value };
-    } catch (error) {
-      await rollbackQuietly(client);
-      const code = (error as { code?: string }).code;
-      if (code !== undefined && LOCK_WAIT_CODES.includes(code)) return null;
-      throw error;
-    }
-  });
+  try {
+    return { value: await inTransaction(client, `BEGIN;\n${lockTimeoutSql(lockWaitMs)}`, read) };
+  } catch (error) {
+    const code = (error as { code?: string }).code;
+    if (code !== undefined && LOCK_WAIT_CODES.includes(code)) return null;
+    throw error;
+  }
 }
 
 /**

@@ -9,8 +9,7 @@ import { stepsFor, type MoveStep } from './state.js';
 import { leavesNow, shardPrivileges, type LeafTable } from './catalog.js';
 import { privilegeVersions, syncPrivilegesSql } from './privileges.js';
 import { heldBefore } from './targets.js';
-import { rollbackQuietly } from '../pg/quiet.js';
-import { inOneTurn } from '../pg/serial.js';
+import { inTransaction } from '../pg/quiet.js';
 import type { Sql } from '../pg/sql-template.js';
 import { verifyShards, type VerifyResult } from './verify.js';
 import { readChanges, stopDeltas, stopTracking } from './tail.js';
@@ -261,16 +260,7 @@ async function activateOnTarget(
     await client.query(switchPlacementSql(true), params);
     return;
   }
-  await inOneTurn(client, async () => {
-    try {
-      await client.query(['BEGIN;', ...grants].join('\n'));
-      await client.query(switchPlacementSql(true), params);
-      await client.query('COMMIT');
-    } catch (error) {
-      await rollbackQuietly(client);
-      throw error;
-    }
-  });
+  await inTransaction(client, ['BEGIN;', ...grants].join('\n'), () => client.query(switchPlacementSql(true), params));
 }
 
 /**

@@ -39,6 +39,30 @@ export async function runTransaction(
   });
 }
 
+/**
+ * Runs `work` inside a transaction that `begin` (a text starting with BEGIN) opens, and commits it;
+ * on failure rolls back (quietly) and rethrows. All in one turn of the session (inOneTurn): no
+ * other caller's query runs inside the transaction. For work whose statements take parameters,
+ * which runTransaction's one text cannot carry.
+ */
+export async function inTransaction<T>(
+  client: { query(text: string): Promise<unknown> },
+  begin: string,
+  work: () => Promise<T>,
+): Promise<T> {
+  return inOneTurn(client, async () => {
+    try {
+      await client.query(begin);
+      const value = await work();
+      await client.query('COMMIT');
+      return value;
+    } catch (error) {
+      await rollbackQuietly(client);
+      throw error;
+    }
+  });
+}
+
 /** SQLSTATEs of a bounded lock wait that ran out: lock_timeout, and a deadlock this transaction lost. */
 export const LOCK_WAIT_CODES: readonly string[] = ['55P03', '40P01'];
 

@@ -46,8 +46,7 @@ function heldBeforeSql(shards: Sql): Sql {
  * (the switch grants the schema what the source's has then, the grant included).
  */
 export const GUARDED_SCHEMAS_SQL = sql`SELECT sh.schema_name::text AS schema FROM ${CONTROL}.shards sh
-  WHERE sh.state = 'incoming'
-    AND sh.shard IN (${heldBeforeSql(sql`ARRAY(SELECT shard FROM ${CONTROL}.shards WHERE state = 'incoming')`)})`;
+  WHERE sh.state = 'incoming' AND EXISTS (${heldBeforeSql(sql`ARRAY[sh.shard]`)})`;
 
 /** The session setting of the move's writes to an incoming copy other than the copy's (migrations, chunk plans). */
 export const BUILDING_SETTING = 'shardctl.building';
