@@ -5,8 +5,7 @@ import { EXPORT_SNAPSHOT_SQL, setTransactionSnapshotSql } from './sql/session.js
 import { DELETE_LOG_SQL, TAIL_MAX_KEYS } from './sql/tail.js';
 import { checksumsSql, BUILT_IN_TYPE_NAME, hashProbeSql, STABLE_TEXT_SETTINGS, type HashMethod } from './sql/verify.js';
 import { fromLog, readLogSums, type LogSums, type TableChanges } from './tail.js';
-import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
-import { inOneTurn } from '../pg/serial.js';
+import { endQuietly, inTransaction } from '../pg/quiet.js';
 
 /**
  * The comparison of both copies of a shard: row counts and content checksums of every table,
@@ -151,28 +150,22 @@ export async function preVerify(
     hasLogs: boolean,
   ): Promise<{ sums: TableChecksum[]; logs: Map<string, LogSums>; logsAtP: Map<string, LogSums> }> => {
     await client.query(STABLE_TEXT_SETTINGS);
-    // In one turn of the session: a clean-up queued on it when the other host's reads failed waits
-    // for this transaction's end, not runs inside it.
-    return inOneTurn(client, async () => {
-      await client.query(`BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`);
-      try {
-        const sums = await checksums(client, queries, methods);
-        const logs = hasLogs ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
-        // The logs have run since the copy (fromCopy): the entries P sees are many, and only the
-        // changes since P are needed while fenced. Deleted in P's own transaction, which sees exactly
-        // those (entries are only ever inserted): the log then holds the changes after P alone, and
-        // its sums at P are zero.
-        if (hasLogs && fromCopy.size > 0) {
-          await client.query(DELETE_LOG_SQL, [logged.moveId]);
-          await client.query('COMMIT');
-          return { sums, logs, logsAtP: new Map() };
-        }
-        await client.query('COMMIT');
-        return { sums, logs, logsAtP: logs };
-      } catch (error) {
-        await rollbackQuietly(client);
-        throw error;
+    // In one turn of the session (a clean-up queued on it when the other host's reads failed waits
+    // for this transaction's end, not runs inside it), the snapshot's import included: an import
+    // that fails (its holder gone) leaves no aborted transaction behind.
+    const begin = `BEGIN ISOLATION LEVEL REPEATABLE READ; ${setTransactionSnapshotSql(snapshot)}`;
+    return inTransaction(client, begin, async () => {
+      const sums = await checksums(client, queries, methods);
+      const logs = hasLogs ? await readLogSums(client, logged.moveId) : new Map<string, LogSums>();
+      // The logs have run since the copy (fromCopy): the entries P sees are many, and only the
+      // changes since P are needed while fenced. Deleted in P's own transaction, which sees exactly
+      // those (entries are only ever inserted): the log then holds the changes after P alone, and
+      // its sums at P are zero.
+      if (hasLogs && fromCopy.size > 0) {
+        await client.query(DELETE_LOG_SQL, [logged.moveId]);
+        return { sums, logs, logsAtP: new Map<string, LogSums>() };
       }
+      return { sums, logs, logsAtP: logs };
     });
   };
   const [src, dst] = await Promise.all([
