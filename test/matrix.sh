@@ -6,8 +6,8 @@
 #
 #   SHARDCTL_MATRIX_MAJORS="15 18"   only these majors
 #   SHARDCTL_MATRIX_FILES=all        every integration file (default: test/major-files.txt)
-#   SHARDCTL_MATRIX_CORE_MAJORS="16" these majors run only the core files below (CI does this for 16,
-#                                    which lies between the 15 of test:containers and the 17 here)
+#   SHARDCTL_MATRIX_CORE_MAJORS="16 17" these majors run only the core files below (CI does this for
+#                                    16 and 17, which lie between the 15 of test:containers and npm test's 18)
 #
 # The default subset is test/major-files.txt: the files whose behaviour depends on the server's major
 # (test:containers runs the same list on PostgreSQL 15). The others (the client's handling of faults,
