@@ -72,22 +72,29 @@ async function schemaExists(url: string, schema: string): Promise<boolean> {
   );
 }
 
-/** Waits until the standby holds the move's slot as a synchronized, persistent slot (PostgreSQL 17+ slot sync). */
+/**
+ * Waits until the standby holds the move's slot as a synchronized, persistent slot (PostgreSQL 17+
+ * slot sync). The standby keeps its copy temporary until the primary's slot has moved past where
+ * the copy starts, which takes a running-transactions record in the WAL: the background writer logs
+ * one every 15 s, so each poll asks the primary for one (pg_log_standby_snapshot) and wakes the
+ * slot sync worker from its nap (a reload sets its latch). What the move relies on is unchanged:
+ * a persistent synchronized slot on the standby before the failover.
+ */
 async function slotSynced(host: ReplicatedHost): Promise<void> {
-  for (let i = 0; i < 600; i += 1) {
-    const synced = await withClient(
-      host.standby.url,
-      async (c) =>
-        (
-          await c.query(
-            `select 1 from pg_replication_slots where slot_name like 'shardctl_move_%' and synced and not temporary`,
-          )
-        ).rowCount,
-    );
-    if (synced) return;
-    await new Promise((resolve) => setTimeout(resolve, 100));
-  }
-  throw new Error('the standby did not synchronize the move slot within 60 s');
+  await withClient(host.standby.url, async (c) => {
+    for (let i = 0; i < 300; i += 1) {
+      const synced = (
+        await c.query(
+          `select 1 from pg_replication_slots where slot_name like 'shardctl_move_%' and synced and not temporary`,
+        )
+      ).rowCount;
+      if (synced) return;
+      await withClient(host.primary.url, (p) => p.query('select pg_log_standby_snapshot()'));
+      await c.query('select pg_reload_conf()');
+      await new Promise((resolve) => setTimeout(resolve, 200));
+    }
+    throw new Error('the standby did not synchronize the move slot within 60 s');
+  });
 }
 
 /**
