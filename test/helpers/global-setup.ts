@@ -34,6 +34,7 @@ import {
   type LocalClusterOptions,
 } from '../../src/dev/local-postgres.js';
 import { embeddedBinaries, requestedMajor } from './binaries.js';
+import { postgresContainer } from './containers.js';
 
 export type TestBackend = 'testcontainers' | 'embedded' | 'urls';
 
@@ -272,7 +273,6 @@ function startHosts(backend: TestBackend): Promise<StartedHosts> {
 
 async function startContainers(): Promise<StartedHosts> {
   const { getContainerRuntimeClient, ImageName, Network } = await import('testcontainers');
-  const { PostgreSqlContainer } = await import('@testcontainers/postgresql');
   const client = await getContainerRuntimeClient();
   if (CONTAINER_IMAGE === LOCAL_TEST_IMAGE && !(await client.image.exists(ImageName.fromString(CONTAINER_IMAGE)))) {
     throw new Error(
@@ -283,8 +283,8 @@ async function startContainers(): Promise<StartedHosts> {
   const password = randomBytes(12).toString('hex');
   const names = Array.from({ length: HOST_COUNT }, (_, i) => `pg${i + 1}`);
   const settled = await Promise.allSettled(
-    names.map((name) =>
-      new PostgreSqlContainer(CONTAINER_IMAGE)
+    names.map(async (name) =>
+      (await postgresContainer(CONTAINER_IMAGE))
         .withNetwork(network)
         .withNetworkAliases(name)
         .withUsername('postgres')

@@ -31,6 +31,7 @@ import {
 import { adminClient, type TestDatabases, withClient } from './hosts.js';
 import { type Fleet, makeFleet } from './fleet.js';
 import { tempDir } from './temp.js';
+import { postgresContainer } from './containers.js';
 import { init } from '../../src/commands/init.js';
 import type { ShardctlConfig } from '../../src/config/types.js';
 
@@ -321,10 +322,11 @@ export async function startOwnHost(
   }
   // Test workers may have started before the global setup chose it.
   if (docker.hostOverride !== null) process.env.TESTCONTAINERS_HOST_OVERRIDE ??= docker.hostOverride;
-  const { PostgreSqlContainer } = await import('@testcontainers/postgresql');
   const alias = `own-${randomBytes(4).toString('hex')}`;
   const password = randomBytes(12).toString('hex');
-  const container = await new PostgreSqlContainer(docker.image)
+  const container = await (
+    await postgresContainer(docker.image)
+  )
     .withNetworkMode(docker.network)
     .withNetworkAliases(alias)
     .withUsername('postgres')
