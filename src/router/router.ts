@@ -410,13 +410,11 @@ export class ShardRouter {
   private async checkMap(): Promise<void> {
     const stamps = this.stamps;
     if (stamps && !this.reloading) {
-      const pools = this.pools.byHost();
-      const unchanged = await mapUnchanged(
-        stamps,
-        this.config.hosts.map((h) => pools.get(h.name)),
-        this.fileConfig,
-        this.options,
-      );
+      // Every host's pool, made now for a host no call has gone to yet: one connection there, not
+      // a whole read of the map (new connections to every host) at each refresh. A host whose pool
+      // cannot be made is not asked: the map is read again, as before.
+      const pools = await Promise.all(this.config.hosts.map((h) => this.pools.pool(h).catch(() => undefined)));
+      const unchanged = await mapUnchanged(stamps, pools, this.fileConfig, this.options);
       if (unchanged && this.stamps === stamps) return;
     }
     await this.reload();

@@ -27,6 +27,30 @@ async function sessionsOpened(clients: readonly pg.Client[]): Promise<number> {
   return total;
 }
 
+/**
+ * About 20 refreshes (at 100 ms) open no session on either host. First every session opened so far
+ * (the discovery's, these clients', the pools') is reported: a backend reports its own start at its
+ * first transaction end a second after the last report. A full read of the map would open a
+ * connection to each host every time.
+ */
+async function expectQuietRefreshes(admins: readonly pg.Client[]): Promise<void> {
+  await new Promise((resolve) => setTimeout(resolve, 1_200));
+  for (const c of admins) await c.query('select pg_stat_force_next_flush()');
+  const before = await sessionsOpened(admins);
+  await new Promise((resolve) => setTimeout(resolve, 2_000));
+  for (const c of admins) await c.query('select pg_stat_force_next_flush()');
+  expect(await sessionsOpened(admins)).toBe(before);
+}
+
+/** Sessions of the test database (but `admin`'s own) whose last query was the refresh's question. */
+async function askedOn(admin: pg.Client): Promise<number> {
+  const asked = await admin.query<{ n: number }>(
+    `select count(*)::int as n from pg_stat_activity
+      where datname = current_database() and query like '%placement_version%' and pid <> pg_backend_pid()`,
+  );
+  return asked.rows[0]!.n;
+}
+
 describe('the background refresh of a router', () => {
   it('opens no connection while the map is unchanged, and reads the map again after a move and after an edit of its file', async () => {
     const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-1', '2-3'] });
@@ -41,21 +65,9 @@ describe('the background refresh of a router', () => {
       // One call on each host: each has a pool, with one connection.
       await insert(0);
       await insert(2);
-      // Every session opened so far (the discovery's, these clients', the pools') reported: a
-      // backend reports its own start at its first transaction end a second after the last report.
-      await new Promise((resolve) => setTimeout(resolve, 1_200));
-      for (const c of admins) await c.query('select pg_stat_force_next_flush()');
-      const before = await sessionsOpened(admins);
-      // About 20 refreshes; a full read would open a connection to each host every time.
-      await new Promise((resolve) => setTimeout(resolve, 2_000));
-      for (const c of admins) await c.query('select pg_stat_force_next_flush()');
-      expect(await sessionsOpened(admins)).toBe(before);
-      const asked = await admins[0]!.query<{ n: number }>(
-        `select count(*)::int as n from pg_stat_activity
-          where datname = current_database() and query like '%placement_version%' and pid <> pg_backend_pid()`,
-      );
+      await expectQuietRefreshes(admins);
       // The pool's connection asked last (its query stays in pg_stat_activity while it is idle).
-      expect(asked.rows[0]!.n).toBe(1);
+      expect(await askedOn(admins[0]!)).toBe(1);
 
       // A move switches shard 1 to pg2: the version changes there, and the refresh reads the map.
       const moved = await runCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
@@ -70,6 +82,28 @@ describe('the background refresh of a router', () => {
       writeFileSync(fleet.configFile, text.replace(url, edited));
       await waitFor('the router to take the edited url', async () => router.hostForShard(3).url === edited, 10_000);
       await insert(3);
+    } finally {
+      await router.close();
+      await Promise.all(admins.map((c) => c.end()));
+    }
+  });
+});
+
+describe('the background refresh of a router that has called one host only', () => {
+  const own = useTestDatabases(2);
+
+  it('makes a pool on the other host once and asks it there: no connection opened at each refresh', async () => {
+    const fleet = makeFleet({ urls: own.urls, shards: 4, split: ['0-1', '2-3'] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const admins = await Promise.all(own.urls.map((url) => adminClient(url)));
+    // The pools' idle connections outlive the test's window.
+    const router = await ShardRouter.open(fleet.configFile, { mapRefreshMs: 100, idleTimeoutMs: 60_000 });
+    try {
+      // Calls on pg1 only: before the refresh made a pool on pg2, each refresh read the whole map.
+      await router.withShard(0, (client) => client.query('select 1'));
+      await expectQuietRefreshes(admins);
+      // pg2 is asked on the router's one connection there.
+      expect(await askedOn(admins[1]!)).toBe(1);
     } finally {
       await router.close();
       await Promise.all(admins.map((c) => c.end()));
