@@ -52,7 +52,13 @@ export {
 } from './commands/migrate.js';
 export { newMigration, migrationHeader, type NewMigrationResult } from './commands/migration-new.js';
 export { status, type HostStatus, type MapStatus, type StatusResult } from './commands/status.js';
-export { moveShard, moveShards, findRunningMoves, type BatchMoveResult } from './commands/move-shard.js';
+export {
+  checkMoveShards,
+  moveShard,
+  moveShards,
+  findRunningMoves,
+  type BatchMoveResult,
+} from './commands/move-shard.js';
 export { gc, type GcResult, type HostLeftover, type LeftTrigger, type OldCopy } from './commands/gc.js';
 export { grant, grantSql, type GrantMode, type GrantResult, type GrantHostResult } from './commands/grant.js';
 export type { Leftover } from './moves/leftovers.js';

@@ -84,7 +84,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
   configOption(command, 'config file (default: $SHARDCTL_CONFIG or ./shardctl.yaml); rewritten in place at the switch');
   jsonOption(command);
   command.action(async (shardsText: string, flags: MoveFlags) => {
-    const { moveShards, parseShards, shardsPhrase, UsageError } = lib();
+    const { checkMoveShards, moveShards, parseShards, shardsPhrase, UsageError } = lib();
     const out = new Output(ctx.streams, flags.json ?? false);
     if (flags.mode !== 'online' && flags.mode !== 'offline') {
       throw new UsageError(`option --mode ${JSON.stringify(flags.mode)}: expected online or offline`);
@@ -111,6 +111,10 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     const config = await loadCliConfig(ctx, flags, out);
     const shards = await withFlagNames(FLAGS, async () => parseShards(shardsText, config.shards));
     const which = shardsPhrase(shards);
+    // Bad input (an unknown or draining target, shards already there) is named before the question.
+    await withFlagNames(FLAGS, async () =>
+      checkMoveShards(config, shards, flags.to, { resume: flags.resume ?? false, abort: flags.abort ?? false }),
+    );
     if (!flags.dryRun && !flags.yes) {
       const what = flags.abort
         ? `undo the unfinished moves of ${which}`

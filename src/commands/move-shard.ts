@@ -1,4 +1,4 @@
-import type { ShardctlConfig } from '../config/types.js';
+import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { UsageError } from '../errors.js';
@@ -34,6 +34,32 @@ export async function moveShards(
   targetName: string | undefined,
   options: MoveOptions = {},
 ): Promise<BatchMoveResult> {
+  const request = checkMoveShards(config, shards, targetName, options);
+  if (request.target === undefined) {
+    // --resume or --abort: the unfinished move goes on to (or is undone from) the target it
+    // recorded: a target given with it must be that one (the same command again with --resume),
+    // never silently dropped.
+    return runMoves(config, request.shards, undefined, {
+      ...options,
+      ...(targetName === undefined ? {} : { stated: { ...options.stated, target: targetName } }),
+    });
+  }
+  return runMoves(config, request.shards, request.target, options);
+}
+
+/**
+ * What moveShards refuses from its arguments and the config alone, before it reaches any host
+ * (shards out of range, an unknown or draining target, shards the map already places there, bad
+ * numbers): asked first by a caller that must name bad input before anything else, as the CLI does
+ * before it asks for confirmation. The shards sorted without repeats, and the target (none for
+ * resume or abort, which go to the target the move recorded).
+ */
+export function checkMoveShards(
+  config: ShardctlConfig,
+  shards: readonly number[],
+  targetName: string | undefined,
+  options: Pick<MoveOptions, 'resume' | 'abort' | 'maxRate' | 'maxSlotWal' | 'copyChunkRows' | 'copyParallel'> = {},
+): { shards: number[]; target: HostConfig | undefined } {
   const list = [...new Set(shards)].sort((a, b) => a - b);
   const outside = list.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
   if (list.length === 0 || outside.length > 0) {
@@ -55,14 +81,7 @@ export async function moveShards(
   }
   if (options.resume && options.abort)
     throw new UsageError('resume and abort exclude each other', { input: 'resume+abort' });
-  if (options.resume || options.abort) {
-    // The unfinished move goes on to (or is undone from) the target it recorded: a target given
-    // with it must be that one (the same command again with --resume), never silently dropped.
-    return runMoves(config, list, undefined, {
-      ...options,
-      ...(targetName === undefined ? {} : { stated: { ...options.stated, target: targetName } }),
-    });
-  }
+  if (options.resume || options.abort) return { shards: list, target: undefined };
 
   if (!targetName) throw new UsageError('a target host is required to start a move', { input: 'target' });
   const target = config.hosts.find((h) => h.name === targetName);
@@ -88,5 +107,5 @@ export async function moveShards(
       },
     );
   }
-  return runMoves(config, list, target, options);
+  return { shards: list, target };
 }

@@ -168,13 +168,19 @@ describe('a batch that is only planned or refused', () => {
       args: ['1', '--to', 'pg2', '--mode', 'offline', '--wave-size', '8'],
       message: 'option --wave-size "8": only for an online move',
     },
-  ])('refuses $args with exit 2 and changes nothing', async ({ args, message }) => {
-    const before = await fleetState(urls(), fleet.configFile);
-    const run = await runCli(['move-shard', ...args, '--yes', '-c', fleet.configFile]);
-    expect(run.code).toBe(2);
-    expect(run.stderr).toContain(message);
-    expect(await fleetState(urls(), fleet.configFile)).toEqual(before);
-  });
+  ])(
+    'refuses $args with exit 2 and changes nothing, with --yes and without (named before the question)',
+    async ({ args, message }) => {
+      const before = await fleetState(urls(), fleet.configFile);
+      for (const yes of [['--yes'], []]) {
+        const run = await runCli(['move-shard', ...args, ...yes, '-c', fleet.configFile]);
+        expect(run.code).toBe(2);
+        expect(run.stderr).toContain(message);
+        expect(run.stderr).not.toContain('needs confirmation');
+      }
+      expect(await fleetState(urls(), fleet.configFile)).toEqual(before);
+    },
+  );
 });
 
 describe('a batch killed after a step', () => {
