@@ -103,7 +103,11 @@ function fieldMessage(message: string | undefined, value: unknown): string {
   return value === undefined ? 'is required' : `${message ?? 'is invalid'}, got ${describeValue(value)}`;
 }
 
-function unknownKeyMessage(key: string, known: readonly string[]): string {
+/**
+ * `unknown key "poolsize" (did you mean "poolSize"?)`: for a key a config or an options object does
+ * not have, with the known key it most likely meant, else the list of known keys.
+ */
+export function unknownKeyMessage(key: string, known: readonly string[]): string {
   const suggestion = closestKey(key, known);
   const hint = suggestion ? `did you mean "${suggestion}"?` : `expected one of ${known.join(', ')}`;
   return `unknown key ${JSON.stringify(key)} (${hint})`;

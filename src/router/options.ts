@@ -1,4 +1,6 @@
 import type { Env } from '../config/env.js';
+import { unknownKeyMessage } from '../config/validate.js';
+import { UsageError } from '../errors.js';
 
 /** The default of ShardRouterOptions.mapRefreshMs: 30 s. */
 export const DEFAULT_MAP_REFRESH_MS = 30_000;
@@ -93,8 +95,42 @@ export type RouterSettings = Required<
 > &
   Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs' | 'trackWriteLsn'>;
 
+/** Every key of ShardRouterOptions. */
+const ROUTER_OPTION_KEYS: readonly (keyof ShardRouterOptions)[] = [
+  'poolSize',
+  'statementTimeoutMs',
+  'idleInTransactionTimeoutMs',
+  'applicationName',
+  'connectTimeoutMs',
+  'idleTimeoutMs',
+  'maxConnectionLifetimeMs',
+  'maxConnectionUses',
+  'fencedTimeoutMs',
+  'slowCallMs',
+  'failoverTimeoutMs',
+  'mapRefreshMs',
+  'trackWriteLsn',
+  'env',
+  'cwd',
+];
+
+/**
+ * Refuses what is not an options object, and a key it does not have: from JavaScript or JSON a
+ * misspelt option (`statementTimeout`, `readonly`) would otherwise be ignored, and the call would
+ * run without it. A UsageError naming the key and the one it most likely meant.
+ */
+export function refuseUnknownOptions(what: string, options: unknown, known: readonly string[]): void {
+  if (typeof options !== 'object' || options === null || Array.isArray(options))
+    throw new UsageError(`must be an object of options, not ${Array.isArray(options) ? 'an array' : typeof options}`, {
+      input: what,
+    });
+  for (const key in options)
+    if (!known.includes(key)) throw new UsageError(unknownKeyMessage(key, known), { input: what });
+}
+
 /** The options' defaults, each checked (a RangeError naming the option and its value). */
 export function routerSettings(options: ShardRouterOptions): RouterSettings {
+  refuseUnknownOptions('router options', options, ROUTER_OPTION_KEYS);
   const poolSize = options.poolSize ?? 10;
   if (!Number.isSafeInteger(poolSize) || poolSize < 1)
     throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
@@ -134,6 +170,13 @@ export function routerSettings(options: ShardRouterOptions): RouterSettings {
     );
   if (!Number.isSafeInteger(settings.slowCallMs) || settings.slowCallMs < 0)
     throw new RangeError(`slowCallMs ${settings.slowCallMs} must be a whole number of milliseconds (0: no warning)`);
+  for (const name of ['connectTimeoutMs', 'idleTimeoutMs', 'fencedTimeoutMs', 'failoverTimeoutMs'] as const) {
+    const value = settings[name];
+    if (!Number.isSafeInteger(value) || value < 0 || value > 2_147_483_647)
+      throw new RangeError(`${name} ${JSON.stringify(value)} must be a whole number of milliseconds`);
+  }
+  if (typeof settings.applicationName !== 'string')
+    throw new RangeError(`applicationName ${JSON.stringify(settings.applicationName)} must be a string`);
   if (options.trackWriteLsn !== undefined && typeof options.trackWriteLsn !== 'boolean')
     throw new RangeError(`trackWriteLsn ${JSON.stringify(options.trackWriteLsn)} must be true or false`);
   return settings;

@@ -3,6 +3,7 @@ import { UsageError } from '../errors.js';
 import { encodeId, parseIdString, type IdLayout } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
+import { refuseUnknownOptions } from './options.js';
 import { replicaRead, type WriteLsn } from './replicas.js';
 import { oneStatement, queryEachShardWithParams } from './shard-query.js';
 import type { RouterInternals } from './types.js';
@@ -82,6 +83,25 @@ export const BIGINT_TYPES = {
   },
 } as pg.CustomTypesConfig;
 
+/** Every key of PageOptions. */
+const PAGE_OPTION_KEYS: readonly (keyof PageOptions)[] = [
+  'limit',
+  'order',
+  'cursor',
+  'params',
+  'shards',
+  'keys',
+  'idColumn',
+  'minAgeMs',
+  'shardsPerQuery',
+  'perHost',
+  'concurrency',
+  'replica',
+  'maxLagMs',
+  'afterLsn',
+  'replicaWaitMs',
+];
+
 /**
  * One page of rows merged by id across shards (router.queryPage): each shard runs
  *
@@ -109,6 +129,7 @@ export async function queryPage<R extends pg.QueryResultRow>(
   sql: string,
   options: PageOptions,
 ): Promise<Page<R>> {
+  refuseUnknownOptions('queryPage options', options, PAGE_OPTION_KEYS);
   const limit = options.limit;
   if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_PAGE_LIMIT)
     throw new UsageError(`must be a whole number from 1 to ${MAX_PAGE_LIMIT}`, { input: 'limit', value: limit });

@@ -17,7 +17,7 @@ import { runFollowing, type FollowPaths } from './follow.js';
 import { HostPools } from './pools.js';
 import { StandbyReads } from './standby-reads.js';
 import { attempt, TransactionStarts } from './transaction.js';
-import { routerSettings, type RouterSettings, type ShardRouterOptions } from './options.js';
+import { refuseUnknownOptions, routerSettings, type RouterSettings, type ShardRouterOptions } from './options.js';
 import type { Attempt, ForEachShardOptions, RouterInternals, ShardFn, TransactionOptions } from './types.js';
 import { queryPage, type Page, type PageOptions } from './pages.js';
 import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics.js';
@@ -296,6 +296,7 @@ export class ShardRouter {
     let shard: number;
     let replica: ReplicaRead | undefined;
     try {
+      refuseUnknownOptions('call options', options, CALL_OPTION_KEYS);
       shard = shardOf();
       replica = replicaRead(options);
     } catch (error) {
@@ -314,6 +315,7 @@ export class ShardRouter {
     const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
     let replica: ReplicaRead | undefined;
     try {
+      refuseUnknownOptions('forEachShard options', options, FAN_OUT_OPTION_KEYS);
       replica = replicaRead(options);
     } catch (error) {
       return Promise.reject(error as Error);
@@ -355,6 +357,7 @@ export class ShardRouter {
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
     let replica: ReplicaRead | undefined;
     try {
+      refuseUnknownOptions('queryEachShard options', options, QUERY_EACH_OPTION_KEYS);
       replica = replicaRead(options);
     } catch (error) {
       return Promise.reject(error as Error);
@@ -516,6 +519,23 @@ export class ShardRouter {
 }
 
 /** A routed call's value, without the host it committed on. */
+/** The keys of a routed call's options (TransactionOptions), of forEachShard's and of queryEachShard's. */
+const CALL_OPTION_KEYS: readonly (keyof TransactionOptions)[] = [
+  'readOnly',
+  'replica',
+  'maxLagMs',
+  'afterLsn',
+  'replicaWaitMs',
+];
+const FAN_OUT_OPTION_KEYS: readonly (keyof ForEachShardOptions)[] = [
+  ...CALL_OPTION_KEYS,
+  'shards',
+  'concurrency',
+  'perHost',
+  'onShardDone',
+];
+const QUERY_EACH_OPTION_KEYS: readonly string[] = [...FAN_OUT_OPTION_KEYS, 'query', 'shardsPerQuery', 'params'];
+
 function valueOf<T>(done: { value: T }): T {
   return done.value;
 }

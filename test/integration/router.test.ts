@@ -329,6 +329,73 @@ describe("ShardRouter: fn's queries that would leave the transaction", () => {
   });
 });
 
+describe('ShardRouter: options it does not know', () => {
+  const db = useTestDatabases(1);
+
+  it('refuses a misspelt or ill-typed option when opening and on every kind of call, naming it and the key it most likely meant, and runs nothing', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'ro', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const open = (options: Record<string, unknown>) =>
+      ShardRouter.open(fleet.configFile, options as Parameters<typeof ShardRouter.open>[1]);
+    await expect(open({ statementTimeout: 1000 })).rejects.toThrow(
+      'router options: unknown key "statementTimeout" (did you mean "statementTimeoutMs"?)',
+    );
+    await expect(open({ poolsize: 2 })).rejects.toThrow(
+      'router options: unknown key "poolsize" (did you mean "poolSize"?)',
+    );
+    await expect(open({ connectTimeoutMs: '5s' })).rejects.toThrow(
+      'connectTimeoutMs "5s" must be a whole number of milliseconds',
+    );
+    await expect(open({ fencedTimeoutMs: -1 })).rejects.toThrow(
+      'fencedTimeoutMs -1 must be a whole number of milliseconds',
+    );
+    await expect(open({ applicationName: 7 })).rejects.toThrow('applicationName 7 must be a string');
+
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    try {
+      const insert = (client: pg.PoolClient) => client.query(`insert into photos (user_id, image_url) values (1, 'x')`);
+      const refused = async (call: Promise<unknown>): Promise<Error & { code?: string }> =>
+        call.then(
+          () => {
+            throw new Error('expected the call to be refused');
+          },
+          (error: Error & { code?: string }) => error,
+        );
+      const misspelt = { readonly: true } as unknown as { readOnly: boolean };
+      for (const error of [
+        await refused(router.withKey(1n, insert, misspelt)),
+        await refused(router.withShard(1, insert, misspelt)),
+        await refused(router.forEachShard(insert, misspelt)),
+        await refused(router.queryEachShard(`select 1`, misspelt)),
+      ]) {
+        expect(error.message).toMatch(/options: unknown key "readonly" \(did you mean "readOnly"\?\)$/);
+        expect(error.code).toBe('USAGE');
+      }
+      // Parameters where the options go: refused, not run on every shard without them.
+      const array = await refused(
+        router.queryEachShard(`select $1::int`, [1] as unknown as Parameters<ShardRouter['queryEachShard']>[1]),
+      );
+      expect(array.message).toBe('queryEachShard options: must be an object of options, not an array');
+      const page = await refused(
+        router.queryPage(`select id from photos`, { limit: 5, ordr: 'oldest' } as unknown as { limit: number }),
+      );
+      expect(page.message).toBe('queryPage options: unknown key "ordr" (did you mean "order"?)');
+      const rows = await withClient(db.urls[0]!, async (c) =>
+        Number(
+          (
+            await c.query<{ n: string }>(
+              `select (select count(*) from ro0.photos) + (select count(*) from ro1.photos) as n`,
+            )
+          ).rows[0]!.n,
+        ),
+      );
+      expect(rows).toBe(0);
+    } finally {
+      await router.close();
+    }
+  });
+});
+
 describe('ShardRouter: fn gives up on a query that still runs', () => {
   const db = useTestDatabases(1);
   const kept = useTestDatabases(1);
