@@ -2,6 +2,7 @@ import { randomUUID } from 'node:crypto';
 import { elapsed } from '../clock.js';
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { HostError, ShardctlError, UsageError } from '../errors.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
@@ -94,6 +95,11 @@ export class AdoptRefusedError extends ShardctlError {
 const SWITCH_ATTEMPTS = 5;
 
 export async function adopt(config: ShardctlConfig, options: AdoptOptions = {}): Promise<AdoptResult> {
+  refuseUnknownOptions(
+    'adopt options',
+    options,
+    optionKeys<AdoptOptions>({ baseline: true, shards: true, dryRun: true, onShard: true }),
+  );
   const started = performance.now();
   const dryRun = options.dryRun ?? false;
   const migrations = await readMigrations(config.migrationsDir);

@@ -1,5 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
@@ -57,6 +58,7 @@ const TRIGGER_RETRY_MS = 300;
  * shardctl is using).
  */
 export async function gc(given: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<GcResult> {
+  refuseUnknownOptions('gc options', options, ['dryRun']);
   const oldCopies: OldCopy[] = [];
   const leftovers: HostLeftover[] = [];
   const triggers: LeftTrigger[] = [];

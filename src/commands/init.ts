@@ -1,4 +1,5 @@
 import type { ShardctlConfig } from '../config/types.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 import { provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
 /**
@@ -6,9 +7,10 @@ import { provision, type ProvisionOptions, type ProvisionResult } from '../provi
  * next_id, then the migrations). Idempotent: on a complete cluster it reads a few catalog rows
  * per host and changes nothing.
  */
-export function init(
+export async function init(
   config: ShardctlConfig,
   options: Pick<ProvisionOptions, 'dryRun' | 'onProgress' | 'onNotice'> = {},
 ): Promise<ProvisionResult> {
+  refuseUnknownOptions('init options', options, ['dryRun', 'onProgress', 'onNotice']);
   return provision(config, 'init', options);
 }

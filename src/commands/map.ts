@@ -1,6 +1,7 @@
 import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 import { failureReason, RuntimeFailure, UsageError } from '../errors.js';
 import { controlRightsError, requireRights } from '../fleet/rights.js';
 import { describePgError, withHost } from '../fleet/connect.js';
@@ -102,6 +103,7 @@ export interface MapPullResult {
  * among themselves.
  */
 export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<MapPullResult> {
+  refuseUnknownOptions('map pull options', options, ['dryRun']);
   if (config.file === '<inline>')
     throw new UsageError('map pull rewrites the config file: load the config from a file', { input: 'config' });
   const { placement, unreachable } = await readFleet(config);

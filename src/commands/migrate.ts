@@ -1,5 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { formatShardList } from '../config/ranges.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import { DRIFT_KINDS, fileRollout, type FileRollout } from '../migrations/rules.js';
 import { conflictError } from '../provisioning/plan.js';
@@ -26,7 +27,22 @@ export interface MigrateOptions extends Pick<
  * is retried `lockRetries` times before the shard counts as failed; `maxFailures` stops starting
  * shards once that many have failed.
  */
-export function migrate(config: ShardctlConfig, options: MigrateOptions = {}): Promise<ProvisionResult> {
+/** Every key of MigrateOptions. */
+const MIGRATE_OPTION_KEYS = optionKeys<MigrateOptions>({
+  dryRun: true,
+  toVersion: true,
+  onProgress: true,
+  onNotice: true,
+  canary: true,
+  maxFailures: true,
+  lockRetries: true,
+  lockRetryPauseMs: true,
+  shards: true,
+  hosts: true,
+});
+
+export async function migrate(config: ShardctlConfig, options: MigrateOptions = {}): Promise<ProvisionResult> {
+  refuseUnknownOptions('migrate options', options, MIGRATE_OPTION_KEYS);
   const { shards, hosts, ...rest } = options;
   validateCounts(options);
   const selection = selectShards(config, shards, hosts);

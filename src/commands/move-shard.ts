@@ -1,9 +1,10 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import { inflect } from '../text.js';
-import type { MoveOptions, MoveResult } from '../moves/context.js';
+import { MOVE_OPTION_FLAGS, type MoveOptions, type MoveResult } from '../moves/context.js';
 import { runMoves, type BatchMoveResult } from '../moves/run.js';
 
 /**
@@ -34,6 +35,7 @@ export async function moveShards(
   targetName: string | undefined,
   options: MoveOptions = {},
 ): Promise<BatchMoveResult> {
+  refuseUnknownOptions('move options', options, MOVE_OPTION_KEYS);
   const request = checkMoveShards(config, shards, targetName, options);
   if (request.target === undefined) {
     // --resume or --abort: the unfinished move goes on to (or is undone from) the target it
@@ -46,6 +48,8 @@ export async function moveShards(
   }
   return runMoves(config, request.shards, request.target, options);
 }
+
+const MOVE_OPTION_KEYS = optionKeys<MoveOptions>(MOVE_OPTION_FLAGS);
 
 /**
  * What moveShards refuses from its arguments and the config alone, before it reaches any host

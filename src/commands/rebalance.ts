@@ -1,11 +1,12 @@
 import { elapsed } from '../clock.js';
 import { loadConfig } from '../config/load.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { type NextStep, RuntimeFailure, UsageError } from '../errors.js';
 import { controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
 import { readFleetPlacement, requireCurrentMapLocked } from '../fleet/placement.js';
-import type { MoveOptions } from '../moves/context.js';
+import { MOVE_OPTION_FLAGS, type MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import { abortBegun, type MoveStep } from '../moves/state.js';
 import { findRunningMoves, runMoves } from '../moves/run.js';
@@ -87,7 +88,19 @@ export interface RebalanceRefusal {
 
 const DEFAULT_PARALLEL = 2;
 
+/** Every key of RebalanceOptions: a move's, but those a rebalance decides itself, and its own. */
+const { resume: _resume, abort: _abort, configFile: _configFile, ...moveFlags } = MOVE_OPTION_FLAGS;
+const REBALANCE_OPTION_KEYS = optionKeys<RebalanceOptions>({
+  ...moveFlags,
+  by: true,
+  maxParallel: true,
+  reload: true,
+  onPlan: true,
+  onEvent: true,
+});
+
 export async function rebalance(config: ShardctlConfig, options: RebalanceOptions = {}): Promise<RebalanceResult> {
+  refuseUnknownOptions('rebalance options', options, REBALANCE_OPTION_KEYS);
   const started = performance.now();
   const by = options.by ?? 'count';
   if (by !== 'count' && by !== 'size' && by !== 'load')

@@ -104,6 +104,28 @@ function fieldMessage(message: string | undefined, value: unknown): string {
 }
 
 /**
+ * Refuses what is not an options object, and a key it does not have: from JavaScript or JSON a
+ * misspelt option (`statementTimeout`, `readonly`) would otherwise be ignored, and the call would
+ * run without it. A UsageError naming the key and the one it most likely meant.
+ */
+export function refuseUnknownOptions(what: string, options: unknown, known: readonly string[]): void {
+  if (typeof options !== 'object' || options === null || Array.isArray(options))
+    throw new UsageError(`must be an object of options, not ${Array.isArray(options) ? 'an array' : typeof options}`, {
+      input: what,
+    });
+  for (const key in options)
+    if (!known.includes(key)) throw new UsageError(unknownKeyMessage(key, known), { input: what });
+}
+
+/**
+ * The keys of an options type as a list, from an object that names each once: the compiler refuses
+ * the object when a key of T is missing or one is not T's, so the list cannot drift from the type.
+ */
+export function optionKeys<T>(keys: { readonly [K in keyof Required<T>]: true }): readonly string[] {
+  return Object.keys(keys);
+}
+
+/**
  * `unknown key "poolsize" (did you mean "poolSize"?)`: for a key a config or an options object does
  * not have, with the known key it most likely meant, else the list of known keys.
  */

@@ -80,6 +80,32 @@ export interface MoveOptions {
   readonly copyParallel?: number;
 }
 
+/** Every key of MoveOptions, once (the compiler checks the record is whole): what moveShards and rebalance accept. */
+export const MOVE_OPTION_FLAGS: { readonly [K in keyof Required<MoveOptions>]: true } = {
+  mode: true,
+  dryRun: true,
+  resume: true,
+  abort: true,
+  moveIds: true,
+  stated: true,
+  dropSource: true,
+  configFile: true,
+  catchUpTimeoutMs: true,
+  fenceTimeoutMs: true,
+  maxFencedMs: true,
+  waitTimeoutMs: true,
+  concurrency: true,
+  runnerLocksHeld: true,
+  wave: true,
+  onStep: true,
+  onNotice: true,
+  onProgress: true,
+  maxRate: true,
+  maxSlotWal: true,
+  copyChunkRows: true,
+  copyParallel: true,
+};
+
 /** The result of one move: a batch of shards from one source host to the target. */
 export interface MoveResult {
   readonly moveId: string;

@@ -1,6 +1,5 @@
 import type { Env } from '../config/env.js';
-import { unknownKeyMessage } from '../config/validate.js';
-import { UsageError } from '../errors.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 
 /** The default of ShardRouterOptions.mapRefreshMs: 30 s. */
 export const DEFAULT_MAP_REFRESH_MS = 30_000;
@@ -95,38 +94,24 @@ export type RouterSettings = Required<
 > &
   Pick<ShardRouterOptions, 'env' | 'cwd' | 'statementTimeoutMs' | 'idleInTransactionTimeoutMs' | 'trackWriteLsn'>;
 
-/** Every key of ShardRouterOptions. */
-const ROUTER_OPTION_KEYS: readonly (keyof ShardRouterOptions)[] = [
-  'poolSize',
-  'statementTimeoutMs',
-  'idleInTransactionTimeoutMs',
-  'applicationName',
-  'connectTimeoutMs',
-  'idleTimeoutMs',
-  'maxConnectionLifetimeMs',
-  'maxConnectionUses',
-  'fencedTimeoutMs',
-  'slowCallMs',
-  'failoverTimeoutMs',
-  'mapRefreshMs',
-  'trackWriteLsn',
-  'env',
-  'cwd',
-];
-
-/**
- * Refuses what is not an options object, and a key it does not have: from JavaScript or JSON a
- * misspelt option (`statementTimeout`, `readonly`) would otherwise be ignored, and the call would
- * run without it. A UsageError naming the key and the one it most likely meant.
- */
-export function refuseUnknownOptions(what: string, options: unknown, known: readonly string[]): void {
-  if (typeof options !== 'object' || options === null || Array.isArray(options))
-    throw new UsageError(`must be an object of options, not ${Array.isArray(options) ? 'an array' : typeof options}`, {
-      input: what,
-    });
-  for (const key in options)
-    if (!known.includes(key)) throw new UsageError(unknownKeyMessage(key, known), { input: what });
-}
+/** Every key of ShardRouterOptions (the compiler checks the list is whole). */
+const ROUTER_OPTION_KEYS = optionKeys<ShardRouterOptions>({
+  poolSize: true,
+  statementTimeoutMs: true,
+  idleInTransactionTimeoutMs: true,
+  applicationName: true,
+  connectTimeoutMs: true,
+  idleTimeoutMs: true,
+  maxConnectionLifetimeMs: true,
+  maxConnectionUses: true,
+  fencedTimeoutMs: true,
+  slowCallMs: true,
+  failoverTimeoutMs: true,
+  mapRefreshMs: true,
+  trackWriteLsn: true,
+  env: true,
+  cwd: true,
+});
 
 /** The options' defaults, each checked (a RangeError naming the option and its value). */
 export function routerSettings(options: ShardRouterOptions): RouterSettings {

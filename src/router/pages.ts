@@ -1,9 +1,9 @@
 import pg from 'pg';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import { encodeId, parseIdString, type IdLayout } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
-import { refuseUnknownOptions } from './options.js';
 import { replicaRead, type WriteLsn } from './replicas.js';
 import { oneStatement, queryEachShardWithParams } from './shard-query.js';
 import type { RouterInternals } from './types.js';
@@ -84,23 +84,23 @@ export const BIGINT_TYPES = {
 } as pg.CustomTypesConfig;
 
 /** Every key of PageOptions. */
-const PAGE_OPTION_KEYS: readonly (keyof PageOptions)[] = [
-  'limit',
-  'order',
-  'cursor',
-  'params',
-  'shards',
-  'keys',
-  'idColumn',
-  'minAgeMs',
-  'shardsPerQuery',
-  'perHost',
-  'concurrency',
-  'replica',
-  'maxLagMs',
-  'afterLsn',
-  'replicaWaitMs',
-];
+const PAGE_OPTION_KEYS = optionKeys<PageOptions>({
+  limit: true,
+  order: true,
+  cursor: true,
+  params: true,
+  shards: true,
+  keys: true,
+  idColumn: true,
+  minAgeMs: true,
+  shardsPerQuery: true,
+  perHost: true,
+  concurrency: true,
+  replica: true,
+  maxLagMs: true,
+  afterLsn: true,
+  replicaWaitMs: true,
+});
 
 /**
  * One page of rows merged by id across shards (router.queryPage): each shard runs

@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import { loadConfig } from '../config/load.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { hostForShard, type HostConfig, type ShardctlConfig } from '../config/types.js';
 import { HostError, UsageError } from '../errors.js';
 import { decodeId, parseIdString } from '../id/layout.js';
@@ -17,7 +18,7 @@ import { runFollowing, type FollowPaths } from './follow.js';
 import { HostPools } from './pools.js';
 import { StandbyReads } from './standby-reads.js';
 import { attempt, TransactionStarts } from './transaction.js';
-import { refuseUnknownOptions, routerSettings, type RouterSettings, type ShardRouterOptions } from './options.js';
+import { routerSettings, type RouterSettings, type ShardRouterOptions } from './options.js';
 import type { Attempt, ForEachShardOptions, RouterInternals, ShardFn, TransactionOptions } from './types.js';
 import { queryPage, type Page, type PageOptions } from './pages.js';
 import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics.js';
@@ -145,6 +146,10 @@ export class ShardRouter {
    */
   static async open(source?: RouterSource, options: ShardRouterOptions = {}): Promise<ShardRouter> {
     if (typeof source === 'object' && source !== null) {
+      refuseUnknownOptions('router source', source, ['seeds']);
+      // From JavaScript a single URL string would be spread into its characters, each a "seed".
+      if (!Array.isArray(source.seeds) || !source.seeds.every((seed) => typeof seed === 'string'))
+        throw new UsageError('must be a list of URLs', { input: 'seeds' });
       const seeds = [...source.seeds];
       if (seeds.length === 0) throw new RangeError('seeds: give at least one URL');
       seeds.forEach(registerUrlSecret);
@@ -152,6 +157,8 @@ export class ShardRouter {
       await router.discover();
       return router;
     }
+    if (source !== undefined && typeof source !== 'string')
+      throw new UsageError('must be a config file path or { seeds: [URL, …] }', { input: 'router source' });
     const config = await loadConfig(source, {
       checkMigrationsDir: false,
       ...(options.env ? { env: options.env } : {}),
@@ -520,20 +527,24 @@ export class ShardRouter {
 
 /** A routed call's value, without the host it committed on. */
 /** The keys of a routed call's options (TransactionOptions), of forEachShard's and of queryEachShard's. */
-const CALL_OPTION_KEYS: readonly (keyof TransactionOptions)[] = [
-  'readOnly',
-  'replica',
-  'maxLagMs',
-  'afterLsn',
-  'replicaWaitMs',
-];
-const FAN_OUT_OPTION_KEYS: readonly (keyof ForEachShardOptions)[] = [
-  ...CALL_OPTION_KEYS,
-  'shards',
-  'concurrency',
-  'perHost',
-  'onShardDone',
-];
+const CALL_OPTION_KEYS = optionKeys<TransactionOptions>({
+  readOnly: true,
+  replica: true,
+  maxLagMs: true,
+  afterLsn: true,
+  replicaWaitMs: true,
+});
+const FAN_OUT_OPTION_KEYS = optionKeys<ForEachShardOptions>({
+  readOnly: true,
+  replica: true,
+  maxLagMs: true,
+  afterLsn: true,
+  replicaWaitMs: true,
+  shards: true,
+  concurrency: true,
+  perHost: true,
+  onShardDone: true,
+});
 const QUERY_EACH_OPTION_KEYS: readonly string[] = [...FAN_OUT_OPTION_KEYS, 'query', 'shardsPerQuery', 'params'];
 
 function valueOf<T>(done: { value: T }): T {

@@ -7,6 +7,7 @@ import { from as copyFrom } from 'pg-copy-streams';
 import { decodeId } from '../../src/id/layout.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
+import { adopt, gc, mapPull, migrate, moveShards, rebalance } from '../../src/index.js';
 import { HostError } from '../../src/errors.js';
 import { ShardFanOutError } from '../../src/router/errors.js';
 import { setBeginPipelining } from '../../src/router/begin.js';
@@ -350,6 +351,16 @@ describe('ShardRouter: options it does not know', () => {
       'fencedTimeoutMs -1 must be a whole number of milliseconds',
     );
     await expect(open({ applicationName: 7 })).rejects.toThrow('applicationName 7 must be a string');
+    type Source = Parameters<typeof ShardRouter.open>[0];
+    await expect(ShardRouter.open({ seed: [db.urls[0]!] } as unknown as Source)).rejects.toThrow(
+      'router source: unknown key "seed" (did you mean "seeds"?)',
+    );
+    await expect(ShardRouter.open({ seeds: db.urls[0]! } as unknown as Source)).rejects.toThrow(
+      'seeds: must be a list of URLs',
+    );
+    await expect(ShardRouter.open(42 as unknown as Source)).rejects.toThrow(
+      'router source: must be a config file path or { seeds: [URL, …] }',
+    );
 
     const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
     try {
@@ -393,6 +404,40 @@ describe('ShardRouter: options it does not know', () => {
     } finally {
       await router.close();
     }
+  });
+});
+
+describe("the commands' library functions: options they do not know", () => {
+  const db = useTestDatabases(1);
+
+  it('refuse a misspelt option (dryrun for dryRun) naming it, before anything is read or written', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'rc', migrations: PHOTOS_ONLY });
+    const config = await fleet.config();
+    const typo = { dryrun: true } as unknown as { dryRun: boolean };
+    const calls: [string, () => Promise<unknown>][] = [
+      ['init options', () => init(config, typo)],
+      ['migrate options', () => migrate(config, typo)],
+      ['move options', () => moveShards(config, [1], 'pg1', typo)],
+      ['rebalance options', () => rebalance(config, typo)],
+      ['adopt options', () => adopt(config, typo)],
+      ['gc options', () => gc(config, typo)],
+      ['map pull options', () => mapPull(config, typo)],
+    ];
+    for (const [what, call] of calls) {
+      const error = await call().then(
+        () => new Error('expected a refusal'),
+        (e: Error & { code?: string }) => e,
+      );
+      expect(error.message).toBe(`${what}: unknown key "dryrun" (did you mean "dryRun"?)`);
+      expect((error as { code?: string }).code).toBe('USAGE');
+    }
+    // Nothing was made: the init above was refused before it connected.
+    const schemas = await withClient(db.urls[0]!, async (c) =>
+      Number(
+        (await c.query<{ n: string }>(`select count(*) as n from pg_namespace where nspname like 'rc%'`)).rows[0]!.n,
+      ),
+    );
+    expect(schemas).toBe(0);
   });
 });
 
