@@ -1,4 +1,5 @@
 import type { ShardctlConfig } from '../config/types.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import { provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
 
@@ -6,11 +7,12 @@ import { provision, type ProvisionOptions, type ProvisionResult } from '../provi
  * `shardctl add-schema <shards>`: provision those shards on their mapped hosts at the fleet's
  * current migration level. Refuses (nothing written) when a shard's schema exists on another host.
  */
-export function addSchema(
+export async function addSchema(
   config: ShardctlConfig,
   shards: readonly number[],
   options: Pick<ProvisionOptions, 'dryRun' | 'onProgress' | 'onNotice'> = {},
 ): Promise<ProvisionResult> {
+  refuseUnknownOptions('add-schema options', options, ['dryRun', 'onProgress', 'onNotice']);
   const outside = shards.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
   if (outside.length > 0) {
     throw new UsageError(`out of range; the config has shards 0-${config.shards - 1}`, {

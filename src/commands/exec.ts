@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import { callsAny, splitSql, splitSqlBothWays, transactionEscape, type SqlStatement } from '../pg/statements.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from '../router/errors.js';
@@ -41,6 +42,11 @@ const DEFAULT_SHARDS_PER_QUERY = 256;
  * bigint and numeric included — as the text PostgreSQL prints, never a lossy JavaScript number.
  */
 export async function execSql(router: ShardRouter, sql: string, options: ExecOptions = {}): Promise<ExecResult> {
+  refuseUnknownOptions(
+    'exec options',
+    options,
+    optionKeys<ExecOptions>({ shards: true, concurrency: true, write: true, shardsPerQuery: true, onShardDone: true }),
+  );
   const refusal = execRefusal(sql, options.write ?? false);
   if (refusal) throw new UsageError(refusal, { input: 'sql' });
   const fanOut = {

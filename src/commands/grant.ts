@@ -1,4 +1,5 @@
 import type { ShardctlConfig } from '../config/types.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 import { HostError, UsageError } from '../errors.js';
 import { controlRightsError } from '../fleet/rights.js';
 import { describePgError } from '../fleet/connect.js';
@@ -118,6 +119,7 @@ export async function grant(
   mode: GrantMode,
   options: { dryRun?: boolean } = {},
 ): Promise<GrantResult> {
+  refuseUnknownOptions('grant options', options, ['dryRun']);
   if (role.length === 0 || role.length > 63)
     throw new UsageError('must be a role name of 1 to 63 characters', { input: 'role', value: role });
   // PostgreSQL reserves the prefix for its predefined roles (pg_read_all_data, pg_signal_backend, …),

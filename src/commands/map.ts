@@ -192,6 +192,7 @@ export async function mapSetAddress(
   hostName: string,
   options: { url?: string; dryRun?: boolean } = {},
 ): Promise<MapSetAddressResult> {
+  refuseUnknownOptions('map set-address options', options, ['url', 'dryRun']);
   const listed = config.hosts.find((h) => h.name === hostName);
   const { placement, unreachable, registryUrls } = await readFleet(config);
   const known = listed ?? (placement.hosts.has(hostName) ? undefined : null);

@@ -7,7 +7,18 @@ import { from as copyFrom } from 'pg-copy-streams';
 import { decodeId } from '../../src/id/layout.js';
 import { moveShard } from '../../src/commands/move-shard.js';
 import { init } from '../../src/commands/init.js';
-import { adopt, gc, mapPull, migrate, moveShards, rebalance } from '../../src/index.js';
+import {
+  addSchema,
+  adopt,
+  execSql,
+  gc,
+  grant,
+  mapPull,
+  mapSetAddress,
+  migrate,
+  moveShards,
+  rebalance,
+} from '../../src/index.js';
 import { HostError } from '../../src/errors.js';
 import { ShardFanOutError } from '../../src/router/errors.js';
 import { setBeginPipelining } from '../../src/router/begin.js';
@@ -422,6 +433,9 @@ describe("the commands' library functions: options they do not know", () => {
       ['adopt options', () => adopt(config, typo)],
       ['gc options', () => gc(config, typo)],
       ['map pull options', () => mapPull(config, typo)],
+      ['add-schema options', () => addSchema(config, [1], typo)],
+      ['grant options', () => grant(config, 'nobody', 'app', typo)],
+      ['map set-address options', () => mapSetAddress(config, 'pg1', typo)],
     ];
     for (const [what, call] of calls) {
       const error = await call().then(
@@ -438,6 +452,16 @@ describe("the commands' library functions: options they do not know", () => {
       ),
     );
     expect(schemas).toBe(0);
+    // exec: `shard` for `shards` would have run the text on every shard.
+    const router = await ShardRouter.open(fleet.configFile);
+    try {
+      const misspelt = { shard: [1], write: true } as unknown as { shards: number[] };
+      await expect(execSql(router, `select 1`, misspelt)).rejects.toThrow(
+        'exec options: unknown key "shard" (did you mean "shards"?)',
+      );
+    } finally {
+      await router.close();
+    }
   });
 });
 
