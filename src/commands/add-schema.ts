@@ -1,7 +1,12 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
-import { provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
+import {
+  COMMON_PROVISION_KEYS,
+  provision,
+  type CommonProvisionOptions,
+  type ProvisionResult,
+} from '../provisioning/run.js';
 
 /**
  * `shardctl add-schema <shards>`: provision those shards on their mapped hosts at the fleet's
@@ -10,9 +15,9 @@ import { provision, type ProvisionOptions, type ProvisionResult } from '../provi
 export async function addSchema(
   config: ShardctlConfig,
   shards: readonly number[],
-  options: Pick<ProvisionOptions, 'dryRun' | 'onProgress' | 'onNotice'> = {},
+  options: CommonProvisionOptions = {},
 ): Promise<ProvisionResult> {
-  refuseUnknownOptions('add-schema options', options, ['dryRun', 'onProgress', 'onNotice']);
+  refuseUnknownOptions('add-schema options', options, COMMON_PROVISION_KEYS);
   const outside = shards.filter((s) => !Number.isInteger(s) || s < 0 || s >= config.shards);
   if (outside.length > 0) {
     throw new UsageError(`out of range; the config has shards 0-${config.shards - 1}`, {

@@ -4,7 +4,13 @@ import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import { DRIFT_KINDS, fileRollout, type FileRollout } from '../migrations/rules.js';
 import { conflictError } from '../provisioning/plan.js';
-import { inspectFleet, provision, type ProvisionOptions, type ProvisionResult } from '../provisioning/run.js';
+import {
+  COMMON_PROVISION_FLAGS,
+  inspectFleet,
+  provision,
+  type ProvisionOptions,
+  type ProvisionResult,
+} from '../provisioning/run.js';
 
 export interface MigrateOptions extends Pick<
   ProvisionOptions,
@@ -15,6 +21,18 @@ export interface MigrateOptions extends Pick<
   /** Only the shards the map gives these hosts. */
   readonly hosts?: readonly string[];
 }
+
+/** Every key of MigrateOptions. */
+const MIGRATE_OPTION_KEYS = optionKeys<MigrateOptions>({
+  ...COMMON_PROVISION_FLAGS,
+  toVersion: true,
+  canary: true,
+  maxFailures: true,
+  lockRetries: true,
+  lockRetryPauseMs: true,
+  shards: true,
+  hosts: true,
+});
 
 /**
  * `shardctl migrate`: apply pending migration files, in version order, to every existing shard
@@ -27,20 +45,6 @@ export interface MigrateOptions extends Pick<
  * is retried `lockRetries` times before the shard counts as failed; `maxFailures` stops starting
  * shards once that many have failed.
  */
-/** Every key of MigrateOptions. */
-const MIGRATE_OPTION_KEYS = optionKeys<MigrateOptions>({
-  dryRun: true,
-  toVersion: true,
-  onProgress: true,
-  onNotice: true,
-  canary: true,
-  maxFailures: true,
-  lockRetries: true,
-  lockRetryPauseMs: true,
-  shards: true,
-  hosts: true,
-});
-
 export async function migrate(config: ShardctlConfig, options: MigrateOptions = {}): Promise<ProvisionResult> {
   refuseUnknownOptions('migrate options', options, MIGRATE_OPTION_KEYS);
   const { shards, hosts, ...rest } = options;

@@ -1,5 +1,6 @@
 import { elapsed } from '../clock.js';
 import type { ShardctlConfig } from '../config/types.js';
+import { optionKeys } from '../config/validate.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { randomUUID } from 'node:crypto';
 import { controlSchemaSql, finishSlowPath } from '../fleet/control.js';
@@ -55,6 +56,17 @@ export interface ProvisionOptions {
   /** Non-fatal news for a person (e.g. a host that could not be reached during migrate). */
   readonly onNotice?: (message: string) => void;
 }
+
+/** The options init and add-schema take, as their functions declare them. */
+export type CommonProvisionOptions = Pick<ProvisionOptions, 'dryRun' | 'onProgress' | 'onNotice'>;
+
+/** The keys of CommonProvisionOptions (the compiler checks the record is whole). */
+export const COMMON_PROVISION_FLAGS: { readonly [K in keyof Required<CommonProvisionOptions>]: true } = {
+  dryRun: true,
+  onProgress: true,
+  onNotice: true,
+};
+export const COMMON_PROVISION_KEYS = optionKeys<CommonProvisionOptions>(COMMON_PROVISION_FLAGS);
 
 export interface ProvisionResult {
   readonly mode: ProvisionMode;

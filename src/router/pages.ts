@@ -4,7 +4,7 @@ import { UsageError } from '../errors.js';
 import { encodeId, parseIdString, type IdLayout } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
-import { replicaRead, type WriteLsn } from './replicas.js';
+import { REPLICA_READ_FLAGS, replicaRead, type WriteLsn } from './replicas.js';
 import { oneStatement, queryEachShardWithParams } from './shard-query.js';
 import type { RouterInternals } from './types.js';
 
@@ -96,10 +96,7 @@ const PAGE_OPTION_KEYS = optionKeys<PageOptions>({
   shardsPerQuery: true,
   perHost: true,
   concurrency: true,
-  replica: true,
-  maxLagMs: true,
-  afterLsn: true,
-  replicaWaitMs: true,
+  ...REPLICA_READ_FLAGS,
 });
 
 /**

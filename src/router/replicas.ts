@@ -91,6 +91,14 @@ export interface ReplicaReadOptions {
   replicaWaitMs?: number;
 }
 
+/** Every key of ReplicaReadOptions (the compiler checks the record is whole), for the options of the calls that take them. */
+export const REPLICA_READ_FLAGS: { readonly [K in keyof Required<ReplicaReadOptions>]: true } = {
+  replica: true,
+  maxLagMs: true,
+  afterLsn: true,
+  replicaWaitMs: true,
+};
+
 /** Validated replica options of one call. */
 export interface ReplicaRead {
   readonly maxLagMs: number;

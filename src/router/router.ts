@@ -9,7 +9,15 @@ import { emptyFleetConfig, type UnreachableHost } from '../fleet/placement.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import type { ShardResult } from './errors.js';
 import { withConnection } from './connection.js';
-import { formatLsn, parseLsn, replicaRead, StandbyBook, type ReplicaRead, type WriteLsn } from './replicas.js';
+import {
+  formatLsn,
+  parseLsn,
+  REPLICA_READ_FLAGS,
+  replicaRead,
+  StandbyBook,
+  type ReplicaRead,
+  type WriteLsn,
+} from './replicas.js';
 import { queryEachShardWithParams } from './shard-query.js';
 import { queryEachShardScript } from './script.js';
 import { fanOut } from './fan-out.js';
@@ -525,21 +533,11 @@ export class ShardRouter {
   }
 }
 
-/** A routed call's value, without the host it committed on. */
 /** The keys of a routed call's options (TransactionOptions), of forEachShard's and of queryEachShard's. */
-const CALL_OPTION_KEYS = optionKeys<TransactionOptions>({
-  readOnly: true,
-  replica: true,
-  maxLagMs: true,
-  afterLsn: true,
-  replicaWaitMs: true,
-});
+const CALL_OPTION_FLAGS = { readOnly: true, ...REPLICA_READ_FLAGS } as const;
+const CALL_OPTION_KEYS = optionKeys<TransactionOptions>(CALL_OPTION_FLAGS);
 const FAN_OUT_OPTION_KEYS = optionKeys<ForEachShardOptions>({
-  readOnly: true,
-  replica: true,
-  maxLagMs: true,
-  afterLsn: true,
-  replicaWaitMs: true,
+  ...CALL_OPTION_FLAGS,
   shards: true,
   concurrency: true,
   perHost: true,
@@ -547,6 +545,7 @@ const FAN_OUT_OPTION_KEYS = optionKeys<ForEachShardOptions>({
 });
 const QUERY_EACH_OPTION_KEYS: readonly string[] = [...FAN_OUT_OPTION_KEYS, 'query', 'shardsPerQuery', 'params'];
 
+/** A routed call's value, without the host it committed on. */
 function valueOf<T>(done: { value: T }): T {
   return done.value;
 }
