@@ -1,6 +1,7 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { readShardActivity } from '../fleet/load.js';
-import { readEveryHost, type ReadEveryHostOptions, type UnreadableHost } from './sizes.js';
+import { readEveryHost, READ_EVERY_HOST_KEYS, type ReadEveryHostOptions, type UnreadableHost } from './sizes.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 
 /**
  * `shardctl status --load`: the rows each shard's tables were written and read since the host's
@@ -40,6 +41,7 @@ export interface LoadResult {
  * with `partial` is left out (its shards too) and named in `unreadable`.
  */
 export async function shardLoad(config: ShardctlConfig, options: ReadEveryHostOptions = {}): Promise<LoadResult> {
+  refuseUnknownOptions('shardLoad options', options, READ_EVERY_HOST_KEYS);
   const { read: perHost, unreadable } = await readEveryHost(
     config,
     'load',

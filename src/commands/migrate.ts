@@ -144,6 +144,7 @@ export async function checkMigrations(
   config: ShardctlConfig,
   options: { toVersion?: number } = {},
 ): Promise<MigrationCheck> {
+  refuseUnknownOptions('migrate check options', options, ['toVersion']);
   const { plan, conflicts, lostHosts, snapshots } = await inspectFleet(config, options);
   // A misplaced or foreign schema is not something migrate could ever fix: the same error as a run.
   if (conflicts.some((c) => !DRIFT_KINDS.has(c.kind))) throw conflictError(conflicts);

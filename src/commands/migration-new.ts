@@ -1,6 +1,7 @@
 import { writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import type { ShardctlConfig } from '../config/types.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import {
   MAX_MIGRATION_VERSION,
@@ -29,6 +30,7 @@ export async function newMigration(
   name: string,
   options: { noTransaction?: boolean } = {},
 ): Promise<NewMigrationResult> {
+  refuseUnknownOptions('migration new options', options, ['noTransaction']);
   const problem = migrationNameProblem(name);
   if (problem) throw new UsageError(problem, { input: 'name', value: name });
   const existing = await readMigrations(config.migrationsDir);

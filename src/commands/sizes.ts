@@ -1,5 +1,6 @@
 import type pg from 'pg';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { failureReason, RuntimeFailure } from '../errors.js';
 import { readShardSizes } from '../fleet/catalog.js';
 import { describePgError } from '../fleet/connect.js';
@@ -47,6 +48,7 @@ export interface SizesResult {
  * with `partial` is left out (its shards too) and named in `unreadable`.
  */
 export async function shardSizes(config: ShardctlConfig, options: ReadEveryHostOptions = {}): Promise<SizesResult> {
+  refuseUnknownOptions('shardSizes options', options, READ_EVERY_HOST_KEYS);
   const { read: perHost, unreadable } = await readEveryHost(
     config,
     'sizes',
@@ -108,6 +110,8 @@ export interface ReadEveryHostOptions {
    */
   readonly partial?: boolean;
 }
+/** The keys of ReadEveryHostOptions, for the library calls that take them. */
+export const READ_EVERY_HOST_KEYS = optionKeys<ReadEveryHostOptions>({ partial: true });
 
 /**
  * What `read` finds on every host of the map, read in parallel on a session of its own

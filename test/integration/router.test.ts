@@ -10,6 +10,11 @@ import { init } from '../../src/commands/init.js';
 import {
   addSchema,
   adopt,
+  checkMigrations,
+  devAddHost,
+  devDown,
+  devUp,
+  discoverFleet,
   execSql,
   gc,
   grant,
@@ -17,7 +22,11 @@ import {
   mapSetAddress,
   migrate,
   moveShards,
+  newMigration,
+  readMigrations,
   rebalance,
+  shardLoad,
+  shardSizes,
 } from '../../src/index.js';
 import { HostError } from '../../src/errors.js';
 import { ShardFanOutError } from '../../src/router/errors.js';
@@ -435,6 +444,44 @@ describe("the commands' library functions: options they do not know", () => {
       expect(error.message).toBe(`${what}: unknown key "dryrun" (did you mean "dryRun"?)`);
       expect(error.code).toBe('USAGE');
     }
+    // The reading calls and the files' and dev hosts' ones, each with a typo of its own option.
+    const misspelt: [string, () => Promise<unknown>][] = [
+      [
+        'shardLoad options: unknown key "partal" (did you mean "partial"?)',
+        () => shardLoad(config, { partal: true } as never),
+      ],
+      [
+        'shardSizes options: unknown key "Partial" (did you mean "partial"?)',
+        () => shardSizes(config, { Partial: true } as never),
+      ],
+      [
+        'migrate check options: unknown key "toversion" (did you mean "toVersion"?)',
+        () => checkMigrations(config, { toversion: 1 } as never),
+      ],
+      [
+        'migration new options: unknown key "notransaction" (did you mean "noTransaction"?)',
+        () => newMigration(config, 'x', { notransaction: true } as never),
+      ],
+      [
+        'dev down options: unknown key "destory" (did you mean "destroy"?)',
+        () => devDown({ cwd: fleet.dir, destory: true } as never),
+      ],
+      [
+        'dev up options: unknown key "shard" (did you mean "shards"?)',
+        () => devUp({ cwd: fleet.dir, shard: 8 } as never),
+      ],
+      [
+        'dev add-host options: unknown key "Name" (did you mean "name"?)',
+        () => devAddHost({ cwd: fleet.dir, Name: 'pg9' } as never),
+      ],
+      [
+        'discoverFleet options: unknown key "applicationname" (did you mean "applicationName"?)',
+        () => discoverFleet([], { applicationname: 'x' } as never),
+      ],
+    ];
+    for (const [message, call] of misspelt) expect((await errorOf(call())).message).toBe(message);
+    // No migration file was written.
+    expect((await readMigrations(config.migrationsDir)).length).toBe(Object.keys(PHOTOS_ONLY).length);
     // Nothing was made: the init above was refused before it connected.
     const schemas = await withClient(db.urls[0]!, async (c) =>
       Number(
