@@ -64,17 +64,37 @@ function waitsForQuery(internals: PgClientInternals): boolean {
 }
 
 /**
- * Watches a connected client until it ends. Its timer is unref'd: it never keeps the process alive,
- * and it stops when the client ends.
+ * How long past a statement timeout a reply may take (the server notices the timeout, cancels,
+ * and sends the error) before the silence counts: the slack of silenceAfterMs.
  */
-export function watchSilence(client: pg.Client, host: HostConfig): void {
+export const STATEMENT_REPLY_SLACK_MS = 1000;
+
+/**
+ * How long a connection may wait with no byte from `host` before the host is asked whether it still
+ * answers: its hostTimeout, or, when every statement on the connection runs under a statement
+ * timeout (the router's statementTimeoutMs), that timeout and STATEMENT_REPLY_SLACK_MS when shorter:
+ * a server that answers replies by then, with the rows or with the timeout's error.
+ */
+export function silenceAfterMs(host: HostConfig, statementTimeoutMs: number | undefined): number {
+  return statementTimeoutMs ? Math.min(host.timeoutMs, statementTimeoutMs + STATEMENT_REPLY_SLACK_MS) : host.timeoutMs;
+}
+
+/**
+ * Watches a connected client until it ends. Its timer is unref'd: it never keeps the process alive,
+ * and it stops when the client ends. `silenceMs` (silenceAfterMs; at most the host's timeout) is how
+ * long a wait with no byte from the server goes before the host is probed; the probe itself has the
+ * host's timeout, so a host that is merely slow to take a new connection is not judged by the shorter
+ * bound.
+ */
+export function watchSilence(client: pg.Client, host: HostConfig, silenceMs: number = host.timeoutMs): void {
   // The failure reaches the pending query; a checked-out pool client has no other listener, and
   // node-postgres would throw its 'error' event at the process. The error is kept: a query made on
   // the client afterwards only hears that it is not queryable (src/pg/ended.ts says why).
   client.on('error', (error) => connectionEnded(client, error));
   const internals = internalsOf(client);
   if (!internals) return;
-  const bound = host.timeoutMs;
+  const bound = Math.min(silenceMs, host.timeoutMs);
+  const probeBound = host.timeoutMs;
   const stream = internals.connection.stream;
   let heardAt = Date.now();
   let waitingSince: number | undefined;
@@ -112,17 +132,17 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
     const dead = knownDead(host, heardAt);
     if (checking || now - silentSince < (dead === null ? bound : Math.max(20, Math.floor(bound / 4)))) return;
     if (dead !== null) {
-      stream.destroy(new HostError(host.name, silentReason(bound, dead), { code: HOST_SILENT }));
+      stream.destroy(new HostError(host.name, silentReason(bound, probeBound, dead), { code: HOST_SILENT }));
       return;
     }
     checking = true;
     const seen = stream.bytesRead;
-    void probeHost(host, silentSince).then(async (failure) => {
+    void probeHost(host, silentSince, heardAt).then(async (failure) => {
       if (failure === null) {
         // The host answers: is this connection's statement still running there, or was the
         // connection lost on the way (a NAT or firewall that dropped the flow, a pooler that lost
         // its server connection) so that no reply will ever come?
-        const lost = await lostConnection(client, host, bound).catch(() => null);
+        const lost = await lostConnection(client, host, bound, probeBound).catch(() => null);
         checking = false;
         if (lost !== null && stream.bytesRead === seen && !stream.destroyed) {
           // HOST_SILENT for the waits it fails, marked as one connection's: the host itself is fine.
@@ -135,7 +155,7 @@ export function watchSilence(client: pg.Client, host: HostConfig): void {
       }
       checking = false;
       if (stream.bytesRead !== seen || stream.destroyed) return;
-      stream.destroy(new HostError(host.name, silentReason(bound, failure), { code: HOST_SILENT }));
+      stream.destroy(new HostError(host.name, silentReason(bound, probeBound, failure), { code: HOST_SILENT }));
     });
   };
   const timer = setInterval(tick, Math.min(1000, Math.max(20, Math.floor(bound / 5))));
@@ -185,12 +205,17 @@ export function confirmBackendPid(client: pg.ClientBase, pid: number): void {
  * the pid is the pooler's and proves nothing). null: the statement is running (busy), or it cannot
  * be told (a role that may not see the process's state).
  */
-async function lostConnection(client: pg.Client, host: HostConfig, bound: number): Promise<string | null> {
+async function lostConnection(
+  client: pg.Client,
+  host: HostConfig,
+  bound: number,
+  probeBound: number,
+): Promise<string | null> {
   const pid = (client as unknown as { processID?: unknown }).processID;
   if (typeof pid !== 'number') return null;
   const applicationName = (client as unknown as { connectionParameters?: { application_name?: unknown } })
     .connectionParameters?.application_name;
-  const rows = await onNewConnection(host.url, host, bound, async (probe) => {
+  const rows = await onNewConnection(host.url, host, probeBound, async (probe) => {
     const result = await probe.query<{ state: string | null }>(
       `SELECT state FROM pg_catalog.pg_stat_activity WHERE pid = $1${typeof applicationName === 'string' ? ' AND application_name = $2' : ''}`,
       typeof applicationName === 'string' ? [pid, applicationName] : [pid],
@@ -207,8 +232,8 @@ async function lostConnection(client: pg.Client, host: HostConfig, bound: number
   return `the connection was lost: the host answers a new connection, but this connection's server process (pid ${pid}) is ${state}, not running what shardctl has waited ${formatMs(bound)} for`;
 }
 
-function silentReason(bound: number, failure: string): string {
-  return `stopped answering: no reply for ${formatMs(bound)} and a new connection could not run SELECT 1 within ${formatMs(bound)} (${failure})`;
+function silentReason(bound: number, probeBound: number, failure: string): string {
+  return `stopped answering: no reply for ${formatMs(bound)} and a new connection could not run SELECT 1 within ${formatMs(probeBound)} (${failure})`;
 }
 
 interface Probe {
@@ -240,10 +265,18 @@ function knownDead(host: HostConfig, heardAt: number): string | null {
  */
 const probes = new Map<string, Probe>();
 
-function probeHost(host: HostConfig, silentSince: number): Promise<string | null> {
+function probeHost(host: HostConfig, silentSince: number, heardAt: number): Promise<string | null> {
   const key = `${host.name}\u0000${host.url}`;
   const existing = probes.get(key);
-  if (existing && (existing.startedAt >= silentSince || existing.failed)) return existing.failure;
+  // A probe started since this connection fell silent answers for it; a failed one that started
+  // earlier only if this connection has heard nothing from the host since it failed (a connection
+  // silent for less than hostTimeout, under a statement timeout, may meet a verdict still standing).
+  if (
+    existing &&
+    (existing.startedAt >= silentSince ||
+      (existing.failed && existing.failedAt !== undefined && heardAt <= existing.failedAt))
+  )
+    return existing.failure;
   const probe: Probe = { startedAt: Date.now(), failure: runProbe(host), failed: false };
   probes.set(key, probe);
   void probe.failure.then((failure) => {

@@ -2,7 +2,7 @@ import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError, ShardctlError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
-import { hostClientSettings, watchSilence } from '../fleet/silence.js';
+import { hostClientSettings, silenceAfterMs, watchSilence } from '../fleet/silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import { inspectConnection, type SessionTimeouts } from '../pg/pooler.js';
@@ -147,9 +147,11 @@ export class HostPools {
     // application. The pool drops that connection and the next checkout opens a new one.
     pool.on('error', () => undefined);
     // A host that stops answering fails the call waiting on it, naming the host, within its timeout
-    // (the address this pool goes to is the one probed).
+    // (the address this pool goes to is the one probed); with statementTimeoutMs set, the silence
+    // is noticed once that timeout and a second have passed without a reply (silenceAfterMs).
     const watched = address === host.url ? host : { ...host, url: address };
-    pool.on('connect', (client) => watchSilence(client, watched));
+    const silenceMs = silenceAfterMs(host, this.settings.statementTimeoutMs);
+    pool.on('connect', (client) => watchSilence(client, watched, silenceMs));
     this.pools.set(host.name, { url: host.url, address, pool, startup: startup !== undefined });
     return pool;
   }

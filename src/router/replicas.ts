@@ -38,7 +38,7 @@ import type { HostConfig } from '../config/types.js';
 import { UsageError } from '../errors.js';
 import { connectOnce, parsedHostUrl } from '../fleet/connect.js';
 import { CONTROL } from '../fleet/control.js';
-import { hostClientSettings, watchSilence } from '../fleet/silence.js';
+import { hostClientSettings, silenceAfterMs, watchSilence } from '../fleet/silence.js';
 import { SESSION_STATE_SQL, singleAddressUrls } from '../pg/multihost.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
@@ -227,6 +227,8 @@ export interface StandbyBookOptions {
   readonly connectTimeoutMs: number;
   readonly poolSize: number;
   readonly idleTimeoutMs: number;
+  /** The router's statementTimeoutMs: a standby's silence is noticed sooner under it (silenceAfterMs). */
+  readonly statementTimeoutMs?: number | undefined;
 }
 
 interface HostStandbys {
@@ -359,7 +361,8 @@ export class StandbyBook {
     // (a NAT that dropped the flow), fails the read waiting on it within the host's timeout, and the
     // read goes to the primary. The address probed is the standby's own.
     const watched = { ...host, url };
-    pool.on('connect', (client) => watchSilence(client, watched));
+    const silenceMs = silenceAfterMs(host, this.options.statementTimeoutMs);
+    pool.on('connect', (client) => watchSilence(client, watched, silenceMs));
     return { url, pool };
   }
 }

@@ -115,6 +115,7 @@ export class ShardRouter {
       connectTimeoutMs: this.options.connectTimeoutMs,
       poolSize: this.options.poolSize,
       idleTimeoutMs: this.options.idleTimeoutMs,
+      statementTimeoutMs: this.options.statementTimeoutMs,
     });
     this.pools = new HostPools(this.options, { hosts: () => this.config.hosts, reload: () => this.reload() });
     this.starts = new TransactionStarts(config, this.options);

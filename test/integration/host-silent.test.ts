@@ -280,6 +280,31 @@ describe('a host that stops answering', () => {
   );
 
   it(
+    'router with statementTimeoutMs: a silent host is probed once that timeout and a second have passed, not after the whole hostTimeout; a statement that runs longer (fn lifted the timeout) is found busy and waited for',
+    { timeout: 30_000 },
+    async () => {
+      const router = await ShardRouter.open(fleet.configFile, { statementTimeoutMs: 300 });
+      try {
+        // Alive and busy: silent for 2.5 s, past the 1.3 s, and the probe finds it running.
+        const slept = await router.withShard(5, async (c) => {
+          await c.query('SET LOCAL statement_timeout = 0');
+          return (await c.query<{ one: number }>('SELECT 1 AS one FROM pg_sleep(2.5)')).rows;
+        });
+        expect(slept).toEqual([{ one: 1 }]);
+        proxy.silence('after-handshake');
+        const started = performance.now();
+        await expect(router.withShard(5, (c) => c.query('SELECT 1 AS one'))).rejects.toThrow(
+          /^host pg2, shard 5: stopped answering: no reply for 1\.3 s and a new connection could not run SELECT 1 within 2 s/,
+        );
+        expect(performance.now() - started).toBeLessThan(WITHIN_MS);
+        expect((await router.withShard(1, (c) => c.query('SELECT 1 AS one'))).rows).toEqual([{ one: 1 }]);
+      } finally {
+        await router.close();
+      }
+    },
+  );
+
+  it(
     'router from seeds: a seed that cannot be connected to is not tried again under its registry name (one connect timeout, not two)',
     { timeout: 60_000 },
     async () => {
