@@ -843,7 +843,7 @@ describe('a real-world schema: a change lost on the way to the target during the
       expect(await lost).toBeNull();
       expect(error).toMatchObject({ code: 'VERIFY_FAILED' });
       const details = (error as HostError & { details: string[] }).details;
-      expect(details).toHaveLength(1);
+      expect(details, details.join('\n')).toHaveLength(1);
       expect(details[0]).toMatch(named);
       // Aborted: the source is writable and nothing of the move logs there any more (a trigger whose
       // table the writer held at every removal may stay, calling the function that does nothing);
