@@ -204,7 +204,10 @@ export function useProxiedFleet(): {
       shards: 8,
       extra: 'hostTimeout: 2s',
     });
-    const result = await init(await fleet.config());
+    // Set up with the default hostTimeout: connecting through the proxy on a loaded machine (a CI
+    // run) can take longer than the 2 s the tests themselves are about.
+    const config = await fleet.config();
+    const result = await init({ ...config, hosts: config.hosts.map((h) => ({ ...h, timeoutMs: 10_000 })) });
     if (!result.ok) throw new Error('init of the proxied fleet failed');
   });
   afterEach(() => proxy?.resume());
