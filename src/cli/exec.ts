@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import type { ExecResult, ExecValue } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
-import { configOption, withFlagNames, type CommonFlags as ConfigOption } from './options.js';
+import { configOption, parseDurationOption, withFlagNames, type CommonFlags as ConfigOption } from './options.js';
 import { errorJson, Output, plural, seconds, toJson } from './output.js';
 
 interface ExecFlags extends ConfigOption {
@@ -11,6 +11,7 @@ interface ExecFlags extends ConfigOption {
   csv?: boolean;
   concurrency?: string;
   write?: boolean;
+  statementTimeout?: string;
 }
 
 const MAX_CONCURRENCY = 256;
@@ -31,6 +32,10 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
     .option(
       '--concurrency <n>',
       "connections running at once over all hosts (default: 10 per host); read-only runs split a host's shards over its connections, up to 256 per round trip",
+    )
+    .option(
+      '--statement-timeout <duration>',
+      "each shard's statement is cancelled past this (500ms, 5s, 1min) and reported as that shard's failure; a host that stops answering is given up on sooner too",
     )
     .option(
       '--write',
@@ -54,6 +59,10 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
       }
       concurrency = Number(flags.concurrency);
     }
+    const statementTimeoutMs =
+      flags.statementTimeout === undefined
+        ? undefined
+        : parseDurationOption('--statement-timeout', flags.statementTimeout, 1, 86_400_000);
     let shards: number[] | undefined;
     if (flags.shards !== undefined) {
       const parsed = parseShardList(flags.shards);
@@ -74,6 +83,7 @@ export function registerExec(program: Command, ctx: CliContext, done: (code: num
       cwd: ctx.cwd,
       applicationName: 'shardctl exec',
       ...(concurrency ? { poolSize: Math.min(concurrency, 10) } : {}),
+      ...(statementTimeoutMs ? { statementTimeoutMs } : {}),
     });
     const progress = execProgress(out);
     const started = performance.now();

@@ -8,6 +8,7 @@ import {
   confirmOrRefuse,
   dryRunOption,
   jsonOption,
+  parseDurationOption,
   withFlagNames,
   yesOption,
 } from './options.js';
@@ -160,16 +161,7 @@ export function maxFencedOption(command: Command): Command {
 }
 
 export function parseMaxFenced(text: string | undefined): number | undefined {
-  if (text === undefined) return undefined;
-  const match = /^(\d{1,7})(ms|s|min)$/.exec(text);
-  const ms = match ? Number(match[1]) * (match[2] === 'ms' ? 1 : match[2] === 's' ? 1000 : 60_000) : 0;
-  if (ms < 100 || ms > 3_600_000) {
-    const { UsageError } = lib();
-    throw new UsageError(
-      `option --max-fenced ${JSON.stringify(text)}: expected a duration from 100ms to 60min, like 500ms, 20s or 1min`,
-    );
-  }
-  return ms;
+  return text === undefined ? undefined : parseDurationOption('--max-fenced', text, 100, 3_600_000);
 }
 
 /** A size in bytes: a whole number, or with a unit (kB, MB, GB, TB: 1024-based). */

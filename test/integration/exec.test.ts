@@ -59,6 +59,30 @@ describe('shardctl exec', () => {
     expect(run.stderr).toMatch(/exec: 8 shards, 8 rows, 0 failed/);
   });
 
+  it('--statement-timeout cancels each shard past it and names those shards as failed (exit 1); a bad duration is exit 2', async () => {
+    const run = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--shards',
+      '1,5',
+      '--statement-timeout',
+      '200ms',
+      'select 1 as one from pg_sleep(case when current_schema() = $$ex5$$ then 3 else 0 end)',
+    ]);
+    expect(run.code).toBe(1);
+    expect(run.stdout).toMatch(/^shard \| one\n-+\+-+\n +1 \| +1\n\(1 row\)\n$/);
+    expect(run.stderr).toMatch(/shard 5 on \w+: canceling statement due to statement timeout \(SQLSTATE 57014\)/);
+    expect(run.stderr).toMatch(/exec: 2 shards, 1 row, 1 failed/);
+    for (const bad of ['5', '0ms', 'soon']) {
+      const refused = await runCli(['exec', '-c', fleet.configFile, '--statement-timeout', bad, 'select 1']);
+      expect(refused.code).toBe(2);
+      expect(refused.stderr).toContain(
+        `option --statement-timeout ${JSON.stringify(bad)}: expected a duration from 1ms to 1440min, like 500ms, 20s or 1min`,
+      );
+    }
+  });
+
   it('prints JSON with bigints as decimal strings, and only the listed shards', async () => {
     const run = await runCli([
       'exec',
