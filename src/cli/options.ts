@@ -105,14 +105,13 @@ function durationText(ms: number): string {
 }
 
 /**
- * A duration option (500ms, 20s, 1min) from `minMs` to `maxMs`, in ms; anything else is a
- * UsageError naming the option, the value and the range.
+ * A duration option (500ms, 20s, 1min: the config's format, read by its durationMs) from `minMs`
+ * to `maxMs`, in ms; anything else is a UsageError naming the option, the value and the range.
  */
 export function parseDurationOption(option: string, text: string, minMs: number, maxMs: number): number {
-  const match = /^(\d{1,7})(ms|s|min)$/.exec(text);
-  const ms = match ? Number(match[1]) * (match[2] === 'ms' ? 1 : match[2] === 's' ? 1000 : 60_000) : 0;
+  const { durationMs, UsageError } = lib();
+  const ms = /^\d{1,7}(ms|s|min)$/.test(text) ? durationMs(text) : 0;
   if (ms < minMs || ms > maxMs) {
-    const { UsageError } = lib();
     throw new UsageError(
       `option ${option} ${JSON.stringify(text)}: expected a duration from ${durationText(minMs)} to ${durationText(maxMs)}, like 500ms, 20s or 1min`,
     );
