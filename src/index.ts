@@ -46,12 +46,18 @@ export {
 export {
   migrate,
   checkMigrations,
+  type CheckMigrationsOptions,
   type MigrateOptions,
   type MigrationCheck,
   type HostPending,
   type PendingFile,
 } from './commands/migrate.js';
-export { newMigration, migrationHeader, type NewMigrationResult } from './commands/migration-new.js';
+export {
+  newMigration,
+  migrationHeader,
+  type NewMigrationOptions,
+  type NewMigrationResult,
+} from './commands/migration-new.js';
 export { status, type HostStatus, type MapStatus, type StatusResult } from './commands/status.js';
 export {
   checkMoveShards,
@@ -60,8 +66,15 @@ export {
   findRunningMoves,
   type BatchMoveResult,
 } from './commands/move-shard.js';
-export { gc, type GcResult, type HostLeftover, type LeftTrigger, type OldCopy } from './commands/gc.js';
-export { grant, grantSql, type GrantMode, type GrantResult, type GrantHostResult } from './commands/grant.js';
+export { gc, type GcOptions, type GcResult, type HostLeftover, type LeftTrigger, type OldCopy } from './commands/gc.js';
+export {
+  grant,
+  grantSql,
+  type GrantMode,
+  type GrantOptions,
+  type GrantResult,
+  type GrantHostResult,
+} from './commands/grant.js';
 export type { Leftover } from './moves/leftovers.js';
 export { shardLoad, type LoadResult, type HostLoad, type ShardLoadInfo } from './commands/load.js';
 export { shardSizes, type SizesResult, type HostSizes, type ShardSizeInfo } from './commands/sizes.js';
@@ -78,13 +91,16 @@ export {
   mapPull,
   mapSetAddress,
   mapShow,
+  type MapPullOptions,
   type MapPullResult,
+  type MapSetAddressOptions,
   type MapSetAddressResult,
   type MapShowResult,
 } from './commands/map.js';
 export {
   currentMap,
   discoverFleet,
+  type DiscoverFleetOptions,
   type FleetDiscovery,
   type FleetPlacement,
   type MapDisagreement,
@@ -99,6 +115,8 @@ export {
   type DevHostStatus,
   type DevUpOptions,
   type DevAddHostOptions,
+  type DevDownOptions,
+  type DevStatusOptions,
 } from './dev/dev.js';
 
 // the types of command results
@@ -146,6 +164,7 @@ export {
   type TransactionOptions,
   type ForEachShardOptions,
   type RouterSource,
+  type SeedsSource,
 } from './router/router.js';
 export {
   encodeCursor,

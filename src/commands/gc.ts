@@ -1,6 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { hostForShard, shardSchemaName } from '../config/types.js';
-import { refuseUnknownOptions } from '../config/validate.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
@@ -51,14 +51,20 @@ export interface GcResult {
 /** How long gc keeps trying to drop a left trigger whose table is busy. */
 const TRIGGER_RETRY_MS = 300;
 
+export interface GcOptions {
+  /** List what would be dropped; drop nothing. */
+  readonly dryRun?: boolean;
+}
+const GC_OPTION_KEYS = optionKeys<GcOptions>({ dryRun: true });
+
 /**
  * `shardctl gc`: the fenced old copies that finished moves left behind (state fenced in the control
  * schema, shard mapped elsewhere, in no running move), and the leftovers of killed runs. With dryRun
  * they are only listed; otherwise dropped, under the runner lock of each host (so nothing a running
  * shardctl is using).
  */
-export async function gc(given: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<GcResult> {
-  refuseUnknownOptions('gc options', options, ['dryRun']);
+export async function gc(given: ShardctlConfig, options: GcOptions = {}): Promise<GcResult> {
+  refuseUnknownOptions('gc options', options, GC_OPTION_KEYS);
   const oldCopies: OldCopy[] = [];
   const leftovers: HostLeftover[] = [];
   const triggers: LeftTrigger[] = [];

@@ -1,5 +1,5 @@
 import type { ShardctlConfig } from '../config/types.js';
-import { refuseUnknownOptions } from '../config/validate.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { HostError, UsageError } from '../errors.js';
 import { controlRightsError } from '../fleet/rights.js';
 import { describePgError } from '../fleet/connect.js';
@@ -113,13 +113,19 @@ export function grantSql(
   return transactions;
 }
 
+export interface GrantOptions {
+  /** Read every host and say what would be granted; grant nothing. */
+  readonly dryRun?: boolean;
+}
+const GRANT_OPTION_KEYS = optionKeys<GrantOptions>({ dryRun: true });
+
 export async function grant(
   config: ShardctlConfig,
   role: string,
   mode: GrantMode,
-  options: { dryRun?: boolean } = {},
+  options: GrantOptions = {},
 ): Promise<GrantResult> {
-  refuseUnknownOptions('grant options', options, ['dryRun']);
+  refuseUnknownOptions('grant options', options, GRANT_OPTION_KEYS);
   if (role.length === 0 || role.length > 63)
     throw new UsageError('must be a role name of 1 to 63 characters', { input: 'role', value: role });
   // PostgreSQL reserves the prefix for its predefined roles (pg_read_all_data, pg_signal_backend, …),

@@ -1,7 +1,7 @@
 import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
-import { refuseUnknownOptions } from '../config/validate.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { failureReason, RuntimeFailure, UsageError } from '../errors.js';
 import { controlRightsError, requireRights } from '../fleet/rights.js';
 import { describePgError, withHost } from '../fleet/connect.js';
@@ -96,14 +96,20 @@ export interface MapPullResult {
   readonly placementVersion: string;
 }
 
+export interface MapPullOptions {
+  /** Say what would change; write nothing. */
+  readonly dryRun?: boolean;
+}
+const MAP_PULL_KEYS = optionKeys<MapPullOptions>({ dryRun: true });
+
 /**
  * Rewrites the file's shard lists to what the fleet says, keeping comments, ${VAR} and layout; hosts
  * the fleet places shards on and the file lacks are added with their registry address. Refuses
  * while any host of the file cannot be read (its shards would be unknown), or the hosts disagree
  * among themselves.
  */
-export async function mapPull(config: ShardctlConfig, options: { dryRun?: boolean } = {}): Promise<MapPullResult> {
-  refuseUnknownOptions('map pull options', options, ['dryRun']);
+export async function mapPull(config: ShardctlConfig, options: MapPullOptions = {}): Promise<MapPullResult> {
+  refuseUnknownOptions('map pull options', options, MAP_PULL_KEYS);
   if (config.file === '<inline>')
     throw new UsageError('map pull rewrites the config file: load the config from a file', { input: 'config' });
   const { placement, unreachable } = await readFleet(config);
@@ -179,6 +185,14 @@ export interface MapSetAddressResult {
 /** How long set-address waits for an earlier address of the host (usually a primary that is down). */
 const OLD_ADDRESS_WAIT_MS = 2_000;
 
+export interface MapSetAddressOptions {
+  /** The host's new address (default: the file's url for it). */
+  readonly url?: string;
+  /** Say what would change; write nothing. */
+  readonly dryRun?: boolean;
+}
+const MAP_SET_ADDRESS_KEYS = optionKeys<MapSetAddressOptions>({ url: true, dryRun: true });
+
 /**
  * After a failover: records `url` (default: the host's url in the file, which may list several
  * addresses) as the address of `hostName` in the registry of every host that answers, so routers
@@ -190,9 +204,9 @@ const OLD_ADDRESS_WAIT_MS = 2_000;
 export async function mapSetAddress(
   config: ShardctlConfig,
   hostName: string,
-  options: { url?: string; dryRun?: boolean } = {},
+  options: MapSetAddressOptions = {},
 ): Promise<MapSetAddressResult> {
-  refuseUnknownOptions('map set-address options', options, ['url', 'dryRun']);
+  refuseUnknownOptions('map set-address options', options, MAP_SET_ADDRESS_KEYS);
   const listed = config.hosts.find((h) => h.name === hostName);
   const { placement, unreachable, registryUrls } = await readFleet(config);
   const known = listed ?? (placement.hosts.has(hostName) ? undefined : null);

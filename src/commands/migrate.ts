@@ -139,12 +139,15 @@ export interface MigrationCheck {
   readonly rollout: readonly FileRollout[];
 }
 
+export type CheckMigrationsOptions = Pick<MigrateOptions, 'toVersion'>;
+const CHECK_MIGRATIONS_KEYS = optionKeys<CheckMigrationsOptions>({ toVersion: true });
+
 /** `migrate --check`: writes nothing (no lock either); tells whether every shard is at the target version. */
 export async function checkMigrations(
   config: ShardctlConfig,
-  options: { toVersion?: number } = {},
+  options: CheckMigrationsOptions = {},
 ): Promise<MigrationCheck> {
-  refuseUnknownOptions('migrate check options', options, ['toVersion']);
+  refuseUnknownOptions('migrate check options', options, CHECK_MIGRATIONS_KEYS);
   const { plan, conflicts, lostHosts, snapshots } = await inspectFleet(config, options);
   // A misplaced or foreign schema is not something migrate could ever fix: the same error as a run.
   if (conflicts.some((c) => !DRIFT_KINDS.has(c.kind))) throw conflictError(conflicts);

@@ -1,7 +1,7 @@
 import { writeFile } from 'node:fs/promises';
 import { basename, join } from 'node:path';
 import type { ShardctlConfig } from '../config/types.js';
-import { refuseUnknownOptions } from '../config/validate.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import {
   MAX_MIGRATION_VERSION,
@@ -19,6 +19,12 @@ export interface NewMigrationResult {
   readonly noTransaction: boolean;
 }
 
+export interface NewMigrationOptions {
+  /** A migration that runs outside a transaction (its header says so). */
+  readonly noTransaction?: boolean;
+}
+const NEW_MIGRATION_KEYS = optionKeys<NewMigrationOptions>({ noTransaction: true });
+
 /**
  * `shardctl migration new <name>`: writes the next `NNNN_name.sql` (one above the highest version
  * in the folder, as wide as the last file's number, at least four digits) with a short header on
@@ -28,9 +34,9 @@ export interface NewMigrationResult {
 export async function newMigration(
   config: Pick<ShardctlConfig, 'migrationsDir'>,
   name: string,
-  options: { noTransaction?: boolean } = {},
+  options: NewMigrationOptions = {},
 ): Promise<NewMigrationResult> {
-  refuseUnknownOptions('migration new options', options, ['noTransaction']);
+  refuseUnknownOptions('migration new options', options, NEW_MIGRATION_KEYS);
   const problem = migrationNameProblem(name);
   if (problem) throw new UsageError(problem, { input: 'name', value: name });
   const existing = await readMigrations(config.migrationsDir);

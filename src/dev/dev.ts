@@ -188,9 +188,16 @@ async function startHost(host: DevHost, onProgress: ((message: string) => void) 
   say(`${host.name}: running${before === 'running' ? ' (already)' : ''}`);
 }
 
+export interface DevDownOptions {
+  readonly cwd: string;
+  /** Also remove the hosts' data, the state and shardctl.dev.yaml. */
+  readonly destroy?: boolean;
+}
+const DEV_DOWN_KEYS = optionKeys<DevDownOptions>({ cwd: true, destroy: true });
+
 /** Stops every dev host. With destroy, also removes their data, the state and shardctl.dev.yaml. */
-export async function devDown(options: { cwd: string; destroy?: boolean }): Promise<DevHostStatus[]> {
-  refuseUnknownOptions('dev down options', options, ['cwd', 'destroy']);
+export async function devDown(options: DevDownOptions): Promise<DevHostStatus[]> {
+  refuseUnknownOptions('dev down options', options, DEV_DOWN_KEYS);
   const cwd = path.resolve(options.cwd);
   const persisted = await readState(cwd);
   if (!persisted) {
@@ -221,9 +228,14 @@ export async function devDown(options: { cwd: string; destroy?: boolean }): Prom
   return devHostStatuses(state);
 }
 
+export interface DevStatusOptions {
+  readonly cwd: string;
+}
+const DEV_STATUS_KEYS = optionKeys<DevStatusOptions>({ cwd: true });
+
 /** Status of each dev host; empty when `dev up` has not run in this folder. */
-export async function devStatus(options: { cwd: string }): Promise<DevHostStatus[]> {
-  refuseUnknownOptions('dev status options', options, ['cwd']);
+export async function devStatus(options: DevStatusOptions): Promise<DevHostStatus[]> {
+  refuseUnknownOptions('dev status options', options, DEV_STATUS_KEYS);
   const cwd = path.resolve(options.cwd);
   const persisted = await readState(cwd);
   if (!persisted) return [];

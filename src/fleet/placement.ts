@@ -2,7 +2,7 @@ import type pg from 'pg';
 import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { hostForShard } from '../config/types.js';
-import { refuseUnknownOptions } from '../config/validate.js';
+import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { failureReason, HostError, StaleMapError, UsageError } from '../errors.js';
 import { registerUrlSecret } from '../pg/redact.js';
 import {
@@ -690,6 +690,18 @@ function discoveryHost(
   };
 }
 
+export interface DiscoverFleetOptions {
+  readonly applicationName?: string;
+  /** A URL whose user and password reach hosts the seeds' registries name. */
+  readonly credentials?: string;
+  readonly connectTimeoutMs?: number;
+}
+const DISCOVER_FLEET_KEYS = optionKeys<DiscoverFleetOptions>({
+  applicationName: true,
+  credentials: true,
+  connectTimeoutMs: true,
+});
+
 /**
  * Discovery from seeds: reads the seeds, then every host their registries name (reached at its
  * address with `credentials`' user and password, else the PG* environment and ~/.pgpass), in two
@@ -698,9 +710,9 @@ function discoveryHost(
  */
 export async function discoverFleet(
   seeds: readonly { name: string; url: string; timeoutMs?: number }[],
-  options: { applicationName?: string; credentials?: string; connectTimeoutMs?: number } = {},
+  options: DiscoverFleetOptions = {},
 ): Promise<FleetDiscovery> {
-  refuseUnknownOptions('discoverFleet options', options, ['applicationName', 'credentials', 'connectTimeoutMs']);
+  refuseUnknownOptions('discoverFleet options', options, DISCOVER_FLEET_KEYS);
   const urls = new Map<string, string>();
   const accepted: HostPlacementView[] = [];
   const unreachable: UnreachableHost[] = [];

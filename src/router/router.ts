@@ -47,7 +47,13 @@ export type RouterSource =
   | string
   | undefined
   /** Seed URLs only: the layout, hosts and placement come from the fleet. */
-  | { readonly seeds: readonly string[] };
+  | SeedsSource;
+
+/** A router source of seed URLs alone. */
+export interface SeedsSource {
+  readonly seeds: readonly string[];
+}
+const SEEDS_SOURCE_KEYS = optionKeys<SeedsSource>({ seeds: true });
 
 /**
  * The application side of the map: one pg.Pool per host (created on first use), every call run in
@@ -155,7 +161,7 @@ export class ShardRouter {
    */
   static async open(source?: RouterSource, options: ShardRouterOptions = {}): Promise<ShardRouter> {
     if (typeof source === 'object' && source !== null) {
-      refuseUnknownOptions('router source', source, ['seeds']);
+      refuseUnknownOptions('router source', source, SEEDS_SOURCE_KEYS);
       // From JavaScript a single URL string would be spread into its characters, each a "seed".
       if (!Array.isArray(source.seeds) || !source.seeds.every((seed) => typeof seed === 'string'))
         throw new UsageError('must be a list of URLs', { input: 'seeds' });
