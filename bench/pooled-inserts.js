@@ -8,7 +8,15 @@
  * One fleet of 512 shards over 2 hosts (init once, untimed), a PgBouncer per host (Debian's package,
  * pool of 10 server connections, test/helpers/pgbouncer.ts), 20 callers. The four sides run in
  * interleaved rounds (the order alternates each round); every pool is warmed on every shard first.
+ *
+ * Each round also records the CPU time per insert of each side: this Node process, the hosts'
+ * server processes of the benchmark's database (only one side runs at a time) and the PgBouncers.
+ * On a machine whose cores the client, the poolers and the servers share, a side's throughput is
+ * bounded by the CPU an insert costs all of them, and that sum moves far less from round to round
+ * than the throughput does: plain / routed CPU per insert is the ratio the rounds' noise hides.
  */
+import { readFile, writeFile } from 'node:fs/promises';
+import path from 'node:path';
 import pg from 'pg';
 import { tsImport } from 'tsx/esm/api';
 import { loadConfig, ShardRouter } from '../dist/index.js';
@@ -19,6 +27,7 @@ import {
   log,
   markdownTable,
   median,
+  processCpuMs,
   ratio,
   required,
   round,
@@ -57,10 +66,20 @@ export async function run(ctx, major) {
     fleet.hosts.map((host) => startPgBouncer(host.url(DATABASE), { poolSize: POOL_SIZE })),
   );
   try {
-    const pooledConfig = {
-      ...direct,
-      hosts: direct.hosts.map((h, i) => ({ ...h, url: itemAt(poolers, i).url(h.url), directUrl: h.url })),
-    };
+    // A config file of its own, as a fleet behind PgBouncer has: a router re-reads its file when it
+    // reads the map again (mapRefreshMs, every 30 s), and one given the direct file's path would
+    // take the servers' own addresses from it and go around the poolers from then on.
+    const pooledFile = path.join(path.dirname(fleet.configFile), 'shardctl-pgbouncer.yaml');
+    let pooledText = await readFile(fleet.configFile, 'utf8');
+    for (const [i, h] of direct.hosts.entries()) {
+      if (!pooledText.includes(`url: ${h.url}\n`)) throw new Error(`${fleet.configFile} has no url line for ${h.name}`);
+      pooledText = pooledText.replace(
+        `url: ${h.url}\n`,
+        `url: ${itemAt(poolers, i).url(h.url)}\n    directUrl: ${h.url}\n`,
+      );
+    }
+    await writeFile(pooledFile, pooledText, { mode: 0o600 });
+    const pooledConfig = await loadConfig(pooledFile);
     /** @type {['direct' | 'pgbouncer', import('../dist/index.js').ShardctlConfig][]} */
     const paths = [
       ['direct', direct],
@@ -68,7 +87,8 @@ export async function run(ctx, major) {
     ];
     const callers = POOL_SIZE * HOSTS;
     const userIds = Array.from({ length: options.inserts }, (_, i) => BigInt((i * 2654435761) % 1_000_000_007));
-    /** @type {Record<string, { run: () => Promise<unknown>, rates: number[], close: () => Promise<unknown> }>} */
+    /** @typedef {{ node: number, server: number, pooler: number }} Cpu CPU µs per insert */
+    /** @type {Record<string, { run: () => Promise<unknown>, rates: number[], cpu: Cpu[], close: () => Promise<unknown> }>} */
     const sides = {};
     /** @param {string} name */
     const sideOf = (name) => required(sides[name], `side ${name}`);
@@ -102,11 +122,13 @@ export async function run(ctx, major) {
       sides[`${name} routed`] = {
         run: () => insertRouted(router, userIds, callers),
         rates: [],
+        cpu: [],
         close: () => router.close(),
       };
       sides[`${name} plain`] = {
         run: () => insertPlain(config, pools, userIds, callers),
         rates: [],
+        cpu: [],
         close: () => Promise.all([...pools.values()].map((p) => p.end())),
       };
     }
@@ -114,11 +136,28 @@ export async function run(ctx, major) {
       for (let i = 0; i < options.routerRounds; i++) {
         for (const name of roundOrder(Object.keys(sides), i)) {
           const side = sideOf(name);
+          const serverBefore = await serverCpuMs(fleet.hosts);
+          const poolerBefore = poolersCpuMs(poolers);
+          const nodeBefore = process.cpuUsage();
           const started = performance.now();
           await side.run();
           const perSecond = (userIds.length / (performance.now() - started)) * 1000;
+          const node = process.cpuUsage(nodeBefore);
+          const perInsert = (/** @type {number} */ ms) => round((ms * 1000) / userIds.length, 1);
+          const cpu = {
+            node: perInsert((node.user + node.system) / 1000),
+            server: perInsert(cpuSince(serverBefore, await serverCpuMs(fleet.hosts))),
+            pooler: perInsert(poolersCpuMs(poolers) - poolerBefore),
+          };
+          // About 40 µs per insert when the calls go through the poolers; none means they went around.
+          if (name.startsWith('pgbouncer') && cpu.pooler < 5)
+            throw new Error(`${name}: PgBouncer used ${cpu.pooler} µs per insert; the calls did not go through it`);
           side.rates.push(perSecond);
-          log(`  round ${i + 1}/${options.routerRounds} ${name}: ${formatCount(Math.round(perSecond))}/s`);
+          side.cpu.push(cpu);
+          log(
+            `  round ${i + 1}/${options.routerRounds} ${name}: ${formatCount(Math.round(perSecond))}/s; CPU per insert: ` +
+              `Node ${cpu.node} µs, server ${cpu.server} µs, PgBouncer ${cpu.pooler} µs`,
+          );
         }
       }
     } finally {
@@ -138,6 +177,16 @@ export async function run(ctx, major) {
           runs: ratios.map((r) => round(r, 3)),
         };
         const r = round(perRound.median, 2);
+        // CPU per insert of all the processes a side uses, per round; plain / routed per round.
+        const totals = (/** @type {string} */ side) =>
+          sideOf(side).cpu.map((c) => c.node + c.server + (name === 'pgbouncer' ? c.pooler : 0));
+        const [routedCpu, plainCpu] = [totals(`${name} routed`), totals(`${name} plain`)];
+        const cpuRatios = routedCpu.map((c, i) => itemAt(plainCpu, i) / c);
+        const cpuOf = (/** @type {string} */ side) => ({
+          node: summarize(sideOf(side).cpu.map((c) => c.node)),
+          server: summarize(sideOf(side).cpu.map((c) => c.server)),
+          pooler: summarize(sideOf(side).cpu.map((c) => c.pooler)),
+        });
         return [
           name,
           {
@@ -146,6 +195,14 @@ export async function run(ctx, major) {
             ratioOfMedians: ratio(routed.median, plain.median),
             ratio: r,
             perRoundRatio: perRound,
+            routedCpuUs: cpuOf(`${name} routed`),
+            plainCpuUs: cpuOf(`${name} plain`),
+            /** plain / routed CPU per insert (Node, servers and, through PgBouncer, the poolers), median of the rounds. */
+            cpuRatio: {
+              median: round(median(cpuRatios), 3),
+              min: round(Math.min(...cpuRatios), 3),
+              max: round(Math.max(...cpuRatios), 3),
+            },
             target: { wanted: `≥ ${TARGETS[name]}x`, got: r, met: r >= TARGETS[name] },
           },
         ];
@@ -168,7 +225,56 @@ export async function run(ctx, major) {
   }
 }
 
-const HEADERS = ['PostgreSQL', 'path', 'withKey (timeouts set)', 'pg.Pool', 'ratio (median of rounds)', 'target'];
+/**
+ * CPU time (ms) so far of each client backend of the benchmark's database on `hosts`, by host and pid.
+ * @param {import('./lib.js').Host[]} hosts
+ */
+async function serverCpuMs(hosts) {
+  /** @type {Map<string, number>} */
+  const cpu = new Map();
+  for (const [h, host] of hosts.entries()) {
+    const pids = await host.query(
+      DATABASE,
+      `select pid from pg_stat_activity where datname = $1 and backend_type = 'client backend' and pid <> pg_backend_pid()`,
+      [DATABASE],
+    );
+    for (const { pid } of pids) {
+      try {
+        cpu.set(`${h}/${pid}`, processCpuMs(pid));
+      } catch {
+        // Ended in between.
+      }
+    }
+  }
+  return cpu;
+}
+
+/**
+ * The CPU (ms) the backends used between two readings; one that started in between counts from 0.
+ * @param {Map<string, number>} before
+ * @param {Map<string, number>} after
+ */
+function cpuSince(before, after) {
+  let total = 0;
+  for (const [key, ms] of after) total += ms - (before.get(key) ?? 0);
+  return total;
+}
+
+/** @param {{ pid: number | undefined }[]} poolers CPU time (ms) of the PgBouncer processes so far. */
+function poolersCpuMs(poolers) {
+  return poolers.reduce((sum, p) => sum + (p.pid === undefined ? 0 : processCpuMs(p.pid)), 0);
+}
+
+const HEADERS = [
+  'PostgreSQL',
+  'path',
+  'withKey (timeouts set)',
+  'pg.Pool',
+  'ratio (median of rounds)',
+  'target',
+  'CPU per insert: Node + server (+ PgBouncer), routed / plain',
+  'plain / routed CPU',
+];
 
 /** @param {Result[]} results */
 function rows(results) {
@@ -180,8 +286,20 @@ function rows(results) {
       `${formatCount(Math.round(m.plainPerSecond.median))}/s (${formatCount(Math.round(m.plainPerSecond.min))}–${formatCount(Math.round(m.plainPerSecond.max))})`,
       `${m.ratio}x (${round(m.perRoundRatio.min, 2)}–${round(m.perRoundRatio.max, 2)})`,
       `${m.target.wanted}: ${verdict(m.target.met)}`,
+      `${cpuText(m.routedCpuUs, name)} / ${cpuText(m.plainCpuUs, name)}`,
+      `${round(m.cpuRatio.median, 2)}x (${round(m.cpuRatio.min, 2)}–${round(m.cpuRatio.max, 2)})`,
     ]),
   );
+}
+
+/**
+ * `62 + 240 + 44 µs`: medians of the rounds.
+ * @param {{ node: { median: number }, server: { median: number }, pooler: { median: number } }} cpu
+ * @param {string} path
+ */
+function cpuText(cpu, path) {
+  const parts = [cpu.node.median, cpu.server.median, ...(path === 'pgbouncer' ? [cpu.pooler.median] : [])];
+  return `${parts.map((p) => Math.round(p)).join(' + ')} µs`;
 }
 
 /** @param {Result} result */

@@ -19,6 +19,8 @@ export interface PgBouncer {
   url(url: string): string;
   /** Server connections per database and user (default_pool_size). */
   readonly poolSize: number;
+  /** The pooler's process (benchmarks read its CPU time). */
+  readonly pid: number | undefined;
   stop(): Promise<void>;
 }
 
@@ -97,6 +99,7 @@ export async function startPgBouncer(hostUrl: string, options: PgBouncerOptions 
   }
   return {
     poolSize,
+    pid: child.pid,
     url(url: string) {
       const via = new URL(url);
       via.hostname = '127.0.0.1';
