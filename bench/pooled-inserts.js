@@ -66,9 +66,9 @@ export async function run(ctx, major) {
     fleet.hosts.map((host) => startPgBouncer(host.url(DATABASE), { poolSize: POOL_SIZE })),
   );
   try {
-    // A config file of its own, as a fleet behind PgBouncer has: a router re-reads its file when it
-    // reads the map again (mapRefreshMs, every 30 s), and one given the direct file's path would
-    // take the servers' own addresses from it and go around the poolers from then on.
+    // A config file of its own, as a fleet behind PgBouncer has (url the pooler, directUrl the
+    // server). Before 2026-12-03 the router over a config changed in code re-read its file at the
+    // map refresh (every 30 s) and went around the poolers from then on; the check below stays.
     const pooledFile = path.join(path.dirname(fleet.configFile), 'shardctl-pgbouncer.yaml');
     let pooledText = await readFile(fleet.configFile, 'utf8');
     for (const [i, h] of direct.hosts.entries()) {

@@ -85,6 +85,31 @@ export async function readRouterMap(
   return { config: next, unreachable: found.unreachable, registryUrls: found.registryUrls ?? new Map(), stamps };
 }
 
+/**
+ * Whether a router over `given` (a config object that names a file) goes on reading that file: only
+ * when the file, read now, lists every host of `given` at the same addresses (`url`, `directUrl`,
+ * `replicationUrl`). A config changed in code before the router got it (a secret store's password in
+ * the url, a pooler's address, another environment's `${VAR}`) is kept as given: reading the file
+ * again would replace those addresses with the file's, silently, at the next refresh or move. Hosts
+ * the file lists beside them (added since) and shard lists (moves rewrite them) do not count. A file
+ * that cannot be read now is followed, as before (a later reading that fails keeps the map in use).
+ */
+export async function followsFile(given: ShardctlConfig, settings: RouterSettings): Promise<boolean> {
+  if (given.file === '<inline>') return false;
+  const onDisk = await rereadConfig(given, settings);
+  if (onDisk === null) return true;
+  const byName = new Map(onDisk.hosts.map((h) => [h.name, h]));
+  return given.hosts.every((h) => {
+    const there = byName.get(h.name);
+    return (
+      there !== undefined &&
+      there.url === h.url &&
+      there.directUrl === h.directUrl &&
+      there.replicationUrl === h.replicationUrl
+    );
+  });
+}
+
 async function rereadConfig(file: ShardctlConfig, settings: RouterSettings): Promise<ShardctlConfig | null> {
   try {
     return await loadConfig(file.file, {

@@ -21,7 +21,7 @@ import {
 import { queryEachShardWithParams } from './shard-query.js';
 import { queryEachShardScript } from './script.js';
 import { fanOut } from './fan-out.js';
-import { mapUnchanged, readRouterMap, type RouterMap } from './discover.js';
+import { followsFile, mapUnchanged, readRouterMap, type RouterMap } from './discover.js';
 import { runFollowing, type FollowPaths } from './follow.js';
 import { HostPools } from './pools.js';
 import { StandbyReads } from './standby-reads.js';
@@ -76,6 +76,11 @@ export class ShardRouter {
   private config: ShardctlConfig;
   /** The file's map (file and config routers): the fallback for shards no reachable host places. */
   private readonly fileConfig: ShardctlConfig | null;
+  /**
+   * Whether later readings of the map read fileConfig's file again (discover.ts, followsFile):
+   * decided once, when the router opens (fromConfig: at its first reading of the map).
+   */
+  private fileFollowed: Promise<boolean> | undefined;
   private readonly seeds: readonly string[];
   /** Hosts that could not be read at the last discovery: name → why, and when it ended. */
   private unreachable = new Map<string, UnreachableHost & { readonly at: number }>();
@@ -109,10 +114,11 @@ export class ShardRouter {
   private constructor(
     config: ShardctlConfig,
     options: ShardRouterOptions,
-    source: { file: boolean; seeds?: readonly string[] },
+    source: { file: boolean; seeds?: readonly string[]; loadedNow?: boolean },
   ) {
     this.config = config;
     this.fileConfig = source.file ? config : null;
+    if (source.loadedNow) this.fileFollowed = Promise.resolve(true);
     this.seeds = source.seeds ?? [];
     this.options = routerSettings(options);
     this.diagnostics = new RouterDiagnostics(this.options.slowCallMs);
@@ -179,12 +185,26 @@ export class ShardRouter {
       ...(options.env ? { env: options.env } : {}),
       ...(options.cwd ? { cwd: options.cwd } : {}),
     });
-    return ShardRouter.openConfig(config, options);
+    return ShardRouter.openLoaded(config, options, true);
   }
 
-  /** A router over an already loaded config, corrected by the fleet's placement (read now). */
+  /**
+   * A router over an already loaded config, corrected by the fleet's placement (read now). It reads
+   * `config.file` again when it reads the map later (a move followed, the background refresh) only
+   * if that file lists the config's hosts at the same addresses now; a config whose addresses were
+   * changed in code is used as given (the fleet's placement still corrects it).
+   */
   static async openConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): Promise<ShardRouter> {
-    const router = new ShardRouter(config, options, { file: true });
+    return ShardRouter.openLoaded(config, options, false);
+  }
+
+  private static async openLoaded(
+    config: ShardctlConfig,
+    options: ShardRouterOptions,
+    loadedNow: boolean,
+  ): Promise<ShardRouter> {
+    const router = new ShardRouter(config, options, { file: true, loadedNow });
+    await router.followsFile();
     // Just loaded: the file is read again only by later discoveries.
     await router.discover({ rereadFile: false });
     return router;
@@ -439,7 +459,8 @@ export class ShardRouter {
       // a whole read of the map (new connections to every host) at each refresh. A host whose pool
       // cannot be made is not asked: the map is read again, as before.
       const pools = await Promise.all(this.config.hosts.map((h) => this.pools.pool(h).catch(() => undefined)));
-      const unchanged = await mapUnchanged(stamps, pools, this.fileConfig, this.options);
+      const file = (await this.followsFile()) ? this.fileConfig : null;
+      const unchanged = await mapUnchanged(stamps, pools, file, this.options);
       if (unchanged && this.stamps === stamps) return;
     }
     await this.reload();
@@ -450,7 +471,7 @@ export class ShardRouter {
       { file: this.fileConfig, current: this.config, seeds: this.seeds },
       this.options,
       this.distrustWarned,
-      options.rereadFile !== false,
+      options.rereadFile !== false && (await this.followsFile()),
     );
     this.config = read.config;
     this.stamps = read.stamps;
@@ -490,6 +511,12 @@ export class ShardRouter {
       learnStatementsShared: (host) => this.pools.learnStatementsShared(host),
     };
     return paths;
+  }
+
+  private followsFile(): Promise<boolean> {
+    if (this.fileConfig === null) return Promise.resolve(false);
+    this.fileFollowed ??= followsFile(this.fileConfig, this.options);
+    return this.fileFollowed;
   }
 
   /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */

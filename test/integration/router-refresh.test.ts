@@ -6,7 +6,7 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import type pg from 'pg';
 import { describe, expect, it } from 'vitest';
-import { init, ShardRouter } from '../../src/index.js';
+import { init, loadConfig, ShardRouter, type ShardctlConfig } from '../../src/index.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { adminClient, useTestDatabases } from '../helpers/hosts.js';
 import { waitFor } from '../helpers/migrations.js';
@@ -85,6 +85,63 @@ describe('the background refresh of a router', () => {
     } finally {
       await router.close();
       await Promise.all(admins.map((c) => c.end()));
+    }
+  });
+});
+
+// An application that loads the file and changes the hosts' addresses in code (a password from a
+// secret store, a pooler's address) before it opens the router: the router must not take the file's
+// addresses back at its next reading of the map (a refresh, a move followed). Found in a benchmark
+// whose pooler side went around the pooler after 30 s that way.
+describe('a router over a config whose addresses were changed in code', () => {
+  const own = useTestDatabases(2);
+
+  it('keeps the addresses it was given through a move and an edit of the file; one over the file as loaded follows the edit', async () => {
+    const fleet = makeFleet({ urls: own.urls, shards: 4, split: ['0-1', '2-3'] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const config = await loadConfig(fleet.configFile);
+    const mark = (url: string, name: string) => `${url}${url.includes('?') ? '&' : '?'}application_name=${name}`;
+    const given: ShardctlConfig = {
+      ...config,
+      hosts: config.hosts.map((h) => ({ ...h, url: mark(h.url, 'given'), directUrl: mark(h.directUrl, 'given') })),
+    };
+    const changed = await ShardRouter.openConfig(given, { mapRefreshMs: 100 });
+    const asLoaded = await ShardRouter.openConfig(config, { mapRefreshMs: 100 });
+    try {
+      const insert = (router: ShardRouter, shard: number) =>
+        router.withShard(shard, (client) =>
+          client.query(`insert into photos (user_id, image_url) values ($1, 'x')`, [shard]),
+        );
+      await insert(changed, 0);
+      await insert(asLoaded, 2);
+      // A move rewrites the file's shard lists: both routers learn it, the changed one at its own addresses.
+      const moved = await runCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
+      expect(moved.code, moved.stderr).toBe(0);
+      for (const router of [changed, asLoaded])
+        await waitFor('the routers to place shard 1 on pg2', async () => router.hostForShard(1).name === 'pg2', 10_000);
+      // An edit of pg1's url in the file: the router over the file as loaded takes it.
+      const text = readFileSync(fleet.configFile, 'utf8');
+      const url = own.urls[0]!;
+      expect(text).toContain(url);
+      writeFileSync(fleet.configFile, text.replace(url, mark(url, 'edited')));
+      await waitFor(
+        'the router over the file to take the edited url',
+        async () => asLoaded.hostForShard(0).url === mark(url, 'edited'),
+        10_000,
+      );
+      // Several refreshes later the other still uses what it was given, and its calls work there.
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      expect([0, 1, 2, 3].map((shard) => changed.hostForShard(shard).url)).toEqual([
+        given.hosts[0]!.url,
+        given.hosts[1]!.url,
+        given.hosts[1]!.url,
+        given.hosts[1]!.url,
+      ]);
+      await insert(changed, 0);
+      await insert(changed, 1);
+    } finally {
+      await changed.close();
+      await asLoaded.close();
     }
   });
 });
