@@ -94,6 +94,33 @@ export async function withClient<T>(url: string, fn: (client: pg.Client) => Prom
 }
 
 /**
+ * The last `count` ERROR entries of url's server log, each with the DETAIL/CONTEXT/STATEMENT lines
+ * after it, for a failing test to print (what an apply worker or a walsender met is written only
+ * there). Read through SQL as the tests' superuser (`pg_read_file`, the log in the data directory,
+ * as the embedded hosts and dev hosts keep it); a message saying why when it cannot be read (a
+ * container logs to its own output).
+ */
+export async function serverLogErrors(url: string, count = 20): Promise<string> {
+  try {
+    return await withClient(url, async (c) => {
+      const r = await c.query<{ log: string }>(`select pg_read_file('server.log') as log`);
+      const lines = r.rows[0]!.log.split('\n');
+      const entries: string[] = [];
+      for (let i = 0; i < lines.length; i++) {
+        if (!/\b(ERROR|FATAL|PANIC):/.test(lines[i]!)) continue;
+        let entry = lines[i]!;
+        while (i + 1 < lines.length && /^\S+ \S+ \S+ \[\d+\] (DETAIL|CONTEXT|STATEMENT|HINT):|^\t/.test(lines[i + 1]!))
+          entry += `\n${lines[++i]!}`;
+        entries.push(entry.length > 1_500 ? `${entry.slice(0, 1_500)} …` : entry);
+      }
+      return entries.slice(-count).join('\n');
+    });
+  } catch (error) {
+    return `(the server log could not be read: ${(error as Error).message})`;
+  }
+}
+
+/**
  * How many sessions of url's server still run `query` after waiting up to timeoutMs for none to:
  * a query the code under test cancelled ends on the server a moment later.
  */

@@ -13,7 +13,7 @@ import {
   startShardWriter,
   waitForMoveSessionsToEnd,
 } from '../helpers/moves.js';
-import { adminClient, useTestDatabases, withClient } from '../helpers/hosts.js';
+import { adminClient, serverLogErrors, useTestDatabases, withClient } from '../helpers/hosts.js';
 
 const db = useTestDatabases(2);
 afterAll(removeCliSnapshot);
@@ -48,9 +48,13 @@ describe('shardctl move-shard under a writer that truncates a table on every loo
     const limitMs = 8000;
     const notices: string[] = [];
     const runs: { ms: number; outcome: string }[] = [];
-    // A timeout ends the test inside its loop: what each run did and said is printed then too.
-    onTestFailed(() => {
+    // A timeout ends the test inside its loop: what each run did and said is printed then too, and
+    // the hosts' last server errors (a target's apply kept failing here in about one full suite run
+    // of eight, SYNC_FAILED, and the reason is only in the server logs).
+    onTestFailed(async () => {
       console.error(JSON.stringify({ runs, notices, writes: writer.writes, fenceErrors: writer.fenceErrors }));
+      for (const [i, url] of db.urls.entries())
+        console.error(`pg${i + 1}'s last server errors:\n${await serverLogErrors(url)}`);
     });
     let result: MoveResult | null = null;
     for (let run = 0; run < 4 && !result; run++) {
