@@ -5,7 +5,7 @@ import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { type NextStep, RuntimeFailure, UsageError } from '../errors.js';
 import { controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
-import { readFleetPlacement, requireCurrentMapLocked } from '../fleet/placement.js';
+import { readFleetPlacement, requireCurrentMapLocked, withFleetShardLists } from '../fleet/placement.js';
 import { MOVE_OPTION_FLAGS, type MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import { abortBegun, type MoveStep } from '../moves/state.js';
@@ -35,7 +35,11 @@ export interface RebalanceOptions extends Omit<MoveOptions, 'dryRun' | 'resume' 
   readonly maxParallel?: number;
   /** Plan and print, change nothing (unfinished moves are counted as finished in the plan). */
   readonly dryRun?: boolean;
-  /** Reads the map again before each move (the moves rewrite it); default: loadConfig(config.file). */
+  /**
+   * Reads the map again before each move (the moves change the placement); default: the config
+   * given, with each host's shard lists as the fleet places them then (its file is not read again:
+   * addresses and credentials set in code stay).
+   */
   readonly reload?: () => Promise<ShardctlConfig>;
   /** Called with the plan before any move of it starts. */
   readonly onPlan?: (plan: RebalancePlan) => void | Promise<void>;
@@ -129,7 +133,8 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     const reload = options.reload ?? ((file: string) => loadConfig(file));
     const current = await requireCurrentMapLocked(config, placement, () => reload(config.file));
     const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);
-    return { ...(await rebalanceLocked(current, options, by, maxParallel, started, intoLimit)), refused };
+    const reloadMap = options.reload ?? (async () => withFleetShardLists(current, await readFleetPlacement(fleet)));
+    return { ...(await rebalanceLocked(current, options, by, maxParallel, started, reloadMap, intoLimit)), refused };
   } finally {
     await fleet.close();
   }
@@ -171,9 +176,9 @@ async function rebalanceLocked(
   by: RebalanceBy,
   maxParallel: number,
   started: number,
+  reload: () => Promise<ShardctlConfig>,
   intoLimit?: (target: string) => number,
 ): Promise<Omit<RebalanceResult, 'refused'>> {
-  const reload = options.reload ?? (() => loadConfig(config.file));
   const event = options.onEvent ?? (() => undefined);
   const moveOptions = (pair: Pick<PlannedMove, 'source' | 'target'>): MoveOptions => {
     const {

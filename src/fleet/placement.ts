@@ -562,6 +562,30 @@ export function requireCurrentMap(config: ShardctlConfig, placement: FleetPlacem
 }
 
 /**
+ * `config` with each of its hosts' shard lists as the fleet places them now (`placement`), every
+ * other setting as given: for a run that moves shards one batch after another and needs the map
+ * between them, without reading its file again (that would take the file's addresses and
+ * credentials in place of ones the caller set in code, and `${VAR}`s from another environment).
+ * A shard placed on a host the config does not name, or on none, stays where the config has it
+ * (the next move's check against the fleet refuses such a map, naming it).
+ */
+export function withFleetShardLists(config: ShardctlConfig, placement: FleetPlacement): ShardctlConfig {
+  const names = new Set(config.hosts.map((h) => h.name));
+  const owner = new Map<number, string>();
+  for (const host of config.hosts) for (const shard of host.shards) owner.set(shard, host.name);
+  for (const [shard, host] of placement.owners) if (shard < config.shards && names.has(host)) owner.set(shard, host);
+  const byHost = new Map<string, number[]>(config.hosts.map((h) => [h.name, []]));
+  for (const [shard, host] of [...owner].sort((a, b) => a[0] - b[0])) byHost.get(host)!.push(shard);
+  return {
+    ...config,
+    hosts: config.hosts.map((h) => {
+      const shards = byHost.get(h.name)!;
+      return { ...h, shards, shardsSpec: shards.length === 0 ? '' : formatShardList(shards) };
+    }),
+  };
+}
+
+/**
  * requireCurrentMap for a run that has just taken the runner locks, and the config it goes on with.
  * A run that waited for them behind a move read its file before the move's switch rewrote it: the
  * file on disk then agrees with the fleet where the copy read at the start does not. Only the

@@ -6,6 +6,9 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
+import { rebalance } from '../../src/commands/rebalance.js';
+import { loadConfig } from '../../src/config/load.js';
+import { formatShardList } from '../../src/config/ranges.js';
 import { status } from '../../src/commands/status.js';
 import { hostForShard, type ShardctlConfig } from '../../src/config/types.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
@@ -25,6 +28,8 @@ const growB = useTestDatabases(2);
 const drainA = useTestDatabases(2);
 const drainB = useTestDatabases(1);
 const badDb = useTestDatabases(2);
+const ownEnvA = useTestDatabases(2);
+const ownEnvB = useTestDatabases(1);
 const killA = useTestDatabases(2);
 const killB = useTestDatabases(1);
 afterAll(removeCliSnapshot);
@@ -211,6 +216,43 @@ describe('rebalance with a draining host', () => {
     for (let shard = 0; shard < 8; shard++) expect(hostForShard(config, shard)?.name).not.toBe('pg2');
     expect((await status(config)).ok).toBe(true);
     expect(BigInt(result.rowsMoved)).toBeGreaterThan(0n);
+  });
+});
+
+// The library's rebalance over a config loaded with an environment of the caller's own (the hosts'
+// password in a ${VAR} the process does not have): it read its file again before each move, with
+// the process's environment, and stopped before its first move ("REBALANCE_TEST_SECRET is not set").
+describe('rebalance from the library, of a config loaded with an environment of its own', () => {
+  let fleet: Fleet;
+  let urls: string[];
+
+  beforeAll(async () => {
+    urls = [ownEnvA.urls[0]!, ownEnvA.urls[1]!, ownEnvB.urls[0]!];
+    fleet = fleetOf(urls, [...ownEnvA.replicationUrls, ...ownEnvB.replicationUrls], 6, ['0-5', '', '']);
+    expect((await init(await fleet.config())).ok).toBe(true);
+  });
+
+  it('moves one batch after another with the addresses it was given, and the file keeps its ${VAR}', async () => {
+    const password = new URL(urls[0]!).password;
+    expect(password).not.toBe('');
+    const text = readFileSync(fleet.configFile, 'utf8');
+    writeFileSync(fleet.configFile, text.split(`:${password}@`).join(':${REBALANCE_TEST_SECRET}@'));
+    expect(process.env.REBALANCE_TEST_SECRET).toBeUndefined();
+    const config = await loadConfig(fleet.configFile, { env: { REBALANCE_TEST_SECRET: password } });
+    const result = await rebalance(config, { maxParallel: 1 });
+    expect({
+      outcome: result.outcome,
+      moves: result.moves.map((m) => `${m.source} → ${m.target}: ${formatShardList(m.shards)}`),
+    }).toEqual({ outcome: 'rebalanced', moves: ['pg1 → pg2: 4-5', 'pg1 → pg3: 2-3'] });
+    const after = readFileSync(fleet.configFile, 'utf8');
+    expect(after.split('${REBALANCE_TEST_SECRET}').length - 1).toBe(text.split(`:${password}@`).length - 1);
+    const reread = await loadConfig(fleet.configFile, { env: { REBALANCE_TEST_SECRET: password } });
+    expect(reread.hosts.map((h) => [h.name, h.shardsSpec])).toEqual([
+      ['pg1', '0-1'],
+      ['pg2', '4-5'],
+      ['pg3', '2-3'],
+    ]);
+    expect((await status(reread)).ok).toBe(true);
   });
 });
 

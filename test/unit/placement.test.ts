@@ -9,6 +9,7 @@ import {
   mapDisagreements,
   mergePlacement,
   withCredentials,
+  withFleetShardLists,
   type HostPlacementView,
   type ShardState,
 } from '../../src/fleet/placement.js';
@@ -102,6 +103,45 @@ describe('mergePlacement', () => {
       pg2: 'postgres://b2/app',
       pg3: 'postgres://c/app',
     });
+  });
+});
+
+describe('withFleetShardLists', () => {
+  it('takes each host shard list from the fleet, keeps every other setting, and leaves a shard of an unknown host where it was', () => {
+    const config = parseConfig(
+      [
+        'shards: 8',
+        'hosts:',
+        '  - name: pg1',
+        '    url: postgres://app:${SECRET}@db1/app',
+        '    shards: "0-5"',
+        '  - name: pg2',
+        '    url: postgres://db2/app',
+        '    directUrl: postgres://db2:5433/app',
+        '    shards: "6-7"',
+        '  - name: pg3',
+        '    url: postgres://db3/app',
+        '    shards: ""',
+        '',
+      ].join('\n'),
+      { file: '<inline>', env: { SECRET: 'given' }, checkMigrationsDir: false },
+    );
+    // pg1 gave 4-5 to pg3 and 0 to pg2; pg9 (not in the config) claims 2.
+    const placement = mergePlacement([
+      view('pg1', { claims: { 1: 'active', 3: 'active' } }),
+      view('pg2', { claims: { 0: 'active', 6: 'active', 7: 'active' } }),
+      view('pg3', { claims: { 4: 'active', 5: 'active' } }),
+      view('pg9', { claims: { 2: 'active' } }),
+    ]);
+    const current = withFleetShardLists(config, placement);
+    expect(current.hosts.map((h) => [h.name, h.shardsSpec, h.shards])).toEqual([
+      ['pg1', '1-3', [1, 2, 3]],
+      ['pg2', '0,6-7', [0, 6, 7]],
+      ['pg3', '4-5', [4, 5]],
+    ]);
+    expect(current.hosts.map((h) => [h.url, h.directUrl])).toEqual(config.hosts.map((h) => [h.url, h.directUrl]));
+    expect(current.hosts[0]!.url).toBe('postgres://app:given@db1/app');
+    expect({ ...current, hosts: [] }).toEqual({ ...config, hosts: [] });
   });
 });
 
