@@ -87,26 +87,45 @@ export async function readRouterMap(
 
 /**
  * Whether a router over `given` (a config object that names a file) goes on reading that file: only
- * when the file, read now, lists every host of `given` at the same addresses (`url`, `directUrl`,
- * `replicationUrl`). A config changed in code before the router got it (a secret store's password in
- * the url, a pooler's address, another environment's `${VAR}`) is kept as given: reading the file
- * again would replace those addresses with the file's, silently, at the next refresh or move. Hosts
- * the file lists beside them (added since) and shard lists (moves rewrite them) do not count. A file
- * that cannot be read now is followed, as before (a later reading that fails keeps the map in use).
+ * when the file, read now, has the settings `given` has (each of its hosts' addresses and timeouts,
+ * the layout, `hostTimeout`, …), the shard lists aside (moves rewrite them), and hosts the file lists
+ * beside them (added since) aside. A config changed in code before the router got it (a secret
+ * store's password in the url, a pooler's address, another environment's `${VAR}`) is kept as given:
+ * reading the file again would replace what was changed with the file's, silently, at the next
+ * refresh or move. A file that cannot be read now is followed, as before (a later reading that fails
+ * keeps the map in use).
  */
 export async function followsFile(given: ShardctlConfig, settings: RouterSettings): Promise<boolean> {
   if (given.file === '<inline>') return false;
   const onDisk = await rereadConfig(given, settings);
   if (onDisk === null) return true;
   const byName = new Map(onDisk.hosts.map((h) => [h.name, h]));
-  return given.hosts.every((h) => {
-    const there = byName.get(h.name);
-    return (
-      there !== undefined &&
-      there.url === h.url &&
-      there.directUrl === h.directUrl &&
-      there.replicationUrl === h.replicationUrl
-    );
+  return (
+    settingsText(given) === settingsText(onDisk) &&
+    given.hosts.every((h) => {
+      const there = byName.get(h.name);
+      return there !== undefined && hostSettingsText(there) === hostSettingsText(h);
+    })
+  );
+}
+
+/** A config's settings but its hosts and warnings, as comparable text. */
+function settingsText({ hosts: _hosts, warnings: _warnings, ...rest }: ShardctlConfig): string {
+  return comparableText(rest);
+}
+
+/** A host's settings but its shard list, as comparable text. */
+function hostSettingsText({ shards: _shards, shardsSpec: _spec, ...rest }: ShardctlConfig['hosts'][number]): string {
+  return comparableText(rest);
+}
+
+/** JSON with every object's keys in order and bigints as decimal strings: equal values, equal text. */
+function comparableText(value: object): string {
+  return JSON.stringify(value, (_key, v: unknown) => {
+    if (typeof v === 'bigint') return v.toString();
+    if (v !== null && typeof v === 'object' && !Array.isArray(v))
+      return Object.fromEntries(Object.entries(v).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
+    return v;
   });
 }
 
