@@ -36,9 +36,10 @@ export interface RebalanceOptions extends Omit<MoveOptions, 'dryRun' | 'resume' 
   /** Plan and print, change nothing (unfinished moves are counted as finished in the plan). */
   readonly dryRun?: boolean;
   /**
-   * Reads the map again before each move (the moves change the placement); default: the config
-   * given, with each host's shard lists as the fleet places them then (its file is not read again:
-   * addresses and credentials set in code stay).
+   * Reads the map again: before each move (the moves change the placement), and once at the start
+   * when the config is older than the fleet. Default before each move: the config given, with each
+   * host's shard lists as the fleet places them then (its file is not read again: addresses and
+   * credentials set in code stay); at the start: the file, read again, for its shard lists only.
    */
   readonly reload?: () => Promise<ShardctlConfig>;
   /** Called with the plan before any move of it starts. */

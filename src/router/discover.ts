@@ -92,13 +92,12 @@ export async function readRouterMap(
  * beside them (added since) aside. A config changed in code before the router got it (a secret
  * store's password in the url, a pooler's address, another environment's `${VAR}`) is kept as given:
  * reading the file again would replace what was changed with the file's, silently, at the next
- * refresh or move. A file that cannot be read now is followed, as before (a later reading that fails
- * keeps the map in use).
+ * refresh or move. Null when the file cannot be read now (the router asks again at its next reading).
  */
-export async function followsFile(given: ShardctlConfig, settings: RouterSettings): Promise<boolean> {
+export async function followsFile(given: ShardctlConfig, settings: RouterSettings): Promise<boolean | null> {
   if (given.file === '<inline>') return false;
   const onDisk = await rereadConfig(given, settings);
-  if (onDisk === null) return true;
+  if (onDisk === null) return null;
   const byName = new Map(onDisk.hosts.map((h) => [h.name, h]));
   return (
     settingsText(given) === settingsText(onDisk) &&

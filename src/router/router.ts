@@ -78,9 +78,10 @@ export class ShardRouter {
   private readonly fileConfig: ShardctlConfig | null;
   /**
    * Whether later readings of the map read fileConfig's file again (discover.ts, followsFile):
-   * decided once, when the router opens (fromConfig: at its first reading of the map).
+   * decided once the file could be read, when the router opens (fromConfig: just after); until then
+   * the file is not read again.
    */
-  private fileFollowed: Promise<boolean> | undefined;
+  private fileFollowed: boolean | undefined;
   private readonly seeds: readonly string[];
   /** Hosts that could not be read at the last discovery: name → why, and when it ended. */
   private unreachable = new Map<string, UnreachableHost & { readonly at: number }>();
@@ -118,7 +119,7 @@ export class ShardRouter {
   ) {
     this.config = config;
     this.fileConfig = source.file ? config : null;
-    if (source.loadedNow) this.fileFollowed = Promise.resolve(true);
+    if (source.loadedNow) this.fileFollowed = true;
     this.seeds = source.seeds ?? [];
     this.options = routerSettings(options);
     this.diagnostics = new RouterDiagnostics(this.options.slowCallMs);
@@ -191,8 +192,8 @@ export class ShardRouter {
   /**
    * A router over an already loaded config, corrected by the fleet's placement (read now). It reads
    * `config.file` again when it reads the map later (a move followed, the background refresh) only
-   * if that file lists the config's hosts at the same addresses now; a config whose addresses were
-   * changed in code is used as given (the fleet's placement still corrects it).
+   * if, at open, that file has every setting of the config (shard lists aside); a config changed in
+   * code (a password from a secret store) is used as given (the fleet's placement still corrects it).
    */
   static async openConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): Promise<ShardRouter> {
     return ShardRouter.openLoaded(config, options, false);
@@ -215,7 +216,11 @@ export class ShardRouter {
    * a call meets a moved shard, which makes the router read the fleet. Prefer open()/openConfig().
    */
   static fromConfig(config: ShardctlConfig, options: ShardRouterOptions = {}): ShardRouter {
-    return new ShardRouter(config, options, { file: true });
+    const router = new ShardRouter(config, options, { file: true });
+    // Decided now, against the file as it reads now, not at the first reading of the map (a refresh
+    // away, or never with mapRefreshMs 0), when an edit of the file could be taken for a change in code.
+    void router.followsFile();
+    return router;
   }
 
   /** The map in use now (replaced by each reload). */
@@ -513,9 +518,15 @@ export class ShardRouter {
     return paths;
   }
 
-  private followsFile(): Promise<boolean> {
-    if (this.fileConfig === null) return Promise.resolve(false);
-    this.fileFollowed ??= followsFile(this.fileConfig, this.options);
+  private async followsFile(): Promise<boolean> {
+    if (this.fileConfig === null) return false;
+    if (this.fileFollowed === undefined) {
+      // A file that cannot be read now (replaced at this instant, a ${VAR} the router's env lacks) is
+      // not read this time and decided at the next reading.
+      const decided = await followsFile(this.fileConfig, this.options);
+      if (decided === null) return false;
+      this.fileFollowed ??= decided;
+    }
     return this.fileFollowed;
   }
 

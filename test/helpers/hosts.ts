@@ -94,7 +94,7 @@ export async function withClient<T>(url: string, fn: (client: pg.Client) => Prom
 }
 
 /**
- * The last `count` ERROR entries of url's server log, each with the DETAIL/CONTEXT/STATEMENT lines
+ * The last `count` ERROR entries of url's server log (its last 4 MB), each with the DETAIL/CONTEXT/STATEMENT lines
  * after it, for a failing test to print (what an apply worker or a walsender met is written only
  * there). Read through SQL as the tests' superuser (`pg_read_file`, the log in the data directory,
  * as the embedded hosts and dev hosts keep it); a message saying why when it cannot be read (a
@@ -103,8 +103,12 @@ export async function withClient<T>(url: string, fn: (client: pg.Client) => Prom
 export async function serverLogErrors(url: string, count = 20): Promise<string> {
   try {
     return await withClient(url, async (c) => {
-      const r = await c.query<{ log: string }>(`select pg_read_file('server.log') as log`);
-      const lines = r.rows[0]!.log.split('\n');
+      // Its last 4 MB, as bytes (a cut through a character must not fail the read): a shared host's
+      // log of a whole run is much longer (a first line cut in two is no ERROR line and is skipped).
+      const r = await c.query<{ log: Buffer }>(
+        `select pg_read_binary_file('server.log', greatest(s.size - 4194304, 0), 4194304) as log from pg_stat_file('server.log') s`,
+      );
+      const lines = r.rows[0]!.log.toString('utf8').split('\n');
       const entries: string[] = [];
       for (let i = 0; i < lines.length; i++) {
         if (!/\b(ERROR|FATAL|PANIC):/.test(lines[i]!)) continue;

@@ -69,8 +69,10 @@ describe('followsFile', () => {
       '    shards: ""',
     ]);
     expect(await followsFile(config, settings)).toBe(true);
-    // A file that cannot be read now is followed (a later reading that fails keeps the map in use).
+    // A file that cannot be read now is not decided (the router asks again at its next reading),
+    // nor one whose ${VAR} the router's env lacks.
+    expect(await followsFile(config, routerSettings({ env: {} }))).toBeNull();
     rmSync(file);
-    expect(await followsFile(config, settings)).toBe(true);
+    expect(await followsFile(config, settings)).toBeNull();
   });
 });
