@@ -502,6 +502,48 @@ export function processCpuMs(pid, { children = false } = {}) {
 }
 
 /**
+ * CPU time (ms) so far of each client backend of `database` on `hosts` (of `applicationName` only,
+ * when given), by host and pid: backendsCpuSince(before, after) is what they used in between.
+ * @param {Host[]} hosts
+ * @param {string} database
+ * @param {string} [applicationName]
+ * @returns {Promise<Map<string, number>>}
+ */
+export async function backendsCpuMs(hosts, database, applicationName) {
+  /** @type {Map<string, number>} */
+  const cpu = new Map();
+  for (const [h, host] of hosts.entries()) {
+    const pids = await host.query(
+      database,
+      `select pid from pg_stat_activity
+        where datname = $1 and backend_type = 'client backend' and pid <> pg_backend_pid()
+          and ($2::text is null or application_name = $2)`,
+      [database, applicationName ?? null],
+    );
+    for (const { pid } of pids) {
+      try {
+        cpu.set(`${h}/${pid}`, processCpuMs(pid));
+      } catch {
+        // Ended in between.
+      }
+    }
+  }
+  return cpu;
+}
+
+/**
+ * The CPU (ms) backends used between two readings of backendsCpuMs: one that started in between
+ * counts from 0; one that ended in between is not counted (its time is lost to /proc).
+ * @param {Map<string, number>} before
+ * @param {Map<string, number>} after
+ */
+export function backendsCpuSince(before, after) {
+  let total = 0;
+  for (const [key, ms] of after) total += ms - (before.get(key) ?? 0);
+  return total;
+}
+
+/**
  * The whole machine's busy CPU time so far (ms, all cores): /proc/stat's first line without idle and
  * iowait, 100 ticks a second. The difference over a run is what the run cost the machine, its
  * servers and the writer beside it included; null where /proc/stat is missing.

@@ -21,6 +21,8 @@ import pg from 'pg';
 import { tsImport } from 'tsx/esm/api';
 import { loadConfig, ShardRouter } from '../dist/index.js';
 import {
+  backendsCpuMs,
+  backendsCpuSince,
   formatCount,
   initFleet,
   itemAt,
@@ -136,7 +138,7 @@ export async function run(ctx, major) {
       for (let i = 0; i < options.routerRounds; i++) {
         for (const name of roundOrder(Object.keys(sides), i)) {
           const side = sideOf(name);
-          const serverBefore = await serverCpuMs(fleet.hosts);
+          const serverBefore = await backendsCpuMs(fleet.hosts, DATABASE);
           const poolerBefore = poolersCpuMs(poolers);
           const nodeBefore = process.cpuUsage();
           const started = performance.now();
@@ -146,7 +148,7 @@ export async function run(ctx, major) {
           const perInsert = (/** @type {number} */ ms) => round((ms * 1000) / userIds.length, 1);
           const cpu = {
             node: perInsert((node.user + node.system) / 1000),
-            server: perInsert(cpuSince(serverBefore, await serverCpuMs(fleet.hosts))),
+            server: perInsert(backendsCpuSince(serverBefore, await backendsCpuMs(fleet.hosts, DATABASE))),
             pooler: perInsert(poolersCpuMs(poolers) - poolerBefore),
           };
           // About 40 µs per insert when the calls go through the poolers; none means they went around.
@@ -223,41 +225,6 @@ export async function run(ctx, major) {
   } finally {
     await Promise.all(poolers.map((p) => p.stop()));
   }
-}
-
-/**
- * CPU time (ms) so far of each client backend of the benchmark's database on `hosts`, by host and pid.
- * @param {import('./lib.js').Host[]} hosts
- */
-async function serverCpuMs(hosts) {
-  /** @type {Map<string, number>} */
-  const cpu = new Map();
-  for (const [h, host] of hosts.entries()) {
-    const pids = await host.query(
-      DATABASE,
-      `select pid from pg_stat_activity where datname = $1 and backend_type = 'client backend' and pid <> pg_backend_pid()`,
-      [DATABASE],
-    );
-    for (const { pid } of pids) {
-      try {
-        cpu.set(`${h}/${pid}`, processCpuMs(pid));
-      } catch {
-        // Ended in between.
-      }
-    }
-  }
-  return cpu;
-}
-
-/**
- * The CPU (ms) the backends used between two readings; one that started in between counts from 0.
- * @param {Map<string, number>} before
- * @param {Map<string, number>} after
- */
-function cpuSince(before, after) {
-  let total = 0;
-  for (const [key, ms] of after) total += ms - (before.get(key) ?? 0);
-  return total;
 }
 
 /** @param {{ pid: number | undefined }[]} poolers CPU time (ms) of the PgBouncer processes so far. */

@@ -21,6 +21,8 @@ import path from 'node:path';
 import pg from 'pg';
 import { hostForShard, loadConfig, shardForKey, ShardRouter, shardSchemaName } from '../dist/index.js';
 import {
+  backendsCpuMs,
+  backendsCpuSince,
   formatCount,
   formatMs,
   formatSample,
@@ -28,7 +30,6 @@ import {
   log,
   markdownTable,
   itemAt,
-  processCpuMs,
   ratio,
   required,
   round,
@@ -259,13 +260,13 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
       if (i % 2 === 1) sides.reverse();
       for (const [name, fn, sink] of sides) {
         const app = name === 'routed' ? ROUTER_APP : PLAIN_APP;
-        const serverBefore = await backendsCpuMs(hosts, app);
+        const serverBefore = await backendsCpuMs(hosts, DATABASE, app);
         const nodeBefore = process.cpuUsage();
         const started = performance.now();
         await fn();
         const ms = performance.now() - started;
         const node = process.cpuUsage(nodeBefore);
-        const server = (await backendsCpuMs(hosts, app)) - serverBefore;
+        const server = backendsCpuSince(serverBefore, await backendsCpuMs(hosts, DATABASE, app));
         const perSecond = (userIds.length / ms) * 1000;
         const serverUs = (server * 1000) / userIds.length;
         const nodeUs = (node.user + node.system) / userIds.length;
@@ -283,30 +284,6 @@ async function compareInserts(config, hosts, configFile, userIds, callers, round
     await Promise.all([...pools.values()].map((p) => p.end()));
   }
   return { routed, plain, cpu, rows };
-}
-
-/**
- * CPU time (ms) used so far by the server processes of `applicationName`, summed over hosts.
- * @param {Host[]} hosts
- * @param {string} applicationName
- */
-async function backendsCpuMs(hosts, applicationName) {
-  let total = 0;
-  for (const host of hosts) {
-    const pids = await host.query(
-      DATABASE,
-      `select pid from pg_stat_activity where datname = $1 and application_name = $2`,
-      [DATABASE, applicationName],
-    );
-    for (const { pid } of pids) {
-      try {
-        total += processCpuMs(pid);
-      } catch {
-        // The process ended in between: its time is lost to both readings alike.
-      }
-    }
-  }
-  return total;
 }
 
 /**

@@ -570,12 +570,12 @@ export function requireCurrentMap(config: ShardctlConfig, placement: FleetPlacem
  * (the next move's check against the fleet refuses such a map, naming it).
  */
 export function withFleetShardLists(config: ShardctlConfig, placement: FleetPlacement): ShardctlConfig {
-  const names = new Set(config.hosts.map((h) => h.name));
-  const owner = new Map<number, string>();
-  for (const host of config.hosts) for (const shard of host.shards) owner.set(shard, host.name);
-  for (const [shard, host] of placement.owners) if (shard < config.shards && names.has(host)) owner.set(shard, host);
-  const byHost = new Map<string, number[]>(config.hosts.map((h) => [h.name, []]));
-  for (const [shard, host] of [...owner].sort((a, b) => a[0] - b[0])) byHost.get(host)!.push(shard);
+  const names = config.hosts.map((h) => h.name);
+  const known = new Set(names);
+  const byHost = shardsByHost(
+    shardOwners(config.hosts, placement, config.shards, (h) => known.has(h)),
+    names,
+  );
   return {
     ...config,
     hosts: config.hosts.map((h) => {
@@ -583,6 +583,29 @@ export function withFleetShardLists(config: ShardctlConfig, placement: FleetPlac
       return { ...h, shards, shardsSpec: shards.length === 0 ? '' : formatShardList(shards) };
     }),
   };
+}
+
+/**
+ * Each shard's host: where `hosts` list it, unless the fleet places it (a shard below `shardCount`)
+ * on a host that `known` accepts (default: any).
+ */
+function shardOwners(
+  hosts: readonly HostConfig[],
+  placement: Pick<FleetPlacement, 'owners'>,
+  shardCount: number,
+  known: (host: string) => boolean = () => true,
+): Map<number, string> {
+  const owner = new Map<number, string>();
+  for (const host of hosts) for (const shard of host.shards) owner.set(shard, host.name);
+  for (const [shard, host] of placement.owners) if (shard < shardCount && known(host)) owner.set(shard, host);
+  return owner;
+}
+
+/** The shards of each of `names` (which name every owner), in order. */
+function shardsByHost(owner: ReadonlyMap<number, string>, names: readonly string[]): Map<string, number[]> {
+  const byHost = new Map<string, number[]>(names.map((n) => [n, []]));
+  for (const [shard, host] of [...owner].sort((a, b) => a[0] - b[0])) byHost.get(host)!.push(shard);
+  return byHost;
 }
 
 /**
@@ -867,9 +890,7 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
     idLayout: { epochMs: layout!.epochMs, shardBits: layout!.shardBits, sequenceBits: layout!.sequenceBits },
     epochIso: new Date(Number(layout!.epochMs)).toISOString(),
   };
-  const owner = new Map<number, string>();
-  if (file) for (const host of file.hosts) for (const shard of host.shards) owner.set(shard, host.name);
-  for (const [shard, host] of placement.owners) if (shard < base.shards) owner.set(shard, host);
+  const owner = shardOwners(file?.hosts ?? [], placement, base.shards);
   const names = [
     ...new Set([
       ...(file?.hosts.map((h) => h.name) ?? []),
@@ -878,8 +899,7 @@ export function fleetConfig(file: ShardctlConfig | null, found: FleetDiscovery):
       ...owner.values(),
     ]),
   ];
-  const byHost = new Map<string, number[]>(names.map((n) => [n, []]));
-  for (const [shard, host] of [...owner].sort((a, b) => a[0] - b[0])) byHost.get(host)!.push(shard);
+  const byHost = shardsByHost(owner, names);
   // A file host whose url reached another host of the fleet: routed by what answered as it (the
   // url that reached it, if one did), never to the other host.
   const misaddressed = new Set(file ? misaddressedHosts(file, placement).map((m) => m.name) : []);

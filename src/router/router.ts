@@ -115,11 +115,10 @@ export class ShardRouter {
   private constructor(
     config: ShardctlConfig,
     options: ShardRouterOptions,
-    source: { file: boolean; seeds?: readonly string[]; loadedNow?: boolean },
+    source: { file: boolean; seeds?: readonly string[] },
   ) {
     this.config = config;
     this.fileConfig = source.file ? config : null;
-    if (source.loadedNow) this.fileFollowed = true;
     this.seeds = source.seeds ?? [];
     this.options = routerSettings(options);
     this.diagnostics = new RouterDiagnostics(this.options.slowCallMs);
@@ -204,8 +203,9 @@ export class ShardRouter {
     options: ShardRouterOptions,
     loadedNow: boolean,
   ): Promise<ShardRouter> {
-    const router = new ShardRouter(config, options, { file: true, loadedNow });
-    await router.followsFile();
+    const router = new ShardRouter(config, options, { file: true });
+    if (loadedNow) router.fileFollowed = true;
+    else await router.followingFile();
     // Just loaded: the file is read again only by later discoveries.
     await router.discover({ rereadFile: false });
     return router;
@@ -219,7 +219,7 @@ export class ShardRouter {
     const router = new ShardRouter(config, options, { file: true });
     // Decided now, against the file as it reads now, not at the first reading of the map (a refresh
     // away, or never with mapRefreshMs 0), when an edit of the file could be taken for a change in code.
-    void router.followsFile();
+    void router.followingFile();
     return router;
   }
 
@@ -464,7 +464,7 @@ export class ShardRouter {
       // a whole read of the map (new connections to every host) at each refresh. A host whose pool
       // cannot be made is not asked: the map is read again, as before.
       const pools = await Promise.all(this.config.hosts.map((h) => this.pools.pool(h).catch(() => undefined)));
-      const file = (await this.followsFile()) ? this.fileConfig : null;
+      const file = (await this.followingFile()) ? this.fileConfig : null;
       const unchanged = await mapUnchanged(stamps, pools, file, this.options);
       if (unchanged && this.stamps === stamps) return;
     }
@@ -476,7 +476,7 @@ export class ShardRouter {
       { file: this.fileConfig, current: this.config, seeds: this.seeds },
       this.options,
       this.distrustWarned,
-      options.rereadFile !== false && (await this.followsFile()),
+      options.rereadFile !== false && (await this.followingFile()),
     );
     this.config = read.config;
     this.stamps = read.stamps;
@@ -518,7 +518,7 @@ export class ShardRouter {
     return paths;
   }
 
-  private async followsFile(): Promise<boolean> {
+  private async followingFile(): Promise<boolean> {
     if (this.fileConfig === null) return false;
     if (this.fileFollowed === undefined) {
       // A file that cannot be read now (replaced at this instant, a ${VAR} the router's env lacks) is
