@@ -71,10 +71,11 @@ export async function gc(given: ShardctlConfig, options: GcOptions = {}): Promis
   const fleet = await Fleet.open(given.hosts, { applicationName: 'shardctl gc' });
   try {
     fleet.requireAll();
+    // The placement before the locks: what a move that finishes while this run waits changes.
+    const before = await readFleetPlacement(fleet);
     if (!options.dryRun) await fleet.lock({ lockTimeout: given.lockTimeout });
-    const placement = await readFleetPlacement(fleet);
-    // A move this run waited for may have rewritten the file since it was read.
-    const config = await requireCurrentMapLocked(given, placement, (file) => loadConfig(file));
+    const placement = options.dryRun ? before : await readFleetPlacement(fleet);
+    const config = await requireCurrentMapLocked(given, placement, (file) => loadConfig(file), before);
     for (const { host, client } of fleet.sessions) {
       try {
         if (!(await controlTableExists(client, 'shards'))) continue;

@@ -128,11 +128,12 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     const refused = await uninitialisedHosts(fleet);
     if (refused && !options.dryRun)
       throw new RuntimeFailure(refused.code, refused.message, { hosts: refused.hosts }, [], [...refused.next]);
+    // The placement before the locks: what a move that finishes while this run waits changes.
+    const before = await readFleetPlacement(fleet);
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const placement = await readFleetPlacement(fleet);
-    // A move this run waited for may have rewritten the file since it was read.
+    const placement = options.dryRun ? before : await readFleetPlacement(fleet);
     const reload = options.reload ?? ((file: string) => loadConfig(file));
-    const current = await requireCurrentMapLocked(config, placement, () => reload(config.file));
+    const current = await requireCurrentMapLocked(config, placement, () => reload(config.file), before);
     const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);
     const reloadMap = options.reload ?? (async () => withFleetShardLists(current, await readFleetPlacement(fleet)));
     return { ...(await rebalanceLocked(current, options, by, maxParallel, started, reloadMap, intoLimit)), refused };

@@ -610,22 +610,35 @@ function shardsByHost(owner: ReadonlyMap<number, string>, names: readonly string
 
 /**
  * requireCurrentMap for a run that has just taken the runner locks, and the config it goes on with.
- * A run that waited for them behind a move read its file before the move's switch rewrote it: the
- * file on disk then agrees with the fleet where the copy read at the start does not. Only the
- * hosts' shard lists are taken from the file read again, and only when it names the same hosts at
- * the same urls (anything else was edited by hand: refused as before); every other setting stays
- * as the run was given it.
+ * A run that waited for them behind a move read its map before the move's switch changed the fleet.
+ * Two ways to tell, tried in order; every setting but the hosts' shard lists stays as given:
+ *  - `before`, the placement read just before the run asked for the locks: when the config agreed
+ *    with it and the fleet has moved on since (its version), the disagreement is what finished
+ *    while the run waited, and the shard lists are taken from the fleet (withFleetShardLists). The
+ *    file is not read: a config whose addresses or credentials were set in code, or loaded with an
+ *    environment of the caller's own, is used as given. (Not when the fleet placed a shard on a host
+ *    the config does not name: a rebalance onto a host added to the file.)
+ *  - otherwise the file is read again (`reload`): the file on disk agrees with the fleet where the
+ *    copy read at the start does not when the move rewrote it. Its shard lists are taken only when
+ *    it names the same hosts at the same urls (anything else was edited by hand: refused as before).
  */
 export async function requireCurrentMapLocked(
   config: ShardctlConfig,
   placement: FleetPlacement,
   reload: (file: string) => Promise<ShardctlConfig>,
+  before?: FleetPlacement,
 ): Promise<ShardctlConfig> {
   try {
     requireCurrentMap(config, placement);
     return config;
   } catch (error) {
-    if (!(error instanceof StaleMapError) || config.file === '<inline>') throw error;
+    if (!(error instanceof StaleMapError)) throw error;
+    if (before && before.version !== placement.version && agrees(config, before)) {
+      const current = withFleetShardLists(config, placement);
+      // Unless the fleet placed a shard on a host the config does not name: the file may (below).
+      if (agrees(current, placement)) return current;
+    }
+    if (config.file === '<inline>') throw error;
     const again = await reload(config.file).catch(() => null);
     const same =
       again !== null &&
@@ -643,6 +656,16 @@ export async function requireCurrentMapLocked(
     // Still stale: the refusal as the file reads now.
     requireCurrentMap(current, placement);
     return current;
+  }
+}
+
+/** Whether requireCurrentMap accepts `config` against `placement`. */
+function agrees(config: ShardctlConfig, placement: FleetPlacement): boolean {
+  try {
+    requireCurrentMap(config, placement);
+    return true;
+  } catch {
+    return false;
   }
 }
 

@@ -112,16 +112,18 @@ export async function provision(
   try {
     const tolerateLoss = mode === 'migrate';
     if (!tolerateLoss) fleet.requireAll();
+    // The placement before the locks: what a move that finishes while this run waits changes.
+    const before = dryRun ? undefined : await readFleetPlacement(fleet);
     if (!dryRun) await fleet.lock({ lockTimeout: given.lockTimeout, tolerateLoss });
     let snapshots = await fleet.each((s) => readHostSnapshot(s, given), { tolerateLoss });
     for (const lost of fleet.lost)
       options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);
     const placement = await readFleetPlacement(fleet);
-    // A run that waited for the runner locks behind a move read its file before the move's switch
-    // rewrote it: the file is read again (its shard lists only), as gc and rebalance do.
+    // A run that waited for the runner locks behind a move read its map before the move's switch:
+    // the shard lists as the fleet or the rewritten file has them now, as gc and rebalance do.
     let config = given;
     if (dryRun) requireCurrentMap(given, placement);
-    else config = await requireCurrentMapLocked(given, placement, (file) => loadConfig(file));
+    else config = await requireCurrentMapLocked(given, placement, (file) => loadConfig(file), before);
     if (config !== given) {
       const hostNamed = new Map(config.hosts.map((h) => [h.name, h]));
       snapshots = snapshots.map((snapshot) => ({ ...snapshot, host: hostNamed.get(snapshot.host.name)! }));

@@ -3,9 +3,12 @@
  * The second run read the move's record before the first took the runner lock; once it gets the
  * lock the first has finished the move, and the second must not carry on from what it read.
  */
+import { readFileSync, writeFileSync } from 'node:fs';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { gc } from '../../src/commands/gc.js';
 import { init } from '../../src/commands/init.js';
+import { loadConfig } from '../../src/config/load.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { killedAfter, move, seed } from '../helpers/faults.js';
 import { type Fleet, makeFleet, runCli } from '../helpers/fleet.js';
@@ -163,6 +166,7 @@ describe('two operators moving shards in opposite directions at once', () => {
 describe('gc and migrate queued behind a move', () => {
   const pair = useTestDatabases(2);
   const trio = useTestDatabases(2);
+  const ownEnv = useTestDatabases(2);
 
   /**
    * Moves shard 1 to pg2 with `command` queued behind the move for pg1's runner lock (it read the
@@ -206,6 +210,46 @@ describe('gc and migrate queued behind a move', () => {
         expect((await shardRow(locker, 1)) ?? 'dropped', outcome).toBe('dropped');
       },
     );
+  }, 180_000);
+
+  // The library's gc over a config loaded with an environment of the caller's own (the hosts'
+  // password in a ${VAR} the process does not have), queued behind a move: it read its file again
+  // with the process's environment to see whether the move had rewritten it, could not, and
+  // called its map stale. It now sees that the fleet moved on while it waited.
+  it('gc from the library, its config loaded with an environment of its own, runs once the move has switched', async () => {
+    const fleet = makeFleet({ urls: ownEnv.urls, shards: 4, split: ['0-1', '2-3'], extra: 'lockTimeout: 30s' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const password = new URL(ownEnv.urls[0]!).password;
+    expect(password).not.toBe('');
+    const text = readFileSync(fleet.configFile, 'utf8');
+    writeFileSync(fleet.configFile, text.split(`:${password}@`).join(':${GC_QUEUED_SECRET}@'));
+    expect(process.env.GC_QUEUED_SECRET).toBeUndefined();
+    const env = { GC_QUEUED_SECRET: password };
+    const config = await loadConfig(fleet.configFile, { env });
+    const locker = await adminClient(ownEnv.urls[0]!);
+    try {
+      const release = await holdRunnerLock(locker);
+      let moving;
+      let queued: Promise<Awaited<ReturnType<typeof gc>> | Error>;
+      try {
+        moving = await startCli(move(fleet, 1, '--to', 'pg2'), env);
+        await waitForLockWaiters(locker, 1);
+        queued = gc(config).catch((error: unknown) => error as Error);
+        await waitForLockWaiters(locker, 2);
+      } finally {
+        await release();
+      }
+      const moved = await moving.done;
+      expect(moved.code, `${moved.stdout}\n${moved.stderr}`).toBe(0);
+      const collected = await queued;
+      if (collected instanceof Error) throw collected;
+      // gc dropped the old copy the move left on pg1, and kept every shard where the fleet has it.
+      expect(collected.oldCopies.map((c) => [c.host, c.shard])).toEqual([['pg1', 1]]);
+      expect((await shardRow(locker, 1)) ?? 'dropped').toBe('dropped');
+      expect((await shardRow(locker, 0))?.state).toBe('active');
+    } finally {
+      await locker.end();
+    }
   }, 180_000);
 
   it('migrate runs once the move has switched and rewritten the file, applying the new file on every shard where it now is', async () => {

@@ -1,13 +1,14 @@
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
 import { rewriteOwnersYaml } from '../../src/config/rewrite.js';
-import { HostError } from '../../src/errors.js';
+import { HostError, StaleMapError } from '../../src/errors.js';
 import {
   describeDisagreements,
   fleetConfig,
   hostAddress,
   mapDisagreements,
   mergePlacement,
+  requireCurrentMapLocked,
   withCredentials,
   withFleetShardLists,
   type HostPlacementView,
@@ -142,6 +143,96 @@ describe('withFleetShardLists', () => {
     expect(current.hosts.map((h) => [h.url, h.directUrl])).toEqual(config.hosts.map((h) => [h.url, h.directUrl]));
     expect(current.hosts[0]!.url).toBe('postgres://app:given@db1/app');
     expect({ ...current, hosts: [] }).toEqual({ ...config, hosts: [] });
+  });
+});
+
+describe('requireCurrentMapLocked: a run that waited for the runner locks', () => {
+  const config = parseConfig(
+    [
+      'shards: 8',
+      'hosts:',
+      '  - name: pg1',
+      '    url: postgres://app:${SECRET}@db1/app',
+      '    shards: "0-3"',
+      '  - name: pg2',
+      '    url: postgres://db2/app',
+      '    shards: "4-7"',
+      '',
+    ].join('\n'),
+    { file: '/nowhere/shardctl.yaml', env: { SECRET: 'given' }, checkMigrationsDir: false },
+  );
+  const asFile = mergePlacement([
+    view('pg1', { claims: { 0: 'active', 1: 'active', 2: 'active', 3: 'active' }, version: 3n }),
+    view('pg2', { claims: { 4: 'active', 5: 'active', 6: 'active', 7: 'active' }, version: 3n }),
+  ]);
+  // Shard 1 moved to pg2 (version 4).
+  const moved = mergePlacement([
+    view('pg1', { claims: { 0: 'active', 2: 'active', 3: 'active' }, version: 4n }),
+    view('pg2', { claims: { 1: 'active', 4: 'active', 5: 'active', 6: 'active', 7: 'active' }, version: 4n }),
+  ]);
+  const unreadable = () => Promise.reject(new Error('environment variable SECRET is not set'));
+
+  it('takes the shard lists from the fleet when the config agreed with it before the wait and it moved on, reading no file', async () => {
+    let read = 0;
+    const current = await requireCurrentMapLocked(
+      config,
+      moved,
+      () => {
+        read++;
+        return unreadable();
+      },
+      asFile,
+    );
+    expect(read).toBe(0);
+    expect(current.hosts.map((h) => [h.name, h.url, h.shardsSpec])).toEqual([
+      ['pg1', 'postgres://app:given@db1/app', '0,2-3'],
+      ['pg2', 'postgres://db2/app', '1,4-7'],
+    ]);
+  });
+
+  it('refuses a config that was stale before the wait too, or when the fleet did not move on, unless the file now agrees', async () => {
+    // An older file (shard 2 on pg2, which it left before this run started): stale before the wait too.
+    const stale = {
+      ...config,
+      hosts: config.hosts.map((h, i) => ({ ...h, shards: i === 0 ? [0, 1, 3] : [2, 4, 5, 6, 7] })),
+    };
+    await expect(requireCurrentMapLocked(stale, moved, unreadable, asFile)).rejects.toBeInstanceOf(StaleMapError);
+    // No move finished meanwhile (the same version).
+    await expect(requireCurrentMapLocked(config, moved, unreadable, moved)).rejects.toBeInstanceOf(StaleMapError);
+    // No placement from before (a dry run): the file decides, as it reads now.
+    await expect(requireCurrentMapLocked(config, moved, unreadable)).rejects.toBeInstanceOf(StaleMapError);
+    const rewritten = await requireCurrentMapLocked(config, moved, () =>
+      Promise.resolve({
+        ...config,
+        hosts: config.hosts.map((h, i) => ({
+          ...h,
+          shards: i === 0 ? [0, 2, 3] : [1, 4, 5, 6, 7],
+          shardsSpec: i === 0 ? '0,2-3' : '1,4-7',
+        })),
+      }),
+    );
+    expect(rewritten.hosts.map((h) => h.shardsSpec)).toEqual(['0,2-3', '1,4-7']);
+  });
+
+  it('reads the file when the fleet placed a shard on a host the config does not name', async () => {
+    const ontoNew = mergePlacement([
+      view('pg1', { claims: { 0: 'active', 1: 'active', 2: 'active', 3: 'active' }, version: 4n }),
+      view('pg2', { claims: { 4: 'active', 5: 'active', 6: 'active' }, version: 4n }),
+      view('pg3', { claims: { 7: 'active' }, version: 4n }),
+    ]);
+    let read = 0;
+    await expect(
+      requireCurrentMapLocked(
+        config,
+        ontoNew,
+        () => {
+          read++;
+          return unreadable();
+        },
+        asFile,
+      ),
+    ).rejects.toBeInstanceOf(StaleMapError);
+    expect(read).toBe(1);
   });
 });
 
