@@ -5,7 +5,12 @@ import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { type NextStep, RuntimeFailure, UsageError } from '../errors.js';
 import { controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
-import { readFleetPlacement, requireCurrentMapLocked, withFleetShardLists } from '../fleet/placement.js';
+import {
+  placementBeforeLocks,
+  readFleetPlacement,
+  requireCurrentMapLocked,
+  withFleetShardLists,
+} from '../fleet/placement.js';
 import { MOVE_OPTION_FLAGS, type MoveOptions } from '../moves/context.js';
 import { planRebalance, type PlannedMove, type RebalanceBy, type RebalancePlan } from '../moves/rebalance.js';
 import { abortBegun, type MoveStep } from '../moves/state.js';
@@ -129,9 +134,9 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     if (refused && !options.dryRun)
       throw new RuntimeFailure(refused.code, refused.message, { hosts: refused.hosts }, [], [...refused.next]);
     // The placement before the locks: what a move that finishes while this run waits changes.
-    const before = await readFleetPlacement(fleet);
+    const before = options.dryRun ? undefined : await placementBeforeLocks(fleet);
     if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
-    const placement = options.dryRun ? before : await readFleetPlacement(fleet);
+    const placement = await readFleetPlacement(fleet);
     const reload = options.reload ?? ((file: string) => loadConfig(file));
     const current = await requireCurrentMapLocked(config, placement, () => reload(config.file), before);
     const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);

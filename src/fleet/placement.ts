@@ -516,6 +516,15 @@ export async function readFleetPlacement(fleet: Fleet): Promise<FleetPlacement> 
 }
 
 /**
+ * The placement a run reads before it asks for the runner locks, for requireCurrentMapLocked to see
+ * whether the fleet moved on while it waited. Undefined when it cannot be read now (a role without
+ * rights on the control schema): the lock, taken next, says why in its own words.
+ */
+export async function placementBeforeLocks(fleet: Fleet): Promise<FleetPlacement | undefined> {
+  return readFleetPlacement(fleet).catch(() => undefined);
+}
+
+/**
  * The file's hosts whose url reached a server that is another host of the fleet (its control
  * schema records that name): two urls swapped, or one copied from another host.
  */
