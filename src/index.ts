@@ -10,7 +10,7 @@ export { inflect, plural } from './text.js';
 export { hostForShard, shardSchemaName, type HostConfig, type ShardctlConfig } from './config/types.js';
 export { configJsonSchema, type ConfigFile } from './config/schema.js';
 export { durationMs } from './config/duration.js';
-export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE } from './config/shard-map.js';
+export { ShardMap, shardMovedTo, SHARD_MOVED_SQLSTATE, type ShardMapOptions } from './config/shard-map.js';
 export {
   DEFAULT_ID_LAYOUT,
   DEFAULT_EPOCH_ISO,

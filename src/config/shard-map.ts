@@ -1,5 +1,6 @@
-import { loadConfig } from './load.js';
+import { loadConfig, type LoadConfigOptions } from './load.js';
 import type { HostConfig, ShardctlConfig } from './types.js';
+import { optionKeys, refuseUnknownOptions } from './validate.js';
 import { hostForShard } from './types.js';
 import { shardForKey } from '../id/routing.js';
 
@@ -11,11 +12,18 @@ export class ShardMap {
   private constructor(
     private readonly file: string,
     private current: ShardctlConfig,
+    private readonly options: ShardMapOptions,
   ) {}
 
-  static async load(file?: string): Promise<ShardMap> {
-    const config = await loadConfig(file, { checkMigrationsDir: false });
-    return new ShardMap(config.file, config);
+  /**
+   * Reads the file (default: $SHARDCTL_CONFIG, else ./shardctl.yaml). `env` is where its `${VAR}`s
+   * come from (default: the process's environment), `cwd` what a relative path is relative to;
+   * reload() reads the file again with the same ones.
+   */
+  static async load(file?: string, options: ShardMapOptions = {}): Promise<ShardMap> {
+    refuseUnknownOptions('ShardMap.load options', options, SHARD_MAP_OPTION_KEYS);
+    const config = await loadConfig(file, { ...options, checkMigrationsDir: false });
+    return new ShardMap(config.file, config, options);
   }
 
   get config(): ShardctlConfig {
@@ -35,9 +43,14 @@ export class ShardMap {
 
   /** Re-reads the config file; the old map stays in use if the new file is invalid. */
   async reload(): Promise<void> {
-    this.current = await loadConfig(this.file, { checkMigrationsDir: false });
+    this.current = await loadConfig(this.file, { ...this.options, checkMigrationsDir: false });
   }
 }
+
+/** ShardMap.load's options: where the file's `${VAR}`s come from, and the directory a relative path is in. */
+export type ShardMapOptions = Pick<LoadConfigOptions, 'env' | 'cwd'>;
+
+const SHARD_MAP_OPTION_KEYS = optionKeys<ShardMapOptions>({ env: true, cwd: true });
 
 /** SQLSTATE of a write refused by a moved shard's fence. */
 export const SHARD_MOVED_SQLSTATE = 'SC100';
