@@ -517,11 +517,26 @@ export async function readFleetPlacement(fleet: Fleet): Promise<FleetPlacement> 
 
 /**
  * The placement a run reads before it asks for the runner locks, for requireCurrentMapLocked to see
- * whether the fleet moved on while it waited. Undefined when it cannot be read now (a role without
- * rights on the control schema): the lock, taken next, says why in its own words.
+ * whether the fleet moved on while it waited. Undefined when a host refuses the read for want of
+ * rights (a role without rights on the control schema, SQLSTATE 42501): the lock, taken next, says
+ * why in its own words. Any other failure is the host's, as the lock would meet it: the host is
+ * lost (`tolerateLoss`, as the lock is given it) or the failure thrown, naming the host.
  */
-export async function placementBeforeLocks(fleet: Fleet): Promise<FleetPlacement | undefined> {
-  return readFleetPlacement(fleet).catch(() => undefined);
+export async function placementBeforeLocks(fleet: Fleet, tolerateLoss = false): Promise<FleetPlacement | undefined> {
+  let refused = false;
+  const views = await fleet.each(
+    async (s) => {
+      try {
+        return await readPlacementView(s.client, s.host.name);
+      } catch (error) {
+        if ((error as { code?: unknown } | null)?.code !== '42501') throw error;
+        refused = true;
+        return null;
+      }
+    },
+    { tolerateLoss, doing: "cannot read the fleet's placement" },
+  );
+  return refused ? undefined : mergePlacement(views.filter((v) => v !== null));
 }
 
 /**

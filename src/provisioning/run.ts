@@ -114,7 +114,7 @@ export async function provision(
     const tolerateLoss = mode === 'migrate';
     if (!tolerateLoss) fleet.requireAll();
     // The placement before the locks: what a move that finishes while this run waits changes.
-    const before = dryRun ? undefined : await placementBeforeLocks(fleet);
+    const before = dryRun ? undefined : await placementBeforeLocks(fleet, tolerateLoss);
     if (!dryRun) await fleet.lock({ lockTimeout: given.lockTimeout, tolerateLoss });
     let snapshots = await fleet.each((s) => readHostSnapshot(s, given), { tolerateLoss });
     for (const lost of fleet.lost)
