@@ -5,7 +5,7 @@ import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { CONTROL, controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
-import { placementBeforeLocks, readFleetPlacement, requireCurrentMapLocked } from '../fleet/placement.js';
+import { lockAfterPlacement, readFleetPlacement, requireCurrentMapLocked } from '../fleet/placement.js';
 import { loadConfig } from '../config/load.js';
 import { dropLeftovers, findLeftovers, type Leftover } from '../moves/leftovers.js';
 import { dropShardSql } from '../fleet/sql.js';
@@ -71,9 +71,8 @@ export async function gc(given: ShardctlConfig, options: GcOptions = {}): Promis
   const fleet = await Fleet.open(given.hosts, { applicationName: 'shardctl gc' });
   try {
     fleet.requireAll();
-    // The placement before the locks: what a move that finishes while this run waits changes.
-    const before = options.dryRun ? undefined : await placementBeforeLocks(fleet);
-    if (!options.dryRun) await fleet.lock({ lockTimeout: given.lockTimeout });
+    // With the placement from before the locks: what a move that finishes while this run waits changes.
+    const before = options.dryRun ? undefined : await lockAfterPlacement(fleet, { lockTimeout: given.lockTimeout });
     const placement = await readFleetPlacement(fleet);
     const config = await requireCurrentMapLocked(given, placement, (file) => loadConfig(file), before);
     for (const { host, client } of fleet.sessions) {

@@ -6,7 +6,7 @@ import { type NextStep, RuntimeFailure, UsageError } from '../errors.js';
 import { controlTableExists } from '../fleet/control.js';
 import { Fleet } from '../fleet/session.js';
 import {
-  placementBeforeLocks,
+  lockAfterPlacement,
   readFleetPlacement,
   requireCurrentMapLocked,
   withFleetShardLists,
@@ -133,9 +133,8 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     const refused = await uninitialisedHosts(fleet);
     if (refused && !options.dryRun)
       throw new RuntimeFailure(refused.code, refused.message, { hosts: refused.hosts }, [], [...refused.next]);
-    // The placement before the locks: what a move that finishes while this run waits changes.
-    const before = options.dryRun ? undefined : await placementBeforeLocks(fleet);
-    if (!options.dryRun) await fleet.lock({ lockTimeout: config.lockTimeout });
+    // With the placement from before the locks: what a move that finishes while this run waits changes.
+    const before = options.dryRun ? undefined : await lockAfterPlacement(fleet, { lockTimeout: config.lockTimeout });
     const placement = await readFleetPlacement(fleet);
     const reload = options.reload ?? ((file: string) => loadConfig(file));
     const current = await requireCurrentMapLocked(config, placement, () => reload(config.file), before);

@@ -516,13 +516,17 @@ export async function readFleetPlacement(fleet: Fleet): Promise<FleetPlacement> 
 }
 
 /**
- * The placement a run reads before it asks for the runner locks, for requireCurrentMapLocked to see
- * whether the fleet moved on while it waited. Undefined when a host refuses the read for want of
- * rights (a role without rights on the control schema, SQLSTATE 42501): the lock, taken next, says
- * why in its own words. Any other failure is the host's, as the lock would meet it: the host is
- * lost (`tolerateLoss`, as the lock is given it) or the failure thrown, naming the host.
+ * Takes the runner locks (Fleet.lock) and returns the placement read just before asking for them,
+ * for requireCurrentMapLocked to see whether the fleet moved on while the run waited. Undefined
+ * when a host refuses that read for want of rights (a role without rights on the control schema,
+ * SQLSTATE 42501): the lock, taken next, says why in its own words. Any other failure of the read
+ * is the host's, as the lock would meet it: the host is lost (`tolerateLoss`) or the failure
+ * thrown, naming the host.
  */
-export async function placementBeforeLocks(fleet: Fleet, tolerateLoss = false): Promise<FleetPlacement | undefined> {
+export async function lockAfterPlacement(
+  fleet: Fleet,
+  options: { lockTimeout?: string; tolerateLoss?: boolean } = {},
+): Promise<FleetPlacement | undefined> {
   let refused = false;
   const views = await fleet.each(
     async (s) => {
@@ -534,8 +538,9 @@ export async function placementBeforeLocks(fleet: Fleet, tolerateLoss = false): 
         return null;
       }
     },
-    { tolerateLoss, doing: "cannot read the fleet's placement" },
+    { tolerateLoss: options.tolerateLoss ?? false, doing: "cannot read the fleet's placement" },
   );
+  await fleet.lock(options);
   return refused ? undefined : mergePlacement(views.filter((v) => v !== null));
 }
 

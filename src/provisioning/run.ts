@@ -6,7 +6,7 @@ import { randomUUID } from 'node:crypto';
 import { controlSchemaSql, finishSlowPath } from '../fleet/control.js';
 import {
   fleetRecord,
-  placementBeforeLocks,
+  lockAfterPlacement,
   readFleetPlacement,
   registerFleetSql,
   requireCurrentMap,
@@ -113,9 +113,10 @@ export async function provision(
   try {
     const tolerateLoss = mode === 'migrate';
     if (!tolerateLoss) fleet.requireAll();
-    // The placement before the locks: what a move that finishes while this run waits changes.
-    const before = dryRun ? undefined : await placementBeforeLocks(fleet, tolerateLoss);
-    if (!dryRun) await fleet.lock({ lockTimeout: given.lockTimeout, tolerateLoss });
+    // With the placement from before the locks: what a move that finishes while this run waits changes.
+    const before = dryRun
+      ? undefined
+      : await lockAfterPlacement(fleet, { lockTimeout: given.lockTimeout, tolerateLoss });
     let snapshots = await fleet.each((s) => readHostSnapshot(s, given), { tolerateLoss });
     for (const lost of fleet.lost)
       options.onNotice?.(`host ${lost.host.name}: ${lost.reason}; its shards are left behind`);

@@ -107,26 +107,29 @@ describe('mergePlacement', () => {
   });
 });
 
+/** A config of 8 shards over `hosts` (YAML lines), its `${SECRET}` given as "given". */
+function eightShards(hosts: readonly string[], file = '<inline>') {
+  return parseConfig(['shards: 8', 'hosts:', ...hosts, ''].join('\n'), {
+    file,
+    env: { SECRET: 'given' },
+    checkMigrationsDir: false,
+  });
+}
+
 describe('withFleetShardLists', () => {
   it('takes each host shard list from the fleet, keeps every other setting, and leaves a shard of an unknown host where it was', () => {
-    const config = parseConfig(
-      [
-        'shards: 8',
-        'hosts:',
-        '  - name: pg1',
-        '    url: postgres://app:${SECRET}@db1/app',
-        '    shards: "0-5"',
-        '  - name: pg2',
-        '    url: postgres://db2/app',
-        '    directUrl: postgres://db2:5433/app',
-        '    shards: "6-7"',
-        '  - name: pg3',
-        '    url: postgres://db3/app',
-        '    shards: ""',
-        '',
-      ].join('\n'),
-      { file: '<inline>', env: { SECRET: 'given' }, checkMigrationsDir: false },
-    );
+    const config = eightShards([
+      '  - name: pg1',
+      '    url: postgres://app:${SECRET}@db1/app',
+      '    shards: "0-5"',
+      '  - name: pg2',
+      '    url: postgres://db2/app',
+      '    directUrl: postgres://db2:5433/app',
+      '    shards: "6-7"',
+      '  - name: pg3',
+      '    url: postgres://db3/app',
+      '    shards: ""',
+    ]);
     // pg1 gave 4-5 to pg3 and 0 to pg2; pg9 (not in the config) claims 2.
     const placement = mergePlacement([
       view('pg1', { claims: { 1: 'active', 3: 'active' } }),
@@ -147,19 +150,16 @@ describe('withFleetShardLists', () => {
 });
 
 describe('requireCurrentMapLocked: a run that waited for the runner locks', () => {
-  const config = parseConfig(
+  const config = eightShards(
     [
-      'shards: 8',
-      'hosts:',
       '  - name: pg1',
       '    url: postgres://app:${SECRET}@db1/app',
       '    shards: "0-3"',
       '  - name: pg2',
       '    url: postgres://db2/app',
       '    shards: "4-7"',
-      '',
-    ].join('\n'),
-    { file: '/nowhere/shardctl.yaml', env: { SECRET: 'given' }, checkMigrationsDir: false },
+    ],
+    '/nowhere/shardctl.yaml',
   );
   const asFile = mergePlacement([
     view('pg1', { claims: { 0: 'active', 1: 'active', 2: 'active', 3: 'active' }, version: 3n }),
