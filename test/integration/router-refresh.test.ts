@@ -62,12 +62,16 @@ describe('the background refresh of a router', () => {
         router.withShard(shard, (client) =>
           client.query(`insert into photos (user_id, image_url) values ($1, 'x')`, [shard]),
         );
-      // One call on each host: each has a pool, with one connection.
+      // One call on each host: each has a pool (one connection, or two when a refresh overlapped the call).
       await insert(0);
       await insert(2);
       await expectQuietRefreshes(admins);
-      // The pool's connection asked last (its query stays in pg_stat_activity while it is idle).
-      expect(await askedOn(admins[0]!)).toBe(1);
+      // The refresh asked on the pool's own connections (a query stays in pg_stat_activity while its
+      // connection is idle): at least one of them asked last, and no other session did.
+      const pg1 = router.stats().find((h) => h.host === 'pg1')!;
+      const asked = await askedOn(admins[0]!);
+      expect(asked).toBeGreaterThanOrEqual(1);
+      expect(asked).toBeLessThanOrEqual(pg1.poolSize);
 
       // A move switches shard 1 to pg2: the version changes there, and the refresh reads the map.
       const moved = await runCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
