@@ -93,6 +93,22 @@ function drained(client: pg.PoolClient, ms: number): Promise<boolean> {
   });
 }
 
+/** Releases the lease, then settles with `outcome`; a release that throws rejects with its error instead. */
+function settleAfterRelease<V>(
+  lease: Lease,
+  settle: (outcome: V) => void,
+  outcome: V,
+  reject: (error: unknown) => void,
+): void {
+  try {
+    lease.release();
+  } catch (error) {
+    reject(error);
+    return;
+  }
+  settle(outcome);
+}
+
 /**
  * Checks out a connection (`checkout`, which names the host when it fails), runs `work` on it and
  * releases it: destroyed when `work` threw or marked it broken, back to the pool otherwise. Not an
@@ -109,22 +125,23 @@ export function withConnection<T>(
   } catch (error) {
     return Promise.reject(error as Error);
   }
-  return checkingOut.then((client) => {
-    const lease = new Lease(client);
-    const failed = (error: unknown): never => {
-      lease.broken(error);
-      lease.release();
-      throw error;
-    };
-    let working: Promise<T>;
-    try {
-      working = work(lease);
-    } catch (error) {
-      return failed(error);
-    }
-    return working.then((value) => {
-      lease.release();
-      return value;
-    }, failed);
+  // One promise, settled from the callbacks: a `then` that returned work's chain would make the
+  // caller's promise adopt it, two more microtask turns on every routed call.
+  return new Promise<T>((resolve, reject) => {
+    checkingOut.then((client) => {
+      const lease = new Lease(client);
+      const failed = (error: unknown): void => {
+        lease.broken(error);
+        settleAfterRelease(lease, reject, error, reject);
+      };
+      let working: Promise<T>;
+      try {
+        working = work(lease);
+      } catch (error) {
+        failed(error);
+        return;
+      }
+      working.then((value) => settleAfterRelease(lease, resolve, value, reject), failed);
+    }, reject);
   });
 }

@@ -47,15 +47,31 @@ export interface FollowPaths {
 
 /**
  * One call, following moves: returns fn's value and the host it committed on (counted, and traced
- * when observed). Not an async function itself (a routed call is on the application's hot path:
- * each async layer costs a promise and microtask turns); a shard outside the map still rejects.
+ * when observed), or fn's value alone (`valueOnly`: withShard and the like, which need no host).
+ * Not an async function itself (a routed call is on the application's hot path: each async layer
+ * and each promise in the chain costs microtask turns and garbage); a shard outside the map still
+ * rejects. A call that succeeds at once, the usual case, goes through one `then` here.
  */
 export function runFollowing<T>(
   paths: FollowPaths,
   shard: number,
   attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+  readOnly?: boolean,
+): Promise<{ value: T; host: string }>;
+export function runFollowing<T>(
+  paths: FollowPaths,
+  shard: number,
+  attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
+  readOnly: boolean,
+  valueOnly: true,
+): Promise<T>;
+export function runFollowing<T>(
+  paths: FollowPaths,
+  shard: number,
+  attemptOn: (host: HostConfig, trace: CallTrace | undefined) => Promise<Attempt<T>>,
   readOnly = false,
-): Promise<{ value: T; host: string }> {
+  valueOnly = false,
+): Promise<{ value: T; host: string } | T> {
   try {
     paths.checkShard(shard);
   } catch (error) {
@@ -66,9 +82,20 @@ export function runFollowing<T>(
   const onHost = (name: string): void => {
     last = name;
   };
-  // The first attempt starts here, and follow() (an async function, with its loop) is entered only
-  // when it did not succeed: a call that succeeds at once, the usual case, has no async layer here.
-  let called: Promise<{ value: T; host: string }>;
+  const succeeded = (done: { value: T; host: string }): { value: T; host: string } | T => {
+    paths.diagnostics.ended(done.host, true);
+    trace?.end(done.host);
+    return valueOnly ? done.value : done;
+  };
+  const failed = (error: unknown): never => {
+    // No host at all (none reachable holds the shard): nothing to count against.
+    if (last !== undefined) paths.diagnostics.ended(last, false);
+    trace?.end(last ?? '', { error });
+    throw namingShard(error, shard);
+  };
+  // follow() (an async function, with its loop) is entered only when the first attempt did not succeed.
+  const following = (first: FirstAttempt<T>): Promise<{ value: T; host: string } | T> =>
+    follow(paths, shard, attemptOn, trace, onHost, readOnly, first).then(succeeded, failed);
   try {
     const host = paths.hostForShard(shard);
     onHost(host.name);
@@ -80,30 +107,16 @@ export function runFollowing<T>(
     } catch (error) {
       attempted = Promise.reject(error as Error);
     }
-    called = attempted.then(
-      (attempt): { value: T; host: string } | Promise<{ value: T; host: string }> =>
+    return attempted.then(
+      (attempt) =>
         attempt.ok
-          ? { value: attempt.value, host: host.name }
-          : follow(paths, shard, attemptOn, trace, onHost, readOnly, { host, usedAddress, outcome: { attempt } }),
-      (error: unknown) =>
-        follow(paths, shard, attemptOn, trace, onHost, readOnly, { host, usedAddress, outcome: { error } }),
+          ? succeeded({ value: attempt.value, host: host.name })
+          : following({ host, usedAddress, outcome: { attempt } }),
+      (error: unknown) => following({ host, usedAddress, outcome: { error } }),
     );
   } catch (error) {
-    called = Promise.reject(error as Error);
+    return Promise.reject(error as Error).then(succeeded, failed);
   }
-  return called.then(
-    (done) => {
-      paths.diagnostics.ended(done.host, true);
-      trace?.end(done.host);
-      return done;
-    },
-    (error: unknown) => {
-      // No host at all (none reachable holds the shard): nothing to count against.
-      if (last !== undefined) paths.diagnostics.ended(last, false);
-      trace?.end(last ?? '', { error });
-      throw namingShard(error, shard);
-    },
-  );
 }
 
 /**

@@ -209,13 +209,23 @@ export class HostPools {
 
   /**
    * A pooled connection of `host`; failing names the host and the shard. When the host's pool is
-   * there and the call is not traced (the usual case), pg-pool's own promise with only the failure
-   * handled: no async layer on a routed call's hot path.
+   * there and the call is not traced (the usual case), one promise settled from pg-pool's callback
+   * (its promise form makes two, and a handler for the failure a third): no async layer on a routed
+   * call's hot path.
    */
   connect(host: HostConfig, shard: number, trace?: CallTrace): Promise<pg.PoolClient> {
     const pool = trace === undefined ? this.current(host) : undefined;
     if (!pool) return this.connectTraced(host, shard, trace);
-    return pool.connect().catch((error: unknown) => this.connectFailed(host, shard, trace, false, error));
+    return new Promise((resolve, reject) => {
+      pool.connect((error: Error | undefined, client: pg.PoolClient | undefined) => {
+        if (!error && client) return resolve(client);
+        try {
+          resolve(this.connectFailed(host, shard, trace, false, error ?? new Error('pg-pool gave no connection')));
+        } catch (thrown) {
+          reject(thrown as Error);
+        }
+      });
+    });
   }
 
   private async connectTraced(

@@ -349,7 +349,13 @@ export class ShardRouter {
     } catch (error) {
       return Promise.reject(error as Error);
     }
-    return this.run(shard, this.attemptOn(shard, fn, options, replica), options.readOnly ?? false).then(valueOf);
+    return runFollowing(
+      this.following,
+      shard,
+      this.attemptOn(shard, fn, options, replica),
+      options.readOnly ?? false,
+      true,
+    );
   }
 
   /**
@@ -589,8 +595,3 @@ const FAN_OUT_OPTION_KEYS = optionKeys<ForEachShardOptions>({
   onShardDone: true,
 });
 const QUERY_EACH_OPTION_KEYS: readonly string[] = [...FAN_OUT_OPTION_KEYS, 'query', 'shardsPerQuery', 'params'];
-
-/** A routed call's value, without the host it committed on. */
-function valueOf<T>(done: { value: T }): T {
-  return done.value;
-}
