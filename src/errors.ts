@@ -106,16 +106,49 @@ export class UsageError extends ShardctlError {
     const where =
       options.input === undefined
         ? ''
-        : `${options.input}${options.value === undefined ? '' : ` ${JSON.stringify(options.value)}`}: `;
+        : `${options.input}${options.value === undefined ? '' : ` ${showValue(options.value)}`}: `;
     super('USAGE', `${where}${reason}`, {
       exitCode: 2,
       ...(options.data || options.input
-        ? { data: { ...(options.input ? { input: options.input, value: options.value } : {}), ...options.data } }
+        ? {
+            data: {
+              ...(options.input ? { input: options.input, value: jsonValue(options.value) } : {}),
+              ...options.data,
+            },
+          }
         : {}),
     });
     this.input = options.input;
     this.value = options.value;
     this.reason = reason;
+  }
+}
+
+/**
+ * A value as a message shows it: JSON where JSON says what it is (a string quoted, so '10' and 10
+ * differ), else as JavaScript writes it (5n, NaN, Infinity, a function's type) rather than
+ * JSON's null or a throw.
+ */
+function showValue(value: unknown): string {
+  if (typeof value === 'bigint') return `${value}n`;
+  if (typeof value === 'number' && !Number.isFinite(value)) return String(value);
+  if (typeof value === 'function' || typeof value === 'symbol') return typeof value;
+  try {
+    return JSON.stringify(value) ?? String(value);
+  } catch {
+    return String(value);
+  }
+}
+
+/** The value for an error's JSON data: a bigint as its decimal string, anything JSON cannot hold as showValue writes it. */
+function jsonValue(value: unknown): unknown {
+  if (typeof value === 'bigint') return value.toString();
+  if (value === undefined || value === null || typeof value === 'string' || typeof value === 'boolean') return value;
+  if (typeof value === 'number') return Number.isFinite(value) ? value : String(value);
+  try {
+    return JSON.parse(JSON.stringify(value)) as unknown;
+  } catch {
+    return showValue(value);
   }
 }
 

@@ -110,9 +110,10 @@ function fieldMessage(message: string | undefined, value: unknown): string {
  */
 export function refuseUnknownOptions(what: string, options: unknown, known: readonly string[]): void {
   if (typeof options !== 'object' || options === null || Array.isArray(options))
-    throw new UsageError(`must be an object of options, not ${Array.isArray(options) ? 'an array' : typeof options}`, {
-      input: what,
-    });
+    throw new UsageError(
+      `must be an object of options, not ${Array.isArray(options) ? 'an array' : options === null ? 'null' : typeof options}`,
+      { input: what },
+    );
   for (const key in options)
     if (!known.includes(key)) throw new UsageError(unknownKeyMessage(key, known), { input: what });
 }

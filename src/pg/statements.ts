@@ -272,15 +272,23 @@ export function splitSqlBothWays(sql: string): SqlStatement[] {
 
 /**
  * The first statement of `sql` (in either reading: splitSqlBothWays) that would end its transaction
- * or change the session beyond it (transactionEscape), named by its line and start; undefined when
- * none does.
+ * or change the session beyond it (transactionEscape, EXECUTE in a DO body refused), named by its
+ * line and start; undefined when none does. The router's check of what a call sends.
  */
 export function firstEscape(sql: string): string | undefined {
   for (const statement of splitSqlBothWays(sql)) {
-    const escape = transactionEscape(statement);
+    const escape = transactionEscape(statement, { refuseExecute: true });
     if (escape) return `line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`;
   }
   return undefined;
+}
+
+export interface EscapeOptions {
+  /**
+   * Refuse EXECUTE in a DO body (its SQL cannot be read). The router's check: a pooled connection
+   * serves every shard of its host. Migrations and exec allow it (dynamic DDL is what they use it for).
+   */
+  readonly refuseExecute?: boolean;
 }
 
 /** Statements that do the same in a transaction block and in the implicit transaction of one statement. */
@@ -303,7 +311,7 @@ export function blockNeutral(sql: string): boolean {
  * undefined when it does neither. `SET LOCAL` of other settings stays inside the transaction and
  * is allowed; SAVEPOINT, RELEASE and ROLLBACK TO stay inside it too.
  */
-export function transactionEscape(statement: SqlStatement): string | undefined {
+export function transactionEscape(statement: SqlStatement, options: EscapeOptions = {}): string | undefined {
   const [first, second, third] = statement.keywords;
   switch (first) {
     case 'begin':
@@ -336,13 +344,13 @@ export function transactionEscape(statement: SqlStatement): string | undefined {
       // The body is text to PostgreSQL, and only a DO's body runs where it is written: what it
       // says is looked at as a statement's tokens are (a function it calls is not).
       const body = statement.tokens.find((t) => t.kind === 'string');
-      const inner = body === undefined ? undefined : bodyEscape(body.value);
+      const inner = body === undefined ? undefined : bodyEscape(body.value, options);
       return inner === undefined ? undefined : `DO: ${inner}`;
     }
     case 'explain': {
       // EXPLAIN ANALYZE runs its statement: CREATE TABLE … AS (a temporary one included) is made.
       const inner = explained(statement);
-      return inner === undefined ? undefined : transactionEscape(inner);
+      return inner === undefined ? undefined : transactionEscape(inner, options);
     }
     case 'reset':
       return RESET_ESCAPE;
@@ -504,15 +512,26 @@ function followedBy(statement: SqlStatement, ...words: readonly string[]): boole
 
 /**
  * Why a DO block's body (its string token: a dollar quote or a quoted string) would change the
- * session: a set_config() or a SET / RESET of where or as whom statements run, read as tokens.
+ * session: a set_config() or a SET / RESET of where or as whom statements run, read as tokens;
+ * anything a statement of its own is refused for (a temporary table, LISTEN, PREPARE, DECLARE …
+ * WITH HOLD, DISCARD), wherever PL/pgSQL starts it (after BEGIN, THEN, LOOP …); and, when asked
+ * (options.refuseExecute), EXECUTE, whose SQL is text made as the body runs and cannot be read here.
  */
-function bodyEscape(quoted: string): string | undefined {
+function bodyEscape(quoted: string, options: EscapeOptions): string | undefined {
   const dollar = /^(\$[^$]*\$)([\s\S]*)\1$/.exec(quoted);
   const text = dollar ? dollar[2]! : quoted.replace(/^[eE]?'|'$/g, '').replace(/''/g, "'");
   for (const inner of splitSql(text).statements) {
     const words = inner.keywords;
     const call = callEscape(inner);
     if (call !== undefined) return call;
+    for (const [i, token] of inner.tokens.entries()) {
+      if (token.kind !== 'word') continue;
+      if (token.value === 'execute' && options.refuseExecute) return EXECUTE_ESCAPE;
+      if (!BODY_STATEMENT_STARTS.has(token.value)) continue;
+      const rest = inner.tokens.slice(i);
+      const escape = transactionEscape({ ...inner, tokens: rest, keywords: leadingWords(rest) }, options);
+      if (escape !== undefined) return escape;
+    }
     const at = words.findIndex((w) => w === 'set' || w === 'reset');
     if (at < 0) continue;
     if (words[at] === 'reset') return RESET_ESCAPE;
@@ -523,6 +542,12 @@ function bodyEscape(quoted: string): string | undefined {
   }
   return undefined;
 }
+
+/** Words that start, inside a DO body, a statement transactionEscape judges as it judges one of its own. */
+const BODY_STATEMENT_STARTS = new Set(['create', 'listen', 'prepare', 'declare', 'discard', 'explain']);
+
+const EXECUTE_ESCAPE =
+  'EXECUTE runs SQL text made as the block runs, which cannot be checked (it could leave a temporary table, a setting, a role or a lock on the connection); write the statements in the body, or call a function a migration created';
 
 /** Settings that decide which schema unqualified names resolve to, and as whom statements run. */
 const SESSION_IDENTITY = new Set(['search_path', 'schema', 'role', 'session', 'session_authorization']);

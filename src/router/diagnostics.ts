@@ -30,6 +30,11 @@ export type CallWait =
 /** A call's event on `shardctl:router:call`, published when the call ends. */
 export interface RouterCallEvent {
   readonly shard: number;
+  /**
+   * A round trip of several shards of one host (read-only chunks of forEachShard, queryEachShard
+   * and queryPage): all of them, `shard` the first. Absent for a call of one shard.
+   */
+  readonly shards?: readonly number[];
   /** The host it ended on (after following a move). */
   readonly host: string;
   readonly ok: boolean;
@@ -99,6 +104,7 @@ export class CallTrace {
   constructor(
     readonly shard: number,
     slowCallMs: number,
+    private readonly shards?: readonly number[],
   ) {
     if (slowCallMs > 0) {
       this.timer = setTimeout(() => this.slow(), slowCallMs);
@@ -150,6 +156,7 @@ export class CallTrace {
     if (!callChannel.hasSubscribers) return;
     const event: RouterCallEvent = {
       shard: this.shard,
+      ...(this.shards ? { shards: this.shards } : {}),
       host,
       ok: !error,
       attempts: this.attempts,
@@ -166,6 +173,11 @@ export class CallTrace {
     callChannel.publish(event);
   }
 
+  /** The call gave way to others that publish their own (a round trip run again shard by shard): nothing to publish. */
+  dropped(): void {
+    if (this.timer) clearTimeout(this.timer);
+  }
+
   private slow(): void {
     this.timer = undefined;
     const event: SlowCallEvent = {
@@ -176,8 +188,11 @@ export class CallTrace {
     };
     if (slowChannel.hasSubscribers) slowChannel.publish(event);
     const onHost = event.host !== undefined ? ` on host ${event.host}` : '';
+    const what = this.shards
+      ? `a round trip of ${this.shards.length} shards (${this.shards[0]}, …)`
+      : `a call on shard ${event.shard}`;
     process.emitWarning(
-      `shardctl: a call on shard ${event.shard}${onHost} has taken ${event.waitedMs} ms; it is waiting for ${event.waitingFor} (for ${Math.round(performance.now() - this.since)} ms)`,
+      `shardctl: ${what}${onHost} has taken ${event.waitedMs} ms; it is waiting for ${event.waitingFor} (for ${Math.round(performance.now() - this.since)} ms)`,
       { code: 'SHARDCTL_SLOW_CALL' },
     );
   }
@@ -201,6 +216,13 @@ export class RouterDiagnostics {
   /** A trace for a call about to start, or undefined when nobody would see it. */
   begin(shard: number): CallTrace | undefined {
     return callChannel.hasSubscribers || this.slowCallMs > 0 ? new CallTrace(shard, this.slowCallMs) : undefined;
+  }
+
+  /** A trace for a round trip of several shards of one host, or undefined when nobody would see it. */
+  beginRoundTrip(shards: readonly number[]): CallTrace | undefined {
+    return callChannel.hasSubscribers || this.slowCallMs > 0
+      ? new CallTrace(shards[0]!, this.slowCallMs, [...shards])
+      : undefined;
   }
 
   ended(host: string, ok: boolean, count = 1): void {

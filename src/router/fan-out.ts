@@ -6,7 +6,10 @@ import { Limit } from './limit.js';
 import type { Chunking, ForEachShardOptions, RouterInternals } from './types.js';
 
 /** What the fan-out needs of the router. */
-export type FanOutPaths = Pick<RouterInternals, 'config' | 'settings' | 'checkShard' | 'hostForShard' | 'foundDown'>;
+export type FanOutPaths = Pick<
+  RouterInternals,
+  'config' | 'settings' | 'checkShard' | 'hostForShard' | 'foundDown' | 'beginRoundTrip'
+>;
 
 /**
  * The fan-out behind forEachShard, queryEachShard and queryPage: `runShard` on each shard of
@@ -150,13 +153,20 @@ export async function fanOut<T>(
             // A failed chunk is not lost: its shards run one by one below, each reporting its own error
             // (at once, when the chunk found its host unreachable).
             let down: HostError | undefined;
-            const values =
-              chunk.every((s) => paths.hostForShard(s) === host) && !unreachable.has(host.name)
-                ? await chunks.runChunk(host, chunk, statements).catch((error: unknown) => {
-                    if (isHostDown(error)) down = error as HostError;
-                    return undefined;
-                  })
-                : undefined;
+            const whole = chunk.every((s) => paths.hostForShard(s) === host) && !unreachable.has(host.name);
+            // The round trip's event (diagnostics.ts): published when it succeeded or found its host
+            // down; when it is run again shard by shard, those calls publish their own.
+            const trace = whole ? paths.beginRoundTrip(chunk) : undefined;
+            trace?.attempt(host.name);
+            const values = whole
+              ? await chunks.runChunk(host, chunk, statements, trace).catch((error: unknown) => {
+                  if (isHostDown(error)) down = error as HostError;
+                  return undefined;
+                })
+              : undefined;
+            if (values) trace?.end(host.name);
+            else if (down) trace?.end(host.name, { error: down });
+            else trace?.dropped();
             if (down) {
               // Tried as a chunk, and the host could not be reached: each of its shards says so.
               noteDown(host.name, down);

@@ -1,5 +1,6 @@
 import type { Env } from '../config/env.js';
 import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
+import { UsageError } from '../errors.js';
 
 /** The default of ShardRouterOptions.mapRefreshMs: 30 s. */
 export const DEFAULT_MAP_REFRESH_MS = 30_000;
@@ -113,25 +114,22 @@ const ROUTER_OPTION_KEYS = optionKeys<ShardRouterOptions>({
   cwd: true,
 });
 
-/** The options' defaults, each checked (a RangeError naming the option and its value). */
+/** The options' defaults, each checked (a UsageError naming the option and its value). */
 export function routerSettings(options: ShardRouterOptions): RouterSettings {
-  refuseUnknownOptions('router options', options, ROUTER_OPTION_KEYS);
+  requireRouterOptions(options);
   const poolSize = options.poolSize ?? 10;
-  if (!Number.isSafeInteger(poolSize) || poolSize < 1)
-    throw new RangeError(`poolSize ${poolSize} must be a positive integer`);
+  if (!Number.isSafeInteger(poolSize) || poolSize < 1) refuse('poolSize', poolSize, 'must be a positive integer');
   for (const name of ['statementTimeoutMs', 'idleInTransactionTimeoutMs'] as const) {
     const value = options[name];
-    if (value !== undefined && (!Number.isSafeInteger(value) || value < 0 || value > 2_147_483_647))
-      throw new RangeError(`${name} ${value} must be a whole number of milliseconds (0: the server's setting)`);
+    if (value !== undefined && !isMilliseconds(value))
+      refuse(name, value, "must be a whole number of milliseconds (0: the server's setting)");
   }
   const maxConnectionLifetimeMs = options.maxConnectionLifetimeMs ?? DEFAULT_MAX_CONNECTION_LIFETIME_MS;
   if (!Number.isSafeInteger(maxConnectionLifetimeMs) || maxConnectionLifetimeMs < 0)
-    throw new RangeError(
-      `maxConnectionLifetimeMs ${maxConnectionLifetimeMs} must be a whole number of milliseconds (0: no limit)`,
-    );
+    refuse('maxConnectionLifetimeMs', maxConnectionLifetimeMs, 'must be a whole number of milliseconds (0: no limit)');
   const maxConnectionUses = options.maxConnectionUses ?? 0;
   if (!Number.isSafeInteger(maxConnectionUses) || maxConnectionUses < 0)
-    throw new RangeError(`maxConnectionUses ${maxConnectionUses} must be a whole number (0: no limit)`);
+    refuse('maxConnectionUses', maxConnectionUses, 'must be a whole number (0: no limit)');
   const settings: RouterSettings = {
     ...options,
     poolSize,
@@ -145,24 +143,51 @@ export function routerSettings(options: ShardRouterOptions): RouterSettings {
     slowCallMs: options.slowCallMs ?? 0,
     mapRefreshMs: options.mapRefreshMs ?? DEFAULT_MAP_REFRESH_MS,
   };
-  if (
-    !Number.isSafeInteger(settings.mapRefreshMs) ||
-    settings.mapRefreshMs < 0 ||
-    settings.mapRefreshMs > 2_147_483_647
-  )
-    throw new RangeError(
-      `mapRefreshMs ${settings.mapRefreshMs} must be a whole number of milliseconds (0: no refresh in the background)`,
+  if (!isMilliseconds(settings.mapRefreshMs))
+    refuse(
+      'mapRefreshMs',
+      settings.mapRefreshMs,
+      'must be a whole number of milliseconds (0: no refresh in the background)',
     );
   if (!Number.isSafeInteger(settings.slowCallMs) || settings.slowCallMs < 0)
-    throw new RangeError(`slowCallMs ${settings.slowCallMs} must be a whole number of milliseconds (0: no warning)`);
+    refuse('slowCallMs', settings.slowCallMs, 'must be a whole number of milliseconds (0: no warning)');
   for (const name of ['connectTimeoutMs', 'idleTimeoutMs', 'fencedTimeoutMs', 'failoverTimeoutMs'] as const) {
-    const value = settings[name];
-    if (!Number.isSafeInteger(value) || value < 0 || value > 2_147_483_647)
-      throw new RangeError(`${name} ${JSON.stringify(value)} must be a whole number of milliseconds`);
+    if (!isMilliseconds(settings[name])) refuse(name, settings[name], 'must be a whole number of milliseconds');
   }
   if (typeof settings.applicationName !== 'string')
-    throw new RangeError(`applicationName ${JSON.stringify(settings.applicationName)} must be a string`);
+    refuse('applicationName', settings.applicationName, 'must be a string');
   if (options.trackWriteLsn !== undefined && typeof options.trackWriteLsn !== 'boolean')
-    throw new RangeError(`trackWriteLsn ${JSON.stringify(options.trackWriteLsn)} must be true or false`);
+    refuse('trackWriteLsn', options.trackWriteLsn, 'must be true or false');
   return settings;
+}
+
+/** The router's options are an object of known keys (from JavaScript, null or a misspelt key could be passed). */
+export function requireRouterOptions(options: unknown): asserts options is ShardRouterOptions {
+  refuseUnknownOptions('router options', options, ROUTER_OPTION_KEYS);
+}
+
+/**
+ * The values of the options calls share, of the right types (a UsageError naming the first that is
+ * not): from JavaScript `readOnly: 'false'` would read as true, and `perHost: '2'` as a number.
+ */
+export function checkCallOptionValues(options: object): void {
+  const values = options as Record<string, unknown>;
+  if (values['readOnly'] !== undefined && typeof values['readOnly'] !== 'boolean')
+    refuse('readOnly', values['readOnly'], 'must be true or false');
+  for (const name of ['perHost', 'concurrency', 'shardsPerQuery']) {
+    const value = values[name];
+    if (value !== undefined && (!Number.isSafeInteger(value) || (value as number) < 1))
+      refuse(name, value, 'must be a positive integer');
+  }
+  if (values['shards'] !== undefined && !Array.isArray(values['shards']))
+    refuse('shards', values['shards'], 'must be an array of shard numbers');
+}
+
+/** A whole number of milliseconds PostgreSQL and Node's timers both take (0 to 2^31 - 1). */
+function isMilliseconds(value: unknown): boolean {
+  return Number.isSafeInteger(value) && (value as number) >= 0 && (value as number) <= 2_147_483_647;
+}
+
+function refuse(name: string, value: unknown, reason: string): never {
+  throw new UsageError(reason, { input: name, value });
 }

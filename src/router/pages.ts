@@ -4,6 +4,7 @@ import { UsageError } from '../errors.js';
 import { encodeId, parseIdString, type IdLayout } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
+import { checkCallOptionValues } from './options.js';
 import { REPLICA_READ_FLAGS, replicaRead, type WriteLsn } from './replicas.js';
 import { oneStatement, queryEachShardWithParams } from './shard-query.js';
 import type { RouterInternals } from './types.js';
@@ -127,6 +128,7 @@ export async function queryPage<R extends pg.QueryResultRow>(
   options: PageOptions,
 ): Promise<Page<R>> {
   refuseUnknownOptions('queryPage options', options, PAGE_OPTION_KEYS);
+  checkCallOptionValues(options);
   const limit = options.limit;
   if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_PAGE_LIMIT)
     throw new UsageError(`must be a whole number from 1 to ${MAX_PAGE_LIMIT}`, { input: 'limit', value: limit });
@@ -189,6 +191,7 @@ export async function queryPage<R extends pg.QueryResultRow>(
 
   const keyed: { id: bigint; row: R }[] = [];
   for (const result of results) {
+    requireBigintColumn(result.value.fields, idColumn);
     for (const row of result.value.rows) keyed.push({ id: rowId(row, idColumn), row });
   }
   keyed.sort(order === 'newest' ? (a, b) => compare(b.id, a.id) : (a, b) => compare(a.id, b.id));
@@ -263,16 +266,39 @@ function keyShards(keys: readonly bigint[], shards: number): number[] {
   return [...found];
 }
 
+/** Names of types an id column is most likely given by mistake (a cast for JSON, a narrower integer). */
+const TYPE_NAMES: Readonly<Record<number, string>> = {
+  21: 'smallint',
+  23: 'integer',
+  25: 'text',
+  1043: 'varchar',
+  1700: 'numeric',
+  2950: 'uuid',
+};
+
+/**
+ * The id column must be a bigint: the shards sort it and the cursor compares it as a number, so a
+ * text id (`id::text`, for JSON) would come back in text order and fail at the next page's bound.
+ */
+function requireBigintColumn(fields: readonly pg.FieldDef[], idColumn: string): void {
+  // A column missing is the server's error already (the page's ORDER BY names it).
+  const field = fields.find((f) => f.name === idColumn);
+  if (field !== undefined && field.dataTypeID !== INT8_OID)
+    throw new UsageError(
+      `must be a bigint column (found ${TYPE_NAMES[field.dataTypeID] ?? `type oid ${field.dataTypeID}`}): pages are sorted and continued by it as a number; select the id itself (turn it into text after the page, if needed)`,
+      { input: 'idColumn', value: idColumn },
+    );
+}
+
 function rowId(row: pg.QueryResultRow, idColumn: string): bigint {
   const value: unknown = row[idColumn];
-  if (typeof value === 'bigint') return value;
-  const parsed = typeof value === 'string' ? parseIdString(value) : undefined;
-  if (typeof parsed !== 'bigint')
-    throw new UsageError(`the rows must carry a bigint ${idColumn} column to merge by (found ${typeof value})`, {
-      input: 'idColumn',
-      value: idColumn,
-    });
-  return parsed;
+  const id = typeof value === 'bigint' ? value : typeof value === 'string' ? parseIdString(value) : undefined;
+  if (typeof id !== 'bigint' || id < 0n)
+    throw new UsageError(
+      `the rows must carry a bigint ${idColumn} of 0 or more to merge by (found ${value === null ? 'null' : typeof value === 'bigint' ? value.toString() : typeof value})`,
+      { input: 'idColumn', value: idColumn },
+    );
+  return id;
 }
 
 const CURSOR_PREFIX = 'v1';

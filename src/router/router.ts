@@ -26,7 +26,13 @@ import { runFollowing, type FollowPaths } from './follow.js';
 import { HostPools } from './pools.js';
 import { StandbyReads } from './standby-reads.js';
 import { attempt, TransactionStarts } from './transaction.js';
-import { routerSettings, type RouterSettings, type ShardRouterOptions } from './options.js';
+import {
+  checkCallOptionValues,
+  requireRouterOptions,
+  routerSettings,
+  type RouterSettings,
+  type ShardRouterOptions,
+} from './options.js';
 import type { Attempt, ForEachShardOptions, RouterInternals, ShardFn, TransactionOptions } from './types.js';
 import { queryPage, type Page, type PageOptions } from './pages.js';
 import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics.js';
@@ -166,13 +172,14 @@ export class ShardRouter {
    * naming it. Pools connect lazily.
    */
   static async open(source?: RouterSource, options: ShardRouterOptions = {}): Promise<ShardRouter> {
+    requireRouterOptions(options);
     if (typeof source === 'object' && source !== null) {
       refuseUnknownOptions('router source', source, SEEDS_SOURCE_KEYS);
       // From JavaScript a single URL string would be spread into its characters, each a "seed".
       if (!Array.isArray(source.seeds) || !source.seeds.every((seed) => typeof seed === 'string'))
         throw new UsageError('must be a list of URLs', { input: 'seeds' });
       const seeds = [...source.seeds];
-      if (seeds.length === 0) throw new RangeError('seeds: give at least one URL');
+      if (seeds.length === 0) throw new UsageError('give at least one URL', { input: 'seeds' });
       seeds.forEach(registerUrlSecret);
       const router = new ShardRouter(emptyFleetConfig(), options, { file: false, seeds });
       await router.discover();
@@ -344,6 +351,7 @@ export class ShardRouter {
     let replica: ReplicaRead | undefined;
     try {
       refuseUnknownOptions('call options', options, CALL_OPTION_KEYS);
+      checkCallOptionValues(options);
       shard = shardOf();
       replica = replicaRead(options);
     } catch (error) {
@@ -369,6 +377,7 @@ export class ShardRouter {
     let replica: ReplicaRead | undefined;
     try {
       refuseUnknownOptions('forEachShard options', options, FAN_OUT_OPTION_KEYS);
+      checkCallOptionValues(options);
       replica = replicaRead(options);
     } catch (error) {
       return Promise.reject(error as Error);
@@ -411,6 +420,7 @@ export class ShardRouter {
     let replica: ReplicaRead | undefined;
     try {
       refuseUnknownOptions('queryEachShard options', options, QUERY_EACH_OPTION_KEYS);
+      checkCallOptionValues(options);
       replica = replicaRead(options);
     } catch (error) {
       return Promise.reject(error as Error);
@@ -515,6 +525,7 @@ export class ShardRouter {
       withConnection: (host, shard, work, via, trace) =>
         withConnection(via ? () => via.checkout() : () => this.pools.connect(host, shard, trace), work),
       counted: (host, ok) => this.diagnostics.ended(host, ok),
+      beginRoundTrip: (shards) => this.diagnostics.beginRoundTrip(shards),
       transactionStart: (shard, readOnly, sessionTimeouts) =>
         this.starts.transactionStart(shard, readOnly, sessionTimeouts),
       wrote: (host, lsn) => this.wrote(host, lsn),
@@ -562,7 +573,10 @@ export class ShardRouter {
 
   private checkShard(shard: number): void {
     if (!Number.isSafeInteger(shard) || shard < 0 || shard >= this.config.shards) {
-      throw new RangeError(`shard ${shard} is not in the map (0-${this.config.shards - 1})`);
+      throw new UsageError(
+        typeof shard === 'number' ? `is not in the map (0-${this.config.shards - 1})` : 'must be a shard number',
+        { input: 'shard', value: shard },
+      );
     }
   }
 

@@ -31,9 +31,8 @@ export function queryEachShardScript<R extends pg.QueryResultRow>(
   const body = sql.replace(/[\s;]+$/, '');
   const readOnly = options.readOnly ?? false;
   const query = options.query ?? {};
+  // Checked with the call's options (checkCallOptionValues).
   const shardsPerQuery = options.shardsPerQuery ?? 1;
-  if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
-    throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
   const single = (shard: number) =>
     router.run(
       shard,
@@ -53,12 +52,12 @@ export function queryEachShardScript<R extends pg.QueryResultRow>(
       const r = await single(shard);
       return { value: r.value.last, host: r.host, statements: r.value.statements };
     },
-    runChunk: (host, shards, statements) =>
+    runChunk: (host, shards, statements, trace) =>
       replica
         ? router.chunkOnReplica(host, shards, replica, (via) =>
             attemptChunk<R>(router, host, shards, body, statements, query, via),
           )
-        : attemptChunk<R>(router, host, shards, body, statements, query),
+        : attemptChunk<R>(router, host, shards, body, statements, query, undefined, trace),
   });
 }
 
@@ -133,6 +132,7 @@ async function attemptChunk<R extends pg.QueryResultRow>(
   statements: number,
   query: Omit<pg.QueryConfig, 'text' | 'values'>,
   via?: Via,
+  trace?: CallTrace,
 ): Promise<pg.QueryResult<R>[] | undefined> {
   const start = (shard: number): TransactionStart => (via ? via.start(shard) : router.transactionStart(shard, true));
   return router.withConnection(
@@ -163,6 +163,7 @@ async function attemptChunk<R extends pg.QueryResultRow>(
       );
     },
     via,
+    trace,
   );
 }
 

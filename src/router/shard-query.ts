@@ -38,9 +38,8 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
   }
   const readOnly = options.readOnly ?? false;
   const query = options.query ?? {};
+  // Checked with the call's options (checkCallOptionValues).
   const shardsPerQuery = options.shardsPerQuery ?? 1;
-  if (!Number.isSafeInteger(shardsPerQuery) || shardsPerQuery < 1)
-    throw new RangeError(`shardsPerQuery ${shardsPerQuery} must be a positive integer`);
   const values = [...params];
   const once = (host: HostConfig, shard: number, trace: CallTrace | undefined, via?: Via) =>
     router.attempt(host, shard, (client) => client.query<R>({ ...query, text, values }), { readOnly }, trace, via);
@@ -59,12 +58,12 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
     maxShards: shardsPerQuery,
     statements: 1,
     probe: async (shard) => ({ ...(await single(shard)), statements: 1 }),
-    runChunk: (host, shards) =>
+    runChunk: (host, shards, _statements, trace) =>
       replica
         ? router.chunkOnReplica(host, shards, replica, (via) =>
             attemptParamsChunk<R>(router, host, shards, text, values, query.types, via),
           )
-        : attemptParamsChunk<R>(router, host, shards, text, values, query.types),
+        : attemptParamsChunk<R>(router, host, shards, text, values, query.types, undefined, trace),
   });
 }
 
@@ -98,6 +97,7 @@ async function attemptParamsChunk<R extends pg.QueryResultRow>(
   values: readonly unknown[],
   types: pg.QueryConfig['types'] | undefined,
   via?: Via,
+  trace?: CallTrace,
 ): Promise<pg.QueryResult<R>[] | undefined> {
   return router.withConnection(
     host,
@@ -122,5 +122,6 @@ async function attemptParamsChunk<R extends pg.QueryResultRow>(
       return shards.map((_, i) => results[i * group + framing] as pg.QueryResult<R>);
     },
     via,
+    trace,
   );
 }

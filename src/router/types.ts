@@ -52,7 +52,7 @@ export interface Chunking<T> {
   /** How many results the text gives per shard, when known without a probe (one statement). */
   statements?: number;
   /** A chunk of one host's shards; undefined (or a rejection) sends them one by one. */
-  runChunk: (host: HostConfig, shards: number[], statements: number) => Promise<T[] | undefined>;
+  runChunk: (host: HostConfig, shards: number[], statements: number, trace?: CallTrace) => Promise<T[] | undefined>;
 }
 
 /**
@@ -110,6 +110,8 @@ export interface RouterInternals {
   ): Promise<T>;
   /** Counts a round trip of several shards in router.stats(). */
   counted(host: string, ok: boolean): void;
+  /** The trace of a round trip of several shards (its event on the call channel), when observed. */
+  beginRoundTrip(shards: readonly number[]): CallTrace | undefined;
   transactionStart(shard: number, readOnly: boolean, sessionTimeouts?: boolean): TransactionStart;
   /** Whether fn's named statements go unnamed on every connection of `host` (a transaction pooler in front: pools.ts). */
   statementsShared(host: HostConfig): boolean;

@@ -164,7 +164,9 @@ describe('shardctl exec without --write', () => {
   it('runs SELECTs, CTEs, VALUES, TABLE, EXPLAIN and SHOW on every shard in its own schema', async () => {
     const show = await runCli(['exec', '-c', fleet.configFile, '--csv', 'show search_path']);
     expect(show.code).toBe(0);
-    expect(show.stdout).toBe(`shard,search_path\n${Array.from({ length: 8 }, (_, i) => `${i},ro${i}\n`).join('')}`);
+    expect(show.stdout).toBe(
+      `shard,search_path\n${Array.from({ length: 8 }, (_, i) => `${i},"ro${i}, pg_temp"\n`).join('')}`,
+    );
     const cte = await runCli([
       'exec',
       '-c',

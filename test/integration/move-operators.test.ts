@@ -293,7 +293,7 @@ describe.each([
     const fleet = makeFleet({ urls: pair.urls, shards: 4, split: ['0-1', '2-3'] });
     expect((await init(await fleet.config())).ok).toBe(true);
     await expect(ShardRouter.open(fleet.configFile, { mapRefreshMs: -1 })).rejects.toThrow(
-      'mapRefreshMs -1 must be a whole number of milliseconds',
+      'mapRefreshMs -1: must be a whole number of milliseconds',
     );
     const first = await adminClient(pair.urls[0]!);
     const router = await ShardRouter.open(fleet.configFile, { mapRefreshMs });

@@ -86,6 +86,51 @@ describe('ShardRouter diagnostics', () => {
 describe('ShardRouter diagnostics', () => {
   const db = useTestDatabases(2);
 
+  it('a round trip of several shards (queryPage, queryEachShard) publishes one event naming all its shards and its host', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 8,
+      split: ['0-3', '4-7'],
+      schemaPrefix: 'dr',
+      migrations: PHOTOS_ONLY,
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 2 });
+    const events: RouterCallEvent[] = [];
+    const listener = (message: unknown) => events.push(message as RouterCallEvent);
+    diagnosticsChannel.subscribe(CALL_CHANNEL, listener);
+    try {
+      // perHost 1: each host's shards after the first (the probe, a call of its own) go in one round trip.
+      const trips = { shardsPerQuery: 8, perHost: 1 } as const;
+      await router.queryPage('select id from photos', { limit: 5, ...trips });
+      await router.queryEachShard('select $1::int as n', { params: [1], readOnly: true, ...trips });
+      await router.queryEachShard('select 1 as n', { readOnly: true, ...trips });
+      // With parameters (queryPage, queryEachShard) the text is known to give one result per shard:
+      // each host's shards go in one round trip. Without them, the run's first shard runs alone
+      // first (a call of its own, its event without `shards`) to learn how many results the text gives.
+      // (The hosts run at once: compared in a sorted order.)
+      const sorted = (rows: unknown[]) => rows.map((r) => JSON.stringify(r)).sort();
+      expect(sorted(events.map((e) => [e.shard, e.shards ?? null, e.host, e.ok, e.attempts]))).toEqual(
+        sorted([
+          [0, [0, 1, 2, 3], 'pg1', true, 1],
+          [4, [4, 5, 6, 7], 'pg2', true, 1],
+          [0, [0, 1, 2, 3], 'pg1', true, 1],
+          [4, [4, 5, 6, 7], 'pg2', true, 1],
+          [0, null, 'pg1', true, 1],
+          [1, [1, 2, 3], 'pg1', true, 1],
+          [4, [4, 5, 6, 7], 'pg2', true, 1],
+        ]),
+      );
+    } finally {
+      diagnosticsChannel.unsubscribe(CALL_CHANNEL, listener);
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter diagnostics', () => {
+  const db = useTestDatabases(2);
+
   it('a call waiting past slowCallMs logs one warning naming its shard, host and what it waits for', async () => {
     const fleet = makeFleet({
       urls: db.urls,

@@ -246,8 +246,19 @@ describe('ShardRouter.queryPage', () => {
         .queryPage('select image_url as id from photos', { limit: 10 })
         .catch((e: unknown) => e);
       expect((notId as UsageError).message).toBe(
-        'idColumn "id": the rows must carry a bigint id column to merge by (found string)',
+        'idColumn "id": must be a bigint column (found text): pages are sorted and continued by it as a number; select the id itself (turn it into text after the page, if needed)',
       );
+      // id::text (for JSON) would sort as text ('9' after '20') and fail at the next page's bound:
+      // refused on the first page, before a wrong page is returned.
+      const asText = await router
+        .queryPage('select id::text as id from photos', { limit: 2 })
+        .catch((e: unknown) => e as UsageError);
+      expect(asText).toMatchObject({ input: 'idColumn', message: expect.stringContaining('(found text)') });
+      // A negative bigint is no id of the scheme: refused rather than made into a cursor it would refuse.
+      const negative = await router
+        .queryPage('select -id as id from photos', { limit: 2 })
+        .catch((e: unknown) => e as UsageError);
+      expect(negative).toMatchObject({ input: 'idColumn', message: expect.stringContaining('of 0 or more') });
     } finally {
       await router.close();
     }
@@ -394,9 +405,14 @@ describe('ShardRouter.queryPage', () => {
         (await router
           .queryPage(sql, { limit: 10, order: 'oldest', ...options })
           .catch((e: unknown) => e)) as UsageError;
-      for (const bad of [-1, 1.5, Number.NaN, '100'])
+      for (const [bad, shown] of [
+        [-1, '-1'],
+        [1.5, '1.5'],
+        [Number.NaN, 'NaN'],
+        ['100', '"100"'],
+      ] as const)
         expect((await refused({ minAgeMs: bad })).message).toBe(
-          `minAgeMs ${JSON.stringify(bad)}: must be a whole number of milliseconds, 0 or more`,
+          `minAgeMs ${shown}: must be a whole number of milliseconds, 0 or more`,
         );
       expect((await refused({ minAgeMs: 10, order: 'newest' })).message).toMatch(
         /^minAgeMs 10: applies to order 'oldest' only/,

@@ -115,7 +115,7 @@ describe('ShardRouter', () => {
         }
       }
       await expect(router.withId('12abc', async () => 1)).rejects.toThrow(/not a decimal 64-bit id/);
-      await expect(router.withShard(8, async () => 1)).rejects.toThrow(/shard 8 is not in the map \(0-7\)/);
+      await expect(router.withShard(8, async () => 1)).rejects.toThrow(/shard 8: is not in the map \(0-7\)/);
     } finally {
       await router.close();
     }
@@ -156,7 +156,7 @@ describe('ShardRouter', () => {
       });
       // Straight to the server (no directUrl beside url): the timeout is the connection's startup
       // parameter (source 'client'), not a statement of each transaction.
-      expect(seen).toEqual({ path: 'rb3', app: 'router-rb-test', timeout: '1234ms', source: 'client' });
+      expect(seen).toEqual({ path: 'rb3, pg_temp', app: 'router-rb-test', timeout: '1234ms', source: 'client' });
       // And it is enforced.
       const cancelled = await router
         .withShard(1, (client) => client.query('select pg_sleep(3)'))
@@ -311,6 +311,8 @@ describe("ShardRouter: fn's queries that would leave the transaction", () => {
         'prepare p as select 1',
         'select pg_advisory_lock(1)',
         'discard all',
+        'DO $$BEGIN CREATE TEMP TABLE photos (LIKE photos INCLUDING ALL); END$$',
+        "DO $$BEGIN EXECUTE 'SET ROLE pg_monitor'; END$$",
       ]) {
         const error = await router
           .withShard(1, async (client) => {
@@ -337,7 +339,7 @@ describe("ShardRouter: fn's queries that would leave the transaction", () => {
           `select (select count(*) from photos)::text as n, current_setting('search_path') as path, current_setting('statement_timeout') as timeout`,
         );
       });
-      expect(state.rows[0]).toEqual({ n: '0', path: 'rk1', timeout: '5s' });
+      expect(state.rows[0]).toEqual({ n: '0', path: 'rk1, pg_temp', timeout: '5s' });
       const after = await router.withShard(1, (client) =>
         client.query<{ timeout: string; listening: string }>(
           `select current_setting('statement_timeout') as timeout, (select count(*) from pg_listening_channels())::text as listening`,
@@ -347,6 +349,88 @@ describe("ShardRouter: fn's queries that would leave the transaction", () => {
     } finally {
       await router.close();
     }
+  });
+});
+
+describe('ShardRouter: a connection exception the server sends as a plain error', () => {
+  const db = useTestDatabases(1);
+
+  it('a Bind with the wrong number of parameters (08P01, severity ERROR) fails the call once, as a plain pool would: not retried as a lost connection, not a commit of unknown outcome', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'rp', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    try {
+      let runs = 0;
+      const started = Date.now();
+      const error = await router
+        .withShard(1, async (client) => {
+          runs++;
+          await client.query(`insert into photos (user_id, image_url) values (1, 'rolled back')`);
+          return client.query('select 1', [1]);
+        })
+        .then(
+          () => null,
+          (e: unknown) => e as Error & { code?: string },
+        );
+      expect({ runs, code: error?.code, retriedFor: Date.now() - started < 5_000 }).toEqual({
+        runs: 1,
+        code: '08P01',
+        retriedFor: true,
+      });
+      // The call that is one statement (BEGIN and COMMIT sent with it): the statement failed at
+      // Bind, so nothing ran, and that is what the caller hears.
+      await expect(
+        router.withShard(1, (client) => client.query('select count(*) from photos where user_id = $1', ['1', 'extra'])),
+      ).rejects.toMatchObject({ code: '08P01' });
+      // Nothing was committed, and the connection still serves the shard.
+      const n = await router.withShard(1, (client) =>
+        client.query<{ n: string }>('select count(*)::text as n from photos'),
+      );
+      expect(n.rows[0]!.n).toBe('0');
+    } finally {
+      await router.close();
+    }
+  });
+});
+
+describe('ShardRouter: a temporary table left on a pooled connection', () => {
+  const db = useTestDatabases(1);
+
+  it("never stands in for another shard's table: a write and a read of a later call reach the shard's own", async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'rt', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // What the statement check cannot see: a function that makes a temporary table of a shard's
+    // table's name (the same would come of any code the server runs on the caller's behalf).
+    await withClient(db.urls[0]!, (c) =>
+      c.query(
+        `create function public.make_temp() returns void language plpgsql as $$ begin create temp table photos (like rt0.photos including all); end $$`,
+      ),
+    );
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 1 });
+    try {
+      await router.withShard(0, (client) => client.query('select public.make_temp()'));
+      const id = await router.withShard(1, async (client) => {
+        const row = await client.query<{ id: bigint }>(
+          `insert into photos (user_id, image_url) values ($1, 'kept') returning id`,
+          ['7'],
+        );
+        return BigInt(row.rows[0]!.id);
+      });
+      expect(router.shardForId(id)).toBe(1);
+      const seen = await router.withShard(1, (client) =>
+        client.query<{ n: string; temp: string }>(
+          `select (select count(*) from photos)::text as n, (select count(*) from pg_temp.photos)::text as temp`,
+        ),
+      );
+      // The temporary table is still on the one connection, empty; the row is the shard's.
+      expect(seen.rows[0]).toEqual({ n: '1', temp: '0' });
+    } finally {
+      await router.close();
+    }
+    const kept = await withClient(db.urls[0]!, (c) =>
+      c.query<{ n: string }>(`select count(*)::text as n from rt1.photos where image_url = 'kept'`),
+    );
+    expect(kept.rows[0]!.n).toBe('1');
   });
 });
 
@@ -365,12 +449,25 @@ describe('ShardRouter: options it does not know', () => {
       'router options: unknown key "poolsize" (did you mean "poolSize"?)',
     );
     await expect(open({ connectTimeoutMs: '5s' })).rejects.toThrow(
-      'connectTimeoutMs "5s" must be a whole number of milliseconds',
+      'connectTimeoutMs "5s": must be a whole number of milliseconds',
     );
     await expect(open({ fencedTimeoutMs: -1 })).rejects.toThrow(
-      'fencedTimeoutMs -1 must be a whole number of milliseconds',
+      'fencedTimeoutMs -1: must be a whole number of milliseconds',
     );
-    await expect(open({ applicationName: 7 })).rejects.toThrow('applicationName 7 must be a string');
+    await expect(open({ applicationName: 7 })).rejects.toThrow('applicationName 7: must be a string');
+    // A string is shown as one (not as the number it reads like), and every refusal is a UsageError naming the option.
+    await expect(open({ poolSize: '10' })).rejects.toMatchObject({
+      code: 'USAGE',
+      input: 'poolSize',
+      message: 'poolSize "10": must be a positive integer',
+    });
+    await expect(open({ slowCallMs: Number.NaN })).rejects.toThrow('slowCallMs NaN: must be a whole number');
+    await expect(open({ statementTimeoutMs: 5000n })).rejects.toThrow(
+      "statementTimeoutMs 5000n: must be a whole number of milliseconds (0: the server's setting)",
+    );
+    await expect(
+      ShardRouter.open(fleet.configFile, null as unknown as Parameters<typeof ShardRouter.open>[1]),
+    ).rejects.toThrow('router options: must be an object of options, not null');
     type Source = Parameters<typeof ShardRouter.open>[0];
     await expect(ShardRouter.open({ seed: [db.urls[0]!] } as unknown as Source)).rejects.toThrow(
       'router source: unknown key "seed" (did you mean "seeds"?)',
@@ -404,6 +501,32 @@ describe('ShardRouter: options it does not know', () => {
         router.queryPage(`select id from photos`, { limit: 5, ordr: 'oldest' } as unknown as { limit: number }),
       );
       expect(page.message).toBe('queryPage options: unknown key "ordr" (did you mean "order"?)');
+      // Known keys of the wrong type: from JavaScript, readOnly 'false' would read as true and
+      // perHost '2' as a number. Each refused naming the option and its value, as a rejection.
+      const ill = (o: Record<string, unknown>) => o as unknown as { readOnly: boolean };
+      const typed: [Promise<unknown>, string][] = [
+        [router.withShard(1, insert, ill({ readOnly: 'false' })), 'readOnly "false": must be true or false'],
+        [router.forEachShard(insert, ill({ perHost: '2' })), 'perHost "2": must be a positive integer'],
+        [router.forEachShard(insert, ill({ concurrency: 0 })), 'concurrency 0: must be a positive integer'],
+        [
+          router.queryEachShard('select $1::int', ill({ params: [1], shardsPerQuery: -1 })),
+          'shardsPerQuery -1: must be a positive integer',
+        ],
+        [router.queryEachShard('select 1', ill({ shards: '1' })), 'shards "1": must be an array of shard numbers'],
+        [router.queryEachShard('select 1', ill({ shards: ['1'] })), 'shard "1": must be a shard number'],
+        [router.withShard('1' as unknown as number, insert), 'shard "1": must be a shard number'],
+        [
+          router.queryPage('select id from photos', { limit: 5n as unknown as number }),
+          'limit 5n: must be a whole number',
+        ],
+      ];
+      for (const [call, message] of typed) {
+        const error = await errorOf(call);
+        expect({ message: error.message, code: error.code }).toEqual({
+          message: expect.stringContaining(message) as string,
+          code: 'USAGE',
+        });
+      }
       const rows = await withClient(db.urls[0]!, async (c) =>
         Number(
           (
@@ -980,7 +1103,7 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       expect(first.insert.value.command).toBe('INSERT');
       expect(first.insert.value.rows).toHaveLength(1);
       expect(first.insert.value.fields.map((f) => f.name)).toEqual(['id']);
-      expect(first.same.path).toBe('pb1');
+      expect(first.same.path).toBe('pb1, pg_temp');
       expect(first.again).toEqual(first.same);
 
       // Without parameters (a simple query, possibly several statements): BEGIN goes first on its own.
@@ -994,7 +1117,7 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
       expect(simple.both.statements).toBe(4);
       expect((simple.both.value as unknown as unknown[]).length).toBe(2);
       expect(simple.tx).toEqual(simple.tx2);
-      expect(simple.tx.path).toBe('pb2');
+      expect(simple.tx.path).toBe('pb2, pg_temp');
 
       // A config object with rowMode and parameters is carried too, and keeps its options.
       const arrays = await router.withShard(3, async (client) =>
@@ -1007,7 +1130,7 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
         ),
       );
       expect([arrays.trips, arrays.statements]).toEqual([1, 3]);
-      expect(arrays.value.rows).toEqual([[7, 'pb3']]);
+      expect(arrays.value.rows).toEqual([[7, 'pb3, pg_temp']]);
 
       // A named (prepared) statement is not carried: BEGIN first, then it, in the transaction.
       const named = await router.withShard(0, async (client) => {
@@ -1027,7 +1150,7 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
           same: tx.rows[0]!.tx === tx2.rows[0]!.tx,
         };
       });
-      expect(named).toEqual({ trips: 2, statements: 3, p: 'pb0', same: true });
+      expect(named).toEqual({ trips: 2, statements: 3, p: 'pb0, pg_temp', same: true });
 
       // fn that runs no statement: nothing is sent, and the value comes back.
       expect(await router.withShard(1, async () => 'nothing')).toBe('nothing');
@@ -1121,7 +1244,7 @@ describe('ShardRouter: BEGIN sent with fn’s first query', () => {
         async (client) =>
           (await client.query<{ p: string }>(`select current_setting('search_path') as p, $1::int`, [1])).rows[0]!.p,
       );
-      expect(paths).toBe('pb2');
+      expect(paths).toBe('pb2, pg_temp');
       // The COMMIT sent with it fails (a deferred foreign key): the caller gets that error, nothing is committed.
       await withClient(db.urls[0]!, (c) =>
         c.query(
@@ -1265,7 +1388,7 @@ describe("ShardRouter: BEGIN without pg's internals", () => {
       });
       expect(done.insert.trips).toBe(2);
       expect(done.insert.value.rows).toHaveLength(1);
-      expect(done.where.path).toBe('pf1');
+      expect(done.where.path).toBe('pf1, pg_temp');
       // A failing fn rolls back as on the usual path.
       await expect(
         router.withShard(1, async (client) => {

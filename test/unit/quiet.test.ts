@@ -129,4 +129,12 @@ describe('a lost connection in words', () => {
     expect(isLostConnection(failure('57P01'), { worded: true })).toBe(false);
     expect(isLostConnection(failure('23505'))).toBe(false);
   });
+
+  it('isLostConnection: a connection exception the server sent as a plain ERROR left the session as it was', () => {
+    const withSeverity = (code: string, severity: string) => Object.assign(failure(code), { severity });
+    // A Bind with the wrong number of parameters: 08P01 as an ERROR, the connection fine.
+    expect(isLostConnection(withSeverity('08P01', 'ERROR'))).toBe(false);
+    expect(isLostConnection(withSeverity('08P01', 'FATAL'))).toBe(true);
+    expect(isLostConnection(withSeverity('08006', 'FATAL'))).toBe(true);
+  });
 });

@@ -17,7 +17,7 @@ describe('statementMessages (BEGIN, SET LOCAL and COMMIT sent with fn’s query)
       'BEGIN',
       'BEGIN READ ONLY',
       'COMMIT',
-      'SET LOCAL search_path TO "insta5"',
+      'SET LOCAL search_path TO "insta5", pg_temp',
       'SET LOCAL search_path TO "ünï ""q"""',
     ]) {
       expect(statementMessages(text).equals(pgWrites(text))).toBe(true);

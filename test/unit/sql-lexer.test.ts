@@ -1,6 +1,6 @@
 import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
-import { blockNeutral, splitSql, splitSqlBothWays, transactionEscape } from '../../src/pg/statements.js';
+import { blockNeutral, firstEscape, splitSql, splitSqlBothWays, transactionEscape } from '../../src/pg/statements.js';
 import { execRefusal } from '../../src/commands/exec.js';
 import { migrationFileProblems } from '../../src/migrations/files.js';
 
@@ -191,8 +191,26 @@ describe('transactionEscape', () => {
     "do 'begin perform pg_advisory_lock(1); end'",
     'do $$ begin reset all; end $$',
     'do language plpgsql $$ begin set work_mem = 1000; end $$',
+    // What a statement of its own is refused for, started by PL/pgSQL after BEGIN, THEN or LOOP.
+    'DO $$BEGIN CREATE TEMP TABLE photos (LIKE photos INCLUDING ALL); END$$',
+    'do $$ declare n int; begin if true then create temporary table t (x int); end if; end $$',
+    'do $$ begin create function pg_temp.f() returns int language sql as $f$ select 1 $f$; end $$',
+    'do $$ begin loop listen ch; exit; end loop; end $$',
+    'do $$ begin prepare p as select 1; end $$',
+    'do $$ begin discard temp; end $$',
   ])('refuses %s', (sql) => {
     expect(first(sql)).toBeDefined();
+  });
+
+  // EXECUTE's SQL is made as the block runs and cannot be read: the router refuses it whatever it
+  // says (firstEscape); migrations and exec, which use it for dynamic DDL, allow it.
+  it.each([
+    "DO $$BEGIN EXECUTE 'SET ROLE pg_monitor'; END$$",
+    "do $$ begin execute format('set work_mem = %L', '64MB'); end $$",
+    "do $$ begin if true then execute 'select 1'; end if; end $$",
+  ])('the router refuses %s; migrations allow it', (sql) => {
+    expect(firstEscape(sql)).toContain('DO: EXECUTE runs SQL text made as the block runs');
+    expect(first(sql)).toBeUndefined();
   });
 
   it.each([
@@ -222,6 +240,10 @@ describe('transactionEscape', () => {
     'select pg_advisory_xact_lock(1)',
     'do $$ begin perform 1; set local work_mem = 1000; end $$',
     "do $$ begin insert into t values ('set_config'); end $$",
+    'do $$ begin create temp table t (x int) on commit drop; insert into t values (1); end $$',
+    "do $$ begin raise notice 'execute listen prepare'; end $$",
+    'do $$ declare c cursor for select 1; begin open c; close c; end $$',
+    'do $$ begin create table photos_copy as select * from pg_temp.photos; end $$',
     "select set_config('app.user_id', $1, true)",
     "SELECT pg_catalog.set_config('statement_timeout', '5s', TRUE)",
     "select set_config('app.tenant', $1::text, true), set_config('app.user', 'u' || $2, true)",
