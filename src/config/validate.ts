@@ -374,7 +374,7 @@ function readUrl(raw: string, at: string, env: Env, issues: ConfigIssue[]): stri
   }
   const problem = postgresUrlProblem(expanded.value);
   if (problem === undefined) return expanded.value;
-  const origin = expanded.value === raw ? '' : ` (expanded from ${JSON.stringify(redactUrl(raw))})`;
+  const origin = expanded.value === raw || /\s/.test(raw) ? '' : ` (expanded from ${JSON.stringify(redactUrl(raw))})`;
   issues.push({ path: at, message: `${problem}${origin}` });
   return undefined;
 }
@@ -384,7 +384,9 @@ function postgresUrlProblem(url: string): string | undefined {
     // One address or several (libpq's multi-host syntax, src/pg/multihost.ts).
     parsePostgresUrl(url);
   } catch (error) {
-    if (error instanceof UsageError) return `${JSON.stringify(redactUrl(url))} ${error.reason}`;
+    // A URL with whitespace is not shown at all: a password is hidden only up to a space.
+    if (error instanceof UsageError)
+      return /\s/.test(url) ? error.reason : `${JSON.stringify(redactUrl(url))} ${error.reason}`;
     throw error;
   }
   return undefined;

@@ -62,6 +62,12 @@ export function parsePostgresUrl(url: string, field = 'url'): PostgresUrl {
   const fail = (reason: string): never => {
     throw new UsageError(reason, { input: field, value: redactUrl(url) });
   };
+  // Whitespace: in a password libpq and node-postgres take it as it is, but no message could show
+  // the URL without it (a password is hidden up to a space), so the URL is refused, never shown.
+  if (/\s/.test(url))
+    throw new UsageError('is not a valid URL (it holds whitespace; in a password write a space as %20)', {
+      input: field,
+    });
   const scheme = /^([a-z][a-z0-9+.-]*):/i.exec(url)?.[1];
   if (scheme !== undefined && !/^postgres(ql)?$/i.test(scheme)) fail('is not a postgres:// or postgresql:// URL');
   const match = URL_SHAPE.exec(url);

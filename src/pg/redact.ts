@@ -49,7 +49,9 @@ function registerBoth(secret: string): void {
 export function registerUrlSecret(url: string): void {
   // Up to the last '@': a password may hold an unencoded '@' (pg and WHATWG URL parsing take the
   // last one as the end of the user info).
-  const match = /^[a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:(\S*)@/i.exec(url);
+  // Whitespace included: the string is the URL alone, so the password runs to that '@'
+  // (parsePostgresUrl refuses such a URL, but a caller may register before it checks).
+  const match = /^[a-z][a-z0-9+.-]*:\/\/[^:/@\s]*:(.*)@/is.exec(url);
   if (match?.[1]) registerBoth(match[1]);
   const query = url.indexOf('?');
   if (query < 0) return;

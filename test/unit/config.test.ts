@@ -534,6 +534,16 @@ describe('parseConfig: problems in the file', () => {
     expect(message).not.toContain(PASSWORD);
   });
 
+  it('refuses a url with whitespace (an unencoded space in a password), showing none of the url', () => {
+    for (const url of ['postgres://app:a b@db1/app', 'postgres://app@db1/app?password=a%20b&sslpassword=c d']) {
+      const raw = validConfig();
+      host(raw, 0)['url'] = url;
+      expect(issueAt(issuesOfRaw(raw), 'hosts[0].url')).toBe(
+        'is not a valid URL (it holds whitespace; in a password write a space as %20)',
+      );
+    }
+  });
+
   it('refuses a url that is not a URL at all', () => {
     const raw = validConfig();
     host(raw, 0)['url'] = 'db1:5432';

@@ -97,6 +97,28 @@ describe('multi-host URLs (libpq syntax)', () => {
     expect(redactUrl('app:AppPw#secret@127.0.0.1')).toBe('app:***@127.0.0.1');
   });
 
+  it('refuses a URL with whitespace (a space in a password, unencoded), showing none of it; a URL registered before that check is masked', () => {
+    for (const url of [
+      'postgres://spacey:Sp ace!Pw9@127.0.0.1:32887/postgres',
+      'postgres://spacey:Sp\tace!Pw9@h1,h2/db',
+      'postgres://spacey:pw@127.0.0.1:32887/post gres',
+    ]) {
+      let error: unknown;
+      try {
+        parsePostgresUrl(url, 'hosts[1].url');
+      } catch (e) {
+        error = e;
+      }
+      const shown = `${(error as Error).message} ${JSON.stringify(error)}`;
+      expect(shown).toContain(
+        'hosts[1].url: is not a valid URL (it holds whitespace; in a password write a space as %20)',
+      );
+      expect(shown).not.toMatch(/ace!Pw9|Sp.ace|spacey/);
+    }
+    registerUrlSecret('postgres://spacey:Sp ace!Pw9@127.0.0.1:32887/postgres');
+    expect(redact('connected with Sp ace!Pw9 as the password')).toBe('connected with *** as the password');
+  });
+
   it('refuses a password cut short whose head would pass for a port or a host, showing none of it', () => {
     // Once found by the property above: the head read as the port "100000" and was shown.
     for (const url of [
