@@ -2,7 +2,7 @@ import type { Command } from 'commander';
 import type { MigrationCheck } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
-import { type CommonFlags, configOption, dryRunOption, jsonOption, withFlagNames } from './options.js';
+import { type CommonFlags, configOption, dryRunOption, jsonOption, parseHostListOption, withFlagNames } from './options.js';
 import { Output, plural } from './output.js';
 import { runProvision } from './provision-report.js';
 
@@ -31,13 +31,7 @@ export function registerMigrate(program: Command, ctx: CliContext, done: (code: 
     const canary = count(flags.canary, '--canary', 1);
     const maxFailures = count(flags.maxFailures, '--max-failures', 1);
     const lockRetries = count(flags.lockRetries, '--lock-retries', 0);
-    const hosts =
-      flags.hosts === undefined
-        ? undefined
-        : flags.hosts
-            .split(',')
-            .map((h) => h.trim())
-            .filter((h) => h !== '');
+    const hosts = flags.hosts === undefined ? undefined : parseHostListOption('--hosts', flags.hosts);
     const config = await loadCliConfig(ctx, flags, out);
     await withFlagNames(
       {

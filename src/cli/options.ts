@@ -118,3 +118,20 @@ export function parseDurationOption(option: string, text: string, minMs: number,
   }
   return ms;
 }
+
+/**
+ * A list of host names as an option writes it (pg1,pg2): each name once, none empty (two commas
+ * in a row, a comma at either end); anything else is a UsageError naming the option and the value.
+ * Whether each names a host of the config is the command's check.
+ */
+export function parseHostListOption(option: string, text: string): string[] {
+  const { UsageError } = lib();
+  const names = text.split(',').map((h) => h.trim());
+  const refuse = (reason: string): never => {
+    throw new UsageError(`option ${option} ${JSON.stringify(text)}: ${reason}`);
+  };
+  if (names.some((h) => h === '')) refuse('empty item (two commas in a row, or a comma at either end)');
+  const repeated = names.find((h, i) => names.indexOf(h) !== i);
+  if (repeated !== undefined) refuse(`names host ${repeated} twice`);
+  return names;
+}

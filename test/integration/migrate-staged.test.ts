@@ -69,6 +69,8 @@ describe('a staged rollout: canary, one host, then every shard', () => {
 
   it.each([
     [['--hosts', 'pg9'], 'option --hosts "pg9": no such host in the config (its hosts: pg1, pg2)'],
+    [['--hosts', 'pg1,,pg2'], 'option --hosts "pg1,,pg2": empty item (two commas in a row, or a comma at either end)'],
+    [['--hosts', 'pg1,pg1'], 'option --hosts "pg1,pg1": names host pg1 twice'],
     [['--shards', '5-90'], 'option --shards "5-90"'],
     [['--canary', '0'], 'option --canary "0": expected a whole number from 1 to 999999'],
     [['--max-failures', 'x'], 'option --max-failures "x": expected a whole number from 1 to 999999'],
