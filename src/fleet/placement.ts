@@ -250,14 +250,16 @@ export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacem
     }
   }
   const active = new Map<number, string[]>();
-  const fenced = new Map<number, string>();
+  const fenced = new Map<number, string[]>();
+  const add = (claims: Map<number, string[]>, shard: number, host: string): void => {
+    const list = claims.get(shard);
+    if (list) list.push(host);
+    else claims.set(shard, [host]);
+  };
   for (const view of views) {
     for (const [shard, state] of view.claims) {
-      if (state === 'active') {
-        const list = active.get(shard);
-        if (list) list.push(nameOf(view));
-        else active.set(shard, [nameOf(view)]);
-      } else if (state === 'fenced') fenced.set(shard, nameOf(view));
+      if (state === 'active') add(active, shard, nameOf(view));
+      else if (state === 'fenced') add(fenced, shard, nameOf(view));
     }
   }
   const owners = new Map<number, string>();
@@ -273,10 +275,15 @@ export function mergePlacement(views: readonly HostPlacementView[]): FleetPlacem
       `${one ? 'shard' : 'shards'} ${formatShardList(doubled.sort((a, b) => a - b))} ${one ? 'is' : 'are'} active on more than one host`,
     );
   }
-  for (const [shard, host] of fenced) {
+  // A shard no host holds active: it is fenced where it lives (a move between its fence and its
+  // switch), and may also be fenced on hosts it left earlier (old copies waiting for gc). Its owner
+  // is the fenced copy the newest placement names; else, when that host answered without it, the
+  // host it names (the copy was dropped); else the one fenced copy.
+  for (const [shard, hosts] of fenced) {
     if (owners.has(shard)) continue;
     const copy = newest.get(shard);
-    owners.set(shard, copy && copy.host !== host && answeredNot(views, copy.host, nameOf) ? copy.host : host);
+    if (copy && hosts.includes(copy.host)) owners.set(shard, copy.host);
+    else owners.set(shard, copy && answeredNot(views, copy.host, nameOf) ? copy.host : hosts[0]!);
   }
   for (const [shard, copy] of newest) {
     if (owners.has(shard)) continue;

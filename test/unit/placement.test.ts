@@ -54,6 +54,21 @@ describe('mergePlacement', () => {
     expect(merged.problems).toEqual([]);
   });
 
+  it('places a shard fenced on two hosts (a move between fence and switch, and an old copy an earlier move left) on the one the newest copy names, in any order of the hosts', () => {
+    // Shard 9 moved pg2 → pg1 earlier (pg2 keeps its fenced old copy until gc); a move of it from
+    // pg1 to pg3 is now between its fence and its switch: fenced on pg1 too, incoming on pg3.
+    const hosts = [
+      view('pg1', { claims: { 9: 'fenced' }, copy: { 9: ['pg1', 4n] } }),
+      view('pg2', { claims: { 9: 'fenced' }, copy: { 9: ['pg1', 4n] } }),
+      view('pg3', { claims: { 9: 'incoming' }, copy: { 9: ['pg1', 4n] } }),
+    ];
+    for (const order of [hosts, [...hosts].reverse(), [hosts[1]!, hosts[0]!, hosts[2]!]]) {
+      const merged = mergePlacement(order);
+      expect(merged.owners.get(9)).toBe('pg1');
+      expect(merged.problems).toEqual([]);
+    }
+  });
+
   it('keeps a fenced shard on its host until the switch, while the target answers without holding it', () => {
     // The source's copy already names the target (written first at the switch); the target has not activated.
     const merged = mergePlacement([
