@@ -2,7 +2,14 @@ import type { Command } from 'commander';
 import type { MigrationCheck } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
-import { type CommonFlags, configOption, dryRunOption, jsonOption, parseHostListOption, withFlagNames } from './options.js';
+import {
+  type CommonFlags,
+  configOption,
+  dryRunOption,
+  jsonOption,
+  parseHostListOption,
+  withFlagNames,
+} from './options.js';
 import { Output, plural } from './output.js';
 import { runProvision } from './provision-report.js';
 

@@ -122,7 +122,7 @@ function finish(out: Output, result: RebalanceResult): void {
     out.info(`rebalance by ${result.by}: dry run, nothing changed`);
     if (result.refused) {
       out.warn(`the real run would refuse: ${result.refused.message}`);
-      out.info(nextLine(result.refused.next, lib().formatShardList));
+      if (result.refused.next.length > 0) out.info(nextLine(result.refused.next, lib().formatShardList));
     }
     return;
   }

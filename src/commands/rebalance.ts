@@ -81,7 +81,9 @@ export interface RebalanceResult {
   readonly moves: readonly RebalanceMoveResult[];
   /**
    * What the real run refuses before it changes anything (a dry run reports it, the real run throws
-   * it): hosts of the map that were never initialised, with what to run first. Null: nothing.
+   * it): hosts of the map that were never initialised, with what to run first; or, in a dry run, a
+   * check of a planned move's preflight that fails (a role missing on the target, …), each named
+   * with its move. Null: nothing.
    */
   readonly refused: RebalanceRefusal | null;
   /** Rows verified over every move, the resumed ones included. Decimal string. */
@@ -90,7 +92,7 @@ export interface RebalanceResult {
 }
 
 export interface RebalanceRefusal {
-  readonly code: 'HOSTS_NOT_INITIALISED';
+  readonly code: 'HOSTS_NOT_INITIALISED' | 'PREFLIGHT_FAILED';
   readonly message: string;
   readonly hosts: readonly string[];
   readonly next: readonly NextStep[];
@@ -140,7 +142,8 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     const current = await requireCurrentMapLocked(config, placement, () => reload(config.file), before);
     const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);
     const reloadMap = options.reload ?? (async () => withFleetShardLists(current, await readFleetPlacement(fleet)));
-    return { ...(await rebalanceLocked(current, options, by, maxParallel, started, reloadMap, intoLimit)), refused };
+    const result = await rebalanceLocked(current, options, by, maxParallel, started, reloadMap, intoLimit);
+    return { ...result, refused: refused ?? result.refused ?? null };
   } finally {
     await fleet.close();
   }
@@ -161,6 +164,34 @@ async function freeWorkers(fleet: Fleet): Promise<(host: string) => number> {
     ),
   );
   return (host) => free.get(host) ?? 1;
+}
+
+/** The failed checks of the planned moves' preflights (each move's dry run), as one refusal; undefined when all pass. */
+async function preflightRefusal(
+  config: ShardctlConfig,
+  plan: RebalancePlan,
+  mode: MoveOptions['mode'],
+): Promise<RebalanceRefusal | undefined> {
+  const failed: string[] = [];
+  const targets = new Set<string>();
+  for (const move of plan.moves) {
+    const shards = [...move.shards].sort((a, b) => a - b);
+    const dry = await runMoves(config, shards, hostNamed(config, move.target), {
+      dryRun: true,
+      ...(mode ? { mode } : {}),
+    });
+    for (const check of dry.moves.flatMap((m) => m.preflight).filter((c) => !c.ok)) {
+      failed.push(`${move.source} → ${move.target}: ${check.name}: ${check.message}`);
+      targets.add(move.target);
+    }
+  }
+  if (failed.length === 0) return undefined;
+  return {
+    code: 'PREFLIGHT_FAILED',
+    message: `a planned move's preflight fails (the real run stops at that move): ${failed.join('; ')}`,
+    hosts: [...targets],
+    next: [],
+  };
 }
 
 async function uninitialisedHosts(fleet: Fleet): Promise<RebalanceRefusal | null> {
@@ -184,7 +215,7 @@ async function rebalanceLocked(
   started: number,
   reload: () => Promise<ShardctlConfig>,
   intoLimit?: (target: string) => number,
-): Promise<Omit<RebalanceResult, 'refused'>> {
+): Promise<Omit<RebalanceResult, 'refused'> & { readonly refused?: RebalanceRefusal }> {
   const event = options.onEvent ?? (() => undefined);
   const moveOptions = (pair: Pick<PlannedMove, 'source' | 'target'>): MoveOptions => {
     const {
@@ -257,6 +288,11 @@ async function rebalanceLocked(
   const plan = planRebalance(hosts, new Map(sizes.shards.map((s) => [s.shard, s.bytes])), by, load);
   await options.onPlan?.(plan);
   if (options.dryRun || plan.moves.length === 0) {
+    // The dry run says what the real run's moves would refuse: each planned move's preflight, as
+    // move-shard --dry-run runs it (from the map as it is: not while moves are unfinished, whose
+    // end the plan assumes).
+    const refused =
+      options.dryRun && unfinished.length === 0 ? await preflightRefusal(current, plan, options.mode) : undefined;
     return {
       outcome: options.dryRun ? 'dry-run' : 'balanced',
       by,
@@ -265,6 +301,7 @@ async function rebalanceLocked(
       moves: [],
       rowsMoved: rows.toString(),
       durationMs: elapsed(started),
+      ...(refused ? { refused } : {}),
     };
   }
 

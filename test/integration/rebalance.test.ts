@@ -3,6 +3,7 @@
  * draining host, --dry-run and bad input changing nothing, and a rebalance killed mid-move finished
  * by running it again. A "host" here is a database: two per PostgreSQL server give four hosts.
  */
+import { randomBytes } from 'node:crypto';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
@@ -383,5 +384,41 @@ describe('a rebalance killed in the middle of a move', () => {
     expect(await fingerprints(config)).toEqual(before);
     expect((await status(config)).ok).toBe(true);
     expect(await replicationObjects(urls)).toEqual([]);
+  });
+});
+
+describe('rebalance --dry-run, a planned move whose preflight would fail', () => {
+  const db = useTestDatabases(2);
+
+  it('says what the real run would refuse (a role missing on the target), exit 1, nothing changed', async () => {
+    const role = `rb_app_${randomBytes(4).toString('hex')}`;
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3', ''] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // A role of pg1's cluster only (roles are per cluster), named by the shards' grants.
+    await withClient(db.urls[0]!, (c) =>
+      c.query(`create role ${role}; grant usage on schema insta0, insta1, insta2, insta3 to ${role}`),
+    );
+    try {
+      const before = readFileSync(fleet.configFile, 'utf8');
+      const dry = await runCli(['rebalance', '--dry-run', '-c', fleet.configFile]);
+      expect(dry.code, dry.stderr).toBe(1);
+      expect(dry.stderr).toContain("the real run would refuse: a planned move's preflight fails");
+      expect(dry.stderr).toMatch(
+        new RegExp(`pg1 → pg2: roles on target: role ${role} \\(named by .*\\) does not exist on pg2`),
+      );
+      expect(dry.stderr).not.toContain('next:');
+      const json = await runCli(['rebalance', '--dry-run', '--json', '-c', fleet.configFile]);
+      expect(json.code).toBe(1);
+      expect((JSON.parse(json.stdout) as { refused: { code: string; hosts: string[] } }).refused).toMatchObject({
+        code: 'PREFLIGHT_FAILED',
+        hosts: ['pg2'],
+      });
+      expect(readFileSync(fleet.configFile, 'utf8')).toBe(before);
+      expect((await fleet.config()).hosts.map((h) => h.shardsSpec)).toEqual(['0-3', '']);
+    } finally {
+      await withClient(db.urls[0]!, (c) =>
+        c.query(`revoke usage on schema insta0, insta1, insta2, insta3 from ${role}; drop role ${role}`),
+      );
+    }
   });
 });
