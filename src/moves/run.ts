@@ -1,9 +1,10 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { shardSchemaName, withDirectUrls } from '../config/types.js';
 import { shardsPhrase } from '../config/ranges.js';
-import { RuntimeFailure, UsageError } from '../errors.js';
+import { RuntimeFailure, StaleMapError, UsageError } from '../errors.js';
 import { readShardRows } from '../fleet/catalog.js';
 import { completeControlSchema } from '../fleet/control.js';
+import { lockAfterPlacement, readFleetPlacement, requireFleetAgrees } from '../fleet/placement.js';
 import { Fleet } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { awaitedLater } from '../promises.js';
@@ -59,6 +60,31 @@ export async function runMoves(
   );
 }
 
+/**
+ * The runner locks, and the file checked against the fleet again when the fleet changed while this
+ * run waited for them (a move of the same shards that finished meanwhile): the file read at the
+ * start, checked before the wait, would send this run's moves from hosts the shards have left,
+ * whose fenced old copies it would then meet. A StaleMapError then says what changed.
+ */
+async function lockAgreeing(fleet: Fleet, config: ShardctlConfig): Promise<void> {
+  const before = await lockAfterPlacement(fleet, { lockTimeout: config.lockTimeout });
+  const after = await readFleetPlacement(fleet);
+  if (before !== undefined && before.version === after.version) return;
+  try {
+    await requireFleetAgrees(config, 'shardctl move');
+  } catch (error) {
+    if (!(error instanceof StaleMapError)) throw error;
+    throw new StaleMapError(
+      config.file,
+      [
+        `the fleet changed while this run waited for the runner locks (placement version ${before?.version ?? '?'} → ${after.version}: another run moved shards)`,
+        ...error.details,
+      ],
+      (error.data ?? {}) as Record<string, unknown>,
+    );
+  }
+}
+
 async function startMoves(
   config: ShardctlConfig,
   list: readonly number[],
@@ -86,7 +112,8 @@ async function startMoves(
       connecting,
       (async () => {
         fleet.requireAll();
-        if (!options.dryRun && !options.runnerLocksHeld) await fleet.lock({ lockTimeout: config.lockTimeout });
+        if (options.dryRun || options.runnerLocksHeld) return;
+        await lockAgreeing(fleet, config);
       })(),
       options.dryRun ?? false,
     );
