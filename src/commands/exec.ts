@@ -4,6 +4,7 @@ import { UsageError } from '../errors.js';
 import { callsAny, splitSql, splitSqlBothWays, transactionEscape, type SqlStatement } from '../pg/statements.js';
 import { ShardFanOutError, type FanOutFailure, type ShardResult } from '../router/errors.js';
 import type { ShardRouter } from '../router/router.js';
+import { EXEC_SCRIPT } from '../router/script.js';
 
 export interface ExecOptions {
   /** Default: every shard of the map. */
@@ -56,6 +57,7 @@ export async function execSql(router: ShardRouter, sql: string, options: ExecOpt
     readOnly: !options.write,
     shardsPerQuery: options.write ? 1 : (options.shardsPerQuery ?? DEFAULT_SHARDS_PER_QUERY),
     query: { rowMode: 'array', types: EXEC_TYPES },
+    [EXEC_SCRIPT]: true as const,
   };
   let results: readonly ShardResult<pg.QueryResult>[];
   let failures: readonly FanOutFailure[] = [];

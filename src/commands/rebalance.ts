@@ -4,6 +4,7 @@ import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
 import { type NextStep, RuntimeFailure, UsageError } from '../errors.js';
 import { controlTableExists } from '../fleet/control.js';
+import { describePgError } from '../fleet/connect.js';
 import { Fleet } from '../fleet/session.js';
 import {
   lockAfterPlacement,
@@ -19,6 +20,7 @@ import { describeMove, runPlan, type RebalanceMoveResult } from '../moves/schedu
 import { LOGICAL_WORKERS_SQL } from '../moves/sql/replication.js';
 import { shardLoad } from './load.js';
 import { shardSizes } from './sizes.js';
+import { Limit } from '../router/limit.js';
 import { inflect } from '../text.js';
 
 /**
@@ -99,6 +101,8 @@ export interface RebalanceRefusal {
 }
 
 const DEFAULT_PARALLEL = 2;
+/** Planned moves whose preflight a dry run runs at once (each opens its hosts' sessions). */
+const PREFLIGHTS_AT_ONCE = 4;
 
 /** Every key of RebalanceOptions: a move's, but those a rebalance decides itself, and its own. */
 const { resume: _resume, abort: _abort, configFile: _configFile, ...moveFlags } = MOVE_OPTION_FLAGS;
@@ -143,7 +147,15 @@ export async function rebalance(config: ShardctlConfig, options: RebalanceOption
     const intoLimit = options.mode === 'offline' || options.dryRun ? undefined : await freeWorkers(fleet);
     const reloadMap = options.reload ?? (async () => withFleetShardLists(current, await readFleetPlacement(fleet)));
     const result = await rebalanceLocked(current, options, by, maxParallel, started, reloadMap, intoLimit);
-    return { ...result, refused: refused ?? result.refused ?? null };
+    // The dry run says what the real run's moves would refuse: each planned move's preflight, as
+    // move-shard --dry-run runs it. Not when the run is refused already, nor while moves are
+    // unfinished (the plan assumes their end), nor for a config given in code (the real run
+    // refuses it: it must rewrite a file).
+    const movesRefused =
+      options.dryRun && !refused && result.unfinished.length === 0 && current.file !== '<inline>'
+        ? await preflightRefusal(current, result.plan, options.mode)
+        : undefined;
+    return { ...result, refused: refused ?? movesRefused ?? null };
   } finally {
     await fleet.close();
   }
@@ -172,19 +184,33 @@ async function preflightRefusal(
   plan: RebalancePlan,
   mode: MoveOptions['mode'],
 ): Promise<RebalanceRefusal | undefined> {
-  const failed: string[] = [];
-  const targets = new Set<string>();
-  for (const move of plan.moves) {
-    const shards = [...move.shards].sort((a, b) => a - b);
-    const dry = await runMoves(config, shards, hostNamed(config, move.target), {
-      dryRun: true,
-      ...(mode ? { mode } : {}),
-    });
-    for (const check of dry.moves.flatMap((m) => m.preflight).filter((c) => !c.ok)) {
-      failed.push(`${move.source} → ${move.target}: ${check.name}: ${check.message}`);
-      targets.add(move.target);
-    }
-  }
+  const limit = new Limit(PREFLIGHTS_AT_ONCE);
+  const found = await Promise.all(
+    plan.moves.map((move) =>
+      limit.run(async (): Promise<string[]> => {
+        const what = `${move.source} → ${move.target}`;
+        try {
+          const dry = await runMoves(
+            config,
+            [...move.shards].sort((a, b) => a - b),
+            hostNamed(config, move.target),
+            {
+              dryRun: true,
+              ...(mode ? { mode } : {}),
+            },
+          );
+          return dry.moves
+            .flatMap((m) => m.preflight)
+            .filter((c) => !c.ok)
+            .map((c) => `${what}: ${c.name}: ${c.message}`);
+        } catch (error) {
+          return [`${what}: its preflight could not run: ${describePgError(error)}`];
+        }
+      }),
+    ),
+  );
+  const failed = found.flat();
+  const targets = new Set(plan.moves.filter((_, i) => found[i]!.length > 0).map((m) => m.target));
   if (failed.length === 0) return undefined;
   return {
     code: 'PREFLIGHT_FAILED',
@@ -215,7 +241,7 @@ async function rebalanceLocked(
   started: number,
   reload: () => Promise<ShardctlConfig>,
   intoLimit?: (target: string) => number,
-): Promise<Omit<RebalanceResult, 'refused'> & { readonly refused?: RebalanceRefusal }> {
+): Promise<Omit<RebalanceResult, 'refused'>> {
   const event = options.onEvent ?? (() => undefined);
   const moveOptions = (pair: Pick<PlannedMove, 'source' | 'target'>): MoveOptions => {
     const {
@@ -288,11 +314,6 @@ async function rebalanceLocked(
   const plan = planRebalance(hosts, new Map(sizes.shards.map((s) => [s.shard, s.bytes])), by, load);
   await options.onPlan?.(plan);
   if (options.dryRun || plan.moves.length === 0) {
-    // The dry run says what the real run's moves would refuse: each planned move's preflight, as
-    // move-shard --dry-run runs it (from the map as it is: not while moves are unfinished, whose
-    // end the plan assumes).
-    const refused =
-      options.dryRun && unfinished.length === 0 ? await preflightRefusal(current, plan, options.mode) : undefined;
     return {
       outcome: options.dryRun ? 'dry-run' : 'balanced',
       by,
@@ -301,7 +322,6 @@ async function rebalanceLocked(
       moves: [],
       rowsMoved: rows.toString(),
       durationMs: elapsed(started),
-      ...(refused ? { refused } : {}),
     };
   }
 

@@ -1,10 +1,16 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { shardSchemaName, withDirectUrls } from '../config/types.js';
-import { shardsPhrase } from '../config/ranges.js';
+import { formatShardList, shardsPhrase } from '../config/ranges.js';
 import { RuntimeFailure, StaleMapError, UsageError } from '../errors.js';
 import { readShardRows } from '../fleet/catalog.js';
 import { completeControlSchema } from '../fleet/control.js';
-import { lockAfterPlacement, readFleetPlacement, requireFleetAgrees } from '../fleet/placement.js';
+import {
+  describeDisagreements,
+  discoverFromConfig,
+  lockAfterPlacement,
+  mapDisagreements,
+  readFleetPlacement,
+} from '../fleet/placement.js';
 import { Fleet } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { awaitedLater } from '../promises.js';
@@ -61,28 +67,35 @@ export async function runMoves(
 }
 
 /**
- * The runner locks, and the file checked against the fleet again when the fleet changed while this
- * run waited for them (a move of the same shards that finished meanwhile): the file read at the
- * start, checked before the wait, would send this run's moves from hosts the shards have left,
- * whose fenced old copies it would then meet. A StaleMapError then says what changed.
+ * The runner locks, and where this run's shards are checked again when the fleet's placement
+ * changed while the run waited for them (another move finished meanwhile): the file read at the
+ * start, checked before the wait, would send a shard that has left its host from that host, whose
+ * fenced old copy the move would then meet. A StaleMapError then names those shards. A move of
+ * other shards changes nothing for this run (the switch reads the file again when it rewrites it).
  */
-async function lockAgreeing(fleet: Fleet, config: ShardctlConfig): Promise<void> {
+async function lockAgreeing(fleet: Fleet, config: ShardctlConfig, shards: readonly number[]): Promise<void> {
   const before = await lockAfterPlacement(fleet, { lockTimeout: config.lockTimeout });
-  const after = await readFleetPlacement(fleet);
-  if (before !== undefined && before.version === after.version) return;
-  try {
-    await requireFleetAgrees(config, 'shardctl move');
-  } catch (error) {
-    if (!(error instanceof StaleMapError)) throw error;
-    throw new StaleMapError(
-      config.file,
-      [
-        `the fleet changed while this run waited for the runner locks (placement version ${before?.version ?? '?'} → ${after.version}: another run moved shards)`,
-        ...error.details,
-      ],
-      (error.data ?? {}) as Record<string, unknown>,
-    );
-  }
+  // A role that may not read the placement (undefined): the lock has already said what it must.
+  if (before === undefined) return;
+  const after = await readFleetPlacement(fleet).catch(() => undefined);
+  if (after === undefined || before.version === after.version) return;
+  const { placement } = await discoverFromConfig(config, { applicationName: 'shardctl move' });
+  const mine = new Set(shards);
+  const moved = mapDisagreements(config, placement, placement.moving)
+    .map((d) => ({ ...d, shards: d.shards.filter((s) => mine.has(s)) }))
+    .filter((d) => d.shards.length > 0);
+  if (moved.length === 0) return;
+  throw new StaleMapError(
+    config.file,
+    [
+      `the fleet changed while this run waited for the runner locks (placement version ${before.version} → ${placement.version}: another run moved shards of this one)`,
+      ...describeDisagreements(moved),
+    ],
+    {
+      placementVersion: placement.version.toString(),
+      disagreements: moved.map((d) => ({ shards: formatShardList(d.shards), file: d.fileHost, fleet: d.fleetHost })),
+    },
+  );
 }
 
 async function startMoves(
@@ -113,7 +126,7 @@ async function startMoves(
       (async () => {
         fleet.requireAll();
         if (options.dryRun || options.runnerLocksHeld) return;
-        await lockAgreeing(fleet, config);
+        await lockAgreeing(fleet, config, list);
       })(),
       options.dryRun ?? false,
     );

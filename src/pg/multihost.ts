@@ -62,9 +62,11 @@ export function parsePostgresUrl(url: string, field = 'url'): PostgresUrl {
   const fail = (reason: string): never => {
     throw new UsageError(reason, { input: field, value: redactUrl(url) });
   };
-  // Whitespace: in a password libpq and node-postgres take it as it is, but no message could show
-  // the URL without it (a password is hidden up to a space), so the URL is refused, never shown.
-  if (/\s/.test(url))
+  // Whitespace inside: in a password libpq and node-postgres take it as it is, but no message could
+  // show the URL without it (a password is hidden up to a space), so the URL is refused, never
+  // shown. Around it (a newline a secret file or an environment variable ends with) it is ignored,
+  // as URL parsing ignores it.
+  if (/\s/.test(url.trim()))
     throw new UsageError('is not a valid URL (it holds whitespace; in a password write a space as %20)', {
       input: field,
     });

@@ -272,24 +272,34 @@ export function splitSqlBothWays(sql: string): SqlStatement[] {
 
 /**
  * The first statement of `sql` (in either reading: splitSqlBothWays) that would end its transaction
- * or change the session beyond it (transactionEscape, EXECUTE in a DO body refused), named by its
- * line and start; undefined when none does. The router's check of what a call sends.
+ * or change the session beyond it (transactionEscape, by default with the router's reading of a DO
+ * body: ROUTER_ESCAPES), named by its line and start; undefined when none does.
  */
-export function firstEscape(sql: string): string | undefined {
+export function firstEscape(sql: string, options: EscapeOptions = ROUTER_ESCAPES): string | undefined {
   for (const statement of splitSqlBothWays(sql)) {
-    const escape = transactionEscape(statement, { refuseExecute: true });
+    const escape = transactionEscape(statement, options);
     if (escape) return `line ${statement.line} ${JSON.stringify(statement.code.slice(0, 60))}: ${escape}`;
   }
   return undefined;
 }
 
+/**
+ * How much of a DO block's body transactionEscape reads beyond its SET, RESET, set_config() and
+ * session locks (what it always reads). Migration files get neither of these: a file applied by an
+ * earlier release must still load.
+ */
 export interface EscapeOptions {
   /**
-   * Refuse EXECUTE in a DO body (its SQL cannot be read). The router's check: a pooled connection
-   * serves every shard of its host. Migrations and exec allow it (dynamic DDL is what they use it for).
+   * Each PL/pgSQL statement of the body that starts with a statement refused on its own (a
+   * temporary table without ON COMMIT DROP, LISTEN, PREPARE, DECLARE … WITH HOLD, DISCARD).
    */
-  readonly refuseExecute?: boolean;
+  readonly doStatements?: boolean;
+  /** PL/pgSQL's EXECUTE, whose SQL is made as the block runs and cannot be read. */
+  readonly doExecute?: boolean;
 }
+
+/** The router's check (a pooled connection serves every shard of its host): all of a DO body. */
+export const ROUTER_ESCAPES: EscapeOptions = { doStatements: true, doExecute: true };
 
 /** Statements that do the same in a transaction block and in the implicit transaction of one statement. */
 const BLOCK_NEUTRAL = new Set(['select', 'with', 'values', 'table', 'insert', 'update', 'delete', 'merge']);
@@ -514,37 +524,61 @@ function followedBy(statement: SqlStatement, ...words: readonly string[]): boole
  * Why a DO block's body (its string token: a dollar quote or a quoted string) would change the
  * session: a set_config() or a SET / RESET of where or as whom statements run, read as tokens;
  * anything a statement of its own is refused for (a temporary table, LISTEN, PREPARE, DECLARE …
- * WITH HOLD, DISCARD), wherever PL/pgSQL starts it (after BEGIN, THEN, LOOP …); and, when asked
- * (options.refuseExecute), EXECUTE, whose SQL is text made as the body runs and cannot be read here.
+ * WITH HOLD, DISCARD) where PL/pgSQL starts a statement, and EXECUTE, whose SQL is text made as
+ * the body runs and cannot be read here: each when `options` asks (EscapeOptions).
  */
 function bodyEscape(quoted: string, options: EscapeOptions): string | undefined {
   const dollar = /^(\$[^$]*\$)([\s\S]*)\1$/.exec(quoted);
   const text = dollar ? dollar[2]! : quoted.replace(/^[eE]?'|'$/g, '').replace(/''/g, "'");
   for (const inner of splitSql(text).statements) {
-    const words = inner.keywords;
     const call = callEscape(inner);
     if (call !== undefined) return call;
     for (const [i, token] of inner.tokens.entries()) {
       if (token.kind !== 'word') continue;
-      if (token.value === 'execute' && options.refuseExecute) return EXECUTE_ESCAPE;
-      if (!BODY_STATEMENT_STARTS.has(token.value)) continue;
+      const before = i === 0 ? undefined : inner.tokens[i - 1];
+      const previous = before?.kind === 'word' ? before.value : undefined;
+      // Where PL/pgSQL starts a statement: first in the body's statement, or after BEGIN, THEN,
+      // ELSE or LOOP (not UPDATE's SET, a column named listen, `p.discard`).
+      const starts = i === 0 || (previous !== undefined && PLPGSQL_STATEMENT_AFTER.has(previous));
+      if (starts && (token.value === 'set' || token.value === 'reset')) {
+        const escape = bodySetEscape(inner.tokens, i);
+        if (escape !== undefined) return escape;
+        continue;
+      }
+      if (token.value === 'execute') {
+        // The EXECUTE statement, and RETURN QUERY EXECUTE, FOR … IN EXECUTE, OPEN … FOR EXECUTE
+        // (not CREATE TRIGGER … EXECUTE FUNCTION, nor GRANT EXECUTE).
+        if (options.doExecute && (starts || (previous !== undefined && EXECUTE_AFTER.has(previous))))
+          return EXECUTE_ESCAPE;
+        continue;
+      }
+      if (!options.doStatements || !starts || !BODY_STATEMENT_STARTS.has(token.value)) continue;
       const rest = inner.tokens.slice(i);
       const escape = transactionEscape({ ...inner, tokens: rest, keywords: leadingWords(rest) }, options);
       if (escape !== undefined) return escape;
     }
-    const at = words.findIndex((w) => w === 'set' || w === 'reset');
-    if (at < 0) continue;
-    if (words[at] === 'reset') return RESET_ESCAPE;
-    const local = words[at + 1] === 'local' || words[at + 1] === 'session';
-    const name = words[at + (local ? 2 : 1)] ?? inner.tokens.find((t, i) => i > at && t.kind === 'identifier')?.value;
-    if (name !== undefined && SESSION_IDENTITY.has(name)) return `SET ${name} changes where or as whom statements run`;
-    if (words[at + 1] !== 'local') return 'SET outlives the transaction (use SET LOCAL)';
   }
+  return undefined;
+}
+
+/** A SET or RESET statement of a DO body, from tokens[at] on: why it changes the session, if it does. */
+function bodySetEscape(tokens: readonly SqlToken[], at: number): string | undefined {
+  const word = (i: number): string | undefined => (tokens[i]?.kind === 'word' ? tokens[i]!.value : undefined);
+  if (word(at) === 'reset') return RESET_ESCAPE;
+  const scope = word(at + 1);
+  const named = tokens[at + (scope === 'local' || scope === 'session' ? 2 : 1)];
+  const name = named?.kind === 'word' || named?.kind === 'identifier' ? named.value : undefined;
+  if (name !== undefined && SESSION_IDENTITY.has(name)) return `SET ${name} changes where or as whom statements run`;
+  if (scope !== 'local') return 'SET outlives the transaction (use SET LOCAL)';
   return undefined;
 }
 
 /** Words that start, inside a DO body, a statement transactionEscape judges as it judges one of its own. */
 const BODY_STATEMENT_STARTS = new Set(['create', 'listen', 'prepare', 'declare', 'discard', 'explain']);
+/** Words after which PL/pgSQL starts a statement (besides the first of each). */
+const PLPGSQL_STATEMENT_AFTER = new Set(['begin', 'then', 'else', 'loop']);
+/** Words after which EXECUTE is PL/pgSQL's dynamic SQL: RETURN QUERY EXECUTE, FOR … IN EXECUTE, OPEN … FOR EXECUTE. */
+const EXECUTE_AFTER = new Set(['query', 'in', 'for']);
 
 const EXECUTE_ESCAPE =
   'EXECUTE runs SQL text made as the block runs, which cannot be checked (it could leave a temporary table, a setting, a role or a lock on the connection); write the statements in the body, or call a function a migration created';

@@ -1,7 +1,7 @@
 import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError, UsageError } from '../errors.js';
-import { firstEscape } from '../pg/statements.js';
+import { firstEscape, ROUTER_ESCAPES, type EscapeOptions } from '../pg/statements.js';
 import { framedPerShard, WRITE_LSN_SQL, type TransactionStart } from './begin.js';
 import type { CallTrace } from './diagnostics.js';
 import type { ShardResult } from './errors.js';
@@ -9,9 +9,18 @@ import { CommitUnknownError, isConnectionLoss } from './failover.js';
 import type { ReplicaRead } from './replicas.js';
 import type { Attempt, ForEachShardOptions, RouterInternals, Via } from './types.js';
 
+/**
+ * shardctl exec's mark on its queryEachShard options (a symbol: no key an application could pass):
+ * its SQL is the operator's, who may run dynamic DDL per shard (a DO block's EXECUTE), as a
+ * migration may. Everything else the router refuses, exec refuses too (its own check first).
+ */
+export const EXEC_SCRIPT: unique symbol = Symbol('shardctl exec');
+const EXEC_ESCAPES: EscapeOptions = { ...ROUTER_ESCAPES, doExecute: false };
+
 export interface ScriptQueryOptions extends ForEachShardOptions {
   query?: Omit<pg.QueryConfig, 'text' | 'values'>;
   shardsPerQuery?: number;
+  [EXEC_SCRIPT]?: true;
 }
 
 /**
@@ -26,7 +35,7 @@ export function queryEachShardScript<R extends pg.QueryResultRow>(
   options: ScriptQueryOptions,
   replica: ReplicaRead | undefined,
 ): Promise<ShardResult<pg.QueryResult<R>>[]> {
-  const escape = firstEscape(sql);
+  const escape = firstEscape(sql, options[EXEC_SCRIPT] ? EXEC_ESCAPES : ROUTER_ESCAPES);
   if (escape) return Promise.reject(new UsageError(escape, { input: 'sql' }));
   const body = sql.replace(/[\s;]+$/, '');
   const readOnly = options.readOnly ?? false;

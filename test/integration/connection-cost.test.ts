@@ -105,10 +105,10 @@ describe('what a connection holds for the shards it serves', () => {
 
     // The default keeps a connection for an hour, not for ever; both are checked up front.
     await expect(ShardRouter.open(fleet.configFile, { maxConnectionLifetimeMs: -1 })).rejects.toThrow(
-      /maxConnectionLifetimeMs -1 must be/,
+      /maxConnectionLifetimeMs -1: must be/,
     );
     await expect(ShardRouter.open(fleet.configFile, { maxConnectionUses: 1.5 })).rejects.toThrow(
-      /maxConnectionUses 1.5 must be/,
+      /maxConnectionUses 1.5: must be/,
     );
   });
 });

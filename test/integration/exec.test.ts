@@ -143,6 +143,22 @@ describe('shardctl exec', () => {
     expect(written.code).toBe(0);
     expect(written.stdout).toContain('    0 |       1');
     expect(await count()).toBe(1);
+    // Dynamic DDL per shard, as a migration may run it: a DO block's EXECUTE (which the router
+    // refuses an application) is the operator's to run with --write.
+    const dynamic = await runCli([
+      'exec',
+      '-c',
+      fleet.configFile,
+      '--shards',
+      '0',
+      '--write',
+      `DO $$ BEGIN EXECUTE format('COMMENT ON TABLE %I IS %L', 'photos', 'from exec'); END $$`,
+    ]);
+    expect(dynamic.code, dynamic.stderr).toBe(0);
+    const comment = await withClient(db.urls[0]!, (c) =>
+      c.query<{ c: string }>(`select obj_description('ex0.photos'::regclass) as c`),
+    );
+    expect(comment.rows[0]!.c).toBe('from exec');
   });
 
   it('reports a failing shard by number, prints the rows of the others and exits 1', async () => {

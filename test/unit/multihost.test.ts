@@ -115,6 +115,8 @@ describe('multi-host URLs (libpq syntax)', () => {
       );
       expect(shown).not.toMatch(/ace!Pw9|Sp.ace|spacey/);
     }
+    // Around the URL (a newline an environment variable ends with), whitespace is ignored as before.
+    expect(parsePostgresUrl('postgres://app:pw@h1:5432/db\n').addresses).toEqual([{ host: 'h1', port: '5432' }]);
     registerUrlSecret('postgres://spacey:Sp ace!Pw9@127.0.0.1:32887/postgres');
     expect(redact('connected with Sp ace!Pw9 as the password')).toBe('connected with *** as the password');
   });

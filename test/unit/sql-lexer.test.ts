@@ -191,15 +191,36 @@ describe('transactionEscape', () => {
     "do 'begin perform pg_advisory_lock(1); end'",
     'do $$ begin reset all; end $$',
     'do language plpgsql $$ begin set work_mem = 1000; end $$',
-    // What a statement of its own is refused for, started by PL/pgSQL after BEGIN, THEN or LOOP.
+  ])('refuses %s', (sql) => {
+    expect(first(sql)).toBeDefined();
+  });
+
+  // What a statement of its own is refused for, started by PL/pgSQL (first, or after BEGIN, THEN,
+  // ELSE or LOOP): the router reads a DO body so; a migration file's check does not (a file an
+  // earlier release applied must still load).
+  it.each([
     'DO $$BEGIN CREATE TEMP TABLE photos (LIKE photos INCLUDING ALL); END$$',
     'do $$ declare n int; begin if true then create temporary table t (x int); end if; end $$',
     'do $$ begin create function pg_temp.f() returns int language sql as $f$ select 1 $f$; end $$',
     'do $$ begin loop listen ch; exit; end loop; end $$',
     'do $$ begin prepare p as select 1; end $$',
-    'do $$ begin discard temp; end $$',
-  ])('refuses %s', (sql) => {
-    expect(first(sql)).toBeDefined();
+    'do $$ begin if false then null; else discard temp; end if; end $$',
+  ])('the router refuses %s; a migration file may hold it', (sql) => {
+    expect(firstEscape(sql)).toBeDefined();
+    expect(first(sql)).toBeUndefined();
+  });
+
+  // The same words where PL/pgSQL starts no statement: a column, a variable, a qualified name;
+  // EXECUTE of a trigger's function and GRANT EXECUTE are no dynamic SQL.
+  it.each([
+    'do $$ begin update photos set discard = true where id = 1; end $$',
+    "do $$ begin if true then update photos set caption = 'x' where id = 1; end if; end $$",
+    'do $$ declare prepare int := 1; begin perform p.discard from photos p; insert into t (listen) values (prepare); end $$',
+    'do $$ begin create trigger t after insert on photos for each row execute function f(); grant execute on function f() to app; end $$',
+    'do $$ begin create temp table t (x int) on commit drop; insert into t values (1); end $$',
+  ])('the router allows %s', (sql) => {
+    expect(firstEscape(sql)).toBeUndefined();
+    expect(first(sql)).toBeUndefined();
   });
 
   // EXECUTE's SQL is made as the block runs and cannot be read: the router refuses it whatever it
@@ -208,6 +229,7 @@ describe('transactionEscape', () => {
     "DO $$BEGIN EXECUTE 'SET ROLE pg_monitor'; END$$",
     "do $$ begin execute format('set work_mem = %L', '64MB'); end $$",
     "do $$ begin if true then execute 'select 1'; end if; end $$",
+    "do $$ declare r record; begin for r in execute 'select 1' loop null; end loop; end $$",
   ])('the router refuses %s; migrations allow it', (sql) => {
     expect(firstEscape(sql)).toContain('DO: EXECUTE runs SQL text made as the block runs');
     expect(first(sql)).toBeUndefined();
@@ -315,6 +337,18 @@ describe('migrationFileProblems', () => {
     expect(
       migrationFileProblems('-- x\n\nSET search_path TO public;\nRESET ALL;\nSET ROLE x;', false).map((p) => p.line),
     ).toEqual([3, 4, 5]);
+  });
+
+  it("allows a DO block that backfills with UPDATE … SET (its SET is UPDATE's, not a setting's), and one that runs EXECUTE", () => {
+    const file = [
+      "DO $$ BEGIN UPDATE photos SET caption = 'x' WHERE caption IS NULL; END $$;",
+      "DO $$ DECLARE t text; BEGIN FOR t IN SELECT 'photos' LOOP EXECUTE format('ANALYZE %I', t); END LOOP; END $$;",
+      "DO $$ BEGIN IF true THEN SET LOCAL work_mem = '64MB'; END IF; END $$;",
+    ].join('\n');
+    expect(migrationFileProblems(file, false)).toEqual([]);
+    expect(
+      migrationFileProblems("DO $$ BEGIN IF true THEN SET work_mem = '64MB'; END IF; END $$;", false),
+    ).toHaveLength(1);
   });
 
   it('allows SET LOCAL of other settings, savepoints, and COMMIT inside bodies, strings and identifiers', () => {
