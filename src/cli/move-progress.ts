@@ -69,14 +69,24 @@ export function figuresPhrase(f: RunFigures): string {
 export class MoveProgressView {
   readonly #out: Output;
   readonly #moves = new Map<string, CopyProgressEvent>();
+  /** Per move: its bytes, since when it has had them, and whether its stall was said. */
+  readonly #progress = new Map<string, { bytes: number; since: number; said: boolean }>();
+  readonly #stallMs: number;
+  #watch: NodeJS.Timeout | undefined;
   readonly #multi: cliProgress.MultiBar | null;
   readonly #bars = new Map<string, cliProgress.SingleBar>();
   #runBar: cliProgress.SingleBar | null = null;
   #lastLine = -Infinity;
   #stopped = false;
 
-  constructor(out: Output) {
+  /**
+   * `stallMs`: a copy that moves no byte for this long is said to (once per stall, as a warning
+   * naming both hosts): the copy reports only while bytes flow, so a host that stopped answering
+   * would otherwise leave the last line standing until the move stops naming it. 0: never.
+   */
+  constructor(out: Output, { stallMs = 0 }: { readonly stallMs?: number } = {}) {
     this.#out = out;
+    this.#stallMs = stallMs;
     const bars =
       Boolean(out.streams.stderr.isTTY) && !out.json ? (requireCjs('cli-progress') as typeof cliProgress) : null;
     this.#multi = bars
@@ -106,7 +116,10 @@ export class MoveProgressView {
   }
 
   update(event: MoveProgressEvent): void {
-    if (event.kind === 'copy') this.#moves.set(event.moveId, event);
+    if (event.kind === 'copy') {
+      this.#moves.set(event.moveId, event);
+      this.#noteProgress(event);
+    }
     const run = runFigures(this.#moves.values());
     if (this.#out.json) {
       this.#out.streams.stderr.write(
@@ -149,8 +162,41 @@ export class MoveProgressView {
     if ([...this.#moves.values()].every((m) => m.done)) this.stop();
   }
 
+  #noteProgress(event: CopyProgressEvent): void {
+    const known = this.#progress.get(event.moveId);
+    if (!known || known.bytes !== event.bytes)
+      this.#progress.set(event.moveId, { bytes: event.bytes, since: performance.now(), said: false });
+    if (this.#stallMs > 0 && !this.#watch && !event.done && !this.#stopped) {
+      this.#watch = setInterval(() => this.#sayStalls(), Math.min(1000, this.#stallMs));
+      this.#watch.unref();
+    }
+  }
+
+  #sayStalls(): void {
+    let running = false;
+    for (const [moveId, progress] of this.#progress) {
+      const move = this.#moves.get(moveId);
+      if (!move || move.done) continue;
+      running = true;
+      const still = performance.now() - progress.since;
+      if (progress.said || still < this.#stallMs) continue;
+      progress.said = true;
+      this.warn(
+        `copy ${move.source} → ${move.target}: no byte copied for ${durationPhrase(still)}; it goes on when ` +
+          `the copy does, and stops naming the host if ${move.source} or ${move.target} stopped answering`,
+      );
+    }
+    if (!running || this.#stopped) this.#endWatch();
+  }
+
+  #endWatch(): void {
+    if (this.#watch) clearInterval(this.#watch);
+    this.#watch = undefined;
+  }
+
   /** The bars end where they are (at the end of the copy, or when the command ends). */
   stop(): void {
+    this.#endWatch();
     if (this.#stopped) return;
     this.#stopped = true;
     // Drawn now with the last figures (and the lines logged since the last frame): the timer that

@@ -124,7 +124,8 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
           : `move ${which} to ${flags.to}`;
       await confirmOrRefuse(ctx.streams, what);
     }
-    const view = new MoveProgressView(out);
+    // A copy still for as long as a host may stay silent before it is checked: said, naming both hosts.
+    const view = new MoveProgressView(out, { stallMs: Math.max(...config.hosts.map((h) => h.timeoutMs)) });
     const result = await withFlagNames(FLAGS, () =>
       moveShards(config, shards, flags.to, {
         mode: flags.mode as MoveMode,
