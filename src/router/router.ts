@@ -282,17 +282,20 @@ export class ShardRouter {
   }
 
   shardForKey(key: bigint): number {
-    if (typeof key !== 'bigint') throw new TypeError(`key ${String(key)} must be a bigint`);
+    if (typeof key !== 'bigint') throw new UsageError('must be a bigint', { input: 'key', value: key });
     return shardForKey(key, this.config.shards);
   }
 
   /** The shard an id was made in, decoded with the map's id layout. Accepts a decimal string. */
   shardForId(id: bigint | string): number {
     const value = typeof id === 'string' ? parseIdString(id) : id;
-    if (typeof value !== 'bigint') throw new TypeError(`id ${JSON.stringify(id)} is not a decimal 64-bit id`);
+    if (typeof value !== 'bigint') throw new UsageError('is not a decimal 64-bit id', { input: 'id', value: id });
     const { shard } = decodeId(value, this.config.idLayout);
     if (shard >= this.config.shards) {
-      throw new RangeError(`id ${value} carries shard ${shard}, but the map has shards 0-${this.config.shards - 1}`);
+      throw new UsageError(`carries shard ${shard}, but the map has shards 0-${this.config.shards - 1}`, {
+        input: 'id',
+        value: value.toString(),
+      });
     }
     return shard;
   }

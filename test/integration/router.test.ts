@@ -515,6 +515,8 @@ describe('ShardRouter: options it does not know', () => {
         [router.queryEachShard('select 1', ill({ shards: '1' })), 'shards "1": must be an array of shard numbers'],
         [router.queryEachShard('select 1', ill({ shards: ['1'] })), 'shard "1": must be a shard number'],
         [router.withShard('1' as unknown as number, insert), 'shard "1": must be a shard number'],
+        [router.withKey(1 as unknown as bigint, insert), 'key 1: must be a bigint'],
+        [router.withId('12x' as unknown as bigint, insert), 'id "12x": is not a decimal 64-bit id'],
         [
           router.queryPage('select id from photos', { limit: 5n as unknown as number }),
           'limit 5n: must be a whole number',
