@@ -4,6 +4,7 @@ import { UsageError } from '../errors.js';
 import { encodeId, parseIdString, type IdLayout } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
+import { splitSql } from '../pg/statements.js';
 import { checkCallOptionValues } from './options.js';
 import { REPLICA_READ_FLAGS, replicaRead, type WriteLsn } from './replicas.js';
 import { oneStatement, queryEachShardWithParams } from './shard-query.js';
@@ -159,7 +160,9 @@ export async function queryPage<R extends pg.QueryResultRow>(
 
   const below =
     minAgeMs === undefined ? undefined : settledIdBound(router.config().idLayout, BigInt(Date.now() - minAgeMs));
-  const text = pageSql(oneStatement(sql), {
+  const statement = oneStatement(sql);
+  refuseOwnOrder(statement);
+  const text = pageSql(statement, {
     idColumn,
     order,
     params: params.length,
@@ -210,6 +213,33 @@ export async function queryPage<R extends pg.QueryResultRow>(
     cursor: page.length === limit && last ? encodeCursor(order, last.id) : null,
     resume: last ? encodeCursor(order, last.id) : (options.cursor ?? null),
   };
+}
+
+/**
+ * A statement that orders or limits its own rows (ORDER BY, LIMIT, OFFSET or FETCH outside any
+ * parentheses) would give each shard's page from its own order, not the newest or oldest by id:
+ * refused (a CTE's or a subquery's, inside parentheses, is the statement's business).
+ */
+function refuseOwnOrder(statement: string): void {
+  const tokens = splitSql(statement).statements[0]?.tokens ?? [];
+  let depth = 0;
+  for (const [i, token] of tokens.entries()) {
+    if (token.kind === 'symbol' && token.value === '(') depth++;
+    else if (token.kind === 'symbol' && token.value === ')') depth--;
+    if (depth !== 0 || token.kind !== 'word') continue;
+    const next = tokens[i + 1];
+    const clause =
+      token.value === 'order' && next?.kind === 'word' && next.value === 'by'
+        ? 'ORDER BY'
+        : ['limit', 'offset', 'fetch'].includes(token.value)
+          ? token.value.toUpperCase()
+          : undefined;
+    if (clause !== undefined)
+      throw new UsageError(
+        `has its own ${clause}: queryPage orders and limits each shard's rows by idColumn itself (newest or oldest first, at most limit); leave it out`,
+        { input: 'sql', value: statement.slice(0, 60) },
+      );
+  }
 }
 
 /** The first id that two neighbours of sorted ids share, if any. */

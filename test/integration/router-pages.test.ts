@@ -254,6 +254,22 @@ describe('ShardRouter.queryPage', () => {
         .queryPage('select id::text as id from photos', { limit: 2 })
         .catch((e: unknown) => e as UsageError);
       expect(asText).toMatchObject({ input: 'idColumn', message: expect.stringContaining('(found text)') });
+      // The statement's own ORDER BY / LIMIT would page each shard in its own order: refused.
+      for (const [own, clause] of [
+        ['select id from photos order by id asc limit 2', 'ORDER BY'],
+        ['select id from photos limit 2', 'LIMIT'],
+        ['select id from photos offset 1', 'OFFSET'],
+        ['select id from photos fetch first 2 rows only', 'FETCH'],
+      ] as const) {
+        const refusedOwn = await router.queryPage(own, { limit: 2 }).catch((e: unknown) => e as UsageError);
+        expect(refusedOwn).toMatchObject({ input: 'sql', message: expect.stringContaining(`has its own ${clause}`) });
+      }
+      // Inside parentheses (a CTE, a subquery, an aggregate's or a window's order) it is the statement's own business.
+      const inner = await router.queryPage(
+        'with recent as (select id from photos order by id desc limit 1000) select id, row_number() over (order by id) as n from recent',
+        { limit: 2 },
+      );
+      expect(inner.rows.length).toBeLessThanOrEqual(2);
       // A negative bigint is no id of the scheme: refused rather than made into a cursor it would refuse.
       const negative = await router
         .queryPage('select -id as id from photos', { limit: 2 })
