@@ -59,6 +59,8 @@ export class HostPools {
   private readonly recovering = new Map<string, Promise<boolean>>();
   private readonly ending = new Set<Promise<void>>();
   private closed = false;
+  /** Calls waiting for a pooled connection (checkout): close() answers them. */
+  private readonly waiters = new Set<() => void>();
 
   constructor(
     private readonly settings: RouterSettings,
@@ -217,10 +219,10 @@ export class HostPools {
     const pool = trace === undefined ? this.current(host) : undefined;
     if (!pool) return this.connectTraced(host, shard, trace);
     return new Promise((resolve, reject) => {
-      pool.connect((error: Error | undefined, client: pg.PoolClient | undefined) => {
-        if (!error && client) return resolve(client);
+      this.checkout(pool, host, shard, (error, client) => {
+        if (client) return resolve(client);
         try {
-          resolve(this.connectFailed(host, shard, trace, false, error ?? new Error('pg-pool gave no connection')));
+          resolve(this.connectFailed(host, shard, trace, false, error));
         } catch (thrown) {
           reject(thrown as Error);
         }
@@ -236,12 +238,45 @@ export class HostPools {
   ): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
-      const client = await (this.current(host) ?? (await this.pool(host))).connect();
+      const pool = this.current(host) ?? (await this.pool(host));
+      const client = await new Promise<pg.PoolClient>((resolve, reject) =>
+        this.checkout(pool, host, shard, (error, got) => (got ? resolve(got) : reject(error))),
+      );
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {
       return this.connectFailed(host, shard, trace, again, error);
     }
+  }
+
+  /**
+   * pg-pool's checkout, answered exactly once: with a connection, with pg-pool's error, or, when the
+   * router is closed while the call waits for one (pg-pool's end() leaves its waiters waiting for
+   * ever), with ROUTER_CLOSED at once; a connection pg-pool hands over after that goes back to it.
+   */
+  private checkout(
+    pool: pg.Pool,
+    host: HostConfig,
+    shard: number,
+    done: (error: unknown, client?: pg.PoolClient) => void,
+  ): void {
+    let settled = false;
+    const waiter = (): void => {
+      if (settled) return;
+      settled = true;
+      done(closedError(host, shard, 'was closed while the call waited for a pooled connection: it did not run'));
+    };
+    this.waiters.add(waiter);
+    pool.connect((error: Error | undefined, client: pg.PoolClient | undefined) => {
+      this.waiters.delete(waiter);
+      if (settled) {
+        client?.release();
+        return;
+      }
+      settled = true;
+      if (!error && client) done(undefined, client);
+      else done(error ?? new Error('pg-pool gave no connection'));
+    });
   }
 
   /** Why a connection of `host` could not be had, as the call's error (or one more try, once). */
@@ -253,11 +288,8 @@ export class HostPools {
     error: unknown,
   ): Promise<pg.PoolClient> {
     // The application's mistake, not the host's: said as such (and not taken for a failover).
-    if (this.closed)
-      throw new ShardctlError('ROUTER_CLOSED', 'the ShardRouter is closed: a call made after close() does not run', {
-        exitCode: 2,
-        data: { host: host.name, shard },
-      });
+    if (error instanceof ShardctlError && error.code === 'ROUTER_CLOSED') throw error;
+    if (this.closed) throw closedError(host, shard, 'is closed: a call made after close() does not run');
     // Once per call: a refusal of something else than the timeouts is not retried for ever.
     if (!again && this.refusedStartup(host, error)) return this.connectTraced(host, shard, trace, true);
     // The search for the host's address failed (failover.ts): already a HostError of this host, which
@@ -331,9 +363,11 @@ export class HostPools {
     void ending.finally(() => this.ending.delete(ending));
   }
 
-  /** Ends every pool and waits for them; no pool is made after. */
+  /** Ends every pool and waits for them; no pool is made after; calls waiting for a connection fail. */
   async close(): Promise<void> {
     this.closed = true;
+    for (const waiter of [...this.waiters]) waiter();
+    this.waiters.clear();
     for (const name of [...this.pools.keys()]) this.end(name);
     await Promise.all([...this.ending]);
   }
@@ -342,4 +376,12 @@ export class HostPools {
   byHost(): Map<string, pg.Pool> {
     return new Map([...this.pools].map(([name, entry]) => [name, entry.pool]));
   }
+}
+
+/** The router's ROUTER_CLOSED error (the application's doing, not the host's: not a failover). */
+function closedError(host: HostConfig, shard: number, what: string): ShardctlError {
+  return new ShardctlError('ROUTER_CLOSED', `the ShardRouter ${what}`, {
+    exitCode: 2,
+    data: { host: host.name, shard },
+  });
 }

@@ -293,6 +293,47 @@ describe('ShardRouter: what fn throws, and a connection the server ends', () => 
   });
 });
 
+describe('ShardRouter.close() with calls in flight', () => {
+  const db = useTestDatabases(1);
+
+  it('lets the running calls finish and fails those still waiting for a pooled connection with ROUTER_CLOSED, at once', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3'], schemaPrefix: 'rq', migrations: PHOTOS_ONLY });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const router = await ShardRouter.open(fleet.configFile, { poolSize: 2, mapRefreshMs: 0 });
+    const outcomes = Array.from({ length: 10 }, (_, i) =>
+      router
+        .withKey(BigInt(i), async (client) => {
+          await client.query(`insert into photos (user_id, image_url) values ($1, 'x')`, [i]);
+          await client.query('select pg_sleep(0.3)');
+        })
+        .then(
+          () => 'ok',
+          (e: unknown) => (e as { code?: string }).code ?? String(e),
+        ),
+    );
+    await new Promise((resolve) => setTimeout(resolve, 100));
+    const started = Date.now();
+    await router.close();
+    // Every call settles: none left waiting for ever (pg-pool's end() answers no waiter).
+    const settled = await Promise.race([
+      Promise.all(outcomes),
+      new Promise<'hung'>((resolve) => setTimeout(() => resolve('hung'), 5_000)),
+    ]);
+    expect(settled).not.toBe('hung');
+    const results = settled as string[];
+    expect(results.filter((r) => r === 'ok')).toHaveLength(2);
+    expect(results.filter((r) => r === 'ROUTER_CLOSED')).toHaveLength(8);
+    expect(Date.now() - started).toBeLessThan(3_000);
+    // The rows of the two that ran are there; the others wrote nothing.
+    const rows = await withClient(db.urls[0]!, (c) =>
+      c.query<{ n: string }>(
+        `select ((select count(*) from rq0.photos) + (select count(*) from rq1.photos) + (select count(*) from rq2.photos) + (select count(*) from rq3.photos))::text as n`,
+      ),
+    );
+    expect(rows.rows[0]!.n).toBe('2');
+  });
+});
+
 describe("ShardRouter: fn's queries that would leave the transaction", () => {
   const db = useTestDatabases(1);
 
