@@ -240,7 +240,7 @@ export class HostPools {
       const since = trace?.waiting('a pooled connection', host.name);
       const pool = this.current(host) ?? (await this.pool(host));
       const client = await new Promise<pg.PoolClient>((resolve, reject) =>
-        this.checkout(pool, host, shard, (error, got) => (got ? resolve(got) : reject(error))),
+        this.checkout(pool, host, shard, (error, got) => (got ? resolve(got) : reject(error as Error))),
       );
       if (since !== undefined) trace?.poolWaited(since);
       return client;
