@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
@@ -336,6 +337,8 @@ async function requireRegistryRights(hosts: readonly HostConfig[]): Promise<void
 /** What one address of a host says it is: its fleet record and whether it is in recovery; null when it did not answer. */
 interface AddressProbe {
   readonly address: string;
+  /** The URL it was reached by (that address alone, with the host's credentials). */
+  readonly url: string;
   readonly seen: { readonly fleet: Awaited<ReturnType<typeof readFleetRow>>; readonly inRecovery: boolean } | null;
   /** A server answered there but refused the host's credentials or database (an error with a SQLSTATE). */
   readonly refused?: string;
@@ -382,7 +385,7 @@ async function probeAddresses(
         if (isSqlState(code) && (code.startsWith('28') || code === '3D000')) refused = describePgError(cause);
         return null;
       });
-      return { address, seen, ...(refused !== undefined ? { refused } : {}) };
+      return { address, url, seen, ...(refused !== undefined ? { refused } : {}) };
     }),
   );
 }
@@ -405,12 +408,40 @@ async function writableOldAddresses(
 ): Promise<string[]> {
   const now = new Set(parsePostgresUrl(current).addresses.map(addressKey));
   const probes = await probeAddresses(host, earlier, now);
-  return probes
-    .filter(
-      ({ seen }) =>
-        seen !== null && !seen.inRecovery && seen.fleet?.fleetId === fleetId && seen.fleet.hostName === host.name,
-    )
-    .map((p) => p.address);
+  const writable = probes.filter(
+    ({ seen }) =>
+      seen !== null && !seen.inRecovery && seen.fleet?.fleetId === fleetId && seen.fleet.hostName === host.name,
+  );
+  // The same server under another address (a pooler put in front of it, a DNS name for an IP) is
+  // no second primary.
+  const same = await Promise.all(writable.map((p) => sameServer(host, p.url, host.url)));
+  return writable.filter((_, i) => !same[i]).map((p) => p.address);
+}
+
+/**
+ * Whether `earlierUrl` and `currentUrl` reach one server: a session opened by the first, under a
+ * name of its own, is seen in pg_stat_activity by the second (the same role sees its own sessions;
+ * through a pooler the second's server process is the same server's). False when either does not answer.
+ */
+async function sameServer(host: HostConfig, earlierUrl: string, currentUrl: string): Promise<boolean> {
+  const mark = `shardctl map ${randomBytes(8).toString('hex')}`;
+  const timeoutMs = Math.min(host.timeoutMs, OLD_ADDRESS_WAIT_MS);
+  return withHost(
+    { ...host, url: earlierUrl, timeoutMs },
+    () =>
+      withHost(
+        { ...host, url: currentUrl, timeoutMs },
+        async (client) =>
+          (
+            await client.query<{ seen: boolean }>(
+              'SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity WHERE application_name = $1) AS seen',
+              [mark],
+            )
+          ).rows[0]!.seen,
+        { applicationName: 'shardctl map' },
+      ),
+    { applicationName: mark },
+  ).catch(() => false);
 }
 
 /** The URL with target_session_attrs=read-write unless it asks for primary (same thing here) already. */

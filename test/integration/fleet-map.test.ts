@@ -223,3 +223,23 @@ describe('discovery with a host down', () => {
     }
   }, 60_000);
 });
+
+describe('map set-address to another address of the same server (a pooler put in front of it)', () => {
+  const db = useTestDatabases(1);
+
+  it('records it, and does not take the earlier address of the same server for a second primary (exit 0)', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 2, split: ['0-1'], schemaPrefix: 'sa' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    // Another address of the same server, as a pooler in front of it would be.
+    const proxy = await startTcpProxy(db.urls[0]!);
+    proxies.push(proxy);
+    const set = await runCli(['map', 'set-address', 'pg1', proxy.url, '--json', '-c', fleet.configFile]);
+    expect(set.code, set.stderr).toBe(0);
+    expect(set.stderr).not.toContain('TWO PRIMARIES');
+    expect((JSON.parse(set.stdout) as { stillWritable: string[] }).stillWritable).toEqual([]);
+    const registry = await withClient(db.urls[0]!, (c) =>
+      c.query<{ address: string }>(`select address from shardctl.hosts where name = 'pg1'`),
+    );
+    expect(registry.rows[0]!.address).toContain(`:${proxy.port}/`);
+  });
+});
