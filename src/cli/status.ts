@@ -69,6 +69,10 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
                 : `standbys: ${t.standbys.map((s) => lib().describeStandby(s)).join('; ')}`),
           );
         }
+        for (const other of h.twoPrimaries)
+          out.line(
+            `  TWO PRIMARIES: ${other} also answers as a writable primary of ${h.host} (its url lists it): clients that reach it first write there, apart from ${h.topology?.primary ?? 'the primary above'}; stop it, or make it a standby of the primary`,
+          );
         if (h.missing.length) out.line(`  missing: ${formatShardList(h.missing)}`);
         if (h.unexpected.length) out.line(`  present but mapped to another host: ${formatShardList(h.unexpected)}`);
         if (h.fenced.length) out.line(`  fenced old copies (moved away, waiting for gc): ${formatShardList(h.fenced)}`);

@@ -273,7 +273,11 @@ export async function mapSetAddress(
         );
     }
   const previous = placement.hosts.get(hostName) ?? null;
-  const stillWritable = await writableOldAddresses(target, [previous, listed?.url], url, checked.fleet!.fleetId);
+  const stillWritable = [
+    ...(await writableOldAddresses(target, [previous, listed?.url], url, checked.fleet!.fleetId)),
+    // Another address of the URL itself that answers as a primary of this host: split brain.
+    ...(await otherWritablePrimaries(target, checked.topology.primary, checked.fleet!)),
+  ];
   const writeTo = [target, ...config.hosts.filter((h) => h.name !== hostName && placement.answered.includes(h.name))];
   await requireRegistryRights(writeTo);
   const updated: string[] = [];
@@ -414,6 +418,31 @@ async function writableOldAddresses(
   );
   // The same server under another address (a pooler put in front of it, a DNS name for an IP) is
   // no second primary.
+  const same = await Promise.all(writable.map((p) => sameServer(host, p.url, host.url)));
+  return writable.filter((_, i) => !same[i]).map((p) => p.address);
+}
+
+/**
+ * The other addresses of `host`'s url (a primary and its standbys, in libpq's syntax) that answer
+ * as a writable primary of the same host of the same fleet, on another server than the one
+ * `connected` names (host:port, the address the url reached): an old primary started again as a
+ * primary after a failover, which clients that try it first (libpq's order) write to. Split brain:
+ * status and map set-address say TWO PRIMARIES. Each address waited for 2 s at most.
+ */
+export async function otherWritablePrimaries(
+  host: HostConfig,
+  connected: string | null,
+  fleet: { readonly fleetId: string; readonly hostName: string },
+): Promise<string[]> {
+  if (parsePostgresUrl(host.url).addresses.length < 2) return [];
+  const probes = await probeAddresses(host, [host.url], new Set(connected ? [connected.toLowerCase()] : []));
+  const writable = probes.filter(
+    ({ seen }) =>
+      seen !== null &&
+      !seen.inRecovery &&
+      seen.fleet?.fleetId === fleet.fleetId &&
+      seen.fleet.hostName === fleet.hostName,
+  );
   const same = await Promise.all(writable.map((p) => sameServer(host, p.url, host.url)));
   return writable.filter((_, i) => !same[i]).map((p) => p.address);
 }

@@ -7,7 +7,7 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
-import { readTopology, type HostTopology } from '../fleet/topology.js';
+import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology.js';
 import { abortingMoveIds, slowPathChangingOver } from '../fleet/control.js';
 import { withReadHint } from '../fleet/rights.js';
 import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
@@ -31,6 +31,7 @@ import {
   type FileRollout,
 } from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
+import { otherWritablePrimaries } from './map.js';
 import { existingApplied, handBuiltShards } from '../provisioning/plan.js';
 
 export interface HostStatus {
@@ -104,6 +105,11 @@ export interface HostStatus {
    * from it (pg_stat_replication) with their lag; null for a host that could not be read.
    */
   readonly topology: HostTopology | null;
+  /**
+   * Other addresses of the host's url that answer as a writable primary of this host too (an old
+   * primary started again as a primary after a failover: split brain; map.ts otherWritablePrimaries).
+   */
+  readonly twoPrimaries: readonly string[];
   /** Hosts whose address in this host's registry differs from the file's url (user and password aside). */
   readonly registryMismatches: readonly { readonly name: string; readonly registry: string; readonly file: string }[];
   readonly ok: boolean;
@@ -199,9 +205,18 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
                   });
             const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
             const topology = await readTopology(session.client);
+            const own = topology.inRecovery ? null : await readFleetRow(session.client);
+            const twoPrimaries = own ? await otherWritablePrimaries(host, topology.primary, own) : [];
             const slowPath = await slowPathChangingOver(session.client);
-            const result = { ...drifted, controlWriters, registryMismatches, topology, slowPathChangingOver: slowPath };
-            const trusted = controlWriters.length === 0 && registryMismatches.length === 0;
+            const result = {
+              ...drifted,
+              controlWriters,
+              registryMismatches,
+              topology,
+              twoPrimaries,
+              slowPathChangingOver: slowPath,
+            };
+            const trusted = controlWriters.length === 0 && registryMismatches.length === 0 && twoPrimaries.length === 0;
             const checked = trusted ? result : { ...result, ok: false };
             return sequences.length === 0 ? checked : { ...checked, sequenceProblems: sequences, ok: false };
           },
@@ -330,7 +345,7 @@ function hostStatus(
   migrations: readonly MigrationFile[],
   cached: readonly string[],
   leftovers: readonly string[],
-): Omit<HostStatus, 'controlWriters' | 'registryMismatches' | 'topology' | 'slowPathChangingOver'> {
+): Omit<HostStatus, 'controlWriters' | 'registryMismatches' | 'topology' | 'twoPrimaries' | 'slowPathChangingOver'> {
   const host = snapshot.host;
   const drift = driftProblems(host.name, existingApplied(snapshot), snapshot.appliedNames, migrations).map(
     (p) => p.message,
@@ -459,6 +474,7 @@ function unreachableStatus(host: string, expected: number, error: string, denied
     controlWriters: [],
     registryMismatches: [],
     topology: null,
+    twoPrimaries: [],
     ok: false,
   };
 }

@@ -243,3 +243,39 @@ describe('map set-address to another address of the same server (a pooler put in
     expect(registry.rows[0]!.address).toContain(`:${proxy.port}/`);
   });
 });
+
+describe('split brain: two addresses of a host answer as its writable primary', () => {
+  const db = useTestDatabases(2);
+
+  it('status and map set-address say TWO PRIMARIES, naming the other address (exit 3 and 1)', async () => {
+    const fleet = makeFleet({ urls: [db.urls[0]!], shards: 2, split: ['0-1'], schemaPrefix: 'sb' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const recorded = await withClient(db.urls[0]!, (c) =>
+      c.query<{ fleet_id: string }>(`select fleet_id::text as fleet_id from shardctl.fleet`),
+    );
+    // The second server's database records itself as pg1 of the same fleet, as an old primary
+    // started again as a primary after a failover does (its control schema is the host's).
+    await withClient(db.urls[1]!, (c) =>
+      c.query(
+        `create schema shardctl; create table shardctl.fleet (fleet_id uuid, host_name text); insert into shardctl.fleet values ('${recorded.rows[0]!.fleet_id}', 'pg1')`,
+      ),
+    );
+    const first = new URL(db.urls[0]!);
+    const second = new URL(db.urls[1]!);
+    // Both addresses in pg1's url, in libpq's syntax, as for a primary and its standby.
+    const both = `${first.protocol}//${first.username}:${first.password}@${first.host},${second.host}${first.pathname}?target_session_attrs=read-write`;
+    writeFileSync(fleet.configFile, readFileSync(fleet.configFile, 'utf8').replace(db.urls[0]!, both));
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code, status.stderr).toBe(3);
+    expect(status.stdout).toContain(`TWO PRIMARIES: ${second.host} also answers as a writable primary of pg1`);
+    const json = await runCli(['status', '--json', '-c', fleet.configFile]);
+    expect((JSON.parse(json.stdout) as { hosts: { twoPrimaries: string[] }[] }).hosts[0]!.twoPrimaries).toEqual([
+      second.host,
+    ]);
+    const set = await runCli(['map', 'set-address', 'pg1', '-c', fleet.configFile]);
+    expect(set.code, set.stderr).toBe(1);
+    expect(set.stdout).toContain(
+      `TWO PRIMARIES: the old address ${second.host} still answers as a writable primary of pg1`,
+    );
+  });
+});
