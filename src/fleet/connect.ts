@@ -251,9 +251,11 @@ export function describePgError(error: unknown): string {
           : String(code ?? error.name);
     const suffix = isSqlState(code)
       ? ` (SQLSTATE ${code})`
-      : isLostConnection(error, { worded: true })
-        ? ' (the connection was lost: the server stopped or restarted, or the network dropped it)'
-        : '';
+      : (error as { code?: unknown }).code === 'ECONNREFUSED'
+        ? ' (nothing accepts connections there: the server is down or restarting, or the address is wrong)'
+        : isLostConnection(error, { worded: true })
+          ? ' (the connection was lost: the server stopped or restarted, or the network dropped it)'
+          : '';
     const detailText = typeof detail === 'string' && detail.length > 0 ? `; ${detail}` : '';
     return redact(`${text}${detailText}${suffix}`);
   }

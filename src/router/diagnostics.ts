@@ -25,7 +25,8 @@ export type CallWait =
   | 'the transaction (fn and its statements)'
   | 'the fence of a move'
   | 'the placement (reading the fleet)'
-  | 'the new host to hold the shard';
+  | 'the new host to hold the shard'
+  | "the host's primary to answer (a failover, a restart)";
 
 /** A call's event on `shardctl:router:call`, published when the call ends. */
 export interface RouterCallEvent {

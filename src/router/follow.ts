@@ -187,6 +187,7 @@ async function follow<T>(
       // Connecting failed, or the connection was lost where nothing can have committed.
       if (!isInDoubt(error) && isFailoverSymptom(error, readOnly)) {
         failoverDeadline ??= Date.now() + settings.failoverTimeoutMs;
+        trace?.waiting("the host's primary to answer (a failover, a restart)", host.name);
         // Bounded even when each search finds an address at once and the call fails there again.
         if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error)))
           continue;
@@ -199,6 +200,7 @@ async function follow<T>(
     // fn's statement failed because the host's primary went away: rolled back, run it again there.
     if (isFailoverSymptom(error, readOnly)) {
       failoverDeadline ??= Date.now() + settings.failoverTimeoutMs;
+      trace?.waiting("the host's primary to answer (a failover, a restart)", host.name);
       if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error))) continue;
       throw noPrimary(host.name, shard, error);
     }

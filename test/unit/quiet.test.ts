@@ -111,6 +111,11 @@ describe('a lost connection in words', () => {
   it.each([
     [new Error('Connection terminated unexpectedly'), `Connection terminated unexpectedly${lost}`],
     [Object.assign(new Error('read ECONNRESET'), { code: 'ECONNRESET' }), `read ECONNRESET${lost}`],
+    // A connection refused was never made: not said as one lost.
+    [
+      Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' }),
+      'connect ECONNREFUSED 127.0.0.1:5432 (nothing accepts connections there: the server is down or restarting, or the address is wrong)',
+    ],
     [
       new Error('Client has encountered a connection error and is not queryable'),
       `Client has encountered a connection error and is not queryable${lost}`,
