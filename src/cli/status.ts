@@ -48,6 +48,10 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
     if (out.json) {
       out.data({ ...result, exitCode });
     } else {
+      // A move's switch is recorded host by host: switched once any of its hosts says so (as status's next: reads it).
+      const switchedMoves = new Set(
+        result.hosts.flatMap((h) => h.moves.filter((m) => m.switched).map((m) => m.moveId)),
+      );
       for (const h of result.hosts) {
         if (!h.reachable) {
           out.line(`${h.host}: ${h.denied ? 'NOT READABLE' : 'UNREACHABLE'}: ${h.error}`);
@@ -107,7 +111,9 @@ export function registerStatus(program: Command, ctx: CliContext, done: (code: n
             `  unfinished move ${m.moveId}: shards ${m.shards} from ${m.source} to ${m.target} ` +
               (m.aborting
                 ? `(its abort was cut off: move-shard ${m.shards} --abort)`
-                : `(move-shard ${m.shards} --resume, or --abort)`),
+                : switchedMoves.has(m.moveId)
+                  ? `(it has switched, so it can only be finished: move-shard ${m.shards} --resume)`
+                  : `(move-shard ${m.shards} --resume, or --abort)`),
           );
         }
         if (h.leftovers.length) out.line(`  left by killed runs (shardctl gc drops them): ${h.leftovers.join(', ')}`);

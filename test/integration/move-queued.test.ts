@@ -6,7 +6,7 @@ import { describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { makeFleet, runCli } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
-import { startCli, waitForMoveSessionsToEnd } from '../helpers/moves.js';
+import { spawnCli, startCli, waitForMoveSessionsToEnd } from '../helpers/moves.js';
 
 describe('move-shard queued behind a move of the same shards', () => {
   const db = useTestDatabases(2);
@@ -46,5 +46,28 @@ describe('move-shard queued behind a move of the same shards', () => {
     const again = await runCli(['move-shard', '0', '--to', 'pg2', '--yes', '-c', fleet.configFile]);
     expect(again.code, again.stderr).toBe(0);
     expect((await fleet.config()).hosts.map((h) => h.shardsSpec)).toEqual(['2-3', '0-1']);
+  });
+});
+
+describe('status of a move killed after its switch', () => {
+  const db = useTestDatabases(2);
+
+  it('names --resume alone, as its next: line does (a switched move can only be finished)', async () => {
+    const fleet = makeFleet({ urls: db.urls, shards: 4, split: ['0-3', ''] });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const killed = await spawnCli(['move-shard', '1', '--to', 'pg2', '--yes', '-c', fleet.configFile], {
+      SHARDCTL_FAULT_AFTER_STEP: 'switched',
+    });
+    expect(killed.signal, killed.stderr).toBe('SIGKILL');
+    await waitForMoveSessionsToEnd(db.urls);
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code).toBe(3);
+    expect(status.stdout).toMatch(
+      /unfinished move \w+: shards 1 from pg1 to pg2 \(it has switched, so it can only be finished: move-shard 1 --resume\)/,
+    );
+    expect(status.stdout).not.toContain('--resume, or --abort');
+    expect(status.stderr).toContain('next: shardctl move-shard 1 --resume');
+    const resumed = await runCli(['move-shard', '1', '--resume', '--yes', '-c', fleet.configFile]);
+    expect(resumed.code, resumed.stderr).toBe(0);
   });
 });
