@@ -59,8 +59,6 @@ export class HostPools {
   private readonly recovering = new Map<string, Promise<boolean>>();
   private readonly ending = new Set<Promise<void>>();
   private closed = false;
-  /** Calls waiting for a pooled connection (checkout): close() answers them. */
-  private readonly waiters = new Set<() => void>();
 
   constructor(
     private readonly settings: RouterSettings,
@@ -219,10 +217,10 @@ export class HostPools {
     const pool = trace === undefined ? this.current(host) : undefined;
     if (!pool) return this.connectTraced(host, shard, trace);
     return new Promise((resolve, reject) => {
-      this.checkout(pool, host, shard, (error, client) => {
-        if (client) return resolve(client);
+      pool.connect((error: Error | undefined, client: pg.PoolClient | undefined) => {
+        if (!error && client) return resolve(client);
         try {
-          resolve(this.connectFailed(host, shard, trace, false, error));
+          resolve(this.connectFailed(host, shard, trace, false, error ?? new Error('pg-pool gave no connection')));
         } catch (thrown) {
           reject(thrown as Error);
         }
@@ -238,45 +236,12 @@ export class HostPools {
   ): Promise<pg.PoolClient> {
     try {
       const since = trace?.waiting('a pooled connection', host.name);
-      const pool = this.current(host) ?? (await this.pool(host));
-      const client = await new Promise<pg.PoolClient>((resolve, reject) =>
-        this.checkout(pool, host, shard, (error, got) => (got ? resolve(got) : reject(error as Error))),
-      );
+      const client = await (this.current(host) ?? (await this.pool(host))).connect();
       if (since !== undefined) trace?.poolWaited(since);
       return client;
     } catch (error) {
       return this.connectFailed(host, shard, trace, again, error);
     }
-  }
-
-  /**
-   * pg-pool's checkout, answered exactly once: with a connection, with pg-pool's error, or, when the
-   * router is closed while the call waits for one (pg-pool's end() leaves its waiters waiting for
-   * ever), with ROUTER_CLOSED at once; a connection pg-pool hands over after that goes back to it.
-   */
-  private checkout(
-    pool: pg.Pool,
-    host: HostConfig,
-    shard: number,
-    done: (error: unknown, client?: pg.PoolClient) => void,
-  ): void {
-    let settled = false;
-    const waiter = (): void => {
-      if (settled) return;
-      settled = true;
-      done(closedError(host, shard, 'was closed while the call waited for a pooled connection: it did not run'));
-    };
-    this.waiters.add(waiter);
-    pool.connect((error: Error | undefined, client: pg.PoolClient | undefined) => {
-      this.waiters.delete(waiter);
-      if (settled) {
-        client?.release();
-        return;
-      }
-      settled = true;
-      if (!error && client) done(undefined, client);
-      else done(error ?? new Error('pg-pool gave no connection'));
-    });
   }
 
   /** Why a connection of `host` could not be had, as the call's error (or one more try, once). */
@@ -288,7 +253,8 @@ export class HostPools {
     error: unknown,
   ): Promise<pg.PoolClient> {
     // The application's mistake, not the host's: said as such (and not taken for a failover).
-    if (error instanceof ShardctlError && error.code === 'ROUTER_CLOSED') throw error;
+    if (error instanceof RouterClosed)
+      throw closedError(host, shard, 'was closed while the call waited for a pooled connection: it did not run');
     if (this.closed) throw closedError(host, shard, 'is closed: a call made after close() does not run');
     // Once per call: a refusal of something else than the timeouts is not retried for ever.
     if (!again && this.refusedStartup(host, error)) return this.connectTraced(host, shard, trace, true);
@@ -366,8 +332,15 @@ export class HostPools {
   /** Ends every pool and waits for them; no pool is made after; calls waiting for a connection fail. */
   async close(): Promise<void> {
     this.closed = true;
-    for (const waiter of [...this.waiters]) waiter();
-    this.waiters.clear();
+    // pg-pool's end() leaves the calls waiting for a connection waiting for ever: each is answered
+    // now (ROUTER_CLOSED, from connectFailed). Its waiters' queue is read here only, at close, so
+    // the hot path pays nothing; a pg-pool without it leaves them as before.
+    for (const { pool } of this.pools.values()) {
+      const queue = (pool as unknown as { _pendingQueue?: unknown })._pendingQueue;
+      if (!Array.isArray(queue)) continue;
+      for (const item of queue.splice(0) as { callback?: unknown }[])
+        if (typeof item.callback === 'function') (item.callback as (error: Error) => void)(new RouterClosed());
+    }
     for (const name of [...this.pools.keys()]) this.end(name);
     await Promise.all([...this.ending]);
   }
@@ -377,6 +350,9 @@ export class HostPools {
     return new Map([...this.pools].map(([name, entry]) => [name, entry.pool]));
   }
 }
+
+/** What close() answers a call waiting for a pooled connection with (connectFailed names its host and shard). */
+class RouterClosed extends Error {}
 
 /** The router's ROUTER_CLOSED error (the application's doing, not the host's: not a failover). */
 function closedError(host: HostConfig, shard: number, what: string): ShardctlError {
