@@ -411,13 +411,26 @@ async function writableOldAddresses(
   fleetId: string,
 ): Promise<string[]> {
   const now = new Set(parsePostgresUrl(current).addresses.map(addressKey));
-  const probes = await probeAddresses(host, earlier, now);
+  return otherServersWritableAs(host, await probeAddresses(host, earlier, now), { fleetId, hostName: host.name });
+}
+
+/**
+ * The probed addresses that answer as a writable primary of this host of this fleet on another
+ * server than `host`'s url reaches: the same server under another address (a pooler put in front of
+ * it, a DNS name for an IP) is no second primary.
+ */
+async function otherServersWritableAs(
+  host: HostConfig,
+  probes: readonly AddressProbe[],
+  fleet: { readonly fleetId: string; readonly hostName: string },
+): Promise<string[]> {
   const writable = probes.filter(
     ({ seen }) =>
-      seen !== null && !seen.inRecovery && seen.fleet?.fleetId === fleetId && seen.fleet.hostName === host.name,
+      seen !== null &&
+      !seen.inRecovery &&
+      seen.fleet?.fleetId === fleet.fleetId &&
+      seen.fleet.hostName === fleet.hostName,
   );
-  // The same server under another address (a pooler put in front of it, a DNS name for an IP) is
-  // no second primary.
   const same = await Promise.all(writable.map((p) => sameServer(host, p.url, host.url)));
   return writable.filter((_, i) => !same[i]).map((p) => p.address);
 }
@@ -436,15 +449,7 @@ export async function otherWritablePrimaries(
 ): Promise<string[]> {
   if (parsePostgresUrl(host.url).addresses.length < 2) return [];
   const probes = await probeAddresses(host, [host.url], new Set(connected ? [connected.toLowerCase()] : []));
-  const writable = probes.filter(
-    ({ seen }) =>
-      seen !== null &&
-      !seen.inRecovery &&
-      seen.fleet?.fleetId === fleet.fleetId &&
-      seen.fleet.hostName === fleet.hostName,
-  );
-  const same = await Promise.all(writable.map((p) => sameServer(host, p.url, host.url)));
-  return writable.filter((_, i) => !same[i]).map((p) => p.address);
+  return otherServersWritableAs(host, probes, fleet);
 }
 
 /**

@@ -196,6 +196,8 @@ async function preflightRefusal(
             hostNamed(config, move.target),
             {
               dryRun: true,
+              // The map was checked against the fleet by this run (requireCurrentMapLocked): not again per move.
+              runnerLocksHeld: true,
               ...(mode ? { mode } : {}),
             },
           );

@@ -587,7 +587,17 @@ export function requireCurrentMap(config: ShardctlConfig, placement: FleetPlacem
   const disagreements = mapDisagreements(config, placement, placement.moving);
   const mixed = placement.problems.filter((p) => p.startsWith('hosts of different fleets'));
   if (disagreements.length === 0 && mixed.length === 0) return;
-  throw new StaleMapError(config.file, [...mixed, ...describeDisagreements(disagreements)], {
+  throw staleMapError(config.file, mixed, disagreements, placement);
+}
+
+/** The StaleMapError of `disagreements` (after the lines of `first`), with their data. */
+export function staleMapError(
+  file: string,
+  first: readonly string[],
+  disagreements: readonly MapDisagreement[],
+  placement: Pick<FleetPlacement, 'version'>,
+): StaleMapError {
+  return new StaleMapError(file, [...first, ...describeDisagreements(disagreements)], {
     placementVersion: placement.version.toString(),
     disagreements: disagreements.map((d) => ({
       shards: formatShardList(d.shards),

@@ -53,7 +53,9 @@ export interface MoveOptions {
   readonly concurrency?: number;
   /**
    * The caller already holds the runner lock on every host involved (rebalance holds them for its
-   * whole run, so that its moves can share hosts); the command then takes none of its own.
+   * whole run, so that its moves can share hosts), and has checked its config against the fleet; the
+   * command then takes no lock and checks no file of its own. A dry run takes no lock anyway: there
+   * it says only that the config was checked (rebalance's dry run of its planned moves).
    */
   readonly runnerLocksHeld?: boolean;
   /** Wave limits for the online cut-over (default 64 shards, 2,000,000 estimated rows). */

@@ -1,15 +1,15 @@
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
 import { shardSchemaName, withDirectUrls } from '../config/types.js';
-import { formatShardList, shardsPhrase } from '../config/ranges.js';
-import { RuntimeFailure, StaleMapError, UsageError } from '../errors.js';
+import { shardsPhrase } from '../config/ranges.js';
+import { RuntimeFailure, UsageError } from '../errors.js';
 import { readShardRows } from '../fleet/catalog.js';
 import { completeControlSchema } from '../fleet/control.js';
 import {
-  describeDisagreements,
   discoverFromConfig,
   lockAfterPlacement,
   mapDisagreements,
   readFleetPlacement,
+  staleMapError,
 } from '../fleet/placement.js';
 import { Fleet } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
@@ -85,16 +85,13 @@ async function lockAgreeing(fleet: Fleet, config: ShardctlConfig, shards: readon
     .map((d) => ({ ...d, shards: d.shards.filter((s) => mine.has(s)) }))
     .filter((d) => d.shards.length > 0);
   if (moved.length === 0) return;
-  throw new StaleMapError(
+  throw staleMapError(
     config.file,
     [
       `the fleet changed while this run waited for the runner locks (placement version ${before.version} → ${placement.version}: another run moved shards of this one)`,
-      ...describeDisagreements(moved),
     ],
-    {
-      placementVersion: placement.version.toString(),
-      disagreements: moved.map((d) => ({ shards: formatShardList(d.shards), file: d.fileHost, fleet: d.fleetHost })),
-    },
+    moved,
+    placement,
   );
 }
 

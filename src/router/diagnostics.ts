@@ -214,16 +214,16 @@ export class RouterDiagnostics {
 
   constructor(private readonly slowCallMs: number) {}
 
-  /** A trace for a call about to start, or undefined when nobody would see it. */
-  begin(shard: number): CallTrace | undefined {
-    return callChannel.hasSubscribers || this.slowCallMs > 0 ? new CallTrace(shard, this.slowCallMs) : undefined;
+  /** A trace for a call about to start (`roundTrip`: all the shards of a round trip of several), or undefined when nobody would see it. */
+  begin(shard: number, roundTrip?: readonly number[]): CallTrace | undefined {
+    return callChannel.hasSubscribers || this.slowCallMs > 0
+      ? new CallTrace(shard, this.slowCallMs, roundTrip && [...roundTrip])
+      : undefined;
   }
 
   /** A trace for a round trip of several shards of one host, or undefined when nobody would see it. */
   beginRoundTrip(shards: readonly number[]): CallTrace | undefined {
-    return callChannel.hasSubscribers || this.slowCallMs > 0
-      ? new CallTrace(shards[0]!, this.slowCallMs, [...shards])
-      : undefined;
+    return this.begin(shards[0]!, shards);
   }
 
   ended(host: string, ok: boolean, count = 1): void {

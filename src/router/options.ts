@@ -167,10 +167,12 @@ export function requireRouterOptions(options: unknown): asserts options is Shard
 }
 
 /**
- * The values of the options calls share, of the right types (a UsageError naming the first that is
- * not): from JavaScript `readOnly: 'false'` would read as true, and `perHost: '2'` as a number.
+ * A call's options (`what`: which call's, for the message): known keys only, and the values the
+ * calls share of the right types (a UsageError naming the first that is not): from JavaScript
+ * `readOnly: 'false'` would read as true, and `perHost: '2'` as a number.
  */
-export function checkCallOptionValues(options: object): void {
+export function checkCallOptions(what: string, options: unknown, known: readonly string[]): void {
+  refuseUnknownOptions(what, options, known);
   const values = options as Record<string, unknown>;
   if (values['readOnly'] !== undefined && typeof values['readOnly'] !== 'boolean')
     refuse('readOnly', values['readOnly'], 'must be true or false');

@@ -1,11 +1,11 @@
 import pg from 'pg';
-import { optionKeys, refuseUnknownOptions } from '../config/validate.js';
+import { optionKeys } from '../config/validate.js';
 import { UsageError } from '../errors.js';
 import { encodeId, parseIdString, type IdLayout } from '../id/layout.js';
 import { shardForKey } from '../id/routing.js';
 import { quoteIdent } from '../pg/quote.js';
 import { splitSql } from '../pg/statements.js';
-import { checkCallOptionValues } from './options.js';
+import { checkCallOptions } from './options.js';
 import { REPLICA_READ_FLAGS, replicaRead, type WriteLsn } from './replicas.js';
 import { oneStatement, queryEachShardWithParams } from './shard-query.js';
 import type { RouterInternals } from './types.js';
@@ -128,8 +128,7 @@ export async function queryPage<R extends pg.QueryResultRow>(
   sql: string,
   options: PageOptions,
 ): Promise<Page<R>> {
-  refuseUnknownOptions('queryPage options', options, PAGE_OPTION_KEYS);
-  checkCallOptionValues(options);
+  checkCallOptions('queryPage options', options, PAGE_OPTION_KEYS);
   const limit = options.limit;
   if (!Number.isSafeInteger(limit) || limit < 1 || limit > MAX_PAGE_LIMIT)
     throw new UsageError(`must be a whole number from 1 to ${MAX_PAGE_LIMIT}`, { input: 'limit', value: limit });

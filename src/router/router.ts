@@ -27,7 +27,7 @@ import { HostPools } from './pools.js';
 import { StandbyReads } from './standby-reads.js';
 import { attempt, TransactionStarts } from './transaction.js';
 import {
-  checkCallOptionValues,
+  checkCallOptions,
   requireRouterOptions,
   routerSettings,
   type RouterSettings,
@@ -353,8 +353,7 @@ export class ShardRouter {
     let shard: number;
     let replica: ReplicaRead | undefined;
     try {
-      refuseUnknownOptions('call options', options, CALL_OPTION_KEYS);
-      checkCallOptionValues(options);
+      checkCallOptions('call options', options, CALL_OPTION_KEYS);
       shard = shardOf();
       replica = replicaRead(options);
     } catch (error) {
@@ -379,8 +378,7 @@ export class ShardRouter {
     const txOptions: TransactionOptions = options.readOnly ? { readOnly: true } : {};
     let replica: ReplicaRead | undefined;
     try {
-      refuseUnknownOptions('forEachShard options', options, FAN_OUT_OPTION_KEYS);
-      checkCallOptionValues(options);
+      checkCallOptions('forEachShard options', options, FAN_OUT_OPTION_KEYS);
       replica = replicaRead(options);
     } catch (error) {
       return Promise.reject(error as Error);
@@ -422,8 +420,7 @@ export class ShardRouter {
   ): Promise<ShardResult<pg.QueryResult<R>>[]> {
     let replica: ReplicaRead | undefined;
     try {
-      refuseUnknownOptions('queryEachShard options', options, QUERY_EACH_OPTION_KEYS);
-      checkCallOptionValues(options);
+      checkCallOptions('queryEachShard options', options, QUERY_EACH_OPTION_KEYS);
       replica = replicaRead(options);
     } catch (error) {
       return Promise.reject(error as Error);

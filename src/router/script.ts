@@ -40,7 +40,7 @@ export function queryEachShardScript<R extends pg.QueryResultRow>(
   const body = sql.replace(/[\s;]+$/, '');
   const readOnly = options.readOnly ?? false;
   const query = options.query ?? {};
-  // Checked with the call's options (checkCallOptionValues).
+  // Checked with the call's options (checkCallOptions).
   const shardsPerQuery = options.shardsPerQuery ?? 1;
   const single = (shard: number) =>
     router.run(

@@ -38,7 +38,7 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
   }
   const readOnly = options.readOnly ?? false;
   const query = options.query ?? {};
-  // Checked with the call's options (checkCallOptionValues).
+  // Checked with the call's options (checkCallOptions).
   const shardsPerQuery = options.shardsPerQuery ?? 1;
   const values = [...params];
   const once = (host: HostConfig, shard: number, trace: CallTrace | undefined, via?: Via) =>
