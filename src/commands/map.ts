@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto';
 import { formatShardList } from '../config/ranges.js';
 import { rewriteOwners } from '../config/rewrite.js';
 import type { HostConfig, ShardctlConfig } from '../config/types.js';
@@ -12,14 +11,13 @@ import {
   discoverFromConfig,
   hostAddress,
   mapDisagreements,
-  withCredentials,
   type FleetPlacement,
 } from '../fleet/placement.js';
+import { addressKey, otherServersWritableAs, otherWritablePrimaries, probeAddresses } from '../fleet/primaries.js';
 import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology.js';
 import { formatPostgresUrl, parsePostgresUrl } from '../pg/multihost.js';
 import { quoteLiteral } from '../pg/quote.js';
 import { redactUrl } from '../pg/redact.js';
-import { isSqlState } from '../pg/sqlstate.js';
 import { inflect } from '../text.js';
 
 /**
@@ -183,8 +181,8 @@ export interface MapSetAddressResult {
   readonly dryRun: boolean;
 }
 
-/** How long set-address waits for an earlier address of the host (usually a primary that is down). */
-const OLD_ADDRESS_WAIT_MS = 2_000;
+/** The probes of a host's addresses (src/fleet/primaries.ts), each waited for ADDRESS_PROBE_WAIT_MS at most. */
+const MAP_PROBES = { applicationName: 'shardctl map' };
 
 export interface MapSetAddressOptions {
   /** The host's new address (default: the file's url for it). */
@@ -264,7 +262,7 @@ export async function mapSetAddress(
   // Every other address the URL lists that answers must be this host too (its standby, which
   // replays the same record): the registry's URL is tried address by address when one is down.
   if (parsePostgresUrl(url).addresses.length > 1)
-    for (const { address, seen, refused } of await probeAddresses(target, [url])) {
+    for (const { address, seen, refused } of await probeAddresses(target, [url], new Set(), MAP_PROBES)) {
       // A standby of this host takes its credentials and has its databases: a server that refuses them is another's.
       if (refused !== undefined) refuse(`its address ${address} answers, but not as ${hostName}'s server (${refused})`);
       if (seen && (seen.fleet?.fleetId !== checked.fleet!.fleetId || seen.fleet.hostName !== hostName))
@@ -276,7 +274,7 @@ export async function mapSetAddress(
   const stillWritable = [
     ...(await writableOldAddresses(target, [previous, listed?.url], url, checked.fleet!.fleetId)),
     // Another address of the URL itself that answers as a primary of this host: split brain.
-    ...(await otherWritablePrimaries(target, checked.topology.primary, checked.fleet!)),
+    ...(await otherWritablePrimaries(target, checked.topology.primary, checked.fleet!, MAP_PROBES)),
   ];
   const writeTo = [target, ...config.hosts.filter((h) => h.name !== hostName && placement.answered.includes(h.name))];
   await requireRegistryRights(writeTo);
@@ -338,66 +336,6 @@ async function requireRegistryRights(hosts: readonly HostConfig[]): Promise<void
   );
 }
 
-/** What one address of a host says it is: its fleet record and whether it is in recovery; null when it did not answer. */
-interface AddressProbe {
-  readonly address: string;
-  /** The URL it was reached by (that address alone, with the host's credentials). */
-  readonly url: string;
-  readonly seen: { readonly fleet: Awaited<ReturnType<typeof readFleetRow>>; readonly inRecovery: boolean } | null;
-  /** A server answered there but refused the host's credentials or database (an error with a SQLSTATE). */
-  readonly refused?: string;
-}
-
-/**
- * Each address of `urls` (with `host`'s credentials) but those in `except`, connected to on its own
- * and asked what it is, waited for OLD_ADDRESS_WAIT_MS at most.
- */
-async function probeAddresses(
-  host: HostConfig,
-  urls: readonly (string | null | undefined)[],
-  except: ReadonlySet<string> = new Set(),
-): Promise<AddressProbe[]> {
-  const candidates = new Map<string, string>();
-  for (const url of urls) {
-    if (!url) continue;
-    let parsed;
-    try {
-      parsed = parsePostgresUrl(withCredentials(url, host.url));
-    } catch {
-      continue;
-    }
-    for (const address of parsed.addresses)
-      if (!except.has(addressKey(address)) && !candidates.has(addressKey(address)))
-        candidates.set(
-          addressKey(address),
-          formatPostgresUrl({ ...parsed, addresses: [address], targetSessionAttrs: undefined }),
-        );
-  }
-  return Promise.all(
-    [...candidates].map(async ([address, url]) => {
-      const probe: HostConfig = { ...host, url, timeoutMs: Math.min(host.timeoutMs, OLD_ADDRESS_WAIT_MS) };
-      let refused: string | undefined;
-      const seen = await withHost(
-        probe,
-        async (client) => ({ fleet: await readFleetRow(client), inRecovery: (await readTopology(client)).inRecovery }),
-        { applicationName: 'shardctl map' },
-      ).catch((error: unknown) => {
-        const cause = error instanceof Error && error.cause !== undefined ? error.cause : error;
-        // Its credentials refused (28xxx) or its database missing (3D000); not a server starting or
-        // shutting down (57P03), which may be the host's standby.
-        const code = (cause as { code?: unknown } | null)?.code;
-        if (isSqlState(code) && (code.startsWith('28') || code === '3D000')) refused = describePgError(cause);
-        return null;
-      });
-      return { address, url, seen, ...(refused !== undefined ? { refused } : {}) };
-    }),
-  );
-}
-
-function addressKey(a: { host: string; port: string | undefined }): string {
-  return `${a.host.toLowerCase()}:${a.port ?? '5432'}`;
-}
-
 /**
  * Of the host's earlier addresses (each address of `earlier`'s URLs but those of `current`), those
  * where a server still answers as a primary (not in recovery) that records itself as this host of
@@ -411,71 +349,12 @@ async function writableOldAddresses(
   fleetId: string,
 ): Promise<string[]> {
   const now = new Set(parsePostgresUrl(current).addresses.map(addressKey));
-  return otherServersWritableAs(host, await probeAddresses(host, earlier, now), { fleetId, hostName: host.name });
-}
-
-/**
- * The probed addresses that answer as a writable primary of this host of this fleet on another
- * server than `host`'s url reaches: the same server under another address (a pooler put in front of
- * it, a DNS name for an IP) is no second primary.
- */
-async function otherServersWritableAs(
-  host: HostConfig,
-  probes: readonly AddressProbe[],
-  fleet: { readonly fleetId: string; readonly hostName: string },
-): Promise<string[]> {
-  const writable = probes.filter(
-    ({ seen }) =>
-      seen !== null &&
-      !seen.inRecovery &&
-      seen.fleet?.fleetId === fleet.fleetId &&
-      seen.fleet.hostName === fleet.hostName,
+  return otherServersWritableAs(
+    host,
+    await probeAddresses(host, earlier, now, MAP_PROBES),
+    { fleetId, hostName: host.name },
+    MAP_PROBES,
   );
-  const same = await Promise.all(writable.map((p) => sameServer(host, p.url, host.url)));
-  return writable.filter((_, i) => !same[i]).map((p) => p.address);
-}
-
-/**
- * The other addresses of `host`'s url (a primary and its standbys, in libpq's syntax) that answer
- * as a writable primary of the same host of the same fleet, on another server than the one
- * `connected` names (host:port, the address the url reached): an old primary started again as a
- * primary after a failover, which clients that try it first (libpq's order) write to. Split brain:
- * status and map set-address say TWO PRIMARIES. Each address waited for 2 s at most.
- */
-export async function otherWritablePrimaries(
-  host: HostConfig,
-  connected: string | null,
-  fleet: { readonly fleetId: string; readonly hostName: string },
-): Promise<string[]> {
-  if (parsePostgresUrl(host.url).addresses.length < 2) return [];
-  const probes = await probeAddresses(host, [host.url], new Set(connected ? [connected.toLowerCase()] : []));
-  return otherServersWritableAs(host, probes, fleet);
-}
-
-/**
- * Whether `earlierUrl` and `currentUrl` reach one server: a session opened by the first, under a
- * name of its own, is seen in pg_stat_activity by the second (the same role sees its own sessions;
- * through a pooler the second's server process is the same server's). False when either does not answer.
- */
-async function sameServer(host: HostConfig, earlierUrl: string, currentUrl: string): Promise<boolean> {
-  const mark = `shardctl map ${randomBytes(8).toString('hex')}`;
-  const timeoutMs = Math.min(host.timeoutMs, OLD_ADDRESS_WAIT_MS);
-  return withHost(
-    { ...host, url: earlierUrl, timeoutMs },
-    () =>
-      withHost(
-        { ...host, url: currentUrl, timeoutMs },
-        async (client) =>
-          (
-            await client.query<{ seen: boolean }>(
-              'SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity WHERE application_name = $1) AS seen',
-              [mark],
-            )
-          ).rows[0]!.seen,
-        { applicationName: 'shardctl map' },
-      ),
-    { applicationName: mark },
-  ).catch(() => false);
 }
 
 /** The URL with target_session_attrs=read-write unless it asks for primary (same thing here) already. */

@@ -9,6 +9,7 @@ import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnap
 import { withSession } from '../fleet/session.js';
 import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology.js';
 import { abortingMoveIds, slowPathChangingOver } from '../fleet/control.js';
+import { otherWritablePrimaries } from '../fleet/primaries.js';
 import { withReadHint } from '../fleet/rights.js';
 import { hasSqlState, INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 import {
@@ -31,7 +32,6 @@ import {
   type FileRollout,
 } from '../migrations/rules.js';
 import { findLeftovers } from '../moves/leftovers.js';
-import { otherWritablePrimaries } from './map.js';
 import { existingApplied, handBuiltShards } from '../provisioning/plan.js';
 
 export interface HostStatus {
@@ -206,7 +206,9 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
             const topology = await readTopology(session.client);
             const own = topology.inRecovery ? null : await readFleetRow(session.client);
-            const twoPrimaries = own ? await otherWritablePrimaries(host, topology.primary, own) : [];
+            const twoPrimaries = own
+              ? await otherWritablePrimaries(host, topology.primary, own, { applicationName: 'shardctl status' })
+              : [];
             const slowPath = await slowPathChangingOver(session.client);
             const result = {
               ...drifted,

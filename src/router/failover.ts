@@ -20,9 +20,13 @@ import { HOST_SILENT } from '../fleet/silence.js';
 import { withCredentials } from '../fleet/placement.js';
 import { isLostConnection } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
+import { addressKey, otherWritablePrimaries } from '../fleet/primaries.js';
+import { readFleetRow } from '../fleet/topology.js';
 import {
+  addressLabel,
   attrsFor,
   connectFirstMatching,
+  formatPostgresUrl,
   parsePostgresUrl,
   type PostgresUrl,
   type TargetSessionAttrs,
@@ -30,6 +34,17 @@ import {
 
 /** The code of CommitUnknownError. */
 export const COMMIT_UNKNOWN = 'COMMIT_UNKNOWN';
+
+/**
+ * The code of the error of a host two of whose addresses answer as its writable primary (split
+ * brain: an old primary started again as a primary after a failover). The router runs none of the
+ * host's calls rather than pick one: rows written to the wrong one are lost to the other.
+ */
+export const TWO_PRIMARIES = 'TWO_PRIMARIES';
+
+export function isTwoPrimaries(error: unknown): error is HostError {
+  return error instanceof HostError && error.code === TWO_PRIMARIES;
+}
 
 /**
  * The connection was lost after the call's COMMIT was sent and before its answer came: the
@@ -71,7 +86,8 @@ export function isHostDown(error: unknown): boolean {
  * write refused because the server is read-only now.
  */
 export function isFailoverSymptom(error: unknown, readOnly: boolean): boolean {
-  if (isConnectionLoss(error)) return true;
+  // Two primaries: mid-failover, until the old one is stopped or demoted (waited for like a new one).
+  if (isConnectionLoss(error) || isTwoPrimaries(error)) return true;
   return !readOnly && (error as { code?: unknown } | null)?.code === '25006';
 }
 
@@ -181,22 +197,60 @@ export class HostAddressBook {
       const asked = attrsFor(own);
       const attrs = asked === 'any' && (recovering || candidate.fromRegistry) ? 'read-write' : asked;
       try {
-        const { client, url } = await connectFirstMatching(candidate.url, attrs, {
+        const { client, url, index } = await connectFirstMatching(candidate.url, attrs, {
           open: (single) => connectOnce(host, single, this.options),
           // A host that accepts connections and then says nothing must not hold the search.
           stateOf: (client: pg.Client) => withDeadline(sessionState(client), host.timeoutMs, client),
           close: (client: pg.Client) => endQuietly(client),
           describe: describePgError,
         });
-        await endQuietly(client);
+        let others: string[];
+        try {
+          others = await this.otherPrimaries(host, candidate.url, index, attrs, client);
+        } finally {
+          await endQuietly(client);
+        }
+        if (others.length > 0) {
+          const found = addressLabel(candidate.url.addresses[index]!);
+          throw new HostError(
+            host.name,
+            `TWO PRIMARIES: ${others.join(', ')} also ${others.length === 1 ? 'answers' : 'answer'} as a writable primary of ${host.name} beside ${found} (an old primary started again as a primary after a failover?); none of the host's calls runs until one of them is stopped or made a standby (shardctl status names them)`,
+            { code: TWO_PRIMARIES },
+          );
+        }
         const resolved: ResolvedAddress = { url, fromRegistry: candidate.fromRegistry, attrs };
         this.current.set(host.name, { hostUrl: host.url, resolved });
         return resolved;
       } catch (error) {
+        // Not a way round it: the registry's address would be one more guess between the two.
+        if (isTwoPrimaries(error)) throw error;
         failures.push(`${candidate.fromRegistry ? 'registry address: ' : ''}${describePgError(error)}`);
       }
     }
     throw new HostError(host.name, `cannot connect: ${failures.join('; ')}`, { code: 'HOST_UNREACHABLE' });
+  }
+
+  /**
+   * For a primary found at `url`'s address `index` (a URL of several addresses, read-write or
+   * primary): the addresses after it that answer as a writable primary of the same host of the same
+   * fleet on another server (src/fleet/primaries.ts; each waited for ADDRESS_PROBE_WAIT_MS at most).
+   * Those before it were just tried and did not answer as one. None when the found server records no
+   * fleet, or its record cannot be read (a role without SELECT on it): nothing to compare with.
+   */
+  private async otherPrimaries(
+    host: HostConfig,
+    url: PostgresUrl,
+    index: number,
+    attrs: TargetSessionAttrs,
+    client: pg.Client,
+  ): Promise<string[]> {
+    if (url.addresses.length < 2 || (attrs !== 'read-write' && attrs !== 'primary')) return [];
+    const fleet = await withDeadline(readFleetRow(client), host.timeoutMs, client).catch(() => null);
+    if (!fleet) return [];
+    return otherWritablePrimaries({ ...host, url: formatPostgresUrl(url) }, addressKey(url.addresses[index]!), fleet, {
+      applicationName: this.options.applicationName,
+      skip: url.addresses.slice(0, index).map(addressKey),
+    });
   }
 }
 

@@ -135,7 +135,7 @@ function namingShard(error: unknown, shard: number): unknown {
  * SQLSTATE kept as the code and the error itself as the cause. A HostError already names them.
  */
 function noPrimary(hostName: string, shard: number, error: unknown): unknown {
-  if (error instanceof ShardctlError) return error;
+  if (error instanceof ShardctlError) return namingShard(error, shard);
   const code = (error as { code?: unknown } | null | undefined)?.code;
   return new HostError(hostName, `${describePgError(error)}; no primary of the host answered, not run again`, {
     shard,
@@ -191,7 +191,7 @@ async function follow<T>(
         // Bounded even when each search finds an address at once and the call fails there again.
         if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error)))
           continue;
-        throw noPrimary(host.name, shard, error);
+        throw noPrimary(host.name, shard, pools.searchFailure(host.name) ?? error);
       }
       throw error;
     }
@@ -202,7 +202,7 @@ async function follow<T>(
       failoverDeadline ??= Date.now() + settings.failoverTimeoutMs;
       trace?.waiting("the host's primary to answer (a failover, a restart)", host.name);
       if (Date.now() < failoverDeadline && (await pools.recover(host, usedAddress, failoverDeadline, error))) continue;
-      throw noPrimary(host.name, shard, error);
+      throw noPrimary(host.name, shard, pools.searchFailure(host.name) ?? error);
     }
     const moved = shardMovedTo(error);
     // fn may throw anything, undefined and null too: passed on as it is.

@@ -16,7 +16,7 @@ import {
   type TargetSessionAttrs,
 } from '../pg/multihost.js';
 import type { CallTrace } from './diagnostics.js';
-import { FAILOVER_RETRY_MS, HostAddressBook, isHostDown } from './failover.js';
+import { FAILOVER_RETRY_MS, HostAddressBook, isHostDown, isTwoPrimaries } from './failover.js';
 import type { RouterSettings } from './options.js';
 
 /** Fails (the pool drops the connection) unless `client`'s session fits `attrs`. */
@@ -57,6 +57,8 @@ export class HostPools {
   private readonly addresses: HostAddressBook;
   /** Per host, the search for its new primary that calls meeting a failover wait on. */
   private readonly recovering = new Map<string, Promise<boolean>>();
+  /** Per host, the TWO_PRIMARIES error its last search for a primary ended on (failover.ts). */
+  private readonly twoPrimaries = new Map<string, unknown>();
   private readonly ending = new Set<Promise<void>>();
   private closed = false;
 
@@ -299,9 +301,12 @@ export class HostPools {
       if (!host || this.closed) return false;
       try {
         await this.addresses.resolve(host, true);
+        this.twoPrimaries.delete(name);
         return true;
-      } catch {
-        // No address answers as a primary yet.
+      } catch (error) {
+        // No address answers as a primary yet, or two do.
+        if (isTwoPrimaries(error)) this.twoPrimaries.set(name, error);
+        else this.twoPrimaries.delete(name);
       }
       // The registry may name another address for the host (map pull), or the file another URL.
       reloaded ??= this.fleet.reload().catch(() => undefined);
@@ -312,6 +317,11 @@ export class HostPools {
       if (round > 0) await new Promise((resolve) => setTimeout(resolve, FAILOVER_RETRY_MS));
       if (round % 20 === 19) reloaded = undefined;
     }
+  }
+
+  /** Why the last search for `host`'s primary found none: two of them (TWO_PRIMARIES), if so. */
+  searchFailure(hostName: string): unknown {
+    return this.twoPrimaries.get(hostName);
   }
 
   /** Whether `host` has an address to look at besides its own URL's one (several in it, or the registry's). */

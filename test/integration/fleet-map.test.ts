@@ -277,5 +277,34 @@ describe('split brain: two addresses of a host answer as its writable primary', 
     expect(set.stdout).toContain(
       `TWO PRIMARIES: the old address ${second.host} still answers as a writable primary of pg1`,
     );
+
+    // A router does not pick one of the two (libpq's order would take the first): the call waits
+    // out failoverTimeoutMs as for a failover, then fails naming both, and writes nowhere.
+    const router = await ShardRouter.open(fleet.configFile, { failoverTimeoutMs: 500 });
+    try {
+      const started = Date.now();
+      const refused = await router
+        .withShard(1, (c) => c.query(`insert into photos (user_id, image_url) values (1, 'split')`))
+        .then(
+          () => undefined,
+          (error: unknown) => error,
+        );
+      expect(refused).toBeInstanceOf(HostError);
+      expect(refused).toMatchObject({ code: 'TWO_PRIMARIES', host: 'pg1', shard: 1 });
+      expect((refused as Error).message).toContain(
+        `TWO PRIMARIES: ${second.host} also answers as a writable primary of pg1 beside ${first.host}`,
+      );
+      expect(Date.now() - started).toBeGreaterThanOrEqual(500);
+      const written = await withClient(db.urls[0]!, (c) =>
+        c.query(`select 1 from sb1.photos where image_url = 'split'`),
+      );
+      expect(written.rowCount).toBe(0);
+      // The other server no longer records itself as pg1 (it was made another host's): the next call runs.
+      await withClient(db.urls[1]!, (c) => c.query(`update shardctl.fleet set host_name = 'retired'`));
+      const ran = await router.withShard(1, (c) => c.query<{ port: number }>(`select inet_server_port() as port`));
+      expect(String(ran.rows[0]!.port)).toBe(first.port);
+    } finally {
+      await router.close();
+    }
   });
 });
