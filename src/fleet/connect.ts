@@ -21,7 +21,10 @@ import {
 export interface ConnectOptions {
   /** Shown in pg_stat_activity so a DBA can see what a shardctl connection is doing. */
   applicationName?: string;
-  /** Ends the connection attempt at once when aborted (a connection opened ahead and no longer wanted). */
+  /**
+   * Ends the connection attempt at once when aborted (a connection opened ahead and no longer
+   * wanted); with withHost, the work on the connection too.
+   */
   signal?: AbortSignal;
 }
 
@@ -270,7 +273,8 @@ export async function withHost<T>(
 ): Promise<T> {
   const client = await connectHost(host, options);
   try {
-    return await fn(client);
+    // With a signal, fn's work too ends at once when it aborts (its socket destroyed).
+    return await untilAborted(client, options?.signal, () => fn(client));
   } finally {
     await endQuietly(client);
   }

@@ -40,13 +40,18 @@ export async function readRouterMap(
   settings: RouterSettings,
   warned: Set<string>,
   rereadFile: boolean,
+  signal?: AbortSignal,
 ): Promise<RouterMap> {
   let file = source.file;
   if (file && file.file !== '<inline>' && rereadFile) {
     // The file is being replaced or is invalid for a moment: the fleet decides anyway.
     file = (await rereadConfig(file, settings)) ?? file;
   }
-  const reading = { applicationName: settings.applicationName, connectTimeoutMs: settings.connectTimeoutMs };
+  const reading = {
+    applicationName: settings.applicationName,
+    connectTimeoutMs: settings.connectTimeoutMs,
+    ...(signal ? { signal } : {}),
+  };
   const found = file
     ? await discoverFromConfig(file, reading)
     : await discoverFleet(
@@ -75,8 +80,11 @@ export async function readRouterMap(
     );
   }
   const views = found.placement.views;
+  // A seed that does not answer (an old address, a host gone) does not make the map unknown when
+  // every host of the map was read: the background refresh compares stamps, not re-reads it all.
+  const read = new Set(views.map((v) => v.fleet?.hostName));
   const stamps =
-    found.unreachable.length > 0 || views.length === 0 || views.some((v) => v.fleet === null)
+    views.length === 0 || views.some((v) => v.fleet === null) || next.hosts.some((h) => !read.has(h.name))
       ? null
       : {
           hosts: new Map(views.map((v) => [v.fleet!.hostName, viewStamp(v)])),
@@ -172,6 +180,8 @@ export async function mapUnchanged(
   pools: readonly (pg.Pool | undefined)[],
   file: ShardctlConfig | null,
   settings: RouterSettings,
+  /** A statement of the router's own on a pool's connection (HostPools.ownQuery: given up at close). */
+  query: <R extends pg.QueryResultRow>(pool: pg.Pool, text: string) => Promise<pg.QueryResult<R>>,
 ): Promise<boolean> {
   if (pools.length !== stamps.hosts.size || pools.some((p) => p === undefined)) return false;
   if (file && file.file !== '<inline>') {
@@ -180,7 +190,7 @@ export async function mapUnchanged(
   }
   const seen = await Promise.all(
     pools.map((pool) =>
-      pool!.query<{ host_name: string; version: string; registry: string[] }>(STAMP_SQL).then(
+      query<{ host_name: string; version: string; registry: string[] }>(pool!, STAMP_SQL).then(
         (r) => (r.rows.length === 1 ? r.rows[0]! : null),
         () => null,
       ),

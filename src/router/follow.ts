@@ -6,7 +6,7 @@ import { describePgError } from '../fleet/connect.js';
 import type { CallTrace, RouterDiagnostics } from './diagnostics.js';
 import { isFailoverSymptom, isInDoubt } from './failover.js';
 import type { RouterSettings } from './options.js';
-import type { HostPools } from './pools.js';
+import { isRouterClosed, type HostPools } from './pools.js';
 import type { Attempt } from './types.js';
 import { INSUFFICIENT_PRIVILEGE } from '../pg/sqlstate.js';
 
@@ -88,8 +88,9 @@ export function runFollowing<T>(
     return valueOnly ? done.value : done;
   };
   const failed = (error: unknown): never => {
-    // No host at all (none reachable holds the shard): nothing to count against.
-    if (last !== undefined) paths.diagnostics.ended(last, false);
+    // No host at all (none reachable holds the shard): nothing to count against; nor a call the
+    // application's close() stopped before it ran (the host did nothing wrong).
+    if (last !== undefined && !isRouterClosed(error)) paths.diagnostics.ended(last, false);
     trace?.end(last ?? '', { error });
     throw namingShard(error, shard);
   };
@@ -290,11 +291,11 @@ async function holds(paths: FollowPaths, hostName: string, shard: number): Promi
   const host = paths.hosts().find((h) => h.name === hostName);
   if (!host) return undefined;
   try {
-    const result = await (
-      await paths.pools.pool(host)
-    ).query<{ active: boolean }>(`SELECT ${shardIsActive()} AS active FROM ${CONTROL}.shards WHERE shard = $1`, [
-      shard,
-    ]);
+    const result = await paths.pools.ownQuery<{ active: boolean }>(
+      await paths.pools.pool(host),
+      `SELECT ${shardIsActive()} AS active FROM ${CONTROL}.shards WHERE shard = $1`,
+      [shard],
+    );
     return result.rows[0]?.active ?? false;
   } catch {
     return undefined;

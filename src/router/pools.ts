@@ -1,7 +1,7 @@
 import pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { HostError, ShardctlError } from '../errors.js';
-import { describePgError } from '../fleet/connect.js';
+import { describePgError, untilAborted } from '../fleet/connect.js';
 import { hostClientSettings, silenceAfterMs, watchSilence } from '../fleet/silence.js';
 import { endQuietly } from '../pg/quiet.js';
 import { registerUrlSecret } from '../pg/redact.js';
@@ -61,6 +61,11 @@ export class HostPools {
   private readonly twoPrimaries = new Map<string, unknown>();
   private readonly ending = new Set<Promise<void>>();
   private closed = false;
+  /**
+   * Aborted by close(): the router's own work (a reading of the map, a check on a host: ownQuery)
+   * is given up at once, its connections dropped, rather than waited for.
+   */
+  private readonly closing = new AbortController();
 
   constructor(
     private readonly settings: RouterSettings,
@@ -257,7 +262,7 @@ export class HostPools {
     // The application's mistake, not the host's: said as such (and not taken for a failover).
     if (error instanceof RouterClosed)
       throw closedError(host, shard, 'was closed while the call waited for a pooled connection: it did not run');
-    if (this.closed) throw closedError(host, shard, 'is closed: a call made after close() does not run');
+    if (this.closed) throw closedError(host, shard, 'was closed before the call had a connection: it did not run');
     // Once per call: a refusal of something else than the timeouts is not retried for ever.
     if (!again && this.refusedStartup(host, error)) return this.connectTraced(host, shard, trace, true);
     // The search for the host's address failed (failover.ts): already a HostError of this host, which
@@ -339,17 +344,57 @@ export class HostPools {
     void ending.finally(() => this.ending.delete(ending));
   }
 
+  /** Aborted when the router closes (see `closing`). */
+  get closingSignal(): AbortSignal {
+    return this.closing.signal;
+  }
+
+  /**
+   * A statement of the router's own (not fn's: a check of the map, of a shard's holder) on a
+   * connection of `host`'s pool, dropped at once when the router closes: close() does not wait for
+   * it on a host that stopped answering, and the connection does not go back to the pool.
+   */
+  async ownQuery<R extends pg.QueryResultRow>(
+    pool: pg.Pool,
+    text: string,
+    values?: readonly unknown[],
+  ): Promise<pg.QueryResult<R>> {
+    const client = await pool.connect();
+    let failed: Error | undefined;
+    try {
+      return await untilAborted(client as unknown as pg.Client, this.closing.signal, () =>
+        client.query<R>(text, values as unknown[] | undefined),
+      );
+    } catch (error) {
+      failed = error as Error;
+      throw error;
+    } finally {
+      // A failed connection is dropped by the pool (pg-pool ends it) rather than handed out again.
+      client.release(failed);
+    }
+  }
+
   /** Ends every pool and waits for them; no pool is made after; calls waiting for a connection fail. */
   async close(): Promise<void> {
     this.closed = true;
+    this.closing.abort();
     // pg-pool's end() leaves the calls waiting for a connection waiting for ever: each is answered
     // now (ROUTER_CLOSED, from connectFailed). Its waiters' queue is read here only, at close, so
     // the hot path pays nothing; a pg-pool without it leaves them as before.
+    // A connection still being made (to a host that does not answer, it would take the connect
+    // timeout) is dropped too: the call waiting for it did not run, and fails as above.
     for (const { pool } of this.pools.values()) {
-      const queue = (pool as unknown as { _pendingQueue?: unknown })._pendingQueue;
-      if (!Array.isArray(queue)) continue;
-      for (const item of queue.splice(0) as { callback?: unknown }[])
-        if (typeof item.callback === 'function') (item.callback as (error: Error) => void)(new RouterClosed());
+      const { _pendingQueue: queue, _clients: clients } = pool as unknown as {
+        _pendingQueue?: unknown;
+        _clients?: unknown;
+      };
+      if (Array.isArray(queue))
+        for (const item of queue.splice(0) as { callback?: unknown }[])
+          if (typeof item.callback === 'function') (item.callback as (error: Error) => void)(new RouterClosed());
+      if (Array.isArray(clients))
+        for (const client of clients as { _connecting?: unknown; connection?: { stream?: { destroy?: unknown } } }[])
+          if (client._connecting === true && typeof client.connection?.stream?.destroy === 'function')
+            (client.connection.stream.destroy as () => void).call(client.connection.stream);
     }
     for (const name of [...this.pools.keys()]) this.end(name);
     await Promise.all([...this.ending]);
@@ -365,9 +410,17 @@ export class HostPools {
 class RouterClosed extends Error {}
 
 /** The router's ROUTER_CLOSED error (the application's doing, not the host's: not a failover). */
-function closedError(host: HostConfig, shard: number, what: string): ShardctlError {
-  return new ShardctlError('ROUTER_CLOSED', `the ShardRouter ${what}`, {
+export function closedError(host: HostConfig | undefined, shard: number | undefined, what: string): ShardctlError {
+  return new ShardctlError(ROUTER_CLOSED, `the ShardRouter ${what}`, {
     exitCode: 2,
-    data: { host: host.name, shard },
+    data: { ...(host ? { host: host.name } : {}), ...(shard !== undefined ? { shard } : {}) },
   });
+}
+
+/** The code of the router's errors for what close() stopped or refused. */
+export const ROUTER_CLOSED = 'ROUTER_CLOSED';
+
+/** Whether `error` is ROUTER_CLOSED: the application closed the router, which says nothing of a host. */
+export function isRouterClosed(error: unknown): boolean {
+  return error instanceof ShardctlError && error.code === ROUTER_CLOSED;
 }

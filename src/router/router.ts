@@ -23,7 +23,7 @@ import { queryEachShardScript } from './script.js';
 import { fanOut } from './fan-out.js';
 import { followsFile, mapUnchanged, readRouterMap, type RouterMap } from './discover.js';
 import { runFollowing, type FollowPaths } from './follow.js';
-import { HostPools } from './pools.js';
+import { closedError, HostPools } from './pools.js';
 import { StandbyReads } from './standby-reads.js';
 import { attempt, TransactionStarts } from './transaction.js';
 import {
@@ -145,7 +145,7 @@ export class ShardRouter {
       settings: this.options,
       diagnostics: this.diagnostics,
       pools: this.pools,
-      checkShard: (shard) => this.checkShard(shard),
+      checkShard: (shard) => this.checkCall(shard),
       hostForShard: (shard) => this.hostForShard(shard),
       hosts: () => this.config.hosts,
       reload: () => this.reload(),
@@ -446,6 +446,7 @@ export class ShardRouter {
    * ended (after its checked-out connections come back).
    */
   reload(): Promise<void> {
+    if (this.closed) return Promise.reject(closedError(undefined, undefined, 'is closed: reload() reads nothing'));
     this.reloading ??= (async () => {
       try {
         await this.discover();
@@ -481,10 +482,12 @@ export class ShardRouter {
       // cannot be made is not asked: the map is read again, as before.
       const pools = await Promise.all(this.config.hosts.map((h) => this.pools.pool(h).catch(() => undefined)));
       const file = (await this.followingFile()) ? this.fileConfig : null;
-      const unchanged = await mapUnchanged(stamps, pools, file, this.options);
+      const unchanged = await mapUnchanged(stamps, pools, file, this.options, (pool, text) =>
+        this.pools.ownQuery(pool, text),
+      );
       if (unchanged && this.stamps === stamps) return;
     }
-    await this.reload();
+    if (!this.closed) await this.reload();
   }
 
   private async discover(options: { rereadFile?: boolean } = {}): Promise<void> {
@@ -493,6 +496,7 @@ export class ShardRouter {
       this.options,
       this.distrustWarned,
       options.rereadFile !== false && (await this.followingFile()),
+      this.pools.closingSignal,
     );
     this.config = read.config;
     this.stamps = read.stamps;
@@ -512,7 +516,7 @@ export class ShardRouter {
     const paths: RouterInternals = {
       config: () => this.config,
       settings: this.options,
-      checkShard: (shard) => this.checkShard(shard),
+      checkShard: (shard) => this.checkCall(shard),
       hostForShard: (shard) => this.hostForShard(shard),
       run: (shard, attemptOn, readOnly) => this.run(shard, attemptOn, readOnly),
       attempt: (host, shard, fn, options, trace, via) => attempt(paths, host, shard, fn, options, trace, via),
@@ -547,7 +551,11 @@ export class ShardRouter {
     return this.fileFollowed;
   }
 
-  /** Ends every pool; waits for checked-out connections to be released. The router is unusable after. */
+  /**
+   * Ends every pool; waits for checked-out connections to be released (the calls running finish).
+   * A reading of the map in the background is given up at once, and nothing connects after. The
+   * router is unusable after.
+   */
   async close(): Promise<void> {
     this.closed = true;
     clearInterval(this.refresh);
@@ -569,6 +577,12 @@ export class ShardRouter {
   /** Names of the hosts with an open pool (for tests and health checks). */
   openPools(): string[] {
     return [...this.pools.byHost().keys()];
+  }
+
+  /** A call's shard, checked (checkShard), on a router not closed. */
+  private checkCall(shard: number): void {
+    this.checkShard(shard);
+    if (this.closed) throw closedError(undefined, shard, 'is closed: a call made after close() does not run');
   }
 
   private checkShard(shard: number): void {

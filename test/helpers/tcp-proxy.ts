@@ -43,6 +43,8 @@ export interface TcpProxy {
   resume(): void;
   /** Bytes forwarded from clients to the server so far. */
   readonly bytesUp: number;
+  /** Connections accepted so far (refused ones included). */
+  readonly connections: number;
   close(): Promise<void>;
 }
 
@@ -60,6 +62,7 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
   let mode: Silence = 'forward';
   let refusing = false;
   let bytesUp = 0;
+  let connections = 0;
   let silenceAt: number | undefined;
   const stallers = new Set<() => void>();
   let stallAt: number | undefined;
@@ -68,6 +71,7 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
     stallers.clear();
   };
   const server = net.createServer((client) => {
+    connections += 1;
     if (refusing) {
       client.destroy();
       return;
@@ -174,6 +178,9 @@ export async function startTcpProxy(targetUrl: string, options: TcpProxyOptions 
     },
     get bytesUp() {
       return bytesUp;
+    },
+    get connections() {
+      return connections;
     },
     close: async () => {
       for (const timer of timers) clearTimeout(timer);

@@ -170,6 +170,28 @@ describe('the background refresh of a router that has called one host only', () 
       await Promise.all(admins.map((c) => c.end()));
     }
   });
+
+  it('opened from seeds one of which does not answer (an old address): the map is read whole once, not at each refresh', async () => {
+    const fleet = makeFleet({ urls: own.urls, shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'ds' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    const admins = await Promise.all(own.urls.map((url) => adminClient(url)));
+    // Nothing listens on port 1: refused at once.
+    const dead = new URL(own.urls[0]!);
+    dead.port = '1';
+    const router = await ShardRouter.open(
+      { seeds: [dead.toString(), own.urls[1]!] },
+      { mapRefreshMs: 100, idleTimeoutMs: 60_000 },
+    );
+    try {
+      expect(router.unreachableHosts().map((u) => u.name)).toEqual(['seed 1']);
+      await router.withShard(0, (client) => client.query('select 1'));
+      await router.withShard(2, (client) => client.query('select 1'));
+      await expectQuietRefreshes(admins);
+    } finally {
+      await router.close();
+      await Promise.all(admins.map((c) => c.end()));
+    }
+  });
 });
 
 // pg2 behind a TCP proxy, hostTimeout 2s. The router's pooled connection to pg2 stops passing bytes
@@ -196,5 +218,55 @@ describe('the background refresh of a router whose pooled connection to a host s
     } finally {
       await router.close();
     }
+  }, 60_000);
+
+  it('close() gives the refresh up at once and nothing connects after; calls and reload() after it are refused, not counted against a host', async () => {
+    const fleet = proxied.fleet();
+    const proxy = proxied.proxy();
+    const router = await ShardRouter.open(fleet.configFile, { mapRefreshMs: 100 });
+    await router.withShard(0, (c) => c.query('select 1'));
+    await router.withShard(4, (c) => c.query('select 1'));
+    proxy.stallEstablished();
+    // A few refreshes: one is now waiting on pg2's silent pooled connection (for up to hostTimeout, 2 s,
+    // then a whole read of the map, new connections to both hosts).
+    await new Promise((resolve) => setTimeout(resolve, 400));
+    const started = performance.now();
+    await router.close();
+    const closing = performance.now() - started;
+    const connections = proxy.connections;
+    await new Promise((resolve) => setTimeout(resolve, 3_000));
+    expect(proxy.connections).toBe(connections);
+    // Not the 2 s and more the refresh would have gone on waiting for.
+    expect(closing).toBeLessThan(1_500);
+    await expect(router.reload()).rejects.toMatchObject({ code: 'ROUTER_CLOSED' });
+    const after = await router.withShard(0, (c) => c.query('select 1')).catch((error: unknown) => error);
+    expect(after).toMatchObject({
+      code: 'ROUTER_CLOSED',
+      message: expect.stringContaining('a call made after close() does not run'),
+    });
+    expect(proxy.connections).toBe(connections);
+    expect(router.stats().map((h) => [h.host, h.errors])).toEqual([
+      ['pg1', 0],
+      ['pg2', 0],
+    ]);
+  }, 60_000);
+
+  it('close() drops a connection still being made: the call waiting for it fails at once as not run', async () => {
+    const fleet = proxied.fleet();
+    const proxy = proxied.proxy();
+    const router = await ShardRouter.open(fleet.configFile);
+    await router.withShard(0, (c) => c.query('select 1'));
+    // pg2 takes connections and never answers them.
+    proxy.silence('all');
+    const call = router.withShard(4, (c) => c.query('select 1')).catch((error: unknown) => error);
+    await new Promise((resolve) => setTimeout(resolve, 300));
+    const started = performance.now();
+    await router.close();
+    expect(performance.now() - started).toBeLessThan(1_500);
+    expect(await call).toMatchObject({
+      code: 'ROUTER_CLOSED',
+      message: expect.stringContaining('was closed before the call had a connection: it did not run'),
+    });
+    expect(router.stats().find((h) => h.host === 'pg2')?.errors ?? 0).toBe(0);
   }, 60_000);
 });
