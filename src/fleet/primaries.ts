@@ -5,12 +5,23 @@
  * PRIMARIES) and by the router, which refuses to pick one of two (src/router/failover.ts).
  */
 import { randomBytes } from 'node:crypto';
+import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
-import { formatPostgresUrl, parsePostgresUrl } from '../pg/multihost.js';
+import { HostError } from '../errors.js';
+import {
+  addressLabel,
+  attrsFor,
+  formatPostgresUrl,
+  parsePostgresUrl,
+  withCredentials,
+  type PostgresUrl,
+} from '../pg/multihost.js';
 import { isSqlState } from '../pg/sqlstate.js';
-import { describePgError, withHost } from './connect.js';
-import { withCredentials } from './placement.js';
+import { connectedAddress, describePgError, parsedHostUrl, withHost } from './connect.js';
 import { readFleetRow, readTopology } from './topology.js';
+
+/** The code of the error of a host two of whose addresses answer as its writable primary. */
+export const TWO_PRIMARIES = 'TWO_PRIMARIES';
 
 /** How long an address is waited for (usually a primary that is down, or a standby). */
 export const ADDRESS_PROBE_WAIT_MS = 2_000;
@@ -154,4 +165,65 @@ async function sameServer(
       ),
     { applicationName: mark },
   ).catch(() => false);
+}
+
+/**
+ * For a server found as `host`'s primary at address `index` of `url` (a URL of several addresses,
+ * asking for read-write or primary), whose control schema records `fleet`: the addresses after it
+ * that answer as a writable primary of the same host of the same fleet on another server. Those
+ * before it were just tried (libpq's order) and did not answer as one. Each waited for
+ * ADDRESS_PROBE_WAIT_MS at most.
+ */
+export async function primariesBeside(
+  host: HostConfig,
+  url: PostgresUrl,
+  index: number,
+  fleet: { readonly fleetId: string; readonly hostName: string },
+  options: ProbeOptions,
+): Promise<string[]> {
+  const attrs = attrsFor(url);
+  if (url.addresses.length < 2 || (attrs !== 'read-write' && attrs !== 'primary')) return [];
+  return otherWritablePrimaries({ ...host, url: formatPostgresUrl(url) }, addressKey(url.addresses[index]!), fleet, {
+    ...options,
+    skip: url.addresses.slice(0, index).map(addressKey),
+  });
+}
+
+/** TWO_PRIMARIES: `others` answer as `host`'s writable primary beside address `index` of `url`; `what` follows. */
+export function twoPrimariesError(
+  host: HostConfig,
+  url: PostgresUrl,
+  index: number,
+  others: readonly string[],
+  what: string,
+): HostError {
+  return new HostError(
+    host.name,
+    `TWO PRIMARIES: ${others.join(', ')} also ${others.length === 1 ? 'answers' : 'answer'} as a writable primary of ${host.name} beside ${addressLabel(url.addresses[index]!)} (an old primary started again as a primary after a failover?); ${what}`,
+    { code: TWO_PRIMARIES },
+  );
+}
+
+/**
+ * For a command about to write on `host` through `client` (connected by its url, src/fleet/connect.ts):
+ * refused with TWO_PRIMARIES when another address of a url of several answers as the host's writable
+ * primary too (primariesBeside); the command would write to one of two servers, apart from the other.
+ */
+export async function refuseSecondPrimary(host: HostConfig, client: pg.Client, options: ProbeOptions): Promise<void> {
+  const url = parsedHostUrl(host);
+  if (url.addresses.length < 2) return;
+  const connected = connectedAddress(client);
+  const index = url.addresses.findIndex((a) => addressLabel(a) === connected);
+  if (index < 0) return;
+  const fleet = await readFleetRow(client).catch(() => null);
+  if (!fleet) return;
+  const others = await primariesBeside(host, url, index, fleet, options);
+  if (others.length > 0)
+    throw twoPrimariesError(
+      host,
+      url,
+      index,
+      others,
+      'nothing was written; stop one of them or make it a standby of the other (shardctl status names them)',
+    );
 }

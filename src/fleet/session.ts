@@ -3,6 +3,7 @@ import type pg from 'pg';
 import type { HostConfig } from '../config/types.js';
 import { failureReason, HostError, RuntimeFailure, ShardctlError } from '../errors.js';
 import { connectHost, describePgError, reportedSetting, untilAborted } from './connect.js';
+import { refuseSecondPrimary } from './primaries.js';
 import { HOST_SILENT } from './silence.js';
 import { CONTROL_SCHEMA, requireKnownControlVersion } from './control.js';
 import { abandonRunnerLock, openRunnerLock, registerWorker, releaseRunnerLock, takeRunnerLock } from './locks.js';
@@ -228,10 +229,15 @@ export class Fleet {
     // other's until lockTimeout, and both fail where the second could have waited for the first.
     const sessions = [...this.sessions].sort((a, b) => byName(a.host.name, b.host.name));
     const checked = await requireControlSchemaRights(sessions);
+    // A host of several addresses two of which answer as its writable primary (split brain) stops
+    // the run before anything is locked or written, as another runner does.
+    const single = await Promise.allSettled(
+      sessions.map((s) => refuseSecondPrimary(s.host, s.client, { applicationName: 'shardctl' })),
+    );
     const opened = await Promise.allSettled(
       sessions.map((s, i) => {
-        const check = checked[i]!;
-        return check.status === 'rejected' ? Promise.reject(check.reason as Error) : openRunnerLock(s.host, s.client);
+        const failed = [checked[i]!, single[i]!].find((r) => r.status === 'rejected');
+        return failed ? Promise.reject(failed.reason as Error) : openRunnerLock(s.host, s.client);
       }),
     );
     let next = 0;

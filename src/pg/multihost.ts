@@ -314,3 +314,49 @@ export function serverKey(url: string, { requireDatabase = false } = {}): string
     return undefined;
   }
 }
+
+/**
+ * A URL to reach `address` with the user, password and TLS parameters of `credentials` (a seed URL);
+ * without them pg falls back to PGUSER, PGPASSWORD and ~/.pgpass, as psql does.
+ */
+export function withCredentials(address: string, credentials: string | undefined): string {
+  if (!credentials) return address;
+  if (isMultiHostUrl(address) || isMultiHostUrl(credentials)) {
+    let from: PostgresUrl;
+    let to: PostgresUrl;
+    try {
+      from = parsePostgresUrl(credentials);
+      to = parsePostgresUrl(address);
+    } catch {
+      return address;
+    }
+    const fromParams = new URLSearchParams(from.query.slice(1));
+    const params = new URLSearchParams(to.query.slice(1));
+    for (const key of TLS_PARAMETERS) {
+      const value = fromParams.get(key);
+      if (value !== null) params.set(key, value);
+    }
+    const query = params.toString();
+    return formatPostgresUrl({ ...to, userinfo: from.userinfo, query: query ? `?${query}` : '' });
+  }
+  let from: URL;
+  let to: URL;
+  try {
+    from = new URL(credentials);
+    to = new URL(address);
+  } catch {
+    return address;
+  }
+  to.username = from.username;
+  to.password = from.password;
+  // The seed's TLS parameters too, over the address's own: the application's seed is the trust
+  // anchor, and a host it learned of is checked as strictly as the seed (README, TLS).
+  for (const key of TLS_PARAMETERS) {
+    const value = from.searchParams.get(key);
+    if (value !== null) to.searchParams.set(key, value);
+  }
+  return to.toString();
+}
+
+/** The connection parameters of a seed that a registry address takes from it. */
+const TLS_PARAMETERS = ['sslmode', 'sslrootcert', 'sslcert', 'sslkey', 'uselibpqcompat'] as const;

@@ -17,31 +17,27 @@ import type { HostConfig } from '../config/types.js';
 import { HostError, ShardctlError } from '../errors.js';
 import { connectOnce, describePgError, parsedHostUrl, sessionState } from '../fleet/connect.js';
 import { HOST_SILENT } from '../fleet/silence.js';
-import { withCredentials } from '../fleet/placement.js';
 import { isLostConnection } from '../pg/ended.js';
 import { endQuietly } from '../pg/quiet.js';
-import { addressKey, otherWritablePrimaries } from '../fleet/primaries.js';
+import { primariesBeside, TWO_PRIMARIES, twoPrimariesError } from '../fleet/primaries.js';
 import { readFleetRow } from '../fleet/topology.js';
 import {
-  addressLabel,
   attrsFor,
   connectFirstMatching,
-  formatPostgresUrl,
   parsePostgresUrl,
   type PostgresUrl,
   type TargetSessionAttrs,
+  withCredentials,
 } from '../pg/multihost.js';
 
 /** The code of CommitUnknownError. */
 export const COMMIT_UNKNOWN = 'COMMIT_UNKNOWN';
 
 /**
- * The code of the error of a host two of whose addresses answer as its writable primary (split
- * brain: an old primary started again as a primary after a failover). The router runs none of the
- * host's calls rather than pick one: rows written to the wrong one are lost to the other.
+ * A host two of whose addresses answer as its writable primary (split brain: an old primary started
+ * again as a primary after a failover): the router runs none of the host's calls rather than pick
+ * one, since rows written to the wrong one are lost to the other.
  */
-export const TWO_PRIMARIES = 'TWO_PRIMARIES';
-
 export function isTwoPrimaries(error: unknown): error is HostError {
   return error instanceof HostError && error.code === TWO_PRIMARIES;
 }
@@ -206,18 +202,18 @@ export class HostAddressBook {
         });
         let others: string[];
         try {
-          others = await this.otherPrimaries(host, candidate.url, index, attrs, client);
+          others = await this.otherPrimaries(host, candidate.url, index, client);
         } finally {
           await endQuietly(client);
         }
-        if (others.length > 0) {
-          const found = addressLabel(candidate.url.addresses[index]!);
-          throw new HostError(
-            host.name,
-            `TWO PRIMARIES: ${others.join(', ')} also ${others.length === 1 ? 'answers' : 'answer'} as a writable primary of ${host.name} beside ${found} (an old primary started again as a primary after a failover?); none of the host's calls runs until one of them is stopped or made a standby (shardctl status names them)`,
-            { code: TWO_PRIMARIES },
+        if (others.length > 0)
+          throw twoPrimariesError(
+            host,
+            candidate.url,
+            index,
+            others,
+            "none of the host's calls runs until one of them is stopped or made a standby (shardctl status names them)",
           );
-        }
         const resolved: ResolvedAddress = { url, fromRegistry: candidate.fromRegistry, attrs };
         this.current.set(host.name, { hostUrl: host.url, resolved });
         return resolved;
@@ -230,27 +226,19 @@ export class HostAddressBook {
     throw new HostError(host.name, `cannot connect: ${failures.join('; ')}`, { code: 'HOST_UNREACHABLE' });
   }
 
-  /**
-   * For a primary found at `url`'s address `index` (a URL of several addresses, read-write or
-   * primary): the addresses after it that answer as a writable primary of the same host of the same
-   * fleet on another server (src/fleet/primaries.ts; each waited for ADDRESS_PROBE_WAIT_MS at most).
-   * Those before it were just tried and did not answer as one. None when the found server records no
-   * fleet, or its record cannot be read (a role without SELECT on it): nothing to compare with.
-   */
+  /** primariesBeside (src/fleet/primaries.ts) of the primary found, once its fleet record is read. */
   private async otherPrimaries(
     host: HostConfig,
     url: PostgresUrl,
     index: number,
-    attrs: TargetSessionAttrs,
     client: pg.Client,
   ): Promise<string[]> {
-    if (url.addresses.length < 2 || (attrs !== 'read-write' && attrs !== 'primary')) return [];
+    if (url.addresses.length < 2) return [];
+    // None when the server records no fleet, or its record cannot be read (a role without SELECT on
+    // it): nothing to compare with.
     const fleet = await withDeadline(readFleetRow(client), host.timeoutMs, client).catch(() => null);
     if (!fleet) return [];
-    return otherWritablePrimaries({ ...host, url: formatPostgresUrl(url) }, addressKey(url.addresses[index]!), fleet, {
-      applicationName: this.options.applicationName,
-      skip: url.addresses.slice(0, index).map(addressKey),
-    });
+    return primariesBeside(host, url, index, fleet, { applicationName: this.options.applicationName });
   }
 }
 

@@ -278,6 +278,14 @@ describe('split brain: two addresses of a host answer as its writable primary', 
       `TWO PRIMARIES: the old address ${second.host} still answers as a writable primary of pg1`,
     );
 
+    // Nor does a command that writes: init stops before it locks or writes anything.
+    const writing = await runCli(['init', '-c', fleet.configFile]);
+    expect(writing.code, writing.stderr).toBe(1);
+    expect(writing.stderr).toContain(
+      `TWO PRIMARIES: ${second.host} also answers as a writable primary of pg1 beside ${first.host}`,
+    );
+    expect(writing.stderr).toContain('nothing was written');
+
     // A router does not pick one of the two (libpq's order would take the first): the call waits
     // out failoverTimeoutMs as for a failover, then fails naming both, and writes nowhere.
     const router = await ShardRouter.open(fleet.configFile, { failoverTimeoutMs: 500 });

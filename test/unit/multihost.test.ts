@@ -2,7 +2,7 @@ import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { parseConfig } from '../../src/config/load.js';
 import { UsageError } from '../../src/errors.js';
-import { hostAddress, withCredentials } from '../../src/fleet/placement.js';
+import { hostAddress } from '../../src/fleet/placement.js';
 import {
   attrsFor,
   connectFirstMatching,
@@ -11,6 +11,7 @@ import {
   sessionMatches,
   singleAddressUrls,
   type SessionState,
+  withCredentials,
 } from '../../src/pg/multihost.js';
 import { redact, redactUrl, registerUrlSecret } from '../../src/pg/redact.js';
 

@@ -9,11 +9,11 @@ import {
   mapDisagreements,
   mergePlacement,
   requireCurrentMapLocked,
-  withCredentials,
   withFleetShardLists,
   type HostPlacementView,
   type ShardState,
 } from '../../src/fleet/placement.js';
+import { withCredentials } from '../../src/pg/multihost.js';
 
 const FLEET = '6f1c1f0e-1111-4222-8333-944455556666';
 
