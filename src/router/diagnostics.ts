@@ -240,10 +240,10 @@ export class RouterDiagnostics {
     this.host(host).replicaReads += count;
   }
 
-  replicaFallback(host: string, reason: ReplicaFallback): void {
+  replicaFallback(host: string, reason: ReplicaFallback, count = 1): void {
     const c = this.host(host);
-    c.replicaFallbacks += 1;
-    c.replicaFallbackReasons[reason] = (c.replicaFallbackReasons[reason] ?? 0) + 1;
+    c.replicaFallbacks += count;
+    c.replicaFallbackReasons[reason] = (c.replicaFallbackReasons[reason] ?? 0) + count;
   }
 
   stats(pools: ReadonlyMap<string, pg.Pool>, hosts: readonly string[]): HostStats[] {

@@ -33,7 +33,7 @@ import {
   type RouterSettings,
   type ShardRouterOptions,
 } from './options.js';
-import type { Attempt, ForEachShardOptions, RouterInternals, ShardFn, TransactionOptions } from './types.js';
+import type { Attempt, ForEachShardOptions, RouterInternals, ShardFn, TransactionOptions, Via } from './types.js';
 import { queryPage, type Page, type PageOptions } from './pages.js';
 import { RouterDiagnostics, type CallTrace, type HostStats } from './diagnostics.js';
 
@@ -522,12 +522,15 @@ export class ShardRouter {
       attempt: (host, shard, fn, options, trace, via) => attempt(paths, host, shard, fn, options, trace, via),
       onReplica: (host, shard, replica, trace, attemptThere) =>
         this.standbyReads.onReplica(host, shard, replica, trace, attemptThere),
-      chunkOnReplica: (host, shards, replica, attemptThere) =>
-        this.standbyReads.chunkOnReplica(host, shards, replica, attemptThere),
+      chunkOnReplica: (host, shards, replica, trace, attemptThere) =>
+        this.standbyReads.chunkOnReplica(host, shards, replica, trace, attemptThere),
       fanOut: (runShard, options, chunks) => fanOut(paths, runShard, options, chunks),
       foundDown: (hostName) => this.foundDown(hostName),
       withConnection: (host, shard, work, via, trace) =>
-        withConnection(via ? () => via.checkout() : () => this.pools.connect(host, shard, trace), work),
+        withConnection(
+          via ? () => standbyCheckout(via, host, trace) : () => this.pools.connect(host, shard, trace),
+          work,
+        ),
       counted: (host, ok) => this.diagnostics.ended(host, ok),
       beginRoundTrip: (shards) => this.diagnostics.beginRoundTrip(shards),
       transactionStart: (shard, readOnly, sessionTimeouts) =>
@@ -623,3 +626,12 @@ const FAN_OUT_OPTION_KEYS = optionKeys<ForEachShardOptions>({
   onShardDone: true,
 });
 const QUERY_EACH_OPTION_KEYS: readonly string[] = [...FAN_OUT_OPTION_KEYS, 'query', 'shardsPerQuery', 'params'];
+
+/** A standby's connection for a replica read, its wait counted in the call's event as the primary's is (pools.ts). */
+async function standbyCheckout(via: Via, host: HostConfig, trace: CallTrace | undefined): Promise<pg.PoolClient> {
+  if (trace === undefined) return via.checkout();
+  const since = trace.waiting('a pooled connection', host.name);
+  const client = await via.checkout();
+  trace.poolWaited(since);
+  return client;
+}

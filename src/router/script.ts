@@ -63,8 +63,8 @@ export function queryEachShardScript<R extends pg.QueryResultRow>(
     },
     runChunk: (host, shards, statements, trace) =>
       replica
-        ? router.chunkOnReplica(host, shards, replica, (via) =>
-            attemptChunk<R>(router, host, shards, body, statements, query, via),
+        ? router.chunkOnReplica(host, shards, replica, trace, (via) =>
+            attemptChunk<R>(router, host, shards, body, statements, query, via, trace),
           )
         : attemptChunk<R>(router, host, shards, body, statements, query, undefined, trace),
   });

@@ -60,8 +60,8 @@ export function queryEachShardWithParams<R extends pg.QueryResultRow>(
     probe: async (shard) => ({ ...(await single(shard)), statements: 1 }),
     runChunk: (host, shards, _statements, trace) =>
       replica
-        ? router.chunkOnReplica(host, shards, replica, (via) =>
-            attemptParamsChunk<R>(router, host, shards, text, values, query.types, via),
+        ? router.chunkOnReplica(host, shards, replica, trace, (via) =>
+            attemptParamsChunk<R>(router, host, shards, text, values, query.types, via, trace),
           )
         : attemptParamsChunk<R>(router, host, shards, text, values, query.types, undefined, trace),
   });

@@ -89,21 +89,36 @@ export class StandbyReads {
   }
 
   /**
-   * A chunk of one host's shards on a standby (queryEachShard, queryPage): undefined when the host has
-   * no standby or the chunk did not run there whole; the shards then run one by one, each a replica
-   * read of its own (onReplica), which names why one went to the primary.
+   * A chunk of one host's shards as a replica read (queryEachShard, queryPage): on a standby of the
+   * host, or on the primary as one round trip still (`attempt` without a Via) when the host has no
+   * standby that answers or the read must go there (an LSN of another host), each shard counted as
+   * a fallback for that reason. Undefined when the chunk did not run whole on the standby: the
+   * shards then run one by one, each a replica read of its own (onReplica), which names why one
+   * went to the primary. The round trip's event (`trace`) says where it ran and its pool wait.
    */
   async chunkOnReplica<V>(
     host: HostConfig,
     shards: readonly number[],
     replica: ReplicaRead,
-    attempt: (via: Via) => Promise<V[] | undefined>,
+    trace: CallTrace | undefined,
+    attempt: (via?: Via) => Promise<V[] | undefined>,
   ): Promise<V[] | undefined> {
-    if (replica.afterLsn && replica.afterLsn.host !== host.name) return undefined;
+    const onPrimary = async (reason: ReplicaFallback): Promise<V[] | undefined> => {
+      const values = await attempt();
+      if (values) {
+        this.diagnostics.replicaFallback(host.name, reason, shards.length);
+        trace?.replica(reason);
+      }
+      return values;
+    };
+    if (replica.afterLsn && replica.afterLsn.host !== host.name) return onPrimary('moved');
     const standby = await this.standbys.pick(host).catch(() => undefined);
-    if (!standby) return undefined;
+    if (!standby) return onPrimary('no-standby');
     const values = await attempt(this.standbyVia(host, standby, replica)).catch(() => undefined);
-    if (values) this.diagnostics.replicaRead(host.name, shards.length);
+    if (values) {
+      this.diagnostics.replicaRead(host.name, shards.length);
+      trace?.replica('standby');
+    }
     return values;
   }
 

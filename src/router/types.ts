@@ -91,7 +91,8 @@ export interface RouterInternals {
     host: HostConfig,
     shards: readonly number[],
     replica: ReplicaRead,
-    attempt: (via: Via) => Promise<V[] | undefined>,
+    trace: CallTrace | undefined,
+    attempt: (via?: Via) => Promise<V[] | undefined>,
   ): Promise<V[] | undefined>;
   /** A host the last reading of the fleet found it could not connect to, just now: the error a call there meets. */
   foundDown(hostName: string): HostError | undefined;

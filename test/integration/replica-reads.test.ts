@@ -1,8 +1,11 @@
+import diagnosticsChannel from 'node:diagnostics_channel';
 import type pg from 'pg';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { init } from '../../src/commands/init.js';
 import { moveShard } from '../../src/commands/move-shard.js';
+import { CALL_CHANNEL, type RouterCallEvent } from '../../src/router/diagnostics.js';
 import { parseLsn } from '../../src/router/replicas.js';
+import { loadConfig } from '../../src/config/load.js';
 import { ShardRouter } from '../../src/router/router.js';
 import { makeFleet } from '../helpers/fleet.js';
 import { useTestDatabases, withClient } from '../helpers/hosts.js';
@@ -140,6 +143,45 @@ describe('reads from replicas (PostgreSQL 15 primary and streaming standby)', ()
       replicaWaitMs: 10_000,
     });
     expect(page.rows.map((r) => r.id.toString())).toContain(id);
+  });
+
+  it('a round trip of several shards says where it ran: on the standby, or on the primary in round trips still when the host has no standby, its shards counted as fallbacks', async () => {
+    const events: RouterCallEvent[] = [];
+    const listener = (event: unknown): void => void events.push(event as RouterCallEvent);
+    diagnosticsChannel.subscribe(CALL_CHANNEL, listener);
+    // The same host by its primary's address alone: no standby known to that router.
+    const loaded = await loadConfig(configFile);
+    const primaryOnly = ShardRouter.fromConfig(
+      { ...loaded, hosts: [{ ...loaded.hosts[0]!, url: host.primary.url.replace(/\/postgres$/, '/fleet') }] },
+      { poolSize: 2 },
+    );
+    try {
+      const read = { readOnly: true, replica: true, shardsPerQuery: 4, maxLagMs: 60_000 } as const;
+      const onStandby = await router.queryEachShard<{ r: boolean }>('SELECT pg_catalog.pg_is_in_recovery() AS r', read);
+      expect(onStandby.map((r) => r.value.rows[0]!.r)).toEqual([true, true, true, true]);
+      // The first shard alone (what the query gives), then the others in round trips of several.
+      expect(events.map((e) => e.replica)).toEqual(events.map(() => 'standby'));
+      expect(events.flatMap((e) => e.shards ?? [e.shard]).sort()).toEqual([0, 1, 2, 3]);
+      const trip = events.find((e) => (e.shards?.length ?? 0) > 1);
+      expect(trip).toMatchObject({ host: 'pg1', ok: true });
+      expect(typeof trip!.poolWaitMs).toBe('number');
+      events.length = 0;
+      const fallbacks = primaryOnly.stats()[0]?.replicaFallbacks ?? 0;
+      const onPrimary = await primaryOnly.queryEachShard<{ r: boolean }>(
+        'SELECT pg_catalog.pg_is_in_recovery() AS r',
+        read,
+      );
+      expect(onPrimary.map((r) => r.value.rows[0]!.r)).toEqual([false, false, false, false]);
+      expect(events.map((e) => e.replica)).toEqual(events.map(() => 'no-standby'));
+      expect(events.flatMap((e) => e.shards ?? [e.shard]).sort()).toEqual([0, 1, 2, 3]);
+      expect(events.some((e) => (e.shards?.length ?? 0) > 1)).toBe(true);
+      const after = primaryOnly.stats()[0]!;
+      expect(after.replicaFallbacks - fallbacks).toBe(4);
+      expect(after.replicaFallbackReasons['no-standby']).toBe(4);
+    } finally {
+      diagnosticsChannel.unsubscribe(CALL_CHANNEL, listener);
+      await primaryOnly.close();
+    }
   });
 
   it('a standby whose replay is paused: the call falls back to the primary, or waits for the LSN within its bound', async () => {
