@@ -241,8 +241,21 @@ export class ControlVersionError extends HostError {
  */
 export const ASYNC_COMMIT_SQL = ['SET synchronous_commit = off;', clientCheckSql(false)].join(' ');
 
+/**
+ * What a worker sends after each shard's migration (migrations/sql.ts): the session back to the
+ * server's defaults, then `own`, the worker's own session settings, again (a move's workers:
+ * ASYNC_COMMIT_SQL and theirs). A migration file cannot say `SET` or `LISTEN` for the session
+ * (migrations/files.ts), but a function or `DO` body it runs can, out of the check's sight (`EXECUTE
+ * 'SET session_replication_role = replica'`): left there, it would reach the next shards' migrations
+ * on the connection (their triggers off), or the pooler's next clients. RESET ALL leaves what the
+ * client sent at connect (application_name) alone. A temporary table one made is dropped too.
+ */
+export function sessionResetSql(own = ''): string {
+  return `RESET ALL; ${own ? `${own.replace(/;?\s*$/, ';')} ` : ''}UNLISTEN *; DISCARD TEMP;`;
+}
+
 /** client_connection_check_interval for the session or the transaction, where the server's platform allows it (22023 otherwise). */
-function clientCheckSql(local: boolean): string {
+export function clientCheckSql(local: boolean): string {
   return `DO $shardctl$ BEGIN PERFORM pg_catalog.set_config('client_connection_check_interval', '${CLIENT_CONNECTION_CHECK_INTERVAL}', ${local}); EXCEPTION WHEN invalid_parameter_value THEN NULL; END $shardctl$;`;
 }
 

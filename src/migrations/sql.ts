@@ -1,6 +1,6 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
-import { WORKER_TRANSACTION_SQL, CONTROL } from '../fleet/control.js';
+import { clientCheckSql, CONTROL, sessionResetSql, WORKER_TRANSACTION_SQL } from '../fleet/control.js';
 import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import type { MigrationFile } from './files.js';
 
@@ -19,14 +19,14 @@ export function migrationSql(
   config: ShardctlConfig,
   shard: number,
   migration: MigrationFile,
-  around: { readonly start?: readonly string[]; readonly end?: readonly string[] } = {},
+  around: MigrationSession & { readonly start?: readonly string[]; readonly end?: readonly string[] } = {},
 ): string {
   const schema = shardSchemaName(config, shard);
   return [
     'BEGIN;',
     WORKER_TRANSACTION_SQL,
     ...(around.start ?? []),
-    `SET LOCAL search_path TO ${quoteIdent(schema)};`,
+    `SET LOCAL search_path TO ${shardSearchPath(schema)};`,
     `SET LOCAL lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};`,
     ...(migration.statementTimeout
       ? [`SET LOCAL statement_timeout = ${quoteLiteral(migration.statementTimeout)};`]
@@ -38,7 +38,35 @@ export function migrationSql(
     recordMigrationSql(shard, migration),
     ...(around.end ?? []),
     'COMMIT;',
+    sessionResetSql(around.session),
   ].join('\n');
+}
+
+/** The worker's own session settings, sent again after the reset that ends each shard's migration (sessionResetSql). */
+export interface MigrationSession {
+  readonly session?: string;
+}
+
+/**
+ * A migration's search_path: the shard's schema, then pg_temp, so that no temporary table (one a
+ * function or `DO` body made, out of the file check's sight) is found before the shard's own
+ * tables by a bare name, as the router's calls do (src/router/transaction.ts).
+ */
+function shardSearchPath(schema: string): string {
+  return `${quoteIdent(schema)}, pg_temp`;
+}
+
+/**
+ * The search_path is the shard's (shardSearchPath): its schema, then this session's temporary
+ * schema if it has one. A function or `DO` body that moved it (another schema, or pg_temp first)
+ * fails the condition.
+ */
+function searchPathMovedSql(schema: string): string {
+  const shard = `${quoteLiteral(schema)}::pg_catalog.name`;
+  return (
+    `pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY[${shard}] AND ` +
+    `pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY[${shard}, (SELECT nspname FROM pg_catalog.pg_namespace WHERE oid = pg_catalog.pg_my_temp_schema())]`
+  );
 }
 
 /**
@@ -48,15 +76,23 @@ export function migrationSql(
  * invalid index an interrupted CREATE INDEX CONCURRENTLY leaves behind, so the record is refused
  * while the shard's schema holds one.
  */
-export function noTransactionMigrationSteps(config: ShardctlConfig, shard: number, migration: MigrationFile): string[] {
+export function noTransactionMigrationSteps(
+  config: ShardctlConfig,
+  shard: number,
+  migration: MigrationFile,
+  { session }: MigrationSession = {},
+): string[] {
   const schema = shardSchemaName(config, shard);
   return [
-    `SET search_path TO ${quoteIdent(schema)}; SET lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};` +
-      (migration.statementTimeout ? ` SET statement_timeout = ${quoteLiteral(migration.statementTimeout)};` : ''),
+    `SET search_path TO ${shardSearchPath(schema)}; SET lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};` +
+      (migration.statementTimeout ? ` SET statement_timeout = ${quoteLiteral(migration.statementTimeout)};` : '') +
+      // The statements run outside a transaction: the server checks for the client during them
+      // (a killed run's CREATE INDEX CONCURRENTLY ends), whatever an earlier reset took away.
+      ` ${clientCheckSql(false)}`,
     // search_path again before each later statement: a function or DO body in the file may have
     // moved it, and what ran outside a transaction cannot be undone by the check before the record.
     ...migration.statements.flatMap((statement, i) =>
-      i === 0 ? [`${statement};`] : [`SET search_path TO ${quoteIdent(schema)};`, `${statement};`],
+      i === 0 ? [`${statement};`] : [`SET search_path TO ${shardSearchPath(schema)};`, `${statement};`],
     ),
     [
       'DO $shardctl$',
@@ -67,14 +103,14 @@ export function noTransactionMigrationSteps(config: ShardctlConfig, shard: numbe
       '    JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid',
       '    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace',
       `   WHERE n.nspname = ${quoteLiteral(schema)} AND NOT i.indisvalid;`,
-      `  IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY[${quoteLiteral(schema)}]::pg_catalog.name[] THEN`,
+      `  IF ${searchPathMovedSql(schema)} THEN`,
       `    RAISE EXCEPTION 'migration ${migration.name.replaceAll("'", "''")} left search_path at %, not schema %: not recorded', pg_catalog.current_setting('search_path'), ${quoteLiteral(schema)};`,
       '  END IF;',
       '  IF invalid IS NOT NULL THEN',
       `    RAISE EXCEPTION 'invalid index % in schema %: an interrupted CREATE INDEX CONCURRENTLY left it, and IF NOT EXISTS skips it; drop it and run migrate again', invalid, ${quoteLiteral(schema)};`,
       '  END IF;',
       'END $shardctl$;',
-      `RESET search_path; RESET lock_timeout; RESET statement_timeout; ${recordMigrationSql(shard, migration)}`,
+      `${sessionResetSql(session)} ${recordMigrationSql(shard, migration)}`,
     ].join('\n'),
   ];
 }
@@ -95,7 +131,7 @@ export function effectiveLockTimeout(
 function searchPathCheckSql(schema: string, migration: MigrationFile): string {
   return [
     'DO $shardctl$ BEGIN',
-    `  IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY[${quoteLiteral(schema)}]::pg_catalog.name[] THEN`,
+    `  IF ${searchPathMovedSql(schema)} THEN`,
     `    RAISE EXCEPTION 'migration ${migration.name.replaceAll("'", "''")} left search_path at %, not schema %: rolled back', pg_catalog.current_setting('search_path'), ${quoteLiteral(schema)};`,
     '  END IF;',
     'END $shardctl$;',

@@ -10,7 +10,7 @@ import { privilegeVersions, syncPrivilegesSql, withheldSchemaAcl, type Privilege
 import { APPLIED_VERSIONS_SQL } from './sql/control.js';
 import { groupBySchema, shardPrivileges, EXISTING_SCHEMAS_SQL } from './catalog.js';
 import { type MoveContext, notice, schemasOf } from './context.js';
-import { concurrency, Workers } from './workers.js';
+import { concurrency, CREATE_WORKER_SESSION_SQL, Workers } from './workers.js';
 import { stopDeltas, stopTracking } from './tail.js';
 import { faultAfter } from './state.js';
 import { rollbackQuietly, runTransaction } from '../pg/quiet.js';
@@ -159,13 +159,17 @@ async function targetWork(
         if (file.noTransaction)
           statements.push(
             ...(building ? [BUILDING_SESSION_SQL] : []),
-            ...noTransactionMigrationSteps(config, shard, file),
+            ...noTransactionMigrationSteps(config, shard, file, { session: CREATE_WORKER_SESSION_SQL }),
             ...(building ? [RESET_BUILDING_SQL] : []),
             ...guard.map((g) => ['BEGIN;', g, 'COMMIT;'].join('\n')),
           );
         else
           statements.push(
-            migrationSql(config, shard, file, { start: building ? [BUILDING_LOCAL_SQL] : [], end: guard }),
+            migrationSql(config, shard, file, {
+              start: building ? [BUILDING_LOCAL_SQL] : [],
+              end: guard,
+              session: CREATE_WORKER_SESSION_SQL,
+            }),
           );
       }
       return { shard, statements };

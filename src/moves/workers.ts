@@ -90,6 +90,9 @@ export function moveWorker(ctx: MoveContext, host: HostConfig, applicationName: 
  */
 const NO_BODY_CHECKS_SQL = 'SET check_function_bodies = off';
 
+/** A creating worker's own session settings: set when it opens, and again after each migration's reset (sessionResetSql). */
+export const CREATE_WORKER_SESSION_SQL = `${ASYNC_COMMIT_SQL}; ${NO_BODY_CHECKS_SQL}`;
+
 /**
  * Worker connections to one host, kept open over several batches of work (the target's copies are
  * created in chunks: createTargets), opened as a batch first needs them. They commit without waiting
@@ -113,7 +116,7 @@ export class Workers {
       Array.from({ length: Math.max(0, wanted - this.#clients.length) }, async () => {
         const client = await moveWorker(this.#ctx, this.#side.host, CREATE_WORKER);
         this.#clients.push(client);
-        await client.query(`${ASYNC_COMMIT_SQL}; ${NO_BODY_CHECKS_SQL}`);
+        await client.query(CREATE_WORKER_SESSION_SQL);
       }),
     );
     const refused = opened.find((o): o is PromiseRejectedResult => o.status === 'rejected');

@@ -75,8 +75,12 @@ export function splitSql(sql: string, options: SplitSqlOptions = {}): SplitSqlRe
     if (tokens.length === 0) codeStart = i;
     tokens.push({ kind, value, line: tokenLine });
     if (kind === 'word' && isRoutineDefinition(tokens)) {
-      if (value === 'begin' || value === 'case') depth += 1;
-      else if (value === 'end' && depth > 0) depth -= 1;
+      // The body opens with the two words BEGIN ATOMIC: `begin` alone is any name (a parameter
+      // `begin bigint`, a column), and taken for the body it would hide every `;` up to an `end`.
+      if (depth === 0) {
+        if (value === 'atomic' && tokens.at(-2)?.kind === 'word' && tokens.at(-2)?.value === 'begin') depth = 1;
+      } else if (value === 'case') depth += 1;
+      else if (value === 'end') depth -= 1;
     }
   };
   const end = (at: number): void => {

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { checkClientConnection, connectHost, describePgError } from '../fleet/connect.js';
-import { CONTROL, DURABLE_FLUSH_SQL } from '../fleet/control.js';
+import { CONTROL, DURABLE_FLUSH_SQL, sessionResetSql } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
 import { failureReason } from '../errors.js';
 import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
@@ -451,9 +451,10 @@ export function isConnectionError(error: unknown): boolean {
 
 async function rollbackAndReset(client: pg.Client): Promise<void> {
   await rollbackQuietly(client);
-  // A failed no-transaction migration leaves its session settings behind. Ignored like the
-  // ROLLBACK: failing, it means a broken connection, which the next statement on it reports.
-  await client.query('RESET search_path; RESET lock_timeout; RESET statement_timeout').catch(() => undefined);
+  // A failed no-transaction migration leaves its session settings behind (and whatever its
+  // functions set: sessionResetSql). Ignored like the ROLLBACK: failing, it means a broken
+  // connection, which the next statement on it reports.
+  await client.query(sessionResetSql()).catch(() => undefined);
 }
 
 /** One holder at a time, in arrival order. */

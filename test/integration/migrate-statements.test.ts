@@ -171,3 +171,44 @@ describe('migration files that end their transaction or change the session', () 
     expect(await leftovers()).toEqual({ tables: [], records: 0 });
   });
 });
+
+describe('what a body run by a migration leaves on the connection (out of the file check’s sight)', () => {
+  const own = useTestDatabases(1);
+
+  it('neither a temporary table named like a shard table nor a session setting reaches the next migrations: every shard gets the real change', async () => {
+    const leaky = makeFleet({
+      urls: own.urls,
+      shards: 6,
+      split: ['0-5'],
+      schemaPrefix: 'ml',
+      migrations: {
+        '0001_base.sql': 'CREATE TABLE photos (id int); CREATE TABLE seen (role text, temps int);',
+      },
+    });
+    expect((await init(await leaky.config())).ok).toBe(true);
+    // A DO body may run EXECUTE (dynamic DDL), which the check cannot read: here it sets a session
+    // setting that turns triggers off, listens, and makes a temporary table named like the shard's.
+    leaky.writeMigration(
+      '0002_stage.sql',
+      "DO $$ BEGIN CREATE TEMP TABLE IF NOT EXISTS photos (x int); EXECUTE 'SET session_replication_role = replica'; EXECUTE 'LISTEN shardctl_test'; END $$;",
+    );
+    leaky.writeMigration(
+      '0003_views.sql',
+      "ALTER TABLE photos ADD COLUMN views int NOT NULL DEFAULT 0;\nINSERT INTO seen SELECT current_setting('session_replication_role'), (SELECT count(*) FROM pg_class WHERE relnamespace = pg_my_temp_schema());",
+    );
+    const run = await runCli(['migrate', '-c', leaky.configFile]);
+    expect(run.code, run.stderr).toBe(0);
+    await withClient(own.urls[0]!, async (c) => {
+      const views = await c.query<{ s: string }>(
+        `select table_schema as s from information_schema.columns where table_name = 'photos' and column_name = 'views' and table_schema like 'ml%' order by 1`,
+      );
+      expect(views.rows.map((r) => r.s)).toEqual(['ml0', 'ml1', 'ml2', 'ml3', 'ml4', 'ml5']);
+      for (let shard = 0; shard < 6; shard++) {
+        const seen = await c.query(`select role, temps::int from ml${shard}.seen`);
+        expect(seen.rows, `shard ${shard}`).toEqual([{ role: 'origin', temps: 0 }]);
+      }
+    });
+    const status = await runCli(['status', '-c', leaky.configFile]);
+    expect(status.code, status.stdout).toBe(0);
+  });
+});

@@ -149,10 +149,10 @@ describe('shardctl migrate over two hosts', () => {
       const dry = await runCli(['migrate', '--dry-run', '-c', fleet().configFile]);
       expect(dry.code).toBe(0);
       expect(dry.stdout).toContain(
-        `-- shard 0: migration 0004_photo_tags\nBEGIN;\n${WORKER_TRANSACTION_SQL}\nSET LOCAL search_path TO "insta0";\nSET LOCAL lock_timeout = '5s';`,
+        `-- shard 0: migration 0004_photo_tags\nBEGIN;\n${WORKER_TRANSACTION_SQL}\nSET LOCAL search_path TO "insta0", pg_temp;\nSET LOCAL lock_timeout = '5s';`,
       );
       expect(dry.stdout).toMatch(
-        /CREATE TABLE photo_tags[^\n]*\n;\nDO \$shardctl\$ BEGIN\n[^$]*\nEND \$shardctl\$;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;/,
+        /CREATE TABLE photo_tags[^\n]*\n;\nDO \$shardctl\$ BEGIN\n[^$]*\nEND \$shardctl\$;\nINSERT INTO "shardctl".migrations \(shard, version, name, checksum\) VALUES \(0, 4, '0004_photo_tags', '[0-9a-f]{64}'\);\nCOMMIT;\nRESET ALL; UNLISTEN \*; DISCARD TEMP;/,
       );
       expect(dry.stderr).toContain('migrate --dry-run: 120 shards would change on 2 hosts; nothing was written');
       expect(await shardsAt(db.urls[0]!, 4)).toBe(0);

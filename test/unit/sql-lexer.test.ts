@@ -51,6 +51,12 @@ describe('splitSql', () => {
       2,
     ],
     ['create or replace procedure p() language sql begin atomic insert into t values (1); end; select 1', 2],
+    // `begin` as a name is no body: the statements after it are statements (a COMMIT among them).
+    [
+      "create function span(begin bigint, finish bigint) returns bigint language sql as 'select finish - begin'; commit; select 1 as end",
+      3,
+    ],
+    ['create function f(begin int) returns int language sql begin atomic select begin + 1; end; commit', 2],
   ])('%s: %i statements', (sql, count) => {
     expect(texts(sql)).toHaveLength(count);
   });

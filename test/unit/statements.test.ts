@@ -47,6 +47,8 @@ import { sql } from '../../src/pg/sql-template.js';
 /** What every worker transaction sets besides asynchronous commit (nothing at session level). */
 const CHECK_LOCAL =
   "DO $shardctl$ BEGIN PERFORM pg_catalog.set_config('client_connection_check_interval', '1s', true); EXCEPTION WHEN invalid_parameter_value THEN NULL; END $shardctl$;";
+/** The same for the session: a no-transaction migration's statements run outside a transaction. */
+const CHECK_SESSION = CHECK_LOCAL.replace("'1s', true", "'1s', false");
 import { fromLog, type LogSums } from '../../src/moves/tail.js';
 
 const config = parseConfig(
@@ -115,18 +117,20 @@ describe('migration SQL', () => {
         'BEGIN;',
         'SET LOCAL synchronous_commit = off;',
         CHECK_LOCAL,
-        'SET LOCAL search_path TO "insta6";',
+        'SET LOCAL search_path TO "insta6", pg_temp;',
         "SET LOCAL lock_timeout = '5s';",
         '-- 0002_likes.sql',
         'CREATE TABLE likes (id bigint);',
         ';',
         'DO $shardctl$ BEGIN',
-        `  IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta6']::pg_catalog.name[] THEN`,
+        `  IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta6'::pg_catalog.name] AND pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta6'::pg_catalog.name, (SELECT nspname FROM pg_catalog.pg_namespace WHERE oid = pg_catalog.pg_my_temp_schema())] THEN`,
         `    RAISE EXCEPTION 'migration 0002_likes left search_path at %, not schema %: rolled back', pg_catalog.current_setting('search_path'), 'insta6';`,
         '  END IF;',
         'END $shardctl$;',
         `INSERT INTO "shardctl".migrations (shard, version, name, checksum) VALUES (6, 2, '0002_likes', 'abc');`,
         'COMMIT;',
+        // Whatever a function or DO body of the file set for the session is not left to the next shard.
+        'RESET ALL; UNLISTEN *; DISCARD TEMP;',
       ].join('\n'),
     );
   });
@@ -138,30 +142,38 @@ describe('migration SQL', () => {
       migration({ noTransaction: true, statements: ['CREATE INDEX CONCURRENTLY a ON t (x)', 'SELECT 1'] }),
     );
     expect(steps).toHaveLength(5);
-    expect(steps[0]).toBe(`SET search_path TO "insta0"; SET lock_timeout = '5s';`);
+    expect(steps[0]).toBe(`SET search_path TO "insta0", pg_temp; SET lock_timeout = '5s'; ${CHECK_SESSION}`);
     expect(steps[1]).toBe('CREATE INDEX CONCURRENTLY a ON t (x);');
-    expect(steps[2]).toBe('SET search_path TO "insta0";');
+    expect(steps[2]).toBe('SET search_path TO "insta0", pg_temp;');
     expect(steps[3]).toBe('SELECT 1;');
     expect(steps[4]).toContain('NOT i.indisvalid');
     expect(steps[4]).toContain(
-      `IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta0']::pg_catalog.name[] THEN`,
+      `IF pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta0'::pg_catalog.name] AND pg_catalog.current_schemas(false) IS DISTINCT FROM ARRAY['insta0'::pg_catalog.name, (SELECT nspname FROM pg_catalog.pg_namespace WHERE oid = pg_catalog.pg_my_temp_schema())] THEN`,
     );
     expect(steps[4]).toMatch(
-      /RESET search_path; RESET lock_timeout; RESET statement_timeout; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/,
+      /RESET ALL; UNLISTEN \*; DISCARD TEMP; INSERT INTO "shardctl".migrations .* VALUES \(0, 2, '0002_likes', 'abc'\);$/,
     );
+    // A move's creating workers have settings of their own, set again after the reset.
+    expect(
+      noTransactionMigrationSteps(config, 0, migration({ noTransaction: true, statements: ['SELECT 1'] }), {
+        session: 'SET check_function_bodies = off',
+      }).at(-1),
+    ).toContain('RESET ALL; SET check_function_bodies = off; UNLISTEN *; DISCARD TEMP; INSERT INTO');
   });
 
   it("runs a file with its markers' lock_timeout and statement_timeout instead of the config's", () => {
     const sql = migrationSql(config, 6, migration({ lockTimeout: '2s', statementTimeout: '10min' }));
     expect(sql).toContain(
-      `SET LOCAL search_path TO "insta6";\nSET LOCAL lock_timeout = '2s';\nSET LOCAL statement_timeout = '10min';\n-- 0002_likes.sql`,
+      `SET LOCAL search_path TO "insta6", pg_temp;\nSET LOCAL lock_timeout = '2s';\nSET LOCAL statement_timeout = '10min';\n-- 0002_likes.sql`,
     );
     const steps = noTransactionMigrationSteps(
       config,
       0,
       migration({ noTransaction: true, lockTimeout: '2s', statementTimeout: '10min', statements: ['SELECT 1'] }),
     );
-    expect(steps[0]).toBe(`SET search_path TO "insta0"; SET lock_timeout = '2s'; SET statement_timeout = '10min';`);
+    expect(steps[0]).toBe(
+      `SET search_path TO "insta0", pg_temp; SET lock_timeout = '2s'; SET statement_timeout = '10min'; ${CHECK_SESSION}`,
+    );
   });
 });
 
