@@ -102,7 +102,11 @@ export function printProvisionResult(out: Output, result: ProvisionResult, verb:
 function printNextStage(out: Output, result: ProvisionResult, stage: NonNullable<ProvisionResult['stage']>): void {
   const { formatShardList } = lib();
   const hosts = result.plan.hosts.filter((h) => h.jobs.length > 0).map((h) => h.host.name);
-  const covered = `${stage.canary ? 'canary' : 'stage'}: ${plural(stage.shards.length, 'shard')}${stage.shards.length > 0 ? ` (${formatShardList(stage.shards)}` + `${hosts.length > 0 ? ` on ${hosts.join(', ')}` : ''})` : ''}`;
+  const earlier =
+    stage.reached && stage.reached.length > 0
+      ? `, and ${plural(stage.reached.length, 'shard')} (${formatShardList(stage.reached)}) that had it from an earlier run`
+      : '';
+  const covered = `${stage.canary ? 'canary' : 'stage'}: ${plural(stage.shards.length, 'shard')}${stage.shards.length > 0 ? ` (${formatShardList(stage.shards)}` + `${hosts.length > 0 ? ` on ${hosts.join(', ')}` : ''})` : ''}${earlier}`;
   if (stage.pendingElsewhere === 0) {
     out.info(`${covered}; no other shard has anything pending`);
     return;

@@ -85,6 +85,8 @@ export interface ProvisionResult {
     readonly shards: readonly number[];
     readonly canary: boolean;
     readonly pendingElsewhere: number;
+    /** A canary: the shards that already had the file being rolled out (they count towards it). */
+    readonly reached?: readonly number[];
   } | null;
   /** The failure limit stopped the run: shards were left without being started. */
   readonly stoppedEarly: boolean;
@@ -224,11 +226,45 @@ function stagedPlan(
   const { shards: _selection, ...everyShard } = planOptions;
   const whole = planFleet(config, snapshots, migrations, everyShard);
   let plan = options.shards ? planFleet(config, snapshots, migrations, planOptions) : whole;
-  if (options.canary !== undefined)
-    plan = planFleet(config, snapshots, migrations, { ...everyShard, shards: canaryShards(plan, options.canary) });
+  let reached: readonly number[] = [];
+  if (options.canary !== undefined) {
+    // The shards that already have the file being rolled out (an earlier run of this canary,
+    // stopped or not) count towards it: the same command run again finishes the canary, it does
+    // not start a second one.
+    reached = shardsWithRollingFile(plan, snapshots, planOptions.shards);
+    const more = canaryShards(plan, Math.max(0, options.canary - reached.length));
+    plan = planFleet(config, snapshots, migrations, { ...everyShard, shards: more });
+  }
   const chosen = plan.hosts.flatMap((h) => h.jobs.map((j) => j.shard)).sort((a, b) => a - b);
   const pendingElsewhere = whole.hosts.reduce((n, h) => n + h.jobs.length, 0) - chosen.length;
-  return { plan, stage: { shards: chosen, canary: options.canary !== undefined, pendingElsewhere } };
+  return {
+    plan,
+    stage: {
+      shards: chosen,
+      canary: options.canary !== undefined,
+      pendingElsewhere,
+      ...(options.canary !== undefined ? { reached } : {}),
+    },
+  };
+}
+
+/**
+ * For a canary: the shards (of `selection`, all when undefined) that already have the file the
+ * rollout is at, the lowest version `plan` has pending on some shard.
+ */
+function shardsWithRollingFile(
+  plan: Plan,
+  snapshots: readonly HostSnapshot[],
+  selection: readonly number[] | undefined,
+): number[] {
+  const versions = plan.hosts.flatMap((h) => h.jobs.flatMap((j) => j.migrations.map((m) => m.version)));
+  if (versions.length === 0) return [];
+  const rolling = versions.reduce((a, b) => Math.min(a, b));
+  const wanted = selection ? new Set(selection) : null;
+  return snapshots
+    .flatMap((s) => s.host.shards.filter((shard) => s.applied.get(shard)?.has(rolling) === true))
+    .filter((shard) => wanted === null || wanted.has(shard))
+    .sort((a, b) => a - b);
 }
 
 /**

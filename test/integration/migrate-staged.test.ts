@@ -244,3 +244,29 @@ describe('a file with its own statement_timeout', () => {
     expect(await shardsAt(db.urls[0]!, 6)).toBe(0);
   });
 });
+
+describe('a canary run again', () => {
+  const own = useTestDatabases(2);
+
+  it('--canary N run again (after a stopped run, or to widen it) takes only what N still lacks: the shards that have the file count', async () => {
+    const fleet = makeFleet({ urls: own.urls, shards: 8, schemaPrefix: 'cy' });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    fleet.writeMigration('0004_photo_views.sql', VIEWS);
+    const first = await runCli(['migrate', '--canary', '2', '-c', fleet.configFile]);
+    expect(first.code, first.stderr).toBe(0);
+    expect(first.stderr).toContain('canary: 2 shards (0,4 on pg1, pg2); 6 other shards');
+    const wider = await runCli(['migrate', '--canary', '3', '--json', '-c', fleet.configFile]);
+    expect(wider.code, wider.stderr).toBe(0);
+    expect(wider.stderr).toContain(
+      'canary: 1 shard (1 on pg1), and 2 shards (0,4) that had it from an earlier run; 5 other shards',
+    );
+    expect(JSON.parse(wider.stdout).stage).toEqual({ shards: [1], canary: true, pendingElsewhere: 5, reached: [0, 4] });
+    const again = await runCli(['migrate', '--canary', '3', '-c', fleet.configFile]);
+    expect(again.code, again.stderr).toBe(0);
+    expect(again.stderr).toContain(
+      'canary: 0 shards, and 3 shards (0-1,4) that had it from an earlier run; 5 other shards',
+    );
+    const levels = await runCli(['status', '-c', fleet.configFile]);
+    expect(levels.stdout).toContain('rollout: 0004_photo_views: 3 of 8 shards');
+  });
+});
