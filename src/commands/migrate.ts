@@ -148,7 +148,7 @@ export async function checkMigrations(
   options: CheckMigrationsOptions = {},
 ): Promise<MigrationCheck> {
   refuseUnknownOptions('migrate check options', options, CHECK_MIGRATIONS_KEYS);
-  const { plan, conflicts, lostHosts, snapshots } = await inspectFleet(config, options);
+  const { plan, conflicts, lostHosts, snapshots, handMade } = await inspectFleet(config, options);
   // A misplaced or foreign schema is not something migrate could ever fix: the same error as a run.
   if (conflicts.some((c) => !DRIFT_KINDS.has(c.kind))) throw conflictError(conflicts);
   const hosts: HostPending[] = plan.hosts.map((h) => {
@@ -180,7 +180,7 @@ export async function checkMigrations(
   }
   const order = new Map(config.hosts.map((h, i) => [h.name, i]));
   hosts.sort((a, b) => order.get(a.host)! - order.get(b.host)!);
-  const drift = conflicts.map((c) => c.message);
+  const drift = [...conflicts.map((c) => c.message), ...handMade];
   const pending = hosts.reduce((n, h) => n + h.migrations, 0);
   const behind = hosts.some((h) => h.shards > 0);
   const unreadHosts = lostHosts.map((l) => l.host.name);

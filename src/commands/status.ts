@@ -22,7 +22,7 @@ import {
   type HostPlacementView,
 } from '../fleet/placement.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { readShardShapes, shapeDrift, shapeDriftMessage } from '../migrations/shape.js';
+import { handMadeDrift } from '../migrations/shape.js';
 import {
   driftProblems,
   fileRollout,
@@ -199,10 +199,15 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             const byHand =
               snapshot.layout === null
                 ? []
-                : await handMadeDrift(session.client, host.name, judged, (shard) => {
-                    const next = pendingMigrations(snapshot.applied.get(shard), migrations)[0];
-                    return next?.noTransaction ? next.name : undefined;
-                  });
+                : await handMadeDrift(
+                    session.client,
+                    host.name,
+                    (shard) => shardSchemaName(judged, shard),
+                    (shard) => {
+                      const next = pendingMigrations(snapshot.applied.get(shard), migrations)[0];
+                      return next?.noTransaction ? next.name : undefined;
+                    },
+                  );
             const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
             const topology = await readTopology(session.client);
             const own = topology.inRecovery ? null : await readFleetRow(session.client);
@@ -479,21 +484,6 @@ function unreachableStatus(host: string, expected: number, error: string, denied
     twoPrimaries: [],
     ok: false,
   };
-}
-
-/**
- * Shards whose tables differ from those of the other shards with the same migrations on this host
- * (a column added or dropped by hand): one query, more only for a shard that differs.
- */
-async function handMadeDrift(
-  client: pg.Client,
-  host: string,
-  config: ShardctlConfig,
-  unfinished: (shard: number) => string | undefined,
-): Promise<string[]> {
-  const schemaOf = (shard: number): string => shardSchemaName(config, shard);
-  const drifts = await shapeDrift(new Map([[host, client]]), await readShardShapes(client, host), schemaOf);
-  return drifts.map((d) => shapeDriftMessage(d, schemaOf, unfinished(d.shard)));
 }
 
 /** Sequences of shard schemas with CACHE > 1: next_id() refuses them on its slow path (SC004). */

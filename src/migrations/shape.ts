@@ -186,3 +186,20 @@ export function shapesAgree(shapes: readonly ShardShape[], batch: ReadonlySet<nu
       return level.fingerprints.size === 1 && level.others > 0;
     });
 }
+
+/**
+ * The hand-made drift of one host's shards, one line each (shapeDriftMessage): what `status` and
+ * `migrate --check` report. `unfinished`: a shard's next migration when it runs without a
+ * transaction (see shapeDriftMessage).
+ */
+export async function handMadeDrift(
+  client: pg.Client,
+  host: string,
+  schemaOf: (shard: number) => string,
+  unfinished: (shard: number) => string | undefined,
+  /** The shapes, read already (on another connection, beside other work), else read on `client`. */
+  shapes?: readonly ShardShape[],
+): Promise<string[]> {
+  const drifts = await shapeDrift(new Map([[host, client]]), shapes ?? (await readShardShapes(client, host)), schemaOf);
+  return drifts.map((d) => shapeDriftMessage(d, schemaOf, unfinished(d.shard)));
+}

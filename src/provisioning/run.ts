@@ -1,5 +1,5 @@
 import { elapsed } from '../clock.js';
-import type { ShardctlConfig } from '../config/types.js';
+import { shardSchemaName, type ShardctlConfig } from '../config/types.js';
 import { optionKeys } from '../config/validate.js';
 import { readHostSnapshot, type HostSnapshot } from '../fleet/catalog.js';
 import { randomUUID } from 'node:crypto';
@@ -14,9 +14,10 @@ import {
   type FleetPlacement,
 } from '../fleet/placement.js';
 import { loadConfig } from '../config/load.js';
-import { Fleet, type LostHost } from '../fleet/session.js';
+import { Fleet, withSession, type LostHost } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
-import { fleetLevel } from '../migrations/rules.js';
+import { fleetLevel, pendingMigrations } from '../migrations/rules.js';
+import { handMadeDrift, readShardShapes } from '../migrations/shape.js';
 import { executeHostPlan, FailureBudget, type HostOutcome, type ProgressEvent } from './execute.js';
 import {
   canaryShards,
@@ -101,6 +102,8 @@ export interface FleetInspection {
   readonly lostHosts: readonly LostHost[];
   /** What each host that was read holds. */
   readonly snapshots: readonly HostSnapshot[];
+  /** Shards whose tables differ from the others' of the same migrations (a change by hand), as status says. */
+  readonly handMade: readonly string[];
 }
 
 export async function provision(
@@ -196,13 +199,41 @@ export async function inspectFleet(
   options: { toVersion?: number } = {},
 ): Promise<FleetInspection> {
   const migrations = await readMigrations(config.migrationsDir);
+  // The shards' shapes (hand-made drift) are read on a connection of their own per host, beside
+  // the snapshot: the two catalog reads take about as long as each other.
+  const shapes = new Map(
+    config.hosts.map((h) => [
+      h.name,
+      withSession(h, (s) => readShardShapes(s.client, h.name), { applicationName: 'shardctl migrate' }).catch(
+        () => undefined,
+      ),
+    ]),
+  );
   const fleet = await Fleet.open(config.hosts);
   try {
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss: true });
     requireCurrentMap(config, await readFleetPlacement(fleet));
     const conflicts = findConflicts(config, snapshots, migrations, { checkDrift: true });
     const plan = planFleet(config, snapshots, migrations, planOptionsFor('migrate', options, snapshots, migrations));
-    return { plan, conflicts, lostHosts: fleet.lost, snapshots };
+    // The drift status reports that the files' checksums cannot show: a column added or dropped by hand.
+    const handMade = await fleet.each(
+      async (s) => {
+        const snapshot = snapshots.find((n) => n.host.name === s.host.name);
+        if (!snapshot || snapshot.layout === null) return [];
+        return handMadeDrift(
+          s.client,
+          s.host.name,
+          (shard) => shardSchemaName(config, shard),
+          (shard) => {
+            const next = pendingMigrations(snapshot.applied.get(shard), migrations)[0];
+            return next?.noTransaction ? next.name : undefined;
+          },
+          await shapes.get(s.host.name),
+        );
+      },
+      { tolerateLoss: true },
+    );
+    return { plan, conflicts, lostHosts: fleet.lost, snapshots, handMade: handMade.flat() };
   } finally {
     await fleet.close();
   }

@@ -42,6 +42,10 @@ describe('a column added or dropped by hand on a shard table', () => {
     const cli = await runCli(['status', '-c', fleet.configFile]);
     expect(cli.code).toBe(3);
     expect(cli.stdout).toContain('drift: shard 1 (insta1) differs');
+    // migrate --check, a CI gate, says the same (it said "current").
+    const check = await runCli(['migrate', '--check', '--json', '-c', fleet.configFile]);
+    expect(check.code, check.stderr).toBe(3);
+    expect((JSON.parse(check.stdout) as { drift: string[] }).drift).toEqual(pg1.drift);
 
     for (const [shard, named] of [
       [1, 'table insta1.photos has a column hotfix (integer) that insta0 lacks'],
