@@ -268,10 +268,9 @@ export function splitSqlBothWays(sql: string): SqlStatement[] {
   // The server parses a whole text before running any of it: where the legacy reading leaves a
   // quote open, a server that reads it that way runs nothing.
   if (legacy.unterminated) return standard;
-  return [
-    ...standard,
-    ...legacy.statements.filter((s) => !standard.some((t) => t.text === s.text && t.line === s.line)),
-  ];
+  // Keyed by line and text: a file of many statements is compared in one pass, not each with each.
+  const seen = new Set(standard.map((t) => `${t.line}\u0000${t.text}`));
+  return [...standard, ...legacy.statements.filter((s) => !seen.has(`${s.line}\u0000${s.text}`))];
 }
 
 /**
