@@ -65,7 +65,9 @@ export async function readMigrations(dir: string): Promise<MigrationFile[]> {
     }
     const path = join(dir, entry);
     const bytes = await readFile(path);
-    const sql = bytes.toString('utf8');
+    // A byte-order mark (editors on Windows write one) is not SQL: the server would read it as part
+    // of the first word. The checksum stays the file's bytes.
+    const sql = bytes.toString('utf8').replace(/^\uFEFF/, '');
     const markers = readMarkers(sql);
     for (const problem of markers.problems)
       issues.push({ path: 'migrations', message: `${path}:${problem.line}: ${problem.message}` });

@@ -69,3 +69,16 @@ describe('shardctl migration new', () => {
     },
   );
 });
+
+describe('reading migration files', () => {
+  it('leaves out a UTF-8 byte-order mark (the server would read it as part of the first word); the checksum is of the bytes', async () => {
+    const { migrationsDir } = project();
+    const text = 'CREATE TABLE tags (id bigint);\n';
+    writeFileSync(join(migrationsDir, '0004_tags.sql'), `\uFEFF${text}`);
+    const tags = (await readMigrations(migrationsDir)).find((m) => m.version === 4)!;
+    expect(tags.sql).toBe(text);
+    expect(tags.statements).toEqual(['CREATE TABLE tags (id bigint)']);
+    writeFileSync(join(migrationsDir, '0004_tags.sql'), text);
+    expect((await readMigrations(migrationsDir)).find((m) => m.version === 4)!.checksum).not.toBe(tags.checksum);
+  });
+});
