@@ -208,7 +208,10 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
                       return next?.noTransaction ? next.name : undefined;
                     },
                   );
-            const drifted = byHand.length === 0 ? found : { ...found, drift: [...found.drift, ...byHand], ok: false };
+            const invalid =
+              snapshot.layout === null ? [] : await invalidIndexDrift(session.client, config.schemaPrefix);
+            const extra = [...byHand, ...invalid];
+            const drifted = extra.length === 0 ? found : { ...found, drift: [...found.drift, ...extra], ok: false };
             const topology = await readTopology(session.client);
             const own = topology.inRecovery ? null : await readFleetRow(session.client);
             const twoPrimaries = own
@@ -484,6 +487,28 @@ function unreachableStatus(host: string, expected: number, error: string, denied
     twoPrimaries: [],
     ok: false,
   };
+}
+
+/**
+ * Invalid indexes of shard schemas that no build is making now: what a CREATE INDEX CONCURRENTLY
+ * that was stopped (a killed run, a lock it gave up on) left. Its IF NOT EXISTS would skip it, and
+ * migrate refuses to record the migration while it is there: it must be dropped.
+ */
+async function invalidIndexDrift(client: pg.Client, prefix: string): Promise<string[]> {
+  const result = await client.query<{ name: string }>(
+    `SELECT format('%I.%I', n.nspname, c.relname) AS name
+       FROM pg_catalog.pg_index i
+       JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      WHERE NOT i.indisvalid AND ${shardSchemaCondition('n.nspname')}
+        AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)
+      ORDER BY 1 LIMIT 100`,
+    [prefix],
+  );
+  return result.rows.map(
+    (r) =>
+      `invalid index ${r.name}: a CREATE INDEX CONCURRENTLY that was stopped left it, and IF NOT EXISTS would skip it (migrate will not record the migration): DROP INDEX ${r.name}; then run migrate again`,
+  );
 }
 
 /** Sequences of shard schemas with CACHE > 1: next_id() refuses them on its slow path (SC004). */

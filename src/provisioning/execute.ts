@@ -6,6 +6,7 @@ import { failureReason } from '../errors.js';
 import { DEFAULT_LOCK_RETRIES, lockHoldersPhrase, lockRetryPauseMs, type LockHolder } from './lock-wait.js';
 import type { HostPlan, JobStep, ShardJob } from './plan.js';
 import { endQuietly, rollbackQuietly } from '../pg/quiet.js';
+import { quoteIdent, quoteLiteral } from '../pg/quote.js';
 import { isSqlState } from '../pg/sqlstate.js';
 import { elapsed } from '../clock.js';
 
@@ -277,8 +278,14 @@ async function runJob(client: pg.Client, job: ShardJob, context: JobContext): Pr
     for (;;) {
       let failure: StepFailure | null;
       if (unit.kind === 'no-transaction') {
+        const invalidBefore = job.schema === null ? new Set<string>() : await invalidIndexes(client, job.schema);
         failure = await context.noTransaction.run(() => runNoTransaction(client, steps, context));
         if (!failure) applied += 1;
+        // A CREATE INDEX CONCURRENTLY that met the busy table left its index behind, invalid; IF NOT
+        // EXISTS would skip it on the retry, and the record be refused. The ones this attempt made
+        // are dropped before the retry (a failure to drop them leaves that refusal, which names them).
+        else if (failure.lockTimeout && retries < context.lockRetries && job.schema !== null)
+          await dropNewInvalidIndexes(client, job.schema, invalidBefore, context.lockTimeout ?? '5s');
       } else {
         const result = await runBatch(client, job.shard, steps, context);
         applied += result.committed.filter((s) => s.version !== undefined).length;
@@ -471,5 +478,43 @@ class Mutex {
     } finally {
       release();
     }
+  }
+}
+
+/** The invalid indexes of `schema` (an interrupted CREATE INDEX CONCURRENTLY's) that no build is making now. */
+async function invalidIndexes(client: pg.Client, schema: string): Promise<Set<string>> {
+  const { rows } = await client
+    .query<{ name: string }>(
+      `SELECT c.relname AS name
+         FROM pg_catalog.pg_index i
+         JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname = $1 AND NOT i.indisvalid
+          AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)`,
+      [schema],
+    )
+    .catch(() => ({ rows: [] as { name: string }[] }));
+  return new Set(rows.map((r) => r.name));
+}
+
+/**
+ * Drops the invalid indexes of `schema` that were not in `before`, waiting at most `lockTimeout` for
+ * the table's lock (held for a moment: an invalid index is dropped at once). Not concurrently:
+ * DROP INDEX CONCURRENTLY waits for the same old transactions the build gave up on.
+ */
+async function dropNewInvalidIndexes(
+  client: pg.Client,
+  schema: string,
+  before: ReadonlySet<string>,
+  lockTimeout: string,
+): Promise<void> {
+  for (const name of await invalidIndexes(client, schema)) {
+    if (before.has(name)) continue;
+    await client
+      .query(
+        `SET lock_timeout = ${quoteLiteral(lockTimeout)}; DROP INDEX IF EXISTS ${quoteIdent(schema)}.${quoteIdent(name)}`,
+      )
+      .catch(() => undefined);
+    await client.query('RESET lock_timeout').catch(() => undefined);
   }
 }

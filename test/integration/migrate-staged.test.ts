@@ -180,6 +180,74 @@ describe('migrate against a table another session holds locked', () => {
   });
 });
 
+describe('a CREATE INDEX CONCURRENTLY that meets an old transaction (lock_timeout)', () => {
+  const db = useTestDatabases(1);
+
+  it('drops the invalid index its attempt left before trying again, and builds it once the transaction ends; status names one a stopped build left', async () => {
+    const fleet = makeFleet({
+      urls: db.urls,
+      shards: 2,
+      split: ['0-1'],
+      schemaPrefix: 'ci',
+      extra: 'lockTimeout: 500ms',
+    });
+    expect((await init(await fleet.config())).ok).toBe(true);
+    fleet.writeMigration(
+      '0004_photos_user.sql',
+      '-- shardctl:no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS photos_user_idx ON photos (user_id);\n',
+    );
+    // An old snapshot in the same database: the index build waits for it (and gives up at lock_timeout).
+    const old = new pg.Client({ connectionString: db.urls[0]! });
+    await old.connect();
+    try {
+      await old.query('begin isolation level repeatable read');
+      await old.query('select 1');
+      const running = runCli(['migrate', '--lock-retries', '5', '-c', fleet.configFile]);
+      await waitFor(
+        'the index build to wait for the old transaction',
+        async () =>
+          withClient(
+            db.urls[0]!,
+            async (c) =>
+              (
+                await c.query<{ n: number }>(
+                  `select count(*)::int as n from pg_stat_activity where wait_event_type = 'Lock' and wait_event = 'virtualxid'`,
+                )
+              ).rows[0]!.n > 0,
+          ),
+        60_000,
+      );
+      // Past lock_timeout (500 ms): at least one build gave up, leaving its index invalid.
+      await new Promise((resolve) => setTimeout(resolve, 1_500));
+      await old.query('rollback');
+      const run = await running;
+      expect(run.code, run.stderr).toBe(0);
+      expect(run.stderr).toMatch(/met a busy table, tried again \d+ times?: applied/);
+    } finally {
+      await old.end();
+    }
+    await withClient(db.urls[0]!, async (c) => {
+      const built = await c.query<{ s: string; valid: boolean }>(
+        `select n.nspname as s, i.indisvalid as valid from pg_index i join pg_class c on c.oid = i.indexrelid join pg_namespace n on n.oid = c.relnamespace where c.relname = 'photos_user_idx' order by 1`,
+      );
+      expect(built.rows).toEqual([
+        { s: 'ci0', valid: true },
+        { s: 'ci1', valid: true },
+      ]);
+      // A build that stopped (here: a unique index over duplicates) leaves an invalid index: status names it.
+      await c.query(`insert into ci0.photos (user_id, image_url) values (7, 'a'), (7, 'b')`);
+      await expect(c.query('create unique index concurrently dup_idx on ci0.photos (user_id)')).rejects.toThrow();
+    });
+    const status = await runCli(['status', '-c', fleet.configFile]);
+    expect(status.code, status.stdout).toBe(3);
+    expect(status.stdout).toContain(
+      'invalid index ci0.dup_idx: a CREATE INDEX CONCURRENTLY that was stopped left it, and IF NOT EXISTS would skip it (migrate will not record the migration): DROP INDEX ci0.dup_idx; then run migrate again',
+    );
+    await withClient(db.urls[0]!, (c) => c.query('drop index ci0.dup_idx'));
+    expect((await runCli(['status', '-c', fleet.configFile])).code).toBe(0);
+  });
+});
+
 describe('migrate --lock-retries 0 against a table another session holds locked', () => {
   const db = useTestDatabases(2);
 
