@@ -125,6 +125,7 @@ export type { HostOutcome, LockWait, ProgressEvent, ShardFailure } from './provi
 export { DEFAULT_LOCK_RETRIES, describeLockHolder, type LockHolder } from './provisioning/lock-wait.js';
 export type { Plan, HostPlan, ShardJob, JobStep } from './provisioning/plan.js';
 export type { MoveOptions, MoveResult } from './moves/context.js';
+export { cutOverUnderway, INTERRUPTED } from './moves/interrupt.js';
 export type { WaveLimits } from './moves/waves.js';
 export type { MoveProgressEvent, CopyProgressEvent, CatchUpProgressEvent } from './moves/copy-meter.js';
 export {

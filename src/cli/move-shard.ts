@@ -14,6 +14,7 @@ import {
 } from './options.js';
 import { formatBytes, Output, seconds } from './output.js';
 import { durationPhrase, MoveProgressView } from './move-progress.js';
+import { cutOverSignals } from './cut-over-signals.js';
 
 interface MoveFlags extends CommonFlags {
   to?: string;
@@ -126,27 +127,34 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     }
     // A copy still for as long as a host may stay silent before it is checked: said, naming both hosts.
     const view = new MoveProgressView(out, { stallMs: Math.max(...config.hosts.map((h) => h.timeoutMs)) });
+    const signals = cutOverSignals(
+      (text) => view.warn(text),
+      (signal) => lib().cutOverUnderway(signal),
+    );
     const result = await withFlagNames(FLAGS, () =>
-      moveShards(config, shards, flags.to, {
-        mode: flags.mode as MoveMode,
-        // Typed with --resume or --abort: must be the mode the move recorded (its default is not).
-        ...((flags.resume || flags.abort) && command.getOptionValueSource('mode') === 'cli'
-          ? { stated: { mode: flags.mode as MoveMode } }
-          : {}),
-        dryRun: flags.dryRun ?? false,
-        resume: flags.resume ?? false,
-        abort: flags.abort ?? false,
-        dropSource: flags.dropSource ?? false,
-        ...(flags.waveSize === undefined ? {} : { wave: { maxShards: Number(flags.waveSize) } }),
-        ...(maxFencedMs === undefined ? {} : { maxFencedMs }),
-        ...(maxRate === undefined ? {} : { maxRate }),
-        ...(maxSlotWal === undefined ? {} : { maxSlotWal }),
-        ...(flags.copyChunkRows === undefined ? {} : { copyChunkRows: Number(flags.copyChunkRows) }),
-        ...(flags.copyParallel === undefined ? {} : { copyParallel: Number(flags.copyParallel) }),
-        onStep: (_step, detail) => view.info(detail),
-        onNotice: (message) => view.warn(message),
-        onProgress: (event) => view.update(event),
-      }),
+      signals.run(
+        moveShards(config, shards, flags.to, {
+          mode: flags.mode as MoveMode,
+          // Typed with --resume or --abort: must be the mode the move recorded (its default is not).
+          ...((flags.resume || flags.abort) && command.getOptionValueSource('mode') === 'cli'
+            ? { stated: { mode: flags.mode as MoveMode } }
+            : {}),
+          dryRun: flags.dryRun ?? false,
+          resume: flags.resume ?? false,
+          abort: flags.abort ?? false,
+          dropSource: flags.dropSource ?? false,
+          ...(flags.waveSize === undefined ? {} : { wave: { maxShards: Number(flags.waveSize) } }),
+          ...(maxFencedMs === undefined ? {} : { maxFencedMs }),
+          ...(maxRate === undefined ? {} : { maxRate }),
+          ...(maxSlotWal === undefined ? {} : { maxSlotWal }),
+          ...(flags.copyChunkRows === undefined ? {} : { copyChunkRows: Number(flags.copyChunkRows) }),
+          ...(flags.copyParallel === undefined ? {} : { copyParallel: Number(flags.copyParallel) }),
+          onStep: (_step, detail) => view.info(detail),
+          onNotice: (message) => view.warn(message),
+          onProgress: (event) => view.update(event),
+          signal: signals.signal,
+        }),
+      ),
     ).finally(() => view.stop());
     print(out, result);
     done(result.outcome === 'dry-run' && result.moves.some((m) => m.preflight.some((c) => !c.ok)) ? 1 : 0);

@@ -1,4 +1,5 @@
 import type { Command } from 'commander';
+import { cutOverSignals } from './cut-over-signals.js';
 import type { MoveMode, RebalanceBy, RebalancePlan, RebalanceResult, UnfinishedMove } from '../index.js';
 import { lib } from './library.js';
 import { type CliContext, loadCliConfig } from './context.js';
@@ -89,21 +90,30 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
       // A run that would refuse does so at once, below: nothing to confirm.
       if (!preview.refused) await confirmOrRefuse(ctx.streams, `run this plan (${planSummary(preview.plan)})`);
     }
+    // SIGINT and SIGTERM during a cut-over release the fenced wave first (cut-over-signals.ts).
+    const signals = cutOverSignals(
+      (text) => out.warn(text),
+      (signal) => lib().cutOverUnderway(signal),
+    );
     const result = await withFlagNames(FLAGS, () =>
-      rebalance(config, {
-        ...base,
-        dryRun: flags.dryRun ?? false,
-        reload: () => loadCliConfig(ctx, flags, out),
-        onPlan: (plan) => {
-          // A dry run prints its plan at the end, with the unfinished moves first.
-          if (out.json || flags.dryRun || planKey(plan) === shown) return;
-          if (shown !== null) out.warn('the map or the sizes changed since the plan above; running this plan instead:');
-          printPlan(out, plan, []);
-        },
-        onEvent: (message) => out.info(message),
-        onStep: (pair, _step, detail) => out.info(`${pair.source} → ${pair.target}: ${detail}`),
-        onNotice: (message) => out.warn(message),
-      }),
+      signals.run(
+        rebalance(config, {
+          ...base,
+          signal: signals.signal,
+          dryRun: flags.dryRun ?? false,
+          reload: () => loadCliConfig(ctx, flags, out),
+          onPlan: (plan) => {
+            // A dry run prints its plan at the end, with the unfinished moves first.
+            if (out.json || flags.dryRun || planKey(plan) === shown) return;
+            if (shown !== null)
+              out.warn('the map or the sizes changed since the plan above; running this plan instead:');
+            printPlan(out, plan, []);
+          },
+          onEvent: (message) => out.info(message),
+          onStep: (pair, _step, detail) => out.info(`${pair.source} → ${pair.target}: ${detail}`),
+          onNotice: (message) => out.warn(message),
+        }),
+      ),
     );
     finish(out, result);
     // A dry run whose real run would refuse fails, as move-shard's dry run with a failed check does.

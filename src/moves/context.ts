@@ -80,10 +80,18 @@ export interface MoveOptions {
   readonly copyChunkRows?: number;
   /** Online: connection pairs copying the chunks of large tables at once (default: the move's concurrency). */
   readonly copyParallel?: number;
+  /**
+   * Stops the run when aborted: a wave fenced and not yet switched is released first (writable
+   * again, the move left at `synced` for --resume or --abort); a wave not fenced is stopped before
+   * its next step. The run then fails with code INTERRUPTED. Once a wave's switch is sent, that
+   * wave is finished.
+   */
+  readonly signal?: AbortSignal;
 }
 
 /** Every key of MoveOptions, once (the compiler checks the record is whole): what moveShards and rebalance accept. */
 export const MOVE_OPTION_FLAGS: { readonly [K in keyof Required<MoveOptions>]: true } = {
+  signal: true,
   mode: true,
   dryRun: true,
   resume: true,

@@ -20,6 +20,7 @@ import { verify, switchMap, requireNotSwitched, type UndoThenReport } from './sw
 import { undoFence } from './unfence.js';
 import { cleanUp } from './clean-up.js';
 import { releaseAfterFailure } from './release-on-failure.js';
+import { throwIfInterrupted } from './interrupt.js';
 
 /**
  * The move engine: the steps of moving a batch of logical shards from one host to another, online
@@ -99,6 +100,7 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
     if ((active.rowCount ?? 0) > 0) after = 'verified';
   }
   let next = steps.indexOf(after) + 1;
+  const switchAt = steps.indexOf('switched');
   while (next < steps.length) {
     const step = steps[next]!;
     // From the fence to the switch a target that stops answering is not waited for past the fence
@@ -110,6 +112,8 @@ export async function runSteps(ctx: MoveContext, after: MoveStep): Promise<void>
       if (!fencedStep || step === 'fenced') await watchStandbySlots(ctx);
       let outcome: UndoThenReport | void;
       try {
+        // Asked to stop: no step is started before the switch (a fenced wave is then released below).
+        if (switchAt < 0 || next <= switchAt) throwIfInterrupted(ctx);
         outcome = await STEPS[step].action(ctx);
       } catch (error) {
         await releaseAfterFailure(ctx, step, error);

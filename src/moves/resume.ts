@@ -6,6 +6,7 @@ import { completeControlSchema, controlTableExists, MOVE_ABORTING } from '../fle
 import { Fleet, withSession, type HostSession } from '../fleet/session.js';
 import type { MigrationFile } from '../migrations/files.js';
 import { announce, moveContext, moveResult, type MoveOptions } from './context.js';
+import { watchInterrupt } from './interrupt.js';
 import { abortMove, runSteps } from './move.js';
 import { dropLeftovers, findLeftovers, type Leftover } from './leftovers.js';
 import { checkAfterFailover } from './failover.js';
@@ -92,6 +93,7 @@ export async function continueMoves(
           if (!options.dryRun)
             await Promise.all([part.source, part.target].map((side) => completeControlSchema(side.client, config)));
           const ctx = moveContext(config, { ...record, detail }, part, migrations, options);
+          watchInterrupt(ctx);
           const steps = stepsFor(record.mode);
           if (options.dryRun)
             return { ...moveResult(ctx, 'dry-run', [], started), plan: steps.slice(steps.indexOf(step) + 1) };

@@ -15,6 +15,7 @@ import { Fleet } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { awaitedLater } from '../promises.js';
 import { announce, moveContext, moveResult, type MoveOptions } from './context.js';
+import { watchInterrupt } from './interrupt.js';
 import { runSteps } from './move.js';
 import { planWaves } from './waves.js';
 import { estimateCopy } from './copy-meter.js';
@@ -206,6 +207,7 @@ async function startMoves(
             migrations,
             options,
           );
+          watchInterrupt(ctx);
           ctx.sourcePrivileges = sourcePrivileges;
           ctx.spares = spares[i] ?? null;
           // Both hosts at once: the control schema completed (where a host's is older), then the move recorded.

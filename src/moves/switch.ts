@@ -6,6 +6,7 @@ import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { ACTIVE_SHARDS_SQL } from './sql/control.js';
 import { stepsFor, type MoveStep } from './state.js';
+import { throwIfInterrupted } from './interrupt.js';
 import { leavesNow, shardPrivileges, type LeafTable } from './catalog.js';
 import { privilegeVersions, syncPrivilegesSql } from './privileges.js';
 import { heldBefore } from './targets.js';
@@ -184,6 +185,8 @@ export async function switchMap(ctx: MoveContext): Promise<void> {
   const target = ctx.target.host.name;
   const reads = currentFenceReads(ctx);
   const grants = await withheldGrants(ctx, shards);
+  // Asked to stop (interrupt.ts): the last moment the wave can still be released.
+  throwIfInterrupted(ctx);
   // From here the target may take the shards: watchFence no longer cuts it off.
   ctx.current.switchSent = true;
   if (reads) {
