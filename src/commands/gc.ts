@@ -98,7 +98,7 @@ export async function gc(given: ShardctlConfig, options: GcOptions = {}): Promis
         // The fence guards of the moves whose old copies are gone now.
         if (!options.dryRun)
           await client.query(dropUnusedFenceGuardsSql({ movesRecorded: await controlTableExists(client, 'moves') }));
-        const found = await findLeftovers(client);
+        const found = await findLeftovers(client, { changeLogs: true });
         if (!options.dryRun) await dropLeftovers(client, found);
         leftovers.push(...found.map((l) => ({ ...l, host: host.name })));
       } catch (error) {

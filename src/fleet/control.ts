@@ -284,7 +284,10 @@ export const WORKER_TRANSACTION_SQL = ['SET LOCAL synchronous_commit = off;', cl
 export const DURABLE_FLUSH_SQL = `BEGIN; SET LOCAL synchronous_commit = on; UPDATE ${CONTROL}.layout SET control_version = control_version; COMMIT;`;
 
 /** Whether the control schema has `table` (hosts never initialised, or older control schemas, lack it). */
-export async function controlTableExists(client: pg.Client, table: 'shards' | 'moves' | 'objects'): Promise<boolean> {
+export async function controlTableExists(
+  client: pg.Client,
+  table: 'shards' | 'moves' | 'objects' | 'move_deltas',
+): Promise<boolean> {
   // From the catalog, not to_regclass(): that needs USAGE on the schema, and a role without it (not
   // the fleet's owner) would fail here, before the runner lock can say whose the schema is.
   const result = await client.query<{ e: boolean }>(

@@ -1,6 +1,6 @@
 import type pg from 'pg';
 import { sleep } from '../clock.js';
-import { controlTableExists } from '../fleet/control.js';
+import { CONTROL, controlTableExists } from '../fleet/control.js';
 import { leftoverReplicationSql } from './sql/leftovers.js';
 import {
   detachSubscriptionSql,
@@ -20,19 +20,37 @@ import { TERMINATE_BACKEND_SQL } from './sql/session.js';
  * leftover of a killed run: status lists them, gc and move-shard --abort drop them.
  */
 export interface Leftover {
-  readonly kind: 'probe-subscription' | 'publication' | 'subscription' | 'slot';
+  /** `change-log`: rows of a finished or undone move's change log (named by the move id), gc only. */
+  readonly kind: 'probe-subscription' | 'publication' | 'subscription' | 'slot' | 'change-log';
   readonly name: string;
 }
 
-export async function findLeftovers(client: pg.Client): Promise<Leftover[]> {
+export async function findLeftovers(
+  client: pg.Client,
+  { changeLogs = false }: { readonly changeLogs?: boolean } = {},
+): Promise<Leftover[]> {
   const probes = (await controlTableExists(client, 'objects'))
     ? (await client.query<{ name: string }>(PROBE_SUBSCRIPTIONS_SQL)).rows
     : [];
-  const replication = await client.query<{ kind: Leftover['kind']; name: string }>(
-    leftoverReplicationSql(await controlTableExists(client, 'moves')),
-  );
-  return [...probes.map((p) => ({ kind: 'probe-subscription' as const, name: p.name })), ...replication.rows];
+  const moves = await controlTableExists(client, 'moves');
+  const replication = await client.query<{ kind: Leftover['kind']; name: string }>(leftoverReplicationSql(moves));
+  // Entries a finished or undone move's log took after it was turned off (writers in flight at its
+  // removal), or a start marker whose table an abort dropped: one pass over the log, so for gc only.
+  const logs =
+    changeLogs && moves && (await controlTableExists(client, 'move_deltas'))
+      ? (await client.query<{ name: string }>(FINISHED_LOGS_SQL)).rows
+      : [];
+  return [
+    ...probes.map((p) => ({ kind: 'probe-subscription' as const, name: p.name })),
+    ...replication.rows,
+    ...logs.map((l) => ({ kind: 'change-log' as const, name: l.name })),
+  ];
 }
+
+/** The moves with change-log entries that are not running (the moves that log are recorded first). */
+const FINISHED_LOGS_SQL = `SELECT d.move_id AS name FROM ${CONTROL}.move_deltas d
+  WHERE NOT EXISTS (SELECT FROM ${CONTROL}.moves m WHERE m.move_id = d.move_id AND m.status = 'running')
+  GROUP BY d.move_id ORDER BY d.move_id`;
 
 /** Drops leftovers found by findLeftovers; returns what was dropped. */
 export async function dropLeftovers(client: pg.Client, leftovers: readonly Leftover[]): Promise<Leftover[]> {
@@ -51,6 +69,13 @@ export async function dropLeftovers(client: pg.Client, leftovers: readonly Lefto
         break;
       case 'slot':
         await dropSlot(client, leftover.name);
+        break;
+      case 'change-log':
+        await client.query(
+          `DELETE FROM ${CONTROL}.move_deltas d WHERE d.move_id = $1
+             AND NOT EXISTS (SELECT FROM ${CONTROL}.moves m WHERE m.move_id = d.move_id AND m.status = 'running')`,
+          [leftover.name],
+        );
         break;
     }
   }

@@ -271,6 +271,20 @@ describe('moves on a two-host fleet', () => {
     await target.query('DROP TRIGGER shardctl_fence ON insta7.likes; DROP TABLE insta6.z_parted');
   });
 
+  it('gc deletes the change-log entries of moves that are not running (a writer in flight at an abort, a start marker of a dropped table)', async () => {
+    await source.query(
+      `insert into shardctl.move_deltas (move_id, schema_name, table_name, sign) values ('mxgone1', 'insta0', 'photos', 1), ('mxgone1', 'insta0', 'photos', 2)`,
+    );
+    const listed = await runCli(['gc', '--dry-run', '-c', fleet.configFile]);
+    expect(listed.code, listed.stderr).toBe(0);
+    expect(listed.stdout).toContain('pg1: change-log mxgone1\n');
+    const dropped = await runCli(['gc', '--yes', '-c', fleet.configFile]);
+    expect(dropped.code, dropped.stderr).toBe(0);
+    expect(dropped.stdout).toContain('pg1: change-log mxgone1 dropped\n');
+    const left = await source.query(`select 1 from shardctl.move_deltas where move_id = 'mxgone1'`);
+    expect(left.rowCount).toBe(0);
+  });
+
   it('online: a repeatable-read transaction that began before the fence is refused its write after it (SC100); --abort unfences with no table lock, past a reader and a queued TRUNCATE', async () => {
     await seed(source, 0, 40);
     const app = await adminClient(db.urls[0]!);
