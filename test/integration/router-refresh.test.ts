@@ -170,16 +170,20 @@ describe('the background refresh of a router that has called one host only', () 
       await Promise.all(admins.map((c) => c.end()));
     }
   });
+});
+
+describe('the background refresh of a router opened from seeds', () => {
+  const seeded = useTestDatabases(2);
 
   it('opened from seeds one of which does not answer (an old address): the map is read whole once, not at each refresh', async () => {
-    const fleet = makeFleet({ urls: own.urls, shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'ds' });
+    const fleet = makeFleet({ urls: seeded.urls, shards: 4, split: ['0-1', '2-3'], schemaPrefix: 'ds' });
     expect((await init(await fleet.config())).ok).toBe(true);
-    const admins = await Promise.all(own.urls.map((url) => adminClient(url)));
+    const admins = await Promise.all(seeded.urls.map((url) => adminClient(url)));
     // Nothing listens on port 1: refused at once.
-    const dead = new URL(own.urls[0]!);
+    const dead = new URL(seeded.urls[0]!);
     dead.port = '1';
     const router = await ShardRouter.open(
-      { seeds: [dead.toString(), own.urls[1]!] },
+      { seeds: [dead.toString(), seeded.urls[1]!] },
       { mapRefreshMs: 100, idleTimeoutMs: 60_000 },
     );
     try {
