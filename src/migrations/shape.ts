@@ -197,9 +197,7 @@ export async function handMadeDrift(
   host: string,
   schemaOf: (shard: number) => string,
   unfinished: (shard: number) => string | undefined,
-  /** The shapes, read already (on another connection, beside other work), else read on `client`. */
-  shapes?: readonly ShardShape[],
 ): Promise<string[]> {
-  const drifts = await shapeDrift(new Map([[host, client]]), shapes ?? (await readShardShapes(client, host)), schemaOf);
+  const drifts = await shapeDrift(new Map([[host, client]]), await readShardShapes(client, host), schemaOf);
   return drifts.map((d) => shapeDriftMessage(d, schemaOf, unfinished(d.shard)));
 }

@@ -14,10 +14,10 @@ import {
   type FleetPlacement,
 } from '../fleet/placement.js';
 import { loadConfig } from '../config/load.js';
-import { Fleet, withSession, type LostHost } from '../fleet/session.js';
+import { Fleet, type LostHost } from '../fleet/session.js';
 import { readMigrations, type MigrationFile } from '../migrations/files.js';
 import { fleetLevel, pendingMigrations } from '../migrations/rules.js';
-import { handMadeDrift, readShardShapes } from '../migrations/shape.js';
+import { handMadeDrift } from '../migrations/shape.js';
 import { executeHostPlan, FailureBudget, type HostOutcome, type ProgressEvent } from './execute.js';
 import {
   canaryShards,
@@ -199,16 +199,6 @@ export async function inspectFleet(
   options: { toVersion?: number } = {},
 ): Promise<FleetInspection> {
   const migrations = await readMigrations(config.migrationsDir);
-  // The shards' shapes (hand-made drift) are read on a connection of their own per host, beside
-  // the snapshot: the two catalog reads take about as long as each other.
-  const shapes = new Map(
-    config.hosts.map((h) => [
-      h.name,
-      withSession(h, (s) => readShardShapes(s.client, h.name), { applicationName: 'shardctl migrate' }).catch(
-        () => undefined,
-      ),
-    ]),
-  );
   const fleet = await Fleet.open(config.hosts);
   try {
     const snapshots = await fleet.each((s) => readHostSnapshot(s, config), { tolerateLoss: true });
@@ -228,7 +218,6 @@ export async function inspectFleet(
             const next = pendingMigrations(snapshot.applied.get(shard), migrations)[0];
             return next?.noTransaction ? next.name : undefined;
           },
-          await shapes.get(s.host.name),
         );
       },
       { tolerateLoss: true },
