@@ -1,7 +1,7 @@
 import type { ShardctlConfig } from '../config/types.js';
 import { shardSchemaName } from '../config/types.js';
 import { clientCheckSql, CONTROL, sessionResetSql, WORKER_TRANSACTION_SQL } from '../fleet/control.js';
-import { quoteIdent, quoteLiteral } from '../pg/quote.js';
+import { quoteLiteral, schemaSearchPath } from '../pg/quote.js';
 import type { MigrationFile } from './files.js';
 
 /**
@@ -26,7 +26,7 @@ export function migrationSql(
     'BEGIN;',
     WORKER_TRANSACTION_SQL,
     ...(around.start ?? []),
-    `SET LOCAL search_path TO ${shardSearchPath(schema)};`,
+    `SET LOCAL search_path TO ${schemaSearchPath(schema)};`,
     `SET LOCAL lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};`,
     ...(migration.statementTimeout
       ? [`SET LOCAL statement_timeout = ${quoteLiteral(migration.statementTimeout)};`]
@@ -48,16 +48,7 @@ export interface MigrationSession {
 }
 
 /**
- * A migration's search_path: the shard's schema, then pg_temp, so that no temporary table (one a
- * function or `DO` body made, out of the file check's sight) is found before the shard's own
- * tables by a bare name, as the router's calls do (src/router/transaction.ts).
- */
-function shardSearchPath(schema: string): string {
-  return `${quoteIdent(schema)}, pg_temp`;
-}
-
-/**
- * The search_path is the shard's (shardSearchPath): its schema, then this session's temporary
+ * The search_path is the shard's (schemaSearchPath): its schema, then this session's temporary
  * schema if it has one. A function or `DO` body that moved it (another schema, or pg_temp first)
  * fails the condition.
  */
@@ -84,7 +75,7 @@ export function noTransactionMigrationSteps(
 ): string[] {
   const schema = shardSchemaName(config, shard);
   return [
-    `SET search_path TO ${shardSearchPath(schema)}; SET lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};` +
+    `SET search_path TO ${schemaSearchPath(schema)}; SET lock_timeout = ${quoteLiteral(effectiveLockTimeout(config, migration))};` +
       (migration.statementTimeout ? ` SET statement_timeout = ${quoteLiteral(migration.statementTimeout)};` : '') +
       // The statements run outside a transaction: the server checks for the client during them
       // (a killed run's CREATE INDEX CONCURRENTLY ends), whatever an earlier reset took away.
@@ -92,7 +83,7 @@ export function noTransactionMigrationSteps(
     // search_path again before each later statement: a function or DO body in the file may have
     // moved it, and what ran outside a transaction cannot be undone by the check before the record.
     ...migration.statements.flatMap((statement, i) =>
-      i === 0 ? [`${statement};`] : [`SET search_path TO ${shardSearchPath(schema)};`, `${statement};`],
+      i === 0 ? [`${statement};`] : [`SET search_path TO ${schemaSearchPath(schema)};`, `${statement};`],
     ),
     [
       'DO $shardctl$',

@@ -3,7 +3,7 @@ import { shardSchemaName, type HostConfig, type ShardctlConfig } from '../config
 import { HostError } from '../errors.js';
 import { describePgError } from '../fleet/connect.js';
 import { behindPooler, hasSessionTimeouts, serverSession } from '../pg/pooler.js';
-import { quoteIdent } from '../pg/quote.js';
+import { schemaSearchPath } from '../pg/quote.js';
 import { DeferredBegin, TransactionStart, WRITE_LSN_SQL, type StartStatement } from './begin.js';
 import { replicaCheckSql } from './replicas.js';
 import { CommitUnknownError, isConnectionLoss } from './failover.js';
@@ -51,7 +51,7 @@ export class TransactionStarts {
       // when nothing but its search_path needs setting: no SET LOCAL of a timeout among what it keeps.
       const implicit =
         !readOnly && statements.every((s, i) => i < 2 || s.openOnly === true)
-          ? [`SET search_path TO ${shardSearchPath(this.config, shard)}`]
+          ? [`SET search_path TO ${schemaSearchPath(shardSchemaName(this.config, shard))}`]
           : undefined;
       start = new TransactionStart(statements, implicit);
       cache.set(shard, start);
@@ -85,25 +85,13 @@ export class TransactionStarts {
     const { statementTimeoutMs, idleInTransactionTimeoutMs } = sessionTimeouts ? {} : this.options;
     return [
       { sql: `BEGIN${readOnly ? ' READ ONLY' : ''}` },
-      { sql: `SET LOCAL search_path TO ${shardSearchPath(this.config, shard)}` },
+      { sql: `SET LOCAL search_path TO ${schemaSearchPath(shardSchemaName(this.config, shard))}` },
       ...(statementTimeoutMs ? [{ sql: `SET LOCAL statement_timeout = ${statementTimeoutMs}` }] : []),
       ...(idleInTransactionTimeoutMs
         ? [{ sql: `SET LOCAL idle_in_transaction_session_timeout = ${idleInTransactionTimeoutMs}`, openOnly: true }]
         : []),
     ];
   }
-}
-
-/**
- * A routed call's search_path: the shard's schema, then pg_temp. Named last, the session's
- * temporary schema is searched after the shard's (unnamed, PostgreSQL searches it first), so a
- * temporary table that outlived its transaction on a pooled connection (a `DO` block's, a
- * function's: what the statement check cannot see) never stands in for the shard's table of the
- * same name in a later call for another shard. Functions and operators are never looked up in
- * pg_temp unless named with it.
- */
-export function shardSearchPath(config: Pick<ShardctlConfig, 'schemaPrefix'>, shard: number): string {
-  return `${quoteIdent(shardSchemaName(config, shard))}, pg_temp`;
 }
 
 /** What an attempt needs of the router. */
