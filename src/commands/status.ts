@@ -7,7 +7,7 @@ import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
 import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
-import { readFleetRow, readTopology, type HostTopology } from '../fleet/topology.js';
+import { readTopology, type HostTopology } from '../fleet/topology.js';
 import { abortingMoveIds, slowPathChangingOver } from '../fleet/control.js';
 import { otherWritablePrimaries } from '../fleet/primaries.js';
 import { withReadHint } from '../fleet/rights.js';
@@ -213,7 +213,8 @@ export async function status(config: ShardctlConfig): Promise<StatusResult> {
             const extra = [...byHand, ...invalid];
             const drifted = extra.length === 0 ? found : { ...found, drift: [...found.drift, ...extra], ok: false };
             const topology = await readTopology(session.client);
-            const own = topology.inRecovery ? null : await readFleetRow(session.client);
+            // The fleet record the placement view read above (a standby's is its primary's: not asked there).
+            const own = topology.inRecovery ? null : view.fleet;
             const twoPrimaries = own
               ? await otherWritablePrimaries(host, topology.primary, own, { applicationName: 'shardctl status' })
               : [];
