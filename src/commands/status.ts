@@ -5,7 +5,13 @@ import { formatShardList, parseShardList } from '../config/ranges.js';
 import { failureReason, finishMove, type NextStep } from '../errors.js';
 import { ID_FUNCTION_VERSION } from '../id/sql.js';
 import { describePgError } from '../fleet/connect.js';
-import { readHostSnapshot, sequenceProblems, shardSchemaCondition, type HostSnapshot } from '../fleet/catalog.js';
+import {
+  invalidIndexes,
+  readHostSnapshot,
+  sequenceProblems,
+  shardSchemaCondition,
+  type HostSnapshot,
+} from '../fleet/catalog.js';
 import { withSession } from '../fleet/session.js';
 import { readTopology, type HostTopology } from '../fleet/topology.js';
 import { abortingMoveIds, slowPathChangingOver } from '../fleet/control.js';
@@ -496,19 +502,9 @@ function unreachableStatus(host: string, expected: number, error: string, denied
  * migrate refuses to record the migration while it is there: it must be dropped.
  */
 async function invalidIndexDrift(client: pg.Client, prefix: string): Promise<string[]> {
-  const result = await client.query<{ name: string }>(
-    `SELECT format('%I.%I', n.nspname, c.relname) AS name
-       FROM pg_catalog.pg_index i
-       JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
-       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-      WHERE NOT i.indisvalid AND ${shardSchemaCondition('n.nspname')}
-        AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)
-      ORDER BY 1 LIMIT 100`,
-    [prefix],
-  );
-  return result.rows.map(
-    (r) =>
-      `invalid index ${r.name}: a CREATE INDEX CONCURRENTLY that was stopped left it, and IF NOT EXISTS would skip it (migrate will not record the migration): DROP INDEX ${r.name}; then run migrate again`,
+  return (await invalidIndexes(client, { prefix })).map(
+    ({ qualified }) =>
+      `invalid index ${qualified}: a CREATE INDEX CONCURRENTLY that was stopped left it, and IF NOT EXISTS would skip it (migrate will not record the migration): DROP INDEX ${qualified}; then run migrate again`,
   );
 }
 

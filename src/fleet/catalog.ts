@@ -170,6 +170,30 @@ export function shardSchemaCondition(column: string, prefix = '$1'): string {
   return `left(${column}, length(${prefix})) = ${prefix} AND substr(${column}, length(${prefix}) + 1) ~ '^(0|[1-9][0-9]{0,8})$'`;
 }
 
+/**
+ * The invalid indexes no build is making now (what a CREATE INDEX CONCURRENTLY that was stopped
+ * left: a killed run, a lock it gave up on), with their schemas and their names as SQL names them
+ * (quoted where needed): of the one `schema`, or of every shard schema of `prefix`. At most 100, by
+ * schema and name.
+ */
+export async function invalidIndexes(
+  client: pg.Client,
+  of: { readonly schema: string } | { readonly prefix: string },
+): Promise<{ schema: string; name: string; qualified: string }[]> {
+  const where = 'schema' in of ? 'n.nspname = $1' : shardSchemaCondition('n.nspname');
+  const result = await client.query<{ schema: string; name: string; qualified: string }>(
+    `SELECT n.nspname AS schema, c.relname AS name, format('%I.%I', n.nspname, c.relname) AS qualified
+       FROM pg_catalog.pg_index i
+       JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
+       JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+      WHERE NOT i.indisvalid AND ${where}
+        AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)
+      ORDER BY 1, 2 LIMIT 100`,
+    ['schema' in of ? of.schema : of.prefix],
+  );
+  return result.rows;
+}
+
 interface FunctionRow {
   commented: boolean;
   version: string | null;

@@ -1,4 +1,5 @@
 import type pg from 'pg';
+import { invalidIndexes } from '../fleet/catalog.js';
 import { checkClientConnection, connectHost, describePgError } from '../fleet/connect.js';
 import { CONTROL, DURABLE_FLUSH_SQL, sessionResetSql } from '../fleet/control.js';
 import { registerWorker } from '../fleet/locks.js';
@@ -278,7 +279,7 @@ async function runJob(client: pg.Client, job: ShardJob, context: JobContext): Pr
     for (;;) {
       let failure: StepFailure | null;
       if (unit.kind === 'no-transaction') {
-        const invalidBefore = job.schema === null ? new Set<string>() : await invalidIndexes(client, job.schema);
+        const invalidBefore = job.schema === null ? new Set<string>() : await invalidIndexNames(client, job.schema);
         failure = await context.noTransaction.run(() => runNoTransaction(client, steps, context));
         if (!failure) applied += 1;
         // A CREATE INDEX CONCURRENTLY that met the busy table left its index behind, invalid; IF NOT
@@ -481,20 +482,10 @@ class Mutex {
   }
 }
 
-/** The invalid indexes of `schema` (an interrupted CREATE INDEX CONCURRENTLY's) that no build is making now. */
-async function invalidIndexes(client: pg.Client, schema: string): Promise<Set<string>> {
-  const { rows } = await client
-    .query<{ name: string }>(
-      `SELECT c.relname AS name
-         FROM pg_catalog.pg_index i
-         JOIN pg_catalog.pg_class c ON c.oid = i.indexrelid
-         JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-        WHERE n.nspname = $1 AND NOT i.indisvalid
-          AND NOT EXISTS (SELECT FROM pg_catalog.pg_stat_progress_create_index p WHERE p.index_relid = i.indexrelid)`,
-      [schema],
-    )
-    .catch(() => ({ rows: [] as { name: string }[] }));
-  return new Set(rows.map((r) => r.name));
+/** The names of the invalid indexes of `schema` (catalog.ts invalidIndexes); none when they cannot be read. */
+async function invalidIndexNames(client: pg.Client, schema: string): Promise<Set<string>> {
+  const found = await invalidIndexes(client, { schema }).catch(() => []);
+  return new Set(found.map((i) => i.name));
 }
 
 /**
@@ -508,7 +499,7 @@ async function dropNewInvalidIndexes(
   before: ReadonlySet<string>,
   lockTimeout: string,
 ): Promise<void> {
-  for (const name of await invalidIndexes(client, schema)) {
+  for (const name of await invalidIndexNames(client, schema)) {
     if (before.has(name)) continue;
     await client
       .query(
