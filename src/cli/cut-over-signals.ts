@@ -7,6 +7,8 @@
  * the command stops as it would have, with the signal's exit code. A second signal stops it at once.
  */
 
+import { lib } from './library.js';
+
 /** The longest the release is waited for before the command stops anyway. */
 const RELEASE_WAIT_MS = 60_000;
 
@@ -16,11 +18,7 @@ export interface CutOverSignals {
   run<T>(move: Promise<T>): Promise<T>;
 }
 
-export function cutOverSignals(
-  warn: (text: string) => void,
-  /** Whether a move run with the signal has a wave in its cut-over now (the library's cutOverUnderway). */
-  underway: (signal: AbortSignal) => boolean,
-): CutOverSignals {
+export function cutOverSignals(warn: (text: string) => void): CutOverSignals {
   const controller = new AbortController();
   let received: NodeJS.Signals | undefined;
   /**
@@ -33,7 +31,7 @@ export function cutOverSignals(
   };
   const handlers = (['SIGINT', 'SIGTERM'] as const).map((signal) => {
     const handler = (): void => {
-      if (received !== undefined || !underway(controller.signal)) return stopNow(signal);
+      if (received !== undefined || !lib().cutOverUnderway(controller.signal)) return stopNow(signal);
       received = signal;
       warn(
         `${signal}: making the fenced shards writable again before stopping (send it again to stop at once; they would then refuse writes until --resume or --abort)`,

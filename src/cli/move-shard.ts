@@ -127,10 +127,7 @@ export function registerMoveShard(program: Command, ctx: CliContext, done: (code
     }
     // A copy still for as long as a host may stay silent before it is checked: said, naming both hosts.
     const view = new MoveProgressView(out, { stallMs: Math.max(...config.hosts.map((h) => h.timeoutMs)) });
-    const signals = cutOverSignals(
-      (text) => view.warn(text),
-      (signal) => lib().cutOverUnderway(signal),
-    );
+    const signals = cutOverSignals((text) => view.warn(text));
     const result = await withFlagNames(FLAGS, () =>
       signals.run(
         moveShards(config, shards, flags.to, {

@@ -91,10 +91,7 @@ export function registerRebalance(program: Command, ctx: CliContext, done: (code
       if (!preview.refused) await confirmOrRefuse(ctx.streams, `run this plan (${planSummary(preview.plan)})`);
     }
     // SIGINT and SIGTERM during a cut-over release the fenced wave first (cut-over-signals.ts).
-    const signals = cutOverSignals(
-      (text) => out.warn(text),
-      (signal) => lib().cutOverUnderway(signal),
-    );
+    const signals = cutOverSignals((text) => out.warn(text));
     const result = await withFlagNames(FLAGS, () =>
       signals.run(
         rebalance(config, {
