@@ -15,6 +15,30 @@ const db = useTestDatabases(2);
 const BIN = join(import.meta.dirname, '..', '..', 'bin', 'shardctl.js');
 const ROWS = 20_000;
 
+/**
+ * `node bin/shardctl.js` with `args`, its stdout read and dropped: the process, its stderr so far,
+ * a promise settled once stderr holds `until`, and its end.
+ */
+function startMove(args: readonly string[], until: string) {
+  const child = spawn(process.execPath, [BIN, ...args], {
+    env: { ...process.env, NO_COLOR: '1' },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  let stderr = '';
+  const reached = new Promise<void>((resolve) => {
+    child.stderr.setEncoding('utf8').on('data', (chunk: string) => {
+      stderr += chunk;
+      if (stderr.includes(until)) resolve();
+    });
+  });
+  child.stdout.resume();
+  const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
+    child.once('error', reject);
+    child.once('exit', (code, signal) => resolve({ code, signal }));
+  });
+  return { child, stderr: () => stderr, reached, exited };
+}
+
 describe('move-shard when its terminal goes away', () => {
   const hosts = useTwoHostFleet(db, { shards: 6, split: ['0-2', '3-5'] });
   let fleet: Fleet;
@@ -34,27 +58,11 @@ describe('move-shard when its terminal goes away', () => {
     await source.query(
       `insert into insta${shard}.photos (user_id, image_url) select g, 'seed' from generate_series(1, ${ROWS}) g`,
     );
-    const child = spawn(
-      process.execPath,
-      [BIN, 'move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile],
-      {
-        env: { ...process.env, NO_COLOR: '1' },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      },
+    const { child, stderr, reached, exited } = startMove(
+      ['move-shard', String(shard), '--to', 'pg2', '--yes', '-c', fleet.configFile],
+      '\n',
     );
-    let stderr = '';
-    const firstLine = new Promise<void>((resolve) => {
-      child.stderr.setEncoding('utf8').on('data', (chunk: string) => {
-        stderr += chunk;
-        if (stderr.includes('\n')) resolve();
-      });
-    });
-    child.stdout.resume();
-    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
-      child.once('error', reject);
-      child.once('exit', (code, signal) => resolve({ code, signal }));
-    });
-    await firstLine;
+    await reached;
     if (closePipes) {
       // The read ends close: every later write of the child meets a broken pipe.
       child.stderr.destroy();
@@ -63,7 +71,7 @@ describe('move-shard when its terminal goes away', () => {
     if (hangUp) expect(child.kill('SIGHUP')).toBe(true);
 
     const { code, signal } = await exited;
-    expect({ code, signal }, stderr).toEqual({ code: 0, signal: null });
+    expect({ code, signal }, stderr()).toEqual({ code: 0, signal: null });
     // Done on both hosts, and the rows on the target.
     expect((await lastMove(source, shard))?.status).toBe('done');
     expect((await lastMove(target, shard))?.status).toBe('done');
@@ -86,23 +94,15 @@ describe('move-shard stopped by SIGTERM during its cut-over', () => {
     await source.query(
       `insert into insta0.photos (user_id, image_url) select g, 'seed' from generate_series(1, 2000) g`,
     );
-    const child = spawn(
-      process.execPath,
-      [BIN, 'move-shard', '0', '--to', 'pg2', '--yes', '--max-fenced', '60s', '-c', fleet.configFile],
-      { env: { ...process.env, NO_COLOR: '1' }, stdio: ['ignore', 'pipe', 'pipe'] },
+    const {
+      child,
+      stderr,
+      reached: fenced,
+      exited,
+    } = startMove(
+      ['move-shard', '0', '--to', 'pg2', '--yes', '--max-fenced', '60s', '-c', fleet.configFile],
+      'done: fenced',
     );
-    let stderr = '';
-    const fenced = new Promise<void>((resolve) => {
-      child.stderr.setEncoding('utf8').on('data', (chunk: string) => {
-        stderr += chunk;
-        if (stderr.includes('done: fenced')) resolve();
-      });
-    });
-    child.stdout.resume();
-    const exited = new Promise<{ code: number | null; signal: NodeJS.Signals | null }>((resolve, reject) => {
-      child.once('error', reject);
-      child.once('exit', (code, signal) => resolve({ code, signal }));
-    });
     // The target's copy held by another session: the cut-over's reads there wait, the shard fenced.
     const holder = new pg.Client({ connectionString: own.urls[1]! });
     await holder.connect();
@@ -119,9 +119,9 @@ describe('move-shard stopped by SIGTERM during its cut-over', () => {
       const sent = performance.now();
       expect(child.kill('SIGTERM')).toBe(true);
       const { code, signal } = await exited;
-      expect({ code, signal }, stderr).toEqual({ code: 143, signal: null });
-      expect(stderr).toContain('SIGTERM: making the fenced shards writable again before stopping');
-      expect(stderr).toContain('stopped by SIGTERM');
+      expect({ code, signal }, stderr()).toEqual({ code: 143, signal: null });
+      expect(stderr()).toContain('SIGTERM: making the fenced shards writable again before stopping');
+      expect(stderr()).toContain('stopped by SIGTERM');
       // Well inside the fence limit (60 s) it would otherwise have waited for.
       expect(performance.now() - sent).toBeLessThan(30_000);
     } finally {
